@@ -1,0 +1,45 @@
+"""One line in ``ADDONS`` makes a Scrapy project incremental.
+
+``ADDONS = {"incremental_crawler.addon.IncrementalAddon": 0}`` wires every
+component at the order it needs and installs the ``INCREMENTAL_*`` defaults
+without overriding anything the project set itself.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from incremental_crawler.config import DEFAULT_SETTINGS
+
+if TYPE_CHECKING:
+    from scrapy.settings import Settings
+
+__all__ = ["COMPONENTS", "IncrementalAddon"]
+
+_P = "incremental_crawler."
+
+#: (setting, component, order). Orders matter, see each module's docstring.
+COMPONENTS: tuple[tuple[str, str, int], ...] = (
+    ("DOWNLOADER_MIDDLEWARES",
+     _P + "downloadermiddlewares.conditional.ConditionalRequestMiddleware", 585),
+    # Outermost spider middleware: sees exactly what reaches the pipelines.
+    ("SPIDER_MIDDLEWARES", _P + "spidermiddlewares.output.PageOutputMiddleware", 1),
+    ("ITEM_PIPELINES", _P + "pipelines.fingerprint.FingerprintPipeline", 50),
+    ("ITEM_PIPELINES", _P + "pipelines.storage.StoragePipeline", 900),
+    ("EXTENSIONS", _P + "extensions.report.IncrementalReport", 500),
+)
+
+
+class IncrementalAddon:
+    """Scrapy add-on; see the module docstring."""
+
+    def update_settings(self, settings: Settings) -> None:
+        for name, value in DEFAULT_SETTINGS.items():
+            settings.set(name, value, priority="addon")
+        for setting, path, order in COMPONENTS:
+            settings[setting].set(path, order, priority="addon")
+        # Scrapy's periodic line, with our figures added to it.
+        settings["EXTENSIONS"].set("scrapy.extensions.logstats.LogStats", None, priority="addon")
+        settings["EXTENSIONS"].set(
+            _P + "extensions.report.IncrementalLogStats", 0, priority="addon"
+        )

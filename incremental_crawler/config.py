@@ -1,0 +1,96 @@
+"""Every ``INCREMENTAL_*`` setting, its default, and reading them in one place.
+
+Components never call ``settings.get(NAME, default)`` themselves: the
+defaults live here, the add-on installs them, and :class:`IncrementalConfig`
+reads and checks them once, naming the setting when a value is wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from scrapy.exceptions import NotConfigured
+
+if TYPE_CHECKING:
+    from scrapy.settings import BaseSettings
+    from typing_extensions import Self
+
+__all__ = ["DEFAULT_SETTINGS", "IncrementalConfig"]
+
+DEFAULT_SETTINGS: dict[str, Any] = {
+    "INCREMENTAL_ENABLED": True,
+    # None: sqlite under the project's data dir (.scrapy/incremental/state.db).
+    "INCREMENTAL_STATE_URI": None,
+    "INCREMENTAL_STATE_STORES": {
+        "sqlite": "incremental_crawler.stores.sqlite.SQLiteStateStore",
+    },
+    # Some servers' validators never change although the content does: after
+    # this many seconds since the last full download, fetch without
+    # conditions. 0 switches the forced refresh off.
+    "INCREMENTAL_MAX_AGE": 30 * 24 * 3600,
+    # Staged writes are committed when this many are pending, or every
+    # INCREMENTAL_FLUSH_INTERVAL seconds, whichever comes first.
+    "INCREMENTAL_BATCH_SIZE": 500,
+    "INCREMENTAL_FLUSH_INTERVAL": 1.0,
+    "INCREMENTAL_SQLITE_BUSY_TIMEOUT": 5.0,
+    # Item fields that change on every visit and must not make an item look
+    # changed; the fingerprint field itself is always excluded.
+    "INCREMENTAL_VOLATILE_FIELDS": ["crawled_at", "scraped_at", "fetched_at"],
+    "INCREMENTAL_FINGERPRINT_FIELD": "fingerprint",
+    # The item field whose (canonical) value identifies an item across runs.
+    "INCREMENTAL_ITEM_KEY_FIELD": "url",
+    "INCREMENTAL_STORE_ITEMS": True,
+    "INCREMENTAL_REPORT": True,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class IncrementalConfig:
+    """The ``INCREMENTAL_*`` settings, read and validated once."""
+
+    enabled: bool
+    state_uri: str | None
+    max_age: float
+    batch_size: int
+    flush_interval: float
+    volatile_fields: frozenset[str]
+    fingerprint_field: str
+    item_key_field: str
+    store_items: bool
+    report: bool
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> Self:
+        def get(name: str) -> Any:
+            value = settings.get(name)
+            return DEFAULT_SETTINGS[name] if value is None else value
+
+        def number(name: str, *, minimum: float, kind: type = float) -> Any:
+            raw = get(name)
+            try:
+                value = kind(raw)
+            except (TypeError, ValueError):
+                raise NotConfigured(f"{name}={raw!r} is not a number") from None
+            if value < minimum:
+                raise NotConfigured(f"{name}={raw!r} must be at least {minimum}")
+            return value
+
+        def boolean(name: str) -> bool:
+            return settings.getbool(name, DEFAULT_SETTINGS[name])
+
+        def names(name: str) -> list[str]:
+            return settings.getlist(name, DEFAULT_SETTINGS[name])
+
+        return cls(
+            enabled=boolean("INCREMENTAL_ENABLED"),
+            state_uri=settings.get("INCREMENTAL_STATE_URI") or None,
+            max_age=number("INCREMENTAL_MAX_AGE", minimum=0),
+            batch_size=number("INCREMENTAL_BATCH_SIZE", minimum=1, kind=int),
+            flush_interval=number("INCREMENTAL_FLUSH_INTERVAL", minimum=0.01),
+            volatile_fields=frozenset(names("INCREMENTAL_VOLATILE_FIELDS")),
+            fingerprint_field=get("INCREMENTAL_FINGERPRINT_FIELD"),
+            item_key_field=get("INCREMENTAL_ITEM_KEY_FIELD"),
+            store_items=boolean("INCREMENTAL_STORE_ITEMS"),
+            report=boolean("INCREMENTAL_REPORT"),
+        )

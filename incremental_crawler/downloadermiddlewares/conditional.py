@@ -1,0 +1,213 @@
+"""Conditional requests: send stored validators, drop 304s.
+
+RFC 9110 §13.1 and RFC 9111 §4.3. Runs between MetaRefreshMiddleware (580)
+and HttpCompressionMiddleware (590): it sees bodies after decompression
+(fingerprints are of the entity, not of its encoding), after
+RedirectMiddleware (so state is kept for the final URL), and before
+RetryMiddleware (a 304 is never retried; a 5xx is retried untouched).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.http.request import NO_CALLBACK
+
+from incremental_crawler.config import IncrementalConfig
+from incremental_crawler.fingerprints import body_fingerprint
+from incremental_crawler.keys import page_key
+from incremental_crawler.ledger import Ledger
+from incremental_crawler.state import PageFlags, PageState
+from incremental_crawler.validators import parse_etag, parse_last_modified, weak_match
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+    from typing_extensions import Self
+
+__all__ = ["META_REFRESH", "META_SKIP", "ConditionalRequestMiddleware", "NotModified"]
+
+logger = logging.getLogger(__name__)
+
+#: Request meta: ``True`` opts a request out entirely (no validators sent,
+#: no state kept).
+META_SKIP = "incremental_skip"
+#: Request meta: ``True`` fetches without conditions but keeps the state.
+META_REFRESH = "incremental_refresh"
+_CTX = "_incremental_ctx"
+
+
+class NotModified(IgnoreRequest):
+    """The page answered 304: it is unchanged, so its callback is not called."""
+
+
+class _Context:
+    __slots__ = ("conditional", "key", "prior", "reason")
+
+    def __init__(self, key, prior, conditional, reason):  # type: ignore[no-untyped-def]
+        self.key = key
+        self.prior: PageState | None = prior
+        self.conditional: bool = conditional
+        self.reason: str = reason
+
+
+class ConditionalRequestMiddleware:
+    """See the module docstring; settings in the README."""
+
+    def __init__(self, crawler: Crawler, config: IncrementalConfig) -> None:
+        if not config.enabled:
+            raise NotConfigured(
+                "INCREMENTAL_ENABLED is False; set it to True to send conditional requests"
+            )
+        self.crawler = crawler
+        self.stats = crawler.stats
+        self.max_age = config.max_age
+        self.ledger = Ledger.of(crawler)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        return cls(crawler, IncrementalConfig.from_settings(crawler.settings))
+
+    def _applies(self, request: Request) -> bool:
+        # Only GETs whose response goes to a spider callback: engine-level
+        # downloads (robots.txt, NO_CALLBACK) have no items to wait for.
+        return (
+            request.method == "GET"
+            and request.callback is not NO_CALLBACK
+            and not request.meta.get(META_SKIP)
+        )
+
+    async def process_request(self, request: Request) -> None:
+        if not self._applies(request):
+            return
+        key = page_key(request, self.ledger.scope)
+        prior = await self.ledger.store.get_page(key)
+        conditional, reason = False, "new"
+        if prior is not None and prior.has_validators:
+            reason = "conditional"
+            conditional = True
+            if request.meta.get(META_REFRESH):
+                conditional, reason = False, "refresh"
+            elif self.max_age and time.time() - prior.last_fetched > self.max_age:
+                # Some servers never change their validators while the
+                # content does; a full fetch now and then catches it.
+                conditional, reason = False, "max_age"
+        elif prior is not None:
+            reason = "no_validators"
+        request.meta[_CTX] = _Context(key, prior, conditional, reason)
+        self.stats.inc_value(f"incremental/requests/{reason}")
+        if not conditional:
+            return
+        assert prior is not None
+        headers = request.headers
+        # RFC 9110 §13.1.2 and §13.1.3: send every stored validator; the
+        # server must ignore If-Modified-Since when If-None-Match is
+        # present. A condition the user set is left as it is.
+        if prior.etag and b"If-None-Match" not in headers:
+            headers[b"If-None-Match"] = prior.etag
+        if prior.last_modified and b"If-Modified-Since" not in headers:
+            headers[b"If-Modified-Since"] = prior.last_modified
+
+    def process_response(self, request: Request, response: Response) -> Request | Response:
+        ctx: _Context | None = request.meta.get(_CTX)
+        if ctx is None:
+            return response
+        status = response.status
+        if status == 304:
+            return self._not_modified(request, response, ctx)
+        if 200 <= status < 300:
+            self._fetched(request, response, ctx)
+            return response
+        # 3xx (not followed), 4xx, 429, 5xx: counters only; validators and
+        # fingerprints stay as they are (invariant 2).
+        self.ledger.stage_check(ctx.key, status)
+        self.stats.inc_value(f"incremental/status_kept/{status}")
+        return response
+
+    def _refetch(self, request: Request, reason: str) -> Request:
+        self.stats.inc_value(f"incremental/refetch/{reason}")
+        headers = request.headers.copy()
+        headers.pop(b"If-None-Match", None)
+        headers.pop(b"If-Modified-Since", None)
+        meta = {**request.meta, META_REFRESH: True, "_incremental_refetch": True}
+        meta.pop(_CTX, None)
+        return request.replace(headers=headers, meta=meta, dont_filter=True)
+
+    def _not_modified(self, request: Request, response: Response, ctx: _Context) -> Request:
+        prior = ctx.prior
+        if not ctx.conditional or prior is None:
+            # A 304 we did not ask for (an intermediary, or our own
+            # conditions were dropped): never an empty item; ask once more
+            # without conditions (rules.md), then give up loudly.
+            if request.meta.get("_incremental_refetch"):
+                self.stats.inc_value("incremental/unsolicited_304_dropped")
+                logger.warning(
+                    "Dropping %(request)s: 304 to an unconditional request, twice",
+                    {"request": request},
+                    extra={"spider": self.crawler.spider},
+                )
+                raise IgnoreRequest("304 to an unconditional request")
+            return self._refetch(request, "unsolicited_304")
+        new_etag = parse_etag(response.headers.get(b"ETag"))
+        if new_etag and prior.etag and not weak_match(new_etag, prior.etag):
+            # RFC 9111 §4.3.4: a 304 naming another representation selects
+            # nothing we hold; update nothing and fetch it in full.
+            return self._refetch(request, "etag_mismatch_304")
+        self.ledger.stage_check(ctx.key, 304)
+        self.stats.inc_value("incremental/not_modified")
+        self.stats.inc_value("incremental/bytes_saved_estimate", prior.size)
+        logger.debug("Not modified: %(request)s", {"request": request},
+                     extra={"spider": self.crawler.spider})
+        raise NotModified(f"Not modified: {request.url}")
+
+    def _fetched(self, request: Request, response: Response, ctx: _Context) -> None:
+        now = time.time()
+        prior = ctx.prior
+        raw_etag = response.headers.get(b"ETag")
+        raw_lm = response.headers.get(b"Last-Modified")
+        etag = parse_etag(raw_etag)
+        last_modified = parse_last_modified(raw_lm)
+        if raw_etag and etag is None:
+            self.stats.inc_value("incremental/invalid_validator/etag")
+            logger.debug("Not storing invalid ETag of %(url)s", {"url": response.url})
+        if raw_lm and last_modified is None:
+            self.stats.inc_value("incremental/invalid_validator/last_modified")
+            logger.debug("Not storing invalid Last-Modified of %(url)s", {"url": response.url})
+        fingerprint = body_fingerprint(response.body)
+        flags = 0
+        if b"*" in response.headers.get(b"Vary", b"").split(b","):
+            flags |= PageFlags.VARY_STAR
+        if prior is None:
+            self.stats.inc_value("incremental/pages_new")
+            state = PageState(
+                ctx.key, etag, last_modified, fingerprint, len(response.body), response.status,
+                first_seen=now, last_checked=now, last_fetched=now, last_changed=now,
+                checks=1, changes=0, flags=flags,
+            )
+        else:
+            changed = prior.fingerprint != fingerprint
+            self.stats.inc_value(
+                "incremental/pages_changed" if changed else "incremental/pages_unchanged"
+            )
+            state = prior.copy(
+                etag=etag, last_modified=last_modified, fingerprint=fingerprint,
+                size=len(response.body), last_status=response.status,
+                last_checked=now, last_fetched=now,
+                last_changed=now if changed else prior.last_changed,
+                checks=prior.checks + 1, changes=prior.changes + changed,
+                flags=(prior.flags & ~PageFlags.VARY_STAR) | flags,
+            )
+        self.ledger.begin(request.meta, state)
+        # Redirects followed on the way here: the original URLs remember
+        # where they went, without touching their own validators.
+        urls = request.meta.get("redirect_urls", ())
+        reasons = request.meta.get("redirect_reasons", ())
+        for url, reason in zip(urls, reasons, strict=False):
+            original = page_key(request.replace(url=url), self.ledger.scope)
+            if original != ctx.key:
+                status = reason if isinstance(reason, int) else 0
+                self.ledger.stage_redirect(original, ctx.key.url, status)

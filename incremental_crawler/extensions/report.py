@@ -1,0 +1,99 @@
+"""What a crawl saved: a periodic log line and an end-of-crawl report."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+from scrapy.exceptions import NotConfigured
+from scrapy.extensions.logstats import LogStats
+
+from incremental_crawler.config import IncrementalConfig
+
+if TYPE_CHECKING:
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+    from scrapy.statscollectors import StatsCollector
+    from typing_extensions import Self
+
+__all__ = ["IncrementalLogStats", "IncrementalReport", "summarize"]
+
+logger = logging.getLogger(__name__)
+
+
+def summarize(stats: dict[str, Any]) -> dict[str, int]:
+    """The headline figures of a crawl, from its ``incremental/`` stats."""
+
+    def get(name: str) -> int:
+        return int(stats.get(f"incremental/{name}", 0) or 0)
+
+    requests = sum(
+        int(v) for k, v in stats.items() if k.startswith("incremental/requests/")
+    )
+    return {
+        "checked": requests,
+        "conditional": get("requests/conditional"),
+        "not_modified": get("not_modified"),
+        "new": get("pages_new"),
+        "changed": get("pages_changed"),
+        "unchanged_200": get("pages_unchanged"),
+        "items_new": get("items_new"),
+        "items_changed": get("items_changed"),
+        "items_unchanged": get("items_unchanged"),
+        "bytes_saved_estimate": get("bytes_saved_estimate"),
+        "bytes_downloaded": int(stats.get("downloader/response_bytes", 0) or 0),
+        "state_withheld": get("state_withheld"),
+    }
+
+
+def _line(s: dict[str, int]) -> str:
+    return (
+        f"{s['checked']} pages checked, {s['not_modified']} not modified (304), "
+        f"{s['new']} new, {s['changed']} changed, {s['unchanged_200']} unchanged "
+        f"in full; items: {s['items_new']} new, {s['items_changed']} changed, "
+        f"{s['items_unchanged']} unchanged dropped"
+    )
+
+
+class IncrementalLogStats(LogStats):
+    """Scrapy's periodic "Crawled N pages" line, with the incremental figures."""
+
+    def log(self, spider: Spider) -> None:
+        super().log(spider)
+        logger.info("Incremental: %(line)s", {"line": _line(summarize(self.stats.get_stats()))},
+                    extra={"spider": spider})
+
+
+class IncrementalReport:
+    """A short human report of the ``incremental/`` stats when a crawl ends."""
+
+    def __init__(self, stats: StatsCollector) -> None:
+        self.stats = stats
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        config = IncrementalConfig.from_settings(crawler.settings)
+        if not (config.enabled and config.report):
+            raise NotConfigured("INCREMENTAL_REPORT is False")
+        ext = cls(crawler.stats)
+        crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
+        return ext
+
+    def spider_closed(self, spider: Spider, reason: str) -> None:
+        s = summarize(self.stats.get_stats())
+        saved = s["bytes_saved_estimate"]
+        downloaded = s["bytes_downloaded"]
+        full = saved + downloaded
+        share = f" ({100 * downloaded / full:.1f}% of a full re-crawl)" if full else ""
+        lines = [
+            f"Incremental report ({reason}):",
+            f"  {_line(s)}",
+            f"  bytes downloaded {downloaded:,}, saved by 304s ~{saved:,}{share}",
+        ]
+        if s["state_withheld"]:
+            lines.append(
+                f"  {s['state_withheld']} pages keep their old validators "
+                "(callback or pipeline failed): they will be fetched again"
+            )
+        logger.info("\n".join(lines), extra={"spider": spider})

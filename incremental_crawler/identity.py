@@ -1,0 +1,73 @@
+"""What identifies an item across runs, and what fingerprints its content."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from itemadapter import ItemAdapter
+
+from incremental_crawler.fingerprints import item_fingerprint
+from incremental_crawler.keys import canonical_url
+
+if TYPE_CHECKING:
+    from scrapy import Spider
+
+    from incremental_crawler.config import IncrementalConfig
+
+__all__ = ["ItemIdentity", "serialize_item"]
+
+
+def serialize_item(item: Any) -> str:
+    """The item as stored: JSON of its fields."""
+    return json.dumps(ItemAdapter(item).asdict(), ensure_ascii=False, default=str)
+
+
+class ItemIdentity:
+    """Item key and fingerprint, from settings with per-spider overrides.
+
+    A spider may set ``incremental_item_key_field`` (a field name),
+    ``incremental_fingerprint_fields`` (only these fields count) or
+    ``incremental_volatile_fields`` (these never count), or define
+    ``incremental_item_key(item) -> str``.
+    """
+
+    def __init__(self, config: IncrementalConfig, spider: Spider) -> None:
+        self.fingerprint_field = config.fingerprint_field
+        self.key_field: str = getattr(
+            spider, "incremental_item_key_field", config.item_key_field
+        )
+        volatile = getattr(spider, "incremental_volatile_fields", config.volatile_fields)
+        self.exclude = frozenset(volatile) | {self.fingerprint_field}
+        include = getattr(spider, "incremental_fingerprint_fields", None)
+        self.include = frozenset(include) if include is not None else None
+        self._key_method = getattr(spider, "incremental_item_key", None)
+
+    def fingerprint(self, item: Any) -> str:
+        return item_fingerprint(item, exclude=self.exclude, include=self.include)
+
+    def key(self, item: Any, fingerprint: str | None = None) -> str:
+        if self._key_method is not None:
+            return str(self._key_method(item))
+        value = ItemAdapter(item).get(self.key_field)
+        if isinstance(value, str) and value:
+            if value.startswith(("http://", "https://")):
+                return canonical_url(value)
+            return value
+        if value is not None:
+            return str(value)
+        # No key field: the content is the identity, so an identical item is
+        # still recognised as already stored.
+        return "fp:" + (fingerprint or self.fingerprint(item))
+
+    def url(self, item: Any) -> str | None:
+        value = ItemAdapter(item).get("url")
+        return value if isinstance(value, str) else None
+
+    def set_fingerprint(self, item: Any, fingerprint: str) -> None:
+        try:
+            ItemAdapter(item)[self.fingerprint_field] = fingerprint
+        except KeyError:
+            # An item class without that field cannot carry it; the
+            # fingerprint is still stored beside the item.
+            pass

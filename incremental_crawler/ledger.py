@@ -1,0 +1,275 @@
+"""The ledger: commits a page's state only after that page's data is safe.
+
+This is invariant 1 of the product. The downloader middleware computes the
+new state of a page from a 2xx response but does not store it; it opens a
+:class:`PageTransaction` on the request's meta instead. The spider
+middleware counts the items the callback yields from that response; each
+item then runs through *every* item pipeline (ours and the user's own).
+Only when the callback has finished and every one of its items has been
+scraped or deliberately dropped is the page state staged, behind the items'
+own records. The store commits staged writes in order, atomically per flush,
+so at no instant can a stored validator be ahead of its data: a kill -9 loses
+at most both, and the next run fetches the page again.
+
+If the callback raises, or an item fails in a pipeline (``item_error``), the
+page state is withheld: the next run asks again with the old validators.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+from scrapy.http import Response
+from scrapy.utils.asyncio import create_looping_call
+from scrapy.utils.defer import deferred_from_coro
+
+from incremental_crawler.config import IncrementalConfig
+from incremental_crawler.identity import ItemIdentity, serialize_item
+from incremental_crawler.state import ItemRecord, PageKey, PageState
+from incremental_crawler.stores import StateStore, StateStoreError, open_store
+
+if TYPE_CHECKING:
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+    from twisted.python.failure import Failure
+
+__all__ = ["TXN_META", "Ledger", "PageTransaction"]
+
+logger = logging.getLogger(__name__)
+
+#: Request meta key holding the open :class:`PageTransaction` of a response.
+TXN_META = "_incremental_txn"
+
+
+class PageTransaction:
+    """The pending state of one fetched page, waiting for its items."""
+
+    __slots__ = ("failed", "open_items", "output_done", "state", "done")
+
+    def __init__(self, state: PageState) -> None:
+        self.state = state
+        self.open_items = 0
+        self.output_done = False
+        self.failed: str | None = None
+        self.done = False
+
+
+class _Pending:
+    """What the pipelines learnt about an item on its way through them."""
+
+    __slots__ = ("data", "fingerprint", "item", "key")
+
+    def __init__(self, item: Any) -> None:
+        self.item = item
+        self.key: str | None = None
+        self.fingerprint: str | None = None
+        self.data: str | None = None
+
+
+class Ledger:
+    """One per crawler: owns the state store and the page transactions."""
+
+    def __init__(self, crawler: Crawler, config: IncrementalConfig, store: StateStore) -> None:
+        self.crawler = crawler
+        self.config = config
+        self.store = store
+        self.stats = crawler.stats
+        spider = crawler.spider
+        assert spider is not None
+        self.scope: str = getattr(spider, "incremental_scope", None) or spider.name
+        self.identity = ItemIdentity(config, spider)
+        #: Set by the storage pipeline when it is enabled.
+        self.stores_items = False
+        self._pending: dict[int, _Pending] = {}
+        self._flushing = False
+        self._failed = False
+        self._task: Any = None
+        crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
+        crawler.signals.connect(self.item_scraped, signal=signals.item_scraped)
+        crawler.signals.connect(self.item_dropped, signal=signals.item_dropped)
+        crawler.signals.connect(self.item_error, signal=signals.item_error)
+        crawler.signals.connect(self.spider_error, signal=signals.spider_error)
+
+    @classmethod
+    def of(cls, crawler: Crawler) -> Ledger:
+        """The crawler's ledger, opening its store on first use.
+
+        Opening happens while components are built, before the crawl starts,
+        so a store that cannot be used stops the crawl with an error naming
+        it instead of running with an empty store.
+        """
+        ledger: Ledger | None = getattr(crawler, "incremental_ledger", None)
+        if ledger is None:
+            config = IncrementalConfig.from_settings(crawler.settings)
+            ledger = cls(crawler, config, open_store(crawler.settings))
+            crawler.incremental_ledger = ledger  # type: ignore[attr-defined]
+            logger.info(
+                "Incremental state store: %(location)s (scope %(scope)r)",
+                {"location": ledger.store.location, "scope": ledger.scope},
+                extra={"crawler": crawler},
+            )
+        return ledger
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def spider_opened(self, spider: Spider) -> None:
+        self._task = create_looping_call(self.flush)
+        self._task.start(self.config.flush_interval, now=False)
+
+    async def spider_closed(self, spider: Spider, reason: str) -> None:
+        if self._task is not None and self._task.running:
+            self._task.stop()
+        abandoned = sum(1 for p in self._pending.values() if p.key is not None)
+        if abandoned:
+            self.stats.set_value("incremental/items_abandoned", abandoned)
+        try:
+            await self.store.close()
+        except StateStoreError as exc:
+            self.stats.inc_value("incremental/store_errors")
+            logger.error("%(error)s", {"error": exc}, extra={"spider": spider})
+
+    # -- transactions (downloader and spider middleware) ---------------------
+
+    def begin(self, meta: dict[str, Any], state: PageState) -> PageTransaction:
+        txn = PageTransaction(state)
+        meta[TXN_META] = txn
+        return txn
+
+    def item_yielded(self, txn: PageTransaction) -> None:
+        txn.open_items += 1
+
+    def output_finished(self, txn: PageTransaction) -> None:
+        txn.output_done = True
+        self._maybe_commit(txn)
+
+    def output_failed(self, txn: PageTransaction, reason: str) -> None:
+        txn.failed = txn.failed or reason
+        txn.output_done = True
+        self._maybe_commit(txn)
+
+    def _item_finished(self, response: Any, *, error: str | None = None) -> None:
+        if not isinstance(response, Response):
+            return
+        txn: PageTransaction | None = response.meta.get(TXN_META)
+        if txn is None:
+            return
+        txn.open_items -= 1
+        if error:
+            txn.failed = txn.failed or error
+        self._maybe_commit(txn)
+
+    def _maybe_commit(self, txn: PageTransaction) -> None:
+        if txn.done or not txn.output_done or txn.open_items > 0:
+            return
+        txn.done = True
+        if txn.failed:
+            # Keep the old validators: the next run re-fetches this page
+            # instead of getting a 304 for data that was never stored.
+            self.stats.inc_value("incremental/state_withheld")
+            logger.warning(
+                "Not saving validators of %(url)s: %(reason)s",
+                {"url": txn.state.key.url, "reason": txn.failed},
+                extra={"spider": self.crawler.spider},
+            )
+            return
+        self.stage_page(txn.state)
+        self.stats.inc_value("incremental/state_committed")
+
+    # -- item signals --------------------------------------------------------
+
+    def remember(self, item: Any) -> _Pending:
+        """The pipelines' notes on *item*, kept until it leaves the pipelines."""
+        pending = self._pending.get(id(item))
+        if pending is None or pending.item is not item:
+            pending = self._pending[id(item)] = _Pending(item)
+        return pending
+
+    def item_scraped(self, item: Any, response: Any, spider: Spider) -> None:
+        pending = self._pending.pop(id(item), None)
+        if pending is None or pending.item is not item:
+            # A pipeline returned a new object: describe the output instead.
+            pending = _Pending(item)
+        if pending.fingerprint is None and self.stores_items:
+            pending.fingerprint = self.identity.fingerprint(item)
+        if pending.fingerprint is not None:
+            if pending.key is None:
+                pending.key = self.identity.key(item, pending.fingerprint)
+            if pending.data is None and self.stores_items:
+                pending.data = serialize_item(item)
+            self.store.stage_item(
+                ItemRecord(
+                    scope=self.scope,
+                    key=pending.key,
+                    url=self.identity.url(item),
+                    fingerprint=pending.fingerprint,
+                    data=pending.data,
+                    stored_at=time.time(),
+                )
+            )
+            if pending.data is not None:
+                self.stats.inc_value("incremental/items_stored")
+            self._after_stage()
+        self._item_finished(response)
+
+    def item_dropped(self, item: Any, response: Any, exception: BaseException, spider: Spider) -> None:
+        # A dropped item is a decision, not a failure: the page is done.
+        self._pending.pop(id(item), None)
+        self._item_finished(response)
+
+    def item_error(self, item: Any, response: Any, spider: Spider, failure: Failure) -> None:
+        self._pending.pop(id(item), None)
+        self._item_finished(
+            response, error=f"an item pipeline failed ({failure.getErrorMessage()})"
+        )
+
+    def spider_error(self, failure: Failure, response: Any, spider: Spider) -> None:
+        if isinstance(response, Response) and (txn := response.meta.get(TXN_META)):
+            txn.failed = txn.failed or f"the callback failed ({failure.getErrorMessage()})"
+
+    # -- staging and flushing --------------------------------------------------
+
+    def stage_page(self, state: PageState) -> None:
+        self.store.stage_page(state)
+        self._after_stage()
+
+    def stage_check(self, key: PageKey, status: int) -> None:
+        self.store.stage_check(key, status, time.time())
+        self._after_stage()
+
+    def stage_redirect(self, key: PageKey, target: str, status: int) -> None:
+        self.store.stage_redirect(key, target, status, time.time())
+        self._after_stage()
+
+    def _after_stage(self) -> None:
+        # Bounded pending writes: flush as soon as a batch is full.
+        if self.store.pending >= self.config.batch_size:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._flushing or self._failed or not self.store.pending:
+            return
+        self._flushing = True
+        d = deferred_from_coro(self.store.flush())
+        d.addCallbacks(self._flushed, self._flush_failed)
+
+    def _flushed(self, count: int) -> None:
+        self._flushing = False
+        self.stats.inc_value("incremental/store_flushes")
+        self.stats.inc_value("incremental/store_writes", count)
+
+    def _flush_failed(self, failure: Failure) -> None:
+        self._flushing = False
+        self._failed = True
+        self.stats.inc_value("incremental/store_errors")
+        logger.error(
+            "%(error)s; stopping the crawl (nothing not stored is recorded as done)",
+            {"error": failure.getErrorMessage()},
+            extra={"spider": self.crawler.spider},
+        )
+        engine = self.crawler.engine
+        if engine is not None and engine.running:
+            deferred_from_coro(engine.close_spider_async(reason="incremental_store_error"))

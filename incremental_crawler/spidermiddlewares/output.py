@@ -1,0 +1,73 @@
+"""Counts what a callback yields, so the ledger knows when a page is done.
+
+It must be the outermost spider middleware (the lowest order number): it
+then sees exactly the items the engine sends to the item pipelines, after
+every other middleware had its chance to drop or add some.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from itemadapter import is_item
+from scrapy.exceptions import NotConfigured
+
+from incremental_crawler.config import IncrementalConfig
+from incremental_crawler.ledger import TXN_META, Ledger
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterable
+
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+    from typing_extensions import Self
+
+__all__ = ["PageOutputMiddleware"]
+
+
+class PageOutputMiddleware:
+    """Tells the ledger how many items each response produced, and when."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        if not IncrementalConfig.from_settings(crawler.settings).enabled:
+            raise NotConfigured("INCREMENTAL_ENABLED is False")
+        self.ledger = Ledger.of(crawler)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        return cls(crawler)
+
+    def process_spider_output(
+        self, response: Response, result: Iterable[Any]
+    ) -> Iterable[Any]:
+        txn = response.meta.get(TXN_META) if response is not None else None
+        if txn is None:
+            yield from result
+            return
+        try:
+            for obj in result:
+                if is_item(obj):
+                    self.ledger.item_yielded(txn)
+                yield obj
+        except Exception as exc:
+            self.ledger.output_failed(txn, f"the callback failed ({exc!r})")
+            raise
+        self.ledger.output_finished(txn)
+
+    async def process_spider_output_async(
+        self, response: Response, result: AsyncIterator[Any]
+    ) -> AsyncIterator[Any]:
+        txn = response.meta.get(TXN_META) if response is not None else None
+        if txn is None:
+            async for obj in result:
+                yield obj
+            return
+        try:
+            async for obj in result:
+                if is_item(obj):
+                    self.ledger.item_yielded(txn)
+                yield obj
+        except Exception as exc:
+            self.ledger.output_failed(txn, f"the callback failed ({exc!r})")
+            raise
+        self.ledger.output_finished(txn)

@@ -1,0 +1,79 @@
+"""The records a state store keeps: per page and per item, never bodies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["ItemRecord", "PageFlags", "PageKey", "PageState"]
+
+
+class PageKey(NamedTuple):
+    """Identifies one stored page.
+
+    ``scope`` keeps two spiders that visit the same URL apart (each needs its
+    own validators, or one would get 304s for pages only the other stored);
+    ``url`` is canonical (w3lib); ``variant`` tells apart versions of one URL
+    served to different clients (region, language, proxy exit).
+    """
+
+    scope: str
+    url: str
+    variant: str = ""
+
+
+class PageFlags:
+    """Bit flags stored with a page."""
+
+    #: The last 2xx body came with ``Vary: *``: a 304 is not trusted blindly.
+    VARY_STAR = 1
+    #: The page answered with a redirect; ``redirect_to`` says where.
+    REDIRECTED = 2
+
+
+@dataclass(slots=True)
+class PageState:
+    """What we know about a page: validators, fingerprint and counters."""
+
+    key: PageKey
+    etag: str | None = None
+    last_modified: str | None = None
+    fingerprint: str | None = None
+    #: Body size of the last full (2xx) response, for the bytes-saved estimate.
+    size: int = 0
+    last_status: int | None = None
+    first_seen: float = 0.0
+    last_checked: float = 0.0
+    #: When we last got a full 2xx response (drives INCREMENTAL_MAX_AGE).
+    last_fetched: float = 0.0
+    last_changed: float = 0.0
+    checks: int = 0
+    changes: int = 0
+    flags: int = 0
+    redirect_to: str | None = None
+
+    @property
+    def has_validators(self) -> bool:
+        return bool(self.etag or self.last_modified)
+
+    def copy(self, **changes: object) -> Self:
+        return replace(self, **changes)
+
+
+@dataclass(slots=True)
+class ItemRecord:
+    """One item version, as handed to a store once it passed every pipeline.
+
+    ``data`` is the item as JSON, or ``None`` when only its fingerprint is
+    kept (item storage switched off).
+    """
+
+    scope: str
+    key: str
+    url: str | None
+    fingerprint: str
+    data: str | None = None
+    stored_at: float = 0.0

@@ -1,0 +1,388 @@
+"""The embedded state store: one SQLite file in WAL mode.
+
+Reads are primary-key lookups (nothing is loaded into memory up front);
+writes are staged and committed in batches, one transaction per flush, so
+the reactor thread spends a bounded, small time in SQLite per batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from incremental_crawler.config import DEFAULT_SETTINGS
+from incremental_crawler.state import ItemRecord, PageKey, PageState
+from incremental_crawler.stores.base import StateStore, StateStoreError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from scrapy.settings import BaseSettings
+    from typing_extensions import Self
+
+__all__ = ["SQLiteStateStore"]
+
+logger = logging.getLogger(__name__)
+
+#: Each entry migrates the schema from version ``i`` to ``i + 1``.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE pages (
+        scope TEXT NOT NULL,
+        url TEXT NOT NULL,
+        variant TEXT NOT NULL DEFAULT '',
+        etag TEXT,
+        last_modified TEXT,
+        fingerprint TEXT,
+        size INTEGER NOT NULL DEFAULT 0,
+        last_status INTEGER,
+        first_seen INTEGER NOT NULL DEFAULT 0,
+        last_checked INTEGER NOT NULL DEFAULT 0,
+        last_fetched INTEGER NOT NULL DEFAULT 0,
+        last_changed INTEGER NOT NULL DEFAULT 0,
+        checks INTEGER NOT NULL DEFAULT 0,
+        changes INTEGER NOT NULL DEFAULT 0,
+        flags INTEGER NOT NULL DEFAULT 0,
+        redirect_to TEXT,
+        PRIMARY KEY (scope, url, variant)
+    ) WITHOUT ROWID;
+    CREATE TABLE items (
+        scope TEXT NOT NULL,
+        item_key TEXT NOT NULL,
+        url TEXT,
+        fingerprint TEXT NOT NULL,
+        data TEXT,
+        first_seen INTEGER NOT NULL,
+        last_changed INTEGER NOT NULL,
+        version INTEGER NOT NULL DEFAULT 1,
+        PRIMARY KEY (scope, item_key)
+    ) WITHOUT ROWID;
+    CREATE TABLE item_versions (
+        scope TEXT NOT NULL,
+        item_key TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        fingerprint TEXT NOT NULL,
+        data TEXT NOT NULL,
+        stored_at INTEGER NOT NULL,
+        PRIMARY KEY (scope, item_key, version)
+    ) WITHOUT ROWID;
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_PAGE_COLUMNS = (
+    "etag, last_modified, fingerprint, size, last_status, first_seen, "
+    "last_checked, last_fetched, last_changed, checks, changes, flags, redirect_to"
+)
+_SELECT_PAGE = (
+    f"SELECT {_PAGE_COLUMNS} FROM pages WHERE scope = ? AND url = ? AND variant = ?"
+)
+_UPSERT_PAGE = (
+    f"INSERT OR REPLACE INTO pages (scope, url, variant, {_PAGE_COLUMNS}) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+# A check never touches validators or fingerprints (invariant 2).
+_UPSERT_CHECK = (
+    "INSERT INTO pages (scope, url, variant, last_status, first_seen, "
+    "last_checked, checks) VALUES (?, ?, ?, ?, ?, ?, 1) "
+    "ON CONFLICT (scope, url, variant) DO UPDATE SET "
+    "last_status = excluded.last_status, last_checked = excluded.last_checked, "
+    "checks = pages.checks + 1"
+)
+_UPSERT_REDIRECT = (
+    "INSERT INTO pages (scope, url, variant, last_status, first_seen, "
+    "last_checked, checks, flags, redirect_to) VALUES (?, ?, ?, ?, ?, ?, 1, 2, ?) "
+    "ON CONFLICT (scope, url, variant) DO UPDATE SET "
+    "last_status = excluded.last_status, last_checked = excluded.last_checked, "
+    "checks = pages.checks + 1, flags = pages.flags | 2, "
+    "redirect_to = excluded.redirect_to"
+)
+_UPSERT_ITEM = (
+    "INSERT INTO items (scope, item_key, url, fingerprint, data, first_seen, "
+    "last_changed, version) VALUES (?, ?, ?, ?, ?, ?, ?, 1) "
+    "ON CONFLICT (scope, item_key) DO UPDATE SET url = excluded.url, "
+    "fingerprint = excluded.fingerprint, data = excluded.data, "
+    "last_changed = excluded.last_changed, version = items.version + 1"
+)
+_ADD_ITEM_VERSION = (
+    "INSERT OR REPLACE INTO item_versions "
+    "(scope, item_key, version, fingerprint, data, stored_at) "
+    "SELECT scope, item_key, version, fingerprint, data, last_changed FROM items "
+    "WHERE scope = ? AND item_key = ? AND data IS NOT NULL"
+)
+
+
+def path_from_uri(uri: str) -> Path:
+    """``sqlite:///rel/path.db`` → ``rel/path.db``; ``sqlite:////abs.db`` → ``/abs.db``.
+
+    The same convention as SQLAlchemy's URLs.
+    """
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix) or len(uri) == len(prefix):
+        raise StateStoreError(
+            f"INCREMENTAL_STATE_URI {uri!r} is not a SQLite URI: use "
+            "sqlite:///relative/path.db or sqlite:////absolute/path.db"
+        )
+    return Path(uri[len(prefix):])
+
+
+class SQLiteStateStore(StateStore):
+    """State in one SQLite file; see the module docstring."""
+
+    def __init__(self, path: str | Path, *, busy_timeout: float = 5.0) -> None:
+        self.path = Path(path)
+        self.location = str(self.path)
+        self._busy_timeout = busy_timeout
+        # Staged writes. Pages are keyed so a page staged twice in one batch
+        # is written once; items and checks keep their order.
+        self._pages: dict[PageKey, PageState] = {}
+        self._checks: list[tuple[object, ...]] = []
+        self._redirects: list[tuple[object, ...]] = []
+        self._items: list[ItemRecord] = []
+        self._item_fps: dict[tuple[str, str], str] = {}
+        self._db = self._connect()
+
+    @classmethod
+    def from_uri(cls, uri: str, *, settings: BaseSettings | None = None) -> Self:
+        name = "INCREMENTAL_SQLITE_BUSY_TIMEOUT"
+        busy_timeout = DEFAULT_SETTINGS[name]
+        if settings is not None and settings.get(name) is not None:
+            busy_timeout = settings.getfloat(name)
+        return cls(path_from_uri(uri), busy_timeout=busy_timeout)
+
+    # -- opening -----------------------------------------------------------
+
+    def _fail(self, what: str, exc: BaseException | None = None) -> StateStoreError:
+        detail = f": {exc}" if exc else ""
+        return StateStoreError(f"State store {self.location}: {what}{detail}")
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise self._fail("cannot create its directory", exc) from exc
+        try:
+            db = sqlite3.connect(
+                self.path, timeout=self._busy_timeout, isolation_level=None,
+                check_same_thread=False,
+            )
+        except sqlite3.Error as exc:
+            raise self._fail("cannot be opened (check the path and permissions)", exc) from exc
+        try:
+            # WAL lets readers (e.g. `scrapy items`) run beside a crawl;
+            # synchronous=NORMAL is durable across process crashes in WAL
+            # mode, which is what kill -9 safety needs.
+            mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                logger.warning(
+                    "State store %(path)s could not switch to WAL (mode %(mode)s)",
+                    {"path": self.location, "mode": mode},
+                )
+            db.execute("PRAGMA synchronous=NORMAL")
+            self._migrate(db)
+        except sqlite3.DatabaseError as exc:
+            db.close()
+            message = str(exc)
+            if "locked" in message or "busy" in message:
+                raise self._fail(
+                    "is locked by another process (another crawl using the same "
+                    "store?); wait for it to finish or set INCREMENTAL_STATE_URI "
+                    "to another file",
+                    exc,
+                ) from exc
+            raise self._fail(
+                "is not a readable SQLite database (corrupt or not a state "
+                "store); restore it from a backup or move it away to start "
+                "afresh deliberately",
+                exc,
+            ) from exc
+        return db
+
+    def _migrate(self, db: sqlite3.Connection) -> None:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise self._fail(
+                f"has schema version {version}, newer than this code knows "
+                f"({SCHEMA_VERSION}); upgrade incremental_crawler"
+            )
+        if version == 0:
+            tables = db.execute(
+                "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table'"
+            ).fetchone()[0]
+            if tables:
+                raise self._fail(
+                    "is a SQLite database but not an incremental_crawler state "
+                    "store (it has tables and no schema version); point "
+                    "INCREMENTAL_STATE_URI at another file"
+                )
+        if version == SCHEMA_VERSION:
+            return
+        # BEGIN IMMEDIATE takes the write lock up front, so two processes
+        # opening a new store at once cannot both migrate it.
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            for step in range(version, SCHEMA_VERSION):
+                for statement in MIGRATIONS[step].split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                logger.info(
+                    "State store %(path)s migrated to schema version %(v)d",
+                    {"path": self.location, "v": step + 1},
+                )
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    # -- reads ---------------------------------------------------------------
+
+    async def get_page(self, key: PageKey) -> PageState | None:
+        return self.get_page_now(key)
+
+    def get_page_now(self, key: PageKey) -> PageState | None:
+        """Synchronous :meth:`get_page` (SQLite lookups are fast and local)."""
+        staged = self._pages.get(key)
+        if staged is not None:
+            return staged
+        try:
+            row = self._db.execute(_SELECT_PAGE, key).fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise self._fail("read failed", exc) from exc
+        if row is None:
+            return None
+        return PageState(key, *row)
+
+    async def get_item_fingerprint(self, scope: str, item_key: str) -> str | None:
+        staged = self._item_fps.get((scope, item_key))
+        if staged is not None:
+            return staged
+        try:
+            row = self._db.execute(
+                "SELECT fingerprint FROM items WHERE scope = ? AND item_key = ?",
+                (scope, item_key),
+            ).fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise self._fail("read failed", exc) from exc
+        return row[0] if row else None
+
+    # -- staged writes -------------------------------------------------------
+
+    def stage_page(self, state: PageState) -> None:
+        self._pages[state.key] = state
+
+    def stage_check(self, key: PageKey, status: int, when: float) -> None:
+        self._checks.append((*key, status, int(when), int(when)))
+
+    def stage_redirect(self, key: PageKey, target: str, status: int, when: float) -> None:
+        self._redirects.append((*key, status, int(when), int(when), target))
+
+    def stage_item(self, record: ItemRecord) -> None:
+        self._items.append(record)
+        self._item_fps[record.scope, record.key] = record.fingerprint
+
+    @property
+    def pending(self) -> int:
+        return len(self._pages) + len(self._checks) + len(self._redirects) + len(self._items)
+
+    async def flush(self) -> int:
+        return self.flush_now()
+
+    def flush_now(self) -> int:
+        """Commit every staged write in one transaction."""
+        count = self.pending
+        if not count:
+            return 0
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if self._items:
+                    db.executemany(
+                        _UPSERT_ITEM,
+                        [
+                            (r.scope, r.key, r.url, r.fingerprint, r.data,
+                             int(r.stored_at), int(r.stored_at))
+                            for r in self._items
+                        ],
+                    )
+                    db.executemany(
+                        _ADD_ITEM_VERSION,
+                        [(r.scope, r.key) for r in self._items if r.data is not None],
+                    )
+                if self._pages:
+                    db.executemany(
+                        _UPSERT_PAGE,
+                        [
+                            (*s.key, s.etag, s.last_modified, s.fingerprint, s.size,
+                             s.last_status, int(s.first_seen), int(s.last_checked),
+                             int(s.last_fetched), int(s.last_changed), s.checks,
+                             s.changes, s.flags, s.redirect_to)
+                            for s in self._pages.values()
+                        ],
+                    )
+                if self._checks:
+                    db.executemany(_UPSERT_CHECK, self._checks)
+                if self._redirects:
+                    db.executemany(_UPSERT_REDIRECT, self._redirects)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        except sqlite3.DatabaseError as exc:
+            # Staged writes are kept: a later flush (e.g. once a lock is
+            # released) can still commit them, and nothing is recorded as
+            # stored that was not.
+            message = str(exc)
+            if "locked" in message or "busy" in message:
+                raise self._fail("is locked by another process; could not commit", exc) from exc
+            if "full" in message:
+                raise self._fail("the disk is full; free space and re-run", exc) from exc
+            raise self._fail("commit failed", exc) from exc
+        self._pages.clear()
+        self._checks.clear()
+        self._redirects.clear()
+        self._items.clear()
+        self._item_fps.clear()
+        return count
+
+    async def close(self) -> None:
+        try:
+            self.flush_now()
+        finally:
+            self._db.close()
+
+    # -- reports and exports -------------------------------------------------
+
+    def iter_items(self, scope: str | None = None) -> Iterator[dict[str, object]]:
+        query = "SELECT scope, item_key, url, fingerprint, data, version FROM items"
+        params: tuple[str, ...] = ()
+        if scope is not None:
+            query += " WHERE scope = ?"
+            params = (scope,)
+        query += " ORDER BY scope, first_seen, item_key"
+        for scope_, key, url, fp, data, version in self._db.execute(query, params):
+            item: dict[str, object] = json.loads(data) if data else {}
+            item.setdefault("url", url or key)
+            item["fingerprint"] = fp
+            yield item
+
+    def count_pages(self, scope: str | None = None) -> int:
+        if scope is None:
+            return self._db.execute("SELECT COUNT(*) FROM pages").fetchone()[0]
+        return self._db.execute(
+            "SELECT COUNT(*) FROM pages WHERE scope = ?", (scope,)
+        ).fetchone()[0]
+
+    def item_history(self, scope: str, item_key: str) -> list[tuple[int, str]]:
+        """(version, fingerprint) of every stored version of an item."""
+        return self._db.execute(
+            "SELECT version, fingerprint FROM item_versions WHERE scope = ? "
+            "AND item_key = ? ORDER BY version",
+            (scope, item_key),
+        ).fetchall()
