@@ -1,0 +1,22 @@
+"""Packaging: `pip install -e .` and the egg that scrapyd-deploy uploads."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="incremental_crawler",
+    version="0.1.0",
+    description="Incremental re-crawls for Scrapy: conditional requests, "
+    "content fingerprints, state committed only with its data",
+    packages=find_packages(include=["incremental_crawler", "incremental_crawler.*"]),
+    package_data={"incremental_crawler": ["py.typed"]},
+    python_requires=">=3.10",
+    install_requires=[
+        "Scrapy>=2.19,<2.20",
+        "itemadapter>=0.13",
+        "w3lib>=2.5",
+        "scrapy-redis>=0.9.1",
+    ],
+    # scrapyd finds the project's settings through this entry point.
+    entry_points={"scrapy": ["settings = incremental_crawler.settings"]},
+    zip_safe=False,
+)

@@ -1,0 +1,99 @@
+"""Two real crawls of the loopback site: what the server saw, what was stored."""
+
+from __future__ import annotations
+
+import pytest_twisted
+
+from incremental_crawler.spiders.sitemap import SitemapPagesSpider
+from tests.spiders import ListSpider
+
+KINDS = ("strong", "weak", "lastmod", "none")
+
+
+def add_pages(site, n: int = 20, kinds=KINDS, size: int = 4000) -> list[str]:
+    paths = []
+    for i in range(n):
+        path = f"/p/{i:04d}"
+        site.add_page(path, kinds[i % len(kinds)], size=size)
+        paths.append(path)
+    return paths
+
+
+def page_requests(site):
+    return [r for r in site.log if r.path.startswith("/p/")]
+
+
+@pytest_twisted.ensureDeferred
+async def test_second_crawl_is_conditional_and_emits_only_changes(site, crawl, state_db):
+    paths = add_pages(site, 20)
+    first = await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"))
+    assert first.stats.get_value("finish_reason") == "finished"
+    seen = page_requests(site)
+    assert sorted(r.path for r in seen) == paths
+    assert all(r.if_none_match is None and r.if_modified_since is None for r in seen)
+    assert len(first.collected) == 20
+    assert all(item["fingerprint"] for item in first.collected)
+
+    changed = ["/p/0000", "/p/0001", "/p/0002", "/p/0003"]  # one of each kind
+    for path in changed:
+        site.change(path)
+    site.reset_log()
+    second = await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"))
+
+    by_path = {r.path: r for r in page_requests(site)}
+    assert sorted(by_path) == paths  # each page asked exactly once
+    for path in paths:
+        kind, record = site.page(path).kind, by_path[path]
+        if kind in ("strong", "weak"):
+            # The stored tag, echoed as it was received (weak ones too).
+            assert record.if_none_match is not None
+            assert record.if_none_match.startswith("W/") == (kind == "weak")
+        if kind in ("strong", "lastmod"):
+            assert record.if_modified_since is not None
+        if kind == "none":
+            assert record.if_none_match is None and record.if_modified_since is None
+        unchanged_with_validators = path not in changed and kind != "none"
+        assert record.status == (304 if unchanged_with_validators else 200), path
+        assert record.body_bytes == (0 if unchanged_with_validators else record.body_bytes)
+
+    emitted = sorted(item["url"].removeprefix(site.base_url) for item in second.collected)
+    assert emitted == changed
+    stats = second.stats
+    assert stats.get_value("incremental/not_modified") == 12
+    assert stats.get_value("incremental/items_changed") == 4
+    assert stats.get_value("incremental/items_unchanged") == 4  # the "none" pages
+    assert stats.get_value("incremental/bytes_saved_estimate") > 12 * 3000
+    # Latest version of each changed item stored, with its history.
+    for path in changed:
+        url = site.url(path)
+        [(version,)] = state_db("SELECT version FROM items WHERE item_key = ?", url)
+        assert version == 2
+        titles = [t for (t,) in state_db(
+            "SELECT json_extract(data, '$.title') FROM item_versions "
+            "WHERE item_key = ? ORDER BY version", url)]
+        assert titles[0].endswith("v0") and titles[1].endswith("v1")
+    [(unchanged_version,)] = state_db(
+        "SELECT version FROM items WHERE item_key = ?", site.url("/p/0004"))
+    assert unchanged_version == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_validators_that_never_change_are_caught_by_max_age(site, crawl, state_db):
+    site.add_page("/stuck", "stuck", size=3000)
+
+    await crawl(ListSpider, urls=[site.url("/stuck")])
+    site.change("/stuck")
+    second = await crawl(ListSpider, urls=[site.url("/stuck")])
+    # The server's validator did not move: the change is invisible to a 304.
+    assert site.log[-1].status == 304
+    assert second.collected == []
+
+    # Age the page past INCREMENTAL_MAX_AGE: the next visit is unconditional.
+    state_db("UPDATE pages SET last_fetched = last_fetched - 7200")
+    third = await crawl(ListSpider, settings={"INCREMENTAL_MAX_AGE": 3600},
+                        urls=[site.url("/stuck")])
+    last = site.log[-1]
+    assert last.if_none_match is None and last.if_modified_since is None
+    assert last.status == 200
+    assert [item["title"] for item in third.collected] == ["Page stuck v1"]
+    assert third.stats.get_value("incremental/requests/max_age") == 1
