@@ -7,6 +7,7 @@ reads and checks them once, naming the setting when a value is wrong.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -72,7 +73,7 @@ class IncrementalConfig:
                 value = kind(raw)
             except (TypeError, ValueError):
                 raise NotConfigured(f"{name}={raw!r} is not a number") from None
-            if value < minimum:
+            if not math.isfinite(value) or value < minimum:
                 raise NotConfigured(f"{name}={raw!r} must be at least {minimum}")
             return value
 

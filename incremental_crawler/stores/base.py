@@ -38,7 +38,10 @@ class StateStore(ABC):
 
     @abstractmethod
     async def get_page(self, key: PageKey) -> PageState | None:
-        """The page's state, including staged but not yet flushed changes."""
+        """The page's state, including page states staged but not yet flushed.
+
+        Staged checks and redirects (counters only) may show only after a flush.
+        """
 
     @abstractmethod
     async def get_item_fingerprint(self, scope: str, item_key: str) -> str | None:

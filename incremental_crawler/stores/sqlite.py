@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-import time
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -122,7 +123,7 @@ def path_from_uri(uri: str) -> Path:
     The same convention as SQLAlchemy's URLs.
     """
     prefix = "sqlite:///"
-    if not uri.startswith(prefix) or len(uri) == len(prefix):
+    if not uri.lower().startswith(prefix) or len(uri) == len(prefix):
         raise StateStoreError(
             f"INCREMENTAL_STATE_URI {uri!r} is not a SQLite URI: use "
             "sqlite:///relative/path.db or sqlite:////absolute/path.db"
@@ -137,13 +138,14 @@ class SQLiteStateStore(StateStore):
         self.path = Path(path)
         self.location = str(self.path)
         self._busy_timeout = busy_timeout
-        # Staged writes. Pages are keyed so a page staged twice in one batch
-        # is written once; items and checks keep their order.
+        # Staged writes, as (statement, parameters) in staging order: a
+        # flush applies them in that order, so a later write always wins.
+        self._ops: list[tuple[str, tuple[object, ...]]] = []
+        # Latest staged page states and item fingerprints, for reads.
         self._pages: dict[PageKey, PageState] = {}
-        self._checks: list[tuple[object, ...]] = []
-        self._redirects: list[tuple[object, ...]] = []
-        self._items: list[ItemRecord] = []
         self._item_fps: dict[tuple[str, str], str] = {}
+        #: Staged writes (one per stage_* call; an item takes two statements).
+        self._staged = 0
         self._db = self._connect()
 
     @classmethod
@@ -173,6 +175,9 @@ class SQLiteStateStore(StateStore):
         except sqlite3.Error as exc:
             raise self._fail("cannot be opened (check the path and permissions)", exc) from exc
         try:
+            # Refuse a file that is not ours before changing anything in it
+            # (switching a foreign database to WAL would alter its header).
+            self._check_schema(db)
             # WAL lets readers (e.g. `scrapy items`) run beside a crawl;
             # synchronous=NORMAL is durable across process crashes in WAL
             # mode, which is what kill -9 safety needs.
@@ -200,9 +205,12 @@ class SQLiteStateStore(StateStore):
                 "afresh deliberately",
                 exc,
             ) from exc
+        except BaseException:
+            db.close()
+            raise
         return db
 
-    def _migrate(self, db: sqlite3.Connection) -> None:
+    def _check_schema(self, db: sqlite3.Connection) -> None:
         version = db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise self._fail(
@@ -219,6 +227,9 @@ class SQLiteStateStore(StateStore):
                     "store (it has tables and no schema version); point "
                     "INCREMENTAL_STATE_URI at another file"
                 )
+
+    def _migrate(self, db: sqlite3.Connection) -> None:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
         if version == SCHEMA_VERSION:
             return
         # BEGIN IMMEDIATE takes the write lock up front, so two processes
@@ -243,6 +254,8 @@ class SQLiteStateStore(StateStore):
     # -- reads ---------------------------------------------------------------
 
     async def get_page(self, key: PageKey) -> PageState | None:
+        # Staged page states are visible at once; staged checks (counters
+        # only) become visible when flushed.
         return self.get_page_now(key)
 
     def get_page_now(self, key: PageKey) -> PageState | None:
@@ -274,62 +287,51 @@ class SQLiteStateStore(StateStore):
     # -- staged writes -------------------------------------------------------
 
     def stage_page(self, state: PageState) -> None:
+        self._staged += 1
         self._pages[state.key] = state
+        self._ops.append((_UPSERT_PAGE, (
+            *state.key, state.etag, state.last_modified, state.fingerprint, state.size,
+            state.last_status, int(state.first_seen), int(state.last_checked),
+            int(state.last_fetched), int(state.last_changed), state.checks,
+            state.changes, state.flags, state.redirect_to,
+        )))
 
     def stage_check(self, key: PageKey, status: int, when: float) -> None:
-        self._checks.append((*key, status, int(when), int(when)))
+        self._staged += 1
+        self._ops.append((_UPSERT_CHECK, (*key, status, int(when), int(when))))
 
     def stage_redirect(self, key: PageKey, target: str, status: int, when: float) -> None:
-        self._redirects.append((*key, status, int(when), int(when), target))
+        self._staged += 1
+        self._ops.append((_UPSERT_REDIRECT, (*key, status, int(when), int(when), target)))
 
     def stage_item(self, record: ItemRecord) -> None:
-        self._items.append(record)
+        self._staged += 1
+        when = int(record.stored_at)
+        self._ops.append((_UPSERT_ITEM, (
+            record.scope, record.key, record.url, record.fingerprint, record.data, when, when,
+        )))
+        if record.data is not None:
+            self._ops.append((_ADD_ITEM_VERSION, (record.scope, record.key)))
         self._item_fps[record.scope, record.key] = record.fingerprint
 
     @property
     def pending(self) -> int:
-        return len(self._pages) + len(self._checks) + len(self._redirects) + len(self._items)
+        return self._staged
 
     async def flush(self) -> int:
         return self.flush_now()
 
     def flush_now(self) -> int:
-        """Commit every staged write in one transaction."""
-        count = self.pending
-        if not count:
+        """Commit every staged write, in staging order, in one transaction."""
+        if not self._ops:
             return 0
         db = self._db
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
-                if self._items:
-                    db.executemany(
-                        _UPSERT_ITEM,
-                        [
-                            (r.scope, r.key, r.url, r.fingerprint, r.data,
-                             int(r.stored_at), int(r.stored_at))
-                            for r in self._items
-                        ],
-                    )
-                    db.executemany(
-                        _ADD_ITEM_VERSION,
-                        [(r.scope, r.key) for r in self._items if r.data is not None],
-                    )
-                if self._pages:
-                    db.executemany(
-                        _UPSERT_PAGE,
-                        [
-                            (*s.key, s.etag, s.last_modified, s.fingerprint, s.size,
-                             s.last_status, int(s.first_seen), int(s.last_checked),
-                             int(s.last_fetched), int(s.last_changed), s.checks,
-                             s.changes, s.flags, s.redirect_to)
-                            for s in self._pages.values()
-                        ],
-                    )
-                if self._checks:
-                    db.executemany(_UPSERT_CHECK, self._checks)
-                if self._redirects:
-                    db.executemany(_UPSERT_REDIRECT, self._redirects)
+                # Runs of the same statement go to SQLite in one call.
+                for sql, group in groupby(self._ops, key=itemgetter(0)):
+                    db.executemany(sql, [params for _, params in group])
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
@@ -344,10 +346,9 @@ class SQLiteStateStore(StateStore):
             if "full" in message:
                 raise self._fail("the disk is full; free space and re-run", exc) from exc
             raise self._fail("commit failed", exc) from exc
+        count, self._staged = self._staged, 0
+        self._ops.clear()
         self._pages.clear()
-        self._checks.clear()
-        self._redirects.clear()
-        self._items.clear()
         self._item_fps.clear()
         return count
 

@@ -1,0 +1,884 @@
+"""A counting HTTP test site served on loopback with Twisted Web.
+
+The site exists so that the incremental crawler can be demonstrated, tested
+and benchmarked against a server whose behaviour is fully known: every page
+has a *kind* that decides which validators (``ETag`` / ``Last-Modified``) it
+sends, pages change only when told to (:meth:`LoopbackSite.change`), and every
+request served is recorded in :attr:`LoopbackSite.log` so that callers can
+count requests, ``304 Not Modified`` answers and body bytes.
+
+Importing this module starts nothing: the reactor is imported only inside
+:meth:`LoopbackSite.start` / :meth:`LoopbackSite.stop` and in the CLI entry
+point, so the caller (Scrapy, pytest-twisted, a benchmark) stays in charge of
+which reactor gets installed.
+
+Out-of-process use (benchmarks, kill -9 tests)::
+
+    python -m incremental_crawler.loopback_site --pages 1000 --port 0
+
+prints exactly one line, the base URL, and then serves until SIGTERM/SIGINT.
+The ``/__site__/...`` control endpoints (see :class:`LoopbackSite`) expose the
+request log and let the other process change pages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import email.utils
+import gzip
+import hashlib
+import html
+import json
+import logging
+import random
+import re
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+from xml.sax.saxutils import escape as xml_escape
+
+from twisted.web import http, resource, server
+
+if TYPE_CHECKING:
+    from twisted.internet.defer import Deferred
+    from twisted.internet.interfaces import IListeningPort
+    from twisted.python.failure import Failure
+
+logger = logging.getLogger(__name__)
+
+#: Page kinds, i.e. which validators a page sends (see :class:`Page`).
+KINDS: tuple[str, ...] = ("strong", "weak", "lastmod", "none", "stuck")
+
+#: Fixed base epoch of every ``Last-Modified`` / sitemap ``<lastmod>``; each
+#: version adds one hour. A fixed base keeps responses reproducible across
+#: runs and processes, and keeps all dates in the past (a server must not
+#: send a Last-Modified later than its Date, RFC 9110 §8.8.2.1).
+BASE_EPOCH: int = 1_700_000_000
+
+#: Seconds added to :data:`BASE_EPOCH` per page version.
+VERSION_STEP: int = 3600
+
+#: Prefix of the control endpoints; requests below it are not logged.
+CONTROL_PREFIX: str = "/__site__/"
+
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+_TEXT: Mapping[str, str] = MappingProxyType({"Content-Type": "text/plain; charset=utf-8"})
+_XML: Mapping[str, str] = MappingProxyType({"Content-Type": "application/xml; charset=utf-8"})
+
+# Filler vocabulary for page bodies; immutable, so not module *state*.
+_WORDS: tuple[str, ...] = tuple(
+    """
+    alpha anchor archive basket beacon binary bridge buffer cache canvas
+    carbon channel cipher circuit cluster column comet compass crawler
+    crystal cursor delta digest domain ember engine entropy fabric falcon
+    feather fiber filter fjord forest fragment galaxy garden glacier gossip
+    gradient harbor header horizon index island journal kernel lantern
+    ledger lemon marble meadow mirror module nebula needle network oasis
+    orbit packet paper pepper pixel planet pocket quartz query radar record
+    ribbon river rocket saddle schema signal silver sketch socket spider
+    spiral stone stream summit syntax tablet thread timber token tunnel
+    update valley vector velvet vertex violet voyage walnut window winter
+    yellow zenith
+    """.split()
+)
+# One word per possible random byte (the slight bias is irrelevant here).
+_WORD_TABLE: tuple[str, ...] = tuple(_WORDS[i % len(_WORDS)] for i in range(256))
+
+# entity-tag = [ weak ] opaque-tag  (RFC 9110 §8.8.3); etagc excludes DQUOTE,
+# so a quoted string without inner quotes is exactly an opaque-tag. A regex is
+# used rather than a naive split(",") because etagc may contain commas.
+_ENTITY_TAG_RE = re.compile(r'(W/)?"([^"]*)"')
+
+
+# --------------------------------------------------------------------------
+# Data model
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class Page:
+    """One HTML page of the site.
+
+    ``kind`` decides the validators the page sends:
+
+    * ``strong``  -- strong ``ETag`` (hash of the body) and ``Last-Modified``;
+    * ``weak``    -- weak ``ETag`` (``W/"..."``) only;
+    * ``lastmod`` -- ``Last-Modified`` only;
+    * ``none``    -- no validators, never answers 304;
+    * ``stuck``   -- constant ``ETag: "stuck"`` and constant
+      ``Last-Modified`` although the content changes with the version: a
+      misbehaving server whose validators lie.
+    """
+
+    path: str
+    kind: str
+    version: int = 0
+    size: int = 20_000
+    title: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.path.startswith("/"):
+            raise ValueError(f"page path must start with '/': {self.path!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown page kind {self.kind!r}; expected one of {KINDS}")
+        if self.size < 0:
+            raise ValueError(f"page size must be >= 0, got {self.size}")
+        if not self.title:
+            self.title = "Page " + (self.path.strip("/") or "home")
+
+    @property
+    def modified_ts(self) -> int:
+        """Epoch seconds of this version (the page's real last change)."""
+        return BASE_EPOCH + self.version * VERSION_STEP
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request served by the site (control endpoints excluded).
+
+    ``path`` includes the query string. ``body_bytes`` counts the response
+    body actually sent (0 for HEAD, 304 and redirects). ``headers`` maps
+    lower-cased request header names to values (repeated fields joined with
+    ``", "``). ``started`` / ``finished`` are :func:`time.monotonic` values
+    taken when rendering began and when the response was handed to the
+    transport.
+    """
+
+    method: str
+    path: str
+    status: int
+    body_bytes: int
+    if_none_match: str | None
+    if_modified_since: str | None
+    headers: dict[str, str]
+    started: float
+    finished: float
+
+
+@dataclass
+class _Response:
+    """A fully computed response, before it is written to the request."""
+
+    status: int
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+    # For HEAD, the body is computed (so Content-Length is right) but not sent.
+    send_body: bool = True
+
+
+# --------------------------------------------------------------------------
+# Helpers (pure functions)
+# --------------------------------------------------------------------------
+
+
+def http_date(ts: float) -> str:
+    """Format epoch seconds as an IMF-fixdate (RFC 9110 §5.6.7)."""
+    return email.utils.formatdate(ts, usegmt=True)
+
+
+def w3c_datetime(ts: float) -> str:
+    """Format epoch seconds as a W3C datetime for sitemap ``<lastmod>``."""
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S+00:00")
+
+
+def parse_http_date(value: str) -> float | None:
+    """Parse an HTTP-date into epoch seconds, or ``None`` if invalid.
+
+    RFC 9110 §13.1.3: a recipient MUST ignore ``If-Modified-Since`` if the
+    value is not a valid HTTP-date, hence ``None`` rather than an exception.
+    """
+    try:
+        parsed = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if parsed.tzinfo is None:
+        # "-0000" yields a naive datetime; HTTP-dates are always GMT (§5.6.7).
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.timestamp()
+
+
+def etag_matches(if_none_match: str, etag: str | None) -> bool:
+    """Evaluate an ``If-None-Match`` field value against the current ETag.
+
+    RFC 9110 §13.1.2: ``*`` matches any current representation; otherwise the
+    value is a comma-separated list of entity-tags compared with the *weak*
+    comparison function (§8.8.3.2), i.e. the ``W/`` prefix is ignored on both
+    sides and only the opaque-tags are compared.
+    """
+    if if_none_match.strip() == "*":
+        return True
+    if etag is None:
+        return False
+    current = _ENTITY_TAG_RE.fullmatch(etag.strip())
+    if current is None:
+        return False
+    return any(m.group(2) == current.group(2) for m in _ENTITY_TAG_RE.finditer(if_none_match))
+
+
+def _absolute(base_url: str, target: str) -> str:
+    """Resolve ``target`` (a path or an absolute URL) against the site."""
+    if target.startswith(("http://", "https://")):
+        return target
+    return base_url + (target if target.startswith("/") else "/" + target)
+
+
+# --------------------------------------------------------------------------
+# Twisted plumbing
+# --------------------------------------------------------------------------
+
+
+class _TrackingChannel(http.HTTPChannel):
+    """HTTP/1.1 channel that registers itself with its site.
+
+    Tracking is needed so :meth:`LoopbackSite.stop` can close keep-alive
+    connections; otherwise pytest-twisted tests would leave sockets (and
+    their timeout DelayedCalls) behind in the reactor.
+    """
+
+    factory: _TrackingSite
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lost_waiters: list[Deferred[None]] = []
+
+    def connectionMade(self) -> None:  # noqa: N802 (Twisted API)
+        super().connectionMade()
+        self.factory.channels.add(self)
+
+    def connectionLost(self, reason: Failure) -> None:  # noqa: N802 (Twisted API)
+        try:
+            super().connectionLost(reason)
+        finally:
+            self.factory.channels.discard(self)
+            waiters, self._lost_waiters = self._lost_waiters, []
+            for waiter in waiters:
+                waiter.callback(None)
+
+    def when_lost(self) -> Deferred[None]:
+        """Return a Deferred that fires once this connection is closed."""
+        from twisted.internet.defer import Deferred
+
+        d: Deferred[None] = Deferred()
+        self._lost_waiters.append(d)
+        return d
+
+
+class _TrackingSite(server.Site):
+    """:class:`twisted.web.server.Site` that knows its open connections.
+
+    Plain HTTP/1.1 only (no ALPN/HTTP/2 negotiation is needed on loopback).
+    """
+
+    protocol = _TrackingChannel  # type: ignore[assignment]
+    noisy = False  # no "Starting factory" log lines per start/stop
+
+    def __init__(self, root: resource.Resource) -> None:
+        super().__init__(root)
+        self.channels: set[_TrackingChannel] = set()
+
+    def log(self, request: server.Request) -> None:
+        """Disable the access log; :attr:`LoopbackSite.log` replaces it."""
+
+
+class _SiteResource(resource.Resource):
+    """Leaf resource that hands every request to the :class:`LoopbackSite`."""
+
+    isLeaf = True
+
+    def __init__(self, site: LoopbackSite) -> None:
+        super().__init__()
+        self._site = site
+
+    def render(self, request: server.Request) -> bytes:
+        return self._site._render(request)
+
+
+# --------------------------------------------------------------------------
+# The site
+# --------------------------------------------------------------------------
+
+
+class LoopbackSite:
+    """A deterministic, counting HTTP site on loopback.
+
+    Served resources:
+
+    * every :class:`Page` at its path (GET and HEAD, conditional requests
+      handled per RFC 9110 §13);
+    * ``/robots.txt`` (:attr:`robots_txt`, default points at the sitemap
+      index);
+    * ``/sitemap.xml`` -- a urlset of all pages;
+    * ``/sitemap_index.xml`` -- index of ``/sitemap-1.xml`` (first half of
+      the pages) and ``/sitemap-2.xml.gz`` (second half, gzip file served as
+      ``application/gzip`` without ``Content-Encoding``, like real sites);
+    * redirects registered with :meth:`add_redirect` (checked before pages);
+    * ``404`` for anything else.
+
+    Control endpoints (not logged), for driving the site from another
+    process: ``GET /__site__/log`` (JSON list of records),
+    ``POST /__site__/reset``, ``POST /__site__/change?path=/p/0001`` (the
+    ``path`` parameter may repeat) and
+    ``POST /__site__/change?fraction=0.05&seed=1``; both change forms answer
+    with the JSON list of changed paths.
+
+    Not thread-safe: use it from the reactor thread only.
+    """
+
+    def __init__(self, pages: Iterable[Page] = (), *, host: str = "127.0.0.1") -> None:
+        self.host = host
+        #: Every request served, in order (control endpoints excluded).
+        self.log: list[RequestRecord] = []
+        #: robots.txt body; ``None`` serves the generated default.
+        self.robots_txt: str | None = None
+        self._pages: dict[str, Page] = {}
+        self._order: list[str] = []
+        self._index: dict[str, int] = {}
+        self._redirects: dict[str, tuple[str, int]] = {}
+        # path -> (version, body, etag opaque-tag). Keyed by path so only the
+        # current version of each page is kept (bounded memory).
+        self._bodies: dict[str, tuple[int, bytes, str]] = {}
+        self._port: IListeningPort | None = None
+        self._site: _TrackingSite | None = None
+        self._base_url: str | None = None
+        for page in pages:
+            self._add(page)
+
+    # -- construction ------------------------------------------------------
+
+    @classmethod
+    def generated(
+        cls,
+        n_pages: int = 100,
+        *,
+        kinds: Sequence[str] = ("strong", "weak", "lastmod", "none"),
+        page_size: int = 20_000,
+        host: str = "127.0.0.1",
+    ) -> LoopbackSite:
+        """Build a site with pages ``/p/0000`` .. cycling through ``kinds``."""
+        if n_pages < 0:
+            raise ValueError(f"n_pages must be >= 0, got {n_pages}")
+        if not kinds:
+            raise ValueError("kinds must not be empty")
+        pages = (
+            Page(path=f"/p/{i:04d}", kind=kinds[i % len(kinds)], size=page_size)
+            for i in range(n_pages)
+        )
+        return cls(pages, host=host)
+
+    def _add(self, page: Page) -> Page:
+        if page.path in self._pages:
+            raise ValueError(f"duplicate page path {page.path!r}")
+        self._index[page.path] = len(self._order)
+        self._order.append(page.path)
+        self._pages[page.path] = page
+        return page
+
+    def add_page(self, path: str, kind: str, *, size: int = 20_000, title: str = "") -> Page:
+        """Add a page (version 0) and return it."""
+        return self._add(Page(path=path, kind=kind, size=size, title=title))
+
+    def page(self, path: str) -> Page:
+        """Return the page at ``path`` (``KeyError`` if there is none)."""
+        return self._pages[path]
+
+    @property
+    def pages(self) -> list[Page]:
+        """All pages in insertion order (a new list; the pages are live)."""
+        return [self._pages[p] for p in self._order]
+
+    def add_redirect(self, src: str, dst: str, status: int = 301) -> None:
+        """Answer ``src`` with ``status`` and ``Location: dst`` (made absolute).
+
+        ``src`` is matched against the request path without query string.
+        """
+        if not src.startswith("/"):
+            raise ValueError(f"redirect source must start with '/': {src!r}")
+        if status not in _REDIRECT_STATUSES:
+            raise ValueError(f"not a redirect status: {status}")
+        self._redirects[src] = (dst, status)
+
+    # -- changes -----------------------------------------------------------
+
+    def change(self, path: str) -> None:
+        """Give the page at ``path`` a new version (new content)."""
+        self._pages[path].version += 1
+
+    def change_fraction(self, fraction: float, *, seed: int = 0) -> list[str]:
+        """Change ``round(n * fraction)`` pages (at least one if ``fraction > 0``).
+
+        The pages are picked with ``random.Random(seed)``, so the same
+        ``(fraction, seed)`` always picks the same pages. Returns their paths
+        in site order.
+        """
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"fraction must be within [0, 1], got {fraction}")
+        n = len(self._order)
+        k = round(n * fraction)
+        if fraction > 0 and k == 0:
+            k = 1
+        k = min(k, n)
+        chosen = sorted(random.Random(seed).sample(range(n), k))
+        paths = [self._order[i] for i in chosen]
+        for path in paths:
+            self.change(path)
+        logger.debug("changed %d page(s) (fraction=%s, seed=%s)", len(paths), fraction, seed)
+        return paths
+
+    # -- representation ----------------------------------------------------
+
+    def body(self, path: str) -> bytes:
+        """The current HTML body of the page at ``path``."""
+        return self._representation(self._pages[path])[0]
+
+    def etag(self, path: str) -> str | None:
+        """The ``ETag`` the page at ``path`` currently sends, if any."""
+        page = self._pages[path]
+        return self._validators(page, self._representation(page)[1])[0]
+
+    def last_modified(self, path: str) -> str | None:
+        """The ``Last-Modified`` the page at ``path`` currently sends, if any."""
+        page = self._pages[path]
+        lm_ts = self._validators(page, "")[1]
+        return None if lm_ts is None else http_date(lm_ts)
+
+    def _representation(self, page: Page) -> tuple[bytes, str]:
+        """Return ``(body, opaque etag)`` for the page's current version."""
+        cached = self._bodies.get(page.path)
+        if cached is not None and cached[0] == page.version:
+            return cached[1], cached[2]
+        body = self._render_html(page)
+        tag = hashlib.sha1(body).hexdigest()[:16]
+        self._bodies[page.path] = (page.version, body, tag)
+        return body, tag
+
+    @staticmethod
+    def _validators(page: Page, tag: str) -> tuple[str | None, int | None]:
+        """Return ``(ETag header value, Last-Modified epoch)`` for ``page``."""
+        if page.kind == "strong":
+            return f'"{tag}"', page.modified_ts
+        if page.kind == "weak":
+            # W/ marks a weak validator (RFC 9110 §8.8.3): only usable with
+            # the weak comparison, which is what If-None-Match uses anyway.
+            return f'W/"{tag}"', None
+        if page.kind == "lastmod":
+            return None, page.modified_ts
+        if page.kind == "stuck":
+            return '"stuck"', BASE_EPOCH
+        return None, None
+
+    def _nav_links(self, page: Page) -> list[str]:
+        """Paths linked from ``page``: neighbours plus a few stable picks.
+
+        Seeded by the path only, so the link graph does not change between
+        versions; only ``<main>`` does.
+        """
+        n = len(self._order)
+        i = self._index[page.path]
+        links: list[str] = []
+        if n > 1:
+            links += [self._order[(i - 1) % n], self._order[(i + 1) % n]]
+        rng = random.Random(f"links:{page.path}")
+        for _ in range(min(3, n)):
+            links.append(self._order[rng.randrange(n)])
+        seen: set[str] = {page.path}
+        return [p for p in links if not (p in seen or seen.add(p))]
+
+    def _render_html(self, page: Page) -> bytes:
+        """Deterministic HTML for ``(page.path, page.version)``."""
+        title = html.escape(page.title)
+        links = "".join(
+            f'<a href="{html.escape(p)}">{html.escape(self._pages[p].title)}</a> '
+            for p in self._nav_links(page)
+        )
+        head = (
+            f"<!DOCTYPE html><html><head><title>{title} v{page.version}</title></head>"
+            f"<body><nav>{links}</nav><main><h1>{title}</h1>"
+            f'<p class="revision">Revision {page.version}</p>'
+        )
+        tail = (
+            '</main><footer><a href="/sitemap.xml">Sitemap</a> | LoopbackSite</footer>'
+            "</body></html>"
+        )
+        budget = page.size - len(head) - len(tail)
+        rng = random.Random(f"{page.path}:{page.version}")
+        parts: list[str] = []
+        used = 0
+        # Draw words in batches via randbytes() and a 256-entry table: several
+        # times faster than choices(), which matters for benchmarks serving
+        # thousands of 20 kB pages.
+        pool: list[str] = []
+        pos = 0
+        while used < budget:
+            n = rng.randint(30, 90)
+            if len(pool) - pos < n:
+                fresh = [_WORD_TABLE[b] for b in rng.randbytes(max(n, budget // 6))]
+                pool, pos = pool[pos:] + fresh, 0
+            words = pool[pos : pos + n]
+            pos += n
+            para = "<p>" + " ".join(words).capitalize() + ".</p>"
+            room = budget - used
+            if len(para) > room:
+                # Trim the last paragraph at a word boundary so the body
+                # lands close to page.size instead of overshooting by ~600 B.
+                text = " ".join(words)[: max(room - 8, 0)].rsplit(" ", 1)[0]
+                if not text:
+                    break
+                para = "<p>" + text.capitalize() + ".</p>"
+            parts.append(para)
+            used += len(para)
+        return (head + "".join(parts) + tail).encode("utf-8")
+
+    # -- listening ---------------------------------------------------------
+
+    def start(self, port: int = 0) -> str:
+        """Listen on ``host:port`` (0 = any free port); return the base URL.
+
+        Uses the globally installed reactor, which must be running (or be run
+        later) for requests to be served.
+        """
+        from twisted.internet import reactor
+
+        if self._port is not None:
+            raise RuntimeError("LoopbackSite is already started")
+        site = _TrackingSite(_SiteResource(self))
+        listening = reactor.listenTCP(port, site, interface=self.host)  # type: ignore[attr-defined]
+        actual = listening.getHost().port
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self._port, self._site = listening, site
+        self._base_url = f"http://{host}:{actual}"
+        logger.info("LoopbackSite listening on %s (%d pages)", self._base_url, len(self._order))
+        return self._base_url
+
+    def stop(self) -> Deferred[None]:
+        """Stop listening and close every open connection.
+
+        Returns a :class:`~twisted.internet.defer.Deferred` that fires once
+        the port is closed and all connections are gone. A Deferred (rather
+        than a coroutine) works everywhere: ``await site.stop()`` in
+        ``async def`` code run via ``Deferred.fromCoroutine`` / pytest-twisted
+        ``ensureDeferred``, ``yield site.stop()`` under ``inlineCallbacks``,
+        and as a reactor "before shutdown" trigger. Calling it when not
+        started is a no-op. Open connections are aborted, not drained.
+        """
+        from twisted.internet.defer import gatherResults, maybeDeferred, succeed
+
+        port, site = self._port, self._site
+        self._port = self._site = None
+        if port is None or site is None:
+            return succeed(None)
+        waits: list[Deferred[Any]] = [maybeDeferred(port.stopListening)]
+        for channel in list(site.channels):
+            waits.append(channel.when_lost())
+            if channel.transport is not None:
+                channel.transport.abortConnection()  # type: ignore[attr-defined]
+        d = gatherResults(waits, consumeErrors=True)
+        d.addCallback(lambda _: logger.info("LoopbackSite on %s stopped", self._base_url))
+        return d
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` of the running site (``RuntimeError`` before start)."""
+        if self._base_url is None:
+            raise RuntimeError("LoopbackSite has not been started")
+        return self._base_url
+
+    def url(self, path: str) -> str:
+        """Absolute URL of ``path`` on the running site."""
+        return _absolute(self.base_url, path)
+
+    # -- log ---------------------------------------------------------------
+
+    def reset_log(self) -> None:
+        """Forget all recorded requests."""
+        self.log.clear()
+
+    def requests_for(self, path: str) -> list[RequestRecord]:
+        """Records for ``path``.
+
+        Without ``?`` in ``path`` the query string of records is ignored;
+        with one, the full path-with-query must match.
+        """
+        if "?" in path:
+            return [r for r in self.log if r.path == path]
+        return [r for r in self.log if r.path.split("?", 1)[0] == path]
+
+    def count(
+        self,
+        *,
+        status: int | None = None,
+        path_prefix: str | None = None,
+        method: str | None = None,
+    ) -> int:
+        """Number of logged requests matching all given filters."""
+        return sum(
+            1
+            for r in self.log
+            if (status is None or r.status == status)
+            and (path_prefix is None or r.path.startswith(path_prefix))
+            and (method is None or r.method == method.upper())
+        )
+
+    def body_bytes(self, *, path_prefix: str | None = None) -> int:
+        """Sum of response body bytes sent (optionally under ``path_prefix``)."""
+        return sum(
+            r.body_bytes for r in self.log if path_prefix is None or r.path.startswith(path_prefix)
+        )
+
+    # -- request handling --------------------------------------------------
+
+    def _render(self, request: server.Request) -> bytes:
+        """Render one request: compute, write headers, log, return body."""
+        started = time.monotonic()
+        method = request.method.decode("latin-1")
+        raw_path = request.path.decode("utf-8", "replace")
+        uri = request.uri.decode("utf-8", "replace")
+
+        if raw_path.startswith(CONTROL_PREFIX):
+            resp = self._control(method, raw_path, request.args)
+            return self._write(request, resp)
+
+        headers = {
+            name.decode("latin-1").lower(): ", ".join(v.decode("latin-1") for v in values)
+            for name, values in request.requestHeaders.getAllRawHeaders()
+        }
+        resp = self._respond(method, raw_path, request)
+        body = self._write(request, resp)
+        self.log.append(
+            RequestRecord(
+                method=method,
+                path=uri,
+                status=resp.status,
+                body_bytes=len(body),
+                if_none_match=headers.get("if-none-match"),
+                if_modified_since=headers.get("if-modified-since"),
+                headers=headers,
+                started=started,
+                finished=time.monotonic(),
+            )
+        )
+        return body
+
+    @staticmethod
+    def _write(request: server.Request, resp: _Response) -> bytes:
+        """Apply ``resp`` to ``request``; return the bytes to send."""
+        request.setResponseCode(resp.status)
+        for name, value in resp.headers.items():
+            request.setHeader(name, value)
+        if resp.status == http.NOT_MODIFIED:
+            # RFC 9110 §15.4.5: a 304 never has content.
+            return b""
+        request.setHeader("Content-Length", str(len(resp.body)))
+        # HEAD: same header fields as GET but no content (RFC 9110 §9.3.2).
+        if not resp.send_body or request.method == b"HEAD":
+            return b""
+        return resp.body
+
+    def _respond(self, method: str, path: str, request: server.Request) -> _Response:
+        if method not in ("GET", "HEAD"):
+            # RFC 9110 §15.5.6: a 405 MUST carry Allow.
+            return _Response(
+                405,
+                b"Method Not Allowed\n",
+                {"Content-Type": "text/plain; charset=utf-8", "Allow": "GET, HEAD"},
+            )
+        if path in self._redirects:
+            dst, status = self._redirects[path]
+            return _Response(status, b"", {"Location": _absolute(self.base_url, dst)})
+        page = self._pages.get(path)
+        if page is not None:
+            return self._page_response(page, request)
+        if path == "/robots.txt":
+            return _Response(200, self._robots().encode("utf-8"), dict(_TEXT))
+        if path == "/sitemap.xml":
+            return _Response(200, self._urlset(self.pages), dict(_XML))
+        if path == "/sitemap_index.xml":
+            return _Response(200, self._sitemap_index(), dict(_XML))
+        if path == "/sitemap-1.xml":
+            return _Response(200, self._urlset(self._halves()[0]), dict(_XML))
+        if path == "/sitemap-2.xml.gz":
+            # A .xml.gz *file*: gzip bytes as the payload, no Content-Encoding,
+            # which is how most real sites serve compressed sitemaps. mtime=0
+            # keeps the bytes deterministic.
+            gz = gzip.compress(self._urlset(self._halves()[1]), mtime=0)
+            return _Response(200, gz, {"Content-Type": "application/gzip"})
+        return _Response(404, b"Not Found\n", dict(_TEXT))
+
+    def _page_response(self, page: Page, request: server.Request) -> _Response:
+        body, tag = self._representation(page)
+        etag, lm_ts = self._validators(page, tag)
+        headers: dict[str, str] = {}
+        if etag is not None:
+            headers["ETag"] = etag
+        if lm_ts is not None:
+            headers["Last-Modified"] = http_date(lm_ts)
+        if self._not_modified(page, etag, lm_ts, request):
+            # RFC 9110 §15.4.5: the 304 carries the validators a 200 would.
+            return _Response(304, b"", headers)
+        headers["Content-Type"] = "text/html; charset=utf-8"
+        return _Response(200, body, headers)
+
+    @staticmethod
+    def _not_modified(
+        page: Page, etag: str | None, lm_ts: int | None, request: server.Request
+    ) -> bool:
+        """Evaluate the conditional request (RFC 9110 §13.2.2 order)."""
+        if page.kind == "none":
+            # A page without validators is always sent in full, even for
+            # "If-None-Match: *": this kind models a server ignoring
+            # preconditions altogether.
+            return False
+        inm = request.requestHeaders.getRawHeaders(b"if-none-match")
+        if inm is not None:
+            # §13.1.3 / §13.2.2 step 3-4: when If-None-Match is present,
+            # If-Modified-Since MUST be ignored; If-None-Match alone decides.
+            value = ", ".join(v.decode("latin-1") for v in inm)
+            return etag_matches(value, etag)
+        ims = request.requestHeaders.getRawHeaders(b"if-modified-since")
+        if ims is None or lm_ts is None:
+            return False
+        if len(ims) != 1:
+            # §13.1.3: ignore a field value with more than one member.
+            return False
+        ims_ts = parse_http_date(ims[0].decode("latin-1"))
+        # §13.1.3: false (=> 304) if the last modification date is earlier
+        # than or equal to the date provided.
+        return ims_ts is not None and lm_ts <= ims_ts
+
+    # -- robots & sitemaps -------------------------------------------------
+
+    def _robots(self) -> str:
+        if self.robots_txt is not None:
+            return self.robots_txt
+        return f"User-agent: *\nAllow: /\n\nSitemap: {self.base_url}/sitemap_index.xml\n"
+
+    def _halves(self) -> tuple[list[Page], list[Page]]:
+        pages = self.pages
+        mid = (len(pages) + 1) // 2
+        return pages[:mid], pages[mid:]
+
+    def _urlset(self, pages: Iterable[Page]) -> bytes:
+        entries = "".join(
+            f"<url><loc>{xml_escape(self.url(p.path))}</loc>"
+            f"<lastmod>{w3c_datetime(p.modified_ts)}</lastmod></url>\n"
+            for p in pages
+        )
+        return (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">\n'
+            f"{entries}</urlset>\n"
+        ).encode("utf-8")
+
+    def _sitemap_index(self) -> bytes:
+        entries = []
+        for name, half in zip(("sitemap-1.xml", "sitemap-2.xml.gz"), self._halves()):
+            lastmod = max((p.modified_ts for p in half), default=BASE_EPOCH)
+            entries.append(
+                f"<sitemap><loc>{xml_escape(self.url('/' + name))}</loc>"
+                f"<lastmod>{w3c_datetime(lastmod)}</lastmod></sitemap>\n"
+            )
+        return (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            '<sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">\n'
+            f"{''.join(entries)}</sitemapindex>\n"
+        ).encode("utf-8")
+
+    # -- control endpoints ---------------------------------------------------
+
+    def _control(self, method: str, path: str, args: dict[bytes, list[bytes]]) -> _Response:
+        """Handle ``/__site__/...``; these requests are deliberately not logged."""
+        params = {k.decode("utf-8"): [v.decode("utf-8") for v in vs] for k, vs in args.items()}
+        name = path[len(CONTROL_PREFIX) :]
+        expected = {"log": "GET", "reset": "POST", "change": "POST"}.get(name)
+        if expected is None:
+            return _json(404, {"error": f"unknown control endpoint {path!r}"})
+        if method != expected:
+            resp = _json(405, {"error": f"use {expected}"})
+            resp.headers["Allow"] = expected
+            return resp
+        if name == "log":
+            return _json(200, [asdict(r) for r in self.log])
+        if name == "reset":
+            self.reset_log()
+            return _json(200, {"ok": True})
+        try:
+            if "path" in params:
+                for p in params["path"]:
+                    self.change(p)
+                return _json(200, params["path"])
+            if "fraction" in params:
+                seed = int(params.get("seed", ["0"])[0])
+                return _json(200, self.change_fraction(float(params["fraction"][0]), seed=seed))
+        except KeyError as exc:
+            return _json(404, {"error": f"no such page {exc.args[0]!r}"})
+        except ValueError as exc:
+            return _json(400, {"error": str(exc)})
+        return _json(400, {"error": "give path=... or fraction=...[&seed=...]"})
+
+
+def _json(status: int, payload: Any) -> _Response:
+    return _Response(
+        status, json.dumps(payload).encode("utf-8"), {"Content-Type": "application/json"}
+    )
+
+
+# --------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m incremental_crawler.loopback_site",
+        description="Serve a LoopbackSite; print its base URL on one line, "
+        "then serve until SIGTERM/SIGINT.",
+    )
+    parser.add_argument("--pages", type=int, default=100, help="number of pages")
+    parser.add_argument("--page-size", type=int, default=20_000, help="approx. HTML bytes per page")
+    parser.add_argument(
+        "--kinds",
+        default="strong,weak,lastmod,none",
+        help=f"comma-separated page kinds to cycle through, from {','.join(KINDS)}",
+    )
+    parser.add_argument("--port", type=int, default=0, help="TCP port (0 = any free port)")
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+    parser.add_argument("--log-level", default="WARNING", help="logging level (stderr)")
+    args = parser.parse_args(argv)
+    args.kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    bad = [k for k in args.kinds if k not in KINDS]
+    if bad or not args.kinds:
+        parser.error(f"invalid --kinds {bad or args.kinds}; choose from {','.join(KINDS)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the process exit code."""
+    args = _parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper())
+
+    # Install the asyncio reactor *before* anything imports
+    # twisted.internet.reactor (which would install the default one).
+    from scrapy.utils.reactor import install_reactor
+
+    install_reactor("twisted.internet.asyncioreactor.AsyncioSelectorReactor")
+    from twisted.internet import reactor
+
+    site = LoopbackSite.generated(
+        args.pages, kinds=args.kinds, page_size=args.page_size, host=args.host
+    )
+    base_url = site.start(args.port)
+    # Exactly one line on stdout: the parent process reads it to learn the port.
+    sys.stdout.write(base_url + "\n")
+    sys.stdout.flush()
+    # reactor.run() installs SIGINT/SIGTERM handlers that stop the reactor;
+    # closing the site first makes shutdown clean.
+    reactor.addSystemEventTrigger("before", "shutdown", site.stop)  # type: ignore[attr-defined]
+    reactor.run()  # type: ignore[attr-defined]
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

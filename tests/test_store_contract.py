@@ -1,0 +1,682 @@
+"""The contract every state store backend passes, and SQLite specifics.
+
+:class:`StateStoreContract` holds backend-neutral tests: it only uses the
+:class:`~incremental_crawler.stores.base.StateStore` interface. A backend
+subclasses it and provides a ``make_store`` fixture (see the contract's
+docstring); :class:`TestSQLiteStore` does so for the embedded SQLite store.
+Tests that depend on SQLite itself (files, locks, pragmas, URIs) live in
+:class:`TestSQLiteOnly`.
+
+Store reads and ``flush``/``close`` are coroutines. They are driven the way
+Scrapy drives them under the asyncio reactor (:func:`call`), so a backend
+that awaits asyncio I/O (Redis) runs under these tests unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+import tracemalloc
+from contextlib import closing
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import pytest_twisted
+from scrapy.settings import Settings
+from scrapy.utils.defer import deferred_from_coro
+
+from incremental_crawler.state import ItemRecord, PageFlags, PageKey, PageState
+from incremental_crawler.stores import (
+    StateStore,
+    StateStoreError,
+    default_state_uri,
+    open_store,
+)
+from incremental_crawler.stores.sqlite import (
+    SCHEMA_VERSION,
+    SQLiteStateStore,
+    path_from_uri,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+    from twisted.internet.defer import Deferred
+
+    MakeStore = Callable[[], StateStore]
+
+
+def call(awaitable: Awaitable[Any]) -> Deferred[Any]:
+    """Run a store coroutine as Scrapy does (an asyncio task, as a Deferred)."""
+    return deferred_from_coro(awaitable)
+
+
+SCOPE = "books"
+URL = "https://example.com/a"
+
+
+def full_state(key: PageKey, n: int = 1, **changes: Any) -> PageState:
+    """A page state with every field set (whole seconds: stores keep seconds)."""
+    state = PageState(
+        key,
+        etag=f'W/"etag-{n}"',
+        last_modified="Sun, 06 Nov 1994 08:49:37 GMT",
+        fingerprint=f"{n:064x}",
+        size=1000 + n,
+        last_status=200,
+        first_seen=1_000_000,
+        last_checked=1_000_000 + n,
+        last_fetched=1_000_000 + n,
+        last_changed=1_000_000 + n,
+        checks=n,
+        changes=n - 1,
+        flags=0,
+        redirect_to=None,
+    )
+    return state.copy(**changes)
+
+
+def item(key: str, n: int = 1, *, scope: str = SCOPE, data: Any = ..., stored_at: float = 0) -> ItemRecord:
+    if data is ...:
+        data = {"name": key, "version": n}
+    return ItemRecord(
+        scope=scope,
+        key=key,
+        url=f"https://example.com/{key}",
+        fingerprint=f"fp-{key}-{n}",
+        data=None if data is None else json.dumps(data),
+        stored_at=stored_at or 2_000_000 + n,
+    )
+
+
+class StateStoreContract:
+    """Tests every :class:`StateStore` backend must pass.
+
+    A subclass provides a ``make_store`` fixture: a zero-argument callable
+    that opens a store. Every call within one test opens the *same* backing
+    storage (a path, a Redis key prefix...), which starts out empty for each
+    test; ``await call(store.close())`` then ``make_store()`` is how
+    durability is checked. The fixture closes whatever the test left open.
+    """
+
+    @pytest.fixture
+    def store(self, make_store: MakeStore) -> StateStore:
+        return make_store()
+
+    # -- pages ---------------------------------------------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_empty_store(self, store: StateStore) -> None:
+        assert await call(store.get_page(PageKey(SCOPE, URL))) is None
+        assert await call(store.get_item_fingerprint(SCOPE, "a")) is None
+        assert store.pending == 0
+        assert store.count_pages() == 0
+        assert list(store.iter_items()) == []
+        assert store.item_history(SCOPE, "a") == []
+        assert await call(store.flush()) == 0
+        assert isinstance(store.location, str) and store.location
+
+    @pytest_twisted.ensureDeferred
+    async def test_staged_page_visible_before_flush(self, store: StateStore) -> None:
+        key = PageKey(SCOPE, URL)
+        state = full_state(key)
+        store.stage_page(state)
+        assert store.pending == 1
+        got = await call(store.get_page(key))
+        assert got == state
+        assert got is not None and got.key == key
+
+    @pytest_twisted.ensureDeferred
+    async def test_flush_commits_and_returns_count(self, store: StateStore) -> None:
+        keys = [PageKey(SCOPE, f"{URL}/{i}") for i in range(3)]
+        for i, key in enumerate(keys):
+            store.stage_page(full_state(key, i + 1))
+        assert store.pending == 3
+        assert await call(store.flush()) == 3
+        assert store.pending == 0
+        assert await call(store.flush()) == 0
+        assert store.count_pages() == 3
+        for i, key in enumerate(keys):
+            assert await call(store.get_page(key)) == full_state(key, i + 1)
+
+    @pytest_twisted.ensureDeferred
+    async def test_durable_after_close_and_reopen(self, make_store: MakeStore) -> None:
+        key = PageKey(SCOPE, URL, "de")
+        state = full_state(key, 3, flags=PageFlags.VARY_STAR)
+        store = make_store()
+        store.stage_page(state)
+        store.stage_item(item("a"))
+        assert await call(store.flush()) == 2
+        await call(store.close())
+
+        store = make_store()
+        assert await call(store.get_page(key)) == state
+        assert await call(store.get_item_fingerprint(SCOPE, "a")) == "fp-a-1"
+        assert store.count_pages() == 1
+
+    @pytest_twisted.ensureDeferred
+    async def test_close_flushes_staged_writes(self, make_store: MakeStore) -> None:
+        key = PageKey(SCOPE, URL)
+        store = make_store()
+        store.stage_item(item("a"))
+        store.stage_page(full_state(key))
+        await call(store.close())
+
+        store = make_store()
+        assert await call(store.get_page(key)) == full_state(key)
+        assert await call(store.get_item_fingerprint(SCOPE, "a")) == "fp-a-1"
+
+    @pytest_twisted.ensureDeferred
+    async def test_unflushed_writes_are_not_visible_to_another_store(
+        self, make_store: MakeStore
+    ) -> None:
+        # Staged writes live in the store object until a flush: another
+        # process (here: another store on the same storage) cannot see them.
+        writer = make_store()
+        writer.stage_page(full_state(PageKey(SCOPE, URL)))
+        reader = make_store()
+        assert await call(reader.get_page(PageKey(SCOPE, URL))) is None
+        await call(writer.flush())
+        assert await call(reader.get_page(PageKey(SCOPE, URL))) == full_state(PageKey(SCOPE, URL))
+
+    @pytest_twisted.ensureDeferred
+    async def test_page_staged_twice_in_one_batch_keeps_the_last_state(
+        self, make_store: MakeStore
+    ) -> None:
+        key = PageKey(SCOPE, URL)
+        store = make_store()
+        store.stage_page(full_state(key, 1))
+        store.stage_page(full_state(key, 2))
+        assert store.pending == 2
+        assert await call(store.get_page(key)) == full_state(key, 2)
+        assert await call(store.flush()) == 2
+        await call(store.close())
+
+        store = make_store()
+        assert await call(store.get_page(key)) == full_state(key, 2)
+        assert store.count_pages() == 1
+
+    @pytest_twisted.ensureDeferred
+    async def test_stage_check_keeps_validators_and_fingerprint(self, store: StateStore) -> None:
+        key = PageKey(SCOPE, URL)
+        before = full_state(key, 4)
+        store.stage_page(before)
+        await call(store.flush())
+
+        store.stage_check(key, 304, 3_000_000)
+        assert await call(store.flush()) == 1
+        after = await call(store.get_page(key))
+        assert after == before.copy(last_status=304, last_checked=3_000_000, checks=5)
+
+        # An error answer is a check too: still nothing but counters.
+        store.stage_check(key, 503, 3_000_100)
+        await call(store.flush())
+        after = await call(store.get_page(key))
+        assert after == before.copy(last_status=503, last_checked=3_000_100, checks=6)
+
+    @pytest_twisted.ensureDeferred
+    async def test_stage_check_of_unknown_page_creates_row_without_validators(
+        self, store: StateStore
+    ) -> None:
+        key = PageKey(SCOPE, URL)
+        store.stage_check(key, 404, 3_000_000)
+        assert store.pending == 1
+        assert await call(store.flush()) == 1
+        state = await call(store.get_page(key))
+        assert state is not None
+        assert state.key == key
+        assert (state.etag, state.last_modified, state.fingerprint) == (None, None, None)
+        assert not state.has_validators
+        assert state.last_status == 404
+        assert state.last_checked == 3_000_000
+        assert state.checks == 1
+        assert store.count_pages() == 1
+
+    @pytest_twisted.ensureDeferred
+    async def test_stage_redirect_sets_target_and_keeps_validators(self, store: StateStore) -> None:
+        key = PageKey(SCOPE, URL)
+        before = full_state(key, 2)
+        store.stage_page(before)
+        await call(store.flush())
+
+        store.stage_redirect(key, "https://example.com/b", 301, 3_000_000)
+        assert store.pending == 1
+        assert await call(store.flush()) == 1
+        after = await call(store.get_page(key))
+        assert after is not None
+        assert after.redirect_to == "https://example.com/b"
+        assert after.last_status == 301
+        assert after.last_checked == 3_000_000
+        assert after.checks == before.checks + 1
+        assert after.flags & PageFlags.REDIRECTED
+        for field in ("etag", "last_modified", "fingerprint", "size", "first_seen",
+                      "last_fetched", "last_changed", "changes"):
+            assert getattr(after, field) == getattr(before, field), field
+
+    @pytest_twisted.ensureDeferred
+    async def test_stage_redirect_of_unknown_page(self, store: StateStore) -> None:
+        key = PageKey(SCOPE, URL)
+        store.stage_redirect(key, "https://example.com/b", 308, 3_000_000)
+        await call(store.flush())
+        state = await call(store.get_page(key))
+        assert state is not None
+        assert state.redirect_to == "https://example.com/b"
+        assert state.last_status == 308
+        assert not state.has_validators
+        assert state.fingerprint is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_scopes_and_variants_are_isolated(self, store: StateStore) -> None:
+        keys = [
+            PageKey(SCOPE, URL),
+            PageKey(SCOPE, URL, "lang=de"),
+            PageKey("other", URL),
+            PageKey("other", URL, "lang=de"),
+        ]
+        for n, key in enumerate(keys, start=1):
+            store.stage_page(full_state(key, n))
+        # Staged, then flushed: isolated either way.
+        for n, key in enumerate(keys, start=1):
+            assert await call(store.get_page(key)) == full_state(key, n)
+        await call(store.flush())
+        for n, key in enumerate(keys, start=1):
+            assert await call(store.get_page(key)) == full_state(key, n)
+
+        # A check on one key leaves the others alone.
+        store.stage_check(keys[1], 304, 3_000_000)
+        await call(store.flush())
+        for n, key in enumerate(keys, start=1):
+            got = await call(store.get_page(key))
+            assert got is not None
+            assert got.last_status == (304 if key == keys[1] else 200)
+        assert await call(store.get_page(PageKey("third", URL))) is None
+        assert await call(store.get_page(PageKey(SCOPE, URL, "lang=fr"))) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_count_pages(self, store: StateStore) -> None:
+        for i in range(5):
+            store.stage_page(full_state(PageKey(SCOPE, f"{URL}/{i}")))
+        for i in range(2):
+            store.stage_page(full_state(PageKey("other", f"{URL}/{i}")))
+        store.stage_check(PageKey("other", f"{URL}/new"), 404, 3_000_000)
+        await call(store.flush())
+        assert store.count_pages() == 8
+        assert store.count_pages(SCOPE) == 5
+        assert store.count_pages("other") == 3
+        assert store.count_pages("nobody") == 0
+
+    @pytest_twisted.ensureDeferred
+    async def test_pending_counts_staged_writes(self, store: StateStore) -> None:
+        assert store.pending == 0
+        store.stage_item(item("a"))
+        store.stage_page(full_state(PageKey(SCOPE, URL)))
+        store.stage_check(PageKey(SCOPE, f"{URL}/x"), 304, 3_000_000)
+        store.stage_redirect(PageKey(SCOPE, f"{URL}/y"), URL, 301, 3_000_000)
+        assert store.pending == 4
+        assert await call(store.flush()) == 4
+        assert store.pending == 0
+
+    # -- items ---------------------------------------------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_item_fingerprint_before_and_after_flush(self, make_store: MakeStore) -> None:
+        store = make_store()
+        store.stage_item(item("a"))
+        assert await call(store.get_item_fingerprint(SCOPE, "a")) == "fp-a-1"
+        assert await call(store.get_item_fingerprint("other", "a")) is None
+        assert await call(store.get_item_fingerprint(SCOPE, "b")) is None
+        assert await call(store.flush()) == 1
+        assert await call(store.get_item_fingerprint(SCOPE, "a")) == "fp-a-1"
+
+        store.stage_item(item("a", 2))
+        assert await call(store.get_item_fingerprint(SCOPE, "a")) == "fp-a-2"
+        await call(store.close())
+
+        store = make_store()
+        assert await call(store.get_item_fingerprint(SCOPE, "a")) == "fp-a-2"
+
+    @pytest_twisted.ensureDeferred
+    async def test_item_versions_increment_and_history_lists_each(self, store: StateStore) -> None:
+        for n in (1, 2, 3):
+            store.stage_item(item("a", n))
+            await call(store.flush())
+        assert store.item_history(SCOPE, "a") == [(1, "fp-a-1"), (2, "fp-a-2"), (3, "fp-a-3")]
+        assert store.item_history("other", "a") == []
+        assert store.item_history(SCOPE, "b") == []
+
+    @pytest_twisted.ensureDeferred
+    async def test_iter_items_latest_version_filtered_by_scope(self, store: StateStore) -> None:
+        store.stage_item(item("b", 1, stored_at=100))
+        store.stage_item(item("a", 1, stored_at=200))
+        store.stage_item(item("c", 1, scope="other", stored_at=150))
+        await call(store.flush())
+        store.stage_item(item("b", 2, stored_at=300))
+        await call(store.flush())
+
+        items = list(store.iter_items(SCOPE))
+        # Latest version of each key, oldest key first.
+        assert items == [
+            {"name": "b", "version": 2, "url": "https://example.com/b", "fingerprint": "fp-b-2"},
+            {"name": "a", "version": 1, "url": "https://example.com/a", "fingerprint": "fp-a-1"},
+        ]
+        assert list(store.iter_items("other")) == [
+            {"name": "c", "version": 1, "url": "https://example.com/c", "fingerprint": "fp-c-1"},
+        ]
+        assert list(store.iter_items("nobody")) == []
+        every = list(store.iter_items())
+        assert len(every) == 3
+        assert {i["fingerprint"] for i in every} == {"fp-a-1", "fp-b-2", "fp-c-1"}
+
+    @pytest_twisted.ensureDeferred
+    async def test_item_without_data_keeps_only_its_fingerprint(self, make_store: MakeStore) -> None:
+        store = make_store()
+        store.stage_item(item("a", data=None))
+        assert await call(store.flush()) == 1
+        await call(store.close())
+
+        store = make_store()
+        assert await call(store.get_item_fingerprint(SCOPE, "a")) == "fp-a-1"
+        assert store.item_history(SCOPE, "a") == []
+        assert list(store.iter_items(SCOPE)) == [
+            {"url": "https://example.com/a", "fingerprint": "fp-a-1"}
+        ]
+
+    # -- boundedness ---------------------------------------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_reading_pages_does_not_load_the_store(self, make_store: MakeStore) -> None:
+        rows = 20_000
+        keys = [PageKey(SCOPE, f"https://example.com/catalogue/page-{i:06d}.html") for i in range(rows)]
+        store = make_store()
+        for i, key in enumerate(keys):
+            store.stage_page(full_state(key, i + 1))
+        assert await call(store.flush()) == rows
+        await call(store.close())
+
+        # Loading every row into memory (PageStates with their strings)
+        # would take well over 10 MB; 1,000 point reads need almost nothing.
+        # The store is opened while tracing, so loading at open counts too.
+        picks = random.Random(7).sample(range(rows), 1_000)
+        tracemalloc.start()
+        try:
+            store = make_store()
+            for i in picks:
+                state = await call(store.get_page(keys[i]))
+                assert state is not None and state.fingerprint == f"{i + 1:064x}"
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 3 * 1024 * 1024, f"peak {peak} bytes for 1,000 reads"
+        assert store.count_pages() == rows
+
+    # -- staging order ----------------------------------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_two_versions_of_an_item_in_one_batch_both_reach_history(
+        self, make_store: MakeStore
+    ) -> None:
+        store = make_store()
+        store.stage_item(item("k", 1))
+        store.stage_item(item("k", 2))
+        await call(store.flush())
+        assert store.item_history(SCOPE, "k") == [(1, "fp-k-1"), (2, "fp-k-2")]
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_later_page_state_wins_over_an_earlier_check_in_one_batch(
+        self, make_store: MakeStore
+    ) -> None:
+        key = PageKey(SCOPE, URL)
+        store = make_store()
+        store.stage_check(key, 503, 1_000)
+        store.stage_page(full_state(key, 5))
+        await call(store.flush())
+        await call(store.close())
+        assert await call(make_store().get_page(key)) == full_state(key, 5)
+
+
+class TestSQLiteStore(StateStoreContract):
+    """The contract, for :class:`SQLiteStateStore`."""
+
+    @pytest_twisted.async_yield_fixture
+    async def make_store(self, tmp_path: Path) -> AsyncIterator[MakeStore]:
+        opened: list[SQLiteStateStore] = []
+
+        def make() -> StateStore:
+            store = SQLiteStateStore(tmp_path / "state" / "state.db", busy_timeout=1.0)
+            opened.append(store)
+            return store
+
+        yield make
+        for store in opened:
+            await call(store.close())
+
+
+def write_sqlite(path: Path, *statements: str) -> None:
+    with closing(sqlite3.connect(path, isolation_level=None)) as db:
+        for statement in statements:
+            db.execute(statement)
+
+
+class TestSQLiteOnly:
+    """What only the SQLite backend does: files, pragmas, locks, URIs."""
+
+    @pytest.fixture
+    def db_path(self, tmp_path: Path) -> Path:
+        return tmp_path / "state.db"
+
+    def test_corrupt_file_is_an_error_and_left_alone(self, db_path: Path) -> None:
+        garbage = random.Random(1234).randbytes(16_384)
+        db_path.write_bytes(garbage)
+        with pytest.raises(StateStoreError) as info:
+            SQLiteStateStore(db_path, busy_timeout=0.1)
+        assert str(db_path) in str(info.value)
+        assert db_path.read_bytes() == garbage
+
+    def test_foreign_sqlite_database_is_refused(self, db_path: Path) -> None:
+        write_sqlite(
+            db_path,
+            "CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)",
+            "INSERT INTO customers (name) VALUES ('Ada')",
+        )
+        with pytest.raises(StateStoreError) as info:
+            SQLiteStateStore(db_path, busy_timeout=0.1)
+        message = str(info.value)
+        assert str(db_path) in message
+        assert "not an incremental_crawler state store" in message
+        # The other program's data is untouched.
+        with closing(sqlite3.connect(db_path)) as db:
+            assert db.execute("SELECT name FROM customers").fetchall() == [("Ada",)]
+            assert db.execute("PRAGMA user_version").fetchone()[0] == 0
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert tables == {"customers"}
+
+    def test_newer_schema_is_refused(self, db_path: Path) -> None:
+        newer = SCHEMA_VERSION + 1
+        write_sqlite(db_path, "CREATE TABLE future (x)", f"PRAGMA user_version = {newer}")
+        with pytest.raises(StateStoreError) as info:
+            SQLiteStateStore(db_path, busy_timeout=0.1)
+        message = str(info.value)
+        assert str(db_path) in message
+        assert f"schema version {newer}" in message
+        with closing(sqlite3.connect(db_path)) as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == newer
+
+    @pytest_twisted.ensureDeferred
+    async def test_new_store_gets_current_schema_version(self, db_path: Path) -> None:
+        await call(SQLiteStateStore(db_path).close())
+        with closing(sqlite3.connect(db_path)) as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+    def test_open_locked_new_file_is_an_error(self, db_path: Path) -> None:
+        # A rollback-journal database held by BEGIN EXCLUSIVE: switching it
+        # to WAL (and creating the schema) needs the lock.
+        with closing(sqlite3.connect(db_path, isolation_level=None)) as other:
+            other.execute("BEGIN EXCLUSIVE")
+            with pytest.raises(StateStoreError) as info:
+                SQLiteStateStore(db_path, busy_timeout=0.1)
+            other.execute("ROLLBACK")
+        message = str(info.value)
+        assert "locked" in message
+        assert str(db_path) in message
+
+    @pytest_twisted.ensureDeferred
+    async def test_flush_to_locked_store_is_an_error_and_keeps_staged_writes(
+        self, db_path: Path
+    ) -> None:
+        await call(SQLiteStateStore(db_path).close())  # an existing (WAL) store
+        key = PageKey(SCOPE, URL)
+        with closing(sqlite3.connect(db_path, isolation_level=None)) as other:
+            other.execute("BEGIN EXCLUSIVE")
+            # Readers work beside a writer in WAL mode, so opening succeeds...
+            store = SQLiteStateStore(db_path, busy_timeout=0.1)
+            assert await call(store.get_page(key)) is None
+            store.stage_item(item("a"))
+            store.stage_page(full_state(key))
+            # ...but committing cannot.
+            with pytest.raises(StateStoreError) as info:
+                await call(store.flush())
+            other.execute("ROLLBACK")
+        message = str(info.value)
+        assert "locked" in message
+        assert str(db_path) in message
+        # Nothing is recorded as stored that was not; a later flush commits it.
+        assert store.pending == 2
+        assert await call(store.get_page(key)) == full_state(key)
+        assert await call(store.flush()) == 2
+        await call(store.close())
+        reopened = SQLiteStateStore(db_path)
+        assert await call(reopened.get_page(key)) == full_state(key)
+        assert await call(reopened.get_item_fingerprint(SCOPE, "a")) == "fp-a-1"
+        await call(reopened.close())
+
+    @pytest_twisted.ensureDeferred
+    async def test_wal_mode(self, db_path: Path) -> None:
+        store = SQLiteStateStore(db_path)
+        try:
+            with closing(sqlite3.connect(db_path)) as other:
+                assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        finally:
+            await call(store.close())
+
+    @pytest_twisted.ensureDeferred
+    async def test_creates_missing_directories(self, tmp_path: Path) -> None:
+        path = tmp_path / "a" / "b" / "state.db"
+        store = SQLiteStateStore(path)
+        await call(store.close())
+        assert path.is_file()
+
+    @pytest_twisted.ensureDeferred
+    async def test_get_page_is_a_primary_key_lookup(self, db_path: Path) -> None:
+        store = SQLiteStateStore(db_path)
+        try:
+            for i in range(50):
+                store.stage_page(full_state(PageKey(SCOPE, f"{URL}/{i}")))
+            await call(store.flush())
+            statements: list[str] = []
+            store._db.set_trace_callback(statements.append)
+            try:
+                assert await call(store.get_page(PageKey(SCOPE, f"{URL}/7"))) is not None
+            finally:
+                store._db.set_trace_callback(None)
+            assert len(statements) == 1, statements
+            [select] = statements
+            assert select.lstrip().upper().startswith("SELECT")
+            # The traced text has the parameters expanded (or not, depending
+            # on the Python version): plan it either way.
+            params = (SCOPE, f"{URL}/7", "") if "?" in select else ()
+            with closing(sqlite3.connect(db_path)) as other:
+                plan = other.execute("EXPLAIN QUERY PLAN " + select, params).fetchall()
+            details = " ".join(row[-1] for row in plan)
+            assert "SEARCH" in details and "PRIMARY KEY" in details, details
+            assert "SCAN" not in details, details
+        finally:
+            await call(store.close())
+
+    # -- URIs and open_store -------------------------------------------------
+
+    def test_default_state_uri_is_under_the_project_data_dir(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.delenv("SCRAPY_SETTINGS_MODULE", raising=False)
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / "scrapy.cfg").write_text("[settings]\ndefault = nothing.settings\n")
+        uri = default_state_uri()
+        assert uri.startswith("sqlite:///")
+        assert uri.endswith("incremental/state.db")
+        expected = tmp_path.resolve() / ".scrapy" / "incremental" / "state.db"
+        assert path_from_uri(uri) == expected
+
+    @pytest_twisted.ensureDeferred
+    async def test_open_store_without_uri_uses_the_default(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.delenv("SCRAPY_SETTINGS_MODULE", raising=False)
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / "scrapy.cfg").write_text("[settings]\ndefault = nothing.settings\n")
+        store = open_store(Settings())
+        try:
+            assert isinstance(store, SQLiteStateStore)
+            expected = tmp_path.resolve() / ".scrapy" / "incremental" / "state.db"
+            assert store.path == expected
+            assert expected.is_file()
+            assert store.location == str(expected)
+        finally:
+            await call(store.close())
+
+    @pytest_twisted.ensureDeferred
+    async def test_open_store_with_sqlite_uri(self, tmp_path: Path) -> None:
+        path = tmp_path / "x" / "state.db"
+        store = open_store(Settings({"INCREMENTAL_STATE_URI": f"sqlite:///{path}"}))
+        try:
+            assert isinstance(store, SQLiteStateStore)
+            assert store.path == path
+        finally:
+            await call(store.close())
+
+    def test_open_store_unknown_scheme(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.chdir(tmp_path)
+        settings = Settings({"INCREMENTAL_STATE_URI": "mongodb://localhost/state"})
+        with pytest.raises(StateStoreError) as info:
+            open_store(settings)
+        message = str(info.value)
+        assert "'mongodb'" in message
+        assert "sqlite" in message  # lists the known schemes
+        assert list(tmp_path.iterdir()) == []
+
+    @pytest.mark.parametrize(
+        ("uri", "expected"),
+        [
+            ("sqlite:///state.db", "state.db"),
+            ("sqlite:///rel/path/state.db", "rel/path/state.db"),
+            ("sqlite:////abs/state.db", "/abs/state.db"),
+            ("sqlite:////abs/dir/state.db", "/abs/dir/state.db"),
+        ],
+    )
+    def test_path_from_uri(self, uri: str, expected: str) -> None:
+        assert path_from_uri(uri) == Path(expected)
+        assert path_from_uri(uri).is_absolute() == expected.startswith("/")
+
+    @pytest.mark.parametrize(
+        "uri",
+        ["sqlite://", "sqlite:///", "sqlite://host/state.db", "sqlite:state.db",
+         "state.db", "redis://localhost/0", ""],
+    )
+    def test_path_from_bad_uri(self, uri: str) -> None:
+        with pytest.raises(StateStoreError) as info:
+            path_from_uri(uri)
+        assert repr(uri) in str(info.value)
+        assert "sqlite:////absolute/path.db" in str(info.value)
+
+    @pytest_twisted.ensureDeferred
+    async def test_from_uri_reads_busy_timeout_setting(self, tmp_path: Path) -> None:
+        path = tmp_path / "state.db"
+        settings = Settings({"INCREMENTAL_SQLITE_BUSY_TIMEOUT": "0.25"})
+        store = SQLiteStateStore.from_uri(f"sqlite:///{path}", settings=settings)
+        try:
+            assert store._busy_timeout == 0.25
+            assert store.path == path
+        finally:
+            await call(store.close())
+
