@@ -32,6 +32,7 @@ import json
 import logging
 import random
 import re
+import signal
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -338,6 +339,8 @@ class LoopbackSite:
         self._order: list[str] = []
         self._index: dict[str, int] = {}
         self._redirects: dict[str, tuple[str, int]] = {}
+        # path -> (status or None, header changes); see override().
+        self._overrides: dict[str, tuple[int | None, dict[str, str | None]]] = {}
         # path -> (version, body, etag opaque-tag). Keyed by path so only the
         # current version of each page is kept (bounded memory).
         self._bodies: dict[str, tuple[int, bytes, str]] = {}
@@ -400,6 +403,22 @@ class LoopbackSite:
         if status not in _REDIRECT_STATUSES:
             raise ValueError(f"not a redirect status: {status}")
         self._redirects[src] = (dst, status)
+
+    def override(
+        self, path: str, *, status: int | None = None,
+        headers: dict[str, str | None] | None = None,
+    ) -> None:
+        """Misbehave on ``path`` until :meth:`clear_override`.
+
+        ``status`` answers with that status and a short text body instead of
+        the page (an error: 404, 429, 500, 503...); ``headers`` sets response
+        header fields (``None`` removes one) on whatever is answered, e.g. an
+        invalid ETag or Last-Modified.
+        """
+        self._overrides[path] = (status, dict(headers or {}))
+
+    def clear_override(self, path: str) -> None:
+        self._overrides.pop(path, None)
 
     # -- changes -----------------------------------------------------------
 
@@ -678,6 +697,20 @@ class LoopbackSite:
         return resp.body
 
     def _respond(self, method: str, path: str, request: server.Request) -> _Response:
+        resp = self._respond_normally(method, path, request)
+        if path not in self._overrides:
+            return resp
+        status, headers = self._overrides[path]
+        if status is not None:
+            resp = _Response(status, f"status {status}\n".encode(), dict(_TEXT))
+        for name, value in headers.items():
+            if value is None:
+                resp.headers.pop(name, None)
+            else:
+                resp.headers[name] = value
+        return resp
+
+    def _respond_normally(self, method: str, path: str, request: server.Request) -> _Response:
         if method not in ("GET", "HEAD"):
             # RFC 9110 §15.5.6: a 405 MUST carry Allow.
             return _Response(
@@ -873,8 +906,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Exactly one line on stdout: the parent process reads it to learn the port.
     sys.stdout.write(base_url + "\n")
     sys.stdout.flush()
-    # reactor.run() installs SIGINT/SIGTERM handlers that stop the reactor;
-    # closing the site first makes shutdown clean.
+    # reactor.run() installs SIGINT/SIGTERM handlers that stop the reactor,
+    # but leaves SIGINT alone unless it has Python's default handler. A
+    # process started in the background by a non-interactive shell inherits
+    # SIGINT as *ignored*, so restore the default to honour SIGINT there too.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Closing the site before the reactor stops makes shutdown clean.
     reactor.addSystemEventTrigger("before", "shutdown", site.stop)  # type: ignore[attr-defined]
     reactor.run()  # type: ignore[attr-defined]
     return 0

@@ -1,0 +1,145 @@
+"""The conditional-request middleware against a misbehaving server (rules.md)."""
+
+from __future__ import annotations
+
+import pytest_twisted
+
+from tests.spiders import ListSpider
+
+NO_RETRY = {"RETRY_ENABLED": False}
+
+
+def records(site, path):
+    return [r for r in site.log if r.path == path]
+
+
+def stored(state_db, site, path):
+    [row] = state_db(
+        "SELECT etag, last_modified, fingerprint, last_status FROM pages WHERE url = ?",
+        site.url(path),
+    )
+    return row
+
+
+@pytest_twisted.ensureDeferred
+async def test_only_a_2xx_updates_validators(site, crawl, state_db):
+    errors = {"/a": 500, "/b": 404, "/c": 429, "/d": 503, "/e": 403}
+    for path in errors:
+        site.add_page(path, "strong", size=1500)
+    urls = [site.url(p) for p in errors]
+    await crawl(ListSpider, settings=NO_RETRY, urls=urls)
+    before = {p: stored(state_db, site, p) for p in errors}
+    assert all(row[0] and row[1] and row[2] and row[3] == 200 for row in before.values())
+
+    for path, status in errors.items():
+        site.change(path)  # new content the errors must not let us forget
+        site.override(path, status=status)
+    failing = await crawl(ListSpider, settings=NO_RETRY, urls=urls)
+    assert failing.collected == []
+    for path, status in errors.items():
+        etag, last_modified, fingerprint, last_status = stored(state_db, site, path)
+        assert (etag, last_modified, fingerprint) == before[path][:3]
+        assert last_status == status
+        assert failing.stats.get_value(f"incremental/status_kept/{status}") == 1
+
+    for path in errors:
+        site.clear_override(path)
+    site.reset_log()
+    healed = await crawl(ListSpider, settings=NO_RETRY, urls=urls)
+    # The old validators were sent, the server saw new content: 200 and items.
+    for path in errors:
+        [record] = records(site, path)
+        assert record.if_none_match == before[path][0]
+        assert record.status == 200
+    assert len(healed.collected) == len(errors)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_304_without_validators_keeps_the_stored_ones(site, crawl, state_db):
+    site.add_page("/p", "strong", size=1500)
+    await crawl(ListSpider, urls=[site.url("/p")])
+    before = stored(state_db, site, "/p")
+    site.override("/p", headers={"ETag": None, "Last-Modified": None})
+    second = await crawl(ListSpider, urls=[site.url("/p")])
+    assert records(site, "/p")[-1].status == 304
+    assert second.stats.get_value("incremental/not_modified") == 1
+    assert stored(state_db, site, "/p")[:3] == before[:3]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_304_naming_another_representation_is_refetched(site, crawl, state_db):
+    site.add_page("/p", "strong", size=1500)
+    await crawl(ListSpider, urls=[site.url("/p")])
+    # The server answers 304 but names a tag we never stored (RFC 9111
+    # §4.3.4): nothing is updated from it and the page is fetched in full.
+    site.override("/p", headers={"ETag": '"someone-else"'})
+    site.reset_log()
+    second = await crawl(ListSpider, urls=[site.url("/p")])
+    conditional, refetch = records(site, "/p")
+    assert conditional.if_none_match is not None and conditional.status == 304
+    assert refetch.if_none_match is None and refetch.if_modified_since is None
+    assert refetch.status == 200
+    assert second.stats.get_value("incremental/refetch/etag_mismatch_304") == 1
+    # Same content: the item is recognised as unchanged; the tag is the new one.
+    assert second.collected == []
+    assert stored(state_db, site, "/p")[0] == '"someone-else"'
+
+
+@pytest_twisted.ensureDeferred
+async def test_stored_weak_tag_matches_the_same_strong_tag(site, crawl, state_db):
+    site.add_page("/w", "weak", size=1500)
+    await crawl(ListSpider, urls=[site.url("/w")])
+    weak = stored(state_db, site, "/w")[0]
+    assert weak.startswith('W/"')
+    site.override("/w", headers={"ETag": weak[2:]})  # the same tag, now strong
+    site.reset_log()
+    second = await crawl(ListSpider, urls=[site.url("/w")])
+    [record] = records(site, "/w")
+    assert record.if_none_match == weak and record.status == 304
+    assert second.stats.get_value("incremental/refetch/etag_mismatch_304") is None
+    assert stored(state_db, site, "/w")[0] == weak
+
+
+@pytest_twisted.ensureDeferred
+async def test_invalid_validators_are_never_stored_nor_sent(site, crawl, state_db):
+    bad = {
+        "/unquoted": {"ETag": "abc", "Last-Modified": "0"},
+        "/spaces": {"ETag": '"a b"', "Last-Modified": "-1"},
+        "/huge": {"ETag": '"' + "x" * 9000 + '"',
+                  "Last-Modified": "Sun, 32 Nov 1994 08:49:37 GMT"},
+    }
+    for path, headers in bad.items():
+        site.add_page(path, "strong", size=1500)
+        site.override(path, headers=headers)
+    urls = [site.url(p) for p in bad]
+    first = await crawl(ListSpider, urls=urls)
+    assert first.stats.get_value("incremental/invalid_validator/etag") == 3
+    assert first.stats.get_value("incremental/invalid_validator/last_modified") == 3
+    for path in bad:
+        assert stored(state_db, site, path)[:2] == (None, None)
+    site.reset_log()
+    second = await crawl(ListSpider, urls=urls)
+    for path in bad:
+        [record] = records(site, path)
+        assert record.if_none_match is None and record.if_modified_since is None
+    # Unchanged content, no validators: the fingerprint drops the items.
+    assert second.collected == []
+    assert second.stats.get_value("incremental/items_unchanged") == 3
+
+
+@pytest_twisted.ensureDeferred
+async def test_redirect_state_lives_on_the_final_url(site, crawl, state_db):
+    site.add_page("/new", "strong", size=1500)
+    site.add_redirect("/old", "/new", 301)
+    await crawl(ListSpider, urls=[site.url("/old")])
+    [(redirect_to, etag)] = state_db(
+        "SELECT redirect_to, etag FROM pages WHERE url = ?", site.url("/old"))
+    assert redirect_to == site.url("/new") and etag is None
+    assert stored(state_db, site, "/new")[0] == site.etag("/new")
+    site.reset_log()
+    second = await crawl(ListSpider, urls=[site.url("/old")])
+    [moved] = records(site, "/old")
+    [final] = records(site, "/new")
+    assert moved.status == 301 and moved.if_none_match is None
+    assert final.if_none_match == site.etag("/new") and final.status == 304
+    assert second.collected == []
