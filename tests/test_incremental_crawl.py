@@ -97,3 +97,22 @@ async def test_validators_that_never_change_are_caught_by_max_age(site, crawl, s
     assert last.status == 200
     assert [item["title"] for item in third.collected] == ["Page stuck v1"]
     assert third.stats.get_value("incremental/requests/max_age") == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_report_at_the_end_and_figures_in_the_periodic_line(site, crawl, caplog):
+    add_pages(site, 8, kinds=("strong",))
+    await crawl(SitemapPagesSpider, sitemap_url=site.url("/sitemap.xml"))
+    site.change("/p/0000")
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        await crawl(SitemapPagesSpider, settings={"LOGSTATS_INTERVAL": 0.01},
+                    sitemap_url=site.url("/sitemap.xml"))
+    report = [r.getMessage() for r in caplog.records
+              if r.getMessage().startswith("Incremental report")]
+    assert len(report) == 1
+    assert "8 pages checked, 7 not modified (304), 0 new, 1 changed" in report[0]
+    assert "items: 0 new, 1 changed" in report[0]
+    periodic = [r.getMessage() for r in caplog.records
+                if r.getMessage().startswith("Incremental: ")]
+    assert periodic, "the periodic log line carries the incremental figures"

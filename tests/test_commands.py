@@ -1,0 +1,89 @@
+"""The project's commands and start-up errors, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import pytest_twisted
+from twisted.internet.threads import deferToThread
+
+from incremental_crawler.spiders.sitemap import SitemapPagesSpider
+from incremental_crawler.stores import StateStoreError
+from tests.spiders import ListSpider
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def scrapy(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "scrapy", *args], cwd=PROJECT, capture_output=True,
+        text=True, timeout=timeout, check=False,
+    )
+
+
+def test_scrapy_demo_crawls_twice_and_reports_savings(tmp_path):
+    result = scrapy("demo", "--pages", "40", "--change", "0.1",
+                    "--state-uri", f"sqlite:///{tmp_path / 'demo.db'}")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    first = re.search(r"crawl 1 \(cold\):\s+(\d+) pages fetched, (\d+) items stored", out)
+    assert first and first.groups() == ("40", "40")
+    changed = re.search(r"changed on the site:\s+(\d+) pages", out)
+    assert changed and changed.group(1) == "4"
+    second = re.search(
+        r"crawl 2 \(incremental\): (\d+) pages checked, (\d+) not modified \(304\), "
+        r"(\d+) changed, (\d+) unchanged", out)
+    assert second, out
+    checked, not_modified, n_changed, unchanged_in_full = map(int, second.groups())
+    assert checked == 40
+    assert n_changed == 4
+    # A quarter of the demo pages send no validators: fetched in full.
+    assert unchanged_in_full + n_changed + not_modified == 40
+    assert not_modified >= 40 * 3 // 4 - 4
+    stored = re.search(r"(\d+) items stored \((\d+) changed", out)
+    assert stored and stored.groups() == ("4", "4")
+
+
+@pytest_twisted.ensureDeferred
+async def test_scrapy_items_exports_the_latest_version_of_each_item(site, crawl, state_uri, tmp_path):
+    for i in range(5):
+        site.add_page(f"/p/{i}", "strong", size=1500)
+    await crawl(SitemapPagesSpider, sitemap_url=site.url("/sitemap.xml"))
+    site.change("/p/3")
+    await crawl(SitemapPagesSpider, sitemap_url=site.url("/sitemap.xml"))
+    out = tmp_path / "items.jsonl"
+    result = await deferToThread(
+        scrapy, "items", "-o", str(out), "-s", f"INCREMENTAL_STATE_URI={state_uri}")
+    assert result.returncode == 0, result.stderr
+    items = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(item["url"] for item in items) == [site.url(f"/p/{i}") for i in range(5)]
+    titles = {item["url"]: item["title"] for item in items}
+    assert titles[site.url("/p/3")] == "Page p/3 v1"
+    assert all(item["fingerprint"] and item["text"] for item in items)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_corrupt_state_file_stops_the_crawl_and_is_left_alone(site, crawl, tmp_path):
+    site.add_page("/p", "strong", size=1500)
+    path = tmp_path / "state.db"
+    garbage = b"this is not a database " * 100
+    path.write_bytes(garbage)
+    with pytest.raises(StateStoreError, match=re.escape(str(path))):
+        await crawl(ListSpider, urls=[site.url("/p")])
+    assert path.read_bytes() == garbage
+    assert not [r for r in site.log if r.path == "/p"]
+
+
+def test_scrapy_crawl_with_a_corrupt_state_file_exits_with_the_file_named(tmp_path):
+    path = tmp_path / "state.db"
+    path.write_bytes(b"\x00garbage" * 200)
+    result = scrapy("crawl", "sitemap", "-a", "sitemap_url=http://127.0.0.1:9/sitemap.xml",
+                    "-s", f"INCREMENTAL_STATE_URI=sqlite:///{path}")
+    assert result.returncode != 0
+    assert str(path) in result.stderr
+    assert "not a readable SQLite database" in result.stderr
