@@ -157,7 +157,7 @@ class Ledger:
         txn: PageTransaction | None = response.meta.get(TXN_META)
         if txn is None:
             return
-        txn.open_items -= 1
+        txn.open_items = max(0, txn.open_items - 1)
         if error:
             txn.failed = txn.failed or error
         self._maybe_commit(txn)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from scrapy.exceptions import IgnoreRequest, NotConfigured
@@ -20,7 +21,7 @@ from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.fingerprints import body_fingerprint
 from incremental_crawler.keys import page_key
 from incremental_crawler.ledger import Ledger
-from incremental_crawler.state import PageFlags, PageState
+from incremental_crawler.state import PageFlags, PageKey, PageState
 from incremental_crawler.validators import parse_etag, parse_last_modified, weak_match
 
 if TYPE_CHECKING:
@@ -45,14 +46,14 @@ class NotModified(IgnoreRequest):
     """The page answered 304: it is unchanged, so its callback is not called."""
 
 
+@dataclass(slots=True)
 class _Context:
-    __slots__ = ("conditional", "key", "prior", "reason")
+    """What process_request decided, for process_response."""
 
-    def __init__(self, key, prior, conditional, reason):  # type: ignore[no-untyped-def]
-        self.key = key
-        self.prior: PageState | None = prior
-        self.conditional: bool = conditional
-        self.reason: str = reason
+    key: PageKey
+    prior: PageState | None
+    conditional: bool
+    reason: str
 
 
 class ConditionalRequestMiddleware:
