@@ -16,7 +16,7 @@ from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.ledger import TXN_META, Ledger
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterable
+    from collections.abc import AsyncIterator
 
     from scrapy.crawler import Crawler
     from scrapy.http import Response
@@ -26,7 +26,11 @@ __all__ = ["PageOutputMiddleware"]
 
 
 class PageOutputMiddleware:
-    """Tells the ledger how many items each response produced, and when."""
+    """Tells the ledger how many items each response produced, and when.
+
+    Async only (Scrapy >= 2.13 feeds synchronous callbacks' output to it as
+    an async iterable).
+    """
 
     def __init__(self, crawler: Crawler) -> None:
         if not IncrementalConfig.from_settings(crawler.settings).enabled:
@@ -37,24 +41,7 @@ class PageOutputMiddleware:
     def from_crawler(cls, crawler: Crawler) -> Self:
         return cls(crawler)
 
-    def process_spider_output(
-        self, response: Response, result: Iterable[Any]
-    ) -> Iterable[Any]:
-        txn = response.meta.get(TXN_META) if response is not None else None
-        if txn is None:
-            yield from result
-            return
-        try:
-            for obj in result:
-                if is_item(obj):
-                    self.ledger.item_yielded(txn)
-                yield obj
-        except Exception as exc:
-            self.ledger.output_failed(txn, f"the callback failed ({exc!r})")
-            raise
-        self.ledger.output_finished(txn)
-
-    async def process_spider_output_async(
+    async def process_spider_output(
         self, response: Response, result: AsyncIterator[Any]
     ) -> AsyncIterator[Any]:
         txn = response.meta.get(TXN_META) if response is not None else None
