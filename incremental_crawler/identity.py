@@ -11,6 +11,8 @@ from incremental_crawler.fingerprints import item_fingerprint
 from incremental_crawler.keys import canonical_url
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from scrapy import Spider
 
     from incremental_crawler.config import IncrementalConfig
@@ -32,7 +34,11 @@ class ItemIdentity:
     ``incremental_item_key(item) -> str``.
     """
 
-    def __init__(self, config: IncrementalConfig, spider: Spider) -> None:
+    def __init__(
+        self, config: IncrementalConfig, spider: Spider,
+        canonical: Callable[[str], str] = canonical_url,
+    ) -> None:
+        self._canonical = canonical
         self.fingerprint_field = config.fingerprint_field
         self.key_field: str = getattr(
             spider, "incremental_item_key_field", config.item_key_field
@@ -52,7 +58,7 @@ class ItemIdentity:
         value = ItemAdapter(item).get(self.key_field)
         if isinstance(value, str) and value:
             if value.startswith(("http://", "https://")):
-                return canonical_url(value)
+                return self._canonical(value)
             return value
         if value is not None:
             return str(value)

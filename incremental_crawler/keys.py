@@ -9,9 +9,11 @@ from w3lib.url import canonicalize_url
 from incremental_crawler.state import PageKey
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from scrapy import Request
 
-__all__ = ["META_VARIANT", "canonical_url", "page_key"]
+__all__ = ["META_VARIANT", "Canonicalizer", "canonical_url", "page_key"]
 
 #: Request meta key: which version of a URL this client gets (region,
 #: language, proxy exit). Each variant keeps its own validators.
@@ -27,7 +29,29 @@ def canonical_url(url: str) -> str:
     return canonicalize_url(url)
 
 
-def page_key(request: Request, scope: str) -> PageKey:
+class Canonicalizer:
+    """:func:`canonical_url` with a small bounded memo.
+
+    A page's URL is canonicalised for its request and again for the item
+    extracted from it; canonicalisation is the costliest step of keying.
+    """
+
+    def __init__(self, size: int = 2048) -> None:
+        self._size = size
+        self._memo: dict[str, str] = {}
+
+    def __call__(self, url: str) -> str:
+        canonical = self._memo.get(url)
+        if canonical is None:
+            if len(self._memo) >= self._size:
+                self._memo.clear()
+            canonical = self._memo[url] = canonical_url(url)
+        return canonical
+
+
+def page_key(
+    request: Request, scope: str, canonical: Callable[[str], str] = canonical_url
+) -> PageKey:
     """The store key of the page *request* asks for."""
     variant = request.meta.get(META_VARIANT) or ""
-    return PageKey(scope, canonical_url(request.url), str(variant))
+    return PageKey(scope, canonical(request.url), str(variant))

@@ -28,6 +28,7 @@ from scrapy.utils.defer import deferred_from_coro
 
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.identity import ItemIdentity, serialize_item
+from incremental_crawler.keys import Canonicalizer
 from incremental_crawler.state import ItemRecord, PageKey, PageState
 from incremental_crawler.stores import StateStore, StateStoreError, open_store
 
@@ -80,7 +81,9 @@ class Ledger:
         spider = crawler.spider
         assert spider is not None
         self.scope: str = getattr(spider, "incremental_scope", None) or spider.name
-        self.identity = ItemIdentity(config, spider)
+        #: Canonical URLs, shared by page keys and item keys.
+        self.canonical = Canonicalizer()
+        self.identity = ItemIdentity(config, spider, self.canonical)
         #: Set by the storage pipeline when it is enabled.
         self.stores_items = False
         self._pending: dict[int, _Pending] = {}

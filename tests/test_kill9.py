@@ -58,8 +58,10 @@ def assert_no_validator_ahead_of_data(state_db) -> int:
     ahead = state_db(
         "SELECT p.url FROM pages p LEFT JOIN items i "
         "ON i.scope = p.scope AND i.item_key = p.url "
+        "LEFT JOIN item_versions v ON v.scope = i.scope "
+        "AND v.item_key = i.item_key AND v.version = i.version "
         "WHERE (p.etag IS NOT NULL OR p.last_modified IS NOT NULL) "
-        "AND (i.data IS NULL OR i.fingerprint IS NULL)"
+        "AND v.data IS NULL"
     )
     assert ahead == [], f"validators stored without their data: {ahead[:5]}"
     return state_db("SELECT COUNT(*) FROM pages WHERE etag IS NOT NULL "
@@ -87,7 +89,9 @@ async def test_kill_9_never_leaves_validators_ahead_of_data(site, state_uri, sta
     assert proc.returncode == 0, stderr.decode()
 
     # Every page's latest content is in the store.
-    rows = dict(state_db("SELECT item_key, data FROM items"))
+    rows = dict(state_db(
+        "SELECT i.item_key, v.data FROM items i JOIN item_versions v "
+        "ON v.scope = i.scope AND v.item_key = i.item_key AND v.version = i.version"))
     for page in site.pages:
         data = rows.get(site.url(page.path))
         assert data is not None, page.path

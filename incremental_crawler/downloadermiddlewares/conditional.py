@@ -85,7 +85,7 @@ class ConditionalRequestMiddleware:
     async def process_request(self, request: Request) -> None:
         if not self._applies(request):
             return
-        key = page_key(request, self.ledger.scope)
+        key = page_key(request, self.ledger.scope, self.ledger.canonical)
         prior = await self.ledger.store.get_page(key)
         conditional, reason = False, "new"
         if prior is not None and prior.has_validators:
@@ -208,7 +208,7 @@ class ConditionalRequestMiddleware:
         urls = request.meta.get("redirect_urls", ())
         reasons = request.meta.get("redirect_reasons", ())
         for url, reason in zip(urls, reasons, strict=False):
-            original = page_key(request.replace(url=url), self.ledger.scope)
+            original = ctx.key._replace(url=self.ledger.canonical(url))
             if original != ctx.key:
                 status = reason if isinstance(reason, int) else 0
                 self.ledger.stage_redirect(original, ctx.key.url, status)

@@ -56,7 +56,6 @@ MIGRATIONS: tuple[str, ...] = (
         item_key TEXT NOT NULL,
         url TEXT,
         fingerprint TEXT NOT NULL,
-        data TEXT,
         first_seen INTEGER NOT NULL,
         last_changed INTEGER NOT NULL,
         version INTEGER NOT NULL DEFAULT 1,
@@ -102,18 +101,21 @@ _UPSERT_REDIRECT = (
     "checks = pages.checks + 1, flags = pages.flags | 2, "
     "redirect_to = excluded.redirect_to"
 )
+# `items` holds the latest fingerprint and version number of each item;
+# the data of every version (the latest included) lives in `item_versions`
+# only, so it is written once.
 _UPSERT_ITEM = (
-    "INSERT INTO items (scope, item_key, url, fingerprint, data, first_seen, "
-    "last_changed, version) VALUES (?, ?, ?, ?, ?, ?, ?, 1) "
+    "INSERT INTO items (scope, item_key, url, fingerprint, first_seen, "
+    "last_changed, version) VALUES (?, ?, ?, ?, ?, ?, 1) "
     "ON CONFLICT (scope, item_key) DO UPDATE SET url = excluded.url, "
-    "fingerprint = excluded.fingerprint, data = excluded.data, "
+    "fingerprint = excluded.fingerprint, "
     "last_changed = excluded.last_changed, version = items.version + 1"
 )
 _ADD_ITEM_VERSION = (
     "INSERT OR REPLACE INTO item_versions "
     "(scope, item_key, version, fingerprint, data, stored_at) "
-    "SELECT scope, item_key, version, fingerprint, data, last_changed FROM items "
-    "WHERE scope = ? AND item_key = ? AND data IS NOT NULL"
+    "SELECT scope, item_key, version, fingerprint, ?, last_changed FROM items "
+    "WHERE scope = ? AND item_key = ?"
 )
 
 
@@ -308,10 +310,10 @@ class SQLiteStateStore(StateStore):
         self._staged += 1
         when = int(record.stored_at)
         self._ops.append((_UPSERT_ITEM, (
-            record.scope, record.key, record.url, record.fingerprint, record.data, when, when,
+            record.scope, record.key, record.url, record.fingerprint, when, when,
         )))
         if record.data is not None:
-            self._ops.append((_ADD_ITEM_VERSION, (record.scope, record.key)))
+            self._ops.append((_ADD_ITEM_VERSION, (record.data, record.scope, record.key)))
         self._item_fps[record.scope, record.key] = record.fingerprint
 
     @property
@@ -361,13 +363,17 @@ class SQLiteStateStore(StateStore):
     # -- reports and exports -------------------------------------------------
 
     def iter_items(self, scope: str | None = None) -> Iterator[dict[str, object]]:
-        query = "SELECT scope, item_key, url, fingerprint, data, version FROM items"
+        query = (
+            "SELECT i.scope, i.item_key, i.url, i.fingerprint, v.data FROM items i "
+            "LEFT JOIN item_versions v ON v.scope = i.scope "
+            "AND v.item_key = i.item_key AND v.version = i.version"
+        )
         params: tuple[str, ...] = ()
         if scope is not None:
-            query += " WHERE scope = ?"
+            query += " WHERE i.scope = ?"
             params = (scope,)
-        query += " ORDER BY scope, first_seen, item_key"
-        for scope_, key, url, fp, data, version in self._db.execute(query, params):
+        query += " ORDER BY i.scope, i.first_seen, i.item_key"
+        for _scope, key, url, fp, data in self._db.execute(query, params):
             item: dict[str, object] = json.loads(data) if data else {}
             item.setdefault("url", url or key)
             item["fingerprint"] = fp
