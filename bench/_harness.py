@@ -1,0 +1,389 @@
+"""Shared plumbing of the benchmark scripts in ``bench/`` (not a benchmark itself).
+
+* :class:`Site` runs ``python -m incremental_crawler.loopback_site`` in its own
+  process on 127.0.0.1 and talks to its ``/__site__/...`` control endpoints.
+* :func:`run_crawl` runs ``scrapy crawl sitemap ...`` as a separate process
+  and collects that process's own CPU time and peak RSS with ``os.wait4``.
+* :func:`summarize_log`, :func:`dir_apparent_bytes`, :func:`sqlite_compact_size`
+  and :func:`print_table` turn the raw figures into the printed tables.
+
+Every wait is bounded by a timeout, every HTTP request goes to the loopback
+site only (proxies from the environment are ignored, in this process and in
+the children), and nothing is written outside the temporary directories the
+callers pass in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+from urllib.parse import urlsplit
+
+#: The project root (where scrapy.cfg is); crawls run with this as their cwd.
+REPO = Path(__file__).resolve().parents[1]
+
+#: Settings every crawl gets.
+COMMON_SETTINGS: dict[str, str] = {
+    "LOG_LEVEL": "WARNING",
+    "LOGSTATS_INTERVAL": "0",
+    "ROBOTSTXT_OBEY": "True",
+}
+
+_PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "ftp_proxy")
+# No proxies at all for the control requests of this process.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def ensure_importable() -> None:
+    """Make ``import incremental_crawler`` work without installing the project."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+
+
+def child_env() -> dict[str, str]:
+    """Environment of child processes: project importable, no proxies."""
+    env = dict(os.environ)
+    for name in _PROXY_VARS:
+        env.pop(name, None)
+        env.pop(name.upper(), None)
+    env["NO_PROXY"] = env["no_proxy"] = "*"
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
+    )
+    env.pop("SCRAPY_SETTINGS_MODULE", None)  # scrapy.cfg in REPO decides
+    env["PYTHONHASHSEED"] = "0"
+    return env
+
+
+# ---------------------------------------------------------------------------
+# Child processes with their own rusage
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class ProcUsage:
+    """What ``os.wait4`` reported for one finished child process."""
+
+    returncode: int
+    user: float
+    sys: float
+    maxrss_kib: int
+    wall: float
+
+    @property
+    def cpu(self) -> float:
+        return self.user + self.sys
+
+
+def _wait4(proc: subprocess.Popen, timeout: float, started: float) -> ProcUsage:
+    """Reap *proc* with ``os.wait4`` (its own rusage); kill it if it has not
+    ended *timeout* s from now. *started* (perf_counter) is for the wall time."""
+    deadline = time.perf_counter() + timeout
+    delay = 0.002
+    while True:
+        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            wall = time.perf_counter() - started
+            rc = os.waitstatus_to_exitcode(status)
+            proc.returncode = rc  # tell Popen it is reaped
+            return ProcUsage(rc, ru.ru_utime, ru.ru_stime, ru.ru_maxrss, wall)
+        if time.perf_counter() > deadline:
+            proc.kill()
+            os.wait4(proc.pid, 0)
+            proc.returncode = -9
+            raise TimeoutError(f"process {proc.args!r} did not finish within {timeout:.0f} s")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+class Site:
+    """The loopback site in its own process; use as a context manager.
+
+    ``Site(pages=400, page_size=30_000, kinds="strong,weak,lastmod")``.
+    """
+
+    def __init__(self, pages: int, page_size: int, kinds: str, *, start_timeout: float = 60.0):
+        self.pages, self.page_size, self.kinds = pages, page_size, kinds
+        self.start_timeout = start_timeout
+        self.proc: subprocess.Popen | None = None
+        self.base_url = ""
+        self.usage: ProcUsage | None = None
+
+    def __enter__(self) -> Site:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> str:
+        cmd = [
+            sys.executable, "-m", "incremental_crawler.loopback_site",
+            "--pages", str(self.pages), "--page-size", str(self.page_size),
+            "--kinds", self.kinds, "--host", "127.0.0.1", "--port", "0",
+        ]
+        self._started = time.perf_counter()
+        self.proc = subprocess.Popen(
+            cmd, cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=None,
+        )
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], self.start_timeout)
+        line = self.proc.stdout.readline().decode().strip() if ready else ""
+        if not line.startswith("http://127.0.0.1:"):
+            self.stop()
+            raise RuntimeError(f"loopback site did not start (got {line!r})")
+        self.base_url = line
+        return line
+
+    def stop(self, timeout: float = 20.0) -> ProcUsage | None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return self.usage
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            self.usage = _wait4(proc, timeout, self._started) if proc.returncode is None else None
+        except ChildProcessError:  # already reaped by poll()
+            self.usage = None
+        if proc.stdout is not None:
+            proc.stdout.close()
+        return self.usage
+
+    # -- control endpoints (never logged by the site) ------------------------
+
+    def _call(self, method: str, path: str) -> Any:
+        assert self.base_url.startswith("http://127.0.0.1:")
+        req = urllib.request.Request(self.base_url + path, method=method)
+        with _OPENER.open(req, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    @property
+    def robots_url(self) -> str:
+        return self.base_url + "/robots.txt"
+
+    def reset(self) -> None:
+        self._call("POST", "/__site__/reset")
+
+    def log(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/__site__/log")
+
+    def change(self, fraction: float, seed: int) -> list[str]:
+        """Change ``fraction`` of the pages (seeded); return their paths."""
+        return self._call("POST", f"/__site__/change?fraction={fraction}&seed={seed}")
+
+
+@dataclass
+class LogSummary:
+    requests: int
+    not_modified: int
+    body_bytes: int
+    page_requests: int
+    statuses: dict[int, int] = field(default_factory=dict)
+
+
+def summarize_log(records: Iterable[dict[str, Any]]) -> LogSummary:
+    """Server-side counts of one run (all paths: pages, robots.txt, sitemaps)."""
+    records = list(records)
+    statuses: dict[int, int] = {}
+    for r in records:
+        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+    return LogSummary(
+        requests=len(records),
+        not_modified=statuses.get(304, 0),
+        body_bytes=sum(r["body_bytes"] for r in records),
+        page_requests=sum(1 for r in records if r["path"].startswith("/p/")),
+        statuses=statuses,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Crawls
+# ---------------------------------------------------------------------------
+
+
+def plain_settings() -> dict[str, str]:
+    """Plain Scrapy: every incremental component raises NotConfigured."""
+    return {"INCREMENTAL_ENABLED": "False"}
+
+
+def httpcache_settings(cache_dir: Path) -> dict[str, str]:
+    """Plain Scrapy plus its HTTP cache with the RFC 2616 policy."""
+    return {
+        "INCREMENTAL_ENABLED": "False",
+        "HTTPCACHE_ENABLED": "True",
+        "HTTPCACHE_POLICY": "scrapy.extensions.httpcache.RFC2616Policy",
+        "HTTPCACHE_DIR": str(cache_dir),
+    }
+
+
+def ours_settings(db_path: Path, *, store_items: bool = True) -> dict[str, str]:
+    """The project's defaults, with the state store at *db_path*."""
+    s = {"INCREMENTAL_STATE_URI": "sqlite:///" + str(db_path)}  # absolute -> sqlite:////...
+    if not store_items:
+        s["INCREMENTAL_STORE_ITEMS"] = "False"
+    return s
+
+
+@dataclass
+class CrawlResult:
+    usage: ProcUsage
+    #: The emitted items (read when the crawl finished; the file may be gone).
+    item_list: list[dict[str, Any]]
+
+    @property
+    def items(self) -> int:
+        return len(self.item_list)
+
+    def by_path(self) -> dict[str, dict[str, Any]]:
+        """Items keyed by the path of their ``url``."""
+        return {urlsplit(i["url"]).path: i for i in self.item_list}
+
+    def item_paths(self) -> set[str]:
+        return set(self.by_path())
+
+
+def read_items(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def run_crawl(
+    site_url: str,
+    settings: dict[str, str],
+    workdir: Path,
+    name: str,
+    *,
+    spider: str = "sitemap",
+    timeout: float = 600.0,
+) -> CrawlResult:
+    """``scrapy crawl sitemap -a sitemap_url=<site>/robots.txt`` in its own process.
+
+    Items go to ``workdir/<name>.jsonl``, stderr to ``workdir/<name>.err``.
+    Raises if the crawl fails, times out, or logs an ERROR/CRITICAL line.
+    """
+    assert site_url.startswith("http://127.0.0.1:")
+    items = workdir / f"{name}.jsonl"
+    err = workdir / f"{name}.err"
+    cmd = [sys.executable, "-m", "scrapy", "crawl", spider,
+           "-a", f"sitemap_url={site_url}/robots.txt", "-O", str(items)]
+    for key, value in {**COMMON_SETTINGS, **settings}.items():
+        cmd += ["-s", f"{key}={value}"]
+    with err.open("wb") as errf:
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(),
+                                stdin=subprocess.DEVNULL, stdout=errf, stderr=errf)
+        usage = _wait4(proc, timeout, started)
+    log = err.read_text(encoding="utf-8", errors="replace")
+    if usage.returncode != 0 or " ERROR: " in log or " CRITICAL: " in log:
+        tail = "\n".join(log.splitlines()[-30:])
+        raise RuntimeError(f"crawl {name} failed (rc={usage.returncode}):\n{tail}")
+    return CrawlResult(usage, read_items(items))
+
+
+# ---------------------------------------------------------------------------
+# Sizes, numbers, tables
+# ---------------------------------------------------------------------------
+
+
+def dir_apparent_bytes(path: Path) -> int:
+    """Sum of ``st_size`` of every file under *path* (apparent size)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            total += os.lstat(os.path.join(root, f)).st_size
+    return total
+
+
+def sqlite_compact_size(db_path: Path) -> int:
+    """Bytes of the database once compacted: an online backup (which reads
+    through the WAL) into a temporary copy, VACUUMed, ``page_count*page_size``."""
+    with tempfile.TemporaryDirectory(prefix="bench-sqlite-") as tmp:
+        copy = Path(tmp) / "copy.db"
+        src = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+        dst = sqlite3.connect(copy)
+        try:
+            src.backup(dst)
+            dst.execute("PRAGMA journal_mode=DELETE")
+            dst.execute("VACUUM")
+            pages = dst.execute("PRAGMA page_count").fetchone()[0]
+            size = dst.execute("PRAGMA page_size").fetchone()[0]
+            free = dst.execute("PRAGMA freelist_count").fetchone()[0]
+        finally:
+            src.close()
+            dst.close()
+        return (pages - free) * size
+
+
+def copy_sqlite(src: Path, dst: Path) -> None:
+    """Copy a closed SQLite store (checkpointed first, so one file suffices).
+
+    The copy is fsynced, so the kernel's write-back of a large copy does not
+    run during (and disturb) the crawl measured next.
+    """
+    con = sqlite3.connect(src)
+    try:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        con.close()
+    shutil.copyfile(src, dst)
+    fd = os.open(dst, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.3f}x" if b else "n/a"
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def vm_rss_kib() -> int:
+    """Current resident set size of this process (VmRSS, KiB)."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return -1
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A compact left/right aligned text table."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
+    def fmt(row: Sequence[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))
+        )
+
+    print(fmt(cells[0]))
+    print("  ".join("-" * w for w in widths))
+    for r in cells[1:]:
+        print(fmt(r))
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
