@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from incremental_crawler.config import DEFAULT_SETTINGS
-from incremental_crawler.state import ItemRecord, PageKey, PageState
+from incremental_crawler.state import ItemRecord, PageFlags, PageKey, PageState
 from incremental_crawler.stores.base import StateStore, StateStoreError
 
 if TYPE_CHECKING:
@@ -95,10 +95,11 @@ _UPSERT_CHECK = (
 )
 _UPSERT_REDIRECT = (
     "INSERT INTO pages (scope, url, variant, last_status, first_seen, "
-    "last_checked, checks, flags, redirect_to) VALUES (?, ?, ?, ?, ?, ?, 1, 2, ?) "
+    f"last_checked, checks, flags, redirect_to) VALUES (?, ?, ?, ?, ?, ?, 1, "
+    f"{PageFlags.REDIRECTED}, ?) "
     "ON CONFLICT (scope, url, variant) DO UPDATE SET "
     "last_status = excluded.last_status, last_checked = excluded.last_checked, "
-    "checks = pages.checks + 1, flags = pages.flags | 2, "
+    f"checks = pages.checks + 1, flags = pages.flags | {PageFlags.REDIRECTED}, "
     "redirect_to = excluded.redirect_to"
 )
 # `items` holds the latest fingerprint and version number of each item;
