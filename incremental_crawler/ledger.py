@@ -239,8 +239,8 @@ class Ledger:
         self.store.stage_page(state)
         self._after_stage()
 
-    def stage_check(self, key: PageKey, status: int) -> None:
-        self.store.stage_check(key, status, time.time())
+    def stage_check(self, key: PageKey, status: int, *, lastmod: float | None = None) -> None:
+        self.store.stage_check(key, status, time.time(), lastmod=lastmod)
         self._after_stage()
 
     def stage_redirect(self, key: PageKey, target: str, status: int) -> None:

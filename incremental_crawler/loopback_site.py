@@ -339,6 +339,8 @@ class LoopbackSite:
         self._order: list[str] = []
         self._index: dict[str, int] = {}
         self._redirects: dict[str, tuple[str, int]] = {}
+        # path -> (body, content type); see add_document().
+        self._documents: dict[str, tuple[bytes, str]] = {}
         # path -> (status or None, header changes); see override().
         self._overrides: dict[str, tuple[int | None, dict[str, str | None]]] = {}
         # path -> (version, body, etag opaque-tag). Keyed by path so only the
@@ -403,6 +405,12 @@ class LoopbackSite:
         if status not in _REDIRECT_STATUSES:
             raise ValueError(f"not a redirect status: {status}")
         self._redirects[src] = (dst, status)
+
+    def add_document(self, path: str, body: bytes | str, content_type: str) -> None:
+        """Serve *body* as it is at *path* (a hand-made sitemap, feed, ...)."""
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        self._documents[path] = (body, content_type)
 
     def override(
         self, path: str, *, status: int | None = None,
@@ -724,6 +732,9 @@ class LoopbackSite:
         page = self._pages.get(path)
         if page is not None:
             return self._page_response(page, request)
+        if path in self._documents:
+            body, content_type = self._documents[path]
+            return _Response(200, body, {"Content-Type": content_type})
         if path == "/robots.txt":
             return _Response(200, self._robots().encode("utf-8"), dict(_TEXT))
         if path == "/sitemap.xml":

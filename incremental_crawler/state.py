@@ -54,6 +54,8 @@ class PageState:
     changes: int = 0
     flags: int = 0
     redirect_to: str | None = None
+    #: The page's sitemap/feed lastmod when we last stored it (POSIX time).
+    lastmod: float | None = None
 
     @property
     def has_validators(self) -> bool:

@@ -411,6 +411,42 @@ class StateStoreContract:
         assert peak < 3 * 1024 * 1024, f"peak {peak} bytes for 1,000 reads"
         assert store.count_pages() == rows
 
+    # -- batched reads and lastmod -----------------------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_get_pages_returns_known_pages_staged_or_flushed(
+        self, make_store: MakeStore
+    ) -> None:
+        store = make_store()
+        flushed = [PageKey(SCOPE, f"{URL}/{i}") for i in range(1200)]
+        for i, key in enumerate(flushed):
+            store.stage_page(full_state(key, i))
+        await call(store.flush())
+        staged = PageKey(SCOPE, f"{URL}/staged", "de")
+        store.stage_page(full_state(staged, 7))
+        unknown = PageKey(SCOPE, f"{URL}/unknown")
+        other_scope = PageKey("other", f"{URL}/1")
+        found = await call(store.get_pages([*flushed, staged, unknown, other_scope]))
+        assert set(found) == {*flushed, staged}
+        assert found[flushed[1100]] == full_state(flushed[1100], 1100)
+        assert found[staged] == full_state(staged, 7)
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_check_may_record_a_newer_lastmod_and_nothing_else(
+        self, make_store: MakeStore
+    ) -> None:
+        key = PageKey(SCOPE, URL)
+        store = make_store()
+        store.stage_page(full_state(key, 1, lastmod=1_000))
+        store.stage_check(key, 304, 5_000, lastmod=2_000)
+        store.stage_check(key, 304, 6_000)  # no lastmod: keeps the last one
+        await call(store.flush())
+        await call(store.close())
+        state = await call(make_store().get_page(key))
+        assert state.lastmod == 2_000
+        assert (state.etag, state.fingerprint) == (full_state(key, 1).etag,
+                                                   full_state(key, 1).fingerprint)
+
     # -- staging order ----------------------------------------------------
 
     @pytest_twisted.ensureDeferred
@@ -680,3 +716,36 @@ class TestSQLiteOnly:
         finally:
             await call(store.close())
 
+
+
+class TestSQLiteMigrations:
+    """An existing store of an older schema is migrated in place, data kept."""
+
+    V1_PAGES = (
+        "CREATE TABLE pages (scope TEXT NOT NULL, url TEXT NOT NULL, variant TEXT NOT "
+        "NULL DEFAULT '', etag TEXT, last_modified TEXT, fingerprint TEXT, size INTEGER "
+        "NOT NULL DEFAULT 0, last_status INTEGER, first_seen INTEGER NOT NULL DEFAULT 0, "
+        "last_checked INTEGER NOT NULL DEFAULT 0, last_fetched INTEGER NOT NULL DEFAULT 0, "
+        "last_changed INTEGER NOT NULL DEFAULT 0, checks INTEGER NOT NULL DEFAULT 0, "
+        "changes INTEGER NOT NULL DEFAULT 0, flags INTEGER NOT NULL DEFAULT 0, "
+        "redirect_to TEXT, PRIMARY KEY (scope, url, variant)) WITHOUT ROWID"
+    )
+
+    @pytest_twisted.ensureDeferred
+    async def test_version_1_store_is_migrated_and_keeps_its_pages(self, tmp_path: Path) -> None:
+        path = tmp_path / "old.db"
+        with closing(sqlite3.connect(path)) as db:
+            db.execute(self.V1_PAGES)
+            db.execute(
+                "INSERT INTO pages (scope, url, etag, fingerprint, first_seen, checks) "
+                "VALUES ('s', 'http://a/', '\"x\"', 'ff', 1, 3)")
+            db.execute("PRAGMA user_version = 1")
+            db.commit()
+        store = SQLiteStateStore(path)
+        state = await call(store.get_page(PageKey("s", "http://a/")))
+        assert (state.etag, state.fingerprint, state.checks, state.lastmod) == ('"x"', "ff", 3, None)
+        store.stage_check(PageKey("s", "http://a/"), 304, 10, lastmod=9)
+        await call(store.close())
+        with closing(sqlite3.connect(path)) as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+            assert db.execute("SELECT lastmod FROM pages").fetchone()[0] == 9

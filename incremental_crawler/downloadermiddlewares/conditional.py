@@ -30,7 +30,9 @@ if TYPE_CHECKING:
     from scrapy.http import Response
     from typing_extensions import Self
 
-__all__ = ["META_REFRESH", "META_SKIP", "ConditionalRequestMiddleware", "NotModified"]
+__all__ = [
+    "META_LASTMOD", "META_REFRESH", "META_SKIP", "ConditionalRequestMiddleware", "NotModified",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +41,9 @@ logger = logging.getLogger(__name__)
 META_SKIP = "incremental_skip"
 #: Request meta: ``True`` fetches without conditions but keeps the state.
 META_REFRESH = "incremental_refresh"
+#: Request meta: the page's lastmod (POSIX time) as its sitemap or feed
+#: announced it; stored with the page's data.
+META_LASTMOD = "incremental_lastmod"
 _CTX = "_incremental_ctx"
 
 
@@ -158,7 +163,8 @@ class ConditionalRequestMiddleware:
             # RFC 9111 §4.3.4: a 304 naming another representation selects
             # nothing we hold; update nothing and fetch it in full.
             return self._refetch(request, "etag_mismatch_304")
-        self.ledger.stage_check(ctx.key, 304)
+        # The data we hold is this version: its lastmod may be recorded.
+        self.ledger.stage_check(ctx.key, 304, lastmod=request.meta.get(META_LASTMOD))
         self.stats.inc_value("incremental/not_modified")
         self.stats.inc_value("incremental/bytes_saved_estimate", prior.size)
         logger.debug("Not modified: %(request)s", {"request": request},
@@ -179,6 +185,7 @@ class ConditionalRequestMiddleware:
             self.stats.inc_value("incremental/invalid_validator/last_modified")
             logger.debug("Not storing invalid Last-Modified of %(url)s", {"url": response.url})
         fingerprint = body_fingerprint(response.body)
+        lastmod = request.meta.get(META_LASTMOD)
         flags = 0
         if b"*" in response.headers.get(b"Vary", b"").split(b","):
             flags |= PageFlags.VARY_STAR
@@ -187,7 +194,7 @@ class ConditionalRequestMiddleware:
             state = PageState(
                 ctx.key, etag, last_modified, fingerprint, len(response.body), response.status,
                 first_seen=now, last_checked=now, last_fetched=now, last_changed=now,
-                checks=1, changes=0, flags=flags,
+                checks=1, changes=0, flags=flags, lastmod=lastmod,
             )
         else:
             changed = prior.fingerprint != fingerprint
@@ -201,6 +208,7 @@ class ConditionalRequestMiddleware:
                 last_changed=now if changed else prior.last_changed,
                 checks=prior.checks + 1, changes=prior.changes + changed,
                 flags=(prior.flags & ~PageFlags.VARY_STAR) | flags,
+                lastmod=prior.lastmod if lastmod is None else lastmod,
             )
         self.ledger.begin(request.meta, state)
         # Redirects followed on the way here: the original URLs remember

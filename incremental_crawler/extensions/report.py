@@ -44,12 +44,17 @@ def summarize(stats: dict[str, Any]) -> dict[str, int]:
         "bytes_saved_estimate": get("bytes_saved_estimate"),
         "bytes_downloaded": int(stats.get("downloader/response_bytes", 0) or 0),
         "state_withheld": get("state_withheld"),
+        "lastmod_skipped": get("lastmod/skipped"),
     }
 
 
 def _line(s: dict[str, int]) -> str:
+    skipped = (
+        f"{s['lastmod_skipped']} skipped (sitemap lastmod unchanged), "
+        if s["lastmod_skipped"] else ""
+    )
     return (
-        f"{s['checked']} pages checked, {s['not_modified']} not modified (304), "
+        f"{skipped}{s['checked']} pages checked, {s['not_modified']} not modified (304), "
         f"{s['new']} new, {s['changed']} changed, {s['unchanged_200']} unchanged "
         f"in full; items: {s['items_new']} new, {s['items_changed']} changed, "
         f"{s['items_unchanged']} unchanged dropped"

@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterable, Iterator
 
     from incremental_crawler.state import ItemRecord, PageKey, PageState
 
@@ -44,6 +44,10 @@ class StateStore(ABC):
         """
 
     @abstractmethod
+    async def get_pages(self, keys: Iterable[PageKey]) -> dict[PageKey, PageState]:
+        """The states of those of *keys* the store knows (batched lookups)."""
+
+    @abstractmethod
     async def get_item_fingerprint(self, scope: str, item_key: str) -> str | None:
         """The fingerprint of the latest stored version of an item."""
 
@@ -52,11 +56,14 @@ class StateStore(ABC):
         """Stage a full page state (validators, fingerprint, counters)."""
 
     @abstractmethod
-    def stage_check(self, key: PageKey, status: int, when: float) -> None:
+    def stage_check(
+        self, key: PageKey, status: int, when: float, *, lastmod: float | None = None
+    ) -> None:
         """Stage a visit that changed nothing but counters and ``last_status``.
 
         Used for 304s and for 3xx/4xx/5xx answers: validators and
-        fingerprints are never touched (invariant 2).
+        fingerprints are never touched (invariant 2). A 304 may record a
+        newer *lastmod* (the stored data is that version).
         """
 
     @abstractmethod

@@ -20,7 +20,7 @@ from incremental_crawler.state import ItemRecord, PageFlags, PageKey, PageState
 from incremental_crawler.stores.base import StateStore, StateStoreError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterable, Iterator
 
     from scrapy.settings import BaseSettings
     from typing_extensions import Self
@@ -71,27 +71,35 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (scope, item_key, version)
     ) WITHOUT ROWID;
     """,
+    # 2: the sitemap/feed lastmod of the stored version of a page.
+    """
+    ALTER TABLE pages ADD COLUMN lastmod INTEGER;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+#: URLs per batched lookup (SQLite allows 32,766 host parameters).
+_CHUNK = 500
 
 _PAGE_COLUMNS = (
     "etag, last_modified, fingerprint, size, last_status, first_seen, "
-    "last_checked, last_fetched, last_changed, checks, changes, flags, redirect_to"
+    "last_checked, last_fetched, last_changed, checks, changes, flags, redirect_to, "
+    "lastmod"
 )
 _SELECT_PAGE = (
     f"SELECT {_PAGE_COLUMNS} FROM pages WHERE scope = ? AND url = ? AND variant = ?"
 )
 _UPSERT_PAGE = (
     f"INSERT OR REPLACE INTO pages (scope, url, variant, {_PAGE_COLUMNS}) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    f"VALUES ({', '.join('?' * 17)})"
 )
-# A check never touches validators or fingerprints (invariant 2).
+# A check never touches validators or fingerprints (invariant 2). It may
+# record a newer lastmod: a 304 says the stored data is that version.
 _UPSERT_CHECK = (
     "INSERT INTO pages (scope, url, variant, last_status, first_seen, "
-    "last_checked, checks) VALUES (?, ?, ?, ?, ?, ?, 1) "
+    "last_checked, checks, lastmod) VALUES (?, ?, ?, ?, ?, ?, 1, ?) "
     "ON CONFLICT (scope, url, variant) DO UPDATE SET "
     "last_status = excluded.last_status, last_checked = excluded.last_checked, "
-    "checks = pages.checks + 1"
+    "checks = pages.checks + 1, lastmod = COALESCE(excluded.lastmod, pages.lastmod)"
 )
 _UPSERT_REDIRECT = (
     "INSERT INTO pages (scope, url, variant, last_status, first_seen, "
@@ -274,6 +282,33 @@ class SQLiteStateStore(StateStore):
             return None
         return PageState(key, *row)
 
+    async def get_pages(self, keys: Iterable[PageKey]) -> dict[PageKey, PageState]:
+        found: dict[PageKey, PageState] = {}
+        # One query per (scope, variant) and chunk of URLs: a sitemap's 50,000
+        # entries cost 100 lookups, not 50,000.
+        groups: dict[tuple[str, str], list[str]] = {}
+        for key in keys:
+            staged = self._pages.get(key)
+            if staged is not None:
+                found[key] = staged
+            else:
+                groups.setdefault((key.scope, key.variant), []).append(key.url)
+        for (scope, variant), urls in groups.items():
+            for start in range(0, len(urls), _CHUNK):
+                chunk = urls[start:start + _CHUNK]
+                query = (
+                    f"SELECT url, {_PAGE_COLUMNS} FROM pages WHERE scope = ? AND "
+                    f"variant = ? AND url IN ({', '.join('?' * len(chunk))})"
+                )
+                try:
+                    rows = self._db.execute(query, (scope, variant, *chunk)).fetchall()
+                except sqlite3.DatabaseError as exc:
+                    raise self._fail("read failed", exc) from exc
+                for url, *columns in rows:
+                    key = PageKey(scope, url, variant)
+                    found[key] = PageState(key, *columns)
+        return found
+
     async def get_item_fingerprint(self, scope: str, item_key: str) -> str | None:
         staged = self._item_fps.get((scope, item_key))
         if staged is not None:
@@ -297,11 +332,15 @@ class SQLiteStateStore(StateStore):
             state.last_status, int(state.first_seen), int(state.last_checked),
             int(state.last_fetched), int(state.last_changed), state.checks,
             state.changes, state.flags, state.redirect_to,
+            None if state.lastmod is None else int(state.lastmod),
         )))
 
-    def stage_check(self, key: PageKey, status: int, when: float) -> None:
+    def stage_check(
+        self, key: PageKey, status: int, when: float, *, lastmod: float | None = None
+    ) -> None:
         self._staged += 1
-        self._ops.append((_UPSERT_CHECK, (*key, status, int(when), int(when))))
+        lastmod_ = None if lastmod is None else int(lastmod)
+        self._ops.append((_UPSERT_CHECK, (*key, status, int(when), int(when), lastmod_)))
 
     def stage_redirect(self, key: PageKey, target: str, status: int, when: float) -> None:
         self._staged += 1

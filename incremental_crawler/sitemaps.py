@@ -1,0 +1,143 @@
+"""Which pages a sitemap makes worth requesting.
+
+The cheapest request is the one never sent: a page whose ``<lastmod>`` is
+not newer than the lastmod stored with our copy of it is skipped. Entries
+are checked against the sitemaps protocol first (sitemaps.org): at most
+50,000 URLs per file, ``loc`` an absolute http(s) URL on the sitemap's own
+host and under 2,048 characters; a bad entry is skipped with a stat and the
+rest of the sitemap still counts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from incremental_crawler.lastmod import parse_w3c_datetime
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Collection, Iterable
+
+    from scrapy.statscollectors import StatsCollector
+
+    from incremental_crawler.state import PageState
+
+__all__ = ["MAX_LOC_LENGTH", "MAX_URLS", "Candidate", "SitemapEntries", "decide"]
+
+#: sitemaps.org: "no more than 50,000 URLs" per sitemap file (and index).
+MAX_URLS = 50_000
+#: sitemaps.org: "less than 2,048 characters".
+MAX_LOC_LENGTH = 2048
+#: A lastmod this far in the future is a clock skew, clamped to now.
+_FUTURE_TOLERANCE = 60.0
+
+
+@dataclass(slots=True)
+class Candidate:
+    """A page listed by a sitemap, with its canonical URL and lastmod."""
+
+    loc: str
+    canonical: str
+    lastmod: float | None
+
+
+class SitemapEntries:
+    """Checks, normalises and de-duplicates the entries of one sitemap."""
+
+    def __init__(
+        self,
+        sitemap_url: str,
+        stats: StatsCollector,
+        canonical: Callable[[str], str],
+        *,
+        allowed_hosts: Collection[str] = (),
+        now: float | None = None,
+    ) -> None:
+        self.host = (urlsplit(sitemap_url).hostname or "").lower()
+        self.allowed_hosts = {self.host, *(h.lower() for h in allowed_hosts)}
+        self.stats = stats
+        self.canonical = canonical
+        self.now = time.time() if now is None else now
+
+    def _reject(self, reason: str) -> None:
+        self.stats.inc_value(f"incremental/sitemap/loc_rejected/{reason}")
+
+    def check_loc(self, loc: str) -> bool:
+        """Whether *loc* may be requested (counted when it may not)."""
+        if not loc:
+            self._reject("empty")
+            return False
+        if len(loc) >= MAX_LOC_LENGTH:
+            self._reject("too_long")
+            return False
+        parts = urlsplit(loc)
+        if parts.scheme not in ("http", "https"):
+            self._reject("scheme" if parts.scheme else "relative")
+            return False
+        if (parts.hostname or "").lower() not in self.allowed_hosts:
+            self._reject("other_host")
+            return False
+        return True
+
+    def lastmod(self, raw: str | None) -> float | None:
+        if not raw:
+            self.stats.inc_value("incremental/lastmod/missing")
+            return None
+        value = parse_w3c_datetime(raw)
+        if value is None:
+            self.stats.inc_value("incremental/lastmod/invalid")
+            return None
+        if value > self.now + _FUTURE_TOLERANCE:
+            self.stats.inc_value("incremental/lastmod/future_clamped")
+            return self.now
+        return value
+
+    def candidates(self, entries: Iterable[dict[str, Any]]) -> list[Candidate]:
+        """The valid, distinct entries of a urlset, at most :data:`MAX_URLS`."""
+        seen: set[str] = set()
+        result: list[Candidate] = []
+        for entry in entries:
+            if len(result) >= MAX_URLS:
+                self.stats.inc_value("incremental/sitemap/urls_over_limit")
+                continue
+            loc = entry.get("loc") or ""
+            if not self.check_loc(loc):
+                continue
+            canonical = self.canonical(loc)
+            if canonical in seen:
+                self.stats.inc_value("incremental/sitemap/duplicate_loc")
+                continue
+            seen.add(canonical)
+            result.append(Candidate(loc, canonical, self.lastmod(entry.get("lastmod"))))
+        return result
+
+
+def decide(
+    candidate: Candidate,
+    stored: PageState | None,
+    *,
+    use_lastmod: bool,
+    max_age: float,
+    now: float,
+) -> str | None:
+    """Why *candidate* should be requested, or ``None`` to skip it.
+
+    Only a page we hold data for (a fingerprint) can be skipped, and only
+    when its sitemap lastmod is not newer than the one stored with that
+    data; a forced refresh after ``max_age`` still applies.
+    """
+    if stored is None or stored.fingerprint is None:
+        return "new"
+    if max_age and now - stored.last_fetched > max_age:
+        return "max_age"
+    if not use_lastmod:
+        return "lastmod_off"
+    if candidate.lastmod is None:
+        return "lastmod_missing"
+    if stored.lastmod is None:
+        return "lastmod_unknown"
+    if candidate.lastmod > stored.lastmod:
+        return "lastmod_newer"
+    return None
