@@ -1,0 +1,154 @@
+"""Sitemap lastmod decides which pages are requested at all."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest_twisted
+
+from incremental_crawler.spiders.sitemap import SitemapPagesSpider
+
+N = 40
+
+
+def add_pages(site, n: int = N) -> list[str]:
+    kinds = ("strong", "weak", "lastmod", "none")
+    paths = [f"/p/{i:04d}" for i in range(n)]
+    for i, path in enumerate(paths):
+        site.add_page(path, kinds[i % len(kinds)], size=1500)
+    return paths
+
+
+def requested_pages(site) -> list[str]:
+    return sorted(r.path for r in site.log if r.path.startswith("/p/"))
+
+
+@pytest_twisted.ensureDeferred
+async def test_only_pages_with_a_newer_lastmod_are_requested(site, crawl):
+    add_pages(site)
+    await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"))
+    changed = site.change_fraction(0.05, seed=3)
+    assert len(changed) == 2
+    site.reset_log()
+    second = await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"))
+    # Only the changed pages, plus robots.txt and the sitemaps themselves.
+    assert requested_pages(site) == changed
+    others = sorted(r.path for r in site.log if not r.path.startswith("/p/"))
+    # robots.txt twice: once for ROBOTSTXT_OBEY, once as the sitemap source.
+    assert others == ["/robots.txt", "/robots.txt", "/sitemap-1.xml",
+                      "/sitemap-2.xml.gz", "/sitemap_index.xml"]
+    assert sorted(i["url"] for i in second.collected) == [site.url(p) for p in changed]
+    assert second.stats.get_value("incremental/lastmod/skipped") == N - 2
+    assert second.stats.get_value("incremental/lastmod/requested/lastmod_newer") == 2
+
+    site.reset_log()
+    third = await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"),
+                        use_lastmod="false")
+    assert requested_pages(site) == sorted(p.path for p in site.pages)
+    assert third.collected == []
+
+
+def urlset(entries: list[tuple[str, str | None]]) -> str:
+    rows = []
+    for loc, lastmod in entries:
+        extra = f"<lastmod>{lastmod}</lastmod>" if lastmod is not None else ""
+        rows.append(f"<url><loc>{loc}</loc>{extra}</url>")
+    return ('<?xml version="1.0" encoding="UTF-8"?>'
+            '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+            + "".join(rows) + "</urlset>")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_page_whose_lastmod_moved_without_a_change_costs_one_304(site, crawl, state_db):
+    site.add_page("/a", "strong", size=1500)
+    site.add_document("/s.xml", urlset([(site.url("/a"), "2024-01-01")]), "application/xml")
+    await crawl(SitemapPagesSpider, sitemap_url=site.url("/s.xml"))
+    site.add_document("/s.xml", urlset([(site.url("/a"), "2024-02-01T10:00Z")]),
+                      "application/xml")
+    site.reset_log()
+    await crawl(SitemapPagesSpider, sitemap_url=site.url("/s.xml"))
+    [record] = [r for r in site.log if r.path == "/a"]
+    assert record.status == 304
+    # The 304 says our data is that version: the new lastmod is recorded...
+    [(lastmod,)] = state_db("SELECT lastmod FROM pages WHERE url = ?", site.url("/a"))
+    assert lastmod == 1706781600
+    site.reset_log()
+    # ...so the next crawl does not ask again.
+    third = await crawl(SitemapPagesSpider, sitemap_url=site.url("/s.xml"))
+    assert [r.path for r in site.log if r.path == "/a"] == []
+    assert third.stats.get_value("incremental/lastmod/skipped") == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_invalid_and_future_lastmods(site, crawl):
+    for path in ("/bad", "/future", "/none", "/ok"):
+        site.add_page(path, "strong", size=1500)
+    entries = [
+        (site.url("/bad"), "2024-13-45"),
+        (site.url("/future"), "2999-01-01T00:00:00Z"),
+        (site.url("/none"), None),
+        (site.url("/ok"), "2024-05-01"),
+    ]
+    site.add_document("/s.xml", urlset(entries), "application/xml")
+    first = await crawl(SitemapPagesSpider, sitemap_url=site.url("/s.xml"))
+    assert first.stats.get_value("incremental/lastmod/invalid") == 1
+    assert first.stats.get_value("incremental/lastmod/future_clamped") == 1
+    assert first.stats.get_value("incremental/lastmod/missing") == 1
+    site.reset_log()
+    second = await crawl(SitemapPagesSpider, sitemap_url=site.url("/s.xml"))
+    # Invalid and missing lastmods never skip a page (conditional requests).
+    # A future one is clamped to "now" before it is stored (a stored year
+    # 2999 would make every later real lastmod look old and hide changes);
+    # it stays in the future, so the page keeps getting conditional requests.
+    assert requested_pages_of(site, "/bad", "/none", "/future") == ["/bad", "/future", "/none"]
+    assert all(r.status == 304 for r in site.log if r.path in ("/bad", "/none", "/future"))
+    assert not [r for r in site.log if r.path == "/ok"]
+    assert second.stats.get_value("incremental/lastmod/requested/lastmod_missing") == 2
+
+
+def requested_pages_of(site, *paths):
+    return sorted(r.path for r in site.log if r.path in paths)
+
+
+@pytest_twisted.ensureDeferred
+async def test_hostile_sitemap_entries_are_skipped_and_the_rest_still_counts(site, crawl):
+    site.add_page("/good", "strong", size=1500)
+    site.add_page("/good2", "strong", size=1500)
+    entries = [
+        ("/relative", None),
+        ("javascript:alert(1)", None),
+        ("file:///etc/passwd", None),
+        ("http://elsewhere.invalid/page", None),
+        (site.url("/" + "x" * 2100), None),
+        (site.url("/good"), None),
+        (site.url("/good"), None),  # listed twice
+        (site.url("/good2"), None),
+    ]
+    site.add_document("/s.xml", urlset(entries), "application/xml")
+    # Billion laughs and an external entity: lxml must not expand them.
+    laughs = (
+        '<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol">'
+        '<!ENTITY lol2 "&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;">'
+        '<!ENTITY lol3 "&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;">'
+        '<!ENTITY xxe SYSTEM "file:///etc/hostname">]>'
+        '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+        f'<url><loc>{site.url("/good2")}&lol3;&xxe;</loc></url></urlset>'
+    )
+    site.add_document("/evil.xml.gz", gzip.compress(laughs.encode()), "application/gzip")
+    index = ('<?xml version="1.0"?><sitemapindex '
+             'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+             f'<sitemap><loc>{site.url("/s.xml")}</loc></sitemap>'
+             f'<sitemap><loc>{site.url("/evil.xml.gz")}</loc></sitemap>'
+             f'<sitemap><loc>{site.url("/index.xml")}</loc></sitemap>'  # itself
+             '</sitemapindex>')
+    site.add_document("/index.xml", index, "application/xml")
+    crawler = await crawl(SitemapPagesSpider, sitemap_url=site.url("/index.xml"))
+    stats = crawler.stats
+    assert crawler.stats.get_value("finish_reason") == "finished"
+    for reason, count in [("relative", 1), ("scheme", 2), ("other_host", 1), ("too_long", 1)]:
+        assert stats.get_value(f"incremental/sitemap/loc_rejected/{reason}") == count, reason
+    assert stats.get_value("incremental/sitemap/duplicate_loc") == 1
+    assert sorted(r.path for r in site.log if r.path.startswith("/good")) == ["/good", "/good2"]
+    # The index listing itself was fetched once.
+    assert len([r for r in site.log if r.path == "/index.xml"]) == 1
+    assert not [r for r in site.log if "lol" in r.path or "etc" in r.path]
