@@ -43,6 +43,16 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_ITEM_KEY_FIELD": "url",
     "INCREMENTAL_STORE_ITEMS": True,
     "INCREMENTAL_REPORT": True,
+    # Adaptive revisits (pages without a trustworthy lastmod): a page that
+    # is not due is not requested. Intervals in seconds.
+    "INCREMENTAL_REVISIT_ENABLED": True,
+    "INCREMENTAL_REVISIT_INITIAL": 24 * 3600,
+    "INCREMENTAL_REVISIT_MIN": 3600,
+    "INCREMENTAL_REVISIT_MAX": 30 * 24 * 3600,
+    "INCREMENTAL_REVISIT_INC_RATE": 0.4,
+    "INCREMENTAL_REVISIT_DEC_RATE": 0.2,
+    # Due pages re-seeded from the store per crawl, at most.
+    "INCREMENTAL_RESEED_LIMIT": 10_000,
 }
 
 
@@ -60,6 +70,13 @@ class IncrementalConfig:
     item_key_field: str
     store_items: bool
     report: bool
+    revisit_enabled: bool
+    revisit_initial: float
+    revisit_min: float
+    revisit_max: float
+    revisit_inc_rate: float
+    revisit_dec_rate: float
+    reseed_limit: int
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:
@@ -94,4 +111,11 @@ class IncrementalConfig:
             item_key_field=get("INCREMENTAL_ITEM_KEY_FIELD"),
             store_items=boolean("INCREMENTAL_STORE_ITEMS"),
             report=boolean("INCREMENTAL_REPORT"),
+            revisit_enabled=boolean("INCREMENTAL_REVISIT_ENABLED"),
+            revisit_initial=number("INCREMENTAL_REVISIT_INITIAL", minimum=0),
+            revisit_min=number("INCREMENTAL_REVISIT_MIN", minimum=0),
+            revisit_max=number("INCREMENTAL_REVISIT_MAX", minimum=0),
+            revisit_inc_rate=number("INCREMENTAL_REVISIT_INC_RATE", minimum=0),
+            revisit_dec_rate=number("INCREMENTAL_REVISIT_DEC_RATE", minimum=0),
+            reseed_limit=number("INCREMENTAL_RESEED_LIMIT", minimum=0, kind=int),
         )

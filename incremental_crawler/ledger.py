@@ -239,8 +239,11 @@ class Ledger:
         self.store.stage_page(state)
         self._after_stage()
 
-    def stage_check(self, key: PageKey, status: int, *, lastmod: float | None = None) -> None:
-        self.store.stage_check(key, status, time.time(), lastmod=lastmod)
+    def stage_check(
+        self, key: PageKey, status: int, *, lastmod: float | None = None,
+        schedule: tuple[float, float] | None = None,
+    ) -> None:
+        self.store.stage_check(key, status, time.time(), lastmod=lastmod, schedule=schedule)
         self._after_stage()
 
     def stage_redirect(self, key: PageKey, target: str, status: int) -> None:

@@ -339,8 +339,8 @@ class LoopbackSite:
         self._order: list[str] = []
         self._index: dict[str, int] = {}
         self._redirects: dict[str, tuple[str, int]] = {}
-        # path -> (body, content type); see add_document().
-        self._documents: dict[str, tuple[bytes, str]] = {}
+        # path -> (body, content type, etag); see add_document().
+        self._documents: dict[str, tuple[bytes, str, str | None]] = {}
         # path -> (status or None, header changes); see override().
         self._overrides: dict[str, tuple[int | None, dict[str, str | None]]] = {}
         # path -> (version, body, etag opaque-tag). Keyed by path so only the
@@ -406,11 +406,17 @@ class LoopbackSite:
             raise ValueError(f"not a redirect status: {status}")
         self._redirects[src] = (dst, status)
 
-    def add_document(self, path: str, body: bytes | str, content_type: str) -> None:
-        """Serve *body* as it is at *path* (a hand-made sitemap, feed, ...)."""
+    def add_document(
+        self, path: str, body: bytes | str, content_type: str, *, etag: str | None = None
+    ) -> None:
+        """Serve *body* as it is at *path* (a hand-made sitemap, feed, listing).
+
+        With *etag* (a quoted entity-tag) the document answers a matching
+        If-None-Match with 304.
+        """
         if isinstance(body, str):
             body = body.encode("utf-8")
-        self._documents[path] = (body, content_type)
+        self._documents[path] = (body, content_type, etag)
 
     def override(
         self, path: str, *, status: int | None = None,
@@ -733,8 +739,13 @@ class LoopbackSite:
         if page is not None:
             return self._page_response(page, request)
         if path in self._documents:
-            body, content_type = self._documents[path]
-            return _Response(200, body, {"Content-Type": content_type})
+            body, content_type, etag = self._documents[path]
+            if etag is None:
+                return _Response(200, body, {"Content-Type": content_type})
+            inm = request.getHeader("if-none-match")
+            if inm is not None and etag_matches(inm, etag):
+                return _Response(304, b"", {"ETag": etag})
+            return _Response(200, body, {"Content-Type": content_type, "ETag": etag})
         if path == "/robots.txt":
             return _Response(200, self._robots().encode("utf-8"), dict(_TEXT))
         if path == "/sitemap.xml":

@@ -56,6 +56,11 @@ class PageState:
     redirect_to: str | None = None
     #: The page's sitemap/feed lastmod when we last stored it (POSIX time).
     lastmod: float | None = None
+    #: Adaptive revisits: seconds between visits, and when the next is due.
+    interval: float = 0.0
+    next_visit: float = 0.0
+    #: Name of the spider method that parses the page (to re-seed it).
+    callback: str | None = None
 
     @property
     def has_validators(self) -> bool:

@@ -60,6 +60,8 @@ def crawl_settings(state_uri: str, **overrides: Any) -> dict[str, Any]:
         "LOGSTATS_INTERVAL": 0,
         "TELNETCONSOLE_ENABLED": False,
         "CONCURRENT_REQUESTS": 8,
+        # Tests crawl again within seconds; revisit tests switch it on.
+        "INCREMENTAL_REVISIT_ENABLED": False,
         **overrides,
     }
 

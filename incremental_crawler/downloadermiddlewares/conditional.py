@@ -21,6 +21,7 @@ from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.fingerprints import body_fingerprint
 from incremental_crawler.keys import page_key
 from incremental_crawler.ledger import Ledger
+from incremental_crawler.revisit import RevisitSchedule
 from incremental_crawler.state import PageFlags, PageKey, PageState
 from incremental_crawler.validators import parse_etag, parse_last_modified, weak_match
 
@@ -31,7 +32,8 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 __all__ = [
-    "META_LASTMOD", "META_REFRESH", "META_SKIP", "ConditionalRequestMiddleware", "NotModified",
+    "META_LASTMOD", "META_REFRESH", "META_SKIP", "ConditionalRequestMiddleware", "NotDue",
+    "NotModified",
 ]
 
 logger = logging.getLogger(__name__)
@@ -49,6 +51,10 @@ _CTX = "_incremental_ctx"
 
 class NotModified(IgnoreRequest):
     """The page answered 304: it is unchanged, so its callback is not called."""
+
+
+class NotDue(IgnoreRequest):
+    """The page's revisit schedule says it is not due yet; it was not requested."""
 
 
 @dataclass(slots=True)
@@ -73,6 +79,9 @@ class ConditionalRequestMiddleware:
         self.stats = crawler.stats
         self.max_age = config.max_age
         self.ledger = Ledger.of(crawler)
+        self.schedule = (
+            RevisitSchedule.from_config(config) if config.revisit_enabled else None
+        )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -92,6 +101,9 @@ class ConditionalRequestMiddleware:
             return
         key = page_key(request, self.ledger.scope, self.ledger.canonical)
         prior = await self.ledger.store.get_page(key)
+        if prior is not None and not self._due(request, prior):
+            self.stats.inc_value("incremental/not_due")
+            raise NotDue(f"Not due before {prior.next_visit:.0f}: {request.url}")
         conditional, reason = False, "new"
         if prior is not None and prior.has_validators:
             reason = "conditional"
@@ -117,6 +129,21 @@ class ConditionalRequestMiddleware:
             headers[b"If-None-Match"] = prior.etag
         if prior.last_modified and b"If-Modified-Since" not in headers:
             headers[b"If-Modified-Since"] = prior.last_modified
+
+    def _due(self, request: Request, prior: PageState) -> bool:
+        """Whether the revisit schedule lets *request* go out now.
+
+        A newer lastmod (sitemap, feed) or an explicit refresh overrides the
+        schedule; so does the forced refresh after INCREMENTAL_MAX_AGE.
+        """
+        if not self.schedule or prior.fingerprint is None or prior.next_visit <= time.time():
+            return True
+        if request.meta.get(META_REFRESH):
+            return True
+        lastmod = request.meta.get(META_LASTMOD)
+        if lastmod is not None and (prior.lastmod is None or lastmod > prior.lastmod):
+            return True
+        return bool(self.max_age and time.time() - prior.last_fetched > self.max_age)
 
     def process_response(self, request: Request, response: Response) -> Request | Response:
         ctx: _Context | None = request.meta.get(_CTX)
@@ -164,7 +191,12 @@ class ConditionalRequestMiddleware:
             # nothing we hold; update nothing and fetch it in full.
             return self._refetch(request, "etag_mismatch_304")
         # The data we hold is this version: its lastmod may be recorded.
-        self.ledger.stage_check(ctx.key, 304, lastmod=request.meta.get(META_LASTMOD))
+        schedule = None
+        if self.schedule:
+            schedule = self.schedule.after_visit(prior.interval, changed=False, now=time.time())
+        self.ledger.stage_check(
+            ctx.key, 304, lastmod=request.meta.get(META_LASTMOD), schedule=schedule
+        )
         self.stats.inc_value("incremental/not_modified")
         self.stats.inc_value("incremental/bytes_saved_estimate", prior.size)
         logger.debug("Not modified: %(request)s", {"request": request},
@@ -186,6 +218,13 @@ class ConditionalRequestMiddleware:
             logger.debug("Not storing invalid Last-Modified of %(url)s", {"url": response.url})
         fingerprint = body_fingerprint(response.body)
         lastmod = request.meta.get(META_LASTMOD)
+        changed = prior is None or prior.fingerprint != fingerprint
+        interval, next_visit = 0, 0.0
+        if self.schedule:
+            interval, next_visit = self.schedule.after_visit(
+                prior.interval if prior else 0, changed=changed, now=now
+            )
+        callback = _callback_name(request, self.crawler.spider)
         flags = 0
         if b"*" in response.headers.get(b"Vary", b"").split(b","):
             flags |= PageFlags.VARY_STAR
@@ -195,9 +234,9 @@ class ConditionalRequestMiddleware:
                 ctx.key, etag, last_modified, fingerprint, len(response.body), response.status,
                 first_seen=now, last_checked=now, last_fetched=now, last_changed=now,
                 checks=1, changes=0, flags=flags, lastmod=lastmod,
+                interval=interval, next_visit=next_visit, callback=callback,
             )
         else:
-            changed = prior.fingerprint != fingerprint
             self.stats.inc_value(
                 "incremental/pages_changed" if changed else "incremental/pages_unchanged"
             )
@@ -209,6 +248,7 @@ class ConditionalRequestMiddleware:
                 checks=prior.checks + 1, changes=prior.changes + changed,
                 flags=(prior.flags & ~PageFlags.VARY_STAR) | flags,
                 lastmod=prior.lastmod if lastmod is None else lastmod,
+                interval=interval, next_visit=next_visit, callback=callback,
             )
         self.ledger.begin(request.meta, state)
         # Redirects followed on the way here: the original URLs remember
@@ -220,3 +260,14 @@ class ConditionalRequestMiddleware:
             if original != ctx.key:
                 status = reason if isinstance(reason, int) else 0
                 self.ledger.stage_redirect(original, ctx.key.url, status)
+
+
+def _callback_name(request: Request, spider: object) -> str | None:
+    """The spider method parsing *request*, by name (to re-seed it later)."""
+    callback = request.callback
+    if callback is None:
+        return "parse"
+    name = getattr(callback, "__name__", None)
+    if name and getattr(callback, "__self__", None) is spider:
+        return name
+    return None

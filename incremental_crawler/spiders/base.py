@@ -16,21 +16,40 @@ Per-spider knobs (class attributes, all optional):
 - ``incremental_fingerprint_fields`` / ``incremental_volatile_fields``:
   which fields count for "changed", or which never do.
 
-Requests that discover other pages (sitemaps, listings, feeds) should be
-fetched in full every time, or a 304 would hide what they link to: build
-them with :meth:`discovery_request`.
+Link-following crawls do not lose subtrees: when a listing page answers
+304, its links are not seen again, so once the crawl runs out of work the
+spider re-seeds the pages it fetched before whose revisit is due, from the
+store (as a crawl database does), most likely to have changed first
+(``incremental_reseed = False`` turns it off; ``INCREMENTAL_RESEED_LIMIT``
+bounds it per crawl).
+
+Requests that must see every link every time (a sitemap) can be fetched in
+full with :meth:`discovery_request`.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import TYPE_CHECKING, Any
 
-from scrapy import Request, Spider
+from scrapy import Request, Spider, signals
+from scrapy.exceptions import DontCloseSpider
 
 from incremental_crawler.downloadermiddlewares.conditional import META_SKIP
+from incremental_crawler.keys import META_VARIANT
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
     from scrapy.settings import BaseSettings
+    from typing_extensions import Self
+
+    from incremental_crawler.state import PageState
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["IncrementalSpider"]
 
@@ -39,6 +58,59 @@ ADDON_PATH = "incremental_crawler.addon.IncrementalAddon"
 
 class IncrementalSpider(Spider):
     """See the module docstring."""
+
+    incremental_reseed: bool = True
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        spider._reseeded = False
+        crawler.signals.connect(spider._reseed_when_idle, signal=signals.spider_idle)
+        return spider
+
+    def reseed_skip(self, state: PageState) -> bool:
+        """Whether a due page should not be re-seeded (already decided this crawl)."""
+        return False
+
+    def _reseed_when_idle(self) -> None:
+        # Once per crawl, when the links are exhausted: a local data: request
+        # whose callback reads the due pages from the store (the store may
+        # be remote: reads are async, and a callback may await).
+        if self._reseeded or not self.incremental_reseed:
+            return
+        self._reseeded = True
+        self.crawler.engine.crawl(
+            Request(
+                "data:,reseed", callback=self._reseed_due, dont_filter=True,
+                meta={META_SKIP: True, "allow_offsite": True},
+            )
+        )
+        raise DontCloseSpider
+
+    async def _reseed_due(self, response: Response) -> AsyncIterator[Request]:
+        from incremental_crawler.ledger import Ledger
+
+        ledger = Ledger.of(self.crawler)
+        if not ledger.config.revisit_enabled:
+            return
+        due = await ledger.store.get_due(ledger.scope, time.time(), ledger.config.reseed_limit)
+        count = 0
+        for state in due:
+            request = self._reseed_request(state)
+            if request is not None and not self.reseed_skip(state):
+                count += 1
+                yield request
+        self.crawler.stats.inc_value("incremental/reseeded", count)
+        logger.info("Re-seeded %(count)d due pages from the store", {"count": count})
+
+    def _reseed_request(self, state: PageState) -> Request | None:
+        callback = getattr(self, state.callback or "", None)
+        if not callable(callback):
+            return None
+        meta = {META_VARIANT: state.key.variant} if state.key.variant else {}
+        # Pages that changed often are likelier to have changed again.
+        priority = int(100 * state.changes / max(state.checks, 1))
+        return Request(state.key.url, callback=callback, meta=meta, priority=priority)
 
     @classmethod
     def update_settings(cls, settings: BaseSettings) -> None:

@@ -71,6 +71,9 @@ class SitemapPagesSpider(IncrementalSpider, SitemapSpider):
     """
 
     name = "sitemap"
+    # Every sitemap is fetched in full, so every listed page is decided on
+    # each crawl: nothing to re-seed.
+    incremental_reseed = False
 
     def __init__(
         self,

@@ -48,6 +48,10 @@ class StateStore(ABC):
         """The states of those of *keys* the store knows (batched lookups)."""
 
     @abstractmethod
+    async def get_due(self, scope: str, now: float, limit: int) -> list[PageState]:
+        """Up to *limit* fetched pages of *scope* whose next visit is due, most overdue first."""
+
+    @abstractmethod
     async def get_item_fingerprint(self, scope: str, item_key: str) -> str | None:
         """The fingerprint of the latest stored version of an item."""
 
@@ -57,13 +61,15 @@ class StateStore(ABC):
 
     @abstractmethod
     def stage_check(
-        self, key: PageKey, status: int, when: float, *, lastmod: float | None = None
+        self, key: PageKey, status: int, when: float, *, lastmod: float | None = None,
+        schedule: tuple[float, float] | None = None,
     ) -> None:
         """Stage a visit that changed nothing but counters and ``last_status``.
 
         Used for 304s and for 3xx/4xx/5xx answers: validators and
         fingerprints are never touched (invariant 2). A 304 may record a
-        newer *lastmod* (the stored data is that version).
+        newer *lastmod* (the stored data is that version) and the revisit
+        *schedule* ``(interval, next_visit)``.
         """
 
     @abstractmethod

@@ -75,6 +75,13 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE pages ADD COLUMN lastmod INTEGER;
     """,
+    # 3: adaptive revisits, and the callback that re-seeds a page.
+    """
+    ALTER TABLE pages ADD COLUMN interval INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE pages ADD COLUMN next_visit INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE pages ADD COLUMN callback TEXT;
+    CREATE INDEX pages_due ON pages (scope, next_visit);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: URLs per batched lookup (SQLite allows 32,766 host parameters).
@@ -83,23 +90,26 @@ _CHUNK = 500
 _PAGE_COLUMNS = (
     "etag, last_modified, fingerprint, size, last_status, first_seen, "
     "last_checked, last_fetched, last_changed, checks, changes, flags, redirect_to, "
-    "lastmod"
+    "lastmod, interval, next_visit, callback"
 )
 _SELECT_PAGE = (
     f"SELECT {_PAGE_COLUMNS} FROM pages WHERE scope = ? AND url = ? AND variant = ?"
 )
 _UPSERT_PAGE = (
     f"INSERT OR REPLACE INTO pages (scope, url, variant, {_PAGE_COLUMNS}) "
-    f"VALUES ({', '.join('?' * 17)})"
+    f"VALUES ({', '.join('?' * 20)})"
 )
 # A check never touches validators or fingerprints (invariant 2). It may
-# record a newer lastmod: a 304 says the stored data is that version.
+# record a newer lastmod (a 304 says the stored data is that version) and
+# the revisit schedule.
 _UPSERT_CHECK = (
     "INSERT INTO pages (scope, url, variant, last_status, first_seen, "
-    "last_checked, checks, lastmod) VALUES (?, ?, ?, ?, ?, ?, 1, ?) "
+    "last_checked, checks, lastmod, interval, next_visit) "
+    "VALUES (?, ?, ?, ?, ?, ?, 1, ?, COALESCE(?, 0), COALESCE(?, 0)) "
     "ON CONFLICT (scope, url, variant) DO UPDATE SET "
     "last_status = excluded.last_status, last_checked = excluded.last_checked, "
-    "checks = pages.checks + 1, lastmod = COALESCE(excluded.lastmod, pages.lastmod)"
+    "checks = pages.checks + 1, lastmod = COALESCE(excluded.lastmod, pages.lastmod), "
+    "interval = COALESCE(?, pages.interval), next_visit = COALESCE(?, pages.next_visit)"
 )
 _UPSERT_REDIRECT = (
     "INSERT INTO pages (scope, url, variant, last_status, first_seen, "
@@ -309,6 +319,19 @@ class SQLiteStateStore(StateStore):
                     found[key] = PageState(key, *columns)
         return found
 
+    async def get_due(self, scope: str, now: float, limit: int) -> list[PageState]:
+        # Uses the (scope, next_visit) index: reads only the due rows.
+        query = (
+            f"SELECT url, variant, {_PAGE_COLUMNS} FROM pages WHERE scope = ? "
+            "AND next_visit <= ? AND fingerprint IS NOT NULL AND callback IS NOT NULL "
+            "ORDER BY next_visit LIMIT ?"
+        )
+        try:
+            rows = self._db.execute(query, (scope, int(now), limit)).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise self._fail("read failed", exc) from exc
+        return [PageState(PageKey(scope, url, variant), *columns) for url, variant, *columns in rows]
+
     async def get_item_fingerprint(self, scope: str, item_key: str) -> str | None:
         staged = self._item_fps.get((scope, item_key))
         if staged is not None:
@@ -333,14 +356,20 @@ class SQLiteStateStore(StateStore):
             int(state.last_fetched), int(state.last_changed), state.checks,
             state.changes, state.flags, state.redirect_to,
             None if state.lastmod is None else int(state.lastmod),
+            int(state.interval), int(state.next_visit), state.callback,
         )))
 
     def stage_check(
-        self, key: PageKey, status: int, when: float, *, lastmod: float | None = None
+        self, key: PageKey, status: int, when: float, *, lastmod: float | None = None,
+        schedule: tuple[float, float] | None = None,
     ) -> None:
         self._staged += 1
         lastmod_ = None if lastmod is None else int(lastmod)
-        self._ops.append((_UPSERT_CHECK, (*key, status, int(when), int(when), lastmod_)))
+        interval, next_visit = (None, None) if schedule is None else map(int, schedule)
+        self._ops.append((_UPSERT_CHECK, (
+            *key, status, int(when), int(when), lastmod_,
+            interval, next_visit, interval, next_visit,
+        )))
 
     def stage_redirect(self, key: PageKey, target: str, status: int, when: float) -> None:
         self._staged += 1

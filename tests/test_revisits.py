@@ -1,0 +1,68 @@
+"""Adaptive revisits and re-seeding from the store, on real crawls."""
+
+from __future__ import annotations
+
+import pytest_twisted
+
+from incremental_crawler.spiders.news import NewsSpider
+from tests.spiders import ListSpider
+
+# Every page is due again at once, so a test can crawl twice in a row.
+ALWAYS_DUE = {
+    "INCREMENTAL_REVISIT_ENABLED": True,
+    "INCREMENTAL_REVISIT_INITIAL": 0,
+    "INCREMENTAL_REVISIT_MIN": 0,
+}
+
+
+def listing(site, n: int) -> str:
+    links = "".join(f'<li><a href="/news/{i}">story {i}</a></li>' for i in range(n))
+    return f"<html><head><title>News</title></head><body><ul>{links}</ul></body></html>"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_listing_answering_304_does_not_hide_a_changed_article(site, crawl, state_db):
+    for i in range(6):
+        site.add_page(f"/news/{i}", "strong", size=1500)
+    site.add_document("/news", listing(site, 6), "text/html", etag='"listing-1"')
+    first = await crawl(NewsSpider, settings=ALWAYS_DUE, start_url=site.url("/news"))
+    assert len(first.collected) == 6
+    site.change("/news/3")  # the listing itself does not change
+    site.reset_log()
+    second = await crawl(NewsSpider, settings=ALWAYS_DUE, start_url=site.url("/news"))
+    [listing_record] = [r for r in site.log if r.path == "/news"]
+    assert listing_record.status == 304  # so no article link was seen...
+    articles = sorted((r.path, r.status) for r in site.log if r.path.startswith("/news/"))
+    # ...yet every known article was re-seeded from the store, conditionally.
+    assert articles == sorted(
+        (f"/news/{i}", 200 if i == 3 else 304) for i in range(6))
+    assert [item["url"] for item in second.collected] == [site.url("/news/3")]
+    # 6 articles and the listing; the listing was already fetched this crawl,
+    # so Scrapy's dupefilter drops its copy (it was requested once, above).
+    assert second.stats.get_value("incremental/reseeded") == 7
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_page_not_yet_due_is_not_requested(site, crawl, state_db):
+    site.add_page("/p", "strong", size=1500)
+    settings = {"INCREMENTAL_REVISIT_ENABLED": True, "INCREMENTAL_REVISIT_INITIAL": 3600,
+                "INCREMENTAL_REVISIT_MIN": 60}
+    await crawl(ListSpider, settings=settings, urls=[site.url("/p")])
+    [(interval, next_visit, last_checked)] = state_db(
+        "SELECT interval, next_visit, last_checked FROM pages WHERE url = ?", site.url("/p"))
+    assert interval == 3600 and next_visit - last_checked == 3600
+    site.reset_log()
+    second = await crawl(ListSpider, settings=settings, urls=[site.url("/p")])
+    assert [r for r in site.log if r.path == "/p"] == []
+    assert second.stats.get_value("incremental/not_due") == 1
+
+    # Once due, an unchanged page stretches its interval; a changed one shrinks it.
+    state_db("UPDATE pages SET next_visit = 0")
+    await crawl(ListSpider, settings=settings, urls=[site.url("/p")])
+    [(interval,)] = state_db("SELECT interval FROM pages WHERE url = ?", site.url("/p"))
+    assert interval == round(3600 * 1.4)
+    state_db("UPDATE pages SET next_visit = 0")
+    site.change("/p")
+    await crawl(ListSpider, settings=settings, urls=[site.url("/p")])
+    [(interval,)] = state_db("SELECT interval FROM pages WHERE url = ?", site.url("/p"))
+    assert interval == round(round(3600 * 1.4) * 0.8)
