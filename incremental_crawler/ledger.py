@@ -48,10 +48,13 @@ TXN_META = "_incremental_txn"
 class PageTransaction:
     """The pending state of one fetched page, waiting for its items."""
 
-    __slots__ = ("failed", "open_items", "output_done", "state", "done")
+    __slots__ = ("discovery", "done", "failed", "open_items", "output_done", "state")
 
-    def __init__(self, state: PageState) -> None:
+    def __init__(self, state: PageState, *, discovery: bool = False) -> None:
         self.state = state
+        #: A page that lists other pages (a sitemap): its state waits for
+        #: the crawl to finish, see Ledger._maybe_commit.
+        self.discovery = discovery
         self.open_items = 0
         self.output_done = False
         self.failed: str | None = None
@@ -87,6 +90,7 @@ class Ledger:
         #: Set by the storage pipeline when it is enabled.
         self.stores_items = False
         self._pending: dict[int, _Pending] = {}
+        self._discovered: list[PageState] = []
         self._flushing = False
         self._failed = False
         self._task: Any = None
@@ -129,6 +133,16 @@ class Ledger:
         abandoned = sum(1 for p in self._pending.values() if p.key is not None)
         if abandoned:
             self.stats.set_value("incremental/items_abandoned", abandoned)
+        if reason == "finished":
+            for state in self._discovered:
+                self.store.stage_page(state)
+            self.stats.inc_value("incremental/discovery_committed", len(self._discovered))
+        elif self._discovered:
+            logger.info(
+                "Crawl ended (%(reason)s): the validators of %(n)d sitemaps are not "
+                "saved, they will be read in full next time",
+                {"reason": reason, "n": len(self._discovered)}, extra={"spider": spider},
+            )
         try:
             await self.store.close()
         except StateStoreError as exc:
@@ -137,8 +151,10 @@ class Ledger:
 
     # -- transactions (downloader and spider middleware) ---------------------
 
-    def begin(self, meta: dict[str, Any], state: PageState) -> PageTransaction:
-        txn = PageTransaction(state)
+    def begin(
+        self, meta: dict[str, Any], state: PageState, *, discovery: bool = False
+    ) -> PageTransaction:
+        txn = PageTransaction(state, discovery=discovery)
         meta[TXN_META] = txn
         return txn
 
@@ -178,6 +194,13 @@ class Ledger:
                 {"url": txn.state.key.url, "reason": txn.failed},
                 extra={"spider": self.crawler.spider},
             )
+            return
+        if txn.discovery:
+            # A sitemap's validators say "everything it lists was handled":
+            # true only once the requests it produced have run, so they are
+            # staged when the crawl finishes. A crash before that re-reads
+            # the sitemap in full next time.
+            self._discovered.append(txn.state)
             return
         self.stage_page(txn.state)
         self.stats.inc_value("incremental/state_committed")

@@ -152,3 +152,71 @@ async def test_hostile_sitemap_entries_are_skipped_and_the_rest_still_counts(sit
     # The index listing itself was fetched once.
     assert len([r for r in site.log if r.path == "/index.xml"]) == 1
     assert not [r for r in site.log if "lol" in r.path or "etc" in r.path]
+
+
+def sitemap_index(site, children: list[tuple[str, str]]) -> str:
+    rows = "".join(f"<sitemap><loc>{site.url(path)}</loc><lastmod>{lastmod}</lastmod></sitemap>"
+                   for path, lastmod in children)
+    return ('<?xml version="1.0"?><sitemapindex '
+            f'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{rows}</sitemapindex>')
+
+
+@pytest_twisted.ensureDeferred
+async def test_sitemaps_are_conditional_and_unchanged_children_are_not_read(site, crawl):
+    for path in ("/a", "/b"):
+        site.add_page(path, "strong", size=1500)
+    site.add_document("/one.xml", urlset([(site.url("/a"), "2024-01-01")]),
+                      "application/xml", etag='"one-1"')
+    site.add_document("/two.xml", urlset([(site.url("/b"), "2024-01-01")]),
+                      "application/xml", etag='"two-1"')
+    site.add_document("/index.xml", sitemap_index(site, [("/one.xml", "2024-01-01"),
+                                                         ("/two.xml", "2024-01-01")]),
+                      "application/xml", etag='"index-1"')
+    settings = {"INCREMENTAL_REVISIT_ENABLED": True}
+    await crawl(SitemapPagesSpider, settings=settings, sitemap_url=site.url("/index.xml"))
+
+    # Nothing changed: the index answers 304, nothing below it is read.
+    site.reset_log()
+    second = await crawl(SitemapPagesSpider, settings=settings,
+                         sitemap_url=site.url("/index.xml"))
+    assert [(r.path, r.status) for r in site.log if r.path != "/robots.txt"] == [
+        ("/index.xml", 304)]
+    assert second.stats.get_value("incremental/discovery/not_modified") == 1
+
+    # /b changes; its sitemap and the index say so. /one.xml is not read.
+    site.change("/b")
+    site.add_document("/two.xml", urlset([(site.url("/b"), "2024-03-01")]),
+                      "application/xml", etag='"two-2"')
+    site.add_document("/index.xml", sitemap_index(site, [("/one.xml", "2024-01-01"),
+                                                         ("/two.xml", "2024-03-01")]),
+                      "application/xml", etag='"index-2"')
+    site.reset_log()
+    third = await crawl(SitemapPagesSpider, settings=settings, sitemap_url=site.url("/index.xml"))
+    assert sorted((r.path, r.status) for r in site.log if r.path != "/robots.txt") == [
+        ("/b", 200), ("/index.xml", 200), ("/two.xml", 200)]
+    assert third.stats.get_value("incremental/sitemap/child_unchanged") == 1
+    assert [i["url"] for i in third.collected] == [site.url("/b")]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_that_does_not_finish_keeps_no_sitemap_validators(site, crawl, state_db):
+    for i in range(6):
+        site.add_page(f"/p/{i}", "strong", size=1500)
+    entries = [(site.url(f"/p/{i}"), "2024-01-01") for i in range(6)]
+    site.add_document("/s.xml", urlset(entries), "application/xml", etag='"s-1"')
+    stopped = await crawl(SitemapPagesSpider,
+                          settings={"CLOSESPIDER_ITEMCOUNT": 1, "CONCURRENT_REQUESTS": 1},
+                          sitemap_url=site.url("/s.xml"))
+    assert stopped.stats.get_value("finish_reason") == "closespider_itemcount"
+    stored = {url for (url,) in state_db("SELECT url FROM pages WHERE etag IS NOT NULL")}
+    assert site.url("/s.xml") not in stored
+    missing = {f"/p/{i}" for i in range(6)} - {u.removeprefix(site.base_url) for u in stored}
+    assert missing  # the stop really left pages behind
+    site.reset_log()
+    # The sitemap is read in full again, so the pages the stopped crawl never
+    # reached are found.
+    await crawl(SitemapPagesSpider, sitemap_url=site.url("/s.xml"))
+    [sitemap] = [r for r in site.log if r.path == "/s.xml"]
+    assert sitemap.if_none_match is None and sitemap.status == 200
+    fetched = {r.path for r in site.log if r.path.startswith("/p/") and r.status == 200}
+    assert missing <= fetched

@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 __all__ = [
-    "META_LASTMOD", "META_REFRESH", "META_SKIP", "ConditionalRequestMiddleware", "NotDue",
-    "NotModified",
+    "META_DISCOVERY", "META_LASTMOD", "META_REFRESH", "META_SKIP",
+    "ConditionalRequestMiddleware", "NotDue", "NotModified",
 ]
 
 logger = logging.getLogger(__name__)
@@ -46,6 +46,10 @@ META_REFRESH = "incremental_refresh"
 #: Request meta: the page's lastmod (POSIX time) as its sitemap or feed
 #: announced it; stored with the page's data.
 META_LASTMOD = "incremental_lastmod"
+#: Request meta: ``True`` for a page that lists others (a sitemap, a feed):
+#: fetched conditionally whatever its revisit schedule, and its state is
+#: saved only when the crawl finishes.
+META_DISCOVERY = "incremental_discovery"
 _CTX = "_incremental_ctx"
 
 
@@ -117,7 +121,7 @@ class ConditionalRequestMiddleware:
         elif prior is not None:
             reason = "no_validators"
         request.meta[_CTX] = _Context(key, prior, conditional, reason)
-        self.stats.inc_value(f"incremental/requests/{reason}")
+        self._count(request, f"requests/{reason}")
         if not conditional:
             return
         assert prior is not None
@@ -130,6 +134,11 @@ class ConditionalRequestMiddleware:
         if prior.last_modified and b"If-Modified-Since" not in headers:
             headers[b"If-Modified-Since"] = prior.last_modified
 
+    def _count(self, request: Request, event: str, count: int = 1) -> None:
+        # Sitemaps and feeds are counted apart, so "pages" means content.
+        prefix = "incremental/discovery/" if request.meta.get(META_DISCOVERY) else "incremental/"
+        self.stats.inc_value(prefix + event, count)
+
     def _due(self, request: Request, prior: PageState) -> bool:
         """Whether the revisit schedule lets *request* go out now.
 
@@ -138,12 +147,25 @@ class ConditionalRequestMiddleware:
         """
         if not self.schedule or prior.fingerprint is None or prior.next_visit <= time.time():
             return True
-        if request.meta.get(META_REFRESH):
+        if request.meta.get(META_REFRESH) or request.meta.get(META_DISCOVERY):
             return True
         lastmod = request.meta.get(META_LASTMOD)
         if lastmod is not None and (prior.lastmod is None or lastmod > prior.lastmod):
             return True
         return bool(self.max_age and time.time() - prior.last_fetched > self.max_age)
+
+    def _next_visit(
+        self, prior: PageState | None, *, changed: bool, lastmod: float | None, now: float
+    ) -> tuple[float, float] | None:
+        """``(interval, next_visit)`` after this visit, or ``None`` without revisits."""
+        if self.schedule is None:
+            return None
+        if lastmod is not None:
+            # Its sitemap or feed says when it changes: no schedule needed
+            # (INCREMENTAL_MAX_AGE still forces a full fetch now and then).
+            interval = round(self.schedule.maximum)
+            return interval, now + interval
+        return self.schedule.after_visit(prior.interval if prior else 0, changed=changed, now=now)
 
     def process_response(self, request: Request, response: Response) -> Request | Response:
         ctx: _Context | None = request.meta.get(_CTX)
@@ -191,14 +213,11 @@ class ConditionalRequestMiddleware:
             # nothing we hold; update nothing and fetch it in full.
             return self._refetch(request, "etag_mismatch_304")
         # The data we hold is this version: its lastmod may be recorded.
-        schedule = None
-        if self.schedule:
-            schedule = self.schedule.after_visit(prior.interval, changed=False, now=time.time())
-        self.ledger.stage_check(
-            ctx.key, 304, lastmod=request.meta.get(META_LASTMOD), schedule=schedule
-        )
-        self.stats.inc_value("incremental/not_modified")
-        self.stats.inc_value("incremental/bytes_saved_estimate", prior.size)
+        lastmod = request.meta.get(META_LASTMOD)
+        schedule = self._next_visit(prior, changed=False, lastmod=lastmod, now=time.time())
+        self.ledger.stage_check(ctx.key, 304, lastmod=lastmod, schedule=schedule)
+        self._count(request, "not_modified")
+        self._count(request, "bytes_saved_estimate", prior.size)
         logger.debug("Not modified: %(request)s", {"request": request},
                      extra={"spider": self.crawler.spider})
         raise NotModified(f"Not modified: {request.url}")
@@ -219,17 +238,14 @@ class ConditionalRequestMiddleware:
         fingerprint = body_fingerprint(response.body)
         lastmod = request.meta.get(META_LASTMOD)
         changed = prior is None or prior.fingerprint != fingerprint
-        interval, next_visit = 0, 0.0
-        if self.schedule:
-            interval, next_visit = self.schedule.after_visit(
-                prior.interval if prior else 0, changed=changed, now=now
-            )
+        schedule = self._next_visit(prior, changed=changed, lastmod=lastmod, now=now)
+        interval, next_visit = schedule or (0, 0.0)
         callback = _callback_name(request, self.crawler.spider)
         flags = 0
         if b"*" in response.headers.get(b"Vary", b"").split(b","):
             flags |= PageFlags.VARY_STAR
         if prior is None:
-            self.stats.inc_value("incremental/pages_new")
+            self._count(request, "pages_new")
             state = PageState(
                 ctx.key, etag, last_modified, fingerprint, len(response.body), response.status,
                 first_seen=now, last_checked=now, last_fetched=now, last_changed=now,
@@ -237,9 +253,7 @@ class ConditionalRequestMiddleware:
                 interval=interval, next_visit=next_visit, callback=callback,
             )
         else:
-            self.stats.inc_value(
-                "incremental/pages_changed" if changed else "incremental/pages_unchanged"
-            )
+            self._count(request, "pages_changed" if changed else "pages_unchanged")
             state = prior.copy(
                 etag=etag, last_modified=last_modified, fingerprint=fingerprint,
                 size=len(response.body), last_status=response.status,
@@ -250,7 +264,7 @@ class ConditionalRequestMiddleware:
                 lastmod=prior.lastmod if lastmod is None else lastmod,
                 interval=interval, next_visit=next_visit, callback=callback,
             )
-        self.ledger.begin(request.meta, state)
+        self.ledger.begin(request.meta, state, discovery=bool(request.meta.get(META_DISCOVERY)))
         # Redirects followed on the way here: the original URLs remember
         # where they went, without touching their own validators.
         urls = request.meta.get("redirect_urls", ())

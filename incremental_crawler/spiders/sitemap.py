@@ -17,11 +17,15 @@ from scrapy.http import TextResponse
 from scrapy.spiders import SitemapSpider
 from scrapy.utils.sitemap import Sitemap, sitemap_urls_from_robots
 
-from incremental_crawler.downloadermiddlewares.conditional import META_LASTMOD, META_SKIP
+from incremental_crawler.downloadermiddlewares.conditional import (
+    META_DISCOVERY,
+    META_LASTMOD,
+    META_SKIP,
+)
 from incremental_crawler.ledger import Ledger
 from incremental_crawler.sitemaps import SitemapEntries, decide
 from incremental_crawler.spiders.base import IncrementalSpider
-from incremental_crawler.state import PageKey
+from incremental_crawler.state import PageKey, PageState
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable
@@ -71,9 +75,6 @@ class SitemapPagesSpider(IncrementalSpider, SitemapSpider):
     """
 
     name = "sitemap"
-    # Every sitemap is fetched in full, so every listed page is decided on
-    # each crawl: nothing to re-seed.
-    incremental_reseed = False
 
     def __init__(
         self,
@@ -91,6 +92,8 @@ class SitemapPagesSpider(IncrementalSpider, SitemapSpider):
         self.sitemap_urls = [sitemap_url]
         self.use_lastmod = _flag(use_lastmod, "use_lastmod")
         self.allowed_hosts = [h.strip() for h in allowed_hosts.split(",") if h.strip()]
+        #: Canonical URLs of the pages the sitemaps listed this crawl.
+        self._decided: set[str] = set()
         self.text_selectors = (
             (text_selector, *DEFAULT_TEXT_SELECTORS) if text_selector else DEFAULT_TEXT_SELECTORS
         )
@@ -100,14 +103,26 @@ class SitemapPagesSpider(IncrementalSpider, SitemapSpider):
         for url in self.sitemap_urls:
             yield self._sitemap_request(url)
 
-    def _sitemap_request(self, url: str) -> Request:
-        # Sitemaps and robots.txt are always fetched in full: a 304 there
-        # would hide every page they list. sitemaps.org caps a file at 50 MB
-        # uncompressed; Scrapy applies download_maxsize to gunzipped bodies.
-        return Request(
-            url, callback=self._parse_sitemap,
-            meta={META_SKIP: True, "download_maxsize": MAX_SITEMAP_BYTES},
-        )
+    def _sitemap_request(self, url: str, lastmod: float | None = None) -> Request:
+        # Sitemaps are fetched conditionally, whatever their schedule; their
+        # state is saved only when the crawl finishes (META_DISCOVERY). A 304
+        # sitemap yields no work but the due pages re-seeded at the end.
+        # robots.txt is small and always read in full. sitemaps.org caps a
+        # file at 50 MB uncompressed; Scrapy applies download_maxsize to
+        # gunzipped bodies too.
+        meta: dict[str, Any] = {"download_maxsize": MAX_SITEMAP_BYTES}
+        if url.endswith("/robots.txt"):
+            meta[META_SKIP] = True
+        else:
+            meta[META_DISCOVERY] = True
+        if lastmod is not None:
+            meta[META_LASTMOD] = lastmod
+        return Request(url, callback=self._parse_sitemap, meta=meta)
+
+    def reseed_skip(self, state: PageState) -> bool:
+        # Pages a sitemap listed this crawl were decided already; sitemaps
+        # themselves are reached from robots.txt and indexes.
+        return state.key.url in self._decided or state.callback == "_parse_sitemap"
 
     async def _parse_sitemap(self, response: Response) -> AsyncIterator[Request]:
         stats = self.crawler.stats
@@ -126,17 +141,27 @@ class SitemapPagesSpider(IncrementalSpider, SitemapSpider):
         entries = SitemapEntries(
             response.url, stats, ledger.canonical, allowed_hosts=self.allowed_hosts
         )
-        if sitemap.type == "sitemapindex":
-            children = entries.candidates(self.sitemap_filter(sitemap))
-            for child in children:
-                if any(rule.search(child.loc) for rule in self._follow):
-                    yield self._sitemap_request(child.loc)
-            return
         candidates = entries.candidates(self.sitemap_filter(sitemap))
         keys = [PageKey(ledger.scope, c.canonical) for c in candidates]
         stored = await ledger.store.get_pages(keys)
         now = time.time()
+        if sitemap.type == "sitemapindex":
+            # An index's lastmod says when each child sitemap changed: a
+            # child that did not change is not read again.
+            for child, key in zip(candidates, keys, strict=True):
+                if not any(rule.search(child.loc) for rule in self._follow):
+                    continue
+                reason = decide(
+                    child, stored.get(key), use_lastmod=self.use_lastmod,
+                    max_age=ledger.config.max_age, now=now,
+                )
+                if reason is None:
+                    stats.inc_value("incremental/sitemap/child_unchanged")
+                    continue
+                yield self._sitemap_request(child.loc, child.lastmod)
+            return
         for candidate, key in zip(candidates, keys, strict=True):
+            self._decided.add(candidate.canonical)
             reason = decide(
                 candidate, stored.get(key), use_lastmod=self.use_lastmod,
                 max_age=ledger.config.max_age, now=now,
