@@ -24,6 +24,9 @@ COMPONENTS: tuple[tuple[str, str, int], ...] = (
      _P + "downloadermiddlewares.conditional.ConditionalRequestMiddleware", 585),
     # Outermost spider middleware: sees exactly what reaches the pipelines.
     ("SPIDER_MIDDLEWARES", _P + "spidermiddlewares.output.PageOutputMiddleware", 1),
+    # Innermost: the last input check before the callback, the first to see
+    # the callback's exceptions.
+    ("SPIDER_MIDDLEWARES", _P + "spidermiddlewares.guard.CallbackGuardMiddleware", 10_000),
     ("ITEM_PIPELINES", _P + "pipelines.fingerprint.FingerprintPipeline", 50),
     ("ITEM_PIPELINES", _P + "pipelines.storage.StoragePipeline", 900),
     ("EXTENSIONS", _P + "extensions.report.IncrementalReport", 500),

@@ -53,6 +53,12 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_REVISIT_DEC_RATE": 0.2,
     # Due pages re-seeded from the store per crawl, at most.
     "INCREMENTAL_RESEED_LIMIT": 10_000,
+    # Lying sitemap lastmods: after this many pages fetched because their
+    # lastmod moved, a host is distrusted when more than this share of them
+    # had not changed; the distrust lasts this many seconds.
+    "INCREMENTAL_LASTMOD_MIN_SAMPLES": 10,
+    "INCREMENTAL_LASTMOD_MAX_LIE_SHARE": 0.5,
+    "INCREMENTAL_LASTMOD_DISTRUST_TTL": 7 * 24 * 3600,
 }
 
 
@@ -77,6 +83,9 @@ class IncrementalConfig:
     revisit_inc_rate: float
     revisit_dec_rate: float
     reseed_limit: int
+    lastmod_min_samples: int
+    lastmod_max_lie_share: float
+    lastmod_distrust_ttl: float
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:
@@ -118,4 +127,7 @@ class IncrementalConfig:
             revisit_inc_rate=number("INCREMENTAL_REVISIT_INC_RATE", minimum=0),
             revisit_dec_rate=number("INCREMENTAL_REVISIT_DEC_RATE", minimum=0),
             reseed_limit=number("INCREMENTAL_RESEED_LIMIT", minimum=0, kind=int),
+            lastmod_min_samples=number("INCREMENTAL_LASTMOD_MIN_SAMPLES", minimum=1, kind=int),
+            lastmod_max_lie_share=number("INCREMENTAL_LASTMOD_MAX_LIE_SHARE", minimum=0),
+            lastmod_distrust_ttl=number("INCREMENTAL_LASTMOD_DISTRUST_TTL", minimum=0),
         )

@@ -21,10 +21,12 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from itemadapter import ItemAdapter
 from scrapy import signals
 from scrapy.http import Response
 from scrapy.utils.asyncio import create_looping_call
-from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
+from twisted.internet.defer import Deferred
 
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.identity import ItemIdentity, serialize_item
@@ -48,10 +50,19 @@ TXN_META = "_incremental_txn"
 class PageTransaction:
     """The pending state of one fetched page, waiting for its items."""
 
-    __slots__ = ("discovery", "done", "failed", "open_items", "output_done", "state")
+    __slots__ = (
+        "callback_called", "discovery", "done", "failed", "item_ids", "open_items",
+        "output_done", "state",
+    )
 
     def __init__(self, state: PageState, *, discovery: bool = False) -> None:
         self.state = state
+        #: Set by CallbackGuardMiddleware once every spider middleware let
+        #: the response through to its callback (an errback's output after a
+        #: rejected response must not commit the page).
+        self.callback_called = False
+        #: ids of the items yielded, to forget the pipelines' notes on them.
+        self.item_ids: list[int] = []
         #: A page that lists other pages (a sitemap): its state waits for
         #: the crawl to finish, see Ledger._maybe_commit.
         self.discovery = discovery
@@ -91,6 +102,11 @@ class Ledger:
         self.stores_items = False
         self._pending: dict[int, _Pending] = {}
         self._discovered: list[PageState] = []
+        self._failures = 0
+        self._withheld = 0
+        # With items kept only in feeds (buffered, uploaded at the end), page
+        # state is committed once the feeds are closed; see spider_opened.
+        self._hold_until_feeds: Deferred[None] | None = None
         self._flushing = False
         self._failed = False
         self._task: Any = None
@@ -124,8 +140,24 @@ class Ledger:
     # -- lifecycle -----------------------------------------------------------
 
     def spider_opened(self, spider: Spider) -> None:
+        if not self.stores_items and self.crawler.settings.getdict("FEEDS"):
+            # Feed files are buffered and uploaded at the end: a validator
+            # committed earlier could outlive a killed crawl's lost feed.
+            # Nothing is committed until the feeds are closed.
+            self._hold_until_feeds = Deferred()
+            self.crawler.signals.connect(
+                self.feed_exporter_closed, signal=signals.feed_exporter_closed
+            )
+            logger.info(
+                "Items go only to feeds: page state is committed when they are closed",
+                extra={"spider": spider},
+            )
         self._task = create_looping_call(self.flush)
         self._task.start(self.config.flush_interval, now=False)
+
+    def feed_exporter_closed(self) -> None:
+        if self._hold_until_feeds is not None and not self._hold_until_feeds.called:
+            self._hold_until_feeds.callback(None)
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
         if self._task is not None and self._task.running:
@@ -133,16 +165,22 @@ class Ledger:
         abandoned = sum(1 for p in self._pending.values() if p.key is not None)
         if abandoned:
             self.stats.set_value("incremental/items_abandoned", abandoned)
-        if reason == "finished":
+        if reason == "finished" and not self._failures and not self._withheld:
             for state in self._discovered:
                 self.store.stage_page(state)
             self.stats.inc_value("incremental/discovery_committed", len(self._discovered))
         elif self._discovered:
+            # A sitemap answering 304 next time would hide the pages that
+            # failed this time: it is read in full instead.
             logger.info(
-                "Crawl ended (%(reason)s): the validators of %(n)d sitemaps are not "
-                "saved, they will be read in full next time",
-                {"reason": reason, "n": len(self._discovered)}, extra={"spider": spider},
+                "Crawl ended %(reason)s with %(failed)d failed pages: the validators of "
+                "%(n)d sitemaps are not saved, they will be read in full next time",
+                {"reason": reason, "failed": self._failures + self._withheld,
+                 "n": len(self._discovered)}, extra={"spider": spider},
             )
+        if self._hold_until_feeds is not None:
+            await maybe_deferred_to_future(self._hold_until_feeds)
+            self._hold_until_feeds = None
         try:
             await self.store.close()
         except StateStoreError as exc:
@@ -158,8 +196,16 @@ class Ledger:
         meta[TXN_META] = txn
         return txn
 
-    def item_yielded(self, txn: PageTransaction) -> None:
+    def item_yielded(self, txn: PageTransaction, item: Any) -> None:
         txn.open_items += 1
+        txn.item_ids.append(id(item))
+
+    def callback_failed(self, txn: PageTransaction, reason: str) -> None:
+        txn.failed = txn.failed or reason
+
+    def note_failure(self) -> None:
+        """A page of this crawl failed (download error, 4xx/5xx, truncated)."""
+        self._failures += 1
 
     def output_finished(self, txn: PageTransaction) -> None:
         txn.output_done = True
@@ -185,7 +231,12 @@ class Ledger:
         if txn.done or not txn.output_done or txn.open_items > 0:
             return
         txn.done = True
+        for item_id in txn.item_ids:
+            self._pending.pop(item_id, None)
+        if not txn.callback_called and not txn.failed:
+            txn.failed = "its callback never ran (a spider middleware rejected the response)"
         if txn.failed:
+            self._withheld += 1
             # Keep the old validators: the next run re-fetches this page
             # instead of getting a 304 for data that was never stored.
             self.stats.inc_value("incremental/state_withheld")
@@ -217,10 +268,16 @@ class Ledger:
     def item_scraped(self, item: Any, response: Any, spider: Spider) -> None:
         pending = self._pending.pop(id(item), None)
         if pending is None or pending.item is not item:
-            # A pipeline returned a new object: describe the output instead.
             pending = _Pending(item)
-        if pending.fingerprint is None and self.stores_items:
-            pending.fingerprint = self.identity.fingerprint(item)
+        if pending.fingerprint is None:
+            # A pipeline returned a new object: the fingerprint field the
+            # FingerprintPipeline set survives copies, so the next run
+            # compares alike; without it, describe the output itself.
+            carried = ItemAdapter(item).get(self.config.fingerprint_field)
+            if isinstance(carried, str) and carried:
+                pending.fingerprint = carried
+            elif self.stores_items:
+                pending.fingerprint = self.identity.fingerprint(item)
         if pending.fingerprint is not None:
             if pending.key is None:
                 pending.key = self.identity.key(item, pending.fingerprint)
@@ -280,6 +337,8 @@ class Ledger:
 
     def flush(self) -> None:
         if self._flushing or self._failed or not self.store.pending:
+            return
+        if self._hold_until_feeds is not None:
             return
         self._flushing = True
         d = deferred_from_coro(self.store.flush())

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+
 import pytest_twisted
 
 from tests.spiders import ListSpider
@@ -143,3 +146,91 @@ async def test_redirect_state_lives_on_the_final_url(site, crawl, state_db):
     assert moved.status == 301 and moved.if_none_match is None
     assert final.if_none_match == site.etag("/new") and final.status == 304
     assert second.collected == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_redirect_does_not_carry_the_sources_conditions_or_lastmod(site, crawl, state_db):
+    old = site.add_page("/old", "lastmod", size=1500)
+    old.version = 5  # /old's Last-Modified is later than anything /new will have
+    site.add_page("/new", "lastmod", size=1500)
+    await crawl(ListSpider, urls=[site.url("/old"), site.url("/new")])
+    site.add_redirect("/old", "/new")  # the site moves /old to /new...
+    site.change("/new")                # ...and /new changes
+    site.reset_log()
+    second = await crawl(ListSpider, urls=[site.url("/old")],
+                         meta={"incremental_lastmod": 1893456000.0})
+    [new] = records(site, "/new")
+    # /new is asked with its own (older) validator, not /old's later date,
+    # so its change is seen: a 200.
+    assert new.if_modified_since is not None
+    assert new.if_modified_since != site.last_modified("/old")
+    assert new.status == 200
+    assert [item["url"] for item in second.collected] == [site.url("/new")]
+    # /old's sitemap lastmod does not land on /new.
+    assert state_db("SELECT lastmod FROM pages WHERE url = ?", site.url("/new")) == [(None,)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_vary_star_means_a_304_is_not_trusted(site, crawl):
+    site.add_page("/v", "strong", size=1500)
+    site.override("/v", headers={"Vary": "*"})
+    await crawl(ListSpider, urls=[site.url("/v")])
+    second = await crawl(ListSpider, urls=[site.url("/v")])
+    assert second.stats.get_value("incremental/not_modified") is None
+    assert second.stats.get_value("incremental/refetch/vary_star_304") == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_last_modified_in_the_future_is_not_sent_back(site, crawl, state_db):
+    site.add_page("/f", "lastmod", size=1500)
+    site.override("/f", headers={"Last-Modified": "Fri, 01 Jan 2100 00:00:00 GMT"})
+    first = await crawl(ListSpider, urls=[site.url("/f")])
+    assert first.stats.get_value("incremental/invalid_validator/last_modified_future") == 1
+    assert stored(state_db, site, "/f")[1] is None
+    site.change("/f")
+    site.reset_log()
+    second = await crawl(ListSpider, urls=[site.url("/f")])
+    [record] = records(site, "/f")
+    assert record.if_modified_since is None and record.status == 200
+    assert len(second.collected) == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_truncated_body_stores_no_validators(crawl, state_db):
+    # A server that announces 4,000 bytes and sends 300: with
+    # DOWNLOAD_FAIL_ON_DATALOSS off, Scrapy delivers it flagged "dataloss".
+    body = b"<html><head><title>full</title></head><body><main>" + b"x" * 4000
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(5)
+    seen: list[str] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            with conn:
+                request = conn.recv(65536).decode("latin-1")
+                seen.append(request.split("\r\n")[0])
+                if "/robots.txt" in request:
+                    conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n"
+                                 b"Connection: close\r\n\r\n")
+                else:
+                    conn.sendall(b'HTTP/1.1 200 OK\r\nETag: "e1"\r\nContent-Type: text/html\r\n'
+                                 b"Content-Length: %d\r\nConnection: close\r\n\r\n"
+                                 % len(body) + body[:300])
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/page"
+        crawler = await crawl(ListSpider, urls=[url], settings={
+            "DOWNLOAD_FAIL_ON_DATALOSS": False, "RETRY_ENABLED": False})
+    finally:
+        sock.close()
+        thread.join(5)
+    assert "GET /page HTTP/1.1" in seen
+    assert crawler.stats.get_value("downloader/response_count") >= 1
+    assert state_db("SELECT etag FROM pages WHERE etag IS NOT NULL") == []

@@ -220,3 +220,22 @@ async def test_a_crawl_that_does_not_finish_keeps_no_sitemap_validators(site, cr
     assert sitemap.if_none_match is None and sitemap.status == 200
     fetched = {r.path for r in site.log if r.path.startswith("/p/") and r.status == 200}
     assert missing <= fetched
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_page_that_failed_keeps_its_sitemap_from_answering_304(site, crawl):
+    for i in range(3):
+        site.add_page(f"/p/{i}", "strong", size=1500)
+    entries = [(site.url(f"/p/{i}"), "2024-01-01") for i in range(3)]
+    site.add_document("/s.xml", urlset(entries), "application/xml", etag='"s-1"')
+    site.override("/p/1", status=503)
+    first = await crawl(SitemapPagesSpider, settings={"RETRY_TIMES": 1},
+                        sitemap_url=site.url("/s.xml"))
+    assert first.stats.get_value("finish_reason") == "finished"
+    assert first.stats.get_value("incremental/discovery_committed") is None
+    site.clear_override("/p/1")
+    site.reset_log()
+    await crawl(SitemapPagesSpider, sitemap_url=site.url("/s.xml"))
+    [sitemap] = [r for r in site.log if r.path == "/s.xml"]
+    assert sitemap.if_none_match is None and sitemap.status == 200
+    assert [(r.path, r.status) for r in site.log if r.path == "/p/1"] == [("/p/1", 200)]

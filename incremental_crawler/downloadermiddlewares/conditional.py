@@ -20,10 +20,15 @@ from scrapy.http.request import NO_CALLBACK
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.fingerprints import body_fingerprint
 from incremental_crawler.keys import page_key
-from incremental_crawler.ledger import Ledger
+from incremental_crawler.ledger import TXN_META, Ledger
 from incremental_crawler.revisit import RevisitSchedule
 from incremental_crawler.state import PageFlags, PageKey, PageState
-from incremental_crawler.validators import parse_etag, parse_last_modified, weak_match
+from incremental_crawler.validators import (
+    parse_etag,
+    parse_http_date,
+    parse_last_modified,
+    weak_match,
+)
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -51,6 +56,8 @@ META_LASTMOD = "incremental_lastmod"
 #: saved only when the crawl finishes.
 META_DISCOVERY = "incremental_discovery"
 _CTX = "_incremental_ctx"
+# Set when the conditions on a request are ours (to strip them from copies).
+_SENT = "_incremental_sent"
 
 
 class NotModified(IgnoreRequest):
@@ -101,6 +108,19 @@ class ConditionalRequestMiddleware:
         )
 
     async def process_request(self, request: Request) -> None:
+        # Meta copied from another request (``meta=response.meta``), a
+        # redirect or a retry must not carry that request's context or the
+        # conditions we added to it: they belong to another page.
+        meta = request.meta
+        meta.pop(_CTX, None)
+        meta.pop(TXN_META, None)
+        if meta.pop(_SENT, None):
+            request.headers.pop(b"If-None-Match", None)
+            request.headers.pop(b"If-Modified-Since", None)
+        if meta.get("redirect_urls"):
+            # The lastmod a sitemap gave the original URL says nothing
+            # about where it redirects to.
+            meta.pop(META_LASTMOD, None)
         if not self._applies(request):
             return
         key = page_key(request, self.ledger.scope, self.ledger.canonical)
@@ -129,10 +149,13 @@ class ConditionalRequestMiddleware:
         # RFC 9110 §13.1.2 and §13.1.3: send every stored validator; the
         # server must ignore If-Modified-Since when If-None-Match is
         # present. A condition the user set is left as it is.
-        if prior.etag and b"If-None-Match" not in headers:
+        if b"If-None-Match" in headers or b"If-Modified-Since" in headers:
+            return
+        if prior.etag:
             headers[b"If-None-Match"] = prior.etag
-        if prior.last_modified and b"If-Modified-Since" not in headers:
+        if prior.last_modified:
             headers[b"If-Modified-Since"] = prior.last_modified
+        meta[_SENT] = True
 
     def _count(self, request: Request, event: str, count: int = 1) -> None:
         # Sitemaps and feeds are counted apart, so "pages" means content.
@@ -174,14 +197,22 @@ class ConditionalRequestMiddleware:
         status = response.status
         if status == 304:
             return self._not_modified(request, response, ctx)
-        if 200 <= status < 300:
+        # A partial (206) or truncated body is not the page: storing its
+        # validators would make the next visit a 304 for content we lack.
+        if 200 <= status < 300 and status != 206 and "dataloss" not in response.flags:
             self._fetched(request, response, ctx)
             return response
+        if status >= 400 or status == 206 or "dataloss" in response.flags:
+            self.ledger.note_failure()
         # 3xx (not followed), 4xx, 429, 5xx: counters only; validators and
         # fingerprints stay as they are (invariant 2).
         self.ledger.stage_check(ctx.key, status)
         self.stats.inc_value(f"incremental/status_kept/{status}")
         return response
+
+    def process_exception(self, request: Request, exception: Exception) -> None:
+        if request.meta.get(_CTX) is not None and not isinstance(exception, IgnoreRequest):
+            self.ledger.note_failure()
 
     def _refetch(self, request: Request, reason: str) -> Request:
         self.stats.inc_value(f"incremental/refetch/{reason}")
@@ -191,6 +222,15 @@ class ConditionalRequestMiddleware:
         meta = {**request.meta, META_REFRESH: True, "_incremental_refetch": True}
         meta.pop(_CTX, None)
         return request.replace(headers=headers, meta=meta, dont_filter=True)
+
+    @staticmethod
+    def _asked_with(request: Request, prior: PageState) -> bool:
+        inm = request.headers.get(b"If-None-Match")
+        ims = request.headers.get(b"If-Modified-Since")
+        return (
+            (inm or b"").decode("latin-1") == (prior.etag or "")
+            and (ims or b"").decode("latin-1") == (prior.last_modified or "")
+        )
 
     def _not_modified(self, request: Request, response: Response, ctx: _Context) -> Request:
         prior = ctx.prior
@@ -207,6 +247,14 @@ class ConditionalRequestMiddleware:
                 )
                 raise IgnoreRequest("304 to an unconditional request")
             return self._refetch(request, "unsolicited_304")
+        if not self._asked_with(request, prior):
+            # The conditions were not the stored validators (the user set
+            # their own): the 304 does not vouch for what we hold.
+            return self._refetch(request, "foreign_conditions_304")
+        if prior.flags & PageFlags.VARY_STAR:
+            # Vary: * (rules.md bad input 8): the response varies on things
+            # outside the request, so a 304 is never trusted blindly.
+            return self._refetch(request, "vary_star_304")
         new_etag = parse_etag(response.headers.get(b"ETag"))
         if new_etag and prior.etag and not weak_match(new_etag, prior.etag):
             # RFC 9111 §4.3.4: a 304 naming another representation selects
@@ -232,7 +280,12 @@ class ConditionalRequestMiddleware:
         if raw_etag and etag is None:
             self.stats.inc_value("incremental/invalid_validator/etag")
             logger.debug("Not storing invalid ETag of %(url)s", {"url": response.url})
-        if raw_lm and last_modified is None:
+        if last_modified is not None and _in_the_future(last_modified, response, now):
+            # A date ahead of the server's own clock would make every later
+            # change answer 304; the content fingerprint decides instead.
+            last_modified = None
+            self.stats.inc_value("incremental/invalid_validator/last_modified_future")
+        elif raw_lm and last_modified is None:
             self.stats.inc_value("incremental/invalid_validator/last_modified")
             logger.debug("Not storing invalid Last-Modified of %(url)s", {"url": response.url})
         fingerprint = body_fingerprint(response.body)
@@ -285,3 +338,13 @@ def _callback_name(request: Request, spider: object) -> str | None:
     if name and getattr(callback, "__self__", None) is spider:
         return name
     return None
+
+
+#: Clock skew tolerated between a Last-Modified and the server's Date.
+_CLOCK_SKEW = 60.0
+
+
+def _in_the_future(last_modified: str, response: Response, now: float) -> bool:
+    modified = parse_http_date(last_modified)
+    server_now = parse_http_date(response.headers.get(b"Date")) or now
+    return modified is not None and modified > server_now + _CLOCK_SKEW

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from itemadapter import is_item
+from scrapy import Request
 from scrapy.exceptions import NotConfigured
 
 from incremental_crawler.config import IncrementalConfig
@@ -51,8 +51,10 @@ class PageOutputMiddleware:
             return
         try:
             async for obj in result:
-                if is_item(obj):
-                    self.ledger.item_yielded(txn)
+                # Scrapy sends everything but None and requests to the item
+                # pipelines (a pipeline may turn any object into an item).
+                if obj is not None and not isinstance(obj, Request):
+                    self.ledger.item_yielded(txn, obj)
                 yield obj
         except Exception as exc:
             self.ledger.output_failed(txn, f"the callback failed ({exc!r})")

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
     from incremental_crawler.state import ItemRecord, PageKey, PageState
+    from incremental_crawler.trust import HostTrust
 
 __all__ = ["StateStore", "StateStoreError"]
 
@@ -50,6 +51,14 @@ class StateStore(ABC):
     @abstractmethod
     async def get_due(self, scope: str, now: float, limit: int) -> list[PageState]:
         """Up to *limit* fetched pages of *scope* whose next visit is due, most overdue first."""
+
+    @abstractmethod
+    async def get_host(self, scope: str, host: str) -> HostTrust | None:
+        """The stored lastmod trust of *host*."""
+
+    @abstractmethod
+    def stage_host(self, trust: HostTrust) -> None:
+        """Stage a host's lastmod trust."""
 
     @abstractmethod
     async def get_item_fingerprint(self, scope: str, item_key: str) -> str | None:

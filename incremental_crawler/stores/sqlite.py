@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from incremental_crawler.config import DEFAULT_SETTINGS
 from incremental_crawler.state import ItemRecord, PageFlags, PageKey, PageState
 from incremental_crawler.stores.base import StateStore, StateStoreError
+from incremental_crawler.trust import HostTrust
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -81,6 +82,17 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE pages ADD COLUMN next_visit INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE pages ADD COLUMN callback TEXT;
     CREATE INDEX pages_due ON pages (scope, next_visit);
+    """,
+    # 4: per-host trust in sitemap lastmods.
+    """
+    CREATE TABLE hosts (
+        scope TEXT NOT NULL,
+        host TEXT NOT NULL,
+        lastmod_checks INTEGER NOT NULL DEFAULT 0,
+        lastmod_lies INTEGER NOT NULL DEFAULT 0,
+        distrusted_until INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (scope, host)
+    ) WITHOUT ROWID;
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -331,6 +343,21 @@ class SQLiteStateStore(StateStore):
         except sqlite3.DatabaseError as exc:
             raise self._fail("read failed", exc) from exc
         return [PageState(PageKey(scope, url, variant), *columns) for url, variant, *columns in rows]
+
+    async def get_host(self, scope: str, host: str) -> HostTrust | None:
+        row = self._db.execute(
+            "SELECT lastmod_checks, lastmod_lies, distrusted_until FROM hosts "
+            "WHERE scope = ? AND host = ?", (scope, host),
+        ).fetchone()
+        return None if row is None else HostTrust(scope, host, *row)
+
+    def stage_host(self, trust: HostTrust) -> None:
+        self._staged += 1
+        self._ops.append((
+            "INSERT OR REPLACE INTO hosts (scope, host, lastmod_checks, lastmod_lies, "
+            "distrusted_until) VALUES (?, ?, ?, ?, ?)",
+            (trust.scope, trust.host, trust.checks, trust.lies, int(trust.distrusted_until)),
+        ))
 
     async def get_item_fingerprint(self, scope: str, item_key: str) -> str | None:
         staged = self._item_fps.get((scope, item_key))
