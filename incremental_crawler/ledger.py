@@ -33,6 +33,7 @@ from incremental_crawler.identity import ItemIdentity, serialize_item
 from incremental_crawler.keys import Canonicalizer
 from incremental_crawler.state import ItemRecord, PageKey, PageState
 from incremental_crawler.stores import StateStore, StateStoreError, open_store
+from incremental_crawler.trust import LastmodTrust
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -98,6 +99,8 @@ class Ledger:
         #: Canonical URLs, shared by page keys and item keys.
         self.canonical = Canonicalizer()
         self.identity = ItemIdentity(config, spider, self.canonical)
+        #: Which hosts' sitemap lastmods can be believed.
+        self.trust = LastmodTrust(config, store, self.scope, self.stats)
         #: Set by the storage pipeline when it is enabled.
         self.stores_items = False
         self._pending: dict[int, _Pending] = {}
@@ -181,6 +184,7 @@ class Ledger:
         if self._hold_until_feeds is not None:
             await maybe_deferred_to_future(self._hold_until_feeds)
             self._hold_until_feeds = None
+        self.trust.save()
         try:
             await self.store.close()
         except StateStoreError as exc:

@@ -239,3 +239,49 @@ async def test_a_page_that_failed_keeps_its_sitemap_from_answering_304(site, cra
     [sitemap] = [r for r in site.log if r.path == "/s.xml"]
     assert sitemap.if_none_match is None and sitemap.status == 200
     assert [(r.path, r.status) for r in site.log if r.path == "/p/1"] == [("/p/1", 200)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_sitemap_whose_lastmods_lie_stops_being_trusted(site, crawl, state_db):
+    paths = [f"/p/{i}" for i in range(6)]
+    for path in paths:
+        site.add_page(path, "strong", size=1500)
+    settings = {"INCREMENTAL_LASTMOD_MIN_SAMPLES": 4}
+
+    def publish(day: int) -> None:
+        # Every lastmod moves on each publication; no page ever changes.
+        entries = [(site.url(p), f"2024-01-{day:02d}") for p in paths]
+        site.add_document("/s.xml", urlset(entries), "application/xml")
+
+    publish(1)
+    await crawl(SitemapPagesSpider, settings=settings, sitemap_url=site.url("/s.xml"))
+    publish(2)
+    lied = await crawl(SitemapPagesSpider, settings=settings, sitemap_url=site.url("/s.xml"))
+    assert lied.stats.get_value("incremental/lastmod/lied") >= 4
+    assert lied.stats.get_value("incremental/lastmod/hosts_distrusted") == 1
+    [(until,)] = state_db("SELECT distrusted_until FROM hosts")
+    assert until > 0
+
+    publish(3)
+    site.reset_log()
+    third = await crawl(SitemapPagesSpider, settings=settings, sitemap_url=site.url("/s.xml"))
+    # Distrusted: lastmod no longer decides; every page gets a conditional
+    # request (304s here), and the moving lastmods are not recorded.
+    assert third.stats.get_value("incremental/lastmod/distrusted_sitemaps") == 1
+    assert third.stats.get_value("incremental/lastmod/requested/lastmod_off") == 6
+    assert sorted((r.path, r.status) for r in site.log if r.path.startswith("/p/")) == [
+        (p, 304) for p in paths]
+
+
+@pytest_twisted.ensureDeferred
+async def test_lastmods_that_are_the_generation_time_are_not_trusted(site, crawl):
+    import time
+
+    paths = [f"/p/{i}" for i in range(12)]
+    for path in paths:
+        site.add_page(path, "strong", size=1500)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    site.add_document("/s.xml", urlset([(site.url(p), now) for p in paths]), "application/xml")
+    first = await crawl(SitemapPagesSpider, sitemap_url=site.url("/s.xml"))
+    assert first.stats.get_value("incremental/lastmod/hosts_distrusted") == 1
+    assert first.stats.get_value("incremental/lastmod/requested/new") == 12

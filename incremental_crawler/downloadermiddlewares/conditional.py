@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http.request import NO_CALLBACK
+from scrapy.utils.httpobj import urlparse_cached
 
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.fingerprints import body_fingerprint
@@ -157,6 +158,14 @@ class ConditionalRequestMiddleware:
             headers[b"If-Modified-Since"] = prior.last_modified
         meta[_SENT] = True
 
+    def _observe_lastmod(self, request: Request, prior: PageState, *, changed: bool) -> None:
+        # A page fetched because its lastmod moved: did it really change?
+        lastmod = request.meta.get(META_LASTMOD)
+        if lastmod is None or prior.lastmod is None or lastmod <= prior.lastmod:
+            return
+        host = urlparse_cached(request).hostname or ""
+        self.ledger.trust.observe(host, lied=not changed, now=time.time())
+
     def _count(self, request: Request, event: str, count: int = 1) -> None:
         # Sitemaps and feeds are counted apart, so "pages" means content.
         prefix = "incremental/discovery/" if request.meta.get(META_DISCOVERY) else "incremental/"
@@ -264,6 +273,7 @@ class ConditionalRequestMiddleware:
         lastmod = request.meta.get(META_LASTMOD)
         schedule = self._next_visit(prior, changed=False, lastmod=lastmod, now=time.time())
         self.ledger.stage_check(ctx.key, 304, lastmod=lastmod, schedule=schedule)
+        self._observe_lastmod(request, prior, changed=False)
         self._count(request, "not_modified")
         self._count(request, "bytes_saved_estimate", prior.size)
         logger.debug("Not modified: %(request)s", {"request": request},
@@ -293,6 +303,8 @@ class ConditionalRequestMiddleware:
         changed = prior is None or prior.fingerprint != fingerprint
         schedule = self._next_visit(prior, changed=changed, lastmod=lastmod, now=now)
         interval, next_visit = schedule or (0, 0.0)
+        if prior is not None:
+            self._observe_lastmod(request, prior, changed=changed)
         callback = _callback_name(request, self.crawler.spider)
         flags = 0
         if b"*" in response.headers.get(b"Vary", b"").split(b","):

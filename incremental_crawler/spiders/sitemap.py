@@ -23,7 +23,7 @@ from incremental_crawler.downloadermiddlewares.conditional import (
     META_SKIP,
 )
 from incremental_crawler.ledger import Ledger
-from incremental_crawler.sitemaps import SitemapEntries, decide
+from incremental_crawler.sitemaps import Candidate, SitemapEntries, decide
 from incremental_crawler.spiders.base import IncrementalSpider
 from incremental_crawler.state import PageKey, PageState
 
@@ -38,6 +38,11 @@ logger = logging.getLogger(__name__)
 
 #: sitemaps.org: at most 50 MB (52,428,800 bytes) uncompressed per file.
 MAX_SITEMAP_BYTES = 52_428_800
+#: A sitemap whose lastmods are (nearly) all within this many seconds of
+#: the fetch is stamping its generation time, not the pages' changes.
+GENERATED_WINDOW = 300.0
+GENERATED_SHARE = 0.9
+GENERATED_MIN_ENTRIES = 10
 #: Where the main content is, in order of preference.
 DEFAULT_TEXT_SELECTORS = ("main", "[role=main]", "article", "body")
 _SPACES = re.compile(r"\s+")
@@ -160,10 +165,13 @@ class SitemapPagesSpider(IncrementalSpider, SitemapSpider):
                     continue
                 yield self._sitemap_request(child.loc, child.lastmod)
             return
+        use_lastmod = self.use_lastmod and await self._lastmods_trusted(
+            ledger, entries.host, candidates, now
+        )
         for candidate, key in zip(candidates, keys, strict=True):
             self._decided.add(candidate.canonical)
             reason = decide(
-                candidate, stored.get(key), use_lastmod=self.use_lastmod,
+                candidate, stored.get(key), use_lastmod=use_lastmod,
                 max_age=ledger.config.max_age, now=now,
             )
             if reason is None:
@@ -173,8 +181,26 @@ class SitemapPagesSpider(IncrementalSpider, SitemapSpider):
             callback = next((cb for rule, cb in self._cbs if rule.search(candidate.loc)), None)
             if callback is None:
                 continue
-            meta = {} if candidate.lastmod is None else {META_LASTMOD: candidate.lastmod}
+            meta = {}
+            if use_lastmod and candidate.lastmod is not None:
+                meta[META_LASTMOD] = candidate.lastmod
             yield Request(candidate.loc, callback=callback, meta=meta)
+
+    async def _lastmods_trusted(
+        self, ledger: Ledger, host: str, candidates: list[Candidate], now: float
+    ) -> bool:
+        trust = await ledger.trust.load(host)
+        if not ledger.trust.trusted(trust, now):
+            self.crawler.stats.inc_value("incremental/lastmod/distrusted_sitemaps")
+            return False
+        dated = [c.lastmod for c in candidates if c.lastmod is not None]
+        generated = sum(1 for lastmod in dated if abs(now - lastmod) <= GENERATED_WINDOW)
+        if len(dated) >= GENERATED_MIN_ENTRIES and generated >= GENERATED_SHARE * len(dated):
+            # Every lastmod is "now": the sitemap stamps its generation time.
+            ledger.trust.distrust(trust, now, "its lastmods are the time the sitemap was made")
+            self.crawler.stats.inc_value("incremental/lastmod/distrusted_sitemaps")
+            return False
+        return True
 
     def parse(self, response: Response) -> Iterable[dict[str, Any]]:
         if not isinstance(response, TextResponse):
