@@ -1,4 +1,4 @@
-"""Which pages a sitemap makes worth requesting.
+"""Which pages a sitemap (or a feed) makes worth requesting.
 
 The cheapest request is the one never sent: a page whose ``<lastmod>`` is
 not newer than the lastmod stored with our copy of it is skipped. Entries
@@ -54,7 +54,9 @@ class SitemapEntries:
         *,
         allowed_hosts: Collection[str] = (),
         now: float | None = None,
+        parse_date: Callable[[str | None], float | None] = parse_w3c_datetime,
     ) -> None:
+        self.parse_date = parse_date
         self.host = (urlsplit(sitemap_url).hostname or "").lower()
         self.allowed_hosts = {self.host, *(h.lower() for h in allowed_hosts)}
         self.stats = stats
@@ -85,7 +87,7 @@ class SitemapEntries:
         if not raw:
             self.stats.inc_value("incremental/lastmod/missing")
             return None
-        value = parse_w3c_datetime(raw)
+        value = self.parse_date(raw)
         if value is None:
             self.stats.inc_value("incremental/lastmod/invalid")
             return None

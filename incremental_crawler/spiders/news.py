@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request
 
 from incremental_crawler.spiders.base import IncrementalSpider
-from incremental_crawler.spiders.sitemap import DEFAULT_TEXT_SELECTORS, extract_main_text
+from incremental_crawler.spiders.listed import DEFAULT_TEXT_SELECTORS, extract_main_text
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable

@@ -1,0 +1,177 @@
+"""The base of spiders whose pages come from a dated list: sitemaps, feeds.
+
+The list is fetched conditionally (a 304 list yields no work but the due
+pages re-seeded at the end); each listed page is checked (sitemaps.org
+limits, same host), and requested only when it is new, when its listed
+date moved past the one stored with our copy, or when that date cannot be
+trusted (then its revisit schedule and a conditional request decide).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+from scrapy import Request
+from scrapy.http import TextResponse
+
+from incremental_crawler.downloadermiddlewares.conditional import (
+    META_DISCOVERY,
+    META_LASTMOD,
+)
+from incremental_crawler.lastmod import parse_w3c_datetime
+from incremental_crawler.ledger import Ledger
+from incremental_crawler.sitemaps import Candidate, SitemapEntries, decide
+from incremental_crawler.spiders.base import IncrementalSpider
+from incremental_crawler.state import PageKey, PageState
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Iterable
+
+    from scrapy.http import Response
+
+__all__ = ["DEFAULT_TEXT_SELECTORS", "ListedPagesSpider", "extract_main_text"]
+
+logger = logging.getLogger(__name__)
+
+#: sitemaps.org: at most 50 MB (52,428,800 bytes) uncompressed per file.
+MAX_LIST_BYTES = 52_428_800
+#: A list whose dates are (nearly) all within this many seconds of the
+#: fetch is stamping its generation time, not the pages' changes.
+GENERATED_WINDOW = 300.0
+GENERATED_SHARE = 0.9
+GENERATED_MIN_ENTRIES = 10
+#: Where the main content is, in order of preference.
+DEFAULT_TEXT_SELECTORS = ("main", "[role=main]", "article", "body")
+_SPACES = re.compile(r"\s+")
+_TEXT_XPATH = ".//text()[not(ancestor::script or ancestor::style or ancestor::noscript)]"
+
+
+def extract_main_text(response: TextResponse, selectors: Iterable[str]) -> str:
+    """The text of the first element matching one of *selectors*, whitespace folded."""
+    for css in selectors:
+        node = response.css(css)
+        if node:
+            return _SPACES.sub(" ", " ".join(node[0].xpath(_TEXT_XPATH).getall())).strip()
+    return ""
+
+
+def _flag(value: str | bool, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    lowered = str(value).strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError(f"-a {name}={value!r}: use true or false")
+
+
+class ListedPagesSpider(IncrementalSpider):
+    """Arguments (``-a``): ``text_selector`` (a CSS selector for the main
+    content, tried before the defaults), ``use_lastmod`` (``true``/``false``:
+    skip pages whose listed date is not newer than the stored one; default
+    true), ``allowed_hosts`` (comma-separated hosts besides the list's own
+    whose URLs it may list)."""
+
+    def __init__(
+        self,
+        text_selector: str | None = None,
+        use_lastmod: str | bool = True,
+        allowed_hosts: str = "",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.use_lastmod = _flag(use_lastmod, "use_lastmod")
+        self.allowed_hosts = [h.strip() for h in allowed_hosts.split(",") if h.strip()]
+        self.text_selectors = (
+            (text_selector, *DEFAULT_TEXT_SELECTORS) if text_selector else DEFAULT_TEXT_SELECTORS
+        )
+        #: Canonical URLs of the pages the lists named this crawl.
+        self._decided: set[str] = set()
+
+    def list_request(self, url: str, callback: Callable[..., Any],
+                     lastmod: float | None = None) -> Request:
+        """A sitemap or feed: conditional whatever its schedule, state saved at the end."""
+        meta: dict[str, Any] = {META_DISCOVERY: True, "download_maxsize": MAX_LIST_BYTES}
+        if lastmod is not None:
+            meta[META_LASTMOD] = lastmod
+        return Request(url, callback=callback, meta=meta)
+
+    def reseed_skip(self, state: PageState) -> bool:
+        # Pages a list named this crawl were decided already; lists are
+        # reached from their own entry points.
+        return state.key.url in self._decided or state.callback in self.list_callbacks
+
+    #: Callbacks that parse lists (never re-seeded as pages).
+    list_callbacks: frozenset[str] = frozenset()
+
+    def entries(self, source_url: str,
+                parse_date: Callable[[str | None], float | None] = parse_w3c_datetime,
+                ) -> SitemapEntries:
+        ledger = Ledger.of(self.crawler)
+        return SitemapEntries(source_url, self.crawler.stats, ledger.canonical,
+                              allowed_hosts=self.allowed_hosts, parse_date=parse_date)
+
+    async def stored_states(self, candidates: list[Candidate]) -> list[PageState | None]:
+        ledger = Ledger.of(self.crawler)
+        keys = [PageKey(ledger.scope, c.canonical) for c in candidates]
+        stored = await ledger.store.get_pages(keys)
+        return [stored.get(key) for key in keys]
+
+    async def listed_requests(
+        self, entries: SitemapEntries, candidates: list[Candidate],
+        callback_for: Callable[[str], Callable[..., Any] | None],
+    ) -> AsyncIterator[Request]:
+        """Requests for the listed pages worth fetching; see the module docstring."""
+        ledger = Ledger.of(self.crawler)
+        stats = self.crawler.stats
+        now = time.time()
+        stored = await self.stored_states(candidates)
+        use_lastmod = self.use_lastmod and await self._lastmods_trusted(
+            ledger, entries.host, candidates, now
+        )
+        for candidate, state in zip(candidates, stored, strict=True):
+            self._decided.add(candidate.canonical)
+            reason = decide(candidate, state, use_lastmod=use_lastmod,
+                            max_age=ledger.config.max_age, now=now)
+            if reason is None:
+                stats.inc_value("incremental/lastmod/skipped")
+                continue
+            stats.inc_value(f"incremental/lastmod/requested/{reason}")
+            callback = callback_for(candidate.loc)
+            if callback is None:
+                continue
+            meta = {}
+            if use_lastmod and candidate.lastmod is not None:
+                meta[META_LASTMOD] = candidate.lastmod
+            yield Request(candidate.loc, callback=callback, meta=meta)
+
+    async def _lastmods_trusted(
+        self, ledger: Ledger, host: str, candidates: list[Candidate], now: float
+    ) -> bool:
+        trust = await ledger.trust.load(host)
+        if not ledger.trust.trusted(trust, now):
+            self.crawler.stats.inc_value("incremental/lastmod/distrusted_sitemaps")
+            return False
+        dated = [c.lastmod for c in candidates if c.lastmod is not None]
+        generated = sum(1 for lastmod in dated if abs(now - lastmod) <= GENERATED_WINDOW)
+        if len(dated) >= GENERATED_MIN_ENTRIES and generated >= GENERATED_SHARE * len(dated):
+            # Every date is "now": the list stamps its generation time.
+            ledger.trust.distrust(trust, now, "its dates are the time the list was made")
+            self.crawler.stats.inc_value("incremental/lastmod/distrusted_sitemaps")
+            return False
+        return True
+
+    def parse(self, response: Response) -> Iterable[dict[str, Any]]:
+        if not isinstance(response, TextResponse):
+            self.crawler.stats.inc_value("incremental/skipped_not_text")
+            logger.info("Skipping %(url)s: not a text page", {"url": response.url})
+            return
+        yield {
+            "url": response.url,
+            "title": (response.css("title::text").get() or "").strip(),
+            "text": extract_main_text(response, self.text_selectors),
+        }
