@@ -270,6 +270,7 @@ def run_crawl(
     *,
     spider: str = "sitemap",
     timeout: float = 600.0,
+    spider_args: dict[str, str] | None = None,
 ) -> CrawlResult:
     """``scrapy crawl sitemap -a sitemap_url=<site>/robots.txt`` in its own process.
 
@@ -281,6 +282,8 @@ def run_crawl(
     err = workdir / f"{name}.err"
     cmd = [sys.executable, "-m", "scrapy", "crawl", spider,
            "-a", f"sitemap_url={site_url}/robots.txt", "-O", str(items)]
+    for key, value in (spider_args or {}).items():
+        cmd += ["-a", f"{key}={value}"]
     for key, value in {**COMMON_SETTINGS, **settings}.items():
         cmd += ["-s", f"{key}={value}"]
     with err.open("wb") as errf:

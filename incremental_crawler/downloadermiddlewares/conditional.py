@@ -187,16 +187,14 @@ class ConditionalRequestMiddleware:
         return bool(self.max_age and time.time() - prior.last_fetched > self.max_age)
 
     def _next_visit(
-        self, prior: PageState | None, *, changed: bool, lastmod: float | None, now: float
+        self, prior: PageState | None, *, changed: bool, now: float
     ) -> tuple[float, float] | None:
         """``(interval, next_visit)`` after this visit, or ``None`` without revisits."""
+        # Pages with a sitemap lastmod get the same schedule: it only matters
+        # when their lastmod is not used (distrusted, switched off, or their
+        # sitemap answered 304 and they are re-seeded when due).
         if self.schedule is None:
             return None
-        if lastmod is not None:
-            # Its sitemap or feed says when it changes: no schedule needed
-            # (INCREMENTAL_MAX_AGE still forces a full fetch now and then).
-            interval = round(self.schedule.maximum)
-            return interval, now + interval
         return self.schedule.after_visit(prior.interval if prior else 0, changed=changed, now=now)
 
     def process_response(self, request: Request, response: Response) -> Request | Response:
@@ -271,7 +269,7 @@ class ConditionalRequestMiddleware:
             return self._refetch(request, "etag_mismatch_304")
         # The data we hold is this version: its lastmod may be recorded.
         lastmod = request.meta.get(META_LASTMOD)
-        schedule = self._next_visit(prior, changed=False, lastmod=lastmod, now=time.time())
+        schedule = self._next_visit(prior, changed=False, now=time.time())
         self.ledger.stage_check(ctx.key, 304, lastmod=lastmod, schedule=schedule)
         self._observe_lastmod(request, prior, changed=False)
         self._count(request, "not_modified")
@@ -301,7 +299,7 @@ class ConditionalRequestMiddleware:
         fingerprint = body_fingerprint(response.body)
         lastmod = request.meta.get(META_LASTMOD)
         changed = prior is None or prior.fingerprint != fingerprint
-        schedule = self._next_visit(prior, changed=changed, lastmod=lastmod, now=now)
+        schedule = self._next_visit(prior, changed=changed, now=now)
         interval, next_visit = schedule or (0, 0.0)
         if prior is not None:
             self._observe_lastmod(request, prior, changed=changed)
