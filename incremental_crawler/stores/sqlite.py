@@ -81,7 +81,6 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE pages ADD COLUMN interval INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE pages ADD COLUMN next_visit INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE pages ADD COLUMN callback TEXT;
-    CREATE INDEX pages_due ON pages (scope, next_visit);
     """,
     # 4: per-host trust in sitemap lastmods.
     """
@@ -332,7 +331,8 @@ class SQLiteStateStore(StateStore):
         return found
 
     async def get_due(self, scope: str, now: float, limit: int) -> list[PageState]:
-        # Uses the (scope, next_visit) index: reads only the due rows.
+        # Once per crawl, so a scan of the scope (no index on next_visit:
+        # it would cost every write and ~50 bytes per page) with a top-N sort.
         query = (
             f"SELECT url, variant, {_PAGE_COLUMNS} FROM pages WHERE scope = ? "
             "AND next_visit <= ? AND fingerprint IS NOT NULL AND callback IS NOT NULL "
@@ -405,8 +405,10 @@ class SQLiteStateStore(StateStore):
     def stage_item(self, record: ItemRecord) -> None:
         self._staged += 1
         when = int(record.stored_at)
+        # The URL usually is the key: not stored twice.
+        url = None if record.url == record.key else record.url
         self._ops.append((_UPSERT_ITEM, (
-            record.scope, record.key, record.url, record.fingerprint, when, when,
+            record.scope, record.key, url, record.fingerprint, when, when,
         )))
         if record.data is not None:
             self._ops.append((_ADD_ITEM_VERSION, (record.data, record.scope, record.key)))
