@@ -32,6 +32,8 @@ MAX_URLS = 50_000
 MAX_LOC_LENGTH = 2048
 #: A lastmod this far in the future is a clock skew, clamped to now.
 _FUTURE_TOLERANCE = 60.0
+_DATE_MEMO = 4096
+_UNPARSED = object()
 
 
 @dataclass(slots=True)
@@ -62,6 +64,7 @@ class SitemapEntries:
         self.stats = stats
         self.canonical = canonical
         self.now = time.time() if now is None else now
+        self._dates: dict[str, float | None] = {}
 
     def _reject(self, reason: str) -> None:
         self.stats.inc_value(f"incremental/sitemap/loc_rejected/{reason}")
@@ -87,7 +90,12 @@ class SitemapEntries:
         if not raw:
             self.stats.inc_value("incremental/lastmod/missing")
             return None
-        value = self.parse_date(raw)
+        # Sitemaps repeat a few dates over thousands of entries.
+        value = self._dates.get(raw, _UNPARSED)
+        if value is _UNPARSED:
+            if len(self._dates) >= _DATE_MEMO:
+                self._dates.clear()
+            value = self._dates[raw] = self.parse_date(raw)
         if value is None:
             self.stats.inc_value("incremental/lastmod/invalid")
             return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
@@ -28,7 +29,7 @@ from incremental_crawler.spiders.base import IncrementalSpider
 from incremental_crawler.state import PageKey, PageState
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterable
+    from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
     from scrapy.http import Response
 
@@ -43,6 +44,8 @@ MAX_LIST_BYTES = 52_428_800
 GENERATED_WINDOW = 300.0
 GENERATED_SHARE = 0.9
 GENERATED_MIN_ENTRIES = 10
+#: Listed pages looked up in the store at a time.
+_LOOKUP_CHUNK = 1000
 #: Where the main content is, in order of preference.
 DEFAULT_TEXT_SELECTORS = ("main", "[role=main]", "article", "body")
 _SPACES = re.compile(r"\s+")
@@ -127,20 +130,30 @@ class ListedPagesSpider(IncrementalSpider):
     ) -> AsyncIterator[Request]:
         """Requests for the listed pages worth fetching; see the module docstring."""
         ledger = Ledger.of(self.crawler)
-        stats = self.crawler.stats
         now = time.time()
-        stored = await self.stored_states(candidates)
         use_lastmod = self.use_lastmod and await self._lastmods_trusted(
             ledger, entries.host, candidates, now
         )
+        # In chunks: memory holds one chunk's stored states, not a whole
+        # 50,000-URL sitemap's.
+        for start in range(0, len(candidates), _LOOKUP_CHUNK):
+            chunk = candidates[start:start + _LOOKUP_CHUNK]
+            stored = await self.stored_states(chunk)
+            for request in self._decide_chunk(chunk, stored, use_lastmod, callback_for, now):
+                yield request
+
+    def _decide_chunk(
+        self, candidates: list[Candidate], stored: list[PageState | None], use_lastmod: bool,
+        callback_for: Callable[[str], Callable[..., Any] | None], now: float,
+    ) -> Iterator[Request]:
+        max_age = Ledger.of(self.crawler).config.max_age
+        reasons: Counter[str] = Counter()
         for candidate, state in zip(candidates, stored, strict=True):
             self._decided.add(candidate.canonical)
-            reason = decide(candidate, state, use_lastmod=use_lastmod,
-                            max_age=ledger.config.max_age, now=now)
+            reason = decide(candidate, state, use_lastmod=use_lastmod, max_age=max_age, now=now)
+            reasons[reason or "skipped"] += 1
             if reason is None:
-                stats.inc_value("incremental/lastmod/skipped")
                 continue
-            stats.inc_value(f"incremental/lastmod/requested/{reason}")
             callback = callback_for(candidate.loc)
             if callback is None:
                 continue
@@ -148,6 +161,10 @@ class ListedPagesSpider(IncrementalSpider):
             if use_lastmod and candidate.lastmod is not None:
                 meta[META_LASTMOD] = candidate.lastmod
             yield Request(candidate.loc, callback=callback, meta=meta)
+        stats = self.crawler.stats
+        for reason, count in reasons.items():
+            name = reason if reason == "skipped" else f"requested/{reason}"
+            stats.inc_value(f"incremental/lastmod/{name}", count)
 
     async def _lastmods_trusted(
         self, ledger: Ledger, host: str, candidates: list[Candidate], now: float
