@@ -35,8 +35,11 @@ def test_scrapy_demo_crawls_twice_and_reports_savings(tmp_path):
     assert first and first.groups() == ("40", "40")
     changed = re.search(r"changed on the site:\s+(\d+) pages", out)
     assert changed and changed.group(1) == "4"
-    skipped = re.search(r"crawl 2 \(incremental\): (\d+) pages skipped", out)
-    assert skipped and skipped.group(1) == "36", out  # sitemap lastmod unchanged
+    skipped = re.search(
+        r"crawl 2 \(incremental\): (\d+) unchanged sitemaps not read, (\d+) pages skipped", out)
+    # The changed pages are all in the first of the index's two sitemaps:
+    # the second is not read; the first lists 16 unchanged pages.
+    assert skipped and skipped.groups() == ("1", "16"), out
     second = re.search(
         r"(\d+) pages checked, (\d+) not modified \(304\), (\d+) changed", out)
     assert second and second.groups() == ("4", "0", "4"), out

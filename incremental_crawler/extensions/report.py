@@ -45,6 +45,7 @@ def summarize(stats: dict[str, Any]) -> dict[str, int]:
         "bytes_downloaded": int(stats.get("downloader/response_bytes", 0) or 0),
         "state_withheld": get("state_withheld"),
         "lastmod_skipped": get("lastmod/skipped"),
+        "sitemaps_unchanged": get("sitemap/child_unchanged") + get("discovery/not_modified"),
     }
 
 
@@ -53,6 +54,8 @@ def _line(s: dict[str, int]) -> str:
         f"{s['lastmod_skipped']} skipped (sitemap lastmod unchanged), "
         if s["lastmod_skipped"] else ""
     )
+    if s["sitemaps_unchanged"]:
+        skipped = f"{s['sitemaps_unchanged']} unchanged sitemaps not read, " + skipped
     return (
         f"{skipped}{s['checked']} pages checked, {s['not_modified']} not modified (304), "
         f"{s['new']} new, {s['changed']} changed, {s['unchanged_200']} unchanged "
