@@ -27,9 +27,10 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 #: The project root (where scrapy.cfg is); crawls run with this as their cwd.
@@ -379,7 +380,7 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
 
     def fmt(row: Sequence[str]) -> str:
         return "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
         )
 
     print(fmt(cells[0]))

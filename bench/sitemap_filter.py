@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             crawler.spider = crawler._create_spider(sitemap_url=response.url)
             spider = crawler.spider
 
-            async def collect() -> int:
+            async def collect(spider: SitemapPagesSpider = spider) -> int:
                 spider._decided.clear()
                 return sum([1 async for _ in spider._parse_sitemap(response)])
 

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 from scrapy.exceptions import NotConfigured
 
 if TYPE_CHECKING:
+    from typing import Self
+
     from scrapy.settings import BaseSettings
-    from typing_extensions import Self
 
 __all__ = ["DEFAULT_SETTINGS", "IncrementalConfig"]
 

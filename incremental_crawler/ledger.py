@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter
 from scrapy import signals
+from scrapy.exceptions import NotConfigured
 from scrapy.http import Response
 from scrapy.utils.asyncio import create_looping_call
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
@@ -119,6 +120,13 @@ class Ledger:
         crawler.signals.connect(self.item_dropped, signal=signals.item_dropped)
         crawler.signals.connect(self.item_error, signal=signals.item_error)
         crawler.signals.connect(self.spider_error, signal=signals.spider_error)
+
+    @classmethod
+    def for_component(cls, crawler: Crawler) -> Ledger:
+        """:meth:`of`, for a component that is off with INCREMENTAL_ENABLED."""
+        if not IncrementalConfig.from_settings(crawler.settings).enabled:
+            raise NotConfigured("INCREMENTAL_ENABLED is False; set it to True to use it")
+        return cls.of(crawler)
 
     @classmethod
     def of(cls, crawler: Crawler) -> Ledger:

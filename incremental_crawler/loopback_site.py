@@ -37,7 +37,7 @@ import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import escape as xml_escape
@@ -183,7 +183,7 @@ def http_date(ts: float) -> str:
 
 def w3c_datetime(ts: float) -> str:
     """Format epoch seconds as a W3C datetime for sitemap ``<lastmod>``."""
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S+00:00")
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S+00:00")
 
 
 def parse_http_date(value: str) -> float | None:
@@ -198,7 +198,7 @@ def parse_http_date(value: str) -> float | None:
         return None
     if parsed.tzinfo is None:
         # "-0000" yields a naive datetime; HTTP-dates are always GMT (§5.6.7).
-        parsed = parsed.replace(tzinfo=timezone.utc)
+        parsed = parsed.replace(tzinfo=UTC)
     return parsed.timestamp()
 
 
@@ -825,11 +825,11 @@ class LoopbackSite:
             '<?xml version="1.0" encoding="UTF-8"?>\n'
             '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">\n'
             f"{entries}</urlset>\n"
-        ).encode("utf-8")
+        ).encode()
 
     def _sitemap_index(self) -> bytes:
         entries = []
-        for name, half in zip(("sitemap-1.xml", "sitemap-2.xml.gz"), self._halves()):
+        for name, half in zip(("sitemap-1.xml", "sitemap-2.xml.gz"), self._halves(), strict=True):
             lastmod = max((p.modified_ts for p in half), default=BASE_EPOCH)
             entries.append(
                 f"<sitemap><loc>{xml_escape(self.url('/' + name))}</loc>"
@@ -839,7 +839,7 @@ class LoopbackSite:
             '<?xml version="1.0" encoding="UTF-8"?>\n'
             '<sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">\n'
             f"{''.join(entries)}</sitemapindex>\n"
-        ).encode("utf-8")
+        ).encode()
 
     # -- control endpoints ---------------------------------------------------
 

@@ -287,7 +287,7 @@ class StateStoreContract:
         # A check on one key leaves the others alone.
         store.stage_check(keys[1], 304, 3_000_000)
         await call(store.flush())
-        for n, key in enumerate(keys, start=1):
+        for key in keys:
             got = await call(store.get_page(key))
             assert got is not None
             assert got.last_status == (304 if key == keys[1] else 200)

@@ -32,10 +32,11 @@ from incremental_crawler.validators import (
 )
 
 if TYPE_CHECKING:
+    from typing import Self
+
     from scrapy import Request
     from scrapy.crawler import Crawler
     from scrapy.http import Response
-    from typing_extensions import Self
 
 __all__ = [
     "META_DISCOVERY", "META_LASTMOD", "META_REFRESH", "META_SKIP",

@@ -12,10 +12,11 @@ from scrapy.extensions.logstats import LogStats
 from incremental_crawler.config import IncrementalConfig
 
 if TYPE_CHECKING:
+    from typing import Self
+
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
-    from typing_extensions import Self
 
 __all__ = ["IncrementalLogStats", "IncrementalReport", "summarize"]
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from scrapy.exceptions import DropItem, NotConfigured
+from scrapy.exceptions import DropItem
 
-from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.ledger import Ledger
 
 if TYPE_CHECKING:
+    from typing import Self
+
     from scrapy.crawler import Crawler
-    from typing_extensions import Self
 
 __all__ = ["FingerprintPipeline", "ItemUnchanged"]
 
@@ -28,9 +28,7 @@ class FingerprintPipeline:
     """Fingerprint each item; drop it if unchanged, else mark it new/changed."""
 
     def __init__(self, crawler: Crawler) -> None:
-        if not IncrementalConfig.from_settings(crawler.settings).enabled:
-            raise NotConfigured("INCREMENTAL_ENABLED is False")
-        self.ledger = Ledger.of(crawler)
+        self.ledger = Ledger.for_component(crawler)
         self.stats = crawler.stats
 
     @classmethod

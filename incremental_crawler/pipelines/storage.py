@@ -17,8 +17,9 @@ from incremental_crawler.identity import serialize_item
 from incremental_crawler.ledger import Ledger
 
 if TYPE_CHECKING:
+    from typing import Self
+
     from scrapy.crawler import Crawler
-    from typing_extensions import Self
 
 __all__ = ["StoragePipeline"]
 

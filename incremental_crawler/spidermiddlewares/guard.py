@@ -12,15 +12,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from scrapy.exceptions import NotConfigured
-
-from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.ledger import TXN_META, Ledger
 
 if TYPE_CHECKING:
+    from typing import Self
+
     from scrapy.crawler import Crawler
     from scrapy.http import Response
-    from typing_extensions import Self
 
 __all__ = ["CallbackGuardMiddleware"]
 
@@ -29,9 +27,7 @@ class CallbackGuardMiddleware:
     """See the module docstring."""
 
     def __init__(self, crawler: Crawler) -> None:
-        if not IncrementalConfig.from_settings(crawler.settings).enabled:
-            raise NotConfigured("INCREMENTAL_ENABLED is False")
-        self.ledger = Ledger.of(crawler)
+        self.ledger = Ledger.for_component(crawler)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:

@@ -10,17 +10,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
-from scrapy.exceptions import NotConfigured
 
-from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.ledger import TXN_META, Ledger
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+    from typing import Self
 
     from scrapy.crawler import Crawler
     from scrapy.http import Response
-    from typing_extensions import Self
 
 __all__ = ["PageOutputMiddleware"]
 
@@ -33,9 +31,7 @@ class PageOutputMiddleware:
     """
 
     def __init__(self, crawler: Crawler) -> None:
-        if not IncrementalConfig.from_settings(crawler.settings).enabled:
-            raise NotConfigured("INCREMENTAL_ENABLED is False")
-        self.ledger = Ledger.of(crawler)
+        self.ledger = Ledger.for_component(crawler)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:

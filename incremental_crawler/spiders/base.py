@@ -41,11 +41,11 @@ from incremental_crawler.keys import META_VARIANT
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+    from typing import Self
 
     from scrapy.crawler import Crawler
     from scrapy.http import Response
     from scrapy.settings import BaseSettings
-    from typing_extensions import Self
 
     from incremental_crawler.state import PageState
 

@@ -22,9 +22,9 @@ from incremental_crawler.trust import HostTrust
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
+    from typing import Self
 
     from scrapy.settings import BaseSettings
-    from typing_extensions import Self
 
 __all__ = ["SQLiteStateStore"]
 
