@@ -285,3 +285,20 @@ async def test_lastmods_that_are_the_generation_time_are_not_trusted(site, crawl
     first = await crawl(SitemapPagesSpider, sitemap_url=site.url("/s.xml"))
     assert first.stats.get_value("incremental/lastmod/hosts_distrusted") == 1
     assert first.stats.get_value("incremental/lastmod/requested/new") == 12
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_304_sitemap_yields_only_the_pages_due_for_a_revisit(site, crawl, state_db):
+    for path in ("/due", "/later"):
+        site.add_page(path, "strong", size=1500)
+    entries = [(site.url("/due"), None), (site.url("/later"), None)]
+    site.add_document("/s.xml", urlset(entries), "application/xml", etag='"s-1"')
+    settings = {"INCREMENTAL_REVISIT_ENABLED": True}
+    first = await crawl(SitemapPagesSpider, settings=settings, sitemap_url=site.url("/s.xml"))
+    assert first.stats.get_value("incremental/reseeded") is None  # every list was read
+    state_db("UPDATE pages SET next_visit = 0 WHERE url = ?", site.url("/due"))
+    site.reset_log()
+    second = await crawl(SitemapPagesSpider, settings=settings, sitemap_url=site.url("/s.xml"))
+    assert sorted((r.path, r.status) for r in site.log if r.path != "/robots.txt") == [
+        ("/due", 304), ("/s.xml", 304)]
+    assert second.stats.get_value("incremental/reseeded") == 1

@@ -68,6 +68,10 @@ class IncrementalSpider(Spider):
         crawler.signals.connect(spider._reseed_when_idle, signal=signals.spider_idle)
         return spider
 
+    def needs_reseed(self) -> bool:
+        """Whether this crawl may have missed known pages (it re-seeds if so)."""
+        return self.incremental_reseed
+
     def reseed_skip(self, state: PageState) -> bool:
         """Whether a due page should not be re-seeded (already decided this crawl)."""
         return False
@@ -76,7 +80,7 @@ class IncrementalSpider(Spider):
         # Once per crawl, when the links are exhausted: a local data: request
         # whose callback reads the due pages from the store (the store may
         # be remote: reads are async, and a callback may await).
-        if self._reseeded or not self.incremental_reseed:
+        if self._reseeded or not self.needs_reseed():
             return
         self._reseeded = True
         self.crawler.engine.crawl(

@@ -21,6 +21,7 @@ from scrapy.http import TextResponse
 from incremental_crawler.downloadermiddlewares.conditional import (
     META_DISCOVERY,
     META_LASTMOD,
+    NotModified,
 )
 from incremental_crawler.lastmod import parse_w3c_datetime
 from incremental_crawler.ledger import Ledger
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
     from scrapy.http import Response
+    from twisted.python.failure import Failure
 
 __all__ = ["DEFAULT_TEXT_SELECTORS", "ListedPagesSpider", "extract_main_text"]
 
@@ -94,6 +96,9 @@ class ListedPagesSpider(IncrementalSpider):
         )
         #: Canonical URLs of the pages the lists named this crawl.
         self._decided: set[str] = set()
+        #: Whether a list was not read (304, or unchanged in its index): only
+        #: then can known pages have been missed, and need re-seeding.
+        self.lists_skipped = False
 
     def list_request(self, url: str, callback: Callable[..., Any],
                      lastmod: float | None = None) -> Request:
@@ -101,7 +106,15 @@ class ListedPagesSpider(IncrementalSpider):
         meta: dict[str, Any] = {META_DISCOVERY: True, "download_maxsize": MAX_LIST_BYTES}
         if lastmod is not None:
             meta[META_LASTMOD] = lastmod
-        return Request(url, callback=callback, meta=meta)
+        return Request(url, callback=callback, errback=self._list_failed, meta=meta)
+
+    def _list_failed(self, failure: Failure) -> None:
+        if failure.check(NotModified):
+            self.lists_skipped = True
+
+    def needs_reseed(self) -> bool:
+        # Every page of every list read this crawl was decided already.
+        return self.incremental_reseed and self.lists_skipped
 
     def reseed_skip(self, state: PageState) -> bool:
         # Pages a list named this crawl were decided already; lists are

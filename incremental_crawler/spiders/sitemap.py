@@ -98,6 +98,7 @@ class SitemapPagesSpider(ListedPagesSpider, SitemapSpider):
                             max_age=ledger.config.max_age, now=now)
             if reason is None:
                 stats.inc_value("incremental/sitemap/child_unchanged")
+                self.lists_skipped = True
                 continue
             yield self._sitemap_request(child.loc, child.lastmod)
 
