@@ -30,6 +30,11 @@ COMPONENTS: tuple[tuple[str, str, int], ...] = (
     ("ITEM_PIPELINES", _P + "pipelines.fingerprint.FingerprintPipeline", 50),
     ("ITEM_PIPELINES", _P + "pipelines.storage.StoragePipeline", 900),
     ("EXTENSIONS", _P + "extensions.report.IncrementalReport", 500),
+    # Between RetryMiddleware (550) and MetaRefresh (580): 429/503 never
+    # reach the retry budget.
+    ("DOWNLOADER_MIDDLEWARES",
+     _P + "downloadermiddlewares.retryafter.RetryAfterMiddleware", 575),
+    ("EXTENSIONS", _P + "extensions.throttle.AdaptiveThrottle", 0),
 )
 
 
@@ -41,6 +46,11 @@ class IncrementalAddon:
             settings.set(name, value, priority="addon")
         for setting, path, order in COMPONENTS:
             settings[setting].set(path, order, priority="addon")
+        if settings.getbool("INCREMENTAL_THROTTLE_ENABLED", True):
+            # Ours is built on it and replaces it.
+            settings["EXTENSIONS"].set(
+                "scrapy.extensions.throttle.AutoThrottle", None, priority="addon"
+            )
         # Scrapy's periodic line, with our figures added to it.
         settings["EXTENSIONS"].set("scrapy.extensions.logstats.LogStats", None, priority="addon")
         settings["EXTENSIONS"].set(

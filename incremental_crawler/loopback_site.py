@@ -44,6 +44,8 @@ from xml.sax.saxutils import escape as xml_escape
 
 from twisted.web import http, resource, server
 
+from incremental_crawler.loopback_limits import TokenBucketLimiter
+
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
     from twisted.internet.interfaces import IListeningPort
@@ -341,6 +343,13 @@ class LoopbackSite:
         self._redirects: dict[str, tuple[str, int]] = {}
         # path -> (body, content type, etag); see add_document().
         self._documents: dict[str, tuple[bytes, str, str | None]] = {}
+        #: Per-client rate limit (429 + Retry-After), see limit().
+        self.limiter: TokenBucketLimiter | None = None
+        # path prefix -> seconds before answering; see slow().
+        self._slow: dict[str, float] = {}
+        #: Requests being answered now, and the most at once, per Host header.
+        self.in_flight: dict[str, int] = {}
+        self.max_in_flight: dict[str, int] = {}
         # path -> (status or None, header changes); see override().
         self._overrides: dict[str, tuple[int | None, dict[str, str | None]]] = {}
         # path -> (version, body, etag opaque-tag). Keyed by path so only the
@@ -417,6 +426,15 @@ class LoopbackSite:
         if isinstance(body, str):
             body = body.encode("utf-8")
         self._documents[path] = (body, content_type, etag)
+
+    def limit(self, rate: float, burst: float, *, retry_after: str = "seconds") -> TokenBucketLimiter:
+        """Allow each client *rate* requests/s (bursts of *burst*); 429 above."""
+        self.limiter = TokenBucketLimiter(rate, burst, retry_after)
+        return self.limiter
+
+    def slow(self, path_prefix: str, seconds: float) -> None:
+        """Answer requests under *path_prefix* after *seconds* (a slow server)."""
+        self._slow[path_prefix] = seconds
 
     def override(
         self, path: str, *, status: int | None = None,
@@ -678,22 +696,50 @@ class LoopbackSite:
             name.decode("latin-1").lower(): ", ".join(v.decode("latin-1") for v in values)
             for name, values in request.requestHeaders.getAllRawHeaders()
         }
-        resp = self._respond(method, raw_path, request)
-        body = self._write(request, resp)
-        self.log.append(
-            RequestRecord(
-                method=method,
-                path=uri,
-                status=resp.status,
-                body_bytes=len(body),
-                if_none_match=headers.get("if-none-match"),
-                if_modified_since=headers.get("if-modified-since"),
-                headers=headers,
-                started=started,
-                finished=time.monotonic(),
+        host = headers.get("host", "")
+        self.in_flight[host] = self.in_flight.get(host, 0) + 1
+        self.max_in_flight[host] = max(self.max_in_flight.get(host, 0), self.in_flight[host])
+        resp = None
+        if self.limiter is not None:
+            client = request.getClientAddress().host
+            retry_after = self.limiter.allow(client)
+            if retry_after is not None:
+                resp = _Response(429, b"Too Many Requests\n", {**_TEXT, "Retry-After": retry_after})
+        if resp is None:
+            resp = self._respond(method, raw_path, request)
+        delay = next((d for prefix, d in self._slow.items() if raw_path.startswith(prefix)), 0.0)
+
+        def finish() -> bytes:
+            self.in_flight[host] -= 1
+            body = self._write(request, resp)
+            self.log.append(
+                RequestRecord(
+                    method=method,
+                    path=uri,
+                    status=resp.status,
+                    body_bytes=len(body),
+                    if_none_match=headers.get("if-none-match"),
+                    if_modified_since=headers.get("if-modified-since"),
+                    headers=headers,
+                    started=started,
+                    finished=time.monotonic(),
+                )
             )
-        )
-        return body
+            return body
+
+        if not delay:
+            return finish()
+        from twisted.internet import reactor
+
+        def later() -> None:
+            if request.finished or request._disconnected:  # noqa: SLF001 (Twisted has no public flag)
+                self.in_flight[host] -= 1
+                return
+            request.write(finish())
+            request.finish()
+
+        reactor.callLater(delay, later)  # type: ignore[attr-defined]
+        return server.NOT_DONE_YET  # type: ignore[return-value]
 
     @staticmethod
     def _write(request: server.Request, resp: _Response) -> bytes:

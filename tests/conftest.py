@@ -62,6 +62,8 @@ def crawl_settings(state_uri: str, **overrides: Any) -> dict[str, Any]:
         "CONCURRENT_REQUESTS": 8,
         # Tests crawl again within seconds; revisit tests switch it on.
         "INCREMENTAL_REVISIT_ENABLED": False,
+        # Loopback pages by the hundred: politeness tests switch it on.
+        "INCREMENTAL_THROTTLE_ENABLED": False,
         **overrides,
     }
 

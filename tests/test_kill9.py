@@ -36,6 +36,8 @@ def start_crawl(site, state_uri: str, *extra: str) -> subprocess.Popen[bytes]:
             "-s", "INCREMENTAL_BATCH_SIZE=3",
             "-s", "INCREMENTAL_FLUSH_INTERVAL=0.02",
             "-s", "CONCURRENT_REQUESTS=4",
+            # Politeness is tested elsewhere; here the crawl should be quick.
+            "-s", "INCREMENTAL_THROTTLE_ENABLED=False",
             "-s", "LOG_LEVEL=WARNING",
         ],
         cwd=PROJECT,

@@ -1,0 +1,132 @@
+"""Retry-After on 429 and 503, backoff without it, parked domains.
+
+RFC 9110 §10.2.3 and RFC 6585 §4: ``Retry-After`` is delay-seconds or an
+HTTP-date saying how long to stay away. The answer's slot is frozen until
+then (AdaptiveThrottle moves the slot's clock: no request of that domain
+leaves earlier) and the request is retried after it, without spending
+RetryMiddleware's retry budget. A value above
+``INCREMENTAL_THROTTLE_RETRY_AFTER_MAX`` is not retried early (that makes
+retry storms): the domain is parked for the rest of the crawl and the
+report says so. Without a usable Retry-After: exponential backoff with
+jitter, per consecutive failure.
+
+Order 575: after RedirectMiddleware and the conditional middleware on the
+way back, before RetryMiddleware (550), which never sees these answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import TYPE_CHECKING
+
+from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.utils.httpobj import urlparse_cached
+
+from incremental_crawler.validators import parse_http_date
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+
+    from incremental_crawler.extensions.throttle import AdaptiveThrottle
+
+__all__ = ["RetryAfterMiddleware", "parse_retry_after"]
+
+logger = logging.getLogger(__name__)
+
+_TRIES = "_throttle_retries"
+_DELAY_SECONDS = re.compile(r"^\s*(\d{1,10})\s*$")
+
+
+def parse_retry_after(value: bytes | str | None, now: float | None = None) -> float | None:
+    """Seconds to wait, or ``None`` when *value* is neither form.
+
+    >>> parse_retry_after(b"120"), parse_retry_after("abc"), parse_retry_after("-5")
+    (120.0, None, None)
+    >>> parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", now=784111770)
+    7.0
+    """
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    if match := _DELAY_SECONDS.match(value):
+        return float(match.group(1))
+    when = parse_http_date(value)
+    if when is None:
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+class RetryAfterMiddleware:
+    """See the module docstring."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        settings = crawler.settings
+        if not settings.getbool("INCREMENTAL_THROTTLE_ENABLED", True):
+            raise NotConfigured("INCREMENTAL_THROTTLE_ENABLED is False")
+        self.crawler = crawler
+        self.max_wait = settings.getfloat("INCREMENTAL_THROTTLE_RETRY_AFTER_MAX", 300.0)
+        self.max_tries = settings.getint("INCREMENTAL_THROTTLE_MAX_RETRIES", 10)
+        self.groups = {
+            host: group
+            for group, hosts in settings.getdict("INCREMENTAL_THROTTLE_HOST_GROUPS").items()
+            for host in hosts
+        }
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        return cls(crawler)
+
+    @property
+    def throttle(self) -> AdaptiveThrottle | None:
+        # The extension holds the windows; without it (disabled, or a bad
+        # setting it reported) this middleware steps aside.
+        return getattr(self.crawler, "incremental_throttle", None)
+
+    def process_request(self, request: Request) -> None:
+        if self.throttle is None:
+            return
+        if self.groups and "download_slot" not in request.meta:
+            # Hosts of one site share one budget (one slot).
+            group = self.groups.get(urlparse_cached(request).hostname or "")
+            if group:
+                request.meta["download_slot"] = group
+        key = self.throttle.slot_key(request)
+        if self.throttle.window(key).parked:
+            self.crawler.stats.inc_value("incremental/throttle/parked_requests")
+            raise IgnoreRequest(f"{key} is parked (it asked us to stay away too long)")
+
+    def process_response(self, request: Request, response: Response) -> Request | Response:
+        if response.status not in (429, 503) or self.throttle is None:
+            return response
+        key = request.meta.get("download_slot") or self.throttle.slot_key(request)
+        raw = response.headers.get(b"Retry-After")
+        wait = parse_retry_after(raw)
+        if raw is not None and wait is None:
+            self.crawler.stats.inc_value("incremental/throttle/retry_after_invalid")
+        if wait is not None and wait > self.max_wait:
+            self.throttle.park(key, f"Retry-After {wait:.0f} s is above "
+                                    f"INCREMENTAL_THROTTLE_RETRY_AFTER_MAX={self.max_wait:g}")
+            return response
+        if wait is None:
+            wait = self.throttle.window(key).backoff()
+            self.crawler.stats.inc_value("incremental/throttle/backoffs")
+        self.throttle.freeze(key, wait, f"{response.status}, Retry-After {raw!r}")
+        tries = request.meta.get(_TRIES, 0)
+        if tries >= self.max_tries:
+            return response  # RetryMiddleware's own budget takes over
+        retry = request.copy()
+        retry.meta[_TRIES] = tries + 1
+        retry.dont_filter = True
+        self.crawler.stats.inc_value(f"incremental/throttle/retried/{response.status}")
+        return retry
+
+    def process_exception(self, request: Request, exception: Exception) -> None:
+        if self.throttle is not None and not isinstance(exception, IgnoreRequest):
+            self.throttle.on_exception(request, exception)

@@ -1,0 +1,244 @@
+"""AdaptiveThrottle: Scrapy's AutoThrottle with AIMD windows, Retry-After
+freezes, robots.txt Crawl-delay and a penalty box, per download slot.
+
+AutoThrottle only stretches a delay from latencies; it ignores 429 and
+Retry-After (Scrapy issues #4424, #3849) and Crawl-delay (#892). This
+extension keeps a :class:`~incremental_crawler.throttle.DomainWindow` per
+slot and applies it to the slot before each request is queued there:
+delay, concurrency and, after a Retry-After or a backoff, a freeze (no
+request of that slot leaves before it ends). The Retry-After handling of
+responses is in :mod:`incremental_crawler.downloadermiddlewares.retryafter`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import fields, replace
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+from scrapy.exceptions import NotConfigured
+from scrapy.extensions.throttle import AutoThrottle
+
+from incremental_crawler.throttle import DomainWindow, WindowPolicy
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from scrapy import Request, Spider
+    from scrapy.core.downloader import Slot
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+
+__all__ = ["AdaptiveThrottle"]
+
+logger = logging.getLogger(__name__)
+
+_SEQ = "_throttle_seq"
+#: Crawl-delay above this is treated as this (robots.txt "1e9" must not stop
+#: a crawl for ever; rules.md bad input 14).
+_POLICY_SETTINGS = {
+    "start_rate": "INCREMENTAL_THROTTLE_START_RATE",
+    "min_rate": "INCREMENTAL_THROTTLE_MIN_RATE",
+    "max_rate": "INCREMENTAL_THROTTLE_MAX_RATE",
+    "target_latency": "INCREMENTAL_THROTTLE_TARGET_LATENCY",
+    "max_concurrency": "INCREMENTAL_THROTTLE_MAX_CONCURRENCY",
+}
+
+
+class AdaptiveThrottle(AutoThrottle):
+    """See the module docstring; settings ``INCREMENTAL_THROTTLE_*``."""
+
+    def __init__(self, crawler: Crawler) -> None:  # noqa: PLR0912 - reads settings
+        settings = crawler.settings
+        if not settings.getbool("INCREMENTAL_THROTTLE_ENABLED", True):
+            raise NotConfigured("INCREMENTAL_THROTTLE_ENABLED is False")
+        self.crawler = crawler
+        self.debug = settings.getbool("INCREMENTAL_THROTTLE_DEBUG")
+        base = WindowPolicy()
+        values: dict[str, Any] = {}
+        for name, setting in _POLICY_SETTINGS.items():
+            if settings.get(setting) is not None:
+                values[name] = type(getattr(base, name))(settings.getfloat(setting))
+        self.policy = replace(base, **values)
+        if not 0 < self.policy.min_rate <= self.policy.start_rate <= self.policy.max_rate:
+            raise NotConfigured(
+                "INCREMENTAL_THROTTLE_MIN_RATE <= _START_RATE <= _MAX_RATE must hold (and > 0)"
+            )
+        self.overrides: dict[str, dict[str, Any]] = settings.getdict("INCREMENTAL_THROTTLE_DOMAINS")
+        known = {f.name for f in fields(WindowPolicy)}
+        for domain, override in self.overrides.items():
+            if unknown := set(override) - known:
+                raise NotConfigured(
+                    f"INCREMENTAL_THROTTLE_DOMAINS[{domain!r}]: unknown keys {sorted(unknown)}"
+                )
+        self.crawl_delay_max = settings.getfloat("INCREMENTAL_THROTTLE_CRAWL_DELAY_MAX", 30.0)
+        self.retry_after_max = settings.getfloat("INCREMENTAL_THROTTLE_RETRY_AFTER_MAX", 300.0)
+        self.warn_share = settings.getfloat("INCREMENTAL_THROTTLE_WARN_ERROR_SHARE", 0.2)
+        self.windows: dict[str, DomainWindow] = {}
+        self._warned: set[str] = set()
+        crawler.incremental_throttle = self  # type: ignore[attr-defined]
+        crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(self._response_downloaded, signal=signals.response_downloaded)
+        crawler.signals.connect(self.request_reached_downloader,
+                                signal=signals.request_reached_downloader)
+        crawler.signals.connect(self.robots_parsed, signal=signals.robots_parsed)
+        crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        return cls(crawler)
+
+    def _spider_opened(self, spider: Spider) -> None:
+        # AutoThrottle's delay bounds are not used: each window has its own.
+        self.mindelay, self.maxdelay = 0.0, float("inf")
+
+    # -- windows ---------------------------------------------------------------
+
+    def window(self, key: str) -> DomainWindow:
+        window = self.windows.get(key)
+        if window is None:
+            policy = self.policy
+            override = self.overrides.get(key)
+            if override:
+                policy = replace(policy, **override)
+            slot_conf = self.crawler.settings.getdict("DOWNLOAD_SLOTS").get(key, {})
+            if "concurrency" in slot_conf:  # DOWNLOAD_SLOTS stays an upper bound
+                policy = replace(policy, max_concurrency=min(
+                    policy.max_concurrency, int(slot_conf["concurrency"])))
+            window = self.windows[key] = DomainWindow(policy)
+            if "delay" in slot_conf:
+                window.delay_floor = float(slot_conf["delay"])
+        return window
+
+    def slot_key(self, request: Request) -> str:
+        return self.crawler.engine.downloader.get_slot_key(request)
+
+    def _apply(self, key: str, window: DomainWindow, slot: Slot | None = None) -> None:
+        slot = slot or self.crawler.engine.downloader.slots.get(key)
+        if slot is None:
+            return
+        slot.delay = window.delay
+        slot.concurrency = window.concurrency
+        slot.jitter = 0.0  # our delay is exact: a jitter could break a freeze
+        if window.frozen_until:
+            # Scrapy lets the next request of a slot leave at lastseen +
+            # delay: move lastseen so that this is the end of the freeze.
+            slot.lastseen = max(slot.lastseen, window.frozen_until - slot.delay)
+
+    def request_reached_downloader(self, request: Request, spider: Spider) -> None:
+        key = request.meta.get("download_slot") or self.slot_key(request)
+        window = self.window(key)
+        request.meta[_SEQ] = window.stamp()
+        self._apply(key, window)
+
+    def _response_downloaded(self, response: Response, request: Request, spider: Spider) -> None:
+        # AutoThrottle's hook, with the request (response.request is not set
+        # yet when the downloader sends this signal).
+        key, slot = self._get_slot(request, spider)
+        latency = request.meta.get("download_latency")
+        if key is None or latency is None:
+            return
+        window = self.window(key)
+        status = response.status
+        seq = request.meta.get(_SEQ, window.sent)
+        if status in (429, 503):
+            reason = window.hard_error(seq)
+            if status == 429:
+                window.status_429 += 1
+            else:
+                window.status_5xx += 1
+        elif status >= 500:
+            window.status_5xx += 1
+            reason = window.soft_error(seq)
+        else:
+            reason = window.ok(latency)
+        self._changed(key, window, reason, f"{status} in {latency * 1000:.0f} ms")
+        self._apply(key, window, slot)
+
+    def on_exception(self, request: Request, exception: Exception) -> None:
+        """A download error (called by the Retry-After middleware)."""
+        key = request.meta.get("download_slot")
+        if key is None:
+            return
+        window = self.window(key)
+        seq = request.meta.get(_SEQ, window.sent)
+        name = type(exception).__name__
+        if "Timeout" in name:
+            window.timeouts += 1
+            reason = window.hard_error(seq)
+        elif "Refused" in name or "Connect" in name:
+            reason = window.hard_error(seq)
+        else:  # a reset, a DNS hiccup: one is soft, a run is hard
+            reason = window.soft_error(seq)
+        self._changed(key, window, reason, name)
+        self._apply(key, window)
+
+    def freeze(self, key: str, seconds: float, why: str) -> float:
+        window = self.window(key)
+        until = window.freeze(time.monotonic(), seconds)
+        self.crawler.stats.inc_value("incremental/retry_after_waits")
+        self._changed(key, window, f"freeze {seconds:.1f} s", why)
+        self._apply(key, window)
+        return until
+
+    def park(self, key: str, why: str) -> None:
+        window = self.window(key)
+        if not window.parked:
+            window.parked = True
+            self.crawler.stats.inc_value("incremental/throttle/parked_domains")
+            logger.warning("Parking %(slot)s for the rest of the crawl: %(why)s",
+                           {"slot": key, "why": why})
+
+    def robots_parsed(self, robotparser: Any, request: Request) -> None:
+        agent = self.crawler.settings.get("ROBOTSTXT_USER_AGENT") or request.headers.get(
+            b"User-Agent", self.crawler.settings.get("USER_AGENT") or b"*")
+        delay = robotparser.crawl_delay(agent)
+        if delay is None or not delay == delay or delay <= 0:  # absent, NaN, -1
+            return
+        capped = min(float(delay), self.crawl_delay_max)
+        if capped < delay:
+            self.crawler.stats.inc_value("incremental/throttle/crawl_delay_capped")
+        key = self.slot_key(request)
+        window = self.window(key)
+        window.delay_floor = max(window.delay_floor, capped)
+        self._changed(key, window, f"crawl-delay floor {capped:g} s", "robots.txt")
+        self._apply(key, window)
+
+    def _changed(self, key: str, window: DomainWindow, reason: str | None, why: str) -> None:
+        if reason and self.debug:
+            logger.info(
+                "throttle %(slot)s: %(reason)s (%(why)s) -> %(rate).2f req/s, "
+                "concurrency %(conc)d, delay %(delay).3f s%(box)s",
+                {"slot": key, "reason": reason, "why": why, "rate": window.rate,
+                 "conc": window.concurrency, "delay": window.delay,
+                 "box": ", penalty box" if window.penalty_box else ""},
+            )
+        errors = window.hard + window.soft
+        if (window.responses >= 20 and errors > self.warn_share * window.responses
+                and key not in self._warned):
+            self._warned.add(key)
+            logger.warning(
+                "%(slot)s: %(errors)d of %(n)d answers were errors; slowing down "
+                "(now %(rate).2f req/s)",
+                {"slot": key, "errors": errors, "n": window.responses, "rate": window.rate},
+            )
+
+    def summary(self) -> str:
+        return ", ".join(f"{key} {w.rate:.1f}/s" for key, w in sorted(self.windows.items()))
+
+    def spider_closed(self, spider: Spider) -> None:
+        stats = self.crawler.stats
+        for key, w in self.windows.items():
+            prefix = f"incremental/throttle/{key}"
+            stats.set_value(f"{prefix}/window", round(w.rate, 3))
+            stats.set_value(f"{prefix}/latency_p50_ms", round(1000 * w.percentile(0.5)))
+            stats.set_value(f"{prefix}/latency_p95_ms", round(1000 * w.percentile(0.95)))
+            if w.responses:
+                stats.set_value(f"{prefix}/share_429", round(w.status_429 / w.responses, 4))
+                stats.set_value(f"{prefix}/share_5xx", round(w.status_5xx / w.responses, 4))
+                stats.set_value(f"{prefix}/share_timeout", round(w.timeouts / w.responses, 4))
+            stats.set_value(f"{prefix}/frozen_seconds", round(w.frozen_seconds, 3))
+            if w.parked:
+                stats.set_value(f"{prefix}/parked", True)

@@ -1,0 +1,141 @@
+"""Per-domain AIMD windows: the budget each download slot may use.
+
+Each download slot (a domain, a host group, or a ``DOWNLOAD_SLOTS`` entry)
+has a *rate* in requests per second. It grows by ``increase`` after each
+window of healthy answers (about one second's worth, each faster than the
+target latency) and is multiplied by ``decrease`` on a hard signal (429,
+503, a timeout, a refused connection) — at most once per window of
+requests in flight, so one burst of errors cuts it once, not to the floor.
+A lone soft error (a reset, a DNS hiccup) costs less; a run of hard errors
+puts the slot in the penalty box: one probe request at a time until an
+answer is good again. The rate becomes the slot's delay (1/rate, never
+below robots.txt's Crawl-delay) and its concurrency (what the rate needs at
+the observed latency), so a fast server is held to its real budget.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+__all__ = ["DomainWindow", "WindowPolicy"]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowPolicy:
+    """Bounds and steps of a window; per-domain overrides replace fields."""
+
+    start_rate: float = 4.0
+    min_rate: float = 0.1
+    max_rate: float = 50.0
+    increase: float = 1.0
+    decrease: float = 0.5
+    soft_decrease: float = 0.9
+    target_latency: float = 2.0
+    max_concurrency: int = 16
+    penalty_after: int = 3
+    backoff_base: float = 1.0
+    backoff_max: float = 60.0
+
+
+@dataclass(slots=True)
+class DomainWindow:
+    """The state of one slot's window; methods return a reason when it moved."""
+
+    policy: WindowPolicy
+    rate: float = 0.0
+    #: robots.txt Crawl-delay (capped): the delay never goes below it.
+    delay_floor: float = 0.0
+    sent: int = 0
+    cut_at: int = 0
+    healthy: int = 0
+    consecutive_hard: int = 0
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=200))
+    responses: int = 0
+    hard: int = 0
+    soft: int = 0
+    status_429: int = 0
+    status_5xx: int = 0
+    timeouts: int = 0
+    frozen_until: float = 0.0
+    frozen_seconds: float = 0.0
+    parked: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.rate:
+            self.rate = self.policy.start_rate
+
+    @property
+    def penalty_box(self) -> bool:
+        return self.consecutive_hard >= self.policy.penalty_after
+
+    def stamp(self) -> int:
+        """A request leaves: its sequence number, to tell old losses from new."""
+        self.sent += 1
+        return self.sent
+
+    def ok(self, latency: float) -> str | None:
+        self.responses += 1
+        self.latencies.append(latency)
+        self.consecutive_hard = 0
+        if latency > self.policy.target_latency:
+            return None
+        self.healthy += 1
+        if self.healthy >= max(1.0, self.rate) and self.rate < self.policy.max_rate:
+            self.healthy = 0
+            self.rate = min(self.policy.max_rate, self.rate + self.policy.increase)
+            return "increase"
+        return None
+
+    def hard_error(self, seq: int) -> str | None:
+        self.responses += 1
+        self.hard += 1
+        self.consecutive_hard += 1
+        self.healthy = 0
+        if seq <= self.cut_at:
+            return None  # in flight before the last cut: already paid for
+        self.cut_at = self.sent
+        self.rate = max(self.policy.min_rate, self.rate * self.policy.decrease)
+        return "decrease"
+
+    def soft_error(self, seq: int) -> str | None:
+        self.responses += 1
+        self.soft += 1
+        if self.consecutive_hard:
+            return self.hard_error(seq)
+        self.healthy = 0
+        self.rate = max(self.policy.min_rate, self.rate * self.policy.soft_decrease)
+        return "soft decrease"
+
+    def backoff(self) -> float:
+        """Seconds to stay away after a failure without Retry-After (with jitter)."""
+        base = self.policy.backoff_base * 2 ** max(0, self.consecutive_hard - 1)
+        return min(self.policy.backoff_max, base) * random.uniform(0.5, 1.5)  # noqa: S311
+
+    def freeze(self, now: float, seconds: float) -> float:
+        until = now + seconds
+        if until > self.frozen_until:
+            self.frozen_seconds += until - max(now, self.frozen_until)
+            self.frozen_until = until
+        return self.frozen_until
+
+    @property
+    def delay(self) -> float:
+        return max(1.0 / self.rate, self.delay_floor)
+
+    @property
+    def concurrency(self) -> int:
+        if self.penalty_box:
+            return 1
+        latency = statistics.median(self.latencies) if self.latencies else 0.1
+        needed = math.ceil(self.rate * latency) + 1
+        return max(1, min(self.policy.max_concurrency, needed))
+
+    def percentile(self, q: float) -> float:
+        if not self.latencies:
+            return 0.0
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

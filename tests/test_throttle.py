@@ -1,0 +1,125 @@
+"""Politeness on real crawls: AIMD windows, Retry-After, Crawl-delay, parking."""
+
+from __future__ import annotations
+
+import pytest
+import pytest_twisted
+
+from incremental_crawler.downloadermiddlewares.retryafter import parse_retry_after
+from incremental_crawler.loopback_site import LoopbackSite
+from tests.spiders import ListSpider
+
+POLITE = {"INCREMENTAL_THROTTLE_ENABLED": True, "CONCURRENT_REQUESTS": 16,
+          "CONCURRENT_REQUESTS_PER_DOMAIN": 16, "INCREMENTAL_THROTTLE_MAX_RATE": 100}
+
+
+def add_pages(site, n: int, prefix: str = "/p/") -> list[str]:
+    paths = [f"{prefix}{i:04d}" for i in range(n)]
+    for path in paths:
+        site.add_page(path, "strong", size=800)
+    return paths
+
+
+def gaps(site, prefix: str = "/p/") -> list[float]:
+    starts = sorted(r.started for r in site.log if r.path.startswith(prefix))
+    return [b - a for a, b in zip(starts, starts[1:], strict=False)]
+
+
+@pytest.mark.parametrize("retry_after", ["seconds", "date"])
+@pytest_twisted.ensureDeferred
+async def test_a_rate_limited_site_gets_every_page_and_no_request_inside_retry_after(
+    site, crawl, retry_after
+):
+    paths = add_pages(site, 40)
+    limiter = site.limit(rate=20, burst=5, retry_after=retry_after)
+    # Start above the site's budget: the window must find it.
+    crawler = await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 60,
+                                                "INCREMENTAL_THROTTLE_MAX_RATE": 100},
+                          urls=[site.url(p) for p in paths])
+    fetched = {r.path for r in site.log if r.status == 200}
+    assert set(paths) <= fetched
+    # Every Retry-After was honoured: no request arrived while its client
+    # had been told to wait.
+    assert limiter.broken_promises == 0
+    statuses = [r.status for r in site.log]
+    assert 0 < statuses.count(429) <= 0.15 * len(statuses)
+    assert crawler.stats.get_value("incremental/retry_after_waits") == statuses.count(429)
+    # 429s were retried by us, not by RetryMiddleware's budget.
+    assert crawler.stats.get_value("retry/count") is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_in_flight_never_exceeds_the_window(site, crawl):
+    paths = add_pages(site, 24)
+    site.slow("/p/", 0.15)
+    await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_MAX_CONCURRENCY": 3,
+                                      "INCREMENTAL_THROTTLE_START_RATE": 50},
+                urls=[site.url(p) for p in paths])
+    assert max(site.max_in_flight.values()) <= 3
+    assert len([r for r in site.log if r.path.startswith("/p/")]) == 24
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_healthy_domain_keeps_its_pace_beside_a_throttled_one(site, crawl):
+    limited = add_pages(site, 30)
+    site.limit(rate=5, burst=2)
+    healthy_site = LoopbackSite(host="127.0.0.1")
+    healthy_site.start()
+    try:
+        healthy = add_pages(healthy_site, 30)
+        healthy_urls = [healthy_site.url(p).replace("127.0.0.1", "localhost") for p in healthy]
+        crawler = await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_DEBUG": True,
+                                                    "INCREMENTAL_THROTTLE_START_RATE": 20},
+                              urls=[site.url(p) for p in limited] + healthy_urls)
+    finally:
+        await healthy_site.stop()
+    throttle = crawler.incremental_throttle
+    slow, fast = throttle.windows["127.0.0.1"], throttle.windows["localhost"]
+    assert slow.status_429 > 0 and slow.frozen_seconds > 0
+    assert fast.status_429 == 0 and fast.frozen_seconds == 0 and fast.hard == 0
+    assert fast.rate > slow.rate
+    assert {r.path for r in healthy_site.log if r.status == 200} >= set(healthy)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_retry_after_over_the_maximum_parks_the_domain(site, crawl):
+    paths = add_pages(site, 10)
+    site.override("/p/0000", status=429, headers={"Retry-After": "86400"})
+    crawler = await crawl(ListSpider, settings={**POLITE, "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+                                                "INCREMENTAL_THROTTLE_START_RATE": 50,
+                                                "RETRY_ENABLED": False},
+                          urls=[site.url(p) for p in paths])
+    stats = crawler.stats
+    assert stats.get_value("incremental/throttle/parked_domains") == 1
+    assert stats.get_value("incremental/throttle/127.0.0.1/parked") is True
+    # Nothing was asked again early; requests after the park were dropped.
+    assert len([r for r in site.log if r.path == "/p/0000"]) == 1
+    assert stats.get_value("incremental/throttle/parked_requests", 0) + len(
+        [r for r in site.log if r.path.startswith("/p/")]) == 10
+
+
+@pytest_twisted.ensureDeferred
+async def test_robots_crawl_delay_is_a_floor_and_a_huge_one_is_capped(site, crawl):
+    paths = add_pages(site, 5)
+    site.robots_txt = "User-agent: *\nCrawl-delay: 0.3\nAllow: /\n"
+    await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 50},
+                urls=[site.url(p) for p in paths])
+    assert min(gaps(site)) >= 0.29
+
+    site.reset_log()
+    site.robots_txt = "User-agent: *\nCrawl-delay: 1e9\nAllow: /\n"
+    crawler = await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 50,
+                                                "INCREMENTAL_THROTTLE_CRAWL_DELAY_MAX": 0.2},
+                          urls=[site.url(p) for p in paths])
+    assert crawler.stats.get_value("incremental/throttle/crawl_delay_capped") == 1
+    assert min(gaps(site)) >= 0.19
+    assert len([r for r in site.log if r.path.startswith("/p/")]) == 5
+
+
+def test_retry_after_values_from_rules_md():
+    assert parse_retry_after("120") == 120
+    assert parse_retry_after("abc") is None
+    assert parse_retry_after("-5") is None
+    assert parse_retry_after("1e12") is None
+    assert parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT") == 0  # in the past
+    assert parse_retry_after("Sunday, 06-Nov-94 08:49:37 GMT", now=784111700) == 77
