@@ -322,7 +322,8 @@ class LoopbackSite:
     * ``404`` for anything else.
 
     Control endpoints (not logged), for driving the site from another
-    process: ``GET /__site__/log`` (JSON list of records),
+    process: ``GET /__site__/log`` (JSON list of records), ``GET /__site__/stats``
+    (rate limiter and in-flight figures),
     ``POST /__site__/reset``, ``POST /__site__/change?path=/p/0001`` (the
     ``path`` parameter may repeat) and
     ``POST /__site__/change?fraction=0.05&seed=1``; both change forms answer
@@ -893,7 +894,7 @@ class LoopbackSite:
         """Handle ``/__site__/...``; these requests are deliberately not logged."""
         params = {k.decode("utf-8"): [v.decode("utf-8") for v in vs] for k, vs in args.items()}
         name = path[len(CONTROL_PREFIX) :]
-        expected = {"log": "GET", "reset": "POST", "change": "POST"}.get(name)
+        expected = {"log": "GET", "stats": "GET", "reset": "POST", "change": "POST"}.get(name)
         if expected is None:
             return _json(404, {"error": f"unknown control endpoint {path!r}"})
         if method != expected:
@@ -902,8 +903,20 @@ class LoopbackSite:
             return resp
         if name == "log":
             return _json(200, [asdict(r) for r in self.log])
+        if name == "stats":
+            limiter = self.limiter
+            return _json(200, {
+                "max_in_flight": self.max_in_flight,
+                "refused": limiter.refused if limiter else 0,
+                "broken_promises": limiter.broken_promises if limiter else 0,
+            })
         if name == "reset":
             self.reset_log()
+            self.max_in_flight.clear()
+            if self.limiter is not None:
+                self.limiter.refused = self.limiter.broken_promises = 0
+                self.limiter.buckets.clear()
+                self.limiter.promises.clear()
             return _json(200, {"ok": True})
         try:
             if "path" in params:
@@ -947,6 +960,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=0, help="TCP port (0 = any free port)")
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on")
     parser.add_argument("--log-level", default="WARNING", help="logging level (stderr)")
+    parser.add_argument("--rate", type=float, default=0,
+                        help="per-client requests/s before 429 + Retry-After (0 = no limit)")
+    parser.add_argument("--burst", type=float, default=5, help="token bucket size (5)")
+    parser.add_argument("--retry-after", choices=("seconds", "date"), default="seconds",
+                        help="Retry-After as delay-seconds or as an HTTP-date")
     args = parser.parse_args(argv)
     args.kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     bad = [k for k in args.kinds if k not in KINDS]
@@ -970,6 +988,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     site = LoopbackSite.generated(
         args.pages, kinds=args.kinds, page_size=args.page_size, host=args.host
     )
+    if args.rate > 0:
+        site.limit(args.rate, args.burst, retry_after=args.retry_after)
     base_url = site.start(args.port)
     # Exactly one line on stdout: the parent process reads it to learn the port.
     sys.stdout.write(base_url + "\n")
