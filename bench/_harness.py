@@ -113,12 +113,16 @@ def _wait4(proc: subprocess.Popen, timeout: float, started: float) -> ProcUsage:
 class Site:
     """The loopback site in its own process; use as a context manager.
 
-    ``Site(pages=400, page_size=30_000, kinds="strong,weak,lastmod")``.
+    ``Site(pages=400, page_size=30_000, kinds="strong,weak,lastmod")``;
+    ``extra_args`` are appended to the site's command line (e.g.
+    ``["--rate", "20", "--burst", "5"]``).
     """
 
-    def __init__(self, pages: int, page_size: int, kinds: str, *, start_timeout: float = 60.0):
+    def __init__(self, pages: int, page_size: int, kinds: str, *, start_timeout: float = 60.0,
+                 extra_args: Sequence[str] = ()):
         self.pages, self.page_size, self.kinds = pages, page_size, kinds
         self.start_timeout = start_timeout
+        self.extra_args = [str(a) for a in extra_args]
         self.proc: subprocess.Popen | None = None
         self.base_url = ""
         self.usage: ProcUsage | None = None
@@ -135,6 +139,7 @@ class Site:
             sys.executable, "-m", "incremental_crawler.loopback_site",
             "--pages", str(self.pages), "--page-size", str(self.page_size),
             "--kinds", self.kinds, "--host", "127.0.0.1", "--port", "0",
+            *self.extra_args,
         ]
         self._started = time.perf_counter()
         self.proc = subprocess.Popen(
@@ -272,17 +277,24 @@ def run_crawl(
     spider: str = "sitemap",
     timeout: float = 600.0,
     spider_args: dict[str, str] | None = None,
+    command: Sequence[str] | None = None,
+    allow_errors: bool = False,
 ) -> CrawlResult:
     """``scrapy crawl sitemap -a sitemap_url=<site>/robots.txt`` in its own process.
 
+    *command* replaces ``crawl <spider> -a sitemap_url=...`` (the scrapy
+    arguments before ``-O``), e.g. ``["runspider", "bench/x.py"]``.
     Items go to ``workdir/<name>.jsonl``, stderr to ``workdir/<name>.err``.
-    Raises if the crawl fails, times out, or logs an ERROR/CRITICAL line.
+    Raises if the crawl fails, times out, or (unless *allow_errors*, for
+    baselines that are expected to give up on requests) logs an
+    ERROR/CRITICAL line.
     """
     assert site_url.startswith("http://127.0.0.1:")
     items = workdir / f"{name}.jsonl"
     err = workdir / f"{name}.err"
-    cmd = [sys.executable, "-m", "scrapy", "crawl", spider,
-           "-a", f"sitemap_url={site_url}/robots.txt", "-O", str(items)]
+    if command is None:
+        command = ["crawl", spider, "-a", f"sitemap_url={site_url}/robots.txt"]
+    cmd = [sys.executable, "-m", "scrapy", *command, "-O", str(items)]
     for key, value in (spider_args or {}).items():
         cmd += ["-a", f"{key}={value}"]
     for key, value in {**COMMON_SETTINGS, **settings}.items():
@@ -293,7 +305,8 @@ def run_crawl(
                                 stdin=subprocess.DEVNULL, stdout=errf, stderr=errf)
         usage = _wait4(proc, timeout, started)
     log = err.read_text(encoding="utf-8", errors="replace")
-    if usage.returncode != 0 or " ERROR: " in log or " CRITICAL: " in log:
+    logged_errors = " ERROR: " in log or " CRITICAL: " in log
+    if usage.returncode != 0 or (logged_errors and not allow_errors):
         tail = "\n".join(log.splitlines()[-30:])
         raise RuntimeError(f"crawl {name} failed (rc={usage.returncode}):\n{tail}")
     return CrawlResult(usage, read_items(items))

@@ -123,3 +123,17 @@ def test_retry_after_values_from_rules_md():
     assert parse_retry_after("1e12") is None
     assert parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT") == 0  # in the past
     assert parse_retry_after("Sunday, 06-Nov-94 08:49:37 GMT", now=784111700) == 77
+
+
+@pytest_twisted.ensureDeferred
+async def test_hanging_responses_shrink_the_window(site, crawl):
+    paths = add_pages(site, 4, prefix="/hang/")
+    site.slow("/hang/", 3.0)
+    crawler = await crawl(ListSpider, settings={**POLITE, "DOWNLOAD_TIMEOUT": 0.3,
+                                                "RETRY_ENABLED": False,
+                                                "INCREMENTAL_THROTTLE_START_RATE": 8},
+                          urls=[site.url(p) for p in paths])
+    window = crawler.incremental_throttle.windows["127.0.0.1"]
+    assert window.timeouts == 4
+    assert window.rate < 8
+    assert crawler.stats.get_value("incremental/throttle/127.0.0.1/share_timeout") > 0

@@ -66,12 +66,24 @@ def _line(s: dict[str, int]) -> str:
 
 
 class IncrementalLogStats(LogStats):
-    """Scrapy's periodic "Crawled N pages" line, with the incremental figures."""
+    """Scrapy's periodic "Crawled N pages" line, with the incremental figures
+    and each domain's politeness window."""
+
+    crawler: Crawler | None = None
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        ext = super().from_crawler(crawler)
+        ext.crawler = crawler
+        return ext
 
     def log(self, spider: Spider) -> None:
         super().log(spider)
-        logger.info("Incremental: %(line)s", {"line": _line(summarize(self.stats.get_stats()))},
-                    extra={"spider": spider})
+        line = _line(summarize(self.stats.get_stats()))
+        throttle = getattr(self.crawler, "incremental_throttle", None)
+        if throttle is not None and throttle.windows:
+            line += f"; windows: {throttle.summary()}"
+        logger.info("Incremental: %(line)s", {"line": line}, extra={"spider": spider})
 
 
 class IncrementalReport:
