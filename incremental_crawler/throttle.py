@@ -1,8 +1,9 @@
 """Per-domain AIMD windows: the budget each download slot may use.
 
 Each download slot (a domain, a host group, or a ``DOWNLOAD_SLOTS`` entry)
-has a *rate* in requests per second. It grows by ``increase`` after each
-window of healthy answers (about one second's worth, each faster than the
+has a *rate* in requests per second. It doubles after each window of
+healthy answers until the first hard signal (slow start, as TCP), then grows
+by ``increase`` after each window of healthy answers (about one second's worth, each faster than the
 target latency) and is multiplied by ``decrease`` on a hard signal (429,
 503, a timeout, a refused connection) — at most once per window of
 requests in flight, so one burst of errors cuts it once, not to the floor.
@@ -53,6 +54,9 @@ class DomainWindow:
     cut_at: int = 0
     healthy: int = 0
     consecutive_hard: int = 0
+    #: Until the first hard signal the window doubles (TCP's slow start),
+    #: so it finds a site's budget in a few seconds, not tens.
+    slow_start: bool = True
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=200))
     responses: int = 0
     hard: int = 0
@@ -86,6 +90,9 @@ class DomainWindow:
         self.healthy += 1
         if self.healthy >= max(1.0, self.rate) and self.rate < self.policy.max_rate:
             self.healthy = 0
+            if self.slow_start:
+                self.rate = min(self.policy.max_rate, self.rate * 2)
+                return "slow-start increase"
             self.rate = min(self.policy.max_rate, self.rate + self.policy.increase)
             return "increase"
         return None
@@ -95,6 +102,7 @@ class DomainWindow:
         self.hard += 1
         self.consecutive_hard += 1
         self.healthy = 0
+        self.slow_start = False
         if seq <= self.cut_at:
             return None  # in flight before the last cut: already paid for
         self.cut_at = self.sent

@@ -8,8 +8,17 @@ POLICY = WindowPolicy(start_rate=8, min_rate=0.5, max_rate=12, increase=1, decre
                       penalty_after=3)
 
 
-def test_additive_increase_after_a_window_of_healthy_answers_up_to_the_bound():
+def test_slow_start_doubles_until_the_first_hard_signal():
     window = DomainWindow(POLICY)
+    for _ in range(7):
+        assert window.ok(0.01) is None
+    assert window.ok(0.01) == "slow-start increase" and window.rate == 12  # 16, capped
+    window.hard_error(window.stamp())
+    assert window.rate == 6 and not window.slow_start
+
+
+def test_additive_increase_after_a_window_of_healthy_answers_up_to_the_bound():
+    window = DomainWindow(POLICY, slow_start=False)
     for _ in range(7):
         assert window.ok(0.01) is None
     assert window.ok(0.01) == "increase" and window.rate == 9
