@@ -33,7 +33,9 @@ class WindowPolicy:
     min_rate: float = 0.1
     max_rate: float = 50.0
     increase: float = 1.0
-    decrease: float = 0.5
+    # 0.7 as TCP CUBIC: the freeze after a 429 already enforces the wait; a
+    # halving on top would leave a site's budget half unused for seconds.
+    decrease: float = 0.7
     soft_decrease: float = 0.9
     target_latency: float = 2.0
     max_concurrency: int = 16
