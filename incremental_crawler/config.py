@@ -8,10 +8,13 @@ reads and checks them once, naming the setting when a value is wrong.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from scrapy.exceptions import NotConfigured
+
+from incremental_crawler.fingerprints import DEFAULT_IGNORE_PATTERNS
 
 if TYPE_CHECKING:
     from typing import Self
@@ -40,6 +43,10 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     # changed; the fingerprint field itself is always excluded.
     "INCREMENTAL_VOLATILE_FIELDS": ["crawled_at", "scraped_at", "fetched_at"],
     "INCREMENTAL_FINGERPRINT_FIELD": "fingerprint",
+    # Regexes removed from text (and page bodies) before fingerprinting,
+    # whitespace folded: None = the documented defaults (timestamps, session
+    # ids); [] = none.
+    "INCREMENTAL_FINGERPRINT_IGNORE": None,
     # The item field whose (canonical) value identifies an item across runs.
     "INCREMENTAL_ITEM_KEY_FIELD": "url",
     "INCREMENTAL_STORE_ITEMS": True,
@@ -89,6 +96,7 @@ class IncrementalConfig:
     flush_interval: float
     volatile_fields: frozenset[str]
     fingerprint_field: str
+    fingerprint_ignore: tuple[str, ...]
     item_key_field: str
     store_items: bool
     report: bool
@@ -125,6 +133,17 @@ class IncrementalConfig:
         def names(name: str) -> list[str]:
             return settings.getlist(name, DEFAULT_SETTINGS[name])
 
+        def patterns(name: str) -> tuple[str, ...]:
+            if settings.get(name) is None:
+                return DEFAULT_IGNORE_PATTERNS
+            value = tuple(settings.getlist(name))
+            for pattern in value:
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise NotConfigured(f"{name}: {pattern!r} is not a regex ({exc})") from None
+            return value
+
         return cls(
             enabled=boolean("INCREMENTAL_ENABLED"),
             state_uri=settings.get("INCREMENTAL_STATE_URI") or None,
@@ -133,6 +152,7 @@ class IncrementalConfig:
             flush_interval=number("INCREMENTAL_FLUSH_INTERVAL", minimum=0.01),
             volatile_fields=frozenset(names("INCREMENTAL_VOLATILE_FIELDS")),
             fingerprint_field=get("INCREMENTAL_FINGERPRINT_FIELD"),
+            fingerprint_ignore=patterns("INCREMENTAL_FINGERPRINT_IGNORE"),
             item_key_field=get("INCREMENTAL_ITEM_KEY_FIELD"),
             store_items=boolean("INCREMENTAL_STORE_ITEMS"),
             report=boolean("INCREMENTAL_REPORT"),

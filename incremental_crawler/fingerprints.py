@@ -4,14 +4,50 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter
 
 if TYPE_CHECKING:
-    from collections.abc import Collection
+    from collections.abc import Collection, Iterable
 
-__all__ = ["body_fingerprint", "item_fingerprint"]
+__all__ = ["DEFAULT_IGNORE_PATTERNS", "Normaliser", "body_fingerprint", "item_fingerprint"]
+
+#: Noise that changes on every response and never is content: timestamps
+#: (ISO 8601 / W3C, HTTP and RFC 822 dates) and session ids in URLs.
+DEFAULT_IGNORE_PATTERNS: tuple[str, ...] = (
+    r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?",
+    r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), \d{1,2} (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct"
+    r"|Nov|Dec) \d{2,4} \d{2}:\d{2}(?::\d{2})? (?:GMT|UTC|[+-]\d{4})",
+    r"(?i:jsessionid|phpsessid|sessionid|sid)=[0-9A-Za-z]{8,}",
+)
+_SPACES = re.compile(r"\s+")
+_BYTES_SPACES = re.compile(rb"\s+")
+
+
+class Normaliser:
+    """Removes ignored patterns and folds whitespace, before fingerprinting.
+
+    >>> Normaliser().text("  Updated 2024-05-01T10:00:00Z   news ")
+    'Updated news'
+    """
+
+    def __init__(self, patterns: Iterable[str] = DEFAULT_IGNORE_PATTERNS) -> None:
+        self.patterns = tuple(patterns)
+        joined = "|".join(f"(?:{p})" for p in self.patterns)
+        self._text = re.compile(joined) if joined else None
+        self._bytes = re.compile(joined.encode()) if joined else None
+
+    def text(self, value: str) -> str:
+        if self._text is not None:
+            value = self._text.sub(" ", value)
+        return _SPACES.sub(" ", value).strip()
+
+    def body(self, value: bytes) -> bytes:
+        if self._bytes is not None:
+            value = self._bytes.sub(b" ", value)
+        return _BYTES_SPACES.sub(b" ", value).strip()
 
 # 64 bits: a per-key comparison, not a global set, so a collision needs the
 # same key to hash equal across two versions (2**-64); 16 hex digits keep
@@ -20,12 +56,17 @@ __all__ = ["body_fingerprint", "item_fingerprint"]
 _HEX_DIGITS = 16
 
 
-def body_fingerprint(body: bytes) -> str:
-    """Fingerprint of a response body.
+def body_fingerprint(body: bytes, normaliser: Normaliser | None = None) -> str:
+    """Fingerprint of a response body (normalised when a normaliser is given).
 
     >>> body_fingerprint(b"hello")
     '2cf24dba5fb0a30e'
+    >>> n = Normaliser()
+    >>> body_fingerprint(b"<p>at 2024-05-01T10:00Z</p>", n) == body_fingerprint(b"<p>at  </p>", n)
+    True
     """
+    if normaliser is not None:
+        body = normaliser.body(body)
     return hashlib.sha256(body).hexdigest()[:_HEX_DIGITS]
 
 
@@ -38,10 +79,12 @@ def _default(value: Any) -> Any:
     return str(value)
 
 
-def _encoded(value: Any) -> bytes:
-    # Text, the common case (titles, bodies), is hashed as it is; anything
+def _encoded(value: Any, normaliser: Normaliser | None) -> bytes:
+    # Text, the common case (titles, bodies), is hashed normalised; anything
     # else as canonical JSON. A type tag keeps "1" and 1 apart.
     if isinstance(value, str):
+        if normaliser is not None:
+            value = normaliser.text(value)
         return b"s" + value.encode("utf-8", "surrogatepass")
     return b"j" + json.dumps(
         value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=_default
@@ -53,6 +96,7 @@ def item_fingerprint(
     *,
     exclude: Collection[str] = (),
     include: Collection[str] | None = None,
+    normaliser: Normaliser | None = None,
 ) -> str:
     """Fingerprint of an item's fields, independent of field order.
 
@@ -71,7 +115,7 @@ def item_fingerprint(
     for name, value in sorted(ItemAdapter(item).items()):
         if name in exclude or (include is not None and name not in include):
             continue
-        for part in (name.encode("utf-8", "surrogatepass"), _encoded(value)):
+        for part in (name.encode("utf-8", "surrogatepass"), _encoded(value, normaliser)):
             digest.update(len(part).to_bytes(8, "big"))
             digest.update(part)
     return digest.hexdigest()[:_HEX_DIGITS]

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter
 
-from incremental_crawler.fingerprints import item_fingerprint
+from incremental_crawler.fingerprints import Normaliser, item_fingerprint
 from incremental_crawler.keys import canonical_url
 
 if TYPE_CHECKING:
@@ -29,8 +29,9 @@ class ItemIdentity:
     """Item key and fingerprint, from settings with per-spider overrides.
 
     A spider may set ``incremental_item_key_field`` (a field name),
-    ``incremental_fingerprint_fields`` (only these fields count) or
-    ``incremental_volatile_fields`` (these never count), or define
+    ``incremental_fingerprint_fields`` (only these fields count),
+    ``incremental_volatile_fields`` (these never count) or
+    ``incremental_fingerprint_ignore`` (regexes removed from text), or define
     ``incremental_item_key(item) -> str``.
     """
 
@@ -47,10 +48,15 @@ class ItemIdentity:
         self.exclude = frozenset(volatile) | {self.fingerprint_field}
         include = getattr(spider, "incremental_fingerprint_fields", None)
         self.include = frozenset(include) if include is not None else None
+        self.normaliser = Normaliser(
+            getattr(spider, "incremental_fingerprint_ignore", config.fingerprint_ignore)
+        )
         self._key_method = getattr(spider, "incremental_item_key", None)
 
     def fingerprint(self, item: Any) -> str:
-        return item_fingerprint(item, exclude=self.exclude, include=self.include)
+        return item_fingerprint(
+            item, exclude=self.exclude, include=self.include, normaliser=self.normaliser
+        )
 
     def key(self, item: Any, fingerprint: str | None = None) -> str:
         if self._key_method is not None:

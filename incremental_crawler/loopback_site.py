@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 #: Page kinds, i.e. which validators a page sends (see :class:`Page`).
-KINDS: tuple[str, ...] = ("strong", "weak", "lastmod", "none", "stuck")
+KINDS: tuple[str, ...] = ("strong", "weak", "lastmod", "none", "stuck", "random", "noisy")
 
 #: Fixed base epoch of every ``Last-Modified`` / sitemap ``<lastmod>``; each
 #: version adds one hour. A fixed base keeps responses reproducible across
@@ -114,7 +114,13 @@ class Page:
     * ``none``    -- no validators, never answers 304;
     * ``stuck``   -- constant ``ETag: "stuck"`` and constant
       ``Last-Modified`` although the content changes with the version: a
-      misbehaving server whose validators lie.
+      misbehaving server whose validators lie;
+    * ``random``  -- a new random strong ``ETag`` on every response (per
+      process, per CDN node...) although the content only changes with the
+      version: validators that never match;
+    * ``noisy``   -- no validators, and a per-response timestamp in the page
+      (outside ``<main>``) and a per-response token inside it, the way ad
+      slots and "generated at" footers make every response differ.
     """
 
     path: str
@@ -344,6 +350,8 @@ class LoopbackSite:
         self._redirects: dict[str, tuple[str, int]] = {}
         # path -> (body, content type, etag); see add_document().
         self._documents: dict[str, tuple[bytes, str, str | None]] = {}
+        # Responses served so far (the noisy kind's per-response token).
+        self._served = 0
         #: Per-client rate limit (429 + Retry-After), see limit().
         self.limiter: TokenBucketLimiter | None = None
         # path prefix -> seconds before answering; see slow().
@@ -520,6 +528,8 @@ class LoopbackSite:
             return None, page.modified_ts
         if page.kind == "stuck":
             return '"stuck"', BASE_EPOCH
+        if page.kind == "random":
+            return f'"{random.getrandbits(64):016x}"', None  # noqa: S311 - test data
         return None, None
 
     def _nav_links(self, page: Page) -> list[str]:
@@ -821,6 +831,14 @@ class LoopbackSite:
             # RFC 9110 §15.4.5: the 304 carries the validators a 200 would.
             return _Response(304, b"", headers)
         headers["Content-Type"] = "text/html; charset=utf-8"
+        if page.kind == "noisy":
+            self._served += 1
+            stamp = datetime.now(UTC).isoformat(timespec="microseconds")
+            body = body.replace(
+                b"<footer>", f"<footer><p>Generated at {stamp}</p>".encode(), 1
+            ).replace(
+                b"</main>", f"<p>Updated {stamp}</p></main>".encode(), 1
+            )
         return _Response(200, body, headers)
 
     @staticmethod

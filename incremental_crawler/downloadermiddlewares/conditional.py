@@ -297,7 +297,7 @@ class ConditionalRequestMiddleware:
         elif raw_lm and last_modified is None:
             self.stats.inc_value("incremental/invalid_validator/last_modified")
             logger.debug("Not storing invalid Last-Modified of %(url)s", {"url": response.url})
-        fingerprint = body_fingerprint(response.body)
+        fingerprint = body_fingerprint(response.body, self.ledger.identity.normaliser)
         lastmod = request.meta.get(META_LASTMOD)
         changed = prior is None or prior.fingerprint != fingerprint
         schedule = self._next_visit(prior, changed=changed, now=now)
