@@ -67,6 +67,11 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_LASTMOD_MIN_SAMPLES": 10,
     "INCREMENTAL_LASTMOD_MAX_LIE_SHARE": 0.5,
     "INCREMENTAL_LASTMOD_DISTRUST_TTL": 7 * 24 * 3600,
+    # Lying validators: every Nth conditional request of a host is sent
+    # without conditions (0 = never); a host caught lying is not trusted for
+    # 304s for this many seconds.
+    "INCREMENTAL_RECHECK_EVERY": 50,
+    "INCREMENTAL_VALIDATORS_DISTRUST_TTL": 7 * 24 * 3600,
     # Politeness: per-domain AIMD windows (requests/s), Retry-After, robots
     # Crawl-delay. See incremental_crawler/throttle.py.
     "INCREMENTAL_THROTTLE_ENABLED": True,
@@ -110,6 +115,8 @@ class IncrementalConfig:
     lastmod_min_samples: int
     lastmod_max_lie_share: float
     lastmod_distrust_ttl: float
+    recheck_every: int
+    validators_distrust_ttl: float
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:
@@ -166,4 +173,6 @@ class IncrementalConfig:
             lastmod_min_samples=number("INCREMENTAL_LASTMOD_MIN_SAMPLES", minimum=1, kind=int),
             lastmod_max_lie_share=number("INCREMENTAL_LASTMOD_MAX_LIE_SHARE", minimum=0),
             lastmod_distrust_ttl=number("INCREMENTAL_LASTMOD_DISTRUST_TTL", minimum=0),
+            recheck_every=number("INCREMENTAL_RECHECK_EVERY", minimum=0, kind=int),
+            validators_distrust_ttl=number("INCREMENTAL_VALIDATORS_DISTRUST_TTL", minimum=0),
         )

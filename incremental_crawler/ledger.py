@@ -34,7 +34,7 @@ from incremental_crawler.identity import ItemIdentity, serialize_item
 from incremental_crawler.keys import Canonicalizer
 from incremental_crawler.state import ItemRecord, PageKey, PageState
 from incremental_crawler.stores import StateStore, StateStoreError, open_store
-from incremental_crawler.trust import LastmodTrust
+from incremental_crawler.trust import HostTrustBook
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -100,8 +100,8 @@ class Ledger:
         #: Canonical URLs, shared by page keys and item keys.
         self.canonical = Canonicalizer()
         self.identity = ItemIdentity(config, spider, self.canonical)
-        #: Which hosts' sitemap lastmods can be believed.
-        self.trust = LastmodTrust(config, store, self.scope, self.stats)
+        #: Which hosts' sitemap lastmods and validators can be believed.
+        self.trust = HostTrustBook(config, store, self.scope, self.stats)
         #: Set by the storage pipeline when it is enabled.
         self.stores_items = False
         self._pending: dict[int, _Pending] = {}

@@ -32,6 +32,8 @@ class PageFlags:
     VARY_STAR = 1
     #: The page answered with a redirect; ``redirect_to`` says where.
     REDIRECTED = 2
+    #: Its validators changed while its content did not (unstable).
+    UNSTABLE_VALIDATORS = 4
 
 
 @dataclass(slots=True)

@@ -140,6 +140,16 @@ class ConditionalRequestMiddleware:
                 # Some servers never change their validators while the
                 # content does; a full fetch now and then catches it.
                 conditional, reason = False, "max_age"
+            host = urlparse_cached(request).hostname or ""
+            trust = await self.ledger.trust.load(host)
+            if not conditional:
+                pass
+            elif not self.ledger.trust.validators_trusted(trust, time.time()):
+                # Its validators lied: every page in full, decided by fingerprint.
+                conditional, reason = False, "host_lying"
+            elif self.ledger.trust.sample_due(host):
+                # The sampled re-check: does the content still match?
+                conditional, reason = False, "sample"
         elif prior is not None:
             reason = "no_validators"
         request.meta[_CTX] = _Context(key, prior, conditional, reason)
@@ -158,6 +168,31 @@ class ConditionalRequestMiddleware:
         if prior.last_modified:
             headers[b"If-Modified-Since"] = prior.last_modified
         meta[_SENT] = True
+
+    def _validator_verdict(
+        self, request: Request, prior: PageState | None, etag: str | None,
+        last_modified: str | None, changed: bool,
+    ) -> str | None:
+        """What this full fetch says about the page's validators (reported per host)."""
+        if request.meta.get(META_DISCOVERY):
+            return None  # sitemaps and feeds are not the site's pages
+        host = urlparse_cached(request).hostname or ""
+        book = self.ledger.trust
+        if etag is None and last_modified is None:
+            verdict = "absent"
+        elif prior is None or not prior.has_validators:
+            return None  # nothing to compare with yet
+        elif (etag, last_modified) == (prior.etag, prior.last_modified):
+            if not changed:
+                verdict = "reliable"
+            else:
+                # The content moved behind the same validators: they lie.
+                book.caught_lying(book.loaded(host), time.time(), request.url)
+                return "lying"
+        else:
+            verdict = "reliable" if changed else "unstable"
+        book.verdict(host, verdict)
+        return verdict
 
     def _observe_lastmod(self, request: Request, prior: PageState, *, changed: bool) -> None:
         # A page fetched because its lastmod moved: did it really change?
@@ -275,6 +310,8 @@ class ConditionalRequestMiddleware:
         self._observe_lastmod(request, prior, changed=False)
         self._count(request, "not_modified")
         self._count(request, "bytes_saved_estimate", prior.size)
+        if not request.meta.get(META_DISCOVERY):
+            self.ledger.trust.verdict(urlparse_cached(request).hostname or "", "reliable")
         logger.debug("Not modified: %(request)s", {"request": request},
                      extra={"spider": self.crawler.spider})
         raise NotModified(f"Not modified: {request.url}")
@@ -304,6 +341,7 @@ class ConditionalRequestMiddleware:
         interval, next_visit = schedule or (0, 0.0)
         if prior is not None:
             self._observe_lastmod(request, prior, changed=changed)
+        verdict = self._validator_verdict(request, prior, etag, last_modified, changed)
         callback = _callback_name(request, self.crawler.spider)
         flags = 0
         if b"*" in response.headers.get(b"Vary", b"").split(b","):
@@ -324,7 +362,8 @@ class ConditionalRequestMiddleware:
                 last_checked=now, last_fetched=now,
                 last_changed=now if changed else prior.last_changed,
                 checks=prior.checks + 1, changes=prior.changes + changed,
-                flags=(prior.flags & ~PageFlags.VARY_STAR) | flags,
+                flags=(prior.flags & ~PageFlags.VARY_STAR) | flags
+                | (PageFlags.UNSTABLE_VALIDATORS if verdict == "unstable" else 0),
                 lastmod=prior.lastmod if lastmod is None else lastmod,
                 interval=interval, next_visit=next_visit, callback=callback,
             )

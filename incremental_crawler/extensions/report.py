@@ -89,15 +89,16 @@ class IncrementalLogStats(LogStats):
 class IncrementalReport:
     """A short human report of the ``incremental/`` stats when a crawl ends."""
 
-    def __init__(self, stats: StatsCollector) -> None:
+    def __init__(self, stats: StatsCollector, crawler: Crawler | None = None) -> None:
         self.stats = stats
+        self.crawler = crawler
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         config = IncrementalConfig.from_settings(crawler.settings)
         if not (config.enabled and config.report):
             raise NotConfigured("INCREMENTAL_REPORT is False")
-        ext = cls(crawler.stats)
+        ext = cls(crawler.stats, crawler)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
         return ext
 
@@ -112,6 +113,9 @@ class IncrementalReport:
             f"  {_line(s)}",
             f"  bytes downloaded {downloaded:,}, saved by 304s ~{saved:,}{share}",
         ]
+        ledger = getattr(self.crawler, "incremental_ledger", None)
+        if ledger is not None:
+            lines.extend(ledger.trust.report_lines())
         if s["state_withheld"]:
             lines.append(
                 f"  {s['state_withheld']} pages keep their old validators "

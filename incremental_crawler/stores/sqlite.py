@@ -93,6 +93,10 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (scope, host)
     ) WITHOUT ROWID;
     """,
+    # 5: per-host trust in validators (304s).
+    """
+    ALTER TABLE hosts ADD COLUMN validators_distrusted_until INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: URLs per batched lookup (SQLite allows 32,766 host parameters).
@@ -346,7 +350,8 @@ class SQLiteStateStore(StateStore):
 
     async def get_host(self, scope: str, host: str) -> HostTrust | None:
         row = self._db.execute(
-            "SELECT lastmod_checks, lastmod_lies, distrusted_until FROM hosts "
+            "SELECT lastmod_checks, lastmod_lies, distrusted_until, "
+            "validators_distrusted_until FROM hosts "
             "WHERE scope = ? AND host = ?", (scope, host),
         ).fetchone()
         return None if row is None else HostTrust(scope, host, *row)
@@ -355,8 +360,9 @@ class SQLiteStateStore(StateStore):
         self._staged += 1
         self._ops.append((
             "INSERT OR REPLACE INTO hosts (scope, host, lastmod_checks, lastmod_lies, "
-            "distrusted_until) VALUES (?, ?, ?, ?, ?)",
-            (trust.scope, trust.host, trust.checks, trust.lies, int(trust.distrusted_until)),
+            "distrusted_until, validators_distrusted_until) VALUES (?, ?, ?, ?, ?, ?)",
+            (trust.scope, trust.host, trust.checks, trust.lies, int(trust.distrusted_until),
+             int(trust.validators_distrusted_until)),
         ))
 
     async def get_item_fingerprint(self, scope: str, item_key: str) -> str | None:
