@@ -67,6 +67,12 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_LASTMOD_MIN_SAMPLES": 10,
     "INCREMENTAL_LASTMOD_MAX_LIE_SHARE": 0.5,
     "INCREMENTAL_LASTMOD_DISTRUST_TTL": 7 * 24 * 3600,
+    # Near-duplicate mode (opt-in): an item whose SimHash of this field is
+    # within this many bits of the stored one counts as unchanged. It also
+    # hides a tiny real change: see the README.
+    "INCREMENTAL_NEAR_DUPLICATES": False,
+    "INCREMENTAL_SIMHASH_FIELD": "text",
+    "INCREMENTAL_SIMHASH_DISTANCE": 3,
     # Lying validators: every Nth conditional request of a host is sent
     # without conditions (0 = never); a host caught lying is not trusted for
     # 304s for this many seconds.
@@ -116,6 +122,9 @@ class IncrementalConfig:
     lastmod_max_lie_share: float
     lastmod_distrust_ttl: float
     recheck_every: int
+    near_duplicates: bool
+    simhash_field: str
+    simhash_distance: int
     validators_distrust_ttl: float
 
     @classmethod
@@ -174,5 +183,8 @@ class IncrementalConfig:
             lastmod_max_lie_share=number("INCREMENTAL_LASTMOD_MAX_LIE_SHARE", minimum=0),
             lastmod_distrust_ttl=number("INCREMENTAL_LASTMOD_DISTRUST_TTL", minimum=0),
             recheck_every=number("INCREMENTAL_RECHECK_EVERY", minimum=0, kind=int),
+            near_duplicates=boolean("INCREMENTAL_NEAR_DUPLICATES"),
+            simhash_field=get("INCREMENTAL_SIMHASH_FIELD"),
+            simhash_distance=number("INCREMENTAL_SIMHASH_DISTANCE", minimum=0, kind=int),
             validators_distrust_ttl=number("INCREMENTAL_VALIDATORS_DISTRUST_TTL", minimum=0),
         )

@@ -12,7 +12,10 @@ from itemadapter import ItemAdapter
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterable
 
-__all__ = ["DEFAULT_IGNORE_PATTERNS", "Normaliser", "body_fingerprint", "item_fingerprint"]
+__all__ = [
+    "DEFAULT_IGNORE_PATTERNS", "Normaliser", "body_fingerprint", "hamming", "item_fingerprint",
+    "simhash",
+]
 
 #: Noise that changes on every response and never is content: timestamps
 #: (ISO 8601 / W3C, HTTP and RFC 822 dates) and session ids in URLs.
@@ -119,3 +122,36 @@ def item_fingerprint(
             digest.update(len(part).to_bytes(8, "big"))
             digest.update(part)
     return digest.hexdigest()[:_HEX_DIGITS]
+
+
+def simhash(text: str, normaliser: Normaliser | None = None) -> int:
+    """64-bit SimHash of *text* over word 3-shingles (Charikar, 2002).
+
+    Texts that differ by a few words get hashes a few bits apart; the value
+    is signed so that SQLite stores it as an INTEGER. Costs about 15 µs per
+    word (pure Python): it is opt-in.
+
+    >>> a = simhash(" ".join(f"word{i}" for i in range(300)))
+    >>> b = simhash(" ".join(f"word{i}" if i != 150 else "other" for i in range(300)))
+    >>> hamming(a, b) <= 8 < hamming(a, simhash("something else entirely, and short"))
+    True
+    """
+    if normaliser is not None:
+        text = normaliser.text(text)
+    words = text.split()
+    shingles = [" ".join(words[i:i + 3]) for i in range(max(1, len(words) - 2))]
+    weights = [0] * 64
+    for shingle in shingles:
+        value = int.from_bytes(
+            hashlib.blake2b(shingle.encode("utf-8", "surrogatepass"), digest_size=8).digest(),
+            "big",
+        )
+        for bit in range(64):
+            weights[bit] += 1 if value >> bit & 1 else -1
+    result = sum(1 << bit for bit in range(64) if weights[bit] > 0)
+    return result - (1 << 64) if result >= 1 << 63 else result
+
+
+def hamming(a: int, b: int) -> int:
+    """Bits that differ between two SimHashes."""
+    return ((a ^ b) & 0xFFFFFFFFFFFFFFFF).bit_count()

@@ -77,13 +77,14 @@ class PageTransaction:
 class _Pending:
     """What the pipelines learnt about an item on its way through them."""
 
-    __slots__ = ("data", "fingerprint", "item", "key")
+    __slots__ = ("data", "fingerprint", "item", "key", "simhash")
 
     def __init__(self, item: Any) -> None:
         self.item = item
         self.key: str | None = None
         self.fingerprint: str | None = None
         self.data: str | None = None
+        self.simhash: int | None = None
 
 
 class Ledger:
@@ -303,6 +304,7 @@ class Ledger:
                     fingerprint=pending.fingerprint,
                     data=pending.data,
                     stored_at=time.time(),
+                    simhash=pending.simhash,
                 )
             )
             if pending.data is not None:

@@ -86,3 +86,5 @@ class ItemRecord:
     fingerprint: str
     data: str | None = None
     stored_at: float = 0.0
+    #: SimHash of the item's main text (near-duplicate mode only).
+    simhash: int | None = None

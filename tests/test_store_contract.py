@@ -35,6 +35,7 @@ from incremental_crawler.stores import (
     open_store,
 )
 from incremental_crawler.stores.sqlite import (
+    MIGRATIONS,
     SCHEMA_VERSION,
     SQLiteStateStore,
     path_from_uri,
@@ -721,21 +722,14 @@ class TestSQLiteOnly:
 class TestSQLiteMigrations:
     """An existing store of an older schema is migrated in place, data kept."""
 
-    V1_PAGES = (
-        "CREATE TABLE pages (scope TEXT NOT NULL, url TEXT NOT NULL, variant TEXT NOT "
-        "NULL DEFAULT '', etag TEXT, last_modified TEXT, fingerprint TEXT, size INTEGER "
-        "NOT NULL DEFAULT 0, last_status INTEGER, first_seen INTEGER NOT NULL DEFAULT 0, "
-        "last_checked INTEGER NOT NULL DEFAULT 0, last_fetched INTEGER NOT NULL DEFAULT 0, "
-        "last_changed INTEGER NOT NULL DEFAULT 0, checks INTEGER NOT NULL DEFAULT 0, "
-        "changes INTEGER NOT NULL DEFAULT 0, flags INTEGER NOT NULL DEFAULT 0, "
-        "redirect_to TEXT, PRIMARY KEY (scope, url, variant)) WITHOUT ROWID"
-    )
-
     @pytest_twisted.ensureDeferred
     async def test_version_1_store_is_migrated_and_keeps_its_pages(self, tmp_path: Path) -> None:
         path = tmp_path / "old.db"
         with closing(sqlite3.connect(path)) as db:
-            db.execute(self.V1_PAGES)
+            # The real version-1 schema, as the first migration creates it.
+            for statement in MIGRATIONS[0].split(";"):
+                if statement.strip():
+                    db.execute(statement)
             db.execute(
                 "INSERT INTO pages (scope, url, etag, fingerprint, first_seen, checks) "
                 "VALUES ('s', 'http://a/', '\"x\"', 'ff', 1, 3)")

@@ -81,3 +81,36 @@ async def test_noise_outside_and_inside_the_main_content_makes_no_item(site, cra
     # ...the per-response timestamps are ignored; the real change is not.
     assert [item["url"] for item in second.collected] == [site.url("/n/real")]
     assert second.stats.get_value("incremental/validators/absent") == 4
+
+
+def article(words: list[str]) -> str:
+    return ("<html><head><title>story</title></head><body><main><p>"
+            + " ".join(words) + "</p></main></body></html>")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_one_word_change_is_an_item_by_default_and_suppressed_as_near_duplicate(
+    site, crawl
+):
+    words = [f"word{i}" for i in range(400)]
+    site.add_document("/story", article(words), "text/html")
+    site.add_document("/s.xml", '<?xml version="1.0"?><urlset xmlns="http://www.sitemaps.org/'
+                      f'schemas/sitemap/0.9"><url><loc>{site.url("/story")}</loc></url></urlset>',
+                      "application/xml")
+    near = {"INCREMENTAL_NEAR_DUPLICATES": True}
+    await crawl(SitemapPagesSpider, settings=near, sitemap_url=site.url("/s.xml"))
+    words[200] = "changed"
+    site.add_document("/story", article(words), "text/html")
+    # Near-duplicate mode: the one-word change is within the distance; it is
+    # suppressed and counted (the trade-off the README states).
+    suppressed = await crawl(SitemapPagesSpider, settings=near, sitemap_url=site.url("/s.xml"))
+    assert suppressed.collected == []
+    assert suppressed.stats.get_value("incremental/items_near_duplicate") == 1
+    # Default mode: every real change is an item.
+    default = await crawl(SitemapPagesSpider, sitemap_url=site.url("/s.xml"))
+    assert [item["url"] for item in default.collected] == [site.url("/story")]
+    # A larger change passes the distance in near-duplicate mode too.
+    words[:120] = [f"new{i}" for i in range(120)]
+    site.add_document("/story", article(words), "text/html")
+    rewritten = await crawl(SitemapPagesSpider, settings=near, sitemap_url=site.url("/s.xml"))
+    assert len(rewritten.collected) == 1

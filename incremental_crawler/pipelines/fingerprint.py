@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from itemadapter import ItemAdapter
 from scrapy.exceptions import DropItem
+
+from incremental_crawler.fingerprints import hamming, simhash
 
 from incremental_crawler.ledger import Ledger
 
@@ -17,11 +20,15 @@ if TYPE_CHECKING:
 
     from scrapy.crawler import Crawler
 
-__all__ = ["FingerprintPipeline", "ItemUnchanged"]
+__all__ = ["FingerprintPipeline", "ItemNearDuplicate", "ItemUnchanged"]
 
 
 class ItemUnchanged(DropItem):
     """The item equals the stored version."""
+
+
+class ItemNearDuplicate(ItemUnchanged):
+    """The item differs from the stored version only by a few SimHash bits."""
 
 
 class FingerprintPipeline:
@@ -30,6 +37,10 @@ class FingerprintPipeline:
     def __init__(self, crawler: Crawler) -> None:
         self.ledger = Ledger.for_component(crawler)
         self.stats = crawler.stats
+        config = self.ledger.config
+        self.near_duplicates = config.near_duplicates
+        self.simhash_field = config.simhash_field
+        self.simhash_distance = config.simhash_distance
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -46,6 +57,9 @@ class FingerprintPipeline:
             # DEBUG, not Scrapy's default WARNING: on a re-crawl most items
             # are unchanged, and that is the point.
             raise ItemUnchanged(f"Unchanged item {key}", log_level="DEBUG")
+        sketch = None
+        if self.near_duplicates:
+            sketch = await self._near_duplicate(item, key, stored)
         self.stats.inc_value(
             "incremental/items_new" if stored is None else "incremental/items_changed"
         )
@@ -53,4 +67,24 @@ class FingerprintPipeline:
         pending = ledger.remember(item)
         pending.key = key
         pending.fingerprint = fingerprint
+        pending.simhash = sketch
         return item
+
+    async def _near_duplicate(self, item: Any, key: str, stored: str | None) -> int | None:
+        """The item's SimHash; raises ItemNearDuplicate when it is one."""
+        text = ItemAdapter(item).get(self.simhash_field)
+        if not isinstance(text, str):
+            return None
+        sketch = simhash(text, self.ledger.identity.normaliser)
+        if stored is None:
+            return sketch
+        previous = await self.ledger.store.get_item_simhash(self.ledger.scope, key)
+        if previous is not None and hamming(previous, sketch) <= self.simhash_distance:
+            # The stored version stays the reference, so small changes that
+            # add up still make an item once they pass the distance.
+            self.stats.inc_value("incremental/items_near_duplicate")
+            self.stats.inc_value("incremental/items_unchanged")
+            raise ItemNearDuplicate(
+                f"Near-duplicate item {key} ({hamming(previous, sketch)} bits)", log_level="DEBUG"
+            )
+        return sketch

@@ -53,6 +53,10 @@ class StateStore(ABC):
         """Up to *limit* fetched pages of *scope* whose next visit is due, most overdue first."""
 
     @abstractmethod
+    async def get_item_simhash(self, scope: str, item_key: str) -> int | None:
+        """The SimHash stored with the latest version of an item, if any."""
+
+    @abstractmethod
     async def get_host(self, scope: str, host: str) -> HostTrust | None:
         """The stored lastmod trust of *host*."""
 

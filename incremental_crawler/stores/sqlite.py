@@ -97,6 +97,10 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE hosts ADD COLUMN validators_distrusted_until INTEGER NOT NULL DEFAULT 0;
     """,
+    # 6: SimHash of an item's main text (near-duplicate mode).
+    """
+    ALTER TABLE items ADD COLUMN simhash INTEGER;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: URLs per batched lookup (SQLite allows 32,766 host parameters).
@@ -140,9 +144,9 @@ _UPSERT_REDIRECT = (
 # only, so it is written once.
 _UPSERT_ITEM = (
     "INSERT INTO items (scope, item_key, url, fingerprint, first_seen, "
-    "last_changed, version) VALUES (?, ?, ?, ?, ?, ?, 1) "
+    "last_changed, version, simhash) VALUES (?, ?, ?, ?, ?, ?, 1, ?) "
     "ON CONFLICT (scope, item_key) DO UPDATE SET url = excluded.url, "
-    "fingerprint = excluded.fingerprint, "
+    "fingerprint = excluded.fingerprint, simhash = excluded.simhash, "
     "last_changed = excluded.last_changed, version = items.version + 1"
 )
 _ADD_ITEM_VERSION = (
@@ -348,6 +352,12 @@ class SQLiteStateStore(StateStore):
             raise self._fail("read failed", exc) from exc
         return [PageState(PageKey(scope, url, variant), *columns) for url, variant, *columns in rows]
 
+    async def get_item_simhash(self, scope: str, item_key: str) -> int | None:
+        row = self._db.execute(
+            "SELECT simhash FROM items WHERE scope = ? AND item_key = ?", (scope, item_key)
+        ).fetchone()
+        return row[0] if row else None
+
     async def get_host(self, scope: str, host: str) -> HostTrust | None:
         row = self._db.execute(
             "SELECT lastmod_checks, lastmod_lies, distrusted_until, "
@@ -414,7 +424,7 @@ class SQLiteStateStore(StateStore):
         # The URL usually is the key: not stored twice.
         url = None if record.url == record.key else record.url
         self._ops.append((_UPSERT_ITEM, (
-            record.scope, record.key, url, record.fingerprint, when, when,
+            record.scope, record.key, url, record.fingerprint, when, when, record.simhash,
         )))
         if record.data is not None:
             self._ops.append((_ADD_ITEM_VERSION, (record.data, record.scope, record.key)))
