@@ -30,7 +30,7 @@ __all__ = ["MAX_LOC_LENGTH", "MAX_URLS", "Candidate", "SitemapEntries", "decide"
 MAX_URLS = 50_000
 #: sitemaps.org: "less than 2,048 characters".
 MAX_LOC_LENGTH = 2048
-#: A lastmod this far in the future is a clock skew, clamped to now.
+#: A lastmod further than this in the future is not a date we can use.
 _FUTURE_TOLERANCE = 60.0
 _DATE_MEMO = 4096
 _UNPARSED = object()
@@ -100,8 +100,11 @@ class SitemapEntries:
             self.stats.inc_value("incremental/lastmod/invalid")
             return None
         if value > self.now + _FUTURE_TOLERANCE:
+            # Clamped to "now" it would be newer than anything stored, on
+            # every crawl; a stored year 2999 would hide every later real
+            # change. It tells nothing: it counts as missing.
             self.stats.inc_value("incremental/lastmod/future_clamped")
-            return self.now
+            return None
         return value
 
     def candidates(self, entries: Iterable[dict[str, Any]]) -> list[Candidate]:
@@ -131,6 +134,7 @@ def decide(
     use_lastmod: bool,
     max_age: float,
     now: float,
+    revisit: bool = False,
 ) -> str | None:
     """Why *candidate* should be requested, or ``None`` to skip it.
 
@@ -150,4 +154,8 @@ def decide(
         return "lastmod_unknown"
     if candidate.lastmod > stored.lastmod:
         return "lastmod_newer"
+    if revisit and stored.next_visit and now >= stored.next_visit:
+        # A date that does not move (an RSS pubDate, a lazy sitemap) must not
+        # hide a page for ever: its revisit schedule still brings it back.
+        return "due"
     return None

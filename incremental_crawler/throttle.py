@@ -69,6 +69,8 @@ class DomainWindow:
     frozen_until: float = 0.0
     frozen_seconds: float = 0.0
     parked: bool = False
+    #: Whether the Scrapy slot's own settings were taken as bounds.
+    bounded: bool = False
 
     def __post_init__(self) -> None:
         if not self.rate:

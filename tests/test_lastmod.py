@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import time
 
 import pytest_twisted
 
@@ -59,17 +60,23 @@ def urlset(entries: list[tuple[str, str | None]]) -> str:
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_page_whose_lastmod_moved_without_a_change_costs_one_304(site, crawl, state_db):
+async def test_a_304_contradicting_a_newer_lastmod_is_settled_by_the_content(
+    site, crawl, state_db
+):
     site.add_page("/a", "strong", size=1500)
     site.add_document("/s.xml", urlset([(site.url("/a"), "2024-01-01")]), "application/xml")
     await crawl(SitemapPagesSpider, sitemap_url=site.url("/s.xml"))
     site.add_document("/s.xml", urlset([(site.url("/a"), "2024-02-01T10:00Z")]),
                       "application/xml")
     site.reset_log()
-    await crawl(SitemapPagesSpider, sitemap_url=site.url("/s.xml"))
-    [record] = [r for r in site.log if r.path == "/a"]
-    assert record.status == 304
-    # The 304 says our data is that version: the new lastmod is recorded...
+    second = await crawl(SitemapPagesSpider, sitemap_url=site.url("/s.xml"))
+    # The sitemap says "changed", the validators "not modified": the page is
+    # fetched in full once, and its content (unchanged) decides.
+    assert [(r.status, r.if_none_match is None) for r in site.log if r.path == "/a"] == [
+        (304, False), (200, True)]
+    assert second.collected == []
+    assert second.stats.get_value("incremental/refetch/lastmod_contradicts_304") == 1
+    # Our copy is that version: the new lastmod is recorded...
     [(lastmod,)] = state_db("SELECT lastmod FROM pages WHERE url = ?", site.url("/a"))
     assert lastmod == 1706781600
     site.reset_log()
@@ -96,14 +103,13 @@ async def test_invalid_and_future_lastmods(site, crawl):
     assert first.stats.get_value("incremental/lastmod/missing") == 1
     site.reset_log()
     second = await crawl(SitemapPagesSpider, sitemap_url=site.url("/s.xml"))
-    # Invalid and missing lastmods never skip a page (conditional requests).
-    # A future one is clamped to "now" before it is stored (a stored year
-    # 2999 would make every later real lastmod look old and hide changes);
-    # it stays in the future, so the page keeps getting conditional requests.
+    # Invalid, missing and future lastmods never skip a page: conditional
+    # requests decide. A future one is never stored (a stored year 2999
+    # would make every later real lastmod look old and hide changes).
     assert requested_pages_of(site, "/bad", "/none", "/future") == ["/bad", "/future", "/none"]
     assert all(r.status == 304 for r in site.log if r.path in ("/bad", "/none", "/future"))
     assert not [r for r in site.log if r.path == "/ok"]
-    assert second.stats.get_value("incremental/lastmod/requested/lastmod_missing") == 2
+    assert second.stats.get_value("incremental/lastmod/requested/lastmod_missing") == 3
 
 
 def requested_pages_of(site, *paths):
@@ -248,10 +254,12 @@ async def test_a_sitemap_whose_lastmods_lie_stops_being_trusted(site, crawl, sta
         site.add_page(path, "strong", size=1500)
     settings = {"INCREMENTAL_LASTMOD_MIN_SAMPLES": 4}
 
-    def publish(day: int) -> None:
-        # Every lastmod moves on each publication; no page ever changes.
-        entries = [(site.url(p), f"2024-01-{day:02d}") for p in paths]
-        site.add_document("/s.xml", urlset(entries), "application/xml")
+    def publish(n: int) -> None:
+        # Every lastmod moves on each publication, past our last fetch; no
+        # page ever changes.
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 2 + n))
+        site.add_document("/s.xml", urlset([(site.url(p), stamp) for p in paths]),
+                          "application/xml")
 
     publish(1)
     await crawl(SitemapPagesSpider, settings=settings, sitemap_url=site.url("/s.xml"))
@@ -275,8 +283,6 @@ async def test_a_sitemap_whose_lastmods_lie_stops_being_trusted(site, crawl, sta
 
 @pytest_twisted.ensureDeferred
 async def test_lastmods_that_are_the_generation_time_are_not_trusted(site, crawl):
-    import time
-
     paths = [f"/p/{i}" for i in range(12)]
     for path in paths:
         site.add_page(path, "strong", size=1500)

@@ -199,6 +199,8 @@ class ConditionalRequestMiddleware:
         lastmod = request.meta.get(META_LASTMOD)
         if lastmod is None or prior.lastmod is None or lastmod <= prior.lastmod:
             return
+        if prior.last_fetched >= lastmod:
+            return  # our copy is newer than the announced change: no evidence
         host = urlparse_cached(request).hostname or ""
         self.ledger.trust.observe(host, lied=not changed, now=time.time())
 
@@ -298,13 +300,17 @@ class ConditionalRequestMiddleware:
             # Vary: * (rules.md bad input 8): the response varies on things
             # outside the request, so a 304 is never trusted blindly.
             return self._refetch(request, "vary_star_304")
+        lastmod = request.meta.get(META_LASTMOD)
+        if lastmod is not None and prior.lastmod is not None and lastmod > prior.lastmod:
+            # The sitemap says the page changed, the validators say not: one
+            # of them is wrong, and only the content can tell which.
+            return self._refetch(request, "lastmod_contradicts_304")
         new_etag = parse_etag(response.headers.get(b"ETag"))
         if new_etag and prior.etag and not weak_match(new_etag, prior.etag):
             # RFC 9111 §4.3.4: a 304 naming another representation selects
             # nothing we hold; update nothing and fetch it in full.
             return self._refetch(request, "etag_mismatch_304")
         # The data we hold is this version: its lastmod may be recorded.
-        lastmod = request.meta.get(META_LASTMOD)
         schedule = self._next_visit(prior, changed=False, now=time.time())
         self.ledger.stage_check(ctx.key, 304, lastmod=lastmod, schedule=schedule)
         self._observe_lastmod(request, prior, changed=False)

@@ -22,7 +22,6 @@ import time
 from typing import TYPE_CHECKING
 
 from scrapy.exceptions import IgnoreRequest, NotConfigured
-from scrapy.utils.httpobj import urlparse_cached
 
 from incremental_crawler.validators import parse_http_date
 
@@ -45,6 +44,9 @@ _DELAY_SECONDS = re.compile(r"^\s*(\d{1,10})\s*$")
 
 def parse_retry_after(value: bytes | str | None, now: float | None = None) -> float | None:
     """Seconds to wait, or ``None`` when *value* is neither form.
+
+    An HTTP-date is measured from *now*: pass the server's own ``Date`` so
+    that a clock difference between it and us does not shorten the wait.
 
     >>> parse_retry_after(b"120"), parse_retry_after("abc"), parse_retry_after("-5")
     (120.0, None, None)
@@ -71,13 +73,7 @@ class RetryAfterMiddleware:
         if not settings.getbool("INCREMENTAL_THROTTLE_ENABLED", True):
             raise NotConfigured("INCREMENTAL_THROTTLE_ENABLED is False")
         self.crawler = crawler
-        self.max_wait = settings.getfloat("INCREMENTAL_THROTTLE_RETRY_AFTER_MAX", 300.0)
         self.max_tries = settings.getint("INCREMENTAL_THROTTLE_MAX_RETRIES", 10)
-        self.groups = {
-            host: group
-            for group, hosts in settings.getdict("INCREMENTAL_THROTTLE_HOST_GROUPS").items()
-            for host in hosts
-        }
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -90,34 +86,26 @@ class RetryAfterMiddleware:
         return getattr(self.crawler, "incremental_throttle", None)
 
     def process_request(self, request: Request) -> None:
-        if self.throttle is None:
+        throttle = self.throttle
+        if throttle is None:
             return
-        if self.groups and "download_slot" not in request.meta:
+        key = throttle.slot_key(request)
+        if "download_slot" not in request.meta and key != throttle.crawler.engine.downloader.get_slot_key(request):
             # Hosts of one site share one budget (one slot).
-            group = self.groups.get(urlparse_cached(request).hostname or "")
-            if group:
-                request.meta["download_slot"] = group
-        key = self.throttle.slot_key(request)
-        if self.throttle.window(key).parked:
+            request.meta["download_slot"] = key
+        if throttle.window(key).parked:
             self.crawler.stats.inc_value("incremental/throttle/parked_requests")
             raise IgnoreRequest(f"{key} is parked (it asked us to stay away too long)")
 
     def process_response(self, request: Request, response: Response) -> Request | Response:
-        if response.status not in (429, 503) or self.throttle is None:
+        # AdaptiveThrottle already froze the slot (or parked it) when the
+        # answer arrived; here the request is retried after the freeze.
+        throttle = self.throttle
+        if response.status not in (429, 503) or throttle is None:
             return response
-        key = request.meta.get("download_slot") or self.throttle.slot_key(request)
-        raw = response.headers.get(b"Retry-After")
-        wait = parse_retry_after(raw)
-        if raw is not None and wait is None:
-            self.crawler.stats.inc_value("incremental/throttle/retry_after_invalid")
-        if wait is not None and wait > self.max_wait:
-            self.throttle.park(key, f"Retry-After {wait:.0f} s is above "
-                                    f"INCREMENTAL_THROTTLE_RETRY_AFTER_MAX={self.max_wait:g}")
+        key = request.meta.get("download_slot") or throttle.slot_key(request)
+        if throttle.window(key).parked:
             return response
-        if wait is None:
-            wait = self.throttle.window(key).backoff()
-            self.crawler.stats.inc_value("incremental/throttle/backoffs")
-        self.throttle.freeze(key, wait, f"{response.status}, Retry-After {raw!r}")
         tries = request.meta.get(_TRIES, 0)
         if tries >= self.max_tries:
             return response  # RetryMiddleware's own budget takes over

@@ -18,10 +18,13 @@ from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
-from scrapy.exceptions import NotConfigured
+from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.extensions.throttle import AutoThrottle
+from scrapy.utils.httpobj import urlparse_cached
 
+from incremental_crawler.downloadermiddlewares.retryafter import parse_retry_after
 from incremental_crawler.throttle import DomainWindow, WindowPolicy
+from incremental_crawler.validators import parse_http_date
 
 if TYPE_CHECKING:
     from typing import Self
@@ -77,6 +80,11 @@ class AdaptiveThrottle(AutoThrottle):
         self.retry_after_max = settings.getfloat("INCREMENTAL_THROTTLE_RETRY_AFTER_MAX", 300.0)
         self.warn_share = settings.getfloat("INCREMENTAL_THROTTLE_WARN_ERROR_SHARE", 0.2)
         self.windows: dict[str, DomainWindow] = {}
+        self.groups = {
+            host: group
+            for group, hosts in settings.getdict("INCREMENTAL_THROTTLE_HOST_GROUPS").items()
+            for host in hosts
+        }
         self._warned: set[str] = set()
         crawler.incremental_throttle = self  # type: ignore[attr-defined]
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
@@ -96,23 +104,30 @@ class AdaptiveThrottle(AutoThrottle):
 
     # -- windows ---------------------------------------------------------------
 
-    def window(self, key: str) -> DomainWindow:
+    def window(self, key: str, slot: Slot | None = None) -> DomainWindow:
         window = self.windows.get(key)
         if window is None:
             policy = self.policy
             override = self.overrides.get(key)
             if override:
                 policy = replace(policy, **override)
-            slot_conf = self.crawler.settings.getdict("DOWNLOAD_SLOTS").get(key, {})
-            if "concurrency" in slot_conf:  # DOWNLOAD_SLOTS stays an upper bound
-                policy = replace(policy, max_concurrency=min(
-                    policy.max_concurrency, int(slot_conf["concurrency"])))
             window = self.windows[key] = DomainWindow(policy)
-            if "delay" in slot_conf:
-                window.delay_floor = float(slot_conf["delay"])
+        if slot is not None and not window.bounded:
+            # The slot as Scrapy made it (DOWNLOAD_DELAY, CONCURRENT_REQUESTS_
+            # PER_DOMAIN/_PER_IP, DOWNLOAD_SLOTS) bounds the window: the
+            # user's delay is a floor, their concurrency a ceiling.
+            window.bounded = True
+            window.delay_floor = max(window.delay_floor, slot.delay)
+            window.policy = replace(window.policy, max_concurrency=max(1, min(
+                window.policy.max_concurrency, slot.concurrency)))
         return window
 
     def slot_key(self, request: Request) -> str:
+        """The request's slot, host groups applied (also for robots.txt requests)."""
+        if "download_slot" not in request.meta and self.groups:
+            group = self.groups.get(urlparse_cached(request).hostname or "")
+            if group:
+                return group
         return self.crawler.engine.downloader.get_slot_key(request)
 
     def _apply(self, key: str, window: DomainWindow, slot: Slot | None = None) -> None:
@@ -129,7 +144,7 @@ class AdaptiveThrottle(AutoThrottle):
 
     def request_reached_downloader(self, request: Request, spider: Spider) -> None:
         key = request.meta.get("download_slot") or self.slot_key(request)
-        window = self.window(key)
+        window = self.window(key, self.crawler.engine.downloader.slots.get(key))
         request.meta[_SEQ] = window.stamp()
         self._apply(key, window)
 
@@ -149,6 +164,10 @@ class AdaptiveThrottle(AutoThrottle):
                 window.status_429 += 1
             else:
                 window.status_5xx += 1
+            # Freeze now: Scrapy's downloader releases the slot's next request
+            # as soon as this signal returns, before any middleware sees the
+            # answer.
+            self._stay_away(key, window, request, response)
         elif status >= 500:
             window.status_5xx += 1
             reason = window.soft_error(seq)
@@ -156,6 +175,23 @@ class AdaptiveThrottle(AutoThrottle):
             reason = window.ok(latency)
         self._changed(key, window, reason, f"{status} in {latency * 1000:.0f} ms")
         self._apply(key, window, slot)
+
+    def _stay_away(self, key: str, window: DomainWindow, request: Request,
+                   response: Response) -> None:
+        raw = response.headers.get(b"Retry-After")
+        server_now = parse_http_date(response.headers.get(b"Date"))
+        wait = parse_retry_after(raw, now=server_now)
+        if raw is not None and (wait is None or wait <= 0):
+            self.crawler.stats.inc_value("incremental/throttle/retry_after_invalid")
+        if wait is None or wait <= 0:
+            # Garbage, or a date already past by the server's own clock.
+            wait = window.backoff()
+            self.crawler.stats.inc_value("incremental/throttle/backoffs")
+        if wait > self.retry_after_max:
+            self.park(key, f"Retry-After {wait:.0f} s is above "
+                           f"INCREMENTAL_THROTTLE_RETRY_AFTER_MAX={self.retry_after_max:g}")
+            return
+        self.freeze(key, wait, f"{response.status}, Retry-After {raw!r}")
 
     def on_exception(self, request: Request, exception: Exception) -> None:
         """A download error (called by the Retry-After middleware)."""
@@ -185,11 +221,21 @@ class AdaptiveThrottle(AutoThrottle):
 
     def park(self, key: str, why: str) -> None:
         window = self.window(key)
-        if not window.parked:
-            window.parked = True
-            self.crawler.stats.inc_value("incremental/throttle/parked_domains")
-            logger.warning("Parking %(slot)s for the rest of the crawl: %(why)s",
-                           {"slot": key, "why": why})
+        if window.parked:
+            return
+        window.parked = True
+        self.crawler.stats.inc_value("incremental/throttle/parked_domains")
+        logger.warning("Parking %(slot)s for the rest of the crawl: %(why)s",
+                       {"slot": key, "why": why})
+        # Nothing more leaves for it: not what waits in its queue either.
+        self.freeze(key, self.retry_after_max, "parked")
+        slot = self.crawler.engine.downloader.slots.get(key)
+        if slot is not None:
+            queued = list(slot.queue)
+            slot.queue.clear()
+            for _request, deferred in queued:
+                deferred.errback(IgnoreRequest(f"{key} is parked"))
+            self.crawler.stats.inc_value("incremental/throttle/parked_requests", len(queued))
 
     def robots_parsed(self, robotparser: Any, request: Request) -> None:
         agent = self.crawler.settings.get("ROBOTSTXT_USER_AGENT") or request.headers.get(

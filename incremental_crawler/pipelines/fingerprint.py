@@ -12,7 +12,6 @@ from itemadapter import ItemAdapter
 from scrapy.exceptions import DropItem
 
 from incremental_crawler.fingerprints import hamming, simhash
-
 from incremental_crawler.ledger import Ledger
 
 if TYPE_CHECKING:

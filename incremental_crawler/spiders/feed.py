@@ -68,7 +68,13 @@ def _rss(root: Any) -> Iterator[dict[str, Any]]:
     for item in root.iter():
         if _local(item.tag) != "item":
             continue
-        yield {"loc": _child_text(item, "link") or "", "lastmod": _child_text(item, "pubDate")}
+        # RSS 2.0: an item without <link> is still addressable by a permalink guid.
+        link = _child_text(item, "link")
+        if not link:
+            for child in item:
+                if _local(child.tag) == "guid" and child.get("isPermaLink", "true") == "true":
+                    link = (child.text or "").strip()
+        yield {"loc": link or "", "lastmod": _child_text(item, "pubDate")}
 
 
 def _atom(root: Any) -> Iterator[dict[str, Any]]:
@@ -115,3 +121,8 @@ class FeedPagesSpider(ListedPagesSpider):
 
     def _page_callback(self, loc: str) -> Any:
         return self.parse
+
+    def needs_reseed(self) -> bool:
+        # A feed is a window of recent entries: pages that left it are only
+        # reached again by re-seeding (those it lists were decided already).
+        return self.incremental_reseed

@@ -159,11 +159,13 @@ class ListedPagesSpider(IncrementalSpider):
         self, candidates: list[Candidate], stored: list[PageState | None], use_lastmod: bool,
         callback_for: Callable[[str], Callable[..., Any] | None], now: float,
     ) -> Iterator[Request]:
-        max_age = Ledger.of(self.crawler).config.max_age
+        config = Ledger.of(self.crawler).config
+        max_age, revisit = config.max_age, config.revisit_enabled
         reasons: Counter[str] = Counter()
         for candidate, state in zip(candidates, stored, strict=True):
             self._decided.add(candidate.canonical)
-            reason = decide(candidate, state, use_lastmod=use_lastmod, max_age=max_age, now=now)
+            reason = decide(candidate, state, use_lastmod=use_lastmod, max_age=max_age, now=now,
+                            revisit=revisit)
             reasons[reason or "skipped"] += 1
             if reason is None:
                 continue
