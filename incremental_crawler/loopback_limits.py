@@ -33,14 +33,19 @@ class TokenBucketLimiter:
     buckets: dict[str, _Bucket] = field(default_factory=dict)
     #: Requests refused so far, and when the latest refusal said to come back.
     refused: int = 0
-    #: (client, monotonic time until which a request breaks the promise).
-    promises: dict[str, float] = field(default_factory=dict)
+    #: client -> (from, until): monotonic times between which a request of
+    #: that client breaks the promise. It starts a little after the 429 was
+    #: sent: requests already on the wire then left before the client could
+    #: know (the client may run several requests at once).
+    promises: dict[str, tuple[float, float]] = field(default_factory=dict)
+    grace: float = 0.02
     #: Requests that arrived while their client had been told to wait.
     broken_promises: int = 0
 
     def allow(self, client: str, now: float | None = None) -> str | None:
         now = time.monotonic() if now is None else now
-        if now < self.promises.get(client, 0.0):
+        start, until = self.promises.get(client, (0.0, 0.0))
+        if start <= now < until:
             self.broken_promises += 1
         bucket = self.buckets.get(client)
         if bucket is None:
@@ -53,7 +58,7 @@ class TokenBucketLimiter:
         self.refused += 1
         # Whole seconds until one token is back (Retry-After has no fraction).
         wait = max(1, math.ceil((1.0 - bucket.tokens) / self.rate))
-        self.promises[client] = now + wait - 0.05  # the client may round
+        self.promises[client] = (now + self.grace, now + wait - 0.05)  # the client may round
         if self.retry_after == "date":
             return formatdate(time.time() + wait + 1, usegmt=True)
         return str(wait)

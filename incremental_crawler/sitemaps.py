@@ -154,7 +154,7 @@ def decide(
         return "lastmod_unknown"
     if candidate.lastmod > stored.lastmod:
         return "lastmod_newer"
-    if revisit and stored.next_visit and now >= stored.next_visit:
+    if revisit and now >= stored.next_visit:  # 0: no schedule yet, so due
         # A date that does not move (an RSS pubDate, a lazy sitemap) must not
         # hide a page for ever: its revisit schedule still brings it back.
         return "due"

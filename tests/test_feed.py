@@ -69,3 +69,29 @@ async def test_atom_entries_and_a_hostile_feed(site, crawl):
     assert hostile.stats.get_value("finish_reason") == "finished"
     assert hostile.stats.get_value("incremental/sitemap/loc_rejected/scheme") == 1
     assert not [r for r in site.log if "aaaa" in r.path or "etc" in r.path]
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_edited_article_and_one_that_left_the_feed_are_revisited_when_due(
+    site, crawl, state_db
+):
+    for path in ("/a", "/old", "/b"):
+        site.add_page(path, "strong", size=1500)
+    settings = {"INCREMENTAL_REVISIT_ENABLED": True}
+    site.add_document("/rss", rss(site, [("/old", "Sun, 31 Dec 2023 10:00:00 GMT"),
+                                         ("/a", "Mon, 01 Jan 2024 10:00:00 GMT")]),
+                      "application/rss+xml", etag='"1"')
+    await crawl(FeedPagesSpider, settings=settings, feed_url=site.url("/rss"))
+    # /a is corrected (its pubDate does not move), /old leaves the feed and
+    # is edited too, /b is new.
+    site.change("/a")
+    site.change("/old")
+    site.add_document("/rss", rss(site, [("/a", "Mon, 01 Jan 2024 10:00:00 GMT"),
+                                         ("/b", "Tue, 02 Jan 2024 10:00:00 GMT")]),
+                      "application/rss+xml", etag='"2"')
+    state_db("UPDATE pages SET next_visit = 1")  # everything is due for a revisit
+    site.reset_log()
+    second = await crawl(FeedPagesSpider, settings=settings, feed_url=site.url("/rss"))
+    fetched = {r.path for r in site.log if r.status == 200}
+    assert {"/a", "/old", "/b"} <= fetched
+    assert sorted(i["url"] for i in second.collected) == [site.url(p) for p in ("/a", "/b", "/old")]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from email.utils import formatdate
+
 import pytest
 import pytest_twisted
 
@@ -137,3 +140,44 @@ async def test_hanging_responses_shrink_the_window(site, crawl):
     assert window.timeouts == 4
     assert window.rate < 8
     assert crawler.stats.get_value("incremental/throttle/127.0.0.1/share_timeout") > 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_users_download_delay_and_per_domain_concurrency_bound_the_window(site, crawl):
+    paths = add_pages(site, 6)
+    await crawl(ListSpider, settings={**POLITE, "DOWNLOAD_DELAY": 0.5, "DOWNLOAD_DELAY_JITTER": 0,
+                                      "INCREMENTAL_THROTTLE_START_RATE": 40},
+                urls=[site.url(p) for p in paths])
+    assert min(gaps(site)) >= 0.45
+    site.reset_log()
+    slow = add_pages(site, 12, prefix="/slow/")
+    site.slow("/slow/", 0.3)
+    await crawl(ListSpider, settings={**POLITE, "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+                                      "INCREMENTAL_THROTTLE_START_RATE": 40},
+                urls=[site.url(p) for p in slow])
+    assert max(site.max_in_flight.values()) <= 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_crawl_delay_applies_to_a_host_group(site, crawl):
+    paths = add_pages(site, 5)
+    site.robots_txt = "User-agent: *\nCrawl-delay: 0.4\nAllow: /\n"
+    await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 40,
+                                      "INCREMENTAL_THROTTLE_HOST_GROUPS": {"grp": ["127.0.0.1"]}},
+                urls=[site.url(p) for p in paths])
+    assert min(gaps(site)) >= 0.38
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_retry_after_date_is_read_against_the_servers_clock(site, crawl):
+    site.add_page("/a", "strong", size=500)
+    server_now = time.time() - 60  # the server's clock is a minute behind ours
+    site.override("/a", status=503, headers={
+        "Date": formatdate(server_now, usegmt=True),
+        "Retry-After": formatdate(server_now + 2, usegmt=True)})
+    await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 50,
+                                      "INCREMENTAL_THROTTLE_MAX_RETRIES": 1,
+                                      "RETRY_ENABLED": False},
+                urls=[site.url("/a")])
+    tries = [r.started for r in site.log if r.path == "/a"]
+    assert len(tries) == 2 and tries[1] - tries[0] >= 1.9
