@@ -66,7 +66,7 @@ KINDS = "strong,weak,lastmod"
 def run_variant(name: str, settings: dict[str, str], args: argparse.Namespace,
                 work: Path, spider_args: dict[str, str] | None = None) -> dict:
     """crawl 1, change, crawl 2 against a freshly started site."""
-    with Site(args.pages, args.page_size, KINDS) as site:
+    with Site(args.pages, args.page_size, args.kinds) as site:
         c1 = run_crawl(site.base_url, settings, work, f"{name}-1", timeout=args.timeout,
                        spider_args=spider_args)
         log1 = summarize_log(site.log())
@@ -98,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--page-size", type=int, default=30_000, help="HTML bytes per page (30000)")
     p.add_argument("--fraction", type=float, default=0.05, help="pages changed (0.05)")
     p.add_argument("--seed", type=int, default=1, help="seed of the change (1)")
+    p.add_argument("--kinds", default=KINDS,
+                   help=f"page kinds of the site ({KINDS}); e.g. none (no validators) or "
+                        "noisy (no validators, a timestamp on every response)")
     p.add_argument("--timeout", type=float, default=600, help="max seconds per crawl (600)")
     args = p.parse_args(argv)
 
@@ -125,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         ours_bytes = sqlite_compact_size(ours_db)
 
     n_changed = len(res["ours"]["changed"])
-    print(f"second_crawl: {args.pages} pages x {args.page_size} B, kinds {KINDS} "
-          f"(every page sends validators), {n_changed} pages changed "
+    print(f"second_crawl: {args.pages} pages x {args.page_size} B, kinds {args.kinds} "
+          f"{'(every page sends validators)' if args.kinds == KINDS else ''}, {n_changed} pages changed "
           f"({args.fraction:.0%}, seed {args.seed}) between crawl 1 and crawl 2")
     print("Crawl 2 (server figures include robots.txt + sitemaps; CPU = user+sys "
           "of the crawl process):")

@@ -46,7 +46,9 @@ class IncrementalAddon:
             settings.set(name, value, priority="addon")
         for setting, path, order in COMPONENTS:
             settings[setting].set(path, order, priority="addon")
-        if settings.getbool("INCREMENTAL_THROTTLE_ENABLED", True):
+        if settings.getbool("INCREMENTAL_ENABLED", True) and settings.getbool(
+            "INCREMENTAL_THROTTLE_ENABLED", True
+        ):
             # Ours is built on it and replaces it.
             settings["EXTENSIONS"].set(
                 "scrapy.extensions.throttle.AutoThrottle", None, priority="addon"

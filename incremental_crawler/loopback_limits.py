@@ -38,7 +38,7 @@ class TokenBucketLimiter:
     #: sent: requests already on the wire then left before the client could
     #: know (the client may run several requests at once).
     promises: dict[str, tuple[float, float]] = field(default_factory=dict)
-    grace: float = 0.02
+    grace: float = 0.005
     #: Requests that arrived while their client had been told to wait.
     broken_promises: int = 0
 

@@ -70,8 +70,9 @@ class RetryAfterMiddleware:
 
     def __init__(self, crawler: Crawler) -> None:
         settings = crawler.settings
-        if not settings.getbool("INCREMENTAL_THROTTLE_ENABLED", True):
-            raise NotConfigured("INCREMENTAL_THROTTLE_ENABLED is False")
+        if not (settings.getbool("INCREMENTAL_ENABLED", True)
+                and settings.getbool("INCREMENTAL_THROTTLE_ENABLED", True)):
+            raise NotConfigured("INCREMENTAL_ENABLED or INCREMENTAL_THROTTLE_ENABLED is False")
         self.crawler = crawler
         self.max_tries = settings.getint("INCREMENTAL_THROTTLE_MAX_RETRIES", 10)
 

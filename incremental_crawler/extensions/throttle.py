@@ -55,8 +55,9 @@ class AdaptiveThrottle(AutoThrottle):
 
     def __init__(self, crawler: Crawler) -> None:  # noqa: PLR0912 - reads settings
         settings = crawler.settings
-        if not settings.getbool("INCREMENTAL_THROTTLE_ENABLED", True):
-            raise NotConfigured("INCREMENTAL_THROTTLE_ENABLED is False")
+        if not (settings.getbool("INCREMENTAL_ENABLED", True)
+                and settings.getbool("INCREMENTAL_THROTTLE_ENABLED", True)):
+            raise NotConfigured("INCREMENTAL_ENABLED or INCREMENTAL_THROTTLE_ENABLED is False")
         self.crawler = crawler
         self.debug = settings.getbool("INCREMENTAL_THROTTLE_DEBUG")
         base = WindowPolicy()
