@@ -25,8 +25,6 @@ DEFAULT_IGNORE_PATTERNS: tuple[str, ...] = (
     r"|Nov|Dec) \d{2,4} \d{2}:\d{2}(?::\d{2})? (?:GMT|UTC|[+-]\d{4})",
     r"(?i:jsessionid|phpsessid|sessionid|sid)=[0-9A-Za-z]{8,}",
 )
-_SPACES = re.compile(r"\s+")
-_BYTES_SPACES = re.compile(rb"\s+")
 
 
 class Normaliser:
@@ -45,12 +43,13 @@ class Normaliser:
     def text(self, value: str) -> str:
         if self._text is not None:
             value = self._text.sub(" ", value)
-        return _SPACES.sub(" ", value).strip()
+        # split/join folds whitespace several times faster than a regex.
+        return " ".join(value.split())
 
     def body(self, value: bytes) -> bytes:
         if self._bytes is not None:
             value = self._bytes.sub(b" ", value)
-        return _BYTES_SPACES.sub(b" ", value).strip()
+        return b" ".join(value.split())
 
 # 64 bits: a per-key comparison, not a global set, so a collision needs the
 # same key to hash equal across two versions (2**-64); 16 hex digits keep

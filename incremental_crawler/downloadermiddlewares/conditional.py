@@ -340,7 +340,10 @@ class ConditionalRequestMiddleware:
         elif raw_lm and last_modified is None:
             self.stats.inc_value("incremental/invalid_validator/last_modified")
             logger.debug("Not storing invalid Last-Modified of %(url)s", {"url": response.url})
-        fingerprint = body_fingerprint(response.body, self.ledger.identity.normaliser)
+        # The raw body: normalising a whole page costs milliseconds per page.
+        # Noise on a page shows as "changed" here (stats, the evidence about
+        # validators and lastmods); items are fingerprinted normalised.
+        fingerprint = body_fingerprint(response.body)
         lastmod = request.meta.get(META_LASTMOD)
         changed = prior is None or prior.fingerprint != fingerprint
         schedule = self._next_visit(prior, changed=changed, now=now)
