@@ -43,9 +43,8 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     # changed; the fingerprint field itself is always excluded.
     "INCREMENTAL_VOLATILE_FIELDS": ["crawled_at", "scraped_at", "fetched_at"],
     "INCREMENTAL_FINGERPRINT_FIELD": "fingerprint",
-    # Regexes removed from text (and page bodies) before fingerprinting,
-    # whitespace folded: None = the documented defaults (timestamps, session
-    # ids); [] = none.
+    # Regexes removed from item text before fingerprinting, whitespace
+    # folded: None = the documented defaults (timestamps); [] = none.
     "INCREMENTAL_FINGERPRINT_IGNORE": None,
     # The item field whose (canonical) value identifies an item across runs.
     "INCREMENTAL_ITEM_KEY_FIELD": "url",

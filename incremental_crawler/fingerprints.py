@@ -17,13 +17,16 @@ __all__ = [
     "simhash",
 ]
 
-#: Noise that changes on every response and never is content: timestamps
-#: (ISO 8601 / W3C, HTTP and RFC 822 dates) and session ids in URLs.
+#: Noise that changes on every response and never is content: timestamps,
+#: ISO 8601 / W3C and HTTP / RFC 822 ones. ASCII classes ([0-9], not \d):
+#: several times faster on long text. Session ids in text can be added,
+#: e.g. ``r"(?:jsessionid|phpsessid|sessionid|sid)=[0-9A-Za-z]{8,}"`` (it is
+#: not a default: it costs more than both of these together).
 DEFAULT_IGNORE_PATTERNS: tuple[str, ...] = (
-    r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?",
-    r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), \d{1,2} (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct"
-    r"|Nov|Dec) \d{2,4} \d{2}:\d{2}(?::\d{2})? (?:GMT|UTC|[+-]\d{4})",
-    r"(?i:jsessionid|phpsessid|sessionid|sid)=[0-9A-Za-z]{8,}",
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]+)?)?"
+    r"(?:Z|[+-][0-9]{2}:?[0-9]{2})?",
+    r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), [0-9]{1,2} (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct"
+    r"|Nov|Dec) [0-9]{2,4} [0-9]{2}:[0-9]{2}(?::[0-9]{2})? (?:GMT|UTC|[+-][0-9]{4})",
 )
 
 
@@ -36,19 +39,20 @@ class Normaliser:
 
     def __init__(self, patterns: Iterable[str] = DEFAULT_IGNORE_PATTERNS) -> None:
         self.patterns = tuple(patterns)
-        joined = "|".join(f"(?:{p})" for p in self.patterns)
-        self._text = re.compile(joined) if joined else None
-        self._bytes = re.compile(joined.encode()) if joined else None
+        # One regex each, applied in turn: an alternation of them all loses
+        # the engine's literal-prefix shortcuts and is slower.
+        self._text = [re.compile(p) for p in self.patterns]
+        self._bytes = [re.compile(p.encode()) for p in self.patterns]
 
     def text(self, value: str) -> str:
-        if self._text is not None:
-            value = self._text.sub(" ", value)
+        for pattern in self._text:
+            value = pattern.sub(" ", value)
         # split/join folds whitespace several times faster than a regex.
         return " ".join(value.split())
 
     def body(self, value: bytes) -> bytes:
-        if self._bytes is not None:
-            value = self._bytes.sub(b" ", value)
+        for pattern in self._bytes:
+            value = pattern.sub(b" ", value)
         return b" ".join(value.split())
 
 # 64 bits: a per-key comparison, not a global set, so a collision needs the
