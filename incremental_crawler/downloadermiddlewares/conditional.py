@@ -140,14 +140,14 @@ class ConditionalRequestMiddleware:
                 # Some servers never change their validators while the
                 # content does; a full fetch now and then catches it.
                 conditional, reason = False, "max_age"
+            # Loaded in any case: the response may prove the host's
+            # validators wrong (see _validator_verdict).
             host = urlparse_cached(request).hostname or ""
             trust = await self.ledger.trust.load(host)
-            if not conditional:
-                pass
-            elif not self.ledger.trust.validators_trusted(trust, time.time()):
+            if conditional and not self.ledger.trust.validators_trusted(trust, time.time()):
                 # Its validators lied: every page in full, decided by fingerprint.
                 conditional, reason = False, "host_lying"
-            elif self.ledger.trust.sample_due(host):
+            elif conditional and self.ledger.trust.sample_due(host):
                 # The sampled re-check: does the content still match?
                 conditional, reason = False, "sample"
         elif prior is not None:

@@ -39,8 +39,7 @@ __all__ = ["AdaptiveThrottle"]
 logger = logging.getLogger(__name__)
 
 _SEQ = "_throttle_seq"
-#: Crawl-delay above this is treated as this (robots.txt "1e9" must not stop
-#: a crawl for ever; rules.md bad input 14).
+#: WindowPolicy fields that plain INCREMENTAL_THROTTLE_* settings override.
 _POLICY_SETTINGS = {
     "start_rate": "INCREMENTAL_THROTTLE_START_RATE",
     "min_rate": "INCREMENTAL_THROTTLE_MIN_RATE",
@@ -77,6 +76,8 @@ class AdaptiveThrottle(AutoThrottle):
                 raise NotConfigured(
                     f"INCREMENTAL_THROTTLE_DOMAINS[{domain!r}]: unknown keys {sorted(unknown)}"
                 )
+        # A Crawl-delay above this counts as this: robots.txt "1e9" must not
+        # stop a crawl for ever (rules.md bad input 14).
         self.crawl_delay_max = settings.getfloat("INCREMENTAL_THROTTLE_CRAWL_DELAY_MAX", 30.0)
         self.retry_after_max = settings.getfloat("INCREMENTAL_THROTTLE_RETRY_AFTER_MAX", 300.0)
         self.warn_share = settings.getfloat("INCREMENTAL_THROTTLE_WARN_ERROR_SHARE", 0.2)
