@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from incremental_crawler.cluster import apply_cluster_settings
 from incremental_crawler.config import DEFAULT_SETTINGS
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ class IncrementalAddon:
             settings.set(name, value, priority="addon")
         for setting, path, order in COMPONENTS:
             settings[setting].set(path, order, priority="addon")
+        apply_cluster_settings(settings)
         if settings.getbool("INCREMENTAL_ENABLED", True) and settings.getbool(
             "INCREMENTAL_THROTTLE_ENABLED", True
         ):

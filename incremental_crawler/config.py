@@ -25,6 +25,16 @@ __all__ = ["DEFAULT_SETTINGS", "IncrementalConfig"]
 
 DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_ENABLED": True,
+    # Cluster mode (several workers, one crawl): redis://host:port/db. Sets
+    # scrapy-redis's scheduler, the Redis state store and the shared budget.
+    "INCREMENTAL_CLUSTER_URL": None,
+    "INCREMENTAL_CLUSTER_PREFIX": "incremental:cluster",
+    # Seconds between a worker's heartbeats; a worker silent for the TTL is
+    # taken for dead and its requests go back to the queue.
+    "INCREMENTAL_CLUSTER_HEARTBEAT": 1.0,
+    "INCREMENTAL_CLUSTER_WORKER_TTL": 30.0,
+    # A worker out of work exits once the cluster was quiet this long.
+    "INCREMENTAL_CLUSTER_IDLE_GRACE": 2.0,
     # None: sqlite under the project's data dir (.scrapy/incremental/state.db).
     "INCREMENTAL_STATE_URI": None,
     "INCREMENTAL_STATE_STORES": {

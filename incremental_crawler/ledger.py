@@ -115,6 +115,11 @@ class Ledger:
         self._flushing = False
         self._failed = False
         self._task: Any = None
+        #: Page writes staged so far, and how many of them are committed
+        #: (cluster mode releases a request only once its page is stored).
+        self.staged = 0
+        self.committed = 0
+        self._flushing_upto = 0
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(self.item_scraped, signal=signals.item_scraped)
@@ -177,7 +182,11 @@ class Ledger:
         abandoned = sum(1 for p in self._pending.values() if p.key is not None)
         if abandoned:
             self.stats.set_value("incremental/items_abandoned", abandoned)
-        if reason == "finished" and not self._failures and not self._withheld:
+        # In cluster mode another worker may have failed a page this
+        # worker's sitemap listed; the run's count was read when it left.
+        cluster = getattr(self.crawler, "incremental_cluster", None)
+        run_failures = cluster.run_failures if cluster is not None else 0
+        if reason == "finished" and not (self._failures or self._withheld or run_failures):
             for state in self._discovered:
                 self.store.stage_page(state)
             self.stats.inc_value("incremental/discovery_committed", len(self._discovered))
@@ -219,6 +228,9 @@ class Ledger:
     def note_failure(self) -> None:
         """A page of this crawl failed (download error, 4xx/5xx, truncated)."""
         self._failures += 1
+        cluster = getattr(self.crawler, "incremental_cluster", None)
+        if cluster is not None:
+            cluster.note_failure()
 
     def output_finished(self, txn: PageTransaction) -> None:
         txn.output_done = True
@@ -345,21 +357,27 @@ class Ledger:
         self._after_stage()
 
     def _after_stage(self) -> None:
+        self.staged += 1
         # Bounded pending writes: flush as soon as a batch is full.
         if self.store.pending >= self.config.batch_size:
             self.flush()
 
     def flush(self) -> None:
-        if self._flushing or self._failed or not self.store.pending:
+        if self._flushing or self._failed:
+            return
+        if not self.store.pending:
+            self.committed = self.staged
             return
         if self._hold_until_feeds is not None:
             return
         self._flushing = True
+        self._flushing_upto = self.staged
         d = deferred_from_coro(self.store.flush())
         d.addCallbacks(self._flushed, self._flush_failed)
 
     def _flushed(self, count: int) -> None:
         self._flushing = False
+        self.committed = max(self.committed, self._flushing_upto)
         self.stats.inc_value("incremental/store_flushes")
         self.stats.inc_value("incremental/store_writes", count)
 

@@ -82,6 +82,14 @@ class IncrementalSpider(Spider):
         # be remote: reads are async, and a callback may await).
         if self._reseeded or not self.needs_reseed():
             return
+        cluster = getattr(self.crawler, "incremental_cluster", None)
+        if cluster is not None:
+            # In cluster mode: once no worker can discover more links, and
+            # by one worker per run (the due pages go to the shared queue).
+            if not cluster.quiet():
+                raise DontCloseSpider
+            if not cluster.claim("reseed"):
+                return
         self._reseeded = True
         self.crawler.engine.crawl(
             Request(

@@ -1,0 +1,60 @@
+"""Cluster mode: N workers, one crawl, switched on by ``INCREMENTAL_CLUSTER_URL``.
+
+Workers started with the same command share one crawl through one Redis:
+
+- scrapy-redis's scheduler with a queue of our own (:mod:`.scheduler`): a
+  request popped by a worker is held in that worker's *in-flight* hash in
+  the same atomic step, and leaves it only once the request was fully
+  processed (callback and item pipelines done). A worker that dies is
+  noticed by its stale heartbeat and its in-flight requests go back to the
+  queue, so nothing it took is lost;
+- a dupefilter keyed by Scrapy's own request fingerprinter (so keys agree
+  with everything else in Scrapy) and scoped to one *run*: the run ends
+  when the last worker leaves with the queue drained, and the next run
+  starts with an empty filter, so a revisit is never blocked by last run's
+  fingerprints;
+- the coordinator (:mod:`.coordinator`): workers register, beat, and a
+  worker whose local work ran out waits while any other worker is busy
+  (it may yet discover links), then exits by itself once the whole cluster
+  has been quiet for ``INCREMENTAL_CLUSTER_IDLE_GRACE`` seconds;
+- the Redis state store and the shared per-domain budget, both pointed at
+  the same Redis unless set otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scrapy.settings import Settings
+
+__all__ = ["apply_cluster_settings"]
+
+_P = "incremental_crawler.cluster."
+
+
+def apply_cluster_settings(settings: Settings) -> None:
+    """Point Scrapy's scheduler, the state store and the budget at the cluster.
+
+    Set with the add-on's priority: whatever the project set itself (a
+    state store elsewhere, say) wins.
+    """
+    url = settings.get("INCREMENTAL_CLUSTER_URL")
+    if not url:
+        return
+    prefix = settings.get("INCREMENTAL_CLUSTER_PREFIX")
+    values = {
+        "SCHEDULER": _P + "scheduler.ClusterScheduler",
+        "SCHEDULER_QUEUE_CLASS": _P + "scheduler.ClusterQueue",
+        "SCHEDULER_QUEUE_KEY": f"{prefix}:%(spider)s:queue",
+        "DUPEFILTER_CLASS": _P + "scheduler.ClusterDupeFilter",
+        # scrapy-redis would otherwise wipe the shared queue and filter when
+        # the first worker closes; the coordinator ends a run instead.
+        "SCHEDULER_PERSIST": True,
+        "REDIS_URL": url,
+        "INCREMENTAL_STATE_URI": url,
+        "INCREMENTAL_THROTTLE_SHARED_URL": url,
+    }
+    for name, value in values.items():
+        settings.set(name, value, priority="addon")
+    settings["EXTENSIONS"].set(_P + "coordinator.ClusterCoordinator", 0, priority="addon")

@@ -1,0 +1,355 @@
+"""One run shared by N workers: membership, in-flight requests, when to stop.
+
+Keys, under ``{INCREMENTAL_CLUSTER_PREFIX}:{spider}:``:
+
+- ``queue``: scrapy-redis's priority queue (a sorted set);
+- ``run``: the current run's id; ``{run}:seen`` its dupefilter,
+  ``{run}:failures`` its failed pages, ``{run}:claims`` one-per-run jobs;
+- ``workers``: worker id → last heartbeat (Redis server time, so workers'
+  clocks need not agree);
+- ``inflight:{worker}``: ticket → ``score|request`` for every request the
+  worker popped and has not finished.
+
+Every step that moves a request between the queue and an in-flight hash is
+one Lua script, so a request is always in exactly one of them, whoever
+dies when. The scripts build key names from the prefix they are given: one
+Redis server (or a single-slot deployment), not Redis Cluster.
+
+The coordinator talks to Redis synchronously, as scrapy-redis's scheduler
+does (Scrapy's scheduler interface is synchronous): one short round trip
+per heartbeat, per idle check and per failed page, on a Redis that should
+be near the workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import redis
+from scrapy import signals
+from scrapy.exceptions import DontCloseSpider, NotConfigured
+from scrapy.utils.asyncio import create_looping_call
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ClusterCoordinator", "ClusterError"]
+
+_JOIN = """
+local run = redis.call('GET', KEYS[1])
+if not run then run = ARGV[2]; redis.call('SET', KEYS[1], run) end
+local t = redis.call('TIME')
+redis.call('HSET', KEYS[2], ARGV[1], tonumber(t[1]) + tonumber(t[2]) / 1e6)
+return run
+"""
+
+# Pop the best request and hold it in the worker's in-flight hash, atomically.
+_POP = """
+local r = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #r == 0 then return false end
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, 0)
+local ticket = redis.sha1hex(r[1])
+redis.call('HSET', KEYS[2], ticket, r[2] .. '|' .. r[1])
+return {ticket, r[1]}
+"""
+
+# Beat: drop finished tickets, stamp the worker, return to the queue what
+# workers silent for longer than the TTL held, and say how busy the cluster
+# is. ARGV: worker, ttl, in-flight key prefix, finished tickets...
+_BEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local mine = ARGV[3] .. ARGV[1]
+for i = 4, #ARGV do redis.call('HDEL', mine, ARGV[i]) end
+redis.call('HSET', KEYS[1], ARGV[1], now)
+local requeued, dead = 0, 0
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local w = all[i]
+  if w ~= ARGV[1] and now - tonumber(all[i + 1]) > tonumber(ARGV[2]) then
+    for _, v in ipairs(redis.call('HVALS', ARGV[3] .. w)) do
+      local s = string.find(v, '|', 1, true)
+      redis.call('ZADD', KEYS[2], string.sub(v, 1, s - 1), string.sub(v, s + 1))
+      requeued = requeued + 1
+    end
+    redis.call('DEL', ARGV[3] .. w)
+    redis.call('HDEL', KEYS[1], w)
+    dead = dead + 1
+  end
+end
+local busy = 0
+local workers = redis.call('HKEYS', KEYS[1])
+for _, w in ipairs(workers) do
+  if w ~= ARGV[1] and redis.call('HLEN', ARGV[3] .. w) > 0 then busy = busy + 1 end
+end
+return {redis.call('ZCARD', KEYS[2]), busy, #workers, requeued, dead,
+        redis.call('HLEN', mine)}
+"""
+
+# Leave: what the worker still holds goes back to the queue; the last worker
+# out with the queue drained ends the run. ARGV: worker, in-flight prefix,
+# run key prefix.
+_LEAVE = """
+local mine = ARGV[2] .. ARGV[1]
+local back = 0
+for _, v in ipairs(redis.call('HVALS', mine)) do
+  local s = string.find(v, '|', 1, true)
+  redis.call('ZADD', KEYS[2], string.sub(v, 1, s - 1), string.sub(v, s + 1))
+  back = back + 1
+end
+redis.call('DEL', mine)
+redis.call('HDEL', KEYS[1], ARGV[1])
+local failures = tonumber(redis.call('GET', ARGV[3] .. 'failures') or '0')
+local ended = 0
+if redis.call('HLEN', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[2]) == 0 then
+  redis.call('DEL', KEYS[3], ARGV[3] .. 'seen', ARGV[3] .. 'failures', ARGV[3] .. 'claims')
+  ended = 1
+end
+return {back, failures, ended}
+"""
+
+
+class ClusterError(RuntimeError):
+    """The cluster's Redis cannot be used; the message names it and says why."""
+
+
+class ClusterCoordinator:
+    """This worker's membership of the cluster's current run."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        settings = crawler.settings
+        self.crawler = crawler
+        self.stats = crawler.stats
+        self.url: str = settings["INCREMENTAL_CLUSTER_URL"]
+        self.prefix: str = settings["INCREMENTAL_CLUSTER_PREFIX"]
+        self.heartbeat = settings.getfloat("INCREMENTAL_CLUSTER_HEARTBEAT")
+        self.worker_ttl = settings.getfloat("INCREMENTAL_CLUSTER_WORKER_TTL")
+        self.idle_grace = settings.getfloat("INCREMENTAL_CLUSTER_IDLE_GRACE")
+        if self.worker_ttl <= 2 * self.heartbeat:
+            raise ClusterError(
+                "INCREMENTAL_CLUSTER_WORKER_TTL must be more than twice "
+                "INCREMENTAL_CLUSTER_HEARTBEAT, or live workers would be taken for dead"
+            )
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        try:
+            self.redis = redis.Redis.from_url(self.url, socket_timeout=10)
+            self.redis.ping()
+        except (redis.RedisError, ValueError) as exc:
+            raise ClusterError(
+                f"INCREMENTAL_CLUSTER_URL {_without_password(self.url)}: {exc}"
+            ) from exc
+        self._join = self.redis.register_script(_JOIN)
+        self._pop = self.redis.register_script(_POP)
+        self._beat = self.redis.register_script(_BEAT)
+        self._leave = self.redis.register_script(_LEAVE)
+        self.run: str | None = None
+        self.spider_key = ""
+        #: Requests this worker popped and has not finished, by ticket.
+        self._tickets: dict[bytes, Request] = {}
+        #: Processed requests → the ledger's staged count when first seen
+        #: done: released once the ledger committed that far.
+        self._processed: dict[bytes, int] = {}
+        self._quiet_since: float | None = None
+        #: Whether this worker ran out of work and waits for the others.
+        self._waiting = False
+        self._task: Any = None
+        #: Failed pages of the whole run, read when this worker leaves.
+        self.run_failures = 0
+        crawler.signals.connect(self.spider_idle, signal=signals.spider_idle)
+
+    @classmethod
+    def of(cls, crawler: Crawler) -> Self:
+        """The crawler's coordinator (the scheduler and the ledger share it)."""
+        coordinator = getattr(crawler, "incremental_cluster", None)
+        if coordinator is None:
+            if not crawler.settings.get("INCREMENTAL_CLUSTER_URL"):
+                raise NotConfigured("INCREMENTAL_CLUSTER_URL is not set")
+            coordinator = cls(crawler)
+            crawler.incremental_cluster = coordinator  # type: ignore[attr-defined]
+        return coordinator
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        return cls.of(crawler)
+
+    # -- keys ------------------------------------------------------------------
+
+    def key(self, name: str) -> str:
+        return f"{self.spider_key}:{name}"
+
+    @property
+    def queue_key(self) -> str:
+        return self.key("queue")
+
+    @property
+    def inflight_prefix(self) -> str:
+        return self.key("inflight:")
+
+    @property
+    def run_prefix(self) -> str:
+        return self.key(f"{self.run}:")
+
+    @property
+    def seen_key(self) -> str:
+        return self.run_prefix + "seen"
+
+    # -- membership ------------------------------------------------------------
+
+    def join(self, spider: Spider) -> None:
+        """Join the spider's current run, or start one (called by the scheduler)."""
+        self.spider_key = f"{self.prefix}:{spider.name}"
+        run = self._join(keys=[self.key("run"), self.key("workers")],
+                         args=[self.worker_id, uuid.uuid4().hex[:12]])
+        self.run = run.decode()
+        self.stats.set_value("cluster/worker", self.worker_id)
+        self.stats.set_value("cluster/run", self.run)
+        logger.info(
+            "Cluster %(url)s: worker %(worker)s joined run %(run)s of %(spider)s",
+            {"url": _without_password(self.url), "worker": self.worker_id,
+             "run": self.run, "spider": spider.name}, extra={"spider": spider},
+        )
+        self._task = create_looping_call(self.beat)
+        self._task.start(self.heartbeat, now=False)
+
+    def leave(self, reason: str) -> None:
+        """Give back what this worker holds; end the run if it was the last."""
+        if self._task is not None and self._task.running:
+            self._task.stop()
+        if self.run is None:
+            return
+        if reason == "finished":
+            # Every request is processed; the ledger commits the rest when
+            # the spider closes (a failure there is loud and keeps nothing).
+            self._beat_once(release_all=True)
+        # Any other ending (shutdown, a store failure) gives back every
+        # request it held: one that finished is fetched again (a 304 when
+        # its state was stored), none is lost.
+        back, failures, ended = self._leave(
+            keys=[self.key("workers"), self.queue_key, self.key("run")],
+            args=[self.worker_id, self.inflight_prefix, self.run_prefix],
+        )
+        self.run_failures = int(failures)
+        if back:
+            self.stats.inc_value("cluster/requeued_on_leave", back)
+        logger.info(
+            "Cluster: worker %(worker)s left run %(run)s (%(reason)s)%(end)s",
+            {"worker": self.worker_id, "run": self.run, "reason": reason,
+             "end": "; the run is over" if ended else ""},
+        )
+        self._tickets.clear()
+        self.redis.close()
+
+    # -- the shared queue ------------------------------------------------------
+
+    def pop(self) -> tuple[bytes, bytes] | None:
+        """The next request's ``(ticket, data)``, held in flight, or None."""
+        popped = self._pop(keys=[self.queue_key, self.key(f"inflight:{self.worker_id}")])
+        if not popped:
+            return None
+        ticket, data = popped
+        self._waiting = False
+        return ticket, data
+
+    def track(self, ticket: bytes, request: Request) -> None:
+        self._tickets[ticket] = request
+
+    # -- heartbeats and the end of a run ---------------------------------------
+
+    def beat(self) -> None:
+        self._beat_once()
+        if self._waiting:
+            # Scrapy looks at an idle engine only every 5 s: wake it so it
+            # pops what the others queued, or closes once the grace passed.
+            nextcall = getattr(getattr(self.crawler.engine, "_slot", None), "nextcall", None)
+            if nextcall is not None:
+                nextcall.schedule()
+
+    def _beat_once(self, *, release_all: bool = False) -> bool:
+        """Send a heartbeat; whether the cluster has nothing queued or in flight."""
+        finished = list(self._tickets) if release_all else self._finished_tickets()
+        queued, busy, workers, requeued, dead, mine = self._beat(
+            keys=[self.key("workers"), self.queue_key],
+            args=[self.worker_id, self.worker_ttl, self.inflight_prefix, *finished],
+        )
+        for ticket in finished:
+            self._tickets.pop(ticket, None)
+            self._processed.pop(ticket, None)
+        self.stats.max_value("cluster/workers_max", int(workers))
+        if dead:
+            self.stats.inc_value("cluster/dead_workers", int(dead))
+            self.stats.inc_value("cluster/requeued_from_dead", int(requeued))
+            logger.warning(
+                "Cluster: %(dead)d worker(s) stopped beating; %(n)d of their requests "
+                "went back to the queue", {"dead": dead, "n": requeued},
+            )
+        return not (queued or busy or mine)
+
+    def _finished_tickets(self) -> list[bytes]:
+        # A request is processed once the engine let go of it: download,
+        # callback and item pipelines are done (Scrapy keeps it in the
+        # engine slot's ``inprogress`` until then). It is finished once the
+        # page state staged by then is committed: a worker killed before
+        # that gives the request back instead of losing the page.
+        inprogress = getattr(getattr(self.crawler.engine, "_slot", None), "inprogress", None)
+        if inprogress is None:
+            return []
+        ledger = getattr(self.crawler, "incremental_ledger", None)
+        finished = []
+        for ticket, request in self._tickets.items():
+            if request in inprogress:
+                continue
+            mark = self._processed.setdefault(ticket, ledger.staged if ledger else 0)
+            if ledger is None or ledger.committed >= mark:
+                finished.append(ticket)
+        return finished
+
+    def quiet(self) -> bool:
+        """Whether the cluster has been quiet (nothing queued or in flight) long enough.
+
+        Quiet means no worker can discover more links; the grace covers
+        another worker's heartbeat lag and a worker about to queue work.
+        """
+        now = time.monotonic()
+        if not self._beat_once():
+            self._quiet_since = None
+            return False
+        if self._quiet_since is None:
+            self._quiet_since = now
+        return now - self._quiet_since >= self.idle_grace
+
+    def spider_idle(self, spider: Spider) -> None:
+        if self.run is None:
+            return
+        if not self.quiet():
+            self._waiting = True
+            raise DontCloseSpider
+
+    def claim(self, job: str) -> bool:
+        """Whether this worker is the first of the run to claim *job*."""
+        if self.redis.hsetnx(self.run_prefix + "claims", job, self.worker_id):
+            return True
+        # The winner is queueing work: be quiet for a whole grace again
+        # before taking the cluster for finished.
+        self._quiet_since = None
+        return False
+
+    def note_failure(self) -> None:
+        """A page failed: the run's sitemap validators must not be saved."""
+        self.redis.incr(self.run_prefix + "failures")
+
+
+def _without_password(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.split("@", 1)[1]
+    return scheme + sep + rest

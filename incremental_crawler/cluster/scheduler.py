@@ -1,0 +1,122 @@
+"""scrapy-redis's scheduler, queue and dupefilter, made safe for N workers.
+
+- :class:`ClusterScheduler` joins the run when the spider opens and leaves
+  it when it closes, instead of flushing the shared queue (scrapy-redis
+  clears queue and filter when its *first* worker closes unless told to
+  persist them forever).
+- :class:`ClusterQueue` pops through the coordinator: the request is held
+  in this worker's in-flight hash in the same atomic step.
+- :class:`ClusterDupeFilter` uses Scrapy's own request fingerprinter
+  (scrapy-redis computes its own, which disagrees with Scrapy's on the same
+  request) and the run's key, so a later run starts with an empty filter.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import redis
+from scrapy.utils.misc import load_object
+from scrapy_redis.dupefilter import RFPDupeFilter
+from scrapy_redis.queue import PriorityQueue
+from scrapy_redis.scheduler import Scheduler
+
+from incremental_crawler.cluster.coordinator import ClusterCoordinator, ClusterError
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+
+__all__ = ["ClusterDupeFilter", "ClusterQueue", "ClusterScheduler"]
+
+logger = logging.getLogger(__name__)
+
+
+class ClusterScheduler(Scheduler):
+    """See the module docstring."""
+
+    crawler: Crawler
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        coordinator = ClusterCoordinator.of(crawler)  # fails loudly on a bad URL
+        try:
+            instance = super().from_crawler(crawler)
+        except redis.RedisError as exc:
+            raise ClusterError(f"REDIS_URL {coordinator.url}: {exc}") from exc
+        instance.crawler = crawler
+        return instance
+
+    def open(self, spider: Spider) -> None:
+        ClusterCoordinator.of(self.crawler).join(spider)
+        self.spider = spider
+        self.queue = load_object(self.queue_cls)(
+            server=self.server, spider=spider,
+            key=self.queue_key % {"spider": spider.name}, serializer=self.serializer,
+        )
+        self.df = load_object(self.dupefilter_cls).from_spider(spider)
+        if len(self.queue):
+            logger.info("Joining a crawl with %(n)d requests queued", {"n": len(self.queue)},
+                        extra={"spider": spider})
+
+    def close(self, reason: str) -> None:
+        ClusterCoordinator.of(self.crawler).leave(reason)
+        self.server.close()
+
+    # scrapy-redis's own versions pass ``spider`` to the stats collector,
+    # which Scrapy 2.19 deprecates.
+    def enqueue_request(self, request: Request) -> bool:
+        if not request.dont_filter and self.df.request_seen(request):
+            self.df.log(request, self.spider)
+            return False
+        self.stats.inc_value("scheduler/enqueued/redis")
+        self.queue.push(request)
+        return True
+
+    def next_request(self) -> Request | None:
+        request = self.queue.pop()
+        if request is not None:
+            self.stats.inc_value("scheduler/dequeued/redis")
+        return request
+
+
+class ClusterQueue(PriorityQueue):
+    """scrapy-redis's priority queue; popping holds the request in flight."""
+
+    def pop(self, timeout: int = 0) -> Request | None:
+        coordinator = ClusterCoordinator.of(self.spider.crawler)
+        popped = coordinator.pop()
+        if popped is None:
+            return None
+        ticket, data = popped
+        request = self._decode_request(data)
+        coordinator.track(ticket, request)
+        return request
+
+
+class ClusterDupeFilter(RFPDupeFilter):
+    """Seen requests of the current run, by Scrapy's request fingerprint."""
+
+    def __init__(self, server: Any, key: str, debug: bool = False,
+                 fingerprinter: Any = None) -> None:
+        super().__init__(server, key, debug)
+        self.fingerprinter = fingerprinter
+
+    @classmethod
+    def from_spider(cls, spider: Spider) -> Self:
+        coordinator = ClusterCoordinator.of(spider.crawler)
+        return cls(
+            coordinator.redis, key=coordinator.seen_key,
+            debug=spider.settings.getbool("DUPEFILTER_DEBUG"),
+            fingerprinter=spider.crawler.request_fingerprinter,
+        )
+
+    def request_fingerprint(self, request: Request) -> str:
+        return self.fingerprinter.fingerprint(request).hex()
+
+    def close(self, reason: str = "") -> None:
+        # The run's filter outlives this worker; the coordinator ends it.
+        pass

@@ -1,0 +1,186 @@
+"""Cluster mode: several real ``scrapy crawl`` workers share one crawl through Redis.
+
+Workers are separate processes started with the same command line plus
+``INCREMENTAL_CLUSTER_URL``; the test site counts what it served. Redis
+db 12, a key prefix per test, every key removed afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import pytest_twisted
+import redis
+from twisted.internet import reactor
+from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThread
+
+PROJECT = Path(__file__).resolve().parents[1]
+REDIS_URL = "redis://127.0.0.1:6379/12"
+
+
+@pytest.fixture
+def cluster_prefix():
+    prefix = f"test-cluster-{uuid.uuid4().hex[:8]}"
+    yield prefix
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(f"{prefix}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+def leftover_keys(prefix: str) -> list[bytes]:
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        return sorted(client.scan_iter(f"{prefix}:*", count=1000))
+    finally:
+        client.close()
+
+
+class Worker:
+    """One ``scrapy crawl sitemap`` process in cluster mode, its feed and log."""
+
+    def __init__(self, site, state_uri: str, prefix: str, tmp_path: Path, name: str,
+                 *extra: str) -> None:
+        self.feed = tmp_path / f"items-{name}.jsonl"
+        self.log = tmp_path / f"worker-{name}.log"
+        with self.log.open("wb") as log:  # the child keeps its own descriptor
+            self.proc = self._start(site, state_uri, prefix, log, extra)
+
+    def _start(self, site, state_uri, prefix, log, extra) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [
+                sys.executable, "-m", "scrapy", "crawl", "sitemap",
+                "-a", f"sitemap_url={site.url('/robots.txt')}",
+                "-O", str(self.feed),
+                "-s", f"INCREMENTAL_CLUSTER_URL={REDIS_URL}",
+                "-s", f"INCREMENTAL_CLUSTER_PREFIX={prefix}",
+                "-s", f"INCREMENTAL_STATE_URI={state_uri}",
+                "-s", "INCREMENTAL_CLUSTER_HEARTBEAT=0.2",
+                "-s", "INCREMENTAL_CLUSTER_IDLE_GRACE=0.6",
+                "-s", "INCREMENTAL_CLUSTER_WORKER_TTL=1.5",
+                "-s", "INCREMENTAL_FLUSH_INTERVAL=0.2",
+                "-s", "CONCURRENT_REQUESTS=4",
+                "-s", "INCREMENTAL_THROTTLE_ENABLED=False",
+                "-s", "INCREMENTAL_REVISIT_ENABLED=False",
+                "-s", "LOG_LEVEL=INFO",
+                *extra,
+            ],
+            cwd=PROJECT, stdout=subprocess.DEVNULL, stderr=log,
+        )
+
+    async def wait(self, timeout: float = 60) -> int:
+        try:
+            return await deferToThread(self.proc.wait, timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            await deferToThread(self.proc.wait)
+            pytest.fail(f"worker did not exit by itself within {timeout} s:\n{self.tail()}")
+
+    def urls(self) -> list[str]:
+        if not self.feed.exists():
+            return []
+        return [json.loads(line)["url"] for line in self.feed.read_text().splitlines()
+                if line.strip()]
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+
+def page_gets(site) -> Counter[str]:
+    return Counter(r.path for r in site.log if r.path.startswith("/p/") and r.method == "GET")
+
+
+async def until(condition, what: str, seconds: float = 30) -> None:
+    # Bounded: polls every 20 ms for at most *seconds*.
+    for _ in range(int(seconds / 0.02)):
+        if condition():
+            return
+        await deferLater(reactor, 0.02)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+@pytest_twisted.ensureDeferred
+async def test_workers_share_one_crawl_and_exit_by_themselves(
+    site, state_uri, cluster_prefix, tmp_path
+):
+    n = 120
+    for i in range(n):
+        site.add_page(f"/p/{i:04d}", ("strong", "weak", "lastmod")[i % 3], size=2000)
+    # Slow pages, so that the work is spread over the workers.
+    site.slow("/p/", 0.15)
+
+    first = [Worker(site, state_uri, cluster_prefix, tmp_path, str(i)) for i in range(2)]
+    # A third worker joins late, mid-crawl.
+    await until(lambda: sum(page_gets(site).values()) >= 15, "the crawl to start")
+    late = Worker(site, state_uri, cluster_prefix, tmp_path, "late")
+    workers = [*first, late]
+    for worker in workers:
+        assert await worker.wait() == 0, worker.tail()
+
+    gets = page_gets(site)
+    assert len(gets) == n
+    assert max(gets.values()) == 1, [p for p, c in gets.items() if c > 1]
+    # The sitemaps were read once in all, by whichever worker got them.
+    for path in ("/sitemap_index.xml", "/sitemap-1.xml", "/sitemap-2.xml.gz"):
+        assert len(site.requests_for(path)) == 1, path
+    per_worker = [worker.urls() for worker in workers]
+    emitted = [url for urls in per_worker for url in urls]
+    assert sorted(emitted) == sorted(site.url(f"/p/{i:04d}") for i in range(n))
+    assert sum(1 for urls in per_worker if urls) >= 2, [len(u) for u in per_worker]
+    assert late.urls(), "the late worker got no share of the work"
+    # The run ended with its last worker: nothing of it is left in Redis.
+    assert leftover_keys(cluster_prefix) == []
+
+    # Next run: 5 pages changed. Last run's dupefilter is gone, so the
+    # changed pages are fetched; the sitemap lastmods keep the rest away.
+    changed = set(site.change_fraction(0.05, seed=3))
+    site.reset_log()
+    workers = [Worker(site, state_uri, cluster_prefix, tmp_path, f"2-{i}") for i in range(2)]
+    for worker in workers:
+        assert await worker.wait() == 0, worker.tail()
+    assert dict(page_gets(site)) == {path: 1 for path in changed}
+    assert sorted(url for w in workers for url in w.urls()) == sorted(
+        site.url(path) for path in changed)
+    assert leftover_keys(cluster_prefix) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_killed_worker_stalls_nothing_and_loses_nothing(
+    site, state_uri, state_db, cluster_prefix, tmp_path
+):
+    n = 60
+    for i in range(n):
+        site.add_page(f"/p/{i:04d}", "strong", size=2000)
+    site.slow("/p/", 0.05)
+    victim, survivor = (Worker(site, state_uri, cluster_prefix, tmp_path, name)
+                        for name in ("victim", "survivor"))
+    await until(lambda: sum(page_gets(site).values()) >= 20, "the crawl to get going")
+    os.kill(victim.proc.pid, signal.SIGKILL)
+    await deferToThread(victim.proc.wait)
+
+    # The survivor takes back what the victim held (its heartbeat stops),
+    # finishes the crawl and exits by itself.
+    assert await survivor.wait() == 0, survivor.tail()
+    assert "went back to the queue" in survivor.tail()
+    stored = {url for (url,) in state_db("SELECT url FROM pages WHERE etag IS NOT NULL")}
+    assert stored >= {site.url(f"/p/{i:04d}") for i in range(n)}
+    with_items = {key for (key,) in state_db("SELECT item_key FROM items")}
+    assert with_items >= {site.url(f"/p/{i:04d}") for i in range(n)}
+    gets = page_gets(site)
+    assert len(gets) == n
+    # Only what the victim held when it died is fetched twice: at most its
+    # in-flight requests and those it processed but had not committed.
+    twice = [path for path, count in gets.items() if count > 1]
+    assert max(gets.values()) <= 2
+    assert len(twice) <= 12, twice
+    assert leftover_keys(cluster_prefix) == []
