@@ -24,6 +24,8 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
+from incremental_crawler.config import DEFAULT_SETTINGS
+
 PROJECT = Path(__file__).resolve().parents[1]
 REDIS_URL = "redis://127.0.0.1:6379/12"
 
@@ -185,4 +187,87 @@ async def test_a_killed_worker_stalls_nothing_and_loses_nothing(
     twice = [path for path, count in gets.items() if count > 1]
     assert max(gets.values()) <= 2
     assert len(twice) <= int(requeued.group(1)), twice
+    assert leftover_keys(cluster_prefix) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_dupefilter_keys_requests_by_scrapys_own_fingerprint(cluster_prefix):
+    from scrapy import Request, Spider
+    from scrapy.utils.test import get_crawler
+
+    from incremental_crawler.cluster.coordinator import ClusterCoordinator
+    from incremental_crawler.cluster.scheduler import ClusterDupeFilter
+
+    crawler = get_crawler(Spider, {
+        **DEFAULT_SETTINGS,
+        "INCREMENTAL_CLUSTER_URL": REDIS_URL, "INCREMENTAL_CLUSTER_PREFIX": cluster_prefix,
+    })
+    spider = Spider("dupes")
+    spider.crawler, spider.settings = crawler, crawler.settings
+    coordinator = ClusterCoordinator.of(crawler)
+    coordinator.join(spider)
+    try:
+        dupefilter = ClusterDupeFilter.from_spider(spider)
+        request = Request("http://127.0.0.1/a?b=2&a=1#top")
+        assert not dupefilter.request_seen(request)
+        # Same request for Scrapy (query order, fragment): seen.
+        assert dupefilter.request_seen(Request("http://127.0.0.1/a?a=1&b=2"))
+        client = redis.Redis.from_url(REDIS_URL)
+        members = client.smembers(coordinator.seen_key)
+        client.close()
+        assert members == {crawler.request_fingerprinter.fingerprint(request).hex().encode()}
+        assert coordinator.run in coordinator.seen_key
+    finally:
+        coordinator.leave("finished")
+    # The last worker out ended the run: its filter is gone.
+    assert leftover_keys(cluster_prefix) == []
+
+
+def test_an_unreachable_cluster_redis_is_a_clear_error():
+    from scrapy import Spider
+    from scrapy.utils.test import get_crawler
+
+    from incremental_crawler.cluster.coordinator import ClusterCoordinator, ClusterError
+
+    # Port 1 on loopback: nothing listens there.
+    crawler = get_crawler(Spider, {
+        **DEFAULT_SETTINGS, "INCREMENTAL_CLUSTER_URL": "redis://:secret@127.0.0.1:1/0",
+    })
+    with pytest.raises(ClusterError, match=r"INCREMENTAL_CLUSTER_URL redis://\*\*\*@127\.0\.0\.1:1/0"):
+        ClusterCoordinator.of(crawler)
+
+
+@pytest_twisted.ensureDeferred
+async def test_due_pages_are_reseeded_once_for_the_whole_cluster(
+    site, state_uri, cluster_prefix, tmp_path
+):
+    # Crawl 2 reads no sitemap (304s): the due pages come from the store,
+    # re-seeded by one worker into the shared queue, fetched once each.
+    n = 60
+    for i in range(n):
+        site.add_page(f"/p/{i:04d}", "strong", size=2000)
+    site.slow("/p/", 0.1)
+    revisits = ("-s", "INCREMENTAL_REVISIT_ENABLED=True",
+                "-s", "INCREMENTAL_REVISIT_INITIAL=1", "-s", "INCREMENTAL_REVISIT_MIN=1")
+    worker = Worker(site, state_uri, cluster_prefix, tmp_path, "1", *revisits)
+    assert await worker.wait() == 0, worker.tail()
+    await deferLater(reactor, 1.2)  # every page is due again
+    site.reset_log()
+
+    workers = [Worker(site, state_uri, cluster_prefix, tmp_path, f"2-{i}", *revisits)
+               for i in range(2)]
+    for worker in workers:
+        assert await worker.wait() == 0, worker.tail()
+    # The index's lastmods did not move: its sitemaps were not read.
+    assert not site.requests_for("/sitemap-1.xml") and not site.requests_for("/sitemap-2.xml.gz")
+    gets = page_gets(site)
+    assert len(gets) == n and max(gets.values()) == 1
+    assert all(r.status == 304 for r in site.log if r.path.startswith("/p/"))
+    logs = [w.tail() for w in workers]
+    assert sum("Re-seeded 60 due pages" in log for log in logs) == 1, logs
+    # Both workers fetched re-seeded pages: the one that did not re-seed
+    # waited for the other instead of leaving.
+    fetched = [int(m.group(1)) if (m := re.search(r"'incremental/not_modified': (\d+)", log))
+               else 0 for log in logs]
+    assert min(fetched) > 0, fetched
     assert leftover_keys(cluster_prefix) == []
