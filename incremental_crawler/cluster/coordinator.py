@@ -53,6 +53,13 @@ redis.call('HSET', KEYS[2], ARGV[1], tonumber(t[1]) + tonumber(t[2]) / 1e6)
 return run
 """
 
+# Queue a request unless the run has seen it (no fingerprint: dont_filter).
+_PUSH = """
+if ARGV[1] ~= '' and redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+return 1
+"""
+
 # Pop the best request and hold it in the worker's in-flight hash, atomically.
 _POP = """
 local r = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -149,6 +156,7 @@ class ClusterCoordinator:
                 f"INCREMENTAL_CLUSTER_URL {_without_password(self.url)}: {exc}"
             ) from exc
         self._join = self.redis.register_script(_JOIN)
+        self._push = self.redis.register_script(_PUSH)
         self._pop = self.redis.register_script(_POP)
         self._beat = self.redis.register_script(_BEAT)
         self._leave = self.redis.register_script(_LEAVE)
@@ -251,8 +259,22 @@ class ClusterCoordinator:
 
     # -- the shared queue ------------------------------------------------------
 
+    def push(self, fingerprint: str | None, score: float, data: bytes) -> bool:
+        """Queue a request unless the run has seen *fingerprint*; one round trip."""
+        self.roundtrip()
+        return bool(self._push(keys=[self.seen_key, self.queue_key],
+                               args=[fingerprint or "", score, data]))
+
+    def queued(self) -> int:
+        self.roundtrip()
+        return int(self.redis.zcard(self.queue_key))
+
+    def roundtrip(self) -> None:
+        self.stats.inc_value("cluster/redis_roundtrips")
+
     def pop(self) -> tuple[bytes, bytes] | None:
         """The next request's ``(ticket, data)``, held in flight, or None."""
+        self.roundtrip()
         popped = self._pop(keys=[self.queue_key, self.key(f"inflight:{self.worker_id}")])
         if not popped:
             return None
@@ -277,6 +299,7 @@ class ClusterCoordinator:
     def _beat_once(self, *, release_all: bool = False) -> bool:
         """Send a heartbeat; whether the cluster has nothing queued or in flight."""
         finished = list(self._tickets) if release_all else self._finished_tickets()
+        self.roundtrip()
         queued, busy, workers, requeued, dead, mine = self._beat(
             keys=[self.key("workers"), self.queue_key],
             args=[self.worker_id, self.worker_ttl, self.inflight_prefix, *finished],
@@ -336,6 +359,7 @@ class ClusterCoordinator:
 
     def claim(self, job: str) -> bool:
         """Whether this worker is the first of the run to claim *job*."""
+        self.roundtrip()
         if self.redis.hsetnx(self.run_prefix + "claims", job, self.worker_id):
             return True
         # The winner is queueing work: be quiet for a whole grace again
@@ -345,6 +369,7 @@ class ClusterCoordinator:
 
     def note_failure(self) -> None:
         """A page failed: the run's sitemap validators must not be saved."""
+        self.roundtrip()
         self.redis.incr(self.run_prefix + "failures")
 
 

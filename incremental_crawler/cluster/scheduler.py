@@ -48,6 +48,10 @@ class ClusterScheduler(Scheduler):
         except redis.RedisError as exc:
             raise ClusterError(f"REDIS_URL {coordinator.url}: {exc}") from exc
         instance.crawler = crawler
+        # One client for the scheduler, its queue and filter, and the
+        # coordinator: one connection, one round-trip count.
+        instance.server.close()
+        instance.server = coordinator.redis
         return instance
 
     def open(self, spider: Spider) -> None:
@@ -64,16 +68,20 @@ class ClusterScheduler(Scheduler):
 
     def close(self, reason: str) -> None:
         ClusterCoordinator.of(self.crawler).leave(reason)
-        self.server.close()
 
-    # scrapy-redis's own versions pass ``spider`` to the stats collector,
-    # which Scrapy 2.19 deprecates.
+    def has_pending_requests(self) -> bool:
+        return ClusterCoordinator.of(self.crawler).queued() > 0
+
+    # scrapy-redis's own version checks the filter and queues in two round
+    # trips (and passes ``spider`` to the stats collector, which Scrapy 2.19
+    # deprecates): one script does both.
     def enqueue_request(self, request: Request) -> bool:
-        if not request.dont_filter and self.df.request_seen(request):
+        fingerprint = None if request.dont_filter else self.df.request_fingerprint(request)
+        data = self.queue._encode_request(request)
+        if not ClusterCoordinator.of(self.crawler).push(fingerprint, -request.priority, data):
             self.df.log(request, self.spider)
             return False
         self.stats.inc_value("scheduler/enqueued/redis")
-        self.queue.push(request)
         return True
 
     def next_request(self) -> Request | None:
