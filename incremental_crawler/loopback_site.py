@@ -983,6 +983,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--burst", type=float, default=5, help="token bucket size (5)")
     parser.add_argument("--retry-after", choices=("seconds", "date"), default="seconds",
                         help="Retry-After as delay-seconds or as an HTTP-date")
+    parser.add_argument("--latency", type=float, default=0,
+                        help="seconds before each page (/p/...) is answered (0)")
     args = parser.parse_args(argv)
     args.kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     bad = [k for k in args.kinds if k not in KINDS]
@@ -1008,6 +1010,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.rate > 0:
         site.limit(args.rate, args.burst, retry_after=args.retry_after)
+    if args.latency > 0:
+        site.slow("/p/", args.latency)
     base_url = site.start(args.port)
     # Exactly one line on stdout: the parent process reads it to learn the port.
     sys.stdout.write(base_url + "\n")
