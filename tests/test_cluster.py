@@ -271,3 +271,26 @@ async def test_due_pages_are_reseeded_once_for_the_whole_cluster(
                else 0 for log in logs]
     assert min(fetched) > 0, fetched
     assert leftover_keys(cluster_prefix) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_redirects_and_retries_travel_through_the_shared_queue(
+    site, state_uri, state_db, cluster_prefix, tmp_path
+):
+    # A redirect or a retry is a new request built from the old one's meta
+    # (our middlewares' notes included): it must survive serialisation into
+    # Redis and be handled like any page.
+    for i in range(6):
+        site.add_page(f"/p/{i:04d}", "strong", size=1000)
+    site.add_page("/moved/0001", "strong", size=1000)
+    site.add_redirect("/p/0001", "/moved/0001")
+    site.override("/p/0002", status=500)
+    worker = Worker(site, state_uri, cluster_prefix, tmp_path, "1",
+                    "-s", "RETRY_TIMES=1")
+    assert await worker.wait() == 0, worker.tail()
+    log = worker.log.read_text(errors="replace")
+    assert "Traceback" not in log, log
+    assert [r.status for r in site.requests_for("/moved/0001")] == [200]
+    assert len(site.requests_for("/p/0002")) == 2  # the first try and one retry
+    stored = {url for (url,) in state_db("SELECT url FROM pages WHERE etag IS NOT NULL")}
+    assert site.url("/moved/0001") in stored
