@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -71,16 +72,18 @@ def start(args: list[str], *, cwd: Path, out: Path, **kwargs: Any) -> subprocess
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(grace)
-            break
-        except subprocess.TimeoutExpired:
-            continue
+    """SIGTERM to the process group, then SIGKILL to whatever is left of it.
+
+    The second signal reaches crawl processes still shutting down after
+    scrapyd (which does not stop its jobs when it exits) is gone.
+    """
+    with suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+    with suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
     if proc.stdout is not None:
         proc.stdout.close()
 
