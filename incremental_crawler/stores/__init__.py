@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from scrapy.exceptions import NotConfigured
 from scrapy.utils.misc import load_object
 from scrapy.utils.project import data_path
 
@@ -17,9 +19,19 @@ __all__ = ["StateStore", "StateStoreError", "default_state_uri", "open_store"]
 
 
 def default_state_uri() -> str:
-    """The embedded default: a SQLite file under the project's data dir."""
-    path = data_path("incremental/state.db", createdir=False)
-    return f"sqlite:///{path}"
+    """The embedded default: a SQLite file under the project's data dir.
+
+    A scrapyd job has a project (its settings module comes from the egg) but
+    no ``scrapy.cfg`` to put the data dir next to, and Scrapy refuses to
+    guess one (``NotConfigured``). The file then goes where Scrapy keeps data
+    outside a project, ``.scrapy/`` in the working directory: for scrapyd,
+    its own directory, which every job of that scrapyd shares.
+    """
+    try:
+        path = Path(data_path("incremental/state.db", createdir=False))
+    except NotConfigured:
+        path = Path(".scrapy", "incremental", "state.db")
+    return f"sqlite:///{path.resolve()}"
 
 
 def open_store(settings: BaseSettings) -> StateStore:
