@@ -85,3 +85,12 @@ def test_scrapy_crawl_with_a_corrupt_state_file_exits_with_the_file_named(tmp_pa
     assert result.returncode != 0
     assert str(path) in result.stderr
     assert "not a readable SQLite database" in result.stderr
+
+
+def test_scrapy_items_on_a_missing_state_file_is_an_error_not_an_empty_store(tmp_path):
+    path = tmp_path / "never-crawled" / "state.db"
+    result = scrapy("items", "-o", str(tmp_path / "out.jsonl"),
+                    "-s", f"INCREMENTAL_STATE_URI=sqlite:///{path}")
+    assert result.returncode == 1
+    assert f"no state store at {path}" in result.stderr
+    assert not path.exists() and not path.parent.exists()

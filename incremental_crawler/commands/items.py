@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
-from incremental_crawler.stores import StateStoreError, open_store
+from incremental_crawler.stores import StateStoreError, default_state_uri, open_store
+from incremental_crawler.stores.sqlite import path_from_uri
 
 if TYPE_CHECKING:
     import argparse
@@ -38,6 +39,14 @@ class Command(ScrapyCommand):
         assert self.settings is not None
         if args:
             raise UsageError("scrapy items takes no positional arguments")
+        uri = self.settings.get("INCREMENTAL_STATE_URI") or default_state_uri()
+        if uri.split(":", 1)[0].lower() == "sqlite" and not path_from_uri(uri).exists():
+            # Reading must not create an empty store: that would look like a
+            # crawl that stored nothing.
+            print(f"error: no state store at {path_from_uri(uri)} "
+                  "(check INCREMENTAL_STATE_URI)", file=sys.stderr)
+            self.exitcode = 1
+            return
         try:
             store = open_store(self.settings)
         except StateStoreError as exc:
