@@ -11,6 +11,7 @@ from scrapy import signals
 from scrapy.crawler import CrawlerRunner
 
 from incremental_crawler.loopback_site import LoopbackSite
+from tests.redis_util import delete_prefix, new_prefix
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -90,3 +91,11 @@ def crawl(state_uri: str):
 
     return run
 
+
+
+@pytest.fixture
+def redis_prefix():
+    """A key prefix of its own in the tests' Redis db, deleted afterwards."""
+    prefix = new_prefix()
+    yield prefix
+    delete_prefix(prefix)

@@ -34,12 +34,14 @@ from incremental_crawler.stores import (
     default_state_uri,
     open_store,
 )
+from incremental_crawler.stores.redis import RedisStateStore
 from incremental_crawler.stores.sqlite import (
     MIGRATIONS,
     SCHEMA_VERSION,
     SQLiteStateStore,
     path_from_uri,
 )
+from tests.redis_util import REDIS_URI
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -482,6 +484,23 @@ class TestSQLiteStore(StateStoreContract):
 
         def make() -> StateStore:
             store = SQLiteStateStore(tmp_path / "state" / "state.db", busy_timeout=1.0)
+            opened.append(store)
+            return store
+
+        yield make
+        for store in opened:
+            await call(store.close())
+
+
+class TestRedisStore(StateStoreContract):
+    """The contract, for :class:`RedisStateStore` on the real Redis (db 9)."""
+
+    @pytest_twisted.async_yield_fixture
+    async def make_store(self, redis_prefix: str) -> AsyncIterator[MakeStore]:
+        opened: list[RedisStateStore] = []
+
+        def make() -> StateStore:
+            store = RedisStateStore(REDIS_URI, prefix=redis_prefix)
             opened.append(store)
             return store
 
