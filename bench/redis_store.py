@@ -30,7 +30,7 @@ How to read it
     (target <= 1.25x; the network wait is not CPU); round-trips per page say
     how chatty the store is (reads: one per page for its state, one per item
     for its fingerprint; writes: one per flush of up to
-    ``INCREMENTAL_BATCH_SIZE`` writes). Runs in about a minute at the
+    ``INCREMENTAL_BATCH_SIZE`` writes). Runs in about two minutes at the
     defaults on a 2-core machine.
 
     python bench/redis_store.py [--pages 100000] [--lookups 100000] [--crawl-pages 200]

@@ -243,6 +243,11 @@ class RedisStateStore(StateStore):
         self._flush_lock: asyncio.Lock | None = None
         self._script_sha = hashlib.sha1(_UPSERT_LUA.encode()).hexdigest()
         self._fields = {cls: fields(cls) for cls in (PageState, HostTrust, ItemRecord)}
+        # The fields a stored record may hold (the key ones are in the Redis key).
+        self._names = {
+            PageState: frozenset(f.name for f in self._fields[PageState]) - {"key"},
+            HostTrust: frozenset(f.name for f in self._fields[HostTrust]) - {"scope", "host"},
+        }
         self._closed = False
         # No retries: a transaction whose reply was lost may have run, and
         # running it twice would count checks and item versions twice.
@@ -292,10 +297,12 @@ class RedisStateStore(StateStore):
 
     def _decode(self, cls: type, raw: bytes | str, **fixed: Any) -> Any:
         data = json.loads(raw)
-        names = {f.name for f in self._fields[cls]}
-        # Fields this code does not know (written by a newer version) are
-        # ignored; missing ones take their defaults.
-        return cls(**fixed, **{k: v for k, v in data.items() if k in names and k not in fixed})
+        names = self._names[cls]
+        if not data.keys() <= names:
+            # Fields this code does not know (written by a newer version)
+            # are ignored; missing ones take their defaults.
+            data = {k: v for k, v in data.items() if k in names}
+        return cls(**fixed, **data)
 
     def _page(self, key: PageKey, raw: bytes | str) -> PageState:
         return self._decode(PageState, raw, key=key)
