@@ -39,6 +39,9 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_STATE_URI": None,
     "INCREMENTAL_STATE_STORES": {
         "sqlite": "incremental_crawler.stores.sqlite.SQLiteStateStore",
+        "redis": "incremental_crawler.stores.redis.RedisStateStore",
+        "rediss": "incremental_crawler.stores.redis.RedisStateStore",
+        "unix": "incremental_crawler.stores.redis.RedisStateStore",
     },
     # Some servers' validators never change although the content does: after
     # this many seconds since the last full download, fetch without

@@ -207,7 +207,12 @@ class Ledger:
             await self.store.close()
         except StateStoreError as exc:
             self.stats.inc_value("incremental/store_errors")
-            logger.error("%(error)s", {"error": exc}, extra={"spider": spider})
+            logger.error(
+                "%(error)s; %(n)d staged writes were not stored (the next run "
+                "fetches those pages again)",
+                {"error": exc, "n": self.store.pending}, extra={"spider": spider},
+            )
+        self.stats.set_value("incremental/store_roundtrips", self.store.roundtrips)
 
     # -- transactions (downloader and spider middleware) ---------------------
 
@@ -331,6 +336,8 @@ class Ledger:
 
     def item_error(self, item: Any, response: Any, spider: Spider, failure: Failure) -> None:
         self._pending.pop(id(item), None)
+        if failure.check(StateStoreError):
+            self.store_failed(failure.value)
         self._item_finished(
             response, error=f"an item pipeline failed ({failure.getErrorMessage()})"
         )
@@ -383,11 +390,22 @@ class Ledger:
 
     def _flush_failed(self, failure: Failure) -> None:
         self._flushing = False
-        self._failed = True
+        self.store_failed(failure.value)
+
+    def store_failed(self, error: BaseException) -> None:
+        """The store failed (a commit or a read): stop the crawl, loudly, once.
+
+        Staged writes stay staged (the store keeps them; closing tries once
+        more), so nothing that was not stored is recorded as done: the next
+        run fetches those pages again.
+        """
         self.stats.inc_value("incremental/store_errors")
+        if self._failed:
+            return
+        self._failed = True
         logger.error(
             "%(error)s; stopping the crawl (nothing not stored is recorded as done)",
-            {"error": failure.getErrorMessage()},
+            {"error": error},
             extra={"spider": self.crawler.spider},
         )
         engine = self.crawler.engine

@@ -9,8 +9,12 @@ import pytest
 import pytest_twisted
 from scrapy import signals
 from scrapy.crawler import CrawlerRunner
+from scrapy.settings import Settings
+from scrapy.utils.defer import deferred_from_coro
 
 from incremental_crawler.loopback_site import LoopbackSite
+from incremental_crawler.stores import open_store
+from tests.redis_util import REDIS_URI, delete_prefix, new_prefix
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -31,8 +35,20 @@ def site():
 
 
 @pytest.fixture
-def state_uri(tmp_path: Path) -> str:
+def state_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """SQLite in the test's tmp dir; ``indirect`` parametrization with
+    ``"redis"`` gives a Redis store under a prefix of the test's own."""
+    if getattr(request, "param", "sqlite") == "redis":
+        return f"{REDIS_URI}?prefix={request.getfixturevalue('redis_prefix')}"
     return f"sqlite:///{tmp_path / 'state.db'}"
+
+
+@pytest.fixture
+def state_store(state_uri: str):
+    """The crawls' state store, opened through its interface (any backend)."""
+    store = open_store(Settings({"INCREMENTAL_STATE_URI": state_uri}))
+    yield store
+    pytest_twisted.blockon(deferred_from_coro(store.close()))
 
 
 @pytest.fixture
@@ -90,3 +106,11 @@ def crawl(state_uri: str):
 
     return run
 
+
+
+@pytest.fixture
+def redis_prefix():
+    """A key prefix of its own in the tests' Redis db, deleted afterwards."""
+    prefix = new_prefix()
+    yield prefix
+    delete_prefix(prefix)

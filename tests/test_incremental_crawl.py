@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import pytest_twisted
 
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
@@ -23,8 +24,11 @@ def page_requests(site):
     return [r for r in site.log if r.path.startswith("/p/")]
 
 
+@pytest.mark.parametrize("state_uri", ["sqlite", "redis"], indirect=True)
 @pytest_twisted.ensureDeferred
-async def test_second_crawl_is_conditional_and_emits_only_changes(site, crawl, state_db):
+async def test_second_crawl_is_conditional_and_emits_only_changes(
+    site, crawl, state_uri, state_store, state_db
+):
     paths = add_pages(site, 20)
     first = await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"))
     assert first.stats.get_value("finish_reason") == "finished"
@@ -65,18 +69,29 @@ async def test_second_crawl_is_conditional_and_emits_only_changes(site, crawl, s
     assert stats.get_value("incremental/items_changed") == 4
     assert stats.get_value("incremental/items_unchanged") == 4  # the "none" pages
     assert stats.get_value("incremental/bytes_saved_estimate") > 12 * 3000
+    # Counted by a networked store only; an embedded one has no round-trips.
+    roundtrips = [c.stats.get_value("incremental/store_roundtrips") for c in (first, second)]
+    if state_uri.startswith("redis"):
+        assert all(n > 0 for n in roundtrips), roundtrips
+    else:
+        assert roundtrips == [0, 0]
     # Latest version of each changed item stored, with its history.
+    latest = {item["url"]: item for item in state_store.iter_items("sitemap")}
+    assert len(latest) == 20
     for path in changed:
         url = site.url(path)
-        [(version,)] = state_db("SELECT version FROM items WHERE item_key = ?", url)
-        assert version == 2
-        titles = [t for (t,) in state_db(
-            "SELECT json_extract(data, '$.title') FROM item_versions "
-            "WHERE item_key = ? ORDER BY version", url)]
-        assert titles[0].endswith("v0") and titles[1].endswith("v1")
-    [(unchanged_version,)] = state_db(
-        "SELECT version FROM items WHERE item_key = ?", site.url("/p/0004"))
-    assert unchanged_version == 1
+        history = state_store.item_history("sitemap", url)
+        assert [version for version, _ in history] == [1, 2]
+        assert history[1][1] == latest[url]["fingerprint"] != history[0][1]
+        assert latest[url]["title"].endswith("v1")
+    assert [v for v, _ in state_store.item_history("sitemap", site.url("/p/0004"))] == [1]
+    if state_uri.startswith("sqlite:"):
+        # Every version's data is kept, not only the latest one's.
+        for path in changed:
+            titles = [t for (t,) in state_db(
+                "SELECT json_extract(data, '$.title') FROM item_versions "
+                "WHERE item_key = ? ORDER BY version", site.url(path))]
+            assert titles[0].endswith("v0") and titles[1].endswith("v1")
 
 
 @pytest_twisted.ensureDeferred

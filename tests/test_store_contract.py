@@ -34,12 +34,15 @@ from incremental_crawler.stores import (
     default_state_uri,
     open_store,
 )
+from incremental_crawler.stores.redis import RedisStateStore
 from incremental_crawler.stores.sqlite import (
     MIGRATIONS,
     SCHEMA_VERSION,
     SQLiteStateStore,
     path_from_uri,
 )
+from incremental_crawler.trust import HostTrust
+from tests.redis_util import REDIS_URI
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -473,6 +476,115 @@ class StateStoreContract:
         assert await call(make_store().get_page(key)) == full_state(key, 5)
 
 
+    # -- revisits, host trust, near-duplicates --------------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_get_due_lists_overdue_fetched_pages_most_overdue_first(
+        self, store: StateStore
+    ) -> None:
+        def page(name: str, next_visit: float, **changes: Any) -> PageState:
+            fields = {"next_visit": next_visit, "interval": 3600, "callback": "parse", **changes}
+            return full_state(PageKey(SCOPE, f"{URL}/{name}"), 1, **fields)
+
+        store.stage_page(page("late", 500))
+        store.stage_page(page("later", 100))
+        store.stage_page(page("now", 1_000))
+        store.stage_page(page("future", 1_001))
+        store.stage_page(page("no-callback", 10, callback=None))
+        store.stage_page(page("not-fetched", 10, fingerprint=None))
+        store.stage_page(full_state(PageKey("other", f"{URL}/x"), 1, next_visit=10,
+                                    callback="parse"))
+        await call(store.flush())
+        due = await call(store.get_due(SCOPE, 1_000, 10))
+        assert [s.key.url.rsplit("/", 1)[1] for s in due] == ["later", "late", "now"]
+        assert due[0] == page("later", 100)
+        assert [s.key.url for s in await call(store.get_due(SCOPE, 1_000, 1))] == [f"{URL}/later"]
+        assert await call(store.get_due("nobody", 1_000, 10)) == []
+
+        # A check with a schedule moves the page; one without keeps it.
+        store.stage_check(PageKey(SCOPE, f"{URL}/later"), 304, 900, schedule=(7200, 5_000))
+        store.stage_check(PageKey(SCOPE, f"{URL}/late"), 304, 900)
+        await call(store.flush())
+        due = await call(store.get_due(SCOPE, 1_000, 10))
+        assert [s.key.url.rsplit("/", 1)[1] for s in due] == ["late", "now"]
+        moved = await call(store.get_page(PageKey(SCOPE, f"{URL}/later")))
+        assert (moved.interval, moved.next_visit, moved.checks) == (7200, 5_000, 2)
+        assert moved.fingerprint == page("later", 100).fingerprint
+        assert [s.key.url for s in await call(store.get_due(SCOPE, 5_000, 10))][-1] == f"{URL}/later"
+
+        # A new state without a callback takes the page off the list.
+        store.stage_page(page("now", 1_000, callback=None))
+        await call(store.flush())
+        due = await call(store.get_due(SCOPE, 1_000, 10))
+        assert [s.key.url.rsplit("/", 1)[1] for s in due] == ["late"]
+
+    @pytest_twisted.ensureDeferred
+    async def test_host_trust_round_trip(self, make_store: MakeStore) -> None:
+        store = make_store()
+        assert await call(store.get_host(SCOPE, "example.com")) is None
+        trust = HostTrust(SCOPE, "example.com", checks=12, lies=7, distrusted_until=5_000,
+                          validators_distrusted_until=6_000)
+        store.stage_host(trust)
+        store.stage_host(HostTrust("other", "example.com", checks=1))
+        assert store.pending == 2
+        assert await call(store.flush()) == 2
+        assert await call(store.get_host(SCOPE, "example.com")) == trust
+        store.stage_host(HostTrust(SCOPE, "example.com", checks=3))
+        await call(store.close())
+
+        store = make_store()
+        assert await call(store.get_host(SCOPE, "example.com")) == HostTrust(
+            SCOPE, "example.com", checks=3)
+        assert await call(store.get_host("other", "example.com")) == HostTrust(
+            "other", "example.com", checks=1)
+        assert await call(store.get_host(SCOPE, "example.org")) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_item_simhash_is_the_latest_versions(self, store: StateStore) -> None:
+        # A full signed 64-bit SimHash survives (no float rounding on the way).
+        big = -(2**63) + 12345
+        record = item("a")
+        record.simhash = big
+        store.stage_item(record)
+        store.stage_item(item("b"))
+        await call(store.flush())
+        assert await call(store.get_item_simhash(SCOPE, "a")) == big
+        assert await call(store.get_item_simhash(SCOPE, "b")) is None
+        assert await call(store.get_item_simhash(SCOPE, "c")) is None
+        assert await call(store.get_item_simhash("other", "a")) is None
+        newer = item("a", 2)
+        newer.simhash = 42
+        store.stage_item(newer)
+        await call(store.flush())
+        assert await call(store.get_item_simhash(SCOPE, "a")) == 42
+
+    @pytest_twisted.ensureDeferred
+    async def test_odd_scopes_keys_and_variants_stay_apart(self, make_store: MakeStore) -> None:
+        # Separators a backend might use inside its own keys.
+        pairs = [("a:b", "c"), ("a", "b:c"), ("a%3Ab", "c"), ("ü *?", "k\n")]
+        store = make_store()
+        for n, (scope, key) in enumerate(pairs, start=1):
+            store.stage_item(item(key, n, scope=scope))
+        pages = [PageKey("a:b", URL), PageKey("a", URL, "b"), PageKey("a", URL, "x\0y:z"),
+                 PageKey("a", URL)]
+        for n, key in enumerate(pages, start=1):
+            store.stage_page(full_state(key, n))
+        await call(store.flush())
+        await call(store.close())
+
+        store = make_store()
+        for n, (scope, key) in enumerate(pairs, start=1):
+            assert await call(store.get_item_fingerprint(scope, key)) == f"fp-{key}-{n}"
+            assert store.item_history(scope, key) == [(1, f"fp-{key}-{n}")]
+            assert [i["fingerprint"] for i in store.iter_items(scope)] == [f"fp-{key}-{n}"]
+        for n, key in enumerate(pages, start=1):
+            assert await call(store.get_page(key)) == full_state(key, n)
+        found = await call(store.get_pages(pages))
+        assert found == {key: full_state(key, n) for n, key in enumerate(pages, start=1)}
+        assert store.count_pages("a") == 3
+        assert store.count_pages() == 4
+
+
 class TestSQLiteStore(StateStoreContract):
     """The contract, for :class:`SQLiteStateStore`."""
 
@@ -482,6 +594,23 @@ class TestSQLiteStore(StateStoreContract):
 
         def make() -> StateStore:
             store = SQLiteStateStore(tmp_path / "state" / "state.db", busy_timeout=1.0)
+            opened.append(store)
+            return store
+
+        yield make
+        for store in opened:
+            await call(store.close())
+
+
+class TestRedisStore(StateStoreContract):
+    """The contract, for :class:`RedisStateStore` on the real Redis (db 9)."""
+
+    @pytest_twisted.async_yield_fixture
+    async def make_store(self, redis_prefix: str) -> AsyncIterator[MakeStore]:
+        opened: list[RedisStateStore] = []
+
+        def make() -> StateStore:
+            store = RedisStateStore(REDIS_URI, prefix=redis_prefix)
             opened.append(store)
             return store
 

@@ -24,6 +24,7 @@ from incremental_crawler.keys import page_key
 from incremental_crawler.ledger import TXN_META, Ledger
 from incremental_crawler.revisit import RevisitSchedule
 from incremental_crawler.state import PageFlags, PageKey, PageState
+from incremental_crawler.stores import StateStoreError
 from incremental_crawler.validators import (
     parse_etag,
     parse_http_date,
@@ -110,6 +111,15 @@ class ConditionalRequestMiddleware:
         )
 
     async def process_request(self, request: Request) -> None:
+        try:
+            await self._prepare(request)
+        except StateStoreError as exc:
+            # The store cannot be read: the crawl stops (Ledger.store_failed)
+            # and this page is not fetched, so nothing about it is recorded.
+            self.ledger.store_failed(exc)
+            raise IgnoreRequest(f"State store unavailable: {request.url}") from exc
+
+    async def _prepare(self, request: Request) -> None:
         # Meta copied from another request (``meta=response.meta``), a
         # redirect or a retry must not carry that request's context or the
         # conditions we added to it: they belong to another page.

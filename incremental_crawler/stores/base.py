@@ -36,6 +36,9 @@ class StateStore(ABC):
 
     #: Where the store lives, for messages (a path or a URI without secrets).
     location: str
+    #: Network round-trips to the store's server so far (0 for an embedded
+    #: store); published as the ``incremental/store_roundtrips`` stat.
+    roundtrips: int = 0
 
     @abstractmethod
     async def get_page(self, key: PageKey) -> PageState | None:

@@ -1,0 +1,436 @@
+"""What only the Redis store does: URIs, its key layout, round-trips, failures.
+
+The backend-neutral behaviour is in ``test_store_contract.py``
+(``TestRedisStore``). Tests that stop Redis or count its commands use a
+throwaway ``redis-server`` of their own (:class:`OwnRedis`) or cut a proxy
+in front of the shared one (:class:`CuttableProxy`), never the shared
+server itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import pytest_twisted
+import redis
+from scrapy.settings import Settings
+
+from incremental_crawler.spiders.sitemap import SitemapPagesSpider
+from incremental_crawler.state import ItemRecord, PageKey, PageState
+from incremental_crawler.stores import StateStoreError, open_store
+from incremental_crawler.stores.redis import (
+    LAYOUT,
+    LAYOUT_VERSION,
+    RedisStateStore,
+    parse_redis_uri,
+)
+from tests.redis_util import REDIS_URI, CuttableProxy, OwnRedis, prefix_keys
+from tests.test_store_contract import SCOPE, URL, call, full_state, item
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+
+@pytest.fixture
+def own_redis() -> Iterator[OwnRedis]:
+    server = OwnRedis()
+    server.start()
+    yield server
+    server.remove()
+
+
+@pytest.fixture
+def shared() -> Iterator[redis.Redis]:
+    """A direct client of the tests' db on the shared server."""
+    client = redis.Redis.from_url(REDIS_URI)
+    yield client
+    client.close()
+
+
+def open_at(prefix: str, uri: str = REDIS_URI) -> RedisStateStore:
+    return RedisStateStore(uri, prefix=prefix)
+
+
+# -- URIs ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("uri", "clean", "prefix"),
+    [
+        ("redis://127.0.0.1:6379/9", "redis://127.0.0.1:6379/9", "incremental"),
+        ("redis://127.0.0.1/9?prefix=books", "redis://127.0.0.1/9", "books"),
+        ("REDIS://h:1/0?prefix=a:b&socket_timeout=2",
+         "redis://h:1/0?socket_timeout=2", "a:b"),
+        ("rediss://user:pw@h:6380/1?prefix=p", "rediss://user:pw@h:6380/1", "p"),
+        ("unix:///run/redis.sock?db=3&prefix=x", "unix:///run/redis.sock?db=3", "x"),
+    ],
+)
+def test_parse_redis_uri(uri: str, clean: str, prefix: str) -> None:
+    assert parse_redis_uri(uri) == (clean, prefix)
+
+
+@pytest.mark.parametrize(
+    ("uri", "why"),
+    [
+        ("redis://", "no host"),
+        ("redis:///9", "no host"),
+        ("redis://h/abc", "database 'abc' is not a number"),
+        ("unix:///s.sock?db=x", "database 'x' is not a number"),
+        ("redis://h:99999/0", "not a valid URI"),
+        ("redis://h/0?prefix=", "one non-empty prefix"),
+        ("redis://h/0?prefix=a&prefix=b", "one non-empty prefix"),
+        ("redis://h/0?colour=blue", "unknown parameter 'colour'"),
+        ("unix://", "no socket path"),
+        ("http://h/0", "not a Redis one"),
+    ],
+)
+def test_bad_uri_is_a_store_error_naming_it(uri: str, why: str) -> None:
+    with pytest.raises(StateStoreError) as info:
+        RedisStateStore.from_uri(uri)
+    message = str(info.value)
+    assert message.startswith(f"State store {uri}")
+    assert why in message
+    assert "redis://host:port/db?prefix=name" in message
+
+
+def test_password_never_shows_in_messages() -> None:
+    with pytest.raises(StateStoreError) as info:
+        RedisStateStore.from_uri("redis://user:s3cret@h:1/x")
+    assert "s3cret" not in str(info.value)
+    assert "user:***@h:1" in str(info.value)
+
+
+@pytest_twisted.ensureDeferred
+async def test_open_store_picks_redis_by_scheme(redis_prefix: str) -> None:
+    uri = f"{REDIS_URI}?prefix={redis_prefix}"
+    store = open_store(Settings({"INCREMENTAL_STATE_URI": uri}))
+    try:
+        assert isinstance(store, RedisStateStore)
+        assert store.prefix == redis_prefix
+        assert store.location == uri
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_unix_socket_uri(own_redis: OwnRedis) -> None:
+    store = RedisStateStore.from_uri(f"{own_redis.uri}&prefix=u")
+    try:
+        store.stage_page(full_state(PageKey(SCOPE, URL)))
+        await call(store.flush())
+    finally:
+        await call(store.close())
+    with own_redis.client() as client:
+        assert client.hlen(f"u:pages:{SCOPE}") == 1
+
+
+def test_unreachable_redis_is_a_store_error_at_open(own_redis: OwnRedis) -> None:
+    own_redis.stop()
+    with pytest.raises(StateStoreError) as info:
+        RedisStateStore.from_uri(f"{own_redis.uri}&prefix=gone")
+    message = str(info.value)
+    assert own_redis.socket in message and "prefix=gone" in message
+    assert "cannot be reached" in message
+
+
+# -- layout marker ------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_new_store_marks_its_layout(redis_prefix: str, shared: redis.Redis) -> None:
+    await call(open_at(redis_prefix).close())
+    assert shared.hgetall(f"{redis_prefix}:meta") == {
+        b"layout": LAYOUT.encode(), b"version": str(LAYOUT_VERSION).encode(),
+    }
+    # Reopening an existing store of this layout works.
+    await call(open_at(redis_prefix).close())
+
+
+def test_newer_layout_is_refused_and_left_alone(redis_prefix: str, shared: redis.Redis) -> None:
+    meta = f"{redis_prefix}:meta"
+    shared.hset(meta, mapping={"layout": LAYOUT, "version": LAYOUT_VERSION + 1})
+    shared.hset(f"{redis_prefix}:pages:{SCOPE}", URL, "{}")
+    with pytest.raises(StateStoreError) as info:
+        open_at(redis_prefix)
+    message = str(info.value)
+    assert f"prefix={redis_prefix}" in message
+    assert f"layout version {LAYOUT_VERSION + 1}" in message
+    assert "upgrade incremental_crawler" in message
+    assert shared.hget(meta, "version") == str(LAYOUT_VERSION + 1).encode()
+    assert shared.hget(f"{redis_prefix}:pages:{SCOPE}", URL) == b"{}"
+
+
+@pytest.mark.parametrize(
+    "foreign",
+    [
+        {"layout": "somebody.else", "version": "1"},
+        {"layout": LAYOUT, "version": "one"},
+        {"colour": "blue"},
+    ],
+)
+def test_foreign_meta_is_refused(redis_prefix: str, shared: redis.Redis,
+                                 foreign: dict[str, str]) -> None:
+    shared.hset(f"{redis_prefix}:meta", mapping=foreign)
+    with pytest.raises(StateStoreError) as info:
+        open_at(redis_prefix)
+    assert "does not describe an incremental_crawler state store" in str(info.value)
+    assert f"prefix={redis_prefix}" in str(info.value)
+    assert shared.hgetall(f"{redis_prefix}:meta") == {k.encode(): v.encode() for k, v in foreign.items()}
+
+
+def test_meta_of_another_type_is_refused(redis_prefix: str, shared: redis.Redis) -> None:
+    shared.set(f"{redis_prefix}:meta", "hello")
+    with pytest.raises(StateStoreError) as info:
+        open_at(redis_prefix)
+    assert "does not describe an incremental_crawler state store" in str(info.value)
+    assert shared.get(f"{redis_prefix}:meta") == b"hello"
+
+
+def test_state_without_meta_is_refused_not_reset(redis_prefix: str, shared: redis.Redis) -> None:
+    shared.sadd(f"{redis_prefix}:scopes", SCOPE)
+    shared.hset(f"{redis_prefix}:pages:{SCOPE}", URL, "{}")
+    with pytest.raises(StateStoreError) as info:
+        open_at(redis_prefix)
+    assert "holds state keys but no" in str(info.value)
+    assert not shared.exists(f"{redis_prefix}:meta")
+    assert shared.hget(f"{redis_prefix}:pages:{SCOPE}", URL) == b"{}"
+
+
+# -- records ------------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_records_are_compact_json_and_tolerate_other_fields(
+    redis_prefix: str, shared: redis.Redis
+) -> None:
+    store = open_at(redis_prefix)
+    try:
+        key = PageKey(SCOPE, URL, "de")
+        store.stage_page(PageState(key, etag='"x"', checks=2, last_checked=12.9))
+        await call(store.flush())
+        [(field, raw)] = shared.hgetall(f"{redis_prefix}:pages:{SCOPE}").items()
+        assert field == f"{URL}\0de".encode()
+        # Defaults left out; times kept as whole seconds, as SQLite keeps them.
+        assert json.loads(raw) == {"etag": '"x"', "checks": 2, "last_checked": 12}
+
+        # A record written by a newer version (an extra field) or an older
+        # one (fields missing) reads back with this version's defaults.
+        shared.hset(f"{redis_prefix}:pages:{SCOPE}", URL,
+                    json.dumps({"fingerprint": "ff", "from_the_future": [1, 2]}))
+        assert await call(store.get_page(PageKey(SCOPE, URL))) == PageState(
+            PageKey(SCOPE, URL), fingerprint="ff")
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_item_data_is_kept_per_version_under_the_item_key(
+    redis_prefix: str, shared: redis.Redis
+) -> None:
+    store = open_at(redis_prefix)
+    try:
+        store.stage_item(item("k", 1))
+        store.stage_item(ItemRecord(SCOPE, "k", "https://example.com/k", "fp-k-2", None, 5))
+        store.stage_item(item("k", 3))
+        await call(store.flush())
+    finally:
+        await call(store.close())
+    hist = shared.hgetall(f"{redis_prefix}:hist:{SCOPE}:k")
+    # Version 2 came without data: its number is used, no entry is kept.
+    assert sorted(hist) == [b"1", b"3"]
+    assert json.loads(hist[b"3"]) == {
+        "fingerprint": "fp-k-3", "stored_at": 2_000_003, "data": {"name": "k", "version": 3},
+    }
+
+
+# -- round-trips (counted by a server of our own) ----------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_flush_is_one_transaction_and_batched_reads_one_round_trip(
+    own_redis: OwnRedis,
+) -> None:
+    store = RedisStateStore(own_redis.uri, prefix="rt")
+    try:
+        keys = [PageKey(SCOPE if i % 2 else "other", f"{URL}/{i}") for i in range(2_500)]
+        for i, key in enumerate(keys):
+            store.stage_item(item(f"i{i}", i + 1))
+            store.stage_page(full_state(key, i + 1))
+        store.stage_check(keys[0], 304, 3_000_000)
+        store.stage_redirect(keys[1], URL, 301, 3_000_000)
+        before, trips = own_redis.command_calls(), store.roundtrips
+        # Reads of staged pages never leave the process.
+        assert len(await call(store.get_pages(keys[:100]))) == 100
+        assert store.roundtrips == trips
+        assert await call(store.flush()) == 5_002
+        assert store.roundtrips == trips + 1
+        after = own_redis.command_calls()
+        assert after["multi"] - before.get("multi", 0) == 1
+        assert after["exec"] - before.get("exec", 0) == 1
+
+        found = await call(store.get_pages([*keys, PageKey(SCOPE, "https://nowhere/")]))
+        assert found == {key: (await call(store.get_page(key))) for key in keys}
+        assert found[keys[0]].checks == 2 and found[keys[1]].redirect_to == URL
+        # One round-trip for 2,500 pages (HMGETs of <= 1,000 fields per scope),
+        # plus one per get_page above.
+        assert store.roundtrips == trips + 1 + 1 + len(keys)
+        assert own_redis.command_calls()["hmget"] - before.get("hmget", 0) == 4
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_close_closes_every_connection(own_redis: OwnRedis) -> None:
+    def clients() -> int:
+        with own_redis.client() as client:
+            return len(client.client_list()) - 1  # less this one
+
+    store = RedisStateStore(own_redis.uri, prefix="c")
+    store.stage_page(full_state(PageKey(SCOPE, URL)))
+    await call(store.flush())
+    assert await call(store.get_page(PageKey(SCOPE, URL))) is not None
+    assert store.count_pages() == 1
+    assert clients() >= 2  # the async and the sync client
+    await call(store.close())
+    assert clients() == 0
+
+
+# -- failures -----------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_rejected_transaction_applies_nothing_and_keeps_staged_writes(
+    own_redis: OwnRedis,
+) -> None:
+    store = RedisStateStore(own_redis.uri, prefix="f")
+    try:
+        key = PageKey(SCOPE, URL)
+        store.stage_page(full_state(key, 1))
+        await call(store.flush())
+        store.stage_item(item("a"))
+        store.stage_check(key, 304, 3_000_000)
+        store.stage_page(full_state(PageKey(SCOPE, f"{URL}/2")))
+        with own_redis.client() as client:
+            # Writes refused (no replicas): EXEC is aborted as a whole.
+            client.config_set("min-replicas-to-write", 1)
+            with pytest.raises(StateStoreError) as info:
+                await call(store.flush())
+            assert "NOREPLICAS" in str(info.value) or "EXECABORT" in str(info.value)
+            assert store.location in str(info.value)
+            assert store.pending == 3
+            assert client.hlen(f"f:pages:{SCOPE}") == 1
+            assert not client.exists(f"f:items:{SCOPE}")
+            # Staged state is still what reads see...
+            assert await call(store.get_item_fingerprint(SCOPE, "a")) == "fp-a-1"
+            assert await call(store.get_page(PageKey(SCOPE, f"{URL}/2"))) is not None
+            client.config_set("min-replicas-to-write", 0)
+        # ...and a later flush commits all of it, in order.
+        assert await call(store.flush()) == 3
+        assert (await call(store.get_page(key))).checks == 2
+        assert store.item_history(SCOPE, "a") == [(1, "fp-a-1")]
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_flush_to_a_stopped_redis_keeps_staged_writes(own_redis: OwnRedis) -> None:
+    store = RedisStateStore(own_redis.uri, prefix="s")
+    try:
+        store.stage_item(item("a"))
+        store.stage_page(full_state(PageKey(SCOPE, URL)))
+        own_redis.stop()
+        with pytest.raises(StateStoreError) as info:
+            await call(store.flush())
+        assert store.location in str(info.value)
+        assert store.pending == 2
+        with pytest.raises(StateStoreError):
+            await call(store.get_item_fingerprint(SCOPE, "b"))
+        own_redis.start()  # an empty server again
+        assert await call(store.flush()) == 2
+        assert await call(store.get_item_fingerprint(SCOPE, "b")) is None
+        store.stage_item(item("b"))
+    finally:
+        await call(store.close())
+    with own_redis.client() as client:
+        assert client.hlen(f"s:pages:{SCOPE}") == 1
+        assert client.hlen(f"s:items:{SCOPE}") == 2
+
+
+# -- a crawl that loses Redis -------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_crawl_that_loses_redis_stops_loudly_and_records_nothing_unstored(
+    site, crawl, redis_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    paths = [f"/p/{i:04d}" for i in range(40)]
+    for path in paths:
+        site.add_page(path, "strong", size=2000)
+    # Slow pages: the cut lands while some are in flight and most are to come.
+    site.slow("/p/", 0.05)
+    proxy = CuttableProxy()
+    through_proxy = f"redis://127.0.0.1:{proxy.port}/9?prefix={redis_prefix}"
+    direct = open_at(redis_prefix)
+    settings: dict[str, Any] = {
+        "INCREMENTAL_STATE_URI": through_proxy,
+        "INCREMENTAL_BATCH_SIZE": 4,
+        "INCREMENTAL_FLUSH_INTERVAL": 0.02,
+        "CONCURRENT_REQUESTS": 4,
+    }
+
+    async def cut_after_commits() -> int:
+        # Bounded: 2,000 polls of 5 ms.
+        for _ in range(2_000):
+            committed = direct.count_pages("sitemap")
+            if committed >= 4:
+                proxy.cut()
+                return committed
+            await asyncio.sleep(0.005)
+        raise AssertionError("the crawl committed nothing")
+
+    try:
+        cutter = call(cut_after_commits())
+        with caplog.at_level(logging.ERROR):
+            first = await crawl(SitemapPagesSpider, settings=settings,
+                                sitemap_url=site.url("/robots.txt"))
+        committed_at_cut = await cutter
+    finally:
+        proxy.cut()
+
+    try:
+        stats = first.stats
+        assert stats.get_value("finish_reason") == "incremental_store_error"
+        assert stats.get_value("incremental/store_errors") >= 1
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert any(m.startswith(f"State store {through_proxy}") and "stopping the crawl" in m
+                   for m in errors), errors
+        served = {r.path for r in site.log if r.path.startswith("/p/") and r.status == 200}
+        assert len(served) < len(paths), "the crawl went on after losing its store"
+
+        # Nothing un-stored is recorded as done: every page state in Redis
+        # has its item, and the sitemap (handled only when all is) has none.
+        stored = await call(direct.get_pages([PageKey("sitemap", site.url(p)) for p in paths]))
+        assert committed_at_cut <= len(stored) < len(paths)
+        for key, state in stored.items():
+            assert state.etag is not None
+            assert await call(direct.get_item_fingerprint("sitemap", key.url)) is not None, key
+        assert await call(direct.get_page(PageKey("sitemap", site.url("/sitemap.xml")))) is None
+
+        # The next crawl (Redis back) gets 304s for exactly the stored pages
+        # and fetches every other page in full: no change is lost.
+        site.reset_log()
+        settings["INCREMENTAL_STATE_URI"] = f"{REDIS_URI}?prefix={redis_prefix}"
+        second = await crawl(SitemapPagesSpider, settings=settings,
+                             sitemap_url=site.url("/robots.txt"), use_lastmod="false")
+        assert second.stats.get_value("finish_reason") == "finished"
+        statuses = {r.path: r.status for r in site.log if r.path.startswith("/p/")}
+        assert statuses == {p: 304 if PageKey("sitemap", site.url(p)) in stored else 200
+                            for p in paths}
+        assert {i["url"] for i in direct.iter_items("sitemap")} == {site.url(p) for p in paths}
+    finally:
+        await call(direct.close())
+    assert prefix_keys(redis_prefix)  # (deleted by the fixture afterwards)
