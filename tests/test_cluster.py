@@ -20,11 +20,15 @@ from pathlib import Path
 import pytest
 import pytest_twisted
 import redis
+from scrapy.settings import Settings
+from scrapy.utils.defer import deferred_from_coro
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
 from incremental_crawler.config import DEFAULT_SETTINGS
+from incremental_crawler.state import PageKey
+from incremental_crawler.stores import open_store
 
 PROJECT = Path(__file__).resolve().parents[1]
 REDIS_URL = "redis://127.0.0.1:6379/12"
@@ -99,6 +103,18 @@ class Worker:
         return self.log.read_text(errors="replace")[-3000:]
 
 
+async def stored_state(state_uri: str, urls: list[str]) -> tuple[set[str], set[str]]:
+    """Pages stored with validators, and item urls, read through the store's API."""
+    store = open_store(Settings({"INCREMENTAL_STATE_URI": state_uri}))
+    try:
+        pages = await deferred_from_coro(
+            store.get_pages([PageKey("sitemap", url) for url in urls]))
+        items = {str(item["url"]) for item in store.iter_items("sitemap")}
+    finally:
+        await deferred_from_coro(store.close())
+    return {key.url for key, state in pages.items() if state.has_validators}, items
+
+
 def page_gets(site) -> Counter[str]:
     return Counter(r.path for r in site.log if r.path.startswith("/p/") and r.method == "GET")
 
@@ -112,6 +128,7 @@ async def until(condition, what: str, seconds: float = 30) -> None:
     pytest.fail(f"timed out waiting for {what}")
 
 
+@pytest.mark.parametrize("state_uri", ["redis", "sqlite"], indirect=True)
 @pytest_twisted.ensureDeferred
 async def test_workers_share_one_crawl_and_exit_by_themselves(
     site, state_uri, cluster_prefix, tmp_path
@@ -157,9 +174,10 @@ async def test_workers_share_one_crawl_and_exit_by_themselves(
     assert leftover_keys(cluster_prefix) == []
 
 
+@pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
 @pytest_twisted.ensureDeferred
 async def test_a_killed_worker_stalls_nothing_and_loses_nothing(
-    site, state_uri, state_db, cluster_prefix, tmp_path
+    site, state_uri, cluster_prefix, tmp_path
 ):
     n = 60
     for i in range(n):
@@ -176,10 +194,10 @@ async def test_a_killed_worker_stalls_nothing_and_loses_nothing(
     assert await survivor.wait() == 0, survivor.tail()
     requeued = re.search(r"(\d+) of their requests went back to the queue", survivor.tail())
     assert requeued, survivor.tail()
-    stored = {url for (url,) in state_db("SELECT url FROM pages WHERE etag IS NOT NULL")}
-    assert stored >= {site.url(f"/p/{i:04d}") for i in range(n)}
-    with_items = {key for (key,) in state_db("SELECT item_key FROM items")}
-    assert with_items >= {site.url(f"/p/{i:04d}") for i in range(n)}
+    urls = [site.url(f"/p/{i:04d}") for i in range(n)]
+    with_validators, with_items = await stored_state(state_uri, urls)
+    assert with_validators == set(urls)
+    assert with_items == set(urls)
     gets = page_gets(site)
     assert len(gets) == n
     # Only what the victim held when it died (in flight, or processed but
@@ -237,6 +255,7 @@ def test_an_unreachable_cluster_redis_is_a_clear_error():
         ClusterCoordinator.of(crawler)
 
 
+@pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
 @pytest_twisted.ensureDeferred
 async def test_due_pages_are_reseeded_once_for_the_whole_cluster(
     site, state_uri, cluster_prefix, tmp_path
@@ -273,9 +292,10 @@ async def test_due_pages_are_reseeded_once_for_the_whole_cluster(
     assert leftover_keys(cluster_prefix) == []
 
 
+@pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
 @pytest_twisted.ensureDeferred
 async def test_redirects_and_retries_travel_through_the_shared_queue(
-    site, state_uri, state_db, cluster_prefix, tmp_path
+    site, state_uri, cluster_prefix, tmp_path
 ):
     # A redirect or a retry is a new request built from the old one's meta
     # (our middlewares' notes included): it must survive serialisation into
@@ -292,5 +312,29 @@ async def test_redirects_and_retries_travel_through_the_shared_queue(
     assert "Traceback" not in log, log
     assert [r.status for r in site.requests_for("/moved/0001")] == [200]
     assert len(site.requests_for("/p/0002")) == 2  # the first try and one retry
-    stored = {url for (url,) in state_db("SELECT url FROM pages WHERE etag IS NOT NULL")}
-    assert site.url("/moved/0001") in stored
+    with_validators, _ = await stored_state(state_uri, [site.url("/moved/0001")])
+    assert with_validators == {site.url("/moved/0001")}
+
+
+def test_one_setting_switches_cluster_mode_on_and_the_project_keeps_its_own_choices():
+    from incremental_crawler.addon import IncrementalAddon
+
+    settings = Settings()
+    settings.set("INCREMENTAL_CLUSTER_URL", "redis://10.0.0.5:6379/3", priority="project")
+    IncrementalAddon().update_settings(settings)
+    assert settings["SCHEDULER"] == "incremental_crawler.cluster.scheduler.ClusterScheduler"
+    assert settings["DUPEFILTER_CLASS"] == "incremental_crawler.cluster.scheduler.ClusterDupeFilter"
+    assert settings["INCREMENTAL_STATE_URI"] == "redis://10.0.0.5:6379/3"
+    assert settings["INCREMENTAL_THROTTLE_SHARED_URL"] == "redis://10.0.0.5:6379/3"
+    assert settings.getbool("SCHEDULER_PERSIST")
+    assert "incremental_crawler.cluster.coordinator.ClusterCoordinator" in settings["EXTENSIONS"]
+
+    own = Settings()
+    own.set("INCREMENTAL_CLUSTER_URL", "redis://10.0.0.5:6379/3", priority="project")
+    own.set("INCREMENTAL_STATE_URI", "sqlite:////data/state.db", priority="project")
+    IncrementalAddon().update_settings(own)
+    assert own["INCREMENTAL_STATE_URI"] == "sqlite:////data/state.db"
+
+    plain = Settings()
+    IncrementalAddon().update_settings(plain)
+    assert plain["SCHEDULER"] == "scrapy.core.scheduler.Scheduler"
