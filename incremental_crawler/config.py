@@ -85,13 +85,24 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_NEAR_DUPLICATES": False,
     "INCREMENTAL_SIMHASH_FIELD": "text",
     "INCREMENTAL_SIMHASH_DISTANCE": 3,
-    # Lying validators: every Nth conditional request of a host is sent
-    # without conditions (0 = never); a host caught lying is not trusted for
-    # 304s for this many seconds.
+    # Lying validators: each page goes without conditions on one visit in
+    # every N (0 = never), so a change hidden behind an unchanged validator
+    # is found within N visits of the page (see trust.py for the bound).
     # 1/N of the conditional requests cost a full body: 200 keeps a
     # re-crawl's bytes near the share of pages that changed.
     "INCREMENTAL_RECHECK_EVERY": 200,
+    # A host caught lying gets no conditional requests until this many full
+    # fetches in a row were consistent (validators unchanged exactly when
+    # the content is), or at most this many seconds.
+    "INCREMENTAL_VALIDATORS_RETRUST_AFTER": 100,
     "INCREMENTAL_VALIDATORS_DISTRUST_TTL": 7 * 24 * 3600,
+    # Unstable validators: a page is flagged after this many full fetches in
+    # a row whose validators changed while its content did not; a host once
+    # more than this share of at least this many of its pages judged in a
+    # crawl are flagged.
+    "INCREMENTAL_UNSTABLE_AFTER": 2,
+    "INCREMENTAL_UNSTABLE_HOST_SHARE": 0.5,
+    "INCREMENTAL_UNSTABLE_HOST_MIN_PAGES": 10,
     # Politeness: per-domain AIMD windows (requests/s), Retry-After, robots
     # Crawl-delay. See incremental_crawler/throttle.py.
     "INCREMENTAL_THROTTLE_ENABLED": True,
@@ -140,6 +151,10 @@ class IncrementalConfig:
     simhash_field: str
     simhash_distance: int
     validators_distrust_ttl: float
+    validators_retrust_after: int
+    unstable_after: int
+    unstable_host_share: float
+    unstable_host_min_pages: int
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:
@@ -201,4 +216,10 @@ class IncrementalConfig:
             simhash_field=get("INCREMENTAL_SIMHASH_FIELD"),
             simhash_distance=number("INCREMENTAL_SIMHASH_DISTANCE", minimum=0, kind=int),
             validators_distrust_ttl=number("INCREMENTAL_VALIDATORS_DISTRUST_TTL", minimum=0),
+            validators_retrust_after=number(
+                "INCREMENTAL_VALIDATORS_RETRUST_AFTER", minimum=1, kind=int),
+            unstable_after=number("INCREMENTAL_UNSTABLE_AFTER", minimum=1, kind=int),
+            unstable_host_share=number("INCREMENTAL_UNSTABLE_HOST_SHARE", minimum=0),
+            unstable_host_min_pages=number(
+                "INCREMENTAL_UNSTABLE_HOST_MIN_PAGES", minimum=1, kind=int),
         )

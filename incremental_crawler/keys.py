@@ -60,9 +60,36 @@ class Canonicalizer:
         return canonical
 
 
+def _encoding_token(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    return "".join(value.split()).lower()
+
+
 def page_key(
-    request: Request, scope: str, canonical: Callable[[str], str] = canonical_url
+    request: Request, scope: str, canonical: Callable[[str], str] = canonical_url,
+    *, default_encoding: bytes | None = None,
 ) -> PageKey:
-    """The store key of the page *request* asks for."""
-    variant = request.meta.get(META_VARIANT) or ""
-    return PageKey(scope, canonical(request.url), str(variant))
+    """The store key of the page *request* asks for.
+
+    A request whose ``Accept-Encoding`` is not *default_encoding* (what the
+    crawl sends when the request sets none) asks for another representation
+    of the URL, with its own validators (RFC 9110 §8.8.3.3: the gzip and
+    identity variants have different ETags): it gets its own variant, so
+    the two never overwrite each other's validators.
+
+    >>> from scrapy import Request
+    >>> page_key(Request("http://a/"), "s", default_encoding=b"gzip, br")
+    PageKey(scope='s', url='http://a/', variant='')
+    >>> page_key(Request("http://a/", headers={"Accept-Encoding": "identity"}), "s",
+    ...          default_encoding=b"gzip, br").variant
+    'ae=identity'
+    """
+    variant = str(request.meta.get(META_VARIANT) or "")
+    encoding = _encoding_token(request.headers.get(b"Accept-Encoding"))
+    if encoding and encoding != _encoding_token(default_encoding):
+        tag = f"ae={encoding}"
+        variant = f"{variant}|{tag}" if variant else tag
+    return PageKey(scope, canonical(request.url), variant)

@@ -121,6 +121,12 @@ class Page:
     * ``noisy``   -- no validators, and a per-response timestamp in the page
       (outside ``<main>``) and a per-response token inside it, the way ad
       slots and "generated at" footers make every response differ.
+
+    With ``gzip`` the page negotiates its encoding: a request accepting
+    gzip gets the gzip variant (``Content-Encoding: gzip``, its ETag
+    suffixed ``-gzip``, as Apache's mod_deflate does), any other the
+    identity variant; both with ``Vary: Accept-Encoding``, and each variant
+    answers 304 only to its own ETag (RFC 9110 §8.8.3.3).
     """
 
     path: str
@@ -128,6 +134,7 @@ class Page:
     version: int = 0
     size: int = 20_000
     title: str = ""
+    gzip: bool = False
 
     def __post_init__(self) -> None:
         if not self.path.startswith("/"):
@@ -226,6 +233,16 @@ def etag_matches(if_none_match: str, etag: str | None) -> bool:
     if current is None:
         return False
     return any(m.group(2) == current.group(2) for m in _ENTITY_TAG_RE.finditer(if_none_match))
+
+
+def _accepts_gzip(accept_encoding: str | None) -> bool:
+    """Whether an ``Accept-Encoding`` field value accepts gzip (RFC 9110 §12.5.3)."""
+    for member in (accept_encoding or "").split(","):
+        name, _, params = member.strip().partition(";")
+        if name.strip().lower() in ("gzip", "x-gzip", "*"):
+            q = params.strip().lower().removeprefix("q=")
+            return not params or q.strip("0.") != ""
+    return False
 
 
 def _absolute(base_url: str, target: str) -> str:
@@ -333,7 +350,8 @@ class LoopbackSite:
     ``POST /__site__/reset``, ``POST /__site__/change?path=/p/0001`` (the
     ``path`` parameter may repeat) and
     ``POST /__site__/change?fraction=0.05&seed=1``; both change forms answer
-    with the JSON list of changed paths.
+    with the JSON list of changed paths. ``POST /__site__/kind?path=/p/0001&kind=strong``
+    (``path`` may repeat) switches pages to another kind (:meth:`set_kind`).
 
     Not thread-safe: use it from the reactor thread only.
     """
@@ -400,9 +418,10 @@ class LoopbackSite:
         self._pages[page.path] = page
         return page
 
-    def add_page(self, path: str, kind: str, *, size: int = 20_000, title: str = "") -> Page:
+    def add_page(self, path: str, kind: str, *, size: int = 20_000, title: str = "",
+                 gzip: bool = False) -> Page:
         """Add a page (version 0) and return it."""
-        return self._add(Page(path=path, kind=kind, size=size, title=title))
+        return self._add(Page(path=path, kind=kind, size=size, title=title, gzip=gzip))
 
     def page(self, path: str) -> Page:
         """Return the page at ``path`` (``KeyError`` if there is none)."""
@@ -466,6 +485,14 @@ class LoopbackSite:
     def change(self, path: str) -> None:
         """Give the page at ``path`` a new version (new content)."""
         self._pages[path].version += 1
+
+    def set_kind(self, path: str, kind: str) -> None:
+        """Change which validators the page at ``path`` sends from now on
+        (e.g. a ``stuck`` server fixed to send ``strong`` ones); the content
+        stays the same version."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown page kind {kind!r}; expected one of {KINDS}")
+        self._pages[path].kind = kind
 
     def change_fraction(self, fraction: float, *, seed: int = 0) -> list[str]:
         """Change ``round(n * fraction)`` pages (at least one if ``fraction > 0``).
@@ -823,6 +850,12 @@ class LoopbackSite:
         body, tag = self._representation(page)
         etag, lm_ts = self._validators(page, tag)
         headers: dict[str, str] = {}
+        gzipped = page.gzip and _accepts_gzip(request.getHeader("accept-encoding"))
+        if page.gzip:
+            headers["Vary"] = "Accept-Encoding"
+        if gzipped and etag is not None:
+            # A different representation, a different entity-tag (§8.8.3.3).
+            etag = etag[:-1] + '-gzip"'
         if etag is not None:
             headers["ETag"] = etag
         if lm_ts is not None:
@@ -839,6 +872,9 @@ class LoopbackSite:
             ).replace(
                 b"</main>", f"<p>Updated {stamp}</p></main>".encode(), 1
             )
+        if gzipped:
+            body = gzip.compress(body, mtime=0)
+            headers["Content-Encoding"] = "gzip"
         return _Response(200, body, headers)
 
     @staticmethod
@@ -912,7 +948,8 @@ class LoopbackSite:
         """Handle ``/__site__/...``; these requests are deliberately not logged."""
         params = {k.decode("utf-8"): [v.decode("utf-8") for v in vs] for k, vs in args.items()}
         name = path[len(CONTROL_PREFIX) :]
-        expected = {"log": "GET", "stats": "GET", "reset": "POST", "change": "POST"}.get(name)
+        expected = {"log": "GET", "stats": "GET", "reset": "POST", "change": "POST",
+                    "kind": "POST"}.get(name)
         if expected is None:
             return _json(404, {"error": f"unknown control endpoint {path!r}"})
         if method != expected:
@@ -937,6 +974,11 @@ class LoopbackSite:
                 self.limiter.promises.clear()
             return _json(200, {"ok": True})
         try:
+            if name == "kind":
+                kind = params.get("kind", [""])[0]
+                for p in params.get("path", []):
+                    self.set_kind(p, kind)
+                return _json(200, params.get("path", []))
             if "path" in params:
                 for p in params["path"]:
                     self.change(p)

@@ -32,7 +32,8 @@ class PageFlags:
     VARY_STAR = 1
     #: The page answered with a redirect; ``redirect_to`` says where.
     REDIRECTED = 2
-    #: Its validators changed while its content did not (unstable).
+    #: Its validators changed while its content did not, on
+    #: INCREMENTAL_UNSTABLE_AFTER full fetches in a row (unstable).
     UNSTABLE_VALIDATORS = 4
 
 
@@ -63,6 +64,9 @@ class PageState:
     next_visit: float = 0.0
     #: Name of the spider method that parses the page (to re-seed it).
     callback: str | None = None
+    #: Full fetches in a row whose validators changed while the content did
+    #: not (INCREMENTAL_UNSTABLE_AFTER of them flag the page unstable).
+    churns: int = 0
 
     @property
     def has_validators(self) -> bool:

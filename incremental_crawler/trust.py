@@ -7,20 +7,49 @@ enough stops being trusted for a while: its pages fall back to conditional
 requests on their revisit schedule.
 
 Validators lie when a page's content changed behind an unchanged ETag or
-Last-Modified; the forced refresh (INCREMENTAL_MAX_AGE) and a sampled
-re-check (every Nth conditional request of a host sent without
-conditions) find it. Such a host is not trusted for 304s for a while:
-every page is fetched in full and decided by its fingerprint. Validators
-that change while the content does not are *unstable*: still sent (a 304
-is still free), counted and reported. Evidence is kept per host in the
-store.
+Last-Modified: a conditional request gets a 304 and the change is hidden.
+Two things find it: the forced refresh (INCREMENTAL_MAX_AGE, a time bound)
+and the sampled re-check, a bound in visits. With
+``INCREMENTAL_RECHECK_EVERY = N``, a page goes without conditions on the
+visits ``v`` (its ``checks`` count, this one included) where
+``(v + phase) % N == 0``, ``phase`` a CRC-32 of its path and query. So:
+
+* every page is fetched in full on exactly one of any N consecutive visits
+  (a deterministic rotation, not luck): **a change hidden behind a lying
+  validator is found at the latest on the N-th visit of its page after
+  the change** - within N crawls for a page visited once per crawl. The
+  stored fingerprint stays the old one until then, so nothing is lost by
+  waiting: the full fetch compares against the content we last stored;
+* the phases spread a host's P pages evenly, so each crawl fetches about
+  P / N of them in full (1/N of the conditional requests: the cost), and a
+  page is never re-sampled before every other page of its phase cycle was.
+  A host with hidden changes on h of its pages is caught within N crawls
+  of its first hidden change, and after about N / (h + 1) crawls on average;
+* once caught, the host is *distrusted*: every one of its pages is fetched
+  in full, decided by its fingerprint, so **every hidden change of the host
+  is found on the next visit of its page**. It is trusted again after
+  INCREMENTAL_VALIDATORS_RETRUST_AFTER = M full fetches in a row that were
+  consistent (validators unchanged exactly when the content is; a new lie
+  starts the count again; by the rule of three, no lie in M = 100 bounds
+  the lie rate below 3% at 95% confidence), or at the latest after
+  INCREMENTAL_VALIDATORS_DISTRUST_TTL seconds.
+
+Validators that change while the content does not are *unstable*: after
+INCREMENTAL_UNSTABLE_AFTER full fetches in a row the page is flagged, and a
+host with more than INCREMENTAL_UNSTABLE_HOST_SHARE of at least
+INCREMENTAL_UNSTABLE_HOST_MIN_PAGES pages judged in a crawl flagged is marked
+unstable (stored, reported). They are still sent (a 304 is still free); a
+full fetch is decided by the fingerprint, so unchanged content makes no
+item. Evidence is kept per host in the store.
 """
 
 from __future__ import annotations
 
 import logging
+import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
@@ -28,7 +57,7 @@ if TYPE_CHECKING:
     from incremental_crawler.config import IncrementalConfig
     from incremental_crawler.stores.base import StateStore
 
-__all__ = ["HostTrust", "HostTrustBook", "VALIDATOR_VERDICTS"]
+__all__ = ["HostTrust", "HostTrustBook", "VALIDATOR_VERDICTS", "recheck_due"]
 
 #: What a full fetch says about a page's validators.
 VALIDATOR_VERDICTS = ("reliable", "unstable", "lying", "absent")
@@ -36,9 +65,27 @@ VALIDATOR_VERDICTS = ("reliable", "unstable", "lying", "absent")
 logger = logging.getLogger(__name__)
 
 
+def recheck_due(url: str, visit: int, every: int) -> bool:
+    """Whether *visit* (1 = the first) of *url* is its sampled full fetch.
+
+    One visit in every *every* consecutive ones, at a phase set by the URL's
+    path and query (not its host or port: pages of one host spread evenly).
+
+    >>> [v for v in range(1, 9) if recheck_due("http://h/a", v, 4)]
+    [4, 8]
+    >>> recheck_due("http://h/a", 3, 0)
+    False
+    """
+    if every <= 0:
+        return False
+    parts = urlsplit(url)
+    phase = zlib.crc32(f"{parts.path}?{parts.query}".encode()) % every
+    return (visit + phase) % every == 0
+
+
 @dataclass(slots=True)
 class HostTrust:
-    """Lastmod evidence for one host of one scope."""
+    """Lastmod and validator evidence for one host of one scope."""
 
     scope: str
     host: str
@@ -47,6 +94,10 @@ class HostTrust:
     distrusted_until: float = 0.0
     #: Until when this host's 304s are not trusted (its validators lied).
     validators_distrusted_until: float = 0.0
+    #: Consistent full fetches in a row while distrusted (re-trust after M).
+    validators_consistent: int = 0
+    #: Since when most of its pages' validators are unstable (0: they are not).
+    validators_unstable_since: float = 0.0
 
 
 class HostTrustBook:
@@ -59,9 +110,15 @@ class HostTrustBook:
         self.distrust_ttl = config.lastmod_distrust_ttl
         self.recheck_every = config.recheck_every
         self.validators_ttl = config.validators_distrust_ttl
-        self._conditional: dict[str, int] = {}
+        self.retrust_after = config.validators_retrust_after
+        self.unstable_after = config.unstable_after
+        self.unstable_share = config.unstable_host_share
+        self.unstable_min_pages = config.unstable_host_min_pages
         #: host -> verdict -> pages, for the end-of-crawl report.
         self.verdicts: dict[str, dict[str, int]] = {}
+        #: host -> [pages with validators judged, of which flagged unstable],
+        #: this crawl.
+        self.judged: dict[str, list[int]] = {}
         self.store = store
         self.scope = scope
         self.stats = stats
@@ -120,16 +177,14 @@ class HostTrustBook:
 
     def validators_trusted(self, trust: HostTrust, now: float) -> bool:
         if trust.validators_distrusted_until and now >= trust.validators_distrusted_until:
-            trust.validators_distrusted_until = 0.0  # proves itself again
-            self._dirty.add(trust.host)
+            # The TTL is the upper bound of a distrust; evidence usually
+            # ends it sooner (see consistent()).
+            self._retrust(trust, f"{self.validators_ttl:.0f} s passed")
         return not trust.validators_distrusted_until
 
-    def sample_due(self, host: str) -> bool:
-        """Whether this conditional request of *host* is the sampled one."""
-        if not self.recheck_every:
-            return False
-        count = self._conditional[host] = self._conditional.get(host, 0) + 1
-        return count % self.recheck_every == 0
+    def sample_due(self, url: str, visit: int) -> bool:
+        """Whether *visit* of *url* is its sampled re-check (see the module docstring)."""
+        return recheck_due(url, visit, self.recheck_every)
 
     def verdict(self, host: str, verdict: str) -> None:
         counts = self.verdicts.setdefault(host, dict.fromkeys(VALIDATOR_VERDICTS, 0))
@@ -138,25 +193,92 @@ class HostTrustBook:
 
     def caught_lying(self, trust: HostTrust, now: float, url: str) -> None:
         self.verdict(trust.host, "lying")
+        self._dirty.add(trust.host)
         if trust.validators_distrusted_until:
+            # A new lie: the evidence starts again, and so does the TTL.
+            trust.validators_consistent = 0
+            trust.validators_distrusted_until = now + self.validators_ttl
             return
         trust.validators_distrusted_until = now + self.validators_ttl
-        self._dirty.add(trust.host)
+        trust.validators_consistent = 0
         self.stats.inc_value("incremental/validators/hosts_distrusted")
         logger.warning(
             "%(url)s changed behind unchanged validators: not trusting 304s from "
-            "%(host)s for %(ttl).0f s (every page fetched in full, decided by fingerprint)",
-            {"url": url, "host": trust.host, "ttl": self.validators_ttl},
+            "%(host)s (every page fetched in full, decided by fingerprint) until "
+            "%(m)d full fetches in a row are consistent, or %(ttl).0f s",
+            {"url": url, "host": trust.host, "m": self.retrust_after, "ttl": self.validators_ttl},
         )
 
+    def consistent(self, trust: HostTrust) -> None:
+        """A full fetch whose validators moved exactly when its content did."""
+        if not trust.validators_distrusted_until:
+            return
+        trust.validators_consistent += 1
+        self._dirty.add(trust.host)
+        if trust.validators_consistent >= self.retrust_after:
+            self._retrust(trust, f"{trust.validators_consistent} consistent full fetches in a row")
+
+    def _retrust(self, trust: HostTrust, why: str) -> None:
+        trust.validators_distrusted_until = 0.0
+        trust.validators_consistent = 0
+        self._dirty.add(trust.host)
+        self.stats.inc_value("incremental/validators/hosts_retrusted")
+        logger.info("Trusting the validators of %(host)s again: %(why)s",
+                    {"host": trust.host, "why": why})
+
+    def page_judged(self, trust: HostTrust, *, unstable: bool, now: float) -> None:
+        """A page with validators was fetched (or answered 304): is it flagged unstable?"""
+        counts = self.judged.setdefault(trust.host, [0, 0])
+        counts[0] += 1
+        counts[1] += unstable
+        if (
+            not trust.validators_unstable_since
+            and counts[0] >= self.unstable_min_pages
+            and counts[1] > self.unstable_share * counts[0]
+        ):
+            trust.validators_unstable_since = now
+            self._dirty.add(trust.host)
+            self.stats.inc_value("incremental/validators/hosts_unstable")
+            logger.warning(
+                "The validators of %(host)s are unstable (%(n)d of %(m)d pages change "
+                "them while their content does not): still sent, the fingerprint decides",
+                {"host": trust.host, "n": counts[1], "m": counts[0]},
+            )
+
+    def _settle_unstable(self) -> None:
+        # A host marked unstable is cleared by a crawl that judged enough of
+        # its pages and found most of them stable.
+        for host, (judged, unstable) in self.judged.items():
+            trust = self._hosts.get(host)
+            if (
+                trust is not None and trust.validators_unstable_since
+                and judged >= self.unstable_min_pages
+                and unstable <= self.unstable_share * judged
+            ):
+                trust.validators_unstable_since = 0.0
+                self._dirty.add(host)
+                logger.info("The validators of %(host)s are stable again (%(n)d of %(m)d "
+                            "pages flagged)", {"host": host, "n": unstable, "m": judged})
+
     def report_lines(self) -> list[str]:
+        self._settle_unstable()
         lines = []
-        for host, counts in sorted(self.verdicts.items()):
+        for host in sorted(self.verdicts.keys() | self.judged.keys()):
+            counts = self.verdicts.get(host) or dict.fromkeys(VALIDATOR_VERDICTS, 0)
             parts = " / ".join(f"{name} {counts[name]}" for name in VALIDATOR_VERDICTS)
-            lines.append(f"  {host}: validators {parts}")
+            line = f"  {host}: validators {parts}"
+            trust = self._hosts.get(host)
+            if trust is not None and trust.validators_distrusted_until:
+                line += (f"; host lying: 304s not trusted ({trust.validators_consistent} of "
+                         f"{self.retrust_after} consistent full fetches to re-trust)")
+            if trust is not None and trust.validators_unstable_since:
+                judged, unstable = self.judged.get(host, (0, 0))
+                line += f"; host unstable ({unstable} of {judged} pages flagged)"
+            lines.append(line)
         return lines
 
     def save(self) -> None:
+        self._settle_unstable()
         for host in sorted(self._dirty):
             self.store.stage_host(self._hosts[host])
         self._dirty.clear()

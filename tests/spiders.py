@@ -16,15 +16,17 @@ class ListSpider(IncrementalSpider):
     name = "list"
 
     def __init__(self, urls: list[str], meta: dict[str, Any] | None = None,
-                 fail_on: tuple[str, ...] = (), **kwargs: Any) -> None:
+                 fail_on: tuple[str, ...] = (), headers: dict[str, str] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.urls = urls
         self.meta = meta or {}
         self.fail_on = fail_on
+        self.headers = headers
 
     async def start(self):
         for url in self.urls:
-            yield Request(url, meta=dict(self.meta), dont_filter=True)
+            yield Request(url, meta=dict(self.meta), headers=self.headers, dont_filter=True)
 
     def parse(self, response):
         if any(response.url.endswith(path) for path in self.fail_on):

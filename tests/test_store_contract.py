@@ -161,6 +161,33 @@ class StateStoreContract:
         assert store.count_pages() == 1
 
     @pytest_twisted.ensureDeferred
+    async def test_validator_churns_are_kept_with_the_page(self, make_store: MakeStore) -> None:
+        key = PageKey(SCOPE, URL)
+        state = full_state(key, 2, churns=2, flags=PageFlags.UNSTABLE_VALIDATORS)
+        store = make_store()
+        store.stage_page(state)
+        await call(store.close())
+        store = make_store()
+        assert await call(store.get_page(key)) == state
+
+    @pytest_twisted.ensureDeferred
+    async def test_host_trust_is_kept_with_every_field(self, make_store: MakeStore) -> None:
+        trust = HostTrust(
+            SCOPE, "example.com", checks=12, lies=7, distrusted_until=1_000_100,
+            validators_distrusted_until=1_000_200, validators_consistent=42,
+            validators_unstable_since=1_000_300,
+        )
+        store = make_store()
+        store.stage_host(trust)
+        store.stage_host(HostTrust("other", "example.com"))
+        await call(store.close())
+        store = make_store()
+        assert await call(store.get_host(SCOPE, "example.com")) == trust
+        assert await call(store.get_host("other", "example.com")) == HostTrust(
+            "other", "example.com")
+        assert await call(store.get_host(SCOPE, "example.org")) is None
+
+    @pytest_twisted.ensureDeferred
     async def test_close_flushes_staged_writes(self, make_store: MakeStore) -> None:
         key = PageKey(SCOPE, URL)
         store = make_store()
@@ -872,3 +899,29 @@ class TestSQLiteMigrations:
         with closing(sqlite3.connect(path)) as db:
             assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
             assert db.execute("SELECT lastmod FROM pages").fetchone()[0] == 9
+
+    @pytest_twisted.ensureDeferred
+    async def test_version_6_store_gets_unstable_and_retrust_evidence(self, tmp_path: Path) -> None:
+        path = tmp_path / "v6.db"
+        with closing(sqlite3.connect(path)) as db:
+            for migration in MIGRATIONS[:6]:
+                for statement in migration.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+            db.execute(
+                "INSERT INTO pages (scope, url, etag, fingerprint, first_seen, checks, flags) "
+                "VALUES ('s', 'http://a/', '\"x\"', 'ff', 1, 3, 4)")
+            db.execute("INSERT INTO hosts (scope, host, validators_distrusted_until) "
+                       "VALUES ('s', 'a', 99)")
+            db.execute("PRAGMA user_version = 6")
+            db.commit()
+        store = SQLiteStateStore(path)
+        state = await call(store.get_page(PageKey("s", "http://a/")))
+        assert (state.etag, state.flags, state.churns) == ('"x"', 4, 0)
+        trust = await call(store.get_host("s", "a"))
+        assert trust == HostTrust("s", "a", validators_distrusted_until=99)
+        store.stage_page(state.copy(churns=2))
+        await call(store.close())
+        with closing(sqlite3.connect(path)) as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+            assert db.execute("SELECT churns FROM pages").fetchone()[0] == 2

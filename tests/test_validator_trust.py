@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest_twisted
 
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
+from incremental_crawler.trust import recheck_due
 from tests.spiders import ListSpider
 
 
@@ -12,57 +13,142 @@ def urls(site, paths):
     return [site.url(p) for p in paths]
 
 
+def report_of(caplog) -> str:
+    return next(r.getMessage() for r in caplog.records
+                if r.getMessage().startswith("Incremental report"))
+
+
 @pytest_twisted.ensureDeferred
-async def test_random_etags_unchanged_content_no_item_and_host_reported_unstable(
+async def test_random_etags_flag_pages_after_two_churns_and_the_host_past_half(
     site, crawl, state_db, caplog
 ):
-    paths = [f"/r/{i}" for i in range(4)]
+    paths = [f"/r/{i}" for i in range(12)]
     for path in paths:
         site.add_page(path, "random", size=1500)
-    await crawl(ListSpider, urls=urls(site, paths))
+    no_samples = {"INCREMENTAL_RECHECK_EVERY": 0}
+    await crawl(ListSpider, settings=no_samples, urls=urls(site, paths))
+    second = await crawl(ListSpider, settings=no_samples, urls=urls(site, paths))
+    # One churn (new tags, same content): counted, not yet flagged.
+    assert second.collected == []
+    assert second.stats.get_value("incremental/validators/unstable") == 12
+    assert second.stats.get_value("incremental/validators/pages_unstable") is None
+    assert state_db("SELECT COUNT(*) FROM pages WHERE flags & 4") == [(0,)]
+    assert state_db("SELECT COUNT(*) FROM hosts WHERE validators_unstable_since") == [(0,)]
+    site.reset_log()
     caplog.clear()
     with caplog.at_level("INFO"):
-        second = await crawl(ListSpider, urls=urls(site, paths))
-    # Every conditional request missed (the tag is new each time)...
-    assert all(r.status == 200 for r in site.log if r.path.startswith("/r/"))
-    # ...but the content did not change: no item, validators flagged unstable.
-    assert second.collected == []
-    assert second.stats.get_value("incremental/items_unchanged") == 4
-    assert second.stats.get_value("incremental/validators/unstable") == 4
-    assert state_db("SELECT COUNT(*) FROM pages WHERE flags & 4") == [(4,)]
-    report = next(r.getMessage() for r in caplog.records
-                  if r.getMessage().startswith("Incremental report"))
-    assert "127.0.0.1: validators reliable 0 / unstable 4 / lying 0 / absent 0" in report
+        third = await crawl(ListSpider, settings=no_samples, urls=urls(site, paths))
+    # Validators still sent (a 304 would still be free)...
+    assert all(r.if_none_match is not None for r in site.log if r.path.startswith("/r/"))
+    # ...the second churn in a row flags each page, and more than half of
+    # the host's (>= 10) pages flagged marks the host, in stored state.
+    assert third.collected == []
+    assert third.stats.get_value("incremental/items_unchanged") == 12
+    assert third.stats.get_value("incremental/validators/pages_unstable") == 12
+    assert third.stats.get_value("incremental/validators/hosts_unstable") == 1
+    assert state_db("SELECT COUNT(*), MIN(churns) FROM pages WHERE flags & 4") == [(12, 2)]
+    [(since,)] = state_db("SELECT validators_unstable_since FROM hosts")
+    assert since > 0
+    assert ("127.0.0.1: validators reliable 0 / unstable 12 / lying 0 / absent 0; "
+            "host unstable (12 of 12 pages flagged)") in report_of(caplog)
+    # The server is fixed: once its tags hold, the pages answer 304 and a
+    # crawl that finds most pages stable clears the host.
+    for path in paths:
+        site.set_kind(path, "strong")
+    await crawl(ListSpider, settings=no_samples, urls=urls(site, paths))
+    site.reset_log()
+    fixed = await crawl(ListSpider, settings=no_samples, urls=urls(site, paths))
+    assert [r.status for r in site.log if r.path.startswith("/r/")] == [304] * 12
+    assert fixed.stats.get_value("incremental/validators/hosts_unstable") is None
+    assert state_db("SELECT validators_unstable_since FROM hosts") == [(0,)]
 
 
 @pytest_twisted.ensureDeferred
-async def test_the_sampled_recheck_finds_changes_behind_stuck_validators(site, crawl, state_db):
-    paths = [f"/s/{i}" for i in range(10)]
+async def test_every_page_is_rechecked_once_in_n_visits_so_a_hidden_change_is_found_within_n(
+    site, crawl, state_db
+):
+    every = 3
+    paths = [f"/lie/{i}" for i in range(8)]
+    # The page whose turn comes last (its 4th visit) gets the hidden change,
+    # and is requested last in each crawl.
+    hidden = next(p for p in paths if recheck_due(p, 4, every))
+    paths = [p for p in paths if p != hidden] + [hidden]
     for path in paths:
         site.add_page(path, "stuck", size=1500)
-    settings = {"INCREMENTAL_RECHECK_EVERY": 5}
+    settings = {"INCREMENTAL_RECHECK_EVERY": every, "CONCURRENT_REQUESTS": 1}
     await crawl(ListSpider, settings=settings, urls=urls(site, paths))
+    site.change(hidden)  # new content behind ETag "stuck"
+    full_fetches: dict[str, int] = dict.fromkeys(paths, 0)
+    found = []
+    for visit in (2, 3, 4):
+        site.reset_log()
+        result = await crawl(ListSpider, settings=settings, urls=urls(site, paths))
+        unconditional = [r.path for r in site.log
+                         if r.path.startswith("/lie/") and r.if_none_match is None]
+        # The rotation is deterministic: exactly the pages whose turn it is.
+        assert unconditional == [p for p in paths if recheck_due(p, visit, every)]
+        for path in unconditional:
+            full_fetches[path] += 1
+        found.append([item["url"] for item in result.collected])
+    # Every page fetched in full exactly once in its N = 3 conditional visits,
+    # and the hidden change found on the last of them (not before: 304s).
+    assert full_fetches == dict.fromkeys(paths, 1)
+    assert found == [[], [], [site.url(hidden)]]
+    assert result.stats.get_value("incremental/validators/hosts_distrusted") == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_lying_host_is_trusted_again_after_m_consistent_full_fetches_a_lie_resets(
+    site, crawl, state_db
+):
+    paths = [f"/t/{i:02d}" for i in range(12)]
     for path in paths:
-        site.change(path)  # the content moves; ETag "stuck" does not
-    site.reset_log()
-    second = await crawl(ListSpider, settings={**settings, "CONCURRENT_REQUESTS": 1},
-                         urls=urls(site, paths))
-    # The 5th conditional request went without conditions: the change behind
-    # the unchanged validator was found and the host distrusted, so every
-    # later page is fetched in full too.
-    records = [r for r in site.log if r.path.startswith("/s/")]
-    assert [r.if_none_match is None for r in records] == [False] * 4 + [True] * 6
-    assert second.stats.get_value("incremental/validators/hosts_distrusted") == 1
-    assert second.stats.get_value("incremental/requests/sample") == 1
-    assert second.stats.get_value("incremental/requests/host_lying") == 5
-    assert len(second.collected) == 6  # the 4 answered 304 wait for the next crawl
-    [(until,)] = state_db("SELECT validators_distrusted_until FROM hosts")
-    assert until > 0
+        site.add_page(path, "stuck", size=1500)
+    settings = {"INCREMENTAL_RECHECK_EVERY": 0, "INCREMENTAL_VALIDATORS_RETRUST_AFTER": 5,
+                "CONCURRENT_REQUESTS": 1}
+    await crawl(ListSpider, settings=settings, urls=urls(site, paths))
+    site.change("/t/00")
+    caught = await crawl(ListSpider, settings=settings, urls=urls(site, ["/t/00"]),
+                         meta={"incremental_refresh": True})
+    assert caught.stats.get_value("incremental/validators/hosts_distrusted") == 1
+    [(until, consistent)] = state_db(
+        "SELECT validators_distrusted_until, validators_consistent FROM hosts")
+    assert until > 0 and consistent == 0
+    site.change("/t/02")  # one more lie, hidden behind "stuck"
     site.reset_log()
     third = await crawl(ListSpider, settings=settings, urls=urls(site, paths))
-    # Still distrusted: the 4 remaining changes are found now.
-    assert all(r.if_none_match is None for r in site.log if r.path.startswith("/s/"))
-    assert len(third.collected) == 4
+    records = [r for r in site.log if r.path.startswith("/t/")]
+    # Distrusted: full fetches. /t/00 and /t/01 are consistent (2), /t/02
+    # lies (back to 0), /t/03../t/07 make 5: trusted again, and the rest are
+    # conditional requests answered 304.
+    assert [r.if_none_match is None for r in records] == [True] * 8 + [False] * 4
+    assert [r.status for r in records] == [200] * 8 + [304] * 4
+    assert [item["url"] for item in third.collected] == [site.url("/t/02")]
+    assert third.stats.get_value("incremental/validators/lying") == 1
+    assert third.stats.get_value("incremental/validators/hosts_retrusted") == 1
+    assert state_db("SELECT validators_distrusted_until, validators_consistent FROM hosts") == [
+        (0, 0)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_gzip_and_identity_variants_keep_their_own_validators(site, crawl, state_db):
+    site.add_page("/v", "strong", size=3000, gzip=True)
+    url = site.url("/v")
+    identity = {"Accept-Encoding": "identity"}
+    for headers in (None, identity, None, identity):
+        await crawl(ListSpider, urls=[url], headers=headers)
+    records = site.requests_for("/v")
+    default = records[0].headers["accept-encoding"]
+    # The same Accept-Encoding for the URL every time; each variant was
+    # stored with its own ETag, sent back with its own request, and answered
+    # 304: neither overwrote the other's validators.
+    assert [r.headers["accept-encoding"] for r in records] == [default, "identity"] * 2
+    assert "gzip" in default
+    gz, plain = site.etag("/v")[:-1] + '-gzip"', site.etag("/v")
+    assert [(r.status, r.if_none_match) for r in records] == [
+        (200, None), (200, None), (304, gz), (304, plain)]
+    assert sorted(state_db("SELECT variant, etag FROM pages")) == [
+        ("", gz), ("ae=identity", plain)]
 
 
 @pytest_twisted.ensureDeferred

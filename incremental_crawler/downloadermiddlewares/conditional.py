@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from scrapy.downloadermiddlewares.httpcompression import ACCEPTED_ENCODINGS
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.httpobj import urlparse_cached
@@ -92,6 +93,8 @@ class ConditionalRequestMiddleware:
         self.crawler = crawler
         self.stats = crawler.stats
         self.max_age = config.max_age
+        self.unstable_after = config.unstable_after
+        self.default_encoding = _default_encoding(crawler)
         self.ledger = Ledger.of(crawler)
         self.schedule = (
             RevisitSchedule.from_config(config) if config.revisit_enabled else None
@@ -135,7 +138,14 @@ class ConditionalRequestMiddleware:
             meta.pop(META_LASTMOD, None)
         if not self._applies(request):
             return
-        key = page_key(request, self.ledger.scope, self.ledger.canonical)
+        if self.default_encoding is not None:
+            # The Accept-Encoding HttpCompressionMiddleware would add, set
+            # here: the validators stored are those of the representation
+            # this header selects, and the same header goes out every time
+            # (RFC 9110 §8.8.3.3, §12.5.3). Another one is another variant.
+            request.headers.setdefault(b"Accept-Encoding", self.default_encoding)
+        key = page_key(request, self.ledger.scope, self.ledger.canonical,
+                       default_encoding=self.default_encoding)
         prior = await self.ledger.store.get_page(key)
         if prior is not None and not self._due(request, prior):
             self.stats.inc_value("incremental/not_due")
@@ -157,8 +167,9 @@ class ConditionalRequestMiddleware:
             if conditional and not self.ledger.trust.validators_trusted(trust, time.time()):
                 # Its validators lied: every page in full, decided by fingerprint.
                 conditional, reason = False, "host_lying"
-            elif conditional and self.ledger.trust.sample_due(host):
-                # The sampled re-check: does the content still match?
+            elif conditional and self.ledger.trust.sample_due(key.url, prior.checks + 1):
+                # The sampled re-check, one visit in N per page: does the
+                # content still match? (the bound is in trust.py)
                 conditional, reason = False, "sample"
         elif prior is not None:
             reason = "no_validators"
@@ -183,7 +194,11 @@ class ConditionalRequestMiddleware:
         self, request: Request, prior: PageState | None, etag: str | None,
         last_modified: str | None, changed: bool,
     ) -> str | None:
-        """What this full fetch says about the page's validators (reported per host)."""
+        """What this full fetch says about the page's validators (reported per host).
+
+        Also the evidence that re-trusts a lying host: validators unchanged
+        exactly when the content is.
+        """
         if request.meta.get(META_DISCOVERY):
             return None  # sitemaps and feeds are not the site's pages
         host = urlparse_cached(request).hostname or ""
@@ -193,16 +208,44 @@ class ConditionalRequestMiddleware:
         elif prior is None or not prior.has_validators:
             return None  # nothing to compare with yet
         elif (etag, last_modified) == (prior.etag, prior.last_modified):
-            if not changed:
-                verdict = "reliable"
-            else:
+            if changed:
                 # The content moved behind the same validators: they lie.
                 book.caught_lying(book.loaded(host), time.time(), request.url)
                 return "lying"
+            verdict = "reliable"
+            book.consistent(book.loaded(host))
+        elif changed:
+            verdict = "reliable"
+            book.consistent(book.loaded(host))
         else:
-            verdict = "reliable" if changed else "unstable"
+            verdict = "unstable"
         book.verdict(host, verdict)
         return verdict
+
+    def _churns(self, request: Request, prior: PageState | None, verdict: str | None,
+                etag: str | None, last_modified: str | None) -> tuple[int, bool]:
+        """``(churns, unstable)`` of the page after this full fetch."""
+        if prior is None:
+            return 0, False
+        churns, unstable = prior.churns, bool(prior.flags & PageFlags.UNSTABLE_VALIDATORS)
+        if verdict == "unstable":
+            churns += 1
+        elif verdict in ("reliable", "lying") and (etag, last_modified) == (
+            prior.etag, prior.last_modified
+        ):
+            # The validators held still: the run of churns is over.
+            churns, unstable = 0, False
+        if verdict is None or verdict == "absent":
+            return churns, unstable
+        if churns >= self.unstable_after and not unstable:
+            unstable = True
+            self.stats.inc_value("incremental/validators/pages_unstable")
+            logger.debug("Validators of %(url)s flagged unstable after %(n)d churns",
+                         {"url": request.url, "n": churns})
+        book = self.ledger.trust
+        host = urlparse_cached(request).hostname or ""
+        book.page_judged(book.loaded(host), unstable=unstable, now=time.time())
+        return churns, unstable
 
     def _observe_lastmod(self, request: Request, prior: PageState, *, changed: bool) -> None:
         # A page fetched because its lastmod moved: did it really change?
@@ -327,7 +370,12 @@ class ConditionalRequestMiddleware:
         self._count(request, "not_modified")
         self._count(request, "bytes_saved_estimate", prior.size)
         if not request.meta.get(META_DISCOVERY):
-            self.ledger.trust.verdict(urlparse_cached(request).hostname or "", "reliable")
+            book = self.ledger.trust
+            host = urlparse_cached(request).hostname or ""
+            book.verdict(host, "reliable")
+            # Its validators held this time (the page's own flag waits for
+            # its next full fetch: a 304 changes nothing stored but counters).
+            book.page_judged(book.loaded(host), unstable=False, now=time.time())
         logger.debug("Not modified: %(request)s", {"request": request},
                      extra={"spider": self.crawler.spider})
         raise NotModified(f"Not modified: {request.url}")
@@ -361,6 +409,7 @@ class ConditionalRequestMiddleware:
         if prior is not None:
             self._observe_lastmod(request, prior, changed=changed)
         verdict = self._validator_verdict(request, prior, etag, last_modified, changed)
+        churns, unstable = self._churns(request, prior, verdict, etag, last_modified)
         callback = _callback_name(request, self.crawler.spider)
         flags = 0
         if b"*" in response.headers.get(b"Vary", b"").split(b","):
@@ -381,10 +430,10 @@ class ConditionalRequestMiddleware:
                 last_checked=now, last_fetched=now,
                 last_changed=now if changed else prior.last_changed,
                 checks=prior.checks + 1, changes=prior.changes + changed,
-                flags=(prior.flags & ~PageFlags.VARY_STAR) | flags
-                | (PageFlags.UNSTABLE_VALIDATORS if verdict == "unstable" else 0),
+                flags=(prior.flags & ~(PageFlags.VARY_STAR | PageFlags.UNSTABLE_VALIDATORS))
+                | flags | (PageFlags.UNSTABLE_VALIDATORS if unstable else 0),
                 lastmod=prior.lastmod if lastmod is None else lastmod,
-                interval=interval, next_visit=next_visit, callback=callback,
+                interval=interval, next_visit=next_visit, callback=callback, churns=churns,
             )
         self.ledger.begin(request.meta, state, discovery=bool(request.meta.get(META_DISCOVERY)))
         # Redirects followed on the way here: the original URLs remember
@@ -396,6 +445,18 @@ class ConditionalRequestMiddleware:
             if original != ctx.key:
                 status = reason if isinstance(reason, int) else 0
                 self.ledger.stage_redirect(original, ctx.key.url, status)
+
+
+_COMPRESSION = "scrapy.downloadermiddlewares.httpcompression.HttpCompressionMiddleware"
+
+
+def _default_encoding(crawler: Crawler) -> bytes | None:
+    """The Accept-Encoding a request without one goes out with (None: no header)."""
+    settings = crawler.settings
+    enabled = settings.getwithbase("DOWNLOADER_MIDDLEWARES").get(_COMPRESSION) is not None
+    if not (enabled and settings.getbool("COMPRESSION_ENABLED")):
+        return None
+    return b", ".join(ACCEPTED_ENCODINGS)
 
 
 def _callback_name(request: Request, spider: object) -> str | None:

@@ -101,6 +101,12 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE items ADD COLUMN simhash INTEGER;
     """,
+    # 7: unstable validators (per page and per host), re-trust on evidence.
+    """
+    ALTER TABLE pages ADD COLUMN churns INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE hosts ADD COLUMN validators_consistent INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE hosts ADD COLUMN validators_unstable_since INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: URLs per batched lookup (SQLite allows 32,766 host parameters).
@@ -109,14 +115,14 @@ _CHUNK = 500
 _PAGE_COLUMNS = (
     "etag, last_modified, fingerprint, size, last_status, first_seen, "
     "last_checked, last_fetched, last_changed, checks, changes, flags, redirect_to, "
-    "lastmod, interval, next_visit, callback"
+    "lastmod, interval, next_visit, callback, churns"
 )
 _SELECT_PAGE = (
     f"SELECT {_PAGE_COLUMNS} FROM pages WHERE scope = ? AND url = ? AND variant = ?"
 )
 _UPSERT_PAGE = (
     f"INSERT OR REPLACE INTO pages (scope, url, variant, {_PAGE_COLUMNS}) "
-    f"VALUES ({', '.join('?' * 20)})"
+    f"VALUES ({', '.join('?' * 21)})"
 )
 # A check never touches validators or fingerprints (invariant 2). It may
 # record a newer lastmod (a 304 says the stored data is that version) and
@@ -361,7 +367,8 @@ class SQLiteStateStore(StateStore):
     async def get_host(self, scope: str, host: str) -> HostTrust | None:
         row = self._db.execute(
             "SELECT lastmod_checks, lastmod_lies, distrusted_until, "
-            "validators_distrusted_until FROM hosts "
+            "validators_distrusted_until, validators_consistent, "
+            "validators_unstable_since FROM hosts "
             "WHERE scope = ? AND host = ?", (scope, host),
         ).fetchone()
         return None if row is None else HostTrust(scope, host, *row)
@@ -370,9 +377,11 @@ class SQLiteStateStore(StateStore):
         self._staged += 1
         self._ops.append((
             "INSERT OR REPLACE INTO hosts (scope, host, lastmod_checks, lastmod_lies, "
-            "distrusted_until, validators_distrusted_until) VALUES (?, ?, ?, ?, ?, ?)",
+            "distrusted_until, validators_distrusted_until, validators_consistent, "
+            "validators_unstable_since) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (trust.scope, trust.host, trust.checks, trust.lies, int(trust.distrusted_until),
-             int(trust.validators_distrusted_until)),
+             int(trust.validators_distrusted_until), trust.validators_consistent,
+             int(trust.validators_unstable_since)),
         ))
 
     async def get_item_fingerprint(self, scope: str, item_key: str) -> str | None:
@@ -399,7 +408,7 @@ class SQLiteStateStore(StateStore):
             int(state.last_fetched), int(state.last_changed), state.checks,
             state.changes, state.flags, state.redirect_to,
             None if state.lastmod is None else int(state.lastmod),
-            int(state.interval), int(state.next_visit), state.callback,
+            int(state.interval), int(state.next_visit), state.callback, state.churns,
         )))
 
     def stage_check(
