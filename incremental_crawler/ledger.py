@@ -45,6 +45,10 @@ __all__ = ["TXN_META", "Ledger", "PageTransaction"]
 
 logger = logging.getLogger(__name__)
 
+#: At most this many batched reads kept for their requests (a request that
+#: is filtered out never takes its entry).
+_PREFETCH_LIMIT = 10_000
+
 #: Request meta key holding the open :class:`PageTransaction` of a response.
 TXN_META = "_incremental_txn"
 
@@ -115,6 +119,9 @@ class Ledger:
         self._flushing = False
         self._failed = False
         self._task: Any = None
+        #: States a list's batched lookup already read, for the page's
+        #: request (saves the store a round trip per page); bounded.
+        self._prefetched: dict[PageKey, PageState | None] = {}
         #: Page writes staged so far, and how many of them are committed
         #: (cluster mode releases a request only once its page is stored).
         self.staged = 0
@@ -345,6 +352,19 @@ class Ledger:
     def spider_error(self, failure: Failure, response: Any, spider: Spider) -> None:
         if isinstance(response, Response) and (txn := response.meta.get(TXN_META)):
             txn.failed = txn.failed or f"the callback failed ({failure.getErrorMessage()})"
+
+    # -- states read ahead -------------------------------------------------------
+
+    def prefetched(self, key: PageKey, state: PageState | None) -> None:
+        """Keep *state*, just read in a batch, for the request of that page."""
+        if len(self._prefetched) < _PREFETCH_LIMIT:
+            self._prefetched[key] = state
+
+    def take_prefetched(self, key: PageKey) -> tuple[bool, PageState | None]:
+        """``(True, state)`` if a batch read the page's state; ``(False, None)`` if not."""
+        if key in self._prefetched:
+            return True, self._prefetched.pop(key)
+        return False, None
 
     # -- staging and flushing --------------------------------------------------
 

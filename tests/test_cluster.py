@@ -74,7 +74,9 @@ class Worker:
                 "-s", f"INCREMENTAL_STATE_URI={state_uri}",
                 "-s", "INCREMENTAL_CLUSTER_HEARTBEAT=0.2",
                 "-s", "INCREMENTAL_CLUSTER_IDLE_GRACE=0.6",
-                "-s", "INCREMENTAL_CLUSTER_WORKER_TTL=1.5",
+                # Long enough that a worker starved of CPU on a busy machine
+                # is not taken for dead; the kill test shortens it.
+                "-s", "INCREMENTAL_CLUSTER_WORKER_TTL=10",
                 "-s", "INCREMENTAL_FLUSH_INTERVAL=0.2",
                 "-s", "CONCURRENT_REQUESTS=4",
                 "-s", "INCREMENTAL_THROTTLE_ENABLED=False",
@@ -183,7 +185,8 @@ async def test_a_killed_worker_stalls_nothing_and_loses_nothing(
     for i in range(n):
         site.add_page(f"/p/{i:04d}", "strong", size=2000)
     site.slow("/p/", 0.05)
-    victim, survivor = (Worker(site, state_uri, cluster_prefix, tmp_path, name)
+    victim, survivor = (Worker(site, state_uri, cluster_prefix, tmp_path, name,
+                               "-s", "INCREMENTAL_CLUSTER_WORKER_TTL=2")
                         for name in ("victim", "survivor"))
     await until(lambda: sum(page_gets(site).values()) >= 20, "the crawl to get going")
     os.kill(victim.proc.pid, signal.SIGKILL)

@@ -146,7 +146,9 @@ class ConditionalRequestMiddleware:
             request.headers.setdefault(b"Accept-Encoding", self.default_encoding)
         key = page_key(request, self.ledger.scope, self.ledger.canonical,
                        default_encoding=self.default_encoding)
-        prior = await self.ledger.store.get_page(key)
+        found, prior = self.ledger.take_prefetched(key)
+        if not found:
+            prior = await self.ledger.store.get_page(key)
         if prior is not None and not self._due(request, prior):
             self.stats.inc_value("incremental/not_due")
             raise NotDue(f"Not due before {prior.next_visit:.0f}: {request.url}")

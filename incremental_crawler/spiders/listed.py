@@ -159,7 +159,8 @@ class ListedPagesSpider(IncrementalSpider):
         self, candidates: list[Candidate], stored: list[PageState | None], use_lastmod: bool,
         callback_for: Callable[[str], Callable[..., Any] | None], now: float,
     ) -> Iterator[Request]:
-        config = Ledger.of(self.crawler).config
+        ledger = Ledger.of(self.crawler)
+        config = ledger.config
         max_age, revisit = config.max_age, config.revisit_enabled
         reasons: Counter[str] = Counter()
         for candidate, state in zip(candidates, stored, strict=True):
@@ -175,6 +176,7 @@ class ListedPagesSpider(IncrementalSpider):
             meta = {}
             if use_lastmod and candidate.lastmod is not None:
                 meta[META_LASTMOD] = candidate.lastmod
+            ledger.prefetched(PageKey(ledger.scope, candidate.canonical), state)
             yield Request(candidate.loc, callback=callback, meta=meta)
         stats = self.crawler.stats
         for reason, count in reasons.items():
