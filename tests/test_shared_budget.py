@@ -326,6 +326,13 @@ async def test_an_unreachable_budget_closes_the_crawl_before_any_request(
     assert crawler.stats.get_value("finish_reason") == "shared_budget_unavailable"
     assert site.log == []
     assert "The shared budget at redis://127.0.0.1:1/10 cannot be used" in caplog.text
+    # A URL that is not Redis's: the same, not a crawl without any throttle.
+    crawler = await crawl(ListSpider, settings={
+        **POLITE, "INCREMENTAL_THROTTLE_SHARED_URL": "http://127.0.0.1:6379/10"},
+        urls=[site.url("/a")])
+    assert crawler.stats.get_value("finish_reason") == "shared_budget_unavailable"
+    assert site.log == []
+    assert "INCREMENTAL_THROTTLE_SHARED_URL='http://127.0.0.1:6379/10'" in caplog.text
 
 
 @pytest.fixture

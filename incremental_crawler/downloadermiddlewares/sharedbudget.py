@@ -50,6 +50,7 @@ class SharedBudgetMiddleware:
         # client of the shared budget, is there now or was switched off.
         throttle: AdaptiveThrottle | None = getattr(crawler, "incremental_throttle", None)
         if throttle is None or throttle.shared is None:
+            # (A bad URL: the throttle is closing the crawl as it opens.)
             raise NotConfigured("the shared budget needs AdaptiveThrottle "
                                 "(INCREMENTAL_ENABLED and INCREMENTAL_THROTTLE_ENABLED)")
         self.crawler = crawler

@@ -109,15 +109,22 @@ class AdaptiveThrottle(AutoThrottle):
         }
         self._warned: set[str] = set()
         self.shared: SharedBudget | None = None
+        #: Why the shared budget asked for cannot be used: the crawl will not start.
+        self.shared_error: str | None = None
         url = settings.get("INCREMENTAL_THROTTLE_SHARED_URL")
         if url:
-            if not str(url).startswith(("redis://", "rediss://", "unix://")):
-                raise NotConfigured(
-                    f"INCREMENTAL_THROTTLE_SHARED_URL={url!r}: use redis://host:port/db "
-                    "(or rediss://, unix://)")
-            self.shared = SharedBudget(
-                str(url), settings.get("INCREMENTAL_THROTTLE_SHARED_PREFIX") or "incremental:budget",
-                stats=crawler.stats, on_reply=self._shared_reply, on_failure=self._shared_failed)
+            try:
+                if not str(url).startswith(("redis://", "rediss://", "unix://")):
+                    raise ValueError("use redis://host:port/db (or rediss://, unix://)")
+                self.shared = SharedBudget(
+                    str(url),
+                    settings.get("INCREMENTAL_THROTTLE_SHARED_PREFIX") or "incremental:budget",
+                    stats=crawler.stats, on_reply=self._shared_reply,
+                    on_failure=self._shared_failed)
+            except ValueError as exc:
+                # Not NotConfigured: that would crawl on without any
+                # throttle, N workers N times too fast.
+                self.shared_error = f"INCREMENTAL_THROTTLE_SHARED_URL={url!r}: {exc}"
         crawler.incremental_throttle = self  # type: ignore[attr-defined]
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._response_downloaded, signal=signals.response_downloaded)
@@ -133,6 +140,9 @@ class AdaptiveThrottle(AutoThrottle):
     async def _spider_opened(self, spider: Spider) -> None:
         # AutoThrottle's delay bounds are not used: each window has its own.
         self.mindelay, self.maxdelay = 0.0, float("inf")
+        if self.shared_error is not None:
+            logger.error("%(error)s: closing the crawl", {"error": self.shared_error})
+            raise CloseSpider(SHARED_UNAVAILABLE)
         if self.shared is not None:
             try:
                 await self.shared.open()
@@ -281,14 +291,19 @@ class AdaptiveThrottle(AutoThrottle):
         self._changed(key, window, reason, name)
         self._apply(key, window)
 
-    def freeze(self, key: str, seconds: float, why: str, *, share: bool = True) -> float:
-        """No request of *key* leaves for *seconds* (every worker's, when shared)."""
+    def freeze(self, key: str, seconds: float, why: str, *, report: bool = True,
+               count: bool = True) -> float:
+        """No request of *key* leaves for *seconds* (every worker's, when shared).
+
+        *report*: tell the shared budget (not when it told us); *count*: a
+        freeze of ours, not another worker's.
+        """
         window = self.window(key)
         until = window.freeze(time.monotonic(), seconds)
-        if share:
+        if count:
             self.crawler.stats.inc_value("incremental/retry_after_waits")
-            if self.shared is not None:
-                self.shared.report(key, window.policy, freeze=seconds)
+        if report and self.shared is not None:
+            self.shared.report(key, window.policy, freeze=seconds)
         self._changed(key, window, f"freeze {seconds:.1f} s", why)
         self._apply(key, window)
         return until
@@ -307,7 +322,7 @@ class AdaptiveThrottle(AutoThrottle):
             # The other workers park it too, for as long as the site asked.
             self.shared.report(key, window.policy, park=wait or self.retry_after_max)
         # Nothing more leaves for it: not what waits in its queue either.
-        self.freeze(key, self.retry_after_max, "parked", share=False)
+        self.freeze(key, self.retry_after_max, "parked", report=False)
         slot = self.crawler.engine.downloader.slots.get(key)
         if slot is not None:
             queued = list(slot.queue)
@@ -328,7 +343,7 @@ class AdaptiveThrottle(AutoThrottle):
         elif grant.frozen_for > 0 and time.monotonic() + grant.frozen_for > window.frozen_until + 0.01:
             # Another worker's 429 (or backoff): queued requests wait too.
             self.crawler.stats.inc_value("incremental/throttle/shared/freezes_seen")
-            self.freeze(key, grant.frozen_for, "shared budget", share=False)
+            self.freeze(key, grant.frozen_for, "shared budget", report=False, count=False)
         elif grant.change and self.debug:
             self._changed(key, window, f"shared {grant.change}", "shared budget")
         self._apply(key, window)
