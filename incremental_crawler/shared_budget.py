@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 
     from incremental_crawler.throttle import WindowPolicy
 
-__all__ = ["BUDGET_LUA", "Grant", "SharedBudget", "SharedBudgetParked", "script_args"]
+__all__ = ["BUDGET_LUA", "Grant", "SharedBudget", "SharedBudgetClosing", "SharedBudgetParked",
+           "script_args"]
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +149,15 @@ end
 
 local eff = effective()
 local batch = math.max(1, math.floor(eff * share))
-tokens = math.min(tokens, batch)
+-- The bucket holds one batch, and the fraction of the next token: a worker
+-- that comes back a little late for its token (its sleep, the round trip)
+-- does not push every later token back (the rate would drop by that much).
+-- Not under a Crawl-delay: that is a gap between any two requests.
+if cap > 0 and cap <= rate then
+  tokens = math.min(tokens, batch)
+else
+  tokens = math.min(tokens, batch + 0.999)
+end
 local granted, first, wait = 0, 0, 0
 if op == 'acquire' then
   if parked == 1 or frozen > now then
@@ -162,7 +171,10 @@ if op == 'acquire' then
     -- Workers told to wait are told different times, a token apart, so
     -- that each finds one when it comes back instead of all polling at
     -- once (nothing is reserved: a freeze still stops them).
-    local ready = math.max(now + (1 - tokens) / eff, claim)
+    -- At most a token behind the next one: a worker that does not come
+    -- back must not hold the others off for long.
+    local next_token = now + (1 - tokens) / eff
+    local ready = math.max(next_token, math.min(claim, next_token + 1 / eff))
     claim = ready + 1 / eff
     wait = ready - now
   end
@@ -210,6 +222,10 @@ def script_args(op: str, policy: WindowPolicy, *, want: int = 0, cap: float = 0.
 
 class SharedBudgetParked(Exception):
     """The slot is parked in the shared budget (by this worker or another)."""
+
+
+class SharedBudgetClosing(Exception):
+    """The crawl is closing: a request still waiting for a token does not go."""
 
 
 @dataclass(slots=True)
@@ -279,7 +295,7 @@ class SharedBudget:
         for task in list(self._tasks):
             task.cancel()
         for slot in self.slots.values():
-            self._fail_waiters(slot, SharedBudgetParked("the crawl is closing"))
+            self._fail_waiters(slot, SharedBudgetClosing("the crawl is closing"))
         await self.client.aclose()
 
     # -- the worker's API --------------------------------------------------------
@@ -376,14 +392,22 @@ class SharedBudget:
             want = sum(1 for w in slot.waiters if not w.done())
             if not want:
                 return
-            pending, slot.pending = slot.pending, _Report()
+            # Healthy answers ride along; signals waiting for their own
+            # flush (this turn's 429 and freeze) stay for it.
+            good, slot.pending.good = slot.pending.good, 0
             grant = await self._call(key, "acquire", slot.policy, want=want, cap=slot.cap,
-                                     good=pending.good)
+                                     good=good)
             if grant.parked:
                 self._fail_waiters(slot, SharedBudgetParked(f"{key} is parked"))
                 return
             if grant.granted:
                 self.stats.inc_value("incremental/throttle/shared/acquires", grant.granted)
+                if slot.frozen_until > time.monotonic():
+                    # Our own 429 came while the tokens were on their way:
+                    # they were granted before the site said to stay away.
+                    self.stats.inc_value("incremental/throttle/shared/tokens_dropped",
+                                         grant.granted)
+                    return
                 slot.tokens.extend(range(grant.first_seq, grant.first_seq + grant.granted))
                 slot.expires = time.monotonic() + TOKEN_TTL
                 return

@@ -92,7 +92,9 @@ def test_the_bucket_refills_at_the_shared_rate_and_grants_small_batches(workers)
     # 0.3 s at 40/s is 12 tokens, but the bucket holds one batch only.
     batch = b.acquire(want=10)
     assert (batch.granted, batch.first_seq) == (4, 2)
-    assert a.acquire(want=10).granted == 0
+    # What is left is at most the fraction of the next token (kept so that a
+    # worker late for its token does not slow everyone down).
+    assert a.acquire(want=10).granted <= 1
     # Two workers drawing as fast as they can get the rate between them, not
     # each: 0.5 s of polling hands out about 40/s x 0.5 s tokens.
     granted, started = 0, time.monotonic()
@@ -227,9 +229,9 @@ def stat(log: str, name: str) -> int:
     return int(match.group(1)) if match else 0
 
 
-def busiest_second(site) -> int:
-    """The most requests that reached the server within any one second."""
-    starts = sorted(r.started for r in site.log)
+def busiest_second(site, prefix: str = "/") -> int:
+    """The most requests (under *prefix*) that reached the server within any one second."""
+    starts = sorted(r.started for r in site.log if r.path.startswith(prefix))
     most, lo = 0, 0
     for hi, t in enumerate(starts):
         while t - starts[lo] >= 1.0:
@@ -245,7 +247,8 @@ def shared(prefix: str) -> tuple[str, ...]:
 
 def shared_stats(logs: list[str]) -> dict[str, int]:
     """The workers' shared-budget stats, summed."""
-    names = ("roundtrips", "acquires", "waits", "freezes_seen")
+    names = ("roundtrips", "acquires", "waits", "freezes_seen", "tokens_dropped",
+             "tokens_expired")
     return {name: sum(stat(log, f"incremental/throttle/shared/{name}") for log in logs)
             for name in names} | {"requests": sum(stat(log, "downloader/request_count")
                                                   for log in logs)}
@@ -276,8 +279,10 @@ async def test_three_workers_share_one_window_and_every_retry_after(site, tmp_pa
     # No second in which the workers together sent more than the site
     # allows (its rate plus its bucket).
     assert busiest_second(site) <= RATE + BURST
-    # Every request went out with a token.
-    assert figures["acquires"] == figures["requests"]
+    # Every request went out with a token (granted tokens not used were
+    # dropped by a freeze or expired).
+    used = figures["acquires"] - figures["tokens_dropped"] - figures["tokens_expired"]
+    assert used == figures["requests"]
 
     # Control: the same three workers, each with its own budget, break the
     # promises made to the others and collect far more 429s.
@@ -301,12 +306,13 @@ async def test_two_workers_keep_one_crawl_delay_between_them(site, tmp_path, pre
     span = starts[-1] - starts[0]
     # 23 gaps of 0.2 s (1 ms of slack each for the two clocks of the test).
     assert span >= (len(starts) - 1) * 0.199
-    assert busiest_second(site) <= 6
+    # (robots.txt is fetched before its Crawl-delay is known: not counted.)
+    assert busiest_second(site, "/w") <= 6
 
     # Control: each worker keeps the Crawl-delay on its own: twice the rate.
     site.reset_log()
     await run_workers(site, tmp_path / "alone", 2, *START)
-    assert busiest_second(site) >= 8
+    assert busiest_second(site, "/w") >= 8
 
 
 # -- Redis unavailable: the crawl stops, loudly, rather than crawl unthrottled ------

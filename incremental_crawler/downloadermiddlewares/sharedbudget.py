@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
 from incremental_crawler.extensions.throttle import SHARED_SEQ
-from incremental_crawler.shared_budget import SharedBudgetParked
+from incremental_crawler.shared_budget import SharedBudgetClosing, SharedBudgetParked
 
 if TYPE_CHECKING:
     from typing import Self
@@ -72,6 +72,8 @@ class SharedBudgetMiddleware:
             request.meta[SHARED_SEQ] = await self.shared.acquire(key, window.policy, cap)
         except SharedBudgetParked as exc:
             self.crawler.stats.inc_value("incremental/throttle/parked_requests")
+            raise IgnoreRequest(str(exc)) from exc
+        except SharedBudgetClosing as exc:
             raise IgnoreRequest(str(exc)) from exc
         except RedisError as exc:
             # AdaptiveThrottle has logged it and is closing the crawl.
