@@ -36,6 +36,10 @@ COMPONENTS: tuple[tuple[str, str, int], ...] = (
     ("DOWNLOADER_MIDDLEWARES",
      _P + "downloadermiddlewares.retryafter.RetryAfterMiddleware", 575),
     ("EXTENSIONS", _P + "extensions.throttle.AdaptiveThrottle", 0),
+    # The last process_request before the downloader (after HttpCache, 900):
+    # only what really goes out takes a token of the shared budget.
+    ("DOWNLOADER_MIDDLEWARES",
+     _P + "downloadermiddlewares.sharedbudget.SharedBudgetMiddleware", 950),
 )
 
 

@@ -118,6 +118,10 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_THROTTLE_CRAWL_DELAY_MAX": 30.0,
     "INCREMENTAL_THROTTLE_WARN_ERROR_SHARE": 0.2,
     "INCREMENTAL_THROTTLE_DEBUG": False,
+    # One budget per slot for all workers (redis://host:port/db): the window,
+    # its pacing and Retry-After freezes shared. None: each process its own.
+    "INCREMENTAL_THROTTLE_SHARED_URL": None,
+    "INCREMENTAL_THROTTLE_SHARED_PREFIX": "incremental:budget",
 }
 
 

@@ -8,6 +8,13 @@ slot and applies it to the slot before each request is queued there:
 delay, concurrency and, after a Retry-After or a backoff, a freeze (no
 request of that slot leaves before it ends). The Retry-After handling of
 responses is in :mod:`incremental_crawler.downloadermiddlewares.retryafter`.
+
+With ``INCREMENTAL_THROTTLE_SHARED_URL`` the rate, the pacing and the
+freezes of each slot are shared by every worker through Redis
+(:mod:`incremental_crawler.shared_budget`): the signals seen here are
+reported there, the shared rate replaces the local one, and the slot's own
+delay is (almost) none, since a token from the shared bucket paces each
+request (:mod:`incremental_crawler.downloadermiddlewares.sharedbudget`).
 """
 
 from __future__ import annotations
@@ -17,12 +24,15 @@ import time
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import RedisError
 from scrapy import signals
-from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.exceptions import CloseSpider, IgnoreRequest, NotConfigured
 from scrapy.extensions.throttle import AutoThrottle
+from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.httpobj import urlparse_cached
 
 from incremental_crawler.downloadermiddlewares.retryafter import parse_retry_after
+from incremental_crawler.shared_budget import SharedBudget
 from incremental_crawler.throttle import DomainWindow, WindowPolicy
 from incremental_crawler.validators import parse_http_date
 
@@ -34,11 +44,21 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http import Response
 
+    from incremental_crawler.shared_budget import Grant
+
 __all__ = ["AdaptiveThrottle"]
 
 logger = logging.getLogger(__name__)
 
 _SEQ = "_throttle_seq"
+#: The sequence number of the request's token in the shared budget.
+SHARED_SEQ = "_throttle_shared_seq"
+#: The slot delay while the shared bucket paces: not 0, because Scrapy only
+#: looks at a slot's clock (which holds a freeze, see _apply) when its delay
+#: is not 0; 1 ms adds no pacing of its own at any rate we allow.
+SHARED_SLOT_DELAY = 0.001
+#: The crawl's finish reason when the shared budget cannot be used.
+SHARED_UNAVAILABLE = "shared_budget_unavailable"
 #: WindowPolicy fields that plain INCREMENTAL_THROTTLE_* settings override.
 _POLICY_SETTINGS = {
     "start_rate": "INCREMENTAL_THROTTLE_START_RATE",
@@ -88,6 +108,23 @@ class AdaptiveThrottle(AutoThrottle):
             for host in hosts
         }
         self._warned: set[str] = set()
+        self.shared: SharedBudget | None = None
+        #: Why the shared budget asked for cannot be used: the crawl will not start.
+        self.shared_error: str | None = None
+        url = settings.get("INCREMENTAL_THROTTLE_SHARED_URL")
+        if url:
+            try:
+                if not str(url).startswith(("redis://", "rediss://", "unix://")):
+                    raise ValueError("use redis://host:port/db (or rediss://, unix://)")
+                self.shared = SharedBudget(
+                    str(url),
+                    settings.get("INCREMENTAL_THROTTLE_SHARED_PREFIX") or "incremental:budget",
+                    stats=crawler.stats, on_reply=self._shared_reply,
+                    on_failure=self._shared_failed)
+            except ValueError as exc:
+                # Not NotConfigured: that would crawl on without any
+                # throttle, N workers N times too fast.
+                self.shared_error = f"INCREMENTAL_THROTTLE_SHARED_URL={url!r}: {exc}"
         crawler.incremental_throttle = self  # type: ignore[attr-defined]
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._response_downloaded, signal=signals.response_downloaded)
@@ -100,9 +137,21 @@ class AdaptiveThrottle(AutoThrottle):
     def from_crawler(cls, crawler: Crawler) -> Self:
         return cls(crawler)
 
-    def _spider_opened(self, spider: Spider) -> None:
+    async def _spider_opened(self, spider: Spider) -> None:
         # AutoThrottle's delay bounds are not used: each window has its own.
         self.mindelay, self.maxdelay = 0.0, float("inf")
+        if self.shared_error is not None:
+            logger.error("%(error)s: closing the crawl", {"error": self.shared_error})
+            raise CloseSpider(SHARED_UNAVAILABLE)
+        if self.shared is not None:
+            try:
+                await self.shared.open()
+            except RedisError as exc:
+                # Crawling without it would make N workers N times too fast.
+                logger.error("The shared budget at %(url)s cannot be used (%(exc)s): "
+                             "closing the crawl", {"url": self.shared.url, "exc": exc})
+                self.crawler.stats.set_value("incremental/throttle/shared/error", str(exc))
+                raise CloseSpider(SHARED_UNAVAILABLE) from exc
 
     # -- windows ---------------------------------------------------------------
 
@@ -136,7 +185,9 @@ class AdaptiveThrottle(AutoThrottle):
         slot = slot or self.crawler.engine.downloader.slots.get(key)
         if slot is None:
             return
-        slot.delay = window.delay
+        # With the shared budget its bucket paces: a second 1/rate here would
+        # halve the rate.
+        slot.delay = SHARED_SLOT_DELAY if self.shared is not None else window.delay
         slot.concurrency = window.concurrency
         slot.jitter = 0.0  # our delay is exact: a jitter could break a freeze
         if window.frozen_until:
@@ -160,23 +211,44 @@ class AdaptiveThrottle(AutoThrottle):
         window = self.window(key)
         status = response.status
         seq = request.meta.get(_SEQ, window.sent)
+        rate = window.rate
         if status in (429, 503):
             reason = window.hard_error(seq)
             if status == 429:
                 window.status_429 += 1
             else:
                 window.status_5xx += 1
+            self._share(key, window, request, hard=True)
             # Freeze now: Scrapy's downloader releases the slot's next request
             # as soon as this signal returns, before any middleware sees the
             # answer.
             self._stay_away(key, window, request, response)
         elif status >= 500:
             window.status_5xx += 1
+            self._share(key, window, request, hard=window.consecutive_hard > 0)
             reason = window.soft_error(seq)
         else:
             reason = window.ok(latency)
+            if self.shared is not None and latency <= window.policy.target_latency:
+                self.shared.good(key)
+        reason = self._shared_rate(window, rate, reason)
         self._changed(key, window, reason, f"{status} in {latency * 1000:.0f} ms")
         self._apply(key, window, slot)
+
+    def _share(self, key: str, window: DomainWindow, request: Request, *, hard: bool) -> None:
+        """Report a hard signal (or a soft error) to the shared budget, if any."""
+        if self.shared is not None:
+            # -1: a request that got no token (none should) counts as the latest.
+            seq = request.meta.get(SHARED_SEQ, -1)
+            self.shared.report(key, window.policy, hard_seq=seq if hard else 0,
+                               soft=0 if hard else 1)
+
+    def _shared_rate(self, window: DomainWindow, rate: float, reason: str | None) -> str | None:
+        """With the shared budget the shared rate stands (the local counters still count)."""
+        if self.shared is None:
+            return reason
+        window.rate = rate
+        return None
 
     def _stay_away(self, key: str, window: DomainWindow, request: Request,
                    response: Response) -> None:
@@ -191,7 +263,8 @@ class AdaptiveThrottle(AutoThrottle):
             self.crawler.stats.inc_value("incremental/throttle/backoffs")
         if wait > self.retry_after_max:
             self.park(key, f"Retry-After {wait:.0f} s is above "
-                           f"INCREMENTAL_THROTTLE_RETRY_AFTER_MAX={self.retry_after_max:g}")
+                           f"INCREMENTAL_THROTTLE_RETRY_AFTER_MAX={self.retry_after_max:g}",
+                      wait=wait)
             return
         self.freeze(key, wait, f"{response.status}, Retry-After {raw!r}")
 
@@ -203,25 +276,41 @@ class AdaptiveThrottle(AutoThrottle):
         window = self.window(key)
         seq = request.meta.get(_SEQ, window.sent)
         name = type(exception).__name__
+        rate = window.rate
         if "Timeout" in name:
             window.timeouts += 1
+            self._share(key, window, request, hard=True)
             reason = window.hard_error(seq)
         elif "Refused" in name or "Connect" in name:
+            self._share(key, window, request, hard=True)
             reason = window.hard_error(seq)
         else:  # a reset, a DNS hiccup: one is soft, a run is hard
+            self._share(key, window, request, hard=window.consecutive_hard > 0)
             reason = window.soft_error(seq)
+        reason = self._shared_rate(window, rate, reason)
         self._changed(key, window, reason, name)
         self._apply(key, window)
 
-    def freeze(self, key: str, seconds: float, why: str) -> float:
+    def freeze(self, key: str, seconds: float, why: str, *, report: bool = True,
+               count: bool = True) -> float:
+        """No request of *key* leaves for *seconds* (every worker's, when shared).
+
+        *report*: tell the shared budget (not when it told us); *count*: a
+        freeze of ours, not another worker's.
+        """
         window = self.window(key)
         until = window.freeze(time.monotonic(), seconds)
-        self.crawler.stats.inc_value("incremental/retry_after_waits")
+        if count:
+            self.crawler.stats.inc_value("incremental/retry_after_waits")
+        if report and self.shared is not None:
+            self.shared.report(key, window.policy, freeze=seconds)
         self._changed(key, window, f"freeze {seconds:.1f} s", why)
         self._apply(key, window)
         return until
 
-    def park(self, key: str, why: str) -> None:
+    def park(self, key: str, why: str, *, wait: float | None = None,
+             share: bool = True) -> None:
+        """Drop every request of *key* for the rest of the crawl (*wait*: what the site asked)."""
         window = self.window(key)
         if window.parked:
             return
@@ -229,8 +318,11 @@ class AdaptiveThrottle(AutoThrottle):
         self.crawler.stats.inc_value("incremental/throttle/parked_domains")
         logger.warning("Parking %(slot)s for the rest of the crawl: %(why)s",
                        {"slot": key, "why": why})
+        if share and self.shared is not None:
+            # The other workers park it too, for as long as the site asked.
+            self.shared.report(key, window.policy, park=wait or self.retry_after_max)
         # Nothing more leaves for it: not what waits in its queue either.
-        self.freeze(key, self.retry_after_max, "parked")
+        self.freeze(key, self.retry_after_max, "parked", report=False)
         slot = self.crawler.engine.downloader.slots.get(key)
         if slot is not None:
             queued = list(slot.queue)
@@ -238,6 +330,32 @@ class AdaptiveThrottle(AutoThrottle):
             for _request, deferred in queued:
                 deferred.errback(IgnoreRequest(f"{key} is parked"))
             self.crawler.stats.inc_value("incremental/throttle/parked_requests", len(queued))
+
+    # -- the shared budget -------------------------------------------------------
+
+    def _shared_reply(self, key: str, grant: Grant) -> None:
+        """What the shared budget said: its rate, and freezes or parks by any worker."""
+        window = self.window(key)
+        window.rate = grant.rate
+        if grant.parked:
+            self.crawler.stats.inc_value("incremental/throttle/shared/parks_seen")
+            self.park(key, "parked in the shared budget", share=False)
+        elif grant.frozen_for > 0 and time.monotonic() + grant.frozen_for > window.frozen_until + 0.01:
+            # Another worker's 429 (or backoff): queued requests wait too.
+            self.crawler.stats.inc_value("incremental/throttle/shared/freezes_seen")
+            self.freeze(key, grant.frozen_for, "shared budget", report=False, count=False)
+        elif grant.change and self.debug:
+            self._changed(key, window, f"shared {grant.change}", "shared budget")
+        self._apply(key, window)
+
+    def _shared_failed(self, exc: Exception) -> None:
+        logger.error("The shared budget at %(url)s failed (%(exc)s): closing the crawl "
+                     "rather than crawling without it",
+                     {"url": self.shared.url if self.shared else "?", "exc": exc})
+        self.crawler.stats.set_value("incremental/throttle/shared/error", str(exc))
+        engine = self.crawler.engine
+        if engine is not None and engine.spider is not None:
+            deferred_from_coro(engine.close_spider_async(reason=SHARED_UNAVAILABLE))
 
     def robots_parsed(self, robotparser: Any, request: Request) -> None:
         agent = self.crawler.settings.get("ROBOTSTXT_USER_AGENT") or request.headers.get(
@@ -276,7 +394,9 @@ class AdaptiveThrottle(AutoThrottle):
     def summary(self) -> str:
         return ", ".join(f"{key} {w.rate:.1f}/s" for key, w in sorted(self.windows.items()))
 
-    def spider_closed(self, spider: Spider) -> None:
+    async def spider_closed(self, spider: Spider) -> None:
+        if self.shared is not None:
+            await self.shared.close()
         stats = self.crawler.stats
         for key, w in self.windows.items():
             prefix = f"incremental/throttle/{key}"

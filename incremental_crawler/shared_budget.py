@@ -1,0 +1,469 @@
+"""One per-domain budget in Redis for every worker of a crawl.
+
+N Scrapy workers that each keep their own throttle are N times too fast for
+a site (scrapyd #221, scrapy-redis #14). Here the window of a download slot
+(its AIMD rate), a token bucket that paces it, and any Retry-After freeze
+or park live in one Redis hash per slot, changed only by :data:`BUDGET_LUA`
+(atomic; Redis's own clock, so workers with different clocks agree). The
+site sees one polite client:
+
+* **acquire**: the bucket refills at the shared rate (never above the
+  robots.txt Crawl-delay / ``DOWNLOAD_DELAY`` cap) and holds at most one
+  batch, ``max(1, rate x 0.1)`` tokens; a worker gets up to a batch at a
+  time (one round trip for a tenth of a second's requests), or the seconds
+  to wait (empty bucket, freeze).
+* **report**: healthy answers (grow the window as one client would: doubling
+  per window in slow start, then +increase), a hard signal (x decrease, at
+  most once per window: each token carries a sequence number, and a signal
+  of a request granted before the last cut is already paid for, so N
+  workers seeing one burst of 429s cut once), soft errors, a freeze
+  (Retry-After or backoff) and a park.
+
+The worker side, :class:`SharedBudget`, is asyncio (redis.asyncio, on
+Scrapy's asyncio reactor): requests wait for a token without blocking the
+reactor; the waiting requests of a slot share one round trip; tokens left
+over expire after :data:`TOKEN_TTL` (a worker does not hoard the budget) and
+are dropped when the slot freezes. Signals raised in one reactor turn go out
+in one round trip, healthy answers ride along with the next acquire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from redis import asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import NoScriptError, RedisError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from incremental_crawler.throttle import WindowPolicy
+
+__all__ = ["BUDGET_LUA", "Grant", "SharedBudget", "SharedBudgetClosing", "SharedBudgetParked",
+           "script_args"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a worker may keep tokens it was granted but has no request for.
+TOKEN_TTL = 0.1
+#: Share of a second's rate granted (and held by the bucket) at most at once.
+BATCH_SHARE = 0.1
+#: Seconds an idle slot's state stays in Redis (the next crawl starts from
+#: the rate the site allowed, not from scratch, if it comes soon).
+IDLE_TTL = 3600
+#: A park (Retry-After above INCREMENTAL_THROTTLE_RETRY_AFTER_MAX) is shared
+#: for the site's wait, at most this long.
+PARK_MAX = 86_400.0
+#: Healthy answers counted per round trip at most (bounds the script's loop).
+GOOD_MAX = 1000
+
+# KEYS[1]: the slot's hash. ARGV: op ("acquire" | "report"), want, cap (rate
+# cap from Crawl-delay/DOWNLOAD_DELAY, 0 = none), start_rate, min_rate,
+# max_rate, increase, decrease, soft_decrease, good (healthy answers),
+# hard_seq (0 = none, -1 = a request without a sequence number), soft
+# (count), freeze (seconds), park (seconds), idle ttl, batch share.
+# Returns {granted, first_seq, wait, rate, frozen_for, parked, change, batch};
+# floats as strings (Lua numbers would be truncated to integers).
+BUDGET_LUA = r"""
+local key = KEYS[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local op, want, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local start_rate, min_rate, max_rate = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local increase, decrease, soft_decrease = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local good, hard_seq, soft = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local freeze, park = tonumber(ARGV[13]), tonumber(ARGV[14])
+local ttl, share = tonumber(ARGV[15]), tonumber(ARGV[16])
+
+local s = redis.call('HMGET', key, 'rate', 'slow', 'healthy', 'sent', 'cut',
+                     'tokens', 'ts', 'frozen', 'parked', 'claim')
+local rate = tonumber(s[1]) or start_rate
+local slow = tonumber(s[2]) or 1
+local healthy = tonumber(s[3]) or 0
+local sent = tonumber(s[4]) or 0
+local cut = tonumber(s[5]) or 0
+local tokens = tonumber(s[6]) or 1
+local ts = tonumber(s[7]) or now
+local frozen = tonumber(s[8]) or 0
+local parked = tonumber(s[9]) or 0
+local claim = tonumber(s[10]) or 0
+local change = ''
+if parked == 1 and now >= frozen then parked = 0 end
+
+local function effective()
+  if cap > 0 and cap < rate then return cap end
+  return rate
+end
+
+-- Refill at the rate in force since the last call, before it changes; not
+-- during a freeze (its end would release a burst).
+tokens = tokens + math.max(0, now - math.max(ts, math.min(frozen, now))) * effective()
+ts = now
+
+-- Healthy answers: one window of them (rate answers) grows the rate.
+for _ = 1, math.min(good, 1000) do
+  healthy = healthy + 1
+  if healthy >= math.max(1, rate) and rate < max_rate then
+    healthy = 0
+    if slow == 1 then rate = math.min(max_rate, rate * 2) else rate = math.min(max_rate, rate + increase) end
+    change = 'increase'
+  end
+end
+-- Soft errors (a reset, a DNS hiccup) cost a little each.
+for _ = 1, math.min(soft, 1000) do
+  healthy = 0
+  rate = math.max(min_rate, rate * soft_decrease)
+  change = 'soft decrease'
+end
+-- A hard signal cuts once per window: requests granted before the last cut
+-- were in flight when it was made, their losses are already paid for.
+if hard_seq ~= 0 then
+  if hard_seq < 0 then hard_seq = sent end
+  healthy = 0
+  slow = 0
+  if hard_seq > cut then
+    cut = sent
+    rate = math.max(min_rate, rate * decrease)
+    change = 'decrease'
+  end
+end
+rate = math.min(max_rate, math.max(min_rate, rate))
+if freeze > 0 and now + freeze > frozen then
+  frozen = now + freeze
+  tokens = 1 -- one request when the freeze ends, then the pace
+  claim = 0
+  change = 'freeze'
+end
+if park > 0 then
+  parked = 1
+  frozen = math.max(frozen, now + park)
+  change = 'park'
+end
+
+local eff = effective()
+local batch = math.max(1, math.floor(eff * share))
+-- The bucket holds one batch, and the fraction of the next token: a worker
+-- that comes back a little late for its token (its sleep, the round trip)
+-- does not push every later token back (the rate would drop by that much).
+-- Not under a Crawl-delay: that is a gap between any two requests.
+if cap > 0 and cap <= rate then
+  tokens = math.min(tokens, batch)
+else
+  tokens = math.min(tokens, batch + 0.999)
+end
+local granted, first, wait = 0, 0, 0
+if op == 'acquire' then
+  if parked == 1 or frozen > now then
+    wait = frozen - now
+  elseif tokens >= 1 then
+    granted = math.min(want, math.floor(tokens), batch)
+    tokens = tokens - granted
+    first = sent + 1
+    sent = sent + granted
+  else
+    -- Workers told to wait are told different times, a token apart, so
+    -- that each finds one when it comes back instead of all polling at
+    -- once (nothing is reserved: a freeze still stops them).
+    -- At most a token behind the next one: a worker that does not come
+    -- back must not hold the others off for long.
+    local next_token = now + (1 - tokens) / eff
+    local ready = math.max(next_token, math.min(claim, next_token + 1 / eff))
+    claim = ready + 1 / eff
+    wait = ready - now
+  end
+end
+
+redis.call('HSET', key, 'rate', rate, 'slow', slow, 'healthy', healthy, 'sent', sent,
+           'cut', cut, 'tokens', tokens, 'ts', ts, 'frozen', frozen, 'parked', parked,
+           'claim', claim)
+redis.call('PEXPIRE', key, math.floor(1000 * math.max(ttl, frozen - now)) + 1000)
+return {granted, first, string.format('%.6f', wait), string.format('%.6f', rate),
+        string.format('%.6f', math.max(0, frozen - now)), parked, change, batch}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """The script's answer: tokens granted (sequence numbers first..), or a wait."""
+
+    granted: int
+    first_seq: int
+    wait: float
+    rate: float
+    frozen_for: float
+    parked: bool
+    change: str
+    batch: int
+
+    @classmethod
+    def from_reply(cls, reply: list[Any]) -> Grant:
+        def text(value: Any) -> str:
+            return value.decode() if isinstance(value, bytes) else str(value)
+
+        return cls(int(reply[0]), int(reply[1]), float(text(reply[2])), float(text(reply[3])),
+                   float(text(reply[4])), bool(int(reply[5])), text(reply[6]), int(reply[7]))
+
+
+def script_args(op: str, policy: WindowPolicy, *, want: int = 0, cap: float = 0.0,
+                good: int = 0, hard_seq: int = 0, soft: int = 0, freeze: float = 0.0,
+                park: float = 0.0) -> list[Any]:
+    """ARGV of :data:`BUDGET_LUA` (see the comment above it)."""
+    return [op, want, cap, policy.start_rate, policy.min_rate, policy.max_rate,
+            policy.increase, policy.decrease, policy.soft_decrease, min(good, GOOD_MAX),
+            hard_seq, soft, freeze, min(park, PARK_MAX), IDLE_TTL, BATCH_SHARE]
+
+
+class SharedBudgetParked(Exception):
+    """The slot is parked in the shared budget (by this worker or another)."""
+
+
+class SharedBudgetClosing(Exception):
+    """The crawl is closing: a request still waiting for a token does not go."""
+
+
+@dataclass(slots=True)
+class _Report:
+    good: int = 0
+    hard_seq: int = 0
+    soft: int = 0
+    freeze: float = 0.0
+    park: float = 0.0
+
+    def __bool__(self) -> bool:
+        return bool(self.hard_seq or self.soft or self.freeze or self.park)
+
+
+@dataclass(slots=True)
+class _Slot:
+    """What one worker knows of a slot between round trips."""
+
+    policy: WindowPolicy
+    cap: float = 0.0
+    #: Sequence numbers of tokens granted and not used yet, valid until expires.
+    tokens: deque[int] = field(default_factory=deque)
+    expires: float = 0.0
+    waiters: deque[asyncio.Future[int]] = field(default_factory=deque)
+    #: A round trip (or the sleep after one) is under way.
+    busy: bool = False
+    frozen_until: float = 0.0
+    pending: _Report = field(default_factory=_Report)
+    flush_scheduled: bool = False
+
+
+class SharedBudget:
+    """A worker's side of the shared budget; see the module docstring.
+
+    ``on_reply(key, grant)`` is called with every answer of the script (the
+    shared rate, freezes and parks other workers caused); ``on_failure(exc)``
+    when Redis cannot be used: the caller stops the crawl.
+    """
+
+    def __init__(self, url: str, prefix: str, *, stats: Any,
+                 on_reply: Callable[[str, Grant], None],
+                 on_failure: Callable[[Exception], None]) -> None:
+        # A blip (a restart, a failover) is retried for about half a second;
+        # a dead server fails the call within seconds, it never hangs it.
+        self.client = aioredis.Redis.from_url(
+            url, socket_timeout=5, socket_connect_timeout=5,
+            retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.25), 5))
+        self.url = url
+        self.prefix = prefix
+        self.stats = stats
+        self.on_reply = on_reply
+        self.on_failure = on_failure
+        self.slots: dict[str, _Slot] = {}
+        self._sha: str | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.failed: Exception | None = None
+        self.closing = False
+
+    def redis_key(self, key: str) -> str:
+        return f"{self.prefix}:{key}"
+
+    async def open(self) -> None:
+        await self._load()
+
+    async def close(self) -> None:
+        self.closing = True
+        for task in list(self._tasks):
+            task.cancel()
+        for slot in self.slots.values():
+            self._fail_waiters(slot, SharedBudgetClosing("the crawl is closing"))
+        await self.client.aclose()
+
+    # -- the worker's API --------------------------------------------------------
+
+    async def acquire(self, key: str, policy: WindowPolicy, cap: float) -> int:
+        """Wait for a token of *key*'s slot; its sequence number."""
+        if self.failed is not None:
+            raise self.failed
+        slot = self._slot(key, policy, cap)
+        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        slot.waiters.append(waiter)
+        self._pump(key, slot)
+        return await waiter
+
+    def good(self, key: str) -> None:
+        """A healthy answer (faster than the target latency): sent with the next call."""
+        slot = self.slots.get(key)
+        if slot is not None:
+            slot.pending.good += 1
+
+    def report(self, key: str, policy: WindowPolicy, *, hard_seq: int = 0, soft: int = 0,
+               freeze: float = 0.0, park: float = 0.0) -> None:
+        """A hard signal, a soft error, a freeze or a park: sent at once.
+
+        What is reported in one reactor turn (the 429 and its freeze) goes
+        in one round trip.
+        """
+        slot = self._slot(key, policy, None)
+        pending = slot.pending
+        if hard_seq:
+            pending.hard_seq = max(pending.hard_seq, hard_seq) if hard_seq > 0 else (
+                pending.hard_seq or -1)
+        pending.soft += soft
+        pending.freeze = max(pending.freeze, freeze)
+        pending.park = max(pending.park, park)
+        if freeze or park:
+            self.freeze_locally(key, max(freeze, park))
+        if not slot.flush_scheduled and not self.closing:
+            slot.flush_scheduled = True
+            self._spawn(self._flush(key, slot))
+
+    def freeze_locally(self, key: str, seconds: float) -> None:
+        """Nothing of *key* leaves this worker for *seconds*: tokens held are dropped."""
+        slot = self.slots.get(key)
+        if slot is None:
+            return
+        slot.frozen_until = max(slot.frozen_until, time.monotonic() + seconds)
+        if slot.tokens:
+            self.stats.inc_value("incremental/throttle/shared/tokens_dropped", len(slot.tokens))
+            slot.tokens.clear()
+
+    # -- internals ---------------------------------------------------------------
+
+    def _slot(self, key: str, policy: WindowPolicy, cap: float | None) -> _Slot:
+        slot = self.slots.get(key)
+        if slot is None:
+            slot = self.slots[key] = _Slot(policy)
+        slot.policy = policy
+        if cap is not None:
+            slot.cap = cap
+        return slot
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        # The loop keeps weak references to tasks: keep them until done.
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _pump(self, key: str, slot: _Slot) -> None:
+        """Hand tokens held to waiting requests; ask Redis when some still wait."""
+        if self.closing:
+            return
+        if slot.tokens and time.monotonic() >= slot.expires:
+            self.stats.inc_value("incremental/throttle/shared/tokens_expired", len(slot.tokens))
+            slot.tokens.clear()
+        while slot.waiters and slot.tokens:
+            waiter = slot.waiters.popleft()
+            if not waiter.done():  # a cancelled request's waiter is skipped
+                waiter.set_result(slot.tokens.popleft())
+        while slot.waiters and slot.waiters[0].done():
+            slot.waiters.popleft()
+        if slot.waiters and not slot.busy:
+            slot.busy = True
+            self._spawn(self._refill(key, slot))
+
+    async def _refill(self, key: str, slot: _Slot) -> None:
+        """One round trip for the waiting requests (or a sleep until one is worth it)."""
+        try:
+            wait = slot.frozen_until - time.monotonic()
+            if wait > 0:
+                # Frozen here already: Redis would only say so.
+                await asyncio.sleep(wait)
+                return
+            want = sum(1 for w in slot.waiters if not w.done())
+            if not want:
+                return
+            # Healthy answers ride along; signals waiting for their own
+            # flush (this turn's 429 and freeze) stay for it.
+            good, slot.pending.good = slot.pending.good, 0
+            grant = await self._call(key, "acquire", slot.policy, want=want, cap=slot.cap,
+                                     good=good)
+            if grant.parked:
+                self._fail_waiters(slot, SharedBudgetParked(f"{key} is parked"))
+                return
+            if grant.granted:
+                self.stats.inc_value("incremental/throttle/shared/acquires", grant.granted)
+                if slot.frozen_until > time.monotonic():
+                    # Our own 429 came while the tokens were on their way:
+                    # they were granted before the site said to stay away.
+                    self.stats.inc_value("incremental/throttle/shared/tokens_dropped",
+                                         grant.granted)
+                    return
+                slot.tokens.extend(range(grant.first_seq, grant.first_seq + grant.granted))
+                slot.expires = time.monotonic() + TOKEN_TTL
+                return
+            self.stats.inc_value("incremental/throttle/shared/waits")
+            if grant.frozen_for > 0:
+                self.freeze_locally(key, grant.frozen_for)
+            # The bucket said when a token is back for us (or the freeze
+            # ends); a millisecond more, so that it is there.
+            await asyncio.sleep(grant.wait + 0.001)
+        except RedisError as exc:
+            self._failed(exc)
+            self._fail_waiters(slot, exc)
+        finally:
+            slot.busy = False
+            if self.failed is None:
+                self._pump(key, slot)
+
+    async def _flush(self, key: str, slot: _Slot) -> None:
+        slot.flush_scheduled = False
+        pending, slot.pending = slot.pending, _Report()
+        if not pending and not pending.good:
+            return
+        try:
+            await self._call(key, "report", slot.policy, good=pending.good,
+                             hard_seq=pending.hard_seq, soft=pending.soft,
+                             freeze=pending.freeze, park=pending.park)
+        except RedisError as exc:
+            self._failed(exc)
+
+    async def _call(self, key: str, op: str, policy: WindowPolicy, **kwargs: Any) -> Grant:
+        args = script_args(op, policy, **kwargs)
+        if self._sha is None:
+            await self._load()
+        self.stats.inc_value("incremental/throttle/shared/roundtrips")
+        try:
+            reply = await self.client.evalsha(self._sha, 1, self.redis_key(key), *args)
+        except NoScriptError:
+            # The server restarted or ran SCRIPT FLUSH: load it again, once.
+            await self._load()
+            self.stats.inc_value("incremental/throttle/shared/roundtrips")
+            reply = await self.client.evalsha(self._sha, 1, self.redis_key(key), *args)
+        grant = Grant.from_reply(reply)
+        self.on_reply(key, grant)
+        return grant
+
+    async def _load(self) -> None:
+        self.stats.inc_value("incremental/throttle/shared/roundtrips")
+        self._sha = await self.client.script_load(BUDGET_LUA)
+
+    def _fail_waiters(self, slot: _Slot, exc: Exception) -> None:
+        waiters, slot.waiters = slot.waiters, deque()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        if self.failed is None:
+            self.failed = exc
+            self.on_failure(exc)
