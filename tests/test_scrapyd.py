@@ -33,10 +33,12 @@ from urllib.request import urlopen
 import pytest
 import pytest_twisted
 from scrapy.settings import Settings
+from scrapy.utils.defer import deferred_from_coro
 from twisted.internet.threads import deferToThread
 
 from incremental_crawler.state import PageKey
 from incremental_crawler.stores import default_state_uri, open_store
+from tests.redis_util import REDIS_URI, delete_prefix, new_prefix
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -299,21 +301,30 @@ async def read_state(uri: str, scope: str,
     store = open_store(Settings({"INCREMENTAL_STATE_URI": uri}))
     try:
         items = {str(item["url"]): item for item in store.iter_items(scope)}
-        pages = await store.get_pages([PageKey(scope, url) for url in urls])
+        # As Scrapy runs store coroutines: asyncio tasks (Redis needs one).
+        pages = await deferred_from_coro(store.get_pages([PageKey(scope, url) for url in urls]))
         return items, {key.url: state for key, state in pages.items()}
     finally:
-        await store.close()
+        await deferred_from_coro(store.close())
 
 
 # One entry per state store the deployed spiders are tested with: the URI the
-# job gets, then whatever clean-up the store needs. The Redis store joins as
-# "redis": redis://127.0.0.1:6379/<db>?prefix=<unique per test>, its keys
-# deleted afterwards.
+# job gets, then whatever clean-up the store needs.
 def sqlite_state(tmp_path: Path) -> Iterator[str]:
     yield f"sqlite:///{tmp_path / 'state.db'}"
 
 
-STATE_STORES: dict[str, Callable[[Path], Iterator[str]]] = {"sqlite": sqlite_state}
+def redis_state(tmp_path: Path) -> Iterator[str]:
+    prefix = new_prefix()
+    try:
+        yield f"{REDIS_URI}?prefix={prefix}"
+    finally:
+        delete_prefix(prefix)
+
+
+STATE_STORES: dict[str, Callable[[Path], Iterator[str]]] = {
+    "sqlite": sqlite_state, "redis": redis_state,
+}
 
 
 @pytest.fixture(params=sorted(STATE_STORES))
