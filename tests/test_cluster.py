@@ -31,7 +31,7 @@ from incremental_crawler.state import PageKey
 from incremental_crawler.stores import open_store
 
 PROJECT = Path(__file__).resolve().parents[1]
-REDIS_URL = "redis://127.0.0.1:6379/12"
+REDIS_URL = os.environ.get("INCREMENTAL_TEST_CLUSTER_REDIS_URI", "redis://127.0.0.1:6379/12")
 
 
 @pytest.fixture
