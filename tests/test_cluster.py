@@ -340,3 +340,34 @@ def test_one_setting_switches_cluster_mode_on_and_the_project_keeps_its_own_choi
     plain = Settings()
     IncrementalAddon().update_settings(plain)
     assert plain["SCHEDULER"] == "scrapy.core.scheduler.Scheduler"
+
+
+@pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_page_withheld_by_another_worker_keeps_the_sitemaps_unsaved(
+    site, state_uri, cluster_prefix, tmp_path
+):
+    # The first worker reads every sitemap; the second joins later and
+    # every page it handles fails in a user pipeline (state withheld). The
+    # sitemaps' state must not be saved, or the next run skips them as
+    # unchanged and never asks again for the pages that failed.
+    n = 60
+    for i in range(n):
+        site.add_page(f"/p/{i:04d}", "strong", size=1000)
+    site.slow("/p/", 0.15)
+    reader = Worker(site, state_uri, cluster_prefix, tmp_path, "reader")
+    await until(lambda: sum(page_gets(site).values()) >= 10, "the sitemaps to be read")
+    failing = Worker(site, state_uri, cluster_prefix, tmp_path, "failing",
+                     "-s", 'ITEM_PIPELINES={"tests.spiders.FailingPipeline": 800}',
+                     "-s", "TEST_FAIL_ON=")
+    for worker in (reader, failing):
+        assert await worker.wait() == 0, worker.tail()
+    withheld = re.findall(r"Not saving validators of (\S+):",
+                          failing.log.read_text(errors="replace"))
+    assert withheld, failing.tail()
+    # The next run asks again for the pages that failed.
+    site.reset_log()
+    worker = Worker(site, state_uri, cluster_prefix, tmp_path, "2")
+    assert await worker.wait() == 0, worker.tail()
+    assert set(withheld) <= {site.url(path) for path in page_gets(site)}
+    assert leftover_keys(cluster_prefix) == []
