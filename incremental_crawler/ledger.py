@@ -172,6 +172,11 @@ class Ledger:
         self._task = create_looping_call(self.flush)
         self._task.start(self.config.flush_interval, now=False)
 
+    @property
+    def holds_until_close(self) -> bool:
+        """Whether page state is committed only when the crawl ends (feeds only)."""
+        return self._hold_until_feeds is not None
+
     def feed_exporter_closed(self) -> None:
         if self._hold_until_feeds is not None and not self._hold_until_feeds.called:
             self._hold_until_feeds.callback(None)
