@@ -120,6 +120,7 @@ class Ledger:
         self.staged = 0
         self.committed = 0
         self._flushing_upto = 0
+        self._flush_done: Deferred[Any] | None = None
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(self.item_scraped, signal=signals.item_scraped)
@@ -391,6 +392,25 @@ class Ledger:
         self._flushing_upto = self.staged
         d = deferred_from_coro(self.store.flush())
         d.addCallbacks(self._flushed, self._flush_failed)
+        self._flush_done = d
+
+    async def commit_staged(self) -> None:
+        """Commit what is staged now, waiting for a flush under way.
+
+        Cluster mode calls it before a worker gives back its requests, so
+        that the ones it processed are released instead of fetched again.
+        Nothing happens with a failed store or state held for the feeds.
+        """
+        for _ in range(3):  # a flush under way, then ours
+            if self._flushing and self._flush_done is not None:
+                await maybe_deferred_to_future(self._flush_done)
+                continue
+            if self._failed or self._hold_until_feeds is not None:
+                return
+            if not self.store.pending:
+                self.committed = self.staged
+                return
+            self.flush()
 
     def _flushed(self, count: int) -> None:
         self._flushing = False

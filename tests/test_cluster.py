@@ -419,3 +419,30 @@ async def test_a_killed_worker_with_items_only_in_feeds_loses_nothing(
     urls = [site.url(f"/p/{i:04d}") for i in range(n)]
     assert sorted(survivor.urls()) == sorted(urls)
     assert leftover_keys(cluster_prefix) == []
+
+
+@pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_worker_stopped_with_sigint_hands_back_only_what_it_did_not_finish(
+    site, state_uri, cluster_prefix, tmp_path
+):
+    # A graceful stop lets the requests on the wire finish: their pages are
+    # committed before the worker leaves, so none is fetched again.
+    n = 60
+    for i in range(n):
+        site.add_page(f"/p/{i:04d}", "strong", size=1000)
+    site.slow("/p/", 0.15)
+    stopped, other = (Worker(site, state_uri, cluster_prefix, tmp_path, name)
+                      for name in ("stopped", "other"))
+    await until(lambda: sum(page_gets(site).values()) >= 16, "the crawl to get going")
+    os.kill(stopped.proc.pid, signal.SIGINT)
+    await stopped.wait()
+    assert await other.wait() == 0, other.tail()
+    assert "left run" in stopped.tail() and "(shutdown)" in stopped.tail(), stopped.tail()
+    gets = page_gets(site)
+    assert len(gets) == n
+    assert max(gets.values()) == 1, [p for p, c in gets.items() if c > 1]
+    urls = [site.url(f"/p/{i:04d}") for i in range(n)]
+    with_validators, with_items = await stored_state(state_uri, urls)
+    assert with_validators == set(urls) and with_items == set(urls)
+    assert leftover_keys(cluster_prefix) == []

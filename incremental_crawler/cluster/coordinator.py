@@ -264,13 +264,14 @@ class ClusterCoordinator:
             self._task.stop()
         if self.run is None:
             return
-        if reason == "finished":
-            # Every request is processed; the ledger commits the rest when
-            # the spider closes (a failure there is loud and keeps nothing).
-            self._beat_once(release_all=True)
-        # Any other ending (shutdown, a store failure) gives back every
-        # request it held: one that finished is fetched again (a 304 when
-        # its state was stored), none is lost.
+        # Every request is processed and the ledger committed what it could
+        # (ClusterScheduler.close): what is committed is released.
+        # "finished" releases the rest too (state held for the feeds, or
+        # committed when the spider closes: a failure there is loud and
+        # keeps nothing). Any other ending (shutdown, a store failure)
+        # gives back every request whose page is not committed: it is
+        # fetched again, none is lost.
+        self._beat_once(release_all=reason == "finished")
         back, failures, ended = self._leave(
             keys=[self.key("workers"), self.queue_key, self.key("run")],
             args=[self.worker_id, self.inflight_prefix, self.run_prefix, self.held_prefix],
