@@ -16,6 +16,7 @@ import sys
 import uuid
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import pytest_twisted
@@ -445,4 +446,48 @@ async def test_a_worker_stopped_with_sigint_hands_back_only_what_it_did_not_fini
     urls = [site.url(f"/p/{i:04d}") for i in range(n)]
     with_validators, with_items = await stored_state(state_uri, urls)
     assert with_validators == set(urls) and with_items == set(urls)
+    assert leftover_keys(cluster_prefix) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_redis_error_does_not_stop_the_heartbeat(cluster_prefix):
+    # A worker whose heartbeat stopped for good on one Redis error would be
+    # taken for dead by the others while it works: its requests fetched
+    # twice, the run ended under it.
+    from scrapy import Spider
+    from scrapy.utils.test import get_crawler
+
+    from incremental_crawler.cluster.coordinator import ClusterCoordinator
+
+    crawler = get_crawler(Spider, {
+        **DEFAULT_SETTINGS,
+        "INCREMENTAL_CLUSTER_URL": REDIS_URL, "INCREMENTAL_CLUSTER_PREFIX": cluster_prefix,
+        "INCREMENTAL_CLUSTER_HEARTBEAT": 0.05, "INCREMENTAL_CLUSTER_WORKER_TTL": 1,
+    })
+    spider = Spider("blip")
+    spider.crawler, spider.settings = crawler, crawler.settings
+    crawler.engine = SimpleNamespace(_slot=None)  # nothing in progress
+    coordinator = ClusterCoordinator.of(crawler)
+    coordinator.join(spider)
+    beat, calls = coordinator._beat, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise redis.ConnectionError("Redis went away")
+        return beat(*args, **kwargs)
+
+    coordinator._beat = flaky
+    try:
+        await deferLater(reactor, 0.5)
+        assert coordinator._task.running
+        assert len(calls) >= 4, calls
+        assert crawler.stats.get_value("cluster/heartbeat_errors") == 1
+        # Redis errors while idle: not quiet (the worker waits), no crash.
+        calls.clear()
+        coordinator._beat = lambda *a, **k: (_ for _ in ()).throw(redis.ConnectionError("down"))
+        assert not coordinator.quiet()
+    finally:
+        coordinator._beat = beat
+        coordinator.leave("finished")
     assert leftover_keys(cluster_prefix) == []

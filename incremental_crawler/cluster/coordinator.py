@@ -319,7 +319,13 @@ class ClusterCoordinator:
     # -- heartbeats and the end of a run ---------------------------------------
 
     def beat(self) -> None:
-        self._beat_once()
+        # An exception would stop the looping call for good: the others
+        # would take this worker for dead while it works.
+        try:
+            self._beat_once()
+        except redis.RedisError as exc:
+            self._redis_error("heartbeat", exc)
+            return
         if self._waiting:
             # Scrapy looks at an idle engine only every 5 s: wake it so it
             # pops what the others queued, or closes once the grace passed.
@@ -385,7 +391,13 @@ class ClusterCoordinator:
         another worker's heartbeat lag and a worker about to queue work.
         """
         now = time.monotonic()
-        if not self._beat_once():
+        try:
+            busy = not self._beat_once()
+        except redis.RedisError as exc:
+            # Unknown is not quiet: wait (the engine asks again).
+            self._redis_error("idle check", exc)
+            busy = True
+        if busy:
             self._quiet_since = None
             return False
         if self._quiet_since is None:
@@ -398,6 +410,13 @@ class ClusterCoordinator:
         if not self.quiet():
             self._waiting = True
             raise DontCloseSpider
+
+    def _redis_error(self, what: str, exc: redis.RedisError) -> None:
+        self.stats.inc_value("cluster/heartbeat_errors")
+        logger.warning(
+            "Cluster %(url)s: %(what)s failed (%(error)s); trying again",
+            {"url": _without_password(self.url), "what": what, "error": exc},
+        )
 
     def claim(self, job: str) -> bool:
         """Whether this worker is the first of the run to claim *job*."""
