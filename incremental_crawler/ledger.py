@@ -127,6 +127,7 @@ class Ledger:
         self.staged = 0
         self.committed = 0
         self._flushing_upto = 0
+        self._flush_done: Deferred[Any] | None = None
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(self.item_scraped, signal=signals.item_scraped)
@@ -179,6 +180,11 @@ class Ledger:
         self._task = create_looping_call(self.flush)
         self._task.start(self.config.flush_interval, now=False)
 
+    @property
+    def holds_until_close(self) -> bool:
+        """Whether page state is committed only when the crawl ends (feeds only)."""
+        return self._hold_until_feeds is not None
+
     def feed_exporter_closed(self) -> None:
         if self._hold_until_feeds is not None and not self._hold_until_feeds.called:
             self._hold_until_feeds.callback(None)
@@ -192,8 +198,10 @@ class Ledger:
         # In cluster mode another worker may have failed a page this
         # worker's sitemap listed; the run's count was read when it left.
         cluster = getattr(self.crawler, "incremental_cluster", None)
+        # None: the count could not be read (Redis gone), so failures are
+        # not ruled out.
         run_failures = cluster.run_failures if cluster is not None else 0
-        if reason == "finished" and not (self._failures or self._withheld or run_failures):
+        if reason == "finished" and run_failures == 0 and not (self._failures or self._withheld):
             for state in self._discovered:
                 self.store.stage_page(state)
             self.stats.inc_value("incremental/discovery_committed", len(self._discovered))
@@ -274,6 +282,11 @@ class Ledger:
             txn.failed = "its callback never ran (a spider middleware rejected the response)"
         if txn.failed:
             self._withheld += 1
+            # Another worker may have read the sitemap listing this page:
+            # the run's count gates its validators too.
+            cluster = getattr(self.crawler, "incremental_cluster", None)
+            if cluster is not None:
+                cluster.note_failure()
             # Keep the old validators: the next run re-fetches this page
             # instead of getting a 304 for data that was never stored.
             self.stats.inc_value("incremental/state_withheld")
@@ -401,6 +414,25 @@ class Ledger:
         self._flushing_upto = self.staged
         d = deferred_from_coro(self.store.flush())
         d.addCallbacks(self._flushed, self._flush_failed)
+        self._flush_done = d
+
+    async def commit_staged(self) -> None:
+        """Commit what is staged now, waiting for a flush under way.
+
+        Cluster mode calls it before a worker gives back its requests, so
+        that the ones it processed are released instead of fetched again.
+        Nothing happens with a failed store or state held for the feeds.
+        """
+        for _ in range(3):  # a flush under way, then ours
+            if self._flushing and self._flush_done is not None:
+                await maybe_deferred_to_future(self._flush_done)
+                continue
+            if self._failed or self._hold_until_feeds is not None:
+                return
+            if not self.store.pending:
+                self.committed = self.staged
+                return
+            self.flush()
 
     def _flushed(self, count: int) -> None:
         self._flushing = False

@@ -21,7 +21,7 @@ from typing import Any
 import redis
 
 #: The shared server; db 9 is the tests' own.
-REDIS_URI = "redis://127.0.0.1:6379/9"
+REDIS_URI = os.environ.get("INCREMENTAL_TEST_REDIS_URI", "redis://127.0.0.1:6379/9")
 
 
 def new_prefix() -> str:

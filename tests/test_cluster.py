@@ -16,6 +16,7 @@ import sys
 import uuid
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import pytest_twisted
@@ -31,7 +32,7 @@ from incremental_crawler.state import PageKey
 from incremental_crawler.stores import open_store
 
 PROJECT = Path(__file__).resolve().parents[1]
-REDIS_URL = "redis://127.0.0.1:6379/12"
+REDIS_URL = os.environ.get("INCREMENTAL_TEST_CLUSTER_REDIS_URI", "redis://127.0.0.1:6379/12")
 
 
 @pytest.fixture
@@ -378,3 +379,151 @@ async def test_three_cluster_workers_are_one_polite_client_of_a_limited_site(
     # The budget came with the cluster URL: every worker took its tokens there.
     assert all(re.search(r"'incremental/throttle/shared/acquires': [1-9]", w.tail())
                for w in workers)
+
+
+async def test_a_page_withheld_by_another_worker_keeps_the_sitemaps_unsaved(
+    site, state_uri, cluster_prefix, tmp_path
+):
+    # The first worker reads every sitemap; the second joins later and
+    # every page it handles fails in a user pipeline (state withheld). The
+    # sitemaps' state must not be saved, or the next run skips them as
+    # unchanged and never asks again for the pages that failed.
+    n = 60
+    for i in range(n):
+        site.add_page(f"/p/{i:04d}", "strong", size=1000)
+    site.slow("/p/", 0.15)
+    reader = Worker(site, state_uri, cluster_prefix, tmp_path, "reader")
+    await until(lambda: sum(page_gets(site).values()) >= 10, "the sitemaps to be read")
+    failing = Worker(site, state_uri, cluster_prefix, tmp_path, "failing",
+                     "-s", 'ITEM_PIPELINES={"tests.spiders.FailingPipeline": 800}',
+                     "-s", "TEST_FAIL_ON=")
+    for worker in (reader, failing):
+        assert await worker.wait() == 0, worker.tail()
+    withheld = re.findall(r"Not saving validators of (\S+):",
+                          failing.log.read_text(errors="replace"))
+    assert withheld, failing.tail()
+    # The next run asks again for the pages that failed.
+    site.reset_log()
+    worker = Worker(site, state_uri, cluster_prefix, tmp_path, "2")
+    assert await worker.wait() == 0, worker.tail()
+    assert set(withheld) <= {site.url(path) for path in page_gets(site)}
+    assert leftover_keys(cluster_prefix) == []
+
+
+@pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_workers_with_items_only_in_feeds_exit_by_themselves(
+    site, state_uri, cluster_prefix, tmp_path
+):
+    # Items only in feeds: page state is committed when the feeds close, at
+    # the very end. Processed requests waiting for that must not count as
+    # work in progress, or no worker ever sees the cluster quiet.
+    n = 30
+    for i in range(n):
+        site.add_page(f"/p/{i:04d}", "strong", size=1000)
+    site.slow("/p/", 0.05)
+    workers = [Worker(site, state_uri, cluster_prefix, tmp_path, str(i),
+                      "-s", "INCREMENTAL_STORE_ITEMS=False") for i in range(2)]
+    for worker in workers:
+        assert await worker.wait(30) == 0, worker.tail()
+    gets = page_gets(site)
+    assert len(gets) == n and max(gets.values()) == 1
+    urls = [site.url(f"/p/{i:04d}") for i in range(n)]
+    assert sorted(url for w in workers for url in w.urls()) == sorted(urls)
+    with_validators, _ = await stored_state(state_uri, urls)
+    assert with_validators == set(urls)
+    assert leftover_keys(cluster_prefix) == []
+
+
+@pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_killed_worker_with_items_only_in_feeds_loses_nothing(
+    site, state_uri, cluster_prefix, tmp_path
+):
+    # Its feed dies with it and it committed nothing: every request it
+    # took, processed or not, goes back to the queue for the survivor.
+    n = 40
+    for i in range(n):
+        site.add_page(f"/p/{i:04d}", "strong", size=1000)
+    site.slow("/p/", 0.05)
+    feeds_only = ("-s", "INCREMENTAL_STORE_ITEMS=False")
+    victim, survivor = (Worker(site, state_uri, cluster_prefix, tmp_path, name, *feeds_only)
+                        for name in ("victim", "survivor"))
+    await until(lambda: sum(page_gets(site).values()) >= 20, "the crawl to get going")
+    os.kill(victim.proc.pid, signal.SIGKILL)
+    await deferToThread(victim.proc.wait)
+    assert await survivor.wait(30) == 0, survivor.tail()
+    urls = [site.url(f"/p/{i:04d}") for i in range(n)]
+    assert sorted(survivor.urls()) == sorted(urls)
+    assert leftover_keys(cluster_prefix) == []
+
+
+@pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_worker_stopped_with_sigint_hands_back_only_what_it_did_not_finish(
+    site, state_uri, cluster_prefix, tmp_path
+):
+    # A graceful stop lets the requests on the wire finish: their pages are
+    # committed before the worker leaves, so none is fetched again.
+    n = 60
+    for i in range(n):
+        site.add_page(f"/p/{i:04d}", "strong", size=1000)
+    site.slow("/p/", 0.15)
+    stopped, other = (Worker(site, state_uri, cluster_prefix, tmp_path, name)
+                      for name in ("stopped", "other"))
+    await until(lambda: sum(page_gets(site).values()) >= 16, "the crawl to get going")
+    os.kill(stopped.proc.pid, signal.SIGINT)
+    await stopped.wait()
+    assert await other.wait() == 0, other.tail()
+    assert "left run" in stopped.tail() and "(shutdown)" in stopped.tail(), stopped.tail()
+    gets = page_gets(site)
+    assert len(gets) == n
+    assert max(gets.values()) == 1, [p for p, c in gets.items() if c > 1]
+    urls = [site.url(f"/p/{i:04d}") for i in range(n)]
+    with_validators, with_items = await stored_state(state_uri, urls)
+    assert with_validators == set(urls) and with_items == set(urls)
+    assert leftover_keys(cluster_prefix) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_redis_error_does_not_stop_the_heartbeat(cluster_prefix):
+    # A worker whose heartbeat stopped for good on one Redis error would be
+    # taken for dead by the others while it works: its requests fetched
+    # twice, the run ended under it.
+    from scrapy import Spider
+    from scrapy.utils.test import get_crawler
+
+    from incremental_crawler.cluster.coordinator import ClusterCoordinator
+
+    crawler = get_crawler(Spider, {
+        **DEFAULT_SETTINGS,
+        "INCREMENTAL_CLUSTER_URL": REDIS_URL, "INCREMENTAL_CLUSTER_PREFIX": cluster_prefix,
+        "INCREMENTAL_CLUSTER_HEARTBEAT": 0.05, "INCREMENTAL_CLUSTER_WORKER_TTL": 1,
+    })
+    spider = Spider("blip")
+    spider.crawler, spider.settings = crawler, crawler.settings
+    crawler.engine = SimpleNamespace(_slot=None)  # nothing in progress
+    coordinator = ClusterCoordinator.of(crawler)
+    coordinator.join(spider)
+    beat, calls = coordinator._beat, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise redis.ConnectionError("Redis went away")
+        return beat(*args, **kwargs)
+
+    coordinator._beat = flaky
+    try:
+        await deferLater(reactor, 0.5)
+        assert coordinator._task.running
+        assert len(calls) >= 4, calls
+        assert crawler.stats.get_value("cluster/heartbeat_errors") == 1
+        # Redis errors while idle: not quiet (the worker waits), no crash.
+        calls.clear()
+        coordinator._beat = lambda *a, **k: (_ for _ in ()).throw(redis.ConnectionError("down"))
+        assert not coordinator.quiet()
+    finally:
+        coordinator._beat = beat
+        coordinator.leave("finished")
+    assert leftover_keys(cluster_prefix) == []

@@ -373,7 +373,8 @@ async def test_crawl_that_loses_redis_stops_loudly_and_records_nothing_unstored(
     # Slow pages: the cut lands while some are in flight and most are to come.
     site.slow("/p/", 0.05)
     proxy = CuttableProxy()
-    through_proxy = f"redis://127.0.0.1:{proxy.port}/9?prefix={redis_prefix}"
+    db = REDIS_URI.rsplit("/", 1)[1]
+    through_proxy = f"redis://127.0.0.1:{proxy.port}/{db}?prefix={redis_prefix}"
     direct = open_at(redis_prefix)
     settings: dict[str, Any] = {
         "INCREMENTAL_STATE_URI": through_proxy,

@@ -8,7 +8,11 @@ Keys, under ``{INCREMENTAL_CLUSTER_PREFIX}:{spider}:``:
 - ``workers``: worker id → last heartbeat (Redis server time, so workers'
   clocks need not agree);
 - ``inflight:{worker}``: ticket → ``score|request`` for every request the
-  worker popped and has not finished.
+  worker popped and has not finished;
+- ``held:{worker}``: the same for requests the worker processed but whose
+  page state waits for the end of the crawl to be committed (items only in
+  feeds): requeued if the worker dies, but not counted as busy (they
+  cannot discover more links), or the cluster would never be quiet.
 
 Every step that moves a request between the queue and an in-flight hash is
 one Lua script, so a request is always in exactly one of them, whoever
@@ -70,26 +74,42 @@ redis.call('HSET', KEYS[2], ticket, r[2] .. '|' .. r[1])
 return {ticket, r[1]}
 """
 
-# Beat: drop finished tickets, stamp the worker, return to the queue what
+# Beat: drop finished tickets, move processed ones waiting for the end of
+# the crawl to the held hash, stamp the worker, return to the queue what
 # workers silent for longer than the TTL held, and say how busy the cluster
-# is. ARGV: worker, ttl, in-flight key prefix, finished tickets...
+# is. ARGV: worker, ttl, in-flight key prefix, held key prefix, number of
+# finished tickets, finished tickets..., tickets to hold...
 _BEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local mine = ARGV[3] .. ARGV[1]
-for i = 4, #ARGV do redis.call('HDEL', mine, ARGV[i]) end
+local held = ARGV[4] .. ARGV[1]
+local nfinished = tonumber(ARGV[5])
+for i = 6, 5 + nfinished do
+  redis.call('HDEL', mine, ARGV[i])
+  redis.call('HDEL', held, ARGV[i])
+end
+for i = 6 + nfinished, #ARGV do
+  local v = redis.call('HGET', mine, ARGV[i])
+  if v then
+    redis.call('HSET', held, ARGV[i], v)
+    redis.call('HDEL', mine, ARGV[i])
+  end
+end
 redis.call('HSET', KEYS[1], ARGV[1], now)
 local requeued, dead = 0, 0
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   local w = all[i]
   if w ~= ARGV[1] and now - tonumber(all[i + 1]) > tonumber(ARGV[2]) then
-    for _, v in ipairs(redis.call('HVALS', ARGV[3] .. w)) do
-      local s = string.find(v, '|', 1, true)
-      redis.call('ZADD', KEYS[2], string.sub(v, 1, s - 1), string.sub(v, s + 1))
-      requeued = requeued + 1
+    for _, prefix in ipairs({ARGV[3], ARGV[4]}) do
+      for _, v in ipairs(redis.call('HVALS', prefix .. w)) do
+        local s = string.find(v, '|', 1, true)
+        redis.call('ZADD', KEYS[2], string.sub(v, 1, s - 1), string.sub(v, s + 1))
+        requeued = requeued + 1
+      end
+      redis.call('DEL', prefix .. w)
     end
-    redis.call('DEL', ARGV[3] .. w)
     redis.call('HDEL', KEYS[1], w)
     dead = dead + 1
   end
@@ -105,16 +125,18 @@ return {redis.call('ZCARD', KEYS[2]), busy, #workers, requeued, dead,
 
 # Leave: what the worker still holds goes back to the queue; the last worker
 # out with the queue drained ends the run. ARGV: worker, in-flight prefix,
-# run key prefix.
+# run key prefix, held prefix.
 _LEAVE = """
-local mine = ARGV[2] .. ARGV[1]
 local back = 0
-for _, v in ipairs(redis.call('HVALS', mine)) do
-  local s = string.find(v, '|', 1, true)
-  redis.call('ZADD', KEYS[2], string.sub(v, 1, s - 1), string.sub(v, s + 1))
-  back = back + 1
+for _, prefix in ipairs({ARGV[2], ARGV[4]}) do
+  local mine = prefix .. ARGV[1]
+  for _, v in ipairs(redis.call('HVALS', mine)) do
+    local s = string.find(v, '|', 1, true)
+    redis.call('ZADD', KEYS[2], string.sub(v, 1, s - 1), string.sub(v, s + 1))
+    back = back + 1
+  end
+  redis.call('DEL', mine)
 end
-redis.call('DEL', mine)
 redis.call('HDEL', KEYS[1], ARGV[1])
 local failures = tonumber(redis.call('GET', ARGV[3] .. 'failures') or '0')
 local ended = 0
@@ -167,12 +189,15 @@ class ClusterCoordinator:
         #: Processed requests → the ledger's staged count when first seen
         #: done: released once the ledger committed that far.
         self._processed: dict[bytes, int] = {}
+        #: Processed requests moved to the held hash (their page state is
+        #: committed only when the crawl ends).
+        self._held: set[bytes] = set()
         self._quiet_since: float | None = None
         #: Whether this worker ran out of work and waits for the others.
         self._waiting = False
         self._task: Any = None
         #: Failed pages of the whole run, read when this worker leaves.
-        self.run_failures = 0
+        self.run_failures: int | None = None
         crawler.signals.connect(self.spider_idle, signal=signals.spider_idle)
 
     @classmethod
@@ -202,6 +227,10 @@ class ClusterCoordinator:
     @property
     def inflight_prefix(self) -> str:
         return self.key("inflight:")
+
+    @property
+    def held_prefix(self) -> str:
+        return self.key("held:")
 
     @property
     def run_prefix(self) -> str:
@@ -235,16 +264,17 @@ class ClusterCoordinator:
             self._task.stop()
         if self.run is None:
             return
-        if reason == "finished":
-            # Every request is processed; the ledger commits the rest when
-            # the spider closes (a failure there is loud and keeps nothing).
-            self._beat_once(release_all=True)
-        # Any other ending (shutdown, a store failure) gives back every
-        # request it held: one that finished is fetched again (a 304 when
-        # its state was stored), none is lost.
+        # Every request is processed and the ledger committed what it could
+        # (ClusterScheduler.close): what is committed is released.
+        # "finished" releases the rest too (state held for the feeds, or
+        # committed when the spider closes: a failure there is loud and
+        # keeps nothing). Any other ending (shutdown, a store failure)
+        # gives back every request whose page is not committed: it is
+        # fetched again, none is lost.
+        self._beat_once(release_all=reason == "finished")
         back, failures, ended = self._leave(
             keys=[self.key("workers"), self.queue_key, self.key("run")],
-            args=[self.worker_id, self.inflight_prefix, self.run_prefix],
+            args=[self.worker_id, self.inflight_prefix, self.run_prefix, self.held_prefix],
         )
         self.run_failures = int(failures)
         if back:
@@ -255,6 +285,7 @@ class ClusterCoordinator:
              "end": "; the run is over" if ended else ""},
         )
         self._tickets.clear()
+        self._held.clear()
         self.redis.close()
 
     # -- the shared queue ------------------------------------------------------
@@ -288,7 +319,13 @@ class ClusterCoordinator:
     # -- heartbeats and the end of a run ---------------------------------------
 
     def beat(self) -> None:
-        self._beat_once()
+        # An exception would stop the looping call for good: the others
+        # would take this worker for dead while it works.
+        try:
+            self._beat_once()
+        except redis.RedisError as exc:
+            self._redis_error("heartbeat", exc)
+            return
         if self._waiting:
             # Scrapy looks at an idle engine only every 5 s: wake it so it
             # pops what the others queued, or closes once the grace passed.
@@ -298,15 +335,21 @@ class ClusterCoordinator:
 
     def _beat_once(self, *, release_all: bool = False) -> bool:
         """Send a heartbeat; whether the cluster has nothing queued or in flight."""
-        finished = list(self._tickets) if release_all else self._finished_tickets()
+        if release_all:
+            finished, hold = list(self._tickets), []
+        else:
+            finished, hold = self._settled_tickets()
         self.roundtrip()
         queued, busy, workers, requeued, dead, mine = self._beat(
             keys=[self.key("workers"), self.queue_key],
-            args=[self.worker_id, self.worker_ttl, self.inflight_prefix, *finished],
+            args=[self.worker_id, self.worker_ttl, self.inflight_prefix, self.held_prefix,
+                  len(finished), *finished, *hold],
         )
         for ticket in finished:
             self._tickets.pop(ticket, None)
             self._processed.pop(ticket, None)
+            self._held.discard(ticket)
+        self._held.update(hold)
         self.stats.max_value("cluster/workers_max", int(workers))
         if dead:
             self.stats.inc_value("cluster/dead_workers", int(dead))
@@ -317,24 +360,29 @@ class ClusterCoordinator:
             )
         return not (queued or busy or mine)
 
-    def _finished_tickets(self) -> list[bytes]:
+    def _settled_tickets(self) -> tuple[list[bytes], list[bytes]]:
         # A request is processed once the engine let go of it: download,
         # callback and item pipelines are done (Scrapy keeps it in the
         # engine slot's ``inprogress`` until then). It is finished once the
         # page state staged by then is committed: a worker killed before
         # that gives the request back instead of losing the page.
+        # Returns the finished tickets, and the processed ones to hold: with
+        # items only in feeds nothing is committed before the crawl ends.
         inprogress = getattr(getattr(self.crawler.engine, "_slot", None), "inprogress", None)
         if inprogress is None:
-            return []
+            return [], []
         ledger = getattr(self.crawler, "incremental_ledger", None)
-        finished = []
+        holding = ledger is not None and ledger.holds_until_close
+        finished, hold = [], []
         for ticket, request in self._tickets.items():
             if request in inprogress:
                 continue
             mark = self._processed.setdefault(ticket, ledger.staged if ledger else 0)
             if ledger is None or ledger.committed >= mark:
                 finished.append(ticket)
-        return finished
+            elif holding and ticket not in self._held:
+                hold.append(ticket)
+        return finished, hold
 
     def quiet(self) -> bool:
         """Whether the cluster has been quiet (nothing queued or in flight) long enough.
@@ -343,7 +391,13 @@ class ClusterCoordinator:
         another worker's heartbeat lag and a worker about to queue work.
         """
         now = time.monotonic()
-        if not self._beat_once():
+        try:
+            busy = not self._beat_once()
+        except redis.RedisError as exc:
+            # Unknown is not quiet: wait (the engine asks again).
+            self._redis_error("idle check", exc)
+            busy = True
+        if busy:
             self._quiet_since = None
             return False
         if self._quiet_since is None:
@@ -356,6 +410,13 @@ class ClusterCoordinator:
         if not self.quiet():
             self._waiting = True
             raise DontCloseSpider
+
+    def _redis_error(self, what: str, exc: redis.RedisError) -> None:
+        self.stats.inc_value("cluster/heartbeat_errors")
+        logger.warning(
+            "Cluster %(url)s: %(what)s failed (%(error)s); trying again",
+            {"url": _without_password(self.url), "what": what, "error": exc},
+        )
 
     def claim(self, job: str) -> bool:
         """Whether this worker is the first of the run to claim *job*."""

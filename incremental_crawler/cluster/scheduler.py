@@ -17,6 +17,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import redis
+from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import load_object
 from scrapy_redis.dupefilter import RFPDupeFilter
 from scrapy_redis.queue import PriorityQueue
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
+    from twisted.internet.defer import Deferred
 
 __all__ = ["ClusterDupeFilter", "ClusterQueue", "ClusterScheduler"]
 
@@ -66,7 +68,16 @@ class ClusterScheduler(Scheduler):
             logger.info("Joining a crawl with %(n)d requests queued", {"n": len(self.queue)},
                         extra={"spider": spider})
 
-    def close(self, reason: str) -> None:
+    def close(self, reason: str) -> Deferred[None]:
+        return deferred_from_coro(self._close(reason))
+
+    async def _close(self, reason: str) -> None:
+        # Every request is done by now (the engine waited for them): commit
+        # their pages first, so that leaving releases them instead of
+        # handing them back to be fetched again.
+        ledger = getattr(self.crawler, "incremental_ledger", None)
+        if ledger is not None:
+            await ledger.commit_staged()
         ClusterCoordinator.of(self.crawler).leave(reason)
 
     def has_pending_requests(self) -> bool:
