@@ -140,7 +140,7 @@ async def test_workers_share_one_crawl_and_exit_by_themselves(
     for i in range(n):
         site.add_page(f"/p/{i:04d}", ("strong", "weak", "lastmod")[i % 3], size=2000)
     # Slow pages, so that the work is spread over the workers.
-    site.slow("/p/", 0.15)
+    site.slow("/p/", 0.25)
 
     first = [Worker(site, state_uri, cluster_prefix, tmp_path, str(i)) for i in range(2)]
     # A third worker joins late, mid-crawl.
@@ -269,7 +269,7 @@ async def test_due_pages_are_reseeded_once_for_the_whole_cluster(
     n = 60
     for i in range(n):
         site.add_page(f"/p/{i:04d}", "strong", size=2000)
-    site.slow("/p/", 0.1)
+    site.slow("/p/", 0.25)
     revisits = ("-s", "INCREMENTAL_REVISIT_ENABLED=True",
                 "-s", "INCREMENTAL_REVISIT_INITIAL=1", "-s", "INCREMENTAL_REVISIT_MIN=1",
                 # No sampled full re-checks: every revisit is a 304 here.
