@@ -180,8 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"state size: ours (INCREMENTAL_STORE_ITEMS=False, compacted) {state_bytes} B "
           f"({mib(state_bytes)}) vs HTTPCACHE dir {cache_bytes} B ({mib(cache_bytes)}) "
           f"= {share:.2f}%  (target < 1%: {verdict(share < 1.0)})")
+    # No validators, no HTTPCACHE entries (RFC2616Policy stores nothing it
+    # cannot revalidate): the share is undefined then.
+    ours_share = 100.0 * ours_bytes / cache_bytes if cache_bytes else float("nan")
     print(f"  for reference: ours with items stored (default) {ours_bytes} B ({mib(ours_bytes)}) "
-          f"= {100.0 * ours_bytes / cache_bytes:.2f}% of the HTTPCACHE dir")
+          f"= {ours_share:.2f}% of the HTTPCACHE dir")
     print("Crawl 1 (cold) for reference:")
     print_table(["variant", "requests", "body bytes", "items", "CPU s", "wall s"],
                 [[n, res[n]["log1"].requests, res[n]["log1"].body_bytes, res[n]["c1"].items,
