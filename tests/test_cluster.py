@@ -30,6 +30,7 @@ from twisted.internet.threads import deferToThread
 from incremental_crawler.config import DEFAULT_SETTINGS
 from incremental_crawler.state import PageKey
 from incremental_crawler.stores import open_store
+from tests.redis_util import OwnRedis
 
 PROJECT = Path(__file__).resolve().parents[1]
 REDIS_URL = os.environ.get("INCREMENTAL_TEST_CLUSTER_REDIS_URI", "redis://127.0.0.1:6379/12")
@@ -527,3 +528,40 @@ async def test_a_redis_error_does_not_stop_the_heartbeat(cluster_prefix):
         coordinator._beat = beat
         coordinator.leave("finished")
     assert leftover_keys(cluster_prefix) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_worker_whose_cluster_redis_dies_stops_loudly_by_itself(
+    site, state_uri, state_db, tmp_path
+):
+    # The cluster's Redis (a throwaway server: the shared one stays up) is
+    # stopped mid-crawl; the worker must neither hang nor finish as if
+    # nothing happened, and nothing it did not store is recorded as done.
+    n = 60
+    for i in range(n):
+        site.add_page(f"/p/{i:04d}", "strong", size=1000)
+    site.slow("/p/", 0.05)
+    own = OwnRedis()
+    own.start()
+    try:
+        worker = Worker(site, state_uri, "own", tmp_path, "1",
+                        "-s", f"INCREMENTAL_CLUSTER_URL={own.uri}",
+                        "-s", "INCREMENTAL_CLUSTER_WORKER_TTL=2")
+        await until(lambda: sum(page_gets(site).values()) >= 15, "the crawl to get going")
+        own.stop()
+        assert await worker.wait(timeout=30) == 0, worker.tail()
+    finally:
+        own.stop()
+        own.remove()
+    log = worker.log.read_text(errors="replace")
+    assert "'finish_reason': 'cluster_redis_error'" in log, worker.tail()
+    assert "ERROR: Cluster" in log
+    # Invariant 1 still holds for what it stored; the sitemaps' state is not
+    # saved (the run's failures could not be read), so the next run reads
+    # them in full and requests what this one did not store.
+    ahead = state_db(
+        "SELECT p.url FROM pages p LEFT JOIN items i ON i.scope = p.scope AND i.item_key = p.url "
+        "WHERE p.etag IS NOT NULL AND i.item_key IS NULL")
+    assert ahead == []
+    assert state_db("SELECT COUNT(*) FROM pages WHERE url LIKE '%sitemap%'")[0][0] == 0
+    assert state_db("SELECT COUNT(*) FROM pages WHERE etag IS NOT NULL")[0][0] < n

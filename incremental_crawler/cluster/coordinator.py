@@ -38,6 +38,7 @@ import redis
 from scrapy import signals
 from scrapy.exceptions import DontCloseSpider, NotConfigured
 from scrapy.utils.asyncio import create_looping_call
+from scrapy.utils.defer import deferred_from_coro
 
 if TYPE_CHECKING:
     from typing import Self
@@ -148,6 +149,29 @@ return {back, failures, ended}
 """
 
 
+# Claim a one-per-run job; the owner's id (the caller's if it was free).
+_CLAIM = """
+redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+return redis.call('HGET', KEYS[1], ARGV[1])
+"""
+
+# How many jobs other live workers claimed and have not done yet.
+# KEYS: claims, workers; ARGV: this worker.
+_CLAIMS_PENDING = """
+local claims = redis.call('HGETALL', KEYS[1])
+local done, pending = {}, 0
+for i = 1, #claims, 2 do done[claims[i]] = true end
+for i = 1, #claims, 2 do
+  local job, owner = claims[i], claims[i + 1]
+  if string.sub(job, -5) ~= ':done' and not done[job .. ':done'] and owner ~= ARGV[1]
+     and redis.call('HEXISTS', KEYS[2], owner) == 1 then
+    pending = pending + 1
+  end
+end
+return pending
+"""
+
+
 class ClusterError(RuntimeError):
     """The cluster's Redis cannot be used; the message names it and says why."""
 
@@ -182,6 +206,8 @@ class ClusterCoordinator:
         self._pop = self.redis.register_script(_POP)
         self._beat = self.redis.register_script(_BEAT)
         self._leave = self.redis.register_script(_LEAVE)
+        self._claim = self.redis.register_script(_CLAIM)
+        self._claims_pending = self.redis.register_script(_CLAIMS_PENDING)
         self.run: str | None = None
         self.spider_key = ""
         #: Requests this worker popped and has not finished, by ticket.
@@ -196,6 +222,10 @@ class ClusterCoordinator:
         #: Whether this worker ran out of work and waits for the others.
         self._waiting = False
         self._task: Any = None
+        #: Since when Redis has been failing (monotonic), and whether this
+        #: worker gave up on it.
+        self._failing_since: float | None = None
+        self._lost = False
         #: Failed pages of the whole run, read when this worker leaves.
         self.run_failures: int | None = None
         crawler.signals.connect(self.spider_idle, signal=signals.spider_idle)
@@ -271,11 +301,20 @@ class ClusterCoordinator:
         # keeps nothing). Any other ending (shutdown, a store failure)
         # gives back every request whose page is not committed: it is
         # fetched again, none is lost.
-        self._beat_once(release_all=reason == "finished")
-        back, failures, ended = self._leave(
-            keys=[self.key("workers"), self.queue_key, self.key("run")],
-            args=[self.worker_id, self.inflight_prefix, self.run_prefix, self.held_prefix],
-        )
+        try:
+            self._beat_once(release_all=reason == "finished")
+            back, failures, ended = self._leave(
+                keys=[self.key("workers"), self.queue_key, self.key("run")],
+                args=[self.worker_id, self.inflight_prefix, self.run_prefix, self.held_prefix],
+            )
+        except redis.RedisError as exc:
+            # run_failures stays unknown: the sitemaps' state is not saved.
+            # What this worker held is reaped by the others once Redis is back.
+            logger.error("Cluster %(url)s: leaving the run failed (%(error)s)",
+                         {"url": _without_password(self.url), "error": exc})
+            self.stats.inc_value("cluster/redis_errors")
+            self.redis.close()
+            return
         self.run_failures = int(failures)
         if back:
             self.stats.inc_value("cluster/requeued_on_leave", back)
@@ -345,6 +384,7 @@ class ClusterCoordinator:
             args=[self.worker_id, self.worker_ttl, self.inflight_prefix, self.held_prefix,
                   len(finished), *finished, *hold],
         )
+        self._failing_since = None
         for ticket in finished:
             self._tickets.pop(ticket, None)
             self._processed.pop(ticket, None)
@@ -392,7 +432,9 @@ class ClusterCoordinator:
         """
         now = time.monotonic()
         try:
-            busy = not self._beat_once()
+            busy = not self._beat_once() or bool(self._claims_pending(
+                keys=[self.run_prefix + "claims", self.key("workers")], args=[self.worker_id]))
+            self.roundtrip()
         except redis.RedisError as exc:
             # Unknown is not quiet: wait (the engine asks again).
             self._redis_error("idle check", exc)
@@ -413,25 +455,69 @@ class ClusterCoordinator:
 
     def _redis_error(self, what: str, exc: redis.RedisError) -> None:
         self.stats.inc_value("cluster/heartbeat_errors")
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        if now - self._failing_since > self.worker_ttl:
+            # The others have taken this worker for dead by now (its
+            # requests went back to the queue): waiting longer is a stall.
+            self.lost(exc)
+            return
         logger.warning(
             "Cluster %(url)s: %(what)s failed (%(error)s); trying again",
             {"url": _without_password(self.url), "what": what, "error": exc},
         )
 
+    def lost(self, exc: redis.RedisError) -> None:
+        """The cluster's Redis is gone: stop this worker, loudly.
+
+        Nothing not stored is recorded as done: requests it held go back to
+        the queue when Redis returns (the others reap them), pages it could
+        not queue are fetched by the next run.
+        """
+        self.stats.inc_value("cluster/redis_errors")
+        if self._lost:
+            return
+        self._lost = True
+        logger.error(
+            "Cluster %(url)s: Redis failed (%(error)s); stopping this worker",
+            {"url": _without_password(self.url), "error": exc},
+        )
+        engine = self.crawler.engine
+        if engine is not None and engine.running:
+            deferred_from_coro(engine.close_spider_async(reason="cluster_redis_error"))
+
     def claim(self, job: str) -> bool:
-        """Whether this worker is the first of the run to claim *job*."""
+        """Whether this worker holds the run's *job* (the first to claim it does)."""
         self.roundtrip()
-        if self.redis.hsetnx(self.run_prefix + "claims", job, self.worker_id):
+        try:
+            owner = self._claim(keys=[self.run_prefix + "claims"], args=[job, self.worker_id])
+        except redis.RedisError as exc:
+            self.lost(exc)
+            return False
+        if owner == self.worker_id.encode():
             return True
-        # The winner is queueing work: be quiet for a whole grace again
-        # before taking the cluster for finished.
+        # Another worker holds it and will queue work: be quiet for a whole
+        # grace again before taking the cluster for finished.
         self._quiet_since = None
         return False
+
+    def claim_done(self, job: str) -> None:
+        """The claimed *job* queued its work: the others need not wait for it."""
+        self.roundtrip()
+        try:
+            self.redis.hset(self.run_prefix + "claims", f"{job}:done", self.worker_id)
+        except redis.RedisError as exc:
+            self.lost(exc)
 
     def note_failure(self) -> None:
         """A page failed: the run's sitemap validators must not be saved."""
         self.roundtrip()
-        self.redis.incr(self.run_prefix + "failures")
+        try:
+            self.redis.incr(self.run_prefix + "failures")
+        except redis.RedisError as exc:
+            # Not counted: leaving fails too, the sitemaps' state is not saved.
+            self.lost(exc)
 
 
 def _without_password(url: str) -> str:

@@ -81,7 +81,12 @@ class ClusterScheduler(Scheduler):
         ClusterCoordinator.of(self.crawler).leave(reason)
 
     def has_pending_requests(self) -> bool:
-        return ClusterCoordinator.of(self.crawler).queued() > 0
+        coordinator = ClusterCoordinator.of(self.crawler)
+        try:
+            return coordinator.queued() > 0
+        except redis.RedisError as exc:
+            coordinator.lost(exc)
+            return False
 
     # scrapy-redis's own version checks the filter and queues in two round
     # trips (and passes ``spider`` to the stats collector, which Scrapy 2.19
@@ -89,14 +94,25 @@ class ClusterScheduler(Scheduler):
     def enqueue_request(self, request: Request) -> bool:
         fingerprint = None if request.dont_filter else self.df.request_fingerprint(request)
         data = self.queue._encode_request(request)
-        if not ClusterCoordinator.of(self.crawler).push(fingerprint, -request.priority, data):
+        coordinator = ClusterCoordinator.of(self.crawler)
+        try:
+            queued = coordinator.push(fingerprint, -request.priority, data)
+        except redis.RedisError as exc:
+            # Not queued, not done: the next run requests it again.
+            coordinator.lost(exc)
+            return False
+        if not queued:
             self.df.log(request, self.spider)
             return False
         self.stats.inc_value("scheduler/enqueued/redis")
         return True
 
     def next_request(self) -> Request | None:
-        request = self.queue.pop()
+        try:
+            request = self.queue.pop()
+        except redis.RedisError as exc:
+            ClusterCoordinator.of(self.crawler).lost(exc)
+            return None
         if request is not None:
             self.stats.inc_value("scheduler/dequeued/redis")
         return request

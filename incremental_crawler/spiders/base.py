@@ -84,12 +84,14 @@ class IncrementalSpider(Spider):
             return
         cluster = getattr(self.crawler, "incremental_cluster", None)
         if cluster is not None:
-            # In cluster mode: once no worker can discover more links, and
-            # by one worker per run (the due pages go to the shared queue).
-            if not cluster.quiet():
-                raise DontCloseSpider
+            # In cluster mode: by one worker per run (the due pages go to
+            # the shared queue), once no worker can discover more links.
+            # Claimed first: the others wait for a claimed job to be done
+            # instead of leaving before its pages are queued.
             if not cluster.claim("reseed"):
                 return
+            if not cluster.quiet():
+                raise DontCloseSpider
         self._reseeded = True
         self.crawler.engine.crawl(
             Request(
@@ -97,6 +99,8 @@ class IncrementalSpider(Spider):
                 meta={META_SKIP: True, "allow_offsite": True},
             )
         )
+        if cluster is not None:
+            cluster.claim_done("reseed")  # the request is queued: the cluster is busy
         raise DontCloseSpider
 
     async def _reseed_due(self, response: Response) -> AsyncIterator[Request]:
