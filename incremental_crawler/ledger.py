@@ -37,6 +37,8 @@ from incremental_crawler.stores import StateStore, StateStoreError, open_store
 from incremental_crawler.trust import HostTrustBook
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from twisted.python.failure import Failure
@@ -57,8 +59,8 @@ class PageTransaction:
     """The pending state of one fetched page, waiting for its items."""
 
     __slots__ = (
-        "callback_called", "discovery", "done", "failed", "item_ids", "open_items",
-        "output_done", "state",
+        "callback_called", "discovery", "done", "failed", "item_ids", "items_changed",
+        "items_unchanged", "judge", "open_items", "output_done", "state",
     )
 
     def __init__(self, state: PageState, *, discovery: bool = False) -> None:
@@ -76,6 +78,23 @@ class PageTransaction:
         self.output_done = False
         self.failed: str | None = None
         self.done = False
+        #: Items of the page that left the pipelines as new or changed, and
+        #: that the FingerprintPipeline dropped as unchanged.
+        self.items_changed = 0
+        self.items_unchanged = 0
+        #: Called with whether the page's content changed (its items say;
+        #: without items, its raw body) just before its state is staged:
+        #: the verdict on validators that moved with the raw body, which
+        #: noise alone may have moved (see ConditionalRequestMiddleware).
+        self.judge: Callable[[bool], None] | None = None
+
+    def content_changed(self) -> bool:
+        """Whether the page's content changed, for a body that did.
+
+        Its items decide, as they do for the output (normalised, main
+        content only); a page without items to tell falls back on its body.
+        """
+        return self.items_changed > 0 or self.items_unchanged == 0
 
 
 class _Pending:
@@ -261,12 +280,17 @@ class Ledger:
         txn.output_done = True
         self._maybe_commit(txn)
 
-    def _item_finished(self, response: Any, *, error: str | None = None) -> None:
+    def _item_finished(self, response: Any, *, error: str | None = None,
+                       changed: bool | None = None) -> None:
         if not isinstance(response, Response):
             return
         txn: PageTransaction | None = response.meta.get(TXN_META)
         if txn is None:
             return
+        if changed is True:
+            txn.items_changed += 1
+        elif changed is False:
+            txn.items_unchanged += 1
         txn.open_items = max(0, txn.open_items - 1)
         if error:
             txn.failed = txn.failed or error
@@ -296,6 +320,8 @@ class Ledger:
                 extra={"spider": self.crawler.spider},
             )
             return
+        if txn.judge is not None:
+            txn.judge(txn.content_changed())
         if txn.discovery:
             # A sitemap's validators say "everything it lists was handled":
             # true only once the requests it produced have run, so they are
@@ -347,12 +373,17 @@ class Ledger:
             if pending.data is not None:
                 self.stats.inc_value("incremental/items_stored")
             self._after_stage()
-        self._item_finished(response)
+        # Out of every pipeline: new or changed (unchanged ones are dropped).
+        self._item_finished(response, changed=True)
 
     def item_dropped(self, item: Any, response: Any, exception: BaseException, spider: Spider) -> None:
         # A dropped item is a decision, not a failure: the page is done.
+        from incremental_crawler.pipelines.fingerprint import ItemUnchanged  # noqa: PLC0415
+
         self._pending.pop(id(item), None)
-        self._item_finished(response)
+        # Unchanged: evidence about the page's content; other drops are not.
+        self._item_finished(response, changed=False if isinstance(exception, ItemUnchanged)
+                            else None)
 
     def item_error(self, item: Any, response: Any, spider: Spider, failure: Failure) -> None:
         self._pending.pop(id(item), None)

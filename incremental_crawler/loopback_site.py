@@ -135,6 +135,9 @@ class Page:
     size: int = 20_000
     title: str = ""
     gzip: bool = False
+    #: The ``noisy`` kind's per-response timestamps, on a page of any kind
+    #: (a "generated at" footer behind validators that hold).
+    noise: bool = False
 
     def __post_init__(self) -> None:
         if not self.path.startswith("/"):
@@ -419,9 +422,10 @@ class LoopbackSite:
         return page
 
     def add_page(self, path: str, kind: str, *, size: int = 20_000, title: str = "",
-                 gzip: bool = False) -> Page:
+                 gzip: bool = False, noise: bool = False) -> Page:
         """Add a page (version 0) and return it."""
-        return self._add(Page(path=path, kind=kind, size=size, title=title, gzip=gzip))
+        return self._add(Page(path=path, kind=kind, size=size, title=title, gzip=gzip,
+                              noise=noise))
 
     def page(self, path: str) -> Page:
         """Return the page at ``path`` (``KeyError`` if there is none)."""
@@ -864,7 +868,7 @@ class LoopbackSite:
             # RFC 9110 §15.4.5: the 304 carries the validators a 200 would.
             return _Response(304, b"", headers)
         headers["Content-Type"] = "text/html; charset=utf-8"
-        if page.kind == "noisy":
+        if page.kind == "noisy" or page.noise:
             self._served += 1
             stamp = datetime.now(UTC).isoformat(timespec="microseconds")
             body = body.replace(

@@ -41,6 +41,11 @@ INCREMENTAL_UNSTABLE_HOST_MIN_PAGES pages judged in a crawl flagged is marked
 unstable (stored, reported). They are still sent (a 304 is still free); a
 full fetch is decided by the fingerprint, so unchanged content makes no
 item. Evidence is kept per host in the store.
+
+"Content" is what the page's items say (normalised, main content only)
+when its raw body changed: noise behind validators that hold is no lie, and
+noise behind validators that move is a churn. A page without items is
+judged on its raw body.
 """
 
 from __future__ import annotations

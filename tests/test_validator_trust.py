@@ -200,3 +200,58 @@ async def test_a_one_word_change_is_an_item_by_default_and_suppressed_as_near_du
     site.add_document("/story", article(words), "text/html")
     rewritten = await crawl(SitemapPagesSpider, settings=near, sitemap_url=site.url("/s.xml"))
     assert len(rewritten.collected) == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_noise_behind_validators_that_hold_is_not_a_lie(site, crawl, state_db):
+    # Last-Modified is the page's real last change; only a "generated at"
+    # timestamp differs per response (Last-Modified is weak, RFC 9110
+    # §8.8.2.2: that is allowed). Nothing changed, so nothing lied.
+    paths = [f"/q/{i:02d}" for i in range(12)]
+    for path in paths:
+        site.add_page(path, "lastmod", size=1500, noise=True)
+    settings = {"INCREMENTAL_RECHECK_EVERY": 2}
+    await crawl(ListSpider, settings=settings, urls=urls(site, paths))
+    second = await crawl(ListSpider, settings=settings, urls=urls(site, paths))
+    # The sampled half was fetched in full: no item, no lie, host trusted.
+    assert second.collected == []
+    sampled = sum(recheck_due(p, 2, 2) for p in paths)
+    assert 0 < sampled < 12
+    assert second.stats.get_value("incremental/requests/sample") == sampled
+    assert second.stats.get_value("incremental/validators/lying") is None
+    assert second.stats.get_value("incremental/validators/hosts_distrusted") is None
+    assert state_db("SELECT validators_distrusted_until FROM hosts") in ([], [(0,)])
+    site.reset_log()
+    third = await crawl(ListSpider, settings=settings, urls=urls(site, paths))
+    # Still trusted: only the sampled half costs a full body, the rest 304.
+    statuses = [r.status for r in site.log if r.path.startswith("/q/")]
+    assert statuses.count(304) == 12 - sum(recheck_due(p, 3, 2) for p in paths)
+    assert third.collected == []
+    # A real change behind the same noisy page is still a lie, and an item.
+    site.set_kind("/q/00", "stuck")
+    await crawl(ListSpider, settings=settings, urls=urls(site, ["/q/00"]),
+                meta={"incremental_refresh": True})
+    site.change("/q/00")
+    caught = await crawl(ListSpider, settings=settings, urls=urls(site, ["/q/00"]),
+                         meta={"incremental_refresh": True})
+    assert [item["url"] for item in caught.collected] == [site.url("/q/00")]
+    assert caught.stats.get_value("incremental/validators/lying") == 1
+    assert caught.stats.get_value("incremental/validators/hosts_distrusted") == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_random_etags_on_noisy_pages_are_unstable_not_reliable(site, crawl, state_db):
+    # A new ETag per response on a page whose only difference is noise: the
+    # content did not change, the validators did (issue 5: unstable).
+    paths = [f"/rn/{i:02d}" for i in range(12)]
+    for path in paths:
+        site.add_page(path, "random", size=1500, noise=True)
+    no_samples = {"INCREMENTAL_RECHECK_EVERY": 0}
+    for _ in range(3):
+        result = await crawl(ListSpider, settings=no_samples, urls=urls(site, paths))
+    assert result.collected == []
+    assert result.stats.get_value("incremental/validators/unstable") == 12
+    assert result.stats.get_value("incremental/validators/reliable") is None
+    assert result.stats.get_value("incremental/validators/pages_unstable") == 12
+    assert result.stats.get_value("incremental/validators/hosts_unstable") == 1
+    assert state_db("SELECT COUNT(*) FROM pages WHERE flags & 4") == [(12,)]

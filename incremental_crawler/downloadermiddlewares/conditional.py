@@ -192,6 +192,11 @@ class ConditionalRequestMiddleware:
             headers[b"If-Modified-Since"] = prior.last_modified
         meta[_SENT] = True
 
+    def _judge(self, request: Request, prior: PageState | None, etag: str | None,
+               last_modified: str | None, changed: bool) -> tuple[int, bool]:
+        verdict = self._validator_verdict(request, prior, etag, last_modified, changed)
+        return self._churns(request, prior, verdict, etag, last_modified)
+
     def _validator_verdict(
         self, request: Request, prior: PageState | None, etag: str | None,
         last_modified: str | None, changed: bool,
@@ -410,8 +415,22 @@ class ConditionalRequestMiddleware:
         interval, next_visit = schedule or (0, 0.0)
         if prior is not None:
             self._observe_lastmod(request, prior, changed=changed)
-        verdict = self._validator_verdict(request, prior, etag, last_modified, changed)
-        churns, unstable = self._churns(request, prior, verdict, etag, last_modified)
+        # A body that changed may be noise only (a timestamp, a token): when
+        # the verdict on the validators turns on it (lying, or unstable
+        # rather than reliable), the page's items decide, once they left
+        # the pipelines (PageTransaction.judge); until then the page keeps
+        # its run of churns.
+        deferred = (
+            changed and prior is not None and prior.has_validators
+            and (etag is not None or last_modified is not None)
+            and not request.meta.get(META_DISCOVERY)
+        )
+        if deferred:
+            assert prior is not None
+            churns = prior.churns
+            unstable = bool(prior.flags & PageFlags.UNSTABLE_VALIDATORS)
+        else:
+            churns, unstable = self._judge(request, prior, etag, last_modified, changed)
         callback = _callback_name(request, self.crawler.spider)
         flags = 0
         if b"*" in response.headers.get(b"Vary", b"").split(b","):
@@ -437,7 +456,18 @@ class ConditionalRequestMiddleware:
                 lastmod=prior.lastmod if lastmod is None else lastmod,
                 interval=interval, next_visit=next_visit, callback=callback, churns=churns,
             )
-        self.ledger.begin(request.meta, state, discovery=bool(request.meta.get(META_DISCOVERY)))
+        txn = self.ledger.begin(request.meta, state,
+                                discovery=bool(request.meta.get(META_DISCOVERY)))
+        if deferred:
+
+            def judge(content_changed: bool) -> None:
+                churns, unstable = self._judge(request, prior, etag, last_modified,
+                                               content_changed)
+                state.churns = churns
+                state.flags = (state.flags & ~PageFlags.UNSTABLE_VALIDATORS) | (
+                    PageFlags.UNSTABLE_VALIDATORS if unstable else 0)
+
+            txn.judge = judge
         # Redirects followed on the way here: the original URLs remember
         # where they went, without touching their own validators.
         urls = request.meta.get("redirect_urls", ())
