@@ -234,3 +234,18 @@ async def test_a_truncated_body_stores_no_validators(crawl, state_db):
     assert "GET /page HTTP/1.1" in seen
     assert crawler.stats.get_value("downloader/response_count") >= 1
     assert state_db("SELECT etag FROM pages WHERE etag IS NOT NULL") == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_vary_star_in_a_list_means_a_304_is_not_trusted(site, crawl):
+    # Vary = #( "*" / field-name ) (RFC 9110 §12.5.5): "*" may share the
+    # field with names, as a proxy appending Accept-Encoding makes it.
+    for path, vary in (("/va", "Accept-Encoding, *"), ("/vb", "*,Accept-Encoding")):
+        site.add_page(path, "stuck", size=1500)
+        site.override(path, headers={"Vary": vary})
+    await crawl(ListSpider, urls=[site.url("/va"), site.url("/vb")])
+    site.change("/va")  # behind ETag "stuck": only a full fetch shows it
+    second = await crawl(ListSpider, urls=[site.url("/va"), site.url("/vb")])
+    assert second.stats.get_value("incremental/not_modified") is None
+    assert second.stats.get_value("incremental/refetch/vary_star_304") == 2
+    assert [item["url"] for item in second.collected] == [site.url("/va")]

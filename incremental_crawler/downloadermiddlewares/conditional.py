@@ -433,7 +433,9 @@ class ConditionalRequestMiddleware:
             churns, unstable = self._judge(request, prior, etag, last_modified, changed)
         callback = _callback_name(request, self.crawler.spider)
         flags = 0
-        if b"*" in response.headers.get(b"Vary", b"").split(b","):
+        # Vary = #( "*" / field-name ), over any number of field lines.
+        if any(name.strip() == b"*" for line in response.headers.getlist(b"Vary")
+               for name in line.split(b",")):
             flags |= PageFlags.VARY_STAR
         if prior is None:
             self._count(request, "pages_new")
