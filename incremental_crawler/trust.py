@@ -28,11 +28,12 @@ visits ``v`` (its ``checks`` count, this one included) where
 * once caught, the host is *distrusted*: every one of its pages is fetched
   in full, decided by its fingerprint, so **every hidden change of the host
   is found on the next visit of its page**. It is trusted again after
-  INCREMENTAL_VALIDATORS_RETRUST_AFTER = M full fetches in a row that were
-  consistent (validators unchanged exactly when the content is; a new lie
-  starts the count again; by the rule of three, no lie in M = 100 bounds
-  the lie rate below 3% at 95% confidence), or at the latest after
-  INCREMENTAL_VALIDATORS_DISTRUST_TTL seconds.
+  INCREMENTAL_VALIDATORS_RETRUST_AFTER = M changes in a row whose
+  validators changed with them (a new lie starts the count again; an
+  unchanged page is no evidence either way: a liar's unchanged pages look
+  the same; by the rule of three, no lie in M = 100 changes bounds the
+  share of changes hidden below 3% at 95% confidence), or at the latest
+  after INCREMENTAL_VALIDATORS_DISTRUST_TTL seconds.
 
 Validators that change while the content does not are *unstable*: after
 INCREMENTAL_UNSTABLE_AFTER full fetches in a row the page is flagged, and a
@@ -215,13 +216,13 @@ class HostTrustBook:
         )
 
     def consistent(self, trust: HostTrust) -> None:
-        """A full fetch whose validators moved exactly when its content did."""
+        """A full fetch whose content changed, and its validators with it."""
         if not trust.validators_distrusted_until:
             return
         trust.validators_consistent += 1
         self._dirty.add(trust.host)
         if trust.validators_consistent >= self.retrust_after:
-            self._retrust(trust, f"{trust.validators_consistent} consistent full fetches in a row")
+            self._retrust(trust, f"{trust.validators_consistent} changes in a row with validators that moved")
 
     def _retrust(self, trust: HostTrust, why: str) -> None:
         trust.validators_distrusted_until = 0.0
@@ -275,7 +276,7 @@ class HostTrustBook:
             trust = self._hosts.get(host)
             if trust is not None and trust.validators_distrusted_until:
                 line += (f"; host lying: 304s not trusted ({trust.validators_consistent} of "
-                         f"{self.retrust_after} consistent full fetches to re-trust)")
+                         f"{self.retrust_after} changes with moved validators to re-trust)")
             if trust is not None and trust.validators_unstable_since:
                 judged, unstable = self.judged.get(host, (0, 0))
                 line += f"; host unstable ({unstable} of {judged} pages flagged)"

@@ -98,7 +98,7 @@ async def test_every_page_is_rechecked_once_in_n_visits_so_a_hidden_change_is_fo
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_lying_host_is_trusted_again_after_m_consistent_full_fetches_a_lie_resets(
+async def test_a_lying_host_is_trusted_again_after_m_changes_with_moved_validators(
     site, crawl, state_db
 ):
     paths = [f"/t/{i:02d}" for i in range(12)]
@@ -118,16 +118,30 @@ async def test_a_lying_host_is_trusted_again_after_m_consistent_full_fetches_a_l
     site.reset_log()
     third = await crawl(ListSpider, settings=settings, urls=urls(site, paths))
     records = [r for r in site.log if r.path.startswith("/t/")]
-    # Distrusted: full fetches. /t/00 and /t/01 are consistent (2), /t/02
-    # lies (back to 0), /t/03../t/07 make 5: trusted again, and the rest are
-    # conditional requests answered 304.
-    assert [r.if_none_match is None for r in records] == [True] * 8 + [False] * 4
-    assert [r.status for r in records] == [200] * 8 + [304] * 4
+    # Distrusted: every page in full, the hidden change found; unchanged
+    # pages are no evidence either way (a liar's look the same).
+    assert [r.if_none_match is None for r in records] == [True] * 12
     assert [item["url"] for item in third.collected] == [site.url("/t/02")]
     assert third.stats.get_value("incremental/validators/lying") == 1
-    assert third.stats.get_value("incremental/validators/hosts_retrusted") == 1
+    assert third.stats.get_value("incremental/validators/hosts_retrusted") is None
+    # The server is fixed: changes whose validators move with them are the
+    # evidence. /t/03 counts 1, /t/04 lies (stuck still: back to 0), then
+    # /t/05../t/09 make 5: trusted again.
+    for path in paths:
+        if path != "/t/04":
+            site.set_kind(path, "strong")
+    for path in paths[3:10]:
+        site.change(path)
+    fixed = await crawl(ListSpider, settings=settings, urls=urls(site, paths))
+    assert len(fixed.collected) == 7
+    assert fixed.stats.get_value("incremental/validators/lying") == 1
+    assert fixed.stats.get_value("incremental/validators/hosts_retrusted") == 1
     assert state_db("SELECT validators_distrusted_until, validators_consistent FROM hosts") == [
         (0, 0)]
+    # Trusted: conditional requests, answered 304 (the stuck page too).
+    site.reset_log()
+    await crawl(ListSpider, settings=settings, urls=urls(site, paths))
+    assert [r.status for r in site.log if r.path.startswith("/t/")] == [304] * 12
 
 
 @pytest_twisted.ensureDeferred
@@ -255,3 +269,27 @@ async def test_random_etags_on_noisy_pages_are_unstable_not_reliable(site, crawl
     assert result.stats.get_value("incremental/validators/pages_unstable") == 12
     assert result.stats.get_value("incremental/validators/hosts_unstable") == 1
     assert state_db("SELECT COUNT(*) FROM pages WHERE flags & 4") == [(12,)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_unchanged_pages_of_a_lying_host_do_not_earn_it_trust(site, crawl, state_db):
+    # A server that still lies cannot show it on pages that did not change:
+    # unchanged content behind unchanged validators is what a liar sends
+    # too. Only changes whose validators moved with them are evidence.
+    paths = [f"/u/{i:02d}" for i in range(12)]
+    for path in paths:
+        site.add_page(path, "stuck", size=1500)
+    settings = {"INCREMENTAL_RECHECK_EVERY": 0, "INCREMENTAL_VALIDATORS_RETRUST_AFTER": 5,
+                "CONCURRENT_REQUESTS": 1}
+    await crawl(ListSpider, settings=settings, urls=urls(site, paths))
+    site.change("/u/00")
+    await crawl(ListSpider, settings=settings, urls=urls(site, ["/u/00"]),
+                meta={"incremental_refresh": True})
+    quiet = await crawl(ListSpider, settings=settings, urls=urls(site, paths))
+    assert quiet.stats.get_value("incremental/validators/hosts_retrusted") is None
+    # Still distrusted, so the next hidden change is found on its next visit.
+    site.change("/u/11")
+    site.reset_log()
+    found = await crawl(ListSpider, settings=settings, urls=urls(site, paths))
+    assert all(r.if_none_match is None for r in site.log if r.path.startswith("/u/"))
+    assert [item["url"] for item in found.collected] == [site.url("/u/11")]

@@ -203,8 +203,9 @@ class ConditionalRequestMiddleware:
     ) -> str | None:
         """What this full fetch says about the page's validators (reported per host).
 
-        Also the evidence that re-trusts a lying host: validators unchanged
-        exactly when the content is.
+        Also the evidence that re-trusts a lying host: a change of content
+        whose validators changed with it (the only fetch on which a liar and
+        an honest server differ).
         """
         if request.meta.get(META_DISCOVERY):
             return None  # sitemaps and feeds are not the site's pages
@@ -219,8 +220,9 @@ class ConditionalRequestMiddleware:
                 # The content moved behind the same validators: they lie.
                 book.caught_lying(book.loaded(host), time.time(), request.url)
                 return "lying"
+            # Reliable, but no evidence for a host caught lying: a liar
+            # sends unchanged validators with unchanged content too.
             verdict = "reliable"
-            book.consistent(book.loaded(host))
         elif changed:
             verdict = "reliable"
             book.consistent(book.loaded(host))
