@@ -506,3 +506,21 @@ async def test_a_write_failing_inside_the_transaction_commits_nothing_after_it(
     finally:
         shared.delete(f"{redis_prefix}:itemver:{SCOPE}")
         await call(store.close())
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "allkeys-lfu", "allkeys-random"])
+def test_a_redis_that_evicts_any_key_is_refused(own_redis: OwnRedis, policy: str) -> None:
+    """A Redis run as a cache drops keys when full: items or whole pages
+    hashes would vanish silently (validators left without their data)."""
+    with own_redis.client() as client:
+        client.config_set("maxmemory-policy", policy)
+    with pytest.raises(StateStoreError, match=policy):
+        RedisStateStore(own_redis.uri, prefix="ev")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_redis_that_evicts_only_expiring_keys_is_accepted(own_redis: OwnRedis) -> None:
+    with own_redis.client() as client:
+        client.config_set("maxmemory-policy", "volatile-lru")
+    store = RedisStateStore(own_redis.uri, prefix="ev")
+    await call(store.close())

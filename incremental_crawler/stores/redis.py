@@ -392,10 +392,20 @@ class RedisStateStore(StateStore):
             pipe.exists(f"{self.prefix}:scopes")
             # Loaded now, so that the first flush is one round-trip.
             pipe.script_load(_FLUSH_LUA)
-            kind, found, has_scopes, _ = pipe.execute(raise_on_error=False)
+            pipe.info("memory")
+            kind, found, has_scopes, _, memory = pipe.execute(raise_on_error=False)
             self.roundtrips += 1
             if isinstance(kind, Exception):
                 raise kind
+            # State keys never expire: only an allkeys-* policy evicts them,
+            # silently (an items hash gone, its pages' validators kept).
+            policy = "" if isinstance(memory, Exception) else str(memory.get("maxmemory_policy", ""))
+            if policy.startswith("allkeys"):
+                raise self._fail(
+                    f"Redis evicts keys when full (maxmemory-policy {policy}): stored "
+                    "state would vanish silently; use a Redis with maxmemory-policy "
+                    "noeviction (or volatile-*)"
+                )
             if kind == b"none":
                 if has_scopes:
                     raise self._fail(
