@@ -123,6 +123,8 @@ class CuttableProxy:
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._cut = threading.Event()
+        #: While set, Redis's replies are swallowed (a reply lost on the way).
+        self.mute_replies = threading.Event()
         self._spawn(self._accept)
 
     def _spawn(self, target: Any, *args: Any) -> None:
@@ -147,17 +149,19 @@ class CuttableProxy:
             with self._lock:
                 self._sockets += [client, upstream]
             self._spawn(self._pump, client, upstream)
-            self._spawn(self._pump, upstream, client)
+            self._spawn(self._pump, upstream, client, self.mute_replies)
 
     @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _pump(src: socket.socket, dst: socket.socket,
+              mute: threading.Event | None = None) -> None:
         # Bounded by the connection's life (EOF or reset), and a hard cap.
         with contextlib.suppress(OSError):
             for _ in range(10_000_000):
                 data = src.recv(65_536)
                 if not data:
                     break
-                dst.sendall(data)
+                if mute is None or not mute.is_set():
+                    dst.sendall(data)
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
 

@@ -269,8 +269,9 @@ async def test_flush_is_one_transaction_and_batched_reads_one_round_trip(
         assert await call(store.flush()) == 5_002
         assert store.roundtrips == trips + 1
         after = own_redis.command_calls()
-        assert after["multi"] - before.get("multi", 0) == 1
-        assert after["exec"] - before.get("exec", 0) == 1
+        # One atomic script run, the script loaded when the store opened.
+        assert after["evalsha"] - before.get("evalsha", 0) == 1
+        assert after.get("eval", 0) == 0
 
         found = await call(store.get_pages([*keys, PageKey(SCOPE, "https://nowhere/")]))
         assert found == {key: (await call(store.get_page(key))) for key in keys}
@@ -435,3 +436,91 @@ async def test_crawl_that_loses_redis_stops_loudly_and_records_nothing_unstored(
     finally:
         await call(direct.close())
     assert prefix_keys(redis_prefix)  # (deleted by the fixture afterwards)
+
+
+# -- flushes that fail half-way or whose reply is lost --------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_flush_whose_reply_was_lost_is_not_applied_twice(redis_prefix: str) -> None:
+    """A transaction that ran but whose reply never came (a timeout, a cut
+    after EXEC was sent) must not run again on the next flush: item versions
+    and checks would be counted twice."""
+    proxy = CuttableProxy()
+    db = REDIS_URI.rsplit("/", 1)[1]
+    uri = f"redis://127.0.0.1:{proxy.port}/{db}?prefix={redis_prefix}&socket_timeout=1"
+    store = open_store(Settings({"INCREMENTAL_STATE_URI": uri}))
+    direct = open_at(redis_prefix)
+    key = PageKey(SCOPE, URL)
+    try:
+        store.stage_page(full_state(key, 1))
+        await call(store.flush())
+        store.stage_item(item("a"))
+        store.stage_check(key, 304, 3_000_000)
+        store.stage_redirect(PageKey(SCOPE, f"{URL}/r"), URL, 301, 3_000_000)
+        proxy.mute_replies.set()
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        proxy.mute_replies.clear()
+        # It ran: the reply was lost, not the transaction.
+        assert direct.item_history(SCOPE, "a") == [(1, "fp-a-1")]
+        store.stage_item(item("b"))
+        assert await call(store.flush()) == 4
+        assert direct.item_history(SCOPE, "a") == [(1, "fp-a-1")]
+        assert direct.item_history(SCOPE, "b") == [(1, "fp-b-1")]
+        assert (await call(direct.get_page(key))).checks == 2
+        assert (await call(direct.get_page(PageKey(SCOPE, f"{URL}/r")))).checks == 1
+        assert store.pending == 0
+    finally:
+        await call(store.close())
+        await call(direct.close())
+        proxy.cut()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_write_failing_inside_the_transaction_commits_nothing_after_it(
+    redis_prefix: str, shared: redis.Redis
+) -> None:
+    """EXEC goes on after a command fails at run time; a page's validators
+    staged after its item must not be committed when the item's write failed
+    (invariant 1), and a later flush must not apply the rest twice."""
+    store = open_at(redis_prefix)
+    try:
+        # A damaged key: the item's upsert fails when it runs.
+        shared.set(f"{redis_prefix}:itemver:{SCOPE}", "not a hash")
+        store.stage_item(item("a"))
+        store.stage_page(full_state(PageKey(SCOPE, URL), 1))
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        reader = open_at(redis_prefix)
+        try:
+            assert await call(reader.get_page(PageKey(SCOPE, URL))) is None
+            assert await call(reader.get_item_fingerprint(SCOPE, "a")) is None
+        finally:
+            await call(reader.close())
+        assert store.pending == 2
+        shared.delete(f"{redis_prefix}:itemver:{SCOPE}")
+        assert await call(store.flush()) == 2
+        assert store.item_history(SCOPE, "a") == [(1, "fp-a-1")]
+        assert await call(store.get_page(PageKey(SCOPE, URL))) == full_state(PageKey(SCOPE, URL), 1)
+    finally:
+        shared.delete(f"{redis_prefix}:itemver:{SCOPE}")
+        await call(store.close())
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "allkeys-lfu", "allkeys-random"])
+def test_a_redis_that_evicts_any_key_is_refused(own_redis: OwnRedis, policy: str) -> None:
+    """A Redis run as a cache drops keys when full: items or whole pages
+    hashes would vanish silently (validators left without their data)."""
+    with own_redis.client() as client:
+        client.config_set("maxmemory-policy", policy)
+    with pytest.raises(StateStoreError, match=policy):
+        RedisStateStore(own_redis.uri, prefix="ev")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_redis_that_evicts_only_expiring_keys_is_accepted(own_redis: OwnRedis) -> None:
+    with own_redis.client() as client:
+        client.config_set("maxmemory-policy", "volatile-lru")
+    store = RedisStateStore(own_redis.uri, prefix="ev")
+    await call(store.close())

@@ -14,6 +14,7 @@ the prefix; ``<s>`` is the scope, percent-quoted so it never holds a ``:``:
 ``P:itemver:<s>``               hash: item key → latest version number
 ``P:order:<s>``                 sorted set: item keys by first_seen (exports)
 ``P:hist:<s>:<item key>``       hash: version → fingerprint, time and data (JSON)
+``P:flush:<token>``             how many writes of a flush were applied (expires)
 ==============================  ==========================================
 
 A page field is the URL, plus ``\\0`` and the variant when there is one.
@@ -26,11 +27,14 @@ SQLite store does.
 Reads are one round-trip each (``get_pages``: one pipelined round-trip per
 10,000 keys) on a ``redis.asyncio`` client, so the reactor never waits on
 the network. Writes are staged in memory; :meth:`RedisStateStore.flush`
-sends them all in one ``MULTI``/``EXEC`` transaction, in staging order, so
-each flush is atomic for every reader and worker (invariant 1). Checks,
-redirects and item versions are read-modify-write upserts: they run as a
-Lua script inside the transaction, loaded by the same transaction so that
-it cannot be missing when it runs.
+sends them all as one run of a Lua script, in staging order: atomic for
+every reader and worker like a ``MULTI``/``EXEC``, but it stops at the first
+write that fails (``EXEC`` would go on with the ones after it), so a page's
+validators are never applied without the items staged before them
+(invariant 1). Redis keeps how many writes of a batch it applied under the
+batch's token: a batch whose reply was lost is not applied twice when it is
+sent again. Checks, redirects and item versions are read-modify-write
+upserts inside that script.
 
 Opening the store (once, before a crawl) and the synchronous reports
 (``iter_items``, ``item_history``, ``count_pages``) use a blocking client.
@@ -42,6 +46,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import uuid
 from dataclasses import MISSING, fields
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
@@ -86,50 +91,110 @@ _DEFAULT_TIMEOUTS = {"socket_connect_timeout": 5.0, "socket_timeout": 30.0}
 #: integers in a page record would not survive the check/redirect upsert.
 _LUA_INT_LIMIT = 10**14
 
-# The read-modify-write upserts, run inside the flush transaction. They
-# mirror the SQLite store's UPSERTs: a check or a redirect touches counters,
-# status and (check) lastmod and schedule, never validators or fingerprints
-# (invariant 2); an item gets the next version number of its key.
-_UPSERT_LUA = """
-local op = ARGV[1]
-if op == 'item' then
-  -- KEYS: items, itemver, order, hist. ARGV: op, item key, record, when[, history entry]
-  local version = redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
-  redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
-  redis.call('ZADD', KEYS[3], 'NX', ARGV[4], ARGV[2])
-  if ARGV[5] then
-    redis.call('HSET', KEYS[4], version, ARGV[5])
-  end
-  return version
+#: How long Redis remembers how much of a batch it applied (see _FLUSH_LUA).
+_TOKEN_TTL = 86_400
+
+# One flush is one run of this script: atomic for every other client, like a
+# MULTI/EXEC, but it stops at the first write that fails (a damaged key, a
+# record it cannot read) where EXEC would go on with the writes after it: a
+# page's validators, staged after its items, are never applied when one of
+# its items was not (invariant 1). How many writes it applied is kept under
+# the batch's token, so a batch whose reply was lost (a timeout, a cut after
+# it was sent) is not applied twice when it is sent again.
+#
+# The upserts mirror the SQLite store's: a check or a redirect touches
+# counters, status and (check) lastmod and schedule, never validators or
+# fingerprints (invariant 2); an item gets the next version number of its key.
+#
+# KEYS: token, scopes set, tokens to forget. ARGV: number of scopes, the
+# scopes, then the writes, each its name followed by ARITY[name] arguments.
+_FLUSH_LUA = """
+local ARITY = {host = 3, page = 5, check = 8, redirect = 7, item = 8}
+local OPS = {}
+function OPS.host(a, i)
+  redis.call('HSET', a[i], a[i + 1], a[i + 2])
 end
--- KEYS: pages, due. ARGV: op, field, status, when, then
--- check: lastmod, interval, next_visit ('' keeps the stored value); redirect: target
-local raw = redis.call('HGET', KEYS[1], ARGV[2])
-local page
-if raw then
-  page = cjson.decode(raw)
-  page.checks = (page.checks or 0) + 1
-else
-  page = {first_seen = tonumber(ARGV[4]), checks = 1}
-end
-page.last_status = tonumber(ARGV[3])
-page.last_checked = tonumber(ARGV[4])
-if op == 'redirect' then
-  page.flags = bit.bor(page.flags or 0, tonumber(ARGV[6]))
-  page.redirect_to = ARGV[5]
-else
-  if ARGV[5] ~= '' then page.lastmod = tonumber(ARGV[5]) end
-  if ARGV[6] ~= '' then
-    page.interval = tonumber(ARGV[6])
-    page.next_visit = tonumber(ARGV[7])
-    if page.fingerprint and page.callback then
-      redis.call('ZADD', KEYS[2], page.next_visit, ARGV[2])
-    end
+function OPS.page(a, i)
+  -- pages, due, field, record, next_visit ('' : not in the due index)
+  redis.call('HSET', a[i], a[i + 2], a[i + 3])
+  if a[i + 4] ~= '' then
+    redis.call('ZADD', a[i + 1], a[i + 4], a[i + 2])
+  else
+    redis.call('ZREM', a[i + 1], a[i + 2])
   end
 end
-redis.call('HSET', KEYS[1], ARGV[2], cjson.encode(page))
-return page.checks
-"""
+local function visit(a, i)
+  -- pages, due, field, status, when; then for a check lastmod, interval,
+  -- next_visit ('' keeps the stored value), for a redirect target, flag
+  local raw = redis.call('HGET', a[i], a[i + 2])
+  local page
+  if raw then
+    page = cjson.decode(raw)
+    page.checks = (page.checks or 0) + 1
+  else
+    page = {first_seen = tonumber(a[i + 4]), checks = 1}
+  end
+  page.last_status = tonumber(a[i + 3])
+  page.last_checked = tonumber(a[i + 4])
+  return page
+end
+function OPS.check(a, i)
+  local page = visit(a, i)
+  if a[i + 5] ~= '' then page.lastmod = tonumber(a[i + 5]) end
+  local index = false
+  if a[i + 6] ~= '' then
+    page.interval = tonumber(a[i + 6])
+    page.next_visit = tonumber(a[i + 7])
+    index = page.fingerprint and page.callback
+  end
+  redis.call('HSET', a[i], a[i + 2], cjson.encode(page))
+  if index then
+    redis.call('ZADD', a[i + 1], page.next_visit, a[i + 2])
+  end
+end
+function OPS.redirect(a, i)
+  local page = visit(a, i)
+  page.flags = bit.bor(page.flags or 0, tonumber(a[i + 6]))
+  page.redirect_to = a[i + 5]
+  redis.call('HSET', a[i], a[i + 2], cjson.encode(page))
+end
+function OPS.item(a, i)
+  -- items, itemver, order, hist, item key, record, when, history entry ('': none)
+  local version = redis.call('HINCRBY', a[i + 1], a[i + 4], 1)
+  redis.call('HSET', a[i], a[i + 4], a[i + 5])
+  redis.call('ZADD', a[i + 2], 'NX', a[i + 6], a[i + 4])
+  if a[i + 7] ~= '' then
+    redis.call('HSET', a[i + 3], version, a[i + 7])
+  end
+end
+
+for k = 3, #KEYS do redis.call('DEL', KEYS[k]) end
+local done = redis.call('GET', KEYS[1])
+if done then
+  return {tonumber(done), 1}
+end
+local scopes = tonumber(ARGV[1])
+if scopes > 0 then
+  redis.call('SADD', KEYS[2], unpack(ARGV, 2, 1 + scopes))
+end
+local applied, i, failed = 0, 2 + scopes, nil
+while i <= #ARGV do
+  local name = ARGV[i]
+  local ok, err = pcall(OPS[name], ARGV, i + 1)
+  if not ok then
+    if type(err) == 'table' then err = err.err end
+    failed = tostring(err)
+    break
+  end
+  applied = applied + 1
+  i = i + 1 + ARITY[name]
+end
+redis.call('SET', KEYS[1], applied, 'EX', TOKEN_TTL)
+if failed then
+  return {applied, 0, failed}
+end
+return {applied, 0}
+""".replace("TOKEN_TTL", str(_TOKEN_TTL))
 
 
 def parse_redis_uri(uri: str) -> tuple[str, str]:
@@ -227,12 +292,16 @@ class RedisStateStore(StateStore):
         self.location = redacted(uri) + query
         #: Network round-trips to Redis so far (one per command or pipeline).
         self.roundtrips = 0
-        # Staged writes as command argument tuples, in staging order, and
-        # the scopes they touch (registered in P:scopes by the same flush).
+        # Staged writes (one per stage_* call: a name and its arguments for
+        # _FLUSH_LUA), in staging order, and the scopes they touch
+        # (registered in P:scopes by the same flush).
         self._ops: list[tuple[Any, ...]] = []
         self._scopes: set[str] = set()
-        self._needs_script = False
-        self._staged = 0
+        # (token, number of writes) of the batch at the front of _ops whose
+        # outcome is unknown (its reply was lost): Redis knows how much of it
+        # was applied. Tokens whose outcome is known are forgotten next time.
+        self._unsure: tuple[str, int] | None = None
+        self._spent_tokens: list[str] = []
         # Latest staged page states and item fingerprints, for reads; the
         # `_flushing_*` ones belong to a flush in flight, still readable.
         self._pages: dict[PageKey, PageState] = {}
@@ -241,7 +310,7 @@ class RedisStateStore(StateStore):
         self._flushing_fps: dict[tuple[str, str], str] = {}
         self._flushing_count = 0
         self._flush_lock: asyncio.Lock | None = None
-        self._script_sha = hashlib.sha1(_UPSERT_LUA.encode()).hexdigest()
+        self._script_sha = hashlib.sha1(_FLUSH_LUA.encode()).hexdigest()
         self._fields = {cls: fields(cls) for cls in (PageState, HostTrust, ItemRecord)}
         # The fields a stored record may hold (the key ones are in the Redis key).
         self._names = {
@@ -321,10 +390,22 @@ class RedisStateStore(StateStore):
             pipe.type(meta)
             pipe.hgetall(meta)
             pipe.exists(f"{self.prefix}:scopes")
-            kind, found, has_scopes = pipe.execute(raise_on_error=False)
+            # Loaded now, so that the first flush is one round-trip.
+            pipe.script_load(_FLUSH_LUA)
+            pipe.info("memory")
+            kind, found, has_scopes, _, memory = pipe.execute(raise_on_error=False)
             self.roundtrips += 1
             if isinstance(kind, Exception):
                 raise kind
+            # State keys never expire: only an allkeys-* policy evicts them,
+            # silently (an items hash gone, its pages' validators kept).
+            policy = "" if isinstance(memory, Exception) else str(memory.get("maxmemory_policy", ""))
+            if policy.startswith("allkeys"):
+                raise self._fail(
+                    f"Redis evicts keys when full (maxmemory-policy {policy}): stored "
+                    "state would vanish silently; use a Redis with maxmemory-policy "
+                    "noeviction (or volatile-*)"
+                )
             if kind == b"none":
                 if has_scopes:
                     raise self._fail(
@@ -460,27 +541,23 @@ class RedisStateStore(StateStore):
 
     # -- staged writes -------------------------------------------------------
 
-    def _stage(self, scope: str, *ops: tuple[Any, ...]) -> None:
-        self._staged += 1
+    def _stage(self, scope: str, op: tuple[Any, ...]) -> None:
         self._scopes.add(scope)
-        self._ops.extend(ops)
+        self._ops.append(op)
 
     def stage_host(self, trust: HostTrust) -> None:
         value = self._encode(trust, ("scope", "host"))
-        self._stage(trust.scope, ("HSET", self._key("hosts", trust.scope), trust.host, value))
+        self._stage(trust.scope, ("host", self._key("hosts", trust.scope), trust.host, value))
 
     def stage_page(self, state: PageState) -> None:
         key = state.key
-        field = _page_field(key)
         value = self._encode(state, ("key",), lua_safe=True)
-        due = self._key("due", key.scope)
         # get_due's index: only fetched pages that know their callback.
-        index = (
-            ("ZADD", due, int(state.next_visit), field)
-            if state.fingerprint is not None and state.callback is not None
-            else ("ZREM", due, field)
-        )
-        self._stage(key.scope, ("HSET", self._key("pages", key.scope), field, value), index)
+        indexed = state.fingerprint is not None and state.callback is not None
+        self._stage(key.scope, (
+            "page", self._key("pages", key.scope), self._key("due", key.scope),
+            _page_field(key), value, int(state.next_visit) if indexed else "",
+        ))
         self._pages[key] = state
 
     def stage_check(
@@ -488,42 +565,38 @@ class RedisStateStore(StateStore):
         schedule: tuple[float, float] | None = None,
     ) -> None:
         interval, next_visit = ("", "") if schedule is None else (int(schedule[0]), int(schedule[1]))
-        self._needs_script = True
         self._stage(key.scope, (
-            "EVALSHA", self._script_sha, 2, self._key("pages", key.scope),
-            self._key("due", key.scope), "check", _page_field(key), status, int(when),
+            "check", self._key("pages", key.scope), self._key("due", key.scope),
+            _page_field(key), status, int(when),
             "" if lastmod is None else int(lastmod), interval, next_visit,
         ))
 
     def stage_redirect(self, key: PageKey, target: str, status: int, when: float) -> None:
-        self._needs_script = True
         self._stage(key.scope, (
-            "EVALSHA", self._script_sha, 2, self._key("pages", key.scope),
-            self._key("due", key.scope), "redirect", _page_field(key), status, int(when),
-            target, PageFlags.REDIRECTED,
+            "redirect", self._key("pages", key.scope), self._key("due", key.scope),
+            _page_field(key), status, int(when), target, PageFlags.REDIRECTED,
         ))
 
     def stage_item(self, record: ItemRecord) -> None:
         # The URL usually is the key: not stored twice (it reads back as the key).
         skip = ("scope", "key", "data", "url") if record.url == record.key else ("scope", "key", "data")
         scope, key = record.scope, record.key
-        args: list[Any] = [
-            "EVALSHA", self._script_sha, 4, self._key("items", scope), self._key("itemver", scope),
-            self._key("order", scope), self._hist_key(scope, key),
-            "item", key, self._encode(record, skip), int(record.stored_at),
-        ]
+        entry = ""
         if record.data is not None:
             # The item's JSON is embedded as it is, not escaped into a string.
-            entry = json.dumps({"fingerprint": record.fingerprint, "stored_at": int(record.stored_at)},
-                               separators=(",", ":"))
-            args.append(f'{entry[:-1]},"data":{record.data}}}')
-        self._needs_script = True
-        self._stage(scope, tuple(args))
+            head = json.dumps({"fingerprint": record.fingerprint, "stored_at": int(record.stored_at)},
+                              separators=(",", ":"))
+            entry = f'{head[:-1]},"data":{record.data}}}'
+        self._stage(scope, (
+            "item", self._key("items", scope), self._key("itemver", scope),
+            self._key("order", scope), self._hist_key(scope, key),
+            key, self._encode(record, skip), int(record.stored_at), entry,
+        ))
         self._item_fps[scope, key] = record.fingerprint
 
     @property
     def pending(self) -> int:
-        return self._staged + self._flushing_count
+        return len(self._ops) + self._flushing_count
 
     async def flush(self) -> int:
         if self._flush_lock is None:
@@ -535,34 +608,78 @@ class RedisStateStore(StateStore):
     async def _flush(self) -> int:
         if not self._ops:
             return 0
-        ops, scopes, needs_script, count = self._ops, self._scopes, self._needs_script, self._staged
+        ops, scopes, unsure = self._ops, self._scopes, self._unsure
         self._flushing_pages, self._flushing_fps = self._pages, self._item_fps
-        self._flushing_count = count
-        self._ops, self._scopes, self._needs_script, self._staged = [], set(), False, 0
+        self._flushing_count = len(ops)
+        self._ops, self._scopes, self._unsure = [], set(), None
         self._pages, self._item_fps = {}, {}
-        pipe = self._async.pipeline(transaction=True)
-        if needs_script:
-            # Loaded by this very transaction: EVALSHA cannot miss it (a
-            # NOSCRIPT error inside EXEC would leave a half-applied batch).
-            pipe.execute_command("SCRIPT", "LOAD", _UPSERT_LUA)
-        pipe.execute_command("SADD", f"{self.prefix}:scopes", *sorted(scopes))
-        for op in ops:
-            pipe.execute_command(*op)
+        done = 0  # writes of `ops` applied so far, from the front
+        sending: tuple[str, int] | None = None
         try:
-            await self._run(pipe)
-        except BaseException:
-            # Nothing is recorded as stored that was not: the batch goes back
-            # in front of whatever was staged meanwhile, for a later flush.
-            self._ops = ops + self._ops
+            if unsure is not None:
+                # Sent before, outcome unknown: Redis says how much of it
+                # it applied (all of it, if only the reply was lost).
+                sending = unsure
+                applied, error = await self._apply(unsure[0], ops[:unsure[1]], scopes)
+                done += applied
+                if error is not None:
+                    raise self._fail(f"a write failed in Redis ({error}); nothing staged after it was sent")
+            if done < len(ops):
+                sending = (uuid.uuid4().hex, len(ops) - done)
+                applied, error = await self._apply(sending[0], ops[done:], scopes)
+                done += applied
+                if error is not None:
+                    raise self._fail(f"a write failed in Redis ({error}); nothing staged after it was sent")
+        except BaseException as exc:
+            # Nothing is recorded as stored that was not: what was not
+            # applied goes back in front of whatever was staged meanwhile,
+            # for a later flush.
+            self._ops = ops[done:] + self._ops
             self._scopes |= scopes
-            self._needs_script = self._needs_script or needs_script
-            self._staged += count
+            if not isinstance(exc, StateStoreError) or exc.__cause__ is not None:
+                # No reply (or not one we understood): the batch may or may
+                # not have run; its token will tell.
+                if sending is not None:
+                    self._unsure = (sending[0], sending[1])
             self._pages = {**self._flushing_pages, **self._pages}
             self._item_fps = {**self._flushing_fps, **self._item_fps}
             raise
         finally:
             self._flushing_pages, self._flushing_fps, self._flushing_count = {}, {}, 0
-        return count
+        return done
+
+    async def _apply(self, token: str, ops: list[tuple[Any, ...]],
+                     scopes: set[str]) -> tuple[int, str | None]:
+        """Run one batch; ``(writes applied, error of the one that failed)``.
+
+        Raises (chained to the Redis error) when the outcome is unknown.
+        """
+        keys = [self._token_key(token), f"{self.prefix}:scopes",
+                *(self._token_key(t) for t in self._spent_tokens)]
+        args: list[Any] = [len(scopes), *sorted(scopes)]
+        for op in ops:
+            args.extend(op)
+        self.roundtrips += 1
+        try:
+            try:
+                reply = await self._async.evalsha(self._script_sha, len(keys), *keys, *args)
+            except redis.exceptions.NoScriptError:
+                # Not run (a restarted Redis forgot it): sent in full once.
+                self.roundtrips += 1
+                reply = await self._async.eval(_FLUSH_LUA, len(keys), *keys, *args)
+        except redis.RedisError as exc:
+            raise self._fail("Redis command failed", exc) from exc
+        self._spent_tokens = [token]
+        applied = int(reply[0])
+        error = reply[2].decode(errors="replace") if len(reply) > 2 else None
+        if int(reply[1]) and applied < len(ops):
+            # A replay of a batch that stopped at a failed write: the rest
+            # is tried again by the caller.
+            error = None
+        return applied, error
+
+    def _token_key(self, token: str) -> str:
+        return f"{self.prefix}:flush:{token}"
 
     async def close(self) -> None:
         try:
