@@ -6,7 +6,7 @@ client *address* to R requests/s: all workers come from 127.0.0.1, so its
 limiter sees them as one client, as a real site would see one crawler
 running N machines behind one NAT. What counts is what the server saw.
 
-Redis db 10 only, a unique key prefix per test, its keys deleted afterwards.
+Redis db 10 only (INCREMENTAL_TEST_BUDGET_REDIS_URI), a unique key prefix per test, its keys deleted afterwards.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from incremental_crawler.throttle import WindowPolicy
 from tests.spiders import ListSpider
 
 PROJECT = Path(__file__).resolve().parents[1]
-REDIS_URL = "redis://127.0.0.1:6379/10"
+REDIS_URL = os.environ.get("INCREMENTAL_TEST_BUDGET_REDIS_URI", "redis://127.0.0.1:6379/10")
 
 
 @pytest.fixture
