@@ -181,3 +181,21 @@ async def test_a_retry_after_date_is_read_against_the_servers_clock(site, crawl)
                 urls=[site.url("/a")])
     tries = [r.started for r in site.log if r.path == "/a"]
     assert len(tries) == 2 and tries[1] - tries[0] >= 1.9
+
+
+@pytest_twisted.ensureDeferred
+async def test_closing_while_frozen_drops_the_queued_requests(site, crawl):
+    # The same without the shared budget: the requests wait in the frozen
+    # Scrapy slot's queue.
+    paths = add_pages(site, 10)
+    site.override("/p/0000", status=429, headers={"Retry-After": "20"})
+    started = time.monotonic()
+    crawler = await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 2,
+                                                "CLOSESPIDER_TIMEOUT": 2},
+                          urls=[site.url(p) for p in paths])
+    took = time.monotonic() - started
+    assert crawler.stats.get_value("finish_reason") == "closespider_timeout"
+    assert [(r.path, r.status) for r in site.log if r.path.startswith("/p/")] == [
+        ("/p/0000", 429)]
+    assert took < 12
+    assert crawler.stats.get_value("incremental/throttle/dropped_at_close", 0) >= 1

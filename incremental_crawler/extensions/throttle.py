@@ -152,6 +152,38 @@ class AdaptiveThrottle(AutoThrottle):
                              "closing the crawl", {"url": self.shared.url, "exc": exc})
                 self.crawler.stats.set_value("incremental/throttle/shared/error", str(exc))
                 raise CloseSpider(SHARED_UNAVAILABLE) from exc
+        self._watch_close()
+
+    def _watch_close(self) -> None:
+        """Call :meth:`_closing` as soon as the engine starts closing the spider.
+
+        The engine waits for every request it handed the downloader before
+        it sends spider_closed: requests held at the gate or in a frozen
+        slot's queue would make it wait out the freeze (up to
+        INCREMENTAL_THROTTLE_RETRY_AFTER_MAX) and then go out after the
+        close was asked. There is no signal for the start of a close: the
+        engine's close_spider_async (every close goes through it) is wrapped.
+        """
+        engine = self.crawler.engine
+        close = engine.close_spider_async
+
+        async def close_spider_async(*, reason: str = "cancelled") -> None:
+            self._closing()
+            await close(reason=reason)
+
+        engine.close_spider_async = close_spider_async  # type: ignore[method-assign]
+
+    def _closing(self) -> None:
+        """The crawl is closing: what waits for a token or a freeze does not go."""
+        dropped = 0
+        if self.shared is not None:
+            dropped += self.shared.stop_waiting()
+        now = time.monotonic()
+        for key, window in self.windows.items():
+            if window.frozen_until > now:
+                dropped += self._drop_queued(key, f"the crawl is closing ({key} is frozen)")
+        if dropped:
+            self.crawler.stats.inc_value("incremental/throttle/dropped_at_close", dropped)
 
     # -- windows ---------------------------------------------------------------
 
@@ -323,13 +355,19 @@ class AdaptiveThrottle(AutoThrottle):
             self.shared.report(key, window.policy, park=wait or self.retry_after_max)
         # Nothing more leaves for it: not what waits in its queue either.
         self.freeze(key, self.retry_after_max, "parked", report=False)
+        self.crawler.stats.inc_value("incremental/throttle/parked_requests",
+                                     self._drop_queued(key, f"{key} is parked"))
+
+    def _drop_queued(self, key: str, why: str) -> int:
+        """Drop the requests waiting in *key*'s Scrapy slot; how many."""
         slot = self.crawler.engine.downloader.slots.get(key)
-        if slot is not None:
-            queued = list(slot.queue)
-            slot.queue.clear()
-            for _request, deferred in queued:
-                deferred.errback(IgnoreRequest(f"{key} is parked"))
-            self.crawler.stats.inc_value("incremental/throttle/parked_requests", len(queued))
+        if slot is None:
+            return 0
+        queued = list(slot.queue)
+        slot.queue.clear()
+        for _request, deferred in queued:
+            deferred.errback(IgnoreRequest(why))
+        return len(queued)
 
     # -- the shared budget -------------------------------------------------------
 
