@@ -53,6 +53,8 @@ logger = logging.getLogger(__name__)
 _SEQ = "_throttle_seq"
 #: The sequence number of the request's token in the shared budget.
 SHARED_SEQ = "_throttle_shared_seq"
+#: The host whose slot the request's download_slot is (unset: the spider's own slot).
+_SLOT_HOST = "_throttle_slot_host"
 #: The slot delay while the shared bucket paces: not 0, because Scrapy only
 #: looks at a slot's clock (which holds a freeze, see _apply) when its delay
 #: is not 0; 1 ms adds no pacing of its own at any rate we allow.
@@ -206,9 +208,23 @@ class AdaptiveThrottle(AutoThrottle):
         return window
 
     def slot_key(self, request: Request) -> str:
-        """The request's slot, host groups applied (also for robots.txt requests)."""
-        if "download_slot" not in request.meta and self.groups:
-            group = self.groups.get(urlparse_cached(request).hostname or "")
+        """The request's slot, host groups applied (also for robots.txt requests).
+
+        A ``download_slot`` Scrapy (or a host group) gave a request of
+        another host is dropped: a redirect copies its source's meta, and the
+        target host would be paced by the source's window and budget (and its
+        robots.txt Crawl-delay applied to the source). One the spider set
+        itself stays.
+        """
+        meta = request.meta
+        host = urlparse_cached(request).hostname or ""
+        if "download_slot" in meta and meta.get(_SLOT_HOST, host) != host:
+            del meta["download_slot"]
+        if "download_slot" in meta:
+            return meta["download_slot"]
+        meta[_SLOT_HOST] = host
+        if self.groups:
+            group = self.groups.get(host)
             if group:
                 return group
         return self.crawler.engine.downloader.get_slot_key(request)
@@ -228,7 +244,7 @@ class AdaptiveThrottle(AutoThrottle):
             slot.lastseen = max(slot.lastseen, window.frozen_until - slot.delay)
 
     def request_reached_downloader(self, request: Request, spider: Spider) -> None:
-        key = request.meta.get("download_slot") or self.slot_key(request)
+        key = self.slot_key(request)
         window = self.window(key, self.crawler.engine.downloader.slots.get(key))
         request.meta[_SEQ] = window.stamp()
         self._apply(key, window)
