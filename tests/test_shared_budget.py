@@ -438,3 +438,24 @@ async def test_a_freeze_reported_as_the_spider_closes_still_reaches_the_others(p
     finally:
         other.client.close()
     assert grant.granted == 0 and grant.frozen_for > 25
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_download_delay_caps_the_first_tokens_of_a_warm_budget(site, crawl, workers,
+                                                                         prefix):
+    # A budget left at 40/s by an earlier crawl (its bucket full): the first
+    # acquire of this crawl, before any request reached Scrapy's slot, must
+    # already be capped by DOWNLOAD_DELAY, not get a batch of 4 at once.
+    warm = workers(WindowPolicy(start_rate=40.0), slot="127.0.0.1")
+    warm.acquire()
+    time.sleep(0.3)
+    paths = [f"/p/{i}" for i in range(4)]
+    for path in paths:
+        site.add_page(path, "strong", size=500)
+    await crawl(ListSpider, settings={
+        **POLITE, "ROBOTSTXT_OBEY": False, "DOWNLOAD_DELAY": 0.5, "DOWNLOAD_DELAY_JITTER": 0,
+        "INCREMENTAL_THROTTLE_SHARED_URL": REDIS_URL,
+        "INCREMENTAL_THROTTLE_SHARED_PREFIX": prefix}, urls=[site.url(p) for p in paths])
+    starts = sorted(r.started for r in site.log)
+    assert len(starts) == 4
+    assert min(b - a for a, b in zip(starts, starts[1:], strict=False)) >= 0.45

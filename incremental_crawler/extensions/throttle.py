@@ -197,6 +197,12 @@ class AdaptiveThrottle(AutoThrottle):
             if override:
                 policy = replace(policy, **override)
             window = self.windows[key] = DomainWindow(policy)
+            # The user's delay of this slot is a floor from its first request
+            # on: the shared budget is asked for tokens before Scrapy's slot
+            # exists (a warm budget would grant a batch at once).
+            settings = self.crawler.settings
+            window.delay_floor = float(settings.getdict("DOWNLOAD_SLOTS").get(key, {}).get(
+                "delay", settings.getfloat("DOWNLOAD_DELAY")))
         if slot is not None and not window.bounded:
             # The slot as Scrapy made it (DOWNLOAD_DELAY, CONCURRENT_REQUESTS_
             # PER_DOMAIN/_PER_IP, DOWNLOAD_SLOTS) bounds the window: the
