@@ -281,8 +281,12 @@ class SharedBudget:
         self.slots: dict[str, _Slot] = {}
         self._sha: str | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._flushes: set[asyncio.Task[Any]] = set()
         self.failed: Exception | None = None
+        #: No more tokens for this worker (the crawl is closing)...
         self.closing = False
+        #: ... and no more reports either (its spider is closed).
+        self.closed = False
 
     def redis_key(self, key: str) -> str:
         return f"{self.prefix}:{key}"
@@ -290,12 +294,27 @@ class SharedBudget:
     async def open(self) -> None:
         await self._load()
 
-    async def close(self) -> None:
+    def stop_waiting(self) -> int:
+        """The crawl is closing: requests waiting for a token (and later ones) do not go.
+
+        How many were waiting. Reports still go out until :meth:`close`.
+        """
         self.closing = True
+        failed = 0
+        for slot in self.slots.values():
+            failed += self._fail_waiters(slot, SharedBudgetClosing("the crawl is closing"))
+            slot.tokens.clear()
+        return failed
+
+    async def close(self) -> None:
+        self.stop_waiting()
+        self.closed = True
+        # The last signals (a 429's freeze) still reach the other workers;
+        # a round trip is milliseconds, a dead server fails it in seconds.
+        if self._flushes:
+            await asyncio.wait(set(self._flushes), timeout=2.0)
         for task in list(self._tasks):
             task.cancel()
-        for slot in self.slots.values():
-            self._fail_waiters(slot, SharedBudgetClosing("the crawl is closing"))
         await self.client.aclose()
 
     # -- the worker's API --------------------------------------------------------
@@ -304,6 +323,8 @@ class SharedBudget:
         """Wait for a token of *key*'s slot; its sequence number."""
         if self.failed is not None:
             raise self.failed
+        if self.closing:
+            raise SharedBudgetClosing("the crawl is closing")
         slot = self._slot(key, policy, cap)
         waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         slot.waiters.append(waiter)
@@ -333,9 +354,11 @@ class SharedBudget:
         pending.park = max(pending.park, park)
         if freeze or park:
             self.freeze_locally(key, max(freeze, park))
-        if not slot.flush_scheduled and not self.closing:
+        if not slot.flush_scheduled and not self.closed:
             slot.flush_scheduled = True
-            self._spawn(self._flush(key, slot))
+            task = self._spawn(self._flush(key, slot))
+            self._flushes.add(task)
+            task.add_done_callback(self._flushes.discard)
 
     def freeze_locally(self, key: str, seconds: float) -> None:
         """Nothing of *key* leaves this worker for *seconds*: tokens held are dropped."""
@@ -358,11 +381,12 @@ class SharedBudget:
             slot.cap = cap
         return slot
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         # The loop keeps weak references to tasks: keep them until done.
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _pump(self, key: str, slot: _Slot) -> None:
         """Hand tokens held to waiting requests; ask Redis when some still wait."""
@@ -457,11 +481,14 @@ class SharedBudget:
         self.stats.inc_value("incremental/throttle/shared/roundtrips")
         self._sha = await self.client.script_load(BUDGET_LUA)
 
-    def _fail_waiters(self, slot: _Slot, exc: Exception) -> None:
+    def _fail_waiters(self, slot: _Slot, exc: Exception) -> int:
         waiters, slot.waiters = slot.waiters, deque()
+        failed = 0
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_exception(exc)
+                failed += 1
+        return failed
 
     def _failed(self, exc: Exception) -> None:
         if self.failed is None:

@@ -6,11 +6,12 @@ client *address* to R requests/s: all workers come from 127.0.0.1, so its
 limiter sees them as one client, as a real site would see one crawler
 running N machines behind one NAT. What counts is what the server saw.
 
-Redis db 10 only, a unique key prefix per test, its keys deleted afterwards.
+Redis db 10 only (INCREMENTAL_TEST_BUDGET_REDIS_URI), a unique key prefix per test, its keys deleted afterwards.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -27,12 +28,12 @@ from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
-from incremental_crawler.shared_budget import BUDGET_LUA, Grant, script_args
+from incremental_crawler.shared_budget import BUDGET_LUA, Grant, SharedBudget, script_args
 from incremental_crawler.throttle import WindowPolicy
 from tests.spiders import ListSpider
 
 PROJECT = Path(__file__).resolve().parents[1]
-REDIS_URL = "redis://127.0.0.1:6379/10"
+REDIS_URL = os.environ.get("INCREMENTAL_TEST_BUDGET_REDIS_URI", "redis://127.0.0.1:6379/10")
 
 
 @pytest.fixture
@@ -388,3 +389,73 @@ async def test_losing_redis_mid_crawl_stops_the_crawl_and_its_requests(
     # Nothing left without a token: only requests that held one when Redis
     # died (a batch lives 0.1 s) reached the site after it.
     assert [r.path for r in site.log if r.started > killed_at + 0.5] == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_closing_while_frozen_drops_the_requests_waiting_for_a_token(site, crawl, prefix):
+    # A 429 froze the slot for 20 s, the other requests wait at the gate;
+    # the crawl is closed 2 s in: close must not wait out the freeze and
+    # then send them (after the close was asked).
+    paths = [f"/p/{i:03d}" for i in range(10)]
+    for path in paths:
+        site.add_page(path, "strong", size=500)
+    site.override("/p/000", status=429, headers={"Retry-After": "20"})
+    started = time.monotonic()
+    crawler = await crawl(ListSpider, settings={
+        **POLITE, "INCREMENTAL_THROTTLE_START_RATE": 2, "CLOSESPIDER_TIMEOUT": 2,
+        "INCREMENTAL_THROTTLE_SHARED_URL": REDIS_URL,
+        "INCREMENTAL_THROTTLE_SHARED_PREFIX": prefix}, urls=[site.url(p) for p in paths])
+    took = time.monotonic() - started
+    assert crawler.stats.get_value("finish_reason") == "closespider_timeout"
+    assert [(r.path, r.status) for r in site.log if r.path.startswith("/p/")] == [
+        ("/p/000", 429)]
+    assert took < 12  # not the 20 s freeze (2 s to the close, and start-up)
+    assert crawler.stats.get_value("incremental/throttle/dropped_at_close", 0) >= 1
+
+
+class _Stats(dict):
+    def inc_value(self, key, count=1):
+        self[key] = self.get(key, 0) + count
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_freeze_reported_as_the_spider_closes_still_reaches_the_others(prefix):
+    # The last answer of a closing crawl was a 429: its freeze must not be
+    # lost with the worker (the others would go on hitting the site).
+    async def run() -> None:
+        budget = SharedBudget(REDIS_URL, prefix, stats=_Stats(), on_reply=lambda k, g: None,
+                              on_failure=lambda exc: None)
+        await budget.open()
+        policy = WindowPolicy()
+        await budget.acquire("example.com", policy, 0.0)
+        budget.report("example.com", policy, hard_seq=1, freeze=30.0)
+        await budget.close()
+
+    await defer.Deferred.fromFuture(asyncio.ensure_future(run()))
+    other = Worker(f"{prefix}:example.com", WindowPolicy())
+    try:
+        grant = other.acquire()
+    finally:
+        other.client.close()
+    assert grant.granted == 0 and grant.frozen_for > 25
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_download_delay_caps_the_first_tokens_of_a_warm_budget(site, crawl, workers,
+                                                                         prefix):
+    # A budget left at 40/s by an earlier crawl (its bucket full): the first
+    # acquire of this crawl, before any request reached Scrapy's slot, must
+    # already be capped by DOWNLOAD_DELAY, not get a batch of 4 at once.
+    warm = workers(WindowPolicy(start_rate=40.0), slot="127.0.0.1")
+    warm.acquire()
+    time.sleep(0.3)
+    paths = [f"/p/{i}" for i in range(4)]
+    for path in paths:
+        site.add_page(path, "strong", size=500)
+    await crawl(ListSpider, settings={
+        **POLITE, "ROBOTSTXT_OBEY": False, "DOWNLOAD_DELAY": 0.5, "DOWNLOAD_DELAY_JITTER": 0,
+        "INCREMENTAL_THROTTLE_SHARED_URL": REDIS_URL,
+        "INCREMENTAL_THROTTLE_SHARED_PREFIX": prefix}, urls=[site.url(p) for p in paths])
+    starts = sorted(r.started for r in site.log)
+    assert len(starts) == 4
+    assert min(b - a for a, b in zip(starts, starts[1:], strict=False)) >= 0.45

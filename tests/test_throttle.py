@@ -11,6 +11,7 @@ import pytest_twisted
 from incremental_crawler.downloadermiddlewares.retryafter import parse_retry_after
 from incremental_crawler.loopback_site import LoopbackSite
 from tests.spiders import ListSpider
+from tests.test_shared_budget import REDIS_URL, prefix  # noqa: F401 (a fixture)
 
 POLITE = {"INCREMENTAL_THROTTLE_ENABLED": True, "CONCURRENT_REQUESTS": 16,
           "CONCURRENT_REQUESTS_PER_DOMAIN": 16, "INCREMENTAL_THROTTLE_MAX_RATE": 100}
@@ -181,3 +182,55 @@ async def test_a_retry_after_date_is_read_against_the_servers_clock(site, crawl)
                 urls=[site.url("/a")])
     tries = [r.started for r in site.log if r.path == "/a"]
     assert len(tries) == 2 and tries[1] - tries[0] >= 1.9
+
+
+@pytest_twisted.ensureDeferred
+async def test_closing_while_frozen_drops_the_queued_requests(site, crawl):
+    # The same without the shared budget: the requests wait in the frozen
+    # Scrapy slot's queue.
+    paths = add_pages(site, 10)
+    site.override("/p/0000", status=429, headers={"Retry-After": "20"})
+    started = time.monotonic()
+    crawler = await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 2,
+                                                "CLOSESPIDER_TIMEOUT": 2},
+                          urls=[site.url(p) for p in paths])
+    took = time.monotonic() - started
+    assert crawler.stats.get_value("finish_reason") == "closespider_timeout"
+    assert [(r.path, r.status) for r in site.log if r.path.startswith("/p/")] == [
+        ("/p/0000", 429)]
+    assert took < 12
+    assert crawler.stats.get_value("incremental/throttle/dropped_at_close", 0) >= 1
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest_twisted.ensureDeferred
+async def test_a_redirect_to_another_host_is_paced_by_that_hosts_budget(site, crawl, shared,
+                                                                         request):
+    # Scrapy copies the source's download_slot into a redirect: the pages
+    # of "localhost" reached through redirects went in 127.0.0.1's slot (and
+    # shared budget), beside its own pages in its own, twice its
+    # Crawl-delay; and its Crawl-delay was applied to 127.0.0.1.
+    other = LoopbackSite(host="127.0.0.1")
+    other.start()
+    try:
+        other.robots_txt = "User-agent: *\nCrawl-delay: 0.4\nAllow: /\n"
+        urls = []
+        for i in range(4):
+            other.add_page(f"/p/{i}", "strong", size=500)
+            other.add_page(f"/q/{i}", "strong", size=500)
+            site.add_page(f"/r/{i}", "strong", size=500)
+            site.add_redirect(f"/r/{i}", other.url(f"/p/{i}").replace("127.0.0.1", "localhost"))
+            urls += [site.url(f"/r/{i}"), other.url(f"/q/{i}").replace("127.0.0.1", "localhost")]
+        settings = {**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 40}
+        if shared:
+            settings |= {"INCREMENTAL_THROTTLE_SHARED_URL": REDIS_URL,
+                         "INCREMENTAL_THROTTLE_SHARED_PREFIX": request.getfixturevalue("prefix")}
+        crawler = await crawl(ListSpider, settings=settings, urls=urls)
+    finally:
+        await other.stop()
+    starts = sorted(r.started for r in other.log if r.path.startswith(("/p/", "/q/")))
+    assert len(starts) == 8
+    assert min(b - a for a, b in zip(starts, starts[1:], strict=False)) >= 0.38
+    windows = crawler.incremental_throttle.windows
+    assert windows["localhost"].delay_floor == 0.4
+    assert windows["127.0.0.1"].delay_floor == 0

@@ -104,7 +104,7 @@ class RetryAfterMiddleware:
         throttle = self.throttle
         if response.status not in (429, 503) or throttle is None:
             return response
-        key = request.meta.get("download_slot") or throttle.slot_key(request)
+        key = throttle.slot_key(request)
         if throttle.window(key).parked:
             return response
         tries = request.meta.get(_TRIES, 0)

@@ -63,7 +63,7 @@ class SharedBudgetMiddleware:
 
     async def process_request(self, request: Request) -> None:
         throttle = self.throttle
-        key = request.meta.get("download_slot") or throttle.slot_key(request)
+        key = throttle.slot_key(request)
         window = throttle.window(key)
         # robots.txt's Crawl-delay (and DOWNLOAD_DELAY) cap the shared rate:
         # the workers together keep it, as one client would.

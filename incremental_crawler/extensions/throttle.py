@@ -53,6 +53,8 @@ logger = logging.getLogger(__name__)
 _SEQ = "_throttle_seq"
 #: The sequence number of the request's token in the shared budget.
 SHARED_SEQ = "_throttle_shared_seq"
+#: The host whose slot the request's download_slot is (unset: the spider's own slot).
+_SLOT_HOST = "_throttle_slot_host"
 #: The slot delay while the shared bucket paces: not 0, because Scrapy only
 #: looks at a slot's clock (which holds a freeze, see _apply) when its delay
 #: is not 0; 1 ms adds no pacing of its own at any rate we allow.
@@ -152,6 +154,38 @@ class AdaptiveThrottle(AutoThrottle):
                              "closing the crawl", {"url": self.shared.url, "exc": exc})
                 self.crawler.stats.set_value("incremental/throttle/shared/error", str(exc))
                 raise CloseSpider(SHARED_UNAVAILABLE) from exc
+        self._watch_close()
+
+    def _watch_close(self) -> None:
+        """Call :meth:`_closing` as soon as the engine starts closing the spider.
+
+        The engine waits for every request it handed the downloader before
+        it sends spider_closed: requests held at the gate or in a frozen
+        slot's queue would make it wait out the freeze (up to
+        INCREMENTAL_THROTTLE_RETRY_AFTER_MAX) and then go out after the
+        close was asked. There is no signal for the start of a close: the
+        engine's close_spider_async (every close goes through it) is wrapped.
+        """
+        engine = self.crawler.engine
+        close = engine.close_spider_async
+
+        async def close_spider_async(*, reason: str = "cancelled") -> None:
+            self._closing()
+            await close(reason=reason)
+
+        engine.close_spider_async = close_spider_async  # type: ignore[method-assign]
+
+    def _closing(self) -> None:
+        """The crawl is closing: what waits for a token or a freeze does not go."""
+        dropped = 0
+        if self.shared is not None:
+            dropped += self.shared.stop_waiting()
+        now = time.monotonic()
+        for key, window in self.windows.items():
+            if window.frozen_until > now:
+                dropped += self._drop_queued(key, f"the crawl is closing ({key} is frozen)")
+        if dropped:
+            self.crawler.stats.inc_value("incremental/throttle/dropped_at_close", dropped)
 
     # -- windows ---------------------------------------------------------------
 
@@ -163,6 +197,12 @@ class AdaptiveThrottle(AutoThrottle):
             if override:
                 policy = replace(policy, **override)
             window = self.windows[key] = DomainWindow(policy)
+            # The user's delay of this slot is a floor from its first request
+            # on: the shared budget is asked for tokens before Scrapy's slot
+            # exists (a warm budget would grant a batch at once).
+            settings = self.crawler.settings
+            window.delay_floor = float(settings.getdict("DOWNLOAD_SLOTS").get(key, {}).get(
+                "delay", settings.getfloat("DOWNLOAD_DELAY")))
         if slot is not None and not window.bounded:
             # The slot as Scrapy made it (DOWNLOAD_DELAY, CONCURRENT_REQUESTS_
             # PER_DOMAIN/_PER_IP, DOWNLOAD_SLOTS) bounds the window: the
@@ -174,9 +214,23 @@ class AdaptiveThrottle(AutoThrottle):
         return window
 
     def slot_key(self, request: Request) -> str:
-        """The request's slot, host groups applied (also for robots.txt requests)."""
-        if "download_slot" not in request.meta and self.groups:
-            group = self.groups.get(urlparse_cached(request).hostname or "")
+        """The request's slot, host groups applied (also for robots.txt requests).
+
+        A ``download_slot`` Scrapy (or a host group) gave a request of
+        another host is dropped: a redirect copies its source's meta, and the
+        target host would be paced by the source's window and budget (and its
+        robots.txt Crawl-delay applied to the source). One the spider set
+        itself stays.
+        """
+        meta = request.meta
+        host = urlparse_cached(request).hostname or ""
+        if "download_slot" in meta and meta.get(_SLOT_HOST, host) != host:
+            del meta["download_slot"]
+        if "download_slot" in meta:
+            return meta["download_slot"]
+        meta[_SLOT_HOST] = host
+        if self.groups:
+            group = self.groups.get(host)
             if group:
                 return group
         return self.crawler.engine.downloader.get_slot_key(request)
@@ -196,7 +250,7 @@ class AdaptiveThrottle(AutoThrottle):
             slot.lastseen = max(slot.lastseen, window.frozen_until - slot.delay)
 
     def request_reached_downloader(self, request: Request, spider: Spider) -> None:
-        key = request.meta.get("download_slot") or self.slot_key(request)
+        key = self.slot_key(request)
         window = self.window(key, self.crawler.engine.downloader.slots.get(key))
         request.meta[_SEQ] = window.stamp()
         self._apply(key, window)
@@ -323,13 +377,19 @@ class AdaptiveThrottle(AutoThrottle):
             self.shared.report(key, window.policy, park=wait or self.retry_after_max)
         # Nothing more leaves for it: not what waits in its queue either.
         self.freeze(key, self.retry_after_max, "parked", report=False)
+        self.crawler.stats.inc_value("incremental/throttle/parked_requests",
+                                     self._drop_queued(key, f"{key} is parked"))
+
+    def _drop_queued(self, key: str, why: str) -> int:
+        """Drop the requests waiting in *key*'s Scrapy slot; how many."""
         slot = self.crawler.engine.downloader.slots.get(key)
-        if slot is not None:
-            queued = list(slot.queue)
-            slot.queue.clear()
-            for _request, deferred in queued:
-                deferred.errback(IgnoreRequest(f"{key} is parked"))
-            self.crawler.stats.inc_value("incremental/throttle/parked_requests", len(queued))
+        if slot is None:
+            return 0
+        queued = list(slot.queue)
+        slot.queue.clear()
+        for _request, deferred in queued:
+            deferred.errback(IgnoreRequest(why))
+        return len(queued)
 
     # -- the shared budget -------------------------------------------------------
 
