@@ -14,7 +14,7 @@ from scrapy.utils.defer import deferred_from_coro
 
 from incremental_crawler.loopback_site import LoopbackSite
 from incremental_crawler.stores import open_store
-from tests.redis_util import REDIS_URI, delete_prefix, new_prefix
+from tests.redis_util import REDIS_URI, delete_budget_prefix, delete_prefix, new_prefix
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -114,3 +114,11 @@ def redis_prefix():
     prefix = new_prefix()
     yield prefix
     delete_prefix(prefix)
+
+
+@pytest.fixture
+def budget_prefix():
+    """A shared-budget key prefix of the test's own; its keys deleted afterwards."""
+    name = f"incremental:test:{new_prefix()}"
+    yield name
+    delete_budget_prefix(name)

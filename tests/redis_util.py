@@ -179,3 +179,18 @@ class CuttableProxy:
             thread.join(timeout=10)
         for sock in sockets:
             sock.close()
+
+
+#: The shared-budget tests' db (their keys: one prefix per test).
+BUDGET_REDIS_URI = os.environ.get("INCREMENTAL_TEST_BUDGET_REDIS_URI",
+                                  "redis://127.0.0.1:6379/10")
+
+
+def delete_budget_prefix(name: str) -> None:
+    client = redis.Redis.from_url(BUDGET_REDIS_URI)
+    try:
+        keys = list(client.scan_iter(match=f"{escape_glob(name)}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()

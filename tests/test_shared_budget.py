@@ -18,7 +18,6 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -28,26 +27,23 @@ from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
-from incremental_crawler.shared_budget import BUDGET_LUA, Grant, SharedBudget, script_args
+from incremental_crawler.shared_budget import (
+    BUDGET_LUA,
+    Grant,
+    SharedBudget,
+    script_args,
+)
 from incremental_crawler.throttle import WindowPolicy
+from tests.redis_util import BUDGET_REDIS_URI
 from tests.spiders import ListSpider
 
 PROJECT = Path(__file__).resolve().parents[1]
-REDIS_URL = os.environ.get("INCREMENTAL_TEST_BUDGET_REDIS_URI", "redis://127.0.0.1:6379/10")
+REDIS_URL = BUDGET_REDIS_URI
 
 
 @pytest.fixture
-def prefix():
-    """A key prefix of this test's own in db 10; its keys are deleted afterwards."""
-    name = f"incremental:test:{uuid.uuid4().hex}"
-    yield name
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        keys = list(client.scan_iter(match=f"{name}:*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
+def prefix(budget_prefix: str) -> str:
+    return budget_prefix
 
 
 # -- the Lua script against real Redis -----------------------------------------------

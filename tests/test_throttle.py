@@ -10,8 +10,8 @@ import pytest_twisted
 
 from incremental_crawler.downloadermiddlewares.retryafter import parse_retry_after
 from incremental_crawler.loopback_site import LoopbackSite
+from tests.redis_util import BUDGET_REDIS_URI as REDIS_URL
 from tests.spiders import ListSpider
-from tests.test_shared_budget import REDIS_URL, prefix  # noqa: F401 (a fixture)
 
 POLITE = {"INCREMENTAL_THROTTLE_ENABLED": True, "CONCURRENT_REQUESTS": 16,
           "CONCURRENT_REQUESTS_PER_DOMAIN": 16, "INCREMENTAL_THROTTLE_MAX_RATE": 100}
@@ -224,7 +224,7 @@ async def test_a_redirect_to_another_host_is_paced_by_that_hosts_budget(site, cr
         settings = {**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 40}
         if shared:
             settings |= {"INCREMENTAL_THROTTLE_SHARED_URL": REDIS_URL,
-                         "INCREMENTAL_THROTTLE_SHARED_PREFIX": request.getfixturevalue("prefix")}
+                         "INCREMENTAL_THROTTLE_SHARED_PREFIX": request.getfixturevalue("budget_prefix")}
         crawler = await crawl(ListSpider, settings=settings, urls=urls)
     finally:
         await other.stop()
