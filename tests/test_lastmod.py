@@ -308,3 +308,27 @@ async def test_a_304_sitemap_yields_only_the_pages_due_for_a_revisit(site, crawl
     assert sorted((r.path, r.status) for r in site.log if r.path != "/robots.txt") == [
         ("/due", 304), ("/s.xml", 304)]
     assert second.stats.get_value("incremental/reseeded") == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_moving_lastmods_of_noisy_pages_that_did_not_change_are_lies(site, crawl):
+    # Pages without validators and with a per-response timestamp: each
+    # fetch's raw body differs, but their items do not. A sitemap moving
+    # their lastmods without a change lies, and is caught.
+    paths = [f"/n/{i}" for i in range(6)]
+    for path in paths:
+        site.add_page(path, "noisy", size=1500)
+    settings = {"INCREMENTAL_LASTMOD_MIN_SAMPLES": 4}
+
+    def publish(n: int) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 2 + n))
+        site.add_document("/s.xml", urlset([(site.url(p), stamp) for p in paths]),
+                          "application/xml")
+
+    publish(1)
+    await crawl(SitemapPagesSpider, settings=settings, sitemap_url=site.url("/s.xml"))
+    publish(2)
+    lied = await crawl(SitemapPagesSpider, settings=settings, sitemap_url=site.url("/s.xml"))
+    assert lied.collected == []
+    assert lied.stats.get_value("incremental/lastmod/lied") >= 4
+    assert lied.stats.get_value("incremental/lastmod/hosts_distrusted") == 1

@@ -66,3 +66,29 @@ async def test_a_page_not_yet_due_is_not_requested(site, crawl, state_db):
     await crawl(ListSpider, settings=settings, urls=[site.url("/p")])
     [(interval,)] = state_db("SELECT interval FROM pages WHERE url = ?", site.url("/p"))
     assert interval == round(round(3600 * 1.4) * 0.8)
+
+
+@pytest_twisted.ensureDeferred
+async def test_noise_does_not_make_a_page_look_changed_to_its_revisit_schedule(
+    site, crawl, state_db
+):
+    # A per-response timestamp changes the raw body on every visit; the
+    # page's items say the content did not change, and they decide: the
+    # interval grows as for an unchanged page (x1.4), it does not shrink.
+    site.add_page("/noisy", "noisy", size=1500)
+    site.add_page("/real", "noisy", size=1500)
+    settings = {**ALWAYS_DUE, "INCREMENTAL_REVISIT_INITIAL": 1000}
+    urls = [site.url("/noisy"), site.url("/real")]
+    # Not due for 1000 s: fetched anyway (refresh) to see what a visit does.
+    refresh = {"incremental_refresh": True}
+    await crawl(ListSpider, settings=settings, urls=urls, meta=refresh)
+    site.change("/real")
+    second = await crawl(ListSpider, settings=settings, urls=urls, meta=refresh)
+    assert [item["url"] for item in second.collected] == [site.url("/real")]
+    intervals = dict(state_db("SELECT url, interval FROM pages"))
+    assert intervals[site.url("/noisy")] == 1400  # unchanged: 1000 x 1.4
+    assert intervals[site.url("/real")] == 800  # changed: 1000 x 0.8
+    assert second.stats.get_value("incremental/pages_unchanged") == 1
+    assert second.stats.get_value("incremental/pages_changed") == 1
+    [(changes,)] = state_db("SELECT changes FROM pages WHERE url = ?", site.url("/noisy"))
+    assert changes == 0

@@ -408,31 +408,26 @@ class ConditionalRequestMiddleware:
             self.stats.inc_value("incremental/invalid_validator/last_modified")
             logger.debug("Not storing invalid Last-Modified of %(url)s", {"url": response.url})
         # The raw body: normalising a whole page costs milliseconds per page.
-        # Noise on a page shows as "changed" here (stats, the evidence about
-        # validators and lastmods); items are fingerprinted normalised.
+        # A body that changed may be noise only (a timestamp, a token): what
+        # turns on the *content* (the revisit schedule, the change counters,
+        # the evidence about lastmods and validators) waits for the page's
+        # items, once they left the pipelines (PageTransaction.judge); a
+        # page without items is judged on its body.
         fingerprint = body_fingerprint(response.body)
         lastmod = request.meta.get(META_LASTMOD)
         changed = prior is None or prior.fingerprint != fingerprint
-        schedule = self._next_visit(prior, changed=changed, now=now)
-        interval, next_visit = schedule or (0, 0.0)
-        if prior is not None:
-            self._observe_lastmod(request, prior, changed=changed)
-        # A body that changed may be noise only (a timestamp, a token): when
-        # the verdict on the validators turns on it (lying, or unstable
-        # rather than reliable), the page's items decide, once they left
-        # the pipelines (PageTransaction.judge); until then the page keeps
-        # its run of churns.
-        deferred = (
-            changed and prior is not None and prior.has_validators
-            and (etag is not None or last_modified is not None)
-            and not request.meta.get(META_DISCOVERY)
-        )
+        deferred = changed and prior is not None and not request.meta.get(META_DISCOVERY)
         if deferred:
             assert prior is not None
             churns = prior.churns
             unstable = bool(prior.flags & PageFlags.UNSTABLE_VALIDATORS)
+            schedule = None
         else:
             churns, unstable = self._judge(request, prior, etag, last_modified, changed)
+            schedule = self._next_visit(prior, changed=changed, now=now)
+            if prior is not None:
+                self._observe_lastmod(request, prior, changed=changed)
+        interval, next_visit = schedule or (0, 0.0)
         callback = _callback_name(request, self.crawler.spider)
         flags = 0
         # Vary = #( "*" / field-name ), over any number of field lines.
@@ -448,7 +443,8 @@ class ConditionalRequestMiddleware:
                 interval=interval, next_visit=next_visit, callback=callback,
             )
         else:
-            self._count(request, "pages_changed" if changed else "pages_unchanged")
+            if not deferred:
+                self._count(request, "pages_changed" if changed else "pages_unchanged")
             state = prior.copy(
                 etag=etag, last_modified=last_modified, fingerprint=fingerprint,
                 size=len(response.body), last_status=response.status,
@@ -463,8 +459,15 @@ class ConditionalRequestMiddleware:
         txn = self.ledger.begin(request.meta, state,
                                 discovery=bool(request.meta.get(META_DISCOVERY)))
         if deferred:
+            assert prior is not None
 
             def judge(content_changed: bool) -> None:
+                self._count(request, "pages_changed" if content_changed else "pages_unchanged")
+                state.changes = prior.changes + content_changed
+                state.last_changed = now if content_changed else prior.last_changed
+                schedule = self._next_visit(prior, changed=content_changed, now=now)
+                state.interval, state.next_visit = schedule or (0, 0.0)
+                self._observe_lastmod(request, prior, changed=content_changed)
                 churns, unstable = self._judge(request, prior, etag, last_modified,
                                                content_changed)
                 state.churns = churns
