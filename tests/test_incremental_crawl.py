@@ -133,3 +133,15 @@ async def test_report_at_the_end_and_figures_in_the_periodic_line(site, crawl, c
     periodic = [r.getMessage() for r in caplog.records
                 if r.getMessage().startswith("Incremental: ")]
     assert periodic, "the periodic log line carries the incremental figures"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_on_the_defaults_logs_no_disabled_component_warning(site, crawl, caplog):
+    # Components that are off by default (the shared budget without a URL,
+    # cluster mode) stay quiet; a warning on every crawl trains users to
+    # ignore warnings.
+    site.add_page("/p/1", "strong", size=500)
+    with caplog.at_level("WARNING"):
+        await crawl(ListSpider, settings={"INCREMENTAL_THROTTLE_ENABLED": True},
+                    urls=[site.url("/p/1")])
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == []

@@ -44,8 +44,9 @@ class SharedBudgetMiddleware:
     def __init__(self, crawler: Crawler) -> None:
         settings = crawler.settings
         if not settings.get("INCREMENTAL_THROTTLE_SHARED_URL"):
-            raise NotConfigured("INCREMENTAL_THROTTLE_SHARED_URL is not set: "
-                                "each worker keeps its own budget")
+            # The default (each worker keeps its own budget): no message, so
+            # Scrapy does not log a warning on every crawl.
+            raise NotConfigured
         # Extensions are built before the downloader: the throttle, with its
         # client of the shared budget, is there now or was switched off.
         throttle: AdaptiveThrottle | None = getattr(crawler, "incremental_throttle", None)
