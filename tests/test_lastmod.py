@@ -49,6 +49,14 @@ async def test_only_pages_with_a_newer_lastmod_are_requested(site, crawl):
     assert third.collected == []
 
 
+def publish_moving_lastmods(site, paths: list[str], n: int) -> None:
+    """Publication *n* of /s.xml: every lastmod moves, past our last fetch,
+    while no page changes."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 2 + n))
+    site.add_document("/s.xml", urlset([(site.url(p), stamp) for p in paths]),
+                      "application/xml")
+
+
 def urlset(entries: list[tuple[str, str | None]]) -> str:
     rows = []
     for loc, lastmod in entries:
@@ -255,11 +263,7 @@ async def test_a_sitemap_whose_lastmods_lie_stops_being_trusted(site, crawl, sta
     settings = {"INCREMENTAL_LASTMOD_MIN_SAMPLES": 4}
 
     def publish(n: int) -> None:
-        # Every lastmod moves on each publication, past our last fetch; no
-        # page ever changes.
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 2 + n))
-        site.add_document("/s.xml", urlset([(site.url(p), stamp) for p in paths]),
-                          "application/xml")
+        publish_moving_lastmods(site, paths, n)
 
     publish(1)
     await crawl(SitemapPagesSpider, settings=settings, sitemap_url=site.url("/s.xml"))
@@ -321,9 +325,7 @@ async def test_moving_lastmods_of_noisy_pages_that_did_not_change_are_lies(site,
     settings = {"INCREMENTAL_LASTMOD_MIN_SAMPLES": 4}
 
     def publish(n: int) -> None:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 2 + n))
-        site.add_document("/s.xml", urlset([(site.url(p), stamp) for p in paths]),
-                          "application/xml")
+        publish_moving_lastmods(site, paths, n)
 
     publish(1)
     await crawl(SitemapPagesSpider, settings=settings, sitemap_url=site.url("/s.xml"))
