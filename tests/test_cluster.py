@@ -119,6 +119,12 @@ async def stored_state(state_uri: str, urls: list[str]) -> tuple[set[str], set[s
     return {key.url for key, state in pages.items() if state.has_validators}, items
 
 
+def add_pages(site, n: int, *, size: int) -> None:
+    """Pages /p/0000.. of kind strong, listed in the site's sitemaps."""
+    for i in range(n):
+        site.add_page(f"/p/{i:04d}", "strong", size=size)
+
+
 def page_gets(site) -> Counter[str]:
     return Counter(r.path for r in site.log if r.path.startswith("/p/") and r.method == "GET")
 
@@ -184,8 +190,7 @@ async def test_a_killed_worker_stalls_nothing_and_loses_nothing(
     site, state_uri, cluster_prefix, tmp_path
 ):
     n = 60
-    for i in range(n):
-        site.add_page(f"/p/{i:04d}", "strong", size=2000)
+    add_pages(site, n, size=2000)
     site.slow("/p/", 0.05)
     victim, survivor = (Worker(site, state_uri, cluster_prefix, tmp_path, name,
                                "-s", "INCREMENTAL_CLUSTER_WORKER_TTL=2")
@@ -268,8 +273,7 @@ async def test_due_pages_are_reseeded_once_for_the_whole_cluster(
     # Crawl 2 reads no sitemap (304s): the due pages come from the store,
     # re-seeded by one worker into the shared queue, fetched once each.
     n = 60
-    for i in range(n):
-        site.add_page(f"/p/{i:04d}", "strong", size=2000)
+    add_pages(site, n, size=2000)
     site.slow("/p/", 0.25)
     revisits = ("-s", "INCREMENTAL_REVISIT_ENABLED=True",
                 "-s", "INCREMENTAL_REVISIT_INITIAL=1", "-s", "INCREMENTAL_REVISIT_MIN=1",
@@ -356,8 +360,7 @@ async def test_three_cluster_workers_are_one_polite_client_of_a_limited_site(
     # budget. The site allows R requests/s per client address; all workers
     # are 127.0.0.1, so it counts them together.
     rate, burst, n = 10, 3, 45
-    for i in range(n):
-        site.add_page(f"/p/{i:04d}", "strong", size=1000)
+    add_pages(site, n, size=1000)
     limiter = site.limit(rate=rate, burst=burst)
     polite = ("-s", "INCREMENTAL_THROTTLE_ENABLED=True",
               "-s", f"INCREMENTAL_THROTTLE_SHARED_PREFIX={cluster_prefix}:budget",
@@ -390,8 +393,7 @@ async def test_a_page_withheld_by_another_worker_keeps_the_sitemaps_unsaved(
     # sitemaps' state must not be saved, or the next run skips them as
     # unchanged and never asks again for the pages that failed.
     n = 60
-    for i in range(n):
-        site.add_page(f"/p/{i:04d}", "strong", size=1000)
+    add_pages(site, n, size=1000)
     site.slow("/p/", 0.15)
     reader = Worker(site, state_uri, cluster_prefix, tmp_path, "reader")
     await until(lambda: sum(page_gets(site).values()) >= 10, "the sitemaps to be read")
@@ -420,8 +422,7 @@ async def test_workers_with_items_only_in_feeds_exit_by_themselves(
     # the very end. Processed requests waiting for that must not count as
     # work in progress, or no worker ever sees the cluster quiet.
     n = 30
-    for i in range(n):
-        site.add_page(f"/p/{i:04d}", "strong", size=1000)
+    add_pages(site, n, size=1000)
     site.slow("/p/", 0.05)
     workers = [Worker(site, state_uri, cluster_prefix, tmp_path, str(i),
                       "-s", "INCREMENTAL_STORE_ITEMS=False") for i in range(2)]
@@ -444,8 +445,7 @@ async def test_a_killed_worker_with_items_only_in_feeds_loses_nothing(
     # Its feed dies with it and it committed nothing: every request it
     # took, processed or not, goes back to the queue for the survivor.
     n = 40
-    for i in range(n):
-        site.add_page(f"/p/{i:04d}", "strong", size=1000)
+    add_pages(site, n, size=1000)
     site.slow("/p/", 0.05)
     feeds_only = ("-s", "INCREMENTAL_STORE_ITEMS=False")
     victim, survivor = (Worker(site, state_uri, cluster_prefix, tmp_path, name, *feeds_only)
@@ -467,8 +467,7 @@ async def test_a_worker_stopped_with_sigint_hands_back_only_what_it_did_not_fini
     # A graceful stop lets the requests on the wire finish: their pages are
     # committed before the worker leaves, so none is fetched again.
     n = 60
-    for i in range(n):
-        site.add_page(f"/p/{i:04d}", "strong", size=1000)
+    add_pages(site, n, size=1000)
     site.slow("/p/", 0.15)
     stopped, other = (Worker(site, state_uri, cluster_prefix, tmp_path, name)
                       for name in ("stopped", "other"))
@@ -538,8 +537,7 @@ async def test_a_worker_whose_cluster_redis_dies_stops_loudly_by_itself(
     # stopped mid-crawl; the worker must neither hang nor finish as if
     # nothing happened, and nothing it did not store is recorded as done.
     n = 60
-    for i in range(n):
-        site.add_page(f"/p/{i:04d}", "strong", size=1000)
+    add_pages(site, n, size=1000)
     site.slow("/p/", 0.05)
     own = OwnRedis()
     own.start()
