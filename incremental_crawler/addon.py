@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from incremental_crawler.cluster import apply_cluster_settings
-from incremental_crawler.config import DEFAULT_SETTINGS
+from incremental_crawler.config import DEFAULT_SETTINGS, throttle_enabled
 
 if TYPE_CHECKING:
     from scrapy.settings import Settings
@@ -52,9 +52,7 @@ class IncrementalAddon:
         for setting, path, order in COMPONENTS:
             settings[setting].set(path, order, priority="addon")
         apply_cluster_settings(settings)
-        if settings.getbool("INCREMENTAL_ENABLED", True) and settings.getbool(
-            "INCREMENTAL_THROTTLE_ENABLED", True
-        ):
+        if throttle_enabled(settings):
             # Ours is built on it and replaces it.
             settings["EXTENSIONS"].set(
                 "scrapy.extensions.throttle.AutoThrottle", None, priority="addon"

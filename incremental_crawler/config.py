@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from scrapy.settings import BaseSettings
 
-__all__ = ["DEFAULT_SETTINGS", "IncrementalConfig"]
+__all__ = ["DEFAULT_SETTINGS", "IncrementalConfig", "setting_or_default", "throttle_enabled"]
 
 DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_ENABLED": True,
@@ -124,6 +124,18 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_THROTTLE_SHARED_PREFIX": "incremental:budget",
 }
 
+
+
+def setting_or_default(settings: BaseSettings, name: str) -> Any:
+    """*name*'s value, or its default here when the add-on did not install it."""
+    value = settings.get(name)
+    return DEFAULT_SETTINGS[name] if value is None else value
+
+
+def throttle_enabled(settings: BaseSettings) -> bool:
+    """Whether the politeness components (ours, not AutoThrottle) are on."""
+    return bool(setting_or_default(settings, "INCREMENTAL_ENABLED")) and settings.getbool(
+        "INCREMENTAL_THROTTLE_ENABLED", DEFAULT_SETTINGS["INCREMENTAL_THROTTLE_ENABLED"])
 
 @dataclass(frozen=True, slots=True)
 class IncrementalConfig:

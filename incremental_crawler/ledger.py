@@ -267,6 +267,11 @@ class Ledger:
     def note_failure(self) -> None:
         """A page of this crawl failed (download error, 4xx/5xx, truncated)."""
         self._failures += 1
+        self._tell_cluster_failure()
+
+    def _tell_cluster_failure(self) -> None:
+        # In cluster mode another worker may have read the sitemap listing
+        # this page: the run's count gates its validators too.
         cluster = getattr(self.crawler, "incremental_cluster", None)
         if cluster is not None:
             cluster.note_failure()
@@ -306,11 +311,7 @@ class Ledger:
             txn.failed = "its callback never ran (a spider middleware rejected the response)"
         if txn.failed:
             self._withheld += 1
-            # Another worker may have read the sitemap listing this page:
-            # the run's count gates its validators too.
-            cluster = getattr(self.crawler, "incremental_cluster", None)
-            if cluster is not None:
-                cluster.note_failure()
+            self._tell_cluster_failure()
             # Keep the old validators: the next run re-fetches this page
             # instead of getting a 304 for data that was never stored.
             self.stats.inc_value("incremental/state_withheld")

@@ -117,7 +117,6 @@ class HostTrustBook:
         self.recheck_every = config.recheck_every
         self.validators_ttl = config.validators_distrust_ttl
         self.retrust_after = config.validators_retrust_after
-        self.unstable_after = config.unstable_after
         self.unstable_share = config.unstable_host_share
         self.unstable_min_pages = config.unstable_host_min_pages
         #: host -> verdict -> pages, for the end-of-crawl report.
@@ -200,18 +199,18 @@ class HostTrustBook:
     def caught_lying(self, trust: HostTrust, now: float, url: str) -> None:
         self.verdict(trust.host, "lying")
         self._dirty.add(trust.host)
-        if trust.validators_distrusted_until:
-            # A new lie: the evidence starts again, and so does the TTL.
-            trust.validators_consistent = 0
-            trust.validators_distrusted_until = now + self.validators_ttl
-            return
+        already = bool(trust.validators_distrusted_until)
+        # A new lie of a distrusted host: the evidence starts again, and so
+        # does the TTL.
         trust.validators_distrusted_until = now + self.validators_ttl
         trust.validators_consistent = 0
+        if already:
+            return
         self.stats.inc_value("incremental/validators/hosts_distrusted")
         logger.warning(
             "%(url)s changed behind unchanged validators: not trusting 304s from "
             "%(host)s (every page fetched in full, decided by fingerprint) until "
-            "%(m)d full fetches in a row are consistent, or %(ttl).0f s",
+            "%(m)d changes in a row come with new validators, or %(ttl).0f s",
             {"url": url, "host": trust.host, "m": self.retrust_after, "ttl": self.validators_ttl},
         )
 

@@ -21,8 +21,8 @@ Redis server (or a single-slot deployment), not Redis Cluster.
 
 The coordinator talks to Redis synchronously, as scrapy-redis's scheduler
 does (Scrapy's scheduler interface is synchronous): one short round trip
-per heartbeat, per idle check and per failed page, on a Redis that should
-be near the workers.
+to queue a request and one to pop it, one per heartbeat and per failed
+page, two per idle check, on a Redis that should be near the workers.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ from scrapy import signals
 from scrapy.exceptions import DontCloseSpider, NotConfigured
 from scrapy.utils.asyncio import create_looping_call
 from scrapy.utils.defer import deferred_from_coro
+
+from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
     from typing import Self
@@ -199,7 +201,7 @@ class ClusterCoordinator:
             self.redis.ping()
         except (redis.RedisError, ValueError) as exc:
             raise ClusterError(
-                f"INCREMENTAL_CLUSTER_URL {_without_password(self.url)}: {exc}"
+                f"INCREMENTAL_CLUSTER_URL {redacted(self.url)}: {exc}"
             ) from exc
         self._join = self.redis.register_script(_JOIN)
         self._push = self.redis.register_script(_PUSH)
@@ -282,7 +284,7 @@ class ClusterCoordinator:
         self.stats.set_value("cluster/run", self.run)
         logger.info(
             "Cluster %(url)s: worker %(worker)s joined run %(run)s of %(spider)s",
-            {"url": _without_password(self.url), "worker": self.worker_id,
+            {"url": redacted(self.url), "worker": self.worker_id,
              "run": self.run, "spider": spider.name}, extra={"spider": spider},
         )
         self._task = create_looping_call(self.beat)
@@ -311,7 +313,7 @@ class ClusterCoordinator:
             # run_failures stays unknown: the sitemaps' state is not saved.
             # What this worker held is reaped by the others once Redis is back.
             logger.error("Cluster %(url)s: leaving the run failed (%(error)s)",
-                         {"url": _without_password(self.url), "error": exc})
+                         {"url": redacted(self.url), "error": exc})
             self.stats.inc_value("cluster/redis_errors")
             self.redis.close()
             return
@@ -465,7 +467,7 @@ class ClusterCoordinator:
             return
         logger.warning(
             "Cluster %(url)s: %(what)s failed (%(error)s); trying again",
-            {"url": _without_password(self.url), "what": what, "error": exc},
+            {"url": redacted(self.url), "what": what, "error": exc},
         )
 
     def lost(self, exc: redis.RedisError) -> None:
@@ -481,7 +483,7 @@ class ClusterCoordinator:
         self._lost = True
         logger.error(
             "Cluster %(url)s: Redis failed (%(error)s); stopping this worker",
-            {"url": _without_password(self.url), "error": exc},
+            {"url": redacted(self.url), "error": exc},
         )
         engine = self.crawler.engine
         if engine is not None and engine.running:
@@ -519,9 +521,3 @@ class ClusterCoordinator:
             # Not counted: leaving fails too, the sitemaps' state is not saved.
             self.lost(exc)
 
-
-def _without_password(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.split("@", 1)[1]
-    return scheme + sep + rest

@@ -24,6 +24,7 @@ from scrapy_redis.queue import PriorityQueue
 from scrapy_redis.scheduler import Scheduler
 
 from incremental_crawler.cluster.coordinator import ClusterCoordinator, ClusterError
+from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
     from typing import Self
@@ -48,7 +49,7 @@ class ClusterScheduler(Scheduler):
         try:
             instance = super().from_crawler(crawler)
         except redis.RedisError as exc:
-            raise ClusterError(f"REDIS_URL {coordinator.url}: {exc}") from exc
+            raise ClusterError(f"REDIS_URL {redacted(coordinator.url)}: {exc}") from exc
         instance.crawler = crawler
         # One client for the scheduler, its queue and filter, and the
         # coordinator: one connection, one round-trip count.

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
+from incremental_crawler.config import setting_or_default, throttle_enabled
 from incremental_crawler.validators import parse_http_date
 
 if TYPE_CHECKING:
@@ -70,11 +71,10 @@ class RetryAfterMiddleware:
 
     def __init__(self, crawler: Crawler) -> None:
         settings = crawler.settings
-        if not (settings.getbool("INCREMENTAL_ENABLED", True)
-                and settings.getbool("INCREMENTAL_THROTTLE_ENABLED", True)):
+        if not throttle_enabled(settings):
             raise NotConfigured("INCREMENTAL_ENABLED or INCREMENTAL_THROTTLE_ENABLED is False")
         self.crawler = crawler
-        self.max_tries = settings.getint("INCREMENTAL_THROTTLE_MAX_RETRIES", 10)
+        self.max_tries = int(setting_or_default(settings, "INCREMENTAL_THROTTLE_MAX_RETRIES"))
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:

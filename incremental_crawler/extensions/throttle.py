@@ -31,9 +31,11 @@ from scrapy.extensions.throttle import AutoThrottle
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.httpobj import urlparse_cached
 
+from incremental_crawler.config import setting_or_default, throttle_enabled
 from incremental_crawler.downloadermiddlewares.retryafter import parse_retry_after
 from incremental_crawler.shared_budget import SharedBudget
 from incremental_crawler.throttle import DomainWindow, WindowPolicy
+from incremental_crawler.uris import redacted
 from incremental_crawler.validators import parse_http_date
 
 if TYPE_CHECKING:
@@ -76,8 +78,7 @@ class AdaptiveThrottle(AutoThrottle):
 
     def __init__(self, crawler: Crawler) -> None:  # noqa: PLR0912 - reads settings
         settings = crawler.settings
-        if not (settings.getbool("INCREMENTAL_ENABLED", True)
-                and settings.getbool("INCREMENTAL_THROTTLE_ENABLED", True)):
+        if not throttle_enabled(settings):
             raise NotConfigured("INCREMENTAL_ENABLED or INCREMENTAL_THROTTLE_ENABLED is False")
         self.crawler = crawler
         self.debug = settings.getbool("INCREMENTAL_THROTTLE_DEBUG")
@@ -100,9 +101,12 @@ class AdaptiveThrottle(AutoThrottle):
                 )
         # A Crawl-delay above this counts as this: robots.txt "1e9" must not
         # stop a crawl for ever (rules.md bad input 14).
-        self.crawl_delay_max = settings.getfloat("INCREMENTAL_THROTTLE_CRAWL_DELAY_MAX", 30.0)
-        self.retry_after_max = settings.getfloat("INCREMENTAL_THROTTLE_RETRY_AFTER_MAX", 300.0)
-        self.warn_share = settings.getfloat("INCREMENTAL_THROTTLE_WARN_ERROR_SHARE", 0.2)
+        def number(name: str) -> float:
+            return float(setting_or_default(settings, f"INCREMENTAL_THROTTLE_{name}"))
+
+        self.crawl_delay_max = number("CRAWL_DELAY_MAX")
+        self.retry_after_max = number("RETRY_AFTER_MAX")
+        self.warn_share = number("WARN_ERROR_SHARE")
         self.windows: dict[str, DomainWindow] = {}
         self.groups = {
             host: group
@@ -120,13 +124,13 @@ class AdaptiveThrottle(AutoThrottle):
                     raise ValueError("use redis://host:port/db (or rediss://, unix://)")
                 self.shared = SharedBudget(
                     str(url),
-                    settings.get("INCREMENTAL_THROTTLE_SHARED_PREFIX") or "incremental:budget",
+                    str(setting_or_default(settings, "INCREMENTAL_THROTTLE_SHARED_PREFIX")),
                     stats=crawler.stats, on_reply=self._shared_reply,
                     on_failure=self._shared_failed)
             except ValueError as exc:
                 # Not NotConfigured: that would crawl on without any
                 # throttle, N workers N times too fast.
-                self.shared_error = f"INCREMENTAL_THROTTLE_SHARED_URL={url!r}: {exc}"
+                self.shared_error = f"INCREMENTAL_THROTTLE_SHARED_URL={redacted(str(url))!r}: {exc}"
         crawler.incremental_throttle = self  # type: ignore[attr-defined]
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._response_downloaded, signal=signals.response_downloaded)
@@ -151,7 +155,7 @@ class AdaptiveThrottle(AutoThrottle):
             except RedisError as exc:
                 # Crawling without it would make N workers N times too fast.
                 logger.error("The shared budget at %(url)s cannot be used (%(exc)s): "
-                             "closing the crawl", {"url": self.shared.url, "exc": exc})
+                             "closing the crawl", {"url": redacted(self.shared.url), "exc": exc})
                 self.crawler.stats.set_value("incremental/throttle/shared/error", str(exc))
                 raise CloseSpider(SHARED_UNAVAILABLE) from exc
         self._watch_close()
@@ -411,7 +415,7 @@ class AdaptiveThrottle(AutoThrottle):
     def _shared_failed(self, exc: Exception) -> None:
         logger.error("The shared budget at %(url)s failed (%(exc)s): closing the crawl "
                      "rather than crawling without it",
-                     {"url": self.shared.url if self.shared else "?", "exc": exc})
+                     {"url": redacted(self.shared.url) if self.shared else "?", "exc": exc})
         self.crawler.stats.set_value("incremental/throttle/shared/error", str(exc))
         engine = self.crawler.engine
         if engine is not None and engine.spider is not None:

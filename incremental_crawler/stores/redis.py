@@ -49,7 +49,7 @@ import logging
 import uuid
 from dataclasses import MISSING, fields
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 import redis
 import redis.asyncio
@@ -60,6 +60,7 @@ from redis.retry import Retry
 from incremental_crawler.state import ItemRecord, PageFlags, PageKey, PageState
 from incremental_crawler.stores.base import StateStore, StateStoreError
 from incremental_crawler.trust import HostTrust
+from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Sequence
@@ -254,18 +255,6 @@ def parse_redis_uri(uri: str) -> tuple[str, str]:
     return clean, prefix
 
 
-def redacted(uri: str) -> str:
-    """*uri* without its password, for messages."""
-    try:
-        parts = urlsplit(uri)
-        if parts.password is None:
-            return uri
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-        return urlunsplit(parts._replace(netloc=netloc))
-    except ValueError:
-        return "<an unparsable URI>"
-
-
 def _key_part(scope: str) -> str:
     # Percent-quoted: no ':' inside, so P:hist:<s>:<key> splits one way only,
     # and common scope names (spider names) read as they are.
@@ -286,7 +275,6 @@ class RedisStateStore(StateStore):
     """State in Redis; see the module docstring."""
 
     def __init__(self, uri: str, *, prefix: str = DEFAULT_PREFIX) -> None:
-        self.uri = uri
         self.prefix = prefix
         query = f"&prefix={prefix}" if "?" in uri else f"?prefix={prefix}"
         self.location = redacted(uri) + query
