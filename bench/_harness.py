@@ -4,6 +4,7 @@
   process on 127.0.0.1 and talks to its ``/__site__/...`` control endpoints.
 * :func:`run_crawl` runs ``scrapy crawl sitemap ...`` as a separate process
   and collects that process's own CPU time and peak RSS with ``os.wait4``.
+* :class:`RedisServer` is a throwaway ``redis-server`` on a free loopback port.
 * :func:`summarize_log`, :func:`dir_apparent_bytes`, :func:`sqlite_compact_size`
   and :func:`print_table` turn the raw figures into the printed tables.
 
@@ -20,6 +21,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import sqlite3
 import statistics
 import subprocess
@@ -32,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+import redis
 
 #: The project root (where scrapy.cfg is); crawls run with this as their cwd.
 REPO = Path(__file__).resolve().parents[1]
@@ -404,3 +408,47 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
 
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
+
+
+class RedisServer:
+    """A throwaway ``redis-server`` on a free loopback port (nothing persisted),
+    its files in *workdir*; no other client's traffic is counted."""
+
+    def __init__(self, workdir: Path, start_timeout: float = 20.0) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.dir = workdir / "redis"
+        self.dir.mkdir()
+        self.proc = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port),
+             "--save", "", "--appendonly", "no", "--dir", str(self.dir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        self.uri = self.url(0)
+        deadline = time.monotonic() + start_timeout
+        while time.monotonic() < deadline:
+            try:
+                with redis.Redis(host="127.0.0.1", port=self.port) as client:
+                    client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("redis-server did not start")
+
+    def url(self, db: int) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def used_memory(self) -> int:
+        with redis.Redis(host="127.0.0.1", port=self.port) as client:
+            return int(client.info("memory")["used_memory"])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=20)

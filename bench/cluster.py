@@ -26,8 +26,6 @@ import argparse
 import ast
 import re
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,41 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import (  # noqa: E402
     CrawlResult,
+    RedisServer,
     Site,
     print_table,
     ratio,
     run_crawl,
     verdict,
 )
-
-
-class RedisServer:
-    """A throwaway ``redis-server`` on a free port of 127.0.0.1."""
-
-    def __init__(self) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.proc = subprocess.Popen(
-            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port),
-             "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        for _ in range(200):  # at most 10 s
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        self.proc.kill()
-        raise RuntimeError("redis-server did not start")
-
-    def url(self, db: int) -> str:
-        return f"redis://127.0.0.1:{self.port}/{db}"
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=20)
 
 
 def worker_stats(err_file: Path) -> dict[str, Any]:
@@ -199,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
-    redis = RedisServer()
+    redis = RedisServer(work)
     try:
         if args.part in ("1", "all"):
             res1 = part1(args, redis, work)

@@ -44,9 +44,7 @@ import os
 import random
 import re
 import shutil
-import socket
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,6 +54,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import (  # noqa: E402
+    RedisServer,
     Site,
     ensure_importable,
     median,
@@ -69,7 +68,6 @@ from _harness import (  # noqa: E402
 
 ensure_importable()
 
-import redis  # noqa: E402
 
 from incremental_crawler.loopback_site import BASE_EPOCH, http_date  # noqa: E402
 from incremental_crawler.state import PageKey, PageState  # noqa: E402
@@ -80,46 +78,6 @@ from incremental_crawler.stores.sqlite import SQLiteStateStore  # noqa: E402
 SCOPE = "sitemap"
 KINDS = "strong,weak,lastmod"
 _STAT = re.compile(r"'incremental/store_roundtrips': (\d+)")
-
-
-class RedisServer:
-    """``redis-server`` on a free loopback port, in a temporary directory."""
-
-    def __init__(self, workdir: Path, start_timeout: float = 20.0) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.dir = workdir / "redis"
-        self.dir.mkdir()
-        self.proc = subprocess.Popen(
-            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port),
-             "--save", "", "--appendonly", "no", "--dir", str(self.dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        self.uri = f"redis://127.0.0.1:{self.port}/0"
-        deadline = time.monotonic() + start_timeout
-        while time.monotonic() < deadline:
-            try:
-                with redis.Redis(host="127.0.0.1", port=self.port) as client:
-                    client.ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("redis-server did not start")
-
-    def used_memory(self) -> int:
-        with redis.Redis(host="127.0.0.1", port=self.port) as client:
-            return int(client.info("memory")["used_memory"])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=20)
 
 
 def filler_key(i: int) -> PageKey:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ from incremental_crawler.shared_budget import (
     script_args,
 )
 from incremental_crawler.throttle import WindowPolicy
-from tests.redis_util import BUDGET_REDIS_URI
+from tests.redis_util import BUDGET_REDIS_URI, OwnRedis
 from tests.spiders import ListSpider
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -339,33 +338,20 @@ async def test_an_unreachable_budget_closes_the_crawl_before_any_request(
 
 
 @pytest.fixture
-def private_redis(tmp_path):
-    """A redis-server of this test's own, on a unix socket (killed by the test)."""
-    sock = tmp_path / "redis.sock"
-    proc = subprocess.Popen(
-        [shutil.which("redis-server") or "redis-server", "--port", "0", "--unixsocket",
-         str(sock), "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(unix_socket_path=str(sock))
+def private_redis():
+    """A redis-server of this test's own (the test kills it)."""
+    own = OwnRedis()
+    own.start()
     try:
-        for _ in range(500):  # bounded: 5 s for the server to listen
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.01)
-        yield proc, f"unix://{sock}?db=0"
+        yield own
     finally:
-        client.close()
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+        own.remove()
 
 
 @pytest_twisted.ensureDeferred
 async def test_losing_redis_mid_crawl_stops_the_crawl_and_its_requests(
         site, crawl, private_redis, caplog):
-    proc, url = private_redis
+    url = private_redis.uri
     paths = [f"/p/{i:03d}" for i in range(60)]
     for path in paths:
         site.add_page(path, "strong", size=500)
@@ -376,7 +362,7 @@ async def test_losing_redis_mid_crawl_stops_the_crawl_and_its_requests(
         if len(site.log) >= 10 or crawling.called:
             break
         await deferLater(reactor, 0.005)
-    proc.kill()
+    private_redis.stop()
     killed_at = time.monotonic()
     crawler = await crawling
     assert crawler.stats.get_value("finish_reason") == "shared_budget_unavailable"
