@@ -70,10 +70,10 @@ ensure_importable()
 
 
 from incremental_crawler.loopback_site import BASE_EPOCH, http_date  # noqa: E402
-from incremental_crawler.state import PageKey, PageState  # noqa: E402
-from incremental_crawler.stores.base import StateStore  # noqa: E402
-from incremental_crawler.stores.redis import RedisStateStore  # noqa: E402
-from incremental_crawler.stores.sqlite import SQLiteStateStore  # noqa: E402
+from incremental_crawler.state.records import PageKey, PageState  # noqa: E402
+from incremental_crawler.state.stores.base import StateStore  # noqa: E402
+from incremental_crawler.state.stores.redis import RedisStateStore  # noqa: E402
+from incremental_crawler.state.stores.sqlite import SQLiteStateStore  # noqa: E402
 
 SCOPE = "sitemap"
 KINDS = "strong,weak,lastmod"

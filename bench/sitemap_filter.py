@@ -53,9 +53,9 @@ def sitemap_bytes(n: int, changed_every: int) -> bytes:
 
 
 def fill_store(path: Path, n: int) -> None:
-    from incremental_crawler.keys import canonical_url
-    from incremental_crawler.state import PageKey, PageState
-    from incremental_crawler.stores.sqlite import SQLiteStateStore
+    from incremental_crawler.state.keys import canonical_url
+    from incremental_crawler.state.records import PageKey, PageState
+    from incremental_crawler.state.stores.sqlite import SQLiteStateStore
 
     store = SQLiteStateStore(path)
     jan1 = 1704067200

@@ -21,25 +21,28 @@ _P = "incremental_crawler."
 
 #: (setting, component, order). Orders matter, see each module's docstring.
 COMPONENTS: tuple[tuple[str, str, int], ...] = (
+    # Owns the state store; an extension, so it exists before the
+    # middlewares and pipelines that look it up (crawler.get_extension).
+    ("EXTENSIONS", _P + "state.ledger.Ledger", 0),
     ("DOWNLOADER_MIDDLEWARES",
-     _P + "downloadermiddlewares.conditional.ConditionalRequestMiddleware", 585),
+     _P + "change.middleware.ConditionalRequestMiddleware", 585),
     # Outermost spider middleware: sees exactly what reaches the pipelines.
-    ("SPIDER_MIDDLEWARES", _P + "spidermiddlewares.output.PageOutputMiddleware", 1),
+    ("SPIDER_MIDDLEWARES", _P + "state.middlewares.PageOutputMiddleware", 1),
     # Innermost: the last input check before the callback, the first to see
     # the callback's exceptions.
-    ("SPIDER_MIDDLEWARES", _P + "spidermiddlewares.guard.CallbackGuardMiddleware", 10_000),
-    ("ITEM_PIPELINES", _P + "pipelines.fingerprint.FingerprintPipeline", 50),
-    ("ITEM_PIPELINES", _P + "pipelines.storage.StoragePipeline", 900),
-    ("EXTENSIONS", _P + "extensions.report.IncrementalReport", 500),
+    ("SPIDER_MIDDLEWARES", _P + "state.middlewares.CallbackGuardMiddleware", 10_000),
+    ("ITEM_PIPELINES", _P + "change.pipeline.FingerprintPipeline", 50),
+    ("ITEM_PIPELINES", _P + "state.pipeline.StoragePipeline", 900),
+    ("EXTENSIONS", _P + "report.extension.IncrementalReport", 500),
     # Between RetryMiddleware (550) and MetaRefresh (580): 429/503 never
     # reach the retry budget.
     ("DOWNLOADER_MIDDLEWARES",
-     _P + "downloadermiddlewares.retryafter.RetryAfterMiddleware", 575),
-    ("EXTENSIONS", _P + "extensions.throttle.AdaptiveThrottle", 0),
+     _P + "politeness.middlewares.RetryAfterMiddleware", 575),
+    ("EXTENSIONS", _P + "politeness.extension.AdaptiveThrottle", 0),
     # The last process_request before the downloader (after HttpCache, 900):
     # only what really goes out takes a token of the shared budget.
     ("DOWNLOADER_MIDDLEWARES",
-     _P + "downloadermiddlewares.sharedbudget.SharedBudgetMiddleware", 950),
+     _P + "politeness.middlewares.SharedBudgetMiddleware", 950),
 )
 
 
@@ -60,5 +63,5 @@ class IncrementalAddon:
         # Scrapy's periodic line, with our figures added to it.
         settings["EXTENSIONS"].set("scrapy.extensions.logstats.LogStats", None, priority="addon")
         settings["EXTENSIONS"].set(
-            _P + "extensions.report.IncrementalLogStats", 0, priority="addon"
+            _P + "report.extension.IncrementalLogStats", 0, priority="addon"
         )

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.exceptions import NotConfigured
 
-from incremental_crawler.fingerprints import DEFAULT_IGNORE_PATTERNS
+from incremental_crawler.change.fingerprints import DEFAULT_IGNORE_PATTERNS
 
 if TYPE_CHECKING:
     from typing import Self
@@ -38,10 +38,10 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     # None: sqlite under the project's data dir (.scrapy/incremental/state.db).
     "INCREMENTAL_STATE_URI": None,
     "INCREMENTAL_STATE_STORES": {
-        "sqlite": "incremental_crawler.stores.sqlite.SQLiteStateStore",
-        "redis": "incremental_crawler.stores.redis.RedisStateStore",
-        "rediss": "incremental_crawler.stores.redis.RedisStateStore",
-        "unix": "incremental_crawler.stores.redis.RedisStateStore",
+        "sqlite": "incremental_crawler.state.stores.sqlite.SQLiteStateStore",
+        "redis": "incremental_crawler.state.stores.redis.RedisStateStore",
+        "rediss": "incremental_crawler.state.stores.redis.RedisStateStore",
+        "unix": "incremental_crawler.state.stores.redis.RedisStateStore",
     },
     # Some servers' validators never change although the content does: after
     # this many seconds since the last full download, fetch without

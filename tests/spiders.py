@@ -8,6 +8,7 @@ from typing import Any
 from scrapy import Request
 
 from incremental_crawler.spiders import IncrementalSpider
+from incremental_crawler.state.ledger import Ledger
 
 
 class ListSpider(IncrementalSpider):
@@ -72,7 +73,7 @@ class StateProbePipeline:
     def process_item(self, item):
         import sqlite3
 
-        ledger = self.crawler.incremental_ledger
+        ledger = self.crawler.get_extension(Ledger)
         ledger.store.flush_now()
         db = sqlite3.connect(self.path)
         try:

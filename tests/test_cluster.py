@@ -28,8 +28,8 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
 from incremental_crawler.config import DEFAULT_SETTINGS
-from incremental_crawler.state import PageKey
-from incremental_crawler.stores import open_store
+from incremental_crawler.state.records import PageKey
+from incremental_crawler.state.stores import open_store
 from tests.redis_util import OwnRedis
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -223,6 +223,8 @@ async def test_the_dupefilter_keys_requests_by_scrapys_own_fingerprint(cluster_p
     from scrapy import Request, Spider
     from scrapy.utils.test import get_crawler
 
+    from scrapy.extension import ExtensionManager
+
     from incremental_crawler.cluster.coordinator import ClusterCoordinator
     from incremental_crawler.cluster.scheduler import ClusterDupeFilter
 
@@ -232,7 +234,9 @@ async def test_the_dupefilter_keys_requests_by_scrapys_own_fingerprint(cluster_p
     })
     spider = Spider("dupes")
     spider.crawler, spider.settings = crawler, crawler.settings
-    coordinator = ClusterCoordinator.of(crawler)
+    coordinator = ClusterCoordinator.from_crawler(crawler)
+    # Installed as the crawl would (the dupefilter finds it as an extension).
+    crawler.extensions = ExtensionManager(coordinator, crawler=crawler)
     coordinator.join(spider)
     try:
         dupefilter = ClusterDupeFilter.from_spider(spider)
@@ -263,7 +267,7 @@ def test_an_unreachable_cluster_redis_is_a_clear_error():
     })
     # The password never shows.
     with pytest.raises(ClusterError, match=r"INCREMENTAL_CLUSTER_URL redis://:\*\*\*@127\.0\.0\.1:1/0"):
-        ClusterCoordinator.of(crawler)
+        ClusterCoordinator.from_crawler(crawler)
 
 
 @pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
@@ -504,7 +508,7 @@ async def test_a_redis_error_does_not_stop_the_heartbeat(cluster_prefix):
     spider = Spider("blip")
     spider.crawler, spider.settings = crawler, crawler.settings
     crawler.engine = SimpleNamespace(_slot=None)  # nothing in progress
-    coordinator = ClusterCoordinator.of(crawler)
+    coordinator = ClusterCoordinator.from_crawler(crawler)
     coordinator.join(spider)
     beat, calls = coordinator._beat, []
 

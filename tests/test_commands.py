@@ -13,7 +13,7 @@ import pytest_twisted
 from twisted.internet.threads import deferToThread
 
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
-from incremental_crawler.stores import StateStoreError
+from incremental_crawler.state.stores import StateStoreError
 from tests.spiders import ListSpider
 
 PROJECT = Path(__file__).resolve().parents[1]

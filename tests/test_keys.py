@@ -6,7 +6,7 @@ import random
 
 from w3lib.url import canonicalize_url
 
-from incremental_crawler.keys import Canonicalizer
+from incremental_crawler.state.keys import Canonicalizer
 
 ALPHABET = "abcXYZ019-._~/%?#&=:@!$'()*+,; "
 

@@ -20,9 +20,9 @@ import redis
 from scrapy.settings import Settings
 
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
-from incremental_crawler.state import ItemRecord, PageKey, PageState
-from incremental_crawler.stores import StateStoreError, open_store
-from incremental_crawler.stores.redis import (
+from incremental_crawler.state.records import ItemRecord, PageKey, PageState
+from incremental_crawler.state.stores import StateStoreError, open_store
+from incremental_crawler.state.stores.redis import (
     LAYOUT,
     LAYOUT_VERSION,
     RedisStateStore,

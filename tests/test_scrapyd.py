@@ -36,8 +36,8 @@ from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 from twisted.internet.threads import deferToThread
 
-from incremental_crawler.state import PageKey
-from incremental_crawler.stores import default_state_uri, open_store
+from incremental_crawler.state.records import PageKey
+from incremental_crawler.state.stores import default_state_uri, open_store
 from tests.redis_util import REDIS_URI, delete_prefix, new_prefix
 
 if TYPE_CHECKING:

@@ -26,13 +26,13 @@ from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
-from incremental_crawler.shared_budget import (
+from incremental_crawler.politeness.budget import (
     BUDGET_LUA,
     Grant,
     SharedBudget,
     script_args,
 )
-from incremental_crawler.throttle import WindowPolicy
+from incremental_crawler.politeness.window import WindowPolicy
 from tests.redis_util import BUDGET_REDIS_URI, OwnRedis
 from tests.spiders import ListSpider
 

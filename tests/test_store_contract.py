@@ -1,7 +1,7 @@
 """The contract every state store backend passes, and SQLite specifics.
 
 :class:`StateStoreContract` holds backend-neutral tests: it only uses the
-:class:`~incremental_crawler.stores.base.StateStore` interface. A backend
+:class:`~incremental_crawler.state.stores.base.StateStore` interface. A backend
 subclasses it and provides a ``make_store`` fixture (see the contract's
 docstring); :class:`TestSQLiteStore` does so for the embedded SQLite store.
 Tests that depend on SQLite itself (files, locks, pragmas, URIs) live in
@@ -27,21 +27,20 @@ import pytest_twisted
 from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 
-from incremental_crawler.state import ItemRecord, PageFlags, PageKey, PageState
-from incremental_crawler.stores import (
+from incremental_crawler.state.records import HostTrust, ItemRecord, PageFlags, PageKey, PageState
+from incremental_crawler.state.stores import (
     StateStore,
     StateStoreError,
     default_state_uri,
     open_store,
 )
-from incremental_crawler.stores.redis import RedisStateStore
-from incremental_crawler.stores.sqlite import (
+from incremental_crawler.state.stores.redis import RedisStateStore
+from incremental_crawler.state.stores.sqlite import (
     MIGRATIONS,
     SCHEMA_VERSION,
     SQLiteStateStore,
     path_from_uri,
 )
-from incremental_crawler.trust import HostTrust
 from tests.redis_util import REDIS_URI
 
 if TYPE_CHECKING:

@@ -8,7 +8,8 @@ from email.utils import formatdate
 import pytest
 import pytest_twisted
 
-from incremental_crawler.downloadermiddlewares.retryafter import parse_retry_after
+from incremental_crawler.politeness.extension import AdaptiveThrottle
+from incremental_crawler.politeness.retry_after import parse_retry_after
 from incremental_crawler.loopback_site import LoopbackSite
 from tests.redis_util import BUDGET_REDIS_URI as REDIS_URL
 from tests.spiders import ListSpider
@@ -77,7 +78,7 @@ async def test_a_healthy_domain_keeps_its_pace_beside_a_throttled_one(site, craw
                               urls=[site.url(p) for p in limited] + healthy_urls)
     finally:
         await healthy_site.stop()
-    throttle = crawler.incremental_throttle
+    throttle = crawler.get_extension(AdaptiveThrottle)
     slow, fast = throttle.windows["127.0.0.1"], throttle.windows["localhost"]
     assert slow.status_429 > 0 and slow.frozen_seconds > 0
     assert fast.status_429 == 0 and fast.frozen_seconds == 0 and fast.hard == 0
@@ -137,7 +138,7 @@ async def test_hanging_responses_shrink_the_window(site, crawl):
                                                 "RETRY_ENABLED": False,
                                                 "INCREMENTAL_THROTTLE_START_RATE": 8},
                           urls=[site.url(p) for p in paths])
-    window = crawler.incremental_throttle.windows["127.0.0.1"]
+    window = crawler.get_extension(AdaptiveThrottle).windows["127.0.0.1"]
     assert window.timeouts == 4
     assert window.rate < 8
     assert crawler.stats.get_value("incremental/throttle/127.0.0.1/share_timeout") > 0
@@ -231,6 +232,6 @@ async def test_a_redirect_to_another_host_is_paced_by_that_hosts_budget(site, cr
     starts = sorted(r.started for r in other.log if r.path.startswith(("/p/", "/q/")))
     assert len(starts) == 8
     assert min(b - a for a, b in zip(starts, starts[1:], strict=False)) >= 0.38
-    windows = crawler.incremental_throttle.windows
+    windows = crawler.get_extension(AdaptiveThrottle).windows
     assert windows["localhost"].delay_floor == 0.4
     assert windows["127.0.0.1"].delay_floor == 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from incremental_crawler.throttle import DomainWindow, WindowPolicy
+from incremental_crawler.politeness.window import DomainWindow, WindowPolicy
 
 POLICY = WindowPolicy(start_rate=8, min_rate=0.5, max_rate=12, increase=1, decrease=0.5,
                       penalty_after=3)  # decrease 0.5 here for round numbers

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from incremental_crawler.validators import (
+from incremental_crawler.http.validators import (
     MAX_ETAG_LENGTH,
     format_http_date,
     parse_etag,

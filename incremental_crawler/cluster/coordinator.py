@@ -40,6 +40,7 @@ from scrapy.exceptions import DontCloseSpider, NotConfigured
 from scrapy.utils.asyncio import create_looping_call
 from scrapy.utils.defer import deferred_from_coro
 
+from incremental_crawler.state.ledger import Ledger
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
@@ -230,22 +231,34 @@ class ClusterCoordinator:
         self._lost = False
         #: Failed pages of the whole run, read when this worker leaves.
         self.run_failures: int | None = None
+        #: The crawl's ledger (None with INCREMENTAL_ENABLED=False), once joined.
+        self.ledger: Ledger | None = None
         crawler.signals.connect(self.spider_idle, signal=signals.spider_idle)
-
-    @classmethod
-    def of(cls, crawler: Crawler) -> Self:
-        """The crawler's coordinator (the scheduler and the ledger share it)."""
-        coordinator = getattr(crawler, "incremental_cluster", None)
-        if coordinator is None:
-            if not crawler.settings.get("INCREMENTAL_CLUSTER_URL"):
-                raise NotConfigured("INCREMENTAL_CLUSTER_URL is not set")
-            coordinator = cls(crawler)
-            crawler.incremental_cluster = coordinator  # type: ignore[attr-defined]
-        return coordinator
+        crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        return cls.of(crawler)
+        if not crawler.settings.get("INCREMENTAL_CLUSTER_URL"):
+            raise NotConfigured("INCREMENTAL_CLUSTER_URL is not set")
+        return cls(crawler)
+
+    @classmethod
+    def of(cls, crawler: Crawler) -> Self:
+        """The crawler's coordinator (an extension; the scheduler needs it)."""
+        coordinator = crawler.get_extension(cls)
+        if coordinator is None:
+            raise ClusterError(
+                "cluster mode needs the ClusterCoordinator extension: set "
+                "INCREMENTAL_CLUSTER_URL and install the add-on"
+            )
+        return coordinator
+
+    def spider_opened(self) -> None:
+        # Every component exists now: the ledger counts this worker's
+        # failures for the whole run.
+        self.ledger = self.crawler.get_extension(Ledger)
+        if self.ledger is not None:
+            self.ledger.run_gate = self
 
     # -- keys ------------------------------------------------------------------
 
@@ -413,7 +426,7 @@ class ClusterCoordinator:
         inprogress = getattr(getattr(self.crawler.engine, "_slot", None), "inprogress", None)
         if inprogress is None:
             return [], []
-        ledger = getattr(self.crawler, "incremental_ledger", None)
+        ledger = self.ledger
         holding = ledger is not None and ledger.holds_until_close
         finished, hold = [], []
         for ticket, request in self._tickets.items():

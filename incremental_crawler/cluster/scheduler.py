@@ -24,6 +24,7 @@ from scrapy_redis.queue import PriorityQueue
 from scrapy_redis.scheduler import Scheduler
 
 from incremental_crawler.cluster.coordinator import ClusterCoordinator, ClusterError
+from incremental_crawler.state.ledger import Ledger
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ class ClusterScheduler(Scheduler):
         # Every request is done by now (the engine waited for them): commit
         # their pages first, so that leaving releases them instead of
         # handing them back to be fetched again.
-        ledger = getattr(self.crawler, "incremental_ledger", None)
+        ledger = self.crawler.get_extension(Ledger)
         if ledger is not None:
             await ledger.commit_staged()
         ClusterCoordinator.of(self.crawler).leave(reason)

@@ -18,7 +18,7 @@ from scrapy.commands import ScrapyCommand
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from twisted.internet.defer import Deferred
 
-from incremental_crawler.extensions.report import summarize
+from incremental_crawler.report.extension import summarize
 from incremental_crawler.loopback_site import LoopbackSite
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
-from incremental_crawler.stores import StateStoreError, default_state_uri, open_store
-from incremental_crawler.stores.sqlite import path_from_uri
+from incremental_crawler.state.stores import StateStoreError, default_state_uri, open_store
+from incremental_crawler.state.stores.sqlite import path_from_uri
 
 if TYPE_CHECKING:
     import argparse

@@ -1,0 +1,1 @@
+"""Old import paths, kept for settings and errbacks written for them."""

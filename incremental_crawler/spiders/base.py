@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request, Spider, signals
 from scrapy.exceptions import DontCloseSpider
 
-from incremental_crawler.downloadermiddlewares.conditional import META_SKIP
-from incremental_crawler.keys import META_VARIANT
+from incremental_crawler.cluster.coordinator import ClusterCoordinator
+from incremental_crawler.meta import META_SKIP, META_VARIANT
+from incremental_crawler.state.ledger import Ledger
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     from scrapy.http import Response
     from scrapy.settings import BaseSettings
 
-    from incremental_crawler.state import PageState
+    from incremental_crawler.state.records import PageState
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,12 @@ class IncrementalSpider(Spider):
         crawler.signals.connect(spider._reseed_when_idle, signal=signals.spider_idle)
         return spider
 
+    @property
+    def ledger(self) -> Ledger | None:
+        """The crawl's ledger: the state store and what it knows (None when
+        INCREMENTAL_ENABLED is False: the spider then crawls as a plain one)."""
+        return self.crawler.get_extension(Ledger)
+
     def needs_reseed(self) -> bool:
         """Whether this crawl may have missed known pages (it re-seeds if so)."""
         return self.incremental_reseed
@@ -82,7 +89,7 @@ class IncrementalSpider(Spider):
         # be remote: reads are async, and a callback may await).
         if self._reseeded or not self.needs_reseed():
             return
-        cluster = getattr(self.crawler, "incremental_cluster", None)
+        cluster = self.crawler.get_extension(ClusterCoordinator)
         if cluster is not None:
             # In cluster mode: by one worker per run (the due pages go to
             # the shared queue), once no worker can discover more links.
@@ -104,10 +111,8 @@ class IncrementalSpider(Spider):
         raise DontCloseSpider
 
     async def _reseed_due(self, response: Response) -> AsyncIterator[Request]:
-        from incremental_crawler.ledger import Ledger
-
-        ledger = Ledger.of(self.crawler)
-        if not ledger.config.revisit_enabled:
+        ledger = self.ledger
+        if ledger is None or not ledger.config.revisit_enabled:
             return
         due = await ledger.store.get_due(ledger.scope, time.time(), ledger.config.reseed_limit)
         count = 0

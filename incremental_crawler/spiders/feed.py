@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import lxml.etree
 
-from incremental_crawler.lastmod import parse_feed_date
+from incremental_crawler.lists.dates import parse_feed_date
 from incremental_crawler.spiders.listed import ListedPagesSpider
 
 if TYPE_CHECKING:

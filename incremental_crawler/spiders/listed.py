@@ -18,16 +18,14 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request
 from scrapy.http import TextResponse
 
-from incremental_crawler.downloadermiddlewares.conditional import (
-    META_DISCOVERY,
-    META_LASTMOD,
-    NotModified,
-)
-from incremental_crawler.lastmod import parse_w3c_datetime
-from incremental_crawler.ledger import Ledger
-from incremental_crawler.sitemaps import Candidate, SitemapEntries, decide
+from incremental_crawler.exceptions import NotModified
+from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD
+from incremental_crawler.lists.dates import parse_w3c_datetime
+from incremental_crawler.state.ledger import Ledger
+from incremental_crawler.lists.sitemaps import Candidate, SitemapEntries, decide
 from incremental_crawler.spiders.base import IncrementalSpider
-from incremental_crawler.state import PageKey, PageState
+from incremental_crawler.state.keys import Canonicalizer
+from incremental_crawler.state.records import PageKey, PageState
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Iterator
@@ -94,6 +92,8 @@ class ListedPagesSpider(IncrementalSpider):
         self.text_selectors = (
             (text_selector, *DEFAULT_TEXT_SELECTORS) if text_selector else DEFAULT_TEXT_SELECTORS
         )
+        #: Canonical URLs for a plain crawl (INCREMENTAL_ENABLED=False).
+        self._canonical = Canonicalizer()
         #: Canonical URLs of the pages the lists named this crawl.
         self._decided: set[str] = set()
         #: Whether a list was not read (304, or unchanged in its index): only
@@ -127,12 +127,15 @@ class ListedPagesSpider(IncrementalSpider):
     def entries(self, source_url: str,
                 parse_date: Callable[[str | None], float | None] = parse_w3c_datetime,
                 ) -> SitemapEntries:
-        ledger = Ledger.of(self.crawler)
-        return SitemapEntries(source_url, self.crawler.stats, ledger.canonical,
+        ledger = self.ledger
+        canonical = ledger.canonical if ledger is not None else self._canonical
+        return SitemapEntries(source_url, self.crawler.stats, canonical,
                               allowed_hosts=self.allowed_hosts, parse_date=parse_date)
 
     async def stored_states(self, candidates: list[Candidate]) -> list[PageState | None]:
-        ledger = Ledger.of(self.crawler)
+        ledger = self.ledger
+        if ledger is None:  # a plain crawl: nothing is known
+            return [None] * len(candidates)
         keys = [PageKey(ledger.scope, c.canonical) for c in candidates]
         stored = await ledger.store.get_pages(keys)
         return [stored.get(key) for key in keys]
@@ -142,9 +145,9 @@ class ListedPagesSpider(IncrementalSpider):
         callback_for: Callable[[str], Callable[..., Any] | None],
     ) -> AsyncIterator[Request]:
         """Requests for the listed pages worth fetching; see the module docstring."""
-        ledger = Ledger.of(self.crawler)
+        ledger = self.ledger
         now = time.time()
-        use_lastmod = self.use_lastmod and await self._lastmods_trusted(
+        use_lastmod = ledger is not None and self.use_lastmod and await self._lastmods_trusted(
             ledger, entries.host, candidates, now
         )
         # In chunks: memory holds one chunk's stored states, not a whole
@@ -159,9 +162,9 @@ class ListedPagesSpider(IncrementalSpider):
         self, candidates: list[Candidate], stored: list[PageState | None], use_lastmod: bool,
         callback_for: Callable[[str], Callable[..., Any] | None], now: float,
     ) -> Iterator[Request]:
-        ledger = Ledger.of(self.crawler)
-        config = ledger.config
-        max_age, revisit = config.max_age, config.revisit_enabled
+        ledger = self.ledger
+        max_age, revisit = (
+            (ledger.config.max_age, ledger.config.revisit_enabled) if ledger else (0.0, False))
         reasons: Counter[str] = Counter()
         for candidate, state in zip(candidates, stored, strict=True):
             self._decided.add(candidate.canonical)
@@ -176,7 +179,8 @@ class ListedPagesSpider(IncrementalSpider):
             meta = {}
             if use_lastmod and candidate.lastmod is not None:
                 meta[META_LASTMOD] = candidate.lastmod
-            ledger.prefetched(PageKey(ledger.scope, candidate.canonical), state)
+            if ledger is not None:
+                ledger.prefetched(PageKey(ledger.scope, candidate.canonical), state)
             yield Request(candidate.loc, callback=callback, meta=meta)
         stats = self.crawler.stats
         for reason, count in reasons.items():

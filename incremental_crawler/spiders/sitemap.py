@@ -17,9 +17,8 @@ from scrapy import Request
 from scrapy.spiders import SitemapSpider
 from scrapy.utils.sitemap import Sitemap, sitemap_urls_from_robots
 
-from incremental_crawler.downloadermiddlewares.conditional import META_SKIP
-from incremental_crawler.ledger import Ledger
-from incremental_crawler.sitemaps import decide
+from incremental_crawler.meta import META_SKIP
+from incremental_crawler.lists.sitemaps import decide
 from incremental_crawler.spiders.listed import (
     DEFAULT_TEXT_SELECTORS,
     MAX_LIST_BYTES,
@@ -88,14 +87,14 @@ class SitemapPagesSpider(ListedPagesSpider, SitemapSpider):
             return
         # An index's lastmod says when each child sitemap changed: a child
         # that did not change is not read again.
-        ledger = Ledger.of(self.crawler)
+        max_age = self.ledger.config.max_age if self.ledger is not None else 0.0
         now = time.time()
         stored = await self.stored_states(candidates)
         for child, state in zip(candidates, stored, strict=True):
             if not any(rule.search(child.loc) for rule in self._follow):
                 continue
             reason = decide(child, state, use_lastmod=self.use_lastmod,
-                            max_age=ledger.config.max_age, now=now)
+                            max_age=max_age, now=now)
             if reason is None:
                 stats.inc_value("incremental/sitemap/child_unchanged")
                 self.lists_skipped = True

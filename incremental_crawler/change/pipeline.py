@@ -9,25 +9,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter
-from scrapy.exceptions import DropItem
 
-from incremental_crawler.fingerprints import hamming, simhash
-from incremental_crawler.ledger import Ledger
+from incremental_crawler.change.fingerprints import hamming, simhash
+from incremental_crawler.exceptions import ItemNearDuplicate, ItemUnchanged
+from incremental_crawler.state.ledger import Ledger
 
 if TYPE_CHECKING:
     from typing import Self
 
     from scrapy.crawler import Crawler
 
-__all__ = ["FingerprintPipeline", "ItemNearDuplicate", "ItemUnchanged"]
-
-
-class ItemUnchanged(DropItem):
-    """The item equals the stored version."""
-
-
-class ItemNearDuplicate(ItemUnchanged):
-    """The item differs from the stored version only by a few SimHash bits."""
+__all__ = ["FingerprintPipeline"]
 
 
 class FingerprintPipeline:

@@ -10,6 +10,8 @@ from scrapy.exceptions import NotConfigured
 from scrapy.extensions.logstats import LogStats
 
 from incremental_crawler.config import IncrementalConfig
+from incremental_crawler.politeness.extension import AdaptiveThrottle
+from incremental_crawler.state.ledger import Ledger
 
 if TYPE_CHECKING:
     from typing import Self
@@ -80,7 +82,7 @@ class IncrementalLogStats(LogStats):
     def log(self, spider: Spider) -> None:
         super().log(spider)
         line = _line(summarize(self.stats.get_stats()))
-        throttle = getattr(self.crawler, "incremental_throttle", None)
+        throttle = self.crawler.get_extension(AdaptiveThrottle) if self.crawler else None
         if throttle is not None and throttle.windows:
             line += f"; windows: {throttle.summary()}"
         logger.info("Incremental: %(line)s", {"line": line}, extra={"spider": spider})
@@ -113,7 +115,7 @@ class IncrementalReport:
             f"  {_line(s)}",
             f"  bytes downloaded {downloaded:,}, saved by 304s ~{saved:,}{share}",
         ]
-        ledger = getattr(self.crawler, "incremental_ledger", None)
+        ledger = self.crawler.get_extension(Ledger) if self.crawler else None
         if ledger is not None:
             lines.extend(ledger.trust.report_lines())
         if s["state_withheld"]:

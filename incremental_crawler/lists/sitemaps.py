@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from incremental_crawler.lastmod import parse_w3c_datetime
+from incremental_crawler.lists.dates import parse_w3c_datetime
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterable
 
     from scrapy.statscollectors import StatsCollector
 
-    from incremental_crawler.state import PageState
+    from incremental_crawler.state.records import PageState
 
 __all__ = ["MAX_LOC_LENGTH", "MAX_URLS", "Candidate", "SitemapEntries", "decide"]
 

@@ -3,18 +3,18 @@ freezes, robots.txt Crawl-delay and a penalty box, per download slot.
 
 AutoThrottle only stretches a delay from latencies; it ignores 429 and
 Retry-After (Scrapy issues #4424, #3849) and Crawl-delay (#892). This
-extension keeps a :class:`~incremental_crawler.throttle.DomainWindow` per
+extension keeps a :class:`~incremental_crawler.politeness.window.DomainWindow` per
 slot and applies it to the slot before each request is queued there:
 delay, concurrency and, after a Retry-After or a backoff, a freeze (no
 request of that slot leaves before it ends). The Retry-After handling of
-responses is in :mod:`incremental_crawler.downloadermiddlewares.retryafter`.
+responses is in :mod:`incremental_crawler.politeness.middlewares`.
 
 With ``INCREMENTAL_THROTTLE_SHARED_URL`` the rate, the pacing and the
 freezes of each slot are shared by every worker through Redis
-(:mod:`incremental_crawler.shared_budget`): the signals seen here are
+(:mod:`incremental_crawler.politeness.budget`): the signals seen here are
 reported there, the shared rate replaces the local one, and the slot's own
 delay is (almost) none, since a token from the shared bucket paces each
-request (:mod:`incremental_crawler.downloadermiddlewares.sharedbudget`).
+request (:mod:`incremental_crawler.politeness.middlewares`).
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.httpobj import urlparse_cached
 
 from incremental_crawler.config import setting_or_default, throttle_enabled
-from incremental_crawler.downloadermiddlewares.retryafter import parse_retry_after
-from incremental_crawler.shared_budget import SharedBudget
-from incremental_crawler.throttle import DomainWindow, WindowPolicy
+from incremental_crawler.politeness.retry_after import parse_retry_after
+from incremental_crawler.politeness.budget import SharedBudget
+from incremental_crawler.politeness.window import DomainWindow, WindowPolicy
 from incremental_crawler.uris import redacted
-from incremental_crawler.validators import parse_http_date
+from incremental_crawler.http.validators import parse_http_date
 
 if TYPE_CHECKING:
     from typing import Self
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http import Response
 
-    from incremental_crawler.shared_budget import Grant
+    from incremental_crawler.politeness.budget import Grant
 
 __all__ = ["AdaptiveThrottle"]
 
@@ -131,7 +131,6 @@ class AdaptiveThrottle(AutoThrottle):
                 # Not NotConfigured: that would crawl on without any
                 # throttle, N workers N times too fast.
                 self.shared_error = f"INCREMENTAL_THROTTLE_SHARED_URL={redacted(str(url))!r}: {exc}"
-        crawler.incremental_throttle = self  # type: ignore[attr-defined]
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._response_downloaded, signal=signals.response_downloaded)
         crawler.signals.connect(self.request_reached_downloader,

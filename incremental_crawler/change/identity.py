@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter
 
-from incremental_crawler.fingerprints import Normaliser, item_fingerprint
-from incremental_crawler.keys import canonical_url
+from incremental_crawler.change.fingerprints import Normaliser, item_fingerprint
+from incremental_crawler.state.keys import canonical_url
 
 if TYPE_CHECKING:
     from collections.abc import Callable

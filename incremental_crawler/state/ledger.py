@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from itemadapter import ItemAdapter
 from scrapy import signals
@@ -30,14 +30,16 @@ from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from twisted.internet.defer import Deferred
 
 from incremental_crawler.config import IncrementalConfig
-from incremental_crawler.identity import ItemIdentity, serialize_item
-from incremental_crawler.keys import Canonicalizer
-from incremental_crawler.state import ItemRecord, PageKey, PageState
-from incremental_crawler.stores import StateStore, StateStoreError, open_store
-from incremental_crawler.trust import HostTrustBook
+from incremental_crawler.exceptions import ItemUnchanged
+from incremental_crawler.change.identity import ItemIdentity, serialize_item
+from incremental_crawler.state.keys import Canonicalizer
+from incremental_crawler.state.records import ItemRecord, PageKey, PageState
+from incremental_crawler.state.stores import StateStore, StateStoreError, open_store
+from incremental_crawler.change.trust import HostTrustBook
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import Self
 
     from scrapy import Spider
     from scrapy.crawler import Crawler
@@ -97,6 +99,20 @@ class PageTransaction:
         return self.items_changed > 0 or self.items_unchanged == 0
 
 
+class RunGate(Protocol):
+    """The failures of a whole run of several workers (cluster mode).
+
+    A sitemap's state may be saved only when no page it listed failed,
+    whichever worker fetched that page.
+    """
+
+    #: Failed pages of the run, read when this worker left (None: unknown).
+    run_failures: int | None
+
+    def note_failure(self) -> None:
+        """A page of this worker failed: count it for the run."""
+
+
 class _Pending:
     """What the pipelines learnt about an item on its way through them."""
 
@@ -128,6 +144,8 @@ class Ledger:
         self.trust = HostTrustBook(config, store, self.scope, self.stats)
         #: Set by the storage pipeline when it is enabled.
         self.stores_items = False
+        #: Set by the cluster coordinator in cluster mode.
+        self.run_gate: RunGate | None = None
         self._pending: dict[int, _Pending] = {}
         self._discovered: list[PageState] = []
         self._failures = 0
@@ -155,29 +173,36 @@ class Ledger:
         crawler.signals.connect(self.spider_error, signal=signals.spider_error)
 
     @classmethod
-    def for_component(cls, crawler: Crawler) -> Ledger:
-        """:meth:`of`, for a component that is off with INCREMENTAL_ENABLED."""
-        if not IncrementalConfig.from_settings(crawler.settings).enabled:
-            raise NotConfigured("INCREMENTAL_ENABLED is False; set it to True to use it")
-        return cls.of(crawler)
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        """Built as an extension, before the downloader and the scraper.
+
+        Opening the store happens here, before the crawl starts, so a store
+        that cannot be used stops the crawl with an error naming it instead
+        of running with an empty store.
+        """
+        config = IncrementalConfig.from_settings(crawler.settings)
+        if not config.enabled:
+            raise NotConfigured("INCREMENTAL_ENABLED is False; set it to True to keep state")
+        ledger = cls(crawler, config, open_store(crawler.settings))
+        logger.info(
+            "Incremental state store: %(location)s (scope %(scope)r)",
+            {"location": ledger.store.location, "scope": ledger.scope},
+            extra={"crawler": crawler},
+        )
+        return ledger
 
     @classmethod
-    def of(cls, crawler: Crawler) -> Ledger:
-        """The crawler's ledger, opening its store on first use.
+    def for_component(cls, crawler: Crawler) -> Ledger:
+        """The crawler's ledger, for a component built after the extensions.
 
-        Opening happens while components are built, before the crawl starts,
-        so a store that cannot be used stops the crawl with an error naming
-        it instead of running with an empty store.
+        Raises ``NotConfigured`` (the component is then left out) when there
+        is none: INCREMENTAL_ENABLED is False, or the add-on is not installed.
         """
-        ledger: Ledger | None = getattr(crawler, "incremental_ledger", None)
+        ledger = crawler.get_extension(cls)
         if ledger is None:
-            config = IncrementalConfig.from_settings(crawler.settings)
-            ledger = cls(crawler, config, open_store(crawler.settings))
-            crawler.incremental_ledger = ledger  # type: ignore[attr-defined]
-            logger.info(
-                "Incremental state store: %(location)s (scope %(scope)r)",
-                {"location": ledger.store.location, "scope": ledger.scope},
-                extra={"crawler": crawler},
+            raise NotConfigured(
+                "no incremental ledger: INCREMENTAL_ENABLED is False, or the add-on "
+                "(ADDONS = {'incremental_crawler.addon.IncrementalAddon': 0}) is not installed"
             )
         return ledger
 
@@ -216,10 +241,9 @@ class Ledger:
             self.stats.set_value("incremental/items_abandoned", abandoned)
         # In cluster mode another worker may have failed a page this
         # worker's sitemap listed; the run's count was read when it left.
-        cluster = getattr(self.crawler, "incremental_cluster", None)
         # None: the count could not be read (Redis gone), so failures are
         # not ruled out.
-        run_failures = cluster.run_failures if cluster is not None else 0
+        run_failures = self.run_gate.run_failures if self.run_gate is not None else 0
         if reason == "finished" and run_failures == 0 and not (self._failures or self._withheld):
             for state in self._discovered:
                 self.store.stage_page(state)
@@ -272,9 +296,8 @@ class Ledger:
     def _tell_cluster_failure(self) -> None:
         # In cluster mode another worker may have read the sitemap listing
         # this page: the run's count gates its validators too.
-        cluster = getattr(self.crawler, "incremental_cluster", None)
-        if cluster is not None:
-            cluster.note_failure()
+        if self.run_gate is not None:
+            self.run_gate.note_failure()
 
     def output_finished(self, txn: PageTransaction) -> None:
         txn.output_done = True
@@ -379,8 +402,6 @@ class Ledger:
 
     def item_dropped(self, item: Any, response: Any, exception: BaseException, spider: Spider) -> None:
         # A dropped item is a decision, not a failure: the page is done.
-        from incremental_crawler.pipelines.fingerprint import ItemUnchanged  # noqa: PLC0415
-
         self._pending.pop(id(item), None)
         # Unchanged: evidence about the page's content; other drops are not.
         self._item_finished(response, changed=False if isinstance(exception, ItemUnchanged)

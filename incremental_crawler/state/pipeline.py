@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from scrapy.exceptions import NotConfigured
 
 from incremental_crawler.config import IncrementalConfig
-from incremental_crawler.identity import serialize_item
-from incremental_crawler.ledger import Ledger
+from incremental_crawler.change.identity import serialize_item
+from incremental_crawler.state.ledger import Ledger
 
 if TYPE_CHECKING:
     from typing import Self
@@ -36,7 +36,7 @@ class StoragePipeline:
                 "INCREMENTAL_STORE_ITEMS is False; items go only to your own "
                 "pipelines and feeds"
             )
-        self.ledger = Ledger.of(crawler)
+        self.ledger = Ledger.for_component(crawler)
         self.ledger.stores_items = True
 
     @classmethod

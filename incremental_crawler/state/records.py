@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, NamedTuple
 if TYPE_CHECKING:
     from typing import Self
 
-__all__ = ["ItemRecord", "PageFlags", "PageKey", "PageState"]
+__all__ = ["HostTrust", "ItemRecord", "PageFlags", "PageKey", "PageState"]
 
 
 class PageKey(NamedTuple):
@@ -92,3 +92,20 @@ class ItemRecord:
     stored_at: float = 0.0
     #: SimHash of the item's main text (near-duplicate mode only).
     simhash: int | None = None
+
+
+@dataclass(slots=True)
+class HostTrust:
+    """Lastmod and validator evidence for one host of one scope."""
+
+    scope: str
+    host: str
+    checks: int = 0
+    lies: int = 0
+    distrusted_until: float = 0.0
+    #: Until when this host's 304s are not trusted (its validators lied).
+    validators_distrusted_until: float = 0.0
+    #: Consistent full fetches in a row while distrusted (re-trust after M).
+    validators_consistent: int = 0
+    #: Since when most of its pages' validators are unstable (0: they are not).
+    validators_unstable_since: float = 0.0

@@ -57,13 +57,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from incremental_crawler.state.records import HostTrust
+
 if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
 
     from incremental_crawler.config import IncrementalConfig
-    from incremental_crawler.stores.base import StateStore
+    from incremental_crawler.state.stores.base import StateStore
 
-__all__ = ["HostTrust", "HostTrustBook", "VALIDATOR_VERDICTS", "recheck_due"]
+__all__ = ["HostTrustBook", "VALIDATOR_VERDICTS", "recheck_due"]
 
 #: What a full fetch says about a page's validators.
 VALIDATOR_VERDICTS = ("reliable", "unstable", "lying", "absent")
@@ -87,23 +89,6 @@ def recheck_due(url: str, visit: int, every: int) -> bool:
     parts = urlsplit(url)
     phase = zlib.crc32(f"{parts.path}?{parts.query}".encode()) % every
     return (visit + phase) % every == 0
-
-
-@dataclass(slots=True)
-class HostTrust:
-    """Lastmod and validator evidence for one host of one scope."""
-
-    scope: str
-    host: str
-    checks: int = 0
-    lies: int = 0
-    distrusted_until: float = 0.0
-    #: Until when this host's 304s are not trusted (its validators lied).
-    validators_distrusted_until: float = 0.0
-    #: Consistent full fetches in a row while distrusted (re-trust after M).
-    validators_consistent: int = 0
-    #: Since when most of its pages' validators are unstable (0: they are not).
-    validators_unstable_since: float = 0.0
 
 
 class HostTrustBook:

@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
-    from incremental_crawler.state import ItemRecord, PageKey, PageState
-    from incremental_crawler.trust import HostTrust
-
+    from incremental_crawler.state.records import HostTrust, ItemRecord, PageKey, PageState
+    
 __all__ = ["StateStore", "StateStoreError"]
 
 

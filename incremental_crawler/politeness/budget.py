@@ -44,7 +44,7 @@ from redis.exceptions import NoScriptError, RedisError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from incremental_crawler.throttle import WindowPolicy
+    from incremental_crawler.politeness.window import WindowPolicy
 
 __all__ = ["BUDGET_LUA", "Grant", "SharedBudget", "SharedBudgetClosing", "SharedBudgetParked",
            "script_args"]

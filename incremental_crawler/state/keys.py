@@ -7,19 +7,15 @@ from typing import TYPE_CHECKING
 
 from w3lib.url import canonicalize_url
 
-from incremental_crawler.state import PageKey
+from incremental_crawler.meta import META_VARIANT
+from incremental_crawler.state.records import PageKey
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from scrapy import Request
 
-__all__ = ["META_VARIANT", "Canonicalizer", "canonical_url", "page_key"]
-
-#: Request meta key: which version of a URL this client gets (region,
-#: language, proxy exit). Each variant keeps its own validators.
-META_VARIANT = "incremental_variant"
-
+__all__ = ["Canonicalizer", "canonical_url", "page_key"]
 
 def canonical_url(url: str) -> str:
     """The URL as stored: canonical, so equivalent spellings share state.

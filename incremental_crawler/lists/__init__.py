@@ -1,0 +1,1 @@
+"""Lists of pages with dates: sitemaps and feeds (pure parsing and checks)."""

@@ -1,0 +1,740 @@
+"""The networked state store: Redis, shared by crawl workers on many machines.
+
+``INCREMENTAL_STATE_URI=redis://host:6379/0?prefix=incremental`` (also
+``rediss://`` and ``unix:///path/redis.sock?db=0``). Every key starts with
+the prefix; ``<s>`` is the scope, percent-quoted so it never holds a ``:``:
+
+==============================  ==========================================
+``P:meta``                      hash: ``layout`` and ``version`` of the layout
+``P:scopes``                    set of the scopes stored
+``P:pages:<s>``                 hash: page field → page state (JSON)
+``P:due:<s>``                   sorted set: fetched pages with a callback, by next_visit
+``P:hosts:<s>``                 hash: host → lastmod/validator trust (JSON)
+``P:items:<s>``                 hash: item key → latest url/fingerprint/simhash (JSON)
+``P:itemver:<s>``               hash: item key → latest version number
+``P:order:<s>``                 sorted set: item keys by first_seen (exports)
+``P:hist:<s>:<item key>``       hash: version → fingerprint, time and data (JSON)
+``P:flush:<token>``             how many writes of a flush were applied (expires)
+==============================  ==========================================
+
+A page field is the URL, plus ``\\0`` and the variant when there is one.
+Records are JSON objects of their dataclass fields, defaults left out, so a
+field added to :class:`PageState`, :class:`HostTrust` or :class:`ItemRecord`
+is stored without a layout change and reads back as its default where it is
+missing. Floats are POSIX times or durations, kept as whole seconds as the
+SQLite store does.
+
+Reads are one round-trip each (``get_pages``: one pipelined round-trip per
+10,000 keys) on a ``redis.asyncio`` client, so the reactor never waits on
+the network. Writes are staged in memory; :meth:`RedisStateStore.flush`
+sends them all as one run of a Lua script, in staging order: atomic for
+every reader and worker like a ``MULTI``/``EXEC``, but it stops at the first
+write that fails (``EXEC`` would go on with the ones after it), so a page's
+validators are never applied without the items staged before them
+(invariant 1). Redis keeps how many writes of a batch it applied under the
+batch's token: a batch whose reply was lost is not applied twice when it is
+sent again. Checks, redirects and item versions are read-modify-write
+upserts inside that script.
+
+Opening the store (once, before a crawl) and the synchronous reports
+(``iter_items``, ``item_history``, ``count_pages``) use a blocking client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import uuid
+from dataclasses import MISSING, fields
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
+
+import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from incremental_crawler.state.records import HostTrust, ItemRecord, PageFlags, PageKey, PageState
+from incremental_crawler.state.stores.base import StateStore, StateStoreError
+from incremental_crawler.uris import redacted
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator, Sequence
+    from typing import Self
+
+    from scrapy.settings import BaseSettings
+
+__all__ = ["RedisStateStore", "parse_redis_uri"]
+
+logger = logging.getLogger(__name__)
+
+#: Written to ``P:meta``; a prefix holding another layout is refused. A
+#: name, not a module path: it stays as the first stores wrote it.
+LAYOUT = "incremental_crawler.state"
+#: Bumped when the key layout changes incompatibly (with a migration here).
+LAYOUT_VERSION = 1
+DEFAULT_PREFIX = "incremental"
+#: Keys per pipelined round-trip of a batched read, and fields per HMGET.
+_READ_BATCH = 10_000
+_HMGET_CHUNK = 1_000
+#: Query parameters of the URI that redis-py understands, besides ``prefix``.
+_REDIS_QUERY = frozenset({
+    "db", "socket_timeout", "socket_connect_timeout", "socket_keepalive",
+    "health_check_interval", "max_connections", "ssl_cert_reqs", "ssl_ca_certs",
+    "ssl_certfile", "ssl_keyfile", "ssl_check_hostname", "protocol", "client_name",
+})
+#: A Redis that hangs must not hang the crawl; the URI may set other values.
+_DEFAULT_TIMEOUTS = {"socket_connect_timeout": 5.0, "socket_timeout": 30.0}
+#: Lua numbers are doubles and cjson prints 14 significant digits: larger
+#: integers in a page record would not survive the check/redirect upsert.
+_LUA_INT_LIMIT = 10**14
+
+#: How long Redis remembers how much of a batch it applied (see _FLUSH_LUA).
+_TOKEN_TTL = 86_400
+
+# One flush is one run of this script: atomic for every other client, like a
+# MULTI/EXEC, but it stops at the first write that fails (a damaged key, a
+# record it cannot read) where EXEC would go on with the writes after it: a
+# page's validators, staged after its items, are never applied when one of
+# its items was not (invariant 1). How many writes it applied is kept under
+# the batch's token, so a batch whose reply was lost (a timeout, a cut after
+# it was sent) is not applied twice when it is sent again.
+#
+# The upserts mirror the SQLite store's: a check or a redirect touches
+# counters, status and (check) lastmod and schedule, never validators or
+# fingerprints (invariant 2); an item gets the next version number of its key.
+#
+# KEYS: token, scopes set, tokens to forget. ARGV: number of scopes, the
+# scopes, then the writes, each its name followed by ARITY[name] arguments.
+_FLUSH_LUA = """
+local ARITY = {host = 3, page = 5, check = 8, redirect = 7, item = 8}
+local OPS = {}
+function OPS.host(a, i)
+  redis.call('HSET', a[i], a[i + 1], a[i + 2])
+end
+function OPS.page(a, i)
+  -- pages, due, field, record, next_visit ('' : not in the due index)
+  redis.call('HSET', a[i], a[i + 2], a[i + 3])
+  if a[i + 4] ~= '' then
+    redis.call('ZADD', a[i + 1], a[i + 4], a[i + 2])
+  else
+    redis.call('ZREM', a[i + 1], a[i + 2])
+  end
+end
+local function visit(a, i)
+  -- pages, due, field, status, when; then for a check lastmod, interval,
+  -- next_visit ('' keeps the stored value), for a redirect target, flag
+  local raw = redis.call('HGET', a[i], a[i + 2])
+  local page
+  if raw then
+    page = cjson.decode(raw)
+    page.checks = (page.checks or 0) + 1
+  else
+    page = {first_seen = tonumber(a[i + 4]), checks = 1}
+  end
+  page.last_status = tonumber(a[i + 3])
+  page.last_checked = tonumber(a[i + 4])
+  return page
+end
+function OPS.check(a, i)
+  local page = visit(a, i)
+  if a[i + 5] ~= '' then page.lastmod = tonumber(a[i + 5]) end
+  local index = false
+  if a[i + 6] ~= '' then
+    page.interval = tonumber(a[i + 6])
+    page.next_visit = tonumber(a[i + 7])
+    index = page.fingerprint and page.callback
+  end
+  redis.call('HSET', a[i], a[i + 2], cjson.encode(page))
+  if index then
+    redis.call('ZADD', a[i + 1], page.next_visit, a[i + 2])
+  end
+end
+function OPS.redirect(a, i)
+  local page = visit(a, i)
+  page.flags = bit.bor(page.flags or 0, tonumber(a[i + 6]))
+  page.redirect_to = a[i + 5]
+  redis.call('HSET', a[i], a[i + 2], cjson.encode(page))
+end
+function OPS.item(a, i)
+  -- items, itemver, order, hist, item key, record, when, history entry ('': none)
+  local version = redis.call('HINCRBY', a[i + 1], a[i + 4], 1)
+  redis.call('HSET', a[i], a[i + 4], a[i + 5])
+  redis.call('ZADD', a[i + 2], 'NX', a[i + 6], a[i + 4])
+  if a[i + 7] ~= '' then
+    redis.call('HSET', a[i + 3], version, a[i + 7])
+  end
+end
+
+for k = 3, #KEYS do redis.call('DEL', KEYS[k]) end
+local done = redis.call('GET', KEYS[1])
+if done then
+  return {tonumber(done), 1}
+end
+local scopes = tonumber(ARGV[1])
+if scopes > 0 then
+  redis.call('SADD', KEYS[2], unpack(ARGV, 2, 1 + scopes))
+end
+local applied, i, failed = 0, 2 + scopes, nil
+while i <= #ARGV do
+  local name = ARGV[i]
+  local ok, err = pcall(OPS[name], ARGV, i + 1)
+  if not ok then
+    if type(err) == 'table' then err = err.err end
+    failed = tostring(err)
+    break
+  end
+  applied = applied + 1
+  i = i + 1 + ARITY[name]
+end
+redis.call('SET', KEYS[1], applied, 'EX', TOKEN_TTL)
+if failed then
+  return {applied, 0, failed}
+end
+return {applied, 0}
+""".replace("TOKEN_TTL", str(_TOKEN_TTL))
+
+
+def parse_redis_uri(uri: str) -> tuple[str, str]:
+    """``redis://h:p/db?prefix=x`` → (URI for redis-py, key prefix).
+
+    >>> parse_redis_uri("redis://127.0.0.1:6379/9?prefix=books")
+    ('redis://127.0.0.1:6379/9', 'books')
+    >>> parse_redis_uri("unix:///run/redis.sock?db=2")
+    ('unix:///run/redis.sock?db=2', 'incremental')
+    """
+    def bad(why: str) -> StateStoreError:
+        return StateStoreError(
+            f"State store {redacted(uri)}: {why}; use "
+            "redis://host:port/db?prefix=name (or rediss://, or "
+            "unix:///path/redis.sock?db=N)"
+        )
+
+    try:
+        parts = urlsplit(uri)
+        port = parts.port  # parsed lazily: an invalid port raises here
+    except ValueError as exc:
+        raise bad(f"not a valid URI ({exc})") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("redis", "rediss", "unix"):
+        raise bad(f"scheme {parts.scheme!r} is not a Redis one")
+    query: list[tuple[str, str]] = []
+    prefixes: list[str] = []
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        if name == "prefix":
+            prefixes.append(value)
+        elif name in _REDIS_QUERY:
+            query.append((name, value))
+        else:
+            raise bad(f"unknown parameter {name!r}")
+    if len(prefixes) > 1 or (prefixes and not prefixes[0]):
+        raise bad("give one non-empty prefix")
+    prefix = prefixes[0] if prefixes else DEFAULT_PREFIX
+    if scheme == "unix":
+        if not parts.path:
+            raise bad("no socket path")
+    else:
+        if not parts.hostname:
+            raise bad("no host")
+        if port == 0:
+            raise bad("port 0")
+        db = parts.path.strip("/")
+        # redis-py would silently fall back to db 0 on anything else.
+        if db and not db.isdigit():
+            raise bad(f"database {db!r} is not a number")
+    for name, value in query:
+        if name == "db" and not value.isdigit():
+            raise bad(f"database {value!r} is not a number")
+    # Not urlunsplit: it drops the empty authority of unix:///path.
+    clean = f"{scheme}://{parts.netloc}{parts.path}"
+    if query:
+        clean += f"?{urlencode(query)}"
+    return clean, prefix
+
+
+def _key_part(scope: str) -> str:
+    # Percent-quoted: no ':' inside, so P:hist:<s>:<key> splits one way only,
+    # and common scope names (spider names) read as they are.
+    return quote(scope, safe="")
+
+
+def _page_field(key: PageKey) -> str:
+    # Canonical URLs never contain NUL; a variant may contain anything.
+    return f"{key.url}\0{key.variant}" if key.variant else key.url
+
+
+def _page_key(scope: str, field: str) -> PageKey:
+    url, _, variant = field.partition("\0")
+    return PageKey(scope, url, variant)
+
+
+class RedisStateStore(StateStore):
+    """State in Redis; see the module docstring."""
+
+    def __init__(self, uri: str, *, prefix: str = DEFAULT_PREFIX) -> None:
+        self.prefix = prefix
+        query = f"&prefix={prefix}" if "?" in uri else f"?prefix={prefix}"
+        self.location = redacted(uri) + query
+        #: Network round-trips to Redis so far (one per command or pipeline).
+        self.roundtrips = 0
+        # Staged writes (one per stage_* call: a name and its arguments for
+        # _FLUSH_LUA), in staging order, and the scopes they touch
+        # (registered in P:scopes by the same flush).
+        self._ops: list[tuple[Any, ...]] = []
+        self._scopes: set[str] = set()
+        # (token, number of writes) of the batch at the front of _ops whose
+        # outcome is unknown (its reply was lost): Redis knows how much of it
+        # was applied. Tokens whose outcome is known are forgotten next time.
+        self._unsure: tuple[str, int] | None = None
+        self._spent_tokens: list[str] = []
+        # Latest staged page states and item fingerprints, for reads; the
+        # `_flushing_*` ones belong to a flush in flight, still readable.
+        self._pages: dict[PageKey, PageState] = {}
+        self._item_fps: dict[tuple[str, str], str] = {}
+        self._flushing_pages: dict[PageKey, PageState] = {}
+        self._flushing_fps: dict[tuple[str, str], str] = {}
+        self._flushing_count = 0
+        self._flush_lock: asyncio.Lock | None = None
+        self._script_sha = hashlib.sha1(_FLUSH_LUA.encode()).hexdigest()
+        self._fields = {cls: fields(cls) for cls in (PageState, HostTrust, ItemRecord)}
+        # The fields a stored record may hold (the key ones are in the Redis key).
+        self._names = {
+            PageState: frozenset(f.name for f in self._fields[PageState]) - {"key"},
+            HostTrust: frozenset(f.name for f in self._fields[HostTrust]) - {"scope", "host"},
+        }
+        self._closed = False
+        # No retries: a transaction whose reply was lost may have run, and
+        # running it twice would count checks and item versions twice.
+        options: dict[str, Any] = {**_DEFAULT_TIMEOUTS, "retry": Retry(NoBackoff(), 0)}
+        try:
+            self._sync = redis.Redis.from_url(uri, **options)
+            # Bound to the event loop of its first command (the reactor's).
+            self._async = redis.asyncio.Redis.from_url(
+                uri, **{**options, "retry": AsyncRetry(NoBackoff(), 0)}
+            )
+        except ValueError as exc:
+            raise self._fail("bad URI", exc) from exc
+        try:
+            self._check_layout()
+        except BaseException:
+            self._sync.close()
+            raise
+
+    @classmethod
+    def from_uri(cls, uri: str, *, settings: BaseSettings | None = None) -> Self:
+        clean, prefix = parse_redis_uri(uri)
+        return cls(clean, prefix=prefix)
+
+    # -- keys and records ------------------------------------------------------
+
+    def _key(self, kind: str, scope: str) -> str:
+        return f"{self.prefix}:{kind}:{_key_part(scope)}"
+
+    def _hist_key(self, scope: str, item_key: str) -> str:
+        return f"{self.prefix}:hist:{_key_part(scope)}:{item_key}"
+
+    def _encode(self, record: Any, skip: Sequence[str], *, lua_safe: bool = False) -> str:
+        """A dataclass as compact JSON: fields at their default are left out."""
+        out: dict[str, Any] = {}
+        for f in self._fields[type(record)]:
+            if f.name in skip:
+                continue
+            value = getattr(record, f.name)
+            if f.default is not MISSING and value == f.default:
+                continue
+            if isinstance(value, float):
+                value = int(value)  # whole seconds, as in the SQLite store
+            if lua_safe and isinstance(value, int) and abs(value) >= _LUA_INT_LIMIT:
+                raise self._fail(f"{f.name}={value} is too large for its Lua upserts")
+            out[f.name] = value
+        return json.dumps(out, separators=(",", ":"), ensure_ascii=False)
+
+    def _decode(self, cls: type, raw: bytes | str, **fixed: Any) -> Any:
+        data = json.loads(raw)
+        names = self._names[cls]
+        if not data.keys() <= names:
+            # Fields this code does not know (written by a newer version)
+            # are ignored; missing ones take their defaults.
+            data = {k: v for k, v in data.items() if k in names}
+        return cls(**fixed, **data)
+
+    def _page(self, key: PageKey, raw: bytes | str) -> PageState:
+        return self._decode(PageState, raw, key=key)
+
+    # -- opening ---------------------------------------------------------------
+
+    def _fail(self, what: str, exc: BaseException | None = None) -> StateStoreError:
+        detail = f": {exc}" if exc else ""
+        return StateStoreError(f"State store {self.location}: {what}{detail}")
+
+    def _check_layout(self) -> None:
+        """Refuse a prefix holding a newer or foreign layout; mark a new one."""
+        meta = f"{self.prefix}:meta"
+        try:
+            pipe = self._sync.pipeline(transaction=False)
+            pipe.type(meta)
+            pipe.hgetall(meta)
+            pipe.exists(f"{self.prefix}:scopes")
+            # Loaded now, so that the first flush is one round-trip.
+            pipe.script_load(_FLUSH_LUA)
+            pipe.info("memory")
+            kind, found, has_scopes, _, memory = pipe.execute(raise_on_error=False)
+            self.roundtrips += 1
+            if isinstance(kind, Exception):
+                raise kind
+            # State keys never expire: only an allkeys-* policy evicts them,
+            # silently (an items hash gone, its pages' validators kept).
+            policy = "" if isinstance(memory, Exception) else str(memory.get("maxmemory_policy", ""))
+            if policy.startswith("allkeys"):
+                raise self._fail(
+                    f"Redis evicts keys when full (maxmemory-policy {policy}): stored "
+                    "state would vanish silently; use a Redis with maxmemory-policy "
+                    "noeviction (or volatile-*)"
+                )
+            if kind == b"none":
+                if has_scopes:
+                    raise self._fail(
+                        f"holds state keys but no {meta} (damaged, or written by "
+                        "something else); point INCREMENTAL_STATE_URI at another "
+                        "prefix or restore it"
+                    )
+                # HSETNX: two workers opening a new store at once agree.
+                pipe = self._sync.pipeline(transaction=True)
+                pipe.hsetnx(meta, "layout", LAYOUT)
+                pipe.hsetnx(meta, "version", LAYOUT_VERSION)
+                pipe.hgetall(meta)
+                found = pipe.execute()[-1]
+                self.roundtrips += 1
+            elif kind != b"hash":
+                found = {}
+        except redis.RedisError as exc:
+            raise self._fail(
+                "cannot be reached or read (is Redis running at this address?)", exc
+            ) from exc
+        layout = found.get(b"layout", b"").decode(errors="replace")
+        version = found.get(b"version", b"").decode(errors="replace")
+        if layout != LAYOUT or not version.isdigit():
+            raise self._fail(
+                f"{meta} does not describe an incremental_crawler state store "
+                f"(layout {layout!r}, version {version!r}); the prefix belongs to "
+                "something else: choose another with ?prefix=..."
+            )
+        if int(version) > LAYOUT_VERSION:
+            raise self._fail(
+                f"has layout version {version}, newer than this code knows "
+                f"({LAYOUT_VERSION}); upgrade incremental_crawler"
+            )
+        # int(version) < LAYOUT_VERSION would be migrated here; version 1 is
+        # the first layout.
+
+    # -- async plumbing --------------------------------------------------------
+
+    async def _run(self, pipe: Any) -> list[Any]:
+        self.roundtrips += 1
+        try:
+            return await pipe.execute()
+        except redis.RedisError as exc:
+            raise self._fail("Redis command failed", exc) from exc
+
+    async def _call(self, *args: Any) -> Any:
+        self.roundtrips += 1
+        try:
+            return await self._async.execute_command(*args)
+        except redis.RedisError as exc:
+            raise self._fail("read failed", exc) from exc
+
+    # -- reads ---------------------------------------------------------------
+
+    def _staged_page(self, key: PageKey) -> PageState | None:
+        staged = self._pages.get(key)
+        return staged if staged is not None else self._flushing_pages.get(key)
+
+    async def get_page(self, key: PageKey) -> PageState | None:
+        # Staged page states are visible at once; staged checks (counters
+        # only) become visible when flushed, as in the SQLite store.
+        staged = self._staged_page(key)
+        if staged is not None:
+            return staged
+        raw = await self._call("HGET", self._key("pages", key.scope), _page_field(key))
+        return None if raw is None else self._page(key, raw)
+
+    async def get_pages(self, keys: Iterable[PageKey]) -> dict[PageKey, PageState]:
+        found: dict[PageKey, PageState] = {}
+        wanted: list[PageKey] = []
+        for key in keys:
+            staged = self._staged_page(key)
+            if staged is not None:
+                found[key] = staged
+            else:
+                wanted.append(key)
+        for start in range(0, len(wanted), _READ_BATCH):
+            batch = wanted[start:start + _READ_BATCH]
+            by_scope: dict[str, list[PageKey]] = {}
+            for key in batch:
+                by_scope.setdefault(key.scope, []).append(key)
+            pipe = self._async.pipeline(transaction=False)
+            order: list[list[PageKey]] = []
+            for scope, scope_keys in by_scope.items():
+                for at in range(0, len(scope_keys), _HMGET_CHUNK):
+                    chunk = scope_keys[at:at + _HMGET_CHUNK]
+                    pipe.hmget(self._key("pages", scope), [_page_field(k) for k in chunk])
+                    order.append(chunk)
+            for chunk, values in zip(order, await self._run(pipe), strict=True):
+                for key, raw in zip(chunk, values, strict=True):
+                    if raw is not None:
+                        found[key] = self._page(key, raw)
+        return found
+
+    async def get_due(self, scope: str, now: float, limit: int) -> list[PageState]:
+        if limit <= 0:
+            return []
+        page_fields = await self._call(
+            "ZRANGE", self._key("due", scope), "-inf", int(now), "BYSCORE", "LIMIT", 0, limit
+        )
+        if not page_fields:
+            return []
+        values = await self._call("HMGET", self._key("pages", scope), *page_fields)
+        due = []
+        for field, raw in zip(page_fields, values, strict=True):
+            if raw is None:
+                continue
+            state = self._page(_page_key(scope, field.decode()), raw)
+            # The sorted set only holds such pages; checked again so that a
+            # record written by another version cannot re-seed a bad page.
+            if state.fingerprint is not None and state.callback is not None:
+                due.append(state)
+        return due
+
+    async def _item(self, scope: str, item_key: str) -> dict[str, Any] | None:
+        raw = await self._call("HGET", self._key("items", scope), item_key)
+        return None if raw is None else json.loads(raw)
+
+    async def get_item_simhash(self, scope: str, item_key: str) -> int | None:
+        record = await self._item(scope, item_key)
+        return None if record is None else record.get("simhash")
+
+    async def get_item_fingerprint(self, scope: str, item_key: str) -> str | None:
+        staged = self._item_fps.get((scope, item_key)) or self._flushing_fps.get((scope, item_key))
+        if staged is not None:
+            return staged
+        record = await self._item(scope, item_key)
+        return None if record is None else record["fingerprint"]
+
+    async def get_host(self, scope: str, host: str) -> HostTrust | None:
+        raw = await self._call("HGET", self._key("hosts", scope), host)
+        return None if raw is None else self._decode(HostTrust, raw, scope=scope, host=host)
+
+    # -- staged writes -------------------------------------------------------
+
+    def _stage(self, scope: str, op: tuple[Any, ...]) -> None:
+        self._scopes.add(scope)
+        self._ops.append(op)
+
+    def stage_host(self, trust: HostTrust) -> None:
+        value = self._encode(trust, ("scope", "host"))
+        self._stage(trust.scope, ("host", self._key("hosts", trust.scope), trust.host, value))
+
+    def stage_page(self, state: PageState) -> None:
+        key = state.key
+        value = self._encode(state, ("key",), lua_safe=True)
+        # get_due's index: only fetched pages that know their callback.
+        indexed = state.fingerprint is not None and state.callback is not None
+        self._stage(key.scope, (
+            "page", self._key("pages", key.scope), self._key("due", key.scope),
+            _page_field(key), value, int(state.next_visit) if indexed else "",
+        ))
+        self._pages[key] = state
+
+    def stage_check(
+        self, key: PageKey, status: int, when: float, *, lastmod: float | None = None,
+        schedule: tuple[float, float] | None = None,
+    ) -> None:
+        interval, next_visit = ("", "") if schedule is None else (int(schedule[0]), int(schedule[1]))
+        self._stage(key.scope, (
+            "check", self._key("pages", key.scope), self._key("due", key.scope),
+            _page_field(key), status, int(when),
+            "" if lastmod is None else int(lastmod), interval, next_visit,
+        ))
+
+    def stage_redirect(self, key: PageKey, target: str, status: int, when: float) -> None:
+        self._stage(key.scope, (
+            "redirect", self._key("pages", key.scope), self._key("due", key.scope),
+            _page_field(key), status, int(when), target, PageFlags.REDIRECTED,
+        ))
+
+    def stage_item(self, record: ItemRecord) -> None:
+        # The URL usually is the key: not stored twice (it reads back as the key).
+        skip = ("scope", "key", "data", "url") if record.url == record.key else ("scope", "key", "data")
+        scope, key = record.scope, record.key
+        entry = ""
+        if record.data is not None:
+            # The item's JSON is embedded as it is, not escaped into a string.
+            head = json.dumps({"fingerprint": record.fingerprint, "stored_at": int(record.stored_at)},
+                              separators=(",", ":"))
+            entry = f'{head[:-1]},"data":{record.data}}}'
+        self._stage(scope, (
+            "item", self._key("items", scope), self._key("itemver", scope),
+            self._key("order", scope), self._hist_key(scope, key),
+            key, self._encode(record, skip), int(record.stored_at), entry,
+        ))
+        self._item_fps[scope, key] = record.fingerprint
+
+    @property
+    def pending(self) -> int:
+        return len(self._ops) + self._flushing_count
+
+    async def flush(self) -> int:
+        if self._flush_lock is None:
+            self._flush_lock = asyncio.Lock()
+        # One flush at a time (a timed flush may still be in flight at close).
+        async with self._flush_lock:
+            return await self._flush()
+
+    async def _flush(self) -> int:
+        if not self._ops:
+            return 0
+        ops, scopes, unsure = self._ops, self._scopes, self._unsure
+        self._flushing_pages, self._flushing_fps = self._pages, self._item_fps
+        self._flushing_count = len(ops)
+        self._ops, self._scopes, self._unsure = [], set(), None
+        self._pages, self._item_fps = {}, {}
+        done = 0  # writes of `ops` applied so far, from the front
+        sending: tuple[str, int] | None = None
+        try:
+            if unsure is not None:
+                # Sent before, outcome unknown: Redis says how much of it
+                # it applied (all of it, if only the reply was lost).
+                sending = unsure
+                applied, error = await self._apply(unsure[0], ops[:unsure[1]], scopes)
+                done += applied
+                if error is not None:
+                    raise self._fail(f"a write failed in Redis ({error}); nothing staged after it was sent")
+            if done < len(ops):
+                sending = (uuid.uuid4().hex, len(ops) - done)
+                applied, error = await self._apply(sending[0], ops[done:], scopes)
+                done += applied
+                if error is not None:
+                    raise self._fail(f"a write failed in Redis ({error}); nothing staged after it was sent")
+        except BaseException as exc:
+            # Nothing is recorded as stored that was not: what was not
+            # applied goes back in front of whatever was staged meanwhile,
+            # for a later flush.
+            self._ops = ops[done:] + self._ops
+            self._scopes |= scopes
+            if not isinstance(exc, StateStoreError) or exc.__cause__ is not None:
+                # No reply (or not one we understood): the batch may or may
+                # not have run; its token will tell.
+                if sending is not None:
+                    self._unsure = (sending[0], sending[1])
+            self._pages = {**self._flushing_pages, **self._pages}
+            self._item_fps = {**self._flushing_fps, **self._item_fps}
+            raise
+        finally:
+            self._flushing_pages, self._flushing_fps, self._flushing_count = {}, {}, 0
+        return done
+
+    async def _apply(self, token: str, ops: list[tuple[Any, ...]],
+                     scopes: set[str]) -> tuple[int, str | None]:
+        """Run one batch; ``(writes applied, error of the one that failed)``.
+
+        Raises (chained to the Redis error) when the outcome is unknown.
+        """
+        keys = [self._token_key(token), f"{self.prefix}:scopes",
+                *(self._token_key(t) for t in self._spent_tokens)]
+        args: list[Any] = [len(scopes), *sorted(scopes)]
+        for op in ops:
+            args.extend(op)
+        self.roundtrips += 1
+        try:
+            try:
+                reply = await self._async.evalsha(self._script_sha, len(keys), *keys, *args)
+            except redis.exceptions.NoScriptError:
+                # Not run (a restarted Redis forgot it): sent in full once.
+                self.roundtrips += 1
+                reply = await self._async.eval(_FLUSH_LUA, len(keys), *keys, *args)
+        except redis.RedisError as exc:
+            raise self._fail("Redis command failed", exc) from exc
+        self._spent_tokens = [token]
+        applied = int(reply[0])
+        error = reply[2].decode(errors="replace") if len(reply) > 2 else None
+        if int(reply[1]) and applied < len(ops):
+            # A replay of a batch that stopped at a failed write: the rest
+            # is tried again by the caller.
+            error = None
+        return applied, error
+
+    def _token_key(self, token: str) -> str:
+        return f"{self.prefix}:flush:{token}"
+
+    async def close(self) -> None:
+        try:
+            await self.flush()
+        finally:
+            if not self._closed:
+                self._closed = True
+                self._sync.close()
+                await self._async.aclose()
+
+    # -- reports and exports (synchronous) ---------------------------------
+
+    def _sync_run(self, pipe: Any) -> list[Any]:
+        self.roundtrips += 1
+        try:
+            return pipe.execute()
+        except redis.RedisError as exc:
+            raise self._fail("read failed", exc) from exc
+
+    def _stored_scopes(self) -> list[str]:
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.smembers(f"{self.prefix}:scopes")
+        [members] = self._sync_run(pipe)
+        return sorted(m.decode() for m in members)
+
+    def iter_items(self, scope: str | None = None) -> Iterator[dict[str, object]]:
+        scopes = self._stored_scopes() if scope is None else [scope]
+        for name in scopes:
+            yield from self._iter_scope_items(name)
+
+    def _iter_scope_items(self, scope: str) -> Iterator[dict[str, object]]:
+        order = self._key("order", scope)
+        # Oldest key first (by first_seen, then key), in bounded chunks.
+        for start in range(0, 2**63, _HMGET_CHUNK):
+            pipe = self._sync.pipeline(transaction=False)
+            pipe.zrange(order, start, start + _HMGET_CHUNK - 1)
+            [keys] = self._sync_run(pipe)
+            if not keys:
+                return
+            pipe = self._sync.pipeline(transaction=False)
+            pipe.hmget(self._key("items", scope), keys)
+            pipe.hmget(self._key("itemver", scope), keys)
+            records, versions = self._sync_run(pipe)
+            pipe = self._sync.pipeline(transaction=False)
+            for key, version in zip(keys, versions, strict=True):
+                pipe.hget(self._hist_key(scope, key.decode()), version or b"0")
+            entries = self._sync_run(pipe)
+            for key, raw, entry in zip(keys, records, entries, strict=True):
+                if raw is None:
+                    continue
+                record = json.loads(raw)
+                item: dict[str, object] = json.loads(entry)["data"] if entry else {}
+                item.setdefault("url", record.get("url") or key.decode())
+                item["fingerprint"] = record["fingerprint"]
+                yield item
+            if len(keys) < _HMGET_CHUNK:
+                return
+
+    def item_history(self, scope: str, item_key: str) -> list[tuple[int, str]]:
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.hgetall(self._hist_key(scope, item_key))
+        [versions] = self._sync_run(pipe)
+        return sorted((int(v), json.loads(raw)["fingerprint"]) for v, raw in versions.items())
+
+    def count_pages(self, scope: str | None = None) -> int:
+        scopes = self._stored_scopes() if scope is None else [scope]
+        pipe = self._sync.pipeline(transaction=False)
+        for name in scopes:
+            pipe.hlen(self._key("pages", name))
+        return sum(self._sync_run(pipe)) if scopes else 0

@@ -1,0 +1,517 @@
+"""The embedded state store: one SQLite file in WAL mode.
+
+Reads are primary-key lookups (nothing is loaded into memory up front);
+writes are staged and committed in batches, one transaction per flush, so
+the reactor thread spends a bounded, small time in SQLite per batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from itertools import groupby
+from operator import itemgetter
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from incremental_crawler.config import DEFAULT_SETTINGS
+from incremental_crawler.state.records import HostTrust, ItemRecord, PageFlags, PageKey, PageState
+from incremental_crawler.state.stores.base import StateStore, StateStoreError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+    from typing import Self
+
+    from scrapy.settings import BaseSettings
+
+__all__ = ["SQLiteStateStore"]
+
+logger = logging.getLogger(__name__)
+
+#: Each entry migrates the schema from version ``i`` to ``i + 1``.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE pages (
+        scope TEXT NOT NULL,
+        url TEXT NOT NULL,
+        variant TEXT NOT NULL DEFAULT '',
+        etag TEXT,
+        last_modified TEXT,
+        fingerprint TEXT,
+        size INTEGER NOT NULL DEFAULT 0,
+        last_status INTEGER,
+        first_seen INTEGER NOT NULL DEFAULT 0,
+        last_checked INTEGER NOT NULL DEFAULT 0,
+        last_fetched INTEGER NOT NULL DEFAULT 0,
+        last_changed INTEGER NOT NULL DEFAULT 0,
+        checks INTEGER NOT NULL DEFAULT 0,
+        changes INTEGER NOT NULL DEFAULT 0,
+        flags INTEGER NOT NULL DEFAULT 0,
+        redirect_to TEXT,
+        PRIMARY KEY (scope, url, variant)
+    ) WITHOUT ROWID;
+    CREATE TABLE items (
+        scope TEXT NOT NULL,
+        item_key TEXT NOT NULL,
+        url TEXT,
+        fingerprint TEXT NOT NULL,
+        first_seen INTEGER NOT NULL,
+        last_changed INTEGER NOT NULL,
+        version INTEGER NOT NULL DEFAULT 1,
+        PRIMARY KEY (scope, item_key)
+    ) WITHOUT ROWID;
+    CREATE TABLE item_versions (
+        scope TEXT NOT NULL,
+        item_key TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        fingerprint TEXT NOT NULL,
+        data TEXT NOT NULL,
+        stored_at INTEGER NOT NULL,
+        PRIMARY KEY (scope, item_key, version)
+    ) WITHOUT ROWID;
+    """,
+    # 2: the sitemap/feed lastmod of the stored version of a page.
+    """
+    ALTER TABLE pages ADD COLUMN lastmod INTEGER;
+    """,
+    # 3: adaptive revisits, and the callback that re-seeds a page.
+    """
+    ALTER TABLE pages ADD COLUMN interval INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE pages ADD COLUMN next_visit INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE pages ADD COLUMN callback TEXT;
+    """,
+    # 4: per-host trust in sitemap lastmods.
+    """
+    CREATE TABLE hosts (
+        scope TEXT NOT NULL,
+        host TEXT NOT NULL,
+        lastmod_checks INTEGER NOT NULL DEFAULT 0,
+        lastmod_lies INTEGER NOT NULL DEFAULT 0,
+        distrusted_until INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (scope, host)
+    ) WITHOUT ROWID;
+    """,
+    # 5: per-host trust in validators (304s).
+    """
+    ALTER TABLE hosts ADD COLUMN validators_distrusted_until INTEGER NOT NULL DEFAULT 0;
+    """,
+    # 6: SimHash of an item's main text (near-duplicate mode).
+    """
+    ALTER TABLE items ADD COLUMN simhash INTEGER;
+    """,
+    # 7: unstable validators (per page and per host), re-trust on evidence.
+    """
+    ALTER TABLE pages ADD COLUMN churns INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE hosts ADD COLUMN validators_consistent INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE hosts ADD COLUMN validators_unstable_since INTEGER NOT NULL DEFAULT 0;
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+#: URLs per batched lookup (SQLite allows 32,766 host parameters).
+_CHUNK = 500
+
+_PAGE_COLUMNS = (
+    "etag, last_modified, fingerprint, size, last_status, first_seen, "
+    "last_checked, last_fetched, last_changed, checks, changes, flags, redirect_to, "
+    "lastmod, interval, next_visit, callback, churns"
+)
+_SELECT_PAGE = (
+    f"SELECT {_PAGE_COLUMNS} FROM pages WHERE scope = ? AND url = ? AND variant = ?"
+)
+_UPSERT_PAGE = (
+    f"INSERT OR REPLACE INTO pages (scope, url, variant, {_PAGE_COLUMNS}) "
+    f"VALUES ({', '.join('?' * 21)})"
+)
+# A check never touches validators or fingerprints (invariant 2). It may
+# record a newer lastmod (a 304 says the stored data is that version) and
+# the revisit schedule.
+_UPSERT_CHECK = (
+    "INSERT INTO pages (scope, url, variant, last_status, first_seen, "
+    "last_checked, checks, lastmod, interval, next_visit) "
+    "VALUES (?, ?, ?, ?, ?, ?, 1, ?, COALESCE(?, 0), COALESCE(?, 0)) "
+    "ON CONFLICT (scope, url, variant) DO UPDATE SET "
+    "last_status = excluded.last_status, last_checked = excluded.last_checked, "
+    "checks = pages.checks + 1, lastmod = COALESCE(excluded.lastmod, pages.lastmod), "
+    "interval = COALESCE(?, pages.interval), next_visit = COALESCE(?, pages.next_visit)"
+)
+_UPSERT_REDIRECT = (
+    "INSERT INTO pages (scope, url, variant, last_status, first_seen, "
+    f"last_checked, checks, flags, redirect_to) VALUES (?, ?, ?, ?, ?, ?, 1, "
+    f"{PageFlags.REDIRECTED}, ?) "
+    "ON CONFLICT (scope, url, variant) DO UPDATE SET "
+    "last_status = excluded.last_status, last_checked = excluded.last_checked, "
+    f"checks = pages.checks + 1, flags = pages.flags | {PageFlags.REDIRECTED}, "
+    "redirect_to = excluded.redirect_to"
+)
+# `items` holds the latest fingerprint and version number of each item;
+# the data of every version (the latest included) lives in `item_versions`
+# only, so it is written once.
+_UPSERT_ITEM = (
+    "INSERT INTO items (scope, item_key, url, fingerprint, first_seen, "
+    "last_changed, version, simhash) VALUES (?, ?, ?, ?, ?, ?, 1, ?) "
+    "ON CONFLICT (scope, item_key) DO UPDATE SET url = excluded.url, "
+    "fingerprint = excluded.fingerprint, simhash = excluded.simhash, "
+    "last_changed = excluded.last_changed, version = items.version + 1"
+)
+_ADD_ITEM_VERSION = (
+    "INSERT OR REPLACE INTO item_versions "
+    "(scope, item_key, version, fingerprint, data, stored_at) "
+    "SELECT scope, item_key, version, fingerprint, ?, last_changed FROM items "
+    "WHERE scope = ? AND item_key = ?"
+)
+
+
+def path_from_uri(uri: str) -> Path:
+    """``sqlite:///rel/path.db`` → ``rel/path.db``; ``sqlite:////abs.db`` → ``/abs.db``.
+
+    The same convention as SQLAlchemy's URLs.
+    """
+    prefix = "sqlite:///"
+    if not uri.lower().startswith(prefix) or len(uri) == len(prefix):
+        raise StateStoreError(
+            f"INCREMENTAL_STATE_URI {uri!r} is not a SQLite URI: use "
+            "sqlite:///relative/path.db or sqlite:////absolute/path.db"
+        )
+    return Path(uri[len(prefix):])
+
+
+class SQLiteStateStore(StateStore):
+    """State in one SQLite file; see the module docstring."""
+
+    def __init__(self, path: str | Path, *, busy_timeout: float = 5.0) -> None:
+        self.path = Path(path)
+        self.location = str(self.path)
+        self._busy_timeout = busy_timeout
+        # Staged writes, as (statement, parameters) in staging order: a
+        # flush applies them in that order, so a later write always wins.
+        self._ops: list[tuple[str, tuple[object, ...]]] = []
+        # Latest staged page states and item fingerprints, for reads.
+        self._pages: dict[PageKey, PageState] = {}
+        self._item_fps: dict[tuple[str, str], str] = {}
+        #: Staged writes (one per stage_* call; an item takes two statements).
+        self._staged = 0
+        self._db = self._connect()
+
+    @classmethod
+    def from_uri(cls, uri: str, *, settings: BaseSettings | None = None) -> Self:
+        name = "INCREMENTAL_SQLITE_BUSY_TIMEOUT"
+        busy_timeout = DEFAULT_SETTINGS[name]
+        if settings is not None and settings.get(name) is not None:
+            busy_timeout = settings.getfloat(name)
+        return cls(path_from_uri(uri), busy_timeout=busy_timeout)
+
+    # -- opening -----------------------------------------------------------
+
+    def _fail(self, what: str, exc: BaseException | None = None) -> StateStoreError:
+        detail = f": {exc}" if exc else ""
+        return StateStoreError(f"State store {self.location}: {what}{detail}")
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise self._fail("cannot create its directory", exc) from exc
+        try:
+            db = sqlite3.connect(
+                self.path, timeout=self._busy_timeout, isolation_level=None,
+                check_same_thread=False,
+            )
+        except sqlite3.Error as exc:
+            raise self._fail("cannot be opened (check the path and permissions)", exc) from exc
+        try:
+            # Refuse a file that is not ours before changing anything in it
+            # (switching a foreign database to WAL would alter its header).
+            self._check_schema(db)
+            # WAL lets readers (e.g. `scrapy items`) run beside a crawl;
+            # synchronous=NORMAL is durable across process crashes in WAL
+            # mode, which is what kill -9 safety needs.
+            mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                logger.warning(
+                    "State store %(path)s could not switch to WAL (mode %(mode)s)",
+                    {"path": self.location, "mode": mode},
+                )
+            db.execute("PRAGMA synchronous=NORMAL")
+            self._migrate(db)
+        except sqlite3.DatabaseError as exc:
+            db.close()
+            message = str(exc)
+            if "locked" in message or "busy" in message:
+                raise self._fail(
+                    "is locked by another process (another crawl using the same "
+                    "store?); wait for it to finish or set INCREMENTAL_STATE_URI "
+                    "to another file",
+                    exc,
+                ) from exc
+            raise self._fail(
+                "is not a readable SQLite database (corrupt or not a state "
+                "store); restore it from a backup or move it away to start "
+                "afresh deliberately",
+                exc,
+            ) from exc
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _check_schema(self, db: sqlite3.Connection) -> None:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise self._fail(
+                f"has schema version {version}, newer than this code knows "
+                f"({SCHEMA_VERSION}); upgrade incremental_crawler"
+            )
+        if version == 0:
+            tables = db.execute(
+                "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table'"
+            ).fetchone()[0]
+            if tables:
+                raise self._fail(
+                    "is a SQLite database but not an incremental_crawler state "
+                    "store (it has tables and no schema version); point "
+                    "INCREMENTAL_STATE_URI at another file"
+                )
+
+    def _migrate(self, db: sqlite3.Connection) -> None:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version == SCHEMA_VERSION:
+            return
+        # BEGIN IMMEDIATE takes the write lock up front, so two processes
+        # opening a new store at once cannot both migrate it.
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            for step in range(version, SCHEMA_VERSION):
+                for statement in MIGRATIONS[step].split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                logger.info(
+                    "State store %(path)s migrated to schema version %(v)d",
+                    {"path": self.location, "v": step + 1},
+                )
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    # -- reads ---------------------------------------------------------------
+
+    async def get_page(self, key: PageKey) -> PageState | None:
+        # Staged page states are visible at once; staged checks (counters
+        # only) become visible when flushed.
+        return self.get_page_now(key)
+
+    def get_page_now(self, key: PageKey) -> PageState | None:
+        """Synchronous :meth:`get_page` (SQLite lookups are fast and local)."""
+        staged = self._pages.get(key)
+        if staged is not None:
+            return staged
+        try:
+            row = self._db.execute(_SELECT_PAGE, key).fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise self._fail("read failed", exc) from exc
+        if row is None:
+            return None
+        return PageState(key, *row)
+
+    async def get_pages(self, keys: Iterable[PageKey]) -> dict[PageKey, PageState]:
+        found: dict[PageKey, PageState] = {}
+        # One query per (scope, variant) and chunk of URLs: a sitemap's 50,000
+        # entries cost 100 lookups, not 50,000.
+        groups: dict[tuple[str, str], list[str]] = {}
+        for key in keys:
+            staged = self._pages.get(key)
+            if staged is not None:
+                found[key] = staged
+            else:
+                groups.setdefault((key.scope, key.variant), []).append(key.url)
+        for (scope, variant), urls in groups.items():
+            for start in range(0, len(urls), _CHUNK):
+                chunk = urls[start:start + _CHUNK]
+                query = (
+                    f"SELECT url, {_PAGE_COLUMNS} FROM pages WHERE scope = ? AND "
+                    f"variant = ? AND url IN ({', '.join('?' * len(chunk))})"
+                )
+                try:
+                    rows = self._db.execute(query, (scope, variant, *chunk)).fetchall()
+                except sqlite3.DatabaseError as exc:
+                    raise self._fail("read failed", exc) from exc
+                for url, *columns in rows:
+                    key = PageKey(scope, url, variant)
+                    found[key] = PageState(key, *columns)
+        return found
+
+    async def get_due(self, scope: str, now: float, limit: int) -> list[PageState]:
+        # Once per crawl, so a scan of the scope (no index on next_visit:
+        # it would cost every write and ~50 bytes per page) with a top-N sort.
+        query = (
+            f"SELECT url, variant, {_PAGE_COLUMNS} FROM pages WHERE scope = ? "
+            "AND next_visit <= ? AND fingerprint IS NOT NULL AND callback IS NOT NULL "
+            "ORDER BY next_visit LIMIT ?"
+        )
+        try:
+            rows = self._db.execute(query, (scope, int(now), limit)).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise self._fail("read failed", exc) from exc
+        return [PageState(PageKey(scope, url, variant), *columns) for url, variant, *columns in rows]
+
+    async def get_item_simhash(self, scope: str, item_key: str) -> int | None:
+        row = self._db.execute(
+            "SELECT simhash FROM items WHERE scope = ? AND item_key = ?", (scope, item_key)
+        ).fetchone()
+        return row[0] if row else None
+
+    async def get_host(self, scope: str, host: str) -> HostTrust | None:
+        row = self._db.execute(
+            "SELECT lastmod_checks, lastmod_lies, distrusted_until, "
+            "validators_distrusted_until, validators_consistent, "
+            "validators_unstable_since FROM hosts "
+            "WHERE scope = ? AND host = ?", (scope, host),
+        ).fetchone()
+        return None if row is None else HostTrust(scope, host, *row)
+
+    def stage_host(self, trust: HostTrust) -> None:
+        self._staged += 1
+        self._ops.append((
+            "INSERT OR REPLACE INTO hosts (scope, host, lastmod_checks, lastmod_lies, "
+            "distrusted_until, validators_distrusted_until, validators_consistent, "
+            "validators_unstable_since) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (trust.scope, trust.host, trust.checks, trust.lies, int(trust.distrusted_until),
+             int(trust.validators_distrusted_until), trust.validators_consistent,
+             int(trust.validators_unstable_since)),
+        ))
+
+    async def get_item_fingerprint(self, scope: str, item_key: str) -> str | None:
+        staged = self._item_fps.get((scope, item_key))
+        if staged is not None:
+            return staged
+        try:
+            row = self._db.execute(
+                "SELECT fingerprint FROM items WHERE scope = ? AND item_key = ?",
+                (scope, item_key),
+            ).fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise self._fail("read failed", exc) from exc
+        return row[0] if row else None
+
+    # -- staged writes -------------------------------------------------------
+
+    def stage_page(self, state: PageState) -> None:
+        self._staged += 1
+        self._pages[state.key] = state
+        self._ops.append((_UPSERT_PAGE, (
+            *state.key, state.etag, state.last_modified, state.fingerprint, state.size,
+            state.last_status, int(state.first_seen), int(state.last_checked),
+            int(state.last_fetched), int(state.last_changed), state.checks,
+            state.changes, state.flags, state.redirect_to,
+            None if state.lastmod is None else int(state.lastmod),
+            int(state.interval), int(state.next_visit), state.callback, state.churns,
+        )))
+
+    def stage_check(
+        self, key: PageKey, status: int, when: float, *, lastmod: float | None = None,
+        schedule: tuple[float, float] | None = None,
+    ) -> None:
+        self._staged += 1
+        lastmod_ = None if lastmod is None else int(lastmod)
+        interval, next_visit = (None, None) if schedule is None else map(int, schedule)
+        self._ops.append((_UPSERT_CHECK, (
+            *key, status, int(when), int(when), lastmod_,
+            interval, next_visit, interval, next_visit,
+        )))
+
+    def stage_redirect(self, key: PageKey, target: str, status: int, when: float) -> None:
+        self._staged += 1
+        self._ops.append((_UPSERT_REDIRECT, (*key, status, int(when), int(when), target)))
+
+    def stage_item(self, record: ItemRecord) -> None:
+        self._staged += 1
+        when = int(record.stored_at)
+        # The URL usually is the key: not stored twice.
+        url = None if record.url == record.key else record.url
+        self._ops.append((_UPSERT_ITEM, (
+            record.scope, record.key, url, record.fingerprint, when, when, record.simhash,
+        )))
+        if record.data is not None:
+            self._ops.append((_ADD_ITEM_VERSION, (record.data, record.scope, record.key)))
+        self._item_fps[record.scope, record.key] = record.fingerprint
+
+    @property
+    def pending(self) -> int:
+        return self._staged
+
+    async def flush(self) -> int:
+        return self.flush_now()
+
+    def flush_now(self) -> int:
+        """Commit every staged write, in staging order, in one transaction."""
+        if not self._ops:
+            return 0
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                # Runs of the same statement go to SQLite in one call.
+                for sql, group in groupby(self._ops, key=itemgetter(0)):
+                    db.executemany(sql, [params for _, params in group])
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        except sqlite3.DatabaseError as exc:
+            # Staged writes are kept: a later flush (e.g. once a lock is
+            # released) can still commit them, and nothing is recorded as
+            # stored that was not.
+            message = str(exc)
+            if "locked" in message or "busy" in message:
+                raise self._fail("is locked by another process; could not commit", exc) from exc
+            if "full" in message:
+                raise self._fail("the disk is full; free space and re-run", exc) from exc
+            raise self._fail("commit failed", exc) from exc
+        count, self._staged = self._staged, 0
+        self._ops.clear()
+        self._pages.clear()
+        self._item_fps.clear()
+        return count
+
+    async def close(self) -> None:
+        try:
+            self.flush_now()
+        finally:
+            self._db.close()
+
+    # -- reports and exports -------------------------------------------------
+
+    def iter_items(self, scope: str | None = None) -> Iterator[dict[str, object]]:
+        query = (
+            "SELECT i.scope, i.item_key, i.url, i.fingerprint, v.data FROM items i "
+            "LEFT JOIN item_versions v ON v.scope = i.scope "
+            "AND v.item_key = i.item_key AND v.version = i.version"
+        )
+        params: tuple[str, ...] = ()
+        if scope is not None:
+            query += " WHERE i.scope = ?"
+            params = (scope,)
+        query += " ORDER BY i.scope, i.first_seen, i.item_key"
+        for _scope, key, url, fp, data in self._db.execute(query, params):
+            item: dict[str, object] = json.loads(data) if data else {}
+            item.setdefault("url", url or key)
+            item["fingerprint"] = fp
+            yield item
+
+    def count_pages(self, scope: str | None = None) -> int:
+        if scope is None:
+            return self._db.execute("SELECT COUNT(*) FROM pages").fetchone()[0]
+        return self._db.execute(
+            "SELECT COUNT(*) FROM pages WHERE scope = ?", (scope,)
+        ).fetchone()[0]
+
+    def item_history(self, scope: str, item_key: str) -> list[tuple[int, str]]:
+        """(version, fingerprint) of every stored version of an item."""
+        return self._db.execute(
+            "SELECT version, fingerprint FROM item_versions WHERE scope = ? "
+            "AND item_key = ? ORDER BY version",
+            (scope, item_key),
+        ).fetchall()
