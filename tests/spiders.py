@@ -58,7 +58,7 @@ class FailingPipeline:
 class StateProbePipeline:
     """A user's pipeline that forces a flush of the state store while it
     holds an item, then records what a second connection sees in the file:
-    the page state must not be there yet (invariant 1)."""
+    the page state must not be there yet (state is never ahead of data)."""
 
     def __init__(self, crawler):
         self.crawler = crawler

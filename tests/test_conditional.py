@@ -1,4 +1,4 @@
-"""The conditional-request middleware against a misbehaving server (rules.md)."""
+"""The conditional-request middleware against a misbehaving server."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Invariant 1 and 2 of product.md, on real crawls."""
+"""State is never ahead of data, and only a 2xx updates validators: on real crawls."""
 
 from __future__ import annotations
 

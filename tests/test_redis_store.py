@@ -483,7 +483,7 @@ async def test_a_write_failing_inside_the_transaction_commits_nothing_after_it(
 ) -> None:
     """EXEC goes on after a command fails at run time; a page's validators
     staged after its item must not be committed when the item's write failed
-    (invariant 1), and a later flush must not apply the rest twice."""
+    (state is never ahead of data), and a later flush must not apply the rest twice."""
     store = open_at(redis_prefix)
     try:
         # A damaged key: the item's upsert fails when it runs.

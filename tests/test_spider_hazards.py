@@ -1,7 +1,8 @@
 """User code that copies meta, swallows errors, rejects responses or
 replaces items: page state must still never be committed ahead of its data.
 
-Each scenario broke invariant 1 (or 3) in review; each test fails without
+Each scenario broke "state is never ahead of data" (or "an unchanged item
+never reaches storage") in review; each test fails without
 the guard it exercises.
 """
 
@@ -42,7 +43,7 @@ async def test_a_request_carrying_its_parents_meta_does_not_commit_the_parent(si
         settings={"ITEM_PIPELINES": {"tests.spiders.StateProbePipeline": 500}},
         parent=site.url("/parent"), child=site.url("/missing"),
     )
-    # invariant 1: while the parent's item is in a pipeline, its page state is not on disk
+    # State never ahead of data: while the parent's item is in a pipeline, its page state is not on disk
     assert all(row is None for _, row in crawler.state_probe)
 
 

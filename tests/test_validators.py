@@ -1,4 +1,5 @@
-"""Validator parsing and comparison: rules.md bad inputs 1, 5 and 6."""
+"""Validator parsing and comparison: weak/strong ETags, oversize and control
+characters, dates that are not dates."""
 
 from __future__ import annotations
 
@@ -121,7 +122,7 @@ def test_weak_match(a: str | None, b: str | None, expected: bool) -> None:
 
 
 def test_stored_weak_tag_matches_new_strong_tag() -> None:
-    # rules.md bad input 1: stored W/"x", the server now sends "x".
+    # Stored W/"x", the server now sends "x": still a match (weak comparison).
     stored = parse_etag(b'W/"x"')
     received = parse_etag(b'"x"')
     assert weak_match(received, stored)

@@ -291,7 +291,7 @@ class ConditionalRequestMiddleware:
         if status >= 400 or status == 206 or "dataloss" in response.flags:
             self.ledger.note_failure()
         # 3xx (not followed), 4xx, 429, 5xx: counters only; validators and
-        # fingerprints stay as they are (invariant 2).
+        # fingerprints stay as they are (only a 2xx updates them).
         self.ledger.stage_check(ctx.key, status)
         self.stats.inc_value(f"incremental/status_kept/{status}")
         return response
@@ -323,7 +323,7 @@ class ConditionalRequestMiddleware:
         if not ctx.conditional or prior is None:
             # A 304 we did not ask for (an intermediary, or our own
             # conditions were dropped): never an empty item; ask once more
-            # without conditions (rules.md), then give up loudly.
+            # without conditions, then give up loudly.
             if request.meta.get("_incremental_refetch"):
                 self.stats.inc_value("incremental/unsolicited_304_dropped")
                 logger.warning(
@@ -338,7 +338,7 @@ class ConditionalRequestMiddleware:
             # their own): the 304 does not vouch for what we hold.
             return self._refetch(request, "foreign_conditions_304")
         if prior.flags & PageFlags.VARY_STAR:
-            # Vary: * (rules.md bad input 8): the response varies on things
+            # Vary: * (RFC 9110 §12.5.5): the response varies on things
             # outside the request, so a 304 is never trusted blindly.
             return self._refetch(request, "vary_star_304")
         lastmod = request.meta.get(META_LASTMOD)

@@ -1,7 +1,7 @@
 """Drops items whose fingerprint equals the stored one.
 
 Runs early (order 50) so unchanged items never cost the user's own
-pipelines anything, and never reach storage (invariant 3).
+pipelines anything, and never reach storage.
 """
 
 from __future__ import annotations

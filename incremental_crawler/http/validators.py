@@ -21,7 +21,8 @@ __all__ = [
     "weak_match",
 ]
 
-#: ETags longer than this are not stored (rules.md, bad input 5).
+#: ETags longer than this are not stored (nor sent back): no server needs
+#: them, and a hostile one would make every request carry them.
 MAX_ETAG_LENGTH = 8192
 
 # RFC 9110 §8.8.3: entity-tag = [ weak ] opaque-tag; opaque-tag = DQUOTE
@@ -147,7 +148,7 @@ def parse_last_modified(raw: bytes | None) -> str | None:
 
     The value is echoed byte for byte as received (RFC 9110 §13.1.3), but
     only if it is a valid HTTP-date: an invalid date is never sent back
-    (rules.md, bad input 6).
+    (a date that is not a date is no validator).
     """
     if not raw or _has_controls(raw) or len(raw) > 64:
         return None

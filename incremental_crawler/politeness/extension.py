@@ -100,7 +100,7 @@ class AdaptiveThrottle(AutoThrottle):
                     f"INCREMENTAL_THROTTLE_DOMAINS[{domain!r}]: unknown keys {sorted(unknown)}"
                 )
         # A Crawl-delay above this counts as this: robots.txt "1e9" must not
-        # stop a crawl for ever (rules.md bad input 14).
+        # stop a crawl for ever.
         def number(name: str) -> float:
             return float(setting_or_default(settings, f"INCREMENTAL_THROTTLE_{name}"))
 

@@ -1,6 +1,6 @@
 """The ledger: commits a page's state only after that page's data is safe.
 
-This is invariant 1 of the product. The downloader middleware computes the
+State is never ahead of data: the design rests on it. The downloader middleware computes the
 new state of a page from a 2xx response but does not store it; it opens a
 :class:`PageTransaction` on the request's meta instead. The spider
 middleware counts the items the callback yields from that response; each

@@ -3,7 +3,7 @@
 Reads are ``async`` so that a networked store (Redis) never blocks the
 reactor; writes are *staged* in memory and committed by :meth:`flush`, which
 commits everything staged so far atomically and in staging order. That is
-what invariant 1 rests on: the ledger stages a page's validators only after
+what "state is never ahead of data" rests on: the ledger stages a page's validators only after
 the items extracted from that page, so no flush can ever commit the
 validators without the data.
 """
@@ -82,7 +82,7 @@ class StateStore(ABC):
         """Stage a visit that changed nothing but counters and ``last_status``.
 
         Used for 304s and for 3xx/4xx/5xx answers: validators and
-        fingerprints are never touched (invariant 2). A 304 may record a
+        fingerprints are never touched (only a 2xx updates them). A 304 may record a
         newer *lastmod* (the stored data is that version) and the revisit
         *schedule* ``(interval, next_visit)``.
         """

@@ -31,7 +31,7 @@ sends them all as one run of a Lua script, in staging order: atomic for
 every reader and worker like a ``MULTI``/``EXEC``, but it stops at the first
 write that fails (``EXEC`` would go on with the ones after it), so a page's
 validators are never applied without the items staged before them
-(invariant 1). Redis keeps how many writes of a batch it applied under the
+(state is never ahead of data). Redis keeps how many writes of a batch it applied under the
 batch's token: a batch whose reply was lost is not applied twice when it is
 sent again. Checks, redirects and item versions are read-modify-write
 upserts inside that script.
@@ -99,13 +99,13 @@ _TOKEN_TTL = 86_400
 # MULTI/EXEC, but it stops at the first write that fails (a damaged key, a
 # record it cannot read) where EXEC would go on with the writes after it: a
 # page's validators, staged after its items, are never applied when one of
-# its items was not (invariant 1). How many writes it applied is kept under
+# its items was not (state is never ahead of data). How many writes it applied is kept under
 # the batch's token, so a batch whose reply was lost (a timeout, a cut after
 # it was sent) is not applied twice when it is sent again.
 #
 # The upserts mirror the SQLite store's: a check or a redirect touches
 # counters, status and (check) lastmod and schedule, never validators or
-# fingerprints (invariant 2); an item gets the next version number of its key.
+# fingerprints (only a 2xx updates them); an item gets the next version number of its key.
 #
 # KEYS: token, scopes set, tokens to forget. ARGV: number of scopes, the
 # scopes, then the writes, each its name followed by ARITY[name] arguments.

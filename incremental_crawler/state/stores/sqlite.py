@@ -123,7 +123,7 @@ _UPSERT_PAGE = (
     f"INSERT OR REPLACE INTO pages (scope, url, variant, {_PAGE_COLUMNS}) "
     f"VALUES ({', '.join('?' * 21)})"
 )
-# A check never touches validators or fingerprints (invariant 2). It may
+# A check never touches validators or fingerprints (only a 2xx updates them). It may
 # record a newer lastmod (a 304 says the stored data is that version) and
 # the revisit schedule.
 _UPSERT_CHECK = (
