@@ -1,6 +1,6 @@
 """Shared plumbing of the benchmark scripts in ``bench/`` (not a benchmark itself).
 
-* :class:`Site` runs ``python -m incremental_crawler.loopback_site`` in its own
+* :class:`Site` runs ``python -m tests.site`` (the test site) in its own
   process on 127.0.0.1 and talks to its ``/__site__/...`` control endpoints.
 * :func:`run_crawl` runs ``scrapy crawl sitemap ...`` as a separate process
   and collects that process's own CPU time and peak RSS with ``os.wait4``.
@@ -53,7 +53,8 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def ensure_importable() -> None:
-    """Make ``import incremental_crawler`` work without installing the project."""
+    """Make ``import incremental_crawler`` and ``import tests.site`` work without
+    installing the project (the test site is never installed)."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
 
@@ -140,7 +141,7 @@ class Site:
 
     def start(self) -> str:
         cmd = [
-            sys.executable, "-m", "incremental_crawler.loopback_site",
+            sys.executable, "-m", "tests.site",
             "--pages", str(self.pages), "--page-size", str(self.page_size),
             "--kinds", self.kinds, "--host", "127.0.0.1", "--port", "0",
             *self.extra_args,

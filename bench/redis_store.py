@@ -69,11 +69,11 @@ from _harness import (  # noqa: E402
 ensure_importable()
 
 
-from incremental_crawler.loopback_site import BASE_EPOCH, http_date  # noqa: E402
 from incremental_crawler.state.records import PageKey, PageState  # noqa: E402
 from incremental_crawler.state.stores.base import StateStore  # noqa: E402
 from incremental_crawler.state.stores.redis import RedisStateStore  # noqa: E402
 from incremental_crawler.state.stores.sqlite import SQLiteStateStore  # noqa: E402
+from tests.site import BASE_EPOCH, http_date  # noqa: E402
 
 SCOPE = "sitemap"
 KINDS = "strong,weak,lastmod"

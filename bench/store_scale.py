@@ -67,9 +67,9 @@ from _harness import (  # noqa: E402
 
 ensure_importable()
 
-from incremental_crawler.loopback_site import BASE_EPOCH, http_date  # noqa: E402
 from incremental_crawler.state.records import PageKey, PageState  # noqa: E402
 from incremental_crawler.state.stores.sqlite import SQLiteStateStore  # noqa: E402
+from tests.site import BASE_EPOCH, http_date  # noqa: E402
 
 SCOPE = "sitemap"  # the sitemap spider's scope: the crawl searches the big table
 KINDS = "strong,weak,lastmod"

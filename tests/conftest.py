@@ -12,9 +12,9 @@ from scrapy.crawler import CrawlerRunner
 from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 
-from incremental_crawler.loopback_site import LoopbackSite
 from incremental_crawler.state.stores import open_store
 from tests.redis_util import REDIS_URI, delete_budget_prefix, delete_prefix, new_prefix
+from tests.site import LoopbackSite
 
 if TYPE_CHECKING:
     from pathlib import Path

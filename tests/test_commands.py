@@ -12,6 +12,7 @@ import pytest
 import pytest_twisted
 from twisted.internet.threads import deferToThread
 
+from incremental_crawler.demo import DemoSite
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.stores import StateStoreError
 from tests.spiders import ListSpider
@@ -94,3 +95,38 @@ def test_scrapy_items_on_a_missing_state_file_is_an_error_not_an_empty_store(tmp
     assert result.returncode == 1
     assert f"no state store at {path}" in result.stderr
     assert not path.exists() and not path.parent.exists()
+
+
+def test_the_demo_site_answers_conditional_requests_as_rfc_9110_says():
+    # The demo's own small server (not the test site): 304 only when the
+    # validators match, If-None-Match deciding alone when present.
+    site = DemoSite(8, page_size=3000)
+    answers = {path: site.respond(path) for path in ("/p/0000", "/p/0001", "/p/0002", "/p/0003")}
+    assert {path: (status, len(body)) for path, (status, _, body) in answers.items()} == {
+        path: (200, 3000) for path in answers}
+    strong, weak, lastmod, none = (headers for _, headers, _ in answers.values())
+    assert strong["ETag"].startswith('"') and "Last-Modified" in strong
+    assert weak["ETag"].startswith('W/"') and "Last-Modified" not in weak
+    assert "ETag" not in lastmod and "Last-Modified" in lastmod
+    assert "ETag" not in none and "Last-Modified" not in none
+    date = strong["Last-Modified"]
+    assert site.respond("/p/0000", strong["ETag"])[0] == 304
+    # Weak comparison: W/ on either side is ignored; any member of the list may match.
+    assert site.respond("/p/0000", f'"other", W/{strong["ETag"]}')[0] == 304
+    assert site.respond("/p/0001", weak["ETag"].removeprefix("W/"))[0] == 304
+    # If-None-Match wins over If-Modified-Since, both ways.
+    assert site.respond("/p/0000", '"other"', date)[0] == 200
+    assert site.respond("/p/0000", strong["ETag"], "Thu, 01 Jan 1970 00:00:00 GMT")[0] == 304
+    assert site.respond("/p/0002", None, date)[0] == 304
+    assert site.respond("/p/0002", None, "Thu, 01 Jan 1970 00:00:00 GMT")[0] == 200
+    assert site.respond("/p/0002", None, "not a date")[0] == 200
+    assert site.respond("/p/0003", None, date)[0] == 200
+    # A changed page: new body, new validators; the old ones no longer match.
+    changed = site.change_fraction(0.5, seed=1)
+    assert changed == DemoSite(8).change_fraction(0.5, seed=1)  # the seed decides
+    assert changed == ["/p/0000", "/p/0002", "/p/0004", "/p/0007"]
+    status, headers, body = site.respond("/p/0000")
+    assert status == 200 and body != answers["/p/0000"][2]
+    assert headers["ETag"] != strong["ETag"] and headers["Last-Modified"] != date
+    assert site.respond("/p/0000", strong["ETag"])[0] == 200
+    assert site.respond("/p/0002", None, date)[0] == 200

@@ -1,10 +1,11 @@
-"""Tests for incremental_crawler.loopback_site (real sockets, asyncio reactor).
+"""Tests for the loopback test site, tests.site (real sockets, asyncio reactor).
 
 Run with: python -m pytest -p pytest_twisted --reactor=asyncio tests/test_loopback_site.py
 """
 
 from __future__ import annotations
 
+import ast
 import gzip
 import json
 import os
@@ -26,7 +27,7 @@ from twisted.web.client import Agent, ResponseDone
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
-from incremental_crawler.loopback_site import (
+from tests.site import (
     BASE_EPOCH,
     LoopbackSite,
     Page,
@@ -135,6 +136,38 @@ def test_import_has_no_side_effects_and_pages_are_deterministic() -> None:
         Page("no-slash", "strong")
     with pytest.raises(ValueError):
         Page("/x", "bogus")
+
+
+
+def _imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def test_the_site_and_the_package_import_nothing_from_each_other() -> None:
+    # The test site is the other side of the wire: sharing the crawler's date
+    # or ETag code would let one bug pass on both sides. And the package is
+    # installed without tests/, so it must not need the test site.
+    site_imports = {
+        str(path.relative_to(PROJECT_ROOT)): sorted(
+            m for m in _imported_modules(path) if m.split(".")[0] == "incremental_crawler")
+        for path in (PROJECT_ROOT / "tests" / "site").glob("*.py")
+    }
+    assert "tests/site/server.py" in site_imports
+    assert all(not found for found in site_imports.values()), site_imports
+    package_imports = {
+        str(path.relative_to(PROJECT_ROOT)): sorted(
+            m for m in _imported_modules(path) if m.split(".")[0] == "tests")
+        for path in (PROJECT_ROOT / "incremental_crawler").rglob("*.py")
+    }
+    assert "incremental_crawler/demo/site.py" in package_imports
+    assert all(not found for found in package_imports.values()), package_imports
 
 
 def test_change_fraction_is_deterministic() -> None:
@@ -432,7 +465,7 @@ def _readline(proc: subprocess.Popen[str], timeout: float) -> str:
 def test_cli_subprocess() -> None:
     env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "incremental_crawler.loopback_site", "--pages", "6",
+        [sys.executable, "-m", "tests.site", "--pages", "6",
          "--page-size", "2000", "--kinds", "strong,lastmod"],
         cwd=PROJECT_ROOT,
         env=env,

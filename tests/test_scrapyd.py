@@ -276,11 +276,14 @@ class Site:
 def remote_site(tmp_path: Path) -> Iterator[Site]:
     # Pages that all send validators (strong and weak ETags, Last-Modified),
     # so that the state store must hold validators for every one of them.
-    proc = start([sys.executable, "-m", "incremental_crawler.loopback_site",
+    # The test site is not installed with the package: the checkout's root on
+    # PYTHONPATH makes ``tests.site`` importable from the test's directory.
+    pythonpath = os.pathsep.join(filter(None, (str(PROJECT), os.environ.get("PYTHONPATH"))))
+    proc = start([sys.executable, "-m", "tests.site",
                   "--pages", str(N_PAGES), "--page-size", "4000",
                   "--kinds", "strong,weak,lastmod"],
                  cwd=tmp_path, out=tmp_path / "site.err", stdout=subprocess.PIPE,
-                 env=child_env())
+                 env=child_env(PYTHONPATH=pythonpath))
     try:
         assert proc.stdout is not None
         ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT)
@@ -355,12 +358,13 @@ def test_scrapyd_deploy_uploads_an_egg_of_the_package_only(deployed: Scrapyd) ->
     with zipfile.ZipFile(egg) as z:
         names = z.namelist()
         entry_points = z.read("EGG-INFO/entry_points.txt").decode()
-    # tests/, bench/ and the virtualenv stay out; the loopback site stays in,
-    # because `scrapy demo` imports it and Scrapy imports every command of
-    # COMMANDS_MODULE at start-up, scrapyd's crawls included.
+    # tests/ (the test site included), bench/ and the virtualenv stay out;
+    # the demo's site stays in, because `scrapy demo` imports it and Scrapy
+    # imports every command of COMMANDS_MODULE at start-up, scrapyd's crawls
+    # included.
     assert {name.split("/")[0] for name in names} == {"EGG-INFO", "incremental_crawler"}
     assert "incremental_crawler/spiders/sitemap.py" in names
-    assert "incremental_crawler/loopback_site.py" in names
+    assert "incremental_crawler/demo/site.py" in names
     assert re.search(r"\[scrapy\]\s+settings = incremental_crawler\.settings", entry_points)
 
     # The crawl processes import the project from the egg, as scrapyd's runner

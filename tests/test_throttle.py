@@ -10,8 +10,8 @@ import pytest_twisted
 
 from incremental_crawler.politeness.extension import AdaptiveThrottle
 from incremental_crawler.politeness.retry_after import parse_retry_after
-from incremental_crawler.loopback_site import LoopbackSite
 from tests.redis_util import BUDGET_REDIS_URI as REDIS_URL
+from tests.site import LoopbackSite
 from tests.spiders import ListSpider
 
 POLITE = {"INCREMENTAL_THROTTLE_ENABLED": True, "CONCURRENT_REQUESTS": 16,

@@ -18,8 +18,8 @@ from scrapy.commands import ScrapyCommand
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from twisted.internet.defer import Deferred
 
+from incremental_crawler.demo import DemoSite
 from incremental_crawler.report.extension import summarize
-from incremental_crawler.loopback_site import LoopbackSite
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class Command(ScrapyCommand):
         state_uri = opts.state_uri or (
             f"sqlite:///{Path(tempfile.mkdtemp(prefix='incremental-demo-')) / 'state.db'}"
         )
-        site = LoopbackSite.generated(opts.pages, page_size=12_000)
+        site = DemoSite(opts.pages, page_size=12_000)
         base = site.start()
         out = sys.stdout
         out.write(
@@ -100,7 +100,7 @@ class Command(ScrapyCommand):
         self._report(out, results, state_uri)
 
     @staticmethod
-    def _figures(crawler: Crawler, site: LoopbackSite) -> dict[str, Any]:
+    def _figures(crawler: Crawler, site: DemoSite) -> dict[str, Any]:
         assert crawler.stats is not None
         page_records = [r for r in site.log if r.path.startswith("/p/")]
         return {

@@ -1,20 +1,25 @@
 """A counting HTTP test site served on loopback with Twisted Web.
 
-The site exists so that the incremental crawler can be demonstrated, tested
-and benchmarked against a server whose behaviour is fully known: every page
+The site exists so that the incremental crawler can be tested and
+benchmarked against a server whose behaviour is fully known: every page
 has a *kind* that decides which validators (``ETag`` / ``Last-Modified``) it
 sends, pages change only when told to (:meth:`LoopbackSite.change`), and every
 request served is recorded in :attr:`LoopbackSite.log` so that callers can
 count requests, ``304 Not Modified`` answers and body bytes.
+
+It imports nothing from ``incremental_crawler``: dates come from the standard
+library and ETags are matched here, so a bug in the crawler's own date or
+ETag handling cannot be mirrored on the server side and pass unnoticed.
 
 Importing this module starts nothing: the reactor is imported only inside
 :meth:`LoopbackSite.start` / :meth:`LoopbackSite.stop` and in the CLI entry
 point, so the caller (Scrapy, pytest-twisted, a benchmark) stays in charge of
 which reactor gets installed.
 
-Out-of-process use (benchmarks, kill -9 tests)::
+Out-of-process use (benchmarks, kill -9 tests), from the repository root or
+with it on ``PYTHONPATH``::
 
-    python -m incremental_crawler.loopback_site --pages 1000 --port 0
+    python -m tests.site --pages 1000 --port 0
 
 prints exactly one line, the base URL, and then serves until SIGTERM/SIGINT.
 The ``/__site__/...`` control endpoints (see :class:`LoopbackSite`) expose the
@@ -44,7 +49,7 @@ from xml.sax.saxutils import escape as xml_escape
 
 from twisted.web import http, resource, server
 
-from incremental_crawler.loopback_limits import TokenBucketLimiter
+from tests.site.limits import TokenBucketLimiter
 
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
@@ -1010,7 +1015,7 @@ def _json(status: int, payload: Any) -> _Response:
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m incremental_crawler.loopback_site",
+        prog="python -m tests.site",
         description="Serve a LoopbackSite; print its base URL on one line, "
         "then serve until SIGTERM/SIGINT.",
     )
