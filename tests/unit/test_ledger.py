@@ -239,10 +239,6 @@ async def test_an_item_still_in_a_pipeline_keeps_the_state_out_of_the_file(make_
 
 # -- when it is withheld -------------------------------------------------------------
 
-UNCOUNTED = pytest.mark.xfail(strict=True, reason=(
-    "the ledger closes a page's transaction only when PageOutputMiddleware saw its output end; "
-    "spider_error alone leaves it open: not counted as withheld"))
-
 WITHHELD = {
     "an item failed in a pipeline": (
         True, ["yield:0", "output_end", "error:0"], "an item pipeline failed"),
@@ -256,8 +252,8 @@ WITHHELD = {
         "the callback failed"),
     # A plain function (or coroutine) callback that raises never returns
     # an output for PageOutputMiddleware to see: Scrapy only sends spider_error.
-    "the callback raised before returning any output": pytest.param(
-        True, ["spider_error"], "the callback failed", marks=UNCOUNTED),
+    "the callback raised before returning any output": (
+        True, ["spider_error"], "the callback failed"),
     "the callback never ran": (
         False, ["output_end"], "its callback never ran"),
     "the callback never ran, an errback's item was scraped": (
@@ -331,8 +327,8 @@ DISCOVERY = {
     "closed by the user": ("shutdown", 0, None, None, False),
     "a page failed to download": ("finished", 1, None, None, False),
     "a page's item failed in a pipeline": ("finished", 0, FAILED_PAGE, None, False),
-    "a page's callback raised before any output": pytest.param(
-        "finished", 0, RAISED_BEFORE_OUTPUT, None, False, marks=UNCOUNTED),
+    "a page's callback raised before any output": (
+        "finished", 0, RAISED_BEFORE_OUTPUT, None, False),
     "a page failed, in cluster mode": ("finished", 1, None, Gate(0), False),
     "a page's state was withheld, in cluster mode": ("finished", 0, FAILED_PAGE, Gate(0), False),
     "another worker failed a page": ("finished", 0, None, Gate(2), False),
