@@ -417,7 +417,11 @@ class Ledger:
 
     def spider_error(self, failure: Failure, response: Any, spider: Spider) -> None:
         if isinstance(response, Response) and (txn := response.meta.get(TXN_META)):
-            txn.failed = txn.failed or f"the callback failed ({failure.getErrorMessage()})"
+            # No output follows a spider_error. A callback that raised before
+            # returning its output (a plain function, a coroutine) never
+            # reached PageOutputMiddleware: its page ends here, withheld, and
+            # counts as failed (a sitemap listing it must not be saved).
+            self.output_failed(txn, f"the callback failed ({failure.getErrorMessage()})")
 
     # -- states read ahead -------------------------------------------------------
 
