@@ -185,6 +185,31 @@ async def test_a_retry_after_date_is_read_against_the_servers_clock(site, crawl)
     assert len(tries) == 2 and tries[1] - tries[0] >= 1.9
 
 
+@pytest.mark.parametrize(("dont_retry", "sent", "ours", "retry_middlewares"),
+                         [(True, 1, None, None), (False, 3, 1, 1)])
+@pytest_twisted.ensureDeferred
+async def test_dont_retry_is_honoured_and_the_slot_is_frozen_all_the_same(
+    site, crawl, dont_retry, sent, ours, retry_middlewares
+):
+    site.add_page("/a", "strong", size=500)
+    site.override("/a", status=429, headers={"Retry-After": "1"})
+    crawler = await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 50,
+                                                "INCREMENTAL_THROTTLE_MAX_RETRIES": 1,
+                                                "RETRY_ENABLED": True, "RETRY_TIMES": 1},
+                          urls=[site.url("/a")], meta={"dont_retry": dont_retry})
+    # With dont_retry the 429 went out once and neither we (after the
+    # Retry-After) nor RetryMiddleware asked again; without it we retried
+    # once (INCREMENTAL_THROTTLE_MAX_RETRIES), then RetryMiddleware once
+    # (RETRY_TIMES: our retry did not spend it).
+    assert [r.status for r in site.log if r.path == "/a"] == [429] * sent
+    stats = crawler.stats
+    assert stats.get_value("incremental/throttle/retried/429") == ours
+    assert stats.get_value("retry/count") == retry_middlewares
+    # Every 429 froze the slot, dont_retry or not (RFC 6585 §4).
+    assert stats.get_value("incremental/retry_after_waits") == sent
+    assert stats.get_value("incremental/throttle/127.0.0.1/frozen_seconds") >= 1.0
+
+
 @pytest_twisted.ensureDeferred
 async def test_closing_while_frozen_drops_the_queued_requests(site, crawl):
     # The same without the shared budget: the requests wait in the frozen
