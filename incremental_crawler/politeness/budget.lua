@@ -20,7 +20,10 @@ local ttl, share = tonumber(ARGV[15]), tonumber(ARGV[16])
 
 local s = redis.call('HMGET', key, 'rate', 'slow', 'healthy', 'sent', 'cut',
                      'tokens', 'ts', 'frozen', 'parked', 'claim')
-local rate = tonumber(s[1]) or start_rate
+-- Within the bounds before any signal counts (a per-domain start_rate may be
+-- outside them, bounds may have changed since the rate was stored); every
+-- step below keeps it there.
+local rate = math.min(max_rate, math.max(min_rate, tonumber(s[1]) or start_rate))
 local slow = tonumber(s[2]) or 1
 local healthy = tonumber(s[3]) or 0
 local sent = tonumber(s[4]) or 0
@@ -70,7 +73,6 @@ if hard_seq ~= 0 then
     change = 'decrease'
   end
 end
-rate = math.min(max_rate, math.max(min_rate, rate))
 if freeze > 0 and now + freeze > frozen then
   frozen = now + freeze
   tokens = 1 -- one request when the freeze ends, then the pace
