@@ -121,7 +121,8 @@ async def test_robots_crawl_delay_is_a_floor_and_a_huge_one_is_capped(site, craw
     assert len([r for r in site.log if r.path.startswith("/p/")]) == 5
 
 
-def test_retry_after_values_from_rules_md():
+def test_retry_after_values():
+    # RFC 9110 §10.2.3: delay-seconds (a non-negative integer) or an HTTP-date.
     assert parse_retry_after("120") == 120
     assert parse_retry_after("abc") is None
     assert parse_retry_after("-5") is None
