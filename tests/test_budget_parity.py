@@ -6,8 +6,9 @@ One process keeps its slot's window in :class:`DomainWindow`; with
 site sees a different crawler depending on how it is deployed. Each row
 applies one sequence of signals to both, the script in the real Redis (db
 10, a key prefix of the test's own), and after every step the rates agree
-exactly (the script stores its rate with every digit: Redis writes Lua
-numbers as ``%.17g``) and are the row's expected rate.
+exactly (Redis writes a Lua number with the digits it takes to read it back
+the same, so the script's stored rate is the double it computed) and are
+the row's expected rate.
 
 Where they differ by design, the rows feed each side what it is told in a
 crawl:

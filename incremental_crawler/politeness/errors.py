@@ -6,14 +6,15 @@ by class name: a name says nothing reliable (``ConnectionLost`` contains
 "Connect" and is no refusal, ``TCPTimedOutError`` does not contain
 "Timeout" and is one).
 
-* **timeout** (a hard signal): the server took the request or the
-  connection and did not answer in time, the way an overloaded server fails.
+* **timeout** (a hard signal): the server did not answer in time (the
+  connection or the request), the way an overloaded server fails.
 * **hard**: the server would not take the connection (refused, no route,
   any other failure to connect).
-* **soft**: a lost or closed connection, a reset, a DNS hiccup, a broken
-  answer, a proxy's tunnel: one costs little, a run of them (after a hard
-  signal) is hard, which :class:`~incremental_crawler.politeness.window.DomainWindow`
-  decides. Anything not listed is soft too.
+* **soft**: a lost or closed connection, a reset, a DNS hiccup, a TLS
+  failure, a failure at our own end, a broken answer, a proxy's tunnel: one
+  costs little, a run of them (after a hard signal) is hard, which
+  :class:`~incremental_crawler.politeness.window.DomainWindow` decides.
+  Anything not listed is soft too.
 
 The first row of :data:`CLASSES` an exception is an instance of wins: the
 more specific classes come first (Twisted's ``TimeoutError`` and
@@ -56,8 +57,10 @@ class ErrorSignal(enum.Enum):
 CLASSES: tuple[tuple[tuple[type[BaseException], ...], ErrorSignal], ...] = (
     ((DownloadTimeoutError, tx.TimeoutError, tx.TCPTimedOutError, builtins.TimeoutError),
      ErrorSignal.TIMEOUT),
-    # Failures to connect that are about names or TLS, not the server's load.
-    ((tx.UnknownHostError, tx.ServiceNameUnknownError, tx.SSLError), ErrorSignal.SOFT),
+    # Failures to connect that are about names, TLS or our own end (a local
+    # address or socket file), not about the server taking connections.
+    ((tx.UnknownHostError, tx.ServiceNameUnknownError, tx.SSLError, tx.ConnectBindError,
+      tx.BadFileError), ErrorSignal.SOFT),
     ((DownloadConnectionRefusedError, builtins.ConnectionRefusedError, tx.ConnectError),
      ErrorSignal.HARD),
     ((tx.ConnectionClosed, builtins.ConnectionError, tx.DNSLookupError, CannotResolveHostError,

@@ -52,8 +52,10 @@ ROWS = [
     (tx.DNSLookupError(), SOFT),
     (tx.UnknownHostError(), SOFT),
     (tx.ServiceNameUnknownError(), SOFT),
-    # TLS, a proxy's tunnel, an empty compressed body (OSError): soft.
+    # TLS, our own end, a proxy's tunnel, an empty compressed body (OSError): soft.
     (tx.SSLError(), SOFT),
+    (tx.ConnectBindError(), SOFT),
+    (tx.BadFileError(), SOFT),
     (TunnelError("Could not open CONNECT tunnel"), SOFT),
     (OSError("Not a gzipped file"), SOFT),
     # Anything else: soft, as a reset.
