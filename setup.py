@@ -8,7 +8,7 @@ setup(
     description="Incremental re-crawls for Scrapy: conditional requests, "
     "content fingerprints, state committed only with its data",
     packages=find_packages(include=["incremental_crawler", "incremental_crawler.*"]),
-    package_data={"incremental_crawler": ["py.typed"]},
+    package_data={"incremental_crawler": ["py.typed", "politeness/budget.lua"]},
     python_requires=">=3.10",
     install_requires=[
         "Scrapy>=2.19,<2.20",

@@ -365,6 +365,8 @@ def test_scrapyd_deploy_uploads_an_egg_of_the_package_only(deployed: Scrapyd) ->
     assert {name.split("/")[0] for name in names} == {"EGG-INFO", "incremental_crawler"}
     assert "incremental_crawler/spiders/sitemap.py" in names
     assert "incremental_crawler/demo/site.py" in names
+    # Not a module: in the egg only through setup.py's package_data.
+    assert "incremental_crawler/politeness/budget.lua" in names
     assert re.search(r"\[scrapy\]\s+settings = incremental_crawler\.settings", entry_points)
 
     # The crawl processes import the project from the egg, as scrapyd's runner
@@ -374,6 +376,8 @@ def test_scrapyd_deploy_uploads_an_egg_of_the_package_only(deployed: Scrapyd) ->
          "from scrapyd.runner import project_environment\n"
          f"with project_environment({SCRAPYD_PROJECT!r}):\n"
          "    import incremental_crawler.spiders.sitemap as m\n"
+         "    from incremental_crawler.politeness.budget import BUDGET_LUA\n"
+         "    assert \"redis.call('HMGET'\" in BUDGET_LUA\n"
          "    print(m.__file__)"],
         cwd=deployed.root, env=child_env(SCRAPY_PROJECT=SCRAPYD_PROJECT, HOME=str(deployed.root)),
         capture_output=True, text=True, timeout=TIMEOUT, check=False)

@@ -121,7 +121,8 @@ async def test_robots_crawl_delay_is_a_floor_and_a_huge_one_is_capped(site, craw
     assert len([r for r in site.log if r.path.startswith("/p/")]) == 5
 
 
-def test_retry_after_values_from_rules_md():
+def test_retry_after_values():
+    # RFC 9110 §10.2.3: delay-seconds (a non-negative integer) or an HTTP-date.
     assert parse_retry_after("120") == 120
     assert parse_retry_after("abc") is None
     assert parse_retry_after("-5") is None
@@ -183,6 +184,31 @@ async def test_a_retry_after_date_is_read_against_the_servers_clock(site, crawl)
                 urls=[site.url("/a")])
     tries = [r.started for r in site.log if r.path == "/a"]
     assert len(tries) == 2 and tries[1] - tries[0] >= 1.9
+
+
+@pytest.mark.parametrize(("dont_retry", "sent", "ours", "retry_middlewares"),
+                         [(True, 1, None, None), (False, 3, 1, 1)])
+@pytest_twisted.ensureDeferred
+async def test_dont_retry_is_honoured_and_the_slot_is_frozen_all_the_same(
+    site, crawl, dont_retry, sent, ours, retry_middlewares
+):
+    site.add_page("/a", "strong", size=500)
+    site.override("/a", status=429, headers={"Retry-After": "1"})
+    crawler = await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 50,
+                                                "INCREMENTAL_THROTTLE_MAX_RETRIES": 1,
+                                                "RETRY_ENABLED": True, "RETRY_TIMES": 1},
+                          urls=[site.url("/a")], meta={"dont_retry": dont_retry})
+    # With dont_retry the 429 went out once and neither we (after the
+    # Retry-After) nor RetryMiddleware asked again; without it we retried
+    # once (INCREMENTAL_THROTTLE_MAX_RETRIES), then RetryMiddleware once
+    # (RETRY_TIMES: our retry did not spend it).
+    assert [r.status for r in site.log if r.path == "/a"] == [429] * sent
+    stats = crawler.stats
+    assert stats.get_value("incremental/throttle/retried/429") == ours
+    assert stats.get_value("retry/count") == retry_middlewares
+    # Every 429 froze the slot, dont_retry or not (RFC 6585 §4).
+    assert stats.get_value("incremental/retry_after_waits") == sent
+    assert stats.get_value("incremental/throttle/127.0.0.1/frozen_seconds") >= 1.0
 
 
 @pytest_twisted.ensureDeferred

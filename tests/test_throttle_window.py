@@ -61,7 +61,11 @@ def test_rate_sets_delay_and_crawl_delay_is_a_floor():
     assert window.delay == 1 / 8
     window.delay_floor = 2.0
     assert window.delay == 2.0
-    assert 1 <= window.concurrency <= POLICY.max_concurrency
+    # Concurrency: what the rate needs at the median latency, plus one.
+    assert window.concurrency == 2  # no answer yet: 0.1 s assumed, ceil(8 x 0.1) + 1
+    for latency in (0.4, 0.5, 3.0):
+        window.ok(latency)
+    assert window.rate == 8 and window.concurrency == 5  # median 0.5 s: ceil(8 x 0.5) + 1
 
 
 def test_backoff_grows_per_consecutive_failure_within_bounds():

@@ -32,8 +32,9 @@ from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.httpobj import urlparse_cached
 
 from incremental_crawler.config import setting_or_default, throttle_enabled
-from incremental_crawler.politeness.retry_after import parse_retry_after
 from incremental_crawler.politeness.budget import SharedBudget
+from incremental_crawler.politeness.errors import ErrorSignal, classify_error
+from incremental_crawler.politeness.retry_after import parse_retry_after
 from incremental_crawler.politeness.window import DomainWindow, WindowPolicy
 from incremental_crawler.uris import redacted
 from incremental_crawler.http.validators import parse_http_date
@@ -326,26 +327,24 @@ class AdaptiveThrottle(AutoThrottle):
         self.freeze(key, wait, f"{response.status}, Retry-After {raw!r}")
 
     def on_exception(self, request: Request, exception: Exception) -> None:
-        """A download error (called by the Retry-After middleware)."""
+        """A download error (called by the Retry-After middleware), weighed by its type."""
         key = request.meta.get("download_slot")
         if key is None:
             return
         window = self.window(key)
         seq = request.meta.get(_SEQ, window.sent)
-        name = type(exception).__name__
+        signal = classify_error(exception)
         rate = window.rate
-        if "Timeout" in name:
+        if signal is ErrorSignal.TIMEOUT:
             window.timeouts += 1
-            self._share(key, window, request, hard=True)
-            reason = window.hard_error(seq)
-        elif "Refused" in name or "Connect" in name:
+        if signal.is_hard:
             self._share(key, window, request, hard=True)
             reason = window.hard_error(seq)
         else:  # a reset, a DNS hiccup: one is soft, a run is hard
             self._share(key, window, request, hard=window.consecutive_hard > 0)
             reason = window.soft_error(seq)
         reason = self._shared_rate(window, rate, reason)
-        self._changed(key, window, reason, name)
+        self._changed(key, window, reason, f"{type(exception).__name__} ({signal.value})")
         self._apply(key, window)
 
     def freeze(self, key: str, seconds: float, why: str, *, report: bool = True,

@@ -13,6 +13,19 @@ jitter, per consecutive failure. Order 575 puts it after RedirectMiddleware
 and the conditional middleware on the way back, before RetryMiddleware
 (550), which never sees these answers.
 
+A request with ``meta["dont_retry"]`` is not retried here (RetryMiddleware
+does not retry it either): its 429 or 503 goes to the spider. The slot is
+frozen all the same, since that happened when the answer arrived
+(politeness towards the site is not the request's to turn off).
+
+The retries are counted in a meta key of our own (``_throttle_retries``,
+at most ``INCREMENTAL_THROTTLE_MAX_RETRIES``), not with Scrapy's
+``get_retry_request``: its priority and stats keys can be set, but it
+always counts in ``meta["retry_times"]``, which RetryMiddleware reads, so
+every wait the site asked for would spend one of the ``RETRY_TIMES``
+retries meant for broken answers (and past ``RETRY_TIMES`` waits, a
+request could no longer be retried after a timeout).
+
 :class:`SharedBudgetMiddleware`, order 950: the gate of the shared per-domain budget: no request leaves without a token.
 
 With ``INCREMENTAL_THROTTLE_SHARED_URL`` set, every request waits here for a
@@ -96,6 +109,8 @@ class RetryAfterMiddleware:
         throttle = self.throttle
         if response.status not in (429, 503) or throttle is None:
             return response
+        if request.meta.get("dont_retry", False):
+            return response  # the freeze stands; the answer goes to the spider
         key = throttle.slot_key(request)
         if throttle.window(key).parked:
             return response

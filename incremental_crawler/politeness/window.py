@@ -73,8 +73,11 @@ class DomainWindow:
     bounded: bool = False
 
     def __post_init__(self) -> None:
-        if not self.rate:
-            self.rate = self.policy.start_rate
+        # Within the bounds from the start, as in the shared budget's script:
+        # a per-domain override (INCREMENTAL_THROTTLE_DOMAINS) may set a
+        # max_rate below the global start_rate, or a min_rate above it.
+        policy = self.policy
+        self.rate = min(policy.max_rate, max(policy.min_rate, self.rate or policy.start_rate))
 
     @property
     def penalty_box(self) -> bool:

@@ -1,0 +1,78 @@
+"""What a download error says about a site's budget: a timeout, a hard or a soft signal.
+
+Classified by type (``isinstance``), against the exceptions Scrapy's
+``RETRY_EXCEPTIONS`` lists and the Twisted and built-in ones they wrap, not
+by class name: a name says nothing reliable (``ConnectionLost`` contains
+"Connect" and is no refusal, ``TCPTimedOutError`` does not contain
+"Timeout" and is one).
+
+* **timeout** (a hard signal): the server did not answer in time (the
+  connection or the request), the way an overloaded server fails.
+* **hard**: the server would not take the connection (refused, no route,
+  any other failure to connect).
+* **soft**: a lost or closed connection, a reset, a DNS hiccup, a TLS
+  failure, a failure at our own end, a broken answer, a proxy's tunnel: one
+  costs little, a run of them (after a hard signal) is hard, which
+  :class:`~incremental_crawler.politeness.window.DomainWindow` decides.
+  Anything not listed is soft too.
+
+The first row of :data:`CLASSES` an exception is an instance of wins: the
+more specific classes come first (Twisted's ``TimeoutError`` and
+``UnknownHostError`` are ``ConnectError`` subclasses; Python's
+``TimeoutError`` and ``ConnectionRefusedError`` are ``OSError`` ones).
+"""
+
+from __future__ import annotations
+
+import builtins
+import enum
+
+from scrapy.core.downloader.handlers.http11 import TunnelError
+from scrapy.exceptions import (
+    CannotResolveHostError,
+    DownloadConnectionRefusedError,
+    DownloadFailedError,
+    DownloadTimeoutError,
+    ResponseDataLossError,
+)
+from twisted.internet import error as tx
+from twisted.web.client import RequestTransmissionFailed, ResponseFailed
+
+__all__ = ["CLASSES", "ErrorSignal", "classify_error"]
+
+
+class ErrorSignal(enum.Enum):
+    """What a download error weighs in a slot's window."""
+
+    TIMEOUT = "timeout"
+    HARD = "hard"
+    SOFT = "soft"
+
+    @property
+    def is_hard(self) -> bool:
+        return self is not ErrorSignal.SOFT
+
+
+#: (exception classes, signal): the first row that matches wins.
+CLASSES: tuple[tuple[tuple[type[BaseException], ...], ErrorSignal], ...] = (
+    ((DownloadTimeoutError, tx.TimeoutError, tx.TCPTimedOutError, builtins.TimeoutError),
+     ErrorSignal.TIMEOUT),
+    # Failures to connect that are about names, TLS or our own end (a local
+    # address or socket file), not about the server taking connections.
+    ((tx.UnknownHostError, tx.ServiceNameUnknownError, tx.SSLError, tx.ConnectBindError,
+      tx.BadFileError), ErrorSignal.SOFT),
+    ((DownloadConnectionRefusedError, builtins.ConnectionRefusedError, tx.ConnectError),
+     ErrorSignal.HARD),
+    ((tx.ConnectionClosed, builtins.ConnectionError, tx.DNSLookupError, CannotResolveHostError,
+      ResponseFailed, RequestTransmissionFailed, DownloadFailedError, ResponseDataLossError,
+      TunnelError, OSError),
+     ErrorSignal.SOFT),
+)
+
+
+def classify_error(exception: BaseException) -> ErrorSignal:
+    """The signal *exception*, raised by a download, gives the slot's window."""
+    for classes, signal in CLASSES:
+        if isinstance(exception, classes):
+            return signal
+    return ErrorSignal.SOFT
