@@ -55,7 +55,7 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import (  # noqa: E402
+from _harness import (
     Site,
     httpcache_settings,
     ours_settings,

@@ -53,7 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import (  # noqa: E402
+from _harness import (
     RedisServer,
     Site,
     ensure_importable,
@@ -69,11 +69,11 @@ from _harness import (  # noqa: E402
 ensure_importable()
 
 
-from incremental_crawler.state.records import PageKey, PageState  # noqa: E402
-from incremental_crawler.state.stores.base import StateStore  # noqa: E402
-from incremental_crawler.state.stores.redis import RedisStateStore  # noqa: E402
-from incremental_crawler.state.stores.sqlite import SQLiteStateStore  # noqa: E402
-from tests.site import BASE_EPOCH, http_date  # noqa: E402
+from incremental_crawler.state.records import PageKey, PageState
+from incremental_crawler.state.stores.base import StateStore
+from incremental_crawler.state.stores.redis import RedisStateStore
+from incremental_crawler.state.stores.sqlite import SQLiteStateStore
+from tests.site import BASE_EPOCH, http_date
 
 SCOPE = "sitemap"
 KINDS = "strong,weak,lastmod"

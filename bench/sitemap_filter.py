@@ -34,9 +34,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from scrapy.http import Request, XmlResponse  # noqa: E402
-from scrapy.spiders import SitemapSpider  # noqa: E402
-from scrapy.utils.reactor import install_reactor  # noqa: E402
+from scrapy.http import Request, XmlResponse
+from scrapy.spiders import SitemapSpider
+from scrapy.utils.reactor import install_reactor
 
 HOST = "http://127.0.0.1:9"
 DAY = 86400

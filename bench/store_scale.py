@@ -50,7 +50,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import (  # noqa: E402
+from _harness import (
     Site,
     copy_sqlite,
     ensure_importable,
@@ -67,9 +67,9 @@ from _harness import (  # noqa: E402
 
 ensure_importable()
 
-from incremental_crawler.state.records import PageKey, PageState  # noqa: E402
-from incremental_crawler.state.stores.sqlite import SQLiteStateStore  # noqa: E402
-from tests.site import BASE_EPOCH, http_date  # noqa: E402
+from incremental_crawler.state.records import PageKey, PageState
+from incremental_crawler.state.stores.sqlite import SQLiteStateStore
+from tests.site import BASE_EPOCH, http_date
 
 SCOPE = "sitemap"  # the sitemap spider's scope: the crawl searches the big table
 KINDS = "strong,weak,lastmod"

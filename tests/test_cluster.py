@@ -178,7 +178,7 @@ async def test_workers_share_one_crawl_and_exit_by_themselves(
     workers = [Worker(site, state_uri, cluster_prefix, tmp_path, f"2-{i}") for i in range(2)]
     for worker in workers:
         assert await worker.wait() == 0, worker.tail()
-    assert dict(page_gets(site)) == {path: 1 for path in changed}
+    assert dict(page_gets(site)) == dict.fromkeys(changed, 1)
     assert sorted(url for w in workers for url in w.urls()) == sorted(
         site.url(path) for path in changed)
     assert leftover_keys(cluster_prefix) == []
@@ -221,9 +221,8 @@ async def test_a_killed_worker_stalls_nothing_and_loses_nothing(
 @pytest_twisted.ensureDeferred
 async def test_the_dupefilter_keys_requests_by_scrapys_own_fingerprint(cluster_prefix):
     from scrapy import Request, Spider
-    from scrapy.utils.test import get_crawler
-
     from scrapy.extension import ExtensionManager
+    from scrapy.utils.test import get_crawler
 
     from incremental_crawler.cluster.coordinator import ClusterCoordinator
     from incremental_crawler.cluster.scheduler import ClusterDupeFilter

@@ -68,10 +68,10 @@ class _BodyCollector(Protocol):
         self._done = done
         self._chunks: list[bytes] = []
 
-    def dataReceived(self, data: bytes) -> None:  # noqa: N802 (Twisted API)
+    def dataReceived(self, data: bytes) -> None:
         self._chunks.append(data)
 
-    def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]  # noqa: N802
+    def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
         if reason.check(ResponseDone):
             self._done.callback(b"".join(self._chunks))
         else:

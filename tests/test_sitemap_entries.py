@@ -5,8 +5,8 @@ from __future__ import annotations
 from scrapy.statscollectors import MemoryStatsCollector
 from scrapy.utils.test import get_crawler
 
-from incremental_crawler.state.keys import Canonicalizer
 from incremental_crawler.lists.sitemaps import MAX_URLS, SitemapEntries
+from incremental_crawler.state.keys import Canonicalizer
 
 
 def entries_for(url: str = "https://example.com/sitemap.xml") -> tuple[SitemapEntries, MemoryStatsCollector]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest_twisted
 
-from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.change.trust import recheck_due
+from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from tests.spiders import ListSpider
 
 

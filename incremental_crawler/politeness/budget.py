@@ -32,9 +32,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from importlib import resources
 from collections import deque
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from redis import asyncio as aioredis

@@ -32,12 +32,12 @@ from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.httpobj import urlparse_cached
 
 from incremental_crawler.config import setting_or_default, throttle_enabled
+from incremental_crawler.http.validators import parse_http_date
 from incremental_crawler.politeness.budget import SharedBudget
 from incremental_crawler.politeness.errors import ErrorSignal, classify_error
 from incremental_crawler.politeness.retry_after import parse_retry_after
 from incremental_crawler.politeness.window import DomainWindow, WindowPolicy
 from incremental_crawler.uris import redacted
-from incremental_crawler.http.validators import parse_http_date
 
 if TYPE_CHECKING:
     from typing import Self
@@ -77,7 +77,7 @@ _POLICY_SETTINGS = {
 class AdaptiveThrottle(AutoThrottle):
     """See the module docstring; settings ``INCREMENTAL_THROTTLE_*``."""
 
-    def __init__(self, crawler: Crawler) -> None:  # noqa: PLR0912 - reads settings
+    def __init__(self, crawler: Crawler) -> None:
         settings = crawler.settings
         if not throttle_enabled(settings):
             raise NotConfigured("INCREMENTAL_ENABLED or INCREMENTAL_THROTTLE_ENABLED is False")

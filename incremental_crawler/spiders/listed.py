@@ -19,12 +19,12 @@ from scrapy import Request
 from scrapy.http import TextResponse
 
 from incremental_crawler.exceptions import NotModified
-from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD
 from incremental_crawler.lists.dates import parse_w3c_datetime
-from incremental_crawler.state.ledger import Ledger
 from incremental_crawler.lists.sitemaps import Candidate, SitemapEntries, decide
+from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD
 from incremental_crawler.spiders.base import IncrementalSpider
 from incremental_crawler.state.keys import Canonicalizer
+from incremental_crawler.state.ledger import Ledger
 from incremental_crawler.state.records import PageKey, PageState
 
 if TYPE_CHECKING:

@@ -17,8 +17,8 @@ from scrapy import Request
 from scrapy.spiders import SitemapSpider
 from scrapy.utils.sitemap import Sitemap, sitemap_urls_from_robots
 
-from incremental_crawler.meta import META_SKIP
 from incremental_crawler.lists.sitemaps import decide
+from incremental_crawler.meta import META_SKIP
 from incremental_crawler.spiders.listed import (
     DEFAULT_TEXT_SELECTORS,
     MAX_LIST_BYTES,

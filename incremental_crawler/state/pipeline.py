@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.exceptions import NotConfigured
 
-from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.change.identity import serialize_item
+from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.state.ledger import Ledger
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
     from incremental_crawler.state.records import HostTrust, ItemRecord, PageKey, PageState
-    
+
 __all__ = ["StateStore", "StateStoreError"]
 
 
