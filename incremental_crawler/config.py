@@ -81,7 +81,7 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_LASTMOD_DISTRUST_TTL": 7 * 24 * 3600,
     # Near-duplicate mode (opt-in): an item whose SimHash of this field is
     # within this many bits of the stored one counts as unchanged. It also
-    # hides a tiny real change: see the README.
+    # hides a tiny real change: see docs/guide.md, near-duplicate mode.
     "INCREMENTAL_NEAR_DUPLICATES": False,
     "INCREMENTAL_SIMHASH_FIELD": "text",
     "INCREMENTAL_SIMHASH_DISTANCE": 3,
@@ -91,9 +91,10 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     # 1/N of the conditional requests cost a full body: 200 keeps a
     # re-crawl's bytes near the share of pages that changed.
     "INCREMENTAL_RECHECK_EVERY": 200,
-    # A host caught lying gets no conditional requests until this many full
-    # fetches in a row were consistent (validators unchanged exactly when
-    # the content is), or at most this many seconds.
+    # A host caught lying gets no conditional requests until this many
+    # changes in a row came with validators that moved with them (unchanged
+    # pages are no evidence: a liar's look the same), or at most this many
+    # seconds.
     "INCREMENTAL_VALIDATORS_RETRUST_AFTER": 100,
     "INCREMENTAL_VALIDATORS_DISTRUST_TTL": 7 * 24 * 3600,
     # Unstable validators: a page is flagged after this many full fetches in
@@ -104,7 +105,7 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_UNSTABLE_HOST_SHARE": 0.5,
     "INCREMENTAL_UNSTABLE_HOST_MIN_PAGES": 10,
     # Politeness: per-domain AIMD windows (requests/s), Retry-After, robots
-    # Crawl-delay. See incremental_crawler/throttle.py.
+    # Crawl-delay. See incremental_crawler/politeness/window.py.
     "INCREMENTAL_THROTTLE_ENABLED": True,
     "INCREMENTAL_THROTTLE_START_RATE": 4.0,
     "INCREMENTAL_THROTTLE_MIN_RATE": 0.1,

@@ -1,6 +1,6 @@
 """Settings of the incremental_crawler project.
 
-Everything incremental is wired by the add-on; see README.md for the
+Everything incremental is wired by the add-on; see docs/reference/settings.md for the
 ``INCREMENTAL_*`` settings and their defaults.
 """
 

@@ -558,7 +558,7 @@ async def test_a_worker_whose_cluster_redis_dies_stops_loudly_by_itself(
     log = worker.log.read_text(errors="replace")
     assert "'finish_reason': 'cluster_redis_error'" in log, worker.tail()
     assert "ERROR: Cluster" in log
-    # Invariant 1 still holds for what it stored; the sitemaps' state is not
+    # State is never ahead of data for what it stored; the sitemaps' state is not
     # saved (the run's failures could not be read), so the next run reads
     # them in full and requests what this one did not store.
     ahead = state_db(

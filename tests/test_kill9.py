@@ -1,4 +1,4 @@
-"""Invariant 1 under kill -9: no validator is ever stored ahead of its data.
+"""State is never ahead of data, under kill -9: no validator is ever stored ahead of its data.
 
 A real ``scrapy crawl`` process is killed with SIGKILL at several points of
 a crawl; after each kill the state file must hold, for every page that has

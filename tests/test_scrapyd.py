@@ -440,7 +440,7 @@ async def test_jobs_without_a_state_uri_keep_state_in_scrapyds_directory(
     assert sorted(items) == site.pages
     assert all(pages[url].has_validators for url in site.pages)
 
-    # The README's way to read a scrapyd job's items: `scrapy items` from a
+    # The documented way (docs/scrapyd.md) to read a scrapyd job's items: `scrapy items` from a
     # checkout of the project, pointed at the job's state.
     out = tmp_path / "items.jsonl"
     result = await deferToThread(

@@ -202,7 +202,7 @@ async def test_a_one_word_change_is_an_item_by_default_and_suppressed_as_near_du
     words[200] = "changed"
     site.add_document("/story", article(words), "text/html")
     # Near-duplicate mode: the one-word change is within the distance; it is
-    # suppressed and counted (the trade-off the README states).
+    # suppressed and counted (the trade-off docs/guide.md states).
     suppressed = await crawl(SitemapPagesSpider, settings=near, sitemap_url=site.url("/s.xml"))
     assert suppressed.collected == []
     assert suppressed.stats.get_value("incremental/items_near_duplicate") == 1
