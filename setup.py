@@ -9,7 +9,9 @@ setup(
     "content fingerprints, state committed only with its data",
     packages=find_packages(include=["incremental_crawler", "incremental_crawler.*"]),
     package_data={"incremental_crawler": ["py.typed", "politeness/budget.lua"]},
-    python_requires=">=3.10",
+    # 3.11: the package uses enum.StrEnum, datetime.UTC and typing.Self; CI
+    # runs on 3.11.
+    python_requires=">=3.11",
     install_requires=[
         "Scrapy>=2.19,<2.20",
         "itemadapter>=0.13",
