@@ -52,11 +52,9 @@ judged on its raw body.
 from __future__ import annotations
 
 import logging
-import zlib
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
+from incremental_crawler.change.policy import recheck_due
 from incremental_crawler.state.records import HostTrust
 
 if TYPE_CHECKING:
@@ -71,24 +69,6 @@ __all__ = ["HostTrustBook", "VALIDATOR_VERDICTS", "recheck_due"]
 VALIDATOR_VERDICTS = ("reliable", "unstable", "lying", "absent")
 
 logger = logging.getLogger(__name__)
-
-
-def recheck_due(url: str, visit: int, every: int) -> bool:
-    """Whether *visit* (1 = the first) of *url* is its sampled full fetch.
-
-    One visit in every *every* consecutive ones, at a phase set by the URL's
-    path and query (not its host or port: pages of one host spread evenly).
-
-    >>> [v for v in range(1, 9) if recheck_due("http://h/a", v, 4)]
-    [4, 8]
-    >>> recheck_due("http://h/a", 3, 0)
-    False
-    """
-    if every <= 0:
-        return False
-    parts = urlsplit(url)
-    phase = zlib.crc32(f"{parts.path}?{parts.query}".encode()) % every
-    return (visit + phase) % every == 0
 
 
 class HostTrustBook:
