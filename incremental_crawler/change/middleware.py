@@ -5,6 +5,10 @@ and HttpCompressionMiddleware (590): it sees bodies after decompression
 (fingerprints are of the entity, not of its encoding), after
 RedirectMiddleware (so state is kept for the final URL), and before
 RetryMiddleware (a 304 is never retried; a 5xx is retried untouched).
+
+It reads headers and request meta, asks :class:`~.policy.ChangePolicy` what
+they mean, and applies the answer: stats, the host trust book, the ledger,
+NotDue and NotModified.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from scrapy.downloadermiddlewares.httpcompression import ACCEPTED_ENCODINGS
@@ -19,28 +24,32 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.httpobj import urlparse_cached
 
+from incremental_crawler.change.fingerprints import body_fingerprint
+from incremental_crawler.change.policy import (
+    HOST_CONSULTED,
+    ChangePolicy,
+    Fetch,
+    Judgement,
+    Refetch,
+    RequestReason,
+    future_last_modified,
+)
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.exceptions import NotDue, NotModified
-from incremental_crawler.change.fingerprints import body_fingerprint
+from incremental_crawler.http.validators import parse_etag, parse_last_modified
 from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD, META_REFRESH, META_SKIP
 from incremental_crawler.state.keys import page_key
 from incremental_crawler.state.ledger import TXN_META, Ledger
-from incremental_crawler.change.revisit import RevisitSchedule
-from incremental_crawler.state.records import PageFlags, PageKey, PageState
 from incremental_crawler.state.stores import StateStoreError
-from incremental_crawler.http.validators import (
-    parse_etag,
-    parse_http_date,
-    parse_last_modified,
-    weak_match,
-)
 
 if TYPE_CHECKING:
     from typing import Self
 
     from scrapy import Request
     from scrapy.crawler import Crawler
-    from scrapy.http import Response
+    from scrapy.http import Headers, Response
+
+    from incremental_crawler.state.records import HostTrust, PageKey, PageState
 
 __all__ = ["ConditionalRequestMiddleware", "NotDue", "NotModified"]
 
@@ -49,6 +58,8 @@ logger = logging.getLogger(__name__)
 _CTX = "_incremental_ctx"
 # Set when the conditions on a request are ours (to strip them from copies).
 _SENT = "_incremental_sent"
+# Set on the full re-fetch that follows a 304 we could not take.
+_REFETCHED = "_incremental_refetch"
 
 
 @dataclass(slots=True)
@@ -57,12 +68,15 @@ class _Context:
 
     key: PageKey
     prior: PageState | None
-    conditional: bool
-    reason: str
+    reason: RequestReason
+
+    @property
+    def conditional(self) -> bool:
+        return self.reason is RequestReason.CONDITIONAL
 
 
 class ConditionalRequestMiddleware:
-    """See the module docstring; settings in the README."""
+    """See the module docstring; settings in the README. Decisions: :class:`ChangePolicy`."""
 
     def __init__(self, crawler: Crawler, config: IncrementalConfig) -> None:
         if not config.enabled:
@@ -71,13 +85,9 @@ class ConditionalRequestMiddleware:
             )
         self.crawler = crawler
         self.stats = crawler.stats
-        self.max_age = config.max_age
-        self.unstable_after = config.unstable_after
+        self.policy = ChangePolicy.from_config(config)
         self.default_encoding = _default_encoding(crawler)
         self.ledger = Ledger.for_component(crawler)
-        self.schedule = (
-            RevisitSchedule.from_config(config) if config.revisit_enabled else None
-        )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -92,6 +102,8 @@ class ConditionalRequestMiddleware:
             and not request.meta.get(META_SKIP)
         )
 
+    # -- requests ------------------------------------------------------------
+
     async def process_request(self, request: Request) -> None:
         try:
             await self._prepare(request)
@@ -102,19 +114,7 @@ class ConditionalRequestMiddleware:
             raise IgnoreRequest(f"State store unavailable: {request.url}") from exc
 
     async def _prepare(self, request: Request) -> None:
-        # Meta copied from another request (``meta=response.meta``), a
-        # redirect or a retry must not carry that request's context or the
-        # conditions we added to it: they belong to another page.
-        meta = request.meta
-        meta.pop(_CTX, None)
-        meta.pop(TXN_META, None)
-        if meta.pop(_SENT, None):
-            request.headers.pop(b"If-None-Match", None)
-            request.headers.pop(b"If-Modified-Since", None)
-        if meta.get("redirect_urls"):
-            # The lastmod a sitemap gave the original URL says nothing
-            # about where it redirects to.
-            meta.pop(META_LASTMOD, None)
+        _forget_copied(request)
         if not self._applies(request):
             return
         if self.default_encoding is not None:
@@ -125,156 +125,49 @@ class ConditionalRequestMiddleware:
             request.headers.setdefault(b"Accept-Encoding", self.default_encoding)
         key = page_key(request, self.ledger.scope, self.ledger.canonical,
                        default_encoding=self.default_encoding)
-        found, prior = self.ledger.take_prefetched(key)
-        if not found:
-            prior = await self.ledger.store.get_page(key)
-        if prior is not None and not self._due(request, prior):
-            self.stats.inc_value("incremental/not_due")
-            raise NotDue(f"Not due before {prior.next_visit:.0f}: {request.url}")
-        conditional, reason = False, "new"
-        if prior is not None and prior.has_validators:
-            reason = "conditional"
-            conditional = True
-            if request.meta.get(META_REFRESH):
-                conditional, reason = False, "refresh"
-            elif self.max_age and time.time() - prior.last_fetched > self.max_age:
-                # Some servers never change their validators while the
-                # content does; a full fetch now and then catches it.
-                conditional, reason = False, "max_age"
-            # Loaded in any case: the response may prove the host's
-            # validators wrong (see _validator_verdict).
-            host = urlparse_cached(request).hostname or ""
-            trust = await self.ledger.trust.load(host)
-            if conditional and not self.ledger.trust.validators_trusted(trust, time.time()):
-                # Its validators lied: every page in full, decided by fingerprint.
-                conditional, reason = False, "host_lying"
-            elif conditional and self.ledger.trust.sample_due(key.url, prior.checks + 1):
-                # The sampled re-check, one visit in N per page: does the
-                # content still match? (the bound is in trust.py)
-                conditional, reason = False, "sample"
-        elif prior is not None:
-            reason = "no_validators"
-        request.meta[_CTX] = _Context(key, prior, conditional, reason)
+        prior = await self._stored(key)
+        now = time.time()
+        if prior is not None:
+            self._check_due(request, prior, now)
+        reason = await self._reason(request, key, prior, now)
+        request.meta[_CTX] = _Context(key, prior, reason)
         self._count(request, f"requests/{reason}")
-        if not conditional:
+        if reason is RequestReason.CONDITIONAL:
+            assert prior is not None
+            _send_conditions(request, prior)
+
+    async def _stored(self, key: PageKey) -> PageState | None:
+        found, prior = self.ledger.take_prefetched(key)
+        return prior if found else await self.ledger.store.get_page(key)
+
+    def _check_due(self, request: Request, prior: PageState, now: float) -> None:
+        meta = request.meta
+        if self.policy.due(prior, refresh=bool(meta.get(META_REFRESH)),
+                           discovery=bool(meta.get(META_DISCOVERY)),
+                           lastmod=meta.get(META_LASTMOD), now=now):
             return
-        assert prior is not None
-        headers = request.headers
-        # RFC 9110 §13.1.2 and §13.1.3: send every stored validator; the
-        # server must ignore If-Modified-Since when If-None-Match is
-        # present. A condition the user set is left as it is.
-        if b"If-None-Match" in headers or b"If-Modified-Since" in headers:
-            return
-        if prior.etag:
-            headers[b"If-None-Match"] = prior.etag
-        if prior.last_modified:
-            headers[b"If-Modified-Since"] = prior.last_modified
-        meta[_SENT] = True
+        self.stats.inc_value("incremental/not_due")
+        raise NotDue(f"Not due before {prior.next_visit:.0f}: {request.url}")
 
-    def _judge(self, request: Request, prior: PageState | None, etag: str | None,
-               last_modified: str | None, changed: bool) -> tuple[int, bool]:
-        verdict = self._validator_verdict(request, prior, etag, last_modified, changed)
-        return self._churns(request, prior, verdict, etag, last_modified)
-
-    def _validator_verdict(
-        self, request: Request, prior: PageState | None, etag: str | None,
-        last_modified: str | None, changed: bool,
-    ) -> str | None:
-        """What this full fetch says about the page's validators (reported per host).
-
-        Also the evidence that re-trusts a lying host: a change of content
-        whose validators changed with it (the only fetch on which a liar and
-        an honest server differ).
-        """
-        if request.meta.get(META_DISCOVERY):
-            return None  # sitemaps and feeds are not the site's pages
-        host = urlparse_cached(request).hostname or ""
-        book = self.ledger.trust
-        if etag is None and last_modified is None:
-            verdict = "absent"
-        elif prior is None or not prior.has_validators:
-            return None  # nothing to compare with yet
-        elif (etag, last_modified) == (prior.etag, prior.last_modified):
-            if changed:
-                # The content moved behind the same validators: they lie.
-                book.caught_lying(book.loaded(host), time.time(), request.url)
-                return "lying"
-            # Reliable, but no evidence for a host caught lying: a liar
-            # sends unchanged validators with unchanged content too.
-            verdict = "reliable"
-        elif changed:
-            verdict = "reliable"
-            book.consistent(book.loaded(host))
-        else:
-            verdict = "unstable"
-        book.verdict(host, verdict)
-        return verdict
-
-    def _churns(self, request: Request, prior: PageState | None, verdict: str | None,
-                etag: str | None, last_modified: str | None) -> tuple[int, bool]:
-        """``(churns, unstable)`` of the page after this full fetch."""
-        if prior is None:
-            return 0, False
-        churns, unstable = prior.churns, bool(prior.flags & PageFlags.UNSTABLE_VALIDATORS)
-        if verdict == "unstable":
-            churns += 1
-        elif verdict in ("reliable", "lying") and (etag, last_modified) == (
-            prior.etag, prior.last_modified
-        ):
-            # The validators held still: the run of churns is over.
-            churns, unstable = 0, False
-        if verdict is None or verdict == "absent":
-            return churns, unstable
-        if churns >= self.unstable_after and not unstable:
-            unstable = True
-            self.stats.inc_value("incremental/validators/pages_unstable")
-            logger.debug("Validators of %(url)s flagged unstable after %(n)d churns",
-                         {"url": request.url, "n": churns})
-        book = self.ledger.trust
-        host = urlparse_cached(request).hostname or ""
-        book.page_judged(book.loaded(host), unstable=unstable, now=time.time())
-        return churns, unstable
-
-    def _observe_lastmod(self, request: Request, prior: PageState, *, changed: bool) -> None:
-        # A page fetched because its lastmod moved: did it really change?
-        lastmod = request.meta.get(META_LASTMOD)
-        if lastmod is None or prior.lastmod is None or lastmod <= prior.lastmod:
-            return
-        if prior.last_fetched >= lastmod:
-            return  # our copy is newer than the announced change: no evidence
-        host = urlparse_cached(request).hostname or ""
-        self.ledger.trust.observe(host, lied=not changed, now=time.time())
+    async def _reason(self, request: Request, key: PageKey, prior: PageState | None,
+                      now: float) -> RequestReason:
+        host: HostTrust | None = None
+        if prior is not None and prior.has_validators:
+            # Loaded in any case: the response may prove the host's
+            # validators wrong (ChangePolicy.verdict).
+            host = await self.ledger.trust.load(_host(request))
+        reason = self.policy.request_reason(
+            prior, refresh=bool(request.meta.get(META_REFRESH)), host=host, url=key.url, now=now)
+        if host is not None and reason in HOST_CONSULTED:
+            self.ledger.trust.validators_trusted(host, now)
+        return reason
 
     def _count(self, request: Request, event: str, count: int = 1) -> None:
         # Sitemaps and feeds are counted apart, so "pages" means content.
         prefix = "incremental/discovery/" if request.meta.get(META_DISCOVERY) else "incremental/"
         self.stats.inc_value(prefix + event, count)
 
-    def _due(self, request: Request, prior: PageState) -> bool:
-        """Whether the revisit schedule lets *request* go out now.
-
-        A newer lastmod (sitemap, feed) or an explicit refresh overrides the
-        schedule; so does the forced refresh after INCREMENTAL_MAX_AGE.
-        """
-        if not self.schedule or prior.fingerprint is None or prior.next_visit <= time.time():
-            return True
-        if request.meta.get(META_REFRESH) or request.meta.get(META_DISCOVERY):
-            return True
-        lastmod = request.meta.get(META_LASTMOD)
-        if lastmod is not None and (prior.lastmod is None or lastmod > prior.lastmod):
-            return True
-        return bool(self.max_age and time.time() - prior.last_fetched > self.max_age)
-
-    def _next_visit(
-        self, prior: PageState | None, *, changed: bool, now: float
-    ) -> tuple[float, float] | None:
-        """``(interval, next_visit)`` after this visit, or ``None`` without revisits."""
-        # Pages with a sitemap lastmod get the same schedule: it only matters
-        # when their lastmod is not used (distrusted, switched off, or their
-        # sitemap answered 304 and they are re-seeded when due).
-        if self.schedule is None:
-            return None
-        return self.schedule.after_visit(prior.interval if prior else 0, changed=changed, now=now)
+    # -- responses -------------------------------------------------------------
 
     def process_response(self, request: Request, response: Response) -> Request | Response:
         ctx: _Context | None = request.meta.get(_CTX)
@@ -300,169 +193,195 @@ class ConditionalRequestMiddleware:
         if request.meta.get(_CTX) is not None and not isinstance(exception, IgnoreRequest):
             self.ledger.note_failure()
 
-    def _refetch(self, request: Request, reason: str) -> Request:
-        self.stats.inc_value(f"incremental/refetch/{reason}")
-        headers = request.headers.copy()
-        headers.pop(b"If-None-Match", None)
-        headers.pop(b"If-Modified-Since", None)
-        meta = {**request.meta, META_REFRESH: True, "_incremental_refetch": True}
-        meta.pop(_CTX, None)
-        return request.replace(headers=headers, meta=meta, dont_filter=True)
-
-    @staticmethod
-    def _asked_with(request: Request, prior: PageState) -> bool:
-        inm = request.headers.get(b"If-None-Match")
-        ims = request.headers.get(b"If-Modified-Since")
-        return (
-            (inm or b"").decode("latin-1") == (prior.etag or "")
-            and (ims or b"").decode("latin-1") == (prior.last_modified or "")
-        )
-
     def _not_modified(self, request: Request, response: Response, ctx: _Context) -> Request:
-        prior = ctx.prior
-        if not ctx.conditional or prior is None:
-            # A 304 we did not ask for (an intermediary, or our own
-            # conditions were dropped): never an empty item; ask once more
-            # without conditions, then give up loudly.
-            if request.meta.get("_incremental_refetch"):
-                self.stats.inc_value("incremental/unsolicited_304_dropped")
-                logger.warning(
-                    "Dropping %(request)s: 304 to an unconditional request, twice",
-                    {"request": request},
-                    extra={"spider": self.crawler.spider},
-                )
-                raise IgnoreRequest("304 to an unconditional request")
-            return self._refetch(request, "unsolicited_304")
-        if not self._asked_with(request, prior):
-            # The conditions were not the stored validators (the user set
-            # their own): the 304 does not vouch for what we hold.
-            return self._refetch(request, "foreign_conditions_304")
-        if prior.flags & PageFlags.VARY_STAR:
-            # Vary: * (RFC 9110 §12.5.5): the response varies on things
-            # outside the request, so a 304 is never trusted blindly.
-            return self._refetch(request, "vary_star_304")
-        lastmod = request.meta.get(META_LASTMOD)
-        if lastmod is not None and prior.lastmod is not None and lastmod > prior.lastmod:
-            # The sitemap says the page changed, the validators say not: one
-            # of them is wrong, and only the content can tell which.
-            return self._refetch(request, "lastmod_contradicts_304")
-        new_etag = parse_etag(response.headers.get(b"ETag"))
-        if new_etag and prior.etag and not weak_match(new_etag, prior.etag):
-            # RFC 9111 §4.3.4: a 304 naming another representation selects
-            # nothing we hold; update nothing and fetch it in full.
-            return self._refetch(request, "etag_mismatch_304")
-        # The data we hold is this version: its lastmod may be recorded.
-        schedule = self._next_visit(prior, changed=False, now=time.time())
-        self.ledger.stage_check(ctx.key, 304, lastmod=lastmod, schedule=schedule)
-        self._observe_lastmod(request, prior, changed=False)
-        self._count(request, "not_modified")
-        self._count(request, "bytes_saved_estimate", prior.size)
-        if not request.meta.get(META_DISCOVERY):
-            book = self.ledger.trust
-            host = urlparse_cached(request).hostname or ""
-            book.verdict(host, "reliable")
-            # Its validators held this time (the page's own flag waits for
-            # its next full fetch: a 304 changes nothing stored but counters).
-            book.page_judged(book.loaded(host), unstable=False, now=time.time())
+        refetch = self.policy.not_modified(
+            ctx.prior, conditional=ctx.conditional, sent=_conditions(request.headers),
+            lastmod=request.meta.get(META_LASTMOD),
+            etag=parse_etag(response.headers.get(b"ETag")),
+        )
+        if refetch is Refetch.UNSOLICITED and request.meta.get(_REFETCHED):
+            # Asked once more without conditions, a 304 again: give up loudly.
+            self.stats.inc_value("incremental/unsolicited_304_dropped")
+            logger.warning(
+                "Dropping %(request)s: 304 to an unconditional request, twice",
+                {"request": request},
+                extra={"spider": self.crawler.spider},
+            )
+            raise IgnoreRequest("304 to an unconditional request")
+        if refetch is not None:
+            return self._refetch(request, refetch)
+        assert ctx.prior is not None
+        self._take_304(request, ctx.key, ctx.prior)
         logger.debug("Not modified: %(request)s", {"request": request},
                      extra={"spider": self.crawler.spider})
         raise NotModified(f"Not modified: {request.url}")
 
+    def _refetch(self, request: Request, reason: Refetch) -> Request:
+        self.stats.inc_value(f"incremental/refetch/{reason}")
+        headers = request.headers.copy()
+        headers.pop(b"If-None-Match", None)
+        headers.pop(b"If-Modified-Since", None)
+        meta = {**request.meta, META_REFRESH: True, _REFETCHED: True}
+        meta.pop(_CTX, None)
+        return request.replace(headers=headers, meta=meta, dont_filter=True)
+
+    def _take_304(self, request: Request, key: PageKey, prior: PageState) -> None:
+        # The data we hold is this version: its lastmod may be recorded. The
+        # page's own unstable flag waits for its next full fetch (a 304
+        # changes nothing stored but counters).
+        now = time.time()
+        lastmod = request.meta.get(META_LASTMOD)
+        schedule = self.policy.next_visit(prior, changed=False, now=now)
+        self.ledger.stage_check(key, 304, lastmod=lastmod, schedule=schedule)
+        self._observe_lastmod(request, prior, changed=False, now=now)
+        self._count(request, "not_modified")
+        self._count(request, "bytes_saved_estimate", prior.size)
+        discovery = bool(request.meta.get(META_DISCOVERY))
+        self._judged(request, self.policy.held(discovery=discovery), now)
+
     def _fetched(self, request: Request, response: Response, ctx: _Context) -> None:
         now = time.time()
+        fetch = self._read(request, response, ctx.key, now)
         prior = ctx.prior
-        raw_etag = response.headers.get(b"ETag")
-        raw_lm = response.headers.get(b"Last-Modified")
-        etag = parse_etag(raw_etag)
-        last_modified = parse_last_modified(raw_lm)
-        if raw_etag and etag is None:
+        settle = partial(self._settle, request, prior, fetch, now)
+        if self.policy.defers(prior, fetch):
+            assert prior is not None
+            # Until the page's items tell, its state is what its body says.
+            pending = self.policy.after_fetch(prior, fetch, changed=True,
+                                              judgement=self.policy.unjudged(prior), now=now)
+            txn = self.ledger.begin(request.meta, pending, discovery=fetch.discovery)
+            txn.judge = settle
+        else:
+            state = settle(self.policy.body_changed(prior, fetch))
+            self.ledger.begin(request.meta, state, discovery=fetch.discovery)
+        self._stage_redirects(request, ctx.key)
+
+    def _settle(self, request: Request, prior: PageState | None, fetch: Fetch, now: float,
+                changed: bool) -> PageState:
+        """The page's state once it is known whether its content *changed*.
+
+        Right away for a body that did not change (or a new page, a sitemap);
+        for one that did, when its items left the pipelines (the ledger calls
+        it, as PageTransaction.judge).
+        """
+        self._count(request, "pages_new" if prior is None
+                    else "pages_changed" if changed else "pages_unchanged")
+        judgement = self.policy.judge(prior, fetch, changed=changed)
+        self._judged(request, judgement, now)
+        if prior is not None:
+            self._observe_lastmod(request, prior, changed=changed, now=now)
+        return self.policy.after_fetch(prior, fetch, changed=changed, judgement=judgement,
+                                       now=now)
+
+    def _judged(self, request: Request, judgement: Judgement, now: float) -> None:
+        if judgement.flagged:
+            self.stats.inc_value("incremental/validators/pages_unstable")
+            logger.debug("Validators of %(url)s flagged unstable after %(n)d churns",
+                         {"url": request.url, "n": judgement.churns})
+        self.ledger.trust.validators_judged(_host(request), judgement, now=now, url=request.url)
+
+    def _observe_lastmod(self, request: Request, prior: PageState, *, changed: bool,
+                         now: float) -> None:
+        # A page fetched because its lastmod moved: did it really change?
+        if self.policy.tests_lastmod(prior, request.meta.get(META_LASTMOD)):
+            self.ledger.trust.observe(_host(request), lied=not changed, now=now)
+
+    def _read(self, request: Request, response: Response, key: PageKey, now: float) -> Fetch:
+        """The facts of a full response the policy decides on."""
+        # The raw body: normalising a whole page costs milliseconds per page
+        # (the items say what the content is, see ChangePolicy.defers).
+        return Fetch(
+            key, self._etag(response), self._last_modified(response, now),
+            body_fingerprint(response.body), len(response.body), response.status,
+            vary_star=_vary_star(response.headers),
+            lastmod=request.meta.get(META_LASTMOD),
+            callback=_callback_name(request, self.crawler.spider),
+            discovery=bool(request.meta.get(META_DISCOVERY)),
+        )
+
+    def _etag(self, response: Response) -> str | None:
+        raw = response.headers.get(b"ETag")
+        etag = parse_etag(raw)
+        if raw and etag is None:
             self.stats.inc_value("incremental/invalid_validator/etag")
             logger.debug("Not storing invalid ETag of %(url)s", {"url": response.url})
-        if last_modified is not None and _in_the_future(last_modified, response, now):
+        return etag
+
+    def _last_modified(self, response: Response, now: float) -> str | None:
+        raw = response.headers.get(b"Last-Modified")
+        last_modified = parse_last_modified(raw)
+        if last_modified is not None and future_last_modified(
+            last_modified, response.headers.get(b"Date"), now
+        ):
             # A date ahead of the server's own clock would make every later
             # change answer 304; the content fingerprint decides instead.
-            last_modified = None
             self.stats.inc_value("incremental/invalid_validator/last_modified_future")
-        elif raw_lm and last_modified is None:
+            return None
+        if raw and last_modified is None:
             self.stats.inc_value("incremental/invalid_validator/last_modified")
             logger.debug("Not storing invalid Last-Modified of %(url)s", {"url": response.url})
-        # The raw body: normalising a whole page costs milliseconds per page.
-        # A body that changed may be noise only (a timestamp, a token): what
-        # turns on the *content* (the revisit schedule, the change counters,
-        # the evidence about lastmods and validators) waits for the page's
-        # items, once they left the pipelines (PageTransaction.judge); a
-        # page without items is judged on its body.
-        fingerprint = body_fingerprint(response.body)
-        lastmod = request.meta.get(META_LASTMOD)
-        changed = prior is None or prior.fingerprint != fingerprint
-        deferred = changed and prior is not None and not request.meta.get(META_DISCOVERY)
-        if deferred:
-            assert prior is not None
-            churns = prior.churns
-            unstable = bool(prior.flags & PageFlags.UNSTABLE_VALIDATORS)
-            schedule = None
-        else:
-            churns, unstable = self._judge(request, prior, etag, last_modified, changed)
-            schedule = self._next_visit(prior, changed=changed, now=now)
-            if prior is not None:
-                self._observe_lastmod(request, prior, changed=changed)
-        interval, next_visit = schedule or (0, 0.0)
-        callback = _callback_name(request, self.crawler.spider)
-        flags = 0
-        # Vary = #( "*" / field-name ), over any number of field lines.
-        if any(name.strip() == b"*" for line in response.headers.getlist(b"Vary")
-               for name in line.split(b",")):
-            flags |= PageFlags.VARY_STAR
-        if prior is None:
-            self._count(request, "pages_new")
-            state = PageState(
-                ctx.key, etag, last_modified, fingerprint, len(response.body), response.status,
-                first_seen=now, last_checked=now, last_fetched=now, last_changed=now,
-                checks=1, changes=0, flags=flags, lastmod=lastmod,
-                interval=interval, next_visit=next_visit, callback=callback,
-            )
-        else:
-            if not deferred:
-                self._count(request, "pages_changed" if changed else "pages_unchanged")
-            state = prior.copy(
-                etag=etag, last_modified=last_modified, fingerprint=fingerprint,
-                size=len(response.body), last_status=response.status,
-                last_checked=now, last_fetched=now,
-                last_changed=now if changed else prior.last_changed,
-                checks=prior.checks + 1, changes=prior.changes + changed,
-                flags=(prior.flags & ~(PageFlags.VARY_STAR | PageFlags.UNSTABLE_VALIDATORS))
-                | flags | (PageFlags.UNSTABLE_VALIDATORS if unstable else 0),
-                lastmod=prior.lastmod if lastmod is None else lastmod,
-                interval=interval, next_visit=next_visit, callback=callback, churns=churns,
-            )
-        txn = self.ledger.begin(request.meta, state,
-                                discovery=bool(request.meta.get(META_DISCOVERY)))
-        if deferred:
-            assert prior is not None
+        return last_modified
 
-            def judge(content_changed: bool) -> None:
-                self._count(request, "pages_changed" if content_changed else "pages_unchanged")
-                state.changes = prior.changes + content_changed
-                state.last_changed = now if content_changed else prior.last_changed
-                schedule = self._next_visit(prior, changed=content_changed, now=now)
-                state.interval, state.next_visit = schedule or (0, 0.0)
-                self._observe_lastmod(request, prior, changed=content_changed)
-                churns, unstable = self._judge(request, prior, etag, last_modified,
-                                               content_changed)
-                state.churns = churns
-                state.flags = (state.flags & ~PageFlags.UNSTABLE_VALIDATORS) | (
-                    PageFlags.UNSTABLE_VALIDATORS if unstable else 0)
-
-            txn.judge = judge
+    def _stage_redirects(self, request: Request, key: PageKey) -> None:
         # Redirects followed on the way here: the original URLs remember
         # where they went, without touching their own validators.
         urls = request.meta.get("redirect_urls", ())
         reasons = request.meta.get("redirect_reasons", ())
         for url, reason in zip(urls, reasons, strict=False):
-            original = ctx.key._replace(url=self.ledger.canonical(url))
-            if original != ctx.key:
+            original = key._replace(url=self.ledger.canonical(url))
+            if original != key:
                 status = reason if isinstance(reason, int) else 0
-                self.ledger.stage_redirect(original, ctx.key.url, status)
+                self.ledger.stage_redirect(original, key.url, status)
+
+
+def _forget_copied(request: Request) -> None:
+    """Drop what another request left in this one's meta.
+
+    Meta copied from another request (``meta=response.meta``), a redirect
+    or a retry must not carry that request's context or the conditions we
+    added to it: they belong to another page.
+    """
+    meta = request.meta
+    meta.pop(_CTX, None)
+    meta.pop(TXN_META, None)
+    if meta.pop(_SENT, None):
+        request.headers.pop(b"If-None-Match", None)
+        request.headers.pop(b"If-Modified-Since", None)
+    if meta.get("redirect_urls"):
+        # The lastmod a sitemap gave the original URL says nothing
+        # about where it redirects to.
+        meta.pop(META_LASTMOD, None)
+
+
+def _send_conditions(request: Request, prior: PageState) -> None:
+    # RFC 9110 §13.1.2 and §13.1.3: send every stored validator; the
+    # server must ignore If-Modified-Since when If-None-Match is
+    # present. A condition the user set is left as it is.
+    headers = request.headers
+    if b"If-None-Match" in headers or b"If-Modified-Since" in headers:
+        return
+    if prior.etag:
+        headers[b"If-None-Match"] = prior.etag
+    if prior.last_modified:
+        headers[b"If-Modified-Since"] = prior.last_modified
+    request.meta[_SENT] = True
+
+
+def _conditions(headers: Headers) -> tuple[str, str]:
+    """The If-None-Match and If-Modified-Since a request went out with ("": none)."""
+    inm = headers.get(b"If-None-Match") or b""
+    ims = headers.get(b"If-Modified-Since") or b""
+    return inm.decode("latin-1"), ims.decode("latin-1")
+
+
+def _host(request: Request) -> str:
+    return urlparse_cached(request).hostname or ""
+
+
+def _vary_star(headers: Headers) -> bool:
+    # Vary = #( "*" / field-name ), over any number of field lines (RFC 9110 §12.5.5).
+    return any(name.strip() == b"*" for line in headers.getlist(b"Vary")
+               for name in line.split(b","))
 
 
 _COMPRESSION = "scrapy.downloadermiddlewares.httpcompression.HttpCompressionMiddleware"
@@ -486,13 +405,3 @@ def _callback_name(request: Request, spider: object) -> str | None:
     if name and getattr(callback, "__self__", None) is spider:
         return name
     return None
-
-
-#: Clock skew tolerated between a Last-Modified and the server's Date.
-_CLOCK_SKEW = 60.0
-
-
-def _in_the_future(last_modified: str, response: Response, now: float) -> bool:
-    modified = parse_http_date(last_modified)
-    server_now = parse_http_date(response.headers.get(b"Date")) or now
-    return modified is not None and modified > server_now + _CLOCK_SKEW

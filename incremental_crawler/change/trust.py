@@ -47,65 +47,195 @@ item. Evidence is kept per host in the store.
 when its raw body changed: noise behind validators that hold is no lie, and
 noise behind validators that move is a churn. A page without items is
 judged on its raw body.
+
+:class:`TrustRules` are these rules, pure: over a host's :class:`HostTrust`
+and ``now``, they change that record and say what happened
+(:class:`HostChange`). :class:`HostTrustBook` applies them for a crawl: it
+caches the records, stores the ones that changed, and counts and logs what
+happened. The sampled re-check itself (:func:`recheck_due`) is a decision on
+a request, in :mod:`.policy`.
 """
 
 from __future__ import annotations
 
 import logging
-import zlib
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
+from incremental_crawler.change.policy import Verdict, recheck_due
 from incremental_crawler.state.records import HostTrust
 
 if TYPE_CHECKING:
+    from typing import Self
+
     from scrapy.statscollectors import StatsCollector
 
+    from incremental_crawler.change.policy import Judgement
     from incremental_crawler.config import IncrementalConfig
     from incremental_crawler.state.stores.base import StateStore
 
-__all__ = ["HostTrustBook", "VALIDATOR_VERDICTS", "recheck_due"]
-
-#: What a full fetch says about a page's validators.
-VALIDATOR_VERDICTS = ("reliable", "unstable", "lying", "absent")
+__all__ = ["HostChange", "HostEvent", "HostTrustBook", "TrustRules", "recheck_due"]
 
 logger = logging.getLogger(__name__)
 
 
-def recheck_due(url: str, visit: int, every: int) -> bool:
-    """Whether *visit* (1 = the first) of *url* is its sampled full fetch.
+class HostEvent(StrEnum):
+    """What a rule did to a host's record."""
 
-    One visit in every *every* consecutive ones, at a phase set by the URL's
-    path and query (not its host or port: pages of one host spread evenly).
+    #: Evidence counted; nothing decided.
+    COUNTED = "counted"
+    #: Its sitemap lastmods are not believed for a while.
+    LASTMODS_DISTRUSTED = "lastmods_distrusted"
+    #: That distrust served its time: the evidence starts from scratch.
+    LASTMODS_FORGIVEN = "lastmods_forgiven"
+    #: Its 304s are not believed for a while (a change hidden behind its validators).
+    VALIDATORS_DISTRUSTED = "validators_distrusted"
+    #: A new lie of a host distrusted already: its TTL and its count start again.
+    VALIDATORS_LIED_AGAIN = "validators_lied_again"
+    #: Its validators are believed again (evidence, or time served).
+    VALIDATORS_RETRUSTED = "validators_retrusted"
+    #: Too many of its pages flagged unstable this crawl.
+    UNSTABLE = "unstable"
+    #: Marked unstable, and a crawl found most of its pages stable.
+    STABLE = "stable"
 
-    >>> [v for v in range(1, 9) if recheck_due("http://h/a", v, 4)]
-    [4, 8]
-    >>> recheck_due("http://h/a", 3, 0)
-    False
+
+@dataclass(frozen=True, slots=True)
+class HostChange:
+    """What happened to a host's record, and why, in words for the log."""
+
+    event: HostEvent
+    why: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TrustRules:
+    """The thresholds; see the module docstring. Durations in seconds.
+
+    Each rule changes only the :class:`HostTrust` it is given, and returns
+    what happened (``None``: nothing, the record is as it was).
     """
-    if every <= 0:
-        return False
-    parts = urlsplit(url)
-    phase = zlib.crc32(f"{parts.path}?{parts.query}".encode()) % every
-    return (visit + phase) % every == 0
+
+    #: INCREMENTAL_LASTMOD_MIN_SAMPLES, _MAX_LIE_SHARE, _DISTRUST_TTL.
+    min_samples: int
+    max_lie_share: float
+    distrust_ttl: float
+    #: INCREMENTAL_VALIDATORS_DISTRUST_TTL and _RETRUST_AFTER.
+    validators_ttl: float
+    retrust_after: int
+    #: INCREMENTAL_UNSTABLE_HOST_SHARE and _MIN_PAGES.
+    unstable_share: float
+    unstable_min_pages: int
+
+    @classmethod
+    def from_config(cls, config: IncrementalConfig) -> Self:
+        return cls(
+            config.lastmod_min_samples, config.lastmod_max_lie_share,
+            config.lastmod_distrust_ttl, config.validators_distrust_ttl,
+            config.validators_retrust_after, config.unstable_host_share,
+            config.unstable_host_min_pages,
+        )
+
+    # -- sitemap lastmods ----------------------------------------------------
+
+    def lastmods_expire(self, trust: HostTrust, now: float) -> HostChange | None:
+        """A distrust of the host's lastmods whose time is up ends."""
+        if not trust.distrusted_until or now < trust.distrusted_until:
+            return None
+        # Time served: give the host another chance, from scratch.
+        trust.distrusted_until = 0.0
+        trust.checks = trust.lies = 0
+        return HostChange(HostEvent.LASTMODS_FORGIVEN)
+
+    def lastmod_tested(self, trust: HostTrust, *, lied: bool, now: float) -> HostChange | None:
+        """A page fetched because its lastmod moved: it changed, or it *lied*."""
+        if trust.distrusted_until:
+            return None
+        trust.checks += 1
+        trust.lies += lied
+        if trust.checks >= self.min_samples and trust.lies > self.max_lie_share * trust.checks:
+            return self.distrust_lastmods(trust, now, f"{trust.lies} of {trust.checks} "
+                                          "lastmod changes came with unchanged pages")
+        if trust.checks >= 4 * self.min_samples:
+            # Keep the evidence recent: old behaviour weighs half.
+            trust.checks //= 2
+            trust.lies //= 2
+        return HostChange(HostEvent.COUNTED)
+
+    def distrust_lastmods(self, trust: HostTrust, now: float, why: str) -> HostChange:
+        trust.distrusted_until = now + self.distrust_ttl
+        return HostChange(HostEvent.LASTMODS_DISTRUSTED, why)
+
+    # -- validators ------------------------------------------------------------
+
+    def validators_expire(self, trust: HostTrust, now: float) -> HostChange | None:
+        """A distrust of the host's validators whose time is up ends.
+
+        The TTL is the upper bound of a distrust; evidence usually ends it
+        sooner (see validators_consistent).
+        """
+        if not trust.validators_distrusted_until or now < trust.validators_distrusted_until:
+            return None
+        return self._retrust(trust, f"{self.validators_ttl:.0f} s passed")
+
+    def validators_lied(self, trust: HostTrust, now: float) -> HostChange:
+        """A page's content changed behind its unchanged validators."""
+        already = bool(trust.validators_distrusted_until)
+        # A new lie of a distrusted host: the evidence starts again, and so
+        # does the TTL.
+        trust.validators_distrusted_until = now + self.validators_ttl
+        trust.validators_consistent = 0
+        return HostChange(HostEvent.VALIDATORS_LIED_AGAIN if already
+                          else HostEvent.VALIDATORS_DISTRUSTED)
+
+    def validators_consistent(self, trust: HostTrust) -> HostChange | None:
+        """A page's content changed, and its validators with it."""
+        if not trust.validators_distrusted_until:
+            return None  # no evidence needed
+        trust.validators_consistent += 1
+        if trust.validators_consistent >= self.retrust_after:
+            return self._retrust(trust, f"{trust.validators_consistent} changes in a row "
+                                 "with validators that moved")
+        return HostChange(HostEvent.COUNTED)
+
+    @staticmethod
+    def _retrust(trust: HostTrust, why: str) -> HostChange:
+        trust.validators_distrusted_until = 0.0
+        trust.validators_consistent = 0
+        return HostChange(HostEvent.VALIDATORS_RETRUSTED, why)
+
+    def host_unstable(self, trust: HostTrust, *, judged: int, flagged: int,
+                      now: float) -> HostChange | None:
+        """*flagged* of the *judged* pages of this crawl so far are unstable: is the host?"""
+        if trust.validators_unstable_since or not self._many(judged):
+            return None
+        if flagged <= self.unstable_share * judged:
+            return None
+        trust.validators_unstable_since = now
+        return HostChange(HostEvent.UNSTABLE)
+
+    def host_stable(self, trust: HostTrust, *, judged: int, flagged: int) -> HostChange | None:
+        """The crawl's last word: a host marked unstable whose pages mostly were not is cleared."""
+        if not trust.validators_unstable_since or not self._many(judged):
+            return None
+        if flagged > self.unstable_share * judged:
+            return None
+        trust.validators_unstable_since = 0.0
+        return HostChange(HostEvent.STABLE)
+
+    def _many(self, judged: int) -> bool:
+        return judged >= self.unstable_min_pages
 
 
 class HostTrustBook:
-    """Per-host trust for a crawl; see the module docstring."""
+    """Per-host trust for a crawl: applies :class:`TrustRules`, stores, counts and logs."""
 
     def __init__(self, config: IncrementalConfig, store: StateStore, scope: str,
                  stats: StatsCollector) -> None:
-        self.min_samples = config.lastmod_min_samples
-        self.max_lie_share = config.lastmod_max_lie_share
-        self.distrust_ttl = config.lastmod_distrust_ttl
-        self.recheck_every = config.recheck_every
-        self.validators_ttl = config.validators_distrust_ttl
-        self.retrust_after = config.validators_retrust_after
-        self.unstable_share = config.unstable_host_share
-        self.unstable_min_pages = config.unstable_host_min_pages
+        self.rules = TrustRules.from_config(config)
         #: host -> verdict -> pages, for the end-of-crawl report.
-        self.verdicts: dict[str, dict[str, int]] = {}
+        self.verdicts: dict[str, dict[Verdict, int]] = {}
         #: host -> [pages with validators judged, of which flagged unstable],
         #: this crawl.
         self.judged: dict[str, list[int]] = {}
@@ -129,146 +259,125 @@ class HostTrustBook:
             trust = self._hosts[host] = HostTrust(self.scope, host)
         return trust
 
-    def trusted(self, trust: HostTrust, now: float) -> bool:
-        if trust.distrusted_until and now >= trust.distrusted_until:
-            # Time served: give the host another chance, from scratch.
-            trust.distrusted_until = 0.0
-            trust.checks = trust.lies = 0
+    def known(self, host: str) -> HostTrust | None:
+        """The host's trust if this crawl loaded it."""
+        return self._hosts.get(host)
+
+    def _mark(self, trust: HostTrust, change: HostChange | None) -> None:
+        # A record a rule changed is stored when the crawl ends.
+        if change is not None:
             self._dirty.add(trust.host)
+
+    # -- sitemap lastmods ----------------------------------------------------
+
+    def trusted(self, trust: HostTrust, now: float) -> bool:
+        """Whether the host's sitemap lastmods are believed at *now*."""
+        self._mark(trust, self.rules.lastmods_expire(trust, now))
         return not trust.distrusted_until
 
     def observe(self, host: str, *, lied: bool, now: float) -> None:
         """A page fetched because its lastmod moved: did it change?"""
         trust = self._hosts.get(host)
-        if trust is None or trust.distrusted_until:
+        if trust is None:
             return
-        trust.checks += 1
-        trust.lies += lied
-        self._dirty.add(host)
+        change = self.rules.lastmod_tested(trust, lied=lied, now=now)
+        if change is None:
+            return
+        self._mark(trust, change)
         self.stats.inc_value("incremental/lastmod/lied" if lied else "incremental/lastmod/truthful")
-        if trust.checks >= self.min_samples and trust.lies > self.max_lie_share * trust.checks:
-            self.distrust(trust, now, f"{trust.lies} of {trust.checks} lastmod changes "
-                                      "came with unchanged pages")
-        elif trust.checks >= 4 * self.min_samples:
-            # Keep the evidence recent: old behaviour weighs half.
-            trust.checks //= 2
-            trust.lies //= 2
+        if change.event is HostEvent.LASTMODS_DISTRUSTED:
+            self._lastmods_distrusted(trust, change.why)
 
     def distrust(self, trust: HostTrust, now: float, why: str) -> None:
-        trust.distrusted_until = now + self.distrust_ttl
-        self._dirty.add(trust.host)
+        self._mark(trust, self.rules.distrust_lastmods(trust, now, why))
+        self._lastmods_distrusted(trust, why)
+
+    def _lastmods_distrusted(self, trust: HostTrust, why: str) -> None:
         self.stats.inc_value("incremental/lastmod/hosts_distrusted")
         logger.warning(
             "Not trusting the sitemap lastmods of %(host)s for %(ttl).0f s: %(why)s",
-            {"host": trust.host, "ttl": self.distrust_ttl, "why": why},
+            {"host": trust.host, "ttl": self.rules.distrust_ttl, "why": why},
         )
 
     # -- validators --------------------------------------------------------
 
     def validators_trusted(self, trust: HostTrust, now: float) -> bool:
-        if trust.validators_distrusted_until and now >= trust.validators_distrusted_until:
-            # The TTL is the upper bound of a distrust; evidence usually
-            # ends it sooner (see consistent()).
-            self._retrust(trust, f"{self.validators_ttl:.0f} s passed")
+        """Whether the host's 304s are believed at *now* (a distrust whose time is up ends)."""
+        self._retrusted(trust, self.rules.validators_expire(trust, now))
         return not trust.validators_distrusted_until
 
-    def sample_due(self, url: str, visit: int) -> bool:
-        """Whether *visit* of *url* is its sampled re-check (see the module docstring)."""
-        return recheck_due(url, visit, self.recheck_every)
-
-    def verdict(self, host: str, verdict: str) -> None:
-        counts = self.verdicts.setdefault(host, dict.fromkeys(VALIDATOR_VERDICTS, 0))
+    def validators_judged(self, host: str, judgement: Judgement, *, now: float,
+                          url: str) -> None:
+        """Count a response's verdict on the validators of *url*, and act on it."""
+        verdict = judgement.verdict
+        if verdict is None:
+            return
+        if verdict is Verdict.LYING:
+            self._caught_lying(self.loaded(host), now, url)
+        elif judgement.consistent:
+            trust = self.loaded(host)
+            self._retrusted(trust, self.rules.validators_consistent(trust))
+        counts = self.verdicts.setdefault(host, dict.fromkeys(Verdict, 0))
         counts[verdict] += 1
         self.stats.inc_value(f"incremental/validators/{verdict}")
+        if judgement.judged:
+            self._page_judged(self.loaded(host), unstable=judgement.unstable, now=now)
 
-    def caught_lying(self, trust: HostTrust, now: float, url: str) -> None:
-        self.verdict(trust.host, "lying")
-        self._dirty.add(trust.host)
-        already = bool(trust.validators_distrusted_until)
-        # A new lie of a distrusted host: the evidence starts again, and so
-        # does the TTL.
-        trust.validators_distrusted_until = now + self.validators_ttl
-        trust.validators_consistent = 0
-        if already:
-            return
+    def _caught_lying(self, trust: HostTrust, now: float, url: str) -> None:
+        change = self.rules.validators_lied(trust, now)
+        self._mark(trust, change)
+        if change.event is not HostEvent.VALIDATORS_DISTRUSTED:
+            return  # distrusted already: said once
         self.stats.inc_value("incremental/validators/hosts_distrusted")
         logger.warning(
             "%(url)s changed behind unchanged validators: not trusting 304s from "
             "%(host)s (every page fetched in full, decided by fingerprint) until "
             "%(m)d changes in a row come with new validators, or %(ttl).0f s",
-            {"url": url, "host": trust.host, "m": self.retrust_after, "ttl": self.validators_ttl},
+            {"url": url, "host": trust.host, "m": self.rules.retrust_after,
+             "ttl": self.rules.validators_ttl},
         )
 
-    def consistent(self, trust: HostTrust) -> None:
-        """A full fetch whose content changed, and its validators with it."""
-        if not trust.validators_distrusted_until:
+    def _retrusted(self, trust: HostTrust, change: HostChange | None) -> None:
+        self._mark(trust, change)
+        if change is None or change.event is not HostEvent.VALIDATORS_RETRUSTED:
             return
-        trust.validators_consistent += 1
-        self._dirty.add(trust.host)
-        if trust.validators_consistent >= self.retrust_after:
-            self._retrust(trust, f"{trust.validators_consistent} changes in a row with validators that moved")
-
-    def _retrust(self, trust: HostTrust, why: str) -> None:
-        trust.validators_distrusted_until = 0.0
-        trust.validators_consistent = 0
-        self._dirty.add(trust.host)
         self.stats.inc_value("incremental/validators/hosts_retrusted")
         logger.info("Trusting the validators of %(host)s again: %(why)s",
-                    {"host": trust.host, "why": why})
+                    {"host": trust.host, "why": change.why})
 
-    def page_judged(self, trust: HostTrust, *, unstable: bool, now: float) -> None:
-        """A page with validators was fetched (or answered 304): is it flagged unstable?"""
+    def _page_judged(self, trust: HostTrust, *, unstable: bool, now: float) -> None:
         counts = self.judged.setdefault(trust.host, [0, 0])
         counts[0] += 1
         counts[1] += unstable
-        if (
-            not trust.validators_unstable_since
-            and counts[0] >= self.unstable_min_pages
-            and counts[1] > self.unstable_share * counts[0]
-        ):
-            trust.validators_unstable_since = now
-            self._dirty.add(trust.host)
-            self.stats.inc_value("incremental/validators/hosts_unstable")
-            logger.warning(
-                "The validators of %(host)s are unstable (%(n)d of %(m)d pages change "
-                "them while their content does not): still sent, the fingerprint decides",
-                {"host": trust.host, "n": counts[1], "m": counts[0]},
-            )
+        change = self.rules.host_unstable(trust, judged=counts[0], flagged=counts[1], now=now)
+        if change is None:
+            return
+        self._mark(trust, change)
+        self.stats.inc_value("incremental/validators/hosts_unstable")
+        logger.warning(
+            "The validators of %(host)s are unstable (%(n)d of %(m)d pages change "
+            "them while their content does not): still sent, the fingerprint decides",
+            {"host": trust.host, "n": counts[1], "m": counts[0]},
+        )
 
-    def _settle_unstable(self) -> None:
-        # A host marked unstable is cleared by a crawl that judged enough of
-        # its pages and found most of them stable.
-        for host, (judged, unstable) in self.judged.items():
+    def settle_unstable(self) -> None:
+        """Clear the hosts marked unstable whose pages this crawl mostly found stable.
+
+        Called when the crawl ends (before its report, and before saving);
+        a second call changes nothing.
+        """
+        for host, (judged, flagged) in self.judged.items():
             trust = self._hosts.get(host)
-            if (
-                trust is not None and trust.validators_unstable_since
-                and judged >= self.unstable_min_pages
-                and unstable <= self.unstable_share * judged
-            ):
-                trust.validators_unstable_since = 0.0
-                self._dirty.add(host)
+            if trust is None:
+                continue
+            change = self.rules.host_stable(trust, judged=judged, flagged=flagged)
+            if change is not None:
+                self._mark(trust, change)
                 logger.info("The validators of %(host)s are stable again (%(n)d of %(m)d "
-                            "pages flagged)", {"host": host, "n": unstable, "m": judged})
-
-    def report_lines(self) -> list[str]:
-        self._settle_unstable()
-        lines = []
-        for host in sorted(self.verdicts.keys() | self.judged.keys()):
-            counts = self.verdicts.get(host) or dict.fromkeys(VALIDATOR_VERDICTS, 0)
-            parts = " / ".join(f"{name} {counts[name]}" for name in VALIDATOR_VERDICTS)
-            line = f"  {host}: validators {parts}"
-            trust = self._hosts.get(host)
-            if trust is not None and trust.validators_distrusted_until:
-                line += (f"; host lying: 304s not trusted ({trust.validators_consistent} of "
-                         f"{self.retrust_after} changes with moved validators to re-trust)")
-            if trust is not None and trust.validators_unstable_since:
-                judged, unstable = self.judged.get(host, (0, 0))
-                line += f"; host unstable ({unstable} of {judged} pages flagged)"
-            lines.append(line)
-        return lines
+                            "pages flagged)", {"host": host, "n": flagged, "m": judged})
 
     def save(self) -> None:
-        self._settle_unstable()
+        self.settle_unstable()
         for host in sorted(self._dirty):
             self.store.stage_host(self._hosts[host])
         self._dirty.clear()

@@ -9,6 +9,7 @@ from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from scrapy.extensions.logstats import LogStats
 
+from incremental_crawler.change.policy import Verdict
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.politeness.extension import AdaptiveThrottle
 from incremental_crawler.state.ledger import Ledger
@@ -20,7 +21,9 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
 
-__all__ = ["IncrementalLogStats", "IncrementalReport", "summarize"]
+    from incremental_crawler.change.trust import HostTrustBook
+
+__all__ = ["IncrementalLogStats", "IncrementalReport", "summarize", "trust_lines"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +68,26 @@ def _line(s: dict[str, int]) -> str:
         f"in full; items: {s['items_new']} new, {s['items_changed']} changed, "
         f"{s['items_unchanged']} unchanged dropped"
     )
+
+
+def trust_lines(book: HostTrustBook) -> list[str]:
+    """One line per host whose validators were judged this crawl."""
+    book.settle_unstable()  # the crawl's last word on unstable hosts
+    return [_trust_line(book, host) for host in sorted(book.verdicts.keys() | book.judged.keys())]
+
+
+def _trust_line(book: HostTrustBook, host: str) -> str:
+    counts = book.verdicts.get(host, {})
+    parts = " / ".join(f"{verdict} {counts.get(verdict, 0)}" for verdict in Verdict)
+    line = f"  {host}: validators {parts}"
+    trust = book.known(host)
+    if trust is not None and trust.validators_distrusted_until:
+        line += (f"; host lying: 304s not trusted ({trust.validators_consistent} of "
+                 f"{book.rules.retrust_after} changes with moved validators to re-trust)")
+    if trust is not None and trust.validators_unstable_since:
+        judged, unstable = book.judged.get(host, (0, 0))
+        line += f"; host unstable ({unstable} of {judged} pages flagged)"
+    return line
 
 
 class IncrementalLogStats(LogStats):
@@ -117,7 +140,7 @@ class IncrementalReport:
         ]
         ledger = self.crawler.get_extension(Ledger) if self.crawler else None
         if ledger is not None:
-            lines.extend(ledger.trust.report_lines())
+            lines.extend(trust_lines(ledger.trust))
         if s["state_withheld"]:
             lines.append(
                 f"  {s['state_withheld']} pages keep their old validators "

@@ -85,10 +85,12 @@ class PageTransaction:
         self.items_changed = 0
         self.items_unchanged = 0
         #: Called with whether the page's content changed (its items say;
-        #: without items, its raw body) just before its state is staged:
-        #: the verdict on validators that moved with the raw body, which
-        #: noise alone may have moved (see ConditionalRequestMiddleware).
-        self.judge: Callable[[bool], None] | None = None
+        #: without items, its raw body) just before its state is staged,
+        #: and returning that state: for a raw body that changed, which
+        #: noise alone may have done, the verdict on the content waits for
+        #: the items (see ChangePolicy.defers); ``state`` is meanwhile the
+        #: body's own.
+        self.judge: Callable[[bool], PageState] | None = None
 
     def content_changed(self) -> bool:
         """Whether the page's content changed, for a body that did.
@@ -345,7 +347,7 @@ class Ledger:
             )
             return
         if txn.judge is not None:
-            txn.judge(txn.content_changed())
+            txn.state = txn.judge(txn.content_changed())
         if txn.discovery:
             # A sitemap's validators say "everything it lists was handled":
             # true only once the requests it produced have run, so they are

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import IntFlag
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
@@ -25,8 +26,8 @@ class PageKey(NamedTuple):
     variant: str = ""
 
 
-class PageFlags:
-    """Bit flags stored with a page."""
+class PageFlags(IntFlag):
+    """Bit flags stored with a page (as the plain int they add up to)."""
 
     #: The last 2xx body came with ``Vary: *``: a 304 is not trusted blindly.
     VARY_STAR = 1

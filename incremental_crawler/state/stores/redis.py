@@ -562,7 +562,7 @@ class RedisStateStore(StateStore):
     def stage_redirect(self, key: PageKey, target: str, status: int, when: float) -> None:
         self._stage(key.scope, (
             "redirect", self._key("pages", key.scope), self._key("due", key.scope),
-            _page_field(key), status, int(when), target, PageFlags.REDIRECTED,
+            _page_field(key), status, int(when), target, int(PageFlags.REDIRECTED),
         ))
 
     def stage_item(self, record: ItemRecord) -> None:

@@ -1,0 +1,401 @@
+"""What change detection decides, apart from how it is plumbed into Scrapy.
+
+Pure decisions over the stored records (:class:`PageState`, :class:`HostTrust`)
+and the facts of one response, with ``now`` passed in; nothing here touches
+a request, the store, the stats or the clock. The downloader middleware
+(:mod:`.middleware`) reads the headers, asks :class:`ChangePolicy`, and
+applies what it answers (stats, the host trust book, the ledger).
+
+The values of the enums are the names of stats keys
+(``incremental/requests/<reason>``, ``incremental/refetch/<reason>``,
+``incremental/validators/<verdict>``): they never change.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from incremental_crawler.change.revisit import RevisitSchedule
+from incremental_crawler.http.validators import parse_http_date, weak_match
+from incremental_crawler.state.records import HostTrust, PageFlags, PageKey, PageState
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from incremental_crawler.config import IncrementalConfig
+
+__all__ = [
+    "HOST_CONSULTED",
+    "ChangePolicy",
+    "Fetch",
+    "Judgement",
+    "Refetch",
+    "RequestReason",
+    "Verdict",
+    "future_last_modified",
+    "recheck_due",
+]
+
+
+class RequestReason(StrEnum):
+    """Why a request goes out with conditions, or without them."""
+
+    #: Never stored: nothing to send.
+    NEW = "new"
+    #: Stored without an ETag or a Last-Modified: nothing to send.
+    NO_VALIDATORS = "no_validators"
+    #: The stored validators are sent (the only reason that sends them).
+    CONDITIONAL = "conditional"
+    #: The request asked for a full fetch (META_REFRESH).
+    REFRESH = "refresh"
+    #: The last full fetch is older than INCREMENTAL_MAX_AGE.
+    MAX_AGE = "max_age"
+    #: The host's validators lied: its pages are fetched in full.
+    HOST_LYING = "host_lying"
+    #: The page's sampled full fetch (INCREMENTAL_RECHECK_EVERY).
+    SAMPLE = "sample"
+
+
+#: Reasons decided with the host's trust: a distrust whose time is up ends
+#: when one of them is given (HostTrustBook.validators_trusted).
+HOST_CONSULTED = frozenset(
+    {RequestReason.CONDITIONAL, RequestReason.HOST_LYING, RequestReason.SAMPLE}
+)
+
+
+class Refetch(StrEnum):
+    """Why a 304 is not taken: the page is asked for again, in full."""
+
+    #: A 304 to a request that sent none of our conditions.
+    UNSOLICITED = "unsolicited_304"
+    #: The conditions sent were not the stored validators (the user's own).
+    FOREIGN_CONDITIONS = "foreign_conditions_304"
+    #: The stored response came with ``Vary: *``.
+    VARY_STAR = "vary_star_304"
+    #: The sitemap or feed says the page changed since we stored it.
+    LASTMOD_CONTRADICTS = "lastmod_contradicts_304"
+    #: The 304 names another representation than the one stored.
+    ETAG_MISMATCH = "etag_mismatch_304"
+
+
+class Verdict(StrEnum):
+    """What a response says about a page's validators (reported per host)."""
+
+    #: They changed with the content, or held with it (and every 304).
+    RELIABLE = "reliable"
+    #: They changed while the content did not.
+    UNSTABLE = "unstable"
+    #: The content changed behind unchanged validators.
+    LYING = "lying"
+    #: The response had none.
+    ABSENT = "absent"
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """A response's verdict on a page's validators, and where it leaves the page."""
+
+    #: ``None``: nothing to judge (a sitemap or feed, or nothing to compare with).
+    verdict: Verdict | None = None
+    #: Whether the page is flagged unstable after this response (a 304:
+    #: ``False``, its validators held; its stored flag waits for a full fetch).
+    unstable: bool = False
+    #: Full fetches in a row whose validators churned (full fetches only).
+    churns: int = 0
+    #: Flagged unstable by this response.
+    flagged: bool = False
+    #: The content changed and the validators with it: the evidence that
+    #: re-trusts a host caught lying.
+    consistent: bool = False
+
+    @property
+    def judged(self) -> bool:
+        """Whether the page counts towards its host's share of unstable pages."""
+        return self.verdict is not None and self.verdict is not Verdict.ABSENT
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """A full (2xx) response, as far as the policy needs it."""
+
+    key: PageKey
+    #: Validators well formed and believable (see future_last_modified).
+    etag: str | None
+    last_modified: str | None
+    #: Of the raw body (noise included: the items decide on the content).
+    fingerprint: str
+    size: int
+    status: int
+    #: The response came with ``Vary: *``.
+    vary_star: bool = False
+    #: The lastmod the request's sitemap or feed announced (META_LASTMOD).
+    lastmod: float | None = None
+    #: The spider method parsing the page, to re-seed it.
+    callback: str | None = None
+    #: A sitemap or feed (META_DISCOVERY), not one of the site's pages.
+    discovery: bool = False
+
+    @property
+    def validators(self) -> tuple[str | None, str | None]:
+        return self.etag, self.last_modified
+
+
+def recheck_due(url: str, visit: int, every: int) -> bool:
+    """Whether *visit* (1 = the first) of *url* is its sampled full fetch.
+
+    One visit in every *every* consecutive ones, at a phase set by the URL's
+    path and query (not its host or port: pages of one host spread evenly).
+    The bound this gives is in the docstring of :mod:`.trust`.
+
+    >>> [v for v in range(1, 9) if recheck_due("http://h/a", v, 4)]
+    [4, 8]
+    >>> recheck_due("http://h/a", 3, 0)
+    False
+    """
+    if every <= 0:
+        return False
+    parts = urlsplit(url)
+    phase = zlib.crc32(f"{parts.path}?{parts.query}".encode()) % every
+    return (visit + phase) % every == 0
+
+
+#: Clock skew tolerated between a Last-Modified and the server's Date.
+_CLOCK_SKEW = 60.0
+
+
+def future_last_modified(last_modified: str, date: str | bytes | None, now: float) -> bool:
+    """Whether *last_modified* is ahead of the server's clock (its *date*, else *now*).
+
+    RFC 9110 §8.8.2.1: an origin server must not send a Last-Modified later
+    than its Date. One that does is not stored: it would make every later
+    change answer 304.
+
+    >>> date = "Sun, 06 Nov 1994 08:49:37 GMT"
+    >>> future_last_modified(date, None, 0.0), future_last_modified(date, date, 0.0)
+    (True, False)
+    """
+    modified = parse_http_date(last_modified)
+    server_now = parse_http_date(date) or now
+    return modified is not None and modified > server_now + _CLOCK_SKEW
+
+
+def _lastmod_moved(lastmod: float | None, prior: PageState) -> bool:
+    """Whether the sitemap's *lastmod* is newer than the one stored with the page."""
+    return lastmod is not None and prior.lastmod is not None and lastmod > prior.lastmod
+
+
+def _is_unstable(state: PageState) -> bool:
+    return bool(state.flags & PageFlags.UNSTABLE_VALIDATORS)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChangePolicy:
+    """The decisions; see the module docstring. Durations in seconds."""
+
+    #: INCREMENTAL_MAX_AGE (0: never forced).
+    max_age: float
+    #: INCREMENTAL_UNSTABLE_AFTER.
+    unstable_after: int
+    #: INCREMENTAL_RECHECK_EVERY (0: no sampled full fetches).
+    recheck_every: int
+    #: The revisit schedule, ``None`` without revisits.
+    schedule: RevisitSchedule | None
+
+    @classmethod
+    def from_config(cls, config: IncrementalConfig) -> Self:
+        return cls(
+            max_age=config.max_age, unstable_after=config.unstable_after,
+            recheck_every=config.recheck_every,
+            schedule=RevisitSchedule.from_config(config) if config.revisit_enabled else None,
+        )
+
+    # -- before the request ------------------------------------------------
+
+    def due(self, prior: PageState, *, refresh: bool = False, discovery: bool = False,
+            lastmod: float | None = None, now: float) -> bool:
+        """Whether the revisit schedule lets the page be requested at *now*.
+
+        A newer lastmod (sitemap, feed), an explicit refresh or the forced
+        full fetch after INCREMENTAL_MAX_AGE override the schedule; a page
+        without data (no fingerprint) is always due.
+        """
+        if self.schedule is None or prior.fingerprint is None or prior.next_visit <= now:
+            return True
+        if refresh or discovery:
+            return True
+        if lastmod is not None and (prior.lastmod is None or lastmod > prior.lastmod):
+            return True
+        return self._too_old(prior, now)
+
+    def request_reason(self, prior: PageState | None, *, refresh: bool = False,
+                       host: HostTrust | None = None, url: str,
+                       now: float) -> RequestReason:
+        """Whether the stored validators go out with the request, and why (not).
+
+        *host* is the trust of the page's host (``None``: not known, trusted).
+        """
+        if prior is None:
+            return RequestReason.NEW
+        if not prior.has_validators:
+            return RequestReason.NO_VALIDATORS
+        if refresh:
+            return RequestReason.REFRESH
+        if self._too_old(prior, now):
+            # Some servers never change their validators while the content
+            # does; a full fetch now and then catches it.
+            return RequestReason.MAX_AGE
+        if host is not None and host.validators_distrusted_until > now:
+            # Its validators lied: every page in full, decided by fingerprint.
+            return RequestReason.HOST_LYING
+        if recheck_due(url, prior.checks + 1, self.recheck_every):
+            return RequestReason.SAMPLE
+        return RequestReason.CONDITIONAL
+
+    def _too_old(self, prior: PageState, now: float) -> bool:
+        return bool(self.max_age and now - prior.last_fetched > self.max_age)
+
+    # -- a 304 -------------------------------------------------------------
+
+    def not_modified(self, prior: PageState | None, *, conditional: bool,
+                     sent: tuple[str, str], lastmod: float | None = None,
+                     etag: str | None = None) -> Refetch | None:
+        """``None`` if a 304 stands for the stored page; else why to fetch it in full.
+
+        *sent* is the If-None-Match and If-Modified-Since that went out
+        ("" when absent), *etag* the 304's own ETag, parsed.
+        """
+        if not conditional or prior is None:
+            # An intermediary's, or our conditions were dropped: never an empty item.
+            return Refetch.UNSOLICITED
+        if sent != (prior.etag or "", prior.last_modified or ""):
+            # The user's own conditions: the 304 does not vouch for what we hold.
+            return Refetch.FOREIGN_CONDITIONS
+        if prior.flags & PageFlags.VARY_STAR:
+            # RFC 9110 §12.5.5: the response varies on things outside the
+            # request, so a 304 is never trusted blindly.
+            return Refetch.VARY_STAR
+        if _lastmod_moved(lastmod, prior):
+            # The sitemap says the page changed, the validators say not: one
+            # of them is wrong, and only the content can tell which.
+            return Refetch.LASTMOD_CONTRADICTS
+        if etag and prior.etag and not weak_match(etag, prior.etag):
+            # RFC 9111 §4.3.4: a 304 naming another representation selects
+            # nothing we hold; update nothing and fetch it in full.
+            return Refetch.ETAG_MISMATCH
+        return None
+
+    @staticmethod
+    def held(*, discovery: bool = False) -> Judgement:
+        """A 304 taken: the page's validators held (sitemaps and feeds are not judged)."""
+        return Judgement() if discovery else Judgement(Verdict.RELIABLE)
+
+    # -- a full (2xx) response ----------------------------------------------
+
+    @staticmethod
+    def body_changed(prior: PageState | None, fetch: Fetch) -> bool:
+        return prior is None or prior.fingerprint != fetch.fingerprint
+
+    def defers(self, prior: PageState | None, fetch: Fetch) -> bool:
+        """Whether the verdict on the content waits for the page's items.
+
+        A body that changed may be noise only (a timestamp, a token): what
+        turns on the content (the schedule, the change counters, the evidence
+        on lastmods and validators) waits until the page's items left the
+        pipelines (PageTransaction.judge). New pages, unchanged bodies, and
+        sitemaps and feeds (no items) are judged on their body at once.
+        """
+        return prior is not None and not fetch.discovery and self.body_changed(prior, fetch)
+
+    @staticmethod
+    def verdict(prior: PageState | None, fetch: Fetch, *, changed: bool) -> Verdict | None:
+        """What a full fetch whose content *changed* (or not) says about the validators."""
+        if fetch.discovery:
+            return None  # sitemaps and feeds are not the site's pages
+        if fetch.validators == (None, None):
+            return Verdict.ABSENT
+        if prior is None or not prior.has_validators:
+            return None  # nothing to compare with yet
+        if fetch.validators == (prior.etag, prior.last_modified):
+            # Content moved behind the same validators: they lie. Content
+            # that held is no evidence for a host caught lying: a liar sends
+            # unchanged validators with unchanged content too.
+            return Verdict.LYING if changed else Verdict.RELIABLE
+        return Verdict.RELIABLE if changed else Verdict.UNSTABLE
+
+    def judge(self, prior: PageState | None, fetch: Fetch, *, changed: bool) -> Judgement:
+        """The verdict of a full fetch, and the page's churn count and flag after it."""
+        verdict = self.verdict(prior, fetch, changed=changed)
+        if prior is None:
+            return Judgement(verdict)
+        held = fetch.validators == (prior.etag, prior.last_modified)
+        churns, unstable = self._churns(prior, verdict, held=held)
+        flagged = (verdict not in (None, Verdict.ABSENT) and not unstable
+                   and churns >= self.unstable_after)
+        return Judgement(verdict, unstable or flagged, churns, flagged,
+                         consistent=verdict is Verdict.RELIABLE and not held)
+
+    @staticmethod
+    def _churns(prior: PageState, verdict: Verdict | None, *, held: bool) -> tuple[int, bool]:
+        """``(churns, unstable)`` of the page, before flagging it."""
+        if verdict is Verdict.UNSTABLE:
+            return prior.churns + 1, _is_unstable(prior)
+        if verdict in (Verdict.RELIABLE, Verdict.LYING) and held:
+            return 0, False  # the validators held still: the run of churns is over
+        return prior.churns, _is_unstable(prior)
+
+    @staticmethod
+    def unjudged(prior: PageState) -> Judgement:
+        """The page as it was, while the verdict on its content waits."""
+        return Judgement(unstable=_is_unstable(prior), churns=prior.churns)
+
+    @staticmethod
+    def tests_lastmod(prior: PageState, lastmod: float | None) -> bool:
+        """Whether this visit tests the sitemap's *lastmod*: fetched because it moved.
+
+        Only when our copy is older than the announced change: a newer copy
+        is no evidence either way.
+        """
+        if lastmod is None or not _lastmod_moved(lastmod, prior):
+            return False
+        return prior.last_fetched < lastmod
+
+    def next_visit(self, prior: PageState | None, *, changed: bool,
+                   now: float) -> tuple[float, float] | None:
+        """``(interval, next_visit)`` after this visit, or ``None`` without revisits.
+
+        Pages with a sitemap lastmod get the same schedule: it only matters
+        when their lastmod is not used (distrusted, switched off, or their
+        sitemap answered 304 and they are re-seeded when due).
+        """
+        if self.schedule is None:
+            return None
+        return self.schedule.after_visit(prior.interval if prior else 0, changed=changed, now=now)
+
+    def after_fetch(self, prior: PageState | None, fetch: Fetch, *, changed: bool,
+                    judgement: Judgement, now: float) -> PageState:
+        """The page's state after a full fetch whose content *changed* (or not)."""
+        interval, next_visit = self.next_visit(prior, changed=changed, now=now) or (0, 0.0)
+        vary = PageFlags.VARY_STAR if fetch.vary_star else PageFlags(0)
+        if prior is None:
+            return PageState(
+                fetch.key, fetch.etag, fetch.last_modified, fetch.fingerprint, fetch.size,
+                fetch.status, first_seen=now, last_checked=now, last_fetched=now,
+                last_changed=now, checks=1, changes=0, flags=vary, lastmod=fetch.lastmod,
+                interval=interval, next_visit=next_visit, callback=fetch.callback,
+            )
+        unstable = PageFlags.UNSTABLE_VALIDATORS if judgement.unstable else PageFlags(0)
+        kept = prior.flags & ~(PageFlags.VARY_STAR | PageFlags.UNSTABLE_VALIDATORS)
+        return prior.copy(
+            etag=fetch.etag, last_modified=fetch.last_modified, fingerprint=fetch.fingerprint,
+            size=fetch.size, last_status=fetch.status, last_checked=now, last_fetched=now,
+            last_changed=now if changed else prior.last_changed,
+            checks=prior.checks + 1, changes=prior.changes + changed,
+            flags=kept | vary | unstable,
+            lastmod=prior.lastmod if fetch.lastmod is None else fetch.lastmod,
+            interval=interval, next_visit=next_visit, callback=fetch.callback,
+            churns=judgement.churns,
+        )
