@@ -32,6 +32,8 @@ from typing import Any
 
 import pytest
 
+from incremental_crawler.change.policy import Refetch, RequestReason, Verdict
+
 from incremental_crawler import meta
 from incremental_crawler.config import DEFAULT_SETTINGS
 
@@ -429,9 +431,30 @@ def test_the_stat_finder_follows_keys_through_the_code() -> None:
     # Literals, f-strings, a prefix chosen by an expression plus an argument
     # of a helper, and a prefix kept in a variable.
     for key in ("incremental/not_due", "incremental/status_kept/<status>",
-                "incremental/discovery/not_modified", "incremental/requests/conditional",
+                "incremental/discovery/not_modified", "incremental/discovery/pages_new",
                 "incremental/throttle/<key>/window", "cluster/workers_max"):
         assert key in stats, key
+
+
+# Stats whose last part is an enum's value: each value needs its own row.
+ENUM_STATS = {
+    "incremental/requests/": RequestReason,
+    "incremental/discovery/requests/": RequestReason,
+    "incremental/refetch/": Refetch,
+    "incremental/validators/": Verdict,
+}
+
+
+@pytest.mark.parametrize("prefix", list(ENUM_STATS))
+def test_every_value_of_a_stat_enum_is_documented(prefix: str) -> None:
+    stats = code_stats()
+    # The code builds the key from the enum (one f-string for every value)...
+    assert any(key.startswith(prefix + "<") for key in stats), prefix
+    # ... and every value it can take has a row.
+    documented = documented_stats()
+    missing = [prefix + value for value in ENUM_STATS[prefix]
+               if prefix + value not in documented]
+    assert missing == [], f"stats.md lacks rows for {missing}"
 
 
 def test_every_stat_the_code_writes_is_documented() -> None:

@@ -30,6 +30,7 @@ from incremental_crawler.state.records import PageKey, PageState
 from incremental_crawler.state.stores import StateStoreError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     from scrapy.crawler import Crawler
@@ -178,6 +179,19 @@ class Page:
         return await self.ledger.store.get_page(self.key) is not None
 
 
+JUDGED_ETAG = '"judged"'
+
+
+def recording_judge(page: Page, verdicts: list[bool]) -> Callable[[bool], PageState]:
+    """A judgement hook that records its verdicts and marks the state it returns."""
+
+    def judge(changed: bool) -> PageState:
+        verdicts.append(changed)
+        return page.txn.state.copy(etag=JUDGED_ETAG)
+
+    return judge
+
+
 # -- when a page's state is staged -------------------------------------------------
 
 STAGING_ORDERS = {
@@ -270,7 +284,7 @@ async def test_a_failed_page_keeps_its_old_state(
     ledger = make_ledger()
     page = Page(ledger, n_items=2, callback_called=callback_called)
     verdicts: list[bool] = []
-    page.txn.judge = verdicts.append
+    page.txn.judge = recording_judge(page, verdicts)
     with caplog.at_level("WARNING", logger=ledger_module.__name__):
         for event in events:
             page.play(event)
@@ -304,7 +318,7 @@ async def test_items_decide_whether_the_content_changed(make_ledger, fates, chan
     ledger = make_ledger()
     page = Page(ledger, n_items=len(fates))
     verdicts: list[bool] = []
-    page.txn.judge = verdicts.append
+    page.txn.judge = recording_judge(page, verdicts)
     for i in range(len(fates)):
         page.play(f"yield:{i}")
     page.play("output_end")
@@ -313,7 +327,10 @@ async def test_items_decide_whether_the_content_changed(make_ledger, fates, chan
         page.play(f"{fate}:{i}")
     assert verdicts == [changed]
     assert page.txn.content_changed() is changed
-    assert await page.staged()
+    # The state the judgement returned is the one staged.
+    staged = await ledger.store.get_page(page.key)
+    assert staged is not None
+    assert staged.etag == JUDGED_ETAG
 
 
 # -- sitemaps and feeds: held until the crawl ends well -----------------------------
