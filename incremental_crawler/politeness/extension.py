@@ -178,6 +178,7 @@ class AdaptiveThrottle(AutoThrottle):
             self._closing()
             await close(reason=reason)
 
+        # Wrapped on purpose (see above): mypy forbids assigning to a method.
         engine.close_spider_async = close_spider_async  # type: ignore[method-assign]
 
     def _closing(self) -> None:

@@ -120,10 +120,10 @@ _PAGE_COLUMNS = (
 # SQL is a constant of the module (_PAGE_COLUMNS, PageFlags, a count of ?),
 # every value is a ? parameter.
 _SELECT_PAGE = (
-    f"SELECT {_PAGE_COLUMNS} FROM pages WHERE scope = ? AND url = ? AND variant = ?"  # noqa: S608
+    f"SELECT {_PAGE_COLUMNS} FROM pages WHERE scope = ? AND url = ? AND variant = ?"  # noqa: S608 (constant SQL)
 )
 _UPSERT_PAGE = (
-    f"INSERT OR REPLACE INTO pages (scope, url, variant, {_PAGE_COLUMNS}) "  # noqa: S608
+    f"INSERT OR REPLACE INTO pages (scope, url, variant, {_PAGE_COLUMNS}) "  # noqa: S608 (constant SQL)
     f"VALUES ({', '.join('?' * 21)})"
 )
 # A check never touches validators or fingerprints (only a 2xx updates them). It may
@@ -139,7 +139,7 @@ _UPSERT_CHECK = (
     "interval = COALESCE(?, pages.interval), next_visit = COALESCE(?, pages.next_visit)"
 )
 _UPSERT_REDIRECT = (
-    "INSERT INTO pages (scope, url, variant, last_status, first_seen, "  # noqa: S608
+    "INSERT INTO pages (scope, url, variant, last_status, first_seen, "  # noqa: S608 (constant SQL)
     f"last_checked, checks, flags, redirect_to) VALUES (?, ?, ?, ?, ?, ?, 1, "
     f"{PageFlags.REDIRECTED}, ?) "
     "ON CONFLICT (scope, url, variant) DO UPDATE SET "
@@ -334,7 +334,7 @@ class SQLiteStateStore(StateStore):
             for start in range(0, len(urls), _CHUNK):
                 chunk = urls[start:start + _CHUNK]
                 query = (
-                    f"SELECT url, {_PAGE_COLUMNS} FROM pages WHERE scope = ? AND "  # noqa: S608
+                    f"SELECT url, {_PAGE_COLUMNS} FROM pages WHERE scope = ? AND "  # noqa: S608 (constant SQL)
                     f"variant = ? AND url IN ({', '.join('?' * len(chunk))})"
                 )
                 try:
@@ -350,7 +350,7 @@ class SQLiteStateStore(StateStore):
         # Once per crawl, so a scan of the scope (no index on next_visit:
         # it would cost every write and ~50 bytes per page) with a top-N sort.
         query = (
-            f"SELECT url, variant, {_PAGE_COLUMNS} FROM pages WHERE scope = ? "  # noqa: S608
+            f"SELECT url, variant, {_PAGE_COLUMNS} FROM pages WHERE scope = ? "  # noqa: S608 (constant SQL)
             "AND next_visit <= ? AND fingerprint IS NOT NULL AND callback IS NOT NULL "
             "ORDER BY next_visit LIMIT ?"
         )
