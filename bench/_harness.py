@@ -29,13 +29,15 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import redis
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
 
 #: The project root (where scrapy.cfg is); crawls run with this as their cwd.
 REPO = Path(__file__).resolve().parents[1]
@@ -327,7 +329,7 @@ def dir_apparent_bytes(path: Path) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):
         for f in files:
-            total += os.lstat(os.path.join(root, f)).st_size
+            total += (Path(root) / f).lstat().st_size
     return total
 
 
@@ -384,7 +386,7 @@ def mib(n: float) -> str:
 
 def vm_rss_kib() -> int:
     """Current resident set size of this process (VmRSS, KiB)."""
-    with open("/proc/self/status", encoding="ascii") as f:
+    with Path("/proc/self/status").open(encoding="ascii") as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
@@ -398,7 +400,8 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
 
     def fmt(row: Sequence[str]) -> str:
         return "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
         )
 
     print(fmt(cells[0]))

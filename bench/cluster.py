@@ -81,8 +81,8 @@ def page_figures(log: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def roundtrips(stats: list[dict[str, Any]]) -> int:
-    return sum(v for s in stats for k, v in s.items() if k.endswith("redis_roundtrips")
-               or k.endswith("store_roundtrips") or k.endswith("shared/roundtrips"))
+    return sum(v for s in stats for k, v in s.items()
+               if k.endswith(("redis_roundtrips", "store_roundtrips", "shared/roundtrips")))
 
 
 def cluster_settings(redis: RedisServer, work: Path, name: str, state: str) -> dict[str, str]:

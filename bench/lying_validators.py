@@ -143,14 +143,13 @@ def main(argv: list[str] | None = None) -> int:
             ("httpcache", httpcache_settings(work / "httpcache"), None),
             ("httpcache-dummy", dummy, None),
         ]
-        for n in rechecks:
-            variants.append((f"ours-N{n}", {
-                **ours_settings(work / f"ours-{n}" / "state.db"),
-                "INCREMENTAL_REVISIT_ENABLED": "False",
-                "INCREMENTAL_RECHECK_EVERY": str(n),
-                # Pacing is politeness.py's subject; here only what is fetched.
-                "INCREMENTAL_THROTTLE_ENABLED": "False",
-            }, {"use_lastmod": "false"}))
+        variants.extend((f"ours-N{n}", {
+            **ours_settings(work / f"ours-{n}" / "state.db"),
+            "INCREMENTAL_REVISIT_ENABLED": "False",
+            "INCREMENTAL_RECHECK_EVERY": str(n),
+            # Pacing is politeness.py's subject; here only what is fetched.
+            "INCREMENTAL_THROTTLE_ENABLED": "False",
+        }, {"use_lastmod": "false"}) for n in rechecks)
         res = {}
         for name, settings, spider_args in variants:
             print(f"... {name}: {args.crawls} crawls", file=sys.stderr)

@@ -148,7 +148,8 @@ def report1(args: argparse.Namespace, res: dict[str, dict[str, Any]]) -> None:
         rows.append([name, f"{f['pages']}/{n}", f["requests"], f["429"], pct(f["share"]),
                      f["broken"], f"{f['wall']:.1f}", f"{f['wall'] / limit:.2f}x",
                      f"{f['span']:.1f}", f"{f['span'] / limit:.2f}x"])
-    print_table(["variant", "pages", "requests", "429s", "429 share", "broken", "wall s", "wall/(N/R)", "span s", "span/(N/R)"], rows)
+    print_table(["variant", "pages", "requests", "429s", "429 share", "broken", "wall s",
+                 "wall/(N/R)", "span s", "span/(N/R)"], rows)
     print("  broken = requests inside a Retry-After period; wall = crawl process "
           "(start-up included); span = server's first request -> last answer")
     o = res["ours"]
@@ -223,7 +224,8 @@ def report2(args: argparse.Namespace, res: dict[str, dict[str, Any]]) -> None:
             rows.append([name, key, f"{f['pages']}/{n}", f["requests"], f["429"],
                          f["broken"], f"{f['span']:.1f}", f"{per_s:.1f}",
                          f"{r['wall']['wall']:.1f}"])
-    print_table(["crawl", "site", "pages", "requests", "429s", "broken", "span s", "pages/s", "crawl wall s"], rows)
+    print_table(["crawl", "site", "pages", "requests", "429s", "broken", "span s", "pages/s",
+                 "crawl wall s"], rows)
     print("  span = the site's first request -> its last answer; pages/s = pages fetched / span")
     o = res["ours"]
     a, b = o["A"], o["B"]

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import re
 import shutil
@@ -50,6 +49,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -70,10 +70,12 @@ ensure_importable()
 
 
 from incremental_crawler.state.records import PageKey, PageState
-from incremental_crawler.state.stores.base import StateStore
 from incremental_crawler.state.stores.redis import RedisStateStore
 from incremental_crawler.state.stores.sqlite import SQLiteStateStore
 from tests.site import BASE_EPOCH, http_date
+
+if TYPE_CHECKING:
+    from incremental_crawler.state.stores.base import StateStore
 
 SCOPE = "sitemap"
 KINDS = "strong,weak,lastmod"
@@ -145,7 +147,7 @@ async def store_figures(args: argparse.Namespace, work: Path, server: RedisServe
         con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         con.close()
-    out["sqlite"]["bytes"] = os.path.getsize(db)
+    out["sqlite"]["bytes"] = db.stat().st_size
     out["redis"]["bytes"] = server.used_memory() - mem0
     return out
 

@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
 
     n_changed = len(res["ours"]["changed"])
     print(f"second_crawl: {args.pages} pages x {args.page_size} B, kinds {args.kinds} "
-          f"{'(every page sends validators)' if args.kinds == KINDS else ''}, {n_changed} pages changed "
+          f"{'(every page sends validators)' if args.kinds == KINDS else ''}, "
+          f"{n_changed} pages changed "
           f"({args.fraction:.0%}, seed {args.seed}) between crawl 1 and crawl 2")
     print("Crawl 2 (server figures include robots.txt + sitemaps; CPU = user+sys "
           "of the crawl process):")

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import resource
 import sys
@@ -162,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(store.close())
         pristine = work / "big-pristine.db"
         copy_sqlite(big, pristine)
-        db_bytes = os.path.getsize(pristine)
+        db_bytes = pristine.stat().st_size
         maxrss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
         rounds: dict[str, list[dict]] = {"empty": [], "big": []}
@@ -184,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     print_table(["store figure", "value"], [
         ["fill, end to end", f"{n / f['total_s']:,.0f} pages/s ({f['total_s']:.1f} s)"],
         ["fill, flush_now commits only", f"{n / f['flush_s']:,.0f} pages/s ({f['flush_s']:.1f} s)"],
-        [f"get_page_now x{args.lookups}", f"{args.lookups / look_s:,.0f} lookups/s "
-                                          f"({1e6 * look_s / args.lookups:.1f} us each)"],
+        [f"get_page_now x{args.lookups}", (f"{args.lookups / look_s:,.0f} lookups/s "
+                                           f"({1e6 * look_s / args.lookups:.1f} us each)")],
         ["VmRSS before open", f"{rss0 / 1024:.1f} MiB"],
         ["VmRSS after fill", f"{rss1 / 1024:.1f} MiB"],
         ["VmRSS after lookups", f"{rss2 / 1024:.1f} MiB"],

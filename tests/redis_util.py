@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -65,7 +66,7 @@ class OwnRedis:
 
     def __init__(self) -> None:
         self.dir = tempfile.mkdtemp(prefix="redis-test-")
-        self.socket = os.path.join(self.dir, "redis.sock")
+        self.socket = str(Path(self.dir) / "redis.sock")
         self.uri = f"unix://{self.socket}?db=0"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -100,7 +101,7 @@ class OwnRedis:
             proc.kill()
             proc.wait(timeout=10)
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket)
+            Path(self.socket).unlink()
 
     def remove(self) -> None:
         self.stop()

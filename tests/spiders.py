@@ -112,7 +112,8 @@ class HalfSpider(IncrementalSpider):
         yield {"url": response.url, "part": 1, "title": response.css("title::text").get()}
         if getattr(self, "crash", False):
             raise ValueError("bug after first item")
-        yield {"url": response.url + "?part=2", "part": 2, "title": response.css("title::text").get()}
+        yield {"url": response.url + "?part=2", "part": 2,
+               "title": response.css("title::text").get()}
 
 
 class MetaPassSpider(IncrementalSpider):

@@ -49,7 +49,9 @@ def test_scrapy_demo_crawls_twice_and_reports_savings(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_scrapy_items_exports_the_latest_version_of_each_item(site, crawl, state_uri, tmp_path):
+async def test_scrapy_items_exports_the_latest_version_of_each_item(
+    site, crawl, state_uri, tmp_path,
+):
     for i in range(5):
         site.add_page(f"/p/{i}", "strong", size=1500)
     await crawl(SitemapPagesSpider, sitemap_url=site.url("/sitemap.xml"))
@@ -102,7 +104,8 @@ def test_the_demo_site_answers_conditional_requests_as_rfc_9110_says():
     # validators match, If-None-Match deciding alone when present.
     site = DemoSite(8, page_size=3000)
     answers = {path: site.respond(path) for path in ("/p/0000", "/p/0001", "/p/0002", "/p/0003")}
-    assert {path: (status, len(body)) for path, (status, _, body) in answers.items()} == dict.fromkeys(answers, (200, 3000))
+    assert {path: (status, len(body)) for path, (status, _, body) in answers.items()} == (
+        dict.fromkeys(answers, (200, 3000)))
     strong, weak, lastmod, none = (headers for _, headers, _ in answers.values())
     assert strong["ETag"].startswith('"') and "Last-Modified" in strong
     assert weak["ETag"].startswith('W/"') and "Last-Modified" not in weak

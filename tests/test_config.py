@@ -73,7 +73,8 @@ def test_values_from_the_command_line_are_strings() -> None:
 
 
 def test_empty_state_uri_means_default() -> None:
-    assert IncrementalConfig.from_settings(Settings({"INCREMENTAL_STATE_URI": ""})).state_uri is None
+    config = IncrementalConfig.from_settings(Settings({"INCREMENTAL_STATE_URI": ""}))
+    assert config.state_uri is None
 
 
 @pytest.mark.parametrize(

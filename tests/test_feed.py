@@ -10,7 +10,8 @@ from incremental_crawler.spiders.feed import FeedPagesSpider
 def rss(site, items: list[tuple[str, str]]) -> str:
     rows = "".join(f"<item><title>{p}</title><link>{site.url(p)}</link>"
                    f"<pubDate>{date}</pubDate></item>" for p, date in items)
-    return f'<?xml version="1.0"?><rss version="2.0"><channel><title>t</title>{rows}</channel></rss>'
+    return (f'<?xml version="1.0"?><rss version="2.0"><channel><title>t</title>{rows}'
+            "</channel></rss>")
 
 
 def atom(site, entries: list[tuple[str, str]]) -> str:

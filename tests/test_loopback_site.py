@@ -14,18 +14,16 @@ import selectors
 import subprocess
 import sys
 import urllib.request
-from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import pytest_twisted
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Protocol
 from twisted.internet.threads import deferToThread
-from twisted.python.failure import Failure
 from twisted.web.client import Agent, ResponseDone
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IResponse
 
 from tests.site import (
     BASE_EPOCH,
@@ -36,6 +34,12 @@ from tests.site import (
     http_date,
     parse_http_date,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from twisted.python.failure import Failure
+    from twisted.web.iweb import IResponse
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HEX16 = re.compile(r"[0-9a-f]{16}")

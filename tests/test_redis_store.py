@@ -179,7 +179,8 @@ def test_foreign_meta_is_refused(redis_prefix: str, shared: redis.Redis,
         open_at(redis_prefix)
     assert "does not describe an incremental_crawler state store" in str(info.value)
     assert f"prefix={redis_prefix}" in str(info.value)
-    assert shared.hgetall(f"{redis_prefix}:meta") == {k.encode(): v.encode() for k, v in foreign.items()}
+    assert shared.hgetall(f"{redis_prefix}:meta") == {
+        k.encode(): v.encode() for k, v in foreign.items()}
 
 
 def test_meta_of_another_type_is_refused(redis_prefix: str, shared: redis.Redis) -> None:

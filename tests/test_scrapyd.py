@@ -373,12 +373,12 @@ def test_scrapyd_deploy_uploads_an_egg_of_the_package_only(deployed: Scrapyd) ->
     # sets it up (not from the development checkout this test runs in).
     probe = subprocess.run(
         [sys.executable, "-c",
-         "from scrapyd.runner import project_environment\n"
-         f"with project_environment({SCRAPYD_PROJECT!r}):\n"
-         "    import incremental_crawler.spiders.sitemap as m\n"
-         "    from incremental_crawler.politeness.budget import BUDGET_LUA\n"
-         "    assert \"redis.call('HMGET'\" in BUDGET_LUA\n"
-         "    print(m.__file__)"],
+         ("from scrapyd.runner import project_environment\n"
+          f"with project_environment({SCRAPYD_PROJECT!r}):\n"
+          "    import incremental_crawler.spiders.sitemap as m\n"
+          "    from incremental_crawler.politeness.budget import BUDGET_LUA\n"
+          "    assert \"redis.call('HMGET'\" in BUDGET_LUA\n"
+          "    print(m.__file__)")],
         cwd=deployed.root, env=child_env(SCRAPY_PROJECT=SCRAPYD_PROJECT, HOME=str(deployed.root)),
         capture_output=True, text=True, timeout=TIMEOUT, check=False)
     assert probe.returncode == 0, probe.stderr

@@ -6,12 +6,14 @@ client *address* to R requests/s: all workers come from 127.0.0.1, so its
 limiter sees them as one client, as a real site would see one crawler
 running N machines behind one NAT. What counts is what the server saw.
 
-Redis db 10 only (INCREMENTAL_TEST_BUDGET_REDIS_URI), a unique key prefix per test, its keys deleted afterwards.
+Redis db 10 only (INCREMENTAL_TEST_BUDGET_REDIS_URI), a unique key prefix per
+test, its keys deleted afterwards.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import re
 import subprocess
@@ -440,4 +442,4 @@ async def test_the_download_delay_caps_the_first_tokens_of_a_warm_budget(site, c
         "INCREMENTAL_THROTTLE_SHARED_PREFIX": prefix}, urls=[site.url(p) for p in paths])
     starts = sorted(r.started for r in site.log)
     assert len(starts) == 4
-    assert min(b - a for a, b in zip(starts, starts[1:], strict=False)) >= 0.45
+    assert min(b - a for a, b in itertools.pairwise(starts)) >= 0.45

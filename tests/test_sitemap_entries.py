@@ -9,7 +9,9 @@ from incremental_crawler.lists.sitemaps import MAX_URLS, SitemapEntries
 from incremental_crawler.state.keys import Canonicalizer
 
 
-def entries_for(url: str = "https://example.com/sitemap.xml") -> tuple[SitemapEntries, MemoryStatsCollector]:
+def entries_for(
+    url: str = "https://example.com/sitemap.xml",
+) -> tuple[SitemapEntries, MemoryStatsCollector]:
     stats = MemoryStatsCollector(get_crawler())
     return SitemapEntries(url, stats, Canonicalizer(), now=1_700_000_000), stats
 

@@ -36,14 +36,17 @@ async def test_a_callback_error_swallowed_by_a_user_middleware_withholds_the_pag
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_request_carrying_its_parents_meta_does_not_commit_the_parent(site, crawl, state_db):
+async def test_a_request_carrying_its_parents_meta_does_not_commit_the_parent(
+    site, crawl, state_db,
+):
     site.add_page("/parent", "strong", size=2000)
     crawler = await crawl(
         MetaPassSpider,
         settings={"ITEM_PIPELINES": {"tests.spiders.StateProbePipeline": 500}},
         parent=site.url("/parent"), child=site.url("/missing"),
     )
-    # State never ahead of data: while the parent's item is in a pipeline, its page state is not on disk
+    # State never ahead of data: while the parent's item is in a pipeline, its
+    # page state is not on disk
     assert all(row is None for _, row in crawler.state_probe)
 
 
@@ -52,7 +55,7 @@ async def test_copied_meta_does_not_write_one_pages_validators_onto_another(site
     site.add_page("/a", "lastmod", size=2000)
     listing = site.add_page("/listing", "lastmod", size=2000)
     listing.version = 5          # the listing changed more recently than /a
-    kw = dict(page=site.url("/a"), listing=site.url("/listing"))
+    kw = {"page": site.url("/a"), "listing": site.url("/listing")}
     await crawl(DiscoveryMetaSpider, **kw)
     site.change("/a")            # /a changes; its new LM is still older than the listing's
     site.reset_log()
@@ -80,7 +83,9 @@ async def test_a_response_rejected_before_its_callback_is_not_committed(site, cr
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_pipeline_returning_a_new_item_keeps_the_fingerprint_comparable(site, crawl, state_db):
+async def test_a_pipeline_returning_a_new_item_keeps_the_fingerprint_comparable(
+    site, crawl, state_db,
+):
     site.add_page("/n", "none", size=2000)   # no validators: the content hash decides
     settings = {"ITEM_PIPELINES": {"tests.spiders.NormalizeCopy": 300}}
     await crawl(ListSpider, settings=settings, urls=[site.url("/n")])

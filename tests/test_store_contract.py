@@ -81,7 +81,9 @@ def full_state(key: PageKey, n: int = 1, **changes: Any) -> PageState:
     return state.copy(**changes)
 
 
-def item(key: str, n: int = 1, *, scope: str = SCOPE, data: Any = ..., stored_at: float = 0) -> ItemRecord:
+def item(
+    key: str, n: int = 1, *, scope: str = SCOPE, data: Any = ..., stored_at: float = 0,
+) -> ItemRecord:
     if data is ...:
         data = {"name": key, "version": n}
     return ItemRecord(
@@ -400,7 +402,9 @@ class StateStoreContract:
         assert {i["fingerprint"] for i in every} == {"fp-a-1", "fp-b-2", "fp-c-1"}
 
     @pytest_twisted.ensureDeferred
-    async def test_item_without_data_keeps_only_its_fingerprint(self, make_store: MakeStore) -> None:
+    async def test_item_without_data_keeps_only_its_fingerprint(
+        self, make_store: MakeStore,
+    ) -> None:
         store = make_store()
         store.stage_item(item("a", data=None))
         assert await call(store.flush()) == 1
@@ -418,7 +422,8 @@ class StateStoreContract:
     @pytest_twisted.ensureDeferred
     async def test_reading_pages_does_not_load_the_store(self, make_store: MakeStore) -> None:
         rows = 20_000
-        keys = [PageKey(SCOPE, f"https://example.com/catalogue/page-{i:06d}.html") for i in range(rows)]
+        keys = [PageKey(SCOPE, f"https://example.com/catalogue/page-{i:06d}.html")
+                for i in range(rows)]
         store = make_store()
         for i, key in enumerate(keys):
             store.stage_page(full_state(key, i + 1))
@@ -536,7 +541,8 @@ class StateStoreContract:
         moved = await call(store.get_page(PageKey(SCOPE, f"{URL}/later")))
         assert (moved.interval, moved.next_visit, moved.checks) == (7200, 5_000, 2)
         assert moved.fingerprint == page("later", 100).fingerprint
-        assert [s.key.url for s in await call(store.get_due(SCOPE, 5_000, 10))][-1] == f"{URL}/later"
+        due = await call(store.get_due(SCOPE, 5_000, 10))
+        assert [s.key.url for s in due][-1] == f"{URL}/later"
 
         # A new state without a callback takes the page off the list.
         store.stage_page(page("now", 1_000, callback=None))
@@ -681,7 +687,8 @@ class TestSQLiteOnly:
         with closing(sqlite3.connect(db_path)) as db:
             assert db.execute("SELECT name FROM customers").fetchall() == [("Ada",)]
             assert db.execute("PRAGMA user_version").fetchone()[0] == 0
-            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            tables = {
+                r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         assert tables == {"customers"}
 
     def test_newer_schema_is_refused(self, db_path: Path) -> None:
@@ -827,7 +834,9 @@ class TestSQLiteOnly:
         finally:
             await call(store.close())
 
-    def test_open_store_unknown_scheme(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_open_store_unknown_scheme(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
         monkeypatch.chdir(tmp_path)
         settings = Settings({"INCREMENTAL_STATE_URI": "mongodb://localhost/state"})
         with pytest.raises(StateStoreError) as info:
@@ -892,7 +901,8 @@ class TestSQLiteMigrations:
             db.commit()
         store = SQLiteStateStore(path)
         state = await call(store.get_page(PageKey("s", "http://a/")))
-        assert (state.etag, state.fingerprint, state.checks, state.lastmod) == ('"x"', "ff", 3, None)
+        assert (state.etag, state.fingerprint, state.checks, state.lastmod) == (
+            '"x"', "ff", 3, None)
         store.stage_check(PageKey("s", "http://a/"), 304, 10, lastmod=9)
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:

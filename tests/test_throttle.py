@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from email.utils import formatdate
 
@@ -27,7 +28,7 @@ def add_pages(site, n: int, prefix: str = "/p/") -> list[str]:
 
 def gaps(site, prefix: str = "/p/") -> list[float]:
     starts = sorted(r.started for r in site.log if r.path.startswith(prefix))
-    return [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    return [b - a for a, b in itertools.pairwise(starts)]
 
 
 @pytest.mark.parametrize("retry_after", ["seconds", "date"])
@@ -250,14 +251,15 @@ async def test_a_redirect_to_another_host_is_paced_by_that_hosts_budget(site, cr
             urls += [site.url(f"/r/{i}"), other.url(f"/q/{i}").replace("127.0.0.1", "localhost")]
         settings = {**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 40}
         if shared:
+            prefix = request.getfixturevalue("budget_prefix")
             settings |= {"INCREMENTAL_THROTTLE_SHARED_URL": REDIS_URL,
-                         "INCREMENTAL_THROTTLE_SHARED_PREFIX": request.getfixturevalue("budget_prefix")}
+                         "INCREMENTAL_THROTTLE_SHARED_PREFIX": prefix}
         crawler = await crawl(ListSpider, settings=settings, urls=urls)
     finally:
         await other.stop()
     starts = sorted(r.started for r in other.log if r.path.startswith(("/p/", "/q/")))
     assert len(starts) == 8
-    assert min(b - a for a, b in zip(starts, starts[1:], strict=False)) >= 0.38
+    assert min(b - a for a, b in itertools.pairwise(starts)) >= 0.38
     windows = crawler.get_extension(AdaptiveThrottle).windows
     assert windows["localhost"].delay_floor == 0.4
     assert windows["127.0.0.1"].delay_floor == 0

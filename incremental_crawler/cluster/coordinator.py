@@ -389,6 +389,8 @@ class ClusterCoordinator:
 
     def _beat_once(self, *, release_all: bool = False) -> bool:
         """Send a heartbeat; whether the cluster has nothing queued or in flight."""
+        finished: list[bytes]
+        hold: list[bytes]
         if release_all:
             finished, hold = list(self._tickets), []
         else:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from scrapy.commands import ScrapyCommand
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from twisted.internet.defer import Deferred
 
+from incremental_crawler._reactor import get_reactor
 from incremental_crawler.demo import DemoSite
 from incremental_crawler.report.extension import summarize
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
@@ -37,7 +38,7 @@ async def _wait(result: Any) -> Any:
 
 class Command(ScrapyCommand):
     requires_project = False
-    default_settings = {"LOG_LEVEL": "WARNING"}
+    default_settings: ClassVar[dict[str, Any]] = {"LOG_LEVEL": "WARNING"}
 
     def syntax(self) -> str:
         return "[--pages N] [--change FRACTION] [--state-uri URI]"
@@ -75,7 +76,7 @@ class Command(ScrapyCommand):
 
         async def crawl(label: str) -> None:
             crawler: Crawler = process.create_crawler(SitemapPagesSpider)
-            crawler.settings.setdict(settings, priority="cmdline")  # type: ignore[union-attr]
+            crawler.settings.setdict(settings, priority="cmdline")
             site.reset_log()
             await _wait(process.crawl(crawler, sitemap_url=f"{base}/robots.txt"))
             results[label] = self._figures(crawler, site)
@@ -87,9 +88,8 @@ class Command(ScrapyCommand):
                 await crawl("second")
             finally:
                 await _wait(site.stop())
-                from twisted.internet import reactor
-
-                reactor.callLater(0, reactor.stop)  # type: ignore[attr-defined]
+                reactor = get_reactor()
+                reactor.callLater(0, reactor.stop)
 
         deferred_from_coro(scenario())
         process.start(stop_after_crawl=False)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 class Command(ScrapyCommand):
     requires_project = True
     requires_crawler_process = False
-    default_settings = {"LOG_ENABLED": False}
+    default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
 
     def syntax(self) -> str:
         return "-o FILE [--spider NAME]"
@@ -53,7 +54,8 @@ class Command(ScrapyCommand):
             print(f"error: {exc}", file=sys.stderr)
             self.exitcode = 1
             return
-        out = sys.stdout if opts.output == "-" else open(opts.output, "w", encoding="utf-8")  # noqa: SIM115
+        # Closed in the finally below (not a with: stdout stays open).
+        out = sys.stdout if opts.output == "-" else Path(opts.output).open("w", encoding="utf-8")  # noqa: SIM115
         count = 0
         try:
             for item in store.iter_items(opts.spider):

@@ -32,15 +32,19 @@ import random
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
+from twisted.internet.defer import maybeDeferred, succeed
+from twisted.protocols.policies import WrappingFactory
 from twisted.web import resource, server
+
+from incremental_crawler._reactor import get_reactor
 
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
-    from twisted.internet.interfaces import IListeningPort
-    from twisted.protocols.policies import WrappingFactory
     from twisted.web import http
+
+    from incremental_crawler._reactor import ListeningPort
 
 __all__ = ["KINDS", "DemoSite", "Hit", "etag_matches", "not_modified"]
 
@@ -168,7 +172,7 @@ def _page_html(page: _Page, size: int) -> bytes:
     )
     tail = "</main><footer>incremental_crawler demo site</footer></body></html>"
     room = size - len(head) - len(tail)
-    rng = random.Random(f"{page.path}:{page.version}")
+    rng = random.Random(f"{page.path}:{page.version}")  # noqa: S311 (text, not secrets)
     parts: list[str] = []
     while room > 0:
         text = " ".join(rng.choices(_WORDS, k=rng.randint(40, 90))).capitalize() + "."
@@ -201,7 +205,7 @@ class DemoSite:
         self._by_path = {page.path: page for page in self._pages}
         # path -> (version, body, strong ETag): the current version only.
         self._bodies: dict[str, tuple[int, bytes, str]] = {}
-        self._port: IListeningPort | None = None
+        self._port: ListeningPort | None = None
         self._connections: WrappingFactory | None = None
         self._base_url = ""
 
@@ -218,7 +222,7 @@ class DemoSite:
             raise ValueError(f"fraction must be within [0, 1], got {fraction}")
         n = len(self._pages)
         k = min(n, max(round(n * fraction), 1 if fraction > 0 else 0))
-        chosen = sorted(random.Random(seed).sample(range(n), k))
+        chosen = sorted(random.Random(seed).sample(range(n), k))  # noqa: S311 (not a secret)
         for i in chosen:
             self._pages[i].version += 1
         return [self._pages[i].path for i in chosen]
@@ -328,31 +332,27 @@ class DemoSite:
 
     def start(self, port: int = 0) -> str:
         """Listen on ``host:port`` (0: any free port); return the base URL."""
-        from twisted.internet import reactor
-        from twisted.protocols.policies import WrappingFactory
-
         if self._port is not None:
             raise RuntimeError("the demo site is already started")
         site = _QuietSite(_Resource(self))
         # The wrapper keeps the open connections, for stop() to close them.
         self._connections = WrappingFactory(site)
         self._connections.noisy = False
-        self._port = reactor.listenTCP(port, self._connections, interface=self.host)
+        self._port = get_reactor().listenTCP(port, self._connections, interface=self.host)
         host = f"[{self.host}]" if ":" in self.host else self.host
         self._base_url = f"http://{host}:{self._port.getHost().port}"
         return self._base_url
 
     def stop(self) -> Deferred[None]:
         """Stop listening and drop the open connections (a no-op if not started)."""
-        from twisted.internet.defer import maybeDeferred, succeed
-
         port, connections = self._port, self._connections
         self._port = self._connections = None
         if port is None:
             return succeed(None)
         for wrapper in list(connections.protocols if connections else ()):
             wrapper.transport.abortConnection()
-        return maybeDeferred(port.stopListening)
+        # The Deferred stopListening may return is chained: its result is ours.
+        return cast("Deferred[None]", maybeDeferred(port.stopListening))
 
     @property
     def base_url(self) -> str:
@@ -366,7 +366,7 @@ class _Resource(resource.Resource):
     """Every path, answered by the :class:`DemoSite`; other methods than
     GET and HEAD get Twisted's 405 with ``Allow``."""
 
-    isLeaf = True
+    isLeaf = True  # noqa: N815 (Twisted API)
 
     def __init__(self, site: DemoSite) -> None:
         super().__init__()
@@ -375,7 +375,7 @@ class _Resource(resource.Resource):
     def render_GET(self, request: server.Request) -> int:  # noqa: N802 (Twisted API)
         return self._site._render(request)
 
-    render_HEAD = render_GET
+    render_HEAD = render_GET  # noqa: N815 (Twisted API)
 
 
 class _QuietSite(server.Site):

@@ -33,7 +33,6 @@ MAX_LOC_LENGTH = 2048
 #: A lastmod further than this in the future is not a date we can use.
 _FUTURE_TOLERANCE = 60.0
 _DATE_MEMO = 4096
-_UNPARSED = object()
 
 
 @dataclass(slots=True)
@@ -91,8 +90,9 @@ class SitemapEntries:
             self.stats.inc_value("incremental/lastmod/missing")
             return None
         # Sitemaps repeat a few dates over thousands of entries.
-        value = self._dates.get(raw, _UNPARSED)
-        if value is _UNPARSED:
+        try:
+            value = self._dates[raw]
+        except KeyError:
             if len(self._dates) >= _DATE_MEMO:
                 self._dates.clear()
             value = self._dates[raw] = self.parse_date(raw)
@@ -146,16 +146,24 @@ def decide(
         return "new"
     if max_age and now - stored.last_fetched > max_age:
         return "max_age"
-    if not use_lastmod:
-        return "lastmod_off"
-    if candidate.lastmod is None:
-        return "lastmod_missing"
-    if stored.lastmod is None:
-        return "lastmod_unknown"
-    if candidate.lastmod > stored.lastmod:
-        return "lastmod_newer"
+    if (reason := _lastmod_reason(candidate.lastmod, stored.lastmod, use_lastmod)) is not None:
+        return reason
     if revisit and now >= stored.next_visit:  # 0: no schedule yet, so due
         # A date that does not move (an RSS pubDate, a lazy sitemap) must not
         # hide a page for ever: its revisit schedule still brings it back.
         return "due"
+    return None
+
+
+def _lastmod_reason(listed: float | None, stored: float | None, use_lastmod: bool) -> str | None:
+    """Why the listed lastmod asks for the page, or ``None`` if it says it
+    did not change since the stored one."""
+    if not use_lastmod:
+        return "lastmod_off"
+    if listed is None:
+        return "lastmod_missing"
+    if stored is None:
+        return "lastmod_unknown"
+    if listed > stored:
+        return "lastmod_newer"
     return None

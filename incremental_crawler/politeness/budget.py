@@ -345,23 +345,25 @@ class SharedBudget:
 
     async def _call(self, key: str, op: str, policy: WindowPolicy, **kwargs: Any) -> Grant:
         args = script_args(op, policy, **kwargs)
-        if self._sha is None:
-            await self._load()
+        sha = self._sha if self._sha is not None else await self._load()
         self.stats.inc_value("incremental/throttle/shared/roundtrips")
         try:
-            reply = await self.client.evalsha(self._sha, 1, self.redis_key(key), *args)
+            reply = await self.client.evalsha(sha, 1, self.redis_key(key), *args)
         except NoScriptError:
             # The server restarted or ran SCRIPT FLUSH: load it again, once.
-            await self._load()
+            sha = await self._load()
             self.stats.inc_value("incremental/throttle/shared/roundtrips")
-            reply = await self.client.evalsha(self._sha, 1, self.redis_key(key), *args)
+            reply = await self.client.evalsha(sha, 1, self.redis_key(key), *args)
         grant = Grant.from_reply(reply)
         self.on_reply(key, grant)
         return grant
 
-    async def _load(self) -> None:
+    async def _load(self) -> str:
+        """Load the script; its SHA-1 (kept for the next calls)."""
         self.stats.inc_value("incremental/throttle/shared/roundtrips")
-        self._sha = await self.client.script_load(BUDGET_LUA)
+        sha: str = await self.client.script_load(BUDGET_LUA)
+        self._sha = sha
+        return sha
 
     def _fail_waiters(self, slot: _Slot, exc: Exception) -> int:
         waiters, slot.waiters = slot.waiters, deque()

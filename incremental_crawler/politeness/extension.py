@@ -20,6 +20,7 @@ request (:mod:`incremental_crawler.politeness.middlewares`).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any
@@ -132,7 +133,7 @@ class AdaptiveThrottle(AutoThrottle):
                 # Not NotConfigured: that would crawl on without any
                 # throttle, N workers N times too fast.
                 self.shared_error = f"INCREMENTAL_THROTTLE_SHARED_URL={redacted(str(url))!r}: {exc}"
-        crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._response_downloaded, signal=signals.response_downloaded)
         crawler.signals.connect(self.request_reached_downloader,
                                 signal=signals.request_reached_downloader)
@@ -143,7 +144,7 @@ class AdaptiveThrottle(AutoThrottle):
     def from_crawler(cls, crawler: Crawler) -> Self:
         return cls(crawler)
 
-    async def _spider_opened(self, spider: Spider) -> None:
+    async def spider_opened(self, spider: Spider) -> None:
         # AutoThrottle's delay bounds are not used: each window has its own.
         self.mindelay, self.maxdelay = 0.0, float("inf")
         if self.shared_error is not None:
@@ -177,6 +178,7 @@ class AdaptiveThrottle(AutoThrottle):
             self._closing()
             await close(reason=reason)
 
+        # Wrapped on purpose (see above): mypy forbids assigning to a method.
         engine.close_spider_async = close_spider_async  # type: ignore[method-assign]
 
     def _closing(self) -> None:
@@ -402,7 +404,8 @@ class AdaptiveThrottle(AutoThrottle):
         if grant.parked:
             self.crawler.stats.inc_value("incremental/throttle/shared/parks_seen")
             self.park(key, "parked in the shared budget", share=False)
-        elif grant.frozen_for > 0 and time.monotonic() + grant.frozen_for > window.frozen_until + 0.01:
+        elif (grant.frozen_for > 0
+              and time.monotonic() + grant.frozen_for > window.frozen_until + 0.01):
             # Another worker's 429 (or backoff): queued requests wait too.
             self.crawler.stats.inc_value("incremental/throttle/shared/freezes_seen")
             self.freeze(key, grant.frozen_for, "shared budget", report=False, count=False)
@@ -423,7 +426,7 @@ class AdaptiveThrottle(AutoThrottle):
         agent = self.crawler.settings.get("ROBOTSTXT_USER_AGENT") or request.headers.get(
             b"User-Agent", self.crawler.settings.get("USER_AGENT") or b"*")
         delay = robotparser.crawl_delay(agent)
-        if delay is None or not delay == delay or delay <= 0:  # absent, NaN, -1
+        if delay is None or math.isnan(delay) or delay <= 0:  # absent, NaN, -1
             return
         capped = min(float(delay), self.crawl_delay_max)
         if capped < delay:

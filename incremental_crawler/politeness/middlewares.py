@@ -26,7 +26,8 @@ every wait the site asked for would spend one of the ``RETRY_TIMES``
 retries meant for broken answers (and past ``RETRY_TIMES`` waits, a
 request could no longer be retried after a timeout).
 
-:class:`SharedBudgetMiddleware`, order 950: the gate of the shared per-domain budget: no request leaves without a token.
+:class:`SharedBudgetMiddleware`, order 950: the gate of the shared per-domain
+budget: no request leaves without a token.
 
 With ``INCREMENTAL_THROTTLE_SHARED_URL`` set, every request waits here for a
 token of its slot from the budget all workers share in Redis
@@ -96,7 +97,9 @@ class RetryAfterMiddleware:
         if throttle is None:
             return
         key = throttle.slot_key(request)
-        if "download_slot" not in request.meta and key != throttle.crawler.engine.downloader.get_slot_key(request):
+        if "download_slot" not in request.meta and (
+            key != throttle.crawler.engine.downloader.get_slot_key(request)
+        ):
             # Hosts of one site share one budget (one slot).
             request.meta["download_slot"] = key
         if throttle.window(key).parked:

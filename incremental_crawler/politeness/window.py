@@ -128,7 +128,7 @@ class DomainWindow:
     def backoff(self) -> float:
         """Seconds to stay away after a failure without Retry-After (with jitter)."""
         base = self.policy.backoff_base * 2 ** max(0, self.consecutive_hard - 1)
-        return min(self.policy.backoff_max, base) * random.uniform(0.5, 1.5)  # noqa: S311
+        return min(self.policy.backoff_max, base) * random.uniform(0.5, 1.5)  # noqa: S311 (jitter)
 
     def freeze(self, now: float, seconds: float) -> float:
         until = now + seconds

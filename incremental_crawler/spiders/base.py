@@ -61,6 +61,8 @@ class IncrementalSpider(Spider):
     """See the module docstring."""
 
     incremental_reseed: bool = True
+    #: Whether this crawl re-seeded its due pages (set by from_crawler).
+    _reseeded: bool
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:

@@ -24,7 +24,6 @@ from incremental_crawler.lists.sitemaps import Candidate, SitemapEntries, decide
 from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD
 from incremental_crawler.spiders.base import IncrementalSpider
 from incremental_crawler.state.keys import Canonicalizer
-from incremental_crawler.state.ledger import Ledger
 from incremental_crawler.state.records import PageKey, PageState
 
 if TYPE_CHECKING:
@@ -32,6 +31,8 @@ if TYPE_CHECKING:
 
     from scrapy.http import Response
     from twisted.python.failure import Failure
+
+    from incremental_crawler.state.ledger import Ledger
 
 __all__ = ["DEFAULT_TEXT_SELECTORS", "ListedPagesSpider", "extract_main_text"]
 
@@ -52,8 +53,12 @@ _SPACES = re.compile(r"\s+")
 _TEXT_XPATH = ".//text()[not(ancestor::script or ancestor::style or ancestor::noscript)]"
 
 
-def extract_main_text(response: TextResponse, selectors: Iterable[str]) -> str:
-    """The text of the first element matching one of *selectors*, whitespace folded."""
+def extract_main_text(response: Response, selectors: Iterable[str]) -> str:
+    """The text of the first element matching one of *selectors*, whitespace folded.
+
+    *response* must be text (a :class:`~scrapy.http.TextResponse`): Scrapy's
+    other responses raise ``NotSupported`` from ``css()``.
+    """
     for css in selectors:
         node = response.css(css)
         if node:

@@ -66,7 +66,11 @@ class SitemapPagesSpider(ListedPagesSpider, SitemapSpider):
                            meta={META_SKIP: True, "download_maxsize": MAX_LIST_BYTES})
         return self.list_request(url, self._parse_sitemap, lastmod)
 
-    async def _parse_sitemap(self, response: Response) -> AsyncIterator[Request]:
+    # Replaces SitemapSpider's (sync) parser as an async generator callback,
+    # under its name: stored page states and list_callbacks refer to it.
+    async def _parse_sitemap(  # type: ignore[override]
+        self, response: Response,
+    ) -> AsyncIterator[Request]:
         stats = self.crawler.stats
         if response.url.endswith("/robots.txt"):
             for url in sitemap_urls_from_robots(response.body, base_url=response.url):

@@ -40,7 +40,6 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
@@ -52,6 +51,8 @@ from twisted.web import http, resource, server
 from tests.site.limits import TokenBucketLimiter
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+
     from twisted.internet.defer import Deferred
     from twisted.internet.interfaces import IListeningPort
     from twisted.python.failure import Failure
@@ -78,8 +79,19 @@ _TEXT: Mapping[str, str] = MappingProxyType({"Content-Type": "text/plain; charse
 _XML: Mapping[str, str] = MappingProxyType({"Content-Type": "application/xml; charset=utf-8"})
 
 # Filler vocabulary for page bodies; immutable, so not module *state*.
-_WORDS: tuple[str, ...] = tuple(
-    ["alpha", "anchor", "archive", "basket", "beacon", "binary", "bridge", "buffer", "cache", "canvas", "carbon", "channel", "cipher", "circuit", "cluster", "column", "comet", "compass", "crawler", "crystal", "cursor", "delta", "digest", "domain", "ember", "engine", "entropy", "fabric", "falcon", "feather", "fiber", "filter", "fjord", "forest", "fragment", "galaxy", "garden", "glacier", "gossip", "gradient", "harbor", "header", "horizon", "index", "island", "journal", "kernel", "lantern", "ledger", "lemon", "marble", "meadow", "mirror", "module", "nebula", "needle", "network", "oasis", "orbit", "packet", "paper", "pepper", "pixel", "planet", "pocket", "quartz", "query", "radar", "record", "ribbon", "river", "rocket", "saddle", "schema", "signal", "silver", "sketch", "socket", "spider", "spiral", "stone", "stream", "summit", "syntax", "tablet", "thread", "timber", "token", "tunnel", "update", "valley", "vector", "velvet", "vertex", "violet", "voyage", "walnut", "window", "winter", "yellow", "zenith"]
+_WORDS: tuple[str, ...] = (
+    "alpha", "anchor", "archive", "basket", "beacon", "binary", "bridge", "buffer", "cache",
+    "canvas", "carbon", "channel", "cipher", "circuit", "cluster", "column", "comet", "compass",
+    "crawler", "crystal", "cursor", "delta", "digest", "domain", "ember", "engine", "entropy",
+    "fabric", "falcon", "feather", "fiber", "filter", "fjord", "forest", "fragment", "galaxy",
+    "garden", "glacier", "gossip", "gradient", "harbor", "header", "horizon", "index", "island",
+    "journal", "kernel", "lantern", "ledger", "lemon", "marble", "meadow", "mirror", "module",
+    "nebula", "needle", "network", "oasis", "orbit", "packet", "paper", "pepper", "pixel",
+    "planet", "pocket", "quartz", "query", "radar", "record", "ribbon", "river", "rocket",
+    "saddle", "schema", "signal", "silver", "sketch", "socket", "spider", "spiral", "stone",
+    "stream", "summit", "syntax", "tablet", "thread", "timber", "token", "tunnel", "update",
+    "valley", "vector", "velvet", "vertex", "violet", "voyage", "walnut", "window", "winter",
+    "yellow", "zenith",
 )
 # One word per possible random byte (the slight bias is irrelevant here).
 _WORD_TABLE: tuple[str, ...] = tuple(_WORDS[i % len(_WORDS)] for i in range(256))
@@ -309,7 +321,7 @@ class _TrackingSite(server.Site):
 class _SiteResource(resource.Resource):
     """Leaf resource that hands every request to the :class:`LoopbackSite`."""
 
-    isLeaf = True
+    isLeaf = True  # noqa: N815 (Twisted API)
 
     def __init__(self, site: LoopbackSite) -> None:
         super().__init__()
@@ -452,7 +464,9 @@ class LoopbackSite:
             body = body.encode("utf-8")
         self._documents[path] = (body, content_type, etag)
 
-    def limit(self, rate: float, burst: float, *, retry_after: str = "seconds") -> TokenBucketLimiter:
+    def limit(
+        self, rate: float, burst: float, *, retry_after: str = "seconds",
+    ) -> TokenBucketLimiter:
         """Allow each client *rate* requests/s (bursts of *burst*); 429 above."""
         self.limiter = TokenBucketLimiter(rate, burst, retry_after)
         return self.limiter
@@ -820,13 +834,20 @@ class LoopbackSite:
         if page is not None:
             return self._page_response(page, request)
         if path in self._documents:
-            body, content_type, etag = self._documents[path]
-            if etag is None:
-                return _Response(200, body, {"Content-Type": content_type})
-            inm = request.getHeader("if-none-match")
-            if inm is not None and etag_matches(inm, etag):
-                return _Response(304, b"", {"ETag": etag})
-            return _Response(200, body, {"Content-Type": content_type, "ETag": etag})
+            return self._document_response(path, request)
+        return self._list_response(path)
+
+    def _document_response(self, path: str, request: server.Request) -> _Response:
+        body, content_type, etag = self._documents[path]
+        if etag is None:
+            return _Response(200, body, {"Content-Type": content_type})
+        inm = request.getHeader("if-none-match")
+        if inm is not None and etag_matches(inm, etag):
+            return _Response(304, b"", {"ETag": etag})
+        return _Response(200, body, {"Content-Type": content_type, "ETag": etag})
+
+    def _list_response(self, path: str) -> _Response:
+        """robots.txt and the sitemaps (a 404 for any other path)."""
         if path == "/robots.txt":
             return _Response(200, self._robots().encode("utf-8"), dict(_TEXT))
         if path == "/sitemap.xml":
@@ -970,6 +991,10 @@ class LoopbackSite:
                 self.limiter.buckets.clear()
                 self.limiter.promises.clear()
             return _json(200, {"ok": True})
+        return self._control_change(name, params)
+
+    def _control_change(self, name: str, params: dict[str, list[str]]) -> _Response:
+        """``POST /__site__/change`` and ``/__site__/kind``."""
         try:
             if name == "kind":
                 kind = params.get("kind", [""])[0]

@@ -392,8 +392,8 @@ async def test_discovery_states_are_saved_only_when_the_crawl_finished_cleanly(
         assert sitemap.url not in stored_etags(tmp_path)
         assert ledger.stats.get_value("incremental/discovery_committed") is None
         assert held == [
-            f"Crawl ended {reason} with {failed} failed pages: the validators "
-            "of 1 sitemaps are not saved, they will be read in full next time"
+            (f"Crawl ended {reason} with {failed} failed pages: the validators "
+             "of 1 sitemaps are not saved, they will be read in full next time")
         ]
 
 

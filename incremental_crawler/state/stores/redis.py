@@ -62,7 +62,7 @@ from incremental_crawler.state.stores.base import StateStore, StateStoreError
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator, Sequence
+    from collections.abc import Callable, Iterable, Iterator, Sequence
     from typing import Self
 
     from scrapy.settings import BaseSettings
@@ -221,18 +221,7 @@ def parse_redis_uri(uri: str) -> tuple[str, str]:
     scheme = parts.scheme.lower()
     if scheme not in ("redis", "rediss", "unix"):
         raise bad(f"scheme {parts.scheme!r} is not a Redis one")
-    query: list[tuple[str, str]] = []
-    prefixes: list[str] = []
-    for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        if name == "prefix":
-            prefixes.append(value)
-        elif name in _REDIS_QUERY:
-            query.append((name, value))
-        else:
-            raise bad(f"unknown parameter {name!r}")
-    if len(prefixes) > 1 or (prefixes and not prefixes[0]):
-        raise bad("give one non-empty prefix")
-    prefix = prefixes[0] if prefixes else DEFAULT_PREFIX
+    query, prefix = _split_query(parts.query, bad)
     if scheme == "unix":
         if not parts.path:
             raise bad("no socket path")
@@ -253,6 +242,24 @@ def parse_redis_uri(uri: str) -> tuple[str, str]:
     if query:
         clean += f"?{urlencode(query)}"
     return clean, prefix
+
+
+def _split_query(
+    query_string: str, bad: Callable[[str], StateStoreError],
+) -> tuple[list[tuple[str, str]], str]:
+    """The query's redis-py parameters, and the key prefix it names."""
+    query: list[tuple[str, str]] = []
+    prefixes: list[str] = []
+    for name, value in parse_qsl(query_string, keep_blank_values=True):
+        if name == "prefix":
+            prefixes.append(value)
+        elif name in _REDIS_QUERY:
+            query.append((name, value))
+        else:
+            raise bad(f"unknown parameter {name!r}")
+    if len(prefixes) > 1 or (prefixes and not prefixes[0]):
+        raise bad("give one non-empty prefix")
+    return query, prefixes[0] if prefixes else DEFAULT_PREFIX
 
 
 def _key_part(scope: str) -> str:
@@ -298,7 +305,8 @@ class RedisStateStore(StateStore):
         self._flushing_fps: dict[tuple[str, str], str] = {}
         self._flushing_count = 0
         self._flush_lock: asyncio.Lock | None = None
-        self._script_sha = hashlib.sha1(_FLUSH_LUA.encode()).hexdigest()
+        # EVALSHA names a script by its SHA-1 (what SCRIPT LOAD returns).
+        self._script_sha = hashlib.sha1(_FLUSH_LUA.encode(), usedforsecurity=False).hexdigest()
         self._fields = {cls: fields(cls) for cls in (PageState, HostTrust, ItemRecord)}
         # The fields a stored record may hold (the key ones are in the Redis key).
         self._names = {
@@ -387,7 +395,8 @@ class RedisStateStore(StateStore):
                 raise kind
             # State keys never expire: only an allkeys-* policy evicts them,
             # silently (an items hash gone, its pages' validators kept).
-            policy = "" if isinstance(memory, Exception) else str(memory.get("maxmemory_policy", ""))
+            policy = ("" if isinstance(memory, Exception)
+                      else str(memory.get("maxmemory_policy", "")))
             if policy.startswith("allkeys"):
                 raise self._fail(
                     f"Redis evicts keys when full (maxmemory-policy {policy}): stored "
@@ -552,7 +561,8 @@ class RedisStateStore(StateStore):
         self, key: PageKey, status: int, when: float, *, lastmod: float | None = None,
         schedule: tuple[float, float] | None = None,
     ) -> None:
-        interval, next_visit = ("", "") if schedule is None else (int(schedule[0]), int(schedule[1]))
+        interval, next_visit = (
+            ("", "") if schedule is None else (int(schedule[0]), int(schedule[1])))
         self._stage(key.scope, (
             "check", self._key("pages", key.scope), self._key("due", key.scope),
             _page_field(key), status, int(when),
@@ -567,13 +577,16 @@ class RedisStateStore(StateStore):
 
     def stage_item(self, record: ItemRecord) -> None:
         # The URL usually is the key: not stored twice (it reads back as the key).
-        skip = ("scope", "key", "data", "url") if record.url == record.key else ("scope", "key", "data")
+        skip = (
+            ("scope", "key", "data", "url") if record.url == record.key
+            else ("scope", "key", "data"))
         scope, key = record.scope, record.key
         entry = ""
         if record.data is not None:
             # The item's JSON is embedded as it is, not escaped into a string.
-            head = json.dumps({"fingerprint": record.fingerprint, "stored_at": int(record.stored_at)},
-                              separators=(",", ":"))
+            head = json.dumps(
+                {"fingerprint": record.fingerprint, "stored_at": int(record.stored_at)},
+                separators=(",", ":"))
             entry = f'{head[:-1]},"data":{record.data}}}'
         self._stage(scope, (
             "item", self._key("items", scope), self._key("itemver", scope),
@@ -611,24 +624,27 @@ class RedisStateStore(StateStore):
                 applied, error = await self._apply(unsure[0], ops[:unsure[1]], scopes)
                 done += applied
                 if error is not None:
-                    raise self._fail(f"a write failed in Redis ({error}); nothing staged after it was sent")
+                    raise self._fail(f"a write failed in Redis ({error}); "
+                                     "nothing staged after it was sent")
             if done < len(ops):
                 sending = (uuid.uuid4().hex, len(ops) - done)
                 applied, error = await self._apply(sending[0], ops[done:], scopes)
                 done += applied
                 if error is not None:
-                    raise self._fail(f"a write failed in Redis ({error}); nothing staged after it was sent")
+                    raise self._fail(f"a write failed in Redis ({error}); "
+                                     "nothing staged after it was sent")
         except BaseException as exc:
             # Nothing is recorded as stored that was not: what was not
             # applied goes back in front of whatever was staged meanwhile,
             # for a later flush.
             self._ops = ops[done:] + self._ops
             self._scopes |= scopes
-            if not isinstance(exc, StateStoreError) or exc.__cause__ is not None:
+            if (
+                not isinstance(exc, StateStoreError) or exc.__cause__ is not None
+            ) and sending is not None:
                 # No reply (or not one we understood): the batch may or may
                 # not have run; its token will tell.
-                if sending is not None:
-                    self._unsure = (sending[0], sending[1])
+                self._unsure = (sending[0], sending[1])
             self._pages = {**self._flushing_pages, **self._pages}
             self._item_fps = {**self._flushing_fps, **self._item_fps}
             raise

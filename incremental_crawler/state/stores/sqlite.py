@@ -116,11 +116,14 @@ _PAGE_COLUMNS = (
     "last_checked, last_fetched, last_changed, checks, changes, flags, redirect_to, "
     "lastmod, interval, next_visit, callback, churns"
 )
+# S608 (SQL built from strings) in this module: what is formatted into the
+# SQL is a constant of the module (_PAGE_COLUMNS, PageFlags, a count of ?),
+# every value is a ? parameter.
 _SELECT_PAGE = (
-    f"SELECT {_PAGE_COLUMNS} FROM pages WHERE scope = ? AND url = ? AND variant = ?"
+    f"SELECT {_PAGE_COLUMNS} FROM pages WHERE scope = ? AND url = ? AND variant = ?"  # noqa: S608 (constant SQL)
 )
 _UPSERT_PAGE = (
-    f"INSERT OR REPLACE INTO pages (scope, url, variant, {_PAGE_COLUMNS}) "
+    f"INSERT OR REPLACE INTO pages (scope, url, variant, {_PAGE_COLUMNS}) "  # noqa: S608 (constant SQL)
     f"VALUES ({', '.join('?' * 21)})"
 )
 # A check never touches validators or fingerprints (only a 2xx updates them). It may
@@ -136,7 +139,7 @@ _UPSERT_CHECK = (
     "interval = COALESCE(?, pages.interval), next_visit = COALESCE(?, pages.next_visit)"
 )
 _UPSERT_REDIRECT = (
-    "INSERT INTO pages (scope, url, variant, last_status, first_seen, "
+    "INSERT INTO pages (scope, url, variant, last_status, first_seen, "  # noqa: S608 (constant SQL)
     f"last_checked, checks, flags, redirect_to) VALUES (?, ?, ?, ?, ?, ?, 1, "
     f"{PageFlags.REDIRECTED}, ?) "
     "ON CONFLICT (scope, url, variant) DO UPDATE SET "
@@ -331,7 +334,7 @@ class SQLiteStateStore(StateStore):
             for start in range(0, len(urls), _CHUNK):
                 chunk = urls[start:start + _CHUNK]
                 query = (
-                    f"SELECT url, {_PAGE_COLUMNS} FROM pages WHERE scope = ? AND "
+                    f"SELECT url, {_PAGE_COLUMNS} FROM pages WHERE scope = ? AND "  # noqa: S608 (constant SQL)
                     f"variant = ? AND url IN ({', '.join('?' * len(chunk))})"
                 )
                 try:
@@ -347,7 +350,7 @@ class SQLiteStateStore(StateStore):
         # Once per crawl, so a scan of the scope (no index on next_visit:
         # it would cost every write and ~50 bytes per page) with a top-N sort.
         query = (
-            f"SELECT url, variant, {_PAGE_COLUMNS} FROM pages WHERE scope = ? "
+            f"SELECT url, variant, {_PAGE_COLUMNS} FROM pages WHERE scope = ? "  # noqa: S608 (constant SQL)
             "AND next_visit <= ? AND fingerprint IS NOT NULL AND callback IS NOT NULL "
             "ORDER BY next_visit LIMIT ?"
         )
@@ -355,7 +358,8 @@ class SQLiteStateStore(StateStore):
             rows = self._db.execute(query, (scope, int(now), limit)).fetchall()
         except sqlite3.DatabaseError as exc:
             raise self._fail("read failed", exc) from exc
-        return [PageState(PageKey(scope, url, variant), *columns) for url, variant, *columns in rows]
+        return [PageState(PageKey(scope, url, variant), *columns)
+                for url, variant, *columns in rows]
 
     async def get_item_simhash(self, scope: str, item_key: str) -> int | None:
         row = self._db.execute(
@@ -375,9 +379,9 @@ class SQLiteStateStore(StateStore):
     def stage_host(self, trust: HostTrust) -> None:
         self._staged += 1
         self._ops.append((
-            "INSERT OR REPLACE INTO hosts (scope, host, lastmod_checks, lastmod_lies, "
-            "distrusted_until, validators_distrusted_until, validators_consistent, "
-            "validators_unstable_since) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            ("INSERT OR REPLACE INTO hosts (scope, host, lastmod_checks, lastmod_lies, "
+             "distrusted_until, validators_distrusted_until, validators_consistent, "
+             "validators_unstable_since) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
             (trust.scope, trust.host, trust.checks, trust.lies, int(trust.distrusted_until),
              int(trust.validators_distrusted_until), trust.validators_consistent,
              int(trust.validators_unstable_since)),
