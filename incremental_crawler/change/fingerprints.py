@@ -23,10 +23,10 @@ __all__ = [
 #: e.g. ``r"(?:jsessionid|phpsessid|sessionid|sid)=[0-9A-Za-z]{8,}"`` (it is
 #: not a default: it costs more than both of these together).
 DEFAULT_IGNORE_PATTERNS: tuple[str, ...] = (
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]+)?)?"
-    r"(?:Z|[+-][0-9]{2}:?[0-9]{2})?",
-    r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), [0-9]{1,2} (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct"
-    r"|Nov|Dec) [0-9]{2,4} [0-9]{2}:[0-9]{2}(?::[0-9]{2})? (?:GMT|UTC|[+-][0-9]{4})",
+    (r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]+)?)?"
+     r"(?:Z|[+-][0-9]{2}:?[0-9]{2})?"),
+    (r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), [0-9]{1,2} (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct"
+     r"|Nov|Dec) [0-9]{2,4} [0-9]{2}:[0-9]{2}(?::[0-9]{2})? (?:GMT|UTC|[+-][0-9]{4})"),
 )
 
 

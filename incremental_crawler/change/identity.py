@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -77,9 +78,7 @@ class ItemIdentity:
         return value if isinstance(value, str) else None
 
     def set_fingerprint(self, item: Any, fingerprint: str) -> None:
-        try:
+        # An item class without that field cannot carry it; the fingerprint
+        # is still stored beside the item.
+        with contextlib.suppress(KeyError):
             ItemAdapter(item)[self.fingerprint_field] = fingerprint
-        except KeyError:
-            # An item class without that field cannot carry it; the
-            # fingerprint is still stored beside the item.
-            pass

@@ -29,13 +29,13 @@ from scrapy.utils.asyncio import create_looping_call
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from twisted.internet.defer import Deferred
 
+from incremental_crawler.change.identity import ItemIdentity, serialize_item
+from incremental_crawler.change.trust import HostTrustBook
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.exceptions import ItemUnchanged
-from incremental_crawler.change.identity import ItemIdentity, serialize_item
 from incremental_crawler.state.keys import Canonicalizer
 from incremental_crawler.state.records import ItemRecord, PageKey, PageState
 from incremental_crawler.state.stores import StateStore, StateStoreError, open_store
-from incremental_crawler.change.trust import HostTrustBook
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -402,7 +402,9 @@ class Ledger:
         # Out of every pipeline: new or changed (unchanged ones are dropped).
         self._item_finished(response, changed=True)
 
-    def item_dropped(self, item: Any, response: Any, exception: BaseException, spider: Spider) -> None:
+    def item_dropped(
+        self, item: Any, response: Any, exception: BaseException, spider: Spider
+    ) -> None:
         # A dropped item is a decision, not a failure: the page is done.
         self._pending.pop(id(item), None)
         # Unchanged: evidence about the page's content; other drops are not.
@@ -412,6 +414,7 @@ class Ledger:
     def item_error(self, item: Any, response: Any, spider: Spider, failure: Failure) -> None:
         self._pending.pop(id(item), None)
         if failure.check(StateStoreError):
+            assert failure.value is not None
             self.store_failed(failure.value)
         self._item_finished(
             response, error=f"an item pipeline failed ({failure.getErrorMessage()})"
@@ -501,6 +504,7 @@ class Ledger:
 
     def _flush_failed(self, failure: Failure) -> None:
         self._flushing = False
+        assert failure.value is not None
         self.store_failed(failure.value)
 
     def store_failed(self, error: BaseException) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import IntFlag
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from typing import Self
@@ -73,7 +73,7 @@ class PageState:
     def has_validators(self) -> bool:
         return bool(self.etag or self.last_modified)
 
-    def copy(self, **changes: object) -> Self:
+    def copy(self, **changes: Any) -> Self:
         return replace(self, **changes)
 
 

@@ -32,9 +32,8 @@ from typing import Any
 
 import pytest
 
-from incremental_crawler.change.policy import Refetch, RequestReason, Verdict
-
 from incremental_crawler import meta
+from incremental_crawler.change.policy import Refetch, RequestReason, Verdict
 from incremental_crawler.config import DEFAULT_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -196,8 +195,9 @@ def test_settings_are_named_in_full() -> None:
     offenders = []
     for path in doc_pages():
         for number, line in _prose_lines(path.read_text()):
-            for match in re.finditer(r"(?<![A-Z0-9_])_[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*\b", line):
-                offenders.append(f"{path.relative_to(ROOT)}:{number}: {match.group(0)}")
+            offenders.extend(
+                f"{path.relative_to(ROOT)}:{number}: {match.group(0)}"
+                for match in re.finditer(r"(?<![A-Z0-9_])_[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*\b", line))
     assert offenders == [], "write settings in full:\n" + "\n".join(offenders)
 
 
@@ -305,10 +305,10 @@ class _Module:
             if isinstance(statement, ast.Assign):
                 for target in statement.targets:
                     found |= self._assigned(target, statement.value, node.id, depth)
-            elif isinstance(statement, (ast.For, ast.AsyncFor, ast.comprehension)):
-                if any(isinstance(n, ast.Name) and n.id == node.id
-                       for n in ast.walk(statement.target)):
-                    found.add(_placeholder(node))
+            elif isinstance(statement, (ast.For, ast.AsyncFor, ast.comprehension)) and any(
+                    isinstance(n, ast.Name) and n.id == node.id
+                    for n in ast.walk(statement.target)):
+                found.add(_placeholder(node))
         params = [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
         if node.id in params:
             found |= self._argument_values(function, params.index(node.id), node.id, depth)
@@ -496,8 +496,8 @@ _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 def _links(path: Path) -> list[tuple[int, str]]:
     found = []
     for number, line in _prose_lines(path.read_text()):
-        line = re.sub(r"`[^`]*`", "", line)  # inline code is not a link
-        found.extend((number, target) for target in _LINK.findall(line))
+        prose = re.sub(r"`[^`]*`", "", line)  # inline code is not a link
+        found.extend((number, target) for target in _LINK.findall(prose))
     return found
 
 
