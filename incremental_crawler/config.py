@@ -12,8 +12,6 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from scrapy.exceptions import NotConfigured
-
 from incremental_crawler.change.fingerprints import DEFAULT_IGNORE_PATTERNS
 
 if TYPE_CHECKING:
@@ -21,7 +19,10 @@ if TYPE_CHECKING:
 
     from scrapy.settings import BaseSettings
 
-__all__ = ["DEFAULT_SETTINGS", "IncrementalConfig", "setting_or_default", "throttle_enabled"]
+__all__ = [
+    "DEFAULT_SETTINGS", "IncrementalConfig", "SettingError", "setting_or_default",
+    "throttle_enabled",
+]
 
 DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_ENABLED": True,
@@ -127,6 +128,16 @@ DEFAULT_SETTINGS: dict[str, Any] = {
 
 
 
+class SettingError(ValueError):
+    """An ``INCREMENTAL_*`` setting has a value that cannot be used.
+
+    Not ``NotConfigured``: Scrapy would only log that a component is
+    disabled and crawl on without it (no state kept, or no politeness).
+    Raised while the crawl's components are built, it stops the crawl
+    before its first request, naming the setting.
+    """
+
+
 def setting_or_default(settings: BaseSettings, name: str) -> Any:
     """*name*'s value, or its default here when the add-on did not install it."""
     value = settings.get(name)
@@ -184,9 +195,9 @@ class IncrementalConfig:
             try:
                 value = kind(raw)
             except (TypeError, ValueError):
-                raise NotConfigured(f"{name}={raw!r} is not a number") from None
+                raise SettingError(f"{name}={raw!r} is not a number") from None
             if not math.isfinite(value) or value < minimum:
-                raise NotConfigured(f"{name}={raw!r} must be at least {minimum}")
+                raise SettingError(f"{name}={raw!r} must be at least {minimum}")
             return value
 
         def boolean(name: str) -> bool:
@@ -203,7 +214,7 @@ class IncrementalConfig:
                 try:
                     re.compile(pattern)
                 except re.error as exc:
-                    raise NotConfigured(f"{name}: {pattern!r} is not a regex ({exc})") from None
+                    raise SettingError(f"{name}: {pattern!r} is not a regex ({exc})") from None
             return value
 
         return cls(

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from scrapy.exceptions import NotConfigured
+import pytest_twisted
 from scrapy.settings import Settings
 
-from incremental_crawler.config import DEFAULT_SETTINGS, IncrementalConfig
+from incremental_crawler.config import DEFAULT_SETTINGS, IncrementalConfig, SettingError
+from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 
 
 def test_defaults() -> None:
@@ -95,8 +96,8 @@ def test_empty_state_uri_means_default() -> None:
         ("INCREMENTAL_FLUSH_INTERVAL", -1.0),
     ],
 )
-def test_bad_values_raise_not_configured_naming_the_setting(name: str, value: Any) -> None:
-    with pytest.raises(NotConfigured) as info:
+def test_bad_values_raise_an_error_naming_the_setting(name: str, value: Any) -> None:
+    with pytest.raises(SettingError) as info:
         IncrementalConfig.from_settings(Settings({name: value}))
     message = str(info.value)
     assert name in message
@@ -107,3 +108,30 @@ def test_config_is_frozen() -> None:
     config = IncrementalConfig.from_settings(Settings())
     with pytest.raises(AttributeError):
         config.batch_size = 1  # type: ignore[misc]
+
+
+BAD_SETTINGS = {
+    "a number that is not one": ({"INCREMENTAL_BATCH_SIZE": "abc"}, "INCREMENTAL_BATCH_SIZE"),
+    "a throttle start rate above its maximum": (
+        {"INCREMENTAL_THROTTLE_ENABLED": True, "INCREMENTAL_THROTTLE_START_RATE": 100,
+         "INCREMENTAL_THROTTLE_MAX_RATE": 10},
+        "INCREMENTAL_THROTTLE_START_RATE"),
+    "an unknown key in a per-domain override": (
+        {"INCREMENTAL_THROTTLE_ENABLED": True,
+         "INCREMENTAL_THROTTLE_DOMAINS": {"127.0.0.1": {"start": 2}}},
+        "INCREMENTAL_THROTTLE_DOMAINS"),
+}
+
+
+@pytest.mark.parametrize(("settings", "named"), list(BAD_SETTINGS.values()),
+                         ids=list(BAD_SETTINGS))
+@pytest_twisted.ensureDeferred
+async def test_a_bad_setting_stops_the_crawl_before_its_first_request(
+    site, crawl, settings, named
+):
+    # NotConfigured would only disable the component: the crawl would run
+    # without state kept, or without politeness, and say so in one warning.
+    site.add_page("/a", "strong")
+    with pytest.raises(SettingError, match=named):
+        await crawl(SitemapPagesSpider, settings=settings, sitemap_url=site.url("/sitemap.xml"))
+    assert site.log == []

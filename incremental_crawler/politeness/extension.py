@@ -32,7 +32,7 @@ from scrapy.extensions.throttle import AutoThrottle
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.httpobj import urlparse_cached
 
-from incremental_crawler.config import setting_or_default, throttle_enabled
+from incremental_crawler.config import SettingError, setting_or_default, throttle_enabled
 from incremental_crawler.http.validators import parse_http_date
 from incremental_crawler.politeness.budget import SharedBudget
 from incremental_crawler.politeness.errors import ErrorSignal, classify_error
@@ -91,14 +91,17 @@ class AdaptiveThrottle(AutoThrottle):
                 values[name] = type(getattr(base, name))(settings.getfloat(setting))
         self.policy = replace(base, **values)
         if not 0 < self.policy.min_rate <= self.policy.start_rate <= self.policy.max_rate:
-            raise NotConfigured(
-                "INCREMENTAL_THROTTLE_MIN_RATE <= _START_RATE <= _MAX_RATE must hold (and > 0)"
+            # An error, not NotConfigured: that would crawl on without politeness.
+            raise SettingError(
+                "0 < INCREMENTAL_THROTTLE_MIN_RATE <= INCREMENTAL_THROTTLE_START_RATE <= "
+                f"INCREMENTAL_THROTTLE_MAX_RATE must hold ({self.policy.min_rate:g}, "
+                f"{self.policy.start_rate:g}, {self.policy.max_rate:g})"
             )
         self.overrides: dict[str, dict[str, Any]] = settings.getdict("INCREMENTAL_THROTTLE_DOMAINS")
         known = {f.name for f in fields(WindowPolicy)}
         for domain, override in self.overrides.items():
             if unknown := set(override) - known:
-                raise NotConfigured(
+                raise SettingError(
                     f"INCREMENTAL_THROTTLE_DOMAINS[{domain!r}]: unknown keys {sorted(unknown)}"
                 )
         # A Crawl-delay above this counts as this: robots.txt "1e9" must not
