@@ -14,7 +14,6 @@ NotDue and NotModified.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
@@ -24,6 +23,7 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.httpobj import urlparse_cached
 
+from incremental_crawler import clock
 from incremental_crawler.change.fingerprints import body_fingerprint
 from incremental_crawler.change.policy import (
     HOST_CONSULTED,
@@ -126,7 +126,7 @@ class ConditionalRequestMiddleware:
         key = page_key(request, self.ledger.scope, self.ledger.canonical,
                        default_encoding=self.default_encoding)
         prior = await self._stored(key)
-        now = time.time()
+        now = clock.now()
         if prior is not None:
             self._check_due(request, prior, now)
         reason = await self._reason(request, key, prior, now)
@@ -229,7 +229,7 @@ class ConditionalRequestMiddleware:
         # The data we hold is this version: its lastmod may be recorded. The
         # page's own unstable flag waits for its next full fetch (a 304
         # changes nothing stored but counters).
-        now = time.time()
+        now = clock.now()
         lastmod = request.meta.get(META_LASTMOD)
         schedule = self.policy.next_visit(prior, changed=False, now=now)
         self.ledger.stage_check(key, 304, lastmod=lastmod, schedule=schedule)
@@ -240,7 +240,7 @@ class ConditionalRequestMiddleware:
         self._judged(request, self.policy.held(discovery=discovery), now)
 
     def _fetched(self, request: Request, response: Response, ctx: _Context) -> None:
-        now = time.time()
+        now = clock.now()
         fetch = self._read(request, response, ctx.key, now)
         prior = ctx.prior
         settle = partial(self._settle, request, prior, fetch, now)

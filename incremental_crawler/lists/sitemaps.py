@@ -10,11 +10,11 @@ rest of the sitemap still counts.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from incremental_crawler import clock
 from incremental_crawler.lists.dates import parse_w3c_datetime
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ class SitemapEntries:
         self.allowed_hosts = {self.host, *(h.lower() for h in allowed_hosts)}
         self.stats = stats
         self.canonical = canonical
-        self.now = time.time() if now is None else now
+        self.now = clock.now() if now is None else now
         self._dates: dict[str, float | None] = {}
 
     def _reject(self, reason: str) -> None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-import time
 
+from incremental_crawler import clock
 from incremental_crawler.http.validators import parse_http_date
 
 __all__ = ["parse_retry_after"]
@@ -32,4 +32,4 @@ def parse_retry_after(value: bytes | str | None, now: float | None = None) -> fl
     when = parse_http_date(value)
     if when is None:
         return None
-    return max(0.0, when - (time.time() if now is None else now))
+    return max(0.0, when - (clock.now() if now is None else now))

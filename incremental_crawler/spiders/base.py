@@ -30,12 +30,12 @@ full with :meth:`discovery_request`.
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, Spider, signals
 from scrapy.exceptions import DontCloseSpider
 
+from incremental_crawler import clock
 from incremental_crawler.cluster.coordinator import ClusterCoordinator
 from incremental_crawler.meta import META_SKIP, META_VARIANT
 from incremental_crawler.state.ledger import Ledger
@@ -116,7 +116,7 @@ class IncrementalSpider(Spider):
         ledger = self.ledger
         if ledger is None or not ledger.config.revisit_enabled:
             return
-        due = await ledger.store.get_due(ledger.scope, time.time(), ledger.config.reseed_limit)
+        due = await ledger.store.get_due(ledger.scope, clock.now(), ledger.config.reseed_limit)
         count = 0
         for state in due:
             request = self._reseed_request(state)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
 from scrapy.http import TextResponse
 
+from incremental_crawler import clock
 from incremental_crawler.exceptions import NotModified
 from incremental_crawler.lists.dates import parse_w3c_datetime
 from incremental_crawler.lists.sitemaps import Candidate, SitemapEntries, decide
@@ -151,7 +151,7 @@ class ListedPagesSpider(IncrementalSpider):
     ) -> AsyncIterator[Request]:
         """Requests for the listed pages worth fetching; see the module docstring."""
         ledger = self.ledger
-        now = time.time()
+        now = clock.now()
         use_lastmod = ledger is not None and self.use_lastmod and await self._lastmods_trusted(
             ledger, entries.host, candidates, now
         )

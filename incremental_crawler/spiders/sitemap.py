@@ -10,13 +10,13 @@ sitemaps whose ``<lastmod>`` did not move are not read.
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
 from scrapy.spiders import SitemapSpider
 from scrapy.utils.sitemap import Sitemap, sitemap_urls_from_robots
 
+from incremental_crawler import clock
 from incremental_crawler.lists.sitemaps import decide
 from incremental_crawler.meta import META_SKIP
 from incremental_crawler.spiders.listed import (
@@ -92,7 +92,7 @@ class SitemapPagesSpider(ListedPagesSpider, SitemapSpider):
         # An index's lastmod says when each child sitemap changed: a child
         # that did not change is not read again.
         max_age = self.ledger.config.max_age if self.ledger is not None else 0.0
-        now = time.time()
+        now = clock.now()
         stored = await self.stored_states(candidates)
         for child, state in zip(candidates, stored, strict=True):
             if not any(rule.search(child.loc) for rule in self._follow):

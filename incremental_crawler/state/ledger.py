@@ -18,7 +18,6 @@ page state is withheld: the next run asks again with the old validators.
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from itemadapter import ItemAdapter
@@ -29,6 +28,7 @@ from scrapy.utils.asyncio import create_looping_call
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from twisted.internet.defer import Deferred
 
+from incremental_crawler import clock
 from incremental_crawler.change.identity import ItemIdentity, serialize_item
 from incremental_crawler.change.trust import HostTrustBook
 from incremental_crawler.config import IncrementalConfig
@@ -392,7 +392,7 @@ class Ledger:
                     url=self.identity.url(item),
                     fingerprint=pending.fingerprint,
                     data=pending.data,
-                    stored_at=time.time(),
+                    stored_at=clock.now(),
                     simhash=pending.simhash,
                 )
             )
@@ -451,11 +451,11 @@ class Ledger:
         self, key: PageKey, status: int, *, lastmod: float | None = None,
         schedule: tuple[float, float] | None = None,
     ) -> None:
-        self.store.stage_check(key, status, time.time(), lastmod=lastmod, schedule=schedule)
+        self.store.stage_check(key, status, clock.now(), lastmod=lastmod, schedule=schedule)
         self._after_stage()
 
     def stage_redirect(self, key: PageKey, target: str, status: int) -> None:
-        self.store.stage_redirect(key, target, status, time.time())
+        self.store.stage_redirect(key, target, status, clock.now())
         self._after_stage()
 
     def _after_stage(self) -> None:

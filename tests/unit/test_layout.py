@@ -105,3 +105,16 @@ def test_no_component_is_hung_on_the_crawler() -> None:
             if "crawler.incremental_" in line or 'crawler, "incremental_' in line:
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}:{number}")
     assert offenders == []
+
+
+def test_the_wall_clock_is_read_in_one_place() -> None:
+    # Tests move a crawl to "a day later" by replacing clock.now: a module
+    # reading time.time() itself would stay in the present.
+    readers = []
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(PACKAGE)
+        if relative.parts[0] == "demo" or relative.name == "clock.py":
+            continue  # the demo's server keeps its own clock, as a server does
+        if "time.time()" in path.read_text():
+            readers.append(str(relative))
+    assert readers == []
