@@ -184,3 +184,20 @@ def test_the_window_and_the_script_agree_after_every_step(row, client, budget_pr
         assert grant.rate == pytest.approx(window.rate, abs=1e-6), where
         assert window.rate == pytest.approx(expected), where
         assert script.sent == window.sent, where
+
+
+@pytest.mark.parametrize("kind", ["hard", "soft"])
+def test_a_domain_max_rate_below_the_global_min_rate_caps_the_script(kind, client,
+                                                                    budget_prefix):
+    # INCREMENTAL_THROTTLE_DOMAINS = {"slow.example": {"max_rate": 0.05}}: one
+    # request in 20 s, below the global min_rate (0.1). A cut stops at
+    # min_rate, above this max_rate: the bounds are applied after the
+    # signals too, max_rate last, so an error never speeds the domain up.
+    # (DomainWindow's cuts stop at min_rate here: a case no parity row has.)
+    policy = WindowPolicy(max_rate=0.05)
+    assert policy.min_rate > policy.max_rate
+    script = Script(client, f"{budget_prefix}:slow.example", policy)
+    assert script.send(1).rate == pytest.approx(0.05)
+    grant = script.call("report", hard_seq=1) if kind == "hard" else script.call("report", soft=1)
+    assert grant.rate == pytest.approx(0.05)
+    assert script.stored_rate() == pytest.approx(0.05)

@@ -388,7 +388,9 @@ class ChangePolicy:
                 interval=interval, next_visit=next_visit, callback=fetch.callback,
             )
         unstable = PageFlags.UNSTABLE_VALIDATORS if judgement.unstable else PageFlags(0)
-        kept = prior.flags & ~(PageFlags.VARY_STAR | PageFlags.UNSTABLE_VALIDATORS)
+        # As ints: ``~`` of an IntFlag keeps only the bits it names, and would
+        # clear any other bit the stored page carries.
+        kept = int(prior.flags) & ~int(PageFlags.VARY_STAR | PageFlags.UNSTABLE_VALIDATORS)
         return prior.copy(
             etag=fetch.etag, last_modified=fetch.last_modified, fingerprint=fetch.fingerprint,
             size=fetch.size, last_status=fetch.status, last_checked=now, last_fetched=now,

@@ -21,8 +21,7 @@ local ttl, share = tonumber(ARGV[15]), tonumber(ARGV[16])
 local s = redis.call('HMGET', key, 'rate', 'slow', 'healthy', 'sent', 'cut',
                      'tokens', 'ts', 'frozen', 'parked', 'claim')
 -- Within the bounds before any signal counts (a per-domain start_rate may be
--- outside them, bounds may have changed since the rate was stored); every
--- step below keeps it there.
+-- outside them, bounds may have changed since the rate was stored).
 local rate = math.min(max_rate, math.max(min_rate, tonumber(s[1]) or start_rate))
 local slow = tonumber(s[2]) or 1
 local healthy = tonumber(s[3]) or 0
@@ -73,6 +72,9 @@ if hard_seq ~= 0 then
     change = 'decrease'
   end
 end
+-- And after them: a cut stops at min_rate, which a domain's max_rate may be
+-- below (INCREMENTAL_THROTTLE_DOMAINS); max_rate wins.
+rate = math.min(max_rate, math.max(min_rate, rate))
 if freeze > 0 and now + freeze > frozen then
   frozen = now + freeze
   tokens = 1 -- one request when the freeze ends, then the pace

@@ -315,6 +315,11 @@ AFTER_FETCH = [
      Judgement(Verdict.RELIABLE),
      {"flags": PageFlags.REDIRECTED, "churns": 0, "last_changed": DAY, "changes": 1,
       "interval": LATER}),
+    # A bit PageFlags does not name (a later version's, another writer's) is
+    # the page's own: only the two this visit decides are cleared.
+    ("bits not named kept", {"flags": 8 | 4 | 1, "churns": 2}, {}, False,
+     Judgement(Verdict.RELIABLE),
+     {"flags": 8, "churns": 0, "last_changed": DAY, "changes": 1, "interval": LATER}),
     ("a new lastmod stored", {}, {"lastmod": 2 * DAY}, False, Judgement(),
      {"lastmod": 2 * DAY, "last_changed": DAY, "changes": 1, "interval": LATER}),
     ("no lastmod: the stored one kept", {}, {"lastmod": None, "callback": None}, False,
