@@ -118,3 +118,20 @@ def test_the_wall_clock_is_read_in_one_place() -> None:
         if "time.time()" in path.read_text():
             readers.append(str(relative))
     assert readers == []
+
+
+def test_the_documented_old_import_paths_still_work() -> None:
+    # Settings and errbacks written for the earlier layout keep loading.
+    from scrapy.utils.misc import load_object
+
+    from incremental_crawler import exceptions, meta
+    from incremental_crawler.downloadermiddlewares import conditional
+    from incremental_crawler.state.stores.redis import RedisStateStore
+    from incremental_crawler.state.stores.sqlite import SQLiteStateStore
+
+    assert conditional.NotModified is exceptions.NotModified
+    assert conditional.NotDue is exceptions.NotDue
+    assert conditional.META_SKIP == meta.META_SKIP
+    assert load_object("incremental_crawler.stores.sqlite.SQLiteStateStore") is SQLiteStateStore
+    assert load_object("incremental_crawler.stores.redis.RedisStateStore") is RedisStateStore
+    assert load_object("incremental_crawler.addon.IncrementalAddon").__name__ == "IncrementalAddon"
