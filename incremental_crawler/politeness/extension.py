@@ -15,12 +15,22 @@ freezes of each slot are shared by every worker through Redis
 reported there, the shared rate replaces the local one, and the slot's own
 delay is (almost) none, since a token from the shared bucket paces each
 request (:mod:`incremental_crawler.politeness.middlewares`).
+
+The user's ``DOWNLOAD_DELAY`` (and ``DOWNLOAD_SLOTS`` delays) stay a floor
+of each window's delay and ``CONCURRENT_REQUESTS_PER_DOMAIN`` (or
+``CONCURRENT_REQUESTS_PER_IP``) a ceiling of its concurrency: they are a
+promise to the sites crawled, and nothing tells the values ``scrapy
+startproject`` writes (1 s, 1) from a choice. A warning at start-up names
+them when they hold every window below what it may reach, and every figure
+(the periodic line, the report, the per-slot stats) is the rate they let
+through, not the window's own.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any
@@ -29,6 +39,7 @@ from redis.exceptions import RedisError
 from scrapy import signals
 from scrapy.exceptions import CloseSpider, IgnoreRequest, NotConfigured
 from scrapy.extensions.throttle import AutoThrottle
+from scrapy.settings import default_settings
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.httpobj import urlparse_cached
 
@@ -47,10 +58,11 @@ if TYPE_CHECKING:
     from scrapy.core.downloader import Slot
     from scrapy.crawler import Crawler
     from scrapy.http import Response
+    from scrapy.settings import BaseSettings
 
     from incremental_crawler.politeness.budget import Grant
 
-__all__ = ["AdaptiveThrottle"]
+__all__ = ["AdaptiveThrottle", "capping_settings", "effective_rate"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +85,73 @@ _POLICY_SETTINGS = {
     "target_latency": "INCREMENTAL_THROTTLE_TARGET_LATENCY",
     "max_concurrency": "INCREMENTAL_THROTTLE_MAX_CONCURRENCY",
 }
+
+
+def effective_rate(window: DomainWindow) -> tuple[float, str | None]:
+    """The requests per second *window* lets through, and what holds it
+    below the window's own rate (``None``: nothing does).
+
+    The delay floor (``DOWNLOAD_DELAY``, a ``DOWNLOAD_SLOTS`` delay, a
+    Crawl-delay) allows 1/floor; the concurrency (at most the user's
+    ``CONCURRENT_REQUESTS_PER_DOMAIN`` or ``CONCURRENT_REQUESTS_PER_IP``, one
+    in the penalty box) allows concurrency/latency once a latency is known.
+    Below the ceiling the window asks for more concurrency than its rate
+    needs, so that bound only shows when the ceiling holds it.
+    """
+    rate: float = window.rate
+    limit = None
+    if window.delay_floor > 1.0 / window.rate:
+        rate, limit = 1.0 / window.delay_floor, f"delay floor {window.delay_floor:g} s"
+    if window.latencies:
+        latency = statistics.median(window.latencies)
+        if latency > 0 and window.concurrency / latency < rate:
+            rate = window.concurrency / latency
+            limit = f"concurrency {window.concurrency} at {1000 * latency:.0f} ms"
+    return rate, limit
+
+
+def _per_second(rate: float) -> str:
+    """A rate for people: 12.0, 0.33."""
+    return f"{rate:.1f}" if rate >= 0.1 else f"{rate:.2g}"
+
+
+def capping_settings(settings: BaseSettings, policy: WindowPolicy,
+                     overrides: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """What the start-up warning says of each of the user's settings that
+    holds every window below its bounds; empty on Scrapy's defaults.
+
+    ``DOWNLOAD_SLOTS`` entries are left out: they are written per site, on
+    purpose (the figures still show what they let through).
+    """
+    overrides = overrides or {}
+    fastest = max([policy.max_rate, *(float(o.get("max_rate", 0)) for o in overrides.values())])
+    widest = max([policy.max_concurrency,
+                  *(int(o.get("max_concurrency", 0)) for o in overrides.values())])
+    found = []
+    delay = settings.getfloat("DOWNLOAD_DELAY")
+    if delay != default_settings.DOWNLOAD_DELAY and delay > 0 and 1 / delay < fastest:
+        rate = 1 / delay
+        found.append(
+            f"DOWNLOAD_DELAY = {delay:g}: every domain at most {rate:.3g} "
+            f"request{'' if rate == 1 else 's'}/s, where its window may reach {fastest:g}/s "
+            "(remove it from settings.py, or set it to 0, to let the window decide)")
+    # Scrapy's Downloader: a per-IP concurrency replaces the per-domain one.
+    # Read without Settings.get, which warns that CONCURRENT_REQUESTS_PER_IP is
+    # deprecated (Scrapy's Downloader has warned already).
+    per_ip = int(settings["CONCURRENT_REQUESTS_PER_IP"] or 0)
+    if per_ip:
+        name, value, default, unit = "CONCURRENT_REQUESTS_PER_IP", per_ip, 0, "IP address"
+    else:
+        name, value, unit = "CONCURRENT_REQUESTS_PER_DOMAIN", settings.getint(
+            "CONCURRENT_REQUESTS_PER_DOMAIN"), "domain"
+        default = default_settings.CONCURRENT_REQUESTS_PER_DOMAIN
+    if value != default and value < widest:
+        found.append(
+            f"{name} = {value}: every {unit} at most {value} "
+            f"request{'' if value == 1 else 's'} at a time, hence at most {value}/s when "
+            "answers take 1 s (remove it from settings.py to let the window decide, up to "
+            f"INCREMENTAL_THROTTLE_MAX_CONCURRENCY = {widest})")
+    return found
 
 
 class AdaptiveThrottle(AutoThrottle):
@@ -162,6 +241,13 @@ class AdaptiveThrottle(AutoThrottle):
                              "closing the crawl", {"url": redacted(self.shared.url), "exc": exc})
                 self.crawler.stats.set_value("incremental/throttle/shared/error", str(exc))
                 raise CloseSpider(SHARED_UNAVAILABLE) from exc
+        if caps := capping_settings(self.crawler.settings, self.policy, self.overrides):
+            logger.warning(
+                "Your settings cap every politeness window: %(caps)s. They stay honoured, as "
+                "limits you chose for the sites you crawl; if they are only what "
+                "'scrapy startproject' wrote, remove them to let each window find the "
+                "site's pace. The figures reported are what they let through.",
+                {"caps": "; ".join(caps)})
         self._watch_close()
 
     def _watch_close(self) -> None:
@@ -443,11 +529,11 @@ class AdaptiveThrottle(AutoThrottle):
     def _changed(self, key: str, window: DomainWindow, reason: str | None, why: str) -> None:
         if reason and self.debug:
             logger.info(
-                "throttle %(slot)s: %(reason)s (%(why)s) -> %(rate).2f req/s, "
-                "concurrency %(conc)d, delay %(delay).3f s%(box)s",
-                {"slot": key, "reason": reason, "why": why, "rate": window.rate,
-                 "conc": window.concurrency, "delay": window.delay,
-                 "box": ", penalty box" if window.penalty_box else ""},
+                "throttle %(slot)s: %(reason)s (%(why)s) -> window %(window).2f req/s, "
+                "effective %(rate).2f req/s, concurrency %(conc)d, delay %(delay).3f s%(box)s",
+                {"slot": key, "reason": reason, "why": why, "window": window.rate,
+                 "rate": effective_rate(window)[0], "conc": window.concurrency,
+                 "delay": window.delay, "box": ", penalty box" if window.penalty_box else ""},
             )
         errors = window.hard + window.soft
         if (window.responses >= 20 and errors > self.warn_share * window.responses
@@ -456,19 +542,40 @@ class AdaptiveThrottle(AutoThrottle):
             logger.warning(
                 "%(slot)s: %(errors)d of %(n)d answers were errors; slowing down "
                 "(now %(rate).2f req/s)",
-                {"slot": key, "errors": errors, "n": window.responses, "rate": window.rate},
+                {"slot": key, "errors": errors, "n": window.responses,
+                 "rate": effective_rate(window)[0]},
             )
 
+    def site_windows(self) -> list[tuple[str, DomainWindow]]:
+        """The windows of slots with a site behind them, by slot.
+
+        Requests without a host (the spider's local ``data:,reseed``) share
+        the slot ``""``: no site to report a rate for.
+        """
+        return sorted(((key, window) for key, window in self.windows.items() if key),
+                      key=lambda item: item[0])
+
     def summary(self) -> str:
-        return ", ".join(f"{key} {w.rate:.1f}/s" for key, w in sorted(self.windows.items()))
+        """Each slot's effective rate; what caps it and the window's own rate, if capped."""
+        parts = []
+        for key, window in self.site_windows():
+            rate, limit = effective_rate(window)
+            part = f"{key} {_per_second(rate)}/s"
+            if limit is not None:
+                part += f" ({limit}; window {_per_second(window.rate)}/s)"
+            parts.append(part)
+        return ", ".join(parts)
 
     async def spider_closed(self, spider: Spider) -> None:
         if self.shared is not None:
             await self.shared.close()
         stats = self.crawler.stats
-        for key, w in self.windows.items():
+        for key, w in self.site_windows():
             prefix = f"incremental/throttle/{key}"
-            stats.set_value(f"{prefix}/window", round(w.rate, 3))
+            # What the slot's requests could reach; the window's own rate
+            # apart (above it when the user's delay or concurrency caps it).
+            stats.set_value(f"{prefix}/window", round(effective_rate(w)[0], 3))
+            stats.set_value(f"{prefix}/window_uncapped", round(w.rate, 3))
             stats.set_value(f"{prefix}/latency_p50_ms", round(1000 * w.percentile(0.5)))
             stats.set_value(f"{prefix}/latency_p95_ms", round(1000 * w.percentile(0.95)))
             if w.responses:

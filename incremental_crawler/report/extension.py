@@ -92,7 +92,8 @@ def _trust_line(book: HostTrustBook, host: str) -> str:
 
 class IncrementalLogStats(LogStats):
     """Scrapy's periodic "Crawled N pages" line, with the incremental figures
-    and each domain's politeness window."""
+    and each slot's effective rate (its window under the user's delay and
+    concurrency bounds)."""
 
     crawler: Crawler | None = None
 
@@ -106,7 +107,7 @@ class IncrementalLogStats(LogStats):
         super().log(spider)
         line = _line(summarize(self.stats.get_stats()))
         throttle = self.crawler.get_extension(AdaptiveThrottle) if self.crawler else None
-        if throttle is not None and throttle.windows:
+        if throttle is not None and throttle.site_windows():
             line += f"; windows: {throttle.summary()}"
         logger.info("Incremental: %(line)s", {"line": line}, extra={"spider": spider})
 
@@ -138,6 +139,10 @@ class IncrementalReport:
             f"  {_line(s)}",
             f"  bytes downloaded {downloaded:,}, saved by 304s ~{saved:,}{share}",
         ]
+        throttle = self.crawler.get_extension(AdaptiveThrottle) if self.crawler else None
+        if throttle is not None and throttle.site_windows():
+            # What each slot's requests could reach, as in the periodic line.
+            lines.append(f"  politeness: {throttle.summary()}")
         ledger = self.crawler.get_extension(Ledger) if self.crawler else None
         if ledger is not None:
             lines.extend(trust_lines(ledger.trust))
