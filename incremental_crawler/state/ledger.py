@@ -18,6 +18,7 @@ page state is withheld: the next run asks again with the old validators.
 from __future__ import annotations
 
 import logging
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
 from itemadapter import ItemAdapter
@@ -136,14 +137,8 @@ class Ledger:
         self.config = config
         self.store = store
         self.stats = crawler.stats
-        spider = crawler.spider
-        assert spider is not None
-        self.scope: str = getattr(spider, "incremental_scope", None) or spider.name
         #: Canonical URLs, shared by page keys and item keys.
         self.canonical = Canonicalizer()
-        self.identity = ItemIdentity(config, spider, self.canonical)
-        #: Which hosts' sitemap lastmods and validators can be believed.
-        self.trust = HostTrustBook(config, store, self.scope, self.stats)
         #: Set by the storage pipeline when it is enabled.
         self.stores_items = False
         #: Set by the cluster coordinator in cluster mode.
@@ -174,6 +169,32 @@ class Ledger:
         crawler.signals.connect(self.item_error, signal=signals.item_error)
         crawler.signals.connect(self.spider_error, signal=signals.spider_error)
 
+    # What depends on the spider is made on first use: a crawl creates its
+    # spider before its extensions, but a crawler built for a test
+    # (scrapy.utils.test.get_crawler) gets its spider afterwards.
+
+    @cached_property
+    def scope(self) -> str:
+        """The spider's state namespace (``incremental_scope``, else its name)."""
+        spider = self._spider()
+        return getattr(spider, "incremental_scope", None) or spider.name
+
+    @cached_property
+    def identity(self) -> ItemIdentity:
+        """Item keys and fingerprints, with the spider's own overrides."""
+        return ItemIdentity(self.config, self._spider(), self.canonical)
+
+    @cached_property
+    def trust(self) -> HostTrustBook:
+        """Which hosts' sitemap lastmods and validators can be believed."""
+        return HostTrustBook(self.config, self.store, self.scope, self.stats)
+
+    def _spider(self) -> Spider:
+        spider = self.crawler.spider
+        if spider is None:
+            raise RuntimeError("the ledger needs the crawler's spider: none is set yet")
+        return spider
+
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Built as an extension, before the downloader and the scraper.
@@ -185,13 +206,7 @@ class Ledger:
         config = IncrementalConfig.from_settings(crawler.settings)
         if not config.enabled:
             raise NotConfigured("INCREMENTAL_ENABLED is False; set it to True to keep state")
-        ledger = cls(crawler, config, open_store(crawler.settings))
-        logger.info(
-            "Incremental state store: %(location)s (scope %(scope)r)",
-            {"location": ledger.store.location, "scope": ledger.scope},
-            extra={"crawler": crawler},
-        )
-        return ledger
+        return cls(crawler, config, open_store(crawler.settings))
 
     @classmethod
     def for_component(cls, crawler: Crawler) -> Ledger:
@@ -211,6 +226,11 @@ class Ledger:
     # -- lifecycle -----------------------------------------------------------
 
     def spider_opened(self, spider: Spider) -> None:
+        logger.info(
+            "Incremental state store: %(location)s (scope %(scope)r)",
+            {"location": self.store.location, "scope": self.scope},
+            extra={"spider": spider},
+        )
         if not self.stores_items and self.crawler.settings.getdict("FEEDS"):
             # Feed files are buffered and uploaded at the end: a validator
             # committed earlier could outlive a killed crawl's lost feed.

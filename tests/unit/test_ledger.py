@@ -585,3 +585,20 @@ def test_for_component_is_not_configured_without_a_ledger(tmp_path, settings):
     crawler = get_crawler(UnitSpider, {"INCREMENTAL_STATE_URI": state_uri(tmp_path), **settings})
     with pytest.raises(NotConfigured, match="no incremental ledger"):
         Ledger.for_component(crawler)
+
+
+def test_a_test_crawler_gets_its_spider_after_the_ledger(tmp_path):
+    # scrapy.utils.test.get_crawler builds the extensions before any spider
+    # exists (a real crawl creates the spider first): what needs the spider
+    # is made on first use, once it is there.
+    crawler = get_crawler(Spider, {
+        "ADDONS": {"incremental_crawler.addon.IncrementalAddon": 0},
+        "INCREMENTAL_STATE_URI": f"sqlite:///{tmp_path / 'state.db'}",
+    })
+    ledger = crawler.get_extension(Ledger)
+    assert ledger is not None
+    with pytest.raises(RuntimeError, match="spider"):
+        _ = ledger.scope
+    crawler.spider = Spider("later")
+    assert ledger.scope == "later"
+    assert ledger.trust.scope == "later"
