@@ -509,6 +509,37 @@ async def test_a_write_failing_inside_the_transaction_commits_nothing_after_it(
         await call(store.close())
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_key_of_the_wrong_type_fails_the_flush_before_any_write(
+    redis_prefix: str, shared: redis.Redis
+) -> None:
+    """A script stops at a failing write but keeps the writes before it:
+    the key types are checked first, so a damaged key splits nothing (not a
+    page record from its revisit index, not items from their page)."""
+    due = f"{redis_prefix}:due:{SCOPE}"
+    key = PageKey(SCOPE, URL)
+    store = open_at(redis_prefix)
+    try:
+        shared.set(due, "not a sorted set")
+        store.stage_item(item("a"))
+        store.stage_page(full_state(key, 1))
+        with pytest.raises(StateStoreError) as info:
+            await call(store.flush())
+        assert due in str(info.value)
+        assert "nothing of the flush was applied" in str(info.value)
+        assert store.pending == 2
+        assert not shared.exists(f"{redis_prefix}:items:{SCOPE}")
+        assert not shared.exists(f"{redis_prefix}:pages:{SCOPE}")
+        assert not shared.exists(f"{redis_prefix}:scopes")
+        shared.delete(due)
+        assert await call(store.flush()) == 2
+        assert store.item_history(SCOPE, "a") == [(1, "fp-a-1")]
+        assert await call(store.get_page(key)) == full_state(key, 1)
+    finally:
+        shared.delete(due)
+        await call(store.close())
+
+
 @pytest.mark.parametrize("policy", ["allkeys-lru", "allkeys-lfu", "allkeys-random"])
 def test_a_redis_that_evicts_any_key_is_refused(own_redis: OwnRedis, policy: str) -> None:
     """A Redis run as a cache drops keys when full: items or whole pages

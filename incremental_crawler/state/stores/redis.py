@@ -34,7 +34,10 @@ validators are never applied without the items staged before them
 (state is never ahead of data). Redis keeps how many writes of a batch it applied under the
 batch's token: a batch whose reply was lost is not applied twice when it is
 sent again. Checks, redirects and item versions are read-modify-write
-upserts inside that script.
+upserts inside that script. Before applying anything, the script checks that
+every key it will write is of the right type (or absent): a damaged key
+fails the whole flush, so writes that can fail only that way (a page state)
+are never split by one.
 
 Opening the store (once, before a crawl) and the synchronous reports
 (``iter_items``, ``item_history``, ``count_pages``) use a blocking client.
@@ -107,10 +110,18 @@ _TOKEN_TTL = 86_400
 # counters, status and (check) lastmod and schedule, never validators or
 # fingerprints (only a 2xx updates them); an item gets the next version number of its key.
 #
+# Before any write, every key the batch writes is checked for its type
+# (TYPES: by argument, the type the key must have unless absent). A page
+# state can only fail on a key of another type, so it is never half written
+# (its record without its place in the revisit index); a damaged record read
+# by a check or redirect still stops the batch at that write.
+#
 # KEYS: token, scopes set, tokens to forget. ARGV: number of scopes, the
 # scopes, then the writes, each its name followed by ARITY[name] arguments.
 _FLUSH_LUA = """
 local ARITY = {host = 3, page = 5, check = 8, redirect = 7, item = 8}
+local TYPES = {host = {'hash'}, page = {'hash', 'zset'}, check = {'hash', 'zset'},
+               redirect = {'hash'}, item = {'hash', 'hash', 'zset', 'hash'}}
 local OPS = {}
 function OPS.host(a, i)
   redis.call('HSET', a[i], a[i + 1], a[i + 2])
@@ -169,16 +180,40 @@ function OPS.item(a, i)
   end
 end
 
+local function wrong_type(first)
+  local seen = {}
+  local i = first
+  while i <= #ARGV do
+    local name = ARGV[i]
+    for k, want in ipairs(TYPES[name]) do
+      local key = ARGV[i + k]
+      if not seen[key] then
+        seen[key] = redis.call('TYPE', key).ok
+      end
+      if seen[key] ~= 'none' and seen[key] ~= want then
+        return 'WRONGTYPE ' .. key .. ' is a ' .. seen[key] .. ', not a ' .. want
+          .. ': nothing of the flush was applied'
+      end
+    end
+    i = i + 1 + ARITY[name]
+  end
+end
+
 for k = 3, #KEYS do redis.call('DEL', KEYS[k]) end
 local done = redis.call('GET', KEYS[1])
 if done then
   return {tonumber(done), 1}
 end
 local scopes = tonumber(ARGV[1])
+local applied, i = 0, 2 + scopes
+local failed = wrong_type(i)
+if failed then
+  redis.call('SET', KEYS[1], 0, 'EX', TOKEN_TTL)
+  return {0, 0, failed}
+end
 if scopes > 0 then
   redis.call('SADD', KEYS[2], unpack(ARGV, 2, 1 + scopes))
 end
-local applied, i, failed = 0, 2 + scopes, nil
 while i <= #ARGV do
   local name = ARGV[i]
   local ok, err = pcall(OPS[name], ARGV, i + 1)
