@@ -286,11 +286,14 @@ def run_crawl(
     spider_args: dict[str, str] | None = None,
     command: Sequence[str] | None = None,
     allow_errors: bool = False,
+    wrapper: Sequence[str] = (),
 ) -> CrawlResult:
     """``scrapy crawl sitemap -a sitemap_url=<site>/robots.txt`` in its own process.
 
     *command* replaces ``crawl <spider> -a sitemap_url=...`` (the scrapy
     arguments before ``-O``), e.g. ``["runspider", "bench/x.py"]``.
+    *wrapper* goes before the Python command (e.g. ``["faketime", "-f",
+    "+2d"]``: the crawl runs two days later).
     Items go to ``workdir/<name>.jsonl``, stderr to ``workdir/<name>.err``.
     Raises if the crawl fails, times out, or (unless *allow_errors*, for
     baselines that are expected to give up on requests) logs an
@@ -301,7 +304,7 @@ def run_crawl(
     err = workdir / f"{name}.err"
     if command is None:
         command = ["crawl", spider, "-a", f"sitemap_url={site_url}/robots.txt"]
-    cmd = [sys.executable, "-m", "scrapy", *command, "-O", str(items)]
+    cmd = [*wrapper, sys.executable, "-m", "scrapy", *command, "-O", str(items)]
     for key, value in (spider_args or {}).items():
         cmd += ["-a", f"{key}={value}"]
     for key, value in {**COMMON_SETTINGS, **settings}.items():
