@@ -525,3 +525,43 @@ async def test_a_page_whose_record_the_store_lost_is_fetched_in_full(
     assert answers(site) == {"/list": [full(conditional=False)],
                              **{f"/detail/{i}": [not_modified()] for i in range(2)}}
     assert second.stats.get_value("incremental/replay/record_missing") == 1
+
+
+class PollingSpider(scrapy.Spider):
+    """Asks for its own page again once (``dont_filter``), as a callback that
+    retries a page it found incomplete does."""
+
+    name = "polling"
+
+    def __init__(self, start: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.start_url = start
+
+    async def start(self):
+        yield Request(self.start_url, cb_kwargs={"again": True})
+
+    def parse(self, response, again=False):
+        if again:
+            yield response.request.replace(dont_filter=True, cb_kwargs={})
+        for href in response.css('a[href^="/detail"]::attr(href)').getall():
+            yield response.follow(href, callback=self.parse)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_page_asking_for_itself_again_is_replayed_once_per_crawl(
+    site, crawl, monkeypatch
+):
+    site.add_page("/detail", "strong", size=500)
+    site.add_document("/list", html("/detail"), "text/html", etag='"list"')
+    # Without the bound a 304 would replay the request for itself for ever:
+    # the timeout ends such a crawl, and the assertions below fail.
+    settings = {**REVISITS, "CLOSESPIDER_TIMEOUT": 20}
+    first = await crawl(PollingSpider, settings=settings, start=site.url("/list"))
+    assert first.stats.get_value("finish_reason") == "finished"
+    site.reset_log()
+    later(monkeypatch, 2)
+    second = await crawl(PollingSpider, settings=settings, start=site.url("/list"))
+    assert second.stats.get_value("finish_reason") == "finished"
+    assert answers(site) == {"/list": [not_modified(), not_modified()],
+                             "/detail": [not_modified()]}
+    assert second.stats.get_value("incremental/replay/pages") == 1
