@@ -1,0 +1,491 @@
+"""Requests as JSON recipes, and recipes back as requests.
+
+A *recipe* holds what it takes to make a request again for the same spider,
+omitting every default: the URL (``u``), the *names* of its callback and
+errback (``cb``, ``eb``: methods of the spider), the method (``m``), headers
+(``h``), cookies (``ck``), meta (``meta``), ``cb_kwargs`` (``kw``),
+priority (``p``), ``dont_filter`` (``df``), flags (``fl``) and encoding
+(``enc``). A page's *links record* is the list of the recipes of the
+requests its callback yielded (see :class:`LinkRecorder`).
+
+A request whose recipe would not make the same request again is not
+recorded, and :func:`recipe_of` says why (:class:`Unrecordable`): another
+Request class (a ``FormRequest``, a plugin's request: their attributes are
+not all known here), a body, a callback or errback that is not a method of
+the spider, credentials in its headers (never written to the store), or
+meta, ``cb_kwargs`` or cookies that are not plain JSON values (``str``,
+``int``, ``float``, ``bool``, ``None``, lists, dicts with ``str`` keys: a
+tuple or an item would come back as something else).
+
+Meta keys that Scrapy, its middlewares or this package set on a request on
+its way are not the spider's choice and are not recorded (:data:`MANAGED_META`,
+and every key starting with ``_``): the replayed request gets them again,
+from the same middlewares. The ``Referer`` header is RefererMiddleware's and
+is set again the same way. The priority DepthMiddleware took off for the
+depth (``DEPTH_PRIORITY``) is added back, since it takes it off again.
+
+Nothing here touches the store, the stats or the reactor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from scrapy import Request
+from scrapy.spiders import CrawlSpider
+from scrapy.utils.httpobj import urlparse_cached
+
+from incremental_crawler.meta import META_REFRESH
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Self
+
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+
+__all__ = [
+    "ADVICE",
+    "DEFAULT_RULES",
+    "MANAGED_META",
+    "MAX_RECORD_BYTES",
+    "REFETCH_MARK",
+    "LinkRecorder",
+    "RecipeRules",
+    "Unbuildable",
+    "Unrecordable",
+    "build",
+    "dumps",
+    "load_links",
+    "own_recipe",
+    "page_request",
+    "plain_json",
+    "recipe_of",
+    "user_meta",
+]
+
+#: The version of the links record's format (``{"v": 1, "r": [recipe, ...]}``).
+FORMAT = 1
+
+#: A links record holds at most this many bytes of JSON; a page yielding
+#: more is not recorded (``over_limit``), whatever its number of requests.
+MAX_RECORD_BYTES = 1 << 20
+
+#: Set by the change-detection middleware on its own full re-fetch after a
+#: 304 it could not take, together with ``incremental_refresh``: that
+#: refresh is ours, not the spider's, and is not recorded.
+REFETCH_MARK = "_incremental_refetch"
+
+#: Meta keys Scrapy's components set on a request on its way (downloader,
+#: redirects, retries, the HTTP cache, depth, start requests): copied from
+#: ``response.meta`` they are not the spider's choice, and the replayed
+#: request gets its own. Keys starting with ``_`` (internals: Scrapy's
+#: ``_dont_cache``, ``_auth_proxy``, ours ``_incremental_*`` and
+#: ``_throttle_*``) are never recorded either.
+MANAGED_META = frozenset({
+    "cache_timestamp",
+    "cached_response",
+    "depth",
+    "download_latency",
+    "is_start_request",
+    "redirect_reasons",
+    "redirect_times",
+    "redirect_ttl",
+    "redirect_urls",
+    "retry_times",
+})
+
+#: Headers carrying credentials: a request with one is not recorded, so the
+#: store never holds a password or a session token (and a token that
+#: expired is never replayed).
+CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+
+#: Deeper JSON is taken for not JSON (and a cycle ends here).
+_MAX_DEPTH = 32
+
+
+class Unrecordable(StrEnum):
+    """Why a request cannot be recorded: its page is fetched in full next time.
+
+    The values are the last part of ``incremental/replay/unrecordable/<reason>``.
+    """
+
+    #: Not exactly ``scrapy.Request`` (``FormRequest``, a plugin's class).
+    REQUEST_CLASS = "request_class"
+    #: A request body (a POST's form or JSON).
+    BODY = "body"
+    #: A callback or errback that is not a method of the spider (a
+    #: function, a lambda, another object's method).
+    NOT_A_SPIDER_METHOD = "not_a_spider_method"
+    #: An ``Authorization``, ``Proxy-Authorization`` or ``Cookie`` header.
+    CREDENTIALS = "credentials"
+    META_NOT_JSON = "meta_not_json"
+    CB_KWARGS_NOT_JSON = "cb_kwargs_not_json"
+    COOKIES_NOT_JSON = "cookies_not_json"
+    #: More requests than INCREMENTAL_REPLAY_MAX_REQUESTS, or a record over
+    #: MAX_RECORD_BYTES.
+    OVER_LIMIT = "over_limit"
+
+
+#: What a spider can do about each reason (the ledger's warning says it).
+ADVICE: dict[Unrecordable, str] = {
+    Unrecordable.REQUEST_CLASS:
+        "only plain scrapy.Request objects are recorded (not FormRequest or a plugin's "
+        "request class)",
+    Unrecordable.BODY: "requests with a body are not recorded",
+    Unrecordable.NOT_A_SPIDER_METHOD:
+        "give callback and errback a method of the spider (not a function, a lambda, "
+        "a functools.partial or another object's method); pass arguments in cb_kwargs",
+    Unrecordable.CREDENTIALS:
+        "credentials are never written to the state store: let a downloader middleware "
+        "add Authorization or Cookie headers (HttpAuthMiddleware, CookiesMiddleware)",
+    Unrecordable.META_NOT_JSON:
+        "keep meta to plain JSON values (str, numbers, bool, None, lists, dicts with str "
+        "keys): pass an item's fields (dict(item)), not the item, and lists, not tuples",
+    Unrecordable.CB_KWARGS_NOT_JSON:
+        "keep cb_kwargs to plain JSON values (str, numbers, bool, None, lists, dicts with "
+        "str keys)",
+    Unrecordable.COOKIES_NOT_JSON: "keep cookies to plain JSON values",
+    Unrecordable.OVER_LIMIT:
+        "the page yields more requests than INCREMENTAL_REPLAY_MAX_REQUESTS (or over 1 MiB "
+        "of them); raise the setting",
+}
+
+
+class Unbuildable(StrEnum):
+    """Why a recipe cannot be made a request again for this spider.
+
+    The values are the last part of ``incremental/replay/dropped/<reason>``.
+    """
+
+    #: The spider has no method of the recorded callback's name any more.
+    CALLBACK_MISSING = "callback_missing"
+    ERRBACK_MISSING = "errback_missing"
+    #: A CrawlSpider's recorded rule index is out of range, or the rule at
+    #: that index has another callback now (the rules were changed).
+    RULE_MISSING = "rule_missing"
+    #: Not a recipe this version writes.
+    MALFORMED = "malformed"
+    #: A page's own request could not be recorded (:func:`own_recipe`).
+    NOT_RECORDED = "not_recorded"
+
+
+@dataclass(frozen=True, slots=True)
+class RecipeRules:
+    """The crawl's settings that decide what a yielded request's recipe holds."""
+
+    #: DEPTH_PRIORITY: DepthMiddleware took ``depth * depth_priority`` off
+    #: the request's priority, and takes it off again when it is replayed.
+    depth_priority: int = 0
+    #: The ``download_timeout`` DownloadTimeoutMiddleware gives every
+    #: request: a meta value equal to it is Scrapy's, not the spider's.
+    download_timeout: float | None = None
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        settings = crawler.settings
+        timeout = getattr(crawler.spider, "download_timeout", None)
+        if timeout is None:
+            timeout = settings.getfloat("DOWNLOAD_TIMEOUT")
+        return cls(depth_priority=settings.getint("DEPTH_PRIORITY"),
+                   download_timeout=float(timeout))
+
+
+#: Scrapy's defaults (no DEPTH_PRIORITY, no default download_timeout known).
+DEFAULT_RULES = RecipeRules()
+
+
+def plain_json(value: Any, depth: int = 0) -> bool:
+    """Whether *value* comes back from JSON equal to itself.
+
+    Text, numbers (finite), booleans, ``None``, lists, and dicts with text
+    keys; subclasses of ``str``, ``int`` and ``dict`` come back as the base
+    type, equal (lxml's text results, enums). A tuple would come back a
+    list, an int key a string, an object not at all.
+
+    >>> plain_json({"a": [1, 2.5, None, True]}), plain_json((1, 2)), plain_json({1: "a"})
+    (True, False, False)
+    """
+    if depth > _MAX_DEPTH:
+        return False
+    if value is None or isinstance(value, (str, int)):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if type(value) is list:
+        return all(plain_json(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and plain_json(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON (the store keeps it as it is)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def user_meta(request: Request, rules: RecipeRules) -> dict[str, Any]:
+    """The request's meta without the keys Scrapy or this package manage (see the module)."""
+    meta = request.meta
+    host = urlparse_cached(request).hostname or ""
+    kept: dict[str, Any] = {}
+    for key, value in meta.items():
+        if key.startswith("_") or key in MANAGED_META:
+            continue
+        if key == "proxy" and "_scheme_proxy" in meta:
+            continue  # HttpProxyMiddleware's, from the environment: it sets it again
+        if key == META_REFRESH and REFETCH_MARK in meta:
+            continue  # our re-fetch after a 304 we could not take
+        if key == "download_slot" and value == host:
+            continue  # the slot Scrapy's downloader gives the host anyway
+        if key == "download_timeout" and value == rules.download_timeout:
+            continue  # DownloadTimeoutMiddleware's default
+        kept[key] = value
+    return kept
+
+
+def _method_name(func: Callable[..., Any] | None, spider: Spider) -> str | Unrecordable | None:
+    """The name of the spider method *func* is (``None`` for none)."""
+    if func is None:
+        return None
+    name = getattr(func, "__name__", None)
+    if (name and getattr(func, "__self__", None) is spider
+            and getattr(spider, name, None) == func):
+        return name
+    return Unrecordable.NOT_A_SPIDER_METHOD
+
+
+def _rule_callback(spider: Spider, index: int) -> str | None:
+    """The name of the callback of the CrawlSpider's rule *index* ("" for none)."""
+    rules = getattr(spider, "_rules", None)
+    if rules is None or not 0 <= index < len(rules):
+        return None
+    return getattr(rules[index].callback, "__name__", "")
+
+
+def _crawl_rule(spider: Spider, callback: str | None, meta: Mapping[str, Any]) -> int | None:
+    """The rule index of a request CrawlSpider made for one of its rules."""
+    rule = meta.get("rule")
+    if (isinstance(spider, CrawlSpider) and callback == "_callback"
+            and type(rule) is int):
+        return rule
+    return None
+
+
+def recipe_of(request: Request, spider: Spider, rules: RecipeRules = DEFAULT_RULES, *,
+              own: bool = False) -> dict[str, Any] | Unrecordable:
+    """The recipe of *request*, yielded by a callback of *spider*, or why there is none.
+
+    With *own*, the parts of a page's own request besides its URL and its
+    callback (kept apart, in PageState): its headers are then not recorded
+    either, since the downloader middlewares added theirs (cookies, user
+    agent, credentials) and they cannot be told apart from the spider's.
+    """
+    names = _names(request, spider, own=own)
+    if isinstance(names, Unrecordable):
+        return names
+    callback, errback = names
+    headers = {} if own else _headers(request)
+    if isinstance(headers, Unrecordable):
+        return headers
+    meta = user_meta(request, rules)
+    depth = request.meta.get("depth")
+    if not own and depth == 0 and type(depth) is int:
+        # DepthMiddleware gives a yielded request its source's depth + 1, or
+        # 0 when it consumed the spider's depth_reset: ask for it again.
+        meta["depth_reset"] = True
+    for value, reason in ((meta, Unrecordable.META_NOT_JSON),
+                          (request.cb_kwargs, Unrecordable.CB_KWARGS_NOT_JSON),
+                          (request.cookies, Unrecordable.COOKIES_NOT_JSON)):
+        if not plain_json(value):
+            return reason
+    priority = request.priority
+    if rules.depth_priority and type(depth) is int:
+        priority += depth * rules.depth_priority
+    rule = _crawl_rule(spider, callback, meta)
+    parts: dict[str, Any] = {
+        "u": None if own else request.url,
+        "cb": None if own else callback,
+        "eb": errback,
+        "m": None if request.method == "GET" else request.method,
+        "h": headers or None,
+        "ck": request.cookies or None,
+        "meta": meta or None,
+        "kw": request.cb_kwargs or None,
+        "p": priority or None,
+        "df": True if request.dont_filter else None,
+        # Log labels only: anything but text is left out.
+        "fl": [f for f in request.flags if type(f) is str] or None,
+        "enc": None if request.encoding == "utf-8" else request.encoding,
+        # The rule's callback now: a replay checks the rules did not change.
+        "rc": None if rule is None else _rule_callback(spider, rule),
+    }
+    return {key: value for key, value in parts.items() if value is not None}
+
+
+def _names(request: Request, spider: Spider, *, own: bool
+           ) -> tuple[str | None, str | None] | Unrecordable:
+    """The names of the request's callback and errback, or why it cannot be recorded."""
+    if type(request) is not Request:
+        return Unrecordable.REQUEST_CLASS
+    if request.body:
+        return Unrecordable.BODY
+    callback = _method_name(request.callback, spider)
+    errback = _method_name(request.errback, spider)
+    if isinstance(errback, Unrecordable):
+        return errback
+    if isinstance(callback, Unrecordable):
+        # A page's own callback is kept apart (PageState.callback, None then).
+        return (None, errback) if own else callback
+    return callback, errback
+
+
+def _headers(request: Request) -> dict[str, list[str]] | Unrecordable:
+    headers: dict[str, list[str]] = {}
+    for name, values in request.headers.items():
+        text = name.decode("latin-1")
+        lowered = text.lower()
+        if lowered == "referer":
+            continue  # RefererMiddleware's
+        if lowered in CREDENTIAL_HEADERS:
+            return Unrecordable.CREDENTIALS
+        headers[text] = [v.decode("latin-1") for v in values]
+    return headers
+
+
+def own_recipe(request: Request, spider: Spider, rules: RecipeRules = DEFAULT_RULES
+               ) -> str | None:
+    """PageState.recipe of the page *request* fetched: JSON, ``None`` for nothing beyond
+    its URL and callback, ``{"x": reason}`` when it cannot be recorded."""
+    recipe = recipe_of(request, spider, rules, own=True)
+    if isinstance(recipe, Unrecordable):
+        return dumps({"x": str(recipe)})
+    return dumps(recipe) if recipe else None
+
+
+def _resolve(spider: Spider, name: Any) -> tuple[bool, Callable[..., Any] | None]:
+    """``(found, method)``: the spider's method *name* (``None`` for no name)."""
+    if name is None:
+        return True, None
+    method = getattr(spider, name, None) if isinstance(name, str) else None
+    return (True, method) if callable(method) else (False, None)
+
+
+#: The JSON type of each recipe field (``u``, ``cb`` and ``eb`` are checked apart).
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "m": str, "h": dict, "ck": (dict, list), "meta": dict, "kw": dict, "p": int,
+    "df": bool, "fl": list, "enc": str, "rc": str,
+}
+
+
+def build(recipe: Mapping[str, Any], spider: Spider) -> Request | Unbuildable:
+    """The request *recipe* describes, for *spider*, or why it cannot be made."""
+    if "x" in recipe:
+        return Unbuildable.NOT_RECORDED
+    url = recipe.get("u")
+    if not isinstance(url, str):
+        return Unbuildable.MALFORMED
+    found, callback = _resolve(spider, recipe.get("cb"))
+    if not found:
+        return Unbuildable.CALLBACK_MISSING
+    found, errback = _resolve(spider, recipe.get("eb"))
+    if not found:
+        return Unbuildable.ERRBACK_MISSING
+    meta = recipe.get("meta", {})
+    if any(key in recipe and not isinstance(recipe[key], kind)
+           for key, kind in _FIELD_TYPES.items()):
+        return Unbuildable.MALFORMED
+    rule = _crawl_rule(spider, recipe.get("cb"), meta)
+    if rule is not None:
+        current = _rule_callback(spider, rule)
+        if current is None or current != recipe.get("rc", current):
+            return Unbuildable.RULE_MISSING
+    try:
+        return Request(
+            url, callback=callback, method=recipe.get("m", "GET"),
+            headers=recipe.get("h"), cookies=recipe.get("ck"), meta=meta,
+            encoding=recipe.get("enc", "utf-8"), priority=recipe.get("p", 0),
+            dont_filter=bool(recipe.get("df", False)), errback=errback,
+            flags=recipe.get("fl"), cb_kwargs=recipe.get("kw"),
+        )
+    except (TypeError, ValueError):
+        return Unbuildable.MALFORMED
+
+
+def page_request(url: str, callback: str | None, recipe: str | None,
+                 spider: Spider) -> Request | Unbuildable:
+    """A stored page's request again, from its URL, callback name and PageState.recipe."""
+    try:
+        parts = json.loads(recipe) if recipe else {}
+    except ValueError:
+        return Unbuildable.MALFORMED
+    if not isinstance(parts, dict):
+        return Unbuildable.MALFORMED
+    return build({**parts, "u": url, "cb": callback}, spider)
+
+
+def load_links(data: str) -> list[Any] | None:
+    """The recipes of a links record (``None``: not a record this version reads)."""
+    try:
+        record = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or record.get("v") != FORMAT:
+        return None
+    recipes = record.get("r")
+    return recipes if isinstance(recipes, list) else None
+
+
+class LinkRecorder:
+    """The recipes of one page's yielded requests, as they are yielded.
+
+    Each recipe is JSON at once: the request's meta may change on its way
+    through the downloader, and what was yielded is what counts.
+    """
+
+    __slots__ = ("limit", "parts", "rules", "size", "spider", "unrecordable", "url")
+
+    def __init__(self, spider: Spider, rules: RecipeRules, limit: int) -> None:
+        self.spider = spider
+        self.rules = rules
+        #: INCREMENTAL_REPLAY_MAX_REQUESTS.
+        self.limit = limit
+        self.parts: list[str] = []
+        self.size = 0
+        #: Why not every request could be recorded (the first reason met),
+        #: and the URL of that request.
+        self.unrecordable: Unrecordable | None = None
+        self.url: str | None = None
+
+    def add(self, request: Request) -> Unrecordable | None:
+        """Record *request*; the reason if it (and so the page) cannot be."""
+        if self.unrecordable is not None:
+            return None  # the page is fetched in full anyway: reported once
+        recipe = recipe_of(request, self.spider, self.rules)
+        if isinstance(recipe, Unrecordable):
+            return self._fail(recipe, request.url)
+        part = dumps(recipe)
+        self.size += len(part.encode()) + 1
+        if len(self.parts) >= self.limit or self.size > MAX_RECORD_BYTES:
+            return self._fail(Unrecordable.OVER_LIMIT, request.url)
+        self.parts.append(part)
+        return None
+
+    def _fail(self, reason: Unrecordable, url: str) -> Unrecordable:
+        self.unrecordable, self.url = reason, url
+        self.parts = []
+        return reason
+
+    @property
+    def complete(self) -> bool:
+        return self.unrecordable is None
+
+    def record(self) -> str | None:
+        """The links record to store (``None``: no request, or not all recorded)."""
+        if self.unrecordable is not None or not self.parts:
+            return None
+        return f'{{"v":{FORMAT},"r":[{",".join(self.parts)}]}}'
