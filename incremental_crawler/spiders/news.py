@@ -2,10 +2,10 @@
 
 An example of a link-following incremental spider: it is nothing but two
 callbacks. The listing page is fetched conditionally like any other page;
-when it answers 304 its links are not seen again, and the articles that are
-due for a revisit are re-seeded from the store by :class:`IncrementalSpider`
-once the crawl runs out of links, so a changed article behind an unchanged
-listing is still found.
+when it answers 304, the article requests it yielded last time are yielded
+again (replay on 304), and once the crawl runs out of links the articles due
+for a revisit are re-seeded from the store, so a changed article behind an
+unchanged listing is still found.
 """
 
 from __future__ import annotations
