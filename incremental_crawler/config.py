@@ -72,6 +72,9 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_REVISIT_MAX": 30 * 24 * 3600,
     "INCREMENTAL_REVISIT_INC_RATE": 0.4,
     "INCREMENTAL_REVISIT_DEC_RATE": 0.2,
+    # Once a crawl runs out of work, request the known pages whose revisit
+    # is due (a 304 listing hid their links); per spider in custom_settings.
+    "INCREMENTAL_RESEED_ENABLED": True,
     # Due pages re-seeded from the store per crawl, at most.
     "INCREMENTAL_RESEED_LIMIT": 10_000,
     # Lying sitemap lastmods: after this many pages fetched because their
@@ -170,6 +173,7 @@ class IncrementalConfig:
     revisit_max: float
     revisit_inc_rate: float
     revisit_dec_rate: float
+    reseed_enabled: bool
     reseed_limit: int
     lastmod_min_samples: int
     lastmod_max_lie_share: float
@@ -235,6 +239,7 @@ class IncrementalConfig:
             revisit_max=number("INCREMENTAL_REVISIT_MAX", minimum=0),
             revisit_inc_rate=number("INCREMENTAL_REVISIT_INC_RATE", minimum=0),
             revisit_dec_rate=number("INCREMENTAL_REVISIT_DEC_RATE", minimum=0),
+            reseed_enabled=boolean("INCREMENTAL_RESEED_ENABLED"),
             reseed_limit=number("INCREMENTAL_RESEED_LIMIT", minimum=0, kind=int),
             lastmod_min_samples=number("INCREMENTAL_LASTMOD_MIN_SAMPLES", minimum=1, kind=int),
             lastmod_max_lie_share=number("INCREMENTAL_LASTMOD_MAX_LIE_SHARE", minimum=0),
