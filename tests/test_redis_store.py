@@ -20,7 +20,7 @@ import redis
 from scrapy.settings import Settings
 
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
-from incremental_crawler.state.records import ItemRecord, PageKey, PageState
+from incremental_crawler.state.records import ItemRecord, PageFlags, PageKey, PageState
 from incremental_crawler.state.stores import StateStoreError, open_store
 from incremental_crawler.state.stores.redis import (
     LAYOUT,
@@ -226,6 +226,56 @@ async def test_records_are_compact_json_and_tolerate_other_fields(
             PageKey(SCOPE, URL), fingerprint="ff")
     finally:
         await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_recipe_is_a_key_of_the_page_record_absent_when_none(
+    redis_prefix: str, shared: redis.Redis
+) -> None:
+    pages = f"{redis_prefix}:pages:{SCOPE}"
+    store = open_at(redis_prefix)
+    try:
+        with_recipe, without = PageKey(SCOPE, f"{URL}/r"), PageKey(SCOPE, URL)
+        store.stage_page(PageState(with_recipe, etag='"x"', recipe='{"priority":2}'))
+        store.stage_page(PageState(without, etag='"x"'))
+        await call(store.flush())
+        assert json.loads(shared.hget(pages, f"{URL}/r")) == {
+            "etag": '"x"', "recipe": '{"priority":2}'}
+        assert json.loads(shared.hget(pages, URL)) == {"etag": '"x"'}
+
+        # A record as the previous layout wrote it (every field but the
+        # recipe) reads back whole, with no recipe.
+        old = {"etag": '"y"', "last_modified": "Sun", "fingerprint": "ff", "size": 10,
+               "last_status": 200, "first_seen": 1, "last_checked": 2, "last_fetched": 3,
+               "last_changed": 4, "checks": 5, "changes": 6, "flags": 5, "lastmod": 7,
+               "interval": 3600, "next_visit": 8, "callback": "parse", "churns": 1}
+        shared.hset(pages, URL, json.dumps(old))
+        assert await call(store.get_page(without)) == PageState(without, **old)
+        assert (await call(store.get_page(without))).recipe is None
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_links_records_have_a_hash_of_their_own(
+    redis_prefix: str, shared: redis.Redis
+) -> None:
+    key = PageKey(SCOPE, URL, "de")
+    store = open_at(redis_prefix)
+    try:
+        store.stage_links(key, '["https://example.com/b"]')
+        store.stage_page(PageState(key, etag='"x"', flags=PageFlags.LINKS_KNOWN))
+        store.stage_links(PageKey(SCOPE, f"{URL}/gone"), '["x"]')
+        store.stage_links(PageKey(SCOPE, f"{URL}/gone"), None)
+        await call(store.flush())
+    finally:
+        await call(store.close())
+    # Under the page's own field, apart from the page records.
+    assert shared.hgetall(f"{redis_prefix}:links:{SCOPE}") == {
+        f"{URL}\0de".encode(): b'["https://example.com/b"]'}
+    assert json.loads(shared.hget(f"{redis_prefix}:pages:{SCOPE}", f"{URL}\0de")) == {
+        "etag": '"x"', "flags": 8}
+    assert shared.hget(f"{redis_prefix}:meta", "version") == str(LAYOUT_VERSION).encode()
 
 
 @pytest_twisted.ensureDeferred
@@ -506,6 +556,41 @@ async def test_a_write_failing_inside_the_transaction_commits_nothing_after_it(
         assert await call(store.get_page(PageKey(SCOPE, URL))) == full_state(PageKey(SCOPE, URL), 1)
     finally:
         shared.delete(f"{redis_prefix}:itemver:{SCOPE}")
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_key_of_the_wrong_type_fails_the_flush_before_any_write(
+    redis_prefix: str, shared: redis.Redis
+) -> None:
+    """A script stops at a failing write but keeps the writes before it:
+    the key types are checked first, so a damaged key splits nothing (not a
+    page record from its revisit index, not a page's links or items from
+    its state)."""
+    due = f"{redis_prefix}:due:{SCOPE}"
+    key = PageKey(SCOPE, URL)
+    store = open_at(redis_prefix)
+    try:
+        shared.set(due, "not a sorted set")
+        store.stage_item(item("a"))
+        store.stage_links(key, '["x"]')
+        store.stage_page(full_state(key, 1))
+        with pytest.raises(StateStoreError) as info:
+            await call(store.flush())
+        assert due in str(info.value)
+        assert "nothing of the flush was applied" in str(info.value)
+        assert store.pending == 3
+        assert not shared.exists(f"{redis_prefix}:items:{SCOPE}")
+        assert not shared.exists(f"{redis_prefix}:links:{SCOPE}")
+        assert not shared.exists(f"{redis_prefix}:pages:{SCOPE}")
+        assert not shared.exists(f"{redis_prefix}:scopes")
+        shared.delete(due)
+        assert await call(store.flush()) == 3
+        assert store.item_history(SCOPE, "a") == [(1, "fp-a-1")]
+        assert await call(store.get_links(key)) == '["x"]'
+        assert await call(store.get_page(key)) == full_state(key, 1)
+    finally:
+        shared.delete(due)
         await call(store.close())
 
 

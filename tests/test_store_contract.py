@@ -18,12 +18,13 @@ import json
 import random
 import sqlite3
 import tracemalloc
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_twisted
+import redis
 from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 
@@ -44,11 +45,13 @@ from incremental_crawler.state.stores.sqlite import (
 from tests.redis_util import REDIS_URI
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+    from contextlib import AbstractContextManager
 
     from twisted.internet.defer import Deferred
 
     MakeStore = Callable[[], StateStore]
+    FailingFlush = Callable[[], AbstractContextManager[None]]
 
 
 def call(awaitable: Awaitable[Any]) -> Deferred[Any]:
@@ -104,6 +107,11 @@ class StateStoreContract:
     storage (a path, a Redis key prefix...), which starts out empty for each
     test; ``await call(store.close())`` then ``make_store()`` is how
     durability is checked. The fixture closes whatever the test left open.
+
+    It also provides ``failing_flush``: a callable returning a context
+    manager inside which a flush that writes pages of ``SCOPE`` fails the way
+    the backend fails in production (another process's lock, a damaged
+    key), for a test that stored no page of ``SCOPE`` before.
     """
 
     @pytest.fixture
@@ -616,6 +624,227 @@ class StateStoreContract:
         assert store.count_pages("a") == 3
         assert store.count_pages() == 4
 
+    # -- links records and recipes (replay on 304, re-seeding) ---------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_links_round_trip_staged_and_flushed(self, make_store: MakeStore) -> None:
+        # As large as a record gets (a thousand requests), with text a
+        # backend might mangle: non-ASCII, quotes, escapes, a NUL.
+        requests = [{"url": f"https://example.com/é/{i}?q=\"x\"", "cb": "parse", "n": i}
+                    for i in range(1_000)]
+        data = json.dumps(requests, ensure_ascii=False) + "\0"
+        keys = [PageKey(SCOPE, URL), PageKey(SCOPE, URL, "de"), PageKey("other", URL),
+                PageKey("a:b", URL, "x\0y:z")]
+        store = make_store()
+        for n, key in enumerate(keys):
+            store.stage_links(key, f"{data}{n}")
+        assert store.pending == len(keys)
+        # Staged records are what reads see, as staged page states are.
+        for n, key in enumerate(keys):
+            assert await call(store.get_links(key)) == f"{data}{n}"
+        assert await call(store.get_links(PageKey(SCOPE, URL, "fr"))) is None
+        assert await call(store.flush()) == len(keys)
+        for n, key in enumerate(keys):
+            assert await call(store.get_links(key)) == f"{data}{n}"
+        await call(store.close())
+
+        store = make_store()
+        for n, key in enumerate(keys):
+            assert await call(store.get_links(key)) == f"{data}{n}"
+        assert await call(store.get_links(PageKey("third", URL))) is None
+        # A links record is not a page.
+        assert store.count_pages() == 0
+        assert await call(store.get_page(keys[0])) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_links_none_deletes_and_the_last_staged_wins(
+        self, make_store: MakeStore,
+    ) -> None:
+        a, b, c = (PageKey(SCOPE, f"{URL}/{name}") for name in "abc")
+        store = make_store()
+        store.stage_links(a, '["a1"]')
+        store.stage_links(b, '["b1"]')
+        store.stage_links(c, '["c1"]')
+        await call(store.flush())
+
+        store.stage_links(a, None)
+        assert await call(store.get_links(a)) is None  # a staged deletion shows at once
+        store.stage_links(b, None)
+        store.stage_links(b, '["b2"]')
+        store.stage_links(c, '["c2"]')
+        store.stage_links(c, None)
+        store.stage_links(PageKey(SCOPE, f"{URL}/never"), None)  # nothing to delete
+        assert store.pending == 6
+        assert [await call(store.get_links(k)) for k in (a, b, c)] == [None, '["b2"]', None]
+        assert await call(store.flush()) == 6
+        await call(store.close())
+
+        store = make_store()
+        assert [await call(store.get_links(k)) for k in (a, b, c)] == [None, '["b2"]', None]
+
+    @pytest_twisted.ensureDeferred
+    async def test_links_and_the_page_state_staged_after_them_commit_together(
+        self, make_store: MakeStore, failing_flush: FailingFlush,
+    ) -> None:
+        # The ledger's order for a page: its items, its links, its state.
+        key = PageKey(SCOPE, URL)
+        state = full_state(key, 2, flags=PageFlags.LINKS_KNOWN | PageFlags.HAS_LINKS,
+                           recipe='{"priority":3}')
+        store = make_store()
+        store.stage_item(item("a"))
+        store.stage_links(key, '["https://example.com/b"]')
+        store.stage_page(state)
+        with failing_flush(), pytest.raises(StateStoreError):
+            await call(store.flush())
+        # Nothing of it was committed...
+        reader = make_store()
+        assert await call(reader.get_links(key)) is None
+        assert await call(reader.get_page(key)) is None
+        assert await call(reader.get_item_fingerprint(SCOPE, "a")) is None
+        # ...and all of it is still staged, visible to the writer's reads.
+        assert store.pending == 3
+        assert await call(store.get_links(key)) == '["https://example.com/b"]'
+        assert await call(store.get_page(key)) == state
+
+        assert await call(store.flush()) == 3
+        assert await call(reader.get_links(key)) == '["https://example.com/b"]'
+        assert await call(reader.get_page(key)) == state
+        assert await call(reader.get_item_fingerprint(SCOPE, "a")) == "fp-a-1"
+
+    @pytest_twisted.ensureDeferred
+    async def test_stage_flags_ors_into_a_stored_page_and_touches_nothing_else(
+        self, make_store: MakeStore,
+    ) -> None:
+        key = PageKey(SCOPE, URL)
+        before = full_state(key, 3, flags=PageFlags.VARY_STAR, churns=2, lastmod=900,
+                            interval=3600, next_visit=500, callback="parse",
+                            recipe='{"meta":{"depth":2}}', redirect_to=f"{URL}/r")
+        store = make_store()
+        store.stage_page(before)
+        await call(store.flush())
+
+        store.stage_flags(key, PageFlags.LINKS_KNOWN | PageFlags.HAS_LINKS)
+        assert store.pending == 1
+        assert await call(store.flush()) == 1
+        flags = PageFlags.VARY_STAR | PageFlags.LINKS_KNOWN | PageFlags.HAS_LINKS
+        assert await call(store.get_page(key)) == before.copy(flags=flags)
+        # A flag already set stays set; OR never clears one.
+        store.stage_flags(key, PageFlags.LINKS_INCOMPLETE | PageFlags.VARY_STAR)
+        await call(store.close())
+
+        store = make_store()
+        after = await call(store.get_page(key))
+        assert after == before.copy(flags=flags | PageFlags.LINKS_INCOMPLETE)
+        # Still due where it was: the revisit index is left alone too.
+        assert await call(store.get_due(SCOPE, 1_000, 10)) == [after]
+
+    @pytest_twisted.ensureDeferred
+    async def test_stage_flags_of_an_unknown_page_does_nothing(
+        self, make_store: MakeStore,
+    ) -> None:
+        store = make_store()
+        unknown = PageKey(SCOPE, f"{URL}/unknown")
+        store.stage_page(full_state(PageKey(SCOPE, URL)))
+        store.stage_flags(unknown, PageFlags.LINKS_INCOMPLETE)
+        assert await call(store.get_page(unknown)) is None
+        assert await call(store.flush()) == 2
+        await call(store.close())
+
+        store = make_store()
+        assert await call(store.get_page(unknown)) is None
+        assert store.count_pages() == 1
+
+    @pytest_twisted.ensureDeferred
+    async def test_stage_flags_follows_staging_order(self, make_store: MakeStore) -> None:
+        staged = PageKey(SCOPE, f"{URL}/staged")
+        checked = PageKey(SCOPE, f"{URL}/checked")
+        late = PageKey(SCOPE, f"{URL}/late")
+        store = make_store()
+        # A state staged before the flags: reads see the flags at once.
+        store.stage_page(full_state(staged, 1))
+        store.stage_flags(staged, PageFlags.LINKS_KNOWN)
+        assert (await call(store.get_page(staged))).flags == PageFlags.LINKS_KNOWN
+        # A check creates the page, then the flags apply to it.
+        store.stage_check(checked, 404, 3_000_000)
+        store.stage_flags(checked, PageFlags.LINKS_INCOMPLETE)
+        # Flags staged before the page exists are lost with nothing to apply to.
+        store.stage_flags(late, PageFlags.LINKS_INCOMPLETE)
+        store.stage_page(full_state(late, 1))
+        await call(store.flush())
+        await call(store.close())
+
+        store = make_store()
+        assert await call(store.get_page(staged)) == full_state(
+            staged, 1, flags=PageFlags.LINKS_KNOWN)
+        got = await call(store.get_page(checked))
+        assert (got.flags, got.last_status, got.checks) == (PageFlags.LINKS_INCOMPLETE, 404, 1)
+        assert await call(store.get_page(late)) == full_state(late, 1)
+
+    @pytest_twisted.ensureDeferred
+    async def test_recipe_is_kept_with_the_page_and_defaults_to_none(
+        self, make_store: MakeStore,
+    ) -> None:
+        assert PageState(PageKey(SCOPE, URL)).recipe is None
+        recipe = json.dumps({"meta": {"lang": "é", "path": "/a\\b"}, "cb_kwargs": {"n": 2**62},
+                             "errback": "failed", "priority": -3}, ensure_ascii=False)
+        with_recipe = PageKey(SCOPE, f"{URL}/with")
+        without = PageKey(SCOPE, f"{URL}/without")
+        state = full_state(with_recipe, 1, callback="parse", next_visit=10, recipe=recipe)
+        store = make_store()
+        store.stage_page(state)
+        store.stage_page(full_state(without, 2))
+        assert (await call(store.get_page(with_recipe))).recipe == recipe
+        await call(store.flush())
+        # Checks, redirects and flags rewrite the record around it (in
+        # Redis, in Lua): the recipe comes through each untouched.
+        store.stage_check(with_recipe, 304, 3_000_000)
+        store.stage_redirect(with_recipe, f"{URL}/elsewhere", 301, 3_000_001)
+        store.stage_flags(with_recipe, PageFlags.HAS_LINKS)
+        await call(store.close())
+
+        store = make_store()
+        got = await call(store.get_page(with_recipe))
+        assert got.recipe == recipe
+        assert got.checks == state.checks + 2
+        assert (await call(store.get_page(without))).recipe is None
+        found = await call(store.get_pages([with_recipe, without]))
+        assert (found[with_recipe].recipe, found[without].recipe) == (recipe, None)
+        assert [s.recipe for s in await call(store.get_due(SCOPE, 1_000, 10))] == [recipe]
+
+    @pytest_twisted.ensureDeferred
+    async def test_page_reads_never_load_links(self, make_store: MakeStore) -> None:
+        # 40 pages with a 150 kB links record each (6 MB): reading every
+        # page, or one page's links, must not bring the others' links along.
+        keys = [PageKey(SCOPE, f"{URL}/{i:03d}") for i in range(40)]
+        big = [json.dumps([f"https://example.com/{i}/{n:05d}" for n in range(5_000)])
+               for i in range(len(keys))]
+        assert all(len(data) > 150_000 for data in big)
+        store = make_store()
+        for key, data in zip(keys, big, strict=True):
+            store.stage_links(key, data)
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=10,
+                                        flags=PageFlags.LINKS_KNOWN | PageFlags.HAS_LINKS))
+        await call(store.flush())
+        await call(store.close())
+
+        store = make_store()
+        assert await call(store.get_page(keys[0])) is not None  # connected, warmed up
+        tracemalloc.start()
+        try:
+            found = await call(store.get_pages(keys))
+            for key in keys:
+                assert await call(store.get_page(key)) == found[key]
+            due = await call(store.get_due(SCOPE, 1_000, 100))
+            _, pages_peak = tracemalloc.get_traced_memory()
+            tracemalloc.reset_peak()
+            assert await call(store.get_links(keys[7])) == big[7]
+            _, links_peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert len(found) == len(due) == len(keys)
+        assert pages_peak < 1024 * 1024, f"peak {pages_peak} bytes to read 40 pages"
+        assert links_peak < 1536 * 1024, f"peak {links_peak} bytes to read one links record"
+
 
 class TestSQLiteStore(StateStoreContract):
     """The contract, for :class:`SQLiteStateStore`."""
@@ -633,6 +862,22 @@ class TestSQLiteStore(StateStoreContract):
         for store in opened:
             await call(store.close())
 
+    @pytest.fixture
+    def failing_flush(self, tmp_path: Path) -> FailingFlush:
+        @contextmanager
+        def failing() -> Iterator[None]:
+            # Another process holds the write lock: the flush's one
+            # transaction cannot begin (after the 1 s busy timeout).
+            path = tmp_path / "state" / "state.db"
+            with closing(sqlite3.connect(path, isolation_level=None)) as other:
+                other.execute("BEGIN EXCLUSIVE")
+                try:
+                    yield
+                finally:
+                    other.execute("ROLLBACK")
+
+        return failing
+
 
 class TestRedisStore(StateStoreContract):
     """The contract, for :class:`RedisStateStore` on the real Redis (db 9)."""
@@ -649,6 +894,26 @@ class TestRedisStore(StateStoreContract):
         yield make
         for store in opened:
             await call(store.close())
+
+    @pytest.fixture
+    def failing_flush(self, redis_prefix: str) -> FailingFlush:
+        @contextmanager
+        def failing() -> Iterator[None]:
+            # A damaged key: the scope's revisit index is not a sorted set,
+            # so a page write fails, the last of a page's writes (items and
+            # links come before it).
+            due = f"{redis_prefix}:due:{SCOPE}"
+            client = redis.Redis.from_url(REDIS_URI)
+            try:
+                assert client.set(due, "not a sorted set", nx=True)
+                try:
+                    yield
+                finally:
+                    client.delete(due)
+            finally:
+                client.close()
+
+        return failing
 
 
 def write_sqlite(path: Path, *statements: str) -> None:
@@ -793,6 +1058,30 @@ class TestSQLiteOnly:
         finally:
             await call(store.close())
 
+    @pytest_twisted.ensureDeferred
+    async def test_get_links_is_a_key_lookup(self, db_path: Path) -> None:
+        store = SQLiteStateStore(db_path)
+        try:
+            for i in range(50):
+                store.stage_links(PageKey(SCOPE, f"{URL}/{i}"), f"[{i}]")
+            await call(store.flush())
+            statements: list[str] = []
+            store._db.set_trace_callback(statements.append)
+            try:
+                assert await call(store.get_links(PageKey(SCOPE, f"{URL}/7"))) == "[7]"
+            finally:
+                store._db.set_trace_callback(None)
+            [select] = statements
+            params = (SCOPE, f"{URL}/7", "") if "?" in select else ()
+            with closing(sqlite3.connect(db_path)) as other:
+                plan = other.execute("EXPLAIN QUERY PLAN " + select, params).fetchall()
+            details = " ".join(row[-1] for row in plan)
+            # The key's index (links is a rowid table: its records are large).
+            assert "SEARCH" in details and "scope=? AND url=? AND variant=?" in details, details
+            assert "SCAN" not in details, details
+        finally:
+            await call(store.close())
+
     # -- URIs and open_store -------------------------------------------------
 
     def test_default_state_uri_is_under_the_project_data_dir(
@@ -932,5 +1221,54 @@ class TestSQLiteMigrations:
         store.stage_page(state.copy(churns=2))
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
             assert db.execute("SELECT churns FROM pages").fetchone()[0] == 2
+
+    @pytest_twisted.ensureDeferred
+    async def test_version_7_store_gets_links_and_recipes_and_keeps_its_data(
+        self, tmp_path: Path,
+    ) -> None:
+        path = tmp_path / "v7.db"
+        with closing(sqlite3.connect(path)) as db:
+            for migration in MIGRATIONS[:7]:
+                for statement in migration.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+            db.execute(
+                "INSERT INTO pages (scope, url, variant, etag, last_modified, fingerprint, "
+                "size, last_status, first_seen, last_checked, last_fetched, last_changed, "
+                "checks, changes, flags, redirect_to, lastmod, interval, next_visit, "
+                "callback, churns) VALUES ('s', 'http://a/', 'de', '\"x\"', 'Sun', 'ff', "
+                "10, 200, 1, 2, 3, 4, 5, 6, 5, NULL, 7, 3600, 8, 'parse', 1)")
+            db.execute("INSERT INTO hosts (scope, host, lastmod_checks, validators_consistent) "
+                       "VALUES ('s', 'a', 4, 2)")
+            db.execute("INSERT INTO items (scope, item_key, fingerprint, first_seen, "
+                       "last_changed, simhash) VALUES ('s', 'k', 'fp', 1, 1, 42)")
+            db.execute("INSERT INTO item_versions VALUES ('s', 'k', 1, 'fp', '{\"n\": 1}', 1)")
+            db.execute("PRAGMA user_version = 7")
+            db.commit()
+        key = PageKey("s", "http://a/", "de")
+        old = PageState(key, '"x"', "Sun", "ff", 10, 200, 1, 2, 3, 4, 5, 6, 5, None, 7,
+                        3600, 8, "parse", 1)
+        store = SQLiteStateStore(path)
+        assert await call(store.get_page(key)) == old
+        assert old.recipe is None
+        assert await call(store.get_links(key)) is None
+        assert await call(store.get_host("s", "a")) == HostTrust(
+            "s", "a", checks=4, validators_consistent=2)
+        assert await call(store.get_item_simhash("s", "k")) == 42
+        assert list(store.iter_items("s")) == [{"n": 1, "url": "k", "fingerprint": "fp"}]
+        store.stage_links(key, '["http://a/b"]')
+        store.stage_page(old.copy(recipe='{"priority":1}'))
+        store.stage_flags(key, PageFlags.LINKS_KNOWN | PageFlags.HAS_LINKS)
+        await call(store.close())
+
+        store = SQLiteStateStore(path)
+        assert await call(store.get_links(key)) == '["http://a/b"]'
+        assert await call(store.get_page(key)) == old.copy(recipe='{"priority":1}', flags=29)
+        await call(store.close())
+        with closing(sqlite3.connect(path)) as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
+            columns = [row[1] for row in db.execute("PRAGMA table_info(links)")]
+            assert columns == ["scope", "url", "variant", "data"]
+            assert "recipe" in [row[1] for row in db.execute("PRAGMA table_info(pages)")]

@@ -36,6 +36,17 @@ class PageFlags(IntFlag):
     #: Its validators changed while its content did not, on
     #: INCREMENTAL_UNSTABLE_AFTER full fetches in a row (unstable).
     UNSTABLE_VALIDATORS = 4
+    #: The requests the page's callback yielded on its last full fetch were
+    #: recorded (possibly none), so a 304 can replay them: without the flag
+    #: a 304 cannot tell "yielded nothing" from "never recorded".
+    LINKS_KNOWN = 8
+    #: A links record is stored for the page (``StateStore.get_links``): a
+    #: 304 reads the store for its requests only when this is set.
+    HAS_LINKS = 16
+    #: Its requests could not all be recorded faithfully, or a replayed one
+    #: could not be rebuilt: the next visit fetches it without conditions, so
+    #: its callback runs and yields them again.
+    LINKS_INCOMPLETE = 32
 
 
 @dataclass(slots=True)
@@ -68,6 +79,10 @@ class PageState:
     #: Full fetches in a row whose validators changed while the content did
     #: not (INCREMENTAL_UNSTABLE_AFTER of them flag the page unstable).
     churns: int = 0
+    #: How to request the page again beyond its URL and ``callback`` (meta,
+    #: cb_kwargs, errback, priority), as compact JSON, for re-seeding; the
+    #: store keeps it as it is, without reading it.
+    recipe: str | None = None
 
     @property
     def has_validators(self) -> bool:

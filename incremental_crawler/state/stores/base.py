@@ -31,7 +31,12 @@ class StateStoreError(RuntimeError):
 
 
 class StateStore(ABC):
-    """Validators, fingerprints and counters per page; items per key."""
+    """Validators, fingerprints and counters per page; items per key.
+
+    Besides its state, a page may have a *links record* (the requests its
+    callback yielded, kept apart from the state because it can be large):
+    written with :meth:`stage_links`, read only by :meth:`get_links`.
+    """
 
     #: Where the store lives, for messages (a path or a URI without secrets).
     location: str
@@ -49,6 +54,15 @@ class StateStore(ABC):
     @abstractmethod
     async def get_pages(self, keys: Iterable[PageKey]) -> dict[PageKey, PageState]:
         """The states of those of *keys* the store knows (batched lookups)."""
+
+    @abstractmethod
+    async def get_links(self, key: PageKey) -> str | None:
+        """The page's links record (see :meth:`stage_links`), or ``None``.
+
+        Staged links records (and deletions) are visible at once, as staged
+        page states are to :meth:`get_page`. Only this reads links: page
+        reads never do, as a record may hold a thousand requests.
+        """
 
     @abstractmethod
     async def get_due(self, scope: str, now: float, limit: int) -> list[PageState]:
@@ -94,6 +108,28 @@ class StateStore(ABC):
     @abstractmethod
     def stage_item(self, record: ItemRecord) -> None:
         """Stage an item version (and its fingerprint)."""
+
+    @abstractmethod
+    def stage_links(self, key: PageKey, data: str | None) -> None:
+        """Stage the page's links record; ``None`` stages its deletion.
+
+        *data* is opaque text to the store (JSON of the requests the page's
+        callback yielded, to replay them on a 304). It is applied in staging
+        order with every other write. Staged right before the page's state,
+        the two are committed together or not at all, in every store (in
+        Redis, a write staged between them that fails, such as a check of a
+        damaged record, would stop a flush between them).
+        """
+
+    @abstractmethod
+    def stage_flags(self, key: PageKey, add: int) -> None:
+        """Stage OR-ing *add* into the flags of the page, if it is stored.
+
+        Nothing else of the page changes (counters, validators, schedule);
+        a page that is not stored when the write is applied stays unknown.
+        A staged state of the page shows the flags at once; otherwise they
+        show after the flush, like a check.
+        """
 
     @property
     @abstractmethod

@@ -9,6 +9,7 @@ the prefix; ``<s>`` is the scope, percent-quoted so it never holds a ``:``:
 ``P:scopes``                    set of the scopes stored
 ``P:pages:<s>``                 hash: page field → page state (JSON)
 ``P:due:<s>``                   sorted set: fetched pages with a callback, by next_visit
+``P:links:<s>``                 hash: page field → the page's links record (opaque text)
 ``P:hosts:<s>``                 hash: host → lastmod/validator trust (JSON)
 ``P:items:<s>``                 hash: item key → latest url/fingerprint/simhash (JSON)
 ``P:itemver:<s>``               hash: item key → latest version number
@@ -33,8 +34,11 @@ write that fails (``EXEC`` would go on with the ones after it), so a page's
 validators are never applied without the items staged before them
 (state is never ahead of data). Redis keeps how many writes of a batch it applied under the
 batch's token: a batch whose reply was lost is not applied twice when it is
-sent again. Checks, redirects and item versions are read-modify-write
-upserts inside that script.
+sent again. Checks, redirects, flags and item versions are read-modify-write
+upserts inside that script. Before applying anything, the script checks that
+every key it will write is of the right type (or absent): a damaged key
+fails the whole flush, so writes that can fail only that way (a page state,
+a links record) are never split by one.
 
 Opening the store (once, before a crawl) and the synchronous reports
 (``iter_items``, ``item_history``, ``count_pages``) use a blocking client.
@@ -75,6 +79,9 @@ logger = logging.getLogger(__name__)
 #: name, not a module path: it stays as the first stores wrote it.
 LAYOUT = "incremental_crawler.state"
 #: Bumped when the key layout changes incompatibly (with a migration here).
+#: Additions older code can ignore are no change: ``P:links:<s>`` and the
+#: page records' ``recipe`` came without one (a prefix without them reads as
+#: pages with no links record and no recipe).
 LAYOUT_VERSION = 1
 DEFAULT_PREFIX = "incremental"
 #: Keys per pipelined round-trip of a batched read, and fields per HMGET.
@@ -107,10 +114,21 @@ _TOKEN_TTL = 86_400
 # counters, status and (check) lastmod and schedule, never validators or
 # fingerprints (only a 2xx updates them); an item gets the next version number of its key.
 #
+# Before any write, every key the batch writes is checked for its type
+# (TYPES: by argument, the type the key must have unless absent). A page
+# state or a links record can only fail on a key of another type, so the
+# links record staged right before its page's state is committed with it or not
+# at all; a damaged record read by a check, redirect or flags write still
+# stops the batch at that write.
+#
 # KEYS: token, scopes set, tokens to forget. ARGV: number of scopes, the
 # scopes, then the writes, each its name followed by ARITY[name] arguments.
 _FLUSH_LUA = """
-local ARITY = {host = 3, page = 5, check = 8, redirect = 7, item = 8}
+local ARITY = {host = 3, page = 5, check = 8, redirect = 7, item = 8,
+               links = 3, unlink = 2, flags = 3}
+local TYPES = {host = {'hash'}, page = {'hash', 'zset'}, check = {'hash', 'zset'},
+               redirect = {'hash'}, item = {'hash', 'hash', 'zset', 'hash'},
+               links = {'hash'}, unlink = {'hash'}, flags = {'hash'}}
 local OPS = {}
 function OPS.host(a, i)
   redis.call('HSET', a[i], a[i + 1], a[i + 2])
@@ -159,6 +177,23 @@ function OPS.redirect(a, i)
   page.redirect_to = a[i + 5]
   redis.call('HSET', a[i], a[i + 2], cjson.encode(page))
 end
+function OPS.flags(a, i)
+  -- pages, field, flags to OR in: nothing else changes, nothing if unknown
+  local raw = redis.call('HGET', a[i], a[i + 1])
+  if raw then
+    local page = cjson.decode(raw)
+    page.flags = bit.bor(page.flags or 0, tonumber(a[i + 2]))
+    redis.call('HSET', a[i], a[i + 1], cjson.encode(page))
+  end
+end
+function OPS.links(a, i)
+  -- links, field, record
+  redis.call('HSET', a[i], a[i + 1], a[i + 2])
+end
+function OPS.unlink(a, i)
+  -- links, field
+  redis.call('HDEL', a[i], a[i + 1])
+end
 function OPS.item(a, i)
   -- items, itemver, order, hist, item key, record, when, history entry ('': none)
   local version = redis.call('HINCRBY', a[i + 1], a[i + 4], 1)
@@ -169,16 +204,40 @@ function OPS.item(a, i)
   end
 end
 
+local function wrong_type(first)
+  local seen = {}
+  local i = first
+  while i <= #ARGV do
+    local name = ARGV[i]
+    for k, want in ipairs(TYPES[name]) do
+      local key = ARGV[i + k]
+      if not seen[key] then
+        seen[key] = redis.call('TYPE', key).ok
+      end
+      if seen[key] ~= 'none' and seen[key] ~= want then
+        return 'WRONGTYPE ' .. key .. ' is a ' .. seen[key] .. ', not a ' .. want
+          .. ': nothing of the flush was applied'
+      end
+    end
+    i = i + 1 + ARITY[name]
+  end
+end
+
 for k = 3, #KEYS do redis.call('DEL', KEYS[k]) end
 local done = redis.call('GET', KEYS[1])
 if done then
   return {tonumber(done), 1}
 end
 local scopes = tonumber(ARGV[1])
+local applied, i = 0, 2 + scopes
+local failed = wrong_type(i)
+if failed then
+  redis.call('SET', KEYS[1], 0, 'EX', TOKEN_TTL)
+  return {0, 0, failed}
+end
 if scopes > 0 then
   redis.call('SADD', KEYS[2], unpack(ARGV, 2, 1 + scopes))
 end
-local applied, i, failed = 0, 2 + scopes, nil
 while i <= #ARGV do
   local name = ARGV[i]
   local ok, err = pcall(OPS[name], ARGV, i + 1)
@@ -297,11 +356,14 @@ class RedisStateStore(StateStore):
         # was applied. Tokens whose outcome is known are forgotten next time.
         self._unsure: tuple[str, int] | None = None
         self._spent_tokens: list[str] = []
-        # Latest staged page states and item fingerprints, for reads; the
-        # `_flushing_*` ones belong to a flush in flight, still readable.
+        # Latest staged page states, links records (None: a staged
+        # deletion) and item fingerprints, for reads; the `_flushing_*` ones
+        # belong to a flush in flight, still readable.
         self._pages: dict[PageKey, PageState] = {}
+        self._links: dict[PageKey, str | None] = {}
         self._item_fps: dict[tuple[str, str], str] = {}
         self._flushing_pages: dict[PageKey, PageState] = {}
+        self._flushing_links: dict[PageKey, str | None] = {}
         self._flushing_fps: dict[tuple[str, str], str] = {}
         self._flushing_count = 0
         self._flush_lock: asyncio.Lock | None = None
@@ -497,6 +559,13 @@ class RedisStateStore(StateStore):
                         found[key] = self._page(key, raw)
         return found
 
+    async def get_links(self, key: PageKey) -> str | None:
+        for staged in (self._links, self._flushing_links):
+            if key in staged:
+                return staged[key]
+        raw = await self._call("HGET", self._key("links", key.scope), _page_field(key))
+        return None if raw is None else raw.decode()
+
     async def get_due(self, scope: str, now: float, limit: int) -> list[PageState]:
         if limit <= 0:
             return []
@@ -575,6 +644,21 @@ class RedisStateStore(StateStore):
             _page_field(key), status, int(when), target, int(PageFlags.REDIRECTED),
         ))
 
+    def stage_links(self, key: PageKey, data: str | None) -> None:
+        links = self._key("links", key.scope)
+        if data is None:
+            self._stage(key.scope, ("unlink", links, _page_field(key)))
+        else:
+            self._stage(key.scope, ("links", links, _page_field(key), data))
+        self._links[key] = data
+
+    def stage_flags(self, key: PageKey, add: int) -> None:
+        self._stage(key.scope, ("flags", self._key("pages", key.scope), _page_field(key), int(add)))
+        staged = self._staged_page(key)
+        if staged is not None:
+            # What the flush will leave: the staged state, then the flags.
+            self._pages[key] = staged.copy(flags=int(staged.flags) | int(add))
+
     def stage_item(self, record: ItemRecord) -> None:
         # The URL usually is the key: not stored twice (it reads back as the key).
         skip = (
@@ -611,9 +695,10 @@ class RedisStateStore(StateStore):
             return 0
         ops, scopes, unsure = self._ops, self._scopes, self._unsure
         self._flushing_pages, self._flushing_fps = self._pages, self._item_fps
+        self._flushing_links = self._links
         self._flushing_count = len(ops)
         self._ops, self._scopes, self._unsure = [], set(), None
-        self._pages, self._item_fps = {}, {}
+        self._pages, self._links, self._item_fps = {}, {}, {}
         done = 0  # writes of `ops` applied so far, from the front
         sending: tuple[str, int] | None = None
         try:
@@ -646,10 +731,12 @@ class RedisStateStore(StateStore):
                 # not have run; its token will tell.
                 self._unsure = (sending[0], sending[1])
             self._pages = {**self._flushing_pages, **self._pages}
+            self._links = {**self._flushing_links, **self._links}
             self._item_fps = {**self._flushing_fps, **self._item_fps}
             raise
         finally:
             self._flushing_pages, self._flushing_fps, self._flushing_count = {}, {}, 0
+            self._flushing_links = {}
         return done
 
     async def _apply(self, token: str, ops: list[tuple[Any, ...]],
