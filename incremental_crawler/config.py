@@ -77,6 +77,12 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_RESEED_ENABLED": True,
     # Due pages re-seeded from the store per crawl, at most.
     "INCREMENTAL_RESEED_LIMIT": 10_000,
+    # Replay on 304: the requests a page's callback yielded are stored with
+    # the page and yielded again when it answers 304 (or is not due), so the
+    # pages behind an unchanged page are still reached. A page yielding more
+    # requests than this is fetched in full on every visit instead.
+    "INCREMENTAL_REPLAY_ENABLED": True,
+    "INCREMENTAL_REPLAY_MAX_REQUESTS": 1000,
     # Lying sitemap lastmods: after this many pages fetched because their
     # lastmod moved, a host is distrusted when more than this share of them
     # had not changed; the distrust lasts this many seconds.
@@ -175,6 +181,8 @@ class IncrementalConfig:
     revisit_dec_rate: float
     reseed_enabled: bool
     reseed_limit: int
+    replay_enabled: bool
+    replay_max_requests: int
     lastmod_min_samples: int
     lastmod_max_lie_share: float
     lastmod_distrust_ttl: float
@@ -241,6 +249,8 @@ class IncrementalConfig:
             revisit_dec_rate=number("INCREMENTAL_REVISIT_DEC_RATE", minimum=0),
             reseed_enabled=boolean("INCREMENTAL_RESEED_ENABLED"),
             reseed_limit=number("INCREMENTAL_RESEED_LIMIT", minimum=0, kind=int),
+            replay_enabled=boolean("INCREMENTAL_REPLAY_ENABLED"),
+            replay_max_requests=number("INCREMENTAL_REPLAY_MAX_REQUESTS", minimum=1, kind=int),
             lastmod_min_samples=number("INCREMENTAL_LASTMOD_MIN_SAMPLES", minimum=1, kind=int),
             lastmod_max_lie_share=number("INCREMENTAL_LASTMOD_MAX_LIE_SHARE", minimum=0),
             lastmod_distrust_ttl=number("INCREMENTAL_LASTMOD_DISTRUST_TTL", minimum=0),

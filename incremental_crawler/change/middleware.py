@@ -9,6 +9,14 @@ RetryMiddleware (a 304 is never retried; a 5xx is retried untouched).
 It reads headers and request meta, asks :class:`~.policy.ChangePolicy` what
 they mean, and applies the answer: stats, the host trust book, the ledger,
 NotDue and NotModified.
+
+Replay on 304: a page whose callback yielded requests has them stored (the
+ledger records them). When it answers 304, or is not due, those requests
+are yielded again through a stand-in response
+(:mod:`incremental_crawler.links.replay`) instead of NotModified or NotDue:
+the pages behind an unchanged page are still reached. A page whose requests
+are not all stored is fetched in full whatever its schedule
+(``RequestReason.LINKS_UNKNOWN``).
 """
 
 from __future__ import annotations
@@ -33,13 +41,17 @@ from incremental_crawler.change.policy import (
     Refetch,
     RequestReason,
     future_last_modified,
+    links_unknown,
 )
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.exceptions import NotDue, NotModified
 from incremental_crawler.http.validators import parse_etag, parse_last_modified
+from incremental_crawler.links.recipes import REFETCH_MARK, own_recipe
+from incremental_crawler.links.replay import Replayer
 from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD, META_REFRESH, META_SKIP
 from incremental_crawler.state.keys import page_key
 from incremental_crawler.state.ledger import TXN_META, Ledger
+from incremental_crawler.state.records import PageFlags
 from incremental_crawler.state.stores import StateStoreError
 
 if TYPE_CHECKING:
@@ -58,8 +70,9 @@ logger = logging.getLogger(__name__)
 _CTX = "_incremental_ctx"
 # Set when the conditions on a request are ours (to strip them from copies).
 _SENT = "_incremental_sent"
-# Set on the full re-fetch that follows a 304 we could not take.
-_REFETCHED = "_incremental_refetch"
+# Set on the full re-fetch that follows a 304 we could not take (recipes
+# leave out the incremental_refresh that goes with it).
+_REFETCHED = REFETCH_MARK
 
 
 @dataclass(slots=True)
@@ -69,6 +82,8 @@ class _Context:
     key: PageKey
     prior: PageState | None
     reason: RequestReason
+    #: The page's links record, to replay on a 304 (None: nothing to replay).
+    links: str | None = None
 
     @property
     def conditional(self) -> bool:
@@ -88,6 +103,14 @@ class ConditionalRequestMiddleware:
         self.policy = ChangePolicy.from_config(config)
         self.default_encoding = _default_encoding(crawler)
         self.ledger = Ledger.for_component(crawler)
+        spider = crawler.spider
+        assert spider is not None
+        self.spider = spider
+        #: Whether pages' yielded requests are recorded and replayed: not for
+        #: a spider that opts out (incremental_replay = False: our sitemap
+        #: and feed spiders, which decide on their lists' entries themselves).
+        self.replay = config.replay_enabled and bool(getattr(spider, "incremental_replay", True))
+        self.replayer = Replayer(spider, crawler.stats, self.ledger.stage_flags)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -104,19 +127,19 @@ class ConditionalRequestMiddleware:
 
     # -- requests ------------------------------------------------------------
 
-    async def process_request(self, request: Request) -> None:
+    async def process_request(self, request: Request) -> Response | None:
         try:
-            await self._prepare(request)
+            return await self._prepare(request)
         except StateStoreError as exc:
             # The store cannot be read: the crawl stops (Ledger.store_failed)
             # and this page is not fetched, so nothing about it is recorded.
             self.ledger.store_failed(exc)
             raise IgnoreRequest(f"State store unavailable: {request.url}") from exc
 
-    async def _prepare(self, request: Request) -> None:
+    async def _prepare(self, request: Request) -> Response | None:
         _forget_copied(request)
         if not self._applies(request):
-            return
+            return None
         if self.default_encoding is not None:
             # The Accept-Encoding HttpCompressionMiddleware would add, set
             # here: the validators stored are those of the representation
@@ -127,37 +150,62 @@ class ConditionalRequestMiddleware:
                        default_encoding=self.default_encoding)
         prior = await self._stored(key)
         now = clock.now()
-        if prior is not None:
-            self._check_due(request, prior, now)
-        reason = await self._reason(request, key, prior, now)
-        request.meta[_CTX] = _Context(key, prior, reason)
+        replay = self._replays(request)
+        unknown = links_unknown(prior, replay=replay)
+        links = None
+        if replay and not unknown and prior is not None and prior.flags & PageFlags.HAS_LINKS:
+            # Read now: a 304 is handled in the synchronous process_response.
+            links = await self.ledger.store.get_links(key)
+            if links is None:
+                # Flagged, but the store lost it: the page's callback must run.
+                self.stats.inc_value("incremental/replay/record_missing")
+                unknown = True
+        if prior is not None and not self._due(request, prior, unknown, now):
+            self.stats.inc_value("incremental/not_due")
+            if links is None:
+                raise NotDue(f"Not due before {prior.next_visit:.0f}: {request.url}")
+            # Not requested, but the pages it leads to may be due: its links
+            # are yielded as they were. Not a download: HttpCacheMiddleware
+            # must not keep this response for the URL.
+            request.meta["_dont_cache"] = True
+            return self.replayer.response(request, key, links)
+        reason = await self._reason(request, key, prior, now, links_unknown=unknown)
+        request.meta[_CTX] = _Context(key, prior, reason, links)
         self._count(request, f"requests/{reason}")
         if reason is RequestReason.CONDITIONAL:
             assert prior is not None
             _send_conditions(request, prior)
+        return None
+
+    def _replays(self, request: Request) -> bool:
+        """Whether the page's yielded requests are recorded and replayed.
+
+        Not for sitemaps and feeds (META_DISCOVERY): a list is read in full
+        when it changed and otherwise its entries are decided by their own
+        lastmods and states.
+        """
+        return self.replay and not request.meta.get(META_DISCOVERY)
 
     async def _stored(self, key: PageKey) -> PageState | None:
         found, prior = self.ledger.take_prefetched(key)
         return prior if found else await self.ledger.store.get_page(key)
 
-    def _check_due(self, request: Request, prior: PageState, now: float) -> None:
+    def _due(self, request: Request, prior: PageState, unknown: bool, now: float) -> bool:
         meta = request.meta
-        if self.policy.due(prior, refresh=bool(meta.get(META_REFRESH)),
-                           discovery=bool(meta.get(META_DISCOVERY)),
-                           lastmod=meta.get(META_LASTMOD), now=now):
-            return
-        self.stats.inc_value("incremental/not_due")
-        raise NotDue(f"Not due before {prior.next_visit:.0f}: {request.url}")
+        return self.policy.due(prior, refresh=bool(meta.get(META_REFRESH)),
+                               discovery=bool(meta.get(META_DISCOVERY)),
+                               lastmod=meta.get(META_LASTMOD), links_unknown=unknown, now=now)
 
     async def _reason(self, request: Request, key: PageKey, prior: PageState | None,
-                      now: float) -> RequestReason:
+                      now: float, *, links_unknown: bool) -> RequestReason:
         host: HostTrust | None = None
         if prior is not None and prior.has_validators:
             # Loaded in any case: the response may prove the host's
             # validators wrong (ChangePolicy.verdict).
             host = await self.ledger.trust.load(_host(request))
         reason = self.policy.request_reason(
-            prior, refresh=bool(request.meta.get(META_REFRESH)), host=host, url=key.url, now=now)
+            prior, refresh=bool(request.meta.get(META_REFRESH)), links_unknown=links_unknown,
+            host=host, url=key.url, now=now)
         if host is not None and reason in HOST_CONSULTED:
             self.ledger.trust.validators_trusted(host, now)
         return reason
@@ -193,7 +241,8 @@ class ConditionalRequestMiddleware:
         if request.meta.get(_CTX) is not None and not isinstance(exception, IgnoreRequest):
             self.ledger.note_failure()
 
-    def _not_modified(self, request: Request, response: Response, ctx: _Context) -> Request:
+    def _not_modified(self, request: Request, response: Response,
+                      ctx: _Context) -> Request | Response:
         refetch = self.policy.not_modified(
             ctx.prior, conditional=ctx.conditional, sent=_conditions(request.headers),
             lastmod=request.meta.get(META_LASTMOD),
@@ -214,6 +263,9 @@ class ConditionalRequestMiddleware:
         self._take_304(request, ctx.key, ctx.prior)
         logger.debug("Not modified: %(request)s", {"request": request},
                      extra={"spider": self.crawler.spider})
+        if ctx.links is not None:
+            # The page is what it was, so are its links: yield them again.
+            return self.replayer.response(request, ctx.key, ctx.links, response.headers)
         raise NotModified(f"Not modified: {request.url}")
 
     def _refetch(self, request: Request, reason: Refetch) -> Request:
@@ -249,11 +301,13 @@ class ConditionalRequestMiddleware:
             # Until the page's items tell, its state is what its body says.
             pending = self.policy.after_fetch(prior, fetch, changed=True,
                                               judgement=self.policy.unjudged(prior), now=now)
-            txn = self.ledger.begin(request.meta, pending, discovery=fetch.discovery)
+            txn = self.ledger.begin(request.meta, pending, discovery=fetch.discovery,
+                                    record_links=self._replays(request))
             txn.judge = settle
         else:
             state = settle(self.policy.body_changed(prior, fetch))
-            self.ledger.begin(request.meta, state, discovery=fetch.discovery)
+            self.ledger.begin(request.meta, state, discovery=fetch.discovery,
+                              record_links=self._replays(request))
         self._stage_redirects(request, ctx.key)
 
     def _settle(self, request: Request, prior: PageState | None, fetch: Fetch, now: float,
@@ -297,6 +351,7 @@ class ConditionalRequestMiddleware:
             lastmod=request.meta.get(META_LASTMOD),
             callback=_callback_name(request, self.crawler.spider),
             discovery=bool(request.meta.get(META_DISCOVERY)),
+            recipe=own_recipe(request, self.spider, self.ledger.recipe_rules),
         )
 
     def _etag(self, response: Response) -> str | None:

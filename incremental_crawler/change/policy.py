@@ -37,6 +37,7 @@ __all__ = [
     "RequestReason",
     "Verdict",
     "future_last_modified",
+    "links_unknown",
     "recheck_due",
 ]
 
@@ -52,6 +53,10 @@ class RequestReason(StrEnum):
     CONDITIONAL = "conditional"
     #: The request asked for a full fetch (META_REFRESH).
     REFRESH = "refresh"
+    #: The requests the page yields are not all stored (stored before replay
+    #: on 304 existed, or one could not be recorded or rebuilt): a 304 would
+    #: hide its links, so its callback must run.
+    LINKS_UNKNOWN = "links_unknown"
     #: The last full fetch is older than INCREMENTAL_MAX_AGE.
     MAX_AGE = "max_age"
     #: The host's validators lied: its pages are fetched in full.
@@ -138,6 +143,8 @@ class Fetch:
     callback: str | None = None
     #: A sitemap or feed (META_DISCOVERY), not one of the site's pages.
     discovery: bool = False
+    #: The rest of the page's request, to re-seed it (links.recipes.own_recipe).
+    recipe: str | None = None
 
     @property
     def validators(self) -> tuple[str | None, str | None]:
@@ -188,6 +195,19 @@ def _lastmod_moved(lastmod: float | None, prior: PageState) -> bool:
     return lastmod is not None and prior.lastmod is not None and lastmod > prior.lastmod
 
 
+def links_unknown(prior: PageState | None, *, replay: bool) -> bool:
+    """Whether a 304 (or a skipped visit) could not stand for the page's links.
+
+    Only where links are replayed (*replay*): a page whose yielded requests
+    were never recorded (no LINKS_KNOWN: stored by an earlier version, or
+    while replay was off) or not all of them (LINKS_INCOMPLETE).
+    """
+    if not replay or prior is None:
+        return False
+    flags = prior.flags
+    return not flags & PageFlags.LINKS_KNOWN or bool(flags & PageFlags.LINKS_INCOMPLETE)
+
+
 def _is_unstable(state: PageState) -> bool:
     return bool(state.flags & PageFlags.UNSTABLE_VALIDATORS)
 
@@ -216,27 +236,29 @@ class ChangePolicy:
     # -- before the request ------------------------------------------------
 
     def due(self, prior: PageState, *, refresh: bool = False, discovery: bool = False,
-            lastmod: float | None = None, now: float) -> bool:
+            lastmod: float | None = None, links_unknown: bool = False, now: float) -> bool:
         """Whether the revisit schedule lets the page be requested at *now*.
 
-        A newer lastmod (sitemap, feed), an explicit refresh or the forced
-        full fetch after INCREMENTAL_MAX_AGE override the schedule; a page
-        without data (no fingerprint) is always due.
+        A newer lastmod (sitemap, feed), an explicit refresh, unknown links
+        (see :func:`links_unknown`: skipping the page would hide the pages it
+        leads to) or the forced full fetch after INCREMENTAL_MAX_AGE override
+        the schedule; a page without data (no fingerprint) is always due.
         """
         if self.schedule is None or prior.fingerprint is None or prior.next_visit <= now:
             return True
-        if refresh or discovery:
+        if refresh or discovery or links_unknown:
             return True
         if lastmod is not None and (prior.lastmod is None or lastmod > prior.lastmod):
             return True
         return self._too_old(prior, now)
 
     def request_reason(self, prior: PageState | None, *, refresh: bool = False,
-                       host: HostTrust | None = None, url: str,
+                       links_unknown: bool = False, host: HostTrust | None = None, url: str,
                        now: float) -> RequestReason:
         """Whether the stored validators go out with the request, and why (not).
 
-        *host* is the trust of the page's host (``None``: not known, trusted).
+        *host* is the trust of the page's host (``None``: not known, trusted);
+        *links_unknown* see :func:`links_unknown`.
         """
         if prior is None:
             return RequestReason.NEW
@@ -244,6 +266,8 @@ class ChangePolicy:
             return RequestReason.NO_VALIDATORS
         if refresh:
             return RequestReason.REFRESH
+        if links_unknown:
+            return RequestReason.LINKS_UNKNOWN
         if self._too_old(prior, now):
             # Some servers never change their validators while the content
             # does; a full fetch now and then catches it.
@@ -386,6 +410,7 @@ class ChangePolicy:
                 fetch.status, first_seen=now, last_checked=now, last_fetched=now,
                 last_changed=now, checks=1, changes=0, flags=vary, lastmod=fetch.lastmod,
                 interval=interval, next_visit=next_visit, callback=fetch.callback,
+                recipe=fetch.recipe,
             )
         unstable = PageFlags.UNSTABLE_VALIDATORS if judgement.unstable else PageFlags(0)
         kept = prior.flags & ~(PageFlags.VARY_STAR | PageFlags.UNSTABLE_VALIDATORS)
@@ -397,5 +422,5 @@ class ChangePolicy:
             flags=kept | vary | unstable,
             lastmod=prior.lastmod if fetch.lastmod is None else fetch.lastmod,
             interval=interval, next_visit=next_visit, callback=fetch.callback,
-            churns=judgement.churns,
+            recipe=fetch.recipe, churns=judgement.churns,
         )

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
 __all__ = [
+    "ADVICE",
     "DEFAULT_RULES",
     "MANAGED_META",
     "MAX_RECORD_BYTES",
@@ -128,6 +129,31 @@ class Unrecordable(StrEnum):
     #: More requests than INCREMENTAL_REPLAY_MAX_REQUESTS, or a record over
     #: MAX_RECORD_BYTES.
     OVER_LIMIT = "over_limit"
+
+
+#: What a spider can do about each reason (the ledger's warning says it).
+ADVICE: dict[Unrecordable, str] = {
+    Unrecordable.REQUEST_CLASS:
+        "only plain scrapy.Request objects are recorded (not FormRequest or a plugin's "
+        "request class)",
+    Unrecordable.BODY: "requests with a body are not recorded",
+    Unrecordable.NOT_A_SPIDER_METHOD:
+        "give callback and errback a method of the spider (not a function, a lambda, "
+        "a functools.partial or another object's method); pass arguments in cb_kwargs",
+    Unrecordable.CREDENTIALS:
+        "credentials are never written to the state store: let a downloader middleware "
+        "add Authorization or Cookie headers (HttpAuthMiddleware, CookiesMiddleware)",
+    Unrecordable.META_NOT_JSON:
+        "keep meta to plain JSON values (str, numbers, bool, None, lists, dicts with str "
+        "keys): pass an item's fields (dict(item)), not the item, and lists, not tuples",
+    Unrecordable.CB_KWARGS_NOT_JSON:
+        "keep cb_kwargs to plain JSON values (str, numbers, bool, None, lists, dicts with "
+        "str keys)",
+    Unrecordable.COOKIES_NOT_JSON: "keep cookies to plain JSON values",
+    Unrecordable.OVER_LIMIT:
+        "the page yields more requests than INCREMENTAL_REPLAY_MAX_REQUESTS (or over 1 MiB "
+        "of them); raise the setting",
+}
 
 
 class Unbuildable(StrEnum):

@@ -129,6 +129,11 @@ class ListedPagesSpider(IncrementalSpider):
     #: Callbacks that parse lists (never re-seeded as pages).
     list_callbacks: frozenset[str] = frozenset()
 
+    #: Replay on 304 is not for these spiders: a list answering 304 is
+    #: decided by its entries' lastmods and states, and its due pages are
+    #: re-seeded (see the module docstring); its pages yield no requests.
+    incremental_replay = False
+
     def entries(self, source_url: str,
                 parse_date: Callable[[str | None], float | None] = parse_w3c_datetime,
                 ) -> SitemapEntries:

@@ -13,6 +13,13 @@ at most both, and the next run fetches the page again.
 
 If the callback raises, or an item fails in a pipeline (``item_error``), the
 page state is withheld: the next run asks again with the old validators.
+
+The requests the callback yields are recorded on the transaction too
+(:class:`~incremental_crawler.links.recipes.LinkRecorder`), and their links
+record is staged just before the page state, in the same flush: a 304 to
+the page next time can then yield them again (replay on 304). A page whose
+requests could not all be recorded is flagged LINKS_INCOMPLETE instead, and
+is fetched in full next time.
 """
 
 from __future__ import annotations
@@ -33,15 +40,16 @@ from incremental_crawler.change.identity import ItemIdentity, serialize_item
 from incremental_crawler.change.trust import HostTrustBook
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.exceptions import ItemUnchanged
+from incremental_crawler.links.recipes import ADVICE, LinkRecorder, RecipeRules, Unrecordable
 from incremental_crawler.state.keys import Canonicalizer
-from incremental_crawler.state.records import ItemRecord, PageKey, PageState
+from incremental_crawler.state.records import ItemRecord, PageFlags, PageKey, PageState
 from incremental_crawler.state.stores import StateStore, StateStoreError, open_store
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Self
 
-    from scrapy import Spider
+    from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from twisted.python.failure import Failure
 
@@ -56,17 +64,24 @@ _PREFETCH_LIMIT = 10_000
 #: Request meta key holding the open :class:`PageTransaction` of a response.
 TXN_META = "_incremental_txn"
 
+#: The flags that say what is known of a page's links; set afresh at each commit.
+LINK_FLAGS = PageFlags.LINKS_KNOWN | PageFlags.HAS_LINKS | PageFlags.LINKS_INCOMPLETE
+
 
 class PageTransaction:
     """The pending state of one fetched page, waiting for its items."""
 
     __slots__ = (
         "callback_called", "discovery", "done", "failed", "item_ids", "items_changed",
-        "items_unchanged", "judge", "open_items", "output_done", "state",
+        "items_unchanged", "judge", "links", "open_items", "output_done", "state",
     )
 
-    def __init__(self, state: PageState, *, discovery: bool = False) -> None:
+    def __init__(self, state: PageState, *, discovery: bool = False,
+                 links: LinkRecorder | None = None) -> None:
         self.state = state
+        #: The requests the callback yielded, recorded to replay them on a
+        #: 304 (``None``: not recorded, replay does not apply to the page).
+        self.links = links
         #: Set by CallbackGuardMiddleware once every spider middleware let
         #: the response through to its callback (an errback's output after a
         #: rejected response must not commit the page).
@@ -152,6 +167,10 @@ class Ledger:
         self._discovered: list[PageState] = []
         self._failures = 0
         self._withheld = 0
+        #: What a yielded request's recipe holds (DEPTH_PRIORITY, the timeout).
+        self.recipe_rules = RecipeRules.from_crawler(crawler)
+        # Reasons already warned about: one warning per reason per crawl.
+        self._warned: set[Unrecordable] = set()
         # With items kept only in feeds (buffered, uploaded at the end), page
         # state is committed once the feeds are closed; see spider_opened.
         self._hold_until_feeds: Deferred[None] | None = None
@@ -277,15 +296,42 @@ class Ledger:
     # -- transactions (downloader and spider middleware) ---------------------
 
     def begin(
-        self, meta: dict[str, Any], state: PageState, *, discovery: bool = False
+        self, meta: dict[str, Any], state: PageState, *, discovery: bool = False,
+        record_links: bool = False,
     ) -> PageTransaction:
-        txn = PageTransaction(state, discovery=discovery)
+        """Open the page's transaction; with *record_links*, record its yielded requests."""
+        links = None
+        if record_links:
+            spider = self.crawler.spider
+            assert spider is not None
+            links = LinkRecorder(spider, self.recipe_rules, self.config.replay_max_requests)
+        txn = PageTransaction(state, discovery=discovery, links=links)
         meta[TXN_META] = txn
         return txn
 
     def item_yielded(self, txn: PageTransaction, item: Any) -> None:
         txn.open_items += 1
         txn.item_ids.append(id(item))
+
+    def request_yielded(self, txn: PageTransaction, request: Request) -> None:
+        """Record a request the page's callback yielded, as it left the spider middlewares."""
+        if txn.links is None:
+            return
+        reason = txn.links.add(request)
+        if reason is None:
+            return
+        # Per page: the pages fetched in full next time, for this reason.
+        self.stats.inc_value(f"incremental/replay/unrecordable/{reason}")
+        if reason not in self._warned:
+            self._warned.add(reason)
+            logger.warning(
+                "Requests yielded by %(page)s cannot all be replayed on a 304 (%(reason)s, "
+                "e.g. %(url)s): %(advice)s. Such pages are fetched in full on every visit "
+                "(stat incremental/replay/unrecordable/%(reason)s; this is said once).",
+                {"page": txn.state.key.url, "reason": reason, "url": request.url,
+                 "advice": ADVICE[reason]},
+                extra={"spider": self.crawler.spider},
+            )
 
     def callback_failed(self, txn: PageTransaction, reason: str) -> None:
         txn.failed = txn.failed or reason
@@ -355,8 +401,34 @@ class Ledger:
             # the sitemap in full next time.
             self._discovered.append(txn.state)
             return
-        self.stage_page(txn.state)
+        state = self._stage_links(txn.state, txn.links)
+        self.stage_page(state)
         self.stats.inc_value("incremental/state_committed")
+
+    def _stage_links(self, state: PageState, links: LinkRecorder | None) -> PageState:
+        """Stage the page's links record, and return its state flagged to match.
+
+        Staged right before the state (no flush can come between: both are
+        staged in this call's turn of the reactor), so the two are committed
+        together: a state saying HAS_LINKS never goes without its record.
+        """
+        had_record = bool(state.flags & PageFlags.HAS_LINKS)
+        flags = state.flags & ~LINK_FLAGS
+        record = None
+        if links is not None and links.complete:
+            record = links.record()
+            flags |= PageFlags.LINKS_KNOWN
+            if record is not None:
+                flags |= PageFlags.HAS_LINKS
+                self.stats.inc_value("incremental/replay/recorded_pages")
+                self.stats.inc_value("incremental/replay/recorded_requests", len(links.parts))
+        elif links is not None:
+            flags |= PageFlags.LINKS_INCOMPLETE
+        # (links None: replay does not apply; the flags are cleared, so a
+        # crawl that replays again fetches the page in full first.)
+        if record is not None or had_record:
+            self.store.stage_links(state.key, record)  # None: delete the old one
+        return state.copy(flags=int(flags))
 
     # -- item signals --------------------------------------------------------
 
@@ -452,6 +524,11 @@ class Ledger:
         schedule: tuple[float, float] | None = None,
     ) -> None:
         self.store.stage_check(key, status, clock.now(), lastmod=lastmod, schedule=schedule)
+        self._after_stage()
+
+    def stage_flags(self, key: PageKey, add: int) -> None:
+        """OR *add* into the stored page's flags (a replayed request was dropped)."""
+        self.store.stage_flags(key, add)
         self._after_stage()
 
     def stage_redirect(self, key: PageKey, target: str, status: int) -> None:

@@ -4,7 +4,9 @@
 lowest order number, 1): it then sees exactly the items the engine sends to
 the item pipelines, after every other middleware had its chance to drop or
 add some, and tells the ledger how many items each response produced and
-when the callback's output ended.
+when the callback's output ended; it also hands the ledger every request
+the callback yielded, as it leaves the spider (after the other middlewares
+dropped or changed it), to be replayed when the page answers 304.
 
 :class:`CallbackGuardMiddleware` must be the innermost one (order 10,000,
 above every built-in spider middleware): its ``process_spider_input`` is the
@@ -34,7 +36,8 @@ __all__ = ["CallbackGuardMiddleware", "PageOutputMiddleware"]
 
 
 class PageOutputMiddleware:
-    """Tells the ledger how many items each response produced, and when.
+    """Tells the ledger how many items each response produced, and when, and
+    which requests.
 
     Async only (Scrapy >= 2.13 feeds synchronous callbacks' output to it as
     an async iterable).
@@ -59,7 +62,9 @@ class PageOutputMiddleware:
             async for obj in result:
                 # Scrapy sends everything but None and requests to the item
                 # pipelines (a pipeline may turn any object into an item).
-                if obj is not None and not isinstance(obj, Request):
+                if isinstance(obj, Request):
+                    self.ledger.request_yielded(txn, obj)
+                elif obj is not None:
                     self.ledger.item_yielded(txn, obj)
                 yield obj
         except Exception as exc:

@@ -62,7 +62,8 @@ def fetch(**changes: Any) -> Fetch:
 def test_enum_values_are_the_stats_key_names() -> None:
     # Stats keys are built from them, e.g. incremental/requests/host_lying.
     assert [str(r) for r in RequestReason] == [
-        "new", "no_validators", "conditional", "refresh", "max_age", "host_lying", "sample"]
+        "new", "no_validators", "conditional", "refresh", "links_unknown", "max_age",
+        "host_lying", "sample"]
     assert [str(r) for r in Refetch] == [
         "unsolicited_304", "foreign_conditions_304", "vary_star_304",
         "lastmod_contradicts_304", "etag_mismatch_304"]

@@ -1,0 +1,127 @@
+"""A page's recorded requests, yielded again through a stand-in response.
+
+When a page answers 304 (or is not due) the change-detection middleware
+returns, instead of raising ``NotModified`` (or ``NotDue``), a *stand-in*
+response: status 304, no body, flagged ``incremental_replay``, whose
+``.request`` is a copy of the page's request with our replay function as
+its callback. Scrapy's scraper calls ``response.request.callback``, so the
+requests the function returns leave through every spider middleware
+(depth, referer, URL length, the user's own) exactly as the page's own
+callback output did, then meet the scheduler's dupefilter and the offsite
+check: the crawl goes on behind an unchanged page as if its callback had
+run. The user's callback is not called (there is no body to parse), nor is
+the request's errback.
+
+A recorded request that cannot be built again (its callback, errback or
+CrawlSpider rule is gone) is dropped, counted, and its source page flagged
+LINKS_INCOMPLETE: the next visit fetches it in full, so its callback runs
+and records what it yields now.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from scrapy import Request
+from scrapy.http import Response
+
+from incremental_crawler.links.recipes import Unbuildable, build, load_links
+from incremental_crawler.state.records import PageFlags
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from scrapy import Spider
+    from scrapy.http import Headers
+    from scrapy.statscollectors import StatsCollector
+
+    from incremental_crawler.state.records import PageKey
+
+__all__ = ["REPLAY_FLAG", "Replayer"]
+
+logger = logging.getLogger(__name__)
+
+#: The flag of a stand-in response (Scrapy logs it: ``Crawled (304) ... ['incremental_replay']``).
+REPLAY_FLAG = "incremental_replay"
+
+#: Meta keys of ours that belong to the page's own fetch, not to its stand-in.
+_OURS = "_incremental_"
+
+
+class Replayer:
+    """Builds stand-in responses, and their requests when the scraper asks."""
+
+    def __init__(self, spider: Spider, stats: StatsCollector,
+                 stage_flags: Callable[[PageKey, int], None]) -> None:
+        self.spider = spider
+        self.stats = stats
+        #: Ledger.stage_flags, to flag a page whose request was dropped.
+        self.stage_flags = stage_flags
+        self._warned: set[Unbuildable] = set()
+
+    def response(self, request: Request, key: PageKey, data: str,
+                 headers: Headers | None = None) -> Response:
+        """The stand-in response of *request*'s page, whose links record is *data*.
+
+        *headers* are those of the 304, if there was one (RefererMiddleware
+        reads a Referrer-Policy from them, as from the page's own answer).
+        """
+        meta = {k: v for k, v in request.meta.items() if not k.startswith(_OURS)}
+        # HttpErrorMiddleware passes only 2xx to callbacks unless told.
+        meta["handle_httpstatus_list"] = [304]
+        source = Request(
+            request.url, callback=partial(self._requests, key, data), headers=request.headers,
+            meta=meta, priority=request.priority, dont_filter=True, flags=list(request.flags),
+        )
+        return Response(request.url, status=304, headers=headers, flags=[REPLAY_FLAG],
+                        request=source)
+
+    def _requests(self, key: PageKey, data: str, response: Response, **_: Any) -> list[Request]:
+        # A list, not a generator: Scrapy reads a generator callback's source
+        # to warn about return values, on every call for a new partial.
+        recipes = load_links(data)
+        if recipes is None:
+            recipes = [None]  # a record of another format: one drop, the page flagged
+        requests: list[Request] = []
+        for recipe in recipes:
+            built = build(recipe, self.spider) if isinstance(recipe, dict) else (
+                Unbuildable.MALFORMED)
+            if isinstance(built, Unbuildable):
+                self._dropped(key, built, recipe)
+            else:
+                requests.append(built)
+        self.stats.inc_value("incremental/replay/pages")
+        self.stats.inc_value("incremental/replay/requests", len(requests))
+        logger.debug("Replaying %(n)d requests of %(url)s", {"n": len(requests), "url": key.url},
+                     extra={"spider": self.spider})
+        return requests
+
+    def _dropped(self, key: PageKey, reason: Unbuildable, recipe: Any) -> None:
+        self.stats.inc_value(f"incremental/replay/dropped/{reason}")
+        # The page's callback must run next time, to yield what it yields now.
+        self.stage_flags(key, PageFlags.LINKS_INCOMPLETE)
+        if reason in self._warned:
+            return
+        self._warned.add(reason)
+        logger.warning(
+            "A request recorded from %(page)s cannot be made again (%(reason)s: the spider "
+            "changed since the page was last fetched in full; %(recipe)s): dropped. The page "
+            "is fetched in full on its next visit (stat incremental/replay/dropped/%(reason)s; "
+            "this is said once).",
+            {"page": key.url, "reason": reason, "recipe": _describe(recipe)},
+            extra={"spider": self.spider},
+        )
+
+
+def _describe(recipe: Any) -> str:
+    if not isinstance(recipe, dict):
+        return "a record this version does not read"
+    parts = [str(recipe.get("u"))]
+    for key, label in (("cb", "callback"), ("eb", "errback")):
+        if key in recipe:
+            parts.append(f"{label} {recipe[key]!r}")
+    if isinstance(recipe.get("meta"), dict) and "rule" in recipe["meta"]:
+        parts.append(f"rule {recipe['meta']['rule']!r}")
+    return ", ".join(parts)
