@@ -1,9 +1,10 @@
 """Re-seeding due pages for every spider in add-on mode, on real crawls.
 
 The second crawl of each test runs "two days later" (the revisit interval is
-one day, so every known page is due), and its entry page answers 304: its
-links are not seen, and the pages behind it are reached only if they are
-re-seeded from the store.
+one day, so every known page is due), and its entry page answers 304. Replay
+on 304 is off (but in the last test): the entry page's links are not seen,
+and the pages behind it are reached only if they are re-seeded from the
+store.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ REVISITS = {
     "INCREMENTAL_REVISIT_MIN": 3600,
     # No sampled full re-check: an unchanged page answers 304.
     "INCREMENTAL_RECHECK_EVERY": 0,
+    # A 304 list yields nothing: what is found behind it, re-seeding found.
+    "INCREMENTAL_REPLAY_ENABLED": False,
 }
 
 
@@ -49,6 +52,12 @@ def add_items(site: Any, n: int) -> list[str]:
         site.add_page(path, "strong", size=1500)
     site.add_document("/list", listing(paths), "text/html", etag='"list-1"')
     return paths
+
+
+def without_text(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The items without their text and fingerprint (the page's content)."""
+    return [{k: v for k, v in item.items() if k not in ("text", "fingerprint")}
+            for item in items]
 
 
 def paths_requested(site: Any, prefix: str) -> list[tuple[str, int]]:
@@ -73,7 +82,8 @@ class PlainSpider(Spider):
     def parse_item(self, response, section):
         # A request made again without what its callback needs fails here.
         assert response.meta["shelf"] == 7
-        yield {"url": response.url, "section": section, "shelf": response.meta["shelf"]}
+        yield {"url": response.url, "section": section, "shelf": response.meta["shelf"],
+               "text": " ".join(response.css("main ::text").getall())}
 
 
 @pytest_twisted.ensureDeferred
@@ -94,7 +104,7 @@ async def test_a_plain_spider_gets_its_due_pages_with_their_own_callback_and_met
     assert paths_requested(site, "/item/") == [
         (path, 200 if path == "/item/2" else 304) for path in paths]
     # Its callback got the cb_kwargs and meta of the page's own request.
-    assert second.collected == [
+    assert without_text(second.collected) == [
         {"url": site.url("/item/2"), "section": "news", "shelf": 7}]
     # The list was requested this crawl already (it is not due any more):
     # it is not re-seeded although its start request skipped the dupefilter.
@@ -117,7 +127,7 @@ class PlainSpiderRenamed(Spider):
                                   cb_kwargs={"section": "news"})
 
     def parse_article(self, response, section):
-        yield {"url": response.url, "section": section}
+        yield {"url": response.url, "text": " ".join(response.css("main ::text").getall())}
 
 
 @pytest_twisted.ensureDeferred
@@ -201,7 +211,8 @@ class Catalogue(CrawlSpider):
         self.start_urls = start
 
     def parse_book(self, response):
-        yield {"url": response.url, "rule": response.meta["rule"]}
+        yield {"url": response.url, "rule": response.meta["rule"],
+               "text": " ".join(response.css("main ::text").getall())}
 
 
 class CatalogueReordered(Catalogue):
@@ -238,7 +249,7 @@ async def test_a_crawl_spider_page_is_re_seeded_with_its_rule(site, crawl, monke
     assert paths_requested(site, "/book/") == [
         (b, 200 if b == "/book/1" else 304) for b in books]
     # CrawlSpider's own callback found rule 1 by its index, and called its callback.
-    assert second.collected == [{"url": site.url("/book/1"), "rule": 1}]
+    assert without_text(second.collected) == [{"url": site.url("/book/1"), "rule": 1}]
     assert second.stats.get_value("incremental/reseeded") == 4
 
 
@@ -277,3 +288,27 @@ async def test_a_crawl_spider_entry_page_is_re_seeded_as_a_start_page(
     assert [r.status for r in site.requests_for("/catalogue")] == [200]
     assert [item["url"] for item in second.collected] == [site.url("/book/new")]
     assert second.stats.get_value("spider_exceptions/NotImplementedError") is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_with_replay_a_page_no_longer_linked_is_still_revisited(
+    site, crawl, monkeypatch
+):
+    # Replay on 304 covers an unchanged list; a page the list stopped linking
+    # to is reached only by re-seeding.
+    paths = add_items(site, 3)
+    url = site.url("/list")
+    replay = {**REVISITS, "INCREMENTAL_REPLAY_ENABLED": True}
+    await crawl(PlainSpider, settings=replay, list_url=url)
+    site.add_document("/list", listing(paths[:2]), "text/html", etag='"list-2"')
+    site.change("/item/2")
+    site.reset_log()
+    later(monkeypatch, 2)
+    second = await crawl(PlainSpider, settings=replay, list_url=url)
+    assert [r.status for r in site.requests_for("/list")] == [200]
+    assert paths_requested(site, "/item/") == [
+        ("/item/0", 304), ("/item/1", 304), ("/item/2", 200)]
+    assert without_text(second.collected) == [
+        {"url": site.url("/item/2"), "section": "news", "shelf": 7}]
+    # The list linked to the other two this crawl: only the third is re-seeded.
+    assert second.stats.get_value("incremental/reseeded") == 1
