@@ -67,9 +67,11 @@ logger = logging.getLogger(__name__)
 RESEED_URL = "data:,reseed"
 
 #: The spider attribute holding that callback. Scrapy serialises a request
-#: (JOBDIR's disk queues, cluster mode's shared queue) with its callback's
-#: name, looked up on the spider: the worker that pops the request may not
-#: be the one that queued it, and finds its own Reseeder's callback there.
+#: (JOBDIR's disk queues, cluster mode's shared queue) with the name its
+#: callback has among the spider's methods, and an extension's method has
+#: none: held by the spider, it has one (Scrapy's lookup sees bound methods
+#: held by the instance too). The worker that pops the request may not be
+#: the one that queued it: it finds its own Reseeder's callback there.
 CALLBACK_ATTRIBUTE = "_incremental_reseed_due"
 
 #: Priority added to a page that changed on every visit (pages that changed
@@ -89,7 +91,7 @@ class Reseeder:
         self.spider: Spider = spider
         #: Whether this worker queued the re-seed request (once per crawl).
         self.requested = False
-        setattr(spider, CALLBACK_ATTRIBUTE, self.reseed_due)
+        setattr(spider, CALLBACK_ATTRIBUTE, self.reseed_due)  # see CALLBACK_ATTRIBUTE
         crawler.signals.connect(self.spider_idle, signal=signals.spider_idle)
 
     @classmethod
