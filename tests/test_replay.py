@@ -20,10 +20,13 @@ import pytest_twisted
 import scrapy
 from scrapy import Request
 from scrapy.linkextractors import LinkExtractor
+from scrapy.settings import Settings
 from scrapy.spiders import CrawlSpider, Rule, SitemapSpider
 
 from incremental_crawler import clock
 from incremental_crawler.change.policy import recheck_due
+from incremental_crawler.state.records import PageFlags, PageKey
+from incremental_crawler.state.stores import open_store
 
 if TYPE_CHECKING:
     from tests.site import LoopbackSite
@@ -499,3 +502,66 @@ async def test_the_not_modified_errback_is_not_called_for_a_page_whose_links_are
     # details yield nothing and end in NotModified, as before.
     assert sorted(second.spider.failures) == [
         (site.url(f"/detail/{i}"), "NotModified") for i in range(2)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_page_whose_record_the_store_lost_is_fetched_in_full(
+    site, crawl, monkeypatch, state_uri
+):
+    for i in range(2):
+        site.add_page(f"/detail/{i}", "strong", size=500)
+    site.add_document("/list", html("/detail/0", "/detail/1"), "text/html", etag='"list"')
+    await crawl(ListingSpider, settings=REVISITS, start=site.url("/list"))
+    # The page stays flagged HAS_LINKS; its record is gone (a store restored
+    # in part, a Redis key evicted).
+    store = open_store(Settings({"INCREMENTAL_STATE_URI": state_uri}))
+    key = PageKey("evolving", site.url("/list"))
+    assert (await store.get_page(key)).flags & PageFlags.HAS_LINKS
+    store.stage_links(key, None)
+    await store.close()
+    site.reset_log()
+    later(monkeypatch, 2)
+    second = await crawl(ListingSpider, settings=REVISITS, start=site.url("/list"))
+    assert answers(site) == {"/list": [full(conditional=False)],
+                             **{f"/detail/{i}": [not_modified()] for i in range(2)}}
+    assert second.stats.get_value("incremental/replay/record_missing") == 1
+
+
+class PollingSpider(scrapy.Spider):
+    """Asks for its own page again once (``dont_filter``), as a callback that
+    retries a page it found incomplete does."""
+
+    name = "polling"
+
+    def __init__(self, start: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.start_url = start
+
+    async def start(self):
+        yield Request(self.start_url, cb_kwargs={"again": True})
+
+    def parse(self, response, again=False):
+        if again:
+            yield response.request.replace(dont_filter=True, cb_kwargs={})
+        for href in response.css('a[href^="/detail"]::attr(href)').getall():
+            yield response.follow(href, callback=self.parse)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_page_asking_for_itself_again_is_replayed_once_per_crawl(
+    site, crawl, monkeypatch
+):
+    site.add_page("/detail", "strong", size=500)
+    site.add_document("/list", html("/detail"), "text/html", etag='"list"')
+    # Without the bound a 304 would replay the request for itself for ever:
+    # the timeout ends such a crawl, and the assertions below fail.
+    settings = {**REVISITS, "CLOSESPIDER_TIMEOUT": 20}
+    first = await crawl(PollingSpider, settings=settings, start=site.url("/list"))
+    assert first.stats.get_value("finish_reason") == "finished"
+    site.reset_log()
+    later(monkeypatch, 2)
+    second = await crawl(PollingSpider, settings=settings, start=site.url("/list"))
+    assert second.stats.get_value("finish_reason") == "finished"
+    assert answers(site) == {"/list": [not_modified(), not_modified()],
+                             "/detail": [not_modified()]}
+    assert second.stats.get_value("incremental/replay/pages") == 1

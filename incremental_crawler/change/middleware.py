@@ -162,7 +162,7 @@ class ConditionalRequestMiddleware:
                 unknown = True
         if prior is not None and not self._due(request, prior, unknown, now):
             self.stats.inc_value("incremental/not_due")
-            if links is None:
+            if links is None or not self.replayer.first(key):
                 raise NotDue(f"Not due before {prior.next_visit:.0f}: {request.url}")
             # Not requested, but the pages it leads to may be due: its links
             # are yielded as they were. Not a download: HttpCacheMiddleware
@@ -263,7 +263,7 @@ class ConditionalRequestMiddleware:
         self._take_304(request, ctx.key, ctx.prior)
         logger.debug("Not modified: %(request)s", {"request": request},
                      extra={"spider": self.crawler.spider})
-        if ctx.links is not None:
+        if ctx.links is not None and self.replayer.first(ctx.key):
             # The page is what it was, so are its links: yield them again.
             return self.replayer.response(request, ctx.key, ctx.links, response.headers)
         raise NotModified(f"Not modified: {request.url}")

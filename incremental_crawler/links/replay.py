@@ -12,6 +12,11 @@ check: the crawl goes on behind an unchanged page as if its callback had
 run. The user's callback is not called (there is no body to parse), nor is
 the request's errback.
 
+A page's requests are replayed at most once per crawl: a request the page
+yielded to itself with ``dont_filter`` (a callback retrying its own page)
+would otherwise replay it for ever, the 304 never changing. A page asked
+again in the same crawl ends in ``NotModified`` or ``NotDue`` as before.
+
 A recorded request that cannot be built again (its callback, errback or
 CrawlSpider rule is gone) is dropped, counted, and its source page flagged
 LINKS_INCOMPLETE: the next visit fetches it in full, so its callback runs
@@ -60,6 +65,15 @@ class Replayer:
         #: Ledger.stage_flags, to flag a page whose request was dropped.
         self.stage_flags = stage_flags
         self._warned: set[Unbuildable] = set()
+        #: Pages whose requests were replayed this crawl (see the module docstring).
+        self._replayed: set[PageKey] = set()
+
+    def first(self, key: PageKey) -> bool:
+        """Whether the page's requests were not replayed yet this crawl (now they are)."""
+        if key in self._replayed:
+            return False
+        self._replayed.add(key)
+        return True
 
     def response(self, request: Request, key: PageKey, data: str,
                  headers: Headers | None = None) -> Response:

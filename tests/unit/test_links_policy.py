@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from scrapy.settings import Settings
 
-from incremental_crawler.change.policy import ChangePolicy, RequestReason, links_unknown
+from incremental_crawler.change.policy import ChangePolicy, Fetch, RequestReason, links_unknown
 from incremental_crawler.change.revisit import RevisitSchedule
 from incremental_crawler.config import IncrementalConfig, SettingError
 from incremental_crawler.state.records import HostTrust, PageFlags, PageKey, PageState
@@ -100,3 +100,14 @@ def test_replay_settings_are_read_and_checked() -> None:
     assert (config.replay_enabled, config.replay_max_requests) == (False, 20)
     with pytest.raises(SettingError, match="INCREMENTAL_REPLAY_MAX_REQUESTS"):
         IncrementalConfig.from_settings(Settings({"INCREMENTAL_REPLAY_MAX_REQUESTS": 0}))
+
+
+@pytest.mark.parametrize("prior", [None, page(KNOWN | HAS)], ids=["new", "known"])
+def test_a_full_fetch_stores_the_pages_own_recipe(prior: PageState | None) -> None:
+    # For re-seeding the page as it was requested (links.recipes.own_recipe).
+    recipe = '{"meta":{"rule":1}}'
+    fetch = Fetch(KEY, '"v2"', None, "body2", 10, 200, callback="_callback", recipe=recipe)
+    decide = policy()
+    state = decide.after_fetch(prior, fetch, changed=True,
+                               judgement=decide.judge(prior, fetch, changed=True), now=NOW)
+    assert (state.callback, state.recipe) == ("_callback", recipe)
