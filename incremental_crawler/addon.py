@@ -34,6 +34,9 @@ COMPONENTS: tuple[tuple[str, str, int], ...] = (
     ("ITEM_PIPELINES", _P + "change.pipeline.FingerprintPipeline", 50),
     ("ITEM_PIPELINES", _P + "state.pipeline.StoragePipeline", 900),
     ("EXTENSIONS", _P + "report.extension.IncrementalReport", 500),
+    # Re-seeds due pages when the crawl runs out of work; finds the ledger
+    # (and the cluster coordinator) when it needs them, so any order works.
+    ("EXTENSIONS", _P + "links.reseed.Reseeder", 10),
     # Between RetryMiddleware (550) and MetaRefresh (580): 429/503 never
     # reach the retry budget.
     ("DOWNLOADER_MIDDLEWARES",

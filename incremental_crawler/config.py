@@ -72,6 +72,9 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_REVISIT_MAX": 30 * 24 * 3600,
     "INCREMENTAL_REVISIT_INC_RATE": 0.4,
     "INCREMENTAL_REVISIT_DEC_RATE": 0.2,
+    # Once a crawl runs out of work, request the known pages whose revisit
+    # is due (a 304 listing hid their links); per spider in custom_settings.
+    "INCREMENTAL_RESEED_ENABLED": True,
     # Due pages re-seeded from the store per crawl, at most.
     "INCREMENTAL_RESEED_LIMIT": 10_000,
     # Replay on 304: the requests a page's callback yielded are stored with
@@ -176,6 +179,7 @@ class IncrementalConfig:
     revisit_max: float
     revisit_inc_rate: float
     revisit_dec_rate: float
+    reseed_enabled: bool
     reseed_limit: int
     replay_enabled: bool
     replay_max_requests: int
@@ -243,6 +247,7 @@ class IncrementalConfig:
             revisit_max=number("INCREMENTAL_REVISIT_MAX", minimum=0),
             revisit_inc_rate=number("INCREMENTAL_REVISIT_INC_RATE", minimum=0),
             revisit_dec_rate=number("INCREMENTAL_REVISIT_DEC_RATE", minimum=0),
+            reseed_enabled=boolean("INCREMENTAL_RESEED_ENABLED"),
             reseed_limit=number("INCREMENTAL_RESEED_LIMIT", minimum=0, kind=int),
             replay_enabled=boolean("INCREMENTAL_REPLAY_ENABLED"),
             replay_max_requests=number("INCREMENTAL_REPLAY_MAX_REQUESTS", minimum=1, kind=int),
