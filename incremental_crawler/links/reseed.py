@@ -86,12 +86,11 @@ class Reseeder:
         self.crawler = crawler
         self.config = config
         self.stats = crawler.stats
-        spider = crawler.spider
-        assert spider is not None
-        self.spider: Spider = spider
         #: Whether this worker queued the re-seed request (once per crawl).
         self.requested = False
-        setattr(spider, CALLBACK_ATTRIBUTE, self.reseed_due)  # see CALLBACK_ATTRIBUTE
+        # The spider is bound when it opens: a crawler built for a test
+        # (scrapy.utils.test.get_crawler) has none while extensions are built.
+        crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_idle, signal=signals.spider_idle)
 
     @classmethod
@@ -102,6 +101,15 @@ class Reseeder:
             # message: Scrapy would log a warning for a choice.
             raise NotConfigured
         return cls(crawler, config)
+
+    @property
+    def spider(self) -> Spider:
+        spider = self.crawler.spider
+        assert spider is not None
+        return spider
+
+    def spider_opened(self, spider: Spider) -> None:
+        setattr(spider, CALLBACK_ATTRIBUTE, self.reseed_due)  # see CALLBACK_ATTRIBUTE
 
     def wanted(self) -> bool:
         """Whether the spider wants its due pages re-seeded this crawl."""
