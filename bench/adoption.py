@@ -90,6 +90,10 @@ def change(site: Site, paths: list[str]) -> None:
     site._call("POST", f"/__site__/change?{query}")
 
 
+def path_of(item: dict) -> str:
+    return "/" + item["url"].split("127.0.0.1", 1)[1].split("/", 1)[1]
+
+
 def revision(item: dict) -> int | None:
     match = re.search(r"v(\d+)$", item.get("title", ""))
     return int(match.group(1)) if match else None
@@ -112,16 +116,17 @@ def crawl(site: Site, kind: str, settings: dict[str, str], work: Path, name: str
 def scenario(site: Site, kind: str, settings: dict[str, str], changed: list[str],
              work: Path, label: str) -> list[object]:
     site.reset()
-    crawl(site, kind, settings, work, f"{label}-1")
+    first = crawl(site, kind, settings, work, f"{label}-1")
+    before = {path_of(item): revision(item) for item in first.item_list}
     change(site, changed)
     site.reset()
     second = crawl(site, kind, settings, work, f"{label}-2", later=True)
     log = summarize_log(site.log())
-    emitted = {item["url"].split("127.0.0.1", 1)[1].split("/", 1)[1]: item
-               for item in second.item_list}
-    found = sum(1 for p in changed if p.lstrip("/") in emitted
-                and (revision(emitted[p.lstrip("/")]) or 0) >= 2)
-    unchanged = sum(1 for p in emitted if "/" + p not in changed)
+    emitted = {path_of(item): item for item in second.item_list}
+    # Found: an item carrying a newer revision than crawl 1 saw.
+    found = sum(1 for p in changed if p in emitted
+                and (revision(emitted[p]) or 0) > (before.get(p) or 0))
+    unchanged = sum(1 for p in emitted if p not in changed)
     return [kind, label.split(":", 1)[1], f"{found}/{len(changed)}", unchanged,
             log.requests, log.not_modified, log.body_bytes]
 
