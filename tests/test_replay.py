@@ -2,7 +2,8 @@
 
 Each spider here is plain Scrapy (a ``scrapy.Spider`` following links, a
 ``CrawlSpider`` with rules, Scrapy's own ``SitemapSpider``), run with the
-add-on line only (the ``crawl`` fixture installs it). The second crawl runs
+add-on line only (the ``crawl`` fixture installs it), or the same
+link-following spider on our own ``IncrementalSpider``. The second crawl runs
 "two days later" with revisits on, as a project gets them by default: every
 page is due again (a day is the first interval), so each is asked
 conditionally once, and the test shows what a 304 does to the pages behind
@@ -25,6 +26,7 @@ from scrapy.spiders import CrawlSpider, Rule, SitemapSpider
 
 from incremental_crawler import clock
 from incremental_crawler.change.policy import recheck_due
+from incremental_crawler.spiders import IncrementalSpider
 from incremental_crawler.state.records import PageFlags, PageKey
 from incremental_crawler.state.stores import open_store
 
@@ -182,6 +184,48 @@ async def test_after_an_upgrade_pages_with_links_are_fetched_in_full_once(site, 
     later(monkeypatch, 2)
     await crawl(FollowSpider, settings=REVISITS, start=site.url(paths[0]))
     assert answers(site) == {p: [not_modified()] for p in paths}
+
+
+# -- our own IncrementalSpider following links -----------------------------------
+
+
+class IncrementalFollowSpider(IncrementalSpider, FollowSpider):
+    """The same spider on our base class (which also re-seeds due pages
+    from the store once the crawl runs out of links)."""
+
+    name = "incremental-follow"
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_our_incremental_spider_finds_a_change_behind_unchanged_pages(
+    site, crawl, monkeypatch
+):
+    paths = make_pages(site)
+    depths = nav_depths(site, paths[0])
+    changed = next(p for p in paths if depths[p] == 2)
+    # As for the plain spider: no sampled full fetch on visit 2.
+    assert not any(recheck_due(site.url(p), 2, 200) for p in paths)
+
+    first = await crawl(IncrementalFollowSpider, settings=REVISITS, start=site.url(paths[0]))
+    assert len(first.collected) == len(paths)
+    assert answers(site) == {p: [full(conditional=False)] for p in paths}
+
+    site.change(changed)
+    site.reset_log()
+    later(monkeypatch, 2)
+    second = await crawl(IncrementalFollowSpider, settings=REVISITS, start=site.url(paths[0]))
+    # Each page asked once (neither the replayed links nor the re-seeding
+    # of due pages ask for one again), conditionally; 304s without a body.
+    assert answers(site) == {
+        p: [full(conditional=True) if p == changed else not_modified()] for p in paths}
+    # The change, two links behind pages that answered 304, with its new
+    # revision; nothing unchanged.
+    assert [(item["url"], item["title"]) for item in second.collected] == [
+        (site.url(changed), f"{site.page(changed).title} v1")]
+    # Our spider's re-seeding of due pages would ask for them too, once the
+    # links ran out: the stat shows the 304s yielded their links again.
+    assert second.stats.get_value("incremental/replay/pages") == len(paths) - 1
 
 
 # -- a CrawlSpider with rules ----------------------------------------------------
