@@ -218,6 +218,11 @@ async def test_kill_9_never_leaves_a_pages_state_ahead_of_its_links(
     depths = link_depths(site, "/p/0000")
     assert len(depths) == N_PAGES  # the first page leads to every page
 
+    # The ledger stages a page's links record just before its state, in the
+    # same turn of the reactor, so one flush commits both. Were the record
+    # staged after the state with a flush possible between, a kill there
+    # would leave a state flagged HAS_LINKS without its record (the first
+    # check of assert_no_state_ahead_of_links).
     stored_after_kill = []
     # A page stages three writes (its item, its links, its state): with
     # batches of 3 the flushes could fall at the same place among them in
