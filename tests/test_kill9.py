@@ -4,16 +4,23 @@ A real ``scrapy crawl`` process is killed with SIGKILL at several points of
 a crawl; after each kill the state file must hold, for every page that has
 validators, the item extracted from it. Then pages change and a crawl runs
 to the end: every page's latest content must be in the store.
+
+Nor is a page's state ever ahead of its outlinks: a link-following spider,
+killed the same way, must leave every page it stored with the links record
+its flags promise, so that a 304 later yields the links behind it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_twisted
@@ -21,29 +28,43 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
+from incremental_crawler.links.recipes import load_links
+from incremental_crawler.state.records import PageFlags
+
 PROJECT = Path(__file__).resolve().parents[1]
 N_PAGES = 150
 
 
-def start_crawl(site, state_uri: str, *extra: str) -> subprocess.Popen[bytes]:
+def scrapy_crawl(state_uri: str, *args: str, wrapper: tuple[str, ...] = (),
+                 log_level: str = "WARNING", batch_size: int = 3) -> subprocess.Popen[bytes]:
+    """``scrapy crawl <args>`` in a process of its own, run from the repository root."""
     return subprocess.Popen(
         [
-            sys.executable, "-m", "scrapy", "crawl", "sitemap", *extra,
-            "-a", f"sitemap_url={site.url('/robots.txt')}",
+            *wrapper, sys.executable, "-m", "scrapy", "crawl", *args,
             "-s", f"INCREMENTAL_STATE_URI={state_uri}",
             # Small batches and a short interval: many commits, so a kill
             # lands between them as well as inside one.
-            "-s", "INCREMENTAL_BATCH_SIZE=3",
+            "-s", f"INCREMENTAL_BATCH_SIZE={batch_size}",
             "-s", "INCREMENTAL_FLUSH_INTERVAL=0.02",
             "-s", "CONCURRENT_REQUESTS=4",
             # Politeness is tested elsewhere; here the crawl should be quick.
             "-s", "INCREMENTAL_THROTTLE_ENABLED=False",
-            "-s", "LOG_LEVEL=WARNING",
+            "-s", f"LOG_LEVEL={log_level}",
         ],
+        # The project's scrapy.cfg (its settings, the add-on line) and the
+        # tests' spider module are found from the repository root, whatever
+        # directory pytest runs in.
         cwd=PROJECT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (str(PROJECT), os.environ.get("PYTHONPATH", "")) if p)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
+
+
+def start_crawl(site, state_uri: str, *extra: str) -> subprocess.Popen[bytes]:
+    return scrapy_crawl(state_uri, "sitemap", *extra,
+                        "-a", f"sitemap_url={site.url('/robots.txt')}")
 
 
 async def kill_after(site, proc: subprocess.Popen[bytes], page_requests: int) -> None:
@@ -124,3 +145,135 @@ async def test_kill_9_with_items_only_in_a_feed_loses_no_change(
     if (tmp_path / "state.db").exists():
         committed = {url for (url,) in state_db("SELECT url FROM pages WHERE etag IS NOT NULL")}
     assert committed <= in_feed
+
+
+# -- a page's state is never ahead of its outlinks --------------------------------
+
+
+def start_follow_crawl(site, state_uri: str, *extra: str,
+                       **options: Any) -> subprocess.Popen[bytes]:
+    """A plain ``scrapy.Spider`` following the site's ``<nav>`` links from ``/p/0000``."""
+    return scrapy_crawl(state_uri, "follow", "-a", f"start_url={site.url('/p/0000')}",
+                        "-s", "SPIDER_MODULES=tests.follow_spider", *extra, **options)
+
+
+def nav_links(site, path: str) -> list[str]:
+    """The paths a page links to in its ``<nav>``, read from its own HTML."""
+    nav = re.search(rb"<nav>(.*?)</nav>", site.body(path), re.S)
+    assert nav is not None, path
+    return [href.decode() for href in re.findall(rb'href="([^"]+)"', nav.group(1))]
+
+
+def link_depths(site, start: str) -> dict[str, int]:
+    """Link depth of every page reached from *start*."""
+    depths = {start: 0}
+    queue = [start]
+    while queue:
+        path = queue.pop(0)
+        for target in nav_links(site, path):
+            if target not in depths:
+                depths[target] = depths[path] + 1
+                queue.append(target)
+    return depths
+
+
+def assert_no_state_ahead_of_links(site, state_db) -> int:
+    """Every page stored with validators has the links record its flags
+    promise, listing the page's outlinks; returns how many pages that is."""
+    rows = state_db(
+        "SELECT p.url, p.flags, l.data FROM pages p LEFT JOIN links l "
+        "ON l.scope = p.scope AND l.url = p.url AND l.variant = p.variant "
+        "WHERE p.etag IS NOT NULL OR p.last_modified IS NOT NULL")
+    # HAS_LINKS without the record: the state was committed ahead of it.
+    ahead = [url for url, flags, data in rows if flags & PageFlags.HAS_LINKS and data is None]
+    assert ahead == [], f"states stored without their links record: {ahead[:5]}"
+    # Every page of the site links on, so each one stored must say so: a page
+    # flagged LINKS_KNOWN without HAS_LINKS would replay nothing on a 304,
+    # and the pages behind it would be lost to the crawl.
+    wanted = PageFlags.LINKS_KNOWN | PageFlags.HAS_LINKS
+    flagged = [(url, flags) for url, flags, _ in rows
+               if flags & (wanted | PageFlags.LINKS_INCOMPLETE) != wanted]
+    assert flagged == [], f"pages whose flags do not promise their links: {flagged[:5]}"
+    # And the record is the page's own outlinks, not another page's or a part.
+    wrong = [url for url, _, data in rows
+             if sorted(r["u"] for r in load_links(data) or [])
+             != sorted(site.url(p) for p in nav_links(site, url.removeprefix(site.base_url)))]
+    assert wrong == [], f"links records not listing their page's links: {wrong[:5]}"
+    return len(rows)
+
+
+def logged_stat(log: str, name: str) -> int:
+    """A counter from the stats Scrapy dumps at the end of a crawl (0: absent)."""
+    assert "Dumping Scrapy stats" in log
+    found = re.search(rf"'{re.escape(name)}': (\d+)", log)
+    return int(found.group(1)) if found else 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_kill_9_never_leaves_a_pages_state_ahead_of_its_links(
+    site, state_uri, state_db, tmp_path,
+):
+    for i in range(N_PAGES):
+        site.add_page(f"/p/{i:04d}", ("strong", "weak", "lastmod")[i % 3], size=1500)
+    depths = link_depths(site, "/p/0000")
+    assert len(depths) == N_PAGES  # the first page leads to every page
+
+    # The ledger stages a page's links record just before its state, in the
+    # same turn of the reactor, so one flush commits both. Were the record
+    # staged after the state with a flush possible between, a kill there
+    # would leave a state flagged HAS_LINKS without its record (the first
+    # check of assert_no_state_ahead_of_links).
+    stored_after_kill = []
+    # A page stages three writes (its item, its links, its state): with
+    # batches of 3 the flushes could fall at the same place among them in
+    # every page, and batches of 2 and 4 move that place.
+    for kill_at, batch_size in ((15, 3), (45, 2), (75, 4), (110, 3)):
+        proc = start_follow_crawl(site, state_uri, batch_size=batch_size)
+        await kill_after(site, proc, kill_at)
+        assert proc.returncode == -signal.SIGKILL
+        assert_no_validator_ahead_of_data(state_db)
+        stored_after_kill.append(assert_no_state_ahead_of_links(site, state_db))
+    # The kills really landed mid-crawl: some state was committed, not all.
+    assert min(stored_after_kill) > 0 and max(stored_after_kill) < N_PAGES
+
+    # A crawl to the end, at once: the pages stored so far are not due (a
+    # day is the first interval), so only their stored links lead on to the
+    # pages behind them; every page must be reached and stored.
+    proc = start_follow_crawl(site, state_uri)
+    _, stderr = await deferToThread(proc.communicate)
+    assert proc.returncode == 0, stderr.decode()
+    assert assert_no_state_ahead_of_links(site, state_db) == N_PAGES
+
+    changed = min(path for path, depth in depths.items() if depth == 2)
+    site.change(changed)
+    site.reset_log()
+    # Two days later every page is due: faketime moves the crawl's clock.
+    # Without faketime (CI may not have it), INCREMENTAL_REVISIT_ENABLED=False
+    # makes every page due the same way. No sampled full fetch (RECHECK_EVERY
+    # 0): each unchanged page must answer 304.
+    wrapper: tuple[str, ...] = ("faketime", "-f", "+2d") if shutil.which("faketime") else ()
+    later = () if wrapper else ("-s", "INCREMENTAL_REVISIT_ENABLED=False")
+    feed = tmp_path / "items.jsonl"
+    proc = start_follow_crawl(site, state_uri, *later, "-O", str(feed),
+                              "-s", "INCREMENTAL_RECHECK_EVERY=0",
+                              wrapper=wrapper, log_level="INFO")
+    _, stderr = await deferToThread(proc.communicate)
+    log = stderr.decode()
+    assert proc.returncode == 0, log
+
+    # The change two links deep is found, behind pages that answered 304;
+    # no unchanged page is emitted.
+    items = [json.loads(line) for line in feed.read_text().splitlines()]
+    assert [(item["url"], item["title"]) for item in items] == [
+        (site.url(changed), f"{site.page(changed).title} v1")]
+    # Each page asked once, conditionally; a 304 costs no body.
+    asked: dict[str, list[tuple[int, bool, bool]]] = {}
+    for r in site.log:
+        if r.path.startswith("/p/"):
+            conditional = r.if_none_match is not None or r.if_modified_since is not None
+            asked.setdefault(r.path, []).append((r.status, r.body_bytes > 0, conditional))
+    assert asked == {path: [(200, True, True) if path == changed else (304, False, True)]
+                     for path in depths}
+    assert logged_stat(log, "incremental/replay/pages") == N_PAGES - 1
+    assert logged_stat(log, "incremental/replay/record_missing") == 0
+    assert logged_stat(log, "incremental/requests/links_unknown") == 0

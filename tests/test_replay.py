@@ -2,7 +2,8 @@
 
 Each spider here is plain Scrapy (a ``scrapy.Spider`` following links, a
 ``CrawlSpider`` with rules, Scrapy's own ``SitemapSpider``), run with the
-add-on line only (the ``crawl`` fixture installs it). The second crawl runs
+add-on line only (the ``crawl`` fixture installs it), or the same
+link-following spider on our own ``IncrementalSpider``. The second crawl runs
 "two days later" with revisits on, as a project gets them by default: every
 page is due again (a day is the first interval), so each is asked
 conditionally once, and the test shows what a 304 does to the pages behind
@@ -25,6 +26,8 @@ from scrapy.spiders import CrawlSpider, Rule, SitemapSpider
 
 from incremental_crawler import clock
 from incremental_crawler.change.policy import recheck_due
+from incremental_crawler.report.extension import IncrementalLogStats
+from incremental_crawler.spiders import IncrementalSpider
 from incremental_crawler.state.records import PageFlags, PageKey
 from incremental_crawler.state.stores import open_store
 
@@ -68,6 +71,13 @@ def not_modified() -> tuple[int, bool, bool]:
     return (*NOT_MODIFIED, True)
 
 
+def report_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The lines of the end-of-crawl report logged since *caplog* was cleared."""
+    reports = [m for r in caplog.records if (m := r.getMessage()).startswith("Incremental report")]
+    assert len(reports) == 1
+    return reports[0].splitlines()
+
+
 def html(*links: str) -> str:
     anchors = "".join(f'<a href="{href}">{text}</a> ' for href, text in
                       (link.split("|") if "|" in link else (link, link) for link in links))
@@ -97,16 +107,20 @@ class FollowSpider(scrapy.Spider):
             yield response.follow(href, callback=self.parse)
 
 
+def nav_links(site: LoopbackSite, path: str) -> list[str]:
+    """The paths a page links to in its ``<nav>``, read from its own HTML."""
+    nav = re.search(rb"<nav>(.*?)</nav>", site.body(path), re.S)
+    assert nav is not None
+    return [href.decode() for href in re.findall(rb'href="([^"]+)"', nav.group(1))]
+
+
 def nav_depths(site: LoopbackSite, start: str) -> dict[str, int]:
     """Link depth of every page from *start*, read from the pages' own HTML."""
     depths = {start: 0}
     queue = [start]
     while queue:
         path = queue.pop(0)
-        nav = re.search(rb"<nav>(.*?)</nav>", site.body(path), re.S)
-        assert nav is not None
-        for href in re.findall(rb'href="([^"]+)"', nav.group(1)):
-            target = href.decode()
+        for target in nav_links(site, path):
             if target not in depths:
                 depths[target] = depths[path] + 1
                 queue.append(target)
@@ -122,7 +136,8 @@ def make_pages(site: LoopbackSite, n: int = 30) -> list[str]:
 
 @BACKENDS
 @pytest_twisted.ensureDeferred
-async def test_a_plain_spider_finds_a_change_behind_unchanged_pages(site, crawl, monkeypatch):
+async def test_a_plain_spider_finds_a_change_behind_unchanged_pages(site, crawl, monkeypatch,
+                                                                   caplog):
     paths = make_pages(site)
     depths = nav_depths(site, paths[0])
     assert sorted(depths) == paths  # every page is reached from the first
@@ -139,7 +154,11 @@ async def test_a_plain_spider_finds_a_change_behind_unchanged_pages(site, crawl,
     site.change(changed)
     site.reset_log()
     later(monkeypatch, 2)
-    second = await crawl(FollowSpider, settings=REVISITS, start=site.url(paths[0]))
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        # The periodic line on (the fixture turns it off) to read it below.
+        second = await crawl(FollowSpider, settings={**REVISITS, "LOGSTATS_INTERVAL": 60},
+                             start=site.url(paths[0]))
     # Each page asked once, conditionally; the unchanged ones answered 304
     # without a body, yet the pages behind them were reached.
     assert answers(site) == {
@@ -149,6 +168,23 @@ async def test_a_plain_spider_finds_a_change_behind_unchanged_pages(site, crawl,
     assert stats.get_value("incremental/replay/pages") == len(paths) - 1
     assert stats.get_value("incremental/not_modified") == len(paths) - 1
     assert stats.get_value("incremental/replay/dropped/callback_missing") is None
+    # The report says what the 304s did: every unchanged page's nav links
+    # were yielded again, and no page had to be fetched for its links.
+    replayed = sum(len(nav_links(site, p)) for p in paths if p != changed)
+    lines = report_lines(caplog)
+    assert lines[1] == (
+        f"  {len(paths)} pages checked, {len(paths) - 1} not modified (304), 0 new, 1 changed, "
+        "0 unchanged in full; items: 0 new, 1 changed, 0 unchanged dropped")
+    replay_line = (f"  replay: {len(paths) - 1} pages' links replayed ({replayed} requests), "
+                   "0 pages fetched in full (links unknown or incomplete)")
+    assert replay_line in lines
+    # And so does the periodic line (logged once more here, with the
+    # crawl's final figures, rather than waiting for its timer).
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        second.get_extension(IncrementalLogStats).log(second.spider)
+    periodic = [m for r in caplog.records if (m := r.getMessage()).startswith("Incremental: ")]
+    assert periodic == [f"Incremental: {lines[1].strip()}; {replay_line.strip()}"]
 
     # A day later the unchanged pages are not due (their interval grew to
     # 1.4 days), the changed one is (0.8 days): nothing is asked but that
@@ -182,6 +218,48 @@ async def test_after_an_upgrade_pages_with_links_are_fetched_in_full_once(site, 
     later(monkeypatch, 2)
     await crawl(FollowSpider, settings=REVISITS, start=site.url(paths[0]))
     assert answers(site) == {p: [not_modified()] for p in paths}
+
+
+# -- our own IncrementalSpider following links -----------------------------------
+
+
+class IncrementalFollowSpider(IncrementalSpider, FollowSpider):
+    """The same spider on our base class (which also re-seeds due pages
+    from the store once the crawl runs out of links)."""
+
+    name = "incremental-follow"
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_our_incremental_spider_finds_a_change_behind_unchanged_pages(
+    site, crawl, monkeypatch
+):
+    paths = make_pages(site)
+    depths = nav_depths(site, paths[0])
+    changed = next(p for p in paths if depths[p] == 2)
+    # As for the plain spider: no sampled full fetch on visit 2.
+    assert not any(recheck_due(site.url(p), 2, 200) for p in paths)
+
+    first = await crawl(IncrementalFollowSpider, settings=REVISITS, start=site.url(paths[0]))
+    assert len(first.collected) == len(paths)
+    assert answers(site) == {p: [full(conditional=False)] for p in paths}
+
+    site.change(changed)
+    site.reset_log()
+    later(monkeypatch, 2)
+    second = await crawl(IncrementalFollowSpider, settings=REVISITS, start=site.url(paths[0]))
+    # Each page asked once (neither the replayed links nor the re-seeding
+    # of due pages ask for one again), conditionally; 304s without a body.
+    assert answers(site) == {
+        p: [full(conditional=True) if p == changed else not_modified()] for p in paths}
+    # The change, two links behind pages that answered 304, with its new
+    # revision; nothing unchanged.
+    assert [(item["url"], item["title"]) for item in second.collected] == [
+        (site.url(changed), f"{site.page(changed).title} v1")]
+    # Our spider's re-seeding of due pages would ask for them too, once the
+    # links ran out: the stat shows the 304s yielded their links again.
+    assert second.stats.get_value("incremental/replay/pages") == len(paths) - 1
 
 
 # -- a CrawlSpider with rules ----------------------------------------------------
@@ -340,10 +418,14 @@ async def test_a_page_yielding_an_item_in_meta_is_fetched_in_full_and_warned_abo
     site.add_document("/list/a", html("/detail/0", "/detail/1"), "text/html", etag='"a"')
     site.add_document("/list/b", html("/detail/2", "/detail/3"), "text/html", etag='"b"')
     starts = [site.url("/list/a"), site.url("/list/b")]
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         first = await crawl(ItemInMetaSpider, settings=REVISITS, starts=starts)
     assert len(first.collected) == 4
     assert first.stats.get_value("incremental/replay/unrecordable/meta_not_json") == 2
+    # The report says so, by reason.
+    assert ("  replay: 0 pages' links replayed (0 requests), 0 pages fetched in full "
+            "(links unknown or incomplete), requests not recordable on 2 pages "
+            "(meta_not_json 2)") in report_lines(caplog)
     warnings = [m for r in caplog.records if "cannot all be replayed" in (m := r.getMessage())]
     assert len(warnings) == 1
     assert "meta_not_json" in warnings[0] and "/detail/" in warnings[0]
@@ -351,7 +433,9 @@ async def test_a_page_yielding_an_item_in_meta_is_fetched_in_full_and_warned_abo
 
     site.reset_log()
     later(monkeypatch, 2)
-    second = await crawl(ItemInMetaSpider, settings=REVISITS, starts=starts)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        second = await crawl(ItemInMetaSpider, settings=REVISITS, starts=starts)
     # The listings' callback runs again (no conditions sent); the details,
     # which yield no request, answer 304 as before.
     assert answers(site) == {
@@ -359,6 +443,9 @@ async def test_a_page_yielding_an_item_in_meta_is_fetched_in_full_and_warned_abo
         "/list/b": [full(conditional=False)],
         **{f"/detail/{i}": [not_modified()] for i in range(4)}}
     assert second.stats.get_value("incremental/requests/links_unknown") == 2
+    assert ("  replay: 0 pages' links replayed (0 requests), 2 pages fetched in full "
+            "(links unknown or incomplete), requests not recordable on 2 pages "
+            "(meta_not_json 2)") in report_lines(caplog)
 
 
 class ListingSpider(scrapy.Spider):
@@ -407,10 +494,13 @@ async def test_a_replayed_request_whose_callback_is_gone_is_dropped_and_its_page
     await crawl(ListingSpider, settings=REVISITS, start=site.url("/list"))
     site.reset_log()
     later(monkeypatch, 2)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         second = await crawl(RenamedSpider, settings=REVISITS, start=site.url("/list"))
     assert answers(site) == {"/list": [not_modified()]}
     assert second.stats.get_value("incremental/replay/dropped/callback_missing") == 3
+    assert ("  replay: 1 pages' links replayed (0 requests), 0 pages fetched in full "
+            "(links unknown or incomplete), 3 replayed requests dropped "
+            "(callback_missing 3)") in report_lines(caplog)
     warnings = [m for r in caplog.records if "cannot be made again" in (m := r.getMessage())]
     assert len(warnings) == 1 and "parse_detail" in warnings[0]
 

@@ -37,6 +37,12 @@ def summarize(stats: dict[str, Any]) -> dict[str, int]:
     requests = sum(
         int(v) for k, v in stats.items() if k.startswith("incremental/requests/")
     )
+    # Per reason, as "unrecordable/<reason>" and "dropped/<reason>" (present
+    # when non-zero), and their totals.
+    reasons = {
+        k.removeprefix("incremental/replay/"): int(v or 0) for k, v in stats.items()
+        if k.startswith(("incremental/replay/unrecordable/", "incremental/replay/dropped/"))
+    }
     return {
         "checked": requests,
         "conditional": get("requests/conditional"),
@@ -52,6 +58,15 @@ def summarize(stats: dict[str, Any]) -> dict[str, int]:
         "state_withheld": get("state_withheld"),
         "lastmod_skipped": get("lastmod/skipped"),
         "sitemaps_unchanged": get("sitemap/child_unchanged") + get("discovery/not_modified"),
+        # Replay on 304: pages (304 or not due) whose stored requests were
+        # yielded again, and those requests; pages fetched in full because
+        # their requests were not all stored.
+        "replayed_pages": get("replay/pages"),
+        "replayed_requests": get("replay/requests"),
+        "links_unknown": get("requests/links_unknown"),
+        "unrecordable": sum(v for k, v in reasons.items() if k.startswith("unrecordable/")),
+        "dropped": sum(v for k, v in reasons.items() if k.startswith("dropped/")),
+        **reasons,
     }
 
 
@@ -68,6 +83,27 @@ def _line(s: dict[str, int]) -> str:
         f"in full; items: {s['items_new']} new, {s['items_changed']} changed, "
         f"{s['items_unchanged']} unchanged dropped"
     )
+
+
+def _replay_line(s: dict[str, int]) -> str:
+    """What replay on 304 did; empty when it did nothing (a spider that
+    yields no requests, or one that does not replay: sitemaps, feeds)."""
+    if not (s["replayed_pages"] or s["links_unknown"] or s["unrecordable"] or s["dropped"]):
+        return ""
+    line = (f"replay: {s['replayed_pages']} pages' links replayed "
+            f"({s['replayed_requests']} requests), {s['links_unknown']} pages fetched in full "
+            "(links unknown or incomplete)")
+    if s["unrecordable"]:
+        line += (f", requests not recordable on {s['unrecordable']} pages "
+                 f"({_reasons(s, 'unrecordable/')})")
+    if s["dropped"]:
+        line += f", {s['dropped']} replayed requests dropped ({_reasons(s, 'dropped/')})"
+    return line
+
+
+def _reasons(s: dict[str, int], prefix: str) -> str:
+    return ", ".join(f"{k.removeprefix(prefix)} {v}" for k, v in sorted(s.items())
+                     if k.startswith(prefix) and v)
 
 
 def trust_lines(book: HostTrustBook) -> list[str]:
@@ -105,7 +141,10 @@ class IncrementalLogStats(LogStats):
 
     def log(self, spider: Spider) -> None:
         super().log(spider)
-        line = _line(summarize(self.stats.get_stats()))
+        s = summarize(self.stats.get_stats())
+        line = _line(s)
+        if replay := _replay_line(s):
+            line += f"; {replay}"
         throttle = self.crawler.get_extension(AdaptiveThrottle) if self.crawler else None
         if throttle is not None and throttle.site_windows():
             line += f"; windows: {throttle.summary()}"
@@ -139,6 +178,8 @@ class IncrementalReport:
             f"  {_line(s)}",
             f"  bytes downloaded {downloaded:,}, saved by 304s ~{saved:,}{share}",
         ]
+        if replay := _replay_line(s):
+            lines.append(f"  {replay}")
         throttle = self.crawler.get_extension(AdaptiveThrottle) if self.crawler else None
         if throttle is not None and throttle.site_windows():
             # What each slot's requests could reach, as in the periodic line.
