@@ -72,16 +72,7 @@ class ScrapySitemapSpider(SitemapSpider):
         return page_item(response)
 
 
-class OurSpider(IncrementalSpider):
+class OurSpider(FollowSpider, IncrementalSpider):
     """The same link-following spider on our own base class."""
 
     name = "adopt_incremental"
-
-    def __init__(self, start_url: str = "", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.start_urls = [start_url]
-
-    def parse(self, response: Response) -> Iterator[Any]:
-        yield page_item(response)
-        for href in response.css("nav a::attr(href), main a::attr(href)").getall():
-            yield response.follow(href, callback=self.parse)

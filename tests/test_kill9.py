@@ -30,6 +30,7 @@ from twisted.internet.threads import deferToThread
 
 from incremental_crawler.links.recipes import load_links
 from incremental_crawler.state.records import PageFlags
+from tests.links import nav_depths, nav_links
 
 PROJECT = Path(__file__).resolve().parents[1]
 N_PAGES = 150
@@ -157,26 +158,6 @@ def start_follow_crawl(site, state_uri: str, *extra: str,
                         "-s", "SPIDER_MODULES=tests.follow_spider", *extra, **options)
 
 
-def nav_links(site, path: str) -> list[str]:
-    """The paths a page links to in its ``<nav>``, read from its own HTML."""
-    nav = re.search(rb"<nav>(.*?)</nav>", site.body(path), re.S)
-    assert nav is not None, path
-    return [href.decode() for href in re.findall(rb'href="([^"]+)"', nav.group(1))]
-
-
-def link_depths(site, start: str) -> dict[str, int]:
-    """Link depth of every page reached from *start*."""
-    depths = {start: 0}
-    queue = [start]
-    while queue:
-        path = queue.pop(0)
-        for target in nav_links(site, path):
-            if target not in depths:
-                depths[target] = depths[path] + 1
-                queue.append(target)
-    return depths
-
-
 def assert_no_state_ahead_of_links(site, state_db) -> int:
     """Every page stored with validators has the links record its flags
     promise, listing the page's outlinks; returns how many pages that is."""
@@ -215,7 +196,7 @@ async def test_kill_9_never_leaves_a_pages_state_ahead_of_its_links(
 ):
     for i in range(N_PAGES):
         site.add_page(f"/p/{i:04d}", ("strong", "weak", "lastmod")[i % 3], size=1500)
-    depths = link_depths(site, "/p/0000")
+    depths = nav_depths(site, "/p/0000")
     assert len(depths) == N_PAGES  # the first page leads to every page
 
     # The ledger stages a page's links record just before its state, in the

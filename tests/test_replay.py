@@ -13,7 +13,6 @@ it. The server's log says what was asked and answered.
 from __future__ import annotations
 
 import logging
-import re
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -30,6 +29,7 @@ from incremental_crawler.report.extension import IncrementalLogStats
 from incremental_crawler.spiders import IncrementalSpider
 from incremental_crawler.state.records import PageFlags, PageKey
 from incremental_crawler.state.stores import open_store
+from tests.links import nav_depths, nav_links
 
 if TYPE_CHECKING:
     from tests.site import LoopbackSite
@@ -105,26 +105,6 @@ class FollowSpider(scrapy.Spider):
         yield {"url": response.url, "title": response.css("title::text").get()}
         for href in response.css("nav a::attr(href)").getall():
             yield response.follow(href, callback=self.parse)
-
-
-def nav_links(site: LoopbackSite, path: str) -> list[str]:
-    """The paths a page links to in its ``<nav>``, read from its own HTML."""
-    nav = re.search(rb"<nav>(.*?)</nav>", site.body(path), re.S)
-    assert nav is not None
-    return [href.decode() for href in re.findall(rb'href="([^"]+)"', nav.group(1))]
-
-
-def nav_depths(site: LoopbackSite, start: str) -> dict[str, int]:
-    """Link depth of every page from *start*, read from the pages' own HTML."""
-    depths = {start: 0}
-    queue = [start]
-    while queue:
-        path = queue.pop(0)
-        for target in nav_links(site, path):
-            if target not in depths:
-                depths[target] = depths[path] + 1
-                queue.append(target)
-    return depths
 
 
 def make_pages(site: LoopbackSite, n: int = 30) -> list[str]:
