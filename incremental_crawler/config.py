@@ -72,6 +72,16 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_REVISIT_MAX": 30 * 24 * 3600,
     "INCREMENTAL_REVISIT_INC_RATE": 0.4,
     "INCREMENTAL_REVISIT_DEC_RATE": 0.2,
+    # Due is judged per crawl: a page is due when its next visit is not
+    # after the crawl's start plus this many seconds (a job run every day
+    # may start this much earlier than the one before).
+    "INCREMENTAL_DUE_TOLERANCE": 3600,
+    # INCREMENTAL_MAX_AGE refreshes spread over this share of it (per URL),
+    # so pages stored on one day do not all fall due on one day.
+    "INCREMENTAL_MAX_AGE_JITTER": 0.25,
+    # Every known page is due (requested conditionally), lastmods aside:
+    # "check everything now" for any spider.
+    "INCREMENTAL_RECHECK_ALL": False,
     # Once a crawl runs out of work, request the known pages whose revisit
     # is due (a 304 listing hid their links); per spider in custom_settings.
     "INCREMENTAL_RESEED_ENABLED": True,
@@ -89,6 +99,13 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_LASTMOD_MIN_SAMPLES": 10,
     "INCREMENTAL_LASTMOD_MAX_LIE_SHARE": 0.5,
     "INCREMENTAL_LASTMOD_DISTRUST_TTL": 7 * 24 * 3600,
+    # Trusted lastmods are authoritative (a page whose lastmod did not move
+    # is not requested, whatever its revisit schedule); each crawl checks
+    # this share of those pages (at least one per host, least recently
+    # checked first), and this many found changed behind an unmoved
+    # lastmod distrust the host's lastmods.
+    "INCREMENTAL_LASTMOD_RECHECK_SHARE": 0.01,
+    "INCREMENTAL_LASTMOD_STALE_AFTER": 3,
     # Near-duplicate mode (opt-in): an item whose SimHash of this field is
     # within this many bits of the stored one counts as unchanged. It also
     # hides a tiny real change: see docs/guide.md, near-duplicate mode.
@@ -179,6 +196,9 @@ class IncrementalConfig:
     revisit_max: float
     revisit_inc_rate: float
     revisit_dec_rate: float
+    due_tolerance: float
+    max_age_jitter: float
+    recheck_all: bool
     reseed_enabled: bool
     reseed_limit: int
     replay_enabled: bool
@@ -186,6 +206,8 @@ class IncrementalConfig:
     lastmod_min_samples: int
     lastmod_max_lie_share: float
     lastmod_distrust_ttl: float
+    lastmod_recheck_share: float
+    lastmod_stale_after: int
     recheck_every: int
     near_duplicates: bool
     simhash_field: str
@@ -211,6 +233,12 @@ class IncrementalConfig:
             if not math.isfinite(value) or value < minimum:
                 raise SettingError(f"{name}={raw!r} must be at least {minimum}")
             return value
+
+        def share(name: str) -> float:
+            value = number(name, minimum=0)
+            if value > 1:
+                raise SettingError(f"{name}={get(name)!r} is a share: between 0 and 1")
+            return float(value)
 
         def boolean(name: str) -> bool:
             return settings.getbool(name, DEFAULT_SETTINGS[name])
@@ -247,6 +275,9 @@ class IncrementalConfig:
             revisit_max=number("INCREMENTAL_REVISIT_MAX", minimum=0),
             revisit_inc_rate=number("INCREMENTAL_REVISIT_INC_RATE", minimum=0),
             revisit_dec_rate=number("INCREMENTAL_REVISIT_DEC_RATE", minimum=0),
+            due_tolerance=number("INCREMENTAL_DUE_TOLERANCE", minimum=0),
+            max_age_jitter=share("INCREMENTAL_MAX_AGE_JITTER"),
+            recheck_all=boolean("INCREMENTAL_RECHECK_ALL"),
             reseed_enabled=boolean("INCREMENTAL_RESEED_ENABLED"),
             reseed_limit=number("INCREMENTAL_RESEED_LIMIT", minimum=0, kind=int),
             replay_enabled=boolean("INCREMENTAL_REPLAY_ENABLED"),
@@ -254,6 +285,8 @@ class IncrementalConfig:
             lastmod_min_samples=number("INCREMENTAL_LASTMOD_MIN_SAMPLES", minimum=1, kind=int),
             lastmod_max_lie_share=number("INCREMENTAL_LASTMOD_MAX_LIE_SHARE", minimum=0),
             lastmod_distrust_ttl=number("INCREMENTAL_LASTMOD_DISTRUST_TTL", minimum=0),
+            lastmod_recheck_share=share("INCREMENTAL_LASTMOD_RECHECK_SHARE"),
+            lastmod_stale_after=number("INCREMENTAL_LASTMOD_STALE_AFTER", minimum=1, kind=int),
             recheck_every=number("INCREMENTAL_RECHECK_EVERY", minimum=0, kind=int),
             near_duplicates=boolean("INCREMENTAL_NEAR_DUPLICATES"),
             simhash_field=get("INCREMENTAL_SIMHASH_FIELD"),

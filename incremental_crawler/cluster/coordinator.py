@@ -4,7 +4,8 @@ Keys, under ``{INCREMENTAL_CLUSTER_PREFIX}:{spider}:``:
 
 - ``queue``: scrapy-redis's priority queue (a sorted set);
 - ``run``: the current run's id; ``{run}:seen`` its dupefilter,
-  ``{run}:failures`` its failed pages, ``{run}:claims`` one-per-run jobs;
+  ``{run}:failures`` its failed pages, ``{run}:claims`` one-per-run jobs,
+  ``{run}:started`` its start (the first worker's clock);
 - ``workers``: worker id → last heartbeat (Redis server time, so workers'
   clocks need not agree);
 - ``inflight:{worker}``: ticket → ``score|request`` for every request the
@@ -40,6 +41,7 @@ from scrapy.exceptions import DontCloseSpider, NotConfigured
 from scrapy.utils.asyncio import create_looping_call
 from scrapy.utils.defer import deferred_from_coro
 
+from incremental_crawler import clock
 from incremental_crawler.state.ledger import Ledger
 from incremental_crawler.uris import redacted
 
@@ -53,12 +55,17 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ClusterCoordinator", "ClusterError"]
 
+# Join the current run, or start one (stamped with its first worker's
+# clock: next visits are counted from the run's start). ARGV: worker, new
+# run id, run key prefix (ends with ':'), this worker's clock.
 _JOIN = """
 local run = redis.call('GET', KEYS[1])
 if not run then run = ARGV[2]; redis.call('SET', KEYS[1], run) end
+local started = ARGV[3] .. run .. ':started'
+redis.call('SET', started, ARGV[4], 'NX')
 local t = redis.call('TIME')
 redis.call('HSET', KEYS[2], ARGV[1], tonumber(t[1]) + tonumber(t[2]) / 1e6)
-return run
+return {run, redis.call('GET', started)}
 """
 
 # Queue a request unless the run has seen it (no fingerprint: dont_filter).
@@ -145,7 +152,8 @@ redis.call('HDEL', KEYS[1], ARGV[1])
 local failures = tonumber(redis.call('GET', ARGV[3] .. 'failures') or '0')
 local ended = 0
 if redis.call('HLEN', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[2]) == 0 then
-  redis.call('DEL', KEYS[3], ARGV[3] .. 'seen', ARGV[3] .. 'failures', ARGV[3] .. 'claims')
+  redis.call('DEL', KEYS[3], ARGV[3] .. 'seen', ARGV[3] .. 'failures', ARGV[3] .. 'claims',
+             ARGV[3] .. 'started')
   ended = 1
 end
 return {back, failures, ended}
@@ -231,6 +239,8 @@ class ClusterCoordinator:
         self._lost = False
         #: Failed pages of the whole run, read when this worker leaves.
         self.run_failures: int | None = None
+        #: When the run started (its first worker's clock), once joined.
+        self.run_started: float | None = None
         #: The crawl's ledger (None with INCREMENTAL_ENABLED=False), once joined.
         self.ledger: Ledger | None = None
         crawler.signals.connect(self.spider_idle, signal=signals.spider_idle)
@@ -290,9 +300,11 @@ class ClusterCoordinator:
     def join(self, spider: Spider) -> None:
         """Join the spider's current run, or start one (called by the scheduler)."""
         self.spider_key = f"{self.prefix}:{spider.name}"
-        run = self._join(keys=[self.key("run"), self.key("workers")],
-                         args=[self.worker_id, uuid.uuid4().hex[:12]])
+        run, started = self._join(keys=[self.key("run"), self.key("workers")],
+                                  args=[self.worker_id, uuid.uuid4().hex[:12],
+                                        self.key(""), repr(clock.now())])
         self.run = run.decode()
+        self.run_started = float(started)
         self.stats.set_value("cluster/worker", self.worker_id)
         self.stats.set_value("cluster/run", self.run)
         logger.info(

@@ -126,6 +126,8 @@ class RunGate(Protocol):
 
     #: Failed pages of the run, read when this worker left (None: unknown).
     run_failures: int | None
+    #: When the run started (its first worker's clock), once joined.
+    run_started: float | None
 
     def note_failure(self) -> None:
         """A page of this worker failed: count it for the run."""
@@ -158,6 +160,8 @@ class Ledger:
         self.stores_items = False
         #: Set by the cluster coordinator in cluster mode.
         self.run_gate: RunGate | None = None
+        # This crawl's start (set again when the spider opens).
+        self._started = clock.now()
         self._pending: dict[int, _Pending] = {}
         self._discovered: list[PageState] = []
         self._failures = 0
@@ -244,7 +248,35 @@ class Ledger:
 
     # -- lifecycle -----------------------------------------------------------
 
+    # -- the crawl's clock --------------------------------------------------------
+
+    @property
+    def crawl_started(self) -> float:
+        """When this crawl started; in cluster mode, when its run did.
+
+        Next visits are counted from it, and a page is due when its next
+        visit is not after it (plus INCREMENTAL_DUE_TOLERANCE): whether a
+        page is due is the same at every moment of a crawl.
+        """
+        started = self.run_gate.run_started if self.run_gate is not None else None
+        return self._started if started is None else started
+
+    @property
+    def due_at(self) -> float:
+        """Pages whose next visit is not after this are due in this crawl."""
+        if self.recheck_all:
+            return float("inf")
+        return self.crawl_started + self.config.due_tolerance
+
+    @property
+    def recheck_all(self) -> bool:
+        """Every known page due this crawl (INCREMENTAL_RECHECK_ALL, or the
+        spider's ``incremental_recheck_all``, as ``-a recheck=all`` sets it)."""
+        spider = self.crawler.spider
+        return self.config.recheck_all or bool(getattr(spider, "incremental_recheck_all", False))
+
     def spider_opened(self, spider: Spider) -> None:
+        self._started = clock.now()
         logger.info(
             "Incremental state store: %(location)s (scope %(scope)r)",
             {"location": self.store.location, "scope": self.scope},

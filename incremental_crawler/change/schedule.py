@@ -1,0 +1,86 @@
+"""Why each known page is requested in a crawl, or not, and the counts of it.
+
+Every page a crawl knows (stored, or listed by a sitemap or feed) ends the
+crawl in one of these columns; the end-of-crawl report reads them back from
+the stats. The values of :class:`Why` are the last part of stats keys and
+never change:
+
+- ``incremental/schedule/requested/<why>``: requested, and why;
+- ``incremental/schedule/skipped/lastmod_unchanged``: not requested, its
+  trusted lastmod vouches for the copy we hold;
+- ``incremental/schedule/not_due``: not requested, its revisit is not due;
+  ``incremental/schedule/first_due`` is the earliest next visit among them
+  (POSIX time);
+- ``incremental/schedule/bytes_skipped``: the stored size of the pages not
+  requested (the "share of a full re-crawl" counts them);
+- ``incremental/schedule/failed``: pages whose final answer was a failure
+  (network error, 5xx, 429, 401, 403), recorded to be asked again.
+
+Whoever decides a request's why (a list spider, the re-seeder) puts it in
+the request's meta under :data:`META_WHY`; a request that arrives without
+one is decided, and counted, by the conditional middleware.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scrapy.statscollectors import StatsCollector
+
+    from incremental_crawler.state.records import PageState
+
+__all__ = ["META_WHY", "ScheduleCounter", "Why"]
+
+#: Request meta key: the :class:`Why` of a request decided (and counted) already.
+META_WHY = "_incremental_why"
+
+
+class Why(StrEnum):
+    """Why a page is requested this crawl (or, for the last two, why not)."""
+
+    #: Never stored.
+    NEW = "new"
+    #: Its sitemap or feed lastmod is newer than the one stored.
+    LASTMOD_NEWER = "lastmod_newer"
+    #: Its revisit is due (no lastmod, or one that cannot be trusted or is
+    #: not a modification date).
+    DUE = "due"
+    #: The share of lastmod-skipped pages checked each crawl.
+    SAMPLED = "sampled"
+    #: Its last full fetch is older than INCREMENTAL_MAX_AGE (with jitter).
+    MAX_AGE = "max_age"
+    #: Its last visit failed: asked again on its failure schedule.
+    RETRY = "retry"
+    #: INCREMENTAL_RECHECK_ALL (``-a recheck=all``).
+    RECHECK = "recheck"
+    #: Not requested: a trusted lastmod that did not move.
+    LASTMOD_UNCHANGED = "lastmod_unchanged"
+    #: Not requested: its next visit is after this crawl's start (+ tolerance).
+    NOT_DUE = "not_due"
+
+
+class ScheduleCounter:
+    """Counts the crawl's decisions into the stats (see the module docstring)."""
+
+    def __init__(self, stats: StatsCollector) -> None:
+        self.stats = stats
+
+    def requested(self, why: Why, count: int = 1) -> None:
+        self.stats.inc_value(f"incremental/schedule/requested/{why}", count)
+
+    def skipped(self, state: PageState) -> None:
+        """Not requested: its trusted lastmod did not move."""
+        self.stats.inc_value("incremental/schedule/skipped/lastmod_unchanged")
+        self.stats.inc_value("incremental/schedule/bytes_skipped", state.size)
+
+    def not_due(self, state: PageState) -> None:
+        """Not requested: not due before ``state.next_visit``."""
+        self.stats.inc_value("incremental/schedule/not_due")
+        self.stats.inc_value("incremental/schedule/bytes_skipped", state.size)
+        if state.next_visit:
+            self.stats.min_value("incremental/schedule/first_due", state.next_visit)
+
+    def failed(self) -> None:
+        self.stats.inc_value("incremental/schedule/failed")
