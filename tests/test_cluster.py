@@ -533,6 +533,42 @@ async def test_a_redis_error_does_not_stop_the_heartbeat(cluster_prefix):
     assert leftover_keys(cluster_prefix) == []
 
 
+def test_a_run_starts_when_its_first_worker_joins(cluster_prefix, monkeypatch):
+    # Next visits are counted from the crawl's start, and in cluster mode a
+    # crawl is the run: a worker joining later (or whose clock is ahead)
+    # must judge "due" exactly as the first one does.
+    from scrapy import Spider
+    from scrapy.utils.test import get_crawler
+
+    from incremental_crawler import clock
+    from incremental_crawler.cluster.coordinator import ClusterCoordinator
+    from incremental_crawler.state.ledger import Ledger
+
+    settings = {**DEFAULT_SETTINGS, "INCREMENTAL_CLUSTER_URL": REDIS_URL,
+                "INCREMENTAL_CLUSTER_PREFIX": cluster_prefix}
+    spider = Spider("starts")
+    workers = []
+    for started in (1_000.0, 5_000.0):
+        monkeypatch.setattr(clock, "now", lambda started=started: started)
+        crawler = get_crawler(Spider, settings)
+        crawler.engine = SimpleNamespace(_slot=None)  # nothing in progress
+        coordinator = ClusterCoordinator.from_crawler(crawler)
+        coordinator.join(spider)
+        workers.append(coordinator)
+    try:
+        first, second = workers
+        assert first.run == second.run
+        assert first.run_started == second.run_started == 1_000.0
+        # The ledger reads its crawl's start from the run.
+        ledger = SimpleNamespace(run_gate=second, _started=5_000.0)
+        assert Ledger.crawl_started.fget(ledger) == 1_000.0
+    finally:
+        for coordinator in workers:
+            coordinator.leave("finished")
+    # The last worker out ends the run: its start goes with it.
+    assert leftover_keys(cluster_prefix) == []
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_worker_whose_cluster_redis_dies_stops_loudly_by_itself(
     site, state_uri, state_db, tmp_path
