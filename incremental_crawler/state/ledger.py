@@ -448,7 +448,13 @@ class Ledger:
 
     def _requestable(self, key: PageKey, prior: PageState | None, callback: str | None,
                      recipe: str | None) -> bool:
-        """Whether the stored record can make the page's request again."""
+        """Whether the page will be requested again from its record.
+
+        Only the re-seeder does that (a list answering 304 does not name the
+        page again): without it, no record brings a failed page back.
+        """
+        if not self.config.reseeds_for(self._spider()):
+            return False
         if prior is not None and prior.callback is not None:
             return True  # the record keeps the callback and recipe it has
         if callback is None:

@@ -623,3 +623,24 @@ def test_a_test_crawler_gets_its_spider_after_the_ledger(tmp_path):
     crawler.spider = Spider("later")
     assert ledger.scope == "later"
     assert ledger.trust.scope == "later"
+
+
+@pytest.mark.parametrize("settings", [{"INCREMENTAL_RESEED_ENABLED": False},
+                                      {"INCREMENTAL_REVISIT_ENABLED": False}],
+                         ids=["re-seeding off", "revisits off"])
+@pytest_twisted.ensureDeferred
+async def test_without_re_seeding_no_failure_is_recorded_to_be_asked_again(
+    make_ledger, tmp_path, settings
+):
+    # Nothing would request the page again from its record: the sitemap
+    # listing it must be read in full next time.
+    ledger = make_ledger(**settings)
+    sitemap = Page(ledger, "/sitemap.xml", discovery=True)
+    sitemap.play("output_end")
+    page = Page(ledger, "/p", n_items=1)
+    for event in FAILED_PAGE:
+        page.play(event)
+    await in_asyncio(ledger.crawler.signals.send_catch_log_async(
+        signals.spider_closed, spider=ledger.crawler.spider, reason="finished"))
+    assert ledger.stats.get_value("incremental/failures_unrecorded") == 1
+    assert sitemap.url not in stored_etags(tmp_path)
