@@ -42,6 +42,9 @@ COMPONENTS: tuple[tuple[str, str, int], ...] = (
     ("DOWNLOADER_MIDDLEWARES",
      _P + "politeness.middlewares.RetryAfterMiddleware", 575),
     ("EXTENSIONS", _P + "politeness.extension.AdaptiveThrottle", 0),
+    # Below RetryMiddleware (550) and the Retry-After one (575): sees only
+    # final answers and exceptions, and records the failed pages.
+    ("DOWNLOADER_MIDDLEWARES", _P + "change.outcomes.FinalOutcomeMiddleware", 540),
     # The last process_request before the downloader (after HttpCache, 900):
     # only what really goes out takes a token of the shared budget.
     ("DOWNLOADER_MIDDLEWARES",

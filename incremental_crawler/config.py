@@ -299,3 +299,12 @@ class IncrementalConfig:
             unstable_host_min_pages=number(
                 "INCREMENTAL_UNSTABLE_HOST_MIN_PAGES", minimum=1, kind=int),
         )
+
+    @property
+    def reseeds(self) -> bool:
+        """Whether due pages are re-seeded from the store (re-seeding and revisits on)."""
+        return self.enabled and self.reseed_enabled and self.revisit_enabled
+
+    def reseeds_for(self, spider: object) -> bool:
+        """:attr:`reseeds`, for a spider that may opt out (``incremental_reseed = False``)."""
+        return self.reseeds and bool(getattr(spider, "incremental_reseed", True))

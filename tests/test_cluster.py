@@ -389,16 +389,18 @@ async def test_three_cluster_workers_are_one_polite_client_of_a_limited_site(
                for w in workers)
 
 
-async def test_a_page_withheld_by_another_worker_keeps_the_sitemaps_unsaved(
+async def test_a_page_withheld_by_another_worker_and_not_recorded_keeps_the_sitemaps_unsaved(
     site, state_uri, cluster_prefix, tmp_path
 ):
     # The first worker reads every sitemap; the second joins later and
-    # every page it handles fails in a user pipeline (state withheld). The
-    # sitemaps' state must not be saved, or the next run skips them as
-    # unchanged and never asks again for the pages that failed.
+    # every page it handles fails in a user pipeline (state withheld).
+    # Without revisits nothing re-seeds a page from its failure record, so
+    # the failures are not recorded to be asked again: the sitemaps' state
+    # must not be saved, or the next run skips them as unchanged and never
+    # asks again for the pages that failed.
     n = 60
     add_pages(site, n, size=1000)
-    site.slow("/p/", 0.15)
+    site.slow("/p/", 0.3)
     reader = Worker(site, state_uri, cluster_prefix, tmp_path, "reader")
     await until(lambda: sum(page_gets(site).values()) >= 10, "the sitemaps to be read")
     failing = Worker(site, state_uri, cluster_prefix, tmp_path, "failing",
@@ -409,12 +411,63 @@ async def test_a_page_withheld_by_another_worker_keeps_the_sitemaps_unsaved(
     withheld = re.findall(r"Not saving validators of (\S+):",
                           failing.log.read_text(errors="replace"))
     assert withheld, failing.tail()
+    assert re.search(r"'incremental/failures_unrecorded': [1-9]",
+                     failing.log.read_text(errors="replace"))
+    assert await sitemaps_saved(state_uri, site) == set()
     # The next run asks again for the pages that failed.
     site.reset_log()
     worker = Worker(site, state_uri, cluster_prefix, tmp_path, "2")
     assert await worker.wait() == 0, worker.tail()
     assert set(withheld) <= {site.url(path) for path in page_gets(site)}
     assert leftover_keys(cluster_prefix) == []
+
+
+SITEMAPS = ("/sitemap_index.xml", "/sitemap-1.xml", "/sitemap-2.xml.gz")
+REVISITS = ("-s", "INCREMENTAL_REVISIT_ENABLED=True")
+
+
+async def test_a_page_withheld_by_another_worker_and_recorded_lets_the_sitemaps_be_saved(
+    site, state_uri, cluster_prefix, tmp_path
+):
+    # As above, with revisits: the failing worker's withheld pages are
+    # recorded (due on the next run, re-seeded from the store), so the
+    # run's sitemaps are saved. The site's sitemaps have no validators: the
+    # index is read again, but its children's lastmods did not move, so
+    # they are not; the pages that failed are asked again all the same.
+    n = 60
+    add_pages(site, n, size=1000)
+    site.slow("/p/", 0.3)
+    reader = Worker(site, state_uri, cluster_prefix, tmp_path, "reader", *REVISITS)
+    await until(lambda: sum(page_gets(site).values()) >= 10, "the sitemaps to be read")
+    failing = Worker(site, state_uri, cluster_prefix, tmp_path, "failing", *REVISITS,
+                     "-s", 'ITEM_PIPELINES={"tests.spiders.FailingPipeline": 800}',
+                     "-s", "TEST_FAIL_ON=")
+    for worker in (reader, failing):
+        assert await worker.wait() == 0, worker.tail()
+    withheld = re.findall(r"Not saving validators of (\S+):",
+                          failing.log.read_text(errors="replace"))
+    assert withheld, failing.tail()
+    assert "incremental/failures_unrecorded" not in failing.log.read_text(errors="replace")
+    assert await sitemaps_saved(state_uri, site) == set(SITEMAPS)
+    site.reset_log()
+    site.slow("/p/", 0.0)
+    worker = Worker(site, state_uri, cluster_prefix, tmp_path, "2", *REVISITS)
+    assert await worker.wait() == 0, worker.tail()
+    assert [len(site.requests_for(path)) for path in SITEMAPS] == [1, 0, 0]
+    assert {site.url(path) for path in page_gets(site)} == set(withheld)
+    assert leftover_keys(cluster_prefix) == []
+
+
+async def sitemaps_saved(state_uri: str, site) -> set[str]:
+    """The site's sitemaps whose state (fingerprint) is stored."""
+    store = open_store(Settings({"INCREMENTAL_STATE_URI": state_uri}))
+    try:
+        pages = await deferred_from_coro(
+            store.get_pages([PageKey("sitemap", site.url(path)) for path in SITEMAPS]))
+    finally:
+        await deferred_from_coro(store.close())
+    return {path for path in SITEMAPS
+            if (state := pages.get(PageKey("sitemap", site.url(path)))) and state.fingerprint}
 
 
 @pytest.mark.parametrize("state_uri", ["redis"], indirect=True)

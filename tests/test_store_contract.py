@@ -518,6 +518,48 @@ class StateStoreContract:
     # -- revisits, host trust, near-duplicates --------------------------------
 
     @pytest_twisted.ensureDeferred
+    async def test_a_failure_keeps_the_data_and_puts_the_page_on_its_schedule(
+        self, store: StateStore
+    ) -> None:
+        known, new = PageKey(SCOPE, f"{URL}/known"), PageKey(SCOPE, f"{URL}/new")
+        lost = PageKey(SCOPE, f"{URL}/no-callback")
+        before = full_state(known, 3, next_visit=50_000, interval=3600, callback="parse",
+                            recipe='{"p":1}', lastmod=999, churns=1)
+        store.stage_page(before)
+        await call(store.flush())
+        # A known page keeps its callback and recipe; a new one takes those given.
+        store.stage_failure(known, 503, 900, failures=1, next_visit=800,
+                            callback="other", recipe=None)
+        store.stage_failure(new, 0, 900, failures=1, next_visit=700,
+                            callback="parse_item", recipe='{"p":2}')
+        store.stage_failure(lost, 404, 900, failures=1, next_visit=600)
+        await call(store.flush())
+        assert await call(store.get_page(known)) == before.copy(
+            last_status=503, last_checked=900, checks=4, failures=1, next_visit=800)
+        assert await call(store.get_page(new)) == PageState(
+            new, last_status=0, first_seen=900, last_checked=900, checks=1, failures=1,
+            next_visit=700, callback="parse_item", recipe='{"p":2}')
+        # Without a fingerprint, with a callback: due; without a callback: not listed.
+        due = await call(store.get_due(SCOPE, 1_000, 10))
+        assert [s.key for s in due] == [new, known]
+        assert due[0] == await call(store.get_page(new))
+        lost_state = await call(store.get_page(lost))
+        assert (lost_state.last_status, lost_state.failures, lost_state.callback) == (404, 1, None)
+
+        # Failures in a row are what the caller counted; an answer ends the run.
+        store.stage_failure(new, 500, 1_900, failures=2, next_visit=5_000, callback="parse")
+        store.stage_check(known, 304, 2_000, schedule=(3600, 9_000))
+        await call(store.flush())
+        again = await call(store.get_page(new))
+        assert (again.failures, again.next_visit, again.checks) == (2, 5_000, 2)
+        assert (again.callback, again.recipe, again.first_seen) == ("parse_item", '{"p":2}', 900)
+        answered = await call(store.get_page(known))
+        assert (answered.failures, answered.last_status, answered.next_visit) == (0, 304, 9_000)
+        assert answered.etag == before.etag and answered.fingerprint == before.fingerprint
+        assert [s.key for s in await call(store.get_due(SCOPE, 5_000, 10))] == [new]
+        assert [s.key for s in await call(store.get_due(SCOPE, 9_000, 10))] == [new, known]
+
+    @pytest_twisted.ensureDeferred
     async def test_get_due_lists_overdue_fetched_pages_most_overdue_first(
         self, store: StateStore
     ) -> None:
@@ -530,7 +572,6 @@ class StateStoreContract:
         store.stage_page(page("now", 1_000))
         store.stage_page(page("future", 1_001))
         store.stage_page(page("no-callback", 10, callback=None))
-        store.stage_page(page("not-fetched", 10, fingerprint=None))
         store.stage_page(full_state(PageKey("other", f"{URL}/x"), 1, next_visit=10,
                                     callback="parse"))
         await call(store.flush())
@@ -1268,7 +1309,36 @@ class TestSQLiteMigrations:
         assert await call(store.get_page(key)) == old.copy(recipe='{"priority":1}', flags=29)
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
             columns = [row[1] for row in db.execute("PRAGMA table_info(links)")]
             assert columns == ["scope", "url", "variant", "data"]
             assert "recipe" in [row[1] for row in db.execute("PRAGMA table_info(pages)")]
+
+    @pytest_twisted.ensureDeferred
+    async def test_version_8_store_gets_failures_in_a_row_and_keeps_its_pages(
+        self, tmp_path: Path,
+    ) -> None:
+        path = tmp_path / "v8.db"
+        with closing(sqlite3.connect(path)) as db:
+            for migration in MIGRATIONS[:8]:
+                for statement in migration.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+            db.execute(
+                "INSERT INTO pages (scope, url, variant, etag, fingerprint, last_status, "
+                "next_visit, callback, recipe) VALUES ('s', 'http://a/', '', '\"x\"', 'ff', "
+                "200, 8, 'parse', '{\"p\":1}')")
+            db.execute("PRAGMA user_version = 8")
+            db.commit()
+        key = PageKey("s", "http://a/")
+        store = SQLiteStateStore(path)
+        old = await call(store.get_page(key))
+        assert (old.etag, old.fingerprint, old.recipe, old.failures) == ('"x"', "ff", '{"p":1}', 0)
+        store.stage_failure(key, 503, 10, failures=1, next_visit=5)
+        await call(store.close())
+        store = SQLiteStateStore(path)
+        assert await call(store.get_page(key)) == old.copy(
+            last_status=503, last_checked=10, checks=1, failures=1, next_visit=5)
+        await call(store.close())
+        with closing(sqlite3.connect(path)) as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9

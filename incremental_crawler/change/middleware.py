@@ -5,6 +5,8 @@ and HttpCompressionMiddleware (590): it sees bodies after decompression
 (fingerprints are of the entity, not of its encoding), after
 RedirectMiddleware (so state is kept for the final URL), and before
 RetryMiddleware (a 304 is never retried; a 5xx is retried untouched).
+What a failed page's final answer records (after every retry) is
+:mod:`.outcomes`' business: this one sees every attempt.
 
 It reads headers and request meta, asks :class:`~.policy.ChangePolicy` what
 they mean, and applies the answer: stats, the host trust book, the ledger,
@@ -40,6 +42,7 @@ from incremental_crawler.change.policy import (
     Judgement,
     Refetch,
     RequestReason,
+    final_outcome,
     future_last_modified,
     links_unknown,
 )
@@ -63,7 +66,9 @@ if TYPE_CHECKING:
 
     from incremental_crawler.state.records import HostTrust, PageKey, PageState
 
-__all__ = ["ConditionalRequestMiddleware", "NotDue", "NotModified"]
+__all__ = [
+    "ConditionalRequestMiddleware", "NotDue", "NotModified", "callback_name", "page_context",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -226,20 +231,18 @@ class ConditionalRequestMiddleware:
             return self._not_modified(request, response, ctx)
         # A partial (206) or truncated body is not the page: storing its
         # validators would make the next visit a 304 for content we lack.
-        if 200 <= status < 300 and status != 206 and "dataloss" not in response.flags:
+        outcome = final_outcome(status, truncated="dataloss" in response.flags)
+        if 200 <= status < 300 and outcome is None:
             self._fetched(request, response, ctx)
             return response
-        if status >= 400 or status == 206 or "dataloss" in response.flags:
-            self.ledger.note_failure()
-        # 3xx (not followed), 4xx, 429, 5xx: counters only; validators and
-        # fingerprints stay as they are (only a 2xx updates them).
-        self.ledger.stage_check(ctx.key, status)
+        # Validators and fingerprints stay as they are (only a 2xx updates
+        # them). A 3xx not followed is a check; the final answer of a
+        # failure, 404 or 410 is recorded by FinalOutcomeMiddleware (.outcomes)
+        # once no retry follows it.
+        if outcome is None:
+            self.ledger.stage_check(ctx.key, status)
         self.stats.inc_value(f"incremental/status_kept/{status}")
         return response
-
-    def process_exception(self, request: Request, exception: Exception) -> None:
-        if request.meta.get(_CTX) is not None and not isinstance(exception, IgnoreRequest):
-            self.ledger.note_failure()
 
     def _not_modified(self, request: Request, response: Response,
                       ctx: _Context) -> Request | Response:
@@ -302,12 +305,12 @@ class ConditionalRequestMiddleware:
             pending = self.policy.after_fetch(prior, fetch, changed=True,
                                               judgement=self.policy.unjudged(prior), now=now)
             txn = self.ledger.begin(request.meta, pending, discovery=fetch.discovery,
-                                    record_links=self._replays(request))
+                                    record_links=self._replays(request), prior=prior)
             txn.judge = settle
         else:
             state = settle(self.policy.body_changed(prior, fetch))
             self.ledger.begin(request.meta, state, discovery=fetch.discovery,
-                              record_links=self._replays(request))
+                              record_links=self._replays(request), prior=prior)
         self._stage_redirects(request, ctx.key)
 
     def _settle(self, request: Request, prior: PageState | None, fetch: Fetch, now: float,
@@ -318,7 +321,7 @@ class ConditionalRequestMiddleware:
         for one that did, when its items left the pipelines (the ledger calls
         it, as PageTransaction.judge).
         """
-        self._count(request, "pages_new" if prior is None
+        self._count(request, "pages_new" if prior is None or prior.fingerprint is None
                     else "pages_changed" if changed else "pages_unchanged")
         judgement = self.policy.judge(prior, fetch, changed=changed)
         self._judged(request, judgement, now)
@@ -349,7 +352,7 @@ class ConditionalRequestMiddleware:
             body_fingerprint(response.body), len(response.body), response.status,
             vary_star=_vary_star(response.headers),
             lastmod=request.meta.get(META_LASTMOD),
-            callback=_callback_name(request, self.crawler.spider),
+            callback=callback_name(request, self.crawler.spider),
             discovery=bool(request.meta.get(META_DISCOVERY)),
             recipe=own_recipe(request, self.spider, self.ledger.recipe_rules),
         )
@@ -451,7 +454,17 @@ def _default_encoding(crawler: Crawler) -> bytes | None:
     return b", ".join(ACCEPTED_ENCODINGS)
 
 
-def _callback_name(request: Request, spider: object) -> str | None:
+def page_context(request: Request) -> tuple[PageKey, PageState | None] | None:
+    """The page *request* fetches and its stored state, as this middleware read them.
+
+    ``None`` for a request it does not apply to (see ``_applies``), and for
+    one it did not let out (not due, replayed).
+    """
+    ctx: _Context | None = request.meta.get(_CTX)
+    return None if ctx is None else (ctx.key, ctx.prior)
+
+
+def callback_name(request: Request, spider: object) -> str | None:
     """The spider method parsing *request*, by name (to re-seed it later)."""
     callback = request.callback
     if callback is None:

@@ -33,9 +33,11 @@ __all__ = [
     "ChangePolicy",
     "Fetch",
     "Judgement",
+    "Outcome",
     "Refetch",
     "RequestReason",
     "Verdict",
+    "final_outcome",
     "future_last_modified",
     "links_unknown",
     "recheck_due",
@@ -98,6 +100,39 @@ class Verdict(StrEnum):
     LYING = "lying"
     #: The response had none.
     ABSENT = "absent"
+
+
+class Outcome(StrEnum):
+    """What a page's final answer (after every retry) was, when it was no page."""
+
+    #: No HTTP answer (network error, timeout: status 0), a 5xx, a 408,
+    #: 429, 401 or 403, or a truncated body: counted as failed.
+    FAILED = "failed"
+    #: Any other 4xx, 404 and 410 among them: the server's answer, not a
+    #: failure, but the page has no data this crawl either.
+    ANSWERED = "answered"
+
+
+#: 4xx answers that say "not now" or "not you" rather than "no such page".
+_FAILED_4XX = frozenset({401, 403, 408, 429})
+
+
+def final_outcome(status: int, *, truncated: bool = False) -> Outcome | None:
+    """How a final answer is recorded; ``None``: it is not a failure record.
+
+    *status* 0 stands for no HTTP answer at all. 2xx (complete), 304 and
+    3xx answers are recorded elsewhere (the page's data or a check).
+
+    >>> [str(final_outcome(s)) for s in (0, 200, 304, 404, 410, 403, 503)]
+    ['failed', 'None', 'None', 'answered', 'answered', 'failed', 'failed']
+    >>> str(final_outcome(200, truncated=True))
+    'failed'
+    """
+    if truncated or status == 0 or status >= 500 or status in _FAILED_4XX or status == 206:
+        return Outcome.FAILED
+    if status >= 400:
+        return Outcome.ANSWERED
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,5 +459,5 @@ class ChangePolicy:
             flags=kept | vary | unstable,
             lastmod=prior.lastmod if fetch.lastmod is None else fetch.lastmod,
             interval=interval, next_visit=next_visit, callback=fetch.callback,
-            recipe=fetch.recipe, churns=judgement.churns,
+            recipe=fetch.recipe, churns=judgement.churns, failures=0,
         )

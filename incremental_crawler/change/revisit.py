@@ -6,6 +6,10 @@ finds it changed shrinks it by ``dec_rate``; the interval stays within
 ``[minimum, maximum]``. Pages that change often are looked at often, pages
 that never change drift towards ``maximum`` (and INCREMENTAL_MAX_AGE still
 forces a full fetch now and then).
+
+A page whose visit failed (see :func:`failure_next_visit`) is on another
+schedule until it answers again: due on the next crawl after its first
+failure in a row, then backing off.
 """
 
 from __future__ import annotations
@@ -18,7 +22,24 @@ if TYPE_CHECKING:
 
     from incremental_crawler.config import IncrementalConfig
 
-__all__ = ["RevisitSchedule"]
+__all__ = ["RevisitSchedule", "failure_next_visit"]
+
+
+def failure_next_visit(failures: int, crawl_started: float, initial: float,
+                       maximum: float) -> float:
+    """When a page is due again after *failures* failed visits in a row.
+
+    The first failure makes it due at the start of the crawl it failed in,
+    so the next crawl asks again whatever its interval or lastmod; the n-th
+    (n >= 2) waits ``min(initial * 2 ** (n - 2), maximum)`` from that start.
+
+    >>> [failure_next_visit(n, 1000, 3600, 10_000) for n in (1, 2, 3, 4)]
+    [1000, 4600, 8200, 11000]
+    """
+    if failures <= 1:
+        return crawl_started
+    # The exponent is capped: past 2**62 the maximum holds anyway.
+    return crawl_started + min(initial * 2 ** min(failures - 2, 62), maximum)
 
 
 @dataclass(frozen=True, slots=True)

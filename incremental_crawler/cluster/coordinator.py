@@ -4,7 +4,8 @@ Keys, under ``{INCREMENTAL_CLUSTER_PREFIX}:{spider}:``:
 
 - ``queue``: scrapy-redis's priority queue (a sorted set);
 - ``run``: the current run's id; ``{run}:seen`` its dupefilter,
-  ``{run}:failures`` its failed pages, ``{run}:claims`` one-per-run jobs,
+  ``{run}:unrecorded`` its failed pages that could not be
+  recorded, ``{run}:claims`` one-per-run jobs,
   ``{run}:started`` its start (the first worker's clock);
 - ``workers``: worker id → last heartbeat (Redis server time, so workers'
   clocks need not agree);
@@ -23,7 +24,7 @@ Redis server (or a single-slot deployment), not Redis Cluster.
 The coordinator talks to Redis synchronously, as scrapy-redis's scheduler
 does (Scrapy's scheduler interface is synchronous): one short round trip
 to queue a request and one to pop it, one per heartbeat and per failed
-page, two per idle check, on a Redis that should be near the workers.
+page that could not be recorded, two per idle check, on a Redis that should be near the workers.
 """
 
 from __future__ import annotations
@@ -149,14 +150,14 @@ for _, prefix in ipairs({ARGV[2], ARGV[4]}) do
   redis.call('DEL', mine)
 end
 redis.call('HDEL', KEYS[1], ARGV[1])
-local failures = tonumber(redis.call('GET', ARGV[3] .. 'failures') or '0')
+local unrecorded = tonumber(redis.call('GET', ARGV[3] .. 'unrecorded') or '0')
 local ended = 0
 if redis.call('HLEN', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[2]) == 0 then
-  redis.call('DEL', KEYS[3], ARGV[3] .. 'seen', ARGV[3] .. 'failures', ARGV[3] .. 'claims',
+  redis.call('DEL', KEYS[3], ARGV[3] .. 'seen', ARGV[3] .. 'unrecorded', ARGV[3] .. 'claims',
              ARGV[3] .. 'started')
   ended = 1
 end
-return {back, failures, ended}
+return {back, unrecorded, ended}
 """
 
 
@@ -237,8 +238,9 @@ class ClusterCoordinator:
         #: worker gave up on it.
         self._failing_since: float | None = None
         self._lost = False
-        #: Failed pages of the whole run, read when this worker leaves.
-        self.run_failures: int | None = None
+        #: Failed pages of the whole run that could not be recorded, read
+        #: when this worker leaves.
+        self.run_unrecorded: int | None = None
         #: When the run started (its first worker's clock), once joined.
         self.run_started: float | None = None
         #: The crawl's ledger (None with INCREMENTAL_ENABLED=False), once joined.
@@ -265,7 +267,7 @@ class ClusterCoordinator:
 
     def spider_opened(self) -> None:
         # Every component exists now: the ledger counts this worker's
-        # failures for the whole run.
+        # unrecorded failures for the whole run.
         self.ledger = self.crawler.get_extension(Ledger)
         if self.ledger is not None:
             self.ledger.run_gate = self
@@ -330,19 +332,19 @@ class ClusterCoordinator:
         # fetched again, none is lost.
         try:
             self._beat_once(release_all=reason == "finished")
-            back, failures, ended = self._leave(
+            back, unrecorded, ended = self._leave(
                 keys=[self.key("workers"), self.queue_key, self.key("run")],
                 args=[self.worker_id, self.inflight_prefix, self.run_prefix, self.held_prefix],
             )
         except redis.RedisError as exc:
-            # run_failures stays unknown: the sitemaps' state is not saved.
+            # run_unrecorded stays unknown: the sitemaps' state is not saved.
             # What this worker held is reaped by the others once Redis is back.
             logger.error("Cluster %(url)s: leaving the run failed (%(error)s)",
                          {"url": redacted(self.url), "error": exc})
             self.stats.inc_value("cluster/redis_errors")
             self.redis.close()
             return
-        self.run_failures = int(failures)
+        self.run_unrecorded = int(unrecorded)
         if back:
             self.stats.inc_value("cluster/requeued_on_leave", back)
         logger.info(
@@ -539,11 +541,12 @@ class ClusterCoordinator:
         except redis.RedisError as exc:
             self.lost(exc)
 
-    def note_failure(self) -> None:
-        """A page failed: the run's sitemap validators must not be saved."""
+    def note_unrecorded_failure(self) -> None:
+        """A page failed and could not be recorded: the run's sitemap validators must not
+        be saved."""
         self.roundtrip()
         try:
-            self.redis.incr(self.run_prefix + "failures")
+            self.redis.incr(self.run_prefix + "unrecorded")
         except redis.RedisError as exc:
             # Not counted: leaving fails too, the sitemaps' state is not saved.
             self.lost(exc)

@@ -96,7 +96,7 @@ class Reseeder:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         config = IncrementalConfig.from_settings(crawler.settings)
-        if not (config.enabled and config.reseed_enabled and config.revisit_enabled):
+        if not config.reseeds:
             # Without revisits no page is ever due: nothing to re-seed. No
             # message: Scrapy would log a warning for a choice.
             raise NotConfigured
@@ -113,7 +113,7 @@ class Reseeder:
 
     def wanted(self) -> bool:
         """Whether the spider wants its due pages re-seeded this crawl."""
-        if not getattr(self.spider, "incremental_reseed", True):
+        if not self.config.reseeds_for(self.spider):
             return False
         needs = getattr(self.spider, "needs_reseed", None)
         return bool(needs()) if callable(needs) else True

@@ -123,8 +123,11 @@ class ListedPagesSpider(IncrementalSpider):
 
     def reseed_skip(self, state: PageState) -> bool:
         # Pages a list named this crawl were decided already; lists are
-        # reached from their own entry points.
-        return state.key.url in self._decided or state.callback in self.list_callbacks
+        # reached from their own entry points, except one whose last visit
+        # failed: the list naming it may answer 304 and not name it again.
+        if state.key.url in self._decided:
+            return True
+        return state.callback in self.list_callbacks and not state.failures
 
     #: Callbacks that parse lists (never re-seeded as pages).
     list_callbacks: frozenset[str] = frozenset()

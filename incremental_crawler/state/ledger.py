@@ -13,6 +13,16 @@ at most both, and the next run fetches the page again.
 
 If the callback raises, or an item fails in a pipeline (``item_error``), the
 page state is withheld: the next run asks again with the old validators.
+The page is recorded as a failure instead (:meth:`Ledger.record_failure`:
+counters, status and the failure schedule, never a validator or a
+fingerprint), so it is due on the next crawl even if the sitemap listing it
+answers 304 then.
+
+Sitemaps and feeds (discovery pages) are committed when the crawl finished,
+and only if every page that failed this crawl (after retries) was recorded
+so it can be requested again: a failure that could not be recorded (its
+callback is not a method of the spider, its request cannot be rebuilt)
+keeps their validators unsaved, and they are read in full next time.
 
 The requests the callback yields are recorded on the transaction too
 (:class:`~incremental_crawler.links.recipes.LinkRecorder`), and their links
@@ -38,10 +48,19 @@ from twisted.internet.defer import Deferred
 
 from incremental_crawler import clock
 from incremental_crawler.change.identity import ItemIdentity, serialize_item
+from incremental_crawler.change.revisit import failure_next_visit
+from incremental_crawler.change.schedule import ScheduleCounter
 from incremental_crawler.change.trust import HostTrustBook
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.exceptions import ItemUnchanged
-from incremental_crawler.links.recipes import ADVICE, LinkRecorder, RecipeRules, Unrecordable
+from incremental_crawler.links.recipes import (
+    ADVICE,
+    LinkRecorder,
+    RecipeRules,
+    Unbuildable,
+    Unrecordable,
+    page_request,
+)
 from incremental_crawler.state.keys import Canonicalizer
 from incremental_crawler.state.records import ItemRecord, PageFlags, PageKey, PageState
 from incremental_crawler.state.stores import StateStore, StateStoreError, open_store
@@ -74,12 +93,15 @@ class PageTransaction:
 
     __slots__ = (
         "callback_called", "discovery", "done", "failed", "item_ids", "items_changed",
-        "items_unchanged", "judge", "links", "open_items", "output_done", "state",
+        "items_unchanged", "judge", "links", "open_items", "output_done", "prior", "state",
     )
 
     def __init__(self, state: PageState, *, discovery: bool = False,
-                 links: LinkRecorder | None = None) -> None:
+                 links: LinkRecorder | None = None, prior: PageState | None = None) -> None:
         self.state = state
+        #: The page as stored before this fetch (``None``: not stored), for
+        #: the failure record of a page whose state is withheld.
+        self.prior = prior
         #: The requests the callback yielded, recorded to replay them on a
         #: 304 (``None``: not recorded, replay does not apply to the page).
         self.links = links
@@ -118,19 +140,20 @@ class PageTransaction:
 
 
 class RunGate(Protocol):
-    """The failures of a whole run of several workers (cluster mode).
+    """The unrecorded failures of a whole run of several workers (cluster mode).
 
-    A sitemap's state may be saved only when no page it listed failed,
-    whichever worker fetched that page.
+    A sitemap's state may be saved only when every page it listed that
+    failed was recorded to be requested again, whichever worker fetched it.
     """
 
-    #: Failed pages of the run, read when this worker left (None: unknown).
-    run_failures: int | None
+    #: Failures of the run that could not be recorded, read when this worker
+    #: left (None: unknown).
+    run_unrecorded: int | None
     #: When the run started (its first worker's clock), once joined.
     run_started: float | None
 
-    def note_failure(self) -> None:
-        """A page of this worker failed: count it for the run."""
+    def note_unrecorded_failure(self) -> None:
+        """A page of this worker failed and could not be recorded: count it for the run."""
 
 
 class _Pending:
@@ -164,8 +187,8 @@ class Ledger:
         self._started = clock.now()
         self._pending: dict[int, _Pending] = {}
         self._discovered: list[PageState] = []
-        self._failures = 0
-        self._withheld = 0
+        # Failures of this crawl that could not be recorded to be asked again.
+        self._unrecorded = 0
         #: What a yielded request's recipe holds (DEPTH_PRIORITY, the timeout).
         self.recipe_rules = RecipeRules.from_crawler(crawler)
         # Reasons already warned about: one warning per reason per crawl.
@@ -316,19 +339,22 @@ class Ledger:
         # worker's sitemap listed; the run's count was read when it left.
         # None: the count could not be read (Redis gone), so failures are
         # not ruled out.
-        run_failures = self.run_gate.run_failures if self.run_gate is not None else 0
-        if reason == "finished" and run_failures == 0 and not (self._failures or self._withheld):
+        run_unrecorded = self.run_gate.run_unrecorded if self.run_gate is not None else 0
+        if reason == "finished" and run_unrecorded == 0 and not self._unrecorded:
             for state in self._discovered:
                 self.store.stage_page(state)
             self.stats.inc_value("incremental/discovery_committed", len(self._discovered))
         elif self._discovered:
-            # A sitemap answering 304 next time would hide the pages that
-            # failed this time: it is read in full instead.
+            # A sitemap answering 304 next time would hide the pages whose
+            # failure could not be recorded: it is read in full instead.
             logger.info(
-                "Crawl ended %(reason)s with %(failed)d failed pages: the validators of "
-                "%(n)d sitemaps are not saved, they will be read in full next time",
-                {"reason": reason, "failed": self._failures + self._withheld,
-                 "n": len(self._discovered)}, extra={"spider": spider},
+                "Crawl ended %(reason)s with %(failed)s failed pages that could not be "
+                "recorded to be asked again: the validators of %(n)d sitemaps are not "
+                "saved, they will be read in full next time",
+                {"reason": reason, "n": len(self._discovered),
+                 "failed": "an unknown number of" if run_unrecorded is None
+                 else max(self._unrecorded, run_unrecorded)},
+                extra={"spider": spider},
             )
         if self._hold_until_feeds is not None:
             await maybe_deferred_to_future(self._hold_until_feeds)
@@ -349,15 +375,19 @@ class Ledger:
 
     def begin(
         self, meta: dict[str, Any], state: PageState, *, discovery: bool = False,
-        record_links: bool = False,
+        record_links: bool = False, prior: PageState | None = None,
     ) -> PageTransaction:
-        """Open the page's transaction; with *record_links*, record its yielded requests."""
+        """Open the page's transaction; with *record_links*, record its yielded requests.
+
+        *prior* is the page as stored before this fetch (its failure record
+        if the state is withheld starts from it).
+        """
         links = None
         if record_links:
             spider = self.crawler.spider
             assert spider is not None
             links = LinkRecorder(spider, self.recipe_rules, self.config.replay_max_requests)
-        txn = PageTransaction(state, discovery=discovery, links=links)
+        txn = PageTransaction(state, discovery=discovery, links=links, prior=prior)
         meta[TXN_META] = txn
         return txn
 
@@ -388,16 +418,58 @@ class Ledger:
     def callback_failed(self, txn: PageTransaction, reason: str) -> None:
         txn.failed = txn.failed or reason
 
-    def note_failure(self) -> None:
-        """A page of this crawl failed (download error, 4xx/5xx, truncated)."""
-        self._failures += 1
-        self._tell_cluster_failure()
+    def record_failure(self, key: PageKey, prior: PageState | None, status: int, *,
+                       callback: str | None, recipe: str | None, counted: bool) -> bool:
+        """Record a visit that left no data: a final failure, a 404 or 410, a withheld page.
 
-    def _tell_cluster_failure(self) -> None:
+        *status* is the final one (0: no HTTP answer). The stored validators,
+        fingerprint, size, lastmod and interval stay; the page goes on its
+        failure schedule (:func:`~incremental_crawler.change.revisit.failure_next_visit`).
+        A page not stored yet is stored without a fingerprint, with its
+        *callback* and *recipe*, so the re-seeder can request it again.
+        *counted*: a failure for the stats (``incremental/schedule/failed``).
+
+        Returns whether the page can be requested again from its record;
+        when it cannot, the failure is counted as unrecorded and keeps this
+        crawl's (and run's) sitemaps from being saved.
+        """
+        failures = (prior.failures if prior is not None else 0) + 1
+        next_visit = failure_next_visit(failures, self.crawl_started,
+                                        self.config.revisit_initial, self.config.revisit_max)
+        self.store.stage_failure(key, status, clock.now(), failures=failures,
+                                 next_visit=next_visit, callback=callback, recipe=recipe)
+        self._after_stage()
+        if not self._requestable(key, prior, callback, recipe):
+            self.note_unrecorded_failure()
+            return False
+        if counted:
+            ScheduleCounter(self.stats).failed()
+        return True
+
+    def _requestable(self, key: PageKey, prior: PageState | None, callback: str | None,
+                     recipe: str | None) -> bool:
+        """Whether the page will be requested again from its record.
+
+        Only the re-seeder does that (a list answering 304 does not name the
+        page again): without it, no record brings a failed page back.
+        """
+        if not self.config.reseeds_for(self._spider()):
+            return False
+        if prior is not None and prior.callback is not None:
+            return True  # the record keeps the callback and recipe it has
+        if callback is None:
+            return False
+        return not isinstance(page_request(key.url, callback, recipe, self._spider()),
+                              Unbuildable)
+
+    def note_unrecorded_failure(self) -> None:
+        """A page of this crawl failed and its failure could not be recorded."""
+        self._unrecorded += 1
+        self.stats.inc_value("incremental/failures_unrecorded")
         # In cluster mode another worker may have read the sitemap listing
         # this page: the run's count gates its validators too.
         if self.run_gate is not None:
-            self.run_gate.note_failure()
+            self.run_gate.note_unrecorded_failure()
 
     def output_finished(self, txn: PageTransaction) -> None:
         txn.output_done = True
@@ -433,16 +505,18 @@ class Ledger:
         if not txn.callback_called and not txn.failed:
             txn.failed = "its callback never ran (a spider middleware rejected the response)"
         if txn.failed:
-            self._withheld += 1
-            self._tell_cluster_failure()
             # Keep the old validators: the next run re-fetches this page
-            # instead of getting a 304 for data that was never stored.
+            # instead of getting a 304 for data that was never stored. Its
+            # failure record makes it due then, whatever its sitemap says.
             self.stats.inc_value("incremental/state_withheld")
             logger.warning(
                 "Not saving validators of %(url)s: %(reason)s",
                 {"url": txn.state.key.url, "reason": txn.failed},
                 extra={"spider": self.crawler.spider},
             )
+            state = txn.state
+            self.record_failure(state.key, txn.prior, state.last_status or 0,
+                                callback=state.callback, recipe=state.recipe, counted=False)
             return
         if txn.judge is not None:
             txn.state = txn.judge(txn.content_changed())

@@ -83,6 +83,11 @@ class PageState:
     #: cb_kwargs, errback, priority), as compact JSON, for re-seeding; the
     #: store keeps it as it is, without reading it.
     recipe: str | None = None
+    #: Visits in a row whose final outcome was a failure (no HTTP answer,
+    #: 5xx, 429, 401, 403), a 404 or 410, or whose data was withheld (its
+    #: callback or an item pipeline failed); any 2xx or 304 resets it. It
+    #: sets the failure schedule (``change.revisit.failure_next_visit``).
+    failures: int = 0
 
     @property
     def has_validators(self) -> bool:

@@ -43,13 +43,14 @@ class UnitSpider(Spider):
 
 
 class Gate:
-    """A cluster run's failure count, as the coordinator reports it to the ledger."""
+    """A cluster run's count of unrecorded failures, as the coordinator reports it."""
 
-    def __init__(self, run_failures: int | None) -> None:
-        self.run_failures = run_failures
+    def __init__(self, run_unrecorded: int | None) -> None:
+        self.run_unrecorded = run_unrecorded
+        self.run_started: float | None = None
         self.noticed = 0
 
-    def note_failure(self) -> None:
+    def note_unrecorded_failure(self) -> None:
         self.noticed += 1
 
 
@@ -125,13 +126,15 @@ class Page:
     """One fetched page with an open transaction, and the items its callback yields."""
 
     def __init__(self, ledger: Ledger, path: str = "/a", *, n_items: int = 0,
-                 discovery: bool = False, callback_called: bool = True) -> None:
+                 discovery: bool = False, callback_called: bool = True,
+                 callback: str | None = "parse") -> None:
         self.ledger = ledger
         self.url = f"https://example.com{path}"
         request = Request(self.url)
         self.key = PageKey(ledger.scope, self.url)
+        # "parse": a method of the spider, so a failure record can request it again.
         state = PageState(self.key, etag=f'"{path}-v2"', fingerprint=f"body{path}",
-                          last_status=200)
+                          last_status=200, callback=callback)
         self.txn: PageTransaction = ledger.begin(request.meta, state, discovery=discovery)
         # CallbackGuardMiddleware sets it when every spider middleware let
         # the response through to its callback.
@@ -289,9 +292,12 @@ async def test_a_failed_page_keeps_its_old_state(
         for event in events:
             page.play(event)
     await flush(ledger)
-    assert stored_etags(tmp_path) == {}
-    assert not await page.staged()
+    # Only its failure record: no validator, no fingerprint, due on the next crawl.
+    assert stored(tmp_path, "SELECT url, etag, fingerprint, last_status, failures, "
+                  "next_visit, callback FROM pages") == [
+        (page.url, None, None, 200, 1, int(ledger.crawl_started), "parse")]
     assert ledger.stats.get_value("incremental/state_withheld") == 1
+    assert ledger.stats.get_value("incremental/failures_unrecorded") is None
     assert ledger.stats.get_value("incremental/state_committed") is None
     # No verdict on validators from a page whose content was not handled.
     assert verdicts == []
@@ -338,45 +344,56 @@ async def test_items_decide_whether_the_content_changed(make_ledger, fates, chan
 FAILED_PAGE = ("yield:0", "output_end", "error:0")
 RAISED_BEFORE_OUTPUT = ("spider_error",)
 
+#: (finish reason, unrecorded failures, events of a withheld page, its callback,
+#: run gate, saved?)
 DISCOVERY = {
-    "finished, nothing failed": ("finished", 0, None, None, True),
-    "finished, the run gate reports no failure": ("finished", 0, None, Gate(0), True),
-    "closed by the user": ("shutdown", 0, None, None, False),
-    "a page failed to download": ("finished", 1, None, None, False),
-    "a page's item failed in a pipeline": ("finished", 0, FAILED_PAGE, None, False),
-    "a page's callback raised before any output": (
-        "finished", 0, RAISED_BEFORE_OUTPUT, None, False),
-    "a page failed, in cluster mode": ("finished", 1, None, Gate(0), False),
-    "a page's state was withheld, in cluster mode": ("finished", 0, FAILED_PAGE, Gate(0), False),
-    "another worker failed a page": ("finished", 0, None, Gate(2), False),
-    "the run's failures are unknown": ("finished", 0, None, Gate(None), False),
+    "finished, nothing failed": ("finished", 0, None, None, None, True),
+    "finished, the run gate reports no failure": ("finished", 0, None, None, Gate(0), True),
+    "closed by the user": ("shutdown", 0, None, None, None, False),
+    "a failure that could not be recorded": ("finished", 1, None, None, None, False),
+    "a page's item failed in a pipeline (recorded)": (
+        "finished", 0, FAILED_PAGE, "parse", None, True),
+    "a page's callback raised before any output (recorded)": (
+        "finished", 0, RAISED_BEFORE_OUTPUT, "parse", None, True),
+    "a withheld page whose callback is unknown": (
+        "finished", 0, FAILED_PAGE, None, None, False),
+    "a withheld page whose callback is gone": (
+        "finished", 0, FAILED_PAGE, "gone", None, False),
+    "an unrecorded failure, in cluster mode": ("finished", 1, None, None, Gate(0), False),
+    "a page's state was withheld and recorded, in cluster mode": (
+        "finished", 0, FAILED_PAGE, "parse", Gate(0), True),
+    "a withheld page not recorded, in cluster mode": (
+        "finished", 0, FAILED_PAGE, None, Gate(0), False),
+    "another worker could not record a failure": ("finished", 0, None, None, Gate(2), False),
+    "the run's unrecorded failures are unknown": ("finished", 0, None, None, Gate(None), False),
 }
 
 
-@pytest.mark.parametrize(("reason", "failures", "withheld", "gate", "saved"),
+@pytest.mark.parametrize(("reason", "unrecorded", "withheld", "callback", "gate", "saved"),
                          list(DISCOVERY.values()), ids=list(DISCOVERY))
 @pytest_twisted.ensureDeferred
-async def test_discovery_states_are_saved_only_when_the_crawl_finished_cleanly(
-    make_ledger, tmp_path, caplog, reason, failures, withheld, gate, saved
+async def test_discovery_states_are_saved_only_when_every_failure_was_recorded(
+    make_ledger, tmp_path, caplog, reason, unrecorded, withheld, callback, gate, saved
 ):
     ledger = make_ledger()
     ledger.run_gate = gate
     sitemap = Page(ledger, "/sitemap.xml", discovery=True)
     sitemap.play("output_end")
-    for _ in range(failures):
-        ledger.note_failure()
+    for _ in range(unrecorded):
+        ledger.note_unrecorded_failure()
     if withheld:
         # A page the sitemap listed: its state is withheld.
-        page = Page(ledger, "/p", n_items=1)
+        page = Page(ledger, "/p", n_items=1, callback=callback)
         for event in withheld:
             page.play(event)
-    failed = failures + bool(withheld)
+    failed = unrecorded + bool(withheld and callback != "parse")
     # A sitemap's state is never staged before the crawl ends, flushes or not.
     await flush(ledger)
     assert not await sitemap.staged()
-    assert stored_etags(tmp_path) == {}
+    # Nothing but the withheld page's failure record, without validators.
+    assert set(stored_etags(tmp_path).values()) <= {None}
     if gate is not None:
-        # This worker's own failures are counted for the whole run.
+        # This worker's own unrecorded failures are counted for the whole run.
         assert gate.noticed == failed
 
     with caplog.at_level("INFO", logger=ledger_module.__name__):
@@ -385,15 +402,19 @@ async def test_discovery_states_are_saved_only_when_the_crawl_finished_cleanly(
 
     held = [r.getMessage() for r in caplog.records if "sitemaps are not saved" in r.getMessage()]
     if saved:
-        assert stored_etags(tmp_path) == {sitemap.url: '"/sitemap.xml-v2"'}
+        assert stored_etags(tmp_path)[sitemap.url] == '"/sitemap.xml-v2"'
         assert ledger.stats.get_value("incremental/discovery_committed") == 1
         assert held == []
     else:
         assert sitemap.url not in stored_etags(tmp_path)
         assert ledger.stats.get_value("incremental/discovery_committed") is None
+        if gate is not None:
+            failed = "an unknown number of" if gate.run_unrecorded is None else max(
+                failed, gate.run_unrecorded)
         assert held == [
-            (f"Crawl ended {reason} with {failed} failed pages: the validators "
-             "of 1 sitemaps are not saved, they will be read in full next time")
+            (f"Crawl ended {reason} with {failed} failed pages that could not be recorded "
+             "to be asked again: the validators of 1 sitemaps are not saved, they will be "
+             "read in full next time")
         ]
 
 
@@ -602,3 +623,24 @@ def test_a_test_crawler_gets_its_spider_after_the_ledger(tmp_path):
     crawler.spider = Spider("later")
     assert ledger.scope == "later"
     assert ledger.trust.scope == "later"
+
+
+@pytest.mark.parametrize("settings", [{"INCREMENTAL_RESEED_ENABLED": False},
+                                      {"INCREMENTAL_REVISIT_ENABLED": False}],
+                         ids=["re-seeding off", "revisits off"])
+@pytest_twisted.ensureDeferred
+async def test_without_re_seeding_no_failure_is_recorded_to_be_asked_again(
+    make_ledger, tmp_path, settings
+):
+    # Nothing would request the page again from its record: the sitemap
+    # listing it must be read in full next time.
+    ledger = make_ledger(**settings)
+    sitemap = Page(ledger, "/sitemap.xml", discovery=True)
+    sitemap.play("output_end")
+    page = Page(ledger, "/p", n_items=1)
+    for event in FAILED_PAGE:
+        page.play(event)
+    await in_asyncio(ledger.crawler.signals.send_catch_log_async(
+        signals.spider_closed, spider=ledger.crawler.spider, reason="finished"))
+    assert ledger.stats.get_value("incremental/failures_unrecorded") == 1
+    assert sitemap.url not in stored_etags(tmp_path)

@@ -167,6 +167,9 @@ async def test_a_failed_callback_stages_neither_state_nor_links(make_ledger, uri
     ledger = make_ledger()
     state = fetched(ledger)
     commit(ledger, state, links(ledger, 2), failed=True)
-    assert ledger.store.pending == 0
+    # Only its failure record: no links record, no link flags, no validators.
+    assert ledger.store.pending == 1
     await deferred_from_coro(ledger.commit_staged())
-    assert await read_back(uri, state.key) == (None, None)
+    assert await read_back(uri, state.key) == (0, None)
+    stored = await ledger.store.get_page(state.key)
+    assert stored is not None and (stored.etag, stored.fingerprint) == (None, None)

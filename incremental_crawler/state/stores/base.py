@@ -66,7 +66,12 @@ class StateStore(ABC):
 
     @abstractmethod
     async def get_due(self, scope: str, now: float, limit: int) -> list[PageState]:
-        """Up to *limit* fetched pages of *scope* whose next visit is due, most overdue first."""
+        """Up to *limit* pages of *scope* whose next visit is due, most overdue first.
+
+        Only pages with a callback (they can be requested again): fetched
+        ones, and failed ones recorded without a fingerprint
+        (:meth:`stage_failure`).
+        """
 
     @abstractmethod
     async def get_item_simhash(self, scope: str, item_key: str) -> int | None:
@@ -95,10 +100,26 @@ class StateStore(ABC):
     ) -> None:
         """Stage a visit that changed nothing but counters and ``last_status``.
 
-        Used for 304s and for 3xx/4xx/5xx answers: validators and
-        fingerprints are never touched (only a 2xx updates them). A 304 may record a
-        newer *lastmod* (the stored data is that version) and the revisit
-        *schedule* ``(interval, next_visit)``.
+        Used for 304s and for 3xx answers: validators and fingerprints are
+        never touched (only a 2xx updates them). A 304 may record a newer
+        *lastmod* (the stored data is that version) and the revisit
+        *schedule* ``(interval, next_visit)``. It ends a run of failures
+        (``failures`` becomes 0).
+        """
+
+    @abstractmethod
+    def stage_failure(
+        self, key: PageKey, status: int, when: float, *, failures: int, next_visit: float,
+        callback: str | None = None, recipe: str | None = None,
+    ) -> None:
+        """Stage a visit whose final outcome was a failure, a 404 or a 410.
+
+        ``last_status`` becomes *status* (0: no HTTP answer), ``last_checked``
+        *when*, ``failures`` and ``next_visit`` the values given; validators,
+        fingerprint, size, lastmod and interval stay as they are. A page the
+        store does not know is stored without a fingerprint, with *callback*
+        and *recipe* (so :meth:`get_due` returns it); a known page without a
+        callback takes them too.
         """
 
     @abstractmethod

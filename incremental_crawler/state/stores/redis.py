@@ -8,7 +8,7 @@ the prefix; ``<s>`` is the scope, percent-quoted so it never holds a ``:``:
 ``P:meta``                      hash: ``layout`` and ``version`` of the layout
 ``P:scopes``                    set of the scopes stored
 ``P:pages:<s>``                 hash: page field → page state (JSON)
-``P:due:<s>``                   sorted set: fetched pages with a callback, by next_visit
+``P:due:<s>``                   sorted set: pages with a callback, by next_visit
 ``P:links:<s>``                 hash: page field → the page's links record (opaque text)
 ``P:hosts:<s>``                 hash: host → lastmod/validator trust (JSON)
 ``P:items:<s>``                 hash: item key → latest url/fingerprint/simhash (JSON)
@@ -110,9 +110,10 @@ _TOKEN_TTL = 86_400
 # the batch's token, so a batch whose reply was lost (a timeout, a cut after
 # it was sent) is not applied twice when it is sent again.
 #
-# The upserts mirror the SQLite store's: a check or a redirect touches
-# counters, status and (check) lastmod and schedule, never validators or
-# fingerprints (only a 2xx updates them); an item gets the next version number of its key.
+# The upserts mirror the SQLite store's: a check, a failure or a redirect
+# touches counters, status and (check) lastmod and schedule, (failure) the
+# failures in a row and the schedule, never validators or fingerprints
+# (only a 2xx updates them); an item gets the next version number of its key.
 #
 # Before any write, every key the batch writes is checked for its type
 # (TYPES: by argument, the type the key must have unless absent). A page
@@ -124,9 +125,10 @@ _TOKEN_TTL = 86_400
 # KEYS: token, scopes set, tokens to forget. ARGV: number of scopes, the
 # scopes, then the writes, each its name followed by ARITY[name] arguments.
 _FLUSH_LUA = """
-local ARITY = {host = 3, page = 5, check = 8, redirect = 7, item = 8,
+local ARITY = {host = 3, page = 5, check = 8, failure = 9, redirect = 7, item = 8,
                links = 3, unlink = 2, flags = 3}
 local TYPES = {host = {'hash'}, page = {'hash', 'zset'}, check = {'hash', 'zset'},
+               failure = {'hash', 'zset'},
                redirect = {'hash'}, item = {'hash', 'hash', 'zset', 'hash'},
                links = {'hash'}, unlink = {'hash'}, flags = {'hash'}}
 local OPS = {}
@@ -159,15 +161,32 @@ local function visit(a, i)
 end
 function OPS.check(a, i)
   local page = visit(a, i)
+  page.failures = nil  -- an answer ends a run of failures
   if a[i + 5] ~= '' then page.lastmod = tonumber(a[i + 5]) end
   local index = false
   if a[i + 6] ~= '' then
     page.interval = tonumber(a[i + 6])
     page.next_visit = tonumber(a[i + 7])
-    index = page.fingerprint and page.callback
+    index = page.callback
   end
   redis.call('HSET', a[i], a[i + 2], cjson.encode(page))
   if index then
+    redis.call('ZADD', a[i + 1], page.next_visit, a[i + 2])
+  end
+end
+function OPS.failure(a, i)
+  -- pages, due, field, status, when, failures, next_visit, callback,
+  -- recipe ('': none); a page without a callback takes the one given
+  local page = visit(a, i)
+  page.failures = tonumber(a[i + 5])
+  page.next_visit = tonumber(a[i + 6])
+  if not page.callback and a[i + 7] ~= '' then
+    page.callback = a[i + 7]
+    page.recipe = nil
+    if a[i + 8] ~= '' then page.recipe = a[i + 8] end
+  end
+  redis.call('HSET', a[i], a[i + 2], cjson.encode(page))
+  if page.callback then
     redis.call('ZADD', a[i + 1], page.next_visit, a[i + 2])
   end
 end
@@ -582,7 +601,7 @@ class RedisStateStore(StateStore):
             state = self._page(_page_key(scope, field.decode()), raw)
             # The sorted set only holds such pages; checked again so that a
             # record written by another version cannot re-seed a bad page.
-            if state.fingerprint is not None and state.callback is not None:
+            if state.callback is not None:
                 due.append(state)
         return due
 
@@ -618,8 +637,8 @@ class RedisStateStore(StateStore):
     def stage_page(self, state: PageState) -> None:
         key = state.key
         value = self._encode(state, ("key",), lua_safe=True)
-        # get_due's index: only fetched pages that know their callback.
-        indexed = state.fingerprint is not None and state.callback is not None
+        # get_due's index: only pages that know their callback.
+        indexed = state.callback is not None
         self._stage(key.scope, (
             "page", self._key("pages", key.scope), self._key("due", key.scope),
             _page_field(key), value, int(state.next_visit) if indexed else "",
@@ -636,6 +655,16 @@ class RedisStateStore(StateStore):
             "check", self._key("pages", key.scope), self._key("due", key.scope),
             _page_field(key), status, int(when),
             "" if lastmod is None else int(lastmod), interval, next_visit,
+        ))
+
+    def stage_failure(
+        self, key: PageKey, status: int, when: float, *, failures: int, next_visit: float,
+        callback: str | None = None, recipe: str | None = None,
+    ) -> None:
+        self._stage(key.scope, (
+            "failure", self._key("pages", key.scope), self._key("due", key.scope),
+            _page_field(key), status, int(when), failures, int(next_visit),
+            callback or "", recipe or "",
         ))
 
     def stage_redirect(self, key: PageKey, target: str, status: int, when: float) -> None:

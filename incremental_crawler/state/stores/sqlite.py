@@ -122,6 +122,11 @@ MIGRATIONS: tuple[str, ...] = (
     );
     ALTER TABLE pages ADD COLUMN recipe TEXT;
     """,
+    # 9: failures in a row (the failure schedule); failed pages are stored
+    # without a fingerprint when they were never fetched.
+    """
+    ALTER TABLE pages ADD COLUMN failures INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: URLs per batched lookup (SQLite allows 32,766 host parameters).
@@ -130,7 +135,7 @@ _CHUNK = 500
 _PAGE_COLUMNS = (
     "etag, last_modified, fingerprint, size, last_status, first_seen, "
     "last_checked, last_fetched, last_changed, checks, changes, flags, redirect_to, "
-    "lastmod, interval, next_visit, callback, churns, recipe"
+    "lastmod, interval, next_visit, callback, churns, recipe, failures"
 )
 # S608 (SQL built from strings) in this module: what is formatted into the
 # SQL is a constant of the module (_PAGE_COLUMNS, PageFlags, a count of ?),
@@ -140,11 +145,11 @@ _SELECT_PAGE = (
 )
 _UPSERT_PAGE = (
     f"INSERT OR REPLACE INTO pages (scope, url, variant, {_PAGE_COLUMNS}) "  # noqa: S608 (constant SQL)
-    f"VALUES ({', '.join('?' * 22)})"
+    f"VALUES ({', '.join('?' * 23)})"
 )
 # A check never touches validators or fingerprints (only a 2xx updates them). It may
 # record a newer lastmod (a 304 says the stored data is that version) and
-# the revisit schedule.
+# the revisit schedule; an answer ends a run of failures.
 _UPSERT_CHECK = (
     "INSERT INTO pages (scope, url, variant, last_status, first_seen, "
     "last_checked, checks, lastmod, interval, next_visit) "
@@ -152,7 +157,21 @@ _UPSERT_CHECK = (
     "ON CONFLICT (scope, url, variant) DO UPDATE SET "
     "last_status = excluded.last_status, last_checked = excluded.last_checked, "
     "checks = pages.checks + 1, lastmod = COALESCE(excluded.lastmod, pages.lastmod), "
-    "interval = COALESCE(?, pages.interval), next_visit = COALESCE(?, pages.next_visit)"
+    "interval = COALESCE(?, pages.interval), next_visit = COALESCE(?, pages.next_visit), "
+    "failures = 0"
+)
+# A failure keeps everything a 2xx stored (validators, fingerprint, size,
+# lastmod, interval); a page never fetched gets a row without fingerprint,
+# with the callback and recipe that re-seed it.
+_UPSERT_FAILURE = (
+    "INSERT INTO pages (scope, url, variant, last_status, first_seen, "
+    "last_checked, checks, failures, next_visit, callback, recipe) "
+    "VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?) "
+    "ON CONFLICT (scope, url, variant) DO UPDATE SET "
+    "last_status = excluded.last_status, last_checked = excluded.last_checked, "
+    "checks = pages.checks + 1, failures = excluded.failures, "
+    "next_visit = excluded.next_visit, callback = COALESCE(pages.callback, excluded.callback), "
+    "recipe = CASE WHEN pages.callback IS NULL THEN excluded.recipe ELSE pages.recipe END"
 )
 _UPSERT_REDIRECT = (
     "INSERT INTO pages (scope, url, variant, last_status, first_seen, "  # noqa: S608 (constant SQL)
@@ -384,7 +403,7 @@ class SQLiteStateStore(StateStore):
         # it would cost every write and ~50 bytes per page) with a top-N sort.
         query = (
             f"SELECT url, variant, {_PAGE_COLUMNS} FROM pages WHERE scope = ? "  # noqa: S608 (constant SQL)
-            "AND next_visit <= ? AND fingerprint IS NOT NULL AND callback IS NOT NULL "
+            "AND next_visit <= ? AND callback IS NOT NULL "
             "ORDER BY next_visit LIMIT ?"
         )
         try:
@@ -445,7 +464,7 @@ class SQLiteStateStore(StateStore):
             state.changes, state.flags, state.redirect_to,
             None if state.lastmod is None else int(state.lastmod),
             int(state.interval), int(state.next_visit), state.callback, state.churns,
-            state.recipe,
+            state.recipe, state.failures,
         )))
 
     def stage_check(
@@ -458,6 +477,15 @@ class SQLiteStateStore(StateStore):
         self._ops.append((_UPSERT_CHECK, (
             *key, status, int(when), int(when), lastmod_,
             interval, next_visit, interval, next_visit,
+        )))
+
+    def stage_failure(
+        self, key: PageKey, status: int, when: float, *, failures: int, next_visit: float,
+        callback: str | None = None, recipe: str | None = None,
+    ) -> None:
+        self._staged += 1
+        self._ops.append((_UPSERT_FAILURE, (
+            *key, status, int(when), int(when), failures, int(next_visit), callback, recipe,
         )))
 
     def stage_redirect(self, key: PageKey, target: str, status: int, when: float) -> None:

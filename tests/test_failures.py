@@ -1,0 +1,249 @@
+"""Failed pages are recorded by their final outcome, on real crawls.
+
+A hand-made sitemap (with an ETag: it answers 304 when unchanged) lists
+pages of which some fail. The failures are recorded (after Scrapy's
+retries), so the sitemap's validators are saved all the same, and the next
+crawl, whose sitemap answers 304, asks again for the failed pages only (the
+re-seeder reads their records), backing off when they keep failing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import pytest_twisted
+from scrapy import signals
+from scrapy.settings import Settings
+from scrapy.utils.defer import deferred_from_coro
+
+from incremental_crawler import clock
+from incremental_crawler.spiders.sitemap import SitemapPagesSpider
+from incremental_crawler.state.ledger import Ledger
+from incremental_crawler.state.records import PageKey, PageState
+from incremental_crawler.state.stores import open_store
+
+DAY = 86_400.0
+MINUTE = 60.0
+
+SETTINGS = {
+    "INCREMENTAL_REVISIT_ENABLED": True,
+    "INCREMENTAL_REVISIT_INITIAL": DAY,
+    "INCREMENTAL_REVISIT_MIN": 3600,
+    "INCREMENTAL_REVISIT_MAX": 30 * DAY,
+    "INCREMENTAL_RECHECK_EVERY": 0,
+    # A timeout is a failure quickly; one retry, so a retried page can succeed.
+    "DOWNLOAD_TIMEOUT": 0.5,
+    "RETRY_TIMES": 1,
+}
+
+GOOD = [f"/p/{i}" for i in range(4)]
+BROKEN, GONE, SLOW = "/p/broken", "/p/gone", "/p/slow"
+
+
+def sitemap_xml(site: Any, paths: list[str]) -> str:
+    urls = "".join(f"<url><loc>{site.url(path)}</loc></url>" for path in paths)
+    return ('<?xml version="1.0" encoding="UTF-8"?>'
+            f'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{urls}</urlset>')
+
+
+def serve(site: Any, paths: list[str], etag: str = '"sm-1"') -> None:
+    for path in paths:
+        if path not in (BROKEN, GONE):
+            site.add_page(path, "strong", size=1500)
+    site.add_document("/sitemap.xml", sitemap_xml(site, paths), "application/xml", etag=etag)
+
+
+def at(monkeypatch: pytest.MonkeyPatch, offset: float) -> None:
+    """Every date-dependent decision of the next crawls *offset* seconds ahead."""
+    monkeypatch.setattr(clock, "now", lambda: time.time() + offset)
+
+
+async def crawl_sitemap(crawl: Any, site: Any, spidercls: type = SitemapPagesSpider,
+                        **settings: Any) -> Any:
+    return await crawl(spidercls, settings={**SETTINGS, **settings},
+                       sitemap_url=site.url("/sitemap.xml"))
+
+
+async def stored(state_uri: str, site: Any, path: str) -> PageState | None:
+    store = open_store(Settings({"INCREMENTAL_STATE_URI": state_uri}))
+    try:
+        return await deferred_from_coro(store.get_page(PageKey("sitemap", site.url(path))))
+    finally:
+        await deferred_from_coro(store.close())
+
+
+def gets(site: Any, path: str) -> list[int]:
+    """Statuses of the GETs the site answered for *path*."""
+    return [r.status for r in site.requests_for(path) if r.method == "GET"]
+
+
+def crawl_start(crawler: Any) -> float:
+    """The crawl's start on the ledger's clock (what failure schedules count from)."""
+    ledger = crawler.get_extension(Ledger)
+    assert ledger is not None
+    return ledger.crawl_started
+
+
+@pytest.mark.parametrize("state_uri", ["sqlite", "redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_failed_pages_are_recorded_and_the_sitemap_is_saved_all_the_same(
+    site, crawl, state_uri, monkeypatch
+):
+    serve(site, [*GOOD, BROKEN, GONE, SLOW])
+    site.override(BROKEN, status=500)
+    site.override(GONE, status=404)
+    site.slow(SLOW, 2.0)
+    at(monkeypatch, 0)
+    first = await crawl_sitemap(crawl, site)
+    # Retried once each: the 500 and the timeout; a 404 is not retried.
+    assert gets(site, BROKEN) == [500, 500]
+    assert gets(site, GONE) == [404]
+    stats = first.stats.get_stats()
+    # The slow page timed out twice (the site logs no answer it could not send).
+    assert stats["downloader/exception_type_count/scrapy.exceptions.DownloadTimeoutError"] == 2
+    assert stats["incremental/schedule/failed"] == 2
+    assert "incremental/failures_unrecorded" not in stats
+    # The sitemap's validators are saved: one dead link costs it nothing.
+    sitemap = await stored(state_uri, site, "/sitemap.xml")
+    assert sitemap is not None and sitemap.etag == '"sm-1"'
+    assert stats["incremental/discovery_committed"] == 1
+    for path, status in ((BROKEN, 500), (GONE, 404), (SLOW, 0)):
+        state = await stored(state_uri, site, path)
+        assert state is not None, path
+        assert (state.last_status, state.failures, state.callback) == (status, 1, "parse"), path
+        assert (state.fingerprint, state.etag) == (None, None), path
+        # Due on the next crawl: the start of the crawl it failed in.
+        assert abs(state.next_visit - crawl_start(first)) <= 1, path
+    good = await stored(state_uri, site, GOOD[0])
+    assert good is not None and good.failures == 0 and good.fingerprint is not None
+
+    # A minute later: the sitemap answers 304, the slow page answers in time.
+    site.reset_log()
+    site.slow(SLOW, 0.0)
+    at(monkeypatch, MINUTE)
+    second = await crawl_sitemap(crawl, site)
+    assert gets(site, "/sitemap.xml") == [304]
+    assert gets(site, BROKEN) == [500, 500]
+    assert gets(site, GONE) == [404]
+    assert gets(site, SLOW) == [200]
+    assert all(gets(site, path) == [] for path in GOOD)
+    assert second.stats.get_value("incremental/reseeded") == 3
+    assert second.stats.get_value("incremental/schedule/failed") == 1
+    recovered = await stored(state_uri, site, SLOW)
+    assert recovered is not None and recovered.failures == 0
+    assert recovered.fingerprint is not None
+    # Failed twice in a row: due a revisit interval after the second crawl's start.
+    broken = await stored(state_uri, site, BROKEN)
+    assert broken is not None and broken.failures == 2
+    assert abs(broken.next_visit - (crawl_start(second) + DAY)) <= 1
+
+    # Two minutes after the first: backing off, nothing is requested.
+    site.reset_log()
+    at(monkeypatch, 2 * MINUTE)
+    await crawl_sitemap(crawl, site)
+    assert gets(site, "/sitemap.xml") == [304]
+    assert gets(site, BROKEN) == gets(site, GONE) == []
+
+    # A day later it is due again; its third failure waits two days.
+    at(monkeypatch, DAY + 2 * MINUTE)
+    fourth = await crawl_sitemap(crawl, site)
+    assert gets(site, BROKEN) == [500, 500]
+    broken = await stored(state_uri, site, BROKEN)
+    assert broken is not None and broken.failures == 3
+    assert abs(broken.next_visit - (crawl_start(fourth) + 2 * DAY)) <= 1
+
+
+
+class FlakySitemapSpider(SitemapPagesSpider):
+    """The sitemap spider; the site's ``flaky`` page heals once it answered 500."""
+
+    name = "sitemap"
+
+    @classmethod
+    def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> Any:
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        crawler.signals.connect(spider.downloaded, signal=signals.response_downloaded)
+        return spider
+
+    def downloaded(self, response: Any, request: Any, spider: Any) -> None:
+        # Every attempt is downloaded; only the last one reaches the engine.
+        if response.status == 500:
+            self.site.clear_override(self.flaky)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_5xx_retried_until_it_succeeds_is_no_failure(site, crawl, state_uri):
+    serve(site, [*GOOD, "/p/flaky"])
+    site.override("/p/flaky", status=500)
+    first = await crawl(FlakySitemapSpider, settings=SETTINGS,
+                        sitemap_url=site.url("/sitemap.xml"), site=site, flaky="/p/flaky")
+    assert gets(site, "/p/flaky") == [500, 200]
+    stats = first.stats.get_stats()
+    assert "incremental/schedule/failed" not in stats
+    state = await stored(state_uri, site, "/p/flaky")
+    assert state is not None
+    assert (state.last_status, state.failures, state.checks) == (200, 0, 1)
+    assert state.fingerprint is not None
+
+
+class RaisingSitemapSpider(SitemapPagesSpider):
+    """The sitemap spider whose callback raises on the pages in ``broken``."""
+
+    name = "sitemap"
+    broken: tuple[str, ...] = ()
+
+    def parse(self, response: Any) -> Any:
+        if any(response.url.endswith(path) for path in self.broken):
+            raise ValueError("a bug in the callback")
+        return super().parse(response)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_page_whose_callback_raised_is_due_though_its_sitemap_answers_304(
+    site, crawl, state_uri, monkeypatch
+):
+    async def run(offset: float, broken: tuple[str, ...] = ()) -> Any:
+        site.reset_log()
+        at(monkeypatch, offset)
+        return await crawl(RaisingSitemapSpider, settings=SETTINGS,
+                           sitemap_url=site.url("/sitemap.xml"), broken=broken)
+
+    serve(site, [*GOOD, "/p/bad"])
+    first = await run(0, ("/p/bad",))
+    # A new page withheld: a failure record; the sitemap is saved all the same.
+    assert first.stats.get_value("incremental/state_withheld") == 1
+    assert first.stats.get_value("incremental/failures_unrecorded") is None
+    assert first.stats.get_value("incremental/schedule/failed") is None
+    bad = await stored(state_uri, site, "/p/bad")
+    assert bad is not None
+    assert (bad.last_status, bad.failures, bad.callback, bad.fingerprint) == (200, 1, "parse", None)
+    assert abs(bad.next_visit - crawl_start(first)) <= 1
+    sitemap = await stored(state_uri, site, "/sitemap.xml")
+    assert sitemap is not None and sitemap.etag == '"sm-1"'
+
+    # A minute later the sitemap answers 304: the page is asked again all the same.
+    await run(MINUTE)
+    assert gets(site, "/sitemap.xml") == [304]
+    assert gets(site, "/p/bad") == [200]
+    assert all(gets(site, path) == [] for path in GOOD)
+    bad = await stored(state_uri, site, "/p/bad")
+    assert bad is not None and bad.failures == 0 and bad.fingerprint is not None
+
+    # A known page withheld keeps its old validators, and is due next crawl.
+    old = await stored(state_uri, site, GOOD[0])
+    assert old is not None and old.etag is not None
+    site.change(GOOD[0])
+    third = await run(2 * DAY, (GOOD[0],))
+    assert gets(site, GOOD[0]) == [200]
+    assert third.stats.get_value("incremental/state_withheld") == 1
+    kept = await stored(state_uri, site, GOOD[0])
+    assert kept is not None
+    assert (kept.etag, kept.fingerprint, kept.failures) == (old.etag, old.fingerprint, 1)
+    assert abs(kept.next_visit - crawl_start(third)) <= 1
+    await run(2 * DAY + MINUTE)
+    assert gets(site, "/sitemap.xml") == [304]
+    [again] = site.requests_for(GOOD[0])
+    assert (again.status, again.if_none_match) == (200, old.etag)
+    assert all(gets(site, path) == [] for path in GOOD[1:])
