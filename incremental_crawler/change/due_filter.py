@@ -32,8 +32,8 @@ is the way to fetch a page that is not due.
 
 Installed at order 0, outside ``PageOutputMiddleware`` (1): a request it
 drops is still recorded among the page's links, to be replayed when the
-page is next unchanged. Not installed without revisits
-(``INCREMENTAL_REVISIT_ENABLED`` False), when every page is due.
+page is next unchanged. Without revisits (``INCREMENTAL_REVISIT_ENABLED``
+False) every page is due, and it lets everything through untouched.
 """
 
 from __future__ import annotations
@@ -78,8 +78,9 @@ class NotDueFilterMiddleware:
     """Spider middleware; see the module docstring."""
 
     def __init__(self, crawler: Crawler, config: IncrementalConfig) -> None:
-        if not config.revisit_enabled:
-            raise NotConfigured("INCREMENTAL_REVISIT_ENABLED is False: every page is due")
+        #: Without revisits every page is due: everything goes through as it
+        #: comes (not NotConfigured: its warning would be logged on every crawl).
+        self.active = config.revisit_enabled
         self.ledger = Ledger.for_component(crawler)
         spider = crawler.spider
         assert spider is not None
@@ -96,12 +97,16 @@ class NotDueFilterMiddleware:
 
     async def process_start(self, start: AsyncIterator[Any]) -> AsyncIterator[Any]:
         async for obj in start:
-            for kept in await self._filter([obj]):
+            for kept in await self._filter([obj]) if self.active else [obj]:
                 yield kept
 
     async def process_spider_output(
         self, response: Response, result: AsyncIterator[Any]
     ) -> AsyncIterator[Any]:
+        if not self.active:
+            async for obj in result:
+                yield obj
+            return
         chunk: list[Any] = []
         async for obj in result:
             chunk.append(obj)
