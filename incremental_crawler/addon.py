@@ -26,8 +26,12 @@ COMPONENTS: tuple[tuple[str, str, int], ...] = (
     ("EXTENSIONS", _P + "state.ledger.Ledger", 0),
     ("DOWNLOADER_MIDDLEWARES",
      _P + "change.middleware.ConditionalRequestMiddleware", 585),
-    # Outermost spider middleware: sees exactly what reaches the pipelines.
+    # Outermost spider middleware but the not-due filter (which drops
+    # requests only): sees exactly the items that reach the pipelines.
     ("SPIDER_MIDDLEWARES", _P + "state.middlewares.PageOutputMiddleware", 1),
+    # Outside PageOutputMiddleware: a not-due request it drops is still
+    # recorded among its page's links.
+    ("SPIDER_MIDDLEWARES", _P + "change.due_filter.NotDueFilterMiddleware", 0),
     # Innermost: the last input check before the callback, the first to see
     # the callback's exceptions.
     ("SPIDER_MIDDLEWARES", _P + "state.middlewares.CallbackGuardMiddleware", 10_000),

@@ -16,7 +16,17 @@ class NotModified(IgnoreRequest):
 
 
 class NotDue(IgnoreRequest):
-    """The page's revisit schedule says it is not due yet; it was not requested."""
+    """The page's revisit schedule says it is not due yet; it was not requested.
+
+    A request for a page that is not due, yielded by a callback or by
+    ``start()``, is dropped before it reaches the scheduler: it never raises
+    this, and its errback is not called. ``NotDue`` is raised only for a
+    request that reaches the downloader without passing through the spider
+    middlewares (one a component or the engine schedules itself, e.g. with
+    ``engine.crawl()``), or when the not-due filter is switched off
+    (``SPIDER_MIDDLEWARES``), and for a page with stored links asked again
+    in a crawl that replayed them already.
+    """
 
 
 class ItemUnchanged(DropItem):

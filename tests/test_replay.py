@@ -164,7 +164,8 @@ async def test_a_plain_spider_finds_a_change_behind_unchanged_pages(site, crawl,
     with caplog.at_level(logging.INFO):
         second.get_extension(IncrementalLogStats).log(second.spider)
     periodic = [m for r in caplog.records if (m := r.getMessage()).startswith("Incremental: ")]
-    assert periodic == [f"Incremental: {lines[1].strip()}; {replay_line.strip()}"]
+    assert periodic == [(f"Incremental: {lines[1].strip()}; known: requested {len(paths)}; "
+                         f"{replay_line.strip()}")]
 
     # A day later the unchanged pages are not due (their interval grew to
     # 1.4 days), the changed one is (0.8 days): nothing is asked but that

@@ -28,12 +28,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from scrapy.downloadermiddlewares.httpcompression import ACCEPTED_ENCODINGS
 from scrapy.exceptions import IgnoreRequest, NotConfigured
-from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.httpobj import urlparse_cached
 
 from incremental_crawler import clock
+from incremental_crawler.change.due import DueRule
 from incremental_crawler.change.fingerprints import body_fingerprint
 from incremental_crawler.change.policy import (
     HOST_CONSULTED,
@@ -46,13 +45,13 @@ from incremental_crawler.change.policy import (
     future_last_modified,
     links_unknown,
 )
+from incremental_crawler.change.schedule import META_WHY, ScheduleCounter
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.exceptions import NotDue, NotModified
 from incremental_crawler.http.validators import parse_etag, parse_last_modified
 from incremental_crawler.links.recipes import REFETCH_MARK, own_recipe
 from incremental_crawler.links.replay import Replayer
-from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD, META_REFRESH, META_SKIP
-from incremental_crawler.state.keys import page_key
+from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD, META_REFRESH
 from incremental_crawler.state.ledger import TXN_META, Ledger
 from incremental_crawler.state.records import PageFlags
 from incremental_crawler.state.stores import StateStoreError
@@ -105,30 +104,20 @@ class ConditionalRequestMiddleware:
             )
         self.crawler = crawler
         self.stats = crawler.stats
-        self.policy = ChangePolicy.from_config(config)
-        self.default_encoding = _default_encoding(crawler)
         self.ledger = Ledger.for_component(crawler)
         spider = crawler.spider
         assert spider is not None
         self.spider = spider
-        #: Whether pages' yielded requests are recorded and replayed: not for
-        #: a spider that opts out (incremental_replay = False: our sitemap
-        #: and feed spiders, which decide on their lists' entries themselves).
-        self.replay = config.replay_enabled and bool(getattr(spider, "incremental_replay", True))
+        #: Shared with the spider middleware dropping not-due requests early.
+        self.rule = DueRule.for_crawler(crawler, config, spider)
+        self.policy: ChangePolicy = self.rule.policy
+        self.default_encoding = self.rule.encoding
+        self.counter = ScheduleCounter(crawler.stats)
         self.replayer = Replayer(spider, crawler.stats, self.ledger.stage_flags)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         return cls(crawler, IncrementalConfig.from_settings(crawler.settings))
-
-    def _applies(self, request: Request) -> bool:
-        # Only GETs whose response goes to a spider callback: engine-level
-        # downloads (robots.txt, NO_CALLBACK) have no items to wait for.
-        return (
-            request.method == "GET"
-            and request.callback is not NO_CALLBACK
-            and not request.meta.get(META_SKIP)
-        )
 
     # -- requests ------------------------------------------------------------
 
@@ -143,7 +132,7 @@ class ConditionalRequestMiddleware:
 
     async def _prepare(self, request: Request) -> Response | None:
         _forget_copied(request)
-        if not self._applies(request):
+        if not self.rule.applies(request):
             return None
         if self.default_encoding is not None:
             # The Accept-Encoding HttpCompressionMiddleware would add, set
@@ -151,11 +140,10 @@ class ConditionalRequestMiddleware:
             # this header selects, and the same header goes out every time
             # (RFC 9110 §8.8.3.3, §12.5.3). Another one is another variant.
             request.headers.setdefault(b"Accept-Encoding", self.default_encoding)
-        key = page_key(request, self.ledger.scope, self.ledger.canonical,
-                       default_encoding=self.default_encoding)
+        key = self.rule.key(request, self.ledger)
         prior = await self._stored(key)
         now = clock.now()
-        replay = self._replays(request)
+        replay = self.rule.replays(request)
         unknown = links_unknown(prior, replay=replay)
         links = None
         if replay and not unknown and prior is not None and prior.flags & PageFlags.HAS_LINKS:
@@ -165,8 +153,17 @@ class ConditionalRequestMiddleware:
                 # Flagged, but the store lost it: the page's callback must run.
                 self.stats.inc_value("incremental/replay/record_missing")
                 unknown = True
-        if prior is not None and not self._due(request, prior, unknown, now):
+        # Counted here unless whoever made the request decided (and counted)
+        # it; sitemaps and feeds are not pages.
+        counts = not (META_WHY in request.meta or request.meta.get(META_DISCOVERY))
+        if prior is not None and not self.rule.due(request, prior, links_unknown=unknown,
+                                                   due_at=self.ledger.due_at):
+            # Not requested: those that reach this far (not dropped by
+            # NotDueFilterMiddleware) are a page whose links are replayed,
+            # or a request that did not leave a callback or start().
             self.stats.inc_value("incremental/not_due")
+            if counts:
+                self.counter.not_due(prior)
             if links is None or not self.replayer.first(key):
                 raise NotDue(f"Not due before {prior.next_visit:.0f}: {request.url}")
             # Not requested, but the pages it leads to may be due: its links
@@ -175,6 +172,11 @@ class ConditionalRequestMiddleware:
             request.meta["_dont_cache"] = True
             return self.replayer.response(request, key, links)
         reason = await self._reason(request, key, prior, now, links_unknown=unknown)
+        if counts:
+            why = self.policy.why_requested(prior, recheck_all=self.ledger.recheck_all, now=now)
+            self.counter.requested(why)
+            # Its retries, redirects and re-fetch are the same page: not again.
+            request.meta[META_WHY] = why
         request.meta[_CTX] = _Context(key, prior, reason, links)
         self._count(request, f"requests/{reason}")
         if reason is RequestReason.CONDITIONAL:
@@ -182,24 +184,9 @@ class ConditionalRequestMiddleware:
             _send_conditions(request, prior)
         return None
 
-    def _replays(self, request: Request) -> bool:
-        """Whether the page's yielded requests are recorded and replayed.
-
-        Not for sitemaps and feeds (META_DISCOVERY): a list is read in full
-        when it changed and otherwise its entries are decided by their own
-        lastmods and states.
-        """
-        return self.replay and not request.meta.get(META_DISCOVERY)
-
     async def _stored(self, key: PageKey) -> PageState | None:
         found, prior = self.ledger.take_prefetched(key)
         return prior if found else await self.ledger.store.get_page(key)
-
-    def _due(self, request: Request, prior: PageState, unknown: bool, now: float) -> bool:
-        meta = request.meta
-        return self.policy.due(prior, refresh=bool(meta.get(META_REFRESH)),
-                               discovery=bool(meta.get(META_DISCOVERY)),
-                               lastmod=meta.get(META_LASTMOD), links_unknown=unknown, now=now)
 
     async def _reason(self, request: Request, key: PageKey, prior: PageState | None,
                       now: float, *, links_unknown: bool) -> RequestReason:
@@ -305,12 +292,12 @@ class ConditionalRequestMiddleware:
             pending = self.policy.after_fetch(prior, fetch, changed=True,
                                               judgement=self.policy.unjudged(prior), now=now)
             txn = self.ledger.begin(request.meta, pending, discovery=fetch.discovery,
-                                    record_links=self._replays(request), prior=prior)
+                                    record_links=self.rule.replays(request), prior=prior)
             txn.judge = settle
         else:
             state = settle(self.policy.body_changed(prior, fetch))
             self.ledger.begin(request.meta, state, discovery=fetch.discovery,
-                              record_links=self._replays(request), prior=prior)
+                              record_links=self.rule.replays(request), prior=prior)
         self._stage_redirects(request, ctx.key)
 
     def _settle(self, request: Request, prior: PageState | None, fetch: Fetch, now: float,
@@ -442,22 +429,10 @@ def _vary_star(headers: Headers) -> bool:
                for name in line.split(b","))
 
 
-_COMPRESSION = "scrapy.downloadermiddlewares.httpcompression.HttpCompressionMiddleware"
-
-
-def _default_encoding(crawler: Crawler) -> bytes | None:
-    """The Accept-Encoding a request without one goes out with (None: no header)."""
-    settings = crawler.settings
-    enabled = settings.getwithbase("DOWNLOADER_MIDDLEWARES").get(_COMPRESSION) is not None
-    if not (enabled and settings.getbool("COMPRESSION_ENABLED")):
-        return None
-    return b", ".join(ACCEPTED_ENCODINGS)
-
-
 def page_context(request: Request) -> tuple[PageKey, PageState | None] | None:
     """The page *request* fetches and its stored state, as this middleware read them.
 
-    ``None`` for a request it does not apply to (see ``_applies``), and for
+    ``None`` for a request it does not apply to (see ``DueRule.applies``), and for
     one it did not let out (not due, replayed).
     """
     ctx: _Context | None = request.meta.get(_CTX)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from incremental_crawler.change.revisit import RevisitSchedule
+from incremental_crawler.change.schedule import Why
 from incremental_crawler.http.validators import parse_http_date, weak_match
 from incremental_crawler.state.records import HostTrust, PageFlags, PageKey, PageState
 
@@ -37,6 +38,7 @@ __all__ = [
     "Refetch",
     "RequestReason",
     "Verdict",
+    "failed_last",
     "final_outcome",
     "future_last_modified",
     "links_unknown",
@@ -243,6 +245,13 @@ def links_unknown(prior: PageState | None, *, replay: bool) -> bool:
     return not flags & PageFlags.LINKS_KNOWN or bool(flags & PageFlags.LINKS_INCOMPLETE)
 
 
+def failed_last(state: PageState) -> bool:
+    """Whether the page's last answer failed: a network error (0), 401, 403, 404,
+    410, 429 or a 5xx."""
+    status = state.last_status
+    return status is not None and (status in (0, 401, 403, 404, 410, 429) or status >= 500)
+
+
 def _is_unstable(state: PageState) -> bool:
     return bool(state.flags & PageFlags.UNSTABLE_VALIDATORS)
 
@@ -286,6 +295,18 @@ class ChangePolicy:
         if lastmod is not None and (prior.lastmod is None or lastmod > prior.lastmod):
             return True
         return self._too_old(prior, now)
+
+    def why_requested(self, prior: PageState | None, *, recheck_all: bool, now: float) -> Why:
+        """Why a page that is requested is: for the crawl's accounting (ScheduleCounter)."""
+        if prior is None:
+            return Why.NEW
+        if recheck_all:
+            return Why.RECHECK
+        if failed_last(prior):
+            return Why.RETRY
+        if self._too_old(prior, now):
+            return Why.MAX_AGE
+        return Why.DUE
 
     def request_reason(self, prior: PageState | None, *, refresh: bool = False,
                        links_unknown: bool = False, host: HostTrust | None = None, url: str,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
@@ -10,6 +11,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.extensions.logstats import LogStats
 
 from incremental_crawler.change.policy import Verdict
+from incremental_crawler.change.schedule import Why
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.politeness.extension import AdaptiveThrottle
 from incremental_crawler.state.ledger import Ledger
@@ -23,9 +25,20 @@ if TYPE_CHECKING:
 
     from incremental_crawler.change.trust import HostTrustBook
 
-__all__ = ["IncrementalLogStats", "IncrementalReport", "summarize", "trust_lines"]
+__all__ = [
+    "IncrementalLogStats", "IncrementalReport", "accounting_line", "report_lines", "summarize",
+    "trust_lines",
+]
 
 logger = logging.getLogger(__name__)
+
+#: The reasons a known page is requested, in the report's order.
+REQUESTED = (Why.NEW, Why.LASTMOD_NEWER, Why.DUE, Why.SAMPLED, Why.MAX_AGE, Why.RETRY,
+             Why.RECHECK)
+
+#: How to check every known page now, whatever the schedule says.
+RECHECK_ADVICE = ("to check every known page now: -s INCREMENTAL_RECHECK_ALL=True "
+                  "(or -a recheck=all on the sitemap and feed spiders)")
 
 
 def summarize(stats: dict[str, Any]) -> dict[str, int]:
@@ -44,6 +57,7 @@ def summarize(stats: dict[str, Any]) -> dict[str, int]:
         if k.startswith(("incremental/replay/unrecordable/", "incremental/replay/dropped/"))
     }
     return {
+        **_schedule(stats),
         "checked": requests,
         "conditional": get("requests/conditional"),
         "not_modified": get("not_modified"),
@@ -68,6 +82,104 @@ def summarize(stats: dict[str, Any]) -> dict[str, int]:
         "dropped": sum(v for k, v in reasons.items() if k.startswith("dropped/")),
         **reasons,
     }
+
+
+def _schedule(stats: dict[str, Any]) -> dict[str, int]:
+    """The crawl's accounting of its known pages (``incremental/schedule/``)."""
+
+    def get(name: str) -> int:
+        return int(stats.get(f"incremental/schedule/{name}", 0) or 0)
+
+    requested = {f"requested_{why}": get(f"requested/{why}") for why in REQUESTED}
+    return {
+        "requested": sum(requested.values()),
+        **requested,
+        "skipped_lastmod": get(f"skipped/{Why.LASTMOD_UNCHANGED}"),
+        "not_due": get("not_due"),
+        # POSIX time, 0 when no page was not due.
+        "first_due": get("first_due"),
+        "failed": get("failed"),
+        "bytes_skipped": get("bytes_skipped"),
+    }
+
+
+def _utc(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(timestamp))
+
+
+def _first_due(s: dict[str, int]) -> str:
+    return f" (the first falls due {_utc(s['first_due'])})" if s["first_due"] else ""
+
+
+def accounting_line(s: dict[str, int]) -> str:
+    """Where every known page went this crawl; empty when no page was counted.
+
+    >>> accounting_line({**summarize({}), "requested": 3, "requested_new": 1,
+    ...                  "requested_due": 2, "not_due": 5, "first_due": 86400})
+    'known pages: requested 3 (new 1, due 2), not due 5 (the first falls due 1970-01-02 00:00 UTC)'
+    """
+    parts = [f"requested {s['requested']}"]
+    reasons = ", ".join(f"{why.replace('_', ' ')} {s[f'requested_{why}']}"
+                        for why in REQUESTED if s[f"requested_{why}"])
+    if reasons:
+        parts[0] += f" ({reasons})"
+    if s["skipped_lastmod"]:
+        parts.append(f"skipped {s['skipped_lastmod']} (lastmod unchanged)")
+    if s["not_due"]:
+        parts.append(f"not due {s['not_due']}{_first_due(s)}")
+    if s["failed"]:
+        parts.append(f"failed {s['failed']}")
+    if len(parts) == 1 and not s["requested"]:
+        return ""
+    return "known pages: " + ", ".join(parts)
+
+
+def _short_accounting(s: dict[str, int]) -> str:
+    """The accounting line's totals, for the periodic line."""
+    counts = (("requested", s["requested"]), ("skipped", s["skipped_lastmod"]),
+              ("not due", s["not_due"]), ("failed", s["failed"]))
+    if not any(n for _, n in counts):
+        return ""
+    return "known: " + ", ".join(f"{name} {n}" for name, n in counts if n or name == "requested")
+
+
+def _nothing_requested(s: dict[str, int]) -> str:
+    """Why a crawl requested no page, and how to check them all; empty if it did."""
+    if s["requested"] or s["checked"]:
+        return ""
+    reasons = []
+    if s["skipped_lastmod"]:
+        reasons.append(f"{s['skipped_lastmod']} skipped (lastmod unchanged)")
+    if s["not_due"]:
+        reasons.append(f"{s['not_due']} not due{_first_due(s)}")
+    if s["sitemaps_unchanged"]:
+        reasons.append(f"{s['sitemaps_unchanged']} unchanged sitemaps not read")
+    why = ", ".join(reasons) or "no page was listed, linked or due"
+    return f"requested nothing: {why}; {RECHECK_ADVICE}"
+
+
+def _bytes_line(s: dict[str, int]) -> str:
+    """Bytes downloaded, and saved: by 304s, by pages not requested at all."""
+    downloaded, saved, skipped = s["bytes_downloaded"], s["bytes_saved_estimate"], s[
+        "bytes_skipped"]
+    full = downloaded + saved + skipped
+    share = f" ({100 * downloaded / full:.1f}% of a full re-crawl)" if full else ""
+    not_requested = f" and ~{skipped:,} by pages not requested" if skipped else ""
+    return (f"bytes downloaded {downloaded:,}, saved ~{saved:,} by 304s{not_requested}"
+            f"{share}")
+
+
+def report_lines(s: dict[str, int]) -> list[str]:
+    """The report's lines on pages and bytes, from :func:`summarize`."""
+    lines = [_line(s)]
+    if accounting := accounting_line(s):
+        lines.append(accounting)
+    if nothing := _nothing_requested(s):
+        lines.append(nothing)
+    lines.append(_bytes_line(s))
+    if replay := _replay_line(s):
+        lines.append(replay)
+    return lines
 
 
 def _line(s: dict[str, int]) -> str:
@@ -143,6 +255,8 @@ class IncrementalLogStats(LogStats):
         super().log(spider)
         s = summarize(self.stats.get_stats())
         line = _line(s)
+        if accounting := _short_accounting(s):
+            line += f"; {accounting}"
         if replay := _replay_line(s):
             line += f"; {replay}"
         throttle = self.crawler.get_extension(AdaptiveThrottle) if self.crawler else None
@@ -169,17 +283,8 @@ class IncrementalReport:
 
     def spider_closed(self, spider: Spider, reason: str) -> None:
         s = summarize(self.stats.get_stats())
-        saved = s["bytes_saved_estimate"]
-        downloaded = s["bytes_downloaded"]
-        full = saved + downloaded
-        share = f" ({100 * downloaded / full:.1f}% of a full re-crawl)" if full else ""
-        lines = [
-            f"Incremental report ({reason}):",
-            f"  {_line(s)}",
-            f"  bytes downloaded {downloaded:,}, saved by 304s ~{saved:,}{share}",
-        ]
-        if replay := _replay_line(s):
-            lines.append(f"  {replay}")
+        lines = [f"Incremental report ({reason}):"]
+        lines.extend(f"  {line}" for line in report_lines(s))
         throttle = self.crawler.get_extension(AdaptiveThrottle) if self.crawler else None
         if throttle is not None and throttle.site_windows():
             # What each slot's requests could reach, as in the periodic line.

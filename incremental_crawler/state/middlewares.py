@@ -1,7 +1,8 @@
 """The ledger's two spider middlewares: what a callback yielded, and whether it ran.
 
 :class:`PageOutputMiddleware` must be the outermost spider middleware (the
-lowest order number, 1): it then sees exactly the items the engine sends to
+lowest order number, 1; only the not-due filter, which drops requests and
+never items, is outside it, at 0): it then sees exactly the items the engine sends to
 the item pipelines, after every other middleware had its chance to drop or
 add some, and tells the ledger how many items each response produced and
 when the callback's output ended; it also hands the ledger every request

@@ -1,0 +1,97 @@
+"""Whether a request's page is due this crawl: one rule, two places that ask.
+
+The spider middleware :mod:`.due_filter` drops requests for pages that are
+not due as they leave a callback; the conditional downloader middleware
+(:mod:`.middleware`) decides again for whatever reaches it. Both ask
+:class:`DueRule`, so a request is never dropped by one and sent by the
+other for a different reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from scrapy.downloadermiddlewares.httpcompression import ACCEPTED_ENCODINGS
+from scrapy.http.request import NO_CALLBACK
+
+from incremental_crawler.change.policy import ChangePolicy
+from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD, META_REFRESH, META_SKIP
+from incremental_crawler.state.keys import page_key
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+
+    from incremental_crawler.config import IncrementalConfig
+    from incremental_crawler.state.ledger import Ledger
+    from incremental_crawler.state.records import PageKey, PageState
+
+__all__ = ["DueRule", "default_encoding"]
+
+_COMPRESSION = "scrapy.downloadermiddlewares.httpcompression.HttpCompressionMiddleware"
+
+
+def default_encoding(crawler: Crawler) -> bytes | None:
+    """The Accept-Encoding a request without one goes out with (None: no header)."""
+    settings = crawler.settings
+    enabled = settings.getwithbase("DOWNLOADER_MIDDLEWARES").get(_COMPRESSION) is not None
+    if not (enabled and settings.getbool("COMPRESSION_ENABLED")):
+        return None
+    return b", ".join(ACCEPTED_ENCODINGS)
+
+
+@dataclass(frozen=True, slots=True)
+class DueRule:
+    """Which requests the conditional middleware applies to, and which are due."""
+
+    policy: ChangePolicy
+    #: Whether pages' yielded requests are recorded and replayed: not for a
+    #: spider that opts out (``incremental_replay = False``: our sitemap and
+    #: feed spiders, which decide on their lists' entries themselves).
+    replay: bool
+    #: The Accept-Encoding a request without one goes out with.
+    encoding: bytes | None
+
+    @classmethod
+    def for_crawler(cls, crawler: Crawler, config: IncrementalConfig, spider: Spider) -> Self:
+        replay = config.replay_enabled and bool(getattr(spider, "incremental_replay", True))
+        return cls(ChangePolicy.from_config(config), replay, default_encoding(crawler))
+
+    @staticmethod
+    def applies(request: Request) -> bool:
+        """Whether the conditional middleware handles *request* at all.
+
+        Only GETs whose response goes to a spider callback: engine-level
+        downloads (robots.txt, NO_CALLBACK) have no items to wait for.
+        """
+        return (
+            request.method == "GET"
+            and request.callback is not NO_CALLBACK
+            and not request.meta.get(META_SKIP)
+        )
+
+    def replays(self, request: Request) -> bool:
+        """Whether the page's yielded requests are recorded and replayed.
+
+        Not for sitemaps and feeds (META_DISCOVERY): a list is read in full
+        when it changed and otherwise its entries are decided by their own
+        lastmods and states.
+        """
+        return self.replay and not request.meta.get(META_DISCOVERY)
+
+    def key(self, request: Request, ledger: Ledger) -> PageKey:
+        """The store key of the page *request* asks for (as the downloader sends it)."""
+        return page_key(request, ledger.scope, ledger.canonical, default_encoding=self.encoding)
+
+    def due(self, request: Request, prior: PageState, *, links_unknown: bool,
+            due_at: float) -> bool:
+        """Whether *prior*'s page may be requested in a crawl whose pages are
+        due up to *due_at* (``Ledger.due_at``); see :meth:`ChangePolicy.due`."""
+        meta = request.meta
+        return self.policy.due(prior, refresh=bool(meta.get(META_REFRESH)),
+                               discovery=bool(meta.get(META_DISCOVERY)),
+                               lastmod=meta.get(META_LASTMOD), links_unknown=links_unknown,
+                               now=due_at)

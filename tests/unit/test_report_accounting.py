@@ -1,0 +1,64 @@
+"""The end-of-crawl report's accounting of known pages, from a stats dict."""
+
+from __future__ import annotations
+
+from incremental_crawler.report.extension import report_lines, summarize
+
+#: 2024-03-01 12:30:00 UTC.
+FIRST_DUE = 1709296200.0
+
+
+def test_the_accounting_line_leaves_zeros_out_and_dates_the_first_due_page() -> None:
+    s = summarize({
+        "incremental/schedule/requested/new": 3,
+        "incremental/schedule/requested/lastmod_newer": 20,
+        "incremental/schedule/requested/due": 0,
+        "incremental/schedule/requested/retry": 2,
+        "incremental/schedule/skipped/lastmod_unchanged": 504,
+        "incremental/schedule/not_due": 1,
+        "incremental/schedule/first_due": FIRST_DUE,
+        "incremental/schedule/failed": 0,
+    })
+    assert s["requested"] == 25 and isinstance(s["first_due"], int)
+    assert report_lines(s)[1] == (
+        "known pages: requested 25 (new 3, lastmod newer 20, retry 2), "
+        "skipped 504 (lastmod unchanged), not due 1 (the first falls due 2024-03-01 12:30 UTC)")
+
+
+def test_the_share_of_a_full_recrawl_counts_the_pages_not_requested() -> None:
+    s = summarize({
+        "downloader/response_bytes": 50_000,
+        "incremental/bytes_saved_estimate": 150_000,
+        "incremental/schedule/bytes_skipped": 800_000,
+        "incremental/schedule/requested/due": 2,
+        "incremental/schedule/skipped/lastmod_unchanged": 40,
+        "incremental/schedule/failed": 1,
+        "incremental/requests/conditional": 2,
+    })
+    lines = report_lines(s)
+    assert lines[1] == "known pages: requested 2 (due 2), skipped 40 (lastmod unchanged), failed 1"
+    assert lines[2] == ("bytes downloaded 50,000, saved ~150,000 by 304s and ~800,000 by pages "
+                        "not requested (5.0% of a full re-crawl)")
+
+
+def test_a_crawl_that_requested_nothing_says_why_and_how_to_check_everything() -> None:
+    s = summarize({
+        "incremental/schedule/skipped/lastmod_unchanged": 26,
+        "incremental/schedule/not_due": 504,
+        "incremental/schedule/first_due": FIRST_DUE,
+        "incremental/schedule/bytes_skipped": 1000,
+    })
+    assert report_lines(s)[1:3] == [
+        ("known pages: requested 0, skipped 26 (lastmod unchanged), not due 504 "
+        "(the first falls due 2024-03-01 12:30 UTC)"),
+        ("requested nothing: 26 skipped (lastmod unchanged), 504 not due (the first falls due "
+        "2024-03-01 12:30 UTC); to check every known page now: -s INCREMENTAL_RECHECK_ALL=True "
+        "(or -a recheck=all on the sitemap and feed spiders)"),
+    ]
+
+
+def test_a_crawl_without_any_count_has_no_accounting_line() -> None:
+    s = summarize({"downloader/response_bytes": 10})
+    lines = report_lines(s)
+    assert not any(line.startswith("known pages") for line in lines)
+    assert lines[-1] == "bytes downloaded 10, saved ~0 by 304s (100.0% of a full re-crawl)"
