@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -32,7 +33,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import redis
 
@@ -177,9 +178,13 @@ class Site:
 
     # -- control endpoints (never logged by the site) ------------------------
 
-    def _call(self, method: str, path: str) -> Any:
+    def _call(self, method: str, path: str, form: Sequence[tuple[str, str]] = ()) -> Any:
+        """One control request; *form* goes as an urlencoded body."""
         assert self.base_url.startswith("http://127.0.0.1:")
-        req = urllib.request.Request(self.base_url + path, method=method)
+        data = urlencode(list(form)).encode() if form else None
+        headers = {"Content-Type": "application/x-www-form-urlencoded"} if form else {}
+        req = urllib.request.Request(self.base_url + path, data=data, method=method,
+                                     headers=headers)
         with _OPENER.open(req, timeout=30) as resp:
             return json.loads(resp.read())
 
@@ -196,6 +201,16 @@ class Site:
     def change(self, fraction: float, seed: int) -> list[str]:
         """Change ``fraction`` of the pages (seeded); return their paths."""
         return self._call("POST", f"/__site__/change?fraction={fraction}&seed={seed}")
+
+    def change_paths(self, paths: Sequence[str]) -> list[str]:
+        """Give each page of *paths* a new version, in one call whatever their number."""
+        if not paths:
+            return []
+        return self._call("POST", "/__site__/change", [("path", p) for p in paths])
+
+    def set_sitemap_lastmods(self, mode: str) -> None:
+        """What the sitemaps' ``<lastmod>`` say from now on: honest, stale or none."""
+        self._call("POST", f"/__site__/lastmods?mode={mode}")
 
 
 @dataclass
@@ -242,6 +257,19 @@ def httpcache_settings(cache_dir: Path) -> dict[str, str]:
     }
 
 
+def httpcache_revalidate_settings(cache_dir: Path) -> dict[str, str]:
+    """HttpCache (RFC2616Policy) revalidating every page on every crawl: each
+    request carries ``Cache-Control: max-age=0``, so a cached page is asked
+    conditionally and a 304 hands the cached body to the callback."""
+    return {
+        **httpcache_settings(cache_dir),
+        "DEFAULT_REQUEST_HEADERS": json.dumps({
+            "Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
+            "Accept-Language": "en",
+            "Cache-Control": "max-age=0"}),
+    }
+
+
 def ours_settings(db_path: Path, *, store_items: bool = True) -> dict[str, str]:
     """The project's defaults, with the state store at *db_path*."""
     s = {"INCREMENTAL_STATE_URI": "sqlite:///" + str(db_path)}  # absolute -> sqlite:////...
@@ -255,6 +283,8 @@ class CrawlResult:
     usage: ProcUsage
     #: The emitted items (read when the crawl finished; the file may be gone).
     item_list: list[dict[str, Any]]
+    #: What the crawl logged (stdout and stderr).
+    log: str = ""
 
     @property
     def items(self) -> int:
@@ -319,7 +349,19 @@ def run_crawl(
     if usage.returncode != 0 or (logged_errors and not allow_errors):
         tail = "\n".join(log.splitlines()[-30:])
         raise RuntimeError(f"crawl {name} failed (rc={usage.returncode}):\n{tail}")
-    return CrawlResult(usage, read_items(items))
+    return CrawlResult(usage, read_items(items), log)
+
+
+_STAT_LINE = re.compile(r"'(incremental/[^']+)': (\d+)")
+
+
+def logged_stats(log: str) -> dict[str, int]:
+    """The integer ``incremental/...`` stats of Scrapy's end-of-crawl stats
+    dump in *log* (empty unless the crawl logged at INFO level)."""
+    dump = log.rsplit("Dumping Scrapy stats:", 1)
+    if len(dump) < 2:
+        return {}
+    return {k: int(v) for k, v in _STAT_LINE.findall(dump[1])}
 
 
 # ---------------------------------------------------------------------------

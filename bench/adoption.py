@@ -30,7 +30,6 @@ directories are deleted.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
 import sqlite3
@@ -45,7 +44,7 @@ from _harness import (
     RedisServer,
     Site,
     ensure_importable,
-    httpcache_settings,
+    httpcache_revalidate_settings,
     median,
     print_table,
     ratio,
@@ -85,9 +84,6 @@ def at_distance(graph: dict[str, list[str]], start: str, distance: int) -> list[
     return sorted(p for p, d in seen.items() if d == distance)
 
 
-def change(site: Site, paths: list[str]) -> None:
-    query = "&".join(f"path={p}" for p in paths)
-    site._call("POST", f"/__site__/change?{query}")
 
 
 def path_of(item: dict) -> str:
@@ -118,7 +114,7 @@ def scenario(site: Site, kind: str, settings: dict[str, str], changed: list[str]
     site.reset()
     first = crawl(site, kind, settings, work, f"{label}-1")
     before = {path_of(item): revision(item) for item in first.item_list}
-    change(site, changed)
+    site.change_paths(changed)
     site.reset()
     second = crawl(site, kind, settings, work, f"{label}-2", later=True)
     log = summarize_log(site.log())
@@ -172,14 +168,7 @@ def main() -> int:
                         settings = {"INCREMENTAL_STATE_URI":
                                     f"{redis_server.url(0)}?prefix=adopt-{kind}"}
                     else:
-                        settings = {
-                            **httpcache_settings(run / "cache"),
-                            "DEFAULT_REQUEST_HEADERS": json.dumps({
-                                "Accept": "text/html,application/xhtml+xml,"
-                                          "application/xml;q=0.9,*/*;q=0.8",
-                                "Accept-Language": "en",
-                                "Cache-Control": "max-age=0"}),
-                        }
+                        settings = httpcache_revalidate_settings(run / "cache")
                     rows.append(scenario(site, kind, settings, changed, run,
                                          f"{kind}:{variant}"))
                     if variant == "ours:sqlite":

@@ -27,12 +27,14 @@ from twisted.web.http_headers import Headers
 
 from tests.site import (
     BASE_EPOCH,
+    VERSION_STEP,
     LoopbackSite,
     Page,
     RequestRecord,
     etag_matches,
     http_date,
     parse_http_date,
+    w3c_datetime,
 )
 
 if TYPE_CHECKING:
@@ -357,6 +359,86 @@ async def test_robots_and_sitemaps() -> None:
         await s.stop()
 
 
+async def _sitemap_dates(base: str) -> tuple[list[str], list[str], list[str]]:
+    """The ``<lastmod>`` values of the index, sitemap-1 and sitemap-2."""
+    index = (await fetch(base + "/sitemap_index.xml")).body.decode()
+    first = (await fetch(base + "/sitemap-1.xml")).body.decode()
+    second = gzip.decompress((await fetch(base + "/sitemap-2.xml.gz")).body).decode()
+    return tuple(re.findall(r"<lastmod>(.*?)</lastmod>", x)  # type: ignore[return-value]
+                 for x in (index, first, second))
+
+
+@pytest_twisted.ensureDeferred
+async def test_sitemap_lastmod_modes() -> None:
+    s = LoopbackSite.generated(4, kinds=("strong",))
+    base = s.start()
+    try:
+        s.change("/p/0000")
+        s.change("/p/0003")
+        s.change("/p/0003")
+        v0, v1, v2 = (w3c_datetime(BASE_EPOCH + n * VERSION_STEP) for n in range(3))
+        # honest (the default): each page's version date; the index the latest.
+        assert s.sitemap_lastmods == "honest"
+        assert await _sitemap_dates(base) == ([v1, v2], [v1, v0], [v0, v2])
+        # stale: the first version's date whatever the version, index included.
+        r = await fetch(base + "/__site__/lastmods?mode=stale", "POST")
+        assert json.loads(r.body) == {"mode": "stale"} and s.sitemap_lastmods == "stale"
+        assert await _sitemap_dates(base) == ([v0, v0], [v0, v0], [v0, v0])
+        # none: no <lastmod> anywhere, the <loc>s unchanged.
+        s.set_sitemap_lastmods("none")
+        assert await _sitemap_dates(base) == ([], [], [])
+        index = (await fetch(base + "/sitemap_index.xml")).body.decode()
+        assert re.findall(r"<loc>(.*?)</loc>", index) == [
+            f"{base}/sitemap-1.xml", f"{base}/sitemap-2.xml.gz"]
+        assert "<loc>" in (await fetch(base + "/sitemap-1.xml")).body.decode()
+        r = await fetch(base + "/__site__/lastmods?mode=sometimes", "POST")
+        assert r.status == 400 and s.sitemap_lastmods == "none"
+        with pytest.raises(ValueError, match="lastmod mode"):
+            s.set_sitemap_lastmods("sometimes")
+    finally:
+        await s.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_list_etags() -> None:
+    s = LoopbackSite.generated(4, kinds=("strong",))
+    base = s.start()
+    try:
+        # Off by default: no ETag, never a 304.
+        plain = await fetch(base + "/sitemap-1.xml")
+        assert plain.header("ETag") is None
+        assert (await fetch(base + "/sitemap-1.xml", If_None_Match="*")).status == 200
+        s.list_etags = True
+        for path in ("/robots.txt", "/sitemap.xml", "/sitemap_index.xml", "/sitemap-1.xml",
+                     "/sitemap-2.xml.gz"):
+            full = await fetch(base + path)
+            etag = full.header("ETag")
+            assert etag is not None and re.fullmatch(r'"[0-9a-f]{16}"', etag), path
+            again = await fetch(base + path, If_None_Match=etag)
+            assert (again.status, again.body, again.header("ETag")) == (304, b"", etag)
+            assert (await fetch(base + path, If_None_Match='"other"')).status == 200
+        assert s.log[-1].body_bytes > 0 and s.log[-2].body_bytes == 0
+        # A changed page changes its sitemap's (and the index's) body and ETag,
+        # not the other sitemap's.
+        tags = {p: (await fetch(base + p)).header("ETag")
+                for p in ("/sitemap_index.xml", "/sitemap-1.xml", "/sitemap-2.xml.gz")}
+        s.change("/p/0000")
+        assert (await fetch(base + "/sitemap-1.xml", If_None_Match=tags["/sitemap-1.xml"])
+                ).status == 200
+        assert (await fetch(base + "/sitemap_index.xml",
+                            If_None_Match=tags["/sitemap_index.xml"])).status == 200
+        assert (await fetch(base + "/sitemap-2.xml.gz",
+                            If_None_Match=tags["/sitemap-2.xml.gz"])).status == 304
+        # Stale lastmods: a change leaves the sitemaps' bytes, so their ETags, alone.
+        s.set_sitemap_lastmods("stale")
+        tag = (await fetch(base + "/sitemap-1.xml")).header("ETag")
+        s.change("/p/0001")
+        assert (await fetch(base + "/sitemap-1.xml", If_None_Match=tag)).status == 304
+        assert (await fetch(base + "/missing", If_None_Match="*")).status == 404
+    finally:
+        await s.stop()
+
+
 @pytest_twisted.ensureDeferred
 async def test_redirect_and_404(site: LoopbackSite) -> None:
     site.add_redirect("/old", "/strong")
@@ -422,6 +504,14 @@ async def test_control_endpoints() -> None:
         assert len(changed) == 2
         r = await fetch(base + "/__site__/change?path=/nope", "POST")
         assert r.status == 404
+        # Hundreds of paths in one call: a form body (a query that long
+        # would not fit in a request line).
+        many = [f"/p/{i:04d}" for i in range(20)] * 30
+        before = {p: s.page(p).version for p in many}
+        r = await deferToThread(_post_form, base + "/__site__/change",
+                                "&".join(f"path={p}" for p in many))
+        assert r == many
+        assert all(s.page(p).version == v + 30 for p, v in before.items())
         r = await fetch(base + "/__site__/change", "GET")
         assert r.status == 405
 
@@ -432,6 +522,16 @@ async def test_control_endpoints() -> None:
         assert json.loads((await fetch(base + "/__site__/log")).body) == []
     finally:
         await s.stop()
+
+
+def _post_form(url: str, body: str) -> object:
+    """POST an ``application/x-www-form-urlencoded`` body; the JSON answer."""
+    req = urllib.request.Request(
+        url, data=body.encode(), method="POST",
+        headers={"Content-Type": "application/x-www-form-urlencoded"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=10) as resp:
+        return json.load(resp)
 
 
 @pytest_twisted.ensureDeferred
@@ -470,7 +570,8 @@ def test_cli_subprocess() -> None:
     env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.site", "--pages", "6",
-         "--page-size", "2000", "--kinds", "strong,lastmod"],
+         "--page-size", "2000", "--kinds", "strong,lastmod",
+         "--sitemap-lastmods", "none", "--list-etags"],
         cwd=PROJECT_ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -494,6 +595,11 @@ def test_cli_subprocess() -> None:
         assert [(r["path"], r["status"], r["body_bytes"]) for r in records] == [
             ("/p/0001", 200, len(body))
         ]
+        with urllib.request.urlopen(base + "/sitemap-1.xml", timeout=5) as resp:
+            assert re.fullmatch(r'"[0-9a-f]{16}"', resp.headers["ETag"])
+            assert b"<loc>" in resp.read()
+        with urllib.request.urlopen(base + "/sitemap-1.xml", timeout=5) as resp:
+            assert b"<lastmod>" not in resp.read()
     finally:
         proc.terminate()
         try:

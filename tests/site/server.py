@@ -74,6 +74,10 @@ VERSION_STEP: int = 3600
 #: Prefix of the control endpoints; requests below it are not logged.
 CONTROL_PREFIX: str = "/__site__/"
 
+#: What the generated sitemaps say in ``<lastmod>`` (see
+#: :attr:`LoopbackSite.sitemap_lastmods`).
+LASTMOD_MODES: tuple[str, ...] = ("honest", "stale", "none")
+
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _TEXT: Mapping[str, str] = MappingProxyType({"Content-Type": "text/plain; charset=utf-8"})
 _XML: Mapping[str, str] = MappingProxyType({"Content-Type": "application/xml; charset=utf-8"})
@@ -352,14 +356,23 @@ class LoopbackSite:
     * redirects registered with :meth:`add_redirect` (checked before pages);
     * ``404`` for anything else.
 
+    The generated sitemaps' ``<lastmod>`` follow :attr:`sitemap_lastmods`;
+    with :attr:`list_etags`, robots.txt and the generated sitemaps send a
+    strong ``ETag`` (a hash of the body) and answer a matching
+    ``If-None-Match`` with 304, as nginx serving static files does.
+
     Control endpoints (not logged), for driving the site from another
     process: ``GET /__site__/log`` (JSON list of records), ``GET /__site__/stats``
     (rate limiter and in-flight figures),
     ``POST /__site__/reset``, ``POST /__site__/change?path=/p/0001`` (the
-    ``path`` parameter may repeat) and
+    ``path`` parameter may repeat, in the query or in an
+    ``application/x-www-form-urlencoded`` body: the body form takes any
+    number of paths, a query only as many as fit in a request line) and
     ``POST /__site__/change?fraction=0.05&seed=1``; both change forms answer
     with the JSON list of changed paths. ``POST /__site__/kind?path=/p/0001&kind=strong``
     (``path`` may repeat) switches pages to another kind (:meth:`set_kind`).
+    ``POST /__site__/lastmods?mode=stale`` sets :attr:`sitemap_lastmods`
+    (answers ``{"mode": ...}``).
 
     Not thread-safe: use it from the reactor thread only.
     """
@@ -370,6 +383,16 @@ class LoopbackSite:
         self.log: list[RequestRecord] = []
         #: robots.txt body; ``None`` serves the generated default.
         self.robots_txt: str | None = None
+        #: The generated sitemaps' ``<lastmod>``, one of :data:`LASTMOD_MODES`:
+        #: ``honest`` -- each page's version date (it moves when the page
+        #: changes; an index entry carries the latest of its sitemap's);
+        #: ``stale`` -- each page's first version date whatever its version
+        #: (a sitemap generator that never updates its dates); ``none`` -- no
+        #: ``<lastmod>`` at all, in the sitemaps and in the index.
+        self.sitemap_lastmods: str = "honest"
+        #: Strong ETags (hash of the body) on robots.txt and the generated
+        #: sitemaps, with 304 to a matching ``If-None-Match``.
+        self.list_etags: bool = False
         self._pages: dict[str, Page] = {}
         self._order: list[str] = []
         self._index: dict[str, int] = {}
@@ -835,7 +858,7 @@ class LoopbackSite:
             return self._page_response(page, request)
         if path in self._documents:
             return self._document_response(path, request)
-        return self._list_response(path)
+        return self._list_response(path, request)
 
     def _document_response(self, path: str, request: server.Request) -> _Response:
         body, content_type, etag = self._documents[path]
@@ -846,8 +869,20 @@ class LoopbackSite:
             return _Response(304, b"", {"ETag": etag})
         return _Response(200, body, {"Content-Type": content_type, "ETag": etag})
 
-    def _list_response(self, path: str) -> _Response:
-        """robots.txt and the sitemaps (a 404 for any other path)."""
+    def _list_response(self, path: str, request: server.Request) -> _Response:
+        """robots.txt and the sitemaps (a 404 for any other path), with a
+        strong ETag and 304s when :attr:`list_etags` is on."""
+        resp = self._list_body(path)
+        if resp.status != 200 or not self.list_etags:
+            return resp
+        etag = '"' + hashlib.sha1(resp.body).hexdigest()[:16] + '"'
+        inm = request.getHeader("if-none-match")
+        if inm is not None and etag_matches(inm, etag):
+            return _Response(304, b"", {"ETag": etag})
+        resp.headers["ETag"] = etag
+        return resp
+
+    def _list_body(self, path: str) -> _Response:
         if path == "/robots.txt":
             return _Response(200, self._robots().encode("utf-8"), dict(_TEXT))
         if path == "/sitemap.xml":
@@ -934,10 +969,27 @@ class LoopbackSite:
         mid = (len(pages) + 1) // 2
         return pages[:mid], pages[mid:]
 
+    def set_sitemap_lastmods(self, mode: str) -> None:
+        """Set :attr:`sitemap_lastmods` (``ValueError`` for an unknown mode)."""
+        if mode not in LASTMOD_MODES:
+            raise ValueError(f"unknown lastmod mode {mode!r}; expected one of {LASTMOD_MODES}")
+        self.sitemap_lastmods = mode
+
+    def _sitemap_lastmod(self, page: Page) -> int | None:
+        """The ``<lastmod>`` the sitemaps give *page* (``None``: no element)."""
+        if self.sitemap_lastmods == "none":
+            return None
+        if self.sitemap_lastmods == "stale":
+            return BASE_EPOCH  # the date of version 0, the page's first
+        return page.modified_ts
+
+    def _lastmod_element(self, ts: int | None) -> str:
+        return "" if ts is None else f"<lastmod>{w3c_datetime(ts)}</lastmod>"
+
     def _urlset(self, pages: Iterable[Page]) -> bytes:
         entries = "".join(
             f"<url><loc>{xml_escape(self.url(p.path))}</loc>"
-            f"<lastmod>{w3c_datetime(p.modified_ts)}</lastmod></url>\n"
+            f"{self._lastmod_element(self._sitemap_lastmod(p))}</url>\n"
             for p in pages
         )
         return (
@@ -949,10 +1001,11 @@ class LoopbackSite:
     def _sitemap_index(self) -> bytes:
         entries = []
         for name, half in zip(("sitemap-1.xml", "sitemap-2.xml.gz"), self._halves(), strict=True):
-            lastmod = max((p.modified_ts for p in half), default=BASE_EPOCH)
+            dates = [d for p in half if (d := self._sitemap_lastmod(p)) is not None]
+            lastmod = None if self.sitemap_lastmods == "none" else max(dates, default=BASE_EPOCH)
             entries.append(
                 f"<sitemap><loc>{xml_escape(self.url('/' + name))}</loc>"
-                f"<lastmod>{w3c_datetime(lastmod)}</lastmod></sitemap>\n"
+                f"{self._lastmod_element(lastmod)}</sitemap>\n"
             )
         return (
             '<?xml version="1.0" encoding="UTF-8"?>\n'
@@ -967,7 +1020,7 @@ class LoopbackSite:
         params = {k.decode("utf-8"): [v.decode("utf-8") for v in vs] for k, vs in args.items()}
         name = path[len(CONTROL_PREFIX) :]
         expected = {"log": "GET", "stats": "GET", "reset": "POST", "change": "POST",
-                    "kind": "POST"}.get(name)
+                    "kind": "POST", "lastmods": "POST"}.get(name)
         if expected is None:
             return _json(404, {"error": f"unknown control endpoint {path!r}"})
         if method != expected:
@@ -994,8 +1047,11 @@ class LoopbackSite:
         return self._control_change(name, params)
 
     def _control_change(self, name: str, params: dict[str, list[str]]) -> _Response:
-        """``POST /__site__/change`` and ``/__site__/kind``."""
+        """``POST /__site__/change``, ``/__site__/kind`` and ``/__site__/lastmods``."""
         try:
+            if name == "lastmods":
+                self.set_sitemap_lastmods(params.get("mode", [""])[0])
+                return _json(200, {"mode": self.sitemap_lastmods})
             if name == "kind":
                 kind = params.get("kind", [""])[0]
                 for p in params.get("path", []):
@@ -1049,6 +1105,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="Retry-After as delay-seconds or as an HTTP-date")
     parser.add_argument("--latency", type=float, default=0,
                         help="seconds before each page (/p/...) is answered (0)")
+    parser.add_argument("--sitemap-lastmods", choices=LASTMOD_MODES, default="honest",
+                        help="the sitemaps' <lastmod>: each page's version date (honest), "
+                        "its first version's whatever its version (stale), or none")
+    parser.add_argument("--list-etags", action="store_true",
+                        help="strong ETags (and 304s) on robots.txt and the sitemaps")
     args = parser.parse_args(argv)
     args.kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     bad = [k for k in args.kinds if k not in KINDS]
@@ -1076,6 +1137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         site.limit(args.rate, args.burst, retry_after=args.retry_after)
     if args.latency > 0:
         site.slow("/p/", args.latency)
+    site.set_sitemap_lastmods(args.sitemap_lastmods)
+    site.list_etags = args.list_etags
     base_url = site.start(args.port)
     # Exactly one line on stdout: the parent process reads it to learn the port.
     sys.stdout.write(base_url + "\n")
