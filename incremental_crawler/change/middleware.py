@@ -43,6 +43,7 @@ from incremental_crawler.change.policy import (
     future_last_modified,
     links_unknown,
 )
+from incremental_crawler.change.schedule import META_LASTMOD_MODIFIED, META_WHY, Why
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.exceptions import NotDue, NotModified
 from incremental_crawler.http.validators import parse_etag, parse_last_modified
@@ -160,7 +161,7 @@ class ConditionalRequestMiddleware:
                 # Flagged, but the store lost it: the page's callback must run.
                 self.stats.inc_value("incremental/replay/record_missing")
                 unknown = True
-        if prior is not None and not self._due(request, prior, unknown, now):
+        if prior is not None and not self._due(request, prior, unknown):
             self.stats.inc_value("incremental/not_due")
             if links is None or not self.replayer.first(key):
                 raise NotDue(f"Not due before {prior.next_visit:.0f}: {request.url}")
@@ -169,6 +170,9 @@ class ConditionalRequestMiddleware:
             # must not keep this response for the URL.
             request.meta["_dont_cache"] = True
             return self.replayer.response(request, key, links)
+        if request.meta.get(META_WHY) == Why.SAMPLED:
+            # Its response may prove the host's lastmods stale (_settle).
+            await self.ledger.trust.load(_host(request))
         reason = await self._reason(request, key, prior, now, links_unknown=unknown)
         request.meta[_CTX] = _Context(key, prior, reason, links)
         self._count(request, f"requests/{reason}")
@@ -190,11 +194,15 @@ class ConditionalRequestMiddleware:
         found, prior = self.ledger.take_prefetched(key)
         return prior if found else await self.ledger.store.get_page(key)
 
-    def _due(self, request: Request, prior: PageState, unknown: bool, now: float) -> bool:
+    def _due(self, request: Request, prior: PageState, unknown: bool) -> bool:
         meta = request.meta
+        if meta.get(META_WHY):
+            return True  # decided for this crawl by whoever made the request
+        ledger = self.ledger
         return self.policy.due(prior, refresh=bool(meta.get(META_REFRESH)),
                                discovery=bool(meta.get(META_DISCOVERY)),
-                               lastmod=meta.get(META_LASTMOD), links_unknown=unknown, now=now)
+                               lastmod=meta.get(META_LASTMOD), links_unknown=unknown,
+                               started=ledger.crawl_started, due_at=ledger.due_at)
 
     async def _reason(self, request: Request, key: PageKey, prior: PageState | None,
                       now: float, *, links_unknown: bool) -> RequestReason:
@@ -205,7 +213,7 @@ class ConditionalRequestMiddleware:
             host = await self.ledger.trust.load(_host(request))
         reason = self.policy.request_reason(
             prior, refresh=bool(request.meta.get(META_REFRESH)), links_unknown=links_unknown,
-            host=host, url=key.url, now=now)
+            host=host, url=key.url, now=now, started=self.ledger.crawl_started)
         if host is not None and reason in HOST_CONSULTED:
             self.ledger.trust.validators_trusted(host, now)
         return reason
@@ -283,8 +291,15 @@ class ConditionalRequestMiddleware:
         # changes nothing stored but counters).
         now = clock.now()
         lastmod = request.meta.get(META_LASTMOD)
-        schedule = self.policy.next_visit(prior, changed=False, now=now)
+        schedule = self.policy.next_visit(prior, changed=False,
+                                          started=self.ledger.crawl_started)
         self.ledger.stage_check(key, 304, lastmod=lastmod, schedule=schedule)
+        modified = int(PageFlags.LASTMOD_MODIFIED)
+        if lastmod is not None and request.meta.get(META_LASTMOD_MODIFIED) and not (
+                prior.flags & modified):
+            # The lastmod just recorded is a modification date: it may vouch
+            # for the page when it is re-seeded.
+            self.ledger.stage_flags(key, modified)
         self._observe_lastmod(request, prior, changed=False, now=now)
         self._count(request, "not_modified")
         self._count(request, "bytes_saved_estimate", prior.size)
@@ -300,7 +315,8 @@ class ConditionalRequestMiddleware:
             assert prior is not None
             # Until the page's items tell, its state is what its body says.
             pending = self.policy.after_fetch(prior, fetch, changed=True,
-                                              judgement=self.policy.unjudged(prior), now=now)
+                                              judgement=self.policy.unjudged(prior), now=now,
+                                              started=self.ledger.crawl_started)
             txn = self.ledger.begin(request.meta, pending, discovery=fetch.discovery,
                                     record_links=self._replays(request))
             txn.judge = settle
@@ -324,8 +340,11 @@ class ConditionalRequestMiddleware:
         self._judged(request, judgement, now)
         if prior is not None:
             self._observe_lastmod(request, prior, changed=changed, now=now)
+            if changed and request.meta.get(META_WHY) == Why.SAMPLED:
+                # Changed behind a trusted lastmod that did not move.
+                self.ledger.trust.stale(_host(request), now)
         return self.policy.after_fetch(prior, fetch, changed=changed, judgement=judgement,
-                                       now=now)
+                                       now=now, started=self.ledger.crawl_started)
 
     def _judged(self, request: Request, judgement: Judgement, now: float) -> None:
         if judgement.flagged:
@@ -352,6 +371,7 @@ class ConditionalRequestMiddleware:
             callback=_callback_name(request, self.crawler.spider),
             discovery=bool(request.meta.get(META_DISCOVERY)),
             recipe=own_recipe(request, self.spider, self.ledger.recipe_rules),
+            lastmod_modified=bool(request.meta.get(META_LASTMOD_MODIFIED)),
         )
 
     def _etag(self, response: Response) -> str | None:

@@ -31,10 +31,17 @@ if TYPE_CHECKING:
 
     from incremental_crawler.state.records import PageState
 
-__all__ = ["META_WHY", "ScheduleCounter", "Why"]
+__all__ = ["META_LASTMOD_MODIFIED", "META_WHY", "ScheduleCounter", "Why"]
 
-#: Request meta key: the :class:`Why` of a request decided (and counted) already.
+#: Request meta key: the :class:`Why` of a request decided (and counted)
+#: already. The conditional middleware does not decide again whether such a
+#: request is due, and a :attr:`Why.SAMPLED` page found changed is evidence
+#: against its host's lastmods.
 META_WHY = "_incremental_why"
+#: Request meta key: ``True`` when the request's ``incremental_lastmod`` is a
+#: modification date (a sitemap ``<lastmod>``, an Atom ``<updated>``), not a
+#: publication date; recorded with the page (PageFlags.LASTMOD_MODIFIED).
+META_LASTMOD_MODIFIED = "_incremental_lastmod_modified"
 
 
 class Why(StrEnum):

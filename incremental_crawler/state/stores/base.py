@@ -65,8 +65,14 @@ class StateStore(ABC):
         """
 
     @abstractmethod
-    async def get_due(self, scope: str, now: float, limit: int) -> list[PageState]:
-        """Up to *limit* fetched pages of *scope* whose next visit is due, most overdue first."""
+    async def get_due(self, scope: str, now: float, limit: int,
+                      offset: int = 0) -> list[PageState]:
+        """Up to *limit* fetched pages of *scope* whose next visit is not after *now*.
+
+        Most overdue first, in a total order (ties by URL), so that reading
+        with *offset* 0, *limit*, 2 * *limit*... pages through them while
+        the store does not change. *now* may be infinite (every page).
+        """
 
     @abstractmethod
     async def get_item_simhash(self, scope: str, item_key: str) -> int | None:
