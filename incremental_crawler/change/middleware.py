@@ -10,6 +10,13 @@ It reads headers and request meta, asks :class:`~.policy.ChangePolicy` what
 they mean, and applies the answer: stats, the host trust book, the ledger,
 NotDue and NotModified.
 
+Whether a page is due is judged per crawl (the ledger's ``crawl_started``
+and ``due_at``), and next visits are counted from the crawl's start. A
+request whose meta carries a why (``META_WHY``: our list spiders, the
+re-seeder) was decided for this crawl already and is not held back; a
+sampled one (``Why.SAMPLED``) whose content turns out changed is a
+stale-lastmod finding against its host.
+
 Replay on 304: a page whose callback yielded requests has them stored (the
 ledger records them). When it answers 304, or is not due, those requests
 are yielded again through a stand-in response

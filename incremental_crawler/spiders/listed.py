@@ -217,23 +217,26 @@ class ListedPagesSpider(IncrementalSpider):
                 if callback is None:
                     continue  # not one of the crawl's pages
                 why = decide(candidate, state, use_lastmod=use_lastmod, rules=rules)
-                if why is Why.LASTMOD_UNCHANGED:
-                    assert state is not None
-                    if (out := sample.offer(state.last_checked,
-                                            _Listed(candidate, state, callback))) is not None:
-                        self._skipped(out.state, counter)
-                elif why is Why.NOT_DUE:
-                    assert state is not None
-                    counter.not_due(state)
-                else:
-                    counter.requested(why)
-                    yield self._page_request(candidate, state, callback, why, use_lastmod)
+                if state is not None and why in (Why.LASTMOD_UNCHANGED, Why.NOT_DUE):
+                    self._not_requested(_Listed(candidate, state, callback), why, sample,
+                                        counter)
+                    continue
+                counter.requested(why)
+                yield self._page_request(candidate, state, callback, why, use_lastmod)
         sampled, rest = sample.take()
         for listed in rest:
             self._skipped(listed.state, counter)
         for listed in sampled:
             counter.requested(Why.SAMPLED)
             yield self._page_request(*listed, Why.SAMPLED, use_lastmod)
+
+    def _not_requested(self, listed: _Listed, why: Why, sample: RotatingSample[_Listed],
+                       counter: ScheduleCounter) -> None:
+        """Count a page not requested; one its lastmod vouches for may yet be sampled."""
+        if why is Why.NOT_DUE:
+            counter.not_due(listed.state)
+        elif (out := sample.offer(listed.state.last_checked, listed)) is not None:
+            self._skipped(out.state, counter)
 
     def _skipped(self, state: PageState, counter: ScheduleCounter) -> None:
         counter.skipped(state)
