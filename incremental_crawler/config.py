@@ -101,9 +101,9 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_LASTMOD_DISTRUST_TTL": 7 * 24 * 3600,
     # Trusted lastmods are authoritative (a page whose lastmod did not move
     # is not requested, whatever its revisit schedule); each crawl checks
-    # this share of those pages (at least one per host, least recently
-    # checked first), and this many found changed behind an unmoved
-    # lastmod distrust the host's lastmods.
+    # this share of those pages (at least one per list, or per host when
+    # re-seeding; least recently checked first), and this many found
+    # changed behind an unmoved lastmod distrust the host's lastmods.
     "INCREMENTAL_LASTMOD_RECHECK_SHARE": 0.01,
     "INCREMENTAL_LASTMOD_STALE_AFTER": 3,
     # Near-duplicate mode (opt-in): an item whose SimHash of this field is

@@ -27,11 +27,14 @@ def requested_pages(site) -> list[str]:
 @pytest_twisted.ensureDeferred
 async def test_only_pages_with_a_newer_lastmod_are_requested(site, crawl):
     add_pages(site)
-    await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"))
+    # No rotating sample here: the test counts requests exactly.
+    no_sample = {"INCREMENTAL_LASTMOD_RECHECK_SHARE": 0}
+    await crawl(SitemapPagesSpider, settings=no_sample, sitemap_url=site.url("/robots.txt"))
     changed = site.change_fraction(0.05, seed=3)
     assert len(changed) == 2
     site.reset_log()
-    second = await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"))
+    second = await crawl(SitemapPagesSpider, settings=no_sample,
+                         sitemap_url=site.url("/robots.txt"))
     # Only the changed pages, plus robots.txt and the sitemaps themselves.
     assert requested_pages(site) == changed
     others = sorted(r.path for r in site.log if not r.path.startswith("/p/"))
@@ -40,11 +43,13 @@ async def test_only_pages_with_a_newer_lastmod_are_requested(site, crawl):
                       "/sitemap-2.xml.gz", "/sitemap_index.xml"]
     assert sorted(i["url"] for i in second.collected) == [site.url(p) for p in changed]
     assert second.stats.get_value("incremental/lastmod/skipped") == N - 2
-    assert second.stats.get_value("incremental/lastmod/requested/lastmod_newer") == 2
+    assert second.stats.get_value("incremental/schedule/skipped/lastmod_unchanged") == N - 2
+    assert second.stats.get_value("incremental/schedule/requested/lastmod_newer") == 2
 
     site.reset_log()
-    third = await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"),
-                        use_lastmod="false")
+    # Without lastmods (and without revisits) every page is due.
+    third = await crawl(SitemapPagesSpider, settings=no_sample,
+                        sitemap_url=site.url("/robots.txt"), use_lastmod="false")
     assert requested_pages(site) == sorted(p.path for p in site.pages)
     assert third.collected == []
 
@@ -73,11 +78,12 @@ async def test_a_304_contradicting_a_newer_lastmod_is_settled_by_the_content(
 ):
     site.add_page("/a", "strong", size=1500)
     site.add_document("/s.xml", urlset([(site.url("/a"), "2024-01-01")]), "application/xml")
-    await crawl(SitemapPagesSpider, sitemap_url=site.url("/s.xml"))
+    no_sample = {"INCREMENTAL_LASTMOD_RECHECK_SHARE": 0}
+    await crawl(SitemapPagesSpider, settings=no_sample, sitemap_url=site.url("/s.xml"))
     site.add_document("/s.xml", urlset([(site.url("/a"), "2024-02-01T10:00Z")]),
                       "application/xml")
     site.reset_log()
-    second = await crawl(SitemapPagesSpider, sitemap_url=site.url("/s.xml"))
+    second = await crawl(SitemapPagesSpider, settings=no_sample, sitemap_url=site.url("/s.xml"))
     # The sitemap says "changed", the validators "not modified": the page is
     # fetched in full once, and its content (unchanged) decides.
     assert [(r.status, r.if_none_match is None) for r in site.log if r.path == "/a"] == [
@@ -89,7 +95,7 @@ async def test_a_304_contradicting_a_newer_lastmod_is_settled_by_the_content(
     assert lastmod == 1706781600
     site.reset_log()
     # ...so the next crawl does not ask again.
-    third = await crawl(SitemapPagesSpider, sitemap_url=site.url("/s.xml"))
+    third = await crawl(SitemapPagesSpider, settings=no_sample, sitemap_url=site.url("/s.xml"))
     assert [r.path for r in site.log if r.path == "/a"] == []
     assert third.stats.get_value("incremental/lastmod/skipped") == 1
 
@@ -105,19 +111,21 @@ async def test_invalid_and_future_lastmods(site, crawl):
         (site.url("/ok"), "2024-05-01"),
     ]
     site.add_document("/s.xml", urlset(entries), "application/xml")
-    first = await crawl(SitemapPagesSpider, sitemap_url=site.url("/s.xml"))
+    no_sample = {"INCREMENTAL_LASTMOD_RECHECK_SHARE": 0}
+    first = await crawl(SitemapPagesSpider, settings=no_sample, sitemap_url=site.url("/s.xml"))
     assert first.stats.get_value("incremental/lastmod/invalid") == 1
     assert first.stats.get_value("incremental/lastmod/future_clamped") == 1
     assert first.stats.get_value("incremental/lastmod/missing") == 1
     site.reset_log()
-    second = await crawl(SitemapPagesSpider, sitemap_url=site.url("/s.xml"))
-    # Invalid, missing and future lastmods never skip a page: conditional
-    # requests decide. A future one is never stored (a stored year 2999
-    # would make every later real lastmod look old and hide changes).
+    second = await crawl(SitemapPagesSpider, settings=no_sample, sitemap_url=site.url("/s.xml"))
+    # Invalid, missing and future lastmods never skip a page: their revisit
+    # schedule (off here: always due) and conditional requests decide. A
+    # future one is never stored (a stored year 2999 would make every later
+    # real lastmod look old and hide changes).
     assert requested_pages_of(site, "/bad", "/none", "/future") == ["/bad", "/future", "/none"]
     assert all(r.status == 304 for r in site.log if r.path in ("/bad", "/none", "/future"))
     assert not [r for r in site.log if r.path == "/ok"]
-    assert second.stats.get_value("incremental/lastmod/requested/lastmod_missing") == 3
+    assert second.stats.get_value("incremental/schedule/requested/due") == 3
 
 
 def requested_pages_of(site, *paths):
@@ -277,10 +285,11 @@ async def test_a_sitemap_whose_lastmods_lie_stops_being_trusted(site, crawl, sta
     publish(3)
     site.reset_log()
     third = await crawl(SitemapPagesSpider, settings=settings, sitemap_url=site.url("/s.xml"))
-    # Distrusted: lastmod no longer decides; every page gets a conditional
-    # request (304s here), and the moving lastmods are not recorded.
+    # Distrusted: lastmod no longer decides; every page goes by its revisit
+    # schedule (off here: always due) and gets a conditional request (304s
+    # here), and the moving lastmods are not recorded.
     assert third.stats.get_value("incremental/lastmod/distrusted_sitemaps") == 1
-    assert third.stats.get_value("incremental/lastmod/requested/lastmod_off") == 6
+    assert third.stats.get_value("incremental/schedule/requested/due") == 6
     assert sorted((r.path, r.status) for r in site.log if r.path.startswith("/p/")) == [
         (p, 304) for p in paths]
 
@@ -294,7 +303,7 @@ async def test_lastmods_that_are_the_generation_time_are_not_trusted(site, crawl
     site.add_document("/s.xml", urlset([(site.url(p), now) for p in paths]), "application/xml")
     first = await crawl(SitemapPagesSpider, sitemap_url=site.url("/s.xml"))
     assert first.stats.get_value("incremental/lastmod/hosts_distrusted") == 1
-    assert first.stats.get_value("incremental/lastmod/requested/new") == 12
+    assert first.stats.get_value("incremental/schedule/requested/new") == 12
 
 
 @pytest_twisted.ensureDeferred

@@ -600,11 +600,30 @@ class StateStoreContract:
         assert [s.key.url.rsplit("/", 1)[1] for s in due] == ["late"]
 
     @pytest_twisted.ensureDeferred
+    async def test_get_due_pages_through_the_due_pages_with_an_offset(
+        self, store: StateStore
+    ) -> None:
+        # Ties on next_visit included: the order is total, so pages of two
+        # follow on without a gap or a repeat.
+        for i, next_visit in enumerate((300, 100, 100, 200, 100, 900)):
+            store.stage_page(full_state(PageKey(SCOPE, f"{URL}/{i}"), 1,
+                                        next_visit=next_visit, callback="parse"))
+        await call(store.flush())
+        read = []
+        for offset in range(0, 8, 2):
+            read += [s.key.url.rsplit("/", 1)[1]
+                     for s in await call(store.get_due(SCOPE, 500, 2, offset))]
+        assert read == ["1", "2", "4", "3", "0"]
+        # An infinite bound (recheck all) lists every fetched page.
+        every = await call(store.get_due(SCOPE, float("inf"), 10))
+        assert [s.key.url.rsplit("/", 1)[1] for s in every] == ["1", "2", "4", "3", "0", "5"]
+
+    @pytest_twisted.ensureDeferred
     async def test_host_trust_round_trip(self, make_store: MakeStore) -> None:
         store = make_store()
         assert await call(store.get_host(SCOPE, "example.com")) is None
         trust = HostTrust(SCOPE, "example.com", checks=12, lies=7, distrusted_until=5_000,
-                          validators_distrusted_until=6_000)
+                          validators_distrusted_until=6_000, stale_lastmods=2)
         store.stage_host(trust)
         store.stage_host(HostTrust("other", "example.com", checks=1))
         assert store.pending == 2
@@ -1341,4 +1360,27 @@ class TestSQLiteMigrations:
             last_status=503, last_checked=10, checks=1, failures=1, next_visit=5)
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
+
+    @pytest_twisted.ensureDeferred
+    async def test_version_8_store_gets_stale_lastmod_findings(self, tmp_path: Path) -> None:
+        path = tmp_path / "v8.db"
+        with closing(sqlite3.connect(path)) as db:
+            for migration in MIGRATIONS[:8]:
+                for statement in migration.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+            db.execute("INSERT INTO hosts (scope, host, lastmod_checks, distrusted_until) "
+                       "VALUES ('s', 'a', 4, 77)")
+            db.execute("PRAGMA user_version = 8")
+            db.commit()
+        store = SQLiteStateStore(path)
+        trust = await call(store.get_host("s", "a"))
+        assert trust == HostTrust("s", "a", checks=4, distrusted_until=77, stale_lastmods=0)
+        store.stage_host(HostTrust("s", "a", checks=4, distrusted_until=77, stale_lastmods=2))
+        await call(store.close())
+        store = SQLiteStateStore(path)
+        assert (await call(store.get_host("s", "a"))).stale_lastmods == 2
+        await call(store.close())
+        with closing(sqlite3.connect(path)) as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10

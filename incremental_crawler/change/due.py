@@ -16,6 +16,7 @@ from scrapy.downloadermiddlewares.httpcompression import ACCEPTED_ENCODINGS
 from scrapy.http.request import NO_CALLBACK
 
 from incremental_crawler.change.policy import ChangePolicy
+from incremental_crawler.change.schedule import decided
 from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD, META_REFRESH, META_SKIP
 from incremental_crawler.state.keys import page_key
 
@@ -87,11 +88,18 @@ class DueRule:
         return page_key(request, ledger.scope, ledger.canonical, default_encoding=self.encoding)
 
     def due(self, request: Request, prior: PageState, *, links_unknown: bool,
-            due_at: float) -> bool:
-        """Whether *prior*'s page may be requested in a crawl whose pages are
-        due up to *due_at* (``Ledger.due_at``); see :meth:`ChangePolicy.due`."""
+            ledger: Ledger) -> bool:
+        """Whether *prior*'s page may be requested in this crawl (the
+        ledger's start and ``due_at``); see :meth:`ChangePolicy.due`.
+
+        A request whose page was decided already this crawl (a list spider's,
+        the re-seeder's: :func:`~incremental_crawler.change.schedule.decided`)
+        is not decided again.
+        """
+        if decided(request) is not None:
+            return True
         meta = request.meta
         return self.policy.due(prior, refresh=bool(meta.get(META_REFRESH)),
                                discovery=bool(meta.get(META_DISCOVERY)),
                                lastmod=meta.get(META_LASTMOD), links_unknown=links_unknown,
-                               now=due_at)
+                               started=ledger.crawl_started, due_at=ledger.due_at)

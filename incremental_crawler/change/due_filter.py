@@ -46,7 +46,7 @@ from scrapy.exceptions import NotConfigured
 
 from incremental_crawler.change.due import DueRule
 from incremental_crawler.change.policy import links_unknown
-from incremental_crawler.change.schedule import META_WHY, ScheduleCounter
+from incremental_crawler.change.schedule import ScheduleCounter, decided
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.meta import META_DISCOVERY, META_REFRESH
 from incremental_crawler.state.ledger import Ledger
@@ -134,7 +134,7 @@ class NotDueFilterMiddleware:
         if not isinstance(obj, Request) or not self.rule.applies(obj):
             return None
         meta = obj.meta
-        if META_WHY in meta or meta.get(META_DISCOVERY) or meta.get(META_REFRESH):
+        if decided(obj) is not None or meta.get(META_DISCOVERY) or meta.get(META_REFRESH):
             return None
         return self.rule.key(obj, self.ledger)
 
@@ -179,6 +179,6 @@ class NotDueFilterMiddleware:
         """Whether the request goes on: its page is due, or its links are replayed."""
         replay = self.rule.replays(request)
         unknown = links_unknown(state, replay=replay)
-        if self.rule.due(request, state, links_unknown=unknown, due_at=self.ledger.due_at):
+        if self.rule.due(request, state, links_unknown=unknown, ledger=self.ledger):
             return True
         return replay and bool(state.flags & PageFlags.HAS_LINKS)

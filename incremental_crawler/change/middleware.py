@@ -12,6 +12,13 @@ It reads headers and request meta, asks :class:`~.policy.ChangePolicy` what
 they mean, and applies the answer: stats, the host trust book, the ledger,
 NotDue and NotModified.
 
+Whether a page is due is judged per crawl (the ledger's ``crawl_started``
+and ``due_at``), and next visits are counted from the crawl's start. A
+request whose meta carries a why (``META_WHY``: our list spiders, the
+re-seeder) was decided for this crawl already and is not held back; a
+sampled one (``Why.SAMPLED``) whose content turns out changed is a
+stale-lastmod finding against its host.
+
 Replay on 304: a page whose callback yielded requests has them stored (the
 ledger records them). When it answers 304, or is not due, those requests
 are yielded again through a stand-in response
@@ -45,7 +52,13 @@ from incremental_crawler.change.policy import (
     future_last_modified,
     links_unknown,
 )
-from incremental_crawler.change.schedule import META_WHY, ScheduleCounter
+from incremental_crawler.change.schedule import (
+    META_LASTMOD_MODIFIED,
+    ScheduleCounter,
+    Why,
+    decided,
+    mark,
+)
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.exceptions import NotDue, NotModified
 from incremental_crawler.http.validators import parse_etag, parse_last_modified
@@ -155,9 +168,10 @@ class ConditionalRequestMiddleware:
                 unknown = True
         # Counted here unless whoever made the request decided (and counted)
         # it; sitemaps and feeds are not pages.
-        counts = not (META_WHY in request.meta or request.meta.get(META_DISCOVERY))
+        why = decided(request)
+        counts = why is None and not request.meta.get(META_DISCOVERY)
         if prior is not None and not self.rule.due(request, prior, links_unknown=unknown,
-                                                   due_at=self.ledger.due_at):
+                                                   ledger=self.ledger):
             # Not requested: those that reach this far (not dropped by
             # NotDueFilterMiddleware) are a page whose links are replayed,
             # or a request that did not leave a callback or start().
@@ -171,12 +185,16 @@ class ConditionalRequestMiddleware:
             # must not keep this response for the URL.
             request.meta["_dont_cache"] = True
             return self.replayer.response(request, key, links)
+        if why is Why.SAMPLED:
+            # Its response may prove the host's lastmods stale (_settle).
+            await self.ledger.trust.load(_host(request))
         reason = await self._reason(request, key, prior, now, links_unknown=unknown)
         if counts:
-            why = self.policy.why_requested(prior, recheck_all=self.ledger.recheck_all, now=now)
+            why = self.policy.why_requested(prior, recheck_all=self.ledger.recheck_all,
+                                            started=self.ledger.crawl_started)
             self.counter.requested(why)
             # Its retries, redirects and re-fetch are the same page: not again.
-            request.meta[META_WHY] = why
+            mark(request, why)
         request.meta[_CTX] = _Context(key, prior, reason, links)
         self._count(request, f"requests/{reason}")
         if reason is RequestReason.CONDITIONAL:
@@ -197,7 +215,7 @@ class ConditionalRequestMiddleware:
             host = await self.ledger.trust.load(_host(request))
         reason = self.policy.request_reason(
             prior, refresh=bool(request.meta.get(META_REFRESH)), links_unknown=links_unknown,
-            host=host, url=key.url, now=now)
+            host=host, url=key.url, now=now, started=self.ledger.crawl_started)
         if host is not None and reason in HOST_CONSULTED:
             self.ledger.trust.validators_trusted(host, now)
         return reason
@@ -273,8 +291,15 @@ class ConditionalRequestMiddleware:
         # changes nothing stored but counters).
         now = clock.now()
         lastmod = request.meta.get(META_LASTMOD)
-        schedule = self.policy.next_visit(prior, changed=False, now=now)
+        schedule = self.policy.next_visit(prior, changed=False,
+                                          started=self.ledger.crawl_started)
         self.ledger.stage_check(key, 304, lastmod=lastmod, schedule=schedule)
+        modified = int(PageFlags.LASTMOD_MODIFIED)
+        if lastmod is not None and request.meta.get(META_LASTMOD_MODIFIED) and not (
+                prior.flags & modified):
+            # The lastmod just recorded is a modification date: it may vouch
+            # for the page when it is re-seeded.
+            self.ledger.stage_flags(key, modified)
         self._observe_lastmod(request, prior, changed=False, now=now)
         self._count(request, "not_modified")
         self._count(request, "bytes_saved_estimate", prior.size)
@@ -290,7 +315,8 @@ class ConditionalRequestMiddleware:
             assert prior is not None
             # Until the page's items tell, its state is what its body says.
             pending = self.policy.after_fetch(prior, fetch, changed=True,
-                                              judgement=self.policy.unjudged(prior), now=now)
+                                              judgement=self.policy.unjudged(prior), now=now,
+                                              started=self.ledger.crawl_started)
             txn = self.ledger.begin(request.meta, pending, discovery=fetch.discovery,
                                     record_links=self.rule.replays(request), prior=prior)
             txn.judge = settle
@@ -314,8 +340,11 @@ class ConditionalRequestMiddleware:
         self._judged(request, judgement, now)
         if prior is not None:
             self._observe_lastmod(request, prior, changed=changed, now=now)
+            if changed and decided(request) is Why.SAMPLED:
+                # Changed behind a trusted lastmod that did not move.
+                self.ledger.trust.stale(_host(request), now)
         return self.policy.after_fetch(prior, fetch, changed=changed, judgement=judgement,
-                                       now=now)
+                                       now=now, started=self.ledger.crawl_started)
 
     def _judged(self, request: Request, judgement: Judgement, now: float) -> None:
         if judgement.flagged:
@@ -342,6 +371,7 @@ class ConditionalRequestMiddleware:
             callback=callback_name(request, self.crawler.spider),
             discovery=bool(request.meta.get(META_DISCOVERY)),
             recipe=own_recipe(request, self.spider, self.ledger.recipe_rules),
+            lastmod_modified=bool(request.meta.get(META_LASTMOD_MODIFIED)),
         )
 
     def _etag(self, response: Response) -> str | None:

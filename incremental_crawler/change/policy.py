@@ -1,8 +1,9 @@
 """What change detection decides, apart from how it is plumbed into Scrapy.
 
 Pure decisions over the stored records (:class:`PageState`, :class:`HostTrust`)
-and the facts of one response, with ``now`` passed in; nothing here touches
-a request, the store, the stats or the clock. The downloader middleware
+and the facts of one response, with the times passed in (``now``, the
+crawl's start, the moment pages are due until); nothing here touches a
+request, the store, the stats or the clock. The downloader middleware
 (:mod:`.middleware`) reads the headers, asks :class:`ChangePolicy`, and
 applies what it answers (stats, the host trust book, the ledger).
 
@@ -32,17 +33,24 @@ if TYPE_CHECKING:
 __all__ = [
     "HOST_CONSULTED",
     "ChangePolicy",
+    "DueRules",
     "Fetch",
     "Judgement",
     "Outcome",
     "Refetch",
     "RequestReason",
     "Verdict",
+    "answered",
     "failed_last",
     "final_outcome",
     "future_last_modified",
+    "is_due",
+    "lastmod_flags",
     "links_unknown",
+    "max_age_due",
     "recheck_due",
+    "schedule_why",
+    "url_phase",
 ]
 
 
@@ -182,6 +190,9 @@ class Fetch:
     discovery: bool = False
     #: The rest of the page's request, to re-seed it (links.recipes.own_recipe).
     recipe: str | None = None
+    #: ``lastmod`` is a modification date (a sitemap ``<lastmod>``, an Atom
+    #: ``<updated>``), not a publication date.
+    lastmod_modified: bool = False
 
     @property
     def validators(self) -> tuple[str | None, str | None]:
@@ -205,6 +216,117 @@ def recheck_due(url: str, visit: int, every: int) -> bool:
     parts = urlsplit(url)
     phase = zlib.crc32(f"{parts.path}?{parts.query}".encode()) % every
     return (visit + phase) % every == 0
+
+
+def url_phase(url: str) -> float:
+    """A number in [0, 1) fixed by *url*'s path and query (not its host or port).
+
+    >>> 0 <= url_phase("http://h/a?b") < 1, url_phase("http://h/a") == url_phase("http://g/a")
+    (True, True)
+    """
+    parts = urlsplit(url)
+    return zlib.crc32(f"{parts.path}?{parts.query}".encode()) / 2**32
+
+
+def is_due(next_visit: float, due_at: float) -> bool:
+    """Whether a page whose next visit is *next_visit* is due in a crawl.
+
+    *due_at* is the crawl's start plus INCREMENTAL_DUE_TOLERANCE (infinite
+    under INCREMENTAL_RECHECK_ALL): whether a page is due is the same at
+    every moment of the crawl. A next visit of 0 (never scheduled) is due.
+    """
+    return next_visit <= due_at
+
+
+def max_age_due(url: str, last_fetched: float, *, max_age: float, jitter: float,
+                started: float) -> bool:
+    """Whether the page's forced full fetch (INCREMENTAL_MAX_AGE) falls due this crawl.
+
+    Once its last full fetch is older, at the crawl's start, than
+    ``max_age * (1 - jitter * u)``, ``u`` = :func:`url_phase`: pages fetched
+    on one day fall due over ``jitter * max_age`` instead of on one day.
+
+    >>> max_age_due("http://h/a", 0, max_age=100, jitter=0, started=101)
+    True
+    >>> max_age_due("http://h/a", 0, max_age=0, jitter=0, started=10**9)
+    False
+    """
+    if not max_age:
+        return False
+    return started - last_fetched > max_age * (1 - jitter * url_phase(url))
+
+
+#: Answers after which a page is asked again on its failure schedule: no
+#: HTTP answer (0), server errors, rate limits, refusals, and gone pages.
+_FAILED = frozenset({0, 401, 403, 404, 410, 429})
+
+
+def failed_last(state: PageState) -> bool:
+    """Whether the page's last answer was a failure (0, 5xx, 429, 401, 403) or a 404/410.
+
+    Such a page may have no data (a listed page that never answered 2xx):
+    it is not new, it is retried when its next visit is due.
+    """
+    status = state.last_status
+    return status is not None and (status in _FAILED or 500 <= status < 600)
+
+
+def answered(state: PageState) -> bool:
+    """Whether the page's last answer was a 2xx or a 304: our copy is the page."""
+    status = state.last_status
+    return status is not None and (200 <= status < 300 or status == 304)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DueRules:
+    """What decides whether a known page is requested in one crawl."""
+
+    #: The crawl's start (cluster mode: the run's), the base of max age.
+    started: float
+    #: Pages whose next visit is not after this are due (see :func:`is_due`).
+    due_at: float
+    #: INCREMENTAL_RECHECK_ALL (or ``-a recheck=all``).
+    recheck_all: bool = False
+    #: INCREMENTAL_REVISIT_ENABLED: without it, nothing is ever "not due".
+    revisit: bool = True
+    #: INCREMENTAL_MAX_AGE (0: never forced) and INCREMENTAL_MAX_AGE_JITTER.
+    max_age: float = 0.0
+    jitter: float = 0.0
+
+    def too_old(self, state: PageState) -> bool:
+        return max_age_due(state.key.url, state.last_fetched, max_age=self.max_age,
+                           jitter=self.jitter, started=self.started)
+
+    def due(self, state: PageState) -> bool:
+        return is_due(state.next_visit, self.due_at)
+
+
+def schedule_why(stored: PageState, rules: DueRules, *, newer: bool = False,
+                 vouched: bool = False) -> Why:
+    """Why a known page is requested this crawl, or why not.
+
+    *newer*: a trusted list gives it a date newer than the one stored;
+    *vouched*: a trusted modification date (listed now, or recorded with the
+    page) says our copy is current. In order: a page whose last answer
+    failed is retried when due; a page without data is new; then recheck
+    all, max age, a newer date, a vouching date (for a page whose last
+    answer was a 2xx or 304), and the revisit schedule.
+    """
+    if failed_last(stored):
+        return Why.RETRY if rules.due(stored) else Why.NOT_DUE
+    if stored.fingerprint is None:
+        return Why.NEW
+    if rules.recheck_all:
+        return Why.RECHECK
+    if rules.too_old(stored):
+        return Why.MAX_AGE
+    if newer:
+        return Why.LASTMOD_NEWER
+    if vouched and answered(stored):
+        return Why.LASTMOD_UNCHANGED
+    if not rules.revisit or rules.due(stored):
+        return Why.DUE
+    return Why.NOT_DUE
 
 
 #: Clock skew tolerated between a Last-Modified and the server's Date.
@@ -245,13 +367,6 @@ def links_unknown(prior: PageState | None, *, replay: bool) -> bool:
     return not flags & PageFlags.LINKS_KNOWN or bool(flags & PageFlags.LINKS_INCOMPLETE)
 
 
-def failed_last(state: PageState) -> bool:
-    """Whether the page's last answer failed: a network error (0), 401, 403, 404,
-    410, 429 or a 5xx."""
-    status = state.last_status
-    return status is not None and (status in (0, 401, 403, 404, 410, 429) or status >= 500)
-
-
 def _is_unstable(state: PageState) -> bool:
     return bool(state.flags & PageFlags.UNSTABLE_VALIDATORS)
 
@@ -268,6 +383,8 @@ class ChangePolicy:
     recheck_every: int
     #: The revisit schedule, ``None`` without revisits.
     schedule: RevisitSchedule | None
+    #: INCREMENTAL_MAX_AGE_JITTER (see :func:`max_age_due`).
+    max_age_jitter: float = 0.0
 
     @classmethod
     def from_config(cls, config: IncrementalConfig) -> Self:
@@ -275,46 +392,61 @@ class ChangePolicy:
             max_age=config.max_age, unstable_after=config.unstable_after,
             recheck_every=config.recheck_every,
             schedule=RevisitSchedule.from_config(config) if config.revisit_enabled else None,
+            max_age_jitter=config.max_age_jitter,
         )
 
     # -- before the request ------------------------------------------------
 
     def due(self, prior: PageState, *, refresh: bool = False, discovery: bool = False,
-            lastmod: float | None = None, links_unknown: bool = False, now: float) -> bool:
-        """Whether the revisit schedule lets the page be requested at *now*.
+            lastmod: float | None = None, links_unknown: bool = False, started: float,
+            due_at: float) -> bool:
+        """Whether the revisit schedule lets the page be requested in this crawl.
 
-        A newer lastmod (sitemap, feed), an explicit refresh, unknown links
-        (see :func:`links_unknown`: skipping the page would hide the pages it
-        leads to) or the forced full fetch after INCREMENTAL_MAX_AGE override
-        the schedule; a page without data (no fingerprint) is always due.
+        *started* is the crawl's start, *due_at* the moment next visits are
+        due until (see :func:`is_due`). An explicit refresh and a sitemap or
+        feed are always requested; a page whose last answer failed (see
+        :func:`failed_last`) only when due. Otherwise a newer lastmod
+        (sitemap, feed), unknown links (see :func:`links_unknown`: skipping
+        the page would hide the pages it leads to) or the forced full fetch
+        after INCREMENTAL_MAX_AGE override the schedule; a page without data
+        (no fingerprint) is always due.
         """
-        if self.schedule is None or prior.fingerprint is None or prior.next_visit <= now:
+        if refresh or discovery:
             return True
-        if refresh or discovery or links_unknown:
+        if failed_last(prior):
+            return is_due(prior.next_visit, due_at)
+        if self.schedule is None or prior.fingerprint is None:
+            return True
+        if is_due(prior.next_visit, due_at) or links_unknown:
             return True
         if lastmod is not None and (prior.lastmod is None or lastmod > prior.lastmod):
             return True
-        return self._too_old(prior, now)
+        return self._too_old(prior, started)
 
-    def why_requested(self, prior: PageState | None, *, recheck_all: bool, now: float) -> Why:
-        """Why a page that is requested is: for the crawl's accounting (ScheduleCounter)."""
+    def why_requested(self, prior: PageState | None, *, recheck_all: bool,
+                      started: float) -> Why:
+        """Why a page that is requested (it was due) is: for the crawl's
+        accounting (ScheduleCounter), in the order of :func:`schedule_why`."""
         if prior is None:
+            return Why.NEW
+        if failed_last(prior):
+            return Why.RETRY
+        if prior.fingerprint is None:
             return Why.NEW
         if recheck_all:
             return Why.RECHECK
-        if failed_last(prior):
-            return Why.RETRY
-        if self._too_old(prior, now):
+        if self._too_old(prior, started):
             return Why.MAX_AGE
         return Why.DUE
 
     def request_reason(self, prior: PageState | None, *, refresh: bool = False,
                        links_unknown: bool = False, host: HostTrust | None = None, url: str,
-                       now: float) -> RequestReason:
+                       now: float, started: float) -> RequestReason:
         """Whether the stored validators go out with the request, and why (not).
 
         *host* is the trust of the page's host (``None``: not known, trusted);
-        *links_unknown* see :func:`links_unknown`.
+        *links_unknown* see :func:`links_unknown`; *started* is the crawl's
+        start (max age is judged per crawl).
         """
         if prior is None:
             return RequestReason.NEW
@@ -324,7 +456,7 @@ class ChangePolicy:
             return RequestReason.REFRESH
         if links_unknown:
             return RequestReason.LINKS_UNKNOWN
-        if self._too_old(prior, now):
+        if self._too_old(prior, started):
             # Some servers never change their validators while the content
             # does; a full fetch now and then catches it.
             return RequestReason.MAX_AGE
@@ -335,8 +467,9 @@ class ChangePolicy:
             return RequestReason.SAMPLE
         return RequestReason.CONDITIONAL
 
-    def _too_old(self, prior: PageState, now: float) -> bool:
-        return bool(self.max_age and now - prior.last_fetched > self.max_age)
+    def _too_old(self, prior: PageState, started: float) -> bool:
+        return max_age_due(prior.key.url, prior.last_fetched, max_age=self.max_age,
+                           jitter=self.max_age_jitter, started=started)
 
     # -- a 304 -------------------------------------------------------------
 
@@ -444,27 +577,35 @@ class ChangePolicy:
         return prior.last_fetched < lastmod
 
     def next_visit(self, prior: PageState | None, *, changed: bool,
-                   now: float) -> tuple[float, float] | None:
-        """``(interval, next_visit)`` after this visit, or ``None`` without revisits.
+                   started: float) -> tuple[float, float] | None:
+        """``(interval, next_visit)`` after a visit in the crawl that *started* then.
 
-        Pages with a sitemap lastmod get the same schedule: it only matters
-        when their lastmod is not used (distrusted, switched off, or their
-        sitemap answered 304 and they are re-seeded when due).
+        Counted from the crawl's start, not the visit's moment: a page
+        fetched late in a daily crawl is due in the next one. ``None``
+        without revisits. Pages with a sitemap lastmod get the same
+        schedule: it matters when their lastmod does not vouch for them
+        (distrusted, not a modification date, switched off).
         """
         if self.schedule is None:
             return None
-        return self.schedule.after_visit(prior.interval if prior else 0, changed=changed, now=now)
+        return self.schedule.after_visit(prior.interval if prior else 0, changed=changed,
+                                         now=started)
 
     def after_fetch(self, prior: PageState | None, fetch: Fetch, *, changed: bool,
-                    judgement: Judgement, now: float) -> PageState:
-        """The page's state after a full fetch whose content *changed* (or not)."""
-        interval, next_visit = self.next_visit(prior, changed=changed, now=now) or (0, 0.0)
-        vary = PageFlags.VARY_STAR if fetch.vary_star else PageFlags(0)
+                    judgement: Judgement, now: float, started: float) -> PageState:
+        """The page's state after a full fetch at *now* whose content *changed* (or not).
+
+        Its next visit is counted from *started*, the crawl's start.
+        """
+        interval, next_visit = (
+            self.next_visit(prior, changed=changed, started=started) or (0, 0.0))
+        vary = int(PageFlags.VARY_STAR if fetch.vary_star else 0)
         if prior is None:
             return PageState(
                 fetch.key, fetch.etag, fetch.last_modified, fetch.fingerprint, fetch.size,
                 fetch.status, first_seen=now, last_checked=now, last_fetched=now,
-                last_changed=now, checks=1, changes=0, flags=vary, lastmod=fetch.lastmod,
+                last_changed=now, checks=1, changes=0, flags=lastmod_flags(vary, fetch),
+                lastmod=fetch.lastmod,
                 interval=interval, next_visit=next_visit, callback=fetch.callback,
                 recipe=fetch.recipe,
             )
@@ -477,8 +618,20 @@ class ChangePolicy:
             size=fetch.size, last_status=fetch.status, last_checked=now, last_fetched=now,
             last_changed=now if changed else prior.last_changed,
             checks=prior.checks + 1, changes=prior.changes + changed,
-            flags=kept | vary | unstable,
+            flags=lastmod_flags(kept | vary | unstable, fetch),
             lastmod=prior.lastmod if fetch.lastmod is None else fetch.lastmod,
             interval=interval, next_visit=next_visit, callback=fetch.callback,
             recipe=fetch.recipe, churns=judgement.churns, failures=0,
         )
+
+
+def lastmod_flags(flags: int, fetch: Fetch) -> int:
+    """*flags* with LASTMOD_MODIFIED saying whether the lastmod stored is a modification date.
+
+    A fetch without a lastmod keeps the stored one, and its flag.
+    """
+    if fetch.lastmod is None:
+        return int(flags)
+    if fetch.lastmod_modified:
+        return int(flags) | PageFlags.LASTMOD_MODIFIED
+    return int(flags) & ~int(PageFlags.LASTMOD_MODIFIED)

@@ -27,14 +27,47 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from scrapy import Request
     from scrapy.statscollectors import StatsCollector
 
     from incremental_crawler.state.records import PageState
 
-__all__ = ["META_WHY", "ScheduleCounter", "Why"]
+__all__ = ["META_LASTMOD_MODIFIED", "META_WHY", "ScheduleCounter", "Why", "decided", "mark"]
 
-#: Request meta key: the :class:`Why` of a request decided (and counted) already.
+#: Request meta key: the :class:`Why` of a request decided (and counted)
+#: already. The conditional middleware does not decide again whether such a
+#: request is due, and a :attr:`Why.SAMPLED` page found changed is evidence
+#: against its host's lastmods.
 META_WHY = "_incremental_why"
+#: Request meta key: the URL the why was decided for. Meta copied into a
+#: request for another page (``meta=response.meta``) carries the why along;
+#: it does not hold for that page (see :func:`decided`).
+META_WHY_URL = "_incremental_why_url"
+#: Request meta key: ``True`` when the request's ``incremental_lastmod`` is a
+#: modification date (a sitemap ``<lastmod>``, an Atom ``<updated>``), not a
+#: publication date; recorded with the page (PageFlags.LASTMOD_MODIFIED).
+META_LASTMOD_MODIFIED = "_incremental_lastmod_modified"
+
+
+def mark(request: Request, why: Why) -> None:
+    """Record on *request* that its page was decided (and counted) as *why*."""
+    request.meta[META_WHY] = why
+    request.meta[META_WHY_URL] = request.url
+
+
+def decided(request: Request) -> Why | None:
+    """The why *request*'s page was decided as this crawl, or ``None``.
+
+    Its retries and re-fetches (same URL) and the requests of its redirects
+    (their first URL) keep it; a request for another page that copied its
+    meta does not.
+    """
+    meta = request.meta
+    why = meta.get(META_WHY)
+    if why is None:
+        return None
+    origin = (meta.get("redirect_urls") or (request.url,))[0]
+    return Why(why) if meta.get(META_WHY_URL) == origin else None
 
 
 class Why(StrEnum):

@@ -127,6 +127,8 @@ class TrustRules:
     #: INCREMENTAL_UNSTABLE_HOST_SHARE and _MIN_PAGES.
     unstable_share: float
     unstable_min_pages: int
+    #: INCREMENTAL_LASTMOD_STALE_AFTER.
+    stale_after: int = 3
 
     @classmethod
     def from_config(cls, config: IncrementalConfig) -> Self:
@@ -134,7 +136,7 @@ class TrustRules:
             config.lastmod_min_samples, config.lastmod_max_lie_share,
             config.lastmod_distrust_ttl, config.validators_distrust_ttl,
             config.validators_retrust_after, config.unstable_host_share,
-            config.unstable_host_min_pages,
+            config.unstable_host_min_pages, config.lastmod_stale_after,
         )
 
     # -- sitemap lastmods ----------------------------------------------------
@@ -145,7 +147,7 @@ class TrustRules:
             return None
         # Time served: give the host another chance, from scratch.
         trust.distrusted_until = 0.0
-        trust.checks = trust.lies = 0
+        trust.checks = trust.lies = trust.stale_lastmods = 0
         return HostChange(HostEvent.LASTMODS_FORGIVEN)
 
     def lastmod_tested(self, trust: HostTrust, *, lied: bool, now: float) -> HostChange | None:
@@ -161,6 +163,16 @@ class TrustRules:
             # Keep the evidence recent: old behaviour weighs half.
             trust.checks //= 2
             trust.lies //= 2
+        return HostChange(HostEvent.COUNTED)
+
+    def lastmod_stale(self, trust: HostTrust, now: float) -> HostChange | None:
+        """A sampled page changed behind its lastmod that did not move."""
+        if trust.distrusted_until:
+            return None
+        trust.stale_lastmods += 1
+        if trust.stale_lastmods >= self.stale_after:
+            return self.distrust_lastmods(trust, now, f"{trust.stale_lastmods} pages changed "
+                                          "behind lastmods that did not move")
         return HostChange(HostEvent.COUNTED)
 
     def distrust_lastmods(self, trust: HostTrust, now: float, why: str) -> HostChange:
@@ -285,6 +297,19 @@ class HostTrustBook:
             return
         self._mark(trust, change)
         self.stats.inc_value("incremental/lastmod/lied" if lied else "incremental/lastmod/truthful")
+        if change.event is HostEvent.LASTMODS_DISTRUSTED:
+            self._lastmods_distrusted(trust, change.why)
+
+    def stale(self, host: str, now: float) -> None:
+        """A sampled page changed behind its unmoved lastmod: a stale-lastmod finding."""
+        trust = self._hosts.get(host)
+        if trust is None:
+            return
+        change = self.rules.lastmod_stale(trust, now)
+        if change is None:
+            return
+        self._mark(trust, change)
+        self.stats.inc_value("incremental/lastmod/stale")
         if change.event is HostEvent.LASTMODS_DISTRUSTED:
             self._lastmods_distrusted(trust, change.why)
 

@@ -4,9 +4,10 @@ A listing that answers 304 (or is not due) yields no links, so the pages
 only it leads to would wait for the listing to change. :class:`Reseeder`,
 an extension the add-on installs for every spider, makes up for it: once per
 crawl, when the engine is idle, it reads from the store the pages of the
-crawl's own scope whose revisit is due, most overdue first (at most
-``INCREMENTAL_RESEED_LIMIT``), and requests each again as the page's own
-request was made: its callback, and what :func:`~.recipes.own_recipe` kept
+crawl's own scope whose revisit is due in this crawl, most overdue first,
+in pages of a bounded size, decides each (see below) and requests at most
+``INCREMENTAL_RESEED_LIMIT`` of them again as the page's own request was
+made: its callback, and what :func:`~.recipes.own_recipe` kept
 of it (meta such as a CrawlSpider's rule index, ``cb_kwargs``, errback,
 priority). A page whose request cannot be made again (its callback or rule
 is gone, its request could not be recorded, the record is not one this
@@ -23,6 +24,17 @@ scheduler and its dupefilter, so a page already requested this crawl is not
 requested twice. Requests made by ``engine.crawl()`` from the idle handler
 would skip the spider middlewares.
 
+Each due page is decided as a listed page is
+(:func:`~incremental_crawler.change.policy.schedule_why`): retried after a
+failure, rechecked, refreshed for max age, or due. A page vouched for by a
+modification-date lastmod recorded with it (PageFlags.LASTMOD_MODIFIED),
+whose last answer was a 2xx or 304, on a host whose lastmods are trusted,
+stays "due" by its schedule but is not requested (its lastmod is
+authoritative): counted skipped, except the rotating sample
+(:mod:`incremental_crawler.change.sample`), per host. Such pages are read
+past, so they never crowd out the pages really due. Each request carries
+its why (META_WHY).
+
 Spiders steer it with optional attributes, looked up on the spider:
 ``incremental_reseed = False`` turns it off (as does
 ``INCREMENTAL_RESEED_ENABLED``, also in ``custom_settings``),
@@ -38,16 +50,21 @@ from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from scrapy import Request, signals
 from scrapy.exceptions import DontCloseSpider, NotConfigured
 
 from incremental_crawler import clock
+from incremental_crawler.change.policy import DueRules, schedule_why
+from incremental_crawler.change.sample import RotatingSample
+from incremental_crawler.change.schedule import ScheduleCounter, Why, mark
 from incremental_crawler.cluster.coordinator import ClusterCoordinator
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.links.recipes import Unbuildable, page_request
 from incremental_crawler.meta import META_SKIP, META_VARIANT
 from incremental_crawler.state.ledger import Ledger
+from incremental_crawler.state.records import PageFlags
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -73,6 +90,12 @@ RESEED_URL = "data:,reseed"
 #: held by the instance too). The worker that pops the request may not be
 #: the one that queued it: it finds its own Reseeder's callback there.
 CALLBACK_ATTRIBUTE = "_incremental_reseed_due"
+
+#: Due pages read from the store at a time.
+_READ = 1000
+#: Per host, the sample keeps the least recently checked of at most this
+#: many vouched pages' share (a bound on memory: share * this states).
+_SAMPLE_BASE = 50_000
 
 #: Priority added to a page that changed on every visit (pages that changed
 #: often are likelier to have changed again).
@@ -154,22 +177,24 @@ class Reseeder:
         # any more, though a 304's check is invisible until committed (and a
         # request with dont_filter, a start URL, passes the dupefilter).
         await ledger.commit_staged()
-        due = await ledger.store.get_due(ledger.scope, clock.now(), self.config.reseed_limit)
-        skip = getattr(self.spider, "reseed_skip", None)
-        count = 0
-        for state in due:
-            if callable(skip) and skip(state):
-                continue
-            request = self.request_for(state)
-            if isinstance(request, Unbuildable):
-                self.stats.inc_value(f"incremental/reseed/skipped/{request.value}")
-                logger.debug("Not re-seeding %(url)s: %(reason)s",
-                             {"url": state.key.url, "reason": request.value})
-                continue
-            count += 1
+        # Decided in full before any is yielded: a request fetched meanwhile
+        # would move its page out of the pages still to read.
+        requests = await _DueReader(self, ledger).read()
+        self.stats.inc_value("incremental/reseeded", len(requests))
+        logger.info("Re-seeded %(count)d due pages from the store", {"count": len(requests)})
+        for request in requests:
             yield request
-        self.stats.inc_value("incremental/reseeded", count)
-        logger.info("Re-seeded %(count)d due pages from the store", {"count": count})
+
+    def build(self, state: PageState, why: Why) -> Request | None:
+        """The page's request carrying *why*, or ``None`` (counted) if it cannot be made."""
+        request = self.request_for(state)
+        if isinstance(request, Unbuildable):
+            self.stats.inc_value(f"incremental/reseed/skipped/{request.value}")
+            logger.debug("Not re-seeding %(url)s: %(reason)s",
+                         {"url": state.key.url, "reason": request.value})
+            return None
+        mark(request, why)
+        return request
 
     def request_for(self, state: PageState) -> Request | Unbuildable:
         """The due page's own request again, or why it cannot be made."""
@@ -189,3 +214,90 @@ class Reseeder:
         # already is not requested again.
         return request.replace(meta=meta, priority=request.priority + changed,
                                dont_filter=False)
+
+
+class _DueReader:
+    """One re-seed: reads the due pages, decides them, keeps the sample."""
+
+    def __init__(self, reseeder: Reseeder, ledger: Ledger) -> None:
+        self.reseeder = reseeder
+        self.ledger = ledger
+        self.rules: DueRules = ledger.due_rules()
+        self.limit = reseeder.config.reseed_limit
+        self.counter = ScheduleCounter(reseeder.stats)
+        self.skip = getattr(reseeder.spider, "reseed_skip", None)
+        self.use_lastmod = bool(getattr(reseeder.spider, "use_lastmod", True))
+        self.samples: dict[str, RotatingSample[PageState]] = {}
+        self.trusted: dict[str, bool] = {}
+        self.requests: list[Request] = []
+
+    async def read(self) -> list[Request]:
+        offset = 0
+        while len(self.requests) < self.limit:
+            due = await self.ledger.store.get_due(self.ledger.scope, self.rules.due_at, _READ,
+                                                  offset)
+            if not due:
+                break
+            offset += _READ
+            for state in due:
+                if len(self.requests) >= self.limit:
+                    break
+                if not self.visited(state) and not (callable(self.skip) and self.skip(state)):
+                    await self.decide(state)
+        self.take_samples()
+        return self.requests
+
+    def visited(self, state: PageState) -> bool:
+        """Whether this crawl checked the page already (decided and counted then).
+
+        Its next visit, counted from the crawl's start, may fall within the
+        tolerance: it is due in the next crawl, not again in this one.
+        """
+        # The ledger knows this worker's visits; the stored time (whole
+        # seconds, rounded down, so an earlier crawl's is always before this
+        # crawl's start) tells another worker's in cluster mode.
+        return (state.key in self.ledger.visited_due
+                or state.last_checked >= self.rules.started)
+
+    async def decide(self, state: PageState) -> None:
+        why = schedule_why(state, self.rules, vouched=await self.vouched(state))
+        if why is Why.LASTMOD_UNCHANGED:
+            host = urlsplit(state.key.url).hostname or ""
+            sample = self.samples.get(host)
+            if sample is None:
+                share = self.reseeder.config.lastmod_recheck_share
+                sample = self.samples[host] = RotatingSample(share, _SAMPLE_BASE)
+            if (out := sample.offer(state.last_checked, state)) is not None:
+                self.counter.skipped(out)
+        elif why is Why.NOT_DUE:
+            self.counter.not_due(state)
+        else:
+            self.add(state, why)
+
+    def add(self, state: PageState, why: Why) -> None:
+        request = self.reseeder.build(state, why)
+        if request is not None:
+            self.counter.requested(why)
+            self.requests.append(request)
+
+    async def vouched(self, state: PageState) -> bool:
+        """Whether a trusted modification-date lastmod recorded with the page vouches for it."""
+        if not (self.use_lastmod and state.lastmod is not None
+                and state.flags & PageFlags.LASTMOD_MODIFIED):
+            return False
+        host = urlsplit(state.key.url).hostname or ""
+        trusted = self.trusted.get(host)
+        if trusted is None:
+            book = self.ledger.trust
+            trusted = self.trusted[host] = book.trusted(await book.load(host), clock.now())
+        return trusted
+
+    def take_samples(self) -> None:
+        # At least one per host, beyond the limit: the sample is what keeps
+        # a stale lastmod from hiding changes for ever.
+        for sample in self.samples.values():
+            sampled, rest = sample.take()
+            for state in rest:
+                self.counter.skipped(state)
+            for state in sampled:
+                self.add(state, Why.SAMPLED)

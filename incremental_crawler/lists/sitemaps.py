@@ -1,7 +1,8 @@
 """Which pages a sitemap (or a feed) makes worth requesting.
 
-The cheapest request is the one never sent: a page whose ``<lastmod>`` is
-not newer than the lastmod stored with our copy of it is skipped. Entries
+The cheapest request is the one never sent: on a host whose lastmods are
+trusted, a page whose ``<lastmod>`` is not newer than the lastmod stored
+with our copy of it is not requested (:func:`decide`). Entries
 are checked against the sitemaps protocol first (sitemaps.org): at most
 50,000 URLs per file, ``loc`` an absolute http(s) URL on the sitemap's own
 host and under 2,048 characters; a bad entry is skipped with a stat and the
@@ -15,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from incremental_crawler import clock
+from incremental_crawler.change.policy import schedule_why
+from incremental_crawler.change.schedule import Why
 from incremental_crawler.lists.dates import parse_w3c_datetime
 
 if TYPE_CHECKING:
@@ -22,6 +25,7 @@ if TYPE_CHECKING:
 
     from scrapy.statscollectors import StatsCollector
 
+    from incremental_crawler.change.policy import DueRules
     from incremental_crawler.state.records import PageState
 
 __all__ = ["MAX_LOC_LENGTH", "MAX_URLS", "Candidate", "SitemapEntries", "decide"]
@@ -42,6 +46,9 @@ class Candidate:
     loc: str
     canonical: str
     lastmod: float | None
+    #: *lastmod* is a modification date (a sitemap ``<lastmod>``, an Atom
+    #: ``<updated>``), not a publication date (an RSS ``<pubDate>``).
+    modified: bool = True
 
 
 class SitemapEntries:
@@ -123,47 +130,26 @@ class SitemapEntries:
                 self.stats.inc_value("incremental/sitemap/duplicate_loc")
                 continue
             seen.add(canonical)
-            result.append(Candidate(loc, canonical, self.lastmod(entry.get("lastmod"))))
+            result.append(Candidate(loc, canonical, self.lastmod(entry.get("lastmod")),
+                                    modified=entry.get("modified", True)))
         return result
 
 
-def decide(
-    candidate: Candidate,
-    stored: PageState | None,
-    *,
-    use_lastmod: bool,
-    max_age: float,
-    now: float,
-    revisit: bool = False,
-) -> str | None:
-    """Why *candidate* should be requested, or ``None`` to skip it.
+def decide(candidate: Candidate, stored: PageState | None, *, use_lastmod: bool,
+           rules: DueRules) -> Why:
+    """Why *candidate* is requested this crawl, or why not (:func:`schedule_why`).
 
-    Only a page we hold data for (a fingerprint) can be skipped, and only
-    when its sitemap lastmod is not newer than the one stored with that
-    data; a forced refresh after ``max_age`` still applies.
+    *use_lastmod*: the list's dates are used (switched on, and the host's
+    lastmods trusted). A listed date newer than the one stored with our copy
+    asks for the page; a modification date that did not move vouches for
+    our copy whatever its revisit schedule. A date that is not a
+    modification date (a publication date) never vouches: an unmoved one
+    leaves the page to its schedule.
     """
-    if stored is None or stored.fingerprint is None:
-        return "new"
-    if max_age and now - stored.last_fetched > max_age:
-        return "max_age"
-    if (reason := _lastmod_reason(candidate.lastmod, stored.lastmod, use_lastmod)) is not None:
-        return reason
-    if revisit and now >= stored.next_visit:  # 0: no schedule yet, so due
-        # A date that does not move (an RSS pubDate, a lazy sitemap) must not
-        # hide a page for ever: its revisit schedule still brings it back.
-        return "due"
-    return None
-
-
-def _lastmod_reason(listed: float | None, stored: float | None, use_lastmod: bool) -> str | None:
-    """Why the listed lastmod asks for the page, or ``None`` if it says it
-    did not change since the stored one."""
-    if not use_lastmod:
-        return "lastmod_off"
-    if listed is None:
-        return "lastmod_missing"
     if stored is None:
-        return "lastmod_unknown"
-    if listed > stored:
-        return "lastmod_newer"
-    return None
+        return Why.NEW
+    listed, known = candidate.lastmod, stored.lastmod
+    if not use_lastmod or listed is None or known is None:
+        return schedule_why(stored, rules)
+    newer = listed > known
+    return schedule_why(stored, rules, newer=newer, vouched=candidate.modified and not newer)

@@ -2,9 +2,13 @@
 
 The feed is fetched conditionally; an entry is requested when it is new or
 its date (Atom ``updated``, else ``published``; RSS ``pubDate``) moved past
-the one stored with our copy. An entry without a date is left to its
-revisit schedule and a conditional request. One item per new or changed
-page, like the ``sitemap`` spider.
+the one stored with our copy. Only an Atom ``updated`` is a modification
+date: one that did not move vouches for our copy (on a host whose lastmods
+are trusted), and the page is not requested. A publication date (RSS
+``pubDate``, Atom ``published``) that did not move, or no date, leaves the
+page to its revisit schedule and a conditional request. One item per new or
+changed page, like the ``sitemap`` spider; ``-a recheck=all`` requests every
+known page, conditionally.
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ def _child_text(element: Any, *names: str) -> str | None:
 def feed_entries(body: bytes) -> tuple[str, Iterator[dict[str, Any]]] | None:
     """``(kind, entries)`` of an RSS 2.0 or Atom feed, or ``None``.
 
-    Entries are ``{"loc": link, "lastmod": raw date}``. The parser never
+    Entries are ``{"loc": link, "lastmod": raw date, "modified": whether
+    that date is a modification date}``. The parser never
     resolves entities or reaches the network (no billion laughs, no XXE).
     """
     parser = lxml.etree.XMLParser(
@@ -74,7 +79,8 @@ def _rss(root: Any) -> Iterator[dict[str, Any]]:
             for child in item:
                 if _local(child.tag) == "guid" and child.get("isPermaLink", "true") == "true":
                     link = (child.text or "").strip()
-        yield {"loc": link or "", "lastmod": _child_text(item, "pubDate")}
+        # pubDate is when the item was published: no modification date.
+        yield {"loc": link or "", "lastmod": _child_text(item, "pubDate"), "modified": False}
 
 
 def _atom(root: Any) -> Iterator[dict[str, Any]]:
@@ -86,7 +92,9 @@ def _atom(root: Any) -> Iterator[dict[str, Any]]:
             if _local(child.tag) == "link" and child.get("rel", "alternate") == "alternate":
                 link = child.get("href", "")
                 break
-        yield {"loc": link, "lastmod": _child_text(entry, "updated", "published")}
+        updated = _child_text(entry, "updated")
+        yield {"loc": link, "lastmod": updated or _child_text(entry, "published"),
+               "modified": updated is not None}
 
 
 class FeedPagesSpider(ListedPagesSpider):

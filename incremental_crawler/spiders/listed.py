@@ -2,22 +2,34 @@
 
 The list is fetched conditionally (a 304 list yields no work but the due
 pages re-seeded at the end); each listed page is checked (sitemaps.org
-limits, same host), and requested only when it is new, when its listed
-date moved past the one stored with our copy, or when that date cannot be
-trusted (then its revisit schedule and a conditional request decide).
+limits, same host) and decided (:func:`~incremental_crawler.lists.sitemaps.decide`):
+requested when it is new, when its listed date moved past the one stored
+with our copy, when it is due for max age or for a retry, or when its date
+does not vouch for it (not trusted, not a modification date) and its
+revisit is due. A trusted modification date that did not move vouches for
+our copy: the page is not requested, except for the rotating sample
+(:mod:`incremental_crawler.change.sample`). Every listed page is counted
+once (``incremental/schedule/...``), and each request carries its why.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from scrapy import Request
 from scrapy.http import TextResponse
 
 from incremental_crawler import clock
+from incremental_crawler.change.policy import DueRules
+from incremental_crawler.change.sample import RotatingSample
+from incremental_crawler.change.schedule import (
+    META_LASTMOD_MODIFIED,
+    ScheduleCounter,
+    Why,
+    mark,
+)
 from incremental_crawler.exceptions import NotModified
 from incremental_crawler.lists.dates import parse_w3c_datetime
 from incremental_crawler.lists.sitemaps import Candidate, SitemapEntries, decide
@@ -27,7 +39,7 @@ from incremental_crawler.state.keys import Canonicalizer
 from incremental_crawler.state.records import PageKey, PageState
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+    from collections.abc import AsyncIterator, Callable, Iterable
 
     from scrapy.http import Response
     from twisted.python.failure import Failure
@@ -66,6 +78,22 @@ def extract_main_text(response: Response, selectors: Iterable[str]) -> str:
     return ""
 
 
+class _Listed(NamedTuple):
+    """A listed page kept for the rotating sample."""
+
+    candidate: Candidate
+    state: PageState
+    callback: Callable[..., Any]
+
+
+def _recheck(value: str | None) -> bool:
+    if value is None:
+        return False
+    if str(value).strip().lower() == "all":
+        return True
+    raise ValueError(f"-a recheck={value!r}: the only value is all")
+
+
 def _flag(value: str | bool, name: str) -> bool:
     if isinstance(value, bool):
         return value
@@ -80,19 +108,25 @@ def _flag(value: str | bool, name: str) -> bool:
 class ListedPagesSpider(IncrementalSpider):
     """Arguments (``-a``): ``text_selector`` (a CSS selector for the main
     content, tried before the defaults), ``use_lastmod`` (``true``/``false``:
-    skip pages whose listed date is not newer than the stored one; default
-    true), ``allowed_hosts`` (comma-separated hosts besides the list's own
-    whose URLs it may list)."""
+    use the listed dates: a newer one asks for the page, a trusted
+    modification date that did not move skips it; default true; with
+    false, pages go by their revisit schedules), ``recheck`` (``all``:
+    request every known page this crawl, conditionally, whatever its
+    lastmod or schedule), ``allowed_hosts`` (comma-separated hosts besides
+    the list's own whose URLs it may list)."""
 
     def __init__(
         self,
         text_selector: str | None = None,
         use_lastmod: str | bool = True,
         allowed_hosts: str = "",
+        recheck: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.use_lastmod = _flag(use_lastmod, "use_lastmod")
+        #: ``-a recheck=all`` (the ledger's recheck_all reads it).
+        self.incremental_recheck_all = _recheck(recheck)
         self.allowed_hosts = [h.strip() for h in allowed_hosts.split(",") if h.strip()]
         self.text_selectors = (
             (text_selector, *DEFAULT_TEXT_SELECTORS) if text_selector else DEFAULT_TEXT_SELECTORS
@@ -153,6 +187,14 @@ class ListedPagesSpider(IncrementalSpider):
         stored = await ledger.store.get_pages(keys)
         return [stored.get(key) for key in keys]
 
+    def due_rules(self) -> DueRules:
+        """This crawl's rules (a plain crawl: every listed page is new)."""
+        ledger = self.ledger
+        if ledger is not None:
+            return ledger.due_rules()
+        now = clock.now()
+        return DueRules(started=now, due_at=now, revisit=False)
+
     async def listed_requests(
         self, entries: SitemapEntries, candidates: list[Candidate],
         callback_for: Callable[[str], Callable[..., Any] | None],
@@ -163,42 +205,60 @@ class ListedPagesSpider(IncrementalSpider):
         use_lastmod = ledger is not None and self.use_lastmod and await self._lastmods_trusted(
             ledger, entries.host, candidates, now
         )
-        # In chunks: memory holds one chunk's stored states, not a whole
-        # 50,000-URL sitemap's.
+        share = ledger.config.lastmod_recheck_share if ledger is not None else 0.0
+        sample: RotatingSample[_Listed] = RotatingSample(share, len(candidates))
+        counter = ScheduleCounter(self.crawler.stats)
+        rules = self.due_rules()
+        # In chunks: memory holds one chunk's stored states (and the sample's
+        # few), not a whole 50,000-URL sitemap's.
         for start in range(0, len(candidates), _LOOKUP_CHUNK):
             chunk = candidates[start:start + _LOOKUP_CHUNK]
             stored = await self.stored_states(chunk)
-            for request in self._decide_chunk(chunk, stored, use_lastmod, callback_for, now):
-                yield request
+            for candidate, state in zip(chunk, stored, strict=True):
+                self._decided.add(candidate.canonical)
+                callback = callback_for(candidate.loc)
+                if callback is None:
+                    continue  # not one of the crawl's pages
+                why = decide(candidate, state, use_lastmod=use_lastmod, rules=rules)
+                if state is not None and why in (Why.LASTMOD_UNCHANGED, Why.NOT_DUE):
+                    self._not_requested(_Listed(candidate, state, callback), why, sample,
+                                        counter)
+                    continue
+                counter.requested(why)
+                yield self._page_request(candidate, state, callback, why, use_lastmod)
+        sampled, rest = sample.take()
+        for listed in rest:
+            self._skipped(listed.state, counter)
+        for listed in sampled:
+            counter.requested(Why.SAMPLED)
+            yield self._page_request(*listed, Why.SAMPLED, use_lastmod)
 
-    def _decide_chunk(
-        self, candidates: list[Candidate], stored: list[PageState | None], use_lastmod: bool,
-        callback_for: Callable[[str], Callable[..., Any] | None], now: float,
-    ) -> Iterator[Request]:
+    def _not_requested(self, listed: _Listed, why: Why, sample: RotatingSample[_Listed],
+                       counter: ScheduleCounter) -> None:
+        """Count a page not requested; one its lastmod vouches for may yet be sampled."""
+        if why is Why.NOT_DUE:
+            counter.not_due(listed.state)
+        elif (out := sample.offer(listed.state.last_checked, listed)) is not None:
+            self._skipped(out.state, counter)
+
+    def _skipped(self, state: PageState, counter: ScheduleCounter) -> None:
+        counter.skipped(state)
+        self.crawler.stats.inc_value("incremental/lastmod/skipped")
+
+    def _page_request(self, candidate: Candidate, state: PageState | None,
+                      callback: Callable[..., Any], why: Why, use_lastmod: bool) -> Request:
+        """A listed page's request, decided already (its why in its meta)."""
+        meta: dict[str, Any] = {}
+        if use_lastmod and candidate.lastmod is not None:
+            meta[META_LASTMOD] = candidate.lastmod
+            if candidate.modified:
+                meta[META_LASTMOD_MODIFIED] = True
         ledger = self.ledger
-        max_age, revisit = (
-            (ledger.config.max_age, ledger.config.revisit_enabled) if ledger else (0.0, False))
-        reasons: Counter[str] = Counter()
-        for candidate, state in zip(candidates, stored, strict=True):
-            self._decided.add(candidate.canonical)
-            reason = decide(candidate, state, use_lastmod=use_lastmod, max_age=max_age, now=now,
-                            revisit=revisit)
-            reasons[reason or "skipped"] += 1
-            if reason is None:
-                continue
-            callback = callback_for(candidate.loc)
-            if callback is None:
-                continue
-            meta = {}
-            if use_lastmod and candidate.lastmod is not None:
-                meta[META_LASTMOD] = candidate.lastmod
-            if ledger is not None:
-                ledger.prefetched(PageKey(ledger.scope, candidate.canonical), state)
-            yield Request(candidate.loc, callback=callback, meta=meta)
-        stats = self.crawler.stats
-        for reason, count in reasons.items():
-            name = reason if reason == "skipped" else f"requested/{reason}"
-            stats.inc_value(f"incremental/lastmod/{name}", count)
+        if ledger is not None:
+            ledger.prefetched(PageKey(ledger.scope, candidate.canonical), state)
+        request = Request(candidate.loc, callback=callback, meta=meta)
+        mark(request, why)
+        return request
 
     async def _lastmods_trusted(
         self, ledger: Ledger, host: str, candidates: list[Candidate], now: float

@@ -3,20 +3,23 @@
 ``sitemap_url`` may be a sitemap, a sitemap index, gzipped or not, or a
 robots.txt whose ``Sitemap:`` lines name them. One item per new or changed
 page: ``url``, ``title``, ``text`` (the main content) and ``fingerprint``.
-Pages whose ``<lastmod>`` did not move are not requested; an index's child
-sitemaps whose ``<lastmod>`` did not move are not read.
+Pages whose ``<lastmod>`` did not move are not requested (on a host whose
+lastmods are trusted; a small rotating sample of them is still checked);
+an index's child sitemaps whose ``<lastmod>`` did not move are not read.
+``-a recheck=all`` requests every known page, conditionally.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
 from scrapy.spiders import SitemapSpider
 from scrapy.utils.sitemap import Sitemap, sitemap_urls_from_robots
 
-from incremental_crawler import clock
+from incremental_crawler.change.schedule import Why
 from incremental_crawler.lists.sitemaps import decide
 from incremental_crawler.meta import META_SKIP
 from incremental_crawler.spiders.listed import (
@@ -90,16 +93,15 @@ class SitemapPagesSpider(ListedPagesSpider, SitemapSpider):
                 yield request
             return
         # An index's lastmod says when each child sitemap changed: a child
-        # that did not change is not read again.
-        max_age = self.ledger.config.max_age if self.ledger is not None else 0.0
-        now = clock.now()
+        # that did not change is not read again. Lists have no revisit
+        # schedule of their own: any other answer reads the child.
+        rules = replace(self.due_rules(), revisit=False)
         stored = await self.stored_states(candidates)
         for child, state in zip(candidates, stored, strict=True):
             if not any(rule.search(child.loc) for rule in self._follow):
                 continue
-            reason = decide(child, state, use_lastmod=self.use_lastmod,
-                            max_age=max_age, now=now)
-            if reason is None:
+            why = decide(child, state, use_lastmod=self.use_lastmod, rules=rules)
+            if why is Why.LASTMOD_UNCHANGED:
                 stats.inc_value("incremental/sitemap/child_unchanged")
                 self.lists_skipped = True
                 continue

@@ -48,6 +48,7 @@ from twisted.internet.defer import Deferred
 
 from incremental_crawler import clock
 from incremental_crawler.change.identity import ItemIdentity, serialize_item
+from incremental_crawler.change.policy import DueRules
 from incremental_crawler.change.revisit import failure_next_visit
 from incremental_crawler.change.schedule import ScheduleCounter
 from incremental_crawler.change.trust import HostTrustBook
@@ -202,6 +203,11 @@ class Ledger:
         #: States a list's batched lookup already read, for the page's
         #: request (saves the store a round trip per page); bounded.
         self._prefetched: dict[PageKey, PageState | None] = {}
+        #: Pages this crawl visited whose next visit, counted from the
+        #: crawl's start, is still within its due window (an interval not
+        #: longer than INCREMENTAL_DUE_TOLERANCE): due in the next crawl, not
+        #: again in this one (the re-seeder leaves them out).
+        self.visited_due: set[PageKey] = set()
         #: Page writes staged so far, and how many of them are committed
         #: (cluster mode releases a request only once its page is stored).
         self.staged = 0
@@ -290,6 +296,13 @@ class Ledger:
         if self.recheck_all:
             return float("inf")
         return self.crawl_started + self.config.due_tolerance
+
+    def due_rules(self) -> DueRules:
+        """This crawl's rules for whether a known page is requested."""
+        config = self.config
+        return DueRules(started=self.crawl_started, due_at=self.due_at,
+                        recheck_all=self.recheck_all, revisit=config.revisit_enabled,
+                        max_age=config.max_age, jitter=config.max_age_jitter)
 
     @property
     def recheck_all(self) -> bool:
@@ -643,6 +656,7 @@ class Ledger:
 
     def stage_page(self, state: PageState) -> None:
         self.store.stage_page(state)
+        self._note_visit(state.key, state.next_visit)
         self._after_stage()
 
     def stage_check(
@@ -650,7 +664,14 @@ class Ledger:
         schedule: tuple[float, float] | None = None,
     ) -> None:
         self.store.stage_check(key, status, clock.now(), lastmod=lastmod, schedule=schedule)
+        if schedule is not None:
+            self._note_visit(key, schedule[1])
         self._after_stage()
+
+    def _note_visit(self, key: PageKey, next_visit: float) -> None:
+        # Few pages: only those whose interval is within the tolerance.
+        if 0 < next_visit <= self.due_at:
+            self.visited_due.add(key)
 
     def stage_flags(self, key: PageKey, add: int) -> None:
         """OR *add* into the stored page's flags (a replayed request was dropped)."""

@@ -47,6 +47,10 @@ class PageFlags(IntFlag):
     #: could not be rebuilt: the next visit fetches it without conditions, so
     #: its callback runs and yields them again.
     LINKS_INCOMPLETE = 32
+    #: The lastmod stored with the page is a modification date (a sitemap
+    #: ``<lastmod>``, an Atom ``<updated>``): trusted, it vouches for our copy
+    #: while it does not move, also when the page is re-seeded.
+    LASTMOD_MODIFIED = 64
 
 
 @dataclass(slots=True)
@@ -130,3 +134,6 @@ class HostTrust:
     validators_consistent: int = 0
     #: Since when most of its pages' validators are unstable (0: they are not).
     validators_unstable_since: float = 0.0
+    #: Pages found changed behind a lastmod that did not move (the rotating
+    #: sample), since its lastmods were last trusted afresh.
+    stale_lastmods: int = 0

@@ -101,14 +101,35 @@ DUE = [
     ("lastmod, none stored", {"schedule": SCHEDULE}, {"lastmod": None}, {"lastmod": DAY}, True),
     ("max age passed", {"schedule": SCHEDULE, "max_age": 8 * DAY}, {}, {}, True),
     ("max age not passed", {"schedule": SCHEDULE, "max_age": 9 * DAY}, {}, {}, False),
+    # The jitter brings the refresh forward by up to its share, never later.
+    ("max age not passed, jitter", {"schedule": SCHEDULE, "max_age": 9 * DAY,
+                                    "max_age_jitter": 0.25}, {}, {}, True),
+    # A page whose last answer failed: retried on its schedule, data or not.
+    ("failed, not yet", {"schedule": SCHEDULE}, {"last_status": 503, "fingerprint": None},
+     {}, False),
+    ("failed, no revisits: by its own schedule", {}, {"last_status": 0}, {}, False),
+    ("failed, time has come", {}, {"last_status": 404, "next_visit": NOW}, {}, True),
+    ("failed, a newer lastmod waits", {"schedule": SCHEDULE}, {"last_status": 429},
+     {"lastmod": 2 * DAY}, False),
+    ("failed, explicit refresh", {"schedule": SCHEDULE}, {"last_status": 500},
+     {"refresh": True}, True),
 ]
+
+
+def test_due_is_judged_per_crawl_with_its_tolerance() -> None:
+    # Stored by yesterday's crawl, which started an hour earlier in the day:
+    # due today for the crawl's whole length, not only once it reaches that hour.
+    stored = page(next_visit=NOW + 3600)
+    scheduled = policy(schedule=SCHEDULE)
+    assert scheduled.due(stored, started=NOW, due_at=NOW + 3600)
+    assert not scheduled.due(stored, started=NOW, due_at=NOW + 3599)
 
 
 @pytest.mark.parametrize(("case", "settings", "prior", "request_", "due"), DUE,
                          ids=[row[0] for row in DUE])
 def test_due(case: str, settings: dict[str, Any], prior: dict[str, Any],
              request_: dict[str, Any], due: bool) -> None:
-    assert policy(**settings).due(page(**prior), now=NOW, **request_) is due
+    assert policy(**settings).due(page(**prior), started=NOW, due_at=NOW, **request_) is due
 
 
 # -- conditions on the request ------------------------------------------------
@@ -142,7 +163,8 @@ REASONS = [
 def test_request_reason(case: str, settings: dict[str, Any], prior: dict[str, Any] | None,
                         request_: dict[str, Any], reason: RequestReason) -> None:
     stored = None if prior is None else page(**prior)
-    assert policy(**settings).request_reason(stored, url=URL, now=NOW, **request_) is reason
+    assert policy(**settings).request_reason(stored, url=URL, now=NOW, started=NOW,
+                                             **request_) is reason
 
 
 # -- what a 304 means -----------------------------------------------------------
@@ -286,14 +308,15 @@ NEXT_VISITS = [
 def test_next_visit(case: str, schedule: RevisitSchedule | None, interval: float | None,
                     changed: bool, expected: tuple[float, float] | None) -> None:
     prior = None if interval is None else page(interval=interval)
-    assert policy(schedule=schedule).next_visit(prior, changed=changed, now=NOW) == expected
+    assert policy(schedule=schedule).next_visit(prior, changed=changed, started=NOW) == expected
 
 
 # -- the page's state after a 2xx ------------------------------------------------
 
 def test_a_new_page_is_stored_with_its_first_visit() -> None:
     got = policy(schedule=SCHEDULE).after_fetch(
-        None, fetch(vary_star=True, lastmod=DAY), changed=True, judgement=Judgement(), now=NOW)
+        None, fetch(vary_star=True, lastmod=DAY), changed=True, judgement=Judgement(), now=NOW,
+        started=NOW)
     assert got == PageState(
         KEY, '"v1"', LM1, "body1", 100, 200, first_seen=NOW, last_checked=NOW, last_fetched=NOW,
         last_changed=NOW, checks=1, changes=0, flags=PageFlags.VARY_STAR, lastmod=DAY,
@@ -334,7 +357,7 @@ def test_after_fetch(case: str, prior: dict[str, Any], response: dict[str, Any],
                      judgement: Judgement, expected: dict[str, Any]) -> None:
     stored = page(**prior)
     got = policy(schedule=SCHEDULE).after_fetch(stored, fetch(**response), changed=changed,
-                                                judgement=judgement, now=NOW)
+                                                judgement=judgement, now=NOW, started=NOW)
     visit = {"last_status": 200, "last_checked": NOW, "last_fetched": NOW, "checks": 4}
     schedule = {"next_visit": NOW + expected["interval"]}
     assert got == stored.copy(**{**visit, **expected, **schedule})
@@ -360,12 +383,12 @@ def test_a_changed_body_waits_for_its_items(case: str, content_changed: bool,
     assert rules.defers(prior, response)
     # Until the items tell, the state held is the body's own ("changed").
     pending = rules.after_fetch(prior, response, changed=True,
-                                judgement=rules.unjudged(prior), now=NOW)
+                                judgement=rules.unjudged(prior), now=NOW, started=NOW)
     assert (pending.fingerprint, pending.changes, pending.churns) == ("body2", 2, 0)
     judgement = rules.judge(prior, response, changed=content_changed)
     assert judgement.verdict is (Verdict.RELIABLE if content_changed else Verdict.UNSTABLE)
     final = rules.after_fetch(prior, response, changed=content_changed, judgement=judgement,
-                              now=NOW)
+                              now=NOW, started=NOW)
     # The new body is stored either way (the next visit compares with it).
     assert (final.etag, final.fingerprint) == ('"v2"', "body2")
     got = {name: getattr(final, name) for name in expected}
@@ -405,6 +428,6 @@ def test_from_config_reads_the_settings() -> None:
         "INCREMENTAL_MAX_AGE": 5, "INCREMENTAL_UNSTABLE_AFTER": 7,
         "INCREMENTAL_RECHECK_EVERY": 9, "INCREMENTAL_REVISIT_ENABLED": False}))
     assert ChangePolicy.from_config(config) == ChangePolicy(
-        max_age=5, unstable_after=7, recheck_every=9, schedule=None)
+        max_age=5, unstable_after=7, recheck_every=9, schedule=None, max_age_jitter=0.25)
     revisits = IncrementalConfig.from_settings(Settings({"INCREMENTAL_REVISIT_ENABLED": True}))
     assert ChangePolicy.from_config(revisits).schedule == RevisitSchedule.from_config(revisits)

@@ -74,7 +74,7 @@ def test_request_reason_with_unknown_links(prior: PageState | None, given: dict[
     given = dict(given)
     decide = policy(**given.pop("policy", {}))
     unknown = links_unknown(prior, replay=True)
-    assert decide.request_reason(prior, links_unknown=unknown, url=KEY.url, now=NOW,
+    assert decide.request_reason(prior, links_unknown=unknown, url=KEY.url, now=NOW, started=NOW,
                                  **given) is expected
 
 
@@ -89,7 +89,7 @@ DUE = {
 @pytest.mark.parametrize(("prior", "expected"), list(DUE.values()), ids=list(DUE))
 def test_unknown_links_override_the_revisit_schedule(prior: PageState, expected: bool) -> None:
     unknown = links_unknown(prior, replay=True)
-    assert policy().due(prior, links_unknown=unknown, now=NOW) is expected
+    assert policy().due(prior, links_unknown=unknown, started=NOW, due_at=NOW) is expected
 
 
 def test_replay_settings_are_read_and_checked() -> None:
@@ -109,5 +109,6 @@ def test_a_full_fetch_stores_the_pages_own_recipe(prior: PageState | None) -> No
     fetch = Fetch(KEY, '"v2"', None, "body2", 10, 200, callback="_callback", recipe=recipe)
     decide = policy()
     state = decide.after_fetch(prior, fetch, changed=True,
-                               judgement=decide.judge(prior, fetch, changed=True), now=NOW)
+                               judgement=decide.judge(prior, fetch, changed=True), now=NOW,
+                               started=NOW)
     assert (state.callback, state.recipe) == ("_callback", recipe)

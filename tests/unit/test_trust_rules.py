@@ -52,8 +52,9 @@ LASTMODS_EXPIRE = [
     # (case, before, after, change)
     ("trusted", {"checks": 3, "lies": 1}, {}, None),
     ("distrusted, not yet", {"distrusted_until": NOW + 1, "lies": 9}, {}, None),
-    ("time served", {"distrusted_until": NOW, "checks": 9, "lies": 6},
-     {"distrusted_until": 0.0, "checks": 0, "lies": 0}, HostChange(HostEvent.LASTMODS_FORGIVEN)),
+    ("time served", {"distrusted_until": NOW, "checks": 9, "lies": 6, "stale_lastmods": 3},
+     {"distrusted_until": 0.0, "checks": 0, "lies": 0, "stale_lastmods": 0},
+     HostChange(HostEvent.LASTMODS_FORGIVEN)),
 ]
 
 
@@ -88,6 +89,25 @@ LASTMOD_TESTED = [
 def test_lastmod_tested(case: str, before: dict[str, Any], lied: bool, after: dict[str, Any],
                         change: HostChange | None) -> None:
     check(lambda t: RULES.lastmod_tested(t, lied=lied, now=NOW), before, after, change)
+
+
+LASTMOD_STALE = [
+    # (case, before, after, change); RULES.stale_after is 3.
+    ("distrusted already: not counted", {"distrusted_until": NOW + 1}, {}, None),
+    ("a first finding", {}, {"stale_lastmods": 1}, COUNTED),
+    ("one short", {"stale_lastmods": 1}, {"stale_lastmods": 2}, COUNTED),
+    ("the third finding", {"stale_lastmods": 2},
+     {"stale_lastmods": 3, "distrusted_until": NOW + 1000},
+     HostChange(HostEvent.LASTMODS_DISTRUSTED,
+                "3 pages changed behind lastmods that did not move")),
+]
+
+
+@pytest.mark.parametrize(("case", "before", "after", "change"), LASTMOD_STALE,
+                         ids=[row[0] for row in LASTMOD_STALE])
+def test_lastmod_stale(case: str, before: dict[str, Any], after: dict[str, Any],
+                       change: HostChange | None) -> None:
+    check(lambda t: RULES.lastmod_stale(t, NOW), before, after, change)
 
 
 def test_distrust_lastmods_for_a_reason_given() -> None:

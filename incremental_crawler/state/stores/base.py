@@ -65,12 +65,16 @@ class StateStore(ABC):
         """
 
     @abstractmethod
-    async def get_due(self, scope: str, now: float, limit: int) -> list[PageState]:
-        """Up to *limit* pages of *scope* whose next visit is due, most overdue first.
+    async def get_due(self, scope: str, now: float, limit: int,
+                      offset: int = 0) -> list[PageState]:
+        """Up to *limit* pages of *scope* whose next visit is not after *now*.
 
         Only pages with a callback (they can be requested again): fetched
         ones, and failed ones recorded without a fingerprint
-        (:meth:`stage_failure`).
+        (:meth:`stage_failure`). Most overdue first, in a total order (ties
+        by URL), so that reading with *offset* 0, *limit*, 2 * *limit*...
+        pages through them while the store does not change. *now* may be
+        infinite (every page).
         """
 
     @abstractmethod

@@ -585,11 +585,14 @@ class RedisStateStore(StateStore):
         raw = await self._call("HGET", self._key("links", key.scope), _page_field(key))
         return None if raw is None else raw.decode()
 
-    async def get_due(self, scope: str, now: float, limit: int) -> list[PageState]:
+    async def get_due(self, scope: str, now: float, limit: int,
+                      offset: int = 0) -> list[PageState]:
         if limit <= 0:
             return []
+        # Members of one score are in lexical order: a total order to page through.
+        upto = "+inf" if now == float("inf") else int(now)
         page_fields = await self._call(
-            "ZRANGE", self._key("due", scope), "-inf", int(now), "BYSCORE", "LIMIT", 0, limit
+            "ZRANGE", self._key("due", scope), "-inf", upto, "BYSCORE", "LIMIT", offset, limit
         )
         if not page_fields:
             return []

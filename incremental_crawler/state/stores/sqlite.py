@@ -127,6 +127,10 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE pages ADD COLUMN failures INTEGER NOT NULL DEFAULT 0;
     """,
+    # 10: pages found changed behind a sitemap lastmod that did not move.
+    """
+    ALTER TABLE hosts ADD COLUMN stale_lastmods INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: URLs per batched lookup (SQLite allows 32,766 host parameters).
@@ -398,16 +402,19 @@ class SQLiteStateStore(StateStore):
             raise self._fail("read failed", exc) from exc
         return None if row is None else row[0]
 
-    async def get_due(self, scope: str, now: float, limit: int) -> list[PageState]:
+    async def get_due(self, scope: str, now: float, limit: int,
+                      offset: int = 0) -> list[PageState]:
         # Once per crawl, so a scan of the scope (no index on next_visit:
-        # it would cost every write and ~50 bytes per page) with a top-N sort.
+        # it would cost every write and ~50 bytes per page) with a top-N
+        # sort; url and variant make the order total, so pages follow on.
         query = (
             f"SELECT url, variant, {_PAGE_COLUMNS} FROM pages WHERE scope = ? "  # noqa: S608 (constant SQL)
             "AND next_visit <= ? AND callback IS NOT NULL "
-            "ORDER BY next_visit LIMIT ?"
+            "ORDER BY next_visit, url, variant LIMIT ? OFFSET ?"
         )
+        due_at = min(now, 2**62)  # an infinite due_at (recheck all): every page
         try:
-            rows = self._db.execute(query, (scope, int(now), limit)).fetchall()
+            rows = self._db.execute(query, (scope, int(due_at), limit, offset)).fetchall()
         except sqlite3.DatabaseError as exc:
             raise self._fail("read failed", exc) from exc
         return [PageState(PageKey(scope, url, variant), *columns)
@@ -423,7 +430,7 @@ class SQLiteStateStore(StateStore):
         row = self._db.execute(
             "SELECT lastmod_checks, lastmod_lies, distrusted_until, "
             "validators_distrusted_until, validators_consistent, "
-            "validators_unstable_since FROM hosts "
+            "validators_unstable_since, stale_lastmods FROM hosts "
             "WHERE scope = ? AND host = ?", (scope, host),
         ).fetchone()
         return None if row is None else HostTrust(scope, host, *row)
@@ -433,10 +440,10 @@ class SQLiteStateStore(StateStore):
         self._ops.append((
             ("INSERT OR REPLACE INTO hosts (scope, host, lastmod_checks, lastmod_lies, "
              "distrusted_until, validators_distrusted_until, validators_consistent, "
-             "validators_unstable_since) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
+             "validators_unstable_since, stale_lastmods) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"),
             (trust.scope, trust.host, trust.checks, trust.lies, int(trust.distrusted_until),
              int(trust.validators_distrusted_until), trust.validators_consistent,
-             int(trust.validators_unstable_since)),
+             int(trust.validators_unstable_since), trust.stale_lastmods),
         ))
 
     async def get_item_fingerprint(self, scope: str, item_key: str) -> str | None:

@@ -1,0 +1,263 @@
+"""Which known pages a crawl requests, on real crawls days apart.
+
+The clock of the crawls (``incremental_crawler.clock.now``) is moved; the
+site keeps its own. What the server saw decides: which pages were
+requested, with which conditions.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import pytest_twisted
+
+from incremental_crawler import clock
+from incremental_crawler.spiders.feed import FeedPagesSpider
+from incremental_crawler.spiders.sitemap import SitemapPagesSpider
+from incremental_crawler.state.records import PageFlags
+from tests.spiders import ListSpider
+from tests.test_lastmod import urlset
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+DAY = 86400.0
+#: Revisits as in production: a new page is due again a day later.
+REVISITS: dict[str, Any] = {"INCREMENTAL_REVISIT_ENABLED": True}
+
+
+def at(monkeypatch: pytest.MonkeyPatch, now: Callable[[], float]) -> None:
+    monkeypatch.setattr(clock, "now", now)
+
+
+def later(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """The next crawls run *seconds* from now (the site's clock stays)."""
+    at(monkeypatch, lambda: time.time() + seconds)
+
+
+def page_requests(site, prefix: str = "/p/") -> list[str]:
+    return sorted(r.path for r in site.log if r.path.startswith(prefix))
+
+
+def add_pages(site, n: int, kinds: tuple[str, ...] = ("strong", "weak", "lastmod")) -> list[str]:
+    paths = [f"/p/{i:04d}" for i in range(n)]
+    for i, path in enumerate(paths):
+        site.add_page(path, kinds[i % len(kinds)], size=1500)
+    return paths
+
+
+@pytest_twisted.ensureDeferred
+async def test_honest_lastmods_two_days_later_request_only_the_changed_pages_and_the_sample(
+    site, crawl, monkeypatch
+):
+    n = 40
+    add_pages(site, n)
+    sitemap = site.url("/robots.txt")  # an index of two sitemaps
+    await crawl(SitemapPagesSpider, settings=REVISITS, sitemap_url=sitemap)
+    changed = site.change_fraction(0.05, seed=3)
+    later(monkeypatch, 2 * DAY)  # every revisit is due: the lastmods decide
+    site.reset_log()
+    second = await crawl(SitemapPagesSpider, settings=REVISITS, sitemap_url=sitemap)
+
+    stats = second.stats
+    # One sampled page per sitemap (1% of 18 or 20 skipped, at least one).
+    sampled = [r for r in site.log if r.path.startswith("/p/") and r.path not in changed]
+    assert len(sampled) == 2
+    assert all(r.status == 304 and (r.if_none_match or r.if_modified_since) for r in sampled)
+    assert page_requests(site) == sorted([*changed, *(r.path for r in sampled)])
+    assert sorted(i["url"] for i in second.collected) == [site.url(p) for p in changed]
+    assert stats.get_value("incremental/schedule/requested/lastmod_newer") == len(changed)
+    assert stats.get_value("incremental/schedule/requested/sampled") == 2
+    assert stats.get_value("incremental/schedule/skipped/lastmod_unchanged") == n - 4
+    assert stats.get_value("incremental/schedule/requested/due") is None
+    # The sampled pages answered 304: no finding against the host.
+    assert stats.get_value("incremental/lastmod/stale") is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_daily_job_finds_due_every_page_fetched_late_the_day_before(
+    site, crawl, monkeypatch, state_db
+):
+    paths = add_pages(site, 12)
+    urls = [site.url(p) for p in paths]
+    settings = {**REVISITS, "CONCURRENT_REQUESTS": 2}
+    site.slow("/p/", 0.15)
+    # Crawl 1 starts at T and its clock runs fast (a real second is two
+    # hours): its last pages are fetched hours after its start.
+    t0, start = time.time(), 1_900_000_000.0
+    at(monkeypatch, lambda: start + (time.time() - t0) * 7200)
+    await crawl(ListSpider, settings=settings, urls=urls)
+    rows = state_db("SELECT last_checked, next_visit FROM pages")
+    checked = [row[0] for row in rows]
+    assert max(checked) - min(checked) >= 3600, "the pages were not fetched over hours"
+    # Every next visit is a day after the crawl's start, not after the visit.
+    assert len({row[1] for row in rows}) == 1
+    first_start = rows[0][1] - DAY
+
+    # Crawl 2 runs a day later, five minutes earlier in the day.
+    at(monkeypatch, lambda: first_start + DAY - 300)
+    site.reset_log()
+    strict = await crawl(ListSpider, settings={**settings, "INCREMENTAL_DUE_TOLERANCE": 0},
+                         urls=urls)
+    # Without the tolerance nothing is due yet...
+    assert page_requests(site) == []
+    assert strict.stats.get_value("incremental/not_due") == len(paths)
+    site.reset_log()
+    second = await crawl(ListSpider, settings=settings, urls=urls)
+    # ...with it, every page is, however late it was fetched.
+    assert page_requests(site) == paths
+    assert all(r.status == 304 for r in site.log if r.path.startswith("/p/"))
+    assert second.stats.get_value("incremental/not_due") is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_use_lastmod_false_a_minute_later_requests_no_page(site, crawl, monkeypatch):
+    n = 30
+    add_pages(site, n)
+    sitemap = site.url("/robots.txt")
+    await crawl(SitemapPagesSpider, settings=REVISITS, sitemap_url=sitemap)
+    later(monkeypatch, 60)
+    site.reset_log()
+    second = await crawl(SitemapPagesSpider, settings=REVISITS, sitemap_url=sitemap,
+                         use_lastmod="false")
+    stats = second.stats
+    # The lists are read (their lastmods are not used), their pages are not due.
+    assert page_requests(site) == []
+    assert site.requests_for("/sitemap-1.xml") and site.requests_for("/sitemap-2.xml.gz")
+    assert stats.get_value("downloader/exception_count") is None
+    assert stats.get_value("incremental/schedule/not_due") == n
+    assert stats.get_value("incremental/schedule/first_due") > time.time() + DAY - 3600
+    assert stats.get_value("incremental/schedule/skipped/lastmod_unchanged") is None
+
+
+def fixed_sitemap(site, paths: list[str], *, etag: str | None = None,
+                  undated: tuple[str, ...] = ()) -> None:
+    """A sitemap whose dates never move, whatever the pages do."""
+    entries = [(site.url(p), None if p in undated else "2024-01-01") for p in paths]
+    site.add_document("/s.xml", urlset(entries), "application/xml", etag=etag)
+
+
+@pytest_twisted.ensureDeferred
+async def test_stale_lastmods_are_found_by_the_sample_and_distrust_the_host(
+    site, crawl, monkeypatch, state_db
+):
+    paths = add_pages(site, 4, kinds=("strong",))
+    fixed_sitemap(site, paths)
+    # Half the skipped pages sampled (2 of 4), distrusted after 2 findings.
+    settings = {**REVISITS, "INCREMENTAL_LASTMOD_RECHECK_SHARE": 0.5,
+                "INCREMENTAL_LASTMOD_STALE_AFTER": 2}
+    sitemap = site.url("/s.xml")
+    await crawl(SitemapPagesSpider, settings=settings, sitemap_url=sitemap)
+    for path in paths:
+        site.change(path)  # behind lastmods that do not move
+    later(monkeypatch, 2 * DAY)
+    site.reset_log()
+    second = await crawl(SitemapPagesSpider, settings=settings, sitemap_url=sitemap)
+    sampled = page_requests(site)
+    assert len(sampled) == 2
+    assert sorted(i["url"] for i in second.collected) == [site.url(p) for p in sampled]
+    assert second.stats.get_value("incremental/schedule/requested/sampled") == 2
+    assert second.stats.get_value("incremental/lastmod/stale") == 2
+    assert second.stats.get_value("incremental/lastmod/hosts_distrusted") == 1
+    [(until, stale)] = state_db("SELECT distrusted_until, stale_lastmods FROM hosts")
+    assert until > time.time() + 2 * DAY and stale == 2
+
+    # Distrusted: the pages fall back to their revisit schedules. The two
+    # found changed (due again 0.8 day after) are not due half a day later;
+    # the two skipped (due a day after crawl 1) are, and are fetched.
+    later(monkeypatch, 2.5 * DAY)
+    site.reset_log()
+    third = await crawl(SitemapPagesSpider, settings=settings, sitemap_url=sitemap)
+    assert third.stats.get_value("incremental/lastmod/distrusted_sitemaps") == 1
+    unsampled = sorted(set(paths) - set(sampled))
+    assert page_requests(site) == unsampled
+    assert sorted(i["url"] for i in third.collected) == [site.url(p) for p in unsampled]
+    assert third.stats.get_value("incremental/schedule/requested/due") == 2
+    assert third.stats.get_value("incremental/schedule/not_due") == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_sitemap_answering_304_reseeds_only_what_its_lastmods_do_not_vouch_for(
+    site, crawl, monkeypatch, state_db
+):
+    paths = add_pages(site, 6, kinds=("strong",))
+    fixed_sitemap(site, paths, etag='"s-1"', undated=("/p/0005",))
+    sitemap = site.url("/s.xml")
+    await crawl(SitemapPagesSpider, settings=REVISITS, sitemap_url=sitemap)
+    flags = dict(state_db("SELECT url, flags FROM pages WHERE url LIKE '%/p/%'"))
+    assert [bool(flags[site.url(p)] & PageFlags.LASTMOD_MODIFIED) for p in paths] == [
+        True] * 5 + [False]
+    later(monkeypatch, 2 * DAY)  # every page is due by its revisit schedule
+    site.reset_log()
+    second = await crawl(SitemapPagesSpider, settings=REVISITS, sitemap_url=sitemap)
+    assert [(r.path, r.status) for r in site.log if r.path == "/s.xml"] == [("/s.xml", 304)]
+    requested = [r for r in site.log if r.path.startswith("/p/")]
+    # The undated page, by its schedule, and one vouched page: the sample.
+    assert len(requested) == 2 and "/p/0005" in {r.path for r in requested}
+    assert all(r.status == 304 and r.if_none_match for r in requested)
+    stats = second.stats
+    assert stats.get_value("incremental/reseeded") == 2
+    assert stats.get_value("incremental/schedule/requested/due") == 1
+    assert stats.get_value("incremental/schedule/requested/sampled") == 1
+    assert stats.get_value("incremental/schedule/skipped/lastmod_unchanged") == 4
+
+
+def rss(site, dates: dict[str, str]) -> str:
+    rows = "".join(f"<item><title>{p}</title><link>{site.url(p)}</link>"
+                   f"<pubDate>{date}</pubDate></item>" for p, date in dates.items())
+    return (f'<?xml version="1.0"?><rss version="2.0"><channel><title>t</title>{rows}'
+            "</channel></rss>")
+
+
+def atom(site, dates: dict[str, str]) -> str:
+    rows = "".join(f'<entry><title>{p}</title><link rel="alternate" href="{site.url(p)}"/>'
+                   f"<updated>{date}</updated></entry>" for p, date in dates.items())
+    return ('<?xml version="1.0"?><feed xmlns="http://www.w3.org/2005/Atom"><title>t</title>'
+            f"{rows}</feed>")
+
+
+@pytest.mark.parametrize(("kind", "requested"), [("rss", True), ("atom", False)])
+@pytest_twisted.ensureDeferred
+async def test_an_unmoved_feed_date_vouches_only_when_it_is_a_modification_date(
+    site, crawl, monkeypatch, kind, requested
+):
+    paths = add_pages(site, 3, kinds=("strong",))
+    dates = dict.fromkeys(paths, "Mon, 01 Jan 2024 10:00:00 GMT" if kind == "rss"
+                          else "2024-01-01T10:00:00Z")
+    site.add_document("/feed", (rss if kind == "rss" else atom)(site, dates),
+                      "application/xml")
+    settings = {**REVISITS, "INCREMENTAL_LASTMOD_RECHECK_SHARE": 0}
+    await crawl(FeedPagesSpider, settings=settings, feed_url=site.url("/feed"))
+    later(monkeypatch, 2 * DAY)  # every revisit is due
+    site.reset_log()
+    second = await crawl(FeedPagesSpider, settings=settings, feed_url=site.url("/feed"))
+    stats = second.stats
+    if requested:
+        # A pubDate says when the item was published: the revisit decides.
+        assert page_requests(site) == paths
+        assert all(r.status == 304 for r in site.log if r.path.startswith("/p/"))
+        assert stats.get_value("incremental/schedule/requested/due") == 3
+    else:
+        # An Atom <updated> that did not move vouches for our copy.
+        assert page_requests(site) == []
+        assert stats.get_value("incremental/schedule/skipped/lastmod_unchanged") == 3
+
+
+@pytest_twisted.ensureDeferred
+async def test_recheck_all_requests_every_known_page_with_its_conditions(
+    site, crawl, monkeypatch
+):
+    paths = add_pages(site, 10, kinds=("strong", "lastmod"))
+    sitemap = site.url("/robots.txt")
+    await crawl(SitemapPagesSpider, settings=REVISITS, sitemap_url=sitemap)
+    later(monkeypatch, 60)  # nothing is due, no lastmod moved
+    site.reset_log()
+    second = await crawl(SitemapPagesSpider, settings=REVISITS, sitemap_url=sitemap,
+                         recheck="all")
+    assert page_requests(site) == paths
+    pages = [r for r in site.log if r.path.startswith("/p/")]
+    assert all(r.status == 304 for r in pages)
+    assert all(r.if_none_match or r.if_modified_since for r in pages)
+    assert second.stats.get_value("incremental/schedule/requested/recheck") == len(paths)
