@@ -103,13 +103,13 @@ async def test_a_daily_job_finds_due_every_page_fetched_late_the_day_before(
                          urls=urls)
     # Without the tolerance nothing is due yet...
     assert page_requests(site) == []
-    assert strict.stats.get_value("incremental/not_due") == len(paths)
+    assert strict.stats.get_value("incremental/schedule/not_due") == len(paths)
     site.reset_log()
     second = await crawl(ListSpider, settings=settings, urls=urls)
     # ...with it, every page is, however late it was fetched.
     assert page_requests(site) == paths
     assert all(r.status == 304 for r in site.log if r.path.startswith("/p/"))
-    assert second.stats.get_value("incremental/not_due") is None
+    assert second.stats.get_value("incremental/schedule/not_due") is None
 
 
 @pytest_twisted.ensureDeferred
