@@ -50,6 +50,18 @@ class ErrbackFollowSpider(FollowSpider):
         self.failures.append(failure)
 
 
+class MetaCopyingFollowSpider(FollowSpider):
+    """The follow spider, passing each response's meta on to its links (a
+    common way to carry data from page to page)."""
+
+    name = "follow_meta"
+
+    def parse(self, response: Response) -> Iterator[Any]:
+        yield {"url": response.url, "title": response.css("title::text").get()}
+        for href in response.css("nav a::attr(href)").getall():
+            yield response.follow(href, callback=self.parse, meta=dict(response.meta))
+
+
 def pages_asked(site: Any) -> list[tuple[str, int]]:
     return sorted((r.path, r.status) for r in site.log if r.path != "/robots.txt")
 
@@ -188,3 +200,23 @@ async def test_the_sitemap_spider_s_not_due_pages_are_dropped(site, crawl, monke
     stats = second.stats
     assert stats.get_value("downloader/exception_count") is None
     assert stats.get_value("incremental/schedule/not_due") == len(paths)
+
+
+@pytest_twisted.ensureDeferred
+async def test_meta_copied_from_a_decided_request_does_not_make_another_page_due(
+    site, crawl, state_db, monkeypatch
+):
+    # The start page's request was decided (new) and marked so; its links,
+    # carrying a copy of its meta, are other pages: each is decided on its
+    # own state, so the ones not due are still dropped.
+    paths = make_pages(site, 12)
+    start = paths[0]
+    await crawl(MetaCopyingFollowSpider, settings=NO_REPLAY, start_url=site.url(start))
+    state_db("DELETE FROM pages WHERE url = ?", site.url(start))
+    site.reset_log()
+    later(monkeypatch, MINUTE)
+    second = await crawl(MetaCopyingFollowSpider, settings=NO_REPLAY,
+                         start_url=site.url(start))
+    assert pages_asked(site) == [(start, 200)]
+    dropped = set(nav_links(site, start)) - {start}
+    assert second.stats.get_value("incremental/schedule/not_due") == len(dropped)
