@@ -23,6 +23,7 @@ from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.ledger import Ledger
 from incremental_crawler.state.records import PageKey, PageState
 from incremental_crawler.state.stores import open_store
+from tests.test_lastmod import urlset
 
 DAY = 86_400.0
 MINUTE = 60.0
@@ -247,3 +248,42 @@ async def test_a_page_whose_callback_raised_is_due_though_its_sitemap_answers_30
     [again] = site.requests_for(GOOD[0])
     assert (again.status, again.if_none_match) == (200, old.etag)
     assert all(gets(site, path) == [] for path in GOOD[1:])
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_withheld_change_is_asked_again_behind_a_304_sitemap(
+    site, crawl, state_uri, monkeypatch
+):
+    # The page changed and its sitemap lastmod moved; its callback failed,
+    # so its state kept the old lastmod and its 2xx status. The sitemap was
+    # saved (the failure was recorded): a 304 to it next time must not let
+    # the old lastmod vouch for the page.
+    paths = [f"/w/{i}" for i in range(4)]
+    for path in paths:
+        site.add_page(path, "strong", size=1500)
+    lastmods = dict.fromkeys(paths, "2024-01-01")
+
+    def serve(etag: str) -> None:
+        site.add_document("/sitemap.xml", urlset([(site.url(p), lastmods[p]) for p in paths]),
+                          "application/xml", etag=etag)
+
+    async def run(offset: float, broken: tuple[str, ...] = ()) -> Any:
+        site.reset_log()
+        at(monkeypatch, offset)
+        return await crawl(RaisingSitemapSpider, settings=SETTINGS,
+                           sitemap_url=site.url("/sitemap.xml"), broken=broken)
+
+    serve('"sm-1"')
+    await run(0)
+    site.change(paths[0])
+    lastmods[paths[0]] = "2024-02-01"
+    serve('"sm-2"')
+    second = await run(2 * DAY, (paths[0],))
+    assert gets(site, paths[0]) == [200]
+    assert second.stats.get_value("incremental/state_withheld") == 1
+    assert (await stored(state_uri, site, "/sitemap.xml")).etag == '"sm-2"'
+
+    third = await run(2 * DAY + MINUTE)
+    assert gets(site, "/sitemap.xml") == [304]
+    assert gets(site, paths[0]) == [200]
+    assert third.stats.get_value("incremental/schedule/requested/retry") == 1

@@ -220,3 +220,23 @@ async def test_meta_copied_from_a_decided_request_does_not_make_another_page_due
     assert pages_asked(site) == [(start, 200)]
     dropped = set(nav_links(site, start)) - {start}
     assert second.stats.get_value("incremental/schedule/not_due") == len(dropped)
+
+
+@pytest_twisted.ensureDeferred
+async def test_meta_copied_from_a_redirected_response_does_not_make_links_due(
+    site, crawl, state_db, monkeypatch
+):
+    # The start URL redirects to the start page: the response's meta has
+    # the redirect's history, and the links copy it along with the why.
+    paths = make_pages(site, 12)
+    start = paths[0]
+    site.add_redirect("/entry", start)
+    await crawl(MetaCopyingFollowSpider, settings=NO_REPLAY, start_url=site.url("/entry"))
+    state_db("DELETE FROM pages WHERE url = ?", site.url(start))
+    site.reset_log()
+    later(monkeypatch, MINUTE)
+    second = await crawl(MetaCopyingFollowSpider, settings=NO_REPLAY,
+                         start_url=site.url("/entry"))
+    assert [path for path, _ in pages_asked(site)] == ["/entry", start]
+    dropped = set(nav_links(site, start)) - {start}
+    assert second.stats.get_value("incremental/schedule/not_due") == len(dropped)

@@ -261,3 +261,38 @@ async def test_recheck_all_requests_every_known_page_with_its_conditions(
     assert all(r.status == 304 for r in pages)
     assert all(r.if_none_match or r.if_modified_since for r in pages)
     assert second.stats.get_value("incremental/schedule/requested/recheck") == len(paths)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_page_fetched_through_the_reseeder_keeps_its_lastmod_vouching(
+    site, crawl, state_uri, monkeypatch
+):
+    # Every page changed behind its unmoved lastmod; the sitemap answers
+    # 304, so the sample comes through the re-seeder, rebuilt from the
+    # page's recipe. Fetched in full, the page must stay marked as carrying
+    # a modification date, or the next 304 crawl would stop vouching for it.
+    from tests.test_failures import SETTINGS, gets, stored
+    from tests.test_failures import at as shift
+
+    paths = [f"/v/{i}" for i in range(6)]
+    for path in paths:
+        site.add_page(path, "strong", size=1500)
+    site.add_document("/sitemap.xml", urlset([(site.url(p), "2024-01-01") for p in paths]),
+                      "application/xml", etag='"sm-1"')
+
+    async def run(offset: float) -> Any:
+        site.reset_log()
+        shift(monkeypatch, offset)
+        return await crawl(SitemapPagesSpider, settings=SETTINGS,
+                           sitemap_url=site.url("/sitemap.xml"))
+
+    await run(0)
+    for path in paths:
+        site.change(path)
+    second = await run(2 * DAY)
+    assert gets(site, "/sitemap.xml") == [304]
+    sampled = [p for p in paths if gets(site, p) == [200]]
+    assert sampled and second.stats.get_value("incremental/schedule/requested/sampled") == len(
+        sampled)
+    for path in paths:
+        assert (await stored(state_uri, site, path)).flags & PageFlags.LASTMOD_MODIFIED, path

@@ -169,6 +169,8 @@ class ConditionalRequestMiddleware:
         # Counted here unless whoever made the request decided (and counted)
         # it; sitemaps and feeds are not pages.
         why = decided(request)
+        if why is not None:
+            mark(request, why)  # confirmed at this URL: a redirect from here keeps it
         counts = why is None and not request.meta.get(META_DISCOVERY)
         if prior is not None and not self.rule.due(request, prior, links_unknown=unknown,
                                                    ledger=self.ledger):

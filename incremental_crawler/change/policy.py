@@ -256,25 +256,25 @@ def max_age_due(url: str, last_fetched: float, *, max_age: float, jitter: float,
     return started - last_fetched > max_age * (1 - jitter * url_phase(url))
 
 
-#: Answers after which a page is asked again on its failure schedule: no
-#: HTTP answer (0), server errors, rate limits, refusals, and gone pages.
-_FAILED = frozenset({0, 401, 403, 404, 410, 429})
-
-
 def failed_last(state: PageState) -> bool:
-    """Whether the page's last answer was a failure (0, 5xx, 429, 401, 403) or a 404/410.
+    """Whether the page's last visit ended without its content: a failure
+    (no answer, 5xx, 429, 401, 403, a truncated body), a 404/410, or a page
+    whose callback or items failed (its record kept the old status).
 
-    Such a page may have no data (a listed page that never answered 2xx):
-    it is not new, it is retried when its next visit is due.
+    Every such outcome is recorded with ``failures`` counted up, and every
+    2xx or 304 taken sets it back to 0, so the counter, not the status,
+    tells. Such a page may have no data (a listed page that never answered
+    2xx): it is not new, it is retried when its next visit is due, and no
+    lastmod vouches for it.
     """
-    status = state.last_status
-    return status is not None and (status in _FAILED or 500 <= status < 600)
+    return state.failures > 0
 
 
 def answered(state: PageState) -> bool:
-    """Whether the page's last answer was a 2xx or a 304: our copy is the page."""
+    """Whether the page's last answer was a 2xx or a 304 taken: our copy is the page."""
     status = state.last_status
-    return status is not None and (200 <= status < 300 or status == 304)
+    return (status is not None and (200 <= status < 300 or status == 304)
+            and not failed_last(state))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

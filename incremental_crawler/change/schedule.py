@@ -58,16 +58,21 @@ def mark(request: Request, why: Why) -> None:
 def decided(request: Request) -> Why | None:
     """The why *request*'s page was decided as this crawl, or ``None``.
 
-    Its retries and re-fetches (same URL) and the requests of its redirects
-    (their first URL) keep it; a request for another page that copied its
-    meta does not.
+    Its retries and re-fetches (same URL) keep it, and so does the request
+    of each redirect it follows (its previous hop is the URL the why was
+    last confirmed for: the conditional middleware marks every request it
+    lets out again, at its own URL). A request for another page that copied
+    its meta (``meta=response.meta``, redirects included) does not.
     """
     meta = request.meta
     why = meta.get(META_WHY)
     if why is None:
         return None
-    origin = (meta.get("redirect_urls") or (request.url,))[0]
-    return Why(why) if meta.get(META_WHY_URL) == origin else None
+    seen = meta.get(META_WHY_URL)
+    hops = meta.get("redirect_urls")
+    if seen == request.url or (hops and hops[-1] == seen):
+        return Why(why)
+    return None
 
 
 class Why(StrEnum):

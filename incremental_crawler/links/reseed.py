@@ -58,11 +58,11 @@ from scrapy.exceptions import DontCloseSpider, NotConfigured
 from incremental_crawler import clock
 from incremental_crawler.change.policy import DueRules, schedule_why
 from incremental_crawler.change.sample import RotatingSample
-from incremental_crawler.change.schedule import ScheduleCounter, Why, mark
+from incremental_crawler.change.schedule import META_LASTMOD_MODIFIED, ScheduleCounter, Why, mark
 from incremental_crawler.cluster.coordinator import ClusterCoordinator
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.links.recipes import Unbuildable, page_request
-from incremental_crawler.meta import META_SKIP, META_VARIANT
+from incremental_crawler.meta import META_LASTMOD, META_SKIP, META_VARIANT
 from incremental_crawler.state.ledger import Ledger
 from incremental_crawler.state.records import PageFlags
 
@@ -209,6 +209,11 @@ class Reseeder:
         meta: dict[str, Any] = dict(request.meta)
         if state.key.variant:
             meta[META_VARIANT] = state.key.variant
+        if state.flags & PageFlags.LASTMOD_MODIFIED and meta.get(META_LASTMOD) is not None:
+            # The recipe keeps the lastmod but not our own (underscored)
+            # meta: without this, the fetch would record the date as a
+            # publication date and the page would lose its vouching.
+            meta[META_LASTMOD_MODIFIED] = True
         changed = CHANGE_PRIORITY * state.changes // max(state.checks, 1)
         # Never dont_filter (a start URL's): a page this crawl requested
         # already is not requested again.

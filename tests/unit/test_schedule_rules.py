@@ -74,15 +74,19 @@ def test_the_phase_is_stable_and_of_the_path_and_query_only() -> None:
 
 
 FAILED = [
-    (None, False), (200, False), (304, False), (301, False), (0, True), (500, True),
-    (503, True), (599, True), (429, True), (401, True), (403, True), (404, True), (410, True),
-    (400, False),
+    # (last status, failures in a row, failed)
+    (None, 0, False), (200, 0, False), (304, 0, False), (301, 0, False),
+    (0, 1, True), (500, 1, True), (503, 2, True), (429, 1, True), (401, 1, True),
+    (403, 1, True), (404, 1, True), (410, 1, True), (408, 1, True),
+    # A page whose callback or items failed keeps its last (2xx) status.
+    (200, 1, True), (206, 1, True),
 ]
 
 
-@pytest.mark.parametrize(("status", "failed"), FAILED, ids=[str(s) for s, _ in FAILED])
-def test_failed_last(status: int | None, failed: bool) -> None:
-    assert failed_last(stored(last_status=status)) is failed
+@pytest.mark.parametrize(("status", "failures", "failed"), FAILED,
+                         ids=[f"{s}x{n}" for s, n, _ in FAILED])
+def test_failed_last(status: int | None, failures: int, failed: bool) -> None:
+    assert failed_last(stored(last_status=status, failures=failures)) is failed
 
 
 # -- what a list's entry asks for ---------------------------------------------------
@@ -93,11 +97,16 @@ DECIDE = [
     ("never stored", None, SAME, True, True, {}, Why.NEW),
     ("stored without data", {"fingerprint": None, "last_status": 200}, SAME, True, True, {},
      Why.NEW),
-    ("failed, no data, not due", {"fingerprint": None, "last_status": 503}, NEW_DATE, True,
-     True, {}, Why.NOT_DUE),
-    ("failed, due", {"last_status": 0, "next_visit": START}, SAME, True, True, {}, Why.RETRY),
-    ("404, due within the tolerance", {"last_status": 404, "next_visit": START + 3600}, None,
-     True, True, {}, Why.RETRY),
+    ("failed, no data, not due", {"fingerprint": None, "last_status": 503, "failures": 1},
+     NEW_DATE, True, True, {}, Why.NOT_DUE),
+    ("failed, due", {"last_status": 0, "failures": 1, "next_visit": START}, SAME, True, True,
+     {}, Why.RETRY),
+    ("404, due within the tolerance",
+     {"last_status": 404, "failures": 1, "next_visit": START + 3600}, None, True, True, {},
+     Why.RETRY),
+    ("withheld (callback failed), unmoved modification date: no vouching",
+     {"last_status": 200, "failures": 1, "next_visit": START}, SAME, True, True, {},
+     Why.RETRY),
     ("recheck all", {}, SAME, True, True, {"recheck_all": True, "due_at": math.inf},
      Why.RECHECK),
     ("max age", {"last_fetched": START - 31 * DAY}, SAME, True, True, {}, Why.MAX_AGE),
