@@ -296,3 +296,47 @@ async def test_a_page_fetched_through_the_reseeder_keeps_its_lastmod_vouching(
         sampled)
     for path in paths:
         assert (await stored(state_uri, site, path)).flags & PageFlags.LASTMOD_MODIFIED, path
+
+
+@pytest.mark.parametrize("state_uri", ["sqlite", "redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_minute_later_every_known_page_is_accounted_for(
+    site, crawl, state_uri, monkeypatch, caplog
+):
+    # The sitemap answers 304: no list names a page, none is due. The
+    # re-seeder counts them from the store, so the report says what
+    # happened to every known page and when the first falls due.
+    import logging
+
+    from tests.test_failures import SETTINGS, gets, stored
+    from tests.test_failures import at as shift
+
+    paths = [f"/m/{i}" for i in range(8)]
+    for path in paths:
+        site.add_page(path, "strong", size=1500)
+    site.add_document("/sitemap.xml", urlset([(site.url(p), "2024-01-01") for p in paths]),
+                      "application/xml", etag='"sm-1"')
+
+    async def run(offset: float) -> Any:
+        site.reset_log()
+        shift(monkeypatch, offset)
+        return await crawl(SitemapPagesSpider, settings=SETTINGS,
+                           sitemap_url=site.url("/sitemap.xml"))
+
+    await run(0)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        second = await run(60)
+    assert [r.path for r in site.log if r.path != "/robots.txt"] == ["/sitemap.xml"]
+    assert gets(site, "/sitemap.xml") == [304]
+    states = [await stored(state_uri, site, p) for p in paths]
+    stats = second.stats
+    assert stats.get_value("incremental/schedule/not_due") == len(paths)
+    assert stats.get_value("incremental/schedule/bytes_skipped") == sum(s.size for s in states)
+    first_due = min(s.next_visit for s in states)
+    assert stats.get_value("incremental/schedule/first_due") == first_due
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(first_due))
+    [report] = [m for r in caplog.records
+                if (m := r.getMessage()).startswith("Incremental report")]
+    assert f"not due {len(paths)} (the first falls due {when})" in report
+    assert "requested nothing" in report and "INCREMENTAL_RECHECK_ALL" in report

@@ -46,7 +46,7 @@ from scrapy.exceptions import NotConfigured
 
 from incremental_crawler.change.due import DueRule
 from incremental_crawler.change.policy import links_unknown
-from incremental_crawler.change.schedule import ScheduleCounter, decided
+from incremental_crawler.change.schedule import decided
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.meta import META_DISCOVERY, META_REFRESH
 from incremental_crawler.state.ledger import Ledger
@@ -85,7 +85,7 @@ class NotDueFilterMiddleware:
         spider = crawler.spider
         assert spider is not None
         self.rule = DueRule.for_crawler(crawler, config, spider)
-        self.counter = ScheduleCounter(crawler.stats)
+        self.counter = self.ledger.schedule
         self._memo: dict[PageKey, PageState | None] = {}
 
     @classmethod

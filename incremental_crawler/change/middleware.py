@@ -54,7 +54,6 @@ from incremental_crawler.change.policy import (
 )
 from incremental_crawler.change.schedule import (
     META_LASTMOD_MODIFIED,
-    ScheduleCounter,
     Why,
     decided,
     mark,
@@ -125,7 +124,7 @@ class ConditionalRequestMiddleware:
         self.rule = DueRule.for_crawler(crawler, config, spider)
         self.policy: ChangePolicy = self.rule.policy
         self.default_encoding = self.rule.encoding
-        self.counter = ScheduleCounter(crawler.stats)
+        self.counter = self.ledger.schedule
         self.replayer = Replayer(spider, crawler.stats, self.ledger.stage_flags)
 
     @classmethod

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.statscollectors import StatsCollector
 
-    from incremental_crawler.state.records import PageState
+    from incremental_crawler.state.records import PageKey, PageState
 
 __all__ = ["META_LASTMOD_MODIFIED", "META_WHY", "ScheduleCounter", "Why", "decided", "mark"]
 
@@ -100,10 +100,17 @@ class Why(StrEnum):
 
 
 class ScheduleCounter:
-    """Counts the crawl's decisions into the stats (see the module docstring)."""
+    """Counts the crawl's decisions into the stats (see the module docstring).
+
+    One per crawl (the ledger's), shared by whoever decides, so that the
+    pages counted as not requested are known when the re-seeder accounts
+    for the rest of the store (:meth:`not_due_elsewhere`).
+    """
 
     def __init__(self, stats: StatsCollector) -> None:
         self.stats = stats
+        #: Pages counted as not requested: their next visit and stored size.
+        self._unrequested: dict[PageKey, tuple[float, int]] = {}
 
     def requested(self, why: Why, count: int = 1) -> None:
         self.stats.inc_value(f"incremental/schedule/requested/{why}", count)
@@ -111,14 +118,32 @@ class ScheduleCounter:
     def skipped(self, state: PageState) -> None:
         """Not requested: its trusted lastmod did not move."""
         self.stats.inc_value("incremental/schedule/skipped/lastmod_unchanged")
-        self.stats.inc_value("incremental/schedule/bytes_skipped", state.size)
+        self._unrequested_page(state)
 
     def not_due(self, state: PageState) -> None:
         """Not requested: not due before ``state.next_visit``."""
         self.stats.inc_value("incremental/schedule/not_due")
-        self.stats.inc_value("incremental/schedule/bytes_skipped", state.size)
+        self._unrequested_page(state)
         if state.next_visit:
             self.stats.min_value("incremental/schedule/first_due", state.next_visit)
+
+    def _unrequested_page(self, state: PageState) -> None:
+        self.stats.inc_value("incremental/schedule/bytes_skipped", state.size)
+        self._unrequested[state.key] = (state.next_visit, state.size)
+
+    def counted_after(self, due_at: float) -> tuple[int, int]:
+        """Pages counted as not requested whose next visit is after *due_at*, and their sizes."""
+        later = [size for next_visit, size in self._unrequested.values() if next_visit > due_at]
+        return len(later), sum(later)
+
+    def not_due_elsewhere(self, pages: int, size: int, first_due: float | None) -> None:
+        """Known pages that nothing listed or linked this crawl, and not due."""
+        if pages <= 0:
+            return
+        self.stats.inc_value("incremental/schedule/not_due", pages)
+        self.stats.inc_value("incremental/schedule/bytes_skipped", size)
+        if first_due:
+            self.stats.min_value("incremental/schedule/first_due", first_due)
 
     def failed(self) -> None:
         self.stats.inc_value("incremental/schedule/failed")

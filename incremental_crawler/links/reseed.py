@@ -49,6 +49,7 @@ queue), once no worker can discover more links.
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -58,7 +59,7 @@ from scrapy.exceptions import DontCloseSpider, NotConfigured
 from incremental_crawler import clock
 from incremental_crawler.change.policy import DueRules, schedule_why
 from incremental_crawler.change.sample import RotatingSample
-from incremental_crawler.change.schedule import META_LASTMOD_MODIFIED, ScheduleCounter, Why, mark
+from incremental_crawler.change.schedule import META_LASTMOD_MODIFIED, Why, mark
 from incremental_crawler.cluster.coordinator import ClusterCoordinator
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.links.recipes import Unbuildable, page_request
@@ -229,7 +230,7 @@ class _DueReader:
         self.ledger = ledger
         self.rules: DueRules = ledger.due_rules()
         self.limit = reseeder.config.reseed_limit
-        self.counter = ScheduleCounter(reseeder.stats)
+        self.counter = ledger.schedule
         self.skip = getattr(reseeder.spider, "reseed_skip", None)
         self.use_lastmod = bool(getattr(reseeder.spider, "use_lastmod", True))
         self.samples: dict[str, RotatingSample[PageState]] = {}
@@ -250,7 +251,24 @@ class _DueReader:
                 if not self.visited(state) and not (callable(self.skip) and self.skip(state)):
                     await self.decide(state)
         self.take_samples()
+        await self.count_the_rest()
         return self.requests
+
+    async def count_the_rest(self) -> None:
+        """Count the known pages no one decided this crawl: not due (nothing
+        listed or linked them, and the pages read above were the due ones).
+
+        Pages checked this crawl and pages counted as not requested already
+        (a list read in full, a callback's request dropped) are left out, as
+        are lists (they are not pages).
+        """
+        rules = self.rules
+        summary = await self.ledger.store.summarize_not_due(
+            self.ledger.scope, rules.due_at, checked_before=math.floor(rules.started),
+            exclude_callbacks=getattr(self.reseeder.spider, "list_callbacks", ()))
+        counted, counted_size = self.counter.counted_after(rules.due_at)
+        self.counter.not_due_elsewhere(summary.pages - counted, summary.size - counted_size,
+                                       summary.first_due)
 
     def visited(self, state: PageState) -> bool:
         """Whether this crawl checked the page already (decided and counted then).

@@ -207,7 +207,7 @@ class ListedPagesSpider(IncrementalSpider):
         )
         share = ledger.config.lastmod_recheck_share if ledger is not None else 0.0
         sample: RotatingSample[_Listed] = RotatingSample(share, len(candidates))
-        counter = ScheduleCounter(self.crawler.stats)
+        counter = ledger.schedule if ledger is not None else ScheduleCounter(self.crawler.stats)
         rules = self.due_rules()
         # In chunks: memory holds one chunk's stored states (and the sample's
         # few), not a whole 50,000-URL sitemap's.

@@ -184,6 +184,8 @@ class Ledger:
         self.stores_items = False
         #: Set by the cluster coordinator in cluster mode.
         self.run_gate: RunGate | None = None
+        #: Why each known page was requested or not, for the whole crawl.
+        self.schedule = ScheduleCounter(crawler.stats)
         # This crawl's start (set again when the spider opens).
         self._started = clock.now()
         self._pending: dict[int, _Pending] = {}
@@ -456,7 +458,7 @@ class Ledger:
             self.note_unrecorded_failure()
             return False
         if counted:
-            ScheduleCounter(self.stats).failed()
+            self.schedule.failed()
         return True
 
     def _requestable(self, key: PageKey, prior: PageState | None, callback: str | None,

@@ -105,13 +105,13 @@ DUE = [
     ("max age not passed, jitter", {"schedule": SCHEDULE, "max_age": 9 * DAY,
                                     "max_age_jitter": 0.25}, {}, {}, True),
     # A page whose last answer failed: retried on its schedule, data or not.
-    ("failed, not yet", {"schedule": SCHEDULE}, {"last_status": 503, "fingerprint": None},
-     {}, False),
-    ("failed, no revisits: by its own schedule", {}, {"last_status": 0}, {}, False),
-    ("failed, time has come", {}, {"last_status": 404, "next_visit": NOW}, {}, True),
-    ("failed, a newer lastmod waits", {"schedule": SCHEDULE}, {"last_status": 429},
+    ("failed, not yet", {"schedule": SCHEDULE},
+     {"last_status": 503, "failures": 1, "fingerprint": None}, {}, False),
+    ("failed, no revisits: by its own schedule", {}, {"last_status": 0, "failures": 1}, {}, False),
+    ("failed, time has come", {}, {"last_status": 404, "failures": 1, "next_visit": NOW}, {}, True),
+    ("failed, a newer lastmod waits", {"schedule": SCHEDULE}, {"last_status": 429, "failures": 2},
      {"lastmod": 2 * DAY}, False),
-    ("failed, explicit refresh", {"schedule": SCHEDULE}, {"last_status": 500},
+    ("failed, explicit refresh", {"schedule": SCHEDULE}, {"last_status": 500, "failures": 1},
      {"refresh": True}, True),
 ]
 

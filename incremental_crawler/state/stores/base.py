@@ -11,14 +11,24 @@ validators without the data.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Collection, Iterable, Iterator
 
     from incremental_crawler.state.records import HostTrust, ItemRecord, PageKey, PageState
 
-__all__ = ["StateStore", "StateStoreError"]
+__all__ = ["NotDueSummary", "StateStore", "StateStoreError"]
+
+
+class NotDueSummary(NamedTuple):
+    """Pages not due in a crawl, in aggregate (:meth:`StateStore.summarize_not_due`)."""
+
+    pages: int = 0
+    #: Their stored body sizes, summed.
+    size: int = 0
+    #: The earliest of their next visits (``None``: no page).
+    first_due: float | None = None
 
 
 class StateStoreError(RuntimeError):
@@ -75,6 +85,15 @@ class StateStore(ABC):
         by URL), so that reading with *offset* 0, *limit*, 2 * *limit*...
         pages through them while the store does not change. *now* may be
         infinite (every page).
+        """
+
+    @abstractmethod
+    async def summarize_not_due(self, scope: str, due_at: float, *, checked_before: float,
+                                exclude_callbacks: Collection[str] = ()) -> NotDueSummary:
+        """The pages of *scope* that can be requested again (a callback, not
+        one of *exclude_callbacks*), whose next visit is after *due_at* and
+        that were last checked before *checked_before*: how many, their
+        stored sizes, and the earliest next visit. One pass, no states kept.
         """
 
     @abstractmethod

@@ -62,11 +62,11 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from incremental_crawler.state.records import HostTrust, ItemRecord, PageFlags, PageKey, PageState
-from incremental_crawler.state.stores.base import StateStore, StateStoreError
+from incremental_crawler.state.stores.base import NotDueSummary, StateStore, StateStoreError
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Iterator, Sequence
+    from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
     from typing import Self
 
     from scrapy.settings import BaseSettings
@@ -274,6 +274,11 @@ if failed then
 end
 return {applied, 0}
 """.replace("TOKEN_TTL", str(_TOKEN_TTL))
+
+
+#: Members asked per ZSCAN step, and steps at most (100 million members).
+_SCAN_COUNT = 1000
+_SCAN_ROUNDS = 100_000
 
 
 def parse_redis_uri(uri: str) -> tuple[str, str]:
@@ -607,6 +612,38 @@ class RedisStateStore(StateStore):
             if state.callback is not None:
                 due.append(state)
         return due
+
+    async def summarize_not_due(self, scope: str, due_at: float, *, checked_before: float,
+                                exclude_callbacks: Collection[str] = ()) -> NotDueSummary:
+        # The due index holds exactly the pages with a callback, scored by
+        # next visit. ZSCAN walks it in O(1) per member (ZRANGE with an
+        # offset would cost O(offset) per page of results); it may return a
+        # member twice while Redis resizes the set, hence the set of seen.
+        count = size = 0
+        first: float | None = None
+        seen: set[bytes] = set()
+        cursor = 0
+        for _ in range(_SCAN_ROUNDS):
+            cursor, pairs = await self._call("ZSCAN", self._key("due", scope), cursor,
+                                             "COUNT", _SCAN_COUNT)
+            fields = [member for member, score in pairs
+                      if float(score) > due_at and member not in seen]
+            seen.update(fields)
+            if fields:
+                values = await self._call("HMGET", self._key("pages", scope), *fields)
+                for field, raw in zip(fields, values, strict=True):
+                    if raw is None:
+                        continue
+                    state = self._page(_page_key(scope, field.decode()), raw)
+                    if (state.callback is None or state.callback in exclude_callbacks
+                            or state.last_checked >= checked_before):
+                        continue
+                    count += 1
+                    size += state.size
+                    first = state.next_visit if first is None else min(first, state.next_visit)
+            if int(cursor) == 0:
+                return NotDueSummary(count, size, first)
+        raise self._fail(f"scanning the due pages of {scope!r} did not finish")
 
     async def _item(self, scope: str, item_key: str) -> dict[str, Any] | None:
         raw = await self._call("HGET", self._key("items", scope), item_key)

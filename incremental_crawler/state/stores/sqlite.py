@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 from incremental_crawler.config import DEFAULT_SETTINGS
 from incremental_crawler.state.records import HostTrust, ItemRecord, PageFlags, PageKey, PageState
-from incremental_crawler.state.stores.base import StateStore, StateStoreError
+from incremental_crawler.state.stores.base import NotDueSummary, StateStore, StateStoreError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Collection, Iterable, Iterator
     from typing import Self
 
     from scrapy.settings import BaseSettings
@@ -419,6 +419,21 @@ class SQLiteStateStore(StateStore):
             raise self._fail("read failed", exc) from exc
         return [PageState(PageKey(scope, url, variant), *columns)
                 for url, variant, *columns in rows]
+
+    async def summarize_not_due(self, scope: str, due_at: float, *, checked_before: float,
+                                exclude_callbacks: Collection[str] = ()) -> NotDueSummary:
+        excluded = tuple(exclude_callbacks)
+        query = (
+            "SELECT COUNT(*), COALESCE(SUM(size), 0), MIN(next_visit) FROM pages "  # noqa: S608 (placeholders only)
+            "WHERE scope = ? AND callback IS NOT NULL AND next_visit > ? AND last_checked < ?"
+            + (f" AND callback NOT IN ({','.join('?' * len(excluded))})" if excluded else "")
+        )
+        try:
+            count, size, first = self._db.execute(
+                query, (scope, int(min(due_at, 2**62)), checked_before, *excluded)).fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise self._fail("read failed", exc) from exc
+        return NotDueSummary(count, size, first)
 
     async def get_item_simhash(self, scope: str, item_key: str) -> int | None:
         row = self._db.execute(
