@@ -121,14 +121,15 @@ def accounting_line(s: dict[str, int]) -> str:
     parts = [f"requested {s['requested']}"]
     reasons = ", ".join(f"{why.replace('_', ' ')} {s[f'requested_{why}']}"
                         for why in REQUESTED if s[f"requested_{why}"])
+    if s["failed"]:
+        # Requested too: a share of the requests, not a column of its own.
+        reasons += f"; {s['failed']} of them failed" if reasons else f"{s['failed']} failed"
     if reasons:
         parts[0] += f" ({reasons})"
     if s["skipped_lastmod"]:
         parts.append(f"skipped {s['skipped_lastmod']} (lastmod unchanged)")
     if s["not_due"]:
         parts.append(f"not due {s['not_due']}{_first_due(s)}")
-    if s["failed"]:
-        parts.append(f"failed {s['failed']}")
     if len(parts) == 1 and not s["requested"]:
         return ""
     return "known pages: " + ", ".join(parts)

@@ -36,7 +36,8 @@ def test_the_share_of_a_full_recrawl_counts_the_pages_not_requested() -> None:
         "incremental/requests/conditional": 2,
     })
     lines = report_lines(s)
-    assert lines[1] == "known pages: requested 2 (due 2), skipped 40 (lastmod unchanged), failed 1"
+    assert lines[1] == ("known pages: requested 2 (due 2; 1 of them failed), "
+                        "skipped 40 (lastmod unchanged)")
     assert lines[2] == ("bytes downloaded 50,000, saved ~150,000 by 304s and ~800,000 by pages "
                         "not requested (5.0% of a full re-crawl)")
 
