@@ -103,8 +103,12 @@ class Worker:
         return [json.loads(line)["url"] for line in self.feed.read_text().splitlines()
                 if line.strip()]
 
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
     def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:]
+        """The end of the log, for a failure's message (search :meth:`text`)."""
+        return self.text()[-3000:]
 
 
 async def stored_state(state_uri: str, urls: list[str]) -> tuple[set[str], set[str]]:
@@ -204,7 +208,7 @@ async def test_a_killed_worker_stalls_nothing_and_loses_nothing(
     # The survivor takes back what the victim held (its heartbeat stops),
     # finishes the crawl and exits by itself.
     assert await survivor.wait() == 0, survivor.tail()
-    requeued = re.search(r"(\d+) of their requests went back to the queue", survivor.tail())
+    requeued = re.search(r"(\d+) of their requests went back to the queue", survivor.text())
     assert requeued, survivor.tail()
     urls = [site.url(f"/p/{i:04d}") for i in range(n)]
     with_validators, with_items = await stored_state(state_uri, urls)
@@ -302,7 +306,7 @@ async def test_due_pages_are_reseeded_once_for_the_whole_cluster(
     gets = page_gets(site)
     assert len(gets) == n and max(gets.values()) == 1
     assert all(r.status == 304 for r in site.log if r.path.startswith("/p/"))
-    logs = [w.tail() for w in workers]
+    logs = [w.text() for w in workers]
     assert sum("Re-seeded 60 due pages" in log for log in logs) == 1, logs
     # Both workers fetched re-seeded pages: the one that did not re-seed
     # waited for the other instead of leaving.
@@ -390,7 +394,7 @@ async def test_three_cluster_workers_are_one_polite_client_of_a_limited_site(
     busiest = max(sum(1 for t in starts if s <= t < s + 1.0) for s in starts)
     assert busiest <= rate + burst, busiest
     # The budget came with the cluster URL: every worker took its tokens there.
-    assert all(re.search(r"'incremental/throttle/shared/acquires': [1-9]", w.tail())
+    assert all(re.search(r"'incremental/throttle/shared/acquires': [1-9]", w.text())
                for w in workers)
 
 
@@ -414,10 +418,10 @@ async def test_a_page_withheld_by_another_worker_and_not_recorded_keeps_the_site
     for worker in (reader, failing):
         assert await worker.wait() == 0, worker.tail()
     withheld = re.findall(r"Not saving validators of (\S+):",
-                          failing.log.read_text(errors="replace"))
+                          failing.text())
     assert withheld, failing.tail()
     assert re.search(r"'incremental/failures_unrecorded': [1-9]",
-                     failing.log.read_text(errors="replace"))
+                     failing.text())
     assert await sitemaps_saved(state_uri, site) == set()
     # The next run asks again for the pages that failed.
     site.reset_log()
@@ -450,9 +454,9 @@ async def test_a_page_withheld_by_another_worker_and_recorded_lets_the_sitemaps_
     for worker in (reader, failing):
         assert await worker.wait() == 0, worker.tail()
     withheld = re.findall(r"Not saving validators of (\S+):",
-                          failing.log.read_text(errors="replace"))
+                          failing.text())
     assert withheld, failing.tail()
-    assert "incremental/failures_unrecorded" not in failing.log.read_text(errors="replace")
+    assert "incremental/failures_unrecorded" not in failing.text()
     assert await sitemaps_saved(state_uri, site) == set(SITEMAPS)
     site.reset_log()
     site.slow("/p/", 0.0)
@@ -537,7 +541,7 @@ async def test_a_worker_stopped_with_sigint_hands_back_only_what_it_did_not_fini
     os.kill(stopped.proc.pid, signal.SIGINT)
     await stopped.wait()
     assert await other.wait() == 0, other.tail()
-    assert "left run" in stopped.tail() and "(shutdown)" in stopped.tail(), stopped.tail()
+    assert "left run" in stopped.text() and "(shutdown)" in stopped.text(), stopped.tail()
     gets = page_gets(site)
     assert len(gets) == n
     assert max(gets.values()) == 1, [p for p, c in gets.items() if c > 1]
