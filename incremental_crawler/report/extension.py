@@ -154,7 +154,7 @@ def _nothing_requested(s: dict[str, int]) -> str:
     if s["not_due"]:
         reasons.append(f"{s['not_due']} not due{_first_due(s)}")
     if s["sitemaps_unchanged"]:
-        reasons.append(f"{s['sitemaps_unchanged']} unchanged sitemaps not read")
+        reasons.append(_unchanged_lists(s["sitemaps_unchanged"]))
     why = ", ".join(reasons) or "no page was listed, linked or due"
     return f"requested nothing: {why}; {RECHECK_ADVICE}"
 
@@ -189,13 +189,17 @@ def _line(s: dict[str, int]) -> str:
         if s["lastmod_skipped"] else ""
     )
     if s["sitemaps_unchanged"]:
-        skipped = f"{s['sitemaps_unchanged']} unchanged sitemaps not read, " + skipped
+        skipped = f"{_unchanged_lists(s['sitemaps_unchanged'])}, " + skipped
     return (
         f"{skipped}{s['checked']} pages checked, {s['not_modified']} not modified (304), "
         f"{s['new']} new, {s['changed']} changed, {s['unchanged_200']} unchanged "
         f"in full; items: {s['items_new']} new, {s['items_changed']} changed, "
         f"{s['items_unchanged']} unchanged dropped"
     )
+
+
+def _unchanged_lists(n: int) -> str:
+    return f"{n} unchanged sitemap{'' if n == 1 else 's'} not read"
 
 
 def _replay_line(s: dict[str, int]) -> str:
