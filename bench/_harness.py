@@ -4,6 +4,8 @@
   process on 127.0.0.1 and talks to its ``/__site__/...`` control endpoints.
 * :func:`run_crawl` runs ``scrapy crawl sitemap ...`` as a separate process
   and collects that process's own CPU time and peak RSS with ``os.wait4``.
+* :func:`run_workers` starts N such crawls together (cluster workers) and
+  waits for all of them; :func:`worker_stats` reads a crawl's stats dump.
 * :class:`RedisServer` is a throwaway ``redis-server`` on a free loopback port.
 * :func:`summarize_log`, :func:`dir_apparent_bytes`, :func:`sqlite_compact_size`
   and :func:`print_table` turn the raw figures into the printed tables.
@@ -16,6 +18,7 @@ callers pass in.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -30,6 +33,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -352,6 +356,50 @@ def run_crawl(
     return CrawlResult(usage, read_items(items), log)
 
 
+def worker_stats(err_file: Path) -> dict[str, Any]:
+    """Every stat Scrapy dumped at the end of a crawl (LOG_LEVEL=INFO), from
+    the crawl's stderr file; empty if it dumped none."""
+    text = err_file.read_text(errors="replace")
+    match = re.search(r"Dumping Scrapy stats:\n(\{.*?\})\n", text, re.S)
+    if not match:
+        return {}
+    body = re.sub(r"datetime\.datetime\([^)]*\)", "None", match.group(1))
+    return ast.literal_eval(body)
+
+
+def run_workers(
+    site_url: str,
+    n: int,
+    settings: dict[str, str],
+    workdir: Path,
+    name: str,
+    *,
+    timeout: float = 600.0,
+    spider_args: dict[str, str] | None = None,
+    allow_errors: bool = True,
+    wrapper: Sequence[str] = (),
+) -> tuple[list[CrawlResult], list[dict[str, Any]], float]:
+    """Start *n* crawls of :func:`run_crawl` together (cluster workers: the
+    same command and settings, at LOG_LEVEL=INFO so each dumps its stats),
+    each under the same *wrapper*; wait for all of them (each bounded by
+    *timeout*). Worker *i* writes ``workdir/<name>-<i>.jsonl`` and ``.err``.
+
+    Returns the workers' results, their stats (:func:`worker_stats`) and the
+    wall time from the first start to the last exit. Raises if any worker
+    fails (after all have ended).
+    """
+    started = time.perf_counter()
+    with ThreadPoolExecutor(n) as pool:
+        futures = [pool.submit(run_crawl, site_url, {**settings, "LOG_LEVEL": "INFO"},
+                               workdir, f"{name}-{i}", timeout=timeout,
+                               spider_args=spider_args, allow_errors=allow_errors,
+                               wrapper=wrapper)
+                   for i in range(n)]
+        results = [f.result() for f in futures]
+    wall = time.perf_counter() - started
+    return results, [worker_stats(workdir / f"{name}-{i}.err") for i in range(n)], wall
+
+
 _STAT_LINE = re.compile(r"'(incremental/[^']+)': (\d+)")
 
 
@@ -485,6 +533,12 @@ class RedisServer:
                 time.sleep(0.05)
         self.stop()
         raise RuntimeError("redis-server did not start")
+
+    def __enter__(self) -> RedisServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def url(self, db: int) -> str:
         return f"redis://127.0.0.1:{self.port}/{db}"

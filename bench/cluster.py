@@ -23,50 +23,23 @@ Redis: a ``redis-server`` of the benchmark's own on a free loopback port
 from __future__ import annotations
 
 import argparse
-import ast
 import re
 import shutil
 import sys
 import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import (
-    CrawlResult,
     RedisServer,
     Site,
     print_table,
     ratio,
-    run_crawl,
+    run_workers,
     verdict,
 )
-
-
-def worker_stats(err_file: Path) -> dict[str, Any]:
-    """The stats Scrapy dumped at the end of a crawl (LOG_LEVEL=INFO)."""
-    text = err_file.read_text(errors="replace")
-    match = re.search(r"Dumping Scrapy stats:\n(\{.*?\})\n", text, re.S)
-    if not match:
-        return {}
-    body = re.sub(r"datetime\.datetime\([^)]*\)", "None", match.group(1))
-    return ast.literal_eval(body)
-
-
-def run_workers(site: Site, n: int, settings: dict[str, str], work: Path, name: str,
-                timeout: float) -> tuple[list[CrawlResult], list[dict[str, Any]], float]:
-    """Start *n* workers together; wait for all; their results, stats, wall."""
-    started = time.perf_counter()
-    with ThreadPoolExecutor(n) as pool:
-        futures = [pool.submit(run_crawl, site.base_url, {**settings, "LOG_LEVEL": "INFO"},
-                               work, f"{name}-{i}", timeout=timeout, allow_errors=True)
-                   for i in range(n)]
-        results = [f.result() for f in futures]
-    wall = time.perf_counter() - started
-    return results, [worker_stats(work / f"{name}-{i}.err") for i in range(n)], wall
 
 
 def page_figures(log: list[dict[str, Any]]) -> dict[str, Any]:
@@ -111,7 +84,8 @@ def part1(args: argparse.Namespace, redis: RedisServer, work: Path) -> dict[int,
         }
         with Site(args.pages, args.page_size, "strong",
                   extra_args=["--latency", f"{args.latency:g}"]) as site:
-            results, stats, wall = run_workers(site, n, settings, work, f"p1-{n}", args.timeout)
+            results, stats, wall = run_workers(site.base_url, n, settings, work, f"p1-{n}",
+                                               timeout=args.timeout)
             fig = page_figures(site.log())
         fig["wall"] = wall
         fig["items"] = sum(r.items for r in results)
@@ -143,7 +117,8 @@ def part2(args: argparse.Namespace, redis: RedisServer, work: Path) -> dict[str,
         print(f"... part 2: {name}", file=sys.stderr)
         tag = "p2-" + re.sub(r"\W+", "", name)
         with Site(args.pages2, args.page_size, "strong", extra_args=limit) as site:
-            results, stats, wall = run_workers(site, n, settings, work, tag, args.timeout)
+            results, stats, wall = run_workers(site.base_url, n, settings, work, tag,
+                                               timeout=args.timeout)
             fig = page_figures(site.log())
         fig["wall"] = wall
         fig["items"] = sum(r.items for r in results)
