@@ -67,6 +67,7 @@ temporary directories are deleted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import random
 import re
@@ -74,6 +75,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +83,7 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import (
+    RedisServer,
     Site,
     ensure_importable,
     httpcache_revalidate_settings,
@@ -89,6 +92,7 @@ from _harness import (
     print_table,
     ratio,
     run_crawl,
+    run_workers,
     verdict,
 )
 
@@ -164,6 +168,8 @@ class Variant:
     #: Whether its decisions read sitemap lastmods (else run once, shown under each kind).
     reads_lastmods: bool = True
     ours: bool = False
+    #: Cluster-mode workers per daily crawl (0: one ordinary process).
+    workers: int = 0
 
 
 @dataclass
@@ -182,6 +188,18 @@ class Day:
     max_age: int | None = None
     distrusted: bool = False
     wall: float = 0.0
+    #: Requests per page path (server log).
+    requested: Counter[str] = field(default_factory=Counter)
+    #: Changes emitted by this crawl: on time (made before this day's crawl),
+    #: by path; late (made before an earlier crawl); not emitted after it.
+    on_time: set[str] = field(default_factory=set)
+    late: int = 0
+    pending: int = 0
+    #: Items of a page beyond its first in this crawl (two workers emitting it).
+    dup_items: int = 0
+    #: Cluster mode: each worker's downloader requests and items.
+    worker_requests: list[int] = field(default_factory=list)
+    worker_items: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -233,7 +251,16 @@ def run_variant(plan: Plan, variant: Variant, kind: str, args: argparse.Namespac
     last_emitted: dict[str, int] = {}
     pending: list[tuple[str, int, int]] = []  # (path, day changed, version it became)
     extra = ["--sitemap-lastmods", kind, "--list-etags"]
-    with Site(args.pages, args.page_size, "strong", extra_args=extra) as site:
+    with contextlib.ExitStack() as stack:
+        if variant.workers:
+            # One throwaway Redis per run: the queue under a prefix of its
+            # own, the state store follows the cluster URL (its default prefix).
+            redis_server = stack.enter_context(RedisServer(workdir))
+            settings.pop("INCREMENTAL_STATE_URI", None)
+            settings["INCREMENTAL_CLUSTER_URL"] = redis_server.url(0)
+            settings["INCREMENTAL_CLUSTER_PREFIX"] = f"bench:schedule:{kind}"
+        site = stack.enter_context(Site(args.pages, args.page_size, "strong",
+                                        extra_args=extra))
         for d in range(len(plan.offsets)):
             print(f"... {variant.name} [{kind}] day {d}", file=sys.stderr, flush=True)
             if plan.changes[d]:
@@ -244,11 +271,22 @@ def run_variant(plan: Plan, variant: Variant, kind: str, args: argparse.Namespac
             site.reset()
             waiting = {path for path, _, _ in pending}
             started = time.perf_counter()
-            result = run_crawl(
-                site.base_url, settings, workdir, f"day{d:02d}", timeout=args.timeout,
-                spider_args=variant.spider_args,
-                wrapper=["faketime", "-f", f"{plan.offsets[d]:+d}"])
-            day = Day(changed=len(plan.changes[d]), wall=time.perf_counter() - started)
+            name = f"day{d:02d}"
+            wrapper = ["faketime", "-f", f"{plan.offsets[d]:+d}"]
+            day = Day(changed=len(plan.changes[d]))
+            if variant.workers:
+                results, stats, _ = run_workers(
+                    site.base_url, variant.workers, settings, workdir, name,
+                    timeout=args.timeout, spider_args=variant.spider_args,
+                    allow_errors=False, wrapper=wrapper)
+                day.worker_requests = [int(st.get("downloader/request_count", 0))
+                                       for st in stats]
+                day.worker_items = [r.items for r in results]
+            else:
+                results = [run_crawl(
+                    site.base_url, settings, workdir, name, timeout=args.timeout,
+                    spider_args=variant.spider_args, wrapper=wrapper)]
+            day.wall = time.perf_counter() - started
             for record in site.log():
                 path = record["path"].split("?", 1)[0]
                 if path.startswith("/p/"):
@@ -256,38 +294,52 @@ def run_variant(plan: Plan, variant: Variant, kind: str, args: argparse.Namespac
                     day.page_304 += record["status"] == 304
                     day.page_bytes += record["body_bytes"]
                     day.to_changed += path in waiting
+                    day.requested[path] += 1
                 else:
                     day.list_requests += 1
                     day.list_304 += record["status"] == 304
                     day.list_bytes += record["body_bytes"]
-            emitted = {}
-            for item in result.item_list:
+            # Every worker's feed together.
+            items = [item for r in results for item in r.item_list]
+            emitted: dict[str, int] = {}
+            versioned = 0
+            for item in items:
                 v = item_version(item)
                 if v is not None:
-                    emitted[urlsplit(item["url"]).path] = v
-            day.items = len(result.item_list)
+                    versioned += 1
+                    path = urlsplit(item["url"]).path
+                    emitted[path] = max(v, emitted.get(path, -1))
+            day.items = len(items)
+            day.dup_items = versioned - len(emitted)
             day.unchanged_items = sum(1 for p, v in emitted.items() if last_emitted.get(p) == v)
             last_emitted.update(emitted)
             still = []
             for path, when, v in pending:
                 if emitted.get(path, -1) >= v:
                     run.delays.append(d - when)
+                    if d == when:
+                        day.on_time.add(path)
+                    else:
+                        day.late += 1
                 else:
                     still.append((path, when, v))
             pending = still
-            stats = logged_stats(result.log)
-            if any(k in stats for k in MAX_AGE_STATS):
-                day.max_age = max(stats.get(k, 0) for k in MAX_AGE_STATS)
-            day.distrusted = DISTRUST_LINE in result.log
+            day.pending = len(pending)
+            counted = [st for st in (logged_stats(r.log) for r in results)
+                       if any(k in st for k in MAX_AGE_STATS)]
+            if counted:  # summed over the workers
+                day.max_age = sum(max(st.get(k, 0) for k in MAX_AGE_STATS) for st in counted)
+            day.distrusted = any(DISTRUST_LINE in r.log for r in results)
             run.days.append(day)
             # Feeds and logs of 30 days x several variants add up: keep none.
-            for suffix in (".jsonl", ".err"):
-                (workdir / f"day{d:02d}{suffix}").unlink(missing_ok=True)
+            for leftover in workdir.glob(f"{name}*"):
+                if leftover.suffix in (".jsonl", ".err"):
+                    leftover.unlink(missing_ok=True)
     run.missing = len(pending)
     return run
 
 
-def variants(kinds: list[str]) -> list[tuple[Variant, list[str]]]:
+def variants(kinds: list[str], cluster: int = 0) -> list[tuple[Variant, list[str]]]:
     """Each variant with the kinds it runs under."""
     common = {"INCREMENTAL_THROTTLE_ENABLED": "False", "CONCURRENT_REQUESTS": "16",
               "CONCURRENT_REQUESTS_PER_DOMAIN": "16"}
@@ -309,6 +361,9 @@ def variants(kinds: list[str]) -> list[tuple[Variant, list[str]]]:
         out.append((Variant("ours-fresh", {**common, **state,
                                            "INCREMENTAL_REVISIT_MAX": str(2 * DAY)},
                             ours=True), ["none"]))
+    if cluster:
+        # The state store follows INCREMENTAL_CLUSTER_URL (set by run_variant).
+        out.append((Variant("ours-cluster", dict(common), ours=True, workers=cluster), kinds))
     return out
 
 
@@ -363,6 +418,66 @@ def print_kind(kind: str, runs: list[Run], plan: Plan, sample: int) -> None:
         print("  D = the crawl logged \"Not trusting the sitemap lastmods of ...\"")
 
 
+def request_diff(ours: Day, other: Day) -> str:
+    """Why a day's page requests differ: pages fetched more than once, pages
+    only one of the two requested (how many of those had a change pending)."""
+    twice = sum(c - 1 for c in other.requested.values() if c > 1)
+    twice_ours = sum(c - 1 for c in ours.requested.values() if c > 1)
+    only_other = set(other.requested) - set(ours.requested)
+    only_ours = set(ours.requested) - set(other.requested)
+    parts = [(f"{other.page_requests - ours.page_requests:+d}: fetched more than once "
+              f"{twice} (ours {twice_ours})")]
+    if only_other:
+        parts.append(f"only ours-cluster asked {len(only_other)} pages")
+    if only_ours:
+        parts.append(f"only ours asked {len(only_ours)} pages")
+    return ", ".join(parts)
+
+
+def compare_cluster(kind: str, ours: Run, cluster: Run, plan: Plan) -> tuple[bool, bool]:
+    """ours vs ours-cluster, per day; whether the requests and on-time
+    changes agree on every day."""
+    n = cluster.variant.workers
+    print(f"\n-- [{kind}] ours (one process) vs ours-cluster ({n} cluster-mode workers, one "
+          "throwaway Redis for queue and state) --")
+    print("per day, ours / ours-cluster: page requests (304s), page bytes, changes emitted "
+          "on time / late / not yet emitted, unchanged items; cluster: items emitted twice, "
+          "each worker's downloader requests (lists included) and items; same = the same "
+          "page requests and the same changes on time")
+    rows = []
+    req_days: list[str] = []
+    time_days: list[str] = []
+    for d in range(len(plan.offsets)):
+        a, b = ours.days[d], cluster.days[d]
+        same_req = a.page_requests == b.page_requests
+        same_time = a.on_time == b.on_time
+        if not same_req:
+            req_days.append(f"day {d} {request_diff(a, b)}")
+        if not same_time:
+            time_days.append(f"day {d}: only ours {len(a.on_time - b.on_time)}, only "
+                             f"ours-cluster {len(b.on_time - a.on_time)}")
+        rows.append([d, a.changed,
+                     f"{a.page_requests} ({a.page_304}) / {b.page_requests} ({b.page_304})",
+                     f"{a.page_bytes} / {b.page_bytes}",
+                     (f"{len(a.on_time)}/{a.late}/{a.pending} / "
+                      f"{len(b.on_time)}/{b.late}/{b.pending}"),
+                     f"{a.unchanged_items} / {b.unchanged_items}", b.dup_items,
+                     "+".join(map(str, b.worker_requests)),
+                     "+".join(map(str, b.worker_items)),
+                     f"{a.wall:.1f} / {b.wall:.1f}",
+                     "yes" if same_req and same_time else "no"])
+    print_table(["day", "changed", "page req (304s)", "page bytes", "on time/late/pending",
+                 "unchanged items", "dup items", "worker req", "worker items", "wall s",
+                 "same"], rows)
+    print(f"[{kind}] ours-cluster's page requests = ours' on every day: "
+          f"{verdict(not req_days)}" + (f" ({'; '.join(req_days)})" if req_days else ""))
+    print(f"[{kind}] ours-cluster emits the same changes on time as ours on every day: "
+          f"{verdict(not time_days)} ({cluster.on_time:.1%} vs {ours.on_time:.1%} on time, "
+          f"{cluster.missing} vs {ours.missing} missing)"
+          + (f" ({'; '.join(time_days)})" if time_days else ""))
+    return not req_days, not time_days
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     p.add_argument("--pages", type=int, default=2000, help="pages on the site (2000)")
@@ -377,15 +492,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=2,
                    help="variant runs at once, each against its own site (2); the figures "
                         "are the server's counts and the items, which do not depend on it")
+    p.add_argument("--cluster", type=int, default=0, metavar="N",
+                   help="also run ours-cluster: ours as N cluster-mode workers per daily "
+                        "crawl sharing a throwaway redis-server (0: not run)")
     args = p.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     if bad := [k for k in kinds if k not in KINDS]:
         p.error(f"unknown --kinds {bad}; choose from {','.join(KINDS)}")
-    if args.days < 2 or args.pages < 1:
-        p.error("--days must be >= 2 and --pages >= 1")
+    if args.days < 2 or args.pages < 1 or args.cluster < 0:
+        p.error("--days must be >= 2, --pages >= 1 and --cluster >= 0")
     if shutil.which("faketime") is None:
         print("schedule.py needs the faketime command (Debian package faketime): every "
               "crawl runs on its own simulated day. Not run.", file=sys.stderr)
+        return 2
+    if args.cluster and shutil.which("redis-server") is None:
+        print("--cluster needs the redis-server command (a throwaway one per run). Not run.",
+              file=sys.stderr)
         return 2
 
     plan = make_plan(args.pages, args.days, args.seed, args.jitter)
@@ -394,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[tuple[str, str], Run] = {}
     with tempfile.TemporaryDirectory(prefix="bench-schedule-") as tmp:
         work = Path(tmp)
-        todo = [(v, k) for v, vkinds in variants(kinds) for k in vkinds]
+        todo = [(v, k) for v, vkinds in variants(kinds, args.cluster) for k in vkinds]
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
             futures = {(v.name, k): pool.submit(run_variant, plan, v, k, args, work)
                        for v, k in todo}
@@ -455,6 +577,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"(target <= {NONE_SHARE:.0%}): {verdict(share <= NONE_SHARE)}; cost: "
                   f"{r.on_time:.1%} of changes on time, mean delay of the others "
                   f"{fmt_delay(r)} crawls, {r.missing} missing")
+    if args.cluster:
+        for kind in kinds:
+            compare_cluster(kind, runs["ours", kind], runs["ours-cluster", kind], plan)
     print(f"wall time: {elapsed:.0f} s ({args.jobs} variant runs at once; the wall s "
           "columns are per run)")
     return 0
