@@ -32,7 +32,14 @@ What it runs
       ``-a use_lastmod=false``;
     * ``ours``: the add-on at its defaults;
     * ``ours-fresh`` (``none`` kind only): ours with
-      ``INCREMENTAL_REVISIT_MAX=172800`` (no page waits more than two days).
+      ``INCREMENTAL_REVISIT_MAX=172800`` (no page waits more than two days);
+    * ``ours-cluster`` (with ``--cluster N``, under every kind): ours at its
+      defaults as N cluster-mode workers per daily crawl, started together,
+      each under that day's ``faketime`` offset, sharing one throwaway
+      ``redis-server`` per run (``INCREMENTAL_CLUSTER_URL=redis://127.0.0.1:
+      <port>/0``, ``INCREMENTAL_CLUSTER_PREFIX=bench:schedule:<kind>``; the
+      state store follows the cluster URL); its items are every worker's
+      feed together.
 
     Neither always-conditional nor fixed-1d reads lastmods, so they run once
     (against the honest site) and are shown under every kind.
@@ -58,10 +65,19 @@ What it reports, from the server's log and the items emitted only
     sends well under (at most half) always-conditional's page requests
     (its on-time share and mean delay printed as the cost).
 
-    python bench/schedule.py [--days 30] [--pages 2000] [--kinds honest,stale,none]
+    With ``--cluster N``, per kind, ours and ours-cluster side by side per
+    day: page requests (304s), page bytes, changes emitted on time / late /
+    not yet emitted, unchanged items, items emitted twice, each worker's
+    downloader requests and items; PASS when ours-cluster's page requests
+    equal ours' on every day (else, per day, by how much: pages fetched more
+    than once, pages only one of them asked) and when it emits the same
+    changes on time on every day.
 
-All traffic stays on 127.0.0.1, every crawl has a timeout (``--timeout``),
-temporary directories are deleted.
+    python bench/schedule.py [--days 30] [--pages 2000] [--kinds honest,stale,none]
+        [--cluster N]
+
+All traffic stays on 127.0.0.1, every crawl has a timeout (``--timeout``; each
+worker's own with ``--cluster``), temporary directories are deleted.
 """
 
 from __future__ import annotations
