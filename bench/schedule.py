@@ -206,6 +206,8 @@ class Day:
     wall: float = 0.0
     #: Requests per page path (server log).
     requested: Counter[str] = field(default_factory=Counter)
+    #: Requests per list path (robots.txt, sitemaps).
+    lists: Counter[str] = field(default_factory=Counter)
     #: Changes emitted by this crawl: on time (made before this day's crawl),
     #: by path; late (made before an earlier crawl); not emitted after it.
     on_time: set[str] = field(default_factory=set)
@@ -315,6 +317,7 @@ def run_variant(plan: Plan, variant: Variant, kind: str, args: argparse.Namespac
                     day.list_requests += 1
                     day.list_304 += record["status"] == 304
                     day.list_bytes += record["body_bytes"]
+                    day.lists[path] += 1
             # Every worker's feed together.
             items = [item for r in results for item in r.item_list]
             emitted: dict[str, int] = {}
@@ -456,25 +459,33 @@ def compare_cluster(kind: str, ours: Run, cluster: Run, plan: Plan) -> tuple[boo
     n = cluster.variant.workers
     print(f"\n-- [{kind}] ours (one process) vs ours-cluster ({n} cluster-mode workers, one "
           "throwaway Redis for queue and state) --")
-    print("per day, ours / ours-cluster: page requests (304s), page bytes, changes emitted "
+    print("per day, ours / ours-cluster: page requests (304s), page bytes, list requests, "
+          "changes emitted "
           "on time / late / not yet emitted, unchanged items; cluster: items emitted twice, "
           "each worker's downloader requests (lists included) and items; same = the same "
           "page requests and the same changes on time")
     rows = []
     req_days: list[str] = []
     time_days: list[str] = []
+    list_days: list[str] = []
     for d in range(len(plan.offsets)):
         a, b = ours.days[d], cluster.days[d]
         same_req = a.page_requests == b.page_requests
         same_time = a.on_time == b.on_time
         if not same_req:
             req_days.append(f"day {d} {request_diff(a, b)}")
+        if a.lists != b.lists:
+            more = ", ".join(f"{p} {c:+d}" for p, c in sorted(
+                (p, b.lists[p] - a.lists[p]) for p in set(a.lists) | set(b.lists))
+                if c)
+            list_days.append(f"day {d}: {more}")
         if not same_time:
             time_days.append(f"day {d}: only ours {len(a.on_time - b.on_time)}, only "
                              f"ours-cluster {len(b.on_time - a.on_time)}")
         rows.append([d, a.changed,
                      f"{a.page_requests} ({a.page_304}) / {b.page_requests} ({b.page_304})",
                      f"{a.page_bytes} / {b.page_bytes}",
+                     f"{a.list_requests} / {b.list_requests}",
                      (f"{len(a.on_time)}/{a.late}/{a.pending} / "
                       f"{len(b.on_time)}/{b.late}/{b.pending}"),
                      f"{a.unchanged_items} / {b.unchanged_items}", b.dup_items,
@@ -482,7 +493,8 @@ def compare_cluster(kind: str, ours: Run, cluster: Run, plan: Plan) -> tuple[boo
                      "+".join(map(str, b.worker_items)),
                      f"{a.wall:.1f} / {b.wall:.1f}",
                      "yes" if same_req and same_time else "no"])
-    print_table(["day", "changed", "page req (304s)", "page bytes", "on time/late/pending",
+    print_table(["day", "changed", "page req (304s)", "page bytes", "lists req",
+                 "on time/late/pending",
                  "unchanged items", "dup items", "worker req", "worker items", "wall s",
                  "same"], rows)
     print(f"[{kind}] ours-cluster's page requests = ours' on every day: "
@@ -491,6 +503,9 @@ def compare_cluster(kind: str, ours: Run, cluster: Run, plan: Plan) -> tuple[boo
           f"{verdict(not time_days)} ({cluster.on_time:.1%} vs {ours.on_time:.1%} on time, "
           f"{cluster.missing} vs {ours.missing} missing)"
           + (f" ({'; '.join(time_days)})" if time_days else ""))
+    if list_days:
+        print(f"  [{kind}] list requests differ (ours-cluster minus ours): "
+              + "; ".join(list_days))
     return not req_days, not time_days
 
 
