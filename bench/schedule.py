@@ -55,7 +55,8 @@ What it reports, from the server's log and the items emitted only
     is the one last emitted for its page). For ours, per day: page
     requests, how many went to pages with a change not yet emitted, and the
     bound "changed + sample" where the sample is
-    ``ceil(INCREMENTAL_LASTMOD_RECHECK_SHARE x pages)`` (one host), plus
+    ``max(1, ceil(INCREMENTAL_LASTMOD_RECHECK_SHARE x n))`` for each of the
+    site's two child sitemaps of n pages (the sample is drawn per list), plus
     INCREMENTAL_MAX_AGE refreshes apart when the crawl's stats count them;
     and the first day a crawl logged "Not trusting the sitemap lastmods of".
 
@@ -122,6 +123,13 @@ DAILY_SHARE, WEEKLY_SHARE, RARE_CHANCE = 0.05, 0.15, 1 / 60
 #: INCREMENTAL_LASTMOD_RECHECK_SHARE's default: the sample of lastmod-skipped
 #: pages checked each crawl.
 RECHECK_SHARE = 0.01
+def sample_bound(pages: int) -> int:
+    """Pages the rotating sample may check in a crawl: drawn per list, and
+    the site's sitemap index lists two halves of its pages."""
+    halves = ((pages + 1) // 2, pages // 2)
+    return sum(max(1, math.ceil(RECHECK_SHARE * n)) for n in halves if n)
+
+
 #: Ours must distrust stale lastmods within this many days.
 STALE_DAYS = 10
 #: "Well under" always-conditional's requests: at most this share of them.
@@ -542,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     plan = make_plan(args.pages, args.days, args.seed, args.jitter)
-    sample = math.ceil(RECHECK_SHARE * args.pages)
+    sample = sample_bound(args.pages)
     began = time.perf_counter()
     runs: dict[tuple[str, str], Run] = {}
     with tempfile.TemporaryDirectory(prefix="bench-schedule-") as tmp:
