@@ -79,6 +79,10 @@ __all__ = ["HostChange", "HostEvent", "HostTrustBook", "TrustRules", "recheck_du
 
 logger = logging.getLogger(__name__)
 
+#: A host on probation caught with stale lastmods again is distrusted for
+#: INCREMENTAL_LASTMOD_DISTRUST_TTL doubled this many times at most (8 times).
+_MAX_DOUBLINGS = 3
+
 
 class HostEvent(StrEnum):
     """What a rule did to a host's record."""
@@ -145,9 +149,12 @@ class TrustRules:
         """A distrust of the host's lastmods whose time is up ends."""
         if not trust.distrusted_until or now < trust.distrusted_until:
             return None
-        # Time served: give the host another chance, from scratch.
+        # Time served: another chance. The evidence of moved lastmods starts
+        # from scratch; stale-lastmod findings stay (probation: one more
+        # distrusts again, for twice as long), until lastmods that move with
+        # their pages wear them down (lastmod_tested).
         trust.distrusted_until = 0.0
-        trust.checks = trust.lies = trust.stale_lastmods = 0
+        trust.checks = trust.lies = 0
         return HostChange(HostEvent.LASTMODS_FORGIVEN)
 
     def lastmod_tested(self, trust: HostTrust, *, lied: bool, now: float) -> HostChange | None:
@@ -156,6 +163,9 @@ class TrustRules:
             return None
         trust.checks += 1
         trust.lies += lied
+        if not lied and trust.stale_lastmods:
+            # A lastmod that moved with its page: the dates are kept again.
+            trust.stale_lastmods -= 1
         if trust.checks >= self.min_samples and trust.lies > self.max_lie_share * trust.checks:
             return self.distrust_lastmods(trust, now, f"{trust.lies} of {trust.checks} "
                                           "lastmod changes came with unchanged pages")
@@ -171,12 +181,17 @@ class TrustRules:
             return None
         trust.stale_lastmods += 1
         if trust.stale_lastmods >= self.stale_after:
+            # Each finding past the threshold (a host on probation caught
+            # again) doubles the distrust, up to 2 ** _MAX_DOUBLINGS times.
+            doublings = min(trust.stale_lastmods - self.stale_after, _MAX_DOUBLINGS)
             return self.distrust_lastmods(trust, now, f"{trust.stale_lastmods} pages changed "
-                                          "behind lastmods that did not move")
+                                          "behind lastmods that did not move",
+                                          ttl=self.distrust_ttl * 2 ** doublings)
         return HostChange(HostEvent.COUNTED)
 
-    def distrust_lastmods(self, trust: HostTrust, now: float, why: str) -> HostChange:
-        trust.distrusted_until = now + self.distrust_ttl
+    def distrust_lastmods(self, trust: HostTrust, now: float, why: str,
+                          ttl: float | None = None) -> HostChange:
+        trust.distrusted_until = now + (self.distrust_ttl if ttl is None else ttl)
         return HostChange(HostEvent.LASTMODS_DISTRUSTED, why)
 
     # -- validators ------------------------------------------------------------
@@ -298,7 +313,7 @@ class HostTrustBook:
         self._mark(trust, change)
         self.stats.inc_value("incremental/lastmod/lied" if lied else "incremental/lastmod/truthful")
         if change.event is HostEvent.LASTMODS_DISTRUSTED:
-            self._lastmods_distrusted(trust, change.why)
+            self._lastmods_distrusted(trust, change.why, now)
 
     def stale(self, host: str, now: float) -> None:
         """A sampled page changed behind its unmoved lastmod: a stale-lastmod finding."""
@@ -311,17 +326,17 @@ class HostTrustBook:
         self._mark(trust, change)
         self.stats.inc_value("incremental/lastmod/stale")
         if change.event is HostEvent.LASTMODS_DISTRUSTED:
-            self._lastmods_distrusted(trust, change.why)
+            self._lastmods_distrusted(trust, change.why, now)
 
     def distrust(self, trust: HostTrust, now: float, why: str) -> None:
         self._mark(trust, self.rules.distrust_lastmods(trust, now, why))
-        self._lastmods_distrusted(trust, why)
+        self._lastmods_distrusted(trust, why, now)
 
-    def _lastmods_distrusted(self, trust: HostTrust, why: str) -> None:
+    def _lastmods_distrusted(self, trust: HostTrust, why: str, now: float) -> None:
         self.stats.inc_value("incremental/lastmod/hosts_distrusted")
         logger.warning(
             "Not trusting the sitemap lastmods of %(host)s for %(ttl).0f s: %(why)s",
-            {"host": trust.host, "ttl": self.rules.distrust_ttl, "why": why},
+            {"host": trust.host, "ttl": trust.distrusted_until - now, "why": why},
         )
 
     # -- validators --------------------------------------------------------

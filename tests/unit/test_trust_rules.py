@@ -52,9 +52,12 @@ LASTMODS_EXPIRE = [
     # (case, before, after, change)
     ("trusted", {"checks": 3, "lies": 1}, {}, None),
     ("distrusted, not yet", {"distrusted_until": NOW + 1, "lies": 9}, {}, None),
-    ("time served", {"distrusted_until": NOW, "checks": 9, "lies": 6, "stale_lastmods": 3},
-     {"distrusted_until": 0.0, "checks": 0, "lies": 0, "stale_lastmods": 0},
+    ("time served", {"distrusted_until": NOW, "checks": 9, "lies": 6},
+     {"distrusted_until": 0.0, "checks": 0, "lies": 0},
      HostChange(HostEvent.LASTMODS_FORGIVEN)),
+    # Stale-lastmod findings stay: the host is on probation.
+    ("time served, stale findings kept", {"distrusted_until": NOW, "stale_lastmods": 3},
+     {"distrusted_until": 0.0}, HostChange(HostEvent.LASTMODS_FORGIVEN)),
 ]
 
 
@@ -81,6 +84,11 @@ LASTMOD_TESTED = [
                 "3 of 4 lastmod changes came with unchanged pages")),
     ("old evidence weighs half", {"checks": 15, "lies": 5}, False, {"checks": 8, "lies": 2},
      COUNTED),
+    # A lastmod that moved with its page wears a stale-lastmod finding down.
+    ("truthful, on probation", {"stale_lastmods": 3}, False,
+     {"checks": 1, "stale_lastmods": 2}, COUNTED),
+    ("a lie does not", {"stale_lastmods": 3}, True,
+     {"checks": 1, "lies": 1, "stale_lastmods": 3}, COUNTED),
 ]
 
 
@@ -100,6 +108,16 @@ LASTMOD_STALE = [
      {"stale_lastmods": 3, "distrusted_until": NOW + 1000},
      HostChange(HostEvent.LASTMODS_DISTRUSTED,
                 "3 pages changed behind lastmods that did not move")),
+    # On probation (forgiven with its findings kept): one more distrusts
+    # again, each time for twice as long, at most eight times the TTL.
+    ("caught again on probation", {"stale_lastmods": 3},
+     {"stale_lastmods": 4, "distrusted_until": NOW + 2000},
+     HostChange(HostEvent.LASTMODS_DISTRUSTED,
+                "4 pages changed behind lastmods that did not move")),
+    ("caught often", {"stale_lastmods": 9},
+     {"stale_lastmods": 10, "distrusted_until": NOW + 8000},
+     HostChange(HostEvent.LASTMODS_DISTRUSTED,
+                "10 pages changed behind lastmods that did not move")),
 ]
 
 
