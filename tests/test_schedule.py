@@ -177,6 +177,19 @@ async def test_stale_lastmods_are_found_by_the_sample_and_distrust_the_host(
     assert third.stats.get_value("incremental/schedule/requested/due") == 2
     assert third.stats.get_value("incremental/schedule/not_due") == 2
 
+    # The distrust is over; the host is on probation (its findings kept):
+    # unmoved dates no longer vouch, every page goes by its schedule, and
+    # there is nothing to sample.
+    later(monkeypatch, 2 * DAY + 8 * DAY)
+    site.reset_log()
+    fourth = await crawl(SitemapPagesSpider, settings=settings, sitemap_url=sitemap)
+    assert fourth.stats.get_value("incremental/lastmod/distrusted_sitemaps") is None
+    assert page_requests(site) == sorted(paths)
+    assert fourth.stats.get_value("incremental/schedule/requested/due") == len(paths)
+    assert fourth.stats.get_value("incremental/schedule/skipped/lastmod_unchanged") is None
+    assert fourth.stats.get_value("incremental/schedule/requested/sampled") is None
+    assert state_db("SELECT distrusted_until, stale_lastmods FROM hosts") == [(0, 2)]
+
 
 @pytest_twisted.ensureDeferred
 async def test_a_sitemap_answering_304_reseeds_only_what_its_lastmods_do_not_vouch_for(

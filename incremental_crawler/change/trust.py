@@ -79,9 +79,6 @@ __all__ = ["HostChange", "HostEvent", "HostTrustBook", "TrustRules", "recheck_du
 
 logger = logging.getLogger(__name__)
 
-#: A host on probation caught with stale lastmods again is distrusted for
-#: INCREMENTAL_LASTMOD_DISTRUST_TTL doubled this many times at most (8 times).
-_MAX_DOUBLINGS = 3
 
 
 class HostEvent(StrEnum):
@@ -150,8 +147,8 @@ class TrustRules:
         if not trust.distrusted_until or now < trust.distrusted_until:
             return None
         # Time served: another chance. The evidence of moved lastmods starts
-        # from scratch; stale-lastmod findings stay (probation: one more
-        # distrusts again, for twice as long), until lastmods that move with
+        # from scratch; stale-lastmod findings stay (probation: no date
+        # vouches, HostTrustBook.on_probation) until lastmods that move with
         # their pages wear them down (lastmod_tested).
         trust.distrusted_until = 0.0
         trust.checks = trust.lies = 0
@@ -181,17 +178,12 @@ class TrustRules:
             return None
         trust.stale_lastmods += 1
         if trust.stale_lastmods >= self.stale_after:
-            # Each finding past the threshold (a host on probation caught
-            # again) doubles the distrust, up to 2 ** _MAX_DOUBLINGS times.
-            doublings = min(trust.stale_lastmods - self.stale_after, _MAX_DOUBLINGS)
             return self.distrust_lastmods(trust, now, f"{trust.stale_lastmods} pages changed "
-                                          "behind lastmods that did not move",
-                                          ttl=self.distrust_ttl * 2 ** doublings)
+                                          "behind lastmods that did not move")
         return HostChange(HostEvent.COUNTED)
 
-    def distrust_lastmods(self, trust: HostTrust, now: float, why: str,
-                          ttl: float | None = None) -> HostChange:
-        trust.distrusted_until = now + (self.distrust_ttl if ttl is None else ttl)
+    def distrust_lastmods(self, trust: HostTrust, now: float, why: str) -> HostChange:
+        trust.distrusted_until = now + self.distrust_ttl
         return HostChange(HostEvent.LASTMODS_DISTRUSTED, why)
 
     # -- validators ------------------------------------------------------------
@@ -301,6 +293,11 @@ class HostTrustBook:
         """Whether the host's sitemap lastmods are believed at *now*."""
         self._mark(trust, self.rules.lastmods_expire(trust, now))
         return not trust.distrusted_until
+
+    def on_probation(self, trust: HostTrust) -> bool:
+        """Whether the host's lastmods were found stale (and not worn down
+        since): a newer date still asks for a page, but none vouches for one."""
+        return trust.stale_lastmods >= self.rules.stale_after
 
     def observe(self, host: str, *, lied: bool, now: float) -> None:
         """A page fetched because its lastmod moved: did it change?"""

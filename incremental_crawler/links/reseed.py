@@ -312,7 +312,10 @@ class _DueReader:
         trusted = self.trusted.get(host)
         if trusted is None:
             book = self.ledger.trust
-            trusted = self.trusted[host] = book.trusted(await book.load(host), clock.now())
+            trust = await book.load(host)
+            # Not on probation for stale lastmods either: then none vouches.
+            trusted = self.trusted[host] = (book.trusted(trust, clock.now())
+                                            and not book.on_probation(trust))
         return trusted
 
     def take_samples(self) -> None:

@@ -136,7 +136,7 @@ class SitemapEntries:
 
 
 def decide(candidate: Candidate, stored: PageState | None, *, use_lastmod: bool,
-           rules: DueRules) -> Why:
+           rules: DueRules, vouching: bool = True) -> Why:
     """Why *candidate* is requested this crawl, or why not (:func:`schedule_why`).
 
     *use_lastmod*: the list's dates are used (switched on, and the host's
@@ -144,7 +144,8 @@ def decide(candidate: Candidate, stored: PageState | None, *, use_lastmod: bool,
     asks for the page; a modification date that did not move vouches for
     our copy whatever its revisit schedule. A date that is not a
     modification date (a publication date) never vouches: an unmoved one
-    leaves the page to its schedule.
+    leaves the page to its schedule. *vouching* ``False`` (a host on
+    probation for stale lastmods): newer dates still ask, but no date vouches.
     """
     if stored is None:
         return Why.NEW
@@ -152,4 +153,5 @@ def decide(candidate: Candidate, stored: PageState | None, *, use_lastmod: bool,
     if not use_lastmod or listed is None or known is None:
         return schedule_why(stored, rules)
     newer = listed > known
-    return schedule_why(stored, rules, newer=newer, vouched=candidate.modified and not newer)
+    return schedule_why(stored, rules, newer=newer,
+                        vouched=vouching and candidate.modified and not newer)

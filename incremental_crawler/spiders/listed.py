@@ -205,6 +205,9 @@ class ListedPagesSpider(IncrementalSpider):
         use_lastmod = ledger is not None and self.use_lastmod and await self._lastmods_trusted(
             ledger, entries.host, candidates, now
         )
+        # A host on probation for stale lastmods: newer dates ask, none vouches.
+        vouching = use_lastmod and ledger is not None and not ledger.trust.on_probation(
+            ledger.trust.loaded(entries.host))
         share = ledger.config.lastmod_recheck_share if ledger is not None else 0.0
         sample: RotatingSample[_Listed] = RotatingSample(share, len(candidates))
         counter = ledger.schedule if ledger is not None else ScheduleCounter(self.crawler.stats)
@@ -219,7 +222,8 @@ class ListedPagesSpider(IncrementalSpider):
                 callback = callback_for(candidate.loc)
                 if callback is None:
                     continue  # not one of the crawl's pages
-                why = decide(candidate, state, use_lastmod=use_lastmod, rules=rules)
+                why = decide(candidate, state, use_lastmod=use_lastmod, rules=rules,
+                             vouching=vouching)
                 if state is not None and why in (Why.LASTMOD_UNCHANGED, Why.NOT_DUE):
                     self._not_requested(_Listed(candidate, state, callback), why, sample,
                                         counter)

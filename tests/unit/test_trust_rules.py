@@ -108,16 +108,6 @@ LASTMOD_STALE = [
      {"stale_lastmods": 3, "distrusted_until": NOW + 1000},
      HostChange(HostEvent.LASTMODS_DISTRUSTED,
                 "3 pages changed behind lastmods that did not move")),
-    # On probation (forgiven with its findings kept): one more distrusts
-    # again, each time for twice as long, at most eight times the TTL.
-    ("caught again on probation", {"stale_lastmods": 3},
-     {"stale_lastmods": 4, "distrusted_until": NOW + 2000},
-     HostChange(HostEvent.LASTMODS_DISTRUSTED,
-                "4 pages changed behind lastmods that did not move")),
-    ("caught often", {"stale_lastmods": 9},
-     {"stale_lastmods": 10, "distrusted_until": NOW + 8000},
-     HostChange(HostEvent.LASTMODS_DISTRUSTED,
-                "10 pages changed behind lastmods that did not move")),
 ]
 
 
