@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import os
 import re
 import select
@@ -555,3 +556,15 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=20)
+
+
+#: INCREMENTAL_LASTMOD_RECHECK_SHARE's default: the share of lastmod-skipped
+#: pages the rotating sample checks each crawl.
+RECHECK_SHARE = 0.01
+
+
+def sample_bound(pages: int) -> int:
+    """Pages the rotating sample may check in a crawl of the test site: drawn
+    per list, and its sitemap index lists two halves of its pages."""
+    halves = ((pages + 1) // 2, pages // 2)
+    return sum(max(1, math.ceil(RECHECK_SHARE * n)) for n in halves if n)

@@ -85,7 +85,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import random
 import re
 import shutil
@@ -110,6 +109,7 @@ from _harness import (
     ratio,
     run_crawl,
     run_workers,
+    sample_bound,
     verdict,
 )
 
@@ -120,16 +120,6 @@ DAY = 86_400
 #: Shares of pages changing every day and once a week; the others change
 #: with this chance on any day.
 DAILY_SHARE, WEEKLY_SHARE, RARE_CHANCE = 0.05, 0.15, 1 / 60
-#: INCREMENTAL_LASTMOD_RECHECK_SHARE's default: the sample of lastmod-skipped
-#: pages checked each crawl.
-RECHECK_SHARE = 0.01
-def sample_bound(pages: int) -> int:
-    """Pages the rotating sample may check in a crawl: drawn per list, and
-    the site's sitemap index lists two halves of its pages."""
-    halves = ((pages + 1) // 2, pages // 2)
-    return sum(max(1, math.ceil(RECHECK_SHARE * n)) for n in halves if n)
-
-
 #: Ours must distrust stale lastmods within this many days.
 STALE_DAYS = 10
 #: "Well under" always-conditional's requests: at most this share of them.
