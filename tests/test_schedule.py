@@ -353,3 +353,37 @@ async def test_a_minute_later_every_known_page_is_accounted_for(
                 if (m := r.getMessage()).startswith("Incremental report")]
     assert f"not due {len(paths)} (the first falls due {when})" in report
     assert "requested nothing" in report and "INCREMENTAL_RECHECK_ALL" in report
+
+
+@pytest.mark.parametrize("state_uri", ["sqlite", "redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_due_pages_over_the_reseed_limit_are_counted_as_deferred(
+    site, crawl, state_uri, monkeypatch
+):
+    # Every page due behind a sitemap answering 304 (undated: nothing
+    # vouches), and room to re-seed only three: the rest are in a column of
+    # their own, not lost from the count.
+    from tests.test_failures import SETTINGS, gets
+    from tests.test_failures import at as shift
+
+    paths = [f"/d/{i}" for i in range(10)]
+    for path in paths:
+        site.add_page(path, "strong", size=1500)
+    site.add_document("/sitemap.xml", urlset([(site.url(p), None) for p in paths]),
+                      "application/xml", etag='"sm-1"')
+    settings = {**SETTINGS, "INCREMENTAL_RESEED_LIMIT": 3}
+
+    async def run(offset: float) -> Any:
+        site.reset_log()
+        shift(monkeypatch, offset)
+        return await crawl(SitemapPagesSpider, settings=settings,
+                           sitemap_url=site.url("/sitemap.xml"))
+
+    await run(0)
+    second = await run(2 * DAY)
+    assert gets(site, "/sitemap.xml") == [304]
+    stats = second.stats
+    assert len([r for r in site.log if r.path.startswith("/d/")]) == 3
+    assert stats.get_value("incremental/schedule/requested/due") == 3
+    assert stats.get_value("incremental/schedule/deferred") == len(paths) - 3
+    assert stats.get_value("incremental/schedule/not_due") is None

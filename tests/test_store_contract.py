@@ -15,6 +15,7 @@ that awaits asyncio I/O (Redis) runs under these tests unchanged.
 from __future__ import annotations
 
 import json
+import math
 import random
 import sqlite3
 import tracemalloc
@@ -598,6 +599,36 @@ class StateStoreContract:
         await call(store.flush())
         due = await call(store.get_due(SCOPE, 1_000, 10))
         assert [s.key.url.rsplit("/", 1)[1] for s in due] == ["late"]
+
+    @pytest_twisted.ensureDeferred
+    async def test_summarize_pages_counts_by_next_visit_check_and_callback(
+        self, store: StateStore
+    ) -> None:
+        def page(name: str, next_visit: float, **changes: Any) -> PageState:
+            fields = {"next_visit": next_visit, "callback": "parse", "size": 100,
+                      "last_checked": 1_000, **changes}
+            return full_state(PageKey(SCOPE, f"{URL}/{name}"), 1, **fields)
+
+        store.stage_page(page("due", 500))
+        store.stage_page(page("later", 2_000, size=250))
+        store.stage_page(page("latest", 3_000))
+        store.stage_page(page("checked-now", 2_500, last_checked=5_000))
+        store.stage_page(page("a-list", 2_500, callback="parse_list"))
+        store.stage_page(page("no-callback", 2_500, callback=None))
+        store.stage_page(full_state(PageKey("other", f"{URL}/x"), 1, next_visit=2_000,
+                                    callback="parse"))
+        await call(store.flush())
+
+        async def summary(after: float, upto: float) -> tuple[int, int, float | None]:
+            result = await call(store.summarize_pages(
+                SCOPE, after=after, upto=upto, checked_before=4_000,
+                exclude_callbacks=("parse_list",)))
+            return tuple(result)
+
+        assert await summary(1_000, math.inf) == (2, 350, 2_000)
+        assert await summary(-math.inf, 1_000) == (1, 100, 500)
+        assert await summary(-math.inf, math.inf) == (3, 450, 500)
+        assert await summary(5_000, math.inf) == (0, 0, None)
 
     @pytest_twisted.ensureDeferred
     async def test_get_due_pages_through_the_due_pages_with_an_offset(

@@ -136,6 +136,15 @@ class ScheduleCounter:
         later = [size for next_visit, size in self._unrequested.values() if next_visit > due_at]
         return len(later), sum(later)
 
+    def counted_keys(self, *, upto: float) -> set[PageKey]:
+        """Pages counted as not requested whose next visit is not after *upto*."""
+        return {key for key, (next_visit, _) in self._unrequested.items() if next_visit <= upto}
+
+    def deferred(self, pages: int) -> None:
+        """Due pages left unread over INCREMENTAL_RESEED_LIMIT (next crawl's first)."""
+        if pages > 0:
+            self.stats.inc_value("incremental/schedule/deferred", pages)
+
     def not_due_elsewhere(self, pages: int, size: int, first_due: float | None) -> None:
         """Known pages that nothing listed or linked this crawl, and not due."""
         if pages <= 0:

@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http import Response
 
-    from incremental_crawler.state.records import PageState
+    from incremental_crawler.state.records import PageKey, PageState
 
 __all__ = ["CALLBACK_ATTRIBUTE", "RESEED_URL", "Reseeder"]
 
@@ -236,10 +236,16 @@ class _DueReader:
         self.samples: dict[str, RotatingSample[PageState]] = {}
         self.trusted: dict[str, bool] = {}
         self.requests: list[Request] = []
+        #: The due pages read (decided, or left to whoever decided them).
+        self.read_keys: set[PageKey] = set()
+        #: Lists are not pages (they are not counted).
+        self.list_callbacks: frozenset[str] = frozenset(
+            getattr(reseeder.spider, "list_callbacks", ()))
 
     async def read(self) -> list[Request]:
         offset = 0
-        while len(self.requests) < self.limit:
+        limited = False
+        while not (limited := len(self.requests) >= self.limit):
             due = await self.ledger.store.get_due(self.ledger.scope, self.rules.due_at, _READ,
                                                   offset)
             if not due:
@@ -248,11 +254,25 @@ class _DueReader:
             for state in due:
                 if len(self.requests) >= self.limit:
                     break
+                self.read_keys.add(state.key)
                 if not self.visited(state) and not (callable(self.skip) and self.skip(state)):
                     await self.decide(state)
         self.take_samples()
+        if limited:
+            await self.count_deferred()
         await self.count_the_rest()
         return self.requests
+
+    async def count_deferred(self) -> None:
+        """Count the due pages left over INCREMENTAL_RESEED_LIMIT: not read,
+        so not decided; the most overdue come first next crawl."""
+        rules = self.rules
+        due = await self.ledger.store.summarize_pages(
+            self.ledger.scope, after=-math.inf, upto=rules.due_at,
+            checked_before=math.floor(rules.started), exclude_callbacks=self.list_callbacks)
+        # Read above, or counted by whoever decided them (a list read in full).
+        decided = self.read_keys | self.counter.counted_keys(upto=rules.due_at)
+        self.counter.deferred(due.pages - len(decided))
 
     async def count_the_rest(self) -> None:
         """Count the known pages no one decided this crawl: not due (nothing
@@ -263,9 +283,9 @@ class _DueReader:
         are lists (they are not pages).
         """
         rules = self.rules
-        summary = await self.ledger.store.summarize_not_due(
-            self.ledger.scope, rules.due_at, checked_before=math.floor(rules.started),
-            exclude_callbacks=getattr(self.reseeder.spider, "list_callbacks", ()))
+        summary = await self.ledger.store.summarize_pages(
+            self.ledger.scope, after=rules.due_at, upto=math.inf,
+            checked_before=math.floor(rules.started), exclude_callbacks=self.list_callbacks)
         counted, counted_size = self.counter.counted_after(rules.due_at)
         self.counter.not_due_elsewhere(summary.pages - counted, summary.size - counted_size,
                                        summary.first_due)

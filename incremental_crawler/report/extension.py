@@ -96,6 +96,7 @@ def _schedule(stats: dict[str, Any]) -> dict[str, int]:
         **requested,
         "skipped_lastmod": get(f"skipped/{Why.LASTMOD_UNCHANGED}"),
         "not_due": get("not_due"),
+        "deferred": get("deferred"),
         # POSIX time, 0 when no page was not due.
         "first_due": get("first_due"),
         "failed": get("failed"),
@@ -130,6 +131,9 @@ def accounting_line(s: dict[str, int]) -> str:
         parts.append(f"skipped {s['skipped_lastmod']} (lastmod unchanged)")
     if s["not_due"]:
         parts.append(f"not due {s['not_due']}{_first_due(s)}")
+    if s["deferred"]:
+        parts.append(f"deferred {s['deferred']} (due, over INCREMENTAL_RESEED_LIMIT: "
+                     "the most overdue go first next crawl)")
     if len(parts) == 1 and not s["requested"]:
         return ""
     return "known pages: " + ", ".join(parts)
@@ -138,7 +142,7 @@ def accounting_line(s: dict[str, int]) -> str:
 def _short_accounting(s: dict[str, int]) -> str:
     """The accounting line's totals, for the periodic line."""
     counts = (("requested", s["requested"]), ("skipped", s["skipped_lastmod"]),
-              ("not due", s["not_due"]), ("failed", s["failed"]))
+              ("not due", s["not_due"]), ("deferred", s["deferred"]))
     if not any(n for _, n in counts):
         return ""
     return "known: " + ", ".join(f"{name} {n}" for name, n in counts if n or name == "requested")

@@ -18,11 +18,11 @@ if TYPE_CHECKING:
 
     from incremental_crawler.state.records import HostTrust, ItemRecord, PageKey, PageState
 
-__all__ = ["NotDueSummary", "StateStore", "StateStoreError"]
+__all__ = ["PagesSummary", "StateStore", "StateStoreError"]
 
 
-class NotDueSummary(NamedTuple):
-    """Pages not due in a crawl, in aggregate (:meth:`StateStore.summarize_not_due`)."""
+class PagesSummary(NamedTuple):
+    """Pages of a scope in aggregate (:meth:`StateStore.summarize_pages`)."""
 
     pages: int = 0
     #: Their stored body sizes, summed.
@@ -88,12 +88,14 @@ class StateStore(ABC):
         """
 
     @abstractmethod
-    async def summarize_not_due(self, scope: str, due_at: float, *, checked_before: float,
-                                exclude_callbacks: Collection[str] = ()) -> NotDueSummary:
+    async def summarize_pages(self, scope: str, *, after: float, upto: float,
+                              checked_before: float,
+                              exclude_callbacks: Collection[str] = ()) -> PagesSummary:
         """The pages of *scope* that can be requested again (a callback, not
-        one of *exclude_callbacks*), whose next visit is after *due_at* and
-        that were last checked before *checked_before*: how many, their
-        stored sizes, and the earliest next visit. One pass, no states kept.
+        one of *exclude_callbacks*), whose next visit is after *after* and
+        not after *upto* (either may be infinite), and that were last checked
+        before *checked_before*: how many, their stored sizes, and the
+        earliest next visit. One pass, no states kept.
         """
 
     @abstractmethod

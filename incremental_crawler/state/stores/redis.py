@@ -62,7 +62,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from incremental_crawler.state.records import HostTrust, ItemRecord, PageFlags, PageKey, PageState
-from incremental_crawler.state.stores.base import NotDueSummary, StateStore, StateStoreError
+from incremental_crawler.state.stores.base import PagesSummary, StateStore, StateStoreError
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
@@ -613,8 +613,9 @@ class RedisStateStore(StateStore):
                 due.append(state)
         return due
 
-    async def summarize_not_due(self, scope: str, due_at: float, *, checked_before: float,
-                                exclude_callbacks: Collection[str] = ()) -> NotDueSummary:
+    async def summarize_pages(self, scope: str, *, after: float, upto: float,
+                              checked_before: float,
+                              exclude_callbacks: Collection[str] = ()) -> PagesSummary:
         # The due index holds exactly the pages with a callback, scored by
         # next visit. ZSCAN walks it in O(1) per member (ZRANGE with an
         # offset would cost O(offset) per page of results); it may return a
@@ -627,7 +628,7 @@ class RedisStateStore(StateStore):
             cursor, pairs = await self._call("ZSCAN", self._key("due", scope), cursor,
                                              "COUNT", _SCAN_COUNT)
             fields = [member for member, score in pairs
-                      if float(score) > due_at and member not in seen]
+                      if after < float(score) <= upto and member not in seen]
             seen.update(fields)
             if fields:
                 values = await self._call("HMGET", self._key("pages", scope), *fields)
@@ -642,7 +643,7 @@ class RedisStateStore(StateStore):
                     size += state.size
                     first = state.next_visit if first is None else min(first, state.next_visit)
             if int(cursor) == 0:
-                return NotDueSummary(count, size, first)
+                return PagesSummary(count, size, first)
         raise self._fail(f"scanning the due pages of {scope!r} did not finish")
 
     async def _item(self, scope: str, item_key: str) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from incremental_crawler.config import DEFAULT_SETTINGS
 from incremental_crawler.state.records import HostTrust, ItemRecord, PageFlags, PageKey, PageState
-from incremental_crawler.state.stores.base import NotDueSummary, StateStore, StateStoreError
+from incremental_crawler.state.stores.base import PagesSummary, StateStore, StateStoreError
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterable, Iterator
@@ -420,20 +420,23 @@ class SQLiteStateStore(StateStore):
         return [PageState(PageKey(scope, url, variant), *columns)
                 for url, variant, *columns in rows]
 
-    async def summarize_not_due(self, scope: str, due_at: float, *, checked_before: float,
-                                exclude_callbacks: Collection[str] = ()) -> NotDueSummary:
+    async def summarize_pages(self, scope: str, *, after: float, upto: float,
+                              checked_before: float,
+                              exclude_callbacks: Collection[str] = ()) -> PagesSummary:
         excluded = tuple(exclude_callbacks)
         query = (
             "SELECT COUNT(*), COALESCE(SUM(size), 0), MIN(next_visit) FROM pages "  # noqa: S608 (placeholders only)
-            "WHERE scope = ? AND callback IS NOT NULL AND next_visit > ? AND last_checked < ?"
+            "WHERE scope = ? AND callback IS NOT NULL AND next_visit > ? AND next_visit <= ? "
+            "AND last_checked < ?"
             + (f" AND callback NOT IN ({','.join('?' * len(excluded))})" if excluded else "")
         )
+        bounds = (int(max(min(after, 2**62), -(2**62))), int(max(min(upto, 2**62), -(2**62))))
         try:
             count, size, first = self._db.execute(
-                query, (scope, int(min(due_at, 2**62)), checked_before, *excluded)).fetchone()
+                query, (scope, *bounds, checked_before, *excluded)).fetchone()
         except sqlite3.DatabaseError as exc:
             raise self._fail("read failed", exc) from exc
-        return NotDueSummary(count, size, first)
+        return PagesSummary(count, size, first)
 
     async def get_item_simhash(self, scope: str, item_key: str) -> int | None:
         row = self._db.execute(
