@@ -106,7 +106,7 @@ async def test_stored_weak_tag_matches_the_same_strong_tag(site, crawl, state_db
 @pytest_twisted.ensureDeferred
 async def test_invalid_validators_are_never_stored_nor_sent(site, crawl, state_db):
     bad = {
-        "/unquoted": {"ETag": "abc", "Last-Modified": "0"},
+        "/half-quoted": {"ETag": '"abc', "Last-Modified": "0"},
         "/spaces": {"ETag": '"a b"', "Last-Modified": "-1"},
         "/huge": {"ETag": '"' + "x" * 9000 + '"',
                   "Last-Modified": "Sun, 32 Nov 1994 08:49:37 GMT"},
@@ -128,6 +128,27 @@ async def test_invalid_validators_are_never_stored_nor_sent(site, crawl, state_d
     # Unchanged content, no validators: the fingerprint drops the items.
     assert second.collected == []
     assert second.stats.get_value("incremental/items_unchanged") == 3
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_unquoted_etag_is_kept_sent_back_as_received_and_revalidates(
+    site, crawl, state_db
+):
+    # ETag: foo (RFC 9110 wants "foo") is common on real servers; refusing it
+    # meant never revalidating the page.
+    site.add_document("/u", "<html><title>u</title><main>u</main></html>", "text/html",
+                      etag="foo")
+    first = await crawl(ListSpider, urls=[site.url("/u")])
+    assert first.stats.get_value("incremental/invalid_validator/etag") is None
+    assert stored(state_db, site, "/u")[0] == "foo"
+    site.reset_log()
+    second = await crawl(ListSpider, urls=[site.url("/u")])
+    [record] = records(site, "/u")
+    assert record.if_none_match == "foo" and record.status == 304
+    assert second.stats.get_value("incremental/not_modified") == 1
+    # The 304's own ETag, foo, named the tag we hold: no re-fetch.
+    assert second.stats.get_value("incremental/refetch/etag_mismatch_304") is None
+    assert second.collected == []
 
 
 @pytest_twisted.ensureDeferred

@@ -128,8 +128,14 @@ def test_retry_after_values():
     assert parse_retry_after("abc") is None
     assert parse_retry_after("-5") is None
     assert parse_retry_after("1e12") is None
-    assert parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT") == 0  # in the past
     assert parse_retry_after("Sunday, 06-Nov-94 08:49:37 GMT", now=784111700) == 77
+    # "Retry now" is valid: "0", a date long past, a date a few seconds past
+    # (the server's clock a little behind) or exactly now are all 0, not None.
+    assert parse_retry_after("0") == 0
+    assert parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT") == 0
+    assert parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", now=784111780) == 0
+    assert parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", now=784111777) == 0
+    assert parse_retry_after(formatdate(time.time() - 2, usegmt=True)) == 0
 
 
 @pytest_twisted.ensureDeferred
@@ -185,6 +191,33 @@ async def test_a_retry_after_date_is_read_against_the_servers_clock(site, crawl)
                 urls=[site.url("/a")])
     tries = [r.started for r in site.log if r.path == "/a"]
     assert len(tries) == 2 and tries[1] - tries[0] >= 1.9
+
+
+@pytest.mark.parametrize("behind", [30 * 365 * 86400, 2], ids=["long-past", "seconds-past"])
+@pytest_twisted.ensureDeferred
+async def test_a_retry_after_date_in_the_past_retries_now(site, crawl, behind):
+    # RFC 9110 §10.2.3: a past HTTP-date is a valid Retry-After saying
+    # "retry now", a few seconds past (clock skew) too. It used to count as
+    # invalid and wait a random backoff of 0.5 to 1.5 s.
+    site.add_page("/a", "strong", size=500)
+    site.override("/a", status=429,
+                  headers={"Retry-After": formatdate(time.time() - behind, usegmt=True)})
+    crawler = await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 50,
+                                                "INCREMENTAL_THROTTLE_MAX_RETRIES": 1,
+                                                "RETRY_ENABLED": False},
+                          urls=[site.url("/a")])
+    tries = [r.started for r in site.log if r.path == "/a"]
+    assert [r.status for r in site.log if r.path == "/a"] == [429, 429]
+    # The retry left after the slot's delay (1/rate after the cut: 0.04 s
+    # here), far below the smallest backoff (0.5 s).
+    assert tries[1] - tries[0] < 0.3
+    stats = crawler.stats
+    assert stats.get_value("incremental/throttle/retry_after_now") == 2
+    assert stats.get_value("incremental/throttle/retried/429") == 1
+    assert stats.get_value("incremental/throttle/retry_after_invalid") is None
+    assert stats.get_value("incremental/throttle/backoffs") is None
+    assert stats.get_value("incremental/retry_after_waits") is None
+    assert stats.get_value("incremental/throttle/127.0.0.1/frozen_seconds", 0) == 0
 
 
 @pytest.mark.parametrize(("dont_retry", "sent", "ours", "retry_middlewares"),

@@ -1,8 +1,10 @@
 """Parsing, checking and comparing HTTP validators (RFC 9110 §8.8).
 
 Everything that comes from a server is untrusted: a validator is stored and
-sent back only if it is well formed, so a hostile or broken server cannot make
-us store a header-injection payload or an unparseable date.
+sent back only if it is safe to (an ETag without control characters, within
+its size, unquoted ones included; a Last-Modified that is an HTTP-date), so a
+hostile or broken server cannot make us store a header-injection payload or
+an unparseable date.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ MAX_ETAG_LENGTH = 8192
 # *etagc DQUOTE; etagc = %x21 / %x23-7E / obs-text. No spaces, no controls,
 # no inner quotes.
 _ETAG_RE = re.compile(rb'^(W/)?"[\x21\x23-\x7e\x80-\xff]*"$')
+# C0 controls (CR, LF, NUL, HTAB inside a value...) and DEL: never part of
+# an ETag, quoted or not.
+_CONTROLS_RE = re.compile(rb"[\x00-\x1f\x7f]")
 
 _MONTHS = {
     m: i
@@ -60,19 +65,36 @@ def _has_controls(value: bytes) -> bool:
 
 
 def parse_etag(raw: bytes | None) -> str | None:
-    """Return the entity-tag if *raw* is a well-formed one, else ``None``.
+    """Return the ETag to store and send back, or ``None`` to refuse it.
+
+    A well-formed entity-tag is kept. So is an unquoted one (``foo``,
+    ``W/foo``), which many servers send: it is kept and sent back as
+    received, as browsers and caches do, since refusing it would mean never
+    revalidating the page. Refused: control characters (C0, DEL), values
+    over :data:`MAX_ETAG_LENGTH`, a double quote outside a well-formed
+    entity-tag (a tag broken in transit, or a list), and an unquoted value
+    holding a comma or that is ``*``: sent back in ``If-None-Match`` it
+    would be a list, or the wildcard that every representation matches.
 
     >>> parse_etag(b'"abc"'), parse_etag(b'W/"x"'), parse_etag(b"abc")
-    ('"abc"', 'W/"x"', None)
+    ('"abc"', 'W/"x"', 'abc')
+    >>> parse_etag(b'"abc'), parse_etag(b"a, *"), parse_etag(b"a\\x7fb")
+    (None, None, None)
     """
     if not raw:
         return None
     raw = raw.strip(b" \t")
-    if len(raw) > MAX_ETAG_LENGTH or _has_controls(raw):
+    if not raw or len(raw) > MAX_ETAG_LENGTH or _CONTROLS_RE.search(raw):
         return None
-    if not _ETAG_RE.match(raw):
+    if _ETAG_RE.match(raw):
+        return raw.decode("latin-1")
+    if b'"' in raw or b"," in raw or _opaque_bytes(raw) == b"*":
         return None
     return raw.decode("latin-1")
+
+
+def _opaque_bytes(tag: bytes) -> bytes:
+    return tag[2:] if tag.startswith(b"W/") else tag
 
 
 def _opaque(tag: str) -> str:
@@ -82,8 +104,11 @@ def _opaque(tag: str) -> str:
 def weak_match(a: str | None, b: str | None) -> bool:
     """Weak comparison of two entity-tags (RFC 9110 §8.8.3.2).
 
-    >>> weak_match('W/"x"', '"x"'), weak_match('"x"', '"y"')
-    (True, False)
+    Unquoted tags compare the same way: as strings once ``W/`` is stripped,
+    so ``foo`` matches ``W/foo`` and not ``"foo"``.
+
+    >>> weak_match('W/"x"', '"x"'), weak_match('"x"', '"y"'), weak_match("foo", "W/foo")
+    (True, False, True)
     """
     if not a or not b:
         return False

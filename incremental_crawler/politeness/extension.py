@@ -404,10 +404,19 @@ class AdaptiveThrottle(AutoThrottle):
         raw = response.headers.get(b"Retry-After")
         server_now = parse_http_date(response.headers.get(b"Date"))
         wait = parse_retry_after(raw, now=server_now)
-        if raw is not None and (wait is None or wait <= 0):
+        if wait == 0:
+            # "0", or a date already past (by the server's clock, or ours
+            # without its Date: a few seconds of skew land here too) is a
+            # valid answer meaning "retry now" (RFC 9110 §10.2.3): no freeze.
+            # The retry still leaves no sooner than the slot's delay (1/rate,
+            # just cut by this hard error), the least Scrapy's downloader
+            # keeps between two requests of a slot, so "now" is no storm.
+            self.crawler.stats.inc_value("incremental/throttle/retry_after_now")
+            return
+        if raw is not None and wait is None:
             self.crawler.stats.inc_value("incremental/throttle/retry_after_invalid")
-        if wait is None or wait <= 0:
-            # Garbage, or a date already past by the server's own clock.
+        if wait is None:
+            # No Retry-After, or garbage.
             wait = window.backoff()
             self.crawler.stats.inc_value("incremental/throttle/backoffs")
         if wait > self.retry_after_max:

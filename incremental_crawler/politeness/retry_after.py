@@ -17,11 +17,15 @@ def parse_retry_after(value: bytes | str | None, now: float | None = None) -> fl
 
     An HTTP-date is measured from *now*: pass the server's own ``Date`` so
     that a clock difference between it and us does not shorten the wait.
+    A date at or before *now* is valid and means "retry now": ``0.0``, as
+    ``"0"`` does (RFC 9110 §10.2.3 bounds neither form below).
 
     >>> parse_retry_after(b"120"), parse_retry_after("abc"), parse_retry_after("-5")
     (120.0, None, None)
     >>> parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", now=784111770)
     7.0
+    >>> parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", now=784111780)
+    0.0
     """
     if value is None:
         return None

@@ -243,8 +243,14 @@ def etag_matches(if_none_match: str, etag: str | None) -> bool:
         return False
     current = _ENTITY_TAG_RE.fullmatch(etag.strip())
     if current is None:
-        return False
+        # An unquoted tag (``ETag: foo``), as some servers send: they match
+        # the If-None-Match value as a whole, ``W/`` aside, as a string.
+        return _unweak(if_none_match.strip()) == _unweak(etag.strip())
     return any(m.group(2) == current.group(2) for m in _ENTITY_TAG_RE.finditer(if_none_match))
+
+
+def _unweak(tag: str) -> str:
+    return tag[2:] if tag.startswith("W/") else tag
 
 
 def _accepts_gzip(accept_encoding: str | None) -> bool:
@@ -480,8 +486,9 @@ class LoopbackSite:
     ) -> None:
         """Serve *body* as it is at *path* (a hand-made sitemap, feed, listing).
 
-        With *etag* (a quoted entity-tag) the document answers a matching
-        If-None-Match with 304.
+        With *etag* (an entity-tag, or an unquoted tag such as ``foo``, which
+        some servers send) the document answers a matching If-None-Match
+        with 304.
         """
         if isinstance(body, str):
             body = body.encode("utf-8")
