@@ -364,6 +364,25 @@ def test_one_setting_switches_cluster_mode_on_and_the_project_keeps_its_own_choi
     assert plain["SCHEDULER"] == "scrapy.core.scheduler.Scheduler"
 
 
+async def a_worker_withholding_pages(site, state_uri, cluster_prefix, tmp_path,
+                                     *extra: str) -> tuple[Worker, list[str]]:
+    """A run of two workers over 60 slow pages: one reads the sitemaps, the
+    other joins late and its item pipeline fails on every item. The failing
+    worker and the URLs whose state it withheld."""
+    add_pages(site, 60, size=1000)
+    site.slow("/p/", 0.3)
+    reader = Worker(site, state_uri, cluster_prefix, tmp_path, "reader", *extra)
+    await until(lambda: sum(page_gets(site).values()) >= 10, "the sitemaps to be read")
+    failing = Worker(site, state_uri, cluster_prefix, tmp_path, "failing", *extra,
+                     "-s", 'ITEM_PIPELINES={"tests.spiders.FailingPipeline": 800}',
+                     "-s", "TEST_FAIL_ON=")
+    for worker in (reader, failing):
+        assert await worker.wait() == 0, worker.tail()
+    withheld = re.findall(r"Not saving validators of (\S+):", failing.text())
+    assert withheld, failing.tail()
+    return failing, withheld
+
+
 @pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
 @pytest_twisted.ensureDeferred
 async def test_three_cluster_workers_are_one_polite_client_of_a_limited_site(
@@ -407,19 +426,8 @@ async def test_a_page_withheld_by_another_worker_and_not_recorded_keeps_the_site
     # the failures are not recorded to be asked again: the sitemaps' state
     # must not be saved, or the next run skips them as unchanged and never
     # asks again for the pages that failed.
-    n = 60
-    add_pages(site, n, size=1000)
-    site.slow("/p/", 0.3)
-    reader = Worker(site, state_uri, cluster_prefix, tmp_path, "reader")
-    await until(lambda: sum(page_gets(site).values()) >= 10, "the sitemaps to be read")
-    failing = Worker(site, state_uri, cluster_prefix, tmp_path, "failing",
-                     "-s", 'ITEM_PIPELINES={"tests.spiders.FailingPipeline": 800}',
-                     "-s", "TEST_FAIL_ON=")
-    for worker in (reader, failing):
-        assert await worker.wait() == 0, worker.tail()
-    withheld = re.findall(r"Not saving validators of (\S+):",
-                          failing.text())
-    assert withheld, failing.tail()
+    failing, withheld = await a_worker_withholding_pages(site, state_uri, cluster_prefix,
+                                                         tmp_path)
     assert re.search(r"'incremental/failures_unrecorded': [1-9]",
                      failing.text())
     assert await sitemaps_saved(state_uri, site) == set()
@@ -443,19 +451,8 @@ async def test_a_page_withheld_by_another_worker_and_recorded_lets_the_sitemaps_
     # run's sitemaps are saved. The site's sitemaps have no validators: the
     # index is read again, but its children's lastmods did not move, so
     # they are not; the pages that failed are asked again all the same.
-    n = 60
-    add_pages(site, n, size=1000)
-    site.slow("/p/", 0.3)
-    reader = Worker(site, state_uri, cluster_prefix, tmp_path, "reader", *REVISITS)
-    await until(lambda: sum(page_gets(site).values()) >= 10, "the sitemaps to be read")
-    failing = Worker(site, state_uri, cluster_prefix, tmp_path, "failing", *REVISITS,
-                     "-s", 'ITEM_PIPELINES={"tests.spiders.FailingPipeline": 800}',
-                     "-s", "TEST_FAIL_ON=")
-    for worker in (reader, failing):
-        assert await worker.wait() == 0, worker.tail()
-    withheld = re.findall(r"Not saving validators of (\S+):",
-                          failing.text())
-    assert withheld, failing.tail()
+    failing, withheld = await a_worker_withholding_pages(site, state_uri, cluster_prefix,
+                                                         tmp_path, *REVISITS)
     assert "incremental/failures_unrecorded" not in failing.text()
     assert await sitemaps_saved(state_uri, site) == set(SITEMAPS)
     site.reset_log()

@@ -62,6 +62,14 @@ class MetaCopyingFollowSpider(FollowSpider):
             yield response.follow(href, callback=self.parse, meta=dict(response.meta))
 
 
+def a_minute_later_without(site: Any, state_db: Any, monkeypatch: Any, url: str) -> None:
+    """Forget the start page (fetched as new next time, its callback yields
+    its links again) and move the next crawl a minute on."""
+    state_db("DELETE FROM pages WHERE url = ?", url)
+    site.reset_log()
+    later(monkeypatch, MINUTE)
+
+
 def pages_asked(site: Any) -> list[tuple[str, int]]:
     return sorted((r.path, r.status) for r in site.log if r.path != "/robots.txt")
 
@@ -85,9 +93,7 @@ async def test_not_due_links_are_dropped_before_the_scheduler(site, crawl, state
     after = time.time()
     # The start page is forgotten: fetched as new, its callback yields its
     # links again, and none of them is due.
-    state_db("DELETE FROM pages WHERE url = ?", site.url(start))
-    site.reset_log()
-    later(monkeypatch, MINUTE)
+    a_minute_later_without(site, state_db, monkeypatch, site.url(start))
     caplog.clear()
     with caplog.at_level(logging.INFO):
         second = await crawl(ErrbackFollowSpider, settings=NO_REPLAY, start_url=site.url(start))
@@ -132,9 +138,7 @@ async def test_without_the_filter_the_errback_meets_not_due(site, crawl, state_d
     paths = make_pages(site, 12)
     start = paths[0]
     await crawl(ErrbackFollowSpider, settings=NO_REPLAY, start_url=site.url(start))
-    state_db("DELETE FROM pages WHERE url = ?", site.url(start))
-    site.reset_log()
-    later(monkeypatch, MINUTE)
+    a_minute_later_without(site, state_db, monkeypatch, site.url(start))
     unfiltered = {**NO_REPLAY, "SPIDER_MIDDLEWARES": {
         "incremental_crawler.change.due_filter.NotDueFilterMiddleware": None}}
     second = await crawl(ErrbackFollowSpider, settings=unfiltered, start_url=site.url(start))
@@ -180,9 +184,7 @@ async def test_a_crawl_spider_s_not_due_rules_requests_are_dropped(site, crawl, 
                                                                   monkeypatch):
     make_listings(site)
     await crawl(RulesSpider, settings=NO_REPLAY, start=site.url("/list/0"))
-    state_db("DELETE FROM pages WHERE url = ?", site.url("/list/0"))
-    site.reset_log()
-    later(monkeypatch, MINUTE)
+    a_minute_later_without(site, state_db, monkeypatch, site.url("/list/0"))
     second = await crawl(RulesSpider, settings=NO_REPLAY, start=site.url("/list/0"))
     assert pages_asked(site) == [("/list/0", 200)]
     stats = second.stats
@@ -218,9 +220,7 @@ async def test_meta_copied_from_a_decided_request_does_not_make_another_page_due
     paths = make_pages(site, 12)
     start = paths[0]
     await crawl(MetaCopyingFollowSpider, settings=NO_REPLAY, start_url=site.url(start))
-    state_db("DELETE FROM pages WHERE url = ?", site.url(start))
-    site.reset_log()
-    later(monkeypatch, MINUTE)
+    a_minute_later_without(site, state_db, monkeypatch, site.url(start))
     second = await crawl(MetaCopyingFollowSpider, settings=NO_REPLAY,
                          start_url=site.url(start))
     assert pages_asked(site) == [(start, 200)]
@@ -238,9 +238,7 @@ async def test_meta_copied_from_a_redirected_response_does_not_make_links_due(
     start = paths[0]
     site.add_redirect("/entry", start)
     await crawl(MetaCopyingFollowSpider, settings=NO_REPLAY, start_url=site.url("/entry"))
-    state_db("DELETE FROM pages WHERE url = ?", site.url(start))
-    site.reset_log()
-    later(monkeypatch, MINUTE)
+    a_minute_later_without(site, state_db, monkeypatch, site.url(start))
     second = await crawl(MetaCopyingFollowSpider, settings=NO_REPLAY,
                          start_url=site.url("/entry"))
     assert [path for path, _ in pages_asked(site)] == ["/entry", start]

@@ -113,7 +113,8 @@ async def test_a_daily_job_finds_due_every_page_fetched_late_the_day_before(
 
 
 @pytest_twisted.ensureDeferred
-async def test_use_lastmod_false_a_minute_later_requests_no_page(site, crawl, monkeypatch):
+async def test_use_lastmod_false_a_minute_later_requests_no_page(site, crawl, monkeypatch,
+                                                                state_db):
     n = 30
     add_pages(site, n)
     sitemap = site.url("/robots.txt")
@@ -128,7 +129,8 @@ async def test_use_lastmod_false_a_minute_later_requests_no_page(site, crawl, mo
     assert site.requests_for("/sitemap-1.xml") and site.requests_for("/sitemap-2.xml.gz")
     assert stats.get_value("downloader/exception_count") is None
     assert stats.get_value("incremental/schedule/not_due") == n
-    assert stats.get_value("incremental/schedule/first_due") > time.time() + DAY - 3600
+    [(first_due,)] = state_db("SELECT MIN(next_visit) FROM pages WHERE url LIKE '%/p/%'")
+    assert stats.get_value("incremental/schedule/first_due") == first_due
     assert stats.get_value("incremental/schedule/skipped/lastmod_unchanged") is None
 
 
@@ -162,7 +164,10 @@ async def test_stale_lastmods_are_found_by_the_sample_and_distrust_the_host(
     assert second.stats.get_value("incremental/lastmod/stale") == 2
     assert second.stats.get_value("incremental/lastmod/hosts_distrusted") == 1
     [(until, stale)] = state_db("SELECT distrusted_until, stale_lastmods FROM hosts")
-    assert until > time.time() + 2 * DAY and stale == 2
+    # Distrusted for the TTL (7 days) from the findings, i.e. from the
+    # sampled pages' checks (stored to the second).
+    [(checked,)] = state_db("SELECT MAX(last_checked) FROM pages")
+    assert abs(until - (checked + 7 * DAY)) <= 2 and stale == 2
 
     # Distrusted: the pages fall back to their revisit schedules. The two
     # found changed (due again 0.8 day after) are not due half a day later;
@@ -276,6 +281,28 @@ async def test_recheck_all_requests_every_known_page_with_its_conditions(
     assert second.stats.get_value("incremental/schedule/requested/recheck") == len(paths)
 
 
+class EtagSitemapSite:
+    """Pages listed by one sitemap served with an ETag (a 304 when unchanged),
+    crawled by the sitemap spider with the clock *offset* seconds ahead."""
+
+    def __init__(self, site: Any, crawl: Any, monkeypatch: pytest.MonkeyPatch,
+                 paths: list[str], lastmod: str | None, settings: dict[str, Any]) -> None:
+        for path in paths:
+            site.add_page(path, "strong", size=1500)
+        site.add_document("/sitemap.xml", urlset([(site.url(p), lastmod) for p in paths]),
+                          "application/xml", etag='"sm-1"')
+        self.site, self.crawl, self.monkeypatch = site, crawl, monkeypatch
+        self.settings = settings
+
+    async def run(self, offset: float) -> Any:
+        from tests.test_failures import at as shift
+
+        self.site.reset_log()
+        shift(self.monkeypatch, offset)
+        return await self.crawl(SitemapPagesSpider, settings=self.settings,
+                                sitemap_url=self.site.url("/sitemap.xml"))
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_page_fetched_through_the_reseeder_keeps_its_lastmod_vouching(
     site, crawl, state_uri, monkeypatch
@@ -285,19 +312,9 @@ async def test_a_page_fetched_through_the_reseeder_keeps_its_lastmod_vouching(
     # page's recipe. Fetched in full, the page must stay marked as carrying
     # a modification date, or the next 304 crawl would stop vouching for it.
     from tests.test_failures import SETTINGS, gets, stored
-    from tests.test_failures import at as shift
 
     paths = [f"/v/{i}" for i in range(6)]
-    for path in paths:
-        site.add_page(path, "strong", size=1500)
-    site.add_document("/sitemap.xml", urlset([(site.url(p), "2024-01-01") for p in paths]),
-                      "application/xml", etag='"sm-1"')
-
-    async def run(offset: float) -> Any:
-        site.reset_log()
-        shift(monkeypatch, offset)
-        return await crawl(SitemapPagesSpider, settings=SETTINGS,
-                           sitemap_url=site.url("/sitemap.xml"))
+    run = EtagSitemapSite(site, crawl, monkeypatch, paths, "2024-01-01", SETTINGS).run
 
     await run(0)
     for path in paths:
@@ -322,19 +339,9 @@ async def test_a_minute_later_every_known_page_is_accounted_for(
     import logging
 
     from tests.test_failures import SETTINGS, gets, stored
-    from tests.test_failures import at as shift
 
     paths = [f"/m/{i}" for i in range(8)]
-    for path in paths:
-        site.add_page(path, "strong", size=1500)
-    site.add_document("/sitemap.xml", urlset([(site.url(p), "2024-01-01") for p in paths]),
-                      "application/xml", etag='"sm-1"')
-
-    async def run(offset: float) -> Any:
-        site.reset_log()
-        shift(monkeypatch, offset)
-        return await crawl(SitemapPagesSpider, settings=SETTINGS,
-                           sitemap_url=site.url("/sitemap.xml"))
+    run = EtagSitemapSite(site, crawl, monkeypatch, paths, "2024-01-01", SETTINGS).run
 
     await run(0)
     caplog.clear()
@@ -364,20 +371,10 @@ async def test_due_pages_over_the_reseed_limit_are_counted_as_deferred(
     # vouches), and room to re-seed only three: the rest are in a column of
     # their own, not lost from the count.
     from tests.test_failures import SETTINGS, gets
-    from tests.test_failures import at as shift
 
     paths = [f"/d/{i}" for i in range(10)]
-    for path in paths:
-        site.add_page(path, "strong", size=1500)
-    site.add_document("/sitemap.xml", urlset([(site.url(p), None) for p in paths]),
-                      "application/xml", etag='"sm-1"')
-    settings = {**SETTINGS, "INCREMENTAL_RESEED_LIMIT": 3}
-
-    async def run(offset: float) -> Any:
-        site.reset_log()
-        shift(monkeypatch, offset)
-        return await crawl(SitemapPagesSpider, settings=settings,
-                           sitemap_url=site.url("/sitemap.xml"))
+    run = EtagSitemapSite(site, crawl, monkeypatch, paths, None,
+                          {**SETTINGS, "INCREMENTAL_RESEED_LIMIT": 3}).run
 
     await run(0)
     second = await run(2 * DAY)

@@ -1263,6 +1263,17 @@ class TestSQLiteOnly:
 
 
 
+def schema_at(path: Path, version: int) -> sqlite3.Connection:
+    """A SQLite store at *path* with the schema of *version* (its first
+    migrations applied), open for a test to fill in."""
+    db = sqlite3.connect(path)
+    for migration in MIGRATIONS[:version]:
+        for statement in migration.split(";"):
+            if statement.strip():
+                db.execute(statement)
+    return db
+
+
 class TestSQLiteMigrations:
     """An existing store of an older schema is migrated in place, data kept."""
 
@@ -1292,11 +1303,7 @@ class TestSQLiteMigrations:
     @pytest_twisted.ensureDeferred
     async def test_version_6_store_gets_unstable_and_retrust_evidence(self, tmp_path: Path) -> None:
         path = tmp_path / "v6.db"
-        with closing(sqlite3.connect(path)) as db:
-            for migration in MIGRATIONS[:6]:
-                for statement in migration.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
+        with closing(schema_at(path, 6)) as db:
             db.execute(
                 "INSERT INTO pages (scope, url, etag, fingerprint, first_seen, checks, flags) "
                 "VALUES ('s', 'http://a/', '\"x\"', 'ff', 1, 3, 4)")
@@ -1320,11 +1327,7 @@ class TestSQLiteMigrations:
         self, tmp_path: Path,
     ) -> None:
         path = tmp_path / "v7.db"
-        with closing(sqlite3.connect(path)) as db:
-            for migration in MIGRATIONS[:7]:
-                for statement in migration.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
+        with closing(schema_at(path, 7)) as db:
             db.execute(
                 "INSERT INTO pages (scope, url, variant, etag, last_modified, fingerprint, "
                 "size, last_status, first_seen, last_checked, last_fetched, last_changed, "
@@ -1369,11 +1372,7 @@ class TestSQLiteMigrations:
         self, tmp_path: Path,
     ) -> None:
         path = tmp_path / "v8.db"
-        with closing(sqlite3.connect(path)) as db:
-            for migration in MIGRATIONS[:8]:
-                for statement in migration.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
+        with closing(schema_at(path, 8)) as db:
             db.execute(
                 "INSERT INTO pages (scope, url, variant, etag, fingerprint, last_status, "
                 "next_visit, callback, recipe) VALUES ('s', 'http://a/', '', '\"x\"', 'ff', "
@@ -1396,11 +1395,7 @@ class TestSQLiteMigrations:
     @pytest_twisted.ensureDeferred
     async def test_version_8_store_gets_stale_lastmod_findings(self, tmp_path: Path) -> None:
         path = tmp_path / "v8.db"
-        with closing(sqlite3.connect(path)) as db:
-            for migration in MIGRATIONS[:8]:
-                for statement in migration.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
+        with closing(schema_at(path, 8)) as db:
             db.execute("INSERT INTO hosts (scope, host, lastmod_checks, distrusted_until) "
                        "VALUES ('s', 'a', 4, 77)")
             db.execute("PRAGMA user_version = 8")
