@@ -63,6 +63,23 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     # The item field whose (canonical) value identifies an item across runs.
     "INCREMENTAL_ITEM_KEY_FIELD": "url",
     "INCREMENTAL_STORE_ITEMS": True,
+    # The change feed: each emitted item says what it is (new, changed,
+    # deleted) in this field ("" or None: no such field); a changed item
+    # also carries the fingerprint it replaces, and (opt-in: a field name)
+    # the top-level fields that changed.
+    "INCREMENTAL_CHANGE_FIELD": "change",
+    "INCREMENTAL_PREVIOUS_FINGERPRINT_FIELD": "previous_fingerprint",
+    "INCREMENTAL_CHANGED_FIELDS_FIELD": None,
+    # A known page that is gone (410; 404 on two checks in a row; a 301/308
+    # elsewhere) yields one tombstone item through the pipelines, and is then
+    # checked again only this many seconds later, if something names it.
+    "INCREMENTAL_TOMBSTONES": True,
+    "INCREMENTAL_GONE_RECHECK": 30 * 24 * 3600,
+    # Versions kept per item (tombstones included), pruned as they are
+    # written; 0 keeps every version.
+    "INCREMENTAL_ITEM_HISTORY": 10,
+    # Crawl summaries kept per scope (the state command and the reports).
+    "INCREMENTAL_CRAWL_HISTORY": 100,
     "INCREMENTAL_REPORT": True,
     # Adaptive revisits (pages without a trustworthy lastmod): a page that
     # is not due is not requested. Intervals in seconds.
@@ -189,6 +206,13 @@ class IncrementalConfig:
     fingerprint_ignore: tuple[str, ...]
     item_key_field: str
     store_items: bool
+    change_field: str | None
+    previous_fingerprint_field: str | None
+    changed_fields_field: str | None
+    tombstones: bool
+    gone_recheck: float
+    item_history: int
+    crawl_history: int
     report: bool
     revisit_enabled: bool
     revisit_initial: float
@@ -243,6 +267,15 @@ class IncrementalConfig:
         def boolean(name: str) -> bool:
             return settings.getbool(name, DEFAULT_SETTINGS[name])
 
+        def field(name: str) -> str | None:
+            # An item field name, or None (unset, "", "none", "false": no field).
+            value = settings.get(name, DEFAULT_SETTINGS[name])
+            if value is None or str(value).strip().lower() in {"", "none", "false", "0"}:
+                return None
+            if not isinstance(value, str) or not value.isidentifier():
+                raise SettingError(f"{name}={value!r} is not a field name")
+            return value
+
         def names(name: str) -> list[str]:
             return settings.getlist(name, DEFAULT_SETTINGS[name])
 
@@ -268,6 +301,13 @@ class IncrementalConfig:
             fingerprint_ignore=patterns("INCREMENTAL_FINGERPRINT_IGNORE"),
             item_key_field=get("INCREMENTAL_ITEM_KEY_FIELD"),
             store_items=boolean("INCREMENTAL_STORE_ITEMS"),
+            change_field=field("INCREMENTAL_CHANGE_FIELD"),
+            previous_fingerprint_field=field("INCREMENTAL_PREVIOUS_FINGERPRINT_FIELD"),
+            changed_fields_field=field("INCREMENTAL_CHANGED_FIELDS_FIELD"),
+            tombstones=boolean("INCREMENTAL_TOMBSTONES"),
+            gone_recheck=number("INCREMENTAL_GONE_RECHECK", minimum=0),
+            item_history=number("INCREMENTAL_ITEM_HISTORY", minimum=0, kind=int),
+            crawl_history=number("INCREMENTAL_CRAWL_HISTORY", minimum=1, kind=int),
             report=boolean("INCREMENTAL_REPORT"),
             revisit_enabled=boolean("INCREMENTAL_REVISIT_ENABLED"),
             revisit_initial=number("INCREMENTAL_REVISIT_INITIAL", minimum=0),

@@ -1390,7 +1390,7 @@ class TestSQLiteMigrations:
             last_status=503, last_checked=10, checks=1, failures=1, next_visit=5)
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 11
 
     @pytest_twisted.ensureDeferred
     async def test_version_8_store_gets_stale_lastmod_findings(self, tmp_path: Path) -> None:
@@ -1409,4 +1409,4 @@ class TestSQLiteMigrations:
         assert (await call(store.get_host("s", "a"))).stale_lastmods == 2
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 11

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from enum import IntFlag
+from dataclasses import dataclass, field, replace
+from enum import IntFlag, StrEnum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from typing import Self
 
-__all__ = ["HostTrust", "ItemRecord", "PageFlags", "PageKey", "PageState"]
+__all__ = [
+    "Change", "CrawlRecord", "HostTrust", "ItemRecord", "PageFlags", "PageKey", "PageState",
+    "StoredVersion",
+]
 
 
 class PageKey(NamedTuple):
@@ -51,6 +54,20 @@ class PageFlags(IntFlag):
     #: ``<lastmod>``, an Atom ``<updated>``): trusted, it vouches for our copy
     #: while it does not move, also when the page is re-seeded.
     LASTMOD_MODIFIED = 64
+    #: The page is gone (410, 404 on two checks in a row, or a permanent
+    #: redirect elsewhere) and its tombstone was delivered: it is not
+    #: re-seeded, is requested again only when something names it and its
+    #: (rare) next visit is due, without conditions, and is new if it answers.
+    GONE = 128
+
+
+class Change(StrEnum):
+    """What an emitted item (and a stored item version) is."""
+
+    NEW = "new"
+    CHANGED = "changed"
+    #: A tombstone: the page the item came from is gone.
+    DELETED = "deleted"
 
 
 @dataclass(slots=True)
@@ -117,6 +134,45 @@ class ItemRecord:
     stored_at: float = 0.0
     #: SimHash of the item's main text (near-duplicate mode only).
     simhash: int | None = None
+    #: What this version is. A ``deleted`` version (a tombstone) has an
+    #: empty ``fingerprint``: the item reads as unknown afterwards
+    #: (``get_item_fingerprint`` gives ``None``), so if it comes back it is new.
+    change: str = Change.NEW
+    #: Canonical URL of the page the item came from (``None``: unknown), so
+    #: that a gone page finds the items last stored from it.
+    page: str | None = None
+
+
+class StoredVersion(NamedTuple):
+    """One stored item version, as ``StateStore.iter_versions`` reads it back."""
+
+    scope: str
+    key: str
+    version: int
+    #: A :class:`Change` value.
+    change: str
+    stored_at: float
+    #: Empty for a tombstone.
+    fingerprint: str
+    #: The item's fields as stored (for a tombstone, the tombstone's).
+    data: dict[str, Any]
+
+
+@dataclass(slots=True)
+class CrawlRecord:
+    """A small summary of one finished crawl, kept per scope (bounded)."""
+
+    scope: str
+    started: float
+    finished: float
+    #: The cluster worker that ran it ("": a single process).
+    worker: str = ""
+    #: Scrapy's finish reason ("finished", "shutdown", ...).
+    reason: str = ""
+    #: The crawl's figures by name, as the end-of-crawl report counts them
+    #: (requests, not_modified, new, changed, deleted, bytes_received,
+    #: bytes_saved, ...): numbers only, so a store keeps them as JSON.
+    figures: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -13,12 +13,22 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, NamedTuple
 
+from incremental_crawler.config import DEFAULT_SETTINGS, SettingError
+
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterable, Iterator
 
-    from incremental_crawler.state.records import HostTrust, ItemRecord, PageKey, PageState
+    from scrapy.settings import BaseSettings
 
-__all__ = ["PagesSummary", "StateStore", "StateStoreError"]
+    from incremental_crawler.state.records import (
+        HostTrust,
+        ItemRecord,
+        PageKey,
+        PageState,
+        StoredVersion,
+    )
+
+__all__ = ["PagesSummary", "StateStore", "StateStoreError", "item_history_setting"]
 
 
 class PagesSummary(NamedTuple):
@@ -29,6 +39,21 @@ class PagesSummary(NamedTuple):
     size: int = 0
     #: The earliest of their next visits (``None``: no page).
     first_due: float | None = None
+
+
+def item_history_setting(settings: BaseSettings | None) -> int:
+    """INCREMENTAL_ITEM_HISTORY from *settings* (its default without them)."""
+    name = "INCREMENTAL_ITEM_HISTORY"
+    raw = None if settings is None else settings.get(name)
+    if raw is None:
+        return int(DEFAULT_SETTINGS[name])
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise SettingError(f"{name}={raw!r} is not a whole number") from None
+    if value < 0:
+        raise SettingError(f"{name}={raw!r} must be at least 0 (0 keeps every version)")
+    return value
 
 
 class StateStoreError(RuntimeError):
@@ -53,6 +78,10 @@ class StateStore(ABC):
     #: Network round-trips to the store's server so far (0 for an embedded
     #: store); published as the ``incremental/store_roundtrips`` stat.
     roundtrips: int = 0
+    #: Versions kept per item, tombstones included (INCREMENTAL_ITEM_HISTORY;
+    #: 0: every version). Writing a version prunes the oldest beyond it, in
+    #: the same flush: history never needs a rewrite of the whole store.
+    history_limit: int = 10
 
     @abstractmethod
     async def get_page(self, key: PageKey) -> PageState | None:
@@ -112,7 +141,21 @@ class StateStore(ABC):
 
     @abstractmethod
     async def get_item_fingerprint(self, scope: str, item_key: str) -> str | None:
-        """The fingerprint of the latest stored version of an item."""
+        """The fingerprint of the latest stored version of an item.
+
+        ``None`` for an item the store does not know, and for one whose
+        latest version is a tombstone (it is new if it comes back).
+        """
+
+    @abstractmethod
+    async def get_page_items(self, scope: str, page_url: str) -> list[str]:
+        """Keys of the live items last stored from the page *page_url*.
+
+        An item belongs to the page its latest version came from
+        (``ItemRecord.page``; an item stored without one belongs to the page
+        whose URL is its key). Items whose latest version is a tombstone are
+        left out. Staged items count once flushed.
+        """
 
     @abstractmethod
     def stage_page(self, state: PageState) -> None:
@@ -153,7 +196,15 @@ class StateStore(ABC):
 
     @abstractmethod
     def stage_item(self, record: ItemRecord) -> None:
-        """Stage an item version (and its fingerprint)."""
+        """Stage an item version: its fingerprint, page and, with data, its history.
+
+        The item's version number goes up by one. With ``record.data`` the
+        version is kept in the history with ``record.change`` and
+        ``record.stored_at``, and versions beyond :attr:`history_limit` are
+        pruned, oldest first, in the same flush. A ``deleted`` record (a
+        tombstone: empty fingerprint) makes the item read as unknown to
+        :meth:`get_item_fingerprint` and :meth:`get_page_items`.
+        """
 
     @abstractmethod
     def stage_links(self, key: PageKey, data: str | None) -> None:
@@ -192,7 +243,22 @@ class StateStore(ABC):
 
     @abstractmethod
     def iter_items(self, scope: str | None = None) -> Iterator[dict[str, object]]:
-        """The latest version of every stored item, oldest key first."""
+        """The latest version of every live stored item, oldest key first.
+
+        Items whose latest version is a tombstone are left out.
+        """
+
+    @abstractmethod
+    def iter_versions(self, scope: str | None = None, *, since: float | None = None,
+                      every_version: bool = False) -> Iterator[StoredVersion]:
+        """Stored item versions that have data, tombstones included.
+
+        Only versions stored at or after *since* (``None``: all); with
+        *every_version* each of them, else only the latest version of each
+        item, provided it was stored at or after *since*. In the order they
+        were stored (``stored_at``, then scope, key and version), so that
+        applying them in turn leaves a copy in the store's state.
+        """
 
     @abstractmethod
     def item_history(self, scope: str, item_key: str) -> list[tuple[int, str]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sqlite3
 from itertools import groupby
 from operator import itemgetter
@@ -16,8 +17,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from incremental_crawler.config import DEFAULT_SETTINGS
-from incremental_crawler.state.records import HostTrust, ItemRecord, PageFlags, PageKey, PageState
-from incremental_crawler.state.stores.base import PagesSummary, StateStore, StateStoreError
+from incremental_crawler.state.records import (
+    HostTrust,
+    ItemRecord,
+    PageFlags,
+    PageKey,
+    PageState,
+    StoredVersion,
+)
+from incremental_crawler.state.stores.base import (
+    PagesSummary,
+    StateStore,
+    StateStoreError,
+    item_history_setting,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterable, Iterator
@@ -131,6 +144,15 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE hosts ADD COLUMN stale_lastmods INTEGER NOT NULL DEFAULT 0;
     """,
+    # 11: the change feed. Each item remembers the page it came from (NULL
+    # when that page's URL is its key, the usual case, which costs nothing),
+    # so a gone page finds its items; each version what it was (NULL in
+    # versions stored before: new for version 1, else changed).
+    """
+    ALTER TABLE items ADD COLUMN page TEXT;
+    ALTER TABLE item_versions ADD COLUMN change TEXT;
+    CREATE INDEX items_by_page ON items (scope, page) WHERE page IS NOT NULL;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: URLs per batched lookup (SQLite allows 32,766 host parameters).
@@ -193,19 +215,28 @@ _UPSERT_REDIRECT = (
 _OR_FLAGS = "UPDATE pages SET flags = flags | ? WHERE scope = ? AND url = ? AND variant = ?"
 _UPSERT_LINKS = "INSERT OR REPLACE INTO links (scope, url, variant, data) VALUES (?, ?, ?, ?)"
 _DELETE_LINKS = "DELETE FROM links WHERE scope = ? AND url = ? AND variant = ?"
+# A tombstone is a version with an empty fingerprint.
 _UPSERT_ITEM = (
     "INSERT INTO items (scope, item_key, url, fingerprint, first_seen, "
-    "last_changed, version, simhash) VALUES (?, ?, ?, ?, ?, ?, 1, ?) "
+    "last_changed, version, simhash, page) VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?) "
     "ON CONFLICT (scope, item_key) DO UPDATE SET url = excluded.url, "
     "fingerprint = excluded.fingerprint, simhash = excluded.simhash, "
-    "last_changed = excluded.last_changed, version = items.version + 1"
+    "last_changed = excluded.last_changed, version = items.version + 1, "
+    "page = excluded.page"
 )
 _ADD_ITEM_VERSION = (
     "INSERT OR REPLACE INTO item_versions "
-    "(scope, item_key, version, fingerprint, data, stored_at) "
-    "SELECT scope, item_key, version, fingerprint, ?, last_changed FROM items "
+    "(scope, item_key, version, fingerprint, data, stored_at, change) "
+    "SELECT scope, item_key, version, fingerprint, ?, last_changed, ? FROM items "
     "WHERE scope = ? AND item_key = ?"
 )
+# The versions beyond the history kept, by primary key: a range delete.
+_PRUNE_VERSIONS = (
+    "DELETE FROM item_versions WHERE scope = ? AND item_key = ? AND version <= "
+    "(SELECT version FROM items WHERE scope = ? AND item_key = ?) - ?"
+)
+# Versions stored before schema 11 have no change type.
+_CHANGE = "COALESCE(v.change, CASE WHEN v.version = 1 THEN 'new' ELSE 'changed' END)"
 
 
 def path_from_uri(uri: str) -> Path:
@@ -225,10 +256,12 @@ def path_from_uri(uri: str) -> Path:
 class SQLiteStateStore(StateStore):
     """State in one SQLite file; see the module docstring."""
 
-    def __init__(self, path: str | Path, *, busy_timeout: float = 5.0) -> None:
+    def __init__(self, path: str | Path, *, busy_timeout: float = 5.0,
+                 history_limit: int = DEFAULT_SETTINGS["INCREMENTAL_ITEM_HISTORY"]) -> None:
         self.path = Path(path)
         self.location = str(self.path)
         self._busy_timeout = busy_timeout
+        self.history_limit = history_limit
         # Staged writes, as (statement, parameters) in staging order: a
         # flush applies them in that order, so a later write always wins.
         self._ops: list[tuple[str, tuple[object, ...]]] = []
@@ -247,7 +280,8 @@ class SQLiteStateStore(StateStore):
         busy_timeout = DEFAULT_SETTINGS[name]
         if settings is not None and settings.get(name) is not None:
             busy_timeout = settings.getfloat(name)
-        return cls(path_from_uri(uri), busy_timeout=busy_timeout)
+        return cls(path_from_uri(uri), busy_timeout=busy_timeout,
+                   history_limit=item_history_setting(settings))
 
     # -- opening -----------------------------------------------------------
 
@@ -409,7 +443,7 @@ class SQLiteStateStore(StateStore):
         # sort; url and variant make the order total, so pages follow on.
         query = (
             f"SELECT url, variant, {_PAGE_COLUMNS} FROM pages WHERE scope = ? "  # noqa: S608 (constant SQL)
-            "AND next_visit <= ? AND callback IS NOT NULL "
+            f"AND next_visit <= ? AND callback IS NOT NULL AND flags & {int(PageFlags.GONE)} = 0 "
             "ORDER BY next_visit, url, variant LIMIT ? OFFSET ?"
         )
         due_at = min(now, 2**62)  # an infinite due_at (recheck all): every page
@@ -427,7 +461,7 @@ class SQLiteStateStore(StateStore):
         query = (
             "SELECT COUNT(*), COALESCE(SUM(size), 0), MIN(next_visit) FROM pages "  # noqa: S608 (placeholders only)
             "WHERE scope = ? AND callback IS NOT NULL AND next_visit > ? AND next_visit <= ? "
-            "AND last_checked < ?"
+            f"AND last_checked < ? AND flags & {int(PageFlags.GONE)} = 0"
             + (f" AND callback NOT IN ({','.join('?' * len(excluded))})" if excluded else "")
         )
         bounds = (int(max(min(after, 2**62), -(2**62))), int(max(min(upto, 2**62), -(2**62))))
@@ -466,16 +500,27 @@ class SQLiteStateStore(StateStore):
 
     async def get_item_fingerprint(self, scope: str, item_key: str) -> str | None:
         staged = self._item_fps.get((scope, item_key))
-        if staged is not None:
-            return staged
+        if staged is None:
+            try:
+                row = self._db.execute(
+                    "SELECT fingerprint FROM items WHERE scope = ? AND item_key = ?",
+                    (scope, item_key),
+                ).fetchone()
+            except sqlite3.DatabaseError as exc:
+                raise self._fail("read failed", exc) from exc
+            staged = row[0] if row else None
+        return staged or None  # "": a tombstone
+
+    async def get_page_items(self, scope: str, page_url: str) -> list[str]:
         try:
-            row = self._db.execute(
-                "SELECT fingerprint FROM items WHERE scope = ? AND item_key = ?",
-                (scope, item_key),
-            ).fetchone()
+            rows = self._db.execute(
+                "SELECT item_key FROM items WHERE scope = ? AND fingerprint != '' AND "
+                "(page = ? OR (page IS NULL AND item_key = ?)) ORDER BY item_key",
+                (scope, page_url, page_url),
+            ).fetchall()
         except sqlite3.DatabaseError as exc:
             raise self._fail("read failed", exc) from exc
-        return row[0] if row else None
+        return [key for (key,) in rows]
 
     # -- staged writes -------------------------------------------------------
 
@@ -520,13 +565,19 @@ class SQLiteStateStore(StateStore):
     def stage_item(self, record: ItemRecord) -> None:
         self._staged += 1
         when = int(record.stored_at)
-        # The URL usually is the key: not stored twice.
+        # The URL usually is the key, and the page too: not stored twice.
         url = None if record.url == record.key else record.url
+        page = None if record.page == record.key else record.page
         self._ops.append((_UPSERT_ITEM, (
             record.scope, record.key, url, record.fingerprint, when, when, record.simhash,
+            page,
         )))
         if record.data is not None:
-            self._ops.append((_ADD_ITEM_VERSION, (record.data, record.scope, record.key)))
+            self._ops.append((_ADD_ITEM_VERSION, (
+                record.data, str(record.change), record.scope, record.key)))
+            if self.history_limit:
+                self._ops.append((_PRUNE_VERSIONS, (
+                    record.scope, record.key, record.scope, record.key, self.history_limit)))
         self._item_fps[record.scope, record.key] = record.fingerprint
 
     def stage_links(self, key: PageKey, data: str | None) -> None:
@@ -596,11 +647,12 @@ class SQLiteStateStore(StateStore):
         query = (
             "SELECT i.scope, i.item_key, i.url, i.fingerprint, v.data FROM items i "
             "LEFT JOIN item_versions v ON v.scope = i.scope "
-            "AND v.item_key = i.item_key AND v.version = i.version"
+            "AND v.item_key = i.item_key AND v.version = i.version "
+            "WHERE i.fingerprint != ''"
         )
         params: tuple[str, ...] = ()
         if scope is not None:
-            query += " WHERE i.scope = ?"
+            query += " AND i.scope = ?"
             params = (scope,)
         query += " ORDER BY i.scope, i.first_seen, i.item_key"
         for _scope, key, url, fp, data in self._db.execute(query, params):
@@ -608,6 +660,27 @@ class SQLiteStateStore(StateStore):
             item.setdefault("url", url or key)
             item["fingerprint"] = fp
             yield item
+
+    def iter_versions(self, scope: str | None = None, *, since: float | None = None,
+                      every_version: bool = False) -> Iterator[StoredVersion]:
+        where = ["v.stored_at >= ?"]
+        params: list[object] = [-(2**62) if since is None else math.ceil(since)]
+        if scope is not None:
+            where.append("v.scope = ?")
+            params.append(scope)
+        if not every_version:
+            where.append("v.version = i.version")
+        query = (
+            f"SELECT v.scope, v.item_key, v.version, {_CHANGE}, v.stored_at, "  # noqa: S608 (constant SQL)
+            "v.fingerprint, v.data FROM item_versions v JOIN items i "
+            "ON i.scope = v.scope AND i.item_key = v.item_key "
+            f"WHERE {' AND '.join(where)} "
+            "ORDER BY v.stored_at, v.scope, v.item_key, v.version"
+        )
+        for scope_, key, version, change, stored_at, fingerprint, data in self._db.execute(
+                query, params):
+            yield StoredVersion(scope_, key, version, change, stored_at, fingerprint,
+                                json.loads(data))
 
     def count_pages(self, scope: str | None = None) -> int:
         if scope is None:
