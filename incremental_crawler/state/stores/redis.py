@@ -874,11 +874,11 @@ class RedisStateStore(StateStore):
         return sorted(m.decode() for m in members)
 
     async def get_page_items(self, scope: str, page_url: str) -> list[str]:
-        raise NotImplementedError("change feed: Redis store in progress")  # WIP, replaced before landing
+        raise NotImplementedError("change feed: Redis store in progress")
 
     def iter_versions(self, scope: str | None = None, *, since: float | None = None,
                       every_version: bool = False) -> Iterator[StoredVersion]:
-        raise NotImplementedError("change feed: Redis store in progress")  # WIP, replaced before landing
+        raise NotImplementedError("change feed: Redis store in progress")
 
     def iter_items(self, scope: str | None = None) -> Iterator[dict[str, object]]:
         scopes = self._stored_scopes() if scope is None else [scope]
