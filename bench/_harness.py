@@ -213,6 +213,12 @@ class Site:
             return []
         return self._call("POST", "/__site__/change", [("path", p) for p in paths])
 
+    def set_status(self, paths: Sequence[str], status: int) -> None:
+        """Pages of *paths* answer *status* from now on (200: their content again)."""
+        if paths:
+            self._call("POST", f"/__site__/status?status={status}",
+                       [("path", p) for p in paths])
+
     def set_sitemap_lastmods(self, mode: str) -> None:
         """What the sitemaps' ``<lastmod>`` say from now on: honest, stale or none."""
         self._call("POST", f"/__site__/lastmods?mode={mode}")

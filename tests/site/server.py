@@ -377,8 +377,10 @@ class LoopbackSite:
     ``POST /__site__/change?fraction=0.05&seed=1``; both change forms answer
     with the JSON list of changed paths. ``POST /__site__/kind?path=/p/0001&kind=strong``
     (``path`` may repeat) switches pages to another kind (:meth:`set_kind`).
-    ``POST /__site__/lastmods?mode=stale`` sets :attr:`sitemap_lastmods`
-    (answers ``{"mode": ...}``).
+    ``POST /__site__/status?path=/p/0001&status=410`` (``path`` may repeat)
+    makes pages answer that status, ``status=200`` gives them back their
+    content (:meth:`override`). ``POST /__site__/lastmods?mode=stale`` sets
+    :attr:`sitemap_lastmods` (answers ``{"mode": ...}``).
 
     Not thread-safe: use it from the reactor thread only.
     """
@@ -1027,7 +1029,7 @@ class LoopbackSite:
         params = {k.decode("utf-8"): [v.decode("utf-8") for v in vs] for k, vs in args.items()}
         name = path[len(CONTROL_PREFIX) :]
         expected = {"log": "GET", "stats": "GET", "reset": "POST", "change": "POST",
-                    "kind": "POST", "lastmods": "POST"}.get(name)
+                    "kind": "POST", "lastmods": "POST", "status": "POST"}.get(name)
         if expected is None:
             return _json(404, {"error": f"unknown control endpoint {path!r}"})
         if method != expected:
@@ -1059,6 +1061,8 @@ class LoopbackSite:
             if name == "lastmods":
                 self.set_sitemap_lastmods(params.get("mode", [""])[0])
                 return _json(200, {"mode": self.sitemap_lastmods})
+            if name == "status":
+                return self._control_status(params)
             if name == "kind":
                 kind = params.get("kind", [""])[0]
                 for p in params.get("path", []):
@@ -1076,6 +1080,21 @@ class LoopbackSite:
         except ValueError as exc:
             return _json(400, {"error": str(exc)})
         return _json(400, {"error": "give path=... or fraction=...[&seed=...]"})
+
+
+    def _control_status(self, params: dict[str, list[str]]) -> _Response:
+        """``POST /__site__/status?path=/p/0001&path=...&status=410``: those pages
+        answer that status from now on (:meth:`override`); ``status=200``
+        gives them back their content (:meth:`clear_override`)."""
+        status = int(params.get("status", ["200"])[0])
+        paths = params.get("path", [])
+        for p in paths:
+            self.page(p)  # KeyError: no such page
+            if status == 200:
+                self.clear_override(p)
+            else:
+                self.override(p, status=status)
+        return _json(200, paths)
 
 
 def _json(status: int, payload: Any) -> _Response:
