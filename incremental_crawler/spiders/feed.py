@@ -1,8 +1,12 @@
 """``scrapy crawl feed -a feed_url=URL``: the pages an RSS or Atom feed links.
 
+RSS 2.0, RSS 1.0 (RDF) and Atom 1.0 and 0.3 are read, relative links
+resolved (:mod:`incremental_crawler.lists.documents`).
+
 The feed is fetched conditionally; an entry is requested when it is new or
-its date (Atom ``updated``, else ``published``; RSS ``pubDate``) moved past
-the one stored with our copy. Only an Atom ``updated`` is a modification
+its date (Atom ``updated``, else ``published``; RSS ``pubDate``, else
+``dc:date``) moved past the one stored with our copy. Only an Atom
+``updated`` (Atom 0.3: ``modified``) is a modification
 date: one that did not move vouches for our copy (on a host whose lastmods
 are trusted), and the page is not requested. A publication date (RSS
 ``pubDate``, Atom ``published``) that did not move, or no date, leaves the
@@ -16,9 +20,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-import lxml.etree
-
 from incremental_crawler.lists.dates import parse_feed_date
+from incremental_crawler.lists.documents import FEED_KINDS, parse_listing
 from incremental_crawler.spiders.listed import ListedPagesSpider
 
 if TYPE_CHECKING:
@@ -32,69 +35,17 @@ __all__ = ["FeedPagesSpider", "feed_entries"]
 logger = logging.getLogger(__name__)
 
 
-def _local(tag: object) -> str:
-    return tag.rsplit("}", 1)[-1] if isinstance(tag, str) else ""
-
-
-def _child_text(element: Any, *names: str) -> str | None:
-    for name in names:
-        for child in element:
-            if _local(child.tag) == name and child.text:
-                return child.text.strip()
-    return None
-
-
-def feed_entries(body: bytes) -> tuple[str, Iterator[dict[str, Any]]] | None:
-    """``(kind, entries)`` of an RSS 2.0 or Atom feed, or ``None``.
+def feed_entries(body: bytes, url: str = "") -> tuple[str, Iterator[dict[str, Any]]] | None:
+    """``(kind, entries)`` of an RSS 2.0, RSS 1.0 (RDF) or Atom feed, or ``None``.
 
     Entries are ``{"loc": link, "lastmod": raw date, "modified": whether
-    that date is a modification date}``. The parser never
-    resolves entities or reaches the network (no billion laughs, no XXE).
+    that date is a modification date}``, relative links resolved against
+    ``xml:base`` and *url* (:func:`~incremental_crawler.lists.documents.parse_listing`).
     """
-    parser = lxml.etree.XMLParser(
-        resolve_entities=False, no_network=True, recover=True, huge_tree=False,
-        remove_comments=True, remove_pis=True,
-    )
-    try:
-        root = lxml.etree.fromstring(body, parser=parser)
-    except lxml.etree.XMLSyntaxError:
+    listing = parse_listing(body, url)
+    if listing is None or listing.kind not in FEED_KINDS:
         return None
-    if root is None:
-        return None
-    kind = _local(root.tag)
-    if kind == "rss":
-        return "rss", _rss(root)
-    if kind == "feed":
-        return "atom", _atom(root)
-    return None
-
-
-def _rss(root: Any) -> Iterator[dict[str, Any]]:
-    for item in root.iter():
-        if _local(item.tag) != "item":
-            continue
-        # RSS 2.0: an item without <link> is still addressable by a permalink guid.
-        link = _child_text(item, "link")
-        if not link:
-            for child in item:
-                if _local(child.tag) == "guid" and child.get("isPermaLink", "true") == "true":
-                    link = (child.text or "").strip()
-        # pubDate is when the item was published: no modification date.
-        yield {"loc": link or "", "lastmod": _child_text(item, "pubDate"), "modified": False}
-
-
-def _atom(root: Any) -> Iterator[dict[str, Any]]:
-    for entry in root:
-        if _local(entry.tag) != "entry":
-            continue
-        link = ""
-        for child in entry:
-            if _local(child.tag) == "link" and child.get("rel", "alternate") == "alternate":
-                link = child.get("href", "")
-                break
-        updated = _child_text(entry, "updated")
-        yield {"loc": link, "lastmod": updated or _child_text(entry, "published"),
-               "modified": updated is not None}
+    return listing.kind, iter(listing.entries)
 
 
 class FeedPagesSpider(ListedPagesSpider):
@@ -106,7 +57,7 @@ class FeedPagesSpider(ListedPagesSpider):
 
     def __init__(self, feed_url: str | None = None, **kwargs: Any) -> None:
         if not feed_url:
-            raise ValueError("the feed spider needs -a feed_url=URL (RSS 2.0 or Atom)")
+            raise ValueError("the feed spider needs -a feed_url=URL (RSS or Atom)")
         super().__init__(**kwargs)
         self.feed_url = feed_url
 
@@ -115,7 +66,7 @@ class FeedPagesSpider(ListedPagesSpider):
 
     async def parse_feed(self, response: Response) -> AsyncIterator[Request]:
         stats = self.crawler.stats
-        parsed = feed_entries(response.body)
+        parsed = feed_entries(response.body, response.url)
         if parsed is None:
             stats.inc_value("incremental/feed/invalid")
             logger.warning("Ignoring invalid feed: %(response)s", {"response": response})

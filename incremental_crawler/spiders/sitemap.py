@@ -1,7 +1,8 @@
 """``scrapy crawl sitemap -a sitemap_url=URL``: every page a sitemap lists.
 
-``sitemap_url`` may be a sitemap, a sitemap index, gzipped or not, or a
-robots.txt whose ``Sitemap:`` lines name them. One item per new or changed
+``sitemap_url`` may be a sitemap (XML or plain text), a sitemap index, an
+RSS or Atom feed (gzipped or not), or a robots.txt whose ``Sitemap:`` lines
+name them (:mod:`incremental_crawler.lists.documents` reads them all). One item per new or changed
 page: ``url``, ``title``, ``text`` (the main content) and ``fingerprint``.
 Pages whose ``<lastmod>`` did not move are not requested (on a host whose
 lastmods are trusted; a small rotating sample of them is still checked);
@@ -17,20 +18,29 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
 from scrapy.spiders import SitemapSpider
-from scrapy.utils.sitemap import Sitemap, sitemap_urls_from_robots
+from scrapy.utils._compression import _DecompressionMaxSizeExceeded
+from scrapy.utils.gz import gunzip, gzip_magic_number
 
 from incremental_crawler.change.schedule import Why
+from incremental_crawler.lists.dates import parse_feed_date, parse_w3c_datetime
+from incremental_crawler.lists.documents import (
+    FEED_KINDS,
+    Listing,
+    parse_listing,
+    sitemap_urls_from_robots,
+)
 from incremental_crawler.lists.sitemaps import decide
 from incremental_crawler.meta import META_SKIP
 from incremental_crawler.spiders.listed import (
     DEFAULT_TEXT_SELECTORS,
     MAX_LIST_BYTES,
     ListedPagesSpider,
+    _flag,
     extract_main_text,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Iterable, Iterator
 
     from scrapy.http import Response
 
@@ -42,21 +52,28 @@ logger = logging.getLogger(__name__)
 class SitemapPagesSpider(ListedPagesSpider, SitemapSpider):
     """Crawls every page of a sitemap; see the module docstring.
 
-    Arguments (``-a``): ``sitemap_url`` (required), and those of
-    :class:`~incremental_crawler.spiders.listed.ListedPagesSpider`.
+    Arguments (``-a``): ``sitemap_url`` (required), ``alternate_links``
+    (``true``: also request the ``xhtml:link`` alternates of each entry, as
+    Scrapy's ``sitemap_alternate_links``, which a subclass may set too), and
+    those of :class:`~incremental_crawler.spiders.listed.ListedPagesSpider`.
+    ``sitemap_rules``, ``sitemap_follow`` and ``sitemap_filter`` work as in
+    Scrapy's ``SitemapSpider``.
     """
 
     name = "sitemap"
     list_callbacks = frozenset({"_parse_sitemap"})
 
-    def __init__(self, sitemap_url: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, sitemap_url: str | None = None,
+                 alternate_links: str | bool | None = None, **kwargs: Any) -> None:
         if not sitemap_url:
             raise ValueError(
                 "the sitemap spider needs -a sitemap_url=URL (a sitemap, a "
-                "sitemap index or a robots.txt)"
+                "sitemap index, a feed or a robots.txt)"
             )
         self.sitemap_urls = [sitemap_url]
         super().__init__(**kwargs)
+        if alternate_links is not None:
+            self.sitemap_alternate_links = _flag(alternate_links, "alternate_links")
 
     async def start(self) -> AsyncIterator[Any]:
         for url in self.sitemap_urls:
@@ -79,22 +96,24 @@ class SitemapPagesSpider(ListedPagesSpider, SitemapSpider):
             for url in sitemap_urls_from_robots(response.body, base_url=response.url):
                 yield self._sitemap_request(url)
             return
-        body = self._get_sitemap_body(response)
-        sitemap = Sitemap(body) if body else None
-        if sitemap is None or sitemap.type not in ("sitemapindex", "urlset"):
+        listing = self._listing(response)
+        if listing is None:
             stats.inc_value("incremental/sitemap/invalid")
             logger.warning("Ignoring invalid sitemap: %(response)s", {"response": response})
             return
-        stats.inc_value(f"incremental/sitemap/{sitemap.type}")
-        entries = self.entries(response.url)
-        candidates = entries.candidates(self.sitemap_filter(sitemap))
-        if sitemap.type == "urlset":
+        stats.inc_value(f"incremental/sitemap/{listing.kind}")
+        parse_date = parse_feed_date if listing.kind in FEED_KINDS else parse_w3c_datetime
+        entries = self.entries(response.url, parse_date=parse_date)
+        filtered = self.sitemap_filter(listing.entries)
+        if listing.pages:
+            candidates = entries.candidates(self._with_alternates(filtered))
             async for request in self.listed_requests(entries, candidates, self._callback_for):
                 yield request
             return
         # An index's lastmod says when each child sitemap changed: a child
         # that did not change is not read again. Lists have no revisit
         # schedule of their own: any other answer reads the child.
+        candidates = entries.candidates(filtered)
         rules = replace(self.due_rules(), revisit=False)
         stored = await self.stored_states(candidates)
         for child, state in zip(candidates, stored, strict=True):
@@ -106,6 +125,46 @@ class SitemapPagesSpider(ListedPagesSpider, SitemapSpider):
                 self.lists_skipped = True
                 continue
             yield self._sitemap_request(child.loc, child.lastmod)
+
+    def _listing(self, response: Response) -> Listing | None:
+        """What the response lists (gunzipped within the list size limit)."""
+        body = response.body
+        if gzip_magic_number(response):
+            try:
+                body = gunzip(body, max_size=response.meta.get("download_maxsize",
+                                                               MAX_LIST_BYTES))
+            except (_DecompressionMaxSizeExceeded, OSError, EOFError):
+                return None
+        listing = parse_listing(body, response.url)
+        if listing is None:
+            return None
+        stats = self.crawler.stats
+        if listing.recovered:
+            stats.inc_value("incremental/sitemap/recovered")
+        if listing.unproven:
+            stats.inc_value("incremental/sitemap/loc_unproven", listing.unproven)
+            logger.warning(
+                "%(response)s is not well-formed: skipped %(n)d entries whose URL a "
+                "recovering parse would have had to guess (cut off, or garbled)",
+                {"response": response, "n": listing.unproven})
+        if listing.ignored_lines:
+            stats.inc_value("incremental/sitemap/lines_ignored", listing.ignored_lines)
+        return listing
+
+    def _with_alternates(self, entries: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """*entries*, then (``sitemap_alternate_links``) their alternates.
+
+        After all the entries: an alternate listed in its own ``<url>``
+        keeps that entry's lastmod (duplicates are dropped, the first wins).
+        An alternate has no date of its own.
+        """
+        alternates: list[str] = []
+        for entry in entries:
+            yield entry
+            if self.sitemap_alternate_links:
+                alternates.extend(entry.get("alternate", ()))
+        for loc in alternates:
+            yield {"loc": loc, "lastmod": None, "modified": False}
 
     def _callback_for(self, loc: str) -> Any:
         return next((cb for rule, cb in self._cbs if rule.search(loc)), None)
