@@ -23,11 +23,11 @@ intact. The rest is read by lxml's recovering parse, which repairs by
 guessing (it drops a bare ``&`` and what follows up to the next ``=``, it
 closes a ``<loc>`` cut off mid-URL): an entry it yields is kept only when
 each of its URLs is the exact text of a complete element, or the exact
-value of an attribute, of the raw document; the others are counted in
-:attr:`Listing.unproven` and skipped. Leading whitespace and a byte-order
-mark before the XML declaration (a known fault of some WordPress installs)
-are stripped first: that is no guess, and it keeps such a sitemap out of
-the recovering parse altogether.
+value of an attribute, of the raw document (its date is dropped: it may be
+cut off); the others are counted in :attr:`Listing.unproven` and skipped.
+Leading whitespace and a byte-order mark before the XML declaration (a
+known fault of some WordPress installs) are stripped first: that is no
+guess, and it keeps such a sitemap out of the recovering parse altogether.
 """
 
 from __future__ import annotations
@@ -153,10 +153,15 @@ def _xml(body: bytes, url: str) -> Listing | None:
         for kind, entry in _iterparse(body, url, recover=True):
             if listing is None:
                 listing = Listing(kind, recovered=True)
-            elif not entry.get("_broken") and (_key(entry) in intact or all(
+            elif _key(entry) in intact:
+                listing.entries.append(_public(entry))
+            elif not entry.get("_broken") and all(
                 (value in texts) if source == "text" else (value in attrs)
                 for source, value in entry["_raw"]
-            )):
+            ):
+                # Its URLs are proven; its date may be cut off ("2024-01"
+                # of "2024-01-31"): no date, the page is asked conditionally.
+                entry["lastmod"] = None
                 listing.entries.append(_public(entry))
             else:
                 listing.unproven += 1
