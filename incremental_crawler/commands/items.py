@@ -20,6 +20,7 @@ import asyncio
 import os
 import sys
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, ClassVar
 
@@ -176,12 +177,10 @@ class Command(ScrapyCommand):
             self._error(str(exc))
             return
         try:
-            if versions:
-                def records() -> Iterator[dict[str, Any]]:
-                    return _versions(store, scope, since, opts.all_versions, change_field)
-            else:
-                def records() -> Iterator[dict[str, Any]]:
-                    return _latest(store, scope)
+            # A function, not an iterator: a CSV export reads the records twice.
+            records: Callable[[], Iterator[dict[str, Any]]] = (
+                partial(_versions, store, scope, since, opts.all_versions, change_field)
+                if versions else partial(_latest, store, scope))
             count = self._export(records, opts.output, exporter_cls, settings, fmt)
         except StateStoreError as exc:
             self._error(str(exc))
