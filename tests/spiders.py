@@ -39,6 +39,13 @@ class ListSpider(IncrementalSpider):
         }
 
 
+class SharedScopeSpider(ListSpider):
+    """A ListSpider whose state lives in the scope ``shared``, not its name."""
+
+    name = "scoped"
+    incremental_scope = "shared"
+
+
 class FailingPipeline:
     """A user's pipeline that fails on one URL (its database is down, say)."""
 

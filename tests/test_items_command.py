@@ -1,0 +1,307 @@
+"""``scrapy items``: stored items and their history, through the feed exporters.
+
+The real command runs in a subprocess, in the project, against a store
+written by real crawls of the loopback test site (the crawls' clock moved
+to known times), or by item versions staged with exact ``stored_at`` times
+where a boundary needs them to the second. What it wrote is parsed back.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from xml.etree import ElementTree
+
+import pytest
+import pytest_twisted
+from scrapy.utils.defer import deferred_from_coro
+from twisted.internet.threads import deferToThread
+
+from incremental_crawler import clock
+from incremental_crawler.spiders.sitemap import SitemapPagesSpider
+from incremental_crawler.state.records import Change, ItemRecord
+from tests.spiders import ListSpider, SharedScopeSpider
+
+if TYPE_CHECKING:
+    from incremental_crawler.state.stores import StateStore
+
+PROJECT = Path(__file__).resolve().parents[1]
+DAY = 86400
+BOTH_STORES = pytest.mark.parametrize("state_uri", ["sqlite", "redis"], indirect=True)
+
+
+def items(state_uri: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``scrapy items ARGS`` on the store at *state_uri*."""
+    return subprocess.run(
+        [sys.executable, "-m", "scrapy", "items", *args,
+         "-s", f"INCREMENTAL_STATE_URI={state_uri}"],
+        cwd=PROJECT, capture_output=True, text=True, timeout=120, check=False,
+    )
+
+
+def exported(state_uri: str, *args: str) -> list[dict[str, Any]]:
+    """The records ``scrapy items -o - ARGS`` writes (JSON lines on stdout)."""
+    result = items(state_uri, "-o", "-", *args)
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def iso(when: float) -> str:
+    return datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def at(text: str) -> float:
+    return datetime.fromisoformat(text).timestamp()
+
+
+# -- real crawls -------------------------------------------------------------
+
+@BOTH_STORES
+@pytest_twisted.ensureDeferred
+async def test_since_exports_what_the_later_crawl_stored_and_all_versions_the_history(
+    site, crawl, state_uri, monkeypatch,
+):
+    for i in range(4):
+        site.add_page(f"/p/{i}", "strong", size=1500)
+    sitemap = site.url("/sitemap.xml")
+    first = float(int(time.time()))
+    second = first + DAY
+    monkeypatch.setattr(clock, "now", lambda: first)
+    await crawl(SitemapPagesSpider, sitemap_url=sitemap)
+    site.change("/p/2")
+    monkeypatch.setattr(clock, "now", lambda: second)
+    await crawl(SitemapPagesSpider, sitemap_url=sitemap)
+    urls = [site.url(f"/p/{i}") for i in range(4)]
+
+    def run(*args: str) -> list[dict[str, Any]]:
+        return exported(state_uri, *args)
+
+    since_then = await deferToThread(run, "--since", iso(first + DAY / 2))
+    assert [(r["url"], r["title"], r["version"], r["stored_at"]) for r in since_then] == [
+        (urls[2], "Page p/2 v1", 2, iso(second))]
+    # At the second it was stored: included; a second later: not.
+    assert await deferToThread(run, "--since", iso(second)) == since_then
+    assert await deferToThread(run, "--since", iso(second + 1)) == []
+    # Only one version was stored since then: --all-versions finds no other.
+    assert await deferToThread(run, "--since", iso(first + 1), "--all-versions") == since_then
+
+    history = await deferToThread(run, "--all-versions")
+    assert [(r["url"], r["version"], r["stored_at"]) for r in history] == [
+        *((url, 1, iso(first)) for url in urls), (urls[2], 2, iso(second))]
+    assert [r["title"] for r in history if r["url"] == urls[2]] == ["Page p/2 v0", "Page p/2 v1"]
+    assert {r["change"] for r in history[:4]} == {"new"}
+    assert "change" in history[4]
+
+    # Without the options: the latest live items, as before.
+    latest = await deferToThread(run)
+    assert sorted(r["url"] for r in latest) == urls
+    assert {r["url"]: r["title"] for r in latest}[urls[2]] == "Page p/2 v1"
+    assert not any("stored_at" in r or "version" in r for r in latest)
+
+
+@pytest_twisted.ensureDeferred
+async def test_spider_limits_to_the_scope_the_spider_crawls_in(site, crawl, state_uri):
+    site.add_page("/a", "strong", size=1500)
+    site.add_page("/b", "strong", size=1500)
+    await crawl(ListSpider, urls=[site.url("/a")])
+    await crawl(SharedScopeSpider, urls=[site.url("/b")])
+    spiders = "SPIDER_MODULES=tests.spiders"
+
+    def urls(*args: str) -> list[str]:
+        return [r["url"] for r in exported(state_uri, "-s", spiders, *args)]
+
+    # "scoped" is a spider of the project: its incremental_scope, "shared".
+    assert await deferToThread(urls, "--spider", "scoped") == [site.url("/b")]
+    assert await deferToThread(urls, "--spider", "scoped", "--all-versions") == [site.url("/b")]
+    # "list" is a spider without one: its name.
+    assert await deferToThread(urls, "--spider", "list") == [site.url("/a")]
+    # Not a spider: a scope.
+    assert await deferToThread(urls, "--spider", "shared") == [site.url("/b")]
+    assert await deferToThread(urls, "--spider", "nobody") == []
+
+
+# -- staged versions, exact times ----------------------------------------------
+
+A, B, C, D = (f"https://example.com/{name}" for name in "abcd")
+
+
+def item(url: str, title: str, **extra: Any) -> str:
+    return json.dumps({"url": url, "title": title, **extra})
+
+
+#: Staged in the order they were stored; C is gone on December 1st.
+HISTORY = [
+    ItemRecord("news", A, A, "a1", item(A, "A one"), at("2026-11-29T10:00:00+00:00")),
+    ItemRecord("news", C, C, "c1", item(C, "C one"), at("2026-11-29T12:00:00+00:00")),
+    ItemRecord("news", B, B, "b1", item(B, "B one"), at("2026-11-29T23:59:59+00:00")),
+    ItemRecord("news", A, A, "a2", item(A, "A two"), at("2026-11-30T00:00:00+00:00"),
+               change=Change.CHANGED),
+    ItemRecord("blog", D, D, "d1", item(D, "D one"), at("2026-11-30T06:00:00+00:00")),
+    ItemRecord("news", C, C, "", json.dumps({"url": C, "gone": True, "status": 410}),
+               at("2026-12-01T08:00:00+00:00"), change=Change.DELETED),
+]
+
+
+async def stage_history(store: StateStore) -> None:
+    for record in HISTORY:
+        store.stage_item(record)
+    # Driven as Scrapy drives a store's coroutines (Redis awaits asyncio I/O).
+    await deferred_from_coro(store.flush())
+
+
+def summary(records: list[dict[str, Any]], change: str = "change") -> list[tuple[Any, ...]]:
+    return [(r["url"], r[change], r["stored_at"], r["version"]) for r in records]
+
+
+@BOTH_STORES
+@pytest_twisted.ensureDeferred
+async def test_since_and_all_versions_export_exactly_the_versions_stored_since(
+    state_store, state_uri,
+):
+    await stage_history(state_store)
+    a2 = (A, "changed", "2026-11-30T00:00:00Z", 2)
+    d1 = (D, "new", "2026-11-30T06:00:00Z", 1)
+    c2 = (C, "deleted", "2026-12-01T08:00:00Z", 2)
+
+    since = exported(state_uri, "--since", "2026-11-30")  # midnight UTC
+    assert summary(since) == [a2, d1, c2]
+    assert since[0]["title"] == "A two"
+    assert since[2] == {"url": C, "gone": True, "status": 410, "change": "deleted",
+                        "stored_at": "2026-12-01T08:00:00Z", "version": 2}
+    # A zone offset is honoured: 01:00 at +01:00 is midnight UTC.
+    assert exported(state_uri, "--since", "2026-11-30T01:00:00+01:00") == since
+    assert summary(exported(state_uri, "--since", "2026-11-30T00:00:01Z")) == [d1, c2]
+    # B's one version was stored a second before midnight, C's first the day before.
+    assert summary(exported(state_uri, "--since", "2026-11-29T23:59:59Z")) == [
+        (B, "new", "2026-11-29T23:59:59Z", 1), a2, d1, c2]
+
+    assert summary(exported(state_uri, "--all-versions")) == [
+        (A, "new", "2026-11-29T10:00:00Z", 1),
+        (C, "new", "2026-11-29T12:00:00Z", 1),
+        (B, "new", "2026-11-29T23:59:59Z", 1),
+        a2, d1, c2,
+    ]
+    assert summary(exported(state_uri, "--all-versions", "--since", "2026-11-30",
+                            "--spider", "news")) == [a2, c2]
+    # The latest live items, as without the options (by scope): C is gone.
+    assert [(r["url"], r["title"], r["fingerprint"]) for r in exported(state_uri)] == [
+        (D, "D one", "d1"), (A, "A two", "a2"), (B, "B one", "b1")]
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_change_type_goes_under_the_configured_change_field(state_store, state_uri):
+    await stage_history(state_store)
+    renamed = exported(state_uri, "--since", "2026-12-01", "-s", "INCREMENTAL_CHANGE_FIELD=kind")
+    assert summary(renamed, change="kind") == [(C, "deleted", "2026-12-01T08:00:00Z", 2)]
+    assert "change" not in renamed[0]
+    # Switched off for items, a version read back still says what it is.
+    off = exported(state_uri, "--since", "2026-12-01", "-s", "INCREMENTAL_CHANGE_FIELD=none")
+    assert summary(off) == summary(renamed, change="kind")
+
+
+# -- formats -----------------------------------------------------------------
+
+def normalized(records: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Records as text, as CSV and XML keep them; a field CSV leaves empty is absent."""
+    return [{name: str(value) for name, value in record.items() if value != ""}
+            for record in records]
+
+
+def parse(path: Path, fmt: str) -> list[dict[str, Any]]:
+    text = path.read_text(encoding="utf-8")
+    if fmt == "jsonl":
+        return [json.loads(line) for line in text.splitlines()]
+    if fmt == "json":
+        return json.loads(text)
+    if fmt == "csv":
+        return list(csv.DictReader(io.StringIO(text, newline="")))
+    root = ElementTree.fromstring(text.encode())
+    assert root.tag == "items"
+    return [{field.tag: field.text or "" for field in element} for element in root]
+
+
+@pytest_twisted.ensureDeferred
+async def test_each_format_holds_the_same_records(state_store, state_uri, tmp_path):
+    await stage_history(state_store)
+    expected = exported(state_uri, "--all-versions")
+    assert len(expected) == len(HISTORY)
+    outputs = {fmt: tmp_path / f"history.{fmt}" for fmt in ("jsonl", "json", "csv", "xml")}
+    for fmt, path in outputs.items():
+        result = items(state_uri, "--all-versions", "-o", str(path))
+        assert result.returncode == 0, result.stderr
+        assert f"6 item versions written to {path} ({fmt})" in result.stderr
+        # The tombstone's own fields (gone, status) are kept in CSV too,
+        # though the first record has none of them.
+        assert normalized(parse(path, fmt)) == normalized(expected), fmt
+    assert parse(outputs["jsonl"], "jsonl") == expected
+    assert parse(outputs["json"], "json") == expected
+    header = outputs["csv"].read_text().splitlines()[0]
+    assert header == "url,title,change,stored_at,version,gone,status"
+    # -t forces a format, whatever the extension says.
+    forced = tmp_path / "history.txt"
+    assert items(state_uri, "--all-versions", "-t", "xml", "-o", str(forced)).returncode == 0
+    assert normalized(parse(forced, "xml")) == normalized(expected)
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_default_export_honours_feed_export_fields_and_indent(
+    state_store, state_uri, tmp_path,
+):
+    await stage_history(state_store)
+    out = tmp_path / "items.json"
+    result = items(state_uri, "-o", str(out), "-s", "FEED_EXPORT_FIELDS=title,url",
+                   "-s", "FEED_EXPORT_INDENT=2")
+    assert result.returncode == 0, result.stderr
+    text = out.read_text()
+    assert text.startswith('[\n{\n  "title": "D one",\n  "url": ')
+    assert json.loads(text) == [{"title": t, "url": u}
+                                for u, t in ((D, "D one"), (A, "A two"), (B, "B one"))]
+
+
+# -- errors ------------------------------------------------------------------
+
+@pytest.mark.parametrize("when", ["yesterday", "2026-11-31", "1733000000"])
+@pytest_twisted.ensureDeferred
+async def test_a_since_that_is_not_iso_8601_is_a_usage_error(
+    state_store, state_uri, tmp_path, when,
+):
+    await stage_history(state_store)
+    out = tmp_path / "out.jsonl"
+    result = items(state_uri, "-o", str(out), "--since", when)
+    assert result.returncode == 2
+    assert f"--since {when!r} is not an ISO 8601 date or time" in result.stderr
+    assert not out.exists()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_unknown_format_is_a_usage_error(state_store, state_uri, tmp_path):
+    await stage_history(state_store)
+    result = items(state_uri, "-o", str(tmp_path / "out.txt"))
+    assert result.returncode == 2
+    assert "cannot tell the format of" in result.stderr and "-t FORMAT" in result.stderr
+    result = items(state_uri, "-o", "-", "-t", "yaml")
+    assert result.returncode == 2
+    assert "-t yaml: unknown format" in result.stderr
+
+
+@pytest.mark.parametrize("where", ["missing-dir/out.jsonl", "a-dir.jsonl"])
+@pytest_twisted.ensureDeferred
+async def test_an_output_that_cannot_be_written_is_one_line_and_exit_1(
+    state_store, state_uri, tmp_path, where,
+):
+    await stage_history(state_store)
+    path = tmp_path / where
+    if where == "a-dir.jsonl":
+        path.mkdir()
+    result = items(state_uri, "--all-versions", "-o", str(path))
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"error: cannot write {path}: "
+        + ("Is a directory" if path.is_dir() else "No such file or directory")]
