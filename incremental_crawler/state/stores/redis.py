@@ -11,10 +11,12 @@ the prefix; ``<s>`` is the scope, percent-quoted so it never holds a ``:``:
 ``P:due:<s>``                   sorted set: pages with a callback, by next_visit
 ``P:links:<s>``                 hash: page field → the page's links record (opaque text)
 ``P:hosts:<s>``                 hash: host → lastmod/validator trust (JSON)
-``P:items:<s>``                 hash: item key → latest url/fingerprint/simhash (JSON)
+``P:items:<s>``                 hash: item key → latest url/fingerprint/simhash/page (JSON)
 ``P:itemver:<s>``               hash: item key → latest version number
 ``P:order:<s>``                 sorted set: item keys by first_seen (exports)
-``P:hist:<s>:<item key>``       hash: version → fingerprint, time and data (JSON)
+``P:hist:<s>:<item key>``       hash: version → fingerprint, time, change and data (JSON)
+``P:bypage:<s>``                hash: page URL → JSON list of the keys of the live
+                                items last stored from it, other than its own
 ``P:flush:<token>``             how many writes of a flush were applied (expires)
 ==============================  ==========================================
 
@@ -24,6 +26,24 @@ field added to :class:`PageState`, :class:`HostTrust` or :class:`ItemRecord`
 is stored without a layout change and reads back as its default where it is
 missing. Floats are POSIX times or durations, kept as whole seconds as the
 SQLite store does.
+
+The change feed: an item record names its source ``page`` only when that
+is not its own key (the usual case costs nothing), and a tombstone is a
+version with the fingerprint ``""``. A history entry names its ``change``
+only when it is not what an entry without one reads as: ``new`` for version
+1, else ``changed`` (so entries stored before the change feed read right).
+A version with data prunes, in the same script, the versions
+``INCREMENTAL_ITEM_HISTORY`` no longer keeps. ``P:bypage:<s>`` finds the
+items of a gone page: an item keyed by its page's URL needs no entry (one
+``HGET`` of the items hash finds it, so a crawl of such items creates no
+key); the others are listed under their page while they are live, and the
+script moves an item out of its old page's list when it comes from another
+page or is a tombstone. One hash field per page holding a JSON list, not a
+set per page: a field costs its name and the list's bytes, where a key of
+its own would also cost the prefix and scope in its name, an object and a
+keyspace entry, for every such page. Updating a list rewrites it (linear in
+the page's items), but only when an item's page changes (new, moved, gone
+or back), never when it is crawled again from the same page.
 
 Reads are one round-trip each (``get_pages``: one pipelined round-trip per
 10,000 keys) on a ``redis.asyncio`` client, so the reactor never waits on
@@ -41,7 +61,8 @@ fails the whole flush, so writes that can fail only that way (a page state,
 a links record) are never split by one.
 
 Opening the store (once, before a crawl) and the synchronous reports
-(``iter_items``, ``item_history``, ``count_pages``) use a blocking client.
+(``iter_items``, ``iter_versions``, ``item_history``, ``count_pages``) use a
+blocking client.
 """
 
 from __future__ import annotations
@@ -96,7 +117,10 @@ LAYOUT = "incremental_crawler.state"
 #: Bumped when the key layout changes incompatibly (with a migration here).
 #: Additions older code can ignore are no change: ``P:links:<s>`` and the
 #: page records' ``recipe`` came without one (a prefix without them reads as
-#: pages with no links record and no recipe).
+#: pages with no links record and no recipe), and neither did the change
+#: feed's ``P:bypage:<s>``, the items' ``page`` and the history entries'
+#: ``change`` (a prefix without them reads as items of the page of their
+#: key, versions new for version 1, else changed).
 LAYOUT_VERSION = 1
 DEFAULT_PREFIX = "incremental"
 #: Keys per pipelined round-trip of a batched read, and fields per HMGET.
