@@ -20,7 +20,7 @@ import redis
 from scrapy.settings import Settings
 
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
-from incremental_crawler.state.records import ItemRecord, PageFlags, PageKey, PageState
+from incremental_crawler.state.records import Change, ItemRecord, PageFlags, PageKey, PageState
 from incremental_crawler.state.stores import StateStoreError, open_store
 from incremental_crawler.state.stores.redis import (
     LAYOUT,
@@ -112,6 +112,12 @@ async def test_open_store_picks_redis_by_scheme(redis_prefix: str) -> None:
         assert isinstance(store, RedisStateStore)
         assert store.prefix == redis_prefix
         assert store.location == uri
+        assert store.history_limit == 10
+    finally:
+        await call(store.close())
+    store = open_store(Settings({"INCREMENTAL_STATE_URI": uri, "INCREMENTAL_ITEM_HISTORY": "2"}))
+    try:
+        assert store.history_limit == 2
     finally:
         await call(store.close())
 
@@ -286,16 +292,113 @@ async def test_item_data_is_kept_per_version_under_the_item_key(
     try:
         store.stage_item(item("k", 1))
         store.stage_item(ItemRecord(SCOPE, "k", "https://example.com/k", "fp-k-2", None, 5))
-        store.stage_item(item("k", 3))
+        store.stage_item(item("k", 3, change=Change.CHANGED))
         await call(store.flush())
     finally:
         await call(store.close())
     hist = shared.hgetall(f"{redis_prefix}:hist:{SCOPE}:k")
     # Version 2 came without data: its number is used, no entry is kept.
     assert sorted(hist) == [b"1", b"3"]
+    # The change is left out where it is what an entry without one reads as.
     assert json.loads(hist[b"3"]) == {
         "fingerprint": "fp-k-3", "stored_at": 2_000_003, "data": {"name": "k", "version": 3},
     }
+
+
+@pytest_twisted.ensureDeferred
+async def test_page_index_costs_nothing_for_items_keyed_by_their_page(
+    redis_prefix: str, shared: redis.Redis
+) -> None:
+    items, bypage = f"{redis_prefix}:items:{SCOPE}", f"{redis_prefix}:bypage:{SCOPE}"
+    listing = "https://example.com/list"
+    store = open_at(redis_prefix)
+    try:
+        # The usual items: keyed by the URL of the page they come from.
+        store.stage_item(item("a"))
+        store.stage_item(item("b", page="b"))
+        store.stage_item(item("c", change=Change.DELETED, page="c"))
+        await call(store.flush())
+        assert not [k for k in prefix_keys(redis_prefix) if b":bypage:" in k]
+        assert json.loads(shared.hget(items, "b")) == {"fingerprint": "fp-b-1",
+                                                       "stored_at": 2_000_001,
+                                                       "url": "https://example.com/b"}
+        assert await call(store.get_page_items(SCOPE, "a")) == ["a"]
+
+        # One from a listing: listed under the page's URL, a JSON list
+        # with its slashes as they are; a tombstone takes it out.
+        store.stage_item(item("https://example.com/x", page=listing))
+        await call(store.flush())
+        assert shared.hgetall(bypage) == {listing.encode(): b'["https://example.com/x"]'}
+        assert json.loads(shared.hget(items, "https://example.com/x"))["page"] == listing
+        store.stage_item(item("https://example.com/x", 2, page=listing, change=Change.DELETED))
+        await call(store.flush())
+        assert not shared.exists(bypage)
+        assert await call(store.get_page_items(SCOPE, listing)) == []
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_history_entries_without_a_change_read_as_new_then_changed(
+    redis_prefix: str, shared: redis.Redis
+) -> None:
+    """Entries written before the change feed name no change; one that is
+    not what such an entry reads as is named (a tombstone, an item back)."""
+    hist = f"{redis_prefix}:hist:{SCOPE}:k"
+    store = open_at(redis_prefix)
+    try:
+        # An item of two versions as the previous code wrote it.
+        shared.sadd(f"{redis_prefix}:scopes", SCOPE)
+        shared.hset(f"{redis_prefix}:items:{SCOPE}", "k",
+                    '{"fingerprint":"fp-k-2","stored_at":2000002}')
+        shared.hset(f"{redis_prefix}:itemver:{SCOPE}", "k", 2)
+        shared.zadd(f"{redis_prefix}:order:{SCOPE}", {"k": 2_000_001})
+        for n in (1, 2):
+            shared.hset(hist, n, json.dumps(
+                {"fingerprint": f"fp-k-{n}", "stored_at": 2_000_000 + n, "data": {"n": n}}))
+        assert [(v.version, v.change) for v in store.iter_versions(SCOPE, every_version=True)
+                ] == [(1, "new"), (2, "changed")]
+        assert await call(store.get_page_items(SCOPE, "k")) == ["k"]
+
+        store.stage_item(item("k", 3, change=Change.DELETED, data={"gone": True}))
+        store.stage_item(item("k", 4, change=Change.NEW))
+        await call(store.flush())
+        assert json.loads(shared.hget(hist, "3"))["change"] == "deleted"
+        assert json.loads(shared.hget(hist, "4"))["change"] == "new"
+        assert [(v.version, v.change, v.fingerprint)
+                for v in store.iter_versions(SCOPE, every_version=True)] == [
+            (1, "new", "fp-k-1"), (2, "changed", "fp-k-2"), (3, "deleted", ""),
+            (4, "new", "fp-k-4")]
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_gone_pages_never_enter_the_due_index(
+    redis_prefix: str, shared: redis.Redis
+) -> None:
+    """Not only left out of the reads: the Lua writes keep them out of
+    ``P:due`` (a flags write takes a page out)."""
+    due = f"{redis_prefix}:due:{SCOPE}"
+    gone, flagged = PageKey(SCOPE, f"{URL}/gone"), PageKey(SCOPE, f"{URL}/flagged")
+    store = open_at(redis_prefix)
+    try:
+        store.stage_page(full_state(gone, 1, callback="parse", next_visit=10,
+                                    flags=PageFlags.GONE))
+        store.stage_page(full_state(flagged, 1, callback="parse", next_visit=10))
+        await call(store.flush())
+        assert shared.zrange(due, 0, -1) == [flagged.url.encode()]
+        store.stage_flags(flagged, PageFlags.GONE)
+        await call(store.flush())
+        assert shared.zrange(due, 0, -1) == []
+        for key in (gone, flagged):
+            store.stage_check(key, 304, 20, schedule=(3600, 30))
+            store.stage_failure(key, 404, 40, failures=2, next_visit=50, callback="parse")
+        await call(store.flush())
+        assert shared.zrange(due, 0, -1) == []
+        assert (await call(store.get_page(gone))).next_visit == 50
+    finally:
+        await call(store.close())
 
 
 # -- round-trips (counted by a server of our own) ----------------------------

@@ -29,7 +29,15 @@ import redis
 from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 
-from incremental_crawler.state.records import HostTrust, ItemRecord, PageFlags, PageKey, PageState
+from incremental_crawler.state.records import (
+    Change,
+    HostTrust,
+    ItemRecord,
+    PageFlags,
+    PageKey,
+    PageState,
+    StoredVersion,
+)
 from incremental_crawler.state.stores import (
     StateStore,
     StateStoreError,
@@ -51,7 +59,8 @@ if TYPE_CHECKING:
 
     from twisted.internet.defer import Deferred
 
-    MakeStore = Callable[[], StateStore]
+    #: Opens the test's store; keywords go to the store class (history_limit).
+    MakeStore = Callable[..., StateStore]
     FailingFlush = Callable[[], AbstractContextManager[None]]
 
 
@@ -87,6 +96,7 @@ def full_state(key: PageKey, n: int = 1, **changes: Any) -> PageState:
 
 def item(
     key: str, n: int = 1, *, scope: str = SCOPE, data: Any = ..., stored_at: float = 0,
+    change: Change = Change.NEW, page: str | None = None,
 ) -> ItemRecord:
     if data is ...:
         data = {"name": key, "version": n}
@@ -94,17 +104,21 @@ def item(
         scope=scope,
         key=key,
         url=f"https://example.com/{key}",
-        fingerprint=f"fp-{key}-{n}",
+        # A tombstone has no fingerprint.
+        fingerprint="" if change == Change.DELETED else f"fp-{key}-{n}",
         data=None if data is None else json.dumps(data),
         stored_at=stored_at or 2_000_000 + n,
+        change=change,
+        page=page,
     )
 
 
 class StateStoreContract:
     """Tests every :class:`StateStore` backend must pass.
 
-    A subclass provides a ``make_store`` fixture: a zero-argument callable
-    that opens a store. Every call within one test opens the *same* backing
+    A subclass provides a ``make_store`` fixture: a callable that opens a
+    store (keyword arguments, such as ``history_limit``, go to the store
+    class's constructor). Every call within one test opens the *same* backing
     storage (a path, a Redis key prefix...), which starts out empty for each
     test; ``await call(store.close())`` then ``make_store()`` is how
     durability is checked. The fixture closes whatever the test left open.
@@ -936,6 +950,228 @@ class StateStoreContract:
         assert pages_peak < 1024 * 1024, f"peak {pages_peak} bytes to read 40 pages"
         assert links_peak < 1536 * 1024, f"peak {links_peak} bytes to read one links record"
 
+    # -- the change feed -----------------------------------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_change_types_are_stored_and_read_back(self, make_store: MakeStore) -> None:
+        store = make_store()
+        tombstone = {"url": "https://example.com/a", "change": "deleted"}
+        store.stage_item(item("a", 1, stored_at=100))
+        store.stage_item(item("b", 1, stored_at=150))
+        await call(store.flush())
+        store.stage_item(item("a", 2, stored_at=200, change=Change.CHANGED))
+        store.stage_item(item("a", 3, stored_at=300, change=Change.DELETED, data=tombstone))
+        store.stage_item(item("a", 4, stored_at=400))  # back: new again
+        await call(store.close())
+
+        store = make_store()
+        assert list(store.iter_versions(SCOPE, every_version=True)) == [
+            StoredVersion(SCOPE, "a", 1, "new", 100, "fp-a-1", {"name": "a", "version": 1}),
+            StoredVersion(SCOPE, "b", 1, "new", 150, "fp-b-1", {"name": "b", "version": 1}),
+            StoredVersion(SCOPE, "a", 2, "changed", 200, "fp-a-2",
+                          {"name": "a", "version": 2}),
+            StoredVersion(SCOPE, "a", 3, "deleted", 300, "", tombstone),
+            StoredVersion(SCOPE, "a", 4, "new", 400, "fp-a-4", {"name": "a", "version": 4}),
+        ]
+        assert store.item_history(SCOPE, "a") == [
+            (1, "fp-a-1"), (2, "fp-a-2"), (3, ""), (4, "fp-a-4")]
+
+    @pytest_twisted.ensureDeferred
+    async def test_history_keeps_the_limits_newest_versions(self, make_store: MakeStore) -> None:
+        store = make_store(history_limit=3)
+        assert store.history_limit == 3
+        for n in (1, 2):
+            store.stage_item(item("a", n))
+            await call(store.flush())
+        assert store.item_history(SCOPE, "a") == [(1, "fp-a-1"), (2, "fp-a-2")]
+        # Several versions in one flush are pruned as each is written.
+        for n in (3, 4, 5):
+            store.stage_item(item("a", n))
+        store.stage_item(item("b", 1))
+        await call(store.flush())
+        assert store.item_history(SCOPE, "a") == [(3, "fp-a-3"), (4, "fp-a-4"), (5, "fp-a-5")]
+        assert store.item_history(SCOPE, "b") == [(1, "fp-b-1")]
+        # A version without data uses a number: the limit counts numbers.
+        store.stage_item(item("a", 6, data=None))
+        store.stage_item(item("a", 7))
+        await call(store.close())
+        assert make_store().item_history(SCOPE, "a") == [(5, "fp-a-5"), (7, "fp-a-7")]
+
+        # A lower limit takes effect at the item's next version.
+        store = make_store(history_limit=1)
+        store.stage_item(item("a", 8))
+        await call(store.close())
+        assert make_store().item_history(SCOPE, "a") == [(8, "fp-a-8")]
+        assert make_store().item_history(SCOPE, "b") == [(1, "fp-b-1")]
+
+        # 0 keeps every version.
+        store = make_store(history_limit=0)
+        for n in range(1, 13):
+            store.stage_item(item("c", n))
+        await call(store.flush())
+        assert store.item_history(SCOPE, "c") == [(n, f"fp-c-{n}") for n in range(1, 13)]
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_tombstone_makes_the_item_unknown_until_it_comes_back(
+        self, make_store: MakeStore,
+    ) -> None:
+        listing = "https://example.com/list"
+        odd = 'https://example.com/q"uote\\back/slash'  # JSON needs escapes
+        store = make_store()
+        store.stage_item(item(listing))  # keyed by its page's URL
+        for key in ("x", odd):
+            store.stage_item(item(key, page=listing))
+        store.stage_item(item("z", page="https://example.com/other"))
+        await call(store.flush())
+        assert await call(store.get_page_items(SCOPE, listing)) == sorted([listing, "x", odd])
+        assert await call(store.get_page_items(SCOPE, "https://example.com/other")) == ["z"]
+        assert await call(store.get_page_items(SCOPE, "https://example.com/none")) == []
+        assert await call(store.get_page_items("other", listing)) == []
+
+        tombstone = {"url": "https://example.com/x", "change": "deleted"}
+        store.stage_item(item("x", 2, page=listing, change=Change.DELETED, data=tombstone))
+        store.stage_item(item(listing, 2, change=Change.DELETED, data=tombstone))
+        # Unknown at once (staged), and after the flush.
+        assert await call(store.get_item_fingerprint(SCOPE, "x")) is None
+        await call(store.close())
+        store = make_store()
+        assert await call(store.get_item_fingerprint(SCOPE, "x")) is None
+        assert await call(store.get_item_fingerprint(SCOPE, listing)) is None
+        assert await call(store.get_item_fingerprint(SCOPE, odd)) == f"fp-{odd}-1"
+        assert await call(store.get_page_items(SCOPE, listing)) == [odd]
+        assert sorted(i["fingerprint"] for i in store.iter_items(SCOPE)) == sorted(
+            [f"fp-{odd}-1", "fp-z-1"])
+
+        # A later version of the item is read again.
+        store.stage_item(item("x", 3, page=listing))
+        await call(store.flush())
+        assert await call(store.get_item_fingerprint(SCOPE, "x")) == "fp-x-3"
+        assert await call(store.get_page_items(SCOPE, listing)) == sorted(["x", odd])
+        assert sorted(i["fingerprint"] for i in store.iter_items(SCOPE)) == sorted(
+            ["fp-x-3", f"fp-{odd}-1", "fp-z-1"])
+
+    @pytest_twisted.ensureDeferred
+    async def test_an_item_that_moves_leaves_the_first_pages_list(
+        self, make_store: MakeStore,
+    ) -> None:
+        first, second = "https://example.com/p1", "https://example.com/p2"
+        store = make_store()
+        store.stage_item(item("m", 1, page=first))
+        store.stage_item(item("n", 1, page=first))
+        await call(store.flush())
+        assert await call(store.get_page_items(SCOPE, first)) == ["m", "n"]
+
+        store.stage_item(item("m", 2, page=second))
+        await call(store.flush())
+        assert await call(store.get_page_items(SCOPE, first)) == ["n"]
+        assert await call(store.get_page_items(SCOPE, second)) == ["m"]
+
+        # Twice in one flush; then to the page of its own key (stored
+        # without a page, or naming it).
+        store.stage_item(item("n", 2, page=second))
+        store.stage_item(item("n", 3, page=first))
+        store.stage_item(item("m", 3))
+        store.stage_item(item("k", 1, page=first))
+        store.stage_item(item("k", 2, page="k"))
+        await call(store.close())
+        store = make_store()
+        assert await call(store.get_page_items(SCOPE, first)) == ["n"]
+        assert await call(store.get_page_items(SCOPE, second)) == []
+        assert await call(store.get_page_items(SCOPE, "m")) == ["m"]
+        assert await call(store.get_page_items(SCOPE, "k")) == ["k"]
+
+        # An item keyed by a page's URL but last stored from another page
+        # belongs to that other page.
+        store.stage_item(item(first, 1, page=second))
+        await call(store.flush())
+        assert await call(store.get_page_items(SCOPE, first)) == ["n"]
+        assert await call(store.get_page_items(SCOPE, second)) == [first]
+
+    @pytest_twisted.ensureDeferred
+    async def test_iter_versions_since_and_every_version(self, store: StateStore) -> None:
+        def at(key: str, n: int, when: float, *, scope: str = SCOPE,
+               data: Any = ...) -> ItemRecord:
+            return item(key, n, stored_at=when, scope=scope, data=data,
+                        change=Change.NEW if n == 1 else Change.CHANGED)
+
+        for record in (at("a", 1, 100), at("d", 1, 100), at("b", 1, 200), at("a", 2, 300),
+                       at("c", 1, 300, scope="other"), at("b", 2, 400), at("a", 3, 500),
+                       at("d", 2, 600, data=None)):
+            store.stage_item(record)
+        await call(store.flush())
+
+        def versions(scope: str | None = SCOPE, **options: Any) -> list[tuple[str, int, str]]:
+            return [(v.key, v.version, v.change)
+                    for v in store.iter_versions(scope, **options)]
+
+        # Ties on stored_at by scope, key, then version; d's latest version
+        # has no data: it is not listed as the latest.
+        assert versions(every_version=True) == [
+            ("a", 1, "new"), ("d", 1, "new"), ("b", 1, "new"), ("a", 2, "changed"),
+            ("b", 2, "changed"), ("a", 3, "changed")]
+        assert versions() == [("b", 2, "changed"), ("a", 3, "changed")]
+        assert versions(since=350, every_version=True) == [
+            ("b", 2, "changed"), ("a", 3, "changed")]
+        assert versions(since=300, every_version=True) == [
+            ("a", 2, "changed"), ("b", 2, "changed"), ("a", 3, "changed")]
+        assert versions(since=400.5) == [("a", 3, "changed")]
+        assert versions(since=501) == []
+        assert versions(None, since=300, every_version=True) == [
+            ("a", 2, "changed"), ("c", 1, "new"), ("b", 2, "changed"), ("a", 3, "changed")]
+        assert [v.scope for v in store.iter_versions(None, since=300, every_version=True)] == [
+            SCOPE, "other", SCOPE, SCOPE]
+        assert versions("nobody", every_version=True) == []
+        latest = list(store.iter_versions(SCOPE, since=450))
+        assert latest == [StoredVersion(SCOPE, "a", 3, "changed", 500, "fp-a-3",
+                                        {"name": "a", "version": 3})]
+
+    @pytest_twisted.ensureDeferred
+    async def test_gone_pages_are_never_due_nor_summarized(self, store: StateStore) -> None:
+        def page(name: str, **changes: Any) -> PageState:
+            fields = {"next_visit": 500, "callback": "parse", "size": 100,
+                      "last_checked": 100, **changes}
+            return full_state(PageKey(SCOPE, f"{URL}/{name}"), 1, **fields)
+
+        live, gone, flagged = page("live"), page("gone", flags=PageFlags.GONE), page("flagged")
+        for state in (live, gone, flagged):
+            store.stage_page(state)
+        await call(store.flush())
+        store.stage_flags(flagged.key, PageFlags.GONE)
+        await call(store.flush())
+
+        async def due() -> list[str]:
+            listed = await call(store.get_due(SCOPE, math.inf, 10))
+            return [s.key.url.rsplit("/", 1)[1] for s in listed]
+
+        async def summary() -> tuple[int, int, float | None]:
+            return tuple(await call(store.summarize_pages(
+                SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf)))
+
+        assert await due() == ["live"]
+        assert await summary() == (1, 100, 500)
+
+        # Neither a check with a schedule nor a failure puts them back.
+        for state in (gone, flagged):
+            store.stage_check(state.key, 304, 900, schedule=(3600, 400))
+        await call(store.flush())
+        assert await due() == ["live"]
+        assert await summary() == (1, 100, 500)
+        for state in (gone, flagged):
+            store.stage_failure(state.key, 404, 1_000, failures=2, next_visit=300,
+                                callback="parse")
+        await call(store.flush())
+        assert await due() == ["live"]
+        assert await summary() == (1, 100, 500)
+        stored = await call(store.get_page(gone.key))
+        assert (stored.next_visit, stored.failures, stored.checks) == (300, 2, 3)
+        assert stored.flags & PageFlags.GONE
+
+        # A page that answers again is stored without the flag: due again.
+        store.stage_page(page("gone", next_visit=200))
+        await call(store.flush())
+        assert await due() == ["gone", "live"]
+        assert await summary() == (2, 200, 200)
+
 
 class TestSQLiteStore(StateStoreContract):
     """The contract, for :class:`SQLiteStateStore`."""
@@ -944,8 +1180,9 @@ class TestSQLiteStore(StateStoreContract):
     async def make_store(self, tmp_path: Path) -> AsyncIterator[MakeStore]:
         opened: list[SQLiteStateStore] = []
 
-        def make() -> StateStore:
-            store = SQLiteStateStore(tmp_path / "state" / "state.db", busy_timeout=1.0)
+        def make(**options: Any) -> StateStore:
+            store = SQLiteStateStore(tmp_path / "state" / "state.db", busy_timeout=1.0,
+                                     **options)
             opened.append(store)
             return store
 
@@ -977,8 +1214,8 @@ class TestRedisStore(StateStoreContract):
     async def make_store(self, redis_prefix: str) -> AsyncIterator[MakeStore]:
         opened: list[RedisStateStore] = []
 
-        def make() -> StateStore:
-            store = RedisStateStore(REDIS_URI, prefix=redis_prefix)
+        def make(**options: Any) -> StateStore:
+            store = RedisStateStore(REDIS_URI, prefix=redis_prefix, **options)
             opened.append(store)
             return store
 
@@ -1388,6 +1625,50 @@ class TestSQLiteMigrations:
         store = SQLiteStateStore(path)
         assert await call(store.get_page(key)) == old.copy(
             last_status=503, last_checked=10, checks=1, failures=1, next_visit=5)
+        await call(store.close())
+        with closing(sqlite3.connect(path)) as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 11
+
+    @pytest_twisted.ensureDeferred
+    async def test_version_10_store_gets_the_change_feed_and_keeps_its_data(
+        self, tmp_path: Path,
+    ) -> None:
+        path = tmp_path / "v10.db"
+        with closing(schema_at(path, 10)) as db:
+            db.execute(
+                "INSERT INTO pages (scope, url, variant, etag, fingerprint, last_status, "
+                "next_visit, callback, flags) VALUES ('s', 'http://a/', '', '\"x\"', 'ff', "
+                "200, 8, 'parse', 4)")
+            db.execute("INSERT INTO items (scope, item_key, url, fingerprint, first_seen, "
+                       "last_changed, version) VALUES ('s', 'http://a/', NULL, 'fp2', 1, 5, 2)")
+            db.execute("INSERT INTO item_versions VALUES "
+                       "('s', 'http://a/', 1, 'fp1', '{\"n\": 1}', 1)")
+            db.execute("INSERT INTO item_versions VALUES "
+                       "('s', 'http://a/', 2, 'fp2', '{\"n\": 2}', 5)")
+            db.execute("PRAGMA user_version = 10")
+            db.commit()
+        key = PageKey("s", "http://a/")
+        store = SQLiteStateStore(path)
+        assert await call(store.get_page(key)) == PageState(
+            key, '"x"', fingerprint="ff", last_status=200, next_visit=8, callback="parse",
+            flags=4)
+        # Versions stored before have no change type: new for version 1.
+        assert list(store.iter_versions("s", every_version=True)) == [
+            StoredVersion("s", "http://a/", 1, "new", 1, "fp1", {"n": 1}),
+            StoredVersion("s", "http://a/", 2, "changed", 5, "fp2", {"n": 2}),
+        ]
+        # Stored without a page: the item belongs to the page of its key.
+        assert await call(store.get_page_items("s", "http://a/")) == ["http://a/"]
+        assert await call(store.get_item_fingerprint("s", "http://a/")) == "fp2"
+        assert [due.key for due in await call(store.get_due("s", 10, 10))] == [key]
+        store.stage_item(ItemRecord("s", "http://a/", "http://a/", "", '{"gone": 1}', 9,
+                                    change=Change.DELETED))
+        await call(store.close())
+
+        store = SQLiteStateStore(path)
+        assert [(v.version, v.change) for v in store.iter_versions("s", every_version=True)] == [
+            (1, "new"), (2, "changed"), (3, "deleted")]
+        assert await call(store.get_page_items("s", "http://a/")) == []
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
             assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 11

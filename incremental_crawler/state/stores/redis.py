@@ -11,10 +11,12 @@ the prefix; ``<s>`` is the scope, percent-quoted so it never holds a ``:``:
 ``P:due:<s>``                   sorted set: pages with a callback, by next_visit
 ``P:links:<s>``                 hash: page field → the page's links record (opaque text)
 ``P:hosts:<s>``                 hash: host → lastmod/validator trust (JSON)
-``P:items:<s>``                 hash: item key → latest url/fingerprint/simhash (JSON)
+``P:items:<s>``                 hash: item key → latest url/fingerprint/simhash/page (JSON)
 ``P:itemver:<s>``               hash: item key → latest version number
 ``P:order:<s>``                 sorted set: item keys by first_seen (exports)
-``P:hist:<s>:<item key>``       hash: version → fingerprint, time and data (JSON)
+``P:hist:<s>:<item key>``       hash: version → fingerprint, time, change and data (JSON)
+``P:bypage:<s>``                hash: page URL → JSON list of the keys of the live
+                                items last stored from it, other than its own
 ``P:flush:<token>``             how many writes of a flush were applied (expires)
 ==============================  ==========================================
 
@@ -24,6 +26,24 @@ field added to :class:`PageState`, :class:`HostTrust` or :class:`ItemRecord`
 is stored without a layout change and reads back as its default where it is
 missing. Floats are POSIX times or durations, kept as whole seconds as the
 SQLite store does.
+
+The change feed: an item record names its source ``page`` only when that
+is not its own key (the usual case costs nothing), and a tombstone is a
+version with the fingerprint ``""``. A history entry names its ``change``
+only when it is not what an entry without one reads as: ``new`` for version
+1, else ``changed`` (so entries stored before the change feed read right).
+A version with data prunes, in the same script, the versions
+``INCREMENTAL_ITEM_HISTORY`` no longer keeps. ``P:bypage:<s>`` finds the
+items of a gone page: an item keyed by its page's URL needs no entry (one
+``HGET`` of the items hash finds it, so a crawl of such items creates no
+key); the others are listed under their page while they are live, and the
+script moves an item out of its old page's list when it comes from another
+page or is a tombstone. One hash field per page holding a JSON list, not a
+set per page: a field costs its name and the list's bytes, where a key of
+its own would also cost the prefix and scope in its name, an object and a
+keyspace entry, for every such page. Updating a list rewrites it (linear in
+the page's items), but only when an item's page changes (new, moved, gone
+or back), never when it is crawled again from the same page.
 
 Reads are one round-trip each (``get_pages``: one pipelined round-trip per
 10,000 keys) on a ``redis.asyncio`` client, so the reactor never waits on
@@ -41,7 +61,8 @@ fails the whole flush, so writes that can fail only that way (a page state,
 a links record) are never split by one.
 
 Opening the store (once, before a crawl) and the synchronous reports
-(``iter_items``, ``item_history``, ``count_pages``) use a blocking client.
+(``iter_items``, ``iter_versions``, ``item_history``, ``count_pages``) use a
+blocking client.
 """
 
 from __future__ import annotations
@@ -50,6 +71,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import math
 import uuid
 from dataclasses import MISSING, fields
 from typing import TYPE_CHECKING, Any
@@ -61,7 +83,9 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from incremental_crawler.config import DEFAULT_SETTINGS
 from incremental_crawler.state.records import (
+    Change,
     HostTrust,
     ItemRecord,
     PageFlags,
@@ -69,7 +93,12 @@ from incremental_crawler.state.records import (
     PageState,
     StoredVersion,
 )
-from incremental_crawler.state.stores.base import PagesSummary, StateStore, StateStoreError
+from incremental_crawler.state.stores.base import (
+    PagesSummary,
+    StateStore,
+    StateStoreError,
+    item_history_setting,
+)
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
@@ -88,7 +117,10 @@ LAYOUT = "incremental_crawler.state"
 #: Bumped when the key layout changes incompatibly (with a migration here).
 #: Additions older code can ignore are no change: ``P:links:<s>`` and the
 #: page records' ``recipe`` came without one (a prefix without them reads as
-#: pages with no links record and no recipe).
+#: pages with no links record and no recipe), and neither did the change
+#: feed's ``P:bypage:<s>``, the items' ``page`` and the history entries'
+#: ``change`` (a prefix without them reads as items of the page of their
+#: key, versions new for version 1, else changed).
 LAYOUT_VERSION = 1
 DEFAULT_PREFIX = "incremental"
 #: Keys per pipelined round-trip of a batched read, and fields per HMGET.
@@ -120,7 +152,12 @@ _TOKEN_TTL = 86_400
 # The upserts mirror the SQLite store's: a check, a failure or a redirect
 # touches counters, status and (check) lastmod and schedule, (failure) the
 # failures in a row and the schedule, never validators or fingerprints
-# (only a 2xx updates them); an item gets the next version number of its key.
+# (only a 2xx updates them); an item gets the next version number of its key,
+# and its versions beyond the history kept are pruned (as SQLite's
+# _PRUNE_VERSIONS). A page flagged gone is never put in the due index (nor
+# left there by a flags write): it is not re-seeded. An item write keeps the
+# page index (P:bypage) in step: an item leaves the list of the page it was
+# listed under when it comes from another page or is a tombstone.
 #
 # Before any write, every key the batch writes is checked for its type
 # (TYPES: by argument, the type the key must have unless absent). A page
@@ -132,12 +169,13 @@ _TOKEN_TTL = 86_400
 # KEYS: token, scopes set, tokens to forget. ARGV: number of scopes, the
 # scopes, then the writes, each its name followed by ARITY[name] arguments.
 _FLUSH_LUA = """
-local ARITY = {host = 3, page = 5, check = 8, failure = 9, redirect = 7, item = 8,
-               links = 3, unlink = 2, flags = 3}
+local ARITY = {host = 3, page = 5, check = 8, failure = 9, redirect = 7, item = 13,
+               links = 3, unlink = 2, flags = 4}
 local TYPES = {host = {'hash'}, page = {'hash', 'zset'}, check = {'hash', 'zset'},
                failure = {'hash', 'zset'},
-               redirect = {'hash'}, item = {'hash', 'hash', 'zset', 'hash'},
-               links = {'hash'}, unlink = {'hash'}, flags = {'hash'}}
+               redirect = {'hash'}, item = {'hash', 'hash', 'zset', 'hash', 'hash'},
+               links = {'hash'}, unlink = {'hash'}, flags = {'hash', 'zset'}}
+local GONE = GONE_FLAG
 local OPS = {}
 function OPS.host(a, i)
   redis.call('HSET', a[i], a[i + 1], a[i + 2])
@@ -166,19 +204,27 @@ local function visit(a, i)
   page.last_checked = tonumber(a[i + 4])
   return page
 end
+local function reindex(due, field, page)
+  -- A page with a callback is due at its next visit; a gone one never is
+  -- (it is requested again only when something names it).
+  if bit.band(page.flags or 0, GONE) ~= 0 then
+    redis.call('ZREM', due, field)
+  elseif page.callback then
+    redis.call('ZADD', due, page.next_visit, field)
+  end
+end
 function OPS.check(a, i)
   local page = visit(a, i)
   page.failures = nil  -- an answer ends a run of failures
   if a[i + 5] ~= '' then page.lastmod = tonumber(a[i + 5]) end
-  local index = false
-  if a[i + 6] ~= '' then
+  local schedule = a[i + 6] ~= ''
+  if schedule then
     page.interval = tonumber(a[i + 6])
     page.next_visit = tonumber(a[i + 7])
-    index = page.callback
   end
   redis.call('HSET', a[i], a[i + 2], cjson.encode(page))
-  if index then
-    redis.call('ZADD', a[i + 1], page.next_visit, a[i + 2])
+  if schedule then
+    reindex(a[i + 1], a[i + 2], page)
   end
 end
 function OPS.failure(a, i)
@@ -193,9 +239,7 @@ function OPS.failure(a, i)
     if a[i + 8] ~= '' then page.recipe = a[i + 8] end
   end
   redis.call('HSET', a[i], a[i + 2], cjson.encode(page))
-  if page.callback then
-    redis.call('ZADD', a[i + 1], page.next_visit, a[i + 2])
-  end
+  reindex(a[i + 1], a[i + 2], page)
 end
 function OPS.redirect(a, i)
   local page = visit(a, i)
@@ -204,12 +248,16 @@ function OPS.redirect(a, i)
   redis.call('HSET', a[i], a[i + 2], cjson.encode(page))
 end
 function OPS.flags(a, i)
-  -- pages, field, flags to OR in: nothing else changes, nothing if unknown
-  local raw = redis.call('HGET', a[i], a[i + 1])
+  -- pages, due, field, flags to OR in: nothing else changes, nothing if
+  -- unknown; a page flagged gone leaves the due index
+  local raw = redis.call('HGET', a[i], a[i + 2])
   if raw then
     local page = cjson.decode(raw)
-    page.flags = bit.bor(page.flags or 0, tonumber(a[i + 2]))
-    redis.call('HSET', a[i], a[i + 1], cjson.encode(page))
+    page.flags = bit.bor(page.flags or 0, tonumber(a[i + 3]))
+    redis.call('HSET', a[i], a[i + 2], cjson.encode(page))
+    if bit.band(page.flags, GONE) ~= 0 then
+      redis.call('ZREM', a[i + 1], a[i + 2])
+    end
   end
 end
 function OPS.links(a, i)
@@ -220,13 +268,79 @@ function OPS.unlink(a, i)
   -- links, field
   redis.call('HDEL', a[i], a[i + 1])
 end
+local function page_keys(bypage, page)
+  local raw = redis.call('HGET', bypage, page)
+  if raw then return cjson.decode(raw) end
+  return {}
+end
+local function set_page_keys(bypage, page, keys)
+  if #keys == 0 then
+    redis.call('HDEL', bypage, page)
+  else
+    -- cjson escapes every '/' with a backslash: undone (unambiguous, as
+    -- it escapes them all), URLs are full of them.
+    redis.call('HSET', bypage, page, (string.gsub(cjson.encode(keys), '\\\\/', '/')))
+  end
+end
+local function listed_page(raw)
+  -- The page whose entry of the page index lists a stored item: its page
+  -- if the record names one (not its own key) and it is not a tombstone.
+  if not raw then return false end
+  local record = cjson.decode(raw)
+  if type(record.page) == 'string' and record.fingerprint ~= '' then
+    return record.page
+  end
+  return false
+end
 function OPS.item(a, i)
-  -- items, itemver, order, hist, item key, record, when, history entry ('': none)
-  local version = redis.call('HINCRBY', a[i + 1], a[i + 4], 1)
-  redis.call('HSET', a[i], a[i + 4], a[i + 5])
-  redis.call('ZADD', a[i + 2], 'NX', a[i + 6], a[i + 4])
-  if a[i + 7] ~= '' then
-    redis.call('HSET', a[i + 3], version, a[i + 7])
+  -- items, itemver, order, hist, bypage, item key, record, when, history
+  -- entry ('': none), change, page ('': none, or the item key), live ('1',
+  -- '0': a tombstone), versions kept (0: all)
+  local key = a[i + 5]
+  local was = listed_page(redis.call('HGET', a[i], key))
+  local now = false
+  if a[i + 10] ~= '' and a[i + 11] == '1' then now = a[i + 10] end
+  if was ~= now then
+    if was then
+      local keys = page_keys(a[i + 4], was)
+      for n = #keys, 1, -1 do
+        if keys[n] == key then table.remove(keys, n) end
+      end
+      set_page_keys(a[i + 4], was, keys)
+    end
+    if now then
+      local keys = page_keys(a[i + 4], now)
+      local listed = false
+      for n = 1, #keys do
+        if keys[n] == key then listed = true end
+      end
+      if not listed then
+        keys[#keys + 1] = key
+        set_page_keys(a[i + 4], now, keys)
+      end
+    end
+  end
+  local version = redis.call('HINCRBY', a[i + 1], key, 1)
+  redis.call('HSET', a[i], key, a[i + 6])
+  redis.call('ZADD', a[i + 2], 'NX', a[i + 7], key)
+  if a[i + 8] ~= '' then
+    local hist, entry, change = a[i + 3], a[i + 8], a[i + 9]
+    local implied = 'changed'
+    if version == 1 then implied = 'new' end
+    if change ~= implied then
+      -- Named only when it is not what an entry without one reads as.
+      entry = '{"change":' .. cjson.encode(change) .. ',' .. string.sub(entry, 2)
+    end
+    redis.call('HSET', hist, version, entry)
+    local oldest = version - tonumber(a[i + 12])
+    if oldest < version and oldest >= 1 then
+      -- Versions are numbered, not every one has data and the limit may
+      -- have been larger: every stored version <= oldest goes. The hash
+      -- holds at most limit + 1 of them (this prune keeps it so).
+      for _, field in ipairs(redis.call('HKEYS', hist)) do
+        if tonumber(field) <= oldest then redis.call('HDEL', hist, field) end
+      end
+    end
   end
 end
 
@@ -280,7 +394,7 @@ if failed then
   return {applied, 0, failed}
 end
 return {applied, 0}
-""".replace("TOKEN_TTL", str(_TOKEN_TTL))
+""".replace("TOKEN_TTL", str(_TOKEN_TTL)).replace("GONE_FLAG", str(int(PageFlags.GONE)))
 
 
 #: Members asked per ZSCAN step, and steps at most (100 million members).
@@ -371,8 +485,10 @@ def _page_key(scope: str, field: str) -> PageKey:
 class RedisStateStore(StateStore):
     """State in Redis; see the module docstring."""
 
-    def __init__(self, uri: str, *, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(self, uri: str, *, prefix: str = DEFAULT_PREFIX,
+                 history_limit: int = DEFAULT_SETTINGS["INCREMENTAL_ITEM_HISTORY"]) -> None:
         self.prefix = prefix
+        self.history_limit = history_limit
         query = f"&prefix={prefix}" if "?" in uri else f"?prefix={prefix}"
         self.location = redacted(uri) + query
         #: Network round-trips to Redis so far (one per command or pipeline).
@@ -427,7 +543,7 @@ class RedisStateStore(StateStore):
     @classmethod
     def from_uri(cls, uri: str, *, settings: BaseSettings | None = None) -> Self:
         clean, prefix = parse_redis_uri(uri)
-        return cls(clean, prefix=prefix)
+        return cls(clean, prefix=prefix, history_limit=item_history_setting(settings))
 
     # -- keys and records ------------------------------------------------------
 
@@ -615,8 +731,9 @@ class RedisStateStore(StateStore):
                 continue
             state = self._page(_page_key(scope, field.decode()), raw)
             # The sorted set only holds such pages; checked again so that a
-            # record written by another version cannot re-seed a bad page.
-            if state.callback is not None:
+            # record written by another version cannot re-seed a bad page
+            # (or a gone one).
+            if state.callback is not None and not state.flags & PageFlags.GONE:
                 due.append(state)
         return due
 
@@ -644,7 +761,8 @@ class RedisStateStore(StateStore):
                         continue
                     state = self._page(_page_key(scope, field.decode()), raw)
                     if (state.callback is None or state.callback in exclude_callbacks
-                            or state.last_checked >= checked_before):
+                            or state.last_checked >= checked_before
+                            or state.flags & PageFlags.GONE):
                         continue
                     count += 1
                     size += state.size
@@ -662,11 +780,25 @@ class RedisStateStore(StateStore):
         return None if record is None else record.get("simhash")
 
     async def get_item_fingerprint(self, scope: str, item_key: str) -> str | None:
-        staged = self._item_fps.get((scope, item_key)) or self._flushing_fps.get((scope, item_key))
-        if staged is not None:
-            return staged
+        for staged in (self._item_fps, self._flushing_fps):
+            if (scope, item_key) in staged:
+                return staged[scope, item_key] or None  # "": a tombstone
         record = await self._item(scope, item_key)
-        return None if record is None else record["fingerprint"]
+        return None if record is None else record["fingerprint"] or None
+
+    async def get_page_items(self, scope: str, page_url: str) -> list[str]:
+        # Items from another page are listed under it; the item keyed by
+        # the page's URL belongs to it unless it names another page.
+        pipe = self._async.pipeline(transaction=False)
+        pipe.hget(self._key("bypage", scope), page_url)
+        pipe.hget(self._key("items", scope), page_url)
+        listed, own = await self._run(pipe)
+        keys: list[str] = [] if listed is None else json.loads(listed)
+        if own is not None:
+            record = json.loads(own)
+            if record["fingerprint"] and record.get("page", page_url) == page_url:
+                keys.append(page_url)
+        return sorted(keys)
 
     async def get_host(self, scope: str, host: str) -> HostTrust | None:
         raw = await self._call("HGET", self._key("hosts", scope), host)
@@ -685,8 +817,8 @@ class RedisStateStore(StateStore):
     def stage_page(self, state: PageState) -> None:
         key = state.key
         value = self._encode(state, ("key",), lua_safe=True)
-        # get_due's index: only pages that know their callback.
-        indexed = state.callback is not None
+        # get_due's index: only pages that know their callback, and are not gone.
+        indexed = state.callback is not None and not state.flags & PageFlags.GONE
         self._stage(key.scope, (
             "page", self._key("pages", key.scope), self._key("due", key.scope),
             _page_field(key), value, int(state.next_visit) if indexed else "",
@@ -730,18 +862,23 @@ class RedisStateStore(StateStore):
         self._links[key] = data
 
     def stage_flags(self, key: PageKey, add: int) -> None:
-        self._stage(key.scope, ("flags", self._key("pages", key.scope), _page_field(key), int(add)))
+        self._stage(key.scope, ("flags", self._key("pages", key.scope), self._key("due", key.scope),
+                                _page_field(key), int(add)))
         staged = self._staged_page(key)
         if staged is not None:
             # What the flush will leave: the staged state, then the flags.
             self._pages[key] = staged.copy(flags=int(staged.flags) | int(add))
 
     def stage_item(self, record: ItemRecord) -> None:
-        # The URL usually is the key: not stored twice (it reads back as the key).
-        skip = (
-            ("scope", "key", "data", "url") if record.url == record.key
-            else ("scope", "key", "data"))
         scope, key = record.scope, record.key
+        # The URL and the page usually are the key: not stored twice (they
+        # read back as the key). The change is the version's: in its entry.
+        skip = ["scope", "key", "data", "change"]
+        if record.url == key:
+            skip.append("url")
+        page = "" if record.page in (None, key) else record.page
+        if not page:
+            skip.append("page")
         entry = ""
         if record.data is not None:
             # The item's JSON is embedded as it is, not escaped into a string.
@@ -751,8 +888,9 @@ class RedisStateStore(StateStore):
             entry = f'{head[:-1]},"data":{record.data}}}'
         self._stage(scope, (
             "item", self._key("items", scope), self._key("itemver", scope),
-            self._key("order", scope), self._hist_key(scope, key),
-            key, self._encode(record, skip), int(record.stored_at), entry,
+            self._key("order", scope), self._hist_key(scope, key), self._key("bypage", scope),
+            key, self._encode(record, skip), int(record.stored_at), entry, str(record.change),
+            page, "1" if record.fingerprint else "0", self.history_limit,
         ))
         self._item_fps[scope, key] = record.fingerprint
 
@@ -873,12 +1011,69 @@ class RedisStateStore(StateStore):
         [members] = self._sync_run(pipe)
         return sorted(m.decode() for m in members)
 
-    async def get_page_items(self, scope: str, page_url: str) -> list[str]:
-        raise NotImplementedError("change feed: Redis store in progress")
+    def _iter_item_keys(self, scope: str) -> Iterator[list[bytes]]:
+        """The scope's item keys, oldest first, in chunks of ``_HMGET_CHUNK``."""
+        order = self._key("order", scope)
+        for start in range(0, 2**63, _HMGET_CHUNK):
+            pipe = self._sync.pipeline(transaction=False)
+            pipe.zrange(order, start, start + _HMGET_CHUNK - 1)
+            [keys] = self._sync_run(pipe)
+            if keys:
+                yield keys
+            if len(keys) < _HMGET_CHUNK:
+                return
 
     def iter_versions(self, scope: str | None = None, *, since: float | None = None,
                       every_version: bool = False) -> Iterator[StoredVersion]:
-        raise NotImplementedError("change feed: Redis store in progress")
+        # Redis has no index by time: one pass over the histories notes
+        # (stored_at, scope, key, version) of the versions wanted, sorted;
+        # a second reads them in that order, in bounded chunks. Only those
+        # small tuples are held, never the items' data.
+        floor = -math.inf if since is None else since
+        wanted: list[tuple[int, str, str, int]] = []
+        for name in self._stored_scopes() if scope is None else [scope]:
+            for keys in self._iter_item_keys(name):
+                for key, history in zip(keys, self._histories(name, keys, every_version),
+                                        strict=True):
+                    for version, entry in history.items():
+                        stored_at = json.loads(entry)["stored_at"]
+                        if stored_at >= floor:
+                            wanted.append((stored_at, name, key.decode(), int(version)))
+        wanted.sort()
+        for start in range(0, len(wanted), _HMGET_CHUNK):
+            chunk = wanted[start:start + _HMGET_CHUNK]
+            pipe = self._sync.pipeline(transaction=False)
+            for _, name, item_key, number in chunk:
+                pipe.hget(self._hist_key(name, item_key), number)
+            for (_, name, item_key, number), entry in zip(chunk, self._sync_run(pipe),
+                                                          strict=True):
+                if entry is None:
+                    continue  # pruned meanwhile (another worker wrote newer versions)
+                stored = json.loads(entry)
+                # An entry names its change only when it is not the one an
+                # entry without it reads as (what entries stored before
+                # the change feed read as).
+                change = stored.get("change") or (
+                    Change.NEW if number == 1 else Change.CHANGED)
+                yield StoredVersion(name, item_key, number, str(change), stored["stored_at"],
+                                    stored["fingerprint"], stored["data"])
+
+    def _histories(self, scope: str, keys: list[bytes],
+                   every_version: bool) -> list[dict[bytes, bytes]]:
+        """The stored versions of *keys* (only each one's latest without
+        *every_version*), as version → history entry."""
+        pipe = self._sync.pipeline(transaction=False)
+        if every_version:
+            for key in keys:
+                pipe.hgetall(self._hist_key(scope, key.decode()))
+            return self._sync_run(pipe)
+        pipe.hmget(self._key("itemver", scope), keys)
+        [versions] = self._sync_run(pipe)
+        pipe = self._sync.pipeline(transaction=False)
+        for key, version in zip(keys, versions, strict=True):
+            pipe.hget(self._hist_key(scope, key.decode()), version or b"0")
+        return [{} if entry is None else {version: entry}
+                for version, entry in zip(versions, self._sync_run(pipe), strict=True)]
 
     def iter_items(self, scope: str | None = None) -> Iterator[dict[str, object]]:
         scopes = self._stored_scopes() if scope is None else [scope]
@@ -886,14 +1081,8 @@ class RedisStateStore(StateStore):
             yield from self._iter_scope_items(name)
 
     def _iter_scope_items(self, scope: str) -> Iterator[dict[str, object]]:
-        order = self._key("order", scope)
         # Oldest key first (by first_seen, then key), in bounded chunks.
-        for start in range(0, 2**63, _HMGET_CHUNK):
-            pipe = self._sync.pipeline(transaction=False)
-            pipe.zrange(order, start, start + _HMGET_CHUNK - 1)
-            [keys] = self._sync_run(pipe)
-            if not keys:
-                return
+        for keys in self._iter_item_keys(scope):
             pipe = self._sync.pipeline(transaction=False)
             pipe.hmget(self._key("items", scope), keys)
             pipe.hmget(self._key("itemver", scope), keys)
@@ -906,12 +1095,12 @@ class RedisStateStore(StateStore):
                 if raw is None:
                     continue
                 record = json.loads(raw)
+                if not record["fingerprint"]:
+                    continue  # a tombstone: the item is gone
                 item: dict[str, object] = json.loads(entry)["data"] if entry else {}
                 item.setdefault("url", record.get("url") or key.decode())
                 item["fingerprint"] = record["fingerprint"]
                 yield item
-            if len(keys) < _HMGET_CHUNK:
-                return
 
     def item_history(self, scope: str, item_key: str) -> list[tuple[int, str]]:
         pipe = self._sync.pipeline(transaction=False)
