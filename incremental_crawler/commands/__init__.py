@@ -1,1 +1,1 @@
-"""Project commands: ``scrapy demo`` and ``scrapy items``."""
+"""Project commands: ``scrapy demo``, ``scrapy items``, and ``scrapy crawl`` with a truthful exit status."""
