@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
 from scrapy.spiders import SitemapSpider
-from scrapy.utils.sitemap import Sitemap, sitemap_urls_from_robots
+from scrapy.utils.sitemap import Sitemap
 
 from incremental_crawler.change.schedule import Why
+from incremental_crawler.lists.robots import sitemap_urls_from_robots
 from incremental_crawler.lists.sitemaps import decide
 from incremental_crawler.meta import META_SKIP
 from incremental_crawler.spiders.listed import (
