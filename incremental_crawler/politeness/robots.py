@@ -126,7 +126,13 @@ class RobotsTxtMiddleware(ScrapyRobotsTxt):
             self._stats.inc_value("robotstxt/request_count")
         parser = self._parsers[netloc]
         if isinstance(parser, Deferred):
-            return await maybe_deferred_to_future(parser)
+            # Not the Deferred's result: only its first waiter gets the parser
+            # (the callback adapting it to a future returns None to the next
+            # one, which Scrapy's middleware then takes for "allow all"). The
+            # parser is stored before the Deferred fires.
+            await maybe_deferred_to_future(parser)
+            parser = self._parsers[netloc]
+            assert not isinstance(parser, Deferred)
         return parser
 
     def _unavailable(self, netloc: str, why: str) -> None:
