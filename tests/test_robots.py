@@ -54,9 +54,9 @@ async def test_robots_txt_answering_an_error_disallows_its_host_for_the_crawl(
     assert stats["incremental/failures_unrecorded"] == 1
     host = site.url("/").split("/")[2]
     assert robots_warnings(caplog) == [
-        f"robots.txt of {host} could not be read (it answered {status}): every request "
-        f"to {host} is refused for the rest of this crawl (RFC 9309: complete "
-        "disallow); the next crawl asks again"
+        (f"robots.txt of {host} could not be read (it answered {status}): every request "
+         f"to {host} is refused for the rest of this crawl (RFC 9309: complete "
+         "disallow); the next crawl asks again"),
     ]
     # The next crawl asks again; robots.txt is back: everything is fetched.
     site.clear_override("/robots.txt")
