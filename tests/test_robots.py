@@ -16,6 +16,7 @@ import pytest
 import pytest_twisted
 
 from incremental_crawler.lists.robots import sitemap_urls_from_robots
+from incremental_crawler.politeness.robots import ROBOTS_RETRY_AFTER
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from tests.site import LoopbackSite
 from tests.test_failures import sitemap_xml
@@ -45,9 +46,11 @@ async def test_robots_txt_answering_an_error_disallows_its_host_for_the_crawl(
     with caplog.at_level("WARNING"):
         crawler = await crawl(SitemapPagesSpider, settings=SETTINGS,
                               sitemap_url=site.url("/sitemap.xml"))
-    # robots.txt asked with RetryMiddleware's retries (no Retry-After
-    # waits: a 503 used to be waited out for minutes), then nothing else.
-    assert gets(site) == ["/robots.txt"] * 3
+    # robots.txt asked with RetryMiddleware's two retries, after two
+    # Retry-After waits for a 429 or 503 (not ten: a 503 used to be waited
+    # out for minutes), then nothing else.
+    waits = ROBOTS_RETRY_AFTER if status in (429, 503) else 0
+    assert gets(site) == ["/robots.txt"] * (3 + waits)
     stats = crawler.stats.get_stats()
     assert stats["incremental/robotstxt/unavailable"] == 1
     assert stats["incremental/robotstxt/refused"] == 1  # the sitemap
@@ -116,7 +119,7 @@ async def test_pages_refused_on_another_host_keep_the_sitemap_unsaved(site, craw
                           etag='"sm-1"')
         crawler = await crawl(SitemapPagesSpider, settings=SETTINGS,
                               sitemap_url=site.url("/sitemap.xml"))
-        assert gets(other) == ["/robots.txt"] * 3
+        assert gets(other) == ["/robots.txt"] * (3 + ROBOTS_RETRY_AFTER)
         assert crawler.stats.get_value("incremental/robotstxt/refused") == len(PAGES)
         other.clear_override("/robots.txt")
         other.log.clear()

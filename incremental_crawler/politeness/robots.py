@@ -10,9 +10,10 @@ minutes, then everything was fetched.
 
 :class:`RobotsTxtMiddleware` (this module) replaces it at the same order
 (100; the add-on swaps them when the project did not configure Scrapy's
-itself). Per host, robots.txt's *final* answer (after RetryMiddleware's
-``RETRY_TIMES`` retries, but not the Retry-After waits: ``NO_RETRY_AFTER``)
-decides:
+itself). Per host, robots.txt's *final* answer decides: after
+RetryMiddleware's ``RETRY_TIMES`` retries, and for a 429 or 503 at most
+:data:`ROBOTS_RETRY_AFTER` Retry-After waits before them (not the
+``INCREMENTAL_THROTTLE_MAX_RETRIES`` a page gets, which took minutes):
 
 * 2xx (after redirects): parsed, as Scrapy does;
 * 4xx but 429: no robots.txt, everything allowed (RFC 9309 §2.3.1.3), as
@@ -53,7 +54,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred
 
 from incremental_crawler.exceptions import RobotsTxtUnavailable
-from incremental_crawler.politeness.middlewares import NO_RETRY_AFTER
+from incremental_crawler.politeness.middlewares import MAX_RETRY_AFTER
 from incremental_crawler.state.ledger import Ledger
 
 if TYPE_CHECKING:
@@ -64,6 +65,10 @@ if TYPE_CHECKING:
 __all__ = ["SCRAPY_ROBOTSTXT", "RobotsTxtMiddleware", "unavailable_status"]
 
 logger = logging.getLogger(__name__)
+
+#: At most this many Retry-After waits for robots.txt (a 429 or 503): with the
+#: backoff's 1 s doubling, a few seconds, not minutes.
+ROBOTS_RETRY_AFTER = 2
 
 #: Scrapy's middleware, which the add-on replaces with this one.
 SCRAPY_ROBOTSTXT = "scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware"
@@ -99,7 +104,7 @@ class RobotsTxtMiddleware(ScrapyRobotsTxt):
             robotsreq = Request(
                 f"{url.scheme}://{netloc}/robots.txt",
                 priority=self.DOWNLOAD_PRIORITY,
-                meta={"dont_obey_robotstxt": True, NO_RETRY_AFTER: True},
+                meta={"dont_obey_robotstxt": True, MAX_RETRY_AFTER: ROBOTS_RETRY_AFTER},
                 callback=NO_CALLBACK,
             )
             try:
