@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from incremental_crawler.cluster import apply_cluster_settings
 from incremental_crawler.config import DEFAULT_SETTINGS, throttle_enabled
+from incremental_crawler.politeness.robots import SCRAPY_ROBOTSTXT
 
 if TYPE_CHECKING:
     from scrapy.settings import Settings
@@ -70,6 +71,13 @@ class IncrementalAddon:
             settings["EXTENSIONS"].set(
                 "scrapy.extensions.throttle.AutoThrottle", None, priority="addon"
             )
+        # robots.txt answering 5xx or not at all means complete disallow
+        # (RFC 9309), not "allow all": ours replaces Scrapy's, at its order,
+        # unless the project configured Scrapy's itself.
+        if SCRAPY_ROBOTSTXT not in settings["DOWNLOADER_MIDDLEWARES"]:
+            settings["DOWNLOADER_MIDDLEWARES"].set(SCRAPY_ROBOTSTXT, None, priority="addon")
+            settings["DOWNLOADER_MIDDLEWARES"].set(
+                _P + "politeness.robots.RobotsTxtMiddleware", 100, priority="addon")
         # Scrapy's periodic line, with our figures added to it.
         settings["EXTENSIONS"].set("scrapy.extensions.logstats.LogStats", None, priority="addon")
         settings["EXTENSIONS"].set(

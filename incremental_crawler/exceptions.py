@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from scrapy.exceptions import DropItem, IgnoreRequest
 
-__all__ = ["ItemNearDuplicate", "ItemUnchanged", "NotDue", "NotModified"]
+__all__ = [
+    "ItemNearDuplicate", "ItemUnchanged", "NotDue", "NotModified", "RobotsTxtUnavailable",
+]
 
 
 class NotModified(IgnoreRequest):
@@ -26,6 +28,15 @@ class NotDue(IgnoreRequest):
     ``engine.crawl()``), or when the not-due filter is switched off
     (``SPIDER_MIDDLEWARES``), and for a page with stored links asked again
     in a crawl that replayed them already.
+    """
+
+
+class RobotsTxtUnavailable(IgnoreRequest):
+    """The host's robots.txt could not be read (a 5xx, a 429, no answer): not requested.
+
+    RFC 9309 §2.3.1.4: an unreachable robots.txt means complete disallow. The
+    host's requests are refused for the rest of the crawl; robots.txt is asked
+    again on the next one.
     """
 
 

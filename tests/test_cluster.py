@@ -646,7 +646,8 @@ async def test_a_worker_whose_cluster_redis_dies_stops_loudly_by_itself(
                         "-s", "INCREMENTAL_CLUSTER_WORKER_TTL=2")
         await until(lambda: sum(page_gets(site).values()) >= 15, "the crawl to get going")
         own.stop()
-        assert await worker.wait(timeout=30) == 0, worker.tail()
+        # Not a success: supervisors and schedulers must see it failed.
+        assert await worker.wait(timeout=30) == 1, worker.tail()
     finally:
         own.stop()
         own.remove()

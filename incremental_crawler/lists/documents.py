@@ -44,7 +44,7 @@ import lxml.etree
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["FEED_KINDS", "SITEMAP_KINDS", "Listing", "parse_listing", "sitemap_urls_from_robots"]
+__all__ = ["FEED_KINDS", "SITEMAP_KINDS", "Listing", "parse_listing"]
 
 #: Kinds of lists whose entries are pages.
 SITEMAP_KINDS = ("urlset", "text")
@@ -358,22 +358,3 @@ _ENTRY_READERS = {
     "rdf": _rdf_entry,
     "atom": _atom_entry,
 }
-
-
-def sitemap_urls_from_robots(body: bytes, base_url: str) -> list[str]:
-    """The sitemaps a robots.txt names, in order, without repeats.
-
-    ``Sitemap:`` in any case, with blanks anywhere around the colon, after
-    a byte-order mark, with CR, LF or CRLF line ends, a ``#`` comment after
-    the URL; a relative URL is resolved against the robots.txt's.
-    """
-    text = body.decode("utf-8", "replace").lstrip("\ufeff")
-    urls: list[str] = []
-    for line in re.split(r"\r\n|\r|\n", text):
-        name, colon, value = line.partition(":")
-        if not colon or name.strip().lower() not in ("sitemap", "site-map"):
-            continue
-        value = re.split(r"\s#", value, maxsplit=1)[0].strip()
-        if value and (url := urljoin(base_url, value)) not in urls:
-            urls.append(url)
-    return urls

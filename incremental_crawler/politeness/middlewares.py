@@ -18,6 +18,11 @@ does not retry it either): its 429 or 503 goes to the spider. The slot is
 frozen all the same, since that happened when the answer arrived
 (politeness towards the site is not the request's to turn off).
 
+A request with ``meta[MAX_RETRY_AFTER]`` (robots.txt, see
+:mod:`incremental_crawler.politeness.robots`) is retried here at most that
+many times instead of ``INCREMENTAL_THROTTLE_MAX_RETRIES``: robots.txt
+answering 503 must not hold a host's crawl for minutes of backoff.
+
 The retries are counted in a meta key of our own (``_throttle_retries``,
 at most ``INCREMENTAL_THROTTLE_MAX_RETRIES``), not with Scrapy's
 ``get_retry_request``: its priority and stats keys can be set, but it
@@ -65,11 +70,15 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http import Response
 
-__all__ = ["RetryAfterMiddleware", "SharedBudgetMiddleware"]
+__all__ = ["MAX_RETRY_AFTER", "RetryAfterMiddleware", "SharedBudgetMiddleware"]
 
 logger = logging.getLogger(__name__)
 
 _TRIES = "_throttle_retries"
+
+#: Request meta key: at most this many Retry-After retries for the request
+#: (instead of INCREMENTAL_THROTTLE_MAX_RETRIES).
+MAX_RETRY_AFTER = "_incremental_max_retry_after"
 
 
 class RetryAfterMiddleware:
@@ -118,7 +127,7 @@ class RetryAfterMiddleware:
         if throttle.window(key).parked:
             return response
         tries = request.meta.get(_TRIES, 0)
-        if tries >= self.max_tries:
+        if tries >= request.meta.get(MAX_RETRY_AFTER, self.max_tries):
             return response  # RetryMiddleware's own budget takes over
         retry = request.copy()
         retry.meta[_TRIES] = tries + 1

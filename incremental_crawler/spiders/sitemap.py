@@ -27,8 +27,8 @@ from incremental_crawler.lists.documents import (
     FEED_KINDS,
     Listing,
     parse_listing,
-    sitemap_urls_from_robots,
 )
+from incremental_crawler.lists.robots import sitemap_urls_from_robots
 from incremental_crawler.lists.sitemaps import decide
 from incremental_crawler.meta import META_SKIP
 from incremental_crawler.spiders.listed import (

@@ -7,9 +7,11 @@ the reactor thread spends a bounded, small time in SQLite per batch.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
+import os
 import sqlite3
 from itertools import groupby
 from operator import itemgetter
@@ -292,7 +294,18 @@ class SQLiteStateStore(StateStore):
     def _connect(self) -> sqlite3.Connection:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as exc:
+            raise self._fail(
+                f"cannot be created: {exc.filename or self.path.parent} is not a "
+                "directory; point INCREMENTAL_STATE_URI at a file in a directory"
+            ) from exc
         except OSError as exc:
+            if isinstance(exc, PermissionError) or exc.errno == errno.EROFS:
+                raise self._fail(
+                    f"cannot be created: its directory {exc.filename or self.path.parent} "
+                    f"cannot be created ({(exc.strerror or str(exc)).lower()}); point "
+                    "INCREMENTAL_STATE_URI at a writable place"
+                ) from exc
             raise self._fail("cannot create its directory", exc) from exc
         try:
             db = sqlite3.connect(
@@ -300,7 +313,8 @@ class SQLiteStateStore(StateStore):
                 check_same_thread=False,
             )
         except sqlite3.Error as exc:
-            raise self._fail("cannot be opened (check the path and permissions)", exc) from exc
+            raise self._unwritable_error(exc) or self._fail(
+                "cannot be opened (check the path and permissions)", exc) from exc
         try:
             # Refuse a file that is not ours before changing anything in it
             # (switching a foreign database to WAL would alter its header).
@@ -326,6 +340,10 @@ class SQLiteStateStore(StateStore):
                     "to another file",
                     exc,
                 ) from exc
+            # Checked before calling the file corrupt: the advice for a
+            # corrupt file (move it away) would throw good state away.
+            if (unwritable := self._unwritable_error(exc)) is not None:
+                raise unwritable from exc
             raise self._fail(
                 "is not a readable SQLite database (corrupt or not a state "
                 "store); restore it from a backup or move it away to start "
@@ -336,6 +354,37 @@ class SQLiteStateStore(StateStore):
             db.close()
             raise
         return db
+
+    def _unwritable(self) -> str | None:
+        """Why the file system lets no one write the store here; ``None``: it does."""
+        directory = self.path.parent
+        try:
+            if os.statvfs(directory).f_flag & os.ST_RDONLY:
+                return f"it is on a read-only file system ({directory})"
+        except OSError:
+            pass
+        if self.path.exists() and not os.access(self.path, os.W_OK):
+            return "the file is read-only (permission denied)"
+        if not os.access(directory, os.W_OK | os.X_OK):
+            # Even an existing store needs it: SQLite creates its -wal and
+            # -shm files beside the database.
+            return (f"its directory {directory} is read-only (permission denied: SQLite "
+                    "creates its -wal and -shm files there)")
+        return None
+
+    def _unwritable_error(self, exc: sqlite3.Error) -> StateStoreError | None:
+        """The error for a store SQLite could not open for writing, if that is why."""
+        why = self._unwritable()
+        if why is None:
+            return None
+        if not self.path.exists():
+            return self._fail(
+                f"cannot be created: {why} (SQLite: {exc}); point INCREMENTAL_STATE_URI "
+                "at a writable place")
+        return self._fail(
+            f"cannot be written: {why} (SQLite: {exc}). The store is intact and was not "
+            "changed: make it writable, or copy it to a writable place and point "
+            "INCREMENTAL_STATE_URI at the copy")
 
     def _check_schema(self, db: sqlite3.Connection) -> None:
         version = db.execute("PRAGMA user_version").fetchone()[0]

@@ -1,0 +1,175 @@
+"""robots.txt that cannot be read is complete disallow for its host (RFC 9309 §2.3.1.4).
+
+Real crawls against the loopback site, whose robots.txt is made to answer
+an error; the default politeness (throttle, Retry-After) is on, as users
+run it. Also: the ``Sitemap:`` lines of robots.txt, in the spellings the big
+crawlers accept.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+import pytest
+import pytest_twisted
+
+from incremental_crawler.lists.robots import sitemap_urls_from_robots
+from incremental_crawler.politeness.robots import ROBOTS_RETRY_AFTER
+from incremental_crawler.spiders.sitemap import SitemapPagesSpider
+from tests.site import LoopbackSite
+from tests.test_failures import sitemap_xml
+
+PAGES = [f"/p/{i}" for i in range(4)]
+# The politeness users get; RETRY_TIMES is Scrapy's default, named for the count.
+SETTINGS = {"INCREMENTAL_THROTTLE_ENABLED": True, "RETRY_TIMES": 2}
+
+
+def robots_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and r.getMessage().startswith("robots.txt of")]
+
+
+def gets(site: Any) -> list[str]:
+    return [r.path for r in site.log if r.method == "GET"]
+
+
+@pytest.mark.parametrize("status", [500, 503, 429])
+@pytest_twisted.ensureDeferred
+async def test_robots_txt_answering_an_error_disallows_its_host_for_the_crawl(
+    site, crawl, caplog, status,
+):
+    for path in PAGES:
+        site.add_page(path, "strong", size=1500)
+    site.override("/robots.txt", status=status)
+    with caplog.at_level("WARNING"):
+        crawler = await crawl(SitemapPagesSpider, settings=SETTINGS,
+                              sitemap_url=site.url("/sitemap.xml"))
+    # robots.txt asked with RetryMiddleware's two retries, after two
+    # Retry-After waits for a 429 or 503 (not ten: a 503 used to be waited
+    # out for minutes), then nothing else.
+    waits = ROBOTS_RETRY_AFTER if status in (429, 503) else 0
+    assert gets(site) == ["/robots.txt"] * (3 + waits)
+    stats = crawler.stats.get_stats()
+    assert stats["incremental/robotstxt/unavailable"] == 1
+    assert stats["incremental/robotstxt/refused"] == 1  # the sitemap
+    assert stats["incremental/failures_unrecorded"] == 1
+    host = site.url("/").split("/")[2]
+    assert robots_warnings(caplog) == [
+        (f"robots.txt of {host} could not be read (it answered {status}): every request "
+         f"to {host} is refused for the rest of this crawl (RFC 9309: complete "
+         "disallow); the next crawl asks again"),
+    ]
+    # The next crawl asks again; robots.txt is back: everything is fetched.
+    site.clear_override("/robots.txt")
+    site.log.clear()
+    crawler = await crawl(SitemapPagesSpider, settings=SETTINGS,
+                          sitemap_url=site.url("/sitemap.xml"))
+    assert sorted(p for p in gets(site) if p.startswith("/p/")) == PAGES
+    assert "incremental/robotstxt/unavailable" not in crawler.stats.get_stats()
+
+
+@pytest.mark.parametrize("status", [404, 403, 410])
+@pytest_twisted.ensureDeferred
+async def test_robots_txt_answering_4xx_allows_everything(site, crawl, status):
+    for path in PAGES:
+        site.add_page(path, "strong", size=1500)
+    site.override("/robots.txt", status=status)
+    crawler = await crawl(SitemapPagesSpider, settings=SETTINGS,
+                          sitemap_url=site.url("/sitemap.xml"))
+    assert sorted(p for p in gets(site) if p.startswith("/p/")) == PAGES
+    assert "incremental/robotstxt/unavailable" not in crawler.stats.get_stats()
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_host_that_does_not_answer_robots_txt_is_not_crawled(crawl, caplog):
+    port = closed_port()
+    with caplog.at_level("WARNING"):
+        crawler = await crawl(SitemapPagesSpider, settings={**SETTINGS, "RETRY_TIMES": 1},
+                              sitemap_url=f"http://127.0.0.1:{port}/sitemap.xml")
+    stats = crawler.stats.get_stats()
+    # Two attempts at robots.txt, the sitemap never asked.
+    assert stats["downloader/request_count"] == 2
+    assert stats["incremental/robotstxt/unavailable"] == 1
+    assert stats["incremental/robotstxt/refused"] == 1
+    [warning] = robots_warnings(caplog)
+    assert f"robots.txt of 127.0.0.1:{port} could not be read (no answer: " in warning
+
+
+@pytest_twisted.ensureDeferred
+async def test_pages_refused_on_another_host_keep_the_sitemap_unsaved(site, crawl):
+    # The sitemap's host is fine; the pages it lists are on a host whose
+    # robots.txt fails. The sitemap answers 304 when unchanged: saving its
+    # ETag would hide the refused pages from the next crawl.
+    other = LoopbackSite()
+    other.start()
+    try:
+        for path in PAGES:
+            other.add_page(path, "strong", size=1500)
+        other.override("/robots.txt", status=503)
+        site.add_document("/sitemap.xml", sitemap_xml(other, PAGES), "application/xml",
+                          etag='"sm-1"')
+        crawler = await crawl(SitemapPagesSpider, settings=SETTINGS,
+                              sitemap_url=site.url("/sitemap.xml"))
+        assert gets(other) == ["/robots.txt"] * (3 + ROBOTS_RETRY_AFTER)
+        assert crawler.stats.get_value("incremental/robotstxt/refused") == len(PAGES)
+        other.clear_override("/robots.txt")
+        other.log.clear()
+        site.log.clear()
+        await crawl(SitemapPagesSpider, settings=SETTINGS,
+                    sitemap_url=site.url("/sitemap.xml"))
+        # Read in full (no ETag was saved), and every page fetched now.
+        assert [r.status for r in site.requests_for("/sitemap.xml")] == [200]
+        assert sorted(p for p in gets(other) if p.startswith("/p/")) == PAGES
+    finally:
+        await other.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_requests_waiting_for_robots_txt_all_obey_it(site, crawl):
+    # Several pages wait while robots.txt is fetched; each must get its
+    # answer (with Scrapy's middleware only the first waiter does: the
+    # others are let through as if there were no robots.txt).
+    other = LoopbackSite()
+    other.start()
+    try:
+        for path in PAGES:
+            other.add_page(path, "strong", size=1500)
+        other.robots_txt = "User-agent: *\nDisallow: /p/\n"
+        other.slow("/robots.txt", 0.3)
+        site.add_document("/sitemap.xml", sitemap_xml(other, PAGES), "application/xml")
+        crawler = await crawl(SitemapPagesSpider, sitemap_url=site.url("/sitemap.xml"))
+        assert gets(other) == ["/robots.txt"]
+        assert crawler.stats.get_value("robotstxt/forbidden") == len(PAGES)
+    finally:
+        await other.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_sitemap_lines_in_the_spellings_google_accepts(site, crawl):
+    # Google's robots.txt parser (github.com/google/robotstxt, robots.cc:
+    # KeyIsSitemap, and robots_test.cc ID_UTF8ByteOrderMarkIsSkipped,
+    # ID_LineSyntax_Line) accepts "Site-map", a BOM, and a key separated
+    # by whitespace; Scrapy's sitemap_urls_from_robots misses all three.
+    for path in PAGES:
+        site.add_page(path, "strong", size=1500)
+    site.add_document("/a.xml", sitemap_xml(site, PAGES[:2]), "application/xml")
+    site.add_document("/b.xml", sitemap_xml(site, PAGES[2:3]), "application/xml")
+    site.add_document("/c.xml", sitemap_xml(site, PAGES[3:]), "application/xml")
+    site.robots_txt = "\ufeffSite-map: /a.xml\r\nSitemap /b.xml\rUser-agent: *\rsitemap: c.xml\r"
+    await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"))
+    assert sorted(p for p in gets(site) if p.startswith("/p/")) == PAGES
+
+
+def test_sitemap_urls_are_absolute_unique_and_in_file_order():
+    body = b"\xef\xbb\xbfSITEMAP: /b.xml # comment\nSite-map: http://h/a.xml\nsitemap: /b.xml\n"
+    assert sitemap_urls_from_robots(body, base_url="http://h/robots.txt") == [
+        "http://h/b.xml", "http://h/a.xml"]
