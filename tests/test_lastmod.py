@@ -133,6 +133,48 @@ def requested_pages_of(site, *paths):
 
 
 @pytest_twisted.ensureDeferred
+async def test_lastmod_zones_are_honoured_and_invalid_zones_refused(site, crawl):
+    paths = ("/zoned", "/zoneless", "/dated", "/badzone", "/year0")
+    for path in paths:
+        site.add_page(path, "strong", size=1500)
+
+    def publish(zoned: str, zoneless: str) -> None:
+        site.add_document("/s.xml", urlset([
+            (site.url("/zoned"), zoned),
+            (site.url("/zoneless"), zoneless),  # no zone: UTC
+            (site.url("/dated"), "2024-05-01"),  # midnight UTC
+            (site.url("/badzone"), "2024-05-01T10:00:00+25:00"),
+            (site.url("/year0"), "0000-01-01"),
+        ]), "application/xml")
+
+    no_sample = {"INCREMENTAL_LASTMOD_RECHECK_SHARE": 0}
+    publish("2024-05-01T10:00:00Z", "2024-05-01 10:00:00")
+    first = await crawl(SitemapPagesSpider, settings=no_sample, sitemap_url=site.url("/s.xml"))
+    assert first.stats.get_value("incremental/lastmod/invalid") == 2
+    assert first.stats.get_value("finish_reason") == "finished"
+    assert not first.stats.get_value("spider_exceptions")
+
+    # The same instants, written in other zones and forms: nothing moved.
+    publish("2024-05-01T12:00:00+02:00", "2024-05-01T10:00:00")
+    site.reset_log()
+    second = await crawl(SitemapPagesSpider, settings=no_sample, sitemap_url=site.url("/s.xml"))
+    # Refused lastmods are no lastmods: those pages go by their schedule
+    # (revisits off: due) and a conditional request.
+    assert requested_pages_of(site, *paths) == ["/badzone", "/year0"]
+    assert second.stats.get_value("incremental/schedule/skipped/lastmod_unchanged") == 3
+
+    # /zoneless moved by a minute (still UTC); /zoned by an hour, written
+    # in US time: -04:00.
+    site.change("/zoned")
+    site.change("/zoneless")
+    publish("2024-05-01T07:00:00-04:00", "2024-05-01T10:01")
+    site.reset_log()
+    third = await crawl(SitemapPagesSpider, settings=no_sample, sitemap_url=site.url("/s.xml"))
+    assert requested_pages_of(site, "/zoned", "/zoneless", "/dated") == ["/zoned", "/zoneless"]
+    assert third.stats.get_value("incremental/schedule/requested/lastmod_newer") == 2
+
+
+@pytest_twisted.ensureDeferred
 async def test_hostile_sitemap_entries_are_skipped_and_the_rest_still_counts(site, crawl):
     site.add_page("/good", "strong", size=1500)
     site.add_page("/good2", "strong", size=1500)

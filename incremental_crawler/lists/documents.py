@@ -298,9 +298,17 @@ def _rss_entry(elem: Any, url: str) -> dict[str, Any]:
             link = _text_of(guid)
             if link:
                 raw.append(("text", link))
-    # pubDate (dc:date, RSS 1.0 modules) is when the item was published.
-    return {"loc": urljoin(url, link) if link else "",
-            "lastmod": _child_text(elem, "pubDate", "date"), "modified": False, "_raw": raw}
+    return {"loc": urljoin(url, link) if link else "", **_item_date(elem, "pubDate", "date"),
+            "_raw": raw}
+
+
+def _item_date(elem: Any, *published: str) -> dict[str, Any]:
+    """An RSS item's date: ``dcterms:modified`` is a modification date; a
+    ``pubDate`` is when the item was published, and a ``dc:date`` may be
+    (Dublin Core leaves open which date it is): neither vouches."""
+    if modified := _child_text(elem, "modified"):
+        return {"lastmod": modified, "modified": True}
+    return {"lastmod": _child_text(elem, *published), "modified": False}
 
 
 def _rdf_entry(elem: Any, url: str) -> dict[str, Any]:
@@ -310,8 +318,7 @@ def _rdf_entry(elem: Any, url: str) -> dict[str, Any]:
         raw.append(("text", link))
     elif link := (elem.get(_RDF_ABOUT) or "").strip():
         raw.append(("attr", link))
-    return {"loc": urljoin(url, link) if link else "",
-            "lastmod": _child_text(elem, "date"), "modified": False, "_raw": raw}
+    return {"loc": urljoin(url, link) if link else "", **_item_date(elem, "date"), "_raw": raw}
 
 
 def _base(elem: Any, url: str) -> str:

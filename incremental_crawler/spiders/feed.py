@@ -4,13 +4,14 @@ RSS 2.0, RSS 1.0 (RDF) and Atom 1.0 and 0.3 are read, relative links
 resolved (:mod:`incremental_crawler.lists.documents`).
 
 The feed is fetched conditionally; an entry is requested when it is new or
-its date (Atom ``updated``, else ``published``; RSS ``pubDate``, else
-``dc:date``) moved past the one stored with our copy. Only an Atom
-``updated`` (Atom 0.3: ``modified``) is a modification
-date: one that did not move vouches for our copy (on a host whose lastmods
-are trusted), and the page is not requested. A publication date (RSS
-``pubDate``, Atom ``published``) that did not move, or no date, leaves the
-page to its revisit schedule and a conditional request. One item per new or
+its date (Atom ``updated``, else ``published``; RSS ``dcterms:modified``,
+else ``pubDate``, else ``dc:date``) moved past the one stored with our copy.
+Only an Atom ``updated`` (Atom 0.3: ``modified``) and an RSS
+``dcterms:modified`` are modification dates: one that did not move vouches
+for our copy (on a host whose lastmods are trusted), and the page is not
+requested. A publication date (RSS ``pubDate``, ``dc:date``, Atom
+``published``) that did not move, or no date, leaves the page to its
+revisit schedule and a conditional request. One item per new or
 changed page, like the ``sitemap`` spider; ``-a recheck=all`` requests every
 known page, conditionally.
 """
