@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import tomllib
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,8 @@ class Case:
     documents: dict[str, str] = field(default_factory=dict)
     robots: str | None = None
     gzip: frozenset[str] = frozenset()
+    gzip_cut: dict[str, int] = field(default_factory=dict)
+    encoding: str = "utf-8"
     args: dict[str, str] = field(default_factory=dict)
     rules: tuple[str, ...] = ()
     follow: tuple[str, ...] = ()
@@ -52,15 +55,36 @@ def load_cases() -> list[Case]:
             for c in raw]
 
 
+def _fill(site: LoopbackSite, template: str) -> str:
+    """*template* with the site's base URL (``{base}``) and its other name
+    (``{alias}``: ``localhost``, another host that reaches the same site)."""
+    alias = site.base_url.replace("://127.0.0.1:", "://localhost:")
+    return template.replace("{base}", site.base_url).replace("{alias}", alias)
+
+
+def start_url(site: LoopbackSite, case: Case) -> str:
+    """The URL the crawl of *case* starts at."""
+    return _fill(site, case.start) if case.start.startswith("{") else site.url(case.start)
+
+
+def _cut_gzip(body: bytes, chars: int) -> bytes:
+    """A gzip file of *body* cut off where its stream has given all but the
+    last *chars* bytes: no end of stream, no trailer."""
+    stream = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
+    return stream.compress(body[:-chars]) + stream.flush(zlib.Z_SYNC_FLUSH)
+
+
 def serve(site: LoopbackSite, case: Case) -> None:
     """Serve *case*'s robots.txt and documents on *site* (started)."""
-    base = site.base_url
     if case.robots is not None:
-        site.robots_txt = case.robots.replace("{base}", base)
+        site.robots_txt = _fill(site, case.robots)
     for path, fixture in case.documents.items():
-        body = (CORPUS / fixture).read_text(encoding="utf-8").replace("{base}", base).encode()
+        text = _fill(site, (CORPUS / fixture).read_text(encoding="utf-8"))
+        body = text.encode(case.encoding)
         content_type = _CONTENT_TYPES[Path(fixture).suffix]
-        if path in case.gzip:
+        if path in case.gzip_cut:
+            body, content_type = _cut_gzip(body, case.gzip_cut[path]), "application/x-gzip"
+        elif path in case.gzip:
             body, content_type = gzip.compress(body, mtime=0), "application/x-gzip"
         site.add_document(path, body, content_type)
 

@@ -185,3 +185,19 @@ async def test_atom_03_modified_and_issued_are_read(site, crawl):
     assert page_requests(site) == [("/py", 304)]
     assert second.stats.get_value("incremental/schedule/skipped/lastmod_unchanged") == 1
     assert second.stats.get_value("incremental/schedule/requested/due") == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_feed_cut_off_mid_link_warns_and_counts_what_it_skipped(site, crawl, caplog):
+    # Found in review: the feed spider dropped unproven entries silently.
+    base = site.base_url
+    cut = (f'<rss version="2.0"><channel><title>t</title>'
+           f"<item><link>{base}/whole</link></item>"
+           f"<item><link>{base}/cut-of").encode()
+    site.add_document("/rss", cut, "application/rss+xml")
+    crawler = await crawl(FeedPagesSpider, feed_url=site.url("/rss"))
+    assert crawler.stats.get_value("incremental/sitemap/recovered") == 1
+    assert crawler.stats.get_value("incremental/sitemap/loc_unproven") == 1
+    assert "skipped 1 entries whose URL a recovering parse would have had to guess" in caplog.text
+    assert {r.path for r in site.log} >= {"/whole"}
+    assert not [r for r in site.log if r.path.startswith("/cut")]

@@ -5,8 +5,12 @@ trusted, a page whose ``<lastmod>`` is not newer than the lastmod stored
 with our copy of it is not requested (:func:`decide`). Entries
 are checked against the sitemaps protocol first (sitemaps.org): at most
 50,000 URLs per file, ``loc`` an absolute http(s) URL on the sitemap's own
-host and under 2,048 characters; a bad entry is skipped with a stat and the
-rest of the sitemap still counts.
+host (or one of *allowed_hosts*: the user's, and the host whose robots.txt
+named the sitemap, a cross-submission) and under 2,048 characters; a bad
+entry is skipped with a stat and the rest of the sitemap still counts. An
+``xhtml:link`` alternate (``"alternate_link": True`` in its entry) may be
+on any host: the site names its own language versions, on other domains
+too, as Google documents for hreflang.
 """
 
 from __future__ import annotations
@@ -75,8 +79,11 @@ class SitemapEntries:
     def _reject(self, reason: str) -> None:
         self.stats.inc_value(f"incremental/sitemap/loc_rejected/{reason}")
 
-    def check_loc(self, loc: str) -> bool:
-        """Whether *loc* may be requested (counted when it may not)."""
+    def check_loc(self, loc: str, *, any_host: bool = False) -> bool:
+        """Whether *loc* may be requested (counted when it may not).
+
+        *any_host*: *loc* may be on another host than the allowed ones.
+        """
         if not loc:
             self._reject("empty")
             return False
@@ -87,7 +94,7 @@ class SitemapEntries:
         if parts.scheme not in ("http", "https"):
             self._reject("scheme" if parts.scheme else "relative")
             return False
-        if (parts.hostname or "").lower() not in self.allowed_hosts:
+        if not any_host and (parts.hostname or "").lower() not in self.allowed_hosts:
             self._reject("other_host")
             return False
         return True
@@ -123,7 +130,7 @@ class SitemapEntries:
                 self.stats.inc_value("incremental/sitemap/urls_over_limit")
                 continue
             loc = entry.get("loc") or ""
-            if not self.check_loc(loc):
+            if not self.check_loc(loc, any_host=entry.get("alternate_link", False)):
                 continue
             canonical = self.canonical(loc)
             if canonical in seen:

@@ -67,15 +67,15 @@ class FeedPagesSpider(ListedPagesSpider):
 
     async def parse_feed(self, response: Response) -> AsyncIterator[Request]:
         stats = self.crawler.stats
-        parsed = feed_entries(response.body, response.url)
-        if parsed is None:
+        # As the sitemap spider's lists: faults counted, skipped entries warned of.
+        listing = self.read_listing(response)
+        if listing is None or listing.kind not in FEED_KINDS:
             stats.inc_value("incremental/feed/invalid")
             logger.warning("Ignoring invalid feed: %(response)s", {"response": response})
             return
-        kind, raw_entries = parsed
-        stats.inc_value(f"incremental/feed/{kind}")
+        stats.inc_value(f"incremental/feed/{listing.kind}")
         entries = self.entries(response.url, parse_date=parse_feed_date)
-        candidates = entries.candidates(raw_entries)
+        candidates = entries.candidates(listing.entries)
         async for request in self.listed_requests(entries, candidates, self._page_callback):
             yield request
 

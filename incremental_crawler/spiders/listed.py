@@ -32,6 +32,7 @@ from incremental_crawler.change.schedule import (
 )
 from incremental_crawler.exceptions import NotModified
 from incremental_crawler.lists.dates import parse_w3c_datetime
+from incremental_crawler.lists.documents import gunzip, parse_listing
 from incremental_crawler.lists.sitemaps import Candidate, SitemapEntries, decide
 from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD
 from incremental_crawler.spiders.base import IncrementalSpider
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from scrapy.http import Response
     from twisted.python.failure import Failure
 
+    from incremental_crawler.lists.documents import Listing
     from incremental_crawler.state.ledger import Ledger
 
 __all__ = ["DEFAULT_TEXT_SELECTORS", "ListedPagesSpider", "extract_main_text"]
@@ -173,11 +175,50 @@ class ListedPagesSpider(IncrementalSpider):
 
     def entries(self, source_url: str,
                 parse_date: Callable[[str | None], float | None] = parse_w3c_datetime,
+                named_by: Iterable[str] = (),
                 ) -> SitemapEntries:
+        """The checks of one list's entries; *named_by*: hosts whose
+        robots.txt named the list (sitemaps.org's cross-submission: it may
+        list their URLs)."""
         ledger = self.ledger
         canonical = ledger.canonical if ledger is not None else self._canonical
         return SitemapEntries(source_url, self.crawler.stats, canonical,
-                              allowed_hosts=self.allowed_hosts, parse_date=parse_date)
+                              allowed_hosts=[*self.allowed_hosts, *named_by],
+                              parse_date=parse_date)
+
+    def read_listing(self, response: Response) -> Listing | None:
+        """What a list response lists (gunzipped within the list size
+        limit), or ``None``; its faults counted and, when entries were
+        skipped for them, one warning."""
+        body = response.body
+        # A body cut off in transfer (DOWNLOAD_FAIL_ON_DATALOSS off) or a
+        # gzip file cut off: the last line of a text sitemap is a fragment.
+        truncated = "dataloss" in response.flags
+        if body[:3] == b"\x1f\x8b\x08":
+            unzipped = gunzip(body, response.meta.get("download_maxsize", MAX_LIST_BYTES))
+            if unzipped is None:
+                return None
+            body, complete = unzipped
+            truncated = truncated or not complete
+        listing = parse_listing(body, response.url, truncated=truncated)
+        if listing is None:
+            return None
+        stats = self.crawler.stats
+        if listing.recovered:
+            stats.inc_value("incremental/sitemap/recovered")
+        if listing.unproven:
+            stats.inc_value("incremental/sitemap/loc_unproven", listing.unproven)
+            logger.warning(
+                "%(response)s is not well-formed: skipped %(n)d entries whose URL a "
+                "recovering parse would have had to guess (cut off, or garbled)",
+                {"response": response, "n": listing.unproven})
+        if listing.bare_ampersands:
+            stats.inc_value("incremental/sitemap/bare_ampersands", listing.bare_ampersands)
+        if listing.ignored_lines:
+            stats.inc_value("incremental/sitemap/lines_ignored", listing.ignored_lines)
+        if listing.over_limit:
+            stats.inc_value("incremental/sitemap/urls_over_limit", listing.over_limit)
+        return listing
 
     async def stored_states(self, candidates: list[Candidate]) -> list[PageState | None]:
         ledger = self.ledger

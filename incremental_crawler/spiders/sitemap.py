@@ -15,19 +15,14 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from scrapy import Request
 from scrapy.spiders import SitemapSpider
-from scrapy.utils._compression import _DecompressionMaxSizeExceeded
-from scrapy.utils.gz import gunzip, gzip_magic_number
 
 from incremental_crawler.change.schedule import Why
 from incremental_crawler.lists.dates import parse_feed_date, parse_w3c_datetime
-from incremental_crawler.lists.documents import (
-    FEED_KINDS,
-    Listing,
-    parse_listing,
-)
+from incremental_crawler.lists.documents import FEED_KINDS
 from incremental_crawler.lists.robots import sitemap_urls_from_robots
 from incremental_crawler.lists.sitemaps import decide
 from incremental_crawler.meta import META_SKIP
@@ -79,31 +74,38 @@ class SitemapPagesSpider(ListedPagesSpider, SitemapSpider):
         for url in self.sitemap_urls:
             yield self._sitemap_request(url)
 
-    def _sitemap_request(self, url: str, lastmod: float | None = None) -> Request:
+    def _sitemap_request(self, url: str, lastmod: float | None = None,
+                         named_by: list[str] | None = None) -> Request:
         if url.endswith("/robots.txt"):
             # Small, and it names the sitemaps: always read in full.
             return Request(url, callback=self._parse_sitemap,
                            meta={META_SKIP: True, "download_maxsize": MAX_LIST_BYTES})
-        return self.list_request(url, self._parse_sitemap, lastmod)
+        request = self.list_request(url, self._parse_sitemap, lastmod)
+        if named_by:
+            request.cb_kwargs["named_by"] = named_by
+        return request
 
     # Replaces SitemapSpider's (sync) parser as an async generator callback,
     # under its name: stored page states and list_callbacks refer to it.
     async def _parse_sitemap(  # type: ignore[override]
-        self, response: Response,
+        self, response: Response, named_by: list[str] | None = None,
     ) -> AsyncIterator[Request]:
+        """*named_by*: the hosts whose robots.txt named this list (or the
+        index that did): sitemaps.org lets it list their URLs."""
         stats = self.crawler.stats
         if response.url.endswith("/robots.txt"):
+            host = (urlsplit(response.url).hostname or "").lower()
             for url in sitemap_urls_from_robots(response.body, base_url=response.url):
-                yield self._sitemap_request(url)
+                yield self._sitemap_request(url, named_by=[host])
             return
-        listing = self._listing(response)
+        listing = self.read_listing(response)
         if listing is None:
             stats.inc_value("incremental/sitemap/invalid")
             logger.warning("Ignoring invalid sitemap: %(response)s", {"response": response})
             return
         stats.inc_value(f"incremental/sitemap/{listing.kind}")
         parse_date = parse_feed_date if listing.kind in FEED_KINDS else parse_w3c_datetime
-        entries = self.entries(response.url, parse_date=parse_date)
+        entries = self.entries(response.url, parse_date=parse_date, named_by=named_by or ())
         filtered = self.sitemap_filter(listing.entries)
         if listing.pages:
             candidates = entries.candidates(self._with_alternates(filtered))
@@ -112,8 +114,9 @@ class SitemapPagesSpider(ListedPagesSpider, SitemapSpider):
             return
         # An index's lastmod says when each child sitemap changed: a child
         # that did not change is not read again. Lists have no revisit
-        # schedule of their own: any other answer reads the child.
-        candidates = entries.candidates(filtered)
+        # schedule of their own: any other answer reads the child. Its
+        # alternates are followed too (sitemap_alternate_links), as Scrapy's.
+        candidates = entries.candidates(self._with_alternates(filtered))
         rules = replace(self.due_rules(), revisit=False)
         stored = await self.stored_states(candidates)
         for child, state in zip(candidates, stored, strict=True):
@@ -124,39 +127,15 @@ class SitemapPagesSpider(ListedPagesSpider, SitemapSpider):
                 stats.inc_value("incremental/sitemap/child_unchanged")
                 self.lists_skipped = True
                 continue
-            yield self._sitemap_request(child.loc, child.lastmod)
-
-    def _listing(self, response: Response) -> Listing | None:
-        """What the response lists (gunzipped within the list size limit)."""
-        body = response.body
-        if gzip_magic_number(response):
-            try:
-                body = gunzip(body, max_size=response.meta.get("download_maxsize",
-                                                               MAX_LIST_BYTES))
-            except (_DecompressionMaxSizeExceeded, OSError, EOFError):
-                return None
-        listing = parse_listing(body, response.url)
-        if listing is None:
-            return None
-        stats = self.crawler.stats
-        if listing.recovered:
-            stats.inc_value("incremental/sitemap/recovered")
-        if listing.unproven:
-            stats.inc_value("incremental/sitemap/loc_unproven", listing.unproven)
-            logger.warning(
-                "%(response)s is not well-formed: skipped %(n)d entries whose URL a "
-                "recovering parse would have had to guess (cut off, or garbled)",
-                {"response": response, "n": listing.unproven})
-        if listing.ignored_lines:
-            stats.inc_value("incremental/sitemap/lines_ignored", listing.ignored_lines)
-        return listing
+            yield self._sitemap_request(child.loc, child.lastmod, named_by)
 
     def _with_alternates(self, entries: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         """*entries*, then (``sitemap_alternate_links``) their alternates.
 
         After all the entries: an alternate listed in its own ``<url>``
         keeps that entry's lastmod (duplicates are dropped, the first wins).
-        An alternate has no date of its own.
+        An alternate has no date of its own, and may be on another host
+        (Google's cross-domain hreflang; Scrapy requests it too).
         """
         alternates: list[str] = []
         for entry in entries:
@@ -164,7 +143,7 @@ class SitemapPagesSpider(ListedPagesSpider, SitemapSpider):
             if self.sitemap_alternate_links:
                 alternates.extend(entry.get("alternate", ()))
         for loc in alternates:
-            yield {"loc": loc, "lastmod": None, "modified": False}
+            yield {"loc": loc, "lastmod": None, "modified": False, "alternate_link": True}
 
     def _callback_for(self, loc: str) -> Any:
         return next((cb for rule, cb in self._cbs if rule.search(loc)), None)
