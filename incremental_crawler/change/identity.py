@@ -99,7 +99,7 @@ class ItemIdentity:
         are set only when given. Like the fingerprint, a field the item's
         class lacks is left out.
         """
-        _set(item, self.change_field, change)
+        _set(item, self.change_field, str(change))
         if previous is not None:
             _set(item, self.previous_field, previous)
         if changed_fields is not None:

@@ -474,6 +474,9 @@ class Ledger:
                                         self.config.revisit_initial, self.config.revisit_max)
         self.store.stage_failure(key, status, clock.now(), failures=failures,
                                  next_visit=next_visit, callback=callback, recipe=recipe)
+        # Due on the next crawl, not again in this one (the re-seeder would
+        # ask a page requested with dont_filter twice).
+        self._note_visit(key, next_visit)
         self._after_stage()
         if not self._requestable(key, prior, callback, recipe):
             self.note_unrecorded_failure()
