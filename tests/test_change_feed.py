@@ -7,6 +7,7 @@ was kept. The last test runs two cluster workers on a Redis store.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -81,6 +82,15 @@ class FailOnTombstones:
     def process_item(self, item: Any) -> Any:
         if item.get("change") == "deleted":
             raise RuntimeError("index unavailable")
+        return item
+
+
+class SlowTombstones:
+    """A user's pipeline that takes its time over tombstones (a remote index)."""
+
+    async def process_item(self, item: Any) -> Any:
+        if item.get("change") == "deleted":
+            await asyncio.sleep(0.5)
         return item
 
 
@@ -312,7 +322,8 @@ async def test_a_404_is_gone_on_its_second_check_in_a_row(site, crawl, state_uri
     async def run(offset: float) -> Any:
         site.reset_log()
         at(monkeypatch, offset)
-        return await crawl(ListSpider, urls=urls)
+        # The crawl waits for its tombstones to leave the pipelines.
+        return await crawl(ListSpider, urls=urls, settings=pipelines(SlowTombstones))
 
     await run(0)
     site.override("/a", status=404)
@@ -558,3 +569,30 @@ async def test_one_tombstone_per_page_across_workers(
         assert sum(page_gets(site).values()) == n
         expected = sorted(canonical_url(site.url(p)) for p in gone) if run == 2 else []
         assert sorted(tombstones(workers)) == expected, run
+
+
+# -- the store's side -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("state_uri", ["sqlite", "redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_get_item_data_reads_the_latest_live_version(state_store):
+    from incremental_crawler.state.records import ItemRecord
+
+    store = state_store
+
+    async def check() -> None:  # in a task: the Redis client needs one
+        assert await store.get_item_data("s", "k") is None
+        store.stage_item(ItemRecord("s", "k", "k", "f1", data='{"a": 1}', stored_at=1))
+        store.stage_item(ItemRecord("s", "k", "k", "f2", data='{"a": 2, "b": "x"}',
+                                    stored_at=2, change="changed"))
+        store.stage_item(ItemRecord("s", "bare", "bare", "f1", data=None, stored_at=1))
+        await store.flush()
+        assert json.loads(await store.get_item_data("s", "k")) == {"a": 2, "b": "x"}
+        assert await store.get_item_data("s", "bare") is None  # stored without data
+        store.stage_item(ItemRecord("s", "k", None, "", data='{"change": "deleted"}',
+                                    stored_at=3, change="deleted", page="k"))
+        await store.flush()
+        assert await store.get_item_data("s", "k") is None  # a tombstone
+
+    await deferred_from_coro(check())

@@ -51,7 +51,8 @@ class FingerprintPipeline:
         identity = ledger.identity
         fingerprint = identity.fingerprint(item)
         key = identity.key(item, fingerprint)
-        stored = await ledger.store.get_item_fingerprint(ledger.scope, key)
+        # "" (a tombstone, in a store that says so) is unknown too: new.
+        stored = await ledger.store.get_item_fingerprint(ledger.scope, key) or None
         if stored == fingerprint:
             self.stats.inc_value("incremental/items_unchanged")
             # DEBUG, not Scrapy's default WARNING: on a re-crawl most items
