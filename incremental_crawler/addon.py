@@ -50,6 +50,9 @@ COMPONENTS: tuple[tuple[str, str, int], ...] = (
     # Below RetryMiddleware (550) and the Retry-After one (575): sees only
     # final answers and exceptions, and records the failed pages.
     ("DOWNLOADER_MIDDLEWARES", _P + "change.outcomes.FinalOutcomeMiddleware", 540),
+    # Just above RedirectMiddleware (600): sees a known page's 301 or 308
+    # before it is followed (the page moved: its tombstone).
+    ("DOWNLOADER_MIDDLEWARES", _P + "change.outcomes.MovedPageMiddleware", 605),
     # The last process_request before the downloader (after HttpCache, 900):
     # only what really goes out takes a token of the shared budget.
     ("DOWNLOADER_MIDDLEWARES",

@@ -55,8 +55,10 @@ def add_items(site: Any, n: int) -> list[str]:
 
 
 def without_text(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The items without their text and fingerprint (the page's content)."""
-    return [{k: v for k, v in item.items() if k not in ("text", "fingerprint")}
+    """The items without their text and fingerprint (the page's content) and
+    what the change feed says of them (tests/test_change_feed.py)."""
+    return [{k: v for k, v in item.items()
+             if k not in ("text", "fingerprint", "change", "previous_fingerprint")}
             for item in items]
 
 

@@ -181,4 +181,6 @@ class NotDueFilterMiddleware:
         unknown = links_unknown(state, replay=replay)
         if self.rule.due(request, state, links_unknown=unknown, ledger=self.ledger):
             return True
-        return replay and bool(state.flags & PageFlags.HAS_LINKS)
+        # A gone page's links are never replayed (the downloader refuses it).
+        return (replay and bool(state.flags & PageFlags.HAS_LINKS)
+                and not state.flags & PageFlags.GONE)

@@ -13,8 +13,8 @@ if TYPE_CHECKING:
     from collections.abc import Collection, Iterable
 
 __all__ = [
-    "DEFAULT_IGNORE_PATTERNS", "Normaliser", "body_fingerprint", "hamming", "item_fingerprint",
-    "simhash",
+    "DEFAULT_IGNORE_PATTERNS", "Normaliser", "body_fingerprint", "comparable", "hamming",
+    "item_fingerprint", "simhash",
 ]
 
 #: Noise that changes on every response and never is content: timestamps,
@@ -86,6 +86,18 @@ def _encoded(value: Any, normaliser: Normaliser | None) -> bytes:
     return b"j" + json.dumps(
         value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=_default
     ).encode("utf-8", "surrogatepass")
+
+
+def comparable(value: Any, normaliser: Normaliser | None = None) -> bytes:
+    """A field's value as :func:`item_fingerprint` hashes it: two values that
+    compare equal here never make an item look changed.
+
+    >>> comparable("a  b", Normaliser()) == comparable(" a b", Normaliser())
+    True
+    >>> comparable("1") == comparable(1)
+    False
+    """
+    return _encoded(value, normaliser)
 
 
 def item_fingerprint(

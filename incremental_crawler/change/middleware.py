@@ -26,6 +26,11 @@ are yielded again through a stand-in response
 the pages behind an unchanged page are still reached. A page whose requests
 are not all stored is fetched in full whatever its schedule
 (``RequestReason.LINKS_UNKNOWN``).
+
+A page flagged GONE (:mod:`.tombstones`) is requested only when its next
+visit is due (or a list's newer date asks), as a new page: without
+conditions, its links never replayed, and a 2xx stores it afresh (the flag
+cleared, its items new).
 """
 
 from __future__ import annotations
@@ -155,7 +160,8 @@ class ConditionalRequestMiddleware:
         key = self.rule.key(request, self.ledger)
         prior = await self._stored(key)
         now = clock.now()
-        replay = self.rule.replays(request)
+        # A gone page's links are not replayed: it is new if it answers.
+        replay = self.rule.replays(request) and not _gone(prior)
         unknown = links_unknown(prior, replay=replay)
         links = None
         if replay and not unknown and prior is not None and prior.flags & PageFlags.HAS_LINKS:
@@ -310,7 +316,8 @@ class ConditionalRequestMiddleware:
     def _fetched(self, request: Request, response: Response, ctx: _Context) -> None:
         now = clock.now()
         fetch = self._read(request, response, ctx.key, now)
-        prior = ctx.prior
+        # A gone page that answers is a new page (GONE cleared, counters afresh).
+        prior = None if _gone(ctx.prior) else ctx.prior
         settle = partial(self._settle, request, prior, fetch, now)
         if self.policy.defers(prior, fetch):
             assert prior is not None
@@ -448,6 +455,10 @@ def _conditions(headers: Headers) -> tuple[str, str]:
     inm = headers.get(b"If-None-Match") or b""
     ims = headers.get(b"If-Modified-Since") or b""
     return inm.decode("latin-1"), ims.decode("latin-1")
+
+
+def _gone(state: PageState | None) -> bool:
+    return state is not None and bool(state.flags & PageFlags.GONE)
 
 
 def _host(request: Request) -> str:

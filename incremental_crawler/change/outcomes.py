@@ -23,18 +23,41 @@ middleware let out (GET, a spider callback, not ``incremental_skip``;
 sitemaps and feeds included: :func:`~.middleware.page_context`). Requests
 dropped on purpose (``IgnoreRequest``: not due, not modified, offsite,
 robots.txt) are no outcome.
+
+Gone pages (:mod:`.tombstones`) are decided here too. A final 404 or 410
+of a known page may make it gone: it is recorded as a failure first, as
+any 404 or 410 is, then its tombstone goes through the item pipelines
+before the response goes on (the crawl cannot end meanwhile: the request
+is still the downloader's). A page flagged GONE that answers 404 or 410
+again stays GONE, checked again INCREMENTAL_GONE_RECHECK later, with no
+second tombstone. A 301 or 308 never gets this far when it is followed:
+RedirectMiddleware (600) turns it into a request for its target first, so
+:class:`MovedPageMiddleware` (605) sees it just before, whether it is
+followed or not, and wherever the target is (offsite, disallowed, already
+seen this crawl, answering 304 or not due).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+from urllib.parse import urljoin
 
 from scrapy.exceptions import IgnoreRequest, NotConfigured
+from w3lib.url import safe_url_string
 
 from incremental_crawler.change.middleware import callback_name, page_context
 from incremental_crawler.change.policy import Outcome, final_outcome
+from incremental_crawler.change.tombstones import (
+    MOVED_STATUSES,
+    Gone,
+    GoneReason,
+    gone_reason,
+    is_gone,
+    known_page,
+)
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.links.recipes import own_recipe
+from incremental_crawler.meta import META_DISCOVERY
 from incremental_crawler.state.ledger import Ledger
 
 if TYPE_CHECKING:
@@ -44,7 +67,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http import Response
 
-__all__ = ["FinalOutcomeMiddleware"]
+__all__ = ["FinalOutcomeMiddleware", "MovedPageMiddleware"]
 
 
 class FinalOutcomeMiddleware:
@@ -62,10 +85,27 @@ class FinalOutcomeMiddleware:
     def from_crawler(cls, crawler: Crawler) -> Self:
         return cls(crawler, IncrementalConfig.from_settings(crawler.settings))
 
-    def process_response(self, request: Request, response: Response) -> Response:
-        outcome = final_outcome(response.status, truncated="dataloss" in response.flags)
-        if outcome is not None:
-            self._record(request, response.status, outcome)
+    async def process_response(self, request: Request, response: Response) -> Response:
+        status = response.status
+        outcome = final_outcome(status, truncated="dataloss" in response.flags)
+        if outcome is None:
+            return response
+        page = page_context(request)
+        tombstones = self.ledger.tombstones
+        if (page is not None and status in (404, 410) and tombstones.enabled
+                and not request.meta.get(META_DISCOVERY)):
+            key, prior = page
+            if is_gone(prior):
+                assert prior is not None
+                self.ledger.still_gone(key, prior, status)
+                return response
+            reason = gone_reason(prior, status)
+            self._record(request, status, outcome)
+            if reason is not None:
+                assert prior is not None
+                await tombstones.send(Gone(key, prior, status, reason), response)
+            return response
+        self._record(request, status, outcome)
         return response
 
     def process_exception(self, request: Request, exception: Exception) -> None:
@@ -82,3 +122,45 @@ class FinalOutcomeMiddleware:
             recipe=own_recipe(request, self.spider, self.ledger.recipe_rules),
             counted=outcome is Outcome.FAILED,
         )
+
+
+class MovedPageMiddleware:
+    """A known page answering 301 or 308 to another URL is gone (moved).
+
+    Downloader middleware order 605, just above RedirectMiddleware (600): a
+    response goes through ``process_response`` from the highest order down,
+    so this sees the redirect itself, before it is followed (see the module
+    docstring). A redirect is never retried: it is the page's final answer.
+    The conditional middleware (585) read the page's state when its request
+    went out (:func:`~.middleware.page_context`).
+    """
+
+    def __init__(self, crawler: Crawler, config: IncrementalConfig) -> None:
+        if not config.enabled:
+            raise NotConfigured("INCREMENTAL_ENABLED is False; no page state is kept")
+        self.ledger = Ledger.for_component(crawler)
+        if not self.ledger.tombstones.enabled:
+            raise NotConfigured("no tombstones (INCREMENTAL_TOMBSTONES or "
+                                "INCREMENTAL_CHANGE_FIELD is off)")
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        return cls(crawler, IncrementalConfig.from_settings(crawler.settings))
+
+    async def process_response(self, request: Request, response: Response) -> Response:
+        if response.status not in MOVED_STATUSES or request.meta.get(META_DISCOVERY):
+            return response
+        page = page_context(request)
+        location = response.headers.get(b"Location")
+        if page is None or not location or not known_page(page[1]):
+            return response
+        key, prior = page
+        assert prior is not None
+        # Where RedirectMiddleware would go (the Location is Latin-1 on the wire).
+        target = self.ledger.canonical(
+            safe_url_string(urljoin(request.url, location.decode("latin-1"))))
+        if target == key.url:
+            return response
+        await self.ledger.tombstones.send(
+            Gone(key, prior, response.status, GoneReason.MOVED, target=target), response)
+        return response

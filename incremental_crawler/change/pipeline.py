@@ -1,7 +1,11 @@
-"""Drops items whose fingerprint equals the stored one.
+"""Drops items whose fingerprint equals the stored one; says what the others are.
 
 Runs early (order 50) so unchanged items never cost the user's own
-pipelines anything, and never reach storage.
+pipelines anything, and never reach storage. An item that goes on says what
+it is in the change field (``new`` or ``changed``); a changed one also
+carries the fingerprint it replaces and (opt-in) the top-level fields that
+changed since the stored version. Tombstones (a gone page's ``deleted``
+item, :mod:`.tombstones`) pass untouched: they are no content to compare.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from itemadapter import ItemAdapter
 from incremental_crawler.change.fingerprints import hamming, simhash
 from incremental_crawler.exceptions import ItemNearDuplicate, ItemUnchanged
 from incremental_crawler.state.ledger import Ledger
+from incremental_crawler.state.records import Change
 
 if TYPE_CHECKING:
     from typing import Self
@@ -32,6 +37,8 @@ class FingerprintPipeline:
         self.near_duplicates = config.near_duplicates
         self.simhash_field = config.simhash_field
         self.simhash_distance = config.simhash_distance
+        #: INCREMENTAL_CHANGED_FIELDS_FIELD is on (it costs a read of the stored data).
+        self.changed_fields = config.changed_fields_field is not None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -39,10 +46,13 @@ class FingerprintPipeline:
 
     async def process_item(self, item: Any) -> Any:
         ledger = self.ledger
+        if ledger.tombstone_of(item) is not None:
+            return item
         identity = ledger.identity
         fingerprint = identity.fingerprint(item)
         key = identity.key(item, fingerprint)
-        stored = await ledger.store.get_item_fingerprint(ledger.scope, key)
+        # "" (a tombstone, in a store that says so) is unknown too: new.
+        stored = await ledger.store.get_item_fingerprint(ledger.scope, key) or None
         if stored == fingerprint:
             self.stats.inc_value("incremental/items_unchanged")
             # DEBUG, not Scrapy's default WARNING: on a re-crawl most items
@@ -54,11 +64,19 @@ class FingerprintPipeline:
         self.stats.inc_value(
             "incremental/items_new" if stored is None else "incremental/items_changed"
         )
+        changed_fields = None
+        if stored is not None and self.changed_fields:
+            data = await ledger.store.get_item_data(ledger.scope, key)
+            if data is not None:
+                changed_fields = identity.changed_fields(item, data)
+        change = Change.NEW if stored is None else Change.CHANGED
         identity.set_fingerprint(item, fingerprint)
+        identity.set_change(item, change, previous=stored, changed_fields=changed_fields)
         pending = ledger.remember(item)
         pending.key = key
         pending.fingerprint = fingerprint
         pending.simhash = sketch
+        pending.change = change
         return item
 
     async def _near_duplicate(self, item: Any, key: str, stored: str | None) -> int | None:

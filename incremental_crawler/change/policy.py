@@ -44,6 +44,7 @@ __all__ = [
     "failed_last",
     "final_outcome",
     "future_last_modified",
+    "gone_due",
     "is_due",
     "lastmod_flags",
     "links_unknown",
@@ -277,6 +278,30 @@ def answered(state: PageState) -> bool:
             and not failed_last(state))
 
 
+def _gone(state: PageState) -> bool:
+    return bool(state.flags & PageFlags.GONE)
+
+
+def gone_due(state: PageState, *, due_at: float, lastmod: float | None = None) -> bool:
+    """Whether a GONE page is asked again when something names it this crawl.
+
+    When its (rare) next visit is due (INCREMENTAL_GONE_RECHECK after it was
+    found gone), or a list gives it a date newer than any we know of it (the
+    one stored, else when it was last checked): it may have come back.
+    Nothing else brings it back: not revisits, max age or recheck-all's
+    schedule (recheck all makes every next visit due anyway).
+
+    >>> page = PageState(PageKey("s", "http://h/a"), flags=PageFlags.GONE, next_visit=100,
+    ...                  last_checked=50)
+    >>> gone_due(page, due_at=99), gone_due(page, due_at=100), gone_due(page, due_at=0, lastmod=60)
+    (False, True, True)
+    """
+    if is_due(state.next_visit, due_at):
+        return True
+    known = state.lastmod if state.lastmod is not None else state.last_checked
+    return lastmod is not None and lastmod > known
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DueRules:
     """What decides whether a known page is requested in one crawl."""
@@ -310,10 +335,12 @@ def schedule_why(stored: PageState, rules: DueRules, *, newer: bool = False,
     page) says our copy is current. In order: a page whose last answer
     failed is retried when due; a page without data is new; then recheck
     all, max age, a newer date, a vouching date (for a page whose last
-    answer was a 2xx or 304), and the revisit schedule.
+    answer was a 2xx or 304), and the revisit schedule. A GONE page comes
+    before all of them: asked again, as new, only when its next visit is due
+    or *newer* says it may have come back (see :func:`gone_due`).
     """
-    if failed_last(stored):
-        return Why.RETRY if rules.due(stored) else Why.NOT_DUE
+    if _gone(stored) or failed_last(stored):
+        return _unanswered_why(stored, rules, newer=newer)
     if stored.fingerprint is None:
         return Why.NEW
     if rules.recheck_all:
@@ -327,6 +354,16 @@ def schedule_why(stored: PageState, rules: DueRules, *, newer: bool = False,
     if not rules.revisit or rules.due(stored):
         return Why.DUE
     return Why.NOT_DUE
+
+
+def _unanswered_why(stored: PageState, rules: DueRules, *, newer: bool) -> Why:
+    """A GONE page (new if asked again: see :func:`gone_due`), or one whose
+    last answer failed (retried when due)."""
+    if not _gone(stored):
+        return Why.RETRY if rules.due(stored) else Why.NOT_DUE
+    if newer:
+        return Why.LASTMOD_NEWER
+    return Why.NEW if rules.due(stored) else Why.NOT_DUE
 
 
 #: Clock skew tolerated between a Last-Modified and the server's Date.
@@ -413,6 +450,8 @@ class ChangePolicy:
         """
         if refresh or discovery:
             return True
+        if _gone(prior):
+            return gone_due(prior, due_at=due_at, lastmod=lastmod)
         if failed_last(prior):
             return is_due(prior.next_visit, due_at)
         if self.schedule is None or prior.fingerprint is None:
@@ -427,7 +466,7 @@ class ChangePolicy:
                       started: float) -> Why:
         """Why a page that is requested (it was due) is: for the crawl's
         accounting (ScheduleCounter), in the order of :func:`schedule_why`."""
-        if prior is None:
+        if prior is None or _gone(prior):
             return Why.NEW
         if failed_last(prior):
             return Why.RETRY
@@ -448,7 +487,8 @@ class ChangePolicy:
         *links_unknown* see :func:`links_unknown`; *started* is the crawl's
         start (max age is judged per crawl).
         """
-        if prior is None:
+        if prior is None or _gone(prior):
+            # A GONE page asked again is new if it answers: no conditions.
             return RequestReason.NEW
         if not prior.has_validators:
             return RequestReason.NO_VALIDATORS

@@ -67,6 +67,8 @@ def summarize(stats: dict[str, Any]) -> dict[str, int]:
         "items_new": get("items_new"),
         "items_changed": get("items_changed"),
         "items_unchanged": get("items_unchanged"),
+        # Tombstones delivered: pages gone (410, 404 twice, moved).
+        "items_deleted": get("items_deleted"),
         "bytes_saved_estimate": get("bytes_saved_estimate"),
         "bytes_downloaded": int(stats.get("downloader/response_bytes", 0) or 0),
         "state_withheld": get("state_withheld"),
@@ -194,11 +196,13 @@ def _line(s: dict[str, int]) -> str:
     )
     if s["sitemaps_unchanged"]:
         skipped = f"{_unchanged_lists(s['sitemaps_unchanged'])}, " + skipped
+    deleted = (f", {s['items_deleted']} deleted (pages gone)"
+               if s.get("items_deleted") else "")
     return (
         f"{skipped}{s['checked']} pages checked, {s['not_modified']} not modified (304), "
         f"{s['new']} new, {s['changed']} changed, {s['unchanged_200']} unchanged "
         f"in full; items: {s['items_new']} new, {s['items_changed']} changed, "
-        f"{s['items_unchanged']} unchanged dropped"
+        f"{s['items_unchanged']} unchanged dropped{deleted}"
     )
 
 

@@ -24,6 +24,13 @@ so it can be requested again: a failure that could not be recorded (its
 callback is not a method of the spider, its request cannot be rebuilt)
 keeps their validators unsaved, and they are read in full next time.
 
+Tombstones (:mod:`incremental_crawler.change.tombstones`) go through the
+same signals: a gone page's tombstone is tracked from the moment it is
+sent until it leaves the pipelines. Delivered (scraped, or dropped: a
+decision), the ``deleted`` versions of the page's items are staged, then
+the page's state flagged GONE; an error withholds it all, and the page is
+recorded as a failure, so the next crawl decides and sends it again.
+
 The requests the callback yields are recorded on the transaction too
 (:class:`~incremental_crawler.links.recipes.LinkRecorder`), and their links
 record is staged just before the page state, in the same flush: a 304 to
@@ -51,6 +58,7 @@ from incremental_crawler.change.identity import ItemIdentity, serialize_item
 from incremental_crawler.change.policy import DueRules
 from incremental_crawler.change.revisit import failure_next_visit
 from incremental_crawler.change.schedule import ScheduleCounter
+from incremental_crawler.change.tombstones import TombstoneSender
 from incremental_crawler.change.trust import HostTrustBook
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.exceptions import ItemUnchanged
@@ -63,7 +71,7 @@ from incremental_crawler.links.recipes import (
     page_request,
 )
 from incremental_crawler.state.keys import Canonicalizer
-from incremental_crawler.state.records import ItemRecord, PageFlags, PageKey, PageState
+from incremental_crawler.state.records import Change, ItemRecord, PageFlags, PageKey, PageState
 from incremental_crawler.state.stores import StateStore, StateStoreError, open_store
 
 if TYPE_CHECKING:
@@ -73,6 +81,8 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from twisted.python.failure import Failure
+
+    from incremental_crawler.change.tombstones import Gone
 
 __all__ = ["TXN_META", "Ledger", "PageTransaction"]
 
@@ -160,7 +170,7 @@ class RunGate(Protocol):
 class _Pending:
     """What the pipelines learnt about an item on its way through them."""
 
-    __slots__ = ("data", "fingerprint", "item", "key", "simhash")
+    __slots__ = ("change", "data", "fingerprint", "item", "key", "simhash")
 
     def __init__(self, item: Any) -> None:
         self.item = item
@@ -168,6 +178,8 @@ class _Pending:
         self.fingerprint: str | None = None
         self.data: str | None = None
         self.simhash: int | None = None
+        #: New or changed, as the FingerprintPipeline found it.
+        self.change: Change | None = None
 
 
 class Ledger:
@@ -189,6 +201,10 @@ class Ledger:
         # This crawl's start (set again when the spider opens).
         self._started = clock.now()
         self._pending: dict[int, _Pending] = {}
+        # Tombstones in the pipelines: by id (the item sent), and by URL (a
+        # pipeline may return a copy: item_scraped then has another object).
+        self._tombstones: dict[int, tuple[Any, Gone]] = {}
+        self._tombstone_urls: dict[str, int] = {}
         self._discovered: list[PageState] = []
         # Failures of this crawl that could not be recorded to be asked again.
         self._unrecorded = 0
@@ -237,6 +253,11 @@ class Ledger:
     def identity(self) -> ItemIdentity:
         """Item keys and fingerprints, with the spider's own overrides."""
         return ItemIdentity(self.config, self._spider(), self.canonical)
+
+    @cached_property
+    def tombstones(self) -> TombstoneSender:
+        """Sends gone pages' tombstones through the pipelines (see :meth:`tombstone_sent`)."""
+        return TombstoneSender(self.crawler, self)
 
     @cached_property
     def trust(self) -> HostTrustBook:
@@ -453,6 +474,9 @@ class Ledger:
                                         self.config.revisit_initial, self.config.revisit_max)
         self.store.stage_failure(key, status, clock.now(), failures=failures,
                                  next_visit=next_visit, callback=callback, recipe=recipe)
+        # Due on the next crawl, not again in this one (the re-seeder would
+        # ask a page requested with dont_filter twice).
+        self._note_visit(key, next_visit)
         self._after_stage()
         if not self._requestable(key, prior, callback, recipe):
             self.note_unrecorded_failure()
@@ -581,6 +605,9 @@ class Ledger:
         return pending
 
     def item_scraped(self, item: Any, response: Any, spider: Spider) -> None:
+        if (gone := self._take_tombstone(item)) is not None:
+            self._tombstone_delivered(gone, item)
+            return
         pending = self._pending.pop(id(item), None)
         if pending is None or pending.item is not item:
             pending = _Pending(item)
@@ -598,6 +625,8 @@ class Ledger:
                 pending.key = self.identity.key(item, pending.fingerprint)
             if pending.data is None and self.stores_items:
                 pending.data = serialize_item(item)
+            txn: PageTransaction | None = (
+                response.meta.get(TXN_META) if isinstance(response, Response) else None)
             self.store.stage_item(
                 ItemRecord(
                     scope=self.scope,
@@ -607,6 +636,8 @@ class Ledger:
                     data=pending.data,
                     stored_at=clock.now(),
                     simhash=pending.simhash,
+                    change=pending.change or self._carried_change(item),
+                    page=None if txn is None else txn.state.key.url,
                 )
             )
             if pending.data is not None:
@@ -615,9 +646,19 @@ class Ledger:
         # Out of every pipeline: new or changed (unchanged ones are dropped).
         self._item_finished(response, changed=True)
 
+    def _carried_change(self, item: Any) -> Change:
+        """What an item the pipelines' notes lost (a copy) says it is (new by default)."""
+        field = self.config.change_field
+        carried = ItemAdapter(item).get(field) if field else None
+        return Change.CHANGED if carried == Change.CHANGED else Change.NEW
+
     def item_dropped(
         self, item: Any, response: Any, exception: BaseException, spider: Spider
     ) -> None:
+        if (gone := self._take_tombstone(item)) is not None:
+            # Dropped is delivered: a pipeline decided on it.
+            self._tombstone_delivered(gone, item)
+            return
         # A dropped item is a decision, not a failure: the page is done.
         self._pending.pop(id(item), None)
         # Unchanged: evidence about the page's content; other drops are not.
@@ -629,6 +670,9 @@ class Ledger:
         if failure.check(StateStoreError):
             assert failure.value is not None
             self.store_failed(failure.value)
+        if (gone := self._take_tombstone(item)) is not None:
+            self._tombstone_withheld(gone, failure)
+            return
         self._item_finished(
             response, error=f"an item pipeline failed ({failure.getErrorMessage()})"
         )
@@ -640,6 +684,80 @@ class Ledger:
             # reached PageOutputMiddleware: its page ends here, withheld, and
             # counts as failed (a sitemap listing it must not be saved).
             self.output_failed(txn, f"the callback failed ({failure.getErrorMessage()})")
+
+    # -- tombstones ------------------------------------------------------------
+
+    def tombstone_sent(self, item: Any, gone: Gone) -> None:
+        """Track *item*, *gone*'s tombstone, until it leaves the pipelines."""
+        self._tombstones[id(item)] = (item, gone)
+        self._tombstone_urls[gone.key.url] = id(item)
+
+    def tombstone_of(self, item: Any) -> Gone | None:
+        """The gone page whose tombstone *item* is (``None``: an item)."""
+        entry = self._tombstones.get(id(item))
+        if entry is not None and entry[0] is item:
+            return entry[1]
+        # A copy a pipeline made: it says it is one, for a page in flight.
+        field = self.config.change_field
+        if not self._tombstone_urls or field is None or not ItemAdapter.is_item(item):
+            return None
+        adapter = ItemAdapter(item)
+        url = adapter.get("url")
+        if adapter.get(field) != Change.DELETED or not isinstance(url, str):
+            return None
+        item_id = self._tombstone_urls.get(url)
+        return None if item_id is None else self._tombstones[item_id][1]
+
+    def _take_tombstone(self, item: Any) -> Gone | None:
+        gone = self.tombstone_of(item)
+        if gone is not None:
+            item_id = self._tombstone_urls.pop(gone.key.url)
+            self._tombstones.pop(item_id, None)
+        return gone
+
+    def _tombstone_delivered(self, gone: Gone, item: Any) -> None:
+        """Stage the page's items as deleted, then the page as GONE (in that order)."""
+        now = clock.now()
+        data = serialize_item(item) if self.stores_items else None
+        for key in gone.item_keys:
+            self.store.stage_item(ItemRecord(
+                scope=self.scope, key=key, url=None, fingerprint="", data=data,
+                stored_at=now, change=Change.DELETED, page=gone.key.url))
+            self._after_stage()
+        prior = gone.prior
+        flags = int(prior.flags) | PageFlags.GONE
+        redirect_to = prior.redirect_to
+        if gone.target is not None:
+            flags |= PageFlags.REDIRECTED
+            redirect_to = gone.target
+        self.stage_page(prior.copy(
+            flags=int(flags), redirect_to=redirect_to, last_status=gone.status,
+            last_checked=now, checks=prior.checks + 1,
+            next_visit=now + self.config.gone_recheck, failures=0))
+        self.stats.inc_value("incremental/items_deleted")
+        self.stats.inc_value(f"incremental/tombstones/{gone.reason}")
+
+    def _tombstone_withheld(self, gone: Gone, failure: Failure) -> None:
+        """Nothing of the tombstone is stored; the page is due on the next crawl."""
+        self.stats.inc_value("incremental/tombstones/withheld")
+        logger.warning(
+            "Page %(url)s is gone (%(reason)s) but an item pipeline failed on its "
+            "tombstone (%(error)s): it is sent again next crawl",
+            {"url": gone.key.url, "reason": gone.reason, "error": failure.getErrorMessage()},
+            extra={"spider": self.crawler.spider},
+        )
+        prior = gone.prior
+        # As after a first failure: due at this crawl's start, so the next
+        # crawl asks again (and decides again) whatever its schedule.
+        self.record_failure(gone.key, prior.copy(failures=0), gone.status,
+                            callback=prior.callback, recipe=prior.recipe, counted=False)
+
+    def still_gone(self, key: PageKey, prior: PageState, status: int) -> None:
+        """A GONE page answered 404 or 410 again: no second tombstone, checked much later."""
+        now = clock.now()
+        self.stage_page(prior.copy(
+            last_status=status, last_checked=now, checks=prior.checks + 1,
+            next_visit=now + self.config.gone_recheck, failures=0))
 
     # -- states read ahead -------------------------------------------------------
 

@@ -4,6 +4,8 @@ Keep it last (order 900): the stored version is the item as every other
 pipeline left it. The write itself happens when the item has passed every
 pipeline (the ``item_scraped`` signal), staged just before the page state
 of the response it came from, so both reach the disk in one commit.
+A tombstone passes untouched: the ledger stores it when it left the
+pipelines (as the ``deleted`` version of the gone page's items).
 """
 
 from __future__ import annotations
@@ -44,5 +46,6 @@ class StoragePipeline:
         return cls(crawler)
 
     def process_item(self, item: Any) -> Any:
-        self.ledger.remember(item).data = serialize_item(item)
+        if self.ledger.tombstone_of(item) is None:
+            self.ledger.remember(item).data = serialize_item(item)
         return item

@@ -148,6 +148,15 @@ class StateStore(ABC):
         """
 
     @abstractmethod
+    async def get_item_data(self, scope: str, item_key: str) -> str | None:
+        """The data (JSON) of the latest stored version of an item.
+
+        ``None`` for an item the store does not know, one stored without
+        data (item storage switched off) and one whose latest version is a
+        tombstone. Staged versions count once flushed.
+        """
+
+    @abstractmethod
     async def get_page_items(self, scope: str, page_url: str) -> list[str]:
         """Keys of the live items last stored from the page *page_url*.
 

@@ -800,6 +800,19 @@ class RedisStateStore(StateStore):
                 keys.append(page_url)
         return sorted(keys)
 
+    async def get_item_data(self, scope: str, item_key: str) -> str | None:
+        # The latest version's number, then that entry of the item's history.
+        version = await self._call("HGET", self._key("itemver", scope), item_key)
+        if version is None:
+            return None
+        raw = await self._call("HGET", self._hist_key(scope, item_key), version)
+        if raw is None:
+            return None
+        entry = json.loads(raw)
+        if not entry.get("fingerprint") or "data" not in entry:
+            return None  # a tombstone
+        return json.dumps(entry["data"])
+
     async def get_host(self, scope: str, host: str) -> HostTrust | None:
         raw = await self._call("HGET", self._key("hosts", scope), host)
         return None if raw is None else self._decode(HostTrust, raw, scope=scope, host=host)

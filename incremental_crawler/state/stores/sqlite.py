@@ -560,6 +560,18 @@ class SQLiteStateStore(StateStore):
             staged = row[0] if row else None
         return staged or None  # "": a tombstone
 
+    async def get_item_data(self, scope: str, item_key: str) -> str | None:
+        try:
+            row = self._db.execute(
+                "SELECT v.data FROM items i JOIN item_versions v ON v.scope = i.scope "
+                "AND v.item_key = i.item_key AND v.version = i.version "
+                "WHERE i.scope = ? AND i.item_key = ? AND i.fingerprint != ''",
+                (scope, item_key),
+            ).fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise self._fail("read failed", exc) from exc
+        return None if row is None else row[0]
+
     async def get_page_items(self, scope: str, page_url: str) -> list[str]:
         try:
             rows = self._db.execute(
