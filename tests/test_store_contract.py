@@ -38,13 +38,13 @@ from incremental_crawler.state.records import (
     PageKey,
     PageState,
 )
-from incremental_crawler.state.stores.base import HostSummary, Removed
 from incremental_crawler.state.stores import (
     StateStore,
     StateStoreError,
     default_state_uri,
     open_store,
 )
+from incremental_crawler.state.stores.base import HostSummary, Removed
 from incremental_crawler.state.stores.redis import RedisStateStore
 from incremental_crawler.state.stores.sqlite import (
     MIGRATIONS,
