@@ -39,6 +39,9 @@ COMPONENTS: tuple[tuple[str, str, int], ...] = (
     ("ITEM_PIPELINES", _P + "change.pipeline.FingerprintPipeline", 50),
     ("ITEM_PIPELINES", _P + "state.pipeline.StoragePipeline", 900),
     ("EXTENSIONS", _P + "report.extension.IncrementalReport", 500),
+    # Hands the ledger the crawl's summary record (through its record
+    # sources, asked just before the store closes): any order works.
+    ("EXTENSIONS", _P + "report.history.CrawlHistory", 500),
     # Re-seeds due pages when the crawl runs out of work; finds the ledger
     # (and the cluster coordinator) when it needs them, so any order works.
     ("EXTENSIONS", _P + "links.reseed.Reseeder", 10),

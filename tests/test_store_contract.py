@@ -31,6 +31,7 @@ from scrapy.utils.defer import deferred_from_coro
 
 from incremental_crawler.state.records import (
     Change,
+    CrawlRecord,
     HostTrust,
     ItemRecord,
     PageFlags,
@@ -44,6 +45,7 @@ from incremental_crawler.state.stores import (
     default_state_uri,
     open_store,
 )
+from incremental_crawler.state.stores.base import HostSummary, Removed
 from incremental_crawler.state.stores.redis import RedisStateStore
 from incremental_crawler.state.stores.sqlite import (
     MIGRATIONS,
@@ -1172,6 +1174,207 @@ class StateStoreContract:
         assert await due() == ["gone", "live"]
         assert await summary() == (2, 200, 200)
 
+    # -- crawl records, holds, read-outs and repairs ----------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_crawl_records_are_kept_newest_first_and_bounded(
+        self, make_store: MakeStore,
+    ) -> None:
+        store = make_store()
+        store.crawl_history = 3
+        records = [CrawlRecord(SCOPE, 1_000.0 + 10 * n, 1_005.5 + 10 * n, reason="finished",
+                               figures={"requests": n, "bytes_saved": 1.5 * n})
+                   for n in range(4)]
+        # Two workers of one cluster run: one start, told apart by worker.
+        records.append(CrawlRecord(SCOPE, 1_030.0, 1_036.25, worker="w2", reason="shutdown",
+                                   figures={"requests": 9}))
+        other = CrawlRecord("other", 1.0, 2.0, figures={"requests": 1})
+        for record in [*records, other]:
+            store.stage_crawl(record)
+        assert store.crawls(SCOPE, 10) == []  # staged: committed by the flush
+        await call(store.flush())
+        # The newest 3 (by start, then finish): pruned as written.
+        assert store.crawls(SCOPE, 10) == [records[4], records[3], records[2]]
+        assert store.crawls(SCOPE, 1) == [records[4]]
+        await call(store.close())
+
+        store = make_store()
+        store.crawl_history = 3
+        assert store.crawls("other", 10) == [other]
+        store.stage_crawl(CrawlRecord(SCOPE, 2_000.0, 2_001.0))
+        await call(store.flush())
+        assert [r.started for r in store.crawls(SCOPE, 10)] == [2_000.0, 1_030.0, 1_030.0]
+
+    @pytest_twisted.ensureDeferred
+    async def test_holds_lapse_after_their_ttl(self, store: StateStore) -> None:
+        await call(store.hold_scope(SCOPE, "host:1", 60, now=1_000))
+        await call(store.hold_scope(SCOPE, "host:2 worker", 60, now=1_030))
+        assert store.scope_holders(SCOPE, 1_000) == {"host:1": 1_060, "host:2 worker": 1_090}
+        assert store.scope_holders(SCOPE, 1_060) == {"host:2 worker": 1_090}
+        assert store.scope_holders(SCOPE, 1_090) == {}
+        assert store.scope_holders("other", 1_000) == {}
+        # A refresh moves its lapse; a release drops it, and no other.
+        await call(store.hold_scope(SCOPE, "host:1", 60, now=1_100))
+        assert store.scope_holders(SCOPE, 1_100) == {"host:1": 1_160}
+        await call(store.hold_scope(SCOPE, "host:3", 60, now=1_100))
+        await call(store.release_scope(SCOPE, "host:1"))
+        await call(store.release_scope(SCOPE, "never held"))
+        assert store.scope_holders(SCOPE, 1_100) == {"host:3": 1_160}
+        # Not staged: visible to every reader at once.
+        assert store.pending == 0
+
+    @pytest_twisted.ensureDeferred
+    async def test_hosts_summarized_with_their_trust(self, make_store: MakeStore) -> None:
+        a, b = "https://a.example", "https://b.example:8443"
+        store = make_store()
+        store.stage_page(full_state(PageKey(SCOPE, f"{a}/1"), 1, callback="parse",
+                                    next_visit=500))  # due
+        store.stage_page(full_state(PageKey(SCOPE, f"{a}/2"), 2, callback="parse",
+                                    next_visit=5_000))  # not yet
+        store.stage_page(full_state(PageKey(SCOPE, f"{a}/3"), 3, callback="parse",
+                                    next_visit=10, flags=PageFlags.GONE, failures=2))
+        store.stage_page(full_state(PageKey(SCOPE, f"{a}/4"), 4, next_visit=10))  # no callback
+        store.stage_failure(PageKey(SCOPE, f"{b}/x"), 503, 900, failures=1, next_visit=800,
+                            callback="parse")
+        store.stage_page(full_state(PageKey("other", f"{a}/1"), 1, callback="parse"))
+        trust = HostTrust(SCOPE, "a.example", checks=7, lies=1, distrusted_until=9_000,
+                          validators_distrusted_until=8_000, validators_unstable_since=700,
+                          stale_lastmods=2)
+        store.stage_host(trust)
+        store.stage_host(HostTrust(SCOPE, "c.example", checks=1))
+        await call(store.close())
+
+        store = make_store()
+        assert store.scopes() == ["books", "other"]
+        assert sorted(s.key.url for s in store.iter_pages(SCOPE)) == [
+            f"{a}/1", f"{a}/2", f"{a}/3", f"{a}/4", f"{b}/x"]
+        assert store.summarize_hosts(SCOPE, 1_000) == [
+            HostSummary("a.example", pages=4, due=1, gone=1, failing=1,
+                        size=1001 + 1002 + 1003 + 1004, trust=trust),
+            HostSummary("b.example", pages=1, due=1, failing=1),
+            HostSummary("c.example", trust=HostTrust(SCOPE, "c.example", checks=1)),
+        ]
+        assert store.summarize_hosts("none", 1_000) == []
+
+    async def _two_pages_with_items(self, store: StateStore) -> tuple[PageKey, PageKey]:
+        page, kept = PageKey(SCOPE, URL), PageKey(SCOPE, f"{URL}/kept")
+        store.stage_links(page, '["https://example.com/b"]')
+        store.stage_page(full_state(page, 1, callback="parse", flags=PageFlags.HAS_LINKS))
+        store.stage_page(full_state(page._replace(variant="fr"), 2))
+        store.stage_links(kept, '["https://example.com/c"]')
+        store.stage_page(full_state(kept, 3, callback="parse"))
+        # The page's own item (key = URL), twice; two more items stored
+        # from it under other keys, one of them since tombstoned.
+        for n in (1, 2):
+            store.stage_item(ItemRecord(SCOPE, URL, URL, f"fp-{n}", json.dumps({"v": n}),
+                                        stored_at=3_000 + n,
+                                        change=Change.NEW if n == 1 else Change.CHANGED))
+        store.stage_item(ItemRecord(SCOPE, "sku-1", URL, "fp-sku", json.dumps({"sku": 1}),
+                                    stored_at=3_010, page=URL))
+        store.stage_item(ItemRecord(SCOPE, "sku-2", URL, "fp-sku2", json.dumps({"sku": 2}),
+                                    stored_at=3_011, page=URL))
+        store.stage_item(ItemRecord(SCOPE, "sku-2", URL, "", json.dumps({"gone": True}),
+                                    stored_at=3_012, change=Change.DELETED, page=URL))
+        store.stage_item(item("kept"))
+        store.stage_item(ItemRecord(SCOPE, kept.url, kept.url, "fp-k", json.dumps({"k": 1}),
+                                    stored_at=3_020))
+        store.stage_host(HostTrust(SCOPE, "example.com", checks=3))
+        store.stage_crawl(CrawlRecord(SCOPE, 1.0, 2.0))
+        await call(store.flush())
+        return page, kept
+
+    @pytest_twisted.ensureDeferred
+    async def test_url_record_holds_everything_of_the_url(self, store: StateStore) -> None:
+        page, _ = await self._two_pages_with_items(store)
+        record = store.url_record(SCOPE, URL)
+        assert record.pages == [await call(store.get_page(page)),
+                                await call(store.get_page(page._replace(variant="fr")))]
+        assert record.links == {"": '["https://example.com/b"]'}
+        assert record.items == [URL, "sku-1"]  # live ones only
+        latest = {v.key: (v.version, v.change, v.fingerprint, v.data) for v in record.latest}
+        assert latest == {URL: (2, "changed", "fp-2", {"v": 2}),
+                          "sku-1": (1, "new", "fp-sku", {"sku": 1})}
+        unknown = store.url_record(SCOPE, f"{URL}/unknown")
+        assert (unknown.pages, unknown.links, unknown.items, unknown.latest) == ([], {}, [], [])
+
+    @pytest_twisted.ensureDeferred
+    async def test_forget_page_deletes_it_its_links_and_its_items(
+        self, make_store: MakeStore,
+    ) -> None:
+        store = make_store()
+        page, kept = await self._two_pages_with_items(store)
+        assert store.forget_page(SCOPE, URL) == Removed(
+            pages=2, links=1, items=3, versions=5)
+        await call(store.close())
+
+        store = make_store()
+        assert await call(store.get_page(page)) is None
+        assert await call(store.get_page(page._replace(variant="fr"))) is None
+        assert await call(store.get_links(page)) is None
+        for key in (URL, "sku-1", "sku-2"):
+            assert await call(store.get_item_fingerprint(SCOPE, key)) is None
+            assert store.item_history(SCOPE, key) == []
+        # Nothing of the page's item index is left either.
+        assert await call(store.get_page_items(SCOPE, URL)) == []
+        assert await call(store.get_due(SCOPE, 10**9, 10)) == [await call(store.get_page(kept))]
+        assert await call(store.get_links(kept)) == '["https://example.com/c"]'
+        assert sorted(i["url"] for i in store.iter_items(SCOPE)) == [
+            kept.url, "https://example.com/kept"]
+        assert store.forget_page(SCOPE, URL) == Removed()
+        # Stored again, it is new: version 1.
+        store.stage_item(ItemRecord(SCOPE, URL, URL, "fp-3", json.dumps({"v": 3}),
+                                    stored_at=4_000))
+        await call(store.flush())
+        assert store.item_history(SCOPE, URL) == [(1, "fp-3")]
+        assert await call(store.get_page_items(SCOPE, URL)) == [URL]
+
+    @pytest_twisted.ensureDeferred
+    async def test_forget_host_deletes_its_pages_items_and_trust(
+        self, store: StateStore,
+    ) -> None:
+        await self._two_pages_with_items(store)
+        elsewhere = PageKey(SCOPE, "https://other.example/p")
+        store.stage_page(full_state(elsewhere, 1))
+        store.stage_item(ItemRecord(SCOPE, elsewhere.url, elsewhere.url, "fp-o", "{}"))
+        store.stage_host(HostTrust(SCOPE, "other.example", checks=1))
+        await call(store.flush())
+        assert store.forget_host(SCOPE, "example.com") == Removed(
+            pages=3, links=2, items=4, versions=6, hosts=1)
+        assert [s.key for s in store.iter_pages(SCOPE)] == [elsewhere]
+        assert [h.host for h in store.iter_hosts(SCOPE)] == ["other.example"]
+        # An item stored from no known page of the host stays ("kept": its
+        # key is no URL of the host's pages).
+        assert sorted(i["url"] for i in store.iter_items(SCOPE)) == [
+            "https://example.com/kept", elsewhere.url]
+        assert store.forget_host(SCOPE, "example.com") == Removed()
+
+    @pytest_twisted.ensureDeferred
+    async def test_reset_scope_deletes_everything_of_it_and_nothing_else(
+        self, make_store: MakeStore,
+    ) -> None:
+        store = make_store()
+        await self._two_pages_with_items(store)
+        store.stage_page(full_state(PageKey("other", URL), 1))
+        store.stage_item(item("a", scope="other"))
+        store.stage_crawl(CrawlRecord("other", 1.0, 2.0))
+        await call(store.flush())
+        await call(store.hold_scope(SCOPE, "someone", 60, now=1_000))
+        expected = Removed(pages=3, links=2, items=5, versions=7, hosts=1, crawls=1)
+        assert store.count_scope(SCOPE) == expected
+        assert store.count_scope(SCOPE) == expected  # counting deletes nothing
+        assert store.reset_scope(SCOPE) == expected
+        await call(store.close())
+
+        store = make_store()
+        assert store.scopes() == ["other"]
+        assert store.count_scope(SCOPE) == Removed()
+        assert store.count_pages(SCOPE) == 0
+        assert list(store.iter_items(SCOPE)) == []
+        assert store.crawls(SCOPE, 10) == []
+        assert store.count_scope("other") == Removed(pages=1, items=1, versions=1, crawls=1)
+        # Holds lapse by themselves.
+        assert store.scope_holders(SCOPE, 1_000) == {"someone": 1_060}
+
 
 class TestSQLiteStore(StateStoreContract):
     """The contract, for :class:`SQLiteStateStore`."""
@@ -1627,7 +1830,7 @@ class TestSQLiteMigrations:
             last_status=503, last_checked=10, checks=1, failures=1, next_visit=5)
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 11
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 12
 
     @pytest_twisted.ensureDeferred
     async def test_version_10_store_gets_the_change_feed_and_keeps_its_data(
@@ -1690,4 +1893,25 @@ class TestSQLiteMigrations:
         assert (await call(store.get_host("s", "a"))).stale_lastmods == 2
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 11
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 12
+
+    @pytest_twisted.ensureDeferred
+    async def test_version_11_store_gets_crawl_records_and_holds(self, tmp_path: Path) -> None:
+        path = tmp_path / "v11.db"
+        with closing(schema_at(path, 11)) as db:
+            db.execute("INSERT INTO pages (scope, url, etag, fingerprint) "
+                       "VALUES ('s', 'http://a/', '\"x\"', 'ff')")
+            db.execute("PRAGMA user_version = 11")
+            db.commit()
+        store = SQLiteStateStore(path)
+        assert (await call(store.get_page(PageKey("s", "http://a/")))).etag == '"x"'
+        assert store.crawls("s", 5) == [] and store.scope_holders("s", 0) == {}
+        store.stage_crawl(CrawlRecord("s", 1.5, 2.25, figures={"requests": 1}))
+        await call(store.hold_scope("s", "me", 60, now=100))
+        await call(store.close())
+        store = SQLiteStateStore(path)
+        assert store.crawls("s", 5) == [CrawlRecord("s", 1.5, 2.25, figures={"requests": 1})]
+        assert store.scope_holders("s", 100) == {"me": 160}
+        await call(store.close())
+        with closing(sqlite3.connect(path)) as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 12

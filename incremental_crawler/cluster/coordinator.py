@@ -307,6 +307,11 @@ class ClusterCoordinator:
                                         self.key(""), repr(clock.now())])
         self.run = run.decode()
         self.run_started = float(started)
+        # The scheduler opens before the spider_opened signal: the ledger
+        # holds its scope, and records its crawl, as this worker.
+        ledger = self.crawler.get_extension(Ledger)
+        if ledger is not None:
+            ledger.worker = self.worker_id
         self.stats.set_value("cluster/worker", self.worker_id)
         self.stats.set_value("cluster/run", self.run)
         logger.info(

@@ -37,11 +37,20 @@ record is staged just before the page state, in the same flush: a 304 to
 the page next time can then yield them again (replay on 304). A page whose
 requests could not all be recorded is flagged LINKS_INCOMPLETE instead, and
 is fetched in full next time.
+
+While it runs, a crawl *holds* its scope in the store (a record that lapses
+unless refreshed, see :data:`HOLD_TTL`), so that ``scrapy state`` refuses to
+repair a scope under a running crawl; a killed crawl's hold lapses by
+itself. When it ends, the crawl's summary (:class:`CrawlRecord`, from the
+sources registered with :meth:`Ledger.add_record_source`) is staged and
+committed with its last writes, before the hold is released.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -71,11 +80,18 @@ from incremental_crawler.links.recipes import (
     page_request,
 )
 from incremental_crawler.state.keys import Canonicalizer
-from incremental_crawler.state.records import Change, ItemRecord, PageFlags, PageKey, PageState
+from incremental_crawler.state.records import (
+    Change,
+    CrawlRecord,
+    ItemRecord,
+    PageFlags,
+    PageKey,
+    PageState,
+)
 from incremental_crawler.state.stores import StateStore, StateStoreError, open_store
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
     from typing import Self
 
     from scrapy import Request, Spider
@@ -91,6 +107,12 @@ logger = logging.getLogger(__name__)
 #: At most this many batched reads kept for their requests (a request that
 #: is filtered out never takes its entry).
 _PREFETCH_LIMIT = 10_000
+
+#: Seconds a crawl's hold on its scope lasts unless refreshed (the flush loop
+#: refreshes it every third of that, or of three flush intervals if longer):
+#: long enough for a busy reactor to miss a refresh, short enough that a
+#: killed crawl's scope can be repaired a minute later.
+HOLD_TTL = 60.0
 
 #: Request meta key holding the open :class:`PageTransaction` of a response.
 TXN_META = "_incremental_txn"
@@ -232,6 +254,16 @@ class Ledger:
         self.committed = 0
         self._flushing_upto = 0
         self._flush_done: Deferred[Any] | None = None
+        #: Who this crawl is in its scope's holds (set when the spider opens).
+        self.holder = ""
+        self.hold_ttl = max(HOLD_TTL, 3 * config.flush_interval)
+        self._held_at = 0.0
+        self._hold_done: Deferred[Any] | None = None
+        #: This worker's id in cluster mode ("": none), handed over by the
+        #: coordinator when it joins its run, before the spider opens.
+        self.worker = ""
+        #: Give this crawl's summaries when it ends (see add_record_source).
+        self._record_sources: list[Callable[[str], Iterable[CrawlRecord]]] = []
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(self.item_scraped, signal=signals.item_scraped)
@@ -314,6 +346,11 @@ class Ledger:
         return self._started if started is None else started
 
     @property
+    def own_start(self) -> float:
+        """When this crawl (this worker, in cluster mode) started."""
+        return self._started
+
+    @property
     def due_at(self) -> float:
         """Pages whose next visit is not after this are due in this crawl."""
         if self.recheck_all:
@@ -334,8 +371,21 @@ class Ledger:
         spider = self.crawler.spider
         return self.config.recheck_all or bool(getattr(spider, "incremental_recheck_all", False))
 
+    def add_record_source(self, source: Callable[[str], Iterable[CrawlRecord]]) -> None:
+        """Ask *source* for crawl records when the crawl ends.
+
+        It is called with the crawl's finish reason once every page write
+        is staged and before the store is flushed and closed, whatever order
+        the ``spider_closed`` handlers run in; its records are staged.
+        """
+        self._record_sources.append(source)
+
     def spider_opened(self, spider: Spider) -> None:
         self._started = clock.now()
+        # The cluster worker id holds host and pid already.
+        self.holder = self.worker or f"{socket.gethostname()}:{os.getpid()}"
+        # Under way at once; spider_closed waits for it before releasing.
+        self._hold_done = deferred_from_coro(self._hold())
         logger.info(
             "Incremental state store: %(location)s (scope %(scope)r)",
             {"location": self.store.location, "scope": self.scope},
@@ -353,8 +403,25 @@ class Ledger:
                 "Items go only to feeds: page state is committed when they are closed",
                 extra={"spider": spider},
             )
-        self._task = create_looping_call(self.flush)
+        self._task = create_looping_call(self._tick)
         self._task.start(self.config.flush_interval, now=False)
+
+    def _tick(self) -> None:
+        self.flush()
+        idle = self._hold_done is None or self._hold_done.called
+        if idle and clock.now() - self._held_at >= self.hold_ttl / 3:
+            self._hold_done = deferred_from_coro(self._hold())
+
+    async def _hold(self) -> None:
+        """Take or refresh this crawl's hold on its scope (a failure is logged:
+        the crawl goes on, and a store that fails stops it at its next flush)."""
+        try:
+            await self.store.hold_scope(self.scope, self.holder, self.hold_ttl)
+            self._held_at = clock.now()
+        except StateStoreError as exc:
+            logger.warning("%(error)s; could not hold scope %(scope)r",
+                           {"error": exc, "scope": self.scope},
+                           extra={"spider": self.crawler.spider})
 
     @property
     def holds_until_close(self) -> bool:
@@ -396,6 +463,20 @@ class Ledger:
             await maybe_deferred_to_future(self._hold_until_feeds)
             self._hold_until_feeds = None
         self.trust.save()
+        for source in self._record_sources:
+            for record in source(reason):
+                self.store.stage_crawl(record)
+        if self._hold_done is not None:
+            await maybe_deferred_to_future(self._hold_done)  # never fails
+        if not self._failed:
+            try:
+                # Committed before the hold goes: a repair waiting for this
+                # crawl never races its last writes. A failure leaves the
+                # hold to lapse.
+                await self.store.flush()
+                await self.store.release_scope(self.scope, self.holder)
+            except StateStoreError:
+                pass  # closing tries the flush again, and says what was lost
         try:
             await self.store.close()
         except StateStoreError as exc:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, NamedTuple
+from urllib.parse import urlsplit
 
 from incremental_crawler.config import DEFAULT_SETTINGS, SettingError
+from incremental_crawler.state.records import PageFlags
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterable, Iterator
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
     from incremental_crawler.state.records import (
+        CrawlRecord,
         HostTrust,
         ItemRecord,
         PageKey,
@@ -28,7 +31,10 @@ if TYPE_CHECKING:
         StoredVersion,
     )
 
-__all__ = ["PagesSummary", "StateStore", "StateStoreError", "item_history_setting"]
+__all__ = [
+    "HostSummary", "PagesSummary", "Removed", "StateStore", "StateStoreError", "UrlRecord",
+    "crawl_history_setting", "host_of", "item_history_setting",
+]
 
 
 class PagesSummary(NamedTuple):
@@ -39,6 +45,81 @@ class PagesSummary(NamedTuple):
     size: int = 0
     #: The earliest of their next visits (``None``: no page).
     first_due: float | None = None
+
+
+class HostSummary(NamedTuple):
+    """The pages of one host of a scope in aggregate, with its trust record
+    (:meth:`StateStore.summarize_hosts`)."""
+
+    host: str
+    pages: int = 0
+    #: Pages that can be requested again (a callback, not gone) whose next
+    #: visit is not after the time asked about.
+    due: int = 0
+    #: Pages flagged ``PageFlags.GONE``.
+    gone: int = 0
+    #: Pages whose last visits failed (``failures > 0``).
+    failing: int = 0
+    #: Their stored body sizes, summed.
+    size: int = 0
+    #: The host's stored lastmod and validator trust (``None``: none stored).
+    trust: HostTrust | None = None
+
+
+class UrlRecord(NamedTuple):
+    """Everything stored about one URL of a scope (:meth:`StateStore.url_record`)."""
+
+    scope: str
+    url: str
+    #: Its page states, one per variant (the plain one first); empty when
+    #: the store does not know the page.
+    pages: list[PageState]
+    #: Its links records, by variant.
+    links: dict[str, str]
+    #: Keys of the live items last stored from the page.
+    items: list[str]
+    #: The latest version of each of those items that was stored with data.
+    latest: list[StoredVersion]
+
+
+class Removed(NamedTuple):
+    """What a repair deleted, by kind of record."""
+
+    pages: int = 0
+    links: int = 0
+    items: int = 0
+    #: Stored item versions (the items' history).
+    versions: int = 0
+    hosts: int = 0
+    crawls: int = 0
+
+    def describe(self) -> str:
+        """``"3 pages, 1 links record, ..."``: the counts, for people."""
+        names = (("page", "pages"), ("links record", "links records"), ("item", "items"),
+                 ("item version", "item versions"), ("host record", "host records"),
+                 ("crawl record", "crawl records"))
+        return ", ".join(f"{n} {one if n == 1 else many}"
+                         for n, (one, many) in zip(self, names, strict=True))
+
+
+def host_of(url: str) -> str:
+    """The host a page's trust is kept under: its URL's host name, lowercase."""
+    return (urlsplit(url).hostname or "").lower()
+
+
+def crawl_history_setting(settings: BaseSettings | None) -> int:
+    """INCREMENTAL_CRAWL_HISTORY from *settings* (its default without them)."""
+    name = "INCREMENTAL_CRAWL_HISTORY"
+    raw = None if settings is None else settings.get(name)
+    if raw is None:
+        return int(DEFAULT_SETTINGS[name])
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise SettingError(f"{name}={raw!r} is not a whole number") from None
+    if value < 1:
+        raise SettingError(f"{name}={raw!r} must be at least 1")
+    return value
 
 
 def item_history_setting(settings: BaseSettings | None) -> int:
@@ -82,6 +163,9 @@ class StateStore(ABC):
     #: 0: every version). Writing a version prunes the oldest beyond it, in
     #: the same flush: history never needs a rewrite of the whole store.
     history_limit: int = 10
+    #: Crawl records kept per scope (INCREMENTAL_CRAWL_HISTORY): writing one
+    #: prunes the oldest beyond it, in the same flush.
+    crawl_history: int = 100
 
     @abstractmethod
     async def get_page(self, key: PageKey) -> PageState | None:
@@ -276,3 +360,100 @@ class StateStore(ABC):
     @abstractmethod
     def count_pages(self, scope: str | None = None) -> int:
         """How many pages the store knows (for reports and tests)."""
+
+    # -- crawl records -------------------------------------------------------
+
+    @abstractmethod
+    def stage_crawl(self, record: CrawlRecord) -> None:
+        """Stage a finished crawl's summary, committed with the next flush.
+
+        Records beyond :attr:`crawl_history` of the record's scope are
+        pruned, oldest first, in the same flush. Several records may share
+        a scope and a start (the workers of one cluster run: ``worker``
+        tells them apart).
+        """
+
+    @abstractmethod
+    def crawls(self, scope: str, limit: int) -> list[CrawlRecord]:
+        """Up to *limit* of the scope's stored crawl records, newest first
+        (by start, then finish)."""
+
+    # -- a crawl's hold on its scope -------------------------------------------
+
+    # Written at once, not staged: a crawl may hold its page writes back
+    # (items only in feeds, committed at the end), and its hold must show
+    # all the same; a hold is bookkeeping, in no order with any data.
+
+    @abstractmethod
+    async def hold_scope(self, scope: str, holder: str, ttl: float,
+                         now: float | None = None) -> None:
+        """Take or refresh *holder*'s hold on *scope*, lapsing *ttl* seconds
+        after *now* (``None``: the clock's now). Holds of other holders stay."""
+
+    @abstractmethod
+    async def release_scope(self, scope: str, holder: str) -> None:
+        """Drop *holder*'s hold on *scope* (nothing if it holds none)."""
+
+    @abstractmethod
+    def scope_holders(self, scope: str, now: float) -> dict[str, float]:
+        """Holders of *scope* whose hold has not lapsed at *now*, and when each lapses."""
+
+    # -- read-outs (synchronous: they run outside a crawl) --------------------
+
+    @abstractmethod
+    def scopes(self) -> list[str]:
+        """Every scope the store holds anything of, sorted."""
+
+    @abstractmethod
+    def iter_pages(self, scope: str) -> Iterator[PageState]:
+        """Every stored page of *scope* (any order, bounded memory)."""
+
+    @abstractmethod
+    def iter_hosts(self, scope: str) -> Iterator[HostTrust]:
+        """Every stored host trust record of *scope*."""
+
+    def summarize_hosts(self, scope: str, now: float) -> list[HostSummary]:
+        """Per host of *scope*: its pages in aggregate (due at *now*), and its
+        trust record; by host name. A host with a trust record and no page
+        is listed too."""
+        counts: dict[str, list[int]] = {}  # pages, due, gone, failing, size
+        for state in self.iter_pages(scope):
+            row = counts.setdefault(host_of(state.key.url), [0, 0, 0, 0, 0])
+            is_gone = bool(state.flags & PageFlags.GONE)
+            row[0] += 1
+            row[1] += int(not is_gone and state.callback is not None and state.next_visit <= now)
+            row[2] += int(is_gone)
+            row[3] += int(state.failures > 0)
+            row[4] += state.size
+        trusts = {trust.host: trust for trust in self.iter_hosts(scope)}
+        summaries = []
+        for host in sorted(counts.keys() | trusts.keys()):
+            pages, due, gone, failing, size = counts.get(host, [0, 0, 0, 0, 0])
+            summaries.append(HostSummary(host, pages, due, gone, failing, size, trusts.get(host)))
+        return summaries
+
+    @abstractmethod
+    def url_record(self, scope: str, url: str) -> UrlRecord:
+        """Everything stored about the canonical *url* of *scope*."""
+
+    # -- repairs (synchronous, at once: run while no crawl holds the scope) ---
+
+    @abstractmethod
+    def forget_page(self, scope: str, url: str) -> Removed:
+        """Delete the page *url* of *scope* (every variant): its state, its
+        links record, and the items last stored from it with their history,
+        so that the next crawl finds it, and them, new."""
+
+    @abstractmethod
+    def forget_host(self, scope: str, host: str) -> Removed:
+        """:meth:`forget_page` for every page of *host* (:func:`host_of`) in
+        *scope*, and the host's trust record."""
+
+    @abstractmethod
+    def reset_scope(self, scope: str) -> Removed:
+        """Delete everything of *scope*: pages, links, items and their
+        history, host records, crawl records (holds are left to lapse)."""
+
+    @abstractmethod
+    def count_scope(self, scope: str) -> Removed:
+        """What :meth:`reset_scope` would delete now, deleting nothing."""

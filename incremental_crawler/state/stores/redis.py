@@ -18,7 +18,15 @@ the prefix; ``<s>`` is the scope, percent-quoted so it never holds a ``:``:
 ``P:bypage:<s>``                hash: page URL → JSON list of the keys of the live
                                 items last stored from it, other than its own
 ``P:flush:<token>``             how many writes of a flush were applied (expires)
+``P:crawls:<s>``                sorted set: crawl records (JSON) by start, newest N kept
+``P:holds:<s>``                 sorted set: crawls holding the scope, by when each lapses
 ==============================  ==========================================
+
+``P:crawls:<s>`` and ``P:holds:<s>`` came without a layout change (older
+code ignores them). Repairs (``forget_page``, ``forget_host``,
+``reset_scope``) run at once, each in one ``MULTI``; a reset deletes every
+``P:<kind>:<s>`` key of the scope (``P:holds:<s>`` excepted: holds lapse by
+themselves) and its ``P:hist:<s>:*`` keys, and takes it out of ``P:scopes``.
 
 A page field is the URL, plus ``\\0`` and the variant when there is one.
 Records are JSON objects of their dataclass fields, defaults left out, so a
@@ -83,9 +91,11 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from incremental_crawler import clock
 from incremental_crawler.config import DEFAULT_SETTINGS
 from incremental_crawler.state.records import (
     Change,
+    CrawlRecord,
     HostTrust,
     ItemRecord,
     PageFlags,
@@ -95,8 +105,12 @@ from incremental_crawler.state.records import (
 )
 from incremental_crawler.state.stores.base import (
     PagesSummary,
+    Removed,
     StateStore,
     StateStoreError,
+    UrlRecord,
+    crawl_history_setting,
+    host_of,
     item_history_setting,
 )
 from incremental_crawler.uris import redacted
@@ -343,6 +357,12 @@ function OPS.item(a, i)
     end
   end
 end
+ARITY.crawl, TYPES.crawl = 4, {'zset'}
+function OPS.crawl(a, i)
+  -- crawls, started, record (JSON), records kept: the newest are
+  redis.call('ZADD', a[i], a[i + 1], a[i + 2])
+  redis.call('ZREMRANGEBYRANK', a[i], 0, -1 - tonumber(a[i + 3]))
+end
 
 local function wrong_type(first)
   local seen = {}
@@ -543,7 +563,9 @@ class RedisStateStore(StateStore):
     @classmethod
     def from_uri(cls, uri: str, *, settings: BaseSettings | None = None) -> Self:
         clean, prefix = parse_redis_uri(uri)
-        return cls(clean, prefix=prefix, history_limit=item_history_setting(settings))
+        store = cls(clean, prefix=prefix, history_limit=item_history_setting(settings))
+        store.crawl_history = crawl_history_setting(settings)
+        return store
 
     # -- keys and records ------------------------------------------------------
 
@@ -1127,3 +1149,231 @@ class RedisStateStore(StateStore):
         for name in scopes:
             pipe.hlen(self._key("pages", name))
         return sum(self._sync_run(pipe)) if scopes else 0
+
+    # -- crawl records -------------------------------------------------------
+
+    def stage_crawl(self, record: CrawlRecord) -> None:
+        value = json.dumps({"started": record.started, "finished": record.finished,
+                            "worker": record.worker, "reason": record.reason,
+                            "figures": record.figures}, sort_keys=True, separators=(",", ":"))
+        self._stage(record.scope, ("crawl", self._key("crawls", record.scope),
+                                   repr(float(record.started)), value, self.crawl_history))
+
+    def crawls(self, scope: str, limit: int) -> list[CrawlRecord]:
+        if limit <= 0:
+            return []
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.zrevrange(self._key("crawls", scope), 0, limit - 1)
+        [members] = self._sync_run(pipe)
+        records = [CrawlRecord(scope=scope, **json.loads(raw)) for raw in members]
+        # Ties of one start (a cluster run's workers): the later finish first.
+        return sorted(records, key=lambda r: (r.started, r.finished), reverse=True)
+
+    # -- holds ---------------------------------------------------------------
+
+    async def hold_scope(self, scope: str, holder: str, ttl: float,
+                         now: float | None = None) -> None:
+        if now is None:
+            now = clock.now()
+        holds = self._key("holds", scope)
+        pipe = self._async.pipeline(transaction=True)
+        pipe.zremrangebyscore(holds, "-inf", now)  # lapsed ones go
+        pipe.zadd(holds, {holder: now + ttl})
+        await self._run(pipe)
+
+    async def release_scope(self, scope: str, holder: str) -> None:
+        await self._call("ZREM", self._key("holds", scope), holder)
+
+    def scope_holders(self, scope: str, now: float) -> dict[str, float]:
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.zrangebyscore(self._key("holds", scope), f"({now!r}", "+inf", withscores=True)
+        [pairs] = self._sync_run(pipe)
+        return {holder.decode(): float(expires) for holder, expires in pairs}
+
+    # -- read-outs -----------------------------------------------------------
+
+    def _hscan(self, key: str, match: str | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Every field and value of the hash *key* (bounded steps)."""
+        cursor = 0
+        for _ in range(_SCAN_ROUNDS):
+            self.roundtrips += 1
+            try:
+                reply: Any = self._sync.hscan(key, cursor, match=match, count=_SCAN_COUNT)
+            except redis.RedisError as exc:
+                raise self._fail("read failed", exc) from exc
+            cursor, pairs = reply
+            yield from pairs.items()
+            if cursor == 0:
+                return
+        raise self._fail(f"scanning {key} did not finish")
+
+    def _scan_keys(self, match: str) -> list[str]:
+        """Every key matching the glob *match* (bounded steps)."""
+        found: list[str] = []
+        cursor = 0
+        for _ in range(_SCAN_ROUNDS):
+            self.roundtrips += 1
+            try:
+                reply: Any = self._sync.scan(cursor, match=match, count=_SCAN_COUNT)
+            except redis.RedisError as exc:
+                raise self._fail("read failed", exc) from exc
+            cursor, keys = reply
+            found.extend(k.decode() for k in keys)
+            if cursor == 0:
+                return sorted(set(found))
+        raise self._fail(f"scanning the keys {match} did not finish")
+
+    def scopes(self) -> list[str]:
+        return self._stored_scopes()
+
+    def iter_pages(self, scope: str) -> Iterator[PageState]:
+        for field, raw in self._hscan(self._key("pages", scope)):
+            yield self._page(_page_key(scope, field.decode()), raw)
+
+    def iter_hosts(self, scope: str) -> Iterator[HostTrust]:
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.hgetall(self._key("hosts", scope))
+        [hosts] = self._sync_run(pipe)
+        for host in sorted(hosts):
+            yield self._decode(HostTrust, hosts[host], scope=scope, host=host.decode())
+
+    def _page_fields(self, scope: str, url: str) -> list[str]:
+        """The stored page fields of *url* (its variants)."""
+        fields_ = [f.decode() for f, _ in self._hscan(
+            self._key("pages", scope), match=_glob(url) + "\0*")]
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.hexists(self._key("pages", scope), url)
+        [plain] = self._sync_run(pipe)
+        return ([url] if plain else []) + sorted(f for f in fields_ if f.startswith(url + "\0"))
+
+    def _items_by_page(self, scope: str, urls: Collection[str], *, live: bool) -> list[str]:
+        """Keys of the items last stored from any of *urls* (one scan of the items)."""
+        keys: list[str] = []
+        for key, raw in self._hscan(self._key("items", scope)):
+            record = json.loads(raw)
+            page = record.get("page") or key.decode()
+            if page in urls and (not live or record.get("fingerprint")):
+                keys.append(key.decode())
+        return sorted(keys)
+
+    def url_record(self, scope: str, url: str) -> UrlRecord:
+        page_fields = self._page_fields(scope, url)
+        items = self._items_by_page(scope, {url}, live=True)
+        pipe = self._sync.pipeline(transaction=False)
+        for field in page_fields:
+            pipe.hget(self._key("pages", scope), field)
+            pipe.hget(self._key("links", scope), field)
+        for key in items:
+            pipe.hget(self._key("itemver", scope), key)
+        replies = self._sync_run(pipe)
+        pages, links = [], {}
+        for n, field in enumerate(page_fields):
+            raw, record = replies[2 * n], replies[2 * n + 1]
+            page_key = _page_key(scope, field)
+            if raw is not None:
+                pages.append(self._page(page_key, raw))
+            if record is not None:
+                links[page_key.variant] = record.decode()
+        versions = replies[2 * len(page_fields):]
+        pipe = self._sync.pipeline(transaction=False)
+        for key, version in zip(items, versions, strict=True):
+            pipe.hget(self._hist_key(scope, key), version or b"0")
+        latest = []
+        for key, version, entry in zip(items, versions, self._sync_run(pipe), strict=True):
+            if entry is None:
+                continue
+            data = json.loads(entry)
+            number = int(version)
+            change = data.get("change") or (Change.NEW if number == 1 else Change.CHANGED)
+            latest.append(StoredVersion(scope, key, number, str(change), data["stored_at"],
+                                        data["fingerprint"], data["data"]))
+        return UrlRecord(scope, url, pages, links, items, latest)
+
+    # -- repairs -------------------------------------------------------------
+
+    def _forget(self, scope: str, page_fields: list[str], urls: Collection[str],
+                host: str | None = None) -> Removed:
+        items = self._items_by_page(scope, urls, live=False)
+        hist = [self._hist_key(scope, key) for key in items]
+        pipe = self._sync.pipeline(transaction=True)
+        # What each reply counts (None: nothing), in the pipeline's order.
+        kinds: list[str | None] = []
+        for key in hist:
+            pipe.hlen(key)
+            kinds.append("versions")
+        if page_fields:
+            pipe.hdel(self._key("pages", scope), *page_fields)
+            pipe.zrem(self._key("due", scope), *page_fields)
+            pipe.hdel(self._key("links", scope), *page_fields)
+            kinds += ["pages", None, "links"]
+        if items:
+            pipe.hdel(self._key("items", scope), *items)
+            pipe.hdel(self._key("itemver", scope), *items)
+            pipe.zrem(self._key("order", scope), *items)
+            pipe.delete(*hist)
+            kinds += ["items", None, None, None]
+        if urls:
+            # Every item listed under these pages is gone with them.
+            pipe.hdel(self._key("bypage", scope), *urls)
+            kinds.append(None)
+        if host is not None:
+            pipe.hdel(self._key("hosts", scope), host)
+            kinds.append("hosts")
+        counts = dict.fromkeys(Removed._fields, 0)
+        for kind, n in zip(kinds, self._sync_run(pipe), strict=True):
+            if kind is not None:
+                counts[kind] += int(n)
+        return Removed(**counts)
+
+    def forget_page(self, scope: str, url: str) -> Removed:
+        return self._forget(scope, self._page_fields(scope, url), {url})
+
+    def forget_host(self, scope: str, host: str) -> Removed:
+        page_fields = sorted(f.decode() for f, _ in self._hscan(self._key("pages", scope))
+                             if host_of(_page_key(scope, f.decode()).url) == host)
+        urls = {_page_key(scope, f).url for f in page_fields}
+        return self._forget(scope, page_fields, urls, host)
+
+    def _scope_keys(self, scope: str) -> tuple[list[str], list[str]]:
+        """The scope's ``P:<kind>:<s>`` keys (holds excepted), and its history keys."""
+        part = _key_part(scope)
+        head, tail = f"{self.prefix}:", f":{part}"
+        kinds = [k for k in self._scan_keys(f"{_glob(self.prefix)}:*:{_glob(part)}")
+                 if ":" not in k[len(head):-len(tail)] and k != self._key("holds", scope)]
+        hist = self._scan_keys(f"{_glob(self.prefix)}:hist:{_glob(part)}:*")
+        return kinds, hist
+
+    def _count(self, scope: str, hist: list[str], pipe: Any) -> None:
+        pipe.hlen(self._key("pages", scope))
+        pipe.hlen(self._key("links", scope))
+        pipe.hlen(self._key("items", scope))
+        for key in hist:
+            pipe.hlen(key)
+        pipe.hlen(self._key("hosts", scope))
+        pipe.zcard(self._key("crawls", scope))
+
+    @staticmethod
+    def _counted(replies: list[int], hist: list[str]) -> Removed:
+        pages, links, items, *rest = replies
+        return Removed(pages, links, items, sum(rest[:len(hist)]), *rest[len(hist):])
+
+    def count_scope(self, scope: str) -> Removed:
+        _, hist = self._scope_keys(scope)
+        pipe = self._sync.pipeline(transaction=True)
+        self._count(scope, hist, pipe)
+        return self._counted(self._sync_run(pipe), hist)
+
+    def reset_scope(self, scope: str) -> Removed:
+        kinds, hist = self._scope_keys(scope)
+        pipe = self._sync.pipeline(transaction=True)
+        self._count(scope, hist, pipe)
+        for start in range(0, len(kinds) + len(hist), _HMGET_CHUNK):
+            pipe.delete(*(kinds + hist)[start:start + _HMGET_CHUNK])
+        pipe.srem(f"{self.prefix}:scopes", scope)
+        replies = self._sync_run(pipe)
+        return self._counted(replies[:5 + len(hist)], hist)
+
+
+def _glob(text: str) -> str:
+    """*text* matched literally in a Redis glob pattern."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)

@@ -16,10 +16,12 @@ import sqlite3
 from itertools import groupby
 from operator import itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from incremental_crawler import clock
 from incremental_crawler.config import DEFAULT_SETTINGS
 from incremental_crawler.state.records import (
+    CrawlRecord,
     HostTrust,
     ItemRecord,
     PageFlags,
@@ -29,8 +31,12 @@ from incremental_crawler.state.records import (
 )
 from incremental_crawler.state.stores.base import (
     PagesSummary,
+    Removed,
     StateStore,
     StateStoreError,
+    UrlRecord,
+    crawl_history_setting,
+    host_of,
     item_history_setting,
 )
 
@@ -155,6 +161,27 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE item_versions ADD COLUMN change TEXT;
     CREATE INDEX items_by_page ON items (scope, page) WHERE page IS NOT NULL;
     """,
+    # 12: a summary of each finished crawl (kept per scope, bounded), and
+    # the crawls holding a scope now (repairs wait for them). Times as REAL:
+    # a crawl's duration matters below the second. A rowid table: records
+    # of one scope and start differ by worker, and nothing else is unique.
+    """
+    CREATE TABLE crawls (
+        scope TEXT NOT NULL,
+        started REAL NOT NULL,
+        finished REAL NOT NULL,
+        worker TEXT NOT NULL DEFAULT '',
+        reason TEXT NOT NULL DEFAULT '',
+        figures TEXT NOT NULL
+    );
+    CREATE INDEX crawls_by_scope ON crawls (scope, started, finished);
+    CREATE TABLE holds (
+        scope TEXT NOT NULL,
+        holder TEXT NOT NULL,
+        expires REAL NOT NULL,
+        PRIMARY KEY (scope, holder)
+    ) WITHOUT ROWID;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: URLs per batched lookup (SQLite allows 32,766 host parameters).
@@ -237,6 +264,19 @@ _PRUNE_VERSIONS = (
     "DELETE FROM item_versions WHERE scope = ? AND item_key = ? AND version <= "
     "(SELECT version FROM items WHERE scope = ? AND item_key = ?) - ?"
 )
+_ADD_CRAWL = (
+    "INSERT INTO crawls (scope, started, finished, worker, reason, figures) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+# The newest N of the scope stay (by start, finish, then insertion).
+_PRUNE_CRAWLS = (
+    "DELETE FROM crawls WHERE scope = ? AND rowid NOT IN (SELECT rowid FROM crawls "
+    "WHERE scope = ? ORDER BY started DESC, finished DESC, rowid DESC LIMIT ?)"
+)
+#: Every table with a scope column that a reset empties (holds excepted:
+#: they lapse by themselves), with what :class:`Removed` calls its rows.
+_SCOPE_TABLES = (("pages", "pages"), ("links", "links"), ("items", "items"),
+                 ("item_versions", "versions"), ("hosts", "hosts"), ("crawls", "crawls"))
 # Versions stored before schema 11 have no change type.
 _CHANGE = "COALESCE(v.change, CASE WHEN v.version = 1 THEN 'new' ELSE 'changed' END)"
 
@@ -282,8 +322,10 @@ class SQLiteStateStore(StateStore):
         busy_timeout = DEFAULT_SETTINGS[name]
         if settings is not None and settings.get(name) is not None:
             busy_timeout = settings.getfloat(name)
-        return cls(path_from_uri(uri), busy_timeout=busy_timeout,
-                   history_limit=item_history_setting(settings))
+        store = cls(path_from_uri(uri), busy_timeout=busy_timeout,
+                    history_limit=item_history_setting(settings))
+        store.crawl_history = crawl_history_setting(settings)
+        return store
 
     # -- opening -----------------------------------------------------------
 
@@ -757,3 +799,161 @@ class SQLiteStateStore(StateStore):
             "AND item_key = ? ORDER BY version",
             (scope, item_key),
         ).fetchall()
+
+    # -- crawl records -------------------------------------------------------
+
+    def stage_crawl(self, record: CrawlRecord) -> None:
+        self._staged += 1
+        self._ops.append((_ADD_CRAWL, (
+            record.scope, record.started, record.finished, record.worker, record.reason,
+            json.dumps(record.figures, sort_keys=True, separators=(",", ":")),
+        )))
+        self._ops.append((_PRUNE_CRAWLS, (record.scope, record.scope, self.crawl_history)))
+
+    def crawls(self, scope: str, limit: int) -> list[CrawlRecord]:
+        rows = self._read(
+            "SELECT started, finished, worker, reason, figures FROM crawls WHERE scope = ? "
+            "ORDER BY started DESC, finished DESC, rowid DESC LIMIT ?", (scope, limit))
+        return [CrawlRecord(scope, started, finished, worker, reason, json.loads(figures))
+                for started, finished, worker, reason, figures in rows]
+
+    # -- holds ---------------------------------------------------------------
+
+    async def hold_scope(self, scope: str, holder: str, ttl: float,
+                         now: float | None = None) -> None:
+        if now is None:
+            now = clock.now()
+        # Its own transaction, beside the staged writes (never inside a
+        # flush: the reactor runs one thing at a time); lapsed holds go.
+        self._write(
+            ("DELETE FROM holds WHERE scope = ? AND expires <= ?", (scope, now)),
+            ("INSERT OR REPLACE INTO holds (scope, holder, expires) VALUES (?, ?, ?)",
+             (scope, holder, now + ttl)),
+        )
+
+    async def release_scope(self, scope: str, holder: str) -> None:
+        self._write(("DELETE FROM holds WHERE scope = ? AND holder = ?", (scope, holder)))
+
+    def scope_holders(self, scope: str, now: float) -> dict[str, float]:
+        return dict(self._read(
+            "SELECT holder, expires FROM holds WHERE scope = ? AND expires > ? "
+            "ORDER BY holder", (scope, now)))
+
+    # -- read-outs -----------------------------------------------------------
+
+    def _read(self, sql: str, params: Iterable[object] = ()) -> list[Any]:
+        try:
+            return self._db.execute(sql, tuple(params)).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise self._fail("read failed", exc) from exc
+
+    def _write(self, *statements: tuple[str, tuple[object, ...]]) -> list[int]:
+        """Run *statements* in one transaction now; the rows each changed."""
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                changed = [db.execute(sql, params).rowcount for sql, params in statements]
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        except sqlite3.DatabaseError as exc:
+            raise self._fail("write failed", exc) from exc
+        return changed
+
+    def scopes(self) -> list[str]:
+        union = " UNION ".join(f"SELECT DISTINCT scope FROM {table}"  # noqa: S608 (constant SQL)
+                               for table, _ in _SCOPE_TABLES)
+        return [scope for (scope,) in self._read(f"{union} ORDER BY scope")]
+
+    def iter_pages(self, scope: str) -> Iterator[PageState]:
+        query = f"SELECT url, variant, {_PAGE_COLUMNS} FROM pages WHERE scope = ?"  # noqa: S608 (constant SQL)
+        for url, variant, *columns in self._db.execute(query, (scope,)):
+            yield PageState(PageKey(scope, url, variant), *columns)
+
+    def iter_hosts(self, scope: str) -> Iterator[HostTrust]:
+        for row in self._read(
+                "SELECT host, lastmod_checks, lastmod_lies, distrusted_until, "
+                "validators_distrusted_until, validators_consistent, "
+                "validators_unstable_since, stale_lastmods FROM hosts WHERE scope = ? "
+                "ORDER BY host", (scope,)):
+            yield HostTrust(scope, *row)
+
+    def _page_items(self, scope: str, urls: list[str], *, live: bool) -> list[str]:
+        """Keys of the items last stored from any of *urls* (live ones only, or all)."""
+        keys: list[str] = []
+        for start in range(0, len(urls), _CHUNK):
+            chunk = urls[start:start + _CHUNK]
+            marks = ", ".join("?" * len(chunk))
+            query = (
+                f"SELECT item_key FROM items WHERE scope = ? AND (page IN ({marks}) OR "  # noqa: S608 (placeholders only)
+                f"(page IS NULL AND item_key IN ({marks})))"
+                + (" AND fingerprint != ''" if live else "")
+            )
+            keys.extend(key for (key,) in self._read(query, (scope, *chunk, *chunk)))
+        return sorted(keys)
+
+    def url_record(self, scope: str, url: str) -> UrlRecord:
+        pages = [PageState(PageKey(scope, url, variant), *columns) for variant, *columns in
+                 self._read(f"SELECT variant, {_PAGE_COLUMNS} FROM pages "  # noqa: S608 (constant SQL)
+                            "WHERE scope = ? AND url = ? ORDER BY variant", (scope, url))]
+        links = dict(self._read(
+            "SELECT variant, data FROM links WHERE scope = ? AND url = ?", (scope, url)))
+        items = self._page_items(scope, [url], live=True)
+        latest: list[StoredVersion] = []
+        for key in items:
+            latest.extend(StoredVersion(scope, key, version, change, stored_at, fp,
+                                        json.loads(data))
+                          for version, change, stored_at, fp, data in self._read(
+                              f"SELECT v.version, {_CHANGE}, v.stored_at, v.fingerprint, "  # noqa: S608 (constant SQL)
+                              "v.data FROM items i JOIN item_versions v ON v.scope = i.scope "
+                              "AND v.item_key = i.item_key AND v.version = i.version "
+                              "WHERE i.scope = ? AND i.item_key = ?", (scope, key)))
+        return UrlRecord(scope, url, pages, links, items, latest)
+
+    # -- repairs -------------------------------------------------------------
+
+    def _forget(self, scope: str, urls: list[str], *, host: str | None = None) -> Removed:
+        """Delete the pages *urls* of *scope*, their links and items (and
+        *host*'s trust record), in one transaction."""
+        items = self._page_items(scope, urls, live=False)
+        statements: list[tuple[str, tuple[object, ...]]] = []
+        kinds: list[str] = []
+        for kind, table, column, keys in (
+                ("pages", "pages", "url", urls), ("links", "links", "url", urls),
+                ("items", "items", "item_key", items),
+                ("versions", "item_versions", "item_key", items)):
+            for start in range(0, len(keys), _CHUNK):
+                chunk = tuple(keys[start:start + _CHUNK])
+                kinds.append(kind)
+                sql = (f"DELETE FROM {table} WHERE scope = ? AND {column} IN "  # noqa: S608 (constant SQL)
+                       f"({', '.join('?' * len(chunk))})")
+                statements.append((sql, (scope, *chunk)))
+        if host is not None:
+            kinds.append("hosts")
+            statements.append(("DELETE FROM hosts WHERE scope = ? AND host = ?", (scope, host)))
+        counts = dict.fromkeys(Removed._fields, 0)
+        for kind, n in zip(kinds, self._write(*statements), strict=True):
+            counts[kind] += n
+        return Removed(**counts)
+
+    def forget_page(self, scope: str, url: str) -> Removed:
+        return self._forget(scope, [url])
+
+    def forget_host(self, scope: str, host: str) -> Removed:
+        urls = sorted({url for (url,) in self._read(
+            "SELECT url FROM pages WHERE scope = ?", (scope,)) if host_of(url) == host})
+        return self._forget(scope, urls, host=host)
+
+    def count_scope(self, scope: str) -> Removed:
+        return Removed(**{
+            name: self._read(f"SELECT COUNT(*) FROM {table} WHERE scope = ?",  # noqa: S608 (constant SQL)
+                             (scope,))[0][0]
+            for table, name in _SCOPE_TABLES})
+
+    def reset_scope(self, scope: str) -> Removed:
+        changed = self._write(*(
+            (f"DELETE FROM {table} WHERE scope = ?", (scope,))  # noqa: S608 (constant SQL)
+            for table, _ in _SCOPE_TABLES))
+        return Removed(**{name: n for (_, name), n in zip(_SCOPE_TABLES, changed, strict=True)})

@@ -1,0 +1,459 @@
+"""``scrapy state``: inspect and repair the state store.
+
+- ``scrapy state [--spider NAME] [--hosts]``: one summary block per scope
+  (pages, the last crawl's figures, who holds it now), or a table per host;
+- ``scrapy state url URL [--spider NAME] [--json]``: everything stored
+  about one URL;
+- ``scrapy state forget URL --spider NAME``, ``forget-host HOST --spider
+  NAME``, ``reset --spider NAME --yes``: repairs, refused while a crawl
+  holds the scope (its hold lapses by itself if it was killed).
+
+``--spider NAME`` names the spider's scope (its ``incremental_scope``, else
+its name); a name that is no spider of the project is taken as a scope. The
+command never creates a store: a missing one is an error, as for
+``scrapy items``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import redis
+from scrapy.commands import ScrapyCommand
+from scrapy.exceptions import UsageError
+from scrapy.spiderloader import get_spider_loader
+
+from incremental_crawler import clock
+from incremental_crawler.state.keys import canonical_url
+from incremental_crawler.state.records import PageFlags
+from incremental_crawler.state.stores import (
+    StateStore,
+    StateStoreError,
+    default_state_uri,
+    open_store,
+)
+from incremental_crawler.state.stores.redis import parse_redis_uri
+from incremental_crawler.state.stores.sqlite import path_from_uri
+
+if TYPE_CHECKING:
+    import argparse
+
+    from scrapy.settings import BaseSettings
+
+    from incremental_crawler.state.records import CrawlRecord, HostTrust, PageState
+    from incremental_crawler.state.stores.base import HostSummary, UrlRecord
+
+__all__ = ["Command"]
+
+#: Exit statuses: a refusal or a failure, and a usage error (as Scrapy's own).
+FAILED, USAGE = 1, 2
+#: Width of the label column of the summary blocks.
+_LABEL = 14
+ACTIONS = ("url", "forget", "forget-host", "reset")
+
+
+class Refused(Exception):
+    """The command does not do what was asked; the message says why."""
+
+    def __init__(self, message: str, status: int = FAILED) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# -- formats for people ----------------------------------------------------------
+
+
+def size(n: float) -> str:
+    """``1536`` → ``"1.5 KB"`` (binary multiples, as file managers show)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def when(timestamp: float | None) -> str:
+    """POSIX time → ``"2024-05-01 12:00:03 UTC"``; ``"never"`` for none."""
+    if not timestamp:
+        return "never"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(timestamp))
+
+
+def duration(seconds: float) -> str:
+    """``3725`` → ``"1 h 2 min"``; below a minute, in seconds."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min"
+    return f"{hours // 24} d {hours % 24} h"
+
+
+def share(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def _line(label: str, text: str, indent: int = 2) -> str:
+    return f"{' ' * indent}{label:<{_LABEL}}{text}"
+
+
+def _flags(flags: int) -> str:
+    names = [flag.name for flag in PageFlags if flags & flag and flag.name]
+    return "|".join(names) or "none"
+
+
+# -- the command -------------------------------------------------------------------
+
+
+class Command(ScrapyCommand):
+    requires_project = True
+    requires_crawler_process = False
+    default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
+
+    def syntax(self) -> str:
+        return ("[--spider NAME] [--hosts] | url URL [--spider NAME] [--json] | "
+                "forget URL --spider NAME | forget-host HOST --spider NAME | "
+                "reset --spider NAME --yes")
+
+    def short_desc(self) -> str:
+        return "Inspect the incremental state store, or repair one scope of it"
+
+    def long_desc(self) -> str:
+        return (
+            "Without an action: a summary of every scope (or of --spider's), with the "
+            "last crawl's figures; --hosts adds a table per host. 'url URL' shows what "
+            "is stored about one URL. 'forget URL', 'forget-host HOST' and 'reset' "
+            "delete state of one scope (--spider) so that the next crawl finds it new; "
+            "they refuse while a crawl holds the scope, and reset needs --yes."
+        )
+
+    def add_options(self, parser: argparse.ArgumentParser) -> None:
+        super().add_options(parser)
+        parser.add_argument("--spider", metavar="NAME", default=None,
+                            help="the spider (its incremental_scope), or a scope by name")
+        parser.add_argument("--hosts", action="store_true",
+                            help="a table of the scope's hosts: pages, due, gone, trust")
+        parser.add_argument("--json", action="store_true",
+                            help="url: the record as JSON, for machines")
+        parser.add_argument("--yes", action="store_true",
+                            help="reset: really delete everything of the scope")
+
+    def run(self, args: list[str], opts: argparse.Namespace) -> None:
+        assert self.settings is not None
+        action, target = self._parse(args, opts)
+        try:
+            store = open_existing_store(self.settings)
+        except StateStoreError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            self.exitcode = FAILED
+            return
+        try:
+            scope = None if opts.spider is None else resolve_scope(self.settings, opts.spider)
+            out = self._run(store, action, target, scope, opts)
+            sys.stdout.write("\n".join(out) + "\n")
+        except Refused as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            self.exitcode = exc.status
+        except StateStoreError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            self.exitcode = FAILED
+        finally:
+            asyncio.run(store.close())
+
+    @staticmethod
+    def _parse(args: list[str], opts: argparse.Namespace) -> tuple[str | None, str | None]:
+        if not args:
+            return None, None
+        action, rest = args[0], args[1:]
+        if action not in ACTIONS:
+            raise UsageError(f"unknown action {action!r} (one of: {', '.join(ACTIONS)})")
+        wants = 0 if action == "reset" else 1
+        if len(rest) != wants:
+            raise UsageError(f"scrapy state {action} takes "
+                             f"{'no argument' if not wants else 'one argument'}")
+        if action != "url" and opts.spider is None:
+            raise UsageError(f"scrapy state {action} needs --spider NAME (the scope to repair)")
+        return action, rest[0] if rest else None
+
+    def _run(self, store: StateStore, action: str | None, target: str | None,
+             scope: str | None, opts: argparse.Namespace) -> list[str]:
+        if action is None:
+            return summary(store, scope, hosts=opts.hosts)
+        if action == "url":
+            assert target is not None
+            return url_lines(store, canonical_url(target), scope, as_json=opts.json)
+        assert scope is not None
+        if action == "reset" and not opts.yes:
+            counts = store.count_scope(scope)
+            raise Refused(f"reset would delete everything of scope {scope!r} in "
+                          f"{store.location}: {counts.describe()}; add --yes to do it", USAGE)
+        refuse_if_held(store, scope)
+        if action == "forget":
+            assert target is not None
+            url = canonical_url(target)
+            removed = store.forget_page(scope, url)
+            if not any(removed):
+                raise Refused(f"scope {scope!r} has nothing stored for {url}")
+            return [f"forgot {url} in scope {scope!r}: {removed.describe()}"]
+        if action == "forget-host":
+            assert target is not None
+            host = target.lower()
+            removed = store.forget_host(scope, host)
+            if not any(removed):
+                raise Refused(f"scope {scope!r} has nothing stored for host {host}")
+            return [f"forgot host {host} in scope {scope!r}: {removed.describe()}"]
+        removed = store.reset_scope(scope)
+        return [f"reset scope {scope!r}: deleted {removed.describe()}"]
+
+
+# -- opening ----------------------------------------------------------------------
+
+
+def open_existing_store(settings: BaseSettings) -> StateStore:
+    """The store ``INCREMENTAL_STATE_URI`` names, if it exists.
+
+    Opening creates a store that does not exist (a SQLite file, a Redis
+    prefix's layout record): reading one must not, or a typo in the URI
+    would look like a store that holds nothing.
+    """
+    uri = settings.get("INCREMENTAL_STATE_URI") or default_state_uri()
+    scheme = uri.split(":", 1)[0].lower()
+    if scheme == "sqlite":
+        path = path_from_uri(uri)
+        if not path.exists():
+            raise StateStoreError(f"no state store at {path} (check INCREMENTAL_STATE_URI)")
+    elif scheme in ("redis", "rediss", "unix"):
+        clean, prefix = parse_redis_uri(uri)
+        client = redis.Redis.from_url(clean, socket_connect_timeout=5, socket_timeout=30)
+        try:
+            found = client.exists(f"{prefix}:meta")
+        except redis.RedisError as exc:
+            raise StateStoreError(f"State store {uri}: cannot be reached ({exc})") from exc
+        finally:
+            client.close()
+        if not found:
+            raise StateStoreError(f"no state store under prefix {prefix!r} of {clean} "
+                                  "(check INCREMENTAL_STATE_URI)")
+    return open_store(settings)
+
+
+def resolve_scope(settings: BaseSettings, name: str) -> str:
+    """The scope of the project's spider *name* (``incremental_scope``, else
+    its name); a name that is no spider of the project is a scope itself."""
+    try:
+        spidercls = get_spider_loader(settings).load(name)
+    except KeyError:
+        return name
+    return getattr(spidercls, "incremental_scope", None) or name
+
+
+def refuse_if_held(store: StateStore, scope: str) -> None:
+    holders = store.scope_holders(scope, clock.now())
+    if holders:
+        who = ", ".join(f"{holder} (its hold lapses {when(expires)})"
+                        for holder, expires in sorted(holders.items()))
+        raise Refused(f"scope {scope!r} is held by a running crawl: {who}; "
+                      "try again when it has finished")
+
+
+# -- summaries ----------------------------------------------------------------------
+
+
+def summary(store: StateStore, scope: str | None, *, hosts: bool) -> list[str]:
+    scopes = store.scopes() if scope is None else [scope]
+    if scope is not None and scope not in store.scopes():
+        raise Refused(f"scope {scope!r} has nothing stored in {store.location}")
+    if not scopes:
+        return [f"{store.location}: empty (no crawl stored anything yet)"]
+    now = clock.now()
+    out = [f"state store {store.location}"]
+    for name in scopes:
+        summaries = store.summarize_hosts(name, now)
+        out.append("")
+        out.extend(scope_block(store, name, summaries, now))
+        if hosts:
+            out.append("")
+            out.extend(host_table(summaries))
+    return out
+
+
+def scope_block(store: StateStore, scope: str, hosts: list[HostSummary],
+                now: float) -> list[str]:
+    pages = sum(h.pages for h in hosts)
+    out = [f"scope {scope}",
+           _line("pages", f"{pages} (due now {sum(h.due for h in hosts)}, "
+                          f"gone {sum(h.gone for h in hosts)}, "
+                          f"failing {sum(h.failing for h in hosts)}), "
+                          f"{size(sum(h.size for h in hosts))} stored"),
+           _line("hosts", str(sum(1 for h in hosts if h.pages)))]
+    records = store.crawls(scope, store.crawl_history)
+    out.extend(last_crawl(records))
+    out.append(_line("crawls kept", f"{len(records)} (at most {store.crawl_history})"))
+    holders = store.scope_holders(scope, now)
+    for holder, expires in sorted(holders.items()):
+        out.append(_line("held by", f"{holder} (running; its hold lapses {when(expires)})"))
+    return out
+
+
+def last_crawl(records: list[CrawlRecord]) -> list[str]:
+    """The newest crawl's lines; a cluster run's workers summed."""
+    if not records:
+        return [_line("last crawl", "none recorded")]
+    run = [r for r in records if r.started == records[0].started]
+    figures: dict[str, float] = {}
+    for record in run:
+        for name, value in record.figures.items():
+            figures[name] = figures.get(name, 0) + value
+    f = figures.get
+    reasons = ", ".join(sorted({r.reason for r in run if r.reason}))
+    workers = f", {len(run)} workers" if len(run) > 1 else ""
+    requests, not_modified = f("requests", 0), f("not_modified", 0)
+    received, saved = f("bytes_received", 0), f("bytes_saved", 0)
+    return [
+        _line("last crawl", f"{when(records[0].started)}, ran "
+                            f"{duration(max(r.figures.get('duration', 0) for r in run))}"
+                            f" ({reasons or 'unknown end'}{workers})"),
+        _line("requests", f"{requests:.0f}, of which 304 not modified "
+                          f"{not_modified:.0f} ({share(not_modified, requests)})", 4),
+        _line("items", f"{f('new', 0):.0f} new, {f('changed', 0):.0f} changed, "
+                       f"{f('deleted', 0):.0f} deleted, {f('unchanged', 0):.0f} unchanged", 4),
+        _line("bytes", f"{size(received)} received, ~{size(saved)} saved by 304s "
+                       f"({share(saved, received + saved)} of a full fetch)", 4),
+    ]
+
+
+def _lastmod_trust(trust: HostTrust | None, now: float) -> str:
+    if trust is None:
+        return "-"
+    text = f"{trust.checks} checks, {trust.lies} lies, {trust.stale_lastmods} stale"
+    if trust.distrusted_until > now:
+        text += f"; distrusted until {when(trust.distrusted_until)}"
+    return text
+
+
+def _validator_trust(trust: HostTrust | None, now: float) -> str:
+    if trust is None:
+        return "-"
+    parts = []
+    if trust.validators_distrusted_until > now:
+        parts.append(f"distrusted until {when(trust.validators_distrusted_until)}")
+    if trust.validators_unstable_since:
+        parts.append(f"unstable since {when(trust.validators_unstable_since)}")
+    return "; ".join(parts) or "trusted"
+
+
+def host_table(hosts: list[HostSummary]) -> list[str]:
+    now = clock.now()
+    head = ("host", "pages", "due", "gone", "failing", "stored", "lastmod trust", "validators")
+    rows = [(h.host or "(none)", str(h.pages), str(h.due), str(h.gone), str(h.failing),
+             size(h.size), _lastmod_trust(h.trust, now), _validator_trust(h.trust, now))
+            for h in hosts]
+    widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
+    # Text columns left, counts right.
+    left = {0, 6, 7}
+
+    def fmt(row: tuple[str, ...]) -> str:
+        cells = [cell.ljust(w) if i in left else cell.rjust(w)
+                 for i, (cell, w) in enumerate(zip(row, widths, strict=True))]
+        return "  " + "  ".join(cells).rstrip()
+
+    return [fmt(head), *(fmt(row) for row in rows)]
+
+
+# -- one URL --------------------------------------------------------------------------
+
+
+def url_lines(store: StateStore, url: str, scope: str | None, *, as_json: bool) -> list[str]:
+    scopes = store.scopes() if scope is None else [scope]
+    records = [store.url_record(name, url) for name in scopes]
+    records = [r for r in records if r.pages or r.items]
+    if not records:
+        where = f"scope {scope!r}" if scope is not None else "any scope"
+        raise Refused(f"nothing stored for {url} in {where} of {store.location}")
+    if as_json:
+        return [json.dumps([url_json(r) for r in records], ensure_ascii=False, indent=2)]
+    out: list[str] = []
+    for record in records:
+        out.extend(url_text(record))
+    return out
+
+
+def url_json(record: UrlRecord) -> dict[str, Any]:
+    def links(data: str) -> Any:
+        try:
+            return json.loads(data)
+        except ValueError:
+            return data
+
+    return {
+        "scope": record.scope,
+        "url": record.url,
+        "pages": [{"variant": p.key.variant,
+                   **{k: v for k, v in asdict(p).items() if k != "key"},
+                   "flag_names": _flags(p.flags).split("|")} for p in record.pages],
+        "links": {variant: links(data) for variant, data in record.links.items()},
+        "items": record.items,
+        "latest": [v._asdict() for v in record.latest],
+    }
+
+
+def url_text(record: UrlRecord) -> list[str]:
+    out = [f"{record.url}  (scope {record.scope})"]
+    for page in record.pages:
+        out.extend(page_text(page))
+        data = record.links.get(page.key.variant)
+        if data is not None:
+            try:
+                n = len(json.loads(data))
+                out.append(_line("links", f"{n} requests recorded (replayed on a 304)", 4))
+            except (ValueError, TypeError):
+                out.append(_line("links", f"{size(len(data))} recorded", 4))
+    if not record.pages:
+        out.append(_line("page", "not stored (its items are)"))
+    latest = {v.key: v for v in record.latest}
+    out.append(_line("items", str(len(record.items)) if record.items else "none"))
+    for key in record.items:
+        version = latest.get(key)
+        if version is None:
+            out.append(f"    {key} (fingerprint only)")
+            continue
+        out.append(f"    {key}: version {version.version} ({version.change}, "
+                   f"{when(version.stored_at)}), fingerprint {version.fingerprint[:16]}")
+        out.append(f"      {json.dumps(version.data, ensure_ascii=False)[:200]}")
+    return out
+
+
+def page_text(page: PageState) -> list[str]:
+    variant = f" variant {page.key.variant!r}" if page.key.variant else ""
+    validators = ", ".join(part for part in (
+        f"ETag {page.etag}" if page.etag else "",
+        f"Last-Modified {page.last_modified}" if page.last_modified else "",
+    ) if part) or "none"
+    status = page.last_status if page.last_status is not None else "-"
+    lines = [
+        _line(f"page{variant}", f"status {status}, {page.checks} checks, {page.changes} changes, "
+                                f"{page.failures} failures in a row"),
+        _line("validators", validators, 4),
+        _line("fingerprint", page.fingerprint or "none (never fetched in full)", 4),
+        _line("size", size(page.size), 4),
+        _line("first seen", when(page.first_seen), 4),
+        _line("checked", when(page.last_checked), 4),
+        _line("fetched", when(page.last_fetched), 4),
+        _line("changed", when(page.last_changed), 4),
+        _line("next visit", f"{when(page.next_visit)} (interval {duration(page.interval)})", 4),
+        _line("flags", _flags(page.flags), 4),
+        _line("callback", page.callback or "none (not re-seeded)", 4),
+    ]
+    if page.lastmod is not None:
+        lines.append(_line("lastmod", when(page.lastmod), 4))
+    if page.redirect_to:
+        lines.append(_line("redirects to", page.redirect_to, 4))
+    return lines

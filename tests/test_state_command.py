@@ -1,0 +1,217 @@
+"""``scrapy state``, run as a user runs it, on stores written by real crawls.
+
+Every test crawls the loopback site in this process (the state store on
+SQLite, or on Redis under a prefix of the test's own), then runs the real
+``scrapy state ...`` in a subprocess against that store, and checks its
+output and exit status, the store afterwards, and what the next real crawl
+asks the site for.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import pytest_twisted
+from scrapy import signals
+from scrapy.crawler import CrawlerRunner
+from scrapy.utils.defer import deferred_from_coro
+from twisted.internet.threads import deferToThread
+
+from incremental_crawler import clock
+from incremental_crawler.state.ledger import HOLD_TTL
+from tests.conftest import crawl_settings
+from tests.spiders import ListSpider
+from tests.test_commands import scrapy
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from incremental_crawler.state.stores import StateStore
+
+#: ListSpider is no spider of the project: ``--spider list`` names its scope.
+SCOPE = "list"
+BACKENDS = pytest.mark.parametrize("state_uri", ["sqlite", "redis"], indirect=True)
+
+
+async def state(state_uri: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``scrapy state ARGS`` on the test's store, in a thread (the reactor runs on)."""
+    return await deferToThread(scrapy, "state", *args, "-s", f"INCREMENTAL_STATE_URI={state_uri}")
+
+
+def pages(site: Any, n: int = 3) -> list[str]:
+    for i in range(n):
+        site.add_page(f"/p/{i}", "strong", size=3000)
+    return [site.url(f"/p/{i}") for i in range(n)]
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_summary_shows_the_pages_and_the_last_crawls_figures(site, crawl, state_uri):
+    urls = pages(site)
+    await crawl(ListSpider, urls=urls)
+    site.change("/p/2")
+    await crawl(ListSpider, urls=urls)
+    result = await state(state_uri)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert re.search(r"^scope list$", out, re.M), out
+    # 3 pages of ~3 KB each, all due (revisits are off: no next visit), none failing.
+    assert re.search(r"^  pages +3 \(due now 3, gone 0, failing 0\), [\d.]+ KB stored$",
+                     out, re.M), out
+    # The second crawl: 3 requests, 2 of them 304s; 1 changed item.
+    assert re.search(r"^    requests +3, of which 304 not modified 2 \(66\.7%\)$", out, re.M), out
+    assert re.search(r"^    items +0 new, 1 changed, 0 deleted, 0 unchanged$", out, re.M), out
+    assert re.search(r"^  last crawl +\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, ran [\d.]+ s "
+                     r"\(finished\)$", out, re.M), out
+    assert re.search(r"^  crawls kept +2 \(at most 100\)$", out, re.M), out
+    assert "held by" not in out  # both crawls released their hold
+
+    hosts = await state(state_uri, "--spider", SCOPE, "--hosts")
+    assert hosts.returncode == 0, hosts.stderr
+    assert re.search(r"^  host +pages +due +gone +failing +stored +lastmod trust +validators$",
+                     hosts.stdout, re.M), hosts.stdout
+    assert re.search(r"^  127\.0\.0\.1 +3 +3 +0 +0 +[\d.]+ KB +- +-$", hosts.stdout,
+                     re.M), hosts.stdout
+    unknown = await state(state_uri, "--spider", "nothing-here")
+    assert unknown.returncode == 1
+    assert "scope 'nothing-here' has nothing stored" in unknown.stderr
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_url_shows_the_whole_record(site, crawl, state_uri, state_store):
+    urls = pages(site, 2)
+    await crawl(ListSpider, urls=urls)
+    text = await state(state_uri, "url", urls[1], "--spider", SCOPE)
+    assert text.returncode == 0, text.stderr
+    [stored] = state_store.url_record(SCOPE, urls[1]).pages
+    etag = stored.etag
+    assert etag and etag.startswith('"')
+    assert f"{urls[1]}  (scope list)" in text.stdout
+    assert re.search(rf"^    validators +ETag {re.escape(etag)}, Last-Modified ", text.stdout,
+                     re.M), text.stdout
+    assert re.search(r"^  items +1$", text.stdout, re.M), text.stdout
+    assert f"    {urls[1]}: version 1 (new, " in text.stdout
+
+    machine = await state(state_uri, "url", urls[1], "--json")
+    assert machine.returncode == 0, machine.stderr
+    [record] = json.loads(machine.stdout)
+    assert record["scope"] == SCOPE and record["items"] == [urls[1]]
+    assert record["pages"][0]["etag"] == etag
+    assert record["pages"][0]["fingerprint"] == stored.fingerprint
+    assert record["latest"][0]["data"]["title"] == "Page p/1 v0"
+    missing = await state(state_uri, "url", site.url("/never"), "--json")
+    assert missing.returncode == 1 and "nothing stored for" in missing.stderr
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_forget_makes_the_next_crawl_fetch_the_page_in_full_and_emit_it_again(
+    site, crawl, state_uri,
+):
+    urls = pages(site)
+    await crawl(ListSpider, urls=urls)
+    result = await state(state_uri, "forget", urls[1], "--spider", SCOPE)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        f"forgot {urls[1]} in scope 'list': 1 page, 0 links records, 1 item, "
+        "1 item version, 0 host records, 0 crawl records")
+    site.reset_log()
+    again = await crawl(ListSpider, urls=urls)
+    asked = {r.path: (r.status, r.if_none_match is not None)
+             for r in site.log if r.path.startswith("/p/")}
+    # The forgotten page: no validators sent, fetched in full; the others 304.
+    assert asked == {"/p/0": (304, True), "/p/1": (200, False), "/p/2": (304, True)}
+    assert [item["url"] for item in again.collected] == [urls[1]]
+    assert again.stats.get_value("incremental/items_new") == 1
+    twice = await state(state_uri, "forget", urls[1] + "?unknown=1", "--spider", SCOPE)
+    assert twice.returncode == 1 and "has nothing stored for" in twice.stderr
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_reset_refuses_without_yes_and_while_a_crawl_holds_the_scope(
+    site, crawl, state_uri, state_store: StateStore,
+):
+    await crawl(ListSpider, urls=pages(site))
+    before = state_store.count_scope(SCOPE)
+    assert (before.pages, before.items, before.crawls) == (3, 3, 1)
+
+    refused = await state(state_uri, "reset", "--spider", SCOPE)
+    assert refused.returncode == 2
+    assert ("reset would delete everything of scope 'list'" in refused.stderr
+            and "3 pages, 0 links records, 3 items, 3 item versions, 0 host records, "
+            "1 crawl record; add --yes to do it" in refused.stderr), refused.stderr
+    assert state_store.count_scope(SCOPE) == before
+
+    # A crawl holds the scope (as a running one does, through the store).
+    await deferred_from_coro(state_store.hold_scope(SCOPE, "crawler-host:4242", HOLD_TTL))
+    expires = state_store.scope_holders(SCOPE, clock.now())["crawler-host:4242"]
+    for args in (("reset", "--yes"), ("forget", site.url("/p/0")),
+                 ("forget-host", "127.0.0.1")):
+        held = await state(state_uri, *args, "--spider", SCOPE)
+        assert held.returncode == 1, args
+        assert held.stderr.startswith(
+            "error: scope 'list' is held by a running crawl: crawler-host:4242 (its hold "
+            "lapses "), held.stderr
+        assert held.stderr.count("\n") == 1
+        assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", held.stderr)
+    assert state_store.count_scope(SCOPE) == before
+    summary = await state(state_uri, "--spider", SCOPE)
+    assert re.search(r"^  held by +crawler-host:4242 \(running; its hold lapses ", summary.stdout,
+                     re.M), summary.stdout
+
+    # A killed crawl's hold lapses: an explicit now past it, through the store.
+    assert state_store.scope_holders(SCOPE, expires) == {}
+    await deferred_from_coro(state_store.release_scope(SCOPE, "crawler-host:4242"))
+    done = await state(state_uri, "reset", "--spider", SCOPE, "--yes")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("reset scope 'list': deleted 3 pages")
+    assert state_store.count_scope(SCOPE) == type(before)()
+    assert SCOPE not in state_store.scopes()
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_holds_its_scope_and_writes_one_record_and_the_store_keeps_the_newest(
+    site, state_uri, state_store: StateStore,
+):
+    urls = pages(site)
+    held: list[dict[str, float]] = []
+
+    async def run() -> Any:
+        settings = crawl_settings(state_uri, INCREMENTAL_CRAWL_HISTORY=2)
+        runner = CrawlerRunner(settings)
+        crawler = runner.create_crawler(ListSpider)
+
+        def seen(item: Any) -> None:
+            # Read by another client, as `scrapy state` does, mid-crawl.
+            held.append(state_store.scope_holders(SCOPE, clock.now()))
+
+        crawler.signals.connect(seen, signal=signals.item_scraped)
+        crawler._seen = seen  # type: ignore[attr-defined] (weak references)
+        await runner.crawl(crawler, urls=urls)
+        return crawler
+
+    first = await run()
+    assert held and all(len(h) == 1 for h in held)
+    [holder] = held[0]
+    assert re.fullmatch(r".+:\d+", holder)  # host name and pid
+    assert state_store.scope_holders(SCOPE, clock.now()) == {}  # released at the end
+    [record] = state_store.crawls(SCOPE, 10)
+    assert (record.scope, record.worker, record.reason) == (SCOPE, "", "finished")
+    assert record.figures["requests"] == 3 and record.figures["new"] == 3
+    assert record.figures["bytes_received"] == first.stats.get_value("downloader/response_bytes")
+    assert 0 <= record.figures["duration"] <= record.finished - record.started + 1
+
+    site.change("/p/0")
+    await run()
+    await run()
+    records = state_store.crawls(SCOPE, 10)
+    assert len(records) == 2  # INCREMENTAL_CRAWL_HISTORY
+    assert records[0].started > records[1].started > record.started
+    assert [(r.figures["not_modified"], r.figures["changed"]) for r in records] == [
+        (3, 0), (2, 1)]
