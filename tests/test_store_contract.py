@@ -1874,7 +1874,7 @@ class TestSQLiteMigrations:
         assert await call(store.get_page_items("s", "http://a/")) == []
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 11
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 12
 
     @pytest_twisted.ensureDeferred
     async def test_version_8_store_gets_stale_lastmod_findings(self, tmp_path: Path) -> None:
