@@ -103,8 +103,8 @@ def _zone(token: str) -> int | None:
         # could mean either: refused.
         token = token[4:]
         if (iana := _IANA_ETC_GMT.fullmatch(token)) is not None:
-            hours = int(iana[2])
-            return None if hours > 14 else hours * 3600 * (1 if iana[1] == "-" else -1)
+            west = int(iana[2])
+            return None if west > 14 else west * 3600 * (1 if iana[1] == "-" else -1)
         return 0 if token in _IANA_ETC_UTC else None
     if token.startswith("gmt") and len(token) > 3:
         token = token[3:]  # GMT+01:00, GMT-0500
