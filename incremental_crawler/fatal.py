@@ -7,7 +7,10 @@ the cause and the file, setting or server, and is the whole story, so it is
 logged as one line, without a traceback. A crawl that started and then
 cannot go on (the store fails to commit, the cluster's or the shared
 budget's Redis dies) closes with one of :data:`FATAL_REASONS` after its
-component logged one ERROR line naming the cause. Either way nothing that
+component logged one ERROR line naming the cause. A crawl whose store
+failed only at its end (the last commit, when the spider closes) finished
+otherwise; its ``incremental/store_errors`` stat says so, and it is fatal
+too: what it did was not stored. Either way nothing that
 was not stored is recorded as done, and the process must exit with a
 non-zero status: a supervisor or a scheduler must not see success.
 
@@ -41,6 +44,9 @@ FATAL_REASONS: frozenset[str] = frozenset({
 #: Exceptions, raised while a crawl is built, whose message says it all.
 FATAL_ERRORS: tuple[type[Exception], ...] = (StateStoreError, SettingError, ClusterError)
 
+#: The stat counting the state store's failures (:class:`~.state.ledger.Ledger`).
+STORE_ERRORS = "incremental/store_errors"
+
 #: The exit status of a crawl that could not start or could not go on.
 FATAL_STATUS = 1
 
@@ -56,4 +62,10 @@ def exit_status(crawler: Crawler, *, started: bool = True) -> int:
     # The private attribute: the public one raises when the crawl never set it.
     stats = crawler._stats
     reason = stats.get_value("finish_reason") if stats is not None else None
-    return FATAL_STATUS if reason in FATAL_REASONS else 0
+    if reason in FATAL_REASONS:
+        return FATAL_STATUS
+    # The store failing at the end leaves the finish reason as it was
+    # ("finished"): the ledger counts every store failure.
+    if stats is not None and stats.get_value(STORE_ERRORS, 0) > 0:
+        return FATAL_STATUS
+    return 0

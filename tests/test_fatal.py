@@ -9,7 +9,10 @@ A read-only store needs a directory the crawl cannot write. As a normal
 user, ``chmod``; as root (CI containers), ``chmod`` does not stop root, so
 the crawl runs in a private mount namespace (``unshare --mount``) where the
 directory is bind-mounted read-only over itself: the host's mounts are not
-touched, and the namespace ends with the process.
+touched, and the namespace ends with the process. A full disk is a small
+tmpfs mounted the same way (root only). A crawl that must run before its
+store fails crawls the test site served by a process of its own
+(``python -m tests.site``): a subprocess test blocks the reactor.
 """
 
 from __future__ import annotations
@@ -17,9 +20,12 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import pytest_twisted
@@ -27,6 +33,9 @@ from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 
 from incremental_crawler.state.stores import open_store
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 PROJECT = Path(__file__).resolve().parents[1]
 SITEMAP = "sitemap_url=http://127.0.0.1:9/sitemap.xml"
@@ -63,6 +72,44 @@ def run_with_read_only(directory: Path, args: list[str]) -> subprocess.Completed
                     f"(unshare --mount): {probe.stderr if probe else 'no unshare'}")
     script = 'mount --bind -o ro "$0" "$0" && exec "$@"'
     return run([unshare, "--mount", "sh", "-c", script, str(directory), *args])
+
+
+def unshare_mount(mount: str, directory: Path) -> str:
+    """`unshare` when *mount* (``mount`` options, then the directory) works here; else skip."""
+    unshare = shutil.which("unshare")
+    probe = subprocess.run(
+        [unshare or "unshare", "--mount", "sh", "-c", f"mount {mount} {directory}"],
+        capture_output=True, text=True, check=False) if unshare else None
+    if unshare is None or probe is None or probe.returncode != 0:
+        pytest.skip(f"no private mount possible here (unshare --mount, mount {mount}): "
+                    f"{probe.stderr if probe else 'no unshare'}")
+    return unshare
+
+
+def run_on_tmpfs(directory: Path, size: str,
+                 args: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run *args* with a tmpfs of *size* mounted on *directory* for it alone."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (unshare --mount)")
+    unshare = unshare_mount(f"-t tmpfs -o size={size} tmpfs", directory)
+    script = f'mount -t tmpfs -o size={size} tmpfs "$0" && exec "$@"'
+    return run([unshare, "--mount", "sh", "-c", script, str(directory), *args])
+
+
+@contextmanager
+def served_site(pages: int) -> Iterator[str]:
+    """The test site with *pages* pages, in a process of its own; its base URL."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.site", "--pages", str(pages), "--page-size", "3000"],
+        cwd=PROJECT, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(PROJECT)})
+    assert server.stdout is not None
+    with server.stdout:
+        try:
+            yield server.stdout.readline().strip()
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=30)
 
 
 def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -140,3 +187,45 @@ def test_an_unreachable_redis_state_store_is_one_line_naming_it():
     line = one_error_line(result)
     assert line.startswith("State store redis://127.0.0.1:1/0?prefix=fatal-test: cannot be "
                            "reached or read (is Redis running at this address?)")
+
+
+def test_a_store_that_fails_its_last_commit_exits_non_zero(tmp_path):
+    # The only commit is the one at the end (no flush before: a long flush
+    # interval, batches larger than the crawl), and the disk is full then:
+    # the crawl itself finished. SQLite rolls a transaction back itself
+    # when the disk is full; the error must say so (not "cannot rollback").
+    directory = tmp_path / "state"
+    directory.mkdir()
+    path = directory / "state.db"
+    with served_site(60) as base:
+        result = run_on_tmpfs(directory, "160k", [
+            sys.executable, "-m", "scrapy", "crawl", "sitemap",
+            "-a", f"sitemap_url={base}/sitemap.xml",
+            "-s", f"INCREMENTAL_STATE_URI=sqlite:///{path}",
+            "-s", "INCREMENTAL_FLUSH_INTERVAL=3600", "-s", "INCREMENTAL_BATCH_SIZE=100000",
+            "-s", "INCREMENTAL_THROTTLE_ENABLED=False"])
+    assert result.returncode == 1, result.stderr
+    line = one_error_line(result)
+    assert line.startswith(f"State store {path}: the disk is full; free space and re-run: ")
+    assert line.endswith("staged writes were not stored (the next run fetches those pages "
+                         "again)")
+    assert "cannot rollback" not in line
+    assert "'finish_reason': 'finished'" in result.stderr  # the crawl itself finished
+
+
+@pytest.mark.parametrize("content", [os.urandom(8192), b"not a database\n" * 64],
+                         ids=["random-bytes", "text"])
+def test_a_corrupt_store_in_a_read_only_directory_is_called_corrupt(tmp_path, content):
+    directory = tmp_path / "state"
+    directory.mkdir()
+    path = directory / "state.db"
+    path.write_bytes(content)
+    result = run_with_read_only(
+        directory, crawl_args(f"INCREMENTAL_STATE_URI=sqlite:///{path}"))
+    assert result.returncode == 1
+    line = one_error_line(result)
+    assert line.startswith(f"State store {path}: is not a readable SQLite database "
+                           "(corrupt or not a state store; besides, ")
+    assert "read-only" in line
+    assert "intact" not in line
+    assert path.read_bytes() == content

@@ -16,6 +16,7 @@ import pytest
 import pytest_twisted
 
 from incremental_crawler.lists.robots import sitemap_urls_from_robots
+from incremental_crawler.politeness import robots
 from incremental_crawler.politeness.robots import ROBOTS_RETRY_AFTER
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from tests.site import LoopbackSite
@@ -58,8 +59,8 @@ async def test_robots_txt_answering_an_error_disallows_its_host_for_the_crawl(
     host = site.url("/").split("/")[2]
     assert robots_warnings(caplog) == [
         (f"robots.txt of {host} could not be read (it answered {status}): every request "
-         f"to {host} is refused for the rest of this crawl (RFC 9309: complete "
-         "disallow); the next crawl asks again"),
+         f"to {host} is refused (RFC 9309: complete disallow) until it can be read; it is "
+         "asked again in 300 s at the earliest, and by the next crawl"),
     ]
     # The next crawl asks again; robots.txt is back: everything is fetched.
     site.clear_override("/robots.txt")
@@ -173,3 +174,100 @@ def test_sitemap_urls_are_absolute_unique_and_in_file_order():
     body = b"\xef\xbb\xbfSITEMAP: /b.xml # comment\nSite-map: http://h/a.xml\nsitemap: /b.xml\n"
     assert sitemap_urls_from_robots(body, base_url="http://h/robots.txt") == [
         "http://h/b.xml", "http://h/a.xml"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_refused_pages_are_recorded_and_re_seeded_with_their_sitemap_saved(
+    site, crawl, state_db,
+):
+    # With re-seeding on (revisits on, as users run it), a refused page is a
+    # failure recorded like any other: due next crawl, with the callback
+    # that requests it again. So the sitemap's ETag is saved (not read in
+    # full on every crawl while one host's robots.txt fails), and the next
+    # crawl gets it back from its record though the sitemap answers 304.
+    settings = {**SETTINGS, "INCREMENTAL_REVISIT_ENABLED": True}
+    other = LoopbackSite()
+    other.start()
+    try:
+        for path in PAGES:
+            other.add_page(path, "strong", size=1500)
+        other.override("/robots.txt", status=503)
+        site.add_document("/sitemap.xml", sitemap_xml(other, PAGES), "application/xml",
+                          etag='"sm-1"')
+        crawler = await crawl(SitemapPagesSpider, settings=settings,
+                              sitemap_url=site.url("/sitemap.xml"))
+        stats = crawler.stats.get_stats()
+        assert stats["incremental/robotstxt/refused"] == len(PAGES)
+        assert "incremental/failures_unrecorded" not in stats
+        assert sorted(state_db("SELECT url, last_status, failures, callback FROM pages "
+                               "WHERE url LIKE ?", other.url("/p/%"))) == [
+            (other.url(path), 0, 1, "parse") for path in PAGES]
+        other.clear_override("/robots.txt")
+        other.log.clear()
+        site.log.clear()
+        await crawl(SitemapPagesSpider, settings=settings, sitemap_url=site.url("/sitemap.xml"))
+        assert [r.status for r in site.requests_for("/sitemap.xml")] == [304]
+        assert sorted(p for p in gets(other) if p.startswith("/p/")) == PAGES
+    finally:
+        await other.stop()
+
+
+def sitemap_index(site: Any, paths: list[str]) -> str:
+    entries = "".join(f"<sitemap><loc>{site.url(path)}</loc></sitemap>" for path in paths)
+    return ('<?xml version="1.0" encoding="UTF-8"?><sitemapindex '
+            f'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{entries}</sitemapindex>')
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_unavailable_robots_txt_is_asked_again_after_a_while(
+    site, crawl, monkeypatch,
+):
+    # robots.txt fails, then is fixed a second later. The pages come in three
+    # waves (three sitemaps, two of them slow): the first is refused; the
+    # second, past the re-check delay, is refused too while robots.txt is
+    # asked again; the third is fetched. Without the re-check the whole
+    # crawl would be refused.
+    from twisted.internet import reactor
+
+    monkeypatch.setattr(robots, "ROBOTS_RECHECK_AFTER", 0.5)
+    other = LoopbackSite()
+    other.start()
+    try:
+        for path in PAGES:
+            other.add_page(path, "strong", size=1500)
+        other.override("/robots.txt", status=503)
+        site.add_document("/sitemap.xml", sitemap_index(site, ["/a.xml", "/b.xml", "/c.xml"]),
+                          "application/xml")
+        site.add_document("/a.xml", sitemap_xml(other, PAGES[:1]), "application/xml")
+        site.add_document("/b.xml", sitemap_xml(other, PAGES[1:2]), "application/xml")
+        site.add_document("/c.xml", sitemap_xml(other, PAGES[2:]), "application/xml")
+        site.slow("/b.xml", 2.5)
+        site.slow("/c.xml", 5.0)
+        reactor.callLater(1.0, other.clear_override, "/robots.txt")  # type: ignore[attr-defined]
+        crawler = await crawl(SitemapPagesSpider, settings={"RETRY_TIMES": 0},
+                              sitemap_url=site.url("/sitemap.xml"))
+        assert gets(other)[:2] == ["/robots.txt", "/robots.txt"]
+        assert sorted(gets(other)[2:]) == PAGES[2:]
+        assert [r.status for r in other.requests_for("/robots.txt")] == [503, 200]
+        stats = crawler.stats.get_stats()
+        assert stats["incremental/robotstxt/refused"] == 2
+        assert stats["incremental/robotstxt/rechecks"] == 1
+    finally:
+        await other.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_long_retry_after_on_robots_txt_is_not_waited_for(site, crawl):
+    # Retry-After: 60 is below INCREMENTAL_THROTTLE_RETRY_AFTER_MAX (the host
+    # is not parked): a page would wait for it, robots.txt does not (more
+    # than ROBOTS_WAIT_MAX): its answer is final, the host unavailable.
+    assert robots.ROBOTS_WAIT_MAX < 60
+    for path in PAGES:
+        site.add_page(path, "strong", size=1500)
+    site.override("/robots.txt", status=503, headers={"Retry-After": "60"})
+    crawler = await crawl(SitemapPagesSpider, settings=SETTINGS,
+                          sitemap_url=site.url("/sitemap.xml"))
+    assert gets(site) == ["/robots.txt"]
+    stats = crawler.stats.get_stats()
+    assert stats["incremental/robotstxt/unavailable"] == 1
+    assert stats["incremental/robotstxt/refused"] == 1

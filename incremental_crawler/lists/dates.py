@@ -16,8 +16,10 @@ accept are understood too (``tests/unit/test_dates.py`` holds the table):
   extra comma after the month, no seconds, no time (midnight UTC), asctime
   (``Sun Jan  4 16:29:06 2004``, a zone before the year too), Perforce's
   ``2006/09/15 08:19:53 EDT``; zones as ``+hhmm``, ``+hh:mm``,
-  ``GMT+hh:mm``, ``Etc/GMT`` or a name (RFC 822's, with its military
-  letters, and the US and central European ones below); no zone means UTC.
+  ``GMT+hh:mm``, ``Etc/GMT``, IANA's ``Etc/GMT+5`` (UTC-5: IANA's sign is
+  POSIX's) or a name (RFC 822's, its military letters read as UTC as RFC
+  2822 says, and the US and central European ones below); no zone means
+  UTC.
 
 Anything else is refused, never guessed: an impossible date or time (31
 June, 25 o'clock), a zone out of range (``-99:99``) or not known
@@ -52,18 +54,25 @@ _MONTHS = ("january", "february", "march", "april", "may", "june", "july", "augu
 _DAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 
 # Zone names, in hours east of UTC. RFC 822 section 5.1 (its military
-# letters with its own signs, as feedparser reads them: A is -1, N is +1;
-# J is not a zone), the bare US names (AT, ET, CT, MT, PT) feedparser
-# accepts, UTC, and central Europe (MET/MEST as feedparser, CET/CEST their
-# other names). Names worn by several zones (BST, IST) are refused.
+# letters read as UTC: RFC 2822 section 4.3 says to take them for -0000,
+# "no information about the local zone", because RFC 822 gave them the
+# wrong signs and senders used both; feedparser keeps RFC 822's signs. J is
+# not a zone), the bare US names (AT, ET, CT, MT, PT) feedparser accepts,
+# UTC, and central Europe (MET/MEST as feedparser, CET/CEST their other
+# names). Names worn by several zones (BST, IST) are refused.
 _ZONES: dict[str, int] = {
     "ut": 0, "utc": 0, "gmt": 0, "z": 0,
     "est": -5, "edt": -4, "cst": -6, "cdt": -5, "mst": -7, "mdt": -6, "pst": -8, "pdt": -7,
     "ast": -4, "adt": -3, "at": -4, "et": -5, "ct": -6, "mt": -7, "pt": -8,
     "met": 1, "mest": 2, "cet": 1, "cest": 2,
-    **{letter: -hours for hours, letter in enumerate("abcdefghiklm", start=1)},
-    **{letter: hours for hours, letter in enumerate("nopqrstuvwxy", start=1)},
+    **dict.fromkeys("abcdefghiklmnopqrstuvwxy", 0),
 }
+
+# IANA's Etc/GMT+N zones (N whole hours, up to 14) are POSIX-style: N hours
+# *west* of UTC (Etc/GMT+5 is UTC-5).
+_IANA_ETC_GMT = re.compile(r"gmt([+-])(\d{1,2})")
+#: IANA's other Etc/ names of UTC.
+_IANA_ETC_UTC = frozenset({"gmt", "gmt0", "greenwich", "uct", "ut", "utc", "universal", "zulu"})
 
 
 def _month(token: str) -> int | None:
@@ -87,7 +96,16 @@ def _numeric_offset(sign: str, hours: str, minutes: str) -> int | None:
 
 def _zone(token: str) -> int | None:
     """Seconds east of UTC for an RFC 822-style zone, or ``None`` if not one."""
-    token = token.lower().removeprefix("etc/")
+    token = token.lower()
+    if token.startswith("etc/"):
+        # Only IANA's own names: Etc/GMT, Etc/UTC, Etc/GMT+5 (UTC-5). Any
+        # other signed form (Etc/GMT+05:00) is no IANA name, and its sign
+        # could mean either: refused.
+        token = token[4:]
+        if (iana := _IANA_ETC_GMT.fullmatch(token)) is not None:
+            west = int(iana[2])
+            return None if west > 14 else west * 3600 * (1 if iana[1] == "-" else -1)
+        return 0 if token in _IANA_ETC_UTC else None
     if token.startswith("gmt") and len(token) > 3:
         token = token[3:]  # GMT+01:00, GMT-0500
     if _NUMERIC_ZONE.fullmatch(token):

@@ -62,11 +62,17 @@ if TYPE_CHECKING:
 
     from incremental_crawler.politeness.budget import Grant
 
-__all__ = ["AdaptiveThrottle", "capping_settings", "effective_rate"]
+__all__ = ["MAX_WAIT", "AdaptiveThrottle", "capping_settings", "effective_rate"]
 
 logger = logging.getLogger(__name__)
 
 _SEQ = "_throttle_seq"
+#: Request meta: the longest wait (seconds) a 429 or 503 answer to it is
+#: retried after. A longer one (a Retry-After, or the backoff) still freezes
+#: the slot, but the answer is final (``dont_retry``): robots.txt (see
+#: :mod:`incremental_crawler.politeness.robots`) must not hold a host for
+#: minutes.
+MAX_WAIT = "_incremental_max_wait"
 #: The sequence number of the request's token in the shared budget.
 SHARED_SEQ = "_throttle_shared_seq"
 #: The host whose slot the request's download_slot is (unset: the spider's own slot).
@@ -415,6 +421,12 @@ class AdaptiveThrottle(AutoThrottle):
             return
         if raw is not None and wait is None:
             self.crawler.stats.inc_value("incremental/throttle/retry_after_invalid")
+        most = request.meta.get(MAX_WAIT)
+        if most is not None and wait is not None and wait > most:
+            # The site asked for a longer wait than the request may take:
+            # the answer is final (the slot is frozen all the same, below:
+            # the site asked). Our own backoff is short and its waits few.
+            request.meta["dont_retry"] = True
         if wait is None:
             # No Retry-After, or garbage.
             wait = window.backoff()

@@ -20,19 +20,30 @@ RetryMiddleware's ``RETRY_TIMES`` retries, and for a 429 or 503 at most
   Scrapy does;
 * 5xx, 429 (as Google does: it is the server asking us to go away) or no
   answer at all (connection refused, a timeout, DNS): **unavailable**. One
-  warning names the host; every request to it is refused for the rest of
-  the crawl (:class:`~incremental_crawler.exceptions.RobotsTxtUnavailable`,
-  counted in ``incremental/robotstxt/refused``). It is not asked again in
-  this crawl: the requests refused are gone by then, and a crawl is short
-  next to the RFC's notion of a long outage (30 days). The next crawl asks
-  again.
+  warning names the host; every request to it is refused
+  (:class:`~incremental_crawler.exceptions.RobotsTxtUnavailable`, counted in
+  ``incremental/robotstxt/refused``) until robots.txt can be read. It is
+  asked again at the first request to the host :data:`ROBOTS_RECHECK_AFTER`
+  seconds later (``incremental/robotstxt/rechecks``); requests refused
+  meanwhile stay refused, and so are those that come while it is asked
+  (nothing waits for it). The next crawl asks again in any case. The RFC
+  allows treating an outage of 30 days as "no robots.txt"; we never do.
 
-Nothing is lost: a refused request is a page that was due and not fetched,
-a failure that cannot be recorded (it never reached the conditional
-middleware that knows its page), so the ledger counts it
-(``incremental/failures_unrecorded``) and keeps every sitemap and feed state
-of the crawl unsaved: the next crawl reads them in full and lists the
-refused pages again.
+A Retry-After longer than :data:`ROBOTS_WAIT_MAX` on robots.txt is not
+waited for: the answer is final (the host's slot is frozen as the site
+asked, but no request of the host waits behind it).
+
+Nothing is lost: a refused page is recorded as a failure, as a final
+failure of its download is (:meth:`Ledger.record_failure
+<incremental_crawler.state.ledger.Ledger.record_failure>`, status 0: no
+answer): due on the next crawl, then backing off, and requested again from
+its record by the re-seeder even when the list naming it answers 304. A
+page that was not due is left alone. Only a refusal that no record can
+bring back (re-seeding off, a request that cannot be rebuilt, an engine
+download, a not-due page whose links would have been replayed) is counted
+as unrecorded (``incremental/failures_unrecorded``): it keeps every sitemap
+and feed state of the crawl unsaved, and the next crawl reads them in full
+and lists the refused pages again.
 
 A robots.txt request refused by another middleware (``IgnoreRequest``: a
 parked domain, a closing shared budget) allows everything, as in Scrapy:
@@ -42,24 +53,33 @@ those middlewares drop the host's requests themselves.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, NoReturn
 
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware as ScrapyRobotsTxt
 from scrapy.exceptions import IgnoreRequest
 from scrapy.http import Request
 from scrapy.http.request import NO_CALLBACK
 from scrapy.robotstxt import RobotParser
-from scrapy.utils.defer import maybe_deferred_to_future
+from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred
 
+from incremental_crawler.change.due import DueRule
+from incremental_crawler.change.middleware import callback_name
+from incremental_crawler.change.policy import links_unknown
 from incremental_crawler.exceptions import RobotsTxtUnavailable
+from incremental_crawler.links.recipes import own_recipe
+from incremental_crawler.politeness.extension import MAX_WAIT
 from incremental_crawler.politeness.middlewares import MAX_RETRY_AFTER
 from incremental_crawler.state.ledger import Ledger
+from incremental_crawler.state.records import PageFlags
+from incremental_crawler.state.stores import StateStoreError
 
 if TYPE_CHECKING:
     from typing import Self
 
+    from scrapy import Spider
     from scrapy.crawler import Crawler
 
 __all__ = ["SCRAPY_ROBOTSTXT", "RobotsTxtMiddleware", "unavailable_status"]
@@ -69,6 +89,16 @@ logger = logging.getLogger(__name__)
 #: At most this many Retry-After waits for robots.txt (a 429 or 503): with the
 #: backoff's 1 s doubling, a few seconds, not minutes.
 ROBOTS_RETRY_AFTER = 2
+
+#: The longest Retry-After robots.txt is retried after (seconds): a site
+#: asking for more (``Retry-After: 300``) gets its wait (its slot is frozen),
+#: but its answer is final: the host is unavailable until the re-check.
+ROBOTS_WAIT_MAX = 5.0
+
+#: Seconds after which an unavailable robots.txt is asked again, at the
+#: first request to its host from then on (requests refused meanwhile stay
+#: refused, and are refused while it is asked).
+ROBOTS_RECHECK_AFTER = 300.0
 
 #: Scrapy's middleware, which the add-on replaces with this one.
 SCRAPY_ROBOTSTXT = "scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware"
@@ -84,6 +114,8 @@ class _Unavailable(RobotParser):
 
     def __init__(self, why: str) -> None:
         self.why = why
+        #: When robots.txt may be asked again (``time.monotonic()``).
+        self.recheck_at = time.monotonic() + ROBOTS_RECHECK_AFTER
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, robotstxt_body: bytes) -> Self:
@@ -96,39 +128,40 @@ class _Unavailable(RobotParser):
 class RobotsTxtMiddleware(ScrapyRobotsTxt):
     """See the module docstring."""
 
+    def __init__(self, crawler: Crawler) -> None:
+        super().__init__(crawler)
+        # Hosts whose robots.txt is being asked again: their requests are
+        # refused meanwhile, with the parser they had.
+        self._rechecking: dict[str, _Unavailable] = {}
+        self._due_rule: DueRule | None = None
+
+    async def process_request(self, request: Request, spider: Spider | None = None) -> None:
+        # (*spider*: Scrapy's signature, which passes it no more.)
+        if request.meta.get("dont_obey_robotstxt"):
+            return
+        if request.url.startswith(("data:", "file:")):
+            return
+        rp = await self.robot_parser(request)
+        if isinstance(rp, _Unavailable):
+            await self._refuse(request, rp)
+        self.process_request_2(rp, request)
+
     async def robot_parser(self, request: Request) -> RobotParser | None:
         url = urlparse_cached(request)
         netloc = url.netloc
+        if netloc in self._rechecking:
+            return self._rechecking[netloc]
+        parser = self._parsers.get(netloc)
+        if isinstance(parser, _Unavailable) and time.monotonic() >= parser.recheck_at:
+            # Asked again in the background: this request and those until
+            # the answer are refused with the parser the host had.
+            self._rechecking[netloc] = parser
+            self._parsers[netloc] = Deferred()
+            deferred_from_coro(self._recheck(url.scheme, netloc, request))
+            return parser
         if netloc not in self._parsers:
             self._parsers[netloc] = Deferred()
-            robotsreq = Request(
-                f"{url.scheme}://{netloc}/robots.txt",
-                priority=self.DOWNLOAD_PRIORITY,
-                meta={"dont_obey_robotstxt": True, MAX_RETRY_AFTER: ROBOTS_RETRY_AFTER},
-                callback=NO_CALLBACK,
-            )
-            try:
-                response = await self.crawler.engine.download_async(robotsreq)
-            except IgnoreRequest as exc:
-                self._robots_error(exc, netloc)
-            except Exception as exc:  # any network error: no answer
-                self._unavailable(netloc, f"no answer: {type(exc).__name__}: {exc}")
-            else:
-                if unavailable_status(response.status):
-                    self._stats.inc_value("robotstxt/response_count")
-                    self._stats.inc_value(
-                        f"robotstxt/response_status_count/{response.status}")
-                    self._unavailable(netloc, f"it answered {response.status}")
-                else:
-                    try:
-                        await self._parse_robots(response, netloc, request)
-                    except Exception as exc:
-                        # As Scrapy does: a parser that fails allows everything.
-                        logger.exception("Error parsing %(request)s: %(error)s",
-                                         {"request": robotsreq, "error": exc},
-                                         extra={"spider": self.crawler.spider})
-                        self._robots_error(exc, netloc)
-            self._stats.inc_value("robotstxt/request_count")
+            await self._ask(url.scheme, netloc, request)
         parser = self._parsers[netloc]
         if isinstance(parser, Deferred):
             # Not the Deferred's result: only its first waiter gets the parser
@@ -140,12 +173,51 @@ class RobotsTxtMiddleware(ScrapyRobotsTxt):
             assert not isinstance(parser, Deferred)
         return parser
 
+    async def _recheck(self, scheme: str, netloc: str, request: Request) -> None:
+        self._stats.inc_value("incremental/robotstxt/rechecks")
+        try:
+            await self._ask(scheme, netloc, request)
+        finally:
+            del self._rechecking[netloc]
+
+    async def _ask(self, scheme: str, netloc: str, request: Request) -> None:
+        """Fetch *netloc*'s robots.txt; its parser replaces the Deferred in ``_parsers``."""
+        robotsreq = Request(
+            f"{scheme}://{netloc}/robots.txt",
+            priority=self.DOWNLOAD_PRIORITY,
+            meta={"dont_obey_robotstxt": True, MAX_RETRY_AFTER: ROBOTS_RETRY_AFTER,
+                  MAX_WAIT: ROBOTS_WAIT_MAX},
+            callback=NO_CALLBACK,
+        )
+        try:
+            response = await self.crawler.engine.download_async(robotsreq)
+        except IgnoreRequest as exc:
+            self._robots_error(exc, netloc)
+        except Exception as exc:  # any network error: no answer
+            self._unavailable(netloc, f"no answer: {type(exc).__name__}: {exc}")
+        else:
+            if unavailable_status(response.status):
+                self._stats.inc_value("robotstxt/response_count")
+                self._stats.inc_value(f"robotstxt/response_status_count/{response.status}")
+                self._unavailable(netloc, f"it answered {response.status}")
+            else:
+                try:
+                    await self._parse_robots(response, netloc, request)
+                except Exception as exc:
+                    # As Scrapy does: a parser that fails allows everything.
+                    logger.exception("Error parsing %(request)s: %(error)s",
+                                     {"request": robotsreq, "error": exc},
+                                     extra={"spider": self.crawler.spider})
+                    self._robots_error(exc, netloc)
+        self._stats.inc_value("robotstxt/request_count")
+
     def _unavailable(self, netloc: str, why: str) -> None:
         logger.warning(
             "robots.txt of %(host)s could not be read (%(why)s): every request to "
-            "%(host)s is refused for the rest of this crawl (RFC 9309: complete "
-            "disallow); the next crawl asks again",
-            {"host": netloc, "why": why}, extra={"spider": self.crawler.spider},
+            "%(host)s is refused (RFC 9309: complete disallow) until it can be read; "
+            "it is asked again in %(recheck)g s at the earliest, and by the next crawl",
+            {"host": netloc, "why": why, "recheck": ROBOTS_RECHECK_AFTER},
+            extra={"spider": self.crawler.spider},
         )
         self._stats.inc_value("incremental/robotstxt/unavailable")
         waiting = self._parsers[netloc]
@@ -156,14 +228,60 @@ class RobotsTxtMiddleware(ScrapyRobotsTxt):
 
     def process_request_2(self, rp: RobotParser | None, request: Request) -> None:
         if isinstance(rp, _Unavailable):
-            self._stats.inc_value("incremental/robotstxt/refused")
-            self._note_unrecorded()
-            raise RobotsTxtUnavailable(
-                f"robots.txt of {urlparse_cached(request).netloc} could not be read "
-                f"({rp.why})")
+            raise self._refusal(request, rp)
         super().process_request_2(rp, request)
 
-    def _note_unrecorded(self) -> None:
+    @staticmethod
+    def _refusal(request: Request, rp: _Unavailable) -> RobotsTxtUnavailable:
+        return RobotsTxtUnavailable(
+            f"robots.txt of {urlparse_cached(request).netloc} could not be read ({rp.why})")
+
+    async def _refuse(self, request: Request, rp: _Unavailable) -> NoReturn:
+        """Refuse *request*, its page recorded as a failure when it can be."""
+        self._stats.inc_value("incremental/robotstxt/refused")
         ledger = self.crawler.get_extension(Ledger)
         if ledger is not None:
+            try:
+                await self._record(ledger, request)
+            except StateStoreError as exc:
+                # The store cannot be read: the crawl stops, nothing is recorded.
+                ledger.store_failed(exc)
+        raise self._refusal(request, rp)
+
+    async def _record(self, ledger: Ledger, request: Request) -> None:
+        """Record the refused page's failure, as a final failure of its download is.
+
+        The conditional middleware (585) never sees the request: the page's
+        state is read here, and a page not due is left alone (it would not
+        have been fetched). A due page, or a new one, is recorded through
+        :meth:`Ledger.record_failure` (no answer: status 0), so that it is
+        due on the next crawl (then backs off) and the re-seeder requests it
+        then, even when the list naming it answers 304; only a failure that
+        cannot be requested again from its record counts as unrecorded (it
+        keeps the crawl's sitemaps unsaved).
+        """
+        spider = self.crawler.spider
+        assert spider is not None
+        rule = self._due_rule
+        if rule is None:
+            rule = self._due_rule = DueRule.for_crawler(self.crawler, ledger.config, spider)
+        if not rule.applies(request):
+            # No page of its own (an engine download): nothing to record it in.
             ledger.note_unrecorded_failure()
+            return
+        key = rule.key(request, ledger)
+        found, prior = ledger.take_prefetched(key)
+        if not found:
+            prior = await ledger.store.get_page(key)
+        replay = rule.replays(request)
+        if prior is not None and not rule.due(
+                request, prior, links_unknown=links_unknown(prior, replay=replay),
+                ledger=ledger):
+            if replay and prior.flags & PageFlags.HAS_LINKS:
+                # Not due, but its links would have been replayed: the
+                # pages behind it are not reached this crawl.
+                ledger.note_unrecorded_failure()
+            return
+        ledger.record_failure(
+            key, prior, 0, callback=callback_name(request, spider),
+            recipe=own_recipe(request, spider, ledger.recipe_rules), counted=True)

@@ -281,6 +281,27 @@ _SCOPE_TABLES = (("pages", "pages"), ("links", "links"), ("items", "items"),
 _CHANGE = "COALESCE(v.change, CASE WHEN v.version = 1 THEN 'new' ELSE 'changed' END)"
 
 
+def _rollback(db: sqlite3.Connection) -> None:
+    """Roll back the transaction under way, if SQLite has not already.
+
+    After some errors (SQLITE_FULL, SQLITE_IOERR, SQLITE_NOMEM) SQLite rolls
+    the transaction back itself; a ROLLBACK then fails with "cannot rollback
+    - no transaction is active", which would replace the error that says
+    what happened (the disk is full) with one that says nothing.
+    """
+    if db.in_transaction:
+        db.execute("ROLLBACK")
+
+
+def _damaged(exc: sqlite3.Error) -> bool:
+    """Whether SQLite found the file damaged or not a database at all."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+        return True
+    message = str(exc)
+    return "not a database" in message or "malformed" in message
+
+
 def path_from_uri(uri: str) -> Path:
     """``sqlite:///rel/path.db`` → ``rel/path.db``; ``sqlite:////abs.db`` → ``/abs.db``.
 
@@ -382,14 +403,19 @@ class SQLiteStateStore(StateStore):
                     "to another file",
                     exc,
                 ) from exc
-            # Checked before calling the file corrupt: the advice for a
-            # corrupt file (move it away) would throw good state away.
-            if (unwritable := self._unwritable_error(exc)) is not None:
+            # What SQLite says decides first: a file it finds damaged or not
+            # a database is that, wherever it lies. Only then may a place
+            # that cannot be written explain the failure, and the store is
+            # called intact only once a read-only look at it found it so:
+            # the advice for a corrupt file (move it away) would throw good
+            # state away, and "intact" about a broken file would hide it.
+            if not _damaged(exc) and (unwritable := self._unwritable_error(exc)) is not None:
                 raise unwritable from exc
+            why = self._unwritable()
             raise self._fail(
                 "is not a readable SQLite database (corrupt or not a state "
-                "store); restore it from a backup or move it away to start "
-                "afresh deliberately",
+                f"store{'' if why is None else '; besides, ' + why}); restore it "
+                "from a backup or move it away to start afresh deliberately",
                 exc,
             ) from exc
         except BaseException:
@@ -415,7 +441,11 @@ class SQLiteStateStore(StateStore):
         return None
 
     def _unwritable_error(self, exc: sqlite3.Error) -> StateStoreError | None:
-        """The error for a store SQLite could not open for writing, if that is why."""
+        """The error for a store SQLite could not open for writing, if that is why.
+
+        ``None`` when the place is writable, and when the file, read without
+        writing, is not a sound store either (then it is reported as corrupt).
+        """
         why = self._unwritable()
         if why is None:
             return None
@@ -423,10 +453,32 @@ class SQLiteStateStore(StateStore):
             return self._fail(
                 f"cannot be created: {why} (SQLite: {exc}); point INCREMENTAL_STATE_URI "
                 "at a writable place")
+        if not self._intact():
+            return None
         return self._fail(
             f"cannot be written: {why} (SQLite: {exc}). The store is intact and was not "
             "changed: make it writable, or copy it to a writable place and point "
             "INCREMENTAL_STATE_URI at the copy")
+
+    def _intact(self) -> bool:
+        """Whether the file, read without writing anything, is a sound store.
+
+        ``immutable=1``: SQLite reads the file as it is, without its -shm
+        file (which a read-only directory may not let it create) and without
+        locks; ``quick_check`` reads every page of it.
+        """
+        uri = f"{self.path.resolve().as_uri()}?mode=ro&immutable=1"
+        try:
+            db = sqlite3.connect(uri, uri=True)
+        except sqlite3.Error:
+            return False
+        try:
+            self._check_schema(db)
+            return bool(db.execute("PRAGMA quick_check").fetchone()[0] == "ok")
+        except (sqlite3.Error, StateStoreError):
+            return False
+        finally:
+            db.close()
 
     def _check_schema(self, db: sqlite3.Connection) -> None:
         version = db.execute("PRAGMA user_version").fetchone()[0]
@@ -466,7 +518,7 @@ class SQLiteStateStore(StateStore):
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            _rollback(db)
             raise
 
     # -- reads ---------------------------------------------------------------
@@ -719,7 +771,7 @@ class SQLiteStateStore(StateStore):
                     db.executemany(sql, [params for _, params in group])
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                _rollback(db)
                 raise
         except sqlite3.DatabaseError as exc:
             # Staged writes are kept: a later flush (e.g. once a lock is
@@ -856,7 +908,7 @@ class SQLiteStateStore(StateStore):
                 changed = [db.execute(sql, params).rowcount for sql, params in statements]
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                _rollback(db)
                 raise
         except sqlite3.DatabaseError as exc:
             raise self._fail("write failed", exc) from exc
