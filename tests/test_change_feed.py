@@ -725,6 +725,53 @@ async def test_one_tombstone_per_page_across_workers(
         assert sorted(tombstones(workers)) == expected, run
 
 
+@pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_page_two_workers_find_gone_in_one_run_yields_one_tombstone(
+    site, state_uri, cluster_prefix, tmp_path
+):
+    n = 16
+    add_pages(site, n, size=1500)
+    # Slow answers: both copies of a page are out at once, mostly.
+    site.slow("/p/", 0.2)
+    urls = " ".join(site.url(f"/p/{i:04d}") for i in range(n))
+
+    def workers(run: str) -> list[Worker]:
+        # Start requests: every worker yields them all, dont_filter (the
+        # run's seen set does not keep a page from being asked twice).
+        return [Worker(site, state_uri, cluster_prefix, tmp_path, f"{run}-{i}",
+                       spider=("starts", "-a", f"urls={urls}", "-a", f"tag={i}",
+                               "-s", "SPIDER_MODULES=tests.follow_spider"))
+                for i in range(2)]
+
+    for worker in workers("1"):
+        assert await worker.wait() == 0, worker.tail()
+    for i in range(n):
+        site.override(f"/p/{i:04d}", status=410)
+    site.reset_log()
+    second = workers("2")
+    for worker in second:
+        assert await worker.wait() == 0, worker.tail()
+    # Asked once or twice each (a copy that went out once the page was
+    # stored GONE is not due)...
+    assert set(page_gets(site).values()) <= {1, 2} and len(page_gets(site)) == n
+    found = []
+    for worker in second:
+        if worker.feed.exists():
+            found.extend(item["url"] for line in worker.feed.read_text().splitlines()
+                         if line.strip() and (item := json.loads(line))["change"] == "deleted")
+    # ...one tombstone each, whichever worker found it gone.
+    assert sorted(found) == sorted(canonical_url(site.url(f"/p/{i:04d}")) for i in range(n))
+    store = open_store(Settings({"INCREMENTAL_STATE_URI": state_uri}))
+    try:
+        pages = await deferred_from_coro(store.get_pages(
+            [PageKey("starts", canonical_url(site.url(f"/p/{i:04d}"))) for i in range(n)]))
+    finally:
+        await deferred_from_coro(store.close())
+    assert all(state.flags & PageFlags.GONE for state in pages.values()) and len(pages) == n
+    assert test_cluster.leftover_keys(cluster_prefix) == []
+
+
 # -- the store's side -----------------------------------------------------------------
 
 
