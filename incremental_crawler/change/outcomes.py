@@ -143,6 +143,10 @@ class FinalOutcomeMiddleware:
 class MovedPageMiddleware:
     """A known page answering 301 or 308 to another URL is gone (moved).
 
+    A GONE page answering any redirect (but a 304) stays GONE, checked again
+    INCREMENTAL_GONE_RECHECK later: followed, its answer never reaches the
+    outcome middleware.
+
     Downloader middleware order 605, just above RedirectMiddleware (600): a
     response goes through ``process_response`` from the highest order down,
     so this sees the redirect itself, before it is followed (see the module
