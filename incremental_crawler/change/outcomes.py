@@ -130,7 +130,8 @@ class FinalOutcomeMiddleware:
 
     def _record(self, request: Request, status: int, outcome: Outcome) -> None:
         page = page_context(request)
-        if page is None:
+        if page is None or page[0] in self.ledger.tombstoned:
+            # Its tombstone this crawl decides the page (see the module docstring).
             return
         key, prior = page
         self.ledger.record_failure(
