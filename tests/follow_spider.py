@@ -37,3 +37,27 @@ class FollowSpider(scrapy.Spider):
         yield {"url": response.url, "title": response.css("title::text").get()}
         for href in response.css("nav a::attr(href)").getall():
             yield response.follow(href, callback=self.parse)
+
+
+class StartsSpider(scrapy.Spider):
+    """One item per page of its start URLs (space-separated ``-a urls=``).
+
+    Start requests are ``dont_filter``, as Scrapy makes start URLs: in
+    cluster mode every worker yields them, and the run's seen set does not
+    keep a page from being asked on two workers. Each carries ``-a tag=``
+    in its meta (what queued it), so that the shared queue holds them apart.
+    """
+
+    name = "starts"
+
+    def __init__(self, urls: str = "", tag: str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.urls = urls.split()
+        self.tag = tag
+
+    async def start(self):
+        for url in self.urls:
+            yield scrapy.Request(url, meta={"tag": self.tag}, dont_filter=True)
+
+    def parse(self, response: Response) -> Iterator[Any]:
+        yield {"url": response.url, "title": response.css("title::text").get()}

@@ -19,9 +19,11 @@ import scrapy
 from scrapy.exceptions import DropItem
 from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
+from twisted.internet.defer import Deferred
 
 from incremental_crawler import clock
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
+from incremental_crawler.state import ledger as ledger_module
 from incremental_crawler.state.keys import canonical_url
 from incremental_crawler.state.ledger import Ledger
 from incremental_crawler.state.records import PageFlags, PageKey, PageState
@@ -478,6 +480,158 @@ async def test_a_page_moved_for_good_is_a_tombstone_and_its_target_new(
     assert gets(site, "/old") == [] and deleted(third.collected) == []
 
 
+@pytest.mark.parametrize("user", [(Recorder,), (SlowTombstones, CopyItems, Recorder)],
+                         ids=["same-object", "slow-copying-pipeline"])
+@pytest_twisted.ensureDeferred
+async def test_a_page_asked_twice_in_one_crawl_yields_one_tombstone(
+    site, crawl, state_uri, monkeypatch, user
+):
+    site.add_page("/a", "strong", size=1500)
+    url = site.url("/a")
+    a = canonical_url(url)
+    store = Store(state_uri, "list")
+    at(monkeypatch, 0)
+    await crawl(ListSpider, urls=[url])
+    site.override("/a", status=410)
+    site.reset_log()
+    at(monkeypatch, MINUTE)
+    # Start requests are dont_filter: both go out before either answer is back.
+    second = await crawl(ListSpider, urls=[url, url], settings=pipelines(*user))
+    assert [r.status for r in gets(site, "/a")] == [410, 410]
+    [tombstone] = deleted(Recorder.seen)
+    assert deleted(second.collected) == [tombstone]
+    assert second.collected == [tombstone]  # no copy went the items' way
+    stats = second.stats.get_stats()
+    assert stats["incremental/items_deleted"] == 1
+    assert stats["incremental/tombstones/gone_410"] == 1
+    assert "incremental/items_new" not in stats
+    assert [c for c, _ in await store.versions(a)] == ["new", "deleted"]
+    gone = await store.page(a)
+    assert gone is not None and gone.flags & PageFlags.GONE and gone.failures == 0
+    assert gone.next_visit >= crawl_start(second) + RECHECK - 1
+    assert await store.fingerprint(a) is None
+
+    # It comes back: new, once.
+    site.clear_override("/a")
+    Recorder.seen.clear()
+    at(monkeypatch, RECHECK + DAY)
+    third = await crawl(ListSpider, urls=[url], settings=pipelines(*user))
+    assert [(i["url"], i["change"]) for i in third.collected] == [(url, "new")]
+    assert [c for c, _ in await store.versions(a)] == ["new", "deleted", "new"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_deleted_versions_are_never_stored_without_the_gone_page(
+    site, crawl, state_uri, monkeypatch
+):
+    from incremental_crawler.state.stores.sqlite import SQLiteStateStore
+
+    site.add_page("/p", "strong", size=1500)
+    url = site.url("/p")
+    page = canonical_url(url)
+    at(monkeypatch, 0)
+    await crawl(HalfSpider, urls=[url])
+    assert await Store(state_uri, "half").page_items(page) == sorted(
+        [page, canonical_url(url + "?part=2")])
+    site.override("/p", status=410)
+    # After every commit, what a kill -9 would leave: no item deleted from a
+    # page that is not GONE (it would keep its validators and answer 304).
+    commits: list[tuple[int, int]] = []
+    flush_now = SQLiteStateStore.flush_now
+
+    def checked_flush(store: SQLiteStateStore) -> int:
+        count = flush_now(store)
+        deleted_items, orphans = store._db.execute(
+            "SELECT count(*), sum(NOT EXISTS (SELECT 1 FROM pages p WHERE p.scope = i.scope"
+            " AND p.url = coalesce(i.page, i.item_key) AND p.flags & ?))"
+            " FROM items i WHERE i.fingerprint = ''", (int(PageFlags.GONE),)).fetchone()
+        commits.append((deleted_items, orphans or 0))
+        return count
+
+    monkeypatch.setattr(SQLiteStateStore, "flush_now", checked_flush)
+    # A flush starts at once, as Scrapy starts coroutines on a reactor
+    # without asyncio (with it, a flush waits for the loop's next turn).
+    monkeypatch.setattr(ledger_module, "deferred_from_coro", Deferred.fromCoroutine)
+    at(monkeypatch, MINUTE)
+    second = await crawl(HalfSpider, urls=[url], settings={"INCREMENTAL_BATCH_SIZE": 1})
+    assert len(deleted(second.collected)) == 1
+    assert (2, 0) in commits
+    assert all(orphans == 0 for _, orphans in commits), commits
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_gone_page_that_still_redirects_is_asked_once_per_recheck(
+    site, crawl, state_uri, monkeypatch
+):
+    site.add_page("/old", "strong", size=1500)
+    site.add_page("/new", "strong", size=1500, title="Moved here")
+    urls = [site.url("/old")]
+    old = canonical_url(urls[0])
+    store = Store(state_uri, "list")
+    at(monkeypatch, 0)
+    await crawl(ListSpider, urls=urls)
+    site.add_redirect("/old", "/new", 301)
+    at(monkeypatch, MINUTE)
+    second = await crawl(ListSpider, urls=urls)
+    assert len(deleted(second.collected)) == 1
+    # Past its recheck it redirects still: asked, still gone, checked again a
+    # recheck later; not asked on the next crawls.
+    asked = []
+    for offset in (RECHECK + DAY, RECHECK + DAY + MINUTE, RECHECK + 2 * DAY):
+        site.reset_log()
+        at(monkeypatch, offset)
+        again = await crawl(ListSpider, urls=urls)
+        asked.append([r.status for r in gets(site, "/old")])
+        assert deleted(again.collected) == []
+        if offset == RECHECK + DAY:
+            moved = await store.page(old)
+            assert moved is not None and moved.flags & PageFlags.GONE
+            assert moved.last_status == 301 and moved.redirect_to == canonical_url(
+                site.url("/new"))
+            assert moved.next_visit >= crawl_start(again) + RECHECK - 1
+    assert asked == [[301], [], []]
+    assert await store.fingerprint(old) is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_gone_page_its_sitemap_dated_when_it_went_is_asked_once(
+    site, crawl, state_uri, monkeypatch
+):
+    from tests.test_lastmod import urlset
+
+    paths = ["/p/0", "/p/1"]
+    for path in paths:
+        site.add_page(path, "strong", size=1500)
+    lastmods = {"/p/0": "2024-01-01", "/p/1": "2024-01-01"}
+    store = Store(state_uri, "sitemap")
+
+    async def run(offset: float) -> Any:
+        # No ETag: the sitemap is read in full every crawl.
+        site.add_document("/sitemap.xml", urlset([(site.url(p), lastmods[p]) for p in paths]),
+                          "application/xml")
+        site.reset_log()
+        at(monkeypatch, offset)
+        return await crawl(SitemapPagesSpider, sitemap_url=site.url("/sitemap.xml"))
+
+    await run(0)
+    site.override("/p/1", status=410)
+    lastmods["/p/1"] = "2024-06-01"  # the CMS dates the page when it deletes it
+    asked = []
+    for offset in (MINUTE, 2 * MINUTE, 3 * MINUTE):
+        again = await run(offset)
+        asked.append([r.status for r in gets(site, "/p/1")])
+        assert len(deleted(again.collected)) == (offset == MINUTE)
+    assert asked == [[410], [], []]
+    gone = await store.page(canonical_url(site.url("/p/1")))
+    assert gone is not None and gone.flags & PageFlags.GONE
+    # A newer date asks again: it may have come back (and has).
+    site.clear_override("/p/1")
+    lastmods["/p/1"] = "2024-09-01"
+    back = await run(4 * MINUTE)
+    assert [r.status for r in gets(site, "/p/1")] == [200]
+    assert [(i["url"], i["change"]) for i in back.collected] == [(site.url("/p/1"), "new")]
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_tombstone_names_every_item_last_stored_from_its_page(
     site, crawl, state_uri, monkeypatch
@@ -569,6 +723,53 @@ async def test_one_tombstone_per_page_across_workers(
         assert sum(page_gets(site).values()) == n
         expected = sorted(canonical_url(site.url(p)) for p in gone) if run == 2 else []
         assert sorted(tombstones(workers)) == expected, run
+
+
+@pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_page_two_workers_find_gone_in_one_run_yields_one_tombstone(
+    site, state_uri, cluster_prefix, tmp_path
+):
+    n = 16
+    add_pages(site, n, size=1500)
+    # Slow answers: both copies of a page are out at once, mostly.
+    site.slow("/p/", 0.2)
+    urls = " ".join(site.url(f"/p/{i:04d}") for i in range(n))
+
+    def workers(run: str) -> list[Worker]:
+        # Start requests: every worker yields them all, dont_filter (the
+        # run's seen set does not keep a page from being asked twice).
+        return [Worker(site, state_uri, cluster_prefix, tmp_path, f"{run}-{i}",
+                       spider=("starts", "-a", f"urls={urls}", "-a", f"tag={i}",
+                               "-s", "SPIDER_MODULES=tests.follow_spider"))
+                for i in range(2)]
+
+    for worker in workers("1"):
+        assert await worker.wait() == 0, worker.tail()
+    for i in range(n):
+        site.override(f"/p/{i:04d}", status=410)
+    site.reset_log()
+    second = workers("2")
+    for worker in second:
+        assert await worker.wait() == 0, worker.tail()
+    # Asked once or twice each (a copy that went out once the page was
+    # stored GONE is not due)...
+    assert set(page_gets(site).values()) <= {1, 2} and len(page_gets(site)) == n
+    found = []
+    for worker in second:
+        if worker.feed.exists():
+            found.extend(item["url"] for line in worker.feed.read_text().splitlines()
+                         if line.strip() and (item := json.loads(line))["change"] == "deleted")
+    # ...one tombstone each, whichever worker found it gone.
+    assert sorted(found) == sorted(canonical_url(site.url(f"/p/{i:04d}")) for i in range(n))
+    store = open_store(Settings({"INCREMENTAL_STATE_URI": state_uri}))
+    try:
+        pages = await deferred_from_coro(store.get_pages(
+            [PageKey("starts", canonical_url(site.url(f"/p/{i:04d}"))) for i in range(n)]))
+    finally:
+        await deferred_from_coro(store.close())
+    assert all(state.flags & PageFlags.GONE for state in pages.values()) and len(pages) == n
+    assert test_cluster.leftover_keys(cluster_prefix) == []
 
 
 # -- the store's side -----------------------------------------------------------------

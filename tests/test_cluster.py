@@ -56,20 +56,22 @@ def leftover_keys(prefix: str) -> list[bytes]:
 
 
 class Worker:
-    """One ``scrapy crawl sitemap`` process in cluster mode, its feed and log."""
+    """One ``scrapy crawl`` process in cluster mode (the sitemap spider by default), its feed
+    and log."""
 
     def __init__(self, site, state_uri: str, prefix: str, tmp_path: Path, name: str,
-                 *extra: str) -> None:
+                 *extra: str, spider: tuple[str, ...] = ()) -> None:
         self.feed = tmp_path / f"items-{name}.jsonl"
         self.log = tmp_path / f"worker-{name}.log"
+        #: The spider and its arguments (the project's sitemap spider by default).
+        self.spider = spider or ("sitemap", "-a", f"sitemap_url={site.url('/robots.txt')}")
         with self.log.open("wb") as log:  # the child keeps its own descriptor
             self.proc = self._start(site, state_uri, prefix, log, extra)
 
     def _start(self, site, state_uri, prefix, log, extra) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [
-                sys.executable, "-m", "scrapy", "crawl", "sitemap",
-                "-a", f"sitemap_url={site.url('/robots.txt')}",
+                sys.executable, "-m", "scrapy", "crawl", *self.spider,
                 "-O", str(self.feed),
                 "-s", f"INCREMENTAL_CLUSTER_URL={REDIS_URL}",
                 "-s", f"INCREMENTAL_CLUSTER_PREFIX={prefix}",

@@ -10,7 +10,11 @@ asks the site for.
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
+import subprocess
+import sys
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -27,8 +31,6 @@ from tests.spiders import ListSpider
 from tests.test_commands import scrapy
 
 if TYPE_CHECKING:
-    import subprocess
-
     from incremental_crawler.state.stores import StateStore
 
 #: ListSpider is no spider of the project: ``--spider list`` names its scope.
@@ -131,6 +133,33 @@ async def test_forget_makes_the_next_crawl_fetch_the_page_in_full_and_emit_it_ag
     assert twice.returncode == 1 and "has nothing stored for" in twice.stderr
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_killed_crawl_of_this_host_is_named_killed_until_its_hold_lapses(
+    site, crawl, state_uri, state_store: StateStore,
+):
+    await crawl(ListSpider, urls=pages(site, 1))
+    # A crawl of this host killed with -9: its pid runs no more, its hold stays.
+    killed = subprocess.Popen([sys.executable, "-c", "pass"])
+    killed.wait()
+    host = socket.gethostname()
+    for holder in (f"{host}:{killed.pid}", f"{host}:{killed.pid}:0a1b2c3d"):
+        await deferred_from_coro(state_store.hold_scope(SCOPE, holder, HOLD_TTL))
+        held = await state(state_uri, "forget", site.url("/p/0"), "--spider", SCOPE)
+        assert held.returncode == 1
+        assert held.stderr.startswith(
+            f"error: scope 'list' is held by crawl {holder} (pid {killed.pid} is not running "
+            "on this host: it was killed; its hold lapses at "), held.stderr
+        summary = await state(state_uri, "--spider", SCOPE)
+        assert f"{holder} (pid {killed.pid} is not running on this host: it was killed; " \
+            in summary.stdout, summary.stdout
+        await deferred_from_coro(state_store.release_scope(SCOPE, holder))
+    # This host's running process (the test's) is running, or killed.
+    alive = f"{host}:{os.getpid()}"
+    await deferred_from_coro(state_store.hold_scope(SCOPE, alive, HOLD_TTL))
+    held = await state(state_uri, "forget", site.url("/p/0"), "--spider", SCOPE)
+    assert f"held by crawl {alive} (running, or killed: its hold lapses at " in held.stderr
+
+
 @BACKENDS
 @pytest_twisted.ensureDeferred
 async def test_reset_refuses_without_yes_and_while_a_crawl_holds_the_scope(
@@ -155,14 +184,16 @@ async def test_reset_refuses_without_yes_and_while_a_crawl_holds_the_scope(
         held = await state(state_uri, *args, "--spider", SCOPE)
         assert held.returncode == 1, args
         assert held.stderr.startswith(
-            "error: scope 'list' is held by a running crawl: crawler-host:4242 (its hold "
-            "lapses "), held.stderr
+            "error: scope 'list' is held by crawl crawler-host:4242 (running, or killed: its "
+            "hold lapses at "), held.stderr
+        assert held.stderr.endswith(
+            "); try again when it has finished or its hold has lapsed\n"), held.stderr
         assert held.stderr.count("\n") == 1
         assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", held.stderr)
     assert state_store.count_scope(SCOPE) == before
     summary = await state(state_uri, "--spider", SCOPE)
-    assert re.search(r"^  held by +crawler-host:4242 \(running; its hold lapses ", summary.stdout,
-                     re.M), summary.stdout
+    assert re.search(r"^  held by +crawler-host:4242 \(running, or killed: its hold lapses at ",
+                     summary.stdout, re.M), summary.stdout
 
     # A killed crawl's hold lapses: an explicit now past it, through the store.
     assert state_store.scope_holders(SCOPE, expires) == {}

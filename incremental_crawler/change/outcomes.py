@@ -34,7 +34,15 @@ second tombstone. A 301 or 308 never gets this far when it is followed:
 RedirectMiddleware (600) turns it into a request for its target first, so
 :class:`MovedPageMiddleware` (605) sees it just before, whether it is
 followed or not, and wherever the target is (offsite, disallowed, already
-seen this crawl, answering 304 or not due).
+seen this crawl, answering 304 or not due); a GONE page that redirects
+stays GONE there, checked again INCREMENTAL_GONE_RECHECK later.
+
+A page asked twice in one crawl (start requests are ``dont_filter``) may
+have both answers decide it gone, each request having read its state
+before either answer came: the first claims its tombstone
+(:meth:`~incremental_crawler.state.ledger.Ledger.claim_tombstone`; in
+cluster mode, once for the whole run), and the page's later answers of the
+crawl record nothing.
 """
 
 from __future__ import annotations
@@ -57,7 +65,7 @@ from incremental_crawler.change.tombstones import (
 )
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.links.recipes import own_recipe
-from incremental_crawler.meta import META_DISCOVERY
+from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD
 from incremental_crawler.state.ledger import Ledger
 
 if TYPE_CHECKING:
@@ -95,15 +103,23 @@ class FinalOutcomeMiddleware:
         if (page is not None and status in (404, 410) and tombstones.enabled
                 and not request.meta.get(META_DISCOVERY)):
             key, prior = page
+            if key in self.ledger.tombstoned:
+                # Asked again this crawl: its tombstone (sent, or another
+                # worker's) decides the page; recording this answer could
+                # overwrite the GONE state staged already.
+                return response
             if is_gone(prior):
                 assert prior is not None
-                self.ledger.still_gone(key, prior, status)
+                self.ledger.still_gone(key, prior, status, lastmod=_listed(request))
                 return response
             reason = gone_reason(prior, status)
+            if reason is not None and not self.ledger.claim_tombstone(key):
+                return response
             self._record(request, status, outcome)
             if reason is not None:
                 assert prior is not None
-                await tombstones.send(Gone(key, prior, status, reason), response)
+                await tombstones.send(
+                    Gone(key, prior, status, reason, lastmod=_listed(request)), response)
             return response
         self._record(request, status, outcome)
         return response
@@ -114,7 +130,8 @@ class FinalOutcomeMiddleware:
 
     def _record(self, request: Request, status: int, outcome: Outcome) -> None:
         page = page_context(request)
-        if page is None:
+        if page is None or page[0] in self.ledger.tombstoned:
+            # Its tombstone this crawl decides the page (see the module docstring).
             return
         key, prior = page
         self.ledger.record_failure(
@@ -126,6 +143,10 @@ class FinalOutcomeMiddleware:
 
 class MovedPageMiddleware:
     """A known page answering 301 or 308 to another URL is gone (moved).
+
+    A GONE page answering any redirect (but a 304) stays GONE, checked again
+    INCREMENTAL_GONE_RECHECK later: followed, its answer never reaches the
+    outcome middleware.
 
     Downloader middleware order 605, just above RedirectMiddleware (600): a
     response goes through ``process_response`` from the highest order down,
@@ -148,19 +169,35 @@ class MovedPageMiddleware:
         return cls(crawler, IncrementalConfig.from_settings(crawler.settings))
 
     async def process_response(self, request: Request, response: Response) -> Response:
-        if response.status not in MOVED_STATUSES or request.meta.get(META_DISCOVERY):
+        status = response.status
+        if not 300 <= status < 400 or status == 304 or request.meta.get(META_DISCOVERY):
             return response
         page = page_context(request)
-        location = response.headers.get(b"Location")
-        if page is None or not location or not known_page(page[1]):
+        if page is None or page[0] in self.ledger.tombstoned:
             return response
         key, prior = page
+        if is_gone(prior):
+            # A moved page redirects still (followed or not, the answer never
+            # reaches the outcome middleware): checked again much later.
+            assert prior is not None
+            self.ledger.still_gone(key, prior, status, lastmod=_listed(request))
+            return response
+        location = response.headers.get(b"Location")
+        if status not in MOVED_STATUSES or not location or not known_page(prior):
+            return response
         assert prior is not None
         # Where RedirectMiddleware would go (the Location is Latin-1 on the wire).
         target = self.ledger.canonical(
             safe_url_string(urljoin(request.url, location.decode("latin-1"))))
-        if target == key.url:
+        if target == key.url or not self.ledger.claim_tombstone(key):
             return response
         await self.ledger.tombstones.send(
-            Gone(key, prior, response.status, GoneReason.MOVED, target=target), response)
+            Gone(key, prior, response.status, GoneReason.MOVED, target=target,
+                 lastmod=_listed(request)), response)
         return response
+
+
+def _listed(request: Request) -> float | None:
+    """The date the list that named the page gave it (``None``: none)."""
+    lastmod = request.meta.get(META_LASTMOD)
+    return lastmod if isinstance(lastmod, (int, float)) else None

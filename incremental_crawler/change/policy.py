@@ -287,18 +287,22 @@ def gone_due(state: PageState, *, due_at: float, lastmod: float | None = None) -
 
     When its (rare) next visit is due (INCREMENTAL_GONE_RECHECK after it was
     found gone), or a list gives it a date newer than any we know of it (the
-    one stored, else when it was last checked): it may have come back.
-    Nothing else brings it back: not revisits, max age or recheck-all's
-    schedule (recheck all makes every next visit due anyway).
+    one stored, and when it was last checked: a CMS may bump a page's date
+    when it deletes it, and that date is older than the check that found it
+    gone): it may have come back. Nothing else brings it back: not
+    revisits, max age or recheck-all's schedule (recheck all makes every
+    next visit due anyway).
 
     >>> page = PageState(PageKey("s", "http://h/a"), flags=PageFlags.GONE, next_visit=100,
     ...                  last_checked=50)
     >>> gone_due(page, due_at=99), gone_due(page, due_at=100), gone_due(page, due_at=0, lastmod=60)
     (False, True, True)
+    >>> gone_due(page.copy(lastmod=10), due_at=0, lastmod=40)
+    False
     """
     if is_due(state.next_visit, due_at):
         return True
-    known = state.lastmod if state.lastmod is not None else state.last_checked
+    known = max(state.lastmod or 0.0, state.last_checked)
     return lastmod is not None and lastmod > known
 
 

@@ -26,7 +26,8 @@ delivered (``item_scraped``, or a DropItem: a decision, not a failure) it
 stages a ``deleted`` version of each of those items (they read as unknown:
 if they come back they are new), then the page's state flagged
 ``PageFlags.GONE``, checked again only INCREMENTAL_GONE_RECHECK seconds
-later and only if something names it. Withheld (``item_error``), nothing of
+later and only if something names it (or a list dates it after both the date recorded
+and that check). Withheld (``item_error``), nothing of
 it is stored: the page is recorded as a failure, due on the next crawl,
 which decides and sends it again.
 
@@ -121,6 +122,9 @@ class Gone:
     target: str | None = None
     #: Keys of the items last stored from the page.
     item_keys: list[str] = field(default_factory=list)
+    #: The date the list that named the page gave it (recorded with the
+    #: GONE state: only a newer one asks for the page again).
+    lastmod: float | None = None
 
 
 def _utc(timestamp: float) -> str | None:

@@ -5,7 +5,8 @@ Keys, under ``{INCREMENTAL_CLUSTER_PREFIX}:{spider}:``:
 - ``queue``: scrapy-redis's priority queue (a sorted set);
 - ``run``: the current run's id; ``{run}:seen`` its dupefilter,
   ``{run}:unrecorded`` its failed pages that could not be
-  recorded, ``{run}:claims`` one-per-run jobs,
+  recorded, ``{run}:claims`` one-per-run jobs, ``{run}:tombstones``
+  gone page → the worker that sends its tombstone (one per run),
   ``{run}:started`` its start (the first worker's clock);
 - ``workers``: worker id → last heartbeat (Redis server time, so workers'
   clocks need not agree);
@@ -23,8 +24,9 @@ Redis server (or a single-slot deployment), not Redis Cluster.
 
 The coordinator talks to Redis synchronously, as scrapy-redis's scheduler
 does (Scrapy's scheduler interface is synchronous): one short round trip
-to queue a request and one to pop it, one per heartbeat and per failed
-page that could not be recorded, two per idle check, on a Redis that should be near the workers.
+to queue a request and one to pop it, one per heartbeat, per failed
+page that could not be recorded and per page found gone, two per idle
+check, on a Redis that should be near the workers.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ if TYPE_CHECKING:
 
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
+
+    from incremental_crawler.state.records import PageKey
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +158,7 @@ local unrecorded = tonumber(redis.call('GET', ARGV[3] .. 'unrecorded') or '0')
 local ended = 0
 if redis.call('HLEN', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[2]) == 0 then
   redis.call('DEL', KEYS[3], ARGV[3] .. 'seen', ARGV[3] .. 'unrecorded', ARGV[3] .. 'claims',
-             ARGV[3] .. 'started')
+             ARGV[3] .. 'tombstones', ARGV[3] .. 'started')
   ended = 1
 end
 return {back, unrecorded, ended}
@@ -165,6 +169,19 @@ return {back, unrecorded, ended}
 _CLAIM = """
 redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
 return redis.call('HGET', KEYS[1], ARGV[1])
+"""
+
+# Claim a gone page's tombstone for the run: the first worker to ask gets
+# it, unless it died (left the workers hash) before the page was stored,
+# when its request went back to the queue. KEYS: tombstones, workers; ARGV:
+# page, this worker. Returns the owner.
+_CLAIM_TOMBSTONE = """
+local owner = redis.call('HGET', KEYS[1], ARGV[1])
+if not owner or (owner ~= ARGV[2] and redis.call('HEXISTS', KEYS[2], owner) == 0) then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  owner = ARGV[2]
+end
+return owner
 """
 
 # How many jobs other live workers claimed and have not done yet.
@@ -220,6 +237,7 @@ class ClusterCoordinator:
         self._leave = self.redis.register_script(_LEAVE)
         self._claim = self.redis.register_script(_CLAIM)
         self._claims_pending = self.redis.register_script(_CLAIMS_PENDING)
+        self._claim_tombstone = self.redis.register_script(_CLAIM_TOMBSTONE)
         self.run: str | None = None
         self.spider_key = ""
         #: Requests this worker popped and has not finished, by ticket.
@@ -545,6 +563,24 @@ class ClusterCoordinator:
             self.redis.hset(self.run_prefix + "claims", f"{job}:done", self.worker_id)
         except redis.RedisError as exc:
             self.lost(exc)
+
+    def claim_tombstone(self, key: PageKey) -> bool:
+        """Whether this worker sends the gone page *key*'s tombstone (one per run).
+
+        Requests that bypass the run's seen set (``dont_filter``: every
+        worker yields the start requests) may ask one page on two workers,
+        each reading its state before either found it gone.
+        """
+        self.roundtrip()
+        try:
+            owner = self._claim_tombstone(keys=[self.run_prefix + "tombstones",
+                                                self.key("workers")],
+                                          args=[key.url, self.worker_id])
+        except redis.RedisError as exc:
+            # Not sent, not recorded: the next run decides the page again.
+            self.lost(exc)
+            return False
+        return bool(owner == self.worker_id.encode())
 
     def note_unrecorded_failure(self) -> None:
         """A page failed and could not be recorded: the run's sitemap validators must not

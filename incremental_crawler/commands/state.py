@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 import sys
 import time
 from dataclasses import asdict
@@ -258,10 +260,39 @@ def resolve_scope(settings: BaseSettings, name: str) -> str:
 def refuse_if_held(store: StateStore, scope: str) -> None:
     holders = store.scope_holders(scope, clock.now())
     if holders:
-        who = ", ".join(f"{holder} (its hold lapses {when(expires)})"
+        who = ", ".join(f"crawl {hold(holder, expires)}"
                         for holder, expires in sorted(holders.items()))
-        raise Refused(f"scope {scope!r} is held by a running crawl: {who}; "
-                      "try again when it has finished")
+        raise Refused(f"scope {scope!r} is held by {who}; "
+                      "try again when it has finished or its hold has lapsed")
+
+
+def hold(holder: str, expires: float) -> str:
+    """A crawl holding a scope, ``host:pid`` (a cluster worker's id: ``host:pid:id``).
+
+    A hold only says the crawl did not release it: it may have been killed
+    (its hold then lapses by itself). A holder on this host whose pid is not
+    running was killed, and is named so.
+    """
+    lapses = f"its hold lapses at {when(expires)}"
+    pid = dead_pid(holder)
+    if pid is not None:
+        return f"{holder} (pid {pid} is not running on this host: it was killed; {lapses})"
+    return f"{holder} (running, or killed: {lapses})"
+
+
+def dead_pid(holder: str) -> int | None:
+    """The pid of *holder* if it is a process of this host that is not running."""
+    host, _, rest = holder.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) <= 0:
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return int(pid)
+    except OSError:  # it runs, as another user
+        return None
+    return None
 
 
 # -- summaries ----------------------------------------------------------------------
@@ -299,7 +330,7 @@ def scope_block(store: StateStore, scope: str, hosts: list[HostSummary],
     out.append(_line("crawls kept", f"{len(records)} (at most {store.crawl_history})"))
     holders = store.scope_holders(scope, now)
     for holder, expires in sorted(holders.items()):
-        out.append(_line("held by", f"{holder} (running; its hold lapses {when(expires)})"))
+        out.append(_line("held by", hold(holder, expires)))
     return out
 
 

@@ -28,8 +28,10 @@ Tombstones (:mod:`incremental_crawler.change.tombstones`) go through the
 same signals: a gone page's tombstone is tracked from the moment it is
 sent until it leaves the pipelines. Delivered (scraped, or dropped: a
 decision), the ``deleted`` versions of the page's items are staged, then
-the page's state flagged GONE; an error withholds it all, and the page is
-recorded as a failure, so the next crawl decides and sends it again.
+the page's state flagged GONE, in one flush; an error withholds it all, and
+the page is recorded as a failure, so the next crawl decides and sends it
+again. A page gets one tombstone per crawl (per run in cluster mode),
+however often it is asked (:meth:`Ledger.claim_tombstone`).
 
 The requests the callback yields are recorded on the transaction too
 (:class:`~incremental_crawler.links.recipes.LinkRecorder`), and their links
@@ -121,6 +123,17 @@ TXN_META = "_incremental_txn"
 LINK_FLAGS = PageFlags.LINKS_KNOWN | PageFlags.HAS_LINKS | PageFlags.LINKS_INCOMPLETE
 
 
+def _gone_lastmod(prior: PageState, listed: float | None) -> float | None:
+    """The date recorded with a GONE page: the newest a list gave it.
+
+    A list that dated the page when it was found gone (a CMS may bump the
+    date when it deletes a page) asks for it again only with a newer date.
+    """
+    if listed is None or (prior.lastmod is not None and prior.lastmod >= listed):
+        return prior.lastmod
+    return listed
+
+
 class PageTransaction:
     """The pending state of one fetched page, waiting for its items."""
 
@@ -173,10 +186,12 @@ class PageTransaction:
 
 
 class RunGate(Protocol):
-    """The unrecorded failures of a whole run of several workers (cluster mode).
+    """What a run of several workers shares (cluster mode).
 
-    A sitemap's state may be saved only when every page it listed that
-    failed was recorded to be requested again, whichever worker fetched it.
+    Its unrecorded failures: a sitemap's state may be saved only when every
+    page it listed that failed was recorded to be requested again, whichever
+    worker fetched it. Its tombstones: one per page, whichever worker found
+    the page gone.
     """
 
     #: Failures of the run that could not be recorded, read when this worker
@@ -187,6 +202,13 @@ class RunGate(Protocol):
 
     def note_unrecorded_failure(self) -> None:
         """A page of this worker failed and could not be recorded: count it for the run."""
+
+    def claim_tombstone(self, key: PageKey) -> bool:
+        """Whether this worker sends *key*'s tombstone: the run's first claim does.
+
+        The run's requests that bypass its seen set (``dont_filter``: start
+        requests, which every worker yields) may ask one page on two workers.
+        """
 
 
 class _Pending:
@@ -223,10 +245,13 @@ class Ledger:
         # This crawl's start (set again when the spider opens).
         self._started = clock.now()
         self._pending: dict[int, _Pending] = {}
-        # Tombstones in the pipelines: by id (the item sent), and by URL (a
+        # Tombstones in the pipelines: by id (the item sent), and by page (a
         # pipeline may return a copy: item_scraped then has another object).
         self._tombstones: dict[int, tuple[Any, Gone]] = {}
-        self._tombstone_urls: dict[str, int] = {}
+        self._tombstone_pages: dict[PageKey, int] = {}
+        #: Pages whose tombstone this crawl sent (or, in cluster mode, another
+        #: worker of the run claimed): one per page, however often it is asked.
+        self.tombstoned: set[PageKey] = set()
         self._discovered: list[PageState] = []
         # Failures of this crawl that could not be recorded to be asked again.
         self._unrecorded = 0
@@ -768,43 +793,68 @@ class Ledger:
 
     # -- tombstones ------------------------------------------------------------
 
+    def claim_tombstone(self, key: PageKey) -> bool:
+        """Whether this crawl sends *key*'s tombstone: the first to decide it gone does.
+
+        A page can be asked twice in one crawl (start requests are
+        ``dont_filter``), both requests reading its state before either
+        answer came back: the second answer is no second tombstone. In
+        cluster mode the run's workers claim each page once (see
+        :class:`RunGate`). Claimed or not, the page is then settled for
+        this crawl: its later answers record nothing (:attr:`tombstoned`).
+        """
+        if key in self.tombstoned:
+            return False
+        self.tombstoned.add(key)
+        return self.run_gate is None or self.run_gate.claim_tombstone(key)
+
     def tombstone_sent(self, item: Any, gone: Gone) -> None:
         """Track *item*, *gone*'s tombstone, until it leaves the pipelines."""
         self._tombstones[id(item)] = (item, gone)
-        self._tombstone_urls[gone.key.url] = id(item)
+        self._tombstone_pages[gone.key] = id(item)
 
     def tombstone_of(self, item: Any) -> Gone | None:
         """The gone page whose tombstone *item* is (``None``: an item)."""
+        item_id = self._tombstone_id(item)
+        return None if item_id is None else self._tombstones[item_id][1]
+
+    def _tombstone_id(self, item: Any) -> int | None:
         entry = self._tombstones.get(id(item))
         if entry is not None and entry[0] is item:
-            return entry[1]
+            return id(item)
         # A copy a pipeline made: it says it is one, for a page in flight.
         field = self.config.change_field
-        if not self._tombstone_urls or field is None or not ItemAdapter.is_item(item):
+        if not self._tombstone_pages or field is None or not ItemAdapter.is_item(item):
             return None
         adapter = ItemAdapter(item)
         url = adapter.get("url")
         if adapter.get(field) != Change.DELETED or not isinstance(url, str):
             return None
-        item_id = self._tombstone_urls.get(url)
-        return None if item_id is None else self._tombstones[item_id][1]
+        return self._tombstone_pages.get(PageKey(self.scope, url))
 
     def _take_tombstone(self, item: Any) -> Gone | None:
-        gone = self.tombstone_of(item)
-        if gone is not None:
-            item_id = self._tombstone_urls.pop(gone.key.url)
-            self._tombstones.pop(item_id, None)
+        """The gone page whose tombstone *item* is, no longer tracked."""
+        item_id = self._tombstone_id(item)
+        if item_id is None:
+            return None
+        _, gone = self._tombstones.pop(item_id)
+        if self._tombstone_pages.get(gone.key) == item_id:
+            del self._tombstone_pages[gone.key]
         return gone
 
     def _tombstone_delivered(self, gone: Gone, item: Any) -> None:
         """Stage the page's items as deleted, then the page as GONE (in that order)."""
         now = clock.now()
         data = serialize_item(item) if self.stores_items else None
+        # No flush between the items and the page (stage_page may start
+        # one): the deleted versions are never stored without the GONE page,
+        # which would keep its validators, answer 304 if it came back, and
+        # its items would never come back as new.
         for key in gone.item_keys:
             self.store.stage_item(ItemRecord(
                 scope=self.scope, key=key, url=None, fingerprint="", data=data,
                 stored_at=now, change=Change.DELETED, page=gone.key.url))
-            self._after_stage()
+        self.staged += len(gone.item_keys)
         prior = gone.prior
         flags = int(prior.flags) | PageFlags.GONE
         redirect_to = prior.redirect_to
@@ -813,7 +863,7 @@ class Ledger:
             redirect_to = gone.target
         self.stage_page(prior.copy(
             flags=int(flags), redirect_to=redirect_to, last_status=gone.status,
-            last_checked=now, checks=prior.checks + 1,
+            last_checked=now, checks=prior.checks + 1, lastmod=_gone_lastmod(prior, gone.lastmod),
             next_visit=now + self.config.gone_recheck, failures=0))
         self.stats.inc_value("incremental/items_deleted")
         self.stats.inc_value(f"incremental/tombstones/{gone.reason}")
@@ -833,11 +883,17 @@ class Ledger:
         self.record_failure(gone.key, prior.copy(failures=0), gone.status,
                             callback=prior.callback, recipe=prior.recipe, counted=False)
 
-    def still_gone(self, key: PageKey, prior: PageState, status: int) -> None:
-        """A GONE page answered 404 or 410 again: no second tombstone, checked much later."""
+    def still_gone(self, key: PageKey, prior: PageState, status: int, *,
+                   lastmod: float | None = None) -> None:
+        """A GONE page answered 404, 410 or a redirect: no second tombstone, checked much later.
+
+        *lastmod*: the date the list that named it gave it (recorded: only a
+        newer one asks for it again).
+        """
         now = clock.now()
         self.stage_page(prior.copy(
             last_status=status, last_checked=now, checks=prior.checks + 1,
+            lastmod=_gone_lastmod(prior, lastmod),
             next_visit=now + self.config.gone_recheck, failures=0))
 
     # -- states read ahead -------------------------------------------------------

@@ -21,6 +21,7 @@ from incremental_crawler.change.policy import (
     RequestReason,
     Verdict,
     future_last_modified,
+    gone_due,
     recheck_due,
 )
 from incremental_crawler.change.revisit import RevisitSchedule
@@ -431,3 +432,14 @@ def test_from_config_reads_the_settings() -> None:
         max_age=5, unstable_after=7, recheck_every=9, schedule=None, max_age_jitter=0.25)
     revisits = IncrementalConfig.from_settings(Settings({"INCREMENTAL_REVISIT_ENABLED": True}))
     assert ChangePolicy.from_config(revisits).schedule == RevisitSchedule.from_config(revisits)
+
+
+def test_a_gone_page_comes_back_only_with_a_date_after_the_check_that_found_it_gone():
+    # Stored with its 2024-01-01 date, found gone at 1_800_000_000 (2027):
+    # a list dating it 2024-06-01 (a CMS stamping its deletion) does not
+    # ask for it again, a date after that check does.
+    gone = PageState(PageKey("s", "http://h/a"), flags=PageFlags.GONE, lastmod=1_704_067_200,
+                     last_checked=1_800_000_000, next_visit=1_802_592_000)
+    assert not gone_due(gone, due_at=1_800_000_060, lastmod=1_717_200_000)
+    assert gone_due(gone, due_at=1_800_000_060, lastmod=1_800_000_030)
+    assert gone_due(gone, due_at=1_802_592_000)
