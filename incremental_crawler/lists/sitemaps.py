@@ -23,6 +23,7 @@ from incremental_crawler import clock
 from incremental_crawler.change.policy import schedule_why
 from incremental_crawler.change.schedule import Why
 from incremental_crawler.lists.dates import parse_w3c_datetime
+from incremental_crawler.state.records import PageFlags
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterable
@@ -157,6 +158,10 @@ def decide(candidate: Candidate, stored: PageState | None, *, use_lastmod: bool,
     if stored is None:
         return Why.NEW
     listed, known = candidate.lastmod, stored.lastmod
+    if stored.flags & PageFlags.GONE:
+        # A gone page came back only if the list dates it after we found it
+        # gone (a CMS may date the deletion: see gone_due).
+        known = max(known or 0.0, stored.last_checked)
     if not use_lastmod or listed is None or known is None:
         return schedule_why(stored, rules)
     newer = listed > known

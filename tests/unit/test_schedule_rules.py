@@ -247,3 +247,18 @@ def test_feeds_tell_modification_dates_from_publication_dates() -> None:
     assert [(e["loc"], e["lastmod"], e["modified"]) for e in parsed[1]] == [
         ("http://h/u", "2024-01-02T00:00:00Z", True),
         ("http://h/p", "2024-01-01T00:00:00Z", False)]
+
+
+def test_a_gone_page_comes_back_only_for_a_date_after_it_was_found_gone() -> None:
+    # A CMS may date a page's deletion: that date is newer than the one stored
+    # with our copy, but older than the check that found the page gone.
+    gone = PageState(KEY, fingerprint="f", lastmod=START - 10 * DAY, flags=PageFlags.GONE,
+                     last_checked=START - 2 * DAY, next_visit=START + 20 * DAY)
+    dated_deletion = Candidate(KEY.url, KEY.url, START - 3 * DAY)
+    dated_after = Candidate(KEY.url, KEY.url, START - DAY)
+    assert decide(dated_deletion, gone, use_lastmod=True, rules=RULES) is Why.NOT_DUE
+    assert decide(dated_after, gone, use_lastmod=True, rules=RULES) is Why.LASTMOD_NEWER
+    # Without a stored date, the check that found it gone is what is known.
+    undated = gone.copy(lastmod=None)
+    assert decide(dated_deletion, undated, use_lastmod=True, rules=RULES) is Why.NOT_DUE
+    assert decide(dated_after, undated, use_lastmod=True, rules=RULES) is Why.LASTMOD_NEWER
