@@ -624,9 +624,11 @@ async def test_a_gone_page_its_sitemap_dated_when_it_went_is_asked_once(
     assert asked == [[410], [], []]
     gone = await store.page(canonical_url(site.url("/p/1")))
     assert gone is not None and gone.flags & PageFlags.GONE
-    # A newer date asks again: it may have come back (and has).
+    # A date after the check that found it gone asks again: it may have
+    # come back (and has).
     site.clear_override("/p/1")
-    lastmods["/p/1"] = "2024-09-01"
+    lastmods["/p/1"] = time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                     time.gmtime(time.time() + 4 * MINUTE - 30))
     back = await run(4 * MINUTE)
     assert [r.status for r in gets(site, "/p/1")] == [200]
     assert [(i["url"], i["change"]) for i in back.collected] == [(site.url("/p/1"), "new")]
