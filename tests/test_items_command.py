@@ -96,8 +96,12 @@ async def test_since_exports_what_the_later_crawl_stored_and_all_versions_the_hi
     assert [(r["url"], r["version"], r["stored_at"]) for r in history] == [
         *((url, 1, iso(first)) for url in urls), (urls[2], 2, iso(second))]
     assert [r["title"] for r in history if r["url"] == urls[2]] == ["Page p/2 v0", "Page p/2 v1"]
-    assert {r["change"] for r in history[:4]} == {"new"}
-    assert "change" in history[4]
+    assert [r["change"] for r in history] == ["new"] * 4 + ["changed"]
+    # The latest of each item since a time before either crawl: new to a
+    # reader that had nothing then, though p/2 changed since.
+    assert [(r["url"], r["version"], r["change"])
+            for r in await deferToThread(run, "--since", iso(first - 1))] == [
+        *((url, 1, "new") for url in urls if url != urls[2]), (urls[2], 2, "new")]
 
     # Without the options: the latest live items, as before.
     latest = await deferToThread(run)
@@ -305,3 +309,40 @@ async def test_an_output_that_cannot_be_written_is_one_line_and_exit_1(
     assert result.stderr.splitlines() == [
         f"error: cannot write {path}: "
         + ("Is a directory" if path.is_dir() else "No such file or directory")]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_csv_header_and_its_rows_come_from_one_read_of_the_store(tmp_path):
+    """A crawl's flush between the header pass and the writing pass must
+    not add a row with fields the header lacks: the records are read once."""
+    from scrapy.exporters import CsvItemExporter
+    from scrapy.settings import Settings
+
+    from incremental_crawler.commands.items import Command, _versions
+    from incremental_crawler.state.stores.sqlite import SQLiteStateStore
+
+    path = tmp_path / "state.db"
+    crawl, reader = SQLiteStateStore(path), SQLiteStateStore(path)
+    crawl.stage_item(ItemRecord("s", "a", "a", "fp", json.dumps({"url": "a", "title": "A"}),
+                                stored_at=100))
+    crawl.flush_now()
+    reads = 0
+
+    def records() -> Any:
+        nonlocal reads
+        reads += 1
+        if reads == 2:  # a second read would find what a crawl stored meanwhile
+            crawl.stage_item(ItemRecord("s", "b", "b", "fp", json.dumps(
+                {"url": "b", "title": "B", "price": "9.99"}), stored_at=101))
+            crawl.flush_now()
+        return _versions(reader, None, None, True, "change")
+
+    out = tmp_path / "out.csv"
+    command = Command()
+    assert command._export(records, str(out), CsvItemExporter, Settings(), "csv") == 1
+    assert reads == 1
+    rows = list(csv.DictReader(io.StringIO(out.read_text(), newline="")))
+    assert rows == [{"url": "a", "title": "A", "change": "new",
+                     "stored_at": "1970-01-01T00:01:40Z", "version": "1"}]
+    for store in (crawl, reader):
+        await deferred_from_coro(store.close())

@@ -321,14 +321,16 @@ async def test_page_index_costs_nothing_for_items_keyed_by_their_page(
         assert not [k for k in prefix_keys(redis_prefix) if b":bypage:" in k]
         assert json.loads(shared.hget(items, "b")) == {"fingerprint": "fp-b-1",
                                                        "stored_at": 2_000_001,
-                                                       "url": "https://example.com/b"}
+                                                       "url": "https://example.com/b",
+                                                       "born": 2_000_001}
         assert await call(store.get_page_items(SCOPE, "a")) == ["a"]
 
-        # One from a listing: listed under the page's URL, a JSON list
-        # with its slashes as they are; a tombstone takes it out.
+        # One from a listing: a member "page NUL key" of the scope's sorted
+        # set; a tombstone takes it out.
         store.stage_item(item("https://example.com/x", page=listing))
         await call(store.flush())
-        assert shared.hgetall(bypage) == {listing.encode(): b'["https://example.com/x"]'}
+        assert shared.zrange(bypage, 0, -1, withscores=True) == [
+            (listing.encode() + b"\0https://example.com/x", 0.0)]
         assert json.loads(shared.hget(items, "https://example.com/x"))["page"] == listing
         store.stage_item(item("https://example.com/x", 2, page=listing, change=Change.DELETED))
         await call(store.flush())
@@ -713,3 +715,140 @@ async def test_a_redis_that_evicts_only_expiring_keys_is_accepted(own_redis: Own
         client.config_set("maxmemory-policy", "volatile-lru")
     store = RedisStateStore(own_redis.uri, prefix="ev")
     await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_page_index_is_one_sorted_set_read_by_range(
+    redis_prefix: str, shared: redis.Redis
+) -> None:
+    """Adding to a page with many items costs no rewrite of its list; pages
+    whose URL is a prefix of another's are told apart; moving an item moves
+    its member."""
+    bypage = f"{redis_prefix}:bypage:{SCOPE}"
+    feed, feed2 = "https://example.com/feed", "https://example.com/feed2"
+    store = open_at(redis_prefix)
+    try:
+        for n in range(300):
+            store.stage_item(item(f"k{n:03d}", page=feed))
+        store.stage_item(item("other", page=feed2))
+        await call(store.flush())
+        assert shared.type(bypage) == b"zset"
+        assert shared.zcard(bypage) == 301
+        assert await call(store.get_page_items(SCOPE, feed)) == [f"k{n:03d}" for n in range(300)]
+        assert await call(store.get_page_items(SCOPE, feed2)) == ["other"]
+        store.stage_item(item("k000", 2, page=feed2))
+        await call(store.flush())
+        assert await call(store.get_page_items(SCOPE, feed2)) == ["k000", "other"]
+        assert len(await call(store.get_page_items(SCOPE, feed))) == 299
+        assert store.forget_page(SCOPE, feed2).items == 2
+        assert await call(store.get_page_items(SCOPE, feed2)) == []
+        assert shared.zcard(bypage) == 299
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_layout_1_page_index_is_migrated(redis_prefix: str, shared: redis.Redis) -> None:
+    feed = "https://example.com/feed"
+    items, bypage = f"{redis_prefix}:items:{SCOPE}", f"{redis_prefix}:bypage:{SCOPE}"
+    shared.hset(f"{redis_prefix}:meta", mapping={"layout": LAYOUT, "version": 1})
+    shared.sadd(f"{redis_prefix}:scopes", SCOPE)
+    for key in ("a", "b"):
+        shared.hset(items, key, json.dumps({"fingerprint": f"fp-{key}", "page": feed}))
+        shared.hset(f"{redis_prefix}:itemver:{SCOPE}", key, 1)
+    shared.hset(bypage, feed, '["a","b"]')
+    store = open_at(redis_prefix)
+    try:
+        assert shared.hget(f"{redis_prefix}:meta", "version") == str(LAYOUT_VERSION).encode()
+        assert shared.type(bypage) == b"zset"
+        assert await call(store.get_page_items(SCOPE, feed)) == ["a", "b"]
+        store.stage_item(item("a", 2, change=Change.DELETED, page=feed))
+        await call(store.flush())
+        assert await call(store.get_page_items(SCOPE, feed)) == ["b"]
+    finally:
+        await call(store.close())
+    open_at(redis_prefix)._sync.close()  # opened again: nothing left to migrate
+    assert shared.zrange(bypage, 0, -1) == [feed.encode() + b"\0b"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_item_write_that_fails_applies_nothing_of_it(
+    redis_prefix: str, shared: redis.Redis
+) -> None:
+    """Its reads and checks come before its writes: a damaged version
+    number stops the flush with the item's page index, record and history
+    as they were."""
+    first, second = "https://example.com/p", "https://example.com/q"
+    itemver = f"{redis_prefix}:itemver:{SCOPE}"
+    store = open_at(redis_prefix)
+    try:
+        store.stage_item(item("k", page=first))
+        await call(store.flush())
+        record = shared.hget(f"{redis_prefix}:items:{SCOPE}", "k")
+        shared.hset(itemver, "k", "not a number")
+        store.stage_item(item("k", 2, page=second))
+        with pytest.raises(StateStoreError, match="a write failed"):
+            await call(store.flush())
+        assert await call(store.get_page_items(SCOPE, first)) == ["k"]
+        assert await call(store.get_page_items(SCOPE, second)) == []
+        assert shared.hget(f"{redis_prefix}:items:{SCOPE}", "k") == record
+        assert store.item_history(SCOPE, "k") == [(1, "fp-k-1")]
+        # Repaired, the staged write goes through.
+        shared.hset(itemver, "k", 1)
+        await call(store.flush())
+        assert await call(store.get_page_items(SCOPE, second)) == ["k"]
+        assert store.item_history(SCOPE, "k") == [(1, "fp-k-1"), (2, "fp-k-2")]
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_reset_deletes_only_this_stores_keys_of_the_scope(
+    redis_prefix: str, shared: redis.Redis
+) -> None:
+    """A scope named after its host shares the name of the politeness
+    budget's bucket (``P:budget:<host>`` with the default prefix): a reset
+    of the scope leaves it, and any other key not of this store's kinds."""
+    scope = "example.com"
+    store = open_at(redis_prefix)
+    try:
+        store.stage_page(full_state(PageKey(scope, "https://example.com/a"), 1))
+        store.stage_item(item("k", scope=scope, page="https://example.com/a"))
+        await call(store.flush())
+        foreign = [f"{redis_prefix}:anything:{scope}", f"{redis_prefix}:budget:{scope}"]
+        for key in foreign:
+            shared.set(key, "not the store's")
+        assert store.reset_scope(scope).pages == 1
+        assert sorted(k.decode() for k in prefix_keys(redis_prefix)
+                      if k.decode().endswith(f":{scope}") or ":hist:" in k.decode()) == foreign
+        assert store.scopes() == []
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_latest_versions_read_while_a_crawl_writes_are_never_lost(
+    redis_prefix: str,
+) -> None:
+    """The export notes the versions it wants, then reads them: an item
+    written in between (its noted version pruned, history limit 1) yields
+    the version stored then."""
+    crawl = RedisStateStore(REDIS_URI, prefix=redis_prefix, history_limit=1)
+    reader = open_at(redis_prefix)
+    try:
+        for n in range(1500):  # two chunks of reads
+            crawl.stage_item(item(f"k{n:04d}", stored_at=100 + n))
+        await call(crawl.flush())
+        versions = reader.iter_versions(SCOPE, since=100)
+        got = [next(versions)]  # noted, and the first chunk read
+        crawl.stage_item(item("k1200", 2, stored_at=5000, change=Change.CHANGED))
+        await call(crawl.flush())
+        got += list(versions)
+        assert len(got) == 1500
+        latest = {v.key: (v.version, v.change, v.stored_at) for v in got}
+        # New to a reader that has what was stored before 100.
+        assert latest["k1200"] == (2, "new", 5000)
+        assert latest["k0000"] == (1, "new", 100)
+    finally:
+        await call(crawl.close())
+        await call(reader.close())

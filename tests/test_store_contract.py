@@ -1116,7 +1116,11 @@ class StateStoreContract:
             ("b", 2, "changed"), ("a", 3, "changed")]
         assert versions(since=300, every_version=True) == [
             ("a", 2, "changed"), ("b", 2, "changed"), ("a", 3, "changed")]
-        assert versions(since=400.5) == [("a", 3, "changed")]
+        # Stored times are whole seconds: a window from 400.5 starts at 400
+        # (b's version of 400 may have been stored after 400.5).
+        assert versions(since=400.5) == [("b", 2, "changed"), ("a", 3, "changed")]
+        assert versions(since=400.5, every_version=True) == versions(since=400)
+        assert versions(since=500.999) == [("a", 3, "changed")]
         assert versions(since=501) == []
         assert versions(None, since=300, every_version=True) == [
             ("a", 2, "changed"), ("c", 1, "new"), ("b", 2, "changed"), ("a", 3, "changed")]
@@ -1126,6 +1130,58 @@ class StateStoreContract:
         latest = list(store.iter_versions(SCOPE, since=450))
         assert latest == [StoredVersion(SCOPE, "a", 3, "changed", 500, "fp-a-3",
                                         {"name": "a", "version": 3})]
+
+    @pytest_twisted.ensureDeferred
+    async def test_latest_since_is_new_for_items_not_live_before_it(
+        self, make_store: MakeStore,
+    ) -> None:
+        """A reader that has what was stored before *since* never saw an
+        item first stored (or back) after it: its latest version is new to
+        it, however often it changed since; even once its history no longer
+        holds the new version."""
+        store = make_store(history_limit=1)
+
+        def at(key: str, n: int, when: float, change: Change) -> ItemRecord:
+            return item(key, n, stored_at=when, change=change)
+
+        new, changed, deleted = Change.NEW, Change.CHANGED, Change.DELETED
+        for record in (
+            at("fresh", 1, 200, new), at("fresh", 2, 300, changed),
+            at("old", 1, 100, new), at("old", 2, 300, changed),
+            at("back", 1, 100, new), at("back", 2, 120, deleted), at("back", 3, 200, new),
+            at("back", 4, 300, changed),
+            at("gone", 1, 200, new), at("gone", 2, 300, deleted),
+            at("again", 1, 100, new), at("again", 2, 250, deleted), at("again", 3, 260, new),
+            at("again", 4, 300, changed),
+        ):
+            store.stage_item(record)
+        await call(store.flush())
+
+        def latest(**options: Any) -> dict[str, tuple[int, str]]:
+            return {v.key: (v.version, v.change) for v in store.iter_versions(SCOPE, **options)}
+
+        assert latest(since=150) == {
+            "fresh": (2, "new"), "old": (2, "changed"), "back": (4, "new"),
+            "gone": (2, "deleted"),
+            # Live before the window: its tombstone in the window, then back.
+            "again": (4, "changed"),
+        }
+        # Every item was live before 250 but "again", gone at 250.
+        assert latest(since=250) == {
+            "fresh": (2, "changed"), "old": (2, "changed"), "back": (4, "changed"),
+            "gone": (2, "deleted"), "again": (4, "changed")}
+        assert latest(since=255)["again"] == (4, "new")
+        # Without a window, or with every version: each version's own change.
+        assert latest()["fresh"] == (2, "changed")
+        assert latest(since=150, every_version=True)["fresh"] == (2, "changed")
+
+    @pytest_twisted.ensureDeferred
+    async def test_an_empty_page_is_the_page_of_the_key(self, store: StateStore) -> None:
+        store.stage_item(item("a", page=""))
+        await call(store.flush())
+        assert await call(store.get_page_items(SCOPE, "a")) == ["a"]
+        assert await call(store.get_page_items(SCOPE, "")) == []
+        assert store.url_record(SCOPE, "a").items == ["a"]
 
     @pytest_twisted.ensureDeferred
     async def test_gone_pages_are_never_due_nor_summarized(self, store: StateStore) -> None:
@@ -1830,7 +1886,7 @@ class TestSQLiteMigrations:
             last_status=503, last_checked=10, checks=1, failures=1, next_visit=5)
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 12
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
 
     @pytest_twisted.ensureDeferred
     async def test_version_10_store_gets_the_change_feed_and_keeps_its_data(
@@ -1874,7 +1930,7 @@ class TestSQLiteMigrations:
         assert await call(store.get_page_items("s", "http://a/")) == []
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 12
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
 
     @pytest_twisted.ensureDeferred
     async def test_version_8_store_gets_stale_lastmod_findings(self, tmp_path: Path) -> None:
@@ -1893,7 +1949,7 @@ class TestSQLiteMigrations:
         assert (await call(store.get_host("s", "a"))).stale_lastmods == 2
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 12
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
 
     @pytest_twisted.ensureDeferred
     async def test_version_11_store_gets_crawl_records_and_holds(self, tmp_path: Path) -> None:
@@ -1914,4 +1970,34 @@ class TestSQLiteMigrations:
         assert store.scope_holders("s", 100) == {"me": 160}
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 12
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
+
+    @pytest_twisted.ensureDeferred
+    async def test_version_12_store_gets_live_run_marks(self, tmp_path: Path) -> None:
+        path = tmp_path / "v12.db"
+        with closing(schema_at(path, 12)) as db:
+            db.execute("INSERT INTO items (scope, item_key, fingerprint, first_seen, "
+                       "last_changed, version) VALUES ('s', 'k', 'fp2', 5, 10, 2)")
+            db.executemany(
+                "INSERT INTO item_versions (scope, item_key, version, fingerprint, data, "
+                "stored_at, change) VALUES ('s', 'k', ?, ?, ?, ?, ?)",
+                [(1, "fp1", '{"n": 1}', 5, "new"), (2, "fp2", '{"n": 2}', 10, "changed")])
+            db.execute("PRAGMA user_version = 12")
+            db.commit()
+        store = SQLiteStateStore(path)
+        # When its live run began is unknown: the version's own change.
+        assert [(v.version, v.change) for v in store.iter_versions("s", since=1)] == [
+            (2, "changed")]
+        store.stage_item(ItemRecord("s", "k", "k", "", '{"gone": 1}', 20, change=Change.DELETED))
+        store.stage_item(ItemRecord("s", "k", "k", "fp4", '{"n": 4}', 30, change=Change.NEW))
+        store.stage_item(ItemRecord("s", "k", "k", "fp5", '{"n": 5}', 40,
+                                    change=Change.CHANGED))
+        await call(store.close())
+        store = SQLiteStateStore(path)
+        assert [(v.version, v.change) for v in store.iter_versions("s", since=25)] == [
+            (5, "new")]
+        assert [(v.version, v.change) for v in store.iter_versions("s", since=15)] == [
+            (5, "changed")]
+        await call(store.close())
+        with closing(sqlite3.connect(path)) as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13

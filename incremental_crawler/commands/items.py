@@ -17,8 +17,10 @@ and ``FEED_EXPORT_INDENT``: an export reads like a crawl's feed.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
+import tempfile
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -177,7 +179,6 @@ class Command(ScrapyCommand):
             self._error(str(exc))
             return
         try:
-            # A function, not an iterator: a CSV export reads the records twice.
             records: Callable[[], Iterator[dict[str, Any]]] = (
                 partial(_versions, store, scope, since, opts.all_versions, change_field)
                 if versions else partial(_latest, store, scope))
@@ -195,15 +196,27 @@ class Command(ScrapyCommand):
     def _export(self, records: Callable[[], Iterator[dict[str, Any]]], output: str,
                 exporter_cls: type[BaseItemExporter], settings: BaseSettings,
                 fmt: str) -> int | None:
-        """Write *records* to *output*; the count, or ``None`` after an error."""
+        """Write *records* (read once) to *output*; the count, or ``None``
+        after an error."""
         options = feed_complete_default_values_from_settings({"format": fmt}, settings)
         fields = options["fields"]
-        if fields is None and issubclass(exporter_cls, CsvItemExporter):
-            # A CSV header is written before the first row, from the first
-            # record's fields unless told: a tombstone, or an item a spider
-            # gave a new field, would lose fields. One pass for their names
-            # (kept, not the records), one to write.
-            fields = list(dict.fromkeys(name for record in records() for name in record))
+        with tempfile.TemporaryFile() as spool:
+            if fields is None and issubclass(exporter_cls, CsvItemExporter):
+                # A CSV header is written before the first row, from the
+                # first record's fields unless told: a tombstone, or an item
+                # a spider gave a new field, would lose fields. The records
+                # are read once, for their names, and spooled to disk (not
+                # kept in memory) to be written: read twice, a crawl's flush
+                # between the reads could add records whose fields the
+                # header lacks.
+                fields = _spool(records(), spool)
+                records = partial(_unspool, spool)
+            return self._write(records(), output, exporter_cls, options, fields)
+
+    def _write(self, records: Iterator[dict[str, Any]], output: str,
+               exporter_cls: type[BaseItemExporter], options: dict[str, Any],
+               fields: list[str] | None) -> int | None:
+        """Write *records* to *output* with *fields*; as :meth:`_export`."""
         if output == STDOUT:
             file: IO[bytes] = sys.stdout.buffer
         else:
@@ -220,7 +233,7 @@ class Command(ScrapyCommand):
             exporter = build(file, fields_to_export=fields, encoding=options["encoding"],
                              indent=options["indent"], **options["item_export_kwargs"])
             exporter.start_exporting()
-            for record in records():
+            for record in records:
                 exporter.export_item(record)
                 count += 1
             exporter.finish_exporting()
@@ -250,6 +263,23 @@ class Command(ScrapyCommand):
     def _error(self, message: str) -> None:
         print(f"error: {message}", file=sys.stderr)
         self.exitcode = 1
+
+
+def _spool(records: Iterator[dict[str, Any]], spool: IO[bytes]) -> list[str]:
+    """Write *records* to *spool* as JSON lines; the names of their fields,
+    in the order first met."""
+    names: dict[str, None] = {}
+    for record in records:
+        names.update(dict.fromkeys(record))
+        spool.write(json.dumps(record, ensure_ascii=False).encode() + b"\n")
+    return list(names)
+
+
+def _unspool(spool: IO[bytes]) -> Iterator[dict[str, Any]]:
+    """The records :func:`_spool` wrote, in their order."""
+    spool.seek(0)
+    for line in spool:
+        yield json.loads(line)
 
 
 def _latest(store: StateStore, scope: str | None) -> Iterator[dict[str, Any]]:

@@ -291,10 +291,12 @@ class StateStore(ABC):
     def stage_item(self, record: ItemRecord) -> None:
         """Stage an item version: its fingerprint, page and, with data, its history.
 
-        The item's version number goes up by one. With ``record.data`` the
-        version is kept in the history with ``record.change`` and
-        ``record.stored_at``, and versions beyond :attr:`history_limit` are
-        pruned, oldest first, in the same flush. A ``deleted`` record (a
+        The item's version number goes up by one. A ``record.page`` of
+        ``None`` or ``""`` means the page whose URL is the item's key. With
+        ``record.data`` the version is kept in the history with
+        ``record.change`` and ``record.stored_at``, and versions beyond
+        :attr:`history_limit` are pruned, oldest first, in the same flush.
+        A ``deleted`` record (a
         tombstone: empty fingerprint) makes the item read as unknown to
         :meth:`get_item_fingerprint` and :meth:`get_page_items`.
         """
@@ -346,11 +348,30 @@ class StateStore(ABC):
                       every_version: bool = False) -> Iterator[StoredVersion]:
         """Stored item versions that have data, tombstones included.
 
-        Only versions stored at or after *since* (``None``: all); with
-        *every_version* each of them, else only the latest version of each
-        item, provided it was stored at or after *since*. In the order they
-        were stored (``stored_at``, then scope, key and version), so that
-        applying them in turn leaves a copy in the store's state.
+        Only versions stored at or after *since* (``None``: all); stored
+        times are whole seconds, so a *since* with a fraction counts from
+        its whole second (a version is rather given twice than missed).
+        With *every_version* each of them, with its own change; else only
+        the latest version of each item, provided it was stored at or after
+        *since*. In the order they were stored (``stored_at``, then scope,
+        key and version), so that applying them in turn leaves a copy in
+        the store's state.
+
+        A latest version read with *since* is ``new`` when the item was not
+        live before *since* (no version of it then, or a tombstone last),
+        whatever the version itself says: a reader that has what was stored
+        before *since* never saw the item. It is so when the item's current
+        live run began at or after *since* and no earlier run's tombstone
+        was stored at or after *since*. An item that was deleted and came
+        back more than once inside the window, and items whose live run
+        began before the store kept these marks, keep their own change.
+        Tombstones stay ``deleted``.
+
+        Not a snapshot in every store: an item written while the versions
+        are read yields the version stored then (Redis: its latest, if
+        still at or after *since*), and with *every_version* a version
+        pruned meanwhile (newer ones beyond :attr:`history_limit`) may be
+        left out.
         """
 
     @abstractmethod

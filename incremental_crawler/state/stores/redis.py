@@ -11,12 +11,14 @@ the prefix; ``<s>`` is the scope, percent-quoted so it never holds a ``:``:
 ``P:due:<s>``                   sorted set: pages with a callback, by next_visit
 ``P:links:<s>``                 hash: page field → the page's links record (opaque text)
 ``P:hosts:<s>``                 hash: host → lastmod/validator trust (JSON)
-``P:items:<s>``                 hash: item key → latest url/fingerprint/simhash/page (JSON)
+``P:items:<s>``                 hash: item key → latest url/fingerprint/simhash/page,
+                                stored_at, born/died (JSON)
 ``P:itemver:<s>``               hash: item key → latest version number
 ``P:order:<s>``                 sorted set: item keys by first_seen (exports)
 ``P:hist:<s>:<item key>``       hash: version → fingerprint, time, change and data (JSON)
-``P:bypage:<s>``                hash: page URL → JSON list of the keys of the live
-                                items last stored from it, other than its own
+``P:bypage:<s>``                sorted set, all scores 0: ``page URL NUL item key``
+                                of the live items last stored from a page, other
+                                than the one keyed by its URL
 ``P:flush:<token>``             how many writes of a flush were applied (expires)
 ``P:crawls:<s>``                sorted set: crawl records (JSON) by start, newest N kept
 ``P:holds:<s>``                 sorted set: crawls holding the scope, by when each lapses
@@ -24,9 +26,11 @@ the prefix; ``<s>`` is the scope, percent-quoted so it never holds a ``:``:
 
 ``P:crawls:<s>`` and ``P:holds:<s>`` came without a layout change (older
 code ignores them). Repairs (``forget_page``, ``forget_host``,
-``reset_scope``) run at once, each in one ``MULTI``; a reset deletes every
-``P:<kind>:<s>`` key of the scope (``P:holds:<s>`` excepted: holds lapse by
-themselves) and its ``P:hist:<s>:*`` keys, and takes it out of ``P:scopes``.
+``reset_scope``) run at once, each in one ``MULTI``; a reset deletes the
+scope's keys of the kinds above (``P:holds:<s>`` excepted: holds lapse by
+themselves; other ``P:<name>:<s>`` keys, such as a shared politeness budget
+``P:budget:<host>``, are not this store's) and its ``P:hist:<s>:*`` keys,
+and takes it out of ``P:scopes``.
 
 A page field is the URL, plus ``\\0`` and the variant when there is one.
 Records are JSON objects of their dataclass fields, defaults left out, so a
@@ -41,17 +45,22 @@ version with the fingerprint ``""``. A history entry names its ``change``
 only when it is not what an entry without one reads as: ``new`` for version
 1, else ``changed`` (so entries stored before the change feed read right).
 A version with data prunes, in the same script, the versions
-``INCREMENTAL_ITEM_HISTORY`` no longer keeps. ``P:bypage:<s>`` finds the
-items of a gone page: an item keyed by its page's URL needs no entry (one
-``HGET`` of the items hash finds it, so a crawl of such items creates no
-key); the others are listed under their page while they are live, and the
-script moves an item out of its old page's list when it comes from another
-page or is a tombstone. One hash field per page holding a JSON list, not a
-set per page: a field costs its name and the list's bytes, where a key of
-its own would also cost the prefix and scope in its name, an object and a
-keyspace entry, for every such page. Updating a list rewrites it (linear in
-the page's items), but only when an item's page changes (new, moved, gone
-or back), never when it is crawled again from the same page.
+``INCREMENTAL_ITEM_HISTORY`` no longer keeps. An item's record also keeps
+``born``, when its current live run began (its latest ``new`` version), and
+``died``, when its latest tombstone was stored: ``iter_versions`` with
+``since`` tells with them whether an item was live before the window.
+
+``P:bypage:<s>`` finds the items of a gone page: an item keyed by its
+page's URL needs no entry (one ``HGET`` of the items hash finds it, so a
+crawl of such items creates no key); the others are members
+``page NUL key`` while they are live, and the script moves an item to its
+new page's member when it comes from another page, and drops it when it
+is a tombstone. One sorted set per scope, all scores 0, read by lexical
+range (from ``[page NUL`` to ``(page \\1``): adding or removing an item
+costs O(log n) however many items its page has, and only when an item's
+page changes (new, moved, gone or back), never when it is crawled again
+from the same page; a page's items are one range, and one key per scope
+costs no per-page key overhead.
 
 Reads are one round-trip each (``get_pages``: one pipelined round-trip per
 10,000 keys) on a ``redis.asyncio`` client, so the reactor never waits on
@@ -67,6 +76,11 @@ upserts inside that script. Before applying anything, the script checks that
 every key it will write is of the right type (or absent): a damaged key
 fails the whole flush, so writes that can fail only that way (a page state,
 a links record) are never split by one.
+
+An export (``iter_versions``) is not a snapshot: Redis has no index by time,
+so it notes the versions wanted, then reads them. Latest versions are read
+again as they are then (an item written meanwhile yields its newer
+version); with every version, one pruned meanwhile is left out.
 
 Opening the store (once, before a crawl) and the synchronous reports
 (``iter_items``, ``iter_versions``, ``item_history``, ``count_pages``) use a
@@ -132,10 +146,12 @@ LAYOUT = "incremental_crawler.state"
 #: Additions older code can ignore are no change: ``P:links:<s>`` and the
 #: page records' ``recipe`` came without one (a prefix without them reads as
 #: pages with no links record and no recipe), and neither did the change
-#: feed's ``P:bypage:<s>``, the items' ``page`` and the history entries'
+#: feed's items' ``page``, ``born`` and ``died`` and the history entries'
 #: ``change`` (a prefix without them reads as items of the page of their
-#: key, versions new for version 1, else changed).
-LAYOUT_VERSION = 1
+#: key, of unknown live runs, versions new for version 1, else changed).
+#: Version 2: ``P:bypage:<s>`` became a sorted set (a hash of JSON lists in
+#: version 1; :meth:`RedisStateStore._migrate` converts it).
+LAYOUT_VERSION = 2
 DEFAULT_PREFIX = "incremental"
 #: Keys per pipelined round-trip of a batched read, and fields per HMGET.
 _READ_BATCH = 10_000
@@ -170,8 +186,8 @@ _TOKEN_TTL = 86_400
 # and its versions beyond the history kept are pruned (as SQLite's
 # _PRUNE_VERSIONS). A page flagged gone is never put in the due index (nor
 # left there by a flags write): it is not re-seeded. An item write keeps the
-# page index (P:bypage) in step: an item leaves the list of the page it was
-# listed under when it comes from another page or is a tombstone.
+# page index (P:bypage) in step: an item leaves the page it was listed under
+# when it comes from another page or is a tombstone.
 #
 # Before any write, every key the batch writes is checked for its type
 # (TYPES: by argument, the type the key must have unless absent). A page
@@ -187,7 +203,7 @@ local ARITY = {host = 3, page = 5, check = 8, failure = 9, redirect = 7, item = 
                links = 3, unlink = 2, flags = 4}
 local TYPES = {host = {'hash'}, page = {'hash', 'zset'}, check = {'hash', 'zset'},
                failure = {'hash', 'zset'},
-               redirect = {'hash'}, item = {'hash', 'hash', 'zset', 'hash', 'hash'},
+               redirect = {'hash'}, item = {'hash', 'hash', 'zset', 'hash', 'zset'},
                links = {'hash'}, unlink = {'hash'}, flags = {'hash', 'zset'}}
 local GONE = GONE_FLAG
 local OPS = {}
@@ -282,79 +298,81 @@ function OPS.unlink(a, i)
   -- links, field
   redis.call('HDEL', a[i], a[i + 1])
 end
-local function page_keys(bypage, page)
-  local raw = redis.call('HGET', bypage, page)
-  if raw then return cjson.decode(raw) end
-  return {}
-end
-local function set_page_keys(bypage, page, keys)
-  if #keys == 0 then
-    redis.call('HDEL', bypage, page)
-  else
-    -- cjson escapes every '/' with a backslash: undone (unambiguous, as
-    -- it escapes them all), URLs are full of them.
-    redis.call('HSET', bypage, page, (string.gsub(cjson.encode(keys), '\\\\/', '/')))
-  end
-end
-local function listed_page(raw)
-  -- The page whose entry of the page index lists a stored item: its page
-  -- if the record names one (not its own key) and it is not a tombstone.
-  if not raw then return false end
-  local record = cjson.decode(raw)
-  if type(record.page) == 'string' and record.fingerprint ~= '' then
-    return record.page
-  end
-  return false
-end
 function OPS.item(a, i)
   -- items, itemver, order, hist, bypage, item key, record, when, history
   -- entry ('': none), change, page ('': none, or the item key), live ('1',
-  -- '0': a tombstone), versions kept (0: all)
-  local key = a[i + 5]
-  local was = listed_page(redis.call('HGET', a[i], key))
-  local now = false
-  if a[i + 10] ~= '' and a[i + 11] == '1' then now = a[i + 10] end
-  if was ~= now then
-    if was then
-      local keys = page_keys(a[i + 4], was)
-      for n = #keys, 1, -1 do
-        if keys[n] == key then table.remove(keys, n) end
-      end
-      set_page_keys(a[i + 4], was, keys)
-    end
-    if now then
-      local keys = page_keys(a[i + 4], now)
-      local listed = false
-      for n = 1, #keys do
-        if keys[n] == key then listed = true end
-      end
-      if not listed then
-        keys[#keys + 1] = key
-        set_page_keys(a[i + 4], now, keys)
-      end
-    end
+  -- '0': a tombstone), versions kept (0: all).
+  -- Every read, decode and check comes first, then the writes: an item op
+  -- that fails (a damaged record or version number) applies nothing.
+  local items, itemver, order, hist, bypage = a[i], a[i + 1], a[i + 2], a[i + 3], a[i + 4]
+  local key, record, when, entry = a[i + 5], a[i + 6], tonumber(a[i + 7]), a[i + 8]
+  local live = a[i + 11] == '1'
+  -- The page index lists a live item under its page when that is not its
+  -- own key: where it was listed, where it goes.
+  local was, now = false, false
+  -- When its current live run began (its latest new version; unknown for
+  -- records stored before these marks) and its latest tombstone's time.
+  local born, died = when, nil
+  local raw = redis.call('HGET', items, key)
+  if raw then
+    local old = cjson.decode(raw)
+    if type(old.page) == 'string' and old.fingerprint ~= '' then was = old.page end
+    if old.fingerprint ~= '' then born = old.born end
+    died = old.died
   end
-  local version = redis.call('HINCRBY', a[i + 1], key, 1)
-  redis.call('HSET', a[i], key, a[i + 6])
-  redis.call('ZADD', a[i + 2], 'NX', a[i + 7], key)
-  if a[i + 8] ~= '' then
-    local hist, entry, change = a[i + 3], a[i + 8], a[i + 9]
+  if live then
+    if a[i + 10] ~= '' then now = a[i + 10] end
+  else
+    born, died = nil, when
+  end
+  local version = 1
+  local stored = redis.call('HGET', itemver, key)
+  if stored then
+    local number = tonumber(stored)
+    if not number or number < 0 or number ~= math.floor(number) then
+      error('the version of ' .. key .. ' in ' .. itemver .. ' is not a number: ' .. stored, 0)
+    end
+    version = number + 1
+  end
+  local prune = {}
+  if entry ~= '' then
     local implied = 'changed'
     if version == 1 then implied = 'new' end
-    if change ~= implied then
+    if a[i + 9] ~= implied then
       -- Named only when it is not what an entry without one reads as.
-      entry = '{"change":' .. cjson.encode(change) .. ',' .. string.sub(entry, 2)
+      entry = '{"change":' .. cjson.encode(a[i + 9]) .. ',' .. string.sub(entry, 2)
     end
-    redis.call('HSET', hist, version, entry)
     local oldest = version - tonumber(a[i + 12])
     if oldest < version and oldest >= 1 then
       -- Versions are numbered, not every one has data and the limit may
       -- have been larger: every stored version <= oldest goes. The hash
       -- holds at most limit + 1 of them (this prune keeps it so).
       for _, field in ipairs(redis.call('HKEYS', hist)) do
-        if tonumber(field) <= oldest then redis.call('HDEL', hist, field) end
+        local number = tonumber(field)
+        if not number then
+          error('version ' .. field .. ' in ' .. hist .. ' is not a number', 0)
+        end
+        if number <= oldest then prune[#prune + 1] = field end
       end
     end
+  end
+  -- The record with the marks (it is a JSON object with a fingerprint).
+  local marks = ''
+  if born then marks = marks .. ',"born":' .. string.format('%d', born) end
+  if died then marks = marks .. ',"died":' .. string.format('%d', died) end
+  if marks ~= '' then record = string.sub(record, 1, -2) .. marks .. '}' end
+
+  if was ~= now then
+    -- Members page NUL key, all of score 0: a page's items are one range.
+    if was then redis.call('ZREM', bypage, was .. '\\0' .. key) end
+    if now then redis.call('ZADD', bypage, 0, now .. '\\0' .. key) end
+  end
+  redis.call('HSET', itemver, key, version)
+  redis.call('HSET', items, key, record)
+  redis.call('ZADD', order, 'NX', when, key)
+  if entry ~= '' then
+    redis.call('HSET', hist, version, entry)
+    for _, field in ipairs(prune) do redis.call('HDEL', hist, field) end
   end
 end
 ARITY.crawl, TYPES.crawl = 4, {'zset'}
@@ -416,6 +434,43 @@ end
 return {applied, 0}
 """.replace("TOKEN_TTL", str(_TOKEN_TTL)).replace("GONE_FLAG", str(int(PageFlags.GONE)))
 
+
+# Read-only: the latest version of items, each one's version number, history
+# entry and record read at one instant. KEYS: per item its items hash,
+# itemver hash and history key; ARGV: the item keys. Returns per item its
+# version number, that version's entry and its record (nil where absent).
+_LATEST_LUA = """
+local out = {}
+for n = 1, #ARGV do
+  local version = redis.call('HGET', KEYS[3 * n - 1], ARGV[n])
+  local entry = false
+  if version then entry = redis.call('HGET', KEYS[3 * n], version) end
+  out[3 * n - 2] = version
+  out[3 * n - 1] = entry
+  out[3 * n] = redis.call('HGET', KEYS[3 * n - 2], ARGV[n])
+end
+return out
+"""
+
+# Layout 1 → 2: KEYS[1], a page index of layout 1 (hash: page URL → JSON
+# list of item keys), becomes the sorted set of layout 2; nothing if it is
+# not a hash (converted already).
+_BYPAGE_TO_ZSET_LUA = """
+if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then return 0 end
+local flat = redis.call('HGETALL', KEYS[1])
+redis.call('DEL', KEYS[1])
+for j = 1, #flat, 2 do
+  for _, key in ipairs(cjson.decode(flat[j + 1])) do
+    redis.call('ZADD', KEYS[1], 0, flat[j] .. '\\0' .. key)
+  end
+end
+return 1
+"""
+
+#: The kinds of ``P:<kind>:<s>`` keys a reset deletes: every one this store
+#: writes per scope but ``holds`` (holds lapse by themselves).
+_SCOPE_KINDS = ("pages", "due", "links", "hosts", "items", "itemver", "order", "bypage",
+                "crawls")
 
 #: Members asked per ZSCAN step, and steps at most (100 million members).
 _SCAN_COUNT = 1000
@@ -500,6 +555,12 @@ def _page_field(key: PageKey) -> str:
 def _page_key(scope: str, field: str) -> PageKey:
     url, _, variant = field.partition("\0")
     return PageKey(scope, url, variant)
+
+
+def _page_range(url: str) -> tuple[bytes, bytes]:
+    """ZRANGEBYLEX bounds of the page index members ``url NUL key`` of *url*."""
+    head = url.encode()
+    return b"[" + head + b"\0", b"(" + head + b"\1"
 
 
 class RedisStateStore(StateStore):
@@ -667,8 +728,28 @@ class RedisStateStore(StateStore):
                 f"has layout version {version}, newer than this code knows "
                 f"({LAYOUT_VERSION}); upgrade incremental_crawler"
             )
-        # int(version) < LAYOUT_VERSION would be migrated here; version 1 is
-        # the first layout.
+        if int(version) < LAYOUT_VERSION:
+            self._migrate(int(version))
+
+    def _migrate(self, version: int) -> None:
+        """Bring a prefix of layout *version* to this one.
+
+        1 → 2: each scope's page index, a hash of JSON lists, becomes the
+        sorted set of ``page NUL key``. One script per scope converts it
+        (a second worker opening the store at once finds it converted).
+        """
+        meta = f"{self.prefix}:meta"
+        try:
+            if version < 2:
+                for key in self._scan_keys(f"{_glob(self.prefix)}:bypage:*"):
+                    self.roundtrips += 1
+                    self._sync.eval(_BYPAGE_TO_ZSET_LUA, 1, key)
+            self.roundtrips += 1
+            self._sync.hset(meta, "version", LAYOUT_VERSION)
+        except redis.RedisError as exc:
+            raise self._fail(f"migrating the layout from version {version} failed", exc) from exc
+        logger.info("State store %s: layout migrated from version %d to %d",
+                    self.location, version, LAYOUT_VERSION)
 
     # -- async plumbing --------------------------------------------------------
 
@@ -809,13 +890,14 @@ class RedisStateStore(StateStore):
         return None if record is None else record["fingerprint"] or None
 
     async def get_page_items(self, scope: str, page_url: str) -> list[str]:
-        # Items from another page are listed under it; the item keyed by
-        # the page's URL belongs to it unless it names another page.
+        # Items from another page are listed under it (one range of the
+        # index); the item keyed by the page's URL belongs to it unless it
+        # names another page.
         pipe = self._async.pipeline(transaction=False)
-        pipe.hget(self._key("bypage", scope), page_url)
+        pipe.zrangebylex(self._key("bypage", scope), *_page_range(page_url))
         pipe.hget(self._key("items", scope), page_url)
         listed, own = await self._run(pipe)
-        keys: list[str] = [] if listed is None else json.loads(listed)
+        keys = [member.partition(b"\0")[2].decode() for member in listed]
         if own is not None:
             record = json.loads(own)
             if record["fingerprint"] and record.get("page", page_url) == page_url:
@@ -1060,55 +1142,99 @@ class RedisStateStore(StateStore):
 
     def iter_versions(self, scope: str | None = None, *, since: float | None = None,
                       every_version: bool = False) -> Iterator[StoredVersion]:
-        # Redis has no index by time: one pass over the histories notes
-        # (stored_at, scope, key, version) of the versions wanted, sorted;
-        # a second reads them in that order, in bounded chunks. Only those
-        # small tuples are held, never the items' data.
-        floor = -math.inf if since is None else since
+        # Redis has no index by time: one pass notes (stored_at, scope, key,
+        # version) of the versions wanted, sorted; a second reads them in
+        # that order, in bounded chunks. Only those small tuples are held,
+        # never the items' data. Stored times are whole seconds: a window
+        # from a fraction of a second starts at its whole second.
+        floor = -math.inf if since is None else math.floor(since)
         wanted: list[tuple[int, str, str, int]] = []
         for name in self._stored_scopes() if scope is None else [scope]:
             for keys in self._iter_item_keys(name):
-                for key, history in zip(keys, self._histories(name, keys, every_version),
-                                        strict=True):
-                    for version, entry in history.items():
-                        stored_at = json.loads(entry)["stored_at"]
-                        if stored_at >= floor:
-                            wanted.append((stored_at, name, key.decode(), int(version)))
+                wanted += self._note_versions(name, keys, floor, every_version)
         wanted.sort()
         for start in range(0, len(wanted), _HMGET_CHUNK):
-            chunk = wanted[start:start + _HMGET_CHUNK]
-            pipe = self._sync.pipeline(transaction=False)
-            for _, name, item_key, number in chunk:
-                pipe.hget(self._hist_key(name, item_key), number)
-            for (_, name, item_key, number), entry in zip(chunk, self._sync_run(pipe),
-                                                          strict=True):
-                if entry is None:
-                    continue  # pruned meanwhile (another worker wrote newer versions)
-                stored = json.loads(entry)
-                # An entry names its change only when it is not the one an
-                # entry without it reads as (what entries stored before
-                # the change feed read as).
-                change = stored.get("change") or (
-                    Change.NEW if number == 1 else Change.CHANGED)
-                yield StoredVersion(name, item_key, number, str(change), stored["stored_at"],
-                                    stored["fingerprint"], stored["data"])
+            chunk = [(name, key, n) for _, name, key, n in wanted[start:start + _HMGET_CHUNK]]
+            if every_version:
+                yield from self._read_versions(chunk)
+            else:
+                yield from self._read_latest(chunk, None if since is None else floor)
 
-    def _histories(self, scope: str, keys: list[bytes],
-                   every_version: bool) -> list[dict[bytes, bytes]]:
-        """The stored versions of *keys* (only each one's latest without
-        *every_version*), as version → history entry."""
+    def _note_versions(self, scope: str, keys: list[bytes], floor: float,
+                       every_version: bool) -> list[tuple[int, str, str, int]]:
+        """(stored_at, scope, key, version) of the versions of *keys* stored
+        at or after *floor*: each one, or (version 0) the latest of each."""
         pipe = self._sync.pipeline(transaction=False)
+        noted: list[tuple[int, str, str, int]] = []
         if every_version:
             for key in keys:
                 pipe.hgetall(self._hist_key(scope, key.decode()))
-            return self._sync_run(pipe)
-        pipe.hmget(self._key("itemver", scope), keys)
-        [versions] = self._sync_run(pipe)
+            for key, history in zip(keys, self._sync_run(pipe), strict=True):
+                for version, entry in history.items():
+                    stored_at = json.loads(entry)["stored_at"]
+                    if stored_at >= floor:
+                        noted.append((stored_at, scope, key.decode(), int(version)))
+            return noted
+        # Latest only: the items' records say when their latest version was
+        # stored (no history entry, no data, is read).
+        pipe.hmget(self._key("items", scope), keys)
+        [records] = self._sync_run(pipe)
+        for key, raw in zip(keys, records, strict=True):
+            if raw is not None:
+                stored_at = json.loads(raw).get("stored_at", 0)
+                if stored_at >= floor:
+                    noted.append((stored_at, scope, key.decode(), 0))
+        return noted
+
+    def _read_versions(self, chunk: list[tuple[str, str, int]]) -> Iterator[StoredVersion]:
+        """The history entries (scope, key, version) of *chunk* still stored.
+
+        A version pruned since it was noted (newer ones were written
+        meanwhile, beyond the history kept) is left out.
+        """
         pipe = self._sync.pipeline(transaction=False)
-        for key, version in zip(keys, versions, strict=True):
-            pipe.hget(self._hist_key(scope, key.decode()), version or b"0")
-        return [{} if entry is None else {version: entry}
-                for version, entry in zip(versions, self._sync_run(pipe), strict=True)]
+        for name, item_key, number in chunk:
+            pipe.hget(self._hist_key(name, item_key), number)
+        for (name, item_key, number), entry in zip(chunk, self._sync_run(pipe), strict=True):
+            if entry is not None:
+                yield _stored_version(name, item_key, number, json.loads(entry))
+
+    def _read_latest(self, chunk: list[tuple[str, str, int]],
+                     floor: float | None) -> Iterator[StoredVersion]:
+        """The latest version of each item of *chunk*, as stored now.
+
+        Read in one script, so each item's version number, history entry
+        and record agree: an item written since it was noted yields its
+        newer version (still in the window), never nothing. A latest
+        version without data yields nothing.
+        """
+        keys: list[str] = []
+        for name, item_key, _ in chunk:
+            keys += [self._key("items", name), self._key("itemver", name),
+                     self._hist_key(name, item_key)]
+        self.roundtrips += 1
+        try:
+            reply: Any = self._sync.eval(_LATEST_LUA, len(keys), *keys,
+                                         *(item_key for _, item_key, _ in chunk))
+        except redis.RedisError as exc:
+            raise self._fail("read failed", exc) from exc
+        for n, (name, item_key, _) in enumerate(chunk):
+            version, entry, raw = reply[3 * n:3 * n + 3]
+            if version is None or entry is None:
+                continue
+            stored = json.loads(entry)
+            if floor is not None and stored["stored_at"] < floor:
+                continue
+            found = _stored_version(name, item_key, int(version), stored)
+            if floor is not None and raw is not None and found.change != Change.DELETED:
+                # New to whoever has what was stored before the window:
+                # the item was not live then (its live run began in the
+                # window, and no tombstone of an earlier one is in it).
+                record = json.loads(raw)
+                born, died = record.get("born"), record.get("died")
+                if born is not None and born >= floor and (died is None or died < floor):
+                    found = found._replace(change=str(Change.NEW))
+            yield found
 
     def iter_items(self, scope: str | None = None) -> Iterator[dict[str, object]]:
         scopes = self._stored_scopes() if scope is None else [scope]
@@ -1312,9 +1438,9 @@ class RedisStateStore(StateStore):
             pipe.zrem(self._key("order", scope), *items)
             pipe.delete(*hist)
             kinds += ["items", None, None, None]
-        if urls:
+        for url in sorted(urls):
             # Every item listed under these pages is gone with them.
-            pipe.hdel(self._key("bypage", scope), *urls)
+            pipe.zremrangebylex(self._key("bypage", scope), *_page_range(url))
             kinds.append(None)
         if host is not None:
             pipe.hdel(self._key("hosts", scope), host)
@@ -1335,12 +1461,12 @@ class RedisStateStore(StateStore):
         return self._forget(scope, page_fields, urls, host)
 
     def _scope_keys(self, scope: str) -> tuple[list[str], list[str]]:
-        """The scope's ``P:<kind>:<s>`` keys (holds excepted), and its history keys."""
-        part = _key_part(scope)
-        head, tail = f"{self.prefix}:", f":{part}"
-        kinds = [k for k in self._scan_keys(f"{_glob(self.prefix)}:*:{_glob(part)}")
-                 if ":" not in k[len(head):-len(tail)] and k != self._key("holds", scope)]
-        hist = self._scan_keys(f"{_glob(self.prefix)}:hist:{_glob(part)}:*")
+        """The scope's keys of this store's kinds (holds excepted), and its
+        history keys. Only these kinds: other ``P:<name>:<s>`` keys may be
+        anybody's (a shared politeness budget is ``P:budget:<host>``, and a
+        scope may be named after its host)."""
+        kinds = [self._key(kind, scope) for kind in _SCOPE_KINDS]
+        hist = self._scan_keys(f"{_glob(self.prefix)}:hist:{_glob(_key_part(scope))}:*")
         return kinds, hist
 
     def _count(self, scope: str, hist: list[str], pipe: Any) -> None:
@@ -1372,6 +1498,16 @@ class RedisStateStore(StateStore):
         pipe.srem(f"{self.prefix}:scopes", scope)
         replies = self._sync_run(pipe)
         return self._counted(replies[:5 + len(hist)], hist)
+
+
+def _stored_version(scope: str, item_key: str, number: int,
+                    stored: dict[str, Any]) -> StoredVersion:
+    """A history entry read back. It names its change only when that is not
+    the one an entry without it reads as (what entries stored before the
+    change feed read as)."""
+    change = stored.get("change") or (Change.NEW if number == 1 else Change.CHANGED)
+    return StoredVersion(scope, item_key, number, str(change), stored["stored_at"],
+                         stored["fingerprint"], stored["data"])
 
 
 def _glob(text: str) -> str:

@@ -182,6 +182,14 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (scope, holder)
     ) WITHOUT ROWID;
     """,
+    # 13: when each item's current live run began (its latest new version)
+    # and when its latest tombstone was stored, so that a change feed from
+    # a time tells an item that was not live then (new to its reader) from
+    # one that was. NULL in items stored before: unknown.
+    """
+    ALTER TABLE items ADD COLUMN born INTEGER;
+    ALTER TABLE items ADD COLUMN died INTEGER;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: URLs per batched lookup (SQLite allows 32,766 host parameters).
@@ -244,14 +252,21 @@ _UPSERT_REDIRECT = (
 _OR_FLAGS = "UPDATE pages SET flags = flags | ? WHERE scope = ? AND url = ? AND variant = ?"
 _UPSERT_LINKS = "INSERT OR REPLACE INTO links (scope, url, variant, data) VALUES (?, ?, ?, ?)"
 _DELETE_LINKS = "DELETE FROM links WHERE scope = ? AND url = ? AND variant = ?"
-# A tombstone is a version with an empty fingerprint.
+# A tombstone is a version with an empty fingerprint. `born` (given for a
+# live version, NULL for a tombstone) is kept while the item stays live, and
+# taken when it comes back; `died` (given for a tombstone) is kept until the
+# next tombstone.
 _UPSERT_ITEM = (
     "INSERT INTO items (scope, item_key, url, fingerprint, first_seen, "
-    "last_changed, version, simhash, page) VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?) "
+    "last_changed, version, simhash, page, born, died) "
+    "VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?) "
     "ON CONFLICT (scope, item_key) DO UPDATE SET url = excluded.url, "
     "fingerprint = excluded.fingerprint, simhash = excluded.simhash, "
     "last_changed = excluded.last_changed, version = items.version + 1, "
-    "page = excluded.page"
+    "page = excluded.page, "
+    "born = CASE WHEN items.fingerprint = '' THEN excluded.born "
+    "WHEN excluded.fingerprint = '' THEN NULL ELSE items.born END, "
+    "died = COALESCE(excluded.died, items.died)"
 )
 _ADD_ITEM_VERSION = (
     "INSERT OR REPLACE INTO item_versions "
@@ -721,11 +736,13 @@ class SQLiteStateStore(StateStore):
         self._staged += 1
         when = int(record.stored_at)
         # The URL usually is the key, and the page too: not stored twice.
+        # No page ("" too) is the page of the key, as in every store.
         url = None if record.url == record.key else record.url
-        page = None if record.page == record.key else record.page
+        page = None if record.page in (None, "", record.key) else record.page
+        live = bool(record.fingerprint)
         self._ops.append((_UPSERT_ITEM, (
             record.scope, record.key, url, record.fingerprint, when, when, record.simhash,
-            page,
+            page, when if live else None, None if live else when,
         )))
         if record.data is not None:
             self._ops.append((_ADD_ITEM_VERSION, (
@@ -818,15 +835,26 @@ class SQLiteStateStore(StateStore):
 
     def iter_versions(self, scope: str | None = None, *, since: float | None = None,
                       every_version: bool = False) -> Iterator[StoredVersion]:
+        # Stored times are whole seconds: a window from a fraction of a
+        # second starts at its whole second (at least once, never missed).
+        floor = -(2**62) if since is None else math.floor(since)
         where = ["v.stored_at >= ?"]
-        params: list[object] = [-(2**62) if since is None else math.ceil(since)]
+        params: list[object] = [floor]
         if scope is not None:
             where.append("v.scope = ?")
             params.append(scope)
+        change = _CHANGE
         if not every_version:
             where.append("v.version = i.version")
+            if since is not None:
+                # New to whoever has what was stored before the window: the
+                # item was not live then (its live run began in the window,
+                # and no tombstone of an earlier one is in it).
+                change = (f"CASE WHEN {_CHANGE} != 'deleted' AND i.born >= ? AND "
+                          f"(i.died IS NULL OR i.died < ?) THEN 'new' ELSE {_CHANGE} END")
+                params[:0] = [floor, floor]
         query = (
-            f"SELECT v.scope, v.item_key, v.version, {_CHANGE}, v.stored_at, "  # noqa: S608 (constant SQL)
+            f"SELECT v.scope, v.item_key, v.version, {change}, v.stored_at, "  # noqa: S608 (constant SQL)
             "v.fingerprint, v.data FROM item_versions v JOIN items i "
             "ON i.scope = v.scope AND i.item_key = v.item_key "
             f"WHERE {' AND '.join(where)} "
