@@ -21,8 +21,10 @@ import hashlib
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +35,7 @@ from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 
 from incremental_crawler.state.stores import open_store
+from incremental_crawler.state.stores.sqlite import SQLiteStateStore
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -229,3 +232,77 @@ def test_a_corrupt_store_in_a_read_only_directory_is_called_corrupt(tmp_path, co
     assert "read-only" in line
     assert "intact" not in line
     assert path.read_bytes() == content
+
+
+def store_with_commits_in_its_wal(source: Path, directory: Path, *, rows: int) -> None:
+    """A store in *directory* whose last commits are in its -wal file alone.
+
+    As a crawl killed before a checkpoint leaves it, or a copy that kept
+    state.db and state.db-wal (not -shm): the files are copied while the
+    writer's connection is open (closing it would checkpoint the -wal into
+    the store file). *rows* pages are committed after the store was created
+    and closed; with ``rows=0`` the store is new: its schema itself is in
+    the -wal only.
+    """
+    path = source / "state.db"
+    if rows:
+        store = SQLiteStateStore(path)
+        store._db.close()
+        db = sqlite3.connect(path, isolation_level=None)
+        db.execute("PRAGMA wal_autocheckpoint=0")
+        for i in range(rows):
+            db.execute("INSERT INTO pages(scope, url) VALUES ('s', ?)", (f"http://h/p/{i}",))
+    else:
+        store = SQLiteStateStore(path)  # created and migrated, never checkpointed
+        db = store._db
+    try:
+        for name in ("state.db", "state.db-wal"):
+            shutil.copyfile(source / name, directory / name)
+    finally:
+        db.close()
+
+
+def pages_in(*files: Path) -> int | None:
+    """The pages rows of a copy of *files* (a store and maybe its -wal); ``None``: no table."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for file in files:
+            shutil.copyfile(file, Path(tmp) / file.name)
+        db = sqlite3.connect(Path(tmp) / files[0].name)
+        try:
+            return int(db.execute("SELECT COUNT(*) FROM pages").fetchone()[0])
+        except sqlite3.OperationalError:
+            return None
+        finally:
+            db.close()
+
+
+@pytest.mark.parametrize("rows", [500, 0], ids=["commits-in-wal", "new-store-schema-in-wal"])
+def test_a_store_with_commits_in_its_wal_in_a_read_only_directory_names_both_files(
+    tmp_path, rows,
+):
+    # The store file alone is stale (without its pages, or without even a
+    # schema): "copy it" would lose them. An immutable read (no -wal) found
+    # it "intact"; the check replays the -wal on a copy, and the advice
+    # names both files.
+    source = tmp_path / "writer"
+    source.mkdir()
+    directory = tmp_path / "state"
+    directory.mkdir()
+    store_with_commits_in_its_wal(source, directory, rows=rows)
+    path = directory / "state.db"
+    wal = directory / "state.db-wal"
+    assert pages_in(path) == (None if rows == 0 else 0)  # the store file alone
+    assert pages_in(path, wal) == rows
+    files = {p.name: p.read_bytes() for p in directory.iterdir()}
+    result = run_with_read_only(
+        directory, crawl_args(f"INCREMENTAL_STATE_URI=sqlite:///{path}"))
+    assert result.returncode == 1
+    line = one_error_line(result)
+    assert line.startswith(f"State store {path}: cannot be written: ")
+    assert "read-only" in line
+    assert line.endswith(
+        "The store is intact and was not changed; its last commits are in state.db-wal: "
+        "make it writable, or copy state.db together with state.db-wal to a writable place "
+        "(the one without the other loses them) and point INCREMENTAL_STATE_URI at the copy")
+    assert "corrupt" not in line
+    assert {p.name: p.read_bytes() for p in directory.iterdir()} == files

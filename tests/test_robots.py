@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 import pytest_twisted
+from scrapy import Request, signals
 
 from incremental_crawler.lists.robots import sitemap_urls_from_robots
 from incremental_crawler.politeness import robots
 from incremental_crawler.politeness.robots import ROBOTS_RETRY_AFTER
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from tests.site import LoopbackSite
-from tests.test_failures import sitemap_xml
+from tests.test_failures import at, sitemap_xml
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
 
 PAGES = [f"/p/{i}" for i in range(4)]
 # The politeness users get; RETRY_TIMES is Scrapy's default, named for the count.
@@ -212,6 +216,68 @@ async def test_refused_pages_are_recorded_and_re_seeded_with_their_sitemap_saved
         await other.stop()
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_recorded_page_robots_txt_forbids_backs_off_instead_of_being_re_seeded_each_crawl(
+    site, crawl, state_db, monkeypatch,
+):
+    # Refused while robots.txt was down, the pages got failure records the
+    # re-seeder asks for. robots.txt comes back and forbids them: unless
+    # that is recorded too, they stay due and are re-seeded (and forbidden)
+    # on every crawl for ever. Recorded as a failure, each backs off (a day
+    # after a second failure: INCREMENTAL_REVISIT_INITIAL), and is fetched
+    # once it is due and robots.txt allows it.
+    settings = {**SETTINGS, "INCREMENTAL_REVISIT_ENABLED": True}
+    other = LoopbackSite()
+    other.start()
+
+    def rows() -> list[tuple[str, int, int]]:
+        return sorted(state_db("SELECT url, last_status, failures FROM pages WHERE url LIKE ?",
+                               other.url("/p/%")))
+
+    try:
+        for path in PAGES:
+            other.add_page(path, "strong", size=1500)
+        other.override("/robots.txt", status=503)
+        site.add_document("/sitemap.xml", sitemap_xml(other, PAGES), "application/xml",
+                          etag='"sm-1"')
+        at(monkeypatch, 0)
+        await crawl(SitemapPagesSpider, settings=settings, sitemap_url=site.url("/sitemap.xml"))
+        assert rows() == [(other.url(path), 0, 1) for path in PAGES]
+        other.clear_override("/robots.txt")
+        other.robots_txt = "User-agent: *\nDisallow: /p/\n"
+
+        crawler = await crawl(SitemapPagesSpider, settings=settings,
+                              sitemap_url=site.url("/sitemap.xml"))
+        stats = crawler.stats.get_stats()
+        assert stats["incremental/reseeded"] == len(PAGES)
+        assert stats["robotstxt/forbidden"] == len(PAGES)
+        assert stats["incremental/robotstxt/forbidden_recorded"] == len(PAGES)
+        assert "incremental/failures_unrecorded" not in stats
+        assert rows() == [(other.url(path), 0, 2) for path in PAGES]
+
+        # The next crawls, before the back-off ends, ask nothing of them.
+        for offset in (0, 3600):
+            at(monkeypatch, offset)
+            crawler = await crawl(SitemapPagesSpider, settings=settings,
+                                  sitemap_url=site.url("/sitemap.xml"))
+            stats = crawler.stats.get_stats()
+            assert stats.get("incremental/reseeded", 0) == 0
+            assert "robotstxt/forbidden" not in stats
+            assert rows() == [(other.url(path), 0, 2) for path in PAGES]
+
+        # Two days later robots.txt allows them: due again, re-seeded, fetched.
+        other.robots_txt = "User-agent: *\nDisallow: /private/\n"
+        other.log.clear()
+        at(monkeypatch, 2 * 86400)
+        crawler = await crawl(SitemapPagesSpider, settings=settings,
+                              sitemap_url=site.url("/sitemap.xml"))
+        assert crawler.stats.get_value("incremental/reseeded") == len(PAGES)
+        assert sorted(p for p in gets(other) if p.startswith("/p/")) == PAGES
+        assert rows() == [(other.url(path), 200, 0) for path in PAGES]
+    finally:
+        await other.stop()
+
+
 def sitemap_index(site: Any, paths: list[str]) -> str:
     entries = "".join(f"<sitemap><loc>{site.url(path)}</loc></sitemap>" for path in paths)
     return ('<?xml version="1.0" encoding="UTF-8"?><sitemapindex '
@@ -271,3 +337,64 @@ async def test_a_long_retry_after_on_robots_txt_is_not_waited_for(site, crawl):
     stats = crawler.stats.get_stats()
     assert stats["incremental/robotstxt/unavailable"] == 1
     assert stats["incremental/robotstxt/refused"] == 1
+
+
+class RobotsAttempts:
+    """Extension: the meta of every robots.txt request reaching the downloader (retries too)."""
+
+    seen: ClassVar[list[tuple[str, dict[str, Any]]]] = []
+
+    def __init__(self, crawler: Crawler) -> None:
+        crawler.signals.connect(self.reached, signal=signals.request_reached_downloader)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> RobotsAttempts:
+        return cls(crawler)
+
+    def reached(self, request: Request, spider: Any = None) -> None:
+        if request.url.endswith("/robots.txt"):
+            self.seen.append((request.url, dict(request.meta)))
+
+
+@pytest_twisted.ensureDeferred
+async def test_asking_robots_txt_again_is_one_short_attempt(site, crawl, monkeypatch):
+    # robots.txt fails (503), then hangs. When it is asked again, every page
+    # was refused already and no request waits for the answer, but the
+    # crawl cannot finish while it is in the downloader: it is one attempt
+    # (no retry), with a timeout of ROBOTS_WAIT_MAX, not RETRY_TIMES + 1
+    # attempts of DOWNLOAD_TIMEOUT each (minutes, by default).
+    from twisted.internet import reactor
+
+    monkeypatch.setattr(robots, "ROBOTS_RECHECK_AFTER", 0.5)
+    monkeypatch.setattr(robots, "ROBOTS_WAIT_MAX", 1.0)
+    monkeypatch.setattr(RobotsAttempts, "seen", [])
+    other = LoopbackSite()
+    other.start()
+    try:
+        for path in PAGES:
+            other.add_page(path, "strong", size=1500)
+        other.override("/robots.txt", status=503)
+        site.add_document("/sitemap.xml", sitemap_index(site, ["/a.xml", "/b.xml"]),
+                          "application/xml")
+        site.add_document("/a.xml", sitemap_xml(other, PAGES[:1]), "application/xml")
+        site.add_document("/b.xml", sitemap_xml(other, PAGES[1:]), "application/xml")
+        site.slow("/b.xml", 1.5)
+        # From 1 s on robots.txt does not answer (a server going down).
+        reactor.callLater(1.0, other.slow, "/robots.txt", 60.0)  # type: ignore[attr-defined]
+        crawler = await crawl(
+            SitemapPagesSpider,
+            settings={"RETRY_TIMES": 2, "DOWNLOAD_TIMEOUT": 4,
+                      "EXTENSIONS": {f"{__name__}.RobotsAttempts": 0}},
+            sitemap_url=site.url("/sitemap.xml"))
+        stats = crawler.stats.get_stats()
+        assert stats["incremental/robotstxt/rechecks"] == 1
+        assert stats["incremental/robotstxt/refused"] == len(PAGES)
+        # The first ask: three attempts (503s) with the crawl's timeout;
+        # asking again: one, with the short one.
+        assert [r.status for r in other.requests_for("/robots.txt")] == [503] * 3
+        assert [(m["download_timeout"], m.get("dont_retry", False))
+                for url, m in RobotsAttempts.seen
+                if url == other.url("/robots.txt")] == [(4, False)] * 3 + [(1.0, True)]
+        assert stats["downloader/exception_type_count/scrapy.exceptions.DownloadTimeoutError"] == 1
+    finally:
+        await other.stop()

@@ -24,7 +24,8 @@ RetryMiddleware's ``RETRY_TIMES`` retries, and for a 429 or 503 at most
   (:class:`~incremental_crawler.exceptions.RobotsTxtUnavailable`, counted in
   ``incremental/robotstxt/refused``) until robots.txt can be read. It is
   asked again at the first request to the host :data:`ROBOTS_RECHECK_AFTER`
-  seconds later (``incremental/robotstxt/rechecks``); requests refused
+  seconds later (``incremental/robotstxt/rechecks``), once, without
+  retries and with a timeout of :data:`ROBOTS_WAIT_MAX`; requests refused
   meanwhile stay refused, and so are those that come while it is asked
   (nothing waits for it). The next crawl asks again in any case. The RFC
   allows treating an outage of 30 days as "no robots.txt"; we never do.
@@ -44,6 +45,13 @@ download, a not-due page whose links would have been replayed) is counted
 as unrecorded (``incremental/failures_unrecorded``): it keeps every sitemap
 and feed state of the crawl unsaved, and the next crawl reads them in full
 and lists the refused pages again.
+
+A page with a record the re-seeder asks for that robots.txt *forbids*
+(refused while it could not be read, or fetched before it forbade it) is
+recorded as a failure too (``incremental/robotstxt/forbidden_recorded``):
+it backs off to ``INCREMENTAL_REVISIT_MAX`` instead of staying due, which
+re-seeded it, forbidden, on every crawl. Other forbidden requests are
+dropped as Scrapy drops them: nothing asks for them again.
 
 A robots.txt request refused by another middleware (``IgnoreRequest``: a
 parked domain, a closing shared budget) allows everything, as in Scrapy:
@@ -82,6 +90,8 @@ if TYPE_CHECKING:
     from scrapy import Spider
     from scrapy.crawler import Crawler
 
+    from incremental_crawler.state.records import PageKey, PageState
+
 __all__ = ["SCRAPY_ROBOTSTXT", "RobotsTxtMiddleware", "unavailable_status"]
 
 logger = logging.getLogger(__name__)
@@ -97,7 +107,11 @@ ROBOTS_WAIT_MAX = 5.0
 
 #: Seconds after which an unavailable robots.txt is asked again, at the
 #: first request to its host from then on (requests refused meanwhile stay
-#: refused, and are refused while it is asked).
+#: refused, and are refused while it is asked). That one request is not
+#: retried and times out after :data:`ROBOTS_WAIT_MAX` (or
+#: ``DOWNLOAD_TIMEOUT`` when shorter): no request waits for its answer, but
+#: a crawl that ran out of requests does (it is in the downloader), and
+#: ``RETRY_TIMES`` full timeouts held a finished crawl open for minutes.
 ROBOTS_RECHECK_AFTER = 300.0
 
 #: Scrapy's middleware, which the add-on replaces with this one.
@@ -144,7 +158,12 @@ class RobotsTxtMiddleware(ScrapyRobotsTxt):
         rp = await self.robot_parser(request)
         if isinstance(rp, _Unavailable):
             await self._refuse(request, rp)
-        self.process_request_2(rp, request)
+        try:
+            self.process_request_2(rp, request)
+        except IgnoreRequest:
+            # Forbidden by robots.txt (Scrapy's stat robotstxt/forbidden).
+            await self._forbidden(request)
+            raise
 
     async def robot_parser(self, request: Request) -> RobotParser | None:
         url = urlparse_cached(request)
@@ -176,17 +195,28 @@ class RobotsTxtMiddleware(ScrapyRobotsTxt):
     async def _recheck(self, scheme: str, netloc: str, request: Request) -> None:
         self._stats.inc_value("incremental/robotstxt/rechecks")
         try:
-            await self._ask(scheme, netloc, request)
+            await self._ask(scheme, netloc, request, recheck=True)
         finally:
             del self._rechecking[netloc]
 
-    async def _ask(self, scheme: str, netloc: str, request: Request) -> None:
-        """Fetch *netloc*'s robots.txt; its parser replaces the Deferred in ``_parsers``."""
+    async def _ask(self, scheme: str, netloc: str, request: Request, *,
+                   recheck: bool = False) -> None:
+        """Fetch *netloc*'s robots.txt; its parser replaces the Deferred in ``_parsers``.
+
+        *recheck*: asked again in the background (see
+        :data:`ROBOTS_RECHECK_AFTER`): one short attempt.
+        """
+        meta: dict[str, object] = {"dont_obey_robotstxt": True,
+                                   MAX_RETRY_AFTER: ROBOTS_RETRY_AFTER, MAX_WAIT: ROBOTS_WAIT_MAX}
+        if recheck:
+            timeout = self.crawler.settings.getfloat("DOWNLOAD_TIMEOUT")
+            if timeout <= 0 or timeout > ROBOTS_WAIT_MAX:  # (0: no timeout)
+                timeout = ROBOTS_WAIT_MAX
+            meta.update({"dont_retry": True, MAX_RETRY_AFTER: 0, "download_timeout": timeout})
         robotsreq = Request(
             f"{scheme}://{netloc}/robots.txt",
             priority=self.DOWNLOAD_PRIORITY,
-            meta={"dont_obey_robotstxt": True, MAX_RETRY_AFTER: ROBOTS_RETRY_AFTER,
-                  MAX_WAIT: ROBOTS_WAIT_MAX},
+            meta=meta,
             callback=NO_CALLBACK,
         )
         try:
@@ -248,36 +278,87 @@ class RobotsTxtMiddleware(ScrapyRobotsTxt):
                 ledger.store_failed(exc)
         raise self._refusal(request, rp)
 
-    async def _record(self, ledger: Ledger, request: Request) -> None:
-        """Record the refused page's failure, as a final failure of its download is.
+    async def _forbidden(self, request: Request) -> None:
+        """Record a forbidden page that the re-seeder would ask again, as a failure.
 
-        The conditional middleware (585) never sees the request: the page's
-        state is read here, and a page not due is left alone (it would not
-        have been fetched). A due page, or a new one, is recorded through
-        :meth:`Ledger.record_failure` (no answer: status 0), so that it is
-        due on the next crawl (then backs off) and the re-seeder requests it
-        then, even when the list naming it answers 304; only a failure that
-        cannot be requested again from its record counts as unrecorded (it
-        keeps the crawl's sitemaps unsaved).
+        A page with a record the re-seeder requests (one refused while
+        robots.txt could not be read, or fetched before robots.txt forbade
+        it) stays due for ever if nothing is written: it would be re-seeded
+        and forbidden on every crawl. Recorded as a failure (no answer:
+        status 0), it backs off to ``INCREMENTAL_REVISIT_MAX`` and is asked
+        again then, fetched once robots.txt allows it. Any other forbidden
+        request is left as Scrapy leaves it: nothing asks for it again.
         """
+        ledger = self.crawler.get_extension(Ledger)
         spider = self.crawler.spider
-        assert spider is not None
-        rule = self._due_rule
-        if rule is None:
-            rule = self._due_rule = DueRule.for_crawler(self.crawler, ledger.config, spider)
-        if not rule.applies(request):
-            # No page of its own (an engine download): nothing to record it in.
-            ledger.note_unrecorded_failure()
+        if ledger is None or spider is None or not ledger.config.reseeds_for(spider):
             return
+        try:
+            found = await self._due_page(ledger, request)
+        except StateStoreError as exc:
+            ledger.store_failed(exc)
+            return
+        if found is None:
+            return
+        key, prior, due = found
+        if (prior is None or prior.callback is None or prior.flags & PageFlags.GONE
+                or not due):
+            return
+        ledger.record_failure(
+            key, prior, 0, callback=callback_name(request, spider),
+            recipe=own_recipe(request, spider, ledger.recipe_rules), counted=False)
+        self._stats.inc_value("incremental/robotstxt/forbidden_recorded")
+
+    def _rule(self, ledger: Ledger) -> DueRule:
+        if self._due_rule is None:
+            spider = self.crawler.spider
+            assert spider is not None
+            self._due_rule = DueRule.for_crawler(self.crawler, ledger.config, spider)
+        return self._due_rule
+
+    async def _due_page(
+        self, ledger: Ledger, request: Request,
+    ) -> tuple[PageKey, PageState | None, bool] | None:
+        """The page of *request*: its key, stored state, and whether it is due.
+
+        The conditional middleware (585) never sees a refused request: the
+        page's state is read here. ``None``: the request has no page of its
+        own (an engine download).
+        """
+        rule = self._rule(ledger)
+        if not rule.applies(request):
+            return None
         key = rule.key(request, ledger)
         found, prior = ledger.take_prefetched(key)
         if not found:
             prior = await ledger.store.get_page(key)
-        replay = rule.replays(request)
-        if prior is not None and not rule.due(
-                request, prior, links_unknown=links_unknown(prior, replay=replay),
-                ledger=ledger):
-            if replay and prior.flags & PageFlags.HAS_LINKS:
+        due = prior is None or rule.due(
+            request, prior, links_unknown=links_unknown(prior, replay=rule.replays(request)),
+            ledger=ledger)
+        return key, prior, due
+
+    async def _record(self, ledger: Ledger, request: Request) -> None:
+        """Record the refused page's failure, as a final failure of its download is.
+
+        A page not due is left alone (it would not have been fetched). A due
+        page, or a new one, is recorded through :meth:`Ledger.record_failure`
+        (no answer: status 0), so that it is due on the next crawl (then
+        backs off) and the re-seeder requests it then, even when the list
+        naming it answers 304; only a failure that cannot be requested again
+        from its record counts as unrecorded (it keeps the crawl's sitemaps
+        unsaved).
+        """
+        spider = self.crawler.spider
+        assert spider is not None
+        found = await self._due_page(ledger, request)
+        if found is None:
+            # No page of its own (an engine download): nothing to record it in.
+            ledger.note_unrecorded_failure()
+            return
+        key, prior, due = found
+        if not due:
+            assert prior is not None
+            if self._rule(ledger).replays(request) and prior.flags & PageFlags.HAS_LINKS:
                 # Not due, but its links would have been replayed: the
                 # pages behind it are not reached this crawl.
                 ledger.note_unrecorded_failure()

@@ -12,7 +12,9 @@ import json
 import logging
 import math
 import os
+import shutil
 import sqlite3
+import tempfile
 from itertools import groupby
 from operator import itemgetter
 from pathlib import Path
@@ -460,6 +462,10 @@ class SQLiteStateStore(StateStore):
 
         ``None`` when the place is writable, and when the file, read without
         writing, is not a sound store either (then it is reported as corrupt).
+        A store whose last commits are still in its -wal file (a crawl killed
+        before a checkpoint, a copy that kept both files) is only sound with
+        it: the advice names both files, since copying the store file alone
+        loses those commits (all of a new store's schema, even).
         """
         why = self._unwritable()
         if why is None:
@@ -468,23 +474,55 @@ class SQLiteStateStore(StateStore):
             return self._fail(
                 f"cannot be created: {why} (SQLite: {exc}); point INCREMENTAL_STATE_URI "
                 "at a writable place")
-        if not self._intact():
+        wal = Path(f"{self.path}-wal")
+        try:
+            has_wal = wal.stat().st_size > 0
+        except FileNotFoundError:
+            has_wal = False
+        except OSError:
+            has_wal = True  # there, but unreadable: the check below says so
+        intact = self._intact(wal if has_wal else None)
+        if intact is False:
             return None
+        if not has_wal:
+            return self._fail(
+                f"cannot be written: {why} (SQLite: {exc}). The store is intact and was not "
+                "changed: make it writable, or copy it to a writable place and point "
+                "INCREMENTAL_STATE_URI at the copy")
+        state = ("The store is intact and was not changed" if intact else
+                 "The store was not changed, but could not be checked here")
         return self._fail(
-            f"cannot be written: {why} (SQLite: {exc}). The store is intact and was not "
-            "changed: make it writable, or copy it to a writable place and point "
-            "INCREMENTAL_STATE_URI at the copy")
+            f"cannot be written: {why} (SQLite: {exc}). {state}; its last commits are in "
+            f"{wal.name}: make it writable, or copy {self.path.name} together with "
+            f"{wal.name} to a writable place (the one without the other loses them) and "
+            "point INCREMENTAL_STATE_URI at the copy")
 
-    def _intact(self) -> bool:
+    def _intact(self, wal: Path | None = None) -> bool | None:
         """Whether the file, read without writing anything, is a sound store.
 
         ``immutable=1``: SQLite reads the file as it is, without its -shm
         file (which a read-only directory may not let it create) and without
-        locks; ``quick_check`` reads every page of it.
+        locks; ``quick_check`` reads every page of it. An immutable read
+        ignores the -wal file, though: with a non-empty *wal*, the store and
+        its -wal are copied together to a temporary directory and checked
+        there, opened normally (which replays the -wal's commits); ``None``
+        when that copy cannot be made (it cannot be told).
         """
-        uri = f"{self.path.resolve().as_uri()}?mode=ro&immutable=1"
+        if wal is not None:
+            try:
+                with tempfile.TemporaryDirectory(prefix="incremental-store-check-") as tmp:
+                    copy = Path(tmp) / self.path.name
+                    shutil.copyfile(self.path, copy)
+                    shutil.copyfile(wal, Path(f"{copy}-wal"))
+                    return self._sound(str(copy), uri=False)
+            except OSError:
+                return None
+        return self._sound(f"{self.path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+
+    def _sound(self, database: str, *, uri: bool) -> bool:
+        """Whether *database* opens as a store of ours and passes ``quick_check``."""
         try:
-            db = sqlite3.connect(uri, uri=True)
+            db = sqlite3.connect(database, uri=uri)
         except sqlite3.Error:
             return False
         try:
