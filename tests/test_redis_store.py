@@ -151,6 +151,7 @@ async def test_new_store_marks_its_layout(redis_prefix: str, shared: redis.Redis
     await call(open_at(redis_prefix).close())
     assert shared.hgetall(f"{redis_prefix}:meta") == {
         b"layout": LAYOUT.encode(), b"version": str(LAYOUT_VERSION).encode(),
+        b"gone_due": b"1",  # nothing to add: a new store's gone pages are indexed
     }
     # Reopening an existing store of this layout works.
     await call(open_at(redis_prefix).close())
@@ -376,11 +377,11 @@ async def test_history_entries_without_a_change_read_as_new_then_changed(
 
 
 @pytest_twisted.ensureDeferred
-async def test_gone_pages_never_enter_the_due_index(
+async def test_gone_pages_stay_in_the_due_index_at_their_next_visit(
     redis_prefix: str, shared: redis.Redis
 ) -> None:
-    """Not only left out of the reads: the Lua writes keep them out of
-    ``P:due`` (a flags write takes a page out)."""
+    """Not only in the reads: the Lua writes keep a gone page in ``P:due``,
+    scored by its next visit (its rare recheck)."""
     due = f"{redis_prefix}:due:{SCOPE}"
     gone, flagged = PageKey(SCOPE, f"{URL}/gone"), PageKey(SCOPE, f"{URL}/flagged")
     store = open_at(redis_prefix)
@@ -389,16 +390,65 @@ async def test_gone_pages_never_enter_the_due_index(
                                     flags=PageFlags.GONE))
         store.stage_page(full_state(flagged, 1, callback="parse", next_visit=10))
         await call(store.flush())
-        assert shared.zrange(due, 0, -1) == [flagged.url.encode()]
+        assert shared.zrange(due, 0, -1, withscores=True) == [
+            (flagged.url.encode(), 10), (gone.url.encode(), 10)]
         store.stage_flags(flagged, PageFlags.GONE)
         await call(store.flush())
-        assert shared.zrange(due, 0, -1) == []
-        for key in (gone, flagged):
-            store.stage_check(key, 304, 20, schedule=(3600, 30))
-            store.stage_failure(key, 404, 40, failures=2, next_visit=50, callback="parse")
+        assert shared.zscore(due, flagged.url) == 10
+        store.stage_check(gone, 304, 20, schedule=(3600, 30))
+        store.stage_failure(flagged, 404, 40, failures=2, next_visit=50, callback="parse")
         await call(store.flush())
-        assert shared.zrange(due, 0, -1) == []
-        assert (await call(store.get_page(gone))).next_visit == 50
+        assert shared.zrange(due, 0, -1, withscores=True) == [
+            (gone.url.encode(), 30), (flagged.url.encode(), 50)]
+        assert (await call(store.get_page(flagged))).next_visit == 50
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_gone_pages_left_out_of_the_due_index_are_added_on_open(
+    redis_prefix: str, shared: redis.Redis
+) -> None:
+    """A prefix written when gone pages were kept out of ``P:due``: opening
+    it adds them (once: ``P:meta`` notes it), and no other page."""
+    pages, due = f"{redis_prefix}:pages:{SCOPE}", f"{redis_prefix}:due:{SCOPE}"
+    meta = f"{redis_prefix}:meta"
+    store = open_at(redis_prefix)
+    try:
+        store.stage_page(full_state(PageKey(SCOPE, f"{URL}/live"), 1, callback="parse",
+                                    next_visit=10))
+        await call(store.flush())
+    finally:
+        await call(store.close())
+    assert shared.hget(meta, "gone_due") == b"1"
+    # As an older store left it: gone pages, none of them indexed.
+    shared.hdel(meta, "gone_due")
+    gone = {"callback": "parse", "flags": int(PageFlags.GONE | PageFlags.HAS_LINKS),
+            "next_visit": 2_000}
+    shared.hset(pages, mapping={
+        f"{URL}/gone": json.dumps(gone),
+        f"{URL}/gone\0fr": json.dumps({**gone, "next_visit": 3_000}),
+        f"{URL}/no-callback": json.dumps({"flags": int(PageFlags.GONE)}),
+        f"{URL}/damaged": "{not json",
+        f"{URL}/unindexed": json.dumps({"callback": "parse", "next_visit": 5}),
+    })
+    other = f"{redis_prefix}:pages:other"
+    shared.hset(other, f"{URL}/gone", json.dumps(gone))
+
+    open_at(redis_prefix)._sync.close()
+    assert shared.zrange(due, 0, -1, withscores=True) == [
+        (f"{URL}/live".encode(), 10), (f"{URL}/gone".encode(), 2_000),
+        (f"{URL}/gone\0fr".encode(), 3_000)]
+    assert shared.zrange(f"{redis_prefix}:due:other", 0, -1) == [f"{URL}/gone".encode()]
+    assert shared.hget(meta, "gone_due") == b"1"
+    # Done once: a gone page left out now stays out.
+    shared.zrem(due, f"{URL}/gone")
+    store = open_at(redis_prefix)
+    try:
+        assert [s.key.url for s in await call(store.get_due(SCOPE, 2_500, 10))] == [
+            f"{URL}/live"]
+        assert [s.key for s in await call(store.get_due(SCOPE, 3_000, 10))] == [
+            PageKey(SCOPE, f"{URL}/live"), PageKey(SCOPE, f"{URL}/gone", "fr")]
     finally:
         await call(store.close())
 

@@ -1184,51 +1184,61 @@ class StateStoreContract:
         assert store.url_record(SCOPE, "a").items == ["a"]
 
     @pytest_twisted.ensureDeferred
-    async def test_gone_pages_are_never_due_nor_summarized(self, store: StateStore) -> None:
+    async def test_gone_pages_are_due_at_their_next_visit(self, store: StateStore) -> None:
+        """A gone page is rechecked rarely, not never: it is in get_due (and
+        summarize_pages) once its next visit is due, like any page."""
         def page(name: str, **changes: Any) -> PageState:
             fields = {"next_visit": 500, "callback": "parse", "size": 100,
                       "last_checked": 100, **changes}
             return full_state(PageKey(SCOPE, f"{URL}/{name}"), 1, **fields)
 
-        live, gone, flagged = page("live"), page("gone", flags=PageFlags.GONE), page("flagged")
+        live = page("live")
+        gone = page("gone", flags=PageFlags.GONE, next_visit=5_000)
+        flagged = page("flagged", next_visit=400)
         for state in (live, gone, flagged):
             store.stage_page(state)
         await call(store.flush())
-        store.stage_flags(flagged.key, PageFlags.GONE)
+        store.stage_flags(flagged.key, PageFlags.GONE)  # nothing else changes
         await call(store.flush())
 
-        async def due() -> list[str]:
-            listed = await call(store.get_due(SCOPE, math.inf, 10))
+        async def due(now: float) -> list[str]:
+            listed = await call(store.get_due(SCOPE, now, 10))
             return [s.key.url.rsplit("/", 1)[1] for s in listed]
 
-        async def summary() -> tuple[int, int, float | None]:
+        async def summary(upto: float) -> tuple[int, int, float | None]:
             return tuple(await call(store.summarize_pages(
-                SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf)))
+                SCOPE, after=-math.inf, upto=upto, checked_before=math.inf)))
 
-        assert await due() == ["live"]
-        assert await summary() == (1, 100, 500)
+        assert await due(1_000) == ["flagged", "live"]
+        assert await due(4_999) == ["flagged", "live"]
+        assert await due(5_000) == ["flagged", "live", "gone"]
+        assert await due(math.inf) == ["flagged", "live", "gone"]
+        assert await summary(1_000) == (2, 200, 400)
+        assert await summary(math.inf) == (3, 300, 400)
+        assert (await call(store.get_page(flagged.key))).flags & PageFlags.GONE
 
-        # Neither a check with a schedule nor a failure puts them back.
-        for state in (gone, flagged):
-            store.stage_check(state.key, 304, 900, schedule=(3600, 400))
+        # Checks and failures move them in the index as they move any page.
+        store.stage_check(gone.key, 304, 900, schedule=(3600, 9_000))
+        store.stage_failure(flagged.key, 404, 1_000, failures=2, next_visit=6_000,
+                            callback="parse")
         await call(store.flush())
-        assert await due() == ["live"]
-        assert await summary() == (1, 100, 500)
-        for state in (gone, flagged):
-            store.stage_failure(state.key, 404, 1_000, failures=2, next_visit=300,
-                                callback="parse")
-        await call(store.flush())
-        assert await due() == ["live"]
-        assert await summary() == (1, 100, 500)
-        stored = await call(store.get_page(gone.key))
-        assert (stored.next_visit, stored.failures, stored.checks) == (300, 2, 3)
+        assert await due(5_000) == ["live"]
+        assert await due(6_000) == ["live", "flagged"]
+        assert await due(math.inf) == ["live", "flagged", "gone"]
+        assert await summary(math.inf) == (3, 300, 500)
+        stored = await call(store.get_page(flagged.key))
+        assert (stored.next_visit, stored.failures, stored.checks) == (6_000, 2, 2)
         assert stored.flags & PageFlags.GONE
 
-        # A page that answers again is stored without the flag: due again.
+        # Still gone when rechecked: stored again, due a recheck later.
+        store.stage_page(page("gone", flags=PageFlags.GONE, next_visit=20_000))
+        await call(store.flush())
+        assert await due(19_999) == ["live", "flagged"]
+        # A page that answers again is stored without the flag, due as any.
         store.stage_page(page("gone", next_visit=200))
         await call(store.flush())
-        assert await due() == ["gone", "live"]
-        assert await summary() == (2, 200, 200)
+        assert await due(1_000) == ["gone", "live"]
+        assert await summary(1_000) == (2, 200, 200)
 
     # -- crawl records, holds, read-outs and repairs ----------------------------
 
@@ -1305,7 +1315,8 @@ class StateStoreContract:
         assert sorted(s.key.url for s in store.iter_pages(SCOPE)) == [
             f"{a}/1", f"{a}/2", f"{a}/3", f"{a}/4", f"{b}/x"]
         assert store.summarize_hosts(SCOPE, 1_000) == [
-            HostSummary("a.example", pages=4, due=1, gone=1, failing=1,
+            # The gone page's recheck is due (it is re-seeded): counted.
+            HostSummary("a.example", pages=4, due=2, gone=1, failing=1,
                         size=1001 + 1002 + 1003 + 1004, trust=trust),
             HostSummary("b.example", pages=1, due=1, failing=1),
             HostSummary("c.example", trust=HostTrust(SCOPE, "c.example", checks=1)),

@@ -53,8 +53,9 @@ class HostSummary(NamedTuple):
 
     host: str
     pages: int = 0
-    #: Pages that can be requested again (a callback, not gone) whose next
-    #: visit is not after the time asked about.
+    #: Pages that can be requested again (a callback) whose next visit is
+    #: not after the time asked about: gone ones too once their (rare)
+    #: recheck is due.
     due: int = 0
     #: Pages flagged ``PageFlags.GONE``.
     gone: int = 0
@@ -193,11 +194,12 @@ class StateStore(ABC):
         """Up to *limit* pages of *scope* whose next visit is not after *now*.
 
         Only pages with a callback (they can be requested again): fetched
-        ones, and failed ones recorded without a fingerprint
-        (:meth:`stage_failure`). Most overdue first, in a total order (ties
-        by URL), so that reading with *offset* 0, *limit*, 2 * *limit*...
-        pages through them while the store does not change. *now* may be
-        infinite (every page).
+        ones, failed ones recorded without a fingerprint
+        (:meth:`stage_failure`), and pages flagged ``PageFlags.GONE`` (their
+        next visit is their rare recheck: one that came back is new again).
+        Most overdue first, in a total order (ties by URL), so that reading
+        with *offset* 0, *limit*, 2 * *limit*... pages through them while
+        the store does not change. *now* may be infinite (every page).
         """
 
     @abstractmethod
@@ -205,10 +207,11 @@ class StateStore(ABC):
                               checked_before: float,
                               exclude_callbacks: Collection[str] = ()) -> PagesSummary:
         """The pages of *scope* that can be requested again (a callback, not
-        one of *exclude_callbacks*), whose next visit is after *after* and
-        not after *upto* (either may be infinite), and that were last checked
-        before *checked_before*: how many, their stored sizes, and the
-        earliest next visit. One pass, no states kept.
+        one of *exclude_callbacks*; gone ones too, as :meth:`get_due`), whose
+        next visit is after *after* and not after *upto* (either may be
+        infinite), and that were last checked before *checked_before*: how
+        many, their stored sizes, and the earliest next visit. One pass, no
+        states kept.
         """
 
     @abstractmethod
@@ -442,7 +445,7 @@ class StateStore(ABC):
             row = counts.setdefault(host_of(state.key.url), [0, 0, 0, 0, 0])
             is_gone = bool(state.flags & PageFlags.GONE)
             row[0] += 1
-            row[1] += int(not is_gone and state.callback is not None and state.next_visit <= now)
+            row[1] += int(state.callback is not None and state.next_visit <= now)
             row[2] += int(is_gone)
             row[3] += int(state.failures > 0)
             row[4] += state.size

@@ -5,10 +5,12 @@
 the prefix; ``<s>`` is the scope, percent-quoted so it never holds a ``:``:
 
 ==============================  ==========================================
-``P:meta``                      hash: ``layout`` and ``version`` of the layout
+``P:meta``                      hash: ``layout`` and ``version`` of the layout,
+                                ``gone_due`` (gone pages are in ``P:due``)
 ``P:scopes``                    set of the scopes stored
 ``P:pages:<s>``                 hash: page field → page state (JSON)
-``P:due:<s>``                   sorted set: pages with a callback, by next_visit
+``P:due:<s>``                   sorted set: pages with a callback (gone ones
+                                too), by next_visit
 ``P:links:<s>``                 hash: page field → the page's links record (opaque text)
 ``P:hosts:<s>``                 hash: host → lastmod/validator trust (JSON)
 ``P:items:<s>``                 hash: item key → latest url/fingerprint/simhash/page,
@@ -149,10 +151,16 @@ LAYOUT = "incremental_crawler.state"
 #: feed's items' ``page``, ``born`` and ``died`` and the history entries'
 #: ``change`` (a prefix without them reads as items of the page of their
 #: key, of unknown live runs, versions new for version 1, else changed).
+#: Gone pages in ``P:due:<s>`` were no change either (code before them
+#: skips gone pages it reads there; ``P:meta`` notes when a prefix's older
+#: gone pages were added).
 #: Version 2: ``P:bypage:<s>`` became a sorted set (a hash of JSON lists in
 #: version 1; :meth:`RedisStateStore._migrate` converts it).
 LAYOUT_VERSION = 2
 DEFAULT_PREFIX = "incremental"
+#: ``P:meta`` field: the gone pages of every scope are in ``P:due`` (see
+#: :meth:`RedisStateStore._index_gone_pages`).
+_GONE_INDEXED = "gone_due"
 #: Keys per pipelined round-trip of a batched read, and fields per HMGET.
 _READ_BATCH = 10_000
 _HMGET_CHUNK = 1_000
@@ -184,8 +192,9 @@ _TOKEN_TTL = 86_400
 # failures in a row and the schedule, never validators or fingerprints
 # (only a 2xx updates them); an item gets the next version number of its key,
 # and its versions beyond the history kept are pruned (as SQLite's
-# _PRUNE_VERSIONS). A page flagged gone is never put in the due index (nor
-# left there by a flags write): it is not re-seeded. An item write keeps the
+# _PRUNE_VERSIONS). A page flagged gone stays in the due index like any
+# page with a callback, at its (rare) next visit: the re-seeder asks it
+# again then, as a new page (it may have come back). An item write keeps the
 # page index (P:bypage) in step: an item leaves the page it was listed under
 # when it comes from another page or is a tombstone.
 #
@@ -200,12 +209,11 @@ _TOKEN_TTL = 86_400
 # scopes, then the writes, each its name followed by ARITY[name] arguments.
 _FLUSH_LUA = """
 local ARITY = {host = 3, page = 5, check = 8, failure = 9, redirect = 7, item = 13,
-               links = 3, unlink = 2, flags = 4}
+               links = 3, unlink = 2, flags = 3}
 local TYPES = {host = {'hash'}, page = {'hash', 'zset'}, check = {'hash', 'zset'},
                failure = {'hash', 'zset'},
                redirect = {'hash'}, item = {'hash', 'hash', 'zset', 'hash', 'zset'},
-               links = {'hash'}, unlink = {'hash'}, flags = {'hash', 'zset'}}
-local GONE = GONE_FLAG
+               links = {'hash'}, unlink = {'hash'}, flags = {'hash'}}
 local OPS = {}
 function OPS.host(a, i)
   redis.call('HSET', a[i], a[i + 1], a[i + 2])
@@ -235,11 +243,9 @@ local function visit(a, i)
   return page
 end
 local function reindex(due, field, page)
-  -- A page with a callback is due at its next visit; a gone one never is
-  -- (it is requested again only when something names it).
-  if bit.band(page.flags or 0, GONE) ~= 0 then
-    redis.call('ZREM', due, field)
-  elseif page.callback then
+  -- A page with a callback is due at its next visit (a gone one too: its
+  -- next visit is its rare recheck).
+  if page.callback then
     redis.call('ZADD', due, page.next_visit, field)
   end
 end
@@ -278,16 +284,13 @@ function OPS.redirect(a, i)
   redis.call('HSET', a[i], a[i + 2], cjson.encode(page))
 end
 function OPS.flags(a, i)
-  -- pages, due, field, flags to OR in: nothing else changes, nothing if
-  -- unknown; a page flagged gone leaves the due index
-  local raw = redis.call('HGET', a[i], a[i + 2])
+  -- pages, field, flags to OR in: nothing else changes (the due index
+  -- neither), nothing if unknown
+  local raw = redis.call('HGET', a[i], a[i + 1])
   if raw then
     local page = cjson.decode(raw)
-    page.flags = bit.bor(page.flags or 0, tonumber(a[i + 3]))
-    redis.call('HSET', a[i], a[i + 2], cjson.encode(page))
-    if bit.band(page.flags, GONE) ~= 0 then
-      redis.call('ZREM', a[i + 1], a[i + 2])
-    end
+    page.flags = bit.bor(page.flags or 0, tonumber(a[i + 2]))
+    redis.call('HSET', a[i], a[i + 1], cjson.encode(page))
   end
 end
 function OPS.links(a, i)
@@ -432,7 +435,7 @@ if failed then
   return {applied, 0, failed}
 end
 return {applied, 0}
-""".replace("TOKEN_TTL", str(_TOKEN_TTL)).replace("GONE_FLAG", str(int(PageFlags.GONE)))
+""".replace("TOKEN_TTL", str(_TOKEN_TTL))
 
 
 # Read-only: the latest version of items, each one's version number, history
@@ -466,6 +469,26 @@ for j = 1, #flat, 2 do
 end
 return 1
 """
+
+# Stores before gone pages were re-seeded left them out of the due index:
+# KEYS[1] pages hash, KEYS[2] its due index; ARGV: page fields read as gone
+# (with a callback) by a scan. Each is read again here, so a page written or
+# forgotten since the scan is indexed only if it is still such a page.
+_INDEX_GONE_LUA = """
+for n = 1, #ARGV do
+  local raw = redis.call('HGET', KEYS[1], ARGV[n])
+  if raw then
+    local ok, page = pcall(cjson.decode, raw)
+    if ok and type(page) == 'table' and type(page.callback) == 'string'
+        and bit.band(tonumber(page.flags) or 0, GONE_FLAG) ~= 0 then
+      redis.call('ZADD', KEYS[2], tonumber(page.next_visit) or 0, ARGV[n])
+    end
+  end
+end
+return 0
+""".replace("GONE_FLAG", str(int(PageFlags.GONE)))
+#: Page fields per run of _INDEX_GONE_LUA.
+_INDEX_GONE_CHUNK = 1_000
 
 #: The kinds of ``P:<kind>:<s>`` keys a reset deletes: every one this store
 #: writes per scope but ``holds`` (holds lapse by themselves).
@@ -706,6 +729,7 @@ class RedisStateStore(StateStore):
                 pipe = self._sync.pipeline(transaction=True)
                 pipe.hsetnx(meta, "layout", LAYOUT)
                 pipe.hsetnx(meta, "version", LAYOUT_VERSION)
+                pipe.hsetnx(meta, _GONE_INDEXED, 1)
                 pipe.hgetall(meta)
                 found = pipe.execute()[-1]
                 self.roundtrips += 1
@@ -730,6 +754,8 @@ class RedisStateStore(StateStore):
             )
         if int(version) < LAYOUT_VERSION:
             self._migrate(int(version))
+        if _GONE_INDEXED.encode() not in found:
+            self._index_gone_pages()
 
     def _migrate(self, version: int) -> None:
         """Bring a prefix of layout *version* to this one.
@@ -750,6 +776,35 @@ class RedisStateStore(StateStore):
             raise self._fail(f"migrating the layout from version {version} failed", exc) from exc
         logger.info("State store %s: layout migrated from version %d to %d",
                     self.location, version, LAYOUT_VERSION)
+
+    def _index_gone_pages(self) -> None:
+        """Put the gone pages of every scope in ``P:due``, once per prefix.
+
+        Stores before gone pages were re-seeded kept them out of the due
+        index: left so, such a page would never be checked again. Not a
+        layout change (code before it opens the prefix, and skips gone pages
+        itself); ``P:meta`` notes it done. A worker opening the store
+        meanwhile does the same (idempotent).
+        """
+        meta = f"{self.prefix}:meta"
+        head = f"{self.prefix}:pages:"
+        indexed = 0
+        try:
+            for pages in self._scan_keys(f"{_glob(head)}*"):
+                due = f"{self.prefix}:due:{pages[len(head):]}"
+                gone = [field for field, raw in self._hscan(pages) if _gone_page(raw)]
+                for start in range(0, len(gone), _INDEX_GONE_CHUNK):
+                    self.roundtrips += 1
+                    self._sync.eval(_INDEX_GONE_LUA, 2, pages, due,
+                                    *gone[start:start + _INDEX_GONE_CHUNK])
+                indexed += len(gone)
+            self.roundtrips += 1
+            self._sync.hset(meta, _GONE_INDEXED, 1)
+        except redis.RedisError as exc:
+            raise self._fail("indexing the gone pages for their recheck failed", exc) from exc
+        if indexed:
+            logger.info("State store %s: %d gone pages indexed for their recheck",
+                        self.location, indexed)
 
     # -- async plumbing --------------------------------------------------------
 
@@ -834,9 +889,8 @@ class RedisStateStore(StateStore):
                 continue
             state = self._page(_page_key(scope, field.decode()), raw)
             # The sorted set only holds such pages; checked again so that a
-            # record written by another version cannot re-seed a bad page
-            # (or a gone one).
-            if state.callback is not None and not state.flags & PageFlags.GONE:
+            # record written by another version cannot re-seed a bad page.
+            if state.callback is not None:
                 due.append(state)
         return due
 
@@ -864,8 +918,7 @@ class RedisStateStore(StateStore):
                         continue
                     state = self._page(_page_key(scope, field.decode()), raw)
                     if (state.callback is None or state.callback in exclude_callbacks
-                            or state.last_checked >= checked_before
-                            or state.flags & PageFlags.GONE):
+                            or state.last_checked >= checked_before):
                         continue
                     count += 1
                     size += state.size
@@ -934,8 +987,9 @@ class RedisStateStore(StateStore):
     def stage_page(self, state: PageState) -> None:
         key = state.key
         value = self._encode(state, ("key",), lua_safe=True)
-        # get_due's index: only pages that know their callback, and are not gone.
-        indexed = state.callback is not None and not state.flags & PageFlags.GONE
+        # get_due's index: the pages that know their callback (gone ones
+        # too: their next visit is their rare recheck).
+        indexed = state.callback is not None
         self._stage(key.scope, (
             "page", self._key("pages", key.scope), self._key("due", key.scope),
             _page_field(key), value, int(state.next_visit) if indexed else "",
@@ -979,8 +1033,8 @@ class RedisStateStore(StateStore):
         self._links[key] = data
 
     def stage_flags(self, key: PageKey, add: int) -> None:
-        self._stage(key.scope, ("flags", self._key("pages", key.scope), self._key("due", key.scope),
-                                _page_field(key), int(add)))
+        self._stage(key.scope, ("flags", self._key("pages", key.scope), _page_field(key),
+                                int(add)))
         staged = self._staged_page(key)
         if staged is not None:
             # What the flush will leave: the staged state, then the flags.
@@ -1508,6 +1562,17 @@ def _stored_version(scope: str, item_key: str, number: int,
     change = stored.get("change") or (Change.NEW if number == 1 else Change.CHANGED)
     return StoredVersion(scope, item_key, number, str(change), stored["stored_at"],
                          stored["fingerprint"], stored["data"])
+
+
+def _gone_page(raw: bytes) -> bool:
+    """Whether a stored page record is a gone page with a callback (one the
+    re-seeder rechecks); an unreadable one is not."""
+    try:
+        page = json.loads(raw)
+    except ValueError:
+        return False
+    return (isinstance(page, dict) and isinstance(page.get("callback"), str)
+            and isinstance(page.get("flags"), int) and bool(page["flags"] & PageFlags.GONE))
 
 
 def _glob(text: str) -> str:

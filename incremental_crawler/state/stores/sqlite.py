@@ -639,7 +639,7 @@ class SQLiteStateStore(StateStore):
         # sort; url and variant make the order total, so pages follow on.
         query = (
             f"SELECT url, variant, {_PAGE_COLUMNS} FROM pages WHERE scope = ? "  # noqa: S608 (constant SQL)
-            f"AND next_visit <= ? AND callback IS NOT NULL AND flags & {int(PageFlags.GONE)} = 0 "
+            "AND next_visit <= ? AND callback IS NOT NULL "
             "ORDER BY next_visit, url, variant LIMIT ? OFFSET ?"
         )
         due_at = min(now, 2**62)  # an infinite due_at (recheck all): every page
@@ -657,7 +657,7 @@ class SQLiteStateStore(StateStore):
         query = (
             "SELECT COUNT(*), COALESCE(SUM(size), 0), MIN(next_visit) FROM pages "  # noqa: S608 (placeholders only)
             "WHERE scope = ? AND callback IS NOT NULL AND next_visit > ? AND next_visit <= ? "
-            f"AND last_checked < ? AND flags & {int(PageFlags.GONE)} = 0"
+            "AND last_checked < ?"
             + (f" AND callback NOT IN ({','.join('?' * len(excluded))})" if excluded else "")
         )
         bounds = (int(max(min(after, 2**62), -(2**62))), int(max(min(upto, 2**62), -(2**62))))
