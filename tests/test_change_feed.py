@@ -634,6 +634,102 @@ async def test_a_gone_page_its_sitemap_dated_when_it_went_is_asked_once(
     assert [(i["url"], i["change"]) for i in back.collected] == [(site.url("/p/1"), "new")]
 
 
+async def _gone_behind_an_unchanged_sitemap(site: Any, crawl: Any, state_uri: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> Any:
+    """/p/1 answers 410 on a re-seed (its sitemap, with an ETag, answers 304):
+    one tombstone, the page GONE; then the site restores it, sitemap unchanged.
+    Returns ``run(offset, **settings)``."""
+    serve(site, ["/p/0", "/p/1"])
+    url = canonical_url(site.url("/p/1"))
+    store = Store(state_uri, "sitemap")
+
+    async def run(offset: float, **settings: Any) -> Any:
+        site.reset_log()
+        at(monkeypatch, offset)
+        # No max age: the sitemap is never fetched in full for it (it would
+        # name the page, and the list would decide it instead).
+        crawler = await crawl(SitemapPagesSpider,
+                              settings={**REVISITS, "INCREMENTAL_MAX_AGE": 0, **settings},
+                              sitemap_url=site.url("/sitemap.xml"))
+        if offset:
+            # The list did not change: only the re-seeder asks its pages.
+            assert [r.status for r in gets(site, "/sitemap.xml")] == [304]
+        return crawler
+
+    await run(0)
+    site.override("/p/1", status=410)
+    found = await run(2 * DAY)
+    assert [r.status for r in gets(site, "/p/1")] == [410]
+    [tombstone] = deleted(found.collected)
+    assert tombstone["url"] == site.url("/p/1") and tombstone["reason"] == "gone_410"
+    gone = await store.page(url)
+    assert gone is not None and gone.flags & PageFlags.GONE
+    assert gone.next_visit >= crawl_start(found) + RECHECK - 1
+    site.clear_override("/p/1")
+    return run
+
+
+@pytest.mark.parametrize("state_uri", ["sqlite", "redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_gone_page_behind_an_unchanged_sitemap_is_rechecked_and_comes_back_new(
+    site, crawl, state_uri, monkeypatch
+):
+    """The rare recheck is real: the re-seeder asks a GONE page once its next
+    visit is due, though no list names it (its sitemap answers 304)."""
+    run = await _gone_behind_an_unchanged_sitemap(site, crawl, state_uri, monkeypatch)
+    # Before its recheck: not asked, however often the site is crawled.
+    for offset in (2 * DAY + MINUTE, 5 * DAY, RECHECK + DAY):
+        before = await run(offset)
+        assert gets(site, "/p/1") == []
+        assert before.collected == [] or all(
+            i["url"] != site.url("/p/1") for i in before.collected)
+    # Its recheck is due: asked as a new page (no conditions), and it is one.
+    back = await run(2 * DAY + RECHECK + MINUTE)
+    [ask] = gets(site, "/p/1")
+    assert (ask.status, ask.if_none_match, ask.if_modified_since) == (200, None, None)
+    [item] = [i for i in back.collected if i["url"] == site.url("/p/1")]
+    assert item["change"] == "new" and "previous_fingerprint" not in item
+    assert back.stats.get_value("incremental/schedule/requested/new") == 1
+    page = await Store(state_uri, "sitemap").page(canonical_url(site.url("/p/1")))
+    assert page is not None and not page.flags & PageFlags.GONE
+    # A page again: revisited on its schedule, not asked the next crawl.
+    await run(2 * DAY + RECHECK + 2 * MINUTE)
+    assert gets(site, "/p/1") == []
+
+
+@pytest.mark.parametrize("state_uri", ["sqlite", "redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_gone_page_behind_an_unchanged_sitemap_is_asked_at_once_by_recheck_all(
+    site, crawl, state_uri, monkeypatch
+):
+    run = await _gone_behind_an_unchanged_sitemap(site, crawl, state_uri, monkeypatch)
+    back = await run(2 * DAY + MINUTE, INCREMENTAL_RECHECK_ALL=True)
+    [ask] = gets(site, "/p/1")
+    assert (ask.status, ask.if_none_match, ask.if_modified_since) == (200, None, None)
+    assert [(i["url"], i["change"]) for i in back.collected] == [(site.url("/p/1"), "new")]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_gone_page_still_gone_at_its_recheck_is_not_asked_the_next_crawl(
+    site, crawl, state_uri, monkeypatch
+):
+    """Still 410 when rechecked: no second tombstone, due a recheck later
+    (not re-seeded again the crawl after)."""
+    run = await _gone_behind_an_unchanged_sitemap(site, crawl, state_uri, monkeypatch)
+    site.override("/p/1", status=410)
+    asked = []
+    for offset in (2 * DAY + RECHECK + MINUTE, 2 * DAY + RECHECK + 2 * MINUTE,
+                   2 * DAY + RECHECK + 2 * DAY):
+        again = await run(offset)
+        asked.append([(r.status, r.if_none_match) for r in gets(site, "/p/1")])
+        assert deleted(again.collected) == []
+        if offset == 2 * DAY + RECHECK + MINUTE:
+            still = await Store(state_uri, "sitemap").page(canonical_url(site.url("/p/1")))
+            assert still is not None and still.flags & PageFlags.GONE
+            assert still.next_visit >= crawl_start(again) + RECHECK - 1
+    assert asked == [[(410, None)], [], []]
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_tombstone_names_every_item_last_stored_from_its_page(
     site, crawl, state_uri, monkeypatch
