@@ -72,7 +72,8 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_CHANGED_FIELDS_FIELD": None,
     # A known page that is gone (410; 404 on two checks in a row; a 301/308
     # elsewhere) yields one tombstone item through the pipelines, and is then
-    # checked again only this many seconds later, if something names it.
+    # checked again only this many seconds later (re-seeded then if nothing
+    # names it).
     "INCREMENTAL_TOMBSTONES": True,
     "INCREMENTAL_GONE_RECHECK": 30 * 24 * 3600,
     # Versions kept per item (tombstones included), pruned as they are

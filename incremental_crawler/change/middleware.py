@@ -28,7 +28,8 @@ are not all stored is fetched in full whatever its schedule
 (``RequestReason.LINKS_UNKNOWN``).
 
 A page flagged GONE (:mod:`.tombstones`) is requested only when its next
-visit is due (or a list's newer date asks), as a new page: without
+visit is due (named, or re-seeded then) or a list's newer date asks, as a
+new page: without
 conditions, its links never replayed, and a 2xx stores it afresh (the flag
 cleared, its items new).
 """

@@ -26,8 +26,9 @@ delivered (``item_scraped``, or a DropItem: a decision, not a failure) it
 stages a ``deleted`` version of each of those items (they read as unknown:
 if they come back they are new), then the page's state flagged
 ``PageFlags.GONE``, checked again only INCREMENTAL_GONE_RECHECK seconds
-later and only if something names it (or a list dates it after both the date recorded
-and that check). Withheld (``item_error``), nothing of
+later, its next visit (asked by what names it then, else re-seeded: a page
+restored behind a sitemap that answers 304 is found), or when a list dates
+it after both the date recorded and that check. Withheld (``item_error``), nothing of
 it is stored: the page is recorded as a failure, due on the next crawl,
 which decides and sends it again.
 

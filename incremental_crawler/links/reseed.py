@@ -26,7 +26,10 @@ would skip the spider middlewares.
 
 Each due page is decided as a listed page is
 (:func:`~incremental_crawler.change.policy.schedule_why`): retried after a
-failure, rechecked, refreshed for max age, or due. A page vouched for by a
+failure, rechecked, refreshed for max age, or due. A page flagged GONE is
+in the store's due pages once its rare recheck (INCREMENTAL_GONE_RECHECK)
+is due: it is asked as a new page, without conditions, so one restored
+behind a list that answers 304 is found. A page vouched for by a
 modification-date lastmod recorded with it (PageFlags.LASTMOD_MODIFIED),
 whose last answer was a 2xx or 304, on a host whose lastmods are trusted,
 stays "due" by its schedule but is not requested (its lastmod is
