@@ -398,3 +398,49 @@ async def test_asking_robots_txt_again_is_one_short_attempt(site, crawl, monkeyp
         assert stats["downloader/exception_type_count/scrapy.exceptions.DownloadTimeoutError"] == 1
     finally:
         await other.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_gone_page_robots_txt_forbids_at_its_recheck_waits_for_the_next_one(
+    site, crawl, state_db, monkeypatch,
+):
+    # A gone page is re-seeded when its rare recheck is due. Forbidden then,
+    # it is no failure: it stays gone and its next recheck is a period later
+    # (left due, it would be re-seeded and forbidden on every crawl).
+    day, recheck = 86400, 30 * 86400
+    settings = {**SETTINGS, "INCREMENTAL_REVISIT_ENABLED": True, "INCREMENTAL_MAX_AGE": 0}
+    for path in PAGES[:2]:
+        site.add_page(path, "strong", size=1500)
+    # An ETag: the sitemap answers 304, only the re-seeder asks its pages.
+    site.add_document("/sitemap.xml", sitemap_xml(site, PAGES[:2]), "application/xml",
+                      etag='"sm-1"')
+
+    def gone_row() -> tuple[int, int, int]:
+        [row] = state_db("SELECT flags & 128, failures, next_visit FROM pages WHERE url = ?",
+                         site.url("/p/1"))
+        return row
+
+    async def run(offset: float) -> Crawler:
+        at(monkeypatch, offset)
+        return await crawl(SitemapPagesSpider, settings=settings,
+                           sitemap_url=site.url("/sitemap.xml"))
+
+    await run(0)
+    site.override("/p/1", status=410)
+    await run(2 * day)
+    flagged, failures, next_visit = gone_row()
+    assert (flagged, failures) == (128, 0)
+    site.robots_txt = "User-agent: *\nDisallow: /p/1\n"
+
+    crawler = await run(2 * day + recheck + 60)
+    stats = crawler.stats.get_stats()
+    assert stats["robotstxt/forbidden"] == 1
+    assert stats["incremental/robotstxt/forbidden_recorded"] == 1
+    flagged, failures, later = gone_row()
+    assert (flagged, failures) == (128, 0)
+    assert later >= next_visit + recheck
+
+    site.log.clear()
+    crawler = await run(2 * day + recheck + 120)
+    assert "robotstxt/forbidden" not in crawler.stats.get_stats()
+    assert "/p/1" not in gets(site)

@@ -286,8 +286,10 @@ class RobotsTxtMiddleware(ScrapyRobotsTxt):
         it) stays due for ever if nothing is written: it would be re-seeded
         and forbidden on every crawl. Recorded as a failure (no answer:
         status 0), it backs off to ``INCREMENTAL_REVISIT_MAX`` and is asked
-        again then, fetched once robots.txt allows it. Any other forbidden
-        request is left as Scrapy leaves it: nothing asks for it again.
+        again then, fetched once robots.txt allows it. A gone page at its
+        rare recheck is no failure: it stays gone, due a recheck
+        (INCREMENTAL_GONE_RECHECK) later. Any other forbidden request is
+        left as Scrapy leaves it: nothing asks for it again.
         """
         ledger = self.crawler.get_extension(Ledger)
         spider = self.crawler.spider
@@ -301,8 +303,12 @@ class RobotsTxtMiddleware(ScrapyRobotsTxt):
         if found is None:
             return
         key, prior, due = found
-        if (prior is None or prior.callback is None or prior.flags & PageFlags.GONE
-                or not due):
+        if prior is None or prior.callback is None or not due:
+            return
+        if prior.flags & PageFlags.GONE:
+            # Its rare recheck: not a failure, the next one a recheck later.
+            ledger.gone_unasked(key, prior)
+            self._stats.inc_value("incremental/robotstxt/forbidden_recorded")
             return
         ledger.record_failure(
             key, prior, 0, callback=callback_name(request, spider),

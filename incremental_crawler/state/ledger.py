@@ -896,6 +896,12 @@ class Ledger:
             lastmod=_gone_lastmod(prior, lastmod),
             next_visit=now + self.config.gone_recheck, failures=0))
 
+    def gone_unasked(self, key: PageKey, prior: PageState) -> None:
+        """A GONE page due for its recheck could not be asked (robots.txt
+        forbids it): due again a recheck later, nothing else changed (left
+        due, it would be re-seeded, and refused, on every crawl)."""
+        self.stage_page(prior.copy(next_visit=clock.now() + self.config.gone_recheck))
+
     # -- states read ahead -------------------------------------------------------
 
     def prefetched(self, key: PageKey, state: PageState | None) -> None:
