@@ -895,3 +895,23 @@ async def test_get_item_data_reads_the_latest_live_version(state_store):
         assert await store.get_item_data("s", "k") is None  # a tombstone
 
     await deferred_from_coro(check())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_gone_page_failing_at_its_recheck_waits_for_the_next_recheck(
+    site, crawl, state_uri, monkeypatch
+):
+    """A gone page whose host fails when it is rechecked (a 503, no answer)
+    stays gone and waits a recheck more, not the failure schedule's day."""
+    run = await _gone_behind_an_unchanged_sitemap(site, crawl, state_uri, monkeypatch)
+    site.override("/p/1", status=503)
+    offset = 2 * DAY + RECHECK + MINUTE
+    again = await run(offset, RETRY_ENABLED=False)
+    assert [r.status for r in gets(site, "/p/1")] == [503]
+    assert deleted(again.collected) == []
+    page = await Store(state_uri, "sitemap").page(canonical_url(site.url("/p/1")))
+    assert page is not None and page.flags & PageFlags.GONE
+    assert page.next_visit >= crawl_start(again) + RECHECK - 1
+    # Not asked on the next day's crawl.
+    await run(offset + DAY)
+    assert gets(site, "/p/1") == []

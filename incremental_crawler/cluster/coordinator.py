@@ -6,7 +6,8 @@ Keys, under ``{INCREMENTAL_CLUSTER_PREFIX}:{spider}:``:
 - ``run``: the current run's id; ``{run}:seen`` its dupefilter,
   ``{run}:unrecorded`` its failed pages that could not be
   recorded, ``{run}:claims`` one-per-run jobs, ``{run}:tombstones``
-  gone page → the worker that sends its tombstone (one per run),
+  gone page (scope, URL and variant, NUL-separated) → the worker that
+  sends its tombstone (one per run),
   ``{run}:started`` its start (the first worker's clock);
 - ``workers``: worker id → last heartbeat (Redis server time, so workers'
   clocks need not agree);
@@ -575,7 +576,7 @@ class ClusterCoordinator:
         try:
             owner = self._claim_tombstone(keys=[self.run_prefix + "tombstones",
                                                 self.key("workers")],
-                                          args=[key.url, self.worker_id])
+                                          args=["\0".join(key), self.worker_id])
         except redis.RedisError as exc:
             # Not sent, not recorded: the next run decides the page again.
             self.lost(exc)

@@ -578,6 +578,10 @@ class Ledger:
         failures = (prior.failures if prior is not None else 0) + 1
         next_visit = failure_next_visit(failures, self.crawl_started,
                                         self.config.revisit_initial, self.config.revisit_max)
+        if prior is not None and prior.flags & PageFlags.GONE:
+            # A gone page that failed at its recheck (a dead host) waits for
+            # its next rare recheck, not the failure schedule's next day.
+            next_visit = max(next_visit, clock.now() + self.config.gone_recheck)
         self.store.stage_failure(key, status, clock.now(), failures=failures,
                                  next_visit=next_visit, callback=callback, recipe=recipe)
         # Due on the next crawl, not again in this one (the re-seeder would
@@ -805,8 +809,13 @@ class Ledger:
         """
         if key in self.tombstoned:
             return False
+        if self.run_gate is not None and not self.run_gate.claim_tombstone(key):
+            # Another worker of the run sends it. Not settled here: should
+            # that worker die first, the page's request comes back, and its
+            # answer claims the tombstone again (the run takes it over).
+            return False
         self.tombstoned.add(key)
-        return self.run_gate is None or self.run_gate.claim_tombstone(key)
+        return True
 
     def tombstone_sent(self, item: Any, gone: Gone) -> None:
         """Track *item*, *gone*'s tombstone, until it leaves the pipelines."""

@@ -644,3 +644,31 @@ async def test_without_re_seeding_no_failure_is_recorded_to_be_asked_again(
         signals.spider_closed, spider=ledger.crawler.spider, reason="finished"))
     assert ledger.stats.get_value("incremental/failures_unrecorded") == 1
     assert sitemap.url not in stored_etags(tmp_path)
+
+
+class _Run:
+    """A cluster run's tombstone claims: another worker owns the page until
+    it is dead (the coordinator's takeover rule)."""
+
+    run_unrecorded: int | None = 0
+    run_started: float | None = None
+
+    def __init__(self) -> None:
+        self.owner_alive = True
+
+    def note_unrecorded_failure(self) -> None:
+        pass
+
+    def claim_tombstone(self, key: PageKey) -> bool:
+        return not self.owner_alive
+
+
+def test_a_tombstone_claim_lost_to_a_worker_that_dies_is_claimed_again(make_ledger):
+    ledger = make_ledger()
+    run = _Run()
+    ledger.run_gate = run
+    key = PageKey("unit", "http://h/gone")
+    assert not ledger.claim_tombstone(key)  # the other worker sends it
+    run.owner_alive = False  # ... but dies first: its request comes back here
+    assert ledger.claim_tombstone(key)
+    assert not ledger.claim_tombstone(key)  # sent here once: settled for the crawl
