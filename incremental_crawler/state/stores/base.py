@@ -108,9 +108,10 @@ def host_of(url: str) -> str:
     return (urlsplit(url).hostname or "").lower()
 
 
-def crawl_history_setting(settings: BaseSettings | None) -> int:
-    """INCREMENTAL_CRAWL_HISTORY from *settings* (its default without them)."""
-    name = "INCREMENTAL_CRAWL_HISTORY"
+def _whole_number_setting(settings: BaseSettings | None, name: str, minimum: int,
+                          hint: str = "") -> int:
+    """The whole-number setting *name* from *settings* (its default without
+    them), at least *minimum*: a store reads it before any component would."""
     raw = None if settings is None else settings.get(name)
     if raw is None:
         return int(DEFAULT_SETTINGS[name])
@@ -118,24 +119,20 @@ def crawl_history_setting(settings: BaseSettings | None) -> int:
         value = int(raw)
     except (TypeError, ValueError):
         raise SettingError(f"{name}={raw!r} is not a whole number") from None
-    if value < 1:
-        raise SettingError(f"{name}={raw!r} must be at least 1")
+    if value < minimum:
+        raise SettingError(f"{name}={raw!r} must be at least {minimum}{hint}")
     return value
+
+
+def crawl_history_setting(settings: BaseSettings | None) -> int:
+    """INCREMENTAL_CRAWL_HISTORY from *settings* (its default without them)."""
+    return _whole_number_setting(settings, "INCREMENTAL_CRAWL_HISTORY", 1)
 
 
 def item_history_setting(settings: BaseSettings | None) -> int:
     """INCREMENTAL_ITEM_HISTORY from *settings* (its default without them)."""
-    name = "INCREMENTAL_ITEM_HISTORY"
-    raw = None if settings is None else settings.get(name)
-    if raw is None:
-        return int(DEFAULT_SETTINGS[name])
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        raise SettingError(f"{name}={raw!r} is not a whole number") from None
-    if value < 0:
-        raise SettingError(f"{name}={raw!r} must be at least 0 (0 keeps every version)")
-    return value
+    return _whole_number_setting(settings, "INCREMENTAL_ITEM_HISTORY", 0,
+                                 " (0 keeps every version)")
 
 
 class StateStoreError(RuntimeError):
