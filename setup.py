@@ -17,6 +17,8 @@ setup(
         "itemadapter>=0.13",
         "w3lib>=2.5",
         "scrapy-redis>=0.9.1",
+        # Live metrics (opt-in, INCREMENTAL_METRICS_PORT); imported only then.
+        "prometheus_client>=0.20",
     ],
     # scrapyd finds the project's settings through this entry point.
     entry_points={"scrapy": ["settings = incremental_crawler.settings"]},

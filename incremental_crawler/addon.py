@@ -56,6 +56,9 @@ COMPONENTS: tuple[tuple[str, str, int], ...] = (
     # Just above RedirectMiddleware (600): sees a known page's 301 or 308
     # before it is followed (the page moved: its tombstone).
     ("DOWNLOADER_MIDDLEWARES", _P + "change.outcomes.MovedPageMiddleware", 605),
+    # Live metrics (off unless INCREMENTAL_METRICS_PORT is set); reads the
+    # other components when scraped, so any order works.
+    ("EXTENSIONS", _P + "metrics.endpoint.MetricsEndpoint", 500),
     # The last process_request before the downloader (after HttpCache, 900):
     # only what really goes out takes a token of the shared budget.
     ("DOWNLOADER_MIDDLEWARES",

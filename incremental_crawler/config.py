@@ -168,6 +168,14 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     # its pacing and Retry-After freezes shared. None: each process its own.
     "INCREMENTAL_THROTTLE_SHARED_URL": None,
     "INCREMENTAL_THROTTLE_SHARED_PREFIX": "incremental:budget",
+    # Live metrics for Prometheus (docs/metrics.md): off unless a port, or a
+    # range of ports to take the first free one of, is set.
+    "INCREMENTAL_METRICS_PORT": None,
+    "INCREMENTAL_METRICS_HOST": "127.0.0.1",
+    # Download slots with a label of their own; the rest are summed as "other".
+    "INCREMENTAL_METRICS_SLOTS": 20,
+    # A directory for Prometheus file_sd target files (one per crawl), or None.
+    "INCREMENTAL_METRICS_TARGETS_DIR": None,
 }
 
 

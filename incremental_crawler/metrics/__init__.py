@@ -1,0 +1,7 @@
+"""Live metrics of a crawl for Prometheus (opt-in: ``INCREMENTAL_METRICS_PORT``).
+
+:mod:`.collector` turns the crawl's state (its stats, the politeness
+windows, the state store) into metric families when a scrape asks for them;
+:mod:`.endpoint` is the extension that serves them over HTTP on the crawl's
+reactor. See docs/metrics.md.
+"""
