@@ -316,6 +316,66 @@ async def test_slot_labels_are_capped_and_the_rest_summed_as_other(site, state_u
     assert "other" not in scrape.label_values("incremental_slot_latency_p50_seconds", "slot")
 
 
+class AllAtOnceSpider(ProbeSpider):
+    """Asks for all its pages at once: an error answer does not end the crawl."""
+
+    name = "all_at_once"
+
+    async def start(self):
+        for url in self.urls:
+            yield Request(url)
+
+    def parse(self, response) -> Iterator[Any]:
+        yield {"url": response.url}
+
+
+@pytest_twisted.ensureDeferred
+async def test_answers_the_metrics_cannot_label_or_time_keep_series_bounded_and_honest(
+    site, state_uri
+):
+    """Numbers that are no HTTP status share one ``status="other"`` series (a
+    server could otherwise make one per answer); a slot that only timed out
+    has no latency samples (not a latency of 0); a scrapyd job id is on the
+    crawl's info."""
+    silent = LoopbackSite(host="127.0.0.2")
+    silent.start()
+    try:
+        silent.add_page("/p/0000", "strong", size=1000)
+        # Its robots.txt answers after the download timeout: the slot's only
+        # answer is a timeout (and the page is then not asked for).
+        silent.slow("/", 5.0)
+        odd = (299, 600, 7777, 12345)
+        for status in odd:
+            site.add_page(f"/s/{status}", "strong", size=100)
+            site.override(f"/s/{status}", status=status)
+        site.add_page("/p/0000", "strong", size=1000)
+        site.add_page("/probe", "none", size=500)
+        urls = [site.url("/p/0000"), silent.url("/p/0000")]
+        urls += [site.url(f"/s/{status}") for status in odd]
+        first, _ = free_ports(1)
+        crawler = await run(AllAtOnceSpider, state_uri, {
+            **POLITE, "INCREMENTAL_METRICS_PORT": first, "DOWNLOAD_TIMEOUT": 1.0,
+            "RETRY_ENABLED": False},
+            urls=urls, probe=site.url("/probe"), _job="2371a9a8ec9811f1")
+    finally:
+        await silent.stop()
+    (scrape,) = crawler.spider.scrapes
+    # robots.txt, /p/0000 and the probe were 200s; 299 is an HTTP status.
+    assert [r.status for r in site.log].count(200) == 3
+    assert scrape.label_values("incremental_responses_total", "status") == {
+        "200", "299", "other"}
+    assert scrape.value("incremental_responses_total", status="other") == 3
+    assert scrape.total("incremental_responses_total") == len(site.log)
+    # The silent slot: one request, one answer, a timeout, and no latency.
+    assert scrape.value("incremental_slot_requests_total", slot="127.0.0.2") == 1
+    assert scrape.value("incremental_slot_errors_total", slot="127.0.0.2", kind="timeout") == 1
+    for name in ("incremental_slot_latency_p50_seconds", "incremental_slot_latency_p95_seconds"):
+        assert scrape.label_values(name, "slot") == {"127.0.0.1"}
+    ((info, _),) = scrape.matching("incremental_crawl_info")
+    assert info == {"spider": "all_at_once", "scope": "all_at_once",
+                    "scrapyd_job": "2371a9a8ec9811f1"}
+
+
 def worker(site, tmp_path: Path, name: str, ports: tuple[int, int], prefix: str,
            targets: Path) -> tuple[subprocess.Popen[bytes], Path]:
     """A cluster worker (``scrapy crawl``) with metrics on the range *ports*.

@@ -7,8 +7,9 @@ figures of the end-of-crawl report), the politeness windows
 the state store's counters, and turns them into metric families.
 
 Label sets are bounded: every label but ``slot`` takes its values from a
-fixed list (the request reasons, the scheduling decisions...) or is one
-value per process (``worker``); ``slot`` takes at most
+fixed list (the request reasons, the scheduling decisions, the HTTP
+statuses 100 to 599 and ``other``...) or is one value per process
+(``worker``); ``slot`` takes at most
 ``INCREMENTAL_METRICS_SLOTS`` values plus ``"other"``, the sum of the rest
 (see :class:`SlotLabels`).
 
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
     from incremental_crawler.politeness.window import DomainWindow
 
-__all__ = ["METRICS", "SLOT_OTHER", "CrawlCollector", "SlotLabels"]
+__all__ = ["METRICS", "SLOT_OTHER", "STATUS_OTHER", "CrawlCollector", "SlotLabels", "status_label"]
 
 #: The ``slot`` label of the slots summed together.
 SLOT_OTHER = "other"
@@ -68,6 +69,20 @@ _ERRORS = {
 _SLOT_ERRORS = {"429": "status_429", "5xx": "status_5xx", "timeout": "timeouts"}
 
 _STATUS_PREFIX = "downloader/response_status_count/"
+#: The ``status`` label of the answers whose status is no HTTP status.
+STATUS_OTHER = "other"
+
+
+def status_label(status: str) -> str:
+    """The ``status`` label of a response status as Scrapy counts it.
+
+    HTTP statuses are three digits, 100 to 599 (RFC 9110); Twisted takes any
+    integer a server sends, so a server could otherwise add a series per
+    answer. The rest are summed under ``other``.
+    """
+    if len(status) == 3 and status.isdigit() and "100" <= status <= "599":
+        return status
+    return STATUS_OTHER
 
 #: Every metric: (name as exposed, type, labels, meaning). ``worker`` is
 #: added to every one in cluster mode.
@@ -90,7 +105,8 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
     ("incremental_items_total", "counter", "outcome",
      "Items by outcome: new, changed, unchanged (dropped), deleted (tombstones)"),
     ("incremental_responses_total", "counter", "status",
-     "Responses downloaded, by HTTP status"),
+     ("Responses downloaded, by HTTP status (other: a number that is no HTTP status, "
+      "outside 100-599)")),
     ("incremental_downloaded_bytes_total", "counter", "", "Response bytes downloaded"),
     ("incremental_saved_bytes_total", "counter", "by",
      ("Bytes not downloaded, estimated from the stored sizes (by: not_modified, "
@@ -116,9 +132,11 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
     ("incremental_slot_concurrency", "gauge", "slot",
      "Requests the slot may have in flight (other: the sum)"),
     ("incremental_slot_latency_p50_seconds", "gauge", "slot",
-     "Median latency of the slot's last 200 answers (not for other)"),
+     ("Median latency of the slot's last 200 answers that were not errors (none for "
+      "other, nor for a slot without such an answer yet)")),
     ("incremental_slot_latency_p95_seconds", "gauge", "slot",
-     "95th percentile latency of the slot's last 200 answers (not for other)"),
+     ("95th percentile latency of the slot's last 200 answers that were not errors "
+      "(none for other, nor for a slot without such an answer yet)")),
     ("incremental_slot_requests_total", "counter", "slot", "Requests sent to the slot"),
     ("incremental_slot_responses_total", "counter", "slot",
      "Answers from the slot (responses and download errors)"),
@@ -250,10 +268,14 @@ class CrawlCollector:
         for outcome in ("new", "changed", "unchanged", "deleted"):
             self.add(items, stat(f"incremental/items_{outcome}"), outcome)
         yield items
-        statuses = self.counter("incremental_responses_total", ["status"])
+        by_status: dict[str, float] = {}
         for key, value in stats.items():
             if key.startswith(_STATUS_PREFIX):
-                self.add(statuses, float(value or 0), key.removeprefix(_STATUS_PREFIX))
+                label = status_label(key.removeprefix(_STATUS_PREFIX))
+                by_status[label] = by_status.get(label, 0.0) + float(value or 0)
+        statuses = self.counter("incremental_responses_total", ["status"])
+        for label, count in by_status.items():
+            self.add(statuses, count, label)
         yield statuses
         yield self.single(CounterMetricFamily, "incremental_downloaded_bytes_total",
                           stat("downloader/response_bytes"))
@@ -310,8 +332,11 @@ class CrawlCollector:
             self.add(rate, sum(effective_rate(w)[0] for w in group), slot)
             self.add(uncapped, sum(w.rate for w in group), slot)
             self.add(concurrency, sum(w.concurrency for w in group), slot)
-            if slot != SLOT_OTHER:
+            if slot != SLOT_OTHER and group[0].latencies:
                 # Percentiles of several slots do not add up: none for other.
+                # None either for a slot with no answer but errors yet (the
+                # window keeps the latencies of the others): 0 would read as
+                # a fast site.
                 (window,) = group
                 self.add(p50, window.percentile(0.5), slot)
                 self.add(p95, window.percentile(0.95), slot)

@@ -10,7 +10,13 @@ import pytest
 from scrapy.settings import Settings
 
 from incremental_crawler.config import SettingError
-from incremental_crawler.metrics.collector import METRICS, SLOT_OTHER, SlotLabels
+from incremental_crawler.metrics.collector import (
+    METRICS,
+    SLOT_OTHER,
+    STATUS_OTHER,
+    SlotLabels,
+    status_label,
+)
 from incremental_crawler.metrics.endpoint import MetricsSettings, port_range
 from incremental_crawler.politeness.window import DomainWindow, WindowPolicy
 
@@ -78,6 +84,15 @@ def test_room_left_is_filled_at_a_later_scrape_and_a_slot_named_other_never_gets
     own, rest = none.split(windows({"a": 1, "b": 2}))
     assert own == []
     assert len(rest) == 2
+
+
+@pytest.mark.parametrize(("status", "label"), [
+    ("100", "100"), ("200", "200"), ("304", "304"), ("599", "599"),
+    ("99", STATUS_OTHER), ("600", STATUS_OTHER), ("999", STATUS_OTHER),
+    ("1000", STATUS_OTHER), ("-200", STATUS_OTHER), ("0", STATUS_OTHER),
+])
+def test_a_status_label_is_an_http_status_or_other(status, label) -> None:
+    assert status_label(status) == label
 
 
 def test_the_documented_metrics_are_the_exported_ones() -> None:
