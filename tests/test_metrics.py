@@ -462,6 +462,40 @@ async def test_cluster_workers_on_one_host_serve_on_their_own_ports_with_a_worke
     assert list(targets.glob("*.json")) == []
 
 
+class TargetBlockingSpider(ProbeSpider):
+    """Puts a directory where its Prometheus target file is, once scraped:
+    the file cannot be removed when the crawl closes."""
+
+    name = "target_blocking"
+
+    async def probe(self, response) -> None:
+        await super().probe(response)
+        target = self.crawler.get_extension(MetricsEndpoint).targets_file
+        target.unlink()
+        target.mkdir()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_target_file_that_cannot_be_removed_still_lets_the_port_go(
+    site, state_uri, tmp_path, caplog
+):
+    for path in page_paths(2):
+        site.add_page(path, "strong", size=1000)
+    site.add_page("/probe", "none", size=500)
+    first, _ = free_ports(1)
+    targets = tmp_path / "targets"
+    crawler = await run(TargetBlockingSpider, state_uri, {
+        "INCREMENTAL_METRICS_PORT": first, "INCREMENTAL_METRICS_TARGETS_DIR": str(targets)},
+        urls=[site.url(p) for p in page_paths(2)], probe=site.url("/probe"))
+    assert len(crawler.spider.scrapes) == 1
+    assert crawler.stats.get_value("incremental/metrics/port") == first
+    # The crawl is over: nothing listens on its port any more.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", first))
+        probe.listen()
+    assert "Cannot remove the Prometheus target file" in caplog.text
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_port_taken_by_another_program_is_a_warning_not_a_failure(
     site, state_uri, caplog

@@ -283,7 +283,13 @@ class MetricsEndpoint:
     async def stop(self) -> None:
         """Stop listening, close the scrapers' connections, remove the target file."""
         if self.targets_file is not None:
-            self.targets_file.unlink(missing_ok=True)
+            try:
+                self.targets_file.unlink(missing_ok=True)
+            except OSError as exc:
+                # Still stop listening below: a port kept would serve a
+                # finished crawl's figures for as long as the process runs.
+                logger.warning("Cannot remove the Prometheus target file %(path)s: %(exc)s",
+                               {"path": self.targets_file, "exc": exc})
             self.targets_file = None
         port, connections = self.port, self._connections
         self.port = self._connections = None
