@@ -517,3 +517,16 @@ async def test_a_port_taken_by_another_program_is_a_warning_not_a_failure(
     assert "No metrics for this crawl" in caplog.text
     assert crawler.stats.get_value("incremental/pages_new") == 3
     assert crawler.stats.get_value("finish_reason") == "finished"
+
+    # An address not of this machine (TEST-NET-1: nothing is sent to it):
+    # no range would help, and the warning does not say to widen it.
+    caplog.clear()
+    first, last = free_ports(3)
+    crawler = await run(ProbeSpider, state_uri, {"INCREMENTAL_METRICS_PORT": [first, last],
+                                                 "INCREMENTAL_METRICS_HOST": "192.0.2.1"},
+                        urls=[site.url(p) for p in page_paths(3)], probe=site.url("/probe"))
+    assert crawler.stats.get_value("incremental/metrics/unavailable") == 1
+    assert ("No metrics for this crawl: cannot listen on INCREMENTAL_METRICS_HOST 192.0.2.1, "
+            f"INCREMENTAL_METRICS_PORT {first}-{last}") in caplog.text
+    assert "widen the range" not in caplog.text
+    assert crawler.stats.get_value("finish_reason") == "finished"

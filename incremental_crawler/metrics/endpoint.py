@@ -9,9 +9,9 @@ host (scrapyd jobs, cluster workers, crawlers of one process) each take
 their own port of the range. The chosen port is logged, kept in the
 ``incremental/metrics/port`` stat and, with
 ``INCREMENTAL_METRICS_TARGETS_DIR``, written as a Prometheus ``file_sd``
-target file (removed when the crawl ends). A range with no free port is a
-warning and the ``incremental/metrics/unavailable`` stat: the crawl goes on
-without metrics.
+target file (removed when the crawl ends). A range with no free port, or a
+host that cannot be listened on, is a warning and the
+``incremental/metrics/unavailable`` stat: the crawl goes on without metrics.
 
 Each crawl has its own ``CollectorRegistry`` (not prometheus_client's
 global one): two crawlers in one process must not mix their figures. The
@@ -22,6 +22,7 @@ the crawl's live objects, which only the reactor thread may touch.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import re
@@ -130,6 +131,13 @@ class MetricsSettings:
                    slots=slots, targets_dir=Path(targets) if targets else None)
 
 
+def _host_unusable(error: OSError | None) -> bool:
+    """Whether a failed listen says the host cannot be listened on at all
+    (not an address of this machine, not an address), whatever the port."""
+    return isinstance(error, socket.gaierror) or getattr(error, "errno", None) in {
+        errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT}
+
+
 def _hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -227,20 +235,28 @@ class MetricsEndpoint:
         connections.noisy = False
         host = self.config.host
         first, last = self.config.ports
-        error: CannotListenError | None = None
+        error: OSError | None = None
         for number in range(first, last + 1):
             try:
                 self.port = get_reactor().listenTCP(number, connections, interface=host)
                 break
             except CannotListenError as exc:
-                error = exc
+                error = exc.socketError
+                if _host_unusable(error):
+                    break  # the next port would fail the same way
         if self.port is None:
             ports = str(first) if first == last else f"{first}-{last}"
-            logger.warning(
-                "No metrics for this crawl: no port of INCREMENTAL_METRICS_PORT %(ports)s "
-                "could be opened on %(host)s (%(error)s); widen the range, one port per crawl "
-                "running at once on this host", {"ports": ports, "host": host,
-                                                  "error": error.socketError if error else "?"})
+            values = {"ports": ports, "host": host, "error": error}
+            if isinstance(error, OSError) and error.errno == errno.EADDRINUSE:
+                logger.warning(
+                    "No metrics for this crawl: no port of INCREMENTAL_METRICS_PORT %(ports)s "
+                    "could be opened on %(host)s (%(error)s); widen the range, one port per "
+                    "crawl running at once on this host", values)
+            else:
+                logger.warning(
+                    "No metrics for this crawl: cannot listen on INCREMENTAL_METRICS_HOST "
+                    "%(host)s, INCREMENTAL_METRICS_PORT %(ports)s (%(error)s); check both "
+                    "settings", values)
             stats.set_value("incremental/metrics/unavailable", 1)
             return
         self._connections = connections
