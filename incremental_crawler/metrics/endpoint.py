@@ -89,9 +89,13 @@ def port_range(value: Any) -> tuple[int, int] | None:
         parts = list(value)
     else:
         raise SettingError(f"{name}={value!r}: give a port or a range of ports")
+    # Whole numbers only: int() would take 9410.7 as 9410, True as 1.
+    if not all(isinstance(part, str) or (isinstance(part, int) and not isinstance(part, bool))
+               for part in parts):
+        raise SettingError(f"{name}={value!r}: not a port or a range of ports")
     try:
         ports = [int(part) for part in parts]
-    except (TypeError, ValueError):
+    except ValueError:
         raise SettingError(f"{name}={value!r}: not a port or a range of ports") from None
     if len(ports) not in (1, 2):
         raise SettingError(f"{name}={value!r}: a range is two ports, first and last")

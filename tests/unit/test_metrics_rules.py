@@ -36,6 +36,7 @@ def test_the_port_setting_takes_a_port_or_a_range(value, expected) -> None:
 
 @pytest.mark.parametrize("value", [
     True, "abc", "9419-9410", [1, 2, 3], 70_000, -1, "0-10", {"port": 1}, 9.5e9,
+    9410.7, [9410.7, 9419], [True, 9410], "9410.7",
 ])
 def test_a_port_setting_that_is_no_port_or_range_is_an_error_naming_it(value) -> None:
     with pytest.raises(SettingError, match="INCREMENTAL_METRICS_PORT"):
