@@ -212,6 +212,12 @@ async def test_a_scrape_during_the_crawl_reports_what_the_server_saw(site, state
     assert scrape.total("incremental_not_modified_total") == 0
     assert scrape.value("incremental_downloaded_bytes_total") >= site.body_bytes()
     assert scrape.total("incremental_errors_total") == 0
+    # Every new page's state is staged or already committed (which, depends
+    # on when the store flushed); the end's count takes in the scrape's.
+    written = scrape.value("incremental_store_writes_total")
+    assert written + scrape.value("incremental_store_pending_writes") >= n
+    assert stats["incremental/store_writes"] >= max(written, n)
+    assert scrape.value("incremental_store_roundtrips_total") == 0  # SQLite: none
 
     # Second crawl, one page changed: 304s for the others.
     site.change(paths[-1])

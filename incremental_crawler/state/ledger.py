@@ -498,7 +498,7 @@ class Ledger:
                 # Committed before the hold goes: a repair waiting for this
                 # crawl never races its last writes. A failure leaves the
                 # hold to lapse.
-                await self.store.flush()
+                self._count_commit(await self.store.flush())
                 await self.store.release_scope(self.scope, self.holder)
             except StateStoreError:
                 pass  # closing tries the flush again, and says what was lost
@@ -995,8 +995,13 @@ class Ledger:
     def _flushed(self, count: int) -> None:
         self._flushing = False
         self.committed = max(self.committed, self._flushing_upto)
-        self.stats.inc_value("incremental/store_flushes")
-        self.stats.inc_value("incremental/store_writes", count)
+        self._count_commit(count)
+
+    def _count_commit(self, count: int) -> None:
+        """A commit of *count* writes, during the crawl or the last one at its close."""
+        if count:
+            self.stats.inc_value("incremental/store_flushes")
+            self.stats.inc_value("incremental/store_writes", count)
 
     def _flush_failed(self, failure: Failure) -> None:
         self._flushing = False
