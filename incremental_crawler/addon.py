@@ -42,6 +42,9 @@ COMPONENTS: tuple[tuple[str, str, int], ...] = (
     # Hands the ledger the crawl's summary record (through its record
     # sources, asked just before the store closes): any order works.
     ("EXTENSIONS", _P + "report.history.CrawlHistory", 500),
+    # report.html and report.json (INCREMENTAL_REPORT_DIR): reads the store
+    # through the ledger's record sources, writes when the engine stops.
+    ("EXTENSIONS", _P + "report.files.ReportFiles", 500),
     # Re-seeds due pages when the crawl runs out of work; finds the ledger
     # (and the cluster coordinator) when it needs them, so any order works.
     ("EXTENSIONS", _P + "links.reseed.Reseeder", 10),

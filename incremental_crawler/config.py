@@ -82,6 +82,12 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     # Crawl summaries kept per scope (the state command and the reports).
     "INCREMENTAL_CRAWL_HISTORY": 100,
     "INCREMENTAL_REPORT": True,
+    # A directory: each crawl writes report.html (charts, one self-contained
+    # page) and report.json there, the latest under those names and each
+    # crawl under a timestamped one too, the newest INCREMENTAL_REPORT_KEEP
+    # kept. None: no files.
+    "INCREMENTAL_REPORT_DIR": None,
+    "INCREMENTAL_REPORT_KEEP": 20,
     # Adaptive revisits (pages without a trustworthy lastmod): a page that
     # is not due is not requested. Intervals in seconds.
     "INCREMENTAL_REVISIT_ENABLED": True,
@@ -223,6 +229,8 @@ class IncrementalConfig:
     item_history: int
     crawl_history: int
     report: bool
+    report_dir: str | None
+    report_keep: int
     revisit_enabled: bool
     revisit_initial: float
     revisit_min: float
@@ -318,6 +326,8 @@ class IncrementalConfig:
             item_history=number("INCREMENTAL_ITEM_HISTORY", minimum=0, kind=int),
             crawl_history=number("INCREMENTAL_CRAWL_HISTORY", minimum=1, kind=int),
             report=boolean("INCREMENTAL_REPORT"),
+            report_dir=str(settings.get("INCREMENTAL_REPORT_DIR") or "") or None,
+            report_keep=number("INCREMENTAL_REPORT_KEEP", minimum=0, kind=int),
             revisit_enabled=boolean("INCREMENTAL_REVISIT_ENABLED"),
             revisit_initial=number("INCREMENTAL_REVISIT_INITIAL", minimum=0),
             revisit_min=number("INCREMENTAL_REVISIT_MIN", minimum=0),

@@ -200,7 +200,7 @@ class ConditionalRequestMiddleware:
         if counts:
             why = self.policy.why_requested(prior, recheck_all=self.ledger.recheck_all,
                                             started=self.ledger.crawl_started)
-            self.counter.requested(why)
+            self.counter.requested(why, _host(request))
             # Its retries, redirects and re-fetch are the same page: not again.
             mark(request, why)
         request.meta[_CTX] = _Context(key, prior, reason, links)
@@ -230,8 +230,11 @@ class ConditionalRequestMiddleware:
 
     def _count(self, request: Request, event: str, count: int = 1) -> None:
         # Sitemaps and feeds are counted apart, so "pages" means content.
-        prefix = "incremental/discovery/" if request.meta.get(META_DISCOVERY) else "incremental/"
-        self.stats.inc_value(prefix + event, count)
+        if request.meta.get(META_DISCOVERY):
+            self.stats.inc_value("incremental/discovery/" + event, count)
+        else:
+            self.stats.inc_value("incremental/" + event, count)
+            self.counter.hosts.count(_host(request), event, count)
 
     # -- responses -------------------------------------------------------------
 

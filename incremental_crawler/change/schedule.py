@@ -19,12 +19,17 @@ never change:
 Whoever decides a request's why (a list spider, the re-seeder) puts it in
 the request's meta under :data:`META_WHY`; a request that arrives without
 one is decided, and counted, by the conditional middleware.
+
+The same counts are kept per host (:attr:`ScheduleCounter.hosts`) for the
+report's per-host table.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 from typing import TYPE_CHECKING
+
+from incremental_crawler.report.hosts import UNLISTED, HostCounts, host_of
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -109,27 +114,33 @@ class ScheduleCounter:
 
     def __init__(self, stats: StatsCollector) -> None:
         self.stats = stats
+        #: The same counts per host (and the conditional middleware's outcomes).
+        self.hosts = HostCounts()
         #: Pages counted as not requested: their next visit and stored size.
         self._unrequested: dict[PageKey, tuple[float, int]] = {}
 
-    def requested(self, why: Why, count: int = 1) -> None:
+    def requested(self, why: Why, host: str, count: int = 1) -> None:
         self.stats.inc_value(f"incremental/schedule/requested/{why}", count)
+        self.hosts.count(host, f"requested/{why}", count)
 
     def skipped(self, state: PageState) -> None:
         """Not requested: its trusted lastmod did not move."""
         self.stats.inc_value("incremental/schedule/skipped/lastmod_unchanged")
-        self._unrequested_page(state)
+        self._unrequested_page(state, "skipped_lastmod")
 
     def not_due(self, state: PageState) -> None:
         """Not requested: not due before ``state.next_visit``."""
         self.stats.inc_value("incremental/schedule/not_due")
-        self._unrequested_page(state)
+        self._unrequested_page(state, "not_due")
         if state.next_visit:
             self.stats.min_value("incremental/schedule/first_due", state.next_visit)
 
-    def _unrequested_page(self, state: PageState) -> None:
+    def _unrequested_page(self, state: PageState, event: str) -> None:
         self.stats.inc_value("incremental/schedule/bytes_skipped", state.size)
         self._unrequested[state.key] = (state.next_visit, state.size)
+        host = host_of(state.key.url)
+        self.hosts.count(host, event)
+        self.hosts.count(host, "bytes_skipped", state.size)
 
     def counted_after(self, due_at: float) -> tuple[int, int]:
         """Pages counted as not requested whose next visit is after *due_at*, and their sizes."""
@@ -151,8 +162,12 @@ class ScheduleCounter:
             return
         self.stats.inc_value("incremental/schedule/not_due", pages)
         self.stats.inc_value("incremental/schedule/bytes_skipped", size)
+        # One store query counted them: their hosts are not told apart.
+        self.hosts.count(UNLISTED, "not_due", pages)
+        self.hosts.count(UNLISTED, "bytes_skipped", size)
         if first_due:
             self.stats.min_value("incremental/schedule/first_due", first_due)
 
-    def failed(self) -> None:
+    def failed(self, url: str) -> None:
         self.stats.inc_value("incremental/schedule/failed")
+        self.hosts.count(host_of(url), "failed")

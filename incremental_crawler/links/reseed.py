@@ -67,6 +67,7 @@ from incremental_crawler.cluster.coordinator import ClusterCoordinator
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.links.recipes import Unbuildable, page_request
 from incremental_crawler.meta import META_LASTMOD, META_SKIP, META_VARIANT
+from incremental_crawler.report.hosts import host_of
 from incremental_crawler.state.ledger import Ledger
 from incremental_crawler.state.records import PageFlags
 
@@ -323,7 +324,7 @@ class _DueReader:
     def add(self, state: PageState, why: Why) -> None:
         request = self.reseeder.build(state, why)
         if request is not None:
-            self.counter.requested(why)
+            self.counter.requested(why, host_of(state.key.url))
             self.requests.append(request)
 
     async def vouched(self, state: PageState) -> bool:

@@ -52,6 +52,7 @@ from incremental_crawler.politeness.window import DomainWindow, WindowPolicy
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Self
 
     from scrapy import Request, Spider
@@ -204,6 +205,9 @@ class AdaptiveThrottle(AutoThrottle):
             for host in hosts
         }
         self._warned: set[str] = set()
+        #: Called as ``observer(slot, start, until, why)`` (monotonic times)
+        #: on every freeze: the HTML report's recorder marks them.
+        self.freeze_observers: list[Callable[[str, float, float, str], None]] = []
         self.shared: SharedBudget | None = None
         #: Why the shared budget asked for cannot be used: the crawl will not start.
         self.shared_error: str | None = None
@@ -467,7 +471,10 @@ class AdaptiveThrottle(AutoThrottle):
         freeze of ours, not another worker's.
         """
         window = self.window(key)
-        until = window.freeze(time.monotonic(), seconds)
+        now = time.monotonic()
+        until = window.freeze(now, seconds)
+        for observe in self.freeze_observers:
+            observe(key, now, until, why)
         if count:
             self.crawler.stats.inc_value("incremental/retry_after_waits")
         if report and self.shared is not None:
@@ -490,7 +497,7 @@ class AdaptiveThrottle(AutoThrottle):
             # The other workers park it too, for as long as the site asked.
             self.shared.report(key, window.policy, park=wait or self.retry_after_max)
         # Nothing more leaves for it: not what waits in its queue either.
-        self.freeze(key, self.retry_after_max, "parked", report=False)
+        self.freeze(key, self.retry_after_max, f"parked: {why}", report=False)
         self.crawler.stats.inc_value("incremental/throttle/parked_requests",
                                      self._drop_queued(key, f"{key} is parked"))
 

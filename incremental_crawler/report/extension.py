@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from incremental_crawler.change.trust import HostTrustBook
 
 __all__ = [
-    "IncrementalLogStats", "IncrementalReport", "accounting_line", "report_lines", "summarize",
-    "trust_lines",
+    "IncrementalLogStats", "IncrementalReport", "accounting_line", "crawl_lines", "report_lines",
+    "summarize", "trust_lines",
 ]
 
 logger = logging.getLogger(__name__)
@@ -295,19 +295,25 @@ class IncrementalReport:
         return ext
 
     def spider_closed(self, spider: Spider, reason: str) -> None:
-        s = summarize(self.stats.get_stats())
         lines = [f"Incremental report ({reason}):"]
-        lines.extend(f"  {line}" for line in report_lines(s))
-        throttle = self.crawler.get_extension(AdaptiveThrottle) if self.crawler else None
-        if throttle is not None and throttle.site_windows():
-            # What each slot's requests could reach, as in the periodic line.
-            lines.append(f"  politeness: {throttle.summary()}")
-        ledger = self.crawler.get_extension(Ledger) if self.crawler else None
-        if ledger is not None:
-            lines.extend(trust_lines(ledger.trust))
-        if s["state_withheld"]:
-            lines.append(
-                f"  {s['state_withheld']} pages keep their old validators "
-                "(callback or pipeline failed): they will be fetched again"
-            )
+        lines.extend(f"  {line}" for line in crawl_lines(self.stats.get_stats(), self.crawler))
         logger.info("\n".join(lines), extra={"spider": spider})
+
+
+def crawl_lines(stats: dict[str, Any], crawler: Crawler | None) -> list[str]:
+    """Every line of the end-of-crawl report (the HTML report shows them too)."""
+    s = summarize(stats)
+    lines = report_lines(s)
+    throttle = crawler.get_extension(AdaptiveThrottle) if crawler else None
+    if throttle is not None and throttle.site_windows():
+        # What each slot's requests could reach, as in the periodic line.
+        lines.append(f"politeness: {throttle.summary()}")
+    ledger = crawler.get_extension(Ledger) if crawler else None
+    if ledger is not None:
+        lines.extend(line.strip() for line in trust_lines(ledger.trust))
+    if s["state_withheld"]:
+        lines.append(
+            f"{s['state_withheld']} pages keep their old validators "
+            "(callback or pipeline failed): they will be fetched again"
+        )
+    return lines

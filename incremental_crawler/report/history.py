@@ -55,6 +55,10 @@ def crawl_figures(stats: dict[str, Any]) -> dict[str, float]:
     # Tombstones (gone pages' items), when the crawl emitted any.
     figures["deleted"] = int(stats.get("incremental/items_deleted", 0) or 0)
     figures["items"] = int(stats.get("item_scraped_count", 0) or 0)
+    # Politeness, for the history charts: 429 answers, and the freezes
+    # (Retry-After, backoff) they caused.
+    figures["responses_429"] = int(stats.get("downloader/response_status_count/429", 0) or 0)
+    figures["freezes"] = int(stats.get("incremental/retry_after_waits", 0) or 0)
     return figures
 
 

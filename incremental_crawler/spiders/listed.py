@@ -35,6 +35,7 @@ from incremental_crawler.lists.dates import parse_w3c_datetime
 from incremental_crawler.lists.documents import gunzip, parse_listing
 from incremental_crawler.lists.sitemaps import Candidate, SitemapEntries, decide
 from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD
+from incremental_crawler.report.hosts import host_of
 from incremental_crawler.spiders.base import IncrementalSpider
 from incremental_crawler.state.keys import Canonicalizer
 from incremental_crawler.state.records import PageKey, PageState
@@ -269,13 +270,13 @@ class ListedPagesSpider(IncrementalSpider):
                     self._not_requested(_Listed(candidate, state, callback), why, sample,
                                         counter)
                     continue
-                counter.requested(why)
+                counter.requested(why, host_of(candidate.loc))
                 yield self._page_request(candidate, state, callback, why, use_lastmod)
         sampled, rest = sample.take()
         for listed in rest:
             self._skipped(listed.state, counter)
         for listed in sampled:
-            counter.requested(Why.SAMPLED)
+            counter.requested(Why.SAMPLED, host_of(listed.candidate.loc))
             yield self._page_request(*listed, Why.SAMPLED, use_lastmod)
 
     def _not_requested(self, listed: _Listed, why: Why, sample: RotatingSample[_Listed],

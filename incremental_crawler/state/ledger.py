@@ -592,7 +592,7 @@ class Ledger:
             self.note_unrecorded_failure()
             return False
         if counted:
-            self.schedule.failed()
+            self.schedule.failed(key.url)
         return True
 
     def _requestable(self, key: PageKey, prior: PageState | None, callback: str | None,

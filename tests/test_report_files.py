@@ -1,0 +1,338 @@
+"""The HTML and JSON crawl report (INCREMENTAL_REPORT_DIR) and ``scrapy report``.
+
+Real crawls of the loopback site; the page is opened in headless Chromium
+(Debian's ``chromium`` and ``chromedriver``, driven by Selenium), which must
+draw every chart with no console error. Skipped only where Chromium is not
+installed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+from twisted.internet.threads import deferToThread
+
+from incremental_crawler.report.files import ReportFiles
+from incremental_crawler.spiders.sitemap import SitemapPagesSpider
+
+PROJECT = Path(__file__).resolve().parents[1]
+DOCS = PROJECT / "docs" / "report.md"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+#: Chromium's flags on a machine without a display, a GPU or a network.
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--window-size=1280,1000")
+needs_chromium = pytest.mark.skipif(
+    not (CHROMIUM and CHROMEDRIVER),
+    reason="chromium and chromedriver are not installed (Debian: apt-get install chromium "
+           "chromium-driver; .ci/run installs them)")
+
+POLITE = {"INCREMENTAL_THROTTLE_ENABLED": True, "CONCURRENT_REQUESTS": 16,
+          "CONCURRENT_REQUESTS_PER_DOMAIN": 16, "INCREMENTAL_THROTTLE_MAX_RATE": 100}
+
+
+def add_pages(site, n: int) -> list[str]:
+    paths = [f"/p/{i:04d}" for i in range(n)]
+    for i, path in enumerate(paths):
+        site.add_page(path, ("strong", "weak", "lastmod")[i % 3], size=1500)
+    return paths
+
+
+def page_log(site) -> list[Any]:
+    return [r for r in site.log if r.path.startswith("/p/")]
+
+
+# -- the browser ----------------------------------------------------------------------
+
+
+class Browser:
+    """Headless Chromium through Selenium, with the browser's console log."""
+
+    def __init__(self) -> None:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.options import Options
+        from selenium.webdriver.chrome.service import Service
+
+        options = Options()
+        options.binary_location = CHROMIUM or ""
+        self.profile = tempfile.mkdtemp(prefix="report-test-chromium-")
+        for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={self.profile}"):
+            options.add_argument(flag)
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+        # The Debian driver, named: Selenium Manager would try to download one.
+        self.driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+    def open(self, path: Path) -> int:
+        """Load *path* and wait (at most 30 s) until every chart is drawn; how many."""
+        self.driver.get(path.as_uri())
+        for _ in range(300):
+            rendered = self.driver.execute_script(
+                "return document.body && document.body.getAttribute('data-charts-rendered')")
+            if rendered is not None:
+                return int(rendered)
+            time.sleep(0.1)
+        pytest.fail(f"{path.name}: the charts were not drawn within 30 s")
+
+    def js(self, script: str) -> Any:
+        return self.driver.execute_script(script)
+
+    def console(self) -> list[dict[str, Any]]:
+        return self.driver.get_log("browser")
+
+    def screenshot(self, path: Path) -> None:
+        height = self.js("return document.body.scrollHeight")
+        self.driver.set_window_size(1280, min(int(height) + 40, 8000))
+        self.driver.save_screenshot(str(path))
+
+    def close(self) -> None:
+        self.driver.quit()
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def chart_paths(browser: Browser, element_id: str) -> list[str]:
+    """The ``d`` of every drawn line of a chart (empty ones left out)."""
+    return browser.js(
+        f"return Array.from(document.querySelectorAll('#{element_id} path.js-line'))"
+        ".map(p => p.getAttribute('d')).filter(d => d && d.length > 2);")
+
+
+def host_row_cells(browser: Browser, host: str) -> list[str]:
+    return browser.js(
+        "const rows = Array.from(document.querySelectorAll('table tr'));"
+        f"const row = rows.find(r => r.cells.length && r.cells[0].textContent === {host!r});"
+        "return row ? Array.from(row.cells).map(c => c.textContent) : [];")
+
+
+def check_page(browser: Browser, path: Path, shot: Path) -> int:
+    """Open *path*; every chart drawn, no console error; a screenshot; the charts' count."""
+    charts = browser.open(path)
+    assert charts == browser.js("return document.querySelectorAll('.js-plotly-plot').length")
+    # Every chart has drawn SVG: its axes at least.
+    assert browser.js("return Array.from(document.querySelectorAll('.js-plotly-plot'))"
+                      ".every(c => c.querySelector('svg.main-svg'))")
+    errors = [entry for entry in browser.console() if entry["level"] == "SEVERE"]
+    assert errors == [], errors
+    browser.screenshot(shot)
+    assert shot.stat().st_size > 20_000
+    return charts
+
+
+# -- a crawl's report -------------------------------------------------------------------
+
+
+@needs_chromium
+@pytest_twisted.ensureDeferred
+async def test_the_report_of_a_rate_limited_crawl_draws_in_chromium(site, crawl, tmp_path):
+    reports = tmp_path / "reports"
+    paths = add_pages(site, 40)
+    limiter = site.limit(rate=20, burst=5)
+    # Start above the site's budget: 429s, Retry-After freezes, back-offs.
+    first = await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"), settings={
+        **POLITE, "INCREMENTAL_THROTTLE_START_RATE": 60, "INCREMENTAL_REPORT_DIR": str(reports)})
+    first_log = page_log(site)
+    first_files = set(first.get_extension(ReportFiles).written)
+    site.limiter = None
+    changed = {"/p/0001", "/p/0002", "/p/0004"}
+    for path in changed:
+        site.change(path)
+    site.reset_log()
+    second = await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"), settings={
+        **POLITE, "INCREMENTAL_REPORT_DIR": str(reports)})
+    second_log = page_log(site)
+
+    # The latest under fixed names, each crawl under its own.
+    names = sorted(p.name for p in reports.iterdir())
+    assert "report.html" in names and "report.json" in names
+    stamped = [n for n in names if re.fullmatch(r"report-\d{8}T\d{9}Z\.(html|json)", n)]
+    assert len(stamped) == 4, names
+    assert first_files <= set(names)
+
+    # Crawl 1's figures against what the server saw.
+    stamped_first = reports / next(n for n in sorted(first_files) if n.endswith(".json")
+                                   and n != "report.json")
+    one = json.loads(stamped_first.read_text())
+    slot = one["politeness"]["slots"]["127.0.0.1"]
+    assert limiter.refused > 0 and slot["final"]["status_429"] == limiter.refused
+    assert slot["status_429"][-1] == limiter.refused
+    assert slot["freezes"] >= 1 and slot["frozen_spans"]
+    assert all(s["end_s"] > s["start_s"] and "Retry-After" in s["why"]
+               for s in slot["frozen_spans"])
+    [host] = [h for h in one["hosts"] if h["host"] == "127.0.0.1"]
+    assert host["requested_by_reason"]["new"] == len(paths) == host["new"]
+    assert host["checked"] == len(first_log)
+    assert one["history"][0]["figures"]["requests"] == requests(first)
+
+    # Crawl 2: skipped by lastmod, 304s and changes, per host, as served.
+    two = json.loads((reports / "report.json").read_text())
+    [host] = [h for h in two["hosts"] if h["host"] == "127.0.0.1"]
+    assert host["changed"] == len(changed)
+    assert host["not_modified"] == sum(1 for r in second_log if r.status == 304)
+    assert host["checked"] == len(second_log)
+    # The sitemap listing the changed pages was read: its other pages skipped.
+    assert host["skipped_lastmod"] == second.stats.get_value(
+        "incremental/schedule/skipped/lastmod_unchanged") == 20 - len(second_log)
+    assert host["validator_trust"] == "trusted"
+    assert [entry["figures"]["requests"] for entry in two["history"]] == [
+        len(second_log), len(first_log)]
+
+    browser = await deferToThread(Browser)
+    try:
+        # Crawl 2: the per-host table and the history charts.
+        charts = await deferToThread(check_page, browser, reports / "report.html",
+                                     tmp_path / "latest.png")
+        assert charts == 3  # one slot, two history charts
+        cells = await deferToThread(host_row_cells, browser, "127.0.0.1")
+        assert cells[2:8] == [str(host["skipped_lastmod"]), "0", str(len(second_log)),
+                              str(host["not_modified"]), str(len(changed)), "0"], cells
+        bars = await deferToThread(browser.js, "return document.querySelectorAll("
+                                   "'#history-pages .bars path').length")
+        assert bars >= 5  # 2 crawls x 3 series, an empty one (no 304 in crawl 1) aside
+        # Crawl 1: the slot chart, its lines and its freezes shaded.
+        charts = await deferToThread(check_page, browser, stamped_first.with_suffix(".html"),
+                                     tmp_path / "rate-limited.png")
+        assert charts == 3
+        assert len(await deferToThread(chart_paths, browser, "slot-0")) >= 4
+        shaded = await deferToThread(browser.js, "return document.querySelectorAll("
+                                     "'#slot-0 .shapelayer path').length")
+        assert shaded == len(slot["frozen_spans"])
+    finally:
+        await deferToThread(browser.close)
+
+
+def requests(crawler) -> int:
+    """Requests for pages the crawl counted (``incremental/requests/<reason>``)."""
+    return sum(v for k, v in crawler.stats.get_stats().items()
+               if k.startswith("incremental/requests/"))
+
+
+# -- the JSON schema ------------------------------------------------------------------------
+
+
+def documented_fields() -> dict[str, str]:
+    """Path -> type of every row of the schema tables in docs/report.md."""
+    text = DOCS.read_text()
+    schema = text[text.index("## report.json schema"):]
+    return {path: kind.strip() for path, kind in
+            re.findall(r"^\| `([^`]+)` \| ([a-z ]+) \|", schema, re.MULTILINE)}
+
+
+_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
+          "object": dict, "array": list, "null": type(None)}
+
+
+def _segment(pattern: str) -> re.Pattern[str]:
+    # "<name>" stands for any key (a slot may hold dots: "127.0.0.1").
+    return re.compile("".join(".+" if part.startswith("<") else re.escape(part)
+                              for part in re.split(r"(<[a-z_]+>)", pattern) if part))
+
+
+def _documented_path(keys: tuple[str, ...], documented: dict[str, str]) -> str | None:
+    """The documented pattern the path *keys* matches (``a[]`` for an array's element)."""
+    for pattern in documented:
+        parts = pattern.split(".")
+        if len(parts) == len(keys) and all(
+                _segment(part).fullmatch(key) for part, key in zip(parts, keys, strict=True)):
+            return pattern
+    return None
+
+
+def check_schema(report: dict[str, Any], documented: dict[str, str]) -> set[str]:
+    """Every field of *report* documented with its type; the patterns met."""
+    met: set[str] = set()
+
+    def visit(value: Any, keys: tuple[str, ...]) -> None:
+        # An array's objects are documented by their fields.
+        if keys and not (keys[-1].endswith("[]") and isinstance(value, dict)):
+            path = ".".join(keys)
+            pattern = _documented_path(keys, documented)
+            assert pattern is not None, f"{path} is not documented in docs/report.md"
+            met.add(pattern)
+            allowed = tuple(_TYPES[t.strip()] for t in documented[pattern].split(" or "))
+            ok = isinstance(value, allowed) and not (
+                isinstance(value, bool) and bool not in allowed)
+            assert ok, f"{path}: {value!r} is not {documented[pattern]}"
+        if isinstance(value, dict):
+            for key, item in value.items():
+                visit(item, (*keys, key))
+        elif isinstance(value, list):
+            for item in value:
+                visit(item, (*keys[:-1], f"{keys[-1]}[]"))
+
+    visit(report, ())
+    return met
+
+
+@pytest_twisted.ensureDeferred
+async def test_report_json_and_scrapy_report_follow_the_documented_schema(
+        site, crawl, state_uri, tmp_path):
+    """Three crawls (one with a 429 and a 5xx), their JSON against the documented
+    fields, INCREMENTAL_REPORT_KEEP's pruning, and ``scrapy report`` from the store."""
+    reports = tmp_path / "reports"
+    add_pages(site, 12)
+    site.override("/p/0003", status=503, headers={"Retry-After": "0"})
+    settings = {**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 50, "RETRY_TIMES": 0,
+                "INCREMENTAL_REPORT_DIR": str(reports), "INCREMENTAL_REPORT_KEEP": 2}
+    crawlers = []
+    for _ in range(3):
+        crawlers.append(await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"),
+                                    settings=settings))
+        site.clear_override("/p/0003")
+        site.change("/p/0005")
+    documented = documented_fields()
+    report = json.loads((reports / "report.json").read_text())
+    assert report["schema"] == "incremental-crawler-report" and report["version"] == 1
+    met = check_schema(report, documented)
+    # Keep 2: the third crawl's files and the second's.
+    stamped = sorted(p.name for p in reports.glob("report-*.json"))
+    assert len(stamped) == 2, stamped
+    assert json.loads((reports / stamped[-1]).read_text()) == report
+    assert [e["figures"]["requests"] for e in report["history"]] == [
+        requests(c) for c in reversed(crawlers)]
+
+    result = await deferToThread(
+        subprocess.run,
+        [sys.executable, "-m", "scrapy", "report", "--scope", "sitemap", "-o",
+         str(tmp_path / "history"), "-s", f"INCREMENTAL_STATE_URI={state_uri}"],
+        cwd=PROJECT, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "scope sitemap: 3 crawls" in result.stdout
+    history = json.loads((tmp_path / "history" / "history-sitemap.json").read_text())
+    met |= check_schema(history, documented)
+    assert history["kind"] == "history"
+    assert [e["figures"] for e in history["history"]] == [
+        e["figures"] for e in report["history"]]
+    [stored] = history["stored_hosts"]
+    # The 12 pages, the sitemap index and its two sitemaps.
+    assert stored["host"] == "127.0.0.1" and stored["pages"] == 12 + 3
+    page = (tmp_path / "history" / "history-sitemap.html").read_text()
+    assert 'id="history-pages"' in page and "Plotly" in page
+    # No resource is fetched: nothing but inline scripts and data: URIs.
+    assert not re.search(r"""<(script|link|img)[^>]+(src|href)=["'](?!data:)""", page)
+
+    # Every documented field was met (fields present only on some rows or
+    # some crawls: a 429's span, a parked slot's limit, `(other …)` rows,
+    # per-reason counts that were 0).
+    optional = {p for p in documented if "<reason>" in p or "frozen_spans[]" in p
+                or p.startswith(("summary.unrecordable/", "summary.dropped/"))}
+    assert set(documented) - met - optional == set()
+
+
+def test_scrapy_report_refuses_a_missing_store(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "scrapy", "report", "-o", str(tmp_path), "-s",
+         f"INCREMENTAL_STATE_URI=sqlite:///{tmp_path / 'none.db'}"],
+        cwd=PROJECT, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 1
+    assert "no state store at" in result.stderr
+    assert not (tmp_path / "none.db").exists() and not list(tmp_path.glob("history-*"))
