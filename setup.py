@@ -19,6 +19,8 @@ setup(
         "scrapy-redis>=0.9.1",
         # Live metrics (opt-in, INCREMENTAL_METRICS_PORT); imported only then.
         "prometheus_client>=0.20",
+        # The HTML report embeds the Plotly.js it ships (never imported).
+        "plotly>=6",
     ],
     # scrapyd finds the project's settings through this entry point.
     entry_points={"scrapy": ["settings = incremental_crawler.settings"]},

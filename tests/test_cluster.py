@@ -182,14 +182,26 @@ async def test_workers_share_one_crawl_and_exit_by_themselves(
     # (the rotating sample off: the test counts requests exactly).
     changed = set(site.change_fraction(0.05, seed=3))
     site.reset_log()
+    reports = tmp_path / "reports"
     workers = [Worker(site, state_uri, cluster_prefix, tmp_path, f"2-{i}",
-                      "-s", "INCREMENTAL_LASTMOD_RECHECK_SHARE=0") for i in range(2)]
+                      "-s", "INCREMENTAL_LASTMOD_RECHECK_SHARE=0",
+                      "-s", f"INCREMENTAL_REPORT_DIR={reports}") for i in range(2)]
     for worker in workers:
         assert await worker.wait() == 0, worker.tail()
     assert dict(page_gets(site)) == dict.fromkeys(changed, 1)
     assert sorted(url for w in workers for url in w.urls()) == sorted(
         site.url(path) for path in changed)
     assert leftover_keys(cluster_prefix) == []
+    # One report pair per worker, its id in the names (and no shared report.html).
+    latest = sorted(p.name for p in reports.glob("report-*.json")
+                    if not re.match(r"report-\d{8}T", p.name))
+    assert len(latest) == 2 and not (reports / "report.html").exists(), latest
+    for name in latest:
+        crawl = json.loads((reports / name).read_text())["crawl"]
+        worker = re.sub(r"[^A-Za-z0-9._-]+", "-", crawl["worker"])
+        assert crawl["worker"] and name == f"report-{worker}.json"
+        assert (reports / name).with_suffix(".html").exists()
+    assert len(list(reports.glob("report-*T*Z-*.html"))) == 2
 
 
 @pytest.mark.parametrize("state_uri", ["redis"], indirect=True)

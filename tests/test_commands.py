@@ -29,7 +29,8 @@ def scrapy(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
 
 def test_scrapy_demo_crawls_twice_and_reports_savings(tmp_path):
     result = scrapy("demo", "--pages", "40", "--change", "0.1",
-                    "--state-uri", f"sqlite:///{tmp_path / 'demo.db'}")
+                    "--state-uri", f"sqlite:///{tmp_path / 'demo.db'}",
+                    "--report-dir", str(tmp_path / "report"))
     assert result.returncode == 0, result.stderr
     out = result.stdout
     first = re.search(r"crawl 1 \(cold\):\s+(\d+) pages fetched, (\d+) items stored", out)
@@ -52,6 +53,11 @@ def test_scrapy_demo_crawls_twice_and_reports_savings(tmp_path):
     assert int(second.group(2)) + (int(full.group(1)) if full else 0) == 2, out
     stored = re.search(r"(\d+) items stored \((\d+) changed", out)
     assert stored and stored.groups() == ("4", "4")
+    # Each crawl wrote its report; the page printed is the second's, with both in its history.
+    assert (tmp_path / "report" / "report.html").as_uri() in out
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["summary"]["changed"] == 4
+    assert [e["figures"]["pages_new"] for e in report["history"]] == [0, 40]
 
 
 @pytest_twisted.ensureDeferred

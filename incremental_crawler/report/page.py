@@ -217,9 +217,9 @@ pre{background:#fff;border:1px solid #e1e4e8;border-radius:6px;padding:8px 12px;
  white-space:pre-wrap;font-size:12.5px}
 table{border-collapse:collapse;background:#fff;font-size:12.5px;margin:6px 0;width:100%}
 th,td{border:1px solid #e1e4e8;padding:3px 6px;text-align:right;white-space:nowrap}
-th{background:#f0f2f5;position:sticky;top:0}td.l,th.l{text-align:left}
+th{background:#f0f2f5;white-space:normal;vertical-align:bottom}td.l,th.l{text-align:left}
 .scroll{overflow-x:auto}.chart{background:#fff;border:1px solid #e1e4e8;border-radius:6px;
- margin:10px 0;min-height:300px}
+ margin:10px 0}
 .note{color:#555;font-size:12.5px}.bad{color:#b00020}.good{color:#2e7d32}
 footer{color:#777;font-size:12px;margin-top:30px}
 """
@@ -236,6 +236,12 @@ SCRIPT = """
   });
 })();
 """
+
+
+def _chart_div(element_id: str, figure: dict[str, Any]) -> str:
+    # The chart's own height: "responsive" fits a chart to its element.
+    height = figure["layout"]["height"]
+    return f'<div class="chart" id="{_e(element_id)}" style="height:{height}px"></div>'
 
 
 def _table(headers: list[str], rows: list[list[str]], *, left: int = 1) -> str:
@@ -289,7 +295,7 @@ def _hosts_section(hosts: list[dict[str, Any]]) -> str:
 def _history_section(history: list[dict[str, Any]], figures: dict[str, Any]) -> str:
     if not history:
         return '<p class="note">No crawl of this scope is stored yet.</p>'
-    charts = "".join(f'<div class="chart" id="{_e(i)}"></div>' for i in figures)
+    charts = "".join(_chart_div(i, figure) for i, figure in figures.items())
     rows = []
     for entry in history:
         f = entry["figures"]
@@ -337,7 +343,7 @@ def _politeness_section(politeness: dict[str, Any] | None,
     note = (f'<p class="note">{shown} of {politeness["slots_tracked"]} slots drawn, '
             f"sampled every {politeness['interval_s']:g} s. Shaded: the slot was frozen "
             "(Retry-After, backoff, parked); the markers along the top give why.</p>")
-    charts = "".join(f'<div class="chart" id="{_e(i)}"></div>' for i in figures)
+    charts = "".join(_chart_div(i, figure) for i, figure in figures.items())
     return table + note + charts
 
 
