@@ -45,7 +45,7 @@ from incremental_crawler.report.document import (
 )
 from incremental_crawler.report.extension import crawl_lines
 from incremental_crawler.report.history import CrawlHistory
-from incremental_crawler.report.page import PlotlyMissing, render
+from incremental_crawler.report.page import PlotlyMissing, render_parts
 from incremental_crawler.report.timeline import Timeline
 from incremental_crawler.state.ledger import Ledger
 
@@ -84,13 +84,14 @@ def report_names(finished: float, worker: str) -> tuple[str, str]:
     return "report", f"report-{_stamp(finished)}"
 
 
-def _write(path: Path, text: str) -> int:
-    """Write *text* to *path* whole (a reader never sees half a file); its size."""
-    data = text.encode("utf-8")
+def _write(path: Path, parts: list[bytes]) -> int:
+    """Write *parts* to *path* whole (a reader never sees half a file); its size."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
+    with tmp.open("wb") as f:
+        for part in parts:
+            f.write(part)
     tmp.replace(path)
-    return len(data)
+    return sum(len(part) for part in parts)
 
 
 def prune(directory: Path, keep: int) -> list[Path]:
@@ -126,12 +127,15 @@ def write_report(report: dict[str, Any], directory: Path, names: tuple[str, str]
     """
     directory.mkdir(parents=True, exist_ok=True)
     latest, stamped = names
-    text = json.dumps(report, indent=1, allow_nan=False) + "\n"
+    files = (latest, stamped) if keep else (latest,)
+    data = [(json.dumps(report, indent=1, allow_nan=False) + "\n").encode("utf-8")]
     sizes = {}
-    for name in ((latest, stamped) if keep else (latest,)):
-        sizes[f"{name}.json"] = _write(directory / f"{name}.json", text)
-    for name in ((latest, stamped) if keep else (latest,)):
-        page = render(report, json_name=f"{name}.json")
+    for name in files:
+        sizes[f"{name}.json"] = _write(directory / f"{name}.json", data)
+    # One page for both names: it links this crawl's own JSON, which is kept
+    # as long as the page is the latest.
+    page = render_parts(report, json_name=f"{files[-1]}.json")
+    for name in files:
         sizes[f"{name}.html"] = _write(directory / f"{name}.html", page)
     if keep:
         prune(directory, keep)
@@ -162,7 +166,8 @@ class ReportFiles:
         if not config.enabled:
             raise NotConfigured("INCREMENTAL_ENABLED is False")
         if not config.report_dir:
-            raise NotConfigured("INCREMENTAL_REPORT_DIR is not set")
+            # Off by default: no message, so Scrapy logs no warning on every crawl.
+            raise NotConfigured
         return cls(crawler, Path(config.report_dir).expanduser(), config.report_keep)
 
     @property
@@ -268,9 +273,10 @@ class ReportFiles:
             logger.error("Crawl report: could not write to %(dir)s: %(exc)s",
                          {"dir": self.directory, "exc": exc})
             return
+        cpu_ms = round(1000 * (time.process_time() - started))
         stats.set_value("incremental/report/html_bytes", self.written[f"{names[0]}.html"])
-        stats.set_value("incremental/report/cpu_ms",
-                        round(1000 * (time.process_time() - started)))
-        logger.info("Crawl report: %(path)s (%(size).1f MB; each crawl's as %(stamped)s.html)",
-                    {"path": self.directory / f"{names[0]}.html",
+        stats.set_value("incremental/report/cpu_ms", cpu_ms)
+        logger.info("Crawl report: %(path)s (%(size).1f MB, %(ms)d ms of CPU; this crawl's "
+                    "also as %(stamped)s.html)",
+                    {"path": self.directory / f"{names[0]}.html", "ms": cpu_ms,
                      "size": self.written[f"{names[0]}.html"] / 1e6, "stamped": names[1]})

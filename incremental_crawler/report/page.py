@@ -10,7 +10,7 @@ JSON, the format Plotly.js documents and draws as it is.
 
 Why Plotly.js: interactive (zoom, hover values, toggling a series), well
 kept, MIT, and one file we can embed from a pinned PyPI package; its cost is
-the page's size, about 4.7 MB. ``docs/report.md`` compares it with
+the page's size, about 4.8 MB. ``docs/report.md`` compares it with
 matplotlib and Bokeh.
 """
 
@@ -25,7 +25,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PlotlyMissing", "plotly_js", "render"]
+__all__ = ["PlotlyMissing", "plotly_js", "render", "render_parts"]
 
 #: Colours of the series, the same in every chart.
 COLOURS = {
@@ -43,8 +43,9 @@ class PlotlyMissing(RuntimeError):
 
 
 @cache
-def plotly_js() -> tuple[str, str]:
-    """Plotly.js as the installed ``plotly`` package ships it, and its version.
+def plotly_js() -> tuple[bytes, str]:
+    """Plotly.js as the installed ``plotly`` package ships it (bytes, written
+    into pages as they are), and its version.
 
     Found without importing the package (its import costs ~0.1 s of CPU).
     """
@@ -54,11 +55,11 @@ def plotly_js() -> tuple[str, str]:
                             "(pip install -r requirements.txt)")
     path = Path(next(iter(spec.submodule_search_locations))) / "package_data" / "plotly.min.js"
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise PlotlyMissing(f"Plotly.js not found in the plotly package: {exc}") from exc
-    found = re.search(r"plotly\.js v(\d+\.\d+\.\d+)", text[:500])
-    return text, found.group(1) if found else "unknown"
+    found = re.search(rb"plotly\.js v(\d+\.\d+\.\d+)", data[:500])
+    return data, found.group(1).decode() if found else "unknown"
 
 
 # -- formats ------------------------------------------------------------------------
@@ -340,7 +341,9 @@ def _politeness_section(politeness: dict[str, Any] | None,
                     "429", "5xx", "timeouts", "freezes", "frozen", "parked"],
                    _slot_rows(slots))
     shown = len(slots)
-    note = (f'<p class="note">{shown} of {politeness["slots_tracked"]} slots drawn, '
+    untracked = politeness.get("slots_untracked", 0)
+    beyond = f" ({untracked} more without series)" if untracked else ""
+    note = (f'<p class="note">{shown} of {politeness["slots_tracked"]} slots drawn{beyond}, '
             f"sampled every {politeness['interval_s']:g} s. Shaded: the slot was frozen "
             "(Retry-After, backoff, parked); the markers along the top give why.</p>")
     charts = "".join(_chart_div(i, figure) for i, figure in figures.items())
@@ -374,6 +377,12 @@ def _json_script(element_id: str, value: Any) -> str:
 
 def render(report: dict[str, Any], *, json_name: str | None = None) -> str:
     """The HTML page of a report object (:mod:`~incremental_crawler.report.document`)."""
+    return b"".join(render_parts(report, json_name=json_name)).decode("utf-8")
+
+
+def render_parts(report: dict[str, Any], *, json_name: str | None = None) -> list[bytes]:
+    """:func:`render`'s page as parts to write one after the other: Plotly.js
+    (4.8 MB) is one of them as read, never copied into a larger string."""
     js, version = plotly_js()
     figures: dict[str, Any] = {}
     sections: list[str] = []
@@ -413,13 +422,14 @@ def render(report: dict[str, Any], *, json_name: str | None = None) -> str:
     link = (f' The same figures as JSON: <a href="{_e(json_name)}">{_e(json_name)}</a>.'
             if json_name else "")
     generated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    return (
+    head = (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         '<link rel="icon" href="data:,">'
-        f"<title>{_e(title)}</title><style>{STYLE}</style>"
-        f"<script>{js}</script></head><body><main>"
-        f"<h1>{_e(title)}</h1><div class=\"meta\">{_e(meta)}</div>"
+        f"<title>{_e(title)}</title><style>{STYLE}</style><script>"
+    )
+    rest = (
+        f"</script></head><body><main><h1>{_e(title)}</h1><div class=\"meta\">{_e(meta)}</div>"
         + "".join(sections)
         + f"<footer>Report schema {_e(report['schema'])} v{report['version']}, written "
         f"{generated}. Charts by Plotly.js v{_e(version)} (MIT), embedded: this page needs "
@@ -427,3 +437,4 @@ def render(report: dict[str, Any], *, json_name: str | None = None) -> str:
         + _json_script("report-figures", figures) + _json_script("report-config", CONFIG)
         + f"<script>{SCRIPT}</script></body></html>\n"
     )
+    return [head.encode("utf-8"), js, rest.encode("utf-8")]

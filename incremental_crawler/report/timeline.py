@@ -15,14 +15,15 @@ Bounded, whatever the crawl's length and breadth:
 - at most :data:`MAX_POINTS` samples: when full, every other sample is
   dropped and the interval doubles (a crawl of a day keeps about one
   sample per 2 minutes);
-- at most :data:`MAX_SLOTS` slots get series of their own; the slots seen
-  after them add up in :data:`OTHER` (rates and counters summed, latency the
-  highest);
+- at most :data:`MAX_SLOTS` slots get series (the first seen): a sample
+  visits only them, so a broad crawl of thousands of sites costs no more
+  than one of fifty. The report draws the busiest of them and sums the
+  rest into :data:`OTHER` (rates and counters summed, latency the highest);
 - at most :data:`MAX_SPANS` freeze spans per slot: overlapping or touching
   freezes merge into one, and past the limit the last span stretches.
 
-Sampling costs one pass over the slots per interval (a sort of at most 200
-latencies each): nothing per request.
+Sampling costs one pass over the tracked slots per interval (a sort of at
+most 200 latencies each): nothing per request.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ MAX_POINTS = 720
 MAX_SLOTS = 50
 #: Freeze spans kept per slot, at most.
 MAX_SPANS = 200
-#: The series where the slots beyond MAX_SLOTS add up.
+#: The chart where the tracked slots beyond the busiest shown add up.
 OTHER = "(other slots)"
 #: The per-slot series, in the JSON's order.
 SERIES = ("rate", "window", "latency_p50_ms", "latency_p95_ms", "status_429", "status_5xx",
@@ -99,9 +100,10 @@ class Timeline:
         self.started = time.monotonic()
         self.ended: float | None = None
         self._task: Any = None
-        #: Per slot: the window's count of good answers at the previous sample
-        #: (as many entries as the throttle has windows).
+        #: Per tracked slot: the window's count of good answers at the previous sample.
         self._ok_seen: dict[str, int] = {}
+        #: The throttle's windows at the last look for new ones.
+        self._windows_seen = 0
         #: Samples to skip before the next one is kept (the interval doubled).
         self._stride = 1
         self._ticks = 0
@@ -132,25 +134,30 @@ class Timeline:
     def _slot(self, key: str) -> _Slot:
         slot = self.slots.get(key)
         if slot is None:
-            if len(self.slots) >= self.max_slots and key != OTHER:
-                return self._slot(OTHER)
             slot = self.slots[key] = _Slot({name: [None] * len(self.times) for name in SERIES})
         return slot
 
+    def _track_new_slots(self) -> None:
+        """Give the slots the throttle made since the last look series, up to MAX_SLOTS."""
+        windows = self.throttle.windows
+        if len(self.slots) >= self.max_slots or len(windows) == self._windows_seen:
+            return
+        self._windows_seen = len(windows)
+        for key in windows:
+            if len(self.slots) >= self.max_slots:
+                return
+            if key:  # "": requests without a host, no site behind them
+                self._slot(key)
+
     def sample(self) -> None:
-        """One sample of every slot's window."""
+        """One sample of every tracked slot's window."""
         if len(self.times) >= self.max_points:
             self._decimate()
         # Slots first seen now are made (their past: no values) before this
         # sample's time is added.
-        values: dict[str, dict[str, float | None]] = {}
-        for key, window in self.throttle.site_windows():
-            if key not in self.slots and len(self.slots) >= self.max_slots:
-                self._slot(OTHER)
-                self._add_other(values, self._values(key, window))
-                continue
-            self._slot(key)
-            values[key] = self._values(key, window)
+        self._track_new_slots()
+        windows = self.throttle.windows
+        values = {key: self._values(key, windows[key]) for key in self.slots if key in windows}
         self.times.append(round(time.monotonic() - self.started, 3))
         for key, slot in self.slots.items():
             row = values.get(key, {})
@@ -172,22 +179,6 @@ class Timeline:
             "requests": window.sent,
         }
 
-    @staticmethod
-    def _add_other(values: dict[str, dict[str, float | None]],
-                   row: dict[str, float | None]) -> None:
-        """Add one untracked slot's *row* into the OTHER row of this sample."""
-        total = values.setdefault(OTHER, {})
-        for name, value in row.items():
-            if value is None:
-                continue
-            old = total.get(name)
-            if old is None:
-                total[name] = value
-            elif name.startswith("latency"):
-                total[name] = max(old, value)
-            else:
-                total[name] = round(old + value, 3)
-
     def _decimate(self) -> None:
         """Drop every other sample; sample half as often from now on."""
         self.times = self.times[::2]
@@ -198,7 +189,11 @@ class Timeline:
 
     def frozen(self, key: str, start: float, until: float, why: str) -> None:
         """A freeze of slot *key* from *start* to *until* (monotonic), for *why*."""
-        slot = self._slot(key)
+        slot = self.slots.get(key)
+        if slot is None:
+            if len(self.slots) >= self.max_slots:
+                return  # not tracked: its freezes are in the throttle's stats
+            slot = self._slot(key)
         slot.freezes += 1
         begin, end = round(start - self.started, 3), round(until - self.started, 3)
         spans = slot.spans
@@ -241,6 +236,9 @@ class Timeline:
             "times_s": list(self.times),
             "slots": slots,
             "slots_tracked": len(self.slots),
+            # Slots of the throttle without series (over MAX_SLOTS).
+            "slots_untracked": sum(1 for key in self.throttle.windows
+                                   if key and key not in self.slots),
         }
 
     def _requests(self, key: str) -> float:
