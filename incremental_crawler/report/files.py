@@ -276,7 +276,9 @@ class ReportFiles:
         cpu_ms = round(1000 * (time.process_time() - started))
         stats.set_value("incremental/report/html_bytes", self.written[f"{names[0]}.html"])
         stats.set_value("incremental/report/cpu_ms", cpu_ms)
-        logger.info("Crawl report: %(path)s (%(size).1f MB, %(ms)d ms of CPU; this crawl's "
-                    "also as %(stamped)s.html)",
+        sampling = round(1000 * self.timeline.cpu) if self.timeline is not None else 0
+        logger.info("Crawl report: %(path)s (%(size).1f MB, %(ms)d ms of CPU to write, "
+                    "%(sampling)d ms to sample the slots; this crawl's also as %(stamped)s.html)",
                     {"path": self.directory / f"{names[0]}.html", "ms": cpu_ms,
-                     "size": self.written[f"{names[0]}.html"] / 1e6, "stamped": names[1]})
+                     "sampling": sampling, "size": self.written[f"{names[0]}.html"] / 1e6,
+                     "stamped": names[1]})

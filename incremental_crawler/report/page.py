@@ -182,7 +182,11 @@ def history_figures(history: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     pages = {
         "data": [bars("requests", "requests", COLOURS["requests"]),
                  bars("304 not modified", "not_modified", COLOURS["not_modified"]),
-                 changes],
+                 changes,
+                 # Older records have no 429 count: no point for them.
+                 {"type": "scatter", "mode": "lines+markers", "name": "429 answers", "x": x,
+                  "y": [run["figures"].get("responses_429") for run in runs],
+                  "line": {"color": COLOURS["5xx"]}}],
         "layout": {**common, "barmode": "group", "title": {"text": "Pages per crawl"},
                    "yaxis": {"title": {"text": "pages"}, "rangemode": "tozero"}},
     }
@@ -305,11 +309,12 @@ def _history_section(history: list[dict[str, Any]], figures: dict[str, Any]) -> 
             _n(f.get("requests")), _n(f.get("not_modified")),
             _n(f.get("pages_changed", 0) + f.get("pages_new", 0)),
             _n(f.get("skipped_lastmod")), _n(f.get("not_due")), _n(f.get("failed")),
-            _bytes(f.get("bytes_received", 0)), _bytes(f.get("bytes_saved", 0)),
+            _n(f.get("responses_429")), _bytes(f.get("bytes_received", 0)),
+            _bytes(f.get("bytes_saved", 0)),
             f"{f.get('duration', 0):.1f} s",
         ])
     table = _table(["started (UTC)", "worker", "end", "requests", "304", "changed + new",
-                    "skipped (lastmod)", "not due", "failed", "bytes received",
+                    "skipped (lastmod)", "not due", "failed", "429", "bytes received",
                     "bytes saved (304s)", "duration"], rows, left=3)
     return charts + table
 

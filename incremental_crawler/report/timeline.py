@@ -104,6 +104,8 @@ class Timeline:
         self._ok_seen: dict[str, int] = {}
         #: The throttle's windows at the last look for new ones.
         self._windows_seen = 0
+        #: CPU seconds spent sampling (the report's log line says it).
+        self.cpu = 0.0
         #: Samples to skip before the next one is kept (the interval doubled).
         self._stride = 1
         self._ticks = 0
@@ -151,6 +153,13 @@ class Timeline:
 
     def sample(self) -> None:
         """One sample of every tracked slot's window."""
+        started = time.process_time()
+        try:
+            self._sample()
+        finally:
+            self.cpu += time.process_time() - started
+
+    def _sample(self) -> None:
         if len(self.times) >= self.max_points:
             self._decimate()
         # Slots first seen now are made (their past: no values) before this
