@@ -67,6 +67,7 @@ class CrawlHistory:
 
     def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
+        self._record: CrawlRecord | None = None
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
 
     @classmethod
@@ -83,10 +84,17 @@ class CrawlHistory:
 
     def record(self, ledger: Ledger, reason: str) -> CrawlRecord:
         """This crawl's record: its run's start (cluster: the run's, shared
-        by its workers), its own duration, and the report's figures."""
+        by its workers), its own duration, and the report's figures.
+
+        Made once: the HTML report asks for it too, and shows the record stored.
+        """
+        if self._record is not None:
+            return self._record
         assert self.crawler.stats is not None
         finished = clock.now()
         figures = crawl_figures(self.crawler.stats.get_stats())
         figures["duration"] = round(max(0.0, finished - ledger.own_start), 3)
-        return CrawlRecord(scope=ledger.scope, started=ledger.crawl_started, finished=finished,
-                           worker=ledger.worker, reason=reason, figures=figures)
+        self._record = CrawlRecord(scope=ledger.scope, started=ledger.crawl_started,
+                                   finished=finished, worker=ledger.worker, reason=reason,
+                                   figures=figures)
+        return self._record
