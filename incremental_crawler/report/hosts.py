@@ -24,7 +24,7 @@ MAX_HOSTS = 1000
 OTHER_HOSTS = "(other hosts)"
 #: Known pages that nothing listed or linked this crawl, counted not due by
 #: the re-seeder in one store query: their hosts are not told apart.
-UNLISTED = "(known pages not listed or linked)"
+UNLISTED = "(not listed or linked)"
 
 #: The events counted, as their stats are named without ``incremental/``:
 #: ``requested/<why>`` (the schedule's reasons,
