@@ -96,24 +96,34 @@ def _write(path: Path, parts: list[bytes]) -> int:
 
 def prune(directory: Path, keep: int) -> list[Path]:
     """Delete all but the newest *keep* timestamped reports (pairs), and the
-    latest-report files of cluster workers none of whose reports are left."""
+    latest-report files of the cluster workers whose last timestamped
+    reports this removed.
+
+    Only names this module writes are touched: a ``report-<name>.html`` of
+    the user's own (no timestamped report of a worker ``<name>``) stays.
+    """
     stamped: dict[tuple[str, str], list[Path]] = {}
     for path in directory.iterdir():
         found = _STAMPED.match(path.name)
         if found:
             stamped.setdefault((found.group(1), found.group(2) or ""), []).append(path)
     removed: list[Path] = []
+    pruned_workers: set[str] = set()
     for crawl in sorted(stamped, reverse=True)[keep:]:
+        pruned_workers.add(crawl[1])
         for path in stamped.pop(crawl):
             path.unlink(missing_ok=True)
             removed.append(path)
-    workers = {worker for _, worker in stamped}
-    for path in directory.glob("report-*.*"):
-        if _STAMPED.match(path.name) or path.suffix not in (".html", ".json"):
-            continue
-        if path.stem.removeprefix("report-") not in workers:
-            path.unlink(missing_ok=True)
-            removed.append(path)
+    # A worker's latest report goes with its last timestamped one (worker
+    # ids hold a pid: each run's workers are new names). A worker still
+    # writing its first report has none pruned: its files are not touched.
+    left = {worker for _, worker in stamped}
+    for worker in sorted(pruned_workers - left - {""}):
+        for suffix in (".html", ".json"):
+            path = directory / f"report-{worker}{suffix}"
+            if path.exists():
+                path.unlink(missing_ok=True)
+                removed.append(path)
     return removed
 
 
