@@ -161,7 +161,7 @@ def sample_report(samples: int, crawls: int) -> dict:
         if i % 40 == 39:
             errors += 1
             rate *= 0.7
-            spans.append({"start_s": t, "end_s": t + 1.0, "why": "429, Retry-After b'1'"})
+            spans.append({"start_s": t, "end_s": t + 1.0, "why": "429, Retry-After: 1"})
         else:
             rate = min(50.0, rate + 0.5)
         sent += int(rate * 0.25)

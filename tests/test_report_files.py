@@ -8,6 +8,7 @@ installed.
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -165,8 +166,9 @@ async def test_the_report_of_a_rate_limited_crawl_draws_in_chromium(site, crawl,
     assert limiter.refused > 0 and slot["final"]["status_429"] == limiter.refused
     assert slot["status_429"][-1] == limiter.refused
     assert slot["freezes"] >= 1 and slot["frozen_spans"]
-    assert all(s["end_s"] > s["start_s"] and "Retry-After" in s["why"]
-               for s in slot["frozen_spans"])
+    # The reason as the site sent it, readable: "429, Retry-After: 1".
+    assert all(s["end_s"] > s["start_s"] and re.fullmatch(r"429, Retry-After: \d+", s["why"])
+               for s in slot["frozen_spans"]), slot["frozen_spans"]
     [host] = [h for h in one["hosts"] if h["host"] == "127.0.0.1"]
     assert host["requested_by_reason"]["new"] == len(paths) == host["new"]
     assert host["checked"] == len(first_log)
@@ -205,6 +207,43 @@ async def test_the_report_of_a_rate_limited_crawl_draws_in_chromium(site, crawl,
         shaded = await deferToThread(browser.js, "return document.querySelectorAll("
                                      "'#slot-0 .shapelayer path').length")
         assert shaded == len(slot["frozen_spans"])
+    finally:
+        await deferToThread(browser.close)
+
+
+#: A Retry-After a hostile site could send: markup that would break out of
+#: the page's inline JSON (and an element with a script, were it parsed).
+HOSTILE = "<!--<script><img src=x onerror=document.title=1>"
+
+
+@needs_chromium
+@pytest_twisted.ensureDeferred
+async def test_a_sites_markup_in_a_freeze_reason_is_shown_as_text(site, crawl, tmp_path):
+    reports = tmp_path / "reports"
+    add_pages(site, 6)
+    site.override("/p/0003", status=503, headers={"Retry-After": HOSTILE})
+    await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"), settings={
+        **POLITE, "RETRY_TIMES": 0, "INCREMENTAL_THROTTLE_MAX_RETRIES": 0,
+        "INCREMENTAL_REPORT_DIR": str(reports)})
+    report = json.loads((reports / "report.json").read_text())
+    [span] = report["politeness"]["slots"]["127.0.0.1"]["frozen_spans"]
+    assert re.fullmatch(re.escape(f"503, Retry-After: {HOSTILE} (unreadable), backoff ")
+                        + r"\d+\.\d s", span["why"]), span
+
+    browser = await deferToThread(Browser)
+    try:
+        charts = await deferToThread(check_page, browser, reports / "report.html",
+                                     tmp_path / "hostile.png")
+        assert charts == 3
+        # Nothing of the header became markup; the chart holds it as text.
+        assert await deferToThread(browser.js, "return document.title") == (
+            "Crawl report: sitemap")
+        assert await deferToThread(browser.js,
+                                   "return document.querySelectorAll('img').length") == 0
+        hover = await deferToThread(browser.js,
+                                    "return document.getElementById('slot-0').data.at(-1).text")
+        assert hover == [html.escape(f"frozen {span['end_s'] - span['start_s']:.1f} s: "
+                                     f"{span['why']}", quote=False)]
     finally:
         await deferToThread(browser.close)
 

@@ -122,6 +122,13 @@ def _per_second(rate: float) -> str:
     return f"{rate:.1f}" if rate >= 0.1 else f"{rate:.2g}"
 
 
+def _header_text(raw: bytes | None) -> str:
+    """A header's value as text for the logs and the report (what the site
+    sent: bytes as Latin-1, RFC 9110 §5.5; a long one cut)."""
+    text = (raw or b"").decode("latin-1").strip()
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def capping_settings(settings: BaseSettings, policy: WindowPolicy,
                      overrides: dict[str, dict[str, Any]] | None = None) -> list[str]:
     """What the start-up warning says of each of the user's settings that
@@ -423,7 +430,8 @@ class AdaptiveThrottle(AutoThrottle):
             # keeps between two requests of a slot, so "now" is no storm.
             self.crawler.stats.inc_value("incremental/throttle/retry_after_now")
             return
-        if raw is not None and wait is None:
+        invalid = raw is not None and wait is None
+        if invalid:
             self.crawler.stats.inc_value("incremental/throttle/retry_after_invalid")
         most = request.meta.get(MAX_WAIT)
         if most is not None and wait is not None and wait > most:
@@ -435,12 +443,17 @@ class AdaptiveThrottle(AutoThrottle):
             # No Retry-After, or garbage.
             wait = window.backoff()
             self.crawler.stats.inc_value("incremental/throttle/backoffs")
+            why = (f"{response.status}, Retry-After: {_header_text(raw)} (unreadable), "
+                   f"backoff {wait:.1f} s" if invalid
+                   else f"{response.status} without Retry-After, backoff {wait:.1f} s")
+        else:
+            why = f"{response.status}, Retry-After: {_header_text(raw)}"
         if wait > self.retry_after_max:
             self.park(key, f"Retry-After {wait:.0f} s is above "
                            f"INCREMENTAL_THROTTLE_RETRY_AFTER_MAX={self.retry_after_max:g}",
                       wait=wait)
             return
-        self.freeze(key, wait, f"{response.status}, Retry-After {raw!r}")
+        self.freeze(key, wait, why)
 
     def on_exception(self, request: Request, exception: Exception) -> None:
         """A download error (called by the Retry-After middleware), weighed by its type."""
@@ -613,3 +626,4 @@ class AdaptiveThrottle(AutoThrottle):
             stats.set_value(f"{prefix}/frozen_seconds", round(w.frozen_seconds, 3))
             if w.parked:
                 stats.set_value(f"{prefix}/parked", True)
+

@@ -88,6 +88,12 @@ def _e(text: Any) -> str:
 # -- charts -------------------------------------------------------------------------
 
 
+def _plain(text: str) -> str:
+    """*text* shown as it is by Plotly.js, which reads tags (``<b>``, ``<a href>``)
+    in titles and hover texts: ``&``, ``<`` and ``>`` as entities, which it shows."""
+    return html.escape(text, quote=False)
+
+
 def slot_figure(key: str, slot: dict[str, Any], times: list[float]) -> dict[str, Any]:
     """One slot's chart: rate, latency and errors over time, freezes shaded."""
 
@@ -122,12 +128,13 @@ def slot_figure(key: str, slot: dict[str, Any], times: list[float]) -> dict[str,
         data.append({
             "type": "scatter", "mode": "markers", "name": "freeze (why on hover)",
             "x": [s["start_s"] for s in spans], "y": [1.0] * len(spans), "yaxis": "y4",
-            "text": [f"frozen {s['end_s'] - s['start_s']:.1f} s: {s['why']}" for s in spans],
+            "text": [_plain(f"frozen {s['end_s'] - s['start_s']:.1f} s: {s['why']}")
+                     for s in spans],
             "hovertemplate": "%{text}<extra></extra>",
             "marker": {"symbol": "triangle-down", "size": 10, "color": COLOURS["429"]},
         })
     layout = {
-        "title": {"text": f"{key}: {slot['freezes']} freezes", "font": {"size": 15}},
+        "title": {"text": _plain(f"{key}: {slot['freezes']} freezes"), "font": {"size": 15}},
         "height": 520, "margin": {"l": 70, "r": 20, "t": 50, "b": 45},
         "hovermode": "x unified", "shapes": shapes,
         "legend": {"orientation": "h", "y": -0.12},
@@ -375,8 +382,11 @@ def _summary_cards(s: dict[str, Any], duration: float) -> str:
 
 
 def _json_script(element_id: str, value: Any) -> str:
-    # "</" would end the script element: JSON lets "/" be escaped.
-    text = json.dumps(value, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    # No "<" at all in a script element's text: "</script>" would end it,
+    # and "<!--<script>" would make the parser run past its end (both can
+    # come from a site: a Retry-After header is shown as it was sent).
+    # JSON spells it \u003c in strings, the only place it can be.
+    text = json.dumps(value, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
     return f'<script type="application/json" id="{element_id}">{text}</script>'
 
 

@@ -39,8 +39,8 @@ def test_only_max_slots_get_series_and_the_drawn_ones_are_the_busiest() -> None:
     # A slot without series: its freezes are not recorded either.
     now = time.monotonic()
     timeline.frozen("s5.example", now, now + 1, "429")
-    timeline.frozen("s3.example", now, now + 1, "429, Retry-After b'1'")
-    timeline.frozen("s3.example", now + 0.5, now + 2, "429, Retry-After b'1'")
+    timeline.frozen("s3.example", now, now + 1, "429, Retry-After: 1")
+    timeline.frozen("s3.example", now + 0.5, now + 2, "429, Retry-After: 1")
     timeline.sample()
     data = timeline.to_json(top=2)
     assert list(data["slots"]) == ["s3.example", "s2.example", OTHER]
