@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -342,7 +343,9 @@ async def test_report_json_and_scrapy_report_follow_the_documented_schema(
         subprocess.run,
         [sys.executable, "-m", "scrapy", "report", "--scope", "sitemap", "-o",
          str(tmp_path / "history"), "-s", f"INCREMENTAL_STATE_URI={state_uri}"],
-        cwd=PROJECT, capture_output=True, text=True, timeout=120, check=False)
+        cwd=PROJECT, capture_output=True, text=True, timeout=120, check=False,
+        # An ASCII locale (a bare container): the page is written as UTF-8 all the same.
+        env={**os.environ, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"})
     assert result.returncode == 0, result.stderr
     assert "scope sitemap: 3 crawls" in result.stdout
     history = json.loads((tmp_path / "history" / "history-sitemap.json").read_text())

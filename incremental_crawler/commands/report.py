@@ -25,7 +25,8 @@ from incremental_crawler import clock
 from incremental_crawler.commands.state import open_existing_store, resolve_scope
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.report.document import history_entries, history_report
-from incremental_crawler.report.page import PlotlyMissing, render
+from incremental_crawler.report.files import write_whole
+from incremental_crawler.report.page import PlotlyMissing, render_parts
 from incremental_crawler.state.stores import StateStoreError
 
 if TYPE_CHECKING:
@@ -104,8 +105,10 @@ class Command(ScrapyCommand):
     def _write(directory: Path, scope: str, report: dict[str, Any]) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         name = _file_name(scope)
-        (directory / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
-        (directory / f"{name}.html").write_text(render(report, json_name=f"{name}.json"))
+        # Whole files (a reader never sees half a page), UTF-8 whatever the locale.
+        data = json.dumps(report, indent=1, allow_nan=False) + "\n"
+        write_whole(directory / f"{name}.json", [data.encode("utf-8")])
+        write_whole(directory / f"{name}.html", render_parts(report, json_name=f"{name}.json"))
         crawls = len(report["history"])
         print(f"scope {scope}: {crawls} crawl{'' if crawls == 1 else 's'} -> "
               f"{directory / name}.html, {name}.json")

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
     from incremental_crawler.state.records import CrawlRecord
 
-__all__ = ["SLOTS_SHOWN", "ReportFiles", "prune", "report_names", "write_report"]
+__all__ = ["SLOTS_SHOWN", "ReportFiles", "prune", "report_names", "write_report", "write_whole"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,13 +84,18 @@ def report_names(finished: float, worker: str) -> tuple[str, str]:
     return "report", f"report-{_stamp(finished)}"
 
 
-def _write(path: Path, parts: list[bytes]) -> int:
+def write_whole(path: Path, parts: list[bytes]) -> int:
     """Write *parts* to *path* whole (a reader never sees half a file); its size."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as f:
-        for part in parts:
-            f.write(part)
-    tmp.replace(path)
+    try:
+        with tmp.open("wb") as f:
+            for part in parts:
+                f.write(part)
+        tmp.replace(path)
+    except BaseException:
+        # A full disk, a rename refused: no half-written temporary file left behind.
+        tmp.unlink(missing_ok=True)
+        raise
     return sum(len(part) for part in parts)
 
 
@@ -141,12 +146,12 @@ def write_report(report: dict[str, Any], directory: Path, names: tuple[str, str]
     data = [(json.dumps(report, indent=1, allow_nan=False) + "\n").encode("utf-8")]
     sizes = {}
     for name in files:
-        sizes[f"{name}.json"] = _write(directory / f"{name}.json", data)
+        sizes[f"{name}.json"] = write_whole(directory / f"{name}.json", data)
     # One page for both names: it links this crawl's own JSON, which is kept
     # as long as the page is the latest.
     page = render_parts(report, json_name=f"{files[-1]}.json")
     for name in files:
-        sizes[f"{name}.html"] = _write(directory / f"{name}.html", page)
+        sizes[f"{name}.html"] = write_whole(directory / f"{name}.html", page)
     if keep:
         prune(directory, keep)
     return sizes

@@ -1,10 +1,12 @@
-"""Pruning the timestamped reports of INCREMENTAL_REPORT_DIR touches only the report's own files."""
+"""The report's files in INCREMENTAL_REPORT_DIR: written whole, and pruning touches only them."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from incremental_crawler.report.files import prune, report_names
+import pytest
+
+from incremental_crawler.report.files import prune, report_names, write_whole
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -51,3 +53,13 @@ def test_a_cluster_workers_latest_report_goes_with_its_last_timestamped_one(
     names = {p.name for p in tmp_path.iterdir()}
     assert f"{gone}.html" not in names and f"{gone}.json" not in names
     assert {f"{kept}.html", f"{kept}.json", "report-host-303.json"} <= names
+
+
+def test_a_file_that_cannot_be_written_leaves_no_temporary_file(tmp_path: Path) -> None:
+    write_whole(tmp_path / "report.json", [b"{", b"}"])
+    assert (tmp_path / "report.json").read_bytes() == b"{}"
+    # The rename fails (a directory holds the name): the error is raised, nothing is left.
+    (tmp_path / "report.html").mkdir()
+    with pytest.raises(OSError):
+        write_whole(tmp_path / "report.html", [b"<html>"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html", "report.json"]
