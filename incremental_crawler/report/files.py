@@ -210,7 +210,10 @@ class ReportFiles:
             logger.warning("The crawl report has no history: the store could not be read "
                            "(%(exc)s)", {"exc": exc})
             stored = []
-        self.captured = {"history": history_entries([*own, *stored]),
+        # As the store will keep them: this crawl's record and the newest
+        # stored, INCREMENTAL_CRAWL_HISTORY in all.
+        records = [*own, *stored][:ledger.store.crawl_history]
+        self.captured = {"history": history_entries(records),
                          "hosts": self._hosts(ledger)}
         return []  # nothing to store: CrawlHistory stages the crawl's own record
 
