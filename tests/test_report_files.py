@@ -22,10 +22,13 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from scrapy.settings import Settings
 from twisted.internet.threads import deferToThread
 
 from incremental_crawler.report.files import ReportFiles
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
+from incremental_crawler.state.records import ItemRecord
+from incremental_crawler.state.stores import open_store
 
 PROJECT = Path(__file__).resolve().parents[1]
 DOCS = PROJECT / "docs" / "report.md"
@@ -360,6 +363,23 @@ async def test_report_json_and_scrapy_report_follow_the_documented_schema(
     assert stored["host"] == "127.0.0.1" and stored["pages"] == 12 + 3
     page = (tmp_path / "history" / "history-sitemap.html").read_text()
     assert 'id="history-pages"' in page and "Plotly" in page
+
+    # Every scope (no --scope): one holding only an item (no crawl, no page)
+    # is said and passed over; the others still get their page.
+    store = open_store(Settings({"INCREMENTAL_STATE_URI": state_uri}))
+    store.stage_item(ItemRecord(scope="only-items", key="k", url=None, fingerprint="f",
+                                stored_at=time.time()))
+    await store.flush()
+    await store.close()
+    result = await deferToThread(
+        subprocess.run,
+        [sys.executable, "-m", "scrapy", "report", "-o", str(tmp_path / "every"), "-s",
+         f"INCREMENTAL_STATE_URI={state_uri}"],
+        cwd=PROJECT, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "scope only-items: nothing stored to report, skipped" in result.stdout
+    assert sorted(p.name for p in (tmp_path / "every").iterdir()) == [
+        "history-sitemap.html", "history-sitemap.json"]
     # No resource is fetched: nothing but inline scripts and data: URIs.
     assert not re.search(r"""<(script|link|img)[^>]+(src|href)=["'](?!data:)""", page)
 

@@ -25,7 +25,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PlotlyMissing", "plotly_js", "render", "render_parts"]
+__all__ = ["PlotlyMissing", "plotly_js", "render_parts"]
 
 #: Colours of the series, the same in every chart.
 COLOURS = {
@@ -390,13 +390,9 @@ def _json_script(element_id: str, value: Any) -> str:
     return f'<script type="application/json" id="{element_id}">{text}</script>'
 
 
-def render(report: dict[str, Any], *, json_name: str | None = None) -> str:
-    """The HTML page of a report object (:mod:`~incremental_crawler.report.document`)."""
-    return b"".join(render_parts(report, json_name=json_name)).decode("utf-8")
-
-
 def render_parts(report: dict[str, Any], *, json_name: str | None = None) -> list[bytes]:
-    """:func:`render`'s page as parts to write one after the other: Plotly.js
+    """The HTML page of a report object (:mod:`~incremental_crawler.report.document`),
+    as parts to write one after the other: Plotly.js
     (4.8 MB) is one of them as read, never copied into a larger string."""
     js, version = plotly_js()
     figures: dict[str, Any] = {}
