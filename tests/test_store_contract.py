@@ -1497,10 +1497,10 @@ class TestRedisStore(StateStoreContract):
     def failing_flush(self, redis_prefix: str) -> FailingFlush:
         @contextmanager
         def failing() -> Iterator[None]:
-            # A damaged key: the scope's revisit index is not a sorted set,
-            # so a page write fails, the last of a page's writes (items and
-            # links come before it).
-            due = f"{redis_prefix}:due:{SCOPE}"
+            # A damaged key: the scope's revisit index (of buckets) is not a
+            # sorted set, so a page write fails, the last of a page's writes
+            # (items and links come before it).
+            due = f"{redis_prefix}:dueb:{SCOPE}"
             client = redis.Redis.from_url(REDIS_URI)
             try:
                 assert client.set(due, "not a sorted set", nx=True)

@@ -2,16 +2,21 @@
 
 ``INCREMENTAL_STATE_URI=redis://host:6379/0?prefix=incremental`` (also
 ``rediss://`` and ``unix:///path/redis.sock?db=0``). Every key starts with
-the prefix; ``<s>`` is the scope, percent-quoted so it never holds a ``:``:
+the prefix; ``<s>`` is the scope and ``<h>`` a host, percent-quoted so that
+neither holds a ``:``, ``|`` or brace:
 
 ==============================  ==========================================
-``P:meta``                      hash: ``layout`` and ``version`` of the layout,
-                                ``gone_due`` (gone pages are in ``P:due``)
+``P:meta``                      hash: ``layout`` and ``version`` of the layout
+                                (``upgrading``: a migration under way)
 ``P:scopes``                    set of the scopes stored
-``P:pages:<s>``                 hash: page field → page state (JSON)
-``P:due:<s>``                   sorted set: pages with a callback (gone ones
-                                too), by next_visit
-``P:links:<s>``                 hash: page field → the page's links record (opaque text)
+``P:hs:<s>``                    set of the hosts with pages or links records
+``P:hd:{<s>|<h>}``              hash: the host's bucket count ``n``, pages ``p``
+``P:pg:{<s>|<h>}:<n>``          hash, bucket *n* of the host: page field →
+                                page state (packed)
+``P:ln:{<s>|<h>}``              hash: page field → the page's links record (opaque text)
+``P:dueb:<s>``                  sorted set: buckets ``<h>|<n>`` holding pages with a
+                                callback (gone ones too), by a lower bound of
+                                their next visits
 ``P:hosts:<s>``                 hash: host → lastmod/validator trust (JSON)
 ``P:items:<s>``                 hash: item key → latest url/fingerprint/simhash/page,
                                 stored_at, born/died (JSON)
@@ -24,6 +29,7 @@ the prefix; ``<s>`` is the scope, percent-quoted so it never holds a ``:``:
 ``P:flush:<token>``             how many writes of a flush were applied (expires)
 ``P:crawls:<s>``                sorted set: crawl records (JSON) by start, newest N kept
 ``P:holds:<s>``                 sorted set: crawls holding the scope, by when each lapses
+``P:migrating``                 the lock of a layout migration (expires)
 ==============================  ==========================================
 
 ``P:crawls:<s>`` and ``P:holds:<s>`` came without a layout change (older
@@ -31,15 +37,20 @@ code ignores them). Repairs (``forget_page``, ``forget_host``,
 ``reset_scope``) run at once, each in one ``MULTI``; a reset deletes the
 scope's keys of the kinds above (``P:holds:<s>`` excepted: holds lapse by
 themselves; other ``P:<name>:<s>`` keys, such as a shared politeness budget
-``P:budget:<host>``, are not this store's) and its ``P:hist:<s>:*`` keys,
-and takes it out of ``P:scopes``.
+``P:budget:<host>``, are not this store's), its hosts' keys and its
+``P:hist:<s>:*`` keys, and takes it out of ``P:scopes``.
 
-A page field is the URL, plus ``\\0`` and the variant when there is one.
-Records are JSON objects of their dataclass fields, defaults left out, so a
-field added to :class:`PageState`, :class:`HostTrust` or :class:`ItemRecord`
-is stored without a layout change and reads back as its default where it is
-missing. Floats are POSIX times or durations, kept as whole seconds as the
-SQLite store does.
+Pages are kept per host in small buckets (see
+:mod:`~incremental_crawler.state.stores.redis_pages`: how a page's field
+and bucket are chosen, how a host's buckets grow, why the revisit index
+counts buckets), each page a packed record (see
+:mod:`~incremental_crawler.state.stores.packed`: a field added to
+:class:`PageState` is stored without a layout change and reads back as its
+default where it is missing). The other records are JSON objects of their
+dataclass fields, defaults left out, so a field added to
+:class:`HostTrust` or :class:`ItemRecord` needs no layout change either.
+Floats are POSIX times or durations, kept as whole seconds as the SQLite
+store does. ``docs/capacity.md`` measures what each costs.
 
 The change feed: an item record names its source ``page`` only when that
 is not its own key (the usual case costs nothing), and a tombstone is a
@@ -65,8 +76,8 @@ from the same page; a page's items are one range, and one key per scope
 costs no per-page key overhead.
 
 Reads are one round-trip each (``get_pages``: one pipelined round-trip per
-10,000 keys) on a ``redis.asyncio`` client, so the reactor never waits on
-the network. Writes are staged in memory; :meth:`RedisStateStore.flush`
+10,000 keys; page reads are scripts, which find a page's bucket in Redis)
+on a ``redis.asyncio`` client, so the reactor never waits on the network. Writes are staged in memory; :meth:`RedisStateStore.flush`
 sends them all as one run of a Lua script, in staging order: atomic for
 every reader and worker like a ``MULTI``/``EXEC``, but it stops at the first
 write that fails (``EXEC`` would go on with the ones after it), so a page's
@@ -93,13 +104,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import heapq
 import json
 import logging
 import math
+import time
 import uuid
 from dataclasses import MISSING, fields
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 import redis
 import redis.asyncio
@@ -126,8 +139,31 @@ from incremental_crawler.state.stores.base import (
     StateStoreError,
     UrlRecord,
     crawl_history_setting,
-    host_of,
     item_history_setting,
+)
+from incremental_crawler.state.stores.packed import (
+    LUA_CODEC as PAGE_CODEC,
+)
+from incremental_crawler.state.stores.packed import (
+    PackedRecordError,
+    pack,
+    unpack,
+)
+from incremental_crawler.state.stores.redis_pages import (
+    BUCKET_LOAD,
+    DUE_READ_LUA,
+    MAX_SPLITS,
+    READ_PAGES_LUA,
+    SUMMARY_LUA,
+    bucket_of,
+    host_of_part,
+    host_part,
+    page_field,
+    page_key_of,
+    url_field,
+)
+from incremental_crawler.state.stores.redis_pages import (
+    LUA_BUCKETS as PAGE_BUCKETS,
 )
 from incremental_crawler.uris import redacted
 
@@ -156,11 +192,23 @@ LAYOUT = "incremental_crawler.state"
 #: gone pages were added).
 #: Version 2: ``P:bypage:<s>`` became a sorted set (a hash of JSON lists in
 #: version 1; :meth:`RedisStateStore._migrate` converts it).
-LAYOUT_VERSION = 2
+#: Version 3: pages in packed records, in buckets per host, the links per
+#: host, the revisit index one of buckets (``P:pages:<s>``, ``P:links:<s>``
+#: and ``P:due:<s>`` before; ``_migrate`` moves them). A field added to a
+#: page record takes a new bit of its mask: no layout change (see
+#: :mod:`~incremental_crawler.state.stores.packed`).
+LAYOUT_VERSION = 3
 DEFAULT_PREFIX = "incremental"
-#: ``P:meta`` field: the gone pages of every scope are in ``P:due`` (see
-#: :meth:`RedisStateStore._index_gone_pages`).
-_GONE_INDEXED = "gone_due"
+#: ``P:meta`` field: the layout version a migration under way started from
+#: (see :meth:`RedisStateStore._migrate`).
+_UPGRADING = "upgrading"
+#: A migration's lock lapses this long after its last step (a process that
+#: died); others wait for it this many times this long at most.
+_MIGRATION_LOCK_TTL = 120
+_MIGRATION_WAITS = 1_200
+_MIGRATION_WAIT = 0.5
+#: Pages (or links records) per flush of a migration.
+_MIGRATION_BATCH = 2_000
 #: Keys per pipelined round-trip of a batched read, and fields per HMGET.
 _READ_BATCH = 10_000
 _HMGET_CHUNK = 1_000
@@ -172,9 +220,24 @@ _REDIS_QUERY = frozenset({
 })
 #: A Redis that hangs must not hang the crawl; the URI may set other values.
 _DEFAULT_TIMEOUTS = {"socket_connect_timeout": 5.0, "socket_timeout": 30.0}
-#: Lua numbers are doubles and cjson prints 14 significant digits: larger
-#: integers in a page record would not survive the check/redirect upsert.
+#: Lua numbers are doubles: larger integers in a page record would not
+#: survive the check/redirect upsert (nor cjson's 14 digits, for items).
 _LUA_INT_LIMIT = 10**14
+#: The numbers of a page record the Lua upserts read and write back.
+_LUA_NUMBERS = ("size", "last_status", "first_seen", "last_checked", "last_fetched",
+                "last_changed", "checks", "changes", "flags", "lastmod", "interval",
+                "next_visit", "churns", "failures")
+#: Pages per read script (each is a hash and a lookup in Redis: a bound on
+#: how long one blocks the server), and read scripts per round-trip.
+_READ_SCRIPT_PAGES = 2_000
+#: Buckets per due-pages script and per summary script, and summary
+#: scripts per round-trip.
+_DUE_BUCKETS = 64
+_SUMMARY_BUCKETS = 16
+_SUMMARY_SCRIPTS = 8
+#: Stands for an infinite time in scripts (Lua reads no "inf"): beyond any
+#: stored time (see _LUA_INT_LIMIT).
+_FOREVER = 10**15
 
 #: How long Redis remembers how much of a batch it applied (see _FLUSH_LUA).
 _TOKEN_TTL = 86_400
@@ -198,59 +261,100 @@ _TOKEN_TTL = 86_400
 # page index (P:bypage) in step: an item leaves the page it was listed under
 # when it comes from another page or is a tombstone.
 #
-# Before any write, every key the batch writes is checked for its type
-# (TYPES: by argument, the type the key must have unless absent). A page
-# state or a links record can only fail on a key of another type, so the
-# links record staged right before its page's state is committed with it or not
-# at all; a damaged record read by a check, redirect or flags write still
-# stops the batch at that write.
+# Page writes go to the page's bucket (see redis_pages), chosen in the
+# script from the host's bucket count. Before any write, the hosts whose
+# pages would outgrow their buckets are split (a split moves records
+# between buckets of one host, changing nothing a reader sees, and is
+# skipped when its new bucket's key is taken); no write changes the count.
+# A write of a page with a callback lowers its bucket's score in the
+# revisit index to the page's next visit if that is earlier (a lower bound
+# of the bucket's next visits, never above one).
 #
-# KEYS: token, scopes set, tokens to forget. ARGV: number of scopes, the
-# scopes, then the writes, each its name followed by ARITY[name] arguments.
-_FLUSH_LUA = """
+# Before any write, every key the batch writes is checked for its type
+# (the keys of each write: keys_of, with the type each must have unless
+# absent). A page state or a links record can only fail on a key of
+# another type, so the links record staged right before its page's state
+# is committed with it or not at all; a damaged record read by a check,
+# redirect or flags write still stops the batch at that write.
+#
+# KEYS: token, scopes set, tokens to forget. ARGV: the key prefix, the
+# number of scopes, the scopes, then the writes, each its name followed by
+# ARITY[name] arguments; a page write's first three are the scope's and
+# the host's key parts and the page's field.
+_FLUSH_LUA = PAGE_CODEC + PAGE_BUCKETS + """
+local PREFIX = ARGV[1]
 local ARITY = {host = 3, page = 5, check = 8, failure = 9, redirect = 7, item = 13,
-               links = 3, unlink = 2, flags = 3}
-local TYPES = {host = {'hash'}, page = {'hash', 'zset'}, check = {'hash', 'zset'},
-               failure = {'hash', 'zset'},
-               redirect = {'hash'}, item = {'hash', 'hash', 'zset', 'hash', 'zset'},
-               links = {'hash'}, unlink = {'hash'}, flags = {'hash'}}
+               links = 4, unlink = 3, flags = 4}
 local OPS = {}
+-- Hosts met in this batch, by hash tag: their keys and bucket count.
+local HOSTS = {}
+local function host_at(a, i)
+  local tag = '{' .. a[i] .. '|' .. a[i + 1] .. '}'
+  local h = HOSTS[tag]
+  if not h then
+    h = {scope = a[i], part = a[i + 1], dir = PREFIX .. ':hd:' .. tag,
+         links = PREFIX .. ':ln:' .. tag, pages = PREFIX .. ':pg:' .. tag .. ':',
+         hosts = PREFIX .. ':hs:' .. a[i], due = PREFIX .. ':dueb:' .. a[i]}
+    HOSTS[tag] = h
+  end
+  return h
+end
+-- The bucket of the page of a write (its bucket count read once per host).
+local function bucket_at(a, i)
+  local h = host_at(a, i)
+  if not h.n then h.n = bucket_count(h.dir) end
+  return h, bucket_of(h.n, a[i + 2])
+end
+local function register(h)
+  -- A host with a record is listed in its scope (reads, repairs, resets).
+  if not h.listed then
+    if redis.call('HSETNX', h.dir, 'n', h.n) == 1 then
+      redis.call('SADD', h.hosts, h.part)
+    end
+    h.listed = true
+  end
+end
+local function store_page(h, b, field, record)
+  register(h)
+  if redis.call('HSET', h.pages .. b, field, record) == 1 then
+    redis.call('HINCRBY', h.dir, 'p', 1)
+  end
+end
+local function lower_due(h, b, visit)
+  redis.call('ZADD', h.due, 'LT', visit, h.part .. '|' .. b)
+end
 function OPS.host(a, i)
   redis.call('HSET', a[i], a[i + 1], a[i + 2])
 end
 function OPS.page(a, i)
-  -- pages, due, field, record, next_visit ('' : not in the due index)
-  redis.call('HSET', a[i], a[i + 2], a[i + 3])
-  if a[i + 4] ~= '' then
-    redis.call('ZADD', a[i + 1], a[i + 4], a[i + 2])
-  else
-    redis.call('ZREM', a[i + 1], a[i + 2])
-  end
+  -- scope, host, field, record, next_visit ('': not in the revisit index)
+  local h, b = bucket_at(a, i)
+  store_page(h, b, a[i + 2], a[i + 3])
+  if a[i + 4] ~= '' then lower_due(h, b, a[i + 4]) end
 end
 local function visit(a, i)
-  -- pages, due, field, status, when; then for a check lastmod, interval,
+  -- scope, host, field, status, when; then for a check lastmod, interval,
   -- next_visit ('' keeps the stored value), for a redirect target, flag
-  local raw = redis.call('HGET', a[i], a[i + 2])
+  local h, b = bucket_at(a, i)
+  local raw = redis.call('HGET', h.pages .. b, a[i + 2])
   local page
   if raw then
-    page = cjson.decode(raw)
+    page = unpack_page(raw)
     page.checks = (page.checks or 0) + 1
   else
     page = {first_seen = tonumber(a[i + 4]), checks = 1}
   end
   page.last_status = tonumber(a[i + 3])
   page.last_checked = tonumber(a[i + 4])
-  return page
+  return page, h, b
 end
-local function reindex(due, field, page)
+local function reindex(h, b, page)
   -- A page with a callback is due at its next visit (a gone one too: its
   -- next visit is its rare recheck).
-  if page.callback then
-    redis.call('ZADD', due, page.next_visit, field)
-  end
+  if page_callback(page) then lower_due(h, b, page.next_visit or 0) end
 end
 function OPS.check(a, i)
-  local page = visit(a, i)
+  local page, h, b = visit(a, i)
   page.failures = nil  -- an answer ends a run of failures
   if a[i + 5] ~= '' then page.lastmod = tonumber(a[i + 5]) end
   local schedule = a[i + 6] ~= ''
@@ -258,48 +362,50 @@ function OPS.check(a, i)
     page.interval = tonumber(a[i + 6])
     page.next_visit = tonumber(a[i + 7])
   end
-  redis.call('HSET', a[i], a[i + 2], cjson.encode(page))
-  if schedule then
-    reindex(a[i + 1], a[i + 2], page)
-  end
+  store_page(h, b, a[i + 2], pack_page(page))
+  if schedule then reindex(h, b, page) end
 end
 function OPS.failure(a, i)
-  -- pages, due, field, status, when, failures, next_visit, callback,
+  -- scope, host, field, status, when, failures, next_visit, callback,
   -- recipe ('': none); a page without a callback takes the one given
-  local page = visit(a, i)
+  local page, h, b = visit(a, i)
   page.failures = tonumber(a[i + 5])
   page.next_visit = tonumber(a[i + 6])
-  if not page.callback and a[i + 7] ~= '' then
-    page.callback = a[i + 7]
+  if not page_callback(page) and a[i + 7] ~= '' then
+    set_callback(page, a[i + 7])
     page.recipe = nil
     if a[i + 8] ~= '' then page.recipe = a[i + 8] end
   end
-  redis.call('HSET', a[i], a[i + 2], cjson.encode(page))
-  reindex(a[i + 1], a[i + 2], page)
+  store_page(h, b, a[i + 2], pack_page(page))
+  reindex(h, b, page)
 end
 function OPS.redirect(a, i)
-  local page = visit(a, i)
+  local page, h, b = visit(a, i)
   page.flags = bit.bor(page.flags or 0, tonumber(a[i + 6]))
   page.redirect_to = a[i + 5]
-  redis.call('HSET', a[i], a[i + 2], cjson.encode(page))
+  store_page(h, b, a[i + 2], pack_page(page))
 end
 function OPS.flags(a, i)
-  -- pages, field, flags to OR in: nothing else changes (the due index
-  -- neither), nothing if unknown
-  local raw = redis.call('HGET', a[i], a[i + 1])
+  -- scope, host, field, flags to OR in: nothing else changes (the revisit
+  -- index neither), nothing if unknown
+  local h, b = bucket_at(a, i)
+  local raw = redis.call('HGET', h.pages .. b, a[i + 2])
   if raw then
-    local page = cjson.decode(raw)
-    page.flags = bit.bor(page.flags or 0, tonumber(a[i + 2]))
-    redis.call('HSET', a[i], a[i + 1], cjson.encode(page))
+    local page = unpack_page(raw)
+    page.flags = bit.bor(page.flags or 0, tonumber(a[i + 3]))
+    redis.call('HSET', h.pages .. b, a[i + 2], pack_page(page))
   end
 end
 function OPS.links(a, i)
-  -- links, field, record
-  redis.call('HSET', a[i], a[i + 1], a[i + 2])
+  -- scope, host, field, record
+  local h = host_at(a, i)
+  if not h.n then h.n = bucket_count(h.dir) end
+  register(h)
+  redis.call('HSET', h.links, a[i + 2], a[i + 3])
 end
 function OPS.unlink(a, i)
-  -- links, field
-  redis.call('HDEL', a[i], a[i + 1])
+  -- scope, host, field
+  redis.call('HDEL', host_at(a, i).links, a[i + 2])
 end
 function OPS.item(a, i)
   -- items, itemver, order, hist, bypage, item key, record, when, history
@@ -378,20 +484,46 @@ function OPS.item(a, i)
     for _, field in ipairs(prune) do redis.call('HDEL', hist, field) end
   end
 end
-ARITY.crawl, TYPES.crawl = 4, {'zset'}
+ARITY.crawl = 4
 function OPS.crawl(a, i)
   -- crawls, started, record (JSON), records kept: the newest are
   redis.call('ZADD', a[i], a[i + 1], a[i + 2])
   redis.call('ZREMRANGEBYRANK', a[i], 0, -1 - tonumber(a[i + 3]))
 end
 
+-- The keys a write may write, with the type each must have unless absent.
+local ITEM_TYPES = {'hash', 'hash', 'zset', 'hash', 'zset'}
+local function keys_of(name, a, i)
+  if name == 'host' then return {{a[i], 'hash'}} end
+  if name == 'crawl' then return {{a[i], 'zset'}} end
+  if name == 'item' then
+    local out = {}
+    for k, want in ipairs(ITEM_TYPES) do out[k] = {a[i + k - 1], want} end
+    return out
+  end
+  local h = host_at(a, i)
+  if name == 'unlink' then return {{h.links, 'hash'}} end
+  -- The bucket count is read from the host's record: its type first.
+  local kind = redis.call('TYPE', h.dir).ok
+  if kind ~= 'none' and kind ~= 'hash' then return {{h.dir, 'hash'}} end
+  local _, b = bucket_at(a, i)
+  local out = {{h.dir, 'hash'}, {h.hosts, 'set'}, {h.pages .. b, 'hash'}}
+  if name == 'links' then out[#out + 1] = {h.links, 'hash'} end
+  if name ~= 'links' and name ~= 'flags' then out[#out + 1] = {h.due, 'zset'} end
+  return out
+end
 local function wrong_type(first)
   local seen = {}
   local i = first
   while i <= #ARGV do
     local name = ARGV[i]
-    for k, want in ipairs(TYPES[name]) do
-      local key = ARGV[i + k]
+    local ok, keys = pcall(keys_of, name, ARGV, i + 1)
+    if not ok then
+      if type(keys) == 'table' then keys = keys.err end
+      return tostring(keys) .. ': nothing of the flush was applied'
+    end
+    for _, pair in ipairs(keys) do
+      local key, want = pair[1], pair[2]
       if not seen[key] then
         seen[key] = redis.call('TYPE', key).ok
       end
@@ -404,20 +536,92 @@ local function wrong_type(first)
   end
 end
 
+-- Splits the next bucket of a host in turn (linear hashing): its pages
+-- whose hash says so move to a new bucket, and both buckets' scores in the
+-- revisit index become their exact minimum. False (nothing done) when the
+-- new bucket's key is taken (written by something else).
+local function split(h)
+  local n = h.n
+  local level = bucket_level(n)
+  local from, to = h.pages .. (n - level), h.pages .. n
+  local kind = redis.call('TYPE', from).ok
+  if redis.call('EXISTS', to) == 1 or (kind ~= 'none' and kind ~= 'hash') then
+    return false
+  end
+  local flat = redis.call('HGETALL', from)
+  local least = {}
+  for k = 1, #flat, 2 do
+    local field, raw = flat[k], flat[k + 1]
+    local target = n - level
+    if field_hash(field) % (2 * level) == n then
+      redis.call('HSET', to, field, raw)
+      redis.call('HDEL', from, field)
+      target = n
+    end
+    local ok, due = pcall(due_of, raw)
+    if ok and due and (not least[target] or due < least[target]) then least[target] = due end
+  end
+  for _, b in ipairs({n - level, n}) do
+    if least[b] then
+      redis.call('ZADD', h.due, least[b], h.part .. '|' .. b)
+    else
+      redis.call('ZREM', h.due, h.part .. '|' .. b)
+    end
+  end
+  h.n = n + 1
+  redis.call('HSET', h.dir, 'n', h.n)
+  redis.call('SADD', h.hosts, h.part)
+  return true
+end
+-- Grows a host's buckets ahead of the writes of the batch, so that its
+-- pages, with as many more as the batch has writes that may add one, fit
+-- BUCKET_LOAD a bucket: a bucket never takes a whole batch of new pages
+-- first (over 128 entries, Redis turns it into a hash table for good).
+local function grow(h, adding)
+  -- Every key a split writes is checked first: a split is never left half
+  -- done (a damaged key is left to the checks before the writes).
+  for _, pair in ipairs({{h.dir, 'hash'}, {h.due, 'zset'}, {h.hosts, 'set'}}) do
+    local kind = redis.call('TYPE', pair[1]).ok
+    if kind ~= 'none' and kind ~= pair[2] then return end
+  end
+  local ok, n = pcall(bucket_count, h.dir)
+  if not ok then return end
+  h.n = n
+  local pages = (tonumber(redis.call('HGET', h.dir, 'p')) or 0) + adding
+  for _ = 1, MAX_SPLITS do
+    if pages <= h.n * BUCKET_LOAD or not split(h) then return end
+  end
+end
+local ADDS = {page = true, check = true, failure = true, redirect = true}
+local function grow_all(first)
+  local adding = {}
+  local i = first
+  while i <= #ARGV do
+    local name = ARGV[i]
+    if ADDS[name] then
+      local h = host_at(ARGV, i + 1)
+      adding[h] = (adding[h] or 0) + 1
+    end
+    i = i + 1 + ARITY[name]
+  end
+  for h, count in pairs(adding) do grow(h, count) end
+end
+
 for k = 3, #KEYS do redis.call('DEL', KEYS[k]) end
 local done = redis.call('GET', KEYS[1])
 if done then
   return {tonumber(done), 1}
 end
-local scopes = tonumber(ARGV[1])
-local applied, i = 0, 2 + scopes
+local scopes = tonumber(ARGV[2])
+local applied, i = 0, 3 + scopes
+grow_all(i)
 local failed = wrong_type(i)
 if failed then
   redis.call('SET', KEYS[1], 0, 'EX', TOKEN_TTL)
   return {0, 0, failed}
 end
 if scopes > 0 then
-  redis.call('SADD', KEYS[2], unpack(ARGV, 2, 1 + scopes))
+  redis.call('SADD', KEYS[2], unpack(ARGV, 3, 2 + scopes))
 end
 while i <= #ARGV do
   local name = ARGV[i]
@@ -435,7 +639,8 @@ if failed then
   return {applied, 0, failed}
 end
 return {applied, 0}
-""".replace("TOKEN_TTL", str(_TOKEN_TTL))
+""".replace("TOKEN_TTL", str(_TOKEN_TTL)).replace(
+    "MAX_SPLITS", str(MAX_SPLITS)).replace("BUCKET_LOAD", str(BUCKET_LOAD))
 
 
 # Read-only: the latest version of items, each one's version number, history
@@ -470,30 +675,29 @@ end
 return 1
 """
 
-# Stores before gone pages were re-seeded left them out of the due index:
-# KEYS[1] pages hash, KEYS[2] its due index; ARGV: page fields read as gone
-# (with a callback) by a scan. Each is read again here, so a page written or
-# forgotten since the scan is indexed only if it is still such a page.
-_INDEX_GONE_LUA = """
-for n = 1, #ARGV do
-  local raw = redis.call('HGET', KEYS[1], ARGV[n])
-  if raw then
-    local ok, page = pcall(cjson.decode, raw)
-    if ok and type(page) == 'table' and type(page.callback) == 'string'
-        and bit.band(tonumber(page.flags) or 0, GONE_FLAG) ~= 0 then
-      redis.call('ZADD', KEYS[2], tonumber(page.next_visit) or 0, ARGV[n])
-    end
-  end
-end
+# A migration's lock is released by its holder only (KEYS[1]: the lock,
+# ARGV[1]: the holder's token).
+_UNLOCK_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 return 0
-""".replace("GONE_FLAG", str(int(PageFlags.GONE)))
-#: Page fields per run of _INDEX_GONE_LUA.
-_INDEX_GONE_CHUNK = 1_000
+"""
+
+
+def _sha1(script: str) -> str:
+    """What EVALSHA names a script by (what SCRIPT LOAD returns)."""
+    return hashlib.sha1(script.encode(), usedforsecurity=False).hexdigest()
+
+
+#: Loaded when the store opens: the flush, then the read scripts.
+_SCRIPTS = (_FLUSH_LUA, READ_PAGES_LUA, DUE_READ_LUA, SUMMARY_LUA)
+_READ_PAGES_SHA, _DUE_READ_SHA, _SUMMARY_SHA = (
+    _sha1(script) for script in (READ_PAGES_LUA, DUE_READ_LUA, SUMMARY_LUA))
 
 #: The kinds of ``P:<kind>:<s>`` keys a reset deletes: every one this store
-#: writes per scope but ``holds`` (holds lapse by themselves).
-_SCOPE_KINDS = ("pages", "due", "links", "hosts", "items", "itemver", "order", "bypage",
-                "crawls")
+#: writes per scope but ``holds`` (holds lapse by themselves); and the kinds
+#: of a host's keys (``P:<kind>:{<s>|<host>}``, buckets ``…:<n>``).
+_SCOPE_KINDS = ("hosts", "items", "itemver", "order", "bypage", "crawls", "hs", "dueb")
+_HOST_KINDS = ("hd", "ln")
 
 #: Members asked per ZSCAN step, and steps at most (100 million members).
 _SCAN_COUNT = 1000
@@ -570,12 +774,8 @@ def _key_part(scope: str) -> str:
     return quote(scope, safe="")
 
 
-def _page_field(key: PageKey) -> str:
-    # Canonical URLs never contain NUL; a variant may contain anything.
-    return f"{key.url}\0{key.variant}" if key.variant else key.url
-
-
-def _page_key(scope: str, field: str) -> PageKey:
+def _legacy_page_key(scope: str, field: str) -> PageKey:
+    """The page of a field of a layout-2 pages hash (``URL NUL variant``)."""
     url, _, variant = field.partition("\0")
     return PageKey(scope, url, variant)
 
@@ -619,7 +819,7 @@ class RedisStateStore(StateStore):
         self._flushing_count = 0
         self._flush_lock: asyncio.Lock | None = None
         # EVALSHA names a script by its SHA-1 (what SCRIPT LOAD returns).
-        self._script_sha = hashlib.sha1(_FLUSH_LUA.encode(), usedforsecurity=False).hexdigest()
+        self._script_sha = _sha1(_FLUSH_LUA)
         self._fields = {cls: fields(cls) for cls in (PageState, HostTrust, ItemRecord)}
         # The fields a stored record may hold (the key ones are in the Redis key).
         self._names = {
@@ -684,8 +884,31 @@ class RedisStateStore(StateStore):
             data = {k: v for k, v in data.items() if k in names}
         return cls(**fixed, **data)
 
-    def _page(self, key: PageKey, raw: bytes | str) -> PageState:
-        return self._decode(PageState, raw, key=key)
+    def _page(self, key: PageKey, raw: bytes) -> PageState:
+        try:
+            return unpack(key, raw)
+        except (PackedRecordError, UnicodeDecodeError) as exc:
+            raise self._fail(f"the stored record of {key.url} is damaged", exc) from exc
+
+    def _pack(self, state: PageState) -> bytes:
+        for name in _LUA_NUMBERS:
+            value = getattr(state, name)
+            if value is not None and abs(value) >= _LUA_INT_LIMIT:
+                raise self._fail(f"{name}={value} is too large for its Lua upserts")
+        return pack(state)
+
+    def _host_key(self, kind: str, scope: str, host: str) -> str:
+        """A key of one host of *scope* (its ``{scope|host}`` hash tag)."""
+        return f"{self.prefix}:{kind}:{{{_key_part(scope)}|{host_part(host)}}}"
+
+    def _bucket_key(self, scope: str, host: str, bucket: int) -> str:
+        return f"{self._host_key('pg', scope, host)}:{bucket}"
+
+    def _page_args(self, key: PageKey) -> tuple[str, str, str]:
+        """What a page write or read names the page by: scope and host key
+        parts, and the page's field."""
+        host, field = page_field(key)
+        return _key_part(key.scope), host_part(host), field
 
     # -- opening ---------------------------------------------------------------
 
@@ -701,10 +924,11 @@ class RedisStateStore(StateStore):
             pipe.type(meta)
             pipe.hgetall(meta)
             pipe.exists(f"{self.prefix}:scopes")
-            # Loaded now, so that the first flush is one round-trip.
-            pipe.script_load(_FLUSH_LUA)
+            # Loaded now, so that the first flush and reads are one round-trip.
+            for script in _SCRIPTS:
+                pipe.script_load(script)
             pipe.info("memory")
-            kind, found, has_scopes, _, memory = pipe.execute(raise_on_error=False)
+            kind, found, has_scopes, *_, memory = pipe.execute(raise_on_error=False)
             self.roundtrips += 1
             if isinstance(kind, Exception):
                 raise kind
@@ -729,7 +953,6 @@ class RedisStateStore(StateStore):
                 pipe = self._sync.pipeline(transaction=True)
                 pipe.hsetnx(meta, "layout", LAYOUT)
                 pipe.hsetnx(meta, "version", LAYOUT_VERSION)
-                pipe.hsetnx(meta, _GONE_INDEXED, 1)
                 pipe.hgetall(meta)
                 found = pipe.execute()[-1]
                 self.roundtrips += 1
@@ -752,59 +975,124 @@ class RedisStateStore(StateStore):
                 f"has layout version {version}, newer than this code knows "
                 f"({LAYOUT_VERSION}); upgrade incremental_crawler"
             )
-        if int(version) < LAYOUT_VERSION:
-            self._migrate(int(version))
-        if _GONE_INDEXED.encode() not in found:
-            self._index_gone_pages()
+        if int(version) < LAYOUT_VERSION or _UPGRADING.encode() in found:
+            self._migrate()
 
-    def _migrate(self, version: int) -> None:
-        """Bring a prefix of layout *version* to this one.
+    def _migrate(self) -> None:
+        """Bring a prefix of an older layout to this one, one process at a time.
+
+        The first process takes a lock (``P:migrating``, renewed as it goes)
+        and the others wait for it. The layout version is raised before any
+        page moves, with ``upgrading`` noting the version moved from, so
+        code of the older layout refuses the prefix from then on; a process
+        that dies midway leaves ``upgrading`` set, and the next one to open
+        the store resumes (every step can be done again).
 
         1 → 2: each scope's page index, a hash of JSON lists, becomes the
-        sorted set of ``page NUL key``. One script per scope converts it
-        (a second worker opening the store at once finds it converted).
+        sorted set of ``page NUL key``.
+        2 → 3: each scope's pages hash (JSON records) and links hash move
+        to the hosts' buckets (packed records) and links hashes, the
+        revisit index becomes one of buckets, and the old keys go, scope by
+        scope (see :meth:`_move_pages`).
         """
         meta = f"{self.prefix}:meta"
+        lock = f"{self.prefix}:migrating"
+        token = uuid.uuid4().hex
         try:
-            if version < 2:
-                for key in self._scan_keys(f"{_glob(self.prefix)}:bypage:*"):
-                    self.roundtrips += 1
-                    self._sync.eval(_BYPAGE_TO_ZSET_LUA, 1, key)
-            self.roundtrips += 1
-            self._sync.hset(meta, "version", LAYOUT_VERSION)
+            for _ in range(_MIGRATION_WAITS):
+                self.roundtrips += 1
+                if self._sync.set(lock, token, nx=True, ex=_MIGRATION_LOCK_TTL):
+                    break
+                time.sleep(_MIGRATION_WAIT)
+            else:
+                raise self._fail(
+                    f"another process has been migrating the layout for over "
+                    f"{_MIGRATION_WAITS * _MIGRATION_WAIT:.0f} s ({lock} is held); "
+                    "try again when it is done")
+            try:
+                self.roundtrips += 1
+                found = self._sync.hgetall(meta)
+                version = int(found.get(b"version", LAYOUT_VERSION))
+                start = int(found.get(_UPGRADING.encode(), version))
+                if start >= LAYOUT_VERSION:
+                    return  # done by the process we waited for
+                self.roundtrips += 1
+                self._sync.hset(meta, mapping={"version": LAYOUT_VERSION, _UPGRADING: start})
+                if start < 2:
+                    for key in self._scan_keys(f"{_glob(self.prefix)}:bypage:*"):
+                        self.roundtrips += 1
+                        self._sync.eval(_BYPAGE_TO_ZSET_LUA, 1, key)
+                moved = self._move_pages(lock, token) if start < 3 else 0
+                self.roundtrips += 1
+                self._sync.hdel(meta, _UPGRADING)
+            finally:
+                self.roundtrips += 1
+                self._sync.eval(_UNLOCK_LUA, 1, lock, token)
         except redis.RedisError as exc:
-            raise self._fail(f"migrating the layout from version {version} failed", exc) from exc
-        logger.info("State store %s: layout migrated from version %d to %d",
-                    self.location, version, LAYOUT_VERSION)
+            raise self._fail("migrating the layout failed", exc) from exc
+        logger.info("State store %s: layout migrated from version %d to %d (%d pages moved)",
+                    self.location, start, LAYOUT_VERSION, moved)
 
-    def _index_gone_pages(self) -> None:
-        """Put the gone pages of every scope in ``P:due``, once per prefix.
+    def _move_pages(self, lock: str, token: str) -> int:
+        """Layout 2 → 3 for every scope: returns the pages moved.
 
-        Stores before gone pages were re-seeded kept them out of the due
-        index: left so, such a page would never be checked again. Not a
-        layout change (code before it opens the prefix, and skips gone pages
-        itself); ``P:meta`` notes it done. A worker opening the store
-        meanwhile does the same (idempotent).
+        Each page record is read as JSON and written as a page write of a
+        flush (the same script: its bucket, its host's count, the revisit
+        index of buckets), every page with a callback in the revisit index
+        (gone ones too); then each links record. A scope's old keys are
+        deleted once all of it is written, in one transaction.
         """
-        meta = f"{self.prefix}:meta"
-        head = f"{self.prefix}:pages:"
-        indexed = 0
-        try:
-            for pages in self._scan_keys(f"{_glob(head)}*"):
-                due = f"{self.prefix}:due:{pages[len(head):]}"
-                gone = [field for field, raw in self._hscan(pages) if _gone_page(raw)]
-                for start in range(0, len(gone), _INDEX_GONE_CHUNK):
-                    self.roundtrips += 1
-                    self._sync.eval(_INDEX_GONE_LUA, 2, pages, due,
-                                    *gone[start:start + _INDEX_GONE_CHUNK])
-                indexed += len(gone)
+        head = f"{_glob(self.prefix)}:"
+        names = {key.split(":", 2)[2] for kind in ("pages", "links", "due")
+                 for key in self._scan_keys(f"{head}{kind}:*")
+                 if key.count(":") == self.prefix.count(":") + 2}
+        moved = 0
+        for part in sorted(names):
+            scope = unquote(part)
+            ops: list[tuple[Any, ...]] = []
+            old = {kind: f"{self.prefix}:{kind}:{part}" for kind in ("pages", "links", "due")}
+            for field, raw in self._hscan(old["pages"]):
+                key = _legacy_page_key(scope, field.decode())
+                try:
+                    state = self._decode(PageState, raw, key=key)
+                except (ValueError, TypeError) as exc:
+                    raise self._fail(
+                        f"cannot migrate the page record {field!r} of {old['pages']}: "
+                        f"{exc}; repair or delete it, then open the store again") from exc
+                ops.append(self._page_op(state))
+                moved += 1
+                if len(ops) >= _MIGRATION_BATCH:
+                    self._apply_now(ops, {scope}, lock, token)
+                    ops = []
+            for field, data in self._hscan(old["links"]):
+                key = _legacy_page_key(scope, field.decode())
+                ops.append(("links", *self._page_args(key), data))
+                if len(ops) >= _MIGRATION_BATCH:
+                    self._apply_now(ops, {scope}, lock, token)
+                    ops = []
+            if ops:
+                self._apply_now(ops, {scope}, lock, token)
             self.roundtrips += 1
-            self._sync.hset(meta, _GONE_INDEXED, 1)
-        except redis.RedisError as exc:
-            raise self._fail("indexing the gone pages for their recheck failed", exc) from exc
-        if indexed:
-            logger.info("State store %s: %d gone pages indexed for their recheck",
-                        self.location, indexed)
+            self._sync.delete(*old.values())
+            if moved:
+                logger.info("State store %s: %d pages of scope %r moved so far",
+                            self.location, moved, scope)
+        return moved
+
+    def _apply_now(self, ops: list[tuple[Any, ...]], scopes: set[str], lock: str,
+                   token: str) -> None:
+        """Run writes as one flush, synchronously (a migration); renew the lock."""
+        keys = [self._token_key(uuid.uuid4().hex), f"{self.prefix}:scopes"]
+        args: list[Any] = [self.prefix, len(scopes), *sorted(scopes)]
+        for op in ops:
+            args.extend(op)
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.evalsha(self._script_sha, len(keys), *keys, *args)
+        pipe.delete(keys[0])  # no reply to lose: nothing to remember
+        pipe.set(lock, token, xx=True, ex=_MIGRATION_LOCK_TTL)
+        reply: Any = self._sync_run(pipe)[0]
+        if len(reply) > 2:
+            raise self._fail(f"migrating the layout failed: {reply[2].decode(errors='replace')}")
 
     # -- async plumbing --------------------------------------------------------
 
@@ -828,13 +1116,36 @@ class RedisStateStore(StateStore):
         staged = self._pages.get(key)
         return staged if staged is not None else self._flushing_pages.get(key)
 
+    async def _read_scripts(self, calls: list[tuple[str, list[Any]]]) -> list[Any]:
+        """Run read scripts (a SHA-1 and its arguments each) in one
+        pipelined round-trip; a Redis that forgot them (restarted) is sent
+        them once, then asked again."""
+        for attempt in range(2):
+            pipe = self._async.pipeline(transaction=False)
+            for sha, args in calls:
+                pipe.execute_command("EVALSHA", sha, 0, *args)
+            self.roundtrips += 1
+            try:
+                return await pipe.execute()
+            except redis.exceptions.NoScriptError:
+                if attempt:
+                    raise
+                pipe = self._async.pipeline(transaction=False)
+                for script in _SCRIPTS:
+                    pipe.script_load(script)
+                await self._run(pipe)
+            except redis.RedisError as exc:
+                raise self._fail("read failed", exc) from exc
+        raise AssertionError("unreachable")
+
     async def get_page(self, key: PageKey) -> PageState | None:
         # Staged page states are visible at once; staged checks (counters
         # only) become visible when flushed, as in the SQLite store.
         staged = self._staged_page(key)
         if staged is not None:
             return staged
-        raw = await self._call("HGET", self._key("pages", key.scope), _page_field(key))
+        [[raw]] = await self._read_scripts(
+            [(_READ_PAGES_SHA, [self.prefix, *self._page_args(key)])])
         return None if raw is None else self._page(key, raw)
 
     async def get_pages(self, keys: Iterable[PageKey]) -> dict[PageKey, PageState]:
@@ -848,47 +1159,79 @@ class RedisStateStore(StateStore):
                 wanted.append(key)
         for start in range(0, len(wanted), _READ_BATCH):
             batch = wanted[start:start + _READ_BATCH]
-            by_scope: dict[str, list[PageKey]] = {}
-            for key in batch:
-                by_scope.setdefault(key.scope, []).append(key)
-            pipe = self._async.pipeline(transaction=False)
-            order: list[list[PageKey]] = []
-            for scope, scope_keys in by_scope.items():
-                for at in range(0, len(scope_keys), _HMGET_CHUNK):
-                    chunk = scope_keys[at:at + _HMGET_CHUNK]
-                    pipe.hmget(self._key("pages", scope), [_page_field(k) for k in chunk])
-                    order.append(chunk)
-            for chunk, values in zip(order, await self._run(pipe), strict=True):
-                for key, raw in zip(chunk, values, strict=True):
-                    if raw is not None:
-                        found[key] = self._page(key, raw)
+            calls: list[tuple[str, list[Any]]] = []
+            for at in range(0, len(batch), _READ_SCRIPT_PAGES):
+                args: list[Any] = [self.prefix]
+                for key in batch[at:at + _READ_SCRIPT_PAGES]:
+                    args.extend(self._page_args(key))
+                calls.append((_READ_PAGES_SHA, args))
+            replies = [raw for reply in await self._read_scripts(calls) for raw in reply]
+            for key, raw in zip(batch, replies, strict=True):
+                if raw is not None:
+                    found[key] = self._page(key, raw)
         return found
 
     async def get_links(self, key: PageKey) -> str | None:
         for staged in (self._links, self._flushing_links):
             if key in staged:
                 return staged[key]
-        raw = await self._call("HGET", self._key("links", key.scope), _page_field(key))
+        host, field = page_field(key)
+        raw = await self._call("HGET", self._host_key("ln", key.scope, host), field)
         return None if raw is None else raw.decode()
 
     async def get_due(self, scope: str, now: float, limit: int,
                       offset: int = 0) -> list[PageState]:
+        # The index holds buckets by a lower bound of their pages' next
+        # visits: read in that order, a bucket's due pages are certainly in
+        # place once every bucket whose bound is not after theirs is read.
+        # Most overdue first, ties by URL (then variant): a total order.
         if limit <= 0:
             return []
-        # Members of one score are in lexical order: a total order to page through.
-        upto = "+inf" if now == float("inf") else int(now)
-        page_fields = await self._call(
-            "ZRANGE", self._key("due", scope), "-inf", upto, "BYSCORE", "LIMIT", offset, limit
-        )
-        if not page_fields:
-            return []
-        values = await self._call("HMGET", self._key("pages", scope), *page_fields)
+        need = offset + limit
+        index = self._key("dueb", scope)
+        part = _key_part(scope)
+        upto: Any = "+inf" if now == math.inf else int(now)
+        until = _FOREVER if now == math.inf else int(now)
+        waiting: list[tuple[int, str, str, bytes, bytes]] = []
+        ready: list[tuple[int, str, str, bytes, bytes]] = []
+        seen: set[bytes] = set()
+        low: Any = "-inf"
+        ties = 0  # buckets read whose bound is `low`
+        for _ in range(_SCAN_ROUNDS):
+            self.roundtrips += 1
+            try:
+                pairs: Any = await self._async.zrange(
+                    index, low, upto, byscore=True, offset=ties, num=_DUE_BUCKETS,
+                    withscores=True)
+            except redis.RedisError as exc:
+                raise self._fail("read failed", exc) from exc
+            members = [m for m, _ in pairs if m not in seen]
+            seen.update(members)
+            if pairs:
+                last = float(pairs[-1][1])
+                at_last = sum(1 for _, score in pairs if float(score) == last)
+                ties = ties + at_last if low != "-inf" and float(low) == last else at_last
+                low = repr(last)
+            if members:
+                [found] = await self._read_scripts(
+                    [(_DUE_READ_SHA, [self.prefix, part, until, *members])])
+                for n in range(0, len(found), 4):
+                    member, field, visit, raw = found[n:n + 4]
+                    host = host_of_part(member.partition(b"|")[0].decode())
+                    page = page_key_of(scope, host, field.decode())
+                    heapq.heappush(waiting, (int(visit), page.url, page.variant, field, raw))
+            done = len(pairs) < _DUE_BUCKETS
+            bound = math.inf if done else float(pairs[-1][1])
+            while waiting and waiting[0][0] < bound:
+                ready.append(heapq.heappop(waiting))
+            if done or len(ready) >= need:
+                break
+        else:
+            raise self._fail(f"reading the due pages of {scope!r} did not finish")
         due = []
-        for field, raw in zip(page_fields, values, strict=True):
-            if raw is None:
-                continue
-            state = self._page(_page_key(scope, field.decode()), raw)
-            # The sorted set only holds such pages; checked again so that a
+        for _, url, variant, _, raw in ready[offset:need]:
+            state = self._page(PageKey(scope, url, variant), raw)
+            # The script only returns such pages; checked again so that a
             # record written by another version cannot re-seed a bad page.
             if state.callback is not None:
                 due.append(state)
@@ -897,33 +1240,47 @@ class RedisStateStore(StateStore):
     async def summarize_pages(self, scope: str, *, after: float, upto: float,
                               checked_before: float,
                               exclude_callbacks: Collection[str] = ()) -> PagesSummary:
-        # The due index holds exactly the pages with a callback, scored by
-        # next visit. ZSCAN walks it in O(1) per member (ZRANGE with an
-        # offset would cost O(offset) per page of results); it may return a
-        # member twice while Redis resizes the set, hence the set of seen.
+        # Every bucket of the index whose bound is not after `upto`, read in
+        # Redis (the scripts sum them up, and set each bucket's bound to its
+        # exact minimum). ZSCAN walks the index in O(1) per bucket and may
+        # return one twice while Redis resizes it, hence the set of seen.
+        def limit(value: float) -> int:
+            if math.isinf(value):
+                return _FOREVER if value > 0 else -_FOREVER
+            return math.floor(value)
+
+        head = [self.prefix, _key_part(scope), limit(after), limit(upto),
+                limit(checked_before), len(exclude_callbacks), *exclude_callbacks]
         count = size = 0
         first: float | None = None
         seen: set[bytes] = set()
+        pending: list[bytes] = []
         cursor = 0
+
+        async def run(members: list[bytes]) -> None:
+            nonlocal count, size, first
+            calls = [(_SUMMARY_SHA, [*head, *members[n:n + _SUMMARY_BUCKETS]])
+                     for n in range(0, len(members), _SUMMARY_BUCKETS)]
+            for pages, sizes, earliest in await self._read_scripts(calls):
+                count += int(pages)
+                size += int(sizes)
+                if earliest is not None:
+                    value = float(earliest)
+                    first = value if first is None else min(first, value)
+
         for _ in range(_SCAN_ROUNDS):
-            cursor, pairs = await self._call("ZSCAN", self._key("due", scope), cursor,
+            cursor, pairs = await self._call("ZSCAN", self._key("dueb", scope), cursor,
                                              "COUNT", _SCAN_COUNT)
-            fields = [member for member, score in pairs
-                      if after < float(score) <= upto and member not in seen]
-            seen.update(fields)
-            if fields:
-                values = await self._call("HMGET", self._key("pages", scope), *fields)
-                for field, raw in zip(fields, values, strict=True):
-                    if raw is None:
-                        continue
-                    state = self._page(_page_key(scope, field.decode()), raw)
-                    if (state.callback is None or state.callback in exclude_callbacks
-                            or state.last_checked >= checked_before):
-                        continue
-                    count += 1
-                    size += state.size
-                    first = state.next_visit if first is None else min(first, state.next_visit)
+            for member, score in pairs:
+                if member not in seen and float(score) <= upto:
+                    seen.add(member)
+                    pending.append(member)
+            while len(pending) >= _SUMMARY_BUCKETS * _SUMMARY_SCRIPTS:
+                await run(pending[:_SUMMARY_BUCKETS * _SUMMARY_SCRIPTS])
+                del pending[:_SUMMARY_BUCKETS * _SUMMARY_SCRIPTS]
             if int(cursor) == 0:
+                if pending:
+                    await run(pending)
                 return PagesSummary(count, size, first)
         raise self._fail(f"scanning the due pages of {scope!r} did not finish")
 
@@ -984,17 +1341,16 @@ class RedisStateStore(StateStore):
         value = self._encode(trust, ("scope", "host"))
         self._stage(trust.scope, ("host", self._key("hosts", trust.scope), trust.host, value))
 
-    def stage_page(self, state: PageState) -> None:
-        key = state.key
-        value = self._encode(state, ("key",), lua_safe=True)
-        # get_due's index: the pages that know their callback (gone ones
+    def _page_op(self, state: PageState) -> tuple[Any, ...]:
+        # The revisit index: the pages that know their callback (gone ones
         # too: their next visit is their rare recheck).
         indexed = state.callback is not None
-        self._stage(key.scope, (
-            "page", self._key("pages", key.scope), self._key("due", key.scope),
-            _page_field(key), value, int(state.next_visit) if indexed else "",
-        ))
-        self._pages[key] = state
+        return ("page", *self._page_args(state.key), self._pack(state),
+                int(state.next_visit) if indexed else "")
+
+    def stage_page(self, state: PageState) -> None:
+        self._stage(state.key.scope, self._page_op(state))
+        self._pages[state.key] = state
 
     def stage_check(
         self, key: PageKey, status: int, when: float, *, lastmod: float | None = None,
@@ -1003,8 +1359,7 @@ class RedisStateStore(StateStore):
         interval, next_visit = (
             ("", "") if schedule is None else (int(schedule[0]), int(schedule[1])))
         self._stage(key.scope, (
-            "check", self._key("pages", key.scope), self._key("due", key.scope),
-            _page_field(key), status, int(when),
+            "check", *self._page_args(key), status, int(when),
             "" if lastmod is None else int(lastmod), interval, next_visit,
         ))
 
@@ -1013,28 +1368,25 @@ class RedisStateStore(StateStore):
         callback: str | None = None, recipe: str | None = None,
     ) -> None:
         self._stage(key.scope, (
-            "failure", self._key("pages", key.scope), self._key("due", key.scope),
-            _page_field(key), status, int(when), failures, int(next_visit),
+            "failure", *self._page_args(key), status, int(when), failures, int(next_visit),
             callback or "", recipe or "",
         ))
 
     def stage_redirect(self, key: PageKey, target: str, status: int, when: float) -> None:
         self._stage(key.scope, (
-            "redirect", self._key("pages", key.scope), self._key("due", key.scope),
-            _page_field(key), status, int(when), target, int(PageFlags.REDIRECTED),
+            "redirect", *self._page_args(key), status, int(when), target,
+            int(PageFlags.REDIRECTED),
         ))
 
     def stage_links(self, key: PageKey, data: str | None) -> None:
-        links = self._key("links", key.scope)
         if data is None:
-            self._stage(key.scope, ("unlink", links, _page_field(key)))
+            self._stage(key.scope, ("unlink", *self._page_args(key)))
         else:
-            self._stage(key.scope, ("links", links, _page_field(key), data))
+            self._stage(key.scope, ("links", *self._page_args(key), data))
         self._links[key] = data
 
     def stage_flags(self, key: PageKey, add: int) -> None:
-        self._stage(key.scope, ("flags", self._key("pages", key.scope), _page_field(key),
-                                int(add)))
+        self._stage(key.scope, ("flags", *self._page_args(key), int(add)))
         staged = self._staged_page(key)
         if staged is not None:
             # What the flush will leave: the staged state, then the flags.
@@ -1133,7 +1485,7 @@ class RedisStateStore(StateStore):
         """
         keys = [self._token_key(token), f"{self.prefix}:scopes",
                 *(self._token_key(t) for t in self._spent_tokens)]
-        args: list[Any] = [len(scopes), *sorted(scopes)]
+        args: list[Any] = [self.prefix, len(scopes), *sorted(scopes)]
         for op in ops:
             args.extend(op)
         self.roundtrips += 1
@@ -1324,11 +1676,16 @@ class RedisStateStore(StateStore):
         return sorted((int(v), json.loads(raw)["fingerprint"]) for v, raw in versions.items())
 
     def count_pages(self, scope: str | None = None) -> int:
-        scopes = self._stored_scopes() if scope is None else [scope]
-        pipe = self._sync.pipeline(transaction=False)
-        for name in scopes:
-            pipe.hlen(self._key("pages", name))
-        return sum(self._sync_run(pipe)) if scopes else 0
+        # Each host's record counts its pages (a write that adds one adds one).
+        total = 0
+        for name in self._stored_scopes() if scope is None else [scope]:
+            hosts = self._scope_hosts(name)
+            for start in range(0, len(hosts), _HMGET_CHUNK):
+                pipe = self._sync.pipeline(transaction=False)
+                for host in hosts[start:start + _HMGET_CHUNK]:
+                    pipe.hget(self._host_key("hd", name, host), "p")
+                total += sum(int(n or 0) for n in self._sync_run(pipe))
+        return total
 
     # -- crawl records -------------------------------------------------------
 
@@ -1406,9 +1763,59 @@ class RedisStateStore(StateStore):
     def scopes(self) -> list[str]:
         return self._stored_scopes()
 
+    def _scan_set(self, key: str) -> list[bytes]:
+        """Every member of the set *key* (bounded steps)."""
+        found: set[bytes] = set()
+        cursor = 0
+        for _ in range(_SCAN_ROUNDS):
+            self.roundtrips += 1
+            try:
+                reply: Any = self._sync.sscan(key, cursor, count=_SCAN_COUNT)
+            except redis.RedisError as exc:
+                raise self._fail("read failed", exc) from exc
+            cursor, members = reply
+            found.update(members)
+            if cursor == 0:
+                return sorted(found)
+        raise self._fail(f"scanning {key} did not finish")
+
+    def _scope_hosts(self, scope: str) -> list[str]:
+        """The hosts of *scope* with pages or links records stored."""
+        return [host_of_part(m.decode()) for m in self._scan_set(self._key("hs", scope))]
+
+    def _bucket_counts(self, scope: str, hosts: list[str]) -> dict[str, int]:
+        """Each host's number of buckets."""
+        counts: dict[str, int] = {}
+        for start in range(0, len(hosts), _HMGET_CHUNK):
+            chunk = hosts[start:start + _HMGET_CHUNK]
+            pipe = self._sync.pipeline(transaction=False)
+            for host in chunk:
+                pipe.hget(self._host_key("hd", scope, host), "n")
+            for host, n in zip(chunk, self._sync_run(pipe), strict=True):
+                counts[host] = int(n or 1)
+        return counts
+
+    def _buckets(self, scope: str) -> list[tuple[str, int]]:
+        """Every bucket of *scope*, as (host, number)."""
+        counts = self._bucket_counts(scope, self._scope_hosts(scope))
+        return [(host, b) for host, n in counts.items() for b in range(n)]
+
+    def _iter_bucket_pages(self, scope: str,
+                           buckets: list[tuple[str, int]]) -> Iterator[tuple[str, bytes, bytes]]:
+        """(host, field, record) of every page of *buckets*, a few buckets a
+        round-trip (each holds some dozens of pages)."""
+        for start in range(0, len(buckets), _SCAN_COUNT // 10):
+            chunk = buckets[start:start + _SCAN_COUNT // 10]
+            pipe = self._sync.pipeline(transaction=False)
+            for host, b in chunk:
+                pipe.hgetall(self._bucket_key(scope, host, b))
+            for (host, _), pages in zip(chunk, self._sync_run(pipe), strict=True):
+                for field, raw in pages.items():
+                    yield host, field, raw
+
     def iter_pages(self, scope: str) -> Iterator[PageState]:
-        for field, raw in self._hscan(self._key("pages", scope)):
-            yield self._page(_page_key(scope, field.decode()), raw)
+        for host, field, raw in self._iter_bucket_pages(scope, self._buckets(scope)):
+            yield self._page(page_key_of(scope, host, field.decode()), raw)
 
     def iter_hosts(self, scope: str) -> Iterator[HostTrust]:
         pipe = self._sync.pipeline(transaction=False)
@@ -1417,14 +1824,20 @@ class RedisStateStore(StateStore):
         for host in sorted(hosts):
             yield self._decode(HostTrust, hosts[host], scope=scope, host=host.decode())
 
-    def _page_fields(self, scope: str, url: str) -> list[str]:
-        """The stored page fields of *url* (its variants)."""
-        fields_ = [f.decode() for f, _ in self._hscan(
-            self._key("pages", scope), match=_glob(url) + "\0*")]
+    def _page_fields(self, scope: str, url: str) -> tuple[str, int, list[str]]:
+        """The host and bucket of *url*, and its stored page fields there
+        (its variants)."""
+        host, part = url_field(url)
         pipe = self._sync.pipeline(transaction=False)
-        pipe.hexists(self._key("pages", scope), url)
-        [plain] = self._sync_run(pipe)
-        return ([url] if plain else []) + sorted(f for f in fields_ if f.startswith(url + "\0"))
+        pipe.hget(self._host_key("hd", scope, host), "n")
+        [n] = self._sync_run(pipe)
+        bucket = bucket_of(part, int(n or 1))
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.hkeys(self._bucket_key(scope, host, bucket))
+        [stored] = self._sync_run(pipe)
+        variants = sorted(f.decode() for f in stored if f.startswith(part.encode() + b"\0"))
+        plain = [part] if part.encode() in stored else []
+        return host, bucket, plain + variants
 
     def _items_by_page(self, scope: str, urls: Collection[str], *, live: bool) -> list[str]:
         """Keys of the items last stored from any of *urls* (one scan of the items)."""
@@ -1437,19 +1850,19 @@ class RedisStateStore(StateStore):
         return sorted(keys)
 
     def url_record(self, scope: str, url: str) -> UrlRecord:
-        page_fields = self._page_fields(scope, url)
+        host, bucket, page_fields = self._page_fields(scope, url)
         items = self._items_by_page(scope, {url}, live=True)
         pipe = self._sync.pipeline(transaction=False)
         for field in page_fields:
-            pipe.hget(self._key("pages", scope), field)
-            pipe.hget(self._key("links", scope), field)
+            pipe.hget(self._bucket_key(scope, host, bucket), field)
+            pipe.hget(self._host_key("ln", scope, host), field)
         for key in items:
             pipe.hget(self._key("itemver", scope), key)
         replies = self._sync_run(pipe)
         pages, links = [], {}
         for n, field in enumerate(page_fields):
             raw, record = replies[2 * n], replies[2 * n + 1]
-            page_key = _page_key(scope, field)
+            page_key = page_key_of(scope, host, field)
             if raw is not None:
                 pages.append(self._page(page_key, raw))
             if record is not None:
@@ -1471,8 +1884,12 @@ class RedisStateStore(StateStore):
 
     # -- repairs -------------------------------------------------------------
 
-    def _forget(self, scope: str, page_fields: list[str], urls: Collection[str],
+    def _forget(self, scope: str, urls: Collection[str],
+                delete_pages: Callable[[Any], list[str | None]],
                 host: str | None = None) -> Removed:
+        """Delete the items last stored from *urls*, with their history, and
+        what *delete_pages* adds to the transaction (it returns what each of
+        its replies counts), and *host*'s trust record, in one ``MULTI``."""
         items = self._items_by_page(scope, urls, live=False)
         hist = [self._hist_key(scope, key) for key in items]
         pipe = self._sync.pipeline(transaction=True)
@@ -1481,11 +1898,7 @@ class RedisStateStore(StateStore):
         for key in hist:
             pipe.hlen(key)
             kinds.append("versions")
-        if page_fields:
-            pipe.hdel(self._key("pages", scope), *page_fields)
-            pipe.zrem(self._key("due", scope), *page_fields)
-            pipe.hdel(self._key("links", scope), *page_fields)
-            kinds += ["pages", None, "links"]
+        kinds += delete_pages(pipe)
         if items:
             pipe.hdel(self._key("items", scope), *items)
             pipe.hdel(self._key("itemver", scope), *items)
@@ -1506,26 +1919,60 @@ class RedisStateStore(StateStore):
         return Removed(**counts)
 
     def forget_page(self, scope: str, url: str) -> Removed:
-        return self._forget(scope, self._page_fields(scope, url), {url})
+        host, bucket, page_fields = self._page_fields(scope, url)
+
+        def delete_pages(pipe: Any) -> list[str | None]:
+            if not page_fields:
+                return []
+            pipe.hdel(self._bucket_key(scope, host, bucket), *page_fields)
+            pipe.hincrby(self._host_key("hd", scope, host), "p", -len(page_fields))
+            pipe.hdel(self._host_key("ln", scope, host), *page_fields)
+            # The bucket's bound in the revisit index may now be low: a
+            # lower bound still (the next summary sets it right).
+            return ["pages", None, "links"]
+
+        return self._forget(scope, {url}, delete_pages)
 
     def forget_host(self, scope: str, host: str) -> Removed:
-        page_fields = sorted(f.decode() for f, _ in self._hscan(self._key("pages", scope))
-                             if host_of(_page_key(scope, f.decode()).url) == host)
-        urls = {_page_key(scope, f).url for f in page_fields}
-        return self._forget(scope, page_fields, urls, host)
+        n = self._bucket_counts(scope, [host])[host]
+        buckets = [(host, b) for b in range(n)]
+        urls = {page_key_of(scope, host, field.decode()).url
+                for _, field, _ in self._iter_bucket_pages(scope, buckets)}
 
-    def _scope_keys(self, scope: str) -> tuple[list[str], list[str]]:
-        """The scope's keys of this store's kinds (holds excepted), and its
-        history keys. Only these kinds: other ``P:<name>:<s>`` keys may be
+        def delete_pages(pipe: Any) -> list[str | None]:
+            kinds: list[str | None] = []
+            for _, b in buckets:
+                pipe.hlen(self._bucket_key(scope, host, b))
+                kinds.append("pages")
+            pipe.hlen(self._host_key("ln", scope, host))
+            kinds.append("links")
+            pipe.delete(*(self._bucket_key(scope, host, b) for _, b in buckets),
+                        *(self._host_key(kind, scope, host) for kind in _HOST_KINDS))
+            pipe.srem(self._key("hs", scope), host_part(host))
+            pipe.zrem(self._key("dueb", scope), *(f"{host_part(host)}|{b}" for _, b in buckets))
+            return [*kinds, None, None, None]
+
+        return self._forget(scope, urls, delete_pages, host)
+
+    def _scope_keys(self, scope: str) -> tuple[list[str], list[str], list[str], list[str]]:
+        """The scope's keys of this store's kinds (holds excepted): the
+        scope's own, its hosts' buckets and links hashes, then its history
+        keys. Only these kinds: other ``P:<name>:<s>`` keys may be
         anybody's (a shared politeness budget is ``P:budget:<host>``, and a
         scope may be named after its host)."""
         kinds = [self._key(kind, scope) for kind in _SCOPE_KINDS]
+        counts = self._bucket_counts(scope, self._scope_hosts(scope))
+        buckets = [self._bucket_key(scope, host, b) for host, n in counts.items()
+                   for b in range(n)]
+        links = [self._host_key("ln", scope, host) for host in counts]
+        kinds += [self._host_key("hd", scope, host) for host in counts]
         hist = self._scan_keys(f"{_glob(self.prefix)}:hist:{_glob(_key_part(scope))}:*")
-        return kinds, hist
+        return kinds, buckets, links, hist
 
-    def _count(self, scope: str, hist: list[str], pipe: Any) -> None:
-        pipe.hlen(self._key("pages", scope))
-        pipe.hlen(self._key("links", scope))
+    def _count(self, scope: str, buckets: list[str], links: list[str], hist: list[str],
+               pipe: Any) -> None:
+        for key in buckets + links:
+            pipe.hlen(key)
         pipe.hlen(self._key("items", scope))
         for key in hist:
             pipe.hlen(key)
@@ -1533,25 +1980,31 @@ class RedisStateStore(StateStore):
         pipe.zcard(self._key("crawls", scope))
 
     @staticmethod
-    def _counted(replies: list[int], hist: list[str]) -> Removed:
-        pages, links, items, *rest = replies
-        return Removed(pages, links, items, sum(rest[:len(hist)]), *rest[len(hist):])
+    def _counted(replies: list[int], buckets: list[str], links: list[str],
+                 hist: list[str]) -> Removed:
+        pages = sum(replies[:len(buckets)])
+        rest = replies[len(buckets):]
+        linked = sum(rest[:len(links)])
+        items, *rest = rest[len(links):]
+        return Removed(pages, linked, items, sum(rest[:len(hist)]), *rest[len(hist):])
 
     def count_scope(self, scope: str) -> Removed:
-        _, hist = self._scope_keys(scope)
+        _, buckets, links, hist = self._scope_keys(scope)
         pipe = self._sync.pipeline(transaction=True)
-        self._count(scope, hist, pipe)
-        return self._counted(self._sync_run(pipe), hist)
+        self._count(scope, buckets, links, hist, pipe)
+        return self._counted(self._sync_run(pipe), buckets, links, hist)
 
     def reset_scope(self, scope: str) -> Removed:
-        kinds, hist = self._scope_keys(scope)
+        kinds, buckets, links, hist = self._scope_keys(scope)
         pipe = self._sync.pipeline(transaction=True)
-        self._count(scope, hist, pipe)
-        for start in range(0, len(kinds) + len(hist), _HMGET_CHUNK):
-            pipe.delete(*(kinds + hist)[start:start + _HMGET_CHUNK])
+        self._count(scope, buckets, links, hist, pipe)
+        counted = len(buckets) + len(links) + 1 + len(hist) + 2
+        doomed = kinds + buckets + links + hist
+        for start in range(0, len(doomed), _HMGET_CHUNK):
+            pipe.delete(*doomed[start:start + _HMGET_CHUNK])
         pipe.srem(f"{self.prefix}:scopes", scope)
         replies = self._sync_run(pipe)
-        return self._counted(replies[:5 + len(hist)], hist)
+        return self._counted(replies[:counted], buckets, links, hist)
 
 
 def _stored_version(scope: str, item_key: str, number: int,
@@ -1562,17 +2015,6 @@ def _stored_version(scope: str, item_key: str, number: int,
     change = stored.get("change") or (Change.NEW if number == 1 else Change.CHANGED)
     return StoredVersion(scope, item_key, number, str(change), stored["stored_at"],
                          stored["fingerprint"], stored["data"])
-
-
-def _gone_page(raw: bytes) -> bool:
-    """Whether a stored page record is a gone page with a callback (one the
-    re-seeder rechecks); an unreadable one is not."""
-    try:
-        page = json.loads(raw)
-    except ValueError:
-        return False
-    return (isinstance(page, dict) and isinstance(page.get("callback"), str)
-            and isinstance(page.get("flags"), int) and bool(page["flags"] & PageFlags.GONE))
 
 
 def _glob(text: str) -> str:

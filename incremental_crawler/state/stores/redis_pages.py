@@ -1,0 +1,243 @@
+"""Where the Redis store keeps page states: per host, in small buckets.
+
+A scope's pages are grouped by host (:func:`host_of`), and a host's pages
+are spread over *buckets*, small hashes of about :data:`BUCKET_LOAD` pages
+each, by a hash of the URL. Small, so that Redis keeps each one as a flat
+listpack (up to ``hash-max-listpack-entries``, 128 by default, entries of up
+to ``hash-max-listpack-value``, 64 bytes): a few bytes of overhead a page
+where a hash table spends ~80. A host's bucket count grows by *linear
+hashing*: when its pages exceed ``BUCKET_LOAD`` times its buckets, the next
+bucket in turn splits in two (about half its pages move to a new one), so a
+host grows one small step at a time and never rehashes all at once.
+
+Every key of a host holds the same ``{scope|host}`` hash tag: in a Redis
+Cluster, a host's pages, links and bucket count are in one hash slot (see
+``docs/capacity.md``).
+
+Within a host, a page is its *field*: the URL less ``scheme://host``, with
+one letter for the scheme (``s``: https, ``h``: http, ``u``: anything else,
+then the whole URL), then NUL and the variant if it has one. All variants
+of a URL are in one bucket (the hash is of the URL part).
+
+The bucket a field is in depends on the host's bucket count, stored with
+the host: the scripts (flush, reads) look it up and choose the bucket in
+Redis, in the same step as they read or write it, so a split by another
+worker can never make a read miss a page. :func:`bucket_of` is the same
+choice in Python, for repairs (which run while no crawl holds the scope).
+
+The revisit index is per scope and counts buckets, not pages: a sorted set
+of the buckets holding pages with a callback, each scored by a *lower
+bound* of their pages' next visits. A write can only lower a bucket's score
+(``ZADD LT``), so the bound never misses a page; reads that look at every
+page of a bucket (a summary, a split) set it to the exact minimum again.
+The next visit itself lives in the page record: the index costs a few bytes
+per bucket, not ~50 a page.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from urllib.parse import quote, unquote
+
+from incremental_crawler.state.records import PageKey
+from incremental_crawler.state.stores.base import host_of
+from incremental_crawler.state.stores.packed import LUA_CODEC
+
+__all__ = [
+    "BUCKET_LOAD", "DUE_READ_LUA", "LUA_BUCKETS", "READ_PAGES_LUA", "SUMMARY_LUA",
+    "bucket_of", "host_part", "page_field", "page_key_of", "url_of",
+]
+
+#: Pages per bucket, on average, before a host's buckets grow. Buckets not
+#: yet split in a round hold up to twice as many, so 40 keeps nearly every
+#: bucket under Redis's default of 128 listpack entries.
+BUCKET_LOAD = 40
+#: Buckets a flush splits per host at most (a flush of many new pages of
+#: one host leaves the rest to the next flushes).
+MAX_SPLITS = 512
+
+_SCHEMES = (("https://", "s"), ("http://", "h"))
+
+
+def host_part(host: str) -> str:
+    """The host as it appears in keys (percent-quoted: no ``|``, ``{`` or ``}``)."""
+    return quote(host, safe="")
+
+
+def _url_part(host: str, url: str) -> str:
+    for scheme, letter in _SCHEMES:
+        head = scheme + host
+        if url.startswith(head):
+            return letter + url[len(head):]
+    return "u" + url
+
+
+def page_field(key: PageKey) -> tuple[str, str]:
+    """``(host, field)`` of a page: its host and its field in the host's buckets."""
+    host = host_of(key.url)
+    part = _url_part(host, key.url)
+    return host, f"{part}\0{key.variant}" if key.variant else part
+
+
+def url_field(url: str) -> tuple[str, str]:
+    """``(host, URL part)`` of *url*: its field without a variant."""
+    host = host_of(url)
+    return host, _url_part(host, url)
+
+
+def url_of(host: str, part: str) -> str:
+    """The URL of a field's URL part (:func:`url_field` reversed)."""
+    letter, rest = part[:1], part[1:]
+    if letter == "s":
+        return "https://" + host + rest
+    if letter == "h":
+        return "http://" + host + rest
+    return rest
+
+
+def page_key_of(scope: str, host: str, field: str) -> PageKey:
+    part, _, variant = field.partition("\0")
+    return PageKey(scope, url_of(host, part), variant)
+
+
+def host_of_part(quoted: str) -> str:
+    """A host from its key part (:func:`host_part` reversed)."""
+    return unquote(quoted)
+
+
+def field_hash(field: str) -> int:
+    """The hash that places a field in a bucket (its URL part's: variants together)."""
+    part = field.partition("\0")[0]
+    return int.from_bytes(hashlib.sha1(part.encode(), usedforsecurity=False).digest()[:4], "big")
+
+
+def bucket_of(field: str, buckets: int) -> int:
+    """The bucket of *field* in a host of *buckets* buckets (linear hashing)."""
+    level = 1
+    while level * 2 <= buckets:
+        level *= 2
+    hashed = field_hash(field)
+    bucket = hashed % (2 * level)
+    return bucket if bucket < buckets else hashed % level
+
+
+#: ``bucket_of(n, field)`` and ``field_hash(field)`` in Lua, the same as in
+#: Python (SHA-1's first four bytes of the URL part).
+LUA_BUCKETS = """
+local function field_hash(field)
+  local cut = string.find(field, '\\0', 1, true)
+  if cut then field = string.sub(field, 1, cut - 1) end
+  return tonumber(string.sub(redis.sha1hex(field), 1, 8), 16)
+end
+local function bucket_level(n)
+  local level = 1
+  while level * 2 <= n do level = level * 2 end
+  return level
+end
+local function bucket_of(n, field)
+  local level = bucket_level(n)
+  local hashed = field_hash(field)
+  local b = hashed % (2 * level)
+  if b >= n then b = hashed % level end
+  return b
+end
+local function bucket_count(dir)
+  -- A host's bucket count (1 for a host with none stored yet).
+  local stored = redis.call('HGET', dir, 'n')
+  if not stored then return 1 end
+  local n = tonumber(stored)
+  if not n or n < 1 or n ~= math.floor(n) then
+    error('the bucket count in ' .. dir .. ' is not a number: ' .. stored, 0)
+  end
+  return n
+end
+"""
+
+# Reads pages where they are now. ARGV: the key prefix, then per page its
+# scope part, host part and field. Returns per page its record (nil: none).
+READ_PAGES_LUA = LUA_BUCKETS + """
+local prefix = ARGV[1]
+local counts = {}
+local out = {}
+for j = 2, #ARGV, 3 do
+  local tag = '{' .. ARGV[j] .. '|' .. ARGV[j + 1] .. '}'
+  local n = counts[tag]
+  if not n then
+    n = bucket_count(prefix .. ':hd:' .. tag)
+    counts[tag] = n
+  end
+  out[#out + 1] = redis.call('HGET', prefix .. ':pg:' .. tag .. ':' .. bucket_of(n, ARGV[j + 2]),
+                             ARGV[j + 2])
+end
+return out
+"""
+
+# The due pages of some buckets. ARGV: the key prefix, the scope part, the
+# time (pages due at or before it), then bucket members ("host|n"). Returns
+# per due page its bucket member, field, next visit and record.
+DUE_READ_LUA = LUA_CODEC + """
+local prefix, scope, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local out = {}
+for j = 4, #ARGV do
+  local member = ARGV[j]
+  local cut = string.find(member, '|', 1, true)
+  local tag = '{' .. scope .. '|' .. string.sub(member, 1, cut - 1) .. '}'
+  local flat = redis.call('HGETALL', prefix .. ':pg:' .. tag .. ':' .. string.sub(member, cut + 1))
+  for k = 1, #flat, 2 do
+    local ok, due = pcall(due_of, flat[k + 1])
+    if ok and due and due <= now then
+      out[#out + 1] = member
+      out[#out + 1] = flat[k]
+      out[#out + 1] = string.format('%d', due)
+      out[#out + 1] = flat[k + 1]
+    end
+  end
+end
+return out
+"""
+
+# The pages of some buckets in aggregate (StateStore.summarize_pages), and
+# each bucket's score in the revisit index set to its exact minimum (the
+# pages are all read here anyway). ARGV: the key prefix, the scope part,
+# after, upto, checked_before, the number of callbacks left out, those
+# callbacks, then bucket members. Returns pages, size, earliest next visit
+# (false: none).
+SUMMARY_LUA = LUA_CODEC + """
+local prefix, scope = ARGV[1], ARGV[2]
+local after, upto, checked_before = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local excluded = {}
+local skip = tonumber(ARGV[6])
+for j = 7, 6 + skip do excluded[ARGV[j]] = true end
+local due = prefix .. ':dueb:' .. scope
+local pages, size, first = 0, 0, false
+for j = 7 + skip, #ARGV do
+  local member = ARGV[j]
+  local cut = string.find(member, '|', 1, true)
+  local tag = '{' .. scope .. '|' .. string.sub(member, 1, cut - 1) .. '}'
+  local flat = redis.call('HGETALL', prefix .. ':pg:' .. tag .. ':' .. string.sub(member, cut + 1))
+  local least = false
+  for k = 2, #flat, 2 do
+    local ok, page = pcall(unpack_page, flat[k])
+    if ok then
+      local callback = page_callback(page)
+      if callback then
+        local visit = page.next_visit or 0
+        if not least or visit < least then least = visit end
+        if not excluded[callback] and visit > after and visit <= upto
+            and (page.last_checked or 0) < checked_before then
+          pages = pages + 1
+          size = size + (page.size or 0)
+          if not first or visit < first then first = visit end
+        end
+      end
+    end
+  end
+  if least then
+    redis.call('ZADD', due, 'XX', least, member)
+  else
+    redis.call('ZREM', due, member)
+  end
+end
+if first then first = string.format('%d', first) end
+return {pages, string.format('%d', size), first}
+"""
