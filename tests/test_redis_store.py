@@ -23,7 +23,14 @@ import redis
 from scrapy.settings import Settings
 
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
-from incremental_crawler.state.records import Change, ItemRecord, PageFlags, PageKey, PageState
+from incremental_crawler.state.records import (
+    Change,
+    HostTrust,
+    ItemRecord,
+    PageFlags,
+    PageKey,
+    PageState,
+)
 from incremental_crawler.state.stores import StateStoreError, open_store
 from incremental_crawler.state.stores.packed import unpack
 from incremental_crawler.state.stores.redis import (
@@ -66,8 +73,8 @@ def bucket(prefix: str, n: int = 0, host: str = "example.com", scope: str = SCOP
 
 
 def stored_pages(client: redis.Redis, prefix: str) -> int:
-    """Page records under *prefix*, counted in every bucket."""
-    return sum(client.hlen(key) for key in client.scan_iter(f"{prefix}:pg:*", count=1000))
+    """Page records under *prefix*, counted in every bucket (both hashes)."""
+    return sum(client.hlen(key) for key in client.scan_iter(f"{prefix}:pg*:*", count=1000))
 
 
 # -- URIs ---------------------------------------------------------------------
@@ -275,6 +282,26 @@ async def test_page_records_are_packed_in_small_buckets_per_host(
         assert shared.hgetall(f"{redis_prefix}:hd:{{{SCOPE}|example.com}}") == {
             b"n": b"1", b"p": b"3"}
         assert shared.smembers(f"{redis_prefix}:hs:{SCOPE}") == {b"example.com"}
+
+        # A longer field or record (a long URL, a long recipe) goes to the
+        # bucket's hash of large entries: the bucket stays a listpack.
+        long_url = PageKey(SCOPE, f"{URL}/{'x' * 80}")
+        store.stage_page(realistic_state(long_url))
+        store.stage_page(realistic_state(plain_http).copy(recipe='{"meta":{"a":' + "1" * 60 + "}}"))
+        await call(store.flush())
+        large = f"{redis_prefix}:pgl:{{{SCOPE}|example.com}}:0"
+        assert sorted(shared.hkeys(large)) == [b"h:8080/x?y=1", f"s/a/{'x' * 80}".encode()]
+        assert not shared.hexists(bucket(redis_prefix), "h:8080/x?y=1")
+        assert shared.object("encoding", bucket(redis_prefix)) == b"listpack"
+        assert await call(store.get_page(long_url)) == realistic_state(long_url)
+        # Back to a short record: back to the listpack, counted once.
+        store.stage_page(realistic_state(plain_http))
+        await call(store.flush())
+        assert shared.hkeys(large) == [f"s/a/{'x' * 80}".encode()]
+        assert store.count_pages(SCOPE) == 4
+        assert len(list(store.iter_pages(SCOPE))) == 4
+        assert store.forget_page(SCOPE, long_url.url).pages == 1
+        assert not shared.exists(large)
     finally:
         await call(store.close())
 
@@ -288,7 +315,7 @@ async def test_a_record_with_fields_this_code_does_not_know_reads_and_keeps_them
     key = PageKey(SCOPE, URL)
     store = open_at(redis_prefix)
     try:
-        store.stage_page(full_state(key, 1, callback="parse", next_visit=5))
+        store.stage_page(realistic_state(key))
         await call(store.flush())
         raw = shared.hget(bucket(redis_prefix), "s/a")
         mask, size = raw[0], 1
@@ -298,13 +325,14 @@ async def test_a_record_with_fields_this_code_does_not_know_reads_and_keeps_them
         assert mask and known < 1 << 30
         newer = uvarint(known | 1 << 40) + raw[size:] + b"\x03abc"
         shared.hset(bucket(redis_prefix), "s/a", newer)
-        assert await call(store.get_page(key)) == full_state(key, 1, callback="parse",
-                                                             next_visit=5)
-        store.stage_check(key, 304, 2_000_000)
+        assert await call(store.get_page(key)) == realistic_state(key)
+        store.stage_check(key, 304, 2_000_000_000)
         await call(store.flush())
-        rewritten = shared.hget(bucket(redis_prefix), "s/a")
+        # Now over 64 bytes: in its bucket's hash of large records.
+        assert not shared.hexists(bucket(redis_prefix), "s/a")
+        rewritten = shared.hget(f"{redis_prefix}:pgl:{{{SCOPE}|example.com}}:0", "s/a")
         assert rewritten.startswith(uvarint(known | 1 << 40)) and rewritten.endswith(b"\x03abc")
-        assert (await call(store.get_page(key))).checks == 2
+        assert (await call(store.get_page(key))).checks == 13
     finally:
         await call(store.close())
 
@@ -503,6 +531,11 @@ async def test_a_host_grows_by_splitting_one_bucket_at_a_time(
         for offset in range(0, 700, 64):
             got += [s.key for s in await call(store.get_due(SCOPE, 1_999, 64, offset))]
         assert got == expected
+        # A page asked again, or after a flush: read afresh, the same.
+        assert [s.key for s in await call(store.get_due(SCOPE, 1_999, 64, 64))] == got[64:128]
+        store.stage_host(HostTrust(SCOPE, "big.example", checks=1))
+        await call(store.flush())
+        assert [s.key for s in await call(store.get_due(SCOPE, 1_999, 64, 128))] == got[128:192]
         assert [s.key for s in await call(store.get_due(SCOPE, 1_500, 1_000))] == [
             k for k in expected if visits[k] <= 1_500 and k != expected[-1]]
 

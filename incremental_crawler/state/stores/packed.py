@@ -326,7 +326,8 @@ _LUA_FIELDS = ", ".join(f"{{'{name}', '{kind}'}}" for name, kind in FIELDS)
 #: ``pack_page(page)``, its inverse; ``page_callback(page)`` and
 #: ``set_callback(page, name)`` read and set the callback in either form;
 #: ``due_of(raw)``: the next visit of a page with a callback, else nil (it
-#: reads only the head of the record).
+#: reads only the head of the record); ``page_summary(raw)``: its callback,
+#: last check, next visit and size (strings skipped, not copied).
 LUA_CODEC = """
 local PAGE_FIELDS = {FIELDS}
 local PAGE_EPOCH = EPOCH_VALUE
@@ -431,6 +432,39 @@ end
 local function set_callback(page, name)
   page['callback@parse'], page.callback = nil, nil
   if name == 'parse' then page['callback@parse'] = true else page.callback = name end
+end
+local function page_summary(raw)
+  -- What a summary reads of a record: its callback (nil: none), last
+  -- check, next visit and size; strings are skipped, not copied.
+  local mask, pos = uvarint(raw, 1)
+  local base, callback, visit, size = 0, nil, 0, 0
+  local bit = 1
+  for _, field in ipairs(PAGE_FIELDS) do
+    if bit > mask then break end
+    if mask % (2 * bit) >= bit then
+      local name, kind = field[1], field[2]
+      if kind == 'z' then
+        if name == 'callback@parse' then callback = 'parse' end
+      elseif kind == 's' then
+        local length
+        length, pos = uvarint(raw, pos)
+        if name == 'callback' then callback = string.sub(raw, pos, pos + length - 1) end
+        pos = pos + length
+      else
+        local value
+        value, pos = varint(raw, pos)
+        if kind == 'T' then
+          base = value + PAGE_EPOCH
+        elseif name == 'next_visit' then
+          visit = value + base
+        elseif name == 'size' then
+          size = value
+        end
+      end
+    end
+    bit = bit * 2
+  end
+  return callback, base, visit, size
 end
 local DUE_HEAD = {}
 for n, field in ipairs(PAGE_FIELDS) do

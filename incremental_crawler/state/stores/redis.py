@@ -77,14 +77,15 @@ costs no per-page key overhead.
 
 Reads are one round-trip each (``get_pages``: one pipelined round-trip per
 10,000 keys; page reads are scripts, which find a page's bucket in Redis)
-on a ``redis.asyncio`` client, so the reactor never waits on the network. Writes are staged in memory; :meth:`RedisStateStore.flush`
-sends them all as one run of a Lua script, in staging order: atomic for
-every reader and worker like a ``MULTI``/``EXEC``, but it stops at the first
-write that fails (``EXEC`` would go on with the ones after it), so a page's
-validators are never applied without the items staged before them
-(state is never ahead of data). Redis keeps how many writes of a batch it applied under the
-batch's token: a batch whose reply was lost is not applied twice when it is
-sent again. Checks, redirects, flags and item versions are read-modify-write
+on a ``redis.asyncio`` client, so the reactor never waits on the network.
+Writes are staged in memory; :meth:`RedisStateStore.flush` sends them all
+as one run of a Lua script, in staging order: atomic for every reader and
+worker like a ``MULTI``/``EXEC``, but it stops at the first write that
+fails (``EXEC`` would go on with the ones after it), so a page's
+validators are never applied without the items staged before them (state
+is never ahead of data). Redis keeps how many writes of a batch it applied
+under the batch's token: a batch whose reply was lost is not applied twice
+when it is sent again. Checks, redirects, flags and item versions are read-modify-write
 upserts inside that script. Before applying anything, the script checks that
 every key it will write is of the right type (or absent): a damaged key
 fails the whole flush, so writes that can fail only that way (a page state,
@@ -233,6 +234,8 @@ _READ_SCRIPT_PAGES = 2_000
 #: Buckets per due-pages script and per summary script, and summary
 #: scripts per round-trip.
 _DUE_BUCKETS = 64
+#: How many times the due pages wanted a merge reads ahead (see _read_due).
+_DUE_AHEAD = 4
 _SUMMARY_BUCKETS = 16
 _SUMMARY_SCRIPTS = 8
 #: Stands for an infinite time in scripts (Lua reads no "inf"): beyond any
@@ -278,11 +281,12 @@ _TOKEN_TTL = 86_400
 # redirect or flags write still stops the batch at that write.
 #
 # KEYS: token, scopes set, tokens to forget. ARGV: the key prefix, the
-# number of scopes, the scopes, then the writes, each its name followed by
-# ARITY[name] arguments; a page write's first three are the scope's and
-# the host's key parts and the page's field.
+# server's hash-max-listpack-value, the number of scopes, the scopes, then
+# the writes, each its name followed by ARITY[name] arguments; a page
+# write's first three are the scope's and the host's key parts and the
+# page's field.
 _FLUSH_LUA = PAGE_CODEC + PAGE_BUCKETS + """
-local PREFIX = ARGV[1]
+local PREFIX, LISTPACK_VALUE = ARGV[1], tonumber(ARGV[2])
 local ARITY = {host = 3, page = 5, check = 8, failure = 9, redirect = 7, item = 13,
                links = 4, unlink = 3, flags = 4}
 local OPS = {}
@@ -294,6 +298,7 @@ local function host_at(a, i)
   if not h then
     h = {scope = a[i], part = a[i + 1], dir = PREFIX .. ':hd:' .. tag,
          links = PREFIX .. ':ln:' .. tag, pages = PREFIX .. ':pg:' .. tag .. ':',
+         large = PREFIX .. ':pgl:' .. tag .. ':',
          hosts = PREFIX .. ':hs:' .. a[i], due = PREFIX .. ':dueb:' .. a[i]}
     HOSTS[tag] = h
   end
@@ -315,10 +320,19 @@ local function register(h)
   end
 end
 local function store_page(h, b, field, record)
+  -- Into the bucket's listpack if both fit, else its hash of large ones.
   register(h)
-  if redis.call('HSET', h.pages .. b, field, record) == 1 then
+  local into, other = h.pages .. b, h.large .. b
+  if #field > LISTPACK_VALUE or #record > LISTPACK_VALUE then into, other = other, into end
+  local moved = redis.call('HDEL', other, field)
+  if redis.call('HSET', into, field, record) == 1 and moved == 0 then
     redis.call('HINCRBY', h.dir, 'p', 1)
   end
+end
+local function read_page(h, b, field)
+  local raw = redis.call('HGET', h.pages .. b, field)
+  if not raw then raw = redis.call('HGET', h.large .. b, field) end
+  return raw
 end
 local function lower_due(h, b, visit)
   redis.call('ZADD', h.due, 'LT', visit, h.part .. '|' .. b)
@@ -336,7 +350,7 @@ local function visit(a, i)
   -- scope, host, field, status, when; then for a check lastmod, interval,
   -- next_visit ('' keeps the stored value), for a redirect target, flag
   local h, b = bucket_at(a, i)
-  local raw = redis.call('HGET', h.pages .. b, a[i + 2])
+  local raw = read_page(h, b, a[i + 2])
   local page
   if raw then
     page = unpack_page(raw)
@@ -389,11 +403,11 @@ function OPS.flags(a, i)
   -- scope, host, field, flags to OR in: nothing else changes (the revisit
   -- index neither), nothing if unknown
   local h, b = bucket_at(a, i)
-  local raw = redis.call('HGET', h.pages .. b, a[i + 2])
+  local raw = read_page(h, b, a[i + 2])
   if raw then
     local page = unpack_page(raw)
     page.flags = bit.bor(page.flags or 0, tonumber(a[i + 3]))
-    redis.call('HSET', h.pages .. b, a[i + 2], pack_page(page))
+    store_page(h, b, a[i + 2], pack_page(page))
   end
 end
 function OPS.links(a, i)
@@ -507,7 +521,8 @@ local function keys_of(name, a, i)
   local kind = redis.call('TYPE', h.dir).ok
   if kind ~= 'none' and kind ~= 'hash' then return {{h.dir, 'hash'}} end
   local _, b = bucket_at(a, i)
-  local out = {{h.dir, 'hash'}, {h.hosts, 'set'}, {h.pages .. b, 'hash'}}
+  local out = {{h.dir, 'hash'}, {h.hosts, 'set'}, {h.pages .. b, 'hash'},
+               {h.large .. b, 'hash'}}
   if name == 'links' then out[#out + 1] = {h.links, 'hash'} end
   if name ~= 'links' and name ~= 'flags' then out[#out + 1] = {h.due, 'zset'} end
   return out
@@ -543,23 +558,27 @@ end
 local function split(h)
   local n = h.n
   local level = bucket_level(n)
-  local from, to = h.pages .. (n - level), h.pages .. n
-  local kind = redis.call('TYPE', from).ok
-  if redis.call('EXISTS', to) == 1 or (kind ~= 'none' and kind ~= 'hash') then
-    return false
-  end
-  local flat = redis.call('HGETALL', from)
-  local least = {}
-  for k = 1, #flat, 2 do
-    local field, raw = flat[k], flat[k + 1]
-    local target = n - level
-    if field_hash(field) % (2 * level) == n then
-      redis.call('HSET', to, field, raw)
-      redis.call('HDEL', from, field)
-      target = n
+  for _, head in ipairs({h.pages, h.large}) do
+    local kind = redis.call('TYPE', head .. (n - level)).ok
+    if redis.call('EXISTS', head .. n) == 1 or (kind ~= 'none' and kind ~= 'hash') then
+      return false
     end
-    local ok, due = pcall(due_of, raw)
-    if ok and due and (not least[target] or due < least[target]) then least[target] = due end
+  end
+  local least = {}
+  for _, head in ipairs({h.pages, h.large}) do
+    local from, to = head .. (n - level), head .. n
+    local flat = redis.call('HGETALL', from)
+    for k = 1, #flat, 2 do
+      local field, raw = flat[k], flat[k + 1]
+      local target = n - level
+      if field_hash(field) % (2 * level) == n then
+        redis.call('HSET', to, field, raw)
+        redis.call('HDEL', from, field)
+        target = n
+      end
+      local ok, due = pcall(due_of, raw)
+      if ok and due and (not least[target] or due < least[target]) then least[target] = due end
+    end
   end
   for _, b in ipairs({n - level, n}) do
     if least[b] then
@@ -612,8 +631,8 @@ local done = redis.call('GET', KEYS[1])
 if done then
   return {tonumber(done), 1}
 end
-local scopes = tonumber(ARGV[2])
-local applied, i = 0, 3 + scopes
+local scopes = tonumber(ARGV[3])
+local applied, i = 0, 4 + scopes
 grow_all(i)
 local failed = wrong_type(i)
 if failed then
@@ -621,7 +640,7 @@ if failed then
   return {0, 0, failed}
 end
 if scopes > 0 then
-  redis.call('SADD', KEYS[2], unpack(ARGV, 3, 2 + scopes))
+  redis.call('SADD', KEYS[2], unpack(ARGV, 4, 3 + scopes))
 end
 while i <= #ARGV do
   local name = ARGV[i]
@@ -786,6 +805,29 @@ def _page_range(url: str) -> tuple[bytes, bytes]:
     return b"[" + head + b"\0", b"(" + head + b"\1"
 
 
+class _DueCursor:
+    """How far a reading of a scope's due pages went (``get_due``)."""
+
+    def __init__(self, scope: str, now: float, flushes: int) -> None:
+        self.scope, self.now, self.flushes = scope, now, flushes
+        #: Due pages read, not yet in place: a heap of (next visit, URL, variant).
+        self.waiting: list[tuple[int, str, str]] = []
+        #: Due pages in place, in order; the first is due page number `base`.
+        self.ready: list[tuple[int, str, str]] = []
+        self.base = 0
+        #: Buckets of the index not read yet: a heap of (bound, member);
+        #: where the index was read up to (a bound, and how many read have
+        #: it), and whether it was read to its end.
+        self.unread: list[tuple[float, bytes]] = []
+        self.low: str = "-inf"
+        self.ties = 0
+        self.seen: set[bytes] = set()
+        self.index_done = False
+        #: Buckets read up to a cap, with pages due after it: a heap of (the
+        #: earliest of those, member, the cap).
+        self.parked: list[tuple[int, bytes, int]] = []
+
+
 class RedisStateStore(StateStore):
     """State in Redis; see the module docstring."""
 
@@ -818,6 +860,10 @@ class RedisStateStore(StateStore):
         self._flushing_fps: dict[tuple[str, str], str] = {}
         self._flushing_count = 0
         self._flush_lock: asyncio.Lock | None = None
+        # Flushes started so far, and the last reading of due pages (a
+        # reader paging through them goes on from there while none started).
+        self._flushes = 0
+        self._due_cursor: _DueCursor | None = None
         # EVALSHA names a script by its SHA-1 (what SCRIPT LOAD returns).
         self._script_sha = _sha1(_FLUSH_LUA)
         self._fields = {cls: fields(cls) for cls in (PageState, HostTrust, ItemRecord)}
@@ -827,6 +873,8 @@ class RedisStateStore(StateStore):
             HostTrust: frozenset(f.name for f in self._fields[HostTrust]) - {"scope", "host"},
         }
         self._closed = False
+        #: Redis's hash-max-listpack-value (read on opening; 64 by default).
+        self._listpack_value = 64
         # No retries: a transaction whose reply was lost may have run, and
         # running it twice would count checks and item versions twice.
         options: dict[str, Any] = {**_DEFAULT_TIMEOUTS, "retry": Retry(NoBackoff(), 0)}
@@ -901,8 +949,13 @@ class RedisStateStore(StateStore):
         """A key of one host of *scope* (its ``{scope|host}`` hash tag)."""
         return f"{self.prefix}:{kind}:{{{_key_part(scope)}|{host_part(host)}}}"
 
-    def _bucket_key(self, scope: str, host: str, bucket: int) -> str:
-        return f"{self._host_key('pg', scope, host)}:{bucket}"
+    def _bucket_key(self, scope: str, host: str, bucket: int, *, large: bool = False) -> str:
+        """A bucket's hash of pages (its listpack), or of its large entries."""
+        return f"{self._host_key('pgl' if large else 'pg', scope, host)}:{bucket}"
+
+    def _bucket_keys(self, scope: str, host: str, bucket: int) -> tuple[str, str]:
+        return (self._bucket_key(scope, host, bucket),
+                self._bucket_key(scope, host, bucket, large=True))
 
     def _page_args(self, key: PageKey) -> tuple[str, str, str]:
         """What a page write or read names the page by: scope and host key
@@ -928,10 +981,16 @@ class RedisStateStore(StateStore):
             for script in _SCRIPTS:
                 pipe.script_load(script)
             pipe.info("memory")
-            kind, found, has_scopes, *_, memory = pipe.execute(raise_on_error=False)
+            pipe.config_get("hash-max-listpack-value")
+            kind, found, has_scopes, *_, memory, listpack = pipe.execute(raise_on_error=False)
             self.roundtrips += 1
             if isinstance(kind, Exception):
                 raise kind
+            # The longest entry a small hash keeps flat (a managed Redis may
+            # not tell: its default then).
+            if isinstance(listpack, dict) and str(
+                    listpack.get("hash-max-listpack-value", "")).isdigit():
+                self._listpack_value = int(listpack["hash-max-listpack-value"])
             # State keys never expire: only an allkeys-* policy evicts them,
             # silently (an items hash gone, its pages' validators kept).
             policy = ("" if isinstance(memory, Exception)
@@ -1083,7 +1142,7 @@ class RedisStateStore(StateStore):
                    token: str) -> None:
         """Run writes as one flush, synchronously (a migration); renew the lock."""
         keys = [self._token_key(uuid.uuid4().hex), f"{self.prefix}:scopes"]
-        args: list[Any] = [self.prefix, len(scopes), *sorted(scopes)]
+        args: list[Any] = [self.prefix, self._listpack_value, len(scopes), *sorted(scopes)]
         for op in ops:
             args.extend(op)
         pipe = self._sync.pipeline(transaction=False)
@@ -1181,61 +1240,113 @@ class RedisStateStore(StateStore):
 
     async def get_due(self, scope: str, now: float, limit: int,
                       offset: int = 0) -> list[PageState]:
-        # The index holds buckets by a lower bound of their pages' next
-        # visits: read in that order, a bucket's due pages are certainly in
-        # place once every bucket whose bound is not after theirs is read.
-        # Most overdue first, ties by URL (then variant): a total order.
+        # Most overdue first, ties by URL (then variant): a total order. A
+        # reader paging through them (offset 0, limit, 2 * limit...) goes on
+        # from where the previous page stopped while this store flushed
+        # nothing in between (the re-seeder reads so); else it starts over.
         if limit <= 0:
             return []
-        need = offset + limit
-        index = self._key("dueb", scope)
-        part = _key_part(scope)
-        upto: Any = "+inf" if now == math.inf else int(now)
-        until = _FOREVER if now == math.inf else int(now)
-        waiting: list[tuple[int, str, str, bytes, bytes]] = []
-        ready: list[tuple[int, str, str, bytes, bytes]] = []
-        seen: set[bytes] = set()
-        low: Any = "-inf"
-        ties = 0  # buckets read whose bound is `low`
-        for _ in range(_SCAN_ROUNDS):
-            self.roundtrips += 1
-            try:
-                pairs: Any = await self._async.zrange(
-                    index, low, upto, byscore=True, offset=ties, num=_DUE_BUCKETS,
-                    withscores=True)
-            except redis.RedisError as exc:
-                raise self._fail("read failed", exc) from exc
-            members = [m for m, _ in pairs if m not in seen]
-            seen.update(members)
-            if pairs:
-                last = float(pairs[-1][1])
-                at_last = sum(1 for _, score in pairs if float(score) == last)
-                ties = ties + at_last if low != "-inf" and float(low) == last else at_last
-                low = repr(last)
-            if members:
-                [found] = await self._read_scripts(
-                    [(_DUE_READ_SHA, [self.prefix, part, until, *members])])
-                for n in range(0, len(found), 4):
-                    member, field, visit, raw = found[n:n + 4]
-                    host = host_of_part(member.partition(b"|")[0].decode())
-                    page = page_key_of(scope, host, field.decode())
-                    heapq.heappush(waiting, (int(visit), page.url, page.variant, field, raw))
-            done = len(pairs) < _DUE_BUCKETS
-            bound = math.inf if done else float(pairs[-1][1])
-            while waiting and waiting[0][0] < bound:
-                ready.append(heapq.heappop(waiting))
-            if done or len(ready) >= need:
-                break
-        else:
-            raise self._fail(f"reading the due pages of {scope!r} did not finish")
+        cursor = self._due_cursor
+        if (cursor is None or (cursor.scope, cursor.now, cursor.flushes)
+                != (scope, now, self._flushes) or offset < cursor.base):
+            cursor = _DueCursor(scope, now, self._flushes)
+        self._due_cursor = cursor
+        await self._read_due(cursor, offset + limit)
+        del cursor.ready[:offset - cursor.base]
+        cursor.base = offset
+        chosen = [PageKey(scope, url, variant) for _, url, variant in cursor.ready[:limit]]
+        found = await self.get_pages(chosen)
         due = []
-        for _, url, variant, _, raw in ready[offset:need]:
-            state = self._page(PageKey(scope, url, variant), raw)
-            # The script only returns such pages; checked again so that a
-            # record written by another version cannot re-seed a bad page.
-            if state.callback is not None:
+        for key in chosen:
+            state = found.get(key)
+            # Read again, as it is now: one written meanwhile may no longer
+            # be due, and a record written by another version cannot re-seed
+            # a bad page.
+            if state is not None and state.callback is not None and state.next_visit <= now:
                 due.append(state)
         return due
+
+    async def _read_due(self, cursor: _DueCursor, need: int) -> None:
+        """Merge the scope's buckets until *need* due pages are in place.
+
+        Each bucket is a stream of due pages. The index gives the buckets
+        not read yet in the order of their bounds; a bucket read up to a
+        cap, with pages due after it, is *parked* with the earliest of
+        those. Every page due before the least bound of the unread buckets
+        and the parked ones is in place: it moves from ``waiting`` (a heap)
+        to ``ready``. Each read asks only for the pages due up to a cap: the
+        ones that can still be among the *need* first (all of them while
+        fewer are waiting), so a bucket sends only what the reader keeps.
+        """
+        until = _FOREVER if cursor.now == math.inf else int(cursor.now)
+        for _ in range(_SCAN_ROUNDS):
+            wanted = need - cursor.base - len(cursor.ready)
+            if wanted <= 0:
+                return
+            await self._next_buckets(cursor, until)
+            frontier = min(cursor.unread[0][0] if cursor.unread else math.inf,
+                           cursor.parked[0][0] if cursor.parked else math.inf)
+            while cursor.waiting and cursor.waiting[0][0] < frontier:
+                cursor.ready.append(heapq.heappop(cursor.waiting))
+            wanted = need - cursor.base - len(cursor.ready)
+            if wanted <= 0:
+                return
+            if frontier == math.inf:
+                cursor.ready += sorted(cursor.waiting)
+                cursor.waiting = []
+                return
+            # Ahead of what is wanted: a reader paging through them asks for
+            # more next, and a bucket read again costs more than a few
+            # pages sent now.
+            ahead = _DUE_AHEAD * wanted
+            cap = (heapq.nsmallest(ahead, cursor.waiting)[-1][0]
+                   if len(cursor.waiting) >= ahead else until)
+            chosen: list[tuple[bytes, int]] = []
+            while len(chosen) < _DUE_BUCKETS:
+                unread = cursor.unread[0][0] if cursor.unread else math.inf
+                parked = cursor.parked[0][0] if cursor.parked else math.inf
+                if min(unread, parked) > cap:
+                    break
+                if unread <= parked:
+                    chosen.append((heapq.heappop(cursor.unread)[1], -_FOREVER))
+                else:
+                    _, member, after = heapq.heappop(cursor.parked)
+                    chosen.append((member, after))
+            [found] = await self._read_scripts([(_DUE_READ_SHA, [
+                self.prefix, _key_part(cursor.scope), until, cap,
+                *(arg for pair in chosen for arg in pair)])])
+            for n in range(0, len(found), 3):
+                member, field, visit = found[n:n + 3]
+                if not field:
+                    heapq.heappush(cursor.parked, (int(visit), member, cap))
+                    continue
+                host = host_of_part(member.partition(b"|")[0].decode())
+                page = page_key_of(cursor.scope, host, field.decode())
+                heapq.heappush(cursor.waiting, (int(visit), page.url, page.variant))
+        raise self._fail(f"reading the due pages of {cursor.scope!r} did not finish")
+
+    async def _next_buckets(self, cursor: _DueCursor, until: int) -> None:
+        """Keep a chunk of the index's unread buckets at hand (by bound)."""
+        if cursor.index_done or len(cursor.unread) >= _DUE_BUCKETS:
+            return
+        self.roundtrips += 1
+        try:
+            pairs: Any = await self._async.zrange(
+                self._key("dueb", cursor.scope), cursor.low, until, byscore=True,
+                offset=cursor.ties, num=_DUE_BUCKETS, withscores=True)
+        except redis.RedisError as exc:
+            raise self._fail("read failed", exc) from exc
+        for member, score in pairs:
+            if member not in cursor.seen:
+                cursor.seen.add(member)
+                heapq.heappush(cursor.unread, (float(score), member))
+        if pairs:
+            last = float(pairs[-1][1])
+            at_last = sum(1 for _, score in pairs if float(score) == last)
+            same = cursor.low != "-inf" and float(cursor.low) == last
+            cursor.ties = cursor.ties + at_last if same else at_last
+            cursor.low = repr(last)
+        cursor.index_done = len(pairs) < _DUE_BUCKETS
 
     async def summarize_pages(self, scope: str, *, after: float, upto: float,
                               checked_before: float,
@@ -1431,6 +1542,7 @@ class RedisStateStore(StateStore):
     async def _flush(self) -> int:
         if not self._ops:
             return 0
+        self._flushes += 1
         ops, scopes, unsure = self._ops, self._scopes, self._unsure
         self._flushing_pages, self._flushing_fps = self._pages, self._item_fps
         self._flushing_links = self._links
@@ -1485,7 +1597,7 @@ class RedisStateStore(StateStore):
         """
         keys = [self._token_key(token), f"{self.prefix}:scopes",
                 *(self._token_key(t) for t in self._spent_tokens)]
-        args: list[Any] = [self.prefix, len(scopes), *sorted(scopes)]
+        args: list[Any] = [self.prefix, self._listpack_value, len(scopes), *sorted(scopes)]
         for op in ops:
             args.extend(op)
         self.roundtrips += 1
@@ -1808,10 +1920,13 @@ class RedisStateStore(StateStore):
             chunk = buckets[start:start + _SCAN_COUNT // 10]
             pipe = self._sync.pipeline(transaction=False)
             for host, b in chunk:
-                pipe.hgetall(self._bucket_key(scope, host, b))
-            for (host, _), pages in zip(chunk, self._sync_run(pipe), strict=True):
-                for field, raw in pages.items():
-                    yield host, field, raw
+                for key in self._bucket_keys(scope, host, b):
+                    pipe.hgetall(key)
+            replies = self._sync_run(pipe)
+            for n, (host, _) in enumerate(chunk):
+                for pages in replies[2 * n:2 * n + 2]:
+                    for field, raw in pages.items():
+                        yield host, field, raw
 
     def iter_pages(self, scope: str) -> Iterator[PageState]:
         for host, field, raw in self._iter_bucket_pages(scope, self._buckets(scope)):
@@ -1833,8 +1948,9 @@ class RedisStateStore(StateStore):
         [n] = self._sync_run(pipe)
         bucket = bucket_of(part, int(n or 1))
         pipe = self._sync.pipeline(transaction=False)
-        pipe.hkeys(self._bucket_key(scope, host, bucket))
-        [stored] = self._sync_run(pipe)
+        for key in self._bucket_keys(scope, host, bucket):
+            pipe.hkeys(key)
+        stored = [field for fields_ in self._sync_run(pipe) for field in fields_]
         variants = sorted(f.decode() for f in stored if f.startswith(part.encode() + b"\0"))
         plain = [part] if part.encode() in stored else []
         return host, bucket, plain + variants
@@ -1854,20 +1970,22 @@ class RedisStateStore(StateStore):
         items = self._items_by_page(scope, {url}, live=True)
         pipe = self._sync.pipeline(transaction=False)
         for field in page_fields:
-            pipe.hget(self._bucket_key(scope, host, bucket), field)
+            for key in self._bucket_keys(scope, host, bucket):
+                pipe.hget(key, field)
             pipe.hget(self._host_key("ln", scope, host), field)
         for key in items:
             pipe.hget(self._key("itemver", scope), key)
         replies = self._sync_run(pipe)
         pages, links = [], {}
         for n, field in enumerate(page_fields):
-            raw, record = replies[2 * n], replies[2 * n + 1]
+            small, large, record = replies[3 * n:3 * n + 3]
+            raw = small if small is not None else large
             page_key = page_key_of(scope, host, field)
             if raw is not None:
                 pages.append(self._page(page_key, raw))
             if record is not None:
                 links[page_key.variant] = record.decode()
-        versions = replies[2 * len(page_fields):]
+        versions = replies[3 * len(page_fields):]
         pipe = self._sync.pipeline(transaction=False)
         for key, version in zip(items, versions, strict=True):
             pipe.hget(self._hist_key(scope, key), version or b"0")
@@ -1924,12 +2042,13 @@ class RedisStateStore(StateStore):
         def delete_pages(pipe: Any) -> list[str | None]:
             if not page_fields:
                 return []
-            pipe.hdel(self._bucket_key(scope, host, bucket), *page_fields)
+            for key in self._bucket_keys(scope, host, bucket):
+                pipe.hdel(key, *page_fields)
             pipe.hincrby(self._host_key("hd", scope, host), "p", -len(page_fields))
             pipe.hdel(self._host_key("ln", scope, host), *page_fields)
             # The bucket's bound in the revisit index may now be low: a
             # lower bound still (the next summary sets it right).
-            return ["pages", None, "links"]
+            return ["pages", "pages", None, "links"]
 
         return self._forget(scope, {url}, delete_pages)
 
@@ -1941,13 +2060,13 @@ class RedisStateStore(StateStore):
 
         def delete_pages(pipe: Any) -> list[str | None]:
             kinds: list[str | None] = []
-            for _, b in buckets:
-                pipe.hlen(self._bucket_key(scope, host, b))
+            doomed = [key for _, b in buckets for key in self._bucket_keys(scope, host, b)]
+            for key in doomed:
+                pipe.hlen(key)
                 kinds.append("pages")
             pipe.hlen(self._host_key("ln", scope, host))
             kinds.append("links")
-            pipe.delete(*(self._bucket_key(scope, host, b) for _, b in buckets),
-                        *(self._host_key(kind, scope, host) for kind in _HOST_KINDS))
+            pipe.delete(*doomed, *(self._host_key(kind, scope, host) for kind in _HOST_KINDS))
             pipe.srem(self._key("hs", scope), host_part(host))
             pipe.zrem(self._key("dueb", scope), *(f"{host_part(host)}|{b}" for _, b in buckets))
             return [*kinds, None, None, None]
@@ -1962,8 +2081,8 @@ class RedisStateStore(StateStore):
         scope may be named after its host)."""
         kinds = [self._key(kind, scope) for kind in _SCOPE_KINDS]
         counts = self._bucket_counts(scope, self._scope_hosts(scope))
-        buckets = [self._bucket_key(scope, host, b) for host, n in counts.items()
-                   for b in range(n)]
+        buckets = [key for host, n in counts.items() for b in range(n)
+                   for key in self._bucket_keys(scope, host, b)]
         links = [self._host_key("ln", scope, host) for host in counts]
         kinds += [self._host_key("hd", scope, host) for host in counts]
         hist = self._scan_keys(f"{_glob(self.prefix)}:hist:{_glob(_key_part(scope))}:*")

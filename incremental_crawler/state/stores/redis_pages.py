@@ -1,11 +1,14 @@
 """Where the Redis store keeps page states: per host, in small buckets.
 
 A scope's pages are grouped by host (:func:`host_of`), and a host's pages
-are spread over *buckets*, small hashes of about :data:`BUCKET_LOAD` pages
-each, by a hash of the URL. Small, so that Redis keeps each one as a flat
-listpack (up to ``hash-max-listpack-entries``, 128 by default, entries of up
-to ``hash-max-listpack-value``, 64 bytes): a few bytes of overhead a page
-where a hash table spends ~80. A host's bucket count grows by *linear
+are spread over *buckets* of about :data:`BUCKET_LOAD` pages each, by a
+hash of the URL. Small, so that Redis keeps each one as a flat listpack (up
+to ``hash-max-listpack-entries``, 128 by default, entries of up to
+``hash-max-listpack-value``, 64 bytes): a few bytes of overhead a page where
+a hash table spends ~80. One entry longer than that would turn its whole
+bucket into a hash table for good, so a bucket is two hashes: ``pg`` for
+the pages whose field and record both fit, ``pgl`` (rarely there) for the
+others (a long URL, a long recipe). A host's bucket count grows by *linear
 hashing*: when its pages exceed ``BUCKET_LOAD`` times its buckets, the next
 bucket in turn splits in two (about half its pages move to a new one), so a
 host grows one small step at a time and never rehashes all at once.
@@ -44,7 +47,8 @@ from incremental_crawler.state.stores.base import host_of
 from incremental_crawler.state.stores.packed import LUA_CODEC
 
 __all__ = [
-    "BUCKET_LOAD", "DUE_READ_LUA", "LUA_BUCKETS", "READ_PAGES_LUA", "SUMMARY_LUA",
+    "BUCKET_LOAD", "DUE_READ_LUA", "LUA_BUCKETS", "LUA_BUCKET_PAGES", "READ_PAGES_LUA",
+    "SUMMARY_LUA",
     "bucket_of", "host_part", "page_field", "page_key_of", "url_of",
 ]
 
@@ -153,6 +157,17 @@ local function bucket_count(dir)
 end
 """
 
+#: ``bucket_pages(prefix, tag, b)``: every field and record of a bucket,
+#: flat (both of its hashes).
+LUA_BUCKET_PAGES = """
+local function bucket_pages(prefix, tag, b)
+  local flat = redis.call('HGETALL', prefix .. ':pg:' .. tag .. ':' .. b)
+  local large = redis.call('HGETALL', prefix .. ':pgl:' .. tag .. ':' .. b)
+  for k = 1, #large do flat[#flat + 1] = large[k] end
+  return flat
+end
+"""
+
 # Reads pages where they are now. ARGV: the key prefix, then per page its
 # scope part, host part and field. Returns per page its record (nil: none).
 READ_PAGES_LUA = LUA_BUCKETS + """
@@ -166,33 +181,51 @@ for j = 2, #ARGV, 3 do
     n = bucket_count(prefix .. ':hd:' .. tag)
     counts[tag] = n
   end
-  out[#out + 1] = redis.call('HGET', prefix .. ':pg:' .. tag .. ':' .. bucket_of(n, ARGV[j + 2]),
-                             ARGV[j + 2])
+  local b = bucket_of(n, ARGV[j + 2])
+  local raw = redis.call('HGET', prefix .. ':pg:' .. tag .. ':' .. b, ARGV[j + 2])
+  if not raw then raw = redis.call('HGET', prefix .. ':pgl:' .. tag .. ':' .. b, ARGV[j + 2]) end
+  out[#out + 1] = raw
 end
 return out
 """
 
-# The due pages of some buckets. ARGV: the key prefix, the scope part, the
-# time (pages due at or before it), then bucket members ("host|n"). Returns
-# per due page its bucket member, field, next visit and record.
-DUE_READ_LUA = LUA_CODEC + """
-local prefix, scope, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local out = {}
-for j = 4, #ARGV do
-  local member = ARGV[j]
+# The due pages of some buckets, in a range of next visits. ARGV: the key
+# prefix, the scope part, the time (pages due at or before it), the cap,
+# then per bucket its member ("host|n") and the next visit its pages were
+# read up to before (those at or before it are left out). Returns per page
+# due after that and not after the cap its bucket member, field and next
+# visit; then per bucket with pages due after the cap its member, "" and
+# the earliest of their next visits (where to go on from). No record is
+# returned: the reader reads those of the pages it keeps.
+DUE_READ_LUA = LUA_CODEC + LUA_BUCKET_PAGES + """
+local prefix, scope = ARGV[1], ARGV[2]
+local now, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
+local out, rest = {}, {}
+for j = 5, #ARGV, 2 do
+  local member, after = ARGV[j], tonumber(ARGV[j + 1])
   local cut = string.find(member, '|', 1, true)
   local tag = '{' .. scope .. '|' .. string.sub(member, 1, cut - 1) .. '}'
-  local flat = redis.call('HGETALL', prefix .. ':pg:' .. tag .. ':' .. string.sub(member, cut + 1))
+  local flat = bucket_pages(prefix, tag, string.sub(member, cut + 1))
+  local above = false
   for k = 1, #flat, 2 do
-    local ok, due = pcall(due_of, flat[k + 1])
-    if ok and due and due <= now then
-      out[#out + 1] = member
-      out[#out + 1] = flat[k]
-      out[#out + 1] = string.format('%d', due)
-      out[#out + 1] = flat[k + 1]
+    local due = due_of(flat[k + 1])
+    if due and due <= now and due > after then
+      if due <= cap then
+        out[#out + 1] = member
+        out[#out + 1] = flat[k]
+        out[#out + 1] = string.format('%d', due)
+      elseif not above or due < above then
+        above = due
+      end
     end
   end
+  if above then
+    rest[#rest + 1] = member
+    rest[#rest + 1] = ''
+    rest[#rest + 1] = string.format('%d', above)
+  end
 end
+for k = 1, #rest do out[#out + 1] = rest[k] end
 return out
 """
 
@@ -202,7 +235,7 @@ return out
 # after, upto, checked_before, the number of callbacks left out, those
 # callbacks, then bucket members. Returns pages, size, earliest next visit
 # (false: none).
-SUMMARY_LUA = LUA_CODEC + """
+SUMMARY_LUA = LUA_CODEC + LUA_BUCKET_PAGES + """
 local prefix, scope = ARGV[1], ARGV[2]
 local after, upto, checked_before = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local excluded = {}
@@ -214,21 +247,17 @@ for j = 7 + skip, #ARGV do
   local member = ARGV[j]
   local cut = string.find(member, '|', 1, true)
   local tag = '{' .. scope .. '|' .. string.sub(member, 1, cut - 1) .. '}'
-  local flat = redis.call('HGETALL', prefix .. ':pg:' .. tag .. ':' .. string.sub(member, cut + 1))
+  local flat = bucket_pages(prefix, tag, string.sub(member, cut + 1))
   local least = false
   for k = 2, #flat, 2 do
-    local ok, page = pcall(unpack_page, flat[k])
-    if ok then
-      local callback = page_callback(page)
-      if callback then
-        local visit = page.next_visit or 0
-        if not least or visit < least then least = visit end
-        if not excluded[callback] and visit > after and visit <= upto
-            and (page.last_checked or 0) < checked_before then
-          pages = pages + 1
-          size = size + (page.size or 0)
-          if not first or visit < first then first = visit end
-        end
+    local callback, checked, visit, bytes = page_summary(flat[k])
+    if callback then
+      if not least or visit < least then least = visit end
+      if not excluded[callback] and visit > after and visit <= upto
+          and checked < checked_before then
+        pages = pages + 1
+        size = size + bytes
+        if not first or visit < first then first = visit end
       end
     end
   end

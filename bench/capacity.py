@@ -1,0 +1,553 @@
+"""Capacity of the state stores: bytes, round trips and rates per page, up to millions.
+
+What it measures
+    Three stores side by side, each filled through its own staging API as a
+    crawl fills it (``stage_item`` then ``stage_page`` per page, ``flush``
+    every 500 writes, INCREMENTAL_BATCH_SIZE's default):
+
+    - ``sqlite``: ``SQLiteStateStore``, a file in a temporary directory;
+    - ``redis-2`` (baseline): the Redis store of layout 2 (one hash of JSON
+      records per scope, a sorted set of pages as the revisit index), the
+      code of the commit before layout 3, read from git (``--baseline-ref``);
+    - ``redis-3`` (ours): this tree's Redis store (packed records in small
+      buckets per host, a revisit index of buckets).
+
+    Each Redis store gets a throwaway ``redis-server`` of its own on
+    127.0.0.1 (a free port, AOF on with ``appendfsync everysec``, no RDB,
+    stopped at the end), never a shared one.
+
+    Pages are what a sitemap crawl stores with revisits on (``--shape
+    crawl``: callback, next visit, interval, lastmod, validators of the
+    usual forms, a 16-hex fingerprint) on ``--hosts`` (10) hosts, URLs of
+    70-90 characters with ``--long-share`` (2%) longer than 100;
+    ``--shape filler`` is bench/redis_store.py's page (no callback, short
+    URL) for comparison with figures measured with it.
+
+    1. State alone: filled to ``--pages`` (10,000, 100,000 and 1,000,000;
+       ``--big`` adds 3,000,000). At each size: bytes per page (Redis: growth
+       of ``used_memory`` since the empty store, every key included;
+       SQLite: the file plus its -wal after a checkpoint), write rate
+       (pages/s of the fill up to there), lookups/s (``get_pages`` of 1,000
+       random stored pages, 20 times, and 2,000 single ``get_page``),
+       round-trips per page (the store's count), Redis commands per page
+       (every command the server ran, those inside scripts included, from
+       ``INFO commandstats``), server CPU per page (``INFO cpu`` of the
+       redis-server), AOF bytes per page, SQLite statements per page and
+       commits per flush, and the slowest flush (for Redis, how long one
+       flush script blocks the server). For Redis at the largest size: a
+       revisit read (``get_due`` of 1,000) and a summary of every page
+       (``summarize_pages``, what each crawl's re-seed runs twice).
+    2. With items and history: ``--items-pages`` (10,000 and 100,000)
+       pages, each with an item keyed by its URL (~600 bytes of JSON)
+       stored in 3 versions (new, changed, changed) under
+       INCREMENTAL_ITEM_HISTORY=10, then the page: the same figures.
+    3. A capacity table: the figures above taken to a node's memory, a
+       server's CPU, an AOF's disk and a single SQLite writer.
+
+How to read it
+    Ratios are ours / baseline (redis-3 / redis-2). The target: Redis bytes
+    per page, state alone, at most half the baseline's (and at most 210 B,
+    half of the 419 B bench/redis_store.py measured for layout 2). Rates
+    vary by 10-30% between runs on a shared machine; bytes, round-trips and
+    command counts do not. The capacity table extrapolates linearly from
+    the largest size measured: per-page memory is flat past ~100,000 pages
+    (the buckets are full), and Redis runs every command on one thread.
+    About 6 minutes at the defaults on a 2-core machine (``--pages 10000
+    100000`` ~1 minute).
+
+    python bench/capacity.py [--pages 10000 100000 1000000] [--big] [--items-pages ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import random
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import ensure_importable, print_table, ratio, verdict
+
+ensure_importable()
+
+import redis
+
+from incremental_crawler.state.records import Change, ItemRecord, PageKey, PageState
+from incremental_crawler.state.stores.redis import RedisStateStore
+from incremental_crawler.state.stores.sqlite import SQLiteStateStore
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from incremental_crawler.state.stores.base import StateStore
+
+REPO = Path(__file__).resolve().parent.parent
+SCOPE = "sitemap"
+#: Writes per flush: INCREMENTAL_BATCH_SIZE's default (a crawl flushes so).
+BATCH = 500
+NOW = 1_760_000_000
+#: Versions of each item in the items-and-history fill.
+VERSIONS = 3
+#: The target: at most half the baseline's bytes per page, and at most this.
+TARGET_BYTES = 210
+GB = 1 << 30
+
+
+# -- what is stored -------------------------------------------------------------
+
+
+def page_url(i: int, hosts: int, long_share: float, shape: str) -> str:
+    if shape == "filler":
+        return f"http://filler.invalid/p/{i}"
+    rng = random.Random(i)
+    host = f"www.shop-{i % hosts}.example.com"
+    slug = "-".join(rng.choice(("blue", "large", "cotton", "shirt", "classic", "modern",
+                                "garden", "chair", "steel", "lamp", "oak", "table"))
+                    for _ in range(rng.randrange(2, 5)))
+    path = f"/catalog/category-{i % 97}/{slug}-{i}.html"
+    if rng.random() < long_share:
+        path += f"?utm_source=newsletter&utm_medium=email&utm_campaign=spring-{i % 13}"
+    return f"https://{host}{path}"
+
+
+def page_state(i: int, args: argparse.Namespace) -> PageState:
+    key = PageKey(SCOPE, page_url(i, args.hosts, args.long_share, args.shape))
+    fp = f"{(i * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF:016x}"
+    if args.shape == "filler":
+        return PageState(key, etag=f'"{fp}"', last_modified="Sun, 06 Nov 1994 08:49:37 GMT",
+                         fingerprint=fp, size=30_000, last_status=200, first_seen=NOW,
+                         last_checked=NOW, last_fetched=NOW, last_changed=NOW, checks=1)
+    # ETags of the usual servers: nginx, Apache, weak, and an opaque one.
+    etag = (f'"{fp[:8]}-{fp[8:12]}"', f'"{fp[:2]}-{fp[2:15]}"', f'W/"{fp}"',
+            f'"v{i}-{fp[:6].upper()}"')[i % 4]
+    checked = NOW - i % 86_400
+    return PageState(
+        key, etag=etag, last_modified="Sun, 06 Nov 1994 08:49:37 GMT", fingerprint=fp,
+        size=20_000 + i % 50_000, last_status=200, first_seen=checked - 30 * 86_400,
+        last_checked=checked, last_fetched=checked, last_changed=checked - 3 * 86_400,
+        checks=1 + i % 20, changes=i % 3, flags=8, lastmod=checked - 3 * 86_400,
+        interval=86_400 * (1 + i % 7), next_visit=checked + 86_400 * (1 + i % 7),
+        callback="parse")
+
+
+def item_record(state: PageState, version: int) -> ItemRecord:
+    url = state.key.url
+    text = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod "
+            "tempor incididunt ut labore et dolore magna aliqua. ") * 4
+    data = (f'{{"url":"{url}","title":"Product {version} of {len(url)}",'
+            f'"price":"{19 + version}.99","text":"{text}"}}')
+    return ItemRecord(SCOPE, url, url, f"{hash((url, version)) & (2**64 - 1):016x}",
+                      data=data, stored_at=state.last_checked + version,
+                      change=Change.NEW if version == 1 else Change.CHANGED)
+
+
+# -- stores and servers ---------------------------------------------------------------
+
+
+class PrivateRedis:
+    """A throwaway redis-server on a free loopback port, AOF every second."""
+
+    def __init__(self, workdir: Path) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.dir = workdir
+        self.proc = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
+             "--appendonly", "yes", "--appendfsync", "everysec",
+             "--auto-aof-rewrite-percentage", "0", "--dir", str(workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.client = redis.Redis(host="127.0.0.1", port=self.port)
+        for _ in range(400):  # 20 s at most
+            with contextlib.suppress(redis.ConnectionError):
+                if self.client.ping():
+                    break
+            time.sleep(0.05)
+        else:
+            self.stop()
+            raise RuntimeError("redis-server did not start")
+        self.uri = f"redis://127.0.0.1:{self.port}/0"
+
+    def used_memory(self) -> int:
+        memory = self.client.info("memory")
+        # The AOF buffer is written out every event loop: not the data's.
+        return int(memory["used_memory"]) - int(memory.get("mem_aof_buffer", 0))
+
+    def cpu(self) -> float:
+        info = self.client.info("cpu")
+        return float(info["used_cpu_user_main_thread"]) + float(info["used_cpu_sys_main_thread"])
+
+    def commands(self) -> int:
+        return sum(v["calls"] for v in self.client.info("commandstats").values())
+
+    def aof_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.dir.rglob("*.aof"))
+
+    def encodings(self) -> Counter[str]:
+        found: Counter[str] = Counter()
+        for key in self.client.scan_iter(count=10_000):
+            kind = key.split(b":")[1].decode()
+            found[f"{kind}:{self.client.object('encoding', key).decode()}"] += 1
+        return found
+
+    def keys(self) -> int:
+        return int(self.client.dbsize())
+
+    def stop(self) -> None:
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+
+
+def baseline_class(ref: str | None, workdir: Path) -> tuple[type | None, str]:
+    """Layout 2's RedisStateStore from git: *ref*, else the parent of the
+    commit that brought layout 3. ``(None, why)`` when git cannot say."""
+    path = "incremental_crawler/state/stores/redis.py"
+
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", *argv], cwd=REPO, check=True, capture_output=True,
+                              text=True, timeout=60).stdout
+
+    try:
+        if ref is None:
+            found = git("log", "--format=%H", "-S", "LAYOUT_VERSION = 3", "--", path).split()
+            if not found:
+                return None, "no commit brings layout 3 in this history"
+            ref = found[-1] + "^"
+        source = git("show", f"{ref}:{path}")
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"git could not read it ({exc})"
+    if "LAYOUT_VERSION = 2" not in source:
+        return None, f"{ref} does not hold layout 2"
+    module_path = workdir / "redis_layout2.py"
+    module_path.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("redis_layout2", module_path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.RedisStateStore, ref
+
+
+@dataclass
+class Point:
+    """The figures of one store at one size."""
+
+    pages: int
+    bytes: int
+    fill_s: float
+    roundtrips: int
+    batched_per_s: float
+    single_per_s: float
+    slowest_flush: float
+    commands: int = 0
+    server_cpu: float = 0.0
+    aof: int = 0
+    statements: int = 0
+    commits: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+async def fill(store: StateStore, sizes: list[int], args: argparse.Namespace, *,
+               items: bool, measure: Callable[[], dict[str, Any]],
+               label: str) -> list[Point]:
+    """Fill *store* to each of *sizes* in turn, measuring at each."""
+    points: list[Point] = []
+    done = 0
+    writes = 0
+    fill_s = 0.0
+    slowest = 0.0
+    rng = random.Random(7)
+    for size in sizes:
+        print(f"... {label}: {done:,} -> {size:,} pages", file=sys.stderr)
+        started = time.perf_counter()
+        for i in range(done, size):
+            state = page_state(i, args)
+            if items:
+                for version in range(1, VERSIONS + 1):
+                    store.stage_item(item_record(state, version))
+                writes += VERSIONS
+            store.stage_page(state)
+            writes += 1
+            if writes >= BATCH:
+                at = time.perf_counter()
+                await store.flush()
+                slowest = max(slowest, time.perf_counter() - at)
+                writes = 0
+        at = time.perf_counter()
+        await store.flush()
+        slowest = max(slowest, time.perf_counter() - at)
+        writes = 0
+        fill_s += time.perf_counter() - started
+        done = size
+        figures = measure()
+        trips = store.roundtrips
+        wanted = [page_state(rng.randrange(size), args).key for _ in range(20_000)]
+        at = time.perf_counter()
+        hits = 0
+        for start in range(0, len(wanted), 1_000):
+            hits += len(await store.get_pages(wanted[start:start + 1_000]))
+        batched = len(wanted) / (time.perf_counter() - at)
+        at = time.perf_counter()
+        for key in wanted[:2_000]:
+            hits += await store.get_page(key) is not None
+        single = 2_000 / (time.perf_counter() - at)
+        if hits < 20_000 * 0.6 + 2_000:
+            raise SystemExit(f"{label}: lookups found only {hits} pages")
+        points.append(Point(size, figures.pop("bytes"), fill_s, figures.pop("roundtrips", trips),
+                            batched, single, slowest, **figures))
+    return points
+
+
+async def fill_redis(store_cls: type, server: PrivateRedis, sizes: list[int],
+                     args: argparse.Namespace, *, items: bool, label: str) -> list[Point]:
+    base_memory = server.used_memory()
+    server.client.config_resetstat()
+    base_cpu, base_aof = server.cpu(), server.aof_bytes()
+    store = store_cls(server.uri, prefix="cap", history_limit=10)
+
+    def measure() -> dict[str, Any]:
+        time.sleep(1.2)  # the AOF is written out every second
+        return {"bytes": server.used_memory() - base_memory, "roundtrips": store.roundtrips,
+                "commands": server.commands(), "server_cpu": server.cpu() - base_cpu,
+                "aof": server.aof_bytes() - base_aof}
+
+    try:
+        points = await fill(store, sizes, args, items=items, measure=measure, label=label)
+        last = points[-1]
+        last.extra["keys"] = server.keys()
+        last.extra["encodings"] = server.encodings()
+        if not items:
+            at = time.perf_counter()
+            due = await store.get_due(SCOPE, float("inf"), 1_000)
+            last.extra["get_due_s"] = time.perf_counter() - at
+            cpu = server.cpu()
+            at = time.perf_counter()
+            summary = await store.summarize_pages(SCOPE, after=float("-inf"), upto=float("inf"),
+                                                  checked_before=float("inf"))
+            last.extra["summary_s"] = time.perf_counter() - at
+            last.extra["summary_cpu"] = server.cpu() - cpu
+            if len(due) != min(1_000, last.pages) or summary.pages != last.pages:
+                raise SystemExit(f"{label}: {len(due)} due pages read, {summary.pages} "
+                                 f"summed, of {last.pages}")
+    finally:
+        await store.close()
+    return points
+
+
+async def fill_sqlite(path: Path, sizes: list[int], args: argparse.Namespace, *,
+                      items: bool) -> list[Point]:
+    store = SQLiteStateStore(path, history_limit=10)
+    counts = Counter[str]()
+
+    def trace(statement: str) -> None:
+        counts["commits" if statement.startswith("COMMIT") else "statements"] += 1
+
+    # Its own connection: every statement it runs is counted.
+    store._db.set_trace_callback(trace)
+
+    def measure() -> dict[str, Any]:
+        db = sqlite3.connect(path)
+        try:
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            db.close()
+        wal = Path(f"{path}-wal")
+        size = path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+        return {"bytes": size, "statements": counts["statements"] - counts["commits"],
+                "commits": counts["commits"]}
+
+    try:
+        return await fill(store, sizes, args, items=items, measure=measure, label="sqlite")
+    finally:
+        await store.close()
+
+
+# -- the run --------------------------------------------------------------------------
+
+
+def run_variant(args: argparse.Namespace, sizes: list[int], *, items: bool,
+                baseline: type | None, work: Path) -> dict[str, list[Point]]:
+    results: dict[str, list[Point]] = {}
+    tag = "items" if items else "state"
+    results["sqlite"] = asyncio.run(fill_sqlite(work / f"{tag}.db", sizes, args, items=items))
+    stores: list[tuple[str, type]] = [("redis-3", RedisStateStore)]
+    if baseline is not None:
+        stores.insert(0, ("redis-2", baseline))
+    for name, cls in stores:
+        server_dir = work / f"{tag}-{name}"
+        server_dir.mkdir()
+        server = PrivateRedis(server_dir)
+        try:
+            results[name] = asyncio.run(
+                fill_redis(cls, server, sizes, args, items=items, label=name))
+        finally:
+            server.stop()
+            shutil.rmtree(server_dir, ignore_errors=True)
+    return results
+
+
+def per_page(value: float, pages: int, digits: int = 0) -> str:
+    return f"{value / pages:,.{digits}f}"
+
+
+def print_points(title: str, results: dict[str, list[Point]], *, items: bool) -> None:
+    print(title)
+    rows = []
+    for name, points in results.items():
+        for p in points:
+            writes = p.pages * (VERSIONS + 1 if items else 1)
+            row = [name, f"{p.pages:,}", per_page(p.bytes, p.pages),
+                   f"{p.pages / p.fill_s:,.0f}", f"{p.batched_per_s:,.0f}",
+                   f"{p.single_per_s:,.0f}", per_page(p.roundtrips, p.pages, 3),
+                   f"{p.slowest_flush * 1000:.0f}"]
+            if name == "sqlite":
+                flushes = max(1, -(-writes // BATCH))
+                row += [per_page(p.statements, p.pages, 1),
+                        f"{p.commits / flushes:.1f}/flush", "", ""]
+            else:
+                row += [per_page(p.commands, p.pages, 1), "",
+                        f"{p.server_cpu / p.pages * 1e6:.0f}", per_page(p.aof, p.pages)]
+            rows.append(row)
+    if "redis-2" in results:
+        for old, new in zip(results["redis-2"], results["redis-3"], strict=True):
+            rows.append(["redis-3/redis-2", f"{new.pages:,}", ratio(new.bytes, old.bytes),
+                         ratio(new.pages / new.fill_s, old.pages / old.fill_s),
+                         ratio(new.batched_per_s, old.batched_per_s),
+                         ratio(new.single_per_s, old.single_per_s),
+                         ratio(new.roundtrips, old.roundtrips), "",
+                         ratio(new.commands, old.commands), "",
+                         ratio(new.server_cpu, old.server_cpu), ratio(new.aof, old.aof)])
+    print_table(["store", "pages", "B/page", "write pages/s", "get_pages/s", "get_page/s",
+                 "round-trips/page", "slowest flush ms", "commands|statements/page",
+                 "commits", "server µs/page", "AOF B/page"], rows)
+
+
+def capacity_table(state: dict[str, list[Point]], args: argparse.Namespace) -> None:
+    ours, lite = state["redis-3"][-1], state["sqlite"][-1]
+    old = state.get("redis-2", [None])[-1]
+    n = ours.pages
+    print(f"Capacity, extrapolated from {n:,} pages (state alone, shape {args.shape}):")
+    rows = []
+    for name, point in (("redis-2", old), ("redis-3", ours)):
+        if point is None:
+            continue
+        bpp = point.bytes / point.pages
+        cpu = point.server_cpu / point.pages
+        aof = point.aof / point.pages
+        rows += [
+            [name, "memory: pages in 16 GB / 64 GB of used_memory",
+             f"{16 * GB / bpp / 1e6:,.0f}M / {64 * GB / bpp / 1e6:,.0f}M",
+             ("keep used_memory under ~50-75% of RAM: a fork (BGSAVE, AOF rewrite) "
+              "copies pages written meanwhile")],
+            [name, "writes: pages/s one server thread takes (server CPU a page write)",
+             f"{1 / cpu:,.0f} ({cpu * 1e6:.0f} µs)", "the fill's whole server CPU per page"],
+            [name, "AOF: bytes a page write; MB/s at that rate",
+             f"{aof:,.0f}; {aof / cpu / 1e6:,.1f}", "appendfsync everysec: one fsync a second"],
+            [name, "slowest flush script (500 writes)", f"{point.slowest_flush * 1000:.0f} ms",
+             "the server runs nothing else meanwhile"],
+        ]
+        if "keys" in point.extra:
+            keys = point.extra["keys"]
+            rows.append([name, "keys a page; keys at 100M pages",
+                         f"{keys / point.pages:.3f}; {keys / point.pages * 1e8:,.0f}", ""])
+        if "summary_cpu" in point.extra:
+            scan = point.extra["summary_cpu"] / point.pages
+            rows.append([name, "re-seed summary: server CPU a page; at 100M pages",
+                         f"{scan * 1e6:.1f} µs; {scan * 1e8:,.0f} s",
+                         "run twice per crawl start (in chunks: other clients go between)"])
+    bpp = lite.bytes / lite.pages
+    rows += [
+        ["sqlite", "file: bytes a page; GB at 100M pages", f"{bpp:,.0f}; {bpp * 1e8 / GB:,.1f}",
+         "the disk, not memory: pages are read on demand"],
+        ["sqlite", "writes: pages/s of one writer (the fill)", f"{lite.pages / lite.fill_s:,.0f}",
+         "one process writes at a time (the file's lock); a commit per flush"],
+        ["sqlite", "lookups/s at the largest size (batched; single)",
+         f"{lite.batched_per_s:,.0f}; {lite.single_per_s:,.0f}",
+         "B-tree depth grows as log(pages)"],
+    ]
+    print_table(["store", "limit", "figure", "note"], rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pages", type=int, nargs="+", default=[10_000, 100_000, 1_000_000],
+                   help="sizes measured, state alone (10000 100000 1000000)")
+    p.add_argument("--big", action="store_true", help="add 3,000,000 pages (~10 minutes more)")
+    p.add_argument("--items-pages", type=int, nargs="*", default=[10_000, 100_000],
+                   help="sizes measured with items and history (10000 100000; none: skip)")
+    p.add_argument("--hosts", type=int, default=10, help="hosts the pages are on (10)")
+    p.add_argument("--long-share", type=float, default=0.02,
+                   help="share of URLs longer than 100 characters (0.02)")
+    p.add_argument("--shape", choices=("crawl", "filler"), default="crawl",
+                   help="pages as a sitemap crawl stores them, or redis_store.py's filler")
+    p.add_argument("--baseline-ref", help="git commit of the layout-2 store (found by default)")
+    args = p.parse_args(argv)
+    sizes = sorted(set(args.pages + ([3_000_000] if args.big else [])))
+    if shutil.which("redis-server") is None:
+        raise SystemExit("redis-server is not on PATH")
+
+    with tempfile.TemporaryDirectory(prefix="bench-capacity-") as tmp:
+        work = Path(tmp)
+        baseline, why = baseline_class(args.baseline_ref, work)
+        if baseline is None:
+            print(f"baseline (layout 2) unavailable: {why}; measuring ours only")
+        else:
+            print(f"baseline: layout 2 from git {why}")
+        state = run_variant(args, sizes, items=False, baseline=baseline, work=work)
+        items = (run_variant(args, sorted(args.items_pages), items=True, baseline=baseline,
+                             work=work) if args.items_pages else None)
+
+    print(f"capacity: pages of shape {args.shape!r} on {args.hosts} hosts, flush every "
+          f"{BATCH} writes, redis-server 127.0.0.1 (AOF everysec), ratios redis-3/redis-2")
+    print_points("State alone:", state, items=False)
+    enc = state["redis-3"][-1].extra.get("encodings", {})
+    print("redis-3 key encodings at the largest size: "
+          + ", ".join(f"{k} {v:,}" for k, v in sorted(enc.items())))
+    for name in ("redis-2", "redis-3"):
+        point = state.get(name, [None])[-1]
+        if point is not None and "summary_s" in point.extra:
+            print(f"{name} at {point.pages:,} pages: get_due(1,000) "
+                  f"{point.extra['get_due_s'] * 1000:.0f} ms; summarize_pages "
+                  f"{point.extra['summary_s']:.1f} s (server CPU "
+                  f"{point.extra['summary_cpu']:.1f} s)")
+    print()
+    if items is not None:
+        print_points(f"With items and history ({VERSIONS} versions of an item a page, "
+                     "INCREMENTAL_ITEM_HISTORY=10):", items, items=True)
+        print()
+    capacity_table(state, args)
+    print()
+    ours = state["redis-3"][-1]
+    bpp = ours.bytes / ours.pages
+    if "redis-2" in state:
+        old = state["redis-2"][-1]
+        share = ours.bytes / old.bytes
+        print(f"Redis bytes per page, state alone, at {ours.pages:,} pages: {bpp:.0f} B vs "
+              f"{old.bytes / old.pages:.0f} B = {share:.3f}x (target <= 0.5x and <= "
+              f"{TARGET_BYTES} B: {verdict(share <= 0.5 and bpp <= TARGET_BYTES)})")
+    else:
+        print(f"Redis bytes per page, state alone, at {ours.pages:,} pages: {bpp:.0f} B "
+              f"(target <= {TARGET_BYTES} B: {verdict(bpp <= TARGET_BYTES)}; no baseline)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
