@@ -292,23 +292,48 @@ local ARITY = {host = 3, page = 5, check = 8, failure = 9, redirect = 7, item = 
 local OPS = {}
 -- Hosts met in this batch, by hash tag: their keys and bucket count.
 local HOSTS = {}
+-- The host of the write at each position (each write is looked at three
+-- times: growing, checking, applying).
+local HOST_AT = {}
 local function host_at(a, i)
+  local h = HOST_AT[i]
+  if h then return h end
   local tag = '{' .. a[i] .. '|' .. a[i + 1] .. '}'
-  local h = HOSTS[tag]
+  h = HOSTS[tag]
   if not h then
     h = {scope = a[i], part = a[i + 1], dir = PREFIX .. ':hd:' .. tag,
          links = PREFIX .. ':ln:' .. tag, pages = PREFIX .. ':pg:' .. tag .. ':',
          large = PREFIX .. ':pgl:' .. tag .. ':',
-         hosts = PREFIX .. ':hs:' .. a[i], due = PREFIX .. ':dueb:' .. a[i]}
+         hosts = PREFIX .. ':hs:' .. a[i], due = PREFIX .. ':dueb:' .. a[i], names = {}}
     HOSTS[tag] = h
   end
+  HOST_AT[i] = h
   return h
 end
--- The bucket of the page of a write (its bucket count read once per host).
+-- The bucket of the page of a write (its bucket count read once per host,
+-- each field's bucket computed once: the count does not change meanwhile).
 local function bucket_at(a, i)
   local h = host_at(a, i)
-  if not h.n then h.n = bucket_count(h.dir) end
-  return h, bucket_of(h.n, a[i + 2])
+  if not h.n then
+    h.n = bucket_count(h.dir)
+    h.buckets = {}
+  end
+  local field = a[i + 2]
+  local b = h.buckets[field]
+  if not b then
+    b = bucket_of(h.n, field)
+    h.buckets[field] = b
+  end
+  return h, b
+end
+-- A bucket's two hashes (pages, large ones), their names built once.
+local function bucket_keys(h, b)
+  local names = h.names[b]
+  if not names then
+    names = {h.pages .. b, h.large .. b}
+    h.names[b] = names
+  end
+  return names[1], names[2]
 end
 local function register(h)
   -- A host with a record is listed in its scope (reads, repairs, resets).
@@ -322,7 +347,7 @@ end
 local function store_page(h, b, field, record)
   -- Into the bucket's listpack if both fit, else its hash of large ones.
   register(h)
-  local into, other = h.pages .. b, h.large .. b
+  local into, other = bucket_keys(h, b)
   if #field > LISTPACK_VALUE or #record > LISTPACK_VALUE then into, other = other, into end
   local moved = redis.call('HDEL', other, field)
   if redis.call('HSET', into, field, record) == 1 and moved == 0 then
@@ -330,8 +355,9 @@ local function store_page(h, b, field, record)
   end
 end
 local function read_page(h, b, field)
-  local raw = redis.call('HGET', h.pages .. b, field)
-  if not raw then raw = redis.call('HGET', h.large .. b, field) end
+  local small, large = bucket_keys(h, b)
+  local raw = redis.call('HGET', small, field)
+  if not raw then raw = redis.call('HGET', large, field) end
   return raw
 end
 local function lower_due(h, b, visit)
@@ -518,11 +544,11 @@ local function keys_of(name, a, i)
   local h = host_at(a, i)
   if name == 'unlink' then return {{h.links, 'hash'}} end
   -- The bucket count is read from the host's record: its type first.
-  local kind = redis.call('TYPE', h.dir).ok
-  if kind ~= 'none' and kind ~= 'hash' then return {{h.dir, 'hash'}} end
+  if not h.dir_type then h.dir_type = redis.call('TYPE', h.dir).ok end
+  if h.dir_type ~= 'none' and h.dir_type ~= 'hash' then return {{h.dir, 'hash'}} end
   local _, b = bucket_at(a, i)
-  local out = {{h.dir, 'hash'}, {h.hosts, 'set'}, {h.pages .. b, 'hash'},
-               {h.large .. b, 'hash'}}
+  local small, large = bucket_keys(h, b)
+  local out = {{h.dir, 'hash'}, {h.hosts, 'set'}, {small, 'hash'}, {large, 'hash'}}
   if name == 'links' then out[#out + 1] = {h.links, 'hash'} end
   if name ~= 'links' and name ~= 'flags' then out[#out + 1] = {h.due, 'zset'} end
   return out
@@ -588,6 +614,7 @@ local function split(h)
     end
   end
   h.n = n + 1
+  h.buckets = {}
   redis.call('HSET', h.dir, 'n', h.n)
   redis.call('SADD', h.hosts, h.part)
   return true
@@ -606,6 +633,7 @@ local function grow(h, adding)
   local ok, n = pcall(bucket_count, h.dir)
   if not ok then return end
   h.n = n
+  h.buckets = {}
   local pages = (tonumber(redis.call('HGET', h.dir, 'p')) or 0) + adding
   for _ = 1, MAX_SPLITS do
     if pages <= h.n * BUCKET_LOAD or not split(h) then return end
