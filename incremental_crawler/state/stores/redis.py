@@ -854,6 +854,8 @@ class _DueCursor:
         #: Buckets read up to a cap, with pages due after it: a heap of (the
         #: earliest of those, member, the cap).
         self.parked: list[tuple[int, bytes, int]] = []
+        #: The cap of the reads for the due pages wanted: (how many, cap).
+        self.cap: tuple[int, int] | None = None
 
 
 class RedisStateStore(StateStore):
@@ -1325,10 +1327,14 @@ class RedisStateStore(StateStore):
                 return
             # Ahead of what is wanted: a reader paging through them asks for
             # more next, and a bucket read again costs more than a few
-            # pages sent now.
+            # pages sent now. Worked out once enough are waiting (a cap
+            # that could be lower costs a few pages more, not a read).
             ahead = _DUE_AHEAD * wanted
-            cap = (heapq.nsmallest(ahead, cursor.waiting)[-1][0]
-                   if len(cursor.waiting) >= ahead else until)
+            if cursor.cap is None or cursor.cap[0] != need:
+                cursor.cap = None
+                if len(cursor.waiting) >= ahead:
+                    cursor.cap = (need, heapq.nsmallest(ahead, cursor.waiting)[-1][0])
+            cap = until if cursor.cap is None else cursor.cap[1]
             chosen: list[tuple[bytes, int]] = []
             while len(chosen) < _DUE_BUCKETS:
                 unread = cursor.unread[0][0] if cursor.unread else math.inf
@@ -1343,14 +1349,14 @@ class RedisStateStore(StateStore):
             [found] = await self._read_scripts([(_DUE_READ_SHA, [
                 self.prefix, _key_part(cursor.scope), until, cap,
                 *(arg for pair in chosen for arg in pair)])])
-            for n in range(0, len(found), 3):
-                member, field, visit = found[n:n + 3]
-                if not field:
-                    heapq.heappush(cursor.parked, (int(visit), member, cap))
-                    continue
+            for bucket in found:
+                member, above, *pages = bucket.split(b"\xff")
+                if above:
+                    heapq.heappush(cursor.parked, (int(above), member, cap))
                 host = host_of_part(member.partition(b"|")[0].decode())
-                page = page_key_of(cursor.scope, host, field.decode())
-                heapq.heappush(cursor.waiting, (int(visit), page.url, page.variant))
+                for n in range(0, len(pages), 2):
+                    page = page_key_of(cursor.scope, host, pages[n + 1].decode())
+                    heapq.heappush(cursor.waiting, (int(pages[n]), page.url, page.variant))
         raise self._fail(f"reading the due pages of {cursor.scope!r} did not finish")
 
     async def _next_buckets(self, cursor: _DueCursor, until: int) -> None:

@@ -192,40 +192,37 @@ return out
 # The due pages of some buckets, in a range of next visits. ARGV: the key
 # prefix, the scope part, the time (pages due at or before it), the cap,
 # then per bucket its member ("host|n") and the next visit its pages were
-# read up to before (those at or before it are left out). Returns per page
-# due after that and not after the cap its bucket member, field and next
-# visit; then per bucket with pages due after the cap its member, "" and
-# the earliest of their next visits (where to go on from). No record is
-# returned: the reader reads those of the pages it keeps.
+# read up to before (those at or before it are left out). Returns per bucket
+# one string, its parts apart by a byte that UTF-8 never holds (0xFF): its
+# member, the earliest next visit of its pages due after the cap ('' if
+# none: where to go on from), then the next visit and field of each page
+# due after what was read before and not after the cap. No record is sent:
+# the reader reads those of the pages it keeps.
 DUE_READ_LUA = LUA_CODEC + LUA_BUCKET_PAGES + """
 local prefix, scope = ARGV[1], ARGV[2]
 local now, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
-local out, rest = {}, {}
+local out = {}
 for j = 5, #ARGV, 2 do
   local member, after = ARGV[j], tonumber(ARGV[j + 1])
   local cut = string.find(member, '|', 1, true)
   local tag = '{' .. scope .. '|' .. string.sub(member, 1, cut - 1) .. '}'
   local flat = bucket_pages(prefix, tag, string.sub(member, cut + 1))
   local above = false
+  local parts = {member, ''}
   for k = 1, #flat, 2 do
     local due = due_of(flat[k + 1])
     if due and due <= now and due > after then
       if due <= cap then
-        out[#out + 1] = member
-        out[#out + 1] = flat[k]
-        out[#out + 1] = string.format('%d', due)
+        parts[#parts + 1] = string.format('%d', due)
+        parts[#parts + 1] = flat[k]
       elseif not above or due < above then
         above = due
       end
     end
   end
-  if above then
-    rest[#rest + 1] = member
-    rest[#rest + 1] = ''
-    rest[#rest + 1] = string.format('%d', above)
-  end
+  if above then parts[2] = string.format('%d', above) end
+  out[#out + 1] = table.concat(parts, '\\255')
 end
-for k = 1, #rest do out[#out + 1] = rest[k] end
 return out
 """
 
