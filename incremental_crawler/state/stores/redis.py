@@ -857,6 +857,51 @@ class _DueCursor:
         #: The cap of the reads for the due pages wanted: (how many, cap).
         self.cap: tuple[int, int] | None = None
 
+    def settle(self, need: int) -> bool:
+        """Move the waiting pages now certainly in place to ``ready``;
+        whether *need* are ready (or nothing is left to read)."""
+        frontier = min(self.unread[0][0] if self.unread else math.inf,
+                       self.parked[0][0] if self.parked else math.inf)
+        while self.waiting and self.waiting[0][0] < frontier:
+            self.ready.append(heapq.heappop(self.waiting))
+        if frontier == math.inf:
+            self.ready += sorted(self.waiting)
+            self.waiting = []
+            return True
+        return self.base + len(self.ready) >= need
+
+    def cap_for(self, need: int, until: int) -> int:
+        """The next visits to read up to: the pages that can still be among
+        the *need* first, and ahead of them (a reader paging through asks
+        for more next, and a bucket read again costs more than a few pages
+        sent now). Worked out once enough are waiting: a cap that could be
+        lower costs a few pages more, not a read."""
+        ahead = _DUE_AHEAD * (need - self.base - len(self.ready))
+        frontier = min(self.unread[0][0] if self.unread else math.inf,
+                       self.parked[0][0] if self.parked else math.inf)
+        # Past it, every bucket left is after the cap: a new one is due.
+        if self.cap is None or self.cap[0] != need or self.cap[1] < frontier:
+            self.cap = None
+            if len(self.waiting) >= ahead:
+                self.cap = (need, heapq.nsmallest(ahead, self.waiting)[-1][0])
+        return until if self.cap is None else self.cap[1]
+
+    def choose(self, cap: int) -> list[tuple[bytes, int]]:
+        """The next buckets to read (unread or parked, least bound first,
+        none whose bound is after *cap*), each with what it was read up to."""
+        chosen: list[tuple[bytes, int]] = []
+        while len(chosen) < _DUE_BUCKETS:
+            unread = self.unread[0][0] if self.unread else math.inf
+            parked = self.parked[0][0] if self.parked else math.inf
+            if min(unread, parked) > cap:
+                break
+            if unread <= parked:
+                chosen.append((heapq.heappop(self.unread)[1], -_FOREVER))
+            else:
+                _, member, after = heapq.heappop(self.parked)
+                chosen.append((member, after))
+        return chosen
+
 
 class RedisStateStore(StateStore):
     """State in Redis; see the module docstring."""
@@ -1310,42 +1355,13 @@ class RedisStateStore(StateStore):
         """
         until = _FOREVER if cursor.now == math.inf else int(cursor.now)
         for _ in range(_SCAN_ROUNDS):
-            wanted = need - cursor.base - len(cursor.ready)
-            if wanted <= 0:
+            if cursor.base + len(cursor.ready) >= need:
                 return
             await self._next_buckets(cursor, until)
-            frontier = min(cursor.unread[0][0] if cursor.unread else math.inf,
-                           cursor.parked[0][0] if cursor.parked else math.inf)
-            while cursor.waiting and cursor.waiting[0][0] < frontier:
-                cursor.ready.append(heapq.heappop(cursor.waiting))
-            wanted = need - cursor.base - len(cursor.ready)
-            if wanted <= 0:
+            if cursor.settle(need):
                 return
-            if frontier == math.inf:
-                cursor.ready += sorted(cursor.waiting)
-                cursor.waiting = []
-                return
-            # Ahead of what is wanted: a reader paging through them asks for
-            # more next, and a bucket read again costs more than a few
-            # pages sent now. Worked out once enough are waiting (a cap
-            # that could be lower costs a few pages more, not a read).
-            ahead = _DUE_AHEAD * wanted
-            if cursor.cap is None or cursor.cap[0] != need:
-                cursor.cap = None
-                if len(cursor.waiting) >= ahead:
-                    cursor.cap = (need, heapq.nsmallest(ahead, cursor.waiting)[-1][0])
-            cap = until if cursor.cap is None else cursor.cap[1]
-            chosen: list[tuple[bytes, int]] = []
-            while len(chosen) < _DUE_BUCKETS:
-                unread = cursor.unread[0][0] if cursor.unread else math.inf
-                parked = cursor.parked[0][0] if cursor.parked else math.inf
-                if min(unread, parked) > cap:
-                    break
-                if unread <= parked:
-                    chosen.append((heapq.heappop(cursor.unread)[1], -_FOREVER))
-                else:
-                    _, member, after = heapq.heappop(cursor.parked)
-                    chosen.append((member, after))
+            cap = cursor.cap_for(need, until)
+            chosen = cursor.choose(cap)
             [found] = await self._read_scripts([(_DUE_READ_SHA, [
                 self.prefix, _key_part(cursor.scope), until, cap,
                 *(arg for pair in chosen for arg in pair)])])
