@@ -144,15 +144,38 @@ _FIXDATE = re.compile(r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), (\d\d) ([A-Z][a-z][a-z]
                       r"(\d\d):(\d\d):(\d\d) GMT")
 
 
+#: Dates met lately, both ways: many pages of a site share a Last-Modified
+#: (a deploy, a sitemap's build), and each costs a few microseconds.
+_DATES_SEEN: dict[str, int | None] = {}
+_TIMES_SEEN: dict[int, str] = {}
+_DATES_KEPT = 4096
+
+
 def _format_date(when: int) -> str:
     """*when* as an IMF-fixdate (``email.utils.formatdate(when, usegmt=True)``)."""
-    t = time.gmtime(when)
-    return (f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year:04d} "
-            f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT")
+    found = _TIMES_SEEN.get(when)
+    if found is None:
+        t = time.gmtime(when)
+        found = (f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} "
+                 f"{t.tm_year:04d} {t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT")
+        if len(_TIMES_SEEN) >= _DATES_KEPT:
+            _TIMES_SEEN.clear()
+        _TIMES_SEEN[when] = found
+    return found
 
 
 def _date_of(value: str) -> int | None:
     """The time of an IMF-fixdate that formats back to exactly *value*."""
+    if value in _DATES_SEEN:
+        return _DATES_SEEN[value]
+    when = _parse_date(value)
+    if len(_DATES_SEEN) >= _DATES_KEPT:
+        _DATES_SEEN.clear()
+    _DATES_SEEN[value] = when
+    return when
+
+
+def _parse_date(value: str) -> int | None:
     match = _FIXDATE.fullmatch(value)
     if match is None:
         return None

@@ -104,6 +104,7 @@ blocking client.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import heapq
 import json
@@ -815,6 +816,7 @@ def _split_query(
     return query, prefixes[0] if prefixes else DEFAULT_PREFIX
 
 
+@functools.lru_cache(maxsize=256)
 def _key_part(scope: str) -> str:
     # Percent-quoted: no ':' inside, so P:hist:<s>:<key> splits one way only,
     # and common scope names (spider names) read as they are.
@@ -1272,14 +1274,26 @@ class RedisStateStore(StateStore):
                 raise self._fail("read failed", exc) from exc
         raise AssertionError("unreachable")
 
+    async def _read_script(self, sha: str, args: list[Any]) -> Any:
+        """Run one read script (:meth:`_read_scripts` without a pipeline)."""
+        self.roundtrips += 1
+        try:
+            try:
+                return await self._async.evalsha(sha, 0, *args)
+            except redis.exceptions.NoScriptError:
+                self.roundtrips += 1
+                script = next(s for s in _SCRIPTS if _sha1(s) == sha)
+                return await self._async.eval(script, 0, *args)
+        except redis.RedisError as exc:
+            raise self._fail("read failed", exc) from exc
+
     async def get_page(self, key: PageKey) -> PageState | None:
         # Staged page states are visible at once; staged checks (counters
         # only) become visible when flushed, as in the SQLite store.
         staged = self._staged_page(key)
         if staged is not None:
             return staged
-        [[raw]] = await self._read_scripts(
-            [(_READ_PAGES_SHA, [self.prefix, *self._page_args(key)])])
+        [raw] = await self._read_script(_READ_PAGES_SHA, [self.prefix, *self._page_args(key)])
         return None if raw is None else self._page(key, raw)
 
     async def get_pages(self, keys: Iterable[PageKey]) -> dict[PageKey, PageState]:

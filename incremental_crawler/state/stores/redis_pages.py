@@ -39,6 +39,7 @@ per bucket, not ~50 a page.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from urllib.parse import quote, unquote
 
@@ -63,6 +64,7 @@ MAX_SPLITS = 512
 _SCHEMES = (("https://", "s"), ("http://", "h"))
 
 
+@functools.lru_cache(maxsize=4096)
 def host_part(host: str) -> str:
     """The host as it appears in keys (percent-quoted: no ``|``, ``{`` or ``}``)."""
     return quote(host, safe="")
