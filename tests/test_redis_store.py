@@ -32,7 +32,8 @@ from incremental_crawler.state.records import (
     PageState,
 )
 from incremental_crawler.state.stores import StateStoreError, open_store
-from incremental_crawler.state.stores.packed import unpack
+from incremental_crawler.state.stores.packed import LUA_CODEC, pack, unpack
+from incremental_crawler.state.stores.packed import due_of as packed_due_of
 from incremental_crawler.state.stores.redis import (
     LAYOUT,
     LAYOUT_VERSION,
@@ -335,6 +336,63 @@ async def test_a_record_with_fields_this_code_does_not_know_reads_and_keeps_them
         assert (await call(store.get_page(key))).checks == 13
     finally:
         await call(store.close())
+
+
+#: Echoes each record as the flush script rewrites it (unpacked and packed
+#: again, as a check does) and the next visit the due reads see in it.
+_LUA_ECHO = LUA_CODEC + """
+local out = {}
+for k = 1, #ARGV do
+  out[#out + 1] = pack_page(unpack_page(ARGV[k]))
+  local due = due_of(ARGV[k])
+  out[#out + 1] = due and string.format('%d', due) or ''
+end
+return out
+"""
+
+
+def test_lua_codec_agrees_with_python_byte_for_byte(shared: redis.Redis) -> None:
+    """The flush script's codec reads and writes back every record exactly
+    as Python packs it (so a check never changes a field it does not
+    touch), and its due reads see the next visit Python sees."""
+    key = PageKey(SCOPE, URL)
+    now = 1_760_000_000
+    states = [
+        realistic_state(key),
+        PageState(key),
+        PageState(key, callback="parse"),
+        # Times before the epoch of the records, negative numbers, big ones.
+        PageState(key, last_checked=-5, first_seen=-10**13, next_visit=10**14 - 1,
+                  interval=-3, size=10**14 - 1, checks=2**40, callback="other"),
+        # None (last_status, lastmod) apart from 0.
+        PageState(key, last_status=0, lastmod=0, last_checked=now, callback="parse"),
+        # A Last-Modified at the Unix epoch: a time of 0 that is not a default.
+        PageState(key, last_modified="Thu, 01 Jan 1970 00:00:00 GMT", last_checked=now,
+                  next_visit=now + 60, callback="parse"),
+        PageState(key, last_modified="Sun, 06 Nov 1994 08:49:37 GMT", etag='W/"5f3c-1a"'),
+        # Strings that are not in a compact form, unicode, empty ones.
+        PageState(key, etag='"Ünïcode-é"', fingerprint="ABC", callback="", recipe='{"é":1}',
+                  redirect_to="https://例え.jp/ß", last_modified="yesterday"),
+        PageState(key, fingerprint="abc", etag='""', last_checked=12.9, next_visit=0.5,
+                  callback="parse", churns=3, failures=2),
+    ]
+    raws = [pack(state) for state in states]
+    # A field this code does not know (a higher bit, its bytes last) is kept.
+    newer = []
+    for raw in raws[:3]:
+        size = 1
+        while raw[size - 1] & 0x80:
+            size += 1
+        mask = sum((b & 0x7F) << (7 * n) for n, b in enumerate(raw[:size]))
+        newer.extend(uvarint(mask | unknown) + raw[size:] + b"\x02hi"
+                     for unknown in (1 << 30, 1 << 40))
+    reply = shared.eval(_LUA_ECHO, 0, *raws, *newer)
+    for n, raw in enumerate([*raws, *newer]):
+        assert reply[2 * n] == raw, n
+        due = packed_due_of(raw)
+        assert reply[2 * n + 1] == (b"" if due is None else b"%d" % due)
+    for state, raw in zip(states, raws, strict=True):
+        assert unpack(key, raw).last_modified == state.last_modified
 
 
 @pytest_twisted.ensureDeferred
