@@ -153,6 +153,7 @@ from incremental_crawler.state.stores.packed import (
 )
 from incremental_crawler.state.stores.redis_pages import (
     BUCKET_LOAD,
+    DUE_INDEX_LUA,
     DUE_READ_LUA,
     MAX_SPLITS,
     READ_PAGES_LUA,
@@ -235,6 +236,12 @@ _READ_SCRIPT_PAGES = 2_000
 #: Buckets per due-pages script and per summary script, and summary
 #: scripts per round-trip.
 _DUE_BUCKETS = 64
+#: Due-pages scripts per round-trip once a cap is known, and buckets of the
+#: index read per round-trip: a re-seed reads most buckets of the scope
+#: whose bound is before its last due page, and a round-trip per 64 of them
+#: cost more than the reads themselves.
+_DUE_SCRIPTS = 8
+_DUE_INDEX_CHUNK = _DUE_BUCKETS * _DUE_SCRIPTS * 2
 #: How many times the due pages wanted a merge reads ahead (see _read_due).
 _DUE_AHEAD = 4
 _SUMMARY_BUCKETS = 16
@@ -737,9 +744,9 @@ def _sha1(script: str) -> str:
 
 
 #: Loaded when the store opens: the flush, then the read scripts.
-_SCRIPTS = (_FLUSH_LUA, READ_PAGES_LUA, DUE_READ_LUA, SUMMARY_LUA)
-_READ_PAGES_SHA, _DUE_READ_SHA, _SUMMARY_SHA = (
-    _sha1(script) for script in (READ_PAGES_LUA, DUE_READ_LUA, SUMMARY_LUA))
+_SCRIPTS = (_FLUSH_LUA, READ_PAGES_LUA, DUE_READ_LUA, SUMMARY_LUA, DUE_INDEX_LUA)
+_READ_PAGES_SHA, _DUE_READ_SHA, _SUMMARY_SHA, _DUE_INDEX_SHA = (
+    _sha1(script) for script in (READ_PAGES_LUA, DUE_READ_LUA, SUMMARY_LUA, DUE_INDEX_LUA))
 
 #: The kinds of ``P:<kind>:<s>`` keys a reset deletes: every one this store
 #: writes per scope but ``holds`` (holds lapse by themselves); and the kinds
@@ -835,15 +842,19 @@ def _page_range(url: str) -> tuple[bytes, bytes]:
     return b"[" + head + b"\0", b"(" + head + b"\1"
 
 
+#: A due page read: (next visit, URL, variant, record).
+_DuePage = tuple[int, str, str, bytes]
+
+
 class _DueCursor:
     """How far a reading of a scope's due pages went (``get_due``)."""
 
     def __init__(self, scope: str, now: float, flushes: int) -> None:
         self.scope, self.now, self.flushes = scope, now, flushes
-        #: Due pages read, not yet in place: a heap of (next visit, URL, variant).
-        self.waiting: list[tuple[int, str, str]] = []
+        #: Due pages read, not yet in place: a heap of _DuePage.
+        self.waiting: list[_DuePage] = []
         #: Due pages in place, in order; the first is due page number `base`.
-        self.ready: list[tuple[int, str, str]] = []
+        self.ready: list[_DuePage] = []
         self.base = 0
         #: Buckets of the index not read yet: a heap of (bound, member);
         #: where the index was read up to (a bound, and how many read have
@@ -888,11 +899,12 @@ class _DueCursor:
                 self.cap = (need, heapq.nsmallest(ahead, self.waiting)[-1][0])
         return until if self.cap is None else self.cap[1]
 
-    def choose(self, cap: int) -> list[tuple[bytes, int]]:
-        """The next buckets to read (unread or parked, least bound first,
-        none whose bound is after *cap*), each with what it was read up to."""
+    def choose(self, cap: int, most: int) -> list[tuple[bytes, int]]:
+        """The next *most* buckets to read (unread or parked, least bound
+        first, none whose bound is after *cap*), each with what it was read
+        up to."""
         chosen: list[tuple[bytes, int]] = []
-        while len(chosen) < _DUE_BUCKETS:
+        while len(chosen) < most:
             unread = self.unread[0][0] if self.unread else math.inf
             parked = self.parked[0][0] if self.parked else math.inf
             if min(unread, parked) > cap:
@@ -1343,15 +1355,16 @@ class RedisStateStore(StateStore):
         await self._read_due(cursor, offset + limit)
         del cursor.ready[:offset - cursor.base]
         cursor.base = offset
-        chosen = [PageKey(scope, url, variant) for _, url, variant in cursor.ready[:limit]]
-        found = await self.get_pages(chosen)
         due = []
-        for key in chosen:
-            state = found.get(key)
-            # Read again, as it is now: one written meanwhile may no longer
-            # be due, and a record written by another version cannot re-seed
-            # a bad page.
-            if state is not None and state.callback is not None and state.next_visit <= now:
+        for _, url, variant, raw in cursor.ready[:limit]:
+            # As its bucket was read during this paging through the due
+            # pages (a staged one as staged): not read again, a page is sent
+            # once. One another worker wrote meanwhile reads as it was, as
+            # with any read (this store's own flushes start over).
+            key = PageKey(scope, url, variant)
+            state = self._staged_page(key) or self._page(key, raw)
+            # A record written by another version cannot re-seed a bad page.
+            if state.callback is not None and state.next_visit <= now:
                 due.append(state)
         return due
 
@@ -1365,7 +1378,12 @@ class RedisStateStore(StateStore):
         and the parked ones is in place: it moves from ``waiting`` (a heap)
         to ``ready``. Each read asks only for the pages due up to a cap: the
         ones that can still be among the *need* first (all of them while
-        fewer are waiting), so a bucket sends only what the reader keeps.
+        fewer are waiting), so a bucket sends only what the reader keeps,
+        records included (they are not read again). Each round-trip reads
+        a chunk of the index or up to ``_DUE_SCRIPTS`` scripts of buckets,
+        and each reply is two strings, not an element per page: a re-seed
+        reads most of the scope's buckets, and per-element parsing and
+        round-trips were most of its client time.
         """
         until = _FOREVER if cursor.now == math.inf else int(cursor.now)
         for _ in range(_SCAN_ROUNDS):
@@ -1375,31 +1393,38 @@ class RedisStateStore(StateStore):
             if cursor.settle(need):
                 return
             cap = cursor.cap_for(need, until)
-            chosen = cursor.choose(cap)
-            [found] = await self._read_scripts([(_DUE_READ_SHA, [
-                self.prefix, _key_part(cursor.scope), until, cap,
-                *(arg for pair in chosen for arg in pair)])])
-            for bucket in found:
-                member, above, *pages = bucket.split(b"\xff")
-                if above:
-                    heapq.heappush(cursor.parked, (int(above), member, cap))
-                host = host_of_part(member.partition(b"|")[0].decode())
-                for n in range(0, len(pages), 2):
-                    page = page_key_of(cursor.scope, host, pages[n + 1].decode())
-                    heapq.heappush(cursor.waiting, (int(pages[n]), page.url, page.variant))
+            # Until a cap is known every due page of a bucket read is sent:
+            # one script's worth then.
+            chosen = cursor.choose(
+                cap, _DUE_BUCKETS * (1 if cursor.cap is None else _DUE_SCRIPTS))
+            head = [self.prefix, _key_part(cursor.scope), until, cap]
+            replies = await self._read_scripts([
+                (_DUE_READ_SHA, [*head, *(arg for pair in chosen[at:at + _DUE_BUCKETS]
+                                          for arg in pair)])
+                for at in range(0, len(chosen), _DUE_BUCKETS)])
+            for heads, records in replies:
+                at = 0
+                for head in heads.split(b"\xfe") if heads else ():
+                    member, above, *pages = head.split(b"\xff")
+                    if above:
+                        heapq.heappush(cursor.parked, (int(above), member, cap))
+                    host = host_of_part(member.partition(b"|")[0].decode())
+                    for n in range(0, len(pages), 3):
+                        page = page_key_of(cursor.scope, host, pages[n + 1].decode())
+                        end = at + int(pages[n + 2])
+                        heapq.heappush(cursor.waiting, (
+                            int(pages[n]), page.url, page.variant, records[at:end]))
+                        at = end
         raise self._fail(f"reading the due pages of {cursor.scope!r} did not finish")
 
     async def _next_buckets(self, cursor: _DueCursor, until: int) -> None:
         """Keep a chunk of the index's unread buckets at hand (by bound)."""
-        if cursor.index_done or len(cursor.unread) >= _DUE_BUCKETS:
+        if cursor.index_done or len(cursor.unread) >= _DUE_BUCKETS * _DUE_SCRIPTS:
             return
-        self.roundtrips += 1
-        try:
-            pairs: Any = await self._async.zrange(
-                self._key("dueb", cursor.scope), cursor.low, until, byscore=True,
-                offset=cursor.ties, num=_DUE_BUCKETS, withscores=True)
-        except redis.RedisError as exc:
-            raise self._fail("read failed", exc) from exc
+        [flat] = await self._read_scripts([(_DUE_INDEX_SHA, [
+            self._key("dueb", cursor.scope), cursor.low, until, cursor.ties, _DUE_INDEX_CHUNK])])
+        parts = flat.split(b"\xff") if flat else []
+        pairs = [(parts[n], float(parts[n + 1])) for n in range(0, len(parts), 2)]
         for member, score in pairs:
             if member not in cursor.seen:
                 cursor.seen.add(member)
@@ -1410,7 +1435,7 @@ class RedisStateStore(StateStore):
             same = cursor.low != "-inf" and float(cursor.low) == last
             cursor.ties = cursor.ties + at_last if same else at_last
             cursor.low = repr(last)
-        cursor.index_done = len(pairs) < _DUE_BUCKETS
+        cursor.index_done = len(pairs) < _DUE_INDEX_CHUNK
 
     async def summarize_pages(self, scope: str, *, after: float, upto: float,
                               checked_before: float,

@@ -48,8 +48,8 @@ from incremental_crawler.state.stores.base import host_of
 from incremental_crawler.state.stores.packed import LUA_CODEC
 
 __all__ = [
-    "BUCKET_LOAD", "DUE_READ_LUA", "LUA_BUCKETS", "LUA_BUCKET_PAGES", "READ_PAGES_LUA",
-    "SUMMARY_LUA",
+    "BUCKET_LOAD", "DUE_INDEX_LUA", "DUE_READ_LUA", "LUA_BUCKETS", "LUA_BUCKET_PAGES",
+    "READ_PAGES_LUA", "SUMMARY_LUA",
     "bucket_of", "host_part", "page_field", "page_key_of", "url_of",
 ]
 
@@ -194,16 +194,18 @@ return out
 # The due pages of some buckets, in a range of next visits. ARGV: the key
 # prefix, the scope part, the time (pages due at or before it), the cap,
 # then per bucket its member ("host|n") and the next visit its pages were
-# read up to before (those at or before it are left out). Returns per bucket
-# one string, its parts apart by a byte that UTF-8 never holds (0xFF): its
-# member, the earliest next visit of its pages due after the cap ('' if
-# none: where to go on from), then the next visit and field of each page
-# due after what was read before and not after the cap. No record is sent:
-# the reader reads those of the pages it keeps.
+# read up to before (those at or before it are left out). Returns two
+# strings (a reply of a few elements parses fast, one of thousands does
+# not). The first has a part per bucket, apart by 0xFE, each of fields
+# apart by 0xFF (bytes UTF-8 never holds): its member, the earliest next
+# visit of its pages due after the cap ('' if none: where to go on from),
+# then the next visit, field and record length of each page due after what
+# was read before and not after the cap. The second is those pages' records
+# one after the other, in that order (binary: cut by their lengths).
 DUE_READ_LUA = LUA_CODEC + LUA_BUCKET_PAGES + """
 local prefix, scope = ARGV[1], ARGV[2]
 local now, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
-local out = {}
+local heads, records = {}, {}
 for j = 5, #ARGV, 2 do
   local member, after = ARGV[j], tonumber(ARGV[j + 1])
   local cut = string.find(member, '|', 1, true)
@@ -217,15 +219,27 @@ for j = 5, #ARGV, 2 do
       if due <= cap then
         parts[#parts + 1] = string.format('%d', due)
         parts[#parts + 1] = flat[k]
+        parts[#parts + 1] = #flat[k + 1]
+        records[#records + 1] = flat[k + 1]
       elseif not above or due < above then
         above = due
       end
     end
   end
   if above then parts[2] = string.format('%d', above) end
-  out[#out + 1] = table.concat(parts, '\\255')
+  heads[#heads + 1] = table.concat(parts, '\\255')
 end
-return out
+return {table.concat(heads, '\\254'), table.concat(records)}
+"""
+
+# A chunk of a scope's revisit index by score. ARGV: its key, the least
+# score (a number, or '(' and one: after it), the greatest, the offset and
+# count of ZRANGE ... LIMIT. Returns one string (one reply element, not two
+# per bucket): members and scores, apart by 0xFF.
+DUE_INDEX_LUA = """
+local pairs_ = redis.call('ZRANGE', ARGV[1], ARGV[2], ARGV[3], 'BYSCORE', 'LIMIT', ARGV[4],
+                          ARGV[5], 'WITHSCORES')
+return table.concat(pairs_, '\\255')
 """
 
 # The pages of some buckets in aggregate (StateStore.summarize_pages), and
