@@ -979,6 +979,33 @@ async def test_layout_1_page_index_is_migrated(redis_prefix: str, shared: redis.
     assert shared.zrange(bypage, 0, -1) == [feed.encode() + b"\0b"]
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_migration_whose_lock_lapsed_stops_and_leaves_the_new_holder_alone(
+    redis_prefix: str, shared: redis.Redis
+) -> None:
+    """A migrating process that stalled past its lock's time, when another
+    took the lock, writes nothing more and leaves that lock as it is (two
+    processes never migrate side by side)."""
+    store = open_at(redis_prefix)
+    lock = f"{redis_prefix}:migrating"
+    try:
+        shared.set(lock, "the other process", ex=60)
+        page = store._page_op(realistic_state(PageKey(SCOPE, URL)))
+        with pytest.raises(StateStoreError, match="lapsed"):
+            store._apply_now([page], {SCOPE}, lock, "this process")
+        assert shared.get(lock) == b"the other process"
+        assert await call(store.get_page(PageKey(SCOPE, URL))) is None
+        # Held: renewed and applied.
+        shared.set(lock, "this process", ex=5)
+        store._apply_now([page], {SCOPE}, lock, "this process")
+        assert shared.ttl(lock) > 5
+        assert await call(store.get_page(PageKey(SCOPE, URL))) == realistic_state(
+            PageKey(SCOPE, URL))
+    finally:
+        shared.delete(lock)
+        await call(store.close())
+
+
 def layout2_record(state: PageState) -> str:
     """A page record as layout 2 wrote it: JSON of the fields not at their
     default, times as whole seconds."""

@@ -737,6 +737,14 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 return 0
 """
 
+# ... and renewed by its holder only (ARGV[2]: seconds): 0 when it is not
+# held by ARGV[1] any more (it lapsed, and maybe another process took it).
+_RENEW_LUA = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
 
 def _sha1(script: str) -> str:
     """What EVALSHA names a script by (what SCRIPT LOAD returns)."""
@@ -1171,6 +1179,8 @@ class RedisStateStore(StateStore):
                         self.roundtrips += 1
                         self._sync.eval(_BYPAGE_TO_ZSET_LUA, 1, key)
                 moved = self._move_pages(lock, token) if start < 3 else 0
+                # Done only if no other process took over meanwhile.
+                self._renew(lock, token)
                 self.roundtrips += 1
                 self._sync.hdel(meta, _UPGRADING)
             finally:
@@ -1220,6 +1230,7 @@ class RedisStateStore(StateStore):
                     ops = []
             if ops:
                 self._apply_now(ops, {scope}, lock, token)
+            self._renew(lock, token)
             self.roundtrips += 1
             self._sync.delete(*old.values())
             if moved:
@@ -1227,9 +1238,25 @@ class RedisStateStore(StateStore):
                             self.location, moved, scope)
         return moved
 
+    def _renew(self, lock: str, token: str) -> None:
+        """Renew the migration's lock; fail if this process no longer holds it."""
+        self.roundtrips += 1
+        if not self._sync.eval(_RENEW_LUA, 1, lock, token, _MIGRATION_LOCK_TTL):
+            raise self._fail(
+                f"the migration's lock {lock} lapsed while this process held it (it "
+                f"stalled over {_MIGRATION_LOCK_TTL} s); another process may be migrating: "
+                "open the store again to wait for it or resume")
+
     def _apply_now(self, ops: list[tuple[Any, ...]], scopes: set[str], lock: str,
                    token: str) -> None:
-        """Run writes as one flush, synchronously (a migration); renew the lock."""
+        """Run writes as one flush, synchronously (a migration), while this
+        process holds the migration's lock (renewed first).
+
+        A lock that lapsed (this process stalled past its time) may have
+        been taken by another process: this one stops rather than migrate
+        beside it (each step can be done again: the other goes on).
+        """
+        self._renew(lock, token)
         keys = [self._token_key(uuid.uuid4().hex), f"{self.prefix}:scopes"]
         args: list[Any] = [self.prefix, self._listpack_value, len(scopes), *sorted(scopes)]
         for op in ops:
@@ -1237,7 +1264,6 @@ class RedisStateStore(StateStore):
         pipe = self._sync.pipeline(transaction=False)
         pipe.evalsha(self._script_sha, len(keys), *keys, *args)
         pipe.delete(keys[0])  # no reply to lose: nothing to remember
-        pipe.set(lock, token, xx=True, ex=_MIGRATION_LOCK_TTL)
         reply: Any = self._sync_run(pipe)[0]
         if len(reply) > 2:
             raise self._fail(f"migrating the layout failed: {reply[2].decode(errors='replace')}")
