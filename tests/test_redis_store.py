@@ -611,6 +611,39 @@ async def test_a_host_grows_by_splitting_one_bucket_at_a_time(
         await call(store.close())
 
 
+@pytest_twisted.ensureDeferred
+async def test_paging_through_due_pages_while_another_worker_splits_buckets(
+    redis_prefix: str, shared: redis.Redis
+) -> None:
+    """A reader pages through the due pages while another worker's flush
+    splits a host's bucket it has not read yet (moving due pages to new
+    buckets): every due page is read once, none missed, none twice."""
+    due_pages = [PageKey(SCOPE, f"https://h{h}.example/p/{n}") for h in range(69)
+                 for n in range(10)]
+    late = [PageKey(SCOPE, f"https://late.example/p/{n}") for n in range(30)]
+    visits = {key: 1_000 + n for n, key in enumerate(due_pages)} | {
+        key: 2_000 + n for n, key in enumerate(late)}
+    reader, writer = open_at(redis_prefix), open_at(redis_prefix)
+    try:
+        for key, visit in visits.items():
+            writer.stage_page(realistic_state(key).copy(next_visit=visit))
+        await call(writer.flush())
+        got = [s.key for s in await call(reader.get_due(SCOPE, 5_000, 10))]
+        # late.example's one bucket is not read yet; its due pages are
+        # split over new buckets by pages another worker adds.
+        for n in range(30, 90):
+            writer.stage_page(realistic_state(PageKey(SCOPE, f"https://late.example/p/{n}"))
+                              .copy(next_visit=10**9))
+        await call(writer.flush())
+        assert shared.hget(f"{redis_prefix}:hd:{{{SCOPE}|late.example}}", "n") != b"1"
+        for offset in range(10, 1_000, 250):
+            got += [s.key for s in await call(reader.get_due(SCOPE, 5_000, 250, offset))]
+        assert got == sorted(visits, key=lambda k: (visits[k], k.url))
+    finally:
+        await call(reader.close())
+        await call(writer.close())
+
+
 # -- round-trips (counted by a server of our own) ----------------------------
 
 

@@ -17,6 +17,8 @@ neither holds a ``:``, ``|`` or brace:
 ``P:dueb:<s>``                  sorted set: buckets ``<h>|<n>`` holding pages with a
                                 callback (gone ones too), by a lower bound of
                                 their next visits
+``P:splits:<s>``                how many buckets of the scope split so far (a
+                                reader of due pages starts over when it grows)
 ``P:hosts:<s>``                 hash: host → lastmod/validator trust (JSON)
 ``P:items:<s>``                 hash: item key → latest url/fingerprint/simhash/page,
                                 stored_at, born/died (JSON)
@@ -242,6 +244,9 @@ _DUE_BUCKETS = 64
 #: cost more than the reads themselves.
 _DUE_SCRIPTS = 8
 _DUE_INDEX_CHUNK = _DUE_BUCKETS * _DUE_SCRIPTS * 2
+#: Readings of the due pages a get_due starts at most while other workers
+#: split buckets (see _DueCursor.note_splits).
+_DUE_STARTS = 4
 #: How many times the due pages wanted a merge reads ahead (see _read_due).
 _DUE_AHEAD = 4
 _SUMMARY_BUCKETS = 16
@@ -598,6 +603,9 @@ local function split(h)
       return false
     end
   end
+  -- A reader paging through the due pages starts over when this grows:
+  -- pages it has not read may have moved to a bucket it will not read.
+  redis.call('INCR', PREFIX .. ':splits:' .. h.scope)
   local least = {}
   for _, head in ipairs({h.pages, h.large}) do
     local from, to = head .. (n - level), head .. n
@@ -634,7 +642,8 @@ end
 local function grow(h, adding)
   -- Every key a split writes is checked first: a split is never left half
   -- done (a damaged key is left to the checks before the writes).
-  for _, pair in ipairs({{h.dir, 'hash'}, {h.due, 'zset'}, {h.hosts, 'set'}}) do
+  for _, pair in ipairs({{h.dir, 'hash'}, {h.due, 'zset'}, {h.hosts, 'set'},
+                         {PREFIX .. ':splits:' .. h.scope, 'string'}}) do
     local kind = redis.call('TYPE', pair[1]).ok
     if kind ~= 'none' and kind ~= pair[2] then return end
   end
@@ -759,7 +768,8 @@ _READ_PAGES_SHA, _DUE_READ_SHA, _SUMMARY_SHA, _DUE_INDEX_SHA = (
 #: The kinds of ``P:<kind>:<s>`` keys a reset deletes: every one this store
 #: writes per scope but ``holds`` (holds lapse by themselves); and the kinds
 #: of a host's keys (``P:<kind>:{<s>|<host>}``, buckets ``…:<n>``).
-_SCOPE_KINDS = ("hosts", "items", "itemver", "order", "bypage", "crawls", "hs", "dueb")
+_SCOPE_KINDS = ("hosts", "items", "itemver", "order", "bypage", "crawls", "hs", "dueb",
+                "splits")
 _HOST_KINDS = ("hd", "ln")
 
 #: Members asked per ZSCAN step, and steps at most (100 million members).
@@ -877,6 +887,16 @@ class _DueCursor:
         self.parked: list[tuple[int, bytes, int]] = []
         #: The cap of the reads for the due pages wanted: (how many, cap).
         self.cap: tuple[int, int] | None = None
+        #: The scope's count of bucket splits when first read, and whether
+        #: a read since found another (pages may have moved: start over).
+        self.splits: bytes | None = None
+        self.moved = False
+
+    def note_splits(self, splits: bytes) -> None:
+        if self.splits is None:
+            self.splits = splits
+        elif splits != self.splits:
+            self.moved = True
 
     def settle(self, need: int) -> bool:
         """Move the waiting pages now certainly in place to ``ready``;
@@ -1377,8 +1397,18 @@ class RedisStateStore(StateStore):
         if (cursor is None or (cursor.scope, cursor.now, cursor.flushes)
                 != (scope, now, self._flushes) or offset < cursor.base):
             cursor = _DueCursor(scope, now, self._flushes)
-        self._due_cursor = cursor
-        await self._read_due(cursor, offset + limit)
+        for _ in range(_DUE_STARTS):
+            self._due_cursor = cursor
+            await self._read_due(cursor, offset + limit)
+            if not cursor.moved:
+                break
+            # Another worker split buckets meanwhile: pages not read may
+            # have moved out of the buckets still to read (or into them).
+            cursor = _DueCursor(scope, now, self._flushes)
+        else:
+            logger.warning("State store %s: buckets of %r kept splitting while its due "
+                           "pages were read (%d times): some may be missing until the "
+                           "next reading", self.location, scope, _DUE_STARTS)
         del cursor.ready[:offset - cursor.base]
         cursor.base = offset
         due = []
@@ -1413,10 +1443,10 @@ class RedisStateStore(StateStore):
         """
         until = _FOREVER if cursor.now == math.inf else int(cursor.now)
         for _ in range(_SCAN_ROUNDS):
-            if cursor.base + len(cursor.ready) >= need:
+            if cursor.base + len(cursor.ready) >= need or cursor.moved:
                 return
             await self._next_buckets(cursor, until)
-            if cursor.settle(need):
+            if cursor.moved or cursor.settle(need):
                 return
             cap = cursor.cap_for(need, until)
             # Until a cap is known every due page of a bucket read is sent:
@@ -1428,7 +1458,8 @@ class RedisStateStore(StateStore):
                 (_DUE_READ_SHA, [*head, *(arg for pair in chosen[at:at + _DUE_BUCKETS]
                                           for arg in pair)])
                 for at in range(0, len(chosen), _DUE_BUCKETS)])
-            for heads, records in replies:
+            for heads, records, splits in replies:
+                cursor.note_splits(splits)
                 at = 0
                 for head in heads.split(b"\xfe") if heads else ():
                     member, above, *pages = head.split(b"\xff")
@@ -1447,8 +1478,10 @@ class RedisStateStore(StateStore):
         """Keep a chunk of the index's unread buckets at hand (by bound)."""
         if cursor.index_done or len(cursor.unread) >= _DUE_BUCKETS * _DUE_SCRIPTS:
             return
-        [flat] = await self._read_scripts([(_DUE_INDEX_SHA, [
-            self._key("dueb", cursor.scope), cursor.low, until, cursor.ties, _DUE_INDEX_CHUNK])])
+        [(flat, splits)] = await self._read_scripts([(_DUE_INDEX_SHA, [
+            self._key("dueb", cursor.scope), cursor.low, until, cursor.ties, _DUE_INDEX_CHUNK,
+            self._key("splits", cursor.scope)])])
+        cursor.note_splits(splits)
         parts = flat.split(b"\xff") if flat else []
         pairs = [(parts[n], float(parts[n + 1])) for n in range(0, len(parts), 2)]
         for member, score in pairs:

@@ -201,7 +201,8 @@ return out
 # visit of its pages due after the cap ('' if none: where to go on from),
 # then the next visit, field and record length of each page due after what
 # was read before and not after the cap. The second is those pages' records
-# one after the other, in that order (binary: cut by their lengths).
+# one after the other, in that order (binary: cut by their lengths). Then
+# the scope's count of bucket splits ('' for none yet).
 DUE_READ_LUA = LUA_CODEC + LUA_BUCKET_PAGES + """
 local prefix, scope = ARGV[1], ARGV[2]
 local now, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -229,17 +230,19 @@ for j = 5, #ARGV, 2 do
   if above then parts[2] = string.format('%d', above) end
   heads[#heads + 1] = table.concat(parts, '\\255')
 end
-return {table.concat(heads, '\\254'), table.concat(records)}
+local splits = redis.call('GET', prefix .. ':splits:' .. scope) or ''
+return {table.concat(heads, '\\254'), table.concat(records), splits}
 """
 
 # A chunk of a scope's revisit index by score. ARGV: its key, the least
 # score (a number, or '(' and one: after it), the greatest, the offset and
-# count of ZRANGE ... LIMIT. Returns one string (one reply element, not two
-# per bucket): members and scores, apart by 0xFF.
+# count of ZRANGE ... LIMIT, the key of the scope's count of splits. Returns
+# one string (one reply element, not two per bucket): members and scores,
+# apart by 0xFF; and the count of splits ('' for none yet).
 DUE_INDEX_LUA = """
 local pairs_ = redis.call('ZRANGE', ARGV[1], ARGV[2], ARGV[3], 'BYSCORE', 'LIMIT', ARGV[4],
                           ARGV[5], 'WITHSCORES')
-return table.concat(pairs_, '\\255')
+return {table.concat(pairs_, '\\255'), redis.call('GET', ARGV[6]) or ''}
 """
 
 # The pages of some buckets in aggregate (StateStore.summarize_pages), and
