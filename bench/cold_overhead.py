@@ -18,6 +18,9 @@ What it measures
       run outside the project: no add-on, no project settings) with an
       equally careful main-text extraction written on lxml directly; its
       texts are checked equal to ours;
+    * ``plain-paced``: plain with Scrapy's own pacing, ``DOWNLOAD_DELAY``
+      ``--paced-delay`` (1/50 s: the rate ours' politeness reaches here),
+      no politeness of ours: what pacing alone costs a crawl;
     * ``ours``: ``scrapy crawl sitemap`` as installed (politeness on,
       every default) with a SQLite store;
     * ``ours-nopolite``: the same with ``INCREMENTAL_THROTTLE_ENABLED=False``;
@@ -43,6 +46,12 @@ How to read it
     pacing of requests); targets: <= 1.15x as installed, peak RSS <= 1.2x.
     The re-crawl target: ours' CPU <= 0.25x HttpCache's (a 304 costs ours a
     state update; HttpCache reads the cached page and parses it again).
+    Pacing requests (ours' politeness, or Scrapy's DOWNLOAD_DELAY: compare
+    plain-paced with plain) costs CPU of its own on a shared machine: each
+    request is handled alone after a sleep, caches cold (no more
+    instructions: callgrind counts the same with and without); the more
+    other processes run, the more it costs. ours/plain-paced shows ours'
+    price against a crawl paced the same way.
 
     python bench/cold_overhead.py [--pages 530] [--page-size 96000] [--rounds 3]
         [--docs-dir DIR | --generated] [--timeout 600]
@@ -82,7 +91,7 @@ DOC_DIR_PATTERNS = ("python3/html", "python3.*/html", "python3-doc/html")
 #: sets for ours, so both write the same feed the same way.
 PLAIN_SETTINGS = {"FEED_EXPORT_ENCODING": "utf-8", "CONCURRENT_REQUESTS_PER_DOMAIN": "8",
                   "USER_AGENT": "incremental_crawler/0.1"}
-COLD = ("plain", "ours", "ours-nopolite", "httpcache")
+COLD = ("plain", "plain-paced", "ours", "ours-nopolite", "httpcache")
 RECRAWL = ("httpcache", "ours", "ours-nopolite")
 CPU_TARGET, RSS_TARGET, RECRAWL_TARGET = 1.15, 1.2, 0.25
 
@@ -104,7 +113,7 @@ def later(faketime: bool) -> tuple[list[str], dict[str, str]]:
 
 
 def crawl(site: Site, variant: str, work: Path, name: str, *, timeout: float,
-          again: bool = False, faketime: bool = True):
+          again: bool = False, faketime: bool = True, paced_delay: float = 0.02):
     """One crawl of *variant*; its state or cache lives in ``work/<variant>``."""
     wrapper: list[str] = []
     extra: dict[str, str] = {}
@@ -113,8 +122,11 @@ def crawl(site: Site, variant: str, work: Path, name: str, *, timeout: float,
     home = work / variant
     home.mkdir(exist_ok=True)
     robots = f"sitemap_url={site.base_url}/robots.txt"
-    if variant in ("plain", "httpcache"):
+    if variant in ("plain", "plain-paced", "httpcache"):
         settings = dict(PLAIN_SETTINGS)
+        if variant == "plain-paced":
+            settings.update({"DOWNLOAD_DELAY": str(paced_delay),
+                             "RANDOMIZE_DOWNLOAD_DELAY": "False"})
         if variant == "httpcache":
             settings.update(httpcache_settings(home / "httpcache"))
             del settings["INCREMENTAL_ENABLED"]  # nothing of ours is loaded anyway
@@ -146,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--docs-dir", type=Path, help="serve this directory's *.html files")
     source.add_argument("--generated", action="store_true",
                         help="generated pages even when python3-doc is installed")
+    p.add_argument("--paced-delay", type=float, default=0.02,
+                   help="plain-paced's DOWNLOAD_DELAY (default 0.02 s: 50 requests/s, "
+                   "INCREMENTAL_THROTTLE_MAX_RATE's default)")
     p.add_argument("--timeout", type=float, default=600, help="max seconds per crawl (600)")
     args = p.parse_args(argv)
     if args.rounds < 3:
@@ -173,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
             for variant in order:
                 print(f"... round {r + 1}/{args.rounds}: {variant}", file=sys.stderr)
                 site.reset()
-                res = crawl(site, variant, work, f"{variant}-1", timeout=args.timeout)
+                res = crawl(site, variant, work, f"{variant}-1", timeout=args.timeout,
+                            paced_delay=args.paced_delay)
                 cold[variant].append((res, summarize_log(site.log()), res.items))
             pages = cold["plain"][-1][1].page_requests
             for variant in COLD:
@@ -233,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"cold CPU ours/plain = {cpu_r:.3f}x (politeness off: "
           f"{med['ours-nopolite'] / med['plain']:.3f}x)  "
           f"(target <= {CPU_TARGET}x: {verdict(cpu_r <= CPU_TARGET)})")
+    print(f"cold CPU ours/plain-paced = {med['ours'] / med['plain-paced']:.3f}x (both paced; "
+          f"plain-paced/plain = {med['plain-paced'] / med['plain']:.3f}x)")
     print(f"cold peak RSS ours/plain = {rss_r:.3f}x  "
           f"(target <= {RSS_TARGET}x: {verdict(rss_r <= RSS_TARGET)})")
     print(f"re-crawl CPU ours/httpcache = {re_r:.3f}x  "
