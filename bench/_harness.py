@@ -19,6 +19,7 @@ callers pass in.
 from __future__ import annotations
 
 import ast
+import compileall
 import json
 import math
 import os
@@ -55,7 +56,10 @@ COMMON_SETTINGS: dict[str, str] = {
     "ROBOTSTXT_OBEY": "True",
 }
 
-_PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "ftp_proxy")
+# no_proxy too: with no proxy variable left it changes nothing, and set it
+# makes Scrapy's HttpProxyMiddleware read the whole environment on every
+# request (urllib's proxy_bypass), a CPU cost no ordinary crawl pays.
+_PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "ftp_proxy", "no_proxy")
 # No proxies at all for the control requests of this process.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -73,13 +77,23 @@ def child_env() -> dict[str, str]:
     for name in _PROXY_VARS:
         env.pop(name, None)
         env.pop(name.upper(), None)
-    env["NO_PROXY"] = env["no_proxy"] = "*"
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
     )
     env.pop("SCRAPY_SETTINGS_MODULE", None)  # scrapy.cfg in REPO decides
     env["PYTHONHASHSEED"] = "0"
     return env
+
+
+def compile_bytecode() -> None:
+    """Write the bytecode of the project's package and of the bench's spider
+    files, as an installed package has it (pip compiles on install): a crawl
+    that compiled them from source each time (``PYTHONDONTWRITEBYTECODE``, a
+    fresh checkout) would count the compiler against ours, not against a
+    plain crawl whose Scrapy is installed."""
+    compileall.compile_dir(REPO / "incremental_crawler", quiet=1)
+    for spider in (REPO / "bench").glob("_*spider*.py"):
+        compileall.compile_file(spider, quiet=1)
 
 
 # ---------------------------------------------------------------------------
@@ -94,6 +108,7 @@ class ProcUsage:
     returncode: int
     user: float
     sys: float
+    #: Peak resident set size (see :func:`_wait4`).
     maxrss_kib: int
     wall: float
 
@@ -102,18 +117,42 @@ class ProcUsage:
         return self.user + self.sys
 
 
+def _tree_peaks(pid: int, peaks: dict[int, int]) -> None:
+    """Record the peak RSS (VmHWM, KiB) of *pid* and its descendants so far."""
+    try:
+        with Path(f"/proc/{pid}/status").open(encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    peaks[pid] = max(peaks.get(pid, 0), int(line.split()[1]))
+                    break
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except (OSError, ValueError):
+        return
+    for child in children:
+        _tree_peaks(int(child), peaks)
+
+
 def _wait4(proc: subprocess.Popen, timeout: float, started: float) -> ProcUsage:
     """Reap *proc* with ``os.wait4`` (its own rusage); kill it if it has not
-    ended *timeout* s from now. *started* (perf_counter) is for the wall time."""
+    ended *timeout* s from now. *started* (perf_counter) is for the wall time.
+
+    The peak RSS is the largest VmHWM of the process (or of a process it
+    started: ``faketime`` runs the crawl as its child) seen while it ran:
+    ``ru_maxrss`` also counts the memory of this process when it started the
+    child, so a bench that holds a crawl's items would see its own size.
+    """
     deadline = time.perf_counter() + timeout
     delay = 0.002
+    peaks: dict[int, int] = {}
     while True:
+        _tree_peaks(proc.pid, peaks)
         pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
         if pid == proc.pid:
             wall = time.perf_counter() - started
             rc = os.waitstatus_to_exitcode(status)
             proc.returncode = rc  # tell Popen it is reaped
-            return ProcUsage(rc, ru.ru_utime, ru.ru_stime, ru.ru_maxrss, wall)
+            peak = max(peaks.values(), default=0) or ru.ru_maxrss
+            return ProcUsage(rc, ru.ru_utime, ru.ru_stime, peak, wall)
         if time.perf_counter() > deadline:
             proc.kill()
             os.wait4(proc.pid, 0)
@@ -328,13 +367,15 @@ def run_crawl(
     command: Sequence[str] | None = None,
     allow_errors: bool = False,
     wrapper: Sequence[str] = (),
+    cwd: Path | None = None,
 ) -> CrawlResult:
     """``scrapy crawl sitemap -a sitemap_url=<site>/robots.txt`` in its own process.
 
     *command* replaces ``crawl <spider> -a sitemap_url=...`` (the scrapy
     arguments before ``-O``), e.g. ``["runspider", "bench/x.py"]``.
     *wrapper* goes before the Python command (e.g. ``["faketime", "-f",
-    "+2d"]``: the crawl runs two days later).
+    "+2d"]``: the crawl runs two days later). *cwd* replaces the repository
+    as the working directory (outside it, no project settings: plain Scrapy).
     Items go to ``workdir/<name>.jsonl``, stderr to ``workdir/<name>.err``.
     Raises if the crawl fails, times out, or (unless *allow_errors*, for
     baselines that are expected to give up on requests) logs an
@@ -352,7 +393,7 @@ def run_crawl(
         cmd += ["-s", f"{key}={value}"]
     with err.open("wb") as errf:
         started = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(),
+        proc = subprocess.Popen(cmd, cwd=cwd or REPO, env=child_env(),
                                 stdin=subprocess.DEVNULL, stdout=errf, stderr=errf)
         usage = _wait4(proc, timeout, started)
     log = err.read_text(encoding="utf-8", errors="replace")

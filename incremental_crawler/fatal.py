@@ -24,15 +24,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from incremental_crawler.cluster.coordinator import ClusterError
+from incremental_crawler.cluster import ClusterError
 from incremental_crawler.config import SettingError
-from incremental_crawler.politeness.extension import SHARED_UNAVAILABLE
 from incremental_crawler.state.stores.base import StateStoreError
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
-__all__ = ["FATAL_ERRORS", "FATAL_REASONS", "FATAL_STATUS", "exit_status"]
+__all__ = ["FATAL_ERRORS", "FATAL_REASONS", "FATAL_STATUS", "SHARED_UNAVAILABLE", "exit_status"]
+
+#: The finish reason of a crawl whose shared budget cannot be used
+#: (:class:`~incremental_crawler.politeness.extension.AdaptiveThrottle`).
+SHARED_UNAVAILABLE = "shared_budget_unavailable"
 
 #: The finish reasons of a crawl that was stopped because it could not go on.
 FATAL_REASONS: frozenset[str] = frozenset({

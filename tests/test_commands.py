@@ -150,3 +150,23 @@ def test_the_demo_site_answers_conditional_requests_as_rfc_9110_says():
     assert headers["ETag"] != strong["ETag"] and headers["Last-Modified"] != date
     assert site.respond("/p/0000", strong["ETag"])[0] == 200
     assert site.respond("/p/0002", None, date)[0] == 200
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_without_redis_imports_no_redis_client(site, tmp_path):
+    """``scrapy crawl`` on the defaults (SQLite, politeness on) imports
+    neither Redis's client nor, before Scrapy builds its download handlers,
+    Scrapy's HTTP/1.1 handler module (imported from the deep stack of
+    Scrapy's command lookup, its deprecated aliases inspect that whole stack:
+    each costs every crawl's start a tenth of a second)."""
+    for i in range(3):
+        site.add_page(f"/p/{i}", "strong", size=1500)
+    result = await deferToThread(
+        scrapy, "crawl", "sitemap", "-a", f"sitemap_url={site.url('/sitemap.xml')}",
+        "-s", f"INCREMENTAL_STATE_URI=sqlite:///{tmp_path / 'state.db'}",
+        "-s", 'EXTENSIONS={"tests.import_probe.ImportProbe": 0}', "-s", "LOG_LEVEL=WARNING")
+    assert result.returncode == 0, result.stderr
+    probes = [json.loads(line.split("import probe: ", 1)[1])
+              for line in result.stderr.splitlines() if "import probe: " in line]
+    assert probes == [{"built": []}, {"closed": ["scrapy.core.downloader.handlers.http11"]}]
+    assert sum(1 for r in site.log if r.path.startswith("/p/")) == 3

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 import pytest_twisted
+from scrapy.http import HtmlResponse
 
+from incremental_crawler.spiders.main_text import DEFAULT_TEXT_SELECTORS
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
+from tests.html_corpus import reference_main_text
 from tests.spiders import ListSpider
 
 KINDS = ("strong", "weak", "lastmod", "none")
@@ -147,3 +150,20 @@ async def test_a_crawl_on_the_defaults_logs_no_disabled_component_warning(site, 
         await crawl(ListSpider, settings={"INCREMENTAL_THROTTLE_ENABLED": True},
                     urls=[site.url("/p/1")])
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_items_carry_the_main_text_of_documentation_pages(site, crawl):
+    """Pages structured like a manual's (scripts, sidebar, code, tables; the
+    main part a ``div role=main``): each item's text is the reference
+    extraction of the page the server sent, and its title the page's."""
+    for i in range(6):
+        site.add_page(f"/doc/{i}", "strong", size=40_000, layout="docs")
+    first = await crawl(SitemapPagesSpider, sitemap_url=site.url("/sitemap.xml"))
+    items = {item["url"].removeprefix(site.base_url): item for item in first.collected}
+    assert sorted(items) == [f"/doc/{i}" for i in range(6)]
+    for path, item in items.items():
+        page = HtmlResponse(site.url(path), body=site.body(path), encoding="utf-8")
+        assert item["text"] == reference_main_text(page, DEFAULT_TEXT_SELECTORS), path
+        assert item["title"] == f"Page doc/{path[-1]} v0 \u2014 Reference manual"
+        assert len(item["text"]) > 10_000 and "DOCUMENTATION_OPTIONS" not in item["text"]

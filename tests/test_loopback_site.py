@@ -440,6 +440,55 @@ async def test_list_etags() -> None:
 
 
 @pytest_twisted.ensureDeferred
+async def test_docs_layout_cache_control_and_pages_from_files(tmp_path: Path) -> None:
+    """Documentation-structured pages of the size asked, Cache-Control on
+    pages, and a site serving a directory's HTML files as its pages."""
+    with pytest.raises(ValueError, match="plain layout"):
+        Page("/n", "noisy", layout="docs")
+    s = LoopbackSite.generated(3, kinds=("strong",), page_size=50_000, layout="docs")
+    base = s.start()
+    try:
+        first = await fetch(base + "/p/0001")
+        assert first.status == 200 and first.header("Cache-Control") is None
+        assert 50_000 <= len(first.body) < 60_000
+        assert first.body == s.body("/p/0001")  # deterministic
+        for marker in (b'<div class="body" role="main">', b'<div class="highlight">',
+                       b"<script>", b"<style>", b'class="sphinxsidebar"', b"<table"):
+            assert marker in first.body, marker
+        s.cache_control = "max-age=0"
+        again = await fetch(base + "/p/0001", If_None_Match=first.header("ETag") or "")
+        assert (again.status, again.header("Cache-Control")) == (304, "max-age=0")
+        s.change("/p/0001")
+        changed = await fetch(base + "/p/0001")
+        assert changed.header("Cache-Control") == "max-age=0"
+        assert b"Revision 1" in changed.body and changed.body != first.body
+    finally:
+        await s.stop()
+
+    (tmp_path / "library").mkdir()
+    (tmp_path / "library" / "b.html").write_bytes(b"<html><body><p>b</p></body></html>")
+    (tmp_path / "a.html").write_bytes(b"<html><body><p>a</p></body></html>")
+    (tmp_path / "notes.txt").write_bytes(b"not a page")
+    s = LoopbackSite.from_directory(tmp_path, kinds=("strong", "lastmod"))
+    base = s.start()
+    try:
+        assert [(p.path, p.kind) for p in s.pages] == [
+            ("/p/a.html", "strong"), ("/p/library/b.html", "lastmod")]
+        page = await fetch(base + "/p/library/b.html")
+        assert page.body == b"<html><body><p>b</p></body></html>"
+        sitemap = (await fetch(base + "/sitemap.xml")).body
+        assert sitemap.count(b"<loc>") == 2 and b"/p/library/b.html" in sitemap
+        s.change("/p/a.html")
+        assert (await fetch(base + "/p/a.html")).body == (
+            b"<html><body><p>a</p><p>Revision 1</p></body></html>")
+    finally:
+        await s.stop()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no"):
+        LoopbackSite.from_directory(tmp_path / "empty")
+
+
+@pytest_twisted.ensureDeferred
 async def test_redirect_and_404(site: LoopbackSite) -> None:
     site.add_redirect("/old", "/strong")
     site.add_redirect("/temp", "/weak", status=302)

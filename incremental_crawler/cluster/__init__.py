@@ -28,9 +28,17 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from scrapy.settings import Settings
 
-__all__ = ["apply_cluster_settings"]
+__all__ = ["ClusterError", "apply_cluster_settings"]
 
 _P = "incremental_crawler.cluster."
+
+
+class ClusterError(RuntimeError):
+    """The cluster's Redis cannot be used; the message names it and says why.
+
+    Here, not with the coordinator: what tells a fatal error (the crawl
+    command) must not import Redis's client into every crawl.
+    """
 
 
 def apply_cluster_settings(settings: Settings) -> None:

@@ -46,6 +46,7 @@ from scrapy.utils.asyncio import create_looping_call
 from scrapy.utils.defer import deferred_from_coro
 
 from incremental_crawler import clock
+from incremental_crawler.cluster import ClusterError
 from incremental_crawler.state.ledger import Ledger
 from incremental_crawler.uris import redacted
 
@@ -200,10 +201,6 @@ for i = 1, #claims, 2 do
 end
 return pending
 """
-
-
-class ClusterError(RuntimeError):
-    """The cluster's Redis cannot be used; the message names it and says why."""
 
 
 class ClusterCoordinator:

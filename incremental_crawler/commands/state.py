@@ -25,7 +25,6 @@ import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import redis
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 from scrapy.spiderloader import get_spider_loader
@@ -39,7 +38,6 @@ from incremental_crawler.state.stores import (
     default_state_uri,
     open_store,
 )
-from incremental_crawler.state.stores.redis import parse_redis_uri
 from incremental_crawler.state.stores.sqlite import path_from_uri
 
 if TYPE_CHECKING:
@@ -233,6 +231,12 @@ def open_existing_store(settings: BaseSettings) -> StateStore:
         if not path.exists():
             raise StateStoreError(f"no state store at {path} (check INCREMENTAL_STATE_URI)")
     elif scheme in ("redis", "rediss", "unix"):
+        # Imported here: Scrapy imports every command to run any of them, and
+        # Redis's client would cost every crawl's start a tenth of a second.
+        import redis  # noqa: PLC0415
+
+        from incremental_crawler.state.stores.redis import parse_redis_uri  # noqa: PLC0415
+
         clean, prefix = parse_redis_uri(uri)
         client = redis.Redis.from_url(clean, socket_connect_timeout=5, socket_timeout=30)
         try:

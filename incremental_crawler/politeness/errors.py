@@ -16,7 +16,7 @@ by class name: a name says nothing reliable (``ConnectionLost`` contains
   :class:`~incremental_crawler.politeness.window.DomainWindow` decides.
   Anything not listed is soft too.
 
-The first row of :data:`CLASSES` an exception is an instance of wins: the
+The first row of :func:`classes` an exception is an instance of wins: the
 more specific classes come first (Twisted's ``TimeoutError`` and
 ``UnknownHostError`` are ``ConnectError`` subclasses; Python's
 ``TimeoutError`` and ``ConnectionRefusedError`` are ``OSError`` ones).
@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import builtins
 import enum
+import functools
 
-from scrapy.core.downloader.handlers.http11 import TunnelError
 from scrapy.exceptions import (
     CannotResolveHostError,
     DownloadConnectionRefusedError,
@@ -38,7 +38,7 @@ from scrapy.exceptions import (
 from twisted.internet import error as tx
 from twisted.web.client import RequestTransmissionFailed, ResponseFailed
 
-__all__ = ["CLASSES", "ErrorSignal", "classify_error"]
+__all__ = ["ErrorSignal", "classes", "classify_error"]
 
 
 class ErrorSignal(enum.Enum):
@@ -53,26 +53,36 @@ class ErrorSignal(enum.Enum):
         return self is not ErrorSignal.SOFT
 
 
-#: (exception classes, signal): the first row that matches wins.
-CLASSES: tuple[tuple[tuple[type[BaseException], ...], ErrorSignal], ...] = (
-    ((DownloadTimeoutError, tx.TimeoutError, tx.TCPTimedOutError, builtins.TimeoutError),
-     ErrorSignal.TIMEOUT),
-    # Failures to connect that are about names, TLS or our own end (a local
-    # address or socket file), not about the server taking connections.
-    ((tx.UnknownHostError, tx.ServiceNameUnknownError, tx.SSLError, tx.ConnectBindError,
-      tx.BadFileError), ErrorSignal.SOFT),
-    ((DownloadConnectionRefusedError, builtins.ConnectionRefusedError, tx.ConnectError),
-     ErrorSignal.HARD),
-    ((tx.ConnectionClosed, builtins.ConnectionError, tx.DNSLookupError, CannotResolveHostError,
-      ResponseFailed, RequestTransmissionFailed, DownloadFailedError, ResponseDataLossError,
-      TunnelError, OSError),
-     ErrorSignal.SOFT),
-)
+@functools.cache
+def classes() -> tuple[tuple[tuple[type[BaseException], ...], ErrorSignal], ...]:
+    """(exception classes, signal): the first row that matches wins."""
+    # Imported when a download first fails, not with this module: the crawl
+    # command imports this module while Scrapy looks for commands, and Scrapy's
+    # HTTP/1.1 handler module, imported there, inspects the whole (deep) stack
+    # of that import for its deprecated aliases: a tenth of a second of every
+    # crawl's start (several under faketime). Scrapy imports it itself,
+    # before any download.
+    from scrapy.core.downloader.handlers.http11 import TunnelError  # noqa: PLC0415
+
+    return (
+        ((DownloadTimeoutError, tx.TimeoutError, tx.TCPTimedOutError, builtins.TimeoutError),
+         ErrorSignal.TIMEOUT),
+        # Failures to connect that are about names, TLS or our own end (a local
+        # address or socket file), not about the server taking connections.
+        ((tx.UnknownHostError, tx.ServiceNameUnknownError, tx.SSLError, tx.ConnectBindError,
+          tx.BadFileError), ErrorSignal.SOFT),
+        ((DownloadConnectionRefusedError, builtins.ConnectionRefusedError, tx.ConnectError),
+         ErrorSignal.HARD),
+        ((tx.ConnectionClosed, builtins.ConnectionError, tx.DNSLookupError, CannotResolveHostError,
+          ResponseFailed, RequestTransmissionFailed, DownloadFailedError, ResponseDataLossError,
+          TunnelError, OSError),
+         ErrorSignal.SOFT),
+    )
 
 
 def classify_error(exception: BaseException) -> ErrorSignal:
     """The signal *exception*, raised by a download, gives the slot's window."""
-    for classes, signal in CLASSES:
-        if isinstance(exception, classes):
+    for kinds, signal in classes():
+        if isinstance(exception, kinds):
             return signal
     return ErrorSignal.SOFT

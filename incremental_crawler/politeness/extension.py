@@ -35,7 +35,6 @@ import time
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import RedisError
 from scrapy import signals
 from scrapy.exceptions import CloseSpider, IgnoreRequest, NotConfigured
 from scrapy.extensions.throttle import AutoThrottle
@@ -44,8 +43,8 @@ from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.httpobj import urlparse_cached
 
 from incremental_crawler.config import SettingError, setting_or_default, throttle_enabled
+from incremental_crawler.fatal import SHARED_UNAVAILABLE
 from incremental_crawler.http.validators import parse_http_date
-from incremental_crawler.politeness.budget import SharedBudget
 from incremental_crawler.politeness.errors import ErrorSignal, classify_error
 from incremental_crawler.politeness.retry_after import parse_retry_after
 from incremental_crawler.politeness.window import DomainWindow, WindowPolicy
@@ -61,7 +60,7 @@ if TYPE_CHECKING:
     from scrapy.http import Response
     from scrapy.settings import BaseSettings
 
-    from incremental_crawler.politeness.budget import Grant
+    from incremental_crawler.politeness.budget import Grant, SharedBudget
 
 __all__ = ["MAX_WAIT", "AdaptiveThrottle", "capping_settings", "effective_rate"]
 
@@ -82,8 +81,6 @@ _SLOT_HOST = "_throttle_slot_host"
 #: looks at a slot's clock (which holds a freeze, see _apply) when its delay
 #: is not 0; 1 ms adds no pacing of its own at any rate we allow.
 SHARED_SLOT_DELAY = 0.001
-#: The crawl's finish reason when the shared budget cannot be used.
-SHARED_UNAVAILABLE = "shared_budget_unavailable"
 #: WindowPolicy fields that plain INCREMENTAL_THROTTLE_* settings override.
 _POLICY_SETTINGS = {
     "start_rate": "INCREMENTAL_THROTTLE_START_RATE",
@@ -223,6 +220,10 @@ class AdaptiveThrottle(AutoThrottle):
             try:
                 if not str(url).startswith(("redis://", "rediss://", "unix://")):
                     raise ValueError("use redis://host:port/db (or rediss://, unix://)")
+                # Imported here: a crawl without a shared budget does not
+                # import Redis's client (a tenth of a second of its start).
+                from incremental_crawler.politeness.budget import SharedBudget  # noqa: PLC0415
+
                 self.shared = SharedBudget(
                     str(url),
                     str(setting_or_default(settings, "INCREMENTAL_THROTTLE_SHARED_PREFIX")),
@@ -250,6 +251,8 @@ class AdaptiveThrottle(AutoThrottle):
             logger.error("%(error)s: closing the crawl", {"error": self.shared_error})
             raise CloseSpider(SHARED_UNAVAILABLE)
         if self.shared is not None:
+            from redis.exceptions import RedisError  # noqa: PLC0415 (as SharedBudget above)
+
             try:
                 await self.shared.open()
             except RedisError as exc:

@@ -56,11 +56,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from redis.exceptions import RedisError
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
 from incremental_crawler.config import setting_or_default, throttle_enabled
-from incremental_crawler.politeness.budget import SharedBudgetClosing, SharedBudgetParked
 from incremental_crawler.politeness.extension import SHARED_SEQ, AdaptiveThrottle
 
 if TYPE_CHECKING:
@@ -171,6 +169,15 @@ class SharedBudgetMiddleware:
         # robots.txt's Crawl-delay (and DOWNLOAD_DELAY) cap the shared rate:
         # the workers together keep it, as one client would.
         cap = 1.0 / window.delay_floor if window.delay_floor > 0 else 0.0
+        # Imported here: a crawl without a shared budget (this middleware is
+        # then not built) does not import Redis's client, which they need.
+        from redis.exceptions import RedisError  # noqa: PLC0415
+
+        from incremental_crawler.politeness.budget import (  # noqa: PLC0415
+            SharedBudgetClosing,
+            SharedBudgetParked,
+        )
+
         try:
             request.meta[SHARED_SEQ] = await self.shared.acquire(key, window.policy, cap)
         except SharedBudgetParked as exc:

@@ -15,7 +15,6 @@ once (``incremental/schedule/...``), and each request carries its why.
 from __future__ import annotations
 
 import logging
-import re
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from scrapy import Request
@@ -37,6 +36,7 @@ from incremental_crawler.lists.sitemaps import Candidate, SitemapEntries, decide
 from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD
 from incremental_crawler.report.hosts import host_of
 from incremental_crawler.spiders.base import IncrementalSpider
+from incremental_crawler.spiders.main_text import DEFAULT_TEXT_SELECTORS, extract_main_text
 from incremental_crawler.state.keys import Canonicalizer
 from incremental_crawler.state.records import PageKey, PageState
 
@@ -62,23 +62,6 @@ GENERATED_SHARE = 0.9
 GENERATED_MIN_ENTRIES = 10
 #: Listed pages looked up in the store at a time.
 _LOOKUP_CHUNK = 1000
-#: Where the main content is, in order of preference.
-DEFAULT_TEXT_SELECTORS = ("main", "[role=main]", "article", "body")
-_SPACES = re.compile(r"\s+")
-_TEXT_XPATH = ".//text()[not(ancestor::script or ancestor::style or ancestor::noscript)]"
-
-
-def extract_main_text(response: Response, selectors: Iterable[str]) -> str:
-    """The text of the first element matching one of *selectors*, whitespace folded.
-
-    *response* must be text (a :class:`~scrapy.http.TextResponse`): Scrapy's
-    other responses raise ``NotSupported`` from ``css()``.
-    """
-    for css in selectors:
-        node = response.css(css)
-        if node:
-            return _SPACES.sub(" ", " ".join(node[0].xpath(_TEXT_XPATH).getall())).strip()
-    return ""
 
 
 class _Listed(NamedTuple):

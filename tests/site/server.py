@@ -42,12 +42,14 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import escape as xml_escape
 
 from twisted.web import http, resource, server
 
+from tests.site.docs_pages import render_docs_page
 from tests.site.limits import TokenBucketLimiter
 
 if TYPE_CHECKING:
@@ -73,6 +75,9 @@ VERSION_STEP: int = 3600
 
 #: Prefix of the control endpoints; requests below it are not logged.
 CONTROL_PREFIX: str = "/__site__/"
+
+#: How a generated page is built (see :class:`Page`).
+LAYOUTS: tuple[str, ...] = ("plain", "docs")
 
 #: What the generated sitemaps say in ``<lastmod>`` (see
 #: :attr:`LoopbackSite.sitemap_lastmods`).
@@ -136,6 +141,14 @@ class Page:
     suffixed ``-gzip``, as Apache's mod_deflate does), any other the
     identity variant; both with ``Vary: Accept-Encoding``, and each variant
     answers 304 only to its own ETag (RFC 9110 §8.8.3.3).
+
+    ``layout`` decides the HTML: ``plain`` -- ``<nav>``, ``<main>`` of
+    ``<p>`` paragraphs, ``<footer>``; ``docs`` -- the structure of a
+    Sphinx-built manual page (:mod:`tests.site.docs_pages`: navigation bars,
+    sidebar, inline script and style, highlighted code, API signatures,
+    tables; the main part is ``<div role="main">``). A page with a ``body``
+    (a file served as it is) ignores both; a version above 0 adds a
+    ``<p>Revision N</p>`` before its ``</body>``.
     """
 
     path: str
@@ -147,6 +160,8 @@ class Page:
     #: The ``noisy`` kind's per-response timestamps, on a page of any kind
     #: (a "generated at" footer behind validators that hold).
     noise: bool = False
+    layout: str = "plain"
+    body: bytes | None = None
 
     def __post_init__(self) -> None:
         if not self.path.startswith("/"):
@@ -155,6 +170,10 @@ class Page:
             raise ValueError(f"unknown page kind {self.kind!r}; expected one of {KINDS}")
         if self.size < 0:
             raise ValueError(f"page size must be >= 0, got {self.size}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown page layout {self.layout!r}; expected one of {LAYOUTS}")
+        if (self.kind == "noisy" or self.noise) and (self.layout != "plain" or self.body):
+            raise ValueError("the noisy kind's timestamps need the plain layout")
         if not self.title:
             self.title = "Page " + (self.path.strip("/") or "home")
 
@@ -401,6 +420,9 @@ class LoopbackSite:
         #: Strong ETags (hash of the body) on robots.txt and the generated
         #: sitemaps, with 304 to a matching ``If-None-Match``.
         self.list_etags: bool = False
+        #: ``Cache-Control`` sent with every page's 200 and 304 (e.g.
+        #: ``max-age=0``: an HTTP cache revalidates each page every time).
+        self.cache_control: str | None = None
         self._pages: dict[str, Page] = {}
         self._order: list[str] = []
         self._index: dict[str, int] = {}
@@ -437,6 +459,7 @@ class LoopbackSite:
         kinds: Sequence[str] = ("strong", "weak", "lastmod", "none"),
         page_size: int = 20_000,
         host: str = "127.0.0.1",
+        layout: str = "plain",
     ) -> LoopbackSite:
         """Build a site with pages ``/p/0000`` .. cycling through ``kinds``."""
         if n_pages < 0:
@@ -444,8 +467,34 @@ class LoopbackSite:
         if not kinds:
             raise ValueError("kinds must not be empty")
         pages = (
-            Page(path=f"/p/{i:04d}", kind=kinds[i % len(kinds)], size=page_size)
+            Page(path=f"/p/{i:04d}", kind=kinds[i % len(kinds)], size=page_size, layout=layout)
             for i in range(n_pages)
+        )
+        return cls(pages, host=host)
+
+    @classmethod
+    def from_directory(
+        cls,
+        directory: Path,
+        *,
+        kinds: Sequence[str] = ("strong", "weak", "lastmod", "none"),
+        limit: int = 0,
+        host: str = "127.0.0.1",
+    ) -> LoopbackSite:
+        """Build a site serving the ``*.html`` files under *directory* (sorted,
+        the first *limit* of them when *limit* > 0), each at ``/p/`` + its
+        relative path, as it is, cycling through ``kinds``."""
+        if not kinds:
+            raise ValueError("kinds must not be empty")
+        files = sorted(f for f in directory.rglob("*.html") if f.is_file())
+        if limit > 0:
+            files = files[:limit]
+        if not files:
+            raise ValueError(f"no *.html file under {directory}")
+        pages = (
+            Page(path="/p/" + f.relative_to(directory).as_posix(), kind=kinds[i % len(kinds)],
+                 body=f.read_bytes())
+            for i, f in enumerate(files)
         )
         return cls(pages, host=host)
 
@@ -458,10 +507,10 @@ class LoopbackSite:
         return page
 
     def add_page(self, path: str, kind: str, *, size: int = 20_000, title: str = "",
-                 gzip: bool = False, noise: bool = False) -> Page:
+                 gzip: bool = False, noise: bool = False, layout: str = "plain") -> Page:
         """Add a page (version 0) and return it."""
         return self._add(Page(path=path, kind=kind, size=size, title=title, gzip=gzip,
-                              noise=noise))
+                              noise=noise, layout=layout))
 
     def page(self, path: str) -> Page:
         """Return the page at ``path`` (``KeyError`` if there is none)."""
@@ -621,6 +670,18 @@ class LoopbackSite:
 
     def _render_html(self, page: Page) -> bytes:
         """Deterministic HTML for ``(page.path, page.version)``."""
+        if page.body is not None:
+            if not page.version:
+                return page.body
+            revision = f"<p>Revision {page.version}</p>".encode()
+            at = page.body.rfind(b"</body>")
+            at = len(page.body) if at < 0 else at
+            return page.body[:at] + revision + page.body[at:]
+        if page.layout == "docs":
+            links = [(p, self._pages[p].title) for p in self._nav_links(page)]
+            return render_docs_page(f"{page.path}:{page.version}",
+                                    f"{page.title} v{page.version}", links, page.size,
+                                    page.version)
         title = html.escape(page.title)
         links = "".join(
             f'<a href="{html.escape(p)}">{html.escape(self._pages[p].title)}</a> '
@@ -922,6 +983,8 @@ class LoopbackSite:
             headers["ETag"] = etag
         if lm_ts is not None:
             headers["Last-Modified"] = http_date(lm_ts)
+        if self.cache_control is not None:
+            headers["Cache-Control"] = self.cache_control
         if self._not_modified(page, etag, lm_ts, request):
             # RFC 9110 §15.4.5: the 304 carries the validators a 200 would.
             return _Response(304, b"", headers)
@@ -1136,6 +1199,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "its first version's whatever its version (stale), or none")
     parser.add_argument("--list-etags", action="store_true",
                         help="strong ETags (and 304s) on robots.txt and the sitemaps")
+    parser.add_argument("--layout", choices=LAYOUTS, default="plain",
+                        help="generated pages: plain paragraphs, or the structure of a "
+                        "documentation page (docs)")
+    parser.add_argument("--docs-dir", type=Path, default=None,
+                        help="serve the *.html files under this directory as the pages "
+                        "(as they are; --pages > 0 keeps the first N) instead of generated ones")
+    parser.add_argument("--cache-control", default=None,
+                        help="Cache-Control value sent with every page (e.g. max-age=0)")
     args = parser.parse_args(argv)
     args.kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     bad = [k for k in args.kinds if k not in KINDS]
@@ -1156,9 +1227,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     install_reactor("twisted.internet.asyncioreactor.AsyncioSelectorReactor")
     from twisted.internet import reactor
 
-    site = LoopbackSite.generated(
-        args.pages, kinds=args.kinds, page_size=args.page_size, host=args.host
-    )
+    if args.docs_dir is not None:
+        site = LoopbackSite.from_directory(args.docs_dir, kinds=args.kinds, limit=args.pages,
+                                           host=args.host)
+    else:
+        site = LoopbackSite.generated(args.pages, kinds=args.kinds, page_size=args.page_size,
+                                      host=args.host, layout=args.layout)
+    site.cache_control = args.cache_control
     if args.rate > 0:
         site.limit(args.rate, args.burst, retry_after=args.retry_after)
     if args.latency > 0:

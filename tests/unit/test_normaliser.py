@@ -1,0 +1,77 @@
+"""The fingerprint normaliser's shortcuts change nothing: the same text as
+applying each pattern with ``re.sub`` and folding with split/join, over a
+seeded corpus of texts full of timestamps, near-timestamps and every kind of
+whitespace, and over the extracted main texts of the HTML corpus."""
+
+from __future__ import annotations
+
+import random
+import re
+import sys
+
+from scrapy.http import HtmlResponse
+
+from incremental_crawler.change.fingerprints import (
+    DEFAULT_IGNORE_PATTERNS,
+    OTHER_SPACES,
+    Normaliser,
+)
+from incremental_crawler.spiders.main_text import DEFAULT_TEXT_SELECTORS, extract_main_text
+from tests.html_corpus import corpus
+
+
+def reference(value: str, patterns=DEFAULT_IGNORE_PATTERNS) -> str:
+    for pattern in patterns:
+        value = re.sub(pattern, " ", value)
+    return " ".join(value.split())
+
+
+FRAGMENTS = (
+    "2024-05-01T10:00:00Z", "2024-05-01 10:00", "2024-05-01T10:00:00.123456789+02:00",
+    "2024-05-01T10:00:00+0200", "2024-05-01T10:00:00-05", "12024-05-01T10:00:00Z",
+    "2024-05-01T10:0", "2024-5-01T10:00", "2024-05-01X10:00", "-05-01T10:", "-05-01T10:00",
+    "--05-01T10:00", "2024-05-01T10:00:00.", "2024-05-01T10:002024-05-01T10:00",
+    "99-05-01T10:00", "2024-05-01T2024-05-01T10:00", "Mon, 01 Jan 2024 10:00:00 GMT",
+    "Tue, 1 Feb 24 10:00 +0100", "Sun, 31 Dec 2023 23:59:59 UTC", "Mon, 01 Foo 2024 10:00 GMT",
+    "Wed, 01 Jan 2024 10:00:00", "2024", "-", ":", "T", "0", "12", "10:00", "05-01",
+    "word", "café", "日本語", "🐍", " ", "  ", "\t", "\n", "\r\n", "\xa0", "\u3000", "\u2009",
+    "\x1c", "\x85", "\u2028", "\u200b", "\x0b\x0c",
+)
+
+
+def texts(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(0, 30)))
+            for _ in range(n)]
+
+
+def test_other_spaces_are_every_whitespace_but_the_space() -> None:
+    every = "".join(c for c in map(chr, range(sys.maxunicode + 1)) if c.isspace())
+    assert every.replace(" ", "") == OTHER_SPACES
+
+
+def test_same_text_as_plain_substitution_and_folding() -> None:
+    normaliser = Normaliser()
+    cases = texts(20_000, seed=7)
+    differ = [t for t in cases if normaliser.text(t) != reference(t)]
+    assert not differ, differ[:3]
+    # The corpus is worth its name: timestamps were removed from many texts,
+    # and many needed no change at all.
+    removed = sum(1 for t in cases if reference(t) != " ".join(t.split()))
+    folded = sum(1 for t in cases if t == " ".join(t.split()))
+    assert removed > 5_000 and folded > 500, (removed, folded)
+
+
+def test_custom_patterns_and_the_default_among_them() -> None:
+    patterns = (r"session=[0-9a-f]+", DEFAULT_IGNORE_PATTERNS[0])
+    normaliser = Normaliser(patterns)
+    cases = [*texts(3_000, seed=8), "a session=abc1232024-05-01T10:00 b"]
+    assert [normaliser.text(t) for t in cases] == [reference(t, patterns) for t in cases]
+
+
+def test_same_text_on_extracted_page_texts() -> None:
+    normaliser = Normaliser()
+    for name, body in corpus():
+        text = extract_main_text(HtmlResponse("http://127.0.0.1/", body=body, encoding="utf-8"),
+                                 DEFAULT_TEXT_SELECTORS)
+        assert normaliser.text(text) == reference(text), name
