@@ -15,6 +15,10 @@ from tests.redis_util import BUDGET_REDIS_URI as REDIS_URL
 from tests.site import LoopbackSite
 from tests.spiders import ListSpider
 
+# The gaps between requests and the promises kept after a 429, as the server
+# saw them: no other test's crawlers beside (under xdist).
+pytestmark = pytest.mark.alone
+
 POLITE = {"INCREMENTAL_THROTTLE_ENABLED": True, "CONCURRENT_REQUESTS": 16,
           "CONCURRENT_REQUESTS_PER_DOMAIN": 16, "INCREMENTAL_THROTTLE_MAX_RATE": 100}
 
