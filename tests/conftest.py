@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import sqlite3
 from typing import TYPE_CHECKING, Any
 
@@ -17,12 +18,47 @@ from tests.redis_util import REDIS_URI, delete_budget_prefix, delete_prefix, new
 from tests.site import LoopbackSite
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from pathlib import Path
 
     from scrapy import Spider
     from scrapy.crawler import Crawler
 
 ADDON = "incremental_crawler.addon.IncrementalAddon"
+
+
+@pytest.fixture(autouse=True)
+def _alone_when_marked(request: pytest.FixtureRequest,
+                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Under pytest-xdist, a test marked ``alone`` runs while no other test does.
+
+    Those tests assert what a server saw of the crawlers' timing (the gaps
+    between requests, a promise kept within 5 ms of a 429): a second test
+    process starting crawlers beside them on a 2-core machine delays
+    requests enough to break them. Every other test holds a shared lock on a
+    file of the run (in its base temp dir, which the workers share), a
+    marked one an exclusive lock; a turnstile lock keeps new shared holders
+    out while a marked test waits. Without xdist nothing runs beside anyway.
+    """
+    if not hasattr(request.config, "workerinput"):
+        yield
+        return
+    root = tmp_path_factory.getbasetemp().parent
+    alone = request.node.get_closest_marker("alone") is not None
+    with (root / "tests-turnstile.lock").open("a") as turnstile, \
+            (root / "tests-running.lock").open("a") as running:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(running, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(running, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
 @pytest.fixture

@@ -176,8 +176,10 @@ def test_a_store_under_a_file_cannot_be_created(tmp_path):
     assert blocker.read_text() == "a file"
 
 
-def test_a_bad_setting_is_one_line_naming_it():
-    result = run(crawl_args('INCREMENTAL_THROTTLE_DOMAINS={"example.com": {"max_rat": 2}}'))
+def test_a_bad_setting_is_one_line_naming_it(tmp_path):
+    # A store of the test's own: the default one is in the checkout's .scrapy/.
+    result = run(crawl_args('INCREMENTAL_THROTTLE_DOMAINS={"example.com": {"max_rat": 2}}',
+                            f"INCREMENTAL_STATE_URI=sqlite:///{tmp_path / 'state.db'}"))
     assert result.returncode == 1
     assert one_error_line(result) == (
         "Invalid setting: INCREMENTAL_THROTTLE_DOMAINS['example.com']: unknown keys ['max_rat']")

@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,13 @@ def exported(state_uri: str, *args: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
+def exported_at_once(state_uri: str, *runs: tuple[str, ...]) -> list[list[dict[str, Any]]]:
+    """:func:`exported` for each argument list, the commands running side by
+    side (they only read the store): each start-up costs a second of CPU."""
+    with ThreadPoolExecutor(len(runs)) as pool:
+        return list(pool.map(lambda args: exported(state_uri, *args), runs))
+
+
 def iso(when: float) -> str:
     return datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -80,31 +88,30 @@ async def test_since_exports_what_the_later_crawl_stored_and_all_versions_the_hi
     await crawl(SitemapPagesSpider, sitemap_url=sitemap)
     urls = [site.url(f"/p/{i}") for i in range(4)]
 
-    def run(*args: str) -> list[dict[str, Any]]:
-        return exported(state_uri, *args)
-
-    since_then = await deferToThread(run, "--since", iso(first + DAY / 2))
+    (since_then, since_second, since_after, all_since_then, history, since_before,
+     latest) = await deferToThread(
+        exported_at_once, state_uri,
+        ("--since", iso(first + DAY / 2)), ("--since", iso(second)), ("--since", iso(second + 1)),
+        ("--since", iso(first + 1), "--all-versions"), ("--all-versions",),
+        ("--since", iso(first - 1)), ())
     assert [(r["url"], r["title"], r["version"], r["stored_at"]) for r in since_then] == [
         (urls[2], "Page p/2 v1", 2, iso(second))]
     # At the second it was stored: included; a second later: not.
-    assert await deferToThread(run, "--since", iso(second)) == since_then
-    assert await deferToThread(run, "--since", iso(second + 1)) == []
+    assert since_second == since_then
+    assert since_after == []
     # Only one version was stored since then: --all-versions finds no other.
-    assert await deferToThread(run, "--since", iso(first + 1), "--all-versions") == since_then
+    assert all_since_then == since_then
 
-    history = await deferToThread(run, "--all-versions")
     assert [(r["url"], r["version"], r["stored_at"]) for r in history] == [
         *((url, 1, iso(first)) for url in urls), (urls[2], 2, iso(second))]
     assert [r["title"] for r in history if r["url"] == urls[2]] == ["Page p/2 v0", "Page p/2 v1"]
     assert [r["change"] for r in history] == ["new"] * 4 + ["changed"]
     # The latest of each item since a time before either crawl: new to a
     # reader that had nothing then, though p/2 changed since.
-    assert [(r["url"], r["version"], r["change"])
-            for r in await deferToThread(run, "--since", iso(first - 1))] == [
+    assert [(r["url"], r["version"], r["change"]) for r in since_before] == [
         *((url, 1, "new") for url in urls if url != urls[2]), (urls[2], 2, "new")]
 
     # Without the options: the latest live items, as before.
-    latest = await deferToThread(run)
     assert sorted(r["url"] for r in latest) == urls
     assert {r["url"]: r["title"] for r in latest}[urls[2]] == "Page p/2 v1"
     assert not any("stored_at" in r or "version" in r for r in latest)
@@ -116,19 +123,22 @@ async def test_spider_limits_to_the_scope_the_spider_crawls_in(site, crawl, stat
     site.add_page("/b", "strong", size=1500)
     await crawl(ListSpider, urls=[site.url("/a")])
     await crawl(SharedScopeSpider, urls=[site.url("/b")])
-    spiders = "SPIDER_MODULES=tests.spiders"
-
-    def urls(*args: str) -> list[str]:
-        return [r["url"] for r in exported(state_uri, "-s", spiders, *args)]
+    spiders = ("-s", "SPIDER_MODULES=tests.spiders")
+    scoped, scoped_all, plain, scope, nobody = (
+        [r["url"] for r in records] for records in await deferToThread(
+            exported_at_once, state_uri,
+            (*spiders, "--spider", "scoped"), (*spiders, "--spider", "scoped", "--all-versions"),
+            (*spiders, "--spider", "list"), (*spiders, "--spider", "shared"),
+            (*spiders, "--spider", "nobody")))
 
     # "scoped" is a spider of the project: its incremental_scope, "shared".
-    assert await deferToThread(urls, "--spider", "scoped") == [site.url("/b")]
-    assert await deferToThread(urls, "--spider", "scoped", "--all-versions") == [site.url("/b")]
+    assert scoped == [site.url("/b")]
+    assert scoped_all == [site.url("/b")]
     # "list" is a spider without one: its name.
-    assert await deferToThread(urls, "--spider", "list") == [site.url("/a")]
+    assert plain == [site.url("/a")]
     # Not a spider: a scope.
-    assert await deferToThread(urls, "--spider", "shared") == [site.url("/b")]
-    assert await deferToThread(urls, "--spider", "nobody") == []
+    assert scope == [site.url("/b")]
+    assert nobody == []
 
 
 # -- staged versions, exact times ----------------------------------------------
@@ -174,39 +184,44 @@ async def test_since_and_all_versions_export_exactly_the_versions_stored_since(
     d1 = (D, "new", "2026-11-30T06:00:00Z", 1)
     c2 = (C, "deleted", "2026-12-01T08:00:00Z", 2)
 
-    since = exported(state_uri, "--since", "2026-11-30")  # midnight UTC
+    since, zoned, second_after, second_before, history, news, latest = exported_at_once(
+        state_uri,
+        ("--since", "2026-11-30"),  # midnight UTC
+        ("--since", "2026-11-30T01:00:00+01:00"), ("--since", "2026-11-30T00:00:01Z"),
+        ("--since", "2026-11-29T23:59:59Z"), ("--all-versions",),
+        ("--all-versions", "--since", "2026-11-30", "--spider", "news"), ())
     assert summary(since) == [a2, d1, c2]
     assert since[0]["title"] == "A two"
     assert since[2] == {"url": C, "gone": True, "status": 410, "change": "deleted",
                         "stored_at": "2026-12-01T08:00:00Z", "version": 2}
     # A zone offset is honoured: 01:00 at +01:00 is midnight UTC.
-    assert exported(state_uri, "--since", "2026-11-30T01:00:00+01:00") == since
-    assert summary(exported(state_uri, "--since", "2026-11-30T00:00:01Z")) == [d1, c2]
+    assert zoned == since
+    assert summary(second_after) == [d1, c2]
     # B's one version was stored a second before midnight, C's first the day before.
-    assert summary(exported(state_uri, "--since", "2026-11-29T23:59:59Z")) == [
+    assert summary(second_before) == [
         (B, "new", "2026-11-29T23:59:59Z", 1), a2, d1, c2]
 
-    assert summary(exported(state_uri, "--all-versions")) == [
+    assert summary(history) == [
         (A, "new", "2026-11-29T10:00:00Z", 1),
         (C, "new", "2026-11-29T12:00:00Z", 1),
         (B, "new", "2026-11-29T23:59:59Z", 1),
         a2, d1, c2,
     ]
-    assert summary(exported(state_uri, "--all-versions", "--since", "2026-11-30",
-                            "--spider", "news")) == [a2, c2]
+    assert summary(news) == [a2, c2]
     # The latest live items, as without the options (by scope): C is gone.
-    assert [(r["url"], r["title"], r["fingerprint"]) for r in exported(state_uri)] == [
+    assert [(r["url"], r["title"], r["fingerprint"]) for r in latest] == [
         (D, "D one", "d1"), (A, "A two", "a2"), (B, "B one", "b1")]
 
 
 @pytest_twisted.ensureDeferred
 async def test_the_change_type_goes_under_the_configured_change_field(state_store, state_uri):
     await stage_history(state_store)
-    renamed = exported(state_uri, "--since", "2026-12-01", "-s", "INCREMENTAL_CHANGE_FIELD=kind")
+    renamed, off = exported_at_once(
+        state_uri, ("--since", "2026-12-01", "-s", "INCREMENTAL_CHANGE_FIELD=kind"),
+        ("--since", "2026-12-01", "-s", "INCREMENTAL_CHANGE_FIELD=none"))
     assert summary(renamed, change="kind") == [(C, "deleted", "2026-12-01T08:00:00Z", 2)]
     assert "change" not in renamed[0]
     # Switched off for items, a version read back still says what it is.
-    off = exported(state_uri, "--since", "2026-12-01", "-s", "INCREMENTAL_CHANGE_FIELD=none")
     assert summary(off) == summary(renamed, change="kind")
 
 
@@ -234,11 +249,18 @@ def parse(path: Path, fmt: str) -> list[dict[str, Any]]:
 @pytest_twisted.ensureDeferred
 async def test_each_format_holds_the_same_records(state_store, state_uri, tmp_path):
     await stage_history(state_store)
-    expected = exported(state_uri, "--all-versions")
-    assert len(expected) == len(HISTORY)
     outputs = {fmt: tmp_path / f"history.{fmt}" for fmt in ("jsonl", "json", "csv", "xml")}
-    for fmt, path in outputs.items():
-        result = items(state_uri, "--all-versions", "-o", str(path))
+    # -t forces a format, whatever the extension says.
+    forced = tmp_path / "history.txt"
+    runs = [("-o", "-"), *(("-o", str(path)) for path in outputs.values()),
+            ("-t", "xml", "-o", str(forced))]
+    with ThreadPoolExecutor(len(runs)) as pool:
+        to_stdout, *to_files, to_forced = pool.map(
+            lambda args: items(state_uri, "--all-versions", *args), runs)
+    assert to_stdout.returncode == 0, to_stdout.stderr
+    expected = [json.loads(line) for line in to_stdout.stdout.splitlines()]
+    assert len(expected) == len(HISTORY)
+    for (fmt, path), result in zip(outputs.items(), to_files, strict=True):
         assert result.returncode == 0, result.stderr
         assert f"6 item versions written to {path} ({fmt})" in result.stderr
         # The tombstone's own fields (gone, status) are kept in CSV too,
@@ -248,9 +270,7 @@ async def test_each_format_holds_the_same_records(state_store, state_uri, tmp_pa
     assert parse(outputs["json"], "json") == expected
     header = outputs["csv"].read_text().splitlines()[0]
     assert header == "url,title,change,stored_at,version,gone,status"
-    # -t forces a format, whatever the extension says.
-    forced = tmp_path / "history.txt"
-    assert items(state_uri, "--all-versions", "-t", "xml", "-o", str(forced)).returncode == 0
+    assert to_forced.returncode == 0, to_forced.stderr
     assert normalized(parse(forced, "xml")) == normalized(expected)
 
 
@@ -287,10 +307,14 @@ async def test_a_since_that_is_not_iso_8601_is_a_usage_error(
 @pytest_twisted.ensureDeferred
 async def test_an_unknown_format_is_a_usage_error(state_store, state_uri, tmp_path):
     await stage_history(state_store)
-    result = items(state_uri, "-o", str(tmp_path / "out.txt"))
+    with ThreadPoolExecutor(2) as pool:
+        unknown_extension, unknown_type = pool.map(
+            lambda args: items(state_uri, *args),
+            [("-o", str(tmp_path / "out.txt")), ("-o", "-", "-t", "yaml")])
+    result = unknown_extension
     assert result.returncode == 2
     assert "cannot tell the format of" in result.stderr and "-t FORMAT" in result.stderr
-    result = items(state_uri, "-o", "-", "-t", "yaml")
+    result = unknown_type
     assert result.returncode == 2
     assert "-t yaml: unknown format" in result.stderr
 

@@ -40,6 +40,9 @@ from tests.spiders import ListSpider
 
 PROJECT = Path(__file__).resolve().parents[1]
 REDIS_URL = BUDGET_REDIS_URI
+# Sleeps of tenths of a second against the script, and what the site saw of
+# worker processes' timing: no other test's crawlers beside (under xdist).
+pytestmark = pytest.mark.alone
 
 
 @pytest.fixture

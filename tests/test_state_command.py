@@ -22,6 +22,7 @@ import pytest_twisted
 from scrapy import signals
 from scrapy.crawler import CrawlerRunner
 from scrapy.utils.defer import deferred_from_coro
+from twisted.internet.defer import ensureDeferred, gatherResults
 from twisted.internet.threads import deferToThread
 
 from incremental_crawler import clock
@@ -43,6 +44,12 @@ async def state(state_uri: str, *args: str) -> subprocess.CompletedProcess[str]:
     return await deferToThread(scrapy, "state", *args, "-s", f"INCREMENTAL_STATE_URI={state_uri}")
 
 
+async def states(state_uri: str, *runs: tuple[str, ...]) -> list[subprocess.CompletedProcess[str]]:
+    """:func:`state` for each argument list, side by side: runs that change
+    nothing (each start-up costs a second of CPU)."""
+    return await gatherResults([ensureDeferred(state(state_uri, *args)) for args in runs])
+
+
 def pages(site: Any, n: int = 3) -> list[str]:
     for i in range(n):
         site.add_page(f"/p/{i}", "strong", size=3000)
@@ -56,7 +63,8 @@ async def test_summary_shows_the_pages_and_the_last_crawls_figures(site, crawl, 
     await crawl(ListSpider, urls=urls)
     site.change("/p/2")
     await crawl(ListSpider, urls=urls)
-    result = await state(state_uri)
+    result, hosts, unknown = await states(
+        state_uri, (), ("--spider", SCOPE, "--hosts"), ("--spider", "nothing-here"))
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert re.search(r"^scope list$", out, re.M), out
@@ -71,13 +79,11 @@ async def test_summary_shows_the_pages_and_the_last_crawls_figures(site, crawl, 
     assert re.search(r"^  crawls kept +2 \(at most 100\)$", out, re.M), out
     assert "held by" not in out  # both crawls released their hold
 
-    hosts = await state(state_uri, "--spider", SCOPE, "--hosts")
     assert hosts.returncode == 0, hosts.stderr
     assert re.search(r"^  host +pages +due +gone +failing +stored +lastmod trust +validators$",
                      hosts.stdout, re.M), hosts.stdout
     assert re.search(r"^  127\.0\.0\.1 +3 +3 +0 +0 +[\d.]+ KB +- +-$", hosts.stdout,
                      re.M), hosts.stdout
-    unknown = await state(state_uri, "--spider", "nothing-here")
     assert unknown.returncode == 1
     assert "scope 'nothing-here' has nothing stored" in unknown.stderr
 
@@ -87,7 +93,9 @@ async def test_summary_shows_the_pages_and_the_last_crawls_figures(site, crawl, 
 async def test_url_shows_the_whole_record(site, crawl, state_uri, state_store):
     urls = pages(site, 2)
     await crawl(ListSpider, urls=urls)
-    text = await state(state_uri, "url", urls[1], "--spider", SCOPE)
+    text, machine, missing = await states(
+        state_uri, ("url", urls[1], "--spider", SCOPE), ("url", urls[1], "--json"),
+        ("url", site.url("/never"), "--json"))
     assert text.returncode == 0, text.stderr
     [stored] = state_store.url_record(SCOPE, urls[1]).pages
     etag = stored.etag
@@ -98,14 +106,12 @@ async def test_url_shows_the_whole_record(site, crawl, state_uri, state_store):
     assert re.search(r"^  items +1$", text.stdout, re.M), text.stdout
     assert f"    {urls[1]}: version 1 (new, " in text.stdout
 
-    machine = await state(state_uri, "url", urls[1], "--json")
     assert machine.returncode == 0, machine.stderr
     [record] = json.loads(machine.stdout)
     assert record["scope"] == SCOPE and record["items"] == [urls[1]]
     assert record["pages"][0]["etag"] == etag
     assert record["pages"][0]["fingerprint"] == stored.fingerprint
     assert record["latest"][0]["data"]["title"] == "Page p/1 v0"
-    missing = await state(state_uri, "url", site.url("/never"), "--json")
     assert missing.returncode == 1 and "nothing stored for" in missing.stderr
 
 
@@ -144,12 +150,12 @@ async def test_a_killed_crawl_of_this_host_is_named_killed_until_its_hold_lapses
     host = socket.gethostname()
     for holder in (f"{host}:{killed.pid}", f"{host}:{killed.pid}:0a1b2c3d"):
         await deferred_from_coro(state_store.hold_scope(SCOPE, holder, HOLD_TTL))
-        held = await state(state_uri, "forget", site.url("/p/0"), "--spider", SCOPE)
+        held, summary = await states(
+            state_uri, ("forget", site.url("/p/0"), "--spider", SCOPE), ("--spider", SCOPE))
         assert held.returncode == 1
         assert held.stderr.startswith(
             f"error: scope 'list' is held by crawl {holder} (pid {killed.pid} is not running "
             "on this host: it was killed; its hold lapses at "), held.stderr
-        summary = await state(state_uri, "--spider", SCOPE)
         assert f"{holder} (pid {killed.pid} is not running on this host: it was killed; " \
             in summary.stdout, summary.stdout
         await deferred_from_coro(state_store.release_scope(SCOPE, holder))
@@ -179,9 +185,10 @@ async def test_reset_refuses_without_yes_and_while_a_crawl_holds_the_scope(
     # A crawl holds the scope (as a running one does, through the store).
     await deferred_from_coro(state_store.hold_scope(SCOPE, "crawler-host:4242", HOLD_TTL))
     expires = state_store.scope_holders(SCOPE, clock.now())["crawler-host:4242"]
-    for args in (("reset", "--yes"), ("forget", site.url("/p/0")),
-                 ("forget-host", "127.0.0.1")):
-        held = await state(state_uri, *args, "--spider", SCOPE)
+    refusals = (("reset", "--yes"), ("forget", site.url("/p/0")), ("forget-host", "127.0.0.1"))
+    *refused_all, summary = await states(
+        state_uri, *((*args, "--spider", SCOPE) for args in refusals), ("--spider", SCOPE))
+    for args, held in zip(refusals, refused_all, strict=True):
         assert held.returncode == 1, args
         assert held.stderr.startswith(
             "error: scope 'list' is held by crawl crawler-host:4242 (running, or killed: its "
@@ -191,7 +198,6 @@ async def test_reset_refuses_without_yes_and_while_a_crawl_holds_the_scope(
         assert held.stderr.count("\n") == 1
         assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", held.stderr)
     assert state_store.count_scope(SCOPE) == before
-    summary = await state(state_uri, "--spider", SCOPE)
     assert re.search(r"^  held by +crawler-host:4242 \(running, or killed: its hold lapses at ",
                      summary.stdout, re.M), summary.stdout
 

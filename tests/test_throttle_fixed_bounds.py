@@ -13,6 +13,10 @@ import pytest_twisted
 
 from tests.spiders import ListSpider
 
+# The gaps between requests as the server saw them, to 10 ms: no other test's
+# crawlers beside (under xdist).
+pytestmark = pytest.mark.alone
+
 THROTTLE_LOGGER = "incremental_crawler.politeness.extension"
 REPORT_LOGGER = "incremental_crawler.report.extension"
 #: The window starts far above what the delay lets through: the figures

@@ -53,7 +53,7 @@ from tests.site.docs_pages import render_docs_page
 from tests.site.limits import TokenBucketLimiter
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
     from twisted.internet.defer import Deferred
     from twisted.internet.interfaces import IListeningPort
@@ -435,6 +435,10 @@ class LoopbackSite:
         self.limiter: TokenBucketLimiter | None = None
         # path prefix -> seconds before answering; see slow().
         self._slow: dict[str, float] = {}
+        # Path prefixes whose answers wait for release(), and the answers
+        # waiting (each sends its response, after its slow() delay); see hold().
+        self._hold: set[str] = set()
+        self._held: list[Callable[[], None]] = []
         #: Requests being answered now, and the most at once, per Host header.
         self.in_flight: dict[str, int] = {}
         self.max_in_flight: dict[str, int] = {}
@@ -555,6 +559,28 @@ class LoopbackSite:
     def slow(self, path_prefix: str, seconds: float) -> None:
         """Answer requests under *path_prefix* after *seconds* (a slow server)."""
         self._slow[path_prefix] = seconds
+
+    def hold(self, path_prefix: str) -> None:
+        """Keep the answers to requests under *path_prefix* until :meth:`release`.
+
+        The requests arrive (and count in :attr:`in_flight`) but are not
+        answered: a test can wait until every client has requests on the
+        wire (:attr:`held`) before it lets the work go on, instead of hoping
+        that a process starting late still finds some.
+        """
+        self._hold.add(path_prefix)
+
+    @property
+    def held(self) -> int:
+        """Requests whose answer :meth:`hold` keeps now."""
+        return len(self._held)
+
+    def release(self) -> None:
+        """Stop holding: answer the held requests (after their slow() delay), and the next."""
+        self._hold.clear()
+        held, self._held = self._held, []
+        for answer in held:
+            answer()
 
     def override(
         self, path: str, *, status: int | None = None,
@@ -869,7 +895,8 @@ class LoopbackSite:
             )
             return body
 
-        if not delay:
+        held = any(raw_path.startswith(prefix) for prefix in self._hold)
+        if not delay and not held:
             return finish()
         from twisted.internet import reactor
 
@@ -880,7 +907,10 @@ class LoopbackSite:
             request.write(finish())
             request.finish()
 
-        reactor.callLater(delay, later)  # type: ignore[attr-defined]
+        if held:
+            self._held.append(lambda: reactor.callLater(delay, later))  # type: ignore[attr-defined]
+        else:
+            reactor.callLater(delay, later)  # type: ignore[attr-defined]
         return server.NOT_DONE_YET  # type: ignore[return-value]
 
     @staticmethod

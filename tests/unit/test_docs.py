@@ -25,6 +25,7 @@ Formats the checks rely on (see the pages themselves):
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from itertools import product
 from pathlib import Path
@@ -389,6 +390,7 @@ def _modules() -> list[_Module]:
     return [_Module(path) for path in sorted(PACKAGE.rglob("*.py"))]
 
 
+@functools.cache  # the package's sources, parsed once for the module's tests (read only)
 def code_stats() -> dict[str, set[str]]:
     """Stat key pattern -> the modules writing it."""
     found: dict[str, set[str]] = {}
