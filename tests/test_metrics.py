@@ -497,6 +497,9 @@ async def test_a_target_file_that_cannot_be_removed_still_lets_the_port_go(
     assert crawler.stats.get_value("incremental/metrics/port") == first
     # The crawl is over: nothing listens on its port any more.
     with socket.socket() as probe:
+        # As Twisted listens (SO_REUSEADDR): the scrape's closed connection
+        # may sit in TIME_WAIT on this port; only a listener makes this fail.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind(("127.0.0.1", first))
         probe.listen()
     assert "Cannot remove the Prometheus target file" in caplog.text
