@@ -38,7 +38,7 @@ def test_scrapy_demo_crawls_twice_and_reports_savings(tmp_path):
     changed = re.search(r"changed on the site:\s+(\d+) pages", out)
     assert changed and changed.group(1) == "4"
     skipped = re.search(
-        r"crawl 2 \(incremental\): (\d+) unchanged sitemaps not read, (\d+) pages skipped", out)
+        r"crawl 2 \(incremental\): (\d+) unchanged sitemaps? not read, (\d+) pages skipped", out)
     # Changed pages are in both of the index's sitemaps, so both are read;
     # of the 36 unchanged pages they list, one per sitemap is checked (the
     # rotating sample, a 304) and the others are skipped by lastmod.

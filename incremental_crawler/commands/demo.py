@@ -138,7 +138,8 @@ class Command(ScrapyCommand):
             f"crawl 1 (cold):        {first['server_requests']} pages fetched, "
             f"{first['items']} items stored, {first['server_bytes']:,} body bytes\n"
             f"changed on the site:   {len(changed)} pages ({', '.join(changed)})\n"
-            f"crawl 2 (incremental): {second['sitemaps_unchanged']} unchanged sitemaps not read, "
+            f"crawl 2 (incremental): {_count(second['sitemaps_unchanged'], 'unchanged sitemap')} "
+            "not read, "
             f"{second['lastmod_skipped']} pages skipped\n"
             "                       (sitemap lastmod not newer than stored),\n"
             f"                       {second['server_requests']} pages checked, "
@@ -153,3 +154,8 @@ class Command(ScrapyCommand):
             f"every stored item: scrapy items -o items.jsonl "
             f"-s INCREMENTAL_STATE_URI={state_uri}\n"
         )
+
+
+def _count(n: int, noun: str) -> str:
+    """*n* and *noun*, plural unless *n* is 1."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
