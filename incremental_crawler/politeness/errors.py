@@ -38,7 +38,7 @@ from scrapy.exceptions import (
 from twisted.internet import error as tx
 from twisted.web.client import RequestTransmissionFailed, ResponseFailed
 
-__all__ = ["ErrorSignal", "classes", "classify_error"]
+__all__ = ["CLASSES", "ErrorSignal", "classes", "classify_error"]  # noqa: F822 (CLASSES: __getattr__)
 
 
 class ErrorSignal(enum.Enum):
@@ -78,6 +78,14 @@ def classes() -> tuple[tuple[tuple[type[BaseException], ...], ErrorSignal], ...]
           TunnelError, OSError),
          ErrorSignal.SOFT),
     )
+
+
+def __getattr__(name: str) -> object:
+    # ``CLASSES`` was this module's table before it was built on first use:
+    # importing it (the old name) still works, and builds it then.
+    if name == "CLASSES":
+        return classes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def classify_error(exception: BaseException) -> ErrorSignal:

@@ -81,3 +81,13 @@ def test_a_subclass_is_weighed_as_its_parent():
 
     assert classify_error(ProxyRefused()) is HARD
     assert classify_error(PeerReset()) is SOFT
+
+
+def test_the_table_keeps_its_old_import_name():
+    """``CLASSES``, the table's name before it was built on first use, still
+    imports (user code weighing its own errors the same way), as that table."""
+    from incremental_crawler.politeness.errors import CLASSES, classes
+
+    assert CLASSES is classes()
+    assert [signal for _, signal in CLASSES] == [TIMEOUT, SOFT, HARD, SOFT]
+    assert TunnelError in CLASSES[-1][0]
