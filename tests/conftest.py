@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import fcntl
 import sqlite3
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -18,47 +20,91 @@ from tests.redis_util import REDIS_URI, delete_budget_prefix, delete_prefix, new
 from tests.site import LoopbackSite
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-    from pathlib import Path
-
     from scrapy import Spider
     from scrapy.crawler import Crawler
 
 ADDON = "incremental_crawler.addon.IncrementalAddon"
 
 
-@pytest.fixture(autouse=True)
-def _alone_when_marked(request: pytest.FixtureRequest,
-                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Under pytest-xdist, a test marked ``alone`` runs while no other test does.
+class _RunAlone:
+    """Under pytest-xdist, the tests marked ``alone`` run while no other test does.
 
     Those tests assert what a server saw of the crawlers' timing (the gaps
     between requests, a promise kept within 5 ms of a 429): a second test
     process starting crawlers beside them on a 2-core machine delays
     requests enough to break them. Every other test holds a shared lock on a
-    file of the run (in its base temp dir, which the workers share), a
-    marked one an exclusive lock; a turnstile lock keeps new shared holders
-    out while a marked test waits. Without xdist nothing runs beside anyway.
+    file of the run, a marked one an exclusive lock, kept over a run of
+    marked tests in a row (a module of them waits once for the other
+    process's test to end, not once per test); a turnstile lock keeps new
+    shared holders out while a marked test waits. Without xdist nothing runs
+    beside anyway.
     """
-    if not hasattr(request.config, "workerinput"):
-        yield
-        return
-    root = tmp_path_factory.getbasetemp().parent
-    alone = request.node.get_closest_marker("alone") is not None
-    with (root / "tests-turnstile.lock").open("a") as turnstile, \
-            (root / "tests-running.lock").open("a") as running:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
+
+    def __init__(self, run: str) -> None:
+        base = Path(tempfile.gettempdir()) / f"incremental-tests-{run}"
+        self.paths = [Path(f"{base}-turnstile.lock"), Path(f"{base}-running.lock")]
+        # Opened once per process: a process that has finished may remove the
+        # files while the other one still holds them open.
+        self.turnstile, self.running = (path.open("a") for path in self.paths)
+        self.exclusive = False
+
+    def before(self, alone: bool) -> None:
+        if alone:
+            if not self.exclusive:
+                fcntl.flock(self.turnstile, fcntl.LOCK_EX)
+                fcntl.flock(self.running, fcntl.LOCK_EX)
+                self.exclusive = True
+            return
+        fcntl.flock(self.turnstile, fcntl.LOCK_EX)
         try:
-            fcntl.flock(running, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            fcntl.flock(self.running, fcntl.LOCK_SH)
         finally:
-            if not alone:
-                fcntl.flock(turnstile, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(running, fcntl.LOCK_UN)
-            if alone:
-                fcntl.flock(turnstile, fcntl.LOCK_UN)
+            fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+
+    def after(self, alone: bool, next_alone: bool) -> None:
+        if alone and next_alone:
+            return
+        fcntl.flock(self.running, fcntl.LOCK_UN)
+        if self.exclusive:
+            fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+            self.exclusive = False
+
+    def close(self) -> None:
+        for lock in (self.turnstile, self.running):
+            lock.close()  # which releases its lock
+        for path in self.paths:
+            path.unlink(missing_ok=True)
+
+
+_run_alone: _RunAlone | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _run_alone  # one per test process
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        _run_alone = _RunAlone(workerinput["testrunuid"])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _run_alone is not None:
+        _run_alone.close()
+
+
+def _alone(item: pytest.Item | None) -> bool:
+    return item is not None and item.get_closest_marker("alone") is not None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    if _run_alone is None:
+        return (yield)
+    alone = _alone(item)
+    _run_alone.before(alone)
+    try:
+        return (yield)
+    finally:
+        _run_alone.after(alone, _alone(nextitem))
 
 
 @pytest.fixture
