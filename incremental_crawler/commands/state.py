@@ -30,6 +30,7 @@ from scrapy.exceptions import UsageError
 from scrapy.spiderloader import get_spider_loader
 
 from incremental_crawler import clock
+from incremental_crawler.report.formats import size
 from incremental_crawler.state.keys import canonical_url
 from incremental_crawler.state.records import PageFlags
 from incremental_crawler.state.stores import (
@@ -66,15 +67,6 @@ class Refused(Exception):
 
 
 # -- formats for people ----------------------------------------------------------
-
-
-def size(n: float) -> str:
-    """``1536`` → ``"1.5 KB"`` (binary multiples, as file managers show)."""
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def when(timestamp: float | None) -> str:

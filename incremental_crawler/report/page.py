@@ -25,6 +25,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from incremental_crawler.report.formats import size
+
 __all__ = ["PlotlyMissing", "plotly_js", "render_parts"]
 
 #: Colours of the series, the same in every chart.
@@ -67,14 +69,6 @@ def plotly_js() -> tuple[bytes, str]:
 
 def _n(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def _when(iso: str | None) -> str:
@@ -296,7 +290,7 @@ def _hosts_section(hosts: list[dict[str, Any]]) -> str:
             f'<span class="host">{_e(h["host"])}</span>', _requested_cell(h),
             _n(h["skipped_lastmod"]), _n(h["not_due"]), _n(h["checked"]),
             _n(h["not_modified"]), _n(h["changed"]), _n(h["new"]), _n(h["unchanged_200"]),
-            _n(h["failed"]), _bytes(h["bytes_saved_estimate"]), _bytes(h["bytes_skipped"]),
+            _n(h["failed"]), size(h["bytes_saved_estimate"]), size(h["bytes_skipped"]),
             " / ".join(_n(v.get(k, 0)) for k in ("reliable", "unstable", "lying", "absent")),
             _trust_cell(h.get("validator_trust"), h.get("validators_distrusted_until")),
             _trust_cell(h.get("lastmod_trust"), h.get("lastmod_distrusted_until")),
@@ -316,8 +310,8 @@ def _history_section(history: list[dict[str, Any]], figures: dict[str, Any]) -> 
             _n(f.get("requests")), _n(f.get("not_modified")),
             _n(f.get("pages_changed", 0) + f.get("pages_new", 0)),
             _n(f.get("skipped_lastmod")), _n(f.get("not_due")), _n(f.get("failed")),
-            _n(f.get("responses_429")), _bytes(f.get("bytes_received", 0)),
-            _bytes(f.get("bytes_saved", 0)),
+            _n(f.get("responses_429")), size(f.get("bytes_received", 0)),
+            size(f.get("bytes_saved", 0)),
             f"{f.get('duration', 0):.1f} s",
         ])
     table = _table(["started (UTC)", "worker", "end", "requests", "304", "changed + new",
@@ -375,8 +369,8 @@ def _summary_cards(s: dict[str, Any], duration: float) -> str:
         ("pages checked", _n(s["checked"])), ("304 not modified", _n(s["not_modified"])),
         ("changed", _n(s["changed"])), ("new", _n(s["new"])),
         ("skipped (lastmod)", _n(s["skipped_lastmod"])), ("not due", _n(s["not_due"])),
-        ("failed", _n(s["failed"])), ("bytes downloaded", _bytes(s["bytes_downloaded"])),
-        ("saved by 304s (est.)", _bytes(s["bytes_saved_estimate"])),
+        ("failed", _n(s["failed"])), ("bytes downloaded", size(s["bytes_downloaded"])),
+        ("saved by 304s (est.)", size(s["bytes_saved_estimate"])),
         ("of a full re-crawl", share), ("duration", f"{duration:.1f} s"),
     ])
 
@@ -418,7 +412,7 @@ def render_parts(report: dict[str, Any], *, json_name: str | None = None) -> lis
         title = f"Crawl history: {report['scope']}"
         meta = f"store {report['store']}; generated {_when(report['generated_at'])}"
         rows = [[_e(h["host"]), _n(h["pages"]), _n(h["due"]), _n(h["gone"]), _n(h["failing"]),
-                 _bytes(h["stored_bytes"]),
+                 size(h["stored_bytes"]),
                  _trust_cell(h.get("validator_trust"), h.get("validators_distrusted_until")),
                  _trust_cell(h.get("lastmod_trust"), h.get("lastmod_distrusted_until"))]
                 for h in report["stored_hosts"]]
