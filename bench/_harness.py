@@ -3,7 +3,8 @@
 * :class:`Site` runs ``python -m tests.site`` (the test site) in its own
   process on 127.0.0.1 and talks to its ``/__site__/...`` control endpoints.
 * :func:`run_crawl` runs ``scrapy crawl sitemap ...`` as a separate process
-  and collects that process's own CPU time and peak RSS with ``os.wait4``.
+  and collects that process's own CPU time and peak RSS with ``os.wait4``;
+  :func:`run_process` does the same for any other command.
 * :func:`run_workers` starts N such crawls together (cluster workers) and
   waits for all of them; :func:`worker_stats` reads a crawl's stats dump.
 * :class:`RedisServer` is a throwaway ``redis-server`` on a free loopback port.
@@ -160,6 +161,18 @@ def _wait4(proc: subprocess.Popen, timeout: float, started: float) -> ProcUsage:
             raise TimeoutError(f"process {proc.args!r} did not finish within {timeout:.0f} s")
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
+
+
+def run_process(cmd: Sequence[str], *, timeout: float = 120.0) -> ProcUsage:
+    """Run *cmd* (in the repository, with :func:`child_env`, output discarded)
+    and return its own rusage; raises if it fails."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(list(cmd), cwd=REPO, env=child_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    usage = _wait4(proc, timeout, started)
+    if usage.returncode != 0:
+        raise RuntimeError(f"{list(cmd)!r} failed (rc={usage.returncode})")
+    return usage
 
 
 class Site:
