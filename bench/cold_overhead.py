@@ -59,20 +59,24 @@ How to read it
     state update; HttpCache reads the cached page and parses it again).
 
     That whole-crawl ratio has a floor that is no code of ours: a Scrapy
-    process's start-up. Plain Scrapy's one-page crawl costs about 1.2-1.4 s
-    of CPU (half of it imports: Scrapy's own, and what its default
-    extensions pull in), HttpCache's whole 530-page re-crawl about 5 s, so
-    0.25x of it is about what plain Scrapy spends before its first page.
-    The line "plain Scrapy's one-page crawl = Y x httpcache's re-crawl"
-    says how close the target sits to that floor (Y near 0.25: any
-    start-up of ours at all misses it); "ours' one-page re-crawl" says how
-    much of ours' re-crawl is its own start-up. The per-page marginal
+    process's start-up. Plain Scrapy's one-page crawl costs about 1-1.4 s
+    of CPU, about half of it importing Scrapy (its own modules and what its
+    default extensions pull in); HttpCache's whole 530-page re-crawl costs
+    5-10 s, more the busier the machine (its per-page work grows with the
+    load more than start-up does). So 0.25x of it is one to two plain
+    Scrapy start-ups. The line "plain Scrapy's one-page crawl = Y x
+    httpcache's re-crawl" says where the floor sits in this run: with Y
+    near 0.25, ours misses the target whatever a 304 costs it, having a
+    start-up of its own; "ours' one-page re-crawl" is that start-up (plus
+    one page) as a share of HttpCache's re-crawl. The per-page marginal
     figures take start-up out: "re-crawl per page ours/httpcache" is what
     a 304 costs ours against what a revalidated cached page costs
-    HttpCache, and it is the ratio a larger site's re-crawl tends to; the
-    cold per-page ours/plain likewise. They are differences of medians of
-    noisy figures: with few pages (``--pages`` below a few hundred), the
-    difference is small next to the noise.
+    HttpCache, the ratio a larger site's re-crawl tends to; "cold per page
+    ours/plain" likewise for the first crawl. Both are differences of
+    medians of noisy figures (a one-page crawl varies by +-30% between
+    rounds on a shared machine): compare them across runs before reading
+    much into a second digit, and with few pages (``--pages`` below a few
+    hundred) the difference drowns in that noise.
     Pacing requests (ours' politeness, or Scrapy's DOWNLOAD_DELAY: compare
     plain-paced with plain) costs CPU of its own on a shared machine: each
     request is handled alone after a sleep, caches cold (no more
