@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from scrapy.settings import default_settings
+
 from incremental_crawler.cluster import apply_cluster_settings
 from incremental_crawler.config import DEFAULT_SETTINGS, throttle_enabled
 from incremental_crawler.politeness.robots import SCRAPY_ROBOTSTXT
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["COMPONENTS", "IncrementalAddon"]
 
 _P = "incremental_crawler."
+PACED_DOWNLOADER = _P + "politeness.downloader.PacedDownloader"
 
 #: (setting, component, order). Orders matter, see each module's docstring.
 COMPONENTS: tuple[tuple[str, str, int], ...] = (
@@ -83,6 +86,10 @@ class IncrementalAddon:
             settings["EXTENSIONS"].set(
                 "scrapy.extensions.throttle.AutoThrottle", None, priority="addon"
             )
+            # Fast slots send their requests in groups (same rate, fewer
+            # wake-ups), unless the project has a downloader of its own.
+            if settings["DOWNLOADER"] == default_settings.DOWNLOADER:
+                settings.set("DOWNLOADER", PACED_DOWNLOADER, priority="addon")
         # robots.txt answering 5xx or not at all means complete disallow
         # (RFC 9309), not "allow all": ours replaces Scrapy's, at its order,
         # unless the project configured Scrapy's itself.

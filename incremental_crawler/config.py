@@ -170,6 +170,10 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_THROTTLE_CRAWL_DELAY_MAX": 30.0,
     "INCREMENTAL_THROTTLE_WARN_ERROR_SHARE": 0.2,
     "INCREMENTAL_THROTTLE_DEBUG": False,
+    # Seconds: a slot faster than one request per tick sends its requests in
+    # groups, one group per tick, at the same rate (fewer wake-ups); 0: one
+    # at a time always. See incremental_crawler/politeness/downloader.py.
+    "INCREMENTAL_THROTTLE_TICK": 0.1,
     # One budget per slot for all workers (redis://host:port/db): the window,
     # its pacing and Retry-After freezes shared. None: each process its own.
     "INCREMENTAL_THROTTLE_SHARED_URL": None,

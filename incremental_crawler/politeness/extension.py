@@ -45,6 +45,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from incremental_crawler.config import SettingError, setting_or_default, throttle_enabled
 from incremental_crawler.fatal import SHARED_UNAVAILABLE
 from incremental_crawler.http.validators import parse_http_date
+from incremental_crawler.politeness.downloader import PacedSlot
 from incremental_crawler.politeness.errors import ErrorSignal, classify_error
 from incremental_crawler.politeness.retry_after import parse_retry_after
 from incremental_crawler.politeness.window import DomainWindow, WindowPolicy
@@ -202,6 +203,9 @@ class AdaptiveThrottle(AutoThrottle):
         self.crawl_delay_max = number("CRAWL_DELAY_MAX")
         self.retry_after_max = number("RETRY_AFTER_MAX")
         self.warn_share = number("WARN_ERROR_SHARE")
+        self.tick = number("TICK")
+        if self.tick < 0:
+            raise SettingError(f"INCREMENTAL_THROTTLE_TICK must be >= 0 ({self.tick:g})")
         self.windows: dict[str, DomainWindow] = {}
         self.groups = {
             host: group
@@ -359,6 +363,11 @@ class AdaptiveThrottle(AutoThrottle):
         slot.delay = SHARED_SLOT_DELAY if self.shared is not None else window.delay
         slot.concurrency = window.concurrency
         slot.jitter = 0.0  # our delay is exact: a jitter could break a freeze
+        if isinstance(slot, PacedSlot):
+            # The shared bucket grants one token per request: no groups there.
+            slot.burst = 1 if self.shared is not None else window.burst(self.tick)
+            # A group leaves at once: the concurrency must let it.
+            slot.concurrency = max(slot.concurrency, slot.burst)
         if window.frozen_until:
             # Scrapy lets the next request of a slot leave at lastseen +
             # delay: move lastseen so that this is the end of the freeze.

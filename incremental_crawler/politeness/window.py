@@ -149,6 +149,21 @@ class DomainWindow:
         needed = math.ceil(self.rate * latency) + 1
         return max(1, min(self.policy.max_concurrency, needed))
 
+    def burst(self, tick: float) -> int:
+        """How many requests may leave together, a group every *tick* seconds.
+
+        One unless the window is at its ceiling (``max_rate``) and that
+        is more than one request per *tick*, reached without a single
+        error: the site has taken the most this crawl ever sends it, and the
+        groups do not raise the rate. One, too, with a delay floor (a
+        Crawl-delay or the user's delay promises a gap between any two
+        requests). Never above the concurrency ceiling.
+        """
+        if (tick <= 0 or self.delay_floor > 0 or self.rate < self.policy.max_rate
+                or not self.slow_start or self.hard or self.soft or self.penalty_box):
+            return 1
+        return max(1, min(self.policy.max_concurrency, int(tick * self.rate)))
+
     def percentile(self, q: float) -> float:
         if not self.latencies:
             return 0.0

@@ -1,0 +1,117 @@
+"""A fast slot's requests leave in small groups, at the same rate, as the
+server sees them; one at a time wherever a gap is owed."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import pytest_twisted
+
+from tests.spiders import ListSpider
+
+# Request times as the server saw them, to a few ms: no other test's
+# crawlers beside (under xdist).
+pytestmark = pytest.mark.alone
+
+FAST = {"INCREMENTAL_THROTTLE_ENABLED": True, "CONCURRENT_REQUESTS": 16,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 16, "INCREMENTAL_THROTTLE_START_RATE": 50,
+        "INCREMENTAL_THROTTLE_MAX_RATE": 50}
+#: Requests that start closer than this are one group (groups are 0.1 s apart).
+SAME_GROUP = 0.03
+
+
+def add_pages(site, n: int) -> list[str]:
+    paths = [f"/p/{i:04d}" for i in range(n)]
+    for path in paths:
+        site.add_page(path, "strong", size=800)
+    return paths
+
+
+def page_starts(site) -> list[float]:
+    return sorted(r.started for r in site.log if r.path.startswith("/p/"))
+
+
+def groups(starts: list[float], within: float = SAME_GROUP) -> list[list[float]]:
+    out: list[list[float]] = []
+    for t in starts:
+        if out and t - out[-1][-1] < within:
+            out[-1].append(t)
+        else:
+            out.append([t])
+    return out
+
+
+def assert_one_at_a_time(starts: list[float]) -> None:
+    """20 ms apart as they leave. What the server sees wavers by several ms
+    under load (two may arrive together), but a group's requests arrive
+    within a ms or two of each other, all of them."""
+    assert max(len(g) for g in groups(starts, within=0.004)) <= 2
+
+
+def most_in_one_second(starts: list[float]) -> int:
+    return max(sum(1 for t in starts[i:] if t < start + 1.0) for i, start in enumerate(starts))
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_fast_slot_sends_groups_of_rate_times_tick_at_the_same_rate(site, crawl):
+    paths = add_pages(site, 60)
+    await crawl(ListSpider, settings=FAST, urls=[site.url(p) for p in paths])
+    starts = page_starts(site)
+    assert len(starts) == 60
+    found = groups(starts)
+    sizes = [len(g) for g in found]
+    # 50/s * 0.1 s: five at a time, never more. The crawl's first request
+    # leaves alone as soon as it comes, the first group 20 ms later: they
+    # count as one here.
+    assert sizes[0] <= 6
+    assert max(sizes[1:]) == 5
+    assert sizes.count(5) >= len(found) // 2
+    # A fifth of the wake-ups, or about.
+    assert len(found) <= 20
+    # A group of n uses n intervals of 1/50 s: the next one leaves that long
+    # after it (a group is smaller when the slot's concurrency is still
+    # taken by the last one's answers). Margin: what the server sees wavers.
+    assert all(b[0] - a[0] >= 0.7 * len(a) / 50 for a, b in itertools.pairwise(found))
+    # The rate is the window's: in any second at most rate + one group.
+    assert most_in_one_second(starts) <= 55
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_a_tick_requests_leave_one_at_a_time(site, crawl):
+    paths = add_pages(site, 30)
+    await crawl(ListSpider, settings={**FAST, "INCREMENTAL_THROTTLE_TICK": 0},
+                urls=[site.url(p) for p in paths])
+    starts = page_starts(site)
+    assert len(starts) == 30
+    assert_one_at_a_time(starts)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_users_delay_promises_a_gap_between_any_two_requests(site, crawl):
+    paths = add_pages(site, 30)
+    # 1/50 s: the window may reach 50/s all the same, so nothing else holds it.
+    await crawl(ListSpider, settings={**FAST, "DOWNLOAD_DELAY": 0.02},
+                urls=[site.url(p) for p in paths])
+    starts = page_starts(site)
+    assert len(starts) == 30
+    assert_one_at_a_time(starts)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_site_that_refuses_a_group_gets_one_request_at_a_time_after(site, crawl):
+    # A limiter that takes 50/s evenly but no more than two at once, as
+    # nginx's limit_req with a small burst does.
+    limiter = site.limit(rate=50, burst=2)
+    paths = add_pages(site, 40)
+    await crawl(ListSpider, settings=FAST, urls=[site.url(p) for p in paths])
+    pages = [r for r in site.log if r.path.startswith("/p/")]
+    assert {r.path for r in pages if r.status == 200} == set(paths)
+    first_429 = min(r.finished for r in pages if r.status == 429)
+    # Retry-After: 1 froze the slot for a second; what left after it left
+    # one at a time, at the cut window's 35/s (~28 ms apart).
+    after = sorted(r.started for r in pages if r.started > first_429 + 0.5)
+    assert len(after) >= 20
+    assert_one_at_a_time(after)
+    # The groups cost one round of refusals, not one per group.
+    assert limiter.refused <= 4
