@@ -170,6 +170,9 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_THROTTLE_CRAWL_DELAY_MAX": 30.0,
     "INCREMENTAL_THROTTLE_WARN_ERROR_SHARE": 0.2,
     "INCREMENTAL_THROTTLE_DEBUG": False,
+    # Seconds a slot's rate at the end of a crawl is remembered: the next
+    # crawl's window starts there (politeness/remembered.py). 0: never.
+    "INCREMENTAL_THROTTLE_REMEMBER_FOR": 7 * 86400.0,
     # One budget per slot for all workers (redis://host:port/db): the window,
     # its pacing and Retry-After freezes shared. None: each process its own.
     "INCREMENTAL_THROTTLE_SHARED_URL": None,

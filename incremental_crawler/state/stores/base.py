@@ -179,6 +179,8 @@ class StateStore(ABC):
     #: Crawl records kept per scope (INCREMENTAL_CRAWL_HISTORY): writing one
     #: prunes the oldest beyond it, in the same flush.
     crawl_history: int = 100
+    #: Remembered politeness rates kept per scope (:meth:`stage_slot_rates`).
+    slot_rates_kept: int = SLOT_RATES_KEPT
 
     @abstractmethod
     async def get_page(self, key: PageKey) -> PageState | None:
@@ -422,7 +424,7 @@ class StateStore(ABC):
     def stage_slot_rates(self, rates: Iterable[SlotRate]) -> None:  # noqa: B027 (see above)
         """Stage what each slot's window learned this crawl, committed with
         the next flush: a slot's record replaces the one stored, and the
-        scope keeps the :data:`SLOT_RATES_KEPT` saved most recently (ties:
+        scope keeps the :attr:`slot_rates_kept` saved most recently (ties:
         the first slot by name goes first), the others pruned in the same flush."""
 
     async def slot_rates(self, scope: str) -> SlotRates:

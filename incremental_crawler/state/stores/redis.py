@@ -34,7 +34,7 @@ neither holds a ``:``, ``|`` or brace:
 ``P:slots:<s>``                 hash: slot → the rate its politeness window
                                 learned (JSON)
 ``P:slotsat:<s>``               sorted set: those slots by when each was saved,
-                                the newest ``SLOT_RATES_KEPT`` kept
+                                the newest ``SLOT_RATES_KEPT`` (1000) kept
 ``P:migrating``                 the lock of a layout migration (expires)
 ==============================  ==========================================
 
@@ -142,7 +142,6 @@ from incremental_crawler.state.records import (
     StoredVersion,
 )
 from incremental_crawler.state.stores.base import (
-    SLOT_RATES_KEPT,
     PagesSummary,
     Removed,
     SlotRates,
@@ -1996,7 +1995,7 @@ class RedisStateStore(StateStore):
                                sort_keys=True, separators=(",", ":"))
             self._stage(rate.scope, (
                 "slotrate", self._key("slots", rate.scope), self._key("slotsat", rate.scope),
-                rate.slot, value, repr(float(rate.saved_at)), SLOT_RATES_KEPT))
+                rate.slot, value, repr(float(rate.saved_at)), self.slot_rates_kept))
 
     async def slot_rates(self, scope: str) -> SlotRates:
         raw = await self._call("HGETALL", self._key("slots", scope))

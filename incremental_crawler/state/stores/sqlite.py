@@ -33,7 +33,6 @@ from incremental_crawler.state.records import (
     StoredVersion,
 )
 from incremental_crawler.state.stores.base import (
-    SLOT_RATES_KEPT,
     PagesSummary,
     Removed,
     SlotRates,
@@ -311,7 +310,7 @@ _UPSERT_SLOT_RATE = (
     "INSERT OR REPLACE INTO slot_rates (scope, slot, rate, slow_start, saved_at, ended) "
     "VALUES (?, ?, ?, ?, ?, ?)"
 )
-# The SLOT_RATES_KEPT saved most recently stay (ties: the first by name goes,
+# The slot_rates_kept saved most recently stay (ties: the first by name goes,
 # as in the Redis store).
 _PRUNE_SLOT_RATES = (
     "DELETE FROM slot_rates WHERE scope = ? AND slot NOT IN (SELECT slot FROM slot_rates "
@@ -974,7 +973,7 @@ class SQLiteStateStore(StateStore):
             if rate.scope not in scopes:
                 scopes.append(rate.scope)
         for scope in scopes:
-            self._ops.append((_PRUNE_SLOT_RATES, (scope, scope, SLOT_RATES_KEPT)))
+            self._ops.append((_PRUNE_SLOT_RATES, (scope, scope, self.slot_rates_kept)))
 
     async def slot_rates(self, scope: str) -> SlotRates:
         found = SlotRates([], [])
