@@ -1975,7 +1975,7 @@ class TestSQLiteMigrations:
             last_status=503, last_checked=10, checks=1, failures=1, next_visit=5)
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
 
     @pytest_twisted.ensureDeferred
     async def test_version_10_store_gets_the_change_feed_and_keeps_its_data(
@@ -2019,7 +2019,7 @@ class TestSQLiteMigrations:
         assert await call(store.get_page_items("s", "http://a/")) == []
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
 
     @pytest_twisted.ensureDeferred
     async def test_version_8_store_gets_stale_lastmod_findings(self, tmp_path: Path) -> None:
@@ -2038,7 +2038,7 @@ class TestSQLiteMigrations:
         assert (await call(store.get_host("s", "a"))).stale_lastmods == 2
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
 
     @pytest_twisted.ensureDeferred
     async def test_version_11_store_gets_crawl_records_and_holds(self, tmp_path: Path) -> None:
@@ -2059,7 +2059,7 @@ class TestSQLiteMigrations:
         assert store.scope_holders("s", 100) == {"me": 160}
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
 
     @pytest_twisted.ensureDeferred
     async def test_version_12_store_gets_live_run_marks(self, tmp_path: Path) -> None:
@@ -2089,4 +2089,24 @@ class TestSQLiteMigrations:
             (5, "changed")]
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
+
+    @pytest_twisted.ensureDeferred
+    async def test_version_13_store_gets_remembered_slot_rates(self, tmp_path: Path) -> None:
+        path = tmp_path / "v13.db"
+        with closing(schema_at(path, 13)) as db:
+            db.execute("INSERT INTO pages (scope, url, etag, fingerprint) "
+                       "VALUES ('s', 'http://a/', '\"x\"', 'ff')")
+            db.execute("PRAGMA user_version = 13")
+            db.commit()
+        store = SQLiteStateStore(path)
+        assert (await call(store.get_page(PageKey("s", "http://a/")))).etag == '"x"'
+        assert (await call(store.slot_rates("s"))).rates == []
+        rate = SlotRate("s", "a", 12.5, False, 100.0, "penalty box")
+        store.stage_slot_rates([rate])
+        await call(store.close())
+        store = SQLiteStateStore(path)
+        assert (await call(store.slot_rates("s"))).rates == [rate]
+        await call(store.close())
+        with closing(sqlite3.connect(path)) as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14

@@ -10,6 +10,7 @@ import pytest_twisted
 
 from incremental_crawler import clock
 from incremental_crawler.politeness.extension import AdaptiveThrottle
+from incremental_crawler.report.extension import crawl_lines
 from tests.spiders import ListSpider
 
 # The gaps between requests as the server saw them: no other test's
@@ -50,7 +51,8 @@ async def healthy_first_crawl(site, crawl) -> list[float]:
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_second_crawl_paces_from_the_rate_the_first_reached(site, crawl, state_store):
+async def test_a_second_crawl_paces_from_the_rate_the_first_reached(site, crawl, state_store,
+                                                                     caplog):
     before = await healthy_first_crawl(site, crawl)
     [stored] = (await state_store.slot_rates("list")).rates
     assert (stored.slot, stored.rate, stored.slow_start, stored.ended) == (HOST, 50, True, "")
@@ -58,12 +60,15 @@ async def test_a_second_crawl_paces_from_the_rate_the_first_reached(site, crawl,
     crawler = await crawl(ListSpider, settings=POLITE, urls=[site.url(f"/p/{i:04d}")
                                                              for i in range(PAGES)])
     after = first_gaps(site)
+    assert "1 slot starts from the last crawl's rate: 127.0.0.1 50/s" in caplog.text
     # The first crawl's first requests left at 4/s (0.25 s apart), the
     # second's at 50/s (0.02 s apart).
     assert statistics.median(before) > 0.15
     assert statistics.median(after) < 0.1
     assert crawler.stats.get_value("incremental/throttle/remembered_slots") == 1
     assert crawler.get_extension(AdaptiveThrottle).memory.started == {HOST: 50}
+    assert "politeness: 1 slot started from the last crawl's rate (127.0.0.1 50/s)" in crawl_lines(
+        crawler.stats.get_stats(), crawler)
 
 
 @pytest_twisted.ensureDeferred

@@ -97,8 +97,10 @@ class RateMemory:
                 "%(slots)s start from the default rate",
                 {"n": len(stored.unreadable), "slots": _listed(stored.unreadable)})
         if self.rates:
-            logger.info("%(n)d slots start from their last crawl's rate: %(rates)s",
-                        {"n": len(self.rates), "rates": self.describe()})
+            n = len(self.rates)
+            logger.info("%(n)d slot%(s)s start%(verb_s)s from the last crawl's rate: %(rates)s",
+                        {"n": n, "s": "" if n == 1 else "s", "verb_s": "s" if n == 1 else "",
+                         "rates": self.describe()})
 
     def describe(self) -> str:
         """``"host 50/s, other 2.8/s (after hard signals), ... and 3 more"``."""
@@ -107,6 +109,15 @@ class RateMemory:
                         + ("" if r.slow_start else " (after hard signals)")
                         + (f" ({r.ended})" if r.ended else "")
                         for r in records])
+
+    def started_line(self) -> str | None:
+        """What the end-of-crawl report says of the windows started here."""
+        if not self.started:
+            return None
+        n = len(self.started)
+        return (f"{n} slot{'' if n == 1 else 's'} started from the last crawl's rate ("
+                + _listed([f"{key} {rate:.3g}/s" for key, rate in sorted(self.started.items())])
+                + ")")
 
     def start(self, key: str, window: DomainWindow) -> None:
         """Start *key*'s new *window* from its remembered rate, if any."""
