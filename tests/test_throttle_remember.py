@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import statistics
 
 import pytest
@@ -53,6 +54,7 @@ async def healthy_first_crawl(site, crawl) -> list[float]:
 @pytest_twisted.ensureDeferred
 async def test_a_second_crawl_paces_from_the_rate_the_first_reached(site, crawl, state_store,
                                                                      caplog):
+    caplog.set_level(logging.INFO, logger="incremental_crawler.politeness.remembered")
     before = await healthy_first_crawl(site, crawl)
     [stored] = (await state_store.slot_rates("list")).rates
     assert (stored.slot, stored.rate, stored.slow_start, stored.ended) == (HOST, 50, True, "")
