@@ -119,6 +119,8 @@ async def test_remember_for_0_starts_every_slot_at_the_start_rate(site, crawl):
                           urls=[site.url(f"/p/{i:04d}") for i in range(10)])
     assert statistics.median(first_gaps(site)) > 0.15
     assert crawler.stats.get_value("incremental/throttle/remembered_slots") is None
+    # Not even read: nothing is stale or damaged when nothing is remembered.
+    assert crawler.stats.get_value("incremental/throttle/remembered_stale") is None
 
 
 @pytest_twisted.ensureDeferred
