@@ -12,6 +12,8 @@ import pytest_twisted
 from incremental_crawler import clock
 from incremental_crawler.politeness.extension import AdaptiveThrottle
 from incremental_crawler.report.extension import crawl_lines
+from incremental_crawler.state.records import SlotRate
+from tests.redis_util import BUDGET_REDIS_URI as REDIS_URL
 from tests.spiders import ListSpider
 
 # The gaps between requests as the server saw them: no other test's
@@ -143,3 +145,21 @@ async def test_a_damaged_remembered_rate_is_counted_and_the_default_used(site, c
     assert statistics.median(first_gaps(site)) > 0.15
     # This crawl's rate replaced the damaged record.
     assert state_db("SELECT typeof(rate) FROM slot_rates") == [("real",)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_shared_budget_keeps_its_own_state_and_nothing_is_remembered(
+    site, crawl, state_store, budget_prefix
+):
+    urls = add_pages(site, 10)
+    shared = {**POLITE, "INCREMENTAL_THROTTLE_SHARED_URL": REDIS_URL,
+              "INCREMENTAL_THROTTLE_SHARED_PREFIX": budget_prefix}
+    await crawl(ListSpider, settings=shared, urls=urls)
+    assert (await state_store.slot_rates("list")).rates == []
+    # A rate remembered by a single-process crawl is not used either: the
+    # shared window stands.
+    state_store.stage_slot_rates([SlotRate("list", HOST, 50.0, True, clock.now())])
+    await state_store.flush()
+    crawler = await crawl(ListSpider, settings=shared, urls=urls)
+    assert crawler.stats.get_value("incremental/throttle/remembered_slots") is None
+    assert crawler.get_extension(AdaptiveThrottle).memory.started == {}
