@@ -11,8 +11,9 @@ INCREMENTAL_THROTTLE_REMEMBER_FOR seconds (0: never) is used.
 
 The rate kept is what the site was let through (the window's rate, held
 down by the user's delay or concurrency if they held it), never more; a
-window that saw a hard signal starts in additive increase, not slow start
-(TCP starts at its ssthresh). The slot's bounds (INCREMENTAL_THROTTLE_*
+window that saw a hard signal starts there in additive increase, not slow
+start (TCP starts at its ssthresh), one that saw none in slow start, never
+below the start rate. The slot's bounds (INCREMENTAL_THROTTLE_*
 rates, a per-domain override) and floors (DOWNLOAD_DELAY, Crawl-delay)
 still win. With the shared budget in Redis (cluster mode) nothing is
 remembered here: that budget keeps its own state.
@@ -125,8 +126,14 @@ class RateMemory:
         if record is None:
             return
         policy = window.policy
+        rate = record.rate
+        if record.slow_start:
+            # No hard signal last time: nothing says the site cannot take the
+            # start rate (the rate may be low because a delay the user has
+            # since removed held it, or a few soft errors cut it).
+            rate = max(rate, policy.start_rate)
         # The slot's bounds (a per-domain override, a lowered max) still win.
-        window.rate = min(policy.max_rate, max(policy.min_rate, record.rate))
+        window.rate = min(policy.max_rate, max(policy.min_rate, rate))
         window.slow_start = record.slow_start
         self.started[key] = window.rate
         self.stats.inc_value("incremental/throttle/remembered_slots")
