@@ -174,6 +174,9 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     # groups, one group per tick, at the same rate (fewer wake-ups); 0: one
     # at a time always. See incremental_crawler/politeness/downloader.py.
     "INCREMENTAL_THROTTLE_TICK": 0.1,
+    # Seconds a slot's rate at the end of a crawl is remembered: the next
+    # crawl's window starts there (politeness/remembered.py). 0: never.
+    "INCREMENTAL_THROTTLE_REMEMBER_FOR": 7 * 86400.0,
     # One budget per slot for all workers (redis://host:port/db): the window,
     # its pacing and Retry-After freezes shared. None: each process its own.
     "INCREMENTAL_THROTTLE_SHARED_URL": None,

@@ -37,6 +37,7 @@ from incremental_crawler.state.records import (
     PageFlags,
     PageKey,
     PageState,
+    SlotRate,
     StoredVersion,
 )
 from incremental_crawler.state.stores import (
@@ -64,6 +65,8 @@ if TYPE_CHECKING:
     #: Opens the test's store; keywords go to the store class (history_limit).
     MakeStore = Callable[..., StateStore]
     FailingFlush = Callable[[], AbstractContextManager[None]]
+    #: Overwrites the stored record of a slot of a scope with garbage.
+    DamageSlotRate = Callable[[str, str], None]
 
 
 def call(awaitable: Awaitable[Any]) -> Deferred[Any]:
@@ -128,7 +131,9 @@ class StateStoreContract:
     It also provides ``failing_flush``: a callable returning a context
     manager inside which a flush that writes pages of ``SCOPE`` fails the way
     the backend fails in production (another process's lock, a damaged
-    key), for a test that stored no page of ``SCOPE`` before.
+    key), for a test that stored no page of ``SCOPE`` before; and
+    ``damage_slot_rate(scope, slot)``, which overwrites a stored politeness
+    rate with a value no window can start from.
     """
 
     @pytest.fixture
@@ -1272,6 +1277,58 @@ class StateStoreContract:
         assert [r.started for r in store.crawls(SCOPE, 10)] == [2_000.0, 1_030.0, 1_030.0]
 
     @pytest_twisted.ensureDeferred
+    async def test_slot_rates_roundtrip_per_scope_bounded_to_the_most_recent(
+        self, make_store: MakeStore,
+    ) -> None:
+        store = make_store()
+        store.slot_rates_kept = 3
+        records = [SlotRate(SCOPE, f"host{n}.example", 2.5 * (n + 1), n % 2 == 0,
+                            1_000.25 + n, "" if n else "penalty box") for n in range(4)]
+        other = SlotRate("other", "host0.example", 50.0, True, 1.5)
+        store.stage_slot_rates([*records, other])
+        assert (await call(store.slot_rates(SCOPE))).rates == []  # staged
+        await call(store.flush())
+        # The 3 saved most recently (the first one pruned as written), by
+        # slot; fractions kept (a rate is not whole).
+        found = await call(store.slot_rates(SCOPE))
+        assert found.rates == records[1:] and found.unreadable == []
+        assert (await call(store.slot_rates("other"))).rates == [other]
+        await call(store.close())
+
+        store = make_store()
+        store.slot_rates_kept = 3
+        # A slot saved again replaces its record.
+        again = SlotRate(SCOPE, "host1.example", 3.5, False, 2_000.0, "frozen")
+        store.stage_slot_rates([again])
+        await call(store.flush())
+        assert (await call(store.slot_rates(SCOPE))).rates == [again, *records[2:]]
+        # Ties of one time beyond the bound: the first slot by name goes.
+        newer = [SlotRate(SCOPE, f"new{n}.example", 7.0, True, 2_000.0) for n in range(3)]
+        store.stage_slot_rates(newer)
+        await call(store.flush())
+        assert (await call(store.slot_rates(SCOPE))).rates == newer
+        # A reset forgets them with the rest of the scope.
+        store.reset_scope(SCOPE)
+        assert (await call(store.slot_rates(SCOPE))).rates == []
+        assert (await call(store.slot_rates("other"))).rates == [other]
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_damaged_slot_rate_is_named_not_raised(
+        self, make_store: MakeStore, damage_slot_rate: DamageSlotRate,
+    ) -> None:
+        store = make_store()
+        good = SlotRate(SCOPE, "a.example", 12.5, True, 1_000.0)
+        store.stage_slot_rates([good, SlotRate(SCOPE, "b.example", 3.0, False, 1_000.0)])
+        await call(store.flush())
+        damage_slot_rate(SCOPE, "b.example")
+        found = await call(store.slot_rates(SCOPE))
+        assert found.rates == [good] and found.unreadable == ["b.example"]
+        # Saved again, it reads again.
+        store.stage_slot_rates([SlotRate(SCOPE, "b.example", 4.0, False, 1_100.0)])
+        await call(store.flush())
+        assert [r.rate for r in (await call(store.slot_rates(SCOPE))).rates] == [12.5, 4.0]
+
+    @pytest_twisted.ensureDeferred
     async def test_holds_lapse_after_their_ttl(self, store: StateStore) -> None:
         await call(store.hold_scope(SCOPE, "host:1", 60, now=1_000))
         await call(store.hold_scope(SCOPE, "host:2 worker", 60, now=1_030))
@@ -1476,6 +1533,16 @@ class TestSQLiteStore(StateStoreContract):
 
         return failing
 
+    @pytest.fixture
+    def damage_slot_rate(self, tmp_path: Path) -> DamageSlotRate:
+        def damage(scope: str, slot: str) -> None:
+            # SQLite keeps text in a REAL column.
+            write_sqlite(tmp_path / "state" / "state.db",
+                         f"UPDATE slot_rates SET rate = 'fast' WHERE scope = '{scope}' "
+                         f"AND slot = '{slot}'")
+
+        return damage
+
 
 class TestRedisStore(StateStoreContract):
     """The contract, for :class:`RedisStateStore` on the real Redis (db 9)."""
@@ -1512,6 +1579,17 @@ class TestRedisStore(StateStoreContract):
                 client.close()
 
         return failing
+
+    @pytest.fixture
+    def damage_slot_rate(self, redis_prefix: str) -> DamageSlotRate:
+        def damage(scope: str, slot: str) -> None:
+            client = redis.Redis.from_url(REDIS_URI)
+            try:
+                client.hset(f"{redis_prefix}:slots:{scope}", slot, '{"rate": "fast"')
+            finally:
+                client.close()
+
+        return damage
 
 
 def write_sqlite(path: Path, *statements: str) -> None:
@@ -1897,7 +1975,7 @@ class TestSQLiteMigrations:
             last_status=503, last_checked=10, checks=1, failures=1, next_visit=5)
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
 
     @pytest_twisted.ensureDeferred
     async def test_version_10_store_gets_the_change_feed_and_keeps_its_data(
@@ -1941,7 +2019,7 @@ class TestSQLiteMigrations:
         assert await call(store.get_page_items("s", "http://a/")) == []
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
 
     @pytest_twisted.ensureDeferred
     async def test_version_8_store_gets_stale_lastmod_findings(self, tmp_path: Path) -> None:
@@ -1960,7 +2038,7 @@ class TestSQLiteMigrations:
         assert (await call(store.get_host("s", "a"))).stale_lastmods == 2
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
 
     @pytest_twisted.ensureDeferred
     async def test_version_11_store_gets_crawl_records_and_holds(self, tmp_path: Path) -> None:
@@ -1981,7 +2059,7 @@ class TestSQLiteMigrations:
         assert store.scope_holders("s", 100) == {"me": 160}
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
 
     @pytest_twisted.ensureDeferred
     async def test_version_12_store_gets_live_run_marks(self, tmp_path: Path) -> None:
@@ -2011,4 +2089,24 @@ class TestSQLiteMigrations:
             (5, "changed")]
         await call(store.close())
         with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
+
+    @pytest_twisted.ensureDeferred
+    async def test_version_13_store_gets_remembered_slot_rates(self, tmp_path: Path) -> None:
+        path = tmp_path / "v13.db"
+        with closing(schema_at(path, 13)) as db:
+            db.execute("INSERT INTO pages (scope, url, etag, fingerprint) "
+                       "VALUES ('s', 'http://a/', '\"x\"', 'ff')")
+            db.execute("PRAGMA user_version = 13")
+            db.commit()
+        store = SQLiteStateStore(path)
+        assert (await call(store.get_page(PageKey("s", "http://a/")))).etag == '"x"'
+        assert (await call(store.slot_rates("s"))).rates == []
+        rate = SlotRate("s", "a", 12.5, False, 100.0, "penalty box")
+        store.stage_slot_rates([rate])
+        await call(store.close())
+        store = SQLiteStateStore(path)
+        assert (await call(store.slot_rates("s"))).rates == [rate]
+        await call(store.close())
+        with closing(sqlite3.connect(path)) as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14

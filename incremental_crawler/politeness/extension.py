@@ -47,6 +47,7 @@ from incremental_crawler.fatal import SHARED_UNAVAILABLE
 from incremental_crawler.http.validators import parse_http_date
 from incremental_crawler.politeness.downloader import PacedSlot
 from incremental_crawler.politeness.errors import ErrorSignal, classify_error
+from incremental_crawler.politeness.remembered import RateMemory, learned
 from incremental_crawler.politeness.retry_after import parse_retry_after
 from incremental_crawler.politeness.window import DomainWindow, WindowPolicy
 from incremental_crawler.uris import redacted
@@ -206,6 +207,13 @@ class AdaptiveThrottle(AutoThrottle):
         self.tick = number("TICK")
         if self.tick < 0:
             raise SettingError(f"INCREMENTAL_THROTTLE_TICK must be >= 0 ({self.tick:g})")
+        remember_for = number("REMEMBER_FOR")
+        if not remember_for >= 0:
+            raise SettingError(
+                f"INCREMENTAL_THROTTLE_REMEMBER_FOR={remember_for!r} must be 0 (off) or more")
+        #: The rates this crawl's windows start from (filled when the spider
+        #: opens; none with the shared budget, which keeps its own).
+        self.memory = RateMemory(remember_for, crawler.stats)
         self.windows: dict[str, DomainWindow] = {}
         self.groups = {
             host: group
@@ -265,6 +273,8 @@ class AdaptiveThrottle(AutoThrottle):
                              "closing the crawl", {"url": redacted(self.shared.url), "exc": exc})
                 self.crawler.stats.set_value("incremental/throttle/shared/error", str(exc))
                 raise CloseSpider(SHARED_UNAVAILABLE) from exc
+        else:
+            await self._remember()
         if caps := capping_settings(self.crawler.settings, self.policy, self.overrides):
             logger.warning(
                 "Your settings cap every politeness window: %(caps)s. They stay honoured, as "
@@ -273,6 +283,30 @@ class AdaptiveThrottle(AutoThrottle):
                 "site's pace. The figures reported are what they let through.",
                 {"caps": "; ".join(caps)})
         self._watch_close()
+
+    async def _remember(self) -> None:
+        """Read the rates the last crawl's windows reached; have this crawl's
+        kept when it ends (single process: the shared budget keeps its own)."""
+        if self.memory.remember_for <= 0:
+            return
+        # Imported here: the ledger's module imports much of the project.
+        from incremental_crawler.state.ledger import Ledger  # noqa: PLC0415
+        from incremental_crawler.state.stores import StateStoreError  # noqa: PLC0415
+
+        ledger = self.crawler.get_extension(Ledger)
+        if ledger is None:
+            return
+        try:
+            self.memory.load(await ledger.store.slot_rates(ledger.scope))
+        except StateStoreError as exc:
+            # The crawl goes on from the default rate; a store that fails
+            # stops it at its next flush anyway.
+            self.crawler.stats.inc_value("incremental/throttle/remembered_unreadable")
+            logger.warning("%(error)s; every slot starts from the default rate",
+                           {"error": exc})
+        ledger.add_closing_writer(lambda _reason: ledger.store.stage_slot_rates(
+            learned(ledger.scope, self.site_windows(),
+                    {key: effective_rate(w)[0] for key, w in self.site_windows()})))
 
     def _watch_close(self) -> None:
         """Call :meth:`_closing` as soon as the engine starts closing the spider.
@@ -316,6 +350,8 @@ class AdaptiveThrottle(AutoThrottle):
             if override:
                 policy = replace(policy, **override)
             window = self.windows[key] = DomainWindow(policy)
+            if key:
+                self.memory.start(key, window)
             # The user's delay of this slot is a floor from its first request
             # on: the shared budget is asked for tokens before Scrapy's slot
             # exists (a warm budget would grant a batch at once).

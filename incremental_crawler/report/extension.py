@@ -308,6 +308,8 @@ def crawl_lines(stats: dict[str, Any], crawler: Crawler | None) -> list[str]:
     if throttle is not None and throttle.site_windows():
         # What each slot's requests could reach, as in the periodic line.
         lines.append(f"politeness: {throttle.summary()}")
+    if throttle is not None and (started := throttle.memory.started_line()):
+        lines.append(f"politeness: {started}")
     ledger = crawler.get_extension(Ledger) if crawler else None
     if ledger is not None:
         lines.extend(line.strip() for line in trust_lines(ledger.trust))

@@ -289,6 +289,8 @@ class Ledger:
         self.worker = ""
         #: Give this crawl's summaries when it ends (see add_record_source).
         self._record_sources: list[Callable[[str], Iterable[CrawlRecord]]] = []
+        #: Stage their own writes when it ends (see add_closing_writer).
+        self._closing_writers: list[Callable[[str], None]] = []
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(self.item_scraped, signal=signals.item_scraped)
@@ -405,6 +407,12 @@ class Ledger:
         """
         self._record_sources.append(source)
 
+    def add_closing_writer(self, writer: Callable[[str], None]) -> None:
+        """Call *writer* with the crawl's finish reason when the crawl ends,
+        with the record sources: it stages its own writes in :attr:`store`,
+        committed with the crawl's last ones (the throttle's learned rates)."""
+        self._closing_writers.append(writer)
+
     def spider_opened(self, spider: Spider) -> None:
         self._started = clock.now()
         # The cluster worker id holds host and pid already.
@@ -488,9 +496,7 @@ class Ledger:
             await maybe_deferred_to_future(self._hold_until_feeds)
             self._hold_until_feeds = None
         self.trust.save()
-        for source in self._record_sources:
-            for record in source(reason):
-                self.store.stage_crawl(record)
+        self._stage_closing(reason)
         if self._hold_done is not None:
             await maybe_deferred_to_future(self._hold_done)  # never fails
         if not self._failed:
@@ -512,6 +518,14 @@ class Ledger:
                 {"error": exc, "n": self.store.pending}, extra={"spider": spider},
             )
         self.stats.set_value("incremental/store_roundtrips", self.store.roundtrips)
+
+    def _stage_closing(self, reason: str) -> None:
+        """Stage what the record sources and closing writers give at the end."""
+        for source in self._record_sources:
+            for record in source(reason):
+                self.store.stage_crawl(record)
+        for writer in self._closing_writers:
+            writer(reason)
 
     # -- transactions (downloader and spider middleware) ---------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from enum import IntFlag, StrEnum
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -11,7 +12,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Change", "CrawlRecord", "HostTrust", "ItemRecord", "PageFlags", "PageKey", "PageState",
-    "StoredVersion",
+    "SlotRate", "StoredVersion",
 ]
 
 
@@ -173,6 +174,36 @@ class CrawlRecord:
     #: (requests, not_modified, new, changed, deleted, bytes_received,
     #: bytes_saved, ...): numbers only, so a store keeps them as JSON.
     figures: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class SlotRate:
+    """What a download slot's politeness window learned by the end of a crawl.
+
+    The next crawl's window of the slot starts from it (when it is recent
+    enough), as TCP starts a connection from a destination's cached metrics.
+    """
+
+    scope: str
+    #: The throttle's slot key: a host, a host group, a ``DOWNLOAD_SLOTS`` key.
+    slot: str
+    #: Requests per second the site was last let through (never above the
+    #: window's own rate).
+    rate: float
+    #: Whether the window was still in slow start: it saw no hard signal.
+    slow_start: bool
+    #: When the crawl ended (the project clock, POSIX seconds).
+    saved_at: float
+    #: How the slot ended: "" (healthy), "penalty box", "frozen" or "parked".
+    ended: str = ""
+
+    def readable(self) -> bool:
+        """Whether the record holds values a window can start from."""
+        numbers = (self.rate, self.saved_at)
+        return (all(isinstance(n, int | float) and not isinstance(n, bool)
+                    and math.isfinite(n) for n in numbers)
+                and self.rate > 0 and isinstance(self.slow_start, bool)
+                and isinstance(self.ended, str))
 
 
 @dataclass(slots=True)

@@ -28,13 +28,28 @@ if TYPE_CHECKING:
         ItemRecord,
         PageKey,
         PageState,
+        SlotRate,
         StoredVersion,
     )
 
 __all__ = [
-    "HostSummary", "PagesSummary", "Removed", "StateStore", "StateStoreError", "UrlRecord",
-    "crawl_history_setting", "host_of", "item_history_setting",
+    "SLOT_RATES_KEPT", "HostSummary", "PagesSummary", "Removed", "SlotRates", "StateStore",
+    "StateStoreError", "UrlRecord", "crawl_history_setting", "host_of", "item_history_setting",
 ]
+
+
+#: Remembered politeness rates kept per scope (:meth:`StateStore.stage_slot_rates`):
+#: the slots saved most recently. A broad crawl of more sites than this
+#: starts the others from the default rate.
+SLOT_RATES_KEPT = 1000
+
+
+class SlotRates(NamedTuple):
+    """A scope's remembered politeness rates (:meth:`StateStore.slot_rates`)."""
+
+    rates: list[SlotRate]
+    #: The slots whose record could not be read (damaged): left out of *rates*.
+    unreadable: list[str]
 
 
 class PagesSummary(NamedTuple):
@@ -164,6 +179,8 @@ class StateStore(ABC):
     #: Crawl records kept per scope (INCREMENTAL_CRAWL_HISTORY): writing one
     #: prunes the oldest beyond it, in the same flush.
     crawl_history: int = 100
+    #: Remembered politeness rates kept per scope (:meth:`stage_slot_rates`).
+    slot_rates_kept: int = SLOT_RATES_KEPT
 
     @abstractmethod
     async def get_page(self, key: PageKey) -> PageState | None:
@@ -398,6 +415,22 @@ class StateStore(ABC):
     def crawls(self, scope: str, limit: int) -> list[CrawlRecord]:
         """Up to *limit* of the scope's stored crawl records, newest first
         (by start, then finish)."""
+
+    # -- remembered politeness rates ---------------------------------------------
+
+    # Not abstract: a store of the user's own that keeps none still works,
+    # every crawl then starting each window from the default rate.
+
+    def stage_slot_rates(self, rates: Iterable[SlotRate]) -> None:  # noqa: B027 (see above)
+        """Stage what each slot's window learned this crawl, committed with
+        the next flush: a slot's record replaces the one stored, and the
+        scope keeps the :attr:`slot_rates_kept` saved most recently (ties:
+        the first slot by name goes first), the others pruned in the same flush."""
+
+    async def slot_rates(self, scope: str) -> SlotRates:
+        """The scope's remembered rates (staged ones once flushed); a record
+        that cannot be read is named in ``unreadable``, never raised."""
+        return SlotRates([], [])
 
     # -- a crawl's hold on its scope -------------------------------------------
 

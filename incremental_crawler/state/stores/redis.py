@@ -31,11 +31,15 @@ neither holds a ``:``, ``|`` or brace:
 ``P:flush:<token>``             how many writes of a flush were applied (expires)
 ``P:crawls:<s>``                sorted set: crawl records (JSON) by start, newest N kept
 ``P:holds:<s>``                 sorted set: crawls holding the scope, by when each lapses
+``P:slots:<s>``                 hash: slot → the rate its politeness window
+                                learned (JSON)
+``P:slotsat:<s>``               sorted set: those slots by when each was saved,
+                                the newest ``SLOT_RATES_KEPT`` (1000) kept
 ``P:migrating``                 the lock of a layout migration (expires)
 ==============================  ==========================================
 
-``P:crawls:<s>`` and ``P:holds:<s>`` came without a layout change (older
-code ignores them). Repairs (``forget_page``, ``forget_host``,
+``P:crawls:<s>``, ``P:holds:<s>``, ``P:slots:<s>`` and ``P:slotsat:<s>``
+came without a layout change (older code ignores them). Repairs (``forget_page``, ``forget_host``,
 ``reset_scope``) run at once, each in one ``MULTI``; a reset deletes the
 scope's keys of the kinds above (``P:holds:<s>`` excepted: holds lapse by
 themselves; other ``P:<name>:<s>`` keys, such as a shared politeness budget
@@ -134,11 +138,13 @@ from incremental_crawler.state.records import (
     PageFlags,
     PageKey,
     PageState,
+    SlotRate,
     StoredVersion,
 )
 from incremental_crawler.state.stores.base import (
     PagesSummary,
     Removed,
+    SlotRates,
     StateStore,
     StateStoreError,
     UrlRecord,
@@ -301,7 +307,7 @@ _TOKEN_TTL = 86_400
 _FLUSH_LUA = PAGE_CODEC + PAGE_BUCKETS + """
 local PREFIX, LISTPACK_VALUE = ARGV[1], tonumber(ARGV[2])
 local ARITY = {host = 3, page = 5, check = 8, failure = 9, redirect = 7, item = 13,
-               links = 4, unlink = 3, flags = 4}
+               links = 4, unlink = 3, flags = 4, slotrate = 6}
 local OPS = {}
 -- Hosts met in this batch, by hash tag: their keys and bucket count.
 local HOSTS = {}
@@ -543,12 +549,25 @@ function OPS.crawl(a, i)
   redis.call('ZADD', a[i], a[i + 1], a[i + 2])
   redis.call('ZREMRANGEBYRANK', a[i], 0, -1 - tonumber(a[i + 3]))
 end
+function OPS.slotrate(a, i)
+  -- rates (hash), recency (zset), slot, record (JSON), saved at, slots
+  -- kept: the slots saved longest ago (ties: the first by name) go.
+  redis.call('HSET', a[i], a[i + 2], a[i + 3])
+  redis.call('ZADD', a[i + 1], a[i + 4], a[i + 2])
+  local over = redis.call('ZCARD', a[i + 1]) - tonumber(a[i + 5])
+  if over > 0 then
+    local old = redis.call('ZRANGE', a[i + 1], 0, over - 1)
+    redis.call('HDEL', a[i], unpack(old))
+    redis.call('ZREMRANGEBYRANK', a[i + 1], 0, over - 1)
+  end
+end
 
 -- The keys a write may write, with the type each must have unless absent.
 local ITEM_TYPES = {'hash', 'hash', 'zset', 'hash', 'zset'}
 local function keys_of(name, a, i)
   if name == 'host' then return {{a[i], 'hash'}} end
   if name == 'crawl' then return {{a[i], 'zset'}} end
+  if name == 'slotrate' then return {{a[i], 'hash'}, {a[i + 1], 'zset'}} end
   if name == 'item' then
     local out = {}
     for k, want in ipairs(ITEM_TYPES) do out[k] = {a[i + k - 1], want} end
@@ -769,7 +788,7 @@ _READ_PAGES_SHA, _DUE_READ_SHA, _SUMMARY_SHA, _DUE_INDEX_SHA = (
 #: writes per scope but ``holds`` (holds lapse by themselves); and the kinds
 #: of a host's keys (``P:<kind>:{<s>|<host>}``, buckets ``…:<n>``).
 _SCOPE_KINDS = ("hosts", "items", "itemver", "order", "bypage", "crawls", "hs", "dueb",
-                "splits")
+                "splits", "slots", "slotsat")
 _HOST_KINDS = ("hd", "ln")
 
 #: Members asked per ZSCAN step, and steps at most (100 million members).
@@ -1965,6 +1984,36 @@ class RedisStateStore(StateStore):
         records = [CrawlRecord(scope=scope, **json.loads(raw)) for raw in members]
         # Ties of one start (a cluster run's workers): the later finish first.
         return sorted(records, key=lambda r: (r.started, r.finished), reverse=True)
+
+    # -- remembered politeness rates -------------------------------------------
+
+    def stage_slot_rates(self, rates: Iterable[SlotRate]) -> None:
+        for rate in rates:
+            # Not _encode: a rate keeps its fraction (2.8/s is not 2/s).
+            value = json.dumps({"rate": rate.rate, "slow_start": rate.slow_start,
+                                "saved_at": rate.saved_at, "ended": rate.ended},
+                               sort_keys=True, separators=(",", ":"))
+            self._stage(rate.scope, (
+                "slotrate", self._key("slots", rate.scope), self._key("slotsat", rate.scope),
+                rate.slot, value, repr(float(rate.saved_at)), self.slot_rates_kept))
+
+    async def slot_rates(self, scope: str) -> SlotRates:
+        raw = await self._call("HGETALL", self._key("slots", scope))
+        found = SlotRates([], [])
+        for slot_raw, value in sorted(raw.items()):
+            slot = slot_raw.decode(errors="replace")
+            try:
+                data = json.loads(value)
+                record = SlotRate(scope, slot, data["rate"], data["slow_start"],
+                                  data["saved_at"], data.get("ended", ""))
+            except (ValueError, TypeError, KeyError, AttributeError):
+                found.unreadable.append(slot)
+                continue
+            if record.readable():
+                found.rates.append(record)
+            else:
+                found.unreadable.append(slot)
+        return found
 
     # -- holds ---------------------------------------------------------------
 

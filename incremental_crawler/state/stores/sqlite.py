@@ -29,11 +29,13 @@ from incremental_crawler.state.records import (
     PageFlags,
     PageKey,
     PageState,
+    SlotRate,
     StoredVersion,
 )
 from incremental_crawler.state.stores.base import (
     PagesSummary,
     Removed,
+    SlotRates,
     StateStore,
     StateStoreError,
     UrlRecord,
@@ -192,6 +194,20 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE items ADD COLUMN born INTEGER;
     ALTER TABLE items ADD COLUMN died INTEGER;
     """,
+    # 14: what each download slot's politeness window learned by the end of
+    # the scope's last crawl (the next one starts from it); the slots saved
+    # most recently kept. Values unchecked by SQLite: a reader checks them.
+    """
+    CREATE TABLE slot_rates (
+        scope TEXT NOT NULL,
+        slot TEXT NOT NULL,
+        rate REAL NOT NULL,
+        slow_start INTEGER NOT NULL,
+        saved_at REAL NOT NULL,
+        ended TEXT NOT NULL DEFAULT '',
+        PRIMARY KEY (scope, slot)
+    ) WITHOUT ROWID;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: URLs per batched lookup (SQLite allows 32,766 host parameters).
@@ -289,6 +305,16 @@ _ADD_CRAWL = (
 _PRUNE_CRAWLS = (
     "DELETE FROM crawls WHERE scope = ? AND rowid NOT IN (SELECT rowid FROM crawls "
     "WHERE scope = ? ORDER BY started DESC, finished DESC, rowid DESC LIMIT ?)"
+)
+_UPSERT_SLOT_RATE = (
+    "INSERT OR REPLACE INTO slot_rates (scope, slot, rate, slow_start, saved_at, ended) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+# The slot_rates_kept saved most recently stay (ties: the first by name goes,
+# as in the Redis store).
+_PRUNE_SLOT_RATES = (
+    "DELETE FROM slot_rates WHERE scope = ? AND slot NOT IN (SELECT slot FROM slot_rates "
+    "WHERE scope = ? ORDER BY saved_at DESC, slot DESC LIMIT ?)"
 )
 #: Every table with a scope column that a reset empties (holds excepted:
 #: they lapse by themselves), with what :class:`Removed` calls its rows.
@@ -935,6 +961,34 @@ class SQLiteStateStore(StateStore):
         return [CrawlRecord(scope, started, finished, worker, reason, json.loads(figures))
                 for started, finished, worker, reason, figures in rows]
 
+    # -- remembered politeness rates -------------------------------------------
+
+    def stage_slot_rates(self, rates: Iterable[SlotRate]) -> None:
+        scopes = []
+        for rate in rates:
+            self._staged += 1
+            self._ops.append((_UPSERT_SLOT_RATE, (
+                rate.scope, rate.slot, rate.rate, int(rate.slow_start), rate.saved_at,
+                rate.ended)))
+            if rate.scope not in scopes:
+                scopes.append(rate.scope)
+        for scope in scopes:
+            self._ops.append((_PRUNE_SLOT_RATES, (scope, scope, self.slot_rates_kept)))
+
+    async def slot_rates(self, scope: str) -> SlotRates:
+        found = SlotRates([], [])
+        for slot, rate, slow_start, saved_at, ended in self._read(
+                "SELECT slot, rate, slow_start, saved_at, ended FROM slot_rates "
+                "WHERE scope = ? ORDER BY slot", (scope,)):
+            # SQLite keeps whatever a column was given: a damaged row reads
+            # as text where a number belongs, and is left out.
+            record = SlotRate(scope, slot, rate, bool(slow_start), saved_at, ended)
+            if slow_start in (0, 1) and record.readable():
+                found.rates.append(record)
+            else:
+                found.unreadable.append(slot)
+        return found
+
     # -- holds ---------------------------------------------------------------
 
     async def hold_scope(self, scope: str, holder: str, ttl: float,
@@ -1071,7 +1125,10 @@ class SQLiteStateStore(StateStore):
             for table, name in _SCOPE_TABLES})
 
     def reset_scope(self, scope: str) -> Removed:
+        # The remembered politeness rates go too (not counted: not data).
         changed = self._write(*(
             (f"DELETE FROM {table} WHERE scope = ?", (scope,))  # noqa: S608 (constant SQL)
-            for table, _ in _SCOPE_TABLES))
-        return Removed(**{name: n for (_, name), n in zip(_SCOPE_TABLES, changed, strict=True)})
+            for table, _ in _SCOPE_TABLES),
+            ("DELETE FROM slot_rates WHERE scope = ?", (scope,)))
+        return Removed(**{name: n for (_, name), n in zip(_SCOPE_TABLES, changed[:-1],
+                                                          strict=True)})

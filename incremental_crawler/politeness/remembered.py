@@ -1,0 +1,144 @@
+"""Each slot's window starts from the rate it reached in the last crawl.
+
+A re-crawl of a site that took 50 requests a second yesterday need not
+slow-start from INCREMENTAL_THROTTLE_START_RATE again: at the end of a
+crawl, what each slot's window learned (its rate, whether it left slow
+start, how it ended) is kept in the state store, per scope
+(:class:`~incremental_crawler.state.records.SlotRate`), and the next crawl's
+window of that slot starts there, as TCP starts a connection from a
+destination's cached metrics (RFC 2140). Only a record not older than
+INCREMENTAL_THROTTLE_REMEMBER_FOR seconds (0: never) is used.
+
+The rate kept is what the site was let through (the window's rate, held
+down by the user's delay or concurrency if they held it), never more; a
+window that saw a hard signal starts there in additive increase, not slow
+start (TCP starts at its ssthresh), one that saw none in slow start, never
+below the start rate. The slot's bounds (INCREMENTAL_THROTTLE_*
+rates, a per-domain override) and floors (DOWNLOAD_DELAY, Crawl-delay)
+still win. With the shared budget in Redis (cluster mode) nothing is
+remembered here: that budget keeps its own state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from incremental_crawler import clock
+from incremental_crawler.state.records import SlotRate
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from scrapy.statscollectors import StatsCollector
+
+    from incremental_crawler.politeness.window import DomainWindow
+    from incremental_crawler.state.stores.base import SlotRates
+
+__all__ = ["RateMemory", "ended_as", "learned"]
+
+logger = logging.getLogger(__name__)
+
+#: Slots named at most in the start-up line (the count says how many).
+_NAMED = 5
+
+
+def ended_as(window: DomainWindow, now: float) -> str:
+    """How *window* ended (*now*: monotonic): "" when healthy."""
+    if window.parked:
+        return "parked"
+    if window.penalty_box:
+        return "penalty box"
+    if window.frozen_until > now:
+        return "frozen"
+    return ""
+
+
+def learned(scope: str, windows: Iterable[tuple[str, DomainWindow]],
+            rate_of: dict[str, float]) -> list[SlotRate]:
+    """What to remember of *windows* (those that had an answer: the others
+    learned nothing, and the stored record stays); *rate_of*: the rate each
+    slot's requests could reach."""
+    saved_at = clock.now()
+    now = time.monotonic()
+    return [SlotRate(scope, key, min(window.rate, rate_of.get(key, window.rate)),
+                     window.slow_start, saved_at, ended_as(window, now))
+            for key, window in windows if key and window.responses]
+
+
+class RateMemory:
+    """The remembered rates one crawl starts its windows from."""
+
+    def __init__(self, remember_for: float, stats: StatsCollector) -> None:
+        self.remember_for = remember_for
+        self.stats = stats
+        self.rates: dict[str, SlotRate] = {}
+        #: Slots whose window started from a remembered rate, and that rate.
+        self.started: dict[str, float] = {}
+
+    def load(self, stored: SlotRates) -> None:
+        """Keep the records young enough; say what was found and left out."""
+        now = clock.now()
+        stale = 0
+        for record in stored.rates:
+            if now - record.saved_at <= self.remember_for:
+                self.rates[record.slot] = record
+            else:
+                stale += 1
+        if stale:
+            self.stats.set_value("incremental/throttle/remembered_stale", stale)
+        if stored.unreadable:
+            # State is never silently reset: said, counted, then the
+            # default rate for these slots.
+            self.stats.set_value("incremental/throttle/remembered_unreadable",
+                                 len(stored.unreadable))
+            logger.warning(
+                "%(n)d remembered politeness rates could not be read (damaged): "
+                "%(slots)s start from the default rate",
+                {"n": len(stored.unreadable), "slots": _listed(stored.unreadable)})
+        if self.rates:
+            n = len(self.rates)
+            logger.info("%(n)d slot%(s)s start%(verb_s)s from the last crawl's rate: %(rates)s",
+                        {"n": n, "s": "" if n == 1 else "s", "verb_s": "s" if n == 1 else "",
+                         "rates": self.describe()})
+
+    def describe(self) -> str:
+        """``"host 50/s, other 2.8/s (after hard signals), ... and 3 more"``."""
+        records = sorted(self.rates.values(), key=lambda r: r.slot)
+        return _listed([f"{r.slot} {r.rate:.3g}/s"
+                        + ("" if r.slow_start else " (after hard signals)")
+                        + (f" ({r.ended})" if r.ended else "")
+                        for r in records])
+
+    def started_line(self) -> str | None:
+        """What the end-of-crawl report says of the windows started here."""
+        if not self.started:
+            return None
+        n = len(self.started)
+        return (f"{n} slot{'' if n == 1 else 's'} started from the last crawl's rate ("
+                + _listed([f"{key} {rate:.3g}/s" for key, rate in sorted(self.started.items())])
+                + ")")
+
+    def start(self, key: str, window: DomainWindow) -> None:
+        """Start *key*'s new *window* from its remembered rate, if any."""
+        record = self.rates.get(key)
+        if record is None:
+            return
+        policy = window.policy
+        rate = record.rate
+        if record.slow_start:
+            # No hard signal last time: nothing says the site cannot take the
+            # start rate (the rate may be low because a delay the user has
+            # since removed held it, or a few soft errors cut it).
+            rate = max(rate, policy.start_rate)
+        # The slot's bounds (a per-domain override, a lowered max) still win.
+        window.rate = min(policy.max_rate, max(policy.min_rate, rate))
+        window.slow_start = record.slow_start
+        self.started[key] = window.rate
+        self.stats.inc_value("incremental/throttle/remembered_slots")
+
+
+def _listed(names: list[str]) -> str:
+    shown = ", ".join(names[:_NAMED])
+    return shown if len(names) <= _NAMED else f"{shown} and {len(names) - _NAMED} more"

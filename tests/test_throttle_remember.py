@@ -1,0 +1,165 @@
+"""A re-crawl starts each slot's window from the rate its last crawl reached."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import statistics
+
+import pytest
+import pytest_twisted
+
+from incremental_crawler import clock
+from incremental_crawler.politeness.extension import AdaptiveThrottle
+from incremental_crawler.report.extension import crawl_lines
+from incremental_crawler.state.records import SlotRate
+from tests.redis_util import BUDGET_REDIS_URI as REDIS_URL
+from tests.spiders import ListSpider
+
+# The gaps between requests as the server saw them: no other test's
+# crawlers beside.
+pytestmark = pytest.mark.alone
+
+#: Healthy pages enough for a window starting at 4/s to slow-start to 50/s
+#: (4 + 8 + 16 + 32 answers), and some.
+PAGES = 80
+POLITE = {"INCREMENTAL_THROTTLE_ENABLED": True, "CONCURRENT_REQUESTS": 16,
+          "CONCURRENT_REQUESTS_PER_DOMAIN": 16, "INCREMENTAL_THROTTLE_MAX_RATE": 50,
+          # Every page asked again in the second crawl.
+          "INCREMENTAL_RECHECK_ALL": True}
+HOST = "127.0.0.1"
+
+
+def add_pages(site, n: int = PAGES) -> list[str]:
+    paths = [f"/p/{i:04d}" for i in range(n)]
+    for path in paths:
+        site.add_page(path, "strong", size=800)
+    return [site.url(p) for p in paths]
+
+
+def first_gaps(site, n: int = 6) -> list[float]:
+    """The gaps between the first *n* page requests the server saw."""
+    starts = sorted(r.started for r in site.log if r.path.startswith("/p/"))[:n]
+    return [b - a for a, b in itertools.pairwise(starts)]
+
+
+async def healthy_first_crawl(site, crawl) -> list[float]:
+    """A first crawl that slow-starts to 50/s; the gaps of its first requests."""
+    urls = add_pages(site)
+    crawler = await crawl(ListSpider, settings=POLITE, urls=urls)
+    assert crawler.get_extension(AdaptiveThrottle).windows[HOST].rate == 50
+    gaps = first_gaps(site)
+    site.reset_log()
+    return gaps
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_second_crawl_paces_from_the_rate_the_first_reached(site, crawl, state_store,
+                                                                     caplog):
+    caplog.set_level(logging.INFO, logger="incremental_crawler.politeness.remembered")
+    before = await healthy_first_crawl(site, crawl)
+    [stored] = (await state_store.slot_rates("list")).rates
+    assert (stored.slot, stored.rate, stored.slow_start, stored.ended) == (HOST, 50, True, "")
+
+    crawler = await crawl(ListSpider, settings=POLITE, urls=[site.url(f"/p/{i:04d}")
+                                                             for i in range(PAGES)])
+    after = first_gaps(site)
+    assert "1 slot starts from the last crawl's rate: 127.0.0.1 50/s" in caplog.text
+    # The first crawl's first requests left at 4/s (0.25 s apart), the
+    # second's at 50/s (0.02 s apart).
+    assert statistics.median(before) > 0.15
+    assert statistics.median(after) < 0.1
+    assert crawler.stats.get_value("incremental/throttle/remembered_slots") == 1
+    assert crawler.get_extension(AdaptiveThrottle).memory.started == {HOST: 50}
+    assert "politeness: 1 slot started from the last crawl's rate (127.0.0.1 50/s)" in crawl_lines(
+        crawler.stats.get_stats(), crawler)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_site_that_answered_429_starts_at_the_cut_rate_in_additive_increase(
+    site, crawl, state_store
+):
+    urls = add_pages(site, 20)
+    site.limit(rate=2, burst=1)
+    first = await crawl(ListSpider, settings=POLITE, urls=urls)
+    assert first.get_extension(AdaptiveThrottle).windows[HOST].status_429 > 0
+    [stored] = (await state_store.slot_rates("list")).rates
+    assert not stored.slow_start and stored.rate < 4
+    site.limiter = None
+    site.reset_log()
+
+    crawler = await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_DEBUG": True},
+                          urls=urls)
+    window = crawler.get_extension(AdaptiveThrottle).windows[HOST]
+    assert crawler.get_extension(AdaptiveThrottle).memory.started == {HOST: stored.rate}
+    # Not above the cut rate: the first requests (before an increase) 1/rate apart
+    # (a little less: Scrapy's clock and the server's).
+    assert min(first_gaps(site, 3)) >= 0.8 / stored.rate
+    # Never in slow start though every answer was healthy: additive
+    # increase, one step per window of answers, from the cut rate.
+    assert window.hard == 0 and not window.slow_start
+    assert window.rate <= stored.rate + 20 * window.policy.increase
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_rate_older_than_remember_for_is_ignored(site, crawl, monkeypatch):
+    await healthy_first_crawl(site, crawl)
+    real_now = clock.now
+    monkeypatch.setattr(clock, "now", lambda: real_now() + 8 * 86400)  # default: 7 days
+
+    crawler = await crawl(ListSpider, settings=POLITE,
+                          urls=[site.url(f"/p/{i:04d}") for i in range(10)])
+    assert statistics.median(first_gaps(site)) > 0.15  # 4/s again
+    assert crawler.stats.get_value("incremental/throttle/remembered_stale") == 1
+    assert crawler.stats.get_value("incremental/throttle/remembered_slots") is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_remember_for_0_starts_every_slot_at_the_start_rate(site, crawl):
+    await healthy_first_crawl(site, crawl)
+    crawler = await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_REMEMBER_FOR": 0},
+                          urls=[site.url(f"/p/{i:04d}") for i in range(10)])
+    assert statistics.median(first_gaps(site)) > 0.15
+    assert crawler.stats.get_value("incremental/throttle/remembered_slots") is None
+    # Not even read: nothing is stale or damaged when nothing is remembered.
+    assert crawler.stats.get_value("incremental/throttle/remembered_stale") is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_per_domain_max_rate_below_the_remembered_rate_wins(site, crawl):
+    await healthy_first_crawl(site, crawl)
+    crawler = await crawl(ListSpider, settings={
+        **POLITE, "INCREMENTAL_THROTTLE_DOMAINS": {HOST: {"max_rate": 5}}},
+        urls=[site.url(f"/p/{i:04d}") for i in range(10)])
+    assert crawler.get_extension(AdaptiveThrottle).memory.started == {HOST: 5}
+    assert min(first_gaps(site)) >= 0.8 / 5
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_damaged_remembered_rate_is_counted_and_the_default_used(site, crawl, state_db):
+    await healthy_first_crawl(site, crawl)
+    state_db("UPDATE slot_rates SET rate = 'fast'")
+    crawler = await crawl(ListSpider, settings=POLITE,
+                          urls=[site.url(f"/p/{i:04d}") for i in range(10)])
+    assert crawler.stats.get_value("incremental/throttle/remembered_unreadable") == 1
+    assert statistics.median(first_gaps(site)) > 0.15
+    # This crawl's rate replaced the damaged record.
+    assert state_db("SELECT typeof(rate) FROM slot_rates") == [("real",)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_shared_budget_keeps_its_own_state_and_nothing_is_remembered(
+    site, crawl, state_store, budget_prefix
+):
+    urls = add_pages(site, 10)
+    shared = {**POLITE, "INCREMENTAL_THROTTLE_SHARED_URL": REDIS_URL,
+              "INCREMENTAL_THROTTLE_SHARED_PREFIX": budget_prefix}
+    await crawl(ListSpider, settings=shared, urls=urls)
+    assert (await state_store.slot_rates("list")).rates == []
+    # A rate remembered by a single-process crawl is not used either: the
+    # shared window stands.
+    state_store.stage_slot_rates([SlotRate("list", HOST, 50.0, True, clock.now())])
+    await state_store.flush()
+    crawler = await crawl(ListSpider, settings=shared, urls=urls)
+    assert crawler.stats.get_value("incremental/throttle/remembered_slots") is None
+    assert crawler.get_extension(AdaptiveThrottle).memory.started == {}
