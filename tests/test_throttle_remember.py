@@ -8,6 +8,7 @@ import statistics
 
 import pytest
 import pytest_twisted
+from scrapy.utils.defer import deferred_from_coro
 
 from incremental_crawler import clock
 from incremental_crawler.politeness.extension import AdaptiveThrottle
@@ -163,3 +164,36 @@ async def test_the_shared_budget_keeps_its_own_state_and_nothing_is_remembered(
     crawler = await crawl(ListSpider, settings=shared, urls=urls)
     assert crawler.stats.get_value("incremental/throttle/remembered_slots") is None
     assert crawler.get_extension(AdaptiveThrottle).memory.started == {}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_rate_saved_by_a_clock_ahead_is_not_used(site, crawl, state_store, monkeypatch):
+    # A crawl run under `faketime +30d` (or on a machine whose clock ran
+    # ahead) saves its rates 30 days in the future: their age is unknown,
+    # and INCREMENTAL_THROTTLE_REMEMBER_FOR cannot bound it.
+    real_now = clock.now
+    monkeypatch.setattr(clock, "now", lambda: real_now() + 30 * 86400)
+    await healthy_first_crawl(site, crawl)
+    monkeypatch.setattr(clock, "now", real_now)
+
+    crawler = await crawl(ListSpider, settings=POLITE,
+                          urls=[site.url(f"/p/{i:04d}") for i in range(10)])
+    assert crawler.get_extension(AdaptiveThrottle).memory.started == {}
+    assert statistics.median(first_gaps(site)) > 0.15  # 4/s again
+    assert crawler.stats.get_value("incremental/throttle/remembered_stale") == 1
+    # This crawl's record, of the real time, replaced it.
+    [stored] = (await state_store.slot_rates("list")).rates
+    assert abs(stored.saved_at - real_now()) < 600
+
+
+@pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_the_redis_store_remembers_too(site, crawl, state_store):
+    await healthy_first_crawl(site, crawl)
+    # In a task of its own: the Redis client's timeouts want one.
+    [stored] = (await deferred_from_coro(state_store.slot_rates("list"))).rates
+    assert (stored.slot, stored.rate, stored.slow_start) == (HOST, 50, True)
+    crawler = await crawl(ListSpider, settings=POLITE,
+                          urls=[site.url(f"/p/{i:04d}") for i in range(10)])
+    assert crawler.get_extension(AdaptiveThrottle).memory.started == {HOST: 50}
+    assert statistics.median(first_gaps(site)) < 0.1

@@ -42,6 +42,9 @@ logger = logging.getLogger(__name__)
 
 #: Slots named at most in the start-up line (the count says how many).
 _NAMED = 5
+#: Seconds a record may have been saved ahead of this crawl's clock (two
+#: machines' clocks) and still be used.
+_CLOCK_SKEW = 60.0
 
 
 def ended_as(window: DomainWindow, now: float) -> str:
@@ -81,13 +84,23 @@ class RateMemory:
         """Keep the records young enough; say what was found and left out."""
         now = clock.now()
         stale = 0
+        ahead = []
         for record in stored.rates:
-            if now - record.saved_at <= self.remember_for:
+            if record.saved_at > now + _CLOCK_SKEW:
+                # Saved by a clock ahead of this one (faketime, a clock set
+                # wrong): its age is unknown, so REMEMBER_FOR cannot bound it.
+                ahead.append(record.slot)
+            elif now - record.saved_at <= self.remember_for:
                 self.rates[record.slot] = record
             else:
                 stale += 1
-        if stale:
-            self.stats.set_value("incremental/throttle/remembered_stale", stale)
+        if stale or ahead:
+            self.stats.set_value("incremental/throttle/remembered_stale", stale + len(ahead))
+        if ahead:
+            logger.warning(
+                "%(n)d remembered politeness rates were saved later than now (by a clock "
+                "ahead of this one): %(slots)s start from the default rate",
+                {"n": len(ahead), "slots": _listed(ahead)})
         if stored.unreadable:
             # State is never silently reset: said, counted, then the
             # default rate for these slots.
