@@ -103,6 +103,26 @@ async def test_a_site_that_answered_429_starts_at_the_cut_rate_in_additive_incre
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_site_that_got_slower_since_drops_the_remembered_rate_at_its_first_429(
+    site, crawl
+):
+    await healthy_first_crawl(site, crawl)
+    urls = [site.url(f"/p/{i:04d}") for i in range(16)]
+    site.limit(rate=3, burst=1)
+    crawler = await crawl(ListSpider, settings=POLITE, urls=urls)
+    window = crawler.get_extension(AdaptiveThrottle).windows[HOST]
+    assert crawler.get_extension(AdaptiveThrottle).memory.started == {HOST: 50.0}
+    assert window.status_429 > 0
+    pages = [r for r in site.log if r.path.startswith("/p/")]
+    first_429 = min(r.finished for r in pages if r.status == 429)
+    # Retry-After: 1 froze the slot; after it, the window goes on from the
+    # start rate (4/s, 0.25 s apart), not from 50 x 0.7 (28 ms apart).
+    after = sorted(r.started for r in pages if r.started > first_429 + 0.5)
+    assert len(after) >= 5
+    assert min(b - a for a, b in itertools.pairwise(after)) >= 0.2
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_rate_older_than_remember_for_is_ignored(site, crawl, monkeypatch):
     await healthy_first_crawl(site, crawl)
     real_now = clock.now

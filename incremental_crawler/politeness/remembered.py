@@ -148,6 +148,7 @@ class RateMemory:
         # The slot's bounds (a per-domain override, a lowered max) still win.
         window.rate = min(policy.max_rate, max(policy.min_rate, rate))
         window.slow_start = record.slow_start
+        window.unproven = window.rate > policy.start_rate
         self.started[key] = window.rate
         self.stats.inc_value("incremental/throttle/remembered_slots")
 

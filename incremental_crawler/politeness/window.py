@@ -71,6 +71,11 @@ class DomainWindow:
     parked: bool = False
     #: Whether the Scrapy slot's own settings were taken as bounds.
     bounded: bool = False
+    #: Started above the start rate from the last crawl's rate, and not yet
+    #: confirmed by a window of healthy answers this crawl: a hard signal
+    #: before then means the site changed, and the window drops to the start
+    #: rate at once (a remembered rate never costs more than a first crawl).
+    unproven: bool = False
 
     def __post_init__(self) -> None:
         # Within the bounds from the start, as in the shared budget's script:
@@ -95,6 +100,8 @@ class DomainWindow:
         if latency > self.policy.target_latency:
             return None
         self.healthy += 1
+        if self.unproven and self.healthy >= max(1.0, self.rate):
+            self.unproven = False
         if self.healthy >= max(1.0, self.rate) and self.rate < self.policy.max_rate:
             self.healthy = 0
             if self.slow_start:
@@ -114,6 +121,10 @@ class DomainWindow:
             return None  # in flight before the last cut: already paid for
         self.cut_at = self.sent
         self.rate = max(self.policy.min_rate, self.rate * self.policy.decrease)
+        if self.unproven:
+            self.unproven = False
+            self.rate = min(self.rate, self.policy.start_rate)
+            return "decrease (the last crawl's rate is too fast now)"
         return "decrease"
 
     def soft_error(self, seq: int) -> str | None:

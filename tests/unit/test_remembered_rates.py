@@ -34,3 +34,32 @@ def test_without_a_hard_signal_slow_start_from_at_least_the_start_rate():
 def test_the_slots_bounds_win():
     assert started(SlotRate("s", "a", 50.0, True, 0.0), WindowPolicy(max_rate=10)).rate == 10
     assert started(SlotRate("s", "a", 0.2, False, 0.0), WindowPolicy(min_rate=0.5)).rate == 0.5
+
+
+def test_a_hard_signal_before_the_remembered_rate_is_confirmed_drops_to_the_start_rate():
+    # The site got slower since: a remembered rate costs no more than a
+    # first crawl would (one cut to the start rate, not 50 -> 35 -> 24 ...).
+    window = started(SlotRate("s", "a", 50.0, True, 0.0), WindowPolicy(start_rate=4.0))
+    assert window.unproven
+    window.stamp()
+    assert window.hard_error(1) == "decrease (the last crawl's rate is too fast now)"
+    assert window.rate == 4.0
+    assert not window.unproven
+    window.stamp()
+    window.hard_error(2)
+    assert window.rate == 4.0 * 0.7  # from then on the usual cuts
+
+
+def test_a_window_of_healthy_answers_confirms_the_remembered_rate():
+    window = started(SlotRate("s", "a", 20.0, False, 0.0), WindowPolicy(start_rate=4.0))
+    for _ in range(20):
+        window.stamp()
+        window.ok(0.01)
+    assert not window.unproven
+    window.stamp()
+    assert window.hard_error(window.sent) == "decrease"
+    assert window.rate == 21.0 * 0.7  # grew by one, then the usual cut
+
+
+def test_a_remembered_rate_at_or_below_the_start_rate_has_nothing_to_confirm():
+    assert not started(SlotRate("s", "a", 2.0, False, 0.0), WindowPolicy(start_rate=4.0)).unproven
