@@ -8,6 +8,7 @@ import itertools
 import pytest
 import pytest_twisted
 
+from incremental_crawler.metrics.collector import CrawlCollector
 from tests.spiders import ListSpider
 
 # Request times as the server saw them, to a few ms: no other test's
@@ -47,6 +48,17 @@ def assert_one_at_a_time(starts: list[float]) -> None:
     under load (two may arrive together), but a group's requests arrive
     within a ms or two of each other, all of them."""
     assert max(len(g) for g in groups(starts, within=0.004)) <= 2
+
+
+def most_in_flight(site) -> int:
+    """The most page requests the server had begun and not yet answered at once."""
+    events = sorted((t, step) for r in site.log if r.path.startswith("/p/")
+                    for t, step in ((r.started, 1), (r.finished, -1)))
+    in_flight = most = 0
+    for _t, step in events:
+        in_flight += step
+        most = max(most, in_flight)
+    return most
 
 
 def most_in_one_second(starts: list[float]) -> int:
@@ -115,3 +127,22 @@ async def test_a_site_that_refuses_a_group_gets_one_request_at_a_time_after(site
     assert_one_at_a_time(after)
     # The groups cost one round of refusals, not one per group.
     assert limiter.refused <= 4
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_concurrency_figure_lets_a_whole_group_be_in_flight(site, crawl):
+    # 30 ms answers at 50/s: the rate alone needs 3 in flight, a group of
+    # five puts five there at once.
+    paths = add_pages(site, 60)
+    site.slow("/p/", 0.03)
+    crawler = await crawl(ListSpider, settings=FAST, urls=[site.url(p) for p in paths])
+    assert max(len(g) for g in groups(page_starts(site))) == 5
+    seen = most_in_flight(site)
+    assert seen >= 4
+    # What the metrics say the slot may have in flight covers what the
+    # server saw in flight.
+    collector = CrawlCollector(crawler, slots=10, constant={}, info={})
+    figure = next(family for family in collector.collect()
+                  if family.name == "incremental_slot_concurrency")
+    (sample,) = figure.samples
+    assert sample.value >= seen

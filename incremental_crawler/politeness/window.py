@@ -71,6 +71,10 @@ class DomainWindow:
     parked: bool = False
     #: Whether the Scrapy slot's own settings were taken as bounds.
     bounded: bool = False
+    #: Requests the slot lets leave together (its burst, set by the
+    #: throttle): the concurrency lets a whole group be in flight, and says
+    #: so wherever it is shown.
+    group: int = 1
 
     def __post_init__(self) -> None:
         # Within the bounds from the start, as in the shared budget's script:
@@ -147,7 +151,7 @@ class DomainWindow:
             return 1
         latency = statistics.median(self.latencies) if self.latencies else 0.1
         needed = math.ceil(self.rate * latency) + 1
-        return max(1, min(self.policy.max_concurrency, needed))
+        return max(1, self.group, min(self.policy.max_concurrency, needed))
 
     def burst(self, tick: float) -> int:
         """How many requests may leave together, a group every *tick* seconds.
