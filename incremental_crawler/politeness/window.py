@@ -11,7 +11,8 @@ A lone soft error (a reset, a DNS hiccup) costs less; a run of hard errors
 puts the slot in the penalty box: one probe request at a time until an
 answer is good again. The rate becomes the slot's delay (1/rate, never
 below robots.txt's Crawl-delay) and its concurrency (what the rate needs at
-the observed latency), so a fast server is held to its real budget.
+the observed latency, or a whole group where the slot sends its requests in
+groups), so a fast server is held to its real budget.
 """
 
 from __future__ import annotations
