@@ -8,6 +8,9 @@ import itertools
 import pytest
 import pytest_twisted
 
+from incremental_crawler.metrics.collector import CrawlCollector
+from incremental_crawler.politeness.extension import AdaptiveThrottle
+from tests.redis_util import BUDGET_REDIS_URI
 from tests.spiders import ListSpider
 
 # Request times as the server saw them, to a few ms: no other test's
@@ -47,6 +50,17 @@ def assert_one_at_a_time(starts: list[float]) -> None:
     under load (two may arrive together), but a group's requests arrive
     within a ms or two of each other, all of them."""
     assert max(len(g) for g in groups(starts, within=0.004)) <= 2
+
+
+def most_in_flight(site) -> int:
+    """The most page requests the server had begun and not yet answered at once."""
+    events = sorted((t, step) for r in site.log if r.path.startswith("/p/")
+                    for t, step in ((r.started, 1), (r.finished, -1)))
+    in_flight = most = 0
+    for _t, step in events:
+        in_flight += step
+        most = max(most, in_flight)
+    return most
 
 
 def most_in_one_second(starts: list[float]) -> int:
@@ -115,3 +129,65 @@ async def test_a_site_that_refuses_a_group_gets_one_request_at_a_time_after(site
     assert_one_at_a_time(after)
     # The groups cost one round of refusals, not one per group.
     assert limiter.refused <= 4
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_concurrency_figure_lets_a_whole_group_be_in_flight(site, crawl):
+    # 30 ms answers at 50/s: the rate alone needs 3 in flight, a group of
+    # five puts five there at once.
+    paths = add_pages(site, 60)
+    site.slow("/p/", 0.03)
+    crawler = await crawl(ListSpider, settings=FAST, urls=[site.url(p) for p in paths])
+    assert max(len(g) for g in groups(page_starts(site))) == 5
+    seen = most_in_flight(site)
+    assert seen >= 4
+    # What the metrics say the slot may have in flight covers what the
+    # server saw in flight.
+    collector = CrawlCollector(crawler, slots=10, constant={}, info={})
+    figure = next(family for family in collector.collect()
+                  if family.name == "incremental_slot_concurrency")
+    (sample,) = figure.samples
+    assert sample.value >= seen
+
+
+@pytest_twisted.ensureDeferred
+async def test_nothing_leaves_inside_a_retry_after_that_stops_the_groups(site, crawl):
+    paths = add_pages(site, 60)
+    site.override(paths[35], status=429, headers={"Retry-After": "1"})
+    # One 429: its retries would freeze the slot again and again.
+    await crawl(ListSpider, settings={**FAST, "RETRY_ENABLED": False,
+                                      "INCREMENTAL_THROTTLE_MAX_RETRIES": 0},
+                urls=[site.url(p) for p in paths])
+    pages = [r for r in site.log if r.path.startswith("/p/")]
+    first_429 = min(r.finished for r in pages if r.status == 429)
+    before = [t for t in page_starts(site) if t < first_429]
+    # It came in the middle of groups (the first may count the crawl's first
+    # request too, see above).
+    assert max(len(g) for g in groups(before)[1:]) == 5
+    # What a group had on the wire when the 429 came may still arrive just
+    # after it; nothing else before the second is over.
+    assert [r.path for r in pages if first_429 + 0.05 < r.started < first_429 + 0.95] == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_users_concurrency_bounds_the_group(site, crawl):
+    paths = add_pages(site, 40)
+    site.slow("/p/", 0.03)
+    await crawl(ListSpider, settings={**FAST, "CONCURRENT_REQUESTS_PER_DOMAIN": 3},
+                urls=[site.url(p) for p in paths])
+    assert max(len(g) for g in groups(page_starts(site), within=0.004)) == 3
+    assert most_in_flight(site) <= 3
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_shared_budget_never_sends_groups(site, crawl, budget_prefix):
+    paths = add_pages(site, 60)
+    crawler = await crawl(ListSpider, settings={
+        **FAST, "INCREMENTAL_THROTTLE_SHARED_URL": BUDGET_REDIS_URI,
+        "INCREMENTAL_THROTTLE_SHARED_PREFIX": budget_prefix}, urls=[site.url(p) for p in paths])
+    assert len(page_starts(site)) == 60
+    # Its bucket grants a token per request: the slot lets them go one by one.
+    (window,) = crawler.get_extension(AdaptiveThrottle).site_windows()
+    assert window[1].rate == 50
+    assert window[1].group == 1
+    assert {slot.burst for slot in crawler.engine.downloader.slots.values()} == {1}

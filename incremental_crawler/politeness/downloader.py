@@ -26,7 +26,11 @@ from __future__ import annotations
 from time import monotonic
 from typing import TYPE_CHECKING
 
-from scrapy.core.downloader import Downloader, Slot, _schedule_coro, call_later
+from scrapy.core.downloader import Downloader, Slot
+from scrapy.utils.asyncio import call_later
+
+# Private, as Scrapy's own Downloader schedules each download with it.
+from scrapy.utils.defer import _schedule_coro
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider

@@ -397,13 +397,15 @@ class AdaptiveThrottle(AutoThrottle):
         # With the shared budget its bucket paces: a second 1/rate here would
         # halve the rate.
         slot.delay = SHARED_SLOT_DELAY if self.shared is not None else window.delay
+        # The shared bucket grants one token per request: no groups there.
+        paced = isinstance(slot, PacedSlot) and self.shared is None
+        # A group leaves at once: the window's concurrency (the slot's, and
+        # every figure's) lets it.
+        window.group = window.burst(self.tick) if paced else 1
         slot.concurrency = window.concurrency
-        slot.jitter = 0.0  # our delay is exact: a jitter could break a freeze
         if isinstance(slot, PacedSlot):
-            # The shared bucket grants one token per request: no groups there.
-            slot.burst = 1 if self.shared is not None else window.burst(self.tick)
-            # A group leaves at once: the concurrency must let it.
-            slot.concurrency = max(slot.concurrency, slot.burst)
+            slot.burst = window.group
+        slot.jitter = 0.0  # our delay is exact: a jitter could break a freeze
         if window.frozen_until:
             # Scrapy lets the next request of a slot leave at lastseen +
             # delay: move lastseen so that this is the end of the freeze.

@@ -11,7 +11,8 @@ A lone soft error (a reset, a DNS hiccup) costs less; a run of hard errors
 puts the slot in the penalty box: one probe request at a time until an
 answer is good again. The rate becomes the slot's delay (1/rate, never
 below robots.txt's Crawl-delay) and its concurrency (what the rate needs at
-the observed latency), so a fast server is held to its real budget.
+the observed latency, or a whole group where the slot sends its requests in
+groups), so a fast server is held to its real budget.
 """
 
 from __future__ import annotations
@@ -76,6 +77,10 @@ class DomainWindow:
     #: before then means the site changed, and the window drops to the start
     #: rate at once (a remembered rate never costs more than a first crawl).
     unproven: bool = False
+    #: Requests the slot lets leave together (its burst, set by the
+    #: throttle): the concurrency lets a whole group be in flight, and says
+    #: so wherever it is shown.
+    group: int = 1
 
     def __post_init__(self) -> None:
         # Within the bounds from the start, as in the shared budget's script:
@@ -158,7 +163,7 @@ class DomainWindow:
             return 1
         latency = statistics.median(self.latencies) if self.latencies else 0.1
         needed = math.ceil(self.rate * latency) + 1
-        return max(1, min(self.policy.max_concurrency, needed))
+        return max(1, self.group, min(self.policy.max_concurrency, needed))
 
     def burst(self, tick: float) -> int:
         """How many requests may leave together, a group every *tick* seconds.
