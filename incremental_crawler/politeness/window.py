@@ -173,10 +173,12 @@ class DomainWindow:
         error: the site has taken the most this crawl ever sends it, and the
         groups do not raise the rate. One, too, with a delay floor (a
         Crawl-delay or the user's delay promises a gap between any two
-        requests). Never above the concurrency ceiling.
+        requests), or while a rate remembered from the last crawl is not yet
+        confirmed by this crawl's answers. Never above the concurrency ceiling.
         """
         if (tick <= 0 or self.delay_floor > 0 or self.rate < self.policy.max_rate
-                or not self.slow_start or self.hard or self.soft or self.penalty_box):
+                or not self.slow_start or self.hard or self.soft or self.penalty_box
+                or self.unproven):
             return 1
         return max(1, min(self.policy.max_concurrency, int(tick * self.rate)))
 

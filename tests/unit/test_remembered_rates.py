@@ -63,3 +63,12 @@ def test_a_window_of_healthy_answers_confirms_the_remembered_rate():
 
 def test_a_remembered_rate_at_or_below_the_start_rate_has_nothing_to_confirm():
     assert not started(SlotRate("s", "a", 2.0, False, 0.0), WindowPolicy(start_rate=4.0)).unproven
+
+
+def test_no_groups_until_the_remembered_ceiling_is_confirmed():
+    window = started(SlotRate("s", "a", 50.0, True, 0.0), WindowPolicy(max_rate=50.0))
+    assert window.burst(0.1) == 1
+    for _ in range(50):
+        window.stamp()
+        window.ok(0.01)
+    assert window.burst(0.1) == 5
