@@ -17,8 +17,15 @@ How to read it
     page state and items staged and committed, the schedule's bookkeeping);
     the start-up difference is paid once per crawl (imports of the add-on's
     components, the store's schema). CPU time follows instructions only
-    roughly (caches, pacing), but instructions repeat to a few parts in
-    10,000 on a busy machine, where CPU seconds vary by 10-30%.
+    roughly (caches, pacing), but a crawl's instructions repeat to about
+    0.3% on a busy machine, where CPU seconds vary by 10-30%. A per-page
+    figure is a difference of totals and moves by a few hundred thousand
+    instructions between runs of the same code (libxml2 seeds its name
+    dictionary differently in each process, and lxml's tag matching costs
+    more or less with it): for smaller changes compare the functions of the
+    callgrind files ``--keep`` copies (``callgrind_annotate``). Callgrind
+    runs OpenSSL's SHA-256 without the CPU's SHA extensions: hashing counts
+    several times what it costs natively.
 
     python bench/cold_instructions.py [--pages 100 200] [--page-size 96000]
         [--only plain|ours] [--keep DIR] [--timeout 1800]
