@@ -22,8 +22,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Modules a crawl without Redis, or before its download handlers, need not import.
-WATCHED = ("redis", "scrapy_redis", "scrapy.core.downloader.handlers.http11")
+#: Modules a crawl without Redis, or before its download handlers, need not
+#: import; nor Twisted's web server (the ``scrapy demo`` site's).
+WATCHED = ("redis", "scrapy_redis", "scrapy.core.downloader.handlers.http11",
+           "twisted.web.server")
 
 
 def _loaded() -> list[str]:

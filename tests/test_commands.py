@@ -158,7 +158,8 @@ async def test_a_crawl_without_redis_imports_no_redis_client(site, tmp_path):
     neither Redis's client nor, before Scrapy builds its download handlers,
     Scrapy's HTTP/1.1 handler module (imported from the deep stack of
     Scrapy's command lookup, its deprecated aliases inspect that whole stack:
-    each costs every crawl's start a tenth of a second)."""
+    each costs every crawl's start a tenth of a second), nor Twisted's web
+    server (``scrapy demo``'s site: Scrapy imports every command's module)."""
     for i in range(3):
         site.add_page(f"/p/{i}", "strong", size=1500)
     result = await deferToThread(

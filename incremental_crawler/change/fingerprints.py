@@ -30,27 +30,41 @@ DEFAULT_IGNORE_PATTERNS: tuple[str, ...] = (
 )
 
 
-#: Where the ISO 8601 default pattern can match: every match has
-#: "-MM-DDTHH:" four characters after its start. That literal "-" first lets
-#: the regex engine skip through a text fast, where the pattern itself is
-#: tried at every digit (ten times slower on a page of text); the pattern is
-#: then tried where the anchor was found only.
+#: Where the default patterns can match, so that the pattern is tried there
+#: only: a literal first lets the regex engine skip through a text fast,
+#: where the pattern itself is tried at every digit or at every capital
+#: (ten times slower on a page of text). Every ISO 8601 match has
+#: "-MM-DDTHH:" four characters after its start; every RFC 822 one has
+#: ", D" (a comma, a space, a digit) three characters after its start, after
+#: the day's name. Neither anchor can overlap itself (no proper suffix of it
+#: is a prefix of it), so scanning a text for non-overlapping anchors misses
+#: none.
 _ANCHORS: dict[str, tuple[re.Pattern[str], int]] = {
     DEFAULT_IGNORE_PATTERNS[0]: (re.compile(r"-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:"), 4),
+    DEFAULT_IGNORE_PATTERNS[1]: (re.compile(r", [0-9]"), 3),
 }
 #: Every character str.split() splits on but the space (str.isspace();
 #: tests check the list against the running Python's Unicode database).
 OTHER_SPACES = ("\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2001\u2002\u2003"
                 "\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
-_OTHER_SPACE = re.compile(f"[{re.escape(OTHER_SPACES)}]")
+_OTHER_SPACE_CHARS = tuple(OTHER_SPACES)
 
 
 def _folded(value: str) -> bool:
     """Whether ``" ".join(value.split()) == value``, without building the
     copy: most text reaching a fingerprint (a spider's extracted main text)
-    is folded already."""
-    return (not value or (value[0] != " " and value[-1] != " " and "  " not in value
-                          and _OTHER_SPACE.search(value) is None))
+    is folded already.
+
+    One ``in`` per whitespace character rather than a regex character class:
+    each is a memchr-like scan in C (and none at all for a character wider
+    than the text's storage), about half the instructions of the class
+    tested at every character.
+    """
+    if not value:
+        return True
+    if value[0] == " " or value[-1] == " " or "  " in value:
+        return False
+    return not any(c in value for c in _OTHER_SPACE_CHARS)
 
 
 class Normaliser:

@@ -21,7 +21,6 @@ from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from twisted.internet.defer import Deferred
 
 from incremental_crawler._reactor import get_reactor
-from incremental_crawler.demo import DemoSite
 from incremental_crawler.report.extension import summarize
 from incremental_crawler.report.files import ReportFiles
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
@@ -30,6 +29,8 @@ if TYPE_CHECKING:
     import argparse
 
     from scrapy.crawler import Crawler
+
+    from incremental_crawler.demo import DemoSite
 
 
 async def _wait(result: Any) -> Any:
@@ -61,6 +62,10 @@ class Command(ScrapyCommand):
                                  "(default: a new temp dir)")
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
+        # Imported here: Scrapy imports every command's module on every
+        # ``scrapy`` call, and the demo site brings in Twisted's web server.
+        from incremental_crawler.demo import DemoSite  # noqa: PLC0415
+
         assert self.crawler_process is not None
         work = Path(tempfile.mkdtemp(prefix="incremental-demo-"))
         state_uri = opts.state_uri or f"sqlite:///{work / 'state.db'}"

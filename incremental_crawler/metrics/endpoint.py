@@ -37,21 +37,17 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet.defer import maybeDeferred
 from twisted.internet.error import CannotListenError
 from twisted.protocols.policies import WrappingFactory
-from twisted.web import resource, server
 
 from incremental_crawler._reactor import get_reactor
 from incremental_crawler.config import SettingError, setting_or_default
 from incremental_crawler.state.ledger import Ledger
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Self
 
-    from prometheus_client import CollectorRegistry
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
-    from twisted.web import http
 
     from incremental_crawler._reactor import ListeningPort
 
@@ -59,8 +55,6 @@ __all__ = ["MetricsEndpoint", "MetricsSettings", "port_range"]
 
 logger = logging.getLogger(__name__)
 
-#: The path Prometheus scrapes by default.
-METRICS_PATH = b"/metrics"
 #: Hosts that mean "every interface": the target written for Prometheus
 #: names the machine instead.
 _WILDCARDS = {"", "0.0.0.0", "::"}  # noqa: S104 (compared with, not bound)
@@ -146,40 +140,6 @@ def _hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-class _MetricsPage(resource.Resource):
-    """``GET /metrics``: the registry in the format the scraper accepts; 404
-    for any other path."""
-
-    isLeaf = True  # noqa: N815 (Twisted API)
-
-    def __init__(self, registry: CollectorRegistry, scraped: Callable[[], None]) -> None:
-        super().__init__()
-        self.registry = registry
-        self.scraped = scraped
-
-    def render_GET(self, request: server.Request) -> bytes:  # noqa: N802 (Twisted API)
-        from prometheus_client.exposition import choose_encoder  # noqa: PLC0415 (opt-in)
-
-        if request.path != METRICS_PATH:
-            request.setResponseCode(404)
-            return b"Not found: the metrics are at /metrics\n"
-        accept = request.getHeader(b"accept")
-        encoder, content_type = choose_encoder(accept.decode("latin-1") if accept else "")
-        body = encoder(self.registry)
-        request.setHeader(b"Content-Type", content_type.encode())
-        self.scraped()
-        return body
-
-
-class _QuietSite(server.Site):
-    """No access log line per scrape."""
-
-    noisy = False
-
-    def log(self, request: http.Request) -> None:
-        pass
-
-
 class MetricsEndpoint:
     """See the module docstring; settings ``INCREMENTAL_METRICS_*``."""
 
@@ -232,10 +192,13 @@ class MetricsEndpoint:
         self._listen()
 
     def _listen(self) -> None:
+        # Twisted's web server, imported when metrics are on only.
+        from incremental_crawler.metrics.site import metrics_site  # noqa: PLC0415
+
         stats = self.crawler.stats
         assert stats is not None
         # The wrapper keeps the open connections, for stop() to close them.
-        connections = WrappingFactory(_QuietSite(_MetricsPage(self.registry, self._scraped)))
+        connections = WrappingFactory(metrics_site(self.registry, self._scraped))
         connections.noisy = False
         host = self.config.host
         first, last = self.config.ports
