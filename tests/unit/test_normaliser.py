@@ -78,3 +78,16 @@ def test_same_text_on_extracted_page_texts() -> None:
         text = extract_main_text(HtmlResponse("http://127.0.0.1/", body=body, encoding="utf-8"),
                                  DEFAULT_TEXT_SELECTORS)
         assert normaliser.text(text) == reference(text), name
+
+
+def test_every_whitespace_character_is_folded_wherever_it_stands() -> None:
+    """The folded-text shortcut knows each whitespace character on its own:
+    alone, leading, trailing, between words, doubled and beside a removed
+    timestamp (the random corpus holds only some of them)."""
+    normaliser = Normaliser()
+    spaces = [c for c in map(chr, range(sys.maxunicode + 1)) if c.isspace()]
+    others = ["\u200b", "\u180e", "\ufeff", "\x00", "\x1b", "\u00ad", "é", "日", "🐍", "\ud800"]
+    cases = [t for c in [*spaces, *others]
+             for t in (c, c + c, f"{c}a", f"a{c}", f"a{c}b", f"a {c}b", f"a{c}{c}b",
+                       f"a{c}Mon, 01 Jan 2024 10:00 GMT{c}b", f"a{c}2024-05-01T10:00{c}b")]
+    assert [normaliser.text(t) for t in cases] == [reference(t) for t in cases]
