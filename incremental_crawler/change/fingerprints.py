@@ -35,13 +35,16 @@ DEFAULT_IGNORE_PATTERNS: tuple[str, ...] = (
 #: where the pattern itself is tried at every digit or at every capital
 #: (ten times slower on a page of text). Every ISO 8601 match has
 #: "-MM-DDTHH:" four characters after its start; every RFC 822 one has
-#: ", D" (a comma, a space, a digit) three characters after its start, after
-#: the day's name. Neither anchor can overlap itself (no proper suffix of it
-#: is a prefix of it), so scanning a text for non-overlapping anchors misses
-#: none.
+#: ", D Mon D" (the day of the month, the month's name, the year's first
+#: digit) three characters after its start, after the day's name. An anchor
+#: says as much of the match as the regex engine checks in C: each anchor
+#: found is a try in Python, and a bare ", D" is in every list of numbers.
+#: Neither anchor can overlap itself (no proper suffix of it is a prefix of
+#: it), so scanning a text for non-overlapping anchors misses none.
 _ANCHORS: dict[str, tuple[re.Pattern[str], int]] = {
     DEFAULT_IGNORE_PATTERNS[0]: (re.compile(r"-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:"), 4),
-    DEFAULT_IGNORE_PATTERNS[1]: (re.compile(r", [0-9]"), 3),
+    DEFAULT_IGNORE_PATTERNS[1]: (re.compile(
+        r", [0-9]{1,2} (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [0-9]"), 3),
 }
 #: Every character str.split() splits on but the space (str.isspace();
 #: tests check the list against the running Python's Unicode database).

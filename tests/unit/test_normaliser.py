@@ -12,9 +12,11 @@ import sys
 from scrapy.http import HtmlResponse
 
 from incremental_crawler.change.fingerprints import (
+    _ANCHORS,
     DEFAULT_IGNORE_PATTERNS,
     OTHER_SPACES,
     Normaliser,
+    _sub_anchored,
 )
 from incremental_crawler.spiders.main_text import DEFAULT_TEXT_SELECTORS, extract_main_text
 from tests.html_corpus import corpus
@@ -91,3 +93,39 @@ def test_every_whitespace_character_is_folded_wherever_it_stands() -> None:
              for t in (c, c + c, f"{c}a", f"a{c}", f"a{c}b", f"a {c}b", f"a{c}{c}b",
                        f"a{c}Mon, 01 Jan 2024 10:00 GMT{c}b", f"a{c}2024-05-01T10:00{c}b")]
     assert [normaliser.text(t) for t in cases] == [reference(t) for t in cases]
+
+
+class _CountingPattern:
+    """A compiled pattern that counts the positions it is tried at."""
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = re.compile(pattern)
+        self.tries = 0
+
+    def match(self, value: str, pos: int) -> re.Match[str] | None:
+        self.tries += 1
+        return self.pattern.match(value, pos)
+
+
+def test_the_date_patterns_are_tried_only_where_a_date_can_start() -> None:
+    """Each try at an anchor is a step in Python: text full of ", <digit>"
+    (lists of numbers, tables, addresses) must not try the RFC 822 pattern
+    at every comma, or it costs several times the plain substitution."""
+    numbers = ", ".join(str(i % 100) for i in range(2000))
+    table = " ".join(f"Item {i}, {i % 50} units, May {i % 28}, 2024" for i in range(300))
+    # Every day's and every month's name, days of one and two digits.
+    days = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+    months = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+    dates = "; ".join(f"{days[i % 7]}, {i % 31 + 1} {months[i % 12]} 2024 10:00 GMT"
+                      for i in range(84))
+    isoish = " ".join(f"v1-{i % 90 + 10}-2{i % 9}T, 12-05-01 {i % 9}" for i in range(300))
+    for pattern, text, most in (
+        (DEFAULT_IGNORE_PATTERNS[1], numbers + table + isoish, 0),
+        (DEFAULT_IGNORE_PATTERNS[1], f"{numbers}; {dates}; {table}", 84),
+        (DEFAULT_IGNORE_PATTERNS[0], numbers + table + isoish, 0),
+    ):
+        counting = _CountingPattern(pattern)
+        anchor, offset = _ANCHORS[pattern]
+        replaced, n = _sub_anchored(counting, anchor, offset, text)  # type: ignore[arg-type]
+        assert (replaced, n) == re.subn(pattern, " ", text)
+        assert counting.tries <= most, (pattern[:20], counting.tries)
