@@ -133,6 +133,10 @@ async def test_a_rate_older_than_remember_for_is_ignored(site, crawl, monkeypatc
     assert statistics.median(first_gaps(site)) > 0.15  # 4/s again
     assert crawler.stats.get_value("incremental/throttle/remembered_stale") == 1
     assert crawler.stats.get_value("incremental/throttle/remembered_slots") is None
+    # The end-of-crawl report says why the slot started slowly again.
+    assert any("1 slot's last rate older than 7 days (INCREMENTAL_THROTTLE_REMEMBER_FOR), "
+               f"not used ({HOST})" in line
+               for line in crawl_lines(crawler.stats.get_stats(), crawler))
 
 
 @pytest_twisted.ensureDeferred

@@ -79,11 +79,12 @@ class RateMemory:
         self.rates: dict[str, SlotRate] = {}
         #: Slots whose window started from a remembered rate, and that rate.
         self.started: dict[str, float] = {}
+        #: Slots whose remembered rate was older than remember_for.
+        self.stale: list[str] = []
 
     def load(self, stored: SlotRates) -> None:
         """Keep the records young enough; say what was found and left out."""
         now = clock.now()
-        stale = 0
         ahead = []
         for record in stored.rates:
             if record.saved_at > now + _CLOCK_SKEW:
@@ -93,9 +94,16 @@ class RateMemory:
             elif now - record.saved_at <= self.remember_for:
                 self.rates[record.slot] = record
             else:
-                stale += 1
-        if stale or ahead:
-            self.stats.set_value("incremental/throttle/remembered_stale", stale + len(ahead))
+                self.stale.append(record.slot)
+        if self.stale or ahead:
+            self.stats.set_value("incremental/throttle/remembered_stale",
+                                 len(self.stale) + len(ahead))
+        if self.stale:
+            logger.info("%(n)d remembered politeness rate%(s)s older than %(age)s not used: "
+                        "%(slots)s start%(verb_s)s from the start rate",
+                        {"n": len(self.stale), "s": "" if len(self.stale) == 1 else "s",
+                         "age": self.age_limit(), "slots": _listed(sorted(self.stale)),
+                         "verb_s": "s" if len(self.stale) == 1 else ""})
         if ahead:
             logger.warning(
                 "%(n)d remembered politeness rates were saved later than now (by a clock "
@@ -124,14 +132,28 @@ class RateMemory:
                         + (f" ({r.ended})" if r.ended else "")
                         for r in records])
 
+    def age_limit(self) -> str:
+        """REMEMBER_FOR in words: ``"7 days"``, ``"3600 s"``."""
+        days = self.remember_for / 86400
+        if days >= 1 and days == int(days):
+            return f"{int(days)} day{'' if days == 1 else 's'} (INCREMENTAL_THROTTLE_REMEMBER_FOR)"
+        return f"{self.remember_for:g} s (INCREMENTAL_THROTTLE_REMEMBER_FOR)"
+
     def started_line(self) -> str | None:
         """What the end-of-crawl report says of the windows started here."""
-        if not self.started:
-            return None
-        n = len(self.started)
-        return (f"{n} slot{'' if n == 1 else 's'} started from the last crawl's rate ("
+        parts = []
+        if self.started:
+            n = len(self.started)
+            parts.append(
+                f"{n} slot{'' if n == 1 else 's'} started from the last crawl's rate ("
                 + _listed([f"{key} {rate:.3g}/s" for key, rate in sorted(self.started.items())])
                 + ")")
+        if self.stale:
+            n = len(self.stale)
+            whose = "slot's" if n == 1 else "slots'"
+            parts.append(f"{n} {whose} last rate older than {self.age_limit()}, not used "
+                         f"({_listed(sorted(self.stale))})")
+        return "; ".join(parts) or None
 
     def start(self, key: str, window: DomainWindow) -> None:
         """Start *key*'s new *window* from its remembered rate, if any."""
