@@ -304,9 +304,12 @@ class AdaptiveThrottle(AutoThrottle):
             self.crawler.stats.inc_value("incremental/throttle/remembered_unreadable")
             logger.warning("%(error)s; every slot starts from the default rate",
                            {"error": exc})
-        ledger.add_closing_writer(lambda _reason: ledger.store.stage_slot_rates(
-            learned(ledger.scope, self.site_windows(),
-                    {key: effective_rate(w)[0] for key, w in self.site_windows()})))
+        def stage_learned(_reason: str) -> None:
+            windows = self.site_windows()
+            ledger.store.stage_slot_rates(learned(
+                ledger.scope, windows, {key: effective_rate(w)[0] for key, w in windows}))
+
+        ledger.add_closing_writer(stage_learned)
 
     def _watch_close(self) -> None:
         """Call :meth:`_closing` as soon as the engine starts closing the spider.
@@ -397,11 +400,11 @@ class AdaptiveThrottle(AutoThrottle):
         # With the shared budget its bucket paces: a second 1/rate here would
         # halve the rate.
         slot.delay = SHARED_SLOT_DELAY if self.shared is not None else window.delay
-        # The shared bucket grants one token per request: no groups there.
-        paced = isinstance(slot, PacedSlot) and self.shared is None
-        # A group leaves at once: the window's concurrency (the slot's, and
+        paced = isinstance(slot, PacedSlot)
+        # The shared bucket grants one token per request: no groups there. A
+        # group leaves at once: the window's concurrency (the slot's, and
         # every figure's) lets it.
-        window.group = window.burst(self.tick) if paced else 1
+        window.group = window.burst(self.tick) if paced and self.shared is None else 1
         slot.concurrency = window.concurrency
         if isinstance(slot, PacedSlot):
             slot.burst = window.group
