@@ -8,6 +8,12 @@ Scrapy already parsed: the first ``main``, ``[role=main]``, ``article`` or
 ``body`` element, its text nodes outside ``script``/``style``/``noscript``
 (above it too), whitespace folded; the same text as ours, which
 ``cold_overhead.py`` checks. The fingerprint is a SHA-256 of title and text.
+
+``-a if_none_match=*`` sends every page request with that ``If-None-Match``
+(sitemaps are asked as usual): a server with the page answers 304, which
+Scrapy's ``HttpErrorMiddleware`` drops before ``parse``. Nothing is stored
+or read: the least a Scrapy process can spend asking every page of a
+sitemap whether it changed (``cold_overhead.py``'s ``scrapy-304s``).
 """
 
 from __future__ import annotations
@@ -46,9 +52,16 @@ def main_text(root: Any) -> str:
 class PlainSitemapSpider(SitemapSpider):
     name = "plain_sitemap"
 
-    def __init__(self, sitemap_url: str, **kwargs: Any) -> None:
+    def __init__(self, sitemap_url: str, if_none_match: str = "", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.sitemap_urls = [sitemap_url]
+        self.if_none_match = if_none_match
+
+    def _parse_sitemap(self, response: Any) -> Any:
+        for request in super()._parse_sitemap(response):
+            if self.if_none_match and request.callback != self._parse_sitemap:
+                request.headers["If-None-Match"] = self.if_none_match
+            yield request
 
     def parse(self, response: Any) -> Any:
         root = response.selector.root
