@@ -36,6 +36,10 @@ COMPONENTS: tuple[tuple[str, str, int], ...] = (
     # Outside PageOutputMiddleware: a not-due request it drops is still
     # recorded among its page's links.
     ("SPIDER_MIDDLEWARES", _P + "change.due_filter.NotDueFilterMiddleware", 0),
+    # Outside every spider middleware that may read the response (only the
+    # two above, which never do, are further out): frees the response's
+    # parsed tree once its output went through them all.
+    ("SPIDER_MIDDLEWARES", _P + "parsed_trees.ParsedTreeReleaseMiddleware", 2),
     # Innermost: the last input check before the callback, the first to see
     # the callback's exceptions.
     ("SPIDER_MIDDLEWARES", _P + "state.middlewares.CallbackGuardMiddleware", 10_000),
