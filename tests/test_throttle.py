@@ -46,7 +46,7 @@ async def test_a_rate_limited_site_gets_every_page_and_no_request_inside_retry_a
     site, crawl, retry_after
 ):
     paths = add_pages(site, 40)
-    limiter = site.limit(rate=20, burst=5, retry_after=retry_after)
+    site.limit(rate=20, burst=5, retry_after=retry_after)
     # Start above the site's budget: the window must find it.
     crawler = await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 60,
                                                 "INCREMENTAL_THROTTLE_MAX_RATE": 100,
@@ -58,7 +58,6 @@ async def test_a_rate_limited_site_gets_every_page_and_no_request_inside_retry_a
     # read a 429 arrived inside the wait it asked for. (Those already on
     # their way may arrive there, however late a loaded machine reads them.)
     assert sent_inside_a_wait(site.log, crawler.engine.downloader) == []
-    assert limiter.refused > 0
     statuses = [r.status for r in site.log]
     assert 0 < statuses.count(429) <= 0.15 * len(statuses)
     assert crawler.stats.get_value("incremental/retry_after_waits") == statuses.count(429)
