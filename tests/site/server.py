@@ -192,7 +192,9 @@ class RequestRecord:
     lower-cased request header names to values (repeated fields joined with
     ``", "``). ``started`` / ``finished`` are :func:`time.monotonic` values
     taken when rendering began and when the response was handed to the
-    transport.
+    transport. ``wait_until``, on a ``429`` of the rate limiter
+    (:meth:`LoopbackSite.limit`): the :func:`time.monotonic` time until
+    which its ``Retry-After`` told the client to stay away.
     """
 
     method: str
@@ -204,6 +206,7 @@ class RequestRecord:
     headers: dict[str, str]
     started: float
     finished: float
+    wait_until: float | None = None
 
 
 @dataclass
@@ -868,11 +871,13 @@ class LoopbackSite:
         self.in_flight[host] = self.in_flight.get(host, 0) + 1
         self.max_in_flight[host] = max(self.max_in_flight.get(host, 0), self.in_flight[host])
         resp = None
+        wait_until = None
         if self.limiter is not None:
             client = request.getClientAddress().host
             retry_after = self.limiter.allow(client)
             if retry_after is not None:
                 resp = _Response(429, b"Too Many Requests\n", {**_TEXT, "Retry-After": retry_after})
+                wait_until = self.limiter.promises[client][1]
         if resp is None:
             resp = self._respond(method, raw_path, request)
         delay = next((d for prefix, d in self._slow.items() if raw_path.startswith(prefix)), 0.0)
@@ -891,6 +896,7 @@ class LoopbackSite:
                     headers=headers,
                     started=started,
                     finished=time.monotonic(),
+                    wait_until=wait_until,
                 )
             )
             return body

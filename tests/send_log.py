@@ -1,0 +1,115 @@
+"""The crawler's own side of a crawl: when each request left and when its answer came.
+
+The site's log says when each request *arrived*. That alone cannot tell
+whether a crawl honoured a Retry-After: a request that had already left
+when the 429 came back was on its way (the crawl may run several requests
+at once), and on a loaded machine it can arrive at the server any time
+later, inside the wait. Whether the crawl *could* have held it back is a
+question of order, not of milliseconds: did it leave before or after the
+crawler read the 429?
+
+:class:`SendLogDownloader` (the ``DOWNLOADER`` setting) is the crawl's own
+downloader, recording:
+
+* when each request left its downloader slot: the moment Scrapy's
+  downloader lets it go, which is what the slot's delay (and a freeze)
+  decides; from there it goes to the wire whatever happens next;
+* when its answer came back, with its status: the ``response_downloaded``
+  signal, where the throttle freezes the slot on a 429, before the
+  downloader lets the next request of the slot leave.
+
+Each request carries its record's number in the ``X-Test-Send`` header, so a
+test matches the site's log records to the crawler's.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+
+from incremental_crawler.politeness.downloader import PacedDownloader
+
+if TYPE_CHECKING:
+    from collections.abc import Coroutine, Iterable
+
+    from scrapy import Request
+    from scrapy.core.downloader import Slot
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+    from twisted.internet.defer import Deferred
+
+    from tests.site.server import RequestRecord
+
+__all__ = ["HEADER", "Send", "SendLogDownloader", "sent_inside_a_wait"]
+
+#: The request header carrying the send's number (lower-cased in the site's log).
+HEADER = "X-Test-Send"
+
+
+@dataclass
+class Send:
+    """One request as the crawler sent it (:func:`time.monotonic` times, as the site's)."""
+
+    url: str
+    #: When the downloader let it leave its slot.
+    left: float
+    #: When its answer came back (``None``: none did, e.g. a timeout).
+    answered: float | None = None
+    status: int | None = None
+
+
+class SendLogDownloader(PacedDownloader):
+    """The project's downloader, keeping :attr:`sends` (see the module docstring)."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        super().__init__(crawler)
+        self.sends: list[Send] = []
+        crawler.signals.connect(self._answered, signal=signals.response_downloaded)
+
+    def _wait_for_download(self, slot: Slot, request: Request,
+                           queue_dfd: Deferred[Response]) -> Coroutine[Any, Any, None]:
+        # Called (not awaited) as the request leaves the slot; the download
+        # itself starts when the loop runs the coroutine, which on a busy
+        # machine may be after an answer read meanwhile.
+        request.headers[HEADER] = str(len(self.sends))
+        self.sends.append(Send(request.url, time.monotonic()))
+        return super()._wait_for_download(slot, request, queue_dfd)
+
+    def _answered(self, response: Response, request: Request, spider: Any) -> None:
+        send = self.sends[int(request.headers[HEADER])]
+        send.answered, send.status = time.monotonic(), response.status
+
+    def send_of(self, record: RequestRecord) -> Send:
+        """The crawler's record of the request the site logged as *record*."""
+        return self.sends[int(record.headers[HEADER.lower()])]
+
+
+def sent_inside_a_wait(log: Iterable[RequestRecord], downloader: SendLogDownloader) -> list[str]:
+    """The requests of the site's *log* (one client's) that arrived inside the
+    wait a 429's Retry-After asked for, and left the crawler after it had
+    read that 429: one line each, saying when.
+
+    A request that left before the crawler read the 429 is not one: it was
+    on its way, however late the server read it. The rule holds at any
+    machine load; an empty list is a crawl that honoured every wait.
+    """
+    records = list(log)
+    broken = []
+    for refusal in records:
+        if refusal.wait_until is None:
+            continue
+        read = downloader.send_of(refusal).answered
+        if read is None:
+            continue  # never read: the crawler did not know of the wait
+        broken += [
+            f"{record.path} left {downloader.send_of(record).left - read:.3f} s after the "
+            f"crawler read the 429 to {refusal.path} and arrived "
+            f"{record.started - refusal.started:.3f} s into its "
+            f"{refusal.wait_until - refusal.started:.2f} s wait"
+            for record in records
+            if refusal.started <= record.started < refusal.wait_until
+            and downloader.send_of(record).left > read]
+    return broken
