@@ -30,7 +30,7 @@ from scrapy.exceptions import UsageError
 from scrapy.spiderloader import get_spider_loader
 
 from incremental_crawler import clock
-from incremental_crawler.report.formats import size
+from incremental_crawler.report.formats import duration, size
 from incremental_crawler.state.keys import canonical_url
 from incremental_crawler.state.records import PageFlags
 from incremental_crawler.state.stores import (
@@ -74,19 +74,6 @@ def when(timestamp: float | None) -> str:
     if not timestamp:
         return "never"
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(timestamp))
-
-
-def duration(seconds: float) -> str:
-    """``3725`` → ``"1 h 2 min"``; below a minute, in seconds."""
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(round(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs} s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours} h {minutes} min"
-    return f"{hours // 24} d {hours % 24} h"
 
 
 def share(part: float, whole: float) -> str:
