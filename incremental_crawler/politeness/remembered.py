@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from incremental_crawler.politeness.window import DomainWindow
     from incremental_crawler.state.stores.base import SlotRates
 
-__all__ = ["RateMemory", "ended_as", "learned"]
+__all__ = ["RateMemory", "ended_as", "learned", "not_used"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,19 @@ _NAMED = 5
 #: Seconds a record may have been saved ahead of this crawl's clock (two
 #: machines' clocks) and still be used.
 _CLOCK_SKEW = 60.0
+
+
+def not_used(record: SlotRate, now: float, remember_for: float) -> str | None:
+    """Why a crawl at *now* would not start from *record* (``None``: it would)."""
+    if remember_for <= 0:
+        return "remembering is off"
+    if record.saved_at > now + _CLOCK_SKEW:
+        # Saved by a clock ahead of this one (faketime, a clock set wrong):
+        # its age is unknown, so REMEMBER_FOR cannot bound it.
+        return "saved later than now, by a clock ahead"
+    if now - record.saved_at > remember_for:
+        return "too old"
+    return None
 
 
 def ended_as(window: DomainWindow, now: float) -> str:
@@ -102,14 +115,13 @@ class RateMemory:
         now = clock.now()
         ahead = []
         for record in stored.rates:
-            if record.saved_at > now + _CLOCK_SKEW:
-                # Saved by a clock ahead of this one (faketime, a clock set
-                # wrong): its age is unknown, so REMEMBER_FOR cannot bound it.
-                ahead.append(record.slot)
-            elif now - record.saved_at <= self.remember_for:
+            why = not_used(record, now, self.remember_for)
+            if why is None:
                 self.rates[record.slot] = record
-            else:
+            elif why == "too old":
                 self.stale.append(record.slot)
+            else:
+                ahead.append(record.slot)
         if self.stale or ahead:
             self.stats.set_value("incremental/throttle/remembered_stale",
                                  len(self.stale) + len(ahead))
