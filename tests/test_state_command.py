@@ -27,6 +27,7 @@ from twisted.internet.threads import deferToThread
 
 from incremental_crawler import clock
 from incremental_crawler.state.ledger import HOLD_TTL
+from incremental_crawler.state.records import SlotRate
 from tests.conftest import crawl_settings
 from tests.spiders import ListSpider
 from tests.test_commands import scrapy
@@ -252,3 +253,38 @@ async def test_a_crawl_holds_its_scope_and_writes_one_record_and_the_store_keeps
     assert records[0].started > records[1].started > record.started
     assert [(r.figures["not_modified"], r.figures["changed"]) for r in records] == [
         (3, 0), (2, 1)]
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_rates_shows_the_remembered_rates_and_forget_host_forgets_its_own(
+    site, crawl, state_uri, state_store: StateStore,
+):
+    urls = pages(site)
+    await crawl(ListSpider, settings={"INCREMENTAL_THROTTLE_ENABLED": True}, urls=urls)
+    # A slot of another name (DOWNLOAD_SLOTS), saved 8 days ago after hard signals.
+    state_store.stage_slot_rates([SlotRate(SCOPE, "my-slot", 2.8, False,
+                                           clock.now() - 8 * 86400, "penalty box")])
+    await deferred_from_coro(state_store.flush())
+
+    summary, table = await states(state_uri, ("--spider", SCOPE),
+                                  ("--spider", SCOPE, "--rates"))
+    assert summary.returncode == 0, summary.stderr
+    assert re.search(r"^  politeness +rates of 2 slots remembered \(not used: 1 too old\)$",
+                     summary.stdout, re.M), summary.stdout
+    assert "after hard signals" not in summary.stdout  # the table is --rates'
+    assert table.returncode == 0, table.stderr
+    assert re.search(r"^  slot +rate +after hard signals +ended +saved$", table.stdout,
+                     re.M), table.stdout
+    # The start rate, 4/s, doubled once four answers (robots.txt's among
+    # them) came healthy.
+    assert re.search(r"^  127\.0\.0\.1 +[48]/s +no +healthy +[\d.]+ s ago$", table.stdout,
+                     re.M), table.stdout
+    assert re.search(r"^  my-slot +2\.8/s +yes +penalty box +8 d 0 h ago "
+                     r"\(not used: too old\)$", table.stdout, re.M), table.stdout
+
+    forgot = await state(state_uri, "forget-host", "127.0.0.1", "--spider", SCOPE)
+    assert forgot.returncode == 0, forgot.stderr
+    assert forgot.stdout.strip().endswith(", 1 remembered politeness rate"), forgot.stdout
+    # The slot of another name is no host: it stays.
+    assert [r.slot for r in state_store.read_slot_rates(SCOPE).rates] == ["my-slot"]

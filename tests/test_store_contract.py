@@ -1473,6 +1473,35 @@ class StateStoreContract:
         assert store.forget_host(SCOPE, "example.com") == Removed()
 
     @pytest_twisted.ensureDeferred
+    async def test_forget_host_deletes_the_rate_of_the_slot_named_by_the_host(
+        self, store: StateStore,
+    ) -> None:
+        await self._two_pages_with_items(store)
+        store.slot_rates_kept = 2
+        # A slot of another name (a DOWNLOAD_SLOTS key, a host group) is no
+        # host, and the host's rate in another scope is that scope's.
+        kept = SlotRate(SCOPE, "my-slot", 12.0, True, 1_000.0)
+        elsewhere = SlotRate("other", "example.com", 30.0, True, 1_000.0)
+        # Saved last: a stale entry in the store's index by time would count
+        # towards the bound below and prune a live record.
+        store.stage_slot_rates([kept, elsewhere, SlotRate(SCOPE, "example.com", 50.0, True,
+                                                          1_001.0)])
+        await call(store.flush())
+        assert store.forget_host(SCOPE, "example.com") == Removed(
+            pages=3, links=2, items=4, versions=6, hosts=1, rates=1)
+        assert (await call(store.slot_rates(SCOPE))).rates == [kept]
+        assert store.read_slot_rates(SCOPE).rates == [kept]  # as `scrapy state` reads them
+        assert (await call(store.slot_rates("other"))).rates == [elsewhere]
+        newer = SlotRate(SCOPE, "new.example", 7.0, True, 1_002.0)
+        store.stage_slot_rates([newer])
+        await call(store.flush())
+        assert (await call(store.slot_rates(SCOPE))).rates == [kept, newer]
+        # A host with nothing stored but its rate has something to forget.
+        assert store.forget_host(SCOPE, "new.example") == Removed(rates=1)
+        assert "1 remembered politeness rate" in Removed(rates=1).describe()
+        assert "remembered" not in Removed(pages=1).describe()
+
+    @pytest_twisted.ensureDeferred
     async def test_reset_scope_deletes_everything_of_it_and_nothing_else(
         self, make_store: MakeStore,
     ) -> None:

@@ -140,6 +140,47 @@ async def test_a_rate_older_than_remember_for_is_ignored(site, crawl, monkeypatc
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_short_crawl_that_never_confirmed_the_rate_does_not_keep_it_fresh(
+    site, crawl, state_store, monkeypatch
+):
+    await healthy_first_crawl(site, crawl)
+    [first] = (await state_store.slot_rates("list")).rates
+    real_now = clock.now
+
+    # Three days later, a crawl of three pages: the window starts at 50/s
+    # and ends without a window of healthy answers at that rate.
+    monkeypatch.setattr(clock, "now", lambda: real_now() + 3 * 86400)
+    short = await crawl(ListSpider, settings=POLITE,
+                        urls=[site.url(f"/p/{i:04d}") for i in range(3)])
+    assert short.get_extension(AdaptiveThrottle).memory.started == {HOST: 50}
+    assert short.get_extension(AdaptiveThrottle).windows[HOST].unproven
+    # It learned nothing: the record stays as the first crawl saved it.
+    assert (await state_store.slot_rates("list")).rates == [first]
+    assert short.stats.get_value("incremental/throttle/remembered_unconfirmed") == 1
+    assert ("politeness: 1 slot started from the last crawl's rate (127.0.0.1 50/s); "
+            "1 slot's last rate not confirmed by this crawl's answers, kept as saved, "
+            "not refreshed (127.0.0.1 saved 3 d 0 h ago)") in crawl_lines(
+        short.stats.get_stats(), short)
+
+    # Eight days after the first crawl its rate is too old: the short crawl
+    # did not make it look five days old.
+    monkeypatch.setattr(clock, "now", lambda: real_now() + 8 * 86400)
+    site.reset_log()
+    later = await crawl(ListSpider, settings=POLITE,
+                        urls=[site.url(f"/p/{i:04d}") for i in range(10)])
+    assert later.get_extension(AdaptiveThrottle).memory.started == {}
+    assert statistics.median(first_gaps(site)) > 0.15  # 4/s again
+    assert later.stats.get_value("incremental/throttle/remembered_stale") == 1
+    assert later.stats.get_value("incremental/throttle/remembered_unconfirmed") is None
+    assert any("1 slot's last rate older than 7 days (INCREMENTAL_THROTTLE_REMEMBER_FOR), "
+               f"not used ({HOST})" in line
+               for line in crawl_lines(later.stats.get_stats(), later))
+    # A window that did not start from memory learned its rate: saved as today.
+    [saved] = (await state_store.slot_rates("list")).rates
+    assert abs(saved.saved_at - (real_now() + 8 * 86400)) < 600
+
+
+@pytest_twisted.ensureDeferred
 async def test_remember_for_0_starts_every_slot_at_the_start_rate(site, crawl):
     await healthy_first_crawl(site, crawl)
     crawler = await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_REMEMBER_FOR": 0},

@@ -1,7 +1,8 @@
 """``scrapy state``: inspect and repair the state store.
 
-- ``scrapy state [--spider NAME] [--hosts]``: one summary block per scope
-  (pages, the last crawl's figures, who holds it now), or a table per host;
+- ``scrapy state [--spider NAME] [--hosts] [--rates]``: one summary block
+  per scope (pages, the last crawl's figures, its remembered politeness
+  rates, who holds it now), and a table per host, or of those rates;
 - ``scrapy state url URL [--spider NAME] [--json]``: everything stored
   about one URL;
 - ``scrapy state forget URL --spider NAME``, ``forget-host HOST --spider
@@ -30,7 +31,9 @@ from scrapy.exceptions import UsageError
 from scrapy.spiderloader import get_spider_loader
 
 from incremental_crawler import clock
-from incremental_crawler.report.formats import size
+from incremental_crawler.config import setting_or_default
+from incremental_crawler.politeness.remembered import not_used
+from incremental_crawler.report.formats import duration, size
 from incremental_crawler.state.keys import canonical_url
 from incremental_crawler.state.records import PageFlags
 from incremental_crawler.state.stores import (
@@ -47,7 +50,7 @@ if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
     from incremental_crawler.state.records import CrawlRecord, HostTrust, PageState
-    from incremental_crawler.state.stores.base import HostSummary, UrlRecord
+    from incremental_crawler.state.stores.base import HostSummary, SlotRates, UrlRecord
 
 __all__ = ["Command"]
 
@@ -76,19 +79,6 @@ def when(timestamp: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(timestamp))
 
 
-def duration(seconds: float) -> str:
-    """``3725`` → ``"1 h 2 min"``; below a minute, in seconds."""
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(round(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs} s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours} h {minutes} min"
-    return f"{hours // 24} d {hours % 24} h"
-
-
 def share(part: float, whole: float) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
 
@@ -111,7 +101,7 @@ class Command(ScrapyCommand):
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
 
     def syntax(self) -> str:
-        return ("[--spider NAME] [--hosts] | url URL [--spider NAME] [--json] | "
+        return ("[--spider NAME] [--hosts] [--rates] | url URL [--spider NAME] [--json] | "
                 "forget URL --spider NAME | forget-host HOST --spider NAME | "
                 "reset --spider NAME --yes")
 
@@ -121,7 +111,8 @@ class Command(ScrapyCommand):
     def long_desc(self) -> str:
         return (
             "Without an action: a summary of every scope (or of --spider's), with the "
-            "last crawl's figures; --hosts adds a table per host. 'url URL' shows what "
+            "last crawl's figures; --hosts adds a table per host, --rates a table of the "
+            "remembered politeness rates. 'url URL' shows what "
             "is stored about one URL. 'forget URL', 'forget-host HOST' and 'reset' "
             "delete state of one scope (--spider) so that the next crawl finds it new; "
             "they refuse while a crawl holds the scope, and reset needs --yes."
@@ -133,6 +124,8 @@ class Command(ScrapyCommand):
                             help="the spider (its incremental_scope), or a scope by name")
         parser.add_argument("--hosts", action="store_true",
                             help="a table of the scope's hosts: pages, due, gone, trust")
+        parser.add_argument("--rates", action="store_true",
+                            help="a table of the scope's remembered politeness rates, per slot")
         parser.add_argument("--json", action="store_true",
                             help="url: the record as JSON, for machines")
         parser.add_argument("--yes", action="store_true",
@@ -178,7 +171,11 @@ class Command(ScrapyCommand):
     def _run(self, store: StateStore, action: str | None, target: str | None,
              scope: str | None, opts: argparse.Namespace) -> list[str]:
         if action is None:
-            return summary(store, scope, hosts=opts.hosts)
+            assert self.settings is not None
+            remember_for = float(setting_or_default(self.settings,
+                                                    "INCREMENTAL_THROTTLE_REMEMBER_FOR"))
+            return summary(store, scope, hosts=opts.hosts, rates=opts.rates,
+                           remember_for=remember_for)
         if action == "url":
             assert target is not None
             return url_lines(store, canonical_url(target), scope, as_json=opts.json)
@@ -294,7 +291,8 @@ def dead_pid(holder: str) -> int | None:
 # -- summaries ----------------------------------------------------------------------
 
 
-def summary(store: StateStore, scope: str | None, *, hosts: bool) -> list[str]:
+def summary(store: StateStore, scope: str | None, *, hosts: bool, rates: bool = False,
+            remember_for: float = 0.0) -> list[str]:
     scopes = store.scopes() if scope is None else [scope]
     if scope is not None and scope not in store.scopes():
         raise Refused(f"scope {scope!r} has nothing stored in {store.location}")
@@ -304,16 +302,21 @@ def summary(store: StateStore, scope: str | None, *, hosts: bool) -> list[str]:
     out = [f"state store {store.location}"]
     for name in scopes:
         summaries = store.summarize_hosts(name, now)
+        remembered = store.read_slot_rates(name)
         out.append("")
-        out.extend(scope_block(store, name, summaries, now))
+        out.extend(scope_block(store, name, summaries, now,
+                               rates_line(remembered, now, remember_for)))
         if hosts:
             out.append("")
             out.extend(host_table(summaries))
+        if rates and (remembered.rates or remembered.unreadable):
+            out.append("")
+            out.extend(rate_table(remembered, now, remember_for))
     return out
 
 
 def scope_block(store: StateStore, scope: str, hosts: list[HostSummary],
-                now: float) -> list[str]:
+                now: float, politeness: str) -> list[str]:
     pages = sum(h.pages for h in hosts)
     out = [f"scope {scope}",
            _line("pages", f"{pages} (due now {sum(h.due for h in hosts)}, "
@@ -324,6 +327,7 @@ def scope_block(store: StateStore, scope: str, hosts: list[HostSummary],
     records = store.crawls(scope, store.crawl_history)
     out.extend(last_crawl(records))
     out.append(_line("crawls kept", f"{len(records)} (at most {store.crawl_history})"))
+    out.append(_line("politeness", politeness))
     holders = store.scope_holders(scope, now)
     for holder, expires in sorted(holders.items()):
         out.append(_line("held by", hold(holder, expires)))
@@ -355,6 +359,53 @@ def last_crawl(records: list[CrawlRecord]) -> list[str]:
         _line("bytes", f"{size(received)} received, ~{size(saved)} saved by 304s "
                        f"({share(saved, received + saved)} of a full fetch)", 4),
     ]
+
+
+def rates_line(remembered: SlotRates, now: float, remember_for: float) -> str:
+    """The scope's remembered politeness rates, counted: how many the next
+    crawl would start from, and why the others not."""
+    found = len(remembered.rates) + len(remembered.unreadable)
+    if not found:
+        return "no rate remembered"
+    reasons: dict[str, int] = {}
+    for record in remembered.rates:
+        why = not_used(record, now, remember_for)
+        if why is not None:
+            reasons[why] = reasons.get(why, 0) + 1
+    if remembered.unreadable:
+        reasons["unreadable"] = len(remembered.unreadable)
+    text = f"rates of {found} slot{'' if found == 1 else 's'} remembered"
+    if reasons:
+        text += " (not used: " + ", ".join(f"{n} {why}" for why, n in reasons.items()) + ")"
+    return text
+
+
+def rate_table(remembered: SlotRates, now: float, remember_for: float) -> list[str]:
+    """Per slot: the rate a crawl's window last reached there, whether hard
+    signals had cut it, how it ended, and how long ago it was saved (and
+    why the next crawl would not use it)."""
+    head = ("slot", "rate", "after hard signals", "ended", "saved")
+    rows = []
+    for record in remembered.rates:
+        age = now - record.saved_at
+        saved = f"{duration(age)} ago" if age >= 0 else when(record.saved_at)
+        why = not_used(record, now, remember_for)
+        if why is not None:
+            saved += f" (not used: {why})"
+        rows.append((record.slot, f"{record.rate:.3g}/s", "no" if record.slow_start else "yes",
+                     record.ended or "healthy", saved))
+    rows += [(slot, "-", "-", "-", "unreadable (damaged): not used")
+             for slot in remembered.unreadable]
+    rows.sort(key=lambda row: row[0])
+    widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
+
+    def fmt(row: tuple[str, ...]) -> str:
+        # The rate right, as counts are.
+        cells = [cell.rjust(w) if i == 1 else cell.ljust(w)
+                 for i, (cell, w) in enumerate(zip(row, widths, strict=True))]
+        return "  " + "  ".join(cells).rstrip()
+
+    return [fmt(head), *(fmt(row) for row in rows)]
 
 
 def _lastmod_trust(trust: HostTrust | None, now: float) -> str:

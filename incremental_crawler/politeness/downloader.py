@@ -13,8 +13,10 @@ it is above 1, up to ``burst`` queued requests leave together and the next
 group ``burst * delay`` later (a token bucket of ``burst`` tokens filled at
 the slot's rate). The rate is the same; in any second at most ``burst``
 requests more than the rate leave. The throttle gives a slot a burst only
-while its window is at its ceiling, reached without a single error (the
-site has taken the most the crawl ever sends it), that is more than one
+while its window is at its ceiling, reached without a single error and
+confirmed there by a window of healthy answers (the site has taken the most
+the crawl ever sends it, also where the window started at its ceiling),
+that is more than one
 request per ``INCREMENTAL_THROTTLE_TICK``, and there is no Crawl-delay or
 user delay (both promise a gap between any two requests): a site that
 answers a group with a 429 or a 503 gets one request at a time from then

@@ -664,6 +664,8 @@ class AdaptiveThrottle(AutoThrottle):
         if self.shared is not None:
             await self.shared.close()
         stats = self.crawler.stats
+        if unconfirmed := self.memory.unconfirmed():
+            stats.set_value("incremental/throttle/remembered_unconfirmed", len(unconfirmed))
         for key, w in self.site_windows():
             prefix = f"incremental/throttle/{key}"
             # What the slot's requests could reach; the window's own rate

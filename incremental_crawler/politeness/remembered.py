@@ -9,6 +9,14 @@ window of that slot starts there, as TCP starts a connection from a
 destination's cached metrics (RFC 2140). Only a record not older than
 INCREMENTAL_THROTTLE_REMEMBER_FOR seconds (0: never) is used.
 
+A crawl refreshes a slot's record only when its window learned something:
+it had an answer, and, if it started above the start rate from a remembered
+rate, it confirmed that rate (a window of healthy answers) or a hard signal
+cut it. A crawl of a few pages that ended with the remembered rate still
+unconfirmed leaves the record as it was, its age included: otherwise each
+such crawl would keep an old rate "recent" for another REMEMBER_FOR with no
+evidence that the site still takes it.
+
 The rate kept is what the site was let through (the window's rate, held
 down by the user's delay or concurrency if they held it), never more; a
 window that saw a hard signal starts there in additive increase, not slow
@@ -26,6 +34,7 @@ import time
 from typing import TYPE_CHECKING
 
 from incremental_crawler import clock
+from incremental_crawler.report.formats import duration
 from incremental_crawler.state.records import SlotRate
 
 if TYPE_CHECKING:
@@ -36,7 +45,7 @@ if TYPE_CHECKING:
     from incremental_crawler.politeness.window import DomainWindow
     from incremental_crawler.state.stores.base import SlotRates
 
-__all__ = ["RateMemory", "ended_as", "learned"]
+__all__ = ["RateMemory", "ended_as", "learned", "not_used"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +54,19 @@ _NAMED = 5
 #: Seconds a record may have been saved ahead of this crawl's clock (two
 #: machines' clocks) and still be used.
 _CLOCK_SKEW = 60.0
+
+
+def not_used(record: SlotRate, now: float, remember_for: float) -> str | None:
+    """Why a crawl at *now* would not start from *record* (``None``: it would)."""
+    if remember_for <= 0:
+        return "remembering is off"
+    if record.saved_at > now + _CLOCK_SKEW:
+        # Saved by a clock ahead of this one (faketime, a clock set wrong):
+        # its age is unknown, so REMEMBER_FOR cannot bound it.
+        return "saved later than now, by a clock ahead"
+    if now - record.saved_at > remember_for:
+        return "too old"
+    return None
 
 
 def ended_as(window: DomainWindow, now: float) -> str:
@@ -60,14 +82,18 @@ def ended_as(window: DomainWindow, now: float) -> str:
 
 def learned(scope: str, windows: Iterable[tuple[str, DomainWindow]],
             rate_of: dict[str, float]) -> list[SlotRate]:
-    """What to remember of *windows* (those that had an answer: the others
-    learned nothing, and the stored record stays); *rate_of*: the rate each
-    slot's requests could reach."""
+    """What to remember of *windows*; *rate_of*: the rate each slot's
+    requests could reach.
+
+    A window without an answer, or still unproven (a remembered rate that
+    no window of healthy answers confirmed and no hard signal cut) learned
+    nothing: its slot's stored record stays as it was, saved_at included.
+    """
     saved_at = clock.now()
     now = time.monotonic()
     return [SlotRate(scope, key, min(window.rate, rate_of.get(key, window.rate)),
                      window.slow_start, saved_at, ended_as(window, now))
-            for key, window in windows if key and window.responses]
+            for key, window in windows if key and window.responses and not window.unproven]
 
 
 class RateMemory:
@@ -79,6 +105,8 @@ class RateMemory:
         self.rates: dict[str, SlotRate] = {}
         #: Slots whose window started from a remembered rate, and that rate.
         self.started: dict[str, float] = {}
+        #: Those windows, to tell at the end which confirmed their rate.
+        self.windows: dict[str, DomainWindow] = {}
         #: Slots whose remembered rate was older than remember_for.
         self.stale: list[str] = []
 
@@ -87,14 +115,13 @@ class RateMemory:
         now = clock.now()
         ahead = []
         for record in stored.rates:
-            if record.saved_at > now + _CLOCK_SKEW:
-                # Saved by a clock ahead of this one (faketime, a clock set
-                # wrong): its age is unknown, so REMEMBER_FOR cannot bound it.
-                ahead.append(record.slot)
-            elif now - record.saved_at <= self.remember_for:
+            why = not_used(record, now, self.remember_for)
+            if why is None:
                 self.rates[record.slot] = record
-            else:
+            elif why == "too old":
                 self.stale.append(record.slot)
+            else:
+                ahead.append(record.slot)
         if self.stale or ahead:
             self.stats.set_value("incremental/throttle/remembered_stale",
                                  len(self.stale) + len(ahead))
@@ -148,12 +175,27 @@ class RateMemory:
                 f"{n} slot{'' if n == 1 else 's'} started from the last crawl's rate ("
                 + _listed([f"{key} {rate:.3g}/s" for key, rate in sorted(self.started.items())])
                 + ")")
+        if unconfirmed := self.unconfirmed():
+            n = len(unconfirmed)
+            whose = "slot's" if n == 1 else "slots'"
+            now = clock.now()
+            parts.append(
+                f"{n} {whose} last rate not confirmed by this crawl's answers, kept as saved, "
+                "not refreshed (" + _listed([
+                    f"{key} saved {duration(max(0.0, now - self.rates[key].saved_at))} ago"
+                    for key in unconfirmed]) + ")")
         if self.stale:
             n = len(self.stale)
             whose = "slot's" if n == 1 else "slots'"
             parts.append(f"{n} {whose} last rate older than {self.age_limit()}, not used "
                          f"({_listed(sorted(self.stale))})")
         return "; ".join(parts) or None
+
+    def unconfirmed(self) -> list[str]:
+        """Slots whose window started above the start rate from a remembered
+        rate and is still unproven: their records are not rewritten
+        (:func:`learned`)."""
+        return sorted(key for key, window in self.windows.items() if window.unproven)
 
     def start(self, key: str, window: DomainWindow) -> None:
         """Start *key*'s new *window* from its remembered rate, if any."""
@@ -172,6 +214,7 @@ class RateMemory:
         window.slow_start = record.slow_start
         window.unproven = window.rate > policy.start_rate
         self.started[key] = window.rate
+        self.windows[key] = window
         self.stats.inc_value("incremental/throttle/remembered_slots")
 
 

@@ -170,15 +170,22 @@ class DomainWindow:
 
         One unless the window is at its ceiling (``max_rate``) and that
         is more than one request per *tick*, reached without a single
-        error: the site has taken the most this crawl ever sends it, and the
+        error, and a window of healthy answers came at the ceiling itself:
+        the site has taken the most this crawl ever sends it, and the
         groups do not raise the rate. One, too, with a delay floor (a
         Crawl-delay or the user's delay promises a gap between any two
-        requests), or while a rate remembered from the last crawl is not yet
-        confirmed by this crawl's answers. Never above the concurrency ceiling.
+        requests). Never above the concurrency ceiling.
         """
         if (tick <= 0 or self.delay_floor > 0 or self.rate < self.policy.max_rate
                 or not self.slow_start or self.hard or self.soft or self.penalty_box
-                or self.unproven):
+                # A window that starts at its ceiling (a start rate equal to
+                # the max rate, a per-domain override, a remembered rate) has
+                # no answer yet that says the site takes that rate: groups
+                # wait for a window of healthy answers at the ceiling.
+                # ``healthy`` counts the answers since the rate last rose (at
+                # the ceiling it is no longer reset); a remembered rate not yet
+                # confirmed (``unproven``) has fewer than that, too.
+                or self.healthy < max(1.0, self.rate)):
             return 1
         return max(1, min(self.policy.max_concurrency, int(tick * self.rate)))
 

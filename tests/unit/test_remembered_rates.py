@@ -5,7 +5,7 @@ from __future__ import annotations
 from scrapy.statscollectors import MemoryStatsCollector
 from scrapy.utils.test import get_crawler
 
-from incremental_crawler.politeness.remembered import RateMemory
+from incremental_crawler.politeness.remembered import RateMemory, learned
 from incremental_crawler.politeness.window import DomainWindow, WindowPolicy
 from incremental_crawler.state.records import SlotRate
 
@@ -72,3 +72,27 @@ def test_no_groups_until_the_remembered_ceiling_is_confirmed():
         window.stamp()
         window.ok(0.01)
     assert window.burst(0.1) == 5
+
+
+def test_only_a_window_that_learned_something_is_saved():
+    record = SlotRate("s", "a", 50.0, True, 0.0)
+    # Three answers: the remembered 50/s is not confirmed, the record stays.
+    unconfirmed = started(record, WindowPolicy(max_rate=50.0))
+    for _ in range(3):
+        unconfirmed.stamp()
+        unconfirmed.ok(0.01)
+    # A window of healthy answers confirmed it.
+    confirmed = started(record, WindowPolicy(max_rate=50.0))
+    for _ in range(50):
+        confirmed.stamp()
+        confirmed.ok(0.01)
+    # A hard signal cut it: the site's answer is news.
+    cut = started(record, WindowPolicy(max_rate=50.0))
+    cut.hard_error(cut.stamp())
+    # Started from no memory: one answer is enough.
+    fresh = DomainWindow(WindowPolicy())
+    fresh.stamp()
+    fresh.ok(0.01)
+    saved = learned("s", [("unconfirmed", unconfirmed), ("confirmed", confirmed),
+                          ("cut", cut), ("fresh", fresh)], {})
+    assert [r.slot for r in saved] == ["confirmed", "cut", "fresh"]

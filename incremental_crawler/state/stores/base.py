@@ -108,14 +108,20 @@ class Removed(NamedTuple):
     versions: int = 0
     hosts: int = 0
     crawls: int = 0
+    #: Remembered politeness rates (of the slot named by a forgotten host);
+    #: a reset deletes the scope's without counting them (not data).
+    rates: int = 0
 
     def describe(self) -> str:
-        """``"3 pages, 1 links record, ..."``: the counts, for people."""
+        """``"3 pages, 1 links record, ..."``: the counts, for people (the
+        remembered rate only when one went)."""
         names = (("page", "pages"), ("links record", "links records"), ("item", "items"),
                  ("item version", "item versions"), ("host record", "host records"),
-                 ("crawl record", "crawl records"))
+                 ("crawl record", "crawl records"),
+                 ("remembered politeness rate", "remembered politeness rates"))
         return ", ".join(f"{n} {one if n == 1 else many}"
-                         for n, (one, many) in zip(self, names, strict=True))
+                         for i, (n, (one, many)) in enumerate(zip(self, names, strict=True))
+                         if n or i < len(names) - 1)
 
 
 def host_of(url: str) -> str:
@@ -490,6 +496,10 @@ class StateStore(ABC):
     def url_record(self, scope: str, url: str) -> UrlRecord:
         """Everything stored about the canonical *url* of *scope*."""
 
+    def read_slot_rates(self, scope: str) -> SlotRates:
+        """:meth:`slot_rates`, read at once (a store that keeps none: none)."""
+        return SlotRates([], [])
+
     # -- repairs (synchronous, at once: run while no crawl holds the scope) ---
 
     @abstractmethod
@@ -501,7 +511,9 @@ class StateStore(ABC):
     @abstractmethod
     def forget_host(self, scope: str, host: str) -> Removed:
         """:meth:`forget_page` for every page of *host* (:func:`host_of`) in
-        *scope*, and the host's trust record."""
+        *scope*, the host's trust record, and the remembered politeness rate
+        of the download slot named *host* (a slot of another name, a
+        ``DOWNLOAD_SLOTS`` key or a host group, stays)."""
 
     @abstractmethod
     def reset_scope(self, scope: str) -> Removed:

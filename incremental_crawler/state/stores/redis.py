@@ -1998,22 +1998,14 @@ class RedisStateStore(StateStore):
                 rate.slot, value, repr(float(rate.saved_at)), self.slot_rates_kept))
 
     async def slot_rates(self, scope: str) -> SlotRates:
-        raw = await self._call("HGETALL", self._key("slots", scope))
-        found = SlotRates([], [])
-        for slot_raw, value in sorted(raw.items()):
-            slot = slot_raw.decode(errors="replace")
-            try:
-                data = json.loads(value)
-                record = SlotRate(scope, slot, data["rate"], data["slow_start"],
-                                  data["saved_at"], data.get("ended", ""))
-            except (ValueError, TypeError, KeyError, AttributeError):
-                found.unreadable.append(slot)
-                continue
-            if record.readable():
-                found.rates.append(record)
-            else:
-                found.unreadable.append(slot)
-        return found
+        return _slot_rates(scope, await self._call("HGETALL", self._key("slots", scope)))
+
+    def read_slot_rates(self, scope: str) -> SlotRates:
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.hgetall(self._key("slots", scope))
+        [raw] = self._sync_run(pipe)
+        return _slot_rates(scope, raw)
+
 
     # -- holds ---------------------------------------------------------------
 
@@ -2204,7 +2196,8 @@ class RedisStateStore(StateStore):
                 host: str | None = None) -> Removed:
         """Delete the items last stored from *urls*, with their history, and
         what *delete_pages* adds to the transaction (it returns what each of
-        its replies counts), and *host*'s trust record, in one ``MULTI``."""
+        its replies counts), and *host*'s trust record and remembered rate,
+        in one ``MULTI``."""
         items = self._items_by_page(scope, urls, live=False)
         hist = [self._hist_key(scope, key) for key in items]
         pipe = self._sync.pipeline(transaction=True)
@@ -2226,7 +2219,9 @@ class RedisStateStore(StateStore):
             kinds.append(None)
         if host is not None:
             pipe.hdel(self._key("hosts", scope), host)
-            kinds.append("hosts")
+            pipe.hdel(self._key("slots", scope), host)
+            pipe.zrem(self._key("slotsat", scope), host)
+            kinds += ["hosts", "rates", None]
         counts = dict.fromkeys(Removed._fields, 0)
         for kind, n in zip(kinds, self._sync_run(pipe), strict=True):
             if kind is not None:
@@ -2321,6 +2316,26 @@ class RedisStateStore(StateStore):
         pipe.srem(f"{self.prefix}:scopes", scope)
         replies = self._sync_run(pipe)
         return self._counted(replies[:counted], buckets, links, hist)
+
+
+def _slot_rates(scope: str, raw: dict[bytes, bytes]) -> SlotRates:
+    """A scope's remembered rates from its ``slots`` hash; a record that
+    cannot be read is named, not raised."""
+    found = SlotRates([], [])
+    for slot_raw, value in sorted(raw.items()):
+        slot = slot_raw.decode(errors="replace")
+        try:
+            data = json.loads(value)
+            record = SlotRate(scope, slot, data["rate"], data["slow_start"],
+                              data["saved_at"], data.get("ended", ""))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            found.unreadable.append(slot)
+            continue
+        if record.readable():
+            found.rates.append(record)
+        else:
+            found.unreadable.append(slot)
+    return found
 
 
 def _stored_version(scope: str, item_key: str, number: int,

@@ -976,6 +976,9 @@ class SQLiteStateStore(StateStore):
             self._ops.append((_PRUNE_SLOT_RATES, (scope, scope, self.slot_rates_kept)))
 
     async def slot_rates(self, scope: str) -> SlotRates:
+        return self.read_slot_rates(scope)
+
+    def read_slot_rates(self, scope: str) -> SlotRates:
         found = SlotRates([], [])
         for slot, rate, slow_start, saved_at, ended in self._read(
                 "SELECT slot, rate, slow_start, saved_at, ended FROM slot_rates "
@@ -1088,7 +1091,7 @@ class SQLiteStateStore(StateStore):
 
     def _forget(self, scope: str, urls: list[str], *, host: str | None = None) -> Removed:
         """Delete the pages *urls* of *scope*, their links and items (and
-        *host*'s trust record), in one transaction."""
+        *host*'s trust record and remembered rate), in one transaction."""
         items = self._page_items(scope, urls, live=False)
         statements: list[tuple[str, tuple[object, ...]]] = []
         kinds: list[str] = []
@@ -1105,6 +1108,9 @@ class SQLiteStateStore(StateStore):
         if host is not None:
             kinds.append("hosts")
             statements.append(("DELETE FROM hosts WHERE scope = ? AND host = ?", (scope, host)))
+            kinds.append("rates")
+            statements.append(("DELETE FROM slot_rates WHERE scope = ? AND slot = ?",
+                               (scope, host)))
         counts = dict.fromkeys(Removed._fields, 0)
         for kind, n in zip(kinds, self._write(*statements), strict=True):
             counts[kind] += n
