@@ -13,10 +13,15 @@ without, and half the time in the garbage collector.
 
 :class:`ParsedTreeReleaseMiddleware` drops the response's cached selector
 when the callback's output has gone through every spider middleware inside
-it, so the response and its tree are freed by reference counting, at once.
-The selector is a cache: anything that asks for it again later (an
-``item_scraped`` handler reading the response, say) gets a new one, parsed
-again. To keep Scrapy's behaviour, disable the middleware
+it, or when the callback raised before returning any output (a plain
+function, a coroutine) and no middleware inside it handled the exception,
+so the response and its tree are freed by reference counting, at once (a
+response that raised is still kept by its traceback until a collection, but
+not its tree). The selector is a cache: anything that asks for it again
+later (an ``item_scraped`` handler reading the response, or a spider
+middleware of the project's ordered below 2, say) gets a new one, parsed
+again, and that one waits for the collector again. To keep Scrapy's
+behaviour, disable the middleware
 (``SPIDER_MIDDLEWARES = {"incremental_crawler.parsed_trees.ParsedTreeReleaseMiddleware": None}``).
 """
 
@@ -55,3 +60,10 @@ class ParsedTreeReleaseMiddleware:
                 yield obj
         finally:
             release_parsed_tree(response)
+
+    def process_spider_exception(self, response: Response, exception: Exception) -> None:
+        # Offered here only once every middleware inside declined it. A
+        # callback that raised before returning its output has no output to
+        # end: the exception is its end (one raised while its output was
+        # being read ends that output too, released above as well).
+        release_parsed_tree(response)

@@ -55,25 +55,44 @@ class WatchedSitemapSpider(SitemapPagesSpider):
         self.titles_again.append(response.css("title::text").get())
 
 
+class FailingParseSpider(WatchedSitemapSpider):
+    """Its callback, a plain function, parses each page and then raises: it
+    never returns an output for the middlewares to go through."""
+
+    name = "failing_parse"
+
+    def parse(self, response: Response) -> Any:  # type: ignore[override]
+        self.responses.append(weakref.ref(response))
+        response.css("title::text").get()
+        raise ValueError("a callback bug")
+
+
 async def crawl_without_gc(crawl: Any, site: Any, *, reread: bool = False,
-                           **settings: Any) -> tuple[Any, int]:
-    """A crawl with the cyclic GC off: the crawler, and how many of the
-    parsed responses are still alive when it ends."""
+                           spidercls: type[WatchedSitemapSpider] = WatchedSitemapSpider,
+                           **settings: Any) -> tuple[Any, int, int]:
+    """A crawl with the cyclic GC off: the crawler, how many of the parsed
+    responses are still alive when it ends, and how many of those still
+    hold their parsed tree (their cached selector)."""
     gc.collect()
+    was_enabled = gc.isenabled()
     gc.disable()
     try:
-        crawler = await crawl(WatchedSitemapSpider, settings=settings,
+        crawler = await crawl(spidercls, settings=settings,
                               sitemap_url=site.url("/robots.txt"), reread=reread)
-        alive = sum(1 for ref in crawler.spider.responses if ref() is not None)
+        alive = [r for ref in crawler.spider.responses if (r := ref()) is not None]
+        trees = sum(1 for r in alive if getattr(r, "_cached_selector", None) is not None)
+        count = len(alive)
+        del alive
     finally:
-        gc.enable()
-    return crawler, alive
+        if was_enabled:
+            gc.enable()
+    return crawler, count, trees
 
 
 @pytest_twisted.ensureDeferred
 async def test_a_parsed_page_is_freed_once_its_output_ends(site, crawl):
     add_pages(site, PAGES)
-    crawler, alive = await crawl_without_gc(crawl, site)
+    crawler, alive, _ = await crawl_without_gc(crawl, site)
     assert len(crawler.spider.responses) == PAGES
     assert alive == 0
 
@@ -81,7 +100,7 @@ async def test_a_parsed_page_is_freed_once_its_output_ends(site, crawl):
 @pytest_twisted.ensureDeferred
 async def test_a_response_read_again_after_the_release_is_parsed_again(site, crawl):
     add_pages(site, PAGES)
-    crawler, _ = await crawl_without_gc(crawl, site, reread=True)
+    crawler, _, _ = await crawl_without_gc(crawl, site, reread=True)
     titles = crawler.spider.titles_again
     assert len(titles) == PAGES and all(titles)
     assert sorted(titles) == sorted(i["title"] for i in crawler.collected)
@@ -92,5 +111,16 @@ async def test_without_the_release_every_parsed_page_waits_for_the_gc(site, craw
     # What the middleware is for: with Scrapy's behaviour every response
     # that was parsed stays alive until the cyclic collector runs.
     add_pages(site, PAGES)
-    _, alive = await crawl_without_gc(crawl, site, SPIDER_MIDDLEWARES={RELEASE: None})
+    _, alive, _ = await crawl_without_gc(crawl, site, SPIDER_MIDDLEWARES={RELEASE: None})
     assert alive == PAGES
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_callback_that_raises_before_its_output_frees_its_tree(site, crawl):
+    # The exception's traceback keeps the response itself until the GC runs;
+    # its parsed tree, most of its memory, need not wait with it.
+    add_pages(site, PAGES)
+    crawler, _, trees = await crawl_without_gc(crawl, site, spidercls=FailingParseSpider)
+    assert len(crawler.spider.responses) == PAGES
+    assert crawler.stats.get_value("spider_exceptions/ValueError") == PAGES
+    assert trees == 0
