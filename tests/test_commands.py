@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -20,10 +21,11 @@ from tests.spiders import ListSpider
 PROJECT = Path(__file__).resolve().parents[1]
 
 
-def scrapy(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def scrapy(*args: str, timeout: float = 120,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "scrapy", *args], cwd=PROJECT, capture_output=True,
-        text=True, timeout=timeout, check=False,
+        text=True, timeout=timeout, check=False, env=env,
     )
 
 
@@ -171,3 +173,32 @@ async def test_a_crawl_without_redis_imports_no_redis_client(site, tmp_path):
               for line in result.stderr.splitlines() if "import probe: " in line]
     assert probes == [{"built": []}, {"closed": ["scrapy.core.downloader.handlers.http11"]}]
     assert sum(1 for r in site.log if r.path.startswith("/p/")) == 3
+
+
+@pytest.mark.parametrize("settings_module", ["incremental_crawler.settings",
+                                             "tests.user_settings"],
+                         ids=["project-shell", "user-project-scrapy-shell"])
+@pytest_twisted.ensureDeferred
+async def test_scrapy_shell_fetches_a_known_page_in_full_and_keeps_nothing(
+    site, crawl, state_uri, state_db, settings_module,
+):
+    # Scrapy's shell builds its engine before it has a spider, and a stored
+    # ETag would make its fetch a 304 without a body: the project's shell
+    # runs without the incremental components, and in a project of a user's
+    # own (Scrapy's shell, the add-on line) they stay out for want of a spider.
+    site.add_page("/p", "strong", size=1500)
+    await crawl(ListSpider, urls=[site.url("/p")])
+    before = state_db("SELECT * FROM pages")
+    site.reset_log()
+    result = await deferToThread(
+        scrapy, "shell", site.url("/p"), "-c", "(response.status, len(response.body))",
+        "-s", f"INCREMENTAL_STATE_URI={state_uri}", "-s", "LOG_LEVEL=WARNING",
+        env={**os.environ, "SCRAPY_SETTINGS_MODULE": settings_module})
+    assert result.returncode == 0, result.stderr
+    status, size = json.loads(result.stdout.strip().replace("(", "[").replace(")", "]"))
+    assert status == 200 and size > 1000
+    [asked] = [r for r in site.log if r.path == "/p"]
+    assert "if-none-match" not in asked.headers
+    assert state_db("SELECT * FROM pages") == before
+    # Nor does the session hold a scope of the store (its spider's, "default").
+    assert state_db("SELECT scope FROM holds") == []

@@ -82,8 +82,7 @@ class NotDueFilterMiddleware:
         #: comes (not NotConfigured: its warning would be logged on every crawl).
         self.active = config.revisit_enabled
         self.ledger = Ledger.for_component(crawler)
-        spider = crawler.spider
-        assert spider is not None
+        spider = self.ledger.spider_for_component()
         self.rule = DueRule.for_crawler(crawler, config, spider)
         self.counter = self.ledger.schedule
         self._memo: dict[PageKey, PageState | None] = {}

@@ -123,8 +123,7 @@ class ConditionalRequestMiddleware:
         self.crawler = crawler
         self.stats = crawler.stats
         self.ledger = Ledger.for_component(crawler)
-        spider = crawler.spider
-        assert spider is not None
+        spider = self.ledger.spider_for_component()
         self.spider = spider
         #: Shared with the spider middleware dropping not-due requests early.
         self.rule = DueRule.for_crawler(crawler, config, spider)

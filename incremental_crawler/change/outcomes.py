@@ -85,8 +85,7 @@ class FinalOutcomeMiddleware:
         if not config.enabled:
             raise NotConfigured("INCREMENTAL_ENABLED is False; no page state is kept")
         self.ledger = Ledger.for_component(crawler)
-        spider = crawler.spider
-        assert spider is not None
+        spider = self.ledger.spider_for_component()
         self.spider = spider
 
     @classmethod

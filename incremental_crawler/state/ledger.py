@@ -287,6 +287,8 @@ class Ledger:
         #: This worker's id in cluster mode ("": none), handed over by the
         #: coordinator when it joins its run, before the spider opens.
         self.worker = ""
+        #: Why this ledger keeps nothing (see spider_for_component); None: it keeps state.
+        self.aside: str | None = None
         #: Give this crawl's summaries when it ends (see add_record_source).
         self._record_sources: list[Callable[[str], Iterable[CrawlRecord]]] = []
         #: Stage their own writes when it ends (see add_closing_writer).
@@ -357,6 +359,22 @@ class Ledger:
             )
         return ledger
 
+    def spider_for_component(self) -> Spider:
+        """The crawler's spider, for a component built with the engine.
+
+        Raises ``NotConfigured`` when there is none yet: Scrapy's shell
+        builds its engine before it has a spider, and fetches pages to look
+        at them (a 304 would have no body), so the component stays out, and
+        the ledger keeps nothing of the session (:attr:`aside`).
+        """
+        spider = self.crawler.spider
+        if spider is None:
+            self.aside = "the engine was built before its spider (scrapy shell)"
+            raise NotConfigured(
+                f"{self.aside}: pages are fetched in full, nothing is stored; "
+                "-s INCREMENTAL_ENABLED=False silences this")
+        return spider
+
     # -- lifecycle -----------------------------------------------------------
 
     # -- the crawl's clock --------------------------------------------------------
@@ -414,6 +432,10 @@ class Ledger:
         self._closing_writers.append(writer)
 
     def spider_opened(self, spider: Spider) -> None:
+        if self.aside is not None:
+            logger.info("Incremental state not kept: %(why)s", {"why": self.aside},
+                        extra={"spider": spider})
+            return
         self._started = clock.now()
         # The cluster worker id holds host and pid already.
         self.holder = self.worker or f"{socket.gethostname()}:{os.getpid()}"
@@ -466,6 +488,9 @@ class Ledger:
             self._hold_until_feeds.callback(None)
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
+        if self.aside is not None:
+            await self.store.close()  # nothing staged: nothing to lose
+            return
         if self._task is not None and self._task.running:
             self._task.stop()
         abandoned = sum(1 for p in self._pending.values() if p.key is not None)
