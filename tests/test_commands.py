@@ -202,3 +202,59 @@ async def test_scrapy_shell_fetches_a_known_page_in_full_and_keeps_nothing(
     assert state_db("SELECT * FROM pages") == before
     # Nor does the session hold a scope of the store (its spider's, "default").
     assert state_db("SELECT scope FROM holds") == []
+
+
+#: A spider with a contract on the test site's page, in the ListSpider's scope.
+CONTRACT_SPIDER = '''
+from tests.spiders import ListSpider
+
+
+class ContractSpider(ListSpider):
+    name = "contracted"
+    incremental_scope = "list"
+
+    def __init__(self, **kwargs):
+        super().__init__(urls=[], **kwargs)
+
+    def parse(self, response):
+        """@url {url}
+        @returns items 1 1
+        """
+        yield from super().parse(response)
+'''
+
+
+@pytest.mark.parametrize("command", ["fetch", "parse", "check"])
+@pytest_twisted.ensureDeferred
+async def test_commands_that_look_at_a_page_fetch_it_in_full_and_keep_nothing(
+    site, crawl, state_uri, state_db, tmp_path, command,
+):
+    # A page a crawl just stored is not due and has an ETag: with the
+    # add-on on, fetch would print nothing, parse would find no response,
+    # check would run no contract; and each would record its visit in the
+    # spider's scope, so that the next crawl leaves the page out.
+    site.add_page("/p", "strong", size=1500)
+    url = site.url("/p")
+    await crawl(ListSpider, urls=[url])
+    before = (state_db("SELECT * FROM pages"), state_db("SELECT * FROM crawls"))
+    site.reset_log()
+    (tmp_path / "contract_spiders.py").write_text(CONTRACT_SPIDER.format(url=url))
+    args, spiders = {
+        "fetch": (["fetch", url], "tests.spiders"),
+        "parse": (["parse", "--spider", "list", "-a", "urls=", url], "tests.spiders"),
+        "check": (["check", "contracted"], "contract_spiders"),
+    }[command]
+    result = await deferToThread(
+        scrapy, *args, "-s", f"INCREMENTAL_STATE_URI={state_uri}", "-s", "LOG_LEVEL=WARNING",
+        "-s", f"SPIDER_MODULES={spiders}",
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(PROJECT)])})
+    assert result.returncode == 0, result.stderr
+    [asked] = [r for r in site.log if r.path == "/p"]
+    assert "if-none-match" not in asked.headers
+    if command == "fetch":
+        assert "<title>Page p" in result.stdout and len(result.stdout) > 1000
+    elif command == "parse":
+        assert f"'url': '{url}'" in result.stdout
+    else:
+        assert "Ran 1 contract" in result.stderr and "OK" in result.stderr
+    assert (state_db("SELECT * FROM pages"), state_db("SELECT * FROM crawls")) == before
