@@ -1888,6 +1888,25 @@ def schema_at(path: Path, version: int) -> sqlite3.Connection:
     return db
 
 
+async def store_with_one_page(path: Path, version: int) -> SQLiteStateStore:
+    """A store of schema *version* holding one page, opened (migrated) now;
+    the page kept."""
+    with closing(schema_at(path, version)) as db:
+        db.execute("INSERT INTO pages (scope, url, etag, fingerprint) "
+                   "VALUES ('s', 'http://a/', '\"x\"', 'ff')")
+        db.execute(f"PRAGMA user_version = {version}")
+        db.commit()
+    store = SQLiteStateStore(path)
+    assert (await call(store.get_page(PageKey("s", "http://a/")))).etag == '"x"'
+    return store
+
+
+def assert_upgraded(path: Path) -> None:
+    """The store at *path* is at the current schema (14) after its migration."""
+    with closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
+
+
 class TestSQLiteMigrations:
     """An existing store of an older schema is migrated in place, data kept."""
 
@@ -2003,8 +2022,7 @@ class TestSQLiteMigrations:
         assert await call(store.get_page(key)) == old.copy(
             last_status=503, last_checked=10, checks=1, failures=1, next_visit=5)
         await call(store.close())
-        with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
+        assert_upgraded(path)
 
     @pytest_twisted.ensureDeferred
     async def test_version_10_store_gets_the_change_feed_and_keeps_its_data(
@@ -2047,8 +2065,7 @@ class TestSQLiteMigrations:
             (1, "new"), (2, "changed"), (3, "deleted")]
         assert await call(store.get_page_items("s", "http://a/")) == []
         await call(store.close())
-        with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
+        assert_upgraded(path)
 
     @pytest_twisted.ensureDeferred
     async def test_version_8_store_gets_stale_lastmod_findings(self, tmp_path: Path) -> None:
@@ -2066,19 +2083,12 @@ class TestSQLiteMigrations:
         store = SQLiteStateStore(path)
         assert (await call(store.get_host("s", "a"))).stale_lastmods == 2
         await call(store.close())
-        with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
+        assert_upgraded(path)
 
     @pytest_twisted.ensureDeferred
     async def test_version_11_store_gets_crawl_records_and_holds(self, tmp_path: Path) -> None:
         path = tmp_path / "v11.db"
-        with closing(schema_at(path, 11)) as db:
-            db.execute("INSERT INTO pages (scope, url, etag, fingerprint) "
-                       "VALUES ('s', 'http://a/', '\"x\"', 'ff')")
-            db.execute("PRAGMA user_version = 11")
-            db.commit()
-        store = SQLiteStateStore(path)
-        assert (await call(store.get_page(PageKey("s", "http://a/")))).etag == '"x"'
+        store = await store_with_one_page(path, 11)
         assert store.crawls("s", 5) == [] and store.scope_holders("s", 0) == {}
         store.stage_crawl(CrawlRecord("s", 1.5, 2.25, figures={"requests": 1}))
         await call(store.hold_scope("s", "me", 60, now=100))
@@ -2087,8 +2097,7 @@ class TestSQLiteMigrations:
         assert store.crawls("s", 5) == [CrawlRecord("s", 1.5, 2.25, figures={"requests": 1})]
         assert store.scope_holders("s", 100) == {"me": 160}
         await call(store.close())
-        with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
+        assert_upgraded(path)
 
     @pytest_twisted.ensureDeferred
     async def test_version_12_store_gets_live_run_marks(self, tmp_path: Path) -> None:
@@ -2117,19 +2126,12 @@ class TestSQLiteMigrations:
         assert [(v.version, v.change) for v in store.iter_versions("s", since=15)] == [
             (5, "changed")]
         await call(store.close())
-        with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
+        assert_upgraded(path)
 
     @pytest_twisted.ensureDeferred
     async def test_version_13_store_gets_remembered_slot_rates(self, tmp_path: Path) -> None:
         path = tmp_path / "v13.db"
-        with closing(schema_at(path, 13)) as db:
-            db.execute("INSERT INTO pages (scope, url, etag, fingerprint) "
-                       "VALUES ('s', 'http://a/', '\"x\"', 'ff')")
-            db.execute("PRAGMA user_version = 13")
-            db.commit()
-        store = SQLiteStateStore(path)
-        assert (await call(store.get_page(PageKey("s", "http://a/")))).etag == '"x"'
+        store = await store_with_one_page(path, 13)
         assert (await call(store.slot_rates("s"))).rates == []
         rate = SlotRate("s", "a", 12.5, False, 100.0, "penalty box")
         store.stage_slot_rates([rate])
@@ -2137,5 +2139,4 @@ class TestSQLiteMigrations:
         store = SQLiteStateStore(path)
         assert (await call(store.slot_rates("s"))).rates == [rate]
         await call(store.close())
-        with closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
+        assert_upgraded(path)
