@@ -116,7 +116,8 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     # pages behind an unchanged page are still reached. A page yielding more
     # requests than this is fetched in full on every visit instead.
     "INCREMENTAL_REPLAY_ENABLED": True,
-    "INCREMENTAL_REPLAY_MAX_REQUESTS": 1000,
+    "INCREMENTAL_REPLAY_MAX_REQUESTS": 5000,
+    "INCREMENTAL_REPLAY_SKIP_SEEN": True,
     # Lying sitemap lastmods: after this many pages fetched because their
     # lastmod moved, a host is distrusted when more than this share of them
     # had not changed; the distrust lasts this many seconds.
@@ -251,6 +252,7 @@ class IncrementalConfig:
     reseed_limit: int
     replay_enabled: bool
     replay_max_requests: int
+    replay_skip_seen: bool
     lastmod_min_samples: int
     lastmod_max_lie_share: float
     lastmod_distrust_ttl: float
@@ -348,6 +350,7 @@ class IncrementalConfig:
             reseed_limit=number("INCREMENTAL_RESEED_LIMIT", minimum=0, kind=int),
             replay_enabled=boolean("INCREMENTAL_REPLAY_ENABLED"),
             replay_max_requests=number("INCREMENTAL_REPLAY_MAX_REQUESTS", minimum=1, kind=int),
+            replay_skip_seen=boolean("INCREMENTAL_REPLAY_SKIP_SEEN"),
             lastmod_min_samples=number("INCREMENTAL_LASTMOD_MIN_SAMPLES", minimum=1, kind=int),
             lastmod_max_lie_share=number("INCREMENTAL_LASTMOD_MAX_LIE_SHARE", minimum=0),
             lastmod_distrust_ttl=number("INCREMENTAL_LASTMOD_DISTRUST_TTL", minimum=0),

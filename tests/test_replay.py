@@ -149,13 +149,17 @@ async def test_a_plain_spider_finds_a_change_behind_unchanged_pages(site, crawl,
     assert stats.get_value("incremental/not_modified") == len(paths) - 1
     assert stats.get_value("incremental/replay/dropped/callback_missing") is None
     # The report says what the 304s did: every unchanged page's nav links
-    # were yielded again, and no page had to be fetched for its links.
+    # were yielded again, but for those the dupefilter had seen already
+    # (left out unread), and no page had to be fetched for its links.
     replayed = sum(len(nav_links(site, p)) for p in paths if p != changed)
+    left_out = stats.get_value("incremental/replay/seen_left_out")
+    assert left_out and stats.get_value("incremental/replay/requests") == replayed - left_out
     lines = report_lines(caplog)
     assert lines[1] == (
         f"  {len(paths)} pages checked, {len(paths) - 1} not modified (304), 0 new, 1 changed, "
         "0 unchanged in full; items: 0 new, 1 changed, 0 unchanged dropped")
-    replay_line = (f"  replay: {len(paths) - 1} pages' links replayed ({replayed} requests), "
+    replay_line = (f"  replay: {len(paths) - 1} pages' links replayed ({replayed - left_out} "
+                   f"requests; {left_out} already seen this crawl left out), "
                    "0 pages fetched in full (links unknown or incomplete)")
     assert replay_line in lines
     # And so does the periodic line (logged once more here, with the

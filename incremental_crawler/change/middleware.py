@@ -130,7 +130,8 @@ class ConditionalRequestMiddleware:
         self.policy: ChangePolicy = self.rule.policy
         self.default_encoding = self.rule.encoding
         self.counter = self.ledger.schedule
-        self.replayer = Replayer(spider, crawler.stats, self.ledger.stage_flags)
+        self.replayer = Replayer(crawler, spider, self.ledger.stage_flags,
+                                 skip_seen=config.replay_skip_seen)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:

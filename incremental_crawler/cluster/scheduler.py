@@ -28,6 +28,7 @@ from incremental_crawler.state.ledger import Ledger
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Self
 
     from scrapy import Request, Spider
@@ -153,6 +154,14 @@ class ClusterDupeFilter(RFPDupeFilter):
 
     def request_fingerprint(self, request: Request) -> str:
         return self.fingerprinter.fingerprint(request).hex()
+
+    def seen_fingerprints(self, fingerprints: Sequence[str]) -> set[str]:
+        """The hex fingerprints of *fingerprints* this run saw (a replay leaves
+        them out: :mod:`incremental_crawler.links.seen`)."""
+        if not fingerprints:
+            return set()
+        flags = self.server.smismember(self.key, list(fingerprints))
+        return {fp for fp, flag in zip(fingerprints, flags, strict=True) if flag}
 
     def close(self, reason: str = "") -> None:
         # The run's filter outlives this worker; the coordinator ends it.

@@ -5,8 +5,10 @@ omitting every default: the URL (``u``), the *names* of its callback and
 errback (``cb``, ``eb``: methods of the spider), the method (``m``), headers
 (``h``), cookies (``ck``), meta (``meta``), ``cb_kwargs`` (``kw``),
 priority (``p``), ``dont_filter`` (``df``), flags (``fl``) and encoding
-(``enc``). A page's *links record* is the list of the recipes of the
-requests its callback yielded (see :class:`LinkRecorder`).
+(``enc``). A page's *links record* holds the recipes of the requests its
+callback yielded, once each (see :class:`LinkRecorder`), each beside the
+request's fingerprint, so that a replay can leave out, unread, the requests
+the scheduler's dupefilter already saw this crawl.
 
 A request whose recipe would not make the same request again is not
 recorded, and :func:`recipe_of` says why (:class:`Unrecordable`): another
@@ -53,6 +55,7 @@ __all__ = [
     "DEFAULT_RULES",
     "MANAGED_META",
     "MAX_RECORD_BYTES",
+    "NO_FINGERPRINT",
     "REFETCH_MARK",
     "LinkRecorder",
     "RecipeRules",
@@ -64,15 +67,29 @@ __all__ = [
     "own_recipe",
     "page_request",
     "plain_json",
+    "read_record",
+    "recipe_in",
     "recipe_of",
+    "record_byte_cap",
     "user_meta",
 ]
 
-#: The version of the links record's format (``{"v": 1, "r": [recipe, ...]}``).
-FORMAT = 1
+#: The version of the links record's format: a first line ``{"v":2}``, then
+#: one line per request, ``<fingerprint> <recipe JSON>``. The fingerprint is
+#: the hex of the crawl's request fingerprinter's (Scrapy's dupefilter key),
+#: ``-`` for a ``dont_filter`` request (never left out: the dupefilter lets
+#: it through). Records of version 1 (``{"v":1,"r":[recipe, ...]}``, no
+#: fingerprints) are still read.
+FORMAT = 2
+_HEADER = '{"v":2}'
+#: A ``dont_filter`` request's place of a fingerprint.
+NO_FINGERPRINT = "-"
 
-#: A links record holds at most this many bytes of JSON; a page yielding
-#: more is not recorded (``over_limit``), whatever its number of requests.
+#: A links record holds at most this many bytes per request it may hold
+#: (INCREMENTAL_REPLAY_MAX_REQUESTS), and never less than MAX_RECORD_BYTES:
+#: a page yielding more is not recorded (``over_limit``). A request's line
+#: is ~100-300 bytes; this cap only stops requests carrying large meta.
+BYTES_PER_REQUEST = 2048
 MAX_RECORD_BYTES = 1 << 20
 
 #: Set by the change-detection middleware on its own full re-fetch after a
@@ -126,8 +143,8 @@ class Unrecordable(StrEnum):
     META_NOT_JSON = "meta_not_json"
     CB_KWARGS_NOT_JSON = "cb_kwargs_not_json"
     COOKIES_NOT_JSON = "cookies_not_json"
-    #: More requests than INCREMENTAL_REPLAY_MAX_REQUESTS, or a record over
-    #: MAX_RECORD_BYTES.
+    #: More distinct requests than INCREMENTAL_REPLAY_MAX_REQUESTS, or a
+    #: record over its byte cap (:func:`record_byte_cap`).
     OVER_LIMIT = "over_limit"
 
 
@@ -151,8 +168,8 @@ ADVICE: dict[Unrecordable, str] = {
         "str keys)",
     Unrecordable.COOKIES_NOT_JSON: "keep cookies to plain JSON values",
     Unrecordable.OVER_LIMIT:
-        "the page yields more requests than INCREMENTAL_REPLAY_MAX_REQUESTS (or over 1 MiB "
-        "of them); raise the setting",
+        "the page yields more distinct requests than INCREMENTAL_REPLAY_MAX_REQUESTS (or "
+        "more than 2 KiB of recipe per request it allows); raise the setting",
 }
 
 
@@ -428,34 +445,90 @@ def page_request(url: str, callback: str | None, recipe: str | None,
     return build({**parts, "u": url, "cb": callback}, spider)
 
 
+def record_byte_cap(limit: int) -> int:
+    """The most bytes a links record of at most *limit* requests may hold."""
+    return max(MAX_RECORD_BYTES, limit * BYTES_PER_REQUEST)
+
+
+def read_record(data: str) -> list[tuple[str | None, str | dict[str, Any]]] | None:
+    """The entries of a links record: ``(fingerprint, recipe)`` each.
+
+    The fingerprint is ``None`` where the record has none (a ``dont_filter``
+    request, or a record of version 1); the recipe is its JSON text, left
+    unparsed (a replay parses only those it builds), or already a dict (a
+    record of version 1). ``None``: not a record this version reads.
+    """
+    if data.startswith(_HEADER):
+        entries: list[tuple[str | None, str | dict[str, Any]]] = []
+        for line in data.split("\n")[1:]:
+            fp, sep, text = line.partition(" ")
+            if not sep:
+                return None
+            entries.append((None if fp == NO_FINGERPRINT else fp, text))
+        return entries
+    recipes = _load_v1(data)
+    return None if recipes is None else [(None, recipe) for recipe in recipes]
+
+
 def load_links(data: str) -> list[Any] | None:
-    """The recipes of a links record (``None``: not a record this version reads)."""
+    """The recipes of a links record, parsed (``None``: not a record this version reads)."""
+    entries = read_record(data)
+    if entries is None:
+        return None
+    recipes = [recipe_in(entry) for _, entry in entries]
+    return None if None in recipes else recipes
+
+
+def recipe_in(entry: str | dict[str, Any]) -> Any:
+    """The recipe of a record's entry, parsed (``None``: not JSON)."""
+    if not isinstance(entry, str):
+        return entry
+    try:
+        return json.loads(entry)
+    except ValueError:
+        return None
+
+
+def _load_v1(data: str) -> list[Any] | None:
     try:
         record = json.loads(data)
     except ValueError:
         return None
-    if not isinstance(record, dict) or record.get("v") != FORMAT:
+    if not isinstance(record, dict) or record.get("v") != 1:
         return None
     recipes = record.get("r")
     return recipes if isinstance(recipes, list) else None
 
 
 class LinkRecorder:
-    """The recipes of one page's yielded requests, as they are yielded.
+    """The recipes of one page's yielded requests, as they are yielded, once each.
 
     Each recipe is JSON at once: the request's meta may change on its way
-    through the downloader, and what was yielded is what counts.
+    through the downloader, and what was yielded is what counts. A request
+    whose fingerprint an earlier one of the page had (the same URL with
+    another fragment, say: Scrapy's fingerprint leaves fragments out) is
+    not recorded: replayed, the dupefilter would drop it behind the first.
+    ``dont_filter`` requests are all recorded (the dupefilter lets them
+    through).
     """
 
-    __slots__ = ("limit", "parts", "rules", "size", "spider", "unrecordable", "url")
+    __slots__ = ("cap", "duplicates", "fingerprint", "limit", "parts", "rules", "seen",
+                 "size", "spider", "unrecordable", "url")
 
-    def __init__(self, spider: Spider, rules: RecipeRules, limit: int) -> None:
+    def __init__(self, spider: Spider, rules: RecipeRules, limit: int,
+                 fingerprint: Callable[[Request], bytes]) -> None:
         self.spider = spider
         self.rules = rules
-        #: INCREMENTAL_REPLAY_MAX_REQUESTS.
+        #: INCREMENTAL_REPLAY_MAX_REQUESTS: distinct requests (fingerprints).
         self.limit = limit
+        self.cap = record_byte_cap(limit)
+        #: The crawl's request fingerprinter (``crawler.request_fingerprinter``).
+        self.fingerprint = fingerprint
         self.parts: list[str] = []
-        self.size = 0
+        self.seen: set[bytes] = set()
+        #: Requests not recorded for an earlier one of the same fingerprint.
+        self.duplicates = 0
+        self.size = len(_HEADER)
         #: Why not every request could be recorded (the first reason met),
         #: and the URL of that request.
         self.unrecordable: Unrecordable | None = None
@@ -465,12 +538,21 @@ class LinkRecorder:
         """Record *request*; the reason if it (and so the page) cannot be."""
         if self.unrecordable is not None:
             return None  # the page is fetched in full anyway: reported once
+        if request.dont_filter:
+            fp = NO_FINGERPRINT
+        else:
+            digest = self.fingerprint(request)
+            if digest in self.seen:
+                self.duplicates += 1
+                return None
+            self.seen.add(digest)
+            fp = digest.hex()
         recipe = recipe_of(request, self.spider, self.rules)
         if isinstance(recipe, Unrecordable):
             return self._fail(recipe, request.url)
-        part = dumps(recipe)
+        part = f"{fp} {dumps(recipe)}"
         self.size += len(part.encode()) + 1
-        if len(self.parts) >= self.limit or self.size > MAX_RECORD_BYTES:
+        if len(self.parts) >= self.limit or self.size > self.cap:
             return self._fail(Unrecordable.OVER_LIMIT, request.url)
         self.parts.append(part)
         return None
@@ -478,6 +560,7 @@ class LinkRecorder:
     def _fail(self, reason: Unrecordable, url: str) -> Unrecordable:
         self.unrecordable, self.url = reason, url
         self.parts = []
+        self.seen = set()
         return reason
 
     @property
@@ -488,4 +571,4 @@ class LinkRecorder:
         """The links record to store (``None``: no request, or not all recorded)."""
         if self.unrecordable is not None or not self.parts:
             return None
-        return f'{{"v":{FORMAT},"r":[{",".join(self.parts)}]}}'
+        return "\n".join((_HEADER, *self.parts))

@@ -17,6 +17,14 @@ yielded to itself with ``dont_filter`` (a callback retrying its own page)
 would otherwise replay it for ever, the 304 never changing. A page asked
 again in the same crawl ends in ``NotModified`` or ``NotDue`` as before.
 
+A recorded request whose fingerprint the scheduler's dupefilter already
+saw this crawl is left out unread (:mod:`.seen`): built and sent through
+the spider middlewares, it would only be dropped by the scheduler. So a
+page's links cost a replay what is still new to the crawl, not what the
+page holds (an index page of a thousand links, all reached already, costs a
+set lookup each). ``INCREMENTAL_REPLAY_SKIP_SEEN = False`` builds every
+recorded request (the full replay; the scheduler drops the same ones).
+
 A recorded request that cannot be built again (its callback, errback or
 CrawlSpider rule is gone) is dropped, counted, and its source page flagged
 LINKS_INCOMPLETE: the next visit fetches it in full, so its callback runs
@@ -32,13 +40,15 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request
 from scrapy.http import Response
 
-from incremental_crawler.links.recipes import Unbuildable, build, load_links
+from incremental_crawler.links.recipes import Unbuildable, build, read_record, recipe_in
+from incremental_crawler.links.seen import seen_reader
 from incremental_crawler.state.records import PageFlags
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from scrapy import Spider
+    from scrapy.crawler import Crawler
     from scrapy.http import Headers
     from scrapy.statscollectors import StatsCollector
 
@@ -58,10 +68,18 @@ _OURS = "_incremental_"
 class Replayer:
     """Builds stand-in responses, and their requests when the scraper asks."""
 
-    def __init__(self, spider: Spider, stats: StatsCollector,
-                 stage_flags: Callable[[PageKey, int], None]) -> None:
+    def __init__(self, crawler: Crawler, spider: Spider,
+                 stage_flags: Callable[[PageKey, int], None], *, skip_seen: bool = True) -> None:
+        self.crawler = crawler
         self.spider = spider
-        self.stats = stats
+        assert crawler.stats is not None
+        self.stats: StatsCollector = crawler.stats
+        #: INCREMENTAL_REPLAY_SKIP_SEEN: leave out what the dupefilter saw.
+        self.skip_seen = skip_seen
+        #: The dupefilter's reader, found on the first replay (the engine has
+        #: no scheduler before the crawl starts); ``None``: none can be asked.
+        self._seen: Callable[[Sequence[str]], set[str]] | None = None
+        self._seen_found = not skip_seen
         #: Ledger.stage_flags, to flag a page whose request was dropped.
         self.stage_flags = stage_flags
         self._warned: set[Unbuildable] = set()
@@ -95,11 +113,15 @@ class Replayer:
     def _requests(self, key: PageKey, data: str, response: Response, **_: Any) -> list[Request]:
         # A list, not a generator: Scrapy reads a generator callback's source
         # to warn about return values, on every call for a new partial.
-        recipes = load_links(data)
-        if recipes is None:
-            recipes = [None]  # a record of another format: one drop, the page flagged
+        entries = read_record(data)
+        if entries is None:
+            entries = [(None, "")]  # another format: one drop, the page flagged
+        seen = self._seen_of([fp for fp, _ in entries if fp is not None])
         requests: list[Request] = []
-        for recipe in recipes:
+        for fp, entry in entries:
+            if fp in seen:
+                continue
+            recipe = recipe_in(entry)
             built = build(recipe, self.spider) if isinstance(recipe, dict) else (
                 Unbuildable.MALFORMED)
             if isinstance(built, Unbuildable):
@@ -108,9 +130,25 @@ class Replayer:
                 requests.append(built)
         self.stats.inc_value("incremental/replay/pages")
         self.stats.inc_value("incremental/replay/requests", len(requests))
+        if seen:
+            self.stats.inc_value("incremental/replay/seen_left_out", len(seen))
         logger.debug("Replaying %(n)d requests of %(url)s", {"n": len(requests), "url": key.url},
                      extra={"spider": self.spider})
         return requests
+
+    def _seen_of(self, fingerprints: list[str]) -> set[str]:
+        """Those of *fingerprints* the dupefilter already saw (none when not asked)."""
+        if not self._seen_found:
+            self._seen_found = True
+            self._seen = seen_reader(self.crawler)
+            if self._seen is None:
+                logger.info(
+                    "The dupefilter (DUPEFILTER_CLASS) cannot be asked which requests it "
+                    "saw: every recorded request of a replayed page is built again",
+                    extra={"spider": self.spider})
+        if self._seen is None or not fingerprints:
+            return set()
+        return self._seen(fingerprints)
 
     def _dropped(self, key: PageKey, reason: Unbuildable, recipe: Any) -> None:
         self.stats.inc_value(f"incremental/replay/dropped/{reason}")

@@ -79,6 +79,7 @@ def summarize(stats: dict[str, Any]) -> dict[str, int]:
         # their requests were not all stored.
         "replayed_pages": get("replay/pages"),
         "replayed_requests": get("replay/requests"),
+        "replay_seen_left_out": get("replay/seen_left_out"),
         "links_unknown": get("requests/links_unknown"),
         "unrecordable": sum(v for k, v in reasons.items() if k.startswith("unrecordable/")),
         "dropped": sum(v for k, v in reasons.items() if k.startswith("dropped/")),
@@ -216,14 +217,19 @@ def _replay_line(s: dict[str, int]) -> str:
     if not (s["replayed_pages"] or s["links_unknown"] or s["unrecordable"] or s["dropped"]):
         return ""
     line = (f"replay: {s['replayed_pages']} pages' links replayed "
-            f"({s['replayed_requests']} requests), {s['links_unknown']} pages fetched in full "
-            "(links unknown or incomplete)")
+            f"({s['replayed_requests']} requests{_left_out(s)}), {s['links_unknown']} pages "
+            "fetched in full (links unknown or incomplete)")
     if s["unrecordable"]:
         line += (f", requests not recordable on {s['unrecordable']} pages "
                  f"({_reasons(s, 'unrecordable/')})")
     if s["dropped"]:
         line += f", {s['dropped']} replayed requests dropped ({_reasons(s, 'dropped/')})"
     return line
+
+
+def _left_out(s: dict[str, int]) -> str:
+    n = s.get("replay_seen_left_out", 0)
+    return f"; {n} already seen this crawl left out" if n else ""
 
 
 def _reasons(s: dict[str, int], prefix: str) -> str:

@@ -567,7 +567,8 @@ class Ledger:
         if record_links:
             spider = self.crawler.spider
             assert spider is not None
-            links = LinkRecorder(spider, self.recipe_rules, self.config.replay_max_requests)
+            links = LinkRecorder(spider, self.recipe_rules, self.config.replay_max_requests,
+                                 self.crawler.request_fingerprinter.fingerprint)
         txn = PageTransaction(state, discovery=discovery, links=links, prior=prior)
         meta[TXN_META] = txn
         return txn
@@ -736,6 +737,9 @@ class Ledger:
                 flags |= PageFlags.HAS_LINKS
                 self.stats.inc_value("incremental/replay/recorded_pages")
                 self.stats.inc_value("incremental/replay/recorded_requests", len(links.parts))
+            if links.duplicates:
+                self.stats.inc_value("incremental/replay/duplicates_not_recorded",
+                                     links.duplicates)
         elif links is not None:
             flags |= PageFlags.LINKS_INCOMPLETE
         # (links None: replay does not apply; the flags are cleared, so a

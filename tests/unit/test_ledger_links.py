@@ -8,7 +8,6 @@ store holds is read back through a second store on the same file.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +18,7 @@ from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.test import get_crawler
 
+from incremental_crawler.links.recipes import load_links
 from incremental_crawler.state.ledger import Ledger
 from incremental_crawler.state.records import PageFlags, PageKey, PageState
 from incremental_crawler.state.stores import open_store
@@ -68,7 +68,7 @@ async def read_back(uri: str, key: PageKey) -> tuple[int | None, list[str] | Non
         data = await store.get_links(key)
     finally:
         await store.close()
-    urls = None if data is None else [r["u"] for r in json.loads(data)["r"]]
+    urls = None if data is None else [r["u"] for r in load_links(data) or []]
     return (None if state is None else state.flags), urls
 
 

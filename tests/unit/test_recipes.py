@@ -19,6 +19,7 @@ from scrapy.utils.test import get_crawler
 from incremental_crawler.links.recipes import (
     DEFAULT_RULES,
     MAX_RECORD_BYTES,
+    NO_FINGERPRINT,
     LinkRecorder,
     RecipeRules,
     Unbuildable,
@@ -28,9 +29,14 @@ from incremental_crawler.links.recipes import (
     own_recipe,
     page_request,
     plain_json,
+    read_record,
     recipe_of,
+    record_byte_cap,
     user_meta,
 )
+
+#: Scrapy's default request fingerprinter, as a crawl's ledger passes it.
+FINGERPRINT = get_crawler().request_fingerprinter.fingerprint
 
 URL = "http://example.com/a"
 
@@ -275,7 +281,7 @@ def test_a_crawl_spider_request_whose_rule_changed_is_not_built(changed: type) -
 
 
 def test_a_page_records_its_requests_up_to_the_limit() -> None:
-    recorder = LinkRecorder(SPIDER, RecipeRules(), limit=3)
+    recorder = LinkRecorder(SPIDER, RecipeRules(), limit=3, fingerprint=FINGERPRINT)
     for i in range(3):
         assert recorder.add(Request(f"{URL}/{i}", callback=SPIDER.parse_item)) is None
     record = recorder.record()
@@ -287,27 +293,58 @@ def test_a_page_records_its_requests_up_to_the_limit() -> None:
 
 
 def test_a_record_over_the_byte_bound_is_not_kept() -> None:
-    recorder = LinkRecorder(SPIDER, RecipeRules(), limit=1000)
-    big = "x" * (MAX_RECORD_BYTES // 3 - 100)
+    # The cap follows the limit (2 KiB a request), never below 1 MiB.
+    assert record_byte_cap(10) == MAX_RECORD_BYTES
+    assert record_byte_cap(5000) == 5000 * 2048
+    recorder = LinkRecorder(SPIDER, RecipeRules(), limit=1000, fingerprint=FINGERPRINT)
+    big = "x" * (record_byte_cap(1000) // 3 - 100)
     reasons = [recorder.add(Request(f"{URL}/{i}", meta={"big": big})) for i in range(4)]
     assert reasons == [None, None, None, Unrecordable.OVER_LIMIT]
     assert recorder.record() is None
 
 
 def test_the_first_request_that_cannot_be_recorded_decides_and_is_reported_once() -> None:
-    recorder = LinkRecorder(SPIDER, RecipeRules(), limit=10)
+    recorder = LinkRecorder(SPIDER, RecipeRules(), limit=10, fingerprint=FINGERPRINT)
     assert recorder.add(Request(URL)) is None
-    assert recorder.add(Request(URL, meta={"item": Other()})) is Unrecordable.META_NOT_JSON
+    assert recorder.add(Request(f"{URL}/2", meta={"item": Other()})) is (
+        Unrecordable.META_NOT_JSON)
     assert recorder.add(Request(URL, callback=print)) is None  # reported already
     assert (recorder.unrecordable, recorder.record()) == (Unrecordable.META_NOT_JSON, None)
 
 
+def test_a_page_records_each_request_fingerprint_once() -> None:
+    # Fragments: Scrapy's fingerprint leaves them out, the dupefilter would
+    # drop the second behind the first. dont_filter requests pass it: all kept.
+    recorder = LinkRecorder(SPIDER, RecipeRules(), limit=4, fingerprint=FINGERPRINT)
+    for url in (URL, f"{URL}#one", f"{URL}#two", f"{URL}/b", f"{URL}/b#x"):
+        assert recorder.add(Request(url)) is None
+    for _ in range(2):
+        assert recorder.add(Request(URL, dont_filter=True)) is None
+    assert recorder.duplicates == 3 and recorder.complete  # 4: duplicates do not count
+    record = recorder.record()
+    assert record is not None
+    entries = read_record(record)
+    assert entries is not None
+    assert [fp for fp, _ in entries] == [
+        FINGERPRINT(Request(URL)).hex(), FINGERPRINT(Request(f"{URL}/b")).hex(), None, None]
+    assert NO_FINGERPRINT in record
+    assert [r["u"] for r in load_links(record) or []] == [URL, f"{URL}/b", URL, URL]
+    assert [r.get("df") for r in load_links(record) or []] == [None, None, True, True]
+
+
+def test_a_record_of_the_first_format_is_still_read() -> None:
+    old = json.dumps({"v": 1, "r": [{"u": URL}, {"u": f"{URL}/b", "cb": "parse_item"}]})
+    assert read_record(old) == [(None, {"u": URL}), (None, {"u": f"{URL}/b", "cb": "parse_item"})]
+    assert [r["u"] for r in load_links(old) or []] == [URL, f"{URL}/b"]
+
+
 def test_a_page_without_requests_has_no_record_but_is_complete() -> None:
-    recorder = LinkRecorder(SPIDER, RecipeRules(), limit=10)
+    recorder = LinkRecorder(SPIDER, RecipeRules(), limit=10, fingerprint=FINGERPRINT)
     assert recorder.record() is None and recorder.complete
 
 
-@pytest.mark.parametrize("data", ["", "nope", "[]", '{"v": 2, "r": []}', '{"v": 1, "r": {}}'])
+@pytest.mark.parametrize("data", ["", "nope", "[]", '{"v": 3, "r": []}', '{"v": 1, "r": {}}',
+                                  '{"v":2}\nno-separator', '{"v":2}\nabc not-json'])
 def test_records_of_another_format_are_not_read(data: str) -> None:
     assert load_links(data) is None
 
