@@ -51,6 +51,7 @@ from twisted.web import http, resource, server
 
 from tests.site.docs_pages import render_docs_page
 from tests.site.limits import TokenBucketLimiter
+from tests.site.manual import Manual, manual_graph, source_path
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -162,6 +163,9 @@ class Page:
     noise: bool = False
     layout: str = "plain"
     body: bytes | None = None
+    #: The hrefs of a ``docs`` page's navigation bars, in order (``None``: its
+    #: neighbours and a few stable picks, as a plain page's ``<nav>``).
+    links: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.path.startswith("/"):
@@ -505,6 +509,39 @@ class LoopbackSite:
         )
         return cls(pages, host=host)
 
+    @classmethod
+    def manual(
+        cls,
+        n_pages: int = 530,
+        *,
+        kinds: Sequence[str] = ("strong",),
+        page_size: int = 20_000,
+        host: str = "127.0.0.1",
+    ) -> LoopbackSite:
+        """A documentation manual of *n_pages* content pages linked as Sphinx
+        links them (:mod:`tests.site.manual`): ``/p/index.html`` (the contents,
+        where a crawl starts), the general index's letter pages
+        ``/p/genindex-K.html`` (1,200 links each), ``/p/NNNN.html`` (~120 links
+        each) and their source texts ``/p/_sources/NNNN.rst.txt``; plus the
+        top-level pages every page's chrome links to (``/index.html``,
+        ``/contents.html``, ``/bugs.html``, ``/copyright.html``). Pages cycle
+        through *kinds*; the source texts have strong ETags and never change."""
+        shape = Manual(n_pages)
+        graph = manual_graph(shape)
+        pages = [
+            Page(path=path, kind=kinds[i % len(kinds)], size=page_size, layout="docs",
+                 links=tuple(links))
+            for i, (path, links) in enumerate(graph.items())
+        ]
+        pages += [Page(path=f"/{name}.html", kind=kinds[0], size=2_000, layout="docs",
+                       links=()) for name in ("index", "contents", "bugs", "copyright")]
+        site = cls(pages, host=host)
+        for i in range(n_pages):
+            text = f"Source of page {i}\n{'=' * 20}\n\n" + "reST text. " * 200
+            site.add_document(source_path(i), text, "text/plain; charset=utf-8",
+                              etag=f"src-{i}")
+        return site
+
     def _add(self, page: Page) -> Page:
         if page.path in self._pages:
             raise ValueError(f"duplicate page path {page.path!r}")
@@ -707,7 +744,8 @@ class LoopbackSite:
             at = len(page.body) if at < 0 else at
             return page.body[:at] + revision + page.body[at:]
         if page.layout == "docs":
-            links = [(p, self._pages[p].title) for p in self._nav_links(page)]
+            links = ([(href, href) for href in page.links] if page.links is not None
+                     else [(p, self._pages[p].title) for p in self._nav_links(page)])
             return render_docs_page(f"{page.path}:{page.version}",
                                     f"{page.title} v{page.version}", links, page.size,
                                     page.version)
@@ -1238,6 +1276,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--layout", choices=LAYOUTS, default="plain",
                         help="generated pages: plain paragraphs, or the structure of a "
                         "documentation page (docs)")
+    parser.add_argument("--manual", action="store_true",
+                        help="a documentation manual's link graph (tests/site/manual.py): "
+                        "--pages content pages of --page-size bytes, index pages of 1,200 "
+                        "links, ~120 links per page, fragments, source texts")
     parser.add_argument("--docs-dir", type=Path, default=None,
                         help="serve the *.html files under this directory as the pages "
                         "(as they are; --pages > 0 keeps the first N) instead of generated ones")
@@ -1263,7 +1305,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     install_reactor("twisted.internet.asyncioreactor.AsyncioSelectorReactor")
     from twisted.internet import reactor
 
-    if args.docs_dir is not None:
+    if args.manual:
+        site = LoopbackSite.manual(args.pages, kinds=args.kinds, page_size=args.page_size,
+                                   host=args.host)
+    elif args.docs_dir is not None:
         site = LoopbackSite.from_directory(args.docs_dir, kinds=args.kinds, limit=args.pages,
                                            host=args.host)
     else:

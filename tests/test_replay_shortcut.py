@@ -1,0 +1,183 @@
+"""Replay leaves out what the dupefilter saw: the same requests are scheduled.
+
+A documentation manual's link graph (``LoopbackSite.manual``: index pages of
+1,200 links, ~120 links per page, fragments, source texts, links off the
+site), crawled by a ``CrawlSpider`` with ``LinkExtractor()`` and no
+``allow=``, a rule's ``process_request``, a spider middleware of the user's
+that drops some requests and tags the others, ``allowed_domains`` (links to
+example.org are offsite) and, in one case, ``DEPTH_LIMIT``. After a cold
+crawl the store is copied; each later crawl runs once on each copy, with
+``INCREMENTAL_REPLAY_SKIP_SEEN`` on and off, at the same moment (nothing
+due: every page a stand-in) and two days later with pages changed (every
+page asked conditionally). Compared: every request the scheduler took (URL,
+depth, callback, rule, meta the rule and the middleware set), what the
+server saw, and the items. One concurrent request, so both orders are the
+same.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import pytest_twisted
+from scrapy import Request, signals
+from scrapy.crawler import CrawlerRunner
+from scrapy.linkextractors import LinkExtractor
+from scrapy.spiders import CrawlSpider, Rule
+
+from incremental_crawler import clock
+from tests.conftest import crawl_settings
+from tests.site import LoopbackSite
+from tests.site.manual import CONTENTS, page_path
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from pathlib import Path
+
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+
+DAY = 86400.0
+_REAL_NOW = clock.now
+
+
+class ManualSpider(CrawlSpider):
+    name = "manual_shortcut"
+    allowed_domains = ("127.0.0.1",)
+    rules = (Rule(LinkExtractor(), callback="parse_item", follow=True, process_request="mark"),)
+
+    def __init__(self, start_url: str = "", **kwargs: Any) -> None:
+        self.start_urls = [start_url]
+        super().__init__(**kwargs)
+
+    def mark(self, request: Request, response: Response) -> Request:
+        request.meta["via"] = "rule"
+        return request
+
+    def parse_item(self, response: Response) -> dict[str, Any]:
+        return {"url": response.url, "title": response.css("title::text").get()}
+
+
+class DropSomeTagOthers:
+    """A user's spider middleware: pages numbered 3 mod 7 are never followed."""
+
+    async def process_spider_output(self, response: Response, result: AsyncIterator[Any]
+                                    ) -> AsyncIterator[Any]:
+        async for obj in result:
+            if isinstance(obj, Request):
+                if any(obj.url.split("#")[0].endswith(f"{n:04d}.html")
+                       for n in range(3, 60, 7)):
+                    continue
+                obj.meta["tag"] = "user-mw"
+            yield obj
+
+
+def scheduled_key(request: Request) -> tuple[Any, ...]:
+    meta = request.meta
+    callback = getattr(request.callback, "__name__", None)
+    return (request.url, meta.get("depth"), callback, meta.get("rule"), meta.get("via"),
+            meta.get("tag"), request.dont_filter)
+
+
+async def run(spider_kwargs: dict[str, Any], settings: dict[str, Any], state_uri: str
+              ) -> tuple[Crawler, list[tuple[Any, ...]], list[dict[str, Any]]]:
+    runner = CrawlerRunner(crawl_settings(state_uri, **settings))
+    crawler = runner.create_crawler(ManualSpider)
+    # request_scheduled fires before the dupefilter, request_dropped right
+    # after it refused the same request: what the scheduler took is the
+    # first less the second.
+    taken: list[tuple[Any, ...]] = []
+    items: list[dict[str, Any]] = []
+
+    def on_scheduled(request: Request, spider: Any) -> None:
+        taken.append(scheduled_key(request))
+
+    def on_dropped(request: Request, spider: Any) -> None:
+        assert taken.pop() == scheduled_key(request)
+
+    def on_item(item: Any) -> None:
+        items.append(dict(item))
+
+    crawler.signals.connect(on_scheduled, signal=signals.request_scheduled)
+    crawler.signals.connect(on_dropped, signal=signals.request_dropped)
+    crawler.signals.connect(on_item, signal=signals.item_scraped)
+    # The dispatcher keeps weak references: keep the handlers alive.
+    crawler._handlers = (on_scheduled, on_dropped, on_item)  # type: ignore[attr-defined]
+    await runner.crawl(crawler, **spider_kwargs)
+    return crawler, taken, items
+
+
+def served(site: LoopbackSite) -> list[tuple[str, int, bool]]:
+    return sorted((r.path, r.status, r.if_none_match is not None or r.if_modified_since
+                   is not None) for r in site.log)
+
+
+@pytest.mark.parametrize(("start", "depth_limit"), [(CONTENTS, 0), (page_path(5), 1)])
+@pytest_twisted.ensureDeferred
+async def test_leaving_out_seen_requests_schedules_what_the_full_replay_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, start: str, depth_limit: int) -> None:
+    site = LoopbackSite.manual(60, page_size=1500)
+    site.start()
+    try:
+        await _compare(site, tmp_path, monkeypatch, start, depth_limit)
+    finally:
+        await site.stop()
+
+
+async def _compare(site: LoopbackSite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                   start: str, depth_limit: int) -> None:
+    settings = {
+        "INCREMENTAL_REVISIT_ENABLED": True,
+        "CONCURRENT_REQUESTS": 1,
+        "DEPTH_LIMIT": depth_limit,
+        "SPIDER_MIDDLEWARES": {f"{__name__}.DropSomeTagOthers": 500},
+    }
+    kwargs = {"start_url": site.url(start)}
+    shortcut, full = tmp_path / "shortcut.db", tmp_path / "full.db"
+    first, cold, _ = await run(kwargs, settings, f"sqlite:///{shortcut}")
+    assert first.stats.get_value("incremental/replay/recorded_pages")
+    # Fragments and repeats were not stored: the index pages alone yield 1,200 each.
+    assert first.stats.get_value("incremental/replay/duplicates_not_recorded") > 0
+    with sqlite3.connect(shortcut) as src, sqlite3.connect(full) as dst:
+        src.backup(dst)
+    # Offsite links and the middleware's drops were never scheduled.
+    assert not any("example.org" in key[0] for key in cold)
+    assert [k for k in cold if k[5] != "user-mw" and k[0] != site.url(start)
+            and not k[0].startswith("data:")] == []  # (the re-seeder's own request)
+
+    later = [page_path(i) for i in (1, 8, 22, 40)]
+    for moment, changed in (("the same moment", []), ("two days later", later)):
+        for path in changed:
+            site.change(path)
+        if changed:
+            monkeypatch.setattr(clock, "now", lambda: _REAL_NOW() + 2 * DAY)
+        outcomes, built = {}, {}
+        for name, uri, skip in (("shortcut", shortcut, True), ("full", full, False)):
+            site.reset_log()
+            crawler, scheduled, items = await run(
+                kwargs, {**settings, "INCREMENTAL_REPLAY_SKIP_SEEN": skip}, f"sqlite:///{uri}")
+            stats = crawler.stats
+            outcomes[name] = (sorted(scheduled, key=repr), served(site),
+                              sorted(item["url"] for item in items))
+            built[name] = (stats.get_value("incremental/replay/requests", 0),
+                           stats.get_value("incremental/replay/seen_left_out", 0))
+            assert stats.get_value("incremental/replay/pages"), moment
+        assert outcomes["shortcut"] == outcomes["full"], moment
+        # The full replay built what the shortcut built plus what it left out.
+        assert built["full"] == (sum(built["shortcut"]), 0), moment
+        if not depth_limit:
+            # (Under DEPTH_LIMIT 1 the pages reached record no links.)
+            assert built["shortcut"][1] > built["shortcut"][0], moment
+        scheduled_urls = {key[0] for key in outcomes["shortcut"][0]}
+        if changed:
+            # Every page due and asked; the changed ones found (those the
+            # depth limit or the middleware let the crawl reach).
+            reached = {site.url(p) for p in changed} & {key[0] for key in cold}
+            assert reached and set(outcomes["shortcut"][2]) == reached
+        else:
+            # Nothing due: the server saw no page request, the scheduler only
+            # the stand-ins of the pages reached.
+            assert [p for p, *_ in outcomes["shortcut"][1] if p.startswith("/p/")] == []
+            assert scheduled_urls <= {key[0] for key in cold}
