@@ -76,3 +76,31 @@ class OurSpider(FollowSpider, IncrementalSpider):
     """The same link-following spider on our own base class."""
 
     name = "adopt_incremental"
+
+
+class ManualAllSpider(CrawlSpider):
+    """The issue's spider on a manual: ``Rule(LinkExtractor(), follow=True)``, no ``allow=``.
+
+    It follows everything: fragments, source texts, index pages of 1,200
+    links; ``allowed_domains`` keeps it on the loopback site (a manual's
+    pages link to other sites).
+    """
+
+    name = "adopt_manual_all"
+    allowed_domains = ("127.0.0.1",)
+    rules = (Rule(LinkExtractor(), callback="parse_item", follow=True),)
+
+    def __init__(self, start_url: str = "", **kwargs: Any) -> None:
+        self.start_urls = [start_url]
+        super().__init__(**kwargs)
+
+    def parse_item(self, response: Response) -> dict[str, Any]:
+        return {"url": response.url, "title": response.css("title::text").get(),
+                "h1": response.css("h1::text").get()}
+
+
+class ManualHtmlSpider(ManualAllSpider):
+    """The same with ``LinkExtractor(allow=r"\\.html$")``: pages only, no fragments."""
+
+    name = "adopt_manual_html"
+    rules = (Rule(LinkExtractor(allow=r"\.html$"), callback="parse_item", follow=True),)
