@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
-
+import pytest
 import pytest_twisted
 
+from tests.scripted_server import NOT_FOUND, ScriptedServer, answer, header
 from tests.spiders import ListSpider
 
 NO_RETRY = {"RETRY_ENABLED": False}
@@ -224,43 +222,17 @@ async def test_a_truncated_body_stores_no_validators(crawl, state_db):
     # A server that announces 4,000 bytes and sends 300: with
     # DOWNLOAD_FAIL_ON_DATALOSS off, Scrapy delivers it flagged "dataloss".
     body = b"<html><head><title>full</title></head><body><main>" + b"x" * 4000
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(5)
-    seen: list[str] = []
 
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = sock.accept()
-            except OSError:
-                return
-            with conn:
-                request = conn.recv(65536).decode("latin-1")
-                seen.append(request.split("\r\n")[0])
-                if "/robots.txt" in request:
-                    conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n"
-                                 b"Connection: close\r\n\r\n")
-                else:
-                    conn.sendall(b'HTTP/1.1 200 OK\r\nETag: "e1"\r\nContent-Type: text/html\r\n'
-                                 b"Content-Length: %d\r\nConnection: close\r\n\r\n"
-                                 % len(body) + body[:300])
+    def script(head: bytes) -> bytes:
+        if head.startswith(b"GET /robots.txt "):
+            return NOT_FOUND
+        return answer("200 OK", [(b"ETag", b'"e1"'), (b"Content-Type", b"text/html")],
+                      body[:300], length=len(body))
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}/page"
-        crawler = await crawl(ListSpider, urls=[url], settings={
+    with ScriptedServer(script) as server:
+        crawler = await crawl(ListSpider, urls=[server.url("/page")], settings={
             "DOWNLOAD_FAIL_ON_DATALOSS": False, "RETRY_ENABLED": False})
-    finally:
-        # Closing alone does not wake the thread's accept(): shutting the
-        # listening socket down does (it ended the test 5 s later, at join's
-        # timeout).
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-        sock.close()
-        thread.join(5)
-    assert "GET /page HTTP/1.1" in seen
+    assert server.heads_for("/page")
     assert crawler.stats.get_value("downloader/response_count") >= 1
     assert state_db("SELECT etag FROM pages WHERE etag IS NOT NULL") == []
 
@@ -278,3 +250,30 @@ async def test_vary_star_in_a_list_means_a_304_is_not_trusted(site, crawl):
     assert second.stats.get_value("incremental/not_modified") is None
     assert second.stats.get_value("incremental/refetch/vary_star_304") == 2
     assert [item["url"] for item in second.collected] == [site.url("/va")]
+
+
+@pytest.mark.parametrize("state_uri", ["sqlite", "redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_an_etag_with_obs_text_is_sent_back_byte_for_byte(crawl):
+    # RFC 9110 §8.8.3: etagc includes obs-text (0x80-0xFF). Header values are
+    # bytes; re-encoded as UTF-8 the tag never matched, and the page was
+    # downloaded in full on every visit. Through either store (kept as
+    # Latin-1 characters, one per byte) the bytes come back as they were.
+    etag = b'"caf\xe9-\xff"'
+    html = b"<html><head><title>t</title></head><body><main>m</main></body></html>"
+
+    def script(head: bytes) -> bytes:
+        if head.startswith(b"GET /robots.txt "):
+            return NOT_FOUND
+        if header(head, b"If-None-Match") == etag:
+            return answer("304 Not Modified", [(b"ETag", etag)])
+        return answer("200 OK", [(b"ETag", etag), (b"Content-Type", b"text/html")], html)
+
+    with ScriptedServer(script) as server:
+        await crawl(ListSpider, urls=[server.url("/p")])
+        second = await crawl(ListSpider, urls=[server.url("/p")])
+    first_visit, second_visit = server.heads_for("/p")
+    assert header(first_visit, b"If-None-Match") is None
+    assert header(second_visit, b"If-None-Match") == etag
+    assert second.stats.get_value("incremental/not_modified") == 1
+    assert second.stats.get_value("downloader/response_status_count/200") is None

@@ -446,10 +446,13 @@ def _send_conditions(request: Request, prior: PageState) -> None:
     headers = request.headers
     if b"If-None-Match" in headers or b"If-Modified-Since" in headers:
         return
+    # Sent as the bytes received: an ETag may hold obs-text (0x80-0xFF,
+    # kept as Latin-1 characters), which Scrapy would encode as UTF-8, a tag
+    # that never matches.
     if prior.etag:
-        headers[b"If-None-Match"] = prior.etag
+        headers[b"If-None-Match"] = prior.etag.encode("latin-1")
     if prior.last_modified:
-        headers[b"If-Modified-Since"] = prior.last_modified
+        headers[b"If-Modified-Since"] = prior.last_modified.encode("latin-1")
     request.meta[_SENT] = True
 
 
