@@ -6,6 +6,7 @@ import pytest
 import pytest_twisted
 
 from tests.scripted_server import NOT_FOUND, ScriptedServer, answer, header
+from tests.site.server import http_date
 from tests.spiders import ListSpider
 
 NO_RETRY = {"RETRY_ENABLED": False}
@@ -277,3 +278,70 @@ async def test_an_etag_with_obs_text_is_sent_back_byte_for_byte(crawl):
     assert header(second_visit, b"If-None-Match") == etag
     assert second.stats.get_value("incremental/not_modified") == 1
     assert second.stats.get_value("downloader/response_status_count/200") is None
+
+
+def later_date(site, path):
+    """An HTTP-date an hour after the page's Last-Modified (still in the past)."""
+    return http_date(site.page(path).modified_ts + 3600)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_304_validated_by_etag_takes_up_its_new_last_modified(site, crawl, state_db):
+    # RFC 9111 §4.3.4: the 304 updates the stored validators. The old
+    # If-Modified-Since went out on every visit after it.
+    site.add_page("/p", "strong", size=1500)
+    await crawl(ListSpider, urls=[site.url("/p")])
+    etag = stored(state_db, site, "/p")[0]
+    newer = later_date(site, "/p")
+    site.override("/p", headers={"Last-Modified": newer})
+    second = await crawl(ListSpider, urls=[site.url("/p")])
+    assert records(site, "/p")[-1].status == 304
+    assert second.stats.get_value("incremental/not_modified_validators_updated") == 1
+    assert stored(state_db, site, "/p")[:2] == (etag, newer)
+    site.reset_log()
+    third = await crawl(ListSpider, urls=[site.url("/p")])
+    [record] = records(site, "/p")
+    assert (record.if_none_match, record.if_modified_since) == (etag, newer)
+    assert record.status == 304
+    assert third.stats.get_value("incremental/not_modified_validators_updated") is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_304_validated_by_date_stores_the_etag_it_carries(site, crawl, state_db):
+    site.add_page("/p", "lastmod", size=1500)
+    await crawl(ListSpider, urls=[site.url("/p")])
+    last_modified = stored(state_db, site, "/p")[1]
+    assert stored(state_db, site, "/p")[0] is None
+    # The server starts sending an ETag: its 304 to our date carries it.
+    site.override("/p", headers={"ETag": '"v1"'})
+    site.reset_log()
+    second = await crawl(ListSpider, urls=[site.url("/p")])
+    [record] = records(site, "/p")
+    assert (record.if_none_match, record.status) == (None, 304)
+    assert second.stats.get_value("incremental/not_modified_validators_updated") == 1
+    assert stored(state_db, site, "/p")[:2] == ('"v1"', last_modified)
+    site.reset_log()
+    await crawl(ListSpider, urls=[site.url("/p")])
+    # From now on the page is validated by it.
+    [record] = records(site, "/p")
+    assert (record.if_none_match, record.if_modified_since) == ('"v1"', last_modified)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_304_to_a_date_naming_a_later_date_is_refetched(site, crawl, state_db):
+    # "Not modified since X" with "Last-Modified: X + 1 h": the answer
+    # contradicts itself; the content decides.
+    site.add_page("/p", "lastmod", size=1500)
+    await crawl(ListSpider, urls=[site.url("/p")])
+    newer = later_date(site, "/p")
+    site.override("/p", headers={"Last-Modified": newer})
+    site.reset_log()
+    second = await crawl(ListSpider, urls=[site.url("/p")])
+    conditional, refetch = records(site, "/p")
+    assert conditional.if_modified_since is not None and conditional.status == 304
+    assert refetch.if_modified_since is None and refetch.status == 200
+    assert second.stats.get_value("incremental/refetch/last_modified_later_304") == 1
+    assert second.stats.get_value("incremental/not_modified") is None
+    # Same content: no item; the full answer's date is the one stored.
+    assert second.collected == []
+    assert stored(state_db, site, "/p")[1] == newer
