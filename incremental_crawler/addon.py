@@ -63,6 +63,9 @@ COMPONENTS: tuple[tuple[str, str, int], ...] = (
     # Below RetryMiddleware (550) and the Retry-After one (575): sees only
     # final answers and exceptions, and records the failed pages.
     ("DOWNLOADER_MIDDLEWARES", _P + "change.outcomes.FinalOutcomeMiddleware", 540),
+    # Just below it: a 206 no one asked for, recorded as a failure there,
+    # is dropped before any callback makes an item of half a page.
+    ("DOWNLOADER_MIDDLEWARES", _P + "change.partial.UnaskedPartialMiddleware", 530),
     # Just above RedirectMiddleware (600): sees a known page's 301 or 308
     # before it is followed (the page moved: its tombstone).
     ("DOWNLOADER_MIDDLEWARES", _P + "change.outcomes.MovedPageMiddleware", 605),

@@ -345,3 +345,24 @@ async def test_a_304_to_a_date_naming_a_later_date_is_refetched(site, crawl, sta
     # Same content: no item; the full answer's date is the one stored.
     assert second.collected == []
     assert stored(state_db, site, "/p")[1] == newer
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_206_to_a_request_without_range_never_becomes_an_item(site, crawl, state_db):
+    site.add_page("/p", "strong", size=1500)
+    await crawl(ListSpider, urls=[site.url("/p")])
+    before = stored(state_db, site, "/p")
+    # Half a page, as a broken proxy serves it: an item of it was stored as
+    # "changed", and the next full answer as "changed" back.
+    site.override("/p", status=206, body=site.body("/p")[:700], headers={
+        "Content-Type": "text/html", "Content-Range": "bytes 0-699/1500"})
+    partial = await crawl(ListSpider, settings=NO_RETRY, urls=[site.url("/p")])
+    assert records(site, "/p")[-1].status == 206
+    assert partial.collected == []
+    assert partial.stats.get_value("incremental/partial_unasked") == 1
+    # Recorded as a failure: asked again next crawl, nothing else changed.
+    assert stored(state_db, site, "/p") == (*before[:3], 206)
+    site.clear_override("/p")
+    healed = await crawl(ListSpider, urls=[site.url("/p")])
+    assert healed.collected == []
+    assert state_db("SELECT COUNT(*) FROM item_versions") == [(1,)]
