@@ -93,6 +93,22 @@ async def test_robots_txt_answering_4xx_allows_everything(site, crawl, status):
     assert "incremental/robotstxt/unavailable" not in crawler.stats.get_stats()
 
 
+@pytest.mark.parametrize("status", [404, 410])
+@pytest_twisted.ensureDeferred
+async def test_robots_txt_answering_4xx_with_rules_in_its_body_allows_everything(
+    site, crawl, status,
+):
+    # RFC 9309 §2.3.1.3: a 4xx is "no robots.txt", whatever its body holds
+    # (a site's error page that is a copy of a robots.txt).
+    for path in PAGES:
+        site.add_page(path, "strong", size=1500)
+    site.override("/robots.txt", status=status, body="User-agent: *\nDisallow: /\n")
+    crawler = await crawl(SitemapPagesSpider, settings=SETTINGS,
+                          sitemap_url=site.url("/sitemap.xml"))
+    assert sorted(p for p in gets(site) if p.startswith("/p/")) == PAGES
+    assert "robotstxt/forbidden" not in crawler.stats.get_stats()
+
+
 def closed_port() -> int:
     """A loopback port nothing listens on (bound, then released)."""
     with socket.socket() as sock:
