@@ -366,3 +366,19 @@ async def test_a_206_to_a_request_without_range_never_becomes_an_item(site, craw
     healed = await crawl(ListSpider, urls=[site.url("/p")])
     assert healed.collected == []
     assert state_db("SELECT COUNT(*) FROM item_versions") == [(1,)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_validators_of_a_no_store_page_are_kept_and_sent(site, crawl, state_db):
+    # Cache-Control: no-store binds caches (RFC 9111 §5.2.2.5); a crawler's
+    # state is none: it never answers a request with a stored response, and
+    # keeps the page's items anyway (docs/guide.md says why).
+    site.cache_control = "no-store"
+    site.add_page("/p", "strong", size=1500)
+    await crawl(ListSpider, urls=[site.url("/p")])
+    assert stored(state_db, site, "/p")[0] == site.etag("/p")
+    site.reset_log()
+    second = await crawl(ListSpider, urls=[site.url("/p")])
+    [record] = records(site, "/p")
+    assert (record.if_none_match, record.status) == (site.etag("/p"), 304)
+    assert second.stats.get_value("incremental/not_modified") == 1
