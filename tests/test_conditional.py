@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
-
+import pytest
 import pytest_twisted
 
+from tests.scripted_server import NOT_FOUND, ScriptedServer, answer, header
+from tests.site.server import http_date
 from tests.spiders import ListSpider
 
 NO_RETRY = {"RETRY_ENABLED": False}
@@ -224,43 +223,17 @@ async def test_a_truncated_body_stores_no_validators(crawl, state_db):
     # A server that announces 4,000 bytes and sends 300: with
     # DOWNLOAD_FAIL_ON_DATALOSS off, Scrapy delivers it flagged "dataloss".
     body = b"<html><head><title>full</title></head><body><main>" + b"x" * 4000
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(5)
-    seen: list[str] = []
 
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = sock.accept()
-            except OSError:
-                return
-            with conn:
-                request = conn.recv(65536).decode("latin-1")
-                seen.append(request.split("\r\n")[0])
-                if "/robots.txt" in request:
-                    conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n"
-                                 b"Connection: close\r\n\r\n")
-                else:
-                    conn.sendall(b'HTTP/1.1 200 OK\r\nETag: "e1"\r\nContent-Type: text/html\r\n'
-                                 b"Content-Length: %d\r\nConnection: close\r\n\r\n"
-                                 % len(body) + body[:300])
+    def script(head: bytes) -> bytes:
+        if head.startswith(b"GET /robots.txt "):
+            return NOT_FOUND
+        return answer("200 OK", [(b"ETag", b'"e1"'), (b"Content-Type", b"text/html")],
+                      body[:300], length=len(body))
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}/page"
-        crawler = await crawl(ListSpider, urls=[url], settings={
+    with ScriptedServer(script) as server:
+        crawler = await crawl(ListSpider, urls=[server.url("/page")], settings={
             "DOWNLOAD_FAIL_ON_DATALOSS": False, "RETRY_ENABLED": False})
-    finally:
-        # Closing alone does not wake the thread's accept(): shutting the
-        # listening socket down does (it ended the test 5 s later, at join's
-        # timeout).
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-        sock.close()
-        thread.join(5)
-    assert "GET /page HTTP/1.1" in seen
+    assert server.heads_for("/page")
     assert crawler.stats.get_value("downloader/response_count") >= 1
     assert state_db("SELECT etag FROM pages WHERE etag IS NOT NULL") == []
 
@@ -278,3 +251,134 @@ async def test_vary_star_in_a_list_means_a_304_is_not_trusted(site, crawl):
     assert second.stats.get_value("incremental/not_modified") is None
     assert second.stats.get_value("incremental/refetch/vary_star_304") == 2
     assert [item["url"] for item in second.collected] == [site.url("/va")]
+
+
+@pytest.mark.parametrize("state_uri", ["sqlite", "redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_an_etag_with_obs_text_is_sent_back_byte_for_byte(crawl):
+    # RFC 9110 §8.8.3: etagc includes obs-text (0x80-0xFF). Header values are
+    # bytes; re-encoded as UTF-8 the tag never matched, and the page was
+    # downloaded in full on every visit. Through either store (kept as
+    # Latin-1 characters, one per byte) the bytes come back as they were.
+    etag = b'"caf\xe9-\xff"'
+    html = b"<html><head><title>t</title></head><body><main>m</main></body></html>"
+
+    def script(head: bytes) -> bytes:
+        if head.startswith(b"GET /robots.txt "):
+            return NOT_FOUND
+        if header(head, b"If-None-Match") == etag:
+            return answer("304 Not Modified", [(b"ETag", etag)])
+        return answer("200 OK", [(b"ETag", etag), (b"Content-Type", b"text/html")], html)
+
+    with ScriptedServer(script) as server:
+        await crawl(ListSpider, urls=[server.url("/p")])
+        second = await crawl(ListSpider, urls=[server.url("/p")])
+    first_visit, second_visit = server.heads_for("/p")
+    assert header(first_visit, b"If-None-Match") is None
+    assert header(second_visit, b"If-None-Match") == etag
+    assert second.stats.get_value("incremental/not_modified") == 1
+    assert second.stats.get_value("downloader/response_status_count/200") is None
+
+
+def later_date(site, path):
+    """An HTTP-date an hour after the page's Last-Modified (still in the past)."""
+    return http_date(site.page(path).modified_ts + 3600)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_304_validated_by_etag_takes_up_its_new_last_modified(site, crawl, state_db):
+    # RFC 9111 §4.3.4: the 304 updates the stored validators. The old
+    # If-Modified-Since went out on every visit after it.
+    site.add_page("/p", "strong", size=1500)
+    await crawl(ListSpider, urls=[site.url("/p")])
+    etag = stored(state_db, site, "/p")[0]
+    newer = later_date(site, "/p")
+    site.override("/p", headers={"Last-Modified": newer})
+    second = await crawl(ListSpider, urls=[site.url("/p")])
+    assert records(site, "/p")[-1].status == 304
+    assert second.stats.get_value("incremental/not_modified_validators_updated") == 1
+    assert stored(state_db, site, "/p")[:2] == (etag, newer)
+    site.reset_log()
+    third = await crawl(ListSpider, urls=[site.url("/p")])
+    [record] = records(site, "/p")
+    assert (record.if_none_match, record.if_modified_since) == (etag, newer)
+    assert record.status == 304
+    assert third.stats.get_value("incremental/not_modified_validators_updated") is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_304_validated_by_date_stores_the_etag_it_carries(site, crawl, state_db):
+    site.add_page("/p", "lastmod", size=1500)
+    await crawl(ListSpider, urls=[site.url("/p")])
+    last_modified = stored(state_db, site, "/p")[1]
+    assert stored(state_db, site, "/p")[0] is None
+    # The server starts sending an ETag: its 304 to our date carries it.
+    site.override("/p", headers={"ETag": '"v1"'})
+    site.reset_log()
+    second = await crawl(ListSpider, urls=[site.url("/p")])
+    [record] = records(site, "/p")
+    assert (record.if_none_match, record.status) == (None, 304)
+    assert second.stats.get_value("incremental/not_modified_validators_updated") == 1
+    assert stored(state_db, site, "/p")[:2] == ('"v1"', last_modified)
+    site.reset_log()
+    await crawl(ListSpider, urls=[site.url("/p")])
+    # From now on the page is validated by it.
+    [record] = records(site, "/p")
+    assert (record.if_none_match, record.if_modified_since) == ('"v1"', last_modified)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_304_to_a_date_naming_a_later_date_is_refetched(site, crawl, state_db):
+    # "Not modified since X" with "Last-Modified: X + 1 h": the answer
+    # contradicts itself; the content decides.
+    site.add_page("/p", "lastmod", size=1500)
+    await crawl(ListSpider, urls=[site.url("/p")])
+    newer = later_date(site, "/p")
+    site.override("/p", headers={"Last-Modified": newer})
+    site.reset_log()
+    second = await crawl(ListSpider, urls=[site.url("/p")])
+    conditional, refetch = records(site, "/p")
+    assert conditional.if_modified_since is not None and conditional.status == 304
+    assert refetch.if_modified_since is None and refetch.status == 200
+    assert second.stats.get_value("incremental/refetch/last_modified_later_304") == 1
+    assert second.stats.get_value("incremental/not_modified") is None
+    # Same content: no item; the full answer's date is the one stored.
+    assert second.collected == []
+    assert stored(state_db, site, "/p")[1] == newer
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_206_to_a_request_without_range_never_becomes_an_item(site, crawl, state_db):
+    site.add_page("/p", "strong", size=1500)
+    await crawl(ListSpider, urls=[site.url("/p")])
+    before = stored(state_db, site, "/p")
+    # Half a page, as a broken proxy serves it: an item of it was stored as
+    # "changed", and the next full answer as "changed" back.
+    site.override("/p", status=206, body=site.body("/p")[:700], headers={
+        "Content-Type": "text/html", "Content-Range": "bytes 0-699/1500"})
+    partial = await crawl(ListSpider, settings=NO_RETRY, urls=[site.url("/p")])
+    assert records(site, "/p")[-1].status == 206
+    assert partial.collected == []
+    assert partial.stats.get_value("incremental/partial_unasked") == 1
+    # Recorded as a failure: asked again next crawl, nothing else changed.
+    assert stored(state_db, site, "/p") == (*before[:3], 206)
+    site.clear_override("/p")
+    healed = await crawl(ListSpider, urls=[site.url("/p")])
+    assert healed.collected == []
+    assert state_db("SELECT COUNT(*) FROM item_versions") == [(1,)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_validators_of_a_no_store_page_are_kept_and_sent(site, crawl, state_db):
+    # Cache-Control: no-store binds caches (RFC 9111 §5.2.2.5); a crawler's
+    # state is none: it never answers a request with a stored response, and
+    # keeps the page's items anyway (docs/guide.md says why).
+    site.cache_control = "no-store"
+    site.add_page("/p", "strong", size=1500)
+    await crawl(ListSpider, urls=[site.url("/p")])
+    assert stored(state_db, site, "/p")[0] == site.etag("/p")
+    site.reset_log()
+    second = await crawl(ListSpider, urls=[site.url("/p")])
+    [record] = records(site, "/p")
+    assert (record.if_none_match, record.status) == (site.etag("/p"), 304)
+    assert second.stats.get_value("incremental/not_modified") == 1

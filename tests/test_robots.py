@@ -93,6 +93,52 @@ async def test_robots_txt_answering_4xx_allows_everything(site, crawl, status):
     assert "incremental/robotstxt/unavailable" not in crawler.stats.get_stats()
 
 
+@pytest.mark.parametrize("status", [404, 410])
+@pytest_twisted.ensureDeferred
+async def test_robots_txt_answering_4xx_with_rules_in_its_body_allows_everything(
+    site, crawl, status,
+):
+    # RFC 9309 §2.3.1.3: a 4xx is "no robots.txt", whatever its body holds
+    # (a site's error page that is a copy of a robots.txt).
+    for path in PAGES:
+        site.add_page(path, "strong", size=1500)
+    site.override("/robots.txt", status=status, body="User-agent: *\nDisallow: /\n")
+    crawler = await crawl(SitemapPagesSpider, settings=SETTINGS,
+                          sitemap_url=site.url("/sitemap.xml"))
+    assert sorted(p for p in gets(site) if p.startswith("/p/")) == PAGES
+    assert "robotstxt/forbidden" not in crawler.stats.get_stats()
+
+
+@pytest.mark.parametrize("robots_txt", [
+    # RFC 9309 §2.2.1: the product token is what the value starts with.
+    "User-agent: Scrapy/2.0 (+https://scrapy.org)\nDisallow: /p/1\n",
+    # §2.2.4: a line that is no rule does not end the run of user agents.
+    "User-agent: Scrapy\nNoindex: /p/2\nUser-agent: other\nDisallow: /p/1\n",
+], ids=["agent-with-a-version", "unknown-line-in-the-group"])
+@pytest_twisted.ensureDeferred
+async def test_robots_txt_groups_are_read_as_rfc_9309_says(site, crawl, robots_txt):
+    # Scrapy's default parser (Protego) read both as "no group for Scrapy":
+    # everything allowed.
+    for path in PAGES:
+        site.add_page(path, "strong", size=1500)
+    site.robots_txt = robots_txt
+    crawler = await crawl(SitemapPagesSpider, settings=SETTINGS,
+                          sitemap_url=site.url("/sitemap.xml"))
+    assert sorted(p for p in gets(site) if p.startswith("/p/")) == ["/p/0", "/p/2", "/p/3"]
+    assert crawler.stats.get_value("robotstxt/forbidden") == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_projects_own_robots_txt_parser_wins(site, crawl):
+    for path in PAGES:
+        site.add_page(path, "strong", size=1500)
+    site.robots_txt = "User-agent: Scrapy\nNoindex: /p/2\nUser-agent: other\nDisallow: /p/1\n"
+    crawler = await crawl(SitemapPagesSpider, sitemap_url=site.url("/sitemap.xml"), settings={
+        **SETTINGS, "ROBOTSTXT_PARSER": "scrapy.robotstxt.ProtegoRobotParser"})
+    assert sorted(p for p in gets(site) if p.startswith("/p/")) == PAGES
+    assert crawler.stats.get_value("robotstxt/forbidden") is None
+
+
 def closed_port() -> int:
     """A loopback port nothing listens on (bound, then released)."""
     with socket.socket() as sock:

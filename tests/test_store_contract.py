@@ -512,6 +512,29 @@ class StateStoreContract:
         assert (state.etag, state.fingerprint) == (full_state(key, 1).etag,
                                                    full_state(key, 1).fingerprint)
 
+    @pytest_twisted.ensureDeferred
+    async def test_a_check_may_take_up_the_validators_a_304_brought(
+        self, make_store: MakeStore
+    ) -> None:
+        # Stored in their compact forms in Redis (a hex ETag, an IMF-fixdate):
+        # a check replaces them with the plain form, or keeps them.
+        key, other = PageKey(SCOPE, URL), PageKey(SCOPE, f"{URL}/other")
+        store = make_store()
+        store.stage_page(full_state(key, 1, etag='"5f3c1a-7d4e"'))
+        store.stage_page(full_state(other, 1, etag=None))
+        store.stage_check(key, 304, 5_000, validators=(None, "Mon, 07 Nov 1994 08:49:37 GMT"))
+        store.stage_check(other, 304, 5_000, validators=('"caf\xe9"', None))
+        await call(store.flush())
+        store.stage_check(key, 304, 6_000)  # none: both kept
+        await call(store.flush())
+        await call(store.close())
+        found = await call(make_store().get_pages([key, other]))
+        assert (found[key].etag, found[key].last_modified) == (
+            '"5f3c1a-7d4e"', "Mon, 07 Nov 1994 08:49:37 GMT")
+        assert (found[other].etag, found[other].last_modified) == (
+            '"caf\xe9"', full_state(other).last_modified)
+        assert (found[key].checks, found[key].fingerprint) == (3, full_state(key).fingerprint)
+
     # -- staging order ----------------------------------------------------
 
     @pytest_twisted.ensureDeferred

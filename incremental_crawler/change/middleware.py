@@ -262,10 +262,13 @@ class ConditionalRequestMiddleware:
 
     def _not_modified(self, request: Request, response: Response,
                       ctx: _Context) -> Request | Response:
+        # The validators the 304 carries: they may contradict it, or be
+        # taken up (RFC 9111 §4.3.4).
+        etag = self._etag(response)
+        last_modified = self._last_modified(response, clock.now())
         refetch = self.policy.not_modified(
             ctx.prior, conditional=ctx.conditional, sent=_conditions(request.headers),
-            lastmod=request.meta.get(META_LASTMOD),
-            etag=parse_etag(response.headers.get(b"ETag")),
+            lastmod=request.meta.get(META_LASTMOD), etag=etag, last_modified=last_modified,
         )
         if refetch is Refetch.UNSOLICITED and request.meta.get(_REFETCHED):
             # Asked once more without conditions, a 304 again: give up loudly.
@@ -279,7 +282,8 @@ class ConditionalRequestMiddleware:
         if refetch is not None:
             return self._refetch(request, refetch)
         assert ctx.prior is not None
-        self._take_304(request, ctx.key, ctx.prior)
+        validators = self.policy.revalidated(ctx.prior, etag=etag, last_modified=last_modified)
+        self._take_304(request, ctx.key, ctx.prior, validators)
         logger.debug("Not modified: %(request)s", {"request": request},
                      extra={"spider": self.crawler.spider})
         if ctx.links is not None and self.replayer.first(ctx.key):
@@ -296,15 +300,21 @@ class ConditionalRequestMiddleware:
         meta.pop(_CTX, None)
         return request.replace(headers=headers, meta=meta, dont_filter=True)
 
-    def _take_304(self, request: Request, key: PageKey, prior: PageState) -> None:
-        # The data we hold is this version: its lastmod may be recorded. The
-        # page's own unstable flag waits for its next full fetch (a 304
-        # changes nothing stored but counters).
+    def _take_304(self, request: Request, key: PageKey, prior: PageState,
+                  validators: tuple[str | None, str | None] | None) -> None:
+        # The data we hold is this version: its lastmod may be recorded, and
+        # the validators the 304 brought (ChangePolicy.revalidated): a state
+        # write without items, as the data it describes is what is stored
+        # already. The page's own unstable flag waits for its next full
+        # fetch.
         now = clock.now()
         lastmod = request.meta.get(META_LASTMOD)
         schedule = self.policy.next_visit(prior, changed=False,
                                           started=self.ledger.crawl_started)
-        self.ledger.stage_check(key, 304, lastmod=lastmod, schedule=schedule)
+        self.ledger.stage_check(key, 304, lastmod=lastmod, schedule=schedule,
+                                validators=validators)
+        if validators is not None:
+            self._count(request, "not_modified_validators_updated")
         modified = int(PageFlags.LASTMOD_MODIFIED)
         if lastmod is not None and request.meta.get(META_LASTMOD_MODIFIED) and not (
                 prior.flags & modified):
@@ -447,10 +457,13 @@ def _send_conditions(request: Request, prior: PageState) -> None:
     headers = request.headers
     if b"If-None-Match" in headers or b"If-Modified-Since" in headers:
         return
+    # Sent as the bytes received: an ETag may hold obs-text (0x80-0xFF,
+    # kept as Latin-1 characters), which Scrapy would encode as UTF-8, a tag
+    # that never matches.
     if prior.etag:
-        headers[b"If-None-Match"] = prior.etag
+        headers[b"If-None-Match"] = prior.etag.encode("latin-1")
     if prior.last_modified:
-        headers[b"If-Modified-Since"] = prior.last_modified
+        headers[b"If-Modified-Since"] = prior.last_modified.encode("latin-1")
     request.meta[_SENT] = True
 
 

@@ -98,6 +98,8 @@ class Refetch(StrEnum):
     LASTMOD_CONTRADICTS = "lastmod_contradicts_304"
     #: The 304 names another representation than the one stored.
     ETAG_MISMATCH = "etag_mismatch_304"
+    #: Asked by date only, the 304 says the page was modified after it.
+    LAST_MODIFIED_LATER = "last_modified_later_304"
 
 
 class Verdict(StrEnum):
@@ -390,6 +392,12 @@ def future_last_modified(last_modified: str, date: str | bytes | None, now: floa
     return modified is not None and modified > server_now + _CLOCK_SKEW
 
 
+def _later(last_modified: str | None, than: str | None) -> bool:
+    """Whether the HTTP-date *last_modified* is after *than* (both given and dates)."""
+    when, before = parse_http_date(last_modified), parse_http_date(than)
+    return when is not None and before is not None and when > before
+
+
 def _lastmod_moved(lastmod: float | None, prior: PageState) -> bool:
     """Whether the sitemap's *lastmod* is newer than the one stored with the page."""
     return lastmod is not None and prior.lastmod is not None and lastmod > prior.lastmod
@@ -519,11 +527,14 @@ class ChangePolicy:
 
     def not_modified(self, prior: PageState | None, *, conditional: bool,
                      sent: tuple[str, str], lastmod: float | None = None,
-                     etag: str | None = None) -> Refetch | None:
+                     etag: str | None = None,
+                     last_modified: str | None = None) -> Refetch | None:
         """``None`` if a 304 stands for the stored page; else why to fetch it in full.
 
         *sent* is the If-None-Match and If-Modified-Since that went out
-        ("" when absent), *etag* the 304's own ETag, parsed.
+        ("" when absent), *etag* and *last_modified* the 304's own
+        validators, parsed (a Last-Modified ahead of the server's clock
+        left out).
         """
         if not conditional or prior is None:
             # An intermediary's, or our conditions were dropped: never an empty item.
@@ -543,7 +554,36 @@ class ChangePolicy:
             # RFC 9111 §4.3.4: a 304 naming another representation selects
             # nothing we hold; update nothing and fetch it in full.
             return Refetch.ETAG_MISMATCH
+        if not prior.etag and _later(last_modified, prior.last_modified):
+            # Asked by date alone, "not modified since X" and "modified
+            # after X" at once: the 304 contradicts itself, only the content
+            # can tell. (Asked by ETag, the date is no condition: RFC 9110
+            # §13.1.3, the server ignored If-Modified-Since.)
+            return Refetch.LAST_MODIFIED_LATER
         return None
+
+    @staticmethod
+    def revalidated(prior: PageState, *, etag: str | None,
+                    last_modified: str | None) -> tuple[str | None, str | None] | None:
+        """The validators a 304 taken leaves stored; ``None``: those held, unchanged.
+
+        RFC 9111 §4.3.4: the stored response takes up the validators the 304
+        carries. Its Last-Modified replaces ours (asked by ETag, or by a date
+        no later than it: :meth:`not_modified` refused a later one); its ETag
+        is taken up when we held none (asked by date: the page is validated
+        by the ETag from then on). An ETag we hold stays as it is: the 304's
+        matched it (weakly, or :meth:`not_modified` refused it), and ours is
+        what the server knows us by.
+
+        >>> page = PageState(PageKey("s", "http://h/a"), etag='"x"', last_modified="A")
+        >>> ChangePolicy.revalidated(page, etag='W/"x"', last_modified="B")
+        ('"x"', 'B')
+        >>> ChangePolicy.revalidated(page, etag=None, last_modified=None) is None
+        True
+        """
+        held = (prior.etag, prior.last_modified)
+        taken = (prior.etag or etag, last_modified or prior.last_modified)
+        return None if taken == held else taken
 
     @staticmethod
     def held(*, discovery: bool = False) -> Judgement:

@@ -70,7 +70,9 @@ def parse_etag(raw: bytes | None) -> str | None:
     A well-formed entity-tag is kept. So is an unquoted one (``foo``,
     ``W/foo``), which many servers send: it is kept and sent back as
     received, as browsers and caches do, since refusing it would mean never
-    revalidating the page. Refused: control characters (C0, DEL), values
+    revalidating the page. It is returned one character per byte
+    (Latin-1): obs-text (0x80-0xFF) included, it encodes back to the bytes
+    received. Refused: control characters (C0, DEL), values
     over :data:`MAX_ETAG_LENGTH`, a double quote outside a well-formed
     entity-tag (a tag broken in transit, or a list), and an unquoted value
     holding a comma or that is ``*``: sent back in ``If-None-Match`` it

@@ -16,8 +16,9 @@ RetryMiddleware's ``RETRY_TIMES`` retries, and for a 429 or 503 at most
 ``INCREMENTAL_THROTTLE_MAX_RETRIES`` a page gets, which took minutes):
 
 * 2xx (after redirects): parsed, as Scrapy does;
-* 4xx but 429: no robots.txt, everything allowed (RFC 9309 §2.3.1.3), as
-  Scrapy does;
+* 4xx but 429: no robots.txt, everything allowed (RFC 9309 §2.3.1.3),
+  whatever its body says (Scrapy parses it: an error page holding
+  ``Disallow: /`` blocked the host);
 * 5xx, 429 (as Google does: it is the server asking us to go away) or no
   answer at all (connection refused, a timeout, DNS): **unavailable**. One
   warning names the host; every request to it is refused
@@ -231,6 +232,11 @@ class RobotsTxtMiddleware(ScrapyRobotsTxt):
                 self._stats.inc_value(f"robotstxt/response_status_count/{response.status}")
                 self._unavailable(netloc, f"it answered {response.status}")
             else:
+                if 400 <= response.status < 500:
+                    # No robots.txt, whatever the error page says (RFC 9309
+                    # §2.3.1.3): Scrapy parsed a 404's body, and an error
+                    # page holding "Disallow: /" blocked the host.
+                    response = response.replace(body=b"")
                 try:
                     await self._parse_robots(response, netloc, request)
                 except Exception as exc:

@@ -977,8 +977,10 @@ class Ledger:
     def stage_check(
         self, key: PageKey, status: int, *, lastmod: float | None = None,
         schedule: tuple[float, float] | None = None,
+        validators: tuple[str | None, str | None] | None = None,
     ) -> None:
-        self.store.stage_check(key, status, clock.now(), lastmod=lastmod, schedule=schedule)
+        self.store.stage_check(key, status, clock.now(), lastmod=lastmod, schedule=schedule,
+                               validators=validators)
         if schedule is not None:
             self._note_visit(key, schedule[1])
         self._after_stage()

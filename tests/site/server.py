@@ -449,8 +449,8 @@ class LoopbackSite:
         #: Requests being answered now, and the most at once, per Host header.
         self.in_flight: dict[str, int] = {}
         self.max_in_flight: dict[str, int] = {}
-        # path -> (status or None, header changes); see override().
-        self._overrides: dict[str, tuple[int | None, dict[str, str | None]]] = {}
+        # path -> (status or None, header changes, body or None); see override().
+        self._overrides: dict[str, tuple[int | None, dict[str, str | None], bytes | None]] = {}
         # path -> (version, body, etag opaque-tag). Keyed by path so only the
         # current version of each page is kept (bounded memory).
         self._bodies: dict[str, tuple[int, bytes, str]] = {}
@@ -624,16 +624,19 @@ class LoopbackSite:
 
     def override(
         self, path: str, *, status: int | None = None,
-        headers: dict[str, str | None] | None = None,
+        headers: dict[str, str | None] | None = None, body: bytes | str | None = None,
     ) -> None:
         """Misbehave on ``path`` until :meth:`clear_override`.
 
         ``status`` answers with that status and a short text body instead of
-        the page (an error: 404, 429, 500, 503...); ``headers`` sets response
-        header fields (``None`` removes one) on whatever is answered, e.g. an
-        invalid ETag or Last-Modified.
+        the page (an error: 404, 429, 500, 503...), or with ``body`` when
+        given (a 404 whose body holds rules, half a page with a 206);
+        ``headers`` sets response header fields (``None`` removes one) on
+        whatever is answered, e.g. an invalid ETag or Last-Modified.
         """
-        self._overrides[path] = (status, dict(headers or {}))
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        self._overrides[path] = (status, dict(headers or {}), body)
 
     def clear_override(self, path: str) -> None:
         self._overrides.pop(path, None)
@@ -976,9 +979,10 @@ class LoopbackSite:
         resp = self._respond_normally(method, path, request)
         if path not in self._overrides:
             return resp
-        status, headers = self._overrides[path]
+        status, headers, body = self._overrides[path]
         if status is not None:
-            resp = _Response(status, f"status {status}\n".encode(), dict(_TEXT))
+            resp = _Response(status, f"status {status}\n".encode() if body is None else body,
+                             dict(_TEXT))
         for name, value in headers.items():
             if value is None:
                 resp.headers.pop(name, None)

@@ -67,7 +67,7 @@ def test_enum_values_are_the_stats_key_names() -> None:
         "host_lying", "sample"]
     assert [str(r) for r in Refetch] == [
         "unsolicited_304", "foreign_conditions_304", "vary_star_304",
-        "lastmod_contradicts_304", "etag_mismatch_304"]
+        "lastmod_contradicts_304", "etag_mismatch_304", "last_modified_later_304"]
     assert [str(v) for v in Verdict] == ["reliable", "unstable", "lying", "absent"]
     assert f"incremental/refetch/{Refetch.VARY_STAR}" == "incremental/refetch/vary_star_304"
 
@@ -189,6 +189,13 @@ NOT_MODIFIED = [
     ("lastmod, none stored", {"lastmod": None}, {"lastmod": 2 * DAY}, None),
     ("another ETag", {}, {"etag": '"v2"'}, Refetch.ETAG_MISMATCH),
     ("another ETag, none stored", {"etag": None}, {"sent": ("", LM1), "etag": '"v2"'}, None),
+    ("asked by date, a later one", {"etag": None}, {"sent": ("", LM1), "last_modified": LM2},
+     Refetch.LAST_MODIFIED_LATER),
+    ("asked by date, the same one", {"etag": None}, {"sent": ("", LM1), "last_modified": LM1},
+     None),
+    ("asked by date, an earlier one", {"etag": None, "last_modified": LM2},
+     {"sent": ("", LM2), "last_modified": LM1}, None),
+    ("asked by ETag, a later date", {}, {"last_modified": LM2}, None),
 ]
 
 
@@ -199,6 +206,28 @@ def test_not_modified(case: str, prior: dict[str, Any] | None, context: dict[str
     stored = None if prior is None else page(**prior)
     kwargs = {"conditional": True, "sent": SENT, **context}
     assert policy().not_modified(stored, **kwargs) is refetch
+
+
+REVALIDATED = [
+    # (case, prior, the 304's (etag, last_modified), validators stored after it)
+    ("nothing new", {}, ('"v1"', LM1), None),
+    ("none carried", {}, (None, None), None),
+    ("a new Last-Modified, by ETag", {}, ('"v1"', LM2), ('"v1"', LM2)),
+    ("our ETag kept, weak or not", {}, ('W/"v1"', None), None),
+    ("an ETag where we had none", {"etag": None}, ('"v2"', None), ('"v2"', LM1)),
+    ("and an earlier date", {"etag": None, "last_modified": LM2}, ('"v2"', LM1),
+     ('"v2"', LM1)),
+]
+
+
+@pytest.mark.parametrize(("case", "prior", "carried", "validators"), REVALIDATED,
+                         ids=[row[0] for row in REVALIDATED])
+def test_validators_a_taken_304_leaves(case: str, prior: dict[str, Any],
+                                       carried: tuple[str | None, str | None],
+                                       validators: tuple[str, str] | None) -> None:
+    etag, last_modified = carried
+    assert ChangePolicy.revalidated(page(**prior), etag=etag,
+                                    last_modified=last_modified) == validators
 
 
 def test_a_taken_304_says_the_validators_held_except_for_lists() -> None:

@@ -281,14 +281,16 @@ class StateStore(ABC):
     def stage_check(
         self, key: PageKey, status: int, when: float, *, lastmod: float | None = None,
         schedule: tuple[float, float] | None = None,
+        validators: tuple[str | None, str | None] | None = None,
     ) -> None:
         """Stage a visit that changed nothing but counters and ``last_status``.
 
-        Used for 304s and for 3xx answers: validators and fingerprints are
-        never touched (only a 2xx updates them). A 304 may record a newer
-        *lastmod* (the stored data is that version) and the revisit
-        *schedule* ``(interval, next_visit)``. It ends a run of failures
-        (``failures`` becomes 0).
+        Used for 304s and for 3xx answers: fingerprints are never touched
+        (only a 2xx updates them). A 304 may record a newer *lastmod* (the
+        stored data is that version), the revisit *schedule* ``(interval,
+        next_visit)``, and the *validators* ``(etag, last_modified)`` it
+        brought for that same data (``None`` in either place keeps the
+        stored one). It ends a run of failures (``failures`` becomes 0).
         """
 
     @abstractmethod

@@ -273,9 +273,9 @@ _TOKEN_TTL = 86_400
 # it was sent) is not applied twice when it is sent again.
 #
 # The upserts mirror the SQLite store's: a check, a failure or a redirect
-# touches counters, status and (check) lastmod and schedule, (failure) the
-# failures in a row and the schedule, never validators or fingerprints
-# (only a 2xx updates them); an item gets the next version number of its key,
+# touches counters, status and (check) lastmod, schedule and the validators
+# a 304 brought, (failure) the failures in a row and the schedule, never
+# fingerprints (only a 2xx updates them); an item gets the next version number of its key,
 # and its versions beyond the history kept are pruned (as SQLite's
 # _PRUNE_VERSIONS). A page flagged gone stays in the due index like any
 # page with a callback, at its (rare) next visit: the re-seeder asks it
@@ -306,7 +306,7 @@ _TOKEN_TTL = 86_400
 # page's field.
 _FLUSH_LUA = PAGE_CODEC + PAGE_BUCKETS + """
 local PREFIX, LISTPACK_VALUE = ARGV[1], tonumber(ARGV[2])
-local ARITY = {host = 3, page = 5, check = 8, failure = 9, redirect = 7, item = 13,
+local ARITY = {host = 3, page = 5, check = 10, failure = 9, redirect = 7, item = 13,
                links = 4, unlink = 3, flags = 4, slotrate = 6}
 local OPS = {}
 -- Hosts met in this batch, by hash tag: their keys and bucket count.
@@ -413,9 +413,19 @@ local function reindex(h, b, page)
   if page_callback(page) then lower_due(h, b, page.next_visit or 0) end
 end
 function OPS.check(a, i)
+  -- then etag, last_modified ('' keeps the stored one): a 304's, in their
+  -- plain form (the compact one, if stored, goes)
   local page, h, b = visit(a, i)
   page.failures = nil  -- an answer ends a run of failures
   if a[i + 5] ~= '' then page.lastmod = tonumber(a[i + 5]) end
+  if a[i + 8] ~= '' then
+    page['etag@hex'] = nil
+    page.etag = a[i + 8]
+  end
+  if a[i + 9] ~= '' then
+    page['last_modified@date'] = nil
+    page.last_modified = a[i + 9]
+  end
   local schedule = a[i + 6] ~= ''
   if schedule then
     page.interval = tonumber(a[i + 6])
@@ -1633,12 +1643,16 @@ class RedisStateStore(StateStore):
     def stage_check(
         self, key: PageKey, status: int, when: float, *, lastmod: float | None = None,
         schedule: tuple[float, float] | None = None,
+        validators: tuple[str | None, str | None] | None = None,
     ) -> None:
         interval, next_visit = (
             ("", "") if schedule is None else (int(schedule[0]), int(schedule[1])))
+        # ('' keeps the stored value: no validator is empty.)
+        etag, last_modified = validators or (None, None)
         self._stage(key.scope, (
             "check", *self._page_args(key), status, int(when),
             "" if lastmod is None else int(lastmod), interval, next_visit,
+            etag or "", last_modified or "",
         ))
 
     def stage_failure(

@@ -233,12 +233,14 @@ _UPSERT_PAGE = (
 # the revisit schedule; an answer ends a run of failures.
 _UPSERT_CHECK = (
     "INSERT INTO pages (scope, url, variant, last_status, first_seen, "
-    "last_checked, checks, lastmod, interval, next_visit) "
-    "VALUES (?, ?, ?, ?, ?, ?, 1, ?, COALESCE(?, 0), COALESCE(?, 0)) "
+    "last_checked, checks, lastmod, interval, next_visit, etag, last_modified) "
+    "VALUES (?, ?, ?, ?, ?, ?, 1, ?, COALESCE(?, 0), COALESCE(?, 0), ?, ?) "
     "ON CONFLICT (scope, url, variant) DO UPDATE SET "
     "last_status = excluded.last_status, last_checked = excluded.last_checked, "
     "checks = pages.checks + 1, lastmod = COALESCE(excluded.lastmod, pages.lastmod), "
     "interval = COALESCE(?, pages.interval), next_visit = COALESCE(?, pages.next_visit), "
+    "etag = COALESCE(excluded.etag, pages.etag), "
+    "last_modified = COALESCE(excluded.last_modified, pages.last_modified), "
     "failures = 0"
 )
 # A failure keeps everything a 2xx stored (validators, fingerprint, size,
@@ -774,13 +776,15 @@ class SQLiteStateStore(StateStore):
     def stage_check(
         self, key: PageKey, status: int, when: float, *, lastmod: float | None = None,
         schedule: tuple[float, float] | None = None,
+        validators: tuple[str | None, str | None] | None = None,
     ) -> None:
         self._staged += 1
         lastmod_ = None if lastmod is None else int(lastmod)
         interval, next_visit = (None, None) if schedule is None else map(int, schedule)
+        etag, last_modified = validators or (None, None)
         self._ops.append((_UPSERT_CHECK, (
             *key, status, int(when), int(when), lastmod_,
-            interval, next_visit, interval, next_visit,
+            interval, next_visit, etag, last_modified, interval, next_visit,
         )))
 
     def stage_failure(
