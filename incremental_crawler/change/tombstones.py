@@ -47,11 +47,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from scrapy import signals
 from scrapy.exceptions import DontCloseSpider
+from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.log import failure_to_exc_info
 
 from incremental_crawler.state.records import Change, PageFlags, PageKey, PageState
 from incremental_crawler.state.stores import StateStoreError
 
 if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
@@ -202,6 +206,19 @@ class TombstoneSender:
             await engine.scraper.start_itemproc_async(item, response=response)
         finally:
             self._sending -= 1
+
+    def hold_open(self, decision: Coroutine[Any, Any, None]) -> None:
+        """Run *decision* (a store read, then maybe :meth:`send`), the spider held
+        open until it is done: a signal handler that cannot wait for it."""
+        self._sending += 1
+        done = deferred_from_coro(decision)
+        done.addErrback(lambda failure: logger.error(
+            "Could not decide a tombstone", exc_info=failure_to_exc_info(failure)))
+
+        def finished(_: object) -> None:
+            self._sending -= 1
+
+        done.addBoth(finished)
 
     def spider_idle(self, spider: Spider) -> None:
         if self._sending:
