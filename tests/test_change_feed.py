@@ -480,6 +480,30 @@ async def test_a_page_moved_for_good_is_a_tombstone_and_its_target_new(
     assert gets(site, "/old") == [] and deleted(third.collected) == []
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_gone_page_that_never_yielded_an_item_is_recorded_not_sent(
+    site, crawl, state_uri, monkeypatch
+):
+    site.add_page("/listing", "strong", size=1500)
+    urls = [site.url("/listing")]
+    listing = canonical_url(urls[0])
+    store = Store(state_uri, "list")
+    at(monkeypatch, 0)
+    await crawl(ListSpider, urls=urls, listings=("/listing",))
+    site.override("/listing", status=410)
+    at(monkeypatch, MINUTE)
+    second = await crawl(ListSpider, urls=urls, listings=("/listing",),
+                         settings=pipelines(Recorder))
+    assert second.collected == [] and Recorder.seen == []
+    stats = second.stats.get_stats()
+    assert stats["incremental/tombstones/gone_410"] == 1
+    assert stats["incremental/tombstones/unsent_no_items"] == 1
+    assert "incremental/items_deleted" not in stats
+    gone = await store.page(listing)
+    assert gone is not None and gone.flags & PageFlags.GONE and gone.last_status == 410
+    assert gone.next_visit >= crawl_start(second) + RECHECK - 1
+
+
 @pytest.mark.parametrize("target", ["404", "loop"])
 @pytest_twisted.ensureDeferred
 async def test_a_move_to_a_target_that_never_answers_is_a_failure_not_a_tombstone(

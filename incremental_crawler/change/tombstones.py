@@ -9,8 +9,10 @@ not gone already) is gone when its final answer is
   makes the page due on the next crawl whatever its interval or lastmod
   (:func:`~.revisit.failure_next_visit`), so a transient one costs a
   request and no tombstone;
-- a **301 or 308** to another URL (``moved``): the target is a page of its
-  own (new if unknown), the tombstone says where it went.
+- a **301 or 308** to another URL (``moved``) that proved live (it answered
+  a 2xx or a 304, or, not fetched, the store knows it live: see
+  :mod:`.outcomes`): the target is a page of its own (new if unknown), the
+  tombstone says where it went.
 
 A page merely no longer listed by a sitemap is *not* gone: it stays known
 and is revisited on its schedule.
@@ -31,6 +33,13 @@ restored behind a sitemap that answers 304 is found), or when a list dates
 it after both the date recorded and that check. Withheld (``item_error``), nothing of
 it is stored: the page is recorded as a failure, due on the next crawl,
 which decides and sends it again.
+
+A gone page none of whose items is stored (a listing page of a
+link-following spider, which yields only requests) sends no tombstone: a
+downstream index holds nothing of it to delete, and ``item_keys: []``
+would only be noise there. Its disappearance is recorded all the same
+(flagged GONE, counted in ``incremental/tombstones/<reason>`` and
+``incremental/tombstones/unsent_no_items``).
 
 Without a change field (INCREMENTAL_CHANGE_FIELD off) no tombstone is sent:
 one that did not say what it is would reach every pipeline as an item.
@@ -164,6 +173,8 @@ class TombstoneBook(Protocol):
 
     def tombstone_sent(self, item: Any, gone: Gone) -> None: ...
 
+    def tombstone_unsent(self, gone: Gone) -> None: ...
+
     def store_failed(self, error: BaseException) -> None: ...
 
 
@@ -196,6 +207,13 @@ class TombstoneSender:
             except StateStoreError as exc:
                 # Nothing decided is lost: the page's record is as it was.
                 ledger.store_failed(exc)
+                return
+            if not gone.item_keys:
+                # Nothing of the page is in a downstream index (a listing
+                # page of a link-following spider): recorded, not sent.
+                ledger.tombstone_unsent(gone)
+                logger.debug("Page gone (%(reason)s), no item of it stored: %(url)s",
+                             {"reason": gone.reason, "url": gone.key.url})
                 return
             item = tombstone(gone, self.change_field)
             ledger.tombstone_sent(item, gone)
