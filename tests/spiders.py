@@ -12,14 +12,17 @@ from incremental_crawler.state.ledger import Ledger
 
 
 class ListSpider(IncrementalSpider):
-    """Fetches the given URLs; one item per page."""
+    """Fetches the given URLs; one item per page, but the *listings* (pages
+    whose URL ends with one of them), which yield nothing, as a listing
+    page of a link-following spider yields only requests."""
 
     name = "list"
 
     def __init__(self, urls: list[str], meta: dict[str, Any] | None = None,
                  fail_on: tuple[str, ...] = (), headers: dict[str, str] | None = None,
-                 **kwargs: Any) -> None:
+                 listings: tuple[str, ...] = (), **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.listings = listings
         self.urls = urls
         self.meta = meta or {}
         self.fail_on = fail_on
@@ -32,6 +35,8 @@ class ListSpider(IncrementalSpider):
     def parse(self, response):
         if any(response.url.endswith(path) for path in self.fail_on):
             raise ValueError(f"callback bug on {response.url}")
+        if any(response.url.endswith(path) for path in self.listings):
+            return
         yield {
             "url": response.url,
             "title": response.css("title::text").get(),

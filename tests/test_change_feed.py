@@ -480,6 +480,98 @@ async def test_a_page_moved_for_good_is_a_tombstone_and_its_target_new(
     assert gets(site, "/old") == [] and deleted(third.collected) == []
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_gone_page_that_never_yielded_an_item_is_recorded_not_sent(
+    site, crawl, state_uri, monkeypatch
+):
+    site.add_page("/listing", "strong", size=1500)
+    urls = [site.url("/listing")]
+    listing = canonical_url(urls[0])
+    store = Store(state_uri, "list")
+    at(monkeypatch, 0)
+    await crawl(ListSpider, urls=urls, listings=("/listing",))
+    site.override("/listing", status=410)
+    at(monkeypatch, MINUTE)
+    second = await crawl(ListSpider, urls=urls, listings=("/listing",),
+                         settings=pipelines(Recorder))
+    assert second.collected == [] and Recorder.seen == []
+    stats = second.stats.get_stats()
+    assert stats["incremental/tombstones/gone_410"] == 1
+    assert stats["incremental/tombstones/unsent_no_items"] == 1
+    assert "incremental/items_deleted" not in stats
+    gone = await store.page(listing)
+    assert gone is not None and gone.flags & PageFlags.GONE and gone.last_status == 410
+    assert gone.next_visit >= crawl_start(second) + RECHECK - 1
+
+
+@pytest.mark.parametrize("target", ["404", "loop"])
+@pytest_twisted.ensureDeferred
+async def test_a_move_to_a_target_that_never_answers_is_a_failure_not_a_tombstone(
+    site, crawl, state_uri, monkeypatch, target
+):
+    site.add_page("/old", "strong", size=1500)
+    urls = [site.url("/old")]
+    old, new = canonical_url(site.url("/old")), canonical_url(site.url("/new"))
+    store = Store(state_uri, "list")
+    at(monkeypatch, 0)
+    await crawl(ListSpider, urls=urls)
+    site.add_redirect("/old", "/new", 301)
+    if target == "loop":  # /new does not exist and redirects back
+        site.add_redirect("/new", "/old", 301)
+    at(monkeypatch, MINUTE)
+    second = await crawl(ListSpider, urls=urls, settings={"REDIRECT_MAX_TIMES": 3})
+    assert deleted(second.collected) == []
+    assert second.stats.get_value("incremental/tombstones/moved") is None
+    failed = await store.page(old)
+    assert failed is not None and not failed.flags & PageFlags.GONE
+    assert (failed.last_status, failed.failures) == (301, 1)
+    assert abs(failed.next_visit - crawl_start(second)) <= 1
+    assert await store.fingerprint(old) is not None
+
+    # The target answers at last: the move is proved, the page is a tombstone.
+    site.remove_redirect("/new")
+    site.add_page("/new", "strong", size=1500, title="Moved here")
+    site.reset_log()
+    at(monkeypatch, 2 * MINUTE)
+    third = await crawl(ListSpider, urls=urls)
+    assert [r.status for r in gets(site, "/old")] == [301]
+    [tombstone] = deleted(third.collected)
+    assert (tombstone["reason"], tombstone["redirected_to"]) == ("moved", new)
+    moved = await store.page(old)
+    assert moved is not None and moved.flags & PageFlags.GONE
+
+
+@pytest.mark.parametrize("target", ["known", "unknown"])
+@pytest_twisted.ensureDeferred
+async def test_a_move_not_followed_is_a_tombstone_only_to_a_page_known_live(
+    site, crawl, state_uri, monkeypatch, target
+):
+    site.add_page("/old", "strong", size=1500)
+    site.add_page("/new", "strong", size=1500, title="Moved here")
+    old, new = canonical_url(site.url("/old")), canonical_url(site.url("/new"))
+    store = Store(state_uri, "list")
+    at(monkeypatch, 0)
+    first_urls = [site.url("/old")] + ([site.url("/new")] if target == "known" else [])
+    await crawl(ListSpider, urls=first_urls)
+    site.add_redirect("/old", "/new", 301)
+    site.reset_log()
+    at(monkeypatch, MINUTE)
+    second = await crawl(ListSpider, urls=[site.url("/old")],
+                         meta={"dont_redirect": True})
+    assert gets(site, "/new") == []
+    page = await store.page(old)
+    assert page is not None and page.last_status == 301 and page.redirect_to == new
+    if target == "known":
+        [tombstone] = deleted(second.collected)
+        assert tombstone["redirected_to"] == new
+        assert page.flags & PageFlags.GONE
+    else:
+        # Nothing proves the move: no tombstone, the page goes by its schedule.
+        assert deleted(second.collected) == []
+        assert not page.flags & PageFlags.GONE and page.failures == 0
+        assert await store.fingerprint(old) is not None
+
+
 @pytest.mark.parametrize("user", [(Recorder,), (SlowTombstones, CopyItems, Recorder)],
                          ids=["same-object", "slow-copying-pipeline"])
 @pytest_twisted.ensureDeferred

@@ -9,6 +9,7 @@ re-seeder reads their records), backing off when they keep failing.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -287,3 +288,76 @@ async def test_a_withheld_change_is_asked_again_behind_a_304_sitemap(
     assert gets(site, "/sitemap.xml") == [304]
     assert gets(site, paths[0]) == [200]
     assert third.stats.get_value("incremental/schedule/requested/retry") == 1
+
+
+# -- answers lost on their way back ----------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_answer_that_cannot_be_decoded_is_a_failure_asked_again_behind_a_304(
+    site, crawl, state_uri, monkeypatch
+):
+    garbled = "/p/garbled"
+    serve(site, [*GOOD, garbled])
+    # Not the gzip its header names: HttpCompressionMiddleware raises in its
+    # process_response, where no middleware's process_exception sees it.
+    site.override(garbled, headers={"Content-Encoding": "gzip"})
+    at(monkeypatch, 0)
+    first = await crawl_sitemap(crawl, site)
+    assert gets(site, garbled) == [200]
+    state = await stored(state_uri, site, garbled)
+    assert state is not None
+    assert (state.last_status, state.failures, state.fingerprint) == (0, 1, None)
+    assert abs(state.next_visit - crawl_start(first)) <= 1
+    assert first.stats.get_value("incremental/schedule/failed") == 1
+    sitemap = await stored(state_uri, site, "/sitemap.xml")
+    assert sitemap is not None and sitemap.etag == '"sm-1"'
+
+    # The sitemap answers 304: the failed page is asked again all the same.
+    site.clear_override(garbled)
+    site.reset_log()
+    at(monkeypatch, MINUTE)
+    await crawl_sitemap(crawl, site)
+    assert gets(site, "/sitemap.xml") == [304]
+    assert gets(site, garbled) == [200]
+    assert all(gets(site, path) == [] for path in GOOD)
+    recovered = await stored(state_uri, site, garbled)
+    assert recovered is not None and recovered.failures == 0
+    assert recovered.fingerprint is not None
+
+
+@pytest.mark.parametrize("chain", ["loop", "self", "too-long"])
+@pytest_twisted.ensureDeferred
+async def test_a_redirect_that_ends_nowhere_fails_the_page_asked(
+    site, crawl, state_uri, monkeypatch, caplog, chain
+):
+    page = "/p/moving"
+    serve(site, [*GOOD, page])
+    if chain == "loop":  # to another URL and back: the dupefilter drops the return
+        site.add_redirect(page, "/p/elsewhere", 302)
+        site.add_redirect("/p/elsewhere", page, 302)
+    elif chain == "self":
+        site.add_redirect(page, page, 302)
+    else:  # more hops than REDIRECT_MAX_TIMES
+        site.add_redirect(page, "/r/1", 302)
+        site.add_redirect("/r/1", "/r/2", 302)
+        site.add_redirect("/r/2", "/r/3", 302)
+    caplog.set_level(logging.INFO, logger="incremental_crawler.change.outcomes")
+    at(monkeypatch, 0)
+    first = await crawl_sitemap(crawl, site, REDIRECT_MAX_TIMES=2)
+    state = await stored(state_uri, site, page)
+    assert state is not None
+    assert (state.last_status, state.failures, state.fingerprint) == (302, 1, None)
+    assert abs(state.next_visit - crawl_start(first)) <= 1
+    assert first.stats.get_value("incremental/schedule/failed") == 1
+    said = [r for r in caplog.records if r.levelno >= logging.INFO
+            and site.url(page) in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    assert ("loop" if chain != "too-long" else "Too many redirects") in said[0].getMessage()
+
+    # Behind a sitemap answering 304, the page is asked again.
+    site.reset_log()
+    at(monkeypatch, MINUTE)
+    await crawl_sitemap(crawl, site, REDIRECT_MAX_TIMES=2)
+    assert gets(site, "/sitemap.xml") == [304]
+    assert gets(site, page) == [302]

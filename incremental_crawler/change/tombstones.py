@@ -9,8 +9,10 @@ not gone already) is gone when its final answer is
   makes the page due on the next crawl whatever its interval or lastmod
   (:func:`~.revisit.failure_next_visit`), so a transient one costs a
   request and no tombstone;
-- a **301 or 308** to another URL (``moved``): the target is a page of its
-  own (new if unknown), the tombstone says where it went.
+- a **301 or 308** to another URL (``moved``) that proved live (it answered
+  a 2xx or a 304, or, not fetched, the store knows it live: see
+  :mod:`.outcomes`): the target is a page of its own (new if unknown), the
+  tombstone says where it went.
 
 A page merely no longer listed by a sitemap is *not* gone: it stays known
 and is revisited on its schedule.
@@ -32,6 +34,13 @@ it after both the date recorded and that check. Withheld (``item_error``), nothi
 it is stored: the page is recorded as a failure, due on the next crawl,
 which decides and sends it again.
 
+A gone page none of whose items is stored (a listing page of a
+link-following spider, which yields only requests) sends no tombstone: a
+downstream index holds nothing of it to delete, and ``item_keys: []``
+would only be noise there. Its disappearance is recorded all the same
+(flagged GONE, counted in ``incremental/tombstones/<reason>`` and
+``incremental/tombstones/unsent_no_items``).
+
 Without a change field (INCREMENTAL_CHANGE_FIELD off) no tombstone is sent:
 one that did not say what it is would reach every pipeline as an item.
 Gone pages are then failures, as with INCREMENTAL_TOMBSTONES off.
@@ -47,11 +56,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from scrapy import signals
 from scrapy.exceptions import DontCloseSpider
+from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.log import failure_to_exc_info
 
 from incremental_crawler.state.records import Change, PageFlags, PageKey, PageState
 from incremental_crawler.state.stores import StateStoreError
 
 if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
@@ -160,6 +173,8 @@ class TombstoneBook(Protocol):
 
     def tombstone_sent(self, item: Any, gone: Gone) -> None: ...
 
+    def tombstone_unsent(self, gone: Gone) -> None: ...
+
     def store_failed(self, error: BaseException) -> None: ...
 
 
@@ -193,6 +208,13 @@ class TombstoneSender:
                 # Nothing decided is lost: the page's record is as it was.
                 ledger.store_failed(exc)
                 return
+            if not gone.item_keys:
+                # Nothing of the page is in a downstream index (a listing
+                # page of a link-following spider): recorded, not sent.
+                ledger.tombstone_unsent(gone)
+                logger.debug("Page gone (%(reason)s), no item of it stored: %(url)s",
+                             {"reason": gone.reason, "url": gone.key.url})
+                return
             item = tombstone(gone, self.change_field)
             ledger.tombstone_sent(item, gone)
             engine = self.crawler.engine
@@ -202,6 +224,19 @@ class TombstoneSender:
             await engine.scraper.start_itemproc_async(item, response=response)
         finally:
             self._sending -= 1
+
+    def hold_open(self, decision: Coroutine[Any, Any, None]) -> None:
+        """Run *decision* (a store read, then maybe :meth:`send`), the spider held
+        open until it is done: a signal handler that cannot wait for it."""
+        self._sending += 1
+        done = deferred_from_coro(decision)
+        done.addErrback(lambda failure: logger.error(
+            "Could not decide a tombstone", exc_info=failure_to_exc_info(failure)))
+
+        def finished(_: object) -> None:
+            self._sending -= 1
+
+        done.addBoth(finished)
 
     def spider_idle(self, spider: Spider) -> None:
         if self._sending:

@@ -907,6 +907,18 @@ class Ledger:
                 scope=self.scope, key=key, url=None, fingerprint="", data=data,
                 stored_at=now, change=Change.DELETED, page=gone.key.url))
         self.staged += len(gone.item_keys)
+        self._stage_gone(gone, now)
+        self.stats.inc_value("incremental/items_deleted")
+        self.stats.inc_value(f"incremental/tombstones/{gone.reason}")
+
+    def tombstone_unsent(self, gone: Gone) -> None:
+        """A gone page none of whose items is stored (a listing page): flagged GONE,
+        no tombstone sent (a downstream index holds nothing of it to delete)."""
+        self._stage_gone(gone, clock.now())
+        self.stats.inc_value(f"incremental/tombstones/{gone.reason}")
+        self.stats.inc_value("incremental/tombstones/unsent_no_items")
+
+    def _stage_gone(self, gone: Gone, now: float) -> None:
         prior = gone.prior
         flags = int(prior.flags) | PageFlags.GONE
         redirect_to = prior.redirect_to
@@ -917,8 +929,6 @@ class Ledger:
             flags=int(flags), redirect_to=redirect_to, last_status=gone.status,
             last_checked=now, checks=prior.checks + 1, lastmod=_gone_lastmod(prior, gone.lastmod),
             next_visit=now + self.config.gone_recheck, failures=0))
-        self.stats.inc_value("incremental/items_deleted")
-        self.stats.inc_value(f"incremental/tombstones/{gone.reason}")
 
     def _tombstone_withheld(self, gone: Gone, failure: Failure) -> None:
         """Nothing of the tombstone is stored; the page is due on the next crawl."""

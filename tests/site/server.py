@@ -576,6 +576,10 @@ class LoopbackSite:
             raise ValueError(f"not a redirect status: {status}")
         self._redirects[src] = (dst, status)
 
+    def remove_redirect(self, src: str) -> None:
+        """Stop redirecting ``src`` (a page there, if any, answers again)."""
+        self._redirects.pop(src, None)
+
     def add_document(
         self, path: str, body: bytes | str, content_type: str, *, etag: str | None = None
     ) -> None:
