@@ -55,6 +55,7 @@ from w3lib.url import safe_url_string
 
 from incremental_crawler.change.middleware import callback_name, page_context
 from incremental_crawler.change.policy import Outcome, final_outcome
+from incremental_crawler.change.schedule import PageOutcome
 from incremental_crawler.change.tombstones import (
     MOVED_STATUSES,
     Gone,
@@ -110,6 +111,7 @@ class FinalOutcomeMiddleware:
             if is_gone(prior):
                 assert prior is not None
                 self.ledger.still_gone(key, prior, status, lastmod=_listed(request))
+                self.ledger.schedule.outcome(PageOutcome.GONE, key.url)
                 return response
             reason = gone_reason(prior, status)
             if reason is not None and not self.ledger.claim_tombstone(key):
@@ -138,6 +140,11 @@ class FinalOutcomeMiddleware:
             recipe=own_recipe(request, self.spider, self.ledger.recipe_rules),
             counted=outcome is Outcome.FAILED,
         )
+        if not request.meta.get(META_DISCOVERY):
+            # The page's column in the crawl's accounting (sitemaps and
+            # feeds are not pages).
+            self.ledger.schedule.outcome(
+                PageOutcome.FAILED if outcome is Outcome.FAILED else PageOutcome.GONE, key.url)
 
 
 class MovedPageMiddleware:
