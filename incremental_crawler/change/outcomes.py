@@ -76,6 +76,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http import Response
 
+    from incremental_crawler.state.records import PageKey
+
 __all__ = ["FinalOutcomeMiddleware", "MovedPageMiddleware"]
 
 
@@ -111,7 +113,7 @@ class FinalOutcomeMiddleware:
             if is_gone(prior):
                 assert prior is not None
                 self.ledger.still_gone(key, prior, status, lastmod=_listed(request))
-                self.ledger.schedule.outcome(PageOutcome.GONE, key.url)
+                self._count(request, key, outcome)
                 return response
             reason = gone_reason(prior, status)
             if reason is not None and not self.ledger.claim_tombstone(key):
@@ -119,6 +121,8 @@ class FinalOutcomeMiddleware:
             self._record(request, status, outcome)
             if reason is not None:
                 assert prior is not None
+                # Its claim left it out of _record: its tombstone records it.
+                self._count(request, key, outcome)
                 await tombstones.send(
                     Gone(key, prior, status, reason, lastmod=_listed(request)), response)
             return response
@@ -140,9 +144,12 @@ class FinalOutcomeMiddleware:
             recipe=own_recipe(request, self.spider, self.ledger.recipe_rules),
             counted=outcome is Outcome.FAILED,
         )
+        self._count(request, key, outcome)
+
+    def _count(self, request: Request, key: PageKey, outcome: Outcome) -> None:
+        """The page's column in the crawl's accounting (sitemaps and feeds
+        are not pages)."""
         if not request.meta.get(META_DISCOVERY):
-            # The page's column in the crawl's accounting (sitemaps and
-            # feeds are not pages).
             self.ledger.schedule.outcome(
                 PageOutcome.FAILED if outcome is Outcome.FAILED else PageOutcome.GONE, key.url)
 
