@@ -362,7 +362,8 @@ class ConditionalRequestMiddleware:
         self._count(request, "pages_new" if outcome is PageOutcome.NEW
                     else "pages_changed" if changed else "pages_unchanged")
         if outcome is PageOutcome.PAGE_CHANGED:
-            self._count(request, "pages_changed_items_unchanged")
+            # Never a sitemap or feed: their content is their body.
+            self.stats.inc_value("incremental/pages_changed_items_unchanged")
         judgement = self.policy.judge(prior, fetch, changed=changed)
         self._judged(request, judgement, now)
         if prior is not None:

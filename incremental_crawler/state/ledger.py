@@ -637,7 +637,7 @@ class Ledger:
                                  next_visit=next_visit, callback=callback, recipe=recipe)
         # Due on the next crawl, not again in this one (the re-seeder would
         # ask a page requested with dont_filter twice).
-        self._note_visit(key, next_visit)
+        self._note_visit(key, next_visit, clock.now())
         self._after_stage()
         if not self._requestable(key, prior, callback, recipe):
             self.note_unrecorded_failure()
@@ -983,7 +983,7 @@ class Ledger:
 
     def stage_page(self, state: PageState) -> None:
         self.store.stage_page(state)
-        self._note_visit(state.key, state.next_visit)
+        self._note_visit(state.key, state.next_visit, state.last_checked)
         self._after_stage()
 
     def stage_check(
@@ -992,14 +992,16 @@ class Ledger:
     ) -> None:
         self.store.stage_check(key, status, clock.now(), lastmod=lastmod, schedule=schedule)
         if schedule is not None:
-            self._note_visit(key, schedule[1])
+            self._note_visit(key, schedule[1], clock.now())
         self._after_stage()
 
-    def _note_visit(self, key: PageKey, next_visit: float) -> None:
+    def _note_visit(self, key: PageKey, next_visit: float, checked: float) -> None:
+        """A visit of this crawl staged: *checked* is the last check stored
+        with it (a page's state is staged after its items, later)."""
         # Few pages: only those whose interval is within the tolerance.
         if 0 < next_visit <= self.due_at:
             self.visited_due.add(key)
-        if clock.now() < math.floor(self.crawl_started) + 1:
+        if checked < math.floor(self.crawl_started) + 1:
             self.visited_first_second.add(key)
 
     def stage_flags(self, key: PageKey, add: int) -> None:
