@@ -44,6 +44,16 @@ class ListSpider(IncrementalSpider):
         }
 
 
+class HeadingSpider(ListSpider):
+    """A ListSpider whose item keeps the page's heading only: an edit of the
+    page's text (a new version on the test site) leaves the item as it was."""
+
+    name = "heading"
+
+    def parse(self, response):
+        yield {"url": response.url, "h1": response.css("h1::text").get()}
+
+
 class SharedScopeSpider(ListSpider):
     """A ListSpider whose state lives in the scope ``shared``, not its name."""
 

@@ -14,6 +14,7 @@ import pytest_twisted
 from twisted.internet.threads import deferToThread
 
 from incremental_crawler.demo import DemoSite
+from incremental_crawler.report.extension import OUTCOMES
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.stores import StateStoreError
 from tests.spiders import ListSpider
@@ -40,19 +41,20 @@ def test_scrapy_demo_crawls_twice_and_reports_savings(tmp_path):
     changed = re.search(r"changed on the site:\s+(\d+) pages", out)
     assert changed and changed.group(1) == "4"
     skipped = re.search(
-        r"crawl 2 \(incremental\): (\d+) unchanged sitemaps? not read, (\d+) pages skipped", out)
+        r"crawl 2 \(incremental\): (\d+) unchanged sitemaps? not read; of the (\d+) known pages, "
+        r"(\d+) skipped", out)
     # Changed pages are in both of the index's sitemaps, so both are read;
     # of the 36 unchanged pages they list, one per sitemap is checked (the
     # rotating sample, a 304) and the others are skipped by lastmod.
-    assert skipped and skipped.groups() == ("0", "34"), out
+    assert skipped and skipped.groups() == ("0", "40", "34"), out
     second = re.search(
         r"(\d+) pages checked, (\d+) not modified \(304\), (\d+) changed", out)
     assert second and (second.group(1), second.group(3)) == ("6", "4"), out
     # The two sampled pages: a 304 each, unless the sample (least recently
     # checked first: ties within crawl 1's second) fell on a page without
     # validators, which can only be fetched in full.
-    full = re.search(r"(\d+) unchanged but without validators", out)
-    assert int(second.group(2)) + (int(full.group(1)) if full else 0) == 2, out
+    full = re.search(r"(\d+) unchanged in full \(no validators to ask with\)", out)
+    assert full and int(second.group(2)) + int(full.group(1)) == 2, out
     stored = re.search(r"(\d+) items stored \((\d+) changed", out)
     assert stored and stored.groups() == ("4", "4")
     # Each crawl wrote its report; the page printed is the second's, with both in its history.
@@ -66,6 +68,28 @@ def test_scrapy_demo_crawls_twice_and_reports_savings(tmp_path):
     assert first_page, out
     first_report = json.loads(Path(first_page.group(1)).with_suffix(".json").read_text())
     assert first_report["summary"]["new"] == 40 and first_report["history"] == report["history"][1:]
+
+
+def test_scrapy_demo_accounts_for_each_of_its_60_pages_once(tmp_path):
+    # The default demo: one of the index's sitemaps is not read, and its 30
+    # pages are known (stored) all the same. Its second crawl starts within
+    # the second the first one ended in.
+    result = scrapy("demo", "--state-uri", f"sqlite:///{tmp_path / 'demo.db'}",
+                    "--report-dir", str(tmp_path / "report"))
+    assert result.returncode == 0, result.stderr
+    assert "1 unchanged sitemap not read; of the 60 known pages, 26 skipped" in result.stdout
+    assert "30 not due" in result.stdout
+    summary = json.loads((tmp_path / "report" / "report.json").read_text())["summary"]
+    columns = ("skipped_lastmod", "not_due", "deferred", "pages_no_outcome",
+               *(f"pages_{outcome}" for outcome in OUTCOMES))
+    assert {column: summary[column] for column in columns if summary[column]} == {
+        "skipped_lastmod": 26, "not_due": 30, "pages_changed": 3,
+        # The rotating sample's page: a 304, or a page without validators.
+        **({"pages_not_modified": 1} if summary["pages_not_modified"]
+           else {"pages_unchanged": 1})}
+    assert summary["pages_known"] == 60
+    assert re.search(r"downloaded \d+\.\d% of a full re-crawl, saved \d+\.\d%$",
+                     result.stdout.split("\n\n")[1].splitlines()[-1]), result.stdout
 
 
 @pytest_twisted.ensureDeferred

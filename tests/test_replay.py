@@ -157,7 +157,8 @@ async def test_a_plain_spider_finds_a_change_behind_unchanged_pages(site, crawl,
     lines = report_lines(caplog)
     assert lines[1] == (
         f"  {len(paths)} pages checked, {len(paths) - 1} not modified (304), 0 new, 1 changed, "
-        "0 unchanged in full; items: 0 new, 1 changed, 0 unchanged dropped")
+        "0 page changed, items unchanged, 0 unchanged in full; items: 0 new, 1 changed, "
+        "0 unchanged dropped")
     replay_line = (f"  replay: {len(paths) - 1} pages' links replayed ({replayed - left_out} "
                    f"requests; {left_out} already seen this crawl left out), "
                    "0 pages fetched in full (links unknown or incomplete)")

@@ -6,7 +6,7 @@ import pytest_twisted
 
 from incremental_crawler.change.trust import recheck_due
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
-from tests.spiders import ListSpider
+from tests.spiders import HeadingSpider, ListSpider
 
 
 def urls(site, paths):
@@ -254,21 +254,65 @@ async def test_noise_behind_validators_that_hold_is_not_a_lie(site, crawl, state
 
 
 @pytest_twisted.ensureDeferred
-async def test_random_etags_on_noisy_pages_are_unstable_not_reliable(site, crawl, state_db):
-    # A new ETag per response on a page whose only difference is noise: the
-    # content did not change, the validators did (issue 5: unstable).
+async def test_random_etags_on_noisy_pages_are_reliable_the_bytes_did_change(
+    site, crawl, state_db, caplog
+):
+    # A new ETag per response on a page whose every response differs (a
+    # "generated at" timestamp): the validators say the bytes changed, and
+    # they did. Validator trust is judged on the response: nothing is
+    # unstable. The items (noise left out) did not change: no item, and the
+    # report says so.
     paths = [f"/rn/{i:02d}" for i in range(12)]
     for path in paths:
         site.add_page(path, "random", size=1500, noise=True)
     no_samples = {"INCREMENTAL_RECHECK_EVERY": 0}
-    for _ in range(3):
+    for _ in range(2):
+        await crawl(ListSpider, settings=no_samples, urls=urls(site, paths))
+    caplog.clear()
+    with caplog.at_level("INFO"):
         result = await crawl(ListSpider, settings=no_samples, urls=urls(site, paths))
     assert result.collected == []
-    assert result.stats.get_value("incremental/validators/unstable") == 12
-    assert result.stats.get_value("incremental/validators/reliable") is None
-    assert result.stats.get_value("incremental/validators/pages_unstable") == 12
-    assert result.stats.get_value("incremental/validators/hosts_unstable") == 1
-    assert state_db("SELECT COUNT(*) FROM pages WHERE flags & 4") == [(12,)]
+    assert result.stats.get_value("incremental/validators/reliable") == 12
+    assert result.stats.get_value("incremental/validators/unstable") is None
+    assert result.stats.get_value("incremental/validators/pages_unstable") is None
+    assert state_db("SELECT COUNT(*) FROM pages WHERE flags & 4") == [(0,)]
+    report = report_of(caplog)
+    assert "12 page changed, items unchanged, 0 unchanged in full" in report
+    assert "127.0.0.1: validators reliable 12 / unstable 0 / lying 0 / absent 0" in report
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_edit_outside_the_items_behind_a_new_etag_is_a_page_change_not_a_churn(
+    site, crawl, state_db, caplog
+):
+    # The pages' text changes and their strong ETags (hashes of the body)
+    # with it; the spider's items keep the heading only, which did not.
+    # The server is right: its validators are reliable, and the report says
+    # the pages changed while their items did not.
+    paths = [f"/e/{i:02d}" for i in range(12)]
+    for path in paths:
+        site.add_page(path, "strong", size=1500)
+    no_samples = {"INCREMENTAL_RECHECK_EVERY": 0}
+    for crawl_number in range(3):
+        if crawl_number:
+            for path in paths:
+                site.change(path)
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            result = await crawl(HeadingSpider, settings=no_samples, urls=urls(site, paths))
+    assert [r.status for r in site.log if r.path.startswith("/e/")][-12:] == [200] * 12
+    assert result.collected == []
+    assert result.stats.get_value("incremental/items_unchanged") == 12
+    assert result.stats.get_value("incremental/validators/reliable") == 12
+    assert result.stats.get_value("incremental/validators/unstable") is None
+    assert result.stats.get_value("incremental/pages_changed_items_unchanged") == 12
+    # Two such crawls in a row flag nothing: no churn.
+    assert state_db("SELECT COUNT(*), MAX(churns) FROM pages WHERE url LIKE '%/e/%' "
+                    "AND flags & 4") == [(0, None)]
+    report = report_of(caplog)
+    assert ("12 pages checked, 0 not modified (304), 0 new, 0 changed, "
+            "12 page changed, items unchanged, 0 unchanged in full;") in report
+    assert "127.0.0.1: validators reliable 12 / unstable 0 / lying 0 / absent 0" in report
 
 
 @pytest_twisted.ensureDeferred

@@ -60,6 +60,7 @@ from incremental_crawler.change.policy import (
 )
 from incremental_crawler.change.schedule import (
     META_LASTMOD_MODIFIED,
+    PageOutcome,
     Why,
     decided,
     mark,
@@ -257,6 +258,8 @@ class ConditionalRequestMiddleware:
         # once no retry follows it.
         if outcome is None:
             self.ledger.stage_check(ctx.key, status)
+            if not request.meta.get(META_DISCOVERY):
+                self.counter.outcome(PageOutcome.REDIRECTED, ctx.key.url)
         self.stats.inc_value(f"incremental/status_kept/{status}")
         return response
 
@@ -323,6 +326,8 @@ class ConditionalRequestMiddleware:
             self.ledger.stage_flags(key, modified)
         self._observe_lastmod(request, prior, changed=False, now=now)
         self._count(request, "not_modified")
+        if not request.meta.get(META_DISCOVERY):
+            self.counter.outcome(PageOutcome.NOT_MODIFIED, key.url)
         self._count(request, "bytes_saved_estimate", prior.size)
         discovery = bool(request.meta.get(META_DISCOVERY))
         self._judged(request, self.policy.held(discovery=discovery), now)
@@ -341,23 +346,35 @@ class ConditionalRequestMiddleware:
                                               started=self.ledger.crawl_started)
             txn = self.ledger.begin(request.meta, pending, discovery=fetch.discovery,
                                     record_links=self.rule.replays(request), prior=prior)
-            txn.judge = settle
+
+            def judge(changed: bool) -> PageState:
+                state, txn.outcome = settle(changed)
+                return state
+
+            txn.judge = judge
         else:
-            state = settle(self.policy.body_changed(prior, fetch))
-            self.ledger.begin(request.meta, state, discovery=fetch.discovery,
-                              record_links=self.rule.replays(request), prior=prior)
+            state, outcome = settle(self.policy.body_changed(prior, fetch))
+            txn = self.ledger.begin(request.meta, state, discovery=fetch.discovery,
+                                    record_links=self.rule.replays(request), prior=prior)
+            txn.outcome = outcome
         self._stage_redirects(request, ctx.key)
 
     def _settle(self, request: Request, prior: PageState | None, fetch: Fetch, now: float,
-                changed: bool) -> PageState:
-        """The page's state once it is known whether its content *changed*.
+                changed: bool) -> tuple[PageState, PageOutcome]:
+        """The page's state once it is known whether its content *changed*,
+        and its column in the crawl's accounting (the ledger counts it once
+        the page is stored, or counts it withheld).
 
         Right away for a body that did not change (or a new page, a sitemap);
         for one that did, when its items left the pipelines (the ledger calls
         it, as PageTransaction.judge).
         """
-        self._count(request, "pages_new" if prior is None or prior.fingerprint is None
+        outcome = _outcome(prior, fetch, changed=changed)
+        self._count(request, "pages_new" if outcome is PageOutcome.NEW
                     else "pages_changed" if changed else "pages_unchanged")
+        if outcome is PageOutcome.PAGE_CHANGED:
+            # Never a sitemap or feed: their content is their body.
+            self.stats.inc_value("incremental/pages_changed_items_unchanged")
         judgement = self.policy.judge(prior, fetch, changed=changed)
         self._judged(request, judgement, now)
         if prior is not None:
@@ -366,7 +383,7 @@ class ConditionalRequestMiddleware:
                 # Changed behind a trusted lastmod that did not move.
                 self.ledger.trust.stale(_host(request), now)
         return self.policy.after_fetch(prior, fetch, changed=changed, judgement=judgement,
-                                       now=now, started=self.ledger.crawl_started)
+                                       now=now, started=self.ledger.crawl_started), outcome
 
     def _judged(self, request: Request, judgement: Judgement, now: float) -> None:
         if judgement.flagged:
@@ -429,6 +446,17 @@ class ConditionalRequestMiddleware:
             if original != key:
                 status = reason if isinstance(reason, int) else 0
                 self.ledger.stage_redirect(original, key.url, status)
+
+
+def _outcome(prior: PageState | None, fetch: Fetch, *, changed: bool) -> PageOutcome:
+    """A full fetch's column: its content *changed* (the items say), or only its body."""
+    if prior is None or prior.fingerprint is None:
+        return PageOutcome.NEW
+    if changed:
+        return PageOutcome.CHANGED
+    if prior.fingerprint != fetch.fingerprint:
+        return PageOutcome.PAGE_CHANGED
+    return PageOutcome.UNCHANGED
 
 
 def _forget_copied(request: Request) -> None:

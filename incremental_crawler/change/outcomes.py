@@ -79,6 +79,7 @@ from w3lib.url import safe_url_string
 from incremental_crawler.change.downloader_exits import watch_downloader_exits
 from incremental_crawler.change.middleware import callback_name, page_context
 from incremental_crawler.change.policy import Outcome, final_outcome
+from incremental_crawler.change.schedule import PageOutcome
 from incremental_crawler.change.tombstones import (
     MOVED_STATUSES,
     Gone,
@@ -187,6 +188,7 @@ class FinalOutcomeMiddleware:
                 self._recorded.add(request)
                 self.ledger.still_gone(key, prior, status, lastmod=_listed(request))
                 self._origin_failed(request, own=page)
+                self._count(request, key, outcome)
                 return response
             reason = gone_reason(prior, status)
             if reason is not None and not self.ledger.claim_tombstone(key):
@@ -194,6 +196,8 @@ class FinalOutcomeMiddleware:
             self._record(request, status, outcome)
             if reason is not None:
                 assert prior is not None
+                # Its claim left it out of _record: its tombstone records it.
+                self._count(request, key, outcome)
                 await tombstones.send(
                     Gone(key, prior, status, reason, lastmod=_listed(request)), response)
             return response
@@ -271,6 +275,7 @@ class FinalOutcomeMiddleware:
                 recipe=own_recipe(request, self.spider, self.ledger.recipe_rules),
                 counted=outcome is Outcome.FAILED,
             )
+            self._count(request, key, outcome)
         self._origin_failed(request, own=page)
 
     def _chain_origin(self, request: Request) -> Page | None:
@@ -296,6 +301,7 @@ class FinalOutcomeMiddleware:
         self.ledger.record_failure(
             key, prior, status, callback=callback_name(request, self.spider),
             recipe=own_recipe(request, self.spider, self.ledger.recipe_rules), counted=True)
+        self._count(request, key, Outcome.FAILED)
 
     async def _moved(self, request: Request, response: Response | None, *,
                      live: bool | None) -> None:
@@ -318,6 +324,13 @@ class FinalOutcomeMiddleware:
                 return
         if self.ledger.claim_tombstone(gone.key):
             await self.ledger.tombstones.send(gone, response)
+
+    def _count(self, request: Request, key: PageKey, outcome: Outcome) -> None:
+        """The page's column in the crawl's accounting (sitemaps and feeds
+        are not pages)."""
+        if not request.meta.get(META_DISCOVERY):
+            self.ledger.schedule.outcome(
+                PageOutcome.FAILED if outcome is Outcome.FAILED else PageOutcome.GONE, key.url)
 
 
 class MovedPageMiddleware:

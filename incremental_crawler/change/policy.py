@@ -609,7 +609,17 @@ class ChangePolicy:
 
     @staticmethod
     def verdict(prior: PageState | None, fetch: Fetch, *, changed: bool) -> Verdict | None:
-        """What a full fetch whose content *changed* (or not) says about the validators."""
+        """What a full fetch says about the page's validators.
+
+        Validators that moved are judged on the response: they are unstable
+        only when its body is the one stored, byte for byte; a body that
+        moved with them (a text edit outside the user's items, a "generated
+        at" footer) proves them right, whatever the items say. Validators
+        that held are judged on the content (*changed*: the items say): a
+        lie is a change a 304 would have hidden from them, and a body that
+        moved with the same items behind them hides nothing (weak validators
+        may even promise no more, RFC 9110 §8.8.1).
+        """
         if fetch.discovery:
             return None  # sitemaps and feeds are not the site's pages
         if fetch.validators == (None, None):
@@ -621,7 +631,8 @@ class ChangePolicy:
             # that held is no evidence for a host caught lying: a liar sends
             # unchanged validators with unchanged content too.
             return Verdict.LYING if changed else Verdict.RELIABLE
-        return Verdict.RELIABLE if changed else Verdict.UNSTABLE
+        body_moved = prior.fingerprint != fetch.fingerprint
+        return Verdict.RELIABLE if changed or body_moved else Verdict.UNSTABLE
 
     def judge(self, prior: PageState | None, fetch: Fetch, *, changed: bool) -> Judgement:
         """The verdict of a full fetch, and the page's churn count and flag after it."""
@@ -632,8 +643,11 @@ class ChangePolicy:
         churns, unstable = self._churns(prior, verdict, held=held)
         flagged = (verdict not in (None, Verdict.ABSENT) and not unstable
                    and churns >= self.unstable_after)
+        # The evidence that re-trusts a liar is a change of the content with
+        # validators that moved: a body moving in its noise alone proves
+        # nothing about the changes a 304 would hide.
         return Judgement(verdict, unstable or flagged, churns, flagged,
-                         consistent=verdict is Verdict.RELIABLE and not held)
+                         consistent=verdict is Verdict.RELIABLE and changed and not held)
 
     @staticmethod
     def _churns(prior: PageState, verdict: Verdict | None, *, held: bool) -> tuple[int, bool]:

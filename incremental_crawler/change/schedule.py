@@ -14,7 +14,12 @@ never change:
 - ``incremental/schedule/bytes_skipped``: the stored size of the pages not
   requested (the "share of a full re-crawl" counts them);
 - ``incremental/schedule/failed``: pages whose final answer was a failure
-  (network error, 5xx, 429, 401, 403), recorded to be asked again.
+  (network error, 5xx, 429, 401, 403), recorded to be asked again;
+- ``incremental/schedule/outcome/<outcome>``: what became of each page
+  requested, once per page whatever its retries and re-fetches cost in
+  requests (:class:`PageOutcome`). With the three "not requested" counts
+  above (and ``deferred``) they are the report's columns: every known page
+  is in exactly one.
 
 Whoever decides a request's why (a list spider, the re-seeder) puts it in
 the request's meta under :data:`META_WHY`; a request that arrives without
@@ -37,7 +42,9 @@ if TYPE_CHECKING:
 
     from incremental_crawler.state.records import PageKey, PageState
 
-__all__ = ["META_LASTMOD_MODIFIED", "META_WHY", "ScheduleCounter", "Why", "decided", "mark"]
+__all__ = [
+    "META_LASTMOD_MODIFIED", "META_WHY", "PageOutcome", "ScheduleCounter", "Why", "decided", "mark",
+]
 
 #: Request meta key: the :class:`Why` of a request decided (and counted)
 #: already. The conditional middleware does not decide again whether such a
@@ -104,6 +111,39 @@ class Why(StrEnum):
     NOT_DUE = "not_due"
 
 
+class PageOutcome(StrEnum):
+    """What became of a page requested this crawl: each ends in exactly one.
+
+    Counted once per page, at its final answer (after every retry, and
+    after its items left the pipelines): ``requested`` pages = the sum of
+    these, but for pages whose request was dropped before an answer
+    (robots.txt, offsite, the crawl stopping), which have none.
+    """
+
+    #: A 304 taken: our copy is the page.
+    NOT_MODIFIED = "not_modified"
+    #: Fetched in full for the first time (or again after it was gone).
+    NEW = "new"
+    #: Fetched in full, its content (what its items say) changed.
+    CHANGED = "changed"
+    #: Fetched in full, its body changed but its items did not (an edit
+    #: outside the fields the spider keeps, or noise).
+    PAGE_CHANGED = "page_changed"
+    #: Fetched in full, the same body as stored.
+    UNCHANGED = "unchanged"
+    #: Fetched in full, but its callback or an item pipeline failed: its new
+    #: state was not stored.
+    WITHHELD = "withheld"
+    #: The final answer was a failure (no answer, 5xx, 408, 429, 401, 403,
+    #: a truncated body).
+    FAILED = "failed"
+    #: The final answer was a 404, a 410 or another 4xx (a page gone, or
+    #: going).
+    GONE = "gone"
+    #: A redirect that was not followed.
+    REDIRECTED = "redirected"
+
+
 class ScheduleCounter:
     """Counts the crawl's decisions into the stats (see the module docstring).
 
@@ -167,6 +207,11 @@ class ScheduleCounter:
         self.hosts.count(UNLISTED, "bytes_skipped", size)
         if first_due:
             self.stats.min_value("incremental/schedule/first_due", first_due)
+
+    def outcome(self, outcome: PageOutcome, url: str) -> None:
+        """What became of a page requested this crawl (once per page)."""
+        self.stats.inc_value(f"incremental/schedule/outcome/{outcome}")
+        self.hosts.count(host_of(url), f"outcome/{outcome}")
 
     def failed(self, url: str) -> None:
         self.stats.inc_value("incremental/schedule/failed")

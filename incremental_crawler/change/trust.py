@@ -43,10 +43,13 @@ unstable (stored, reported). They are still sent (a 304 is still free); a
 full fetch is decided by the fingerprint, so unchanged content makes no
 item. Evidence is kept per host in the store.
 
-"Content" is what the page's items say (normalised, main content only)
-when its raw body changed: noise behind validators that hold is no lie, and
-noise behind validators that move is a churn. A page without items is
-judged on its raw body.
+Validators that move are judged on the response: they churn only when the
+body is the one stored, byte for byte, and a body that moved with them
+proves them right whatever the user's items say. A lie is judged on the
+content, what the page's items say (normalised, main content only) when its
+raw body changed: noise behind validators that hold hides nothing, and is
+no lie; so is the evidence that re-trusts a liar (a change of the content,
+validators moved with it). A page without items is judged on its raw body.
 
 :class:`TrustRules` are these rules, pure: over a host's :class:`HostTrust`
 and ``now``, they change that record and say what happened

@@ -23,6 +23,7 @@ from twisted.internet.defer import Deferred
 from incremental_crawler._reactor import get_reactor
 from incremental_crawler.report.extension import summarize
 from incremental_crawler.report.files import ReportFiles
+from incremental_crawler.report.formats import shares
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 
 if TYPE_CHECKING:
@@ -138,24 +139,29 @@ class Command(ScrapyCommand):
     @staticmethod
     def _report(out: Any, results: dict[str, Any], state_uri: str) -> None:
         first, second, changed = results["first"], results["second"], results["changed"]
-        full = first["server_bytes"] or 1
+        # Crawl 2's figures are its end-of-crawl report's, in its words:
+        # every known page in one column, the shares of a full re-crawl.
+        shares_line = shares(second["bytes_downloaded"],
+                             second["bytes_saved_estimate"] + second["bytes_skipped"])
         out.write(
             f"crawl 1 (cold):        {first['server_requests']} pages fetched, "
             f"{first['items']} items stored, {first['server_bytes']:,} body bytes\n"
             f"changed on the site:   {len(changed)} pages ({', '.join(changed)})\n"
             f"crawl 2 (incremental): {_count(second['sitemaps_unchanged'], 'unchanged sitemap')} "
-            "not read, "
-            f"{second['lastmod_skipped']} pages skipped\n"
-            "                       (sitemap lastmod not newer than stored),\n"
-            f"                       {second['server_requests']} pages checked, "
-            f"{second['server_304']} not modified (304), "
-            f"{second['changed']} changed, {second['unchanged_200']} unchanged "
-            "but without validators (fetched in full)\n"
+            "not read; of the "
+            f"{second['pages_known']} known pages, {second['skipped_lastmod']} skipped\n"
+            "                       (sitemap lastmod not newer than stored), "
+            f"{second['not_due']} not due (in no sitemap read, no revisit due),\n"
+            f"                       {second['pages_checked']} pages checked, "
+            f"{second['pages_not_modified']} not modified (304), "
+            f"{second['pages_changed']} changed, "
+            f"{second['pages_page_changed']} page changed, items unchanged, "
+            f"{second['pages_unchanged']} unchanged in full (no validators to ask with)\n"
             f"                       {second['items']} items stored "
             f"({second['items_changed']} changed, {second['items_new']} new), "
             f"{second['items_unchanged']} unchanged items dropped\n"
-            f"                       {second['server_bytes']:,} body bytes = "
-            f"{100 * second['server_bytes'] / full:.1f}% of a full re-crawl\n\n"
+            f"                       bytes downloaded {second['bytes_downloaded']:,}: "
+            f"{shares_line}\n\n"
             f"every stored item: scrapy items -o items.jsonl "
             f"-s INCREMENTAL_STATE_URI={state_uri}\n"
         )

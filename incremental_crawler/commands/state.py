@@ -33,7 +33,7 @@ from scrapy.spiderloader import get_spider_loader
 from incremental_crawler import clock
 from incremental_crawler.config import setting_or_default
 from incremental_crawler.politeness.remembered import not_used
-from incremental_crawler.report.formats import duration, size
+from incremental_crawler.report.formats import duration, shares, size
 from incremental_crawler.state.keys import canonical_url
 from incremental_crawler.state.records import PageFlags
 from incremental_crawler.state.stores import (
@@ -348,6 +348,7 @@ def last_crawl(records: list[CrawlRecord]) -> list[str]:
     workers = f", {len(run)} workers" if len(run) > 1 else ""
     requests, not_modified = f("requests", 0), f("not_modified", 0)
     received, saved = f("bytes_received", 0), f("bytes_saved", 0)
+    skipped = f("bytes_skipped", 0)
     return [
         _line("last crawl", f"{when(records[0].started)}, ran "
                             f"{duration(max(r.figures.get('duration', 0) for r in run))}"
@@ -356,9 +357,19 @@ def last_crawl(records: list[CrawlRecord]) -> list[str]:
                           f"{not_modified:.0f} ({share(not_modified, requests)})", 4),
         _line("items", f"{f('new', 0):.0f} new, {f('changed', 0):.0f} changed, "
                        f"{f('deleted', 0):.0f} deleted, {f('unchanged', 0):.0f} unchanged", 4),
-        _line("bytes", f"{size(received)} received, ~{size(saved)} saved by 304s "
-                       f"({share(saved, received + saved)} of a full fetch)", 4),
+        _line("bytes", f"{size(received)} received, ~{size(saved)} saved by 304s"
+                       f"{_not_requested(skipped)}{_shares(received, saved + skipped)}", 4),
     ]
+
+
+def _not_requested(skipped: float) -> str:
+    return f" and ~{size(skipped)} by pages not requested" if skipped else ""
+
+
+def _shares(received: float, saved: float) -> str:
+    # The end-of-crawl report's phrase, for the run (its workers summed).
+    phrase = shares(received, saved)
+    return f" ({phrase})" if phrase else ""
 
 
 def rates_line(remembered: SlotRates, now: float, remember_for: float) -> str:

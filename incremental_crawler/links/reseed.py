@@ -297,12 +297,36 @@ class _DueReader:
         are lists (they are not pages).
         """
         rules = self.rules
+        # Last checks are stored in whole seconds: a previous crawl's visit
+        # in the second this crawl started in is stored as this crawl's
+        # first visits are. Every page checked up to the end of that second
+        # is summed (a crawl started a moment after another, as the demo's,
+        # loses none of the first's), and this crawl's visits in it are
+        # taken out again, one by one.
+        second_after = math.floor(rules.started) + 1
         summary = await self.ledger.store.summarize_pages(
             self.ledger.scope, after=rules.due_at, upto=math.inf,
-            checked_before=math.floor(rules.started), exclude_callbacks=self.list_callbacks)
+            checked_before=second_after, exclude_callbacks=self.list_callbacks)
         counted, counted_size = self.counter.counted_after(rules.due_at)
-        self.counter.not_due_elsewhere(summary.pages - counted, summary.size - counted_size,
+        early, early_size = await self._visited_first_second(second_after)
+        self.counter.not_due_elsewhere(summary.pages - counted - early,
+                                       summary.size - counted_size - early_size,
                                        summary.first_due)
+
+    async def _visited_first_second(self, second_after: int) -> tuple[int, int]:
+        """This crawl's visits in the second it started in that the summary
+        of the rest counts (:meth:`count_the_rest`): how many, their sizes."""
+        pages = size = 0
+        counted = self.counter.counted_keys(upto=math.inf)
+        for key in self.ledger.visited_first_second - counted:
+            state = await self.ledger.store.get_page(key)
+            if (state is not None and state.callback is not None
+                    and state.callback not in self.list_callbacks
+                    and state.next_visit > self.rules.due_at
+                    and state.last_checked < second_after):
+                pages += 1
+                size += state.size
+        return pages, size
 
     def visited(self, state: PageState) -> bool:
         """Whether this crawl checked the page already (decided and counted then).

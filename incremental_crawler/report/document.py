@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from incremental_crawler.change.policy import Verdict
-from incremental_crawler.report.extension import REQUESTED, summarize
+from incremental_crawler.report.extension import OUTCOMES, REQUESTED, summarize
 from incremental_crawler.report.hosts import OTHER_HOSTS
 
 if TYPE_CHECKING:
@@ -28,14 +28,17 @@ if TYPE_CHECKING:
     from incremental_crawler.state.stores.base import HostSummary
 
 __all__ = [
-    "HOSTS_SHOWN", "SCHEMA", "VERSION", "crawl_report", "history_entries", "history_report",
-    "host_rows", "trust_fields",
+    "HOSTS_SHOWN", "REVISION", "SCHEMA", "VERSION", "crawl_report", "history_entries",
+    "history_report", "host_rows", "trust_fields",
 ]
 
 #: What the object is, and the version of its layout (bumped when a field
 #: changes meaning or goes; new fields may appear within a version).
 SCHEMA = "incremental-crawler-report"
 VERSION = 1
+#: Which fields of the version the object has: bumped when fields are added.
+#: 2: the accounting of known pages (``summary.pages_*``, ``hosts[].outcomes``).
+REVISION = 2
 #: Host rows in a crawl's report, at most (the busiest; the rest summed).
 HOSTS_SHOWN = 100
 
@@ -104,6 +107,7 @@ def _host_row(host: str, counts: dict[str, int]) -> dict[str, Any]:
         "unchanged_200": counts.get("pages_unchanged", 0),
         "bytes_saved_estimate": counts.get("bytes_saved_estimate", 0),
         "bytes_skipped": counts.get("bytes_skipped", 0),
+        "outcomes": {str(outcome): counts.get(f"outcome/{outcome}", 0) for outcome in OUTCOMES},
     }
 
 
@@ -173,6 +177,7 @@ def crawl_report(*, stats: dict[str, Any], lines: list[str], scope: str, spider:
     return {
         "schema": SCHEMA,
         "version": VERSION,
+        "revision": REVISION,
         "kind": "crawl",
         "generated_at": _iso(finished),
         "crawl": {
@@ -201,6 +206,7 @@ def history_report(*, scope: str, generated: float, history: list[dict[str, Any]
     return {
         "schema": SCHEMA,
         "version": VERSION,
+        "revision": REVISION,
         "kind": "history",
         "generated_at": _iso(generated),
         "scope": scope,

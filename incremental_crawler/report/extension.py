@@ -11,9 +11,10 @@ from scrapy.exceptions import NotConfigured
 from scrapy.extensions.logstats import LogStats
 
 from incremental_crawler.change.policy import Verdict
-from incremental_crawler.change.schedule import Why
+from incremental_crawler.change.schedule import PageOutcome, Why
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.politeness.extension import AdaptiveThrottle
+from incremental_crawler.report.formats import shares
 from incremental_crawler.state.ledger import Ledger
 
 if TYPE_CHECKING:
@@ -26,8 +27,8 @@ if TYPE_CHECKING:
     from incremental_crawler.change.trust import HostTrustBook
 
 __all__ = [
-    "IncrementalLogStats", "IncrementalReport", "accounting_line", "crawl_lines", "report_lines",
-    "summarize", "trust_lines",
+    "OUTCOMES", "IncrementalLogStats", "IncrementalReport", "accounting_line", "crawl_lines",
+    "report_lines", "summarize", "trust_lines",
 ]
 
 logger = logging.getLogger(__name__)
@@ -35,6 +36,24 @@ logger = logging.getLogger(__name__)
 #: The reasons a known page is requested, in the report's order.
 REQUESTED = (Why.NEW, Why.LASTMOD_NEWER, Why.DUE, Why.SAMPLED, Why.MAX_AGE, Why.RETRY,
              Why.RECHECK)
+
+#: What became of the pages requested, in the report's order; the first
+#: five are always shown, the others when not 0.
+OUTCOMES = (PageOutcome.NOT_MODIFIED, PageOutcome.NEW, PageOutcome.CHANGED,
+            PageOutcome.PAGE_CHANGED, PageOutcome.UNCHANGED, PageOutcome.FAILED,
+            PageOutcome.GONE, PageOutcome.WITHHELD, PageOutcome.REDIRECTED)
+#: Each outcome's words in the report's first line.
+OUTCOME_WORDS = {
+    PageOutcome.NOT_MODIFIED: "not modified (304)",
+    PageOutcome.NEW: "new",
+    PageOutcome.CHANGED: "changed",
+    PageOutcome.PAGE_CHANGED: "page changed, items unchanged",
+    PageOutcome.UNCHANGED: "unchanged in full",
+    PageOutcome.FAILED: "failed",
+    PageOutcome.GONE: "gone or not found (404, 410, other 4xx)",
+    PageOutcome.WITHHELD: "withheld (callback or pipeline failed)",
+    PageOutcome.REDIRECTED: "redirected (not followed)",
+}
 
 #: How to check every known page now, whatever the schedule says.
 RECHECK_ADVICE = ("to check every known page now: -s INCREMENTAL_RECHECK_ALL=True "
@@ -94,16 +113,29 @@ def _schedule(stats: dict[str, Any]) -> dict[str, int]:
         return int(stats.get(f"incremental/schedule/{name}", 0) or 0)
 
     requested = {f"requested_{why}": get(f"requested/{why}") for why in REQUESTED}
-    return {
-        "requested": sum(requested.values()),
-        **requested,
+    pages_requested = sum(requested.values())
+    outcomes = {f"pages_{outcome}": get(f"outcome/{outcome}") for outcome in OUTCOMES}
+    not_requested = {
         "skipped_lastmod": get(f"skipped/{Why.LASTMOD_UNCHANGED}"),
         "not_due": get("not_due"),
         "deferred": get("deferred"),
+    }
+    return {
+        "requested": pages_requested,
+        **requested,
+        **not_requested,
         # POSIX time, 0 when no page was not due.
         "first_due": get("first_due"),
         "failed": get("failed"),
         "bytes_skipped": get("bytes_skipped"),
+        # The columns every known page is in exactly one of: the three
+        # kinds not requested, and what became of each page requested.
+        "pages_known": pages_requested + sum(not_requested.values()),
+        "pages_checked": pages_requested,
+        **outcomes,
+        # Requested, with no answer recorded (dropped before one: robots.txt,
+        # offsite, the crawl stopping).
+        "pages_no_outcome": pages_requested - sum(outcomes.values()),
     }
 
 
@@ -118,9 +150,11 @@ def _first_due(s: dict[str, int]) -> str:
 def accounting_line(s: dict[str, int]) -> str:
     """Where every known page went this crawl; empty when no page was counted.
 
-    >>> accounting_line({**summarize({}), "requested": 3, "requested_new": 1,
-    ...                  "requested_due": 2, "not_due": 5, "first_due": 86400})
-    'known pages: requested 3 (new 1, due 2), not due 5 (the first falls due 1970-01-02 00:00 UTC)'
+    >>> line = accounting_line(summarize({"incremental/schedule/requested/new": 1,
+    ...     "incremental/schedule/requested/due": 2, "incremental/schedule/not_due": 5,
+    ...     "incremental/schedule/first_due": 86400}))
+    >>> line.removesuffix(" (the first falls due 1970-01-02 00:00 UTC); 8 in all")
+    'known pages: requested 3 (new 1, due 2), not due 5'
     """
     parts = [f"requested {s['requested']}"]
     reasons = ", ".join(f"{why.replace('_', ' ')} {s[f'requested_{why}']}"
@@ -139,7 +173,7 @@ def accounting_line(s: dict[str, int]) -> str:
                      "the most overdue go first next crawl)")
     if len(parts) == 1 and not s["requested"]:
         return ""
-    return "known pages: " + ", ".join(parts)
+    return "known pages: " + ", ".join(parts) + f"; {s['pages_known']} in all"
 
 
 def _short_accounting(s: dict[str, int]) -> str:
@@ -166,25 +200,32 @@ def _nothing_requested(s: dict[str, int]) -> str:
     return f"requested nothing: {why}; {RECHECK_ADVICE}"
 
 
-def _bytes_line(s: dict[str, int]) -> str:
-    """Bytes downloaded, and saved: by 304s, by pages not requested at all."""
+def _bytes_line(s: dict[str, int], *, worker: bool = False) -> str:
+    """Bytes downloaded, and saved: by 304s, by pages not requested at all.
+
+    A cluster *worker* gives no share: its pages are a part of the run's,
+    and the pages not requested are counted by one worker for the whole
+    run (``scrapy state`` sums the run's workers).
+    """
     downloaded, saved, skipped = s["bytes_downloaded"], s["bytes_saved_estimate"], s[
         "bytes_skipped"]
-    full = downloaded + saved + skipped
-    share = f" ({100 * downloaded / full:.1f}% of a full re-crawl)" if full else ""
     not_requested = f" and ~{skipped:,} by pages not requested" if skipped else ""
-    return (f"bytes downloaded {downloaded:,}, saved ~{saved:,} by 304s{not_requested}"
-            f"{share}")
+    line = f"bytes downloaded {downloaded:,}, saved ~{saved:,} by 304s{not_requested}"
+    if worker:
+        return line + " (this worker's part of the run: scrapy state gives the run's shares)"
+    share = shares(downloaded, saved + skipped)
+    return f"{line}: {share}" if share else line
 
 
-def report_lines(s: dict[str, int]) -> list[str]:
-    """The report's lines on pages and bytes, from :func:`summarize`."""
+def report_lines(s: dict[str, int], *, worker: bool = False) -> list[str]:
+    """The report's lines on pages and bytes, from :func:`summarize`
+    (*worker*: one cluster worker's, see :func:`_bytes_line`)."""
     lines = [_line(s)]
     if accounting := accounting_line(s):
         lines.append(accounting)
     if nothing := _nothing_requested(s):
         lines.append(nothing)
-    lines.append(_bytes_line(s))
+    lines.append(_bytes_line(s, worker=worker))
     if replay := _replay_line(s):
         lines.append(replay)
     return lines
@@ -199,11 +240,18 @@ def _line(s: dict[str, int]) -> str:
         skipped = f"{_unchanged_lists(s['sitemaps_unchanged'])}, " + skipped
     deleted = (f", {s['items_deleted']} deleted (pages gone)"
                if s.get("items_deleted") else "")
+    # Pages once each (their retries and re-fetches are requests, said
+    # apart when there were any), and one column each for what became of them.
+    checked = f"{s['pages_checked']} pages checked"
+    if s["checked"] != s["pages_checked"]:
+        checked += f" ({s['checked']} requests)"
+    columns = [f"{s[f'pages_{outcome}']} {OUTCOME_WORDS[outcome]}"
+               for i, outcome in enumerate(OUTCOMES) if i < 5 or s[f"pages_{outcome}"]]
+    if s["pages_no_outcome"]:
+        columns.append(f"{s['pages_no_outcome']} without an answer (dropped before one)")
     return (
-        f"{skipped}{s['checked']} pages checked, {s['not_modified']} not modified (304), "
-        f"{s['new']} new, {s['changed']} changed, {s['unchanged_200']} unchanged "
-        f"in full; items: {s['items_new']} new, {s['items_changed']} changed, "
-        f"{s['items_unchanged']} unchanged dropped{deleted}"
+        f"{skipped}{checked}, {', '.join(columns)}; items: {s['items_new']} new, "
+        f"{s['items_changed']} changed, {s['items_unchanged']} unchanged dropped{deleted}"
     )
 
 
@@ -309,7 +357,8 @@ class IncrementalReport:
 def crawl_lines(stats: dict[str, Any], crawler: Crawler | None) -> list[str]:
     """Every line of the end-of-crawl report (the HTML report shows them too)."""
     s = summarize(stats)
-    lines = report_lines(s)
+    worker = bool(crawler is not None and crawler.settings.get("INCREMENTAL_CLUSTER_URL"))
+    lines = report_lines(s, worker=worker)
     throttle = crawler.get_extension(AdaptiveThrottle) if crawler else None
     if throttle is not None and throttle.site_windows():
         # What each slot's requests could reach, as in the periodic line.

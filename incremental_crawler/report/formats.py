@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["duration", "size"]
+__all__ = ["duration", "shares", "size"]
 
 
 def size(n: float) -> str:
@@ -25,3 +25,19 @@ def duration(seconds: float) -> str:
     if hours < 48:
         return f"{hours} h {minutes} min"
     return f"{hours // 24} d {hours % 24} h"
+
+
+def shares(downloaded: float, saved: float) -> str:
+    """The one phrase for what a re-crawl cost against a full one: *downloaded*
+    bytes, and *saved* ones (by 304s and by pages not requested).
+
+    >>> shares(50, 150)
+    'downloaded 25.0% of a full re-crawl, saved 75.0%'
+    >>> shares(0, 0)
+    ''
+    """
+    full = downloaded + saved
+    if not full:
+        return ""
+    return (f"downloaded {100 * downloaded / full:.1f}% of a full re-crawl, "
+            f"saved {100 * saved / full:.1f}%")

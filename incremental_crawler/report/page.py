@@ -366,12 +366,14 @@ def _summary_cards(s: dict[str, Any], duration: float) -> str:
     full = s["bytes_downloaded"] + s["bytes_saved_estimate"] + s["bytes_skipped"]
     share = f"{100 * s['bytes_downloaded'] / full:.1f}%" if full else "-"
     return _cards([
-        ("pages checked", _n(s["checked"])), ("304 not modified", _n(s["not_modified"])),
-        ("changed", _n(s["changed"])), ("new", _n(s["new"])),
+        ("known pages", _n(s["pages_known"])), ("pages checked", _n(s["pages_checked"])),
+        ("304 not modified", _n(s["pages_not_modified"])),
+        ("changed", _n(s["pages_changed"])), ("new", _n(s["pages_new"])),
         ("skipped (lastmod)", _n(s["skipped_lastmod"])), ("not due", _n(s["not_due"])),
-        ("failed", _n(s["failed"])), ("bytes downloaded", size(s["bytes_downloaded"])),
+        ("failed", _n(s["pages_failed"])), ("gone or not found", _n(s["pages_gone"])),
+        ("bytes downloaded", size(s["bytes_downloaded"])),
         ("saved by 304s (est.)", size(s["bytes_saved_estimate"])),
-        ("of a full re-crawl", share), ("duration", f"{duration:.1f} s"),
+        ("downloaded, of a full re-crawl", share), ("duration", f"{duration:.1f} s"),
     ])
 
 

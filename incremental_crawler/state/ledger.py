@@ -51,6 +51,7 @@ committed with its last writes, before the hold is released.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 from functools import cached_property
@@ -68,7 +69,7 @@ from incremental_crawler import clock
 from incremental_crawler.change.identity import ItemIdentity, serialize_item
 from incremental_crawler.change.policy import DueRules
 from incremental_crawler.change.revisit import failure_next_visit
-from incremental_crawler.change.schedule import ScheduleCounter
+from incremental_crawler.change.schedule import PageOutcome, ScheduleCounter
 from incremental_crawler.change.tombstones import TombstoneSender
 from incremental_crawler.change.trust import HostTrustBook
 from incremental_crawler.config import IncrementalConfig
@@ -139,7 +140,8 @@ class PageTransaction:
 
     __slots__ = (
         "callback_called", "discovery", "done", "failed", "item_ids", "items_changed",
-        "items_unchanged", "judge", "links", "open_items", "output_done", "prior", "state",
+        "items_unchanged", "judge", "links", "open_items", "outcome", "output_done", "prior",
+        "state",
     )
 
     def __init__(self, state: PageState, *, discovery: bool = False,
@@ -175,6 +177,10 @@ class PageTransaction:
         #: the items (see ChangePolicy.defers); ``state`` is meanwhile the
         #: body's own.
         self.judge: Callable[[bool], PageState] | None = None
+        #: The page's column in the crawl's accounting once it is stored
+        #: (set with its state, or by ``judge``); a withheld page is counted
+        #: as withheld instead.
+        self.outcome: PageOutcome | None = None
 
     def content_changed(self) -> bool:
         """Whether the page's content changed, for a body that did.
@@ -273,6 +279,12 @@ class Ledger:
         #: longer than INCREMENTAL_DUE_TOLERANCE): due in the next crawl, not
         #: again in this one (the re-seeder leaves them out).
         self.visited_due: set[PageKey] = set()
+        #: Pages this crawl visited within the whole second it started in:
+        #: stored in whole seconds, their last check looks like that of a
+        #: previous crawl's visit in the same second (the re-seeder's count
+        #: of the pages no one decided tells them apart with this). Few: one
+        #: second's worth.
+        self.visited_first_second: set[PageKey] = set()
         #: Page writes staged so far, and how many of them are committed
         #: (cluster mode releases a request only once its page is stored).
         self.staged = 0
@@ -626,7 +638,7 @@ class Ledger:
                                  next_visit=next_visit, callback=callback, recipe=recipe)
         # Due on the next crawl, not again in this one (the re-seeder would
         # ask a page requested with dont_filter twice).
-        self._note_visit(key, next_visit)
+        self._note_visit(key, next_visit, clock.now())
         self._after_stage()
         if not self._requestable(key, prior, callback, recipe):
             self.note_unrecorded_failure()
@@ -706,9 +718,13 @@ class Ledger:
             state = txn.state
             self.record_failure(state.key, txn.prior, state.last_status or 0,
                                 callback=state.callback, recipe=state.recipe, counted=False)
+            if not txn.discovery:
+                self.schedule.outcome(PageOutcome.WITHHELD, state.key.url)
             return
         if txn.judge is not None:
             txn.state = txn.judge(txn.content_changed())
+        if txn.outcome is not None and not txn.discovery:
+            self.schedule.outcome(txn.outcome, txn.state.key.url)
         if txn.discovery:
             # A sitemap's validators say "everything it lists was handled":
             # true only once the requests it produced have run, so they are
@@ -981,7 +997,7 @@ class Ledger:
 
     def stage_page(self, state: PageState) -> None:
         self.store.stage_page(state)
-        self._note_visit(state.key, state.next_visit)
+        self._note_visit(state.key, state.next_visit, state.last_checked)
         self._after_stage()
 
     def stage_check(
@@ -992,13 +1008,17 @@ class Ledger:
         self.store.stage_check(key, status, clock.now(), lastmod=lastmod, schedule=schedule,
                                validators=validators)
         if schedule is not None:
-            self._note_visit(key, schedule[1])
+            self._note_visit(key, schedule[1], clock.now())
         self._after_stage()
 
-    def _note_visit(self, key: PageKey, next_visit: float) -> None:
+    def _note_visit(self, key: PageKey, next_visit: float, checked: float) -> None:
+        """A visit of this crawl staged: *checked* is the last check stored
+        with it (a page's state is staged after its items, later)."""
         # Few pages: only those whose interval is within the tolerance.
         if 0 < next_visit <= self.due_at:
             self.visited_due.add(key)
+        if checked < math.floor(self.crawl_started) + 1:
+            self.visited_first_second.add(key)
 
     def stage_flags(self, key: PageKey, add: int) -> None:
         """OR *add* into the stored page's flags (a replayed request was dropped)."""

@@ -395,8 +395,9 @@ def test_after_fetch(case: str, prior: dict[str, Any], response: dict[str, Any],
 
 DEFERRED = [
     # (case, the items say the content changed, expected of the committed state)
+    # The body moved with the validators: no churn, though the items held.
     ("noise only", False, {"changes": 1, "last_changed": DAY, "interval": LATER,
-                           "churns": 1}),
+                           "churns": 0}),
     ("a real change", True, {"changes": 2, "last_changed": NOW, "interval": SOONER,
                              "churns": 0}),
 ]
@@ -416,7 +417,10 @@ def test_a_changed_body_waits_for_its_items(case: str, content_changed: bool,
                                 judgement=rules.unjudged(prior), now=NOW, started=NOW)
     assert (pending.fingerprint, pending.changes, pending.churns) == ("body2", 2, 0)
     judgement = rules.judge(prior, response, changed=content_changed)
-    assert judgement.verdict is (Verdict.RELIABLE if content_changed else Verdict.UNSTABLE)
+    # Validators that moved are judged on the body, which moved too.
+    assert judgement.verdict is Verdict.RELIABLE
+    # Only a change of the content re-trusts a liar.
+    assert judgement.consistent is content_changed
     final = rules.after_fetch(prior, response, changed=content_changed, judgement=judgement,
                               now=NOW, started=NOW)
     # The new body is stored either way (the next visit compares with it).
@@ -472,3 +476,23 @@ def test_a_gone_page_comes_back_only_with_a_date_after_the_check_that_found_it_g
     assert not gone_due(gone, due_at=1_800_000_060, lastmod=1_717_200_000)
     assert gone_due(gone, due_at=1_800_000_060, lastmod=1_800_000_030)
     assert gone_due(gone, due_at=1_802_592_000)
+
+
+VERDICTS = [
+    # (case, response validators, its body, the items changed, verdict)
+    ("moved, the same body", '"v2"', "body1", False, Verdict.UNSTABLE),
+    ("moved with the body, items held", '"v2"', "body2", False, Verdict.RELIABLE),
+    ("moved with the content", '"v2"', "body2", True, Verdict.RELIABLE),
+    ("held, the body moved, items held", '"v1"', "body2", False, Verdict.RELIABLE),
+    ("held, the content moved", '"v1"', "body2", True, Verdict.LYING),
+]
+
+
+@pytest.mark.parametrize(("case", "etag", "body", "changed", "verdict"), VERDICTS,
+                         ids=[row[0] for row in VERDICTS])
+def test_validators_that_moved_are_judged_on_the_body_and_a_lie_on_the_items(
+    case: str, etag: str, body: str, changed: bool, verdict: Verdict
+) -> None:
+    prior = page(etag='"v1"', fingerprint="body1")
+    assert ChangePolicy.verdict(prior, fetch(etag=etag, fingerprint=body),
+                                changed=changed) is verdict

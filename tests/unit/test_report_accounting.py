@@ -22,7 +22,8 @@ def test_the_accounting_line_leaves_zeros_out_and_dates_the_first_due_page() -> 
     assert s["requested"] == 25 and isinstance(s["first_due"], int)
     assert report_lines(s)[1] == (
         "known pages: requested 25 (new 3, lastmod newer 20, retry 2), "
-        "skipped 504 (lastmod unchanged), not due 1 (the first falls due 2024-03-01 12:30 UTC)")
+        "skipped 504 (lastmod unchanged), not due 1 (the first falls due 2024-03-01 12:30 UTC); "
+        "530 in all")
 
 
 def test_the_share_of_a_full_recrawl_counts_the_pages_not_requested() -> None:
@@ -37,9 +38,9 @@ def test_the_share_of_a_full_recrawl_counts_the_pages_not_requested() -> None:
     })
     lines = report_lines(s)
     assert lines[1] == ("known pages: requested 2 (due 2; 1 of them failed), "
-                        "skipped 40 (lastmod unchanged)")
+                        "skipped 40 (lastmod unchanged); 42 in all")
     assert lines[2] == ("bytes downloaded 50,000, saved ~150,000 by 304s and ~800,000 by pages "
-                        "not requested (5.0% of a full re-crawl)")
+                        "not requested: downloaded 5.0% of a full re-crawl, saved 95.0%")
 
 
 def test_a_crawl_that_requested_nothing_says_why_and_how_to_check_everything() -> None:
@@ -51,7 +52,7 @@ def test_a_crawl_that_requested_nothing_says_why_and_how_to_check_everything() -
     })
     assert report_lines(s)[1:3] == [
         ("known pages: requested 0, skipped 26 (lastmod unchanged), not due 504 "
-        "(the first falls due 2024-03-01 12:30 UTC)"),
+        "(the first falls due 2024-03-01 12:30 UTC); 530 in all"),
         ("requested nothing: 26 skipped (lastmod unchanged), 504 not due (the first falls due "
         "2024-03-01 12:30 UTC); to check every known page now: -s INCREMENTAL_RECHECK_ALL=True "
         "(or -a recheck=all on the sitemap and feed spiders)"),
@@ -62,4 +63,42 @@ def test_a_crawl_without_any_count_has_no_accounting_line() -> None:
     s = summarize({"downloader/response_bytes": 10})
     lines = report_lines(s)
     assert not any(line.startswith("known pages") for line in lines)
-    assert lines[-1] == "bytes downloaded 10, saved ~0 by 304s (100.0% of a full re-crawl)"
+    assert lines[-1] == ("bytes downloaded 10, saved ~0 by 304s: downloaded 100.0% of a full "
+                         "re-crawl, saved 0.0%")
+
+
+def test_pages_are_counted_once_and_their_requests_apart() -> None:
+    # 30 pages, 15 of them answered 429 first and retried: 45 requests.
+    s = summarize({
+        "incremental/schedule/requested/new": 30,
+        "incremental/requests/new": 45,
+        "incremental/schedule/outcome/new": 30,
+    })
+    assert s["checked"] == 45 and s["pages_checked"] == 30 and s["pages_known"] == 30
+    assert report_lines(s)[0].startswith(
+        "30 pages checked (45 requests), 0 not modified (304), 30 new, 0 changed, "
+        "0 page changed, items unchanged, 0 unchanged in full; items:")
+
+
+def test_every_requested_page_has_one_column_and_failed_and_gone_pages_show() -> None:
+    s = summarize({
+        "incremental/schedule/requested/due": 530,
+        "incremental/schedule/skipped/lastmod_unchanged": 10,
+        "incremental/requests/conditional": 530,
+        "incremental/schedule/outcome/not_modified": 524,
+        "incremental/schedule/outcome/unchanged": 1,
+        "incremental/schedule/outcome/failed": 1,
+        "incremental/schedule/outcome/gone": 3,
+    })
+    assert s["pages_known"] == 540 and s["pages_no_outcome"] == 1
+    assert report_lines(s)[0].startswith(
+        "530 pages checked, 524 not modified (304), 0 new, 0 changed, 0 page changed, items "
+        "unchanged, 1 unchanged in full, 1 failed, 3 gone or not found (404, 410, other 4xx), "
+        "1 without an answer (dropped before one); items:")
+
+
+def test_a_cluster_worker_gives_no_share_of_the_run() -> None:
+    s = summarize({"downloader/response_bytes": 10, "incremental/schedule/bytes_skipped": 0})
+    assert report_lines(s, worker=True)[-1] == (
+        "bytes downloaded 10, saved ~0 by 304s (this worker's part of the run: scrapy state "
+        "gives the run's shares)")
