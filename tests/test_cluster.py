@@ -29,7 +29,7 @@ from twisted.internet.threads import deferToThread
 
 from incremental_crawler.config import DEFAULT_SETTINGS
 from incremental_crawler.state.records import PageKey
-from incremental_crawler.state.stores import open_store
+from incremental_crawler.state.stores import open_store, state_uri
 from tests.redis_util import OwnRedis
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -383,7 +383,8 @@ def test_one_setting_switches_cluster_mode_on_and_the_project_keeps_its_own_choi
     IncrementalAddon().update_settings(settings)
     assert settings["SCHEDULER"] == "incremental_crawler.cluster.scheduler.ClusterScheduler"
     assert settings["DUPEFILTER_CLASS"] == "incremental_crawler.cluster.scheduler.ClusterDupeFilter"
-    assert settings["INCREMENTAL_STATE_URI"] == "redis://10.0.0.5:6379/3"
+    # The store, as a crawl and the commands that read its store take it.
+    assert state_uri(settings) == "redis://10.0.0.5:6379/3"
     assert settings["INCREMENTAL_THROTTLE_SHARED_URL"] == "redis://10.0.0.5:6379/3"
     assert settings.getbool("SCHEDULER_PERSIST")
     assert "incremental_crawler.cluster.coordinator.ClusterCoordinator" in settings["EXTENSIONS"]
@@ -392,7 +393,7 @@ def test_one_setting_switches_cluster_mode_on_and_the_project_keeps_its_own_choi
     own.set("INCREMENTAL_CLUSTER_URL", "redis://10.0.0.5:6379/3", priority="project")
     own.set("INCREMENTAL_STATE_URI", "sqlite:////data/state.db", priority="project")
     IncrementalAddon().update_settings(own)
-    assert own["INCREMENTAL_STATE_URI"] == "sqlite:////data/state.db"
+    assert state_uri(own) == "sqlite:////data/state.db"
 
     plain = Settings()
     IncrementalAddon().update_settings(plain)

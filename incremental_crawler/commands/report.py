@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from scrapy.commands import ScrapyCommand
 
 from incremental_crawler import clock
-from incremental_crawler.commands.state import open_existing_store, resolve_scope
+from incremental_crawler.commands._in_project import InProject
+from incremental_crawler.commands.state import resolve_scope
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.report.document import history_entries, history_report
 from incremental_crawler.report.files import write_whole
 from incremental_crawler.report.page import PlotlyMissing, render_parts
-from incremental_crawler.state.stores import StateStoreError
+from incremental_crawler.state.stores import StateStoreError, open_existing_store
 
 if TYPE_CHECKING:
     import argparse
@@ -53,7 +54,7 @@ def _file_name(scope: str) -> str:
     return "history-" + (re.sub(r"[^A-Za-z0-9._-]+", "-", scope).strip("-.") or "scope")
 
 
-class Command(ScrapyCommand):
+class Command(InProject, ScrapyCommand):
     requires_project = True
     requires_crawler_process = False
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
