@@ -144,7 +144,7 @@ class Command(InProject, ScrapyCommand):
                             help="format to write, whatever FILE's extension")
         parser.add_argument("--since", metavar="WHEN", default=None,
                             help="versions stored at or after WHEN (ISO 8601; UTC "
-                                 "unless it has an offset): the latest of each item")
+                                 "unless it has an offset), the latest of each item")
         parser.add_argument("--all-versions", action="store_true",
                             help="every stored version, not only the latest")
         parser.add_argument("--spider", metavar="NAME", default=None,

@@ -66,12 +66,14 @@ class Command(InProject, ScrapyCommand):
         return "Write a scope's crawl history page (HTML and JSON) from the state store"
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
+        # No ": " in option help: Scrapy's help formatter takes a wrapped
+        # line that ends with a colon for a heading.
         super().add_options(parser)
         parser.add_argument("--scope", metavar="NAME", default=None,
                             help="a spider (its incremental_scope) or a scope by name "
-                                 "(default: every scope of the store)")
+                                 "(default every scope of the store)")
         parser.add_argument("-o", "--output", metavar="DIR", default=None,
-                            help="directory to write to (default: INCREMENTAL_REPORT_DIR, "
+                            help="directory to write to (default INCREMENTAL_REPORT_DIR, "
                                  "else the current directory)")
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:

@@ -118,13 +118,13 @@ class Command(InProject, ScrapyCommand):
         parser.add_argument("--spider", metavar="NAME", default=None,
                             help="the spider (its incremental_scope), or a scope by name")
         parser.add_argument("--hosts", action="store_true",
-                            help="a table of the scope's hosts: pages, due, gone, trust")
+                            help="a table of the scope's hosts (pages, due, gone, trust)")
         parser.add_argument("--rates", action="store_true",
                             help="a table of the scope's remembered politeness rates, per slot")
         parser.add_argument("--json", action="store_true",
-                            help="url: the record as JSON, for machines")
+                            help="with url, the record as JSON, for machines")
         parser.add_argument("--yes", action="store_true",
-                            help="reset: really delete everything of the scope")
+                            help="with reset, really delete everything of the scope")
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         assert self.settings is not None
