@@ -22,7 +22,18 @@ setup(
         # The HTML report embeds the Plotly.js it ships (never imported).
         "plotly>=6",
     ],
-    # scrapyd finds the project's settings through this entry point.
-    entry_points={"scrapy": ["settings = incremental_crawler.settings"]},
+    entry_points={
+        # scrapyd finds the project's settings through this entry point.
+        "scrapy": ["settings = incremental_crawler.settings"],
+        # Scrapy adds these commands to every project in the environment:
+        # installing the package is enough (no COMMANDS_MODULE). The ones
+        # that replace Scrapy's are Scrapy's own wherever the add-on is not
+        # enabled (incremental_crawler.addon.addon_enabled).
+        "scrapy.commands": [
+            f"{name} = incremental_crawler.commands.{name}:Command"
+            for name in ("demo", "items", "state", "report",
+                         "crawl", "shell", "fetch", "view", "parse", "check")
+        ],
+    },
     zip_safe=False,
 )

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from scrapy.settings import default_settings
+from scrapy.utils.conf import build_component_list
+from scrapy.utils.misc import load_object
 
 from incremental_crawler.cluster import apply_cluster_settings
 from incremental_crawler.config import DEFAULT_SETTINGS, throttle_enabled
@@ -17,9 +19,9 @@ from incremental_crawler.politeness.robots import SCRAPY_ROBOTSTXT
 from incremental_crawler.politeness.robots_parser import RFC9309_PARSER
 
 if TYPE_CHECKING:
-    from scrapy.settings import Settings
+    from scrapy.settings import BaseSettings, Settings
 
-__all__ = ["COMPONENTS", "IncrementalAddon"]
+__all__ = ["COMPONENTS", "IncrementalAddon", "addon_enabled"]
 
 _P = "incremental_crawler."
 PACED_DOWNLOADER = _P + "politeness.downloader.PacedDownloader"
@@ -115,3 +117,18 @@ class IncrementalAddon:
         settings["EXTENSIONS"].set(
             _P + "report.extension.IncrementalLogStats", 0, priority="addon"
         )
+
+
+def addon_enabled(settings: BaseSettings) -> bool:
+    """Whether *settings*' ``ADDONS`` enable :class:`IncrementalAddon` (or a
+    subclass of it).
+
+    The commands that replace Scrapy's are registered for every project in
+    the environment (a ``scrapy.commands`` entry point): where this is
+    false they are Scrapy's own.
+    """
+    for addon in build_component_list(settings["ADDONS"]):
+        cls = load_object(addon) if isinstance(addon, str) else addon
+        if isinstance(cls, type) and issubclass(cls, IncrementalAddon):
+            return True
+    return False

@@ -29,8 +29,9 @@ from twisted.internet.threads import deferToThread
 
 from incremental_crawler.config import DEFAULT_SETTINGS
 from incremental_crawler.state.records import PageKey
-from incremental_crawler.state.stores import open_store
+from incremental_crawler.state.stores import open_store, state_uri
 from tests.redis_util import OwnRedis
+from tests.test_commands import scrapy
 
 PROJECT = Path(__file__).resolve().parents[1]
 REDIS_URL = os.environ.get("INCREMENTAL_TEST_CLUSTER_REDIS_URI", "redis://127.0.0.1:6379/12")
@@ -59,7 +60,7 @@ class Worker:
     """One ``scrapy crawl`` process in cluster mode (the sitemap spider by default), its feed
     and log."""
 
-    def __init__(self, site, state_uri: str, prefix: str, tmp_path: Path, name: str,
+    def __init__(self, site, state_uri: str | None, prefix: str, tmp_path: Path, name: str,
                  *extra: str, spider: tuple[str, ...] = ()) -> None:
         self.feed = tmp_path / f"items-{name}.jsonl"
         self.log = tmp_path / f"worker-{name}.log"
@@ -75,7 +76,8 @@ class Worker:
                 "-O", str(self.feed),
                 "-s", f"INCREMENTAL_CLUSTER_URL={REDIS_URL}",
                 "-s", f"INCREMENTAL_CLUSTER_PREFIX={prefix}",
-                "-s", f"INCREMENTAL_STATE_URI={state_uri}",
+                # None: the store a cluster crawl picks by itself.
+                *(("-s", f"INCREMENTAL_STATE_URI={state_uri}") if state_uri is not None else ()),
                 "-s", "INCREMENTAL_CLUSTER_HEARTBEAT=0.2",
                 "-s", "INCREMENTAL_CLUSTER_IDLE_GRACE=0.6",
                 # Long enough that a worker starved of CPU on a busy machine
@@ -383,7 +385,8 @@ def test_one_setting_switches_cluster_mode_on_and_the_project_keeps_its_own_choi
     IncrementalAddon().update_settings(settings)
     assert settings["SCHEDULER"] == "incremental_crawler.cluster.scheduler.ClusterScheduler"
     assert settings["DUPEFILTER_CLASS"] == "incremental_crawler.cluster.scheduler.ClusterDupeFilter"
-    assert settings["INCREMENTAL_STATE_URI"] == "redis://10.0.0.5:6379/3"
+    # The store, as a crawl and the commands that read its store take it.
+    assert state_uri(settings) == "redis://10.0.0.5:6379/3"
     assert settings["INCREMENTAL_THROTTLE_SHARED_URL"] == "redis://10.0.0.5:6379/3"
     assert settings.getbool("SCHEDULER_PERSIST")
     assert "incremental_crawler.cluster.coordinator.ClusterCoordinator" in settings["EXTENSIONS"]
@@ -392,7 +395,7 @@ def test_one_setting_switches_cluster_mode_on_and_the_project_keeps_its_own_choi
     own.set("INCREMENTAL_CLUSTER_URL", "redis://10.0.0.5:6379/3", priority="project")
     own.set("INCREMENTAL_STATE_URI", "sqlite:////data/state.db", priority="project")
     IncrementalAddon().update_settings(own)
-    assert own["INCREMENTAL_STATE_URI"] == "sqlite:////data/state.db"
+    assert state_uri(own) == "sqlite:////data/state.db"
 
     plain = Settings()
     IncrementalAddon().update_settings(plain)
@@ -712,3 +715,39 @@ async def test_a_worker_whose_cluster_redis_dies_stops_loudly_by_itself(
     assert ahead == []
     assert state_db("SELECT COUNT(*) FROM pages WHERE url LIKE '%sitemap%'")[0][0] == 0
     assert state_db("SELECT COUNT(*) FROM pages WHERE etag IS NOT NULL")[0][0] < n
+
+
+@pytest_twisted.ensureDeferred
+async def test_state_items_and_report_given_the_cluster_url_read_the_store_the_crawl_wrote(
+    site, tmp_path
+):
+    # Only INCREMENTAL_CLUSTER_URL names the store (the cluster's Redis, a
+    # throwaway server: its default prefix is the test's alone). The
+    # commands given the same setting read what the crawl stored there, not
+    # the project's local SQLite default.
+    add_pages(site, 3, size=1000)
+    urls = sorted(site.url(f"/p/{i:04d}") for i in range(3))
+    own = OwnRedis()
+    own.start()
+    try:
+        worker = Worker(site, None, "own", tmp_path, "1",
+                        "-s", f"INCREMENTAL_CLUSTER_URL={own.uri}")
+        assert await worker.wait() == 0, worker.tail()
+        assert sorted(worker.urls()) == urls
+        cluster = ("-s", f"INCREMENTAL_CLUSTER_URL={own.uri}")
+        state = await deferToThread(scrapy, "state", "--spider", "sitemap", "--hosts", *cluster)
+        items = await deferToThread(scrapy, "items", "-o", "-", *cluster)
+        report = await deferToThread(scrapy, "report", "--scope", "sitemap",
+                                     "-o", str(tmp_path / "report"), *cluster)
+    finally:
+        own.remove()
+    assert state.returncode == 0, state.stderr
+    assert "scope sitemap" in state.stdout
+    assert re.search(r"^  127\.0\.0\.1\s+\d+", state.stdout, re.MULTILINE), state.stdout
+    assert items.returncode == 0, items.stderr
+    assert sorted(json.loads(line)["url"] for line in items.stdout.splitlines()) == urls
+    assert report.returncode == 0, report.stderr
+    history = json.loads((tmp_path / "report" / "history-sitemap.json").read_text())
+    assert own.socket in history["store"]
+    assert [entry["figures"]["pages_new"] for entry in history["history"]] == [3]
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -282,3 +283,33 @@ async def test_commands_that_look_at_a_page_fetch_it_in_full_and_keep_nothing(
     else:
         assert "Ran 1 contract" in result.stderr and "OK" in result.stderr
     assert (state_db("SELECT * FROM pages"), state_db("SELECT * FROM crawls")) == before
+
+
+#: Prints each command's ``--help`` at several terminal widths, through
+#: Scrapy's own command line (one process for them all).
+HELP_SCRIPT = """
+import contextlib, io, json, os
+from scrapy.cmdline import execute
+for columns in (60, 80, 100, 140):
+    os.environ["COLUMNS"] = str(columns)
+    for name in ("demo", "items", "state", "report"):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+            execute(["scrapy", name, "--help"])
+        print(json.dumps([columns, name, out.getvalue()]))
+"""
+
+
+def test_the_commands_help_has_scrapys_three_headings_and_no_other():
+    # Scrapy's help formatter underlines any line ending with a colon as a
+    # heading: an option's help wrapped after "default:" came out as one.
+    result = subprocess.run([sys.executable, "-c", HELP_SCRIPT], cwd=PROJECT,
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    pages = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(pages) == 16
+    for columns, name, text in pages:
+        lines = text.splitlines()
+        headings = [above for above, line in itertools.pairwise(lines)
+                    if line and set(line) <= {"=", "-"}]
+        assert headings == ["Usage", "Options", "Global Options"], (columns, name, text)

@@ -51,18 +51,20 @@ def crawl_args(*settings: str) -> list[str]:
     return args
 
 
-def run(args: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, cwd=PROJECT, capture_output=True, text=True, timeout=120,
+def run(args: list[str], cwd: Path = PROJECT) -> subprocess.CompletedProcess[str]:
+    """Run *args* in *cwd* (this project unless told: a user's project)."""
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=120,
                           check=False, env={**os.environ, "PYTHONPATH": str(PROJECT)})
 
 
-def run_with_read_only(directory: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
-    """Run *args* with *directory* read-only for it (see the module docstring)."""
+def run_with_read_only(directory: Path, args: list[str],
+                       cwd: Path = PROJECT) -> subprocess.CompletedProcess[str]:
+    """Run *args* in *cwd* with *directory* read-only for it (see the module docstring)."""
     if os.geteuid() != 0:
         mode = directory.stat().st_mode
         directory.chmod(0o555)
         try:
-            return run(args)
+            return run(args, cwd)
         finally:
             directory.chmod(mode)
     unshare = shutil.which("unshare")
@@ -74,7 +76,7 @@ def run_with_read_only(directory: Path, args: list[str]) -> subprocess.Completed
         pytest.skip("running as root, and no read-only bind mount possible here "
                     f"(unshare --mount): {probe.stderr if probe else 'no unshare'}")
     script = 'mount --bind -o ro "$0" "$0" && exec "$@"'
-    return run([unshare, "--mount", "sh", "-c", script, str(directory), *args])
+    return run([unshare, "--mount", "sh", "-c", script, str(directory), *args], cwd)
 
 
 def unshare_mount(mount: str, directory: Path) -> str:

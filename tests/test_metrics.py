@@ -38,6 +38,7 @@ from incremental_crawler.metrics.endpoint import MetricsEndpoint
 from incremental_crawler.spiders import IncrementalSpider
 from tests.conftest import crawl_settings
 from tests.site import LoopbackSite
+from tests.spiders import ListSpider
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -539,3 +540,39 @@ async def test_a_port_taken_by_another_program_is_a_warning_not_a_failure(
             f"INCREMENTAL_METRICS_PORT {first}-{last}") in caplog.text
     assert "widen the range" not in caplog.text
     assert crawler.stats.get_value("finish_reason") == "finished"
+
+
+@pytest_twisted.ensureDeferred
+async def test_in_flight_counts_what_the_slot_holds_back_and_transferring_what_is_on_the_wire(
+    site, state_uri,
+):
+    # 16 requests in the downloader, the server holding the ones it got:
+    # in flight reads 16, on the wire what the server holds.
+    paths = page_paths(16)
+    for path in paths:
+        site.add_page(path, "strong", size=1000)
+    site.hold("/p/")
+    port, _ = free_ports(1)
+    runner = CrawlerRunner(crawl_settings(
+        state_uri, INCREMENTAL_METRICS_PORT=port, CONCURRENT_REQUESTS=16,
+        CONCURRENT_REQUESTS_PER_DOMAIN=1))
+    crawler = runner.create_crawler(ListSpider)
+    done = runner.crawl(crawler, urls=[site.url(p) for p in paths])
+    scrape = None
+    try:
+        # Bounded: a scrape every 50 ms for at most 30 s, until all 16 are in.
+        for _ in range(600):
+            endpoint = crawler.get_extension(MetricsEndpoint)
+            if site.held and endpoint is not None and endpoint.url is not None:
+                scrape = Scrape(await deferToThread(fetch, endpoint.url))
+                if scrape.value("incremental_downloads_in_flight") == len(paths):
+                    break
+            await deferLater(reactor, 0.05)
+        held = site.held
+    finally:
+        site.release()
+        await done
+    assert scrape is not None
+    assert scrape.value("incremental_downloads_in_flight") == len(paths)
+    # On the wire: exactly the requests the server has (and holds).
+    assert scrape.value("incremental_downloads_transferring") == held

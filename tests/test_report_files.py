@@ -38,10 +38,14 @@ CHROMEDRIVER = shutil.which("chromedriver")
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--window-size=1280,1000")
+#: What the browser tests miss, named, and Debian's package of each.
+MISSING_BROWSER = {name: package for name, package, path in (
+    ("chromium", "chromium", CHROMIUM), ("chromedriver", "chromium-driver", CHROMEDRIVER),
+) if path is None}
 needs_chromium = pytest.mark.skipif(
-    not (CHROMIUM and CHROMEDRIVER),
-    reason="chromium and chromedriver are not installed (Debian: apt-get install chromium "
-           "chromium-driver; .ci/run installs them)")
+    bool(MISSING_BROWSER),
+    reason=f"{' and '.join(MISSING_BROWSER)} not installed (Debian: apt-get install "
+           f"{' '.join(MISSING_BROWSER.values())}; .ci/run installs them)")
 
 POLITE = {"INCREMENTAL_THROTTLE_ENABLED": True, "CONCURRENT_REQUESTS": 16,
           "CONCURRENT_REQUESTS_PER_DOMAIN": 16, "INCREMENTAL_THROTTLE_MAX_RATE": 100}

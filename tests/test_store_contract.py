@@ -15,6 +15,7 @@ that awaits asyncio I/O (Redis) runs under these tests unchanged.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import sqlite3
@@ -1932,6 +1933,20 @@ def assert_upgraded(path: Path) -> None:
 
 class TestSQLiteMigrations:
     """An existing store of an older schema is migrated in place, data kept."""
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_new_store_says_once_that_it_was_created_an_old_one_each_step(
+        self, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        caplog.set_level(logging.INFO, logger="incremental_crawler.state.stores.sqlite")
+        new = SQLiteStateStore(tmp_path / "new.db")
+        await call(new.close())
+        await call((await store_with_one_page(tmp_path / "old.db", SCHEMA_VERSION - 2)).close())
+        assert [r.getMessage() for r in caplog.records] == [
+            f"State store {tmp_path / 'new.db'} created at schema version {SCHEMA_VERSION}",
+            *(f"State store {tmp_path / 'old.db'} migrated to schema version {v}"
+              for v in (SCHEMA_VERSION - 1, SCHEMA_VERSION)),
+        ]
 
     @pytest_twisted.ensureDeferred
     async def test_version_1_store_is_migrated_and_keeps_its_pages(self, tmp_path: Path) -> None:

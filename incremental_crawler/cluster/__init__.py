@@ -42,10 +42,13 @@ class ClusterError(RuntimeError):
 
 
 def apply_cluster_settings(settings: Settings) -> None:
-    """Point Scrapy's scheduler, the state store and the budget at the cluster.
+    """Point Scrapy's scheduler and the budget at the cluster.
 
     Set with the add-on's priority: whatever the project set itself (a
-    state store elsewhere, say) wins.
+    budget elsewhere, say) wins. The state store follows the cluster by
+    :func:`~incremental_crawler.state.stores.state_uri` (unless
+    ``INCREMENTAL_STATE_URI`` names one), the same rule for a crawl and for
+    the commands that read its store, which never run the add-on.
     """
     url = settings.get("INCREMENTAL_CLUSTER_URL")
     if not url:
@@ -60,7 +63,6 @@ def apply_cluster_settings(settings: Settings) -> None:
         # the first worker closes; the coordinator ends a run instead.
         "SCHEDULER_PERSIST": True,
         "REDIS_URL": url,
-        "INCREMENTAL_STATE_URI": url,
         "INCREMENTAL_THROTTLE_SHARED_URL": url,
     }
     for name, value in values.items():

@@ -7,9 +7,10 @@ from __future__ import annotations
 from scrapy.commands.check import Command as ScrapyCheckCommand
 
 from incremental_crawler.commands._full_pages import NothingKept
+from incremental_crawler.commands._in_project import InProject
 
 __all__ = ["Command"]
 
 
-class Command(NothingKept, ScrapyCheckCommand):
+class Command(InProject, NothingKept, ScrapyCheckCommand):
     """See the module docstring."""

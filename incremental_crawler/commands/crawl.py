@@ -2,13 +2,19 @@
 
 Scrapy's own command exits with 1 only when the crawl could not start, and
 then prints the error as "Task exception was never retrieved" with its
-chained traceback. This one (registered through ``COMMANDS_MODULE``, so it
-replaces Scrapy's in the project) logs an error of
+chained traceback. This one logs an error of
 :data:`~incremental_crawler.fatal.FATAL_ERRORS` as the one line it is, and
 exits with :data:`~incremental_crawler.fatal.FATAL_STATUS` after a crawl
 that was stopped because it could not go on
 (:data:`~incremental_crawler.fatal.FATAL_REASONS`) as well. Everything else
 is Scrapy's command unchanged.
+
+It is registered through the package's ``scrapy.commands`` entry point, so
+it replaces Scrapy's in every project of the environment, with or without
+the add-on: where the crawl's settings (the project's, the command line's
+and the spider's own, as an ``IncrementalSpider`` adds the add-on) do not
+enable the add-on, it runs Scrapy's command as it is, exit status and
+error output included.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from scrapy.commands.crawl import Command as ScrapyCrawlCommand
 from scrapy.exceptions import UsageError
 from twisted.internet.defer import Deferred
 
+from incremental_crawler.addon import addon_enabled
+from incremental_crawler.commands._in_project import InProject
 from incremental_crawler.config import SettingError
 from incremental_crawler.fatal import FATAL_ERRORS, exit_status
 
@@ -44,7 +52,7 @@ def _report(exc: BaseException) -> None:
         logger.error("The crawl could not start", exc_info=exc)
 
 
-class Command(ScrapyCrawlCommand):
+class Command(InProject, ScrapyCrawlCommand):
     """See the module docstring."""
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
@@ -56,6 +64,14 @@ class Command(ScrapyCrawlCommand):
             )
         assert self.crawler_process
         crawler = self._create_crawler(args[0])
+        if not addon_enabled(crawler.settings):
+            # Scrapy's crawl command, line for line: a project without the
+            # add-on must not see a difference.
+            self.crawler_process.crawl(crawler, **opts.spargs)
+            self.crawler_process.start()
+            if self.crawler_process.bootstrap_failed:
+                self.exitcode = 1
+            return
         running: Any = self.crawler_process.crawl(crawler, **opts.spargs)
         # Take the error from the crawl's task (or Deferred), so that it is
         # reported here, once, instead of as an unretrieved exception.

@@ -57,7 +57,7 @@ class Command(ScrapyCommand):
         parser.add_argument("--change", type=float, default=0.05,
                             help="share of pages changed between the crawls (0.05)")
         parser.add_argument("--state-uri", default=None,
-                            help="state store to use (default: a new one in a temp dir)")
+                            help="state store to use (default a new one in a temp dir)")
         parser.add_argument("--report-dir", default=None,
                             help="where each crawl writes report.html and report.json "
                                  "(default: a new temp dir)")

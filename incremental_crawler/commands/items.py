@@ -34,9 +34,9 @@ from scrapy.utils.conf import feed_complete_default_values_from_settings
 from scrapy.utils.misc import load_object
 from scrapy.utils.python import without_none_values
 
+from incremental_crawler.commands._in_project import InProject
 from incremental_crawler.config import IncrementalConfig, SettingError
-from incremental_crawler.state.stores import StateStoreError, default_state_uri, open_store
-from incremental_crawler.state.stores.sqlite import path_from_uri
+from incremental_crawler.state.stores import StateStoreError, open_existing_store
 
 if TYPE_CHECKING:
     import argparse
@@ -117,7 +117,7 @@ def _exporter_class(output: str, forced: str | None,
     return fmt, load_object(exporters[fmt])
 
 
-class Command(ScrapyCommand):
+class Command(InProject, ScrapyCommand):
     requires_project = True
     requires_crawler_process = False
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
@@ -144,7 +144,7 @@ class Command(ScrapyCommand):
                             help="format to write, whatever FILE's extension")
         parser.add_argument("--since", metavar="WHEN", default=None,
                             help="versions stored at or after WHEN (ISO 8601; UTC "
-                                 "unless it has an offset): the latest of each item")
+                                 "unless it has an offset), the latest of each item")
         parser.add_argument("--all-versions", action="store_true",
                             help="every stored version, not only the latest")
         parser.add_argument("--spider", metavar="NAME", default=None,
@@ -167,14 +167,10 @@ class Command(ScrapyCommand):
             return
         scope = None if opts.spider is None else resolve_scope(opts.spider, settings)
 
-        uri = settings.get("INCREMENTAL_STATE_URI") or default_state_uri()
-        if uri.split(":", 1)[0].lower() == "sqlite" and not path_from_uri(uri).exists():
-            # Reading must not create an empty store: that would look like a
-            # crawl that stored nothing.
-            self._error(f"no state store at {path_from_uri(uri)} (check INCREMENTAL_STATE_URI)")
-            return
         try:
-            store = open_store(settings)
+            # The store a crawl with these settings uses, never created
+            # here: an empty one would look like a crawl that stored nothing.
+            store = open_existing_store(settings)
         except StateStoreError as exc:
             self._error(str(exc))
             return

@@ -7,9 +7,10 @@ from __future__ import annotations
 from scrapy.commands.parse import Command as ScrapyParseCommand
 
 from incremental_crawler.commands._full_pages import NothingKept
+from incremental_crawler.commands._in_project import InProject
 
 __all__ = ["Command"]
 
 
-class Command(NothingKept, ScrapyParseCommand):
+class Command(InProject, NothingKept, ScrapyParseCommand):
     """See the module docstring."""

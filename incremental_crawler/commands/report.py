@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from scrapy.commands import ScrapyCommand
 
 from incremental_crawler import clock
-from incremental_crawler.commands.state import open_existing_store, resolve_scope
+from incremental_crawler.commands._in_project import InProject
+from incremental_crawler.commands.state import resolve_scope
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.report.document import history_entries, history_report
 from incremental_crawler.report.files import write_whole
 from incremental_crawler.report.page import PlotlyMissing, render_parts
-from incremental_crawler.state.stores import StateStoreError
+from incremental_crawler.state.stores import StateStoreError, open_existing_store
 
 if TYPE_CHECKING:
     import argparse
@@ -53,7 +54,7 @@ def _file_name(scope: str) -> str:
     return "history-" + (re.sub(r"[^A-Za-z0-9._-]+", "-", scope).strip("-.") or "scope")
 
 
-class Command(ScrapyCommand):
+class Command(InProject, ScrapyCommand):
     requires_project = True
     requires_crawler_process = False
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
@@ -65,12 +66,14 @@ class Command(ScrapyCommand):
         return "Write a scope's crawl history page (HTML and JSON) from the state store"
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
+        # No ": " in option help: Scrapy's help formatter takes a wrapped
+        # line that ends with a colon for a heading.
         super().add_options(parser)
         parser.add_argument("--scope", metavar="NAME", default=None,
                             help="a spider (its incremental_scope) or a scope by name "
-                                 "(default: every scope of the store)")
+                                 "(default every scope of the store)")
         parser.add_argument("-o", "--output", metavar="DIR", default=None,
-                            help="directory to write to (default: INCREMENTAL_REPORT_DIR, "
+                            help="directory to write to (default INCREMENTAL_REPORT_DIR, "
                                  "else the current directory)")
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:

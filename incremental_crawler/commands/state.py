@@ -31,18 +31,13 @@ from scrapy.exceptions import UsageError
 from scrapy.spiderloader import get_spider_loader
 
 from incremental_crawler import clock
+from incremental_crawler.commands._in_project import InProject
 from incremental_crawler.config import setting_or_default
 from incremental_crawler.politeness.remembered import not_used
 from incremental_crawler.report.formats import duration, shares, size
 from incremental_crawler.state.keys import canonical_url
 from incremental_crawler.state.records import PageFlags
-from incremental_crawler.state.stores import (
-    StateStore,
-    StateStoreError,
-    default_state_uri,
-    open_store,
-)
-from incremental_crawler.state.stores.sqlite import path_from_uri
+from incremental_crawler.state.stores import StateStore, StateStoreError, open_existing_store
 
 if TYPE_CHECKING:
     import argparse
@@ -95,7 +90,7 @@ def _flags(flags: int) -> str:
 # -- the command -------------------------------------------------------------------
 
 
-class Command(ScrapyCommand):
+class Command(InProject, ScrapyCommand):
     requires_project = True
     requires_crawler_process = False
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
@@ -123,13 +118,13 @@ class Command(ScrapyCommand):
         parser.add_argument("--spider", metavar="NAME", default=None,
                             help="the spider (its incremental_scope), or a scope by name")
         parser.add_argument("--hosts", action="store_true",
-                            help="a table of the scope's hosts: pages, due, gone, trust")
+                            help="a table of the scope's hosts (pages, due, gone, trust)")
         parser.add_argument("--rates", action="store_true",
                             help="a table of the scope's remembered politeness rates, per slot")
         parser.add_argument("--json", action="store_true",
-                            help="url: the record as JSON, for machines")
+                            help="with url, the record as JSON, for machines")
         parser.add_argument("--yes", action="store_true",
-                            help="reset: really delete everything of the scope")
+                            help="with reset, really delete everything of the scope")
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         assert self.settings is not None
@@ -204,40 +199,6 @@ class Command(ScrapyCommand):
 
 
 # -- opening ----------------------------------------------------------------------
-
-
-def open_existing_store(settings: BaseSettings) -> StateStore:
-    """The store ``INCREMENTAL_STATE_URI`` names, if it exists.
-
-    Opening creates a store that does not exist (a SQLite file, a Redis
-    prefix's layout record): reading one must not, or a typo in the URI
-    would look like a store that holds nothing.
-    """
-    uri = settings.get("INCREMENTAL_STATE_URI") or default_state_uri()
-    scheme = uri.split(":", 1)[0].lower()
-    if scheme == "sqlite":
-        path = path_from_uri(uri)
-        if not path.exists():
-            raise StateStoreError(f"no state store at {path} (check INCREMENTAL_STATE_URI)")
-    elif scheme in ("redis", "rediss", "unix"):
-        # Imported here: Scrapy imports every command to run any of them, and
-        # Redis's client would cost every crawl's start a tenth of a second.
-        import redis  # noqa: PLC0415
-
-        from incremental_crawler.state.stores.redis import parse_redis_uri  # noqa: PLC0415
-
-        clean, prefix = parse_redis_uri(uri)
-        client = redis.Redis.from_url(clean, socket_connect_timeout=5, socket_timeout=30)
-        try:
-            found = client.exists(f"{prefix}:meta")
-        except redis.RedisError as exc:
-            raise StateStoreError(f"State store {uri}: cannot be reached ({exc})") from exc
-        finally:
-            client.close()
-        if not found:
-            raise StateStoreError(f"no state store under prefix {prefix!r} of {clean} "
-                                  "(check INCREMENTAL_STATE_URI)")
-    return open_store(settings)
 
 
 def resolve_scope(settings: BaseSettings, name: str) -> str:

@@ -118,7 +118,11 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
      "Pages whose final answer (after retries) was a failure"),
     ("incremental_state_withheld_total", "counter", "",
      "Pages whose state was not saved because their callback or an item pipeline failed"),
-    ("incremental_downloads_in_flight", "gauge", "", "Requests in the downloader now"),
+    ("incremental_downloads_in_flight", "gauge", "",
+     ("Requests in the downloader now: the ones on the wire and the ones its slots hold "
+      "back for their delay or concurrency (Scrapy's downloader.active)")),
+    ("incremental_downloads_transferring", "gauge", "",
+     "Requests on the wire now: handed to the download handler, their answer not in yet"),
     ("incremental_store_roundtrips_total", "counter", "",
      "Network round trips to the state store (0 for SQLite)"),
     ("incremental_store_writes_total", "counter", "", "Writes committed to the state store"),
@@ -239,8 +243,14 @@ class CrawlCollector:
         yield self.single(GaugeMetricFamily, "incremental_crawl_start_time_seconds",
                           started.timestamp() if started is not None else clock.now())
         engine = self.crawler.engine
-        active = engine.downloader.active if engine is not None else ()
+        downloader = engine.downloader if engine is not None else None
+        # Named as it is for the dashboards that read it; it counts what
+        # the slots hold back too, hence the second gauge.
+        active = downloader.active if downloader is not None else ()
         yield self.single(GaugeMetricFamily, "incremental_downloads_in_flight", len(active))
+        transferring = (sum(len(slot.transferring) for slot in downloader.slots.values())
+                        if downloader is not None else 0)
+        yield self.single(GaugeMetricFamily, "incremental_downloads_transferring", transferring)
 
     def _pages(self, stats: dict[str, Any]) -> Iterator[Metric]:
         def stat(key: str) -> float:

@@ -592,10 +592,16 @@ class SQLiteStateStore(StateStore):
                 for statement in MIGRATIONS[step].split(";"):
                     if statement.strip():
                         db.execute(statement)
-                logger.info(
-                    "State store %(path)s migrated to schema version %(v)d",
-                    {"path": self.location, "v": step + 1},
-                )
+                if version:
+                    logger.info(
+                        "State store %(path)s migrated to schema version %(v)d",
+                        {"path": self.location, "v": step + 1},
+                    )
+            if not version:
+                # A new store runs every migration in one transaction: it is
+                # created at the current version, and says so once.
+                logger.info("State store %(path)s created at schema version %(v)d",
+                            {"path": self.location, "v": SCHEMA_VERSION})
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             db.execute("COMMIT")
         except BaseException:
