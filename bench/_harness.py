@@ -628,3 +628,17 @@ def sample_bound(pages: int) -> int:
     per list, and its sitemap index lists two halves of its pages."""
     halves = ((pages + 1) // 2, pages // 2)
     return sum(max(1, math.ceil(RECHECK_SHARE * n)) for n in halves if n)
+
+
+#: Where Debian's python3-doc puts Python's HTML manual.
+DOC_ROOT = Path("/usr/share/doc")
+DOC_DIR_PATTERNS = ("python3/html", "python3.*/html", "python3-doc/html")
+
+
+def find_python_docs() -> Path | None:
+    """The python3-doc HTML directory, if the package is installed."""
+    for pattern in DOC_DIR_PATTERNS:
+        for path in sorted(DOC_ROOT.glob(pattern)):
+            if (path / "index.html").is_file() and sum(1 for _ in path.rglob("*.html")) >= 50:
+                return path
+    return None

@@ -109,6 +109,7 @@ from _harness import (
     CrawlResult,
     Site,
     compile_bytecode,
+    find_python_docs,
     httpcache_settings,
     median,
     ours_settings,
@@ -122,9 +123,6 @@ from _harness import (
 
 KINDS = "strong,weak,lastmod"
 PLAIN_SPIDER = REPO / "bench" / "_plain_sitemap_spider.py"
-#: Where Debian's python3-doc puts the manual's HTML (one directory per version).
-DOC_ROOT = Path("/usr/share/doc")
-DOC_DIR_PATTERNS = ("python3/html", "python3.*/html", "python3-doc/html")
 #: Settings the plain crawl gets besides the harness's own: what the project
 #: sets for ours, so both write the same feed the same way.
 PLAIN_SETTINGS = {"FEED_EXPORT_ENCODING": "utf-8", "CONCURRENT_REQUESTS_PER_DOMAIN": "8",
@@ -134,15 +132,6 @@ RECRAWL = ("ours", "ours-nopolite", "httpcache", "scrapy-304s")
 CPU_TARGET, RSS_TARGET, RECRAWL_TARGET = 1.15, 1.2, 0.25
 #: What ``python -m scrapy`` imports before it reads its command line.
 IMPORT_SCRAPY = "import scrapy.cmdline"
-
-
-def find_python_docs() -> Path | None:
-    """The python3-doc HTML directory, if the package is installed."""
-    for pattern in DOC_DIR_PATTERNS:
-        for path in sorted(DOC_ROOT.glob(pattern)):
-            if (path / "index.html").is_file() and sum(1 for _ in path.rglob("*.html")) >= 50:
-                return path
-    return None
 
 
 def later(faketime: bool) -> tuple[list[str], dict[str, str]]:

@@ -494,7 +494,10 @@ class LoopbackSite:
     ) -> LoopbackSite:
         """Build a site serving the ``*.html`` files under *directory* (sorted,
         the first *limit* of them when *limit* > 0), each at ``/p/`` + its
-        relative path, as it is, cycling through ``kinds``."""
+        relative path, as it is, cycling through ``kinds``; and the source
+        texts a Sphinx build links its pages to (``_sources/**/*.txt``), as
+        documents with strong ETags, so that a spider following every link
+        finds them as it would on the real site."""
         if not kinds:
             raise ValueError("kinds must not be empty")
         files = sorted(f for f in directory.rglob("*.html") if f.is_file())
@@ -507,7 +510,14 @@ class LoopbackSite:
                  body=f.read_bytes())
             for i, f in enumerate(files)
         )
-        return cls(pages, host=host)
+        site = cls(pages, host=host)
+        for text in sorted((directory / "_sources").rglob("*.txt")):
+            if text.is_file():
+                body = text.read_bytes()
+                site.add_document("/p/" + text.relative_to(directory).as_posix(), body,
+                                  "text/plain; charset=utf-8",
+                                  etag=hashlib.sha1(body).hexdigest()[:16])
+        return site
 
     @classmethod
     def manual(
