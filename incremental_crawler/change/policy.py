@@ -374,22 +374,37 @@ def _unanswered_why(stored: PageState, rules: DueRules, *, newer: bool) -> Why:
 
 #: Clock skew tolerated between a Last-Modified and the server's Date.
 _CLOCK_SKEW = 60.0
+#: How far a Last-Modified may be ahead of our own clock. A server whose
+#: clock is fast sends a Date as far ahead as its Last-Modified, so the check
+#: against its Date passes; once its clock is put right, that date sent back
+#: as If-Modified-Since would make it answer 304 to every change until the
+#: real time catches up with it. A day: a local clock slow by up to a day
+#: (a wrong time zone is at most 14 hours) still takes correct dates, and a
+#: fast server's date taken within it hides changes for less than a day.
+OWN_CLOCK_TOLERANCE = 86_400.0
 
 
 def future_last_modified(last_modified: str, date: str | bytes | None, now: float) -> bool:
-    """Whether *last_modified* is ahead of the server's clock (its *date*, else *now*).
+    """Whether *last_modified* is ahead of the server's clock (its *date*,
+    else *now*) or of ours (*now*, by more than :data:`OWN_CLOCK_TOLERANCE`).
 
     RFC 9110 §8.8.2.1: an origin server must not send a Last-Modified later
     than its Date. One that does is not stored: it would make every later
-    change answer 304.
+    change answer 304. Neither is one a year ahead with a Date a year ahead
+    (a server's clock that is fast): it would do the same once that clock
+    is right.
 
     >>> date = "Sun, 06 Nov 1994 08:49:37 GMT"
-    >>> future_last_modified(date, None, 0.0), future_last_modified(date, date, 0.0)
+    >>> future_last_modified(date, None, 0.0), future_last_modified(date, date, 7.9e8)
     (True, False)
+    >>> future_last_modified(date, date, 0.0)  # the server's Date as fast as its date
+    True
     """
     modified = parse_http_date(last_modified)
+    if modified is None:
+        return False
     server_now = parse_http_date(date) or now
-    return modified is not None and modified > server_now + _CLOCK_SKEW
+    return modified > server_now + _CLOCK_SKEW or modified > now + OWN_CLOCK_TOLERANCE
 
 
 def _later(last_modified: str | None, than: str | None) -> bool:
