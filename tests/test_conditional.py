@@ -6,7 +6,6 @@ import pytest
 import pytest_twisted
 
 from incremental_crawler import clock
-
 from tests.scripted_server import NOT_FOUND, ScriptedServer, answer, header
 from tests.site.server import http_date
 from tests.spiders import ListSpider

@@ -14,6 +14,7 @@ The values of the enums are the names of stats keys
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 from enum import StrEnum
@@ -50,6 +51,7 @@ __all__ = [
     "links_unknown",
     "max_age_due",
     "recheck_due",
+    "schedule_due",
     "schedule_why",
     "url_phase",
 ]
@@ -241,6 +243,21 @@ def is_due(next_visit: float, due_at: float) -> bool:
     return next_visit <= due_at
 
 
+def schedule_due(state: PageState, due_at: float, checked_by: float = math.inf) -> bool:
+    """Whether *state*'s schedule makes its page due in a crawl.
+
+    Its next visit is not after *due_at* (see :func:`is_due`), or its last
+    check is after *checked_by*: stored by a clock that was fast then
+    (:mod:`.skew`), it happened at some moment before now that no one knows,
+    so the next visit counted from it says nothing: the page is due.
+
+    >>> page = PageState(PageKey("s", "http://h/a"), last_checked=500, next_visit=600)
+    >>> schedule_due(page, 599), schedule_due(page, 600), schedule_due(page, 0, checked_by=499)
+    (False, True, True)
+    """
+    return is_due(state.next_visit, due_at) or state.last_checked > checked_by
+
+
 def max_age_due(url: str, last_fetched: float, *, max_age: float, jitter: float,
                 started: float) -> bool:
     """Whether the page's forced full fetch (INCREMENTAL_MAX_AGE) falls due this crawl.
@@ -284,7 +301,8 @@ def _gone(state: PageState) -> bool:
     return bool(state.flags & PageFlags.GONE)
 
 
-def gone_due(state: PageState, *, due_at: float, lastmod: float | None = None) -> bool:
+def gone_due(state: PageState, *, due_at: float, lastmod: float | None = None,
+             checked_by: float = math.inf) -> bool:
     """Whether a GONE page is asked again when something names it this crawl.
 
     When its (rare) next visit is due (INCREMENTAL_GONE_RECHECK after it was
@@ -302,7 +320,7 @@ def gone_due(state: PageState, *, due_at: float, lastmod: float | None = None) -
     >>> gone_due(page.copy(lastmod=10), due_at=0, lastmod=40)
     False
     """
-    if is_due(state.next_visit, due_at):
+    if schedule_due(state, due_at, checked_by):
         return True
     known = max(state.lastmod or 0.0, state.last_checked)
     return lastmod is not None and lastmod > known
@@ -316,6 +334,9 @@ class DueRules:
     started: float
     #: Pages whose next visit is not after this are due (see :func:`is_due`).
     due_at: float
+    #: Pages whose last check is after this are due: checked "in the
+    #: future", by a clock that was fast (see :func:`schedule_due`).
+    checked_by: float = math.inf
     #: INCREMENTAL_RECHECK_ALL (or ``-a recheck=all``).
     recheck_all: bool = False
     #: INCREMENTAL_REVISIT_ENABLED: without it, nothing is ever "not due".
@@ -329,7 +350,7 @@ class DueRules:
                            jitter=self.jitter, started=self.started)
 
     def due(self, state: PageState) -> bool:
-        return is_due(state.next_visit, self.due_at)
+        return schedule_due(state, self.due_at, self.checked_by)
 
 
 def schedule_why(stored: PageState, rules: DueRules, *, newer: bool = False,
@@ -463,11 +484,12 @@ class ChangePolicy:
 
     def due(self, prior: PageState, *, refresh: bool = False, discovery: bool = False,
             lastmod: float | None = None, links_unknown: bool = False, started: float,
-            due_at: float) -> bool:
+            due_at: float, checked_by: float = math.inf) -> bool:
         """Whether the revisit schedule lets the page be requested in this crawl.
 
         *started* is the crawl's start, *due_at* the moment next visits are
-        due until (see :func:`is_due`). An explicit refresh and a sitemap or
+        due until (see :func:`is_due`), *checked_by* the latest believable
+        last check (see :func:`schedule_due`). An explicit refresh and a sitemap or
         feed are always requested; a page whose last answer failed (see
         :func:`failed_last`) only when due. Otherwise a newer lastmod
         (sitemap, feed), unknown links (see :func:`links_unknown`: skipping
@@ -478,12 +500,12 @@ class ChangePolicy:
         if refresh or discovery:
             return True
         if _gone(prior):
-            return gone_due(prior, due_at=due_at, lastmod=lastmod)
+            return gone_due(prior, due_at=due_at, lastmod=lastmod, checked_by=checked_by)
         if failed_last(prior):
-            return is_due(prior.next_visit, due_at)
+            return schedule_due(prior, due_at, checked_by)
         if self.schedule is None or prior.fingerprint is None:
             return True
-        if is_due(prior.next_visit, due_at) or links_unknown:
+        if schedule_due(prior, due_at, checked_by) or links_unknown:
             return True
         if lastmod is not None and (prior.lastmod is None or lastmod > prior.lastmod):
             return True
