@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import pytest_twisted
 
+from incremental_crawler import clock
 from tests.scripted_server import NOT_FOUND, ScriptedServer, answer, header
 from tests.site.server import http_date
 from tests.spiders import ListSpider
@@ -216,6 +217,28 @@ async def test_a_last_modified_in_the_future_is_not_sent_back(site, crawl, state
     [record] = records(site, "/f")
     assert record.if_modified_since is None and record.status == 200
     assert len(second.collected) == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_server_clock_a_year_fast_gives_no_validator(site, crawl, state_db):
+    # The server's clock is a year fast: its Date and Last-Modified agree
+    # with each other, a year ahead of ours.
+    site.add_page("/y", "lastmod", size=1500)
+    ahead = http_date(clock.now() + 365 * 86_400)
+    site.override("/y", headers={"Date": ahead, "Last-Modified": ahead})
+    first = await crawl(ListSpider, urls=[site.url("/y")])
+    assert first.stats.get_value("incremental/invalid_validator/last_modified_future") == 1
+    assert stored(state_db, site, "/y")[1] is None
+    # Its clock put right, the page edited: a server answering 304 whenever
+    # Last-Modified <= If-Modified-Since would hide the edit behind next
+    # year's date; none is sent, the edit is seen.
+    site.clear_override("/y")
+    site.change("/y")
+    site.reset_log()
+    second = await crawl(ListSpider, urls=[site.url("/y")])
+    [record] = records(site, "/y")
+    assert record.if_modified_since is None and record.status == 200
+    assert [item["url"] for item in second.collected] == [site.url("/y")]
 
 
 @pytest_twisted.ensureDeferred

@@ -98,8 +98,10 @@ class DueRule:
         """
         if decided(request) is not None:
             return True
+        ledger.clock_skew.notice(prior)
         meta = request.meta
         return self.policy.due(prior, refresh=bool(meta.get(META_REFRESH)),
                                discovery=bool(meta.get(META_DISCOVERY)),
                                lastmod=meta.get(META_LASTMOD), links_unknown=links_unknown,
-                               started=ledger.crawl_started, due_at=ledger.due_at)
+                               started=ledger.crawl_started, due_at=ledger.due_at,
+                               checked_by=ledger.clock_skew.checked_by())

@@ -14,6 +14,7 @@ The values of the enums are the names of stats keys
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 from enum import StrEnum
@@ -50,6 +51,7 @@ __all__ = [
     "links_unknown",
     "max_age_due",
     "recheck_due",
+    "schedule_due",
     "schedule_why",
     "url_phase",
 ]
@@ -241,6 +243,21 @@ def is_due(next_visit: float, due_at: float) -> bool:
     return next_visit <= due_at
 
 
+def schedule_due(state: PageState, due_at: float, checked_by: float = math.inf) -> bool:
+    """Whether *state*'s schedule makes its page due in a crawl.
+
+    Its next visit is not after *due_at* (see :func:`is_due`), or its last
+    check is after *checked_by*: stored by a clock that was fast then
+    (:mod:`.skew`), it happened at some moment before now that no one knows,
+    so the next visit counted from it says nothing: the page is due.
+
+    >>> page = PageState(PageKey("s", "http://h/a"), last_checked=500, next_visit=600)
+    >>> schedule_due(page, 599), schedule_due(page, 600), schedule_due(page, 0, checked_by=499)
+    (False, True, True)
+    """
+    return is_due(state.next_visit, due_at) or state.last_checked > checked_by
+
+
 def max_age_due(url: str, last_fetched: float, *, max_age: float, jitter: float,
                 started: float) -> bool:
     """Whether the page's forced full fetch (INCREMENTAL_MAX_AGE) falls due this crawl.
@@ -284,7 +301,8 @@ def _gone(state: PageState) -> bool:
     return bool(state.flags & PageFlags.GONE)
 
 
-def gone_due(state: PageState, *, due_at: float, lastmod: float | None = None) -> bool:
+def gone_due(state: PageState, *, due_at: float, lastmod: float | None = None,
+             checked_by: float = math.inf) -> bool:
     """Whether a GONE page is asked again when something names it this crawl.
 
     When its (rare) next visit is due (INCREMENTAL_GONE_RECHECK after it was
@@ -302,7 +320,7 @@ def gone_due(state: PageState, *, due_at: float, lastmod: float | None = None) -
     >>> gone_due(page.copy(lastmod=10), due_at=0, lastmod=40)
     False
     """
-    if is_due(state.next_visit, due_at):
+    if schedule_due(state, due_at, checked_by):
         return True
     known = max(state.lastmod or 0.0, state.last_checked)
     return lastmod is not None and lastmod > known
@@ -316,6 +334,9 @@ class DueRules:
     started: float
     #: Pages whose next visit is not after this are due (see :func:`is_due`).
     due_at: float
+    #: Pages whose last check is after this are due: checked "in the
+    #: future", by a clock that was fast (see :func:`schedule_due`).
+    checked_by: float = math.inf
     #: INCREMENTAL_RECHECK_ALL (or ``-a recheck=all``).
     recheck_all: bool = False
     #: INCREMENTAL_REVISIT_ENABLED: without it, nothing is ever "not due".
@@ -329,7 +350,7 @@ class DueRules:
                            jitter=self.jitter, started=self.started)
 
     def due(self, state: PageState) -> bool:
-        return is_due(state.next_visit, self.due_at)
+        return schedule_due(state, self.due_at, self.checked_by)
 
 
 def schedule_why(stored: PageState, rules: DueRules, *, newer: bool = False,
@@ -374,22 +395,37 @@ def _unanswered_why(stored: PageState, rules: DueRules, *, newer: bool) -> Why:
 
 #: Clock skew tolerated between a Last-Modified and the server's Date.
 _CLOCK_SKEW = 60.0
+#: How far a Last-Modified may be ahead of our own clock. A server whose
+#: clock is fast sends a Date as far ahead as its Last-Modified, so the check
+#: against its Date passes; once its clock is put right, that date sent back
+#: as If-Modified-Since would make it answer 304 to every change until the
+#: real time catches up with it. A day: a local clock slow by up to a day
+#: (a wrong time zone is at most 14 hours) still takes correct dates, and a
+#: fast server's date taken within it hides changes for less than a day.
+OWN_CLOCK_TOLERANCE = 86_400.0
 
 
 def future_last_modified(last_modified: str, date: str | bytes | None, now: float) -> bool:
-    """Whether *last_modified* is ahead of the server's clock (its *date*, else *now*).
+    """Whether *last_modified* is ahead of the server's clock (its *date*,
+    else *now*) or of ours (*now*, by more than :data:`OWN_CLOCK_TOLERANCE`).
 
     RFC 9110 §8.8.2.1: an origin server must not send a Last-Modified later
     than its Date. One that does is not stored: it would make every later
-    change answer 304.
+    change answer 304. Neither is one a year ahead with a Date a year ahead
+    (a server's clock that is fast): it would do the same once that clock
+    is right.
 
     >>> date = "Sun, 06 Nov 1994 08:49:37 GMT"
-    >>> future_last_modified(date, None, 0.0), future_last_modified(date, date, 0.0)
+    >>> future_last_modified(date, None, 0.0), future_last_modified(date, date, 7.9e8)
     (True, False)
+    >>> future_last_modified(date, date, 0.0)  # the server's Date as fast as its date
+    True
     """
     modified = parse_http_date(last_modified)
+    if modified is None:
+        return False
     server_now = parse_http_date(date) or now
-    return modified is not None and modified > server_now + _CLOCK_SKEW
+    return modified > server_now + _CLOCK_SKEW or modified > now + OWN_CLOCK_TOLERANCE
 
 
 def _later(last_modified: str | None, than: str | None) -> bool:
@@ -448,11 +484,12 @@ class ChangePolicy:
 
     def due(self, prior: PageState, *, refresh: bool = False, discovery: bool = False,
             lastmod: float | None = None, links_unknown: bool = False, started: float,
-            due_at: float) -> bool:
+            due_at: float, checked_by: float = math.inf) -> bool:
         """Whether the revisit schedule lets the page be requested in this crawl.
 
         *started* is the crawl's start, *due_at* the moment next visits are
-        due until (see :func:`is_due`). An explicit refresh and a sitemap or
+        due until (see :func:`is_due`), *checked_by* the latest believable
+        last check (see :func:`schedule_due`). An explicit refresh and a sitemap or
         feed are always requested; a page whose last answer failed (see
         :func:`failed_last`) only when due. Otherwise a newer lastmod
         (sitemap, feed), unknown links (see :func:`links_unknown`: skipping
@@ -463,12 +500,12 @@ class ChangePolicy:
         if refresh or discovery:
             return True
         if _gone(prior):
-            return gone_due(prior, due_at=due_at, lastmod=lastmod)
+            return gone_due(prior, due_at=due_at, lastmod=lastmod, checked_by=checked_by)
         if failed_last(prior):
-            return is_due(prior.next_visit, due_at)
+            return schedule_due(prior, due_at, checked_by)
         if self.schedule is None or prior.fingerprint is None:
             return True
-        if is_due(prior.next_visit, due_at) or links_unknown:
+        if schedule_due(prior, due_at, checked_by) or links_unknown:
             return True
         if lastmod is not None and (prior.lastmod is None or lastmod > prior.lastmod):
             return True

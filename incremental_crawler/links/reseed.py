@@ -336,11 +336,13 @@ class _DueReader:
         """
         # The ledger knows this worker's visits; the stored time (whole
         # seconds, rounded down, so an earlier crawl's is always before this
-        # crawl's start) tells another worker's in cluster mode.
+        # crawl's start) tells another worker's in cluster mode; one later
+        # than now was stored by a clock that was fast (see change.skew).
         return (state.key in self.ledger.visited_due
-                or state.last_checked >= self.rules.started)
+                or self.rules.started <= state.last_checked <= self.rules.checked_by)
 
     async def decide(self, state: PageState) -> None:
+        self.ledger.clock_skew.notice(state)
         why = schedule_why(state, self.rules, vouched=await self.vouched(state))
         if why is Why.LASTMOD_UNCHANGED:
             host = urlsplit(state.key.url).hostname or ""

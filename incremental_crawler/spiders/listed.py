@@ -244,6 +244,8 @@ class ListedPagesSpider(IncrementalSpider):
             stored = await self.stored_states(chunk)
             for candidate, state in zip(chunk, stored, strict=True):
                 self._decided.add(candidate.canonical)
+                if ledger is not None:
+                    ledger.clock_skew.notice(state)
                 callback = callback_for(candidate.loc)
                 if callback is None:
                     continue  # not one of the crawl's pages

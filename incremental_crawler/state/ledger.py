@@ -70,6 +70,7 @@ from incremental_crawler.change.identity import ItemIdentity, serialize_item
 from incremental_crawler.change.policy import DueRules
 from incremental_crawler.change.revisit import failure_next_visit
 from incremental_crawler.change.schedule import PageOutcome, ScheduleCounter
+from incremental_crawler.change.skew import ClockSkew, skew_tolerance
 from incremental_crawler.change.tombstones import TombstoneSender
 from incremental_crawler.change.trust import HostTrustBook
 from incremental_crawler.config import IncrementalConfig
@@ -328,6 +329,12 @@ class Ledger:
         return ItemIdentity(self.config, self._spider(), self.canonical)
 
     @cached_property
+    def clock_skew(self) -> ClockSkew:
+        """Pages checked "in the future" (our clock went backwards)."""
+        return ClockSkew(self.store, self.scope, self.stats,
+                         skew_tolerance(self.config.due_tolerance))
+
+    @cached_property
     def tombstones(self) -> TombstoneSender:
         """Sends gone pages' tombstones through the pipelines (see :meth:`tombstone_sent`)."""
         return TombstoneSender(self.crawler, self)
@@ -418,6 +425,7 @@ class Ledger:
         """This crawl's rules for whether a known page is requested."""
         config = self.config
         return DueRules(started=self.crawl_started, due_at=self.due_at,
+                        checked_by=self.clock_skew.checked_by(),
                         recheck_all=self.recheck_all, revisit=config.revisit_enabled,
                         max_age=config.max_age, jitter=config.max_age_jitter)
 
@@ -449,6 +457,7 @@ class Ledger:
                         extra={"spider": spider})
             return
         self._started = clock.now()
+        self._clock_checked()
         # The cluster worker id holds host and pid already.
         self.holder = self.worker or f"{socket.gethostname()}:{os.getpid()}"
         # Under way at once; spider_closed waits for it before releasing.
@@ -472,6 +481,24 @@ class Ledger:
             )
         self._task = create_looping_call(self._tick)
         self._task.start(self.config.flush_interval, now=False)
+
+    def _clock_checked(self) -> None:
+        """Bring forward the next visits a fast clock counted (see
+        :mod:`~incremental_crawler.change.skew`), before anything is decided.
+
+        Staged into the store alone: they are no visits of this crawl (the
+        re-seeder must not take them for visited), and committed with the
+        crawl's first flush.
+        """
+        try:
+            moved = self.clock_skew.crawl_opened(self._started)
+        except StateStoreError as exc:
+            logger.warning("%(error)s; could not compare the clock with the last crawl's",
+                           {"error": exc}, extra={"spider": self.crawler.spider})
+            return
+        for state in moved:
+            self.store.stage_page(state)
+            self.staged += 1
 
     def _tick(self) -> None:
         self.flush()

@@ -433,16 +433,23 @@ def test_a_changed_body_waits_for_its_items(case: str, content_changed: bool,
 
 DATE = "Mon, 01 Jan 2024 00:00:00 GMT"
 JAN_1 = 1704067200.0
+DAY = 86_400.0
+NEXT_YEAR = "Wed, 01 Jan 2025 00:00:00 GMT"
 FUTURE = [
     # (case, Last-Modified, the response's Date, now, in the future)
-    ("same as Date", DATE, DATE, 0.0, False),
-    ("within the tolerated skew", "Mon, 01 Jan 2024 00:01:00 GMT", DATE, 0.0, False),
-    ("past the skew", "Mon, 01 Jan 2024 00:01:01 GMT", DATE, 0.0, True),
-    ("Date as bytes", "Mon, 01 Jan 2024 00:01:01 GMT", DATE.encode(), 0.0, True),
+    ("same as Date", DATE, DATE, JAN_1, False),
+    ("within the tolerated skew", "Mon, 01 Jan 2024 00:01:00 GMT", DATE, JAN_1, False),
+    ("past the skew", "Mon, 01 Jan 2024 00:01:01 GMT", DATE, JAN_1, True),
+    ("Date as bytes", "Mon, 01 Jan 2024 00:01:01 GMT", DATE.encode(), JAN_1, True),
     ("no Date: our clock", DATE, None, JAN_1 - 61, True),
     ("no Date: our clock, in skew", DATE, None, JAN_1 - 60, False),
     ("a bad Date: our clock", DATE, "yesterday", JAN_1, False),
     ("not a date", "yesterday", DATE, 0.0, False),
+    # A server's clock a year fast: its Date as far ahead as its date.
+    ("the server's clock fast", NEXT_YEAR, NEXT_YEAR, JAN_1, True),
+    # Our clock slow: a day of it does not refuse a correct date.
+    ("our clock a day slow", DATE, DATE, JAN_1 - DAY, False),
+    ("our clock over a day slow", DATE, DATE, JAN_1 - DAY - 1, True),
 ]
 
 
