@@ -39,7 +39,7 @@ cold; ours cold, then a re-crawl at the same moment (nothing changed,
 nothing due), then 5% of the content pages changed and a re-crawl two days
 later (``faketime -f +2d``: every page due, asked conditionally), on SQLite
 and on Redis; the same two re-crawls on a copy of the SQLite store with
-``INCREMENTAL_REPLAY_SKIP_SEEN=False`` (every stored request built: the
+``INCREMENTAL_REPLAY_SHORTCUTS=False`` (every stored request built: the
 replay before this option); then generated manuals of N and ``--scale`` x N
 pages (of ``--big-page-size``), ours cold and its nothing-due re-crawl each.
 The manual is python3-doc's HTML when installed (``--manual-docs-dir``;
@@ -253,14 +253,14 @@ def manual_part(args: argparse.Namespace, work: Path, redis_server: RedisServer)
                                               later.usage.maxrss_kib)
                 if store == "sqlite":
                     full = {"INCREMENTAL_STATE_URI": f"sqlite:///{work / f'{kind}-full.db'}",
-                            "INCREMENTAL_REPLAY_SKIP_SEEN": "False"}
+                            "INCREMENTAL_REPLAY_SHORTCUTS": "False"}
                     # Crawl 1's store; the site has changed since, as for the others.
                     site.reset()
                     r = manual_crawl(site, kind, full, work, f"{kind}-full-again")
-                    rows.append(manual_row("  skip-seen off, same moment", r, site.log(), base))
+                    rows.append(manual_row("  shortcuts off, same moment", r, site.log(), base))
                     site.reset()
                     r = manual_crawl(site, kind, full, work, f"{kind}-full-2d", days=2)
-                    rows.append(manual_row("  skip-seen off, two days later", r, site.log(),
+                    rows.append(manual_row("  shortcuts off, two days later", r, site.log(),
                                            base, changed=changed, before=before))
             print_table(headers, rows)
             for store in stores:

@@ -117,7 +117,7 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     # requests than this is fetched in full on every visit instead.
     "INCREMENTAL_REPLAY_ENABLED": True,
     "INCREMENTAL_REPLAY_MAX_REQUESTS": 5000,
-    "INCREMENTAL_REPLAY_SKIP_SEEN": True,
+    "INCREMENTAL_REPLAY_SHORTCUTS": True,
     # Lying sitemap lastmods: after this many pages fetched because their
     # lastmod moved, a host is distrusted when more than this share of them
     # had not changed; the distrust lasts this many seconds.
@@ -252,7 +252,7 @@ class IncrementalConfig:
     reseed_limit: int
     replay_enabled: bool
     replay_max_requests: int
-    replay_skip_seen: bool
+    replay_shortcuts: bool
     lastmod_min_samples: int
     lastmod_max_lie_share: float
     lastmod_distrust_ttl: float
@@ -350,7 +350,7 @@ class IncrementalConfig:
             reseed_limit=number("INCREMENTAL_RESEED_LIMIT", minimum=0, kind=int),
             replay_enabled=boolean("INCREMENTAL_REPLAY_ENABLED"),
             replay_max_requests=number("INCREMENTAL_REPLAY_MAX_REQUESTS", minimum=1, kind=int),
-            replay_skip_seen=boolean("INCREMENTAL_REPLAY_SKIP_SEEN"),
+            replay_shortcuts=boolean("INCREMENTAL_REPLAY_SHORTCUTS"),
             lastmod_min_samples=number("INCREMENTAL_LASTMOD_MIN_SAMPLES", minimum=1, kind=int),
             lastmod_max_lie_share=number("INCREMENTAL_LASTMOD_MAX_LIE_SHARE", minimum=0),
             lastmod_distrust_ttl=number("INCREMENTAL_LASTMOD_DISTRUST_TTL", minimum=0),

@@ -14,6 +14,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+import pytest
 import pytest_twisted
 
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
@@ -152,23 +153,32 @@ async def test_without_the_filter_the_errback_meets_not_due(site, crawl, state_d
     assert len(second.spider.failures) == len(dropped)
 
 
+@pytest.mark.parametrize("shortcuts", [False, True])
 @pytest_twisted.ensureDeferred
 async def test_with_replay_every_page_is_reached_and_nothing_requested(site, crawl, state_db,
-                                                                      monkeypatch, caplog):
+                                                                      monkeypatch, caplog,
+                                                                      shortcuts):
     paths = make_pages(site, 12)
     assert sorted(nav_depths(site, paths[0])) == paths
     await crawl(FollowSpider, settings=REVISITS, start_url=site.url(paths[0]))
     site.reset_log()
     later(monkeypatch, MINUTE)
     caplog.clear()
+    settings = {**REVISITS, "INCREMENTAL_REPLAY_SHORTCUTS": shortcuts}
     with caplog.at_level(logging.INFO):
-        second = await crawl(FollowSpider, settings=REVISITS, start_url=site.url(paths[0]))
-    # Not one page asked, yet every page's links were yielded again: not-due
-    # pages with links go through the filter to be replayed.
+        second = await crawl(FollowSpider, settings=settings, start_url=site.url(paths[0]))
     assert pages_asked(site) == []
     stats = second.stats
     with_links = [p for p in paths if nav_links(site, p)]
-    assert stats.get_value("incremental/replay/pages") == len(with_links)
+    if shortcuts:
+        # The store shows nothing the start page leads to is due or new: no
+        # page is replayed, every one is found inert from the store alone.
+        assert stats.get_value("incremental/replay/pages") is None
+        assert stats.get_value("incremental/replay/walk/inert_pages") == len(paths)
+    else:
+        # Every page's links were yielded again: not-due pages with links go
+        # through the filter to be replayed.
+        assert stats.get_value("incremental/replay/pages") == len(with_links)
     assert stats.get_value("incremental/schedule/not_due") == len(paths)
     assert stats.get_value("downloader/exception_count") is None
     [(first_due,)] = state_db("SELECT MIN(next_visit) FROM pages")

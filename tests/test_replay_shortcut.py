@@ -1,4 +1,4 @@
-"""Replay leaves out what the dupefilter saw: the same requests are scheduled.
+"""Replay's shortcuts send and schedule what the full replay does.
 
 A documentation manual's link graph (``LoopbackSite.manual``: index pages of
 1,200 links, ~120 links per page, fragments, source texts, links off the
@@ -7,12 +7,19 @@ site), crawled by a ``CrawlSpider`` with ``LinkExtractor()`` and no
 that drops some requests and tags the others, ``allowed_domains`` (links to
 example.org are offsite) and, in one case, ``DEPTH_LIMIT``. After a cold
 crawl the store is copied; each later crawl runs once on each copy, with
-``INCREMENTAL_REPLAY_SKIP_SEEN`` on and off, at the same moment (nothing
-due: every page a stand-in) and two days later with pages changed (every
-page asked conditionally). Compared: every request the scheduler took (URL,
-depth, callback, rule, meta the rule and the middleware set), what the
-server saw, and the items. One concurrent request, so both orders are the
-same.
+``INCREMENTAL_REPLAY_SHORTCUTS`` on and off:
+
+- at the same moment, nothing due: with the shortcuts the store shows that
+  nothing the start page leads to can matter, and no stand-in is made;
+- with one page made due (its revisit time put in the past in both
+  copies): the walk gives up, pages are replayed, the seen ones left out;
+- two days later, pages changed: every page asked conditionally.
+
+Compared each time: what the server saw (each request, its answer, whether
+it was conditional) and the items; where the walk gave up, every request
+the scheduler took, stand-ins included (URL, depth, callback, rule, meta the
+rule and the middleware set). One concurrent request, so both orders are
+the same.
 """
 
 from __future__ import annotations
@@ -147,37 +154,59 @@ async def _compare(site: LoopbackSite, tmp_path: Path, monkeypatch: pytest.Monke
     assert [k for k in cold if k[5] != "user-mw" and k[0] != site.url(start)
             and not k[0].startswith("data:")] == []  # (the re-seeder's own request)
 
+    due_one = page_path(22)
     later = [page_path(i) for i in (1, 8, 22, 40)]
-    for moment, changed in (("the same moment", []), ("two days later", later)):
+    moments = (("the same moment", [], None), ("one page due", [], due_one),
+               ("two days later", later, None))
+    for moment, changed, made_due in moments:
         for path in changed:
             site.change(path)
         if changed:
             monkeypatch.setattr(clock, "now", lambda: _REAL_NOW() + 2 * DAY)
-        outcomes, built = {}, {}
-        for name, uri, skip in (("shortcut", shortcut, True), ("full", full, False)):
+        if made_due:
+            for db in (shortcut, full):
+                with sqlite3.connect(db) as con:
+                    assert con.execute("UPDATE pages SET next_visit = 1 WHERE url = ?",
+                                       (site.url(made_due),)).rowcount == 1
+        outcomes, scheduled_all, built, walked = {}, {}, {}, {}
+        everything_served: dict[str, list[tuple[str, int, bool]]] = {}
+        for name, uri, on in (("shortcut", shortcut, True), ("full", full, False)):
             site.reset_log()
             crawler, scheduled, items = await run(
-                kwargs, {**settings, "INCREMENTAL_REPLAY_SKIP_SEEN": skip}, f"sqlite:///{uri}")
+                kwargs, {**settings, "INCREMENTAL_REPLAY_SHORTCUTS": on}, f"sqlite:///{uri}")
             stats = crawler.stats
-            outcomes[name] = (sorted(scheduled, key=repr), served(site),
+            # (robots.txt apart: a crawl that sends no request needs none.)
+            outcomes[name] = ([r for r in served(site) if r[0] != "/robots.txt"],
                               sorted(item["url"] for item in items))
+            everything_served[name] = served(site)
+            scheduled_all[name] = sorted(scheduled, key=repr)
             built[name] = (stats.get_value("incremental/replay/requests", 0),
                            stats.get_value("incremental/replay/seen_left_out", 0))
-            assert stats.get_value("incremental/replay/pages"), moment
+            walked[name] = stats.get_value("incremental/replay/walk/inert_pages", 0)
         assert outcomes["shortcut"] == outcomes["full"], moment
-        # The full replay built what the shortcut built plus what it left out.
+        assert walked["full"] == 0, moment
+        if moment == "the same moment":
+            # Nothing due: nothing sent either way; with the shortcuts no
+            # stand-in, no page replayed, every reachable page found inert.
+            assert outcomes["shortcut"][0] == []
+            assert everything_served["shortcut"] == []  # not even robots.txt
+            assert built["shortcut"] == (0, 0)
+            assert walked["shortcut"] > 0 and built["full"][0] > 0
+            assert len(scheduled_all["shortcut"]) < len(scheduled_all["full"])
+            continue
+        # The walk gave up (a page due): the same requests scheduled, stand-ins
+        # included; the full replay built what the shortcut built plus what it
+        # left out.
+        assert walked["shortcut"] == 0, moment
+        assert scheduled_all["shortcut"] == scheduled_all["full"], moment
         assert built["full"] == (sum(built["shortcut"]), 0), moment
         if not depth_limit:
             # (Under DEPTH_LIMIT 1 the pages reached record no links.)
             assert built["shortcut"][1] > built["shortcut"][0], moment
-        scheduled_urls = {key[0] for key in outcomes["shortcut"][0]}
+        if made_due:
+            assert outcomes["shortcut"][0] == [(made_due, 304, True)], moment
         if changed:
             # Every page due and asked; the changed ones found (those the
             # depth limit or the middleware let the crawl reach).
-            reached = {site.url(p) for p in changed} & {key[0] for key in cold}
-            assert reached and set(outcomes["shortcut"][2]) == reached
-        else:
-            # Nothing due: the server saw no page request, the scheduler only
-            # the stand-ins of the pages reached.
-            assert [p for p, *_ in outcomes["shortcut"][1] if p.startswith("/p/")] == []
-            assert scheduled_urls <= {key[0] for key in cold}
+            found = {site.url(p) for p in changed} & {key[0] for key in cold}
+            assert found and set(outcomes["shortcut"][1]) == found

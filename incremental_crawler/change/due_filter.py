@@ -23,7 +23,10 @@ untouched:
   (``META_WHY``: the list spiders, the re-seeder);
 - a not-due page with a stored links record where links are replayed: the
   downloader middleware answers it with a stand-in response yielding the
-  page's links, since the pages behind it may be due.
+  page's links, since the pages behind it may be due. Unless the store
+  shows nothing they lead to can matter this crawl
+  (:mod:`~incremental_crawler.links.inert`: walked from the start requests):
+  then it is dropped as not due, without a stand-in.
 
 ``dont_filter`` changes nothing: it asks the scheduler not to drop a
 duplicate, not for a page to be fetched whatever its schedule (the
@@ -48,6 +51,7 @@ from incremental_crawler.change.due import DueRule
 from incremental_crawler.change.policy import links_unknown
 from incremental_crawler.change.schedule import decided
 from incremental_crawler.config import IncrementalConfig
+from incremental_crawler.links.inert import StoredGraphWalk
 from incremental_crawler.meta import META_DISCOVERY, META_REFRESH
 from incremental_crawler.state.ledger import Ledger
 from incremental_crawler.state.records import PageFlags
@@ -86,6 +90,10 @@ class NotDueFilterMiddleware:
         self.rule = DueRule.for_crawler(crawler, config, spider)
         self.counter = self.ledger.schedule
         self._memo: dict[PageKey, PageState | None] = {}
+        #: Whether a not-due page's stored links can lead to anything this
+        #: crawl, read from the store (None: every such page gets its stand-in).
+        self.walk = (StoredGraphWalk(crawler, self.ledger, self.rule, spider)
+                     if config.replay_shortcuts and self.rule.replay else None)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -96,7 +104,7 @@ class NotDueFilterMiddleware:
 
     async def process_start(self, start: AsyncIterator[Any]) -> AsyncIterator[Any]:
         async for obj in start:
-            for kept in await self._filter([obj]) if self.active else [obj]:
+            for kept in await self._filter([obj], start=True) if self.active else [obj]:
                 yield kept
 
     async def process_spider_output(
@@ -116,17 +124,21 @@ class NotDueFilterMiddleware:
         for kept in await self._filter(chunk):
             yield kept
 
-    async def _filter(self, objs: list[Any]) -> list[Any]:
+    async def _filter(self, objs: list[Any], *, start: bool = False) -> list[Any]:
         keyed = [(obj, self._key(obj)) for obj in objs]
         wanted = {key for _, key in keyed if key is not None}
         if not wanted:
             return objs
         try:
             fresh = await self._read(wanted)
+            kept = []
+            for obj, key in keyed:
+                if key is None or await self._keep(obj, key, fresh, start=start):
+                    kept.append(obj)
         except StateStoreError:
             # The downloader middleware meets the error too, and stops the crawl.
             return objs
-        return [obj for obj, key in keyed if key is None or self._keep(obj, key, fresh)]
+        return kept
 
     def _key(self, obj: Any) -> PageKey | None:
         """The page key of a request this middleware decides on, else ``None``."""
@@ -153,8 +165,8 @@ class NotDueFilterMiddleware:
             fresh.update((key, stored.get(key)) for key in missing)
         return fresh
 
-    def _keep(self, request: Request, key: PageKey,
-              fresh: dict[PageKey, PageState | None]) -> bool:
+    async def _keep(self, request: Request, key: PageKey,
+                    fresh: dict[PageKey, PageState | None], *, start: bool) -> bool:
         first = key in fresh
         if first:
             state = fresh.pop(key)
@@ -164,7 +176,9 @@ class NotDueFilterMiddleware:
             state = self._memo[key]
         else:
             return True  # a duplicate in a chunk once the memo is full
-        if state is None or self._goes(request, state):
+        if state is None or self._due(request, state) or (
+                self._links_replayed(request, state)
+                and not await self._inert(key, state, start=start)):
             if first:
                 self.ledger.prefetched(key, state)
             return True
@@ -174,12 +188,23 @@ class NotDueFilterMiddleware:
                      {"due": state.next_visit, "request": request})
         return False
 
-    def _goes(self, request: Request, state: PageState) -> bool:
-        """Whether the request goes on: its page is due, or its links are replayed."""
-        replay = self.rule.replays(request)
-        unknown = links_unknown(state, replay=replay)
-        if self.rule.due(request, state, links_unknown=unknown, ledger=self.ledger):
+    async def _inert(self, key: PageKey, state: PageState, *, start: bool) -> bool:
+        """Whether a not-due request kept for its stored links can be dropped:
+        nothing they lead to can matter this crawl (see
+        :mod:`~incremental_crawler.links.inert`: walked from start requests,
+        remembered for the rest of the crawl)."""
+        if self.walk is None:
+            return False
+        if self.walk.is_inert(key):
             return True
-        # A gone page's links are never replayed (the downloader refuses it).
-        return (replay and bool(state.flags & PageFlags.HAS_LINKS)
+        return start and await self.walk.walk(key, state)
+
+    def _due(self, request: Request, state: PageState) -> bool:
+        unknown = links_unknown(state, replay=self.rule.replays(request))
+        return self.rule.due(request, state, links_unknown=unknown, ledger=self.ledger)
+
+    def _links_replayed(self, request: Request, state: PageState) -> bool:
+        """Whether a not-due page's stored links are yielded again (a gone
+        page's never are: the downloader refuses it)."""
+        return (self.rule.replays(request) and bool(state.flags & PageFlags.HAS_LINKS)
                 and not state.flags & PageFlags.GONE)

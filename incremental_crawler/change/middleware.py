@@ -132,7 +132,7 @@ class ConditionalRequestMiddleware:
         self.default_encoding = self.rule.encoding
         self.counter = self.ledger.schedule
         self.replayer = Replayer(crawler, spider, self.ledger.stage_flags,
-                                 skip_seen=config.replay_skip_seen)
+                                 skip_seen=config.replay_shortcuts)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:

@@ -22,7 +22,7 @@ saw this crawl is left out unread (:mod:`.seen`): built and sent through
 the spider middlewares, it would only be dropped by the scheduler. So a
 page's links cost a replay what is still new to the crawl, not what the
 page holds (an index page of a thousand links, all reached already, costs a
-set lookup each). ``INCREMENTAL_REPLAY_SKIP_SEEN = False`` builds every
+set lookup each). ``INCREMENTAL_REPLAY_SHORTCUTS = False`` builds every
 recorded request (the full replay; the scheduler drops the same ones).
 
 A recorded request that cannot be built again (its callback, errback or
@@ -74,7 +74,7 @@ class Replayer:
         self.spider = spider
         assert crawler.stats is not None
         self.stats: StatsCollector = crawler.stats
-        #: INCREMENTAL_REPLAY_SKIP_SEEN: leave out what the dupefilter saw.
+        #: INCREMENTAL_REPLAY_SHORTCUTS: leave out what the dupefilter saw.
         self.skip_seen = skip_seen
         #: The dupefilter's reader, found on the first replay (the engine has
         #: no scheduler before the crawl starts); ``None``: none can be asked.

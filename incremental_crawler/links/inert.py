@@ -1,0 +1,188 @@
+"""Whether what a not-due page leads to can matter this crawl, read from the store.
+
+A page that is not due but has stored links is answered with a stand-in
+response so that its links are yielded again (:mod:`.replay`): the pages
+behind it may be due, or new. Each stand-in costs Scrapy's whole path of a
+request (scheduler, downloader middlewares, scraper, spider middlewares),
+so a re-crawl in which nothing is due would still cost one such trip per
+known page with links.
+
+:class:`StoredGraphWalk` answers first, from the store alone: starting at a
+not-due page, it follows the stored links records (each request's recipe,
+built again, keyed as the downloader middleware keys it) breadth first,
+reading page states in batches, and gives up at the first page that is
+due, unknown to the store (a new page), whose links are unknown or
+incomplete, whose stored request cannot be built again, or that the
+conditional middleware would not handle. If it never gives up, every page
+it reached is *inert*: the full replay from them would only meet pages that
+are not due (stand-ins, or requests the not-due filter drops) and offsite
+requests (dropped by Scrapy's OffsiteMiddleware as the walk drops them),
+so it could send nothing and emit nothing. Their requests are then dropped
+as not due (:mod:`~incremental_crawler.change.due_filter`), without a
+stand-in.
+
+Sound because the walk reaches at least what the replay would: it ignores
+the depth limit, the spider middlewares and the dupefilter, which only
+ever drop requests, so a due or new page the replay could reach is one the
+walk reaches too, and it gives up. (It assumes, as the replay does, that
+the spider middlewares make the same request of a stored one each time.)
+A robots.txt rule is not read: an unknown page that robots.txt forbids
+still makes the walk give up, and the crawl replays as usual.
+
+The walk runs from a crawl's start requests (the pages a re-crawl in which
+nothing changed begins with), at most once per page per crawl; once a walk
+gave up, none is tried again this crawl (the replay runs as usual; its
+cost is then what the due pages make it). Off with
+``INCREMENTAL_REPLAY_SHORTCUTS = False``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from scrapy.downloadermiddlewares.offsite import OffsiteMiddleware
+
+from incremental_crawler.change.policy import links_unknown
+from incremental_crawler.links.recipes import Unbuildable, build, read_record, recipe_in
+from incremental_crawler.state.records import PageFlags
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+
+    from incremental_crawler.change.due import DueRule
+    from incremental_crawler.state.ledger import Ledger
+    from incremental_crawler.state.records import PageKey, PageState
+
+__all__ = ["StoredGraphWalk"]
+
+logger = logging.getLogger(__name__)
+
+
+class StoredGraphWalk:
+    """See the module docstring. One per crawl (the not-due filter's)."""
+
+    def __init__(self, crawler: Crawler, ledger: Ledger, rule: DueRule, spider: Spider) -> None:
+        self.crawler = crawler
+        self.ledger = ledger
+        self.rule = rule
+        self.spider = spider
+        #: Pages whose stored links lead to nothing that can matter this crawl.
+        self.inert: set[PageKey] = set()
+        #: Why a walk gave up (then no walk is tried again this crawl).
+        self.gave_up: str | None = None
+        self._offsite: Callable[[Request], bool] | None = None
+
+    def is_inert(self, key: PageKey) -> bool:
+        return key in self.inert
+
+    async def walk(self, key: PageKey, state: PageState) -> bool:
+        """Whether the page *key* (not due, with links) and all it leads to are inert."""
+        if key in self.inert:
+            return True
+        if self.gave_up is not None:
+            return False
+        reached = {key}
+        why = await self._walk(key, state, reached)
+        stats = self.crawler.stats
+        assert stats is not None
+        stats.inc_value("incremental/replay/walk/pages_read", len(reached))
+        if why is not None:
+            self.gave_up = why
+            stats.inc_value("incremental/replay/walk/gave_up")
+            logger.debug("The stored links of %(url)s lead to %(why)s: replayed as usual",
+                         {"url": key.url, "why": why}, extra={"spider": self.spider})
+            return False
+        self.inert |= reached
+        stats.inc_value("incremental/replay/walk/inert_pages", len(reached))
+        return True
+
+    async def _walk(self, start: PageKey, state: PageState, reached: set[PageKey]) -> str | None:
+        """Walk from *start*; ``None`` when everything reached is inert, else why not."""
+        frontier: list[PageKey] = [start]
+        seen: set[str] = set()
+        while frontier:
+            targets: dict[PageKey, Request] = {}
+            for page in frontier:
+                why = await self._targets(page, seen, reached, targets)
+                if why is not None:
+                    return why
+            if not targets:
+                return None
+            states = await self.ledger.store.get_pages(list(targets))
+            frontier = []
+            for target, request in targets.items():
+                why = self._decide(request, states.get(target))
+                if why is not None:
+                    return why
+                if self._has_replayed_links(request, states[target]):
+                    frontier.append(target)
+        return None
+
+    async def _targets(self, page: PageKey, seen: set[str], reached: set[PageKey],
+                       targets: dict[PageKey, Request]) -> str | None:
+        """Add the pages *page*'s stored requests lead to, not reached yet, to
+        *targets*; why the walk must give up, if it must."""
+        data = await self.ledger.store.get_links(page)
+        entries = read_record(data) if data is not None else None
+        if entries is None:
+            return f"a links record that cannot be read ({page.url})"
+        for fp, entry in entries:
+            if fp is not None:
+                if fp in seen:
+                    continue
+                seen.add(fp)
+            recipe = recipe_in(entry)
+            built = build(recipe, self.spider) if isinstance(recipe, dict) else (
+                Unbuildable.MALFORMED)
+            if isinstance(built, Unbuildable):
+                return f"a stored request that cannot be made again ({built})"
+            if not self.rule.applies(built):
+                return f"a request the conditional middleware does not handle ({built})"
+            if self._is_offsite(built):
+                continue
+            target = self.rule.key(built, self.ledger)
+            if target not in reached:
+                reached.add(target)
+                targets[target] = built
+        return None
+
+    def _decide(self, request: Request, state: PageState | None) -> str | None:
+        """Why *request*'s page can matter this crawl (``None``: it cannot)."""
+        if state is None:
+            return f"a page the store does not know ({request.url})"
+        replay = self.rule.replays(request) and not state.flags & PageFlags.GONE
+        unknown = links_unknown(state, replay=replay)
+        if self.rule.due(request, state, links_unknown=unknown, ledger=self.ledger):
+            return f"a page due this crawl ({request.url})"
+        return None
+
+    def _has_replayed_links(self, request: Request, state: PageState) -> bool:
+        # As the not-due filter decides: a gone page's links are never replayed.
+        return (self.rule.replays(request) and bool(state.flags & PageFlags.HAS_LINKS)
+                and not state.flags & PageFlags.GONE)
+
+    def _is_offsite(self, request: Request) -> bool:
+        """Whether Scrapy's OffsiteMiddleware (when enabled) drops *request*."""
+        if self._offsite is None:
+            self._offsite = _offsite_check(self.crawler, self.spider)
+        return self._offsite(request)
+
+
+def _offsite_check(crawler: Crawler, spider: Spider) -> Callable[[Request], bool]:
+    engine = crawler.engine
+    downloader = engine.downloader if engine is not None else None
+    middlewares = downloader.middleware.middlewares if downloader is not None else ()
+    found = [mw for mw in middlewares if isinstance(mw, OffsiteMiddleware)]
+    if not found:
+        return lambda request: False
+    offsite = found[0]
+
+    def dropped(request: Request) -> bool:
+        return not (request.dont_filter or request.meta.get("allow_offsite")
+                    or offsite.should_follow(request, spider))
+
+    return dropped
