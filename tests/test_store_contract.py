@@ -1926,9 +1926,9 @@ async def store_with_one_page(path: Path, version: int) -> SQLiteStateStore:
 
 
 def assert_upgraded(path: Path) -> None:
-    """The store at *path* is at the current schema (14) after its migration."""
+    """The store at *path* is at the current schema (15) after its migration."""
     with closing(sqlite3.connect(path)) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 15
 
 
 class TestSQLiteMigrations:
