@@ -5,6 +5,7 @@ the ``TEST_INDEX_FILE`` setting (one JSON line each, appended)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter
@@ -29,6 +30,6 @@ class BufferedIndexPipeline:
         return item
 
     def close_spider(self) -> None:
-        with open(self.path, "a", encoding="utf-8") as out:
+        with Path(self.path).open("a", encoding="utf-8") as out:
             for record in self.batch:
                 out.write(json.dumps(record) + "\n")

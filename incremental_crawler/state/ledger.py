@@ -50,6 +50,7 @@ committed with its last writes, before the hold is released.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -131,23 +132,23 @@ TXN_META = "_incremental_txn"
 LINK_FLAGS = PageFlags.LINKS_KNOWN | PageFlags.HAS_LINKS | PageFlags.LINKS_INCOMPLETE
 
 
-def _one_per_item(chunk: list[Undelivered]) -> Iterable[list[Undelivered]]:
+def _one_per_item(chunk: list[Undelivered]) -> list[list[Undelivered]]:
     """*chunk*'s versions, each alone, but a tombstone stored once per item
-    key of its gone page (same time, same data) once."""
-    group: list[Undelivered] = []
+    key of its gone page (same time, same data) once, where it first comes."""
+    groups: list[list[Undelivered]] = []
+    tombstones: dict[tuple[float, str], list[Undelivered]] = {}
     for pending in chunk:
         version = pending.version
-        if group and version.change == Change.DELETED:
-            first = group[0].version
-            if (first.change == Change.DELETED and first.stored_at == version.stored_at
-                    and first.data == version.data):
-                group.append(pending)
-                continue
-        if group:
-            yield group
-        group = [pending]
-    if group:
-        yield group
+        if version.change != Change.DELETED:
+            groups.append([pending])
+            continue
+        same = (version.stored_at, json.dumps(version.data, sort_keys=True, default=str))
+        if same in tombstones:
+            tombstones[same].append(pending)
+        else:
+            tombstones[same] = [pending]
+            groups.append(tombstones[same])
+    return groups
 
 
 def _gone_lastmod(prior: PageState, listed: float | None) -> float | None:
