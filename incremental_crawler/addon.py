@@ -39,6 +39,10 @@ COMPONENTS: tuple[tuple[str, str, int], ...] = (
     # Outside PageOutputMiddleware: a not-due request it drops is still
     # recorded among its page's links.
     ("SPIDER_MIDDLEWARES", _P + "change.due_filter.NotDueFilterMiddleware", 0),
+    # Outermost: the stored versions a killed crawl never delivered come out
+    # of start() before anything of the spider's (items only: no other
+    # spider middleware has anything to do with them).
+    ("SPIDER_MIDDLEWARES", _P + "state.delivery.RedeliveryMiddleware", -1),
     # Outside every spider middleware that may read the response (only the
     # two above, which never do, are further out): frees the response's
     # parsed tree once its output went through them all.

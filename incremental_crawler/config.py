@@ -70,6 +70,11 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_CHANGE_FIELD": "change",
     "INCREMENTAL_PREVIOUS_FINGERPRINT_FIELD": "previous_fingerprint",
     "INCREMENTAL_CHANGED_FIELDS_FIELD": None,
+    # At-least-once delivery: the item versions a crawl stored but whose
+    # feeds did not close cleanly (killed) are emitted again by the next
+    # crawl, marked in this field.
+    "INCREMENTAL_REDELIVER": True,
+    "INCREMENTAL_REDELIVERED_FIELD": "redelivered",
     # A known page that is gone (410; 404 on two checks in a row; a 301/308
     # elsewhere) yields one tombstone item through the pipelines, and is then
     # checked again only this many seconds later (re-seeded then if nothing
@@ -232,6 +237,8 @@ class IncrementalConfig:
     change_field: str | None
     previous_fingerprint_field: str | None
     changed_fields_field: str | None
+    redeliver: bool
+    redelivered_field: str
     tombstones: bool
     gone_recheck: float
     item_history: int
@@ -293,6 +300,12 @@ class IncrementalConfig:
         def boolean(name: str) -> bool:
             return settings.getbool(name, DEFAULT_SETTINGS[name])
 
+        def required_field(name: str) -> str:
+            value = settings.get(name, DEFAULT_SETTINGS[name])
+            if not isinstance(value, str) or not value.isidentifier():
+                raise SettingError(f"{name}={value!r} is not a field name")
+            return value
+
         def field(name: str) -> str | None:
             # An item field name, or None (unset, "", "none", "false": no field).
             value = settings.get(name, DEFAULT_SETTINGS[name])
@@ -330,6 +343,8 @@ class IncrementalConfig:
             change_field=field("INCREMENTAL_CHANGE_FIELD"),
             previous_fingerprint_field=field("INCREMENTAL_PREVIOUS_FINGERPRINT_FIELD"),
             changed_fields_field=field("INCREMENTAL_CHANGED_FIELDS_FIELD"),
+            redeliver=boolean("INCREMENTAL_REDELIVER"),
+            redelivered_field=required_field("INCREMENTAL_REDELIVERED_FIELD"),
             tombstones=boolean("INCREMENTAL_TOMBSTONES"),
             gone_recheck=number("INCREMENTAL_GONE_RECHECK", minimum=0),
             item_history=number("INCREMENTAL_ITEM_HISTORY", minimum=0, kind=int),

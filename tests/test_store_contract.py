@@ -1269,6 +1269,88 @@ class StateStoreContract:
         assert await due(1_000) == ["gone", "live"]
         assert await summary(1_000) == (2, 200, 200)
 
+    # -- delivery of item versions ---------------------------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_versions_wait_on_their_crawl_until_it_confirms_them(
+        self, store: StateStore, make_store: MakeStore,
+    ) -> None:
+        async def waiting(crawl: str, limit: int = 500) -> list[tuple[str, int, str]]:
+            """(key, version, change) of what waits on *crawl*, read *limit* at a time."""
+            found, after = [], None
+            while chunk := await call(store.undelivered(SCOPE, crawl, after=after,
+                                                        limit=limit)):
+                found += [(p.version.key, p.version.version, p.version.change) for p in chunk]
+                assert all(p.crawl == crawl for p in chunk)
+                after = chunk[-1]
+            return found
+
+        def delivered_by(record: ItemRecord, crawl: str | None) -> ItemRecord:
+            record.delivery = crawl
+            return record
+
+        store.stage_item(delivered_by(item("b", 1, stored_at=2_000_010), "c1"))
+        store.stage_item(delivered_by(item("a", 1, stored_at=2_000_010), "c1"))
+        store.stage_item(delivered_by(item("a", 2, stored_at=2_000_020, change=Change.CHANGED),
+                                      "c1"))
+        store.stage_item(delivered_by(item("z", 1), None))  # nothing to confirm
+        store.stage_item(delivered_by(item("y", 1, data=None), "c1"))  # no data: none
+        store.stage_item(delivered_by(
+            item("b", 2, stored_at=2_000_030, change=Change.DELETED,
+                 data={"url": "https://example.com/b", "change": "deleted"}), "c1"))
+        # Staged, not flushed: nothing waits yet.
+        assert await call(store.undelivered_crawls(SCOPE)) == []
+        await call(store.flush())
+        assert await call(store.undelivered_crawls(SCOPE)) == ["c1"]
+        # In the order they were stored, whatever the chunk size.
+        stored = [("a", 1, "new"), ("b", 1, "new"), ("a", 2, "changed"), ("b", 2, "deleted")]
+        assert await waiting("c1") == stored
+        assert await waiting("c1", limit=1) == stored
+        [first] = await call(store.undelivered(SCOPE, "c1", limit=1))
+        assert first.version.data == {"name": "a", "version": 1}
+        assert first.version.fingerprint == "fp-a-1"
+        assert first.version.stored_at == 2_000_010
+        # Emitted again by crawl c2: it waits on c2 now.
+        store.stage_redelivered(first, "c2")
+        await call(store.flush())
+        assert await waiting("c1") == stored[1:]
+        assert await waiting("c2") == stored[:1]
+        assert await call(store.undelivered_crawls(SCOPE)) == ["c1", "c2"]
+        # c2 confirms: c1 still has versions waiting, and stays listed.
+        store.stage_delivered(SCOPE, "c2")
+        store.stage_settled(SCOPE, "c1")
+        await call(store.flush())
+        assert await waiting("c2") == []
+        assert await call(store.undelivered_crawls(SCOPE)) == ["c1"]
+        # Durable, and confirmed by c1 at last.
+        await call(store.close())
+        store = make_store()
+        assert await waiting("c1") == stored[1:]
+        store.stage_delivered(SCOPE, "c1")
+        await call(store.flush())
+        assert await waiting("c1") == []
+        assert await call(store.undelivered_crawls(SCOPE)) == []
+        # The versions themselves are untouched.
+        assert [(v.key, v.version) for v in store.iter_versions(SCOPE, every_version=True)] == [
+            ("z", 1), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_reset_forgets_what_waits_and_a_pruned_version_is_not_read(
+        self, make_store: MakeStore,
+    ) -> None:
+        store = make_store(history_limit=1)
+        for n in (1, 2):
+            record = item("a", n, stored_at=2_000_000 + n)
+            record.delivery = "c1"
+            store.stage_item(record)
+        await call(store.flush())
+        # Version 1 was pruned by version 2: only version 2 is read.
+        assert [(p.version.key, p.version.version)
+                for p in await call(store.undelivered(SCOPE, "c1"))] == [("a", 2)]
+        store.reset_scope(SCOPE)
+        assert await call(store.undelivered_crawls(SCOPE)) == []
+        assert await call(store.undelivered(SCOPE, "c1")) == []
+
     # -- crawl records, holds, read-outs and repairs ----------------------------
 
     @pytest_twisted.ensureDeferred
@@ -1926,9 +2008,9 @@ async def store_with_one_page(path: Path, version: int) -> SQLiteStateStore:
 
 
 def assert_upgraded(path: Path) -> None:
-    """The store at *path* is at the current schema (14) after its migration."""
+    """The store at *path* is at the current schema (15) after its migration."""
     with closing(sqlite3.connect(path)) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 15
 
 
 class TestSQLiteMigrations:

@@ -5,7 +5,8 @@ pipelines anything, and never reach storage. An item that goes on says what
 it is in the change field (``new`` or ``changed``); a changed one also
 carries the fingerprint it replaces and (opt-in) the top-level fields that
 changed since the stored version. Tombstones (a gone page's ``deleted``
-item, :mod:`.tombstones`) pass untouched: they are no content to compare.
+item, :mod:`.tombstones`) pass untouched: they are no content to compare;
+so do stored versions emitted again (``Ledger.redeliveries``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class FingerprintPipeline:
 
     async def process_item(self, item: Any) -> Any:
         ledger = self.ledger
-        if ledger.tombstone_of(item) is not None:
+        if ledger.tombstone_of(item) is not None or ledger.is_redelivered(item):
             return item
         identity = ledger.identity
         fingerprint = identity.fingerprint(item)

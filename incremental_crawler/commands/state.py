@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import socket
 import sys
 import time
 from dataclasses import asdict
@@ -38,6 +36,7 @@ from incremental_crawler.report.formats import duration, shares, size
 from incremental_crawler.state.keys import canonical_url
 from incremental_crawler.state.records import PageFlags
 from incremental_crawler.state.stores import StateStore, StateStoreError, open_existing_store
+from incremental_crawler.state.stores.base import dead_pid
 
 if TYPE_CHECKING:
     import argparse
@@ -232,21 +231,6 @@ def hold(holder: str, expires: float) -> str:
     if pid is not None:
         return f"{holder} (pid {pid} is not running on this host: it was killed; {lapses})"
     return f"{holder} (running, or killed: {lapses})"
-
-
-def dead_pid(holder: str) -> int | None:
-    """The pid of *holder* if it is a process of this host that is not running."""
-    host, _, rest = holder.partition(":")
-    pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit() or int(pid) <= 0:
-        return None
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return int(pid)
-    except OSError:  # it runs, as another user
-        return None
-    return None
 
 
 # -- summaries ----------------------------------------------------------------------

@@ -50,16 +50,19 @@ committed with its last writes, before the hold is released.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import socket
+import uuid
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
 from itemadapter import ItemAdapter
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
+from scrapy.extensions.feedexport import FeedExporter
 from scrapy.http import Response
 from scrapy.utils.asyncio import create_looping_call
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
@@ -91,11 +94,13 @@ from incremental_crawler.state.records import (
     PageFlags,
     PageKey,
     PageState,
+    Undelivered,
 )
 from incremental_crawler.state.stores import StateStore, StateStoreError, open_store
+from incremental_crawler.state.stores.base import dead_pid
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import AsyncIterator, Callable, Iterable
     from typing import Self
 
     from scrapy import Request, Spider
@@ -118,11 +123,33 @@ _PREFETCH_LIMIT = 10_000
 #: killed crawl's scope can be repaired a minute later.
 HOLD_TTL = 60.0
 
+#: Versions read from the store at a time to be emitted again.
+_REDELIVER_CHUNK = 500
+
 #: Request meta key holding the open :class:`PageTransaction` of a response.
 TXN_META = "_incremental_txn"
 
 #: The flags that say what is known of a page's links; set afresh at each commit.
 LINK_FLAGS = PageFlags.LINKS_KNOWN | PageFlags.HAS_LINKS | PageFlags.LINKS_INCOMPLETE
+
+
+def _one_per_item(chunk: list[Undelivered]) -> list[list[Undelivered]]:
+    """*chunk*'s versions, each alone, but a tombstone stored once per item
+    key of its gone page (same time, same data) once, where it first comes."""
+    groups: list[list[Undelivered]] = []
+    tombstones: dict[tuple[float, str], list[Undelivered]] = {}
+    for pending in chunk:
+        version = pending.version
+        if version.change != Change.DELETED:
+            groups.append([pending])
+            continue
+        same = (version.stored_at, json.dumps(version.data, sort_keys=True, default=str))
+        if same in tombstones:
+            tombstones[same].append(pending)
+        else:
+            tombstones[same] = [pending]
+            groups.append(tombstones[same])
+    return groups
 
 
 def _gone_lastmod(prior: PageState, listed: float | None) -> float | None:
@@ -269,6 +296,17 @@ class Ledger:
         # With items kept only in feeds (buffered, uploaded at the end), page
         # state is committed once the feeds are closed; see spider_opened.
         self._hold_until_feeds: Deferred[None] | None = None
+        #: This crawl's delivery id: the item versions it stores wait on it
+        #: until its feeds closed cleanly ("": none kept, see spider_opened).
+        self.delivery = ""
+        # Fired when Scrapy's feed exporter closed its feeds (None: no feeds).
+        self._feeds_closed: Deferred[None] | None = None
+        # Versions emitted again and in the pipelines, by item id; their
+        # ids by (item key, fingerprint) for a copy a pipeline returns.
+        self._redelivering: dict[int, tuple[Any, list[Undelivered]]] = {}
+        self._redelivering_ids: dict[tuple[str, str], int] = {}
+        # The crawls whose versions this crawl emitted again.
+        self._redelivered_from: set[str] = set()
         self._flushing = False
         self._failed = False
         self._task: Any = None
@@ -460,6 +498,8 @@ class Ledger:
         self._clock_checked()
         # The cluster worker id holds host and pid already.
         self.holder = self.worker or f"{socket.gethostname()}:{os.getpid()}"
+        if self.stores_items and self.config.redeliver:
+            self.delivery = f"{self.holder}/{uuid.uuid4().hex[:12]}"
         # Under way at once; spider_closed waits for it before releasing.
         self._hold_done = deferred_from_coro(self._hold())
         logger.info(
@@ -467,14 +507,20 @@ class Ledger:
             {"location": self.store.location, "scope": self.scope},
             extra={"spider": spider},
         )
+        if self.crawler.get_extension(FeedExporter) is not None:
+            self._feeds_closed = Deferred()
+            self.crawler.signals.connect(
+                self.feed_exporter_closed, signal=signals.feed_exporter_closed
+            )
         if not self.stores_items and self.crawler.settings.getdict("FEEDS"):
             # Feed files are buffered and uploaded at the end: a validator
             # committed earlier could outlive a killed crawl's lost feed.
             # Nothing is committed until the feeds are closed.
             self._hold_until_feeds = Deferred()
-            self.crawler.signals.connect(
-                self.feed_exporter_closed, signal=signals.feed_exporter_closed
-            )
+            if self._feeds_closed is None:
+                self.crawler.signals.connect(
+                    self.feed_exporter_closed, signal=signals.feed_exporter_closed
+                )
             logger.info(
                 "Items go only to feeds: page state is committed when they are closed",
                 extra={"spider": spider},
@@ -523,8 +569,9 @@ class Ledger:
         return self._hold_until_feeds is not None
 
     def feed_exporter_closed(self) -> None:
-        if self._hold_until_feeds is not None and not self._hold_until_feeds.called:
-            self._hold_until_feeds.callback(None)
+        for closed in (self._hold_until_feeds, self._feeds_closed):
+            if closed is not None and not closed.called:
+                closed.callback(None)
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
         if self.aside is not None:
@@ -560,6 +607,7 @@ class Ledger:
             await maybe_deferred_to_future(self._hold_until_feeds)
             self._hold_until_feeds = None
         self.trust.save()
+        await self._confirm_delivery(spider)
         self._stage_closing(reason)
         if self._hold_done is not None:
             await maybe_deferred_to_future(self._hold_done)  # never fails
@@ -582,6 +630,28 @@ class Ledger:
                 {"error": exc, "n": self.store.pending}, extra={"spider": spider},
             )
         self.stats.set_value("incremental/store_roundtrips", self.store.roundtrips)
+
+    async def _confirm_delivery(self, spider: Spider) -> None:
+        """Stage that the versions this crawl stored (or emitted again) were
+        delivered: its item pipelines closed (this crawl is closing), and so
+        did its feeds, every one stored without an error. Otherwise they
+        wait on this crawl, and the next crawl emits them again."""
+        if not self.delivery:
+            return
+        if self._feeds_closed is not None:
+            await maybe_deferred_to_future(self._feeds_closed)
+        failed = sum(int(count) for name, count in self.stats.get_stats().items()
+                     if name.startswith("feedexport/failed_count/"))
+        if failed:
+            self.stats.set_value("incremental/redelivery/unconfirmed", 1)
+            logger.warning(
+                "%(n)d feeds could not be stored: the item versions this crawl stored "
+                "are emitted again by the next crawl (at-least-once delivery)",
+                {"n": failed}, extra={"spider": spider})
+            return
+        self.store.stage_delivered(self.scope, self.delivery)
+        for crawl in sorted(self._redelivered_from):
+            self.store.stage_settled(self.scope, crawl)
 
     def _stage_closing(self, reason: str) -> None:
         """Stage what the record sources and closing writers give at the end."""
@@ -801,6 +871,8 @@ class Ledger:
         return pending
 
     def item_scraped(self, item: Any, response: Any, spider: Spider) -> None:
+        if self._redelivery_done(item):
+            return
         if (gone := self._take_tombstone(item)) is not None:
             self._tombstone_delivered(gone, item)
             return
@@ -834,6 +906,7 @@ class Ledger:
                     simhash=pending.simhash,
                     change=pending.change or self._carried_change(item),
                     page=None if txn is None else txn.state.key.url,
+                    delivery=self.delivery or None,
                 )
             )
             if pending.data is not None:
@@ -851,6 +924,9 @@ class Ledger:
     def item_dropped(
         self, item: Any, response: Any, exception: BaseException, spider: Spider
     ) -> None:
+        # Dropped is delivered: a pipeline decided on it.
+        if self._redelivery_done(item):
+            return
         if (gone := self._take_tombstone(item)) is not None:
             # Dropped is delivered: a pipeline decided on it.
             self._tombstone_delivered(gone, item)
@@ -862,6 +938,10 @@ class Ledger:
                             else None)
 
     def item_error(self, item: Any, response: Any, spider: Spider, failure: Failure) -> None:
+        if (entries := self._take_redelivery(item)) is not None:
+            # It waits on the crawl it waited on: emitted again next crawl.
+            self.stats.inc_value("incremental/redelivery/failed", len(entries))
+            return
         self._pending.pop(id(item), None)
         if failure.check(StateStoreError):
             assert failure.value is not None
@@ -880,6 +960,94 @@ class Ledger:
             # reached PageOutputMiddleware: its page ends here, withheld, and
             # counts as failed (a sitemap listing it must not be saved).
             self.output_failed(txn, f"the callback failed ({failure.getErrorMessage()})")
+
+    # -- at-least-once delivery -------------------------------------------------
+
+    async def redeliveries(self) -> AsyncIterator[dict[str, Any]]:
+        """The item versions crawls that ended without confirming their
+        delivery stored, as items to emit again (see :meth:`_confirm_delivery`).
+
+        A crawl that holds the scope still is running (its versions are not
+        its to confirm yet), unless it is a process of this host that is not
+        running any more (killed: its hold has not lapsed yet).
+        """
+        if not self.delivery:
+            return
+        crawls = await self.store.undelivered_crawls(self.scope)
+        if not crawls:
+            return
+        holders = self.store.scope_holders(self.scope, clock.now())
+        for crawl in crawls:
+            holder = crawl.rpartition("/")[0]
+            if crawl == self.delivery or (
+                    holder in holders and holder != self.holder and dead_pid(holder) is None):
+                continue
+            after: Undelivered | None = None
+            while True:
+                chunk = await self.store.undelivered(self.scope, crawl, after=after,
+                                                     limit=_REDELIVER_CHUNK)
+                if not chunk:
+                    break
+                after = chunk[-1]
+                self._redelivered_from.add(crawl)
+                for entries in _one_per_item(chunk):
+                    yield self._redelivered_item(entries)
+                if len(chunk) < _REDELIVER_CHUNK:
+                    break
+
+    def _redelivered_item(self, entries: list[Undelivered]) -> dict[str, Any]:
+        """The item of *entries* (one version, or a tombstone stored once per
+        item key of its page) as stored, marked, and tracked until it leaves
+        the pipelines."""
+        version = entries[0].version
+        item = dict(version.data)
+        if version.fingerprint:
+            item.setdefault(self.config.fingerprint_field, version.fingerprint)
+        item[self.config.redelivered_field] = True
+        self._redelivering[id(item)] = (item, entries)
+        self._redelivering_ids[self._redelivery_key(item)] = id(item)
+        self.stats.inc_value("incremental/redelivered")
+        return item
+
+    def _redelivery_key(self, item: Any) -> tuple[str, str]:
+        fingerprint = ItemAdapter(item).get(self.config.fingerprint_field)
+        return (self.identity.key(item, fingerprint if isinstance(fingerprint, str) else ""),
+                fingerprint if isinstance(fingerprint, str) else "")
+
+    def is_redelivered(self, item: Any) -> bool:
+        """Whether *item* is a stored version emitted again (the pipelines pass it on)."""
+        if id(item) in self._redelivering and self._redelivering[id(item)][0] is item:
+            return True
+        return (ItemAdapter.is_item(item)
+                and ItemAdapter(item).get(self.config.redelivered_field) is True)
+
+    def _take_redelivery(self, item: Any) -> list[Undelivered] | None:
+        """The versions *item* emits again, no longer tracked (``None``: not one)."""
+        if not self.is_redelivered(item):
+            return None
+        item_id = id(item)
+        if item_id not in self._redelivering or self._redelivering[item_id][0] is not item:
+            # A copy a pipeline returned: known by its key and fingerprint.
+            found = self._redelivering_ids.get(self._redelivery_key(item))
+            if found is None:
+                return []
+            item_id = found
+        original, entries = self._redelivering.pop(item_id)
+        key = self._redelivery_key(original)
+        if self._redelivering_ids.get(key) == item_id:
+            del self._redelivering_ids[key]
+        return entries
+
+    def _redelivery_done(self, item: Any) -> bool:
+        """If *item* is a version emitted again: it left the pipelines, and
+        waits on this crawl from now on. Whether it was one."""
+        entries = self._take_redelivery(item)
+        if entries is None:
+            return False
+        for pending in entries:
+            self.store.stage_redelivered(pending, self.delivery)
+            self._after_stage()
+        return True
 
     # -- tombstones ------------------------------------------------------------
 
@@ -948,7 +1116,8 @@ class Ledger:
         for key in gone.item_keys:
             self.store.stage_item(ItemRecord(
                 scope=self.scope, key=key, url=None, fingerprint="", data=data,
-                stored_at=now, change=Change.DELETED, page=gone.key.url))
+                stored_at=now, change=Change.DELETED, page=gone.key.url,
+                delivery=self.delivery or None))
         self.staged += len(gone.item_keys)
         self._stage_gone(gone, now)
         self.stats.inc_value("incremental/items_deleted")

@@ -5,7 +5,8 @@ pipeline left it. The write itself happens when the item has passed every
 pipeline (the ``item_scraped`` signal), staged just before the page state
 of the response it came from, so both reach the disk in one commit.
 A tombstone passes untouched: the ledger stores it when it left the
-pipelines (as the ``deleted`` version of the gone page's items).
+pipelines (as the ``deleted`` version of the gone page's items); so does a
+stored version emitted again (at-least-once delivery: it is stored already).
 """
 
 from __future__ import annotations
@@ -46,6 +47,6 @@ class StoragePipeline:
         return cls(crawler)
 
     def process_item(self, item: Any) -> Any:
-        if self.ledger.tombstone_of(item) is None:
+        if self.ledger.tombstone_of(item) is None and not self.ledger.is_redelivered(item):
             self.ledger.remember(item).data = serialize_item(item)
         return item

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Change", "CrawlRecord", "HostTrust", "ItemRecord", "PageFlags", "PageKey", "PageState",
-    "SlotRate", "StoredVersion",
+    "SlotRate", "StoredVersion", "Undelivered",
 ]
 
 
@@ -142,6 +142,11 @@ class ItemRecord:
     #: Canonical URL of the page the item came from (``None``: unknown), so
     #: that a gone page finds the items last stored from it.
     page: str | None = None
+    #: The crawl that stores the version and has yet to confirm its
+    #: delivery (its feeds closed cleanly), see
+    #: :meth:`~incremental_crawler.state.stores.base.StateStore.stage_delivered`;
+    #: ``None``: nothing to confirm. Kept with a version that has data only.
+    delivery: str | None = None
 
 
 class StoredVersion(NamedTuple):
@@ -157,6 +162,15 @@ class StoredVersion(NamedTuple):
     fingerprint: str
     #: The item's fields as stored (for a tombstone, the tombstone's).
     data: dict[str, Any]
+
+
+class Undelivered(NamedTuple):
+    """A stored item version whose delivery its crawl never confirmed
+    (what ``StateStore.undelivered`` reads)."""
+
+    #: The crawl it waits on (its ``ItemRecord.delivery``).
+    crawl: str
+    version: StoredVersion
 
 
 @dataclass(slots=True)

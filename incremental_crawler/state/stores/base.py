@@ -10,6 +10,8 @@ validators without the data.
 
 from __future__ import annotations
 
+import os
+import socket
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import urlsplit
@@ -30,11 +32,13 @@ if TYPE_CHECKING:
         PageState,
         SlotRate,
         StoredVersion,
+        Undelivered,
     )
 
 __all__ = [
     "SLOT_RATES_KEPT", "HostSummary", "PagesSummary", "Removed", "SlotRates", "StateStore",
-    "StateStoreError", "UrlRecord", "crawl_history_setting", "host_of", "item_history_setting",
+    "StateStoreError", "UrlRecord", "crawl_history_setting", "dead_pid", "host_of",
+    "item_history_setting",
 ]
 
 
@@ -127,6 +131,23 @@ class Removed(NamedTuple):
 def host_of(url: str) -> str:
     """The host a page's trust is kept under: its URL's host name, lowercase."""
     return (urlsplit(url).hostname or "").lower()
+
+
+def dead_pid(holder: str) -> int | None:
+    """The pid of *holder* (``host:pid...``, a crawl's hold) if it is a
+    process of this host that is not running: a killed crawl, whose hold
+    has not lapsed yet."""
+    host, _, rest = holder.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) <= 0:
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return int(pid)
+    except OSError:  # it runs, as another user
+        return None
+    return None
 
 
 def _whole_number_setting(settings: BaseSettings | None, name: str, minimum: int,
@@ -439,6 +460,37 @@ class StateStore(ABC):
         """The scope's remembered rates (staged ones once flushed); a record
         that cannot be read is named in ``unreadable``, never raised."""
         return SlotRates([], [])
+
+    # -- delivery of item versions ---------------------------------------------
+
+    # Not abstract: a store of the user's own that keeps no delivery marks
+    # still works; what a killed crawl stored is then not emitted again.
+
+    def stage_delivered(self, scope: str, crawl: str) -> None:  # noqa: B027 (see above)
+        """Stage that every version of *scope* waiting on *crawl* (stored by
+        it with ``ItemRecord.delivery``, or taken over with
+        :meth:`stage_redelivered`) was delivered: its feeds closed cleanly.
+        Committed with the next flush, in staging order."""
+
+    def stage_redelivered(self, pending: Undelivered, crawl: str) -> None:  # noqa: B027
+        """Stage that *pending* went through *crawl*'s pipelines again: it
+        waits on *crawl* from now on (nothing if it was pruned meanwhile)."""
+
+    def stage_settled(self, scope: str, crawl: str) -> None:  # noqa: B027 (see above)
+        """Stage forgetting *crawl* among :meth:`undelivered_crawls` if no
+        version waits on it any more (a store that lists them apart)."""
+
+    async def undelivered_crawls(self, scope: str) -> list[str]:
+        """The crawls of *scope* that have versions waiting on them, sorted."""
+        return []
+
+    async def undelivered(self, scope: str, crawl: str, *, after: Undelivered | None = None,
+                          limit: int = 500) -> list[Undelivered]:
+        """Up to *limit* of the versions (with data) waiting on *crawl*, in
+        the order they were stored (``stored_at``, item key, version),
+        starting after *after*; versions pruned since are left out. Staged
+        writes count once flushed."""
+        return []
 
     # -- a crawl's hold on its scope -------------------------------------------
 

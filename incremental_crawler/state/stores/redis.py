@@ -35,16 +35,21 @@ neither holds a ``:``, ``|`` or brace:
                                 learned (JSON)
 ``P:slotsat:<s>``               sorted set: those slots by when each was saved,
                                 the newest ``SLOT_RATES_KEPT`` (1000) kept
+``P:undel:<s>:<c>``             sorted set, all scores 0: ``stored_at NUL item key
+                                NUL version`` (zero-padded) of the versions waiting
+                                on crawl *c* to confirm their delivery
+``P:undelc:<s>``                set of the crawls *c* with such versions
 ``P:migrating``                 the lock of a layout migration (expires)
 ==============================  ==========================================
 
-``P:crawls:<s>``, ``P:holds:<s>``, ``P:slots:<s>`` and ``P:slotsat:<s>``
-came without a layout change (older code ignores them). Repairs (``forget_page``, ``forget_host``,
+``P:crawls:<s>``, ``P:holds:<s>``, ``P:slots:<s>``, ``P:slotsat:<s>``,
+``P:undel:<s>:<c>`` and ``P:undelc:<s>`` came without a layout change
+(older code ignores them). Repairs (``forget_page``, ``forget_host``,
 ``reset_scope``) run at once, each in one ``MULTI``; a reset deletes the
 scope's keys of the kinds above (``P:holds:<s>`` excepted: holds lapse by
 themselves; other ``P:<name>:<s>`` keys, such as a shared politeness budget
-``P:budget:<host>``, are not this store's), its hosts' keys and its
-``P:hist:<s>:*`` keys, and takes it out of ``P:scopes``.
+``P:budget:<host>``, are not this store's), its hosts' keys, its
+``P:hist:<s>:*`` and ``P:undel:<s>:*`` keys, and takes it out of ``P:scopes``.
 
 Pages are kept per host in small buckets (see
 :mod:`~incremental_crawler.state.stores.redis_pages`: how a page's field
@@ -140,6 +145,7 @@ from incremental_crawler.state.records import (
     PageState,
     SlotRate,
     StoredVersion,
+    Undelivered,
 )
 from incremental_crawler.state.stores.base import (
     PagesSummary,
@@ -553,6 +559,35 @@ function OPS.item(a, i)
     for _, field in ipairs(prune) do redis.call('HDEL', hist, field) end
   end
 end
+-- Delivery marks (see StateStore.stage_delivered): members
+-- stored_at NUL key NUL version, zero-padded, all of score 0 (lexical order
+-- is the order versions were stored in).
+ARITY.undeliv = 6
+function OPS.undeliv(a, i)
+  -- zset of the crawl, crawls set, crawl, itemver, item key, when: the
+  -- version just written (the item write staged right before) waits on it
+  local version = tonumber(redis.call('HGET', a[i + 3], a[i + 4]))
+  if not version then return end
+  redis.call('ZADD', a[i], 0, string.format('%015d', tonumber(a[i + 5])) .. '\0' .. a[i + 4]
+    .. '\0' .. string.format('%010d', version))
+  redis.call('SADD', a[i + 1], a[i + 2])
+end
+ARITY.redeliv = 5
+function OPS.redeliv(a, i)
+  -- zset of the crawl it waited on, zset of the crawl it waits on now,
+  -- crawls set, that crawl, member: moved, if still there
+  if redis.call('ZREM', a[i], a[i + 4]) == 1 then
+    redis.call('ZADD', a[i + 1], 0, a[i + 4])
+    redis.call('SADD', a[i + 2], a[i + 3])
+  end
+end
+ARITY.delivered = 4
+function OPS.delivered(a, i)
+  -- zset of the crawl, crawls set, crawl, '1': every version delivered
+  -- ('0': only forget the crawl if nothing waits on it any more)
+  if a[i + 3] == '1' then redis.call('DEL', a[i]) end
+  if redis.call('EXISTS', a[i]) == 0 then redis.call('SREM', a[i + 1], a[i + 2]) end
+end
 ARITY.crawl = 4
 function OPS.crawl(a, i)
   -- crawls, started, record (JSON), records kept: the newest are
@@ -577,6 +612,9 @@ local ITEM_TYPES = {'hash', 'hash', 'zset', 'hash', 'zset'}
 local function keys_of(name, a, i)
   if name == 'host' then return {{a[i], 'hash'}} end
   if name == 'crawl' then return {{a[i], 'zset'}} end
+  if name == 'undeliv' then return {{a[i], 'zset'}, {a[i + 1], 'set'}} end
+  if name == 'redeliv' then return {{a[i], 'zset'}, {a[i + 1], 'zset'}, {a[i + 2], 'set'}} end
+  if name == 'delivered' then return {{a[i], 'zset'}, {a[i + 1], 'set'}} end
   if name == 'slotrate' then return {{a[i], 'hash'}, {a[i + 1], 'zset'}} end
   if name == 'item' then
     local out = {}
@@ -798,7 +836,7 @@ _READ_PAGES_SHA, _DUE_READ_SHA, _SUMMARY_SHA, _DUE_INDEX_SHA = (
 #: writes per scope but ``holds`` (holds lapse by themselves); and the kinds
 #: of a host's keys (``P:<kind>:{<s>|<host>}``, buckets ``…:<n>``).
 _SCOPE_KINDS = ("hosts", "items", "itemver", "order", "bypage", "crawls", "hs", "dueb",
-                "splits", "slots", "slotsat")
+                "splits", "slots", "slotsat", "undelc")
 _HOST_KINDS = ("hd", "ln")
 
 #: Members asked per ZSCAN step, and steps at most (100 million members).
@@ -1688,7 +1726,7 @@ class RedisStateStore(StateStore):
         scope, key = record.scope, record.key
         # The URL and the page usually are the key: not stored twice (they
         # read back as the key). The change is the version's: in its entry.
-        skip = ["scope", "key", "data", "change"]
+        skip = ["scope", "key", "data", "change", "delivery"]
         if record.url == key:
             skip.append("url")
         page = "" if record.page in (None, key) else record.page
@@ -1707,7 +1745,70 @@ class RedisStateStore(StateStore):
             key, self._encode(record, skip), int(record.stored_at), entry, str(record.change),
             page, "1" if record.fingerprint else "0", self.history_limit,
         ))
+        if record.data is not None and record.delivery:
+            self._stage(scope, (
+                "undeliv", self._undelivered_key(scope, record.delivery),
+                self._key("undelc", scope), record.delivery, self._key("itemver", scope), key,
+                int(record.stored_at)))
         self._item_fps[scope, key] = record.fingerprint
+
+    # -- delivery of item versions ---------------------------------------------
+
+    def _undelivered_key(self, scope: str, crawl: str) -> str:
+        return f"{self._key('undel', scope)}:{quote(crawl, safe='')}"
+
+    def stage_delivered(self, scope: str, crawl: str) -> None:
+        self._stage(scope, ("delivered", self._undelivered_key(scope, crawl),
+                            self._key("undelc", scope), crawl, "1"))
+
+    def stage_settled(self, scope: str, crawl: str) -> None:
+        """Stage forgetting *crawl* among those with waiting versions, if none is left."""
+        self._stage(scope, ("delivered", self._undelivered_key(scope, crawl),
+                            self._key("undelc", scope), crawl, "0"))
+
+    def stage_redelivered(self, pending: Undelivered, crawl: str) -> None:
+        version = pending.version
+        self._stage(version.scope, (
+            "redeliv", self._undelivered_key(version.scope, pending.crawl),
+            self._undelivered_key(version.scope, crawl), self._key("undelc", version.scope),
+            crawl, _undelivered_member(version.stored_at, version.key, version.version)))
+
+    async def undelivered_crawls(self, scope: str) -> list[str]:
+        members = await self._call("SMEMBERS", self._key("undelc", scope))
+        return sorted(m.decode() for m in members)
+
+    async def undelivered(self, scope: str, crawl: str, *, after: Undelivered | None = None,
+                          limit: int = 500) -> list[Undelivered]:
+        zset = self._undelivered_key(scope, crawl)
+        start = "-" if after is None else "(" + _undelivered_member(
+            after.version.stored_at, after.version.key, after.version.version)
+        members = await self._call("ZRANGE", zset, start, "+", "BYLEX", "LIMIT", 0, limit)
+        if not members:
+            return []
+        wanted = []
+        for member in members:
+            key, _, number = member.decode().partition("\0")[2].rpartition("\0")
+            wanted.append((key, int(number), member))
+        pipe = self._async.pipeline(transaction=False)
+        for key, number, _ in wanted:
+            pipe.hget(self._hist_key(scope, key), number)
+        self.roundtrips += 1
+        try:
+            entries = await pipe.execute()
+        except redis.RedisError as exc:
+            raise self._fail("read failed", exc) from exc
+        found, pruned = [], []
+        for (key, number, member), entry in zip(wanted, entries, strict=True):
+            if entry is None:
+                pruned.append(member)
+            else:
+                found.append(Undelivered(crawl, _stored_version(scope, key, number,
+                                                                json.loads(entry))))
+        if pruned:
+            # The version is gone (pruned, forgotten): its mark means
+            # nothing any more, and goes at once (bookkeeping, like a hold).
+            await self._call("ZREM", zset, *pruned)
+        return found
 
     @property
     def pending(self) -> int:
@@ -2292,6 +2393,7 @@ class RedisStateStore(StateStore):
         links = [self._host_key("ln", scope, host) for host in counts]
         kinds += [self._host_key("hd", scope, host) for host in counts]
         hist = self._scan_keys(f"{_glob(self.prefix)}:hist:{_glob(_key_part(scope))}:*")
+        kinds += self._scan_keys(f"{_glob(self.prefix)}:undel:{_glob(_key_part(scope))}:*")
         return kinds, buckets, links, hist
 
     def _count(self, scope: str, buckets: list[str], links: list[str], hist: list[str],
@@ -2350,6 +2452,11 @@ def _slot_rates(scope: str, raw: dict[bytes, bytes]) -> SlotRates:
         else:
             found.unreadable.append(slot)
     return found
+
+
+def _undelivered_member(stored_at: float, item_key: str, version: int) -> str:
+    """A version's member in a crawl's ``P:undel`` set (as ``OPS.undeliv`` writes it)."""
+    return f"{int(stored_at):015d}\0{item_key}\0{version:010d}"
 
 
 def _stored_version(scope: str, item_key: str, number: int,

@@ -31,6 +31,7 @@ from incremental_crawler.state.records import (
     PageState,
     SlotRate,
     StoredVersion,
+    Undelivered,
 )
 from incremental_crawler.state.stores.base import (
     PagesSummary,
@@ -208,6 +209,14 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (scope, slot)
     ) WITHOUT ROWID;
     """,
+    # 15: at-least-once delivery. Each version names the crawl that stored
+    # it until that crawl's feeds closed cleanly (NULL: delivered, and every
+    # version stored before); the index holds only those waiting.
+    """
+    ALTER TABLE item_versions ADD COLUMN crawl TEXT;
+    CREATE INDEX versions_undelivered ON item_versions (scope, crawl, stored_at)
+        WHERE crawl IS NOT NULL;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: URLs per batched lookup (SQLite allows 32,766 host parameters).
@@ -290,10 +299,14 @@ _UPSERT_ITEM = (
 )
 _ADD_ITEM_VERSION = (
     "INSERT OR REPLACE INTO item_versions "
-    "(scope, item_key, version, fingerprint, data, stored_at, change) "
-    "SELECT scope, item_key, version, fingerprint, ?, last_changed, ? FROM items "
+    "(scope, item_key, version, fingerprint, data, stored_at, change, crawl) "
+    "SELECT scope, item_key, version, fingerprint, ?, last_changed, ?, ? FROM items "
     "WHERE scope = ? AND item_key = ?"
 )
+# Delivery marks (see StateStore.stage_delivered): by the partial index.
+_DELIVERED = "UPDATE item_versions SET crawl = NULL WHERE scope = ? AND crawl = ?"
+_REDELIVERED = ("UPDATE item_versions SET crawl = ? WHERE scope = ? AND item_key = ? "
+                "AND version = ? AND crawl = ?")
 # The versions beyond the history kept, by primary key: a range delete.
 _PRUNE_VERSIONS = (
     "DELETE FROM item_versions WHERE scope = ? AND item_key = ? AND version <= "
@@ -820,7 +833,7 @@ class SQLiteStateStore(StateStore):
         )))
         if record.data is not None:
             self._ops.append((_ADD_ITEM_VERSION, (
-                record.data, str(record.change), record.scope, record.key)))
+                record.data, str(record.change), record.delivery, record.scope, record.key)))
             if self.history_limit:
                 self._ops.append((_PRUNE_VERSIONS, (
                     record.scope, record.key, record.scope, record.key, self.history_limit)))
@@ -953,6 +966,39 @@ class SQLiteStateStore(StateStore):
             "AND item_key = ? ORDER BY version",
             (scope, item_key),
         ).fetchall()
+
+    # -- delivery of item versions ---------------------------------------------
+
+    def stage_delivered(self, scope: str, crawl: str) -> None:
+        self._staged += 1
+        self._ops.append((_DELIVERED, (scope, crawl)))
+
+    def stage_redelivered(self, pending: Undelivered, crawl: str) -> None:
+        self._staged += 1
+        version = pending.version
+        self._ops.append((_REDELIVERED, (
+            crawl, version.scope, version.key, version.version, pending.crawl)))
+
+    async def undelivered_crawls(self, scope: str) -> list[str]:
+        return [crawl for (crawl,) in self._read(
+            "SELECT DISTINCT crawl FROM item_versions WHERE scope = ? AND crawl IS NOT NULL "
+            "ORDER BY crawl", (scope,))]
+
+    async def undelivered(self, scope: str, crawl: str, *, after: Undelivered | None = None,
+                          limit: int = 500) -> list[Undelivered]:
+        where = "scope = ? AND crawl = ?"
+        params: list[object] = [scope, crawl]
+        if after is not None:
+            where += " AND (stored_at, item_key, version) > (?, ?, ?)"
+            last = after.version
+            params += [int(last.stored_at), last.key, last.version]
+        rows = self._read(
+            f"SELECT item_key, version, {_CHANGE.replace('v.', '')}, stored_at, "  # noqa: S608 (constant SQL)
+            f"fingerprint, data FROM item_versions WHERE {where} "
+            "ORDER BY stored_at, item_key, version LIMIT ?", (*params, limit))
+        return [Undelivered(crawl, StoredVersion(scope, key, version, change, stored_at, fp,
+                                                 json.loads(data)))
+                for key, version, change, stored_at, fp, data in rows]
 
     # -- crawl records -------------------------------------------------------
 
