@@ -163,6 +163,8 @@ from incremental_crawler.state.stores.redis_pages import (
     BUCKET_LOAD,
     DUE_INDEX_LUA,
     DUE_READ_LUA,
+    LUA_READS,
+    LUA_WRITES,
     MAX_SPLITS,
     READ_PAGES_LUA,
     SUMMARY_LUA,
@@ -229,6 +231,26 @@ _REDIS_QUERY = frozenset({
     "health_check_interval", "max_connections", "ssl_cert_reqs", "ssl_ca_certs",
     "ssl_certfile", "ssl_keyfile", "ssl_check_hostname", "protocol", "client_name",
 })
+#: The oldest Redis the store runs on: its scripts carry flags (``#!lua``),
+#: which Redis 7.0 introduced; an older Redis is refused when the store opens.
+MIN_REDIS_VERSION = (7, 0)
+#: What a write refused for memory is called (Redis's own words are vaguer).
+OUT_OF_MEMORY = (
+    "Redis is out of memory (OOM: its used memory is above its maxmemory, and "
+    "maxmemory-policy noeviction refuses writes); nothing more was written: free "
+    "memory in Redis or raise its maxmemory, then re-run")
+
+
+def _over_limit(memory: dict[str, Any]) -> bool:
+    """Whether ``INFO memory`` says Redis refuses writes for memory now."""
+    try:
+        used, limit = int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0))
+    except (TypeError, ValueError):
+        return False
+    policy = str(memory.get("maxmemory_policy", ""))
+    return limit > 0 and used > limit and policy == "noeviction"
+
+
 #: A Redis that hangs must not hang the crawl; the URI may set other values.
 _DEFAULT_TIMEOUTS = {"socket_connect_timeout": 5.0, "socket_timeout": 30.0}
 #: Lua numbers are doubles: larger integers in a page record would not
@@ -304,7 +326,7 @@ _TOKEN_TTL = 86_400
 # the writes, each its name followed by ARITY[name] arguments; a page
 # write's first three are the scope's and the host's key parts and the
 # page's field.
-_FLUSH_LUA = PAGE_CODEC + PAGE_BUCKETS + """
+_FLUSH_LUA = LUA_WRITES + PAGE_CODEC + PAGE_BUCKETS + """
 local PREFIX, LISTPACK_VALUE = ARGV[1], tonumber(ARGV[2])
 local ARITY = {host = 3, page = 5, check = 10, failure = 9, redirect = 7, item = 13,
                links = 4, unlink = 3, flags = 4, slotrate = 6}
@@ -740,7 +762,7 @@ return {applied, 0}
 # entry and record read at one instant. KEYS: per item its items hash,
 # itemver hash and history key; ARGV: the item keys. Returns per item its
 # version number, that version's entry and its record (nil where absent).
-_LATEST_LUA = """
+_LATEST_LUA = LUA_READS + """
 local out = {}
 for n = 1, #ARGV do
   local version = redis.call('HGET', KEYS[3 * n - 1], ARGV[n])
@@ -756,7 +778,7 @@ return out
 # Layout 1 → 2: KEYS[1], a page index of layout 1 (hash: page URL → JSON
 # list of item keys), becomes the sorted set of layout 2; nothing if it is
 # not a hash (converted already).
-_BYPAGE_TO_ZSET_LUA = """
+_BYPAGE_TO_ZSET_LUA = LUA_WRITES + """
 if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then return 0 end
 local flat = redis.call('HGETALL', KEYS[1])
 redis.call('DEL', KEYS[1])
@@ -770,14 +792,14 @@ return 1
 
 # A migration's lock is released by its holder only (KEYS[1]: the lock,
 # ARGV[1]: the holder's token).
-_UNLOCK_LUA = """
+_UNLOCK_LUA = LUA_WRITES + """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 return 0
 """
 
 # ... and renewed by its holder only (ARGV[2]: seconds): 0 when it is not
 # held by ARGV[1] any more (it lapsed, and maybe another process took it).
-_RENEW_LUA = """
+_RENEW_LUA = LUA_WRITES + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 return 1
@@ -1112,6 +1134,10 @@ class RedisStateStore(StateStore):
     # -- opening ---------------------------------------------------------------
 
     def _fail(self, what: str, exc: BaseException | None = None) -> StateStoreError:
+        if isinstance(exc, redis.exceptions.OutOfMemoryError):
+            # Refused before anything ran: said as what it is, not as
+            # "unreachable" or a failed command.
+            return StateStoreError(f"State store {self.location}: {OUT_OF_MEMORY}")
         detail = f": {exc}" if exc else ""
         return StateStoreError(f"State store {self.location}: {what}{detail}")
 
@@ -1119,6 +1145,7 @@ class RedisStateStore(StateStore):
         """Refuse a prefix holding a newer or foreign layout; mark a new one."""
         meta = f"{self.prefix}:meta"
         try:
+            self._check_server()
             pipe = self._sync.pipeline(transaction=False)
             pipe.type(meta)
             pipe.hgetall(meta)
@@ -1147,6 +1174,8 @@ class RedisStateStore(StateStore):
                     "state would vanish silently; use a Redis with maxmemory-policy "
                     "noeviction (or volatile-*)"
                 )
+            if not isinstance(memory, Exception) and _over_limit(memory):
+                raise self._fail(OUT_OF_MEMORY)
             if kind == b"none":
                 if has_scopes:
                     raise self._fail(
@@ -1182,6 +1211,20 @@ class RedisStateStore(StateStore):
             )
         if int(version) < LAYOUT_VERSION or _UPGRADING.encode() in found:
             self._migrate()
+
+    def _check_server(self) -> None:
+        """Refuse a Redis older than :data:`MIN_REDIS_VERSION` (before any write)."""
+        server = self._sync.info("server")
+        self.roundtrips += 1
+        version = str(server.get("redis_version", ""))
+        parts = version.split(".")
+        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() and (
+                (int(parts[0]), int(parts[1])) < MIN_REDIS_VERSION):
+            raise self._fail(
+                f"Redis {version} is too old: this store needs Redis "
+                f"{'.'.join(map(str, MIN_REDIS_VERSION))} or newer (its scripts declare "
+                "whether they write, so that Redis refuses them whole when it is out "
+                "of memory); upgrade Redis")
 
     def _migrate(self) -> None:
         """Bring a prefix of an older layout to this one, one process at a time.
