@@ -119,7 +119,7 @@ import math
 import time
 import uuid
 from dataclasses import MISSING, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 import redis
@@ -149,7 +149,9 @@ from incremental_crawler.state.stores.base import (
     StateStoreError,
     UrlRecord,
     crawl_history_setting,
+    holder_gone,
     item_history_setting,
+    redis_retry_setting,
 )
 from incremental_crawler.state.stores.packed import (
     LUA_CODEC as PAGE_CODEC,
@@ -181,7 +183,7 @@ from incremental_crawler.state.stores.redis_pages import (
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+    from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Sequence
     from typing import Self
 
     from scrapy.settings import BaseSettings
@@ -189,6 +191,8 @@ if TYPE_CHECKING:
 __all__ = ["RedisStateStore", "parse_redis_uri"]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 #: Written to ``P:meta``; a prefix holding another layout is refused. A
 #: name, not a module path: it stays as the first stores wrote it.
@@ -231,6 +235,13 @@ _REDIS_QUERY = frozenset({
     "health_check_interval", "max_connections", "ssl_cert_reqs", "ssl_ca_certs",
     "ssl_certfile", "ssl_keyfile", "ssl_check_hostname", "protocol", "client_name",
 })
+#: What a command that got no answer meets (BusyLoadingError, a Redis
+#: loading its data after a restart, is a ConnectionError): tried again.
+_NO_ANSWER = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+#: Waits between tries: doubling from the first to the longest.
+_RETRY_FIRST_WAIT = 0.05
+_RETRY_MAX_WAIT = 1.0
+
 #: The oldest Redis the store runs on: its scripts carry flags (``#!lua``),
 #: which Redis 7.0 introduced; an older Redis is refused when the store opens.
 MIN_REDIS_VERSION = (7, 0)
@@ -1041,6 +1052,11 @@ class RedisStateStore(StateStore):
             HostTrust: frozenset(f.name for f in self._fields[HostTrust]) - {"scope", "host"},
         }
         self._closed = False
+        #: Seconds the crawl-time commands keep trying a Redis that does not
+        #: answer (INCREMENTAL_REDIS_RETRY_TIME), and since when (monotonic)
+        #: it has not; None: it answered last time.
+        self.retry_time = float(DEFAULT_SETTINGS["INCREMENTAL_REDIS_RETRY_TIME"])
+        self._silent_since: float | None = None
         #: Redis's hash-max-listpack-value (read on opening; 64 by default).
         self._listpack_value = 64
         # No retries: a transaction whose reply was lost may have run, and
@@ -1065,6 +1081,7 @@ class RedisStateStore(StateStore):
         clean, prefix = parse_redis_uri(uri)
         store = cls(clean, prefix=prefix, history_limit=item_history_setting(settings))
         store.crawl_history = crawl_history_setting(settings)
+        store.retry_time = redis_retry_setting(settings)
         return store
 
     # -- keys and records ------------------------------------------------------
@@ -1362,17 +1379,65 @@ class RedisStateStore(StateStore):
 
     # -- async plumbing --------------------------------------------------------
 
+    async def _again(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        """``await attempt()``, again while Redis does not answer (down,
+        restarting, loading its data), for up to :attr:`retry_time` seconds
+        since it last answered; then a :class:`StateStoreError` saying so.
+
+        Safe for every crawl-time command: reads and holds are idempotent,
+        and a flush sent again is known by its token (what Redis applied of
+        it is not applied twice).
+        """
+        delay = _RETRY_FIRST_WAIT
+        while True:
+            try:
+                result = await attempt()
+            except _NO_ANSWER as exc:
+                now = time.monotonic()
+                if self._silent_since is None:
+                    self._silent_since = now
+                    logger.warning(
+                        "State store %(location)s: Redis does not answer (%(error)s); "
+                        "trying again for up to %(bound)g s (INCREMENTAL_REDIS_RETRY_TIME)",
+                        {"location": self.location, "error": exc, "bound": self.retry_time})
+                left = self._silent_since + self.retry_time - now
+                if left <= 0:
+                    raise self._fail(
+                        f"Redis has not answered for {self.retry_time:g} s "
+                        "(INCREMENTAL_REDIS_RETRY_TIME)", exc) from exc
+                await asyncio.sleep(min(delay, left))
+                delay = min(2 * delay, _RETRY_MAX_WAIT)
+                continue
+            if self._silent_since is not None:
+                logger.warning("State store %(location)s: Redis answers again after %(s).1f s",
+                               {"location": self.location,
+                                "s": time.monotonic() - self._silent_since})
+                self._silent_since = None
+            return result
+
     async def _run(self, pipe: Any) -> list[Any]:
-        self.roundtrips += 1
+        # A pipeline forgets its commands once executed, failed or not: each
+        # attempt gets a copy of them.
+        stack, transaction = list(pipe.command_stack), pipe.is_transaction
+
+        async def attempt() -> list[Any]:
+            again = self._async.pipeline(transaction=transaction)
+            again.command_stack = list(stack)
+            self.roundtrips += 1
+            return await again.execute()
+
         try:
-            return await pipe.execute()
+            return await self._again(attempt)
         except redis.RedisError as exc:
             raise self._fail("Redis command failed", exc) from exc
 
     async def _call(self, *args: Any) -> Any:
-        self.roundtrips += 1
-        try:
+        async def attempt() -> Any:
+            self.roundtrips += 1
             return await self._async.execute_command(*args)
+
+        try:
+            return await self._again(attempt)
         except redis.RedisError as exc:
             raise self._fail("read failed", exc) from exc
 
@@ -1390,9 +1455,8 @@ class RedisStateStore(StateStore):
             pipe = self._async.pipeline(transaction=False)
             for sha, args in calls:
                 pipe.execute_command("EVALSHA", sha, 0, *args)
-            self.roundtrips += 1
             try:
-                return await pipe.execute()
+                return await self._run_raw(pipe)
             except redis.exceptions.NoScriptError:
                 if attempt:
                     raise
@@ -1404,16 +1468,32 @@ class RedisStateStore(StateStore):
                 raise self._fail("read failed", exc) from exc
         raise AssertionError("unreachable")
 
+    async def _run_raw(self, pipe: Any) -> list[Any]:
+        """:meth:`_run`, Redis's errors left as they are."""
+        stack, transaction = list(pipe.command_stack), pipe.is_transaction
+
+        async def attempt() -> list[Any]:
+            again = self._async.pipeline(transaction=transaction)
+            again.command_stack = list(stack)
+            self.roundtrips += 1
+            return await again.execute()
+
+        return await self._again(attempt)
+
     async def _read_script(self, sha: str, args: list[Any]) -> Any:
         """Run one read script (:meth:`_read_scripts` without a pipeline)."""
-        self.roundtrips += 1
-        try:
+
+        async def attempt() -> Any:
+            self.roundtrips += 1
             try:
                 return await self._async.evalsha(sha, 0, *args)
             except redis.exceptions.NoScriptError:
                 self.roundtrips += 1
                 script = next(s for s in _SCRIPTS if _sha1(s) == sha)
                 return await self._async.eval(script, 0, *args)
+
+        try:
+            return await self._again(attempt)
         except redis.RedisError as exc:
             raise self._fail("read failed", exc) from exc
 
@@ -1824,14 +1904,22 @@ class RedisStateStore(StateStore):
         args: list[Any] = [self.prefix, self._listpack_value, len(scopes), *sorted(scopes)]
         for op in ops:
             args.extend(op)
-        self.roundtrips += 1
-        try:
+
+        async def attempt() -> Any:
+            # Sent again with the same token when Redis did not answer.
+            self.roundtrips += 1
             try:
-                reply = await self._async.evalsha(self._script_sha, len(keys), *keys, *args)
+                return await self._async.evalsha(self._script_sha, len(keys), *keys, *args)
             except redis.exceptions.NoScriptError:
                 # Not run (a restarted Redis forgot it): sent in full once.
                 self.roundtrips += 1
-                reply = await self._async.eval(_FLUSH_LUA, len(keys), *keys, *args)
+                return await self._async.eval(_FLUSH_LUA, len(keys), *keys, *args)
+
+        try:
+            reply = await self._again(attempt)
+        except redis.exceptions.OutOfMemoryError as exc:
+            # Refused whole before it ran (the script's flags): not unsure.
+            raise self._fail("", exc) from None
         except redis.RedisError as exc:
             raise self._fail("Redis command failed", exc) from exc
         self._spent_tokens = [token]
@@ -2075,6 +2163,40 @@ class RedisStateStore(StateStore):
         pipe.zremrangebyscore(holds, "-inf", now)  # lapsed ones go
         pipe.zadd(holds, {holder: now + ttl})
         await self._run(pipe)
+
+    def take_scope(self, scope: str, holder: str, ttl: float,
+                   now: float) -> tuple[str, float] | None:
+        holds = self._key("holds", scope)
+        try:
+            with self._sync.pipeline(transaction=True) as pipe:
+                # Bounded: another crawl taking it at the same instant makes
+                # this one read again (WATCH); it then finds that crawl's hold.
+                for _ in range(100):
+                    try:
+                        pipe.watch(holds)
+                        pairs: list[tuple[bytes, float]] = pipe.zrangebyscore(  # type: ignore[assignment]
+                            holds, f"({now!r}", "+inf", withscores=True)
+                        self.roundtrips += 2
+                        others = sorted(
+                            ((name, float(expires)) for name, expires in
+                             ((raw.decode(), expires) for raw, expires in pairs)
+                             if name != holder and not holder_gone(name)),
+                            key=lambda pair: -pair[1])
+                        if others:
+                            pipe.unwatch()
+                            return others[0]
+                        pipe.multi()
+                        pipe.delete(holds)  # lapsed holds, and those of gone processes
+                        pipe.zadd(holds, {holder: now + ttl})
+                        pipe.execute()
+                        self.roundtrips += 1
+                        return None
+                    except redis.WatchError:
+                        continue
+        except redis.RedisError as exc:
+            raise self._fail("cannot be reached or read (is Redis running at this "
+                             "address?)", exc) from exc
+        raise self._fail(f"could not take the hold on scope {scope!r}: it kept changing")
 
     async def release_scope(self, scope: str, holder: str) -> None:
         await self._call("ZREM", self._key("holds", scope), holder)
