@@ -30,6 +30,10 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     # scrapy-redis's scheduler, the Redis state store and the shared budget.
     "INCREMENTAL_CLUSTER_URL": None,
     "INCREMENTAL_CLUSTER_PREFIX": "incremental:cluster",
+    # Seconds a crawl keeps reconnecting to a Redis that stopped answering
+    # (its state store; in cluster mode, the cluster's Redis and the shared
+    # budget's) before it stops, as a crawl that cannot go on.
+    "INCREMENTAL_REDIS_RETRY_TIME": 30.0,
     # Seconds between a worker's heartbeats; a worker silent for the TTL is
     # taken for dead and its requests go back to the queue.
     "INCREMENTAL_CLUSTER_HEARTBEAT": 1.0,

@@ -44,5 +44,11 @@ class ItemUnchanged(DropItem):
     """The item equals the stored version."""
 
 
+class StoreUnavailable(DropItem):
+    """The state store failed while the item was checked against it: the
+    crawl stops (one ERROR line says why), and the item's page is not
+    recorded as done. Dropped quietly, not as an error per item in flight."""
+
+
 class ItemNearDuplicate(ItemUnchanged):
     """The item differs from the stored version only by a few SimHash bits."""

@@ -62,18 +62,21 @@ def escape_glob(text: str) -> str:
 
 class OwnRedis:
     """A throwaway ``redis-server`` on a Unix socket, for the tests that stop
-    it or count its commands (never the shared server). Nothing persisted."""
+    it or count its commands (never the shared server). Nothing persisted,
+    unless *options* say otherwise (``"--appendonly", "yes"``): they come
+    after the defaults, and win."""
 
-    def __init__(self) -> None:
+    def __init__(self, *options: str) -> None:
         self.dir = tempfile.mkdtemp(prefix="redis-test-")
         self.socket = str(Path(self.dir) / "redis.sock")
         self.uri = f"unix://{self.socket}?db=0"
+        self.options = options
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
             ["redis-server", "--port", "0", "--unixsocket", self.socket,
-             "--save", "", "--appendonly", "no", "--dir", self.dir],
+             "--save", "", "--appendonly", "no", "--dir", self.dir, *self.options],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         # Bounded: 400 x 25 ms = 10 s for it to answer.
@@ -94,6 +97,16 @@ class OwnRedis:
         with self.client() as client:
             stats = client.info("commandstats")
         return {name.removeprefix("cmdstat_"): v["calls"] for name, v in stats.items()}
+
+    def shut_down(self) -> None:
+        """Stop it gracefully (``SHUTDOWN``: its AOF, if on, is written out),
+        as a restart by an operator or a service manager does."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(redis.ConnectionError), self.client() as client:
+            client.shutdown()
+        proc.wait(timeout=30)
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None

@@ -779,6 +779,9 @@ async def test_crawl_that_loses_redis_stops_loudly_and_records_nothing_unstored(
         "INCREMENTAL_BATCH_SIZE": 4,
         "INCREMENTAL_FLUSH_INTERVAL": 0.02,
         "CONCURRENT_REQUESTS": 4,
+        # No retries: the cut lasts, and the crawl stops at once (a Redis
+        # back within the bound is in tests/test_store_faults.py).
+        "INCREMENTAL_REDIS_RETRY_TIME": 0,
     }
 
     async def cut_after_commits() -> int:

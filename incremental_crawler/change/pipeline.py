@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 from itemadapter import ItemAdapter
 
 from incremental_crawler.change.fingerprints import hamming, simhash
-from incremental_crawler.exceptions import ItemNearDuplicate, ItemUnchanged
+from incremental_crawler.exceptions import ItemNearDuplicate, ItemUnchanged, StoreUnavailable
 from incremental_crawler.state.ledger import Ledger
 from incremental_crawler.state.records import Change
+from incremental_crawler.state.stores import StateStoreError
 
 if TYPE_CHECKING:
     from typing import Self
@@ -46,6 +47,15 @@ class FingerprintPipeline:
         return cls(crawler)
 
     async def process_item(self, item: Any) -> Any:
+        try:
+            return await self._process(item)
+        except StateStoreError as exc:
+            # The crawl stops (Ledger.store_failed logs the one line); the
+            # ledger withholds the item's page (StoreUnavailable).
+            self.ledger.store_failed(exc)
+            raise StoreUnavailable(f"State store unavailable: {exc}", log_level="DEBUG") from exc
+
+    async def _process(self, item: Any) -> Any:
         ledger = self.ledger
         if ledger.tombstone_of(item) is not None or ledger.is_redelivered(item):
             return item

@@ -18,6 +18,7 @@ import logging
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from scrapy import Request
+from scrapy.exceptions import CloseSpider
 from scrapy.http import TextResponse
 
 from incremental_crawler import clock
@@ -39,6 +40,7 @@ from incremental_crawler.spiders.base import IncrementalSpider
 from incremental_crawler.spiders.main_text import DEFAULT_TEXT_SELECTORS, extract_main_text
 from incremental_crawler.state.keys import Canonicalizer
 from incremental_crawler.state.records import PageKey, PageState
+from incremental_crawler.state.stores import StateStoreError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable
@@ -209,7 +211,12 @@ class ListedPagesSpider(IncrementalSpider):
         if ledger is None:  # a plain crawl: nothing is known
             return [None] * len(candidates)
         keys = [PageKey(ledger.scope, c.canonical) for c in candidates]
-        stored = await ledger.store.get_pages(keys)
+        try:
+            stored = await ledger.store.get_pages(keys)
+        except StateStoreError as exc:
+            # The crawl stops (one ERROR line); the list is read again next time.
+            ledger.store_failed(exc)
+            raise CloseSpider("incremental_store_error") from exc
         return [stored.get(key) for key in keys]
 
     def due_rules(self) -> DueRules:

@@ -77,7 +77,7 @@ from incremental_crawler.change.skew import ClockSkew, skew_tolerance
 from incremental_crawler.change.tombstones import TombstoneSender
 from incremental_crawler.change.trust import HostTrustBook
 from incremental_crawler.config import IncrementalConfig
-from incremental_crawler.exceptions import ItemUnchanged
+from incremental_crawler.exceptions import ItemUnchanged, StoreUnavailable
 from incremental_crawler.links.recipes import (
     ADVICE,
     LinkRecorder,
@@ -399,7 +399,36 @@ class Ledger:
         config = IncrementalConfig.from_settings(crawler.settings)
         if not config.enabled:
             raise NotConfigured("INCREMENTAL_ENABLED is False; set it to True to keep state")
-        return cls(crawler, config, open_store(crawler.settings))
+        ledger = cls(crawler, config, open_store(crawler.settings))
+        try:
+            ledger._take_scope()
+        except BaseException:
+            # Nothing staged; the crawl does not start.
+            deferred_from_coro(ledger.store.close()).addErrback(lambda _: None)
+            raise
+        return ledger
+
+    def _take_scope(self) -> None:
+        """Hold the spider's scope before the crawl starts, or refuse to start
+        while another crawl holds it: two crawls of one scope at once would
+        fetch every page twice and store every item twice, as new. Workers of
+        a cluster share their scope on purpose; a crawler built without its
+        spider (a test's, the shell's) takes its hold when the spider opens.
+        """
+        if self.crawler.spider is None or self.crawler.settings.get("INCREMENTAL_CLUSTER_URL"):
+            return
+        self.holder = f"{socket.gethostname()}:{os.getpid()}"
+        now = clock.now()
+        held = self.store.take_scope(self.scope, self.holder, self.hold_ttl, now)
+        if held is not None:
+            other, lapses = held
+            raise StateStoreError(
+                f"State store {self.store.location}: scope {self.scope!r} is held by "
+                f"another crawl ({other}, its hold lapses in {max(0, math.ceil(lapses - now))} s "
+                "unless that crawl refreshes it); two crawls of one scope at once would "
+                "fetch every page and store every item twice: wait until it ends, or "
+                "give this crawl another scope (incremental_scope)")
+        self._held_at = now
 
     @classmethod
     def for_component(cls, crawler: Crawler) -> Ledger:
@@ -624,7 +653,9 @@ class Ledger:
             await self.store.close()
         except StateStoreError as exc:
             self.stats.inc_value("incremental/store_errors")
-            logger.error(
+            logger.log(
+                # The crawl stopped for it already: one ERROR line said why.
+                logging.WARNING if self._failed else logging.ERROR,
                 "%(error)s; %(n)d staged writes were not stored (the next run "
                 "fetches those pages again)",
                 {"error": exc, "n": self.store.pending}, extra={"spider": spider},
@@ -807,7 +838,9 @@ class Ledger:
             # instead of getting a 304 for data that was never stored. Its
             # failure record makes it due then, whatever its sitemap says.
             self.stats.inc_value("incremental/state_withheld")
-            logger.warning(
+            logger.log(
+                # Once the store failed, its one ERROR line says it for every page.
+                logging.DEBUG if self._failed else logging.WARNING,
                 "Not saving validators of %(url)s: %(reason)s",
                 {"url": txn.state.key.url, "reason": txn.failed},
                 extra={"spider": self.crawler.spider},
@@ -931,8 +964,12 @@ class Ledger:
             # Dropped is delivered: a pipeline decided on it.
             self._tombstone_delivered(gone, item)
             return
-        # A dropped item is a decision, not a failure: the page is done.
         self._pending.pop(id(item), None)
+        if isinstance(exception, StoreUnavailable):
+            # Not a decision: the store could not be asked.
+            self._item_finished(response, error="the state store failed")
+            return
+        # A dropped item is a decision, not a failure: the page is done.
         # Unchanged: evidence about the page's content; other drops are not.
         self._item_finished(response, changed=False if isinstance(exception, ItemUnchanged)
                             else None)

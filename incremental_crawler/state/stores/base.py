@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SLOT_RATES_KEPT", "HostSummary", "PagesSummary", "Removed", "SlotRates", "StateStore",
-    "StateStoreError", "UrlRecord", "crawl_history_setting", "dead_pid", "host_of",
-    "item_history_setting",
+    "StateStoreError", "UrlRecord", "crawl_history_setting", "dead_pid", "holder_gone",
+    "host_of", "item_history_setting", "redis_retry_setting",
 ]
 
 
@@ -175,6 +175,29 @@ def item_history_setting(settings: BaseSettings | None) -> int:
     """INCREMENTAL_ITEM_HISTORY from *settings* (its default without them)."""
     return _whole_number_setting(settings, "INCREMENTAL_ITEM_HISTORY", 0,
                                  " (0 keeps every version)")
+
+
+def redis_retry_setting(settings: BaseSettings | None) -> float:
+    """INCREMENTAL_REDIS_RETRY_TIME from *settings* (its default without them)."""
+    name = "INCREMENTAL_REDIS_RETRY_TIME"
+    raw = None if settings is None else settings.get(name)
+    if raw is None:
+        return float(DEFAULT_SETTINGS[name])
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise SettingError(f"{name}={raw!r} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise SettingError(f"{name}={raw!r} must be a number of seconds, at least 0")
+    return value
+
+
+def holder_gone(holder: str) -> bool:
+    """Whether *holder* (``host:pid``, a crawl's name in its scope's holds)
+    is a process of this host that is no longer running: its hold (a crawl
+    killed by ``kill -9``) need not be waited for. A process of another host
+    is never known to be gone: its hold lapses by itself."""
+    return dead_pid(holder) is not None
 
 
 class StateStoreError(RuntimeError):
@@ -503,6 +526,15 @@ class StateStore(ABC):
                          now: float | None = None) -> None:
         """Take or refresh *holder*'s hold on *scope*, lapsing *ttl* seconds
         after *now* (``None``: the clock's now). Holds of other holders stay."""
+
+    @abstractmethod
+    def take_scope(self, scope: str, holder: str, ttl: float,
+                   now: float) -> tuple[str, float] | None:
+        """Take *holder*'s hold on *scope* for a crawl that starts, unless
+        another crawl holds it: ``None`` when taken, else that crawl's holder
+        and when its hold lapses. Synchronous, at once, in one transaction: of
+        two crawls starting together, one takes it. A hold that lapsed, or
+        whose process is gone (:func:`holder_gone`), is taken over."""
 
     @abstractmethod
     async def release_scope(self, scope: str, holder: str) -> None:

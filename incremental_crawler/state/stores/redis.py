@@ -124,7 +124,7 @@ import math
 import time
 import uuid
 from dataclasses import MISSING, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 import redis
@@ -155,7 +155,9 @@ from incremental_crawler.state.stores.base import (
     StateStoreError,
     UrlRecord,
     crawl_history_setting,
+    holder_gone,
     item_history_setting,
+    redis_retry_setting,
 )
 from incremental_crawler.state.stores.packed import (
     LUA_CODEC as PAGE_CODEC,
@@ -169,6 +171,8 @@ from incremental_crawler.state.stores.redis_pages import (
     BUCKET_LOAD,
     DUE_INDEX_LUA,
     DUE_READ_LUA,
+    LUA_READS,
+    LUA_WRITES,
     MAX_SPLITS,
     READ_PAGES_LUA,
     SUMMARY_LUA,
@@ -185,7 +189,7 @@ from incremental_crawler.state.stores.redis_pages import (
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+    from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Sequence
     from typing import Self
 
     from scrapy.settings import BaseSettings
@@ -193,6 +197,8 @@ if TYPE_CHECKING:
 __all__ = ["RedisStateStore", "parse_redis_uri"]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 #: Written to ``P:meta``; a prefix holding another layout is refused. A
 #: name, not a module path: it stays as the first stores wrote it.
@@ -235,6 +241,33 @@ _REDIS_QUERY = frozenset({
     "health_check_interval", "max_connections", "ssl_cert_reqs", "ssl_ca_certs",
     "ssl_certfile", "ssl_keyfile", "ssl_check_hostname", "protocol", "client_name",
 })
+#: What a command that got no answer meets (BusyLoadingError, a Redis
+#: loading its data after a restart, is a ConnectionError): tried again.
+_NO_ANSWER = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+#: Waits between tries: doubling from the first to the longest.
+_RETRY_FIRST_WAIT = 0.05
+_RETRY_MAX_WAIT = 1.0
+
+#: The oldest Redis the store runs on: its scripts carry flags (``#!lua``),
+#: which Redis 7.0 introduced; an older Redis is refused when the store opens.
+MIN_REDIS_VERSION = (7, 0)
+#: What a write refused for memory is called (Redis's own words are vaguer).
+OUT_OF_MEMORY = (
+    "Redis is out of memory (OOM: its used memory is above its maxmemory, and "
+    "maxmemory-policy noeviction refuses writes); nothing more was written: free "
+    "memory in Redis or raise its maxmemory, then re-run")
+
+
+def _over_limit(memory: dict[str, Any]) -> bool:
+    """Whether ``INFO memory`` says Redis refuses writes for memory now."""
+    try:
+        used, limit = int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0))
+    except (TypeError, ValueError):
+        return False
+    policy = str(memory.get("maxmemory_policy", ""))
+    return limit > 0 and used > limit and policy == "noeviction"
+
+
 #: A Redis that hangs must not hang the crawl; the URI may set other values.
 _DEFAULT_TIMEOUTS = {"socket_connect_timeout": 5.0, "socket_timeout": 30.0}
 #: Lua numbers are doubles: larger integers in a page record would not
@@ -310,7 +343,7 @@ _TOKEN_TTL = 86_400
 # the writes, each its name followed by ARITY[name] arguments; a page
 # write's first three are the scope's and the host's key parts and the
 # page's field.
-_FLUSH_LUA = PAGE_CODEC + PAGE_BUCKETS + """
+_FLUSH_LUA = LUA_WRITES + PAGE_CODEC + PAGE_BUCKETS + """
 local PREFIX, LISTPACK_VALUE = ARGV[1], tonumber(ARGV[2])
 local ARITY = {host = 3, page = 5, check = 10, failure = 9, redirect = 7, item = 13,
                links = 4, unlink = 3, flags = 4, slotrate = 6}
@@ -778,7 +811,7 @@ return {applied, 0}
 # entry and record read at one instant. KEYS: per item its items hash,
 # itemver hash and history key; ARGV: the item keys. Returns per item its
 # version number, that version's entry and its record (nil where absent).
-_LATEST_LUA = """
+_LATEST_LUA = LUA_READS + """
 local out = {}
 for n = 1, #ARGV do
   local version = redis.call('HGET', KEYS[3 * n - 1], ARGV[n])
@@ -794,7 +827,7 @@ return out
 # Layout 1 → 2: KEYS[1], a page index of layout 1 (hash: page URL → JSON
 # list of item keys), becomes the sorted set of layout 2; nothing if it is
 # not a hash (converted already).
-_BYPAGE_TO_ZSET_LUA = """
+_BYPAGE_TO_ZSET_LUA = LUA_WRITES + """
 if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then return 0 end
 local flat = redis.call('HGETALL', KEYS[1])
 redis.call('DEL', KEYS[1])
@@ -808,14 +841,14 @@ return 1
 
 # A migration's lock is released by its holder only (KEYS[1]: the lock,
 # ARGV[1]: the holder's token).
-_UNLOCK_LUA = """
+_UNLOCK_LUA = LUA_WRITES + """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 return 0
 """
 
 # ... and renewed by its holder only (ARGV[2]: seconds): 0 when it is not
 # held by ARGV[1] any more (it lapsed, and maybe another process took it).
-_RENEW_LUA = """
+_RENEW_LUA = LUA_WRITES + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 return 1
@@ -1057,6 +1090,11 @@ class RedisStateStore(StateStore):
             HostTrust: frozenset(f.name for f in self._fields[HostTrust]) - {"scope", "host"},
         }
         self._closed = False
+        #: Seconds the crawl-time commands keep trying a Redis that does not
+        #: answer (INCREMENTAL_REDIS_RETRY_TIME), and since when (monotonic)
+        #: it has not; None: it answered last time.
+        self.retry_time = float(DEFAULT_SETTINGS["INCREMENTAL_REDIS_RETRY_TIME"])
+        self._silent_since: float | None = None
         #: Redis's hash-max-listpack-value (read on opening; 64 by default).
         self._listpack_value = 64
         # No retries: a transaction whose reply was lost may have run, and
@@ -1081,6 +1119,7 @@ class RedisStateStore(StateStore):
         clean, prefix = parse_redis_uri(uri)
         store = cls(clean, prefix=prefix, history_limit=item_history_setting(settings))
         store.crawl_history = crawl_history_setting(settings)
+        store.retry_time = redis_retry_setting(settings)
         return store
 
     # -- keys and records ------------------------------------------------------
@@ -1150,6 +1189,10 @@ class RedisStateStore(StateStore):
     # -- opening ---------------------------------------------------------------
 
     def _fail(self, what: str, exc: BaseException | None = None) -> StateStoreError:
+        if isinstance(exc, redis.exceptions.OutOfMemoryError):
+            # Refused before anything ran: said as what it is, not as
+            # "unreachable" or a failed command.
+            return StateStoreError(f"State store {self.location}: {OUT_OF_MEMORY}")
         detail = f": {exc}" if exc else ""
         return StateStoreError(f"State store {self.location}: {what}{detail}")
 
@@ -1157,6 +1200,7 @@ class RedisStateStore(StateStore):
         """Refuse a prefix holding a newer or foreign layout; mark a new one."""
         meta = f"{self.prefix}:meta"
         try:
+            self._check_server()
             pipe = self._sync.pipeline(transaction=False)
             pipe.type(meta)
             pipe.hgetall(meta)
@@ -1185,6 +1229,8 @@ class RedisStateStore(StateStore):
                     "state would vanish silently; use a Redis with maxmemory-policy "
                     "noeviction (or volatile-*)"
                 )
+            if not isinstance(memory, Exception) and _over_limit(memory):
+                raise self._fail(OUT_OF_MEMORY)
             if kind == b"none":
                 if has_scopes:
                     raise self._fail(
@@ -1220,6 +1266,20 @@ class RedisStateStore(StateStore):
             )
         if int(version) < LAYOUT_VERSION or _UPGRADING.encode() in found:
             self._migrate()
+
+    def _check_server(self) -> None:
+        """Refuse a Redis older than :data:`MIN_REDIS_VERSION` (before any write)."""
+        server = self._sync.info("server")
+        self.roundtrips += 1
+        version = str(server.get("redis_version", ""))
+        parts = version.split(".")
+        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() and (
+                (int(parts[0]), int(parts[1])) < MIN_REDIS_VERSION):
+            raise self._fail(
+                f"Redis {version} is too old: this store needs Redis "
+                f"{'.'.join(map(str, MIN_REDIS_VERSION))} or newer (its scripts declare "
+                "whether they write, so that Redis refuses them whole when it is out "
+                "of memory); upgrade Redis")
 
     def _migrate(self) -> None:
         """Bring a prefix of an older layout to this one, one process at a time.
@@ -1357,17 +1417,65 @@ class RedisStateStore(StateStore):
 
     # -- async plumbing --------------------------------------------------------
 
+    async def _again(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        """``await attempt()``, again while Redis does not answer (down,
+        restarting, loading its data), for up to :attr:`retry_time` seconds
+        since it last answered; then a :class:`StateStoreError` saying so.
+
+        Safe for every crawl-time command: reads and holds are idempotent,
+        and a flush sent again is known by its token (what Redis applied of
+        it is not applied twice).
+        """
+        delay = _RETRY_FIRST_WAIT
+        while True:
+            try:
+                result = await attempt()
+            except _NO_ANSWER as exc:
+                now = time.monotonic()
+                if self._silent_since is None:
+                    self._silent_since = now
+                    logger.warning(
+                        "State store %(location)s: Redis does not answer (%(error)s); "
+                        "trying again for up to %(bound)g s (INCREMENTAL_REDIS_RETRY_TIME)",
+                        {"location": self.location, "error": exc, "bound": self.retry_time})
+                left = self._silent_since + self.retry_time - now
+                if left <= 0:
+                    raise self._fail(
+                        f"Redis has not answered for {self.retry_time:g} s "
+                        "(INCREMENTAL_REDIS_RETRY_TIME)", exc) from exc
+                await asyncio.sleep(min(delay, left))
+                delay = min(2 * delay, _RETRY_MAX_WAIT)
+                continue
+            if self._silent_since is not None:
+                logger.warning("State store %(location)s: Redis answers again after %(s).1f s",
+                               {"location": self.location,
+                                "s": time.monotonic() - self._silent_since})
+                self._silent_since = None
+            return result
+
     async def _run(self, pipe: Any) -> list[Any]:
-        self.roundtrips += 1
+        # A pipeline forgets its commands once executed, failed or not: each
+        # attempt gets a copy of them.
+        stack, transaction = list(pipe.command_stack), pipe.is_transaction
+
+        async def attempt() -> list[Any]:
+            again = self._async.pipeline(transaction=transaction)
+            again.command_stack = list(stack)
+            self.roundtrips += 1
+            return await again.execute()
+
         try:
-            return await pipe.execute()
+            return await self._again(attempt)
         except redis.RedisError as exc:
             raise self._fail("Redis command failed", exc) from exc
 
     async def _call(self, *args: Any) -> Any:
-        self.roundtrips += 1
-        try:
+        async def attempt() -> Any:
+            self.roundtrips += 1
             return await self._async.execute_command(*args)
+
+        try:
+            return await self._again(attempt)
         except redis.RedisError as exc:
             raise self._fail("read failed", exc) from exc
 
@@ -1385,9 +1493,8 @@ class RedisStateStore(StateStore):
             pipe = self._async.pipeline(transaction=False)
             for sha, args in calls:
                 pipe.execute_command("EVALSHA", sha, 0, *args)
-            self.roundtrips += 1
             try:
-                return await pipe.execute()
+                return await self._run_raw(pipe)
             except redis.exceptions.NoScriptError:
                 if attempt:
                     raise
@@ -1399,16 +1506,32 @@ class RedisStateStore(StateStore):
                 raise self._fail("read failed", exc) from exc
         raise AssertionError("unreachable")
 
+    async def _run_raw(self, pipe: Any) -> list[Any]:
+        """:meth:`_run`, Redis's errors left as they are."""
+        stack, transaction = list(pipe.command_stack), pipe.is_transaction
+
+        async def attempt() -> list[Any]:
+            again = self._async.pipeline(transaction=transaction)
+            again.command_stack = list(stack)
+            self.roundtrips += 1
+            return await again.execute()
+
+        return await self._again(attempt)
+
     async def _read_script(self, sha: str, args: list[Any]) -> Any:
         """Run one read script (:meth:`_read_scripts` without a pipeline)."""
-        self.roundtrips += 1
-        try:
+
+        async def attempt() -> Any:
+            self.roundtrips += 1
             try:
                 return await self._async.evalsha(sha, 0, *args)
             except redis.exceptions.NoScriptError:
                 self.roundtrips += 1
                 script = next(s for s in _SCRIPTS if _sha1(s) == sha)
                 return await self._async.eval(script, 0, *args)
+
+        try:
+            return await self._again(attempt)
         except redis.RedisError as exc:
             raise self._fail("read failed", exc) from exc
 
@@ -1882,14 +2005,22 @@ class RedisStateStore(StateStore):
         args: list[Any] = [self.prefix, self._listpack_value, len(scopes), *sorted(scopes)]
         for op in ops:
             args.extend(op)
-        self.roundtrips += 1
-        try:
+
+        async def attempt() -> Any:
+            # Sent again with the same token when Redis did not answer.
+            self.roundtrips += 1
             try:
-                reply = await self._async.evalsha(self._script_sha, len(keys), *keys, *args)
+                return await self._async.evalsha(self._script_sha, len(keys), *keys, *args)
             except redis.exceptions.NoScriptError:
                 # Not run (a restarted Redis forgot it): sent in full once.
                 self.roundtrips += 1
-                reply = await self._async.eval(_FLUSH_LUA, len(keys), *keys, *args)
+                return await self._async.eval(_FLUSH_LUA, len(keys), *keys, *args)
+
+        try:
+            reply = await self._again(attempt)
+        except redis.exceptions.OutOfMemoryError as exc:
+            # Refused whole before it ran (the script's flags): not unsure.
+            raise self._fail("", exc) from None
         except redis.RedisError as exc:
             raise self._fail("Redis command failed", exc) from exc
         self._spent_tokens = [token]
@@ -2133,6 +2264,40 @@ class RedisStateStore(StateStore):
         pipe.zremrangebyscore(holds, "-inf", now)  # lapsed ones go
         pipe.zadd(holds, {holder: now + ttl})
         await self._run(pipe)
+
+    def take_scope(self, scope: str, holder: str, ttl: float,
+                   now: float) -> tuple[str, float] | None:
+        holds = self._key("holds", scope)
+        try:
+            with self._sync.pipeline(transaction=True) as pipe:
+                # Bounded: another crawl taking it at the same instant makes
+                # this one read again (WATCH); it then finds that crawl's hold.
+                for _ in range(100):
+                    try:
+                        pipe.watch(holds)
+                        pairs: list[tuple[bytes, float]] = pipe.zrangebyscore(  # type: ignore[assignment]
+                            holds, f"({now!r}", "+inf", withscores=True)
+                        self.roundtrips += 2
+                        others = sorted(
+                            ((name, float(expires)) for name, expires in
+                             ((raw.decode(), expires) for raw, expires in pairs)
+                             if name != holder and not holder_gone(name)),
+                            key=lambda pair: -pair[1])
+                        if others:
+                            pipe.unwatch()
+                            return others[0]
+                        pipe.multi()
+                        pipe.delete(holds)  # lapsed holds, and those of gone processes
+                        pipe.zadd(holds, {holder: now + ttl})
+                        pipe.execute()
+                        self.roundtrips += 1
+                        return None
+                    except redis.WatchError:
+                        continue
+        except redis.RedisError as exc:
+            raise self._fail("cannot be reached or read (is Redis running at this "
+                             "address?)", exc) from exc
+        raise self._fail(f"could not take the hold on scope {scope!r}: it kept changing")
 
     async def release_scope(self, scope: str, holder: str) -> None:
         await self._call("ZREM", self._key("holds", scope), holder)

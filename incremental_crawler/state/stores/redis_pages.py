@@ -49,6 +49,7 @@ from incremental_crawler.state.stores.packed import LUA_CODEC
 
 __all__ = [
     "BUCKET_LOAD", "DUE_INDEX_LUA", "DUE_READ_LUA", "LUA_BUCKETS", "LUA_BUCKET_PAGES",
+    "LUA_READS", "LUA_WRITES",
     "READ_PAGES_LUA", "SUMMARY_LUA",
     "bucket_of", "host_part", "page_field", "page_key_of", "url_of",
 ]
@@ -127,6 +128,15 @@ def bucket_of(field: str, buckets: int) -> int:
     return bucket if bucket < buckets else hashed % level
 
 
+#: The first line of every script (Redis 7.0's flags; a script without one
+#: is a "legacy" script, which Redis refuses for memory only at its first
+#: write that adds data, and lets write past ``maxmemory`` after that).
+#: A script that may write is refused as a whole, before it runs, while
+#: Redis is above ``maxmemory``; a read-only one runs whatever the memory.
+LUA_WRITES = "#!lua\n"
+LUA_READS = "#!lua flags=no-writes\n"
+
+
 #: ``bucket_of(n, field)`` and ``field_hash(field)`` in Lua, the same as in
 #: Python (SHA-1's first four bytes of the URL part).
 LUA_BUCKETS = """
@@ -172,7 +182,7 @@ end
 
 # Reads pages where they are now. ARGV: the key prefix, then per page its
 # scope part, host part and field. Returns per page its record (nil: none).
-READ_PAGES_LUA = LUA_BUCKETS + """
+READ_PAGES_LUA = LUA_READS + LUA_BUCKETS + """
 local prefix = ARGV[1]
 local counts = {}
 local out = {}
@@ -203,7 +213,7 @@ return out
 # was read before and not after the cap. The second is those pages' records
 # one after the other, in that order (binary: cut by their lengths). Then
 # the scope's count of bucket splits ('' for none yet).
-DUE_READ_LUA = LUA_CODEC + LUA_BUCKET_PAGES + """
+DUE_READ_LUA = LUA_READS + LUA_CODEC + LUA_BUCKET_PAGES + """
 local prefix, scope = ARGV[1], ARGV[2]
 local now, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
 local heads, records = {}, {}
@@ -239,7 +249,7 @@ return {table.concat(heads, '\\254'), table.concat(records), splits}
 # count of ZRANGE ... LIMIT, the key of the scope's count of splits. Returns
 # one string (one reply element, not two per bucket): members and scores,
 # apart by 0xFF; and the count of splits ('' for none yet).
-DUE_INDEX_LUA = """
+DUE_INDEX_LUA = LUA_READS + """
 local pairs_ = redis.call('ZRANGE', ARGV[1], ARGV[2], ARGV[3], 'BYSCORE', 'LIMIT', ARGV[4],
                           ARGV[5], 'WITHSCORES')
 return {table.concat(pairs_, '\\255'), redis.call('GET', ARGV[6]) or ''}
@@ -251,7 +261,7 @@ return {table.concat(pairs_, '\\255'), redis.call('GET', ARGV[6]) or ''}
 # after, upto, checked_before, the number of callbacks left out, those
 # callbacks, then bucket members. Returns pages, size, earliest next visit
 # (false: none).
-SUMMARY_LUA = LUA_CODEC + LUA_BUCKET_PAGES + """
+SUMMARY_LUA = LUA_WRITES + LUA_CODEC + LUA_BUCKET_PAGES + """
 local prefix, scope = ARGV[1], ARGV[2]
 local after, upto, checked_before = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local excluded = {}

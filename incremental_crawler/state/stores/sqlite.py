@@ -41,6 +41,7 @@ from incremental_crawler.state.stores.base import (
     StateStoreError,
     UrlRecord,
     crawl_history_setting,
+    holder_gone,
     host_of,
     item_history_setting,
 )
@@ -1061,6 +1062,31 @@ class SQLiteStateStore(StateStore):
             ("INSERT OR REPLACE INTO holds (scope, holder, expires) VALUES (?, ?, ?)",
              (scope, holder, now + ttl)),
         )
+
+    def take_scope(self, scope: str, holder: str, ttl: float,
+                   now: float) -> tuple[str, float] | None:
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")  # another crawl's take waits for this one
+            try:
+                others = [(other, expires) for other, expires in db.execute(
+                    "SELECT holder, expires FROM holds WHERE scope = ? AND expires > ? "
+                    "AND holder != ? ORDER BY expires DESC", (scope, now, holder))
+                    if not holder_gone(other)]
+                if others:
+                    _rollback(db)
+                    return others[0]
+                # Every other hold lapsed, or its process is gone.
+                db.execute("DELETE FROM holds WHERE scope = ?", (scope,))
+                db.execute("INSERT INTO holds (scope, holder, expires) VALUES (?, ?, ?)",
+                           (scope, holder, now + ttl))
+                db.execute("COMMIT")
+            except BaseException:
+                _rollback(db)
+                raise
+        except sqlite3.DatabaseError as exc:
+            raise self._fail("write failed", exc) from exc
+        return None
 
     async def release_scope(self, scope: str, holder: str) -> None:
         self._write(("DELETE FROM holds WHERE scope = ? AND holder = ?", (scope, holder)))

@@ -1,0 +1,279 @@
+"""A state store's server that is full, restarted or shared: real crawls.
+
+Each Redis here is a throwaway ``redis-server`` of the test's own
+(:class:`OwnRedis`: a memory limit, AOF, a restart), never the shared one.
+What the guide promises ("When a crawl cannot go on"): a crawl that cannot
+go on stops with one ERROR line naming the cause and exits 1, nothing not
+stored is recorded as done; one that can go on (a Redis back within the
+bound) goes on as if nothing happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import pytest_twisted
+import redis
+from twisted.internet import reactor
+from twisted.internet.defer import ensureDeferred
+from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThread
+
+from incremental_crawler import clock
+from incremental_crawler.spiders.sitemap import SitemapPagesSpider
+from incremental_crawler.state.records import PageKey
+from incremental_crawler.state.stores.redis import RedisStateStore
+from tests.redis_util import OwnRedis
+from tests.test_fatal import crawl_args, one_error_line, run
+from tests.test_kill9 import start_crawl
+from tests.test_store_contract import call
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+PREFIX = "faults"
+OOM = ("Redis is out of memory (OOM: its used memory is above its maxmemory, and "
+       "maxmemory-policy noeviction refuses writes)")
+
+
+@pytest.fixture
+def small_redis() -> Iterator[OwnRedis]:
+    """A Redis with a 2 MB limit that refuses writes beyond it."""
+    server = OwnRedis("--maxmemory", "2mb", "--maxmemory-policy", "noeviction")
+    server.start()
+    yield server
+    server.remove()
+
+
+def used_memory(server: OwnRedis) -> tuple[int, int]:
+    with server.client() as client:
+        memory = client.info("memory")
+    return int(memory["used_memory"]), int(memory["maxmemory"])
+
+
+# -- Redis at its memory limit ------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_redis_at_its_memory_limit_stops_the_crawl_naming_oom(
+    site, crawl, small_redis: OwnRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 150 items of ~20 kB each: 3 MB of text, more than the 2 MB Redis holds.
+    paths = [f"/p/{i:04d}" for i in range(150)]
+    for path in paths:
+        site.add_page(path, "strong", size=20_000)
+    uri = f"{small_redis.uri}&prefix={PREFIX}"
+    settings: dict[str, Any] = {"INCREMENTAL_STATE_URI": uri, "INCREMENTAL_BATCH_SIZE": 10,
+                                "INCREMENTAL_FLUSH_INTERVAL": 0.05, "CONCURRENT_REQUESTS": 4}
+    with caplog.at_level(logging.ERROR):
+        crawler = await crawl(SitemapPagesSpider, settings=settings,
+                              sitemap_url=site.url("/sitemap.xml"))
+    assert crawler.stats.get_value("finish_reason") == "incremental_store_error"
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors, "no ERROR line"
+    assert errors[0] == (
+        f"State store {small_redis.uri}&prefix={PREFIX}: {OOM}; nothing more was written: "
+        "free memory in Redis or raise its maxmemory, then re-run; stopping the crawl "
+        "(nothing not stored is recorded as done)"), errors
+    assert not any("Error processing" in m for m in errors), errors
+
+    # Every flush after the limit was refused whole: no page ahead of its
+    # items, and the store still opens and reads.
+    store = RedisStateStore(small_redis.uri, prefix=PREFIX)
+    try:
+        stored = await call(store.get_pages([PageKey("sitemap", site.url(p)) for p in paths]))
+        assert 0 < len(stored) < len(paths)
+        for key in stored:
+            assert await call(store.get_item_fingerprint("sitemap", key.url)) is not None, key
+    finally:
+        await call(store.close())
+
+
+def test_a_redis_out_of_memory_at_start_is_one_line_naming_oom(small_redis: OwnRedis) -> None:
+    # Filled to its limit by something else, then the limit lowered a little
+    # (as an operator may): Redis is above maxmemory and refuses writes.
+    with small_redis.client() as client:
+        for n in range(1_000):
+            try:
+                client.set(f"other:{n}", "x" * 10_000)
+            except redis.exceptions.OutOfMemoryError:
+                break
+        client.config_set("maxmemory", str(used_memory(small_redis)[0] - 50_000))
+    uri = f"{small_redis.uri}&prefix={PREFIX}"
+    result = run(crawl_args(f"INCREMENTAL_STATE_URI={uri}"))
+    assert result.returncode == 1, result.stderr
+    line = one_error_line(result)
+    assert line.startswith(f"State store {small_redis.uri}&prefix={PREFIX}: {OOM}"), line
+    assert "cannot be reached" not in line
+    with small_redis.client() as client:
+        assert not client.keys(f"{PREFIX}:*")  # nothing written
+
+
+# -- two crawls of one scope at once --------------------------------------------
+
+
+async def until_held(site, *, requests: int = 1) -> None:
+    """Until the site holds *requests* answers (bounded: a minute)."""
+    for _ in range(12_000):
+        if site.held >= requests:
+            return
+        await deferLater(reactor, 0.005)
+    pytest.fail("the crawl sent no request")
+
+
+@pytest.mark.parametrize("state_uri", ["sqlite", "redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_second_crawl_of_a_held_scope_refuses_to_start_naming_the_holder(
+    site, crawl, state_uri: str, state_store
+) -> None:
+    paths = [f"/p/{i:04d}" for i in range(20)]
+    for path in paths:
+        site.add_page(path, "strong", size=1500)
+    site.hold("/p/")
+    first = ensureDeferred(crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt")))
+    try:
+        await until_held(site)
+        second = start_crawl(site, state_uri)
+        try:
+            # Bounded: a second crawl that starts waits on the held pages.
+            _, stderr = await deferToThread(second.communicate, timeout=60)
+        except subprocess.TimeoutExpired:
+            second.kill()
+            await deferToThread(second.communicate)
+            pytest.fail("the second crawl started")
+    finally:
+        site.release()
+    crawler = await first
+
+    assert second.returncode == 1, stderr.decode()
+    result = subprocess.CompletedProcess([], 1, "", stderr.decode())
+    line = one_error_line(result)
+    holder = f"{socket.gethostname()}:{os.getpid()}"
+    assert line.startswith(f"State store {state_store.location}: scope 'sitemap' is held by "
+                           f"another crawl ({holder}, its hold lapses in "), line
+    # The first crawl went on alone: every page fetched once, stored once.
+    assert crawler.stats.get_value("finish_reason") == "finished"
+    fetched = [r.path for r in site.log if r.path.startswith("/p/")]
+    assert sorted(fetched) == paths
+    assert len(crawler.collected) == len(paths)
+    versions = list(state_store.iter_versions("sitemap"))
+    assert sorted((v.key, v.version, v.change) for v in versions) == [
+        (site.url(p), 1, "new") for p in paths]
+    assert state_store.scope_holders("sitemap", clock.now()) == {}  # released
+
+
+@pytest.mark.parametrize("state_uri", ["sqlite", "redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_the_hold_of_a_crawl_killed_by_kill_9_is_taken_over_at_once(
+    site, crawl, state_uri: str, state_store
+) -> None:
+    paths = [f"/p/{i:04d}" for i in range(20)]
+    for path in paths:
+        site.add_page(path, "strong", size=1500)
+    site.hold("/p/")
+    killed = start_crawl(site, state_uri)
+    try:
+        await until_held(site)
+        os.kill(killed.pid, signal.SIGKILL)
+        await deferToThread(killed.communicate)
+    finally:
+        site.release()
+    # Its hold is still there, for most of a minute more.
+    assert list(state_store.scope_holders("sitemap", clock.now())) == [
+        f"{socket.gethostname()}:{killed.pid}"]
+
+    crawler = await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"))
+    assert crawler.stats.get_value("finish_reason") == "finished"
+    assert len(crawler.collected) == len(paths)
+
+
+# -- Redis restarted, or gone, while a crawl runs -----------------------------------
+
+
+@pytest.fixture
+def aof_redis() -> Iterator[OwnRedis]:
+    """A Redis that keeps its data across a restart (AOF on)."""
+    server = OwnRedis("--appendonly", "yes")
+    server.start()
+    yield server
+    server.remove()
+
+
+async def restart(server: OwnRedis, seconds: float) -> None:
+    """Shut *server* down gracefully, and start it again *seconds* later."""
+    await deferToThread(server.shut_down)
+    await deferLater(reactor, seconds)
+    await deferToThread(server.start)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_goes_on_across_a_restart_of_its_redis(
+    site, crawl, aof_redis: OwnRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    paths = [f"/p/{i:04d}" for i in range(40)]
+    for path in paths:
+        site.add_page(path, "strong", size=1500)
+    uri = f"{aof_redis.uri}&prefix={PREFIX}"
+    settings: dict[str, Any] = {"INCREMENTAL_STATE_URI": uri, "INCREMENTAL_BATCH_SIZE": 4,
+                                "INCREMENTAL_FLUSH_INTERVAL": 0.02, "CONCURRENT_REQUESTS": 4}
+    site.slow("/p/", 0.05)
+    site.hold("/p/")
+    with caplog.at_level(logging.WARNING):
+        running = ensureDeferred(crawl(SitemapPagesSpider, settings=settings,
+                                       sitemap_url=site.url("/robots.txt")))
+        try:
+            await until_held(site, requests=4)
+        finally:
+            site.release()
+        # Down while answers, items and flushes are in flight, and for a second.
+        await restart(aof_redis, 1.0)
+        crawler = await running
+
+    assert crawler.stats.get_value("finish_reason") == "finished"
+    problems = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert problems == []
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+                and r.getMessage().startswith(f"State store {uri}")]
+    assert any("Redis does not answer" in m for m in warnings), warnings
+    assert any("Redis answers again" in m for m in warnings), warnings
+    # Every page fetched once; every item stored exactly once, as new.
+    assert sorted(r.path for r in site.log if r.path.startswith("/p/")) == paths
+    store = RedisStateStore(aof_redis.uri, prefix=PREFIX)
+    try:
+        versions = list(store.iter_versions("sitemap"))
+        assert sorted((v.key, v.version, v.change) for v in versions) == [
+            (site.url(p), 1, "new") for p in paths]
+        stored = await call(store.get_pages([PageKey("sitemap", site.url(p)) for p in paths]))
+        assert len(stored) == len(paths)
+        assert all(state.checks == 1 for state in stored.values())
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_redis_that_stays_away_stops_the_crawl_with_one_line(
+    site, aof_redis: OwnRedis
+) -> None:
+    for i in range(20):
+        site.add_page(f"/p/{i:04d}", "strong", size=1500)
+    uri = f"{aof_redis.uri}&prefix={PREFIX}"
+    site.hold("/p/")
+    proc = start_crawl(site, uri, "-s", "INCREMENTAL_REDIS_RETRY_TIME=2")
+    try:
+        await until_held(site)
+        await deferToThread(aof_redis.shut_down)  # and not started again
+    finally:
+        site.release()
+    _, stderr = await deferToThread(proc.communicate, timeout=120)
+    result = subprocess.CompletedProcess([], proc.returncode, "", stderr.decode())
+    assert proc.returncode == 1, result.stderr
+    line = one_error_line(result)
+    assert line.startswith(f"State store {uri}: Redis has not answered for 2 s "
+                           "(INCREMENTAL_REDIS_RETRY_TIME): "), line
+    assert line.endswith("; stopping the crawl (nothing not stored is recorded as done)"), line
