@@ -45,7 +45,7 @@ from incremental_crawler.report.document import (
 )
 from incremental_crawler.report.extension import crawl_lines
 from incremental_crawler.report.history import CrawlHistory
-from incremental_crawler.report.page import PlotlyMissing, render_parts
+from incremental_crawler.report.page import PlotlyMissing, plotly_js_path, render_parts
 from incremental_crawler.report.timeline import Timeline
 from incremental_crawler.state.ledger import Ledger
 
@@ -183,6 +183,13 @@ class ReportFiles:
         if not config.report_dir:
             # Off by default: no message, so Scrapy logs no warning on every crawl.
             raise NotConfigured
+        try:
+            plotly_js_path()
+        except PlotlyMissing as exc:
+            # Said now, not only when the crawl ends hours later: the JSON
+            # is still written, the page is not.
+            logger.warning("INCREMENTAL_REPORT_DIR is set but %(exc)s; this crawl will write "
+                           "report.json only", {"exc": exc})
         return cls(crawler, Path(config.report_dir).expanduser(), config.report_keep)
 
     @property

@@ -27,7 +27,7 @@ from typing import Any
 
 from incremental_crawler.report.formats import size
 
-__all__ = ["PlotlyMissing", "plotly_js", "render_parts"]
+__all__ = ["INSTALL_REPORT", "PlotlyMissing", "plotly_js", "plotly_js_path", "render_parts"]
 
 #: Colours of the series, the same in every chart.
 COLOURS = {
@@ -44,18 +44,28 @@ class PlotlyMissing(RuntimeError):
     """The ``plotly`` package (and its Plotly.js) is not installed."""
 
 
-@cache
-def plotly_js() -> tuple[bytes, str]:
-    """Plotly.js as the installed ``plotly`` package ships it (bytes, written
-    into pages as they are), and its version.
+#: What to install for the HTML report: the package's ``report`` extra.
+INSTALL_REPORT = "pip install 'incremental-crawler[report]'"
+
+
+def plotly_js_path() -> Path:
+    """Where the installed ``plotly`` package keeps Plotly.js (not read).
 
     Found without importing the package (its import costs ~0.1 s of CPU).
+    Raises :class:`PlotlyMissing` when ``plotly`` is not installed: it is an
+    extra of this package (``report``), not a requirement.
     """
     spec = importlib.util.find_spec("plotly")
     if spec is None or not spec.submodule_search_locations:
-        raise PlotlyMissing("the HTML report needs the 'plotly' package "
-                            "(pip install -r requirements.txt)")
-    path = Path(next(iter(spec.submodule_search_locations))) / "package_data" / "plotly.min.js"
+        raise PlotlyMissing(f"the HTML report needs the 'plotly' package: {INSTALL_REPORT}")
+    return Path(next(iter(spec.submodule_search_locations))) / "package_data" / "plotly.min.js"
+
+
+@cache
+def plotly_js() -> tuple[bytes, str]:
+    """Plotly.js as the installed ``plotly`` package ships it (bytes, written
+    into pages as they are), and its version."""
+    path = plotly_js_path()
     try:
         data = path.read_bytes()
     except OSError as exc:
