@@ -94,10 +94,11 @@ class Command(ScrapyCommand):
             await _wait(process.crawl(crawler, sitemap_url=f"{base}/robots.txt"))
             results[label] = self._figures(crawler, site)
             files = crawler.get_extension(ReportFiles)
-            # This crawl's own page (timestamped): report.html is the latest only.
+            # This crawl's own section of report.html, named after its
+            # timestamped JSON (report.html shows the latest crawl first).
             results[f"{label}_report"] = next(
-                (report_dir / name for name in (files.written if files else ())
-                 if name.endswith(".html") and name != "report.html"), None)
+                (name.removesuffix(".json") for name in (files.written if files else ())
+                 if name.endswith(".json") and name != "report.json"), None)
 
         async def scenario() -> None:
             try:
@@ -122,7 +123,7 @@ class Command(ScrapyCommand):
             # The cold crawl's slot charts show the window climbing; the
             # second crawl mostly skips and lasts a fraction of a second.
             out.write(f"crawl 1's report (the cold crawl's politeness charts): "
-                      f"{results['first_report'].as_uri()}\n")
+                      f"{(report_dir / 'report.html').as_uri()}#{results['first_report']}\n")
 
     @staticmethod
     def _figures(crawler: Crawler, site: DemoSite) -> dict[str, Any]:
