@@ -11,7 +11,9 @@ JSON, the format Plotly.js documents and draws as it is.
 Why Plotly.js: interactive (zoom, hover values, toggling a series), well
 kept, MIT, and one file we can embed from a pinned PyPI package; its cost is
 the page's size, about 4.8 MB. ``docs/report.md`` compares it with
-matplotlib and Bokeh.
+matplotlib and Bokeh. That is why one page holds several crawls' reports
+(the ones a report directory keeps), one section each, drawn when shown:
+Plotly.js once, not once per crawl.
 """
 
 from __future__ import annotations
