@@ -75,6 +75,23 @@ def test_scrapy_demo_crawls_twice_and_reports_savings(tmp_path):
     assert first_report["summary"]["new"] == 40 and first_report["history"] == report["history"][1:]
 
 
+def test_scrapy_demo_without_the_report_extra_points_to_the_json(tmp_path):
+    # Installed without plotly (the package's report extra): as if it were
+    # not there, for this process only.
+    run = ("import sys; sys.modules['plotly'] = None; from scrapy.cmdline import execute; "
+           "execute(sys.argv[1:])")
+    result = subprocess.run(
+        [sys.executable, "-c", run, "scrapy", "demo", "--pages", "20", "--state-uri",
+         f"sqlite:///{tmp_path / 'demo.db'}", "--report-dir", str(tmp_path / "report")],
+        cwd=PROJECT, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "this crawl will write report.json only" in result.stderr
+    assert result.stdout.rstrip().endswith(
+        "crawl report (JSON; the page needs pip install 'incremental-crawler[report]'): "
+        f"{(tmp_path / 'report' / 'report.json').as_uri()}"), result.stdout
+    assert not list((tmp_path / "report").glob("*.html"))
+
+
 def test_scrapy_demo_accounts_for_each_of_its_60_pages_once(tmp_path):
     # The default demo: one of the index's sitemaps is not read, and its 30
     # pages are known (stored) all the same. Its second crawl starts within

@@ -24,6 +24,7 @@ from incremental_crawler._reactor import get_reactor
 from incremental_crawler.report.extension import summarize
 from incremental_crawler.report.files import ReportFiles
 from incremental_crawler.report.formats import shares
+from incremental_crawler.report.page import INSTALL_REPORT
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 
 if TYPE_CHECKING:
@@ -117,6 +118,11 @@ class Command(ScrapyCommand):
             self.exitcode = 1
             return
         self._report(out, results, state_uri)
+        if not (report_dir / "report.html").exists():
+            # No plotly (the package's report extra): the JSON was written.
+            out.write(f"crawl report (JSON; the page needs {INSTALL_REPORT}): "
+                      f"{(report_dir / 'report.json').as_uri()}\n")
+            return
         out.write(f"crawl report (charts, per-host table, both crawls' history): "
                   f"{(report_dir / 'report.html').as_uri()}\n")
         if results["first_report"] is not None:
