@@ -8,7 +8,7 @@ What it measures
     its window starting at 50 requests/s so that the crawl is not paced for
     long); "report" is the same with ``INCREMENTAL_REPORT_DIR`` set, so it
     also samples each slot every 0.25 s, counts per host, and writes
-    report.html and report.json (latest and timestamped) when it ends.
+    report.json (latest and timestamped) and report.html when it ends.
     Every run starts from a fresh empty SQLite store. CPU = user+sys of the
     crawl process alone (os.wait4), start-up included.
 

@@ -217,7 +217,9 @@ async def test_workers_share_one_crawl_and_exit_by_themselves(
         worker = re.sub(r"[^A-Za-z0-9._-]+", "-", crawl["worker"])
         assert crawl["worker"] and name == f"report-{worker}.json"
         assert (reports / name).with_suffix(".html").exists()
-    assert len(list(reports.glob("report-*T*Z-*.html"))) == 2
+    # Each crawl's own JSON; no page per crawl (each worker's page holds them).
+    assert len(list(reports.glob("report-*T*Z-*.json"))) == 2
+    assert list(reports.glob("report-*T*Z-*.html")) == []
 
 
 @pytest.mark.parametrize("state_uri", ["redis"], indirect=True)

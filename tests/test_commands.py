@@ -63,12 +63,33 @@ def test_scrapy_demo_crawls_twice_and_reports_savings(tmp_path):
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["summary"]["changed"] == 4
     assert [e["figures"]["pages_new"] for e in report["history"]] == [0, 40]
-    # Crawl 1's own page too (timestamped), with its 40 new pages.
-    first_page = re.search(r"crawl 1's report \(.*\): file://(\S+report-\d{8}T\d{9}Z\.html)$",
-                           out, re.MULTILINE)
+    # Crawl 1's own section of the page too (its timestamped JSON's name),
+    # with its 40 new pages.
+    first_page = re.search(r"crawl 1's report \(.*\): file://(\S+)/report\.html#"
+                           r"(report-\d{8}T\d{9}Z)$", out, re.MULTILINE)
     assert first_page, out
-    first_report = json.loads(Path(first_page.group(1)).with_suffix(".json").read_text())
+    assert f'<section class="crawl" id="{first_page.group(2)}"' in (
+        Path(first_page.group(1)) / "report.html").read_text()
+    first_report = json.loads(
+        (Path(first_page.group(1)) / f"{first_page.group(2)}.json").read_text())
     assert first_report["summary"]["new"] == 40 and first_report["history"] == report["history"][1:]
+
+
+def test_scrapy_demo_without_the_report_extra_points_to_the_json(tmp_path):
+    # Installed without plotly (the package's report extra): as if it were
+    # not there, for this process only.
+    run = ("import sys; sys.modules['plotly'] = None; from scrapy.cmdline import execute; "
+           "execute(sys.argv[1:])")
+    result = subprocess.run(
+        [sys.executable, "-c", run, "scrapy", "demo", "--pages", "20", "--state-uri",
+         f"sqlite:///{tmp_path / 'demo.db'}", "--report-dir", str(tmp_path / "report")],
+        cwd=PROJECT, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "this crawl will write report.json only" in result.stderr
+    assert result.stdout.rstrip().endswith(
+        "crawl report (JSON; the page needs pip install 'incremental-crawler[report]'): "
+        f"{(tmp_path / 'report' / 'report.json').as_uri()}"), result.stdout
+    assert not list((tmp_path / "report").glob("*.html"))
 
 
 def test_scrapy_demo_accounts_for_each_of_its_60_pages_once(tmp_path):

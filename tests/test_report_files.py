@@ -82,16 +82,24 @@ class Browser:
         # The Debian driver, named: Selenium Manager would try to download one.
         self.driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 
-    def open(self, path: Path) -> int:
-        """Load *path* and wait (at most 30 s) until every chart is drawn; how many."""
-        self.driver.get(path.as_uri())
+    def open(self, path: Path, section: str = "") -> int:
+        """Load *path* (at its *section*, a crawl's) and wait (at most 30 s)
+        until every chart of the crawl shown is drawn; how many."""
+        # A fresh load each time, as from a link or the address bar (the same
+        # page at another section would only be scrolled).
+        self.driver.get("about:blank")
+        self.driver.get(path.as_uri() + (f"#{section}" if section else ""))
+        return self.rendered()
+
+    def rendered(self) -> int:
+        """Wait (at most 30 s) until the charts of the crawl shown are drawn; how many."""
         for _ in range(300):
             rendered = self.driver.execute_script(
                 "return document.body && document.body.getAttribute('data-charts-rendered')")
             if rendered is not None:
                 return int(rendered)
             time.sleep(0.1)
-        pytest.fail(f"{path.name}: the charts were not drawn within 30 s")
+        pytest.fail(f"{self.driver.current_url}: the charts were not drawn within 30 s")
 
     def js(self, script: str) -> Any:
         return self.driver.execute_script(script)
@@ -108,10 +116,14 @@ class Browser:
         shutil.rmtree(self.profile, ignore_errors=True)
 
 
-def chart_paths(browser: Browser, element_id: str) -> list[str]:
-    """The ``d`` of every drawn line of a chart (empty ones left out)."""
+#: The charts of the crawl the page shows, by name (``slot-0``, ``history-pages``).
+SHOWN = "section.crawl:not([hidden]) [data-chart={}]"
+
+
+def chart_paths(browser: Browser, chart: str) -> list[str]:
+    """The ``d`` of every drawn line of a chart of the crawl shown (empty ones left out)."""
     return browser.js(
-        f"return Array.from(document.querySelectorAll('#{element_id} path.js-line'))"
+        f"return Array.from(document.querySelectorAll('{SHOWN.format(chart)} path.js-line'))"
         ".map(p => p.getAttribute('d')).filter(d => d && d.length > 2);")
 
 
@@ -122,9 +134,10 @@ def host_row_cells(browser: Browser, host: str) -> list[str]:
         "return row ? Array.from(row.cells).map(c => c.textContent) : [];")
 
 
-def check_page(browser: Browser, path: Path, shot: Path) -> int:
-    """Open *path*; every chart drawn, no console error; a screenshot; the charts' count."""
-    charts = browser.open(path)
+def check_page(browser: Browser, path: Path, shot: Path, section: str = "") -> int:
+    """Open *path* (at *section*); every chart drawn, no console error; a
+    screenshot; the charts' count."""
+    charts = browser.open(path, section)
     assert charts == browser.js("return document.querySelectorAll('.js-plotly-plot').length")
     # Every chart has drawn SVG: its axes at least.
     assert browser.js("return Array.from(document.querySelectorAll('.js-plotly-plot'))"
@@ -159,11 +172,12 @@ async def test_the_report_of_a_rate_limited_crawl_draws_in_chromium(site, crawl,
         **POLITE, "INCREMENTAL_REPORT_DIR": str(reports)})
     second_log = page_log(site)
 
-    # The latest under fixed names, each crawl under its own.
+    # The latest under fixed names, each crawl's JSON under its own; one
+    # page (one copy of Plotly.js) for both crawls.
     names = sorted(p.name for p in reports.iterdir())
     assert "report.html" in names and "report.json" in names
     stamped = [n for n in names if re.fullmatch(r"report-\d{8}T\d{9}Z\.(html|json)", n)]
-    assert len(stamped) == 4, names
+    assert len(stamped) == 2 and all(n.endswith(".json") for n in stamped), names
     assert first_files <= set(names)
 
     # Crawl 1's figures against what the server saw.
@@ -205,16 +219,33 @@ async def test_the_report_of_a_rate_limited_crawl_draws_in_chromium(site, crawl,
         assert cells[2:8] == [str(host["skipped_lastmod"]), "0", str(len(second_log)),
                               str(host["not_modified"]), str(len(changed)), "0"], cells
         bars = await deferToThread(browser.js, "return document.querySelectorAll("
-                                   "'#history-pages .bars path').length")
+                                   f"'{SHOWN.format('history-pages')} .bars path').length")
         assert bars >= 5  # 2 crawls x 3 series, an empty one (no 304 in crawl 1) aside
-        # Crawl 1: the slot chart, its lines and its freezes shaded.
-        charts = await deferToThread(check_page, browser, stamped_first.with_suffix(".html"),
-                                     tmp_path / "rate-limited.png")
+        # Crawl 1, its section of the same page: the slot chart, its lines
+        # and its freezes shaded.
+        charts = await deferToThread(check_page, browser, reports / "report.html",
+                                     tmp_path / "rate-limited.png", stamped_first.stem)
         assert charts == 3
+        assert await deferToThread(browser.js, "return document.querySelector("
+                                   "'section.crawl:not([hidden])').id") == stamped_first.stem
         assert len(await deferToThread(chart_paths, browser, "slot-0")) >= 4
         shaded = await deferToThread(browser.js, "return document.querySelectorAll("
-                                     "'#slot-0 .shapelayer path').length")
+                                     f"'{SHOWN.format('slot-0')} .shapelayer path').length")
         assert shaded == len(slot["frozen_spans"])
+        # Its link in the page's list of kept crawls leads to it too.
+        links = await deferToThread(browser.js, "return Array.from(document.querySelectorAll("
+                                    "'nav.crawls a')).map(a => a.getAttribute('href'))")
+        assert links == [f"#{stamped[-1].removesuffix('.json')}", f"#{stamped_first.stem}"]
+        # Back to crawl 2 by its link: shown, its charts drawn, crawl 1 hidden.
+        # (the mark of drawn charts taken off first: the page sets it again
+        # once the section it shows is drawn)
+        await deferToThread(browser.js, "document.body.removeAttribute('data-charts-rendered');"
+                            "document.querySelector('nav.crawls a').click()")
+        assert await deferToThread(browser.rendered) == 3
+        assert await deferToThread(browser.js, "return document.querySelector("
+                                   "'section.crawl:not([hidden])').id") == links[0][1:]
+        assert len(await deferToThread(browser.js, "return document.querySelectorAll("
+                                       f"'{SHOWN.format('history-pages')} .bars path')")) >= 5
     finally:
         await deferToThread(browser.close)
 
@@ -248,8 +279,8 @@ async def test_a_sites_markup_in_a_freeze_reason_is_shown_as_text(site, crawl, t
             "Crawl report: sitemap")
         assert await deferToThread(browser.js,
                                    "return document.querySelectorAll('img').length") == 0
-        hover = await deferToThread(browser.js,
-                                    "return document.getElementById('slot-0').data.at(-1).text")
+        hover = await deferToThread(browser.js, "return document.querySelector("
+                                    f"'{SHOWN.format('slot-0')}').data.at(-1).text")
         assert hover == [html.escape(f"frozen {span['end_s'] - span['start_s']:.1f} s: "
                                      f"{span['why']}", quote=False)]
     finally:
@@ -344,6 +375,13 @@ async def test_report_json_and_scrapy_report_follow_the_documented_schema(
     stamped = sorted(p.name for p in reports.glob("report-*.json"))
     assert len(stamped) == 2, stamped
     assert json.loads((reports / stamped[-1]).read_text()) == report
+    # One page for the kept crawls, each a section of it, with one copy of
+    # Plotly.js: the directory's size does not grow with the crawls kept.
+    assert [p.name for p in reports.glob("*.html")] == ["report.html"]
+    latest = (reports / "report.html").read_text()
+    assert re.findall(r'<section class="crawl" id="([^"]+)"', latest) == [
+        name.removesuffix(".json") for name in reversed(stamped)]
+    assert len(re.findall(r"plotly\.js v\d", latest)) == 1
     # The store keeps 2 crawl records: the report shows them, this crawl's included.
     assert [e["figures"]["requests"] for e in report["history"]] == [
         requests(c) for c in reversed(crawlers)][:2]
@@ -366,7 +404,7 @@ async def test_report_json_and_scrapy_report_follow_the_documented_schema(
     # The 12 pages, the sitemap index and its two sitemaps.
     assert stored["host"] == "127.0.0.1" and stored["pages"] == 12 + 3
     page = (tmp_path / "history" / "history-sitemap.html").read_text()
-    assert 'id="history-pages"' in page and "Plotly" in page
+    assert 'data-chart="history-pages"' in page and "Plotly" in page
 
     # Every scope (no --scope): one holding only an item (no crawl, no page)
     # is said and passed over; the others still get their page.

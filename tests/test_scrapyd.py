@@ -49,6 +49,8 @@ PROJECT = Path(__file__).resolve().parents[1]
 #: The project name scrapyd knows us by: scrapy.cfg's [deploy] ``project``.
 SCRAPYD_PROJECT = "incremental_crawler"
 N_PAGES = 12
+#: Written into the copy of the project that is deployed (see ``deployed``).
+PROBE_LUA = "incremental_crawler/state/stores/deploy_probe.lua"
 #: Every wait in this module is bounded by this many seconds.
 TIMEOUT = 60.0
 
@@ -237,6 +239,9 @@ def deployed(scrapyd: Scrapyd, tmp_path_factory: pytest.TempPathFactory) -> Scra
     shutil.copytree(PROJECT, src, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
         ".git", ".venv", ".tox", "build", "dist", "*.egg-info", "__pycache__",
         ".pytest_cache", ".scrapy", "*.db", "*.db-*"))
+    # A Lua script no packaging file names: package data goes by globs, so a
+    # script added to the package ships without an edit there.
+    (src / PROBE_LUA).write_text("return 1\n")
     cfg = configparser.ConfigParser()
     cfg.read(src / "scrapy.cfg")
     cfg["deploy"]["url"] = scrapyd.url + "/"
@@ -365,9 +370,20 @@ def test_scrapyd_deploy_uploads_an_egg_of_the_package_only(deployed: Scrapyd) ->
     assert {name.split("/")[0] for name in names} == {"EGG-INFO", "incremental_crawler"}
     assert "incremental_crawler/spiders/sitemap.py" in names
     assert "incremental_crawler/demo/site.py" in names
-    # Not a module: in the egg only through setup.py's package_data.
-    assert "incremental_crawler/politeness/budget.lua" in names
+    # Not modules: in the egg only as package data (pyproject.toml's globs),
+    # every file of the package that is not Python, the probe's included.
+    data = {path.relative_to(PROJECT).as_posix()
+            for path in (PROJECT / "incremental_crawler").rglob("*")
+            if path.is_file() and path.suffix not in (".py", ".pyc")}
+    assert "incremental_crawler/politeness/budget.lua" in data
+    assert data | {PROBE_LUA} <= set(names)
     assert re.search(r"\[scrapy\]\s+settings = incremental_crawler\.settings", entry_points)
+    # The commands, as pyproject.toml registers them.
+    commands = re.search(r"\[scrapy\.commands\]\n((?:.+\n?)+)", entry_points)
+    assert commands is not None, entry_points
+    assert {line.split(" = ")[0] for line in commands.group(1).splitlines()} == {
+        "demo", "items", "state", "report", "crawl", "shell", "fetch", "view", "parse",
+        "check"}
 
     # The crawl processes import the project from the egg, as scrapyd's runner
     # sets it up (not from the development checkout this test runs in).

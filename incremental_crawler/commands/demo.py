@@ -24,6 +24,7 @@ from incremental_crawler._reactor import get_reactor
 from incremental_crawler.report.extension import summarize
 from incremental_crawler.report.files import ReportFiles
 from incremental_crawler.report.formats import shares
+from incremental_crawler.report.page import INSTALL_REPORT
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 
 if TYPE_CHECKING:
@@ -94,10 +95,11 @@ class Command(ScrapyCommand):
             await _wait(process.crawl(crawler, sitemap_url=f"{base}/robots.txt"))
             results[label] = self._figures(crawler, site)
             files = crawler.get_extension(ReportFiles)
-            # This crawl's own page (timestamped): report.html is the latest only.
+            # This crawl's own section of report.html, named after its
+            # timestamped JSON (report.html shows the latest crawl first).
             results[f"{label}_report"] = next(
-                (report_dir / name for name in (files.written if files else ())
-                 if name.endswith(".html") and name != "report.html"), None)
+                (name.removesuffix(".json") for name in (files.written if files else ())
+                 if name.endswith(".json") and name != "report.json"), None)
 
         async def scenario() -> None:
             try:
@@ -116,13 +118,18 @@ class Command(ScrapyCommand):
             self.exitcode = 1
             return
         self._report(out, results, state_uri)
+        if not (report_dir / "report.html").exists():
+            # No plotly (the package's report extra): the JSON was written.
+            out.write(f"crawl report (JSON; the page needs {INSTALL_REPORT}): "
+                      f"{(report_dir / 'report.json').as_uri()}\n")
+            return
         out.write(f"crawl report (charts, per-host table, both crawls' history): "
                   f"{(report_dir / 'report.html').as_uri()}\n")
         if results["first_report"] is not None:
             # The cold crawl's slot charts show the window climbing; the
             # second crawl mostly skips and lasts a fraction of a second.
             out.write(f"crawl 1's report (the cold crawl's politeness charts): "
-                      f"{results['first_report'].as_uri()}\n")
+                      f"{(report_dir / 'report.html').as_uri()}#{results['first_report']}\n")
 
     @staticmethod
     def _figures(crawler: Crawler, site: DemoSite) -> dict[str, Any]:

@@ -116,7 +116,8 @@ class Command(InProject, ScrapyCommand):
         # Whole files (a reader never sees half a page), UTF-8 whatever the locale.
         data = json.dumps(report, indent=1, allow_nan=False) + "\n"
         write_whole(directory / f"{name}.json", [data.encode("utf-8")])
-        write_whole(directory / f"{name}.html", render_parts(report, json_name=f"{name}.json"))
+        write_whole(directory / f"{name}.html", render_parts(report, json_name=f"{name}.json",
+                                                                    anchor=name))
         crawls = len(report["history"])
         print(f"scope {scope}: {crawls} crawl{'' if crawls == 1 else 's'} -> "
               f"{directory / name}.html, {name}.json")

@@ -168,9 +168,11 @@ class MetricsEndpoint:
         try:
             import prometheus_client  # noqa: F401, PLC0415 (opt-in)
         except ImportError:
+            # An extra of the package: a plain `pip install incremental-crawler`
+            # has no prometheus_client.
             raise SettingError("INCREMENTAL_METRICS_PORT is set but the prometheus_client "
-                               "package is not installed (pip install prometheus_client)"
-                               ) from None
+                               "package is not installed: pip install "
+                               "'incremental-crawler[metrics]'") from None
         return cls(crawler, config)
 
     def spider_opened(self, spider: Spider) -> None:

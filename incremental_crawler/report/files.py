@@ -8,9 +8,13 @@ figures are the final ones):
 - the latest crawl under fixed names: ``report.html`` and ``report.json``
   (cluster mode: ``report-<worker>.html`` and ``.json``, one pair per
   worker);
-- each crawl also under a timestamped name, ``report-<UTC time>.html``
-  (cluster mode: ``report-<UTC time>-<worker>.html``), the newest
-  ``INCREMENTAL_REPORT_KEEP`` pairs kept.
+- each crawl's JSON also under a timestamped name, ``report-<UTC
+  time>.json`` (cluster mode: ``report-<UTC time>-<worker>.json``), the
+  newest ``INCREMENTAL_REPORT_KEEP`` kept;
+- the page holds every kept crawl, each in a section of its own
+  (``report.html#report-<UTC time>``): Plotly.js (4.8 MB) is written once
+  per page, not once per kept crawl, so a directory's reports stay about
+  one page's size however many crawls it keeps.
 
 The scope's last crawls come from the store, read through the ledger's
 record sources (called while the store is still open, just before its last
@@ -45,7 +49,7 @@ from incremental_crawler.report.document import (
 )
 from incremental_crawler.report.extension import crawl_lines
 from incremental_crawler.report.history import CrawlHistory
-from incremental_crawler.report.page import PlotlyMissing, render_parts
+from incremental_crawler.report.page import PlotlyMissing, plotly_js_path, render_parts
 from incremental_crawler.report.timeline import Timeline
 from incremental_crawler.state.ledger import Ledger
 
@@ -57,7 +61,8 @@ if TYPE_CHECKING:
 
     from incremental_crawler.state.records import CrawlRecord
 
-__all__ = ["SLOTS_SHOWN", "ReportFiles", "prune", "report_names", "write_report", "write_whole"]
+__all__ = ["SLOTS_SHOWN", "ReportFiles", "kept_reports", "prune", "report_names", "write_report",
+           "write_whole"]
 
 logger = logging.getLogger(__name__)
 
@@ -132,9 +137,34 @@ def prune(directory: Path, keep: int) -> list[Path]:
     return removed
 
 
+def kept_reports(directory: Path, skip: str) -> list[tuple[str, dict[str, Any]]]:
+    """The timestamped crawl reports of *directory* as ``(name, report)``,
+    newest first, *skip* left out; a file that cannot be read is passed over
+    (a user's, another version's: the page is drawn without it)."""
+    found = []
+    for path in directory.iterdir():
+        stamped = _STAMPED.match(path.name)
+        if stamped is None or stamped.group(3) != "json" or path.stem == skip:
+            continue
+        try:
+            report = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            continue
+        if isinstance(report, dict):
+            found.append(((stamped.group(1), stamped.group(2) or ""), path.stem, report))
+    return [(name, report) for _, name, report in sorted(found, reverse=True,
+                                                          key=lambda f: f[0])]
+
+
 def write_report(report: dict[str, Any], directory: Path, names: tuple[str, str], *,
                  keep: int) -> dict[str, int]:
-    """Write *report*'s JSON and HTML under both *names*; the files' sizes by name.
+    """Write *report*'s JSON under both *names*, and the page under the latest
+    one; the files' sizes by name.
+
+    The page holds this crawl and every other kept in the directory (their
+    timestamped JSON), one copy of Plotly.js for all: a timestamped page of
+    its own per crawl would cost 4.8 MB each. This crawl's section is
+    ``<latest>.html#<timestamped name>``.
 
     Raises :class:`~incremental_crawler.report.page.PlotlyMissing` after
     writing the JSON when the HTML cannot be drawn, ``OSError`` when a file
@@ -147,13 +177,12 @@ def write_report(report: dict[str, Any], directory: Path, names: tuple[str, str]
     sizes = {}
     for name in files:
         sizes[f"{name}.json"] = write_whole(directory / f"{name}.json", data)
-    # One page for both names: it links this crawl's own JSON, which is kept
-    # as long as the page is the latest.
-    page = render_parts(report, json_name=f"{files[-1]}.json")
-    for name in files:
-        sizes[f"{name}.html"] = write_whole(directory / f"{name}.html", page)
     if keep:
         prune(directory, keep)
+    # The page links this crawl's own JSON: kept as long as the crawl is.
+    kept = kept_reports(directory, skip=stamped) if keep else []
+    page = render_parts(report, json_name=f"{files[-1]}.json", anchor=stamped, kept=kept)
+    sizes[f"{latest}.html"] = write_whole(directory / f"{latest}.html", page)
     return sizes
 
 
@@ -183,6 +212,13 @@ class ReportFiles:
         if not config.report_dir:
             # Off by default: no message, so Scrapy logs no warning on every crawl.
             raise NotConfigured
+        try:
+            plotly_js_path()
+        except PlotlyMissing as exc:
+            # Said now, not only when the crawl ends hours later: the JSON
+            # is still written, the page is not.
+            logger.warning("INCREMENTAL_REPORT_DIR is set but %(exc)s; this crawl will write "
+                           "report.json only", {"exc": exc})
         return cls(crawler, Path(config.report_dir).expanduser(), config.report_keep)
 
     @property
@@ -296,7 +332,7 @@ class ReportFiles:
         stats.set_value("incremental/report/cpu_ms", cpu_ms)
         sampling = round(1000 * self.timeline.cpu) if self.timeline is not None else 0
         logger.info("Crawl report: %(path)s (%(size).1f MB, %(ms)d ms of CPU to write, "
-                    "%(sampling)d ms to sample the slots; this crawl's also as %(stamped)s.html)",
+                    "%(sampling)d ms to sample the slots; this crawl's section: #%(stamped)s)",
                     {"path": self.directory / f"{names[0]}.html", "ms": cpu_ms,
                      "sampling": sampling, "size": self.written[f"{names[0]}.html"] / 1e6,
                      "stamped": names[1]})

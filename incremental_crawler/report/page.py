@@ -11,7 +11,9 @@ JSON, the format Plotly.js documents and draws as it is.
 Why Plotly.js: interactive (zoom, hover values, toggling a series), well
 kept, MIT, and one file we can embed from a pinned PyPI package; its cost is
 the page's size, about 4.8 MB. ``docs/report.md`` compares it with
-matplotlib and Bokeh.
+matplotlib and Bokeh. That is why one page holds several crawls' reports
+(the ones a report directory keeps), one section each, drawn when shown:
+Plotly.js once, not once per crawl.
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ import re
 import time
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from incremental_crawler.report.formats import size
 
-__all__ = ["PlotlyMissing", "plotly_js", "render_parts"]
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["INSTALL_REPORT", "PlotlyMissing", "plotly_js", "plotly_js_path", "render_parts"]
 
 #: Colours of the series, the same in every chart.
 COLOURS = {
@@ -44,18 +49,28 @@ class PlotlyMissing(RuntimeError):
     """The ``plotly`` package (and its Plotly.js) is not installed."""
 
 
-@cache
-def plotly_js() -> tuple[bytes, str]:
-    """Plotly.js as the installed ``plotly`` package ships it (bytes, written
-    into pages as they are), and its version.
+#: What to install for the HTML report: the package's ``report`` extra.
+INSTALL_REPORT = "pip install 'incremental-crawler[report]'"
+
+
+def plotly_js_path() -> Path:
+    """Where the installed ``plotly`` package keeps Plotly.js (not read).
 
     Found without importing the package (its import costs ~0.1 s of CPU).
+    Raises :class:`PlotlyMissing` when ``plotly`` is not installed: it is an
+    extra of this package (``report``), not a requirement.
     """
     spec = importlib.util.find_spec("plotly")
     if spec is None or not spec.submodule_search_locations:
-        raise PlotlyMissing("the HTML report needs the 'plotly' package "
-                            "(pip install -r requirements.txt)")
-    path = Path(next(iter(spec.submodule_search_locations))) / "package_data" / "plotly.min.js"
+        raise PlotlyMissing(f"the HTML report needs the 'plotly' package: {INSTALL_REPORT}")
+    return Path(next(iter(spec.submodule_search_locations))) / "package_data" / "plotly.min.js"
+
+
+@cache
+def plotly_js() -> tuple[bytes, str]:
+    """Plotly.js as the installed ``plotly`` package ships it (bytes, written
+    into pages as they are), and its version."""
+    path = plotly_js_path()
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -228,26 +243,48 @@ th{background:#f0f2f5;white-space:normal;vertical-align:bottom}td.l,th.l{text-al
  margin:10px 0}
 .note{color:#555;font-size:12.5px}.bad{color:#b00020}.good{color:#2e7d32}
 footer{color:#777;font-size:12px;margin-top:30px}
+nav.crawls{font-size:12.5px;margin:8px 0}nav.crawls ul{margin:4px 0;padding-left:20px}
 """
 
 SCRIPT = """
 (function () {
   var figures = JSON.parse(document.getElementById("report-figures").textContent);
   var config = JSON.parse(document.getElementById("report-config").textContent);
-  var ids = Object.keys(figures);
-  Promise.all(ids.map(function (id) {
-    return Plotly.newPlot(id, figures[id].data, figures[id].layout, config);
-  })).then(function () {
-    document.body.setAttribute("data-charts-rendered", String(ids.length));
-  });
+  var sections = Array.prototype.slice.call(document.querySelectorAll("section.crawl"));
+  // One crawl shown at a time, the one the address names (#report-<time>),
+  // else the first; its charts drawn when first shown (a hidden element has
+  // no size to draw in).
+  function show() {
+    var wanted = decodeURIComponent(location.hash.slice(1));
+    var shown = sections.filter(function (s) { return s.id === wanted; })[0] || sections[0];
+    sections.forEach(function (s) { s.hidden = s !== shown; });
+    document.title = shown.getAttribute("data-title");
+    var ids = Object.keys(figures).filter(function (id) {
+      return figures[id].section === shown.id;
+    });
+    document.body.removeAttribute("data-charts-rendered");
+    Promise.all(ids.map(function (id) {
+      var element = document.getElementById(id);
+      if (element.classList.contains("js-plotly-plot")) {
+        return Plotly.Plots.resize(element);
+      }
+      return Plotly.newPlot(element, figures[id].data, figures[id].layout, config);
+    })).then(function () {
+      document.body.setAttribute("data-charts-rendered", String(ids.length));
+    });
+  }
+  window.addEventListener("hashchange", show);
+  show();
 })();
 """
 
 
 def _chart_div(element_id: str, figure: dict[str, Any]) -> str:
-    # The chart's own height: "responsive" fits a chart to its element.
+    # The chart's own height: "responsive" fits a chart to its element. Its
+    # name without the crawl's prefix (slot-0, history-pages), for scripts.
     height = figure["layout"]["height"]
-    return f'<div class="chart" id="{_e(element_id)}" style="height:{height}px"></div>'
+    return (f'<div class="chart" id="{_e(element_id)}" data-chart="{_e(figure["name"])}" '
+            f'style="height:{height}px"></div>')
 
 
 def _table(headers: list[str], rows: list[list[str]], *, left: int = 1) -> str:
@@ -386,11 +423,16 @@ def _json_script(element_id: str, value: Any) -> str:
     return f'<script type="application/json" id="{element_id}">{text}</script>'
 
 
-def render_parts(report: dict[str, Any], *, json_name: str | None = None) -> list[bytes]:
-    """The HTML page of a report object (:mod:`~incremental_crawler.report.document`),
-    as parts to write one after the other: Plotly.js
-    (4.8 MB) is one of them as read, never copied into a larger string."""
-    js, version = plotly_js()
+def _named(anchor: str, figures: dict[str, Any]) -> dict[str, Any]:
+    """*figures* keyed by element id (the crawl's anchor, then the chart's
+    name: ids stay unique with several crawls on the page)."""
+    return {f"{anchor}-{name}": {**figure, "name": name, "section": anchor}
+            for name, figure in figures.items()}
+
+
+def _view(report: dict[str, Any], anchor: str, json_name: str | None, *,
+          hidden: bool = False) -> tuple[str, str, dict[str, Any]]:
+    """One report's title, its section of the page and its charts (by element id)."""
     figures: dict[str, Any] = {}
     sections: list[str] = []
     if report["kind"] == "crawl":
@@ -405,8 +447,9 @@ def render_parts(report: dict[str, Any], *, json_name: str | None = None) -> lis
         politeness = report["politeness"]
         slot_figures = {}
         if politeness is not None:
-            for i, (key, slot) in enumerate(politeness["slots"].items()):
-                slot_figures[f"slot-{i}"] = slot_figure(key, slot, politeness["times_s"])
+            slot_figures = _named(anchor, {
+                f"slot-{i}": slot_figure(key, slot, politeness["times_s"])
+                for i, (key, slot) in enumerate(politeness["slots"].items())})
         figures.update(slot_figures)
         sections.append("<h2>Politeness per download slot</h2>"
                         + _politeness_section(politeness, slot_figures))
@@ -422,12 +465,64 @@ def render_parts(report: dict[str, Any], *, json_name: str | None = None) -> lis
                          "lastmod trust"], rows) if rows
                  else '<p class="note">No page of this scope is stored.</p>')
         sections.append("<h2>Stored hosts</h2>" + hosts)
-    history = history_figures(report["history"])
+    history = _named(anchor, history_figures(report["history"]))
     figures.update(history)
     sections.append(f"<h2>Last crawls of the scope ({len(report['history'])} kept)</h2>"
                     + _history_section(report["history"], history))
     link = (f' The same figures as JSON: <a href="{_e(json_name)}">{_e(json_name)}</a>.'
             if json_name else "")
+    section = (f'<section class="crawl" id="{_e(anchor)}" data-title="{_e(title)}"'
+               + (" hidden>" if hidden else ">")
+               + f"<h1>{_e(title)}</h1><div class=\"meta\">{_e(meta)}.{link}</div>"
+               + "".join(sections) + "</section>")
+    return title, section, figures
+
+
+def _crawl_label(report: dict[str, Any]) -> str:
+    crawl = report["crawl"]
+    worker = f", worker {crawl['worker']}" if crawl["worker"] else ""
+    return (f"{_when(crawl['finished_at'])}: {crawl['scope']} (spider {crawl['spider']}"
+            f"{worker}, {crawl['reason']})")
+
+
+def _nav(shown: list[tuple[str, dict[str, Any]]]) -> str:
+    """Links to each crawl of the page, newest first."""
+    links = "".join(f'<li><a href="#{_e(anchor)}">{_e(_crawl_label(report))}</a></li>'
+                    for anchor, report in shown)
+    return (f'<nav class="crawls"><b>Crawls kept in this directory ({len(shown)}), '
+            f"newest first:</b><ul>{links}</ul></nav>")
+
+
+def render_parts(report: dict[str, Any], *, json_name: str | None = None,
+                 anchor: str = "report",
+                 kept: Sequence[tuple[str, dict[str, Any]]] = ()) -> list[bytes]:
+    """The HTML page of a report object (:mod:`~incremental_crawler.report.document`),
+    as parts to write one after the other: Plotly.js (4.8 MB) is one of them
+    as read, never copied into a larger string.
+
+    *anchor* names the report's section (``page.html#<anchor>``), *json_name*
+    its JSON file. *kept*: other crawls' reports as ``(name, report)``, their
+    JSON ``<name>.json`` beside the page, each a section of its own, shown
+    when the address names it: one page, one copy of Plotly.js, for all the
+    crawls a report directory keeps. A kept report this version cannot draw
+    (another version's) is left out.
+    """
+    js, version = plotly_js()
+    title, section, figures = _view(report, anchor, json_name)
+    sections = [section]
+    shown = [(anchor, report)]
+    for name, other in kept:
+        if not isinstance(other, dict) or other.get("kind") != "crawl":
+            continue
+        try:
+            _, other_section, other_figures = _view(other, name, f"{name}.json", hidden=True)
+            _crawl_label(other)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+            continue  # written by another version: its JSON is still there
+        sections.append(other_section)
+        figures.update(other_figures)
+        shown.append((name, other))
+    nav = _nav(shown) if len(shown) > 1 else ""
     generated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     head = (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -436,11 +531,10 @@ def render_parts(report: dict[str, Any], *, json_name: str | None = None) -> lis
         f"<title>{_e(title)}</title><style>{STYLE}</style><script>"
     )
     rest = (
-        f"</script></head><body><main><h1>{_e(title)}</h1><div class=\"meta\">{_e(meta)}</div>"
-        + "".join(sections)
+        "</script></head><body><main>" + nav + "".join(sections)
         + f"<footer>Report schema {_e(report['schema'])} v{report['version']}, written "
         f"{generated}. Charts by Plotly.js v{_e(version)} (MIT), embedded: this page needs "
-        f"no network.{link}</footer></main>"
+        f"no network.</footer></main>"
         + _json_script("report-figures", figures) + _json_script("report-config", CONFIG)
         + f"<script>{SCRIPT}</script></body></html>\n"
     )

@@ -1,12 +1,15 @@
-"""The report's files in INCREMENTAL_REPORT_DIR: written whole, and pruning touches only them."""
+"""The report's files in INCREMENTAL_REPORT_DIR: written whole, pruning touches
+only them, one page for the kept crawls."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import pytest
 
-from incremental_crawler.report.files import prune, report_names, write_whole
+from incremental_crawler.report.document import crawl_report
+from incremental_crawler.report.files import prune, report_names, write_report, write_whole
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -63,3 +66,32 @@ def test_a_file_that_cannot_be_written_leaves_no_temporary_file(tmp_path: Path) 
     with pytest.raises(OSError):
         write_whole(tmp_path / "report.html", [b"<html>"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html", "report.json"]
+
+
+def crawl(finished: float) -> dict:
+    return crawl_report(stats={}, lines=[], scope="s", spider="sp", worker="",
+                        reason="finished", started=finished - 5, finished=finished, hosts=[],
+                        politeness=None, slot_stats={}, history=[])
+
+
+def test_one_page_holds_every_kept_crawl_and_leaves_out_what_it_cannot_draw(
+        tmp_path: Path) -> None:
+    older = [report_names(t, "") for t in (1_700_000_000.0, 1_700_000_100.0)]
+    for (_, stamped), finished in zip(older, (1_700_000_000.0, 1_700_000_100.0), strict=True):
+        write_report(crawl(finished), tmp_path, ("report", stamped), keep=5)
+    # Another version's report, and a file that is not JSON, under kept names.
+    (tmp_path / f"{report_names(1_700_000_150.0, '')[1]}.json").write_text('{"kind": "crawl"}')
+    (tmp_path / f"{report_names(1_700_000_160.0, '')[1]}.json").write_text("{")
+    latest = report_names(1_700_000_200.0, "")
+
+    sizes = write_report(crawl(1_700_000_200.0), tmp_path, latest, keep=5)
+
+    assert sorted(sizes) == sorted(["report.html", "report.json", f"{latest[1]}.json"])
+    assert [p.name for p in tmp_path.glob("*.html")] == ["report.html"]
+    page = (tmp_path / "report.html").read_text()
+    # This crawl first, shown; the older ones newest first, hidden until asked for.
+    sections = re.findall(r'<section class="crawl" id="([^"]+)" data-title="[^"]*"( hidden)?>',
+                          page)
+    assert sections == [
+        (latest[1], ""), (older[1][1], " hidden"), (older[0][1], " hidden")]
+    assert re.findall(r'<nav class="crawls">.*?</nav>', page)[0].count("<a href=") == 3
