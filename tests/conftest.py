@@ -16,7 +16,13 @@ from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 
 from incremental_crawler.state.stores import open_store
-from tests.redis_util import REDIS_URI, delete_budget_prefix, delete_prefix, new_prefix
+from tests.redis_util import (
+    CLUSTER_REDIS_URI,
+    REDIS_URI,
+    delete_budget_prefix,
+    delete_prefix,
+    new_prefix,
+)
 from tests.site import LoopbackSite
 
 if TYPE_CHECKING:
@@ -204,3 +210,12 @@ def budget_prefix():
     name = f"incremental:test:{new_prefix()}"
     yield name
     delete_budget_prefix(name)
+
+
+@pytest.fixture
+def cluster_prefix():
+    """A cluster run's key prefix of its own in the cluster tests' Redis db,
+    deleted afterwards."""
+    prefix = "test-cluster-" + new_prefix().removeprefix("test-")
+    yield prefix
+    delete_prefix(prefix, CLUSTER_REDIS_URI)

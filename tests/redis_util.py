@@ -23,6 +23,9 @@ import redis
 
 #: The shared server; db 9 is the tests' own.
 REDIS_URI = os.environ.get("INCREMENTAL_TEST_REDIS_URI", "redis://127.0.0.1:6379/9")
+#: The cluster-mode tests' Redis (queue, coordination and state in one db).
+CLUSTER_REDIS_URI = os.environ.get("INCREMENTAL_TEST_CLUSTER_REDIS_URI",
+                                   "redis://127.0.0.1:6379/12")
 
 
 def new_prefix() -> str:

@@ -50,10 +50,6 @@ REVISITS = {
 }
 
 
-#: The cluster tests' fixture: a Redis key prefix of the test's own, cleaned up.
-cluster_prefix = test_cluster.cluster_prefix
-
-
 def at(monkeypatch: pytest.MonkeyPatch, offset: float) -> None:
     """Every date-dependent decision of the next crawls *offset* seconds ahead."""
     monkeypatch.setattr(clock, "now", lambda: time.time() + offset)

@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import uuid
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,22 +29,11 @@ from twisted.internet.threads import deferToThread
 from incremental_crawler.config import DEFAULT_SETTINGS
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores import open_store, state_uri
-from tests.redis_util import OwnRedis
+from tests.redis_util import CLUSTER_REDIS_URI, OwnRedis
 from tests.test_commands import scrapy
 
 PROJECT = Path(__file__).resolve().parents[1]
-REDIS_URL = os.environ.get("INCREMENTAL_TEST_CLUSTER_REDIS_URI", "redis://127.0.0.1:6379/12")
-
-
-@pytest.fixture
-def cluster_prefix():
-    prefix = f"test-cluster-{uuid.uuid4().hex[:8]}"
-    yield prefix
-    client = redis.Redis.from_url(REDIS_URL)
-    keys = list(client.scan_iter(f"{prefix}:*", count=1000))
-    if keys:
-        client.delete(*keys)
-    client.close()
+REDIS_URL = CLUSTER_REDIS_URI
 
 
 def leftover_keys(prefix: str) -> list[bytes]:

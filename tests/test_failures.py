@@ -68,10 +68,12 @@ async def crawl_sitemap(crawl: Any, site: Any, spidercls: type = SitemapPagesSpi
                        sitemap_url=site.url("/sitemap.xml"))
 
 
-async def stored(state_uri: str, site: Any, path: str) -> PageState | None:
+async def stored(state_uri: str, site: Any, path: str, *, scope: str = "sitemap"
+                 ) -> PageState | None:
+    """The page at *path* as the store holds it (the sitemap spider's scope by default)."""
     store = open_store(Settings({"INCREMENTAL_STATE_URI": state_uri}))
     try:
-        return await deferred_from_coro(store.get_page(PageKey("sitemap", site.url(path))))
+        return await deferred_from_coro(store.get_page(PageKey(scope, site.url(path))))
     finally:
         await deferred_from_coro(store.close())
 

@@ -68,7 +68,7 @@ from incremental_crawler.change.schedule import (
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.exceptions import NotDue, NotModified
 from incremental_crawler.http.validators import parse_etag, parse_last_modified
-from incremental_crawler.links.recipes import REFETCH_MARK, own_recipe
+from incremental_crawler.links.recipes import REFETCH_MARK, own_recipe, record_canary
 from incremental_crawler.links.replay import Replayer
 from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD, META_REFRESH
 from incremental_crawler.state.ledger import TXN_META, Ledger
@@ -173,6 +173,12 @@ class ConditionalRequestMiddleware:
                 # Flagged, but the store lost it: the page's callback must run.
                 self.stats.inc_value("incremental/replay/record_missing")
                 unknown = True
+            elif record_canary(links) not in (None, self.ledger.links_canary):
+                # Recorded under another request fingerprinter, which told its
+                # requests apart otherwise (and kept one of each): the page's
+                # callback must run, to record what it yields now.
+                self.stats.inc_value("incremental/replay/record_other_fingerprinter")
+                links, unknown = None, True
         # Counted here unless whoever made the request decided (and counted)
         # it; sitemaps and feeds are not pages.
         why = decided(request)

@@ -92,11 +92,13 @@ from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.exceptions import NotDue, NotModified
 from incremental_crawler.links.recipes import own_recipe
 from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD
+from incremental_crawler.offsite import offsite_drops
 from incremental_crawler.state.ledger import TXN_META, Ledger
 from incremental_crawler.state.records import PageKey, PageState
 from incremental_crawler.state.stores import StateStoreError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Self
 
     from scrapy import Request, Spider
@@ -140,6 +142,9 @@ class FinalOutcomeMiddleware:
         self._recorded: WeakSet[Request] = WeakSet()
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.request_dropped, signal=signals.request_dropped)
+        crawler.signals.connect(self.request_scheduled, signal=signals.request_scheduled)
+        #: Whether OffsiteMiddleware drops a request (found once the engine runs).
+        self._offsite: Callable[[Request], bool] | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -152,9 +157,21 @@ class FinalOutcomeMiddleware:
                 "raised on an answer's way back are not recorded as failures",
                 extra={"spider": spider})
 
+    def _hop(self, request: Request) -> bool:
+        """Whether *request* is a redirect's next hop: the context copied with its
+        meta is that of the URL it was redirected from (not response.meta copied
+        by a callback into a request for another page)."""
+        urls: list[str] = request.meta.get("redirect_urls") or []
+        page = page_context(request)
+        if not urls or page is None:
+            return False
+        canonical = self.ledger.canonical
+        # (Its own URL: a retry of the hop.)
+        return page[0].url in (canonical(urls[-1]), canonical(request.url))
+
     def process_request(self, request: Request) -> None:
         meta = request.meta
-        if meta.get("redirect_urls"):
+        if self._hop(request):
             # A later hop: the meta copied from the first one holds its context.
             if _ORIGIN not in meta and (first := page_context(request)) is not None:
                 meta[_ORIGIN] = first
@@ -244,10 +261,23 @@ class FinalOutcomeMiddleware:
             txn.done = True
         self._record(request, 0, Outcome.FAILED)
 
+    def request_scheduled(self, request: Request, spider: Spider) -> None:
+        """A moved page's hop that the offsite check drops before the scheduler (no
+        signal tells): decided now, by what the store knows of the target."""
+        # A page's transaction copied into a new request (MetaRefresh, a user's
+        # retry of a 2xx) is not the new request's, and cannot be pickled.
+        request.meta.pop(TXN_META, None)
+        if request.meta.get(_MOVED) is None or not self.ledger.tombstones.enabled:
+            return
+        if self._offsite is None:
+            self._offsite = offsite_drops(self.crawler)
+        if self._offsite(request):
+            self.ledger.tombstones.hold_open(self._moved(request, None, live=None))
+
     def request_dropped(self, request: Request, spider: Spider) -> None:
         """A redirect whose target this crawl requested already (the dupefilter)."""
         urls: list[str] = request.meta.get("redirect_urls") or []
-        origin = self._chain_origin(request) if urls else None
+        origin = self._chain_origin(request) if urls and self._hop(request) else None
         if origin is None:
             return
         canonical = self.ledger.canonical

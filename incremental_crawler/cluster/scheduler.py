@@ -160,7 +160,12 @@ class ClusterDupeFilter(RFPDupeFilter):
         them out: :mod:`incremental_crawler.links.seen`)."""
         if not fingerprints:
             return set()
-        flags = self.server.smismember(self.key, list(fingerprints))
+        try:
+            flags = self.server.smismember(self.key, list(fingerprints))
+        except redis.RedisError:
+            # Nothing left out: the full replay's requests meet the error where
+            # the scheduler meets it, and are handled there.
+            return set()
         return {fp for fp, flag in zip(fingerprints, flags, strict=True) if flag}
 
     def close(self, reason: str = "") -> None:

@@ -41,10 +41,15 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from scrapy.downloadermiddlewares.offsite import OffsiteMiddleware
-
 from incremental_crawler.change.policy import links_unknown
-from incremental_crawler.links.recipes import Unbuildable, build, read_record, recipe_in
+from incremental_crawler.links.recipes import (
+    Unbuildable,
+    build,
+    read_record,
+    recipe_in,
+    record_canary,
+)
+from incremental_crawler.offsite import offsite_drops
 from incremental_crawler.state.records import PageFlags
 
 if TYPE_CHECKING:
@@ -101,40 +106,52 @@ class StoredGraphWalk:
         return True
 
     async def _walk(self, start: PageKey, state: PageState, reached: set[PageKey]) -> str | None:
-        """Walk from *start*; ``None`` when everything reached is inert, else why not."""
+        """Walk from *start*; ``None`` when everything reached is inert, else why not.
+
+        Every distinct stored request is decided, not only the first one of
+        a page: two requests for one page may differ in what makes a page
+        due (``incremental_refresh``). Pages are read once.
+        """
         frontier: list[PageKey] = [start]
-        seen: set[str] = set()
+        tokens: set[str] = set()
+        states: dict[PageKey, PageState | None] = {start: state}
         while frontier:
-            targets: dict[PageKey, Request] = {}
+            requests: list[tuple[PageKey, Request]] = []
             for page in frontier:
-                why = await self._targets(page, seen, reached, targets)
+                why = await self._requests_of(page, tokens, requests)
                 if why is not None:
                     return why
-            if not targets:
-                return None
-            states = await self.ledger.store.get_pages(list(targets))
+            unread = list({key for key, _ in requests if key not in states})
+            if unread:
+                found = await self.ledger.store.get_pages(unread)
+                states.update((key, found.get(key)) for key in unread)
             frontier = []
-            for target, request in targets.items():
-                why = self._decide(request, states.get(target))
+            for key, request in requests:
+                target = states[key]
+                why = self._decide(request, target)
                 if why is not None:
                     return why
-                if self._has_replayed_links(request, states[target]):
-                    frontier.append(target)
+                if key not in reached:
+                    reached.add(key)
+                    if target is not None and self._has_replayed_links(request, target):
+                        frontier.append(key)
         return None
 
-    async def _targets(self, page: PageKey, seen: set[str], reached: set[PageKey],
-                       targets: dict[PageKey, Request]) -> str | None:
-        """Add the pages *page*'s stored requests lead to, not reached yet, to
-        *targets*; why the walk must give up, if it must."""
+    async def _requests_of(self, page: PageKey, tokens: set[str],
+                           requests: list[tuple[PageKey, Request]]) -> str | None:
+        """Add *page*'s stored requests not met yet (by entry token), keyed, to
+        *requests*; why the walk must give up, if it must."""
         data = await self.ledger.store.get_links(page)
         entries = read_record(data) if data is not None else None
-        if entries is None:
+        if entries is None or data is None:
             return f"a links record that cannot be read ({page.url})"
-        for fp, entry in entries:
-            if fp is not None:
-                if fp in seen:
+        if record_canary(data) not in (None, self.ledger.links_canary):
+            return f"a links record of another request fingerprinter ({page.url})"
+        for token, entry in entries:
+            if token is not None:
+                if token in tokens:
                     continue
-                seen.add(fp)
+                tokens.add(token)
             recipe = recipe_in(entry)
             built = build(recipe, self.spider) if isinstance(recipe, dict) else (
                 Unbuildable.MALFORMED)
@@ -142,12 +159,8 @@ class StoredGraphWalk:
                 return f"a stored request that cannot be made again ({built})"
             if not self.rule.applies(built):
                 return f"a request the conditional middleware does not handle ({built})"
-            if self._is_offsite(built):
-                continue
-            target = self.rule.key(built, self.ledger)
-            if target not in reached:
-                reached.add(target)
-                targets[target] = built
+            if not self._is_offsite(built):
+                requests.append((self.rule.key(built, self.ledger), built))
         return None
 
     def _decide(self, request: Request, state: PageState | None) -> str | None:
@@ -168,21 +181,5 @@ class StoredGraphWalk:
     def _is_offsite(self, request: Request) -> bool:
         """Whether Scrapy's OffsiteMiddleware (when enabled) drops *request*."""
         if self._offsite is None:
-            self._offsite = _offsite_check(self.crawler, self.spider)
+            self._offsite = offsite_drops(self.crawler)
         return self._offsite(request)
-
-
-def _offsite_check(crawler: Crawler, spider: Spider) -> Callable[[Request], bool]:
-    engine = crawler.engine
-    downloader = engine.downloader if engine is not None else None
-    middlewares = downloader.middleware.middlewares if downloader is not None else ()
-    found = [mw for mw in middlewares if isinstance(mw, OffsiteMiddleware)]
-    if not found:
-        return lambda request: False
-    offsite = found[0]
-
-    def dropped(request: Request) -> bool:
-        return not (request.dont_filter or request.meta.get("allow_offsite")
-                    or offsite.should_follow(request, spider))
-
-    return dropped

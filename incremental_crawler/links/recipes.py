@@ -31,6 +31,7 @@ Nothing here touches the store, the stats or the reactor.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -41,7 +42,13 @@ from scrapy import Request
 from scrapy.spiders import CrawlSpider
 from scrapy.utils.httpobj import urlparse_cached
 
-from incremental_crawler.meta import META_REFRESH
+from incremental_crawler.meta import (
+    META_DISCOVERY,
+    META_LASTMOD,
+    META_REFRESH,
+    META_SKIP,
+    META_VARIANT,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -52,6 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ADVICE",
+    "CANARY",
     "DEFAULT_RULES",
     "MANAGED_META",
     "MAX_RECORD_BYTES",
@@ -63,6 +71,8 @@ __all__ = [
     "Unrecordable",
     "build",
     "dumps",
+    "entry_fingerprint",
+    "fingerprint_canary",
     "load_links",
     "own_recipe",
     "page_request",
@@ -71,17 +81,26 @@ __all__ = [
     "recipe_in",
     "recipe_of",
     "record_byte_cap",
+    "record_canary",
     "user_meta",
 ]
 
-#: The version of the links record's format: a first line ``{"v":2}``, then
-#: one line per request, ``<fingerprint> <recipe JSON>``. The fingerprint is
-#: the hex of the crawl's request fingerprinter's (Scrapy's dupefilter key),
-#: ``-`` for a ``dont_filter`` request (never left out: the dupefilter lets
-#: it through). Records of version 1 (``{"v":1,"r":[recipe, ...]}``, no
-#: fingerprints) are still read.
+#: The version of the links record's format: a first line
+#: ``{"v":2,"f":"<canary>"}``, then one line per request, ``<fingerprint>
+#: <recipe JSON>``. The fingerprint is the hex of the crawl's request
+#: fingerprinter's (Scrapy's dupefilter key), ``-`` for a ``dont_filter``
+#: request (never left out: the dupefilter lets it through). The canary is
+#: that fingerprinter's fingerprint of :data:`CANARY`: a record made under
+#: another fingerprinter (``REQUEST_FINGERPRINTER_CLASS`` changed: one that
+#: keeps fragments, say) tells requests apart otherwise, and is not taken
+#: for this crawl's (:func:`record_canary`). Records of version 1
+#: (``{"v":1,"r":[recipe, ...]}``, no fingerprints) are still read.
 FORMAT = 2
-_HEADER = '{"v":2}'
+_HEADER_START = '{"v":2'
+#: A request whose fingerprint tells fingerprinters apart: a fragment, a
+#: query, a header (a fingerprinter keeping fragments, sorting or not the
+#: query, including headers fingerprints it otherwise).
+CANARY = Request("http://canary.invalid/a?b=2&a=1#f", headers={"Accept-Language": "x"})
 #: A ``dont_filter`` request's place of a fingerprint.
 NO_FINGERPRINT = "-"
 
@@ -120,6 +139,43 @@ MANAGED_META = frozenset({
 #: store never holds a password or a session token (and a token that
 #: expired is never replayed).
 CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+
+#: Meta keys by which, of two requests of one fingerprint, one may be dropped
+#: and the other let through between PageOutputMiddleware and the dupefilter
+#: (the not-due filter, the offsite check): both are recorded.
+_PASS_KEYS = (META_REFRESH, META_SKIP, META_DISCOVERY, META_LASTMOD, META_VARIANT,
+              "allow_offsite")
+
+#: Between the fingerprint and the mark of a request's twin (see
+#: :func:`entry_fingerprint`).
+_TWIN = "~"
+
+
+def _passes(request: Request) -> str:
+    """What of *request* (beyond its fingerprint) may let it pass where its
+    twin is dropped before the dupefilter; empty when nothing does."""
+    values = [request.meta.get(key) for key in _PASS_KEYS]
+    encoding = request.headers.get(b"Accept-Encoding")
+    if encoding is None and all(v is None for v in values):
+        return ""
+    return repr((*values, encoding))
+
+
+def entry_fingerprint(token: str) -> str:
+    """The request fingerprint of a links record's entry token.
+
+    A token is the fingerprint, or for a request carrying meta that may let
+    it pass where another of the same fingerprint is dropped before the
+    dupefilter (:data:`_PASS_KEYS`, an Accept-Encoding of its own), the
+    fingerprint, ``~`` and a short hash of those: both requests are
+    recorded, and a walk of the stored links tells them apart without
+    reading their recipes.
+
+    >>> entry_fingerprint("ab12"), entry_fingerprint("ab12~0f0f0f0f")
+    ('ab12', 'ab12')
+    """
+    return token.partition(_TWIN)[0]
+
 
 #: Deeper JSON is taken for not JSON (and a cycle ends here).
 _MAX_DEPTH = 32
@@ -458,7 +514,7 @@ def read_record(data: str) -> list[tuple[str | None, str | dict[str, Any]]] | No
     unparsed (a replay parses only those it builds), or already a dict (a
     record of version 1). ``None``: not a record this version reads.
     """
-    if data.startswith(_HEADER):
+    if data.startswith(_HEADER_START):
         entries: list[tuple[str | None, str | dict[str, Any]]] = []
         for line in data.split("\n")[1:]:
             fp, sep, text = line.partition(" ")
@@ -468,6 +524,24 @@ def read_record(data: str) -> list[tuple[str | None, str | dict[str, Any]]] | No
         return entries
     recipes = _load_v1(data)
     return None if recipes is None else [(None, recipe) for recipe in recipes]
+
+
+def fingerprint_canary(fingerprint: Callable[[Request], bytes]) -> str:
+    """The canary a links record made with *fingerprint* carries."""
+    return fingerprint(CANARY).hex()
+
+
+def record_canary(data: str) -> str | None:
+    """The canary of a links record's fingerprints (``None``: a record
+    without fingerprints, of version 1, or not one this version reads)."""
+    if not data.startswith(_HEADER_START):
+        return None
+    try:
+        header = json.loads(data.partition("\n")[0])
+    except ValueError:
+        return None
+    canary = header.get("f") if isinstance(header, dict) else None
+    return canary if isinstance(canary, str) else None
 
 
 def load_links(data: str) -> list[Any] | None:
@@ -512,11 +586,11 @@ class LinkRecorder:
     through).
     """
 
-    __slots__ = ("cap", "duplicates", "fingerprint", "limit", "parts", "rules", "seen",
-                 "size", "spider", "unrecordable", "url")
+    __slots__ = ("cap", "duplicates", "fingerprint", "header", "limit", "parts", "rules",
+                 "seen", "size", "spider", "unrecordable", "url")
 
     def __init__(self, spider: Spider, rules: RecipeRules, limit: int,
-                 fingerprint: Callable[[Request], bytes]) -> None:
+                 fingerprint: Callable[[Request], bytes], canary: str) -> None:
         self.spider = spider
         self.rules = rules
         #: INCREMENTAL_REPLAY_MAX_REQUESTS: distinct requests (fingerprints).
@@ -525,10 +599,12 @@ class LinkRecorder:
         #: The crawl's request fingerprinter (``crawler.request_fingerprinter``).
         self.fingerprint = fingerprint
         self.parts: list[str] = []
-        self.seen: set[bytes] = set()
+        #: The entries' tokens recorded (see :func:`entry_fingerprint`).
+        self.seen: set[str] = set()
         #: Requests not recorded for an earlier one of the same fingerprint.
         self.duplicates = 0
-        self.size = len(_HEADER)
+        self.header = dumps({"v": FORMAT, "f": canary})
+        self.size = len(self.header)
         #: Why not every request could be recorded (the first reason met),
         #: and the URL of that request.
         self.unrecordable: Unrecordable | None = None
@@ -541,12 +617,18 @@ class LinkRecorder:
         if request.dont_filter:
             fp = NO_FINGERPRINT
         else:
-            digest = self.fingerprint(request)
-            if digest in self.seen:
+            # Requests of one fingerprint are told apart by what may drop one
+            # and pass the other before the dupefilter (the not-due filter, the
+            # offsite check): replayed, the one that passed must be there.
+            fp = self.fingerprint(request).hex()
+            passes = _passes(request)
+            if passes:
+                # (A label, not a secret: any short stable hash would do.)
+                fp = f"{fp}{_TWIN}{hashlib.blake2s(passes.encode(), digest_size=4).hexdigest()}"
+            if fp in self.seen:
                 self.duplicates += 1
                 return None
-            self.seen.add(digest)
-            fp = digest.hex()
+            self.seen.add(fp)
         recipe = recipe_of(request, self.spider, self.rules)
         if isinstance(recipe, Unrecordable):
             return self._fail(recipe, request.url)
@@ -571,4 +653,4 @@ class LinkRecorder:
         """The links record to store (``None``: no request, or not all recorded)."""
         if self.unrecordable is not None or not self.parts:
             return None
-        return "\n".join((_HEADER, *self.parts))
+        return "\n".join((self.header, *self.parts))

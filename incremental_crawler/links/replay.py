@@ -40,7 +40,13 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request
 from scrapy.http import Response
 
-from incremental_crawler.links.recipes import Unbuildable, build, read_record, recipe_in
+from incremental_crawler.links.recipes import (
+    Unbuildable,
+    build,
+    entry_fingerprint,
+    read_record,
+    recipe_in,
+)
 from incremental_crawler.links.seen import seen_reader
 from incremental_crawler.state.records import PageFlags
 
@@ -116,10 +122,12 @@ class Replayer:
         entries = read_record(data)
         if entries is None:
             entries = [(None, "")]  # another format: one drop, the page flagged
-        seen = self._seen_of([fp for fp, _ in entries if fp is not None])
+        seen = self._seen_of([entry_fingerprint(t) for t, _ in entries if t is not None])
         requests: list[Request] = []
-        for fp, entry in entries:
-            if fp in seen:
+        left_out = 0
+        for token, entry in entries:
+            if token is not None and entry_fingerprint(token) in seen:
+                left_out += 1
                 continue
             recipe = recipe_in(entry)
             built = build(recipe, self.spider) if isinstance(recipe, dict) else (
@@ -130,8 +138,8 @@ class Replayer:
                 requests.append(built)
         self.stats.inc_value("incremental/replay/pages")
         self.stats.inc_value("incremental/replay/requests", len(requests))
-        if seen:
-            self.stats.inc_value("incremental/replay/seen_left_out", len(seen))
+        if left_out:
+            self.stats.inc_value("incremental/replay/seen_left_out", left_out)
         logger.debug("Replaying %(n)d requests of %(url)s", {"n": len(requests), "url": key.url},
                      extra={"spider": self.spider})
         return requests

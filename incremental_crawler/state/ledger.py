@@ -84,6 +84,7 @@ from incremental_crawler.links.recipes import (
     RecipeRules,
     Unbuildable,
     Unrecordable,
+    fingerprint_canary,
     page_request,
 )
 from incremental_crawler.state.keys import Canonicalizer
@@ -291,6 +292,8 @@ class Ledger:
         self._unrecorded = 0
         #: What a yielded request's recipe holds (DEPTH_PRIORITY, the timeout).
         self.recipe_rules = RecipeRules.from_crawler(crawler)
+        #: What this crawl's links records carry to say which fingerprinter made them.
+        self.links_canary = fingerprint_canary(crawler.request_fingerprinter.fingerprint)
         # Reasons already warned about: one warning per reason per crawl.
         self._warned: set[Unrecordable] = set()
         # With items kept only in feeds (buffered, uploaded at the end), page
@@ -708,7 +711,8 @@ class Ledger:
             spider = self.crawler.spider
             assert spider is not None
             links = LinkRecorder(spider, self.recipe_rules, self.config.replay_max_requests,
-                                 self.crawler.request_fingerprinter.fingerprint)
+                                 self.crawler.request_fingerprinter.fingerprint,
+                                 self.links_canary)
         txn = PageTransaction(state, discovery=discovery, links=links, prior=prior)
         meta[TXN_META] = txn
         return txn

@@ -14,6 +14,7 @@ from scrapy.http import FormRequest, HtmlResponse, JsonRequest
 from scrapy.linkextractors import LinkExtractor
 from scrapy.spidermiddlewares.depth import DepthMiddleware
 from scrapy.spiders import CrawlSpider, Rule
+from scrapy.utils.request import fingerprint
 from scrapy.utils.test import get_crawler
 
 from incremental_crawler.links.recipes import (
@@ -25,6 +26,7 @@ from incremental_crawler.links.recipes import (
     Unbuildable,
     Unrecordable,
     build,
+    fingerprint_canary,
     load_links,
     own_recipe,
     page_request,
@@ -32,11 +34,19 @@ from incremental_crawler.links.recipes import (
     read_record,
     recipe_of,
     record_byte_cap,
+    record_canary,
     user_meta,
 )
 
 #: Scrapy's default request fingerprinter, as a crawl's ledger passes it.
 FINGERPRINT = get_crawler().request_fingerprinter.fingerprint
+CANARY_HEX = fingerprint_canary(FINGERPRINT)
+
+
+def recorder_of(limit: int) -> LinkRecorder:
+    """A page's recorder, as the ledger makes it."""
+    return LinkRecorder(SPIDER, RecipeRules(), limit=limit, fingerprint=FINGERPRINT,
+                        canary=CANARY_HEX)
 
 URL = "http://example.com/a"
 
@@ -281,7 +291,7 @@ def test_a_crawl_spider_request_whose_rule_changed_is_not_built(changed: type) -
 
 
 def test_a_page_records_its_requests_up_to_the_limit() -> None:
-    recorder = LinkRecorder(SPIDER, RecipeRules(), limit=3, fingerprint=FINGERPRINT)
+    recorder = recorder_of(3)
     for i in range(3):
         assert recorder.add(Request(f"{URL}/{i}", callback=SPIDER.parse_item)) is None
     record = recorder.record()
@@ -296,15 +306,15 @@ def test_a_record_over_the_byte_bound_is_not_kept() -> None:
     # The cap follows the limit (2 KiB a request), never below 1 MiB.
     assert record_byte_cap(10) == MAX_RECORD_BYTES
     assert record_byte_cap(5000) == 5000 * 2048
-    recorder = LinkRecorder(SPIDER, RecipeRules(), limit=1000, fingerprint=FINGERPRINT)
-    big = "x" * (record_byte_cap(1000) // 3 - 100)
+    recorder = recorder_of(1000)
+    big = "x" * (record_byte_cap(1000) // 3 - 200)
     reasons = [recorder.add(Request(f"{URL}/{i}", meta={"big": big})) for i in range(4)]
     assert reasons == [None, None, None, Unrecordable.OVER_LIMIT]
     assert recorder.record() is None
 
 
 def test_the_first_request_that_cannot_be_recorded_decides_and_is_reported_once() -> None:
-    recorder = LinkRecorder(SPIDER, RecipeRules(), limit=10, fingerprint=FINGERPRINT)
+    recorder = recorder_of(10)
     assert recorder.add(Request(URL)) is None
     assert recorder.add(Request(f"{URL}/2", meta={"item": Other()})) is (
         Unrecordable.META_NOT_JSON)
@@ -315,7 +325,7 @@ def test_the_first_request_that_cannot_be_recorded_decides_and_is_reported_once(
 def test_a_page_records_each_request_fingerprint_once() -> None:
     # Fragments: Scrapy's fingerprint leaves them out, the dupefilter would
     # drop the second behind the first. dont_filter requests pass it: all kept.
-    recorder = LinkRecorder(SPIDER, RecipeRules(), limit=4, fingerprint=FINGERPRINT)
+    recorder = recorder_of(4)
     for url in (URL, f"{URL}#one", f"{URL}#two", f"{URL}/b", f"{URL}/b#x"):
         assert recorder.add(Request(url)) is None
     for _ in range(2):
@@ -332,6 +342,25 @@ def test_a_page_records_each_request_fingerprint_once() -> None:
     assert [r.get("df") for r in load_links(record) or []] == [None, None, True, True]
 
 
+def test_a_record_says_which_fingerprinter_made_it() -> None:
+    recorder = recorder_of(4)
+    assert recorder.add(Request(URL)) is None
+    record = recorder.record()
+    assert record is not None and record_canary(record) == CANARY_HEX
+    # One keeping fragments fingerprints the canary otherwise.
+    keeping = get_crawler(settings_dict={
+        "REQUEST_FINGERPRINTER_CLASS": f"{__name__}.KeepFragments"}).request_fingerprinter
+    assert fingerprint_canary(keeping.fingerprint) != CANARY_HEX
+    assert record_canary(json.dumps({"v": 1, "r": []})) is None
+
+
+class KeepFragments:
+    """A project's fingerprinter telling fragments apart."""
+
+    def fingerprint(self, request: Request) -> bytes:
+        return fingerprint(request, keep_fragments=True)
+
+
 def test_a_record_of_the_first_format_is_still_read() -> None:
     old = json.dumps({"v": 1, "r": [{"u": URL}, {"u": f"{URL}/b", "cb": "parse_item"}]})
     assert read_record(old) == [(None, {"u": URL}), (None, {"u": f"{URL}/b", "cb": "parse_item"})]
@@ -339,7 +368,7 @@ def test_a_record_of_the_first_format_is_still_read() -> None:
 
 
 def test_a_page_without_requests_has_no_record_but_is_complete() -> None:
-    recorder = LinkRecorder(SPIDER, RecipeRules(), limit=10, fingerprint=FINGERPRINT)
+    recorder = recorder_of(10)
     assert recorder.record() is None and recorder.complete
 
 
