@@ -33,7 +33,8 @@ behind a list that answers 304 is found. A page vouched for by a
 modification-date lastmod recorded with it (PageFlags.LASTMOD_MODIFIED),
 whose last answer was a 2xx or 304, on a host whose lastmods are trusted,
 stays "due" by its schedule but is not requested (its lastmod is
-authoritative): counted skipped, except the rotating sample
+authoritative) while a list of this crawl still gives it (the spider's
+``lastmod_listed(state)``, when it has one): counted skipped, except the rotating sample
 (:mod:`incremental_crawler.change.sample`), per host. Such pages are read
 past, so they never crowd out the pages really due. Each request carries
 its why (META_WHY).
@@ -42,8 +43,11 @@ Spiders steer it with optional attributes, looked up on the spider:
 ``incremental_reseed = False`` turns it off (as does
 ``INCREMENTAL_RESEED_ENABLED``, also in ``custom_settings``),
 ``needs_reseed()`` says whether this crawl may have missed known pages, and
-``reseed_skip(state)`` leaves out a due page (the sitemap and feed spiders
-re-seed only when a list was not read, and never the pages a list named).
+``reseed_skip(state)`` leaves out a due page, and ``lastmod_listed(state)``
+says whether a list still gives the page its stored date (the sitemap and
+feed spiders re-seed every crawl, never the pages a list named this crawl,
+and let a date vouch only while the list that gave it still has the
+membership it had then: ``PageState.listing``).
 
 Cluster mode: one worker per run re-seeds (the pages go to the shared
 queue), once no worker can discover more links.

@@ -10,6 +10,15 @@ revisit is due. A trusted modification date that did not move vouches for
 our copy: the page is not requested, except for the rotating sample
 (:mod:`incremental_crawler.change.sample`). Every listed page is counted
 once (``incremental/schedule/...``), and each request carries its why.
+
+A list read in full stores its membership (``PageState.listing``, a digest
+of the URLs it lists) with its own state and with each page it lists (with
+the page's visit, or alone when it is not visited). At re-seeding a page's
+date vouches for it only while one of this crawl's lists has the membership
+stored with the page (:meth:`ListedPagesSpider.lastmod_listed`): a page that
+left its list goes by its revisit schedule. A list whose membership is not
+on record (an index, or a list stored before memberships were) is read in
+full when it answers 304.
 """
 
 from __future__ import annotations
