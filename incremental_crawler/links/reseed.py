@@ -33,8 +33,7 @@ behind a list that answers 304 is found. A page vouched for by a
 modification-date lastmod recorded with it (PageFlags.LASTMOD_MODIFIED),
 whose last answer was a 2xx or 304, on a host whose lastmods are trusted,
 stays "due" by its schedule but is not requested (its lastmod is
-authoritative) while a list of this crawl still gives it (the spider's
-``lastmod_listed(state)``, when it has one): counted skipped, except the rotating sample
+authoritative): counted skipped, except the rotating sample
 (:mod:`incremental_crawler.change.sample`), per host. Such pages are read
 past, so they never crowd out the pages really due. Each request carries
 its why (META_WHY).
@@ -43,11 +42,8 @@ Spiders steer it with optional attributes, looked up on the spider:
 ``incremental_reseed = False`` turns it off (as does
 ``INCREMENTAL_RESEED_ENABLED``, also in ``custom_settings``),
 ``needs_reseed()`` says whether this crawl may have missed known pages, and
-``reseed_skip(state)`` leaves out a due page, and ``lastmod_listed(state)``
-says whether a list still gives the page its stored date (the sitemap and
-feed spiders re-seed every crawl, never the pages a list named this crawl,
-and let a date vouch only while the list that gave it still has the
-membership it had then: ``PageState.listing``).
+``reseed_skip(state)`` leaves out a due page (the sitemap and feed spiders
+re-seed only when a list was not read, and never the pages a list named).
 
 Cluster mode: one worker per run re-seeds (the pages go to the shared
 queue), once no worker can discover more links.
@@ -250,7 +246,6 @@ class _DueReader:
         self.limit = reseeder.config.reseed_limit
         self.counter = ledger.schedule
         self.skip = getattr(reseeder.spider, "reseed_skip", None)
-        self.listed = getattr(reseeder.spider, "lastmod_listed", None)
         self.use_lastmod = bool(getattr(reseeder.spider, "use_lastmod", True))
         self.samples: dict[str, RotatingSample[PageState]] = {}
         self.trusted: dict[str, bool] = {}
@@ -372,9 +367,6 @@ class _DueReader:
         """Whether a trusted modification-date lastmod recorded with the page vouches for it."""
         if not (self.use_lastmod and state.lastmod is not None
                 and state.flags & PageFlags.LASTMOD_MODIFIED):
-            return False
-        if callable(self.listed) and not self.listed(state):
-            # No list of this crawl gives that date any more.
             return False
         host = urlsplit(state.key.url).hostname or ""
         trusted = self.trusted.get(host)

@@ -10,15 +10,6 @@ revisit is due. A trusted modification date that did not move vouches for
 our copy: the page is not requested, except for the rotating sample
 (:mod:`incremental_crawler.change.sample`). Every listed page is counted
 once (``incremental/schedule/...``), and each request carries its why.
-
-A list read in full stores its membership (``PageState.listing``, a digest
-of the URLs it lists) with its own state and with each page it lists (with
-the page's visit, or alone when it is not visited). At re-seeding a page's
-date vouches for it only while one of this crawl's lists has the membership
-stored with the page (:meth:`ListedPagesSpider.lastmod_listed`): a page that
-left its list goes by its revisit schedule. A list whose membership is not
-on record (an index, or a list stored before memberships were) is read in
-full when it answers 304.
 """
 
 from __future__ import annotations
@@ -31,12 +22,10 @@ from scrapy.exceptions import CloseSpider
 from scrapy.http import TextResponse
 
 from incremental_crawler import clock
-from incremental_crawler.change.middleware import page_context
 from incremental_crawler.change.policy import DueRules
 from incremental_crawler.change.sample import RotatingSample
 from incremental_crawler.change.schedule import (
     META_LASTMOD_MODIFIED,
-    META_LISTING,
     ScheduleCounter,
     Why,
     mark,
@@ -44,13 +33,12 @@ from incremental_crawler.change.schedule import (
 from incremental_crawler.exceptions import NotModified
 from incremental_crawler.lists.dates import parse_w3c_datetime
 from incremental_crawler.lists.documents import gunzip, parse_listing
-from incremental_crawler.lists.sitemaps import Candidate, SitemapEntries, decide, listing_digest
-from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD, META_REFRESH
+from incremental_crawler.lists.sitemaps import Candidate, SitemapEntries, decide
+from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD
 from incremental_crawler.report.hosts import host_of
 from incremental_crawler.spiders.base import IncrementalSpider
 from incremental_crawler.spiders.main_text import DEFAULT_TEXT_SELECTORS, extract_main_text
 from incremental_crawler.state.keys import Canonicalizer
-from incremental_crawler.state.ledger import TXN_META
 from incremental_crawler.state.records import PageKey, PageState
 from incremental_crawler.state.stores import StateStoreError
 
@@ -135,11 +123,9 @@ class ListedPagesSpider(IncrementalSpider):
         self._canonical = Canonicalizer()
         #: Canonical URLs of the pages the lists named this crawl.
         self._decided: set[str] = set()
-        #: The memberships (PageState.listing) of this crawl's lists: those
-        #: read in full, and those not read (304, unchanged in their index)
-        #: as last read in full. A page's date vouches for it at re-seeding
-        #: only while one of them is the membership of the list that gave it.
-        self.listings: set[str] = set()
+        #: Whether a list was not read (304, or unchanged in its index): only
+        #: then can known pages have been missed, and need re-seeding.
+        self.lists_skipped = False
 
     def list_request(self, url: str, callback: Callable[..., Any],
                      lastmod: float | None = None) -> Request:
@@ -149,37 +135,13 @@ class ListedPagesSpider(IncrementalSpider):
             meta[META_LASTMOD] = lastmod
         return Request(url, callback=callback, errback=self._list_failed, meta=meta)
 
-    def _list_failed(self, failure: Failure) -> list[Request]:
-        if not failure.check(NotModified):
-            return []
-        request = failure.request  # type: ignore[attr-defined]
-        context = page_context(request)
-        stored = context[1] if context is not None else None
-        if stored is not None and stored.listing is not None:
-            # It lists what it listed when last read in full.
-            self.listings.add(stored.listing)
-            return []
-        # What it lists is not on record (an index: it lists lists; a list
-        # stored before memberships were): read in full, so that the dates
-        # it gives are known to be given.
-        self.crawler.stats.inc_value("incremental/sitemap/reread_unknown_listing")
-        meta = {key: value for key, value in request.meta.items()
-                if key in (META_DISCOVERY, META_LASTMOD, "download_maxsize")}
-        meta[META_REFRESH] = True
-        headers = request.headers.copy()
-        for name in (b"If-None-Match", b"If-Modified-Since"):  # the 304's conditions
-            headers.pop(name, None)
-        return [request.replace(meta=meta, headers=headers, dont_filter=True)]
+    def _list_failed(self, failure: Failure) -> None:
+        if failure.check(NotModified):
+            self.lists_skipped = True
 
     def needs_reseed(self) -> bool:
-        # A page no list read this crawl named (it left its list, or its
-        # list was not read) may be due.
-        return self.incremental_reseed
-
-    def lastmod_listed(self, state: PageState) -> bool:
-        """Whether a list of this crawl still gives the page the date stored
-        with it (the re-seeder asks before letting that date vouch)."""
-        return state.listing is not None and state.listing in self.listings
+        # Every page of every list read this crawl was decided already.
+        return self.incremental_reseed and self.lists_skipped
 
     def reseed_skip(self, state: PageState) -> bool:
         # Pages a list named this crawl were decided already; lists are
@@ -268,20 +230,9 @@ class ListedPagesSpider(IncrementalSpider):
     async def listed_requests(
         self, entries: SitemapEntries, candidates: list[Candidate],
         callback_for: Callable[[str], Callable[..., Any] | None],
-        response: Response | None = None,
     ) -> AsyncIterator[Request]:
-        """Requests for the listed pages worth fetching; see the module docstring.
-
-        *response*: the list's, read in full; its membership
-        (``PageState.listing``) is stored with it, and with each listed
-        page whose stored one differs.
-        """
+        """Requests for the listed pages worth fetching; see the module docstring."""
         ledger = self.ledger
-        listing = listing_digest(candidates)
-        self.listings.add(listing)
-        txn = response.meta.get(TXN_META) if response is not None else None
-        if txn is not None:
-            txn.state.listing = listing  # staged when the crawl finishes
         now = clock.now()
         use_lastmod = ledger is not None and self.use_lastmod and await self._lastmods_trusted(
             ledger, entries.host, candidates, now
@@ -308,20 +259,17 @@ class ListedPagesSpider(IncrementalSpider):
                 why = decide(candidate, state, use_lastmod=use_lastmod, rules=rules,
                              vouching=vouching)
                 if state is not None and why in (Why.LASTMOD_UNCHANGED, Why.NOT_DUE):
-                    if ledger is not None and state.listing != listing:
-                        # Not visited: the list's membership is stored alone.
-                        ledger.stage_listing(state.key, listing)
                     self._not_requested(_Listed(candidate, state, callback), why, sample,
                                         counter)
                     continue
                 counter.requested(why, host_of(candidate.loc))
-                yield self._page_request(candidate, state, callback, why, use_lastmod, listing)
+                yield self._page_request(candidate, state, callback, why, use_lastmod)
         sampled, rest = sample.take()
         for listed in rest:
             self._skipped(listed.state, counter)
         for listed in sampled:
             counter.requested(Why.SAMPLED, host_of(listed.candidate.loc))
-            yield self._page_request(*listed, Why.SAMPLED, use_lastmod, listing)
+            yield self._page_request(*listed, Why.SAMPLED, use_lastmod)
 
     def _not_requested(self, listed: _Listed, why: Why, sample: RotatingSample[_Listed],
                        counter: ScheduleCounter) -> None:
@@ -336,11 +284,9 @@ class ListedPagesSpider(IncrementalSpider):
         self.crawler.stats.inc_value("incremental/lastmod/skipped")
 
     def _page_request(self, candidate: Candidate, state: PageState | None,
-                      callback: Callable[..., Any], why: Why, use_lastmod: bool,
-                      listing: str) -> Request:
+                      callback: Callable[..., Any], why: Why, use_lastmod: bool) -> Request:
         """A listed page's request, decided already (its why in its meta)."""
-        # The list's membership is stored with the page's visit.
-        meta: dict[str, Any] = {META_LISTING: listing}
+        meta: dict[str, Any] = {}
         if use_lastmod and candidate.lastmod is not None:
             meta[META_LASTMOD] = candidate.lastmod
             if candidate.modified:

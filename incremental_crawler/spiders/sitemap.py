@@ -109,8 +109,7 @@ class SitemapPagesSpider(ListedPagesSpider, SitemapSpider):
         filtered = self.sitemap_filter(listing.entries)
         if listing.pages:
             candidates = entries.candidates(self._with_alternates(filtered))
-            async for request in self.listed_requests(entries, candidates, self._callback_for,
-                                                      response):
+            async for request in self.listed_requests(entries, candidates, self._callback_for):
                 yield request
             return
         # An index's lastmod says when each child sitemap changed: a child
@@ -124,11 +123,9 @@ class SitemapPagesSpider(ListedPagesSpider, SitemapSpider):
             if not any(rule.search(child.loc) for rule in self._follow):
                 continue
             why = decide(child, state, use_lastmod=self.use_lastmod, rules=rules)
-            if why is Why.LASTMOD_UNCHANGED and state is not None and state.listing is not None:
-                # It lists what it listed when last read in full. One whose
-                # membership is not on record (an index) is read.
+            if why is Why.LASTMOD_UNCHANGED:
                 stats.inc_value("incremental/sitemap/child_unchanged")
-                self.listings.add(state.listing)
+                self.lists_skipped = True
                 continue
             yield self._sitemap_request(child.loc, child.lastmod, named_by)
 

@@ -1262,11 +1262,6 @@ class Ledger:
         self.store.stage_flags(key, add)
         self._after_stage()
 
-    def stage_listing(self, key: PageKey, listing: str) -> None:
-        """Record on the stored page the membership digest of the list giving its date."""
-        self.store.stage_listing(key, listing)
-        self._after_stage()
-
     def stage_redirect(self, key: PageKey, target: str, status: int) -> None:
         self.store.stage_redirect(key, target, status, clock.now())
         self._after_stage()

@@ -346,7 +346,7 @@ _TOKEN_TTL = 86_400
 _FLUSH_LUA = LUA_WRITES + PAGE_CODEC + PAGE_BUCKETS + """
 local PREFIX, LISTPACK_VALUE = ARGV[1], tonumber(ARGV[2])
 local ARITY = {host = 3, page = 5, check = 10, failure = 9, redirect = 7, item = 13,
-               links = 4, unlink = 3, flags = 4, listing = 4, slotrate = 6}
+               links = 4, unlink = 3, flags = 4, slotrate = 6}
 local OPS = {}
 -- Hosts met in this batch, by hash tag: their keys and bucket count.
 local HOSTS = {}
@@ -501,17 +501,6 @@ function OPS.flags(a, i)
   if raw then
     local page = unpack_page(raw)
     page.flags = bit.bor(page.flags or 0, tonumber(a[i + 3]))
-    store_page(h, b, a[i + 2], pack_page(page))
-  end
-end
-function OPS.listing(a, i)
-  -- scope, host, field, membership digest: nothing else changes (the
-  -- revisit index neither), nothing if unknown
-  local h, b = bucket_at(a, i)
-  local raw = read_page(h, b, a[i + 2])
-  if raw then
-    local page = unpack_page(raw)
-    page.listing = a[i + 3]
     store_page(h, b, a[i + 2], pack_page(page))
   end
 end
@@ -674,9 +663,7 @@ local function keys_of(name, a, i)
   local small, large = bucket_keys(h, b)
   local out = {{h.dir, 'hash'}, {h.hosts, 'set'}, {small, 'hash'}, {large, 'hash'}}
   if name == 'links' then out[#out + 1] = {h.links, 'hash'} end
-  if name ~= 'links' and name ~= 'flags' and name ~= 'listing' then
-    out[#out + 1] = {h.due, 'zset'}
-  end
+  if name ~= 'links' and name ~= 'flags' then out[#out + 1] = {h.due, 'zset'} end
   return out
 end
 local function wrong_type(first)
@@ -1857,12 +1844,6 @@ class RedisStateStore(StateStore):
         if staged is not None:
             # What the flush will leave: the staged state, then the flags.
             self._pages[key] = staged.copy(flags=int(staged.flags) | int(add))
-
-    def stage_listing(self, key: PageKey, listing: str) -> None:
-        self._stage(key.scope, ("listing", *self._page_args(key), listing))
-        staged = self._staged_page(key)
-        if staged is not None:
-            self._pages[key] = staged.copy(listing=listing)
 
     def stage_item(self, record: ItemRecord) -> None:
         scope, key = record.scope, record.key
