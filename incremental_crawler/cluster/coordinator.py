@@ -404,8 +404,10 @@ class ClusterCoordinator:
         except redis.RedisError as exc:
             # run_unrecorded stays unknown: the sitemaps' state is not saved.
             # What this worker held is reaped by the others once Redis is back.
-            logger.error("Cluster %(url)s: leaving the run failed (%(error)s)",
-                         {"url": redacted(self.url), "error": exc})
+            # Said once: a worker that gave up on Redis said why already.
+            logger.log(logging.WARNING if self._lost else logging.ERROR,
+                       "Cluster %(url)s: leaving the run failed (%(error)s)",
+                       {"url": redacted(self.url), "error": exc})
             self.stats.inc_value("cluster/redis_errors")
             self.redis.close()
             return
