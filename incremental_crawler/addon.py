@@ -15,6 +15,7 @@ from scrapy.utils.misc import load_object
 
 from incremental_crawler.cluster import apply_cluster_settings
 from incremental_crawler.config import DEFAULT_SETTINGS, throttle_enabled
+from incremental_crawler.http.long_header import install as install_long_header
 from incremental_crawler.politeness.robots import SCRAPY_ROBOTSTXT
 from incremental_crawler.politeness.robots_parser import RFC9309_PARSER
 
@@ -90,6 +91,9 @@ class IncrementalAddon:
     """Scrapy add-on; see the module docstring."""
 
     def update_settings(self, settings: Settings) -> None:
+        # A response header line over 16384 bytes fails naming its cause,
+        # not as "Connection was closed cleanly".
+        install_long_header()
         for name, value in DEFAULT_SETTINGS.items():
             settings.set(name, value, priority="addon")
         for setting, path, order in COMPONENTS:

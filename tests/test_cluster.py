@@ -685,7 +685,8 @@ async def test_a_worker_whose_cluster_redis_dies_stops_loudly_by_itself(
     try:
         worker = Worker(site, state_uri, "own", tmp_path, "1",
                         "-s", f"INCREMENTAL_CLUSTER_URL={own.uri}",
-                        "-s", "INCREMENTAL_CLUSTER_WORKER_TTL=2")
+                        "-s", "INCREMENTAL_CLUSTER_WORKER_TTL=2",
+                        "-s", "INCREMENTAL_REDIS_RETRY_TIME=2")
         await until(lambda: sum(page_gets(site).values()) >= 15, "the crawl to get going")
         own.stop()
         # Not a success: supervisors and schedulers must see it failed.
@@ -695,7 +696,14 @@ async def test_a_worker_whose_cluster_redis_dies_stops_loudly_by_itself(
         own.remove()
     log = worker.log.read_text(errors="replace")
     assert "'finish_reason': 'cluster_redis_error'" in log, worker.tail()
-    assert "ERROR: Cluster" in log
+    # Tried again for the bound (a WARNING), then one ERROR line saying so.
+    assert "Redis does not answer" in log, worker.tail()
+    errors = [line.split("ERROR: ", 1)[1] for line in log.splitlines() if "ERROR:" in line]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(
+        f"Cluster {own.uri}: Redis has not answered for 2 s (INCREMENTAL_REDIS_RETRY_TIME): "
+    ), errors
+    assert errors[0].endswith("; stopping this worker"), errors
     # State is never ahead of data for what it stored; the sitemaps' state is not
     # saved (the run's failures could not be read), so the next run reads
     # them in full and requests what this one did not store.
@@ -705,6 +713,38 @@ async def test_a_worker_whose_cluster_redis_dies_stops_loudly_by_itself(
     assert ahead == []
     assert state_db("SELECT COUNT(*) FROM pages WHERE url LIKE '%sitemap%'")[0][0] == 0
     assert state_db("SELECT COUNT(*) FROM pages WHERE etag IS NOT NULL")[0][0] < n
+
+
+@pytest_twisted.ensureDeferred
+async def test_cluster_workers_go_on_across_a_restart_of_their_redis(site, tmp_path):
+    # Queue, dupefilter, membership, in-flight requests and the state store
+    # on one Redis (AOF on), shut down gracefully mid-crawl and started a
+    # second later: both workers ride it out, every page is fetched once.
+    n = 60
+    add_pages(site, n, size=1000)
+    site.slow("/p/", 0.05)
+    own = OwnRedis("--appendonly", "yes")
+    own.start()
+    try:
+        workers = [Worker(site, None, "own", tmp_path, str(i),
+                          "-s", f"INCREMENTAL_CLUSTER_URL={own.uri}") for i in range(2)]
+        await until(lambda: sum(page_gets(site).values()) >= 15, "the crawl to get going")
+        await deferToThread(own.shut_down)
+        await deferLater(reactor, 1.0)
+        await deferToThread(own.start)
+        for worker in workers:
+            assert await worker.wait(timeout=90) == 0, worker.tail()
+    finally:
+        own.remove()
+    gets = page_gets(site)
+    assert len(gets) == n
+    assert max(gets.values()) == 1, [p for p, c in gets.items() if c > 1]
+    emitted = sorted(url for worker in workers for url in worker.urls())
+    assert emitted == sorted(site.url(f"/p/{i:04d}") for i in range(n))
+    logs = [worker.text() for worker in workers]
+    assert not [line for log in logs for line in log.splitlines() if "ERROR:" in line]
+    assert any(f"Cluster {own.uri}: Redis does not answer" in log for log in logs), logs[0][-3000:]
+    assert any(f"Cluster {own.uri}: Redis answers again after" in log for log in logs)
 
 
 @pytest_twisted.ensureDeferred

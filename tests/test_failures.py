@@ -363,3 +363,31 @@ async def test_a_redirect_that_ends_nowhere_fails_the_page_asked(
     await crawl_sitemap(crawl, site, REDIRECT_MAX_TIMES=2)
     assert gets(site, "/sitemap.xml") == [304]
     assert gets(site, page) == [302]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_response_header_over_16384_bytes_is_a_failure_naming_its_cause(
+        crawl, state_db, caplog):
+    # Twisted's HTTP client parses lines of at most 16384 bytes and closes
+    # the connection on a longer one: said as "Connection was closed
+    # cleanly" unless the add-on names the cause.
+    from tests.scripted_server import NOT_FOUND, ScriptedServer, answer
+    from tests.spiders import ListSpider
+
+    def script(head: bytes) -> bytes:
+        if not head.startswith(b"GET /page "):
+            return NOT_FOUND
+        return answer("200 OK", [(b"Content-Type", b"text/html"),
+                                 (b"X-Big", b"x" * 100_000)], b"<html><body>hi</body></html>")
+
+    with ScriptedServer(script) as server, caplog.at_level(logging.INFO):
+        url = server.url("/page")
+        crawler = await crawl(ListSpider, urls=[url], settings={"RETRY_ENABLED": False})
+    assert server.heads_for("/page")
+    assert crawler.collected == []
+    assert state_db("SELECT last_status, failures FROM pages WHERE url = ?", url) == [(0, 1)]
+    problems = [f"{r.getMessage()} {r.exc_text or ''}" for r in caplog.records
+                if r.levelno >= logging.WARNING and url in r.getMessage()]
+    assert len(problems) == 1, problems
+    assert "response header line over 16384 bytes" in problems[0], problems
+    assert "closed cleanly" not in caplog.text

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import re
 import subprocess
@@ -37,6 +38,7 @@ from incremental_crawler.politeness.budget import (
 from incremental_crawler.politeness.window import WindowPolicy
 from tests.redis_util import BUDGET_REDIS_URI, OwnRedis
 from tests.spiders import ListSpider
+from tests.test_fatal import one_error_line
 
 PROJECT = Path(__file__).resolve().parents[1]
 REDIS_URL = BUDGET_REDIS_URI
@@ -361,8 +363,8 @@ async def test_losing_redis_mid_crawl_stops_the_crawl_and_its_requests(
     for path in paths:
         site.add_page(path, "strong", size=500)
     crawling = defer.ensureDeferred(crawl(ListSpider, settings={
-        **POLITE, "INCREMENTAL_THROTTLE_START_RATE": 20, "INCREMENTAL_THROTTLE_SHARED_URL": url},
-        urls=[site.url(p) for p in paths]))
+        **POLITE, "INCREMENTAL_THROTTLE_START_RATE": 20, "INCREMENTAL_THROTTLE_SHARED_URL": url,
+        "INCREMENTAL_REDIS_RETRY_TIME": 1}, urls=[site.url(p) for p in paths]))
     for _ in range(6000):  # bounded: 30 s for the crawl to get going
         if len(site.log) >= 10 or crawling.called:
             break
@@ -376,6 +378,82 @@ async def test_losing_redis_mid_crawl_stops_the_crawl_and_its_requests(
     # Nothing left without a token: only requests that held one when Redis
     # died (a batch lives 0.1 s) reached the site after it.
     assert [r.path for r in site.log if r.started > killed_at + 0.5] == []
+
+
+@pytest.fixture
+def aof_redis():
+    """A redis-server of this test's own that keeps its data across a restart."""
+    own = OwnRedis("--appendonly", "yes")
+    own.start()
+    try:
+        yield own
+    finally:
+        own.remove()
+
+
+async def until_requests(site, n: int) -> None:
+    for _ in range(6000):  # bounded: 30 s for the crawl to get going
+        if len(site.log) >= n:
+            return
+        await deferLater(reactor, 0.005)
+    pytest.fail("the crawl did not get going")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_goes_on_across_a_restart_of_the_budgets_redis(
+        site, crawl, aof_redis, caplog):
+    # Shut down gracefully mid-crawl, started a second later: requests wait
+    # for their tokens meanwhile (none leaves unthrottled), then go on.
+    url = aof_redis.uri
+    paths = [f"/p/{i:03d}" for i in range(60)]
+    for path in paths:
+        site.add_page(path, "strong", size=500)
+    with caplog.at_level(logging.WARNING):
+        crawling = defer.ensureDeferred(crawl(ListSpider, settings={
+            **POLITE, "INCREMENTAL_THROTTLE_START_RATE": 20,
+            "INCREMENTAL_THROTTLE_SHARED_URL": url}, urls=[site.url(p) for p in paths]))
+        await until_requests(site, 10)
+        await deferToThread(aof_redis.shut_down)
+        down_at = time.monotonic()
+        await deferLater(reactor, 1.0)
+        up_at = time.monotonic()
+        await deferToThread(aof_redis.start)
+        crawler = await crawling
+    assert crawler.stats.get_value("finish_reason") == "finished"
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert sorted(r.path for r in site.log if r.path.startswith("/p/")) == paths  # once each
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(m.startswith(f"The shared budget at {url}: Redis does not answer")
+               for m in warnings), warnings
+    assert any(m.startswith(f"The shared budget at {url}: Redis answers again after")
+               for m in warnings), warnings
+    # Only requests holding a token when Redis went away (a batch lives
+    # 0.1 s) reached the site while it was away.
+    assert [r.path for r in site.log if down_at + 0.5 < r.started < up_at] == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_budgets_redis_that_stays_away_stops_the_crawl_with_one_line(
+        site, tmp_path, aof_redis):
+    [paths] = add_worker_pages(site, 1, 60)
+    proc = start_worker(site, tmp_path, 0, "INCREMENTAL_THROTTLE_ENABLED=True",
+                        f"INCREMENTAL_THROTTLE_SHARED_URL={aof_redis.uri}",
+                        "INCREMENTAL_THROTTLE_START_RATE=20", "INCREMENTAL_REDIS_RETRY_TIME=2")
+    try:
+        await until_requests(site, 10)
+        await deferToThread(aof_redis.shut_down)  # and not started again
+    finally:
+        if proc.poll() is None and aof_redis.proc is not None:
+            proc.kill()
+    _, stderr = await deferToThread(proc.communicate, timeout=120)
+    result = subprocess.CompletedProcess([], proc.returncode, "", stderr.decode())
+    assert proc.returncode == 1, result.stderr[-3000:]
+    assert "'finish_reason': 'shared_budget_unavailable'" in result.stderr
+    line = one_error_line(result)
+    assert line.startswith(
+        f"The shared budget at {aof_redis.uri} failed (Redis has not answered for 2 s "
+        "(INCREMENTAL_REDIS_RETRY_TIME): "), line
+    assert len([r for r in site.log if r.path.startswith("/w0/")]) < len(paths)
 
 
 @pytest_twisted.ensureDeferred

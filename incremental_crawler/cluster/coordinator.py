@@ -28,6 +28,18 @@ does (Scrapy's scheduler interface is synchronous): one short round trip
 to queue a request and one to pop it, one per heartbeat, per failed
 page that could not be recorded and per page found gone, two per idle
 check, on a Redis that should be near the workers.
+
+A Redis that does not answer (restarted, failing over) is ridden out for
+up to ``INCREMENTAL_REDIS_RETRY_TIME`` seconds since it last answered, as
+the state store does (:mod:`incremental_crawler.redis_retry`), without
+blocking the reactor on the busy paths: meanwhile nothing is popped,
+requests to queue wait in this worker (sent, before any ticket is released,
+once Redis answers) and only the heartbeat asks Redis, once per beat.
+When it answers again, requests this worker popped whose reply was lost
+go back to the queue. The rare commands (claims, a tombstone, a failure
+that could not be recorded, leaving) wait for Redis where they are. A
+Redis silent past the bound stops the worker: one ERROR line, finish
+reason ``cluster_redis_error``.
 """
 
 from __future__ import annotations
@@ -40,6 +52,8 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from scrapy import signals
 from scrapy.exceptions import DontCloseSpider, NotConfigured
 from scrapy.utils.asyncio import create_looping_call
@@ -47,7 +61,9 @@ from scrapy.utils.defer import deferred_from_coro
 
 from incremental_crawler import clock
 from incremental_crawler.cluster import ClusterError
+from incremental_crawler.redis_retry import NO_ANSWER, RedisSilent, Silence
 from incremental_crawler.state.ledger import Ledger
+from incremental_crawler.state.stores.base import redis_retry_setting
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
@@ -166,6 +182,25 @@ end
 return {back, unrecorded, ended}
 """
 
+# After Redis did not answer: requests in this worker's in-flight hash that
+# it does not know (popped, the reply lost) go back to the queue. KEYS:
+# in-flight hash, queue; ARGV: the tickets the worker knows.
+_RECLAIM = """
+local known = {}
+for i = 1, #ARGV do known[ARGV[i]] = true end
+local back = 0
+for _, ticket in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if not known[ticket] then
+    local v = redis.call('HGET', KEYS[1], ticket)
+    local s = string.find(v, '|', 1, true)
+    redis.call('ZADD', KEYS[2], string.sub(v, 1, s - 1), string.sub(v, s + 1))
+    redis.call('HDEL', KEYS[1], ticket)
+    back = back + 1
+  end
+end
+return back
+"""
+
 
 # Claim a one-per-run job; the owner's id (the caller's if it was free).
 _CLAIM = """
@@ -221,8 +256,15 @@ class ClusterCoordinator:
                 "INCREMENTAL_CLUSTER_HEARTBEAT, or live workers would be taken for dead"
             )
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        #: Since when Redis has not answered (INCREMENTAL_REDIS_RETRY_TIME).
+        self.silence = Silence(f"Cluster {redacted(self.url)}", redis_retry_setting(settings))
+        #: Requests to queue while Redis does not answer: (fingerprint, score, data).
+        self._unsent: list[tuple[str | None, float, bytes]] = []
         try:
-            self.redis = redis.Redis.from_url(self.url, socket_timeout=10)
+            # No retries in the client: a Redis that does not answer is
+            # ridden out by self.silence, never by blocking the reactor.
+            self.redis = redis.Redis.from_url(self.url, socket_timeout=10,
+                                              retry=Retry(NoBackoff(), 0))
             self.redis.ping()
         except (redis.RedisError, ValueError) as exc:
             raise ClusterError(
@@ -236,6 +278,7 @@ class ClusterCoordinator:
         self._claim = self.redis.register_script(_CLAIM)
         self._claims_pending = self.redis.register_script(_CLAIMS_PENDING)
         self._claim_tombstone = self.redis.register_script(_CLAIM_TOMBSTONE)
+        self._reclaim = self.redis.register_script(_RECLAIM)
         self.run: str | None = None
         self.spider_key = ""
         #: Requests this worker popped and has not finished, by ticket.
@@ -352,16 +395,19 @@ class ClusterCoordinator:
         # gives back every request whose page is not committed: it is
         # fetched again, none is lost.
         try:
-            self._beat_once(release_all=reason == "finished")
-            back, unrecorded, ended = self._leave(
+            self.silence.again_blocking(
+                lambda: self._beat_once(release_all=reason == "finished"))
+            back, unrecorded, ended = self.silence.again_blocking(lambda: self._leave(
                 keys=[self.key("workers"), self.queue_key, self.key("run")],
                 args=[self.worker_id, self.inflight_prefix, self.run_prefix, self.held_prefix],
-            )
+            ))
         except redis.RedisError as exc:
             # run_unrecorded stays unknown: the sitemaps' state is not saved.
             # What this worker held is reaped by the others once Redis is back.
-            logger.error("Cluster %(url)s: leaving the run failed (%(error)s)",
-                         {"url": redacted(self.url), "error": exc})
+            # Said once: a worker that gave up on Redis said why already.
+            logger.log(logging.WARNING if self._lost else logging.ERROR,
+                       "Cluster %(url)s: leaving the run failed (%(error)s)",
+                       {"url": redacted(self.url), "error": exc})
             self.stats.inc_value("cluster/redis_errors")
             self.redis.close()
             return
@@ -380,22 +426,64 @@ class ClusterCoordinator:
     # -- the shared queue ------------------------------------------------------
 
     def push(self, fingerprint: str | None, score: float, data: bytes) -> bool:
-        """Queue a request unless the run has seen *fingerprint*; one round trip."""
+        """Queue a request unless the run has seen *fingerprint*; one round trip.
+
+        While Redis does not answer, the request waits in this worker (True:
+        it will be queued, unless the run saw it by then); the heartbeat
+        sends it once Redis answers.
+        """
+        if self.silence.silent:
+            self._unsent.append((fingerprint, score, data))
+            return True
         self.roundtrip()
-        return bool(self._push(keys=[self.seen_key, self.queue_key],
-                               args=[fingerprint or "", score, data]))
+        try:
+            queued = self._push(keys=[self.seen_key, self.queue_key],
+                                args=[fingerprint or "", score, data])
+        except NO_ANSWER as exc:
+            self._unsent.append((fingerprint, score, data))
+            self._no_answer(exc)
+            return True
+        self.silence.answered()
+        return bool(queued)
+
+    def _send_unsent(self) -> None:
+        """Queue the requests kept while Redis did not answer (before any ticket
+        is released: their parents' pages must not be done before they are queued)."""
+        while self._unsent:
+            fingerprint, score, data = self._unsent[0]
+            self.roundtrip()
+            self._push(keys=[self.seen_key, self.queue_key],
+                       args=[fingerprint or "", score, data])
+            self._unsent.pop(0)
 
     def queued(self) -> int:
+        """Requests queued (while Redis does not answer: those waiting here, at least 1)."""
+        if self.silence.silent:
+            return max(1, len(self._unsent))
         self.roundtrip()
-        return int(self.redis.zcard(self.queue_key))
+        try:
+            queued = int(self.redis.zcard(self.queue_key))
+        except NO_ANSWER as exc:
+            self._no_answer(exc)
+            return max(1, len(self._unsent))
+        self.silence.answered()
+        return queued + len(self._unsent)
 
     def roundtrip(self) -> None:
         self.stats.inc_value("cluster/redis_roundtrips")
 
     def pop(self) -> tuple[bytes, bytes] | None:
-        """The next request's ``(ticket, data)``, held in flight, or None."""
+        """The next request's ``(ticket, data)``, held in flight, or None
+        (None too while Redis does not answer: the heartbeat asks it)."""
+        if self.silence.silent:
+            return None
         self.roundtrip()
-        popped = self._pop(keys=[self.queue_key, self.key(f"inflight:{self.worker_id}")])
+        try:
+            popped = self._pop(keys=[self.queue_key, self.key(f"inflight:{self.worker_id}")])
+        except NO_ANSWER as exc:
+            self._no_answer(exc)
+            return None
+        self.silence.answered()
         if not popped:
             return None
         ticket, data = popped
@@ -410,12 +498,14 @@ class ClusterCoordinator:
     def beat(self) -> None:
         # An exception would stop the looping call for good: the others
         # would take this worker for dead while it works.
+        was_silent = self.silence.silent
         try:
             self._beat_once()
         except redis.RedisError as exc:
             self._redis_error("heartbeat", exc)
             return
-        if self._waiting:
+        # After a silence too: nothing was popped meanwhile.
+        if self._waiting or was_silent:
             # Scrapy looks at an idle engine only every 5 s: wake it so it
             # pops what the others queued, or closes once the grace passed.
             nextcall = getattr(getattr(self.crawler.engine, "_slot", None), "nextcall", None)
@@ -423,7 +513,19 @@ class ClusterCoordinator:
                 nextcall.schedule()
 
     def _beat_once(self, *, release_all: bool = False) -> bool:
-        """Send a heartbeat; whether the cluster has nothing queued or in flight."""
+        """Send a heartbeat; whether the cluster has nothing queued or in flight.
+
+        After Redis did not answer, the requests kept meanwhile are queued
+        first, and those popped whose reply was lost go back to the queue.
+        """
+        self._send_unsent()
+        if self.silence.missed:
+            self.roundtrip()
+            back = self._reclaim(keys=[self.key(f"inflight:{self.worker_id}"), self.queue_key],
+                                 args=list(self._tickets))
+            self.silence.missed = False
+            if back:
+                self.stats.inc_value("cluster/requeued_unknown", int(back))
         finished: list[bytes]
         hold: list[bytes]
         if release_all:
@@ -437,6 +539,7 @@ class ClusterCoordinator:
                   len(finished), *finished, *hold],
         )
         self._failing_since = None
+        self.silence.answered()
         for ticket in finished:
             self._tickets.pop(ticket, None)
             self._processed.pop(ticket, None)
@@ -505,8 +608,19 @@ class ClusterCoordinator:
             self._waiting = True
             raise DontCloseSpider
 
+    def _no_answer(self, exc: redis.RedisError) -> None:
+        """Redis did not answer: noted (a WARNING the first time); past the
+        bound, this worker stops."""
+        try:
+            self.silence.failed(exc)
+        except RedisSilent as silent:
+            self.lost(silent)
+
     def _redis_error(self, what: str, exc: redis.RedisError) -> None:
         self.stats.inc_value("cluster/heartbeat_errors")
+        if isinstance(exc, NO_ANSWER):
+            self._no_answer(exc)
+            return
         now = time.monotonic()
         if self._failing_since is None:
             self._failing_since = now
@@ -532,8 +646,9 @@ class ClusterCoordinator:
             return
         self._lost = True
         logger.error(
-            "Cluster %(url)s: Redis failed (%(error)s); stopping this worker",
-            {"url": redacted(self.url), "error": exc},
+            "Cluster %(url)s: %(what)s; stopping this worker",
+            {"url": redacted(self.url),
+             "what": exc if isinstance(exc, RedisSilent) else f"Redis failed ({exc})"},
         )
         engine = self.crawler.engine
         if engine is not None and engine.running:
@@ -543,7 +658,8 @@ class ClusterCoordinator:
         """Whether this worker holds the run's *job* (the first to claim it does)."""
         self.roundtrip()
         try:
-            owner = self._claim(keys=[self.run_prefix + "claims"], args=[job, self.worker_id])
+            owner = self.silence.again_blocking(lambda: self._claim(
+                keys=[self.run_prefix + "claims"], args=[job, self.worker_id]))
         except redis.RedisError as exc:
             self.lost(exc)
             return False
@@ -558,7 +674,8 @@ class ClusterCoordinator:
         """The claimed *job* queued its work: the others need not wait for it."""
         self.roundtrip()
         try:
-            self.redis.hset(self.run_prefix + "claims", f"{job}:done", self.worker_id)
+            self.silence.again_blocking(lambda: self.redis.hset(
+                self.run_prefix + "claims", f"{job}:done", self.worker_id))
         except redis.RedisError as exc:
             self.lost(exc)
 
@@ -571,9 +688,9 @@ class ClusterCoordinator:
         """
         self.roundtrip()
         try:
-            owner = self._claim_tombstone(keys=[self.run_prefix + "tombstones",
-                                                self.key("workers")],
-                                          args=["\0".join(key), self.worker_id])
+            owner = self.silence.again_blocking(lambda: self._claim_tombstone(
+                keys=[self.run_prefix + "tombstones", self.key("workers")],
+                args=["\0".join(key), self.worker_id]))
         except redis.RedisError as exc:
             # Not sent, not recorded: the next run decides the page again.
             self.lost(exc)
@@ -585,7 +702,7 @@ class ClusterCoordinator:
         be saved."""
         self.roundtrip()
         try:
-            self.redis.incr(self.run_prefix + "unrecorded")
+            self.silence.again_blocking(lambda: self.redis.incr(self.run_prefix + "unrecorded"))
         except redis.RedisError as exc:
             # Not counted: leaving fails too, the sitemaps' state is not saved.
             self.lost(exc)

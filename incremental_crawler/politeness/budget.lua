@@ -1,3 +1,4 @@
+#!lua
 -- The shared budget of one download slot (incremental_crawler.politeness.budget).
 --
 -- KEYS[1]: the slot's hash. ARGV: op ("acquire" | "report"), want, cap (rate

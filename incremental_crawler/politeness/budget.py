@@ -42,6 +42,10 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import NoScriptError, RedisError
 
+from incremental_crawler.config import DEFAULT_SETTINGS
+from incremental_crawler.redis_retry import Silence
+from incremental_crawler.uris import redacted
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -145,18 +149,27 @@ class SharedBudget:
     ``on_reply(key, grant)`` is called with every answer of the script (the
     shared rate, freezes and parks other workers caused); ``on_failure(exc)``
     when Redis cannot be used: the caller stops the crawl.
+
+    A Redis that does not answer (restarted, failing over) is asked again
+    for up to *retry_time* seconds (INCREMENTAL_REDIS_RETRY_TIME) since it
+    last answered, as the state store does: requests wait for their tokens
+    meanwhile (none leaves unthrottled); then ``on_failure`` with a
+    :class:`~incremental_crawler.redis_retry.RedisSilent`.
     """
 
     def __init__(self, url: str, prefix: str, *, stats: Any,
                  on_reply: Callable[[str, Grant], None],
-                 on_failure: Callable[[Exception], None]) -> None:
-        # A blip (a restart, a failover) is retried for about half a second;
-        # a dead server fails the call within seconds, it never hangs it.
+                 on_failure: Callable[[Exception], None],
+                 retry_time: float = DEFAULT_SETTINGS["INCREMENTAL_REDIS_RETRY_TIME"]) -> None:
+        # A blip is retried by the client for about half a second; a dead
+        # server fails the call within seconds, it never hangs it; a longer
+        # silence is ridden out by self.silence.
         self.client = aioredis.Redis.from_url(
             url, socket_timeout=5, socket_connect_timeout=5,
             retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.25), 5))
         self.url = url
         self.prefix = prefix
+        self.silence = Silence(f"The shared budget at {redacted(url)}", float(retry_time))
         self.stats = stats
         self.on_reply = on_reply
         self.on_failure = on_failure
@@ -345,15 +358,22 @@ class SharedBudget:
 
     async def _call(self, key: str, op: str, policy: WindowPolicy, **kwargs: Any) -> Grant:
         args = script_args(op, policy, **kwargs)
-        sha = self._sha if self._sha is not None else await self._load()
-        self.stats.inc_value("incremental/throttle/shared/roundtrips")
-        try:
-            reply = await self.client.evalsha(sha, 1, self.redis_key(key), *args)
-        except NoScriptError:
-            # The server restarted or ran SCRIPT FLUSH: load it again, once.
-            sha = await self._load()
+
+        async def attempt() -> Any:
+            sha = self._sha if self._sha is not None else await self._load()
             self.stats.inc_value("incremental/throttle/shared/roundtrips")
-            reply = await self.client.evalsha(sha, 1, self.redis_key(key), *args)
+            try:
+                return await self.client.evalsha(sha, 1, self.redis_key(key), *args)
+            except NoScriptError:
+                # The server restarted or ran SCRIPT FLUSH: load it again, once.
+                sha = await self._load()
+                self.stats.inc_value("incremental/throttle/shared/roundtrips")
+                return await self.client.evalsha(sha, 1, self.redis_key(key), *args)
+
+        # Asked again while Redis does not answer: an acquire whose reply was
+        # lost only spent tokens (the rate stays), a report sent twice counts
+        # its healthy answers twice (a hard signal cuts once per window).
+        reply = await self.silence.again(attempt)
         grant = Grant.from_reply(reply)
         self.on_reply(key, grant)
         return grant

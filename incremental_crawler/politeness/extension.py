@@ -235,12 +235,16 @@ class AdaptiveThrottle(AutoThrottle):
                 # Imported here: a crawl without a shared budget does not
                 # import Redis's client (a tenth of a second of its start).
                 from incremental_crawler.politeness.budget import SharedBudget  # noqa: PLC0415
+                from incremental_crawler.state.stores.base import (  # noqa: PLC0415
+                    redis_retry_setting,
+                )
 
                 self.shared = SharedBudget(
                     str(url),
                     str(setting_or_default(settings, "INCREMENTAL_THROTTLE_SHARED_PREFIX")),
                     stats=crawler.stats, on_reply=self._shared_reply,
-                    on_failure=self._shared_failed)
+                    on_failure=self._shared_failed,
+                    retry_time=redis_retry_setting(settings))
             except ValueError as exc:
                 # Not NotConfigured: that would crawl on without any
                 # throttle, N workers N times too fast.

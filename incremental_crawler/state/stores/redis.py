@@ -135,6 +135,7 @@ from redis.retry import Retry
 
 from incremental_crawler import clock
 from incremental_crawler.config import DEFAULT_SETTINGS
+from incremental_crawler.redis_retry import RedisSilent, Silence
 from incremental_crawler.state.records import (
     Change,
     CrawlRecord,
@@ -241,13 +242,6 @@ _REDIS_QUERY = frozenset({
     "health_check_interval", "max_connections", "ssl_cert_reqs", "ssl_ca_certs",
     "ssl_certfile", "ssl_keyfile", "ssl_check_hostname", "protocol", "client_name",
 })
-#: What a command that got no answer meets (BusyLoadingError, a Redis
-#: loading its data after a restart, is a ConnectionError): tried again.
-_NO_ANSWER = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
-#: Waits between tries: doubling from the first to the longest.
-_RETRY_FIRST_WAIT = 0.05
-_RETRY_MAX_WAIT = 1.0
-
 #: The oldest Redis the store runs on: its scripts carry flags (``#!lua``),
 #: which Redis 7.0 introduced; an older Redis is refused when the store opens.
 MIN_REDIS_VERSION = (7, 0)
@@ -1090,11 +1084,10 @@ class RedisStateStore(StateStore):
             HostTrust: frozenset(f.name for f in self._fields[HostTrust]) - {"scope", "host"},
         }
         self._closed = False
-        #: Seconds the crawl-time commands keep trying a Redis that does not
-        #: answer (INCREMENTAL_REDIS_RETRY_TIME), and since when (monotonic)
-        #: it has not; None: it answered last time.
-        self.retry_time = float(DEFAULT_SETTINGS["INCREMENTAL_REDIS_RETRY_TIME"])
-        self._silent_since: float | None = None
+        #: Since when Redis has not answered, and for how long the
+        #: crawl-time commands keep trying (:attr:`retry_time`).
+        self._silence = Silence(f"State store {self.location}",
+                                float(DEFAULT_SETTINGS["INCREMENTAL_REDIS_RETRY_TIME"]))
         #: Redis's hash-max-listpack-value (read on opening; 64 by default).
         self._listpack_value = 64
         # No retries: a transaction whose reply was lost may have run, and
@@ -1420,38 +1413,27 @@ class RedisStateStore(StateStore):
     async def _again(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
         """``await attempt()``, again while Redis does not answer (down,
         restarting, loading its data), for up to :attr:`retry_time` seconds
-        since it last answered; then a :class:`StateStoreError` saying so.
+        since it last answered (:class:`~incremental_crawler.redis_retry.Silence`);
+        then a :class:`StateStoreError` saying so.
 
         Safe for every crawl-time command: reads and holds are idempotent,
         and a flush sent again is known by its token (what Redis applied of
         it is not applied twice).
         """
-        delay = _RETRY_FIRST_WAIT
-        while True:
-            try:
-                result = await attempt()
-            except _NO_ANSWER as exc:
-                now = time.monotonic()
-                if self._silent_since is None:
-                    self._silent_since = now
-                    logger.warning(
-                        "State store %(location)s: Redis does not answer (%(error)s); "
-                        "trying again for up to %(bound)g s (INCREMENTAL_REDIS_RETRY_TIME)",
-                        {"location": self.location, "error": exc, "bound": self.retry_time})
-                left = self._silent_since + self.retry_time - now
-                if left <= 0:
-                    raise self._fail(
-                        f"Redis has not answered for {self.retry_time:g} s "
-                        "(INCREMENTAL_REDIS_RETRY_TIME)", exc) from exc
-                await asyncio.sleep(min(delay, left))
-                delay = min(2 * delay, _RETRY_MAX_WAIT)
-                continue
-            if self._silent_since is not None:
-                logger.warning("State store %(location)s: Redis answers again after %(s).1f s",
-                               {"location": self.location,
-                                "s": time.monotonic() - self._silent_since})
-                self._silent_since = None
-            return result
+        try:
+            return await self._silence.again(attempt)
+        except RedisSilent as exc:
+            raise self._fail(exc.what, exc.cause) from exc.cause
+
+    @property
+    def retry_time(self) -> float:
+        """Seconds the crawl-time commands keep trying a Redis that does not
+        answer (INCREMENTAL_REDIS_RETRY_TIME)."""
+        return self._silence.bound
+
+    @retry_time.setter
+    def retry_time(self, seconds: float) -> None:
+        self._silence.bound = seconds
 
     async def _run(self, pipe: Any) -> list[Any]:
         # A pipeline forgets its commands once executed, failed or not: each
