@@ -47,7 +47,7 @@ from scrapy.utils.defer import deferred_from_coro
 
 from incremental_crawler import clock
 from incremental_crawler.cluster import ClusterError
-from incremental_crawler.state.ledger import Ledger
+from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:

@@ -31,7 +31,6 @@ from scrapy.exceptions import CloseSpider
 from scrapy.http import TextResponse
 
 from incremental_crawler import clock
-from incremental_crawler.change.middleware import page_context
 from incremental_crawler.change.policy import DueRules
 from incremental_crawler.change.sample import RotatingSample
 from incremental_crawler.change.schedule import (
@@ -41,16 +40,17 @@ from incremental_crawler.change.schedule import (
     Why,
     mark,
 )
+from incremental_crawler.crawl.conditional import page_context
+from incremental_crawler.crawl.ledger import TXN_META
 from incremental_crawler.exceptions import NotModified
+from incremental_crawler.hosts import host_of
 from incremental_crawler.lists.dates import parse_w3c_datetime
 from incremental_crawler.lists.documents import gunzip, parse_listing
 from incremental_crawler.lists.sitemaps import Candidate, SitemapEntries, decide, listing_digest
 from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD, META_REFRESH
-from incremental_crawler.report.hosts import host_of
 from incremental_crawler.spiders.base import IncrementalSpider
 from incremental_crawler.spiders.main_text import DEFAULT_TEXT_SELECTORS, extract_main_text
 from incremental_crawler.state.keys import Canonicalizer
-from incremental_crawler.state.ledger import TXN_META
 from incremental_crawler.state.records import PageKey, PageState
 from incremental_crawler.state.stores import StateStoreError
 
@@ -60,8 +60,8 @@ if TYPE_CHECKING:
     from scrapy.http import Response
     from twisted.python.failure import Failure
 
+    from incremental_crawler.crawl.ledger import Ledger
     from incremental_crawler.lists.documents import Listing
-    from incremental_crawler.state.ledger import Ledger
 
 __all__ = ["DEFAULT_TEXT_SELECTORS", "ListedPagesSpider", "extract_main_text"]
 
