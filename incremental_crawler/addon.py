@@ -31,28 +31,28 @@ PACED_DOWNLOADER = _P + "politeness.downloader.PacedDownloader"
 COMPONENTS: tuple[tuple[str, str, int], ...] = (
     # Owns the state store; an extension, so it exists before the
     # middlewares and pipelines that look it up (crawler.get_extension).
-    ("EXTENSIONS", _P + "state.ledger.Ledger", 0),
+    ("EXTENSIONS", _P + "crawl.ledger.Ledger", 0),
     ("DOWNLOADER_MIDDLEWARES",
-     _P + "change.middleware.ConditionalRequestMiddleware", 585),
+     _P + "crawl.conditional.ConditionalRequestMiddleware", 585),
     # Outermost spider middleware but the not-due filter (which drops
     # requests only): sees exactly the items that reach the pipelines.
-    ("SPIDER_MIDDLEWARES", _P + "state.middlewares.PageOutputMiddleware", 1),
+    ("SPIDER_MIDDLEWARES", _P + "crawl.callback_output.PageOutputMiddleware", 1),
     # Outside PageOutputMiddleware: a not-due request it drops is still
     # recorded among its page's links.
-    ("SPIDER_MIDDLEWARES", _P + "change.due_filter.NotDueFilterMiddleware", 0),
+    ("SPIDER_MIDDLEWARES", _P + "crawl.due_filter.NotDueFilterMiddleware", 0),
     # Outermost: the stored versions a killed crawl never delivered come out
     # of start() before anything of the spider's (items only: no other
     # spider middleware has anything to do with them).
-    ("SPIDER_MIDDLEWARES", _P + "state.delivery.RedeliveryMiddleware", -1),
+    ("SPIDER_MIDDLEWARES", _P + "crawl.delivery.RedeliveryMiddleware", -1),
     # Outside every spider middleware that may read the response (only the
     # two above, which never do, are further out): frees the response's
     # parsed tree once its output went through them all.
     ("SPIDER_MIDDLEWARES", _P + "parsed_trees.ParsedTreeReleaseMiddleware", 2),
     # Innermost: the last input check before the callback, the first to see
     # the callback's exceptions.
-    ("SPIDER_MIDDLEWARES", _P + "state.middlewares.CallbackGuardMiddleware", 10_000),
-    ("ITEM_PIPELINES", _P + "change.pipeline.FingerprintPipeline", 50),
-    ("ITEM_PIPELINES", _P + "state.pipeline.StoragePipeline", 900),
+    ("SPIDER_MIDDLEWARES", _P + "crawl.callback_output.CallbackGuardMiddleware", 10_000),
+    ("ITEM_PIPELINES", _P + "crawl.fingerprint_pipeline.FingerprintPipeline", 50),
+    ("ITEM_PIPELINES", _P + "crawl.storage_pipeline.StoragePipeline", 900),
     ("EXTENSIONS", _P + "report.extension.IncrementalReport", 500),
     # Hands the ledger the crawl's summary record (through its record
     # sources, asked just before the store closes): any order works.
@@ -62,7 +62,7 @@ COMPONENTS: tuple[tuple[str, str, int], ...] = (
     ("EXTENSIONS", _P + "report.files.ReportFiles", 500),
     # Re-seeds due pages when the crawl runs out of work; finds the ledger
     # (and the cluster coordinator) when it needs them, so any order works.
-    ("EXTENSIONS", _P + "links.reseed.Reseeder", 10),
+    ("EXTENSIONS", _P + "crawl.reseed.Reseeder", 10),
     # Between RetryMiddleware (550) and MetaRefresh (580): 429/503 never
     # reach the retry budget.
     ("DOWNLOADER_MIDDLEWARES",
@@ -70,13 +70,13 @@ COMPONENTS: tuple[tuple[str, str, int], ...] = (
     ("EXTENSIONS", _P + "politeness.extension.AdaptiveThrottle", 0),
     # Below RetryMiddleware (550) and the Retry-After one (575): sees only
     # final answers and exceptions, and records the failed pages.
-    ("DOWNLOADER_MIDDLEWARES", _P + "change.outcomes.FinalOutcomeMiddleware", 540),
+    ("DOWNLOADER_MIDDLEWARES", _P + "crawl.outcomes.FinalOutcomeMiddleware", 540),
     # Just below it: a 206 no one asked for, recorded as a failure there,
     # is dropped before any callback makes an item of half a page.
     ("DOWNLOADER_MIDDLEWARES", _P + "change.partial.UnaskedPartialMiddleware", 530),
     # Just above RedirectMiddleware (600): sees a known page's 301 or 308
     # before it is followed (the page moved: its tombstone).
-    ("DOWNLOADER_MIDDLEWARES", _P + "change.outcomes.MovedPageMiddleware", 605),
+    ("DOWNLOADER_MIDDLEWARES", _P + "crawl.outcomes.MovedPageMiddleware", 605),
     # Live metrics (off unless INCREMENTAL_METRICS_PORT is set); reads the
     # other components when scraped, so any order works.
     ("EXTENSIONS", _P + "metrics.endpoint.MetricsEndpoint", 500),

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from incremental_crawler.change.fingerprints import DEFAULT_IGNORE_PATTERNS
+from incremental_crawler.ignore_patterns import DEFAULT_IGNORE_PATTERNS
 
 if TYPE_CHECKING:
     from typing import Self

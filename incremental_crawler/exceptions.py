@@ -9,7 +9,8 @@ from __future__ import annotations
 from scrapy.exceptions import DropItem, IgnoreRequest
 
 __all__ = [
-    "ItemNearDuplicate", "ItemUnchanged", "NotDue", "NotModified", "RobotsTxtUnavailable",
+    "ClusterError", "ItemNearDuplicate", "ItemUnchanged", "NotDue", "NotModified",
+    "RobotsTxtUnavailable",
 ]
 
 
@@ -52,3 +53,12 @@ class StoreUnavailable(DropItem):
 
 class ItemNearDuplicate(ItemUnchanged):
     """The item differs from the stored version only by a few SimHash bits."""
+
+
+class ClusterError(RuntimeError):
+    """The cluster's Redis cannot be used; the message names it and says why.
+
+    Here, not with the coordinator: what tells a fatal error (the crawl
+    command) must not import Redis's client into every crawl. Also
+    importable from :mod:`incremental_crawler.cluster`.
+    """

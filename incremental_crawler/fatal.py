@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from incremental_crawler.cluster import ClusterError
 from incremental_crawler.config import SettingError
+from incremental_crawler.exceptions import ClusterError
 from incremental_crawler.state.stores.base import StateStoreError
 
 if TYPE_CHECKING:

@@ -7,8 +7,8 @@ from typing import Any
 
 from scrapy import Request
 
+from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.spiders import IncrementalSpider
-from incremental_crawler.state.ledger import Ledger
 
 
 class ListSpider(IncrementalSpider):

@@ -22,10 +22,10 @@ from scrapy.utils.defer import deferred_from_coro
 from twisted.internet.defer import Deferred
 
 from incremental_crawler import clock
+from incremental_crawler.crawl import ledger as ledger_module
+from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
-from incremental_crawler.state import ledger as ledger_module
 from incremental_crawler.state.keys import canonical_url
-from incremental_crawler.state.ledger import Ledger
 from incremental_crawler.state.records import PageFlags, PageKey, PageState
 from incremental_crawler.state.stores import open_store
 from tests import test_cluster

@@ -643,7 +643,7 @@ def test_a_run_starts_when_its_first_worker_joins(cluster_prefix, monkeypatch):
 
     from incremental_crawler import clock
     from incremental_crawler.cluster.coordinator import ClusterCoordinator
-    from incremental_crawler.state.ledger import Ledger
+    from incremental_crawler.crawl.ledger import Ledger
 
     settings = {**DEFAULT_SETTINGS, "INCREMENTAL_CLUSTER_URL": REDIS_URL,
                 "INCREMENTAL_CLUSTER_PREFIX": cluster_prefix}

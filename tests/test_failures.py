@@ -20,8 +20,8 @@ from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 
 from incremental_crawler import clock
+from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
-from incremental_crawler.state.ledger import Ledger
 from incremental_crawler.state.records import PageKey, PageState
 from incremental_crawler.state.stores import open_store
 from tests.test_lastmod import urlset
@@ -344,7 +344,7 @@ async def test_a_redirect_that_ends_nowhere_fails_the_page_asked(
         site.add_redirect(page, "/r/1", 302)
         site.add_redirect("/r/1", "/r/2", 302)
         site.add_redirect("/r/2", "/r/3", 302)
-    caplog.set_level(logging.INFO, logger="incremental_crawler.change.outcomes")
+    caplog.set_level(logging.INFO, logger="incremental_crawler.crawl.outcomes")
     at(monkeypatch, 0)
     first = await crawl_sitemap(crawl, site, REDIRECT_MAX_TIMES=2)
     state = await stored(state_uri, site, page)

@@ -28,7 +28,7 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
-from incremental_crawler.links.recipes import load_links
+from incremental_crawler.recipes import load_links
 from incremental_crawler.state.records import PageFlags
 from tests.links import nav_depths, nav_links
 

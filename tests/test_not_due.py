@@ -142,7 +142,7 @@ async def test_without_the_filter_the_errback_meets_not_due(site, crawl, state_d
     await crawl(ErrbackFollowSpider, settings=NO_REPLAY, start_url=site.url(start))
     a_minute_later_without(site, state_db, monkeypatch, site.url(start))
     unfiltered = {**NO_REPLAY, "SPIDER_MIDDLEWARES": {
-        "incremental_crawler.change.due_filter.NotDueFilterMiddleware": None}}
+        "incremental_crawler.crawl.due_filter.NotDueFilterMiddleware": None}}
     second = await crawl(ErrbackFollowSpider, settings=unfiltered, start_url=site.url(start))
     assert pages_asked(site) == [(start, 200)]
     dropped = set(nav_links(site, start)) - {start}

@@ -26,7 +26,7 @@ from twisted.internet.defer import ensureDeferred, gatherResults
 from twisted.internet.threads import deferToThread
 
 from incremental_crawler import clock
-from incremental_crawler.state.ledger import HOLD_TTL
+from incremental_crawler.crawl.ledger import HOLD_TTL
 from incremental_crawler.state.records import SlotRate
 from tests.conftest import crawl_settings
 from tests.spiders import ListSpider

@@ -34,7 +34,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from incremental_crawler.report.hosts import UNLISTED, HostCounts, host_of
+from incremental_crawler.change.host_counts import UNLISTED, HostCounts
+from incremental_crawler.hosts import host_of
 
 if TYPE_CHECKING:
     from scrapy import Request

@@ -23,7 +23,7 @@ pipelines (the user's too) with the response it came from
 ``deleted``, ``status``, ``reason``, ``last_seen`` (ISO 8601 UTC of its
 last 2xx), ``redirected_to`` for a moved page, and ``item_keys``, the keys
 of the items last stored from it. The ledger tracks it until it leaves the
-pipelines (:meth:`~incremental_crawler.state.ledger.Ledger.tombstone_sent`):
+pipelines (:meth:`~incremental_crawler.crawl.ledger.Ledger.tombstone_sent`):
 delivered (``item_scraped``, or a DropItem: a decision, not a failure) it
 stages a ``deleted`` version of each of those items (they read as unknown:
 if they come back they are new), then the page's state flagged

@@ -25,20 +25,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from incremental_crawler.exceptions import ClusterError
+
 if TYPE_CHECKING:
     from scrapy.settings import Settings
 
 __all__ = ["ClusterError", "apply_cluster_settings"]
 
 _P = "incremental_crawler.cluster."
-
-
-class ClusterError(RuntimeError):
-    """The cluster's Redis cannot be used; the message names it and says why.
-
-    Here, not with the coordinator: what tells a fatal error (the crawl
-    command) must not import Redis's client into every crawl.
-    """
+#: The re-seeder of a crawl that is not a cluster's (the add-on's component).
+RESEEDER = "incremental_crawler.crawl.reseed.Reseeder"
 
 
 def apply_cluster_settings(settings: Settings) -> None:
@@ -68,3 +64,9 @@ def apply_cluster_settings(settings: Settings) -> None:
     for name, value in values.items():
         settings.set(name, value, priority="addon")
     settings["EXTENSIONS"].set(_P + "coordinator.ClusterCoordinator", 0, priority="addon")
+    # The due pages re-seeded by one worker per run: the coordinator's claim.
+    extensions = settings["EXTENSIONS"]
+    order = extensions.get(RESEEDER)
+    if order is not None:
+        extensions.set(RESEEDER, None, priority="addon")
+        extensions.set(_P + "reseed.ClusterReseeder", order, priority="addon")

@@ -61,8 +61,8 @@ from scrapy.utils.defer import deferred_from_coro
 
 from incremental_crawler import clock
 from incremental_crawler.cluster import ClusterError
+from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.redis_retry import NO_ANSWER, RedisSilent, Silence
-from incremental_crawler.state.ledger import Ledger
 from incremental_crawler.state.stores.base import redis_retry_setting
 from incremental_crawler.uris import redacted
 

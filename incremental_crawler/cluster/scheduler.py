@@ -24,7 +24,7 @@ from scrapy_redis.queue import PriorityQueue
 from scrapy_redis.scheduler import Scheduler
 
 from incremental_crawler.cluster.coordinator import ClusterCoordinator, ClusterError
-from incremental_crawler.state.ledger import Ledger
+from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
@@ -157,7 +157,7 @@ class ClusterDupeFilter(RFPDupeFilter):
 
     def seen_fingerprints(self, fingerprints: Sequence[str]) -> set[str]:
         """The hex fingerprints of *fingerprints* this run saw (a replay leaves
-        them out: :mod:`incremental_crawler.links.seen`)."""
+        them out: :mod:`incremental_crawler.crawl.seen`)."""
         if not fingerprints:
             return set()
         try:

@@ -21,9 +21,9 @@ from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from twisted.internet.defer import Deferred
 
 from incremental_crawler._reactor import get_reactor
+from incremental_crawler.formats import shares
 from incremental_crawler.report.extension import summarize
 from incremental_crawler.report.files import ReportFiles
-from incremental_crawler.report.formats import shares
 from incremental_crawler.report.page import INSTALL_REPORT
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 

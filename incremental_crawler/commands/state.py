@@ -31,8 +31,8 @@ from scrapy.spiderloader import get_spider_loader
 from incremental_crawler import clock
 from incremental_crawler.commands._in_project import InProject
 from incremental_crawler.config import setting_or_default
+from incremental_crawler.formats import duration, shares, size
 from incremental_crawler.politeness.remembered import not_used
-from incremental_crawler.report.formats import duration, shares, size
 from incremental_crawler.state.keys import canonical_url
 from incremental_crawler.state.records import PageFlags
 from incremental_crawler.state.stores import StateStore, StateStoreError, open_existing_store

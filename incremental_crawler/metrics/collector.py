@@ -27,8 +27,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from incremental_crawler import clock
 from incremental_crawler.change.policy import RequestReason
 from incremental_crawler.change.schedule import Why
+from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.politeness.extension import AdaptiveThrottle, effective_rate
-from incremental_crawler.state.ledger import Ledger
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence

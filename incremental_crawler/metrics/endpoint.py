@@ -40,7 +40,7 @@ from twisted.protocols.policies import WrappingFactory
 
 from incremental_crawler._reactor import get_reactor
 from incremental_crawler.config import SettingError, setting_or_default
-from incremental_crawler.state.ledger import Ledger
+from incremental_crawler.crawl.ledger import Ledger
 
 if TYPE_CHECKING:
     from typing import Self

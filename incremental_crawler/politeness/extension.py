@@ -294,7 +294,7 @@ class AdaptiveThrottle(AutoThrottle):
         if self.memory.remember_for <= 0:
             return
         # Imported here: the ledger's module imports much of the project.
-        from incremental_crawler.state.ledger import Ledger  # noqa: PLC0415
+        from incremental_crawler.crawl.ledger import Ledger  # noqa: PLC0415
         from incremental_crawler.state.stores import StateStoreError  # noqa: PLC0415
 
         ledger = self.crawler.get_extension(Ledger)

@@ -34,7 +34,7 @@ import time
 from typing import TYPE_CHECKING
 
 from incremental_crawler import clock
-from incremental_crawler.report.formats import duration
+from incremental_crawler.formats import duration
 from incremental_crawler.state.records import SlotRate
 
 if TYPE_CHECKING:

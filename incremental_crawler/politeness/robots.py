@@ -37,7 +37,7 @@ asked, but no request of the host waits behind it).
 
 Nothing is lost: a refused page is recorded as a failure, as a final
 failure of its download is (:meth:`Ledger.record_failure
-<incremental_crawler.state.ledger.Ledger.record_failure>`, status 0: no
+<incremental_crawler.crawl.ledger.Ledger.record_failure>`, status 0: no
 answer): due on the next crawl, then backing off, and requested again from
 its record by the re-seeder even when the list naming it answers 304. A
 page that was not due is left alone. Only a refusal that no record can
@@ -74,14 +74,14 @@ from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred
 
-from incremental_crawler.change.due import DueRule
-from incremental_crawler.change.middleware import callback_name
 from incremental_crawler.change.policy import links_unknown
+from incremental_crawler.crawl.conditional import callback_name
+from incremental_crawler.crawl.due import DueRule
+from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.exceptions import RobotsTxtUnavailable
-from incremental_crawler.links.recipes import own_recipe
 from incremental_crawler.politeness.extension import MAX_WAIT
 from incremental_crawler.politeness.middlewares import MAX_RETRY_AFTER
-from incremental_crawler.state.ledger import Ledger
+from incremental_crawler.recipes import own_recipe
 from incremental_crawler.state.records import PageFlags
 from incremental_crawler.state.stores import StateStoreError
 

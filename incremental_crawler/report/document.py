@@ -17,9 +17,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from incremental_crawler.change.host_counts import OTHER_HOSTS
 from incremental_crawler.change.policy import Verdict
 from incremental_crawler.report.extension import OUTCOMES, REQUESTED, summarize
-from incremental_crawler.report.hosts import OTHER_HOSTS
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -120,7 +120,7 @@ def host_rows(table: dict[str, dict[str, int]], verdicts: dict[str, dict[str, in
               shown: int = HOSTS_SHOWN) -> list[dict[str, Any]]:
     """One row per host (the *shown* busiest; the others summed in one row).
 
-    *table*: host -> event -> count (:class:`~incremental_crawler.report.hosts.HostCounts`);
+    *table*: host -> event -> count (:class:`~incremental_crawler.change.host_counts.HostCounts`);
     *verdicts*: host -> validator verdict -> pages; *trust*: host -> :func:`trust_fields`.
     """
     rows = [_host_row(host, counts) for host, counts in table.items()]

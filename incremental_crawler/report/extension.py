@@ -13,9 +13,9 @@ from scrapy.extensions.logstats import LogStats
 from incremental_crawler.change.policy import Verdict
 from incremental_crawler.change.schedule import PageOutcome, Why
 from incremental_crawler.config import IncrementalConfig
+from incremental_crawler.crawl.ledger import Ledger
+from incremental_crawler.formats import shares
 from incremental_crawler.politeness.extension import AdaptiveThrottle
-from incremental_crawler.report.formats import shares
-from incremental_crawler.state.ledger import Ledger
 
 if TYPE_CHECKING:
     from typing import Self

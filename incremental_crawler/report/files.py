@@ -40,6 +40,7 @@ from scrapy.exceptions import NotConfigured
 
 from incremental_crawler import clock
 from incremental_crawler.config import IncrementalConfig
+from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.politeness.extension import AdaptiveThrottle, effective_rate
 from incremental_crawler.report.document import (
     crawl_report,
@@ -51,7 +52,6 @@ from incremental_crawler.report.extension import crawl_lines
 from incremental_crawler.report.history import CrawlHistory
 from incremental_crawler.report.page import PlotlyMissing, plotly_js_path, render_parts
 from incremental_crawler.report.timeline import Timeline
-from incremental_crawler.state.ledger import Ledger
 
 if TYPE_CHECKING:
     from typing import Self

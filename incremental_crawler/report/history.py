@@ -17,8 +17,8 @@ from scrapy.exceptions import NotConfigured
 
 from incremental_crawler import clock
 from incremental_crawler.config import IncrementalConfig
+from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.report.extension import summarize
-from incremental_crawler.state.ledger import Ledger
 from incremental_crawler.state.records import CrawlRecord
 
 if TYPE_CHECKING:

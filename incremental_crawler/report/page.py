@@ -27,7 +27,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from incremental_crawler.report.formats import size
+from incremental_crawler.formats import size
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

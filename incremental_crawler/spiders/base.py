@@ -20,7 +20,7 @@ Link-following crawls do not lose subtrees: when a listing page answers
 304, its links are not seen again, so once the crawl runs out of work the
 pages fetched before whose revisit is due are re-seeded from the store (as a
 crawl database does), most likely to have changed first. The add-on's
-:class:`~incremental_crawler.links.reseed.Reseeder` does it for every spider;
+:class:`~incremental_crawler.crawl.reseed.Reseeder` does it for every spider;
 ``incremental_reseed = False`` turns it off, and :meth:`needs_reseed` and
 :meth:`reseed_skip` are its hooks (``INCREMENTAL_RESEED_LIMIT`` bounds it per
 crawl).
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, Spider
 
+from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.meta import META_SKIP
-from incremental_crawler.state.ledger import Ledger
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings

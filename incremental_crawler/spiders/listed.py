@@ -31,11 +31,11 @@ from incremental_crawler.change.schedule import (
     mark,
 )
 from incremental_crawler.exceptions import NotModified
+from incremental_crawler.hosts import host_of
 from incremental_crawler.lists.dates import parse_w3c_datetime
 from incremental_crawler.lists.documents import gunzip, parse_listing
 from incremental_crawler.lists.sitemaps import Candidate, SitemapEntries, decide
 from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD
-from incremental_crawler.report.hosts import host_of
 from incremental_crawler.spiders.base import IncrementalSpider
 from incremental_crawler.spiders.main_text import DEFAULT_TEXT_SELECTORS, extract_main_text
 from incremental_crawler.state.keys import Canonicalizer
@@ -48,8 +48,8 @@ if TYPE_CHECKING:
     from scrapy.http import Response
     from twisted.python.failure import Failure
 
+    from incremental_crawler.crawl.ledger import Ledger
     from incremental_crawler.lists.documents import Listing
-    from incremental_crawler.state.ledger import Ledger
 
 __all__ = ["DEFAULT_TEXT_SELECTORS", "ListedPagesSpider", "extract_main_text"]
 

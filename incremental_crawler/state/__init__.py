@@ -1,10 +1,11 @@
-"""What a crawl keeps between runs, and when it may keep it.
+"""What a crawl keeps between runs: storage only.
 
 - :mod:`.records`: the records a store keeps (pages, items, host trust), never bodies;
 - :mod:`.keys`: how requests and items are keyed (canonical URLs, variants);
-- :mod:`.stores`: the store interface and its backends (SQLite, Redis);
-- :mod:`.ledger`: commits a page's state only after that page's items
-  passed every item pipeline (state is never ahead of data), with its two
-  spider middlewares (:mod:`.middlewares`) and the item storage pipeline
-  (:mod:`.pipeline`).
+- :mod:`.stores`: the store interface and its backends (SQLite, Redis).
+
+The ledger that commits a page's state after its items, with its spider
+middlewares and pipeline, is in :mod:`incremental_crawler.crawl`
+(``state.ledger``, ``state.middlewares``, ``state.delivery`` and
+``state.pipeline`` are its old import paths, kept).
 """

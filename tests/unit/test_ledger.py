@@ -23,9 +23,9 @@ from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.test import get_crawler
 from twisted.python.failure import Failure
 
+from incremental_crawler.crawl import ledger as ledger_module
+from incremental_crawler.crawl.ledger import Ledger, PageTransaction
 from incremental_crawler.exceptions import ItemNearDuplicate, ItemUnchanged
-from incremental_crawler.state import ledger as ledger_module
-from incremental_crawler.state.ledger import Ledger, PageTransaction
 from incremental_crawler.state.records import PageKey, PageState
 from incremental_crawler.state.stores import StateStoreError
 

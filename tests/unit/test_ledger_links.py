@@ -18,8 +18,8 @@ from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.test import get_crawler
 
-from incremental_crawler.links.recipes import load_links
-from incremental_crawler.state.ledger import Ledger
+from incremental_crawler.crawl.ledger import Ledger
+from incremental_crawler.recipes import load_links
 from incremental_crawler.state.records import PageFlags, PageKey, PageState
 from incremental_crawler.state.stores import open_store
 

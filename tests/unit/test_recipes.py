@@ -17,7 +17,7 @@ from scrapy.spiders import CrawlSpider, Rule
 from scrapy.utils.request import fingerprint
 from scrapy.utils.test import get_crawler
 
-from incremental_crawler.links.recipes import (
+from incremental_crawler.recipes import (
     DEFAULT_RULES,
     MAX_RECORD_BYTES,
     NO_FINGERPRINT,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from incremental_crawler.state.ledger import _one_per_item
+from incremental_crawler.crawl.ledger import _one_per_item
 from incremental_crawler.state.records import StoredVersion, Undelivered
 
 

@@ -6,8 +6,8 @@ import time
 
 from scrapy.utils.test import get_crawler
 
+from incremental_crawler.change.host_counts import OTHER_HOSTS, HostCounts
 from incremental_crawler.politeness.extension import AdaptiveThrottle
-from incremental_crawler.report.hosts import OTHER_HOSTS, HostCounts
 from incremental_crawler.report.timeline import OTHER, Timeline
 
 

@@ -18,7 +18,7 @@ it reached is *inert*: the full replay from them would only meet pages that
 are not due (stand-ins, or requests the not-due filter drops) and offsite
 requests (dropped by Scrapy's OffsiteMiddleware as the walk drops them),
 so it could send nothing and emit nothing. Their requests are then dropped
-as not due (:mod:`~incremental_crawler.change.due_filter`), without a
+as not due (:mod:`~incremental_crawler.crawl.due_filter`), without a
 stand-in.
 
 Sound because the walk reaches at least what the replay would: it ignores
@@ -42,14 +42,14 @@ import logging
 from typing import TYPE_CHECKING
 
 from incremental_crawler.change.policy import links_unknown
-from incremental_crawler.links.recipes import (
+from incremental_crawler.offsite import offsite_drops
+from incremental_crawler.recipes import (
     Unbuildable,
     build,
     read_record,
     recipe_in,
     record_canary,
 )
-from incremental_crawler.offsite import offsite_drops
 from incremental_crawler.state.records import PageFlags
 
 if TYPE_CHECKING:
@@ -58,8 +58,8 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
 
-    from incremental_crawler.change.due import DueRule
-    from incremental_crawler.state.ledger import Ledger
+    from incremental_crawler.crawl.due import DueRule
+    from incremental_crawler.crawl.ledger import Ledger
     from incremental_crawler.state.records import PageKey, PageState
 
 __all__ = ["StoredGraphWalk"]

@@ -1,4 +1,4 @@
-"""Per-host counts of a crawl, for the report's per-host table.
+"""Per-host counts of a crawl's decisions and answers, for the report's per-host table.
 
 The crawl's stats count decisions and outcomes for the whole crawl
 (``incremental/schedule/...``, ``incremental/not_modified``, ...). The
@@ -14,9 +14,9 @@ size.
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+from incremental_crawler.hosts import host_of
 
-__all__ = ["EVENTS", "MAX_HOSTS", "OTHER_HOSTS", "UNLISTED", "HostCounts", "host_of"]
+__all__ = ["EVENTS", "MAX_HOSTS", "OTHER_HOSTS", "UNLISTED", "HostCounts"]
 
 #: Hosts with counters of their own, at most.
 MAX_HOSTS = 1000
@@ -36,11 +36,6 @@ EVENTS = (
     "pages_unchanged", "bytes_saved_estimate", "bytes_skipped",
 )
 
-
-def host_of(url: str) -> str:
-    """The host of *url*, lowercase, as the store keeps a host's trust under
-    (pure: the decision modules that count import nothing from Scrapy)."""
-    return (urlsplit(url).hostname or "").lower()
 
 
 class HostCounts:

@@ -40,14 +40,14 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request
 from scrapy.http import Response
 
-from incremental_crawler.links.recipes import (
+from incremental_crawler.crawl.seen import seen_reader
+from incremental_crawler.recipes import (
     Unbuildable,
     build,
     entry_fingerprint,
     read_record,
     recipe_in,
 )
-from incremental_crawler.links.seen import seen_reader
 from incremental_crawler.state.records import PageFlags
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
     from incremental_crawler.config import IncrementalConfig
-    from incremental_crawler.state.ledger import Ledger
+    from incremental_crawler.crawl.ledger import Ledger
     from incremental_crawler.state.records import PageKey, PageState
 
 __all__ = ["DueRule", "default_encoding"]
