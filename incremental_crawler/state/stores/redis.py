@@ -148,10 +148,10 @@ from incremental_crawler.state.records import (
     Undelivered,
 )
 from incremental_crawler.state.stores.base import (
+    AdminStore,
     PagesSummary,
     Removed,
     SlotRates,
-    StateStore,
     StateStoreError,
     UrlRecord,
     crawl_history_setting,
@@ -1058,7 +1058,7 @@ class _DueCursor:
         return chosen
 
 
-class RedisStateStore(StateStore):
+class RedisStateStore(AdminStore):
     """State in Redis; see the module docstring."""
 
     def __init__(self, uri: str, *, prefix: str = DEFAULT_PREFIX,
@@ -1134,6 +1134,25 @@ class RedisStateStore(StateStore):
         store.crawl_history = crawl_history_setting(settings)
         store.retry_time = redis_retry_setting(settings)
         return store
+
+    @classmethod
+    def exists(cls, uri: str, *, settings: BaseSettings | None = None) -> bool:
+        """Whether the prefix *uri* names holds a store (its layout record):
+        opening one writes it."""
+        clean, prefix = parse_redis_uri(uri)
+        client = redis.Redis.from_url(clean, socket_connect_timeout=5, socket_timeout=30)
+        try:
+            return bool(client.exists(f"{prefix}:meta"))
+        except redis.RedisError as exc:
+            raise StateStoreError(
+                f"State store {redacted(uri)}: cannot be reached ({exc})") from exc
+        finally:
+            client.close()
+
+    @classmethod
+    def where(cls, uri: str) -> str:
+        clean, prefix = parse_redis_uri(uri)
+        return f"under prefix {prefix!r} of {redacted(clean)}"
 
     # -- keys and records ------------------------------------------------------
 
