@@ -62,6 +62,7 @@ from scrapy.utils.defer import deferred_from_coro
 from incremental_crawler import clock
 from incremental_crawler.cluster import ClusterError
 from incremental_crawler.crawl.ledger import Ledger
+from incremental_crawler.lua import load_script
 from incremental_crawler.redis_retry import NO_ANSWER, RedisSilent, Silence
 from incremental_crawler.state.stores.base import redis_retry_setting
 from incremental_crawler.uris import redacted
@@ -78,164 +79,50 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ClusterCoordinator", "ClusterError"]
 
+#: Where this module's Lua scripts are (``.lua`` files, read by :func:`load_script`).
+_LUA_PACKAGE = "incremental_crawler.cluster"
+
 # Join the current run, or start one (stamped with its first worker's
 # clock: next visits are counted from the run's start). ARGV: worker, new
 # run id, run key prefix (ends with ':'), this worker's clock.
-_JOIN = """
-local run = redis.call('GET', KEYS[1])
-if not run then run = ARGV[2]; redis.call('SET', KEYS[1], run) end
-local started = ARGV[3] .. run .. ':started'
-redis.call('SET', started, ARGV[4], 'NX')
-local t = redis.call('TIME')
-redis.call('HSET', KEYS[2], ARGV[1], tonumber(t[1]) + tonumber(t[2]) / 1e6)
-return {run, redis.call('GET', started)}
-"""
+_JOIN = load_script(_LUA_PACKAGE, "join.lua")
 
 # Queue a request unless the run has seen it (no fingerprint: dont_filter).
-_PUSH = """
-if ARGV[1] ~= '' and redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
-return 1
-"""
+_PUSH = load_script(_LUA_PACKAGE, "push.lua")
 
 # Pop the best request and hold it in the worker's in-flight hash, atomically.
-_POP = """
-local r = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if #r == 0 then return false end
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, 0)
-local ticket = redis.sha1hex(r[1])
-redis.call('HSET', KEYS[2], ticket, r[2] .. '|' .. r[1])
-return {ticket, r[1]}
-"""
+_POP = load_script(_LUA_PACKAGE, "pop.lua")
 
 # Beat: drop finished tickets, move processed ones waiting for the end of
 # the crawl to the held hash, stamp the worker, return to the queue what
 # workers silent for longer than the TTL held, and say how busy the cluster
 # is. ARGV: worker, ttl, in-flight key prefix, held key prefix, number of
 # finished tickets, finished tickets..., tickets to hold...
-_BEAT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local mine = ARGV[3] .. ARGV[1]
-local held = ARGV[4] .. ARGV[1]
-local nfinished = tonumber(ARGV[5])
-for i = 6, 5 + nfinished do
-  redis.call('HDEL', mine, ARGV[i])
-  redis.call('HDEL', held, ARGV[i])
-end
-for i = 6 + nfinished, #ARGV do
-  local v = redis.call('HGET', mine, ARGV[i])
-  if v then
-    redis.call('HSET', held, ARGV[i], v)
-    redis.call('HDEL', mine, ARGV[i])
-  end
-end
-redis.call('HSET', KEYS[1], ARGV[1], now)
-local requeued, dead = 0, 0
-local all = redis.call('HGETALL', KEYS[1])
-for i = 1, #all, 2 do
-  local w = all[i]
-  if w ~= ARGV[1] and now - tonumber(all[i + 1]) > tonumber(ARGV[2]) then
-    for _, prefix in ipairs({ARGV[3], ARGV[4]}) do
-      for _, v in ipairs(redis.call('HVALS', prefix .. w)) do
-        local s = string.find(v, '|', 1, true)
-        redis.call('ZADD', KEYS[2], string.sub(v, 1, s - 1), string.sub(v, s + 1))
-        requeued = requeued + 1
-      end
-      redis.call('DEL', prefix .. w)
-    end
-    redis.call('HDEL', KEYS[1], w)
-    dead = dead + 1
-  end
-end
-local busy = 0
-local workers = redis.call('HKEYS', KEYS[1])
-for _, w in ipairs(workers) do
-  if w ~= ARGV[1] and redis.call('HLEN', ARGV[3] .. w) > 0 then busy = busy + 1 end
-end
-return {redis.call('ZCARD', KEYS[2]), busy, #workers, requeued, dead,
-        redis.call('HLEN', mine)}
-"""
+_BEAT = load_script(_LUA_PACKAGE, "beat.lua")
 
 # Leave: what the worker still holds goes back to the queue; the last worker
 # out with the queue drained ends the run. ARGV: worker, in-flight prefix,
 # run key prefix, held prefix.
-_LEAVE = """
-local back = 0
-for _, prefix in ipairs({ARGV[2], ARGV[4]}) do
-  local mine = prefix .. ARGV[1]
-  for _, v in ipairs(redis.call('HVALS', mine)) do
-    local s = string.find(v, '|', 1, true)
-    redis.call('ZADD', KEYS[2], string.sub(v, 1, s - 1), string.sub(v, s + 1))
-    back = back + 1
-  end
-  redis.call('DEL', mine)
-end
-redis.call('HDEL', KEYS[1], ARGV[1])
-local unrecorded = tonumber(redis.call('GET', ARGV[3] .. 'unrecorded') or '0')
-local ended = 0
-if redis.call('HLEN', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[2]) == 0 then
-  redis.call('DEL', KEYS[3], ARGV[3] .. 'seen', ARGV[3] .. 'unrecorded', ARGV[3] .. 'claims',
-             ARGV[3] .. 'tombstones', ARGV[3] .. 'started')
-  ended = 1
-end
-return {back, unrecorded, ended}
-"""
+_LEAVE = load_script(_LUA_PACKAGE, "leave.lua")
 
 # After Redis did not answer: requests in this worker's in-flight hash that
 # it does not know (popped, the reply lost) go back to the queue. KEYS:
 # in-flight hash, queue; ARGV: the tickets the worker knows.
-_RECLAIM = """
-local known = {}
-for i = 1, #ARGV do known[ARGV[i]] = true end
-local back = 0
-for _, ticket in ipairs(redis.call('HKEYS', KEYS[1])) do
-  if not known[ticket] then
-    local v = redis.call('HGET', KEYS[1], ticket)
-    local s = string.find(v, '|', 1, true)
-    redis.call('ZADD', KEYS[2], string.sub(v, 1, s - 1), string.sub(v, s + 1))
-    redis.call('HDEL', KEYS[1], ticket)
-    back = back + 1
-  end
-end
-return back
-"""
+_RECLAIM = load_script(_LUA_PACKAGE, "reclaim.lua")
 
 
 # Claim a one-per-run job; the owner's id (the caller's if it was free).
-_CLAIM = """
-redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
-return redis.call('HGET', KEYS[1], ARGV[1])
-"""
+_CLAIM = load_script(_LUA_PACKAGE, "claim.lua")
 
 # Claim a gone page's tombstone for the run: the first worker to ask gets
 # it, unless it died (left the workers hash) before the page was stored,
 # when its request went back to the queue. KEYS: tombstones, workers; ARGV:
 # page, this worker. Returns the owner.
-_CLAIM_TOMBSTONE = """
-local owner = redis.call('HGET', KEYS[1], ARGV[1])
-if not owner or (owner ~= ARGV[2] and redis.call('HEXISTS', KEYS[2], owner) == 0) then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-  owner = ARGV[2]
-end
-return owner
-"""
+_CLAIM_TOMBSTONE = load_script(_LUA_PACKAGE, "claim_tombstone.lua")
 
 # How many jobs other live workers claimed and have not done yet.
 # KEYS: claims, workers; ARGV: this worker.
-_CLAIMS_PENDING = """
-local claims = redis.call('HGETALL', KEYS[1])
-local done, pending = {}, 0
-for i = 1, #claims, 2 do done[claims[i]] = true end
-for i = 1, #claims, 2 do
-  local job, owner = claims[i], claims[i + 1]
-  if string.sub(job, -5) ~= ':done' and not done[job .. ':done'] and owner ~= ARGV[1]
-     and redis.call('HEXISTS', KEYS[2], owner) == 1 then
-    pending = pending + 1
-  end
-end
-return pending
-"""
+_CLAIMS_PENDING = load_script(_LUA_PACKAGE, "claims_pending.lua")
 
 
 class ClusterCoordinator:

@@ -3,7 +3,7 @@
 Without options it writes the latest version of every live item (what a
 full crawl that found everything new would emit). ``--since WHEN`` and
 ``--all-versions`` read the store's item history instead
-(``StateStore.iter_versions``): the change feed as stored, tombstones
+(``AdminStore.iter_versions``): the change feed as stored, tombstones
 included, each record with its change type, ``stored_at`` and ``version``,
 so a consumer that missed crawls catches up from the store rather than by
 crawling again.
@@ -36,7 +36,7 @@ from scrapy.utils.python import without_none_values
 
 from incremental_crawler.commands._in_project import InProject
 from incremental_crawler.config import IncrementalConfig, SettingError
-from incremental_crawler.state.stores import StateStoreError, open_existing_store
+from incremental_crawler.state.stores import StateStoreError, open_admin_store
 
 if TYPE_CHECKING:
     import argparse
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from scrapy.exporters import BaseItemExporter
     from scrapy.settings import BaseSettings
 
-    from incremental_crawler.state.stores import StateStore
+    from incremental_crawler.state.stores import AdminStore
 
 __all__ = ["Command", "format_time", "parse_since", "resolve_scope"]
 
@@ -170,7 +170,7 @@ class Command(InProject, ScrapyCommand):
         try:
             # The store a crawl with these settings uses, never created
             # here: an empty one would look like a crawl that stored nothing.
-            store = open_existing_store(settings)
+            store = open_admin_store(settings, "items")
         except StateStoreError as exc:
             self._error(str(exc))
             return
@@ -278,11 +278,11 @@ def _unspool(spool: IO[bytes]) -> Iterator[dict[str, Any]]:
         yield json.loads(line)
 
 
-def _latest(store: StateStore, scope: str | None) -> Iterator[dict[str, Any]]:
+def _latest(store: AdminStore, scope: str | None) -> Iterator[dict[str, Any]]:
     yield from store.iter_items(scope)
 
 
-def _versions(store: StateStore, scope: str | None, since: float | None,
+def _versions(store: AdminStore, scope: str | None, since: float | None,
               every_version: bool, change_field: str) -> Iterator[dict[str, Any]]:
     """Stored versions as records: the item's fields, then what the version is.
 

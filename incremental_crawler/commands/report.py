@@ -28,19 +28,19 @@ from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.report.document import history_entries, history_report
 from incremental_crawler.report.files import write_whole
 from incremental_crawler.report.page import PlotlyMissing, render_parts
-from incremental_crawler.state.stores import StateStoreError, open_existing_store
+from incremental_crawler.state.stores import StateStoreError, open_admin_store
 
 if TYPE_CHECKING:
     import argparse
 
-    from incremental_crawler.state.stores import StateStore
+    from incremental_crawler.state.stores import AdminStore
 
 __all__ = ["Command", "scope_report"]
 
 FAILED = 1
 
 
-def scope_report(store: StateStore, scope: str, probation_after: int) -> dict[str, Any]:
+def scope_report(store: AdminStore, scope: str, probation_after: int) -> dict[str, Any]:
     """The history report object of *scope*: its stored crawls and hosts."""
     now = clock.now()
     return history_report(
@@ -81,7 +81,7 @@ class Command(InProject, ScrapyCommand):
         config = IncrementalConfig.from_settings(self.settings)
         directory = Path(opts.output or config.report_dir or ".").expanduser()
         try:
-            store = open_existing_store(self.settings)
+            store = open_admin_store(self.settings, "report")
         except StateStoreError as exc:
             print(f"error: {exc}", file=sys.stderr)
             self.exitcode = FAILED

@@ -35,7 +35,7 @@ from incremental_crawler.formats import duration, shares, size
 from incremental_crawler.politeness.remembered import not_used
 from incremental_crawler.state.keys import canonical_url
 from incremental_crawler.state.records import PageFlags
-from incremental_crawler.state.stores import StateStore, StateStoreError, open_existing_store
+from incremental_crawler.state.stores import AdminStore, StateStoreError, open_admin_store
 from incremental_crawler.state.stores.base import dead_pid
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ class Command(InProject, ScrapyCommand):
         assert self.settings is not None
         action, target = self._parse(args, opts)
         try:
-            store = open_existing_store(self.settings)
+            store = open_admin_store(self.settings, "state")
         except StateStoreError as exc:
             print(f"error: {exc}", file=sys.stderr)
             self.exitcode = FAILED
@@ -162,7 +162,7 @@ class Command(InProject, ScrapyCommand):
             raise UsageError(f"scrapy state {action} needs --spider NAME (the scope to repair)")
         return action, rest[0] if rest else None
 
-    def _run(self, store: StateStore, action: str | None, target: str | None,
+    def _run(self, store: AdminStore, action: str | None, target: str | None,
              scope: str | None, opts: argparse.Namespace) -> list[str]:
         if action is None:
             assert self.settings is not None
@@ -210,7 +210,7 @@ def resolve_scope(settings: BaseSettings, name: str) -> str:
     return getattr(spidercls, "incremental_scope", None) or name
 
 
-def refuse_if_held(store: StateStore, scope: str) -> None:
+def refuse_if_held(store: AdminStore, scope: str) -> None:
     holders = store.scope_holders(scope, clock.now())
     if holders:
         who = ", ".join(f"crawl {hold(holder, expires)}"
@@ -236,7 +236,7 @@ def hold(holder: str, expires: float) -> str:
 # -- summaries ----------------------------------------------------------------------
 
 
-def summary(store: StateStore, scope: str | None, *, hosts: bool, rates: bool = False,
+def summary(store: AdminStore, scope: str | None, *, hosts: bool, rates: bool = False,
             remember_for: float = 0.0) -> list[str]:
     scopes = store.scopes() if scope is None else [scope]
     if scope is not None and scope not in store.scopes():
@@ -260,7 +260,7 @@ def summary(store: StateStore, scope: str | None, *, hosts: bool, rates: bool = 
     return out
 
 
-def scope_block(store: StateStore, scope: str, hosts: list[HostSummary],
+def scope_block(store: AdminStore, scope: str, hosts: list[HostSummary],
                 now: float, politeness: str) -> list[str]:
     pages = sum(h.pages for h in hosts)
     out = [f"scope {scope}",
@@ -405,7 +405,7 @@ def host_table(hosts: list[HostSummary]) -> list[str]:
 # -- one URL --------------------------------------------------------------------------
 
 
-def url_lines(store: StateStore, url: str, scope: str | None, *, as_json: bool) -> list[str]:
+def url_lines(store: AdminStore, url: str, scope: str | None, *, as_json: bool) -> list[str]:
     scopes = store.scopes() if scope is None else [scope]
     records = [store.url_record(name, url) for name in scopes]
     records = [r for r in records if r.pages or r.items]

@@ -34,7 +34,6 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from redis import asyncio as aioredis
@@ -43,6 +42,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import NoScriptError, RedisError
 
 from incremental_crawler.config import DEFAULT_SETTINGS
+from incremental_crawler.lua import load_script
 from incremental_crawler.redis_retry import Silence
 from incremental_crawler.uris import redacted
 
@@ -71,8 +71,7 @@ GOOD_MAX = 1000
 
 #: The script that alone changes a slot's hash (ARGV and reply: see the
 #: comment at its top, and :func:`script_args`); a file of the package.
-BUDGET_LUA = resources.files("incremental_crawler.politeness").joinpath(
-    "budget.lua").read_text(encoding="utf-8")
+BUDGET_LUA = load_script("incremental_crawler.politeness", "budget.lua")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,13 @@
-"""State stores, chosen by the scheme of ``INCREMENTAL_STATE_URI``."""
+"""State stores, found by the scheme of ``INCREMENTAL_STATE_URI``.
+
+The one registry of stores is ``INCREMENTAL_STATE_STORES`` (URI scheme →
+import path of a store class), over its defaults (:func:`store_classes`):
+the crawl opens its store through it (:func:`open_store`), and so do the
+commands that read one (:func:`open_existing_store`, which asks the class
+whether the URI names a store that exists, and :func:`admin_store`, which
+asks the store whether it has the administration interface). No code
+switches on a scheme.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +19,22 @@ from scrapy.utils.misc import load_object
 from scrapy.utils.project import data_path
 
 from incremental_crawler.config import DEFAULT_SETTINGS
-from incremental_crawler.state.stores.base import StateStore, StateStoreError
+from incremental_crawler.state.stores.base import (
+    AdminStore,
+    CrawlStore,
+    StateStore,
+    StateStoreError,
+)
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
 __all__ = [
-    "StateStore", "StateStoreError", "default_state_uri", "open_existing_store", "open_store",
-    "state_uri",
+    "AdminStore", "CrawlStore", "StateStore", "StateStoreError",
+    "default_state_uri", "open_admin_store", "open_existing_store", "open_store", "state_uri",
     "state_uri_setting",
+    "store_class", "store_classes",
 ]
 
 
@@ -60,6 +75,32 @@ def state_uri_setting(settings: BaseSettings) -> str:
     return "INCREMENTAL_STATE_URI"
 
 
+def store_classes(settings: BaseSettings) -> dict[str, str]:
+    """The registry: URI scheme → import path of its store class,
+    ``INCREMENTAL_STATE_STORES`` merged over its defaults."""
+    return {
+        **DEFAULT_SETTINGS["INCREMENTAL_STATE_STORES"],
+        **settings.getdict("INCREMENTAL_STATE_STORES"),
+    }
+
+
+def store_class(uri: str, settings: BaseSettings) -> type[StateStore]:
+    """The class the scheme of *uri* names in the registry (:func:`store_classes`)."""
+    scheme = uri.split(":", 1)[0].lower()
+    backends = store_classes(settings)
+    if scheme not in backends:
+        raise StateStoreError(
+            f"{state_uri_setting(settings)} {uri!r}: no store for scheme {scheme!r} "
+            f"(known: {', '.join(sorted(backends))}; add one with INCREMENTAL_STATE_STORES)"
+        )
+    store_cls = load_object(backends[scheme])
+    if not (isinstance(store_cls, type) and issubclass(store_cls, StateStore)):
+        raise StateStoreError(
+            f"INCREMENTAL_STATE_STORES[{scheme!r}] = {backends[scheme]!r} is not a "
+            "state store class (a subclass of incremental_crawler.state.stores.base.StateStore)")
+    return store_cls
+
+
 def open_store(settings: BaseSettings) -> StateStore:
     """Build the store :func:`state_uri` names.
 
@@ -68,18 +109,7 @@ def open_store(settings: BaseSettings) -> StateStore:
     ``from_uri(uri, settings=settings)``.
     """
     uri = state_uri(settings)
-    scheme = uri.split(":", 1)[0].lower()
-    backends: dict[str, str] = {
-        **DEFAULT_SETTINGS["INCREMENTAL_STATE_STORES"],
-        **settings.getdict("INCREMENTAL_STATE_STORES"),
-    }
-    if scheme not in backends:
-        raise StateStoreError(
-            f"INCREMENTAL_STATE_URI {uri!r}: no store for scheme {scheme!r} "
-            f"(known: {', '.join(sorted(backends))})"
-        )
-    store_cls = load_object(backends[scheme])
-    return store_cls.from_uri(uri, settings=settings)
+    return store_class(uri, settings).from_uri(uri, settings=settings)
 
 
 def open_existing_store(settings: BaseSettings) -> StateStore:
@@ -88,34 +118,35 @@ def open_existing_store(settings: BaseSettings) -> StateStore:
 
     Opening creates a store that does not exist (a SQLite file, a Redis
     prefix's layout record): reading one must not, or a typo in the URI
-    would look like a store that holds nothing.
+    would look like a store that holds nothing. The store's class says
+    whether one exists (:meth:`StateStore.exists`).
     """
     uri = state_uri(settings)
-    check = state_uri_setting(settings)
-    scheme = uri.split(":", 1)[0].lower()
-    if scheme == "sqlite":
-        from incremental_crawler.state.stores.sqlite import path_from_uri  # noqa: PLC0415
+    return _open_existing(uri, store_class(uri, settings), settings)
 
-        path = path_from_uri(uri)
-        if not path.exists():
-            raise StateStoreError(f"no state store at {path} (check {check})")
-    elif scheme in ("redis", "rediss", "unix"):
-        # Imported here: every crawl imports this module, and Redis's client
-        # would cost a crawl on SQLite a tenth of a second at its start.
-        import redis  # noqa: PLC0415
 
-        from incremental_crawler.state.stores.redis import parse_redis_uri  # noqa: PLC0415
+def open_admin_store(settings: BaseSettings, command: str) -> AdminStore:
+    """:func:`open_existing_store` for the command *command* (``"state"``),
+    which needs the administration interface (:class:`AdminStore`): a store
+    class without it is refused, before anything is opened, with a message
+    that says what it lacks."""
+    uri = state_uri(settings)
+    store_cls = store_class(uri, settings)
+    if not issubclass(store_cls, AdminStore):
+        missing = sorted(AdminStore.__abstractmethods__ - StateStore.__abstractmethods__)
+        raise StateStoreError(
+            f"scrapy {command} cannot read the state store {redacted(uri)}: its class "
+            f"{store_cls.__module__}.{store_cls.__qualname__} has the crawl interface only "
+            "(incremental_crawler.state.stores.base.StateStore); the command needs the "
+            "administration interface, incremental_crawler.state.stores.base.AdminStore "
+            f"({', '.join(missing)})")
+    store = _open_existing(uri, store_cls, settings)
+    assert isinstance(store, AdminStore)
+    return store
 
-        clean, prefix = parse_redis_uri(uri)
-        client = redis.Redis.from_url(clean, socket_connect_timeout=5, socket_timeout=30)
-        try:
-            found = client.exists(f"{prefix}:meta")
-        except redis.RedisError as exc:
-            raise StateStoreError(
-                f"State store {redacted(uri)}: cannot be reached ({exc})") from exc
-        finally:
-            client.close()
-        if not found:
-            raise StateStoreError(f"no state store under prefix {prefix!r} of "
-                                  f"{redacted(clean)} (check {check})")
-    return open_store(settings)
+
+def _open_existing(uri: str, store_cls: type[StateStore], settings: BaseSettings) -> StateStore:
+    if not store_cls.exists(uri, settings=settings):
+        raise StateStoreError(
+            f"no state store {store_cls.where(uri)} (check {state_uri_setting(settings)})")
+    return store_cls.from_uri(uri, settings=settings)

@@ -1,4 +1,14 @@
-"""The interface every state store implements.
+"""The interfaces of a state store: what a crawl needs, and what administration needs.
+
+:class:`StateStore` is the crawl interface, the one every store implements:
+reads, staged writes, flushes, crawl records and a crawl's hold on its scope.
+:class:`AdminStore` adds what ``scrapy state`` and ``scrapy items`` need: the
+read-outs, the repairs and the exports; a store without it runs crawls, and
+those commands refuse it, naming what is missing. A store is found by the
+scheme of its URI in ``INCREMENTAL_STATE_STORES`` (see
+:mod:`incremental_crawler.state.stores`); it says whether a URI names an
+existing store (:meth:`StateStore.exists`), so that the commands never
+create one.
 
 Reads are ``async`` so that a networked store (Redis) never blocks the
 reactor; writes are *staged* in memory and committed by :meth:`flush`, which
@@ -18,9 +28,11 @@ from urllib.parse import urlsplit
 
 from incremental_crawler.config import DEFAULT_SETTINGS, SettingError
 from incremental_crawler.state.records import PageFlags
+from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterable, Iterator
+    from typing import Self
 
     from scrapy.settings import BaseSettings
 
@@ -36,8 +48,9 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
-    "SLOT_RATES_KEPT", "HostSummary", "PagesSummary", "Removed", "SlotRates", "StateStore",
-    "StateStoreError", "UrlRecord", "crawl_history_setting", "dead_pid", "holder_gone",
+    "SLOT_RATES_KEPT", "AdminStore", "CrawlStore", "HostSummary", "PagesSummary", "Removed",
+    "SlotRates", "StateStore", "StateStoreError", "UrlRecord", "crawl_history_setting",
+    "dead_pid", "holder_gone",
     "host_of", "item_history_setting", "redis_retry_setting",
 ]
 
@@ -46,6 +59,8 @@ __all__ = [
 #: the slots saved most recently. A broad crawl of more sites than this
 #: starts the others from the default rate.
 SLOT_RATES_KEPT = 1000
+#: Due pages read per step by the default :meth:`StateStore.summarize_pages`.
+_SUMMARY_CHUNK = 1000
 
 
 class SlotRates(NamedTuple):
@@ -210,11 +225,19 @@ class StateStoreError(RuntimeError):
 
 
 class StateStore(ABC):
-    """Validators, fingerprints and counters per page; items per key.
+    """What a crawl needs of a store: validators, fingerprints and counters
+    per page, items per key; reads, staged writes, flushes; the scope's crawl
+    records and a crawl's hold on its scope.
 
     Besides its state, a page may have a *links record* (the requests its
     callback yielded, kept apart from the state because it can be large):
     written with :meth:`stage_links`, read only by :meth:`get_links`.
+
+    A crawl-only store implements the abstract methods (:meth:`from_uri`
+    and 26 others); the others have defaults in terms of them
+    (:meth:`get_pages`, :meth:`summarize_pages`, :meth:`close`,
+    :meth:`exists`) or keep nothing (remembered politeness rates, delivery
+    marks). ``scrapy state`` and ``scrapy items`` need :class:`AdminStore` too.
     """
 
     #: Where the store lives, for messages (a path or a URI without secrets).
@@ -232,6 +255,35 @@ class StateStore(ABC):
     #: Remembered politeness rates kept per scope (:meth:`stage_slot_rates`).
     slot_rates_kept: int = SLOT_RATES_KEPT
 
+    # -- finding and opening a store -------------------------------------------
+
+    @classmethod
+    @abstractmethod
+    def from_uri(cls, uri: str, *, settings: BaseSettings | None = None) -> Self:
+        """The store *uri* names (its scheme picked this class in
+        ``INCREMENTAL_STATE_STORES``), opened with the crawl's *settings*;
+        created if it does not exist. Raises :class:`StateStoreError` when
+        it cannot be used."""
+
+    @classmethod
+    def exists(cls, uri: str, *, settings: BaseSettings | None = None) -> bool:
+        """Whether *uri* names a store that exists, creating nothing: the
+        commands that read a store (``scrapy state``, ``items``, ``report``)
+        ask this before :meth:`from_uri`, so that a typo in a URI is not
+        taken for a store that holds nothing. Raises
+        :class:`StateStoreError` when it cannot tell (unreachable).
+
+        A store whose opening creates nothing may keep this default (yes)."""
+        return True
+
+    @classmethod
+    def where(cls, uri: str) -> str:
+        """Where *uri* points, for the message that no store is there
+        (``"at /path/state.db"``); no secrets."""
+        return f"at {redacted(uri)}"
+
+    # -- crawl: reads ------------------------------------------------------------
+
     @abstractmethod
     async def get_page(self, key: PageKey) -> PageState | None:
         """The page's state, including page states staged but not yet flushed.
@@ -239,9 +291,16 @@ class StateStore(ABC):
         Staged checks and redirects (counters only) may show only after a flush.
         """
 
-    @abstractmethod
     async def get_pages(self, keys: Iterable[PageKey]) -> dict[PageKey, PageState]:
-        """The states of those of *keys* the store knows (batched lookups)."""
+        """The states of those of *keys* the store knows (batched lookups).
+
+        By default one :meth:`get_page` per key: a networked store batches them."""
+        found = {}
+        for key in keys:
+            state = await self.get_page(key)
+            if state is not None:
+                found[key] = state
+        return found
 
     @abstractmethod
     async def get_links(self, key: PageKey) -> str | None:
@@ -266,7 +325,6 @@ class StateStore(ABC):
         the store does not change. *now* may be infinite (every page).
         """
 
-    @abstractmethod
     async def summarize_pages(self, scope: str, *, after: float, upto: float,
                               checked_before: float,
                               exclude_callbacks: Collection[str] = ()) -> PagesSummary:
@@ -276,7 +334,26 @@ class StateStore(ABC):
         infinite), and that were last checked before *checked_before*: how
         many, their stored sizes, and the earliest next visit. One pass, no
         states kept.
+
+        By default the pages :meth:`get_due` reads up to *upto*, a chunk at
+        a time: a store that can count them where they are does so.
         """
+        pages = size = 0
+        first_due: float | None = None
+        offset = 0
+        while True:
+            chunk = await self.get_due(scope, upto, _SUMMARY_CHUNK, offset)
+            for state in chunk:
+                if (state.next_visit <= after or state.last_checked >= checked_before
+                        or state.callback is None or state.callback in exclude_callbacks):
+                    continue
+                pages += 1
+                size += state.size
+                if first_due is None or state.next_visit < first_due:
+                    first_due = state.next_visit
+            if len(chunk) < _SUMMARY_CHUNK:
+                return PagesSummary(pages, size, first_due)
+            offset += len(chunk)
 
     @abstractmethod
     async def get_item_simhash(self, scope: str, item_key: str) -> int | None:
@@ -316,6 +393,8 @@ class StateStore(ABC):
         whose URL is its key). Items whose latest version is a tombstone are
         left out. Staged items count once flushed.
         """
+
+    # -- crawl: staged writes, committed in staging order by flush() -------------
 
     @abstractmethod
     def stage_page(self, state: PageState) -> None:
@@ -401,55 +480,10 @@ class StateStore(ABC):
     async def flush(self) -> int:
         """Commit every staged write atomically; return how many there were."""
 
-    @abstractmethod
     async def close(self) -> None:
-        """Flush and release the store."""
-
-    @abstractmethod
-    def iter_items(self, scope: str | None = None) -> Iterator[dict[str, object]]:
-        """The latest version of every live stored item, oldest key first.
-
-        Items whose latest version is a tombstone are left out.
-        """
-
-    @abstractmethod
-    def iter_versions(self, scope: str | None = None, *, since: float | None = None,
-                      every_version: bool = False) -> Iterator[StoredVersion]:
-        """Stored item versions that have data, tombstones included.
-
-        Only versions stored at or after *since* (``None``: all); stored
-        times are whole seconds, so a *since* with a fraction counts from
-        its whole second (a version is rather given twice than missed).
-        With *every_version* each of them, with its own change; else only
-        the latest version of each item, provided it was stored at or after
-        *since*. In the order they were stored (``stored_at``, then scope,
-        key and version), so that applying them in turn leaves a copy in
-        the store's state.
-
-        A latest version read with *since* is ``new`` when the item was not
-        live before *since* (no version of it then, or a tombstone last),
-        whatever the version itself says: a reader that has what was stored
-        before *since* never saw the item. It is so when the item's current
-        live run began at or after *since* and no earlier run's tombstone
-        was stored at or after *since*. An item that was deleted and came
-        back more than once inside the window, and items whose live run
-        began before the store kept these marks, keep their own change.
-        Tombstones stay ``deleted``.
-
-        Not a snapshot in every store: an item written while the versions
-        are read yields the version stored then (Redis: its latest, if
-        still at or after *since*), and with *every_version* a version
-        pruned meanwhile (newer ones beyond :attr:`history_limit`) may be
-        left out.
-        """
-
-    @abstractmethod
-    def item_history(self, scope: str, item_key: str) -> list[tuple[int, str]]:
-        """``(version, fingerprint)`` of every stored version of an item."""
-
-    @abstractmethod
-    def count_pages(self, scope: str | None = None) -> int:
-        """How many pages the store knows (for reports and tests)."""
+        """Flush and release the store (by default: flush; a store holding
+        connections or files releases them too)."""
+        await self.flush()
 
     # -- crawl records -------------------------------------------------------
 
@@ -544,15 +578,29 @@ class StateStore(ABC):
     def scope_holders(self, scope: str, now: float) -> dict[str, float]:
         """Holders of *scope* whose hold has not lapsed at *now*, and when each lapses."""
 
-    # -- read-outs (synchronous: they run outside a crawl) --------------------
-
-    @abstractmethod
-    def scopes(self) -> list[str]:
-        """Every scope the store holds anything of, sorted."""
+    # -- a scope's pages, read at once (the crawl's clock-skew repair) ---------
 
     @abstractmethod
     def iter_pages(self, scope: str) -> Iterator[PageState]:
         """Every stored page of *scope* (any order, bounded memory)."""
+
+
+
+class AdminStore(StateStore):
+    """What administration needs besides the crawl interface: the read-outs
+    of ``scrapy state`` and ``scrapy report``, the exports of ``scrapy
+    items``, the repairs (synchronous, at once: they run outside a crawl,
+    while no crawl holds the scope). The built-in stores implement it.
+
+    A store of one's own written before the split derives from this class
+    to keep serving those commands.
+    """
+
+    # -- read-outs ---------------------------------------------------------------
+
+    @abstractmethod
+    def scopes(self) -> list[str]:
+        """Every scope the store holds anything of, sorted."""
 
     @abstractmethod
     def iter_hosts(self, scope: str) -> Iterator[HostTrust]:
@@ -586,6 +634,56 @@ class StateStore(ABC):
         """:meth:`slot_rates`, read at once (a store that keeps none: none)."""
         return SlotRates([], [])
 
+    def count_pages(self, scope: str | None = None) -> int:
+        """How many pages the store knows (for reports and tests); by
+        default :meth:`iter_pages` of each scope counted."""
+        scopes = self.scopes() if scope is None else [scope]
+        return sum(1 for name in scopes for _ in self.iter_pages(name))
+
+    # -- exports -------------------------------------------------------------------
+
+    @abstractmethod
+    def iter_items(self, scope: str | None = None) -> Iterator[dict[str, object]]:
+        """The latest version of every live stored item, oldest key first.
+
+        Items whose latest version is a tombstone are left out.
+        """
+
+    @abstractmethod
+    def iter_versions(self, scope: str | None = None, *, since: float | None = None,
+                      every_version: bool = False) -> Iterator[StoredVersion]:
+        """Stored item versions that have data, tombstones included.
+
+        Only versions stored at or after *since* (``None``: all); stored
+        times are whole seconds, so a *since* with a fraction counts from
+        its whole second (a version is rather given twice than missed).
+        With *every_version* each of them, with its own change; else only
+        the latest version of each item, provided it was stored at or after
+        *since*. In the order they were stored (``stored_at``, then scope,
+        key and version), so that applying them in turn leaves a copy in
+        the store's state.
+
+        A latest version read with *since* is ``new`` when the item was not
+        live before *since* (no version of it then, or a tombstone last),
+        whatever the version itself says: a reader that has what was stored
+        before *since* never saw the item. It is so when the item's current
+        live run began at or after *since* and no earlier run's tombstone
+        was stored at or after *since*. An item that was deleted and came
+        back more than once inside the window, and items whose live run
+        began before the store kept these marks, keep their own change.
+        Tombstones stay ``deleted``.
+
+        Not a snapshot in every store: an item written while the versions
+        are read yields the version stored then (Redis: its latest, if
+        still at or after *since*), and with *every_version* a version
+        pruned meanwhile (newer ones beyond :attr:`history_limit`) may be
+        left out.
+        """
+
+    @abstractmethod
+    def item_history(self, scope: str, item_key: str) -> list[tuple[int, str]]:
+        """``(version, fingerprint)`` of every stored version of an item."""
+
     # -- repairs (synchronous, at once: run while no crawl holds the scope) ---
 
     @abstractmethod
@@ -609,3 +707,7 @@ class StateStore(ABC):
     @abstractmethod
     def count_scope(self, scope: str) -> Removed:
         """What :meth:`reset_scope` would delete now, deleting nothing."""
+
+
+#: The crawl interface, by the name that says so (:class:`StateStore`).
+CrawlStore = StateStore

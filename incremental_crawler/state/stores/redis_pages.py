@@ -43,6 +43,7 @@ import functools
 import hashlib
 from urllib.parse import quote, unquote
 
+from incremental_crawler.lua import load_script
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores.base import host_of
 from incremental_crawler.state.stores.packed import LUA_CODEC
@@ -53,6 +54,9 @@ __all__ = [
     "READ_PAGES_LUA", "SUMMARY_LUA",
     "bucket_of", "host_part", "page_field", "page_key_of", "url_of",
 ]
+
+#: Where this module's Lua scripts are (``.lua`` files, read by :func:`load_script`).
+_LUA_PACKAGE = "incremental_crawler.state.stores"
 
 #: Pages per bucket, on average, before a host's buckets grow. Buckets not
 #: yet split in a round hold up to twice as many, so 40 keeps nearly every
@@ -139,67 +143,16 @@ LUA_READS = "#!lua flags=no-writes\n"
 
 #: ``bucket_of(n, field)`` and ``field_hash(field)`` in Lua, the same as in
 #: Python (SHA-1's first four bytes of the URL part).
-LUA_BUCKETS = """
-local function field_hash(field)
-  local cut = string.find(field, '\\0', 1, true)
-  if cut then field = string.sub(field, 1, cut - 1) end
-  return tonumber(string.sub(redis.sha1hex(field), 1, 8), 16)
-end
-local function bucket_level(n)
-  local level = 1
-  while level * 2 <= n do level = level * 2 end
-  return level
-end
-local function bucket_of(n, field)
-  local level = bucket_level(n)
-  local hashed = field_hash(field)
-  local b = hashed % (2 * level)
-  if b >= n then b = hashed % level end
-  return b
-end
-local function bucket_count(dir)
-  -- A host's bucket count (1 for a host with none stored yet).
-  local stored = redis.call('HGET', dir, 'n')
-  if not stored then return 1 end
-  local n = tonumber(stored)
-  if not n or n < 1 or n ~= math.floor(n) then
-    error('the bucket count in ' .. dir .. ' is not a number: ' .. stored, 0)
-  end
-  return n
-end
-"""
+LUA_BUCKETS = load_script(_LUA_PACKAGE, "redis_buckets.lua")
 
 #: ``bucket_pages(prefix, tag, b)``: every field and record of a bucket,
 #: flat (both of its hashes).
-LUA_BUCKET_PAGES = """
-local function bucket_pages(prefix, tag, b)
-  local flat = redis.call('HGETALL', prefix .. ':pg:' .. tag .. ':' .. b)
-  local large = redis.call('HGETALL', prefix .. ':pgl:' .. tag .. ':' .. b)
-  for k = 1, #large do flat[#flat + 1] = large[k] end
-  return flat
-end
-"""
+LUA_BUCKET_PAGES = load_script(_LUA_PACKAGE, "redis_bucket_pages.lua")
 
 # Reads pages where they are now. ARGV: the key prefix, then per page its
 # scope part, host part and field. Returns per page its record (nil: none).
-READ_PAGES_LUA = LUA_READS + LUA_BUCKETS + """
-local prefix = ARGV[1]
-local counts = {}
-local out = {}
-for j = 2, #ARGV, 3 do
-  local tag = '{' .. ARGV[j] .. '|' .. ARGV[j + 1] .. '}'
-  local n = counts[tag]
-  if not n then
-    n = bucket_count(prefix .. ':hd:' .. tag)
-    counts[tag] = n
-  end
-  local b = bucket_of(n, ARGV[j + 2])
-  local raw = redis.call('HGET', prefix .. ':pg:' .. tag .. ':' .. b, ARGV[j + 2])
-  if not raw then raw = redis.call('HGET', prefix .. ':pgl:' .. tag .. ':' .. b, ARGV[j + 2]) end
-  out[#out + 1] = raw
-end
-return out
-"""
+READ_PAGES_LUA = LUA_READS + LUA_BUCKETS + (
+    load_script(_LUA_PACKAGE, "redis_read_pages.lua"))
 
 # The due pages of some buckets, in a range of next visits. ARGV: the key
 # prefix, the scope part, the time (pages due at or before it), the cap,
@@ -213,47 +166,15 @@ return out
 # was read before and not after the cap. The second is those pages' records
 # one after the other, in that order (binary: cut by their lengths). Then
 # the scope's count of bucket splits ('' for none yet).
-DUE_READ_LUA = LUA_READS + LUA_CODEC + LUA_BUCKET_PAGES + """
-local prefix, scope = ARGV[1], ARGV[2]
-local now, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
-local heads, records = {}, {}
-for j = 5, #ARGV, 2 do
-  local member, after = ARGV[j], tonumber(ARGV[j + 1])
-  local cut = string.find(member, '|', 1, true)
-  local tag = '{' .. scope .. '|' .. string.sub(member, 1, cut - 1) .. '}'
-  local flat = bucket_pages(prefix, tag, string.sub(member, cut + 1))
-  local above = false
-  local parts = {member, ''}
-  for k = 1, #flat, 2 do
-    local due = due_of(flat[k + 1])
-    if due and due <= now and due > after then
-      if due <= cap then
-        parts[#parts + 1] = string.format('%d', due)
-        parts[#parts + 1] = flat[k]
-        parts[#parts + 1] = #flat[k + 1]
-        records[#records + 1] = flat[k + 1]
-      elseif not above or due < above then
-        above = due
-      end
-    end
-  end
-  if above then parts[2] = string.format('%d', above) end
-  heads[#heads + 1] = table.concat(parts, '\\255')
-end
-local splits = redis.call('GET', prefix .. ':splits:' .. scope) or ''
-return {table.concat(heads, '\\254'), table.concat(records), splits}
-"""
+DUE_READ_LUA = LUA_READS + LUA_CODEC + LUA_BUCKET_PAGES + (
+    load_script(_LUA_PACKAGE, "redis_due_read.lua"))
 
 # A chunk of a scope's revisit index by score. ARGV: its key, the least
 # score (a number, or '(' and one: after it), the greatest, the offset and
 # count of ZRANGE ... LIMIT, the key of the scope's count of splits. Returns
 # one string (one reply element, not two per bucket): members and scores,
 # apart by 0xFF; and the count of splits ('' for none yet).
-DUE_INDEX_LUA = LUA_READS + """
-local pairs_ = redis.call('ZRANGE', ARGV[1], ARGV[2], ARGV[3], 'BYSCORE', 'LIMIT', ARGV[4],
-                          ARGV[5], 'WITHSCORES')
-return {table.concat(pairs_, '\\255'), redis.call('GET', ARGV[6]) or ''}
-"""
+DUE_INDEX_LUA = LUA_READS + load_script(_LUA_PACKAGE, "redis_due_index.lua")
 
 # The pages of some buckets in aggregate (StateStore.summarize_pages), and
 # each bucket's score in the revisit index set to its exact minimum (the
@@ -261,38 +182,5 @@ return {table.concat(pairs_, '\\255'), redis.call('GET', ARGV[6]) or ''}
 # after, upto, checked_before, the number of callbacks left out, those
 # callbacks, then bucket members. Returns pages, size, earliest next visit
 # (false: none).
-SUMMARY_LUA = LUA_WRITES + LUA_CODEC + LUA_BUCKET_PAGES + """
-local prefix, scope = ARGV[1], ARGV[2]
-local after, upto, checked_before = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local excluded = {}
-local skip = tonumber(ARGV[6])
-for j = 7, 6 + skip do excluded[ARGV[j]] = true end
-local due = prefix .. ':dueb:' .. scope
-local pages, size, first = 0, 0, false
-for j = 7 + skip, #ARGV do
-  local member = ARGV[j]
-  local cut = string.find(member, '|', 1, true)
-  local tag = '{' .. scope .. '|' .. string.sub(member, 1, cut - 1) .. '}'
-  local flat = bucket_pages(prefix, tag, string.sub(member, cut + 1))
-  local least = false
-  for k = 2, #flat, 2 do
-    local callback, checked, visit, bytes = page_summary(flat[k])
-    if callback then
-      if not least or visit < least then least = visit end
-      if not excluded[callback] and visit > after and visit <= upto
-          and checked < checked_before then
-        pages = pages + 1
-        size = size + bytes
-        if not first or visit < first then first = visit end
-      end
-    end
-  end
-  if least then
-    redis.call('ZADD', due, 'XX', least, member)
-  else
-    redis.call('ZREM', due, member)
-  end
-end
-if first then first = string.format('%d', first) end
-return {pages, string.format('%d', size), first}
-"""
+SUMMARY_LUA = LUA_WRITES + LUA_CODEC + LUA_BUCKET_PAGES + (
+    load_script(_LUA_PACKAGE, "redis_summary.lua"))

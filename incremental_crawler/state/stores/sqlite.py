@@ -34,10 +34,10 @@ from incremental_crawler.state.records import (
     Undelivered,
 )
 from incremental_crawler.state.stores.base import (
+    AdminStore,
     PagesSummary,
     Removed,
     SlotRates,
-    StateStore,
     StateStoreError,
     UrlRecord,
     crawl_history_setting,
@@ -375,7 +375,7 @@ def path_from_uri(uri: str) -> Path:
     return Path(uri[len(prefix):])
 
 
-class SQLiteStateStore(StateStore):
+class SQLiteStateStore(AdminStore):
     """State in one SQLite file; see the module docstring."""
 
     def __init__(self, path: str | Path, *, busy_timeout: float = 5.0,
@@ -395,6 +395,15 @@ class SQLiteStateStore(StateStore):
         #: Staged writes (one per stage_* call; an item takes two statements).
         self._staged = 0
         self._db = self._connect()
+
+    @classmethod
+    def exists(cls, uri: str, *, settings: BaseSettings | None = None) -> bool:
+        """Whether the file *uri* names exists (opening it would create it)."""
+        return path_from_uri(uri).exists()
+
+    @classmethod
+    def where(cls, uri: str) -> str:
+        return f"at {path_from_uri(uri)}"
 
     @classmethod
     def from_uri(cls, uri: str, *, settings: BaseSettings | None = None) -> Self:

@@ -1,122 +1,14 @@
-"""The networked state store: Redis, shared by crawl workers on many machines.
-
-``INCREMENTAL_STATE_URI=redis://host:6379/0?prefix=incremental`` (also
-``rediss://`` and ``unix:///path/redis.sock?db=0``). Every key starts with
-the prefix; ``<s>`` is the scope and ``<h>`` a host, percent-quoted so that
-neither holds a ``:``, ``|`` or brace:
-
-==============================  ==========================================
-``P:meta``                      hash: ``layout`` and ``version`` of the layout
-                                (``upgrading``: a migration under way)
-``P:scopes``                    set of the scopes stored
-``P:hs:<s>``                    set of the hosts with pages or links records
-``P:hd:{<s>|<h>}``              hash: the host's bucket count ``n``, pages ``p``
-``P:pg:{<s>|<h>}:<n>``          hash, bucket *n* of the host: page field →
-                                page state (packed)
-``P:ln:{<s>|<h>}``              hash: page field → the page's links record (opaque text)
-``P:dueb:<s>``                  sorted set: buckets ``<h>|<n>`` holding pages with a
-                                callback (gone ones too), by a lower bound of
-                                their next visits
-``P:splits:<s>``                how many buckets of the scope split so far (a
-                                reader of due pages starts over when it grows)
-``P:hosts:<s>``                 hash: host → lastmod/validator trust (JSON)
-``P:items:<s>``                 hash: item key → latest url/fingerprint/simhash/page,
-                                stored_at, born/died (JSON)
-``P:itemver:<s>``               hash: item key → latest version number
-``P:order:<s>``                 sorted set: item keys by first_seen (exports)
-``P:hist:<s>:<item key>``       hash: version → fingerprint, time, change and data (JSON)
-``P:bypage:<s>``                sorted set, all scores 0: ``page URL NUL item key``
-                                of the live items last stored from a page, other
-                                than the one keyed by its URL
-``P:flush:<token>``             how many writes of a flush were applied (expires)
-``P:crawls:<s>``                sorted set: crawl records (JSON) by start, newest N kept
-``P:holds:<s>``                 sorted set: crawls holding the scope, by when each lapses
-``P:slots:<s>``                 hash: slot → the rate its politeness window
-                                learned (JSON)
-``P:slotsat:<s>``               sorted set: those slots by when each was saved,
-                                the newest ``SLOT_RATES_KEPT`` (1000) kept
-``P:undel:<s>:<c>``             sorted set, all scores 0: ``stored_at NUL item key
-                                NUL version`` (zero-padded) of the versions waiting
-                                on crawl *c* to confirm their delivery
-``P:undelc:<s>``                set of the crawls *c* with such versions
-``P:migrating``                 the lock of a layout migration (expires)
-==============================  ==========================================
-
-``P:crawls:<s>``, ``P:holds:<s>``, ``P:slots:<s>``, ``P:slotsat:<s>``,
-``P:undel:<s>:<c>`` and ``P:undelc:<s>`` came without a layout change
-(older code ignores them). Repairs (``forget_page``, ``forget_host``,
-``reset_scope``) run at once, each in one ``MULTI``; a reset deletes the
-scope's keys of the kinds above (``P:holds:<s>`` excepted: holds lapse by
-themselves; other ``P:<name>:<s>`` keys, such as a shared politeness budget
-``P:budget:<host>``, are not this store's), its hosts' keys, its
-``P:hist:<s>:*`` and ``P:undel:<s>:*`` keys, and takes it out of ``P:scopes``.
-
-Pages are kept per host in small buckets (see
-:mod:`~incremental_crawler.state.stores.redis_pages`: how a page's field
-and bucket are chosen, how a host's buckets grow, why the revisit index
-counts buckets), each page a packed record (see
-:mod:`~incremental_crawler.state.stores.packed`: a field added to
-:class:`PageState` is stored without a layout change and reads back as its
-default where it is missing). The other records are JSON objects of their
-dataclass fields, defaults left out, so a field added to
-:class:`HostTrust` or :class:`ItemRecord` needs no layout change either.
-Floats are POSIX times or durations, kept as whole seconds as the SQLite
-store does. ``docs/capacity.md`` measures what each costs.
-
-The change feed: an item record names its source ``page`` only when that
-is not its own key (the usual case costs nothing), and a tombstone is a
-version with the fingerprint ``""``. A history entry names its ``change``
-only when it is not what an entry without one reads as: ``new`` for version
-1, else ``changed`` (so entries stored before the change feed read right).
-A version with data prunes, in the same script, the versions
-``INCREMENTAL_ITEM_HISTORY`` no longer keeps. An item's record also keeps
-``born``, when its current live run began (its latest ``new`` version), and
-``died``, when its latest tombstone was stored: ``iter_versions`` with
-``since`` tells with them whether an item was live before the window.
-
-``P:bypage:<s>`` finds the items of a gone page: an item keyed by its
-page's URL needs no entry (one ``HGET`` of the items hash finds it, so a
-crawl of such items creates no key); the others are members
-``page NUL key`` while they are live, and the script moves an item to its
-new page's member when it comes from another page, and drops it when it
-is a tombstone. One sorted set per scope, all scores 0, read by lexical
-range (from ``[page NUL`` to ``(page \\1``): adding or removing an item
-costs O(log n) however many items its page has, and only when an item's
-page changes (new, moved, gone or back), never when it is crawled again
-from the same page; a page's items are one range, and one key per scope
-costs no per-page key overhead.
-
-Reads are one round-trip each (``get_pages``: one pipelined round-trip per
-10,000 keys; page reads are scripts, which find a page's bucket in Redis)
-on a ``redis.asyncio`` client, so the reactor never waits on the network.
-Writes are staged in memory; :meth:`RedisStateStore.flush` sends them all
-as one run of a Lua script, in staging order: atomic for every reader and
-worker like a ``MULTI``/``EXEC``, but it stops at the first write that
-fails (``EXEC`` would go on with the ones after it), so a page's
-validators are never applied without the items staged before them (state
-is never ahead of data). Redis keeps how many writes of a batch it applied
-under the batch's token: a batch whose reply was lost is not applied twice
-when it is sent again. Checks, redirects, flags and item versions are read-modify-write
-upserts inside that script. Before applying anything, the script checks that
-every key it will write is of the right type (or absent): a damaged key
-fails the whole flush, so writes that can fail only that way (a page state,
-a links record) are never split by one.
-
-An export (``iter_versions``) is not a snapshot: Redis has no index by time,
-so it notes the versions wanted, then reads them. Latest versions are read
-again as they are then (an item written meanwhile yields its newer
-version); with every version, one pruned meanwhile is left out.
-
-Opening the store (once, before a crawl) and the synchronous reports
-(``iter_items``, ``iter_versions``, ``item_history``, ``count_pages``) use a
-blocking client.
-"""
+"""The Redis state store itself: opening a prefix (its layout checked and
+migrated in place), the crawl-time reads, staged writes and flushes, the
+due-page reads, holds, and the administration read-outs and repairs. The key
+layout is in the package's docstring (:mod:`incremental_crawler.state.stores.redis`);
+its URIs in :mod:`.uri`, its Lua scripts in :mod:`.scripts` and the ``.lua``
+files of the package."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import heapq
 import json
 import logging
@@ -125,7 +17,7 @@ import time
 import uuid
 from dataclasses import MISSING, fields
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+from urllib.parse import quote, unquote
 
 import redis
 import redis.asyncio
@@ -149,10 +41,10 @@ from incremental_crawler.state.records import (
     Undelivered,
 )
 from incremental_crawler.state.stores.base import (
+    AdminStore,
     PagesSummary,
     Removed,
     SlotRates,
-    StateStore,
     StateStoreError,
     UrlRecord,
     crawl_history_setting,
@@ -161,31 +53,17 @@ from incremental_crawler.state.stores.base import (
     redis_retry_setting,
 )
 from incremental_crawler.state.stores.packed import (
-    LUA_CODEC as PAGE_CODEC,
-)
-from incremental_crawler.state.stores.packed import (
     PackedRecordError,
     pack,
     unpack,
 )
 from incremental_crawler.state.stores.redis_pages import (
-    BUCKET_LOAD,
-    DUE_INDEX_LUA,
-    DUE_READ_LUA,
-    LUA_READS,
-    LUA_WRITES,
-    MAX_SPLITS,
-    READ_PAGES_LUA,
-    SUMMARY_LUA,
     bucket_of,
     host_of_part,
     host_part,
     page_field,
     page_key_of,
     url_field,
-)
-from incremental_crawler.state.stores.redis_pages import (
-    LUA_BUCKETS as PAGE_BUCKETS,
 )
 from incremental_crawler.uris import redacted
 
@@ -195,7 +73,23 @@ if TYPE_CHECKING:
 
     from scrapy.settings import BaseSettings
 
-__all__ = ["RedisStateStore", "parse_redis_uri"]
+from incremental_crawler.state.stores.redis.scripts import (
+    _BYPAGE_TO_ZSET_LUA,
+    _DUE_INDEX_SHA,
+    _DUE_READ_SHA,
+    _FLUSH_LUA,
+    _LATEST_LUA,
+    _READ_PAGES_SHA,
+    _RENEW_LUA,
+    _SCRIPTS,
+    _SUMMARY_SHA,
+    _UNLOCK_LUA,
+    _sha1,
+)
+from incremental_crawler.state.stores.redis.uri import DEFAULT_PREFIX, parse_redis_uri
+
+__all__ = ["LAYOUT", "LAYOUT_VERSION", "MIN_REDIS_VERSION", "RedisStateStore"]
+
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +116,6 @@ LAYOUT = "incremental_crawler.state"
 #: page record takes a new bit of its mask: no layout change (see
 #: :mod:`~incremental_crawler.state.stores.packed`).
 LAYOUT_VERSION = 3
-DEFAULT_PREFIX = "incremental"
 #: ``P:meta`` field: the layout version a migration under way started from
 #: (see :meth:`RedisStateStore._migrate`).
 _UPGRADING = "upgrading"
@@ -236,12 +129,6 @@ _MIGRATION_BATCH = 2_000
 #: Keys per pipelined round-trip of a batched read, and fields per HMGET.
 _READ_BATCH = 10_000
 _HMGET_CHUNK = 1_000
-#: Query parameters of the URI that redis-py understands, besides ``prefix``.
-_REDIS_QUERY = frozenset({
-    "db", "socket_timeout", "socket_connect_timeout", "socket_keepalive",
-    "health_check_interval", "max_connections", "ssl_cert_reqs", "ssl_ca_certs",
-    "ssl_certfile", "ssl_keyfile", "ssl_check_hostname", "protocol", "client_name",
-})
 #: The oldest Redis the store runs on: its scripts carry flags (``#!lua``),
 #: which Redis 7.0 introduced; an older Redis is refused when the store opens.
 MIN_REDIS_VERSION = (7, 0)
@@ -294,571 +181,6 @@ _SUMMARY_SCRIPTS = 8
 #: stored time (see _LUA_INT_LIMIT).
 _FOREVER = 10**15
 
-#: How long Redis remembers how much of a batch it applied (see _FLUSH_LUA).
-_TOKEN_TTL = 86_400
-
-# One flush is one run of this script: atomic for every other client, like a
-# MULTI/EXEC, but it stops at the first write that fails (a damaged key, a
-# record it cannot read) where EXEC would go on with the writes after it: a
-# page's validators, staged after its items, are never applied when one of
-# its items was not (state is never ahead of data). How many writes it applied is kept under
-# the batch's token, so a batch whose reply was lost (a timeout, a cut after
-# it was sent) is not applied twice when it is sent again.
-#
-# The upserts mirror the SQLite store's: a check, a failure or a redirect
-# touches counters, status and (check) lastmod, schedule and the validators
-# a 304 brought, (failure) the failures in a row and the schedule, never
-# fingerprints (only a 2xx updates them); an item gets the next version number of its key,
-# and its versions beyond the history kept are pruned (as SQLite's
-# _PRUNE_VERSIONS). A page flagged gone stays in the due index like any
-# page with a callback, at its (rare) next visit: the re-seeder asks it
-# again then, as a new page (it may have come back). An item write keeps the
-# page index (P:bypage) in step: an item leaves the page it was listed under
-# when it comes from another page or is a tombstone.
-#
-# Page writes go to the page's bucket (see redis_pages), chosen in the
-# script from the host's bucket count. Before any write, the hosts whose
-# pages would outgrow their buckets are split (a split moves records
-# between buckets of one host, changing nothing a reader sees, and is
-# skipped when its new bucket's key is taken); no write changes the count.
-# A write of a page with a callback lowers its bucket's score in the
-# revisit index to the page's next visit if that is earlier (a lower bound
-# of the bucket's next visits, never above one).
-#
-# Before any write, every key the batch writes is checked for its type
-# (the keys of each write: keys_of, with the type each must have unless
-# absent). A page state or a links record can only fail on a key of
-# another type, so the links record staged right before its page's state
-# is committed with it or not at all; a damaged record read by a check,
-# redirect or flags write still stops the batch at that write.
-#
-# KEYS: token, scopes set, tokens to forget. ARGV: the key prefix, the
-# server's hash-max-listpack-value, the number of scopes, the scopes, then
-# the writes, each its name followed by ARITY[name] arguments; a page
-# write's first three are the scope's and the host's key parts and the
-# page's field.
-_FLUSH_LUA = LUA_WRITES + PAGE_CODEC + PAGE_BUCKETS + """
-local PREFIX, LISTPACK_VALUE = ARGV[1], tonumber(ARGV[2])
-local ARITY = {host = 3, page = 5, check = 10, failure = 9, redirect = 7, item = 13,
-               links = 4, unlink = 3, flags = 4, slotrate = 6}
-local OPS = {}
--- Hosts met in this batch, by hash tag: their keys and bucket count.
-local HOSTS = {}
--- The host of the write at each position (each write is looked at three
--- times: growing, checking, applying).
-local HOST_AT = {}
-local function host_at(a, i)
-  local h = HOST_AT[i]
-  if h then return h end
-  local tag = '{' .. a[i] .. '|' .. a[i + 1] .. '}'
-  h = HOSTS[tag]
-  if not h then
-    h = {scope = a[i], part = a[i + 1], dir = PREFIX .. ':hd:' .. tag,
-         links = PREFIX .. ':ln:' .. tag, pages = PREFIX .. ':pg:' .. tag .. ':',
-         large = PREFIX .. ':pgl:' .. tag .. ':',
-         hosts = PREFIX .. ':hs:' .. a[i], due = PREFIX .. ':dueb:' .. a[i], names = {}}
-    HOSTS[tag] = h
-  end
-  HOST_AT[i] = h
-  return h
-end
--- The bucket of the page of a write (its bucket count read once per host,
--- each field's bucket computed once: the count does not change meanwhile).
-local function bucket_at(a, i)
-  local h = host_at(a, i)
-  if not h.n then
-    h.n = bucket_count(h.dir)
-    h.buckets = {}
-  end
-  local field = a[i + 2]
-  local b = h.buckets[field]
-  if not b then
-    b = bucket_of(h.n, field)
-    h.buckets[field] = b
-  end
-  return h, b
-end
--- A bucket's two hashes (pages, large ones), their names built once.
-local function bucket_keys(h, b)
-  local names = h.names[b]
-  if not names then
-    names = {h.pages .. b, h.large .. b}
-    h.names[b] = names
-  end
-  return names[1], names[2]
-end
-local function register(h)
-  -- A host with a record is listed in its scope (reads, repairs, resets).
-  if not h.listed then
-    if redis.call('HSETNX', h.dir, 'n', h.n) == 1 then
-      redis.call('SADD', h.hosts, h.part)
-    end
-    h.listed = true
-  end
-end
-local function store_page(h, b, field, record)
-  -- Into the bucket's listpack if both fit, else its hash of large ones.
-  register(h)
-  local into, other = bucket_keys(h, b)
-  if #field > LISTPACK_VALUE or #record > LISTPACK_VALUE then into, other = other, into end
-  local moved = redis.call('HDEL', other, field)
-  if redis.call('HSET', into, field, record) == 1 and moved == 0 then
-    redis.call('HINCRBY', h.dir, 'p', 1)
-  end
-end
-local function read_page(h, b, field)
-  local small, large = bucket_keys(h, b)
-  local raw = redis.call('HGET', small, field)
-  if not raw then raw = redis.call('HGET', large, field) end
-  return raw
-end
-local function lower_due(h, b, visit)
-  redis.call('ZADD', h.due, 'LT', visit, h.part .. '|' .. b)
-end
-function OPS.host(a, i)
-  redis.call('HSET', a[i], a[i + 1], a[i + 2])
-end
-function OPS.page(a, i)
-  -- scope, host, field, record, next_visit ('': not in the revisit index)
-  local h, b = bucket_at(a, i)
-  store_page(h, b, a[i + 2], a[i + 3])
-  if a[i + 4] ~= '' then lower_due(h, b, a[i + 4]) end
-end
-local function visit(a, i)
-  -- scope, host, field, status, when; then for a check lastmod, interval,
-  -- next_visit ('' keeps the stored value), for a redirect target, flag
-  local h, b = bucket_at(a, i)
-  local raw = read_page(h, b, a[i + 2])
-  local page
-  if raw then
-    page = unpack_page(raw)
-    page.checks = (page.checks or 0) + 1
-  else
-    page = {first_seen = tonumber(a[i + 4]), checks = 1}
-  end
-  page.last_status = tonumber(a[i + 3])
-  page.last_checked = tonumber(a[i + 4])
-  return page, h, b
-end
-local function reindex(h, b, page)
-  -- A page with a callback is due at its next visit (a gone one too: its
-  -- next visit is its rare recheck).
-  if page_callback(page) then lower_due(h, b, page.next_visit or 0) end
-end
-function OPS.check(a, i)
-  -- then etag, last_modified ('' keeps the stored one): a 304's, in their
-  -- plain form (the compact one, if stored, goes)
-  local page, h, b = visit(a, i)
-  page.failures = nil  -- an answer ends a run of failures
-  if a[i + 5] ~= '' then page.lastmod = tonumber(a[i + 5]) end
-  if a[i + 8] ~= '' then
-    page['etag@hex'] = nil
-    page.etag = a[i + 8]
-  end
-  if a[i + 9] ~= '' then
-    page['last_modified@date'] = nil
-    page.last_modified = a[i + 9]
-  end
-  local schedule = a[i + 6] ~= ''
-  if schedule then
-    page.interval = tonumber(a[i + 6])
-    page.next_visit = tonumber(a[i + 7])
-  end
-  store_page(h, b, a[i + 2], pack_page(page))
-  if schedule then reindex(h, b, page) end
-end
-function OPS.failure(a, i)
-  -- scope, host, field, status, when, failures, next_visit, callback,
-  -- recipe ('': none); a page without a callback takes the one given
-  local page, h, b = visit(a, i)
-  page.failures = tonumber(a[i + 5])
-  page.next_visit = tonumber(a[i + 6])
-  if not page_callback(page) and a[i + 7] ~= '' then
-    set_callback(page, a[i + 7])
-    page.recipe = nil
-    if a[i + 8] ~= '' then page.recipe = a[i + 8] end
-  end
-  store_page(h, b, a[i + 2], pack_page(page))
-  reindex(h, b, page)
-end
-function OPS.redirect(a, i)
-  local page, h, b = visit(a, i)
-  page.flags = bit.bor(page.flags or 0, tonumber(a[i + 6]))
-  page.redirect_to = a[i + 5]
-  store_page(h, b, a[i + 2], pack_page(page))
-end
-function OPS.flags(a, i)
-  -- scope, host, field, flags to OR in: nothing else changes (the revisit
-  -- index neither), nothing if unknown
-  local h, b = bucket_at(a, i)
-  local raw = read_page(h, b, a[i + 2])
-  if raw then
-    local page = unpack_page(raw)
-    page.flags = bit.bor(page.flags or 0, tonumber(a[i + 3]))
-    store_page(h, b, a[i + 2], pack_page(page))
-  end
-end
-function OPS.links(a, i)
-  -- scope, host, field, record
-  local h = host_at(a, i)
-  if not h.n then h.n = bucket_count(h.dir) end
-  register(h)
-  redis.call('HSET', h.links, a[i + 2], a[i + 3])
-end
-function OPS.unlink(a, i)
-  -- scope, host, field
-  redis.call('HDEL', host_at(a, i).links, a[i + 2])
-end
-function OPS.item(a, i)
-  -- items, itemver, order, hist, bypage, item key, record, when, history
-  -- entry ('': none), change, page ('': none, or the item key), live ('1',
-  -- '0': a tombstone), versions kept (0: all).
-  -- Every read, decode and check comes first, then the writes: an item op
-  -- that fails (a damaged record or version number) applies nothing.
-  local items, itemver, order, hist, bypage = a[i], a[i + 1], a[i + 2], a[i + 3], a[i + 4]
-  local key, record, when, entry = a[i + 5], a[i + 6], tonumber(a[i + 7]), a[i + 8]
-  local live = a[i + 11] == '1'
-  -- The page index lists a live item under its page when that is not its
-  -- own key: where it was listed, where it goes.
-  local was, now = false, false
-  -- When its current live run began (its latest new version; unknown for
-  -- records stored before these marks) and its latest tombstone's time.
-  local born, died = when, nil
-  local raw = redis.call('HGET', items, key)
-  if raw then
-    local old = cjson.decode(raw)
-    if type(old.page) == 'string' and old.fingerprint ~= '' then was = old.page end
-    if old.fingerprint ~= '' then born = old.born end
-    died = old.died
-  end
-  if live then
-    if a[i + 10] ~= '' then now = a[i + 10] end
-  else
-    born, died = nil, when
-  end
-  local version = 1
-  local stored = redis.call('HGET', itemver, key)
-  if stored then
-    local number = tonumber(stored)
-    if not number or number < 0 or number ~= math.floor(number) then
-      error('the version of ' .. key .. ' in ' .. itemver .. ' is not a number: ' .. stored, 0)
-    end
-    version = number + 1
-  end
-  local prune = {}
-  if entry ~= '' then
-    local implied = 'changed'
-    if version == 1 then implied = 'new' end
-    if a[i + 9] ~= implied then
-      -- Named only when it is not what an entry without one reads as.
-      entry = '{"change":' .. cjson.encode(a[i + 9]) .. ',' .. string.sub(entry, 2)
-    end
-    local oldest = version - tonumber(a[i + 12])
-    if oldest < version and oldest >= 1 then
-      -- Versions are numbered, not every one has data and the limit may
-      -- have been larger: every stored version <= oldest goes. The hash
-      -- holds at most limit + 1 of them (this prune keeps it so).
-      for _, field in ipairs(redis.call('HKEYS', hist)) do
-        local number = tonumber(field)
-        if not number then
-          error('version ' .. field .. ' in ' .. hist .. ' is not a number', 0)
-        end
-        if number <= oldest then prune[#prune + 1] = field end
-      end
-    end
-  end
-  -- The record with the marks (it is a JSON object with a fingerprint).
-  local marks = ''
-  if born then marks = marks .. ',"born":' .. string.format('%d', born) end
-  if died then marks = marks .. ',"died":' .. string.format('%d', died) end
-  if marks ~= '' then record = string.sub(record, 1, -2) .. marks .. '}' end
-
-  if was ~= now then
-    -- Members page NUL key, all of score 0: a page's items are one range.
-    if was then redis.call('ZREM', bypage, was .. '\\0' .. key) end
-    if now then redis.call('ZADD', bypage, 0, now .. '\\0' .. key) end
-  end
-  redis.call('HSET', itemver, key, version)
-  redis.call('HSET', items, key, record)
-  redis.call('ZADD', order, 'NX', when, key)
-  if entry ~= '' then
-    redis.call('HSET', hist, version, entry)
-    for _, field in ipairs(prune) do redis.call('HDEL', hist, field) end
-  end
-end
--- Delivery marks (see StateStore.stage_delivered): members
--- stored_at NUL key NUL version, zero-padded, all of score 0 (lexical order
--- is the order versions were stored in).
-ARITY.undeliv = 6
-function OPS.undeliv(a, i)
-  -- zset of the crawl, crawls set, crawl, itemver, item key, when: the
-  -- version just written (the item write staged right before) waits on it
-  local version = tonumber(redis.call('HGET', a[i + 3], a[i + 4]))
-  if not version then return end
-  redis.call('ZADD', a[i], 0, string.format('%015d', tonumber(a[i + 5])) .. '\0' .. a[i + 4]
-    .. '\0' .. string.format('%010d', version))
-  redis.call('SADD', a[i + 1], a[i + 2])
-end
-ARITY.redeliv = 5
-function OPS.redeliv(a, i)
-  -- zset of the crawl it waited on, zset of the crawl it waits on now,
-  -- crawls set, that crawl, member: moved, if still there
-  if redis.call('ZREM', a[i], a[i + 4]) == 1 then
-    redis.call('ZADD', a[i + 1], 0, a[i + 4])
-    redis.call('SADD', a[i + 2], a[i + 3])
-  end
-end
-ARITY.delivered = 4
-function OPS.delivered(a, i)
-  -- zset of the crawl, crawls set, crawl, '1': every version delivered
-  -- ('0': only forget the crawl if nothing waits on it any more)
-  if a[i + 3] == '1' then redis.call('DEL', a[i]) end
-  if redis.call('EXISTS', a[i]) == 0 then redis.call('SREM', a[i + 1], a[i + 2]) end
-end
-ARITY.crawl = 4
-function OPS.crawl(a, i)
-  -- crawls, started, record (JSON), records kept: the newest are
-  redis.call('ZADD', a[i], a[i + 1], a[i + 2])
-  redis.call('ZREMRANGEBYRANK', a[i], 0, -1 - tonumber(a[i + 3]))
-end
-function OPS.slotrate(a, i)
-  -- rates (hash), recency (zset), slot, record (JSON), saved at, slots
-  -- kept: the slots saved longest ago (ties: the first by name) go.
-  redis.call('HSET', a[i], a[i + 2], a[i + 3])
-  redis.call('ZADD', a[i + 1], a[i + 4], a[i + 2])
-  local over = redis.call('ZCARD', a[i + 1]) - tonumber(a[i + 5])
-  if over > 0 then
-    local old = redis.call('ZRANGE', a[i + 1], 0, over - 1)
-    redis.call('HDEL', a[i], unpack(old))
-    redis.call('ZREMRANGEBYRANK', a[i + 1], 0, over - 1)
-  end
-end
-
--- The keys a write may write, with the type each must have unless absent.
-local ITEM_TYPES = {'hash', 'hash', 'zset', 'hash', 'zset'}
-local function keys_of(name, a, i)
-  if name == 'host' then return {{a[i], 'hash'}} end
-  if name == 'crawl' then return {{a[i], 'zset'}} end
-  if name == 'undeliv' then return {{a[i], 'zset'}, {a[i + 1], 'set'}} end
-  if name == 'redeliv' then return {{a[i], 'zset'}, {a[i + 1], 'zset'}, {a[i + 2], 'set'}} end
-  if name == 'delivered' then return {{a[i], 'zset'}, {a[i + 1], 'set'}} end
-  if name == 'slotrate' then return {{a[i], 'hash'}, {a[i + 1], 'zset'}} end
-  if name == 'item' then
-    local out = {}
-    for k, want in ipairs(ITEM_TYPES) do out[k] = {a[i + k - 1], want} end
-    return out
-  end
-  local h = host_at(a, i)
-  if name == 'unlink' then return {{h.links, 'hash'}} end
-  -- The bucket count is read from the host's record: its type first.
-  if not h.dir_type then h.dir_type = redis.call('TYPE', h.dir).ok end
-  if h.dir_type ~= 'none' and h.dir_type ~= 'hash' then return {{h.dir, 'hash'}} end
-  local _, b = bucket_at(a, i)
-  local small, large = bucket_keys(h, b)
-  local out = {{h.dir, 'hash'}, {h.hosts, 'set'}, {small, 'hash'}, {large, 'hash'}}
-  if name == 'links' then out[#out + 1] = {h.links, 'hash'} end
-  if name ~= 'links' and name ~= 'flags' then out[#out + 1] = {h.due, 'zset'} end
-  return out
-end
-local function wrong_type(first)
-  local seen = {}
-  local i = first
-  while i <= #ARGV do
-    local name = ARGV[i]
-    local ok, keys = pcall(keys_of, name, ARGV, i + 1)
-    if not ok then
-      if type(keys) == 'table' then keys = keys.err end
-      return tostring(keys) .. ': nothing of the flush was applied'
-    end
-    for _, pair in ipairs(keys) do
-      local key, want = pair[1], pair[2]
-      if not seen[key] then
-        seen[key] = redis.call('TYPE', key).ok
-      end
-      if seen[key] ~= 'none' and seen[key] ~= want then
-        return 'WRONGTYPE ' .. key .. ' is a ' .. seen[key] .. ', not a ' .. want
-          .. ': nothing of the flush was applied'
-      end
-    end
-    i = i + 1 + ARITY[name]
-  end
-end
-
--- Splits the next bucket of a host in turn (linear hashing): its pages
--- whose hash says so move to a new bucket, and both buckets' scores in the
--- revisit index become their exact minimum. False (nothing done) when the
--- new bucket's key is taken (written by something else).
-local function split(h)
-  local n = h.n
-  local level = bucket_level(n)
-  for _, head in ipairs({h.pages, h.large}) do
-    local kind = redis.call('TYPE', head .. (n - level)).ok
-    if redis.call('EXISTS', head .. n) == 1 or (kind ~= 'none' and kind ~= 'hash') then
-      return false
-    end
-  end
-  -- A reader paging through the due pages starts over when this grows:
-  -- pages it has not read may have moved to a bucket it will not read.
-  redis.call('INCR', PREFIX .. ':splits:' .. h.scope)
-  local least = {}
-  for _, head in ipairs({h.pages, h.large}) do
-    local from, to = head .. (n - level), head .. n
-    local flat = redis.call('HGETALL', from)
-    for k = 1, #flat, 2 do
-      local field, raw = flat[k], flat[k + 1]
-      local target = n - level
-      if field_hash(field) % (2 * level) == n then
-        redis.call('HSET', to, field, raw)
-        redis.call('HDEL', from, field)
-        target = n
-      end
-      local ok, due = pcall(due_of, raw)
-      if ok and due and (not least[target] or due < least[target]) then least[target] = due end
-    end
-  end
-  for _, b in ipairs({n - level, n}) do
-    if least[b] then
-      redis.call('ZADD', h.due, least[b], h.part .. '|' .. b)
-    else
-      redis.call('ZREM', h.due, h.part .. '|' .. b)
-    end
-  end
-  h.n = n + 1
-  h.buckets = {}
-  redis.call('HSET', h.dir, 'n', h.n)
-  redis.call('SADD', h.hosts, h.part)
-  return true
-end
--- Grows a host's buckets ahead of the writes of the batch, so that its
--- pages, with as many more as the batch has writes that may add one, fit
--- BUCKET_LOAD a bucket: a bucket never takes a whole batch of new pages
--- first (over 128 entries, Redis turns it into a hash table for good).
-local function grow(h, adding)
-  -- Every key a split writes is checked first: a split is never left half
-  -- done (a damaged key is left to the checks before the writes).
-  for _, pair in ipairs({{h.dir, 'hash'}, {h.due, 'zset'}, {h.hosts, 'set'},
-                         {PREFIX .. ':splits:' .. h.scope, 'string'}}) do
-    local kind = redis.call('TYPE', pair[1]).ok
-    if kind ~= 'none' and kind ~= pair[2] then return end
-  end
-  local ok, n = pcall(bucket_count, h.dir)
-  if not ok then return end
-  h.n = n
-  h.buckets = {}
-  local pages = (tonumber(redis.call('HGET', h.dir, 'p')) or 0) + adding
-  for _ = 1, MAX_SPLITS do
-    if pages <= h.n * BUCKET_LOAD or not split(h) then return end
-  end
-end
-local ADDS = {page = true, check = true, failure = true, redirect = true}
-local function grow_all(first)
-  local adding = {}
-  local i = first
-  while i <= #ARGV do
-    local name = ARGV[i]
-    if ADDS[name] then
-      local h = host_at(ARGV, i + 1)
-      adding[h] = (adding[h] or 0) + 1
-    end
-    i = i + 1 + ARITY[name]
-  end
-  for h, count in pairs(adding) do grow(h, count) end
-end
-
-for k = 3, #KEYS do redis.call('DEL', KEYS[k]) end
-local done = redis.call('GET', KEYS[1])
-if done then
-  return {tonumber(done), 1}
-end
-local scopes = tonumber(ARGV[3])
-local applied, i = 0, 4 + scopes
-grow_all(i)
-local failed = wrong_type(i)
-if failed then
-  redis.call('SET', KEYS[1], 0, 'EX', TOKEN_TTL)
-  return {0, 0, failed}
-end
-if scopes > 0 then
-  redis.call('SADD', KEYS[2], unpack(ARGV, 4, 3 + scopes))
-end
-while i <= #ARGV do
-  local name = ARGV[i]
-  local ok, err = pcall(OPS[name], ARGV, i + 1)
-  if not ok then
-    if type(err) == 'table' then err = err.err end
-    failed = tostring(err)
-    break
-  end
-  applied = applied + 1
-  i = i + 1 + ARITY[name]
-end
-redis.call('SET', KEYS[1], applied, 'EX', TOKEN_TTL)
-if failed then
-  return {applied, 0, failed}
-end
-return {applied, 0}
-""".replace("TOKEN_TTL", str(_TOKEN_TTL)).replace(
-    "MAX_SPLITS", str(MAX_SPLITS)).replace("BUCKET_LOAD", str(BUCKET_LOAD))
-
-
-# Read-only: the latest version of items, each one's version number, history
-# entry and record read at one instant. KEYS: per item its items hash,
-# itemver hash and history key; ARGV: the item keys. Returns per item its
-# version number, that version's entry and its record (nil where absent).
-_LATEST_LUA = LUA_READS + """
-local out = {}
-for n = 1, #ARGV do
-  local version = redis.call('HGET', KEYS[3 * n - 1], ARGV[n])
-  local entry = false
-  if version then entry = redis.call('HGET', KEYS[3 * n], version) end
-  out[3 * n - 2] = version
-  out[3 * n - 1] = entry
-  out[3 * n] = redis.call('HGET', KEYS[3 * n - 2], ARGV[n])
-end
-return out
-"""
-
-# Layout 1 → 2: KEYS[1], a page index of layout 1 (hash: page URL → JSON
-# list of item keys), becomes the sorted set of layout 2; nothing if it is
-# not a hash (converted already).
-_BYPAGE_TO_ZSET_LUA = LUA_WRITES + """
-if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then return 0 end
-local flat = redis.call('HGETALL', KEYS[1])
-redis.call('DEL', KEYS[1])
-for j = 1, #flat, 2 do
-  for _, key in ipairs(cjson.decode(flat[j + 1])) do
-    redis.call('ZADD', KEYS[1], 0, flat[j] .. '\\0' .. key)
-  end
-end
-return 1
-"""
-
-# A migration's lock is released by its holder only (KEYS[1]: the lock,
-# ARGV[1]: the holder's token).
-_UNLOCK_LUA = LUA_WRITES + """
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-# ... and renewed by its holder only (ARGV[2]: seconds): 0 when it is not
-# held by ARGV[1] any more (it lapsed, and maybe another process took it).
-_RENEW_LUA = LUA_WRITES + """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
-
-
-def _sha1(script: str) -> str:
-    """What EVALSHA names a script by (what SCRIPT LOAD returns)."""
-    return hashlib.sha1(script.encode(), usedforsecurity=False).hexdigest()
-
-
-#: Loaded when the store opens: the flush, then the read scripts.
-_SCRIPTS = (_FLUSH_LUA, READ_PAGES_LUA, DUE_READ_LUA, SUMMARY_LUA, DUE_INDEX_LUA)
-_READ_PAGES_SHA, _DUE_READ_SHA, _SUMMARY_SHA, _DUE_INDEX_SHA = (
-    _sha1(script) for script in (READ_PAGES_LUA, DUE_READ_LUA, SUMMARY_LUA, DUE_INDEX_LUA))
-
 #: The kinds of ``P:<kind>:<s>`` keys a reset deletes: every one this store
 #: writes per scope but ``holds`` (holds lapse by themselves); and the kinds
 #: of a host's keys (``P:<kind>:{<s>|<host>}``, buckets ``…:<n>``).
@@ -869,70 +191,6 @@ _HOST_KINDS = ("hd", "ln")
 #: Members asked per ZSCAN step, and steps at most (100 million members).
 _SCAN_COUNT = 1000
 _SCAN_ROUNDS = 100_000
-
-
-def parse_redis_uri(uri: str) -> tuple[str, str]:
-    """``redis://h:p/db?prefix=x`` → (URI for redis-py, key prefix).
-
-    >>> parse_redis_uri("redis://127.0.0.1:6379/9?prefix=books")
-    ('redis://127.0.0.1:6379/9', 'books')
-    >>> parse_redis_uri("unix:///run/redis.sock?db=2")
-    ('unix:///run/redis.sock?db=2', 'incremental')
-    """
-    def bad(why: str) -> StateStoreError:
-        return StateStoreError(
-            f"State store {redacted(uri)}: {why}; use "
-            "redis://host:port/db?prefix=name (or rediss://, or "
-            "unix:///path/redis.sock?db=N)"
-        )
-
-    try:
-        parts = urlsplit(uri)
-        port = parts.port  # parsed lazily: an invalid port raises here
-    except ValueError as exc:
-        raise bad(f"not a valid URI ({exc})") from None
-    scheme = parts.scheme.lower()
-    if scheme not in ("redis", "rediss", "unix"):
-        raise bad(f"scheme {parts.scheme!r} is not a Redis one")
-    query, prefix = _split_query(parts.query, bad)
-    if scheme == "unix":
-        if not parts.path:
-            raise bad("no socket path")
-    else:
-        if not parts.hostname:
-            raise bad("no host")
-        if port == 0:
-            raise bad("port 0")
-        db = parts.path.strip("/")
-        # redis-py would silently fall back to db 0 on anything else.
-        if db and not db.isdigit():
-            raise bad(f"database {db!r} is not a number")
-    for name, value in query:
-        if name == "db" and not value.isdigit():
-            raise bad(f"database {value!r} is not a number")
-    # Not urlunsplit: it drops the empty authority of unix:///path.
-    clean = f"{scheme}://{parts.netloc}{parts.path}"
-    if query:
-        clean += f"?{urlencode(query)}"
-    return clean, prefix
-
-
-def _split_query(
-    query_string: str, bad: Callable[[str], StateStoreError],
-) -> tuple[list[tuple[str, str]], str]:
-    """The query's redis-py parameters, and the key prefix it names."""
-    query: list[tuple[str, str]] = []
-    prefixes: list[str] = []
-    for name, value in parse_qsl(query_string, keep_blank_values=True):
-        if name == "prefix":
-            prefixes.append(value)
-        elif name in _REDIS_QUERY:
-            query.append((name, value))
-        else:
-            raise bad(f"unknown parameter {name!r}")
-    if len(prefixes) > 1 or (prefixes and not prefixes[0]):
-        raise bad("give one non-empty prefix")
-    return query, prefixes[0] if prefixes else DEFAULT_PREFIX
 
 
 @functools.lru_cache(maxsize=256)
@@ -1039,7 +297,7 @@ class _DueCursor:
         return chosen
 
 
-class RedisStateStore(StateStore):
+class RedisStateStore(AdminStore):
     """State in Redis; see the module docstring."""
 
     def __init__(self, uri: str, *, prefix: str = DEFAULT_PREFIX,
@@ -1114,6 +372,25 @@ class RedisStateStore(StateStore):
         store.crawl_history = crawl_history_setting(settings)
         store.retry_time = redis_retry_setting(settings)
         return store
+
+    @classmethod
+    def exists(cls, uri: str, *, settings: BaseSettings | None = None) -> bool:
+        """Whether the prefix *uri* names holds a store (its layout record):
+        opening one writes it."""
+        clean, prefix = parse_redis_uri(uri)
+        client = redis.Redis.from_url(clean, socket_connect_timeout=5, socket_timeout=30)
+        try:
+            return bool(client.exists(f"{prefix}:meta"))
+        except redis.RedisError as exc:
+            raise StateStoreError(
+                f"State store {redacted(uri)}: cannot be reached ({exc})") from exc
+        finally:
+            client.close()
+
+    @classmethod
+    def where(cls, uri: str) -> str:
+        clean, prefix = parse_redis_uri(uri)
+        return f"under prefix {prefix!r} of {redacted(clean)}"
 
     # -- keys and records ------------------------------------------------------
 
@@ -1826,6 +1103,12 @@ class RedisStateStore(StateStore):
         if staged is not None:
             # What the flush will leave: the staged state, then the flags.
             self._pages[key] = staged.copy(flags=int(staged.flags) | int(add))
+
+    def stage_listing(self, key: PageKey, listing: str) -> None:
+        self._stage(key.scope, ("listing", *self._page_args(key), listing))
+        staged = self._staged_page(key)
+        if staged is not None:
+            self._pages[key] = staged.copy(listing=listing)
 
     def stage_item(self, record: ItemRecord) -> None:
         scope, key = record.scope, record.key

@@ -1,0 +1,110 @@
+"""The Redis store's own Lua scripts, put together from the ``.lua`` files of
+this package and the libraries of :mod:`~incremental_crawler.state.stores.redis_pages`
+and :mod:`~incremental_crawler.state.stores.packed` (the flag line first), and
+the SHA-1s EVALSHA names them by."""
+
+from __future__ import annotations
+
+import hashlib
+
+from incremental_crawler.lua import load_script
+from incremental_crawler.state.stores.packed import (
+    LUA_CODEC as PAGE_CODEC,
+)
+from incremental_crawler.state.stores.redis_pages import (
+    BUCKET_LOAD,
+    DUE_INDEX_LUA,
+    DUE_READ_LUA,
+    LUA_READS,
+    LUA_WRITES,
+    MAX_SPLITS,
+    READ_PAGES_LUA,
+    SUMMARY_LUA,
+)
+from incremental_crawler.state.stores.redis_pages import (
+    LUA_BUCKETS as PAGE_BUCKETS,
+)
+
+__all__: list[str] = []
+
+#: Where this package's Lua scripts are (``.lua`` files, read by :func:`load_script`).
+_LUA_PACKAGE = "incremental_crawler.state.stores.redis"
+
+#: How long Redis remembers how much of a batch it applied (see _FLUSH_LUA).
+_TOKEN_TTL = 86_400
+
+# One flush is one run of this script: atomic for every other client, like a
+# MULTI/EXEC, but it stops at the first write that fails (a damaged key, a
+# record it cannot read) where EXEC would go on with the writes after it: a
+# page's validators, staged after its items, are never applied when one of
+# its items was not (state is never ahead of data). How many writes it applied is kept under
+# the batch's token, so a batch whose reply was lost (a timeout, a cut after
+# it was sent) is not applied twice when it is sent again.
+#
+# The upserts mirror the SQLite store's: a check, a failure or a redirect
+# touches counters, status and (check) lastmod, schedule and the validators
+# a 304 brought, (failure) the failures in a row and the schedule, never
+# fingerprints (only a 2xx updates them); an item gets the next version number of its key,
+# and its versions beyond the history kept are pruned (as SQLite's
+# _PRUNE_VERSIONS). A page flagged gone stays in the due index like any
+# page with a callback, at its (rare) next visit: the re-seeder asks it
+# again then, as a new page (it may have come back). An item write keeps the
+# page index (P:bypage) in step: an item leaves the page it was listed under
+# when it comes from another page or is a tombstone.
+#
+# Page writes go to the page's bucket (see redis_pages), chosen in the
+# script from the host's bucket count. Before any write, the hosts whose
+# pages would outgrow their buckets are split (a split moves records
+# between buckets of one host, changing nothing a reader sees, and is
+# skipped when its new bucket's key is taken); no write changes the count.
+# A write of a page with a callback lowers its bucket's score in the
+# revisit index to the page's next visit if that is earlier (a lower bound
+# of the bucket's next visits, never above one).
+#
+# Before any write, every key the batch writes is checked for its type
+# (the keys of each write: keys_of, with the type each must have unless
+# absent). A page state or a links record can only fail on a key of
+# another type, so the links record staged right before its page's state
+# is committed with it or not at all; a damaged record read by a check,
+# redirect or flags write still stops the batch at that write.
+#
+# KEYS: token, scopes set, tokens to forget. ARGV: the key prefix, the
+# server's hash-max-listpack-value, the number of scopes, the scopes, then
+# the writes, each its name followed by ARITY[name] arguments; a page
+# write's first three are the scope's and the host's key parts and the
+# page's field.
+_FLUSH_LUA = LUA_WRITES + PAGE_CODEC + PAGE_BUCKETS + (
+    load_script(_LUA_PACKAGE, "flush.lua")).replace("TOKEN_TTL", str(_TOKEN_TTL)).replace(
+    "MAX_SPLITS", str(MAX_SPLITS)).replace("BUCKET_LOAD", str(BUCKET_LOAD))
+
+
+# Read-only: the latest version of items, each one's version number, history
+# entry and record read at one instant. KEYS: per item its items hash,
+# itemver hash and history key; ARGV: the item keys. Returns per item its
+# version number, that version's entry and its record (nil where absent).
+_LATEST_LUA = LUA_READS + load_script(_LUA_PACKAGE, "latest.lua")
+
+# Layout 1 → 2: KEYS[1], a page index of layout 1 (hash: page URL → JSON
+# list of item keys), becomes the sorted set of layout 2; nothing if it is
+# not a hash (converted already).
+_BYPAGE_TO_ZSET_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "bypage_to_zset.lua")
+
+# A migration's lock is released by its holder only (KEYS[1]: the lock,
+# ARGV[1]: the holder's token).
+_UNLOCK_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "unlock.lua")
+
+# ... and renewed by its holder only (ARGV[2]: seconds): 0 when it is not
+# held by ARGV[1] any more (it lapsed, and maybe another process took it).
+_RENEW_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "renew.lua")
+
+
+def _sha1(script: str) -> str:
+    """What EVALSHA names a script by (what SCRIPT LOAD returns)."""
+    return hashlib.sha1(script.encode(), usedforsecurity=False).hexdigest()
+
+
+#: Loaded when the store opens: the flush, then the read scripts.
+_SCRIPTS = (_FLUSH_LUA, READ_PAGES_LUA, DUE_READ_LUA, SUMMARY_LUA, DUE_INDEX_LUA)
+_READ_PAGES_SHA, _DUE_READ_SHA, _SUMMARY_SHA, _DUE_INDEX_SHA = (
+    _sha1(script) for script in (READ_PAGES_LUA, DUE_READ_LUA, SUMMARY_LUA, DUE_INDEX_LUA))
+
