@@ -125,7 +125,7 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     # pages behind an unchanged page are still reached. A page yielding more
     # requests than this is fetched in full on every visit instead.
     "INCREMENTAL_REPLAY_ENABLED": True,
-    "INCREMENTAL_REPLAY_MAX_REQUESTS": 5000,
+    "INCREMENTAL_REPLAY_MAX_REQUESTS": 50_000,
     "INCREMENTAL_REPLAY_SHORTCUTS": True,
     # Lying sitemap lastmods: after this many pages fetched because their
     # lastmod moved, a host is distrusted when more than this share of them

@@ -105,10 +105,11 @@ CANARY = Request("http://canary.invalid/a?b=2&a=1#f", headers={"Accept-Language"
 NO_FINGERPRINT = "-"
 
 #: A links record holds at most this many bytes per request it may hold
-#: (INCREMENTAL_REPLAY_MAX_REQUESTS), and never less than MAX_RECORD_BYTES:
-#: a page yielding more is not recorded (``over_limit``). A request's line
-#: is ~100-300 bytes; this cap only stops requests carrying large meta.
-BYTES_PER_REQUEST = 2048
+#: (INCREMENTAL_REPLAY_MAX_REQUESTS), on average, and never less than
+#: MAX_RECORD_BYTES: a page yielding more is not recorded (``over_limit``).
+#: A request's line is ~100-300 bytes; the cap stops requests carrying large
+#: meta, not hub pages.
+BYTES_PER_REQUEST = 512
 MAX_RECORD_BYTES = 1 << 20
 
 #: Set by the change-detection middleware on its own full re-fetch after a
@@ -225,7 +226,7 @@ ADVICE: dict[Unrecordable, str] = {
     Unrecordable.COOKIES_NOT_JSON: "keep cookies to plain JSON values",
     Unrecordable.OVER_LIMIT:
         "the page yields more distinct requests than INCREMENTAL_REPLAY_MAX_REQUESTS (or "
-        "more than 2 KiB of recipe per request it allows); raise the setting",
+        "more than 512 bytes of recipe per request it allows, on average); raise the setting",
 }
 
 

@@ -94,7 +94,7 @@ def test_unknown_links_override_the_revisit_schedule(prior: PageState, expected:
 
 def test_replay_settings_are_read_and_checked() -> None:
     config = IncrementalConfig.from_settings(Settings())
-    assert (config.replay_enabled, config.replay_max_requests) == (True, 5000)
+    assert (config.replay_enabled, config.replay_max_requests) == (True, 50_000)
     config = IncrementalConfig.from_settings(Settings({
         "INCREMENTAL_REPLAY_ENABLED": "false", "INCREMENTAL_REPLAY_MAX_REQUESTS": "20"}))
     assert (config.replay_enabled, config.replay_max_requests) == (False, 20)

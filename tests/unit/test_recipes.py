@@ -303,9 +303,9 @@ def test_a_page_records_its_requests_up_to_the_limit() -> None:
 
 
 def test_a_record_over_the_byte_bound_is_not_kept() -> None:
-    # The cap follows the limit (2 KiB a request), never below 1 MiB.
+    # The cap follows the limit (512 bytes a request), never below 1 MiB.
     assert record_byte_cap(10) == MAX_RECORD_BYTES
-    assert record_byte_cap(5000) == 5000 * 2048
+    assert record_byte_cap(50_000) == 50_000 * 512
     recorder = recorder_of(1000)
     big = "x" * (record_byte_cap(1000) // 3 - 200)
     reasons = [recorder.add(Request(f"{URL}/{i}", meta={"big": big})) for i in range(4)]
