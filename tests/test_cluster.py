@@ -117,8 +117,7 @@ async def stored_state(state_uri: str, urls: list[str]) -> tuple[set[str], set[s
 
 def add_pages(site, n: int, *, size: int) -> None:
     """Pages /p/0000.. of kind strong, listed in the site's sitemaps."""
-    for i in range(n):
-        site.add_page(f"/p/{i:04d}", "strong", size=size)
+    site.add_pages(n, size=size)
 
 
 def page_gets(site) -> Counter[str]:

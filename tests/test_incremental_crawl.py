@@ -15,12 +15,7 @@ KINDS = ("strong", "weak", "lastmod", "none")
 
 
 def add_pages(site, n: int = 20, kinds=KINDS, size: int = 4000) -> list[str]:
-    paths = []
-    for i in range(n):
-        path = f"/p/{i:04d}"
-        site.add_page(path, kinds[i % len(kinds)], size=size)
-        paths.append(path)
-    return paths
+    return site.add_pages(n, kinds=kinds, size=size)
 
 
 def page_requests(site):

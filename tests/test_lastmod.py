@@ -13,11 +13,7 @@ N = 40
 
 
 def add_pages(site, n: int = N) -> list[str]:
-    kinds = ("strong", "weak", "lastmod", "none")
-    paths = [f"/p/{i:04d}" for i in range(n)]
-    for i, path in enumerate(paths):
-        site.add_page(path, kinds[i % len(kinds)], size=1500)
-    return paths
+    return site.add_pages(n, kinds=("strong", "weak", "lastmod", "none"))
 
 
 def requested_pages(site) -> list[str]:

@@ -18,10 +18,11 @@ import pytest
 import pytest_twisted
 
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
+from tests.clock_util import DAY, later
 from tests.follow_spider import FollowSpider
 from tests.links import nav_depths, nav_links
 from tests.test_lastmod import add_pages
-from tests.test_replay import DAY, REVISITS, RulesSpider, later, make_listings, make_pages
+from tests.test_replay import REVISITS, RulesSpider, make_listings, make_pages
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -28,10 +28,7 @@ def report_of(caplog) -> str:
 
 
 def add_pages(site, n: int) -> list[str]:
-    paths = [f"/a/{i:02d}" for i in range(n)]
-    for path in paths:
-        site.add_page(path, "strong", size=800)
-    return paths
+    return site.add_pages(n, size=800, prefix="/a/", width=2)
 
 
 @pytest_twisted.ensureDeferred

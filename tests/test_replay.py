@@ -23,30 +23,22 @@ from scrapy.linkextractors import LinkExtractor
 from scrapy.settings import Settings
 from scrapy.spiders import CrawlSpider, Rule, SitemapSpider
 
-from incremental_crawler import clock
 from incremental_crawler.change.policy import recheck_due
 from incremental_crawler.report.extension import IncrementalLogStats
 from incremental_crawler.spiders import IncrementalSpider
 from incremental_crawler.state.records import PageFlags, PageKey
 from incremental_crawler.state.stores import open_store
+from tests.clock_util import later
 from tests.links import nav_depths, nav_links
 
 if TYPE_CHECKING:
     from tests.site import LoopbackSite
 
-DAY = 86400.0
 #: Revisits as a project has them by default (the fixture switches them off).
 REVISITS = {"INCREMENTAL_REVISIT_ENABLED": True}
 BACKENDS = pytest.mark.parametrize("state_uri", ["sqlite", "redis"], indirect=True)
 
 
-#: The real wall clock, before a test moves it.
-_REAL_NOW = clock.now
-
-
-def later(monkeypatch: pytest.MonkeyPatch, days: float) -> None:
-    """Move the crawl's wall clock *days* ahead of the real one."""
-    monkeypatch.setattr(clock, "now", lambda: _REAL_NOW() + days * DAY)
 
 
 #: What a request got: a full answer, or a 304 without a body.

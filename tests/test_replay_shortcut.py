@@ -34,7 +34,7 @@ from scrapy.crawler import CrawlerRunner
 from scrapy.linkextractors import LinkExtractor
 from scrapy.spiders import CrawlSpider, Rule
 
-from incremental_crawler import clock
+from tests.clock_util import later
 from tests.conftest import crawl_settings
 from tests.site import LoopbackSite
 from tests.site.manual import CONTENTS, page_path
@@ -46,8 +46,6 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http import Response
 
-DAY = 86400.0
-_REAL_NOW = clock.now
 
 
 class ManualSpider(CrawlSpider):
@@ -155,14 +153,14 @@ async def _compare(site: LoopbackSite, tmp_path: Path, monkeypatch: pytest.Monke
             and not k[0].startswith("data:")] == []  # (the re-seeder's own request)
 
     due_one = page_path(22)
-    later = [page_path(i) for i in (1, 8, 22, 40)]
+    edited = [page_path(i) for i in (1, 8, 22, 40)]
     moments = (("the same moment", [], None), ("one page due", [], due_one),
-               ("two days later", later, None))
+               ("two days later", edited, None))
     for moment, changed, made_due in moments:
         for path in changed:
             site.change(path)
         if changed:
-            monkeypatch.setattr(clock, "now", lambda: _REAL_NOW() + 2 * DAY)
+            later(monkeypatch, 2)
         if made_due:
             for db in (shortcut, full):
                 with sqlite3.connect(db) as con:

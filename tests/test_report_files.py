@@ -52,10 +52,7 @@ POLITE = {"INCREMENTAL_THROTTLE_ENABLED": True, "CONCURRENT_REQUESTS": 16,
 
 
 def add_pages(site, n: int) -> list[str]:
-    paths = [f"/p/{i:04d}" for i in range(n)]
-    for i, path in enumerate(paths):
-        site.add_page(path, ("strong", "weak", "lastmod")[i % 3], size=1500)
-    return paths
+    return site.add_pages(n, kinds=("strong", "weak", "lastmod"))
 
 
 def page_log(site) -> list[Any]:

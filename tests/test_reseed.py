@@ -9,7 +9,6 @@ store.
 
 from __future__ import annotations
 
-import time
 from typing import Any, ClassVar
 
 import pytest
@@ -18,11 +17,10 @@ from scrapy import Spider
 from scrapy.linkextractors import LinkExtractor
 from scrapy.spiders import CrawlSpider, Rule
 
-from incremental_crawler import clock
+from tests.clock_util import DAY, later
 
 pytestmark = pytest.mark.parametrize("state_uri", ["sqlite", "redis"], indirect=True)
 
-DAY = 86_400.0
 
 REVISITS = {
     "INCREMENTAL_REVISIT_ENABLED": True,
@@ -38,12 +36,6 @@ REVISITS = {
 def listing(paths: list[str]) -> str:
     links = "".join(f'<li><a href="{path}">{path}</a></li>' for path in paths)
     return f"<html><head><title>List</title></head><body><ul>{links}</ul></body></html>"
-
-
-def later(monkeypatch: pytest.MonkeyPatch, days: float) -> None:
-    """Move every date-dependent decision of the next crawls *days* ahead."""
-    offset = days * DAY
-    monkeypatch.setattr(clock, "now", lambda: time.time() + offset)
 
 
 def add_items(site: Any, n: int) -> list[str]:

@@ -42,10 +42,7 @@ def page_requests(site, prefix: str = "/p/") -> list[str]:
 
 
 def add_pages(site, n: int, kinds: tuple[str, ...] = ("strong", "weak", "lastmod")) -> list[str]:
-    paths = [f"/p/{i:04d}" for i in range(n)]
-    for i, path in enumerate(paths):
-        site.add_page(path, kinds[i % len(kinds)], size=1500)
-    return paths
+    return site.add_pages(n, kinds=kinds)
 
 
 @pytest_twisted.ensureDeferred

@@ -29,10 +29,7 @@ SEND_LOG = "tests.send_log.SendLogDownloader"
 
 
 def add_pages(site, n: int, prefix: str = "/p/") -> list[str]:
-    paths = [f"{prefix}{i:04d}" for i in range(n)]
-    for path in paths:
-        site.add_page(path, "strong", size=800)
-    return paths
+    return site.add_pages(n, size=800, prefix=prefix)
 
 
 def gaps(site, prefix: str = "/p/") -> list[float]:

@@ -52,10 +52,7 @@ class ReleaseLog(PacedDownloader):
 
 
 def add_pages(site, n: int) -> list[str]:
-    paths = [f"/p/{i:04d}" for i in range(n)]
-    for path in paths:
-        site.add_page(path, "strong", size=800)
-    return paths
+    return site.add_pages(n, size=800)
 
 
 def cap_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -28,10 +28,7 @@ SINGLES = 50
 
 
 def add_pages(site, n: int) -> list[str]:
-    paths = [f"/p/{i:04d}" for i in range(n)]
-    for path in paths:
-        site.add_page(path, "strong", size=800)
-    return paths
+    return site.add_pages(n, size=800)
 
 
 def page_starts(site) -> list[float]:

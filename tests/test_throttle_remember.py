@@ -32,10 +32,7 @@ HOST = "127.0.0.1"
 
 
 def add_pages(site, n: int = PAGES) -> list[str]:
-    paths = [f"/p/{i:04d}" for i in range(n)]
-    for path in paths:
-        site.add_page(path, "strong", size=800)
-    return [site.url(p) for p in paths]
+    return [site.url(p) for p in site.add_pages(n, size=800)]
 
 
 def first_gaps(site, n: int = 6) -> list[float]:

@@ -566,6 +566,15 @@ class LoopbackSite:
         return self._add(Page(path=path, kind=kind, size=size, title=title, gzip=gzip,
                               noise=noise, layout=layout))
 
+    def add_pages(self, n: int, *, kinds: Sequence[str] = ("strong",), size: int = 1500,
+                  prefix: str = "/p/", width: int = 4) -> list[str]:
+        """Add pages ``{prefix}0000`` .. (*width* digits), cycling through
+        *kinds*; return their paths."""
+        paths = [f"{prefix}{i:0{width}d}" for i in range(n)]
+        for i, path in enumerate(paths):
+            self.add_page(path, kinds[i % len(kinds)], size=size)
+        return paths
+
     def page(self, path: str) -> Page:
         """Return the page at ``path`` (``KeyError`` if there is none)."""
         return self._pages[path]
