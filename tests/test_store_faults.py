@@ -57,6 +57,13 @@ def used_memory(server: OwnRedis) -> tuple[int, int]:
     return int(memory["used_memory"]), int(memory["maxmemory"])
 
 
+def store_settings(server: OwnRedis, *, batch: int, flush: float) -> dict[str, Any]:
+    """A crawl's settings for a Redis state store on *server*, flushing often."""
+    return {"INCREMENTAL_STATE_URI": f"{server.uri}&prefix={PREFIX}",
+            "INCREMENTAL_BATCH_SIZE": batch, "INCREMENTAL_FLUSH_INTERVAL": flush,
+            "CONCURRENT_REQUESTS": 4}
+
+
 # -- Redis at its memory limit ------------------------------------------------
 
 
@@ -65,12 +72,8 @@ async def test_a_redis_at_its_memory_limit_stops_the_crawl_naming_oom(
     site, crawl, small_redis: OwnRedis, caplog: pytest.LogCaptureFixture
 ) -> None:
     # 150 items of ~20 kB each: 3 MB of text, more than the 2 MB Redis holds.
-    paths = [f"/p/{i:04d}" for i in range(150)]
-    for path in paths:
-        site.add_page(path, "strong", size=20_000)
-    uri = f"{small_redis.uri}&prefix={PREFIX}"
-    settings: dict[str, Any] = {"INCREMENTAL_STATE_URI": uri, "INCREMENTAL_BATCH_SIZE": 10,
-                                "INCREMENTAL_FLUSH_INTERVAL": 0.05, "CONCURRENT_REQUESTS": 4}
+    paths = site.add_pages(150, size=20_000)
+    settings = store_settings(small_redis, batch=10, flush=0.05)
     with caplog.at_level(logging.ERROR):
         crawler = await crawl(SitemapPagesSpider, settings=settings,
                               sitemap_url=site.url("/sitemap.xml"))
@@ -216,12 +219,8 @@ async def restart(server: OwnRedis, seconds: float) -> None:
 async def test_a_crawl_goes_on_across_a_restart_of_its_redis(
     site, crawl, aof_redis: OwnRedis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    paths = [f"/p/{i:04d}" for i in range(40)]
-    for path in paths:
-        site.add_page(path, "strong", size=1500)
-    uri = f"{aof_redis.uri}&prefix={PREFIX}"
-    settings: dict[str, Any] = {"INCREMENTAL_STATE_URI": uri, "INCREMENTAL_BATCH_SIZE": 4,
-                                "INCREMENTAL_FLUSH_INTERVAL": 0.02, "CONCURRENT_REQUESTS": 4}
+    paths = site.add_pages(40)
+    settings = store_settings(aof_redis, batch=4, flush=0.02)
     site.slow("/p/", 0.05)
     site.hold("/p/")
     with caplog.at_level(logging.WARNING):
@@ -239,7 +238,7 @@ async def test_a_crawl_goes_on_across_a_restart_of_its_redis(
     problems = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert problems == []
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
-                and r.getMessage().startswith(f"State store {uri}")]
+                and r.getMessage().startswith(f"State store {settings['INCREMENTAL_STATE_URI']}")]
     assert any("Redis does not answer" in m for m in warnings), warnings
     assert any("Redis answers again" in m for m in warnings), warnings
     # Every page fetched once; every item stored exactly once, as new.
