@@ -235,13 +235,15 @@ async def test_sitemaps_are_conditional_and_unchanged_children_are_not_read(site
     settings = {"INCREMENTAL_REVISIT_ENABLED": True}
     await crawl(SitemapPagesSpider, settings=settings, sitemap_url=site.url("/index.xml"))
 
-    # Nothing changed: the index answers 304, nothing below it is read.
+    # Nothing changed: the index answers 304; the lists it named when last
+    # read are its lists still (their memberships on record): none is read.
     site.reset_log()
     second = await crawl(SitemapPagesSpider, settings=settings,
                          sitemap_url=site.url("/index.xml"))
     assert [(r.path, r.status) for r in site.log if r.path != "/robots.txt"] == [
         ("/index.xml", 304)]
     assert second.stats.get_value("incremental/discovery/not_modified") == 1
+    assert second.stats.get_value("incremental/sitemap/child_unchanged") == 2
 
     # /b changes; its sitemap and the index say so. /one.xml is not read.
     site.change("/b")
@@ -352,7 +354,8 @@ async def test_a_304_sitemap_yields_only_the_pages_due_for_a_revisit(site, crawl
     site.add_document("/s.xml", urlset(entries), "application/xml", etag='"s-1"')
     settings = {"INCREMENTAL_REVISIT_ENABLED": True}
     first = await crawl(SitemapPagesSpider, settings=settings, sitemap_url=site.url("/s.xml"))
-    assert first.stats.get_value("incremental/reseeded") is None  # every list was read
+    # Every list was read: nothing is due, nothing re-seeded.
+    assert first.stats.get_value("incremental/reseeded") == 0
     state_db("UPDATE pages SET next_visit = 0 WHERE url = ?", site.url("/due"))
     site.reset_log()
     second = await crawl(SitemapPagesSpider, settings=settings, sitemap_url=site.url("/s.xml"))

@@ -198,6 +198,8 @@ class Fetch:
     #: ``lastmod`` is a modification date (a sitemap ``<lastmod>``, an Atom
     #: ``<updated>``), not a publication date.
     lastmod_modified: bool = False
+    #: The membership digest of the list that gave ``lastmod`` (META_LISTING).
+    listing: str | None = None
 
     @property
     def validators(self) -> tuple[str | None, str | None]:
@@ -742,7 +744,7 @@ class ChangePolicy:
                 last_changed=now, checks=1, changes=0, flags=lastmod_flags(vary, fetch),
                 lastmod=fetch.lastmod,
                 interval=interval, next_visit=next_visit, callback=fetch.callback,
-                recipe=fetch.recipe,
+                recipe=fetch.recipe, listing=fetch.listing,
             )
         unstable = PageFlags.UNSTABLE_VALIDATORS if judgement.unstable else PageFlags(0)
         # As ints: ``~`` of an IntFlag keeps only the bits it names, and would
@@ -757,6 +759,7 @@ class ChangePolicy:
             lastmod=prior.lastmod if fetch.lastmod is None else fetch.lastmod,
             interval=interval, next_visit=next_visit, callback=fetch.callback,
             recipe=fetch.recipe, churns=judgement.churns, failures=0,
+            listing=prior.listing if fetch.listing is None else fetch.listing,
         )
 
 

@@ -60,6 +60,9 @@ META_WHY_URL = "_incremental_why_url"
 #: modification date (a sitemap ``<lastmod>``, an Atom ``<updated>``), not a
 #: publication date; recorded with the page (PageFlags.LASTMOD_MODIFIED).
 META_LASTMOD_MODIFIED = "_incremental_lastmod_modified"
+#: On a listed page's request: the membership digest of the list that gave
+#: its date (``PageState.listing``), stored with the page's visit.
+META_LISTING = "_incremental_listing"
 
 
 def mark(request: Request, why: Why) -> None:

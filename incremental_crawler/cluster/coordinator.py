@@ -545,16 +545,19 @@ class ClusterCoordinator:
         """Whether this worker holds the run's *job* (the first to claim it does)."""
         self.roundtrip()
         try:
-            owner = self.silence.again_blocking(lambda: self._claim(
+            owner, done = self.silence.again_blocking(lambda: self._claim(
                 keys=[self.run_prefix + "claims"], args=[job, self.worker_id]))
         except redis.RedisError as exc:
             self.lost(exc)
             return False
         if owner == self.worker_id.encode():
             return True
-        # Another worker holds it and will queue work: be quiet for a whole
-        # grace again before taking the cluster for finished.
-        self._quiet_since = None
+        if not done:
+            # Another worker holds it and will queue work: be quiet for a
+            # whole grace again before taking the cluster for finished.
+            # Once it is queued, the queue says whether the cluster is busy:
+            # a worker asking again at every idle would never be quiet.
+            self._quiet_since = None
         return False
 
     def claim_done(self, job: str) -> None:

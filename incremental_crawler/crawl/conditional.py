@@ -59,6 +59,7 @@ from incremental_crawler.change.policy import (
 )
 from incremental_crawler.change.schedule import (
     META_LASTMOD_MODIFIED,
+    META_LISTING,
     PageOutcome,
     Why,
     decided,
@@ -330,6 +331,10 @@ class ConditionalRequestMiddleware:
             # The lastmod just recorded is a modification date: it may vouch
             # for the page when it is re-seeded.
             self.ledger.stage_flags(key, modified)
+        listing = request.meta.get(META_LISTING)
+        if listing is not None and listing != prior.listing:
+            # The list that gave the date just recorded (PageState.listing).
+            self.ledger.stage_listing(key, listing)
         self._observe_lastmod(request, prior, changed=False, now=now)
         self._count(request, "not_modified")
         if not request.meta.get(META_DISCOVERY):
@@ -417,6 +422,7 @@ class ConditionalRequestMiddleware:
             discovery=bool(request.meta.get(META_DISCOVERY)),
             recipe=own_recipe(request, self.spider, self.ledger.recipe_rules),
             lastmod_modified=bool(request.meta.get(META_LASTMOD_MODIFIED)),
+            listing=request.meta.get(META_LISTING),
         )
 
     def _etag(self, response: Response) -> str | None:

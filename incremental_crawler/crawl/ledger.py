@@ -169,8 +169,8 @@ class PageTransaction:
 
     __slots__ = (
         "callback_called", "discovery", "done", "failed", "item_ids", "items_changed",
-        "items_unchanged", "judge", "links", "open_items", "outcome", "output_done", "prior",
-        "state",
+        "items_unchanged", "judge", "links", "list_children", "listing", "open_items",
+        "outcome", "output_done", "prior", "state",
     )
 
     def __init__(self, state: PageState, *, discovery: bool = False,
@@ -210,6 +210,12 @@ class PageTransaction:
         #: (set with its state, or by ``judge``); a withheld page is counted
         #: as withheld instead.
         self.outcome: PageOutcome | None = None
+        #: A list read in full: its membership (``PageState.listing``),
+        #: stored with its state, and for an index, the lists it names (one
+        #: URL a line), stored as its links record (``None``: not an index;
+        #: a record it had is deleted).
+        self.listing: str | None = None
+        self.list_children: str | None = None
 
     def content_changed(self) -> bool:
         """Whether the page's content changed, for a body that did.
@@ -287,7 +293,7 @@ class Ledger:
         #: Pages whose tombstone this crawl sent (or, in cluster mode, another
         #: worker of the run claimed): one per page, however often it is asked.
         self.tombstoned: set[PageKey] = set()
-        self._discovered: list[PageState] = []
+        self._discovered: list[PageTransaction] = []
         # Failures of this crawl that could not be recorded to be asked again.
         self._unrecorded = 0
         #: What a yielded request's recipe holds (DEPTH_PRIORITY, the timeout).
@@ -620,8 +626,8 @@ class Ledger:
         # not ruled out.
         run_unrecorded = self.run_gate.run_unrecorded if self.run_gate is not None else 0
         if reason == "finished" and run_unrecorded == 0 and not self._unrecorded:
-            for state in self._discovered:
-                self.store.stage_page(state)
+            for txn in self._discovered:
+                self._stage_list(txn)
             self.stats.inc_value("incremental/discovery_committed", len(self._discovered))
         elif self._discovered:
             # A sitemap answering 304 next time would hide the pages whose
@@ -864,11 +870,27 @@ class Ledger:
             # true only once the requests it produced have run, so they are
             # staged when the crawl finishes. A crash before that re-reads
             # the sitemap in full next time.
-            self._discovered.append(txn.state)
+            self._discovered.append(txn)
             return
         state = self._stage_links(txn.state, txn.links)
         self.stage_page(state)
         self.stats.inc_value("incremental/state_committed")
+
+    def _stage_list(self, txn: PageTransaction) -> None:
+        """Stage a list's state, with what its callback read of it when it
+        was read in full: its membership, and an index's record of the
+        lists it names (staged first: a state saying HAS_LINKS never goes
+        without its record)."""
+        state = txn.state
+        if txn.listing is not None:
+            flags = state.flags & ~PageFlags.HAS_LINKS
+            if txn.list_children is not None:
+                flags |= PageFlags.HAS_LINKS
+            prior_flags = txn.prior.flags if txn.prior is not None else 0
+            if txn.list_children is not None or (state.flags | prior_flags) & PageFlags.HAS_LINKS:
+                self.store.stage_links(state.key, txn.list_children)  # None: delete
+            state = state.copy(listing=txn.listing, flags=int(flags))
+        self.store.stage_page(state)
 
     def _stage_links(self, state: PageState, links: LinkRecorder | None) -> PageState:
         """Stage the page's links record, and return its state flagged to match.
@@ -1260,6 +1282,11 @@ class Ledger:
     def stage_flags(self, key: PageKey, add: int) -> None:
         """OR *add* into the stored page's flags (a replayed request was dropped)."""
         self.store.stage_flags(key, add)
+        self._after_stage()
+
+    def stage_listing(self, key: PageKey, listing: str) -> None:
+        """Record on the stored page the membership digest of the list giving its date."""
+        self.store.stage_listing(key, listing)
         self._after_stage()
 
     def stage_redirect(self, key: PageKey, target: str, status: int) -> None:

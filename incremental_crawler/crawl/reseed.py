@@ -252,6 +252,7 @@ class _DueReader:
         self.limit = reseeder.config.reseed_limit
         self.counter = ledger.schedule
         self.skip = getattr(reseeder.spider, "reseed_skip", None)
+        self.listed = getattr(reseeder.spider, "lastmod_listed", None)
         self.use_lastmod = bool(getattr(reseeder.spider, "use_lastmod", True))
         self.samples: dict[str, RotatingSample[PageState]] = {}
         self.trusted: dict[str, bool] = {}
@@ -373,6 +374,9 @@ class _DueReader:
         """Whether a trusted modification-date lastmod recorded with the page vouches for it."""
         if not (self.use_lastmod and state.lastmod is not None
                 and state.flags & PageFlags.LASTMOD_MODIFIED):
+            return False
+        if callable(self.listed) and not self.listed(state):
+            # No list of this crawl gives that date any more.
             return False
         host = urlsplit(state.key.url).hostname or ""
         trusted = self.trusted.get(host)

@@ -15,6 +15,7 @@ too, as Google documents for hreflang.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -33,7 +34,8 @@ if TYPE_CHECKING:
     from incremental_crawler.change.policy import DueRules
     from incremental_crawler.state.records import PageState
 
-__all__ = ["MAX_LOC_LENGTH", "MAX_URLS", "Candidate", "SitemapEntries", "decide"]
+__all__ = ["MAX_LOC_LENGTH", "MAX_URLS", "Candidate", "SitemapEntries", "decide",
+           "listing_digest"]
 
 #: sitemaps.org: "no more than 50,000 URLs" per sitemap file (and index).
 MAX_URLS = 50_000
@@ -54,6 +56,24 @@ class Candidate:
     #: *lastmod* is a modification date (a sitemap ``<lastmod>``, an Atom
     #: ``<updated>``), not a publication date (an RSS ``<pubDate>``).
     modified: bool = True
+
+
+def listing_digest(candidates: Iterable[Candidate]) -> str:
+    """A list's membership: 16 hex digits of a hash of the canonical URLs it
+    lists, in any order (dates aside: a list whose dates move lists the
+    same pages).
+
+    >>> a, b = (Candidate(u, u, 1.0) for u in ("http://h/a", "http://h/b"))
+    >>> listing_digest([a, b]) == listing_digest([b, Candidate(a.loc, a.canonical, 9.0)])
+    True
+    >>> listing_digest([a]) == listing_digest([a, b])
+    False
+    """
+    digest = hashlib.sha256()
+    for url in sorted({c.canonical for c in candidates}):
+        digest.update(url.encode())
+        digest.update(b"\n")
+    return digest.hexdigest()[:16]
 
 
 class SitemapEntries:

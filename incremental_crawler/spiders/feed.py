@@ -76,13 +76,9 @@ class FeedPagesSpider(ListedPagesSpider):
         stats.inc_value(f"incremental/feed/{listing.kind}")
         entries = self.entries(response.url, parse_date=parse_feed_date)
         candidates = entries.candidates(listing.entries)
-        async for request in self.listed_requests(entries, candidates, self._page_callback):
+        async for request in self.listed_requests(entries, candidates, self._page_callback,
+                                                  response):
             yield request
 
     def _page_callback(self, loc: str) -> Any:
         return self.parse
-
-    def needs_reseed(self) -> bool:
-        # A feed is a window of recent entries: pages that left it are only
-        # reached again by re-seeding (those it lists were decided already).
-        return self.incremental_reseed

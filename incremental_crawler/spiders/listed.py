@@ -10,6 +10,15 @@ revisit is due. A trusted modification date that did not move vouches for
 our copy: the page is not requested, except for the rotating sample
 (:mod:`incremental_crawler.change.sample`). Every listed page is counted
 once (``incremental/schedule/...``), and each request carries its why.
+
+A list read in full stores its membership (``PageState.listing``, a digest
+of the URLs it lists) with its own state and with each page it lists (with
+the page's visit, or alone when it is not visited). At re-seeding a page's
+date vouches for it only while one of this crawl's lists has the membership
+stored with the page (:meth:`ListedPagesSpider.lastmod_listed`): a page that
+left its list goes by its revisit schedule. A list whose membership is not
+on record (an index, or a list stored before memberships were) is read in
+full when it answers 304.
 """
 
 from __future__ import annotations
@@ -26,20 +35,23 @@ from incremental_crawler.change.policy import DueRules
 from incremental_crawler.change.sample import RotatingSample
 from incremental_crawler.change.schedule import (
     META_LASTMOD_MODIFIED,
+    META_LISTING,
     ScheduleCounter,
     Why,
     mark,
 )
+from incremental_crawler.crawl.conditional import page_context
+from incremental_crawler.crawl.ledger import TXN_META
 from incremental_crawler.exceptions import NotModified
 from incremental_crawler.hosts import host_of
 from incremental_crawler.lists.dates import parse_w3c_datetime
 from incremental_crawler.lists.documents import gunzip, parse_listing
-from incremental_crawler.lists.sitemaps import Candidate, SitemapEntries, decide
-from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD
+from incremental_crawler.lists.sitemaps import Candidate, SitemapEntries, decide, listing_digest
+from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD, META_REFRESH
 from incremental_crawler.spiders.base import IncrementalSpider
 from incremental_crawler.spiders.main_text import DEFAULT_TEXT_SELECTORS, extract_main_text
 from incremental_crawler.state.keys import Canonicalizer
-from incremental_crawler.state.records import PageKey, PageState
+from incremental_crawler.state.records import PageFlags, PageKey, PageState
 from incremental_crawler.state.stores import StateStoreError
 
 if TYPE_CHECKING:
@@ -123,9 +135,11 @@ class ListedPagesSpider(IncrementalSpider):
         self._canonical = Canonicalizer()
         #: Canonical URLs of the pages the lists named this crawl.
         self._decided: set[str] = set()
-        #: Whether a list was not read (304, or unchanged in its index): only
-        #: then can known pages have been missed, and need re-seeding.
-        self.lists_skipped = False
+        #: The memberships (PageState.listing) of this crawl's lists: those
+        #: read in full, and those not read (304, unchanged in their index)
+        #: as last read in full. A page's date vouches for it at re-seeding
+        #: only while one of them is the membership of the list that gave it.
+        self.listings: set[str] = set()
 
     def list_request(self, url: str, callback: Callable[..., Any],
                      lastmod: float | None = None) -> Request:
@@ -135,13 +149,71 @@ class ListedPagesSpider(IncrementalSpider):
             meta[META_LASTMOD] = lastmod
         return Request(url, callback=callback, errback=self._list_failed, meta=meta)
 
-    def _list_failed(self, failure: Failure) -> None:
-        if failure.check(NotModified):
-            self.lists_skipped = True
+    async def _list_failed(self, failure: Failure) -> AsyncIterator[Request]:
+        """A list that answered 304 lists what it listed when last read in
+        full: that membership is current this crawl, and an index's lists
+        are as it named them then. One whose membership is not on record
+        (stored before memberships were) is read in full."""
+        if not failure.check(NotModified):
+            return
+        request = failure.request  # type: ignore[attr-defined]
+        context = page_context(request)
+        stored = context[1] if context is not None else None
+        if stored is None or stored.listing is None:
+            self.crawler.stats.inc_value("incremental/sitemap/reread_unknown_listing")
+            yield self._read_in_full(request)
+            return
+        self.listings.add(stored.listing)
+        if stored.flags & PageFlags.HAS_LINKS:
+            async for child in self._children_of(stored, request):
+                yield child
+
+    async def _children_of(self, index: PageState, request: Request) -> AsyncIterator[Request]:
+        """The lists an index that answered 304 names, as last read: the
+        membership of each is current, and one whose membership is not on
+        record or whose last visit failed is requested (conditionally)."""
+        ledger = self.ledger
+        assert ledger is not None
+        try:
+            record = await ledger.store.get_links(index.key)
+        except StateStoreError as exc:
+            ledger.store_failed(exc)
+            raise CloseSpider("incremental_store_error") from exc
+        locs = [line for line in (record or "").splitlines() if line]
+        stored = await self.stored_states([
+            Candidate(loc, ledger.canonical(loc), None) for loc in locs])
+        for loc, state in zip(locs, stored, strict=True):
+            if state is not None and state.listing is not None and not state.failures:
+                self.crawler.stats.inc_value("incremental/sitemap/child_unchanged")
+                self.listings.add(state.listing)
+                if state.flags & PageFlags.HAS_LINKS:  # an index in an index
+                    async for child in self._children_of(state, request):
+                        yield child
+                continue
+            yield request.replace(url=loc, meta={
+                key: value for key, value in request.meta.items()
+                if key in (META_DISCOVERY, "download_maxsize")}, headers=None)
+
+    @staticmethod
+    def _read_in_full(request: Request) -> Request:
+        """*request* again without its conditions, to be read in full."""
+        meta = {key: value for key, value in request.meta.items()
+                if key in (META_DISCOVERY, META_LASTMOD, "download_maxsize")}
+        meta[META_REFRESH] = True
+        headers = request.headers.copy()
+        for name in (b"If-None-Match", b"If-Modified-Since"):  # the 304's conditions
+            headers.pop(name, None)
+        return request.replace(meta=meta, headers=headers, dont_filter=True)
 
     def needs_reseed(self) -> bool:
-        # Every page of every list read this crawl was decided already.
-        return self.incremental_reseed and self.lists_skipped
+        # A page no list read this crawl named (it left its list, or its
+        # list was not read) may be due.
+        return self.incremental_reseed
+
+    def lastmod_listed(self, state: PageState) -> bool:
+        """Whether a list of this crawl still gives the page the date stored
+        with it (the re-seeder asks before letting that date vouch)."""
+        return state.listing is not None and state.listing in self.listings
 
     def reseed_skip(self, state: PageState) -> bool:
         # Pages a list named this crawl were decided already; lists are
@@ -219,6 +291,20 @@ class ListedPagesSpider(IncrementalSpider):
             raise CloseSpider("incremental_store_error") from exc
         return [stored.get(key) for key in keys]
 
+    def read_in_full(self, response: Response | None, candidates: list[Candidate],
+                     children: list[str] | None = None) -> str:
+        """Note a list read in full: its membership (``PageState.listing``),
+        current this crawl, stored with the list's state when the crawl
+        finishes, as is an index's record of the lists it names
+        (*children*, their URLs)."""
+        listing = listing_digest(candidates)
+        self.listings.add(listing)
+        txn = response.meta.get(TXN_META) if response is not None else None
+        if txn is not None:
+            txn.listing = listing
+            txn.list_children = "\n".join(children) if children is not None else None
+        return listing
+
     def due_rules(self) -> DueRules:
         """This crawl's rules (a plain crawl: every listed page is new)."""
         ledger = self.ledger
@@ -230,9 +316,16 @@ class ListedPagesSpider(IncrementalSpider):
     async def listed_requests(
         self, entries: SitemapEntries, candidates: list[Candidate],
         callback_for: Callable[[str], Callable[..., Any] | None],
+        response: Response | None = None,
     ) -> AsyncIterator[Request]:
-        """Requests for the listed pages worth fetching; see the module docstring."""
+        """Requests for the listed pages worth fetching; see the module docstring.
+
+        *response*: the list's, read in full; its membership
+        (``PageState.listing``) is stored with it, and with each listed
+        page whose stored one differs.
+        """
         ledger = self.ledger
+        listing = self.read_in_full(response, candidates)
         now = clock.now()
         use_lastmod = ledger is not None and self.use_lastmod and await self._lastmods_trusted(
             ledger, entries.host, candidates, now
@@ -259,17 +352,21 @@ class ListedPagesSpider(IncrementalSpider):
                 why = decide(candidate, state, use_lastmod=use_lastmod, rules=rules,
                              vouching=vouching)
                 if state is not None and why in (Why.LASTMOD_UNCHANGED, Why.NOT_DUE):
+                    if ledger is not None and state.listing not in (listing, *self.listings):
+                        # Not visited: the list's membership is stored alone
+                        # (not over another list's of this crawl that names it).
+                        ledger.stage_listing(state.key, listing)
                     self._not_requested(_Listed(candidate, state, callback), why, sample,
                                         counter)
                     continue
                 counter.requested(why, host_of(candidate.loc))
-                yield self._page_request(candidate, state, callback, why, use_lastmod)
+                yield self._page_request(candidate, state, callback, why, use_lastmod, listing)
         sampled, rest = sample.take()
         for listed in rest:
             self._skipped(listed.state, counter)
         for listed in sampled:
             counter.requested(Why.SAMPLED, host_of(listed.candidate.loc))
-            yield self._page_request(*listed, Why.SAMPLED, use_lastmod)
+            yield self._page_request(*listed, Why.SAMPLED, use_lastmod, listing)
 
     def _not_requested(self, listed: _Listed, why: Why, sample: RotatingSample[_Listed],
                        counter: ScheduleCounter) -> None:
@@ -284,9 +381,11 @@ class ListedPagesSpider(IncrementalSpider):
         self.crawler.stats.inc_value("incremental/lastmod/skipped")
 
     def _page_request(self, candidate: Candidate, state: PageState | None,
-                      callback: Callable[..., Any], why: Why, use_lastmod: bool) -> Request:
+                      callback: Callable[..., Any], why: Why, use_lastmod: bool,
+                      listing: str) -> Request:
         """A listed page's request, decided already (its why in its meta)."""
-        meta: dict[str, Any] = {}
+        # The list's membership is stored with the page's visit.
+        meta: dict[str, Any] = {META_LISTING: listing}
         if use_lastmod and candidate.lastmod is not None:
             meta[META_LASTMOD] = candidate.lastmod
             if candidate.modified:

@@ -33,6 +33,7 @@ from incremental_crawler.spiders.listed import (
     _flag,
     extract_main_text,
 )
+from incremental_crawler.state.records import PageFlags
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Iterator
@@ -109,23 +110,30 @@ class SitemapPagesSpider(ListedPagesSpider, SitemapSpider):
         filtered = self.sitemap_filter(listing.entries)
         if listing.pages:
             candidates = entries.candidates(self._with_alternates(filtered))
-            async for request in self.listed_requests(entries, candidates, self._callback_for):
+            async for request in self.listed_requests(entries, candidates, self._callback_for,
+                                                      response):
                 yield request
             return
         # An index's lastmod says when each child sitemap changed: a child
-        # that did not change is not read again. Lists have no revisit
-        # schedule of their own: any other answer reads the child. Its
-        # alternates are followed too (sitemap_alternate_links), as Scrapy's.
-        candidates = entries.candidates(self._with_alternates(filtered))
+        # that did not change is not read again, and the membership it had
+        # when last read in full is current. Lists have no revisit
+        # schedule of their own: any other answer reads the child, as does
+        # a child whose membership is not on record. Its alternates are
+        # followed too (sitemap_alternate_links), as Scrapy's.
+        candidates = [child for child in entries.candidates(self._with_alternates(filtered))
+                      if any(rule.search(child.loc) for rule in self._follow)]
+        self.read_in_full(response, candidates, children=[child.loc for child in candidates])
         rules = replace(self.due_rules(), revisit=False)
         stored = await self.stored_states(candidates)
         for child, state in zip(candidates, stored, strict=True):
-            if not any(rule.search(child.loc) for rule in self._follow):
-                continue
             why = decide(child, state, use_lastmod=self.use_lastmod, rules=rules)
-            if why is Why.LASTMOD_UNCHANGED:
+            if why is Why.LASTMOD_UNCHANGED and state is not None and state.listing is not None:
                 stats.inc_value("incremental/sitemap/child_unchanged")
-                self.lists_skipped = True
+                self.listings.add(state.listing)
+                if state.flags & PageFlags.HAS_LINKS and response.request is not None:
+                    # An index in an index.
+                    async for request in self._children_of(state, response.request):
+                        yield request
                 continue
             yield self._sitemap_request(child.loc, child.lastmod, named_by)
 

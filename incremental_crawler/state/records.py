@@ -110,6 +110,13 @@ class PageState:
     #: callback or an item pipeline failed); any 2xx or 304 resets it. It
     #: sets the failure schedule (``change.revisit.failure_next_visit``).
     failures: int = 0
+    #: The membership of a list (a sitemap or feed), as a short digest of
+    #: the canonical URLs it lists (:func:`~incremental_crawler.lists.sitemaps.listing_digest`).
+    #: For a list: its own, at its last full read (``None``: not on record,
+    #: e.g. an index). For a page: that of the list that last gave it the
+    #: date stored with it; the date vouches for the page at re-seeding only
+    #: while a list of this crawl still has that membership.
+    listing: str | None = None
 
     @property
     def has_validators(self) -> bool:

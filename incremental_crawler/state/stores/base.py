@@ -471,6 +471,16 @@ class StateStore(ABC):
         show after the flush, like a check.
         """
 
+    @abstractmethod
+    def stage_listing(self, key: PageKey, listing: str) -> None:
+        """Stage setting the page's ``listing`` (the membership digest of the
+        list that gives its date), if it is stored.
+
+        Nothing else of the page changes; a page that is not stored when the
+        write is applied stays unknown. A staged state of the page shows it
+        at once; otherwise it shows after the flush, like a check.
+        """
+
     @property
     @abstractmethod
     def pending(self) -> int:

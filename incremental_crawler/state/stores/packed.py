@@ -82,6 +82,7 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("failures", "i"),
     ("redirect_to", "s"),
     ("recipe", "s"),
+    ("listing", "s"),
 )
 #: Fields whose absence means their default; ``None`` is the default of
 #: these (so 0 is stored): the others default to 0 (or 0.0).

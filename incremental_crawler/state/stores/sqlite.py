@@ -218,6 +218,13 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX versions_undelivered ON item_versions (scope, crawl, stored_at)
         WHERE crawl IS NOT NULL;
     """,
+    # 16: the membership digest of a list (a sitemap's or feed's own, at its
+    # last full read; a page's, of the list that gave its date). NULL in
+    # pages stored before: not on record (such a list is read in full once,
+    # and such a page's date does not vouch for it when re-seeded).
+    """
+    ALTER TABLE pages ADD COLUMN listing TEXT;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: URLs per batched lookup (SQLite allows 32,766 host parameters).
@@ -226,7 +233,7 @@ _CHUNK = 500
 _PAGE_COLUMNS = (
     "etag, last_modified, fingerprint, size, last_status, first_seen, "
     "last_checked, last_fetched, last_changed, checks, changes, flags, redirect_to, "
-    "lastmod, interval, next_visit, callback, churns, recipe, failures"
+    "lastmod, interval, next_visit, callback, churns, recipe, failures, listing"
 )
 # S608 (SQL built from strings) in this module: what is formatted into the
 # SQL is a constant of the module (_PAGE_COLUMNS, PageFlags, a count of ?),
@@ -236,7 +243,7 @@ _SELECT_PAGE = (
 )
 _UPSERT_PAGE = (
     f"INSERT OR REPLACE INTO pages (scope, url, variant, {_PAGE_COLUMNS}) "  # noqa: S608 (constant SQL)
-    f"VALUES ({', '.join('?' * 23)})"
+    f"VALUES ({', '.join('?' * 24)})"
 )
 # A check never touches validators or fingerprints (only a 2xx updates them). It may
 # record a newer lastmod (a 304 says the stored data is that version) and
@@ -280,6 +287,8 @@ _UPSERT_REDIRECT = (
 # only, so it is written once.
 # Only the flags of a stored page; no row for an unknown one.
 _OR_FLAGS = "UPDATE pages SET flags = flags | ? WHERE scope = ? AND url = ? AND variant = ?"
+# Only the listing of a stored page; no row for an unknown one.
+_SET_LISTING = "UPDATE pages SET listing = ? WHERE scope = ? AND url = ? AND variant = ?"
 _UPSERT_LINKS = "INSERT OR REPLACE INTO links (scope, url, variant, data) VALUES (?, ?, ?, ?)"
 _DELETE_LINKS = "DELETE FROM links WHERE scope = ? AND url = ? AND variant = ?"
 # A tombstone is a version with an empty fingerprint. `born` (given for a
@@ -799,7 +808,7 @@ class SQLiteStateStore(AdminStore):
             state.changes, state.flags, state.redirect_to,
             None if state.lastmod is None else int(state.lastmod),
             int(state.interval), int(state.next_visit), state.callback, state.churns,
-            state.recipe, state.failures,
+            state.recipe, state.failures, state.listing,
         )))
 
     def stage_check(
@@ -864,6 +873,13 @@ class SQLiteStateStore(AdminStore):
         if staged is not None:
             # What the flush will leave: the staged state, then the flags.
             self._pages[key] = staged.copy(flags=int(staged.flags) | int(add))
+
+    def stage_listing(self, key: PageKey, listing: str) -> None:
+        self._staged += 1
+        self._ops.append((_SET_LISTING, (listing, *key)))
+        staged = self._pages.get(key)
+        if staged is not None:
+            self._pages[key] = staged.copy(listing=listing)
 
     @property
     def pending(self) -> int:

@@ -1,0 +1,195 @@
+"""A listed date vouches for a page only while a list still gives it (real crawls).
+
+A page whose trusted modification date did not move is not requested. Once
+its sitemap or feed no longer lists it (the list changed and was read in
+full), that date says nothing any more: the page goes by its revisit
+schedule, so its edit or its deletion is found when it is due, whether the
+list answers 304 then or is read in full in that very crawl. A page still
+listed with an unmoved date is still not asked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import pytest_twisted
+
+from incremental_crawler.spiders.feed import FeedPagesSpider
+from incremental_crawler.spiders.sitemap import SitemapPagesSpider
+from tests.clock_util import DAY, later
+from tests.test_feed import atom
+from tests.test_lastmod import urlset
+
+both_stores = pytest.mark.parametrize("state_uri", ["sqlite", "redis"], indirect=True)
+
+SETTINGS = {
+    "INCREMENTAL_REVISIT_ENABLED": True,
+    "INCREMENTAL_REVISIT_INITIAL": DAY,
+    "INCREMENTAL_REVISIT_MIN": 3600,
+    # No rotating sample, no sampled full re-check: what is asked is exact.
+    "INCREMENTAL_LASTMOD_RECHECK_SHARE": 0,
+    "INCREMENTAL_RECHECK_EVERY": 0,
+}
+DATE = "2024-01-01T10:00:00Z"
+
+
+def publish(site: Any, kind: str, paths: list[str], etag: str) -> None:
+    """The list at /list: a sitemap or an Atom feed, every entry dated DATE
+    (a modification date in both)."""
+    entries = [(path, DATE) for path in paths]
+    if kind == "sitemap":
+        site.add_document("/list", urlset([(site.url(p), d) for p, d in entries]),
+                          "application/xml", etag=etag)
+    else:
+        site.add_document("/list", atom(site, entries), "application/atom+xml", etag=etag)
+
+
+async def crawl_list(crawl: Any, kind: str, site: Any) -> Any:
+    if kind == "sitemap":
+        return await crawl(SitemapPagesSpider, settings=SETTINGS, sitemap_url=site.url("/list"))
+    return await crawl(FeedPagesSpider, settings=SETTINGS, feed_url=site.url("/list"))
+
+
+def answers(site: Any) -> list[tuple[str, int]]:
+    return sorted((r.path, r.status) for r in site.log if r.path != "/robots.txt")
+
+
+@both_stores
+@pytest.mark.parametrize("kind", ["sitemap", "feed"])
+@pytest_twisted.ensureDeferred
+async def test_a_page_its_list_dropped_is_asked_when_due_behind_a_304(
+    site, crawl, monkeypatch, kind
+):
+    for path in ("/kept", "/dropped"):
+        site.add_page(path, "strong", size=1500)
+    publish(site, kind, ["/kept", "/dropped"], '"1"')
+    first = await crawl_list(crawl, kind, site)
+    assert len(first.collected) == 2
+
+    # The list drops /dropped and is read in full; nothing is due yet.
+    publish(site, kind, ["/kept"], '"2"')
+    site.reset_log()
+    await crawl_list(crawl, kind, site)
+    assert answers(site) == [("/list", 200)]
+
+    # Both pages are edited; two days later both are due by their schedule.
+    # The list answers 304: /kept's date still vouches for it, /dropped's
+    # does not (its list no longer gives it).
+    site.change("/kept")
+    site.change("/dropped")
+    later(monkeypatch, 2)
+    site.reset_log()
+    third = await crawl_list(crawl, kind, site)
+    assert answers(site) == [("/dropped", 200), ("/list", 304)]
+    assert [(i["url"], i["change"]) for i in third.collected] == [
+        (site.url("/dropped"), "changed")]
+    assert third.stats.get_value("incremental/schedule/skipped/lastmod_unchanged") == 1
+
+    # Then it is deleted: found when it is due again, still behind a 304.
+    site.override("/dropped", status=410)
+    later(monkeypatch, 4)
+    site.reset_log()
+    fourth = await crawl_list(crawl, kind, site)
+    assert answers(site) == [("/dropped", 410), ("/list", 304)]
+    assert [(i["url"], i["change"]) for i in fourth.collected] == [
+        (site.url("/dropped"), "deleted")]
+
+
+@both_stores
+@pytest_twisted.ensureDeferred
+async def test_a_page_dropped_by_a_sitemap_read_in_full_is_asked_in_that_crawl(
+    site, crawl, monkeypatch
+):
+    for path in ("/kept", "/dropped"):
+        site.add_page(path, "strong", size=1500)
+    publish(site, "sitemap", ["/kept", "/dropped"], '"1"')
+    await crawl_list(crawl, "sitemap", site)
+
+    # Two days later (both due) the only list, read in full, no longer
+    # lists /dropped, which is gone: it is re-seeded and asked.
+    publish(site, "sitemap", ["/kept"], '"2"')
+    site.override("/dropped", status=410)
+    later(monkeypatch, 2)
+    site.reset_log()
+    second = await crawl_list(crawl, "sitemap", site)
+    assert answers(site) == [("/dropped", 410), ("/list", 200)]
+    assert [(i["url"], i["change"]) for i in second.collected] == [
+        (site.url("/dropped"), "deleted")]
+
+
+@both_stores
+@pytest_twisted.ensureDeferred
+async def test_behind_an_index_a_page_one_child_dropped_is_asked_and_the_others_vouched(
+    site, crawl, monkeypatch
+):
+    """Several lists: /one.xml drops /p while /two.xml stays unchanged (not
+    read); a crawl later the index answers 304."""
+    for path in ("/a", "/p", "/b"):
+        site.add_page(path, "strong", size=1500)
+
+    def index(one: str) -> str:
+        rows = "".join(f"<sitemap><loc>{site.url(path)}</loc><lastmod>{lastmod}</lastmod>"
+                       "</sitemap>" for path, lastmod in (("/one.xml", one),
+                                                          ("/two.xml", "2024-01-01")))
+        return ('<?xml version="1.0"?><sitemapindex '
+                f'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{rows}</sitemapindex>')
+
+    site.add_document("/one.xml", urlset([(site.url("/a"), DATE), (site.url("/p"), DATE)]),
+                      "application/xml", etag='"one-1"')
+    site.add_document("/two.xml", urlset([(site.url("/b"), DATE)]), "application/xml",
+                      etag='"two-1"')
+    site.add_document("/index.xml", index("2024-01-01"), "application/xml", etag='"i-1"')
+
+    async def run() -> Any:
+        return await crawl(SitemapPagesSpider, settings=SETTINGS,
+                           sitemap_url=site.url("/index.xml"))
+
+    await run()
+    site.add_document("/one.xml", urlset([(site.url("/a"), DATE)]), "application/xml",
+                      etag='"one-2"')
+    site.add_document("/index.xml", index("2024-02-01"), "application/xml", etag='"i-2"')
+    site.reset_log()
+    second = await run()
+    assert answers(site) == [("/index.xml", 200), ("/one.xml", 200)]
+    assert second.stats.get_value("incremental/sitemap/child_unchanged") == 1
+
+    for path in ("/a", "/p", "/b"):
+        site.change(path)
+    later(monkeypatch, 2)
+    site.reset_log()
+    third = await run()
+    # The index answers 304: the lists it named when last read are its
+    # lists still, and their memberships are on record: neither is read.
+    # /a and /b are vouched for; /p, which /one.xml dropped, is not.
+    assert answers(site) == [("/index.xml", 304), ("/p", 200)]
+    assert third.stats.get_value("incremental/sitemap/child_unchanged") == 2
+    assert [i["url"] for i in third.collected] == [site.url("/p")]
+    assert third.stats.get_value("incremental/schedule/skipped/lastmod_unchanged") == 2
+
+
+@pytest.mark.parametrize("state_uri", ["sqlite"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_list_stored_without_its_membership_is_read_in_full_once(
+    site, crawl, state_db, state_uri
+):
+    # A store written by a version that did not record what lists list
+    # (schema 15): the list answers 304, and what it lists would be
+    # unknown, so no page's date could be known to be given still.
+    site.add_page("/a", "strong", size=1500)
+    publish(site, "sitemap", ["/a"], '"1"')
+    await crawl_list(crawl, "sitemap", site)
+    state_db("UPDATE pages SET listing = NULL")
+
+    site.reset_log()
+    second = await crawl_list(crawl, "sitemap", site)
+    assert answers(site) == [("/list", 200), ("/list", 304)]
+    assert second.stats.get_value("incremental/sitemap/reread_unknown_listing") == 1
+    assert state_db("SELECT listing IS NOT NULL FROM pages WHERE url = ?",
+                    site.url("/list")) == [(1,)]
+
+    # On record again: a 304 is the whole of the next crawl's list.
+    site.reset_log()
+    third = await crawl_list(crawl, "sitemap", site)
+    assert answers(site) == [("/list", 304)]
+    assert third.stats.get_value("incremental/sitemap/reread_unknown_listing") is None
