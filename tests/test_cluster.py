@@ -27,7 +27,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
 from incremental_crawler.config import DEFAULT_SETTINGS
-from incremental_crawler.state.records import PageKey
+from incremental_crawler.state.records import PageKey, PageState
 from incremental_crawler.state.stores import open_store, state_uri
 from tests.redis_util import CLUSTER_REDIS_URI, OwnRedis
 from tests.test_commands import scrapy
@@ -666,6 +666,41 @@ def test_a_run_starts_when_its_first_worker_joins(cluster_prefix, monkeypatch):
         for coordinator in workers:
             coordinator.leave("finished")
     # The last worker out ends the run: its start goes with it.
+    assert leftover_keys(cluster_prefix) == []
+
+
+def test_the_lists_one_worker_read_vouch_for_pages_another_re_seeds(cluster_prefix):
+    # Lists are read by whichever worker pops them, and the run's due pages
+    # re-seeded by one worker: a date vouches for a page there only while a
+    # list of the run (not only of that worker) still gives it.
+    from scrapy import Spider
+    from scrapy.utils.test import get_crawler
+
+    from incremental_crawler.cluster.coordinator import ClusterCoordinator
+    from incremental_crawler.crawl.ledger import Ledger
+
+    settings = {**DEFAULT_SETTINGS, "INCREMENTAL_CLUSTER_URL": REDIS_URL,
+                "INCREMENTAL_CLUSTER_PREFIX": cluster_prefix}
+    spider = Spider("lists")
+    coordinators = []
+    for _ in range(2):
+        crawler = get_crawler(Spider, settings)
+        crawler.engine = SimpleNamespace(_slot=None)  # nothing in progress
+        coordinator = ClusterCoordinator.from_crawler(crawler)
+        coordinator.join(spider)
+        coordinators.append(coordinator)
+    reader, reseeder = (SimpleNamespace(run_gate=c, listings=set()) for c in coordinators)
+    page = PageState(PageKey("lists", "http://h/a"), listing="0123456789abcdef")
+    try:
+        Ledger.note_listing(reader, "0123456789abcdef")
+        assert not Ledger.listed(reseeder, page)
+        Ledger.gather_listings(reseeder)
+        assert Ledger.listed(reseeder, page)
+        assert not Ledger.listed(reseeder, page.copy(listing="fedcba9876543210"))
+    finally:
+        for coordinator in coordinators:
+            coordinator.leave("finished")
+    # The run's memberships end with it.
     assert leftover_keys(cluster_prefix) == []
 
 

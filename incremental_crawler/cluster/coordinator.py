@@ -587,6 +587,28 @@ class ClusterCoordinator:
             return False
         return bool(owner == self.worker_id.encode())
 
+    def note_listing(self, listing: str) -> None:
+        """A list this worker read (or found unchanged) is current with
+        membership *listing*: for whichever worker re-seeds the run."""
+        self.roundtrip()
+        try:
+            self.silence.again_blocking(lambda: self.redis.sadd(self.run_prefix + "listings",
+                                                                listing))
+        except redis.RedisError as exc:
+            # Not shared: the re-seeding worker lets fewer dates vouch.
+            self.lost(exc)
+
+    def run_listings(self) -> set[str] | None:
+        """The memberships every worker of the run noted; ``None``: unknown."""
+        self.roundtrip()
+        try:
+            members = self.silence.again_blocking(
+                lambda: self.redis.smembers(self.run_prefix + "listings"))
+        except redis.RedisError as exc:
+            self.lost(exc)
+            return None
+        return {m.decode() if isinstance(m, bytes) else m for m in members}
+
     def note_unrecorded_failure(self) -> None:
         """A page failed and could not be recorded: the run's sitemap validators must not
         be saved."""

@@ -232,7 +232,8 @@ class RunGate(Protocol):
     Its unrecorded failures: a sitemap's state may be saved only when every
     page it listed that failed was recorded to be requested again, whichever
     worker fetched it. Its tombstones: one per page, whichever worker found
-    the page gone.
+    the page gone. Its lists' memberships: the worker that re-seeds the due
+    pages is not the one that read every list.
     """
 
     #: Failures of the run that could not be recorded, read when this worker
@@ -250,6 +251,12 @@ class RunGate(Protocol):
         The run's requests that bypass its seen set (``dont_filter``: start
         requests, which every worker yields) may ask one page on two workers.
         """
+
+    def note_listing(self, listing: str) -> None:
+        """A list of this worker is current with membership *listing*: one for the run."""
+
+    def run_listings(self) -> set[str] | None:
+        """The memberships every worker of the run noted (``None``: unknown)."""
 
 
 class _Pending:
@@ -294,6 +301,11 @@ class Ledger:
         #: worker of the run claimed): one per page, however often it is asked.
         self.tombstoned: set[PageKey] = set()
         self._discovered: list[PageTransaction] = []
+        #: The memberships (PageState.listing) of this crawl's current lists:
+        #: read in full, or not read (304, unchanged in their index) and as
+        #: last read in full. A listed date vouches for a page only while one
+        #: of them is that of the list that gave it (see :meth:`listed`).
+        self.listings: set[str] = set()
         # Failures of this crawl that could not be recorded to be asked again.
         self._unrecorded = 0
         #: What a yielded request's recipe holds (DEPTH_PRIORITY, the timeout).
@@ -1283,6 +1295,26 @@ class Ledger:
         """OR *add* into the stored page's flags (a replayed request was dropped)."""
         self.store.stage_flags(key, add)
         self._after_stage()
+
+    def note_listing(self, listing: str) -> None:
+        """A list of this crawl is current, with membership *listing*."""
+        if listing in self.listings:
+            return
+        self.listings.add(listing)
+        if self.run_gate is not None:
+            self.run_gate.note_listing(listing)
+
+    def listed(self, state: PageState) -> bool:
+        """Whether a list of this crawl still gives *state* the date stored with it."""
+        return state.listing is not None and state.listing in self.listings
+
+    def gather_listings(self) -> None:
+        """Take in the memberships the run's other workers noted (cluster
+        mode), before due pages are decided by them: lists are read by
+        whichever worker pops them. Unknown (Redis lost): this worker's own
+        only, so a date vouches for fewer pages, never for more."""
+        if self.run_gate is not None:
+            self.listings |= self.run_gate.run_listings() or set()
 
     def stage_listing(self, key: PageKey, listing: str) -> None:
         """Record on the stored page the membership digest of the list giving its date."""

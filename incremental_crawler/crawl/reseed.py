@@ -198,6 +198,7 @@ class Reseeder:
         # any more, though a 304's check is invisible until committed (and a
         # request with dont_filter, a start URL, passes the dupefilter).
         await ledger.commit_staged()
+        ledger.gather_listings()
         # Decided in full before any is yielded: a request fetched meanwhile
         # would move its page out of the pages still to read.
         requests = await _DueReader(self, ledger).read()

@@ -135,11 +135,9 @@ class ListedPagesSpider(IncrementalSpider):
         self._canonical = Canonicalizer()
         #: Canonical URLs of the pages the lists named this crawl.
         self._decided: set[str] = set()
-        #: The memberships (PageState.listing) of this crawl's lists: those
-        #: read in full, and those not read (304, unchanged in their index)
-        #: as last read in full. A page's date vouches for it at re-seeding
-        #: only while one of them is the membership of the list that gave it.
-        self.listings: set[str] = set()
+        #: A plain crawl's current list memberships (the ledger keeps an
+        #: incremental crawl's: see :meth:`current`).
+        self._listings: set[str] = set()
 
     def list_request(self, url: str, callback: Callable[..., Any],
                      lastmod: float | None = None) -> Request:
@@ -163,7 +161,7 @@ class ListedPagesSpider(IncrementalSpider):
             self.crawler.stats.inc_value("incremental/sitemap/reread_unknown_listing")
             yield self._read_in_full(request)
             return
-        self.listings.add(stored.listing)
+        self.current(stored.listing)
         if stored.flags & PageFlags.HAS_LINKS:
             async for child in self._children_of(stored, request):
                 yield child
@@ -185,7 +183,7 @@ class ListedPagesSpider(IncrementalSpider):
         for loc, state in zip(locs, stored, strict=True):
             if state is not None and state.listing is not None and not state.failures:
                 self.crawler.stats.inc_value("incremental/sitemap/child_unchanged")
-                self.listings.add(state.listing)
+                self.current(state.listing)
                 if state.flags & PageFlags.HAS_LINKS:  # an index in an index
                     async for child in self._children_of(state, request):
                         yield child
@@ -210,10 +208,27 @@ class ListedPagesSpider(IncrementalSpider):
         # list was not read) may be due.
         return self.incremental_reseed
 
+    @property
+    def listings(self) -> set[str]:
+        """The memberships (``PageState.listing``) of this crawl's current
+        lists: read in full, or not read (304, unchanged in their index) and
+        as last read in full."""
+        ledger = self.ledger
+        return ledger.listings if ledger is not None else self._listings
+
+    def current(self, listing: str) -> None:
+        """A list of this crawl is current, with membership *listing*."""
+        ledger = self.ledger
+        if ledger is not None:
+            ledger.note_listing(listing)
+        else:
+            self._listings.add(listing)
+
     def lastmod_listed(self, state: PageState) -> bool:
         """Whether a list of this crawl still gives the page the date stored
         with it (the re-seeder asks before letting that date vouch)."""
-        return state.listing is not None and state.listing in self.listings
+        ledger = self.ledger
+        return ledger is not None and ledger.listed(state)
 
     def reseed_skip(self, state: PageState) -> bool:
         # Pages a list named this crawl were decided already; lists are
@@ -298,7 +313,7 @@ class ListedPagesSpider(IncrementalSpider):
         finishes, as is an index's record of the lists it names
         (*children*, their URLs)."""
         listing = listing_digest(candidates)
-        self.listings.add(listing)
+        self.current(listing)
         txn = response.meta.get(TXN_META) if response is not None else None
         if txn is not None:
             txn.listing = listing
@@ -352,7 +367,7 @@ class ListedPagesSpider(IncrementalSpider):
                 why = decide(candidate, state, use_lastmod=use_lastmod, rules=rules,
                              vouching=vouching)
                 if state is not None and why in (Why.LASTMOD_UNCHANGED, Why.NOT_DUE):
-                    if ledger is not None and state.listing not in (listing, *self.listings):
+                    if ledger is not None and state.listing not in self.listings:
                         # Not visited: the list's membership is stored alone
                         # (not over another list's of this crawl that names it).
                         ledger.stage_listing(state.key, listing)

@@ -129,7 +129,7 @@ class SitemapPagesSpider(ListedPagesSpider, SitemapSpider):
             why = decide(child, state, use_lastmod=self.use_lastmod, rules=rules)
             if why is Why.LASTMOD_UNCHANGED and state is not None and state.listing is not None:
                 stats.inc_value("incremental/sitemap/child_unchanged")
-                self.listings.add(state.listing)
+                self.current(state.listing)
                 if state.flags & PageFlags.HAS_LINKS and response.request is not None:
                     # An index in an index.
                     async for request in self._children_of(state, response.request):
