@@ -22,6 +22,7 @@ from tests.test_feed import atom
 from tests.test_lastmod import urlset
 
 both_stores = pytest.mark.parametrize("state_uri", ["sqlite", "redis"], indirect=True)
+only_sqlite = pytest.mark.parametrize("state_uri", ["sqlite"], indirect=True)
 
 SETTINGS = {
     "INCREMENTAL_REVISIT_ENABLED": True,
@@ -168,7 +169,7 @@ async def test_behind_an_index_a_page_one_child_dropped_is_asked_and_the_others_
     assert third.stats.get_value("incremental/schedule/skipped/lastmod_unchanged") == 2
 
 
-@pytest.mark.parametrize("state_uri", ["sqlite"], indirect=True)
+@only_sqlite
 @pytest_twisted.ensureDeferred
 async def test_a_list_stored_without_its_membership_is_read_in_full_once(
     site, crawl, state_db, state_uri
@@ -193,3 +194,108 @@ async def test_a_list_stored_without_its_membership_is_read_in_full_once(
     third = await crawl_list(crawl, "sitemap", site)
     assert answers(site) == [("/list", 304)]
     assert third.stats.get_value("incremental/sitemap/reread_unknown_listing") is None
+
+
+
+def undated_index(site: Any, paths: list[str]) -> str:
+    """A sitemap index that gives its lists no ``<lastmod>``."""
+    rows = "".join(f"<sitemap><loc>{site.url(p)}</loc></sitemap>" for p in paths)
+    return ('<?xml version="1.0"?><sitemapindex '
+            f'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{rows}</sitemapindex>')
+
+
+async def run_from(crawl: Any, site: Any, path: str) -> Any:
+    return await crawl(SitemapPagesSpider, settings=SETTINGS, sitemap_url=site.url(path))
+
+
+@only_sqlite
+@pytest_twisted.ensureDeferred
+async def test_behind_an_undated_index_answering_304_its_lists_are_asked(
+        site, crawl, monkeypatch):
+    """The common static index (no <lastmod>) answers 304 for ever while its
+    lists change: a 304 says nothing of them, so each is asked
+    (conditionally), and /p, which its list dropped and the site deleted, is
+    asked when due. (Found by a review; before, the list was not asked.)"""
+    for path in ("/a", "/p"):
+        site.add_page(path, "strong", size=1500)
+    site.add_document("/index.xml", undated_index(site, ["/one.xml"]), "application/xml",
+                      etag='"i"')
+    site.add_document("/one.xml", urlset([(site.url("/a"), DATE), (site.url("/p"), DATE)]),
+                      "application/xml", etag='"one-1"')
+    await run_from(crawl, site, "/index.xml")
+    site.add_document("/one.xml", urlset([(site.url("/a"), DATE)]), "application/xml",
+                      etag='"one-2"')
+    site.override("/p", status=410)
+    later(monkeypatch, 2)
+    site.reset_log()
+    await run_from(crawl, site, "/index.xml")
+    assert ("/one.xml", 200) in answers(site)
+    assert ("/p", 410) in answers(site), answers(site)
+
+
+@only_sqlite
+@pytest_twisted.ensureDeferred
+async def test_a_list_that_answered_with_no_list_gives_no_date_behind_its_304(
+        site, crawl, monkeypatch):
+    """The sitemap becomes a 200 HTML page (a soft 404) with an ETag: it
+    lists nothing now, so its 304 next time makes no date current."""
+    for path in ("/a", "/p"):
+        site.add_page(path, "strong", size=1500)
+    site.add_document("/list", urlset([(site.url("/a"), DATE), (site.url("/p"), DATE)]),
+                      "application/xml", etag='"1"')
+    await run_from(crawl, site, "/list")
+    site.add_document("/list", "<html><body>Not found</body></html>", "text/html",
+                      etag='"2"')
+    site.reset_log()
+    await run_from(crawl, site, "/list")          # nothing due yet: only the list
+    assert answers(site) == [("/list", 200)]
+    site.override("/p", status=410)
+    later(monkeypatch, 2)
+    site.reset_log()
+    third = await run_from(crawl, site, "/list")
+    # No list gives /a or /p a date any more: both due, both asked.
+    assert ("/p", 410) in answers(site), (answers(site), third.stats.get_value(
+        "incremental/schedule/skipped/lastmod_unchanged"))
+
+
+@only_sqlite
+@pytest_twisted.ensureDeferred
+async def test_a_page_its_list_still_names_but_no_longer_dates_is_asked_when_due(
+        site, crawl, monkeypatch):
+    """/list keeps /p but no longer dates it: the date an earlier read gave
+    vouches no more, though the list's membership (its URLs) is the same."""
+    for path in ("/a", "/p"):
+        site.add_page(path, "strong", size=1500)
+    site.add_document("/list", urlset([(site.url("/a"), DATE), (site.url("/p"), DATE)]),
+                      "application/xml", etag='"1"')
+    await run_from(crawl, site, "/list")
+    site.add_document("/list", urlset([(site.url("/a"), DATE), (site.url("/p"), None)]),
+                      "application/xml", etag='"2"')
+    site.reset_log()
+    await run_from(crawl, site, "/list")          # read in full; nothing due yet
+    assert answers(site) == [("/list", 200)]
+    site.change("/p")
+    later(monkeypatch, 2)
+    site.reset_log()
+    await run_from(crawl, site, "/list")
+    # No list gives /p a date: it goes by its schedule (due), and is asked.
+    assert ("/p", 200) in answers(site), answers(site)
+
+
+@only_sqlite
+@pytest_twisted.ensureDeferred
+async def test_an_index_that_names_itself_is_read_once(site, crawl, monkeypatch, state_db):
+    """Indexes naming themselves (or each other) exist in the wild: no
+    recursion without end when one answers 304."""
+    site.add_page("/a", "strong", size=1500)
+    site.add_document("/index.xml", undated_index(site, ["/index.xml", "/one.xml"]),
+                      "application/xml", etag='"i"')
+    site.add_document("/one.xml", urlset([(site.url("/a"), DATE)]), "application/xml",
+                      etag='"one"')
+    await run_from(crawl, site, "/index.xml")
+    site.reset_log()
+    second = await run_from(crawl, site, "/index.xml")
+    # The index gives its lists no date: each is asked (conditionally),
+    # itself once.
+    assert answers(site) == [("/index.xml", 304), ("/one.xml", 304)]
+    assert second.stats.get_value("spider_exceptions/RecursionError") is None

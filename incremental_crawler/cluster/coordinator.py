@@ -609,6 +609,29 @@ class ClusterCoordinator:
             return None
         return {m.decode() if isinstance(m, bytes) else m for m in members}
 
+    def note_decided(self, urls: list[str]) -> None:
+        """Pages a list of this worker named and decided, for the worker
+        that re-seeds the run (it would decide and count them again)."""
+        if not urls:
+            return
+        self.roundtrip()
+        try:
+            self.silence.again_blocking(lambda: self.redis.sadd(self.run_prefix + "decided",
+                                                                *urls))
+        except redis.RedisError as exc:
+            self.lost(exc)
+
+    def decided_in_run(self, urls: list[str]) -> list[bool] | None:
+        """Which of *urls* a list of the run decided; ``None``: unknown."""
+        self.roundtrip()
+        try:
+            found = self.silence.again_blocking(
+                lambda: self.redis.smismember(self.run_prefix + "decided", urls))
+        except redis.RedisError as exc:
+            self.lost(exc)
+            return None
+        return [bool(x) for x in found]
+
     def note_unrecorded_failure(self) -> None:
         """A page failed and could not be recorded: the run's sitemap validators must not
         be saved."""

@@ -14,7 +14,8 @@ local unrecorded = tonumber(redis.call('GET', ARGV[3] .. 'unrecorded') or '0')
 local ended = 0
 if redis.call('HLEN', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[2]) == 0 then
   redis.call('DEL', KEYS[3], ARGV[3] .. 'seen', ARGV[3] .. 'unrecorded', ARGV[3] .. 'claims',
-             ARGV[3] .. 'tombstones', ARGV[3] .. 'started', ARGV[3] .. 'listings')
+             ARGV[3] .. 'tombstones', ARGV[3] .. 'started', ARGV[3] .. 'listings',
+             ARGV[3] .. 'decided')
   ended = 1
 end
 return {back, unrecorded, ended}

@@ -78,6 +78,7 @@ from incremental_crawler.change.tombstones import TombstoneSender
 from incremental_crawler.change.trust import HostTrustBook
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.exceptions import ItemUnchanged, StoreUnavailable
+from incremental_crawler.lists.sitemaps import NO_LISTING
 from incremental_crawler.recipes import (
     ADVICE,
     LinkRecorder,
@@ -257,6 +258,12 @@ class RunGate(Protocol):
 
     def run_listings(self) -> set[str] | None:
         """The memberships every worker of the run noted (``None``: unknown)."""
+
+    def note_decided(self, urls: list[str]) -> None:
+        """Pages (canonical URLs) a list of this worker named and decided."""
+
+    def decided_in_run(self, urls: list[str]) -> list[bool] | None:
+        """Which of *urls* a list of the run named and decided (``None``: unknown)."""
 
 
 class _Pending:
@@ -1298,7 +1305,7 @@ class Ledger:
 
     def note_listing(self, listing: str) -> None:
         """A list of this crawl is current, with membership *listing*."""
-        if listing in self.listings:
+        if listing in self.listings or listing == NO_LISTING:
             return
         self.listings.add(listing)
         if self.run_gate is not None:
@@ -1307,6 +1314,22 @@ class Ledger:
     def listed(self, state: PageState) -> bool:
         """Whether a list of this crawl still gives *state* the date stored with it."""
         return state.listing is not None and state.listing in self.listings
+
+    def note_decided(self, urls: list[str]) -> None:
+        """Pages (canonical URLs) a list of this crawl named and decided
+        (requested or not): in cluster mode, for whichever worker re-seeds."""
+        if self.run_gate is not None:
+            self.run_gate.note_decided(urls)
+
+    def decided_elsewhere(self, urls: list[str]) -> set[str]:
+        """Which of *urls* a list read by another worker of the run decided
+        (cluster mode; unknown: none, and they are decided again)."""
+        if self.run_gate is None or not urls:
+            return set()
+        decided = self.run_gate.decided_in_run(urls)
+        if decided is None:
+            return set()
+        return {url for url, known in zip(urls, decided, strict=True) if known}
 
     def gather_listings(self) -> None:
         """Take in the memberships the run's other workers noted (cluster

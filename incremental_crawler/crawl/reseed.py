@@ -273,11 +273,14 @@ class _DueReader:
             if not due:
                 break
             offset += _READ
+            # Decided by a list another worker of the run read (cluster mode).
+            elsewhere = self.ledger.decided_elsewhere([state.key.url for state in due])
             for state in due:
                 if len(self.requests) >= self.limit:
                     break
                 self.read_keys.add(state.key)
-                if not self.visited(state) and not (callable(self.skip) and self.skip(state)):
+                if not self.visited(state) and not (callable(self.skip) and self.skip(state)) \
+                        and state.key.url not in elsewhere:
                     await self.decide(state)
         self.take_samples()
         if limited:

@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from incremental_crawler.change.policy import DueRules
     from incremental_crawler.state.records import PageState
 
-__all__ = ["MAX_LOC_LENGTH", "MAX_URLS", "Candidate", "SitemapEntries", "decide",
-           "listing_digest"]
+__all__ = ["MAX_LOC_LENGTH", "MAX_URLS", "NO_LISTING", "Candidate", "SitemapEntries",
+           "decide", "listing_digest"]
 
 #: sitemaps.org: "no more than 50,000 URLs" per sitemap file (and index).
 MAX_URLS = 50_000
@@ -56,6 +56,12 @@ class Candidate:
     #: *lastmod* is a modification date (a sitemap ``<lastmod>``, an Atom
     #: ``<updated>``), not a publication date (an RSS ``<pubDate>``).
     modified: bool = True
+
+
+#: A membership no list has (``PageState.listing``): a page that the list
+#: naming it last gave no modification date, a list whose last answer was
+#: not one (a 2xx that is no sitemap or feed). It never vouches.
+NO_LISTING = "-"
 
 
 def listing_digest(candidates: Iterable[Candidate]) -> str:

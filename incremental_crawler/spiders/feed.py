@@ -72,6 +72,7 @@ class FeedPagesSpider(ListedPagesSpider):
         if listing is None or listing.kind not in FEED_KINDS:
             stats.inc_value("incremental/feed/invalid")
             logger.warning("Ignoring invalid feed: %(response)s", {"response": response})
+            self.not_a_list(response)
             return
         stats.inc_value(f"incremental/feed/{listing.kind}")
         entries = self.entries(response.url, parse_date=parse_feed_date)

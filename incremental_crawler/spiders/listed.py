@@ -46,7 +46,13 @@ from incremental_crawler.exceptions import NotModified
 from incremental_crawler.hosts import host_of
 from incremental_crawler.lists.dates import parse_w3c_datetime
 from incremental_crawler.lists.documents import gunzip, parse_listing
-from incremental_crawler.lists.sitemaps import Candidate, SitemapEntries, decide, listing_digest
+from incremental_crawler.lists.sitemaps import (
+    NO_LISTING,
+    Candidate,
+    SitemapEntries,
+    decide,
+    listing_digest,
+)
 from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD, META_REFRESH
 from incremental_crawler.spiders.base import IncrementalSpider
 from incremental_crawler.spiders.main_text import DEFAULT_TEXT_SELECTORS, extract_main_text
@@ -163,15 +169,23 @@ class ListedPagesSpider(IncrementalSpider):
             return
         self.current(stored.listing)
         if stored.flags & PageFlags.HAS_LINKS:
-            async for child in self._children_of(stored, request):
+            async for child in self._children_of(stored, request, set()):
                 yield child
 
-    async def _children_of(self, index: PageState, request: Request) -> AsyncIterator[Request]:
-        """The lists an index that answered 304 names, as last read: the
-        membership of each is current, and one whose membership is not on
-        record or whose last visit failed is requested (conditionally)."""
+    async def _children_of(self, index: PageState, request: Request,
+                           seen: set[PageKey]) -> AsyncIterator[Request]:
+        """The lists an index that answered 304 names, as last read.
+
+        A child the index dated (its stored lastmod is the one the index
+        gives: the index did not change) is as it was when last read: its
+        membership is current. A child the index gives no date, one whose
+        membership is not on record or whose last visit failed, is
+        requested (conditionally: a 304 is cheap). *seen*: the indexes met
+        on the way (an index that names itself is read once).
+        """
         ledger = self.ledger
         assert ledger is not None
+        seen.add(index.key)
         try:
             record = await ledger.store.get_links(index.key)
         except StateStoreError as exc:
@@ -181,16 +195,21 @@ class ListedPagesSpider(IncrementalSpider):
         stored = await self.stored_states([
             Candidate(loc, ledger.canonical(loc), None) for loc in locs])
         for loc, state in zip(locs, stored, strict=True):
-            if state is not None and state.listing is not None and not state.failures:
+            if state is not None and state.key in seen:
+                continue
+            if (state is not None and state.listing is not None and not state.failures
+                    and state.lastmod is not None):
                 self.crawler.stats.inc_value("incremental/sitemap/child_unchanged")
                 self.current(state.listing)
                 if state.flags & PageFlags.HAS_LINKS:  # an index in an index
-                    async for child in self._children_of(state, request):
+                    async for child in self._children_of(state, request, seen):
                         yield child
                 continue
-            yield request.replace(url=loc, meta={
-                key: value for key, value in request.meta.items()
-                if key in (META_DISCOVERY, "download_maxsize")}, headers=None)
+            meta = {key: value for key, value in request.meta.items()
+                    if key in (META_DISCOVERY, "download_maxsize")}
+            if state is not None and state.lastmod is not None:
+                meta[META_LASTMOD] = state.lastmod
+            yield request.replace(url=loc, meta=meta, headers=None)
 
     @staticmethod
     def _read_in_full(request: Request) -> Request:
@@ -320,6 +339,15 @@ class ListedPagesSpider(IncrementalSpider):
             txn.list_children = "\n".join(children) if children is not None else None
         return listing
 
+    def not_a_list(self, response: Response) -> None:
+        """Note a list that answered with something else (a 2xx that is no
+        sitemap or feed): it lists nothing now, and an index's record of
+        lists goes."""
+        txn = response.meta.get(TXN_META)
+        if txn is not None:
+            txn.listing = NO_LISTING
+            txn.list_children = None
+
     def due_rules(self) -> DueRules:
         """This crawl's rules (a plain crawl: every listed page is new)."""
         ledger = self.ledger
@@ -357,6 +385,8 @@ class ListedPagesSpider(IncrementalSpider):
         for start in range(0, len(candidates), _LOOKUP_CHUNK):
             chunk = candidates[start:start + _LOOKUP_CHUNK]
             stored = await self.stored_states(chunk)
+            if ledger is not None:
+                ledger.note_decided([candidate.canonical for candidate in chunk])
             for candidate, state in zip(chunk, stored, strict=True):
                 self._decided.add(candidate.canonical)
                 if ledger is not None:
@@ -366,11 +396,16 @@ class ListedPagesSpider(IncrementalSpider):
                     continue  # not one of the crawl's pages
                 why = decide(candidate, state, use_lastmod=use_lastmod, rules=rules,
                              vouching=vouching)
+                # The list's membership goes with a page it dates (a
+                # modification date): that date vouches while the list has it.
+                dates = listing if candidate.lastmod is not None and candidate.modified else (
+                    NO_LISTING)
                 if state is not None and why in (Why.LASTMOD_UNCHANGED, Why.NOT_DUE):
-                    if ledger is not None and state.listing not in self.listings:
-                        # Not visited: the list's membership is stored alone
-                        # (not over another list's of this crawl that names it).
-                        ledger.stage_listing(state.key, listing)
+                    other = state.listing != listing and state.listing in self.listings
+                    if ledger is not None and (state.listing or NO_LISTING) != dates and not other:
+                        # Not visited: the membership is stored alone (not
+                        # over that of another list of this crawl naming it).
+                        ledger.stage_listing(state.key, dates)
                     self._not_requested(_Listed(candidate, state, callback), why, sample,
                                         counter)
                     continue
@@ -399,8 +434,9 @@ class ListedPagesSpider(IncrementalSpider):
                       callback: Callable[..., Any], why: Why, use_lastmod: bool,
                       listing: str) -> Request:
         """A listed page's request, decided already (its why in its meta)."""
-        # The list's membership is stored with the page's visit.
-        meta: dict[str, Any] = {META_LISTING: listing}
+        # The list's membership is stored with the page's visit, if it dates it.
+        meta: dict[str, Any] = {META_LISTING: listing if candidate.lastmod is not None
+                                and candidate.modified else NO_LISTING}
         if use_lastmod and candidate.lastmod is not None:
             meta[META_LASTMOD] = candidate.lastmod
             if candidate.modified:

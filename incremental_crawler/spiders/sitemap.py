@@ -33,7 +33,7 @@ from incremental_crawler.spiders.listed import (
     _flag,
     extract_main_text,
 )
-from incremental_crawler.state.records import PageFlags
+from incremental_crawler.state.records import PageFlags, PageKey
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Iterator
@@ -103,6 +103,7 @@ class SitemapPagesSpider(ListedPagesSpider, SitemapSpider):
         if listing is None:
             stats.inc_value("incremental/sitemap/invalid")
             logger.warning("Ignoring invalid sitemap: %(response)s", {"response": response})
+            self.not_a_list(response)
             return
         stats.inc_value(f"incremental/sitemap/{listing.kind}")
         parse_date = parse_feed_date if listing.kind in FEED_KINDS else parse_w3c_datetime
@@ -131,8 +132,9 @@ class SitemapPagesSpider(ListedPagesSpider, SitemapSpider):
                 stats.inc_value("incremental/sitemap/child_unchanged")
                 self.current(state.listing)
                 if state.flags & PageFlags.HAS_LINKS and response.request is not None:
-                    # An index in an index.
-                    async for request in self._children_of(state, response.request):
+                    # An index in an index (read once, if it names this one).
+                    seen = {PageKey(state.key.scope, entries.canonical(response.url))}
+                    async for request in self._children_of(state, response.request, seen):
                         yield request
                 continue
             yield self._sitemap_request(child.loc, child.lastmod, named_by)
