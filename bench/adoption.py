@@ -38,10 +38,13 @@ For each, side by side in one run: plain (the same spider, add-on off)
 cold; ours cold, then a re-crawl at the same moment (nothing changed,
 nothing due), then 5% of the content pages changed and a re-crawl two days
 later (``faketime -f +2d``: every page due, asked conditionally), on SQLite
-and on Redis; the same two re-crawls on a copy of the SQLite store with
-``INCREMENTAL_REPLAY_SHORTCUTS=False`` (every stored request built: the
-replay before this option); then generated manuals of N and ``--scale`` x N
-pages (of ``--big-page-size``), ours cold and its nothing-due re-crawl each.
+and on Redis, and once more at the same moment (pages that failed once
+are due on the next crawl, to be confirmed gone: only then is nothing
+due, the moment the nothing-due target is for); the same two re-crawls
+on a copy of the SQLite store with ``INCREMENTAL_REPLAY_SHORTCUTS=False``
+(every stored request built: the replay before this option); then
+generated manuals of N and ``--scale`` x N pages (of ``--big-page-size``),
+ours cold and its nothing-due re-crawl each.
 The manual is python3-doc's HTML when installed (``--manual-docs-dir``;
 ``--generated`` for the generated one). Printed: CPU
 and peak RSS of each crawl process, its ratio to plain's cold crawl,
@@ -249,7 +252,16 @@ def manual_part(args: argparse.Namespace, work: Path, redis_server: RedisServer)
                 site.reset()
                 again = manual_crawl(site, kind, settings, work, f"{kind}-{store}-again")
                 rows.append(manual_row(f"ours {store} same moment", again, site.log(), base))
-                figures[f"{store} nothing due"] = again.usage.cpu
+                figures[f"{store} same moment"] = again.usage.cpu
+                # The same moment again: a page that failed once (python3-doc
+                # links three pages it does not ship: 404s) is due on the next
+                # crawl, to be confirmed gone, so the crawl above was not one
+                # with nothing due. This one is.
+                site.reset()
+                settled = manual_crawl(site, kind, settings, work, f"{kind}-{store}-settled")
+                rows.append(manual_row(f"ours {store} same moment, 404s confirmed", settled,
+                                       site.log(), base))
+                figures[f"{store} nothing due"] = settled.usage.cpu
                 site.change_paths(changed)
                 site.reset()
                 later = manual_crawl(site, kind, settings, work, f"{kind}-{store}-2d", days=2)
@@ -281,6 +293,8 @@ def manual_part(args: argparse.Namespace, work: Path, redis_server: RedisServer)
                             f"(target <= {TWO_DAYS_TARGET}x)")
                 rss_text = (f"{store}: peak RSS {ratio(rss, plain.usage.maxrss_kib)} of plain "
                             "(target <= 1x)")
+                print(f"  {store}: same moment (failed pages due) "
+                      f"{ratio(figures[f'{store} same moment'], base)} of plain (reported)")
                 checks = [(nothing_text, nothing <= NOTHING_DUE_TARGET * base),
                           (two_text, two <= TWO_DAYS_TARGET * base),
                           (rss_text, rss <= plain.usage.maxrss_kib)]
