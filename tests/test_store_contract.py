@@ -819,6 +819,24 @@ class StateStoreContract:
         assert [await call(store.get_links(k)) for k in (a, b, c)] == [None, '["b2"]', None]
 
     @pytest_twisted.ensureDeferred
+    async def test_links_of_several_pages_read_at_once_as_one_by_one(
+        self, make_store: MakeStore,
+    ) -> None:
+        a, b, c, d = (PageKey(SCOPE, f"{URL}/{name}") for name in "abcd")
+        store = make_store()
+        store.stage_links(a, '["a1"]')
+        store.stage_links(b, '["b1"]')
+        await call(store.flush())
+        store.stage_links(b, None)  # staged: shows at once
+        store.stage_links(c, '["c1"]')
+        keys = [a, b, c, d]
+        one_by_one = {key: await call(store.get_links(key)) for key in keys}
+        assert one_by_one == {a: '["a1"]', b: None, c: '["c1"]', d: None}
+        assert await call(store.get_links_many(keys)) == one_by_one
+        assert await call(store.get_links_many([])) == {}
+        await call(store.close())
+
+    @pytest_twisted.ensureDeferred
     async def test_links_and_the_page_state_staged_after_them_commit_together(
         self, make_store: MakeStore, failing_flush: FailingFlush,
     ) -> None:

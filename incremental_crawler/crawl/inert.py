@@ -117,8 +117,10 @@ class StoredGraphWalk:
         states: dict[PageKey, PageState | None] = {start: state}
         while frontier:
             requests: list[tuple[PageKey, Request]] = []
+            # A level's records in one read (one round trip on a remote store).
+            records = await self.ledger.store.get_links_many(frontier)
             for page in frontier:
-                why = await self._requests_of(page, tokens, requests)
+                why = self._requests_of(page, records.get(page), tokens, requests)
                 if why is not None:
                     return why
             unread = list({key for key, _ in requests if key not in states})
@@ -137,11 +139,11 @@ class StoredGraphWalk:
                         frontier.append(key)
         return None
 
-    async def _requests_of(self, page: PageKey, tokens: set[str],
-                           requests: list[tuple[PageKey, Request]]) -> str | None:
-        """Add *page*'s stored requests not met yet (by entry token), keyed, to
-        *requests*; why the walk must give up, if it must."""
-        data = await self.ledger.store.get_links(page)
+    def _requests_of(self, page: PageKey, data: str | None, tokens: set[str],
+                      requests: list[tuple[PageKey, Request]]) -> str | None:
+        """Add *page*'s stored requests (its record *data*) not met yet (by
+        entry token), keyed, to *requests*; why the walk must give up, if it
+        must."""
         entries = read_record(data) if data is not None else None
         if entries is None or data is None:
             return f"a links record that cannot be read ({page.url})"

@@ -311,6 +311,14 @@ class StateStore(ABC):
         reads never do, as a record may hold a thousand requests.
         """
 
+    async def get_links_many(self, keys: Iterable[PageKey]) -> dict[PageKey, str | None]:
+        """The links records of several pages (see :meth:`get_links`), by key.
+
+        One by one here; a store that can read them in one round trip (a
+        remote one) says so by overriding this.
+        """
+        return {key: await self.get_links(key) for key in keys}
+
     @abstractmethod
     async def get_due(self, scope: str, now: float, limit: int,
                       offset: int = 0) -> list[PageState]:

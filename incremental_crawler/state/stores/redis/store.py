@@ -834,6 +834,30 @@ class RedisStateStore(AdminStore):
         raw = await self._call("HGET", self._host_key("ln", key.scope, host), field)
         return None if raw is None else raw.decode()
 
+    async def get_links_many(self, keys: Iterable[PageKey]) -> dict[PageKey, str | None]:
+        found: dict[PageKey, str | None] = {}
+        wanted: list[PageKey] = []
+        for key in keys:
+            for staged in (self._links, self._flushing_links):
+                if key in staged:
+                    found[key] = staged[key]
+                    break
+            else:
+                wanted.append(key)
+        for start in range(0, len(wanted), _READ_BATCH):
+            batch = wanted[start:start + _READ_BATCH]
+            pipe = self._async.pipeline(transaction=False)
+            for key in batch:
+                host, field = page_field(key)
+                pipe.execute_command("HGET", self._host_key("ln", key.scope, host), field)
+            try:
+                replies = await self._run_raw(pipe)
+            except redis.RedisError as exc:
+                raise self._fail("read failed", exc) from exc
+            for key, raw in zip(batch, replies, strict=True):
+                found[key] = None if raw is None else raw.decode()
+        return found
+
     async def get_due(self, scope: str, now: float, limit: int,
                       offset: int = 0) -> list[PageState]:
         # Most overdue first, ties by URL (then variant): a total order. A
