@@ -73,7 +73,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "incremental_crawler.ignore_patterns", "incremental_crawler.hosts",
         "incremental_crawler.formats", "incremental_crawler.recipes",
         "incremental_crawler.offsite", "incremental_crawler.parsed_trees",
-        "incremental_crawler.redis_retry", "incremental_crawler.lua", "incremental_crawler.http",
+        "incremental_crawler.redis_retry", "incremental_crawler.redis_cluster",
+        "incremental_crawler.lua", "incremental_crawler.http",
     )),
     # What a crawl keeps: records, keys, stores. Storage only.
     ("storage", ("incremental_crawler.state",)),
