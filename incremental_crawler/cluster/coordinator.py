@@ -1,14 +1,18 @@
 """One run shared by N workers: membership, in-flight requests, when to stop.
 
-Keys, under ``{INCREMENTAL_CLUSTER_PREFIX}:{spider}:``:
+Keys, under ``<INCREMENTAL_CLUSTER_PREFIX>:{<spider>}:`` (the spider's
+name in braces: a Redis Cluster hash tag, so that every key of a spider's
+crawl is in one hash slot, and each script runs on one node):
 
 - ``queue``: scrapy-redis's priority queue (a sorted set);
-- ``run``: the current run's id; ``{run}:seen`` its dupefilter,
+- ``run``: the current run's id and its start (``<id>|<start>``: the first
+  worker's clock); ``{run}:seen`` its dupefilter,
   ``{run}:unrecorded`` its failed pages that could not be
   recorded, ``{run}:claims`` one-per-run jobs, ``{run}:tombstones``
   gone page (scope, URL and variant, NUL-separated) → the worker that
-  sends its tombstone (one per run),
-  ``{run}:started`` its start (the first worker's clock);
+  sends its tombstone (one per run), ``{run}:listings`` and
+  ``{run}:decided`` the lists' memberships and the pages they decided, for
+  the worker that re-seeds;
 - ``workers``: worker id → last heartbeat (Redis server time, so workers'
   clocks need not agree);
 - ``inflight:{worker}``: ticket → ``score|request`` for every request the
@@ -20,8 +24,13 @@ Keys, under ``{INCREMENTAL_CLUSTER_PREFIX}:{spider}:``:
 
 Every step that moves a request between the queue and an in-flight hash is
 one Lua script, so a request is always in exactly one of them, whoever
-dies when. The scripts build key names from the prefix they are given: one
-Redis server (or a single-slot deployment), not Redis Cluster.
+dies when. Every key a script touches is declared in its KEYS, all of one
+hash slot: the same scripts run on one Redis server and on a Redis Cluster
+(:mod:`incremental_crawler.redis_cluster` picks the client). The heartbeat,
+which requeues what dead workers held and counts the busy ones, is given
+the keys of every worker this worker knows of; a worker it did not know
+yet (one that joined since) makes the script answer with the members,
+change nothing, and be sent again with their keys.
 
 The coordinator talks to Redis synchronously, as scrapy-redis's scheduler
 does (Scrapy's scheduler interface is synchronous): one short round trip
@@ -63,6 +72,7 @@ from incremental_crawler import clock
 from incremental_crawler.cluster import ClusterError
 from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.lua import load_script
+from incremental_crawler.redis_cluster import connect
 from incremental_crawler.redis_retry import NO_ANSWER, RedisSilent, Silence
 from incremental_crawler.state.stores.base import redis_retry_setting
 from incremental_crawler.uris import redacted
@@ -83,8 +93,9 @@ __all__ = ["ClusterCoordinator", "ClusterError"]
 _LUA_PACKAGE = "incremental_crawler.cluster"
 
 # Join the current run, or start one (stamped with its first worker's
-# clock: next visits are counted from the run's start). ARGV: worker, new
-# run id, run key prefix (ends with ':'), this worker's clock.
+# clock: next visits are counted from the run's start). KEYS: run, workers;
+# ARGV: worker, new run id, this worker's clock. Returns "<run>|<start>" and
+# the workers.
 _JOIN = load_script(_LUA_PACKAGE, "join.lua")
 
 # Queue a request unless the run has seen it (no fingerprint: dont_filter).
@@ -96,13 +107,11 @@ _POP = load_script(_LUA_PACKAGE, "pop.lua")
 # Beat: drop finished tickets, move processed ones waiting for the end of
 # the crawl to the held hash, stamp the worker, return to the queue what
 # workers silent for longer than the TTL held, and say how busy the cluster
-# is. ARGV: worker, ttl, in-flight key prefix, held key prefix, number of
-# finished tickets, finished tickets..., tickets to hold...
+# is. KEYS and ARGV: see the comment at the top of beat.lua.
 _BEAT = load_script(_LUA_PACKAGE, "beat.lua")
 
 # Leave: what the worker still holds goes back to the queue; the last worker
-# out with the queue drained ends the run. ARGV: worker, in-flight prefix,
-# run key prefix, held prefix.
+# out with the queue drained ends the run. KEYS and ARGV: see leave.lua.
 _LEAVE = load_script(_LUA_PACKAGE, "leave.lua")
 
 # After Redis did not answer: requests in this worker's in-flight hash that
@@ -123,6 +132,16 @@ _CLAIM_TOMBSTONE = load_script(_LUA_PACKAGE, "claim_tombstone.lua")
 # How many jobs other live workers claimed and have not done yet.
 # KEYS: claims, workers; ARGV: this worker.
 _CLAIMS_PENDING = load_script(_LUA_PACKAGE, "claims_pending.lua")
+
+
+#: Heartbeat round trips at most, when workers keep joining between them.
+BEAT_TRIES = 5
+
+
+def spider_key(prefix: str, spider: str) -> str:
+    """Where the keys of *spider*'s crawl are: ``<prefix>:{<spider>}`` (the
+    braces: a Redis Cluster hash tag, one hash slot for every key of it)."""
+    return f"{prefix}:{{{spider}}}"
 
 
 class ClusterCoordinator:
@@ -150,8 +169,7 @@ class ClusterCoordinator:
         try:
             # No retries in the client: a Redis that does not answer is
             # ridden out by self.silence, never by blocking the reactor.
-            self.redis = redis.Redis.from_url(self.url, socket_timeout=10,
-                                              retry=Retry(NoBackoff(), 0))
+            self.redis = connect(self.url, socket_timeout=10, retry=Retry(NoBackoff(), 0))
             self.redis.ping()
         except (redis.RedisError, ValueError) as exc:
             raise ClusterError(
@@ -168,6 +186,9 @@ class ClusterCoordinator:
         self._reclaim = self.redis.register_script(_RECLAIM)
         self.run: str | None = None
         self.spider_key = ""
+        #: The other workers of the run this worker knows of (the heartbeat
+        #: is given their keys).
+        self._others: list[str] = []
         #: Requests this worker popped and has not finished, by ticket.
         self._tickets: dict[bytes, Request] = {}
         #: Processed requests → the ledger's staged count when first seen
@@ -243,16 +264,26 @@ class ClusterCoordinator:
     def seen_key(self) -> str:
         return self.run_prefix + "seen"
 
+    def worker_keys(self, worker: str) -> list[str]:
+        """*worker*'s in-flight and held hashes."""
+        return [self.inflight_prefix + worker, self.held_prefix + worker]
+
+    def _know(self, workers: list[bytes]) -> None:
+        self._others = [w.decode() for w in workers if w.decode() != self.worker_id]
+
     # -- membership ------------------------------------------------------------
 
     def join(self, spider: Spider) -> None:
         """Join the spider's current run, or start one (called by the scheduler)."""
-        self.spider_key = f"{self.prefix}:{spider.name}"
-        run, started = self._join(keys=[self.key("run"), self.key("workers")],
+        # The spider's name is the hash tag of every key of its crawl.
+        self.spider_key = spider_key(self.prefix, spider.name)
+        run, workers = self._join(keys=[self.key("run"), self.key("workers")],
                                   args=[self.worker_id, uuid.uuid4().hex[:12],
-                                        self.key(""), repr(clock.now())])
-        self.run = run.decode()
+                                        repr(clock.now())])
+        run_id, _, started = run.decode().partition("|")
+        self.run = run_id
         self.run_started = float(started)
+        self._know(workers)
         # The scheduler opens before the spider_opened signal: the ledger
         # holds its scope, and records its crawl, as this worker.
         ledger = self.crawler.get_extension(Ledger)
@@ -285,8 +316,12 @@ class ClusterCoordinator:
             self.silence.again_blocking(
                 lambda: self._beat_once(release_all=reason == "finished"))
             back, unrecorded, ended = self.silence.again_blocking(lambda: self._leave(
-                keys=[self.key("workers"), self.queue_key, self.key("run")],
-                args=[self.worker_id, self.inflight_prefix, self.run_prefix, self.held_prefix],
+                keys=[self.key("workers"), self.queue_key, self.key("run"),
+                      *self.worker_keys(self.worker_id),
+                      *(self.run_prefix + name
+                        for name in ("seen", "unrecorded", "claims", "tombstones",
+                                     "listings", "decided"))],
+                args=[self.worker_id],
             ))
         except redis.RedisError as exc:
             # run_unrecorded stays unknown: the sitemaps' state is not saved.
@@ -419,12 +454,26 @@ class ClusterCoordinator:
             finished, hold = list(self._tickets), []
         else:
             finished, hold = self._settled_tickets()
-        self.roundtrip()
-        queued, busy, workers, requeued, dead, mine = self._beat(
-            keys=[self.key("workers"), self.queue_key],
-            args=[self.worker_id, self.worker_ttl, self.inflight_prefix, self.held_prefix,
-                  len(finished), *finished, *hold],
-        )
+        # Bounded: a worker that joined since the last beat costs one more
+        # round trip; the membership changing at every one of them is a fault.
+        for _ in range(BEAT_TRIES):
+            self.roundtrip()
+            others = self._others
+            reply = self._beat(
+                keys=[self.key("workers"), self.queue_key, *self.worker_keys(self.worker_id),
+                      *(key for worker in others for key in self.worker_keys(worker))],
+                args=[self.worker_id, self.worker_ttl, len(finished), len(hold),
+                      *finished, *hold, *others],
+            )
+            if len(reply) == 1:  # workers it did not know of: their keys, and again
+                self._know(reply[0])
+                continue
+            break
+        else:
+            raise redis.RedisError(
+                f"the run's workers changed at each of {BEAT_TRIES} heartbeats in a row")
+        queued, busy, workers, requeued, dead, mine, members = reply
+        self._know(members)
         self._failing_since = None
         self.silence.answered()
         for ticket in finished:

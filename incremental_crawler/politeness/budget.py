@@ -19,6 +19,11 @@ with different clocks agree). The site sees one polite client:
   workers seeing one burst of 429s cut once), soft errors, a freeze
   (Retry-After or backoff) and a park.
 
+The URL may name a Redis Cluster (:mod:`incremental_crawler.redis_cluster`):
+each slot's hash is one key, the only key its script touches, so the script
+runs on the node that holds it (Redis's clock there), and the slots spread
+over the nodes.
+
 The worker side, :class:`SharedBudget`, is asyncio (redis.asyncio, on
 Scrapy's asyncio reactor): requests wait for a token without blocking the
 reactor; the waiting requests of a slot share one round trip; tokens left
@@ -36,18 +41,20 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from redis import asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import NoScriptError, RedisError
 
 from incremental_crawler.config import DEFAULT_SETTINGS
 from incremental_crawler.lua import load_script
+from incremental_crawler.redis_cluster import AsyncClusterClient, connect_async
 from incremental_crawler.redis_retry import Silence
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from redis import asyncio as aioredis
 
     from incremental_crawler.politeness.window import WindowPolicy
 
@@ -160,12 +167,9 @@ class SharedBudget:
                  on_reply: Callable[[str, Grant], None],
                  on_failure: Callable[[Exception], None],
                  retry_time: float = DEFAULT_SETTINGS["INCREMENTAL_REDIS_RETRY_TIME"]) -> None:
-        # A blip is retried by the client for about half a second; a dead
-        # server fails the call within seconds, it never hangs it; a longer
-        # silence is ridden out by self.silence.
-        self.client = aioredis.Redis.from_url(
-            url, socket_timeout=5, socket_connect_timeout=5,
-            retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.25), 5))
+        #: Redis's client, made by :meth:`open` (one server's or a Redis
+        #: Cluster's: :func:`~incremental_crawler.redis_cluster.connect_async`).
+        self.client: aioredis.Redis | AsyncClusterClient | None = None
         self.url = url
         self.prefix = prefix
         self.silence = Silence(f"The shared budget at {redacted(url)}", float(retry_time))
@@ -186,6 +190,13 @@ class SharedBudget:
         return f"{self.prefix}:{key}"
 
     async def open(self) -> None:
+        # A blip is retried by the client for about half a second; a dead
+        # server fails the call within seconds, it never hangs it; a longer
+        # silence is ridden out by self.silence. On a Redis Cluster each
+        # slot's hash is one key: its script runs on the node of that key.
+        self.client = await connect_async(
+            self.url, socket_timeout=5, socket_connect_timeout=5,
+            retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.25), 5))
         await self._load()
 
     def stop_waiting(self) -> int:
@@ -209,7 +220,8 @@ class SharedBudget:
             await asyncio.wait(set(self._flushes), timeout=2.0)
         for task in list(self._tasks):
             task.cancel()
-        await self.client.aclose()
+        if self.client is not None:
+            await self.client.aclose()
 
     # -- the worker's API --------------------------------------------------------
 
@@ -362,12 +374,13 @@ class SharedBudget:
             sha = self._sha if self._sha is not None else await self._load()
             self.stats.inc_value("incremental/throttle/shared/roundtrips")
             try:
-                return await self.client.evalsha(sha, 1, self.redis_key(key), *args)
+                return await self._redis().evalsha(sha, 1, self.redis_key(key), *args)
             except NoScriptError:
-                # The server restarted or ran SCRIPT FLUSH: load it again, once.
+                # The server restarted or ran SCRIPT FLUSH (or a cluster node
+                # that took the slot over never had it): load it again, once.
                 sha = await self._load()
                 self.stats.inc_value("incremental/throttle/shared/roundtrips")
-                return await self.client.evalsha(sha, 1, self.redis_key(key), *args)
+                return await self._redis().evalsha(sha, 1, self.redis_key(key), *args)
 
         # Asked again while Redis does not answer: an acquire whose reply was
         # lost only spent tokens (the rate stays), a report sent twice counts
@@ -380,9 +393,15 @@ class SharedBudget:
     async def _load(self) -> str:
         """Load the script; its SHA-1 (kept for the next calls)."""
         self.stats.inc_value("incremental/throttle/shared/roundtrips")
-        sha: str = await self.client.script_load(BUDGET_LUA)
+        # On a Redis Cluster: loaded on every primary.
+        sha: str = await self._redis().script_load(BUDGET_LUA)
         self._sha = sha
         return sha
+
+    def _redis(self) -> aioredis.Redis | AsyncClusterClient:
+        if self.client is None:
+            raise RuntimeError("SharedBudget.open() was not called")
+        return self.client
 
     def _fail_waiters(self, slot: _Slot, exc: Exception) -> int:
         waiters, slot.waiters = slot.waiters, deque()

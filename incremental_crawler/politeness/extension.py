@@ -230,8 +230,10 @@ class AdaptiveThrottle(AutoThrottle):
         url = settings.get("INCREMENTAL_THROTTLE_SHARED_URL")
         if url:
             try:
-                if not str(url).startswith(("redis://", "rediss://", "unix://")):
-                    raise ValueError("use redis://host:port/db (or rediss://, unix://)")
+                if not str(url).startswith(("redis://", "rediss://", "unix://",
+                                            "redis+cluster://", "rediss+cluster://")):
+                    raise ValueError("use redis://host:port/db (or rediss://, unix://; "
+                                     "a Redis Cluster: redis+cluster://host:port,host:port/)")
                 # Imported here: a crawl without a shared budget does not
                 # import Redis's client (a tenth of a second of its start).
                 from incremental_crawler.politeness.budget import SharedBudget  # noqa: PLC0415
@@ -271,7 +273,7 @@ class AdaptiveThrottle(AutoThrottle):
 
             try:
                 await self.shared.open()
-            except RedisError as exc:
+            except (RedisError, ValueError) as exc:
                 # Crawling without it would make N workers N times too fast.
                 logger.error("The shared budget at %(url)s cannot be used (%(exc)s): "
                              "closing the crawl", {"url": redacted(self.shared.url), "exc": exc})
