@@ -16,6 +16,9 @@ from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 
 from incremental_crawler.state.stores import open_store
+
+# The session's Redis Cluster (three loopback primaries), for the tests that ask.
+from tests.redis_cluster_util import redis_cluster  # noqa: F401
 from tests.redis_util import (
     CLUSTER_REDIS_URI,
     REDIS_URI,

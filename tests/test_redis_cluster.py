@@ -1,0 +1,353 @@
+"""Cluster mode and the shared budget on a real Redis Cluster.
+
+Three ``redis-server --cluster-enabled yes`` primaries on loopback ports,
+started once for the session (:mod:`tests.redis_cluster_util`). The
+coordination keys, scrapy-redis's queue and dupefilter and the shared
+budget run on the cluster; the state store stays on the shared standalone
+Redis (or SQLite): it does not run on a Redis Cluster yet, and a crawl
+whose store would follow the cluster's URL is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import pytest_twisted
+import redis
+from redis.crc import key_slot
+from scrapy import Request, Spider
+from scrapy.extension import ExtensionManager
+from scrapy.utils.test import get_crawler
+from twisted.internet import defer, reactor
+from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThread
+
+from incremental_crawler.cluster.coordinator import ClusterCoordinator, ClusterError
+from incremental_crawler.cluster.scheduler import ClusterDupeFilter
+from incremental_crawler.config import DEFAULT_SETTINGS
+from incremental_crawler.politeness.budget import SharedBudget
+from incremental_crawler.politeness.window import WindowPolicy
+from incremental_crawler.redis_cluster import SyncClusterClient, connect
+from tests.redis_cluster_util import free_ports
+from tests.redis_util import REDIS_URI
+from tests.test_cluster import Worker, page_gets, until_all_have_work
+from tests.test_fatal import one_error_line
+from tests.test_shared_budget import (
+    BURST,
+    RATE,
+    START,
+    add_worker_pages,
+    busiest_second,
+    run_workers,
+    shared_stats,
+)
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def prefix(redis_cluster):
+    """A key prefix of the test's own on the cluster; its keys deleted afterwards."""
+    name = f"test-rc-{time.monotonic_ns()}"
+    yield name
+    redis_cluster.delete(f"{name}*")
+
+
+@pytest.fixture
+def store_uri(redis_prefix: str) -> str:
+    """The crawls' state store: the standalone Redis, a prefix of the test's own."""
+    return f"{REDIS_URI}?prefix={redis_prefix}"
+
+
+def on_cluster(cluster, *extra: str) -> tuple[str, ...]:
+    return ("-s", f"INCREMENTAL_CLUSTER_URL={cluster.url}", *extra)
+
+
+# -- the client: one server or a cluster -------------------------------------------
+
+
+def test_a_node_of_a_cluster_gives_the_cluster_client_and_one_server_its_own(redis_cluster):
+    for url in (redis_cluster.url, redis_cluster.seeds_url):
+        client = connect(url)
+        try:
+            assert isinstance(client, SyncClusterClient), url
+            # Keys of three slots on three nodes, through one client.
+            for key in ("a", "b", "c"):
+                client.set(f"test-rc-client:{key}", 1)
+            assert client.delete(*(f"test-rc-client:{k}" for k in "abc")) == 3
+        finally:
+            client.close()
+    client = connect(REDIS_URI)
+    try:
+        assert type(client) is redis.Redis
+    finally:
+        client.close()
+    # A cluster has only db 0: a node named with another is refused, clearly.
+    node_db = redis_cluster.url.removesuffix("/0") + "/9"
+    with pytest.raises(ValueError, match=r"is a node of a Redis Cluster, which has only "
+                                         r"database 0, not 9"):
+        connect(node_db)
+
+
+# -- the coordinator's scripts on the cluster ---------------------------------------
+
+
+def coordinator(cluster, prefix: str, **settings) -> ClusterCoordinator:
+    crawler = get_crawler(Spider, {
+        **DEFAULT_SETTINGS, "INCREMENTAL_CLUSTER_URL": cluster.url,
+        "INCREMENTAL_CLUSTER_PREFIX": prefix, **settings})
+    crawler.engine = SimpleNamespace(_slot=None)  # nothing in progress
+    made = ClusterCoordinator.from_crawler(crawler)
+    crawler.extensions = ExtensionManager(made, crawler=crawler)
+    return made
+
+
+def test_the_dupefilter_and_the_run_live_in_one_slot_of_the_cluster(redis_cluster, prefix):
+    spider = Spider("dupes")
+    worker = coordinator(redis_cluster, prefix)
+    spider.crawler, spider.settings = worker.crawler, worker.crawler.settings
+    worker.join(spider)
+    try:
+        dupefilter = ClusterDupeFilter.from_spider(spider)
+        assert not dupefilter.request_seen(Request("http://127.0.0.1/a?b=2&a=1"))
+        assert dupefilter.request_seen(Request("http://127.0.0.1/a?a=1&b=2"))
+        assert worker.push(None, 0, b"request") is True
+        keys = redis_cluster.keys(f"{prefix}:*")
+        # The run, its members, its queue and its dupefilter: one slot.
+        assert {k.decode() for k in keys} >= {
+            f"{prefix}:{{dupes}}:run", f"{prefix}:{{dupes}}:workers",
+            f"{prefix}:{{dupes}}:queue", worker.seen_key}
+        assert len({key_slot(k) for k in keys}) == 1, keys
+        popped = worker.pop()
+        assert popped is not None and popped[1] == b"request"
+        worker.track(popped[0], Request("http://127.0.0.1/a"))
+    finally:
+        worker.leave("finished")
+    # The last worker out ended the run: nothing of it is left on any node.
+    assert redis_cluster.keys(f"{prefix}:*") == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_worker_that_joins_later_is_seen_and_a_dead_one_reaped_on_the_cluster(
+        redis_cluster, prefix):
+    # The heartbeat touches every worker's in-flight hash: declared keys. A
+    # worker that joined after the first one's last beat is learned (one
+    # more round trip), and when it stops beating its requests go back.
+    spider = Spider("members")
+    first, second = (coordinator(redis_cluster, prefix, INCREMENTAL_CLUSTER_HEARTBEAT=0.2,
+                                 INCREMENTAL_CLUSTER_WORKER_TTL=1) for _ in range(2))
+    first.join(spider)
+    first._task.stop()  # its beats are the test's own until the wait below
+    second.join(spider)
+    second._task.stop()  # the second never beats again
+    try:
+        stats = first.crawler.stats
+        assert first._others == []
+        assert first.push(None, 0, b"one") and first.push(None, 0, b"two")
+        assert second.pop() is not None
+        # The second worker holds a request: the cluster is busy for the
+        # first, which learns of it (a second round trip, with its keys).
+        trips = stats.get_value("cluster/redis_roundtrips")
+        assert first._beat_once() is False
+        assert stats.get_value("cluster/redis_roundtrips") - trips == 2
+        assert first._others == [second.worker_id]
+        trips = stats.get_value("cluster/redis_roundtrips")
+        assert first._beat_once() is False
+        assert stats.get_value("cluster/redis_roundtrips") - trips == 1
+        # The second does not beat: dead after 1 s, its request back in the queue.
+        await deferLater(reactor, 1.2)
+        first._beat_once()
+        assert stats.get_value("cluster/dead_workers") == 1
+        assert stats.get_value("cluster/requeued_from_dead") == 1
+        assert first.queued() == 2
+        assert first._others == []
+    finally:
+        second.redis.close()
+        first.redis.delete(first.queue_key)
+        first.leave("finished")
+    assert redis_cluster.keys(f"{prefix}:*") == []
+
+
+# -- real workers ------------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_workers_share_one_crawl_on_a_redis_cluster(
+        site, redis_cluster, prefix, store_uri, tmp_path):
+    n = 60
+    for i in range(n):
+        site.add_page(f"/p/{i:04d}", ("strong", "weak", "lastmod")[i % 3], size=1000)
+    site.slow("/p/", 0.05)
+    workers = [Worker(site, store_uri, prefix, tmp_path, str(i), *on_cluster(redis_cluster))
+               for i in range(2)]
+    await until_all_have_work(site, 2)
+    # Mid-run, on the cluster: the run's keys, all of one slot (each script
+    # runs on one node).
+    keys = await deferToThread(redis_cluster.keys, f"{prefix}:*")
+    names = {k.decode() for k in keys}
+    assert {f"{prefix}:{{sitemap}}:run", f"{prefix}:{{sitemap}}:workers"} <= names, names
+    assert len({key_slot(k) for k in keys}) == 1, names
+    site.release()
+    for worker in workers:
+        assert await worker.wait() == 0, worker.tail()
+    gets = page_gets(site)
+    assert len(gets) == n
+    assert max(gets.values()) == 1, [p for p, c in gets.items() if c > 1]
+    for path in ("/sitemap_index.xml", "/sitemap-1.xml", "/sitemap-2.xml.gz"):
+        assert len(site.requests_for(path)) == 1, path
+    per_worker = [worker.urls() for worker in workers]
+    assert sorted(u for urls in per_worker for u in urls) == sorted(
+        site.url(f"/p/{i:04d}") for i in range(n))
+    assert all(per_worker), [len(u) for u in per_worker]
+    assert all("is a Redis Cluster" not in w.text() for w in workers)
+    # The run ended with its last worker: nothing of it is left on any node.
+    assert redis_cluster.keys(f"{prefix}:*") == []
+
+    # Next run, the cluster named by its seed nodes: a fresh dupefilter, so
+    # the changed pages are fetched (the rest are kept away by their lastmods).
+    changed = set(site.change_fraction(0.1, seed=5))
+    site.reset_log()
+    workers = [Worker(site, store_uri, prefix, tmp_path, f"2-{i}",
+                      "-s", f"INCREMENTAL_CLUSTER_URL={redis_cluster.seeds_url}",
+                      "-s", "INCREMENTAL_LASTMOD_RECHECK_SHARE=0") for i in range(2)]
+    for worker in workers:
+        assert await worker.wait() == 0, worker.tail()
+    assert dict(page_gets(site)) == dict.fromkeys(changed, 1)
+    assert redis_cluster.keys(f"{prefix}:*") == []
+
+
+def crawl_command(site, tmp_path: Path, *settings: str) -> subprocess.CompletedProcess[str]:
+    args = [sys.executable, "-m", "scrapy", "crawl", "sitemap",
+            "-a", f"sitemap_url={site.url('/robots.txt')}", "-s", "LOG_LEVEL=INFO",
+            "-s", f"INCREMENTAL_REPORT_DIR={tmp_path / 'reports'}"]
+    for setting in settings:
+        args += ["-s", setting]
+    return subprocess.run(args, cwd=PROJECT, capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_unreachable_redis_cluster_is_one_clear_error_line(site, tmp_path):
+    site.add_pages(3, size=500)
+    ports = free_ports(2)  # nothing listens there
+    url = f"redis+cluster://:secret@127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}/"
+    result = await deferToThread(
+        crawl_command, site, tmp_path, f"INCREMENTAL_CLUSTER_URL={url}",
+        f"INCREMENTAL_STATE_URI=sqlite:///{tmp_path / 'state.db'}")
+    assert result.returncode == 1, result.stderr[-3000:]
+    line = one_error_line(result)
+    # The URL as given, its password hidden; what redis-py said.
+    assert line.startswith(
+        f"INCREMENTAL_CLUSTER_URL redis+cluster://:***@127.0.0.1:{ports[0]},127.0.0.1:"
+        f"{ports[1]}/: Redis Cluster: Redis Cluster cannot be connected"), line
+    assert "secret" not in result.stderr
+    assert site.log == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_state_store_that_would_follow_the_cluster_url_is_refused(
+        site, redis_cluster, tmp_path):
+    site.add_pages(3, size=500)
+    result = await deferToThread(
+        crawl_command, site, tmp_path, f"INCREMENTAL_CLUSTER_URL={redis_cluster.url}")
+    assert result.returncode == 1, result.stderr[-3000:]
+    line = one_error_line(result)
+    assert line.startswith(
+        f"INCREMENTAL_CLUSTER_URL {redis_cluster.url} is a Redis Cluster, and the state "
+        "store does not run on a Redis Cluster yet"), line
+    assert "set INCREMENTAL_STATE_URI" in line
+    assert site.log == []
+
+
+def test_the_coordinator_names_an_unreachable_cluster():
+    ports = free_ports(1)
+    crawler = get_crawler(Spider, {
+        **DEFAULT_SETTINGS,
+        "INCREMENTAL_CLUSTER_URL": f"redis+cluster://127.0.0.1:{ports[0]}/"})
+    with pytest.raises(ClusterError, match=rf"INCREMENTAL_CLUSTER_URL redis\+cluster://"
+                                           rf"127\.0\.0\.1:{ports[0]}/: Redis Cluster: "):
+        ClusterCoordinator.from_crawler(crawler)
+
+
+# -- the shared budget on the cluster ------------------------------------------------
+
+
+class _Stats(dict):
+    def inc_value(self, key, count=1):
+        self[key] = self.get(key, 0) + count
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_budgets_of_many_slots_spread_over_the_nodes(redis_cluster, prefix):
+    # One hash per slot, the only key its script touches: each runs on the
+    # node that holds it, the script loaded on every primary.
+    hosts = [f"host{i}.example" for i in range(12)]
+
+    async def run() -> list[int]:
+        budget = SharedBudget(redis_cluster.url, prefix, stats=_Stats(),
+                              on_reply=lambda k, g: None, on_failure=lambda exc: None)
+        await budget.open()
+        try:
+            return [await budget.acquire(host, WindowPolicy(start_rate=10.0), 0.0)
+                    for host in hosts]
+        finally:
+            await budget.close()
+
+    seqs = await defer.Deferred.fromFuture(asyncio.ensure_future(run()))
+    assert seqs == [1] * len(hosts)
+    holders = set()
+    for port in redis_cluster.ports:
+        with redis_cluster.node(port) as node:
+            found = [k for k in node.scan_iter(match=f"{prefix}:*") if node.exists(k)]
+            if found:
+                holders.add(port)
+    assert len(redis_cluster.keys(f"{prefix}:*")) == len(hosts)
+    assert len(holders) == 3, holders
+
+
+@pytest.mark.alone
+@pytest_twisted.ensureDeferred
+async def test_three_workers_share_one_window_on_a_redis_cluster(
+        site, tmp_path, redis_cluster, prefix):
+    # tests/test_shared_budget.py's first test, its budget on the cluster:
+    # the site's limit is kept by the three workers together.
+    lists = add_worker_pages(site, 3, 15)
+    limiter = site.limit(rate=RATE, burst=BURST)
+    logs = await run_workers(site, tmp_path / "shared", 3,
+                             f"INCREMENTAL_THROTTLE_SHARED_URL={redis_cluster.url}",
+                             f"INCREMENTAL_THROTTLE_SHARED_PREFIX={prefix}", *START)
+    fetched = {r.path for r in site.log if r.status == 200}
+    assert all(set(paths) <= fetched for paths in lists)
+    n429 = sum(1 for r in site.log if r.status == 429)
+    figures = shared_stats(logs)
+    assert n429 <= 0.1 * len(site.log)
+    assert limiter.broken_promises == 0
+    assert busiest_second(site) <= RATE + BURST
+    used = figures["acquires"] - figures["tokens_dropped"] - figures["tokens_expired"]
+    assert used == figures["requests"]
+    # The budget was the cluster's: its slot's hash is there.
+    assert f"{prefix}:127.0.0.1".encode() in redis_cluster.keys(f"{prefix}:*")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_cluster_crawl_with_the_shared_budget_on_the_cluster(
+        site, redis_cluster, prefix, store_uri, tmp_path):
+    # The throttle on: the budget follows INCREMENTAL_CLUSTER_URL onto the
+    # cluster, beside the run's keys.
+    site.add_pages(20, size=500)
+    budget = f"{prefix}-budget"
+    worker = Worker(site, store_uri, prefix, tmp_path, "1", *on_cluster(
+        redis_cluster, "-s", "INCREMENTAL_THROTTLE_ENABLED=True",
+        "-s", "INCREMENTAL_THROTTLE_START_RATE=50",
+        "-s", f"INCREMENTAL_THROTTLE_SHARED_PREFIX={budget}"))
+    assert await worker.wait() == 0, worker.tail()
+    assert len(page_gets(site)) == 20
+    assert "'incremental/throttle/shared/acquires'" in worker.text(), worker.tail()
+    assert f"{budget}:127.0.0.1".encode() in redis_cluster.keys(f"{budget}:*")
+    assert redis_cluster.keys(f"{prefix}:*") == []
