@@ -174,6 +174,17 @@ class LoopbackCluster:
                 for key in client.scan_iter(match=pattern, count=1_000):
                     client.delete(key)
 
+    def port_of(self, key: str) -> int:
+        """The port of the node serving *key*'s slot."""
+        with self.client() as client:
+            node = client.get_node_from_key(key)
+            return int(node.port)
+
+    def shut_down_node(self, port: int) -> None:
+        """Stop one node (no replica takes its slots over)."""
+        with contextlib.suppress(redis.RedisError), self.node(port) as client:
+            client.shutdown(nosave=True)
+
     def stop(self) -> None:
         for port in self.ports:
             with contextlib.suppress(redis.RedisError), self.node(port) as client:

@@ -34,9 +34,10 @@ from incremental_crawler.config import DEFAULT_SETTINGS
 from incremental_crawler.politeness.budget import SharedBudget
 from incremental_crawler.politeness.window import WindowPolicy
 from incremental_crawler.redis_cluster import SyncClusterClient, connect
-from tests.redis_cluster_util import free_ports
+from tests.redis_cluster_util import LoopbackCluster, free_ports
 from tests.redis_util import REDIS_URI
-from tests.test_cluster import Worker, page_gets, until_all_have_work
+from tests.spiders import ListSpider
+from tests.test_cluster import Worker, page_gets, until, until_all_have_work
 from tests.test_fatal import one_error_line
 from tests.test_shared_budget import (
     BURST,
@@ -351,3 +352,49 @@ async def test_a_cluster_crawl_with_the_shared_budget_on_the_cluster(
     assert "'incremental/throttle/shared/acquires'" in worker.text(), worker.tail()
     assert f"{budget}:127.0.0.1".encode() in redis_cluster.keys(f"{budget}:*")
     assert redis_cluster.keys(f"{prefix}:*") == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_worker_whose_cluster_node_dies_stops_loudly_by_itself(site, tmp_path):
+    # A cluster of the test's own: the node serving the run's slot is shut
+    # down mid-crawl (no replica takes over). The worker neither hangs nor
+    # crashes on the cluster client's errors: it rides the silence out for
+    # INCREMENTAL_REDIS_RETRY_TIME, then stops with one ERROR line.
+    site.add_pages(60, size=1000)
+    site.slow("/p/", 0.05)
+    own = LoopbackCluster()
+    await deferToThread(own.start)
+    try:
+        worker = Worker(site, f"sqlite:///{tmp_path / 'state.db'}", "own", tmp_path, "1",
+                        *on_cluster(own, "-s", "INCREMENTAL_CLUSTER_WORKER_TTL=2",
+                                    "-s", "INCREMENTAL_REDIS_RETRY_TIME=2"))
+        await until(lambda: sum(page_gets(site).values()) >= 15, "the crawl to get going")
+        port = await deferToThread(own.port_of, "own:{sitemap}:queue")
+        await deferToThread(own.shut_down_node, port)
+        assert await worker.wait(timeout=60) == 1, worker.tail()
+    finally:
+        await deferToThread(own.remove)
+    log = worker.text()
+    assert "'finish_reason': 'cluster_redis_error'" in log, worker.tail()
+    assert "Redis does not answer" in log, worker.tail()
+    errors = [line.split("ERROR: ", 1)[1] for line in log.splitlines() if "ERROR:" in line]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(
+        f"Cluster {own.url}: Redis has not answered for 2 s (INCREMENTAL_REDIS_RETRY_TIME): "
+    ), errors
+    assert "Traceback" not in log, worker.tail()
+    assert len(page_gets(site)) < 60
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_unreachable_budget_cluster_closes_the_crawl_before_any_request(
+        site, crawl, caplog):
+    site.add_page("/a", "strong", size=500)
+    port = free_ports(1)[0]  # nothing listens there
+    url = f"redis+cluster://127.0.0.1:{port}/"
+    crawler = await crawl(ListSpider, settings={
+        "INCREMENTAL_THROTTLE_ENABLED": True, "INCREMENTAL_THROTTLE_SHARED_URL": url},
+        urls=[site.url("/a")])
+    assert crawler.stats.get_value("finish_reason") == "shared_budget_unavailable"
+    assert site.log == []
+    assert f"The shared budget at {url} cannot be used (Redis Cluster: " in caplog.text
