@@ -21,8 +21,8 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from incremental_crawler.change.accounting import Why
 from incremental_crawler.change.revisit import RevisitSchedule
-from incremental_crawler.change.schedule import Why
 from incremental_crawler.http.validators import parse_http_date, weak_match
 from incremental_crawler.state.records import HostTrust, PageFlags, PageKey, PageState
 

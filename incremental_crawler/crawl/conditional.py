@@ -45,6 +45,14 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.utils.httpobj import urlparse_cached
 
 from incremental_crawler import clock
+from incremental_crawler.change.accounting import (
+    META_LASTMOD_MODIFIED,
+    META_LISTING,
+    PageOutcome,
+    Why,
+    decided,
+    mark,
+)
 from incremental_crawler.change.fingerprints import body_fingerprint
 from incremental_crawler.change.policy import (
     HOST_CONSULTED,
@@ -56,14 +64,6 @@ from incremental_crawler.change.policy import (
     final_outcome,
     future_last_modified,
     links_unknown,
-)
-from incremental_crawler.change.schedule import (
-    META_LASTMOD_MODIFIED,
-    META_LISTING,
-    PageOutcome,
-    Why,
-    decided,
-    mark,
 )
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.crawl.due import DueRule
@@ -131,7 +131,7 @@ class ConditionalRequestMiddleware:
         self.rule = DueRule.for_crawler(crawler, config, spider)
         self.policy: ChangePolicy = self.rule.policy
         self.default_encoding = self.rule.encoding
-        self.counter = self.ledger.schedule
+        self.counter = self.ledger.counter
         self.replayer = Replayer(crawler, spider, self.ledger.stage_flags,
                                  skip_seen=config.replay_shortcuts)
 

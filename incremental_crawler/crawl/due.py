@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from scrapy.downloadermiddlewares.httpcompression import ACCEPTED_ENCODINGS
 from scrapy.http.request import NO_CALLBACK
 
+from incremental_crawler.change.accounting import decided
 from incremental_crawler.change.policy import ChangePolicy
-from incremental_crawler.change.schedule import decided
 from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD, META_REFRESH, META_SKIP
 from incremental_crawler.state.keys import page_key
 
@@ -93,7 +93,7 @@ class DueRule:
         ledger's start and ``due_at``); see :meth:`ChangePolicy.due`.
 
         A request whose page was decided already this crawl (a list spider's,
-        the re-seeder's: :func:`~incremental_crawler.change.schedule.decided`)
+        the re-seeder's: :func:`~incremental_crawler.change.accounting.decided`)
         is not decided again.
         """
         if decided(request) is not None:

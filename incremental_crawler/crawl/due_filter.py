@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request
 from scrapy.exceptions import NotConfigured
 
+from incremental_crawler.change.accounting import decided
 from incremental_crawler.change.policy import links_unknown
-from incremental_crawler.change.schedule import decided
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.crawl.due import DueRule
 from incremental_crawler.crawl.inert import StoredGraphWalk
@@ -88,7 +88,7 @@ class NotDueFilterMiddleware:
         self.ledger = Ledger.for_component(crawler)
         spider = self.ledger.spider_for_component()
         self.rule = DueRule.for_crawler(crawler, config, spider)
-        self.counter = self.ledger.schedule
+        self.counter = self.ledger.counter
         self._memo: dict[PageKey, PageState | None] = {}
         #: Whether a not-due page's stored links can lead to anything this
         #: crawl, read from the store (None: every such page gets its stand-in).

@@ -69,10 +69,10 @@ from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from twisted.internet.defer import Deferred
 
 from incremental_crawler import clock
+from incremental_crawler.change.accounting import PageOutcome, ScheduleCounter
 from incremental_crawler.change.identity import ItemIdentity, serialize_item
 from incremental_crawler.change.policy import DueRules
 from incremental_crawler.change.revisit import failure_next_visit
-from incremental_crawler.change.schedule import PageOutcome, ScheduleCounter
 from incremental_crawler.change.skew import ClockSkew, skew_tolerance
 from incremental_crawler.change.tombstones import TombstoneSender
 from incremental_crawler.change.trust import HostTrustBook
@@ -296,7 +296,7 @@ class Ledger:
         #: Set by the cluster coordinator in cluster mode.
         self.run_gate: RunGate | None = None
         #: Why each known page was requested or not, for the whole crawl.
-        self.schedule = ScheduleCounter(crawler.stats)
+        self.counter = ScheduleCounter(crawler.stats)
         # This crawl's start (set again when the spider opens).
         self._started = clock.now()
         self._pending: dict[int, _Pending] = {}
@@ -801,7 +801,7 @@ class Ledger:
             self.note_unrecorded_failure()
             return False
         if counted:
-            self.schedule.failed(key.url)
+            self.counter.failed(key.url)
         return True
 
     def _requestable(self, key: PageKey, prior: PageState | None, callback: str | None,
@@ -878,12 +878,12 @@ class Ledger:
             self.record_failure(state.key, txn.prior, state.last_status or 0,
                                 callback=state.callback, recipe=state.recipe, counted=False)
             if not txn.discovery:
-                self.schedule.outcome(PageOutcome.WITHHELD, state.key.url)
+                self.counter.outcome(PageOutcome.WITHHELD, state.key.url)
             return
         if txn.judge is not None:
             txn.state = txn.judge(txn.content_changed())
         if txn.outcome is not None and not txn.discovery:
-            self.schedule.outcome(txn.outcome, txn.state.key.url)
+            self.counter.outcome(txn.outcome, txn.state.key.url)
         if txn.discovery:
             # A sitemap's validators say "everything it lists was handled":
             # true only once the requests it produced have run, so they are

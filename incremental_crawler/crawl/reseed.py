@@ -60,9 +60,9 @@ from scrapy import Request, signals
 from scrapy.exceptions import DontCloseSpider, NotConfigured
 
 from incremental_crawler import clock
+from incremental_crawler.change.accounting import META_LASTMOD_MODIFIED, Why, mark
 from incremental_crawler.change.policy import DueRules, schedule_why
 from incremental_crawler.change.sample import RotatingSample
-from incremental_crawler.change.schedule import META_LASTMOD_MODIFIED, Why, mark
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.hosts import host_of
@@ -251,7 +251,7 @@ class _DueReader:
         self.ledger = ledger
         self.rules: DueRules = ledger.due_rules()
         self.limit = reseeder.config.reseed_limit
-        self.counter = ledger.schedule
+        self.counter = ledger.counter
         self.skip = getattr(reseeder.spider, "reseed_skip", None)
         self.listed = getattr(reseeder.spider, "lastmod_listed", None)
         self.use_lastmod = bool(getattr(reseeder.spider, "use_lastmod", True))

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from incremental_crawler import clock
+from incremental_crawler.change.accounting import Why
 from incremental_crawler.change.policy import schedule_why
-from incremental_crawler.change.schedule import Why
 from incremental_crawler.lists.dates import parse_w3c_datetime
 from incremental_crawler.state.records import PageFlags
 

@@ -10,8 +10,8 @@ from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from scrapy.extensions.logstats import LogStats
 
+from incremental_crawler.change.accounting import PageOutcome, Why
 from incremental_crawler.change.policy import Verdict
-from incremental_crawler.change.schedule import PageOutcome, Why
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.formats import shares

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from scrapy import Request
 from scrapy.spiders import SitemapSpider
 
-from incremental_crawler.change.schedule import Why
+from incremental_crawler.change.accounting import Why
 from incremental_crawler.lists.dates import parse_feed_date, parse_w3c_datetime
 from incremental_crawler.lists.documents import FEED_KINDS
 from incremental_crawler.lists.robots import sitemap_urls_from_robots
