@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 from incremental_crawler.change.accounting import Why
 from incremental_crawler.change.revisit import RevisitSchedule
 from incremental_crawler.http.validators import parse_http_date, weak_match
-from incremental_crawler.state.records import HostTrust, PageFlags, PageKey, PageState
+from incremental_crawler.state.records import HostTrust, PageFlags, PageKey, PageState, is_gone
 
 if TYPE_CHECKING:
     from typing import Self
@@ -299,10 +299,6 @@ def answered(state: PageState) -> bool:
             and not failed_last(state))
 
 
-def _gone(state: PageState) -> bool:
-    return bool(state.flags & PageFlags.GONE)
-
-
 def gone_due(state: PageState, *, due_at: float, lastmod: float | None = None,
              checked_by: float = math.inf) -> bool:
     """Whether a GONE page is asked again when something names it this crawl.
@@ -368,7 +364,7 @@ def schedule_why(stored: PageState, rules: DueRules, *, newer: bool = False,
     before all of them: asked again, as new, only when its next visit is due
     or *newer* says it may have come back (see :func:`gone_due`).
     """
-    if _gone(stored) or failed_last(stored):
+    if is_gone(stored) or failed_last(stored):
         return _unanswered_why(stored, rules, newer=newer)
     if stored.fingerprint is None:
         return Why.NEW
@@ -388,7 +384,7 @@ def schedule_why(stored: PageState, rules: DueRules, *, newer: bool = False,
 def _unanswered_why(stored: PageState, rules: DueRules, *, newer: bool) -> Why:
     """A GONE page (new if asked again: see :func:`gone_due`), or one whose
     last answer failed (retried when due)."""
-    if not _gone(stored):
+    if not is_gone(stored):
         return Why.RETRY if rules.due(stored) else Why.NOT_DUE
     if newer:
         return Why.LASTMOD_NEWER
@@ -501,7 +497,7 @@ class ChangePolicy:
         """
         if refresh or discovery:
             return True
-        if _gone(prior):
+        if is_gone(prior):
             return gone_due(prior, due_at=due_at, lastmod=lastmod, checked_by=checked_by)
         if failed_last(prior):
             return schedule_due(prior, due_at, checked_by)
@@ -517,7 +513,7 @@ class ChangePolicy:
                       started: float) -> Why:
         """Why a page that is requested (it was due) is: for the crawl's
         accounting (ScheduleCounter), in the order of :func:`schedule_why`."""
-        if prior is None or _gone(prior):
+        if prior is None or is_gone(prior):
             return Why.NEW
         if failed_last(prior):
             return Why.RETRY
@@ -538,7 +534,7 @@ class ChangePolicy:
         *links_unknown* see :func:`links_unknown`; *started* is the crawl's
         start (max age is judged per crawl).
         """
-        if prior is None or _gone(prior):
+        if prior is None or is_gone(prior):
             # A GONE page asked again is new if it answers: no conditions.
             return RequestReason.NEW
         if not prior.has_validators:

@@ -42,7 +42,6 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from scrapy.exceptions import IgnoreRequest, NotConfigured
-from scrapy.utils.httpobj import urlparse_cached
 
 from incremental_crawler import clock
 from incremental_crawler.change.accounting import (
@@ -70,10 +69,11 @@ from incremental_crawler.crawl.due import DueRule
 from incremental_crawler.crawl.ledger import TXN_META, Ledger
 from incremental_crawler.crawl.replay import Replayer
 from incremental_crawler.exceptions import NotDue, NotModified
+from incremental_crawler.hosts import host_of
 from incremental_crawler.http.validators import parse_etag, parse_last_modified
 from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD, META_REFRESH
 from incremental_crawler.recipes import REFETCH_MARK, own_recipe, record_canary
-from incremental_crawler.state.records import PageFlags
+from incremental_crawler.state.records import PageFlags, is_gone
 from incremental_crawler.state.stores import StateStoreError
 
 if TYPE_CHECKING:
@@ -164,7 +164,7 @@ class ConditionalRequestMiddleware:
         prior = await self._stored(key)
         now = clock.now()
         # A gone page's links are not replayed: it is new if it answers.
-        replay = self.rule.replays(request) and not _gone(prior)
+        replay = self.rule.replays(request) and not is_gone(prior)
         unknown = links_unknown(prior, replay=replay)
         links = None
         if replay and not unknown and prior is not None and prior.flags & PageFlags.HAS_LINKS:
@@ -203,12 +203,12 @@ class ConditionalRequestMiddleware:
             return self.replayer.response(request, key, links)
         if why is Why.SAMPLED:
             # Its response may prove the host's lastmods stale (_settle).
-            await self.ledger.trust.load(_host(request))
+            await self.ledger.trust.load(host_of(request.url))
         reason = await self._reason(request, key, prior, now, links_unknown=unknown)
         if counts:
             why = self.policy.why_requested(prior, recheck_all=self.ledger.recheck_all,
                                             started=self.ledger.crawl_started)
-            self.counter.requested(why, _host(request))
+            self.counter.requested(why, host_of(request.url))
             # Its retries, redirects and re-fetch are the same page: not again.
             mark(request, why)
         request.meta[_CTX] = _Context(key, prior, reason, links)
@@ -228,7 +228,7 @@ class ConditionalRequestMiddleware:
         if prior is not None and prior.has_validators:
             # Loaded in any case: the response may prove the host's
             # validators wrong (ChangePolicy.verdict).
-            host = await self.ledger.trust.load(_host(request))
+            host = await self.ledger.trust.load(host_of(request.url))
         reason = self.policy.request_reason(
             prior, refresh=bool(request.meta.get(META_REFRESH)), links_unknown=links_unknown,
             host=host, url=key.url, now=now, started=self.ledger.crawl_started)
@@ -242,7 +242,7 @@ class ConditionalRequestMiddleware:
             self.stats.inc_value("incremental/discovery/" + event, count)
         else:
             self.stats.inc_value("incremental/" + event, count)
-            self.counter.hosts.count(_host(request), event, count)
+            self.counter.hosts.count(host_of(request.url), event, count)
 
     # -- responses -------------------------------------------------------------
 
@@ -347,7 +347,7 @@ class ConditionalRequestMiddleware:
         now = clock.now()
         fetch = self._read(request, response, ctx.key, now)
         # A gone page that answers is a new page (GONE cleared, counters afresh).
-        prior = None if _gone(ctx.prior) else ctx.prior
+        prior = None if is_gone(ctx.prior) else ctx.prior
         settle = partial(self._settle, request, prior, fetch, now)
         if self.policy.defers(prior, fetch):
             assert prior is not None
@@ -392,7 +392,7 @@ class ConditionalRequestMiddleware:
             self._observe_lastmod(request, prior, changed=changed, now=now)
             if changed and decided(request) is Why.SAMPLED:
                 # Changed behind a trusted lastmod that did not move.
-                self.ledger.trust.stale(_host(request), now)
+                self.ledger.trust.stale(host_of(request.url), now)
         return self.policy.after_fetch(prior, fetch, changed=changed, judgement=judgement,
                                        now=now, started=self.ledger.crawl_started), outcome
 
@@ -401,13 +401,14 @@ class ConditionalRequestMiddleware:
             self.stats.inc_value("incremental/validators/pages_unstable")
             logger.debug("Validators of %(url)s flagged unstable after %(n)d churns",
                          {"url": request.url, "n": judgement.churns})
-        self.ledger.trust.validators_judged(_host(request), judgement, now=now, url=request.url)
+        self.ledger.trust.validators_judged(host_of(request.url), judgement, now=now,
+                                            url=request.url)
 
     def _observe_lastmod(self, request: Request, prior: PageState, *, changed: bool,
                          now: float) -> None:
         # A page fetched because its lastmod moved: did it really change?
         if self.policy.tests_lastmod(prior, request.meta.get(META_LASTMOD)):
-            self.ledger.trust.observe(_host(request), lied=not changed, now=now)
+            self.ledger.trust.observe(host_of(request.url), lied=not changed, now=now)
 
     def _read(self, request: Request, response: Response, key: PageKey, now: float) -> Fetch:
         """The facts of a full response the policy decides on."""
@@ -514,12 +515,6 @@ def _conditions(headers: Headers) -> tuple[str, str]:
     return inm.decode("latin-1"), ims.decode("latin-1")
 
 
-def _gone(state: PageState | None) -> bool:
-    return state is not None and bool(state.flags & PageFlags.GONE)
-
-
-def _host(request: Request) -> str:
-    return urlparse_cached(request).hostname or ""
 
 
 def _vary_star(headers: Headers) -> bool:

@@ -54,7 +54,7 @@ from incremental_crawler.crawl.due import DueRule
 from incremental_crawler.crawl.inert import StoredGraphWalk
 from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.meta import META_DISCOVERY, META_REFRESH
-from incremental_crawler.state.records import PageFlags
+from incremental_crawler.state.records import PageFlags, is_gone
 from incremental_crawler.state.stores import StateStoreError
 
 if TYPE_CHECKING:
@@ -207,4 +207,4 @@ class NotDueFilterMiddleware:
         """Whether a not-due page's stored links are yielded again (a gone
         page's never are: the downloader refuses it)."""
         return (self.rule.replays(request) and bool(state.flags & PageFlags.HAS_LINKS)
-                and not state.flags & PageFlags.GONE)
+                and not is_gone(state))

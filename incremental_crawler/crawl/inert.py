@@ -50,7 +50,7 @@ from incremental_crawler.recipes import (
     recipe_in,
     record_canary,
 )
-from incremental_crawler.state.records import PageFlags
+from incremental_crawler.state.records import PageFlags, is_gone
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -169,7 +169,7 @@ class StoredGraphWalk:
         """Why *request*'s page can matter this crawl (``None``: it cannot)."""
         if state is None:
             return f"a page the store does not know ({request.url})"
-        replay = self.rule.replays(request) and not state.flags & PageFlags.GONE
+        replay = self.rule.replays(request) and not is_gone(state)
         unknown = links_unknown(state, replay=replay)
         if self.rule.due(request, state, links_unknown=unknown, ledger=self.ledger):
             return f"a page due this crawl ({request.url})"
@@ -178,7 +178,7 @@ class StoredGraphWalk:
     def _has_replayed_links(self, request: Request, state: PageState) -> bool:
         # As the not-due filter decides: a gone page's links are never replayed.
         return (self.rule.replays(request) and bool(state.flags & PageFlags.HAS_LINKS)
-                and not state.flags & PageFlags.GONE)
+                and not is_gone(state))
 
     def _is_offsite(self, request: Request) -> bool:
         """Whether Scrapy's OffsiteMiddleware (when enabled) drops *request*."""

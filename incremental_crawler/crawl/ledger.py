@@ -97,6 +97,7 @@ from incremental_crawler.state.records import (
     PageKey,
     PageState,
     Undelivered,
+    is_gone,
 )
 from incremental_crawler.state.stores import StateStore, StateStoreError, open_store
 from incremental_crawler.state.stores.base import dead_pid
@@ -787,7 +788,7 @@ class Ledger:
         failures = (prior.failures if prior is not None else 0) + 1
         next_visit = failure_next_visit(failures, self.crawl_started,
                                         self.config.revisit_initial, self.config.revisit_max)
-        if prior is not None and prior.flags & PageFlags.GONE:
+        if is_gone(prior):
             # A gone page that failed at its recheck (a dead host) waits for
             # its next rare recheck, not the failure schedule's next day.
             next_visit = max(next_visit, clock.now() + self.config.gone_recheck)

@@ -54,7 +54,6 @@ from __future__ import annotations
 import logging
 import math
 from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import urlsplit
 
 from scrapy import Request, signals
 from scrapy.exceptions import DontCloseSpider, NotConfigured
@@ -356,7 +355,7 @@ class _DueReader:
         self.ledger.clock_skew.notice(state)
         why = schedule_why(state, self.rules, vouched=await self.vouched(state))
         if why is Why.LASTMOD_UNCHANGED:
-            host = urlsplit(state.key.url).hostname or ""
+            host = host_of(state.key.url)
             sample = self.samples.get(host)
             if sample is None:
                 share = self.reseeder.config.lastmod_recheck_share
@@ -382,7 +381,7 @@ class _DueReader:
         if callable(self.listed) and not self.listed(state):
             # No list of this crawl gives that date any more.
             return False
-        host = urlsplit(state.key.url).hostname or ""
+        host = host_of(state.key.url)
         trusted = self.trusted.get(host)
         if trusted is None:
             book = self.ledger.trust

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from incremental_crawler import clock
 from incremental_crawler.change.accounting import Why
 from incremental_crawler.change.policy import schedule_why
+from incremental_crawler.hosts import host_of
 from incremental_crawler.lists.dates import parse_w3c_datetime
 from incremental_crawler.state.records import PageFlags
 
@@ -96,7 +97,7 @@ class SitemapEntries:
         parse_date: Callable[[str | None], float | None] = parse_w3c_datetime,
     ) -> None:
         self.parse_date = parse_date
-        self.host = (urlsplit(sitemap_url).hostname or "").lower()
+        self.host = host_of(sitemap_url)
         self.allowed_hosts = {self.host, *(h.lower() for h in allowed_hosts)}
         self.stats = stats
         self.canonical = canonical
@@ -121,7 +122,7 @@ class SitemapEntries:
         if parts.scheme not in ("http", "https"):
             self._reject("scheme" if parts.scheme else "relative")
             return False
-        if not any_host and (parts.hostname or "").lower() not in self.allowed_hosts:
+        if not any_host and host_of(loc) not in self.allowed_hosts:
             self._reject("other_host")
             return False
         return True

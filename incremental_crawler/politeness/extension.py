@@ -40,10 +40,10 @@ from scrapy.exceptions import CloseSpider, IgnoreRequest, NotConfigured
 from scrapy.extensions.throttle import AutoThrottle
 from scrapy.settings import default_settings
 from scrapy.utils.defer import deferred_from_coro
-from scrapy.utils.httpobj import urlparse_cached
 
 from incremental_crawler.config import SettingError, setting_or_default, throttle_enabled
 from incremental_crawler.fatal import SHARED_UNAVAILABLE
+from incremental_crawler.hosts import host_of
 from incremental_crawler.http.validators import parse_http_date
 from incremental_crawler.politeness.downloader import PacedSlot
 from incremental_crawler.politeness.errors import ErrorSignal, classify_error
@@ -385,7 +385,7 @@ class AdaptiveThrottle(AutoThrottle):
         itself stays.
         """
         meta = request.meta
-        host = urlparse_cached(request).hostname or ""
+        host = host_of(request.url)
         if "download_slot" in meta and meta.get(_SLOT_HOST, host) != host:
             del meta["download_slot"]
         if "download_slot" in meta:

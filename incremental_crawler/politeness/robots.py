@@ -82,7 +82,7 @@ from incremental_crawler.exceptions import RobotsTxtUnavailable
 from incremental_crawler.politeness.extension import MAX_WAIT
 from incremental_crawler.politeness.middlewares import MAX_RETRY_AFTER
 from incremental_crawler.recipes import own_recipe
-from incremental_crawler.state.records import PageFlags
+from incremental_crawler.state.records import PageFlags, is_gone
 from incremental_crawler.state.stores import StateStoreError
 
 if TYPE_CHECKING:
@@ -311,7 +311,7 @@ class RobotsTxtMiddleware(ScrapyRobotsTxt):
         key, prior, due = found
         if prior is None or prior.callback is None or not due:
             return
-        if prior.flags & PageFlags.GONE:
+        if is_gone(prior):
             # Its rare recheck: not a failure, the next one a recheck later.
             ledger.gone_unasked(key, prior)
             self._stats.inc_value("incremental/robotstxt/forbidden_recorded")

@@ -24,10 +24,10 @@ import os
 import socket
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, NamedTuple
-from urllib.parse import urlsplit
 
 from incremental_crawler.config import DEFAULT_SETTINGS, SettingError
-from incremental_crawler.state.records import PageFlags
+from incremental_crawler.hosts import host_of
+from incremental_crawler.state.records import is_gone
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
@@ -141,11 +141,6 @@ class Removed(NamedTuple):
         return ", ".join(f"{n} {one if n == 1 else many}"
                          for i, (n, (one, many)) in enumerate(zip(self, names, strict=True))
                          if n or i < len(names) - 1)
-
-
-def host_of(url: str) -> str:
-    """The host a page's trust is kept under: its URL's host name, lowercase."""
-    return (urlsplit(url).hostname or "").lower()
 
 
 def dead_pid(holder: str) -> int | None:
@@ -631,10 +626,9 @@ class AdminStore(StateStore):
         counts: dict[str, list[int]] = {}  # pages, due, gone, failing, size
         for state in self.iter_pages(scope):
             row = counts.setdefault(host_of(state.key.url), [0, 0, 0, 0, 0])
-            is_gone = bool(state.flags & PageFlags.GONE)
             row[0] += 1
             row[1] += int(state.callback is not None and state.next_visit <= now)
-            row[2] += int(is_gone)
+            row[2] += int(is_gone(state))
             row[3] += int(state.failures > 0)
             row[4] += state.size
         trusts = {trust.host: trust for trust in self.iter_hosts(scope)}
