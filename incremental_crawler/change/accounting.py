@@ -114,6 +114,19 @@ class Why(StrEnum):
     #: Not requested: its next visit is after this crawl's start (+ tolerance).
     NOT_DUE = "not_due"
 
+    @property
+    def requested(self) -> bool:
+        """Whether a page decided so is requested (all but the last two).
+
+        >>> Why.DUE.requested, Why.LASTMOD_UNCHANGED.requested, Why.NOT_DUE.requested
+        (True, False, False)
+        """
+        return self not in _NOT_REQUESTED
+
+
+#: The whys of the pages not requested.
+_NOT_REQUESTED = frozenset({Why.LASTMOD_UNCHANGED, Why.NOT_DUE})
+
 
 class PageOutcome(StrEnum):
     """What became of a page requested this crawl: each ends in exactly one.

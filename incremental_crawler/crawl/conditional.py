@@ -65,7 +65,7 @@ from incremental_crawler.change.policy import (
     links_unknown,
 )
 from incremental_crawler.config import IncrementalConfig
-from incremental_crawler.crawl.due import DueRule
+from incremental_crawler.crawl.due import RequestRules
 from incremental_crawler.crawl.ledger import TXN_META, Ledger
 from incremental_crawler.crawl.replay import Replayer
 from incremental_crawler.exceptions import NotDue, NotModified
@@ -128,9 +128,9 @@ class ConditionalRequestMiddleware:
         spider = self.ledger.spider_for_component()
         self.spider = spider
         #: Shared with the spider middleware dropping not-due requests early.
-        self.rule = DueRule.for_crawler(crawler, config, spider)
-        self.policy: ChangePolicy = self.rule.policy
-        self.default_encoding = self.rule.encoding
+        self.rules = RequestRules.for_crawler(crawler, config, spider)
+        self.policy: ChangePolicy = self.rules.policy
+        self.default_encoding = self.rules.encoding
         self.counter = self.ledger.counter
         self.replayer = Replayer(crawler, spider, self.ledger.stage_flags,
                                  skip_seen=config.replay_shortcuts)
@@ -152,7 +152,7 @@ class ConditionalRequestMiddleware:
 
     async def _prepare(self, request: Request) -> Response | None:
         _forget_copied(request)
-        if not self.rule.applies(request):
+        if not self.rules.applies(request):
             return None
         if self.default_encoding is not None:
             # The Accept-Encoding HttpCompressionMiddleware would add, set
@@ -160,11 +160,11 @@ class ConditionalRequestMiddleware:
             # this header selects, and the same header goes out every time
             # (RFC 9110 §8.8.3.3, §12.5.3). Another one is another variant.
             request.headers.setdefault(b"Accept-Encoding", self.default_encoding)
-        key = self.rule.key(request, self.ledger)
+        key = self.rules.key(request, self.ledger)
         prior = await self._stored(key)
         now = clock.now()
         # A gone page's links are not replayed: it is new if it answers.
-        replay = self.rule.replays(request) and not is_gone(prior)
+        replay = self.rules.replays(request) and not is_gone(prior)
         unknown = links_unknown(prior, replay=replay)
         links = None
         if replay and not unknown and prior is not None and prior.flags & PageFlags.HAS_LINKS:
@@ -186,8 +186,11 @@ class ConditionalRequestMiddleware:
         if why is not None:
             mark(request, why)  # confirmed at this URL: a redirect from here keeps it
         counts = why is None and not request.meta.get(META_DISCOVERY)
-        if prior is not None and not self.rule.due(request, prior, links_unknown=unknown,
-                                                   ledger=self.ledger):
+        # Why the page is requested (or not), from the table every decider reads.
+        page_why = Why.NEW if prior is None else self.rules.why(
+            request, prior, links_unknown=unknown, ledger=self.ledger)
+        if not page_why.requested:
+            assert prior is not None
             # Not requested: those that reach this far (not dropped by
             # NotDueFilterMiddleware) are a page whose links are replayed,
             # or a request that did not leave a callback or start().
@@ -206,11 +209,9 @@ class ConditionalRequestMiddleware:
             await self.ledger.trust.load(host_of(request.url))
         reason = await self._reason(request, key, prior, now, links_unknown=unknown)
         if counts:
-            why = self.policy.why_requested(prior, recheck_all=self.ledger.recheck_all,
-                                            started=self.ledger.crawl_started)
-            self.counter.requested(why, host_of(request.url))
+            self.counter.requested(page_why, host_of(request.url))
             # Its retries, redirects and re-fetch are the same page: not again.
-            mark(request, why)
+            mark(request, page_why)
         request.meta[_CTX] = _Context(key, prior, reason, links)
         self._count(request, f"requests/{reason}")
         if reason is RequestReason.CONDITIONAL:
@@ -356,7 +357,7 @@ class ConditionalRequestMiddleware:
                                               judgement=self.policy.unjudged(prior), now=now,
                                               started=self.ledger.crawl_started)
             txn = self.ledger.begin(request.meta, pending, discovery=fetch.discovery,
-                                    record_links=self.rule.replays(request), prior=prior)
+                                    record_links=self.rules.replays(request), prior=prior)
 
             def judge(changed: bool) -> PageState:
                 state, txn.outcome = settle(changed)
@@ -366,7 +367,7 @@ class ConditionalRequestMiddleware:
         else:
             state, outcome = settle(self.policy.body_changed(prior, fetch))
             txn = self.ledger.begin(request.meta, state, discovery=fetch.discovery,
-                                    record_links=self.rule.replays(request), prior=prior)
+                                    record_links=self.rules.replays(request), prior=prior)
             txn.outcome = outcome
         self._stage_redirects(request, ctx.key)
 
@@ -526,7 +527,7 @@ def _vary_star(headers: Headers) -> bool:
 def page_context(request: Request) -> tuple[PageKey, PageState | None] | None:
     """The page *request* fetches and its stored state, as this middleware read them.
 
-    ``None`` for a request it does not apply to (see ``DueRule.applies``), and for
+    ``None`` for a request it does not apply to (see ``RequestRules.applies``), and for
     one it did not let out (not due, replayed).
     """
     ctx: _Context | None = request.meta.get(_CTX)

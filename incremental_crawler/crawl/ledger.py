@@ -71,7 +71,7 @@ from twisted.internet.defer import Deferred
 from incremental_crawler import clock
 from incremental_crawler.change.accounting import PageOutcome, ScheduleCounter
 from incremental_crawler.change.identity import ItemIdentity, serialize_item
-from incremental_crawler.change.policy import DueRules
+from incremental_crawler.change.policy import CrawlDueRules
 from incremental_crawler.change.revisit import failure_next_visit
 from incremental_crawler.change.skew import ClockSkew, skew_tolerance
 from incremental_crawler.change.tombstones import TombstoneSender
@@ -517,13 +517,13 @@ class Ledger:
             return float("inf")
         return self.crawl_started + self.config.due_tolerance
 
-    def due_rules(self) -> DueRules:
+    def due_rules(self) -> CrawlDueRules:
         """This crawl's rules for whether a known page is requested."""
         config = self.config
-        return DueRules(started=self.crawl_started, due_at=self.due_at,
-                        checked_by=self.clock_skew.checked_by(),
-                        recheck_all=self.recheck_all, revisit=config.revisit_enabled,
-                        max_age=config.max_age, jitter=config.max_age_jitter)
+        return CrawlDueRules(started=self.crawl_started, due_at=self.due_at,
+                             checked_by=self.clock_skew.checked_by(),
+                             recheck_all=self.recheck_all, revisit=config.revisit_enabled,
+                             max_age=config.max_age, jitter=config.max_age_jitter)
 
     @property
     def recheck_all(self) -> bool:

@@ -60,7 +60,7 @@ from scrapy.exceptions import DontCloseSpider, NotConfigured
 
 from incremental_crawler import clock
 from incremental_crawler.change.accounting import META_LASTMOD_MODIFIED, Why, mark
-from incremental_crawler.change.policy import DueRules, schedule_why
+from incremental_crawler.change.policy import CrawlDueRules, schedule_why
 from incremental_crawler.change.sample import RotatingSample
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.crawl.ledger import Ledger
@@ -248,7 +248,7 @@ class _DueReader:
     def __init__(self, reseeder: Reseeder, ledger: Ledger) -> None:
         self.reseeder = reseeder
         self.ledger = ledger
-        self.rules: DueRules = ledger.due_rules()
+        self.rules: CrawlDueRules = ledger.due_rules()
         self.limit = reseeder.config.reseed_limit
         self.counter = ledger.counter
         self.skip = getattr(reseeder.spider, "reseed_skip", None)

@@ -38,7 +38,7 @@ from incremental_crawler.change.accounting import (
     Why,
     mark,
 )
-from incremental_crawler.change.policy import DueRules
+from incremental_crawler.change.policy import CrawlDueRules
 from incremental_crawler.change.sample import RotatingSample
 from incremental_crawler.crawl.conditional import page_context
 from incremental_crawler.crawl.ledger import TXN_META
@@ -348,13 +348,13 @@ class ListedPagesSpider(IncrementalSpider):
             txn.listing = NO_LISTING
             txn.list_children = None
 
-    def due_rules(self) -> DueRules:
+    def due_rules(self) -> CrawlDueRules:
         """This crawl's rules (a plain crawl: every listed page is new)."""
         ledger = self.ledger
         if ledger is not None:
             return ledger.due_rules()
         now = clock.now()
-        return DueRules(started=now, due_at=now, revisit=False)
+        return CrawlDueRules(started=now, due_at=now, revisit=False)
 
     async def listed_requests(
         self, entries: SitemapEntries, candidates: list[Candidate],
