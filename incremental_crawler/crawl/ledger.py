@@ -444,7 +444,7 @@ class Ledger:
         a cluster share their scope on purpose; a crawler built without its
         spider (a test's, the shell's) takes its hold when the spider opens.
         """
-        if self.crawler.spider is None or self.crawler.settings.get("INCREMENTAL_CLUSTER_URL"):
+        if self.crawler.spider is None or self.config.cluster is not None:
             return
         self.holder = f"{socket.gethostname()}:{os.getpid()}"
         now = clock.now()

@@ -357,7 +357,8 @@ class IncrementalReport:
 def crawl_lines(stats: dict[str, Any], crawler: Crawler | None) -> list[str]:
     """Every line of the end-of-crawl report (the HTML report shows them too)."""
     s = summarize(stats)
-    worker = bool(crawler is not None and crawler.settings.get("INCREMENTAL_CLUSTER_URL"))
+    worker = (crawler is not None
+              and IncrementalConfig.from_settings(crawler.settings).cluster is not None)
     lines = report_lines(s, worker=worker)
     throttle = crawler.get_extension(AdaptiveThrottle) if crawler else None
     if throttle is not None and throttle.site_windows():

@@ -25,7 +25,7 @@ import socket
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, NamedTuple
 
-from incremental_crawler.config import DEFAULT_SETTINGS, SettingError
+from incremental_crawler.config import DEFAULT_SETTINGS, SettingError, redis_retry_setting
 from incremental_crawler.hosts import host_of
 from incremental_crawler.state.records import is_gone
 from incremental_crawler.uris import redacted
@@ -185,21 +185,6 @@ def item_history_setting(settings: BaseSettings | None) -> int:
     """INCREMENTAL_ITEM_HISTORY from *settings* (its default without them)."""
     return _whole_number_setting(settings, "INCREMENTAL_ITEM_HISTORY", 0,
                                  " (0 keeps every version)")
-
-
-def redis_retry_setting(settings: BaseSettings | None) -> float:
-    """INCREMENTAL_REDIS_RETRY_TIME from *settings* (its default without them)."""
-    name = "INCREMENTAL_REDIS_RETRY_TIME"
-    raw = None if settings is None else settings.get(name)
-    if raw is None:
-        return float(DEFAULT_SETTINGS[name])
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise SettingError(f"{name}={raw!r} is not a number") from None
-    if not value >= 0 or value == float("inf"):
-        raise SettingError(f"{name}={raw!r} must be a number of seconds, at least 0")
-    return value
 
 
 def holder_gone(holder: str) -> bool:
