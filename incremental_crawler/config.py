@@ -2,7 +2,12 @@
 
 Components never call ``settings.get(NAME, default)`` themselves: the
 defaults live here, the add-on installs them, and :class:`IncrementalConfig`
-reads and checks them once, naming the setting when a value is wrong.
+reads and checks them once, naming the setting when a value is wrong. Its
+parts are the settings of the components that are off unless switched on:
+the throttle's (:class:`ThrottleSettings`), cluster mode's
+(:class:`ClusterSettings`) and the live metrics' (:class:`MetricsSettings`),
+each ``None`` when off (and then not checked); the report's are its fields
+``report``, ``report_dir`` and ``report_keep``.
 """
 
 from __future__ import annotations
@@ -10,17 +15,21 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from incremental_crawler.exceptions import ClusterError
 from incremental_crawler.ignore_patterns import DEFAULT_IGNORE_PATTERNS
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Self
 
     from scrapy.settings import BaseSettings
 
 __all__ = [
-    "DEFAULT_SETTINGS", "IncrementalConfig", "SettingError", "setting_or_default",
+    "DEFAULT_SETTINGS", "ClusterSettings", "IncrementalConfig", "MetricsSettings", "SettingError",
+    "ThrottleSettings", "port_range", "redis_retry_setting", "setting_or_default",
     "throttle_enabled",
 ]
 
@@ -224,6 +233,205 @@ def throttle_enabled(settings: BaseSettings) -> bool:
     return bool(setting_or_default(settings, "INCREMENTAL_ENABLED")) and settings.getbool(
         "INCREMENTAL_THROTTLE_ENABLED", DEFAULT_SETTINGS["INCREMENTAL_THROTTLE_ENABLED"])
 
+
+def redis_retry_setting(settings: BaseSettings | None) -> float:
+    """INCREMENTAL_REDIS_RETRY_TIME from *settings* (its default without them):
+    read by the state store, the shared budget and the cluster coordinator."""
+    name = "INCREMENTAL_REDIS_RETRY_TIME"
+    raw = None if settings is None else settings.get(name)
+    if raw is None:
+        return float(DEFAULT_SETTINGS[name])
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise SettingError(f"{name}={raw!r} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise SettingError(f"{name}={raw!r} must be a number of seconds, at least 0")
+    return value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ThrottleSettings:
+    """The ``INCREMENTAL_THROTTLE_*`` settings, checked: the politeness
+    components' part of :class:`IncrementalConfig` (``None`` there when
+    :func:`throttle_enabled` says they are off)."""
+
+    debug: bool
+    #: The windows' bounds (WindowPolicy's fields of those names).
+    start_rate: float
+    min_rate: float
+    max_rate: float
+    target_latency: float
+    max_concurrency: int
+    #: Per-domain WindowPolicy overrides (INCREMENTAL_THROTTLE_DOMAINS).
+    domains: Mapping[str, Mapping[str, Any]]
+    #: Each host of a group, to its group (INCREMENTAL_THROTTLE_HOST_GROUPS).
+    groups: Mapping[str, str]
+    #: A Crawl-delay above this counts as this: robots.txt "1e9" must not
+    #: stop a crawl for ever.
+    crawl_delay_max: float
+    retry_after_max: float
+    warn_share: float
+    tick: float
+    remember_for: float
+    max_retries: int
+    #: The budget shared by every worker (None: each process its own).
+    shared_url: str | None
+    shared_prefix: str
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> Self | None:
+        """``None`` when the throttle is off (:func:`throttle_enabled`)."""
+        if not throttle_enabled(settings):
+            return None
+
+        def number(name: str) -> float:
+            return float(setting_or_default(settings, f"INCREMENTAL_THROTTLE_{name}"))
+
+        min_rate, start_rate, max_rate = number("MIN_RATE"), number("START_RATE"), number(
+            "MAX_RATE")
+        if not 0 < min_rate <= start_rate <= max_rate:
+            # An error, not NotConfigured: that would crawl on without politeness.
+            raise SettingError(
+                "0 < INCREMENTAL_THROTTLE_MIN_RATE <= INCREMENTAL_THROTTLE_START_RATE <= "
+                f"INCREMENTAL_THROTTLE_MAX_RATE must hold ({min_rate:g}, "
+                f"{start_rate:g}, {max_rate:g})"
+            )
+        tick = number("TICK")
+        if tick < 0:
+            raise SettingError(f"INCREMENTAL_THROTTLE_TICK must be >= 0 ({tick:g})")
+        remember_for = number("REMEMBER_FOR")
+        if not remember_for >= 0:
+            raise SettingError(
+                f"INCREMENTAL_THROTTLE_REMEMBER_FOR={remember_for!r} must be 0 (off) or more")
+        return cls(
+            debug=settings.getbool("INCREMENTAL_THROTTLE_DEBUG"),
+            start_rate=start_rate, min_rate=min_rate, max_rate=max_rate,
+            target_latency=number("TARGET_LATENCY"),
+            max_concurrency=int(number("MAX_CONCURRENCY")),
+            domains=settings.getdict("INCREMENTAL_THROTTLE_DOMAINS"),
+            groups={host: group
+                    for group, hosts in settings.getdict("INCREMENTAL_THROTTLE_HOST_GROUPS").items()
+                    for host in hosts},
+            crawl_delay_max=number("CRAWL_DELAY_MAX"),
+            retry_after_max=number("RETRY_AFTER_MAX"),
+            warn_share=number("WARN_ERROR_SHARE"),
+            tick=tick, remember_for=remember_for,
+            max_retries=int(setting_or_default(settings, "INCREMENTAL_THROTTLE_MAX_RETRIES")),
+            shared_url=str(url) if (url := settings.get("INCREMENTAL_THROTTLE_SHARED_URL"))
+            else None,
+            shared_prefix=str(setting_or_default(settings, "INCREMENTAL_THROTTLE_SHARED_PREFIX")),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSettings:
+    """The ``INCREMENTAL_CLUSTER_*`` settings, checked: cluster mode's part
+    of :class:`IncrementalConfig` (``None`` there without
+    ``INCREMENTAL_CLUSTER_URL``)."""
+
+    url: str
+    prefix: str
+    #: Seconds between a worker's heartbeats; one silent for the TTL is dead.
+    heartbeat: float
+    worker_ttl: float
+    #: A worker out of work exits once the cluster was quiet this long.
+    idle_grace: float
+    #: INCREMENTAL_REDIS_RETRY_TIME: how long a Redis that stopped answering is waited for.
+    retry_time: float
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> Self | None:
+        """``None`` when cluster mode is off (no URL)."""
+        url = settings.get("INCREMENTAL_CLUSTER_URL")
+        if not url:
+            return None
+
+        def seconds(name: str) -> float:
+            return float(setting_or_default(settings, f"INCREMENTAL_CLUSTER_{name}"))
+
+        heartbeat, worker_ttl = seconds("HEARTBEAT"), seconds("WORKER_TTL")
+        if worker_ttl <= 2 * heartbeat:
+            raise ClusterError(
+                "INCREMENTAL_CLUSTER_WORKER_TTL must be more than twice "
+                "INCREMENTAL_CLUSTER_HEARTBEAT, or live workers would be taken for dead"
+            )
+        return cls(url=str(url), prefix=str(setting_or_default(settings,
+                                                                "INCREMENTAL_CLUSTER_PREFIX")),
+                   heartbeat=heartbeat, worker_ttl=worker_ttl, idle_grace=seconds("IDLE_GRACE"),
+                   retry_time=redis_retry_setting(settings))
+
+
+def port_range(value: Any) -> tuple[int, int] | None:
+    """``INCREMENTAL_METRICS_PORT`` as (first, last); ``None``: metrics off.
+
+    A port (``9410``, ``"9410"``), or a range as Scrapy's
+    ``TELNETCONSOLE_PORT`` takes it (``[9410, 9419]``, ``"9410,9419"``) or
+    as people write it (``"9410-9419"``). ``0`` alone: a port the system
+    picks.
+    """
+    name = "INCREMENTAL_METRICS_PORT"
+    if value is None or (isinstance(value, str)
+                         and value.strip().lower() in {"", "none", "false", "off"}):
+        return None
+    if isinstance(value, bool):
+        raise SettingError(f"{name}={value!r}: give a port or a range of ports")
+    parts: list[Any]
+    if isinstance(value, int):
+        parts = [value]
+    elif isinstance(value, str):
+        parts = re.split(r"\s*[-,]\s*", value.strip())
+    elif isinstance(value, (list, tuple)):
+        parts = list(value)
+    else:
+        raise SettingError(f"{name}={value!r}: give a port or a range of ports")
+    # Whole numbers only: int() would take 9410.7 as 9410, True as 1.
+    if not all(isinstance(part, str) or (isinstance(part, int) and not isinstance(part, bool))
+               for part in parts):
+        raise SettingError(f"{name}={value!r}: not a port or a range of ports")
+    try:
+        ports = [int(part) for part in parts]
+    except ValueError:
+        raise SettingError(f"{name}={value!r}: not a port or a range of ports") from None
+    if len(ports) not in (1, 2):
+        raise SettingError(f"{name}={value!r}: a range is two ports, first and last")
+    first, last = ports[0], ports[-1]
+    if not 0 <= first <= last <= 65535:
+        raise SettingError(f"{name}={value!r}: ports go from 0 to 65535, first <= last")
+    if first == 0 and last != 0:
+        raise SettingError(f"{name}={value!r}: 0 (any free port) stands alone")
+    return first, last
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSettings:
+    """The ``INCREMENTAL_METRICS_*`` settings, checked: the live metrics'
+    part of :class:`IncrementalConfig` (``None`` there when off)."""
+
+    ports: tuple[int, int]
+    host: str
+    slots: int
+    targets_dir: Path | None
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> Self | None:
+        """``None`` when metrics are off (no port set)."""
+        ports = port_range(settings.get("INCREMENTAL_METRICS_PORT"))
+        if ports is None:
+            return None
+        raw = setting_or_default(settings, "INCREMENTAL_METRICS_SLOTS")
+        try:
+            slots = int(raw)
+        except (TypeError, ValueError):
+            raise SettingError(f"INCREMENTAL_METRICS_SLOTS={raw!r} is not a number") from None
+        if slots < 0:
+            raise SettingError(f"INCREMENTAL_METRICS_SLOTS={raw!r} must be at least 0")
+        targets = settings.get("INCREMENTAL_METRICS_TARGETS_DIR")
+        return cls(ports=ports,
+                   host=str(setting_or_default(settings, "INCREMENTAL_METRICS_HOST")),
+                   slots=slots, targets_dir=Path(targets) if targets else None)
+
+
 @dataclass(frozen=True, slots=True)
 class IncrementalConfig:
     """The ``INCREMENTAL_*`` settings, read and validated once."""
@@ -278,6 +486,10 @@ class IncrementalConfig:
     unstable_after: int
     unstable_host_share: float
     unstable_host_min_pages: int
+    #: The parts (see the module docstring): ``None`` when off.
+    throttle: ThrottleSettings | None
+    cluster: ClusterSettings | None
+    metrics: MetricsSettings | None
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:
@@ -386,6 +598,9 @@ class IncrementalConfig:
             unstable_host_share=number("INCREMENTAL_UNSTABLE_HOST_SHARE", minimum=0),
             unstable_host_min_pages=number(
                 "INCREMENTAL_UNSTABLE_HOST_MIN_PAGES", minimum=1, kind=int),
+            throttle=ThrottleSettings.from_settings(settings),
+            cluster=ClusterSettings.from_settings(settings),
+            metrics=MetricsSettings.from_settings(settings),
         )
 
     @property

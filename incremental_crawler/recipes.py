@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
 from scrapy.spiders import CrawlSpider
-from scrapy.utils.httpobj import urlparse_cached
 
+from incremental_crawler.hosts import host_of
 from incremental_crawler.meta import (
     META_DISCOVERY,
     META_LASTMOD,
@@ -305,7 +305,7 @@ def dumps(value: Any) -> str:
 def user_meta(request: Request, rules: RecipeRules) -> dict[str, Any]:
     """The request's meta without the keys Scrapy or this package manage (see the module)."""
     meta = request.meta
-    host = urlparse_cached(request).hostname or ""
+    host = host_of(request.url)
     kept: dict[str, Any] = {}
     for key, value in meta.items():
         if key.startswith("_") or key in MANAGED_META:

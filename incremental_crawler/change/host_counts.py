@@ -28,7 +28,7 @@ UNLISTED = "(not listed or linked)"
 
 #: The events counted, as their stats are named without ``incremental/``:
 #: ``requested/<why>`` (the schedule's reasons,
-#: :class:`~incremental_crawler.change.schedule.Why`), ``requests/<reason>``
+#: :class:`~incremental_crawler.change.accounting.Why`), ``requests/<reason>``
 #: (with conditions or not, :class:`~incremental_crawler.change.policy.RequestReason`),
 #: and these.
 EVENTS = (

@@ -21,23 +21,26 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from incremental_crawler.change.accounting import Why
 from incremental_crawler.change.revisit import RevisitSchedule
-from incremental_crawler.change.schedule import Why
 from incremental_crawler.http.validators import parse_http_date, weak_match
-from incremental_crawler.state.records import HostTrust, PageFlags, PageKey, PageState
+from incremental_crawler.state.records import HostTrust, PageFlags, PageKey, PageState, is_gone
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Self
 
     from incremental_crawler.config import IncrementalConfig
 
 __all__ = [
     "HOST_CONSULTED",
+    "WHY_TABLE",
     "ChangePolicy",
-    "DueRules",
+    "CrawlDueRules",
     "Fetch",
     "Judgement",
     "Outcome",
+    "PageCase",
     "Refetch",
     "RequestReason",
     "Verdict",
@@ -47,9 +50,11 @@ __all__ = [
     "future_last_modified",
     "gone_due",
     "is_due",
+    "known_date",
     "lastmod_flags",
     "links_unknown",
     "max_age_due",
+    "newer_date",
     "recheck_due",
     "schedule_due",
     "schedule_why",
@@ -299,38 +304,13 @@ def answered(state: PageState) -> bool:
             and not failed_last(state))
 
 
-def _gone(state: PageState) -> bool:
-    return bool(state.flags & PageFlags.GONE)
-
-
-def gone_due(state: PageState, *, due_at: float, lastmod: float | None = None,
-             checked_by: float = math.inf) -> bool:
-    """Whether a GONE page is asked again when something names it this crawl.
-
-    When its (rare) next visit is due (INCREMENTAL_GONE_RECHECK after it was
-    found gone), or a list gives it a date newer than any we know of it (the
-    one stored, and when it was last checked: a CMS may bump a page's date
-    when it deletes it, and that date is older than the check that found it
-    gone): it may have come back. Nothing else brings it back: not
-    revisits, max age or recheck-all's schedule (recheck all makes every
-    next visit due anyway).
-
-    >>> page = PageState(PageKey("s", "http://h/a"), flags=PageFlags.GONE, next_visit=100,
-    ...                  last_checked=50)
-    >>> gone_due(page, due_at=99), gone_due(page, due_at=100), gone_due(page, due_at=0, lastmod=60)
-    (False, True, True)
-    >>> gone_due(page.copy(lastmod=10), due_at=0, lastmod=40)
-    False
-    """
-    if schedule_due(state, due_at, checked_by):
-        return True
-    known = max(state.lastmod or 0.0, state.last_checked)
-    return lastmod is not None and lastmod > known
+# -- which known pages a crawl requests, and why: one table --------------------
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DueRules:
-    """What decides whether a known page is requested in one crawl."""
+class CrawlDueRules:
+    """One crawl's terms for its known pages: its moment and the settings
+    that decide whether a page is requested (read by :data:`WHY_TABLE`)."""
 
     #: The crawl's start (cluster mode: the run's), the base of max age.
     started: float
@@ -355,44 +335,122 @@ class DueRules:
         return schedule_due(state, self.due_at, self.checked_by)
 
 
-def schedule_why(stored: PageState, rules: DueRules, *, newer: bool = False,
-                 vouched: bool = False) -> Why:
-    """Why a known page is requested this crawl, or why not.
+def known_date(state: PageState) -> float | None:
+    """The latest date we know *state*'s page by, that a listed date must
+    pass to be newer: the date stored with it; for a GONE page, at least
+    when it was last checked (a CMS may bump a page's date when it deletes
+    it, and that date is older than the check that found it gone).
 
-    *newer*: a trusted list gives it a date newer than the one stored;
-    *vouched*: a trusted modification date (listed now, or recorded with the
-    page) says our copy is current. In order: a page whose last answer
-    failed is retried when due; a page without data is new; then recheck
-    all, max age, a newer date, a vouching date (for a page whose last
-    answer was a 2xx or 304), and the revisit schedule. A GONE page comes
-    before all of them: asked again, as new, only when its next visit is due
-    or *newer* says it may have come back (see :func:`gone_due`).
+    >>> page = PageState(PageKey("s", "http://h/a"), lastmod=10, last_checked=50)
+    >>> known_date(page), known_date(page.copy(flags=PageFlags.GONE))
+    (10, 50)
     """
-    if _gone(stored) or failed_last(stored):
-        return _unanswered_why(stored, rules, newer=newer)
-    if stored.fingerprint is None:
-        return Why.NEW
-    if rules.recheck_all:
-        return Why.RECHECK
-    if rules.too_old(stored):
-        return Why.MAX_AGE
-    if newer:
-        return Why.LASTMOD_NEWER
-    if vouched and answered(stored):
-        return Why.LASTMOD_UNCHANGED
-    if not rules.revisit or rules.due(stored):
-        return Why.DUE
-    return Why.NOT_DUE
+    if is_gone(state):
+        return max(state.lastmod or 0.0, state.last_checked)
+    return state.lastmod
 
 
-def _unanswered_why(stored: PageState, rules: DueRules, *, newer: bool) -> Why:
-    """A GONE page (new if asked again: see :func:`gone_due`), or one whose
-    last answer failed (retried when due)."""
-    if not _gone(stored):
-        return Why.RETRY if rules.due(stored) else Why.NOT_DUE
-    if newer:
-        return Why.LASTMOD_NEWER
-    return Why.NEW if rules.due(stored) else Why.NOT_DUE
+def newer_date(state: PageState, lastmod: float | None) -> bool:
+    """Whether a request's *lastmod* (META_LASTMOD) is newer than
+    :func:`known_date` (any is, when no date is known)."""
+    known = known_date(state)
+    return lastmod is not None and (known is None or lastmod > known)
+
+
+@dataclass(frozen=True, slots=True)
+class PageCase:
+    """One known page in one crawl: what the rows of :data:`WHY_TABLE` test."""
+
+    stored: PageState
+    rules: CrawlDueRules
+    #: A (trusted) date newer than :func:`known_date`: a list's, or the request's own.
+    newer: bool = False
+    #: A trusted modification date (listed now, or recorded with the page)
+    #: says our copy is current.
+    vouched: bool = False
+    #: Asked for whatever its schedule: an explicit refresh (META_REFRESH),
+    #: a sitemap or feed (META_DISCOVERY).
+    forced: bool = False
+    #: The requests the page yields are not all stored (:func:`links_unknown`):
+    #: skipping it would hide the pages it leads to.
+    links_unknown: bool = False
+
+    @property
+    def due(self) -> bool:
+        """Its next visit is due (see :func:`schedule_due`), or it is forced."""
+        return self.forced or self.rules.due(self.stored)
+
+
+#: Why a known page is requested this crawl, or why not: the first row
+#: whose test holds, read top to bottom. The request path (a request that
+#: reaches the conditional middleware undecided: :meth:`ChangePolicy.due`)
+#: and the deciders ahead of it (a list's entries, :func:`decide`; the
+#: re-seeder's due pages) ask the same rows through :func:`schedule_why`;
+#: a page is requested unless its why says not (:attr:`Why.requested`).
+WHY_TABLE: tuple[tuple[Callable[[PageCase], bool], Why], ...] = (
+    # A GONE page comes before all the rest: asked again, as new (no
+    # conditions: it is new if it answers), only when its (rare) next visit
+    # is due (INCREMENTAL_GONE_RECHECK after it was found gone), or a date
+    # newer than any we know of it (see known_date) says it may have come
+    # back. Nothing else brings it back: not revisits, max age or recheck
+    # all's schedule (recheck all makes every next visit due anyway).
+    (lambda case: is_gone(case.stored) and case.newer, Why.LASTMOD_NEWER),
+    (lambda case: is_gone(case.stored) and case.due, Why.NEW),
+    (lambda case: is_gone(case.stored), Why.NOT_DUE),
+    # A page whose last answer failed (see failed_last) is retried when due,
+    # data or not; nothing else asks for it (no date, no max age).
+    (lambda case: failed_last(case.stored) and case.due, Why.RETRY),
+    (lambda case: failed_last(case.stored), Why.NOT_DUE),
+    # A page without data (no fingerprint) is new: always requested.
+    (lambda case: case.stored.fingerprint is None, Why.NEW),
+    # Then recheck all, the forced full fetch after INCREMENTAL_MAX_AGE, and
+    # a newer date: they override the schedule.
+    (lambda case: case.rules.recheck_all, Why.RECHECK),
+    (lambda case: case.rules.too_old(case.stored), Why.MAX_AGE),
+    (lambda case: case.newer, Why.LASTMOD_NEWER),
+    # A vouching date, for a page whose last answer was a 2xx or 304 taken
+    # (our copy is the page): not requested, whatever its schedule.
+    (lambda case: case.vouched and answered(case.stored), Why.LASTMOD_UNCHANGED),
+    # The revisit schedule (without revisits, every page is due); unknown
+    # links make a page due too.
+    (lambda case: case.due or case.links_unknown or not case.rules.revisit, Why.DUE),
+    (lambda case: True, Why.NOT_DUE),
+)
+
+
+def schedule_why(stored: PageState, rules: CrawlDueRules, *, newer: bool = False,
+                 vouched: bool = False, forced: bool = False,
+                 links_unknown: bool = False) -> Why:
+    """Why a known page is requested this crawl, or why not: the first row
+    of :data:`WHY_TABLE` that holds for it (see :class:`PageCase` for the
+    arguments).
+
+    >>> rules = CrawlDueRules(started=0, due_at=100)
+    >>> page = PageState(PageKey("s", "http://h/a"), fingerprint="f", last_status=200,
+    ...                  next_visit=200)
+    >>> [str(schedule_why(page, rules, **facts)) for facts in (
+    ...     {}, {"newer": True}, {"vouched": True}, {"forced": True})]
+    ['not_due', 'lastmod_newer', 'lastmod_unchanged', 'due']
+    """
+    case = PageCase(stored, rules, newer=newer, vouched=vouched, forced=forced,
+                    links_unknown=links_unknown)
+    return next(why for holds, why in WHY_TABLE if holds(case))
+
+
+def gone_due(state: PageState, *, due_at: float, lastmod: float | None = None,
+             checked_by: float = math.inf) -> bool:
+    """Whether a GONE page is asked again when something names it this crawl
+    (the first rows of :data:`WHY_TABLE`), with the date *lastmod*.
+
+    >>> page = PageState(PageKey("s", "http://h/a"), flags=PageFlags.GONE, next_visit=100,
+    ...                  last_checked=50)
+    >>> gone_due(page, due_at=99), gone_due(page, due_at=100), gone_due(page, due_at=0, lastmod=60)
+    (False, True, True)
+    >>> gone_due(page.copy(lastmod=10), due_at=0, lastmod=40)
+    False
+    """
+    rules = CrawlDueRules(started=0.0, due_at=due_at, checked_by=checked_by)
+    return schedule_why(state, rules, newer=newer_date(state, lastmod)).requested
 
 
 #: Clock skew tolerated between a Last-Modified and the server's Date.
@@ -484,50 +542,34 @@ class ChangePolicy:
 
     # -- before the request ------------------------------------------------
 
-    def due(self, prior: PageState, *, refresh: bool = False, discovery: bool = False,
+    def why(self, prior: PageState, *, refresh: bool = False, discovery: bool = False,
             lastmod: float | None = None, links_unknown: bool = False, started: float,
-            due_at: float, checked_by: float = math.inf) -> bool:
-        """Whether the revisit schedule lets the page be requested in this crawl.
+            due_at: float, checked_by: float = math.inf, recheck_all: bool = False) -> Why:
+        """Why a request's known page is requested in this crawl, or why not
+        (:data:`WHY_TABLE`, as for a list's entries and the re-seeder's pages).
 
         *started* is the crawl's start, *due_at* the moment next visits are
         due until (see :func:`is_due`), *checked_by* the latest believable
-        last check (see :func:`schedule_due`). An explicit refresh and a sitemap or
-        feed are always requested; a page whose last answer failed (see
-        :func:`failed_last`) only when due. Otherwise a newer lastmod
-        (sitemap, feed), unknown links (see :func:`links_unknown`: skipping
-        the page would hide the pages it leads to) or the forced full fetch
-        after INCREMENTAL_MAX_AGE override the schedule; a page without data
-        (no fingerprint) is always due.
+        last check (see :func:`schedule_due`). An explicit refresh and a
+        sitemap or feed are requested whatever the schedule (*forced*); a
+        request's own *lastmod* newer than the page's (:func:`newer_date`)
+        and unknown links (see :func:`links_unknown`: skipping the page
+        would hide the pages it leads to) ask for it too.
         """
-        if refresh or discovery:
-            return True
-        if _gone(prior):
-            return gone_due(prior, due_at=due_at, lastmod=lastmod, checked_by=checked_by)
-        if failed_last(prior):
-            return schedule_due(prior, due_at, checked_by)
-        if self.schedule is None or prior.fingerprint is None:
-            return True
-        if schedule_due(prior, due_at, checked_by) or links_unknown:
-            return True
-        if lastmod is not None and (prior.lastmod is None or lastmod > prior.lastmod):
-            return True
-        return self._too_old(prior, started)
+        rules = CrawlDueRules(started=started, due_at=due_at, checked_by=checked_by,
+                              recheck_all=recheck_all, revisit=self.schedule is not None,
+                              max_age=self.max_age, jitter=self.max_age_jitter)
+        return schedule_why(prior, rules, newer=newer_date(prior, lastmod),
+                            forced=refresh or discovery, links_unknown=links_unknown)
 
-    def why_requested(self, prior: PageState | None, *, recheck_all: bool,
-                      started: float) -> Why:
-        """Why a page that is requested (it was due) is: for the crawl's
-        accounting (ScheduleCounter), in the order of :func:`schedule_why`."""
-        if prior is None or _gone(prior):
-            return Why.NEW
-        if failed_last(prior):
-            return Why.RETRY
-        if prior.fingerprint is None:
-            return Why.NEW
-        if recheck_all:
-            return Why.RECHECK
-        if self._too_old(prior, started):
-            return Why.MAX_AGE
-        return Why.DUE
+    def due(self, prior: PageState, *, refresh: bool = False, discovery: bool = False,
+            lastmod: float | None = None, links_unknown: bool = False, started: float,
+            due_at: float, checked_by: float = math.inf) -> bool:
+        """Whether the page may be requested in this crawl: its :meth:`why`
+        says so (:attr:`Why.requested`)."""
+        return self.why(prior, refresh=refresh, discovery=discovery, lastmod=lastmod,
+                        links_unknown=links_unknown, started=started, due_at=due_at,
+                        checked_by=checked_by).requested
 
     def request_reason(self, prior: PageState | None, *, refresh: bool = False,
                        links_unknown: bool = False, host: HostTrust | None = None, url: str,
@@ -538,7 +580,7 @@ class ChangePolicy:
         *links_unknown* see :func:`links_unknown`; *started* is the crawl's
         start (max age is judged per crawl).
         """
-        if prior is None or _gone(prior):
+        if prior is None or is_gone(prior):
             # A GONE page asked again is new if it answers: no conditions.
             return RequestReason.NEW
         if not prior.has_validators:

@@ -59,7 +59,7 @@ from scrapy.exceptions import DontCloseSpider
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.log import failure_to_exc_info
 
-from incremental_crawler.state.records import Change, PageFlags, PageKey, PageState
+from incremental_crawler.state.records import Change, PageKey, PageState, is_gone
 from incremental_crawler.state.stores import StateStoreError
 
 if TYPE_CHECKING:
@@ -89,11 +89,6 @@ class GoneReason(StrEnum):
     GONE_410 = "gone_410"
     GONE_404 = "gone_404"
     MOVED = "moved"
-
-
-def is_gone(state: PageState | None) -> bool:
-    """Whether the stored page is flagged gone (its tombstone was delivered)."""
-    return state is not None and bool(state.flags & PageFlags.GONE)
 
 
 def known_page(prior: PageState | None) -> bool:

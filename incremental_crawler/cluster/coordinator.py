@@ -70,11 +70,11 @@ from scrapy.utils.defer import deferred_from_coro
 
 from incremental_crawler import clock
 from incremental_crawler.cluster import ClusterError
+from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.lua import load_script
 from incremental_crawler.redis_cluster import connect
 from incremental_crawler.redis_retry import NO_ANSWER, RedisSilent, Silence
-from incremental_crawler.state.stores.base import redis_retry_setting
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
@@ -83,6 +83,7 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
 
+    from incremental_crawler.config import ClusterSettings
     from incremental_crawler.state.records import PageKey
 
 logger = logging.getLogger(__name__)
@@ -147,23 +148,19 @@ def spider_key(prefix: str, spider: str) -> str:
 class ClusterCoordinator:
     """This worker's membership of the cluster's current run."""
 
-    def __init__(self, crawler: Crawler) -> None:
-        settings = crawler.settings
+    def __init__(self, crawler: Crawler, config: ClusterSettings) -> None:
         self.crawler = crawler
         self.stats = crawler.stats
-        self.url: str = settings["INCREMENTAL_CLUSTER_URL"]
-        self.prefix: str = settings["INCREMENTAL_CLUSTER_PREFIX"]
-        self.heartbeat = settings.getfloat("INCREMENTAL_CLUSTER_HEARTBEAT")
-        self.worker_ttl = settings.getfloat("INCREMENTAL_CLUSTER_WORKER_TTL")
-        self.idle_grace = settings.getfloat("INCREMENTAL_CLUSTER_IDLE_GRACE")
-        if self.worker_ttl <= 2 * self.heartbeat:
-            raise ClusterError(
-                "INCREMENTAL_CLUSTER_WORKER_TTL must be more than twice "
-                "INCREMENTAL_CLUSTER_HEARTBEAT, or live workers would be taken for dead"
-            )
+        #: The INCREMENTAL_CLUSTER_* settings, checked.
+        self.config = config
+        self.url = config.url
+        self.prefix = config.prefix
+        self.heartbeat = config.heartbeat
+        self.worker_ttl = config.worker_ttl
+        self.idle_grace = config.idle_grace
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         #: Since when Redis has not answered (INCREMENTAL_REDIS_RETRY_TIME).
-        self.silence = Silence(f"Cluster {redacted(self.url)}", redis_retry_setting(settings))
+        self.silence = Silence(f"Cluster {redacted(self.url)}", config.retry_time)
         #: Requests to queue while Redis does not answer: (fingerprint, score, data).
         self._unsent: list[tuple[str | None, float, bytes]] = []
         try:
@@ -217,9 +214,10 @@ class ClusterCoordinator:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        if not crawler.settings.get("INCREMENTAL_CLUSTER_URL"):
+        config = IncrementalConfig.from_settings(crawler.settings).cluster
+        if config is None:
             raise NotConfigured("INCREMENTAL_CLUSTER_URL is not set")
-        return cls(crawler)
+        return cls(crawler, config)
 
     @classmethod
     def of(cls, crawler: Crawler) -> Self:

@@ -42,9 +42,16 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from scrapy.exceptions import IgnoreRequest, NotConfigured
-from scrapy.utils.httpobj import urlparse_cached
 
 from incremental_crawler import clock
+from incremental_crawler.change.accounting import (
+    META_LASTMOD_MODIFIED,
+    META_LISTING,
+    PageOutcome,
+    Why,
+    decided,
+    mark,
+)
 from incremental_crawler.change.fingerprints import body_fingerprint
 from incremental_crawler.change.policy import (
     HOST_CONSULTED,
@@ -57,23 +64,16 @@ from incremental_crawler.change.policy import (
     future_last_modified,
     links_unknown,
 )
-from incremental_crawler.change.schedule import (
-    META_LASTMOD_MODIFIED,
-    META_LISTING,
-    PageOutcome,
-    Why,
-    decided,
-    mark,
-)
 from incremental_crawler.config import IncrementalConfig
-from incremental_crawler.crawl.due import DueRule
+from incremental_crawler.crawl.due import RequestRules
 from incremental_crawler.crawl.ledger import TXN_META, Ledger
 from incremental_crawler.crawl.replay import Replayer
 from incremental_crawler.exceptions import NotDue, NotModified
+from incremental_crawler.hosts import host_of
 from incremental_crawler.http.validators import parse_etag, parse_last_modified
 from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD, META_REFRESH
 from incremental_crawler.recipes import REFETCH_MARK, own_recipe, record_canary
-from incremental_crawler.state.records import PageFlags
+from incremental_crawler.state.records import PageFlags, is_gone
 from incremental_crawler.state.stores import StateStoreError
 
 if TYPE_CHECKING:
@@ -128,10 +128,10 @@ class ConditionalRequestMiddleware:
         spider = self.ledger.spider_for_component()
         self.spider = spider
         #: Shared with the spider middleware dropping not-due requests early.
-        self.rule = DueRule.for_crawler(crawler, config, spider)
-        self.policy: ChangePolicy = self.rule.policy
-        self.default_encoding = self.rule.encoding
-        self.counter = self.ledger.schedule
+        self.rules = RequestRules.for_crawler(crawler, config, spider)
+        self.policy: ChangePolicy = self.rules.policy
+        self.default_encoding = self.rules.encoding
+        self.counter = self.ledger.counter
         self.replayer = Replayer(crawler, spider, self.ledger.stage_flags,
                                  skip_seen=config.replay_shortcuts)
 
@@ -152,7 +152,7 @@ class ConditionalRequestMiddleware:
 
     async def _prepare(self, request: Request) -> Response | None:
         _forget_copied(request)
-        if not self.rule.applies(request):
+        if not self.rules.applies(request):
             return None
         if self.default_encoding is not None:
             # The Accept-Encoding HttpCompressionMiddleware would add, set
@@ -160,11 +160,11 @@ class ConditionalRequestMiddleware:
             # this header selects, and the same header goes out every time
             # (RFC 9110 §8.8.3.3, §12.5.3). Another one is another variant.
             request.headers.setdefault(b"Accept-Encoding", self.default_encoding)
-        key = self.rule.key(request, self.ledger)
+        key = self.rules.key(request, self.ledger)
         prior = await self._stored(key)
         now = clock.now()
         # A gone page's links are not replayed: it is new if it answers.
-        replay = self.rule.replays(request) and not _gone(prior)
+        replay = self.rules.replays(request) and not is_gone(prior)
         unknown = links_unknown(prior, replay=replay)
         links = None
         if replay and not unknown and prior is not None and prior.flags & PageFlags.HAS_LINKS:
@@ -186,8 +186,11 @@ class ConditionalRequestMiddleware:
         if why is not None:
             mark(request, why)  # confirmed at this URL: a redirect from here keeps it
         counts = why is None and not request.meta.get(META_DISCOVERY)
-        if prior is not None and not self.rule.due(request, prior, links_unknown=unknown,
-                                                   ledger=self.ledger):
+        # Why the page is requested (or not), from the table every decider reads.
+        page_why = Why.NEW if prior is None else self.rules.why(
+            request, prior, links_unknown=unknown, ledger=self.ledger)
+        if not page_why.requested:
+            assert prior is not None
             # Not requested: those that reach this far (not dropped by
             # NotDueFilterMiddleware) are a page whose links are replayed,
             # or a request that did not leave a callback or start().
@@ -203,14 +206,12 @@ class ConditionalRequestMiddleware:
             return self.replayer.response(request, key, links)
         if why is Why.SAMPLED:
             # Its response may prove the host's lastmods stale (_settle).
-            await self.ledger.trust.load(_host(request))
+            await self.ledger.trust.load(host_of(request.url))
         reason = await self._reason(request, key, prior, now, links_unknown=unknown)
         if counts:
-            why = self.policy.why_requested(prior, recheck_all=self.ledger.recheck_all,
-                                            started=self.ledger.crawl_started)
-            self.counter.requested(why, _host(request))
+            self.counter.requested(page_why, host_of(request.url))
             # Its retries, redirects and re-fetch are the same page: not again.
-            mark(request, why)
+            mark(request, page_why)
         request.meta[_CTX] = _Context(key, prior, reason, links)
         self._count(request, f"requests/{reason}")
         if reason is RequestReason.CONDITIONAL:
@@ -228,7 +229,7 @@ class ConditionalRequestMiddleware:
         if prior is not None and prior.has_validators:
             # Loaded in any case: the response may prove the host's
             # validators wrong (ChangePolicy.verdict).
-            host = await self.ledger.trust.load(_host(request))
+            host = await self.ledger.trust.load(host_of(request.url))
         reason = self.policy.request_reason(
             prior, refresh=bool(request.meta.get(META_REFRESH)), links_unknown=links_unknown,
             host=host, url=key.url, now=now, started=self.ledger.crawl_started)
@@ -242,7 +243,7 @@ class ConditionalRequestMiddleware:
             self.stats.inc_value("incremental/discovery/" + event, count)
         else:
             self.stats.inc_value("incremental/" + event, count)
-            self.counter.hosts.count(_host(request), event, count)
+            self.counter.hosts.count(host_of(request.url), event, count)
 
     # -- responses -------------------------------------------------------------
 
@@ -347,7 +348,7 @@ class ConditionalRequestMiddleware:
         now = clock.now()
         fetch = self._read(request, response, ctx.key, now)
         # A gone page that answers is a new page (GONE cleared, counters afresh).
-        prior = None if _gone(ctx.prior) else ctx.prior
+        prior = None if is_gone(ctx.prior) else ctx.prior
         settle = partial(self._settle, request, prior, fetch, now)
         if self.policy.defers(prior, fetch):
             assert prior is not None
@@ -356,7 +357,7 @@ class ConditionalRequestMiddleware:
                                               judgement=self.policy.unjudged(prior), now=now,
                                               started=self.ledger.crawl_started)
             txn = self.ledger.begin(request.meta, pending, discovery=fetch.discovery,
-                                    record_links=self.rule.replays(request), prior=prior)
+                                    record_links=self.rules.replays(request), prior=prior)
 
             def judge(changed: bool) -> PageState:
                 state, txn.outcome = settle(changed)
@@ -366,7 +367,7 @@ class ConditionalRequestMiddleware:
         else:
             state, outcome = settle(self.policy.body_changed(prior, fetch))
             txn = self.ledger.begin(request.meta, state, discovery=fetch.discovery,
-                                    record_links=self.rule.replays(request), prior=prior)
+                                    record_links=self.rules.replays(request), prior=prior)
             txn.outcome = outcome
         self._stage_redirects(request, ctx.key)
 
@@ -392,7 +393,7 @@ class ConditionalRequestMiddleware:
             self._observe_lastmod(request, prior, changed=changed, now=now)
             if changed and decided(request) is Why.SAMPLED:
                 # Changed behind a trusted lastmod that did not move.
-                self.ledger.trust.stale(_host(request), now)
+                self.ledger.trust.stale(host_of(request.url), now)
         return self.policy.after_fetch(prior, fetch, changed=changed, judgement=judgement,
                                        now=now, started=self.ledger.crawl_started), outcome
 
@@ -401,13 +402,14 @@ class ConditionalRequestMiddleware:
             self.stats.inc_value("incremental/validators/pages_unstable")
             logger.debug("Validators of %(url)s flagged unstable after %(n)d churns",
                          {"url": request.url, "n": judgement.churns})
-        self.ledger.trust.validators_judged(_host(request), judgement, now=now, url=request.url)
+        self.ledger.trust.validators_judged(host_of(request.url), judgement, now=now,
+                                            url=request.url)
 
     def _observe_lastmod(self, request: Request, prior: PageState, *, changed: bool,
                          now: float) -> None:
         # A page fetched because its lastmod moved: did it really change?
         if self.policy.tests_lastmod(prior, request.meta.get(META_LASTMOD)):
-            self.ledger.trust.observe(_host(request), lied=not changed, now=now)
+            self.ledger.trust.observe(host_of(request.url), lied=not changed, now=now)
 
     def _read(self, request: Request, response: Response, key: PageKey, now: float) -> Fetch:
         """The facts of a full response the policy decides on."""
@@ -514,12 +516,6 @@ def _conditions(headers: Headers) -> tuple[str, str]:
     return inm.decode("latin-1"), ims.decode("latin-1")
 
 
-def _gone(state: PageState | None) -> bool:
-    return state is not None and bool(state.flags & PageFlags.GONE)
-
-
-def _host(request: Request) -> str:
-    return urlparse_cached(request).hostname or ""
 
 
 def _vary_star(headers: Headers) -> bool:
@@ -531,7 +527,7 @@ def _vary_star(headers: Headers) -> bool:
 def page_context(request: Request) -> tuple[PageKey, PageState | None] | None:
     """The page *request* fetches and its stored state, as this middleware read them.
 
-    ``None`` for a request it does not apply to (see ``DueRule.applies``), and for
+    ``None`` for a request it does not apply to (see ``RequestRules.applies``), and for
     one it did not let out (not due, replayed).
     """
     ctx: _Context | None = request.meta.get(_CTX)

@@ -1,10 +1,13 @@
-"""Whether a request's page is due this crawl: one rule, two places that ask.
+"""Which of a spider's requests the conditional middleware handles, the
+page each asks for, and whether that page is due this crawl: one set of
+rules (:class:`RequestRules`) for every place that asks.
 
 The spider middleware :mod:`.due_filter` drops requests for pages that are
 not due as they leave a callback; the conditional downloader middleware
-(:mod:`.middleware`) decides again for whatever reaches it. Both ask
-:class:`DueRule`, so a request is never dropped by one and sent by the
-other for a different reason.
+(:mod:`.conditional`) decides again for whatever reaches it (and counts
+why: :meth:`RequestRules.why`); the stored-graph walk (:mod:`.inert`) and
+robots.txt's refusals ask the same, so a request is never dropped by one
+and sent by the other for a different reason.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from typing import TYPE_CHECKING
 from scrapy.downloadermiddlewares.httpcompression import ACCEPTED_ENCODINGS
 from scrapy.http.request import NO_CALLBACK
 
+from incremental_crawler.change.accounting import decided
 from incremental_crawler.change.policy import ChangePolicy
-from incremental_crawler.change.schedule import decided
 from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD, META_REFRESH, META_SKIP
 from incremental_crawler.state.keys import page_key
 
@@ -26,11 +29,12 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
 
+    from incremental_crawler.change.accounting import Why
     from incremental_crawler.config import IncrementalConfig
     from incremental_crawler.crawl.ledger import Ledger
     from incremental_crawler.state.records import PageKey, PageState
 
-__all__ = ["DueRule", "default_encoding"]
+__all__ = ["RequestRules", "default_encoding"]
 
 _COMPRESSION = "scrapy.downloadermiddlewares.httpcompression.HttpCompressionMiddleware"
 
@@ -45,8 +49,10 @@ def default_encoding(crawler: Crawler) -> bytes | None:
 
 
 @dataclass(frozen=True, slots=True)
-class DueRule:
-    """Which requests the conditional middleware applies to, and which are due."""
+class RequestRules:
+    """What the crawl's rules say of a spider's request: whether the
+    conditional middleware handles it, the store key of its page, whether
+    its page's links are replayed, and why its page is requested (or not)."""
 
     policy: ChangePolicy
     #: Whether pages' yielded requests are recorded and replayed: not for a
@@ -87,21 +93,28 @@ class DueRule:
         """The store key of the page *request* asks for (as the downloader sends it)."""
         return page_key(request, ledger.scope, ledger.canonical, default_encoding=self.encoding)
 
-    def due(self, request: Request, prior: PageState, *, links_unknown: bool,
-            ledger: Ledger) -> bool:
-        """Whether *prior*'s page may be requested in this crawl (the
-        ledger's start and ``due_at``); see :meth:`ChangePolicy.due`.
+    def why(self, request: Request, prior: PageState, *, links_unknown: bool,
+            ledger: Ledger) -> Why:
+        """Why *prior*'s page is requested in this crawl (the ledger's start
+        and ``due_at``), or why not; see :meth:`ChangePolicy.why`.
 
         A request whose page was decided already this crawl (a list spider's,
-        the re-seeder's: :func:`~incremental_crawler.change.schedule.decided`)
-        is not decided again.
+        the re-seeder's: :func:`~incremental_crawler.change.accounting.decided`)
+        is not decided again: its why is the one decided.
         """
-        if decided(request) is not None:
-            return True
+        if (why := decided(request)) is not None:
+            return why
         ledger.clock_skew.notice(prior)
         meta = request.meta
-        return self.policy.due(prior, refresh=bool(meta.get(META_REFRESH)),
+        return self.policy.why(prior, refresh=bool(meta.get(META_REFRESH)),
                                discovery=bool(meta.get(META_DISCOVERY)),
                                lastmod=meta.get(META_LASTMOD), links_unknown=links_unknown,
                                started=ledger.crawl_started, due_at=ledger.due_at,
-                               checked_by=ledger.clock_skew.checked_by())
+                               checked_by=ledger.clock_skew.checked_by(),
+                               recheck_all=ledger.recheck_all)
+
+    def due(self, request: Request, prior: PageState, *, links_unknown: bool,
+            ledger: Ledger) -> bool:
+        """Whether *prior*'s page may be requested in this crawl: its
+        :meth:`why` says so."""
+        return self.why(request, prior, links_unknown=links_unknown, ledger=ledger).requested

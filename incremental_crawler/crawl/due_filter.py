@@ -8,8 +8,8 @@ would be called. :class:`NotDueFilterMiddleware` drops it before the
 scheduler instead, counted as not due (``incremental/schedule/not_due``,
 with the time it falls due); its errback is not called.
 
-It decides with the rule the downloader middleware uses
-(:class:`~.due.DueRule`), on the page's stored state, read in one batch per
+It decides with the rules the downloader middleware uses
+(:class:`~.due.RequestRules`), on the page's stored state, read in one batch per
 chunk of a callback's output (one at a time for ``start()``, which may be
 lazy), and hands each state it read to that middleware
 (``Ledger.prefetched``) so the store is not asked twice. Passed through
@@ -47,14 +47,14 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request
 from scrapy.exceptions import NotConfigured
 
+from incremental_crawler.change.accounting import decided
 from incremental_crawler.change.policy import links_unknown
-from incremental_crawler.change.schedule import decided
 from incremental_crawler.config import IncrementalConfig
-from incremental_crawler.crawl.due import DueRule
+from incremental_crawler.crawl.due import RequestRules
 from incremental_crawler.crawl.inert import StoredGraphWalk
 from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.meta import META_DISCOVERY, META_REFRESH
-from incremental_crawler.state.records import PageFlags
+from incremental_crawler.state.records import PageFlags, is_gone
 from incremental_crawler.state.stores import StateStoreError
 
 if TYPE_CHECKING:
@@ -87,13 +87,13 @@ class NotDueFilterMiddleware:
         self.active = config.revisit_enabled
         self.ledger = Ledger.for_component(crawler)
         spider = self.ledger.spider_for_component()
-        self.rule = DueRule.for_crawler(crawler, config, spider)
-        self.counter = self.ledger.schedule
+        self.rules = RequestRules.for_crawler(crawler, config, spider)
+        self.counter = self.ledger.counter
         self._memo: dict[PageKey, PageState | None] = {}
         #: Whether a not-due page's stored links can lead to anything this
         #: crawl, read from the store (None: every such page gets its stand-in).
-        self.walk = (StoredGraphWalk(crawler, self.ledger, self.rule, spider)
-                     if config.replay_shortcuts and self.rule.replay else None)
+        self.walk = (StoredGraphWalk(crawler, self.ledger, self.rules, spider)
+                     if config.replay_shortcuts and self.rules.replay else None)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -142,12 +142,12 @@ class NotDueFilterMiddleware:
 
     def _key(self, obj: Any) -> PageKey | None:
         """The page key of a request this middleware decides on, else ``None``."""
-        if not isinstance(obj, Request) or not self.rule.applies(obj):
+        if not isinstance(obj, Request) or not self.rules.applies(obj):
             return None
         meta = obj.meta
         if decided(obj) is not None or meta.get(META_DISCOVERY) or meta.get(META_REFRESH):
             return None
-        return self.rule.key(obj, self.ledger)
+        return self.rules.key(obj, self.ledger)
 
     async def _read(self, keys: set[PageKey]) -> dict[PageKey, PageState | None]:
         """The states of *keys* not looked up yet this crawl (a batch already
@@ -200,11 +200,11 @@ class NotDueFilterMiddleware:
         return start and await self.walk.walk(key, state)
 
     def _due(self, request: Request, state: PageState) -> bool:
-        unknown = links_unknown(state, replay=self.rule.replays(request))
-        return self.rule.due(request, state, links_unknown=unknown, ledger=self.ledger)
+        unknown = links_unknown(state, replay=self.rules.replays(request))
+        return self.rules.due(request, state, links_unknown=unknown, ledger=self.ledger)
 
     def _links_replayed(self, request: Request, state: PageState) -> bool:
         """Whether a not-due page's stored links are yielded again (a gone
         page's never are: the downloader refuses it)."""
-        return (self.rule.replays(request) and bool(state.flags & PageFlags.HAS_LINKS)
-                and not state.flags & PageFlags.GONE)
+        return (self.rules.replays(request) and bool(state.flags & PageFlags.HAS_LINKS)
+                and not is_gone(state))

@@ -50,7 +50,7 @@ from incremental_crawler.recipes import (
     recipe_in,
     record_canary,
 )
-from incremental_crawler.state.records import PageFlags
+from incremental_crawler.state.records import PageFlags, is_gone
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
 
-    from incremental_crawler.crawl.due import DueRule
+    from incremental_crawler.crawl.due import RequestRules
     from incremental_crawler.crawl.ledger import Ledger
     from incremental_crawler.state.records import PageKey, PageState
 
@@ -70,10 +70,11 @@ logger = logging.getLogger(__name__)
 class StoredGraphWalk:
     """See the module docstring. One per crawl (the not-due filter's)."""
 
-    def __init__(self, crawler: Crawler, ledger: Ledger, rule: DueRule, spider: Spider) -> None:
+    def __init__(self, crawler: Crawler, ledger: Ledger, rules: RequestRules,
+                 spider: Spider) -> None:
         self.crawler = crawler
         self.ledger = ledger
-        self.rule = rule
+        self.rules = rules
         self.spider = spider
         #: Pages whose stored links lead to nothing that can matter this crawl.
         self.inert: set[PageKey] = set()
@@ -159,26 +160,26 @@ class StoredGraphWalk:
                 Unbuildable.MALFORMED)
             if isinstance(built, Unbuildable):
                 return f"a stored request that cannot be made again ({built})"
-            if not self.rule.applies(built):
+            if not self.rules.applies(built):
                 return f"a request the conditional middleware does not handle ({built})"
             if not self._is_offsite(built):
-                requests.append((self.rule.key(built, self.ledger), built))
+                requests.append((self.rules.key(built, self.ledger), built))
         return None
 
     def _decide(self, request: Request, state: PageState | None) -> str | None:
         """Why *request*'s page can matter this crawl (``None``: it cannot)."""
         if state is None:
             return f"a page the store does not know ({request.url})"
-        replay = self.rule.replays(request) and not state.flags & PageFlags.GONE
+        replay = self.rules.replays(request) and not is_gone(state)
         unknown = links_unknown(state, replay=replay)
-        if self.rule.due(request, state, links_unknown=unknown, ledger=self.ledger):
+        if self.rules.due(request, state, links_unknown=unknown, ledger=self.ledger):
             return f"a page due this crawl ({request.url})"
         return None
 
     def _has_replayed_links(self, request: Request, state: PageState) -> bool:
         # As the not-due filter decides: a gone page's links are never replayed.
-        return (self.rule.replays(request) and bool(state.flags & PageFlags.HAS_LINKS)
-                and not state.flags & PageFlags.GONE)
+        return (self.rules.replays(request) and bool(state.flags & PageFlags.HAS_LINKS)
+                and not is_gone(state))
 
     def _is_offsite(self, request: Request) -> bool:
         """Whether Scrapy's OffsiteMiddleware (when enabled) drops *request*."""

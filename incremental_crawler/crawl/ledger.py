@@ -69,10 +69,10 @@ from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from twisted.internet.defer import Deferred
 
 from incremental_crawler import clock
+from incremental_crawler.change.accounting import PageOutcome, ScheduleCounter
 from incremental_crawler.change.identity import ItemIdentity, serialize_item
-from incremental_crawler.change.policy import DueRules
+from incremental_crawler.change.policy import CrawlDueRules
 from incremental_crawler.change.revisit import failure_next_visit
-from incremental_crawler.change.schedule import PageOutcome, ScheduleCounter
 from incremental_crawler.change.skew import ClockSkew, skew_tolerance
 from incremental_crawler.change.tombstones import TombstoneSender
 from incremental_crawler.change.trust import HostTrustBook
@@ -97,6 +97,7 @@ from incremental_crawler.state.records import (
     PageKey,
     PageState,
     Undelivered,
+    is_gone,
 )
 from incremental_crawler.state.stores import StateStore, StateStoreError, open_store
 from incremental_crawler.state.stores.base import dead_pid
@@ -296,7 +297,7 @@ class Ledger:
         #: Set by the cluster coordinator in cluster mode.
         self.run_gate: RunGate | None = None
         #: Why each known page was requested or not, for the whole crawl.
-        self.schedule = ScheduleCounter(crawler.stats)
+        self.counter = ScheduleCounter(crawler.stats)
         # This crawl's start (set again when the spider opens).
         self._started = clock.now()
         self._pending: dict[int, _Pending] = {}
@@ -443,7 +444,7 @@ class Ledger:
         a cluster share their scope on purpose; a crawler built without its
         spider (a test's, the shell's) takes its hold when the spider opens.
         """
-        if self.crawler.spider is None or self.crawler.settings.get("INCREMENTAL_CLUSTER_URL"):
+        if self.crawler.spider is None or self.config.cluster is not None:
             return
         self.holder = f"{socket.gethostname()}:{os.getpid()}"
         now = clock.now()
@@ -516,13 +517,13 @@ class Ledger:
             return float("inf")
         return self.crawl_started + self.config.due_tolerance
 
-    def due_rules(self) -> DueRules:
+    def due_rules(self) -> CrawlDueRules:
         """This crawl's rules for whether a known page is requested."""
         config = self.config
-        return DueRules(started=self.crawl_started, due_at=self.due_at,
-                        checked_by=self.clock_skew.checked_by(),
-                        recheck_all=self.recheck_all, revisit=config.revisit_enabled,
-                        max_age=config.max_age, jitter=config.max_age_jitter)
+        return CrawlDueRules(started=self.crawl_started, due_at=self.due_at,
+                             checked_by=self.clock_skew.checked_by(),
+                             recheck_all=self.recheck_all, revisit=config.revisit_enabled,
+                             max_age=config.max_age, jitter=config.max_age_jitter)
 
     @property
     def recheck_all(self) -> bool:
@@ -787,7 +788,7 @@ class Ledger:
         failures = (prior.failures if prior is not None else 0) + 1
         next_visit = failure_next_visit(failures, self.crawl_started,
                                         self.config.revisit_initial, self.config.revisit_max)
-        if prior is not None and prior.flags & PageFlags.GONE:
+        if is_gone(prior):
             # A gone page that failed at its recheck (a dead host) waits for
             # its next rare recheck, not the failure schedule's next day.
             next_visit = max(next_visit, clock.now() + self.config.gone_recheck)
@@ -801,7 +802,7 @@ class Ledger:
             self.note_unrecorded_failure()
             return False
         if counted:
-            self.schedule.failed(key.url)
+            self.counter.failed(key.url)
         return True
 
     def _requestable(self, key: PageKey, prior: PageState | None, callback: str | None,
@@ -878,12 +879,12 @@ class Ledger:
             self.record_failure(state.key, txn.prior, state.last_status or 0,
                                 callback=state.callback, recipe=state.recipe, counted=False)
             if not txn.discovery:
-                self.schedule.outcome(PageOutcome.WITHHELD, state.key.url)
+                self.counter.outcome(PageOutcome.WITHHELD, state.key.url)
             return
         if txn.judge is not None:
             txn.state = txn.judge(txn.content_changed())
         if txn.outcome is not None and not txn.discovery:
-            self.schedule.outcome(txn.outcome, txn.state.key.url)
+            self.counter.outcome(txn.outcome, txn.state.key.url)
         if txn.discovery:
             # A sitemap's validators say "everything it lists was handled":
             # true only once the requests it produced have run, so they are

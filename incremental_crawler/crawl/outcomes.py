@@ -76,9 +76,9 @@ from scrapy import signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from w3lib.url import safe_url_string
 
+from incremental_crawler.change.accounting import PageOutcome
 from incremental_crawler.change.downloader_exits import watch_downloader_exits
 from incremental_crawler.change.policy import Outcome, final_outcome
-from incremental_crawler.change.schedule import PageOutcome
 from incremental_crawler.change.tombstones import (
     MOVED_STATUSES,
     Gone,
@@ -359,7 +359,7 @@ class FinalOutcomeMiddleware:
         """The page's column in the crawl's accounting (sitemaps and feeds
         are not pages)."""
         if not request.meta.get(META_DISCOVERY):
-            self.ledger.schedule.outcome(
+            self.ledger.counter.outcome(
                 PageOutcome.FAILED if outcome is Outcome.FAILED else PageOutcome.GONE, key.url)
 
 

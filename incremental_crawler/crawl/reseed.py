@@ -54,15 +54,14 @@ from __future__ import annotations
 import logging
 import math
 from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import urlsplit
 
 from scrapy import Request, signals
 from scrapy.exceptions import DontCloseSpider, NotConfigured
 
 from incremental_crawler import clock
-from incremental_crawler.change.policy import DueRules, schedule_why
+from incremental_crawler.change.accounting import META_LASTMOD_MODIFIED, Why, mark
+from incremental_crawler.change.policy import CrawlDueRules, schedule_why
 from incremental_crawler.change.sample import RotatingSample
-from incremental_crawler.change.schedule import META_LASTMOD_MODIFIED, Why, mark
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.hosts import host_of
@@ -249,9 +248,9 @@ class _DueReader:
     def __init__(self, reseeder: Reseeder, ledger: Ledger) -> None:
         self.reseeder = reseeder
         self.ledger = ledger
-        self.rules: DueRules = ledger.due_rules()
+        self.rules: CrawlDueRules = ledger.due_rules()
         self.limit = reseeder.config.reseed_limit
-        self.counter = ledger.schedule
+        self.counter = ledger.counter
         self.skip = getattr(reseeder.spider, "reseed_skip", None)
         self.listed = getattr(reseeder.spider, "lastmod_listed", None)
         self.use_lastmod = bool(getattr(reseeder.spider, "use_lastmod", True))
@@ -356,7 +355,7 @@ class _DueReader:
         self.ledger.clock_skew.notice(state)
         why = schedule_why(state, self.rules, vouched=await self.vouched(state))
         if why is Why.LASTMOD_UNCHANGED:
-            host = urlsplit(state.key.url).hostname or ""
+            host = host_of(state.key.url)
             sample = self.samples.get(host)
             if sample is None:
                 share = self.reseeder.config.lastmod_recheck_share
@@ -382,7 +381,7 @@ class _DueReader:
         if callable(self.listed) and not self.listed(state):
             # No list of this crawl gives that date any more.
             return False
-        host = urlsplit(state.key.url).hostname or ""
+        host = host_of(state.key.url)
         trusted = self.trusted.get(host)
         if trusted is None:
             book = self.ledger.trust

@@ -21,17 +21,17 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from incremental_crawler import clock
-from incremental_crawler.change.policy import schedule_why
-from incremental_crawler.change.schedule import Why
+from incremental_crawler.change.accounting import Why
+from incremental_crawler.change.policy import known_date, schedule_why
+from incremental_crawler.hosts import host_of
 from incremental_crawler.lists.dates import parse_w3c_datetime
-from incremental_crawler.state.records import PageFlags
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterable
 
     from scrapy.statscollectors import StatsCollector
 
-    from incremental_crawler.change.policy import DueRules
+    from incremental_crawler.change.policy import CrawlDueRules
     from incremental_crawler.state.records import PageState
 
 __all__ = ["MAX_LOC_LENGTH", "MAX_URLS", "NO_LISTING", "Candidate", "SitemapEntries",
@@ -96,7 +96,7 @@ class SitemapEntries:
         parse_date: Callable[[str | None], float | None] = parse_w3c_datetime,
     ) -> None:
         self.parse_date = parse_date
-        self.host = (urlsplit(sitemap_url).hostname or "").lower()
+        self.host = host_of(sitemap_url)
         self.allowed_hosts = {self.host, *(h.lower() for h in allowed_hosts)}
         self.stats = stats
         self.canonical = canonical
@@ -121,7 +121,7 @@ class SitemapEntries:
         if parts.scheme not in ("http", "https"):
             self._reject("scheme" if parts.scheme else "relative")
             return False
-        if not any_host and (parts.hostname or "").lower() not in self.allowed_hosts:
+        if not any_host and host_of(loc) not in self.allowed_hosts:
             self._reject("other_host")
             return False
         return True
@@ -170,7 +170,7 @@ class SitemapEntries:
 
 
 def decide(candidate: Candidate, stored: PageState | None, *, use_lastmod: bool,
-           rules: DueRules, vouching: bool = True) -> Why:
+           rules: CrawlDueRules, vouching: bool = True) -> Why:
     """Why *candidate* is requested this crawl, or why not (:func:`schedule_why`).
 
     *use_lastmod*: the list's dates are used (switched on, and the host's
@@ -183,11 +183,9 @@ def decide(candidate: Candidate, stored: PageState | None, *, use_lastmod: bool,
     """
     if stored is None:
         return Why.NEW
-    listed, known = candidate.lastmod, stored.lastmod
-    if stored.flags & PageFlags.GONE:
-        # A gone page came back only if the list dates it after we found it
-        # gone (a CMS may date the deletion: see gone_due).
-        known = max(known or 0.0, stored.last_checked)
+    # A gone page came back only if the list dates it after we found it
+    # gone (a CMS may date the deletion: see known_date).
+    listed, known = candidate.lastmod, known_date(stored)
     if not use_lastmod or listed is None or known is None:
         return schedule_why(stored, rules)
     newer = listed > known

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
 from incremental_crawler import clock
+from incremental_crawler.change.accounting import Why
 from incremental_crawler.change.policy import RequestReason
-from incremental_crawler.change.schedule import Why
 from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.politeness.extension import AdaptiveThrottle, effective_rate
 

@@ -25,11 +25,8 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import re
 import socket
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
@@ -39,15 +36,20 @@ from twisted.internet.error import CannotListenError
 from twisted.protocols.policies import WrappingFactory
 
 from incremental_crawler._reactor import get_reactor
-from incremental_crawler.config import SettingError, setting_or_default
+from incremental_crawler.config import (
+    IncrementalConfig,
+    MetricsSettings,
+    SettingError,
+    port_range,
+)
 from incremental_crawler.crawl.ledger import Ledger
 
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Self
 
     from scrapy import Spider
     from scrapy.crawler import Crawler
-    from scrapy.settings import BaseSettings
 
     from incremental_crawler._reactor import ListeningPort
 
@@ -58,75 +60,6 @@ logger = logging.getLogger(__name__)
 #: Hosts that mean "every interface": the target written for Prometheus
 #: names the machine instead.
 _WILDCARDS = {"", "0.0.0.0", "::"}  # noqa: S104 (compared with, not bound)
-
-
-def port_range(value: Any) -> tuple[int, int] | None:
-    """``INCREMENTAL_METRICS_PORT`` as (first, last); ``None``: metrics off.
-
-    A port (``9410``, ``"9410"``), or a range as Scrapy's
-    ``TELNETCONSOLE_PORT`` takes it (``[9410, 9419]``, ``"9410,9419"``) or
-    as people write it (``"9410-9419"``). ``0`` alone: a port the system
-    picks.
-    """
-    name = "INCREMENTAL_METRICS_PORT"
-    if value is None or (isinstance(value, str)
-                         and value.strip().lower() in {"", "none", "false", "off"}):
-        return None
-    if isinstance(value, bool):
-        raise SettingError(f"{name}={value!r}: give a port or a range of ports")
-    parts: list[Any]
-    if isinstance(value, int):
-        parts = [value]
-    elif isinstance(value, str):
-        parts = re.split(r"\s*[-,]\s*", value.strip())
-    elif isinstance(value, (list, tuple)):
-        parts = list(value)
-    else:
-        raise SettingError(f"{name}={value!r}: give a port or a range of ports")
-    # Whole numbers only: int() would take 9410.7 as 9410, True as 1.
-    if not all(isinstance(part, str) or (isinstance(part, int) and not isinstance(part, bool))
-               for part in parts):
-        raise SettingError(f"{name}={value!r}: not a port or a range of ports")
-    try:
-        ports = [int(part) for part in parts]
-    except ValueError:
-        raise SettingError(f"{name}={value!r}: not a port or a range of ports") from None
-    if len(ports) not in (1, 2):
-        raise SettingError(f"{name}={value!r}: a range is two ports, first and last")
-    first, last = ports[0], ports[-1]
-    if not 0 <= first <= last <= 65535:
-        raise SettingError(f"{name}={value!r}: ports go from 0 to 65535, first <= last")
-    if first == 0 and last != 0:
-        raise SettingError(f"{name}={value!r}: 0 (any free port) stands alone")
-    return first, last
-
-
-@dataclass(frozen=True, slots=True)
-class MetricsSettings:
-    """The ``INCREMENTAL_METRICS_*`` settings, checked."""
-
-    ports: tuple[int, int]
-    host: str
-    slots: int
-    targets_dir: Path | None
-
-    @classmethod
-    def from_settings(cls, settings: BaseSettings) -> Self | None:
-        """``None`` when metrics are off (no port set)."""
-        ports = port_range(settings.get("INCREMENTAL_METRICS_PORT"))
-        if ports is None:
-            return None
-        raw = setting_or_default(settings, "INCREMENTAL_METRICS_SLOTS")
-        try:
-            slots = int(raw)
-        except (TypeError, ValueError):
-            raise SettingError(f"INCREMENTAL_METRICS_SLOTS={raw!r} is not a number") from None
-        if slots < 0:
-            raise SettingError(f"INCREMENTAL_METRICS_SLOTS={raw!r} must be at least 0")
-        targets = settings.get("INCREMENTAL_METRICS_TARGETS_DIR")
-        return cls(ports=ports,
-                   host=str(setting_or_default(settings, "INCREMENTAL_METRICS_HOST")),
-                   slots=slots, targets_dir=Path(targets) if targets else None)
 
 
 def _host_unusable(error: OSError | None) -> bool:
@@ -162,7 +95,7 @@ class MetricsEndpoint:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        config = MetricsSettings.from_settings(crawler.settings)
+        config = IncrementalConfig.from_settings(crawler.settings).metrics
         if config is None:
             raise NotConfigured  # off by default: no "Disabled" warning
         try:

@@ -32,7 +32,7 @@ import logging
 import math
 import statistics
 import time
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
@@ -40,10 +40,10 @@ from scrapy.exceptions import CloseSpider, IgnoreRequest, NotConfigured
 from scrapy.extensions.throttle import AutoThrottle
 from scrapy.settings import default_settings
 from scrapy.utils.defer import deferred_from_coro
-from scrapy.utils.httpobj import urlparse_cached
 
-from incremental_crawler.config import SettingError, setting_or_default, throttle_enabled
+from incremental_crawler.config import IncrementalConfig, redis_retry_setting, throttle_enabled
 from incremental_crawler.fatal import SHARED_UNAVAILABLE
+from incremental_crawler.hosts import host_of
 from incremental_crawler.http.validators import parse_http_date
 from incremental_crawler.politeness.downloader import PacedSlot
 from incremental_crawler.politeness.errors import ErrorSignal, classify_error
@@ -53,7 +53,7 @@ from incremental_crawler.politeness.window import DomainWindow, WindowPolicy
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
     from typing import Self
 
     from scrapy import Request, Spider
@@ -83,14 +83,6 @@ _SLOT_HOST = "_throttle_slot_host"
 #: looks at a slot's clock (which holds a freeze, see _apply) when its delay
 #: is not 0; 1 ms adds no pacing of its own at any rate we allow.
 SHARED_SLOT_DELAY = 0.001
-#: WindowPolicy fields that plain INCREMENTAL_THROTTLE_* settings override.
-_POLICY_SETTINGS = {
-    "start_rate": "INCREMENTAL_THROTTLE_START_RATE",
-    "min_rate": "INCREMENTAL_THROTTLE_MIN_RATE",
-    "max_rate": "INCREMENTAL_THROTTLE_MAX_RATE",
-    "target_latency": "INCREMENTAL_THROTTLE_TARGET_LATENCY",
-    "max_concurrency": "INCREMENTAL_THROTTLE_MAX_CONCURRENCY",
-}
 
 
 def effective_rate(window: DomainWindow) -> tuple[float, str | None]:
@@ -129,7 +121,7 @@ def _header_text(raw: bytes | None) -> str:
 
 
 def capping_settings(settings: BaseSettings, policy: WindowPolicy,
-                     overrides: dict[str, dict[str, Any]] | None = None) -> list[str]:
+                     overrides: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
     """What the start-up warning says of each of the user's settings that
     holds every window below its bounds; empty on Scrapy's defaults.
 
@@ -174,52 +166,28 @@ class AdaptiveThrottle(AutoThrottle):
         settings = crawler.settings
         if not throttle_enabled(settings):
             raise NotConfigured("INCREMENTAL_ENABLED or INCREMENTAL_THROTTLE_ENABLED is False")
+        config = IncrementalConfig.from_settings(settings).throttle
+        assert config is not None  # (throttle_enabled)
+        #: The INCREMENTAL_THROTTLE_* settings, checked.
+        self.config = config
         self.crawler = crawler
-        self.debug = settings.getbool("INCREMENTAL_THROTTLE_DEBUG")
-        base = WindowPolicy()
-        values: dict[str, Any] = {}
-        for name, setting in _POLICY_SETTINGS.items():
-            if settings.get(setting) is not None:
-                values[name] = type(getattr(base, name))(settings.getfloat(setting))
-        self.policy = replace(base, **values)
-        if not 0 < self.policy.min_rate <= self.policy.start_rate <= self.policy.max_rate:
-            # An error, not NotConfigured: that would crawl on without politeness.
-            raise SettingError(
-                "0 < INCREMENTAL_THROTTLE_MIN_RATE <= INCREMENTAL_THROTTLE_START_RATE <= "
-                f"INCREMENTAL_THROTTLE_MAX_RATE must hold ({self.policy.min_rate:g}, "
-                f"{self.policy.start_rate:g}, {self.policy.max_rate:g})"
-            )
-        self.overrides: dict[str, dict[str, Any]] = settings.getdict("INCREMENTAL_THROTTLE_DOMAINS")
-        known = {f.name for f in fields(WindowPolicy)}
-        for domain, override in self.overrides.items():
-            if unknown := set(override) - known:
-                raise SettingError(
-                    f"INCREMENTAL_THROTTLE_DOMAINS[{domain!r}]: unknown keys {sorted(unknown)}"
-                )
+        self.debug = config.debug
+        self.policy = replace(
+            WindowPolicy(), start_rate=config.start_rate, min_rate=config.min_rate,
+            max_rate=config.max_rate, target_latency=config.target_latency,
+            max_concurrency=config.max_concurrency)
+        self.overrides = WindowPolicy.checked_overrides(config.domains)
         # A Crawl-delay above this counts as this: robots.txt "1e9" must not
         # stop a crawl for ever.
-        def number(name: str) -> float:
-            return float(setting_or_default(settings, f"INCREMENTAL_THROTTLE_{name}"))
-
-        self.crawl_delay_max = number("CRAWL_DELAY_MAX")
-        self.retry_after_max = number("RETRY_AFTER_MAX")
-        self.warn_share = number("WARN_ERROR_SHARE")
-        self.tick = number("TICK")
-        if self.tick < 0:
-            raise SettingError(f"INCREMENTAL_THROTTLE_TICK must be >= 0 ({self.tick:g})")
-        remember_for = number("REMEMBER_FOR")
-        if not remember_for >= 0:
-            raise SettingError(
-                f"INCREMENTAL_THROTTLE_REMEMBER_FOR={remember_for!r} must be 0 (off) or more")
+        self.crawl_delay_max = config.crawl_delay_max
+        self.retry_after_max = config.retry_after_max
+        self.warn_share = config.warn_share
+        self.tick = config.tick
         #: The rates this crawl's windows start from (filled when the spider
         #: opens; none with the shared budget, which keeps its own).
-        self.memory = RateMemory(remember_for, crawler.stats)
+        self.memory = RateMemory(config.remember_for, crawler.stats)
         self.windows: dict[str, DomainWindow] = {}
-        self.groups = {
-            host: group
-            for group, hosts in settings.getdict("INCREMENTAL_THROTTLE_HOST_GROUPS").items()
-            for host in hosts
-        }
+        self.groups = config.groups
         self._warned: set[str] = set()
         #: Called as ``observer(slot, start, until, why)`` (monotonic times)
         #: on every freeze: the HTML report's recorder marks them.
@@ -227,7 +195,7 @@ class AdaptiveThrottle(AutoThrottle):
         self.shared: SharedBudget | None = None
         #: Why the shared budget asked for cannot be used: the crawl will not start.
         self.shared_error: str | None = None
-        url = settings.get("INCREMENTAL_THROTTLE_SHARED_URL")
+        url = config.shared_url
         if url:
             try:
                 if not str(url).startswith(("redis://", "rediss://", "unix://",
@@ -237,20 +205,15 @@ class AdaptiveThrottle(AutoThrottle):
                 # Imported here: a crawl without a shared budget does not
                 # import Redis's client (a tenth of a second of its start).
                 from incremental_crawler.politeness.budget import SharedBudget  # noqa: PLC0415
-                from incremental_crawler.state.stores.base import (  # noqa: PLC0415
-                    redis_retry_setting,
-                )
 
                 self.shared = SharedBudget(
-                    str(url),
-                    str(setting_or_default(settings, "INCREMENTAL_THROTTLE_SHARED_PREFIX")),
-                    stats=crawler.stats, on_reply=self._shared_reply,
+                    url, config.shared_prefix, stats=crawler.stats, on_reply=self._shared_reply,
                     on_failure=self._shared_failed,
                     retry_time=redis_retry_setting(settings))
             except ValueError as exc:
                 # Not NotConfigured: that would crawl on without any
                 # throttle, N workers N times too fast.
-                self.shared_error = f"INCREMENTAL_THROTTLE_SHARED_URL={redacted(str(url))!r}: {exc}"
+                self.shared_error = f"INCREMENTAL_THROTTLE_SHARED_URL={redacted(url)!r}: {exc}"
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._response_downloaded, signal=signals.response_downloaded)
         crawler.signals.connect(self.request_reached_downloader,
@@ -387,7 +350,7 @@ class AdaptiveThrottle(AutoThrottle):
         itself stays.
         """
         meta = request.meta
-        host = urlparse_cached(request).hostname or ""
+        host = host_of(request.url)
         if "download_slot" in meta and meta.get(_SLOT_HOST, host) != host:
             del meta["download_slot"]
         if "download_slot" in meta:

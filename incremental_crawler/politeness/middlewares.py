@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING
 
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
-from incremental_crawler.config import setting_or_default, throttle_enabled
+from incremental_crawler.config import throttle_enabled
 from incremental_crawler.politeness.extension import SHARED_SEQ, AdaptiveThrottle
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ class RetryAfterMiddleware:
             raise NotConfigured("RetryAfterMiddleware needs the AdaptiveThrottle extension")
         self.crawler = crawler
         self.throttle = throttle
-        self.max_tries = int(setting_or_default(settings, "INCREMENTAL_THROTTLE_MAX_RETRIES"))
+        self.max_tries = throttle.config.max_retries
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:

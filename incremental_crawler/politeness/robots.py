@@ -76,13 +76,13 @@ from twisted.internet.defer import Deferred
 
 from incremental_crawler.change.policy import links_unknown
 from incremental_crawler.crawl.conditional import callback_name
-from incremental_crawler.crawl.due import DueRule
+from incremental_crawler.crawl.due import RequestRules
 from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.exceptions import RobotsTxtUnavailable
 from incremental_crawler.politeness.extension import MAX_WAIT
 from incremental_crawler.politeness.middlewares import MAX_RETRY_AFTER
 from incremental_crawler.recipes import own_recipe
-from incremental_crawler.state.records import PageFlags
+from incremental_crawler.state.records import PageFlags, is_gone
 from incremental_crawler.state.stores import StateStoreError
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ class RobotsTxtMiddleware(ScrapyRobotsTxt):
         # Hosts whose robots.txt is being asked again: their requests are
         # refused meanwhile, with the parser they had.
         self._rechecking: dict[str, _Unavailable] = {}
-        self._due_rule: DueRule | None = None
+        self._request_rules: RequestRules | None = None
 
     async def process_request(self, request: Request, spider: Spider | None = None) -> None:
         # (*spider*: Scrapy's signature, which passes it no more.)
@@ -311,7 +311,7 @@ class RobotsTxtMiddleware(ScrapyRobotsTxt):
         key, prior, due = found
         if prior is None or prior.callback is None or not due:
             return
-        if prior.flags & PageFlags.GONE:
+        if is_gone(prior):
             # Its rare recheck: not a failure, the next one a recheck later.
             ledger.gone_unasked(key, prior)
             self._stats.inc_value("incremental/robotstxt/forbidden_recorded")
@@ -321,12 +321,12 @@ class RobotsTxtMiddleware(ScrapyRobotsTxt):
             recipe=own_recipe(request, spider, ledger.recipe_rules), counted=False)
         self._stats.inc_value("incremental/robotstxt/forbidden_recorded")
 
-    def _rule(self, ledger: Ledger) -> DueRule:
-        if self._due_rule is None:
+    def _rules(self, ledger: Ledger) -> RequestRules:
+        if self._request_rules is None:
             spider = self.crawler.spider
             assert spider is not None
-            self._due_rule = DueRule.for_crawler(self.crawler, ledger.config, spider)
-        return self._due_rule
+            self._request_rules = RequestRules.for_crawler(self.crawler, ledger.config, spider)
+        return self._request_rules
 
     async def _due_page(
         self, ledger: Ledger, request: Request,
@@ -337,15 +337,15 @@ class RobotsTxtMiddleware(ScrapyRobotsTxt):
         page's state is read here. ``None``: the request has no page of its
         own (an engine download).
         """
-        rule = self._rule(ledger)
-        if not rule.applies(request):
+        rules = self._rules(ledger)
+        if not rules.applies(request):
             return None
-        key = rule.key(request, ledger)
+        key = rules.key(request, ledger)
         found, prior = ledger.take_prefetched(key)
         if not found:
             prior = await ledger.store.get_page(key)
-        due = prior is None or rule.due(
-            request, prior, links_unknown=links_unknown(prior, replay=rule.replays(request)),
+        due = prior is None or rules.due(
+            request, prior, links_unknown=links_unknown(prior, replay=rules.replays(request)),
             ledger=ledger)
         return key, prior, due
 
@@ -370,7 +370,7 @@ class RobotsTxtMiddleware(ScrapyRobotsTxt):
         key, prior, due = found
         if not due:
             assert prior is not None
-            if self._rule(ledger).replays(request) and prior.flags & PageFlags.HAS_LINKS:
+            if self._rules(ledger).replays(request) and prior.flags & PageFlags.HAS_LINKS:
                 # Not due, but its links would have been replayed: the
                 # pages behind it are not reached this crawl.
                 ledger.note_unrecorded_failure()

@@ -21,7 +21,13 @@ import math
 import random
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+from incremental_crawler.config import SettingError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 __all__ = ["DomainWindow", "WindowPolicy"]
 
@@ -43,6 +49,20 @@ class WindowPolicy:
     penalty_after: int = 3
     backoff_base: float = 1.0
     backoff_max: float = 60.0
+
+    @classmethod
+    def checked_overrides(
+        cls, domains: Mapping[str, Mapping[str, Any]],
+    ) -> Mapping[str, Mapping[str, Any]]:
+        """*domains* (INCREMENTAL_THROTTLE_DOMAINS), whose overrides name only
+        fields of the policy."""
+        known = {f.name for f in fields(cls)}
+        for domain, override in domains.items():
+            if unknown := set(override) - known:
+                raise SettingError(
+                    f"INCREMENTAL_THROTTLE_DOMAINS[{domain!r}]: unknown keys {sorted(unknown)}"
+                )
+        return domains
 
 
 @dataclass(slots=True)

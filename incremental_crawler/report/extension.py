@@ -10,8 +10,8 @@ from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from scrapy.extensions.logstats import LogStats
 
+from incremental_crawler.change.accounting import PageOutcome, Why
 from incremental_crawler.change.policy import Verdict
-from incremental_crawler.change.schedule import PageOutcome, Why
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.formats import shares
@@ -357,7 +357,8 @@ class IncrementalReport:
 def crawl_lines(stats: dict[str, Any], crawler: Crawler | None) -> list[str]:
     """Every line of the end-of-crawl report (the HTML report shows them too)."""
     s = summarize(stats)
-    worker = bool(crawler is not None and crawler.settings.get("INCREMENTAL_CLUSTER_URL"))
+    worker = (crawler is not None
+              and IncrementalConfig.from_settings(crawler.settings).cluster is not None)
     lines = report_lines(s, worker=worker)
     throttle = crawler.get_extension(AdaptiveThrottle) if crawler else None
     if throttle is not None and throttle.site_windows():

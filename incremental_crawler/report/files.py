@@ -259,7 +259,7 @@ class ReportFiles:
         verdicts = {host: {str(v): n for v, n in counts.items()}
                     for host, counts in book.verdicts.items()}
         return host_rows(
-            ledger.schedule.hosts.table(), verdicts,
+            ledger.counter.hosts.table(), verdicts,
             lambda host: trust_fields(book.known(host), now,
                                       probation_after=book.rules.stale_after))
 

@@ -31,15 +31,15 @@ from scrapy.exceptions import CloseSpider
 from scrapy.http import TextResponse
 
 from incremental_crawler import clock
-from incremental_crawler.change.policy import DueRules
-from incremental_crawler.change.sample import RotatingSample
-from incremental_crawler.change.schedule import (
+from incremental_crawler.change.accounting import (
     META_LASTMOD_MODIFIED,
     META_LISTING,
     ScheduleCounter,
     Why,
     mark,
 )
+from incremental_crawler.change.policy import CrawlDueRules
+from incremental_crawler.change.sample import RotatingSample
 from incremental_crawler.crawl.conditional import page_context
 from incremental_crawler.crawl.ledger import TXN_META
 from incremental_crawler.exceptions import NotModified
@@ -348,13 +348,13 @@ class ListedPagesSpider(IncrementalSpider):
             txn.listing = NO_LISTING
             txn.list_children = None
 
-    def due_rules(self) -> DueRules:
+    def due_rules(self) -> CrawlDueRules:
         """This crawl's rules (a plain crawl: every listed page is new)."""
         ledger = self.ledger
         if ledger is not None:
             return ledger.due_rules()
         now = clock.now()
-        return DueRules(started=now, due_at=now, revisit=False)
+        return CrawlDueRules(started=now, due_at=now, revisit=False)
 
     async def listed_requests(
         self, entries: SitemapEntries, candidates: list[Candidate],
@@ -378,7 +378,7 @@ class ListedPagesSpider(IncrementalSpider):
             ledger.trust.loaded(entries.host))
         share = ledger.config.lastmod_recheck_share if ledger is not None else 0.0
         sample: RotatingSample[_Listed] = RotatingSample(share, len(candidates))
-        counter = ledger.schedule if ledger is not None else ScheduleCounter(self.crawler.stats)
+        counter = ledger.counter if ledger is not None else ScheduleCounter(self.crawler.stats)
         rules = self.due_rules()
         # In chunks: memory holds one chunk's stored states (and the sample's
         # few), not a whole 50,000-URL sitemap's.

@@ -15,12 +15,12 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from scrapy import Request
 from scrapy.spiders import SitemapSpider
 
-from incremental_crawler.change.schedule import Why
+from incremental_crawler.change.accounting import Why
+from incremental_crawler.hosts import host_of
 from incremental_crawler.lists.dates import parse_feed_date, parse_w3c_datetime
 from incremental_crawler.lists.documents import FEED_KINDS
 from incremental_crawler.lists.robots import sitemap_urls_from_robots
@@ -95,7 +95,7 @@ class SitemapPagesSpider(ListedPagesSpider, SitemapSpider):
         index that did): sitemaps.org lets it list their URLs."""
         stats = self.crawler.stats
         if response.url.endswith("/robots.txt"):
-            host = (urlsplit(response.url).hostname or "").lower()
+            host = host_of(response.url)
             for url in sitemap_urls_from_robots(response.body, base_url=response.url):
                 yield self._sitemap_request(url, named_by=[host])
             return

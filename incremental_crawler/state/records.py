@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Change", "CrawlRecord", "HostTrust", "ItemRecord", "PageFlags", "PageKey", "PageState",
-    "SlotRate", "StoredVersion", "Undelivered",
+    "SlotRate", "StoredVersion", "Undelivered", "is_gone",
 ]
 
 
@@ -124,6 +124,12 @@ class PageState:
 
     def copy(self, **changes: Any) -> Self:
         return replace(self, **changes)
+
+
+def is_gone(state: PageState | None) -> bool:
+    """Whether the stored page is flagged GONE (its tombstone was delivered):
+    the one test of it, for the decisions, the crawl and the stores alike."""
+    return state is not None and bool(state.flags & PageFlags.GONE)
 
 
 @dataclass(slots=True)

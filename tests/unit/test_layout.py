@@ -98,7 +98,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "incremental_crawler.state.delivery", "incremental_crawler.state.pipeline",
             "incremental_crawler.change.middleware", "incremental_crawler.change.pipeline",
             "incremental_crawler.change.due_filter", "incremental_crawler.change.outcomes",
-            "incremental_crawler.links",
+            "incremental_crawler.change.schedule", "incremental_crawler.links",
         )),
     )),
 )
@@ -263,6 +263,8 @@ def test_the_documented_old_import_paths_still_work() -> None:
     ("change.outcomes.FinalOutcomeMiddleware", "crawl.outcomes.FinalOutcomeMiddleware"),
     ("change.outcomes.MovedPageMiddleware", "crawl.outcomes.MovedPageMiddleware"),
     ("links.reseed.Reseeder", "crawl.reseed.Reseeder"),
+    ("change.schedule.Why", "change.accounting.Why"),
+    ("change.schedule.ScheduleCounter", "change.accounting.ScheduleCounter"),
     ("cluster.ClusterError", "exceptions.ClusterError"),
 ])
 def test_the_components_old_paths_still_load(old: str, new: str) -> None:

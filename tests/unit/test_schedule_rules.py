@@ -14,7 +14,7 @@ import pytest
 
 from incremental_crawler.change.policy import (
     ChangePolicy,
-    DueRules,
+    CrawlDueRules,
     Fetch,
     Judgement,
     failed_last,
@@ -32,7 +32,7 @@ from incremental_crawler.state.records import PageFlags, PageKey, PageState
 DAY = 86400.0
 START = 100 * DAY
 KEY = PageKey("scope", "http://h/a")
-RULES = DueRules(started=START, due_at=START + 3600, max_age=30 * DAY)
+RULES = CrawlDueRules(started=START, due_at=START + 3600, max_age=30 * DAY)
 
 
 def stored(**changes: Any) -> PageState:

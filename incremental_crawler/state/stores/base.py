@@ -24,10 +24,10 @@ import os
 import socket
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, NamedTuple
-from urllib.parse import urlsplit
 
-from incremental_crawler.config import DEFAULT_SETTINGS, SettingError
-from incremental_crawler.state.records import PageFlags
+from incremental_crawler.config import DEFAULT_SETTINGS, SettingError, redis_retry_setting
+from incremental_crawler.hosts import host_of
+from incremental_crawler.state.records import is_gone
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
@@ -143,11 +143,6 @@ class Removed(NamedTuple):
                          if n or i < len(names) - 1)
 
 
-def host_of(url: str) -> str:
-    """The host a page's trust is kept under: its URL's host name, lowercase."""
-    return (urlsplit(url).hostname or "").lower()
-
-
 def dead_pid(holder: str) -> int | None:
     """The pid of *holder* (``host:pid...``, a crawl's hold) if it is a
     process of this host that is not running: a killed crawl, whose hold
@@ -190,21 +185,6 @@ def item_history_setting(settings: BaseSettings | None) -> int:
     """INCREMENTAL_ITEM_HISTORY from *settings* (its default without them)."""
     return _whole_number_setting(settings, "INCREMENTAL_ITEM_HISTORY", 0,
                                  " (0 keeps every version)")
-
-
-def redis_retry_setting(settings: BaseSettings | None) -> float:
-    """INCREMENTAL_REDIS_RETRY_TIME from *settings* (its default without them)."""
-    name = "INCREMENTAL_REDIS_RETRY_TIME"
-    raw = None if settings is None else settings.get(name)
-    if raw is None:
-        return float(DEFAULT_SETTINGS[name])
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise SettingError(f"{name}={raw!r} is not a number") from None
-    if not value >= 0 or value == float("inf"):
-        raise SettingError(f"{name}={raw!r} must be a number of seconds, at least 0")
-    return value
 
 
 def holder_gone(holder: str) -> bool:
@@ -631,10 +611,9 @@ class AdminStore(StateStore):
         counts: dict[str, list[int]] = {}  # pages, due, gone, failing, size
         for state in self.iter_pages(scope):
             row = counts.setdefault(host_of(state.key.url), [0, 0, 0, 0, 0])
-            is_gone = bool(state.flags & PageFlags.GONE)
             row[0] += 1
             row[1] += int(state.callback is not None and state.next_visit <= now)
-            row[2] += int(is_gone)
+            row[2] += int(is_gone(state))
             row[3] += int(state.failures > 0)
             row[4] += state.size
         trusts = {trust.host: trust for trust in self.iter_hosts(scope)}

@@ -43,9 +43,9 @@ import functools
 import hashlib
 from urllib.parse import quote, unquote
 
+from incremental_crawler.hosts import host_of
 from incremental_crawler.lua import load_script
 from incremental_crawler.state.records import PageKey
-from incremental_crawler.state.stores.base import host_of
 from incremental_crawler.state.stores.packed import LUA_CODEC
 
 __all__ = [
