@@ -794,6 +794,10 @@ async def test_cluster_workers_go_on_across_a_restart_of_their_redis(site, tmp_p
     try:
         workers = [Worker(site, None, "own", tmp_path, str(i),
                           "-s", f"INCREMENTAL_CLUSTER_URL={own.uri}") for i in range(2)]
+        # Both workers at work before Redis goes (one that starts late, with
+        # Redis down, would not open: not what this test is about).
+        await until_all_have_work(site, 2)
+        site.release()
         await until(lambda: sum(page_gets(site).values()) >= 15, "the crawl to get going")
         await deferToThread(own.shut_down)
         await deferLater(reactor, 1.0)
