@@ -30,7 +30,7 @@ from incremental_crawler.config import DEFAULT_SETTINGS
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores import open_store, state_uri
 from tests.redis_util import CLUSTER_REDIS_URI, OwnRedis
-from tests.test_commands import scrapy
+from tests.scrapy_cli import run_scrapy
 
 PROJECT = Path(__file__).resolve().parents[1]
 REDIS_URL = CLUSTER_REDIS_URI
@@ -764,9 +764,9 @@ async def test_state_items_and_report_given_the_cluster_url_read_the_store_the_c
         assert await worker.wait() == 0, worker.tail()
         assert sorted(worker.urls()) == urls
         cluster = ("-s", f"INCREMENTAL_CLUSTER_URL={own.uri}")
-        state = await deferToThread(scrapy, "state", "--spider", "sitemap", "--hosts", *cluster)
-        items = await deferToThread(scrapy, "items", "-o", "-", *cluster)
-        report = await deferToThread(scrapy, "report", "--scope", "sitemap",
+        state = await deferToThread(run_scrapy, "state", "--spider", "sitemap", "--hosts", *cluster)
+        items = await deferToThread(run_scrapy, "items", "-o", "-", *cluster)
+        report = await deferToThread(run_scrapy, "report", "--scope", "sitemap",
                                      "-o", str(tmp_path / "report"), *cluster)
     finally:
         own.remove()

@@ -11,12 +11,9 @@ from __future__ import annotations
 import csv
 import io
 import json
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree
 
@@ -28,23 +25,22 @@ from twisted.internet.threads import deferToThread
 from incremental_crawler import clock
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.records import Change, ItemRecord
+from tests.scrapy_cli import run_scrapy
 from tests.spiders import ListSpider, SharedScopeSpider
 
 if TYPE_CHECKING:
+    import subprocess
+    from pathlib import Path
+
     from incremental_crawler.state.stores import StateStore
 
-PROJECT = Path(__file__).resolve().parents[1]
 DAY = 86400
 BOTH_STORES = pytest.mark.parametrize("state_uri", ["sqlite", "redis"], indirect=True)
 
 
 def items(state_uri: str, *args: str) -> subprocess.CompletedProcess[str]:
     """``scrapy items ARGS`` on the store at *state_uri*."""
-    return subprocess.run(
-        [sys.executable, "-m", "scrapy", "items", *args,
-         "-s", f"INCREMENTAL_STATE_URI={state_uri}"],
-        cwd=PROJECT, capture_output=True, text=True, timeout=120, check=False,
-    )
+    return run_scrapy("items", *args, "-s", f"INCREMENTAL_STATE_URI={state_uri}")
 
 
 def exported(state_uri: str, *args: str) -> list[dict[str, Any]]:

@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_twisted
@@ -29,8 +25,11 @@ from incremental_crawler.report.files import ReportFiles
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.records import ItemRecord
 from incremental_crawler.state.stores import open_store
+from tests.scrapy_cli import PROJECT, child_env, run_scrapy
 
-PROJECT = Path(__file__).resolve().parents[1]
+if TYPE_CHECKING:
+    from pathlib import Path
+
 DOCS = PROJECT / "docs" / "report.md"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -384,12 +383,10 @@ async def test_report_json_and_scrapy_report_follow_the_documented_schema(
         requests(c) for c in reversed(crawlers)][:2]
 
     result = await deferToThread(
-        subprocess.run,
-        [sys.executable, "-m", "scrapy", "report", "--scope", "sitemap", "-o",
-         str(tmp_path / "history"), "-s", f"INCREMENTAL_STATE_URI={state_uri}"],
-        cwd=PROJECT, capture_output=True, text=True, timeout=120, check=False,
+        run_scrapy, "report", "--scope", "sitemap", "-o", str(tmp_path / "history"),
+        "-s", f"INCREMENTAL_STATE_URI={state_uri}",
         # An ASCII locale (a bare container): the page is written as UTF-8 all the same.
-        env={**os.environ, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"})
+        env=child_env(LC_ALL="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0"))
     assert result.returncode == 0, result.stderr
     assert "scope sitemap: 2 crawls" in result.stdout
     history = json.loads((tmp_path / "history" / "history-sitemap.json").read_text())
@@ -411,10 +408,8 @@ async def test_report_json_and_scrapy_report_follow_the_documented_schema(
     await store.flush()
     await store.close()
     result = await deferToThread(
-        subprocess.run,
-        [sys.executable, "-m", "scrapy", "report", "-o", str(tmp_path / "every"), "-s",
-         f"INCREMENTAL_STATE_URI={state_uri}"],
-        cwd=PROJECT, capture_output=True, text=True, timeout=120, check=False)
+        run_scrapy, "report", "-o", str(tmp_path / "every"),
+        "-s", f"INCREMENTAL_STATE_URI={state_uri}")
     assert result.returncode == 0, result.stderr
     assert "scope only-items: nothing stored to report, skipped" in result.stdout
     assert sorted(p.name for p in (tmp_path / "every").iterdir()) == [
@@ -431,10 +426,8 @@ async def test_report_json_and_scrapy_report_follow_the_documented_schema(
 
 
 def test_scrapy_report_refuses_a_missing_store(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "scrapy", "report", "-o", str(tmp_path), "-s",
-         f"INCREMENTAL_STATE_URI=sqlite:///{tmp_path / 'none.db'}"],
-        cwd=PROJECT, capture_output=True, text=True, timeout=120, check=False)
+    result = run_scrapy("report", "-o", str(tmp_path), "-s",
+                        f"INCREMENTAL_STATE_URI=sqlite:///{tmp_path / 'none.db'}")
     assert result.returncode == 1
     assert "no state store at" in result.stderr
     assert not (tmp_path / "none.db").exists() and not list(tmp_path.glob("history-*"))

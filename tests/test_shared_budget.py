@@ -15,12 +15,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import re
 import subprocess
-import sys
 import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import pytest_twisted
@@ -37,10 +35,13 @@ from incremental_crawler.politeness.budget import (
 )
 from incremental_crawler.politeness.window import WindowPolicy
 from tests.redis_util import BUDGET_REDIS_URI, OwnRedis
+from tests.scrapy_cli import start_scrapy
 from tests.spiders import ListSpider
 from tests.test_fatal import one_error_line
 
-PROJECT = Path(__file__).resolve().parents[1]
+if TYPE_CHECKING:
+    from pathlib import Path
+
 REDIS_URL = BUDGET_REDIS_URI
 # Sleeps of tenths of a second against the script, and what the site saw of
 # worker processes' timing: no other test's crawlers beside (under xdist).
@@ -190,16 +191,11 @@ def add_worker_pages(site, workers: int, pages: int, *, size: int = 600) -> list
 
 
 def start_worker(site, tmp_path: Path, i: int, *settings: str) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "scrapy", "crawl", "sitemap",
-            "-a", f"sitemap_url={site.url(f'/w{i}.xml')}",
-            "-s", f"INCREMENTAL_STATE_URI=sqlite:///{tmp_path / f'w{i}.db'}",
-            "-s", "LOG_LEVEL=INFO", "-s", "LOGSTATS_INTERVAL=0",
-            "-s", "TELNETCONSOLE_ENABLED=False"]
-    for setting in settings:
-        args += ["-s", setting]
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-    return subprocess.Popen(args, cwd=PROJECT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+    return start_scrapy("crawl", "sitemap", "-a", f"sitemap_url={site.url(f'/w{i}.xml')}",
+                        "-s", f"INCREMENTAL_STATE_URI=sqlite:///{tmp_path / f'w{i}.db'}",
+                        "-s", "LOG_LEVEL=INFO", "-s", "LOGSTATS_INTERVAL=0",
+                        "-s", "TELNETCONSOLE_ENABLED=False",
+                        *(arg for setting in settings for arg in ("-s", setting)))
 
 
 async def run_workers(site, tmp_path: Path, n: int, *settings: str,

@@ -29,8 +29,8 @@ from incremental_crawler import clock
 from incremental_crawler.crawl.ledger import HOLD_TTL
 from incremental_crawler.state.records import SlotRate
 from tests.conftest import crawl_settings
+from tests.scrapy_cli import run_scrapy
 from tests.spiders import ListSpider
-from tests.test_commands import scrapy
 
 if TYPE_CHECKING:
     from incremental_crawler.state.stores import StateStore
@@ -42,7 +42,8 @@ BACKENDS = pytest.mark.parametrize("state_uri", ["sqlite", "redis"], indirect=Tr
 
 async def state(state_uri: str, *args: str) -> subprocess.CompletedProcess[str]:
     """``scrapy state ARGS`` on the test's store, in a thread (the reactor runs on)."""
-    return await deferToThread(scrapy, "state", *args, "-s", f"INCREMENTAL_STATE_URI={state_uri}")
+    return await deferToThread(run_scrapy, "state", *args,
+                               "-s", f"INCREMENTAL_STATE_URI={state_uri}")
 
 
 async def states(state_uri: str, *runs: tuple[str, ...]) -> list[subprocess.CompletedProcess[str]]:

@@ -30,7 +30,8 @@ from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores.redis import RedisStateStore
 from tests.redis_util import OwnRedis
-from tests.test_fatal import crawl_args, one_error_line, run
+from tests.scrapy_cli import run
+from tests.test_fatal import crawl_args, one_error_line
 from tests.test_kill9 import start_crawl
 from tests.test_store_contract import call
 

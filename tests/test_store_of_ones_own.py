@@ -27,8 +27,8 @@ from incremental_crawler.state.stores import (
     open_store,
 )
 from tests.memory_store import STORES, MemoryAdminStore, MemoryStore
+from tests.scrapy_cli import run_scrapy
 from tests.spiders import ListSpider
-from tests.test_commands import scrapy
 
 if TYPE_CHECKING:
     import subprocess
@@ -44,7 +44,7 @@ def state_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 async def command(state_uri: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return await deferToThread(scrapy, *args, "-s", f"INCREMENTAL_STATE_URI={state_uri}",
+    return await deferToThread(run_scrapy, *args, "-s", f"INCREMENTAL_STATE_URI={state_uri}",
                                "-s", f"INCREMENTAL_STATE_STORES={json.dumps(STORES)}")
 
 
