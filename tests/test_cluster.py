@@ -29,7 +29,7 @@ from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores import open_store, state_uri
 from tests.cluster_worker import Worker, leftover_keys, page_gets
 from tests.redis_util import CLUSTER_REDIS_URI, OwnRedis
-from tests.scrapy_cli import run_scrapy
+from tests.scrapy_cli import scrapy_in_process
 
 REDIS_URL = CLUSTER_REDIS_URI
 
@@ -686,9 +686,10 @@ async def test_state_items_and_report_given_the_cluster_url_read_the_store_the_c
         assert await worker.wait() == 0, worker.tail()
         assert sorted(worker.urls()) == urls
         cluster = ("-s", f"INCREMENTAL_CLUSTER_URL={own.uri}")
-        state = await deferToThread(run_scrapy, "state", "--spider", "sitemap", "--hosts", *cluster)
-        items = await deferToThread(run_scrapy, "items", "-o", "-", *cluster)
-        report = await deferToThread(run_scrapy, "report", "--scope", "sitemap",
+        state = await deferToThread(scrapy_in_process, "state", "--spider", "sitemap",
+                                    "--hosts", *cluster)
+        items = await deferToThread(scrapy_in_process, "items", "-o", "-", *cluster)
+        report = await deferToThread(scrapy_in_process, "report", "--scope", "sitemap",
                                      "-o", str(tmp_path / "report"), *cluster)
     finally:
         own.remove()

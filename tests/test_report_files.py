@@ -25,7 +25,7 @@ from incremental_crawler.report.files import ReportFiles
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.records import ItemRecord
 from incremental_crawler.state.stores import open_store
-from tests.scrapy_cli import PROJECT, child_env, run_scrapy
+from tests.scrapy_cli import PROJECT, child_env, run_scrapy, scrapy_in_process
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -408,7 +408,7 @@ async def test_report_json_and_scrapy_report_follow_the_documented_schema(
     await store.flush()
     await store.close()
     result = await deferToThread(
-        run_scrapy, "report", "-o", str(tmp_path / "every"),
+        scrapy_in_process, "report", "-o", str(tmp_path / "every"),
         "-s", f"INCREMENTAL_STATE_URI={state_uri}")
     assert result.returncode == 0, result.stderr
     assert "scope only-items: nothing stored to report, skipped" in result.stdout
@@ -425,9 +425,10 @@ async def test_report_json_and_scrapy_report_follow_the_documented_schema(
     assert set(documented) - met - optional == set()
 
 
-def test_scrapy_report_refuses_a_missing_store(tmp_path):
-    result = run_scrapy("report", "-o", str(tmp_path), "-s",
-                        f"INCREMENTAL_STATE_URI=sqlite:///{tmp_path / 'none.db'}")
+@pytest_twisted.ensureDeferred
+async def test_scrapy_report_refuses_a_missing_store(tmp_path):
+    result = await deferToThread(scrapy_in_process, "report", "-o", str(tmp_path), "-s",
+                                 f"INCREMENTAL_STATE_URI=sqlite:///{tmp_path / 'none.db'}")
     assert result.returncode == 1
     assert "no state store at" in result.stderr
     assert not (tmp_path / "none.db").exists() and not list(tmp_path.glob("history-*"))
