@@ -29,16 +29,25 @@ POLITE = {"INCREMENTAL_THROTTLE_ENABLED": True, "CONCURRENT_REQUESTS": 16,
           # Every page asked again in the second crawl.
           "INCREMENTAL_RECHECK_ALL": True}
 HOST = "127.0.0.1"
+#: The page requests whose gaps show the pace a crawl started at (five gaps:
+#: their median at 4/s is 0.25 s, at 50/s 0.02 s). A crawl that is only
+#: asked for that pace fetches no more pages than these.
+SAMPLE = 6
 
 
 def add_pages(site, n: int = PAGES) -> list[str]:
     return [site.url(p) for p in site.add_pages(n, size=800)]
 
 
-def first_gaps(site, n: int = 6) -> list[float]:
+def first_gaps(site, n: int = SAMPLE) -> list[float]:
     """The gaps between the first *n* page requests the server saw."""
     starts = sorted(r.started for r in site.log if r.path.startswith("/p/"))[:n]
     return [b - a for a, b in itertools.pairwise(starts)]
+
+
+def sample_urls(site) -> list[str]:
+    """The first :data:`SAMPLE` pages (added already)."""
+    return [site.url(f"/p/{i:04d}") for i in range(SAMPLE)]
 
 
 async def healthy_first_crawl(site, crawl) -> list[float]:
@@ -69,6 +78,7 @@ async def test_a_second_crawl_paces_from_the_rate_the_first_reached(site, crawl,
     [stored] = (await state_store.slot_rates("list")).rates
     assert (stored.slot, stored.rate, stored.slow_start, stored.ended) == (HOST, 50, True, "")
 
+    # All the pages again: a window of healthy answers at 50/s confirms the rate.
     crawler = await crawl(ListSpider, settings=POLITE, urls=[site.url(f"/p/{i:04d}")
                                                              for i in range(PAGES)])
     after = first_gaps(site)
@@ -87,7 +97,9 @@ async def test_a_second_crawl_paces_from_the_rate_the_first_reached(site, crawl,
 async def test_a_site_that_answered_429_starts_at_the_cut_rate_in_additive_increase(
     site, crawl, state_store
 ):
-    urls = add_pages(site, 10)
+    # Four pages: the first crawl's 429s cut the window; the first three
+    # requests of the next crawl show the pace it starts at.
+    urls = add_pages(site, 4)
     site.limit(rate=2, burst=1)
     first = await crawl(ListSpider, settings=POLITE, urls=urls)
     assert first.get_extension(AdaptiveThrottle).windows[HOST].status_429 > 0
@@ -114,7 +126,8 @@ async def test_a_site_that_got_slower_since_drops_the_remembered_rate_at_its_fir
     site, crawl, state_store
 ):
     await remembered(site, state_store)
-    urls = [site.url(f"/p/{i:04d}") for i in range(16)]
+    # Every page but the first is asked after the freeze (the first again too).
+    urls = sample_urls(site)
     site.limit(rate=3, burst=1)
     crawler = await crawl(ListSpider, settings=POLITE, urls=urls)
     window = crawler.get_extension(AdaptiveThrottle).windows[HOST]
@@ -137,7 +150,7 @@ async def test_a_rate_older_than_remember_for_is_ignored(site, crawl, state_stor
     monkeypatch.setattr(clock, "now", lambda: real_now() + 8 * 86400)  # default: 7 days
 
     crawler = await crawl(ListSpider, settings=POLITE,
-                          urls=[site.url(f"/p/{i:04d}") for i in range(10)])
+                          urls=sample_urls(site))
     assert_started_again_as_too_old(site, crawler)
 
 
@@ -180,7 +193,7 @@ async def test_a_short_crawl_that_never_confirmed_the_rate_does_not_keep_it_fres
     monkeypatch.setattr(clock, "now", lambda: real_now() + 8 * 86400)
     site.reset_log()
     later = await crawl(ListSpider, settings=POLITE,
-                        urls=[site.url(f"/p/{i:04d}") for i in range(10)])
+                        urls=sample_urls(site))
     assert later.get_extension(AdaptiveThrottle).memory.started == {}
     assert_started_again_as_too_old(site, later)
     assert later.stats.get_value("incremental/throttle/remembered_unconfirmed") is None
@@ -193,7 +206,7 @@ async def test_a_short_crawl_that_never_confirmed_the_rate_does_not_keep_it_fres
 async def test_remember_for_0_starts_every_slot_at_the_start_rate(site, crawl, state_store):
     await remembered(site, state_store)
     crawler = await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_REMEMBER_FOR": 0},
-                          urls=[site.url(f"/p/{i:04d}") for i in range(10)])
+                          urls=sample_urls(site))
     assert statistics.median(first_gaps(site)) > 0.15
     assert crawler.stats.get_value("incremental/throttle/remembered_slots") is None
     # Not even read: nothing is stale or damaged when nothing is remembered.
@@ -205,7 +218,7 @@ async def test_a_per_domain_max_rate_below_the_remembered_rate_wins(site, crawl,
     await remembered(site, state_store)
     crawler = await crawl(ListSpider, settings={
         **POLITE, "INCREMENTAL_THROTTLE_DOMAINS": {HOST: {"max_rate": 5}}},
-        urls=[site.url(f"/p/{i:04d}") for i in range(10)])
+        urls=sample_urls(site))
     assert crawler.get_extension(AdaptiveThrottle).memory.started == {HOST: 5}
     assert min(first_gaps(site)) >= 0.8 / 5
 
@@ -216,7 +229,7 @@ async def test_a_damaged_remembered_rate_is_counted_and_the_default_used(site, c
     await remembered(site, state_store)
     state_db("UPDATE slot_rates SET rate = 'fast'")
     crawler = await crawl(ListSpider, settings=POLITE,
-                          urls=[site.url(f"/p/{i:04d}") for i in range(10)])
+                          urls=sample_urls(site))
     assert crawler.stats.get_value("incremental/throttle/remembered_unreadable") == 1
     assert statistics.median(first_gaps(site)) > 0.15
     # This crawl's rate replaced the damaged record.
@@ -227,7 +240,7 @@ async def test_a_damaged_remembered_rate_is_counted_and_the_default_used(site, c
 async def test_the_shared_budget_keeps_its_own_state_and_nothing_is_remembered(
     site, crawl, state_store, budget_prefix
 ):
-    urls = add_pages(site, 10)
+    urls = add_pages(site, 3)
     shared = {**POLITE, "INCREMENTAL_THROTTLE_SHARED_URL": REDIS_URL,
               "INCREMENTAL_THROTTLE_SHARED_PREFIX": budget_prefix}
     await crawl(ListSpider, settings=shared, urls=urls)
@@ -250,7 +263,7 @@ async def test_a_rate_saved_by_a_clock_ahead_is_not_used(site, crawl, state_stor
     await remembered(site, state_store, saved_at=real_now() + 30 * 86400)
 
     crawler = await crawl(ListSpider, settings=POLITE,
-                          urls=[site.url(f"/p/{i:04d}") for i in range(10)])
+                          urls=sample_urls(site))
     assert crawler.get_extension(AdaptiveThrottle).memory.started == {}
     assert statistics.median(first_gaps(site)) > 0.15  # 4/s again
     assert crawler.stats.get_value("incremental/throttle/remembered_stale") == 1
@@ -267,6 +280,6 @@ async def test_the_redis_store_remembers_too(site, crawl, state_store):
     [stored] = (await deferred_from_coro(state_store.slot_rates("list"))).rates
     assert (stored.slot, stored.rate, stored.slow_start) == (HOST, 50, True)
     crawler = await crawl(ListSpider, settings=POLITE,
-                          urls=[site.url(f"/p/{i:04d}") for i in range(10)])
+                          urls=sample_urls(site))
     assert crawler.get_extension(AdaptiveThrottle).memory.started == {HOST: 50}
     assert statistics.median(first_gaps(site)) < 0.1
