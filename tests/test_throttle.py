@@ -118,18 +118,18 @@ async def test_a_retry_after_over_the_maximum_parks_the_domain(site, crawl):
 @pytest_twisted.ensureDeferred
 async def test_robots_crawl_delay_is_a_floor_and_a_huge_one_is_capped(site, crawl):
     paths = add_pages(site, 5)
-    site.robots_txt = "User-agent: *\nCrawl-delay: 0.3\nAllow: /\n"
+    site.robots_txt = "User-agent: *\nCrawl-delay: 0.2\nAllow: /\n"
     await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 50},
                 urls=[site.url(p) for p in paths])
-    assert min(gaps(site)) >= 0.29
+    assert min(gaps(site)) >= 0.19
 
     site.reset_log()
     site.robots_txt = "User-agent: *\nCrawl-delay: 1e9\nAllow: /\n"
     crawler = await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 50,
-                                                "INCREMENTAL_THROTTLE_CRAWL_DELAY_MAX": 0.2},
+                                                "INCREMENTAL_THROTTLE_CRAWL_DELAY_MAX": 0.1},
                           urls=[site.url(p) for p in paths])
     assert crawler.stats.get_value("incremental/throttle/crawl_delay_capped") == 1
-    assert min(gaps(site)) >= 0.19
+    assert min(gaps(site)) >= 0.09
     assert len([r for r in site.log if r.path.startswith("/p/")]) == 5
 
 
@@ -166,12 +166,13 @@ async def test_hanging_responses_shrink_the_window(site, crawl):
 @pytest_twisted.ensureDeferred
 async def test_the_users_download_delay_and_per_domain_concurrency_bound_the_window(site, crawl):
     paths = add_pages(site, 6)
-    await crawl(ListSpider, settings={**POLITE, "DOWNLOAD_DELAY": 0.5, "DOWNLOAD_DELAY_JITTER": 0,
+    await crawl(ListSpider, settings={**POLITE, "DOWNLOAD_DELAY": 0.25, "DOWNLOAD_DELAY_JITTER": 0,
                                       "INCREMENTAL_THROTTLE_START_RATE": 40},
                 urls=[site.url(p) for p in paths])
-    assert min(gaps(site)) >= 0.45
+    assert min(gaps(site)) >= 0.225
     site.reset_log()
-    slow = add_pages(site, 12, prefix="/slow/")
+    # More pages than the window would have in flight at once without the bound.
+    slow = add_pages(site, 6, prefix="/slow/")
     site.slow("/slow/", 0.3)
     await crawl(ListSpider, settings={**POLITE, "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
                                       "INCREMENTAL_THROTTLE_START_RATE": 40},
@@ -182,11 +183,11 @@ async def test_the_users_download_delay_and_per_domain_concurrency_bound_the_win
 @pytest_twisted.ensureDeferred
 async def test_crawl_delay_applies_to_a_host_group(site, crawl):
     paths = add_pages(site, 5)
-    site.robots_txt = "User-agent: *\nCrawl-delay: 0.4\nAllow: /\n"
+    site.robots_txt = "User-agent: *\nCrawl-delay: 0.2\nAllow: /\n"
     await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 40,
                                       "INCREMENTAL_THROTTLE_HOST_GROUPS": {"grp": ["127.0.0.1"]}},
                 urls=[site.url(p) for p in paths])
-    assert min(gaps(site)) >= 0.38
+    assert min(gaps(site)) >= 0.19
 
 
 @pytest_twisted.ensureDeferred
@@ -195,13 +196,14 @@ async def test_a_retry_after_date_is_read_against_the_servers_clock(site, crawl)
     server_now = time.time() - 60  # the server's clock is a minute behind ours
     site.override("/a", status=503, headers={
         "Date": formatdate(server_now, usegmt=True),
-        "Retry-After": formatdate(server_now + 2, usegmt=True)})
+        "Retry-After": formatdate(server_now + 1, usegmt=True)})
     await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 50,
                                       "INCREMENTAL_THROTTLE_MAX_RETRIES": 1,
                                       "RETRY_ENABLED": False},
                 urls=[site.url("/a")])
     tries = [r.started for r in site.log if r.path == "/a"]
-    assert len(tries) == 2 and tries[1] - tries[0] >= 1.9
+    # One second after the server's Date (read against our clock: long past, at once).
+    assert len(tries) == 2 and tries[1] - tries[0] >= 0.9
 
 
 @pytest.mark.parametrize("behind", [30 * 365 * 86400, 2], ids=["long-past", "seconds-past"])
@@ -285,7 +287,7 @@ async def test_a_redirect_to_another_host_is_paced_by_that_hosts_budget(site, cr
     other = LoopbackSite(host="127.0.0.1")
     other.start()
     try:
-        other.robots_txt = "User-agent: *\nCrawl-delay: 0.4\nAllow: /\n"
+        other.robots_txt = "User-agent: *\nCrawl-delay: 0.2\nAllow: /\n"
         urls = []
         for i in range(4):
             other.add_page(f"/p/{i}", "strong", size=500)
@@ -303,7 +305,7 @@ async def test_a_redirect_to_another_host_is_paced_by_that_hosts_budget(site, cr
         await other.stop()
     starts = sorted(r.started for r in other.log if r.path.startswith(("/p/", "/q/")))
     assert len(starts) == 8
-    assert min(b - a for a, b in itertools.pairwise(starts)) >= 0.38
+    assert min(b - a for a, b in itertools.pairwise(starts)) >= 0.19
     windows = crawler.get_extension(AdaptiveThrottle).windows
-    assert windows["localhost"].delay_floor == 0.4
+    assert windows["localhost"].delay_floor == 0.2
     assert windows["127.0.0.1"].delay_floor == 0
