@@ -30,6 +30,7 @@ from incremental_crawler.state.stores import open_store, state_uri
 from tests.cluster_worker import Worker, leftover_keys, page_gets
 from tests.redis_util import CLUSTER_REDIS_URI, OwnRedis
 from tests.scrapy_cli import scrapy_in_process
+from tests.waiting import until
 
 REDIS_URL = CLUSTER_REDIS_URI
 
@@ -44,15 +45,6 @@ async def stored_state(state_uri: str, urls: list[str]) -> tuple[set[str], set[s
     finally:
         await deferred_from_coro(store.close())
     return {key.url for key, state in pages.items() if state.has_validators}, items
-
-
-async def until(condition, what: str, seconds: float = 30) -> None:
-    # Bounded: polls every 20 ms for at most *seconds*.
-    for _ in range(int(seconds / 0.02)):
-        if condition():
-            return
-        await deferLater(reactor, 0.02)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 async def until_all_have_work(site, workers: int) -> None:
