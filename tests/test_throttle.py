@@ -56,9 +56,9 @@ async def test_in_flight_never_exceeds_the_window(site, crawl):
 @pytest_twisted.ensureDeferred
 async def test_a_healthy_domain_keeps_its_pace_beside_a_throttled_one(site, crawl):
     # Each 429 freezes the limited site's slot for a whole second (Retry-After
-    # has no fraction), so it is the crawl's length: 10 pages, 3 to 4 s. A
+    # has no fraction), so it is the crawl's length: 5 pages, about 2 s. A
     # window starting at 20/s overshoots 5/s in its first requests.
-    limited = add_pages(site, 10)
+    limited = add_pages(site, 5)
     site.limit(rate=5, burst=2)
     healthy_site = LoopbackSite(host="127.0.0.1")
     healthy_site.start()
