@@ -599,7 +599,7 @@ async def test_a_worker_whose_cluster_redis_dies_stops_loudly_by_itself(
         worker = Worker(site, state_uri, "own", tmp_path, "1",
                         "-s", f"INCREMENTAL_CLUSTER_URL={own.uri}",
                         "-s", "INCREMENTAL_CLUSTER_WORKER_TTL=2",
-                        "-s", "INCREMENTAL_REDIS_RETRY_TIME=2")
+                        "-s", "INCREMENTAL_REDIS_RETRY_TIME=1")
         await until(lambda: sum(page_gets(site).values()) >= 15, "the crawl to get going")
         own.stop()
         # Not a success: supervisors and schedulers must see it failed.
@@ -614,7 +614,7 @@ async def test_a_worker_whose_cluster_redis_dies_stops_loudly_by_itself(
     errors = [line.split("ERROR: ", 1)[1] for line in log.splitlines() if "ERROR:" in line]
     assert len(errors) == 1, errors
     assert errors[0].startswith(
-        f"Cluster {own.uri}: Redis has not answered for 2 s (INCREMENTAL_REDIS_RETRY_TIME): "
+        f"Cluster {own.uri}: Redis has not answered for 1 s (INCREMENTAL_REDIS_RETRY_TIME): "
     ), errors
     assert errors[0].endswith("; stopping this worker"), errors
     # State is never ahead of data for what it stored; the sitemaps' state is not

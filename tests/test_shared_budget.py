@@ -472,7 +472,7 @@ async def test_a_budgets_redis_that_stays_away_stops_the_crawl_with_one_line(
     [paths] = add_worker_pages(site, 1, 60)
     proc = start_worker(site, tmp_path, 0, "INCREMENTAL_THROTTLE_ENABLED=True",
                         f"INCREMENTAL_THROTTLE_SHARED_URL={aof_redis.uri}",
-                        "INCREMENTAL_THROTTLE_START_RATE=20", "INCREMENTAL_REDIS_RETRY_TIME=2")
+                        "INCREMENTAL_THROTTLE_START_RATE=20", "INCREMENTAL_REDIS_RETRY_TIME=1")
     try:
         await until_requests(site, 10)
         await deferToThread(aof_redis.shut_down)  # and not started again
@@ -485,7 +485,7 @@ async def test_a_budgets_redis_that_stays_away_stops_the_crawl_with_one_line(
     assert "'finish_reason': 'shared_budget_unavailable'" in result.stderr
     line = one_error_line(result)
     assert line.startswith(
-        f"The shared budget at {aof_redis.uri} failed (Redis has not answered for 2 s "
+        f"The shared budget at {aof_redis.uri} failed (Redis has not answered for 1 s "
         "(INCREMENTAL_REDIS_RETRY_TIME): "), line
     assert len([r for r in site.log if r.path.startswith("/w0/")]) < len(paths)
 
