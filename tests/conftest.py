@@ -119,6 +119,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 #: :func:`pytest_collection_modifyitems` leaves them: long ones handed out
 #: last would leave the other process idle at the end.
 LONGEST_FIRST = (
+    "tests/test_cluster.py",
     "tests/test_commands.py",
     "tests/test_robots.py",
     "tests/test_report_files.py",
