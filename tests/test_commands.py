@@ -1,4 +1,9 @@
-"""The project's commands and start-up errors, as a user runs them."""
+"""The project's commands and start-up errors, as a user runs them.
+
+A command that starts a crawl (or a shell) runs in a process of its own;
+``scrapy items`` through Scrapy's command line in the test process
+(tests/scrapy_cli.py).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ from incremental_crawler.demo import DemoSite
 from incremental_crawler.report.extension import OUTCOMES
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.stores import StateStoreError
-from tests.scrapy_cli import PROJECT, child_env, run, run_scrapy
+from tests.scrapy_cli import PROJECT, child_env, run, run_scrapy, scrapy_in_process
 from tests.spiders import ListSpider
 
 
@@ -114,7 +119,7 @@ async def test_scrapy_items_exports_the_latest_version_of_each_item(
     await crawl(SitemapPagesSpider, sitemap_url=site.url("/sitemap.xml"))
     out = tmp_path / "items.jsonl"
     result = await deferToThread(
-        run_scrapy, "items", "-o", str(out), "-s", f"INCREMENTAL_STATE_URI={state_uri}")
+        scrapy_in_process, "items", "-o", str(out), "-s", f"INCREMENTAL_STATE_URI={state_uri}")
     assert result.returncode == 0, result.stderr
     items = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(item["url"] for item in items) == [site.url(f"/p/{i}") for i in range(5)]
@@ -145,10 +150,11 @@ def test_scrapy_crawl_with_a_corrupt_state_file_exits_with_the_file_named(tmp_pa
     assert "not a readable SQLite database" in result.stderr
 
 
-def test_scrapy_items_on_a_missing_state_file_is_an_error_not_an_empty_store(tmp_path):
+@pytest_twisted.ensureDeferred
+async def test_scrapy_items_on_a_missing_state_file_is_an_error_not_an_empty_store(tmp_path):
     path = tmp_path / "never-crawled" / "state.db"
-    result = run_scrapy("items", "-o", str(tmp_path / "out.jsonl"),
-                    "-s", f"INCREMENTAL_STATE_URI=sqlite:///{path}")
+    result = await deferToThread(scrapy_in_process, "items", "-o", str(tmp_path / "out.jsonl"),
+                                 "-s", f"INCREMENTAL_STATE_URI=sqlite:///{path}")
     assert result.returncode == 1
     assert f"no state store at {path}" in result.stderr
     assert not path.exists() and not path.parent.exists()
@@ -241,7 +247,7 @@ async def test_scrapy_shell_fetches_a_known_page_in_full_and_keeps_nothing(
 
 #: A spider with a contract on the test site's page, in the ListSpider's scope.
 CONTRACT_SPIDER = '''
-from tests.scrapy_cli import PROJECT, child_env, run, run_scrapy
+from tests.scrapy_cli import PROJECT, child_env, run, run_scrapy, scrapy_in_process
 from tests.spiders import ListSpider
 
 
