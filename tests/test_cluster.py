@@ -603,6 +603,11 @@ async def test_cluster_workers_go_on_across_a_restart_of_their_redis(site, tmp_p
     try:
         workers = [Worker(site, None, "own", tmp_path, str(i),
                           "-s", f"INCREMENTAL_CLUSTER_URL={own.uri}") for i in range(2)]
+        # Both workers crawling before Redis goes away, however late one
+        # started: one still starting then fails at once (its scheduler
+        # cannot open), which is no restart ridden out.
+        await until_all_have_work(site, 2)
+        site.release()
         await until(lambda: sum(page_gets(site).values()) >= 15, "the crawl to get going")
         await deferToThread(own.shut_down)
         await deferLater(reactor, 1.0)
