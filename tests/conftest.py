@@ -116,6 +116,52 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         _run_alone.after(alone, _alone(nextitem))
 
 
+#: The modules without a test marked ``alone`` that take longest (over 10 s
+#: each on a quiet 2-core machine), longest first. xdist (``--dist
+#: loadfile``) hands a test process a whole module at a time, in the order
+#: :func:`pytest_collection_modifyitems` leaves them: long ones handed out
+#: last would leave the other process idle at the end.
+LONGEST_FIRST = (
+    "tests/test_cluster.py",
+    "tests/test_commands.py",
+    "tests/test_robots.py",
+    "tests/test_report_files.py",
+    "tests/test_scrapyd.py",
+    "tests/test_change_feed.py",
+    "tests/test_store_faults.py",
+    "tests/test_user_project.py",
+    "tests/test_kill9.py",
+    "tests/test_redelivery.py",
+    "tests/test_replay_shortcut.py",
+    "tests/test_fatal.py",
+)
+for _path in LONGEST_FIRST:
+    # A module renamed or split must be named here again.
+    assert (Path(__file__).parents[1] / _path).is_file(), _path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The modules with tests marked ``alone`` first, those tests first in
+    them; then :data:`LONGEST_FIRST`; then the others, in collection order.
+
+    While a test marked alone runs, the other test process waits: the
+    runs of them come first, back to back, before the two processes share
+    out the rest (with ``--no-loadscope-reorder``, xdist keeps this order).
+    Each module's tests stay together, in their order otherwise.
+    """
+    modules = list(dict.fromkeys(item.nodeid.split("::", 1)[0] for item in items))
+    with_alone = {item.nodeid.split("::", 1)[0] for item in items if _alone(item)}
+
+    def module_rank(module: str) -> tuple[int, int]:
+        if module in with_alone:
+            return 0, modules.index(module)
+        if module in LONGEST_FIRST:
+            return 1, LONGEST_FIRST.index(module)
+        return 2, modules.index(module)
+
+    items.sort(key=lambda item: (module_rank(item.nodeid.split("::", 1)[0]), not _alone(item)))
+
+
 @pytest.fixture
 def site():
     """A started site; pages are added by the test (or use ``make_site``)."""

@@ -16,7 +16,16 @@ downloader, recording:
   decides; from there it goes to the wire whatever happens next;
 * when its answer came back, with its status: the ``response_downloaded``
   signal, where the throttle freezes the slot on a 429, before the
-  downloader lets the next request of the slot leave.
+  downloader lets the next request of the slot leave;
+* the slot's ``lastseen`` as it let the request go: the instant Scrapy
+  counts the slot's delay from (for requests leaving one at a time, the
+  moment it left, on the slot's own clock).
+
+Whether a crawl kept a gap between requests is a question for the crawler's
+side too (:func:`kept_apart`): the server sees each request some transit
+later, and that transit varies (a connection being opened, a busy machine),
+so two arrivals may be closer than the gap the crawler kept; no arrival is
+closer than the gap to the previous request's departure.
 
 Each request carries its record's number in the ``X-Test-Send`` header, so a
 test matches the site's log records to the crawler's.
@@ -24,9 +33,11 @@ test matches the site's log records to the crawler's.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from scrapy import signals
 
@@ -43,7 +54,8 @@ if TYPE_CHECKING:
 
     from tests.site.server import RequestRecord
 
-__all__ = ["HEADER", "Send", "SendLogDownloader", "sent_inside_a_wait"]
+__all__ = ["HEADER", "Send", "SendLogDownloader", "kept_apart", "left_gaps",
+           "sent_inside_a_wait"]
 
 #: The request header carrying the send's number (lower-cased in the site's log).
 HEADER = "X-Test-Send"
@@ -56,6 +68,8 @@ class Send:
     url: str
     #: When the downloader let it leave its slot.
     left: float
+    #: The slot's ``lastseen`` then (see the module docstring).
+    lastseen: float
     #: When its answer came back (``None``: none did, e.g. a timeout).
     answered: float | None = None
     status: int | None = None
@@ -75,7 +89,7 @@ class SendLogDownloader(PacedDownloader):
         # itself starts when the loop runs the coroutine, which on a busy
         # machine may be after an answer read meanwhile.
         request.headers[HEADER] = str(len(self.sends))
-        self.sends.append(Send(request.url, time.monotonic()))
+        self.sends.append(Send(request.url, time.monotonic(), slot.lastseen))
         return super()._wait_for_download(slot, request, queue_dfd)
 
     def _answered(self, response: Response, request: Request, spider: Any) -> None:
@@ -112,4 +126,33 @@ def sent_inside_a_wait(log: Iterable[RequestRecord], downloader: SendLogDownload
             for record in records
             if refusal.started <= record.started < refusal.wait_until
             and downloader.send_of(record).left > read]
+    return broken
+
+
+def left_gaps(downloader: SendLogDownloader, path_prefix: str, n: int | None = None
+              ) -> list[float]:
+    """The gaps between the first *n* (all: ``None``) requests under
+    *path_prefix* as they left the crawler: the pace it kept, whatever the
+    transit to the server."""
+    left = [send.lastseen for send in downloader.sends
+            if urlsplit(send.url).path.startswith(path_prefix)][:n]
+    return [b - a for a, b in itertools.pairwise(left)]
+
+
+def kept_apart(log: Iterable[RequestRecord], downloader: SendLogDownloader,
+               gap: float) -> list[str]:
+    """The requests of the site's *log* that left the crawler less than *gap*
+    after the one before them, or reached the server less than *gap* after
+    the one before them left: one line each. An empty list is a gap kept,
+    at any machine load (see the module docstring)."""
+    sent = sorted(((downloader.send_of(record), record) for record in log),
+                  key=lambda pair: pair[0].lastseen)
+    broken = []
+    for (before, _), (send, record) in itertools.pairwise(sent):
+        if send.lastseen - before.lastseen < gap - 1e-9:
+            broken.append(f"{record.path} left {send.lastseen - before.lastseen:.4f} s after "
+                          "the request before it")
+        if record.started - before.lastseen < gap - 1e-9:
+            broken.append(f"{record.path} reached the server {record.started - before.lastseen:.4f}"
+                          " s after the request before it left")
     return broken

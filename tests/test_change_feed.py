@@ -28,9 +28,8 @@ from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.keys import canonical_url
 from incremental_crawler.state.records import PageFlags, PageKey, PageState
 from incremental_crawler.state.stores import open_store
-from tests import test_cluster
+from tests.cluster_worker import Worker, leftover_keys, page_gets
 from tests.spiders import HalfSpider, ListSpider
-from tests.test_cluster import Worker, add_pages, page_gets
 from tests.test_failures import serve
 
 if TYPE_CHECKING:
@@ -881,7 +880,7 @@ async def test_one_tombstone_per_page_across_workers(
     site, state_uri, cluster_prefix, tmp_path
 ):
     n = 24
-    add_pages(site, n, size=1500)
+    site.add_pages(n, size=1500)
     site.slow("/p/", 0.05)
     first = [Worker(site, state_uri, cluster_prefix, tmp_path, f"1-{i}") for i in range(2)]
     for worker in first:
@@ -917,7 +916,7 @@ async def test_a_page_two_workers_find_gone_in_one_run_yields_one_tombstone(
     site, state_uri, cluster_prefix, tmp_path
 ):
     n = 16
-    add_pages(site, n, size=1500)
+    site.add_pages(n, size=1500)
     # Slow answers: both copies of a page are out at once, mostly.
     site.slow("/p/", 0.2)
     urls = " ".join(site.url(f"/p/{i:04d}") for i in range(n))
@@ -955,7 +954,7 @@ async def test_a_page_two_workers_find_gone_in_one_run_yields_one_tombstone(
     finally:
         await deferred_from_coro(store.close())
     assert all(state.flags & PageFlags.GONE for state in pages.values()) and len(pages) == n
-    assert test_cluster.leftover_keys(cluster_prefix) == []
+    assert leftover_keys(cluster_prefix) == []
 
 
 # -- the store's side -----------------------------------------------------------------

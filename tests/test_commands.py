@@ -1,4 +1,9 @@
-"""The project's commands and start-up errors, as a user runs them."""
+"""The project's commands and start-up errors, as a user runs them.
+
+A command that starts a crawl (or a shell) runs in a process of its own;
+``scrapy items`` through Scrapy's command line in the test process
+(tests/scrapy_cli.py).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,6 @@ import itertools
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,21 +22,12 @@ from incremental_crawler.demo import DemoSite
 from incremental_crawler.report.extension import OUTCOMES
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.stores import StateStoreError
+from tests.scrapy_cli import PROJECT, child_env, run, run_scrapy, scrapy_in_process
 from tests.spiders import ListSpider
-
-PROJECT = Path(__file__).resolve().parents[1]
-
-
-def scrapy(*args: str, timeout: float = 120,
-           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "scrapy", *args], cwd=PROJECT, capture_output=True,
-        text=True, timeout=timeout, check=False, env=env,
-    )
 
 
 def test_scrapy_demo_crawls_twice_and_reports_savings(tmp_path):
-    result = scrapy("demo", "--pages", "40", "--change", "0.1",
+    result = run_scrapy("demo", "--pages", "40", "--change", "0.1",
                     "--state-uri", f"sqlite:///{tmp_path / 'demo.db'}",
                     "--report-dir", str(tmp_path / "report"))
     assert result.returncode == 0, result.stderr
@@ -78,12 +73,11 @@ def test_scrapy_demo_crawls_twice_and_reports_savings(tmp_path):
 def test_scrapy_demo_without_the_report_extra_points_to_the_json(tmp_path):
     # Installed without plotly (the package's report extra): as if it were
     # not there, for this process only.
-    run = ("import sys; sys.modules['plotly'] = None; from scrapy.cmdline import execute; "
-           "execute(sys.argv[1:])")
-    result = subprocess.run(
-        [sys.executable, "-c", run, "scrapy", "demo", "--pages", "20", "--state-uri",
-         f"sqlite:///{tmp_path / 'demo.db'}", "--report-dir", str(tmp_path / "report")],
-        cwd=PROJECT, capture_output=True, text=True, timeout=120, check=False)
+    without_plotly = ("import sys; sys.modules['plotly'] = None; "
+                      "from scrapy.cmdline import execute; execute(sys.argv[1:])")
+    result = run(
+        [sys.executable, "-c", without_plotly, "scrapy", "demo", "--pages", "20", "--state-uri",
+         f"sqlite:///{tmp_path / 'demo.db'}", "--report-dir", str(tmp_path / "report")])
     assert result.returncode == 0, result.stderr
     assert "this crawl will write report.json only" in result.stderr
     assert result.stdout.rstrip().endswith(
@@ -96,7 +90,7 @@ def test_scrapy_demo_accounts_for_each_of_its_60_pages_once(tmp_path):
     # The default demo: one of the index's sitemaps is not read, and its 30
     # pages are known (stored) all the same. Its second crawl starts within
     # the second the first one ended in.
-    result = scrapy("demo", "--state-uri", f"sqlite:///{tmp_path / 'demo.db'}",
+    result = run_scrapy("demo", "--state-uri", f"sqlite:///{tmp_path / 'demo.db'}",
                     "--report-dir", str(tmp_path / "report"))
     assert result.returncode == 0, result.stderr
     assert "1 unchanged sitemap not read; of the 60 known pages, 26 skipped" in result.stdout
@@ -125,7 +119,7 @@ async def test_scrapy_items_exports_the_latest_version_of_each_item(
     await crawl(SitemapPagesSpider, sitemap_url=site.url("/sitemap.xml"))
     out = tmp_path / "items.jsonl"
     result = await deferToThread(
-        scrapy, "items", "-o", str(out), "-s", f"INCREMENTAL_STATE_URI={state_uri}")
+        scrapy_in_process, "items", "-o", str(out), "-s", f"INCREMENTAL_STATE_URI={state_uri}")
     assert result.returncode == 0, result.stderr
     items = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(item["url"] for item in items) == [site.url(f"/p/{i}") for i in range(5)]
@@ -149,17 +143,18 @@ async def test_a_corrupt_state_file_stops_the_crawl_and_is_left_alone(site, craw
 def test_scrapy_crawl_with_a_corrupt_state_file_exits_with_the_file_named(tmp_path):
     path = tmp_path / "state.db"
     path.write_bytes(b"\x00garbage" * 200)
-    result = scrapy("crawl", "sitemap", "-a", "sitemap_url=http://127.0.0.1:9/sitemap.xml",
+    result = run_scrapy("crawl", "sitemap", "-a", "sitemap_url=http://127.0.0.1:9/sitemap.xml",
                     "-s", f"INCREMENTAL_STATE_URI=sqlite:///{path}")
     assert result.returncode != 0
     assert str(path) in result.stderr
     assert "not a readable SQLite database" in result.stderr
 
 
-def test_scrapy_items_on_a_missing_state_file_is_an_error_not_an_empty_store(tmp_path):
+@pytest_twisted.ensureDeferred
+async def test_scrapy_items_on_a_missing_state_file_is_an_error_not_an_empty_store(tmp_path):
     path = tmp_path / "never-crawled" / "state.db"
-    result = scrapy("items", "-o", str(tmp_path / "out.jsonl"),
-                    "-s", f"INCREMENTAL_STATE_URI=sqlite:///{path}")
+    result = await deferToThread(scrapy_in_process, "items", "-o", str(tmp_path / "out.jsonl"),
+                                 "-s", f"INCREMENTAL_STATE_URI=sqlite:///{path}")
     assert result.returncode == 1
     assert f"no state store at {path}" in result.stderr
     assert not path.exists() and not path.parent.exists()
@@ -211,7 +206,7 @@ async def test_a_crawl_without_redis_imports_no_redis_client(site, tmp_path):
     for i in range(3):
         site.add_page(f"/p/{i}", "strong", size=1500)
     result = await deferToThread(
-        scrapy, "crawl", "sitemap", "-a", f"sitemap_url={site.url('/sitemap.xml')}",
+        run_scrapy, "crawl", "sitemap", "-a", f"sitemap_url={site.url('/sitemap.xml')}",
         "-s", f"INCREMENTAL_STATE_URI=sqlite:///{tmp_path / 'state.db'}",
         "-s", 'EXTENSIONS={"tests.import_probe.ImportProbe": 0}', "-s", "LOG_LEVEL=WARNING")
     assert result.returncode == 0, result.stderr
@@ -237,9 +232,9 @@ async def test_scrapy_shell_fetches_a_known_page_in_full_and_keeps_nothing(
     before = state_db("SELECT * FROM pages")
     site.reset_log()
     result = await deferToThread(
-        scrapy, "shell", site.url("/p"), "-c", "(response.status, len(response.body))",
+        run_scrapy, "shell", site.url("/p"), "-c", "(response.status, len(response.body))",
         "-s", f"INCREMENTAL_STATE_URI={state_uri}", "-s", "LOG_LEVEL=WARNING",
-        env={**os.environ, "SCRAPY_SETTINGS_MODULE": settings_module})
+        env=child_env(SCRAPY_SETTINGS_MODULE=settings_module))
     assert result.returncode == 0, result.stderr
     status, size = json.loads(result.stdout.strip().replace("(", "[").replace(")", "]"))
     assert status == 200 and size > 1000
@@ -252,6 +247,7 @@ async def test_scrapy_shell_fetches_a_known_page_in_full_and_keeps_nothing(
 
 #: A spider with a contract on the test site's page, in the ListSpider's scope.
 CONTRACT_SPIDER = '''
+from tests.scrapy_cli import PROJECT, child_env, run, run_scrapy, scrapy_in_process
 from tests.spiders import ListSpider
 
 
@@ -291,9 +287,9 @@ async def test_commands_that_look_at_a_page_fetch_it_in_full_and_keep_nothing(
         "check": (["check", "contracted"], "contract_spiders"),
     }[command]
     result = await deferToThread(
-        scrapy, *args, "-s", f"INCREMENTAL_STATE_URI={state_uri}", "-s", "LOG_LEVEL=WARNING",
+        run_scrapy, *args, "-s", f"INCREMENTAL_STATE_URI={state_uri}", "-s", "LOG_LEVEL=WARNING",
         "-s", f"SPIDER_MODULES={spiders}",
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(PROJECT)])})
+        env=child_env(PYTHONPATH=os.pathsep.join([str(tmp_path), str(PROJECT)])))
     assert result.returncode == 0, result.stderr
     [asked] = [r for r in site.log if r.path == "/p"]
     assert "if-none-match" not in asked.headers
@@ -324,8 +320,7 @@ for columns in (60, 80, 100, 140):
 def test_the_commands_help_has_scrapys_three_headings_and_no_other():
     # Scrapy's help formatter underlines any line ending with a colon as a
     # heading: an option's help wrapped after "default:" came out as one.
-    result = subprocess.run([sys.executable, "-c", HELP_SCRIPT], cwd=PROJECT,
-                            capture_output=True, text=True, timeout=120, check=False)
+    result = run([sys.executable, "-c", HELP_SCRIPT])
     assert result.returncode == 0, result.stderr
     pages = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(pages) == 16

@@ -36,25 +36,18 @@ from scrapy.utils.defer import deferred_from_coro
 
 from incremental_crawler.state.stores import open_store
 from incremental_crawler.state.stores.sqlite import SQLiteStateStore
+from tests.scrapy_cli import PROJECT, child_env, run, scrapy_argv
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-PROJECT = Path(__file__).resolve().parents[1]
 SITEMAP = "sitemap_url=http://127.0.0.1:9/sitemap.xml"
 
 
 def crawl_args(*settings: str) -> list[str]:
-    args = [sys.executable, "-m", "scrapy", "crawl", "sitemap", "-a", SITEMAP]
-    for setting in settings:
-        args += ["-s", setting]
-    return args
-
-
-def run(args: list[str], cwd: Path = PROJECT) -> subprocess.CompletedProcess[str]:
-    """Run *args* in *cwd* (this project unless told: a user's project)."""
-    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=120,
-                          check=False, env={**os.environ, "PYTHONPATH": str(PROJECT)})
+    """``scrapy crawl`` of a sitemap at a closed port, with *settings* (``-s``)."""
+    return scrapy_argv("crawl", "sitemap", "-a", SITEMAP,
+                       *(arg for setting in settings for arg in ("-s", setting)))
 
 
 def run_with_read_only(directory: Path, args: list[str],
@@ -106,8 +99,7 @@ def served_site(pages: int) -> Iterator[str]:
     """The test site with *pages* pages, in a process of its own; its base URL."""
     server = subprocess.Popen(
         [sys.executable, "-m", "tests.site", "--pages", str(pages), "--page-size", "3000"],
-        cwd=PROJECT, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(PROJECT)})
+        cwd=PROJECT, stdout=subprocess.PIPE, text=True, env=child_env())
     assert server.stdout is not None
     with server.stdout:
         try:
@@ -205,15 +197,14 @@ def test_a_store_that_fails_its_last_commit_exits_non_zero(tmp_path):
     directory.mkdir()
     path = directory / "state.db"
     with served_site(60) as base:
-        result = run_on_tmpfs(directory, "160k", [
-            sys.executable, "-m", "scrapy", "crawl", "sitemap",
-            "-a", f"sitemap_url={base}/sitemap.xml",
+        result = run_on_tmpfs(directory, "160k", scrapy_argv(
+            "crawl", "sitemap", "-a", f"sitemap_url={base}/sitemap.xml",
             "-s", f"INCREMENTAL_STATE_URI=sqlite:///{path}",
             "-s", "INCREMENTAL_FLUSH_INTERVAL=3600", "-s", "INCREMENTAL_BATCH_SIZE=100000",
             # Nor the re-seeder's, which commits this crawl's visits before
             # it reads the due pages.
             "-s", "INCREMENTAL_RESEED_ENABLED=False",
-            "-s", "INCREMENTAL_THROTTLE_ENABLED=False"])
+            "-s", "INCREMENTAL_THROTTLE_ENABLED=False"))
     assert result.returncode == 1, result.stderr
     line = one_error_line(result)
     assert line.startswith(f"State store {path}: the disk is full; free space and re-run: ")

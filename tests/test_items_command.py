@@ -1,8 +1,9 @@
 """``scrapy items``: stored items and their history, through the feed exporters.
 
-The real command runs in a subprocess, in the project, against a store
-written by real crawls of the loopback test site (the crawls' clock moved
-to known times), or by item versions staged with exact ``stored_at`` times
+The command runs through Scrapy's command line, in the project
+(:func:`tests.scrapy_cli.scrapy_in_process`), against a store written by
+real crawls of the loopback test site (the crawls' clock moved to known
+times), or by item versions staged with exact ``stored_at`` times
 where a boundary needs them to the second. What it wrote is parsed back.
 """
 
@@ -11,12 +12,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-import subprocess
-import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree
 
@@ -28,37 +25,35 @@ from twisted.internet.threads import deferToThread
 from incremental_crawler import clock
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.records import Change, ItemRecord
+from tests.scrapy_cli import scrapy_in_process
 from tests.spiders import ListSpider, SharedScopeSpider
 
 if TYPE_CHECKING:
+    import subprocess
+    from pathlib import Path
+
     from incremental_crawler.state.stores import StateStore
 
-PROJECT = Path(__file__).resolve().parents[1]
 DAY = 86400
 BOTH_STORES = pytest.mark.parametrize("state_uri", ["sqlite", "redis"], indirect=True)
 
 
-def items(state_uri: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """``scrapy items ARGS`` on the store at *state_uri*."""
-    return subprocess.run(
-        [sys.executable, "-m", "scrapy", "items", *args,
-         "-s", f"INCREMENTAL_STATE_URI={state_uri}"],
-        cwd=PROJECT, capture_output=True, text=True, timeout=120, check=False,
-    )
+async def items(state_uri: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``scrapy items ARGS`` on the store at *state_uri*, in a thread (the reactor runs on)."""
+    return await deferToThread(scrapy_in_process, "items", *args,
+                               "-s", f"INCREMENTAL_STATE_URI={state_uri}")
 
 
-def exported(state_uri: str, *args: str) -> list[dict[str, Any]]:
+async def exported(state_uri: str, *args: str) -> list[dict[str, Any]]:
     """The records ``scrapy items -o - ARGS`` writes (JSON lines on stdout)."""
-    result = items(state_uri, "-o", "-", *args)
+    result = await items(state_uri, "-o", "-", *args)
     assert result.returncode == 0, result.stderr
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
-def exported_at_once(state_uri: str, *runs: tuple[str, ...]) -> list[list[dict[str, Any]]]:
-    """:func:`exported` for each argument list, the commands running side by
-    side (they only read the store): each start-up costs a second of CPU."""
-    with ThreadPoolExecutor(len(runs)) as pool:
-        return list(pool.map(lambda args: exported(state_uri, *args), runs))
+async def exported_each(state_uri: str, *runs: tuple[str, ...]) -> list[list[dict[str, Any]]]:
+    """:func:`exported` for each argument list, one after the other."""
+    return [await exported(state_uri, *args) for args in runs]
 
 
 def iso(when: float) -> str:
@@ -89,8 +84,8 @@ async def test_since_exports_what_the_later_crawl_stored_and_all_versions_the_hi
     urls = [site.url(f"/p/{i}") for i in range(4)]
 
     (since_then, since_second, since_after, all_since_then, history, since_before,
-     latest) = await deferToThread(
-        exported_at_once, state_uri,
+     latest) = await exported_each(
+        state_uri,
         ("--since", iso(first + DAY / 2)), ("--since", iso(second)), ("--since", iso(second + 1)),
         ("--since", iso(first + 1), "--all-versions"), ("--all-versions",),
         ("--since", iso(first - 1)), ())
@@ -125,8 +120,8 @@ async def test_spider_limits_to_the_scope_the_spider_crawls_in(site, crawl, stat
     await crawl(SharedScopeSpider, urls=[site.url("/b")])
     spiders = ("-s", "SPIDER_MODULES=tests.spiders")
     scoped, scoped_all, plain, scope, nobody = (
-        [r["url"] for r in records] for records in await deferToThread(
-            exported_at_once, state_uri,
+        [r["url"] for r in records] for records in await exported_each(
+            state_uri,
             (*spiders, "--spider", "scoped"), (*spiders, "--spider", "scoped", "--all-versions"),
             (*spiders, "--spider", "list"), (*spiders, "--spider", "shared"),
             (*spiders, "--spider", "nobody")))
@@ -184,7 +179,7 @@ async def test_since_and_all_versions_export_exactly_the_versions_stored_since(
     d1 = (D, "new", "2026-11-30T06:00:00Z", 1)
     c2 = (C, "deleted", "2026-12-01T08:00:00Z", 2)
 
-    since, zoned, second_after, second_before, history, news, latest = exported_at_once(
+    since, zoned, second_after, second_before, history, news, latest = await exported_each(
         state_uri,
         ("--since", "2026-11-30"),  # midnight UTC
         ("--since", "2026-11-30T01:00:00+01:00"), ("--since", "2026-11-30T00:00:01Z"),
@@ -216,7 +211,7 @@ async def test_since_and_all_versions_export_exactly_the_versions_stored_since(
 @pytest_twisted.ensureDeferred
 async def test_the_change_type_goes_under_the_configured_change_field(state_store, state_uri):
     await stage_history(state_store)
-    renamed, off = exported_at_once(
+    renamed, off = await exported_each(
         state_uri, ("--since", "2026-12-01", "-s", "INCREMENTAL_CHANGE_FIELD=kind"),
         ("--since", "2026-12-01", "-s", "INCREMENTAL_CHANGE_FIELD=none"))
     assert summary(renamed, change="kind") == [(C, "deleted", "2026-12-01T08:00:00Z", 2)]
@@ -254,9 +249,8 @@ async def test_each_format_holds_the_same_records(state_store, state_uri, tmp_pa
     forced = tmp_path / "history.txt"
     runs = [("-o", "-"), *(("-o", str(path)) for path in outputs.values()),
             ("-t", "xml", "-o", str(forced))]
-    with ThreadPoolExecutor(len(runs)) as pool:
-        to_stdout, *to_files, to_forced = pool.map(
-            lambda args: items(state_uri, "--all-versions", *args), runs)
+    to_stdout, *to_files, to_forced = [await items(state_uri, "--all-versions", *args)
+                                       for args in runs]
     assert to_stdout.returncode == 0, to_stdout.stderr
     expected = [json.loads(line) for line in to_stdout.stdout.splitlines()]
     assert len(expected) == len(HISTORY)
@@ -280,7 +274,7 @@ async def test_the_default_export_honours_feed_export_fields_and_indent(
 ):
     await stage_history(state_store)
     out = tmp_path / "items.json"
-    result = items(state_uri, "-o", str(out), "-s", "FEED_EXPORT_FIELDS=title,url",
+    result = await items(state_uri, "-o", str(out), "-s", "FEED_EXPORT_FIELDS=title,url",
                    "-s", "FEED_EXPORT_INDENT=2")
     assert result.returncode == 0, result.stderr
     text = out.read_text()
@@ -298,7 +292,7 @@ async def test_a_since_that_is_not_iso_8601_is_a_usage_error(
 ):
     await stage_history(state_store)
     out = tmp_path / "out.jsonl"
-    result = items(state_uri, "-o", str(out), "--since", when)
+    result = await items(state_uri, "-o", str(out), "--since", when)
     assert result.returncode == 2
     assert f"--since {when!r} is not an ISO 8601 date or time" in result.stderr
     assert not out.exists()
@@ -307,10 +301,8 @@ async def test_a_since_that_is_not_iso_8601_is_a_usage_error(
 @pytest_twisted.ensureDeferred
 async def test_an_unknown_format_is_a_usage_error(state_store, state_uri, tmp_path):
     await stage_history(state_store)
-    with ThreadPoolExecutor(2) as pool:
-        unknown_extension, unknown_type = pool.map(
-            lambda args: items(state_uri, *args),
-            [("-o", str(tmp_path / "out.txt")), ("-o", "-", "-t", "yaml")])
+    unknown_extension = await items(state_uri, "-o", str(tmp_path / "out.txt"))
+    unknown_type = await items(state_uri, "-o", "-", "-t", "yaml")
     result = unknown_extension
     assert result.returncode == 2
     assert "cannot tell the format of" in result.stderr and "-t FORMAT" in result.stderr
@@ -328,7 +320,7 @@ async def test_an_output_that_cannot_be_written_is_one_line_and_exit_1(
     path = tmp_path / where
     if where == "a-dir.jsonl":
         path.mkdir()
-    result = items(state_uri, "--all-versions", "-o", str(path))
+    result = await items(state_uri, "--all-versions", "-o", str(path))
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
         f"error: cannot write {path}: "

@@ -17,10 +17,7 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_twisted
@@ -31,35 +28,29 @@ from twisted.internet.threads import deferToThread
 from incremental_crawler.recipes import load_links
 from incremental_crawler.state.records import PageFlags
 from tests.links import nav_depths, nav_links
+from tests.scrapy_cli import start_scrapy
 
-PROJECT = Path(__file__).resolve().parents[1]
+if TYPE_CHECKING:
+    import subprocess
+
 N_PAGES = 150
 
 
 def scrapy_crawl(state_uri: str, *args: str, wrapper: tuple[str, ...] = (),
                  log_level: str = "WARNING", batch_size: int = 3) -> subprocess.Popen[bytes]:
     """``scrapy crawl <args>`` in a process of its own, run from the repository root."""
-    return subprocess.Popen(
-        [
-            *wrapper, sys.executable, "-m", "scrapy", "crawl", *args,
-            "-s", f"INCREMENTAL_STATE_URI={state_uri}",
-            # Small batches and a short interval: many commits, so a kill
-            # lands between them as well as inside one.
-            "-s", f"INCREMENTAL_BATCH_SIZE={batch_size}",
-            "-s", "INCREMENTAL_FLUSH_INTERVAL=0.02",
-            "-s", "CONCURRENT_REQUESTS=4",
-            # Politeness is tested elsewhere; here the crawl should be quick.
-            "-s", "INCREMENTAL_THROTTLE_ENABLED=False",
-            "-s", f"LOG_LEVEL={log_level}",
-        ],
-        # The project's scrapy.cfg (its settings, the add-on line) and the
-        # tests' spider module are found from the repository root, whatever
-        # directory pytest runs in.
-        cwd=PROJECT,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(
-            p for p in (str(PROJECT), os.environ.get("PYTHONPATH", "")) if p)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+    return start_scrapy(
+        "crawl", *args,
+        "-s", f"INCREMENTAL_STATE_URI={state_uri}",
+        # Small batches and a short interval: many commits, so a kill
+        # lands between them as well as inside one.
+        "-s", f"INCREMENTAL_BATCH_SIZE={batch_size}",
+        "-s", "INCREMENTAL_FLUSH_INTERVAL=0.02",
+        "-s", "CONCURRENT_REQUESTS=4",
+        # Politeness is tested elsewhere; here the crawl should be quick.
+        "-s", "INCREMENTAL_THROTTLE_ENABLED=False",
+        "-s", f"LOG_LEVEL={log_level}",
+        wrapper=wrapper,
     )
 
 

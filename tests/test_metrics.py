@@ -15,15 +15,10 @@ import json
 import logging
 import random
 import socket
-import subprocess
-import sys
 import urllib.request
-import uuid
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest_twisted
-import redis
 from prometheus_client.parser import text_string_to_metric_families
 from scrapy import Request, signals
 from scrapy.crawler import CrawlerRunner
@@ -36,15 +31,15 @@ from incremental_crawler.meta import META_SKIP
 from incremental_crawler.metrics.collector import METRICS
 from incremental_crawler.metrics.endpoint import MetricsEndpoint
 from incremental_crawler.spiders import IncrementalSpider
+from tests.cluster_worker import Worker
 from tests.conftest import crawl_settings
 from tests.site import LoopbackSite
 from tests.spiders import ListSpider
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parents[1]
-CLUSTER_REDIS_URL = "redis://127.0.0.1:6379/12"
 
 #: Politeness on (the per-slot windows are what is measured), fast on loopback.
 POLITE = {"INCREMENTAL_THROTTLE_ENABLED": True, "INCREMENTAL_THROTTLE_START_RATE": 50,
@@ -384,36 +379,24 @@ async def test_answers_the_metrics_cannot_label_or_time_keep_series_bounded_and_
 
 
 def worker(site, tmp_path: Path, name: str, ports: tuple[int, int], prefix: str,
-           targets: Path) -> tuple[subprocess.Popen[bytes], Path]:
+           targets: Path) -> Worker:
     """A cluster worker (``scrapy crawl``) with metrics on the range *ports*.
 
     Its state in a SQLite file of the test's own, its shared budget under
     the test's key prefix: nothing of it is left in Redis once *prefix*'s
     keys are deleted."""
-    log = tmp_path / f"{name}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "scrapy", "crawl", "sitemap",
-             "-a", f"sitemap_url={site.url('/robots.txt')}",
-             "-s", f"INCREMENTAL_CLUSTER_URL={CLUSTER_REDIS_URL}",
-             "-s", f"INCREMENTAL_CLUSTER_PREFIX={prefix}",
-             "-s", f"INCREMENTAL_STATE_URI=sqlite:///{tmp_path / 'state.db'}",
-             "-s", f"INCREMENTAL_THROTTLE_SHARED_PREFIX={prefix}:budget",
-             "-s", "INCREMENTAL_CLUSTER_HEARTBEAT=0.2",
-             "-s", "INCREMENTAL_CLUSTER_IDLE_GRACE=0.6",
-             "-s", "INCREMENTAL_CLUSTER_WORKER_TTL=10",
-             "-s", "CONCURRENT_REQUESTS=1",
-             "-s", "INCREMENTAL_THROTTLE_START_RATE=50",
-             "-s", f"INCREMENTAL_METRICS_PORT={ports[0]}-{ports[1]}",
-             "-s", f"INCREMENTAL_METRICS_TARGETS_DIR={targets}",
-             "-s", "LOG_LEVEL=INFO"],
-            cwd=PROJECT, stdout=subprocess.DEVNULL, stderr=out)
-    return proc, log
+    return Worker(site, f"sqlite:///{tmp_path / 'state.db'}", prefix, tmp_path, name,
+                  "-s", "INCREMENTAL_THROTTLE_ENABLED=True",
+                  "-s", f"INCREMENTAL_THROTTLE_SHARED_PREFIX={prefix}:budget",
+                  "-s", "CONCURRENT_REQUESTS=1",
+                  "-s", "INCREMENTAL_THROTTLE_START_RATE=50",
+                  "-s", f"INCREMENTAL_METRICS_PORT={ports[0]}-{ports[1]}",
+                  "-s", f"INCREMENTAL_METRICS_TARGETS_DIR={targets}")
 
 
 @pytest_twisted.ensureDeferred
 async def test_cluster_workers_on_one_host_serve_on_their_own_ports_with_a_worker_label(
-    site, tmp_path
+    site, tmp_path, cluster_prefix
 ):
     """Two worker processes started together on one port range: each writes
     a Prometheus file_sd target, each target answers with its own worker
@@ -422,10 +405,10 @@ async def test_cluster_workers_on_one_host_serve_on_their_own_ports_with_a_worke
         site.add_page(path, "strong", size=1000)
     # Slow pages: the workers run long enough to be scraped.
     site.slow("/p/", 0.1)
-    prefix = f"test-metrics-{uuid.uuid4().hex[:8]}"
     targets = tmp_path / "targets"
     ports = free_ports(2)
-    procs = [worker(site, tmp_path, f"w{i}", ports, prefix, targets) for i in range(2)]
+    workers = [worker(site, tmp_path, f"w{i}", ports, cluster_prefix, targets)
+               for i in range(2)]
     seen: dict[str, Scrape] = {}
     try:
         # Bounded: polls every 50 ms for at most 60 s, as Prometheus would.
@@ -438,33 +421,29 @@ async def test_cluster_workers_on_one_host_serve_on_their_own_ports_with_a_worke
                     with contextlib.suppress(OSError):
                         seen[target] = Scrape(await deferToThread(
                             fetch, f"http://{target}/metrics"))
-            if len(seen) == 2 or all(p.poll() is not None for p, _ in procs):
+            if len(seen) == 2 or all(w.proc.poll() is not None for w in workers):
                 break
             await deferLater(reactor, 0.05)
-        for proc, log in procs:
-            assert await deferToThread(proc.wait, 60) == 0, log.read_text()[-3000:]
+        for w in workers:
+            assert await w.wait() == 0, w.tail()
     finally:
-        for proc, _ in procs:
-            if proc.poll() is None:
-                proc.kill()
-                await deferToThread(proc.wait)
-        client = redis.Redis.from_url(CLUSTER_REDIS_URL)
-        keys = list(client.scan_iter(f"{prefix}:*", count=1000))
-        if keys:
-            client.delete(*keys)
-        client.close()
-    assert len(seen) == 2, [log.read_text()[-2000:] for _, log in procs]
+        for w in workers:
+            if w.proc.poll() is None:
+                w.proc.kill()
+                await deferToThread(w.proc.wait)
+    assert len(seen) == 2, [w.tail() for w in workers]
     assert sorted(int(t.rsplit(":", 1)[1]) for t in seen) == list(ports)
-    workers = set()
+    labels = set()
     for scrape in seen.values():
         ((info, _),) = scrape.matching("incremental_crawl_info")
         assert info["spider"] == "sitemap"
-        workers.add(info["worker"])
+        labels.add(info["worker"])
         # The worker label is on every sample.
-        assert all(labels.get("worker") == info["worker"] for _, labels, _ in scrape.samples)
-    logs = [log.read_text() for _, log in procs]
-    assert workers == {next(line.split("worker ", 1)[1].split()[0] for line in text.splitlines()
-                            if "joined run" in line) for text in logs}
+        assert all(sample_labels.get("worker") == info["worker"]
+                   for _, sample_labels, _ in scrape.samples)
+    assert labels == {next(line.split("worker ", 1)[1].split()[0]
+                           for line in w.text().splitlines() if "joined run" in line)
+                      for w in workers}
     # Both files are removed when their workers end.
     assert list(targets.glob("*.json")) == []
 

@@ -140,7 +140,8 @@ async def test_a_meta_refresh_target_is_fetched_and_queued(site, crawl, tmp_path
         # scrapy-redis pickles the request into the shared queue.
         settings = {"INCREMENTAL_CLUSTER_URL": CLUSTER_REDIS_URI,
                     "INCREMENTAL_CLUSTER_PREFIX": cluster_prefix,
-                    "INCREMENTAL_CLUSTER_GRACE": 0.5}
+                    "INCREMENTAL_CLUSTER_HEARTBEAT": 0.2,
+                    "INCREMENTAL_CLUSTER_IDLE_GRACE": 0.5}
     crawler = await crawl(RefreshSpider, settings=settings, start=site.url("/refresh"))
     assert [r.status for r in site.requests_for("/target")] == [200]
     # Serialisable: JOBDIR kept it in its disk queue, not in memory.

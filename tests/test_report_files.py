@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_twisted
@@ -29,8 +25,12 @@ from incremental_crawler.report.files import ReportFiles
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.records import ItemRecord
 from incremental_crawler.state.stores import open_store
+from tests.scrapy_cli import PROJECT, child_env, run_scrapy, scrapy_in_process
 
-PROJECT = Path(__file__).resolve().parents[1]
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
 DOCS = PROJECT / "docs" / "report.md"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -113,6 +113,21 @@ class Browser:
         shutil.rmtree(self.profile, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Browser]:
+    """One headless Chromium for the module's browser tests: its start-up takes seconds."""
+    browser = Browser()
+    yield browser
+    browser.close()
+
+
+@pytest.fixture
+def browser(chromium: Browser) -> Browser:
+    """The module's Chromium, its console log read out: a test sees its own pages' messages."""
+    chromium.console()
+    return chromium
+
+
 #: The charts of the crawl the page shows, by name (``slot-0``, ``history-pages``).
 SHOWN = "section.crawl:not([hidden]) [data-chart={}]"
 
@@ -151,7 +166,8 @@ def check_page(browser: Browser, path: Path, shot: Path, section: str = "") -> i
 
 @needs_chromium
 @pytest_twisted.ensureDeferred
-async def test_the_report_of_a_rate_limited_crawl_draws_in_chromium(site, crawl, tmp_path):
+async def test_the_report_of_a_rate_limited_crawl_draws_in_chromium(site, crawl, tmp_path,
+                                                                     browser):
     reports = tmp_path / "reports"
     paths = add_pages(site, 30)
     limiter = site.limit(rate=20, burst=5)
@@ -206,45 +222,41 @@ async def test_the_report_of_a_rate_limited_crawl_draws_in_chromium(site, crawl,
     assert [entry["figures"]["requests"] for entry in two["history"]] == [
         len(second_log), len(first_log)]
 
-    browser = await deferToThread(Browser)
-    try:
-        # Crawl 2: the per-host table and the history charts.
-        charts = await deferToThread(check_page, browser, reports / "report.html",
-                                     tmp_path / "latest.png")
-        assert charts == 3  # one slot, two history charts
-        cells = await deferToThread(host_row_cells, browser, "127.0.0.1")
-        assert cells[2:8] == [str(host["skipped_lastmod"]), "0", str(len(second_log)),
-                              str(host["not_modified"]), str(len(changed)), "0"], cells
-        bars = await deferToThread(browser.js, "return document.querySelectorAll("
-                                   f"'{SHOWN.format('history-pages')} .bars path').length")
-        assert bars >= 5  # 2 crawls x 3 series, an empty one (no 304 in crawl 1) aside
-        # Crawl 1, its section of the same page: the slot chart, its lines
-        # and its freezes shaded.
-        charts = await deferToThread(check_page, browser, reports / "report.html",
-                                     tmp_path / "rate-limited.png", stamped_first.stem)
-        assert charts == 3
-        assert await deferToThread(browser.js, "return document.querySelector("
-                                   "'section.crawl:not([hidden])').id") == stamped_first.stem
-        assert len(await deferToThread(chart_paths, browser, "slot-0")) >= 4
-        shaded = await deferToThread(browser.js, "return document.querySelectorAll("
-                                     f"'{SHOWN.format('slot-0')} .shapelayer path').length")
-        assert shaded == len(slot["frozen_spans"])
-        # Its link in the page's list of kept crawls leads to it too.
-        links = await deferToThread(browser.js, "return Array.from(document.querySelectorAll("
-                                    "'nav.crawls a')).map(a => a.getAttribute('href'))")
-        assert links == [f"#{stamped[-1].removesuffix('.json')}", f"#{stamped_first.stem}"]
-        # Back to crawl 2 by its link: shown, its charts drawn, crawl 1 hidden.
-        # (the mark of drawn charts taken off first: the page sets it again
-        # once the section it shows is drawn)
-        await deferToThread(browser.js, "document.body.removeAttribute('data-charts-rendered');"
-                            "document.querySelector('nav.crawls a').click()")
-        assert await deferToThread(browser.rendered) == 3
-        assert await deferToThread(browser.js, "return document.querySelector("
-                                   "'section.crawl:not([hidden])').id") == links[0][1:]
-        assert len(await deferToThread(browser.js, "return document.querySelectorAll("
-                                       f"'{SHOWN.format('history-pages')} .bars path')")) >= 5
-    finally:
-        await deferToThread(browser.close)
+    # Crawl 2: the per-host table and the history charts.
+    charts = await deferToThread(check_page, browser, reports / "report.html",
+                                 tmp_path / "latest.png")
+    assert charts == 3  # one slot, two history charts
+    cells = await deferToThread(host_row_cells, browser, "127.0.0.1")
+    assert cells[2:8] == [str(host["skipped_lastmod"]), "0", str(len(second_log)),
+                          str(host["not_modified"]), str(len(changed)), "0"], cells
+    bars = await deferToThread(browser.js, "return document.querySelectorAll("
+                               f"'{SHOWN.format('history-pages')} .bars path').length")
+    assert bars >= 5  # 2 crawls x 3 series, an empty one (no 304 in crawl 1) aside
+    # Crawl 1, its section of the same page: the slot chart, its lines
+    # and its freezes shaded.
+    charts = await deferToThread(check_page, browser, reports / "report.html",
+                                 tmp_path / "rate-limited.png", stamped_first.stem)
+    assert charts == 3
+    assert await deferToThread(browser.js, "return document.querySelector("
+                               "'section.crawl:not([hidden])').id") == stamped_first.stem
+    assert len(await deferToThread(chart_paths, browser, "slot-0")) >= 4
+    shaded = await deferToThread(browser.js, "return document.querySelectorAll("
+                                 f"'{SHOWN.format('slot-0')} .shapelayer path').length")
+    assert shaded == len(slot["frozen_spans"])
+    # Its link in the page's list of kept crawls leads to it too.
+    links = await deferToThread(browser.js, "return Array.from(document.querySelectorAll("
+                                "'nav.crawls a')).map(a => a.getAttribute('href'))")
+    assert links == [f"#{stamped[-1].removesuffix('.json')}", f"#{stamped_first.stem}"]
+    # Back to crawl 2 by its link: shown, its charts drawn, crawl 1 hidden.
+    # (the mark of drawn charts taken off first: the page sets it again
+    # once the section it shows is drawn)
+    await deferToThread(browser.js, "document.body.removeAttribute('data-charts-rendered');"
+                        "document.querySelector('nav.crawls a').click()")
+    assert await deferToThread(browser.rendered) == 3
+    assert await deferToThread(browser.js, "return document.querySelector("
+                               "'section.crawl:not([hidden])').id") == links[0][1:]
+    assert len(await deferToThread(browser.js, "return document.querySelectorAll("
+                                   f"'{SHOWN.format('history-pages')} .bars path')")) >= 5
 
 
 #: A Retry-After a hostile site could send: markup that would break out of
@@ -254,7 +266,8 @@ HOSTILE = "<!--<script><img src=x onerror=document.title=1>"
 
 @needs_chromium
 @pytest_twisted.ensureDeferred
-async def test_a_sites_markup_in_a_freeze_reason_is_shown_as_text(site, crawl, tmp_path):
+async def test_a_sites_markup_in_a_freeze_reason_is_shown_as_text(site, crawl, tmp_path,
+                                                                  browser):
     reports = tmp_path / "reports"
     add_pages(site, 6)
     site.override("/p/0003", status=503, headers={"Retry-After": HOSTILE})
@@ -266,22 +279,18 @@ async def test_a_sites_markup_in_a_freeze_reason_is_shown_as_text(site, crawl, t
     assert re.fullmatch(re.escape(f"503, Retry-After: {HOSTILE} (unreadable), backoff ")
                         + r"\d+\.\d s", span["why"]), span
 
-    browser = await deferToThread(Browser)
-    try:
-        charts = await deferToThread(check_page, browser, reports / "report.html",
-                                     tmp_path / "hostile.png")
-        assert charts == 3
-        # Nothing of the header became markup; the chart holds it as text.
-        assert await deferToThread(browser.js, "return document.title") == (
-            "Crawl report: sitemap")
-        assert await deferToThread(browser.js,
-                                   "return document.querySelectorAll('img').length") == 0
-        hover = await deferToThread(browser.js, "return document.querySelector("
-                                    f"'{SHOWN.format('slot-0')}').data.at(-1).text")
-        assert hover == [html.escape(f"frozen {span['end_s'] - span['start_s']:.1f} s: "
-                                     f"{span['why']}", quote=False)]
-    finally:
-        await deferToThread(browser.close)
+    charts = await deferToThread(check_page, browser, reports / "report.html",
+                                 tmp_path / "hostile.png")
+    assert charts == 3
+    # Nothing of the header became markup; the chart holds it as text.
+    assert await deferToThread(browser.js, "return document.title") == (
+        "Crawl report: sitemap")
+    assert await deferToThread(browser.js,
+                               "return document.querySelectorAll('img').length") == 0
+    hover = await deferToThread(browser.js, "return document.querySelector("
+                                f"'{SHOWN.format('slot-0')}').data.at(-1).text")
+    assert hover == [html.escape(f"frozen {span['end_s'] - span['start_s']:.1f} s: "
+                                 f"{span['why']}", quote=False)]
 
 
 def requests(crawler) -> int:
@@ -384,12 +393,10 @@ async def test_report_json_and_scrapy_report_follow_the_documented_schema(
         requests(c) for c in reversed(crawlers)][:2]
 
     result = await deferToThread(
-        subprocess.run,
-        [sys.executable, "-m", "scrapy", "report", "--scope", "sitemap", "-o",
-         str(tmp_path / "history"), "-s", f"INCREMENTAL_STATE_URI={state_uri}"],
-        cwd=PROJECT, capture_output=True, text=True, timeout=120, check=False,
+        run_scrapy, "report", "--scope", "sitemap", "-o", str(tmp_path / "history"),
+        "-s", f"INCREMENTAL_STATE_URI={state_uri}",
         # An ASCII locale (a bare container): the page is written as UTF-8 all the same.
-        env={**os.environ, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"})
+        env=child_env(LC_ALL="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0"))
     assert result.returncode == 0, result.stderr
     assert "scope sitemap: 2 crawls" in result.stdout
     history = json.loads((tmp_path / "history" / "history-sitemap.json").read_text())
@@ -411,10 +418,8 @@ async def test_report_json_and_scrapy_report_follow_the_documented_schema(
     await store.flush()
     await store.close()
     result = await deferToThread(
-        subprocess.run,
-        [sys.executable, "-m", "scrapy", "report", "-o", str(tmp_path / "every"), "-s",
-         f"INCREMENTAL_STATE_URI={state_uri}"],
-        cwd=PROJECT, capture_output=True, text=True, timeout=120, check=False)
+        scrapy_in_process, "report", "-o", str(tmp_path / "every"),
+        "-s", f"INCREMENTAL_STATE_URI={state_uri}")
     assert result.returncode == 0, result.stderr
     assert "scope only-items: nothing stored to report, skipped" in result.stdout
     assert sorted(p.name for p in (tmp_path / "every").iterdir()) == [
@@ -430,11 +435,10 @@ async def test_report_json_and_scrapy_report_follow_the_documented_schema(
     assert set(documented) - met - optional == set()
 
 
-def test_scrapy_report_refuses_a_missing_store(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "scrapy", "report", "-o", str(tmp_path), "-s",
-         f"INCREMENTAL_STATE_URI=sqlite:///{tmp_path / 'none.db'}"],
-        cwd=PROJECT, capture_output=True, text=True, timeout=120, check=False)
+@pytest_twisted.ensureDeferred
+async def test_scrapy_report_refuses_a_missing_store(tmp_path):
+    result = await deferToThread(scrapy_in_process, "report", "-o", str(tmp_path), "-s",
+                                 f"INCREMENTAL_STATE_URI=sqlite:///{tmp_path / 'none.db'}")
     assert result.returncode == 1
     assert "no state store at" in result.stderr
     assert not (tmp_path / "none.db").exists() and not list(tmp_path.glob("history-*"))

@@ -13,14 +13,11 @@ test, its keys deleted afterwards.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import os
 import re
 import subprocess
-import sys
 import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import pytest_twisted
@@ -37,14 +34,20 @@ from incremental_crawler.politeness.budget import (
 )
 from incremental_crawler.politeness.window import WindowPolicy
 from tests.redis_util import BUDGET_REDIS_URI, OwnRedis
+from tests.scrapy_cli import start_scrapy
+from tests.send_log import kept_apart
 from tests.spiders import ListSpider
 from tests.test_fatal import one_error_line
 
-PROJECT = Path(__file__).resolve().parents[1]
+if TYPE_CHECKING:
+    from pathlib import Path
+
 REDIS_URL = BUDGET_REDIS_URI
-# Sleeps of tenths of a second against the script, and what the site saw of
-# worker processes' timing: no other test's crawlers beside (under xdist).
-pytestmark = pytest.mark.alone
+#: Sleeps of tenths of a second against the script, and what the site saw of
+#: worker processes' timing: the tests marked with it run while no other
+#: test's crawlers do (under xdist). Those at the end assert no timing, or
+#: check a gap on the crawler's side (tests/send_log.py), at any load.
+ALONE = pytest.mark.alone
 
 
 @pytest.fixture
@@ -84,6 +87,7 @@ def workers(prefix):
         worker.client.close()
 
 
+@ALONE
 def test_the_bucket_refills_at_the_shared_rate_and_grants_small_batches(workers):
     a, b = workers(WindowPolicy(start_rate=40.0)), workers(WindowPolicy(start_rate=40.0))
     first = a.acquire(want=10)
@@ -110,6 +114,7 @@ def test_the_bucket_refills_at_the_shared_rate_and_grants_small_batches(workers)
     assert 15 <= granted <= 25
 
 
+@ALONE
 def test_a_freeze_is_shared_and_drops_the_bucket(workers):
     a, b = workers(WindowPolicy(start_rate=20.0)), workers(WindowPolicy(start_rate=20.0))
     assert a.acquire().granted == 1
@@ -122,6 +127,7 @@ def test_a_freeze_is_shared_and_drops_the_bucket(workers):
     assert after.granted == 1 and after.frozen_for == 0
 
 
+@ALONE
 def test_a_burst_of_429s_seen_by_two_workers_cuts_the_window_once(workers):
     policy = WindowPolicy(start_rate=10.0)
     a, b = workers(policy), workers(policy)
@@ -139,6 +145,7 @@ def test_a_burst_of_429s_seen_by_two_workers_cuts_the_window_once(workers):
     assert b.call("report", hard_seq=later).rate == pytest.approx(4.9)
 
 
+@ALONE
 def test_healthy_answers_of_all_workers_grow_one_window(workers):
     policy = WindowPolicy(start_rate=4.0, max_rate=50.0)
     a, b = workers(policy), workers(policy)
@@ -152,6 +159,7 @@ def test_healthy_answers_of_all_workers_grow_one_window(workers):
     assert a.call("report", good=7).rate == pytest.approx(7.6)
 
 
+@ALONE
 def test_a_park_is_shared_and_ends_with_the_sites_wait(workers):
     a, b = workers(), workers()
     a.call("report", park=0.3)
@@ -161,6 +169,7 @@ def test_a_park_is_shared_and_ends_with_the_sites_wait(workers):
     assert not b.acquire().parked
 
 
+@ALONE
 def test_the_crawl_delay_caps_the_shared_rate(workers):
     a = workers(WindowPolicy(start_rate=40.0))
     a.acquire()
@@ -190,16 +199,11 @@ def add_worker_pages(site, workers: int, pages: int, *, size: int = 600) -> list
 
 
 def start_worker(site, tmp_path: Path, i: int, *settings: str) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "scrapy", "crawl", "sitemap",
-            "-a", f"sitemap_url={site.url(f'/w{i}.xml')}",
-            "-s", f"INCREMENTAL_STATE_URI=sqlite:///{tmp_path / f'w{i}.db'}",
-            "-s", "LOG_LEVEL=INFO", "-s", "LOGSTATS_INTERVAL=0",
-            "-s", "TELNETCONSOLE_ENABLED=False"]
-    for setting in settings:
-        args += ["-s", setting]
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-    return subprocess.Popen(args, cwd=PROJECT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+    return start_scrapy("crawl", "sitemap", "-a", f"sitemap_url={site.url(f'/w{i}.xml')}",
+                        "-s", f"INCREMENTAL_STATE_URI=sqlite:///{tmp_path / f'w{i}.db'}",
+                        "-s", "LOG_LEVEL=INFO", "-s", "LOGSTATS_INTERVAL=0",
+                        "-s", "TELNETCONSOLE_ENABLED=False",
+                        *(arg for setting in settings for arg in ("-s", setting)))
 
 
 async def run_workers(site, tmp_path: Path, n: int, *settings: str,
@@ -263,6 +267,7 @@ RATE, BURST = 10, 3
 START = ("INCREMENTAL_THROTTLE_START_RATE=8",)
 
 
+@ALONE
 @pytest_twisted.ensureDeferred
 async def test_three_workers_share_one_window_and_every_retry_after(site, tmp_path, prefix):
     lists = add_worker_pages(site, 3, 15)
@@ -297,6 +302,7 @@ async def test_three_workers_share_one_window_and_every_retry_after(site, tmp_pa
     assert alone_429 > 2 * n429
 
 
+@ALONE
 @pytest_twisted.ensureDeferred
 async def test_two_workers_keep_one_crawl_delay_between_them(site, tmp_path, prefix):
     lists = add_worker_pages(site, 2, 10)
@@ -325,25 +331,6 @@ POLITE = {"INCREMENTAL_THROTTLE_ENABLED": True, "CONCURRENT_REQUESTS_PER_DOMAIN"
           "CONCURRENT_REQUESTS": 16, "INCREMENTAL_THROTTLE_START_RATE": 40}
 
 
-@pytest_twisted.ensureDeferred
-async def test_an_unreachable_budget_closes_the_crawl_before_any_request(
-        site, crawl, prefix, caplog):
-    site.add_page("/a", "strong", size=500)
-    crawler = await crawl(ListSpider, settings={
-        **POLITE, "INCREMENTAL_THROTTLE_SHARED_URL": "redis://127.0.0.1:1/10",
-        "INCREMENTAL_THROTTLE_SHARED_PREFIX": prefix}, urls=[site.url("/a")])
-    assert crawler.stats.get_value("finish_reason") == "shared_budget_unavailable"
-    assert site.log == []
-    assert "The shared budget at redis://127.0.0.1:1/10 cannot be used" in caplog.text
-    # A URL that is not Redis's: the same, not a crawl without any throttle.
-    crawler = await crawl(ListSpider, settings={
-        **POLITE, "INCREMENTAL_THROTTLE_SHARED_URL": "http://127.0.0.1:6379/10"},
-        urls=[site.url("/a")])
-    assert crawler.stats.get_value("finish_reason") == "shared_budget_unavailable"
-    assert site.log == []
-    assert "INCREMENTAL_THROTTLE_SHARED_URL='http://127.0.0.1:6379/10'" in caplog.text
-
-
 @pytest.fixture
 def private_redis():
     """A redis-server of this test's own (the test kills it)."""
@@ -355,6 +342,7 @@ def private_redis():
         own.remove()
 
 
+@ALONE
 @pytest_twisted.ensureDeferred
 async def test_losing_redis_mid_crawl_stops_the_crawl_and_its_requests(
         site, crawl, private_redis, caplog):
@@ -399,6 +387,7 @@ async def until_requests(site, n: int) -> None:
     pytest.fail("the crawl did not get going")
 
 
+@ALONE
 @pytest_twisted.ensureDeferred
 async def test_a_crawl_goes_on_across_a_restart_of_the_budgets_redis(
         site, crawl, aof_redis, caplog):
@@ -432,30 +421,7 @@ async def test_a_crawl_goes_on_across_a_restart_of_the_budgets_redis(
     assert [r.path for r in site.log if down_at + 0.5 < r.started < up_at] == []
 
 
-@pytest_twisted.ensureDeferred
-async def test_a_budgets_redis_that_stays_away_stops_the_crawl_with_one_line(
-        site, tmp_path, aof_redis):
-    [paths] = add_worker_pages(site, 1, 60)
-    proc = start_worker(site, tmp_path, 0, "INCREMENTAL_THROTTLE_ENABLED=True",
-                        f"INCREMENTAL_THROTTLE_SHARED_URL={aof_redis.uri}",
-                        "INCREMENTAL_THROTTLE_START_RATE=20", "INCREMENTAL_REDIS_RETRY_TIME=2")
-    try:
-        await until_requests(site, 10)
-        await deferToThread(aof_redis.shut_down)  # and not started again
-    finally:
-        if proc.poll() is None and aof_redis.proc is not None:
-            proc.kill()
-    _, stderr = await deferToThread(proc.communicate, timeout=120)
-    result = subprocess.CompletedProcess([], proc.returncode, "", stderr.decode())
-    assert proc.returncode == 1, result.stderr[-3000:]
-    assert "'finish_reason': 'shared_budget_unavailable'" in result.stderr
-    line = one_error_line(result)
-    assert line.startswith(
-        f"The shared budget at {aof_redis.uri} failed (Redis has not answered for 2 s "
-        "(INCREMENTAL_REDIS_RETRY_TIME): "), line
-    assert len([r for r in site.log if r.path.startswith("/w0/")]) < len(paths)
-
-
+@ALONE
 @pytest_twisted.ensureDeferred
 async def test_closing_while_frozen_drops_the_requests_waiting_for_a_token(site, crawl, prefix):
     # A 429 froze the slot for 20 s, the other requests wait at the gate;
@@ -476,6 +442,52 @@ async def test_closing_while_frozen_drops_the_requests_waiting_for_a_token(site,
         ("/p/000", 429)]
     assert took < 12  # not the 20 s freeze (2 s to the close, and start-up)
     assert crawler.stats.get_value("incremental/throttle/dropped_at_close", 0) >= 1
+
+
+# -- no timing asserted, or a gap kept on the crawler's side: beside other tests ----
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_unreachable_budget_closes_the_crawl_before_any_request(
+        site, crawl, prefix, caplog):
+    site.add_page("/a", "strong", size=500)
+    crawler = await crawl(ListSpider, settings={
+        **POLITE, "INCREMENTAL_THROTTLE_SHARED_URL": "redis://127.0.0.1:1/10",
+        "INCREMENTAL_THROTTLE_SHARED_PREFIX": prefix}, urls=[site.url("/a")])
+    assert crawler.stats.get_value("finish_reason") == "shared_budget_unavailable"
+    assert site.log == []
+    assert "The shared budget at redis://127.0.0.1:1/10 cannot be used" in caplog.text
+    # A URL that is not Redis's: the same, not a crawl without any throttle.
+    crawler = await crawl(ListSpider, settings={
+        **POLITE, "INCREMENTAL_THROTTLE_SHARED_URL": "http://127.0.0.1:6379/10"},
+        urls=[site.url("/a")])
+    assert crawler.stats.get_value("finish_reason") == "shared_budget_unavailable"
+    assert site.log == []
+    assert "INCREMENTAL_THROTTLE_SHARED_URL='http://127.0.0.1:6379/10'" in caplog.text
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_budgets_redis_that_stays_away_stops_the_crawl_with_one_line(
+        site, tmp_path, aof_redis):
+    [paths] = add_worker_pages(site, 1, 60)
+    proc = start_worker(site, tmp_path, 0, "INCREMENTAL_THROTTLE_ENABLED=True",
+                        f"INCREMENTAL_THROTTLE_SHARED_URL={aof_redis.uri}",
+                        "INCREMENTAL_THROTTLE_START_RATE=20", "INCREMENTAL_REDIS_RETRY_TIME=1")
+    try:
+        await until_requests(site, 10)
+        await deferToThread(aof_redis.shut_down)  # and not started again
+    finally:
+        if proc.poll() is None and aof_redis.proc is not None:
+            proc.kill()
+    _, stderr = await deferToThread(proc.communicate, timeout=120)
+    result = subprocess.CompletedProcess([], proc.returncode, "", stderr.decode())
+    assert proc.returncode == 1, result.stderr[-3000:]
+    assert "'finish_reason': 'shared_budget_unavailable'" in result.stderr
+    line = one_error_line(result)
+    assert line.startswith(
+        f"The shared budget at {aof_redis.uri} failed (Redis has not answered for 1 s "
+        "(INCREMENTAL_REDIS_RETRY_TIME): "), line
+    assert len([r for r in site.log if r.path.startswith("/w0/")]) < len(paths)
 
 
 class _Stats(dict):
@@ -517,10 +529,10 @@ async def test_the_download_delay_caps_the_first_tokens_of_a_warm_budget(site, c
     paths = [f"/p/{i}" for i in range(4)]
     for path in paths:
         site.add_page(path, "strong", size=500)
-    await crawl(ListSpider, settings={
+    crawler = await crawl(ListSpider, settings={
         **POLITE, "ROBOTSTXT_OBEY": False, "DOWNLOAD_DELAY": 0.5, "DOWNLOAD_DELAY_JITTER": 0,
         "INCREMENTAL_THROTTLE_SHARED_URL": REDIS_URL,
-        "INCREMENTAL_THROTTLE_SHARED_PREFIX": prefix}, urls=[site.url(p) for p in paths])
-    starts = sorted(r.started for r in site.log)
-    assert len(starts) == 4
-    assert min(b - a for a, b in itertools.pairwise(starts)) >= 0.45
+        "INCREMENTAL_THROTTLE_SHARED_PREFIX": prefix,
+        "DOWNLOADER": "tests.send_log.SendLogDownloader"}, urls=[site.url(p) for p in paths])
+    assert len(site.log) == 4
+    assert kept_apart(site.log, crawler.engine.downloader, 0.5) == []

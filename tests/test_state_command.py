@@ -1,10 +1,10 @@
 """``scrapy state``, run as a user runs it, on stores written by real crawls.
 
 Every test crawls the loopback site in this process (the state store on
-SQLite, or on Redis under a prefix of the test's own), then runs the real
-``scrapy state ...`` in a subprocess against that store, and checks its
-output and exit status, the store afterwards, and what the next real crawl
-asks the site for.
+SQLite, or on Redis under a prefix of the test's own), then runs
+``scrapy state ...`` through Scrapy's command line against that store
+(:func:`tests.scrapy_cli.scrapy_in_process`), and checks its output and exit
+status, the store afterwards, and what the next real crawl asks the site for.
 """
 
 from __future__ import annotations
@@ -22,15 +22,14 @@ import pytest_twisted
 from scrapy import signals
 from scrapy.crawler import CrawlerRunner
 from scrapy.utils.defer import deferred_from_coro
-from twisted.internet.defer import ensureDeferred, gatherResults
 from twisted.internet.threads import deferToThread
 
 from incremental_crawler import clock
 from incremental_crawler.crawl.ledger import HOLD_TTL
 from incremental_crawler.state.records import SlotRate
 from tests.conftest import crawl_settings
+from tests.scrapy_cli import scrapy_in_process
 from tests.spiders import ListSpider
-from tests.test_commands import scrapy
 
 if TYPE_CHECKING:
     from incremental_crawler.state.stores import StateStore
@@ -42,13 +41,13 @@ BACKENDS = pytest.mark.parametrize("state_uri", ["sqlite", "redis"], indirect=Tr
 
 async def state(state_uri: str, *args: str) -> subprocess.CompletedProcess[str]:
     """``scrapy state ARGS`` on the test's store, in a thread (the reactor runs on)."""
-    return await deferToThread(scrapy, "state", *args, "-s", f"INCREMENTAL_STATE_URI={state_uri}")
+    return await deferToThread(scrapy_in_process, "state", *args,
+                               "-s", f"INCREMENTAL_STATE_URI={state_uri}")
 
 
 async def states(state_uri: str, *runs: tuple[str, ...]) -> list[subprocess.CompletedProcess[str]]:
-    """:func:`state` for each argument list, side by side: runs that change
-    nothing (each start-up costs a second of CPU)."""
-    return await gatherResults([ensureDeferred(state(state_uri, *args)) for args in runs])
+    """:func:`state` for each argument list, one after the other."""
+    return [await state(state_uri, *args) for args in runs]
 
 
 def pages(site: Any, n: int = 3) -> list[str]:

@@ -30,7 +30,8 @@ from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores.redis import RedisStateStore
 from tests.redis_util import OwnRedis
-from tests.test_fatal import crawl_args, one_error_line, run
+from tests.scrapy_cli import run
+from tests.test_fatal import crawl_args, one_error_line
 from tests.test_kill9 import start_crawl
 from tests.test_store_contract import call
 
@@ -263,7 +264,7 @@ async def test_a_redis_that_stays_away_stops_the_crawl_with_one_line(
         site.add_page(f"/p/{i:04d}", "strong", size=1500)
     uri = f"{aof_redis.uri}&prefix={PREFIX}"
     site.hold("/p/")
-    proc = start_crawl(site, uri, "-s", "INCREMENTAL_REDIS_RETRY_TIME=2")
+    proc = start_crawl(site, uri, "-s", "INCREMENTAL_REDIS_RETRY_TIME=1")
     try:
         await until_held(site)
         await deferToThread(aof_redis.shut_down)  # and not started again
@@ -273,6 +274,6 @@ async def test_a_redis_that_stays_away_stops_the_crawl_with_one_line(
     result = subprocess.CompletedProcess([], proc.returncode, "", stderr.decode())
     assert proc.returncode == 1, result.stderr
     line = one_error_line(result)
-    assert line.startswith(f"State store {uri}: Redis has not answered for 2 s "
+    assert line.startswith(f"State store {uri}: Redis has not answered for 1 s "
                            "(INCREMENTAL_REDIS_RETRY_TIME): "), line
     assert line.endswith("; stopping the crawl (nothing not stored is recorded as done)"), line

@@ -4,8 +4,8 @@ registered for a scheme of its own through ``INCREMENTAL_STATE_STORES``.
 Written against the crawl interface alone, it runs a real crawl of the
 loopback site, and a second one that answers 304s (its state round-trips:
 the second crawl reads it from the file the first one's flushes wrote);
-``scrapy state`` and ``scrapy items`` (real subprocesses) refuse it, naming
-what it lacks. With the administration interface added, they read it.
+``scrapy state`` and ``scrapy items`` (Scrapy's command line, in this
+process) refuse it, naming what it lacks. With the administration interface added, they read it.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from incremental_crawler.state.stores import (
     open_store,
 )
 from tests.memory_store import STORES, MemoryAdminStore, MemoryStore
+from tests.scrapy_cli import scrapy_in_process
 from tests.spiders import ListSpider
-from tests.test_commands import scrapy
 
 if TYPE_CHECKING:
     import subprocess
@@ -44,7 +44,8 @@ def state_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 async def command(state_uri: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return await deferToThread(scrapy, *args, "-s", f"INCREMENTAL_STATE_URI={state_uri}",
+    return await deferToThread(scrapy_in_process, *args,
+                               "-s", f"INCREMENTAL_STATE_URI={state_uri}",
                                "-s", f"INCREMENTAL_STATE_STORES={json.dumps(STORES)}")
 
 

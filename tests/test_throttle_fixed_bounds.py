@@ -4,20 +4,14 @@ warning at start-up, and reported as the rate they let through."""
 
 from __future__ import annotations
 
-import itertools
 import logging
 import re
-from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 import pytest_twisted
 
-from incremental_crawler.politeness.downloader import PacedDownloader
+from tests.send_log import kept_apart
 from tests.spiders import ListSpider
-
-if TYPE_CHECKING:
-    from scrapy import Request
-    from scrapy.core.downloader import Slot
 
 THROTTLE_LOGGER = "incremental_crawler.politeness.extension"
 REPORT_LOGGER = "incremental_crawler.report.extension"
@@ -27,28 +21,6 @@ POLITE = {"INCREMENTAL_THROTTLE_ENABLED": True, "INCREMENTAL_THROTTLE_START_RATE
 #: The template's values, with a shorter delay to keep the test short: the
 #: point is the cap, 1/0.2 = 5 requests/s.
 DELAY = 0.2
-
-
-class ReleaseLog(PacedDownloader):
-    """The add-on's downloader, noting when its slots let each request go.
-
-    That instant is what ``DOWNLOAD_DELAY`` spaces (Scrapy's slot lets a
-    request go ``delay`` after the previous one's, ``slot.lastseen``). The
-    server sees each request some time later: its connection opened (the
-    first request of a crawl, robots.txt, opens one), its bytes written and
-    read by a reactor that may be busy. That transit is no part of the
-    spacing, and varies: under load robots.txt reached the server tens of
-    milliseconds after it left, the next page one millisecond after, so the
-    server saw them closer than the delay the crawler kept.
-    """
-
-    #: (URL, slot.lastseen: when the request left), of the crawl running.
-    released: ClassVar[list[tuple[str, float]]] = []
-
-    def _wait_for_download(self, slot: Slot, request: Request, queue_dfd: Any) -> Any:
-        # Called as the slot lets the request go (the coroutine runs later).
-        self.released.append((request.url, slot.lastseen))
-        return super()._wait_for_download(slot, request, queue_dfd)
 
 
 def add_pages(site, n: int) -> list[str]:
@@ -67,28 +39,25 @@ async def test_the_templates_delay_and_concurrency_are_honoured_named_and_report
         site, crawl, caplog):
     paths = add_pages(site, 6)
     caplog.set_level(logging.INFO)
-    ReleaseLog.released = []
     crawler = await crawl(ListSpider, settings={
         **POLITE, "DOWNLOAD_DELAY": DELAY, "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
         # The periodic line, a few times during the crawl (about 1.4 s).
         "LOGSTATS_INTERVAL": 0.25,
-        "DOWNLOADER": f"{__name__}.ReleaseLog",
+        "DOWNLOADER": "tests.send_log.SendLogDownloader",
     }, urls=[site.url(p) for p in paths])
 
     assert {r.path for r in site.log if r.status == 200} >= set(paths)
     # The promise kept: every request of the slot (robots.txt too) left one
     # delay after the previous one (no jitter: Scrapy's default would let
-    # them go 0.5-1.5 delays apart), and the server had one at a time.
-    released = ReleaseLog.released
-    assert [url for url, _ in released] == [site.url(r.path) for r in site.log]
-    assert min(b - a for (_, a), (_, b) in itertools.pairwise(released)) >= DELAY - 1e-9
+    # them go 0.5-1.5 delays apart), in the order the server saw them, and
+    # the server had one at a time. Each arrived one delay or more after the
+    # previous one left; two arrivals closer than the delay are the earlier
+    # request's transit (its connection's opening), not the crawler's pace
+    # (tests/send_log.py).
+    downloader = crawler.engine.downloader
+    assert [send.url for send in downloader.sends] == [site.url(r.path) for r in site.log]
+    assert kept_apart(site.log, downloader, DELAY) == []
     assert max(site.max_in_flight.values()) == 1
-    # What the server saw, on the same clock (the site runs in this
-    # process): each request arrived one delay or more after the previous
-    # one left. Two arrivals closer than the delay are the earlier
-    # request's transit (its connection's opening), not the crawler's pace.
-    for (_, left), after in zip(released, site.log[1:], strict=False):
-        assert after.started >= left + DELAY - 1e-9
 
     # One warning, naming both settings, their values and what they cost.
     [warning] = cap_warnings(caplog)

@@ -13,9 +13,9 @@ from incremental_crawler.politeness.extension import AdaptiveThrottle
 from tests.redis_util import BUDGET_REDIS_URI
 from tests.spiders import ListSpider
 
-# Request times as the server saw them, to a few ms: no other test's
-# crawlers beside (under xdist).
-pytestmark = pytest.mark.alone
+#: Request times as the server saw them, to a few ms: the tests marked with
+#: it run while no other test's crawlers do (under xdist).
+ALONE = pytest.mark.alone
 
 FAST = {"INCREMENTAL_THROTTLE_ENABLED": True, "CONCURRENT_REQUESTS": 16,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 16, "INCREMENTAL_THROTTLE_START_RATE": 50,
@@ -67,6 +67,7 @@ def most_in_one_second(starts: list[float]) -> int:
     return max(sum(1 for t in starts[i:] if t < start + 1.0) for i, start in enumerate(starts))
 
 
+@ALONE
 @pytest.mark.parametrize("settings", [
     FAST,
     # The ceiling a per-domain override sets, the start rate its own.
@@ -91,6 +92,7 @@ async def test_a_slot_starting_at_its_ceiling_sends_no_group_before_a_window_of_
     assert max(len(g) for g in groups(starts[SINGLES:], within=0.004)) >= 3
 
 
+@ALONE
 @pytest_twisted.ensureDeferred
 async def test_a_fast_slot_sends_groups_of_rate_times_tick_at_the_same_rate(site, crawl):
     paths = add_pages(site, SINGLES + 60)
@@ -114,6 +116,7 @@ async def test_a_fast_slot_sends_groups_of_rate_times_tick_at_the_same_rate(site
     assert most_in_one_second(starts) <= 55
 
 
+@ALONE
 @pytest_twisted.ensureDeferred
 async def test_without_a_tick_requests_leave_one_at_a_time(site, crawl):
     paths = add_pages(site, 30)
@@ -124,6 +127,7 @@ async def test_without_a_tick_requests_leave_one_at_a_time(site, crawl):
     assert_one_at_a_time(starts)
 
 
+@ALONE
 @pytest_twisted.ensureDeferred
 async def test_a_users_delay_promises_a_gap_between_any_two_requests(site, crawl):
     paths = add_pages(site, 30)
@@ -135,6 +139,7 @@ async def test_a_users_delay_promises_a_gap_between_any_two_requests(site, crawl
     assert_one_at_a_time(starts)
 
 
+@ALONE
 @pytest_twisted.ensureDeferred
 async def test_a_site_that_refuses_a_group_gets_one_request_at_a_time_after(site, crawl):
     # A limiter that takes 50/s evenly but no more than two at once, as
@@ -154,6 +159,7 @@ async def test_a_site_that_refuses_a_group_gets_one_request_at_a_time_after(site
     assert limiter.refused <= 4
 
 
+@ALONE
 @pytest_twisted.ensureDeferred
 async def test_the_concurrency_figure_lets_a_whole_group_be_in_flight(site, crawl):
     # 30 ms answers at 50/s: the rate alone needs 3 in flight, a group of
@@ -174,6 +180,7 @@ async def test_the_concurrency_figure_lets_a_whole_group_be_in_flight(site, craw
     assert sample.value >= seen
 
 
+@ALONE
 @pytest_twisted.ensureDeferred
 async def test_nothing_leaves_inside_a_retry_after_that_stops_the_groups(site, crawl):
     paths = add_pages(site, SINGLES + 60)
@@ -193,6 +200,7 @@ async def test_nothing_leaves_inside_a_retry_after_that_stops_the_groups(site, c
     assert [r.path for r in pages if first_429 + 0.05 < r.started < first_429 + 0.95] == []
 
 
+@ALONE
 @pytest_twisted.ensureDeferred
 async def test_the_users_concurrency_bounds_the_group(site, crawl):
     paths = add_pages(site, SINGLES + 40)
@@ -203,6 +211,7 @@ async def test_the_users_concurrency_bounds_the_group(site, crawl):
     assert most_in_flight(site) <= 3
 
 
+# No timing asserted: beside other tests.
 @pytest_twisted.ensureDeferred
 async def test_the_shared_budget_never_sends_groups(site, crawl, budget_prefix):
     paths = add_pages(site, 60)

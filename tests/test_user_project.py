@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from typing import TYPE_CHECKING
 
 import pytest_twisted
+from twisted.internet.defer import gatherResults
 from twisted.internet.threads import deferToThread
 
-from tests.test_fatal import one_error_line, run, run_with_read_only
+from tests.scrapy_cli import run, scrapy_argv
+from tests.test_fatal import one_error_line, run_with_read_only
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -53,14 +54,10 @@ class StoppedSpider(scrapy.Spider):
 '''
 
 
-def scrapy(*args: str) -> list[str]:
-    return [sys.executable, "-m", "scrapy", *args]
-
-
 def new_project(tmp_path: Path, *, addon: bool) -> Path:
     """``scrapy startproject userproj``, its settings as written plus the
     add-on line if *addon*, and :data:`SPIDERS`; the project's directory."""
-    created = run(scrapy("startproject", "userproj"), tmp_path)
+    created = run(scrapy_argv("startproject", "userproj"), tmp_path)
     assert created.returncode == 0, created.stderr
     project = tmp_path / "userproj"
     settings = project / "userproj" / "settings.py"
@@ -79,18 +76,20 @@ async def test_a_new_project_with_the_addon_line_alone_has_every_command(site, t
         site.add_page(f"/p/{i}", "strong", size=1500)
     urls = [site.url(f"/p/{i}") for i in range(2)]
 
-    crawl = await deferToThread(run, scrapy("crawl", "pages", "-a", f"urls={' '.join(urls)}"),
-                                project)
+    crawl = await deferToThread(
+        run, scrapy_argv("crawl", "pages", "-a", f"urls={' '.join(urls)}"), project)
     assert crawl.returncode == 0, crawl.stderr
-    state = await deferToThread(run, scrapy("state"), project)
+    # Reads of the store the crawl wrote, side by side (each start-up costs a
+    # second of CPU).
+    state, items, report = await gatherResults([
+        deferToThread(run, scrapy_argv(*args), project)
+        for args in (("state",), ("items", "-o", "items.jsonl"), ("report", "-o", "report"))])
     assert state.returncode == 0, state.stdout + state.stderr
     assert "scope pages" in state.stdout
     assert re.search(r"^  pages\s+2 \(", state.stdout, re.MULTILINE), state.stdout
-    items = await deferToThread(run, scrapy("items", "-o", "items.jsonl"), project)
     assert items.returncode == 0, items.stderr
     exported = [json.loads(line) for line in (project / "items.jsonl").read_text().splitlines()]
     assert sorted(item["url"] for item in exported) == urls
-    report = await deferToThread(run, scrapy("report", "-o", "report"), project)
     assert report.returncode == 0, report.stderr
     history = json.loads((project / "report" / "history-pages.json").read_text())
     assert [entry["figures"]["pages_new"] for entry in history["history"]] == [2]
@@ -99,32 +98,33 @@ async def test_a_new_project_with_the_addon_line_alone_has_every_command(site, t
     # The store cannot be written: one line, no traceback, exit status 1.
     store = project / ".scrapy" / "incremental"
     failed = await deferToThread(
-        run_with_read_only, store, scrapy("crawl", "pages", "-a", f"urls={urls[0]}"), project)
+        run_with_read_only, store, scrapy_argv("crawl", "pages", "-a", f"urls={urls[0]}"), project)
     assert failed.returncode == 1
     assert one_error_line(failed).startswith(f"State store {store / 'state.db'}: cannot be "
                                              "written: ")
     # A crawl stopped because it could not go on exits with 1 (Scrapy's
     # command: 0, after any crawl that ran).
-    stopped = await deferToThread(run, scrapy("crawl", "stopped"), project)
+    stopped = await deferToThread(run, scrapy_argv("crawl", "stopped"), project)
     assert "'finish_reason': 'incremental_store_error'" in stopped.stderr
     assert stopped.returncode == 1
     # The shell fetches in full: the add-on's switch is off in it.
     shell = await deferToThread(
-        run, scrapy("shell", "-c", "settings.get('INCREMENTAL_ENABLED')", "--nolog"), project)
+        run, scrapy_argv("shell", "-c", "settings.get('INCREMENTAL_ENABLED')", "--nolog"), project)
     assert shell.stdout.strip() == "False", shell.stderr
 
 
 def test_a_new_project_without_the_addon_gets_scrapys_own_commands(tmp_path):
     project = new_project(tmp_path, addon=False)
     # Scrapy's crawl: 0 after any crawl that ran, whatever its finish reason.
-    stopped = run(scrapy("crawl", "stopped"), project)
+    stopped = run(scrapy_argv("crawl", "stopped"), project)
     assert "'finish_reason': 'incremental_store_error'" in stopped.stderr
     assert stopped.returncode == 0, stopped.stderr
     # Scrapy's shell: nothing of the add-on's set.
-    shell = run(scrapy("shell", "-c", "settings.get('INCREMENTAL_ENABLED')", "--nolog"), project)
+    shell = run(scrapy_argv("shell", "-c", "settings.get('INCREMENTAL_ENABLED')", "--nolog"),
+                project)
     assert shell.stdout.strip() == "None", shell.stderr
     # The package's own commands are there all the same.
-    state = run(scrapy("state"), project)
+    state = run(scrapy_argv("state"), project)
     assert state.returncode == 1
     assert state.stderr.strip() == (f"error: no state store at {project.resolve()}/.scrapy/"
                                     "incremental/state.db (check INCREMENTAL_STATE_URI)")
@@ -132,6 +132,6 @@ def test_a_new_project_without_the_addon_gets_scrapys_own_commands(tmp_path):
 
 def test_outside_a_project_the_project_commands_refuse_as_scrapys_do(tmp_path):
     for command in ("crawl", "state"):
-        result = run(scrapy(command, "pages"), tmp_path)
+        result = run(scrapy_argv(command, "pages"), tmp_path)
         assert result.returncode == 2
         assert f"scrapy {command} is only available from within a project" in result.stderr

@@ -29,7 +29,7 @@ def canonical_url(url: str) -> str:
 # URLs that are canonical already: lowercase host, a path of unreserved
 # characters with no dot segment, no query, no fragment, no escapes. Most
 # sitemap URLs look like this; canonicalize_url would return them unchanged
-# (tests/test_keys.py checks that against w3lib).
+# (tests/unit/test_keys.py checks that against w3lib).
 _ALREADY_CANONICAL = re.compile(r"https?://[a-z0-9.-]+(?::[0-9]+)?/(?!\.)(?:[A-Za-z0-9_~-]|/(?!\.)|\.)*")
 
 

@@ -443,9 +443,10 @@ class LoopbackSite:
         # path prefix -> seconds before answering; see slow().
         self._slow: dict[str, float] = {}
         # Path prefixes whose answers wait for release(), and the answers
-        # waiting (each sends its response, after its slow() delay); see hold().
+        # waiting: each its path, and what sends its response (after its
+        # slow() delay); see hold().
         self._hold: set[str] = set()
-        self._held: list[Callable[[], None]] = []
+        self._held: list[tuple[str, Callable[[], None]]] = []
         #: Requests being answered now, and the most at once, per Host header.
         self.in_flight: dict[str, int] = {}
         self.max_in_flight: dict[str, int] = {}
@@ -638,12 +639,19 @@ class LoopbackSite:
         """Requests whose answer :meth:`hold` keeps now."""
         return len(self._held)
 
-    def release(self) -> None:
-        """Stop holding: answer the held requests (after their slow() delay), and the next."""
-        self._hold.clear()
+    def release(self, path_prefix: str | None = None) -> None:
+        """Stop holding (what :meth:`hold` was given *path_prefix*, or all):
+        answer those held requests (after their slow() delay), and the next."""
+        if path_prefix is None:
+            self._hold.clear()
+        else:
+            self._hold.discard(path_prefix)
         held, self._held = self._held, []
-        for answer in held:
-            answer()
+        for path, answer in held:
+            if path_prefix is None or path.startswith(path_prefix):
+                answer()
+            else:
+                self._held.append((path, answer))
 
     def override(
         self, path: str, *, status: int | None = None,
@@ -978,7 +986,8 @@ class LoopbackSite:
             request.finish()
 
         if held:
-            self._held.append(lambda: reactor.callLater(delay, later))  # type: ignore[attr-defined]
+            self._held.append(
+                (raw_path, lambda: reactor.callLater(delay, later)))  # type: ignore[attr-defined]
         else:
             reactor.callLater(delay, later)  # type: ignore[attr-defined]
         return server.NOT_DONE_YET  # type: ignore[return-value]

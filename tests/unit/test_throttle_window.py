@@ -1,4 +1,4 @@
-"""The AIMD window's rules, without a crawl (the crawl tests are in test_throttle.py)."""
+"""The AIMD window's rules, without a crawl (the crawl tests are in tests/test_throttle.py)."""
 
 from __future__ import annotations
 
