@@ -32,6 +32,7 @@ from incremental_crawler.state.records import (
     PageState,
 )
 from incremental_crawler.state.stores import StateStoreError, open_store
+from incremental_crawler.state.stores.base import due_after
 from incremental_crawler.state.stores.packed import LUA_CODEC, pack, unpack
 from incremental_crawler.state.stores.packed import due_of as packed_due_of
 from incremental_crawler.state.stores.redis import (
@@ -514,8 +515,9 @@ async def test_revisit_index_holds_buckets_by_a_lower_bound_of_their_next_visits
 ) -> None:
     """Not only in the reads: the Lua writes keep a page's bucket in the
     revisit index (a gone page's too), its score never above the next visit
-    of a page with a callback in it; a summary, which reads every page of
-    the bucket, sets it to their exact minimum."""
+    of a page with a callback in it; a reading of the due pages that finds
+    a bucket's pages all after its bound has the next flush set it to their
+    exact minimum (a summary reads sums, not buckets)."""
     due = f"{redis_prefix}:dueb:{SCOPE}"
     gone, flagged = PageKey(SCOPE, f"{URL}/gone"), PageKey(SCOPE, f"{URL}/flagged")
     store = open_at(redis_prefix)
@@ -539,13 +541,15 @@ async def test_revisit_index_holds_buckets_by_a_lower_bound_of_their_next_visits
         summary = await call(store.summarize_pages(
             SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))
         assert (summary.pages, summary.first_due) == (2, 30)
+        assert shared.zscore(due, "example.com|0") == 10
+        await call(store.flush())
         assert shared.zscore(due, "example.com|0") == 30
         # A bucket left with no page with a callback leaves the index.
         assert store.forget_page(SCOPE, gone.url).pages == 1
         store.stage_page(full_state(flagged, 2))
         await call(store.flush())
-        await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                         checked_before=math.inf))
+        assert await call(store.get_due(SCOPE, 60, 10)) == []
+        await call(store.flush())
         assert not shared.exists(due)
     finally:
         await call(store.close())
@@ -585,15 +589,17 @@ async def test_a_host_grows_by_splitting_one_bucket_at_a_time(
         store.stage_check(expected[0], 304, 1_760_000_000, schedule=(3600, 1_999))
         await call(store.flush())  # its bucket's bound is now low
         expected = expected[1:] + expected[:1]
-        got = []
-        for offset in range(0, 700, 64):
-            got += [s.key for s in await call(store.get_due(SCOPE, 1_999, 64, offset))]
-        assert got == expected
+        got: list[PageState] = []
+        for _ in range(0, 700, 64):
+            got += await call(store.get_due(SCOPE, 1_999, 64,
+                                            due_after(got[-1]) if got else None))
+        assert [s.key for s in got] == expected
         # A page asked again, or after a flush: read afresh, the same.
-        assert [s.key for s in await call(store.get_due(SCOPE, 1_999, 64, 64))] == got[64:128]
+        assert await call(store.get_due(SCOPE, 1_999, 64, due_after(got[63]))) == got[64:128]
         store.stage_host(HostTrust(SCOPE, "big.example", checks=1))
         await call(store.flush())
-        assert [s.key for s in await call(store.get_due(SCOPE, 1_999, 64, 128))] == got[128:192]
+        assert await call(store.get_due(SCOPE, 1_999, 64, due_after(got[127]))) == got[128:192]
+        got = [s.key for s in got]
         assert [s.key for s in await call(store.get_due(SCOPE, 1_500, 1_000))] == [
             k for k in expected if visits[k] <= 1_500 and k != expected[-1]]
 
@@ -628,7 +634,7 @@ async def test_paging_through_due_pages_while_another_worker_splits_buckets(
         for key, visit in visits.items():
             writer.stage_page(realistic_state(key).copy(next_visit=visit))
         await call(writer.flush())
-        got = [s.key for s in await call(reader.get_due(SCOPE, 5_000, 10))]
+        read = await call(reader.get_due(SCOPE, 5_000, 10))
         # late.example's one bucket is not read yet; its due pages are
         # split over new buckets by pages another worker adds.
         for n in range(30, 90):
@@ -636,9 +642,9 @@ async def test_paging_through_due_pages_while_another_worker_splits_buckets(
                               .copy(next_visit=10**9))
         await call(writer.flush())
         assert shared.hget(f"{redis_prefix}:hd:{{{SCOPE}|late.example}}", "n") != b"1"
-        for offset in range(10, 1_000, 250):
-            got += [s.key for s in await call(reader.get_due(SCOPE, 5_000, 250, offset))]
-        assert got == sorted(visits, key=lambda k: (visits[k], k.url))
+        for _ in range(10, 1_000, 250):
+            read += await call(reader.get_due(SCOPE, 5_000, 250, due_after(read[-1])))
+        assert [s.key for s in read] == sorted(visits, key=lambda k: (visits[k], k.url))
     finally:
         await call(reader.close())
         await call(writer.close())

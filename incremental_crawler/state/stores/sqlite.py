@@ -35,11 +35,13 @@ from incremental_crawler.state.records import (
 )
 from incremental_crawler.state.stores.base import (
     AdminStore,
+    DueAfter,
     PagesSummary,
     Removed,
     SlotRates,
     StateStoreError,
     UrlRecord,
+    checked_after,
     crawl_history_setting,
     holder_gone,
     host_of,
@@ -55,6 +57,17 @@ if TYPE_CHECKING:
 __all__ = ["SQLiteStateStore"]
 
 logger = logging.getLogger(__name__)
+
+#: Seconds of next visits summed together in ``page_sums`` (schema 16): a
+#: summary reads the pages of at most two slots, its ends, one by one.
+_SUM_SLOT = 600
+
+
+def _slot_sql(column: str) -> str:
+    """The ``page_sums`` slot of the next visit *column*: floor division."""
+    return (f"(CASE WHEN {column} >= 0 THEN {column} / {_SUM_SLOT} "
+            f"ELSE ({column} + 1) / {_SUM_SLOT} - 1 END)")
+
 
 #: Each entry migrates the schema from version ``i`` to ``i + 1``.
 MIGRATIONS: tuple[str, ...] = (
@@ -218,6 +231,55 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX versions_undelivered ON item_versions (scope, crawl, stored_at)
         WHERE crawl IS NOT NULL;
     """,
+    # 16: a crawl start costs what is due, not the scope's size. The pages
+    # that can be requested again by next visit (the due pages, read in
+    # their order, after the last one read) and by last check (this crawl's
+    # checks, left out of the sums below); and the sums of those pages per
+    # callback and slot of next visits (_SUM_SLOT seconds), kept by
+    # triggers at every write, built here once from the pages there are.
+    f"""
+    CREATE INDEX pages_by_next_visit ON pages (scope, next_visit, url, variant)
+        WHERE callback IS NOT NULL;
+    CREATE INDEX pages_by_last_checked ON pages (scope, last_checked)
+        WHERE callback IS NOT NULL;
+    CREATE TABLE page_sums (
+        scope TEXT NOT NULL,
+        callback TEXT NOT NULL,
+        slot INTEGER NOT NULL,
+        pages INTEGER NOT NULL,
+        size INTEGER NOT NULL,
+        PRIMARY KEY (scope, callback, slot)
+    ) WITHOUT ROWID;
+    CREATE TRIGGER page_sums_insert AFTER INSERT ON pages
+    WHEN NEW.callback IS NOT NULL BEGIN
+        INSERT INTO page_sums (scope, callback, slot, pages, size)
+        VALUES (NEW.scope, NEW.callback, {_slot_sql("NEW.next_visit")}, 1, NEW.size)
+        ON CONFLICT (scope, callback, slot) DO UPDATE SET
+            pages = pages + 1, size = size + excluded.size;
+    END;
+    CREATE TRIGGER page_sums_delete AFTER DELETE ON pages
+    WHEN OLD.callback IS NOT NULL BEGIN
+        UPDATE page_sums SET pages = pages - 1, size = size - OLD.size
+        WHERE scope = OLD.scope AND callback = OLD.callback
+            AND slot = {_slot_sql("OLD.next_visit")};
+    END;
+    CREATE TRIGGER page_sums_update AFTER UPDATE OF scope, callback, next_visit, size ON pages
+    WHEN (OLD.callback IS NOT NULL OR NEW.callback IS NOT NULL) AND NOT (
+        OLD.scope = NEW.scope AND OLD.callback IS NEW.callback AND OLD.size = NEW.size
+        AND {_slot_sql("OLD.next_visit")} = {_slot_sql("NEW.next_visit")}) BEGIN
+        UPDATE page_sums SET pages = pages - 1, size = size - OLD.size
+        WHERE OLD.callback IS NOT NULL AND scope = OLD.scope AND callback = OLD.callback
+            AND slot = {_slot_sql("OLD.next_visit")};
+        INSERT INTO page_sums (scope, callback, slot, pages, size)
+        SELECT NEW.scope, NEW.callback, {_slot_sql("NEW.next_visit")}, 1, NEW.size
+        WHERE NEW.callback IS NOT NULL
+        ON CONFLICT (scope, callback, slot) DO UPDATE SET
+            pages = pages + 1, size = size + excluded.size;
+    END;
+    INSERT INTO page_sums (scope, callback, slot, pages, size)
+    SELECT scope, callback, {_slot_sql("next_visit")}, COUNT(*), SUM(size) FROM pages
+    WHERE callback IS NOT NULL GROUP BY 1, 2, 3;
+    """,  # noqa: S608 (constant SQL)
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: URLs per batched lookup (SQLite allows 32,766 host parameters).
@@ -234,9 +296,12 @@ _PAGE_COLUMNS = (
 _SELECT_PAGE = (
     f"SELECT {_PAGE_COLUMNS} FROM pages WHERE scope = ? AND url = ? AND variant = ?"  # noqa: S608 (constant SQL)
 )
+# An upsert, not INSERT OR REPLACE: the row a REPLACE deletes fires no
+# trigger, and page_sums would count the page twice.
 _UPSERT_PAGE = (
-    f"INSERT OR REPLACE INTO pages (scope, url, variant, {_PAGE_COLUMNS}) "  # noqa: S608 (constant SQL)
-    f"VALUES ({', '.join('?' * 23)})"
+    f"INSERT INTO pages (scope, url, variant, {_PAGE_COLUMNS}) "  # noqa: S608 (constant SQL)
+    f"VALUES ({', '.join('?' * 23)}) ON CONFLICT (scope, url, variant) DO UPDATE SET "
+    + ", ".join(f"{column} = excluded.{column}" for column in _PAGE_COLUMNS.split(", "))
 )
 # A check never touches validators or fingerprints (only a 2xx updates them). It may
 # record a newer lastmod (a 304 says the stored data is that version) and
@@ -280,6 +345,9 @@ _UPSERT_REDIRECT = (
 # only, so it is written once.
 # Only the flags of a stored page; no row for an unknown one.
 _OR_FLAGS = "UPDATE pages SET flags = flags | ? WHERE scope = ? AND url = ? AND variant = ?"
+# Only the next visit of a stored page, if it is still the one read.
+_POSTPONE = ("UPDATE pages SET next_visit = ? WHERE scope = ? AND url = ? AND variant = ? "
+             "AND next_visit = ?")
 _UPSERT_LINKS = "INSERT OR REPLACE INTO links (scope, url, variant, data) VALUES (?, ?, ?, ?)"
 _DELETE_LINKS = "DELETE FROM links WHERE scope = ? AND url = ? AND variant = ?"
 # A tombstone is a version with an empty fingerprint. `born` (given for a
@@ -338,6 +406,26 @@ _SCOPE_TABLES = (("pages", "pages"), ("links", "links"), ("items", "items"),
                  ("item_versions", "versions"), ("hosts", "hosts"), ("crawls", "crawls"))
 # Versions stored before schema 11 have no change type.
 _CHANGE = "COALESCE(v.change, CASE WHEN v.version = 1 THEN 'new' ELSE 'changed' END)"
+
+
+def _clamp(value: float, *, up: bool = False) -> int:
+    """A time as whole seconds compare with it (*up*: rounded up, else
+    down), infinities as 2**62 (beyond any stored)."""
+    value = max(min(value, 2**62), -(2**62))
+    return math.ceil(value) if up else math.floor(value)
+
+
+def _statements(script: str) -> Iterator[str]:
+    """The statements of *script* one by one (a trigger's body holds ``;``)."""
+    pending = ""
+    for part in script.split(";"):
+        pending += part + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \n;"):
+                yield pending
+            pending = ""
+    if pending.strip(" \n;"):
+        raise ValueError(f"incomplete SQL statement in a migration: {pending!r}")
 
 
 def _rollback(db: sqlite3.Connection) -> None:
@@ -612,9 +700,8 @@ class SQLiteStateStore(AdminStore):
         try:
             version = db.execute("PRAGMA user_version").fetchone()[0]
             for step in range(version, SCHEMA_VERSION):
-                for statement in MIGRATIONS[step].split(";"):
-                    if statement.strip():
-                        db.execute(statement)
+                for statement in _statements(MIGRATIONS[step]):
+                    db.execute(statement)
                 if version:
                     logger.info(
                         "State store %(path)s migrated to schema version %(v)d",
@@ -690,18 +777,24 @@ class SQLiteStateStore(AdminStore):
         return None if row is None else row[0]
 
     async def get_due(self, scope: str, now: float, limit: int,
-                      offset: int = 0) -> list[PageState]:
-        # Once per crawl, so a scan of the scope (no index on next_visit:
-        # it would cost every write and ~50 bytes per page) with a top-N
-        # sort; url and variant make the order total, so pages follow on.
+                      after: DueAfter | None = None) -> list[PageState]:
+        # A range of the index by next visit (its entries end with the URL
+        # and variant: the order is total), from the page after `after`.
+        due_at = _clamp(now)  # an infinite due_at (recheck all): every page
+        after = checked_after(after)
+        params: tuple[object, ...] = ()
+        if after is None:
+            where = ""
+        else:
+            where, params = "AND (next_visit, url, variant) > (?, ?, ?) ", tuple(after)
         query = (
-            f"SELECT url, variant, {_PAGE_COLUMNS} FROM pages WHERE scope = ? "  # noqa: S608 (constant SQL)
-            "AND next_visit <= ? AND callback IS NOT NULL "
-            "ORDER BY next_visit, url, variant LIMIT ? OFFSET ?"
+            f"SELECT url, variant, {_PAGE_COLUMNS} FROM pages "  # noqa: S608 (constant SQL)
+            "INDEXED BY pages_by_next_visit WHERE scope = ? "
+            f"AND callback IS NOT NULL AND next_visit <= ? {where}"
+            "ORDER BY next_visit, url, variant LIMIT ?"
         )
-        due_at = min(now, 2**62)  # an infinite due_at (recheck all): every page
         try:
-            rows = self._db.execute(query, (scope, int(due_at), limit, offset)).fetchall()
+            rows = self._db.execute(query, (scope, due_at, *params, limit)).fetchall()
         except sqlite3.DatabaseError as exc:
             raise self._fail("read failed", exc) from exc
         return [PageState(PageKey(scope, url, variant), *columns)
@@ -710,20 +803,70 @@ class SQLiteStateStore(AdminStore):
     async def summarize_pages(self, scope: str, *, after: float, upto: float,
                               checked_before: float,
                               exclude_callbacks: Collection[str] = ()) -> PagesSummary:
-        excluded = tuple(exclude_callbacks)
-        query = (
-            "SELECT COUNT(*), COALESCE(SUM(size), 0), MIN(next_visit) FROM pages "  # noqa: S608 (placeholders only)
-            "WHERE scope = ? AND callback IS NOT NULL AND next_visit > ? AND next_visit <= ? "
-            "AND last_checked < ?"
-            + (f" AND callback NOT IN ({','.join('?' * len(excluded))})" if excluded else "")
-        )
-        bounds = (int(max(min(after, 2**62), -(2**62))), int(max(min(upto, 2**62), -(2**62))))
         try:
-            count, size, first = self._db.execute(
-                query, (scope, *bounds, checked_before, *excluded)).fetchone()
+            return self._summarize(scope, _clamp(after), _clamp(upto),
+                                   _clamp(checked_before, up=True), tuple(exclude_callbacks))
         except sqlite3.DatabaseError as exc:
             raise self._fail("read failed", exc) from exc
-        return PagesSummary(count, size, first)
+
+    def _summarize(self, scope: str, after: int, upto: int, checked_before: int,
+                   excluded: tuple[str, ...]) -> PagesSummary:
+        """:meth:`summarize_pages`: the sums of whole slots of next visits
+        (``page_sums``), less their pages checked at or after
+        *checked_before* (by last check: this crawl's), and the pages of
+        the two slots at the ends one by one (by next visit)."""
+        if upto <= after:
+            return PagesSummary()
+        not_excluded = (f" AND callback NOT IN ({','.join('?' * len(excluded))})"
+                        if excluded else "")
+        db = self._db
+        # Slots wholly inside (after, upto]: those strictly between the
+        # slots of its ends (a slot is a range of next visits).
+        low, high = (after + 1) // _SUM_SLOT, upto // _SUM_SLOT
+        ends = [(after, min(upto, (low + 1) * _SUM_SLOT - 1))]
+        if high > low:
+            ends.append((high * _SUM_SLOT - 1, upto))
+
+        def pages_in(first: int, last: int) -> tuple[int, int, int | None]:
+            """Pages of next visit in (first, last], one by one."""
+            count, size, least = db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(size), 0), MIN(next_visit) FROM pages "  # noqa: S608 (placeholders only)
+                "INDEXED BY pages_by_next_visit WHERE scope = ? AND callback IS NOT NULL "
+                "AND next_visit > ? AND next_visit <= ? AND last_checked < ?" + not_excluded,
+                (scope, first, last, checked_before, *excluded)).fetchone()
+            return count, size, least
+
+        pages = size = 0
+        first_due: int | None = None
+        head = pages_in(*ends[0])
+        pages, size, first_due = head[0], head[1], head[2]
+        if high - low > 1:
+            sums = {slot: (count, bytes_) for slot, count, bytes_ in db.execute(
+                "SELECT slot, SUM(pages), SUM(size) FROM page_sums "  # noqa: S608 (placeholders only)
+                "WHERE scope = ? AND slot > ? AND slot < ? AND pages != 0" + not_excluded
+                + " GROUP BY slot ORDER BY slot", (scope, low, high, *excluded))}
+            # This crawl's checks (last checked at or after checked_before)
+            # are in the sums: taken out again, by slot.
+            recent = {slot: (count, bytes_) for slot, count, bytes_ in db.execute(
+                f"SELECT {_slot_sql('next_visit')}, COUNT(*), SUM(size) FROM pages "  # noqa: S608 (constant SQL)
+                "INDEXED BY pages_by_last_checked WHERE scope = ? AND callback IS NOT NULL "
+                "AND last_checked >= ? AND next_visit >= ? AND next_visit < ?" + not_excluded
+                + " GROUP BY 1", (scope, checked_before, (low + 1) * _SUM_SLOT,
+                                  high * _SUM_SLOT, *excluded))}
+            for slot, (total, total_bytes) in sums.items():
+                less, less_bytes = recent.get(slot, (0, 0))
+                pages += total - less
+                size += total_bytes - less_bytes
+                if first_due is None and total > less:
+                    # The earliest of the first slot holding any: its pages.
+                    first_due = pages_in(slot * _SUM_SLOT - 1, (slot + 1) * _SUM_SLOT - 1)[2]
+        if len(ends) > 1:
+            tail = pages_in(*ends[1])
+            pages += tail[0]
+            size += tail[1]
+            if first_due is None:
+                first_due = tail[2]
+        return PagesSummary(pages, size, first_due)
 
     async def get_item_simhash(self, scope: str, item_key: str) -> int | None:
         row = self._db.execute(
@@ -864,6 +1007,13 @@ class SQLiteStateStore(AdminStore):
         if staged is not None:
             # What the flush will leave: the staged state, then the flags.
             self._pages[key] = staged.copy(flags=int(staged.flags) | int(add))
+
+    def stage_postpone(self, key: PageKey, was: float, next_visit: float) -> None:
+        self._staged += 1
+        self._ops.append((_POSTPONE, (int(next_visit), *key, int(was))))
+        staged = self._pages.get(key)
+        if staged is not None and staged.next_visit == int(was):
+            self._pages[key] = staged.copy(next_visit=int(next_visit))
 
     @property
     def pending(self) -> int:
