@@ -233,15 +233,28 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 16: a crawl start costs what is due, not the scope's size. The pages
     # that can be requested again by next visit (the due pages, read in
-    # their order, after the last one read) and by last check (this crawl's
-    # checks, left out of the sums below); and the sums of those pages per
+    # their order, after the last one read); the sums of those pages per
     # callback and slot of next visits (_SUM_SLOT seconds), kept by
-    # triggers at every write, built here once from the pages there are.
+    # triggers at every write, built here once from the pages there are;
+    # and per scope the pages checked since its last crawl started (its
+    # mark), which the sums count and a summary of the pages not checked
+    # this crawl takes out again, and the latest last check ever written.
     f"""
     CREATE INDEX pages_by_next_visit ON pages (scope, next_visit, url, variant)
         WHERE callback IS NOT NULL;
-    CREATE INDEX pages_by_last_checked ON pages (scope, last_checked)
-        WHERE callback IS NOT NULL;
+    CREATE TABLE check_marks (
+        scope TEXT PRIMARY KEY,
+        mark INTEGER,
+        latest INTEGER
+    ) WITHOUT ROWID;
+    CREATE TABLE page_checks (
+        scope TEXT NOT NULL,
+        url TEXT NOT NULL,
+        variant TEXT NOT NULL,
+        PRIMARY KEY (scope, url, variant)
+    ) WITHOUT ROWID;
+    INSERT INTO check_marks (scope, latest)
+    SELECT scope, MAX(last_checked) FROM pages GROUP BY scope;
     CREATE TABLE page_sums (
         scope TEXT NOT NULL,
         callback TEXT NOT NULL,
@@ -480,6 +493,8 @@ class SQLiteStateStore(AdminStore):
         self._pages: dict[PageKey, PageState] = {}
         self._links: dict[PageKey, str | None] = {}
         self._item_fps: dict[tuple[str, str], str] = {}
+        # Per scope, the last check each staged write gives a page.
+        self._checks: dict[str, dict[tuple[str, str], int]] = {}
         #: Staged writes (one per stage_* call; an item takes two statements).
         self._staged = 0
         self._db = self._connect()
@@ -820,6 +835,20 @@ class SQLiteStateStore(AdminStore):
         not_excluded = (f" AND callback NOT IN ({','.join('?' * len(excluded))})"
                         if excluded else "")
         db = self._db
+        marks = db.execute("SELECT mark, latest FROM check_marks WHERE scope = ?",
+                           (scope,)).fetchone()
+        mark, latest = marks or (None, None)
+        if latest is not None and checked_before <= latest and (
+                mark is None or checked_before < mark):
+            # The pages checked at or after checked_before are not known one
+            # by one (no crawl took the scope since, a clock that went
+            # back): every page of the scope is read.
+            count, size, first = db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(size), 0), MIN(next_visit) FROM pages "  # noqa: S608 (placeholders only)
+                "NOT INDEXED WHERE scope = ? AND callback IS NOT NULL AND next_visit > ? "
+                "AND next_visit <= ? AND last_checked < ?" + not_excluded,
+                (scope, after, upto, checked_before, *excluded)).fetchone()
+            return PagesSummary(count, size, first)
         # Slots wholly inside (after, upto]: those strictly between the
         # slots of its ends (a slot is a range of next visits).
         low, high = (after + 1) // _SUM_SLOT, upto // _SUM_SLOT
@@ -848,11 +877,12 @@ class SQLiteStateStore(AdminStore):
             # This crawl's checks (last checked at or after checked_before)
             # are in the sums: taken out again, by slot.
             recent = {slot: (count, bytes_) for slot, count, bytes_ in db.execute(
-                f"SELECT {_slot_sql('next_visit')}, COUNT(*), SUM(size) FROM pages "  # noqa: S608 (constant SQL)
-                "INDEXED BY pages_by_last_checked WHERE scope = ? AND callback IS NOT NULL "
-                "AND last_checked >= ? AND next_visit >= ? AND next_visit < ?" + not_excluded
-                + " GROUP BY 1", (scope, checked_before, (low + 1) * _SUM_SLOT,
-                                  high * _SUM_SLOT, *excluded))}
+                f"SELECT {_slot_sql('p.next_visit')}, COUNT(*), SUM(p.size) "  # noqa: S608 (constant SQL)
+                "FROM page_checks c JOIN pages p ON p.scope = c.scope AND p.url = c.url "
+                "AND p.variant = c.variant WHERE c.scope = ? AND p.callback IS NOT NULL "
+                "AND p.last_checked >= ? AND p.next_visit >= ? AND p.next_visit < ?"
+                + not_excluded.replace("callback", "p.callback") + " GROUP BY 1",
+                (scope, checked_before, (low + 1) * _SUM_SLOT, high * _SUM_SLOT, *excluded))}
             for slot, (total, total_bytes) in sums.items():
                 less, less_bytes = recent.get(slot, (0, 0))
                 pages += total - less
@@ -935,6 +965,7 @@ class SQLiteStateStore(AdminStore):
     def stage_page(self, state: PageState) -> None:
         self._staged += 1
         self._pages[state.key] = state
+        self._checked(state.key, state.last_checked)
         self._ops.append((_UPSERT_PAGE, (
             *state.key, state.etag, state.last_modified, state.fingerprint, state.size,
             state.last_status, int(state.first_seen), int(state.last_checked),
@@ -954,6 +985,7 @@ class SQLiteStateStore(AdminStore):
         lastmod_ = None if lastmod is None else int(lastmod)
         interval, next_visit = (None, None) if schedule is None else map(int, schedule)
         etag, last_modified = validators or (None, None)
+        self._checked(key, when)
         self._ops.append((_UPSERT_CHECK, (
             *key, status, int(when), int(when), lastmod_,
             interval, next_visit, etag, last_modified, interval, next_visit,
@@ -964,12 +996,14 @@ class SQLiteStateStore(AdminStore):
         callback: str | None = None, recipe: str | None = None,
     ) -> None:
         self._staged += 1
+        self._checked(key, when)
         self._ops.append((_UPSERT_FAILURE, (
             *key, status, int(when), int(when), failures, int(next_visit), callback, recipe,
         )))
 
     def stage_redirect(self, key: PageKey, target: str, status: int, when: float) -> None:
         self._staged += 1
+        self._checked(key, when)
         self._ops.append((_UPSERT_REDIRECT, (*key, status, int(when), int(when), target)))
 
     def stage_item(self, record: ItemRecord) -> None:
@@ -1008,6 +1042,13 @@ class SQLiteStateStore(AdminStore):
             # What the flush will leave: the staged state, then the flags.
             self._pages[key] = staged.copy(flags=int(staged.flags) | int(add))
 
+    def _checked(self, key: PageKey, when: float) -> None:
+        """A staged write sets the page's last check to *when* (or an
+        earlier write's; the highest kept: a page noted is read again)."""
+        checked = self._checks.setdefault(key.scope, {})
+        place = (key.url, key.variant)
+        checked[place] = max(int(when), checked.get(place, int(when)))
+
     def stage_postpone(self, key: PageKey, was: float, next_visit: float) -> None:
         self._staged += 1
         self._ops.append((_POSTPONE, (int(next_visit), *key, int(was))))
@@ -1033,6 +1074,7 @@ class SQLiteStateStore(AdminStore):
                 # Runs of the same statement go to SQLite in one call.
                 for sql, group in groupby(self._ops, key=itemgetter(0)):
                     db.executemany(sql, [params for _, params in group])
+                self._note_checks()
                 db.execute("COMMIT")
             except BaseException:
                 _rollback(db)
@@ -1049,6 +1091,7 @@ class SQLiteStateStore(AdminStore):
             raise self._fail("commit failed", exc) from exc
         count, self._staged = self._staged, 0
         self._ops.clear()
+        self._checks.clear()
         self._pages.clear()
         self._links.clear()
         self._item_fps.clear()
@@ -1239,6 +1282,7 @@ class SQLiteStateStore(AdminStore):
                 db.execute("DELETE FROM holds WHERE scope = ?", (scope,))
                 db.execute("INSERT INTO holds (scope, holder, expires) VALUES (?, ?, ?)",
                            (scope, holder, now + ttl))
+                self._mark_checks(scope, math.floor(now))
                 db.execute("COMMIT")
             except BaseException:
                 _rollback(db)
@@ -1246,6 +1290,40 @@ class SQLiteStateStore(AdminStore):
         except sqlite3.DatabaseError as exc:
             raise self._fail("write failed", exc) from exc
         return None
+
+    def _mark_checks(self, scope: str, at: int) -> None:
+        """A crawl of *scope* starts at *at*: its checks are noted one by one
+        from then on (``page_checks``, written by the flushes), so that a
+        summary leaves them out without reading every page. Not when a page
+        was checked at or after *at* already (a clock that went back): no
+        mark then, and such summaries read every page."""
+        db = self._db
+        mark, latest = db.execute("SELECT mark, latest FROM check_marks WHERE scope = ?",
+                                  (scope,)).fetchone() or (None, None)
+        if mark == at:
+            return
+        db.execute("DELETE FROM page_checks WHERE scope = ?", (scope,))
+        db.execute("INSERT INTO check_marks (scope, mark, latest) VALUES (?, ?, ?) "
+                   "ON CONFLICT (scope) DO UPDATE SET mark = excluded.mark",
+                   (scope, None if latest is not None and latest >= at else at, latest))
+
+    def _note_checks(self) -> None:
+        """In the flush's transaction: each scope's latest last check, and
+        its pages checked since its mark (see :meth:`_mark_checks`)."""
+        db = self._db
+        for scope, checked in self._checks.items():
+            mark, latest = db.execute("SELECT mark, latest FROM check_marks WHERE scope = ?",
+                                      (scope,)).fetchone() or (None, None)
+            highest = max(checked.values())
+            if latest is None or highest > latest:
+                db.execute("INSERT INTO check_marks (scope, latest) VALUES (?, ?) "
+                           "ON CONFLICT (scope) DO UPDATE SET latest = excluded.latest",
+                           (scope, highest))
+            if mark is not None:
+                db.executemany(
+                    "INSERT OR IGNORE INTO page_checks (scope, url, variant) VALUES (?, ?, ?)",
+                    [(scope, url, variant) for (url, variant), when in checked.items()
+                     if when >= mark])
 
     async def release_scope(self, scope: str, holder: str) -> None:
         self._write(("DELETE FROM holds WHERE scope = ? AND holder = ?", (scope, holder)))
@@ -1376,6 +1454,7 @@ class SQLiteStateStore(AdminStore):
         changed = self._write(*(
             (f"DELETE FROM {table} WHERE scope = ?", (scope,))  # noqa: S608 (constant SQL)
             for table, _ in _SCOPE_TABLES),
-            ("DELETE FROM slot_rates WHERE scope = ?", (scope,)))
-        return Removed(**{name: n for (_, name), n in zip(_SCOPE_TABLES, changed[:-1],
+            *((f"DELETE FROM {table} WHERE scope = ?", (scope,))  # noqa: S608 (constant SQL)
+              for table in ("slot_rates", "page_sums", "page_checks", "check_marks")))
+        return Removed(**{name: n for (_, name), n in zip(_SCOPE_TABLES, changed[:-4],
                                                           strict=True)})
