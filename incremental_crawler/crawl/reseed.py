@@ -35,8 +35,12 @@ whose last answer was a 2xx or 304, on a host whose lastmods are trusted,
 stays "due" by its schedule but is not requested (its lastmod is
 authoritative): counted skipped, except the rotating sample
 (:mod:`incremental_crawler.change.sample`), per host. Such pages are read
-past, so they never crowd out the pages really due. Each request carries
-its why (META_WHY).
+past, so they never crowd out the pages really due, and each one skipped
+moves on by its interval in the store (``incremental/reseed/postponed``), so
+the next crawls do not read past it again before then. Each request carries
+its why (META_WHY). The due pages are read in pages of ``_READ``, each
+after the last page read (a store answers at the cost of what it reads),
+and the pages not due are counted from the store's sums.
 
 Spiders steer it with optional attributes, looked up on the spider:
 ``incremental_reseed = False`` turns it off (as does

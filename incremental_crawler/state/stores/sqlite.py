@@ -876,9 +876,12 @@ class SQLiteStateStore(AdminStore):
                 + " GROUP BY slot ORDER BY slot", (scope, low, high, *excluded))}
             # This crawl's checks (last checked at or after checked_before)
             # are in the sums: taken out again, by slot.
-            recent = {slot: (count, bytes_) for slot, count, bytes_ in db.execute(
+            # (None when no page was checked at or after it.) CROSS JOIN:
+            # from the checks noted to their pages, never the other way.
+            recent = {} if latest is None or checked_before > latest else {
+                slot: (count, bytes_) for slot, count, bytes_ in db.execute(
                 f"SELECT {_slot_sql('p.next_visit')}, COUNT(*), SUM(p.size) "  # noqa: S608 (constant SQL)
-                "FROM page_checks c JOIN pages p ON p.scope = c.scope AND p.url = c.url "
+                "FROM page_checks c CROSS JOIN pages p ON p.scope = c.scope AND p.url = c.url "
                 "AND p.variant = c.variant WHERE c.scope = ? AND p.callback IS NOT NULL "
                 "AND p.last_checked >= ? AND p.next_visit >= ? AND p.next_visit < ?"
                 + not_excluded.replace("callback", "p.callback") + " GROUP BY 1",
