@@ -45,6 +45,15 @@ What it measures
        INCREMENTAL_ITEM_HISTORY=10, then the page: the same figures.
     3. A capacity table: the figures above taken to a node's memory, a
        server's CPU, an AOF's disk and a single SQLite writer.
+    4. ``--crawl-start`` (alone): what a crawl reads before its first
+       request (the first 10,000 due pages, the re-seeder's two summaries)
+       at ``--start-pages`` (100,000, 1,000,000 and 10,000,000) with this
+       tree's code, and at ``--start-old-pages`` (100,000 and 1,000,000)
+       with the base commit's (``--start-ref``, read from git into a
+       worktree of its own), each store and version in a process of its
+       own (``bench/_crawl_start.py``), with bytes per page, write rate and
+       flush times; sizes from ``--start-bulk-from`` (2,000,000) are
+       written by a bulk path (see that module). ~45 minutes.
 
 How to read it
     Ratios are ours / baseline (redis-3 / redis-2). The target: Redis bytes

@@ -278,7 +278,8 @@ class StateStore(ABC):
     and 26 others); the others have defaults in terms of them
     (:meth:`get_pages`, :meth:`summarize_pages`, :meth:`close`,
     :meth:`exists`) or keep nothing (remembered politeness rates, delivery
-    marks, :meth:`stage_postpone`). ``scrapy state`` and ``scrapy items`` need :class:`AdminStore` too.
+    marks, :meth:`stage_postpone`). ``scrapy state`` and ``scrapy items`` need
+    :class:`AdminStore` too.
     """
 
     #: Where the store lives, for messages (a path or a URI without secrets).
