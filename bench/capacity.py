@@ -45,6 +45,15 @@ What it measures
        INCREMENTAL_ITEM_HISTORY=10, then the page: the same figures.
     3. A capacity table: the figures above taken to a node's memory, a
        server's CPU, an AOF's disk and a single SQLite writer.
+    4. ``--crawl-start`` (alone): what a crawl reads before its first
+       request (the first 10,000 due pages, the re-seeder's two summaries)
+       at ``--start-pages`` (100,000, 1,000,000 and 10,000,000) with this
+       tree's code, and at ``--start-old-pages`` (100,000 and 1,000,000)
+       with the base commit's (``--start-ref``, read from git into a
+       worktree of its own), each store and version in a process of its
+       own (``bench/_crawl_start.py``), with bytes per page, write rate and
+       flush times; sizes from ``--start-bulk-from`` (2,000,000) are
+       written by a bulk path (see that module). ~45 minutes.
 
 How to read it
     Ratios are ours / baseline (redis-3 / redis-2). The target: Redis bytes
@@ -66,6 +75,7 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
+import json
 import random
 import shutil
 import socket
@@ -510,6 +520,117 @@ def capacity_table(state: dict[str, list[Point]], args: argparse.Namespace) -> N
     print_table(["store", "limit", "figure", "note"], rows)
 
 
+# -- crawl start: what is due, not the store's size (--crawl-start) ------------------
+
+#: The commit before the due indexes and sums (schema 16, layout 4).
+BASE_REF = "9ea4d4b93721ff17cd2c5abc745eda1c01effe33"
+#: The crawl-start targets: at 10 M pages, at most this, and at most this
+#: many times the figure at 100,000.
+START_TARGET_S = 2.0
+START_TARGET_GROWTH = 4.0
+
+
+def crawl_start_run(args: argparse.Namespace) -> int:
+    """The crawl-start cost (bench/_crawl_start.py) of both stores, this
+    tree's code at ``--start-pages`` and the base commit's (read from git
+    into a worktree of its own) at ``--start-old-pages``, side by side."""
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-crawl-start-") as tmp:
+        work = Path(tmp)
+        old_tree = work / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", str(old_tree), args.start_ref],
+                       cwd=REPO, check=True, capture_output=True, timeout=120)
+        try:
+            for store in ("sqlite", "redis"):
+                for version, code, sizes in (("new", REPO, args.start_pages),
+                                             ("old", old_tree, args.start_old_pages)):
+                    if not sizes:
+                        continue
+                    results[store, version] = crawl_start_child(
+                        store, code, sorted(sizes), work / f"{store}-{version}", args)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(old_tree)],
+                           cwd=REPO, check=False, capture_output=True, timeout=120)
+    print_crawl_start(results, args)
+    return 0
+
+
+def crawl_start_child(store: str, code: Path, sizes: list[int], work: Path,
+                      args: argparse.Namespace) -> list[dict[str, Any]]:
+    work.mkdir()
+    server = PrivateRedis(work) if store == "redis" else None
+    command = [sys.executable, str(Path(__file__).parent / "_crawl_start.py"),
+               "--code", str(code), "--store", store, "--work", str(work),
+               "--bulk-from", str(args.start_bulk_from), "--sizes", *map(str, sizes)]
+    if server is not None:
+        command += ["--redis-uri", server.uri]
+    label = f"{store} ({'this tree' if code == REPO else args.start_ref[:10]})"
+    print(f"... crawl start, {label}: {', '.join(f'{n:,}' for n in sizes)} pages",
+          file=sys.stderr)
+    points: list[dict[str, Any]] = []
+    try:
+        with subprocess.Popen(command, stdout=subprocess.PIPE, text=True,
+                              cwd=work) as child:
+            assert child.stdout is not None
+            for line in child.stdout:
+                point = json.loads(line)
+                if "code" in point:
+                    if Path(point["code"]).resolve() != code.resolve():
+                        child.kill()
+                        raise SystemExit(f"{label}: imported {point['code']}, not {code}")
+                    continue
+                print(f"    {label} at {point['pages']:,}: start {point['start_s']:.2f} s",
+                      file=sys.stderr)
+                points.append(point)
+            if child.wait() != 0:
+                raise SystemExit(f"{label}: the measuring process failed")
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return points
+
+
+def print_crawl_start(results: dict[tuple[str, str], list[dict[str, Any]]],
+                      args: argparse.Namespace) -> None:
+    print(f"Crawl start (a day after the pages' checks: ~1/7 of them due), one scope, "
+          f"state alone; old = {args.start_ref[:10]} (offset paging, summaries of "
+          "every page), new = this tree:")
+    rows = [[
+        store, version, f"{p['pages']:,}" + (" (bulk)" if p["bulk"] else ""),
+        f"{p['due_read_s']:.3f}", f"{p['summaries_s']:.3f}", f"{p['start_s']:.3f}",
+        f"{p.get('server_cpu_s', 0):.2f}" if store == "redis" else "",
+        f"{p['bytes_per_page']:,.0f}", f"{p['write_pages_per_s']:,.0f}",
+        f"{p['flush_ms_median']:.0f} / {p['flush_ms_max']:.0f}",
+        f"{p['migrate_s']:.0f}" if "migrate_s" in p else "",
+        f"{p['due'][0]:,} / {p['rest'][0]:,}"]
+        for (store, version), points in results.items() for p in points]
+    print_table(["store", "code", "pages", "10,000 due pages s", "summaries s",
+                 "crawl start s", "redis CPU s", "B/page", "write pages/s",
+                 "flush ms (median / max)", "migration s", "due / not due"], rows)
+    for store in ("sqlite", "redis"):
+        new, old = results.get((store, "new"), []), results.get((store, "old"), [])
+        for o in old:
+            n = next((p for p in new if p["pages"] == o["pages"]), None)
+            if n is None:
+                continue
+            same = (n["due"], n["rest"]) == (o["due"], o["rest"])
+            print(f"{store} at {o['pages']:,} pages, new / old: crawl start "
+                  f"{ratio(n['start_s'], o['start_s'])}, 10,000 due pages "
+                  f"{ratio(n['due_read_s'], o['due_read_s'])}, summaries "
+                  f"{ratio(n['summaries_s'], o['summaries_s'])}, bytes/page "
+                  f"{ratio(n['bytes_per_page'], o['bytes_per_page'])}, write pages/s "
+                  f"{ratio(n['write_pages_per_s'], o['write_pages_per_s'])}; the same "
+                  f"figures (due, not due: pages, bytes, first due): {verdict(same)}")
+        if new:
+            small, big = new[0], new[-1]
+            growth = big["start_s"] / small["start_s"]
+            print(f"{store} crawl start at {big['pages']:,} pages: {big['start_s']:.2f} s "
+                  f"(target <= {START_TARGET_S} s), {growth:.1f}x its {small['pages']:,}-page "
+                  f"figure (target <= {START_TARGET_GROWTH}x): "
+                  f"{verdict(big['start_s'] <= START_TARGET_S and growth <= START_TARGET_GROWTH)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pages", type=int, nargs="+", default=[10_000, 100_000, 1_000_000],
@@ -523,7 +644,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", choices=("crawl", "filler"), default="crawl",
                    help="pages as a sitemap crawl stores them, or redis_store.py's filler")
     p.add_argument("--baseline-ref", help="git commit of the layout-2 store (found by default)")
+    p.add_argument("--crawl-start", action="store_true",
+                   help="measure the crawl-start cost only (old and new code side by side)")
+    p.add_argument("--start-pages", type=int, nargs="+",
+                   default=[100_000, 1_000_000, 10_000_000],
+                   help="sizes of the crawl-start run, this tree (100000 1000000 10000000)")
+    p.add_argument("--start-old-pages", type=int, nargs="*", default=[100_000, 1_000_000],
+                   help="sizes of the crawl-start run, the base commit (100000 1000000)")
+    p.add_argument("--start-ref", default=BASE_REF, help="the base commit (old code)")
+    p.add_argument("--start-bulk-from", type=int, default=2_000_000,
+                   help="sizes from this one up are written by the bulk path (2000000)")
     args = p.parse_args(argv)
+    if args.crawl_start:
+        if shutil.which("redis-server") is None:
+            raise SystemExit("redis-server is not on PATH")
+        return crawl_start_run(args)
     sizes = sorted(set(args.pages + ([3_000_000] if args.big else [])))
     if shutil.which("redis-server") is None:
         raise SystemExit("redis-server is not on PATH")

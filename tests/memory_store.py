@@ -33,9 +33,12 @@ from incremental_crawler.state.records import (
 )
 from incremental_crawler.state.stores.base import (
     AdminStore,
+    DueAfter,
     Removed,
     StateStore,
     UrlRecord,
+    checked_after,
+    due_after,
     holder_gone,
     host_of,
     item_history_setting,
@@ -113,11 +116,13 @@ class MemoryStore(StateStore):
         return self.state.links.get(key)
 
     async def get_due(self, scope: str, now: float, limit: int,
-                      offset: int = 0) -> list[PageState]:
+                      after: DueAfter | None = None) -> list[PageState]:
+        after = checked_after(after)
         due = sorted((s for k, s in self.state.pages.items()
-                      if k.scope == scope and s.callback is not None and s.next_visit <= now),
-                     key=lambda s: (s.next_visit, s.key.url, s.key.variant))
-        return [s.copy() for s in due[offset:offset + limit]]
+                      if k.scope == scope and s.callback is not None and s.next_visit <= now
+                      and (after is None or due_after(s) > after)),
+                     key=due_after)
+        return [s.copy() for s in due[:limit]]
 
     def _latest(self, scope: str, item_key: str) -> ItemRecord | None:
         versions = self.state.items.get((scope, item_key))
@@ -232,6 +237,12 @@ class MemoryStore(StateStore):
     def stage_flags(self, key: PageKey, add: int) -> None:
         def change(page: PageState) -> None:
             page.flags |= add
+        self._stage_change(key, change)
+
+    def stage_postpone(self, key: PageKey, was: float, next_visit: float) -> None:
+        def change(page: PageState) -> None:
+            if page.next_visit == was:
+                page.next_visit = next_visit
         self._stage_change(key, change)
 
     def stage_listing(self, key: PageKey, listing: str) -> None:

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import math
+import random
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -32,6 +33,7 @@ from incremental_crawler.state.records import (
     PageState,
 )
 from incremental_crawler.state.stores import StateStoreError, open_store
+from incremental_crawler.state.stores.base import due_after
 from incremental_crawler.state.stores.packed import LUA_CODEC, pack, unpack
 from incremental_crawler.state.stores.packed import due_of as packed_due_of
 from incremental_crawler.state.stores.redis import (
@@ -519,8 +521,9 @@ async def test_revisit_index_holds_buckets_by_a_lower_bound_of_their_next_visits
 ) -> None:
     """Not only in the reads: the Lua writes keep a page's bucket in the
     revisit index (a gone page's too), its score never above the next visit
-    of a page with a callback in it; a summary, which reads every page of
-    the bucket, sets it to their exact minimum."""
+    of a page with a callback in it; a reading of the due pages that finds
+    a bucket's pages all after its bound has the next flush set it to their
+    exact minimum (a summary reads sums, not buckets)."""
     due = f"{redis_prefix}:dueb:{SCOPE}"
     gone, flagged = PageKey(SCOPE, f"{URL}/gone"), PageKey(SCOPE, f"{URL}/flagged")
     store = open_at(redis_prefix)
@@ -544,13 +547,15 @@ async def test_revisit_index_holds_buckets_by_a_lower_bound_of_their_next_visits
         summary = await call(store.summarize_pages(
             SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))
         assert (summary.pages, summary.first_due) == (2, 30)
+        assert shared.zscore(due, "example.com|0") == 10
+        await call(store.flush())
         assert shared.zscore(due, "example.com|0") == 30
         # A bucket left with no page with a callback leaves the index.
         assert store.forget_page(SCOPE, gone.url).pages == 1
         store.stage_page(full_state(flagged, 2))
         await call(store.flush())
-        await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                         checked_before=math.inf))
+        assert await call(store.get_due(SCOPE, 60, 10)) == []
+        await call(store.flush())
         assert not shared.exists(due)
     finally:
         await call(store.close())
@@ -590,15 +595,17 @@ async def test_a_host_grows_by_splitting_one_bucket_at_a_time(
         store.stage_check(expected[0], 304, 1_760_000_000, schedule=(3600, 1_999))
         await call(store.flush())  # its bucket's bound is now low
         expected = expected[1:] + expected[:1]
-        got = []
-        for offset in range(0, 700, 64):
-            got += [s.key for s in await call(store.get_due(SCOPE, 1_999, 64, offset))]
-        assert got == expected
+        got: list[PageState] = []
+        for _ in range(0, 700, 64):
+            got += await call(store.get_due(SCOPE, 1_999, 64,
+                                            due_after(got[-1]) if got else None))
+        assert [s.key for s in got] == expected
         # A page asked again, or after a flush: read afresh, the same.
-        assert [s.key for s in await call(store.get_due(SCOPE, 1_999, 64, 64))] == got[64:128]
+        assert await call(store.get_due(SCOPE, 1_999, 64, due_after(got[63]))) == got[64:128]
         store.stage_host(HostTrust(SCOPE, "big.example", checks=1))
         await call(store.flush())
-        assert [s.key for s in await call(store.get_due(SCOPE, 1_999, 64, 128))] == got[128:192]
+        assert await call(store.get_due(SCOPE, 1_999, 64, due_after(got[127]))) == got[128:192]
+        got = [s.key for s in got]
         assert [s.key for s in await call(store.get_due(SCOPE, 1_500, 1_000))] == [
             k for k in expected if visits[k] <= 1_500 and k != expected[-1]]
 
@@ -633,7 +640,7 @@ async def test_paging_through_due_pages_while_another_worker_splits_buckets(
         for key, visit in visits.items():
             writer.stage_page(realistic_state(key).copy(next_visit=visit))
         await call(writer.flush())
-        got = [s.key for s in await call(reader.get_due(SCOPE, 5_000, 10))]
+        read = await call(reader.get_due(SCOPE, 5_000, 10))
         # late.example's one bucket is not read yet; its due pages are
         # split over new buckets by pages another worker adds.
         for n in range(30, 90):
@@ -641,9 +648,9 @@ async def test_paging_through_due_pages_while_another_worker_splits_buckets(
                               .copy(next_visit=10**9))
         await call(writer.flush())
         assert shared.hget(f"{redis_prefix}:hd:{{{SCOPE}|late.example}}", "n") != b"1"
-        for offset in range(10, 1_000, 250):
-            got += [s.key for s in await call(reader.get_due(SCOPE, 5_000, 250, offset))]
-        assert got == sorted(visits, key=lambda k: (visits[k], k.url))
+        for _ in range(10, 1_000, 250):
+            read += await call(reader.get_due(SCOPE, 5_000, 250, due_after(read[-1])))
+        assert [s.key for s in read] == sorted(visits, key=lambda k: (visits[k], k.url))
     finally:
         await call(reader.close())
         await call(writer.close())
@@ -1216,3 +1223,109 @@ async def test_latest_versions_read_while_a_crawl_writes_are_never_lost(
     finally:
         await call(crawl.close())
         await call(reader.close())
+
+
+# -- sums of pages by next visit (layout 4) -----------------------------------
+
+
+def sums_states(n: int = 300) -> list[PageState]:
+    rng = random.Random(4)
+    return [full_state(PageKey(SCOPE, f"https://h{i % 4}.example/p/{i}"), 1,
+                       next_visit=rng.randrange(0, 20_000), last_checked=rng.randrange(0, 900),
+                       size=rng.randrange(0, 9_000),
+                       callback=rng.choice(("parse", "parse", "parse_list", None)))
+            for i in range(n)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_summary_reads_sums_not_pages_once_a_crawl_took_the_scope(
+    redis_prefix: str, shared: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a crawl took the scope, its summaries (the re-seeder's, of the
+    pages not checked this crawl) come from the sums and this crawl's
+    checks, never from every page; before, or for a time before its start,
+    every page is read (and the answer is the same)."""
+    states = sums_states()
+    store = open_at(redis_prefix)
+    try:
+        for state in states:
+            store.stage_page(state)
+        await call(store.flush())
+        scans: list[float] = []
+        scan = store._summarize_scan
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            scans.append(kwargs["checked_before"])
+            return await scan(*args, **kwargs)
+
+        monkeypatch.setattr(store, "_summarize_scan", counted)
+
+        async def summary(checked_before: float) -> tuple[int, int, float | None]:
+            return tuple(await call(store.summarize_pages(
+                SCOPE, after=5_000, upto=math.inf, checked_before=checked_before,
+                exclude_callbacks=("parse_list",))))
+
+        def expected(checked_before: float) -> tuple[int, int, float | None]:
+            chosen = [s for s in states if s.callback == "parse" and s.next_visit > 5_000
+                      and s.last_checked < checked_before]
+            return (len(chosen), sum(s.size for s in chosen),
+                    min((s.next_visit for s in chosen), default=None))
+
+        assert await summary(math.inf) == expected(math.inf)  # beyond every check
+        assert await summary(500) == expected(500)  # no crawl took the scope: read
+        assert scans == [500]
+        assert store.take_scope(SCOPE, "crawl", 60, 1_000.5) is None
+        checked = states[:40]
+        for n, state in enumerate(checked):
+            store.stage_check(state.key, 304, 1_000 + n, schedule=(60, 6_000 + n))
+        await call(store.flush())
+        current = {s.key: s for s in store.iter_pages(SCOPE)}
+        states = [current[s.key] for s in states]
+        assert await summary(1_001) == expected(1_001)
+        assert await summary(1_020) == expected(1_020)
+        assert scans == [500]  # from the sums, this crawl's checks taken out
+        assert await summary(999) == expected(999)  # before the crawl took it
+        assert scans == [500, 999]
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_layout_3_store_gets_its_sums_built_once(
+    redis_prefix: str, shared: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store of layout 3 (no sums) is migrated: its sums are built from
+    every page once; nothing else changes, and summaries are right."""
+    states = sums_states()
+    store = open_at(redis_prefix)
+    try:
+        for state in states:
+            store.stage_page(state)
+        await call(store.flush())
+    finally:
+        await call(store.close())
+    before = {k: shared.dump(k) for k in prefix_keys(redis_prefix)
+              if k.split(b":")[1] not in (b"nvs", b"nvf", b"nvm", b"ck", b"meta")}
+    for key in prefix_keys(redis_prefix):
+        if key.split(b":")[1] in (b"nvs", b"nvf", b"nvm", b"ck"):
+            shared.delete(key)
+    shared.hset(f"{redis_prefix}:meta", "version", 3)
+    caplog.set_level(logging.INFO, logger="incremental_crawler.state.stores.redis.store")
+    store = open_at(redis_prefix)
+    try:
+        assert shared.hgetall(f"{redis_prefix}:meta") == {
+            b"layout": LAYOUT.encode(), b"version": str(LAYOUT_VERSION).encode()}
+        assert {k: shared.dump(k) for k in prefix_keys(redis_prefix)
+                if k.split(b":")[1] not in (b"nvs", b"nvf", b"nvm", b"ck", b"meta")} == before
+        assert any(f"the sums of the {len(states)} pages of scope" in r.getMessage()
+                   for r in caplog.records)
+        for after, upto, checked_before in ((-math.inf, math.inf, math.inf),
+                                            (3_000, 15_000, 500), (-1, 7_777, math.inf)):
+            chosen = [s for s in states if s.callback is not None and after < s.next_visit <= upto
+                      and s.last_checked < checked_before]
+            assert tuple(await call(store.summarize_pages(
+                SCOPE, after=after, upto=upto, checked_before=checked_before))) == (
+                len(chosen), sum(s.size for s in chosen),
+                min((s.next_visit for s in chosen), default=None))
+    finally:
+        await call(store.close())

@@ -219,6 +219,40 @@ async def test_a_sitemap_answering_304_reseeds_only_what_its_lastmods_do_not_vou
     assert stats.get_value("incremental/schedule/skipped/lastmod_unchanged") == 4
 
 
+@pytest_twisted.ensureDeferred
+async def test_vouched_pages_skipped_move_on_by_their_interval_and_are_not_read_again(
+    site, crawl, monkeypatch
+):
+    """A page a trusted lastmod vouches for, skipped (not sampled), moves on
+    by its interval: the next crawl's re-seed does not read it again (it
+    used to read past every vouched page at every crawl start)."""
+    paths = add_pages(site, 6, kinds=("strong",))
+    fixed_sitemap(site, paths, etag='"s-1"', undated=("/p/0005",))
+    sitemap = site.url("/s.xml")
+    await crawl(SitemapPagesSpider, settings=REVISITS, sitemap_url=sitemap)
+    later(monkeypatch, 2 * DAY)
+    second = await crawl(SitemapPagesSpider, settings=REVISITS, sitemap_url=sitemap)
+    assert second.stats.get_value("incremental/schedule/skipped/lastmod_unchanged") == 4
+    assert second.stats.get_value("incremental/reseed/postponed") == 4
+    # A minute later: the four are not due (a day on), the two requested
+    # were rescheduled by their visits: nothing is read past, nothing asked.
+    later(monkeypatch, 2 * DAY + 60)
+    site.reset_log()
+    third = await crawl(SitemapPagesSpider, settings=REVISITS, sitemap_url=sitemap)
+    assert page_requests(site) == []
+    stats = third.stats
+    assert stats.get_value("incremental/schedule/skipped/lastmod_unchanged") is None
+    assert stats.get_value("incremental/reseed/postponed") is None
+    assert stats.get_value("incremental/schedule/not_due") == 6
+    # A day and a half on, they are due again (the sampled one too): read,
+    # one sampled, the others skipped and moved on again.
+    later(monkeypatch, 3 * DAY + DAY / 2)
+    fourth = await crawl(SitemapPagesSpider, settings=REVISITS, sitemap_url=sitemap)
+    assert fourth.stats.get_value("incremental/schedule/skipped/lastmod_unchanged") == 4
+    assert fourth.stats.get_value("incremental/schedule/requested/sampled") == 1
+    assert fourth.stats.get_value("incremental/reseed/postponed") == 4
+
+
 def rss(site, dates: dict[str, str]) -> str:
     rows = "".join(f"<item><title>{p}</title><link>{site.url(p)}</link>"
                    f"<pubDate>{date}</pubDate></item>" for p, date in dates.items())

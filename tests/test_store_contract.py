@@ -42,12 +42,13 @@ from incremental_crawler.state.records import (
     StoredVersion,
 )
 from incremental_crawler.state.stores import (
+    AdminStore,
     StateStore,
     StateStoreError,
     default_state_uri,
     open_store,
 )
-from incremental_crawler.state.stores.base import HostSummary, Removed
+from incremental_crawler.state.stores.base import HostSummary, Removed, due_after
 from incremental_crawler.state.stores.redis import RedisStateStore
 from incremental_crawler.state.stores.sqlite import (
     MIGRATIONS,
@@ -58,7 +59,7 @@ from incremental_crawler.state.stores.sqlite import (
 from tests.redis_util import REDIS_URI
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+    from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Iterator
     from contextlib import AbstractContextManager
 
     from twisted.internet.defer import Deferred
@@ -676,7 +677,7 @@ class StateStoreContract:
         assert await summary(5_000, math.inf) == (0, 0, None)
 
     @pytest_twisted.ensureDeferred
-    async def test_get_due_pages_through_the_due_pages_with_an_offset(
+    async def test_get_due_pages_through_the_due_pages_after_the_last_read(
         self, store: StateStore
     ) -> None:
         # Ties on next_visit included: the order is total, so pages of two
@@ -684,15 +685,105 @@ class StateStoreContract:
         for i, next_visit in enumerate((300, 100, 100, 200, 100, 900)):
             store.stage_page(full_state(PageKey(SCOPE, f"{URL}/{i}"), 1,
                                         next_visit=next_visit, callback="parse"))
+        store.stage_page(full_state(PageKey(SCOPE, f"{URL}/2", "v"), 1, next_visit=100,
+                                    callback="parse"))
         await call(store.flush())
-        read = []
-        for offset in range(0, 8, 2):
-            read += [s.key.url.rsplit("/", 1)[1]
-                     for s in await call(store.get_due(SCOPE, 500, 2, offset))]
-        assert read == ["1", "2", "4", "3", "0"]
+        read: list[str] = []
+        after = None
+        for _ in range(5):
+            due = await call(store.get_due(SCOPE, 500, 2, after))
+            read += [s.key.url.rsplit("/", 1)[1] + s.key.variant for s in due]
+            if due:
+                after = due_after(due[-1])
+        assert read == ["1", "2", "2v", "4", "3", "0"]
+        # Where a reader stopped need not be a page still due: the order
+        # goes on from the place (a page checked since moved on).
+        assert [s.key.url.rsplit("/", 1)[1] for s in await call(store.get_due(
+            SCOPE, 500, 10, (150, f"{URL}/9", "")))] == ["3", "0"]
         # An infinite bound (recheck all) lists every fetched page.
         every = await call(store.get_due(SCOPE, float("inf"), 10))
-        assert [s.key.url.rsplit("/", 1)[1] for s in every] == ["1", "2", "4", "3", "0", "5"]
+        assert [s.key.url.rsplit("/", 1)[1] + s.key.variant for s in every] == [
+            "1", "2", "2v", "4", "3", "0", "5"]
+
+    @pytest_twisted.ensureDeferred
+    async def test_summaries_stay_those_of_the_pages_through_every_kind_of_write(
+        self, make_store: MakeStore
+    ) -> None:
+        """A store that keeps sums of its pages (by next visit) keeps them
+        right through every write and repair: a summary is always what the
+        pages one by one say (a drift would show in a crawl's report)."""
+        rng = random.Random(16)
+        callbacks = ("parse", "parse", "parse_item", "parse_list", None)
+        keys = [PageKey(SCOPE, f"https://h{n % 3}.example.com/p/{n}",
+                        "gzip" if n % 11 == 0 else "") for n in range(150)]
+
+        def state(key: PageKey) -> PageState:
+            return full_state(key, 1, next_visit=rng.randrange(-1_500, 40_000),
+                              last_checked=rng.randrange(0, 6_000),
+                              size=rng.randrange(0, 90_000), callback=rng.choice(callbacks))
+
+        store = make_store()
+        # A crawl takes the scope before it writes: a store may note its
+        # checks from then on (the summaries below leave them out).
+        assert store.take_scope(SCOPE, "a crawl", 60, now=0) is None
+        for key in keys:
+            store.stage_page(state(key))
+        store.stage_page(full_state(PageKey("other", "https://h0.example.com/x"), 1,
+                                    next_visit=100, callback="parse"))
+        await call(store.flush())
+
+        async def check(store: StateStore) -> None:
+            states = list(store.iter_pages(SCOPE))
+            cuts = (-math.inf, -601, 0, 599, 600, 1_199, 7_777, 20_000, 39_999, math.inf)
+            for after in cuts:
+                for upto in cuts:
+                    for before in (-math.inf, 2_500, 5_999, math.inf):
+                        for excluded in ((), ("parse_list",), ("parse_list", "parse_item")):
+                            got = await call(store.summarize_pages(
+                                SCOPE, after=after, upto=upto, checked_before=before,
+                                exclude_callbacks=excluded))
+                            assert tuple(got) == brute_summary(
+                                states, after, upto, before, excluded), (after, upto, before)
+
+        await check(store)
+        # Every kind of write moves pages between times, callbacks and sizes.
+        for n, key in enumerate(keys):
+            match n % 6:
+                case 0:
+                    store.stage_page(state(key))
+                case 1:
+                    store.stage_check(key, 304, rng.randrange(0, 6_000),
+                                      schedule=(3_600, rng.randrange(0, 40_000)))
+                case 2:
+                    store.stage_failure(key, 503, rng.randrange(0, 6_000), failures=2,
+                                        next_visit=rng.randrange(0, 40_000),
+                                        callback="parse")
+                case 3:
+                    store.stage_redirect(key, "https://h0.example.com/", 301, 4_000)
+                case 4:
+                    store.stage_flags(key, PageFlags.GONE)
+                case _:
+                    store.stage_check(key, 304, 5_500)
+        for n in range(5):  # new pages, by a failure and by a check
+            store.stage_failure(PageKey(SCOPE, f"https://h1.example.com/new/{n}"), 0, 5_000,
+                                failures=1, next_visit=9_000 + n, callback="parse")
+            store.stage_check(PageKey(SCOPE, f"https://h1.example.com/checked/{n}"), 304, 5_000,
+                              schedule=(60, 9_100 + n))
+        await call(store.flush())
+        await check(store)
+        assert isinstance(store, AdminStore)
+        store.forget_page(SCOPE, keys[0].url)  # both variants
+        store.forget_page(SCOPE, keys[7].url)
+        store.forget_host(SCOPE, "h2.example.com")
+        await check(store)
+        await call(store.close())
+        store = make_store()  # what was stored, read again
+        await check(store)
+        store.reset_scope(SCOPE)
+        assert tuple(await call(store.summarize_pages(
+            SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))) == (0, 0, None)
+        assert tuple(await call(store.summarize_pages(
+            "other", after=-math.inf, upto=math.inf, checked_before=math.inf))) == (1, 1001, 100)
 
     @pytest_twisted.ensureDeferred
     async def test_host_trust_round_trip(self, make_store: MakeStore) -> None:
@@ -2033,6 +2124,16 @@ class TestSQLiteOnly:
 
 
 
+def brute_summary(states: Iterable[PageState], after: float, upto: float,
+                  checked_before: float,
+                  excluded: Collection[str] = ()) -> tuple[int, int, float | None]:
+    """What ``summarize_pages`` answers, from every page one by one."""
+    chosen = [s for s in states if s.callback is not None and s.callback not in excluded
+              and after < s.next_visit <= upto and s.last_checked < checked_before]
+    return (len(chosen), sum(s.size for s in chosen),
+            min((s.next_visit for s in chosen), default=None))
+
+
 def schema_at(path: Path, version: int) -> sqlite3.Connection:
     """A SQLite store at *path* with the schema of *version* (its first
     migrations applied), open for a test to fill in."""
@@ -2058,9 +2159,9 @@ async def store_with_one_page(path: Path, version: int) -> SQLiteStateStore:
 
 
 def assert_upgraded(path: Path) -> None:
-    """The store at *path* is at the current schema (16) after its migration."""
+    """The store at *path* is at the current schema (17) after its migration."""
     with closing(sqlite3.connect(path)) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 16
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 17
 
 
 class TestSQLiteMigrations:
@@ -2312,6 +2413,36 @@ class TestSQLiteMigrations:
             (5, "new")]
         assert [(v.version, v.change) for v in store.iter_versions("s", since=15)] == [
             (5, "changed")]
+        await call(store.close())
+        assert_upgraded(path)
+
+    @pytest_twisted.ensureDeferred
+    async def test_version_15_store_gets_due_indexes_and_sums_of_its_pages(
+        self, tmp_path: Path,
+    ) -> None:
+        """The sums a summary reads are built once from the pages there are:
+        a store of schema 15 summarizes as it did (never an empty store)."""
+        path = tmp_path / "v15.db"
+        rows = [(f"http://a/{n}", "", 10 + n, n * 397 % 5_000, 1_000 + n % 7,
+                 None if n % 5 == 0 else ("parse", "parse_list")[n % 3 == 0])
+                for n in range(60)]
+        with closing(schema_at(path, 15)) as db:
+            db.executemany(
+                "INSERT INTO pages (scope, url, variant, size, next_visit, last_checked, "
+                "callback) VALUES ('s', ?, ?, ?, ?, ?, ?)", rows)
+            db.execute("PRAGMA user_version = 15")
+            db.commit()
+        store = SQLiteStateStore(path)
+        states = list(store.iter_pages("s"))
+        for after, upto, checked_before in ((-math.inf, math.inf, math.inf),
+                                            (700, math.inf, 1_004), (-5, 2_400, 1_003)):
+            expected = brute_summary(states, after, upto, checked_before, ("parse_list",))
+            assert tuple(await call(store.summarize_pages(
+                "s", after=after, upto=upto, checked_before=checked_before,
+                exclude_callbacks=("parse_list",)))) == expected
+        due = await call(store.get_due("s", 600, 100))
+        assert [s.next_visit for s in due] == sorted(
+            nv for _, _, _, nv, _, callback in rows if callback and nv <= 600)
         await call(store.close())
         assert_upgraded(path)
 

@@ -35,8 +35,12 @@ whose last answer was a 2xx or 304, on a host whose lastmods are trusted,
 stays "due" by its schedule but is not requested (its lastmod is
 authoritative): counted skipped, except the rotating sample
 (:mod:`incremental_crawler.change.sample`), per host. Such pages are read
-past, so they never crowd out the pages really due. Each request carries
-its why (META_WHY).
+past, so they never crowd out the pages really due, and each one skipped
+moves on by its interval in the store (``incremental/reseed/postponed``), so
+the next crawls do not read past it again before then. Each request carries
+its why (META_WHY). The due pages are read in pages of ``_READ``, each
+after the last page read (a store answers at the cost of what it reads),
+and the pages not due are counted from the store's sums.
 
 Spiders steer it with optional attributes, looked up on the spider:
 ``incremental_reseed = False`` turns it off (as does
@@ -68,6 +72,7 @@ from incremental_crawler.hosts import host_of
 from incremental_crawler.meta import META_LASTMOD, META_SKIP, META_VARIANT
 from incremental_crawler.recipes import Unbuildable, page_request
 from incremental_crawler.state.records import PageFlags
+from incremental_crawler.state.stores.base import due_after
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -78,6 +83,7 @@ if TYPE_CHECKING:
     from scrapy.http import Response
 
     from incremental_crawler.state.records import PageKey, PageState
+    from incremental_crawler.state.stores.base import DueAfter
 
 __all__ = ["CALLBACK_ATTRIBUTE", "RESEED_URL", "Reseeder", "RunClaims"]
 
@@ -257,6 +263,8 @@ class _DueReader:
         self.samples: dict[str, RotatingSample[PageState]] = {}
         self.trusted: dict[str, bool] = {}
         self.requests: list[Request] = []
+        #: Vouched pages skipped (not sampled): moved on once counted.
+        self.vouched_skipped: list[PageState] = []
         #: The due pages read (decided, or left to whoever decided them).
         self.read_keys: set[PageKey] = set()
         #: Lists are not pages (they are not counted).
@@ -264,14 +272,14 @@ class _DueReader:
             getattr(reseeder.spider, "list_callbacks", ()))
 
     async def read(self) -> list[Request]:
-        offset = 0
+        last: DueAfter | None = None
         limited = False
         while not (limited := len(self.requests) >= self.limit):
             due = await self.ledger.store.get_due(self.ledger.scope, self.rules.due_at, _READ,
-                                                  offset)
+                                                  last)
             if not due:
                 break
-            offset += _READ
+            last = due_after(due[-1])
             # Decided by a list another worker of the run read (cluster mode).
             elsewhere = self.ledger.decided_elsewhere([state.key.url for state in due])
             for state in due:
@@ -285,6 +293,7 @@ class _DueReader:
         if limited:
             await self.count_deferred()
         await self.count_the_rest()
+        self.postpone_vouched()
         return self.requests
 
     async def count_deferred(self) -> None:
@@ -361,11 +370,31 @@ class _DueReader:
                 share = self.reseeder.config.lastmod_recheck_share
                 sample = self.samples[host] = RotatingSample(share, _SAMPLE_BASE)
             if (out := sample.offer(state.last_checked, state)) is not None:
-                self.counter.skipped(out)
+                self.skip_vouched(out)
         elif why is Why.NOT_DUE:
             self.counter.not_due(state)
         else:
             self.add(state, why)
+
+    def skip_vouched(self, state: PageState) -> None:
+        """Not requested: vouched for by its lastmod, and not sampled."""
+        self.counter.skipped(state)
+        self.vouched_skipped.append(state)
+
+    def postpone_vouched(self) -> None:
+        """Each vouched page skipped moves on by its interval (from now), so
+        the next crawls do not read past it again before then: staged once
+        the pages are counted (a summary must see them where they were
+        read), applied only if no check moved the page meanwhile."""
+        now = clock.now()
+        moved = 0
+        for state in self.vouched_skipped:
+            if state.interval > 0 and now + state.interval > state.next_visit:
+                self.ledger.store.stage_postpone(state.key, state.next_visit,
+                                                 math.floor(now + state.interval))
+                moved += 1
+        if moved:
+            self.reseeder.stats.inc_value("incremental/reseed/postponed", moved)
 
     def add(self, state: PageState, why: Why) -> None:
         request = self.reseeder.build(state, why)
@@ -397,6 +426,6 @@ class _DueReader:
         for sample in self.samples.values():
             sampled, rest = sample.take()
             for state in rest:
-                self.counter.skipped(state)
+                self.skip_vouched(state)
             for state in sampled:
                 self.add(state, Why.SAMPLED)

@@ -48,10 +48,25 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
-    "SLOT_RATES_KEPT", "AdminStore", "CrawlStore", "HostSummary", "PagesSummary", "Removed",
-    "SlotRates", "StateStore", "StateStoreError", "UrlRecord", "crawl_history_setting",
-    "dead_pid", "holder_gone",
-    "host_of", "item_history_setting", "redis_retry_setting",
+    "SLOT_RATES_KEPT",
+    "AdminStore",
+    "CrawlStore",
+    "DueAfter",
+    "HostSummary",
+    "PagesSummary",
+    "Removed",
+    "SlotRates",
+    "StateStore",
+    "StateStoreError",
+    "UrlRecord",
+    "checked_after",
+    "crawl_history_setting",
+    "dead_pid",
+    "due_after",
+    "holder_gone",
+    "host_of",
+    "item_history_setting",
+    "redis_retry_setting",
 ]
 
 
@@ -61,6 +76,32 @@ __all__ = [
 SLOT_RATES_KEPT = 1000
 #: Due pages read per step by the default :meth:`StateStore.summarize_pages`.
 _SUMMARY_CHUNK = 1000
+
+
+#: Where a reading of the due pages goes on from (:meth:`StateStore.get_due`):
+#: the last page read, as its place in their order (next visit, URL, variant).
+DueAfter = tuple[int, str, str]
+
+
+def due_after(state: PageState) -> DueAfter:
+    """The place of *state* in the order of the due pages: a reader paging
+    through them passes the last page it read as ``get_due(..., after=...)``."""
+    return (int(state.next_visit), state.key.url, state.key.variant)
+
+
+def checked_after(after: object) -> DueAfter | None:
+    """*after* as :meth:`StateStore.get_due` takes it, or a clear error (an
+    offset, the argument's meaning before it, is refused: paging by offset
+    cost every page read before)."""
+    if after is None:
+        return None
+    if (isinstance(after, tuple) and len(after) == 3 and isinstance(after[0], int | float)
+            and not isinstance(after[0], bool)
+            and isinstance(after[1], str) and isinstance(after[2], str)):
+        return (int(after[0]), after[1], after[2])
+    raise TypeError(
+        f"get_due(after={after!r}): the place of the last page read, (next visit, URL, "
+        "variant) as due_after(state) gives it, or None; not an offset")
 
 
 class SlotRates(NamedTuple):
@@ -215,9 +256,10 @@ class StateStore(ABC):
 
     A crawl-only store implements the abstract methods (:meth:`from_uri`
     and 26 others); the others have defaults in terms of them
-    (:meth:`get_pages`, :meth:`summarize_pages`, :meth:`close`,
-    :meth:`exists`) or keep nothing (remembered politeness rates, delivery
-    marks). ``scrapy state`` and ``scrapy items`` need :class:`AdminStore` too.
+    (:meth:`get_pages`, :meth:`get_links_many`, :meth:`summarize_pages`,
+    :meth:`close`, :meth:`exists`) or keep nothing (remembered politeness
+    rates, delivery marks, :meth:`stage_postpone`). ``scrapy state`` and
+    ``scrapy items`` need :class:`AdminStore` too.
     """
 
     #: Where the store lives, for messages (a path or a URI without secrets).
@@ -301,16 +343,18 @@ class StateStore(ABC):
 
     @abstractmethod
     async def get_due(self, scope: str, now: float, limit: int,
-                      offset: int = 0) -> list[PageState]:
+                      after: DueAfter | None = None) -> list[PageState]:
         """Up to *limit* pages of *scope* whose next visit is not after *now*.
 
         Only pages with a callback (they can be requested again): fetched
         ones, failed ones recorded without a fingerprint
         (:meth:`stage_failure`), and pages flagged ``PageFlags.GONE`` (their
         next visit is their rare recheck: one that came back is new again).
-        Most overdue first, in a total order (ties by URL), so that reading
-        with *offset* 0, *limit*, 2 * *limit*... pages through them while
-        the store does not change. *now* may be infinite (every page).
+        Most overdue first, in a total order (next visit, then URL, then
+        variant), starting after *after* (:func:`due_after` of the last page
+        a previous call returned; ``None``: from the first), so that a reader
+        pages through them at a cost of the pages it reads, not of those it
+        read before. *now* may be infinite (every page).
         """
 
     async def summarize_pages(self, scope: str, *, after: float, upto: float,
@@ -320,17 +364,19 @@ class StateStore(ABC):
         one of *exclude_callbacks*; gone ones too, as :meth:`get_due`), whose
         next visit is after *after* and not after *upto* (either may be
         infinite), and that were last checked before *checked_before*: how
-        many, their stored sizes, and the earliest next visit. One pass, no
-        states kept.
+        many, their stored sizes, and the earliest next visit. No states kept.
 
-        By default the pages :meth:`get_due` reads up to *upto*, a chunk at
-        a time: a store that can count them where they are does so.
+        A crawl asks this at its start (the pages not due, and the due ones
+        over its limit): a store should answer it without reading every page
+        of the scope (the built-in ones keep sums of the pages by next
+        visit). By default the pages :meth:`get_due` reads up to *upto*, a
+        chunk at a time.
         """
         pages = size = 0
         first_due: float | None = None
-        offset = 0
+        last: DueAfter | None = None
         while True:
-            chunk = await self.get_due(scope, upto, _SUMMARY_CHUNK, offset)
+            chunk = await self.get_due(scope, upto, _SUMMARY_CHUNK, last)
             for state in chunk:
                 if (state.next_visit <= after or state.last_checked >= checked_before
                         or state.callback is None or state.callback in exclude_callbacks):
@@ -341,7 +387,7 @@ class StateStore(ABC):
                     first_due = state.next_visit
             if len(chunk) < _SUMMARY_CHUNK:
                 return PagesSummary(pages, size, first_due)
-            offset += len(chunk)
+            last = due_after(chunk[-1])
 
     @abstractmethod
     async def get_item_simhash(self, scope: str, item_key: str) -> int | None:
@@ -468,6 +514,18 @@ class StateStore(ABC):
         write is applied stays unknown. A staged state of the page shows it
         at once; otherwise it shows after the flush, like a check.
         """
+
+    def stage_postpone(self, key: PageKey, was: float,  # noqa: B027 (see below)
+                       next_visit: float) -> None:
+        """Stage moving the next visit of the page from *was* to
+        *next_visit*, if it is still *was* when the write is applied (a check
+        staged or stored meanwhile wins); nothing else of the page changes,
+        and a page not stored stays unknown. The re-seeder moves so the due
+        pages a trusted lastmod vouches for, so that the next crawls do not
+        read past them again.
+
+        Not abstract: a store that keeps none reads those pages past again
+        at each crawl start."""
 
     @property
     @abstractmethod

@@ -7,10 +7,11 @@ for j = 5, #ARGV, 2 do
   local cut = string.find(member, '|', 1, true)
   local tag = '{' .. scope .. '|' .. string.sub(member, 1, cut - 1) .. '}'
   local flat = bucket_pages(prefix, tag, string.sub(member, cut + 1))
-  local above = false
-  local parts = {member, ''}
+  local above, least = false, false
+  local parts = {member, '', ''}
   for k = 1, #flat, 2 do
     local due = due_of(flat[k + 1])
+    if due and (not least or due < least) then least = due end
     if due and due <= now and due > after then
       if due <= cap then
         parts[#parts + 1] = string.format('%d', due)
@@ -23,6 +24,7 @@ for j = 5, #ARGV, 2 do
     end
   end
   if above then parts[2] = string.format('%d', above) end
+  if least then parts[3] = string.format('%d', least) end
   heads[#heads + 1] = table.concat(parts, '\255')
 end
 local splits = redis.call('GET', prefix .. ':splits:' .. scope) or ''

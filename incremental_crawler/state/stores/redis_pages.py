@@ -50,8 +50,9 @@ from incremental_crawler.state.stores.packed import LUA_CODEC
 
 __all__ = [
     "BUCKET_LOAD", "DUE_INDEX_LUA", "DUE_READ_LUA", "LUA_BUCKETS", "LUA_BUCKET_PAGES",
-    "LUA_READS", "LUA_WRITES",
-    "READ_PAGES_LUA", "SUMMARY_LUA",
+    "LUA_READS", "LUA_SUMS", "LUA_WRITES",
+    "READ_PAGES_LUA", "SUMMARY_LUA", "SUMS_BUILD_LUA", "SUMS_FORGET_LUA", "SUMS_MARK_LUA",
+    "SUMS_READ_LUA",
     "bucket_of", "host_part", "page_field", "page_key_of", "url_of",
 ]
 
@@ -145,6 +146,10 @@ LUA_READS = "#!lua flags=no-writes\n"
 #: Python (SHA-1's first four bytes of the URL part).
 LUA_BUCKETS = load_script(_LUA_PACKAGE, "redis_buckets.lua")
 
+#: ``sums_keys(prefix, scope)`` and ``count_page(z, old, new)``: a scope's
+#: sums of pages by next visit, kept by every page write (layout 4).
+LUA_SUMS = load_script(_LUA_PACKAGE, "redis_sums.lua")
+
 #: ``bucket_pages(prefix, tag, b)``: every field and record of a bucket,
 #: flat (both of its hashes).
 LUA_BUCKET_PAGES = load_script(_LUA_PACKAGE, "redis_bucket_pages.lua")
@@ -162,6 +167,8 @@ READ_PAGES_LUA = LUA_READS + LUA_BUCKETS + (
 # not). The first has a part per bucket, apart by 0xFE, each of fields
 # apart by 0xFF (bytes UTF-8 never holds): its member, the earliest next
 # visit of its pages due after the cap ('' if none: where to go on from),
+# the earliest next visit of all its pages with a callback ('' if none: a
+# bound in the index below it is stale, set right by the next flush),
 # then the next visit, field and record length of each page due after what
 # was read before and not after the cap. The second is those pages' records
 # one after the other, in that order (binary: cut by their lengths). Then
@@ -184,3 +191,18 @@ DUE_INDEX_LUA = LUA_READS + load_script(_LUA_PACKAGE, "redis_due_index.lua")
 # (false: none).
 SUMMARY_LUA = LUA_WRITES + LUA_CODEC + LUA_BUCKET_PAGES + (
     load_script(_LUA_PACKAGE, "redis_summary.lua"))
+
+# The pages of a scope in aggregate from its sums (layout 4; see
+# redis_sums.lua), this crawl's checks left out one by one. ARGV: the key
+# prefix, the scope part, after, upto, checked_before (whole seconds; a
+# page last checked at or after it is left out), the number of callbacks
+# left out, those callbacks. Returns pages, size, earliest next visit
+# (false: none); or 'scan' when the checks at or after checked_before are
+# not known one by one (no mark, or an earlier one): read every page then.
+SUMS_READ_LUA = LUA_READS + LUA_CODEC + LUA_BUCKETS + LUA_SUMS + (
+    load_script(_LUA_PACKAGE, "redis_sums_read.lua"))
+SUMS_BUILD_LUA = LUA_WRITES + LUA_CODEC + LUA_BUCKET_PAGES + LUA_SUMS + (
+    load_script(_LUA_PACKAGE, "redis_sums_build.lua"))
+SUMS_FORGET_LUA = LUA_WRITES + LUA_CODEC + LUA_BUCKET_PAGES + LUA_SUMS + (
+    load_script(_LUA_PACKAGE, "redis_sums_forget.lua"))
+SUMS_MARK_LUA = LUA_WRITES + LUA_SUMS + load_script(_LUA_PACKAGE, "redis_sums_mark.lua")

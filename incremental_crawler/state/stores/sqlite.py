@@ -35,11 +35,13 @@ from incremental_crawler.state.records import (
 )
 from incremental_crawler.state.stores.base import (
     AdminStore,
+    DueAfter,
     PagesSummary,
     Removed,
     SlotRates,
     StateStoreError,
     UrlRecord,
+    checked_after,
     crawl_history_setting,
     holder_gone,
     host_of,
@@ -55,6 +57,17 @@ if TYPE_CHECKING:
 __all__ = ["SQLiteStateStore"]
 
 logger = logging.getLogger(__name__)
+
+#: Seconds of next visits summed together in ``page_sums`` (schema 17): a
+#: summary reads the pages of at most two slots, its ends, one by one.
+_SUM_SLOT = 600
+
+
+def _slot_sql(column: str) -> str:
+    """The ``page_sums`` slot of the next visit *column*: floor division."""
+    return (f"(CASE WHEN {column} >= 0 THEN {column} / {_SUM_SLOT} "
+            f"ELSE ({column} + 1) / {_SUM_SLOT} - 1 END)")
+
 
 #: Each entry migrates the schema from version ``i`` to ``i + 1``.
 MIGRATIONS: tuple[str, ...] = (
@@ -225,6 +238,68 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE pages ADD COLUMN listing TEXT;
     """,
+    # 17: a crawl start costs what is due, not the scope's size. The pages
+    # that can be requested again by next visit (the due pages, read in
+    # their order, after the last one read); the sums of those pages per
+    # callback and slot of next visits (_SUM_SLOT seconds), kept by
+    # triggers at every write, built here once from the pages there are;
+    # and per scope the pages checked since its last crawl started (its
+    # mark), which the sums count and a summary of the pages not checked
+    # this crawl takes out again, and the latest last check ever written.
+    f"""
+    CREATE INDEX pages_by_next_visit ON pages (scope, next_visit, url, variant)
+        WHERE callback IS NOT NULL;
+    CREATE TABLE check_marks (
+        scope TEXT PRIMARY KEY,
+        mark INTEGER,
+        latest INTEGER
+    ) WITHOUT ROWID;
+    CREATE TABLE page_checks (
+        scope TEXT NOT NULL,
+        url TEXT NOT NULL,
+        variant TEXT NOT NULL,
+        PRIMARY KEY (scope, url, variant)
+    ) WITHOUT ROWID;
+    INSERT INTO check_marks (scope, latest)
+    SELECT scope, MAX(last_checked) FROM pages GROUP BY scope;
+    CREATE TABLE page_sums (
+        scope TEXT NOT NULL,
+        callback TEXT NOT NULL,
+        slot INTEGER NOT NULL,
+        pages INTEGER NOT NULL,
+        size INTEGER NOT NULL,
+        PRIMARY KEY (scope, callback, slot)
+    ) WITHOUT ROWID;
+    CREATE TRIGGER page_sums_insert AFTER INSERT ON pages
+    WHEN NEW.callback IS NOT NULL BEGIN
+        INSERT INTO page_sums (scope, callback, slot, pages, size)
+        VALUES (NEW.scope, NEW.callback, {_slot_sql("NEW.next_visit")}, 1, NEW.size)
+        ON CONFLICT (scope, callback, slot) DO UPDATE SET
+            pages = pages + 1, size = size + excluded.size;
+    END;
+    CREATE TRIGGER page_sums_delete AFTER DELETE ON pages
+    WHEN OLD.callback IS NOT NULL BEGIN
+        UPDATE page_sums SET pages = pages - 1, size = size - OLD.size
+        WHERE scope = OLD.scope AND callback = OLD.callback
+            AND slot = {_slot_sql("OLD.next_visit")};
+    END;
+    CREATE TRIGGER page_sums_update AFTER UPDATE OF scope, callback, next_visit, size ON pages
+    WHEN (OLD.callback IS NOT NULL OR NEW.callback IS NOT NULL) AND NOT (
+        OLD.scope = NEW.scope AND OLD.callback IS NEW.callback AND OLD.size = NEW.size
+        AND {_slot_sql("OLD.next_visit")} = {_slot_sql("NEW.next_visit")}) BEGIN
+        UPDATE page_sums SET pages = pages - 1, size = size - OLD.size
+        WHERE OLD.callback IS NOT NULL AND scope = OLD.scope AND callback = OLD.callback
+            AND slot = {_slot_sql("OLD.next_visit")};
+        INSERT INTO page_sums (scope, callback, slot, pages, size)
+        SELECT NEW.scope, NEW.callback, {_slot_sql("NEW.next_visit")}, 1, NEW.size
+        WHERE NEW.callback IS NOT NULL
+        ON CONFLICT (scope, callback, slot) DO UPDATE SET
+            pages = pages + 1, size = size + excluded.size;
+    END;
+    INSERT INTO page_sums (scope, callback, slot, pages, size)
+    SELECT scope, callback, {_slot_sql("next_visit")}, COUNT(*), SUM(size) FROM pages
+    WHERE callback IS NOT NULL GROUP BY 1, 2, 3;
+    """,  # noqa: S608 (constant SQL)
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: URLs per batched lookup (SQLite allows 32,766 host parameters).
@@ -241,9 +316,12 @@ _PAGE_COLUMNS = (
 _SELECT_PAGE = (
     f"SELECT {_PAGE_COLUMNS} FROM pages WHERE scope = ? AND url = ? AND variant = ?"  # noqa: S608 (constant SQL)
 )
+# An upsert, not INSERT OR REPLACE: the row a REPLACE deletes fires no
+# trigger, and page_sums would count the page twice.
 _UPSERT_PAGE = (
-    f"INSERT OR REPLACE INTO pages (scope, url, variant, {_PAGE_COLUMNS}) "  # noqa: S608 (constant SQL)
-    f"VALUES ({', '.join('?' * 24)})"
+    f"INSERT INTO pages (scope, url, variant, {_PAGE_COLUMNS}) "  # noqa: S608 (constant SQL)
+    f"VALUES ({', '.join('?' * 24)}) ON CONFLICT (scope, url, variant) DO UPDATE SET "
+    + ", ".join(f"{column} = excluded.{column}" for column in _PAGE_COLUMNS.split(", "))
 )
 # A check never touches validators or fingerprints (only a 2xx updates them). It may
 # record a newer lastmod (a 304 says the stored data is that version) and
@@ -289,6 +367,9 @@ _UPSERT_REDIRECT = (
 _OR_FLAGS = "UPDATE pages SET flags = flags | ? WHERE scope = ? AND url = ? AND variant = ?"
 # Only the listing of a stored page; no row for an unknown one.
 _SET_LISTING = "UPDATE pages SET listing = ? WHERE scope = ? AND url = ? AND variant = ?"
+# Only the next visit of a stored page, if it is still the one read.
+_POSTPONE = ("UPDATE pages SET next_visit = ? WHERE scope = ? AND url = ? AND variant = ? "
+             "AND next_visit = ?")
 _UPSERT_LINKS = "INSERT OR REPLACE INTO links (scope, url, variant, data) VALUES (?, ?, ?, ?)"
 _DELETE_LINKS = "DELETE FROM links WHERE scope = ? AND url = ? AND variant = ?"
 # A tombstone is a version with an empty fingerprint. `born` (given for a
@@ -349,6 +430,26 @@ _SCOPE_TABLES = (("pages", "pages"), ("links", "links"), ("items", "items"),
 _CHANGE = "COALESCE(v.change, CASE WHEN v.version = 1 THEN 'new' ELSE 'changed' END)"
 
 
+def _clamp(value: float, *, up: bool = False) -> int:
+    """A time as whole seconds compare with it (*up*: rounded up, else
+    down), infinities as 2**62 (beyond any stored)."""
+    value = max(min(value, 2**62), -(2**62))
+    return math.ceil(value) if up else math.floor(value)
+
+
+def _statements(script: str) -> Iterator[str]:
+    """The statements of *script* one by one (a trigger's body holds ``;``)."""
+    pending = ""
+    for part in script.split(";"):
+        pending += part + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \n;"):
+                yield pending
+            pending = ""
+    if pending.strip(" \n;"):
+        raise ValueError(f"incomplete SQL statement in a migration: {pending!r}")
+
+
 def _rollback(db: sqlite3.Connection) -> None:
     """Roll back the transaction under way, if SQLite has not already.
 
@@ -401,6 +502,8 @@ class SQLiteStateStore(AdminStore):
         self._pages: dict[PageKey, PageState] = {}
         self._links: dict[PageKey, str | None] = {}
         self._item_fps: dict[tuple[str, str], str] = {}
+        # Per scope, the last check each staged write gives a page.
+        self._checks: dict[str, dict[tuple[str, str], int]] = {}
         #: Staged writes (one per stage_* call; an item takes two statements).
         self._staged = 0
         self._db = self._connect()
@@ -621,9 +724,8 @@ class SQLiteStateStore(AdminStore):
         try:
             version = db.execute("PRAGMA user_version").fetchone()[0]
             for step in range(version, SCHEMA_VERSION):
-                for statement in MIGRATIONS[step].split(";"):
-                    if statement.strip():
-                        db.execute(statement)
+                for statement in _statements(MIGRATIONS[step]):
+                    db.execute(statement)
                 if version:
                     logger.info(
                         "State store %(path)s migrated to schema version %(v)d",
@@ -699,18 +801,24 @@ class SQLiteStateStore(AdminStore):
         return None if row is None else row[0]
 
     async def get_due(self, scope: str, now: float, limit: int,
-                      offset: int = 0) -> list[PageState]:
-        # Once per crawl, so a scan of the scope (no index on next_visit:
-        # it would cost every write and ~50 bytes per page) with a top-N
-        # sort; url and variant make the order total, so pages follow on.
+                      after: DueAfter | None = None) -> list[PageState]:
+        # A range of the index by next visit (its entries end with the URL
+        # and variant: the order is total), from the page after `after`.
+        due_at = _clamp(now)  # an infinite due_at (recheck all): every page
+        after = checked_after(after)
+        params: tuple[object, ...] = ()
+        if after is None:
+            where = ""
+        else:
+            where, params = "AND (next_visit, url, variant) > (?, ?, ?) ", tuple(after)
         query = (
-            f"SELECT url, variant, {_PAGE_COLUMNS} FROM pages WHERE scope = ? "  # noqa: S608 (constant SQL)
-            "AND next_visit <= ? AND callback IS NOT NULL "
-            "ORDER BY next_visit, url, variant LIMIT ? OFFSET ?"
+            f"SELECT url, variant, {_PAGE_COLUMNS} FROM pages "  # noqa: S608 (constant SQL)
+            "INDEXED BY pages_by_next_visit WHERE scope = ? "
+            f"AND callback IS NOT NULL AND next_visit <= ? {where}"
+            "ORDER BY next_visit, url, variant LIMIT ?"
         )
-        due_at = min(now, 2**62)  # an infinite due_at (recheck all): every page
         try:
-            rows = self._db.execute(query, (scope, int(due_at), limit, offset)).fetchall()
+            rows = self._db.execute(query, (scope, due_at, *params, limit)).fetchall()
         except sqlite3.DatabaseError as exc:
             raise self._fail("read failed", exc) from exc
         return [PageState(PageKey(scope, url, variant), *columns)
@@ -719,20 +827,88 @@ class SQLiteStateStore(AdminStore):
     async def summarize_pages(self, scope: str, *, after: float, upto: float,
                               checked_before: float,
                               exclude_callbacks: Collection[str] = ()) -> PagesSummary:
-        excluded = tuple(exclude_callbacks)
-        query = (
-            "SELECT COUNT(*), COALESCE(SUM(size), 0), MIN(next_visit) FROM pages "  # noqa: S608 (placeholders only)
-            "WHERE scope = ? AND callback IS NOT NULL AND next_visit > ? AND next_visit <= ? "
-            "AND last_checked < ?"
-            + (f" AND callback NOT IN ({','.join('?' * len(excluded))})" if excluded else "")
-        )
-        bounds = (int(max(min(after, 2**62), -(2**62))), int(max(min(upto, 2**62), -(2**62))))
         try:
-            count, size, first = self._db.execute(
-                query, (scope, *bounds, checked_before, *excluded)).fetchone()
+            return self._summarize(scope, _clamp(after), _clamp(upto),
+                                   _clamp(checked_before, up=True), tuple(exclude_callbacks))
         except sqlite3.DatabaseError as exc:
             raise self._fail("read failed", exc) from exc
-        return PagesSummary(count, size, first)
+
+    def _summarize(self, scope: str, after: int, upto: int, checked_before: int,
+                   excluded: tuple[str, ...]) -> PagesSummary:
+        """:meth:`summarize_pages`: the sums of whole slots of next visits
+        (``page_sums``), less their pages checked at or after
+        *checked_before* (by last check: this crawl's), and the pages of
+        the two slots at the ends one by one (by next visit)."""
+        if upto <= after:
+            return PagesSummary()
+        not_excluded = (f" AND callback NOT IN ({','.join('?' * len(excluded))})"
+                        if excluded else "")
+        db = self._db
+        marks = db.execute("SELECT mark, latest FROM check_marks WHERE scope = ?",
+                           (scope,)).fetchone()
+        mark, latest = marks or (None, None)
+        if latest is not None and checked_before <= latest and (
+                mark is None or checked_before < mark):
+            # The pages checked at or after checked_before are not known one
+            # by one (no crawl took the scope since, a clock that went
+            # back): every page of the scope is read.
+            count, size, first = db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(size), 0), MIN(next_visit) FROM pages "  # noqa: S608 (placeholders only)
+                "NOT INDEXED WHERE scope = ? AND callback IS NOT NULL AND next_visit > ? "
+                "AND next_visit <= ? AND last_checked < ?" + not_excluded,
+                (scope, after, upto, checked_before, *excluded)).fetchone()
+            return PagesSummary(count, size, first)
+        # Slots wholly inside (after, upto]: those strictly between the
+        # slots of its ends (a slot is a range of next visits).
+        low, high = (after + 1) // _SUM_SLOT, upto // _SUM_SLOT
+        ends = [(after, min(upto, (low + 1) * _SUM_SLOT - 1))]
+        if high > low:
+            ends.append((high * _SUM_SLOT - 1, upto))
+
+        def pages_in(first: int, last: int) -> tuple[int, int, int | None]:
+            """Pages of next visit in (first, last], one by one."""
+            count, size, least = db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(size), 0), MIN(next_visit) FROM pages "  # noqa: S608 (placeholders only)
+                "INDEXED BY pages_by_next_visit WHERE scope = ? AND callback IS NOT NULL "
+                "AND next_visit > ? AND next_visit <= ? AND last_checked < ?" + not_excluded,
+                (scope, first, last, checked_before, *excluded)).fetchone()
+            return count, size, least
+
+        pages = size = 0
+        first_due: int | None = None
+        head = pages_in(*ends[0])
+        pages, size, first_due = head[0], head[1], head[2]
+        if high - low > 1:
+            sums = {slot: (count, bytes_) for slot, count, bytes_ in db.execute(
+                "SELECT slot, SUM(pages), SUM(size) FROM page_sums "  # noqa: S608 (placeholders only)
+                "WHERE scope = ? AND slot > ? AND slot < ? AND pages != 0" + not_excluded
+                + " GROUP BY slot ORDER BY slot", (scope, low, high, *excluded))}
+            # This crawl's checks (last checked at or after checked_before)
+            # are in the sums: taken out again, by slot.
+            # (None when no page was checked at or after it.) CROSS JOIN:
+            # from the checks noted to their pages, never the other way.
+            recent = {} if latest is None or checked_before > latest else {
+                slot: (count, bytes_) for slot, count, bytes_ in db.execute(
+                f"SELECT {_slot_sql('p.next_visit')}, COUNT(*), SUM(p.size) "  # noqa: S608 (constant SQL)
+                "FROM page_checks c CROSS JOIN pages p ON p.scope = c.scope AND p.url = c.url "
+                "AND p.variant = c.variant WHERE c.scope = ? AND p.callback IS NOT NULL "
+                "AND p.last_checked >= ? AND p.next_visit >= ? AND p.next_visit < ?"
+                + not_excluded.replace("callback", "p.callback") + " GROUP BY 1",
+                (scope, checked_before, (low + 1) * _SUM_SLOT, high * _SUM_SLOT, *excluded))}
+            for slot, (total, total_bytes) in sums.items():
+                less, less_bytes = recent.get(slot, (0, 0))
+                pages += total - less
+                size += total_bytes - less_bytes
+                if first_due is None and total > less:
+                    # The earliest of the first slot holding any: its pages.
+                    first_due = pages_in(slot * _SUM_SLOT - 1, (slot + 1) * _SUM_SLOT - 1)[2]
+        if len(ends) > 1:
+            tail = pages_in(*ends[1])
+            pages += tail[0]
+            size += tail[1]
+            if first_due is None:
+                first_due = tail[2]
+        return PagesSummary(pages, size, first_due)
 
     async def get_item_simhash(self, scope: str, item_key: str) -> int | None:
         row = self._db.execute(
@@ -801,6 +977,7 @@ class SQLiteStateStore(AdminStore):
     def stage_page(self, state: PageState) -> None:
         self._staged += 1
         self._pages[state.key] = state
+        self._checked(state.key, state.last_checked)
         self._ops.append((_UPSERT_PAGE, (
             *state.key, state.etag, state.last_modified, state.fingerprint, state.size,
             state.last_status, int(state.first_seen), int(state.last_checked),
@@ -820,6 +997,7 @@ class SQLiteStateStore(AdminStore):
         lastmod_ = None if lastmod is None else int(lastmod)
         interval, next_visit = (None, None) if schedule is None else map(int, schedule)
         etag, last_modified = validators or (None, None)
+        self._checked(key, when)
         self._ops.append((_UPSERT_CHECK, (
             *key, status, int(when), int(when), lastmod_,
             interval, next_visit, etag, last_modified, interval, next_visit,
@@ -830,12 +1008,14 @@ class SQLiteStateStore(AdminStore):
         callback: str | None = None, recipe: str | None = None,
     ) -> None:
         self._staged += 1
+        self._checked(key, when)
         self._ops.append((_UPSERT_FAILURE, (
             *key, status, int(when), int(when), failures, int(next_visit), callback, recipe,
         )))
 
     def stage_redirect(self, key: PageKey, target: str, status: int, when: float) -> None:
         self._staged += 1
+        self._checked(key, when)
         self._ops.append((_UPSERT_REDIRECT, (*key, status, int(when), int(when), target)))
 
     def stage_item(self, record: ItemRecord) -> None:
@@ -881,6 +1061,20 @@ class SQLiteStateStore(AdminStore):
         if staged is not None:
             self._pages[key] = staged.copy(listing=listing)
 
+    def _checked(self, key: PageKey, when: float) -> None:
+        """A staged write sets the page's last check to *when* (or an
+        earlier write's; the highest kept: a page noted is read again)."""
+        checked = self._checks.setdefault(key.scope, {})
+        place = (key.url, key.variant)
+        checked[place] = max(int(when), checked.get(place, int(when)))
+
+    def stage_postpone(self, key: PageKey, was: float, next_visit: float) -> None:
+        self._staged += 1
+        self._ops.append((_POSTPONE, (int(next_visit), *key, int(was))))
+        staged = self._pages.get(key)
+        if staged is not None and staged.next_visit == int(was):
+            self._pages[key] = staged.copy(next_visit=int(next_visit))
+
     @property
     def pending(self) -> int:
         return self._staged
@@ -899,6 +1093,7 @@ class SQLiteStateStore(AdminStore):
                 # Runs of the same statement go to SQLite in one call.
                 for sql, group in groupby(self._ops, key=itemgetter(0)):
                     db.executemany(sql, [params for _, params in group])
+                self._note_checks()
                 db.execute("COMMIT")
             except BaseException:
                 _rollback(db)
@@ -915,6 +1110,7 @@ class SQLiteStateStore(AdminStore):
             raise self._fail("commit failed", exc) from exc
         count, self._staged = self._staged, 0
         self._ops.clear()
+        self._checks.clear()
         self._pages.clear()
         self._links.clear()
         self._item_fps.clear()
@@ -1105,6 +1301,7 @@ class SQLiteStateStore(AdminStore):
                 db.execute("DELETE FROM holds WHERE scope = ?", (scope,))
                 db.execute("INSERT INTO holds (scope, holder, expires) VALUES (?, ?, ?)",
                            (scope, holder, now + ttl))
+                self._mark_checks(scope, math.floor(now))
                 db.execute("COMMIT")
             except BaseException:
                 _rollback(db)
@@ -1112,6 +1309,40 @@ class SQLiteStateStore(AdminStore):
         except sqlite3.DatabaseError as exc:
             raise self._fail("write failed", exc) from exc
         return None
+
+    def _mark_checks(self, scope: str, at: int) -> None:
+        """A crawl of *scope* starts at *at*: its checks are noted one by one
+        from then on (``page_checks``, written by the flushes), so that a
+        summary leaves them out without reading every page. Not when a page
+        was checked at or after *at* already (a clock that went back): no
+        mark then, and such summaries read every page."""
+        db = self._db
+        mark, latest = db.execute("SELECT mark, latest FROM check_marks WHERE scope = ?",
+                                  (scope,)).fetchone() or (None, None)
+        if mark == at:
+            return
+        db.execute("DELETE FROM page_checks WHERE scope = ?", (scope,))
+        db.execute("INSERT INTO check_marks (scope, mark, latest) VALUES (?, ?, ?) "
+                   "ON CONFLICT (scope) DO UPDATE SET mark = excluded.mark",
+                   (scope, None if latest is not None and latest >= at else at, latest))
+
+    def _note_checks(self) -> None:
+        """In the flush's transaction: each scope's latest last check, and
+        its pages checked since its mark (see :meth:`_mark_checks`)."""
+        db = self._db
+        for scope, checked in self._checks.items():
+            mark, latest = db.execute("SELECT mark, latest FROM check_marks WHERE scope = ?",
+                                      (scope,)).fetchone() or (None, None)
+            highest = max(checked.values())
+            if latest is None or highest > latest:
+                db.execute("INSERT INTO check_marks (scope, latest) VALUES (?, ?) "
+                           "ON CONFLICT (scope) DO UPDATE SET latest = excluded.latest",
+                           (scope, highest))
+            if mark is not None:
+                db.executemany(
+                    "INSERT OR IGNORE INTO page_checks (scope, url, variant) VALUES (?, ?, ?)",
+                    [(scope, url, variant) for (url, variant), when in checked.items()
+                     if when >= mark])
 
     async def release_scope(self, scope: str, holder: str) -> None:
         self._write(("DELETE FROM holds WHERE scope = ? AND holder = ?", (scope, holder)))
@@ -1242,6 +1473,7 @@ class SQLiteStateStore(AdminStore):
         changed = self._write(*(
             (f"DELETE FROM {table} WHERE scope = ?", (scope,))  # noqa: S608 (constant SQL)
             for table, _ in _SCOPE_TABLES),
-            ("DELETE FROM slot_rates WHERE scope = ?", (scope,)))
-        return Removed(**{name: n for (_, name), n in zip(_SCOPE_TABLES, changed[:-1],
+            *((f"DELETE FROM {table} WHERE scope = ?", (scope,))  # noqa: S608 (constant SQL)
+              for table in ("slot_rates", "page_sums", "page_checks", "check_marks")))
+        return Removed(**{name: n for (_, name), n in zip(_SCOPE_TABLES, changed[:-4],
                                                           strict=True)})

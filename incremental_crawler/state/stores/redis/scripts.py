@@ -15,11 +15,17 @@ from incremental_crawler.state.stores.redis_pages import (
     BUCKET_LOAD,
     DUE_INDEX_LUA,
     DUE_READ_LUA,
+    LUA_BUCKET_PAGES,
     LUA_READS,
+    LUA_SUMS,
     LUA_WRITES,
     MAX_SPLITS,
     READ_PAGES_LUA,
     SUMMARY_LUA,
+    SUMS_BUILD_LUA,
+    SUMS_FORGET_LUA,
+    SUMS_MARK_LUA,
+    SUMS_READ_LUA,
 )
 from incremental_crawler.state.stores.redis_pages import (
     LUA_BUCKETS as PAGE_BUCKETS,
@@ -73,7 +79,7 @@ _TOKEN_TTL = 86_400
 # the writes, each its name followed by ARITY[name] arguments; a page
 # write's first three are the scope's and the host's key parts and the
 # page's field.
-_FLUSH_LUA = LUA_WRITES + PAGE_CODEC + PAGE_BUCKETS + (
+_FLUSH_LUA = LUA_WRITES + PAGE_CODEC + PAGE_BUCKETS + LUA_BUCKET_PAGES + LUA_SUMS + (
     load_script(_LUA_PACKAGE, "flush.lua")).replace("TOKEN_TTL", str(_TOKEN_TTL)).replace(
     "MAX_SPLITS", str(MAX_SPLITS)).replace("BUCKET_LOAD", str(BUCKET_LOAD))
 
@@ -104,7 +110,12 @@ def _sha1(script: str) -> str:
 
 
 #: Loaded when the store opens: the flush, then the read scripts.
-_SCRIPTS = (_FLUSH_LUA, READ_PAGES_LUA, DUE_READ_LUA, SUMMARY_LUA, DUE_INDEX_LUA)
-_READ_PAGES_SHA, _DUE_READ_SHA, _SUMMARY_SHA, _DUE_INDEX_SHA = (
-    _sha1(script) for script in (READ_PAGES_LUA, DUE_READ_LUA, SUMMARY_LUA, DUE_INDEX_LUA))
+_SCRIPTS = (_FLUSH_LUA, READ_PAGES_LUA, DUE_READ_LUA, SUMMARY_LUA, DUE_INDEX_LUA,
+            SUMS_READ_LUA)
+_READ_PAGES_SHA, _DUE_READ_SHA, _SUMMARY_SHA, _DUE_INDEX_SHA, _SUMS_READ_SHA = (
+    _sha1(script) for script in (READ_PAGES_LUA, DUE_READ_LUA, SUMMARY_LUA, DUE_INDEX_LUA,
+                                 SUMS_READ_LUA))
+# Run now, by repairs, a migration and a crawl taking its scope (see
+# redis_pages): sent whole (EVAL), rarely.
+_SUMS_BUILD_LUA, _SUMS_FORGET_LUA, _SUMS_MARK_LUA = SUMS_BUILD_LUA, SUMS_FORGET_LUA, SUMS_MARK_LUA
 

@@ -47,6 +47,7 @@ from incremental_crawler.state.stores.base import (
     SlotRates,
     StateStoreError,
     UrlRecord,
+    checked_after,
     crawl_history_setting,
     holder_gone,
     item_history_setting,
@@ -73,6 +74,8 @@ if TYPE_CHECKING:
 
     from scrapy.settings import BaseSettings
 
+    from incremental_crawler.state.stores.base import DueAfter
+
 from incremental_crawler.state.stores.redis.scripts import (
     _BYPAGE_TO_ZSET_LUA,
     _DUE_INDEX_SHA,
@@ -83,6 +86,10 @@ from incremental_crawler.state.stores.redis.scripts import (
     _RENEW_LUA,
     _SCRIPTS,
     _SUMMARY_SHA,
+    _SUMS_BUILD_LUA,
+    _SUMS_FORGET_LUA,
+    _SUMS_MARK_LUA,
+    _SUMS_READ_SHA,
     _UNLOCK_LUA,
     _sha1,
 )
@@ -115,7 +122,12 @@ LAYOUT = "incremental_crawler.state"
 #: and ``P:due:<s>`` before; ``_migrate`` moves them). A field added to a
 #: page record takes a new bit of its mask: no layout change (see
 #: :mod:`~incremental_crawler.state.stores.packed`).
-LAYOUT_VERSION = 3
+#: Version 4: each scope's pages with a callback in sums by next visit
+#: (``P:nvs:<s>``, ``P:nvf:<s>:<minute>``), kept by every page write, and
+#: its checks since its last crawl's start (``P:nvm:<s>``, ``P:ck:<s>``):
+#: a summary reads those, not every page (``_migrate`` builds them once;
+#: code of layout 3 would write pages without them).
+LAYOUT_VERSION = 4
 #: ``P:meta`` field: the layout version a migration under way started from
 #: (see :meth:`RedisStateStore._migrate`).
 _UPGRADING = "upgrading"
@@ -185,7 +197,7 @@ _FOREVER = 10**15
 #: writes per scope but ``holds`` (holds lapse by themselves); and the kinds
 #: of a host's keys (``P:<kind>:{<s>|<host>}``, buckets ``…:<n>``).
 _SCOPE_KINDS = ("hosts", "items", "itemver", "order", "bypage", "crawls", "hs", "dueb",
-                "splits", "slots", "slotsat", "undelc")
+                "splits", "slots", "slotsat", "undelc", "nvs", "nvm", "ck")
 _HOST_KINDS = ("hd", "ln")
 
 #: Members asked per ZSCAN step, and steps at most (100 million members).
@@ -198,6 +210,14 @@ def _key_part(scope: str) -> str:
     # Percent-quoted: no ':' inside, so P:hist:<s>:<key> splits one way only,
     # and common scope names (spider names) read as they are.
     return quote(scope, safe="")
+
+
+def _limit(value: float, *, up: bool = False) -> int:
+    """A time as the scripts compare it: whole seconds (*up*: rounded up),
+    infinities as ±_FOREVER."""
+    if math.isinf(value):
+        return _FOREVER if value > 0 else -_FOREVER
+    return math.ceil(value) if up else math.floor(value)
 
 
 def _legacy_page_key(scope: str, field: str) -> PageKey:
@@ -219,8 +239,14 @@ _DuePage = tuple[int, str, str, bytes]
 class _DueCursor:
     """How far a reading of a scope's due pages went (``get_due``)."""
 
-    def __init__(self, scope: str, now: float, flushes: int) -> None:
+    def __init__(self, scope: str, now: float, flushes: int,
+                 after: DueAfter | None = None) -> None:
         self.scope, self.now, self.flushes = scope, now, flushes
+        #: Where the reading starts (pages after it), and the last page sent.
+        self.after = after
+        self.last = after
+        #: Pages due at or before this next visit are not read (before *after*).
+        self.floor = -_FOREVER if after is None else int(after[0]) - 1
         #: Due pages read, not yet in place: a heap of _DuePage.
         self.waiting: list[_DuePage] = []
         #: Due pages in place, in order; the first is due page number `base`.
@@ -233,6 +259,9 @@ class _DueCursor:
         self.low: str = "-inf"
         self.ties = 0
         self.seen: set[bytes] = set()
+        #: The bounds of the buckets not read yet (a bucket read whose
+        #: pages are all after its bound is set right by the next flush).
+        self.bounds: dict[bytes, float] = {}
         self.index_done = False
         #: Buckets read up to a cap, with pages due after it: a heap of (the
         #: earliest of those, member, the cap).
@@ -290,7 +319,7 @@ class _DueCursor:
             if min(unread, parked) > cap:
                 break
             if unread <= parked:
-                chosen.append((heapq.heappop(self.unread)[1], -_FOREVER))
+                chosen.append((heapq.heappop(self.unread)[1], self.floor))
             else:
                 _, member, after = heapq.heappop(self.parked)
                 chosen.append((member, after))
@@ -596,6 +625,9 @@ class RedisStateStore(AdminStore):
                         self.roundtrips += 1
                         self._sync.eval(_BYPAGE_TO_ZSET_LUA, 1, key)
                 moved = self._move_pages(lock, token) if start < 3 else 0
+                if start == 3:
+                    # Pages moved from layout 2 were summed as they were written.
+                    self._build_sums(lock, token)
                 # Done only if no other process took over meanwhile.
                 self._renew(lock, token)
                 self.roundtrips += 1
@@ -654,6 +686,31 @@ class RedisStateStore(AdminStore):
                 logger.info("State store %s: %d pages of scope %r moved so far",
                             self.location, moved, scope)
         return moved
+
+    def _build_sums(self, lock: str, token: str) -> None:
+        """Layout 3 → 4 for every scope: its sums of pages by next visit,
+        built once from every page (those of a build cut short are deleted
+        and built again: the step can be done again)."""
+        for scope in self._stored_scopes():
+            self._renew(lock, token)
+            self.roundtrips += 1
+            self._sync.delete(*(self._key(kind, scope) for kind in ("nvs", "nvm", "ck")),
+                              *self._fine_sums_keys(scope))
+            buckets = self._buckets(scope)
+            pages = 0
+            for start in range(0, len(buckets), _DUE_BUCKETS):
+                if start % (_DUE_BUCKETS * 100) == 0:
+                    self._renew(lock, token)
+                args = [arg for host, b in buckets[start:start + _DUE_BUCKETS]
+                        for arg in (host_part(host), b)]
+                self.roundtrips += 1
+                pages += int(self._sync.eval(_SUMS_BUILD_LUA, 0, self.prefix,
+                                             _key_part(scope), *args))
+            logger.info("State store %s: the sums of the %d pages of scope %r built",
+                        self.location, pages, scope)
+
+    def _fine_sums_keys(self, scope: str) -> list[str]:
+        return self._scan_keys(f"{_glob(self.prefix)}:nvf:{_glob(_key_part(scope))}:*")
 
     def _renew(self, lock: str, token: str) -> None:
         """Renew the migration's lock; fail if this process no longer holds it."""
@@ -859,33 +916,36 @@ class RedisStateStore(AdminStore):
         return found
 
     async def get_due(self, scope: str, now: float, limit: int,
-                      offset: int = 0) -> list[PageState]:
+                      after: DueAfter | None = None) -> list[PageState]:
         # Most overdue first, ties by URL (then variant): a total order. A
-        # reader paging through them (offset 0, limit, 2 * limit...) goes on
-        # from where the previous page stopped while this store flushed
-        # nothing in between (the re-seeder reads so); else it starts over.
+        # reader paging through them (after the last page each call
+        # returned) goes on from where the previous call stopped while this
+        # store flushed nothing in between (the re-seeder reads so); else a
+        # reading starts again from *after*'s next visit.
+        after = checked_after(after)
         if limit <= 0:
             return []
         cursor = self._due_cursor
-        if (cursor is None or (cursor.scope, cursor.now, cursor.flushes)
-                != (scope, now, self._flushes) or offset < cursor.base):
-            cursor = _DueCursor(scope, now, self._flushes)
+        if (cursor is None or after is None or (cursor.scope, cursor.now, cursor.flushes)
+                != (scope, now, self._flushes) or cursor.last != after):
+            cursor = _DueCursor(scope, now, self._flushes, after)
         for _ in range(_DUE_STARTS):
             self._due_cursor = cursor
-            await self._read_due(cursor, offset + limit)
+            await self._read_due(cursor, cursor.base + limit)
             if not cursor.moved:
                 break
             # Another worker split buckets meanwhile: pages not read may
             # have moved out of the buckets still to read (or into them).
-            cursor = _DueCursor(scope, now, self._flushes)
+            cursor = _DueCursor(scope, now, self._flushes, after)
         else:
             logger.warning("State store %s: buckets of %r kept splitting while its due "
                            "pages were read (%d times): some may be missing until the "
                            "next reading", self.location, scope, _DUE_STARTS)
-        del cursor.ready[:offset - cursor.base]
-        cursor.base = offset
+        sent = cursor.ready[:limit]
+        del cursor.ready[:limit]
+        cursor.base += len(sent)
         due = []
-        for _, url, variant, raw in cursor.ready[:limit]:
+        for visit, url, variant, raw in sent:
             # As its bucket was read during this paging through the due
             # pages (a staged one as staged): not read again, a page is sent
             # once. One another worker wrote meanwhile reads as it was, as
@@ -895,6 +955,7 @@ class RedisStateStore(AdminStore):
             # A record written by another version cannot re-seed a bad page.
             if state.callback is not None and state.next_visit <= now:
                 due.append(state)
+            cursor.last = (visit, url, variant)
         return due
 
     async def _read_due(self, cursor: _DueCursor, need: int) -> None:
@@ -935,15 +996,23 @@ class RedisStateStore(AdminStore):
                 cursor.note_splits(splits)
                 at = 0
                 for head in heads.split(b"\xfe") if heads else ():
-                    member, above, *pages = head.split(b"\xff")
+                    member, above, least, *pages = head.split(b"\xff")
                     if above:
                         heapq.heappush(cursor.parked, (int(above), member, cap))
+                    bound = cursor.bounds.pop(member, None)
+                    if bound is not None and (not least or int(least) > bound):
+                        # Its pages moved on since its bound was set: set
+                        # right by the next flush (a write script).
+                        bucket_host, _, bucket = member.decode().partition("|")
+                        self._stage(cursor.scope, ("rebound", _key_part(cursor.scope),
+                                                   bucket_host, bucket))
                     host = host_of_part(member.partition(b"|")[0].decode())
                     for n in range(0, len(pages), 3):
                         page = page_key_of(cursor.scope, host, pages[n + 1].decode())
                         end = at + int(pages[n + 2])
-                        heapq.heappush(cursor.waiting, (
-                            int(pages[n]), page.url, page.variant, records[at:end]))
+                        place = (int(pages[n]), page.url, page.variant)
+                        if cursor.after is None or place > cursor.after:
+                            heapq.heappush(cursor.waiting, (*place, records[at:end]))
                         at = end
         raise self._fail(f"reading the due pages of {cursor.scope!r} did not finish")
 
@@ -960,6 +1029,7 @@ class RedisStateStore(AdminStore):
         for member, score in pairs:
             if member not in cursor.seen:
                 cursor.seen.add(member)
+                cursor.bounds[member] = float(score)
                 heapq.heappush(cursor.unread, (float(score), member))
         if pairs:
             last = float(pairs[-1][1])
@@ -972,6 +1042,27 @@ class RedisStateStore(AdminStore):
     async def summarize_pages(self, scope: str, *, after: float, upto: float,
                               checked_before: float,
                               exclude_callbacks: Collection[str] = ()) -> PagesSummary:
+        # The scope's sums by next visit, less this crawl's checks, one by
+        # one (see redis_sums_read.lua); every page read only when those
+        # are not known one by one (no crawl took the scope since a page
+        # was last checked at or after checked_before: cluster workers,
+        # a clock that went back).
+        reply = await self._read_script(_SUMS_READ_SHA, [
+            self.prefix, _key_part(scope), _limit(after), _limit(upto),
+            _limit(checked_before, up=True), len(exclude_callbacks), *exclude_callbacks,
+        ])
+        pages, size, first = [*reply, None, None][:3]
+        if pages != b"scan":
+            return PagesSummary(int(pages), int(size),
+                                None if first is None else float(first))
+        return await self._summarize_scan(scope, after=after, upto=upto,
+                                          checked_before=checked_before,
+                                          exclude_callbacks=exclude_callbacks)
+
+    async def _summarize_scan(self, scope: str, *, after: float, upto: float,
+                              checked_before: float,
+                              exclude_callbacks: Collection[str] = ()) -> PagesSummary:
+        """:meth:`summarize_pages` from every page of the scope."""
         # Every bucket of the index whose bound is not after `upto`, read in
         # Redis (the scripts sum them up, and set each bucket's bound to its
         # exact minimum). ZSCAN walks the index in O(1) per bucket and may
@@ -1127,6 +1218,12 @@ class RedisStateStore(AdminStore):
         if staged is not None:
             # What the flush will leave: the staged state, then the flags.
             self._pages[key] = staged.copy(flags=int(staged.flags) | int(add))
+
+    def stage_postpone(self, key: PageKey, was: float, next_visit: float) -> None:
+        self._stage(key.scope, ("postpone", *self._page_args(key), int(was), int(next_visit)))
+        staged = self._staged_page(key)
+        if staged is not None and staged.next_visit == int(was):
+            self._pages[key] = staged.copy(next_visit=int(next_visit))
 
     def stage_listing(self, key: PageKey, listing: str) -> None:
         self._stage(key.scope, ("listing", *self._page_args(key), listing))
@@ -1578,6 +1675,10 @@ class RedisStateStore(AdminStore):
                         pipe.multi()
                         pipe.delete(holds)  # lapsed holds, and those of gone processes
                         pipe.zadd(holds, {holder: now + ttl})
+                        # This crawl's checks, from its start on, are noted
+                        # one by one (see summarize_pages).
+                        pipe.eval(_SUMS_MARK_LUA, 0, self.prefix, _key_part(scope),
+                                  math.floor(now))
                         pipe.execute()
                         self.roundtrips += 1
                         return None
@@ -1803,13 +1904,15 @@ class RedisStateStore(AdminStore):
         def delete_pages(pipe: Any) -> list[str | None]:
             if not page_fields:
                 return []
+            pipe.eval(_SUMS_FORGET_LUA, 0, self.prefix, _key_part(scope), host_part(host),
+                      "fields", bucket, *page_fields)
             for key in self._bucket_keys(scope, host, bucket):
                 pipe.hdel(key, *page_fields)
             pipe.hincrby(self._host_key("hd", scope, host), "p", -len(page_fields))
             pipe.hdel(self._host_key("ln", scope, host), *page_fields)
             # The bucket's bound in the revisit index may now be low: a
             # lower bound still (the next summary sets it right).
-            return ["pages", "pages", None, "links"]
+            return [None, "pages", "pages", None, "links"]
 
         return self._forget(scope, {url}, delete_pages)
 
@@ -1820,7 +1923,9 @@ class RedisStateStore(AdminStore):
                 for _, field, _ in self._iter_bucket_pages(scope, buckets)}
 
         def delete_pages(pipe: Any) -> list[str | None]:
-            kinds: list[str | None] = []
+            pipe.eval(_SUMS_FORGET_LUA, 0, self.prefix, _key_part(scope), host_part(host),
+                      "buckets", *(b for _, b in buckets))
+            kinds: list[str | None] = [None]
             doomed = [key for _, b in buckets for key in self._bucket_keys(scope, host, b)]
             for key in doomed:
                 pipe.hlen(key)
@@ -1848,6 +1953,7 @@ class RedisStateStore(AdminStore):
         kinds += [self._host_key("hd", scope, host) for host in counts]
         hist = self._scan_keys(f"{_glob(self.prefix)}:hist:{_glob(_key_part(scope))}:*")
         kinds += self._scan_keys(f"{_glob(self.prefix)}:undel:{_glob(_key_part(scope))}:*")
+        kinds += self._fine_sums_keys(scope)
         return kinds, buckets, links, hist
 
     def _count(self, scope: str, buckets: list[str], links: list[str], hist: list[str],
