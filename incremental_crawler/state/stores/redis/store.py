@@ -49,6 +49,7 @@ from incremental_crawler.state.stores.base import (
     UrlRecord,
     checked_after,
     crawl_history_setting,
+    due_after,
     holder_gone,
     item_history_setting,
     redis_retry_setting,
@@ -245,6 +246,9 @@ class _DueCursor:
         #: Where the reading starts (pages after it), and the last page sent.
         self.after = after
         self.last = after
+        #: The place of the last page sent as it was sent (a staged page's
+        #: staged next visit): what the reader passes back as *after*.
+        self.sent = after
         #: Pages due at or before this next visit are not read (before *after*).
         self.floor = -_FOREVER if after is None else int(after[0]) - 1
         #: Due pages read, not yet in place: a heap of _DuePage.
@@ -926,37 +930,47 @@ class RedisStateStore(AdminStore):
         if limit <= 0:
             return []
         cursor = self._due_cursor
+        # The reader passes the place of the last page sent as it was sent:
+        # a staged one's staged next visit, not its stored place, which
+        # the cursor follows (``sent``).
         if (cursor is None or after is None or (cursor.scope, cursor.now, cursor.flushes)
-                != (scope, now, self._flushes) or cursor.last != after):
+                != (scope, now, self._flushes) or after not in (cursor.last, cursor.sent)):
             cursor = _DueCursor(scope, now, self._flushes, after)
-        for _ in range(_DUE_STARTS):
-            self._due_cursor = cursor
-            await self._read_due(cursor, cursor.base + limit)
-            if not cursor.moved:
-                break
-            # Another worker split buckets meanwhile: pages not read may
-            # have moved out of the buckets still to read (or into them).
-            cursor = _DueCursor(scope, now, self._flushes, after)
-        else:
-            logger.warning("State store %s: buckets of %r kept splitting while its due "
-                           "pages were read (%d times): some may be missing until the "
-                           "next reading", self.location, scope, _DUE_STARTS)
-        sent = cursor.ready[:limit]
-        del cursor.ready[:limit]
-        cursor.base += len(sent)
-        due = []
-        for visit, url, variant, raw in sent:
-            # As its bucket was read during this paging through the due
-            # pages (a staged one as staged): not read again, a page is sent
-            # once. One another worker wrote meanwhile reads as it was, as
-            # with any read (this store's own flushes start over).
-            key = PageKey(scope, url, variant)
-            state = self._staged_page(key) or self._page(key, raw)
-            # A record written by another version cannot re-seed a bad page.
-            if state.callback is not None and state.next_visit <= now:
-                due.append(state)
-            cursor.last = (visit, url, variant)
-        return due
+        while True:
+            for _ in range(_DUE_STARTS):
+                self._due_cursor = cursor
+                await self._read_due(cursor, cursor.base + limit)
+                if not cursor.moved:
+                    break
+                # Another worker split buckets meanwhile: pages not read may
+                # have moved out of the buckets still to read (or into them).
+                cursor = _DueCursor(scope, now, self._flushes, after)
+            else:
+                logger.warning("State store %s: buckets of %r kept splitting while its due "
+                               "pages were read (%d times): some may be missing until the "
+                               "next reading", self.location, scope, _DUE_STARTS)
+            sent = cursor.ready[:limit]
+            del cursor.ready[:limit]
+            cursor.base += len(sent)
+            due = []
+            for visit, url, variant, raw in sent:
+                # As its bucket was read during this paging through the due
+                # pages (a staged one as staged): not read again, a page is
+                # sent once. One another worker wrote meanwhile reads as it
+                # was, as with any read (this store's own flushes start over).
+                key = PageKey(scope, url, variant)
+                state = self._staged_page(key) or self._page(key, raw)
+                # A record written by another version cannot re-seed a bad page.
+                if state.callback is not None and state.next_visit <= now:
+                    due.append(state)
+                cursor.last = (visit, url, variant)
+            if due:
+                cursor.sent = due_after(due[-1])
+                return due
+            if not sent:
+                return due
+            # Every page read was left out (staged since with a later next
+            # visit): read on, or the reader would take the end for reached.
 
     async def _read_due(self, cursor: _DueCursor, need: int) -> None:
         """Merge the scope's buckets until *need* due pages are in place.
