@@ -629,8 +629,10 @@ class RedisStateStore(AdminStore):
                         self.roundtrips += 1
                         self._sync.eval(_BYPAGE_TO_ZSET_LUA, 1, key)
                 moved = self._move_pages(lock, token) if start < 3 else 0
-                if start == 3:
-                    # Pages moved from layout 2 were summed as they were written.
+                if start == 3 or _UPGRADING.encode() in found:
+                    # Pages moved from layout 2 now were summed as they were
+                    # written; a move resumed (begun by a process of layout 3,
+                    # which kept no sums) has pages moved before: built anew.
                     self._build_sums(lock, token)
                 # Done only if no other process took over meanwhile.
                 self._renew(lock, token)
