@@ -253,6 +253,38 @@ async def test_vouched_pages_skipped_move_on_by_their_interval_and_are_not_read_
     assert fourth.stats.get_value("incremental/reseed/postponed") == 4
 
 
+@pytest_twisted.ensureDeferred
+async def test_vouched_pages_of_a_host_its_sample_found_stale_stay_due(
+    site, crawl, monkeypatch
+):
+    """The re-seeder's sample finds the host's dates stale: the vouched
+    pages it skipped in that crawl are not moved on by their interval, and
+    the next crawl asks them (found by a review: they waited an interval)."""
+    paths = add_pages(site, 4, kinds=("strong",))
+    fixed_sitemap(site, paths, etag='"s-1"')
+    settings = {**REVISITS, "INCREMENTAL_LASTMOD_RECHECK_SHARE": 0.5,
+                "INCREMENTAL_LASTMOD_STALE_AFTER": 2}
+    sitemap = site.url("/s.xml")
+    await crawl(SitemapPagesSpider, settings=settings, sitemap_url=sitemap)
+    for path in paths:
+        site.change(path)  # behind lastmods that do not move
+    later(monkeypatch, 2 * DAY)
+    site.reset_log()
+    second = await crawl(SitemapPagesSpider, settings=settings, sitemap_url=sitemap)
+    assert [(r.path, r.status) for r in site.log if r.path == "/s.xml"] == [("/s.xml", 304)]
+    sampled = page_requests(site)
+    assert len(sampled) == 2
+    assert second.stats.get_value("incremental/lastmod/hosts_distrusted") == 1
+    assert second.stats.get_value("incremental/reseed/postponed") is None
+    # Half a day on, the two skipped (due a day after crawl 1) are asked.
+    later(monkeypatch, 2.5 * DAY)
+    site.reset_log()
+    third = await crawl(SitemapPagesSpider, settings=settings, sitemap_url=sitemap)
+    unsampled = sorted(set(paths) - set(sampled))
+    assert page_requests(site) == unsampled
+    assert sorted(i["url"] for i in third.collected) == [site.url(p) for p in unsampled]
+
+
 def rss(site, dates: dict[str, str]) -> str:
     rows = "".join(f"<item><title>{p}</title><link>{site.url(p)}</link>"
                    f"<pubDate>{date}</pubDate></item>" for p, date in dates.items())

@@ -78,6 +78,7 @@ from incremental_crawler.change.tombstones import TombstoneSender
 from incremental_crawler.change.trust import HostTrustBook
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.exceptions import ItemUnchanged, StoreUnavailable
+from incremental_crawler.hosts import host_of
 from incremental_crawler.lists.sitemaps import NO_LISTING
 from incremental_crawler.recipes import (
     ADVICE,
@@ -314,6 +315,9 @@ class Ledger:
         #: last read in full. A listed date vouches for a page only while one
         #: of them is that of the list that gave it (see :meth:`listed`).
         self.listings: set[str] = set()
+        #: Vouched pages the re-seeder skipped, to move on by their
+        #: interval when the crawl finishes: (key, next visit read, to).
+        self._postpones: list[tuple[PageKey, float, int]] = []
         # Failures of this crawl that could not be recorded to be asked again.
         self._unrecorded = 0
         #: What a yielded request's recipe holds (DEPTH_PRIORITY, the timeout).
@@ -648,6 +652,7 @@ class Ledger:
         if reason == "finished" and run_unrecorded == 0 and not self._unrecorded:
             for txn in self._discovered:
                 self._stage_list(txn)
+            self._postpone()
             self.stats.inc_value("incremental/discovery_committed", len(self._discovered))
         elif self._discovered:
             # A sitemap answering 304 next time would hide the pages whose
@@ -1303,6 +1308,27 @@ class Ledger:
         """OR *add* into the stored page's flags (a replayed request was dropped)."""
         self.store.stage_flags(key, add)
         self._after_stage()
+
+    def postpone_when_finished(self, key: PageKey, was: float, to: int) -> None:
+        """Move the vouched page *key* on to *to* when the crawl finishes,
+        if its host's dates are still trusted then (see :meth:`_postpone`)."""
+        self._postpones.append((key, was, to))
+
+    def _postpone(self) -> None:
+        """Stage the postpones of the pages whose host is trusted still: a
+        sample that found its dates stale this crawl leaves its other pages
+        due, to be asked at the next crawl. A crawl that did not finish
+        stages none (its sample may not have answered)."""
+        now = clock.now()
+        moved = 0
+        for key, was, to in self._postpones:
+            trust = self.trust.loaded(host_of(key.url))
+            if self.trust.trusted(trust, now) and not self.trust.on_probation(trust):
+                self.store.stage_postpone(key, was, to)
+                moved += 1
+        self._postpones.clear()
+        if moved:
+            self.stats.inc_value("incremental/reseed/postponed", moved)
 
     def note_listing(self, listing: str) -> None:
         """A list of this crawl is current, with membership *listing*."""

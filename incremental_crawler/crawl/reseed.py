@@ -383,18 +383,16 @@ class _DueReader:
 
     def postpone_vouched(self) -> None:
         """Each vouched page skipped moves on by its interval (from now), so
-        the next crawls do not read past it again before then: staged once
-        the pages are counted (a summary must see them where they were
-        read), applied only if no check moved the page meanwhile."""
+        the next crawls do not read past it again before then: left to the
+        ledger, which stages it when the crawl finishes, if the page's host
+        is still trusted then (its sample, asked this crawl, may show its
+        dates lie: its pages are then due at the next crawl), and applied
+        only if no check moved the page meanwhile."""
         now = clock.now()
-        moved = 0
         for state in self.vouched_skipped:
             if state.interval > 0 and now + state.interval > state.next_visit:
-                self.ledger.store.stage_postpone(state.key, state.next_visit,
-                                                 math.floor(now + state.interval))
-                moved += 1
-        if moved:
-            self.reseeder.stats.inc_value("incremental/reseed/postponed", moved)
+                self.ledger.postpone_when_finished(state.key, state.next_visit,
+                                                   math.floor(now + state.interval))
 
     def add(self, state: PageState, why: Why) -> None:
         request = self.reseeder.build(state, why)
