@@ -230,6 +230,13 @@ class TombstoneSender:
 
         def finished(_: object) -> None:
             self._sending -= 1
+            if not self._sending:
+                # Scrapy looks at an idle engine only every 5 s: wake it, so
+                # a crawl whose last work was this decision closes now.
+                engine = self.crawler.engine
+                nextcall = getattr(getattr(engine, "_slot", None), "nextcall", None)
+                if nextcall is not None:
+                    nextcall.schedule()
 
         done.addBoth(finished)
 
