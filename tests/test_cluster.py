@@ -210,6 +210,24 @@ def test_an_unreachable_cluster_redis_is_a_clear_error():
         ClusterCoordinator.from_crawler(crawler)
 
 
+async def crawled_and_due_again(site, n: int, state_uri: str, prefix: str, tmp_path,
+                                *, sample_share: float) -> tuple[str, ...]:
+    """*n* pages crawled by one worker, revisits of a second, then every
+    page due again; the workers' settings for that (no sampled full
+    re-check: every revisit is a 304; *sample_share*: the vouched pages'
+    rotating sample)."""
+    site.add_pages(n, size=2000)
+    revisits = ("-s", "INCREMENTAL_REVISIT_ENABLED=True",
+                "-s", "INCREMENTAL_REVISIT_INITIAL=1", "-s", "INCREMENTAL_REVISIT_MIN=1",
+                "-s", "INCREMENTAL_RECHECK_EVERY=0",
+                "-s", f"INCREMENTAL_LASTMOD_RECHECK_SHARE={sample_share}")
+    worker = Worker(site, state_uri, prefix, tmp_path, "1", *revisits)
+    assert await worker.wait() == 0, worker.tail()
+    await deferLater(reactor, 1.2)  # every page is due again
+    site.reset_log()
+    return revisits
+
+
 @pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
 @pytest_twisted.ensureDeferred
 async def test_due_pages_are_reseeded_once_for_the_whole_cluster(
@@ -218,18 +236,10 @@ async def test_due_pages_are_reseeded_once_for_the_whole_cluster(
     # Crawl 2 reads no sitemap (304s): the due pages come from the store,
     # re-seeded by one worker into the shared queue, fetched once each.
     n = 60
-    site.add_pages(n, size=2000)
-    revisits = ("-s", "INCREMENTAL_REVISIT_ENABLED=True",
-                "-s", "INCREMENTAL_REVISIT_INITIAL=1", "-s", "INCREMENTAL_REVISIT_MIN=1",
-                # No sampled full re-checks: every revisit is a 304 here.
-                "-s", "INCREMENTAL_RECHECK_EVERY=0",
-                # The pages' trusted lastmods vouch for them: re-seeded as
-                # the rotating sample, here all of them.
-                "-s", "INCREMENTAL_LASTMOD_RECHECK_SHARE=1")
-    worker = Worker(site, state_uri, cluster_prefix, tmp_path, "1", *revisits)
-    assert await worker.wait() == 0, worker.tail()
-    await deferLater(reactor, 1.2)  # every page is due again
-    site.reset_log()
+    # The pages' trusted lastmods vouch for them: re-seeded as the rotating
+    # sample, here all of them.
+    revisits = await crawled_and_due_again(site, n, state_uri, cluster_prefix, tmp_path,
+                                           sample_share=1)
 
     # Slow pages, and both workers have some on the wire before any is
     # answered: the work is spread over them, whichever started first.
@@ -555,15 +565,8 @@ async def test_pages_listed_with_unmoved_dates_are_not_asked_whichever_worker_re
     # not be the one that read its lists. (Found by a review: without the
     # run's memberships, 2 runs in 5 asked all 40 pages.)
     n = 40
-    site.add_pages(n, size=2000)
-    revisits = ("-s", "INCREMENTAL_REVISIT_ENABLED=True",
-                "-s", "INCREMENTAL_REVISIT_INITIAL=1", "-s", "INCREMENTAL_REVISIT_MIN=1",
-                "-s", "INCREMENTAL_RECHECK_EVERY=0",
-                "-s", "INCREMENTAL_LASTMOD_RECHECK_SHARE=0")
-    worker = Worker(site, state_uri, cluster_prefix, tmp_path, "1", *revisits)
-    assert await worker.wait() == 0, worker.tail()
-    await deferLater(reactor, 1.2)  # every page is due again
-    site.reset_log()
+    revisits = await crawled_and_due_again(site, n, state_uri, cluster_prefix, tmp_path,
+                                           sample_share=0)
     workers = [Worker(site, state_uri, cluster_prefix, tmp_path, f"2-{i}", *revisits)
                for i in range(3)]
     for worker in workers:

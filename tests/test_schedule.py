@@ -138,13 +138,13 @@ def fixed_sitemap(site, paths: list[str], *, etag: str | None = None,
     site.add_document("/s.xml", urlset(entries), "application/xml", etag=etag)
 
 
-@pytest_twisted.ensureDeferred
-async def test_stale_lastmods_are_found_by_the_sample_and_distrust_the_host(
-    site, crawl, monkeypatch, state_db
-):
+async def changed_behind_fixed_dates(site, crawl, monkeypatch, *, etag: str | None = None):
+    """Four pages crawled, then all changed behind dates that do not move,
+    and crawled again two days later, half the skipped pages sampled (2 of
+    4), the host distrusted after 2 findings: (paths, settings, sitemap URL,
+    the second crawl)."""
     paths = add_pages(site, 4, kinds=("strong",))
-    fixed_sitemap(site, paths)
-    # Half the skipped pages sampled (2 of 4), distrusted after 2 findings.
+    fixed_sitemap(site, paths, etag=etag)
     settings = {**REVISITS, "INCREMENTAL_LASTMOD_RECHECK_SHARE": 0.5,
                 "INCREMENTAL_LASTMOD_STALE_AFTER": 2}
     sitemap = site.url("/s.xml")
@@ -154,6 +154,15 @@ async def test_stale_lastmods_are_found_by_the_sample_and_distrust_the_host(
     later(monkeypatch, 2 * DAY)
     site.reset_log()
     second = await crawl(SitemapPagesSpider, settings=settings, sitemap_url=sitemap)
+    return paths, settings, sitemap, second
+
+
+@pytest_twisted.ensureDeferred
+async def test_stale_lastmods_are_found_by_the_sample_and_distrust_the_host(
+    site, crawl, monkeypatch, state_db
+):
+    paths, settings, sitemap, second = await changed_behind_fixed_dates(
+        site, crawl, monkeypatch)
     sampled = page_requests(site)
     assert len(sampled) == 2
     assert sorted(i["url"] for i in second.collected) == [site.url(p) for p in sampled]
@@ -260,17 +269,8 @@ async def test_vouched_pages_of_a_host_its_sample_found_stale_stay_due(
     """The re-seeder's sample finds the host's dates stale: the vouched
     pages it skipped in that crawl are not moved on by their interval, and
     the next crawl asks them (found by a review: they waited an interval)."""
-    paths = add_pages(site, 4, kinds=("strong",))
-    fixed_sitemap(site, paths, etag='"s-1"')
-    settings = {**REVISITS, "INCREMENTAL_LASTMOD_RECHECK_SHARE": 0.5,
-                "INCREMENTAL_LASTMOD_STALE_AFTER": 2}
-    sitemap = site.url("/s.xml")
-    await crawl(SitemapPagesSpider, settings=settings, sitemap_url=sitemap)
-    for path in paths:
-        site.change(path)  # behind lastmods that do not move
-    later(monkeypatch, 2 * DAY)
-    site.reset_log()
-    second = await crawl(SitemapPagesSpider, settings=settings, sitemap_url=sitemap)
+    paths, settings, sitemap, second = await changed_behind_fixed_dates(
+        site, crawl, monkeypatch, etag='"s-1"')
     assert [(r.path, r.status) for r in site.log if r.path == "/s.xml"] == [("/s.xml", 304)]
     sampled = page_requests(site)
     assert len(sampled) == 2
