@@ -59,7 +59,7 @@ from incremental_crawler.state.stores.packed import (
     pack,
     unpack,
 )
-from incremental_crawler.state.stores.redis_pages import (
+from incremental_crawler.state.stores.redis.pages import (
     bucket_of,
     host_of_part,
     host_part,
