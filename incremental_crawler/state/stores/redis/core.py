@@ -238,23 +238,15 @@ class RedisCore(StateStore):
         self._silence.bound = seconds
 
     async def _run(self, pipe: Any) -> list[Any]:
-        # A pipeline forgets its commands once executed, failed or not: each
-        # attempt gets a copy of them.
-        stack, transaction = list(pipe.command_stack), pipe.is_transaction
-
-        async def attempt() -> list[Any]:
-            again = self._async.pipeline(transaction=transaction)
-            again.command_stack = list(stack)
-            self.roundtrips += 1
-            return await again.execute()
-
         try:
-            return await self._again(attempt)
+            return await self._run_raw(pipe)
         except redis.RedisError as exc:
             raise self._fail("Redis command failed", exc) from exc
 
     async def _run_raw(self, pipe: Any) -> list[Any]:
         """:meth:`_run`, Redis's errors left as they are."""
+        # A pipeline forgets its commands once executed, failed or not: each
+        # attempt gets a copy of them.
         stack, transaction = list(pipe.command_stack), pipe.is_transaction
 
         async def attempt() -> list[Any]:
