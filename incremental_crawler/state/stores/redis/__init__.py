@@ -112,12 +112,12 @@ Opening the store (once, before a crawl) and the synchronous reports
 blocking client.
 """
 
-from incremental_crawler.state.stores.redis.store import (
+from incremental_crawler.state.stores.redis.layout import (
     LAYOUT,
     LAYOUT_VERSION,
     MIN_REDIS_VERSION,
-    RedisStateStore,
 )
+from incremental_crawler.state.stores.redis.store import RedisStateStore
 from incremental_crawler.state.stores.redis.uri import DEFAULT_PREFIX, parse_redis_uri
 
 __all__ = [
