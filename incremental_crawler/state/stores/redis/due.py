@@ -56,7 +56,7 @@ _DUE_AHEAD = 4
 _SUMMARY_BUCKETS = 16
 _SUMMARY_SCRIPTS = 8
 #: Stands for an infinite time in scripts (Lua reads no "inf"): beyond any
-#: stored time (see _LUA_INT_LIMIT).
+#: stored time (see _LUA_INT_LIMIT in core.py).
 _FOREVER = 10**15
 
 
