@@ -42,7 +42,7 @@ from incremental_crawler.state.stores.redis import (
     RedisStateStore,
     parse_redis_uri,
 )
-from incremental_crawler.state.stores.redis_pages import BUCKET_LOAD
+from incremental_crawler.state.stores.redis.pages import BUCKET_LOAD
 from tests.redis_util import REDIS_URI, CuttableProxy, OwnRedis, prefix_keys
 from tests.test_store_contract import SCOPE, URL, call, full_state, item
 

@@ -52,7 +52,7 @@ themselves; other ``P:<name>:<s>`` keys, such as a shared politeness budget
 ``P:hist:<s>:*`` and ``P:undel:<s>:*`` keys, and takes it out of ``P:scopes``.
 
 Pages are kept per host in small buckets (see
-:mod:`~incremental_crawler.state.stores.redis_pages`: how a page's field
+:mod:`~incremental_crawler.state.stores.redis.pages`: how a page's field
 and bucket are chosen, how a host's buckets grow, why the revisit index
 counts buckets), each page a packed record (see
 :mod:`~incremental_crawler.state.stores.packed`: a field added to
@@ -112,12 +112,12 @@ Opening the store (once, before a crawl) and the synchronous reports
 blocking client.
 """
 
-from incremental_crawler.state.stores.redis.store import (
+from incremental_crawler.state.stores.redis.layout import (
     LAYOUT,
     LAYOUT_VERSION,
     MIN_REDIS_VERSION,
-    RedisStateStore,
 )
+from incremental_crawler.state.stores.redis.store import RedisStateStore
 from incremental_crawler.state.stores.redis.uri import DEFAULT_PREFIX, parse_redis_uri
 
 __all__ = [

@@ -1,5 +1,5 @@
 """The Redis store's own Lua scripts, put together from the ``.lua`` files of
-this package and the libraries of :mod:`~incremental_crawler.state.stores.redis_pages`
+this package and the libraries of :mod:`~incremental_crawler.state.stores.redis.pages`
 and :mod:`~incremental_crawler.state.stores.packed` (the flag line first), and
 the SHA-1s EVALSHA names them by."""
 
@@ -11,7 +11,7 @@ from incremental_crawler.lua import load_script
 from incremental_crawler.state.stores.packed import (
     LUA_CODEC as PAGE_CODEC,
 )
-from incremental_crawler.state.stores.redis_pages import (
+from incremental_crawler.state.stores.redis.pages import (
     BUCKET_LOAD,
     DUE_INDEX_LUA,
     DUE_READ_LUA,
@@ -27,7 +27,7 @@ from incremental_crawler.state.stores.redis_pages import (
     SUMS_MARK_LUA,
     SUMS_READ_LUA,
 )
-from incremental_crawler.state.stores.redis_pages import (
+from incremental_crawler.state.stores.redis.pages import (
     LUA_BUCKETS as PAGE_BUCKETS,
 )
 
@@ -58,7 +58,7 @@ _TOKEN_TTL = 86_400
 # page index (P:bypage) in step: an item leaves the page it was listed under
 # when it comes from another page or is a tombstone.
 #
-# Page writes go to the page's bucket (see redis_pages), chosen in the
+# Page writes go to the page's bucket (see pages.py), chosen in the
 # script from the host's bucket count. Before any write, the hosts whose
 # pages would outgrow their buckets are split (a split moves records
 # between buckets of one host, changing nothing a reader sees, and is
@@ -116,6 +116,6 @@ _READ_PAGES_SHA, _DUE_READ_SHA, _SUMMARY_SHA, _DUE_INDEX_SHA, _SUMS_READ_SHA = (
     _sha1(script) for script in (READ_PAGES_LUA, DUE_READ_LUA, SUMMARY_LUA, DUE_INDEX_LUA,
                                  SUMS_READ_LUA))
 # Run now, by repairs, a migration and a crawl taking its scope (see
-# redis_pages): sent whole (EVAL), rarely.
+# pages.py): sent whole (EVAL), rarely.
 _SUMS_BUILD_LUA, _SUMS_FORGET_LUA, _SUMS_MARK_LUA = SUMS_BUILD_LUA, SUMS_FORGET_LUA, SUMS_MARK_LUA
 

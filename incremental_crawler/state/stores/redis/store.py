@@ -1,35 +1,29 @@
-"""The Redis state store itself: opening a prefix (its layout checked and
-migrated in place), the crawl-time reads, staged writes and flushes, the
-due-page reads, holds, and the administration read-outs and repairs. The key
-layout is in the package's docstring (:mod:`incremental_crawler.state.stores.redis`);
-its URIs in :mod:`.uri`, its Lua scripts in :mod:`.scripts` and the ``.lua``
-files of the package."""
+"""The Redis state store itself, the class a crawl opens: the crawl-time reads
+(pages, links, items, hosts), the staged writes and the flushes that send
+them as one run of a script, delivery marks, crawl records, remembered
+rates and a crawl's hold on its scope; and the class that puts the store's
+parts together over their shared core (:mod:`.core`): the layout checked
+and migrated when it opens (:mod:`.layout`), the reads of pages by next
+visit (:mod:`.due`) and the administration (:mod:`.admin`). The key layout
+is in the package's docstring (:mod:`incremental_crawler.state.stores.redis`);
+its URIs in :mod:`.uri`, where it keeps pages in :mod:`.pages`, its Lua
+scripts in :mod:`.scripts` and the ``.lua`` files of the package."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import heapq
 import json
-import logging
 import math
-import time
 import uuid
-from dataclasses import MISSING, fields
-from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import quote, unquote
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import redis
 import redis.asyncio
-from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from incremental_crawler import clock
 from incremental_crawler.config import DEFAULT_SETTINGS
-from incremental_crawler.redis_retry import RedisSilent, Silence
 from incremental_crawler.state.records import (
-    Change,
     CrawlRecord,
     HostTrust,
     ItemRecord,
@@ -37,310 +31,56 @@ from incremental_crawler.state.records import (
     PageKey,
     PageState,
     SlotRate,
-    StoredVersion,
     Undelivered,
 )
 from incremental_crawler.state.stores.base import (
-    AdminStore,
-    PagesSummary,
-    Removed,
     SlotRates,
     StateStoreError,
-    UrlRecord,
-    checked_after,
     crawl_history_setting,
-    due_after,
     holder_gone,
     item_history_setting,
     redis_retry_setting,
 )
-from incremental_crawler.state.stores.packed import (
-    PackedRecordError,
-    pack,
-    unpack,
+from incremental_crawler.state.stores.redis.admin import RedisAdmin
+from incremental_crawler.state.stores.redis.core import (
+    _key_part,
+    _page_range,
+    _slot_rates,
+    _stored_version,
 )
-from incremental_crawler.state.stores.redis_pages import (
-    bucket_of,
-    host_of_part,
-    host_part,
-    page_field,
-    page_key_of,
-    url_field,
+from incremental_crawler.state.stores.redis.due import RedisDueReads
+from incremental_crawler.state.stores.redis.layout import RedisLayout
+from incremental_crawler.state.stores.redis.pages import page_field, page_key_of
+from incremental_crawler.state.stores.redis.scripts import (
+    _FLUSH_LUA,
+    _READ_PAGES_SHA,
+    _SUMS_MARK_LUA,
 )
+from incremental_crawler.state.stores.redis.uri import DEFAULT_PREFIX, parse_redis_uri
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Sequence
+    from collections.abc import Iterable, Iterator
     from typing import Self
 
     from scrapy.settings import BaseSettings
 
-    from incremental_crawler.state.stores.base import DueAfter
+__all__ = ["RedisStateStore"]
 
-from incremental_crawler.state.stores.redis.scripts import (
-    _BYPAGE_TO_ZSET_LUA,
-    _DUE_INDEX_SHA,
-    _DUE_READ_SHA,
-    _FLUSH_LUA,
-    _LATEST_LUA,
-    _READ_PAGES_SHA,
-    _RENEW_LUA,
-    _SCRIPTS,
-    _SUMMARY_SHA,
-    _SUMS_BUILD_LUA,
-    _SUMS_FORGET_LUA,
-    _SUMS_MARK_LUA,
-    _SUMS_READ_SHA,
-    _UNLOCK_LUA,
-    _sha1,
-)
-from incremental_crawler.state.stores.redis.uri import DEFAULT_PREFIX, parse_redis_uri
-
-__all__ = ["LAYOUT", "LAYOUT_VERSION", "MIN_REDIS_VERSION", "RedisStateStore"]
-
-
-logger = logging.getLogger(__name__)
-
-_T = TypeVar("_T")
-
-#: Written to ``P:meta``; a prefix holding another layout is refused. A
-#: name, not a module path: it stays as the first stores wrote it.
-LAYOUT = "incremental_crawler.state"
-#: Bumped when the key layout changes incompatibly (with a migration here).
-#: Additions older code can ignore are no change: ``P:links:<s>`` and the
-#: page records' ``recipe`` came without one (a prefix without them reads as
-#: pages with no links record and no recipe), and neither did the change
-#: feed's items' ``page``, ``born`` and ``died`` and the history entries'
-#: ``change`` (a prefix without them reads as items of the page of their
-#: key, of unknown live runs, versions new for version 1, else changed).
-#: Gone pages in ``P:due:<s>`` were no change either (code before them
-#: skips gone pages it reads there; ``P:meta`` notes when a prefix's older
-#: gone pages were added).
-#: Version 2: ``P:bypage:<s>`` became a sorted set (a hash of JSON lists in
-#: version 1; :meth:`RedisStateStore._migrate` converts it).
-#: Version 3: pages in packed records, in buckets per host, the links per
-#: host, the revisit index one of buckets (``P:pages:<s>``, ``P:links:<s>``
-#: and ``P:due:<s>`` before; ``_migrate`` moves them). A field added to a
-#: page record takes a new bit of its mask: no layout change (see
-#: :mod:`~incremental_crawler.state.stores.packed`).
-#: Version 4: each scope's pages with a callback in sums by next visit
-#: (``P:nvs:<s>``, ``P:nvf:<s>:<minute>``), kept by every page write, and
-#: its checks since its last crawl's start (``P:nvm:<s>``, ``P:ck:<s>``):
-#: a summary reads those, not every page (``_migrate`` builds them once;
-#: code of layout 3 would write pages without them).
-LAYOUT_VERSION = 4
-#: ``P:meta`` field: the layout version a migration under way started from
-#: (see :meth:`RedisStateStore._migrate`).
-_UPGRADING = "upgrading"
-#: A migration's lock lapses this long after its last step (a process that
-#: died); others wait for it this many times this long at most.
-_MIGRATION_LOCK_TTL = 120
-_MIGRATION_WAITS = 1_200
-_MIGRATION_WAIT = 0.5
-#: Pages (or links records) per flush of a migration.
-_MIGRATION_BATCH = 2_000
-#: Keys per pipelined round-trip of a batched read, and fields per HMGET.
+#: Keys per pipelined round-trip of a batched read (get_pages, get_links_many).
 _READ_BATCH = 10_000
-_HMGET_CHUNK = 1_000
-#: The oldest Redis the store runs on: its scripts carry flags (``#!lua``),
-#: which Redis 7.0 introduced; an older Redis is refused when the store opens.
-MIN_REDIS_VERSION = (7, 0)
-#: What a write refused for memory is called (Redis's own words are vaguer).
-OUT_OF_MEMORY = (
-    "Redis is out of memory (OOM: its used memory is above its maxmemory, and "
-    "maxmemory-policy noeviction refuses writes); nothing more was written: free "
-    "memory in Redis or raise its maxmemory, then re-run")
-
-
-def _over_limit(memory: dict[str, Any]) -> bool:
-    """Whether ``INFO memory`` says Redis refuses writes for memory now."""
-    try:
-        used, limit = int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0))
-    except (TypeError, ValueError):
-        return False
-    policy = str(memory.get("maxmemory_policy", ""))
-    return limit > 0 and used > limit and policy == "noeviction"
-
-
-#: A Redis that hangs must not hang the crawl; the URI may set other values.
-_DEFAULT_TIMEOUTS = {"socket_connect_timeout": 5.0, "socket_timeout": 30.0}
-#: Lua numbers are doubles: larger integers in a page record would not
-#: survive the check/redirect upsert (nor cjson's 14 digits, for items).
-_LUA_INT_LIMIT = 10**14
-#: The numbers of a page record the Lua upserts read and write back.
-_LUA_NUMBERS = ("size", "last_status", "first_seen", "last_checked", "last_fetched",
-                "last_changed", "checks", "changes", "flags", "lastmod", "interval",
-                "next_visit", "churns", "failures")
 #: Pages per read script (each is a hash and a lookup in Redis: a bound on
 #: how long one blocks the server), and read scripts per round-trip.
 _READ_SCRIPT_PAGES = 2_000
-#: Buckets per due-pages script and per summary script, and summary
-#: scripts per round-trip.
-_DUE_BUCKETS = 64
-#: Due-pages scripts per round-trip once a cap is known, and buckets of the
-#: index read per round-trip: a re-seed reads most buckets of the scope
-#: whose bound is before its last due page, and a round-trip per 64 of them
-#: cost more than the reads themselves.
-_DUE_SCRIPTS = 8
-_DUE_INDEX_CHUNK = _DUE_BUCKETS * _DUE_SCRIPTS * 2
-#: Readings of the due pages a get_due starts at most while other workers
-#: split buckets (see _DueCursor.note_splits).
-_DUE_STARTS = 4
-#: How many times the due pages wanted a merge reads ahead (see _read_due).
-_DUE_AHEAD = 4
-_SUMMARY_BUCKETS = 16
-_SUMMARY_SCRIPTS = 8
-#: Stands for an infinite time in scripts (Lua reads no "inf"): beyond any
-#: stored time (see _LUA_INT_LIMIT).
-_FOREVER = 10**15
-
-#: The kinds of ``P:<kind>:<s>`` keys a reset deletes: every one this store
-#: writes per scope but ``holds`` (holds lapse by themselves); and the kinds
-#: of a host's keys (``P:<kind>:{<s>|<host>}``, buckets ``…:<n>``).
-_SCOPE_KINDS = ("hosts", "items", "itemver", "order", "bypage", "crawls", "hs", "dueb",
-                "splits", "slots", "slotsat", "undelc", "nvs", "nvm", "ck")
-_HOST_KINDS = ("hd", "ln")
-
-#: Members asked per ZSCAN step, and steps at most (100 million members).
-_SCAN_COUNT = 1000
-_SCAN_ROUNDS = 100_000
 
 
-@functools.lru_cache(maxsize=256)
-def _key_part(scope: str) -> str:
-    # Percent-quoted: no ':' inside, so P:hist:<s>:<key> splits one way only,
-    # and common scope names (spider names) read as they are.
-    return quote(scope, safe="")
-
-
-def _limit(value: float, *, up: bool = False) -> int:
-    """A time as the scripts compare it: whole seconds (*up*: rounded up),
-    infinities as ±_FOREVER."""
-    if math.isinf(value):
-        return _FOREVER if value > 0 else -_FOREVER
-    return math.ceil(value) if up else math.floor(value)
-
-
-def _legacy_page_key(scope: str, field: str) -> PageKey:
-    """The page of a field of a layout-2 pages hash (``URL NUL variant``)."""
-    url, _, variant = field.partition("\0")
-    return PageKey(scope, url, variant)
-
-
-def _page_range(url: str) -> tuple[bytes, bytes]:
-    """ZRANGEBYLEX bounds of the page index members ``url NUL key`` of *url*."""
-    head = url.encode()
-    return b"[" + head + b"\0", b"(" + head + b"\1"
-
-
-#: A due page read: (next visit, URL, variant, record).
-_DuePage = tuple[int, str, str, bytes]
-
-
-class _DueCursor:
-    """How far a reading of a scope's due pages went (``get_due``)."""
-
-    def __init__(self, scope: str, now: float, flushes: int,
-                 after: DueAfter | None = None) -> None:
-        self.scope, self.now, self.flushes = scope, now, flushes
-        #: Where the reading starts (pages after it), and the last page sent.
-        self.after = after
-        self.last = after
-        #: The place of the last page sent as it was sent (a staged page's
-        #: staged next visit): what the reader passes back as *after*.
-        self.sent = after
-        #: Pages due at or before this next visit are not read (before *after*).
-        self.floor = -_FOREVER if after is None else int(after[0]) - 1
-        #: Due pages read, not yet in place: a heap of _DuePage.
-        self.waiting: list[_DuePage] = []
-        #: Due pages in place, in order; the first is due page number `base`.
-        self.ready: list[_DuePage] = []
-        self.base = 0
-        #: Buckets of the index not read yet: a heap of (bound, member);
-        #: where the index was read up to (a bound, and how many read have
-        #: it), and whether it was read to its end.
-        self.unread: list[tuple[float, bytes]] = []
-        self.low: str = "-inf"
-        self.ties = 0
-        self.seen: set[bytes] = set()
-        #: The bounds of the buckets not read yet (a bucket read whose
-        #: pages are all after its bound is set right by the next flush).
-        self.bounds: dict[bytes, float] = {}
-        self.index_done = False
-        #: Buckets read up to a cap, with pages due after it: a heap of (the
-        #: earliest of those, member, the cap).
-        self.parked: list[tuple[int, bytes, int]] = []
-        #: The cap of the reads for the due pages wanted: (how many, cap).
-        self.cap: tuple[int, int] | None = None
-        #: The scope's count of bucket splits when first read, and whether
-        #: a read since found another (pages may have moved: start over).
-        self.splits: bytes | None = None
-        self.moved = False
-
-    def note_splits(self, splits: bytes) -> None:
-        if self.splits is None:
-            self.splits = splits
-        elif splits != self.splits:
-            self.moved = True
-
-    def settle(self, need: int) -> bool:
-        """Move the waiting pages now certainly in place to ``ready``;
-        whether *need* are ready (or nothing is left to read)."""
-        frontier = min(self.unread[0][0] if self.unread else math.inf,
-                       self.parked[0][0] if self.parked else math.inf)
-        while self.waiting and self.waiting[0][0] < frontier:
-            self.ready.append(heapq.heappop(self.waiting))
-        if frontier == math.inf:
-            self.ready += sorted(self.waiting)
-            self.waiting = []
-            return True
-        return self.base + len(self.ready) >= need
-
-    def cap_for(self, need: int, until: int) -> int:
-        """The next visits to read up to: the pages that can still be among
-        the *need* first, and ahead of them (a reader paging through asks
-        for more next, and a bucket read again costs more than a few pages
-        sent now). Worked out once enough are waiting: a cap that could be
-        lower costs a few pages more, not a read."""
-        ahead = _DUE_AHEAD * (need - self.base - len(self.ready))
-        frontier = min(self.unread[0][0] if self.unread else math.inf,
-                       self.parked[0][0] if self.parked else math.inf)
-        # Past it, every bucket left is after the cap: a new one is due.
-        if self.cap is None or self.cap[0] != need or self.cap[1] < frontier:
-            self.cap = None
-            if len(self.waiting) >= ahead:
-                self.cap = (need, heapq.nsmallest(ahead, self.waiting)[-1][0])
-        return until if self.cap is None else self.cap[1]
-
-    def choose(self, cap: int, most: int) -> list[tuple[bytes, int]]:
-        """The next *most* buckets to read (unread or parked, least bound
-        first, none whose bound is after *cap*), each with what it was read
-        up to."""
-        chosen: list[tuple[bytes, int]] = []
-        while len(chosen) < most:
-            unread = self.unread[0][0] if self.unread else math.inf
-            parked = self.parked[0][0] if self.parked else math.inf
-            if min(unread, parked) > cap:
-                break
-            if unread <= parked:
-                chosen.append((heapq.heappop(self.unread)[1], self.floor))
-            else:
-                _, member, after = heapq.heappop(self.parked)
-                chosen.append((member, after))
-        return chosen
-
-
-class RedisStateStore(AdminStore):
+class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
     """State in Redis; see the module docstring."""
 
     def __init__(self, uri: str, *, prefix: str = DEFAULT_PREFIX,
                  history_limit: int = DEFAULT_SETTINGS["INCREMENTAL_ITEM_HISTORY"]) -> None:
-        self.prefix = prefix
+        super().__init__(uri, prefix)
         self.history_limit = history_limit
-        query = f"&prefix={prefix}" if "?" in uri else f"?prefix={prefix}"
-        self.location = redacted(uri) + query
-        #: Network round-trips to Redis so far (one per command or pipeline).
-        self.roundtrips = 0
         # Staged writes (one per stage_* call: a name and its arguments for
         # _FLUSH_LUA), in staging order, and the scopes they touch
         # (registered in P:scopes by the same flush).
@@ -365,33 +105,8 @@ class RedisStateStore(AdminStore):
         # Flushes started so far, and the last reading of due pages (a
         # reader paging through them goes on from there while none started).
         self._flushes = 0
-        self._due_cursor: _DueCursor | None = None
-        # EVALSHA names a script by its SHA-1 (what SCRIPT LOAD returns).
-        self._script_sha = _sha1(_FLUSH_LUA)
-        self._fields = {cls: fields(cls) for cls in (PageState, HostTrust, ItemRecord)}
-        # The fields a stored record may hold (the key ones are in the Redis key).
-        self._names = {
-            PageState: frozenset(f.name for f in self._fields[PageState]) - {"key"},
-            HostTrust: frozenset(f.name for f in self._fields[HostTrust]) - {"scope", "host"},
-        }
+        self._due_cursor = None
         self._closed = False
-        #: Since when Redis has not answered, and for how long the
-        #: crawl-time commands keep trying (:attr:`retry_time`).
-        self._silence = Silence(f"State store {self.location}",
-                                float(DEFAULT_SETTINGS["INCREMENTAL_REDIS_RETRY_TIME"]))
-        #: Redis's hash-max-listpack-value (read on opening; 64 by default).
-        self._listpack_value = 64
-        # No retries: a transaction whose reply was lost may have run, and
-        # running it twice would count checks and item versions twice.
-        options: dict[str, Any] = {**_DEFAULT_TIMEOUTS, "retry": Retry(NoBackoff(), 0)}
-        try:
-            self._sync = redis.Redis.from_url(uri, **options)
-            # Bound to the event loop of its first command (the reactor's).
-            self._async = redis.asyncio.Redis.from_url(
-                uri, **{**options, "retry": AsyncRetry(NoBackoff(), 0)}
-            )
-        except ValueError as exc:
-            raise self._fail("bad URI", exc) from exc
         try:
             self._check_layout()
         except BaseException:
@@ -425,437 +140,11 @@ class RedisStateStore(AdminStore):
         clean, prefix = parse_redis_uri(uri)
         return f"under prefix {prefix!r} of {redacted(clean)}"
 
-    # -- keys and records ------------------------------------------------------
-
-    def _key(self, kind: str, scope: str) -> str:
-        return f"{self.prefix}:{kind}:{_key_part(scope)}"
-
-    def _hist_key(self, scope: str, item_key: str) -> str:
-        return f"{self.prefix}:hist:{_key_part(scope)}:{item_key}"
-
-    def _encode(self, record: Any, skip: Sequence[str], *, lua_safe: bool = False) -> str:
-        """A dataclass as compact JSON: fields at their default are left out."""
-        out: dict[str, Any] = {}
-        for f in self._fields[type(record)]:
-            if f.name in skip:
-                continue
-            value = getattr(record, f.name)
-            if f.default is not MISSING and value == f.default:
-                continue
-            if isinstance(value, float):
-                value = int(value)  # whole seconds, as in the SQLite store
-            if lua_safe and isinstance(value, int) and abs(value) >= _LUA_INT_LIMIT:
-                raise self._fail(f"{f.name}={value} is too large for its Lua upserts")
-            out[f.name] = value
-        return json.dumps(out, separators=(",", ":"), ensure_ascii=False)
-
-    def _decode(self, cls: type, raw: bytes | str, **fixed: Any) -> Any:
-        data = json.loads(raw)
-        names = self._names[cls]
-        if not data.keys() <= names:
-            # Fields this code does not know (written by a newer version)
-            # are ignored; missing ones take their defaults.
-            data = {k: v for k, v in data.items() if k in names}
-        return cls(**fixed, **data)
-
-    def _page(self, key: PageKey, raw: bytes) -> PageState:
-        try:
-            return unpack(key, raw)
-        except (PackedRecordError, UnicodeDecodeError) as exc:
-            raise self._fail(f"the stored record of {key.url} is damaged", exc) from exc
-
-    def _pack(self, state: PageState) -> bytes:
-        for name in _LUA_NUMBERS:
-            value = getattr(state, name)
-            if value is not None and abs(value) >= _LUA_INT_LIMIT:
-                raise self._fail(f"{name}={value} is too large for its Lua upserts")
-        return pack(state)
-
-    def _host_key(self, kind: str, scope: str, host: str) -> str:
-        """A key of one host of *scope* (its ``{scope|host}`` hash tag)."""
-        return f"{self.prefix}:{kind}:{{{_key_part(scope)}|{host_part(host)}}}"
-
-    def _bucket_key(self, scope: str, host: str, bucket: int, *, large: bool = False) -> str:
-        """A bucket's hash of pages (its listpack), or of its large entries."""
-        return f"{self._host_key('pgl' if large else 'pg', scope, host)}:{bucket}"
-
-    def _bucket_keys(self, scope: str, host: str, bucket: int) -> tuple[str, str]:
-        return (self._bucket_key(scope, host, bucket),
-                self._bucket_key(scope, host, bucket, large=True))
-
-    def _page_args(self, key: PageKey) -> tuple[str, str, str]:
-        """What a page write or read names the page by: scope and host key
-        parts, and the page's field."""
-        host, field = page_field(key)
-        return _key_part(key.scope), host_part(host), field
-
-    # -- opening ---------------------------------------------------------------
-
-    def _fail(self, what: str, exc: BaseException | None = None) -> StateStoreError:
-        if isinstance(exc, redis.exceptions.OutOfMemoryError):
-            # Refused before anything ran: said as what it is, not as
-            # "unreachable" or a failed command.
-            return StateStoreError(f"State store {self.location}: {OUT_OF_MEMORY}")
-        detail = f": {exc}" if exc else ""
-        return StateStoreError(f"State store {self.location}: {what}{detail}")
-
-    def _check_layout(self) -> None:
-        """Refuse a prefix holding a newer or foreign layout; mark a new one."""
-        meta = f"{self.prefix}:meta"
-        try:
-            self._check_server()
-            pipe = self._sync.pipeline(transaction=False)
-            pipe.type(meta)
-            pipe.hgetall(meta)
-            pipe.exists(f"{self.prefix}:scopes")
-            # Loaded now, so that the first flush and reads are one round-trip.
-            for script in _SCRIPTS:
-                pipe.script_load(script)
-            pipe.info("memory")
-            pipe.config_get("hash-max-listpack-value")
-            kind, found, has_scopes, *_, memory, listpack = pipe.execute(raise_on_error=False)
-            self.roundtrips += 1
-            if isinstance(kind, Exception):
-                raise kind
-            # The longest entry a small hash keeps flat (a managed Redis may
-            # not tell: its default then).
-            if isinstance(listpack, dict) and str(
-                    listpack.get("hash-max-listpack-value", "")).isdigit():
-                self._listpack_value = int(listpack["hash-max-listpack-value"])
-            # State keys never expire: only an allkeys-* policy evicts them,
-            # silently (an items hash gone, its pages' validators kept).
-            policy = ("" if isinstance(memory, Exception)
-                      else str(memory.get("maxmemory_policy", "")))
-            if policy.startswith("allkeys"):
-                raise self._fail(
-                    f"Redis evicts keys when full (maxmemory-policy {policy}): stored "
-                    "state would vanish silently; use a Redis with maxmemory-policy "
-                    "noeviction (or volatile-*)"
-                )
-            if not isinstance(memory, Exception) and _over_limit(memory):
-                raise self._fail(OUT_OF_MEMORY)
-            if kind == b"none":
-                if has_scopes:
-                    raise self._fail(
-                        f"holds state keys but no {meta} (damaged, or written by "
-                        "something else); point INCREMENTAL_STATE_URI at another "
-                        "prefix or restore it"
-                    )
-                # HSETNX: two workers opening a new store at once agree.
-                pipe = self._sync.pipeline(transaction=True)
-                pipe.hsetnx(meta, "layout", LAYOUT)
-                pipe.hsetnx(meta, "version", LAYOUT_VERSION)
-                pipe.hgetall(meta)
-                found = pipe.execute()[-1]
-                self.roundtrips += 1
-            elif kind != b"hash":
-                found = {}
-        except redis.RedisError as exc:
-            raise self._fail(
-                "cannot be reached or read (is Redis running at this address?)", exc
-            ) from exc
-        layout = found.get(b"layout", b"").decode(errors="replace")
-        version = found.get(b"version", b"").decode(errors="replace")
-        if layout != LAYOUT or not version.isdigit():
-            raise self._fail(
-                f"{meta} does not describe an incremental_crawler state store "
-                f"(layout {layout!r}, version {version!r}); the prefix belongs to "
-                "something else: choose another with ?prefix=..."
-            )
-        if int(version) > LAYOUT_VERSION:
-            raise self._fail(
-                f"has layout version {version}, newer than this code knows "
-                f"({LAYOUT_VERSION}); upgrade incremental_crawler"
-            )
-        if int(version) < LAYOUT_VERSION or _UPGRADING.encode() in found:
-            self._migrate()
-
-    def _check_server(self) -> None:
-        """Refuse a Redis older than :data:`MIN_REDIS_VERSION` (before any write)."""
-        server = self._sync.info("server")
-        self.roundtrips += 1
-        version = str(server.get("redis_version", ""))
-        parts = version.split(".")
-        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() and (
-                (int(parts[0]), int(parts[1])) < MIN_REDIS_VERSION):
-            raise self._fail(
-                f"Redis {version} is too old: this store needs Redis "
-                f"{'.'.join(map(str, MIN_REDIS_VERSION))} or newer (its scripts declare "
-                "whether they write, so that Redis refuses them whole when it is out "
-                "of memory); upgrade Redis")
-
-    def _migrate(self) -> None:
-        """Bring a prefix of an older layout to this one, one process at a time.
-
-        The first process takes a lock (``P:migrating``, renewed as it goes)
-        and the others wait for it. The layout version is raised before any
-        page moves, with ``upgrading`` noting the version moved from, so
-        code of the older layout refuses the prefix from then on; a process
-        that dies midway leaves ``upgrading`` set, and the next one to open
-        the store resumes (every step can be done again).
-
-        1 → 2: each scope's page index, a hash of JSON lists, becomes the
-        sorted set of ``page NUL key``.
-        2 → 3: each scope's pages hash (JSON records) and links hash move
-        to the hosts' buckets (packed records) and links hashes, the
-        revisit index becomes one of buckets, and the old keys go, scope by
-        scope (see :meth:`_move_pages`).
-        """
-        meta = f"{self.prefix}:meta"
-        lock = f"{self.prefix}:migrating"
-        token = uuid.uuid4().hex
-        try:
-            for _ in range(_MIGRATION_WAITS):
-                self.roundtrips += 1
-                if self._sync.set(lock, token, nx=True, ex=_MIGRATION_LOCK_TTL):
-                    break
-                time.sleep(_MIGRATION_WAIT)
-            else:
-                raise self._fail(
-                    f"another process has been migrating the layout for over "
-                    f"{_MIGRATION_WAITS * _MIGRATION_WAIT:.0f} s ({lock} is held); "
-                    "try again when it is done")
-            try:
-                self.roundtrips += 1
-                found = self._sync.hgetall(meta)
-                version = int(found.get(b"version", LAYOUT_VERSION))
-                start = int(found.get(_UPGRADING.encode(), version))
-                if start >= LAYOUT_VERSION:
-                    return  # done by the process we waited for
-                self.roundtrips += 1
-                self._sync.hset(meta, mapping={"version": LAYOUT_VERSION, _UPGRADING: start})
-                if start < 2:
-                    for key in self._scan_keys(f"{_glob(self.prefix)}:bypage:*"):
-                        self.roundtrips += 1
-                        self._sync.eval(_BYPAGE_TO_ZSET_LUA, 1, key)
-                moved = self._move_pages(lock, token) if start < 3 else 0
-                if start == 3 or _UPGRADING.encode() in found:
-                    # Pages moved from layout 2 now were summed as they were
-                    # written; a move resumed (begun by a process of layout 3,
-                    # which kept no sums) has pages moved before: built anew.
-                    self._build_sums(lock, token)
-                # Done only if no other process took over meanwhile.
-                self._renew(lock, token)
-                self.roundtrips += 1
-                self._sync.hdel(meta, _UPGRADING)
-            finally:
-                self.roundtrips += 1
-                self._sync.eval(_UNLOCK_LUA, 1, lock, token)
-        except redis.RedisError as exc:
-            raise self._fail("migrating the layout failed", exc) from exc
-        logger.info("State store %s: layout migrated from version %d to %d (%d pages moved)",
-                    self.location, start, LAYOUT_VERSION, moved)
-
-    def _move_pages(self, lock: str, token: str) -> int:
-        """Layout 2 → 3 for every scope: returns the pages moved.
-
-        Each page record is read as JSON and written as a page write of a
-        flush (the same script: its bucket, its host's count, the revisit
-        index of buckets), every page with a callback in the revisit index
-        (gone ones too); then each links record. A scope's old keys are
-        deleted once all of it is written, in one transaction.
-        """
-        head = f"{_glob(self.prefix)}:"
-        names = {key.split(":", 2)[2] for kind in ("pages", "links", "due")
-                 for key in self._scan_keys(f"{head}{kind}:*")
-                 if key.count(":") == self.prefix.count(":") + 2}
-        moved = 0
-        for part in sorted(names):
-            scope = unquote(part)
-            ops: list[tuple[Any, ...]] = []
-            old = {kind: f"{self.prefix}:{kind}:{part}" for kind in ("pages", "links", "due")}
-            for field, raw in self._hscan(old["pages"]):
-                key = _legacy_page_key(scope, field.decode())
-                try:
-                    state = self._decode(PageState, raw, key=key)
-                except (ValueError, TypeError) as exc:
-                    raise self._fail(
-                        f"cannot migrate the page record {field!r} of {old['pages']}: "
-                        f"{exc}; repair or delete it, then open the store again") from exc
-                ops.append(self._page_op(state))
-                moved += 1
-                if len(ops) >= _MIGRATION_BATCH:
-                    self._apply_now(ops, {scope}, lock, token)
-                    ops = []
-            for field, data in self._hscan(old["links"]):
-                key = _legacy_page_key(scope, field.decode())
-                ops.append(("links", *self._page_args(key), data))
-                if len(ops) >= _MIGRATION_BATCH:
-                    self._apply_now(ops, {scope}, lock, token)
-                    ops = []
-            if ops:
-                self._apply_now(ops, {scope}, lock, token)
-            self._renew(lock, token)
-            self.roundtrips += 1
-            self._sync.delete(*old.values())
-            if moved:
-                logger.info("State store %s: %d pages of scope %r moved so far",
-                            self.location, moved, scope)
-        return moved
-
-    def _build_sums(self, lock: str, token: str) -> None:
-        """Layout 3 → 4 for every scope: its sums of pages by next visit,
-        built once from every page (those of a build cut short are deleted
-        and built again: the step can be done again)."""
-        for scope in self._stored_scopes():
-            self._renew(lock, token)
-            self.roundtrips += 1
-            self._sync.delete(*(self._key(kind, scope) for kind in ("nvs", "nvm", "ck")),
-                              *self._fine_sums_keys(scope))
-            buckets = self._buckets(scope)
-            pages = 0
-            for start in range(0, len(buckets), _DUE_BUCKETS):
-                if start % (_DUE_BUCKETS * 100) == 0:
-                    self._renew(lock, token)
-                args = [arg for host, b in buckets[start:start + _DUE_BUCKETS]
-                        for arg in (host_part(host), b)]
-                self.roundtrips += 1
-                pages += int(self._sync.eval(_SUMS_BUILD_LUA, 0, self.prefix,
-                                             _key_part(scope), *args))
-            logger.info("State store %s: the sums of the %d pages of scope %r built",
-                        self.location, pages, scope)
-
-    def _fine_sums_keys(self, scope: str) -> list[str]:
-        return self._scan_keys(f"{_glob(self.prefix)}:nvf:{_glob(_key_part(scope))}:*")
-
-    def _renew(self, lock: str, token: str) -> None:
-        """Renew the migration's lock; fail if this process no longer holds it."""
-        self.roundtrips += 1
-        if not self._sync.eval(_RENEW_LUA, 1, lock, token, _MIGRATION_LOCK_TTL):
-            raise self._fail(
-                f"the migration's lock {lock} lapsed while this process held it (it "
-                f"stalled over {_MIGRATION_LOCK_TTL} s); another process may be migrating: "
-                "open the store again to wait for it or resume")
-
-    def _apply_now(self, ops: list[tuple[Any, ...]], scopes: set[str], lock: str,
-                   token: str) -> None:
-        """Run writes as one flush, synchronously (a migration), while this
-        process holds the migration's lock (renewed first).
-
-        A lock that lapsed (this process stalled past its time) may have
-        been taken by another process: this one stops rather than migrate
-        beside it (each step can be done again: the other goes on).
-        """
-        self._renew(lock, token)
-        keys = [self._token_key(uuid.uuid4().hex), f"{self.prefix}:scopes"]
-        args: list[Any] = [self.prefix, self._listpack_value, len(scopes), *sorted(scopes)]
-        for op in ops:
-            args.extend(op)
-        pipe = self._sync.pipeline(transaction=False)
-        pipe.evalsha(self._script_sha, len(keys), *keys, *args)
-        pipe.delete(keys[0])  # no reply to lose: nothing to remember
-        reply: Any = self._sync_run(pipe)[0]
-        if len(reply) > 2:
-            raise self._fail(f"migrating the layout failed: {reply[2].decode(errors='replace')}")
-
-    # -- async plumbing --------------------------------------------------------
-
-    async def _again(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
-        """``await attempt()``, again while Redis does not answer (down,
-        restarting, loading its data), for up to :attr:`retry_time` seconds
-        since it last answered (:class:`~incremental_crawler.redis_retry.Silence`);
-        then a :class:`StateStoreError` saying so.
-
-        Safe for every crawl-time command: reads and holds are idempotent,
-        and a flush sent again is known by its token (what Redis applied of
-        it is not applied twice).
-        """
-        try:
-            return await self._silence.again(attempt)
-        except RedisSilent as exc:
-            raise self._fail(exc.what, exc.cause) from exc.cause
-
-    @property
-    def retry_time(self) -> float:
-        """Seconds the crawl-time commands keep trying a Redis that does not
-        answer (INCREMENTAL_REDIS_RETRY_TIME)."""
-        return self._silence.bound
-
-    @retry_time.setter
-    def retry_time(self, seconds: float) -> None:
-        self._silence.bound = seconds
-
-    async def _run(self, pipe: Any) -> list[Any]:
-        # A pipeline forgets its commands once executed, failed or not: each
-        # attempt gets a copy of them.
-        stack, transaction = list(pipe.command_stack), pipe.is_transaction
-
-        async def attempt() -> list[Any]:
-            again = self._async.pipeline(transaction=transaction)
-            again.command_stack = list(stack)
-            self.roundtrips += 1
-            return await again.execute()
-
-        try:
-            return await self._again(attempt)
-        except redis.RedisError as exc:
-            raise self._fail("Redis command failed", exc) from exc
-
-    async def _call(self, *args: Any) -> Any:
-        async def attempt() -> Any:
-            self.roundtrips += 1
-            return await self._async.execute_command(*args)
-
-        try:
-            return await self._again(attempt)
-        except redis.RedisError as exc:
-            raise self._fail("read failed", exc) from exc
-
     # -- reads ---------------------------------------------------------------
 
     def _staged_page(self, key: PageKey) -> PageState | None:
         staged = self._pages.get(key)
         return staged if staged is not None else self._flushing_pages.get(key)
-
-    async def _read_scripts(self, calls: list[tuple[str, list[Any]]]) -> list[Any]:
-        """Run read scripts (a SHA-1 and its arguments each) in one
-        pipelined round-trip; a Redis that forgot them (restarted) is sent
-        them once, then asked again."""
-        for attempt in range(2):
-            pipe = self._async.pipeline(transaction=False)
-            for sha, args in calls:
-                pipe.execute_command("EVALSHA", sha, 0, *args)
-            try:
-                return await self._run_raw(pipe)
-            except redis.exceptions.NoScriptError:
-                if attempt:
-                    raise
-                pipe = self._async.pipeline(transaction=False)
-                for script in _SCRIPTS:
-                    pipe.script_load(script)
-                await self._run(pipe)
-            except redis.RedisError as exc:
-                raise self._fail("read failed", exc) from exc
-        raise AssertionError("unreachable")
-
-    async def _run_raw(self, pipe: Any) -> list[Any]:
-        """:meth:`_run`, Redis's errors left as they are."""
-        stack, transaction = list(pipe.command_stack), pipe.is_transaction
-
-        async def attempt() -> list[Any]:
-            again = self._async.pipeline(transaction=transaction)
-            again.command_stack = list(stack)
-            self.roundtrips += 1
-            return await again.execute()
-
-        return await self._again(attempt)
-
-    async def _read_script(self, sha: str, args: list[Any]) -> Any:
-        """Run one read script (:meth:`_read_scripts` without a pipeline)."""
-
-        async def attempt() -> Any:
-            self.roundtrips += 1
-            try:
-                return await self._async.evalsha(sha, 0, *args)
-            except redis.exceptions.NoScriptError:
-                self.roundtrips += 1
-                script = next(s for s in _SCRIPTS if _sha1(s) == sha)
-                return await self._async.eval(script, 0, *args)
-
-        try:
-            return await self._again(attempt)
-        except redis.RedisError as exc:
-            raise self._fail("read failed", exc) from exc
 
     async def get_page(self, key: PageKey) -> PageState | None:
         # Staged page states are visible at once; staged checks (counters
@@ -921,208 +210,6 @@ class RedisStateStore(AdminStore):
                 found[key] = None if raw is None else raw.decode()
         return found
 
-    async def get_due(self, scope: str, now: float, limit: int,
-                      after: DueAfter | None = None) -> list[PageState]:
-        # Most overdue first, ties by URL (then variant): a total order. A
-        # reader paging through them (after the last page each call
-        # returned) goes on from where the previous call stopped while this
-        # store flushed nothing in between (the re-seeder reads so); else a
-        # reading starts again from *after*'s next visit.
-        after = checked_after(after)
-        if limit <= 0:
-            return []
-        cursor = self._due_cursor
-        # The reader passes the place of the last page sent as it was sent:
-        # a staged one's staged next visit, not its stored place, which
-        # the cursor follows (``sent``).
-        if (cursor is None or after is None or (cursor.scope, cursor.now, cursor.flushes)
-                != (scope, now, self._flushes) or after not in (cursor.last, cursor.sent)):
-            cursor = _DueCursor(scope, now, self._flushes, after)
-        while True:
-            for _ in range(_DUE_STARTS):
-                self._due_cursor = cursor
-                await self._read_due(cursor, cursor.base + limit)
-                if not cursor.moved:
-                    break
-                # Another worker split buckets meanwhile: pages not read may
-                # have moved out of the buckets still to read (or into them).
-                cursor = _DueCursor(scope, now, self._flushes, after)
-            else:
-                logger.warning("State store %s: buckets of %r kept splitting while its due "
-                               "pages were read (%d times): some may be missing until the "
-                               "next reading", self.location, scope, _DUE_STARTS)
-            sent = cursor.ready[:limit]
-            del cursor.ready[:limit]
-            cursor.base += len(sent)
-            due = []
-            for visit, url, variant, raw in sent:
-                # As its bucket was read during this paging through the due
-                # pages (a staged one as staged): not read again, a page is
-                # sent once. One another worker wrote meanwhile reads as it
-                # was, as with any read (this store's own flushes start over).
-                key = PageKey(scope, url, variant)
-                state = self._staged_page(key) or self._page(key, raw)
-                # A record written by another version cannot re-seed a bad page.
-                if state.callback is not None and state.next_visit <= now:
-                    due.append(state)
-                cursor.last = (visit, url, variant)
-            if due:
-                cursor.sent = due_after(due[-1])
-                return due
-            if not sent:
-                return due
-            # Every page read was left out (staged since with a later next
-            # visit): read on, or the reader would take the end for reached.
-
-    async def _read_due(self, cursor: _DueCursor, need: int) -> None:
-        """Merge the scope's buckets until *need* due pages are in place.
-
-        Each bucket is a stream of due pages. The index gives the buckets
-        not read yet in the order of their bounds; a bucket read up to a
-        cap, with pages due after it, is *parked* with the earliest of
-        those. Every page due before the least bound of the unread buckets
-        and the parked ones is in place: it moves from ``waiting`` (a heap)
-        to ``ready``. Each read asks only for the pages due up to a cap: the
-        ones that can still be among the *need* first (all of them while
-        fewer are waiting), so a bucket sends only what the reader keeps,
-        records included (they are not read again). Each round-trip reads
-        a chunk of the index or up to ``_DUE_SCRIPTS`` scripts of buckets,
-        and each reply is two strings, not an element per page: a re-seed
-        reads most of the scope's buckets, and per-element parsing and
-        round-trips were most of its client time.
-        """
-        until = _FOREVER if cursor.now == math.inf else int(cursor.now)
-        for _ in range(_SCAN_ROUNDS):
-            if cursor.base + len(cursor.ready) >= need or cursor.moved:
-                return
-            await self._next_buckets(cursor, until)
-            if cursor.moved or cursor.settle(need):
-                return
-            cap = cursor.cap_for(need, until)
-            # Until a cap is known every due page of a bucket read is sent:
-            # one script's worth then.
-            chosen = cursor.choose(
-                cap, _DUE_BUCKETS * (1 if cursor.cap is None else _DUE_SCRIPTS))
-            head = [self.prefix, _key_part(cursor.scope), until, cap]
-            replies = await self._read_scripts([
-                (_DUE_READ_SHA, [*head, *(arg for pair in chosen[at:at + _DUE_BUCKETS]
-                                          for arg in pair)])
-                for at in range(0, len(chosen), _DUE_BUCKETS)])
-            for heads, records, splits in replies:
-                cursor.note_splits(splits)
-                at = 0
-                for head in heads.split(b"\xfe") if heads else ():
-                    member, above, least, *pages = head.split(b"\xff")
-                    if above:
-                        heapq.heappush(cursor.parked, (int(above), member, cap))
-                    bound = cursor.bounds.pop(member, None)
-                    if bound is not None and (not least or int(least) > bound):
-                        # Its pages moved on since its bound was set: set
-                        # right by the next flush (a write script).
-                        bucket_host, _, bucket = member.decode().partition("|")
-                        self._stage(cursor.scope, ("rebound", _key_part(cursor.scope),
-                                                   bucket_host, bucket))
-                    host = host_of_part(member.partition(b"|")[0].decode())
-                    for n in range(0, len(pages), 3):
-                        page = page_key_of(cursor.scope, host, pages[n + 1].decode())
-                        end = at + int(pages[n + 2])
-                        place = (int(pages[n]), page.url, page.variant)
-                        if cursor.after is None or place > cursor.after:
-                            heapq.heappush(cursor.waiting, (*place, records[at:end]))
-                        at = end
-        raise self._fail(f"reading the due pages of {cursor.scope!r} did not finish")
-
-    async def _next_buckets(self, cursor: _DueCursor, until: int) -> None:
-        """Keep a chunk of the index's unread buckets at hand (by bound)."""
-        if cursor.index_done or len(cursor.unread) >= _DUE_BUCKETS * _DUE_SCRIPTS:
-            return
-        [(flat, splits)] = await self._read_scripts([(_DUE_INDEX_SHA, [
-            self._key("dueb", cursor.scope), cursor.low, until, cursor.ties, _DUE_INDEX_CHUNK,
-            self._key("splits", cursor.scope)])])
-        cursor.note_splits(splits)
-        parts = flat.split(b"\xff") if flat else []
-        pairs = [(parts[n], float(parts[n + 1])) for n in range(0, len(parts), 2)]
-        for member, score in pairs:
-            if member not in cursor.seen:
-                cursor.seen.add(member)
-                cursor.bounds[member] = float(score)
-                heapq.heappush(cursor.unread, (float(score), member))
-        if pairs:
-            last = float(pairs[-1][1])
-            at_last = sum(1 for _, score in pairs if float(score) == last)
-            same = cursor.low != "-inf" and float(cursor.low) == last
-            cursor.ties = cursor.ties + at_last if same else at_last
-            cursor.low = repr(last)
-        cursor.index_done = len(pairs) < _DUE_INDEX_CHUNK
-
-    async def summarize_pages(self, scope: str, *, after: float, upto: float,
-                              checked_before: float,
-                              exclude_callbacks: Collection[str] = ()) -> PagesSummary:
-        # The scope's sums by next visit, less this crawl's checks, one by
-        # one (see redis_sums_read.lua); every page read only when those
-        # are not known one by one (no crawl took the scope since a page
-        # was last checked at or after checked_before: cluster workers,
-        # a clock that went back).
-        reply = await self._read_script(_SUMS_READ_SHA, [
-            self.prefix, _key_part(scope), _limit(after), _limit(upto),
-            _limit(checked_before, up=True), len(exclude_callbacks), *exclude_callbacks,
-        ])
-        pages, size, first = [*reply, None, None][:3]
-        if pages != b"scan":
-            return PagesSummary(int(pages), int(size),
-                                None if first is None else float(first))
-        return await self._summarize_scan(scope, after=after, upto=upto,
-                                          checked_before=checked_before,
-                                          exclude_callbacks=exclude_callbacks)
-
-    async def _summarize_scan(self, scope: str, *, after: float, upto: float,
-                              checked_before: float,
-                              exclude_callbacks: Collection[str] = ()) -> PagesSummary:
-        """:meth:`summarize_pages` from every page of the scope."""
-        # Every bucket of the index whose bound is not after `upto`, read in
-        # Redis (the scripts sum them up, and set each bucket's bound to its
-        # exact minimum). ZSCAN walks the index in O(1) per bucket and may
-        # return one twice while Redis resizes it, hence the set of seen.
-        def limit(value: float) -> int:
-            if math.isinf(value):
-                return _FOREVER if value > 0 else -_FOREVER
-            return math.floor(value)
-
-        head = [self.prefix, _key_part(scope), limit(after), limit(upto),
-                limit(checked_before), len(exclude_callbacks), *exclude_callbacks]
-        count = size = 0
-        first: float | None = None
-        seen: set[bytes] = set()
-        pending: list[bytes] = []
-        cursor = 0
-
-        async def run(members: list[bytes]) -> None:
-            nonlocal count, size, first
-            calls = [(_SUMMARY_SHA, [*head, *members[n:n + _SUMMARY_BUCKETS]])
-                     for n in range(0, len(members), _SUMMARY_BUCKETS)]
-            for pages, sizes, earliest in await self._read_scripts(calls):
-                count += int(pages)
-                size += int(sizes)
-                if earliest is not None:
-                    value = float(earliest)
-                    first = value if first is None else min(first, value)
-
-        for _ in range(_SCAN_ROUNDS):
-            cursor, pairs = await self._call("ZSCAN", self._key("dueb", scope), cursor,
-                                             "COUNT", _SCAN_COUNT)
-            for member, score in pairs:
-                if member not in seen and float(score) <= upto:
-                    seen.add(member)
-                    pending.append(member)
-            while len(pending) >= _SUMMARY_BUCKETS * _SUMMARY_SCRIPTS:
-                await run(pending[:_SUMMARY_BUCKETS * _SUMMARY_SCRIPTS])
-                del pending[:_SUMMARY_BUCKETS * _SUMMARY_SCRIPTS]
-            if int(cursor) == 0:
-                if pending:
-                    await run(pending)
-                return PagesSummary(count, size, first)
-        raise self._fail(f"scanning the due pages of {scope!r} did not finish")
-
     async def _item(self, scope: str, item_key: str) -> dict[str, Any] | None:
         raw = await self._call("HGET", self._key("items", scope), item_key)
         return None if raw is None else json.loads(raw)
@@ -1179,13 +266,6 @@ class RedisStateStore(AdminStore):
     def stage_host(self, trust: HostTrust) -> None:
         value = self._encode(trust, ("scope", "host"))
         self._stage(trust.scope, ("host", self._key("hosts", trust.scope), trust.host, value))
-
-    def _page_op(self, state: PageState) -> tuple[Any, ...]:
-        # The revisit index: the pages that know their callback (gone ones
-        # too: their next visit is their rare recheck).
-        indexed = state.callback is not None
-        return ("page", *self._page_args(state.key), self._pack(state),
-                int(state.next_visit) if indexed else "")
 
     def stage_page(self, state: PageState) -> None:
         self._stage(state.key.scope, self._page_op(state))
@@ -1335,6 +415,8 @@ class RedisStateStore(AdminStore):
             await self._call("ZREM", zset, *pruned)
         return found
 
+    # -- flushes ---------------------------------------------------------------
+
     @property
     def pending(self) -> int:
         return len(self._ops) + self._flushing_count
@@ -1434,9 +516,6 @@ class RedisStateStore(AdminStore):
             error = None
         return applied, error
 
-    def _token_key(self, token: str) -> str:
-        return f"{self.prefix}:flush:{token}"
-
     async def close(self) -> None:
         try:
             await self.flush()
@@ -1445,174 +524,6 @@ class RedisStateStore(AdminStore):
                 self._closed = True
                 self._sync.close()
                 await self._async.aclose()
-
-    # -- reports and exports (synchronous) ---------------------------------
-
-    def _sync_run(self, pipe: Any) -> list[Any]:
-        self.roundtrips += 1
-        try:
-            return pipe.execute()
-        except redis.RedisError as exc:
-            raise self._fail("read failed", exc) from exc
-
-    def _stored_scopes(self) -> list[str]:
-        pipe = self._sync.pipeline(transaction=False)
-        pipe.smembers(f"{self.prefix}:scopes")
-        [members] = self._sync_run(pipe)
-        return sorted(m.decode() for m in members)
-
-    def _iter_item_keys(self, scope: str) -> Iterator[list[bytes]]:
-        """The scope's item keys, oldest first, in chunks of ``_HMGET_CHUNK``."""
-        order = self._key("order", scope)
-        for start in range(0, 2**63, _HMGET_CHUNK):
-            pipe = self._sync.pipeline(transaction=False)
-            pipe.zrange(order, start, start + _HMGET_CHUNK - 1)
-            [keys] = self._sync_run(pipe)
-            if keys:
-                yield keys
-            if len(keys) < _HMGET_CHUNK:
-                return
-
-    def iter_versions(self, scope: str | None = None, *, since: float | None = None,
-                      every_version: bool = False) -> Iterator[StoredVersion]:
-        # Redis has no index by time: one pass notes (stored_at, scope, key,
-        # version) of the versions wanted, sorted; a second reads them in
-        # that order, in bounded chunks. Only those small tuples are held,
-        # never the items' data. Stored times are whole seconds: a window
-        # from a fraction of a second starts at its whole second.
-        floor = -math.inf if since is None else math.floor(since)
-        wanted: list[tuple[int, str, str, int]] = []
-        for name in self._stored_scopes() if scope is None else [scope]:
-            for keys in self._iter_item_keys(name):
-                wanted += self._note_versions(name, keys, floor, every_version)
-        wanted.sort()
-        for start in range(0, len(wanted), _HMGET_CHUNK):
-            chunk = [(name, key, n) for _, name, key, n in wanted[start:start + _HMGET_CHUNK]]
-            if every_version:
-                yield from self._read_versions(chunk)
-            else:
-                yield from self._read_latest(chunk, None if since is None else floor)
-
-    def _note_versions(self, scope: str, keys: list[bytes], floor: float,
-                       every_version: bool) -> list[tuple[int, str, str, int]]:
-        """(stored_at, scope, key, version) of the versions of *keys* stored
-        at or after *floor*: each one, or (version 0) the latest of each."""
-        pipe = self._sync.pipeline(transaction=False)
-        noted: list[tuple[int, str, str, int]] = []
-        if every_version:
-            for key in keys:
-                pipe.hgetall(self._hist_key(scope, key.decode()))
-            for key, history in zip(keys, self._sync_run(pipe), strict=True):
-                for version, entry in history.items():
-                    stored_at = json.loads(entry)["stored_at"]
-                    if stored_at >= floor:
-                        noted.append((stored_at, scope, key.decode(), int(version)))
-            return noted
-        # Latest only: the items' records say when their latest version was
-        # stored (no history entry, no data, is read).
-        pipe.hmget(self._key("items", scope), keys)
-        [records] = self._sync_run(pipe)
-        for key, raw in zip(keys, records, strict=True):
-            if raw is not None:
-                stored_at = json.loads(raw).get("stored_at", 0)
-                if stored_at >= floor:
-                    noted.append((stored_at, scope, key.decode(), 0))
-        return noted
-
-    def _read_versions(self, chunk: list[tuple[str, str, int]]) -> Iterator[StoredVersion]:
-        """The history entries (scope, key, version) of *chunk* still stored.
-
-        A version pruned since it was noted (newer ones were written
-        meanwhile, beyond the history kept) is left out.
-        """
-        pipe = self._sync.pipeline(transaction=False)
-        for name, item_key, number in chunk:
-            pipe.hget(self._hist_key(name, item_key), number)
-        for (name, item_key, number), entry in zip(chunk, self._sync_run(pipe), strict=True):
-            if entry is not None:
-                yield _stored_version(name, item_key, number, json.loads(entry))
-
-    def _read_latest(self, chunk: list[tuple[str, str, int]],
-                     floor: float | None) -> Iterator[StoredVersion]:
-        """The latest version of each item of *chunk*, as stored now.
-
-        Read in one script, so each item's version number, history entry
-        and record agree: an item written since it was noted yields its
-        newer version (still in the window), never nothing. A latest
-        version without data yields nothing.
-        """
-        keys: list[str] = []
-        for name, item_key, _ in chunk:
-            keys += [self._key("items", name), self._key("itemver", name),
-                     self._hist_key(name, item_key)]
-        self.roundtrips += 1
-        try:
-            reply: Any = self._sync.eval(_LATEST_LUA, len(keys), *keys,
-                                         *(item_key for _, item_key, _ in chunk))
-        except redis.RedisError as exc:
-            raise self._fail("read failed", exc) from exc
-        for n, (name, item_key, _) in enumerate(chunk):
-            version, entry, raw = reply[3 * n:3 * n + 3]
-            if version is None or entry is None:
-                continue
-            stored = json.loads(entry)
-            if floor is not None and stored["stored_at"] < floor:
-                continue
-            found = _stored_version(name, item_key, int(version), stored)
-            if floor is not None and raw is not None and found.change != Change.DELETED:
-                # New to whoever has what was stored before the window:
-                # the item was not live then (its live run began in the
-                # window, and no tombstone of an earlier one is in it).
-                record = json.loads(raw)
-                born, died = record.get("born"), record.get("died")
-                if born is not None and born >= floor and (died is None or died < floor):
-                    found = found._replace(change=str(Change.NEW))
-            yield found
-
-    def iter_items(self, scope: str | None = None) -> Iterator[dict[str, object]]:
-        scopes = self._stored_scopes() if scope is None else [scope]
-        for name in scopes:
-            yield from self._iter_scope_items(name)
-
-    def _iter_scope_items(self, scope: str) -> Iterator[dict[str, object]]:
-        # Oldest key first (by first_seen, then key), in bounded chunks.
-        for keys in self._iter_item_keys(scope):
-            pipe = self._sync.pipeline(transaction=False)
-            pipe.hmget(self._key("items", scope), keys)
-            pipe.hmget(self._key("itemver", scope), keys)
-            records, versions = self._sync_run(pipe)
-            pipe = self._sync.pipeline(transaction=False)
-            for key, version in zip(keys, versions, strict=True):
-                pipe.hget(self._hist_key(scope, key.decode()), version or b"0")
-            entries = self._sync_run(pipe)
-            for key, raw, entry in zip(keys, records, entries, strict=True):
-                if raw is None:
-                    continue
-                record = json.loads(raw)
-                if not record["fingerprint"]:
-                    continue  # a tombstone: the item is gone
-                item: dict[str, object] = json.loads(entry)["data"] if entry else {}
-                item.setdefault("url", record.get("url") or key.decode())
-                item["fingerprint"] = record["fingerprint"]
-                yield item
-
-    def item_history(self, scope: str, item_key: str) -> list[tuple[int, str]]:
-        pipe = self._sync.pipeline(transaction=False)
-        pipe.hgetall(self._hist_key(scope, item_key))
-        [versions] = self._sync_run(pipe)
-        return sorted((int(v), json.loads(raw)["fingerprint"]) for v, raw in versions.items())
-
-    def count_pages(self, scope: str | None = None) -> int:
-        # Each host's record counts its pages (a write that adds one adds one).
-        total = 0
-        for name in self._stored_scopes() if scope is None else [scope]:
-            hosts = self._scope_hosts(name)
-            for start in range(0, len(hosts), _HMGET_CHUNK):
-                pipe = self._sync.pipeline(transaction=False)
-                for host in hosts[start:start + _HMGET_CHUNK]:
-                    pipe.hget(self._host_key("hd", name, host), "p")
-                total += sum(int(n or 0) for n in self._sync_run(pipe))
-        return total
 
     # -- crawl records -------------------------------------------------------
 
@@ -1647,13 +558,6 @@ class RedisStateStore(AdminStore):
 
     async def slot_rates(self, scope: str) -> SlotRates:
         return _slot_rates(scope, await self._call("HGETALL", self._key("slots", scope)))
-
-    def read_slot_rates(self, scope: str) -> SlotRates:
-        pipe = self._sync.pipeline(transaction=False)
-        pipe.hgetall(self._key("slots", scope))
-        [raw] = self._sync_run(pipe)
-        return _slot_rates(scope, raw)
-
 
     # -- holds ---------------------------------------------------------------
 
@@ -1714,320 +618,11 @@ class RedisStateStore(AdminStore):
         [pairs] = self._sync_run(pipe)
         return {holder.decode(): float(expires) for holder, expires in pairs}
 
-    # -- read-outs -----------------------------------------------------------
-
-    def _hscan(self, key: str, match: str | None = None) -> Iterator[tuple[bytes, bytes]]:
-        """Every field and value of the hash *key* (bounded steps)."""
-        cursor = 0
-        for _ in range(_SCAN_ROUNDS):
-            self.roundtrips += 1
-            try:
-                reply: Any = self._sync.hscan(key, cursor, match=match, count=_SCAN_COUNT)
-            except redis.RedisError as exc:
-                raise self._fail("read failed", exc) from exc
-            cursor, pairs = reply
-            yield from pairs.items()
-            if cursor == 0:
-                return
-        raise self._fail(f"scanning {key} did not finish")
-
-    def _scan_keys(self, match: str) -> list[str]:
-        """Every key matching the glob *match* (bounded steps)."""
-        found: list[str] = []
-        cursor = 0
-        for _ in range(_SCAN_ROUNDS):
-            self.roundtrips += 1
-            try:
-                reply: Any = self._sync.scan(cursor, match=match, count=_SCAN_COUNT)
-            except redis.RedisError as exc:
-                raise self._fail("read failed", exc) from exc
-            cursor, keys = reply
-            found.extend(k.decode() for k in keys)
-            if cursor == 0:
-                return sorted(set(found))
-        raise self._fail(f"scanning the keys {match} did not finish")
-
-    def scopes(self) -> list[str]:
-        return self._stored_scopes()
-
-    def _scan_set(self, key: str) -> list[bytes]:
-        """Every member of the set *key* (bounded steps)."""
-        found: set[bytes] = set()
-        cursor = 0
-        for _ in range(_SCAN_ROUNDS):
-            self.roundtrips += 1
-            try:
-                reply: Any = self._sync.sscan(key, cursor, count=_SCAN_COUNT)
-            except redis.RedisError as exc:
-                raise self._fail("read failed", exc) from exc
-            cursor, members = reply
-            found.update(members)
-            if cursor == 0:
-                return sorted(found)
-        raise self._fail(f"scanning {key} did not finish")
-
-    def _scope_hosts(self, scope: str) -> list[str]:
-        """The hosts of *scope* with pages or links records stored."""
-        return [host_of_part(m.decode()) for m in self._scan_set(self._key("hs", scope))]
-
-    def _bucket_counts(self, scope: str, hosts: list[str]) -> dict[str, int]:
-        """Each host's number of buckets."""
-        counts: dict[str, int] = {}
-        for start in range(0, len(hosts), _HMGET_CHUNK):
-            chunk = hosts[start:start + _HMGET_CHUNK]
-            pipe = self._sync.pipeline(transaction=False)
-            for host in chunk:
-                pipe.hget(self._host_key("hd", scope, host), "n")
-            for host, n in zip(chunk, self._sync_run(pipe), strict=True):
-                counts[host] = int(n or 1)
-        return counts
-
-    def _buckets(self, scope: str) -> list[tuple[str, int]]:
-        """Every bucket of *scope*, as (host, number)."""
-        counts = self._bucket_counts(scope, self._scope_hosts(scope))
-        return [(host, b) for host, n in counts.items() for b in range(n)]
-
-    def _iter_bucket_pages(self, scope: str,
-                           buckets: list[tuple[str, int]]) -> Iterator[tuple[str, bytes, bytes]]:
-        """(host, field, record) of every page of *buckets*, a few buckets a
-        round-trip (each holds some dozens of pages)."""
-        for start in range(0, len(buckets), _SCAN_COUNT // 10):
-            chunk = buckets[start:start + _SCAN_COUNT // 10]
-            pipe = self._sync.pipeline(transaction=False)
-            for host, b in chunk:
-                for key in self._bucket_keys(scope, host, b):
-                    pipe.hgetall(key)
-            replies = self._sync_run(pipe)
-            for n, (host, _) in enumerate(chunk):
-                for pages in replies[2 * n:2 * n + 2]:
-                    for field, raw in pages.items():
-                        yield host, field, raw
+    # -- a scope's pages, read at once (the crawl's clock-skew repair) ---------
 
     def iter_pages(self, scope: str) -> Iterator[PageState]:
         for host, field, raw in self._iter_bucket_pages(scope, self._buckets(scope)):
             yield self._page(page_key_of(scope, host, field.decode()), raw)
-
-    def iter_hosts(self, scope: str) -> Iterator[HostTrust]:
-        pipe = self._sync.pipeline(transaction=False)
-        pipe.hgetall(self._key("hosts", scope))
-        [hosts] = self._sync_run(pipe)
-        for host in sorted(hosts):
-            yield self._decode(HostTrust, hosts[host], scope=scope, host=host.decode())
-
-    def _page_fields(self, scope: str, url: str) -> tuple[str, int, list[str]]:
-        """The host and bucket of *url*, and its stored page fields there
-        (its variants)."""
-        host, part = url_field(url)
-        pipe = self._sync.pipeline(transaction=False)
-        pipe.hget(self._host_key("hd", scope, host), "n")
-        [n] = self._sync_run(pipe)
-        bucket = bucket_of(part, int(n or 1))
-        pipe = self._sync.pipeline(transaction=False)
-        for key in self._bucket_keys(scope, host, bucket):
-            pipe.hkeys(key)
-        stored = [field for fields_ in self._sync_run(pipe) for field in fields_]
-        variants = sorted(f.decode() for f in stored if f.startswith(part.encode() + b"\0"))
-        plain = [part] if part.encode() in stored else []
-        return host, bucket, plain + variants
-
-    def _items_by_page(self, scope: str, urls: Collection[str], *, live: bool) -> list[str]:
-        """Keys of the items last stored from any of *urls* (one scan of the items)."""
-        keys: list[str] = []
-        for key, raw in self._hscan(self._key("items", scope)):
-            record = json.loads(raw)
-            page = record.get("page") or key.decode()
-            if page in urls and (not live or record.get("fingerprint")):
-                keys.append(key.decode())
-        return sorted(keys)
-
-    def url_record(self, scope: str, url: str) -> UrlRecord:
-        host, bucket, page_fields = self._page_fields(scope, url)
-        items = self._items_by_page(scope, {url}, live=True)
-        pipe = self._sync.pipeline(transaction=False)
-        for field in page_fields:
-            for key in self._bucket_keys(scope, host, bucket):
-                pipe.hget(key, field)
-            pipe.hget(self._host_key("ln", scope, host), field)
-        for key in items:
-            pipe.hget(self._key("itemver", scope), key)
-        replies = self._sync_run(pipe)
-        pages, links = [], {}
-        for n, field in enumerate(page_fields):
-            small, large, record = replies[3 * n:3 * n + 3]
-            raw = small if small is not None else large
-            page_key = page_key_of(scope, host, field)
-            if raw is not None:
-                pages.append(self._page(page_key, raw))
-            if record is not None:
-                links[page_key.variant] = record.decode()
-        versions = replies[3 * len(page_fields):]
-        pipe = self._sync.pipeline(transaction=False)
-        for key, version in zip(items, versions, strict=True):
-            pipe.hget(self._hist_key(scope, key), version or b"0")
-        latest = []
-        for key, version, entry in zip(items, versions, self._sync_run(pipe), strict=True):
-            if entry is None:
-                continue
-            data = json.loads(entry)
-            number = int(version)
-            change = data.get("change") or (Change.NEW if number == 1 else Change.CHANGED)
-            latest.append(StoredVersion(scope, key, number, str(change), data["stored_at"],
-                                        data["fingerprint"], data["data"]))
-        return UrlRecord(scope, url, pages, links, items, latest)
-
-    # -- repairs -------------------------------------------------------------
-
-    def _forget(self, scope: str, urls: Collection[str],
-                delete_pages: Callable[[Any], list[str | None]],
-                host: str | None = None) -> Removed:
-        """Delete the items last stored from *urls*, with their history, and
-        what *delete_pages* adds to the transaction (it returns what each of
-        its replies counts), and *host*'s trust record and remembered rate,
-        in one ``MULTI``."""
-        items = self._items_by_page(scope, urls, live=False)
-        hist = [self._hist_key(scope, key) for key in items]
-        pipe = self._sync.pipeline(transaction=True)
-        # What each reply counts (None: nothing), in the pipeline's order.
-        kinds: list[str | None] = []
-        for key in hist:
-            pipe.hlen(key)
-            kinds.append("versions")
-        kinds += delete_pages(pipe)
-        if items:
-            pipe.hdel(self._key("items", scope), *items)
-            pipe.hdel(self._key("itemver", scope), *items)
-            pipe.zrem(self._key("order", scope), *items)
-            pipe.delete(*hist)
-            kinds += ["items", None, None, None]
-        for url in sorted(urls):
-            # Every item listed under these pages is gone with them.
-            pipe.zremrangebylex(self._key("bypage", scope), *_page_range(url))
-            kinds.append(None)
-        if host is not None:
-            pipe.hdel(self._key("hosts", scope), host)
-            pipe.hdel(self._key("slots", scope), host)
-            pipe.zrem(self._key("slotsat", scope), host)
-            kinds += ["hosts", "rates", None]
-        counts = dict.fromkeys(Removed._fields, 0)
-        for kind, n in zip(kinds, self._sync_run(pipe), strict=True):
-            if kind is not None:
-                counts[kind] += int(n)
-        return Removed(**counts)
-
-    def forget_page(self, scope: str, url: str) -> Removed:
-        host, bucket, page_fields = self._page_fields(scope, url)
-
-        def delete_pages(pipe: Any) -> list[str | None]:
-            if not page_fields:
-                return []
-            pipe.eval(_SUMS_FORGET_LUA, 0, self.prefix, _key_part(scope), host_part(host),
-                      "fields", bucket, *page_fields)
-            for key in self._bucket_keys(scope, host, bucket):
-                pipe.hdel(key, *page_fields)
-            pipe.hincrby(self._host_key("hd", scope, host), "p", -len(page_fields))
-            pipe.hdel(self._host_key("ln", scope, host), *page_fields)
-            # The bucket's bound in the revisit index may now be low: a
-            # lower bound still (the next summary sets it right).
-            return [None, "pages", "pages", None, "links"]
-
-        return self._forget(scope, {url}, delete_pages)
-
-    def forget_host(self, scope: str, host: str) -> Removed:
-        n = self._bucket_counts(scope, [host])[host]
-        buckets = [(host, b) for b in range(n)]
-        urls = {page_key_of(scope, host, field.decode()).url
-                for _, field, _ in self._iter_bucket_pages(scope, buckets)}
-
-        def delete_pages(pipe: Any) -> list[str | None]:
-            pipe.eval(_SUMS_FORGET_LUA, 0, self.prefix, _key_part(scope), host_part(host),
-                      "buckets", *(b for _, b in buckets))
-            kinds: list[str | None] = [None]
-            doomed = [key for _, b in buckets for key in self._bucket_keys(scope, host, b)]
-            for key in doomed:
-                pipe.hlen(key)
-                kinds.append("pages")
-            pipe.hlen(self._host_key("ln", scope, host))
-            kinds.append("links")
-            pipe.delete(*doomed, *(self._host_key(kind, scope, host) for kind in _HOST_KINDS))
-            pipe.srem(self._key("hs", scope), host_part(host))
-            pipe.zrem(self._key("dueb", scope), *(f"{host_part(host)}|{b}" for _, b in buckets))
-            return [*kinds, None, None, None]
-
-        return self._forget(scope, urls, delete_pages, host)
-
-    def _scope_keys(self, scope: str) -> tuple[list[str], list[str], list[str], list[str]]:
-        """The scope's keys of this store's kinds (holds excepted): the
-        scope's own, its hosts' buckets and links hashes, then its history
-        keys. Only these kinds: other ``P:<name>:<s>`` keys may be
-        anybody's (a shared politeness budget is ``P:budget:<host>``, and a
-        scope may be named after its host)."""
-        kinds = [self._key(kind, scope) for kind in _SCOPE_KINDS]
-        counts = self._bucket_counts(scope, self._scope_hosts(scope))
-        buckets = [key for host, n in counts.items() for b in range(n)
-                   for key in self._bucket_keys(scope, host, b)]
-        links = [self._host_key("ln", scope, host) for host in counts]
-        kinds += [self._host_key("hd", scope, host) for host in counts]
-        hist = self._scan_keys(f"{_glob(self.prefix)}:hist:{_glob(_key_part(scope))}:*")
-        kinds += self._scan_keys(f"{_glob(self.prefix)}:undel:{_glob(_key_part(scope))}:*")
-        kinds += self._fine_sums_keys(scope)
-        return kinds, buckets, links, hist
-
-    def _count(self, scope: str, buckets: list[str], links: list[str], hist: list[str],
-               pipe: Any) -> None:
-        for key in buckets + links:
-            pipe.hlen(key)
-        pipe.hlen(self._key("items", scope))
-        for key in hist:
-            pipe.hlen(key)
-        pipe.hlen(self._key("hosts", scope))
-        pipe.zcard(self._key("crawls", scope))
-
-    @staticmethod
-    def _counted(replies: list[int], buckets: list[str], links: list[str],
-                 hist: list[str]) -> Removed:
-        pages = sum(replies[:len(buckets)])
-        rest = replies[len(buckets):]
-        linked = sum(rest[:len(links)])
-        items, *rest = rest[len(links):]
-        return Removed(pages, linked, items, sum(rest[:len(hist)]), *rest[len(hist):])
-
-    def count_scope(self, scope: str) -> Removed:
-        _, buckets, links, hist = self._scope_keys(scope)
-        pipe = self._sync.pipeline(transaction=True)
-        self._count(scope, buckets, links, hist, pipe)
-        return self._counted(self._sync_run(pipe), buckets, links, hist)
-
-    def reset_scope(self, scope: str) -> Removed:
-        kinds, buckets, links, hist = self._scope_keys(scope)
-        pipe = self._sync.pipeline(transaction=True)
-        self._count(scope, buckets, links, hist, pipe)
-        counted = len(buckets) + len(links) + 1 + len(hist) + 2
-        doomed = kinds + buckets + links + hist
-        for start in range(0, len(doomed), _HMGET_CHUNK):
-            pipe.delete(*doomed[start:start + _HMGET_CHUNK])
-        pipe.srem(f"{self.prefix}:scopes", scope)
-        replies = self._sync_run(pipe)
-        return self._counted(replies[:counted], buckets, links, hist)
-
-
-def _slot_rates(scope: str, raw: dict[bytes, bytes]) -> SlotRates:
-    """A scope's remembered rates from its ``slots`` hash; a record that
-    cannot be read is named, not raised."""
-    found = SlotRates([], [])
-    for slot_raw, value in sorted(raw.items()):
-        slot = slot_raw.decode(errors="replace")
-        try:
-            data = json.loads(value)
-            record = SlotRate(scope, slot, data["rate"], data["slow_start"],
-                              data["saved_at"], data.get("ended", ""))
-        except (ValueError, TypeError, KeyError, AttributeError):
-            found.unreadable.append(slot)
-            continue
-        if record.readable():
-            found.rates.append(record)
-        else:
-            found.unreadable.append(slot)
-    return found
 
 
 def _undelivered_member(stored_at: float, item_key: str, version: int) -> str:
@@ -2035,16 +630,3 @@ def _undelivered_member(stored_at: float, item_key: str, version: int) -> str:
     return f"{int(stored_at):015d}\0{item_key}\0{version:010d}"
 
 
-def _stored_version(scope: str, item_key: str, number: int,
-                    stored: dict[str, Any]) -> StoredVersion:
-    """A history entry read back. It names its change only when that is not
-    the one an entry without it reads as (what entries stored before the
-    change feed read as)."""
-    change = stored.get("change") or (Change.NEW if number == 1 else Change.CHANGED)
-    return StoredVersion(scope, item_key, number, str(change), stored["stored_at"],
-                         stored["fingerprint"], stored["data"])
-
-
-def _glob(text: str) -> str:
-    """*text* matched literally in a Redis glob pattern."""
-    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)

@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 #: Where this module's Lua scripts are (``.lua`` files, read by :func:`load_script`).
-_LUA_PACKAGE = "incremental_crawler.state.stores"
+_LUA_PACKAGE = "incremental_crawler.state.stores.redis"
 
 #: Pages per bucket, on average, before a host's buckets grow. Buckets not
 #: yet split in a round hold up to twice as many, so 40 keeps nearly every
@@ -144,20 +144,20 @@ LUA_READS = "#!lua flags=no-writes\n"
 
 #: ``bucket_of(n, field)`` and ``field_hash(field)`` in Lua, the same as in
 #: Python (SHA-1's first four bytes of the URL part).
-LUA_BUCKETS = load_script(_LUA_PACKAGE, "redis_buckets.lua")
+LUA_BUCKETS = load_script(_LUA_PACKAGE, "buckets.lua")
 
 #: ``sums_keys(prefix, scope)`` and ``count_page(z, old, new)``: a scope's
 #: sums of pages by next visit, kept by every page write (layout 4).
-LUA_SUMS = load_script(_LUA_PACKAGE, "redis_sums.lua")
+LUA_SUMS = load_script(_LUA_PACKAGE, "sums.lua")
 
 #: ``bucket_pages(prefix, tag, b)``: every field and record of a bucket,
 #: flat (both of its hashes).
-LUA_BUCKET_PAGES = load_script(_LUA_PACKAGE, "redis_bucket_pages.lua")
+LUA_BUCKET_PAGES = load_script(_LUA_PACKAGE, "bucket_pages.lua")
 
 # Reads pages where they are now. ARGV: the key prefix, then per page its
 # scope part, host part and field. Returns per page its record (nil: none).
 READ_PAGES_LUA = LUA_READS + LUA_BUCKETS + (
-    load_script(_LUA_PACKAGE, "redis_read_pages.lua"))
+    load_script(_LUA_PACKAGE, "read_pages.lua"))
 
 # The due pages of some buckets, in a range of next visits. ARGV: the key
 # prefix, the scope part, the time (pages due at or before it), the cap,
@@ -174,14 +174,14 @@ READ_PAGES_LUA = LUA_READS + LUA_BUCKETS + (
 # one after the other, in that order (binary: cut by their lengths). Then
 # the scope's count of bucket splits ('' for none yet).
 DUE_READ_LUA = LUA_READS + LUA_CODEC + LUA_BUCKET_PAGES + (
-    load_script(_LUA_PACKAGE, "redis_due_read.lua"))
+    load_script(_LUA_PACKAGE, "due_read.lua"))
 
 # A chunk of a scope's revisit index by score. ARGV: its key, the least
 # score (a number, or '(' and one: after it), the greatest, the offset and
 # count of ZRANGE ... LIMIT, the key of the scope's count of splits. Returns
 # one string (one reply element, not two per bucket): members and scores,
 # apart by 0xFF; and the count of splits ('' for none yet).
-DUE_INDEX_LUA = LUA_READS + load_script(_LUA_PACKAGE, "redis_due_index.lua")
+DUE_INDEX_LUA = LUA_READS + load_script(_LUA_PACKAGE, "due_index.lua")
 
 # The pages of some buckets in aggregate (StateStore.summarize_pages), and
 # each bucket's score in the revisit index set to its exact minimum (the
@@ -190,19 +190,19 @@ DUE_INDEX_LUA = LUA_READS + load_script(_LUA_PACKAGE, "redis_due_index.lua")
 # callbacks, then bucket members. Returns pages, size, earliest next visit
 # (false: none).
 SUMMARY_LUA = LUA_WRITES + LUA_CODEC + LUA_BUCKET_PAGES + (
-    load_script(_LUA_PACKAGE, "redis_summary.lua"))
+    load_script(_LUA_PACKAGE, "summary.lua"))
 
 # The pages of a scope in aggregate from its sums (layout 4; see
-# redis_sums.lua), this crawl's checks left out one by one. ARGV: the key
+# sums.lua), this crawl's checks left out one by one. ARGV: the key
 # prefix, the scope part, after, upto, checked_before (whole seconds; a
 # page last checked at or after it is left out), the number of callbacks
 # left out, those callbacks. Returns pages, size, earliest next visit
 # (false: none); or 'scan' when the checks at or after checked_before are
 # not known one by one (no mark, or an earlier one): read every page then.
 SUMS_READ_LUA = LUA_READS + LUA_CODEC + LUA_BUCKETS + LUA_SUMS + (
-    load_script(_LUA_PACKAGE, "redis_sums_read.lua"))
+    load_script(_LUA_PACKAGE, "sums_read.lua"))
 SUMS_BUILD_LUA = LUA_WRITES + LUA_CODEC + LUA_BUCKET_PAGES + LUA_SUMS + (
-    load_script(_LUA_PACKAGE, "redis_sums_build.lua"))
+    load_script(_LUA_PACKAGE, "sums_build.lua"))
 SUMS_FORGET_LUA = LUA_WRITES + LUA_CODEC + LUA_BUCKET_PAGES + LUA_SUMS + (
-    load_script(_LUA_PACKAGE, "redis_sums_forget.lua"))
-SUMS_MARK_LUA = LUA_WRITES + LUA_SUMS + load_script(_LUA_PACKAGE, "redis_sums_mark.lua")
+    load_script(_LUA_PACKAGE, "sums_forget.lua"))
+SUMS_MARK_LUA = LUA_WRITES + LUA_SUMS + load_script(_LUA_PACKAGE, "sums_mark.lua")

@@ -1,0 +1,421 @@
+"""The Redis store's administration, what
+:class:`~incremental_crawler.state.stores.base.AdminStore` adds to the crawl
+interface: the read-outs of ``scrapy state`` and ``scrapy report`` (scopes,
+hosts, what is stored of a URL, remembered rates, page counts), the exports
+of ``scrapy items`` (``iter_items``, ``iter_versions``, ``item_history``)
+and the repairs (``forget_page``, ``forget_host``, ``reset_scope``, and
+``count_scope``, what a reset would delete). All synchronous, on the
+blocking client, and apart from the crawl-time store as the two interfaces
+are: a crawl never calls them, and the repairs run while no crawl holds the
+scope, each in one ``MULTI``."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from incremental_crawler.state.records import Change, HostTrust, StoredVersion
+from incremental_crawler.state.stores.base import AdminStore, Removed, SlotRates, UrlRecord
+from incremental_crawler.state.stores.redis.core import (
+    _HMGET_CHUNK,
+    RedisCore,
+    _glob,
+    _key_part,
+    _page_range,
+    _slot_rates,
+    _stored_version,
+)
+from incremental_crawler.state.stores.redis.pages import (
+    bucket_of,
+    host_part,
+    page_key_of,
+    url_field,
+)
+from incremental_crawler.state.stores.redis.scripts import _LATEST_LUA, _SUMS_FORGET_LUA
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Collection, Iterator
+
+__all__ = ["RedisAdmin"]
+
+#: The kinds of ``P:<kind>:<s>`` keys a reset deletes: every one this store
+#: writes per scope but ``holds`` (holds lapse by themselves); and the kinds
+#: of a host's keys (``P:<kind>:{<s>|<host>}``, buckets ``…:<n>``).
+_SCOPE_KINDS = ("hosts", "items", "itemver", "order", "bypage", "crawls", "hs", "dueb",
+                "splits", "slots", "slotsat", "undelc", "nvs", "nvm", "ck")
+_HOST_KINDS = ("hd", "ln")
+
+
+class RedisAdmin(RedisCore, AdminStore):
+    """The administration of a Redis store (see the module docstring)."""
+
+    # -- read-outs -------------------------------------------------------------
+
+    def scopes(self) -> list[str]:
+        return self._stored_scopes()
+
+    def iter_hosts(self, scope: str) -> Iterator[HostTrust]:
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.hgetall(self._key("hosts", scope))
+        [hosts] = self._sync_run(pipe)
+        for host in sorted(hosts):
+            yield self._decode(HostTrust, hosts[host], scope=scope, host=host.decode())
+
+    def _page_fields(self, scope: str, url: str) -> tuple[str, int, list[str]]:
+        """The host and bucket of *url*, and its stored page fields there
+        (its variants)."""
+        host, part = url_field(url)
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.hget(self._host_key("hd", scope, host), "n")
+        [n] = self._sync_run(pipe)
+        bucket = bucket_of(part, int(n or 1))
+        pipe = self._sync.pipeline(transaction=False)
+        for key in self._bucket_keys(scope, host, bucket):
+            pipe.hkeys(key)
+        stored = [field for fields_ in self._sync_run(pipe) for field in fields_]
+        variants = sorted(f.decode() for f in stored if f.startswith(part.encode() + b"\0"))
+        plain = [part] if part.encode() in stored else []
+        return host, bucket, plain + variants
+
+    def _items_by_page(self, scope: str, urls: Collection[str], *, live: bool) -> list[str]:
+        """Keys of the items last stored from any of *urls* (one scan of the items)."""
+        keys: list[str] = []
+        for key, raw in self._hscan(self._key("items", scope)):
+            record = json.loads(raw)
+            page = record.get("page") or key.decode()
+            if page in urls and (not live or record.get("fingerprint")):
+                keys.append(key.decode())
+        return sorted(keys)
+
+    def url_record(self, scope: str, url: str) -> UrlRecord:
+        host, bucket, page_fields = self._page_fields(scope, url)
+        items = self._items_by_page(scope, {url}, live=True)
+        pipe = self._sync.pipeline(transaction=False)
+        for field in page_fields:
+            for key in self._bucket_keys(scope, host, bucket):
+                pipe.hget(key, field)
+            pipe.hget(self._host_key("ln", scope, host), field)
+        for key in items:
+            pipe.hget(self._key("itemver", scope), key)
+        replies = self._sync_run(pipe)
+        pages, links = [], {}
+        for n, field in enumerate(page_fields):
+            small, large, record = replies[3 * n:3 * n + 3]
+            raw = small if small is not None else large
+            page_key = page_key_of(scope, host, field)
+            if raw is not None:
+                pages.append(self._page(page_key, raw))
+            if record is not None:
+                links[page_key.variant] = record.decode()
+        versions = replies[3 * len(page_fields):]
+        pipe = self._sync.pipeline(transaction=False)
+        for key, version in zip(items, versions, strict=True):
+            pipe.hget(self._hist_key(scope, key), version or b"0")
+        latest = []
+        for key, version, entry in zip(items, versions, self._sync_run(pipe), strict=True):
+            if entry is None:
+                continue
+            data = json.loads(entry)
+            number = int(version)
+            change = data.get("change") or (Change.NEW if number == 1 else Change.CHANGED)
+            latest.append(StoredVersion(scope, key, number, str(change), data["stored_at"],
+                                        data["fingerprint"], data["data"]))
+        return UrlRecord(scope, url, pages, links, items, latest)
+
+    def read_slot_rates(self, scope: str) -> SlotRates:
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.hgetall(self._key("slots", scope))
+        [raw] = self._sync_run(pipe)
+        return _slot_rates(scope, raw)
+
+    def count_pages(self, scope: str | None = None) -> int:
+        # Each host's record counts its pages (a write that adds one adds one).
+        total = 0
+        for name in self._stored_scopes() if scope is None else [scope]:
+            hosts = self._scope_hosts(name)
+            for start in range(0, len(hosts), _HMGET_CHUNK):
+                pipe = self._sync.pipeline(transaction=False)
+                for host in hosts[start:start + _HMGET_CHUNK]:
+                    pipe.hget(self._host_key("hd", name, host), "p")
+                total += sum(int(n or 0) for n in self._sync_run(pipe))
+        return total
+
+    # -- exports ---------------------------------------------------------------
+
+    def _iter_item_keys(self, scope: str) -> Iterator[list[bytes]]:
+        """The scope's item keys, oldest first, in chunks of ``_HMGET_CHUNK``."""
+        order = self._key("order", scope)
+        for start in range(0, 2**63, _HMGET_CHUNK):
+            pipe = self._sync.pipeline(transaction=False)
+            pipe.zrange(order, start, start + _HMGET_CHUNK - 1)
+            [keys] = self._sync_run(pipe)
+            if keys:
+                yield keys
+            if len(keys) < _HMGET_CHUNK:
+                return
+
+    def iter_versions(self, scope: str | None = None, *, since: float | None = None,
+                      every_version: bool = False) -> Iterator[StoredVersion]:
+        # Redis has no index by time: one pass notes (stored_at, scope, key,
+        # version) of the versions wanted, sorted; a second reads them in
+        # that order, in bounded chunks. Only those small tuples are held,
+        # never the items' data. Stored times are whole seconds: a window
+        # from a fraction of a second starts at its whole second.
+        floor = -math.inf if since is None else math.floor(since)
+        wanted: list[tuple[int, str, str, int]] = []
+        for name in self._stored_scopes() if scope is None else [scope]:
+            for keys in self._iter_item_keys(name):
+                wanted += self._note_versions(name, keys, floor, every_version)
+        wanted.sort()
+        for start in range(0, len(wanted), _HMGET_CHUNK):
+            chunk = [(name, key, n) for _, name, key, n in wanted[start:start + _HMGET_CHUNK]]
+            if every_version:
+                yield from self._read_versions(chunk)
+            else:
+                yield from self._read_latest(chunk, None if since is None else floor)
+
+    def _note_versions(self, scope: str, keys: list[bytes], floor: float,
+                       every_version: bool) -> list[tuple[int, str, str, int]]:
+        """(stored_at, scope, key, version) of the versions of *keys* stored
+        at or after *floor*: each one, or (version 0) the latest of each."""
+        pipe = self._sync.pipeline(transaction=False)
+        noted: list[tuple[int, str, str, int]] = []
+        if every_version:
+            for key in keys:
+                pipe.hgetall(self._hist_key(scope, key.decode()))
+            for key, history in zip(keys, self._sync_run(pipe), strict=True):
+                for version, entry in history.items():
+                    stored_at = json.loads(entry)["stored_at"]
+                    if stored_at >= floor:
+                        noted.append((stored_at, scope, key.decode(), int(version)))
+            return noted
+        # Latest only: the items' records say when their latest version was
+        # stored (no history entry, no data, is read).
+        pipe.hmget(self._key("items", scope), keys)
+        [records] = self._sync_run(pipe)
+        for key, raw in zip(keys, records, strict=True):
+            if raw is not None:
+                stored_at = json.loads(raw).get("stored_at", 0)
+                if stored_at >= floor:
+                    noted.append((stored_at, scope, key.decode(), 0))
+        return noted
+
+    def _read_versions(self, chunk: list[tuple[str, str, int]]) -> Iterator[StoredVersion]:
+        """The history entries (scope, key, version) of *chunk* still stored.
+
+        A version pruned since it was noted (newer ones were written
+        meanwhile, beyond the history kept) is left out.
+        """
+        pipe = self._sync.pipeline(transaction=False)
+        for name, item_key, number in chunk:
+            pipe.hget(self._hist_key(name, item_key), number)
+        for (name, item_key, number), entry in zip(chunk, self._sync_run(pipe), strict=True):
+            if entry is not None:
+                yield _stored_version(name, item_key, number, json.loads(entry))
+
+    def _read_latest(self, chunk: list[tuple[str, str, int]],
+                     floor: float | None) -> Iterator[StoredVersion]:
+        """The latest version of each item of *chunk*, as stored now.
+
+        Read in one script, so each item's version number, history entry
+        and record agree: an item written since it was noted yields its
+        newer version (still in the window), never nothing. A latest
+        version without data yields nothing.
+        """
+        keys: list[str] = []
+        for name, item_key, _ in chunk:
+            keys += [self._key("items", name), self._key("itemver", name),
+                     self._hist_key(name, item_key)]
+        self.roundtrips += 1
+        try:
+            reply: Any = self._sync.eval(_LATEST_LUA, len(keys), *keys,
+                                         *(item_key for _, item_key, _ in chunk))
+        except redis.RedisError as exc:
+            raise self._fail("read failed", exc) from exc
+        for n, (name, item_key, _) in enumerate(chunk):
+            version, entry, raw = reply[3 * n:3 * n + 3]
+            if version is None or entry is None:
+                continue
+            stored = json.loads(entry)
+            if floor is not None and stored["stored_at"] < floor:
+                continue
+            found = _stored_version(name, item_key, int(version), stored)
+            if floor is not None and raw is not None and found.change != Change.DELETED:
+                # New to whoever has what was stored before the window:
+                # the item was not live then (its live run began in the
+                # window, and no tombstone of an earlier one is in it).
+                record = json.loads(raw)
+                born, died = record.get("born"), record.get("died")
+                if born is not None and born >= floor and (died is None or died < floor):
+                    found = found._replace(change=str(Change.NEW))
+            yield found
+
+    def iter_items(self, scope: str | None = None) -> Iterator[dict[str, object]]:
+        scopes = self._stored_scopes() if scope is None else [scope]
+        for name in scopes:
+            yield from self._iter_scope_items(name)
+
+    def _iter_scope_items(self, scope: str) -> Iterator[dict[str, object]]:
+        # Oldest key first (by first_seen, then key), in bounded chunks.
+        for keys in self._iter_item_keys(scope):
+            pipe = self._sync.pipeline(transaction=False)
+            pipe.hmget(self._key("items", scope), keys)
+            pipe.hmget(self._key("itemver", scope), keys)
+            records, versions = self._sync_run(pipe)
+            pipe = self._sync.pipeline(transaction=False)
+            for key, version in zip(keys, versions, strict=True):
+                pipe.hget(self._hist_key(scope, key.decode()), version or b"0")
+            entries = self._sync_run(pipe)
+            for key, raw, entry in zip(keys, records, entries, strict=True):
+                if raw is None:
+                    continue
+                record = json.loads(raw)
+                if not record["fingerprint"]:
+                    continue  # a tombstone: the item is gone
+                item: dict[str, object] = json.loads(entry)["data"] if entry else {}
+                item.setdefault("url", record.get("url") or key.decode())
+                item["fingerprint"] = record["fingerprint"]
+                yield item
+
+    def item_history(self, scope: str, item_key: str) -> list[tuple[int, str]]:
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.hgetall(self._hist_key(scope, item_key))
+        [versions] = self._sync_run(pipe)
+        return sorted((int(v), json.loads(raw)["fingerprint"]) for v, raw in versions.items())
+
+    # -- repairs ---------------------------------------------------------------
+
+    def _forget(self, scope: str, urls: Collection[str],
+                delete_pages: Callable[[Any], list[str | None]],
+                host: str | None = None) -> Removed:
+        """Delete the items last stored from *urls*, with their history, and
+        what *delete_pages* adds to the transaction (it returns what each of
+        its replies counts), and *host*'s trust record and remembered rate,
+        in one ``MULTI``."""
+        items = self._items_by_page(scope, urls, live=False)
+        hist = [self._hist_key(scope, key) for key in items]
+        pipe = self._sync.pipeline(transaction=True)
+        # What each reply counts (None: nothing), in the pipeline's order.
+        kinds: list[str | None] = []
+        for key in hist:
+            pipe.hlen(key)
+            kinds.append("versions")
+        kinds += delete_pages(pipe)
+        if items:
+            pipe.hdel(self._key("items", scope), *items)
+            pipe.hdel(self._key("itemver", scope), *items)
+            pipe.zrem(self._key("order", scope), *items)
+            pipe.delete(*hist)
+            kinds += ["items", None, None, None]
+        for url in sorted(urls):
+            # Every item listed under these pages is gone with them.
+            pipe.zremrangebylex(self._key("bypage", scope), *_page_range(url))
+            kinds.append(None)
+        if host is not None:
+            pipe.hdel(self._key("hosts", scope), host)
+            pipe.hdel(self._key("slots", scope), host)
+            pipe.zrem(self._key("slotsat", scope), host)
+            kinds += ["hosts", "rates", None]
+        counts = dict.fromkeys(Removed._fields, 0)
+        for kind, n in zip(kinds, self._sync_run(pipe), strict=True):
+            if kind is not None:
+                counts[kind] += int(n)
+        return Removed(**counts)
+
+    def forget_page(self, scope: str, url: str) -> Removed:
+        host, bucket, page_fields = self._page_fields(scope, url)
+
+        def delete_pages(pipe: Any) -> list[str | None]:
+            if not page_fields:
+                return []
+            pipe.eval(_SUMS_FORGET_LUA, 0, self.prefix, _key_part(scope), host_part(host),
+                      "fields", bucket, *page_fields)
+            for key in self._bucket_keys(scope, host, bucket):
+                pipe.hdel(key, *page_fields)
+            pipe.hincrby(self._host_key("hd", scope, host), "p", -len(page_fields))
+            pipe.hdel(self._host_key("ln", scope, host), *page_fields)
+            # The bucket's bound in the revisit index may now be low: a
+            # lower bound still (the next summary sets it right).
+            return [None, "pages", "pages", None, "links"]
+
+        return self._forget(scope, {url}, delete_pages)
+
+    def forget_host(self, scope: str, host: str) -> Removed:
+        n = self._bucket_counts(scope, [host])[host]
+        buckets = [(host, b) for b in range(n)]
+        urls = {page_key_of(scope, host, field.decode()).url
+                for _, field, _ in self._iter_bucket_pages(scope, buckets)}
+
+        def delete_pages(pipe: Any) -> list[str | None]:
+            pipe.eval(_SUMS_FORGET_LUA, 0, self.prefix, _key_part(scope), host_part(host),
+                      "buckets", *(b for _, b in buckets))
+            kinds: list[str | None] = [None]
+            doomed = [key for _, b in buckets for key in self._bucket_keys(scope, host, b)]
+            for key in doomed:
+                pipe.hlen(key)
+                kinds.append("pages")
+            pipe.hlen(self._host_key("ln", scope, host))
+            kinds.append("links")
+            pipe.delete(*doomed, *(self._host_key(kind, scope, host) for kind in _HOST_KINDS))
+            pipe.srem(self._key("hs", scope), host_part(host))
+            pipe.zrem(self._key("dueb", scope), *(f"{host_part(host)}|{b}" for _, b in buckets))
+            return [*kinds, None, None, None]
+
+        return self._forget(scope, urls, delete_pages, host)
+
+    def _scope_keys(self, scope: str) -> tuple[list[str], list[str], list[str], list[str]]:
+        """The scope's keys of this store's kinds (holds excepted): the
+        scope's own, its hosts' buckets and links hashes, then its history
+        keys. Only these kinds: other ``P:<name>:<s>`` keys may be
+        anybody's (a shared politeness budget is ``P:budget:<host>``, and a
+        scope may be named after its host)."""
+        kinds = [self._key(kind, scope) for kind in _SCOPE_KINDS]
+        counts = self._bucket_counts(scope, self._scope_hosts(scope))
+        buckets = [key for host, n in counts.items() for b in range(n)
+                   for key in self._bucket_keys(scope, host, b)]
+        links = [self._host_key("ln", scope, host) for host in counts]
+        kinds += [self._host_key("hd", scope, host) for host in counts]
+        hist = self._scan_keys(f"{_glob(self.prefix)}:hist:{_glob(_key_part(scope))}:*")
+        kinds += self._scan_keys(f"{_glob(self.prefix)}:undel:{_glob(_key_part(scope))}:*")
+        kinds += self._fine_sums_keys(scope)
+        return kinds, buckets, links, hist
+
+    def _count(self, scope: str, buckets: list[str], links: list[str], hist: list[str],
+               pipe: Any) -> None:
+        for key in buckets + links:
+            pipe.hlen(key)
+        pipe.hlen(self._key("items", scope))
+        for key in hist:
+            pipe.hlen(key)
+        pipe.hlen(self._key("hosts", scope))
+        pipe.zcard(self._key("crawls", scope))
+
+    @staticmethod
+    def _counted(replies: list[int], buckets: list[str], links: list[str],
+                 hist: list[str]) -> Removed:
+        pages = sum(replies[:len(buckets)])
+        rest = replies[len(buckets):]
+        linked = sum(rest[:len(links)])
+        items, *rest = rest[len(links):]
+        return Removed(pages, linked, items, sum(rest[:len(hist)]), *rest[len(hist):])
+
+    def count_scope(self, scope: str) -> Removed:
+        _, buckets, links, hist = self._scope_keys(scope)
+        pipe = self._sync.pipeline(transaction=True)
+        self._count(scope, buckets, links, hist, pipe)
+        return self._counted(self._sync_run(pipe), buckets, links, hist)
+
+    def reset_scope(self, scope: str) -> Removed:
+        kinds, buckets, links, hist = self._scope_keys(scope)
+        pipe = self._sync.pipeline(transaction=True)
+        self._count(scope, buckets, links, hist, pipe)
+        counted = len(buckets) + len(links) + 1 + len(hist) + 2
+        doomed = kinds + buckets + links + hist
+        for start in range(0, len(doomed), _HMGET_CHUNK):
+            pipe.delete(*doomed[start:start + _HMGET_CHUNK])
+        pipe.srem(f"{self.prefix}:scopes", scope)
+        replies = self._sync_run(pipe)
+        return self._counted(replies[:counted], buckets, links, hist)

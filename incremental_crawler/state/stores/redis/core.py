@@ -1,0 +1,443 @@
+"""What every part of the Redis store shares: its two clients (a blocking one
+for opening and the reports, a ``redis.asyncio`` one for the crawl), the
+names of its keys, how its records are encoded, what a failure is called,
+and its round-trips: the crawl's, tried again while Redis does not answer,
+and the bounded scans that the layout checks, the repairs and the read-outs
+make. The store's parts build on :class:`RedisCore`, so that each one reads
+and writes the same keys the same way."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from dataclasses import MISSING, fields
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import quote
+
+import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from incremental_crawler.config import DEFAULT_SETTINGS
+from incremental_crawler.redis_retry import RedisSilent, Silence
+from incremental_crawler.state.records import (
+    Change,
+    HostTrust,
+    ItemRecord,
+    PageKey,
+    PageState,
+    SlotRate,
+    StoredVersion,
+)
+from incremental_crawler.state.stores.base import SlotRates, StateStore, StateStoreError
+from incremental_crawler.state.stores.packed import (
+    PackedRecordError,
+    pack,
+    unpack,
+)
+from incremental_crawler.state.stores.redis.pages import host_of_part, host_part, page_field
+from incremental_crawler.state.stores.redis.scripts import _FLUSH_LUA, _SCRIPTS, _sha1
+from incremental_crawler.uris import redacted
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Iterator, Sequence
+
+__all__ = ["RedisCore"]
+
+#: The store's one logger, named after the module that once held all of
+#: the store: log settings that name it keep applying to every part.
+logger = logging.getLogger("incremental_crawler.state.stores.redis.store")
+
+_T = TypeVar("_T")
+
+#: Fields per HMGET, and keys per round-trip of a synchronous read.
+_HMGET_CHUNK = 1_000
+#: What a write refused for memory is called (Redis's own words are vaguer).
+OUT_OF_MEMORY = (
+    "Redis is out of memory (OOM: its used memory is above its maxmemory, and "
+    "maxmemory-policy noeviction refuses writes); nothing more was written: free "
+    "memory in Redis or raise its maxmemory, then re-run")
+
+#: A Redis that hangs must not hang the crawl; the URI may set other values.
+_DEFAULT_TIMEOUTS = {"socket_connect_timeout": 5.0, "socket_timeout": 30.0}
+#: Lua numbers are doubles: larger integers in a page record would not
+#: survive the check/redirect upsert (nor cjson's 14 digits, for items).
+_LUA_INT_LIMIT = 10**14
+#: The numbers of a page record the Lua upserts read and write back.
+_LUA_NUMBERS = ("size", "last_status", "first_seen", "last_checked", "last_fetched",
+                "last_changed", "checks", "changes", "flags", "lastmod", "interval",
+                "next_visit", "churns", "failures")
+
+#: Members asked per ZSCAN step, and steps at most (100 million members).
+_SCAN_COUNT = 1000
+_SCAN_ROUNDS = 100_000
+
+
+@functools.lru_cache(maxsize=256)
+def _key_part(scope: str) -> str:
+    # Percent-quoted: no ':' inside, so P:hist:<s>:<key> splits one way only,
+    # and common scope names (spider names) read as they are.
+    return quote(scope, safe="")
+
+
+def _page_range(url: str) -> tuple[bytes, bytes]:
+    """ZRANGEBYLEX bounds of the page index members ``url NUL key`` of *url*."""
+    head = url.encode()
+    return b"[" + head + b"\0", b"(" + head + b"\1"
+
+
+class RedisCore(StateStore):
+    """The clients, keys, record codecs and round-trips of a Redis store
+    (see the module docstring); :class:`~.store.RedisStateStore` is the
+    store itself."""
+
+    def __init__(self, uri: str, prefix: str) -> None:
+        self.prefix = prefix
+        query = f"&prefix={prefix}" if "?" in uri else f"?prefix={prefix}"
+        self.location = redacted(uri) + query
+        #: Network round-trips to Redis so far (one per command or pipeline).
+        self.roundtrips = 0
+        # EVALSHA names a script by its SHA-1 (what SCRIPT LOAD returns).
+        self._script_sha = _sha1(_FLUSH_LUA)
+        self._fields = {cls: fields(cls) for cls in (PageState, HostTrust, ItemRecord)}
+        # The fields a stored record may hold (the key ones are in the Redis key).
+        self._names = {
+            PageState: frozenset(f.name for f in self._fields[PageState]) - {"key"},
+            HostTrust: frozenset(f.name for f in self._fields[HostTrust]) - {"scope", "host"},
+        }
+        #: Since when Redis has not answered, and for how long the
+        #: crawl-time commands keep trying (:attr:`retry_time`).
+        self._silence = Silence(f"State store {self.location}",
+                                float(DEFAULT_SETTINGS["INCREMENTAL_REDIS_RETRY_TIME"]))
+        #: Redis's hash-max-listpack-value (read on opening; 64 by default).
+        self._listpack_value = 64
+        # No retries: a transaction whose reply was lost may have run, and
+        # running it twice would count checks and item versions twice.
+        options: dict[str, Any] = {**_DEFAULT_TIMEOUTS, "retry": Retry(NoBackoff(), 0)}
+        try:
+            self._sync = redis.Redis.from_url(uri, **options)
+            # Bound to the event loop of its first command (the reactor's).
+            self._async = redis.asyncio.Redis.from_url(
+                uri, **{**options, "retry": AsyncRetry(NoBackoff(), 0)}
+            )
+        except ValueError as exc:
+            raise self._fail("bad URI", exc) from exc
+
+    # -- keys and records ------------------------------------------------------
+
+    def _key(self, kind: str, scope: str) -> str:
+        return f"{self.prefix}:{kind}:{_key_part(scope)}"
+
+    def _hist_key(self, scope: str, item_key: str) -> str:
+        return f"{self.prefix}:hist:{_key_part(scope)}:{item_key}"
+
+    def _token_key(self, token: str) -> str:
+        return f"{self.prefix}:flush:{token}"
+
+    def _encode(self, record: Any, skip: Sequence[str], *, lua_safe: bool = False) -> str:
+        """A dataclass as compact JSON: fields at their default are left out."""
+        out: dict[str, Any] = {}
+        for f in self._fields[type(record)]:
+            if f.name in skip:
+                continue
+            value = getattr(record, f.name)
+            if f.default is not MISSING and value == f.default:
+                continue
+            if isinstance(value, float):
+                value = int(value)  # whole seconds, as in the SQLite store
+            if lua_safe and isinstance(value, int) and abs(value) >= _LUA_INT_LIMIT:
+                raise self._fail(f"{f.name}={value} is too large for its Lua upserts")
+            out[f.name] = value
+        return json.dumps(out, separators=(",", ":"), ensure_ascii=False)
+
+    def _decode(self, cls: type, raw: bytes | str, **fixed: Any) -> Any:
+        data = json.loads(raw)
+        names = self._names[cls]
+        if not data.keys() <= names:
+            # Fields this code does not know (written by a newer version)
+            # are ignored; missing ones take their defaults.
+            data = {k: v for k, v in data.items() if k in names}
+        return cls(**fixed, **data)
+
+    def _page(self, key: PageKey, raw: bytes) -> PageState:
+        try:
+            return unpack(key, raw)
+        except (PackedRecordError, UnicodeDecodeError) as exc:
+            raise self._fail(f"the stored record of {key.url} is damaged", exc) from exc
+
+    def _pack(self, state: PageState) -> bytes:
+        for name in _LUA_NUMBERS:
+            value = getattr(state, name)
+            if value is not None and abs(value) >= _LUA_INT_LIMIT:
+                raise self._fail(f"{name}={value} is too large for its Lua upserts")
+        return pack(state)
+
+    def _host_key(self, kind: str, scope: str, host: str) -> str:
+        """A key of one host of *scope* (its ``{scope|host}`` hash tag)."""
+        return f"{self.prefix}:{kind}:{{{_key_part(scope)}|{host_part(host)}}}"
+
+    def _bucket_key(self, scope: str, host: str, bucket: int, *, large: bool = False) -> str:
+        """A bucket's hash of pages (its listpack), or of its large entries."""
+        return f"{self._host_key('pgl' if large else 'pg', scope, host)}:{bucket}"
+
+    def _bucket_keys(self, scope: str, host: str, bucket: int) -> tuple[str, str]:
+        return (self._bucket_key(scope, host, bucket),
+                self._bucket_key(scope, host, bucket, large=True))
+
+    def _page_args(self, key: PageKey) -> tuple[str, str, str]:
+        """What a page write or read names the page by: scope and host key
+        parts, and the page's field."""
+        host, field = page_field(key)
+        return _key_part(key.scope), host_part(host), field
+
+    def _page_op(self, state: PageState) -> tuple[Any, ...]:
+        # The revisit index: the pages that know their callback (gone ones
+        # too: their next visit is their rare recheck).
+        indexed = state.callback is not None
+        return ("page", *self._page_args(state.key), self._pack(state),
+                int(state.next_visit) if indexed else "")
+
+    # -- failures --------------------------------------------------------------
+
+    def _fail(self, what: str, exc: BaseException | None = None) -> StateStoreError:
+        if isinstance(exc, redis.exceptions.OutOfMemoryError):
+            # Refused before anything ran: said as what it is, not as
+            # "unreachable" or a failed command.
+            return StateStoreError(f"State store {self.location}: {OUT_OF_MEMORY}")
+        detail = f": {exc}" if exc else ""
+        return StateStoreError(f"State store {self.location}: {what}{detail}")
+
+    # -- async plumbing --------------------------------------------------------
+
+    async def _again(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        """``await attempt()``, again while Redis does not answer (down,
+        restarting, loading its data), for up to :attr:`retry_time` seconds
+        since it last answered (:class:`~incremental_crawler.redis_retry.Silence`);
+        then a :class:`StateStoreError` saying so.
+
+        Safe for every crawl-time command: reads and holds are idempotent,
+        and a flush sent again is known by its token (what Redis applied of
+        it is not applied twice).
+        """
+        try:
+            return await self._silence.again(attempt)
+        except RedisSilent as exc:
+            raise self._fail(exc.what, exc.cause) from exc.cause
+
+    @property
+    def retry_time(self) -> float:
+        """Seconds the crawl-time commands keep trying a Redis that does not
+        answer (INCREMENTAL_REDIS_RETRY_TIME)."""
+        return self._silence.bound
+
+    @retry_time.setter
+    def retry_time(self, seconds: float) -> None:
+        self._silence.bound = seconds
+
+    async def _run(self, pipe: Any) -> list[Any]:
+        try:
+            return await self._run_raw(pipe)
+        except redis.RedisError as exc:
+            raise self._fail("Redis command failed", exc) from exc
+
+    async def _run_raw(self, pipe: Any) -> list[Any]:
+        """:meth:`_run`, Redis's errors left as they are."""
+        # A pipeline forgets its commands once executed, failed or not: each
+        # attempt gets a copy of them.
+        stack, transaction = list(pipe.command_stack), pipe.is_transaction
+
+        async def attempt() -> list[Any]:
+            again = self._async.pipeline(transaction=transaction)
+            again.command_stack = list(stack)
+            self.roundtrips += 1
+            return await again.execute()
+
+        return await self._again(attempt)
+
+    async def _call(self, *args: Any) -> Any:
+        async def attempt() -> Any:
+            self.roundtrips += 1
+            return await self._async.execute_command(*args)
+
+        try:
+            return await self._again(attempt)
+        except redis.RedisError as exc:
+            raise self._fail("read failed", exc) from exc
+
+    async def _read_scripts(self, calls: list[tuple[str, list[Any]]]) -> list[Any]:
+        """Run read scripts (a SHA-1 and its arguments each) in one
+        pipelined round-trip; a Redis that forgot them (restarted) is sent
+        them once, then asked again."""
+        for attempt in range(2):
+            pipe = self._async.pipeline(transaction=False)
+            for sha, args in calls:
+                pipe.execute_command("EVALSHA", sha, 0, *args)
+            try:
+                return await self._run_raw(pipe)
+            except redis.exceptions.NoScriptError:
+                if attempt:
+                    raise
+                pipe = self._async.pipeline(transaction=False)
+                for script in _SCRIPTS:
+                    pipe.script_load(script)
+                await self._run(pipe)
+            except redis.RedisError as exc:
+                raise self._fail("read failed", exc) from exc
+        raise AssertionError("unreachable")
+
+    async def _read_script(self, sha: str, args: list[Any]) -> Any:
+        """Run one read script (:meth:`_read_scripts` without a pipeline)."""
+
+        async def attempt() -> Any:
+            self.roundtrips += 1
+            try:
+                return await self._async.evalsha(sha, 0, *args)
+            except redis.exceptions.NoScriptError:
+                self.roundtrips += 1
+                script = next(s for s in _SCRIPTS if _sha1(s) == sha)
+                return await self._async.eval(script, 0, *args)
+
+        try:
+            return await self._again(attempt)
+        except redis.RedisError as exc:
+            raise self._fail("read failed", exc) from exc
+
+    # -- synchronous reads and scans -------------------------------------------
+
+    def _sync_run(self, pipe: Any) -> list[Any]:
+        self.roundtrips += 1
+        try:
+            return pipe.execute()
+        except redis.RedisError as exc:
+            raise self._fail("read failed", exc) from exc
+
+    def _stored_scopes(self) -> list[str]:
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.smembers(f"{self.prefix}:scopes")
+        [members] = self._sync_run(pipe)
+        return sorted(m.decode() for m in members)
+
+    def _hscan(self, key: str, match: str | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Every field and value of the hash *key* (bounded steps)."""
+        cursor = 0
+        for _ in range(_SCAN_ROUNDS):
+            self.roundtrips += 1
+            try:
+                reply: Any = self._sync.hscan(key, cursor, match=match, count=_SCAN_COUNT)
+            except redis.RedisError as exc:
+                raise self._fail("read failed", exc) from exc
+            cursor, pairs = reply
+            yield from pairs.items()
+            if cursor == 0:
+                return
+        raise self._fail(f"scanning {key} did not finish")
+
+    def _scan_keys(self, match: str) -> list[str]:
+        """Every key matching the glob *match* (bounded steps)."""
+        found: list[str] = []
+        cursor = 0
+        for _ in range(_SCAN_ROUNDS):
+            self.roundtrips += 1
+            try:
+                reply: Any = self._sync.scan(cursor, match=match, count=_SCAN_COUNT)
+            except redis.RedisError as exc:
+                raise self._fail("read failed", exc) from exc
+            cursor, keys = reply
+            found.extend(k.decode() for k in keys)
+            if cursor == 0:
+                return sorted(set(found))
+        raise self._fail(f"scanning the keys {match} did not finish")
+
+    def _scan_set(self, key: str) -> list[bytes]:
+        """Every member of the set *key* (bounded steps)."""
+        found: set[bytes] = set()
+        cursor = 0
+        for _ in range(_SCAN_ROUNDS):
+            self.roundtrips += 1
+            try:
+                reply: Any = self._sync.sscan(key, cursor, count=_SCAN_COUNT)
+            except redis.RedisError as exc:
+                raise self._fail("read failed", exc) from exc
+            cursor, members = reply
+            found.update(members)
+            if cursor == 0:
+                return sorted(found)
+        raise self._fail(f"scanning {key} did not finish")
+
+    def _scope_hosts(self, scope: str) -> list[str]:
+        """The hosts of *scope* with pages or links records stored."""
+        return [host_of_part(m.decode()) for m in self._scan_set(self._key("hs", scope))]
+
+    def _bucket_counts(self, scope: str, hosts: list[str]) -> dict[str, int]:
+        """Each host's number of buckets."""
+        counts: dict[str, int] = {}
+        for start in range(0, len(hosts), _HMGET_CHUNK):
+            chunk = hosts[start:start + _HMGET_CHUNK]
+            pipe = self._sync.pipeline(transaction=False)
+            for host in chunk:
+                pipe.hget(self._host_key("hd", scope, host), "n")
+            for host, n in zip(chunk, self._sync_run(pipe), strict=True):
+                counts[host] = int(n or 1)
+        return counts
+
+    def _buckets(self, scope: str) -> list[tuple[str, int]]:
+        """Every bucket of *scope*, as (host, number)."""
+        counts = self._bucket_counts(scope, self._scope_hosts(scope))
+        return [(host, b) for host, n in counts.items() for b in range(n)]
+
+    def _iter_bucket_pages(self, scope: str,
+                           buckets: list[tuple[str, int]]) -> Iterator[tuple[str, bytes, bytes]]:
+        """(host, field, record) of every page of *buckets*, a few buckets a
+        round-trip (each holds some dozens of pages)."""
+        for start in range(0, len(buckets), _SCAN_COUNT // 10):
+            chunk = buckets[start:start + _SCAN_COUNT // 10]
+            pipe = self._sync.pipeline(transaction=False)
+            for host, b in chunk:
+                for key in self._bucket_keys(scope, host, b):
+                    pipe.hgetall(key)
+            replies = self._sync_run(pipe)
+            for n, (host, _) in enumerate(chunk):
+                for pages in replies[2 * n:2 * n + 2]:
+                    for field, raw in pages.items():
+                        yield host, field, raw
+
+    def _fine_sums_keys(self, scope: str) -> list[str]:
+        return self._scan_keys(f"{_glob(self.prefix)}:nvf:{_glob(_key_part(scope))}:*")
+
+
+def _slot_rates(scope: str, raw: dict[bytes, bytes]) -> SlotRates:
+    """A scope's remembered rates from its ``slots`` hash; a record that
+    cannot be read is named, not raised."""
+    found = SlotRates([], [])
+    for slot_raw, value in sorted(raw.items()):
+        slot = slot_raw.decode(errors="replace")
+        try:
+            data = json.loads(value)
+            record = SlotRate(scope, slot, data["rate"], data["slow_start"],
+                              data["saved_at"], data.get("ended", ""))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            found.unreadable.append(slot)
+            continue
+        if record.readable():
+            found.rates.append(record)
+        else:
+            found.unreadable.append(slot)
+    return found
+
+
+def _stored_version(scope: str, item_key: str, number: int,
+                    stored: dict[str, Any]) -> StoredVersion:
+    """A history entry read back. It names its change only when that is not
+    the one an entry without it reads as (what entries stored before the
+    change feed read as)."""
+    change = stored.get("change") or (Change.NEW if number == 1 else Change.CHANGED)
+    return StoredVersion(scope, item_key, number, str(change), stored["stored_at"],
+                         stored["fingerprint"], stored["data"])
+
+
+def _glob(text: str) -> str:
+    """*text* matched literally in a Redis glob pattern."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)

@@ -1,0 +1,393 @@
+"""The Redis store's reads of pages by next visit: ``get_due``, a scope's due
+pages most overdue first, merged from its buckets in the order of the
+revisit index (see :mod:`.pages`), with a cursor that a reader paging
+through them goes on with; and ``summarize_pages``, the pages of a window of
+next visits in aggregate, from the scope's sums or, when those cannot tell,
+from every bucket. Apart from the rest of the crawl-time store because the
+merge and its cursor are a job of their own; it reads staged pages, and
+stages a bucket's stale bound, through two hooks the store provides."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from abc import abstractmethod
+from typing import TYPE_CHECKING, Any
+
+from incremental_crawler.state.records import PageKey
+from incremental_crawler.state.stores.base import PagesSummary, checked_after, due_after
+from incremental_crawler.state.stores.redis.core import (
+    _SCAN_COUNT,
+    _SCAN_ROUNDS,
+    RedisCore,
+    _key_part,
+    logger,
+)
+from incremental_crawler.state.stores.redis.pages import host_of_part, page_key_of
+from incremental_crawler.state.stores.redis.scripts import (
+    _DUE_INDEX_SHA,
+    _DUE_READ_SHA,
+    _SUMMARY_SHA,
+    _SUMS_READ_SHA,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Collection
+
+    from incremental_crawler.state.records import PageState
+    from incremental_crawler.state.stores.base import DueAfter
+
+__all__ = ["RedisDueReads"]
+
+#: Buckets per due-pages script and per summary script, and summary
+#: scripts per round-trip.
+_DUE_BUCKETS = 64
+#: Due-pages scripts per round-trip once a cap is known, and buckets of the
+#: index read per round-trip: a re-seed reads most buckets of the scope
+#: whose bound is before its last due page, and a round-trip per 64 of them
+#: cost more than the reads themselves.
+_DUE_SCRIPTS = 8
+_DUE_INDEX_CHUNK = _DUE_BUCKETS * _DUE_SCRIPTS * 2
+#: Readings of the due pages a get_due starts at most while other workers
+#: split buckets (see _DueCursor.note_splits).
+_DUE_STARTS = 4
+#: How many times the due pages wanted a merge reads ahead (see _read_due).
+_DUE_AHEAD = 4
+_SUMMARY_BUCKETS = 16
+_SUMMARY_SCRIPTS = 8
+#: Stands for an infinite time in scripts (Lua reads no "inf"): beyond any
+#: stored time (see _LUA_INT_LIMIT in core.py).
+_FOREVER = 10**15
+
+
+def _limit(value: float, *, up: bool = False) -> int:
+    """A time as the scripts compare it: whole seconds (*up*: rounded up),
+    infinities as ±_FOREVER."""
+    if math.isinf(value):
+        return _FOREVER if value > 0 else -_FOREVER
+    return math.ceil(value) if up else math.floor(value)
+
+
+#: A due page read: (next visit, URL, variant, record).
+_DuePage = tuple[int, str, str, bytes]
+
+
+class _DueCursor:
+    """How far a reading of a scope's due pages went (``get_due``)."""
+
+    def __init__(self, scope: str, now: float, flushes: int,
+                 after: DueAfter | None = None) -> None:
+        self.scope, self.now, self.flushes = scope, now, flushes
+        #: Where the reading starts (pages after it), and the last page sent.
+        self.after = after
+        self.last = after
+        #: The place of the last page sent as it was sent (a staged page's
+        #: staged next visit): what the reader passes back as *after*.
+        self.sent = after
+        #: Pages due at or before this next visit are not read (before *after*).
+        self.floor = -_FOREVER if after is None else int(after[0]) - 1
+        #: Due pages read, not yet in place: a heap of _DuePage.
+        self.waiting: list[_DuePage] = []
+        #: Due pages in place, in order; the first is due page number `base`.
+        self.ready: list[_DuePage] = []
+        self.base = 0
+        #: Buckets of the index not read yet: a heap of (bound, member);
+        #: where the index was read up to (a bound, and how many read have
+        #: it), and whether it was read to its end.
+        self.unread: list[tuple[float, bytes]] = []
+        self.low: str = "-inf"
+        self.ties = 0
+        self.seen: set[bytes] = set()
+        #: The bounds of the buckets not read yet (a bucket read whose
+        #: pages are all after its bound is set right by the next flush).
+        self.bounds: dict[bytes, float] = {}
+        self.index_done = False
+        #: Buckets read up to a cap, with pages due after it: a heap of (the
+        #: earliest of those, member, the cap).
+        self.parked: list[tuple[int, bytes, int]] = []
+        #: The cap of the reads for the due pages wanted: (how many, cap).
+        self.cap: tuple[int, int] | None = None
+        #: The scope's count of bucket splits when first read, and whether
+        #: a read since found another (pages may have moved: start over).
+        self.splits: bytes | None = None
+        self.moved = False
+
+    def note_splits(self, splits: bytes) -> None:
+        if self.splits is None:
+            self.splits = splits
+        elif splits != self.splits:
+            self.moved = True
+
+    def settle(self, need: int) -> bool:
+        """Move the waiting pages now certainly in place to ``ready``;
+        whether *need* are ready (or nothing is left to read)."""
+        frontier = min(self.unread[0][0] if self.unread else math.inf,
+                       self.parked[0][0] if self.parked else math.inf)
+        while self.waiting and self.waiting[0][0] < frontier:
+            self.ready.append(heapq.heappop(self.waiting))
+        if frontier == math.inf:
+            self.ready += sorted(self.waiting)
+            self.waiting = []
+            return True
+        return self.base + len(self.ready) >= need
+
+    def cap_for(self, need: int, until: int) -> int:
+        """The next visits to read up to: the pages that can still be among
+        the *need* first, and ahead of them (a reader paging through asks
+        for more next, and a bucket read again costs more than a few pages
+        sent now). Worked out once enough are waiting: a cap that could be
+        lower costs a few pages more, not a read."""
+        ahead = _DUE_AHEAD * (need - self.base - len(self.ready))
+        frontier = min(self.unread[0][0] if self.unread else math.inf,
+                       self.parked[0][0] if self.parked else math.inf)
+        # Past it, every bucket left is after the cap: a new one is due.
+        if self.cap is None or self.cap[0] != need or self.cap[1] < frontier:
+            self.cap = None
+            if len(self.waiting) >= ahead:
+                self.cap = (need, heapq.nsmallest(ahead, self.waiting)[-1][0])
+        return until if self.cap is None else self.cap[1]
+
+    def choose(self, cap: int, most: int) -> list[tuple[bytes, int]]:
+        """The next *most* buckets to read (unread or parked, least bound
+        first, none whose bound is after *cap*), each with what it was read
+        up to."""
+        chosen: list[tuple[bytes, int]] = []
+        while len(chosen) < most:
+            unread = self.unread[0][0] if self.unread else math.inf
+            parked = self.parked[0][0] if self.parked else math.inf
+            if min(unread, parked) > cap:
+                break
+            if unread <= parked:
+                chosen.append((heapq.heappop(self.unread)[1], self.floor))
+            else:
+                _, member, after = heapq.heappop(self.parked)
+                chosen.append((member, after))
+        return chosen
+
+
+class RedisDueReads(RedisCore):
+    """The reads of pages by next visit (see the module docstring)."""
+
+    #: Flushes started so far (the store counts them), and the last reading
+    #: of due pages: a reader paging through them goes on from there while
+    #: none started.
+    _flushes: int
+    _due_cursor: _DueCursor | None
+
+    # The crawl-time store's staging (:class:`~.store.RedisStateStore`): a
+    # due page staged since it was stored is sent as staged, and a bucket
+    # whose bound in the index is stale is set right by the next flush.
+
+    @abstractmethod
+    def _staged_page(self, key: PageKey) -> PageState | None:
+        """The state staged for the page *key* and not flushed yet, if any."""
+
+    @abstractmethod
+    def _stage(self, scope: str, op: tuple[Any, ...]) -> None:
+        """Stage the write *op* of *scope* for the next flush."""
+
+    # -- due pages -------------------------------------------------------------
+
+    async def get_due(self, scope: str, now: float, limit: int,
+                      after: DueAfter | None = None) -> list[PageState]:
+        # Most overdue first, ties by URL (then variant): a total order. A
+        # reader paging through them (after the last page each call
+        # returned) goes on from where the previous call stopped while this
+        # store flushed nothing in between (the re-seeder reads so); else a
+        # reading starts again from *after*'s next visit.
+        after = checked_after(after)
+        if limit <= 0:
+            return []
+        cursor = self._due_cursor
+        # The reader passes the place of the last page sent as it was sent:
+        # a staged one's staged next visit, not its stored place, which
+        # the cursor follows (``sent``).
+        if (cursor is None or after is None or (cursor.scope, cursor.now, cursor.flushes)
+                != (scope, now, self._flushes) or after not in (cursor.last, cursor.sent)):
+            cursor = _DueCursor(scope, now, self._flushes, after)
+        while True:
+            for _ in range(_DUE_STARTS):
+                self._due_cursor = cursor
+                await self._read_due(cursor, cursor.base + limit)
+                if not cursor.moved:
+                    break
+                # Another worker split buckets meanwhile: pages not read may
+                # have moved out of the buckets still to read (or into them).
+                cursor = _DueCursor(scope, now, self._flushes, after)
+            else:
+                logger.warning("State store %s: buckets of %r kept splitting while its due "
+                               "pages were read (%d times): some may be missing until the "
+                               "next reading", self.location, scope, _DUE_STARTS)
+            sent = cursor.ready[:limit]
+            del cursor.ready[:limit]
+            cursor.base += len(sent)
+            due = []
+            for visit, url, variant, raw in sent:
+                # As its bucket was read during this paging through the due
+                # pages (a staged one as staged): not read again, a page is
+                # sent once. One another worker wrote meanwhile reads as it
+                # was, as with any read (this store's own flushes start over).
+                key = PageKey(scope, url, variant)
+                state = self._staged_page(key) or self._page(key, raw)
+                # A record written by another version cannot re-seed a bad page.
+                if state.callback is not None and state.next_visit <= now:
+                    due.append(state)
+                cursor.last = (visit, url, variant)
+            if due:
+                cursor.sent = due_after(due[-1])
+                return due
+            if not sent:
+                return due
+            # Every page read was left out (staged since with a later next
+            # visit): read on, or the reader would take the end for reached.
+
+    async def _read_due(self, cursor: _DueCursor, need: int) -> None:
+        """Merge the scope's buckets until *need* due pages are in place.
+
+        Each bucket is a stream of due pages. The index gives the buckets
+        not read yet in the order of their bounds; a bucket read up to a
+        cap, with pages due after it, is *parked* with the earliest of
+        those. Every page due before the least bound of the unread buckets
+        and the parked ones is in place: it moves from ``waiting`` (a heap)
+        to ``ready``. Each read asks only for the pages due up to a cap: the
+        ones that can still be among the *need* first (all of them while
+        fewer are waiting), so a bucket sends only what the reader keeps,
+        records included (they are not read again). Each round-trip reads
+        a chunk of the index or up to ``_DUE_SCRIPTS`` scripts of buckets,
+        and each reply is two strings, not an element per page: a re-seed
+        reads most of the scope's buckets, and per-element parsing and
+        round-trips were most of its client time.
+        """
+        until = _FOREVER if cursor.now == math.inf else int(cursor.now)
+        for _ in range(_SCAN_ROUNDS):
+            if cursor.base + len(cursor.ready) >= need or cursor.moved:
+                return
+            await self._next_buckets(cursor, until)
+            if cursor.moved or cursor.settle(need):
+                return
+            cap = cursor.cap_for(need, until)
+            # Until a cap is known every due page of a bucket read is sent:
+            # one script's worth then.
+            chosen = cursor.choose(
+                cap, _DUE_BUCKETS * (1 if cursor.cap is None else _DUE_SCRIPTS))
+            head = [self.prefix, _key_part(cursor.scope), until, cap]
+            replies = await self._read_scripts([
+                (_DUE_READ_SHA, [*head, *(arg for pair in chosen[at:at + _DUE_BUCKETS]
+                                          for arg in pair)])
+                for at in range(0, len(chosen), _DUE_BUCKETS)])
+            for heads, records, splits in replies:
+                cursor.note_splits(splits)
+                at = 0
+                for head in heads.split(b"\xfe") if heads else ():
+                    member, above, least, *pages = head.split(b"\xff")
+                    if above:
+                        heapq.heappush(cursor.parked, (int(above), member, cap))
+                    bound = cursor.bounds.pop(member, None)
+                    if bound is not None and (not least or int(least) > bound):
+                        # Its pages moved on since its bound was set: set
+                        # right by the next flush (a write script).
+                        bucket_host, _, bucket = member.decode().partition("|")
+                        self._stage(cursor.scope, ("rebound", _key_part(cursor.scope),
+                                                   bucket_host, bucket))
+                    host = host_of_part(member.partition(b"|")[0].decode())
+                    for n in range(0, len(pages), 3):
+                        page = page_key_of(cursor.scope, host, pages[n + 1].decode())
+                        end = at + int(pages[n + 2])
+                        place = (int(pages[n]), page.url, page.variant)
+                        if cursor.after is None or place > cursor.after:
+                            heapq.heappush(cursor.waiting, (*place, records[at:end]))
+                        at = end
+        raise self._fail(f"reading the due pages of {cursor.scope!r} did not finish")
+
+    async def _next_buckets(self, cursor: _DueCursor, until: int) -> None:
+        """Keep a chunk of the index's unread buckets at hand (by bound)."""
+        if cursor.index_done or len(cursor.unread) >= _DUE_BUCKETS * _DUE_SCRIPTS:
+            return
+        [(flat, splits)] = await self._read_scripts([(_DUE_INDEX_SHA, [
+            self._key("dueb", cursor.scope), cursor.low, until, cursor.ties, _DUE_INDEX_CHUNK,
+            self._key("splits", cursor.scope)])])
+        cursor.note_splits(splits)
+        parts = flat.split(b"\xff") if flat else []
+        pairs = [(parts[n], float(parts[n + 1])) for n in range(0, len(parts), 2)]
+        for member, score in pairs:
+            if member not in cursor.seen:
+                cursor.seen.add(member)
+                cursor.bounds[member] = float(score)
+                heapq.heappush(cursor.unread, (float(score), member))
+        if pairs:
+            last = float(pairs[-1][1])
+            at_last = sum(1 for _, score in pairs if float(score) == last)
+            same = cursor.low != "-inf" and float(cursor.low) == last
+            cursor.ties = cursor.ties + at_last if same else at_last
+            cursor.low = repr(last)
+        cursor.index_done = len(pairs) < _DUE_INDEX_CHUNK
+
+    # -- pages in aggregate ----------------------------------------------------
+
+    async def summarize_pages(self, scope: str, *, after: float, upto: float,
+                              checked_before: float,
+                              exclude_callbacks: Collection[str] = ()) -> PagesSummary:
+        # The scope's sums by next visit, less this crawl's checks, one by
+        # one (see redis_sums_read.lua); every page read only when those
+        # are not known one by one (no crawl took the scope since a page
+        # was last checked at or after checked_before: cluster workers,
+        # a clock that went back).
+        reply = await self._read_script(_SUMS_READ_SHA, [
+            self.prefix, _key_part(scope), _limit(after), _limit(upto),
+            _limit(checked_before, up=True), len(exclude_callbacks), *exclude_callbacks,
+        ])
+        pages, size, first = [*reply, None, None][:3]
+        if pages != b"scan":
+            return PagesSummary(int(pages), int(size),
+                                None if first is None else float(first))
+        return await self._summarize_scan(scope, after=after, upto=upto,
+                                          checked_before=checked_before,
+                                          exclude_callbacks=exclude_callbacks)
+
+    async def _summarize_scan(self, scope: str, *, after: float, upto: float,
+                              checked_before: float,
+                              exclude_callbacks: Collection[str] = ()) -> PagesSummary:
+        """:meth:`summarize_pages` from every page of the scope."""
+        # Every bucket of the index whose bound is not after `upto`, read in
+        # Redis (the scripts sum them up, and set each bucket's bound to its
+        # exact minimum). ZSCAN walks the index in O(1) per bucket and may
+        # return one twice while Redis resizes it, hence the set of seen.
+        def limit(value: float) -> int:
+            if math.isinf(value):
+                return _FOREVER if value > 0 else -_FOREVER
+            return math.floor(value)
+
+        head = [self.prefix, _key_part(scope), limit(after), limit(upto),
+                limit(checked_before), len(exclude_callbacks), *exclude_callbacks]
+        count = size = 0
+        first: float | None = None
+        seen: set[bytes] = set()
+        pending: list[bytes] = []
+        cursor = 0
+
+        async def run(members: list[bytes]) -> None:
+            nonlocal count, size, first
+            calls = [(_SUMMARY_SHA, [*head, *members[n:n + _SUMMARY_BUCKETS]])
+                     for n in range(0, len(members), _SUMMARY_BUCKETS)]
+            for pages, sizes, earliest in await self._read_scripts(calls):
+                count += int(pages)
+                size += int(sizes)
+                if earliest is not None:
+                    value = float(earliest)
+                    first = value if first is None else min(first, value)
+
+        for _ in range(_SCAN_ROUNDS):
+            cursor, pairs = await self._call("ZSCAN", self._key("dueb", scope), cursor,
+                                             "COUNT", _SCAN_COUNT)
+            for member, score in pairs:
+                if member not in seen and float(score) <= upto:
+                    seen.add(member)
+                    pending.append(member)
+            while len(pending) >= _SUMMARY_BUCKETS * _SUMMARY_SCRIPTS:
+                await run(pending[:_SUMMARY_BUCKETS * _SUMMARY_SCRIPTS])
+                del pending[:_SUMMARY_BUCKETS * _SUMMARY_SCRIPTS]
+            if int(cursor) == 0:
+                if pending:
+                    await run(pending)
+                return PagesSummary(count, size, first)
+        raise self._fail(f"scanning the due pages of {scope!r} did not finish")

@@ -1,0 +1,345 @@
+"""The Redis store's layout: what ``P:meta`` must say for a prefix to be
+opened, what the server must be (its version, its eviction policy, its
+memory), and the migrations that bring a prefix of an older layout to this
+one in place, one process at a time under a lock. All of it runs once, when
+the store opens, before any crawl-time command; apart from the store so that
+the layout's history (what each version changed, and how a prefix moves on
+from it) reads in one place."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+from urllib.parse import unquote
+
+import redis
+
+from incremental_crawler.state.records import PageKey, PageState
+from incremental_crawler.state.stores.redis.core import (
+    OUT_OF_MEMORY,
+    RedisCore,
+    _glob,
+    _key_part,
+    logger,
+)
+from incremental_crawler.state.stores.redis.due import _DUE_BUCKETS
+from incremental_crawler.state.stores.redis.pages import host_part
+from incremental_crawler.state.stores.redis.scripts import (
+    _BYPAGE_TO_ZSET_LUA,
+    _RENEW_LUA,
+    _SCRIPTS,
+    _SUMS_BUILD_LUA,
+    _UNLOCK_LUA,
+)
+
+__all__ = ["LAYOUT", "LAYOUT_VERSION", "MIN_REDIS_VERSION", "RedisLayout"]
+
+#: Written to ``P:meta``; a prefix holding another layout is refused. A
+#: name, not a module path: it stays as the first stores wrote it.
+LAYOUT = "incremental_crawler.state"
+#: Bumped when the key layout changes incompatibly (with a migration here).
+#: Additions older code can ignore are no change: ``P:links:<s>`` and the
+#: page records' ``recipe`` came without one (a prefix without them reads as
+#: pages with no links record and no recipe), and neither did the change
+#: feed's items' ``page``, ``born`` and ``died`` and the history entries'
+#: ``change`` (a prefix without them reads as items of the page of their
+#: key, of unknown live runs, versions new for version 1, else changed).
+#: Gone pages in ``P:due:<s>`` were no change either (code before them
+#: skips gone pages it reads there; ``P:meta`` notes when a prefix's older
+#: gone pages were added).
+#: Version 2: ``P:bypage:<s>`` became a sorted set (a hash of JSON lists in
+#: version 1; :meth:`RedisLayout._migrate` converts it).
+#: Version 3: pages in packed records, in buckets per host, the links per
+#: host, the revisit index one of buckets (``P:pages:<s>``, ``P:links:<s>``
+#: and ``P:due:<s>`` before; ``_migrate`` moves them). A field added to a
+#: page record takes a new bit of its mask: no layout change (see
+#: :mod:`~incremental_crawler.state.stores.packed`).
+#: Version 4: each scope's pages with a callback in sums by next visit
+#: (``P:nvs:<s>``, ``P:nvf:<s>:<minute>``), kept by every page write, and
+#: its checks since its last crawl's start (``P:nvm:<s>``, ``P:ck:<s>``):
+#: a summary reads those, not every page (``_migrate`` builds them once;
+#: code of layout 3 would write pages without them).
+LAYOUT_VERSION = 4
+#: ``P:meta`` field: the layout version a migration under way started from
+#: (see :meth:`RedisLayout._migrate`).
+_UPGRADING = "upgrading"
+#: A migration's lock lapses this long after its last step (a process that
+#: died); others wait for it this many times this long at most.
+_MIGRATION_LOCK_TTL = 120
+_MIGRATION_WAITS = 1_200
+_MIGRATION_WAIT = 0.5
+#: Pages (or links records) per flush of a migration.
+_MIGRATION_BATCH = 2_000
+#: The oldest Redis the store runs on: its scripts carry flags (``#!lua``),
+#: which Redis 7.0 introduced; an older Redis is refused when the store opens.
+MIN_REDIS_VERSION = (7, 0)
+
+
+def _over_limit(memory: dict[str, Any]) -> bool:
+    """Whether ``INFO memory`` says Redis refuses writes for memory now."""
+    try:
+        used, limit = int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0))
+    except (TypeError, ValueError):
+        return False
+    policy = str(memory.get("maxmemory_policy", ""))
+    return limit > 0 and used > limit and policy == "noeviction"
+
+
+def _legacy_page_key(scope: str, field: str) -> PageKey:
+    """The page of a field of a layout-2 pages hash (``URL NUL variant``)."""
+    url, _, variant = field.partition("\0")
+    return PageKey(scope, url, variant)
+
+
+class RedisLayout(RedisCore):
+    """Opening a prefix: its layout checked, and migrated when older (see
+    the module docstring)."""
+
+    def _check_layout(self) -> None:
+        """Refuse a prefix holding a newer or foreign layout; mark a new one."""
+        meta = f"{self.prefix}:meta"
+        try:
+            self._check_server()
+            pipe = self._sync.pipeline(transaction=False)
+            pipe.type(meta)
+            pipe.hgetall(meta)
+            pipe.exists(f"{self.prefix}:scopes")
+            # Loaded now, so that the first flush and reads are one round-trip.
+            for script in _SCRIPTS:
+                pipe.script_load(script)
+            pipe.info("memory")
+            pipe.config_get("hash-max-listpack-value")
+            kind, found, has_scopes, *_, memory, listpack = pipe.execute(raise_on_error=False)
+            self.roundtrips += 1
+            if isinstance(kind, Exception):
+                raise kind
+            # The longest entry a small hash keeps flat (a managed Redis may
+            # not tell: its default then).
+            if isinstance(listpack, dict) and str(
+                    listpack.get("hash-max-listpack-value", "")).isdigit():
+                self._listpack_value = int(listpack["hash-max-listpack-value"])
+            # State keys never expire: only an allkeys-* policy evicts them,
+            # silently (an items hash gone, its pages' validators kept).
+            policy = ("" if isinstance(memory, Exception)
+                      else str(memory.get("maxmemory_policy", "")))
+            if policy.startswith("allkeys"):
+                raise self._fail(
+                    f"Redis evicts keys when full (maxmemory-policy {policy}): stored "
+                    "state would vanish silently; use a Redis with maxmemory-policy "
+                    "noeviction (or volatile-*)"
+                )
+            if not isinstance(memory, Exception) and _over_limit(memory):
+                raise self._fail(OUT_OF_MEMORY)
+            if kind == b"none":
+                if has_scopes:
+                    raise self._fail(
+                        f"holds state keys but no {meta} (damaged, or written by "
+                        "something else); point INCREMENTAL_STATE_URI at another "
+                        "prefix or restore it"
+                    )
+                # HSETNX: two workers opening a new store at once agree.
+                pipe = self._sync.pipeline(transaction=True)
+                pipe.hsetnx(meta, "layout", LAYOUT)
+                pipe.hsetnx(meta, "version", LAYOUT_VERSION)
+                pipe.hgetall(meta)
+                found = pipe.execute()[-1]
+                self.roundtrips += 1
+            elif kind != b"hash":
+                found = {}
+        except redis.RedisError as exc:
+            raise self._fail(
+                "cannot be reached or read (is Redis running at this address?)", exc
+            ) from exc
+        layout = found.get(b"layout", b"").decode(errors="replace")
+        version = found.get(b"version", b"").decode(errors="replace")
+        if layout != LAYOUT or not version.isdigit():
+            raise self._fail(
+                f"{meta} does not describe an incremental_crawler state store "
+                f"(layout {layout!r}, version {version!r}); the prefix belongs to "
+                "something else: choose another with ?prefix=..."
+            )
+        if int(version) > LAYOUT_VERSION:
+            raise self._fail(
+                f"has layout version {version}, newer than this code knows "
+                f"({LAYOUT_VERSION}); upgrade incremental_crawler"
+            )
+        if int(version) < LAYOUT_VERSION or _UPGRADING.encode() in found:
+            self._migrate()
+
+    def _check_server(self) -> None:
+        """Refuse a Redis older than :data:`MIN_REDIS_VERSION` (before any write)."""
+        server = self._sync.info("server")
+        self.roundtrips += 1
+        version = str(server.get("redis_version", ""))
+        parts = version.split(".")
+        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() and (
+                (int(parts[0]), int(parts[1])) < MIN_REDIS_VERSION):
+            raise self._fail(
+                f"Redis {version} is too old: this store needs Redis "
+                f"{'.'.join(map(str, MIN_REDIS_VERSION))} or newer (its scripts declare "
+                "whether they write, so that Redis refuses them whole when it is out "
+                "of memory); upgrade Redis")
+
+    # -- migrations ------------------------------------------------------------
+
+    def _migrate(self) -> None:
+        """Bring a prefix of an older layout to this one, one process at a time.
+
+        The first process takes a lock (``P:migrating``, renewed as it goes)
+        and the others wait for it. The layout version is raised before any
+        page moves, with ``upgrading`` noting the version moved from, so
+        code of the older layout refuses the prefix from then on; a process
+        that dies midway leaves ``upgrading`` set, and the next one to open
+        the store resumes (every step can be done again).
+
+        1 → 2: each scope's page index, a hash of JSON lists, becomes the
+        sorted set of ``page NUL key``.
+        2 → 3: each scope's pages hash (JSON records) and links hash move
+        to the hosts' buckets (packed records) and links hashes, the
+        revisit index becomes one of buckets, and the old keys go, scope by
+        scope (see :meth:`_move_pages`).
+        """
+        meta = f"{self.prefix}:meta"
+        lock = f"{self.prefix}:migrating"
+        token = uuid.uuid4().hex
+        try:
+            for _ in range(_MIGRATION_WAITS):
+                self.roundtrips += 1
+                if self._sync.set(lock, token, nx=True, ex=_MIGRATION_LOCK_TTL):
+                    break
+                time.sleep(_MIGRATION_WAIT)
+            else:
+                raise self._fail(
+                    f"another process has been migrating the layout for over "
+                    f"{_MIGRATION_WAITS * _MIGRATION_WAIT:.0f} s ({lock} is held); "
+                    "try again when it is done")
+            try:
+                self.roundtrips += 1
+                found = self._sync.hgetall(meta)
+                version = int(found.get(b"version", LAYOUT_VERSION))
+                start = int(found.get(_UPGRADING.encode(), version))
+                if start >= LAYOUT_VERSION:
+                    return  # done by the process we waited for
+                self.roundtrips += 1
+                self._sync.hset(meta, mapping={"version": LAYOUT_VERSION, _UPGRADING: start})
+                if start < 2:
+                    for key in self._scan_keys(f"{_glob(self.prefix)}:bypage:*"):
+                        self.roundtrips += 1
+                        self._sync.eval(_BYPAGE_TO_ZSET_LUA, 1, key)
+                moved = self._move_pages(lock, token) if start < 3 else 0
+                if start == 3 or _UPGRADING.encode() in found:
+                    # Pages moved from layout 2 now were summed as they were
+                    # written; a move resumed (begun by a process of layout 3,
+                    # which kept no sums) has pages moved before: built anew.
+                    self._build_sums(lock, token)
+                # Done only if no other process took over meanwhile.
+                self._renew(lock, token)
+                self.roundtrips += 1
+                self._sync.hdel(meta, _UPGRADING)
+            finally:
+                self.roundtrips += 1
+                self._sync.eval(_UNLOCK_LUA, 1, lock, token)
+        except redis.RedisError as exc:
+            raise self._fail("migrating the layout failed", exc) from exc
+        logger.info("State store %s: layout migrated from version %d to %d (%d pages moved)",
+                    self.location, start, LAYOUT_VERSION, moved)
+
+    def _move_pages(self, lock: str, token: str) -> int:
+        """Layout 2 → 3 for every scope: returns the pages moved.
+
+        Each page record is read as JSON and written as a page write of a
+        flush (the same script: its bucket, its host's count, the revisit
+        index of buckets), every page with a callback in the revisit index
+        (gone ones too); then each links record. A scope's old keys are
+        deleted once all of it is written, in one transaction.
+        """
+        head = f"{_glob(self.prefix)}:"
+        names = {key.split(":", 2)[2] for kind in ("pages", "links", "due")
+                 for key in self._scan_keys(f"{head}{kind}:*")
+                 if key.count(":") == self.prefix.count(":") + 2}
+        moved = 0
+        for part in sorted(names):
+            scope = unquote(part)
+            ops: list[tuple[Any, ...]] = []
+            old = {kind: f"{self.prefix}:{kind}:{part}" for kind in ("pages", "links", "due")}
+            for field, raw in self._hscan(old["pages"]):
+                key = _legacy_page_key(scope, field.decode())
+                try:
+                    state = self._decode(PageState, raw, key=key)
+                except (ValueError, TypeError) as exc:
+                    raise self._fail(
+                        f"cannot migrate the page record {field!r} of {old['pages']}: "
+                        f"{exc}; repair or delete it, then open the store again") from exc
+                ops.append(self._page_op(state))
+                moved += 1
+                if len(ops) >= _MIGRATION_BATCH:
+                    self._apply_now(ops, {scope}, lock, token)
+                    ops = []
+            for field, data in self._hscan(old["links"]):
+                key = _legacy_page_key(scope, field.decode())
+                ops.append(("links", *self._page_args(key), data))
+                if len(ops) >= _MIGRATION_BATCH:
+                    self._apply_now(ops, {scope}, lock, token)
+                    ops = []
+            if ops:
+                self._apply_now(ops, {scope}, lock, token)
+            self._renew(lock, token)
+            self.roundtrips += 1
+            self._sync.delete(*old.values())
+            if moved:
+                logger.info("State store %s: %d pages of scope %r moved so far",
+                            self.location, moved, scope)
+        return moved
+
+    def _build_sums(self, lock: str, token: str) -> None:
+        """Layout 3 → 4 for every scope: its sums of pages by next visit,
+        built once from every page (those of a build cut short are deleted
+        and built again: the step can be done again)."""
+        for scope in self._stored_scopes():
+            self._renew(lock, token)
+            self.roundtrips += 1
+            self._sync.delete(*(self._key(kind, scope) for kind in ("nvs", "nvm", "ck")),
+                              *self._fine_sums_keys(scope))
+            buckets = self._buckets(scope)
+            pages = 0
+            for start in range(0, len(buckets), _DUE_BUCKETS):
+                if start % (_DUE_BUCKETS * 100) == 0:
+                    self._renew(lock, token)
+                args = [arg for host, b in buckets[start:start + _DUE_BUCKETS]
+                        for arg in (host_part(host), b)]
+                self.roundtrips += 1
+                pages += int(self._sync.eval(_SUMS_BUILD_LUA, 0, self.prefix,
+                                             _key_part(scope), *args))
+            logger.info("State store %s: the sums of the %d pages of scope %r built",
+                        self.location, pages, scope)
+
+    def _renew(self, lock: str, token: str) -> None:
+        """Renew the migration's lock; fail if this process no longer holds it."""
+        self.roundtrips += 1
+        if not self._sync.eval(_RENEW_LUA, 1, lock, token, _MIGRATION_LOCK_TTL):
+            raise self._fail(
+                f"the migration's lock {lock} lapsed while this process held it (it "
+                f"stalled over {_MIGRATION_LOCK_TTL} s); another process may be migrating: "
+                "open the store again to wait for it or resume")
+
+    def _apply_now(self, ops: list[tuple[Any, ...]], scopes: set[str], lock: str,
+                   token: str) -> None:
+        """Run writes as one flush, synchronously (a migration), while this
+        process holds the migration's lock (renewed first).
+
+        A lock that lapsed (this process stalled past its time) may have
+        been taken by another process: this one stops rather than migrate
+        beside it (each step can be done again: the other goes on).
+        """
+        self._renew(lock, token)
+        keys = [self._token_key(uuid.uuid4().hex), f"{self.prefix}:scopes"]
+        args: list[Any] = [self.prefix, self._listpack_value, len(scopes), *sorted(scopes)]
+        for op in ops:
+            args.extend(op)
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.evalsha(self._script_sha, len(keys), *keys, *args)
+        pipe.delete(keys[0])  # no reply to lose: nothing to remember
+        reply: Any = self._sync_run(pipe)[0]
+        if len(reply) > 2:
+            raise self._fail(f"migrating the layout failed: {reply[2].decode(errors='replace')}")
