@@ -12,6 +12,7 @@ each ``None`` when off (and then not checked); the report's are its fields
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_SETTINGS", "ClusterSettings", "IncrementalConfig", "MetricsSettings", "SettingError",
     "ThrottleSettings", "port_range", "redis_retry_setting", "setting_or_default",
-    "throttle_enabled",
+    "throttle_enabled", "unknown_settings",
 ]
 
 DEFAULT_SETTINGS: dict[str, Any] = {
@@ -220,6 +221,28 @@ class SettingError(ValueError):
     Raised while the crawl's components are built, it stops the crawl
     before its first request, naming the setting.
     """
+
+
+def unknown_settings(settings: BaseSettings) -> list[tuple[str, str | None]]:
+    """The ``INCREMENTAL_*`` names set in *settings* that are none of ours,
+    each with the setting it most likely meant (or None).
+
+    Scrapy takes any name silently, so a misspelt setting (say
+    ``INCREMENTAL_REPORT_ENABLED`` for ``INCREMENTAL_REPORT``) would leave its
+    default in force with nothing to tell the user why.
+    """
+    unknown = sorted(name for name in settings if isinstance(name, str)
+                     and name.startswith("INCREMENTAL_") and name not in DEFAULT_SETTINGS)
+    return [(name, _meant(name)) for name in unknown]
+
+
+def _meant(name: str) -> str | None:
+    # Switches are named INCREMENTAL_X_ENABLED only where X is no setting of
+    # its own (INCREMENTAL_REPORT is the report's switch): that mistake first.
+    switch = name.removesuffix("_ENABLED")
+    if switch != name and switch in DEFAULT_SETTINGS:
+        return switch
+    return next(iter(difflib.get_close_matches(name, DEFAULT_SETTINGS, n=1, cutoff=0.7)), None)
 
 
 def setting_or_default(settings: BaseSettings, name: str) -> Any:

@@ -135,3 +135,26 @@ async def test_a_bad_setting_stops_the_crawl_before_its_first_request(
     with pytest.raises(SettingError, match=named):
         await crawl(SitemapPagesSpider, settings=settings, sitemap_url=site.url("/sitemap.xml"))
     assert site.log == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_misspelt_setting_is_named_in_a_warning_with_the_one_it_meant(
+    site, crawl, caplog
+):
+    # Scrapy takes any setting name: without the warning, a misspelt one
+    # leaves the default in force and the crawl says nothing of it.
+    site.add_page("/a", "strong")
+    with caplog.at_level("WARNING"):
+        crawler = await crawl(SitemapPagesSpider, sitemap_url=site.url("/sitemap.xml"),
+                              settings={"INCREMENTAL_REPORT_ENABLED": False,
+                                        "INCREMENTAL_NO_SUCH_THING": 1,
+                                        "INCREMENTAL_BATCH_SIZE": 7})
+    warned = sorted(r.getMessage() for r in caplog.records if "does nothing" in r.getMessage())
+    assert warned == [
+        ("Setting INCREMENTAL_NO_SUCH_THING is not an incremental_crawler setting and does "
+         "nothing"),
+        ("Setting INCREMENTAL_REPORT_ENABLED is not an incremental_crawler setting and does "
+         "nothing (did you mean INCREMENTAL_REPORT?)"),
+    ]
+    assert crawler.stats.get_value("incremental/unknown_settings") == 2
+    assert [r.path for r in site.log if r.path == "/a"] == ["/a"]

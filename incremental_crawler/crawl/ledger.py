@@ -76,7 +76,7 @@ from incremental_crawler.change.revisit import failure_next_visit
 from incremental_crawler.change.skew import ClockSkew, skew_tolerance
 from incremental_crawler.change.tombstones import TombstoneSender
 from incremental_crawler.change.trust import HostTrustBook
-from incremental_crawler.config import IncrementalConfig
+from incremental_crawler.config import IncrementalConfig, unknown_settings
 from incremental_crawler.exceptions import ItemUnchanged, StoreUnavailable
 from incremental_crawler.hosts import host_of
 from incremental_crawler.lists.sitemaps import NO_LISTING
@@ -463,6 +463,19 @@ class Ledger:
                 "give this crawl another scope (incremental_scope)")
         self._held_at = now
 
+    def _warn_unknown_settings(self, spider: Spider) -> None:
+        """One warning per ``INCREMENTAL_*`` name that is none of ours: a
+        misspelt setting does nothing, and the crawl would not say so."""
+        unknown = unknown_settings(self.crawler.settings)
+        for name, meant in unknown:
+            logger.warning(
+                "Setting %(name)s is not an incremental_crawler setting and does "
+                "nothing%(hint)s", {"name": name, "hint": f" (did you mean {meant}?)"
+                                    if meant else ""},
+                extra={"spider": spider})
+        if unknown:
+            self.stats.set_value("incremental/unknown_settings", len(unknown))
+
     @classmethod
     def for_component(cls, crawler: Crawler) -> Ledger:
         """The crawler's ledger, for a component built after the extensions.
@@ -552,6 +565,7 @@ class Ledger:
         self._closing_writers.append(writer)
 
     def spider_opened(self, spider: Spider) -> None:
+        self._warn_unknown_settings(spider)
         if self.aside is not None:
             logger.info("Incremental state not kept: %(why)s", {"why": self.aside},
                         extra={"spider": spider})
