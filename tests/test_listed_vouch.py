@@ -299,3 +299,76 @@ async def test_an_index_that_names_itself_is_read_once(site, crawl, monkeypatch,
     # itself once.
     assert answers(site) == [("/index.xml", 304), ("/one.xml", 304)]
     assert second.stats.get_value("spider_exceptions/RecursionError") is None
+
+
+class RunNotes:
+    """A cluster run's shared notes, kept in this process: what the
+    ledger tells the run, in order (the rest answers as a lone worker's run)."""
+
+    run_started = None
+    run_unrecorded = 0
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def note_listing(self, listing: str) -> None:
+        self.events.append(("listing", listing))
+
+    def note_decided(self, urls: list[str]) -> None:
+        self.events.extend(("decided", url) for url in urls)
+
+    def run_listings(self) -> set[str]:
+        return {value for kind, value in self.events if kind == "listing"}
+
+    def decided_in_run(self, urls: list[str]) -> list[bool]:
+        return [False] * len(urls)
+
+    def claim_tombstone(self, key: Any) -> bool:
+        return True
+
+    def note_unrecorded_failure(self) -> None:
+        pass
+
+
+class JoinRun:
+    """An extension giving the crawl's ledger a :class:`RunNotes` as its run."""
+
+    notes: RunNotes | None = None
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> JoinRun:
+        from scrapy import signals
+
+        ext = cls()
+        ext.crawler = crawler
+        crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
+        return ext
+
+    def spider_opened(self, spider: Any) -> None:
+        from incremental_crawler.crawl.ledger import Ledger
+
+        JoinRun.notes = RunNotes()
+        self.crawler.get_extension(Ledger).run_gate = JoinRun.notes
+
+
+@only_sqlite
+@pytest_twisted.ensureDeferred
+async def test_a_list_notes_its_pages_decided_before_its_membership(site, crawl):
+    # In cluster mode the worker that re-seeds the run takes in the run's
+    # memberships, then asks which due pages a list of the run decided. Were
+    # a membership noted first, a re-seed between the two notes would find
+    # the pages listed, not decided, and decide (and count) them again: a
+    # list read on one worker while another re-seeds (seen once under load:
+    # 40 pages counted skipped twice).
+    paths = ["/p/a", "/p/b", "/p/c"]
+    for path in paths:
+        site.add_page(path, "strong")
+    publish(site, "sitemap", paths, '"v1"')
+    await crawl(SitemapPagesSpider, sitemap_url=site.url("/list"),
+                settings={**SETTINGS, "EXTENSIONS": {JoinRun: 0}})
+    events = JoinRun.notes.events
+    listing = [i for i, (kind, _) in enumerate(events) if kind == "listing"]
+    decided = {url: i for i, (kind, url) in enumerate(events) if kind == "decided"}
+    assert len(listing) == 1
+    assert sorted(decided) == sorted(site.url(p) for p in paths)
+    assert max(decided.values()) < listing[0]

@@ -368,6 +368,11 @@ class ListedPagesSpider(IncrementalSpider):
         page whose stored one differs.
         """
         ledger = self.ledger
+        if ledger is not None:
+            # Before the membership is noted: in cluster mode a worker that
+            # re-seeds meanwhile and sees the membership must also see that
+            # this list decides its pages, or both decide (and count) them.
+            ledger.note_decided([candidate.canonical for candidate in candidates])
         listing = self.read_in_full(response, candidates)
         now = clock.now()
         use_lastmod = ledger is not None and self.use_lastmod and await self._lastmods_trusted(
@@ -385,8 +390,6 @@ class ListedPagesSpider(IncrementalSpider):
         for start in range(0, len(candidates), _LOOKUP_CHUNK):
             chunk = candidates[start:start + _LOOKUP_CHUNK]
             stored = await self.stored_states(chunk)
-            if ledger is not None:
-                ledger.note_decided([candidate.canonical for candidate in chunk])
             for candidate, state in zip(chunk, stored, strict=True):
                 self._decided.add(candidate.canonical)
                 if ledger is not None:
