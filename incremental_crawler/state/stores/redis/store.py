@@ -23,6 +23,7 @@ import redis.asyncio
 
 from incremental_crawler import clock
 from incremental_crawler.config import DEFAULT_SETTINGS
+from incremental_crawler.redis_cluster import connect
 from incremental_crawler.state.records import (
     CrawlRecord,
     HostTrust,
@@ -126,7 +127,15 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
         """Whether the prefix *uri* names holds a store (its layout record):
         opening one writes it."""
         clean, prefix = parse_redis_uri(uri)
-        client = redis.Redis.from_url(clean, socket_connect_timeout=5, socket_timeout=30)
+        try:
+            # A cluster's client asks the node of the key's slot (one
+            # server's would be answered MOVED by a node that is not it).
+            client = connect(clean, socket_connect_timeout=5, socket_timeout=30)
+        except ValueError as exc:
+            raise StateStoreError(f"State store {redacted(uri)}: {exc}") from exc
+        except redis.RedisError as exc:
+            raise StateStoreError(
+                f"State store {redacted(uri)}: cannot be reached ({exc})") from exc
         try:
             return bool(client.exists(f"{prefix}:meta"))
         except redis.RedisError as exc:
