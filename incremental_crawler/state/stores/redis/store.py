@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 import redis
 import redis.asyncio
+from redis.cluster import RedisCluster
 
 from incremental_crawler import clock
 from incremental_crawler.config import DEFAULT_SETTINGS
@@ -50,7 +51,7 @@ from incremental_crawler.state.stores.redis.core import (
     _stored_version,
 )
 from incremental_crawler.state.stores.redis.due import RedisDueReads
-from incremental_crawler.state.stores.redis.layout import RedisLayout
+from incremental_crawler.state.stores.redis.layout import NOT_ON_A_CLUSTER, RedisLayout
 from incremental_crawler.state.stores.redis.pages import page_field, page_key_of
 from incremental_crawler.state.stores.redis.scripts import (
     _FLUSH_LUA,
@@ -136,6 +137,11 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
         except redis.RedisError as exc:
             raise StateStoreError(
                 f"State store {redacted(uri)}: cannot be reached ({exc})") from exc
+        if isinstance(client, RedisCluster):
+            # Not "no store here": the commands would send the user looking
+            # for a prefix, when no prefix of a cluster can hold one yet.
+            client.close()
+            raise StateStoreError(f"State store {redacted(uri)}: {NOT_ON_A_CLUSTER}")
         try:
             return bool(client.exists(f"{prefix}:meta"))
         except redis.RedisError as exc:
