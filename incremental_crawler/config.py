@@ -57,6 +57,8 @@ DEFAULT_SETTINGS: dict[str, Any] = {
         "redis": "incremental_crawler.state.stores.redis.RedisStateStore",
         "rediss": "incremental_crawler.state.stores.redis.RedisStateStore",
         "unix": "incremental_crawler.state.stores.redis.RedisStateStore",
+        "redis+cluster": "incremental_crawler.state.stores.redis.RedisStateStore",
+        "rediss+cluster": "incremental_crawler.state.stores.redis.RedisStateStore",
     },
     # Some servers' validators never change although the content does: after
     # this many seconds since the last full download, fetch without

@@ -38,7 +38,8 @@ from incremental_crawler.uris import redacted
 
 __all__ = [
     "CLUSTER_SCHEMES", "AnyRedis", "AsyncClusterClient", "ClusterUnavailable",
-    "SyncClusterClient", "connect", "connect_async", "is_cluster_url", "names_cluster",
+    "SyncClusterClient", "async_twin", "connect", "connect_async", "is_cluster_url",
+    "names_cluster",
 ]
 
 #: The URL schemes that name a Redis Cluster by its seed nodes.
@@ -176,6 +177,13 @@ def connect(url: str, **kwargs: Any) -> redis.Redis | SyncClusterClient:
         client.close()
         raise
     client.close()
+    return _sync_cluster(*_node_target(url), kwargs)
+
+
+def _node_target(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """A ``redis://`` URL of a node known to be a cluster's → the seed node
+    and the options for every node (what :func:`_seeds` gives for
+    ``redis+cluster://``)."""
     _refuse_db(url)
     options = redis.connection.parse_url(url)
     host, port = options.pop("host"), options.pop("port", 6379)
@@ -183,7 +191,23 @@ def connect(url: str, **kwargs: Any) -> redis.Redis | SyncClusterClient:
         options.pop(name, None)
     if urlsplit(url).scheme.lower() == "rediss":
         options["ssl"] = True
-    return _sync_cluster([(host, port)], options, kwargs)
+    return [(host, port)], options
+
+
+def async_twin(url: str, client: redis.Redis | SyncClusterClient,
+               **kwargs: Any) -> aioredis.Redis | AsyncClusterClient:
+    """The asyncio client of what *client* (:func:`connect`'s for *url*)
+    talks to, without a round trip: it connects at its first command, in
+    the event loop that runs it (a store opened before the reactor runs
+    its commands in the reactor's loop)."""
+    if not isinstance(client, RedisCluster):
+        return aioredis.Redis.from_url(url, **kwargs)
+    nodes, options = _seeds(url) if is_cluster_url(url) else _node_target(url)
+    try:
+        return AsyncClusterClient(startup_nodes=[AsyncClusterNode(h, p) for h, p in nodes],
+                                  **options, **_cluster_kwargs(kwargs))
+    except (ClusterDownError, RedisClusterException) as exc:
+        raise ClusterUnavailable(f"Redis Cluster: {exc}") from exc
 
 
 async def connect_async(url: str, **kwargs: Any) -> aioredis.Redis | AsyncClusterClient:
@@ -204,13 +228,7 @@ async def connect_async(url: str, **kwargs: Any) -> aioredis.Redis | AsyncCluste
             await client.aclose()
             raise
         await client.aclose()
-        _refuse_db(url)
-        options = redis.connection.parse_url(url)
-        nodes = [(options.pop("host"), options.pop("port", 6379))]
-        for name in ("db", "path", "connection_class"):
-            options.pop(name, None)
-        if urlsplit(url).scheme.lower() == "rediss":
-            options["ssl"] = True
+        nodes, options = _node_target(url)
     try:
         cluster = AsyncClusterClient(
             startup_nodes=[AsyncClusterNode(h, p) for h, p in nodes],

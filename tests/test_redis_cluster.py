@@ -34,8 +34,11 @@ from incremental_crawler.config import DEFAULT_SETTINGS
 from incremental_crawler.politeness.budget import SharedBudget
 from incremental_crawler.politeness.window import WindowPolicy
 from incremental_crawler.redis_cluster import SyncClusterClient, connect
+from incremental_crawler.state.stores.base import StateStoreError
+from incremental_crawler.state.stores.redis import RedisStateStore
 from tests.redis_cluster_util import LoopbackCluster, free_ports
 from tests.redis_util import REDIS_URI
+from tests.scrapy_cli import scrapy_in_process
 from tests.spiders import ListSpider
 from tests.test_cluster import Worker, page_gets, until, until_all_have_work
 from tests.test_fatal import one_error_line
@@ -264,6 +267,44 @@ async def test_a_state_store_that_would_follow_the_cluster_url_is_refused(
         "store does not run on a Redis Cluster yet"), line
     assert "set INCREMENTAL_STATE_URI" in line
     assert site.log == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_commands_given_a_cluster_store_say_it_is_refused(
+        redis_cluster, prefix, tmp_path):
+    # Not "no state store under prefix ...": no prefix of a cluster holds one.
+    uri = f"{redis_cluster.seeds_url}?prefix={prefix}"
+    commands = (["state"], ["items", "-o", str(tmp_path / "items.jsonl")], ["report", "sitemap"])
+    for command in commands:
+        result = await deferToThread(scrapy_in_process, *command, "-s",
+                                     f"INCREMENTAL_STATE_URI={uri}")
+        assert result.returncode == 1, (command, result.stdout, result.stderr[-2000:])
+        assert ("is a Redis Cluster, and the state store does not run on a Redis Cluster "
+                "yet") in result.stderr, (command, result.stderr[-2000:])
+    assert redis_cluster.keys(f"{prefix}*") == []
+
+
+@pytest.mark.parametrize("named_by", ["node", "seeds"])
+def test_the_state_store_on_a_cluster_is_refused_before_writing_anything(
+        redis_cluster, prefix, named_by):
+    # Its scripts touch keys of many slots: refused in one line when it
+    # opens (not a MOVED or CROSSSLOT error at some later command), with
+    # nothing laid out on any node.
+    url = redis_cluster.url if named_by == "node" else redis_cluster.seeds_url
+    uri = f"{url}?prefix={prefix}"
+    # A crawl opens the store; the commands (state, items, report) first ask
+    # whether one exists: both are told the same line, not "no store here".
+    for open_or_ask in (RedisStateStore.from_uri, RedisStateStore.exists):
+        with pytest.raises(StateStoreError) as info:
+            open_or_ask(uri)
+        message = str(info.value)
+        assert "\n" not in message
+        assert message.startswith(f"State store {url}&prefix={prefix}" if "?" in url
+                                  else f"State store {url}?prefix={prefix}"), message
+        assert ("is a Redis Cluster, and the state store does not run on a Redis Cluster "
+                "yet") in message
+        assert "set INCREMENTAL_STATE_URI" in message
+    assert redis_cluster.keys(f"{prefix}*") == []
 
 
 def test_the_coordinator_names_an_unreachable_cluster():

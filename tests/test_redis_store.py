@@ -97,6 +97,9 @@ def stored_pages(client: redis.Redis, prefix: str) -> int:
          "redis://h:1/0?socket_timeout=2", "a:b"),
         ("rediss://user:pw@h:6380/1?prefix=p", "rediss://user:pw@h:6380/1", "p"),
         ("unix:///run/redis.sock?db=3&prefix=x", "unix:///run/redis.sock?db=3", "x"),
+        ("redis+cluster://h1:7000,h2:7001/?prefix=p", "redis+cluster://h1:7000,h2:7001/", "p"),
+        ("rediss+cluster://:pw@h1:7000/?prefix=p&socket_timeout=2",
+         "rediss+cluster://:pw@h1:7000/?socket_timeout=2", "p"),
     ],
 )
 def test_parse_redis_uri(uri: str, clean: str, prefix: str) -> None:
@@ -116,6 +119,10 @@ def test_parse_redis_uri(uri: str, clean: str, prefix: str) -> None:
         ("redis://h/0?colour=blue", "unknown parameter 'colour'"),
         ("unix://", "no socket path"),
         ("http://h/0", "not a Redis one"),
+        ("redis+cluster:///?prefix=p", "no seed node"),
+        ("redis+cluster://h:7000/3", "only database 0"),
+        ("redis+cluster://h:7000/?db=3", "only database 0"),
+        ("redis+cluster://h:7000/?colour=blue", "unknown parameter 'colour'"),
     ],
 )
 def test_bad_uri_is_a_store_error_naming_it(uri: str, why: str) -> None:

@@ -19,9 +19,11 @@ import redis
 import redis.asyncio
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from incremental_crawler.config import DEFAULT_SETTINGS
+from incremental_crawler.redis_cluster import async_twin, connect
 from incremental_crawler.redis_retry import RedisSilent, Silence
 from incremental_crawler.state.records import (
     Change,
@@ -118,13 +120,24 @@ class RedisCore(StateStore):
         # running it twice would count checks and item versions twice.
         options: dict[str, Any] = {**_DEFAULT_TIMEOUTS, "retry": Retry(NoBackoff(), 0)}
         try:
-            self._sync = redis.Redis.from_url(uri, **options)
+            # One server, or a Redis Cluster (named by its seed nodes, or a
+            # node whose INFO says so): the cluster's client then, which
+            # sends each command to the node of its key's slot.
+            self._sync = connect(uri, **options)
             # Bound to the event loop of its first command (the reactor's).
-            self._async = redis.asyncio.Redis.from_url(
-                uri, **{**options, "retry": AsyncRetry(NoBackoff(), 0)}
+            # Any: a cluster's pipelines are not one server's (no command
+            # stack to copy): the store refuses a cluster before any command.
+            self._async: Any = async_twin(
+                uri, self._sync, **{**options, "retry": AsyncRetry(NoBackoff(), 0)}
             )
         except ValueError as exc:
             raise self._fail("bad URI", exc) from exc
+        except redis.RedisError as exc:
+            raise self._fail(
+                "cannot be reached or read (is Redis running at this address?)", exc
+            ) from exc
+        #: Whether the store is on a Redis Cluster (see :meth:`_refuse_cluster`).
+        self.cluster = isinstance(self._sync, RedisCluster)
 
     # -- keys and records ------------------------------------------------------
 

@@ -20,9 +20,11 @@ from urllib.parse import quote
 
 import redis
 import redis.asyncio
+from redis.cluster import RedisCluster
 
 from incremental_crawler import clock
 from incremental_crawler.config import DEFAULT_SETTINGS
+from incremental_crawler.redis_cluster import connect
 from incremental_crawler.state.records import (
     CrawlRecord,
     HostTrust,
@@ -49,7 +51,7 @@ from incremental_crawler.state.stores.redis.core import (
     _stored_version,
 )
 from incremental_crawler.state.stores.redis.due import RedisDueReads
-from incremental_crawler.state.stores.redis.layout import RedisLayout
+from incremental_crawler.state.stores.redis.layout import NOT_ON_A_CLUSTER, RedisLayout
 from incremental_crawler.state.stores.redis.pages import page_field, page_key_of
 from incremental_crawler.state.stores.redis.scripts import (
     _FLUSH_LUA,
@@ -126,7 +128,20 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
         """Whether the prefix *uri* names holds a store (its layout record):
         opening one writes it."""
         clean, prefix = parse_redis_uri(uri)
-        client = redis.Redis.from_url(clean, socket_connect_timeout=5, socket_timeout=30)
+        try:
+            # A cluster's client asks the node of the key's slot (one
+            # server's would be answered MOVED by a node that is not it).
+            client = connect(clean, socket_connect_timeout=5, socket_timeout=30)
+        except ValueError as exc:
+            raise StateStoreError(f"State store {redacted(uri)}: {exc}") from exc
+        except redis.RedisError as exc:
+            raise StateStoreError(
+                f"State store {redacted(uri)}: cannot be reached ({exc})") from exc
+        if isinstance(client, RedisCluster):
+            # Not "no store here": the commands would send the user looking
+            # for a prefix, when no prefix of a cluster can hold one yet.
+            client.close()
+            raise StateStoreError(f"State store {redacted(uri)}: {NOT_ON_A_CLUSTER}")
         try:
             return bool(client.exists(f"{prefix}:meta"))
         except redis.RedisError as exc:

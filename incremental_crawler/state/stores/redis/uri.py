@@ -1,11 +1,15 @@
 """The Redis store's URIs: ``redis://host:port/db?prefix=name``, ``rediss://``,
-``unix:///path/redis.sock?db=N``."""
+``unix:///path/redis.sock?db=N``, and a Redis Cluster's by its seed nodes,
+``redis+cluster://host:port,host:port/?prefix=name`` (``rediss+cluster://``);
+a ``redis://`` URL may name a node of a cluster too (see
+:mod:`incremental_crawler.redis_cluster`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
+from incremental_crawler.redis_cluster import _seeds, is_cluster_url
 from incremental_crawler.state.stores.base import (
     StateStoreError,
 )
@@ -36,10 +40,13 @@ def parse_redis_uri(uri: str) -> tuple[str, str]:
     def bad(why: str) -> StateStoreError:
         return StateStoreError(
             f"State store {redacted(uri)}: {why}; use "
-            "redis://host:port/db?prefix=name (or rediss://, or "
-            "unix:///path/redis.sock?db=N)"
+            "redis://host:port/db?prefix=name (or rediss://, "
+            "unix:///path/redis.sock?db=N, or a Redis Cluster's "
+            "redis+cluster://host:port,host:port/?prefix=name)"
         )
 
+    if is_cluster_url(uri):
+        return _parse_cluster_uri(uri, bad)
     try:
         parts = urlsplit(uri)
         port = parts.port  # parsed lazily: an invalid port raises here
@@ -68,6 +75,26 @@ def parse_redis_uri(uri: str) -> tuple[str, str]:
     clean = f"{scheme}://{parts.netloc}{parts.path}"
     if query:
         clean += f"?{urlencode(query)}"
+    return clean, prefix
+
+
+def _parse_cluster_uri(uri: str, bad: Callable[[str], StateStoreError]) -> tuple[str, str]:
+    """``redis+cluster://h1:p1,h2:p2/?prefix=x`` (a Redis Cluster by its seed
+    nodes) → (the URL for :func:`~incremental_crawler.redis_cluster.connect`,
+    key prefix).
+
+    >>> parse_redis_uri("redis+cluster://10.0.0.1:7000,10.0.0.2:7000/?prefix=books")
+    ('redis+cluster://10.0.0.1:7000,10.0.0.2:7000/', 'books')
+    """
+    head, _, query_string = uri.partition("?")
+    query, prefix = _split_query(query_string, bad)
+    if any(name == "db" for name, _ in query):
+        raise bad("a Redis Cluster has only database 0")
+    clean = head + (f"?{urlencode(query)}" if query else "")
+    try:
+        _seeds(clean)
+    except ValueError as exc:
+        raise bad(str(exc)) from None
     return clean, prefix
 
 
