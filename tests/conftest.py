@@ -116,24 +116,37 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         _run_alone.after(alone, _alone(nextitem))
 
 
-#: The modules without a test marked ``alone`` that take longest (over 10 s
-#: each on a quiet 2-core machine), longest first. xdist (``--dist
-#: loadfile``) hands a test process a whole module at a time, in the order
-#: :func:`pytest_collection_modifyitems` leaves them: long ones handed out
-#: last would leave the other process idle at the end.
+#: The modules without a test marked ``alone`` that take longest, longest
+#: first (ranked by a full run's per-module times: over 5 s each on a quiet
+#: 2-core machine). xdist (``--dist loadfile``) hands a test process a whole
+#: module at a time, in the order :func:`pytest_collection_modifyitems`
+#: leaves them: a long one handed out last would leave the other process
+#: idle at the end, while the short ones left in collection order fill the
+#: gaps. Rank them again when a module's time moves (``--durations``).
 LONGEST_FIRST = (
     "tests/test_cluster.py",
+    "tests/test_store_contract.py",
     "tests/test_commands.py",
-    "tests/test_robots.py",
-    "tests/test_report_files.py",
     "tests/test_scrapyd.py",
-    "tests/test_change_feed.py",
-    "tests/test_store_faults.py",
-    "tests/test_user_project.py",
-    "tests/test_kill9.py",
     "tests/test_redelivery.py",
     "tests/test_replay_shortcut.py",
+    "tests/test_change_feed.py",
+    "tests/test_kill9.py",
+    "tests/test_report_files.py",
+    "tests/test_store_faults.py",
     "tests/test_fatal.py",
+    "tests/test_user_project.py",
+    "tests/test_schedule.py",
+    "tests/unit/test_main_text.py",
+    "tests/test_robots.py",
+    "tests/test_redis_store.py",
+    "tests/test_replay.py",
+    "tests/test_sitemap_corpus.py",
+    "tests/test_state_command.py",
+    "tests/test_metrics.py",
+    "tests/test_reseed.py",
+    "tests/test_validator_trust.py",
+    "tests/unit/test_docs.py",
 )
 for _path in LONGEST_FIRST:
     # A module renamed or split must be named here again.

@@ -9,13 +9,8 @@ from scrapy.http import HtmlResponse
 from incremental_crawler.spiders.main_text import DEFAULT_TEXT_SELECTORS
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from tests.html_corpus import reference_main_text
+from tests.site import PLAIN_KINDS
 from tests.spiders import ListSpider
-
-KINDS = ("strong", "weak", "lastmod", "none")
-
-
-def add_pages(site, n: int = 20, kinds=KINDS, size: int = 4000) -> list[str]:
-    return site.add_pages(n, kinds=kinds, size=size)
 
 
 def page_requests(site):
@@ -27,7 +22,7 @@ def page_requests(site):
 async def test_second_crawl_is_conditional_and_emits_only_changes(
     site, crawl, state_uri, state_store, state_db
 ):
-    paths = add_pages(site, 20)
+    paths = site.add_pages(20, kinds=PLAIN_KINDS, size=4000)
     first = await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"))
     assert first.stats.get_value("finish_reason") == "finished"
     seen = page_requests(site)
@@ -118,7 +113,7 @@ async def test_validators_that_never_change_are_caught_by_max_age(site, crawl, s
 
 @pytest_twisted.ensureDeferred
 async def test_report_at_the_end_and_figures_in_the_periodic_line(site, crawl, caplog):
-    add_pages(site, 8, kinds=("strong",))
+    site.add_pages(8, size=4000)
     await crawl(SitemapPagesSpider, sitemap_url=site.url("/sitemap.xml"))
     site.change("/p/0000")
     caplog.clear()

@@ -8,12 +8,9 @@ import time
 import pytest_twisted
 
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
+from tests.site import PLAIN_KINDS
 
 N = 40
-
-
-def add_pages(site, n: int = N) -> list[str]:
-    return site.add_pages(n, kinds=("strong", "weak", "lastmod", "none"))
 
 
 def requested_pages(site) -> list[str]:
@@ -22,7 +19,7 @@ def requested_pages(site) -> list[str]:
 
 @pytest_twisted.ensureDeferred
 async def test_only_pages_with_a_newer_lastmod_are_requested(site, crawl):
-    add_pages(site)
+    site.add_pages(N, kinds=PLAIN_KINDS)
     # No rotating sample here: the test counts requests exactly.
     no_sample = {"INCREMENTAL_LASTMOD_RECHECK_SHARE": 0}
     await crawl(SitemapPagesSpider, settings=no_sample, sitemap_url=site.url("/robots.txt"))

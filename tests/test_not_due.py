@@ -21,7 +21,7 @@ from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from tests.clock_util import DAY, later
 from tests.follow_spider import FollowSpider
 from tests.links import nav_depths, nav_links
-from tests.test_lastmod import add_pages
+from tests.site import PLAIN_KINDS
 from tests.test_replay import REVISITS, RulesSpider, make_listings, make_pages
 
 if TYPE_CHECKING:
@@ -209,7 +209,7 @@ async def test_a_crawl_spider_s_not_due_rules_requests_are_dropped(site, crawl, 
 
 @pytest_twisted.ensureDeferred
 async def test_the_sitemap_spider_s_not_due_pages_are_dropped(site, crawl, monkeypatch):
-    paths = add_pages(site)
+    paths = site.add_pages(40, kinds=PLAIN_KINDS)
     await crawl(SitemapPagesSpider, settings=REVISITS, sitemap_url=site.url("/robots.txt"))
     site.change_fraction(0.05, seed=3)  # so the sitemaps are read again
     site.reset_log()

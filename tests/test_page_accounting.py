@@ -27,15 +27,11 @@ def report_of(caplog) -> str:
                 if r.getMessage().startswith("Incremental report"))
 
 
-def add_pages(site, n: int) -> list[str]:
-    return site.add_pages(n, size=800, prefix="/a/", width=2)
-
-
 @pytest_twisted.ensureDeferred
 async def test_a_crawl_with_404s_410s_429s_and_a_5xx_puts_every_page_in_one_column(
     site, crawl, tmp_path, caplog
 ):
-    paths = add_pages(site, 30)
+    paths = site.add_pages(30, size=800, prefix="/a/", width=2)
     await crawl(ListSpider, urls=[site.url(p) for p in paths])
     site.change(paths[5])
     site.change(paths[6])
@@ -92,7 +88,7 @@ async def test_a_crawl_started_within_the_second_of_the_last_one_counts_the_page
     # Last checks are stored in whole seconds. The first crawl's visits and
     # the second's start fall in one second: the pages the second crawl
     # neither listed nor requested are still known, not due.
-    paths = add_pages(site, 10)
+    paths = site.add_pages(10, size=800, prefix="/a/", width=2)
     second = math.floor(clock.now()) + 0.2
     revisits = {"INCREMENTAL_REVISIT_ENABLED": True}
     monkeypatch.setattr(clock, "now", lambda: second)

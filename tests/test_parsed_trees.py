@@ -16,7 +16,7 @@ import pytest_twisted
 from scrapy import signals
 
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
-from tests.test_lastmod import add_pages
+from tests.site import PLAIN_KINDS
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -91,7 +91,7 @@ async def crawl_without_gc(crawl: Any, site: Any, *, reread: bool = False,
 
 @pytest_twisted.ensureDeferred
 async def test_a_parsed_page_is_freed_once_its_output_ends(site, crawl):
-    add_pages(site, PAGES)
+    site.add_pages(PAGES, kinds=PLAIN_KINDS)
     crawler, alive, _ = await crawl_without_gc(crawl, site)
     assert len(crawler.spider.responses) == PAGES
     assert alive == 0
@@ -99,7 +99,7 @@ async def test_a_parsed_page_is_freed_once_its_output_ends(site, crawl):
 
 @pytest_twisted.ensureDeferred
 async def test_a_response_read_again_after_the_release_is_parsed_again(site, crawl):
-    add_pages(site, PAGES)
+    site.add_pages(PAGES, kinds=PLAIN_KINDS)
     crawler, _, _ = await crawl_without_gc(crawl, site, reread=True)
     titles = crawler.spider.titles_again
     assert len(titles) == PAGES and all(titles)
@@ -110,7 +110,7 @@ async def test_a_response_read_again_after_the_release_is_parsed_again(site, cra
 async def test_without_the_release_every_parsed_page_waits_for_the_gc(site, crawl):
     # What the middleware is for: with Scrapy's behaviour every response
     # that was parsed stays alive until the cyclic collector runs.
-    add_pages(site, PAGES)
+    site.add_pages(PAGES, kinds=PLAIN_KINDS)
     _, alive, _ = await crawl_without_gc(crawl, site, SPIDER_MIDDLEWARES={RELEASE: None})
     assert alive == PAGES
 
@@ -119,7 +119,7 @@ async def test_without_the_release_every_parsed_page_waits_for_the_gc(site, craw
 async def test_a_callback_that_raises_before_its_output_frees_its_tree(site, crawl):
     # The exception's traceback keeps the response itself until the GC runs;
     # its parsed tree, most of its memory, need not wait with it.
-    add_pages(site, PAGES)
+    site.add_pages(PAGES, kinds=PLAIN_KINDS)
     crawler, _, trees = await crawl_without_gc(crawl, site, spidercls=FailingParseSpider)
     assert len(crawler.spider.responses) == PAGES
     assert crawler.stats.get_value("spider_exceptions/ValueError") == PAGES

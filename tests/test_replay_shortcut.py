@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     from scrapy.http import Response
 
 
-
 class ManualSpider(CrawlSpider):
     name = "manual_shortcut"
     allowed_domains = ("127.0.0.1",)
@@ -138,6 +137,15 @@ async def _compare(site: LoopbackSite, tmp_path: Path, monkeypatch: pytest.Monke
         "CONCURRENT_REQUESTS": 1,
         "DEPTH_LIMIT": depth_limit,
         "SPIDER_MIDDLEWARES": {f"{__name__}.DropSomeTagOthers": 500},
+        # No flush before a crawl's end (its ~60 pages stay under the batch
+        # size). A 304's check becomes visible to the store's reads only
+        # once flushed; the start page comes back at depth 1 (it links to
+        # itself, and the start request's dont_filter left the dupefilter
+        # without it), and is decided again on what the store shows: with a
+        # flush in between (every second by default) not due, without one
+        # due and asked twice. Which of the two runs that compare got a
+        # flush there depended on the machine's speed.
+        "INCREMENTAL_FLUSH_INTERVAL": 3600,
     }
     kwargs = {"start_url": site.url(start)}
     shortcut, full = tmp_path / "shortcut.db", tmp_path / "full.db"

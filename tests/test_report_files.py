@@ -26,6 +26,7 @@ from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.records import ItemRecord
 from incremental_crawler.state.stores import open_store
 from tests.scrapy_cli import PROJECT, child_env, run_scrapy, scrapy_in_process
+from tests.site import VALIDATED_KINDS
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -49,10 +50,6 @@ needs_chromium = pytest.mark.skipif(
 
 POLITE = {"INCREMENTAL_THROTTLE_ENABLED": True, "CONCURRENT_REQUESTS": 16,
           "CONCURRENT_REQUESTS_PER_DOMAIN": 16, "INCREMENTAL_THROTTLE_MAX_RATE": 100}
-
-
-def add_pages(site, n: int) -> list[str]:
-    return site.add_pages(n, kinds=("strong", "weak", "lastmod"))
 
 
 def page_log(site) -> list[Any]:
@@ -169,7 +166,7 @@ def check_page(browser: Browser, path: Path, shot: Path, section: str = "") -> i
 async def test_the_report_of_a_rate_limited_crawl_draws_in_chromium(site, crawl, tmp_path,
                                                                      browser):
     reports = tmp_path / "reports"
-    paths = add_pages(site, 30)
+    paths = site.add_pages(30, kinds=VALIDATED_KINDS)
     limiter = site.limit(rate=20, burst=5)
     # Start above the site's budget: 429s, Retry-After freezes, back-offs.
     first = await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"), settings={
@@ -269,7 +266,7 @@ HOSTILE = "<!--<script><img src=x onerror=document.title=1>"
 async def test_a_sites_markup_in_a_freeze_reason_is_shown_as_text(site, crawl, tmp_path,
                                                                   browser):
     reports = tmp_path / "reports"
-    add_pages(site, 6)
+    site.add_pages(6, kinds=VALIDATED_KINDS)
     site.override("/p/0003", status=503, headers={"Retry-After": HOSTILE})
     await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"), settings={
         **POLITE, "RETRY_TIMES": 0, "INCREMENTAL_THROTTLE_MAX_RETRIES": 0,
@@ -362,7 +359,7 @@ async def test_report_json_and_scrapy_report_follow_the_documented_schema(
     """Three crawls (one with a 429 and a 5xx), their JSON against the documented
     fields, INCREMENTAL_REPORT_KEEP's pruning, and ``scrapy report`` from the store."""
     reports = tmp_path / "reports"
-    add_pages(site, 12)
+    site.add_pages(12, kinds=VALIDATED_KINDS)
     site.override("/p/0003", status=503, headers={"Retry-After": "0"})
     settings = {**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 50, "RETRY_TIMES": 0,
                 "INCREMENTAL_REPORT_DIR": str(reports), "INCREMENTAL_REPORT_KEEP": 2,

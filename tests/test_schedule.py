@@ -17,6 +17,7 @@ from incremental_crawler import clock
 from incremental_crawler.spiders.feed import FeedPagesSpider
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.records import PageFlags
+from tests.site import VALIDATED_KINDS
 from tests.spiders import ListSpider
 from tests.test_lastmod import urlset
 
@@ -41,16 +42,12 @@ def page_requests(site, prefix: str = "/p/") -> list[str]:
     return sorted(r.path for r in site.log if r.path.startswith(prefix))
 
 
-def add_pages(site, n: int, kinds: tuple[str, ...] = ("strong", "weak", "lastmod")) -> list[str]:
-    return site.add_pages(n, kinds=kinds)
-
-
 @pytest_twisted.ensureDeferred
 async def test_honest_lastmods_two_days_later_request_only_the_changed_pages_and_the_sample(
     site, crawl, monkeypatch
 ):
     n = 40
-    add_pages(site, n)
+    site.add_pages(n, kinds=VALIDATED_KINDS)
     sitemap = site.url("/robots.txt")  # an index of two sitemaps
     await crawl(SitemapPagesSpider, settings=REVISITS, sitemap_url=sitemap)
     changed = site.change_fraction(0.05, seed=3)
@@ -77,7 +74,7 @@ async def test_honest_lastmods_two_days_later_request_only_the_changed_pages_and
 async def test_a_daily_job_finds_due_every_page_fetched_late_the_day_before(
     site, crawl, monkeypatch, state_db
 ):
-    paths = add_pages(site, 12)
+    paths = site.add_pages(12, kinds=VALIDATED_KINDS)
     urls = [site.url(p) for p in paths]
     settings = {**REVISITS, "CONCURRENT_REQUESTS": 2}
     site.slow("/p/", 0.15)
@@ -113,7 +110,7 @@ async def test_a_daily_job_finds_due_every_page_fetched_late_the_day_before(
 async def test_use_lastmod_false_a_minute_later_requests_no_page(site, crawl, monkeypatch,
                                                                 state_db):
     n = 30
-    add_pages(site, n)
+    site.add_pages(n, kinds=VALIDATED_KINDS)
     sitemap = site.url("/robots.txt")
     await crawl(SitemapPagesSpider, settings=REVISITS, sitemap_url=sitemap)
     later(monkeypatch, 60)
@@ -143,7 +140,7 @@ async def changed_behind_fixed_dates(site, crawl, monkeypatch, *, etag: str | No
     and crawled again two days later, half the skipped pages sampled (2 of
     4), the host distrusted after 2 findings: (paths, settings, sitemap URL,
     the second crawl)."""
-    paths = add_pages(site, 4, kinds=("strong",))
+    paths = site.add_pages(4)
     fixed_sitemap(site, paths, etag=etag)
     settings = {**REVISITS, "INCREMENTAL_LASTMOD_RECHECK_SHARE": 0.5,
                 "INCREMENTAL_LASTMOD_STALE_AFTER": 2}
@@ -206,7 +203,7 @@ async def test_stale_lastmods_are_found_by_the_sample_and_distrust_the_host(
 async def test_a_sitemap_answering_304_reseeds_only_what_its_lastmods_do_not_vouch_for(
     site, crawl, monkeypatch, state_db
 ):
-    paths = add_pages(site, 6, kinds=("strong",))
+    paths = site.add_pages(6)
     fixed_sitemap(site, paths, etag='"s-1"', undated=("/p/0005",))
     sitemap = site.url("/s.xml")
     await crawl(SitemapPagesSpider, settings=REVISITS, sitemap_url=sitemap)
@@ -235,7 +232,7 @@ async def test_vouched_pages_skipped_move_on_by_their_interval_and_are_not_read_
     """A page a trusted lastmod vouches for, skipped (not sampled), moves on
     by its interval: the next crawl's re-seed does not read it again (it
     used to read past every vouched page at every crawl start)."""
-    paths = add_pages(site, 6, kinds=("strong",))
+    paths = site.add_pages(6)
     fixed_sitemap(site, paths, etag='"s-1"', undated=("/p/0005",))
     sitemap = site.url("/s.xml")
     await crawl(SitemapPagesSpider, settings=REVISITS, sitemap_url=sitemap)
@@ -304,7 +301,7 @@ def atom(site, dates: dict[str, str]) -> str:
 async def test_an_unmoved_feed_date_vouches_only_when_it_is_a_modification_date(
     site, crawl, monkeypatch, kind, requested
 ):
-    paths = add_pages(site, 3, kinds=("strong",))
+    paths = site.add_pages(3)
     dates = dict.fromkeys(paths, "Mon, 01 Jan 2024 10:00:00 GMT" if kind == "rss"
                           else "2024-01-01T10:00:00Z")
     site.add_document("/feed", (rss if kind == "rss" else atom)(site, dates),
@@ -330,7 +327,7 @@ async def test_an_unmoved_feed_date_vouches_only_when_it_is_a_modification_date(
 async def test_recheck_all_requests_every_known_page_with_its_conditions(
     site, crawl, monkeypatch
 ):
-    paths = add_pages(site, 10, kinds=("strong", "lastmod"))
+    paths = site.add_pages(10, kinds=("strong", "lastmod"))
     sitemap = site.url("/robots.txt")
     await crawl(SitemapPagesSpider, settings=REVISITS, sitemap_url=sitemap)
     later(monkeypatch, 60)  # nothing is due, no lastmod moved

@@ -39,7 +39,7 @@ from twisted.internet.threads import deferToThread
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores import default_state_uri, open_store
 from tests.redis_util import REDIS_URI, delete_prefix, new_prefix
-from tests.scrapy_cli import run_scrapy
+from tests.scrapy_cli import scrapy_in_process
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -461,11 +461,12 @@ async def test_jobs_without_a_state_uri_keep_state_in_scrapyds_directory(
     assert all(pages[url].has_validators for url in site.pages)
 
     # The documented way (docs/scrapyd.md) to read a scrapyd job's items: `scrapy items` from a
-    # checkout of the project, pointed at the job's state.
+    # checkout of the project, pointed at the job's state (Scrapy's command
+    # line in this process: the command starts no crawl).
     out = tmp_path / "items.jsonl"
     result = await deferToThread(
-        run_scrapy, "items", "--spider", "sitemap", "-o", str(out),
-        "-s", f"INCREMENTAL_STATE_URI=sqlite:///{state_db}", env=child_env(), timeout=TIMEOUT)
+        scrapy_in_process, "items", "--spider", "sitemap", "-o", str(out),
+        "-s", f"INCREMENTAL_STATE_URI=sqlite:///{state_db}")
     assert result.returncode == 0, result.stderr
     assert sorted(json.loads(line)["url"] for line in out.read_text().splitlines()) == site.pages
 

@@ -33,10 +33,6 @@ POLITE = {"INCREMENTAL_THROTTLE_ENABLED": True, "CONCURRENT_REQUESTS": 16,
 SEND_LOG = "tests.send_log.SendLogDownloader"
 
 
-def add_pages(site, n: int, prefix: str = "/p/") -> list[str]:
-    return site.add_pages(n, size=800, prefix=prefix)
-
-
 def under(site, *prefixes: str) -> list[RequestRecord]:
     """What the site was asked under the path *prefixes*."""
     return [r for r in site.log if r.path.startswith(prefixes)]
@@ -44,7 +40,7 @@ def under(site, *prefixes: str) -> list[RequestRecord]:
 
 @pytest_twisted.ensureDeferred
 async def test_in_flight_never_exceeds_the_window(site, crawl):
-    paths = add_pages(site, 24)
+    paths = site.add_pages(24, size=800)
     site.slow("/p/", 0.15)
     await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_MAX_CONCURRENCY": 3,
                                       "INCREMENTAL_THROTTLE_START_RATE": 50},
@@ -58,12 +54,12 @@ async def test_a_healthy_domain_keeps_its_pace_beside_a_throttled_one(site, craw
     # Each 429 freezes the limited site's slot for a whole second (Retry-After
     # has no fraction), so it is the crawl's length: 5 pages, about 2 s. A
     # window starting at 20/s overshoots 5/s in its first requests.
-    limited = add_pages(site, 5)
+    limited = site.add_pages(5, size=800)
     site.limit(rate=5, burst=2)
     healthy_site = LoopbackSite(host="127.0.0.1")
     healthy_site.start()
     try:
-        healthy = add_pages(healthy_site, 30)
+        healthy = healthy_site.add_pages(30, size=800)
         healthy_urls = [healthy_site.url(p).replace("127.0.0.1", "localhost") for p in healthy]
         crawler = await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_DEBUG": True,
                                                     "INCREMENTAL_THROTTLE_START_RATE": 20},
@@ -80,7 +76,7 @@ async def test_a_healthy_domain_keeps_its_pace_beside_a_throttled_one(site, craw
 
 @pytest_twisted.ensureDeferred
 async def test_a_retry_after_over_the_maximum_parks_the_domain(site, crawl):
-    paths = add_pages(site, 10)
+    paths = site.add_pages(10, size=800)
     site.override("/p/0000", status=429, headers={"Retry-After": "86400"})
     crawler = await crawl(ListSpider, settings={**POLITE, "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
                                                 "INCREMENTAL_THROTTLE_START_RATE": 50,
@@ -97,7 +93,7 @@ async def test_a_retry_after_over_the_maximum_parks_the_domain(site, crawl):
 
 @pytest_twisted.ensureDeferred
 async def test_robots_crawl_delay_is_a_floor_and_a_huge_one_is_capped(site, crawl):
-    paths = add_pages(site, 5)
+    paths = site.add_pages(5, size=800)
     site.robots_txt = "User-agent: *\nCrawl-delay: 0.2\nAllow: /\n"
     crawler = await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 50,
                                                 "DOWNLOADER": SEND_LOG},
@@ -133,7 +129,7 @@ def test_retry_after_values():
 
 @pytest_twisted.ensureDeferred
 async def test_hanging_responses_shrink_the_window(site, crawl):
-    paths = add_pages(site, 4, prefix="/hang/")
+    paths = site.add_pages(4, size=800, prefix="/hang/")
     site.slow("/hang/", 3.0)
     crawler = await crawl(ListSpider, settings={**POLITE, "DOWNLOAD_TIMEOUT": 0.3,
                                                 "RETRY_ENABLED": False,
@@ -147,7 +143,7 @@ async def test_hanging_responses_shrink_the_window(site, crawl):
 
 @pytest_twisted.ensureDeferred
 async def test_the_users_download_delay_and_per_domain_concurrency_bound_the_window(site, crawl):
-    paths = add_pages(site, 6)
+    paths = site.add_pages(6, size=800)
     crawler = await crawl(ListSpider, settings={
         **POLITE, "DOWNLOAD_DELAY": 0.25, "DOWNLOAD_DELAY_JITTER": 0,
         "INCREMENTAL_THROTTLE_START_RATE": 40, "DOWNLOADER": SEND_LOG},
@@ -155,7 +151,7 @@ async def test_the_users_download_delay_and_per_domain_concurrency_bound_the_win
     assert kept_apart(under(site, "/p/"), crawler.engine.downloader, 0.25) == []
     site.reset_log()
     # More pages than the window would have in flight at once without the bound.
-    slow = add_pages(site, 6, prefix="/slow/")
+    slow = site.add_pages(6, size=800, prefix="/slow/")
     site.slow("/slow/", 0.3)
     await crawl(ListSpider, settings={**POLITE, "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
                                       "INCREMENTAL_THROTTLE_START_RATE": 40},
@@ -165,7 +161,7 @@ async def test_the_users_download_delay_and_per_domain_concurrency_bound_the_win
 
 @pytest_twisted.ensureDeferred
 async def test_crawl_delay_applies_to_a_host_group(site, crawl):
-    paths = add_pages(site, 5)
+    paths = site.add_pages(5, size=800)
     site.robots_txt = "User-agent: *\nCrawl-delay: 0.2\nAllow: /\n"
     crawler = await crawl(ListSpider, settings={
         **POLITE, "INCREMENTAL_THROTTLE_START_RATE": 40,
@@ -251,7 +247,6 @@ async def test_a_redirect_to_another_host_is_paced_by_that_hosts_budget(site, cr
     assert windows["127.0.0.1"].delay_floor == 0
 
 
-
 # -- what the server saw of the timing after a 429 (ALONE) --------------------------
 
 
@@ -261,7 +256,7 @@ async def test_a_redirect_to_another_host_is_paced_by_that_hosts_budget(site, cr
 async def test_a_rate_limited_site_gets_every_page_and_no_request_inside_retry_after(
     site, crawl, retry_after
 ):
-    paths = add_pages(site, 40)
+    paths = site.add_pages(40, size=800)
     site.limit(rate=20, burst=5, retry_after=retry_after)
     # Start above the site's budget: the window must find it.
     crawler = await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 60,
@@ -314,7 +309,7 @@ async def test_a_retry_after_date_in_the_past_retries_now(site, crawl, behind):
 async def test_closing_while_frozen_drops_the_queued_requests(site, crawl):
     # The same without the shared budget: the requests wait in the frozen
     # Scrapy slot's queue.
-    paths = add_pages(site, 10)
+    paths = site.add_pages(10, size=800)
     site.override("/p/0000", status=429, headers={"Retry-After": "20"})
     started = time.monotonic()
     crawler = await crawl(ListSpider, settings={**POLITE, "INCREMENTAL_THROTTLE_START_RATE": 2,

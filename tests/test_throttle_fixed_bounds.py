@@ -23,10 +23,6 @@ POLITE = {"INCREMENTAL_THROTTLE_ENABLED": True, "INCREMENTAL_THROTTLE_START_RATE
 DELAY = 0.2
 
 
-def add_pages(site, n: int) -> list[str]:
-    return site.add_pages(n, size=800)
-
-
 def cap_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     """Warnings (of any logger) naming either setting."""
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
@@ -37,7 +33,7 @@ def cap_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 @pytest_twisted.ensureDeferred
 async def test_the_templates_delay_and_concurrency_are_honoured_named_and_reported(
         site, crawl, caplog):
-    paths = add_pages(site, 6)
+    paths = site.add_pages(6, size=800)
     caplog.set_level(logging.INFO)
     crawler = await crawl(ListSpider, settings={
         **POLITE, "DOWNLOAD_DELAY": DELAY, "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
@@ -85,7 +81,7 @@ async def test_the_templates_delay_and_concurrency_are_honoured_named_and_report
 
 @pytest_twisted.ensureDeferred
 async def test_scrapys_defaults_cap_nothing_and_warn_of_nothing(site, crawl, caplog):
-    paths = add_pages(site, 4)
+    paths = site.add_pages(4, size=800)
     caplog.set_level(logging.INFO)
     # crawl_settings sets neither DOWNLOAD_DELAY nor CONCURRENT_REQUESTS_PER_DOMAIN.
     crawler = await crawl(ListSpider, settings=POLITE, urls=[site.url(p) for p in paths])

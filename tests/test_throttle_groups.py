@@ -27,10 +27,6 @@ SAME_GROUP = 0.03
 SINGLES = 50
 
 
-def add_pages(site, n: int) -> list[str]:
-    return site.add_pages(n, size=800)
-
-
 def page_starts(site) -> list[float]:
     return sorted(r.started for r in site.log if r.path.startswith("/p/"))
 
@@ -78,7 +74,7 @@ def most_in_one_second(starts: list[float]) -> int:
 async def test_a_slot_starting_at_its_ceiling_sends_no_group_before_a_window_of_answers(
     site, crawl, settings
 ):
-    paths = add_pages(site, 90)
+    paths = site.add_pages(90, size=800)
     await crawl(ListSpider, settings=settings, urls=[site.url(p) for p in paths])
     starts = page_starts(site)
     assert len(starts) == 90
@@ -95,7 +91,7 @@ async def test_a_slot_starting_at_its_ceiling_sends_no_group_before_a_window_of_
 @ALONE
 @pytest_twisted.ensureDeferred
 async def test_a_fast_slot_sends_groups_of_rate_times_tick_at_the_same_rate(site, crawl):
-    paths = add_pages(site, SINGLES + 60)
+    paths = site.add_pages(SINGLES + 60, size=800)
     await crawl(ListSpider, settings=FAST, urls=[site.url(p) for p in paths])
     starts = page_starts(site)
     assert len(starts) == SINGLES + 60
@@ -119,7 +115,7 @@ async def test_a_fast_slot_sends_groups_of_rate_times_tick_at_the_same_rate(site
 @ALONE
 @pytest_twisted.ensureDeferred
 async def test_without_a_tick_requests_leave_one_at_a_time(site, crawl):
-    paths = add_pages(site, 30)
+    paths = site.add_pages(30, size=800)
     await crawl(ListSpider, settings={**FAST, "INCREMENTAL_THROTTLE_TICK": 0},
                 urls=[site.url(p) for p in paths])
     starts = page_starts(site)
@@ -130,7 +126,7 @@ async def test_without_a_tick_requests_leave_one_at_a_time(site, crawl):
 @ALONE
 @pytest_twisted.ensureDeferred
 async def test_a_users_delay_promises_a_gap_between_any_two_requests(site, crawl):
-    paths = add_pages(site, 30)
+    paths = site.add_pages(30, size=800)
     # 1/50 s: the window may reach 50/s all the same, so nothing else holds it.
     await crawl(ListSpider, settings={**FAST, "DOWNLOAD_DELAY": 0.02},
                 urls=[site.url(p) for p in paths])
@@ -145,7 +141,7 @@ async def test_a_site_that_refuses_a_group_gets_one_request_at_a_time_after(site
     # A limiter that takes 50/s evenly but no more than two at once, as
     # nginx's limit_req with a small burst does.
     limiter = site.limit(rate=50, burst=2)
-    paths = add_pages(site, SINGLES + 40)
+    paths = site.add_pages(SINGLES + 40, size=800)
     await crawl(ListSpider, settings=FAST, urls=[site.url(p) for p in paths])
     pages = [r for r in site.log if r.path.startswith("/p/")]
     assert {r.path for r in pages if r.status == 200} == set(paths)
@@ -164,7 +160,7 @@ async def test_a_site_that_refuses_a_group_gets_one_request_at_a_time_after(site
 async def test_the_concurrency_figure_lets_a_whole_group_be_in_flight(site, crawl):
     # 30 ms answers at 50/s: the rate alone needs 3 in flight, a group of
     # five puts five there at once.
-    paths = add_pages(site, SINGLES + 60)
+    paths = site.add_pages(SINGLES + 60, size=800)
     site.slow("/p/", 0.03)
     crawler = await crawl(ListSpider, settings=FAST, urls=[site.url(p) for p in paths])
     # (The first second's single requests, 20 ms apart, are no group.)
@@ -183,7 +179,7 @@ async def test_the_concurrency_figure_lets_a_whole_group_be_in_flight(site, craw
 @ALONE
 @pytest_twisted.ensureDeferred
 async def test_nothing_leaves_inside_a_retry_after_that_stops_the_groups(site, crawl):
-    paths = add_pages(site, SINGLES + 60)
+    paths = site.add_pages(SINGLES + 60, size=800)
     site.override(paths[SINGLES + 35], status=429, headers={"Retry-After": "1"})
     # One 429: its retries would freeze the slot again and again.
     await crawl(ListSpider, settings={**FAST, "RETRY_ENABLED": False,
@@ -203,7 +199,7 @@ async def test_nothing_leaves_inside_a_retry_after_that_stops_the_groups(site, c
 @ALONE
 @pytest_twisted.ensureDeferred
 async def test_the_users_concurrency_bounds_the_group(site, crawl):
-    paths = add_pages(site, SINGLES + 40)
+    paths = site.add_pages(SINGLES + 40, size=800)
     site.slow("/p/", 0.03)
     await crawl(ListSpider, settings={**FAST, "CONCURRENT_REQUESTS_PER_DOMAIN": 3},
                 urls=[site.url(p) for p in paths])
@@ -214,7 +210,7 @@ async def test_the_users_concurrency_bounds_the_group(site, crawl):
 # No timing asserted: beside other tests.
 @pytest_twisted.ensureDeferred
 async def test_the_shared_budget_never_sends_groups(site, crawl, budget_prefix):
-    paths = add_pages(site, 60)
+    paths = site.add_pages(60, size=800)
     crawler = await crawl(ListSpider, settings={
         **FAST, "INCREMENTAL_THROTTLE_SHARED_URL": BUDGET_REDIS_URI,
         "INCREMENTAL_THROTTLE_SHARED_PREFIX": budget_prefix}, urls=[site.url(p) for p in paths])

@@ -39,10 +39,6 @@ HOST = "127.0.0.1"
 SAMPLE = 6
 
 
-def add_pages(site, n: int = PAGES) -> list[str]:
-    return [site.url(p) for p in site.add_pages(n, size=800)]
-
-
 def first_gaps(crawler, n: int = SAMPLE) -> list[float]:
     """The gaps between the first *n* page requests as the crawler let them go."""
     return left_gaps(crawler.engine.downloader, "/p/", n)
@@ -55,7 +51,7 @@ def sample_urls(site) -> list[str]:
 
 async def healthy_first_crawl(site, crawl) -> list[float]:
     """A first crawl that slow-starts to 50/s; the gaps of its first requests."""
-    urls = add_pages(site)
+    urls = site.urls(site.add_pages(PAGES, size=800))
     crawler = await crawl(ListSpider, settings=POLITE, urls=urls)
     assert crawler.get_extension(AdaptiveThrottle).windows[HOST].rate == 50
     gaps = first_gaps(crawler)
@@ -67,7 +63,7 @@ async def remembered(site, state_store, saved_at: float | None = None) -> None:
     """The pages, and the record a healthy first crawl leaves (50/s, slow
     start never ended, healthy), staged without crawling: the next test
     shows a first crawl saves just this."""
-    add_pages(site)
+    site.add_pages(PAGES, size=800)
     state_store.stage_slot_rates(
         [SlotRate("list", HOST, 50.0, True, clock.now() if saved_at is None else saved_at)])
     await state_store.flush()
@@ -79,7 +75,7 @@ async def test_a_site_that_answered_429_starts_at_the_cut_rate_in_additive_incre
 ):
     # Four pages: the first crawl's 429s cut the window; the first three
     # requests of the next crawl show the pace it starts at.
-    urls = add_pages(site, 4)
+    urls = site.urls(site.add_pages(4, size=800))
     site.limit(rate=2, burst=1)
     first = await crawl(ListSpider, settings=POLITE, urls=urls)
     assert first.get_extension(AdaptiveThrottle).windows[HOST].status_429 > 0
@@ -219,7 +215,7 @@ async def test_a_damaged_remembered_rate_is_counted_and_the_default_used(site, c
 async def test_the_shared_budget_keeps_its_own_state_and_nothing_is_remembered(
     site, crawl, state_store, budget_prefix
 ):
-    urls = add_pages(site, 3)
+    urls = site.urls(site.add_pages(3, size=800))
     shared = {**POLITE, "INCREMENTAL_THROTTLE_SHARED_URL": REDIS_URL,
               "INCREMENTAL_THROTTLE_SHARED_PREFIX": budget_prefix}
     await crawl(ListSpider, settings=shared, urls=urls)

@@ -96,9 +96,14 @@ async def test_a_new_project_with_the_addon_line_alone_has_every_command(site, t
     assert (project / "report" / "history-pages.html").exists()
 
     # The store cannot be written: one line, no traceback, exit status 1.
+    # Beside it the shell, which opens no store (the add-on's switch is off
+    # in it); the stopped crawl writes the store, so it comes after.
     store = project / ".scrapy" / "incremental"
-    failed = await deferToThread(
-        run_with_read_only, store, scrapy_argv("crawl", "pages", "-a", f"urls={urls[0]}"), project)
+    failed, shell = await gatherResults([
+        deferToThread(run_with_read_only, store,
+                      scrapy_argv("crawl", "pages", "-a", f"urls={urls[0]}"), project),
+        deferToThread(run, scrapy_argv("shell", "-c", "settings.get('INCREMENTAL_ENABLED')",
+                                       "--nolog"), project)])
     assert failed.returncode == 1
     assert one_error_line(failed).startswith(f"State store {store / 'state.db'}: cannot be "
                                              "written: ")
@@ -107,31 +112,35 @@ async def test_a_new_project_with_the_addon_line_alone_has_every_command(site, t
     stopped = await deferToThread(run, scrapy_argv("crawl", "stopped"), project)
     assert "'finish_reason': 'incremental_store_error'" in stopped.stderr
     assert stopped.returncode == 1
-    # The shell fetches in full: the add-on's switch is off in it.
-    shell = await deferToThread(
-        run, scrapy_argv("shell", "-c", "settings.get('INCREMENTAL_ENABLED')", "--nolog"), project)
+    # The shell fetches in full.
     assert shell.stdout.strip() == "False", shell.stderr
 
 
-def test_a_new_project_without_the_addon_gets_scrapys_own_commands(tmp_path):
+@pytest_twisted.ensureDeferred
+async def test_a_new_project_without_the_addon_gets_scrapys_own_commands(tmp_path):
     project = new_project(tmp_path, addon=False)
+    # Three commands side by side: without the add-on none writes anything.
+    stopped, shell, state = await gatherResults([
+        deferToThread(run, scrapy_argv(*args), project)
+        for args in (("crawl", "stopped"),
+                     ("shell", "-c", "settings.get('INCREMENTAL_ENABLED')", "--nolog"),
+                     ("state",))])
     # Scrapy's crawl: 0 after any crawl that ran, whatever its finish reason.
-    stopped = run(scrapy_argv("crawl", "stopped"), project)
     assert "'finish_reason': 'incremental_store_error'" in stopped.stderr
     assert stopped.returncode == 0, stopped.stderr
     # Scrapy's shell: nothing of the add-on's set.
-    shell = run(scrapy_argv("shell", "-c", "settings.get('INCREMENTAL_ENABLED')", "--nolog"),
-                project)
     assert shell.stdout.strip() == "None", shell.stderr
     # The package's own commands are there all the same.
-    state = run(scrapy_argv("state"), project)
     assert state.returncode == 1
     assert state.stderr.strip() == (f"error: no state store at {project.resolve()}/.scrapy/"
                                     "incremental/state.db (check INCREMENTAL_STATE_URI)")
 
 
-def test_outside_a_project_the_project_commands_refuse_as_scrapys_do(tmp_path):
-    for command in ("crawl", "state"):
-        result = run(scrapy_argv(command, "pages"), tmp_path)
+@pytest_twisted.ensureDeferred
+async def test_outside_a_project_the_project_commands_refuse_as_scrapys_do(tmp_path):
+    commands = ("crawl", "state")
+    results = await gatherResults([deferToThread(run, scrapy_argv(command, "pages"), tmp_path)
+                                   for command in commands])
+    for command, result in zip(commands, results, strict=True):
         assert result.returncode == 2
         assert f"scrapy {command} is only available from within a project" in result.stderr

@@ -64,6 +64,10 @@ logger = logging.getLogger(__name__)
 
 #: Page kinds, i.e. which validators a page sends (see :class:`Page`).
 KINDS: tuple[str, ...] = ("strong", "weak", "lastmod", "none", "stuck", "random", "noisy")
+#: The kinds whose validators tell the truth (a conditional request works).
+VALIDATED_KINDS: tuple[str, ...] = KINDS[:3]
+#: The well-behaved kinds: those, and pages that send no validator.
+PLAIN_KINDS: tuple[str, ...] = KINDS[:4]
 
 #: Fixed base epoch of every ``Last-Modified`` / sitemap ``<lastmod>``; each
 #: version adds one hour. A fixed base keeps responses reproducible across
@@ -883,6 +887,10 @@ class LoopbackSite:
     def url(self, path: str) -> str:
         """Absolute URL of ``path`` on the running site."""
         return _absolute(self.base_url, path)
+
+    def urls(self, paths: Iterable[str]) -> list[str]:
+        """Absolute URLs of *paths* (e.g. what :meth:`add_pages` returned)."""
+        return [self.url(path) for path in paths]
 
     # -- log ---------------------------------------------------------------
 
