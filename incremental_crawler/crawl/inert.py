@@ -50,7 +50,7 @@ from incremental_crawler.recipes import (
     recipe_in,
     record_canary,
 )
-from incremental_crawler.state.records import PageFlags, is_gone
+from incremental_crawler.state.records import PageFlags, has_flag, is_gone
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -178,7 +178,7 @@ class StoredGraphWalk:
 
     def _has_replayed_links(self, request: Request, state: PageState) -> bool:
         # As the not-due filter decides: a gone page's links are never replayed.
-        return (self.rules.replays(request) and bool(state.flags & PageFlags.HAS_LINKS)
+        return (self.rules.replays(request) and has_flag(state.flags, PageFlags.HAS_LINKS)
                 and not is_gone(state))
 
     def _is_offsite(self, request: Request) -> bool:
