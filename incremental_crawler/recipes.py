@@ -537,12 +537,30 @@ def record_canary(data: str) -> str | None:
     without fingerprints, of version 1, or not one this version reads)."""
     if not data.startswith(_HEADER_START):
         return None
+    # The header line alone (partition would copy the whole record after
+    # it), parsed once per distinct header: a crawl's records share one.
+    end = data.find("\n")
+    line = data if end < 0 else data[:end]
+    if line in _CANARIES:
+        return _CANARIES[line]
     try:
-        header = json.loads(data.partition("\n")[0])
+        header = json.loads(line)
     except ValueError:
-        return None
+        header = None
     canary = header.get("f") if isinstance(header, dict) else None
-    return canary if isinstance(canary, str) else None
+    if not isinstance(canary, str):
+        canary = None
+    if len(line) <= _CANARY_LINE_MAX:  # a header, not a broken record's one line
+        if len(_CANARIES) >= _CANARIES_KEPT:
+            _CANARIES.clear()
+        _CANARIES[line] = canary
+    return canary
+
+
+#: record_canary's answers by header line (a crawl meets one or two).
+_CANARIES: dict[str, str | None] = {}
+_CANARIES_KEPT = 16
+_CANARY_LINE_MAX = 256
 
 
 def load_links(data: str) -> list[Any] | None:
