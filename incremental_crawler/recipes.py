@@ -470,9 +470,11 @@ def build(recipe: Mapping[str, Any], spider: Spider) -> Request | Unbuildable:
     if not found:
         return Unbuildable.ERRBACK_MISSING
     meta = recipe.get("meta", {})
-    if any(key in recipe and not isinstance(recipe[key], kind)
-           for key, kind in _FIELD_TYPES.items()):
-        return Unbuildable.MALFORMED
+    # The recipe's own fields (a few), not every field a recipe may have.
+    for key, value in recipe.items():
+        kind = _FIELD_TYPES.get(key)
+        if kind is not None and not isinstance(value, kind):
+            return Unbuildable.MALFORMED
     rule = _crawl_rule(spider, recipe.get("cb"), meta)
     if rule is not None:
         current = _rule_callback(spider, rule)
