@@ -82,6 +82,7 @@ __all__ = [
     "recipe_of",
     "record_byte_cap",
     "record_canary",
+    "unseen_entries",
     "user_meta",
 ]
 
@@ -470,9 +471,11 @@ def build(recipe: Mapping[str, Any], spider: Spider) -> Request | Unbuildable:
     if not found:
         return Unbuildable.ERRBACK_MISSING
     meta = recipe.get("meta", {})
-    if any(key in recipe and not isinstance(recipe[key], kind)
-           for key, kind in _FIELD_TYPES.items()):
-        return Unbuildable.MALFORMED
+    # The recipe's own fields (a few), not every field a recipe may have.
+    for key, value in recipe.items():
+        kind = _FIELD_TYPES.get(key)
+        if kind is not None and not isinstance(value, kind):
+            return Unbuildable.MALFORMED
     rule = _crawl_rule(spider, recipe.get("cb"), meta)
     if rule is not None:
         current = _rule_callback(spider, rule)
@@ -527,6 +530,36 @@ def read_record(data: str) -> list[tuple[str | None, str | dict[str, Any]]] | No
     return None if recipes is None else [(None, recipe) for recipe in recipes]
 
 
+def unseen_entries(data: str, seen: set[str]
+                   ) -> list[tuple[str | None, str | dict[str, Any]]] | None:
+    """The entries of a links record (:func:`read_record`) whose fingerprint
+    is not in *seen*, in their order, each fingerprint added to *seen* as
+    it is met (so a second entry with it is left out too); entries without
+    one are all kept. ``None``: not a record this version reads (*seen* may
+    then hold some of its fingerprints).
+
+    What the stored-graph walk reads of every record of a crawl: most of a
+    page's requests (navigation, index pages) were met on other pages
+    already, and each line is tested as it is split, not kept as an entry
+    first (a fifth less than read_record and a loop over its entries).
+    """
+    if not data.startswith(_HEADER_START):
+        return read_record(data)  # no fingerprints: every entry is kept
+    unseen: list[tuple[str | None, str | dict[str, Any]]] = []
+    lines = data.split("\n")
+    del lines[0]
+    for line in lines:
+        fingerprint, sep, text = line.partition(" ")
+        if not sep:
+            return None
+        if fingerprint == NO_FINGERPRINT:
+            unseen.append((None, text))
+        elif fingerprint not in seen:
+            seen.add(fingerprint)
+            unseen.append((fingerprint, text))
+    return unseen
+
+
 def fingerprint_canary(fingerprint: Callable[[Request], bytes]) -> str:
     """The canary a links record made with *fingerprint* carries."""
     return fingerprint(CANARY).hex()
@@ -537,12 +570,30 @@ def record_canary(data: str) -> str | None:
     without fingerprints, of version 1, or not one this version reads)."""
     if not data.startswith(_HEADER_START):
         return None
+    # The header line alone (partition would copy the whole record after
+    # it), parsed once per distinct header: a crawl's records share one.
+    end = data.find("\n")
+    line = data if end < 0 else data[:end]
+    if line in _CANARIES:
+        return _CANARIES[line]
     try:
-        header = json.loads(data.partition("\n")[0])
+        header = json.loads(line)
     except ValueError:
-        return None
+        header = None
     canary = header.get("f") if isinstance(header, dict) else None
-    return canary if isinstance(canary, str) else None
+    if not isinstance(canary, str):
+        canary = None
+    if len(line) <= _CANARY_LINE_MAX:  # a header, not a broken record's one line
+        if len(_CANARIES) >= _CANARIES_KEPT:
+            _CANARIES.clear()
+        _CANARIES[line] = canary
+    return canary
+
+
+#: record_canary's answers by header line (a crawl meets one or two).
+_CANARIES: dict[str, str | None] = {}
+_CANARIES_KEPT = 16
+_CANARY_LINE_MAX = 256
 
 
 def load_links(data: str) -> list[Any] | None:

@@ -24,7 +24,14 @@ from urllib.parse import urlsplit
 from incremental_crawler.change.accounting import Why
 from incremental_crawler.change.revisit import RevisitSchedule
 from incremental_crawler.http.validators import parse_http_date, weak_match
-from incremental_crawler.state.records import HostTrust, PageFlags, PageKey, PageState, is_gone
+from incremental_crawler.state.records import (
+    HostTrust,
+    PageFlags,
+    PageKey,
+    PageState,
+    has_flag,
+    is_gone,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -280,7 +287,17 @@ def max_age_due(url: str, last_fetched: float, *, max_age: float, jitter: float,
     """
     if not max_age:
         return False
-    return started - last_fetched > max_age * (1 - jitter * url_phase(url))
+    age = started - last_fetched
+    # The bound lies between max_age and max_age * (1 - jitter) (u in [0, 1),
+    # and rounding keeps the products in order): outside of them the answer
+    # is known without url_phase, which splits the URL (most pages of a
+    # re-crawl are far younger than their max age).
+    low, high = sorted((max_age, max_age * (1 - jitter)))
+    if age <= low:
+        return False
+    if age > high:
+        return True
+    return age > max_age * (1 - jitter * url_phase(url))
 
 
 def failed_last(state: PageState) -> bool:
@@ -509,7 +526,8 @@ def links_unknown(prior: PageState | None, *, replay: bool) -> bool:
     if not replay or prior is None:
         return False
     flags = prior.flags
-    return not flags & PageFlags.LINKS_KNOWN or bool(flags & PageFlags.LINKS_INCOMPLETE)
+    return (not has_flag(flags, PageFlags.LINKS_KNOWN)
+            or has_flag(flags, PageFlags.LINKS_INCOMPLETE))
 
 
 def _is_unstable(state: PageState) -> bool:

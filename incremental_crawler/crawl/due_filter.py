@@ -54,7 +54,7 @@ from incremental_crawler.crawl.due import RequestRules
 from incremental_crawler.crawl.inert import StoredGraphWalk
 from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.meta import META_DISCOVERY, META_REFRESH
-from incremental_crawler.state.records import PageFlags, is_gone
+from incremental_crawler.state.records import PageFlags, has_flag, is_gone
 from incremental_crawler.state.stores import StateStoreError
 
 if TYPE_CHECKING:
@@ -206,5 +206,5 @@ class NotDueFilterMiddleware:
     def _links_replayed(self, request: Request, state: PageState) -> bool:
         """Whether a not-due page's stored links are yielded again (a gone
         page's never are: the downloader refuses it)."""
-        return (self.rules.replays(request) and bool(state.flags & PageFlags.HAS_LINKS)
+        return (self.rules.replays(request) and has_flag(state.flags, PageFlags.HAS_LINKS)
                 and not is_gone(state))

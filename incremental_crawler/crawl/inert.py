@@ -46,11 +46,11 @@ from incremental_crawler.offsite import offsite_drops
 from incremental_crawler.recipes import (
     Unbuildable,
     build,
-    read_record,
     recipe_in,
     record_canary,
+    unseen_entries,
 )
-from incremental_crawler.state.records import PageFlags, is_gone
+from incremental_crawler.state.records import PageFlags, has_flag, is_gone
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -145,16 +145,14 @@ class StoredGraphWalk:
         """Add *page*'s stored requests (its record *data*) not met yet (by
         entry token), keyed, to *requests*; why the walk must give up, if it
         must."""
-        entries = read_record(data) if data is not None else None
+        # Only the entries whose token was not met yet: a page's links are
+        # mostly those of the pages around it (navigation, index pages).
+        entries = unseen_entries(data, tokens) if data is not None else None
         if entries is None or data is None:
             return f"a links record that cannot be read ({page.url})"
         if record_canary(data) not in (None, self.ledger.links_canary):
             return f"a links record of another request fingerprinter ({page.url})"
-        for token, entry in entries:
-            if token is not None:
-                if token in tokens:
-                    continue
-                tokens.add(token)
+        for _, entry in entries:
             recipe = recipe_in(entry)
             built = build(recipe, self.spider) if isinstance(recipe, dict) else (
                 Unbuildable.MALFORMED)
@@ -178,7 +176,7 @@ class StoredGraphWalk:
 
     def _has_replayed_links(self, request: Request, state: PageState) -> bool:
         # As the not-due filter decides: a gone page's links are never replayed.
-        return (self.rules.replays(request) and bool(state.flags & PageFlags.HAS_LINKS)
+        return (self.rules.replays(request) and has_flag(state.flags, PageFlags.HAS_LINKS)
                 and not is_gone(state))
 
     def _is_offsite(self, request: Request) -> bool:

@@ -48,6 +48,12 @@ class Canonicalizer:
     def __call__(self, url: str) -> str:
         if _ALREADY_CANONICAL.fullmatch(url):
             return url
+        # The same with a fragment, which canonicalisation drops: links to
+        # a page's sections (a manual's cross references, each its own URL)
+        # would otherwise each go through canonicalize_url.
+        base, mark, _ = url.partition("#")
+        if mark and _ALREADY_CANONICAL.fullmatch(base):
+            return base
         canonical = self._memo.get(url)
         if canonical is None:
             if len(self._memo) >= self._size:

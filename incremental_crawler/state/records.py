@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Change", "CrawlRecord", "HostTrust", "ItemRecord", "PageFlags", "PageKey", "PageState",
-    "SlotRate", "StoredVersion", "Undelivered", "is_gone",
+    "SlotRate", "StoredVersion", "Undelivered", "has_flag", "is_gone",
 ]
 
 
@@ -126,10 +126,22 @@ class PageState:
         return replace(self, **changes)
 
 
+def has_flag(flags: int, flag: PageFlags) -> bool:
+    """Whether *flags* (a page's, as a store reads them: a plain int, or
+    PageFlags) has *flag* set.
+
+    Tested as plain ints: ``flags & PageFlags.X`` on an int makes Python
+    call IntFlag's reflected operator, which builds a PageFlags value (a few
+    microseconds; the decisions test flags several times per page, and the
+    stored-graph walk decides every stored page of a nothing-due re-crawl).
+    """
+    return int.__and__(flags, flag) != 0
+
+
 def is_gone(state: PageState | None) -> bool:
     """Whether the stored page is flagged GONE (its tombstone was delivered):
     the one test of it, for the decisions, the crawl and the stores alike."""
-    return state is not None and bool(state.flags & PageFlags.GONE)
+    return state is not None and has_flag(state.flags, PageFlags.GONE)
 
 
 @dataclass(slots=True)

@@ -28,3 +28,18 @@ def test_common_sitemap_urls_take_the_fast_path_unchanged():
         assert canonical(url) == url == canonicalize_url(url)
     assert canonical("http://example.com/./a") == "http://example.com/a"
     assert canonical("http://example.com/a?b=2&a=1") == "http://example.com/a?a=1&b=2"
+
+
+def test_fast_path_with_a_fragment_matches_w3lib():
+    # A fragment after an already-canonical URL is dropped without w3lib:
+    # whatever it holds (escapes, spaces, tabs, another '#', non-ASCII).
+    canonical = Canonicalizer(size=16)
+    rng = random.Random(11)
+    fragment_chars = ALPHABET + "\t\n\x00\x7fé€#"
+    bases = ["http://127.0.0.1:9/p/0001.html", "https://Example.COM/a", "http://a.com/",
+             "http://a.com/./b", "http://a.com/b?c=1", "http://a.com/%7Eb", "http://a.com"]
+    for _ in range(5_000):
+        fragment = "".join(rng.choice(fragment_chars) for _ in range(rng.randint(0, 12)))
+        url = f"{rng.choice(bases)}#{fragment}"
+        assert canonical(url) == canonicalize_url(url), url
+    assert canonical("http://127.0.0.1:9/p/0001.html#ref-0") == "http://127.0.0.1:9/p/0001.html"

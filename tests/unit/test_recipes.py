@@ -6,6 +6,7 @@ No reactor, no store: real Scrapy requests, spiders and DepthMiddleware.
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pytest
@@ -35,6 +36,7 @@ from incremental_crawler.recipes import (
     recipe_of,
     record_byte_cap,
     record_canary,
+    unseen_entries,
     user_meta,
 )
 
@@ -365,6 +367,57 @@ def test_a_record_of_the_first_format_is_still_read() -> None:
     old = json.dumps({"v": 1, "r": [{"u": URL}, {"u": f"{URL}/b", "cb": "parse_item"}]})
     assert read_record(old) == [(None, {"u": URL}), (None, {"u": f"{URL}/b", "cb": "parse_item"})]
     assert [r["u"] for r in load_links(old) or []] == [URL, f"{URL}/b"]
+
+
+def unseen_by_read_record(data: str, seen: set[str]) -> list[tuple[Any, Any]] | None:
+    """What unseen_entries answers, the plain way: every entry read, in order."""
+    entries = read_record(data)
+    if entries is None:
+        return None
+    unseen = []
+    for fp, entry in entries:
+        if fp is not None:
+            if fp in seen:
+                continue
+            seen.add(fp)
+        unseen.append((fp, entry))
+    return unseen
+
+
+def test_unseen_entries_are_read_records_entries_not_met_yet() -> None:
+    # Records as a crawl writes them, and every way one can be otherwise:
+    # dont_filter entries, another width, a line without a space or shorter
+    # than a fingerprint, two spaces, an empty line, a trailing newline, no
+    # entries, the first format.
+    rng = random.Random(5)
+    pool = [f"{i:040x}" for i in range(30)]
+    header = '{"v":2,"f":"' + CANARY_HEX + '"}'
+
+    def line() -> str:
+        kind = rng.random()
+        recipe = json.dumps({"u": f"{URL}/{rng.randrange(50)}", "meta": {"t": "a b"}},
+                            separators=(",", ":"))
+        if kind < 0.80:
+            return f"{rng.choice(pool)} {recipe}"
+        return rng.choice([
+            f"{NO_FINGERPRINT} {recipe}", f"abc {recipe}", rng.choice(pool), "", "x",
+            f"{rng.choice(pool)[:20]} {rng.choice(pool)[:19]} {recipe}",
+            f"{rng.choice(pool)}  {recipe}", f" {recipe}",
+        ])
+
+    records = [header, header + "\n", json.dumps({"v": 1, "r": [{"u": URL}]}), "nonsense"]
+    for _ in range(3000):
+        lines = [line() for _ in range(rng.randint(1, 12))]
+        if rng.random() < 0.5:  # half the records: a crawl's lines only
+            lines = [entry for entry in lines if entry[:40] in pool and entry[40:41] == " "]
+        records.append("\n".join([header, *lines]) + ("\n" if rng.random() < 0.05 else ""))
+    for record in records:
+        seen = set(rng.sample(pool, rng.randint(0, 30)))
+        expected_seen = set(seen)
+        expected = unseen_by_read_record(record, expected_seen)
+        assert unseen_entries(record, seen) == expected, record
+        if expected is not None:
+            assert seen == expected_seen, record
 
 
 def test_a_page_without_requests_has_no_record_but_is_complete() -> None:

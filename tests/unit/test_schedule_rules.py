@@ -67,6 +67,27 @@ def test_max_age_jitter_spreads_pages_fetched_on_one_day_over_its_share() -> Non
             for url in urls[:50]} == {40}
 
 
+def test_max_age_due_answers_as_its_formula_at_and_around_the_bounds() -> None:
+    # max_age_due answers without url_phase outside max_age and
+    # max_age * (1 - jitter): the same answer as the formula, at the bounds
+    # and a float step either side of them, jitter and max age of any sign.
+    urls = [f"http://h/p/{i}?q={i % 7}" for i in range(200)]
+    for max_age in (40 * DAY, 1.0, -5.0):
+        for jitter in (0.0, 0.25, 1.0, 1.5, -0.5):
+            ages = []
+            for bound in (max_age, max_age * (1 - jitter)):
+                ages += [bound, math.nextafter(bound, -math.inf),
+                         math.nextafter(bound, math.inf)]
+            ages += [0.0, max_age / 2, 2 * max_age, -max_age]
+            for url in urls:
+                u = url_phase(url)
+                for age in ages:
+                    expected = age > max_age * (1 - jitter * u)
+                    # Fetched at 0: the age is the start, exactly.
+                    assert max_age_due(url, 0.0, max_age=max_age, jitter=jitter,
+                                       started=age) == expected, (url, max_age, jitter, age)
+
+
 def test_the_phase_is_stable_and_of_the_path_and_query_only() -> None:
     assert url_phase("http://a/p?q=1") == url_phase("https://b:81/p?q=1")
     assert url_phase("http://a/p?q=1") != url_phase("http://a/p?q=2")

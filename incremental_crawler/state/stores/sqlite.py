@@ -800,6 +800,34 @@ class SQLiteStateStore(AdminStore):
             raise self._fail("read failed", exc) from exc
         return None if row is None else row[0]
 
+    async def get_links_many(self, keys: Iterable[PageKey]) -> dict[PageKey, str | None]:
+        # One query per (scope, variant) and chunk of URLs, as get_pages: the
+        # stored-graph walk reads a level of the graph at once, every page of
+        # a manual in a nothing-due re-crawl, and a query per page cost as
+        # much again as decoding its record.
+        found: dict[PageKey, str | None] = {}
+        groups: dict[tuple[str, str], list[str]] = {}
+        for key in keys:
+            if key in self._links:
+                found[key] = self._links[key]
+            else:
+                found[key] = None
+                groups.setdefault((key.scope, key.variant), []).append(key.url)
+        for (scope, variant), urls in groups.items():
+            for start in range(0, len(urls), _CHUNK):
+                chunk = urls[start:start + _CHUNK]
+                query = (
+                    "SELECT url, data FROM links WHERE scope = ? AND variant = ? AND "  # noqa: S608 (constant SQL)
+                    f"url IN ({', '.join('?' * len(chunk))})"
+                )
+                try:
+                    rows = self._db.execute(query, (scope, variant, *chunk)).fetchall()
+                except sqlite3.DatabaseError as exc:
+                    raise self._fail("read failed", exc) from exc
+                for url, data in rows:
+                    found[PageKey(scope, url, variant)] = data
+        return found
+
     async def get_due(self, scope: str, now: float, limit: int,
                       after: DueAfter | None = None) -> list[PageState]:
         # A range of the index by next visit (its entries end with the URL
