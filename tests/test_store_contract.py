@@ -2007,6 +2007,16 @@ class TestSQLiteOnly:
             await call(store.close())
 
     @pytest_twisted.ensureDeferred
+    async def test_a_page_cache_that_holds_a_large_stores_indexes(self, db_path: Path) -> None:
+        # SQLite's default (2,000 KiB) makes every page write of a store of
+        # a million pages read the indexes' inner pages again.
+        store = SQLiteStateStore(db_path)
+        try:
+            assert store._db.execute("PRAGMA cache_size").fetchone()[0] == -65_536
+        finally:
+            await call(store.close())
+
+    @pytest_twisted.ensureDeferred
     async def test_creates_missing_directories(self, tmp_path: Path) -> None:
         path = tmp_path / "a" / "b" / "state.db"
         store = SQLiteStateStore(path)

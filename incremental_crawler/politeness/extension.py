@@ -13,8 +13,9 @@ With ``INCREMENTAL_THROTTLE_SHARED_URL`` the rate, the pacing and the
 freezes of each slot are shared by every worker through Redis
 (:mod:`incremental_crawler.politeness.budget`): the signals seen here are
 reported there, the shared rate replaces the local one, and the slot's own
-delay is (almost) none, since a token from the shared bucket paces each
-request (:mod:`incremental_crawler.politeness.middlewares`).
+delay is the user's floor alone (``DOWNLOAD_DELAY``, a Crawl-delay), since a
+token from the shared bucket paces each request
+(:mod:`incremental_crawler.politeness.middlewares`).
 
 The user's ``DOWNLOAD_DELAY`` (and ``DOWNLOAD_SLOTS`` delays) stay a floor
 of each window's delay and ``CONCURRENT_REQUESTS_PER_DOMAIN`` (or
@@ -367,8 +368,13 @@ class AdaptiveThrottle(AutoThrottle):
         if slot is None:
             return
         # With the shared budget its bucket paces: a second 1/rate here would
-        # halve the rate.
-        slot.delay = SHARED_SLOT_DELAY if self.shared is not None else window.delay
+        # halve the rate. The delay floor (DOWNLOAD_DELAY, Crawl-delay) stays
+        # the slot's: the bucket grants on the Redis server's clock, and a
+        # grant's wait, converted to ours, may end a few milliseconds early;
+        # the slot makes up only that difference (the grant is already at
+        # least one floor after the one before it).
+        slot.delay = (max(SHARED_SLOT_DELAY, window.delay_floor) if self.shared is not None
+                      else window.delay)
         paced = isinstance(slot, PacedSlot)
         # The shared bucket grants one token per request: no groups there. A
         # group leaves at once: the window's concurrency (the slot's, and
