@@ -76,6 +76,13 @@ class Send:
     #: The number of the downloader's release of the slot's queue that let it
     #: go: requests of one number left together (a group), as one step.
     release: int = 0
+    #: When the downloader began the release that let it go (at or before
+    #: the moment Scrapy's downloader took as "now" for it).
+    entered: float = 0.0
+    #: The earliest moment the slot would let a request go, as that release
+    #: began: its ``lastseen`` + delay (a freeze or backoff moves
+    #: ``lastseen`` on; the delay does not show them).
+    due: float = 0.0
     #: When its answer came back (``None``: none did, e.g. a timeout).
     answered: float | None = None
     status: int | None = None
@@ -88,6 +95,8 @@ class SendLogDownloader(PacedDownloader):
         super().__init__(crawler)
         self.sends: list[Send] = []
         self.releases = 0
+        #: (entered, due) of the release running now (see :class:`Send`).
+        self._release = (0.0, 0.0)
         crawler.signals.connect(self._answered, signal=signals.response_downloaded)
 
     def _process_queue(self, slot: Slot) -> None:
@@ -95,6 +104,7 @@ class SendLogDownloader(PacedDownloader):
         # release that lets one request go calls it again for the next,
         # which then waits for the slot's delay: a number of its own.)
         self.releases += 1
+        self._release = (time.monotonic(), slot.lastseen + slot.delay)
         super()._process_queue(slot)
 
     def _wait_for_download(self, slot: Slot, request: Request,
@@ -103,8 +113,9 @@ class SendLogDownloader(PacedDownloader):
         # itself starts when the loop runs the coroutine, which on a busy
         # machine may be after an answer read meanwhile.
         request.headers[HEADER] = str(len(self.sends))
+        entered, due = self._release
         self.sends.append(Send(request.url, time.monotonic(), slot.lastseen,
-                               slot.download_delay(), self.releases))
+                               slot.download_delay(), self.releases, entered, due))
         return super()._wait_for_download(slot, request, queue_dfd)
 
     def _answered(self, response: Response, request: Request, spider: Any) -> None:
