@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.retry import Retry
 
 #: Primaries of the test cluster (no replicas: three is the least
 #: ``redis-cli --cluster create`` accepts).
@@ -143,9 +145,14 @@ class LoopbackCluster:
             return False
 
     @staticmethod
-    def node(port: int) -> redis.Redis:
+    def node(port: int, retries: int | None = None) -> redis.Redis:
+        """A client of one node; ``retries=0`` for a SHUTDOWN, whose closed
+        connection is the answer (the default retries wait ~4 s of backoff)."""
+        if retries is None:
+            return redis.Redis(host="127.0.0.1", port=port, socket_timeout=5,
+                               socket_connect_timeout=5)
         return redis.Redis(host="127.0.0.1", port=port, socket_timeout=5,
-                           socket_connect_timeout=5)
+                           socket_connect_timeout=5, retry=Retry(NoBackoff(), retries))
 
     def client(self) -> RedisCluster:
         return RedisCluster(host="127.0.0.1", port=self.ports[0], socket_timeout=5,
@@ -182,12 +189,12 @@ class LoopbackCluster:
 
     def shut_down_node(self, port: int) -> None:
         """Stop one node (no replica takes its slots over)."""
-        with contextlib.suppress(redis.RedisError), self.node(port) as client:
+        with contextlib.suppress(redis.RedisError), self.node(port, retries=0) as client:
             client.shutdown(nosave=True)
 
     def stop(self) -> None:
         for port in self.ports:
-            with contextlib.suppress(redis.RedisError), self.node(port) as client:
+            with contextlib.suppress(redis.RedisError), self.node(port, retries=0) as client:
                 client.shutdown(nosave=True)
         # Bounded: the nodes' pid files go within 10 s of a shutdown.
         for port in self.ports:

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
     from tests.site.server import RequestRecord
 
-__all__ = ["HEADER", "Send", "SendLogDownloader", "kept_apart", "left_gaps",
+__all__ = ["HEADER", "Send", "SendLogDownloader", "kept_apart", "left_gaps", "left_groups",
            "sent_inside_a_wait"]
 
 #: The request header carrying the send's number (lower-cased in the site's log).
@@ -70,6 +70,19 @@ class Send:
     left: float
     #: The slot's ``lastseen`` then (see the module docstring).
     lastseen: float
+    #: The slot's delay then: the pace the crawler meant to keep (1/rate),
+    #: whatever pace a busy machine let it keep.
+    delay: float = 0.0
+    #: The number of the downloader's release of the slot's queue that let it
+    #: go: requests of one number left together (a group), as one step.
+    release: int = 0
+    #: When the downloader began the release that let it go (at or before
+    #: the moment Scrapy's downloader took as "now" for it).
+    entered: float = 0.0
+    #: The earliest moment the slot would let a request go, as that release
+    #: began: its ``lastseen`` + delay (a freeze or backoff moves
+    #: ``lastseen`` on; the delay does not show them).
+    due: float = 0.0
     #: When its answer came back (``None``: none did, e.g. a timeout).
     answered: float | None = None
     status: int | None = None
@@ -81,7 +94,18 @@ class SendLogDownloader(PacedDownloader):
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
         self.sends: list[Send] = []
+        self.releases = 0
+        #: (entered, due) of the release running now (see :class:`Send`).
+        self._release = (0.0, 0.0)
         crawler.signals.connect(self._answered, signal=signals.response_downloaded)
+
+    def _process_queue(self, slot: Slot) -> None:
+        # Each call is one release: what it lets go leaves together. (A
+        # release that lets one request go calls it again for the next,
+        # which then waits for the slot's delay: a number of its own.)
+        self.releases += 1
+        self._release = (time.monotonic(), slot.lastseen + slot.delay)
+        super()._process_queue(slot)
 
     def _wait_for_download(self, slot: Slot, request: Request,
                            queue_dfd: Deferred[Response]) -> Coroutine[Any, Any, None]:
@@ -89,7 +113,9 @@ class SendLogDownloader(PacedDownloader):
         # itself starts when the loop runs the coroutine, which on a busy
         # machine may be after an answer read meanwhile.
         request.headers[HEADER] = str(len(self.sends))
-        self.sends.append(Send(request.url, time.monotonic(), slot.lastseen))
+        entered, due = self._release
+        self.sends.append(Send(request.url, time.monotonic(), slot.lastseen,
+                               slot.download_delay(), self.releases, entered, due))
         return super()._wait_for_download(slot, request, queue_dfd)
 
     def _answered(self, response: Response, request: Request, spider: Any) -> None:
@@ -137,6 +163,22 @@ def left_gaps(downloader: SendLogDownloader, path_prefix: str, n: int | None = N
     left = [send.lastseen for send in downloader.sends
             if urlsplit(send.url).path.startswith(path_prefix)][:n]
     return [b - a for a, b in itertools.pairwise(left)]
+
+
+def left_groups(downloader: SendLogDownloader, path_prefix: str = "/p/") -> list[list[Send]]:
+    """The requests under *path_prefix* as they left the crawler, in groups:
+    those let go by one release of the slot's queue (a single request is a
+    group of one). Which requests left together is the crawler's decision,
+    whatever the transit to the server."""
+    out: list[list[Send]] = []
+    for send in downloader.sends:
+        if not urlsplit(send.url).path.startswith(path_prefix):
+            continue
+        if out and out[-1][-1].release == send.release:
+            out[-1].append(send)
+        else:
+            out.append([send])
+    return out
 
 
 def kept_apart(log: Iterable[RequestRecord], downloader: SendLogDownloader,

@@ -1,5 +1,11 @@
-"""A fast slot's requests leave in small groups, at the same rate, as the
-server sees them; one at a time wherever a gap is owed."""
+"""A fast slot's requests leave in small groups, at the same rate; one at a
+time wherever a gap is owed.
+
+Which requests left together, and when, is read on the crawler's side
+(tests/send_log.py: the downloader's releases of the slot's queue), which
+holds at any machine load: the server sees each request some transit later,
+and that transit wavers on a busy machine (two single requests may arrive
+together, a group's may arrive apart)."""
 
 from __future__ import annotations
 
@@ -11,17 +17,13 @@ import pytest_twisted
 from incremental_crawler.metrics.collector import CrawlCollector
 from incremental_crawler.politeness.extension import AdaptiveThrottle
 from tests.redis_util import BUDGET_REDIS_URI
+from tests.send_log import Send, kept_apart, left_groups
 from tests.spiders import ListSpider
-
-#: Request times as the server saw them, to a few ms: the tests marked with
-#: it run while no other test's crawlers do (under xdist).
-ALONE = pytest.mark.alone
 
 FAST = {"INCREMENTAL_THROTTLE_ENABLED": True, "CONCURRENT_REQUESTS": 16,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 16, "INCREMENTAL_THROTTLE_START_RATE": 50,
-        "INCREMENTAL_THROTTLE_MAX_RATE": 50}
-#: Requests that start closer than this are one group (groups are 0.1 s apart).
-SAME_GROUP = 0.03
+        "INCREMENTAL_THROTTLE_MAX_RATE": 50,
+        "DOWNLOADER": "tests.send_log.SendLogDownloader"}
 #: Page requests a slot starting at its ceiling (50/s) sends one at a time: a
 #: window of healthy answers at that rate comes before any group.
 SINGLES = 50
@@ -31,21 +33,19 @@ def page_starts(site) -> list[float]:
     return sorted(r.started for r in site.log if r.path.startswith("/p/"))
 
 
-def groups(starts: list[float], within: float = SAME_GROUP) -> list[list[float]]:
-    out: list[list[float]] = []
-    for t in starts:
-        if out and t - out[-1][-1] < within:
-            out[-1].append(t)
-        else:
-            out.append([t])
-    return out
+def sends(crawler) -> list[Send]:
+    """The page requests as the crawler let them go, in that order."""
+    return [send for group in left_groups(crawler.engine.downloader) for send in group]
 
 
-def assert_one_at_a_time(starts: list[float]) -> None:
-    """20 ms apart as they leave. What the server sees wavers by several ms
-    under load (two may arrive together), but a group's requests arrive
-    within a ms or two of each other, all of them."""
-    assert max(len(g) for g in groups(starts, within=0.004)) <= 2
+def groups(crawler) -> list[list[Send]]:
+    return left_groups(crawler.engine.downloader)
+
+
+def answers_before(crawler, moment: float) -> int:
+    """The page answers the crawler had read before *moment*."""
+    return sum(1 for send in sends(crawler) if send.answered is not None
+               and send.answered < moment)
 
 
 def most_in_flight(site) -> int:
@@ -59,11 +59,22 @@ def most_in_flight(site) -> int:
     return most
 
 
+def most_in_flight_sent(crawler) -> int:
+    """The most page requests the crawler had let go and not yet read the
+    answer of, at once (an answer counts at the moment it was read)."""
+    events = sorted((t, step) for send in sends(crawler)
+                    for t, step in ((send.left, 1), (send.answered, -1)) if t is not None)
+    in_flight = most = 0
+    for _t, step in events:
+        in_flight += step
+        most = max(most, in_flight)
+    return most
+
+
 def most_in_one_second(starts: list[float]) -> int:
     return max(sum(1 for t in starts[i:] if t < start + 1.0) for i, start in enumerate(starts))
 
 
-@ALONE
 @pytest.mark.parametrize("settings", [
     FAST,
     # The ceiling a per-domain override sets, the start rate its own.
@@ -75,87 +86,92 @@ async def test_a_slot_starting_at_its_ceiling_sends_no_group_before_a_window_of_
     site, crawl, settings
 ):
     paths = site.add_pages(90, size=800)
-    await crawl(ListSpider, settings=settings, urls=[site.url(p) for p in paths])
-    starts = page_starts(site)
-    assert len(starts) == 90
-    # The first second's requests: one at a time, though the window is at
-    # its ceiling from the first request (no answer yet says the site takes it).
-    # (At 50/s about 50 of them; fewer when the machine is busy.)
-    first_second = [t for t in starts if t < starts[0] + 1.0]
-    assert len(first_second) >= 20
-    assert_one_at_a_time(first_second)
-    # Then, the ceiling confirmed by a window of healthy answers: groups.
-    assert max(len(g) for g in groups(starts[SINGLES:], within=0.004)) >= 3
+    crawler = await crawl(ListSpider, settings=settings, urls=[site.url(p) for p in paths])
+    assert len(page_starts(site)) == 90
+    found = groups(crawler)
+    # One at a time, though the window is at its ceiling from the first
+    # request (no answer yet says the site takes it), until a window of
+    # healthy answers at the ceiling came back (50 at 50/s; the slot's
+    # robots.txt answer counts too).
+    first_group = next(g for g in found if len(g) > 1)
+    assert answers_before(crawler, first_group[0].left) >= SINGLES - 1
+    assert all(len(g) == 1 for g in found[:SINGLES - 1])
+    # Then, the ceiling confirmed: groups.
+    assert max(len(g) for g in found) >= 3
 
 
-@ALONE
 @pytest_twisted.ensureDeferred
 async def test_a_fast_slot_sends_groups_of_rate_times_tick_at_the_same_rate(site, crawl):
     paths = site.add_pages(SINGLES + 60, size=800)
-    await crawl(ListSpider, settings=FAST, urls=[site.url(p) for p in paths])
-    starts = page_starts(site)
-    assert len(starts) == SINGLES + 60
-    # The first second's requests leave one at a time (see above); the last
-    # of them, 20 ms apart, count as one group with the first group here.
-    found = groups(starts[SINGLES:])
+    crawler = await crawl(ListSpider, settings=FAST, urls=[site.url(p) for p in paths])
+    assert len(page_starts(site)) == SINGLES + 60
+    found = groups(crawler)
     sizes = [len(g) for g in found]
-    # 50/s * 0.1 s: five at a time, never more.
-    assert max(sizes[1:]) == 5
-    assert sizes.count(5) >= len(found) // 2
-    # A fifth of the wake-ups, or about.
-    assert len(found) <= 20
-    # A group of n uses n intervals of 1/50 s: the next one leaves that long
-    # after it (a group is smaller when the slot's concurrency is still
-    # taken by the last one's answers). Margin: what the server sees wavers.
-    assert all(b[0] - a[0] >= 0.7 * len(a) / 50 for a, b in itertools.pairwise(found))
-    # The rate is the window's: in any second at most rate + one group.
-    assert most_in_one_second(starts) <= 55
+    # 50/s * 0.1 s: five at a time, never more (fewer when the slot's
+    # concurrency is still taken by the last group's answers).
+    assert max(sizes) == 5
+    # Once groups began, they did the sending: 60 requests in at most 20
+    # releases, most of them groups of five.
+    start = next(i for i, g in enumerate(found) if len(g) > 1)
+    grouped = sizes[start:]
+    assert len(grouped) <= 20
+    assert grouped.count(5) >= len(grouped) // 2
+    # A release of n uses n intervals of 1/50 s: the next one leaves that
+    # long after it began, on the crawler's clock (single requests too; the
+    # last interval is the next release's own delay).
+    assert all(b[0].left >= a[0].entered + (len(a) - 1) * a[0].delay + b[0].delay - 1e-9
+               for a, b in itertools.pairwise(found))
+    # The rate is the window's: in any second at most rate + one group left.
+    assert most_in_one_second([send.left for send in sends(crawler)]) <= 55
 
 
-@ALONE
 @pytest_twisted.ensureDeferred
 async def test_without_a_tick_requests_leave_one_at_a_time(site, crawl):
-    paths = site.add_pages(30, size=800)
-    await crawl(ListSpider, settings={**FAST, "INCREMENTAL_THROTTLE_TICK": 0},
-                urls=[site.url(p) for p in paths])
-    starts = page_starts(site)
-    assert len(starts) == 30
-    assert_one_at_a_time(starts)
+    # Past the window of answers after which a tick would let groups go.
+    paths = site.add_pages(SINGLES + 40, size=800)
+    crawler = await crawl(ListSpider, settings={**FAST, "INCREMENTAL_THROTTLE_TICK": 0},
+                          urls=[site.url(p) for p in paths])
+    assert len(page_starts(site)) == SINGLES + 40
+    assert [len(g) for g in groups(crawler)] == [1] * (SINGLES + 40)
 
 
-@ALONE
 @pytest_twisted.ensureDeferred
 async def test_a_users_delay_promises_a_gap_between_any_two_requests(site, crawl):
-    paths = site.add_pages(30, size=800)
+    # Past the window of answers after which groups would go.
+    paths = site.add_pages(SINGLES + 40, size=800)
     # 1/50 s: the window may reach 50/s all the same, so nothing else holds it.
-    await crawl(ListSpider, settings={**FAST, "DOWNLOAD_DELAY": 0.02},
-                urls=[site.url(p) for p in paths])
-    starts = page_starts(site)
-    assert len(starts) == 30
-    assert_one_at_a_time(starts)
+    crawler = await crawl(ListSpider, settings={**FAST, "DOWNLOAD_DELAY": 0.02},
+                          urls=[site.url(p) for p in paths])
+    assert len(page_starts(site)) == SINGLES + 40
+    assert [len(g) for g in groups(crawler)] == [1] * (SINGLES + 40)
+    # And each left the delay after the one before (the crawler's clock).
+    assert kept_apart(site.log, crawler.engine.downloader, 0.02) == []
 
 
-@ALONE
 @pytest_twisted.ensureDeferred
 async def test_a_site_that_refuses_a_group_gets_one_request_at_a_time_after(site, crawl):
     # A limiter that takes 50/s evenly but no more than two at once, as
     # nginx's limit_req with a small burst does.
-    limiter = site.limit(rate=50, burst=2)
+    site.limit(rate=50, burst=2)
     paths = site.add_pages(SINGLES + 40, size=800)
-    await crawl(ListSpider, settings=FAST, urls=[site.url(p) for p in paths])
+    crawler = await crawl(ListSpider, settings=FAST, urls=[site.url(p) for p in paths])
     pages = [r for r in site.log if r.path.startswith("/p/")]
     assert {r.path for r in pages if r.status == 200} == set(paths)
-    first_429 = min(r.finished for r in pages if r.status == 429)
-    # Retry-After: 1 froze the slot for a second; what left after it left
-    # one at a time, at the cut window's 35/s (~28 ms apart).
-    after = sorted(r.started for r in pages if r.started > first_429 + 0.5)
-    assert len(after) >= 20
-    assert_one_at_a_time(after)
-    # The groups cost one round of refusals, not one per group.
-    assert limiter.refused <= 4
+    sent = sends(crawler)
+    first_429 = min(s.answered for s in sent if s.status == 429 and s.answered is not None)
+    # Retry-After: 1 froze the slot for a second; what left after the
+    # crawler read the 429 left one at a time, at the cut window's 35/s.
+    after = [g for g in groups(crawler) if g[0].left > first_429]
+    assert sum(len(g) for g in after) >= 20
+    assert all(len(g) == 1 for g in after)
+    # The groups cost one round of refusals, not one per group: the 429s
+    # answered requests of the groups that left before the crawler read the
+    # first one.
+    round_one = [s for s in sent if s.status == 429 and s.left < first_429]
+    assert 1 <= len(round_one) <= 4
+    assert len({s.release for s in round_one}) <= 2
 
 
-@ALONE
 @pytest_twisted.ensureDeferred
 async def test_the_concurrency_figure_lets_a_whole_group_be_in_flight(site, crawl):
     # 30 ms answers at 50/s: the rate alone needs 3 in flight, a group of
@@ -163,51 +179,50 @@ async def test_the_concurrency_figure_lets_a_whole_group_be_in_flight(site, craw
     paths = site.add_pages(SINGLES + 60, size=800)
     site.slow("/p/", 0.03)
     crawler = await crawl(ListSpider, settings=FAST, urls=[site.url(p) for p in paths])
-    # (The first second's single requests, 20 ms apart, are no group.)
-    assert max(len(g) for g in groups(page_starts(site), within=0.004)) == 5
-    seen = most_in_flight(site)
-    assert seen >= 4
+    assert max(len(g) for g in groups(crawler)) == 5
+    seen = most_in_flight_sent(crawler)
+    assert seen >= 5
     # What the metrics say the slot may have in flight covers what the
-    # server saw in flight.
+    # crawler (and so the server) had in flight.
     collector = CrawlCollector(crawler, slots=10, constant={}, info={})
     figure = next(family for family in collector.collect()
                   if family.name == "incremental_slot_concurrency")
     (sample,) = figure.samples
-    assert sample.value >= seen
+    assert sample.value >= seen >= most_in_flight(site)
 
 
-@ALONE
 @pytest_twisted.ensureDeferred
 async def test_nothing_leaves_inside_a_retry_after_that_stops_the_groups(site, crawl):
     paths = site.add_pages(SINGLES + 60, size=800)
     site.override(paths[SINGLES + 35], status=429, headers={"Retry-After": "1"})
     # One 429: its retries would freeze the slot again and again.
-    await crawl(ListSpider, settings={**FAST, "RETRY_ENABLED": False,
-                                      "INCREMENTAL_THROTTLE_MAX_RETRIES": 0},
-                urls=[site.url(p) for p in paths])
-    pages = [r for r in site.log if r.path.startswith("/p/")]
-    first_429 = min(r.finished for r in pages if r.status == 429)
-    before = [t for t in page_starts(site) if t < first_429]
-    # It came in the middle of groups (the first counts the last single
-    # requests of the first second too, see above).
-    assert max(len(g) for g in groups(before[SINGLES:])[1:]) == 5
-    # What a group had on the wire when the 429 came may still arrive just
-    # after it; nothing else before the second is over.
-    assert [r.path for r in pages if first_429 + 0.05 < r.started < first_429 + 0.95] == []
+    crawler = await crawl(ListSpider, settings={**FAST, "RETRY_ENABLED": False,
+                                                "INCREMENTAL_THROTTLE_MAX_RETRIES": 0},
+                          urls=[site.url(p) for p in paths])
+    (refusal,) = [s for s in sends(crawler) if s.status == 429]
+    assert refusal.answered is not None
+    # It came in the middle of groups.
+    assert max(len(g) for g in groups(crawler) if g[0].left < refusal.answered) >= 3
+    # What a group had let go before the crawler read the 429 was on its
+    # way; nothing left after it for the whole second (the crawler's clock).
+    # (The throttle froze the slot a moment before the 429 was logged as
+    # read: 50 ms of margin, far below the second it holds.)
+    assert [s.url for s in sends(crawler)
+            if refusal.answered < s.left < refusal.answered + 0.95] == []
+    assert any(s.left >= refusal.answered + 1.0 for s in sends(crawler))
 
 
-@ALONE
 @pytest_twisted.ensureDeferred
 async def test_the_users_concurrency_bounds_the_group(site, crawl):
     paths = site.add_pages(SINGLES + 40, size=800)
     site.slow("/p/", 0.03)
-    await crawl(ListSpider, settings={**FAST, "CONCURRENT_REQUESTS_PER_DOMAIN": 3},
-                urls=[site.url(p) for p in paths])
-    assert max(len(g) for g in groups(page_starts(site), within=0.004)) == 3
+    crawler = await crawl(ListSpider, settings={**FAST, "CONCURRENT_REQUESTS_PER_DOMAIN": 3},
+                          urls=[site.url(p) for p in paths])
+    assert max(len(g) for g in groups(crawler)) == 3
+    assert most_in_flight_sent(crawler) <= 3
     assert most_in_flight(site) <= 3
 
 
-# No timing asserted: beside other tests.
 @pytest_twisted.ensureDeferred
 async def test_the_shared_budget_never_sends_groups(site, crawl, budget_prefix):
     paths = site.add_pages(60, size=800)
