@@ -44,6 +44,7 @@ from incremental_crawler.state.stores.base import (
     redis_retry_setting,
 )
 from incremental_crawler.state.stores.redis.admin import RedisAdmin
+from incremental_crawler.state.stores.redis.cluster import RedisClusterPath
 from incremental_crawler.state.stores.redis.core import (
     _key_part,
     _page_range,
@@ -57,6 +58,7 @@ from incremental_crawler.state.stores.redis.scripts import (
     _FLUSH_LUA,
     _READ_PAGES_SHA,
     _SUMS_MARK_LUA,
+    CLUSTER_SUMS_MARK_LUA,
 )
 from incremental_crawler.state.stores.redis.uri import DEFAULT_PREFIX, parse_redis_uri
 from incremental_crawler.uris import redacted
@@ -76,12 +78,18 @@ _READ_BATCH = 10_000
 _READ_SCRIPT_PAGES = 2_000
 
 
-class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
+class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
     """State in Redis; see the module docstring."""
 
     def __init__(self, uri: str, *, prefix: str = DEFAULT_PREFIX,
-                 history_limit: int = DEFAULT_SETTINGS["INCREMENTAL_ITEM_HISTORY"]) -> None:
+                 history_limit: int = DEFAULT_SETTINGS["INCREMENTAL_ITEM_HISTORY"],
+                 allow_cluster: bool = False) -> None:
+        # allow_cluster: open a Redis Cluster in the cluster layout, which
+        # is not finished (see .cluster: what is not built on it yet); the
+        # crawl and the commands never pass it, so they refuse a cluster.
+        self._allow_cluster = allow_cluster
         super().__init__(uri, prefix)
+        self._init_cluster()
         self.history_limit = history_limit
         # Staged writes (one per stage_* call: a name and its arguments for
         # _FLUSH_LUA), in staging order, and the scopes they touch
@@ -110,7 +118,10 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
         self._due_cursor = None
         self._closed = False
         try:
-            self._check_layout()
+            if self.cluster and allow_cluster:
+                self._check_cluster_layout()
+            else:
+                self._check_layout()
         except BaseException:
             self._sync.close()
             raise
@@ -167,6 +178,9 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
         staged = self._staged_page(key)
         if staged is not None:
             return staged
+        if self.tagged:
+            [raw] = await self._cluster_read_pages([key])
+            return None if raw is None else self._page(key, raw)
         [raw] = await self._read_script(_READ_PAGES_SHA, [self.prefix, *self._page_args(key)])
         return None if raw is None else self._page(key, raw)
 
@@ -181,6 +195,11 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
                 wanted.append(key)
         for start in range(0, len(wanted), _READ_BATCH):
             batch = wanted[start:start + _READ_BATCH]
+            if self.tagged:
+                for key, raw in zip(batch, await self._cluster_read_pages(batch), strict=True):
+                    if raw is not None:
+                        found[key] = self._page(key, raw)
+                continue
             calls: list[tuple[str, list[Any]]] = []
             for at in range(0, len(batch), _READ_SCRIPT_PAGES):
                 args: list[Any] = [self.prefix]
@@ -213,20 +232,17 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
                 wanted.append(key)
         for start in range(0, len(wanted), _READ_BATCH):
             batch = wanted[start:start + _READ_BATCH]
-            pipe = self._async.pipeline(transaction=False)
+            commands = []
             for key in batch:
                 host, field = page_field(key)
-                pipe.execute_command("HGET", self._host_key("ln", key.scope, host), field)
-            try:
-                replies = await self._run_raw(pipe)
-            except redis.RedisError as exc:
-                raise self._fail("read failed", exc) from exc
+                commands.append(("HGET", self._host_key("ln", key.scope, host), field))
+            replies = await self._commands(commands)
             for key, raw in zip(batch, replies, strict=True):
                 found[key] = None if raw is None else raw.decode()
         return found
 
     async def _item(self, scope: str, item_key: str) -> dict[str, Any] | None:
-        raw = await self._call("HGET", self._key("items", scope), item_key)
+        raw = await self._call("HGET", self._item_key("items", scope, item_key), item_key)
         return None if raw is None else json.loads(raw)
 
     async def get_item_simhash(self, scope: str, item_key: str) -> int | None:
@@ -244,10 +260,10 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
         # Items from another page are listed under it (one range of the
         # index); the item keyed by the page's URL belongs to it unless it
         # names another page.
-        pipe = self._async.pipeline(transaction=False)
-        pipe.zrangebylex(self._key("bypage", scope), *_page_range(page_url))
-        pipe.hget(self._key("items", scope), page_url)
-        listed, own = await self._run(pipe)
+        listed, own = await self._commands([
+            ("ZRANGEBYLEX", self._item_key("bypage", scope, page_url), *_page_range(page_url)),
+            ("HGET", self._item_key("items", scope, page_url), page_url)],
+            "Redis command failed")
         keys = [member.partition(b"\0")[2].decode() for member in listed]
         if own is not None:
             record = json.loads(own)
@@ -257,7 +273,7 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
 
     async def get_item_data(self, scope: str, item_key: str) -> str | None:
         # The latest version's number, then that entry of the item's history.
-        version = await self._call("HGET", self._key("itemver", scope), item_key)
+        version = await self._call("HGET", self._item_key("itemver", scope, item_key), item_key)
         if version is None:
             return None
         raw = await self._call("HGET", self._hist_key(scope, item_key), version)
@@ -359,16 +375,20 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
                 {"fingerprint": record.fingerprint, "stored_at": int(record.stored_at)},
                 separators=(",", ":"))
             entry = f'{head[:-1]},"data":{record.data}}}'
+        # (On a cluster the page index's key is that of the page's group:
+        # where the item's member goes.)
         self._stage(scope, (
-            "item", self._key("items", scope), self._key("itemver", scope),
-            self._key("order", scope), self._hist_key(scope, key), self._key("bypage", scope),
+            "item", self._item_key("items", scope, key), self._item_key("itemver", scope, key),
+            self._item_key("order", scope, key), self._hist_key(scope, key),
+            self._item_key("bypage", scope, page or key),
             key, self._encode(record, skip), int(record.stored_at), entry, str(record.change),
             page, "1" if record.fingerprint else "0", self.history_limit,
         ))
         if record.data is not None and record.delivery:
             self._stage(scope, (
                 "undeliv", self._undelivered_key(scope, record.delivery),
-                self._key("undelc", scope), record.delivery, self._key("itemver", scope), key,
+                self._key("undelc", scope), record.delivery,
+                self._item_key("itemver", scope, key), key,
                 int(record.stored_at)))
         self._item_fps[scope, key] = record.fingerprint
 
@@ -444,6 +464,8 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
             return await self._flush()
 
     async def _flush(self) -> int:
+        if self.tagged:
+            return await self._flush_phased()
         if not self._ops:
             return 0
         self._flushes += 1
@@ -492,6 +514,44 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
             self._flushing_pages, self._flushing_fps, self._flushing_count = {}, {}, 0
             self._flushing_links = {}
         return done
+
+    async def _flush_phased(self) -> int:
+        """:meth:`_flush` in the cluster layout: the phases of
+        :meth:`_cluster_apply`. The writes it did not apply stay staged, in
+        order, in front of whatever was staged meanwhile; what phases 1 and
+        2 applied is kept for phase 3 of the next flush."""
+        if not self._ops and self._carried.empty():
+            return 0
+        self._flushes += 1
+        ops, scopes = self._ops, self._scopes
+        self._flushing_pages, self._flushing_fps = self._pages, self._item_fps
+        self._flushing_links = self._links
+        self._flushing_count = len(ops)
+        self._ops, self._scopes = [], set()
+        self._pages, self._links, self._item_fps = {}, {}, {}
+        applied: set[int] = set()
+        try:
+            try:
+                applied, error = await self._cluster_apply(ops, scopes)
+            except redis.exceptions.OutOfMemoryError as exc:
+                raise self._fail("", exc) from None
+            except redis.RedisError as exc:
+                raise self._fail("Redis command failed", exc) from exc
+            if error is not None:
+                raise self._fail(f"a write failed in Redis ({error}); the writes after "
+                                 "it in its slot, and the phases after it, were not sent")
+        except BaseException:
+            # Nothing is recorded as stored that was not.
+            self._ops = [op for n, op in enumerate(ops) if n not in applied] + self._ops
+            self._scopes |= scopes
+            self._pages = {**self._flushing_pages, **self._pages}
+            self._links = {**self._flushing_links, **self._links}
+            self._item_fps = {**self._flushing_fps, **self._item_fps}
+            raise
+        finally:
+            self._flushing_pages, self._flushing_fps, self._flushing_count = {}, {}, 0
+            self._flushing_links = {}
+        return len(applied)
 
     async def _apply(self, token: str, ops: list[tuple[Any, ...]],
                      scopes: set[str]) -> tuple[int, str | None]:
@@ -581,6 +641,15 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
         if now is None:
             now = clock.now()
         holds = self._key("holds", scope)
+        if self.tagged:
+            # Not a MULTI: redis-py's asyncio cluster transactions leave a
+            # connection bound to the loop they ran in. One key, one node,
+            # in order: the lapsed holds go, then this one is set (the
+            # first is cleanup, not part of the hold).
+            await self._commands([("ZREMRANGEBYSCORE", holds, "-inf", now),
+                                  ("ZADD", holds, now + ttl, holder)],
+                                 "Redis command failed")
+            return
         pipe = self._async.pipeline(transaction=True)
         pipe.zremrangebyscore(holds, "-inf", now)  # lapsed ones go
         pipe.zadd(holds, {holder: now + ttl})
@@ -612,8 +681,14 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
                         pipe.zadd(holds, {holder: now + ttl})
                         # This crawl's checks, from its start on, are noted
                         # one by one (see summarize_pages).
-                        pipe.eval(_SUMS_MARK_LUA, 0, self.prefix, _key_part(scope),
-                                  math.floor(now))
+                        if self.tagged:
+                            # Its keys declared: in the slot of the holds.
+                            pipe.execute_command(
+                                "EVAL", CLUSTER_SUMS_MARK_LUA, 2, self._key("nvm", scope),
+                                self._key("ck", scope), math.floor(now))
+                        else:
+                            pipe.eval(_SUMS_MARK_LUA, 0, self.prefix, _key_part(scope),
+                                      math.floor(now))
                         pipe.execute()
                         self.roundtrips += 1
                         return None

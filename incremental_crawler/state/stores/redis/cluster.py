@@ -1,0 +1,503 @@
+"""The Redis store on a Redis Cluster: the cluster layout (5), its phased
+flush and its reads of pages.
+
+A Redis Cluster runs a script only on the node of its keys' slot, and every
+key a script touches must be in its ``KEYS`` and in one slot (Redis 7
+refuses a "non local key"). In the cluster layout every key carries a hash
+tag: a host's keys ``{<s>|<h>}`` (as in layout 4), a scope's own keys
+``{<s>}`` (``P:dueb:{<s>}``, ``P:nvs:{<s>}``, ``P:hosts:{<s>}``, ...), and
+the items by group, ``{<s>#<g>}`` with ``g`` a hash of the item key modulo
+:data:`~.core.ITEM_GROUPS` (``P:items:{<s>#<g>}``, ``P:hist:{<s>#<g>}:<key>``;
+``P:bypage:{<s>#<g>}`` in the group of the *page*'s URL, so that one page's
+items are one range). ``P:meta`` and ``P:scopes`` are one key each.
+
+A flush runs in three phases (``docs/capacity.md``, "The state store: the
+plan"), each one script per slot, pipelined (the cluster client sends each
+node its own), a phase sent only when every script of the one before
+succeeded:
+
+1. the item writes, per item group (``cluster_items.lua``);
+2. the page and links writes, per host (``cluster_host.lua``), and the page
+   index's new members (after the items they list);
+3. per scope (``cluster_scope.lua``): what phase 2's scripts returned of
+   their writes (the scope's hosts, the revisit index lowered, the splits,
+   the sums by next visit, the checks since the mark), then the scope's own
+   writes (host trust, crawl records, rates, delivery marks); the page
+   index's stale members; ``P:scopes``.
+
+Every script keeps its own token in its slot (``P:flush:{tag}:<token>``)
+with how many of its writes it applied and what it returned, so that a
+script whose reply was lost, sent again, applies nothing twice and returns
+the same. State is never ahead of data: a page's validators are written in
+phase 2, after every item of the flush. A flush that fails in phase 1
+writes no page; one that fails in phase 2 leaves items stored with their
+pages' old state (the page is fetched again). What phases 1 and 2 applied
+and phase 3 has not is kept by the store (:class:`_Carried`) and sent with
+the next flush.
+
+A script that writes a page chooses its bucket from the host's bucket
+count: here the caller reads the count (and page count) first, plans the
+splits and the buckets, and declares their keys; the script writes nothing
+and says so when the count is another by then (another worker split), and
+the caller plans again.
+
+The admin read-outs, exports and repairs run on it too (:mod:`.admin`:
+items merged over their groups, a repair one ``MULTI`` per slot, keys
+found by ``SCAN`` on every primary). Not built on the cluster yet: the
+revisit index's bounds are only ever lowered there (a summary or a due read
+that finds one stale does not raise it: that needs the mark of the plan),
+and a crawl or command does not open a cluster: the store still refuses one
+unless opened with ``allow_cluster`` (its tests), until a real crawl on a
+cluster is tested.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from incremental_crawler.state.stores.redis.core import RedisCore, _whole, item_group
+from incremental_crawler.state.stores.redis.pages import (
+    BUCKET_LOAD,
+    MAX_SPLITS,
+    bucket_of,
+)
+from incremental_crawler.state.stores.redis.scripts import (
+    CLUSTER_HOST_LUA,
+    CLUSTER_ITEMS_LUA,
+    CLUSTER_SCOPE_LUA,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from incremental_crawler.state.records import PageState
+
+__all__ = ["RedisClusterPath"]
+
+#: The writes of phase 2 (a host's) and of phase 3 (a scope's own).
+_HOST_OPS = frozenset({"page", "check", "failure", "redirect", "links", "unlink", "flags",
+                       "listing", "postpone"})
+_SCOPE_OPS = frozenset({"host", "crawl", "slotrate", "undeliv", "redeliv", "delivered"})
+#: Writes that may add a page to its host (the splits are planned for them).
+_ADDS = frozenset({"page", "check", "failure", "redirect"})
+#: Which arguments of a scope's write are keys (after its name).
+_KEY_ARGS = {"host": (0,), "crawl": (0,), "slotrate": (0, 1), "undeliv": (0, 1),
+             "redeliv": (0, 1, 2), "delivered": (0, 1)}
+#: Seconds of a minute of the sums (as SUM_MINUTE in sums.lua).
+_SUM_MINUTE = 60
+#: Times a phase's scripts are planned and sent again (a bucket count
+#: another worker changed meanwhile, a replayed script's rest).
+_PHASE_ROUNDS = 8
+
+
+def _level(n: int) -> int:
+    level = 1
+    while level * 2 <= n:
+        level *= 2
+    return level
+
+
+def _tag_of(key: str) -> str:
+    """The hash tag of a key (``{...}``, braces included)."""
+    start = key.index("{")
+    return key[start:key.index("}", start) + 1]
+
+
+@dataclass
+class _Effects:
+    """What phase 2 applied that phase 3 writes in a scope's slot."""
+
+    sums: dict[tuple[int, str], list[int]] = field(default_factory=dict)
+    checks: dict[str, str] = field(default_factory=dict)
+    due: dict[str, int] = field(default_factory=dict)
+    splits: int = 0
+    hosts: set[str] = field(default_factory=set)
+    latest: int | None = None
+
+    def add(self, reply: dict[str, Any], part: str) -> None:
+        for key, (pages, size) in (reply.get("sums") or {}).items():
+            visit, _, callback = key.partition("|")
+            total = self.sums.setdefault((int(visit), callback), [0, 0])
+            total[0] += int(pages)
+            total[1] += int(size)
+        checks = reply.get("checks") or []
+        for member, at in checks:
+            self.checks[member] = "" if at == "" else str(int(at))
+        for member, raw in (reply.get("due") or {}).items():
+            visit = int(raw)
+            self.due[member] = min(self.due.get(member, visit), visit)
+        self.splits += int(reply.get("splits") or 0)
+        if reply.get("new_host"):
+            self.hosts.add(part)
+        latest = reply.get("latest")
+        if latest not in (None, ""):
+            self.latest = max(int(latest), self.latest or int(latest))
+
+    def forget(self, state: PageState, member: str) -> None:
+        """A page deleted (a repair): out of the sums and the checks."""
+        if state.callback is not None:
+            total = self.sums.setdefault((int(state.next_visit), state.callback), [0, 0])
+            total[0] -= 1
+            total[1] -= int(state.size or 0)
+        self.checks[member] = ""
+
+    def merge(self, newer: _Effects) -> None:
+        for key, (pages, size) in newer.sums.items():
+            total = self.sums.setdefault(key, [0, 0])
+            total[0] += pages
+            total[1] += size
+        self.checks.update(newer.checks)
+        for member, visit in newer.due.items():
+            self.due[member] = min(self.due.get(member, visit), visit)
+        self.splits += newer.splits
+        self.hosts |= newer.hosts
+        if newer.latest is not None:
+            self.latest = max(newer.latest, self.latest or newer.latest)
+
+
+@dataclass
+class _Carried:
+    """What phases 1 and 2 applied and phase 3 (or phase 2's page index
+    members) has not written yet: sent with the next flush."""
+
+    effects: dict[str, _Effects] = field(default_factory=dict)
+    #: Effects sent under a scope's token whose reply was lost (by tag).
+    sent_effects: dict[str, _Effects] = field(default_factory=dict)
+    bypage_add: set[tuple[str, str]] = field(default_factory=set)
+    bypage_remove: set[tuple[str, str]] = field(default_factory=set)
+
+    def empty(self) -> bool:
+        return not (self.effects or self.sent_effects or self.bypage_add
+                    or self.bypage_remove)
+
+
+class _PhaseFailed(Exception):
+    """A script of a phase failed (its error said): the next is not sent."""
+
+
+class RedisClusterPath(RedisCore):
+    """The flush and page reads of the cluster layout (see the module
+    docstring)."""
+
+    #: What is left of earlier flushes for phase 3, and the scripts whose
+    #: outcome is unknown (their reply was lost): slot tag -> (token, how
+    #: many of that slot's first writes it held).
+    _carried: _Carried
+    _unsure_slots: dict[str, tuple[str, int]]
+    #: Tokens of scripts whose outcome is known: deleted with the next flush.
+    _spent_slot_tokens: list[str]
+
+    def _init_cluster(self) -> None:
+        self._carried = _Carried()
+        self._unsure_slots = {}
+        self._spent_slot_tokens = []
+
+    # -- the phased flush ------------------------------------------------------
+
+    async def _cluster_apply(self, ops: list[tuple[Any, ...]],
+                             scopes: set[str]) -> tuple[set[int], str | None]:
+        """Apply *ops* in three phases: the positions applied, and the error
+        of the script that failed (None: all applied). Raises (chained to
+        the Redis error) when the outcome of a phase is unknown; the
+        scripts sent are then noted in ``_unsure_slots``. *ops* may be
+        changed in place: a delivery mark gets its version in phase 1."""
+        applied: set[int] = set()
+        carried = self._carried
+        spent, self._spent_slot_tokens = self._spent_slot_tokens, []
+        try:
+            await self._phase_items(ops, applied, carried, spent)
+            await self._phase_hosts(ops, applied, carried)
+            await self._phase_scopes(ops, applied, carried, scopes)
+        except _PhaseFailed as exc:
+            return applied, str(exc)
+        return applied, None
+
+    async def _send_phase(self, groups: dict[str, list[int]], build: Any, applied: set[int],
+                          on_reply: Any, plain: Sequence[tuple[Any, ...]] = (),
+                          always: frozenset[str] = frozenset()) -> None:
+        """Send one script per slot group (the positions of its writes, in
+        order), built by ``build(tag, positions, token)`` -> (script, keys,
+        args); each reply is given to ``on_reply(tag, positions, reply)``
+        as it comes, before a failure is raised (what a script applied is
+        accounted for whatever the others did). A group whose script is
+        unsure from a flush before sends those writes under that token
+        first (a replay applies nothing again and returns what it did),
+        then the rest under a new one. A reply ``[b'n' | b'blocked', ...]``
+        wrote nothing: the caller plans that group again. Groups in
+        *always* are sent even without writes (what they write besides)."""
+        pending = {tag: list(positions) for tag, positions in groups.items()
+                   if positions or tag in always}
+        send_plain = list(plain)
+        for _ in range(_PHASE_ROUNDS):
+            if not pending and not send_plain:
+                return
+            calls, sent = [], []
+            for tag, positions in pending.items():
+                token, held = self._unsure_slots.pop(tag, (None, 0))
+                chunk = positions[:held] if token else positions
+                token = token or uuid.uuid4().hex
+                calls.append(build(tag, chunk, token))
+                sent.append((tag, chunk, token))
+            try:
+                replies = await self._eval_many(calls, send_plain)
+            except BaseException:
+                # No reply (or none understood): each script may or may not
+                # have run; its token will tell.
+                for tag, chunk, token in sent:
+                    self._unsure_slots[tag] = (token, len(chunk))
+                raise
+            errors = [str(answer) for answer in replies[len(calls):]
+                      if isinstance(answer, Exception)]
+            send_plain = []
+            for (tag, chunk, token), reply in zip(sent, replies[:len(calls)], strict=True):
+                error = self._take_reply(tag, chunk, token, reply, pending, applied, on_reply)
+                if error:
+                    errors.append(error)
+            if errors:
+                raise _PhaseFailed(errors[0])
+        raise _PhaseFailed("the flush did not settle: a phase kept being sent again")
+
+    def _take_reply(self, tag: str, chunk: list[int], token: str, reply: Any,
+                    pending: dict[str, list[int]], applied: set[int],
+                    on_reply: Any) -> str | None:
+        """One script's reply of :meth:`_send_phase`: what it applied, what
+        of its group is left to send (in *pending*); its error, if any."""
+        if isinstance(reply, Exception):
+            del pending[tag]
+            return str(reply)
+        on_reply(tag, chunk, reply)
+        if reply and reply[0] in (b"n", b"blocked"):
+            del pending[tag]
+            return None
+        self._spent_slot_tokens.append(self._token_key(token, tag))
+        count, replayed, error = int(reply[0]), int(reply[1]), reply[2]
+        applied.update(chunk[:count])
+        rest = pending[tag][count:]
+        if error and not replayed:
+            del pending[tag]
+            return error.decode(errors="replace")
+        if rest:
+            # A replay that stopped short, or the writes after it.
+            pending[tag] = rest
+        else:
+            del pending[tag]
+        return None
+
+    async def _phase_items(self, ops: list[tuple[Any, ...]], applied: set[int],
+                           carried: _Carried, spent: list[str]) -> None:
+        groups: dict[str, list[int]] = {}
+        for n, op in enumerate(ops):
+            if op[0] == "item":
+                groups.setdefault(_tag_of(op[1]), []).append(n)
+
+        def build(tag: str, positions: list[int], token: str) -> Any:
+            first = ops[positions[0]]
+            keys = [self._token_key(token, tag), first[1], first[2], first[3],
+                    *(ops[n][4] for n in positions)]
+            args = [arg for n in positions for arg in ops[n][6:14]]
+            return CLUSTER_ITEMS_LUA, keys, args
+
+        # The versions a delivery mark waits on, and the page index's
+        # members the items made stale (removed in phase 3).
+        versions: dict[int, int] = {}
+        # This flush's stale members (netted within each group's script:
+        # not undone by this flush's additions, which came before them).
+        removals: set[tuple[str, str]] = set()
+
+        def on_reply(tag: str, chunk: list[int], reply: Any) -> None:
+            count = int(reply[0])
+            done = json.loads(reply[3]) if reply[3] else {}
+            for n, number in zip(chunk[:count], done.get("versions") or [], strict=False):
+                versions[n] = int(number)
+            scope_part = tag[1:tag.index("#")]
+            for member in done.get("remove") or []:
+                page = member.partition("\0")[0]
+                removals.add((self._group_key("bypage", scope_part, page), member))
+
+        try:
+            # The tokens of the flush before go with the first pipeline.
+            await self._send_phase(groups, build, applied, on_reply,
+                                   [("DEL", key) for key in spent])
+        finally:
+            last_item: dict[str, int] = {}
+            for n, op in enumerate(ops):
+                if op[0] == "item":
+                    last_item[op[6]] = n
+                    if n in versions and op[12] == "1" and op[11]:
+                        # Its page's member, added in phase 2 (after the item);
+                        # a removal left from a flush before is undone.
+                        member = f"{op[11]}\0{op[6]}"
+                        carried.bypage_add.add((op[5], member))
+                        carried.bypage_remove.discard((op[5], member))
+                elif op[0] == "undeliv" and len(op) == 7:
+                    at = last_item.get(op[5])
+                    if at is not None and at in versions:
+                        # Resolved: the mark names the version phase 1 wrote.
+                        member = f"{int(op[6]):015d}\0{op[5]}\0{versions[at]:010d}"
+                        ops[n] = ("undeliv", op[1], op[2], op[3], member)
+            carried.bypage_remove |= removals
+
+    def _group_key(self, kind: str, scope_part: str, name: str) -> str:
+        return f"{self.prefix}:{kind}:{{{scope_part}#{item_group(name)}}}"
+
+    async def _phase_hosts(self, ops: list[tuple[Any, ...]], applied: set[int],
+                           carried: _Carried) -> None:
+        groups: dict[str, list[int]] = {}
+        for n, op in enumerate(ops):
+            if op[0] in _HOST_OPS:
+                groups.setdefault(f"{{{op[1]}|{op[2]}}}", []).append(n)
+            elif op[0] == "rebound":
+                # Not on a cluster yet: raising a bucket's bound needs the
+                # mark of the plan (a stale bound is read again instead).
+                applied.add(n)
+        heads = {tag: (ops[positions[0]][1], ops[positions[0]][2])
+                 for tag, positions in groups.items()}
+        counts = await self._part_counts(list(heads.values()))
+        limits: dict[str, int] = {}
+
+        def build(tag: str, positions: list[int], token: str) -> Any:
+            scope_part, part = heads[tag]
+            n, pages = counts[scope_part, part]
+            adding = sum(1 for at in positions if ops[at][0] in _ADDS)
+            splits = 0
+            while (splits < limits.get(tag, MAX_SPLITS)
+                   and pages + adding > (n + splits) * BUCKET_LOAD):
+                splits += 1
+            buckets: set[int] = set()
+            for s in range(splits):
+                buckets.update((n + s - _level(n + s), n + s))
+            for at in positions:
+                if ops[at][0] not in ("links", "unlink"):
+                    buckets.add(bucket_of(ops[at][3], n + splits))
+            def head(kind: str, tag: str = tag) -> str:
+                return f"{self.prefix}:{kind}:{tag}"
+
+            keys = [self._token_key(token, tag), head("hd"), head("ln")]
+            for b in sorted(buckets):
+                keys += [f"{head('pg')}:{b}", f"{head('pgl')}:{b}"]
+            args: list[Any] = [self._listpack_value, n, splits, len(buckets), *sorted(buckets),
+                               part]
+            for at in positions:
+                args += [ops[at][0], *ops[at][3:]]
+            return CLUSTER_HOST_LUA, keys, args
+
+        again: dict[str, list[int]] = {}
+
+        def on_reply(tag: str, chunk: list[int], reply: Any) -> None:
+            scope_part, part = heads[tag]
+            if reply[0] == b"n":
+                counts[scope_part, part] = (int(reply[1]), counts[scope_part, part][1])
+                again[tag] = groups[tag]
+            elif reply[0] == b"blocked":
+                limits[tag] = int(reply[1])
+                again[tag] = groups[tag]
+            elif reply[3]:
+                done = json.loads(reply[3])
+                if done:
+                    carried.effects.setdefault(scope_part, _Effects()).add(done, part)
+                    counts[scope_part, part] = (int(done.get("n") or 1),
+                                                int(done.get("p") or 0))
+
+        adds = sorted(carried.bypage_add)
+        for _ in range(_PHASE_ROUNDS):
+            await self._send_phase(groups, build, applied, on_reply,
+                                   [("ZADD", key, 0, member) for key, member in adds])
+            carried.bypage_add.difference_update(adds)
+            adds = []
+            if not again:
+                return
+            groups = {tag: [at for at in positions if at not in applied]
+                      for tag, positions in again.items()}
+            again = {}
+        raise _PhaseFailed("the flush did not settle: buckets kept changing")
+
+    def _scope_call(self, tag: str, token: str, effects: _Effects,
+                    writes: list[tuple[Any, ...]]) -> tuple[str, list[str], list[Any]]:
+        """The scope's script of phase 3 (``cluster_scope.lua``): its keys
+        and arguments for *effects* and the scope's *writes*."""
+        def head(kind: str) -> str:
+            return f"{self.prefix}:{kind}:{tag}"
+
+        keys = [self._token_key(token, tag), head("dueb"), head("splits"), head("hs"),
+                head("nvs"), head("nvm"), head("ck")]
+        index: dict[str, int] = {}
+
+        def key_at(name: str) -> int:
+            if name not in index:
+                keys.append(name)
+                index[name] = len(keys)
+            return index[name]
+
+        args: list[Any] = [len(effects.sums)]
+        for (visit, callback), (pages, size) in sorted(effects.sums.items()):
+            args += [visit, callback, pages, size,
+                     key_at(f"{head('nvf')}:{math.floor(visit / _SUM_MINUTE)}")]
+        args.append(len(effects.checks))
+        for member, checked in sorted(effects.checks.items()):
+            args += [member, checked]
+        args.append("" if effects.latest is None else effects.latest)
+        args.append(len(effects.due))
+        for member, visit in sorted(effects.due.items()):
+            args += [member, visit]
+        args += [effects.splits, len(effects.hosts), *sorted(effects.hosts)]
+        for op in writes:
+            out = list(op[1:])
+            for k in _KEY_ARGS[op[0]]:
+                out[k] = key_at(op[1 + k])
+            args += [op[0], *out]
+        return CLUSTER_SCOPE_LUA, keys, args
+
+    async def _part_counts(self, parts: list[tuple[str, str]]) -> dict[tuple[str, str],
+                                                                       tuple[int, int]]:
+        """Each host's bucket count and page count by key parts (scope
+        part, host part): the flush plans its splits and buckets from them."""
+        if not parts:
+            return {}
+        replies = await self._eval_many([], [
+            ("HMGET", f"{self.prefix}:hd:{{{s}|{h}}}", "n", "p") for s, h in parts])
+        counts = {}
+        for pair, reply in zip(parts, replies, strict=True):
+            if isinstance(reply, Exception):
+                raise _PhaseFailed(str(reply))
+            counts[pair] = (_whole(reply[0], 1), _whole(reply[1], 0))
+        return counts
+
+    async def _phase_scopes(self, ops: list[tuple[Any, ...]], applied: set[int],
+                            carried: _Carried, scopes: set[str]) -> None:
+        groups: dict[str, list[int]] = {}
+        for n, op in enumerate(ops):
+            if op[0] in _SCOPE_OPS:
+                if op[0] == "undeliv" and len(op) == 7:
+                    continue  # its item was not written: it waits with it
+                groups.setdefault(_tag_of(op[1]), []).append(n)
+        effect_tags = {f"{{{part}}}" for part in carried.effects} | set(carried.sent_effects)
+        for tag in effect_tags:
+            groups.setdefault(tag, [])
+
+        def build(tag: str, positions: list[int], token: str) -> Any:
+            # The effects sent under a token are the ones sent again under
+            # it (its replay must be of the same); new ones go with a new token.
+            effects = carried.sent_effects.get(tag)
+            if effects is None:
+                effects = carried.effects.pop(tag[1:-1], _Effects())
+                carried.sent_effects[tag] = effects
+            return self._scope_call(tag, token, effects, [ops[at] for at in positions])
+
+        def on_reply(tag: str, chunk: list[int], reply: Any) -> None:
+            effects = carried.sent_effects.pop(tag, None)
+            if effects is not None and not int(reply[3]):
+                # Refused before they were applied (a damaged key): kept.
+                carried.effects.setdefault(tag[1:-1], _Effects()).merge(effects)
+
+        plain: list[tuple[Any, ...]] = [("ZREM", key, member)
+                                        for key, member in sorted(carried.bypage_remove)]
+        if scopes:
+            plain.append(("SADD", f"{self.prefix}:scopes", *sorted(scopes)))
+        removals = set(carried.bypage_remove)
+        await self._send_phase(groups, build, applied, on_reply, plain,
+                               always=frozenset(effect_tags))
+        carried.bypage_remove.difference_update(removals)
