@@ -198,14 +198,15 @@ class RedisClusterPath(RedisCore):
 
     # -- the phased flush ------------------------------------------------------
 
-    async def _cluster_apply(self, ops: list[tuple[Any, ...]],
-                             scopes: set[str]) -> tuple[set[int], str | None]:
-        """Apply *ops* in three phases: the positions applied, and the error
-        of the script that failed (None: all applied). Raises (chained to
-        the Redis error) when the outcome of a phase is unknown; the
-        scripts sent are then noted in ``_unsure_slots``. *ops* may be
-        changed in place: a delivery mark gets its version in phase 1."""
-        applied: set[int] = set()
+    async def _cluster_apply(self, ops: list[tuple[Any, ...]], scopes: set[str],
+                             applied: set[int]) -> str | None:
+        """Apply *ops* in three phases, noting in *applied* the positions
+        applied as their replies come; the error of the script that failed
+        (None: all applied). Raises (chained to the Redis error) when the
+        outcome of a phase is unknown, *applied* then holding what the
+        phases before it applied; its scripts are noted in
+        ``_unsure_slots``. *ops* may be changed in place: a delivery mark
+        gets its version in phase 1."""
         carried = self._carried
         spent, self._spent_slot_tokens = self._spent_slot_tokens, []
         try:
@@ -213,8 +214,8 @@ class RedisClusterPath(RedisCore):
             await self._phase_hosts(ops, applied, carried)
             await self._phase_scopes(ops, applied, carried, scopes)
         except _PhaseFailed as exc:
-            return applied, str(exc)
-        return applied, None
+            return str(exc)
+        return None
 
     async def _send_phase(self, groups: dict[str, list[int]], build: Any, applied: set[int],
                           on_reply: Any, plain: Sequence[tuple[Any, ...]] = (),

@@ -532,7 +532,7 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
         applied: set[int] = set()
         try:
             try:
-                applied, error = await self._cluster_apply(ops, scopes)
+                error = await self._cluster_apply(ops, scopes, applied)
             except redis.exceptions.OutOfMemoryError as exc:
                 raise self._fail("", exc) from None
             except redis.RedisError as exc:

@@ -1,0 +1,216 @@
+"""The Redis state store on a real Redis Cluster (three loopback primaries,
+``tests/redis_cluster_util.py``), beyond the store contract that
+``tests/test_store_contract.py`` runs on it: what its phased flush leaves
+when a phase fails on one node, a reply lost after its scripts ran, and
+where its keys live (every key tagged, a host's keys in one slot).
+
+Each test has a key prefix of its own, deleted from every node afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import pytest_twisted
+import redis
+from redis.crc import key_slot
+
+from incremental_crawler.state.records import PageKey
+from incremental_crawler.state.stores.base import StateStoreError
+from incremental_crawler.state.stores.redis import RedisStateStore
+from incremental_crawler.state.stores.redis.layout import NOT_ON_A_CLUSTER
+from incremental_crawler.state.stores.redis.scripts import (
+    CLUSTER_HOST_LUA,
+    CLUSTER_ITEMS_LUA,
+    CLUSTER_SCOPE_LUA,
+)
+from tests.redis_util import new_prefix
+from tests.test_store_contract import SCOPE, brute_summary, call, full_state, item
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from tests.redis_cluster_util import LoopbackCluster
+
+
+@pytest.fixture
+def prefix(redis_cluster: LoopbackCluster) -> Iterator[str]:
+    name = new_prefix()
+    yield name
+    redis_cluster.delete(f"{name}:*")
+
+
+def open_store(cluster: LoopbackCluster, prefix: str) -> RedisStateStore:
+    return RedisStateStore(cluster.url, prefix=prefix, allow_cluster=True)
+
+
+def hosts_on_two_nodes(cluster: LoopbackCluster, prefix: str) -> tuple[str, str]:
+    """Two hosts whose keys are on different nodes of the cluster."""
+    def port(host: str) -> int:
+        return cluster.port_of(f"{prefix}:hd:{{{SCOPE}|{host}}}")
+
+    first = "a.example"
+    for n in range(100):
+        other = f"b{n}.example"
+        if port(other) != port(first):
+            return first, other
+    raise AssertionError("no two hosts on two nodes in 100 tries")
+
+
+async def assert_sums_are_the_pages(store: RedisStateStore) -> None:
+    """Every summary the sums give is what the pages one by one say."""
+    states = list(store.iter_pages(SCOPE))
+    for after, upto in ((-math.inf, math.inf), (0, 5_000), (5_000, math.inf)):
+        got = await call(store.summarize_pages(SCOPE, after=after, upto=upto,
+                                               checked_before=math.inf))
+        assert tuple(got) == brute_summary(states, after, upto, math.inf, ())
+
+
+def test_a_crawl_still_refuses_a_cluster(redis_cluster: LoopbackCluster, prefix: str) -> None:
+    # Only the tests open the cluster layout (allow_cluster) until a crawl
+    # on a cluster is tested; nothing is written.
+    with pytest.raises(StateStoreError, match="does not run on a Redis Cluster"):
+        RedisStateStore(redis_cluster.url, prefix=prefix)
+    assert NOT_ON_A_CLUSTER
+    assert redis_cluster.keys(f"{prefix}:*") == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_every_key_is_tagged_and_a_hosts_keys_share_a_slot(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    store = open_store(redis_cluster, prefix)
+    try:
+        for n in range(120):  # enough for a host's buckets to split
+            key = PageKey(SCOPE, f"https://a.example/p{n}")
+            store.stage_item(item(f"i{n}", page=key.url))
+            store.stage_links(key, '["x"]')
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        assert await call(store.flush()) == 360
+    finally:
+        await call(store.close())
+    keys = [k.decode() for k in redis_cluster.keys(f"{prefix}:*")]
+    untagged = [k for k in keys if "{" not in k and k not in (f"{prefix}:meta",
+                                                               f"{prefix}:scopes")]
+    assert untagged == []
+    host_keys = [k for k in keys if "{books|a.example}" in k]
+    # (Records of every field are longer than a listpack entry: pgl.)
+    assert {k.split(":")[1] for k in host_keys} >= {"hd", "ln", "pgl"}
+    assert len({key_slot(k.encode()) for k in host_keys}) == 1
+    # The buckets split (120 pages, 40 a bucket): more than one.
+    assert sum(1 for k in host_keys if k.split(":")[1] in ("pg", "pgl")) > 1
+    # The items are spread over their groups, on every node.
+    groups = [k for k in keys if k.startswith(f"{prefix}:items:")]
+    assert len(groups) > 50
+    assert len({redis_cluster.port_of(k) for k in groups}) == 3
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_flush_failing_in_phase_2_on_one_node_leaves_no_page_ahead_of_its_items(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    a_host, b_host = hosts_on_two_nodes(redis_cluster, prefix)
+    a, b = PageKey(SCOPE, f"https://{a_host}/p"), PageKey(SCOPE, f"https://{b_host}/p")
+    store = open_store(redis_cluster, prefix)
+    reader = open_store(redis_cluster, prefix)
+    try:
+        for key in (a, b):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+        await call(store.flush())
+
+        # The second crawl of both pages: their items, then their states.
+        store.stage_item(item("ia", 2, page=a.url))
+        store.stage_item(item("ib", 2, page=b.url))
+        store.stage_page(full_state(a, 2, callback="parse", next_visit=2_000))
+        store.stage_page(full_state(b, 2, callback="parse", next_visit=3_000))
+        # A damaged key of host a: its links hash is not a hash, so its
+        # script of phase 2 applies nothing (host b's, on another node, runs).
+        links = f"{prefix}:ln:{{{SCOPE}|{a_host}}}"
+        with redis_cluster.client() as client:
+            assert client.set(links, "damaged")
+            with pytest.raises(StateStoreError, match="WRONGTYPE"):
+                await call(store.flush())
+            # Phase 1 ran whole: every item is stored...
+            assert await call(reader.get_item_fingerprint(SCOPE, "ia")) == "fp-ia-2"
+            assert await call(reader.get_item_fingerprint(SCOPE, "ib")) == "fp-ib-2"
+            # ...host a's page is as it was (data ahead of state, never the
+            # other way), host b's is written.
+            assert await call(reader.get_page(a)) == full_state(
+                a, 1, callback="parse", next_visit=1_000)
+            assert await call(reader.get_page(b)) == full_state(
+                b, 2, callback="parse", next_visit=3_000)
+            # What is left: host a's page write (the items and b's page are
+            # not sent again).
+            assert store.pending == 1
+            client.delete(links)
+
+        # The retried flush completes: a's page, and phase 3 with the
+        # effects of both pages' writes (b's kept from the failed flush).
+        assert await call(store.flush()) == 1
+        assert store.pending == 0
+        assert await call(reader.get_page(a)) == full_state(a, 2, callback="parse",
+                                                            next_visit=2_000)
+        assert await call(reader.get_page_items(SCOPE, a.url)) == ["ia"]
+        assert [s.key for s in await call(reader.get_due(SCOPE, 2_500, 10))] == [a]
+        await assert_sums_are_the_pages(reader)
+    finally:
+        await call(store.close())
+        await call(reader.close())
+
+
+def lose_reply_of(store: RedisStateStore, script: str) -> list[int]:
+    """Make the first pipeline that runs *script* lose its reply after it
+    ran (as a connection cut after the scripts were sent); returns the
+    list the times it did so are counted in."""
+    lost: list[int] = []
+    original = store._eval_many
+
+    async def eval_many(calls: list[tuple[str, list[str], list[Any]]],
+                        plain: Any = ()) -> list[Any]:
+        replies = await original(calls, plain)
+        if not lost and any(sent == script for sent, _, _ in calls):
+            lost.append(1)
+            raise redis.exceptions.ConnectionError("the reply was lost")
+        return replies
+
+    store._eval_many = eval_many  # type: ignore[method-assign]
+    return lost
+
+
+@pytest.mark.parametrize("phase", [CLUSTER_ITEMS_LUA, CLUSTER_HOST_LUA, CLUSTER_SCOPE_LUA],
+                         ids=["items", "pages", "scope"])
+@pytest_twisted.ensureDeferred
+async def test_a_phase_whose_reply_was_lost_is_not_applied_twice(
+    redis_cluster: LoopbackCluster, prefix: str, phase: str,
+) -> None:
+    """A phase's scripts that ran but whose reply never came are sent again
+    under their tokens by the next flush: item versions, checks and the
+    sums are counted once."""
+    key = PageKey(SCOPE, "https://a.example/p")
+    store = open_store(redis_cluster, prefix)
+    reader = open_store(redis_cluster, prefix)
+    try:
+        store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+        await call(store.flush())
+        store.stage_item(item("a", 1, page=key.url))
+        store.stage_check(key, 304, 3_000_000, schedule=(3_600, 4_000))
+        lost = lose_reply_of(store, phase)
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        assert lost == [1]
+        # Sent again, with a write staged since.
+        store.stage_item(item("b", 1))
+        await call(store.flush())
+        assert store.pending == 0
+        assert reader.item_history(SCOPE, "a") == [(1, "fp-a-1")]
+        assert reader.item_history(SCOPE, "b") == [(1, "fp-b-1")]
+        page = await call(reader.get_page(key))
+        assert page is not None and page.checks == 2 and page.next_visit == 4_000
+        assert await call(reader.get_page_items(SCOPE, key.url)) == ["a"]
+        assert [s.key for s in await call(reader.get_due(SCOPE, 5_000, 10))] == [key]
+        await assert_sums_are_the_pages(reader)
+    finally:
+        await call(store.close())
+        await call(reader.close())
