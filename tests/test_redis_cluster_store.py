@@ -20,7 +20,11 @@ from redis.crc import key_slot
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores.base import StateStoreError
 from incremental_crawler.state.stores.redis import RedisStateStore
-from incremental_crawler.state.stores.redis.layout import NOT_ON_A_CLUSTER
+from incremental_crawler.state.stores.redis.layout import (
+    CLUSTER_LAYOUT_VERSION,
+    LAYOUT,
+    LAYOUT_VERSION,
+)
 from incremental_crawler.state.stores.redis.scripts import (
     CLUSTER_HOST_LUA,
     CLUSTER_ITEMS_LUA,
@@ -43,7 +47,7 @@ def prefix(redis_cluster: LoopbackCluster) -> Iterator[str]:
 
 
 def open_store(cluster: LoopbackCluster, prefix: str) -> RedisStateStore:
-    return RedisStateStore(cluster.url, prefix=prefix, allow_cluster=True)
+    return RedisStateStore(cluster.url, prefix=prefix)
 
 
 def hosts_on_two_nodes(cluster: LoopbackCluster, prefix: str) -> tuple[str, str]:
@@ -68,13 +72,23 @@ async def assert_sums_are_the_pages(store: RedisStateStore) -> None:
         assert tuple(got) == brute_summary(states, after, upto, math.inf, ())
 
 
-def test_a_crawl_still_refuses_a_cluster(redis_cluster: LoopbackCluster, prefix: str) -> None:
-    # Only the tests open the cluster layout (allow_cluster) until a crawl
-    # on a cluster is tested; nothing is written.
-    with pytest.raises(StateStoreError, match="does not run on a Redis Cluster"):
-        RedisStateStore(redis_cluster.url, prefix=prefix)
-    assert NOT_ON_A_CLUSTER
-    assert redis_cluster.keys(f"{prefix}:*") == []
+@pytest.mark.parametrize("named_by", ["node", "seeds"])
+def test_a_store_on_a_cluster_is_of_the_cluster_layout(
+        redis_cluster: LoopbackCluster, prefix: str, named_by: str) -> None:
+    url = redis_cluster.url if named_by == "node" else redis_cluster.seeds_url
+    uri = f"{url}?prefix={prefix}"
+    assert RedisStateStore.exists(uri) is False
+    store = RedisStateStore.from_uri(uri)
+    store._sync.close()
+    assert RedisStateStore.exists(uri) is True
+    with redis_cluster.client() as client:
+        assert client.hgetall(f"{prefix}:meta") == {
+            b"layout": LAYOUT.encode(), b"version": str(CLUSTER_LAYOUT_VERSION).encode()}
+        # A prefix of layout 4 on a cluster was not written by this store
+        # (it refused clusters): refused, not taken for its own.
+        client.hset(f"{prefix}:meta", "version", LAYOUT_VERSION)
+    with pytest.raises(StateStoreError, match="where only the cluster layout"):
+        RedisStateStore.from_uri(uri)
 
 
 @pytest_twisted.ensureDeferred

@@ -1926,8 +1926,7 @@ class TestRedisClusterStore(StateStoreContract):
         opened: list[RedisStateStore] = []
 
         def make(**options: Any) -> StateStore:
-            store = RedisStateStore(redis_cluster.url, prefix=cluster_prefix,
-                                    allow_cluster=True, **options)
+            store = RedisStateStore(redis_cluster.url, prefix=cluster_prefix, **options)
             assert store.tagged  # the cluster layout, not layout 4's names
             opened.append(store)
             return store
@@ -1944,8 +1943,7 @@ class TestRedisClusterStore(StateStoreContract):
         # measured on a store of an empty prefix opened and read once.
         tracemalloc.start()
         try:
-            store = RedisStateStore(redis_cluster.url, prefix=new_prefix(),
-                                    allow_cluster=True)
+            store = RedisStateStore(redis_cluster.url, prefix=new_prefix())
             await call(store.get_page(PageKey(SCOPE, URL)))
             _, peak = tracemalloc.get_traced_memory()
         finally:

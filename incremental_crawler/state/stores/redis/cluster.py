@@ -45,10 +45,8 @@ The admin read-outs, exports and repairs run on it too (:mod:`.admin`:
 items merged over their groups, a repair one ``MULTI`` per slot, keys
 found by ``SCAN`` on every primary). Not built on the cluster yet: the
 revisit index's bounds are only ever lowered there (a summary or a due read
-that finds one stale does not raise it: that needs the mark of the plan),
-and a crawl or command does not open a cluster: the store still refuses one
-unless opened with ``allow_cluster`` (its tests), until a real crawl on a
-cluster is tested.
+that finds one stale does not raise it: that needs the mark of the plan in
+``docs/capacity.md``).
 """
 
 from __future__ import annotations

@@ -157,7 +157,7 @@ class RedisCore(StateStore):
             self._sync = connect(uri, **options)
             # Bound to the event loop of its first command (the reactor's).
             # Any: a cluster's pipelines are not one server's (no command
-            # stack to copy): the store refuses a cluster before any command.
+            # stack to copy: the cluster layout builds each attempt's).
             self._async: Any = async_twin(
                 uri, self._sync, **{**options, "retry": AsyncRetry(NoBackoff(), 0)}
             )
@@ -167,12 +167,12 @@ class RedisCore(StateStore):
             raise self._fail(
                 "cannot be reached or read (is Redis running at this address?)", exc
             ) from exc
-        #: Whether the store is on a Redis Cluster (see :meth:`_refuse_cluster`).
+        #: Whether the store is on a Redis Cluster (its cluster layout, 5).
         self.cluster = isinstance(self._sync, RedisCluster)
         #: Whether its keys are those of the cluster layout (5): every key
         #: carries a hash tag, per scope ``{<s>}``, per item group
         #: ``{<s>#<g>}`` (see :mod:`.cluster`). Only on a cluster, for now:
-        #: one server keeps layout 4's names.
+        #: one server keeps layout 4's names (a migration could move it).
         self.tagged = self.cluster
 
     # -- keys and records ------------------------------------------------------

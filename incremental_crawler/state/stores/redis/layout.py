@@ -107,15 +107,6 @@ def _legacy_page_key(scope: str, field: str) -> PageKey:
     return PageKey(scope, url, variant)
 
 
-#: Why a Redis Cluster is refused, said when a crawl opens the store and
-#: when a command asks whether one exists there.
-NOT_ON_A_CLUSTER = (
-    "is a Redis Cluster, and the state store does not run on a Redis Cluster "
-    "yet (its flush and its reads of pages, due pages and sums touch keys of "
-    "many hash slots in one script); set INCREMENTAL_STATE_URI to a Redis server "
-    "(redis://host:port/db?prefix=name) or a SQLite file (sqlite:///path)")
-
-
 class RedisLayout(RedisCore):
     """Opening a prefix: its layout checked, and migrated when older (see
     the module docstring)."""
@@ -253,20 +244,8 @@ class RedisLayout(RedisCore):
                 f"cluster layout ({CLUSTER_LAYOUT_VERSION}) runs; it was not written "
                 "by this store: choose another prefix")
 
-    def _refuse_cluster(self) -> None:
-        """A Redis Cluster runs a script or a ``MULTI`` only when every key
-        it touches is in one hash slot (on the node it was sent to), and
-        this layout's scripts are not: refused before anything is written,
-        rather than failing at the first flush with part of the store laid
-        out. What each script touches across slots is in ``docs/capacity.md``
-        ("The state store: the plan")."""
-        raise self._fail(NOT_ON_A_CLUSTER)
-
     def _check_server(self) -> None:
-        """Refuse a Redis Cluster, and a Redis older than
-        :data:`MIN_REDIS_VERSION` (before any write)."""
-        if self.cluster:
-            self._refuse_cluster()
+        """Refuse a Redis older than :data:`MIN_REDIS_VERSION` (before any write)."""
         self._check_version(self._sync.info("server"))
         self.roundtrips += 1
 

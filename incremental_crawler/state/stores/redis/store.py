@@ -20,7 +20,6 @@ from urllib.parse import quote
 
 import redis
 import redis.asyncio
-from redis.cluster import RedisCluster
 
 from incremental_crawler import clock
 from incremental_crawler.config import DEFAULT_SETTINGS
@@ -52,7 +51,7 @@ from incremental_crawler.state.stores.redis.core import (
     _stored_version,
 )
 from incremental_crawler.state.stores.redis.due import RedisDueReads
-from incremental_crawler.state.stores.redis.layout import NOT_ON_A_CLUSTER, RedisLayout
+from incremental_crawler.state.stores.redis.layout import RedisLayout
 from incremental_crawler.state.stores.redis.pages import page_field, page_key_of
 from incremental_crawler.state.stores.redis.scripts import (
     _FLUSH_LUA,
@@ -82,12 +81,7 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
     """State in Redis; see the module docstring."""
 
     def __init__(self, uri: str, *, prefix: str = DEFAULT_PREFIX,
-                 history_limit: int = DEFAULT_SETTINGS["INCREMENTAL_ITEM_HISTORY"],
-                 allow_cluster: bool = False) -> None:
-        # allow_cluster: open a Redis Cluster in the cluster layout, which
-        # is not finished (see .cluster: what is not built on it yet); the
-        # crawl and the commands never pass it, so they refuse a cluster.
-        self._allow_cluster = allow_cluster
+                 history_limit: int = DEFAULT_SETTINGS["INCREMENTAL_ITEM_HISTORY"]) -> None:
         super().__init__(uri, prefix)
         self._init_cluster()
         self.history_limit = history_limit
@@ -118,7 +112,8 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
         self._due_cursor = None
         self._closed = False
         try:
-            if self.cluster and allow_cluster:
+            # A Redis Cluster: the cluster layout (one server keeps layout 4).
+            if self.cluster:
                 self._check_cluster_layout()
             else:
                 self._check_layout()
@@ -148,11 +143,6 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
         except redis.RedisError as exc:
             raise StateStoreError(
                 f"State store {redacted(uri)}: cannot be reached ({exc})") from exc
-        if isinstance(client, RedisCluster):
-            # Not "no store here": the commands would send the user looking
-            # for a prefix, when no prefix of a cluster can hold one yet.
-            client.close()
-            raise StateStoreError(f"State store {redacted(uri)}: {NOT_ON_A_CLUSTER}")
         try:
             return bool(client.exists(f"{prefix}:meta"))
         except redis.RedisError as exc:
