@@ -420,10 +420,11 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         """:data:`_LATEST_LUA`'s reply for *chunk* (per item its version,
         entry and record): one script, or on a cluster one per item group
         (each group's keys are one slot), the replies put back in order."""
-        groups: dict[tuple[str, str], list[int]] = {}
+        groups: dict[str, list[int]] = {}
         for n, (name, item_key, _) in enumerate(chunk):
-            tag = self._item_key("items", name, item_key) if self.tagged else ""
-            groups.setdefault((name, tag), []).append(n)
+            # One server: the whole chunk in one script, whatever its scopes.
+            groups.setdefault(self._item_key("items", name, item_key) if self.tagged else "",
+                              []).append(n)
         out: list[Any] = [None] * (3 * len(chunk))
         for ns in groups.values():
             keys: list[str] = []

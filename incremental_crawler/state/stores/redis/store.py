@@ -584,6 +584,11 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
     async def close(self) -> None:
         try:
             await self.flush()
+            if self.tagged and self._spent_slot_tokens:
+                # The last flush's tokens (its replies came: nothing to
+                # replay), one a slot it wrote: not left to expire.
+                spent, self._spent_slot_tokens = self._spent_slot_tokens, []
+                await self._commands([("DEL", key) for key in spent], "Redis command failed")
         finally:
             if not self._closed:
                 self._closed = True
