@@ -230,3 +230,73 @@ async def test_a_phase_whose_reply_was_lost_is_not_applied_twice(
     finally:
         await call(store.close())
         await call(reader.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_writes_and_reads_planned_from_a_stale_bucket_count_are_planned_again(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """The flush and the reads choose a page's bucket from its host's bucket
+    count read before their scripts run; a count another worker changed
+    meanwhile (its writes split the host's buckets) makes the script write
+    or read nothing and say so, and the page is planned again."""
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(200)]
+    store = open_store(redis_cluster, prefix)
+    try:
+        for key in keys[:150]:
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+        await call(store.flush())
+        hd = f"{prefix}:hd:{{{SCOPE}|a.example}}"
+        with redis_cluster.client() as client:
+            assert int(client.hget(hd, "n")) > 1  # split
+        # As if read before another worker's splits: one bucket, no pages.
+        stale: list[int] = []
+        part_counts = store._part_counts
+        host_counts = store._host_counts
+
+        async def stale_parts(parts: Any) -> Any:
+            counts = await part_counts(parts)
+            if not stale:
+                stale.append(1)
+                return dict.fromkeys(counts, (1, 0))
+            return counts
+
+        async def stale_hosts(hosts: Any) -> Any:
+            return dict.fromkeys(await host_counts(hosts), (1, 0))
+
+        store._part_counts = stale_parts  # type: ignore[method-assign]
+        store._host_counts = stale_hosts  # type: ignore[method-assign]
+        for key in keys[100:]:
+            store.stage_page(full_state(key, 2, callback="parse", next_visit=2_000))
+        assert await call(store.flush()) == 100
+        assert stale == [1]
+        found = await call(store.get_pages(keys))
+        assert {k: s.checks for k, s in found.items()} == {
+            k: 1 if n < 100 else 2 for n, k in enumerate(keys)}
+        assert store.count_pages(SCOPE) == 200
+        await assert_sums_are_the_pages(store)
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_split_whose_bucket_key_is_taken_is_not_made(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    # A key where the host's next bucket would go (written by something
+    # else): the host does not split (as on one server), its pages are
+    # written to the buckets it has, and the key is left alone.
+    foreign = f"{prefix}:pg:{{{SCOPE}|a.example}}:1"
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(60)]
+    store = open_store(redis_cluster, prefix)
+    try:
+        with redis_cluster.client() as client:
+            client.hset(foreign, "not", "ours")
+            for key in keys:
+                store.stage_page(full_state(key, 1))
+            assert await call(store.flush()) == 60
+            assert client.hget(f"{prefix}:hd:{{{SCOPE}|a.example}}", "n") == b"1"
+            assert client.hgetall(foreign) == {b"not": b"ours"}
+        assert len(await call(store.get_pages(keys))) == 60
+    finally:
+        await call(store.close())
