@@ -300,3 +300,37 @@ async def test_a_split_whose_bucket_key_is_taken_is_not_made(
         assert len(await call(store.get_pages(keys))) == 60
     finally:
         await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_damaged_scope_key_fails_phase_3_whole_and_its_effects_count_once(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """The scope's script applies phase 2's effects (sums, index, hosts,
+    splits) whole or not at all: one refused for a damaged value is sent
+    again once it is repaired, and counted once."""
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(100)]
+    store = open_store(redis_cluster, prefix)
+    splits = f"{prefix}:splits:{{{SCOPE}}}"
+    try:
+        with redis_cluster.client() as client:
+            # The count of splits is not a number; the flush splits buckets.
+            client.set(splits, "damaged")
+            for n, key in enumerate(keys):
+                store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+            with pytest.raises(StateStoreError, match="is not a number"):
+                await call(store.flush())
+            # The pages are written (phase 2); nothing of the scope is.
+            assert client.hgetall(f"{prefix}:nvs:{{{SCOPE}}}") == {}
+            assert client.smembers(f"{prefix}:hs:{{{SCOPE}}}") == set()
+            client.delete(splits)
+        await call(store.flush())
+        assert store.pending == 0
+        with redis_cluster.client() as client:
+            assert int(client.get(splits)) >= 1
+        assert len(list(store.iter_pages(SCOPE))) == 100
+        await assert_sums_are_the_pages(store)
+        due = await call(store.get_due(SCOPE, 1_000 + 99, 200))
+        assert [s.key for s in due] == keys
+    finally:
+        await call(store.close())

@@ -94,6 +94,32 @@ while not failed and i <= #ARGV do
   end
   i = i + 1 + ARITY[name]
 end
+-- The values the effects add to are numbers (a damaged one fails the
+-- scope's script here, before any effect is applied: a script that erred
+-- halfway could not be sent again under its token).
+local function count_of(key, field)
+  local value = redis.call('HGET', key, field)
+  if not value then return true end
+  local cut = string.find(value, ' ', 1, true)
+  return cut and tonumber(string.sub(value, 1, cut - 1)) and tonumber(string.sub(value, cut + 1))
+end
+for _, delta in ipairs(sums) do
+  if failed then break end
+  local minute = math.floor(delta[1] / SUM_MINUTE)
+  for _, pair in ipairs({{COARSE, minute .. '|' .. delta[2]},
+                         {delta[5], (delta[1] - minute * SUM_MINUTE) .. '|' .. delta[2]}}) do
+    if not count_of(pair[1], pair[2]) then
+      failed = 'the sum ' .. pair[2] .. ' in ' .. pair[1] .. ' is not two numbers: nothing of '
+        .. 'the scope was applied'
+    end
+  end
+end
+if not failed and splits > 0 then
+  local count = redis.call('GET', SPLITS)
+  if count and not tonumber(count) then
+    failed = SPLITS .. ' is not a number: nothing of the scope was applied'
+  end
+end
 if failed then return finish(0, failed, 0) end
 
 -- The sums (as add_sum in sums.lua): a field summing no page goes.
