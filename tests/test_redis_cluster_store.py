@@ -334,3 +334,85 @@ async def test_a_damaged_scope_key_fails_phase_3_whole_and_its_effects_count_onc
         assert [s.key for s in due] == keys
     finally:
         await call(store.close())
+
+
+def cut_before(store: RedisStateStore, script: str) -> None:
+    """Make every pipeline that would run *script* fail before it is sent
+    (its node unreachable)."""
+    original = store._eval_many
+
+    async def eval_many(calls: list[tuple[str, list[str], list[Any]]],
+                        plain: Any = ()) -> list[Any]:
+        if any(sent == script for sent, _, _ in calls):
+            raise redis.exceptions.ConnectionError("the scope's node is unreachable")
+        return await original(calls, plain)
+
+    store._eval_many = eval_many  # type: ignore[method-assign]
+
+
+async def die(store: RedisStateStore) -> None:
+    """The worker is gone: its connections closed, nothing flushed."""
+    store._sync.close()
+    await store._async.aclose()
+
+
+@pytest.mark.parametrize("phase_3_ran", [False, True], ids=["never-sent", "reply-lost"])
+@pytest_twisted.ensureDeferred
+async def test_a_worker_gone_between_phases_2_and_3_leaves_its_effects_to_the_next(
+    redis_cluster: LoopbackCluster, prefix: str, phase_3_ran: bool,
+) -> None:
+    """What a worker's phase 2 changed in its scope's keys (a new host, the
+    revisit index, the sums) stays in the host's ledger until its phase 3
+    applied it: a worker gone before that (its scope's node unreachable,
+    then killed) leaves it to the next flush that writes the host, and
+    effects sent by both are applied once."""
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(60)]
+    gone = open_store(redis_cluster, prefix)
+    for n, key in enumerate(keys[:50]):
+        gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+    if phase_3_ran:
+        lose_reply_of(gone, CLUSTER_SCOPE_LUA)
+    else:
+        cut_before(gone, CLUSTER_SCOPE_LUA)
+    with pytest.raises(StateStoreError):
+        await call(gone.flush())
+    await call(die(gone))
+
+    store = open_store(redis_cluster, prefix)
+    store.adopt_after = 0  # (a test cannot wait ten minutes)
+    try:
+        for n, key in enumerate(keys[50:], start=50):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        await call(store.flush())
+        assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 100))] == keys
+        assert len(list(store.iter_pages(SCOPE))) == 60
+        await assert_sums_are_the_pages(store)
+        # Applied: the ledger is emptied (its entries deleted with the
+        # store's close).
+        await call(store.close())
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_reset_leaves_no_key_of_the_scope_on_any_node(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    store = open_store(redis_cluster, prefix)
+    try:
+        for n in range(60):
+            key = PageKey(SCOPE, f"https://h{n % 3}.example/p{n}")
+            store.stage_item(item(f"i{n}", page=key.url))
+            store.stage_links(key, '["x"]')
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        store.stage_page(full_state(PageKey("other", "https://h0.example/p"), 1))
+        await call(store.flush())
+        await call(store.close())
+        store = open_store(redis_cluster, prefix)
+        store.reset_scope(SCOPE)
+        left = [k.decode() for k in redis_cluster.keys(f"{prefix}:*")]
+        assert [k for k in left if "{books" in k] == []
+        assert any("{other" in k for k in left)
+    finally:
+        await call(store.close())

@@ -520,6 +520,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             run("links", "HLEN", links)
             run(None, "DEL", links)
             run(None, "DEL", self._host_key("hd", scope, host))
+            run(None, "DEL", self._host_key("fx", scope, host))
             run(None, "SREM", self._key("hs", scope), part)
             run(None, "ZREM", self._key("dueb", scope), *(f"{part}|{b}" for b, _ in buckets))
             run("hosts", "HDEL", self._key("hosts", scope), host)
@@ -538,7 +539,8 @@ class RedisAdmin(RedisClusterPath, AdminStore):
                 counts[kind] += int(n)
         if effects.sums or effects.checks:
             tag = f"{{{_key_part(scope)}}}"
-            script, keys, args = self._scope_call(tag, uuid.uuid4().hex, effects, [])
+            token = uuid.uuid4().hex
+            script, keys, args = self._scope_call(tag, token, {token: effects}, [])
             self.roundtrips += 2
             self._sync.eval(script, len(keys), *keys, *args)
             self._sync.delete(keys[0])  # its reply came: nothing to replay
@@ -565,6 +567,10 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             hist = self._scan_keys(f"{_glob(self.prefix)}:hist:{{{part}#*}}:*")
             kinds += self._scan_keys(f"{_glob(self._key('undel', scope))}:*")
             kinds += self._fine_sums_keys(scope)
+            # The hosts' ledgers of effects (a dead worker's new host's
+            # too, listed nowhere) and the effects applied.
+            kinds += self._scan_keys(f"{_glob(self.prefix)}:fx:{{{part}|*}}")
+            kinds.append(self._key("fxdone", scope))
             return kinds, buckets, links, hist
         hist = self._scan_keys(f"{_glob(self.prefix)}:hist:{_glob(_key_part(scope))}:*")
         kinds += self._scan_keys(f"{_glob(self.prefix)}:undel:{_glob(_key_part(scope))}:*")

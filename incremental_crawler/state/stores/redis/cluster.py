@@ -33,7 +33,11 @@ phase 2, after every item of the flush. A flush that fails in phase 1
 writes no page; one that fails in phase 2 leaves items stored with their
 pages' old state (the page is fetched again). What phases 1 and 2 applied
 and phase 3 has not is kept by the store (:class:`_Carried`) and sent with
-the next flush.
+the next flush; phase 2's effects also stay in their host's ledger
+(``P:fx:{<s>|<h>}``) until applied, so that a worker gone before its phase 3
+leaves them to the next flush that writes the host (after
+:attr:`RedisClusterPath.adopt_after`), and the scope's script applies each
+script's effects once (``P:fxdone:{<s>}``), whoever sends them.
 
 A script that writes a page chooses its bucket from the host's bucket
 count: here the caller reads the count (and page count) first, plans the
@@ -85,6 +89,9 @@ _ADDS = frozenset({"page", "check", "failure", "redirect"})
 #: Which arguments of a scope's write are keys (after its name).
 _KEY_ARGS = {"host": (0,), "crawl": (0,), "slotrate": (0, 1), "undeliv": (0, 1),
              "redeliv": (0, 1, 2), "delivered": (0, 1)}
+#: See RedisClusterPath.adopt_after: well past a flush's phases (a worker
+#: retrying an unreachable node keeps its own for its retry time).
+_ADOPT_AFTER = 600
 #: Seconds of a minute of the sums (as SUM_MINUTE in sums.lua).
 _SUM_MINUTE = 60
 #: Times a phase's scripts are planned and sent again (a bucket count
@@ -115,6 +122,8 @@ class _Effects:
     splits: int = 0
     hosts: set[str] = field(default_factory=set)
     latest: int | None = None
+    #: The host's ledger that keeps them until they are applied ('' none).
+    ledger: str = ""
 
     def add(self, reply: dict[str, Any], part: str) -> None:
         for key, (pages, size) in (reply.get("sums") or {}).items():
@@ -162,9 +171,15 @@ class _Carried:
     """What phases 1 and 2 applied and phase 3 (or phase 2's page index
     members) has not written yet: sent with the next flush."""
 
-    effects: dict[str, _Effects] = field(default_factory=dict)
-    #: Effects sent under a scope's token whose reply was lost (by tag).
-    sent_effects: dict[str, _Effects] = field(default_factory=dict)
+    #: Per scope part, phase 2's effects by the token of the script that
+    #: returned them (each applied once by the scope's script).
+    effects: dict[str, dict[str, _Effects]] = field(default_factory=dict)
+    #: Effects sent to a scope's script, by its tag, until its reply says
+    #: what became of them (kept as sent when the reply was lost).
+    sent_effects: dict[str, dict[str, _Effects]] = field(default_factory=dict)
+    #: Ledger entries (host's ledger, token) whose effects were applied:
+    #: deleted with the next pipeline.
+    ledger_done: list[tuple[str, str]] = field(default_factory=list)
     bypage_add: set[tuple[str, str]] = field(default_factory=set)
     bypage_remove: set[tuple[str, str]] = field(default_factory=set)
 
@@ -190,6 +205,10 @@ class RedisClusterPath(RedisCore):
     _spent_slot_tokens: list[str]
 
     def _init_cluster(self) -> None:
+        #: Seconds after which another flush's effects left in a host's
+        #: ledger are taken by a flush that writes that host (their worker
+        #: died before its phase 3, or is slow: applied once either way).
+        self.adopt_after = _ADOPT_AFTER
         self._carried = _Carried()
         self._unsure_slots = {}
         self._spent_slot_tokens = []
@@ -220,7 +239,7 @@ class RedisClusterPath(RedisCore):
                           always: frozenset[str] = frozenset()) -> None:
         """Send one script per slot group (the positions of its writes, in
         order), built by ``build(tag, positions, token)`` -> (script, keys,
-        args); each reply is given to ``on_reply(tag, positions, reply)``
+        args); each reply is given to ``on_reply(tag, positions, reply, token)``
         as it comes, before a failure is raised (what a script applied is
         accounted for whatever the others did). A group whose script is
         unsure from a flush before sends those writes under that token
@@ -268,8 +287,8 @@ class RedisClusterPath(RedisCore):
         if isinstance(reply, Exception):
             del pending[tag]
             return str(reply)
-        on_reply(tag, chunk, reply)
-        if reply and reply[0] in (b"n", b"blocked"):
+        on_reply(tag, chunk, reply, token)
+        if reply and reply[0] in (b"n", b"blocked", b"done"):
             del pending[tag]
             return None
         self._spent_slot_tokens.append(self._token_key(token, tag))
@@ -307,7 +326,7 @@ class RedisClusterPath(RedisCore):
         # not undone by this flush's additions, which came before them).
         removals: set[tuple[str, str]] = set()
 
-        def on_reply(tag: str, chunk: list[int], reply: Any) -> None:
+        def on_reply(tag: str, chunk: list[int], reply: Any, token: str) -> None:
             count = int(reply[0])
             done = json.loads(reply[3]) if reply[3] else {}
             for n, number in zip(chunk[:count], done.get("versions") or [], strict=False):
@@ -319,8 +338,10 @@ class RedisClusterPath(RedisCore):
 
         try:
             # The tokens of the flush before go with the first pipeline.
-            await self._send_phase(groups, build, applied, on_reply,
-                                   [("DEL", key) for key in spent])
+            await self._send_phase(groups, build, applied, on_reply, [
+                *(("DEL", key) for key in spent),
+                *(("HDEL", ledger, token) for ledger, token in carried.ledger_done)])
+            carried.ledger_done = []
         finally:
             last_item: dict[str, int] = {}
             for n, op in enumerate(ops):
@@ -375,18 +396,18 @@ class RedisClusterPath(RedisCore):
             def head(kind: str, tag: str = tag) -> str:
                 return f"{self.prefix}:{kind}:{tag}"
 
-            keys = [self._token_key(token, tag), head("hd"), head("ln")]
+            keys = [self._token_key(token, tag), head("hd"), head("ln"), head("fx")]
             for b in sorted(buckets):
                 keys += [f"{head('pg')}:{b}", f"{head('pgl')}:{b}"]
-            args: list[Any] = [self._listpack_value, n, splits, len(buckets), *sorted(buckets),
-                               part]
+            args: list[Any] = [self._listpack_value, n, splits, self.adopt_after,
+                               len(buckets), *sorted(buckets), part]
             for at in positions:
                 args += [ops[at][0], *ops[at][3:]]
             return CLUSTER_HOST_LUA, keys, args
 
         again: dict[str, list[int]] = {}
 
-        def on_reply(tag: str, chunk: list[int], reply: Any) -> None:
+        def on_reply(tag: str, chunk: list[int], reply: Any, token: str) -> None:
             scope_part, part = heads[tag]
             if reply[0] == b"n":
                 counts[scope_part, part] = (int(reply[1]), counts[scope_part, part][1])
@@ -394,10 +415,10 @@ class RedisClusterPath(RedisCore):
             elif reply[0] == b"blocked":
                 limits[tag] = int(reply[1])
                 again[tag] = groups[tag]
-            elif reply[3]:
-                done = json.loads(reply[3])
+            else:
+                done = self._take_effects(carried.effects.setdefault(scope_part, {}), tag,
+                                          part, token, reply)
                 if done:
-                    carried.effects.setdefault(scope_part, _Effects()).add(done, part)
                     counts[scope_part, part] = (int(done.get("n") or 1),
                                                 int(done.get("p") or 0))
 
@@ -414,15 +435,37 @@ class RedisClusterPath(RedisCore):
             again = {}
         raise _PhaseFailed("the flush did not settle: buckets kept changing")
 
-    def _scope_call(self, tag: str, token: str, effects: _Effects,
+    def _take_effects(self, bundles: dict[str, _Effects], tag: str, part: str, token: str,
+                      reply: Any) -> dict[str, Any]:
+        """A host script's effects into *bundles* (under its token), and
+        those it took from its host's ledger (under theirs: another flush
+        left them there, its worker dead before its phase 3, or slow; the
+        scope's script applies each token's once). Returns its own, decoded."""
+        ledger = f"{self.prefix}:fx:{tag}"
+        done = json.loads(reply[3]) if reply[3] else {}
+        if int(reply[0]) and done:
+            bundles[token] = _Effects(ledger=ledger)
+            bundles[token].add(done, part)
+        taken = json.loads(reply[4]) if len(reply) > 4 and reply[4] else []
+        for other, raw in taken:
+            bundle = _Effects(ledger=ledger)
+            bundle.add(json.loads(raw) if isinstance(raw, str) else raw, part)
+            bundles.setdefault(other, bundle)
+        return done
+
+    def _scope_call(self, tag: str, token: str, bundles: dict[str, _Effects],
                     writes: list[tuple[Any, ...]]) -> tuple[str, list[str], list[Any]]:
         """The scope's script of phase 3 (``cluster_scope.lua``): its keys
-        and arguments for *effects* and the scope's *writes*."""
+        and arguments for the effects *bundles* (by the token of the
+        script that returned each) and the scope's *writes*."""
+        effects = _Effects()
+        for bundle in bundles.values():
+            effects.merge(bundle)
         def head(kind: str) -> str:
             return f"{self.prefix}:{kind}:{tag}"
 
         keys = [self._token_key(token, tag), head("dueb"), head("splits"), head("hs"),
-                head("nvs"), head("nvm"), head("ck")]
+                head("nvs"), head("nvm"), head("ck"), head("fxdone")]
         index: dict[str, int] = {}
 
         def key_at(name: str) -> int:
@@ -431,7 +474,7 @@ class RedisClusterPath(RedisCore):
                 index[name] = len(keys)
             return index[name]
 
-        args: list[Any] = [len(effects.sums)]
+        args: list[Any] = [len(bundles), *sorted(bundles), len(effects.sums)]
         for (visit, callback), (pages, size) in sorted(effects.sums.items()):
             args += [visit, callback, pages, size,
                      key_at(f"{head('nvf')}:{math.floor(visit / _SUM_MINUTE)}")]
@@ -473,30 +516,54 @@ class RedisClusterPath(RedisCore):
                 if op[0] == "undeliv" and len(op) == 7:
                     continue  # its item was not written: it waits with it
                 groups.setdefault(_tag_of(op[1]), []).append(n)
-        effect_tags = {f"{{{part}}}" for part in carried.effects} | set(carried.sent_effects)
+        effect_tags = {f"{{{part}}}" for part, bundles in carried.effects.items()
+                       if bundles} | set(carried.sent_effects)
         for tag in effect_tags:
             groups.setdefault(tag, [])
 
         def build(tag: str, positions: list[int], token: str) -> Any:
             # The effects sent under a token are the ones sent again under
             # it (its replay must be of the same); new ones go with a new token.
-            effects = carried.sent_effects.get(tag)
-            if effects is None:
-                effects = carried.effects.pop(tag[1:-1], _Effects())
-                carried.sent_effects[tag] = effects
-            return self._scope_call(tag, token, effects, [ops[at] for at in positions])
+            bundles = carried.sent_effects.get(tag)
+            if bundles is None:
+                bundles = carried.effects.pop(tag[1:-1], {})
+                carried.sent_effects[tag] = bundles
+            return self._scope_call(tag, token, bundles, [ops[at] for at in positions])
 
-        def on_reply(tag: str, chunk: list[int], reply: Any) -> None:
-            effects = carried.sent_effects.pop(tag, None)
-            if effects is not None and not int(reply[3]):
+        again: dict[str, list[int]] = {}
+
+        def on_reply(tag: str, chunk: list[int], reply: Any, token: str) -> None:
+            bundles = carried.sent_effects.pop(tag, {})
+            if reply[0] == b"done":
+                # Applied already (sent by another worker too): dropped,
+                # the rest sent again under a new token.
+                for seen in reply[1:]:
+                    bundle = bundles.pop(seen.decode(), None)
+                    if bundle is not None and bundle.ledger:
+                        carried.ledger_done.append((bundle.ledger, seen.decode()))
+                carried.effects.setdefault(tag[1:-1], {}).update(bundles)
+                again[tag] = groups[tag]
+            elif int(reply[3]):
+                carried.ledger_done += [(bundle.ledger, other)
+                                        for other, bundle in bundles.items() if bundle.ledger]
+            else:
                 # Refused before they were applied (a damaged key): kept.
-                carried.effects.setdefault(tag[1:-1], _Effects()).merge(effects)
+                carried.effects.setdefault(tag[1:-1], {}).update(bundles)
 
         plain: list[tuple[Any, ...]] = [("ZREM", key, member)
                                         for key, member in sorted(carried.bypage_remove)]
         if scopes:
             plain.append(("SADD", f"{self.prefix}:scopes", *sorted(scopes)))
         removals = set(carried.bypage_remove)
-        await self._send_phase(groups, build, applied, on_reply, plain,
-                               always=frozenset(effect_tags))
-        carried.bypage_remove.difference_update(removals)
+        for _ in range(_PHASE_ROUNDS):
+            await self._send_phase(groups, build, applied, on_reply, plain,
+                                   always=frozenset(effect_tags))
+            carried.bypage_remove.difference_update(removals)
+            plain, removals = [], set()
+            if not again:
+                return
+            groups = {tag: [at for at in positions if at not in applied]
+                      for tag, positions in again.items()}
+            effect_tags = set(again)
+            again = {}
+        raise _PhaseFailed("the flush did not settle: effects kept being applied elsewhere")

@@ -9,30 +9,39 @@
 -- a script sent again after its reply was lost returns the same effects
 -- and applies nothing twice.
 --
--- KEYS: the token, the host's record (hd), its links hash (ln), then per
--- bucket declared its two hashes (pg, pgl). ARGV: the server's
--- hash-max-listpack-value, the bucket count the caller planned from, the
--- splits it planned, the number of buckets declared and their numbers, the
--- host's key part, then the writes: each its name and ARITY[name]
--- arguments, a page's field first.
--- Returns {applied, replayed (0/1), error ('' none), effects (JSON)}, or
+-- The effects are also kept in the host's ledger (P:fx:{<scope>|<host>},
+-- token -> [time, effects]) until the scope's script has applied them (the
+-- caller deletes them then): a worker that dies before its phase 3 leaves
+-- them there, and the next flush that writes the host takes those older
+-- than the age given (the scope's script applies each token's effects
+-- once, whoever sends them).
+--
+-- KEYS: the token, the host's record (hd), its links hash (ln), its
+-- ledger, then per bucket declared its two hashes (pg, pgl). ARGV: the
+-- server's hash-max-listpack-value, the bucket count the caller planned
+-- from, the splits it planned, the age (seconds) past which another
+-- flush's effects in the ledger are taken, the number of buckets declared
+-- and their numbers, the host's key part, then the writes: each its name
+-- and ARITY[name] arguments, a page's field first.
+-- Returns {applied, replayed (0/1), error ('' none), effects (JSON),
+-- effects taken from the ledger (JSON: [token, effects] pairs)}, or
 -- {'n', count} when the host's bucket count is not the one planned from,
 -- or {'blocked', splits} when only that many of the planned splits can be
 -- made (a bucket's key beyond the count is taken): nothing written then.
-local TOKEN, DIR, LINKS = KEYS[1], KEYS[2], KEYS[3]
+local TOKEN, DIR, LINKS, LEDGER = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local done = redis.call('GET', TOKEN)
 if done then
   local kept = cjson.decode(done)
-  return {kept[1], 1, kept[2], kept[3]}
+  return {kept[1], 1, kept[2], kept[3], '[]'}
 end
 local LISTPACK_VALUE, PLANNED_N = tonumber(ARGV[1]), tonumber(ARGV[2])
-local SPLITS, DECLARED = tonumber(ARGV[3]), tonumber(ARGV[4])
+local SPLITS, ADOPT_AFTER, DECLARED = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local BUCKETS = {}
 for k = 0, DECLARED - 1 do
-  BUCKETS[tonumber(ARGV[5 + k])] = {KEYS[4 + 2 * k], KEYS[5 + 2 * k]}
+  BUCKETS[tonumber(ARGV[6 + k])] = {KEYS[5 + 2 * k], KEYS[6 + 2 * k]}
 end
-local PART = ARGV[5 + DECLARED]
-local FIRST = 6 + DECLARED
+local PART = ARGV[6 + DECLARED]
+local FIRST = 7 + DECLARED
 local ARITY = {page = 3, check = 8, failure = 7, redirect = 5, links = 2, unlink = 1,
                flags = 2, listing = 2, postpone = 3}
 local function bucket_keys(b)
@@ -41,10 +50,10 @@ local function bucket_keys(b)
   return names[1], names[2]
 end
 
-local function finish(applied, failed, effects)
+local function finish(applied, failed, effects, taken)
   local value = cjson.encode({applied, failed or '', effects})
   redis.call('SET', TOKEN, value, 'EX', TOKEN_TTL)
-  return {applied, 0, failed or '', effects}
+  return {applied, 0, failed or '', effects, taken or '[]'}
 end
 
 -- The record's type first: the count is read from it.
@@ -84,7 +93,7 @@ local function check_type(key, want)
   end
 end
 do
-  local failed = check_type(LINKS, 'hash')
+  local failed = check_type(LINKS, 'hash') or check_type(LEDGER, 'hash')
   local i = FIRST
   while not failed and i <= #ARGV do
     local name = ARGV[i]
@@ -307,4 +316,24 @@ for member, at in pairs(CHECKS) do checks[#checks + 1] = {member, at or ''} end
 local effects = cjson.encode({
   sums = SUMS, checks = checks, due = DUE, splits = splits, new_host = new_host,
   latest = latest or '', n = n, p = tonumber(redis.call('HGET', DIR, 'p')) or 0})
-return finish(applied, failed, effects)
+-- The ledger: this script's effects kept, older ones of other flushes
+-- taken (those past the tokens' lifetime dropped: their phase 3 can no
+-- longer be told apart from a new one).
+local now = tonumber(redis.call('TIME')[1])
+local taken = {}
+local flat = redis.call('HGETALL', LEDGER)
+for k = 1, #flat, 2 do
+  local ok_entry, entry = pcall(cjson.decode, flat[k + 1])
+  if not ok_entry or type(entry) ~= 'table' or not tonumber(entry[1])
+      or now - tonumber(entry[1]) > TOKEN_TTL then
+    redis.call('HDEL', LEDGER, flat[k])
+  elseif now - tonumber(entry[1]) >= ADOPT_AFTER then
+    taken[#taken + 1] = {flat[k], entry[2]}
+  end
+end
+if applied > 0 then
+  redis.call('HSET', LEDGER, string.match(TOKEN, '[^:]*$'), cjson.encode({now, effects}))
+end
+local taken_json = '[]'
+if #taken > 0 then taken_json = cjson.encode(taken) end
+return finish(applied, failed, effects, taken_json)

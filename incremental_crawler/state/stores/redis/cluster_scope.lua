@@ -7,8 +7,16 @@
 -- since the mark; then the scope's own writes in staging order (host
 -- trust, crawl records, rates, delivery marks).
 --
--- KEYS: the token, dueb, splits, hs, nvs, nvm, ck, then every other key
--- named by index in ARGV. ARGV: the number of sums deltas and per delta
+-- The effects come from phase 2's scripts, each under its own token
+-- (its host's ledger keeps them until they are applied); P:fxdone:{<s>}
+-- (token -> when) notes the tokens whose effects were applied, so that
+-- effects sent twice (by their worker and by another that took them from
+-- the ledger) are applied once: when any of those sent was applied
+-- already, nothing is, and the script answers {'done', tokens...}.
+--
+-- KEYS: the token, dueb, splits, hs, nvs, nvm, ck, fxdone, then every other
+-- key named by index in ARGV. ARGV: the number of effects' tokens and
+-- those tokens; the number of sums deltas and per delta
 -- its next visit, callback, pages, bytes and the index in KEYS of its
 -- minute's nvf hash; the number of checks and per check its member and
 -- last check ('': the page has no callback now); the latest last check
@@ -20,7 +28,7 @@
 -- (0/1)}: the effects are applied whole before the first write (they
 -- cannot fail once the types are checked), or not at all.
 local TOKEN, DUE, SPLITS, HOSTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local COARSE, META, CHECKS = KEYS[5], KEYS[6], KEYS[7]
+local COARSE, META, CHECKS, APPLIED = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local done = redis.call('GET', TOKEN)
 if done then
   local kept = cjson.decode(done)
@@ -47,7 +55,9 @@ local function check_type(key, want)
 end
 
 -- The effects, read first (their types checked with the writes').
-local j = 1
+local bundles = {}
+for k = 2, 1 + tonumber(ARGV[1]) do bundles[#bundles + 1] = ARGV[k] end
+local j = 2 + #bundles
 local sums = {}
 for _ = 1, tonumber(ARGV[j]) do
   sums[#sums + 1] = {tonumber(ARGV[j + 1]), ARGV[j + 2], tonumber(ARGV[j + 3]),
@@ -79,6 +89,7 @@ end
 local FIRST = j + 1
 
 local failed = check_type(DUE, 'zset') or check_type(SPLITS, 'string')
+  or check_type(APPLIED, 'zset')
   or check_type(HOSTS, 'set') or check_type(COARSE, 'hash') or check_type(META, 'hash')
   or check_type(CHECKS, 'zset')
 for _, delta in ipairs(sums) do failed = failed or check_type(delta[5], 'hash') end
@@ -121,6 +132,14 @@ if not failed and splits > 0 then
   end
 end
 if failed then return finish(0, failed, 0) end
+local now = tonumber(redis.call('TIME')[1])
+local seen = {}
+for _, bundle in ipairs(bundles) do
+  if redis.call('ZSCORE', APPLIED, bundle) then seen[#seen + 1] = bundle end
+end
+if #seen > 0 then return {'done', unpack(seen)} end
+redis.call('ZREMRANGEBYSCORE', APPLIED, '-inf', now - 2 * TOKEN_TTL)
+for _, bundle in ipairs(bundles) do redis.call('ZADD', APPLIED, now, bundle) end
 
 -- The sums (as add_sum in sums.lua): a field summing no page goes.
 local function add_sum(key, field, pages, bytes)

@@ -584,11 +584,15 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
     async def close(self) -> None:
         try:
             await self.flush()
-            if self.tagged and self._spent_slot_tokens:
+            if self.tagged and (self._spent_slot_tokens or self._carried.ledger_done):
                 # The last flush's tokens (its replies came: nothing to
-                # replay), one a slot it wrote: not left to expire.
+                # replay), one a slot it wrote, and its effects' ledger
+                # entries (applied): not left behind.
                 spent, self._spent_slot_tokens = self._spent_slot_tokens, []
-                await self._commands([("DEL", key) for key in spent], "Redis command failed")
+                done, self._carried.ledger_done = self._carried.ledger_done, []
+                await self._commands([*(("DEL", key) for key in spent),
+                                      *(("HDEL", ledger, token) for ledger, token in done)],
+                                     "Redis command failed")
         finally:
             if not self._closed:
                 self._closed = True
