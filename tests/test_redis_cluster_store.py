@@ -29,6 +29,7 @@ from incremental_crawler.state.stores.redis.scripts import (
     CLUSTER_HOST_LUA,
     CLUSTER_ITEMS_LUA,
     CLUSTER_SCOPE_LUA,
+    CLUSTER_SUMMARY_LUA,
 )
 from tests.redis_util import new_prefix
 from tests.test_store_contract import SCOPE, brute_summary, call, full_state, item
@@ -416,3 +417,69 @@ async def test_a_reset_leaves_no_key_of_the_scope_on_any_node(
         assert any("{other" in k for k in left)
     finally:
         await call(store.close())
+
+
+async def stale_bound(store: RedisStateStore, keys: list[PageKey]) -> None:
+    """Pages due at 100 (their bucket's bound), then checked and scheduled
+    at 5,000: the bound stays 100 (a write only lowers it)."""
+    for key in keys:
+        store.stage_page(full_state(key, 1, callback="parse", next_visit=100,
+                                    last_checked=1_000))
+    await call(store.flush())
+    for key in keys:
+        store.stage_check(key, 304, 2_000, schedule=(3_000, 5_000))
+    await call(store.flush())
+
+
+def bound(cluster: LoopbackCluster, prefix: str) -> float | None:
+    with cluster.client() as client:
+        return client.zscore(f"{prefix}:dueb:{{{SCOPE}}}", "a.example|0")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_summary_reading_every_page_sets_a_stale_bound_right(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(5)]
+    store = open_store(redis_cluster, prefix)
+    try:
+        await stale_bound(store, keys)
+        assert bound(redis_cluster, prefix) == 100
+        # No crawl took the scope (no mark of its checks): every page is read.
+        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                   checked_before=1_500))
+        assert tuple(summary) == (0, 0, None)
+        assert bound(redis_cluster, prefix) == 5_000
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_page_written_while_a_summary_reads_its_bucket_keeps_the_bound_low(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(5)]
+    store = open_store(redis_cluster, prefix)
+    writer = open_store(redis_cluster, prefix)
+    try:
+        await stale_bound(store, keys)
+        late = PageKey(SCOPE, "https://a.example/late")
+        original = store._eval_many
+
+        async def eval_many(calls: Any, plain: Any = ()) -> list[Any]:
+            replies = await original(calls, plain)
+            if any(script == CLUSTER_SUMMARY_LUA for script, _, _ in calls):
+                # Another worker writes a page due at 50 into the bucket
+                # just read (before the summary sets its bound).
+                writer.stage_page(full_state(late, 1, callback="parse", next_visit=50))
+                await writer.flush()
+            return replies
+
+        store._eval_many = eval_many  # type: ignore[method-assign]
+        await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                         checked_before=1_500))
+        assert bound(redis_cluster, prefix) == 50
+        assert [s.key for s in await call(store.get_due(SCOPE, 60, 10))] == [late]
+    finally:
+        await call(store.close())
+        await call(writer.close())

@@ -59,9 +59,10 @@ the items by group ``P:items:{<s>#<g>}``, ``P:itemver:{<s>#<g>}``,
 ``P:order:{<s>#<g>}``, ``P:hist:{<s>#<g>}:<item key>`` and
 ``P:bypage:{<s>#<g>}`` (the group of the page's URL), a flush's tokens
 ``P:flush:{<tag>}:<token>`` per script, a host's ledger of effects not yet
-applied ``P:fx:{<s>|<h>}`` and the scope's effects applied
-``P:fxdone:{<s>}``; its flush runs in three phases, not one script. One
-server keeps the layout above.
+applied ``P:fx:{<s>|<h>}``, the scope's effects applied
+``P:fxdone:{<s>}`` and the buckets a summary is reading ``P:duer:{<s>}``;
+its flush runs in three phases, not one script. One server keeps the layout
+above.
 
 Pages are kept per host in small buckets (see
 :mod:`~incremental_crawler.state.stores.redis.pages`: how a page's field

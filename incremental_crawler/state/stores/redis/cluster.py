@@ -47,10 +47,10 @@ the caller plans again.
 
 The admin read-outs, exports and repairs run on it too (:mod:`.admin`:
 items merged over their groups, a repair one ``MULTI`` per slot, keys
-found by ``SCAN`` on every primary). Not built on the cluster yet: the
-revisit index's bounds are only ever lowered there (a summary or a due read
-that finds one stale does not raise it: that needs the mark of the plan in
-``docs/capacity.md``).
+found by ``SCAN`` on every primary). A summary that reads every bucket
+sets their bounds across slots (marked before its read, raised only where
+the mark stayed: see ``due.py``). Not built on the cluster yet: a due read
+that finds a bound stale does not raise it (layout 4 stages a ``rebound``).
 """
 
 from __future__ import annotations
@@ -371,8 +371,9 @@ class RedisClusterPath(RedisCore):
             if op[0] in _HOST_OPS:
                 groups.setdefault(f"{{{op[1]}|{op[2]}}}", []).append(n)
             elif op[0] == "rebound":
-                # Not on a cluster yet: raising a bucket's bound needs the
-                # mark of the plan (a stale bound is read again instead).
+                # Not on a cluster: raising a bound there needs a mark set
+                # before the bucket was read (a summary's); the due read set
+                # none. A stale bound stays a lower bound until then.
                 applied.add(n)
         heads = {tag: (ops[positions[0]][1], ops[positions[0]][2])
                  for tag, positions in groups.items()}
@@ -465,7 +466,7 @@ class RedisClusterPath(RedisCore):
             return f"{self.prefix}:{kind}:{tag}"
 
         keys = [self._token_key(token, tag), head("dueb"), head("splits"), head("hs"),
-                head("nvs"), head("nvm"), head("ck"), head("fxdone")]
+                head("nvs"), head("nvm"), head("ck"), head("fxdone"), head("duer")]
         index: dict[str, int] = {}
 
         def key_at(name: str) -> int:

@@ -14,8 +14,12 @@
 -- the ledger) are applied once: when any of those sent was applied
 -- already, nothing is, and the script answers {'done', tokens...}.
 --
--- KEYS: the token, dueb, splits, hs, nvs, nvm, ck, fxdone, then every other
--- key named by index in ARGV. ARGV: the number of effects' tokens and
+-- A bucket's bound lowered here drops the mark a summary set on it
+-- (P:duer:{<s>}: the summary raises the bound only while its mark is
+-- there, so a page written while it read the bucket keeps the bound low).
+--
+-- KEYS: the token, dueb, splits, hs, nvs, nvm, ck, fxdone, duer, then every
+-- other key named by index in ARGV. ARGV: the number of effects' tokens and
 -- those tokens; the number of sums deltas and per delta
 -- its next visit, callback, pages, bytes and the index in KEYS of its
 -- minute's nvf hash; the number of checks and per check its member and
@@ -29,6 +33,7 @@
 -- cannot fail once the types are checked), or not at all.
 local TOKEN, DUE, SPLITS, HOSTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local COARSE, META, CHECKS, APPLIED = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local MARKS = KEYS[9]
 local done = redis.call('GET', TOKEN)
 if done then
   local kept = cjson.decode(done)
@@ -89,7 +94,7 @@ end
 local FIRST = j + 1
 
 local failed = check_type(DUE, 'zset') or check_type(SPLITS, 'string')
-  or check_type(APPLIED, 'zset')
+  or check_type(APPLIED, 'zset') or check_type(MARKS, 'hash')
   or check_type(HOSTS, 'set') or check_type(COARSE, 'hash') or check_type(META, 'hash')
   or check_type(CHECKS, 'zset')
 for _, delta in ipairs(sums) do failed = failed or check_type(delta[5], 'hash') end
@@ -178,7 +183,10 @@ if latest then
   local was = tonumber(redis.call('HGET', META, 'latest'))
   if not was or latest > was then redis.call('HSET', META, 'latest', latest) end
 end
-for _, bound in ipairs(bounds) do redis.call('ZADD', DUE, 'LT', bound[2], bound[1]) end
+for _, bound in ipairs(bounds) do
+  redis.call('ZADD', DUE, 'LT', bound[2], bound[1])
+  redis.call('HDEL', MARKS, bound[1])
+end
 if splits > 0 then redis.call('INCRBY', SPLITS, splits) end
 if #hosts > 0 then redis.call('SADD', HOSTS, unpack(hosts)) end
 

@@ -31,6 +31,7 @@ from incremental_crawler.state.stores.redis.scripts import (
     _SUMS_READ_SHA,
     CLUSTER_DUE_INDEX_LUA,
     CLUSTER_DUE_READ_LUA,
+    CLUSTER_RAISE_LUA,
     CLUSTER_SUMMARY_LUA,
 )
 
@@ -551,10 +552,57 @@ class RedisDueReads(RedisCore):
                                     exclude_callbacks: Collection[str] = ()) -> PagesSummary:
         """:meth:`_summarize_scan` on a Redis Cluster: every bucket of the
         index whose bound is not after *upto*, read by a script per host
-        (its slot); the bounds are left as they are (a stale one is read
-        again: raising one needs the mark of docs/capacity.md's plan)."""
+        (its slot), then each bucket's bound set to the least next visit
+        read (``cluster_raise.lua``) if the mark set on it before the read
+        (``P:duer:{<s>}``) is still there: a flush that lowered the bound
+        meanwhile dropped it (a page it wrote may be due earlier)."""
         head = [_limit(after), _limit(upto), _limit(checked_before), len(exclude_callbacks),
                 *exclude_callbacks]
+        members = await self._index_members(scope, upto)
+        by_host: dict[str, list[bytes]] = {}
+        for member in sorted(members):
+            by_host.setdefault(member.decode().partition("|")[0], []).append(member)
+        calls, read = [], []
+        for part, chunk_members in by_host.items():
+            for at in range(0, len(chunk_members), _SUMMARY_BUCKETS):
+                chunk = chunk_members[at:at + _SUMMARY_BUCKETS]
+                keys: list[str] = []
+                for member in chunk:
+                    bucket = member.decode().partition("|")[2]
+                    keys += self._bucket_keys(scope, host_of_part(part), int(bucket))
+                calls.append((CLUSTER_SUMMARY_LUA, keys, head))
+                read.append(chunk)
+        marks = self._key("duer", scope)
+        for start in range(0, len(members), _SCAN_COUNT):
+            await self._commands([("HSET", marks, *(arg for member in sorted(members)[
+                start:start + _SCAN_COUNT] for arg in (member, 1)))])
+        count = size = 0
+        first: float | None = None
+        bounds: list[Any] = []
+        step = _SUMMARY_SCRIPTS * 8
+        for start in range(0, len(calls), step):
+            replies = await self._eval_many(calls[start:start + step])
+            for chunk, reply in zip(read[start:start + step], replies, strict=True):
+                if isinstance(reply, Exception):
+                    raise self._fail("read failed", reply)
+                pages, sizes, earliest, least = reply
+                count += int(pages)
+                size += int(sizes)
+                if earliest:
+                    value = float(earliest)
+                    first = value if first is None else min(first, value)
+                for member, low in zip(chunk, least.split(b" "), strict=True):
+                    bounds += [member, low]
+        for start in range(0, len(bounds), 2 * _SCAN_COUNT):
+            [reply] = await self._eval_many([(CLUSTER_RAISE_LUA, [
+                self._key("dueb", scope), marks], bounds[start:start + 2 * _SCAN_COUNT])])
+            if isinstance(reply, Exception):
+                raise self._fail("Redis command failed", reply)
+        return PagesSummary(count, size, first)
+
+    async def _index_members(self, scope: str, upto: float) -> set[bytes]:
+        """The buckets of the scope's revisit index whose bound is not
+        after *upto* (ZSCAN: O(1) a bucket, one seen twice counted once)."""
         members: set[bytes] = set()
         cursor = 0
         for _ in range(_SCAN_ROUNDS):
@@ -562,33 +610,8 @@ class RedisDueReads(RedisCore):
                                              "COUNT", _SCAN_COUNT)
             members.update(member for member, score in pairs if float(score) <= upto)
             if int(cursor) == 0:
-                break
-        else:
-            raise self._fail(f"scanning the due pages of {scope!r} did not finish")
-        by_host: dict[str, list[str]] = {}
-        for member in sorted(members):
-            part, _, bucket = member.decode().partition("|")
-            by_host.setdefault(part, []).append(bucket)
-        calls = []
-        for part, buckets in by_host.items():
-            for at in range(0, len(buckets), _SUMMARY_BUCKETS):
-                keys: list[str] = []
-                for bucket in buckets[at:at + _SUMMARY_BUCKETS]:
-                    keys += self._bucket_keys(scope, host_of_part(part), int(bucket))
-                calls.append((CLUSTER_SUMMARY_LUA, keys, head))
-        count = size = 0
-        first: float | None = None
-        for start in range(0, len(calls), _SUMMARY_SCRIPTS * 8):
-            for reply in await self._eval_many(calls[start:start + _SUMMARY_SCRIPTS * 8]):
-                if isinstance(reply, Exception):
-                    raise self._fail("read failed", reply)
-                pages, sizes, earliest = [*reply, None][:3]
-                count += int(pages)
-                size += int(sizes)
-                if earliest is not None:
-                    value = float(earliest)
-                    first = value if first is None else min(first, value)
-        return PagesSummary(count, size, first)
+                return members
+        raise self._fail(f"scanning the due pages of {scope!r} did not finish")
 
 
 #: Seconds of a minute of the sums (SUM_MINUTE in sums.lua).
