@@ -297,7 +297,8 @@ async def test_workers_keep_their_state_store_on_the_cluster(
     exported = [json.loads(line)["url"]
                 for line in (tmp_path / "items.jsonl").read_text().splitlines()]
     assert sorted(exported) == sorted(site.url(f"/p/{i:04d}") for i in range(n))
-    for command in (["state"], ["report", "sitemap"]):
+    # (The report's files go to the test's directory, not the project's.)
+    for command in (["state"], ["report", "sitemap", "-o", str(tmp_path / "history")]):
         result = await deferToThread(scrapy_in_process, *command, "-s",
                                      f"INCREMENTAL_CLUSTER_URL={redis_cluster.url}")
         assert result.returncode == 0, (command, result.stderr[-3000:])
