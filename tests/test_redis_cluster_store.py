@@ -255,8 +255,8 @@ async def test_writes_and_reads_planned_from_a_stale_bucket_count_are_planned_ag
         part_counts = store._part_counts
         host_counts = store._host_counts
 
-        async def stale_parts(parts: Any) -> Any:
-            counts = await part_counts(parts)
+        async def stale_parts(parts: Any, *before: Any) -> Any:
+            counts = await part_counts(parts, *before)
             if not stale:
                 stale.append(1)
                 return dict.fromkeys(counts, (1, 0))
@@ -392,6 +392,72 @@ async def test_a_worker_gone_between_phases_2_and_3_leaves_its_effects_to_the_ne
         # store's close).
         await call(store.close())
         assert redis_cluster.keys(f"{prefix}:fx:*") == []
+        # The intents went too: the live worker's at its close, the gone
+        # one's with the due read that found its ledger applied.
+        assert redis_cluster.keys(f"{prefix}:fxhosts:*") == []
+    finally:
+        await call(store.close())
+
+
+async def gone_between_phases_2_and_3(cluster: LoopbackCluster, prefix: str,
+                                      keys: list[PageKey]) -> None:
+    """A worker writes *keys* (one host's pages), its scope's node
+    unreachable for its phase 3, then dies: nobody writes that host again."""
+    gone = open_store(cluster, prefix)
+    for n, key in enumerate(keys):
+        gone.stage_item(item(f"i{n}", page=key.url))
+        gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+    cut_before(gone, CLUSTER_SCOPE_LUA)
+    with pytest.raises(StateStoreError):
+        await call(gone.flush())
+    await call(die(gone))
+
+
+@pytest.mark.parametrize("reader", ["take_scope", "get_due", "summary", "count_scope",
+                                    "reset_scope", "iter_pages"])
+@pytest_twisted.ensureDeferred
+async def test_a_dead_workers_effects_on_a_host_never_written_again_are_applied(
+    redis_cluster: LoopbackCluster, prefix: str, reader: str,
+) -> None:
+    """The host's ledger alone would keep them until a flush writes that
+    host again: the scope's write-ahead intents (P:fxhosts) name the host,
+    and a crawl's start and every read of the scope's pages apply its
+    ledger first."""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
+    await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
+    store = open_store(redis_cluster, prefix)
+    store.adopt_after = 0  # (a test cannot wait ten minutes)
+    hosts, index = f"{prefix}:hs:{{{SCOPE}}}", f"{prefix}:dueb:{{{SCOPE}}}"
+    try:
+        if reader == "take_scope":
+            assert store.take_scope(SCOPE, "crawl-2", 60, 10_000) is None
+            with redis_cluster.client() as client:
+                assert client.scard(hosts) == 1
+                assert client.zcard(index) == 1
+        elif reader == "get_due":
+            assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == keys
+        elif reader == "summary":
+            summary = await call(store.summarize_pages(
+                SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))
+            assert summary[0] == 5
+            await assert_sums_are_the_pages(store)
+        elif reader == "count_scope":
+            assert store.count_scope(SCOPE).pages == 5
+        elif reader == "reset_scope":
+            assert store.reset_scope(SCOPE).pages == 5
+            # Its state is gone with the rest: a later crawl sends no
+            # stale validators.
+            assert await call(store.get_pages(keys)) == {}
+            # (The dead worker's flush tokens expire on their own.)
+            assert [k for k in redis_cluster.keys(f"{prefix}:*")
+                    if b"{books" in k and b":flush:" not in k] == []
+        else:
+            assert sorted(s.key.url for s in store.iter_pages(SCOPE)) == sorted(k.url for k in keys)
+        with redis_cluster.client() as client:
+            # Applied: the gone worker's intent dropped (older than
+            # adopt_after), its ledger emptied.
+            assert client.zcard(f"{prefix}:fxhosts:{{{SCOPE}}}") == 0
+            assert client.keys(f"{prefix}:fx:*") == []
     finally:
         await call(store.close())
 

@@ -570,7 +570,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             # The hosts' ledgers of effects (a dead worker's new host's
             # too, listed nowhere) and the effects applied.
             kinds += self._scan_keys(f"{_glob(self.prefix)}:fx:{{{part}|*}}")
-            kinds += [self._key("fxdone", scope), self._key("duer", scope)]
+            kinds += [self._key(kind, scope) for kind in ("fxdone", "duer", "fxhosts")]
             return kinds, buckets, links, hist
         hist = self._scan_keys(f"{_glob(self.prefix)}:hist:{_glob(_key_part(scope))}:*")
         kinds += self._scan_keys(f"{_glob(self.prefix)}:undel:{_glob(_key_part(scope))}:*")

@@ -57,11 +57,17 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from incremental_crawler.state.stores.redis.core import RedisCore, _whole, item_group
+from incremental_crawler.state.stores.redis.core import (
+    RedisCore,
+    _key_part,
+    _whole,
+    item_group,
+)
 from incremental_crawler.state.stores.redis.pages import (
     BUCKET_LOAD,
     MAX_SPLITS,
@@ -69,12 +75,13 @@ from incremental_crawler.state.stores.redis.pages import (
 )
 from incremental_crawler.state.stores.redis.scripts import (
     CLUSTER_HOST_LUA,
+    CLUSTER_INTENT_DROP_LUA,
     CLUSTER_ITEMS_LUA,
     CLUSTER_SCOPE_LUA,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Generator, Sequence
 
     from incremental_crawler.state.records import PageState
 
@@ -124,6 +131,9 @@ class _Effects:
     latest: int | None = None
     #: The host's ledger that keeps them until they are applied ('' none).
     ledger: str = ""
+    #: (scope part, host part) of that host: its write-ahead intent
+    #: (P:fxhosts) is dropped once none of its effects is pending.
+    where: tuple[str, str] = ("", "")
 
     def add(self, reply: dict[str, Any], part: str) -> None:
         for key, (pages, size) in (reply.get("sums") or {}).items():
@@ -180,6 +190,10 @@ class _Carried:
     #: Ledger entries (host's ledger, token) whose effects were applied:
     #: deleted with the next pipeline.
     ledger_done: list[tuple[str, str]] = field(default_factory=list)
+    #: Hosts (scope part, host part) some of whose effects were applied:
+    #: this worker's intent on them is dropped with the next pipeline when
+    #: none of their effects is pending any more.
+    intents_done: set[tuple[str, str]] = field(default_factory=set)
     bypage_add: set[tuple[str, str]] = field(default_factory=set)
     bypage_remove: set[tuple[str, str]] = field(default_factory=set)
 
@@ -209,6 +223,9 @@ class RedisClusterPath(RedisCore):
         #: ledger are taken by a flush that writes that host (their worker
         #: died before its phase 3, or is slow: applied once either way).
         self.adopt_after = _ADOPT_AFTER
+        #: Names this store's write-ahead intents (P:fxhosts: one member
+        #: per host and worker, so that one worker's drop leaves another's).
+        self._worker_id = uuid.uuid4().hex
         self._carried = _Carried()
         self._unsure_slots = {}
         self._spent_slot_tokens = []
@@ -339,9 +356,7 @@ class RedisClusterPath(RedisCore):
         try:
             # The tokens of the flush before go with the first pipeline.
             await self._send_phase(groups, build, applied, on_reply, [
-                *(("DEL", key) for key in spent),
-                *(("HDEL", ledger, token) for ledger, token in carried.ledger_done)])
-            carried.ledger_done = []
+                *(("DEL", key) for key in spent), *self._ledger_cleanup()])
         finally:
             last_item: dict[str, int] = {}
             for n, op in enumerate(ops):
@@ -377,7 +392,17 @@ class RedisClusterPath(RedisCore):
                 applied.add(n)
         heads = {tag: (ops[positions[0]][1], ops[positions[0]][2])
                  for tag, positions in groups.items()}
-        counts = await self._part_counts(list(heads.values()))
+        # The write-ahead intent, before any host script runs: one ZADD per
+        # scope of the hosts about to be written, so that a worker gone
+        # before its phase 3 leaves its effects findable from the scope
+        # (its host may never be written again: see adopt_ledgers).
+        intents: dict[str, list[Any]] = {}
+        now = time.time()
+        for scope_part, part in heads.values():
+            intents.setdefault(scope_part, []).extend((now, self._intent_member(part)))
+        counts = await self._part_counts(list(heads.values()), [
+            ("ZADD", self._intents_key(scope_part), *pairs)
+            for scope_part, pairs in intents.items()])
         limits: dict[str, int] = {}
 
         def build(tag: str, positions: list[int], token: str) -> Any:
@@ -418,7 +443,7 @@ class RedisClusterPath(RedisCore):
                 again[tag] = groups[tag]
             else:
                 done = self._take_effects(carried.effects.setdefault(scope_part, {}), tag,
-                                          part, token, reply)
+                                          (scope_part, part), token, reply)
                 if done:
                     counts[scope_part, part] = (int(done.get("n") or 1),
                                                 int(done.get("p") or 0))
@@ -436,20 +461,21 @@ class RedisClusterPath(RedisCore):
             again = {}
         raise _PhaseFailed("the flush did not settle: buckets kept changing")
 
-    def _take_effects(self, bundles: dict[str, _Effects], tag: str, part: str, token: str,
-                      reply: Any) -> dict[str, Any]:
+    def _take_effects(self, bundles: dict[str, _Effects], tag: str, where: tuple[str, str],
+                      token: str, reply: Any) -> dict[str, Any]:
         """A host script's effects into *bundles* (under its token), and
         those it took from its host's ledger (under theirs: another flush
         left them there, its worker dead before its phase 3, or slow; the
         scope's script applies each token's once). Returns its own, decoded."""
         ledger = f"{self.prefix}:fx:{tag}"
+        part = where[1]
         done = json.loads(reply[3]) if reply[3] else {}
         if int(reply[0]) and done:
-            bundles[token] = _Effects(ledger=ledger)
+            bundles[token] = _Effects(ledger=ledger, where=where)
             bundles[token].add(done, part)
         taken = json.loads(reply[4]) if len(reply) > 4 and reply[4] else []
         for other, raw in taken:
-            bundle = _Effects(ledger=ledger)
+            bundle = _Effects(ledger=ledger, where=where)
             bundle.add(json.loads(raw) if isinstance(raw, str) else raw, part)
             bundles.setdefault(other, bundle)
         return done
@@ -494,14 +520,20 @@ class RedisClusterPath(RedisCore):
             args += [op[0], *out]
         return CLUSTER_SCOPE_LUA, keys, args
 
-    async def _part_counts(self, parts: list[tuple[str, str]]) -> dict[tuple[str, str],
-                                                                       tuple[int, int]]:
+    async def _part_counts(self, parts: list[tuple[str, str]],
+                           before: Sequence[tuple[Any, ...]] = ()) -> dict[tuple[str, str],
+                                                                           tuple[int, int]]:
         """Each host's bucket count and page count by key parts (scope
-        part, host part): the flush plans its splits and buckets from them."""
+        part, host part): the flush plans its splits and buckets from them.
+        The writes *before* go in the same pipeline (their errors raised)."""
         if not parts:
             return {}
-        replies = await self._eval_many([], [
-            ("HMGET", f"{self.prefix}:hd:{{{s}|{h}}}", "n", "p") for s, h in parts])
+        replies = await self._eval_many([], [*before, *(
+            ("HMGET", f"{self.prefix}:hd:{{{s}|{h}}}", "n", "p") for s, h in parts)])
+        for reply in replies[:len(before)]:
+            if isinstance(reply, Exception):
+                raise _PhaseFailed(str(reply))
+        replies = replies[len(before):]
         counts = {}
         for pair, reply in zip(parts, replies, strict=True):
             if isinstance(reply, Exception):
@@ -542,11 +574,14 @@ class RedisClusterPath(RedisCore):
                     bundle = bundles.pop(seen.decode(), None)
                     if bundle is not None and bundle.ledger:
                         carried.ledger_done.append((bundle.ledger, seen.decode()))
+                        carried.intents_done.add(bundle.where)
                 carried.effects.setdefault(tag[1:-1], {}).update(bundles)
                 again[tag] = groups[tag]
             elif int(reply[3]):
                 carried.ledger_done += [(bundle.ledger, other)
                                         for other, bundle in bundles.items() if bundle.ledger]
+                carried.intents_done.update(bundle.where for bundle in bundles.values()
+                                            if bundle.ledger)
             else:
                 # Refused before they were applied (a damaged key): kept.
                 carried.effects.setdefault(tag[1:-1], {}).update(bundles)
@@ -568,3 +603,138 @@ class RedisClusterPath(RedisCore):
             effect_tags = set(again)
             again = {}
         raise _PhaseFailed("the flush did not settle: effects kept being applied elsewhere")
+
+    # -- write-ahead intents and the adoption of a dead worker's effects -------
+
+    def _intents_key(self, scope_part: str) -> str:
+        return f"{self.prefix}:fxhosts:{{{scope_part}}}"
+
+    def _intent_member(self, part: str) -> str:
+        return f"{part}\0{self._worker_id}"
+
+    def _ledger_cleanup(self) -> list[tuple[Any, ...]]:
+        """The commands that delete the ledger entries whose effects were
+        applied, and drop this worker's intents on hosts none of whose
+        effects it still holds (the next flush that writes such a host says
+        so again before its phase 2)."""
+        carried = self._carried
+        pending = {bundle.where for by_token in (*carried.effects.values(),
+                                                 *carried.sent_effects.values())
+                   for bundle in by_token.values()}
+        unsure = set(self._unsure_slots)
+        commands: list[tuple[Any, ...]] = [("HDEL", ledger, token)
+                                           for ledger, token in carried.ledger_done]
+        carried.ledger_done = []
+        for where in sorted(carried.intents_done):
+            scope_part, part = where
+            if where in pending or f"{{{scope_part}|{part}}}" in unsure:
+                continue
+            commands.append(("ZREM", self._intents_key(scope_part), self._intent_member(part)))
+            carried.intents_done.discard(where)
+        return commands
+
+    def _adoption(self, scope: str) -> Generator[list[tuple[Any, ...]], list[Any], None]:
+        """Apply every effect left in the ledgers of the hosts the scope's
+        intents list (P:fxhosts:{<s>}): a worker gone between its phases 2
+        and 3 on a host nobody writes again would otherwise leave that
+        host's pages out of the scope's hosts and revisit index for good.
+        Yields the commands of each round trip and is sent their replies
+        (run by :meth:`adopt_ledgers` or :meth:`adopt_ledgers_sync`); costs
+        one read when nothing is pending, else one a host listed.
+
+        Every entry read is sent (the scope's script applies a token's
+        effects once: a live worker's own phase 3 then finds them applied).
+        An intent is dropped only when it is older than
+        :attr:`adopt_after` (its flush's phase 2 is over by then: its entry
+        was in the ledger read) and still as read (see
+        ``cluster_intent_drop.lua``)."""
+        scope_part = _key_part(scope)
+        intents = self._intents_key(scope_part)
+        [flat] = yield [("ZRANGE", intents, 0, -1, "WITHSCORES")]
+        if not flat:
+            return
+        # (As pairs or flat, by the client's protocol.)
+        pairs = ([(member, score) for member, score in flat]
+                 if isinstance(flat[0], (list, tuple))
+                 else [(flat[k], flat[k + 1]) for k in range(0, len(flat), 2)])
+        now = time.time()
+        parts = sorted({member.decode().rpartition("\0")[0] for member, _ in pairs})
+        ledgers = [f"{self.prefix}:fx:{{{scope_part}|{part}}}" for part in parts]
+        entries = yield [("HGETALL", ledger) for ledger in ledgers]
+        bundles: dict[str, _Effects] = {}
+        for part, ledger, reply in zip(parts, ledgers, entries, strict=True):
+            found = ([x for pair in reply.items() for x in pair] if isinstance(reply, dict)
+                     else reply)
+            for k in range(0, len(found), 2):
+                token, raw = found[k].decode(), found[k + 1]
+                try:
+                    _, effects = json.loads(raw)
+                except (ValueError, TypeError):
+                    continue  # not an entry (the host script drops those)
+                bundle = _Effects(ledger=ledger, where=(scope_part, part))
+                bundle.add(json.loads(effects) if isinstance(effects, str) else effects, part)
+                bundles[token] = bundle
+        tag = f"{{{scope_part}}}"
+        applied: list[tuple[str, str]] = []
+        spent: list[tuple[Any, ...]] = []
+        while bundles:
+            token = uuid.uuid4().hex
+            script, keys, args = self._scope_call(tag, token, bundles, [])
+            [reply] = yield [("EVAL", script, len(keys), *keys, *args)]
+            if isinstance(reply, Exception):
+                raise reply
+            if reply[0] == b"done":
+                # Applied already (their worker's phase 3, or another
+                # reader): their entries go; the rest is sent again.
+                for seen in reply[1:]:
+                    gone = bundles.pop(seen.decode(), None)
+                    if gone is not None:
+                        applied.append((gone.ledger, seen.decode()))
+                continue
+            spent.append(("DEL", keys[0]))  # its reply came: nothing to replay
+            if not int(reply[3]):
+                # Refused (a damaged key of the scope): left in the ledgers
+                # and the intents for a later try, the read goes on.
+                return
+            applied += [(bundle.ledger, other) for other, bundle in bundles.items()]
+            break
+        old = [(member, score) for member, score in pairs
+               if float(score) <= now - self.adopt_after]
+        yield [*spent, *(("HDEL", ledger, token) for ledger, token in applied),
+               *([("EVAL", CLUSTER_INTENT_DROP_LUA, 1, intents,
+                   *(x for pair in old for x in pair))] if old else [])]
+
+    async def adopt_ledgers(self, scope: str) -> None:
+        """:meth:`_adoption` on the async client (a crawl's reads)."""
+        if not self.tagged:
+            return
+        plan = self._adoption(scope)
+        replies: Any = None
+        try:
+            while True:
+                commands = plan.send(replies)
+                replies = await self._commands(commands, "Redis command failed")
+        except StopIteration:
+            return
+
+    def adopt_ledgers_sync(self, scope: str) -> None:
+        """:meth:`_adoption` on the sync client (holds, admin)."""
+        if not self.tagged:
+            return
+        plan = self._adoption(scope)
+        replies: Any = None
+        try:
+            while True:
+                commands = plan.send(replies)
+                pipe = self._sync.pipeline(transaction=False)
+                for command in commands:
+                    pipe.execute_command(*command)
+                replies = self._sync_run(pipe)
+        except StopIteration:
+            return
+
+    def _scope_hosts(self, scope: str) -> list[str]:
+        # The hosts a dead worker's effects would add first (every read of
+        # a scope's hosts: pages, counts, repairs).
+        self.adopt_ledgers_sync(scope)
+        return super()._scope_hosts(scope)

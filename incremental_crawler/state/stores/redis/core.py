@@ -432,6 +432,11 @@ class RedisCore(StateStore):
             counts[host_id] = (_whole(n, 1), _whole(p, 0))
         return counts
 
+    async def adopt_ledgers(self, scope: str) -> None:
+        """Apply the effects a dead worker left in its hosts' ledgers: only
+        the cluster layout keeps such (``cluster.py``); one server's flush
+        is one script."""
+
     async def _call(self, *args: Any) -> Any:
         async def attempt() -> Any:
             self.roundtrips += 1

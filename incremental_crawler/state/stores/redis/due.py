@@ -208,6 +208,9 @@ class RedisDueReads(RedisCore):
         # the cursor follows (``sent``).
         if (cursor is None or after is None or (cursor.scope, cursor.now, cursor.flushes)
                 != (scope, now, self._flushes) or after not in (cursor.last, cursor.sent)):
+            # A reading that starts over first applies the effects a dead
+            # worker left in its hosts' ledgers (their pages in the index).
+            await self.adopt_ledgers(scope)
             cursor = _DueCursor(scope, now, self._flushes, after)
         while True:
             for _ in range(_DUE_STARTS):
@@ -374,6 +377,8 @@ class RedisDueReads(RedisCore):
         # was last checked at or after checked_before: cluster workers,
         # a clock that went back).
         if self.tagged:
+            # Every page counted, a dead worker's too (see adopt_ledgers).
+            await self.adopt_ledgers(scope)
             return await self._cluster_summary(scope, after=after, upto=upto,
                                                checked_before=checked_before,
                                                exclude_callbacks=exclude_callbacks)

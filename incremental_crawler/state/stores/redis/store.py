@@ -584,15 +584,15 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
     async def close(self) -> None:
         try:
             await self.flush()
-            if self.tagged and (self._spent_slot_tokens or self._carried.ledger_done):
+            if self.tagged and (self._spent_slot_tokens or self._carried.ledger_done
+                                or self._carried.intents_done):
                 # The last flush's tokens (its replies came: nothing to
-                # replay), one a slot it wrote, and its effects' ledger
-                # entries (applied): not left behind.
+                # replay), one a slot it wrote, its effects' ledger entries
+                # (applied) and its intents on their hosts: not left behind.
                 spent, self._spent_slot_tokens = self._spent_slot_tokens, []
-                done, self._carried.ledger_done = self._carried.ledger_done, []
-                await self._commands([*(("DEL", key) for key in spent),
-                                      *(("HDEL", ledger, token) for ledger, token in done)],
-                                     "Redis command failed")
+                cleanup = [*(("DEL", key) for key in spent), *self._ledger_cleanup()]
+                if cleanup:
+                    await self._commands(cleanup, "Redis command failed")
         finally:
             if not self._closed:
                 self._closed = True
@@ -690,6 +690,10 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
                                       math.floor(now))
                         pipe.execute()
                         self.roundtrips += 1
+                        # The crawl starts from every page its scope has:
+                        # a dead worker's effects left in its hosts'
+                        # ledgers are applied now (see adopt_ledgers).
+                        self.adopt_ledgers_sync(scope)
                         return None
                     except redis.WatchError:
                         continue
