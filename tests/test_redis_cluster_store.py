@@ -20,6 +20,7 @@ from redis.crc import key_slot
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores.base import StateStoreError
 from incremental_crawler.state.stores.redis import RedisStateStore
+from incremental_crawler.state.stores.redis.core import item_group
 from incremental_crawler.state.stores.redis.layout import (
     CLUSTER_LAYOUT_VERSION,
     LAYOUT,
@@ -549,3 +550,35 @@ async def test_a_page_written_while_a_summary_reads_its_bucket_keeps_the_bound_l
     finally:
         await call(store.close())
         await call(writer.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_item_moved_to_another_page_is_not_listed_under_the_old_one(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A moved item's old member in the page index is removed in phase 3:
+    a worker gone before it leaves that member, and the item (alive on its
+    new page) is not listed under the old one (a crawl of that page would
+    send a tombstone for it)."""
+    old, new = "https://a.example/old", "https://a.example/new"
+    store = open_store(redis_cluster, prefix)
+    store.stage_item(item("x", page=old))
+    await call(store.flush())
+    await call(store.close())
+    gone = open_store(redis_cluster, prefix)
+    gone.stage_item(item("x", 2, page=new))
+    gone.stage_page(full_state(PageKey(SCOPE, new), 1, callback="parse", next_visit=1_000))
+    cut_before(gone, CLUSTER_SCOPE_LUA)
+    with pytest.raises(StateStoreError):
+        await call(gone.flush())
+    await call(die(gone))
+    store = open_store(redis_cluster, prefix)
+    try:
+        with redis_cluster.client() as client:
+            # The stale member is there (what the read has to see past).
+            bypage = f"{prefix}:bypage:{{{SCOPE}#{item_group(old)}}}"
+            assert client.zrangebylex(bypage, "-", "+") == [f"{old}\0x".encode()]
+        assert await call(store.get_page_items(SCOPE, old)) == []
+        assert await call(store.get_page_items(SCOPE, new)) == ["x"]
+    finally:
+        await call(store.close())

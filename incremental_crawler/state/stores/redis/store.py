@@ -255,6 +255,17 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
             ("HGET", self._item_key("items", scope, page_url), page_url)],
             "Redis command failed")
         keys = [member.partition(b"\0")[2].decode() for member in listed]
+        if self.tagged and keys:
+            # On a cluster a moved item's old member is removed in phase 3,
+            # after its record names the new page (phase 1): a worker gone
+            # between them leaves it. Listed only while its record still
+            # names this page (else a tombstone would go out for an item
+            # alive on another page).
+            records = await self._commands([
+                ("HGET", self._item_key("items", scope, key), key) for key in keys],
+                "Redis command failed")
+            keys = [key for key, raw in zip(keys, records, strict=True)
+                    if raw is not None and _names_page(json.loads(raw), page_url)]
         if own is not None:
             record = json.loads(own)
             if record["fingerprint"] and record.get("page", page_url) == page_url:
@@ -716,6 +727,11 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
     def iter_pages(self, scope: str) -> Iterator[PageState]:
         for host, field, raw in self._iter_bucket_pages(scope, self._buckets(scope)):
             yield self._page(page_key_of(scope, host, field.decode()), raw)
+
+
+def _names_page(record: dict[str, Any], page_url: str) -> bool:
+    """Whether an item's stored record is a live item of *page_url*."""
+    return bool(record.get("fingerprint")) and record.get("page") == page_url
 
 
 def _undelivered_member(stored_at: float, item_key: str, version: int) -> str:
