@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import pytest_twisted
 import redis
+from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from incremental_crawler.state.records import PageKey
@@ -91,6 +92,33 @@ def test_a_store_on_a_cluster_is_of_the_cluster_layout(
         client.hset(f"{prefix}:meta", "version", LAYOUT_VERSION)
     with pytest.raises(StateStoreError, match="where only the cluster layout"):
         RedisStateStore.from_uri(uri)
+
+
+def test_a_worker_opening_a_new_store_while_another_creates_it_agrees(
+        redis_cluster: LoopbackCluster, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first worker writes the new store's layout and version in one
+    MULTI: a second worker opening in between (here: right after the first
+    sent, or queued, its first HSETNX) never reads a layout without its
+    version (it refused the prefix as not a store's)."""
+    opened: list[RedisStateStore] = []
+    hsetnx = RedisCluster.hsetnx
+    calls: list[int] = []
+
+    def open_another(self: Any, *args: Any) -> Any:
+        calls.append(1)
+        reply = hsetnx(self, *args)
+        if len(calls) == 1:  # (the second store's own HSETNX go through)
+            opened.append(open_store(redis_cluster, prefix))
+        return reply
+
+    monkeypatch.setattr(RedisCluster, "hsetnx", open_another)
+    first = open_store(redis_cluster, prefix)
+    for store in (first, *opened):
+        store._sync.close()
+    assert len(opened) == 1
+    with redis_cluster.client() as client:
+        assert client.hgetall(f"{prefix}:meta") == {
+            b"layout": LAYOUT.encode(), b"version": str(CLUSTER_LAYOUT_VERSION).encode()}
 
 
 @pytest_twisted.ensureDeferred

@@ -216,12 +216,18 @@ class RedisLayout(RedisCore):
                         f"holds state keys but no {meta} (damaged, or written by "
                         "something else); point INCREMENTAL_STATE_URI at another "
                         "prefix or restore it")
-                # HSETNX: two workers opening a new store at once agree.
-                self._sync.hsetnx(meta, "layout", LAYOUT)
-                self._sync.hsetnx(meta, "version", CLUSTER_LAYOUT_VERSION)
-                self.roundtrips += 3
-            found: Any = self._sync.hgetall(meta) if kind in (b"none", b"hash") else {}
-            self.roundtrips += 1
+                # HSETNX: two workers opening a new store at once agree; in
+                # one MULTI (one key, one slot), so that a worker opening
+                # between them never reads a layout without its version.
+                with self._sync.pipeline(transaction=True) as pipe:
+                    pipe.hsetnx(meta, "layout", LAYOUT)
+                    pipe.hsetnx(meta, "version", CLUSTER_LAYOUT_VERSION)
+                    pipe.hgetall(meta)
+                    found: Any = pipe.execute()[-1]
+                self.roundtrips += 1
+            else:
+                found = self._sync.hgetall(meta) if kind == b"hash" else {}
+                self.roundtrips += 1
         except redis.RedisError as exc:
             raise self._fail(
                 "cannot be reached or read (is Redis running at this address?)", exc
