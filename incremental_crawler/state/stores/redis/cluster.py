@@ -36,7 +36,10 @@ and phase 3 has not is kept by the store (:class:`_Carried`) and sent with
 the next flush; phase 2's effects also stay in their host's ledger
 (``P:fx:{<s>|<h>}``) until applied, so that a worker gone before its phase 3
 leaves them to the next flush that writes the host (after
-:attr:`RedisClusterPath.adopt_after`), and the scope's script applies each
+:attr:`RedisClusterPath.adopt_after`) or, listed by the write-ahead intents
+the flush wrote in the scope's slot before its phase 2
+(``P:fxhosts:{<s>}``), to the next reading of the scope
+(:meth:`RedisClusterPath.adopt_ledgers`); the scope's script applies each
 script's effects once (``P:fxdone:{<s>}``), whoever sends them.
 
 A script that writes a page chooses its bucket from the host's bucket
