@@ -610,3 +610,35 @@ async def test_an_item_moved_to_another_page_is_not_listed_under_the_old_one(
         assert await call(store.get_page_items(SCOPE, new)) == ["x"]
     finally:
         await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_late_index_removal_leaves_a_member_written_since(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Worker A moves item x from p1 to p2, its phase 3 (which removes
+    (p1, x) from the page index) cut off; worker B writes x back on p1;
+    A's retried phase 3 removes nothing B wrote: x stays listed under p1."""
+    p1, p2 = "https://a.example/p1", "https://a.example/p2"
+    first = open_store(redis_cluster, prefix)
+    a = open_store(redis_cluster, prefix)
+    b = open_store(redis_cluster, prefix)
+    try:
+        first.stage_item(item("x", 1, page=p1))
+        await call(first.flush())
+        a.stage_item(item("x", 2, page=p2))
+        a.stage_page(full_state(PageKey(SCOPE, p2), 1, callback="parse", next_visit=1_000))
+        cut_before(a, CLUSTER_SCOPE_LUA)
+        with pytest.raises(StateStoreError):
+            await call(a.flush())
+        b.stage_item(item("x", 3, page=p1))
+        await call(b.flush())
+        assert await call(b.get_page_items(SCOPE, p1)) == ["x"]
+        del a._eval_many  # its scope's node reachable again
+        await call(a.flush())
+        assert a.pending == 0
+        assert await call(b.get_page_items(SCOPE, p1)) == ["x"]
+        assert await call(b.get_page_items(SCOPE, p2)) == []
+    finally:
+        for store in (first, a, b):
+            await call(store.close())

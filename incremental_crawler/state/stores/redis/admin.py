@@ -52,7 +52,7 @@ _SCOPE_KINDS = ("hosts", "items", "itemver", "order", "bypage", "crawls", "hs", 
                 "splits", "slots", "slotsat", "undelc", "nvs", "nvm", "ck")
 _HOST_KINDS = ("hd", "ln")
 #: The kinds kept per item group in the cluster layout (``{<s>#<g>}``).
-_GROUP_KINDS = ("items", "itemver", "order", "bypage")
+_GROUP_KINDS = ("items", "itemver", "order", "bypage", "bypagev")
 
 
 class RedisAdmin(RedisClusterPath, AdminStore):

@@ -23,7 +23,8 @@ succeeded:
    their writes (the scope's hosts, the revisit index lowered, the splits,
    the sums by next visit, the checks since the mark), then the scope's own
    writes (host trust, crawl records, rates, delivery marks); the page
-   index's stale members; ``P:scopes``.
+   index's stale members (``cluster_bypage.lua``: skipped where a later
+   item version wrote the member since); ``P:scopes``.
 
 Every script keeps its own token in its slot (``P:flush:{tag}:<token>``)
 with how many of its writes it applied and what it returned, so that a
@@ -77,6 +78,7 @@ from incremental_crawler.state.stores.redis.pages import (
     bucket_of,
 )
 from incremental_crawler.state.stores.redis.scripts import (
+    CLUSTER_BYPAGE_LUA,
     CLUSTER_HOST_LUA,
     CLUSTER_INTENT_DROP_LUA,
     CLUSTER_ITEMS_LUA,
@@ -197,8 +199,10 @@ class _Carried:
     #: this worker's intent on them is dropped with the next pipeline when
     #: none of their effects is pending any more.
     intents_done: set[tuple[str, str]] = field(default_factory=set)
-    bypage_add: set[tuple[str, str]] = field(default_factory=set)
-    bypage_remove: set[tuple[str, str]] = field(default_factory=set)
+    #: The page index's members to add and to remove: (key, member) ->
+    #: the item version of the write that made each (see cluster_bypage.lua).
+    bypage_add: dict[tuple[str, str], int] = field(default_factory=dict)
+    bypage_remove: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def empty(self) -> bool:
         return not (self.effects or self.sent_effects or self.bypage_add
@@ -344,7 +348,7 @@ class RedisClusterPath(RedisCore):
         versions: dict[int, int] = {}
         # This flush's stale members (netted within each group's script:
         # not undone by this flush's additions, which came before them).
-        removals: set[tuple[str, str]] = set()
+        removals: dict[tuple[str, str], int] = {}
 
         def on_reply(tag: str, chunk: list[int], reply: Any, token: str) -> None:
             count = int(reply[0])
@@ -352,9 +356,10 @@ class RedisClusterPath(RedisCore):
             for n, number in zip(chunk[:count], done.get("versions") or [], strict=False):
                 versions[n] = int(number)
             scope_part = tag[1:tag.index("#")]
-            for member in done.get("remove") or []:
+            for member, version in done.get("remove") or []:
                 page = member.partition("\0")[0]
-                removals.add((self._group_key("bypage", scope_part, page), member))
+                where = (self._group_key("bypage", scope_part, page), member)
+                removals[where] = max(int(version), removals.get(where, 0))
 
         try:
             # The tokens of the flush before go with the first pipeline.
@@ -369,15 +374,17 @@ class RedisClusterPath(RedisCore):
                         # Its page's member, added in phase 2 (after the item);
                         # a removal left from a flush before is undone.
                         member = f"{op[11]}\0{op[6]}"
-                        carried.bypage_add.add((op[5], member))
-                        carried.bypage_remove.discard((op[5], member))
+                        carried.bypage_add[op[5], member] = versions[n]
+                        carried.bypage_remove.pop((op[5], member), None)
                 elif op[0] == "undeliv" and len(op) == 7:
                     at = last_item.get(op[5])
                     if at is not None and at in versions:
                         # Resolved: the mark names the version phase 1 wrote.
                         member = f"{int(op[6]):015d}\0{op[5]}\0{versions[at]:010d}"
                         ops[n] = ("undeliv", op[1], op[2], op[3], member)
-            carried.bypage_remove |= removals
+            for where, version in removals.items():
+                carried.bypage_remove[where] = max(version,
+                                                   carried.bypage_remove.get(where, 0))
 
     def _group_key(self, kind: str, scope_part: str, name: str) -> str:
         return f"{self.prefix}:{kind}:{{{scope_part}#{item_group(name)}}}"
@@ -451,12 +458,14 @@ class RedisClusterPath(RedisCore):
                     counts[scope_part, part] = (int(done.get("n") or 1),
                                                 int(done.get("p") or 0))
 
-        adds = sorted(carried.bypage_add)
+        adds = dict(carried.bypage_add)
         for _ in range(_PHASE_ROUNDS):
             await self._send_phase(groups, build, applied, on_reply,
-                                   [("ZADD", key, 0, member) for key, member in adds])
-            carried.bypage_add.difference_update(adds)
-            adds = []
+                                   self._bypage_calls("add", adds))
+            for where, version in adds.items():
+                if carried.bypage_add.get(where) == version:
+                    del carried.bypage_add[where]
+            adds = {}
             if not again:
                 return
             groups = {tag: [at for at in positions if at not in applied]
@@ -589,16 +598,17 @@ class RedisClusterPath(RedisCore):
                 # Refused before they were applied (a damaged key): kept.
                 carried.effects.setdefault(tag[1:-1], {}).update(bundles)
 
-        plain: list[tuple[Any, ...]] = [("ZREM", key, member)
-                                        for key, member in sorted(carried.bypage_remove)]
+        plain: list[tuple[Any, ...]] = self._bypage_calls("remove", carried.bypage_remove)
         if scopes:
             plain.append(("SADD", f"{self.prefix}:scopes", *sorted(scopes)))
-        removals = set(carried.bypage_remove)
+        removals = dict(carried.bypage_remove)
         for _ in range(_PHASE_ROUNDS):
             await self._send_phase(groups, build, applied, on_reply, plain,
                                    always=frozenset(effect_tags))
-            carried.bypage_remove.difference_update(removals)
-            plain, removals = [], set()
+            for where, version in removals.items():
+                if carried.bypage_remove.get(where) == version:
+                    del carried.bypage_remove[where]
+            plain, removals = [], {}
             if not again:
                 return
             groups = {tag: [at for at in positions if at not in applied]
@@ -606,6 +616,18 @@ class RedisClusterPath(RedisCore):
             effect_tags = set(again)
             again = {}
         raise _PhaseFailed("the flush did not settle: effects kept being applied elsewhere")
+
+    def _bypage_calls(self, op: str, members: dict[tuple[str, str], int]
+                      ) -> list[tuple[Any, ...]]:
+        """The page index's additions or removals, one script a key (with
+        its versions' hash, same slot: ``cluster_bypage.lua``)."""
+        by_key: dict[str, list[Any]] = {}
+        for (key, member), version in sorted(members.items()):
+            by_key.setdefault(key, []).extend((op, member, version))
+        index = f"{self.prefix}:bypage:"
+        return [("EVAL", CLUSTER_BYPAGE_LUA, 2, key,
+                 f"{self.prefix}:bypagev:{key[len(index):]}", *args)
+                for key, args in by_key.items()]
 
     # -- write-ahead intents and the adoption of a dead worker's effects -------
 

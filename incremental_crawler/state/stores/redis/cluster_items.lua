@@ -11,7 +11,9 @@
 -- key, record, when, history entry ('': none), change, page ('': none, or
 -- the item key), live ('1', '0': a tombstone), versions kept (0: all).
 -- Returns {applied, replayed (0/1), error ('' none), effects (JSON: the
--- version each applied write got, and the page index members to remove)}.
+-- version each applied write got, and the page index members to remove,
+-- each with the version of the write that made it stale: its removal is
+-- skipped where a later version wrote the member since)}.
 local TOKEN, ITEMS, ITEMVER, ORDER = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local done = redis.call('GET', TOKEN)
 if done then
@@ -87,7 +89,7 @@ local function item(a, i, hist)
   if was ~= now then
     -- Netted over the group's writes: a member added by a later write
     -- (phase 2 adds every live one) is not removed.
-    if was then REMOVE[was .. '\0' .. key] = true end
+    if was then REMOVE[was .. '\0' .. key] = version end
   end
   if now then REMOVE[now .. '\0' .. key] = nil end
   redis.call('HSET', ITEMVER, key, version)
@@ -114,5 +116,5 @@ while i <= #ARGV do
   i, k = i + 8, k + 1
 end
 local remove = {}
-for member in pairs(REMOVE) do remove[#remove + 1] = member end
+for member, version in pairs(REMOVE) do remove[#remove + 1] = {member, version} end
 return finish(applied, failed, cjson.encode({versions = VERSIONS, remove = remove}))
