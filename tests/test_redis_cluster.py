@@ -3,14 +3,17 @@
 Three ``redis-server --cluster-enabled yes`` primaries on loopback ports,
 started once for the session (:mod:`tests.redis_cluster_util`). The
 coordination keys, scrapy-redis's queue and dupefilter and the shared
-budget run on the cluster; the state store stays on the shared standalone
-Redis (or SQLite): it does not run on a Redis Cluster yet, and a crawl
-whose store would follow the cluster's URL is refused.
+budget run on the cluster; so does the state store (its cluster layout)
+when it follows the cluster's URL. Most crawls here keep their store on the
+shared standalone Redis; one keeps it on the cluster (the store's own
+tests on the cluster are ``tests/test_redis_cluster_store.py`` and the
+store contract).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -34,8 +37,6 @@ from incremental_crawler.config import DEFAULT_SETTINGS
 from incremental_crawler.politeness.budget import SharedBudget
 from incremental_crawler.politeness.window import WindowPolicy
 from incremental_crawler.redis_cluster import SyncClusterClient, connect
-from incremental_crawler.state.stores.base import StateStoreError
-from incremental_crawler.state.stores.redis import RedisStateStore
 from tests.redis_cluster_util import LoopbackCluster, free_ports
 from tests.redis_util import REDIS_URI
 from tests.scrapy_cli import scrapy_in_process
@@ -254,57 +255,64 @@ async def test_an_unreachable_redis_cluster_is_one_clear_error_line(site, tmp_pa
     assert site.log == []
 
 
-@pytest_twisted.ensureDeferred
-async def test_a_state_store_that_would_follow_the_cluster_url_is_refused(
-        site, redis_cluster, tmp_path):
-    site.add_pages(3, size=500)
-    result = await deferToThread(
-        crawl_command, site, tmp_path, f"INCREMENTAL_CLUSTER_URL={redis_cluster.url}")
-    assert result.returncode == 1, result.stderr[-3000:]
-    line = one_error_line(result)
-    assert line.startswith(
-        f"INCREMENTAL_CLUSTER_URL {redis_cluster.url} is a Redis Cluster, and the state "
-        "store does not run on a Redis Cluster yet"), line
-    assert "set INCREMENTAL_STATE_URI" in line
-    assert site.log == []
+@pytest.fixture
+def cluster_store(redis_cluster):
+    """The state store a cluster crawl keeps on the cluster by itself (it
+    follows INCREMENTAL_CLUSTER_URL, under the default prefix); its keys
+    deleted from every node afterwards."""
+    yield f"{redis_cluster.url}?prefix=incremental"
+    redis_cluster.delete("incremental:*")
 
 
 @pytest_twisted.ensureDeferred
-async def test_the_commands_given_a_cluster_store_say_it_is_refused(
-        redis_cluster, prefix, tmp_path):
-    # Not "no state store under prefix ...": no prefix of a cluster holds one.
-    uri = f"{redis_cluster.seeds_url}?prefix={prefix}"
-    commands = (["state"], ["items", "-o", str(tmp_path / "items.jsonl")], ["report", "sitemap"])
-    for command in commands:
+async def test_workers_keep_their_state_store_on_the_cluster(
+        site, redis_cluster, prefix, cluster_store, tmp_path):
+    n = 40
+    for i in range(n):
+        site.add_page(f"/p/{i:04d}", ("strong", "weak", "lastmod")[i % 3], size=1000)
+    site.slow("/p/", 0.05)
+    # No INCREMENTAL_STATE_URI: the store follows the cluster's URL.
+    workers = [Worker(site, None, prefix, tmp_path, str(i), *on_cluster(redis_cluster))
+               for i in range(2)]
+    await until_all_have_work(site, 2)
+    site.release()
+    for worker in workers:
+        assert await worker.wait() == 0, worker.tail()
+    gets = page_gets(site)
+    assert len(gets) == n
+    assert max(gets.values()) == 1, [p for p, c in gets.items() if c > 1]
+    per_worker = [worker.urls() for worker in workers]
+    assert sorted(u for urls in per_worker for u in urls) == sorted(
+        site.url(f"/p/{i:04d}") for i in range(n))
+    assert all(per_worker), [len(u) for u in per_worker]
+    # The state is on the cluster, spread over its nodes (hosts, items).
+    keys = await deferToThread(redis_cluster.keys, "incremental:*")
+    assert {k.split(b":")[1] for k in keys} >= {b"meta", b"hd", b"items", b"nvs"}
+    assert len({redis_cluster.port_of(k.decode()) for k in keys}) == 3
+    # What a command reads of it (no add-on: the same rule finds it).
+    result = await deferToThread(scrapy_in_process, "items", "-o",
+                                 str(tmp_path / "items.jsonl"), "-s",
+                                 f"INCREMENTAL_CLUSTER_URL={redis_cluster.url}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    exported = [json.loads(line)["url"]
+                for line in (tmp_path / "items.jsonl").read_text().splitlines()]
+    assert sorted(exported) == sorted(site.url(f"/p/{i:04d}") for i in range(n))
+    # (The report's files go to the test's directory, not the project's.)
+    for command in (["state"], ["report", "sitemap", "-o", str(tmp_path / "history")]):
         result = await deferToThread(scrapy_in_process, *command, "-s",
-                                     f"INCREMENTAL_STATE_URI={uri}")
-        assert result.returncode == 1, (command, result.stdout, result.stderr[-2000:])
-        assert ("is a Redis Cluster, and the state store does not run on a Redis Cluster "
-                "yet") in result.stderr, (command, result.stderr[-2000:])
-    assert redis_cluster.keys(f"{prefix}*") == []
+                                     f"INCREMENTAL_CLUSTER_URL={redis_cluster.url}")
+        assert result.returncode == 0, (command, result.stderr[-3000:])
+        assert "sitemap" in result.stdout + result.stderr, command
 
-
-@pytest.mark.parametrize("named_by", ["node", "seeds"])
-def test_the_state_store_on_a_cluster_is_refused_before_writing_anything(
-        redis_cluster, prefix, named_by):
-    # Its scripts touch keys of many slots: refused in one line when it
-    # opens (not a MOVED or CROSSSLOT error at some later command), with
-    # nothing laid out on any node.
-    url = redis_cluster.url if named_by == "node" else redis_cluster.seeds_url
-    uri = f"{url}?prefix={prefix}"
-    # A crawl opens the store; the commands (state, items, report) first ask
-    # whether one exists: both are told the same line, not "no store here".
-    for open_or_ask in (RedisStateStore.from_uri, RedisStateStore.exists):
-        with pytest.raises(StateStoreError) as info:
-            open_or_ask(uri)
-        message = str(info.value)
-        assert "\n" not in message
-        assert message.startswith(f"State store {url}&prefix={prefix}" if "?" in url
-                                  else f"State store {url}?prefix={prefix}"), message
-        assert ("is a Redis Cluster, and the state store does not run on a Redis Cluster "
-                "yet") in message
-        assert "set INCREMENTAL_STATE_URI" in message
-    assert redis_cluster.keys(f"{prefix}*") == []
+    # Next run: the store on the cluster keeps the pages away but for the
+    # changed ones (their lastmods say so).
+    changed = set(site.change_fraction(0.1, seed=5))
+    site.reset_log()
+    workers = [Worker(site, None, prefix, tmp_path, f"2-{i}", *on_cluster(redis_cluster),
+                      "-s", "INCREMENTAL_LASTMOD_RECHECK_SHARE=0") for i in range(2)]
+    for worker in workers:
+        assert await worker.wait() == 0, worker.tail()
+    assert dict(page_gets(site)) == dict.fromkeys(changed, 1)
 
 
 def test_the_coordinator_names_an_unreachable_cluster():

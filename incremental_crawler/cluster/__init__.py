@@ -22,10 +22,9 @@ Workers started with the same command share one crawl through one Redis:
 
 The URL may name one Redis server or a Redis Cluster (a node of it, or
 ``redis+cluster://`` with seed nodes: :mod:`incremental_crawler.redis_cluster`).
-On a cluster, the coordination keys, the queue, the dupefilter and the
-shared budget run there; the state store does not run on a Redis Cluster
-yet, so a crawl whose store would follow the cluster's URL is refused
-(``INCREMENTAL_STATE_URI`` names another store).
+On a cluster, the coordination keys, the queue, the dupefilter, the shared
+budget and the state store (its cluster layout,
+:mod:`incremental_crawler.state.stores.redis.cluster`) run there.
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ from typing import TYPE_CHECKING
 from scrapy.settings import SETTINGS_PRIORITIES
 
 from incremental_crawler.exceptions import ClusterError
-from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
     from scrapy.settings import Settings
@@ -59,8 +57,6 @@ def apply_cluster_settings(settings: Settings) -> None:
     url = settings.get("INCREMENTAL_CLUSTER_URL")
     if not url:
         return
-    if not settings.get("INCREMENTAL_STATE_URI"):
-        _refuse_store_on_cluster(str(url))
     prefix = settings.get("INCREMENTAL_CLUSTER_PREFIX")
     # scrapy-redis builds its client with this class: a Redis Cluster's for
     # a cluster (the scheduler then shares the coordinator's). A class the
@@ -92,30 +88,3 @@ def apply_cluster_settings(settings: Settings) -> None:
     if order is not None:
         extensions.set(RESEEDER, None, priority="addon")
         extensions.set(_P + "reseed.ClusterReseeder", order, priority="addon")
-
-
-def _refuse_store_on_cluster(url: str) -> None:
-    """The state store follows INCREMENTAL_CLUSTER_URL, and cannot be on a
-    Redis Cluster (yet): said before any component opens it.
-
-    A ``redis://`` URL is asked (``INFO cluster``); one that cannot be
-    reached is left to the components, which say so.
-    """
-    # Imported here: a crawl that is not a cluster's does without Redis's client.
-    import redis  # noqa: PLC0415
-
-    from incremental_crawler.redis_cluster import is_cluster_url, names_cluster  # noqa: PLC0415
-
-    try:
-        cluster = is_cluster_url(url) or names_cluster(
-            url, socket_timeout=10, socket_connect_timeout=10)
-    except ValueError as exc:
-        raise ClusterError(f"INCREMENTAL_CLUSTER_URL {redacted(url)}: {exc}") from exc
-    except redis.RedisError:
-        return
-    if cluster:
-        raise ClusterError(
-            f"INCREMENTAL_CLUSTER_URL {redacted(url)} is a Redis Cluster, and the state "
-            "store does not run on a Redis Cluster yet (it follows INCREMENTAL_CLUSTER_URL "
-            "unless INCREMENTAL_STATE_URI is set): set INCREMENTAL_STATE_URI to a Redis "
-            "server (redis://host:port/db?prefix=name) or a SQLite file (sqlite:///path)")

@@ -11,17 +11,21 @@ scope, each in one ``MULTI``."""
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import redis
+from redis.crc import key_slot
 
 from incremental_crawler.state.records import Change, HostTrust, StoredVersion
 from incremental_crawler.state.stores.base import AdminStore, Removed, SlotRates, UrlRecord
+from incremental_crawler.state.stores.redis.cluster import RedisClusterPath, _Effects
 from incremental_crawler.state.stores.redis.core import (
     _HMGET_CHUNK,
-    RedisCore,
+    ITEM_GROUPS,
     _glob,
     _key_part,
     _page_range,
@@ -47,9 +51,11 @@ __all__ = ["RedisAdmin"]
 _SCOPE_KINDS = ("hosts", "items", "itemver", "order", "bypage", "crawls", "hs", "dueb",
                 "splits", "slots", "slotsat", "undelc", "nvs", "nvm", "ck")
 _HOST_KINDS = ("hd", "ln")
+#: The kinds kept per item group in the cluster layout (``{<s>#<g>}``).
+_GROUP_KINDS = ("items", "itemver", "order", "bypage", "bypagev")
 
 
-class RedisAdmin(RedisCore, AdminStore):
+class RedisAdmin(RedisClusterPath, AdminStore):
     """The administration of a Redis store (see the module docstring)."""
 
     # -- read-outs -------------------------------------------------------------
@@ -81,9 +87,12 @@ class RedisAdmin(RedisCore, AdminStore):
         return host, bucket, plain + variants
 
     def _items_by_page(self, scope: str, urls: Collection[str], *, live: bool) -> list[str]:
-        """Keys of the items last stored from any of *urls* (one scan of the items)."""
+        """Keys of the items last stored from any of *urls* (one scan of the
+        items: on a cluster, of every item group's)."""
         keys: list[str] = []
-        for key, raw in self._hscan(self._key("items", scope)):
+        hashes = (self._group_keys("items", scope) if self.tagged
+                  else [self._key("items", scope)])
+        for key, raw in (pair for name in hashes for pair in self._hscan(name)):
             record = json.loads(raw)
             page = record.get("page") or key.decode()
             if page in urls and (not live or record.get("fingerprint")):
@@ -99,7 +108,7 @@ class RedisAdmin(RedisCore, AdminStore):
                 pipe.hget(key, field)
             pipe.hget(self._host_key("ln", scope, host), field)
         for key in items:
-            pipe.hget(self._key("itemver", scope), key)
+            pipe.hget(self._item_key("itemver", scope, key), key)
         replies = self._sync_run(pipe)
         pages, links = [], {}
         for n, field in enumerate(page_fields):
@@ -147,6 +156,9 @@ class RedisAdmin(RedisCore, AdminStore):
 
     def _iter_item_keys(self, scope: str) -> Iterator[list[bytes]]:
         """The scope's item keys, oldest first, in chunks of ``_HMGET_CHUNK``."""
+        if self.tagged:
+            yield from self._iter_grouped_item_keys(scope)
+            return
         order = self._key("order", scope)
         for start in range(0, 2**63, _HMGET_CHUNK):
             pipe = self._sync.pipeline(transaction=False)
@@ -194,8 +206,7 @@ class RedisAdmin(RedisCore, AdminStore):
             return noted
         # Latest only: the items' records say when their latest version was
         # stored (no history entry, no data, is read).
-        pipe.hmget(self._key("items", scope), keys)
-        [records] = self._sync_run(pipe)
+        records = self._item_fields("items", scope, keys)
         for key, raw in zip(keys, records, strict=True):
             if raw is not None:
                 stored_at = json.loads(raw).get("stored_at", 0)
@@ -225,16 +236,7 @@ class RedisAdmin(RedisCore, AdminStore):
         newer version (still in the window), never nothing. A latest
         version without data yields nothing.
         """
-        keys: list[str] = []
-        for name, item_key, _ in chunk:
-            keys += [self._key("items", name), self._key("itemver", name),
-                     self._hist_key(name, item_key)]
-        self.roundtrips += 1
-        try:
-            reply: Any = self._sync.eval(_LATEST_LUA, len(keys), *keys,
-                                         *(item_key for _, item_key, _ in chunk))
-        except redis.RedisError as exc:
-            raise self._fail("read failed", exc) from exc
+        reply = self._latest(chunk)
         for n, (name, item_key, _) in enumerate(chunk):
             version, entry, raw = reply[3 * n:3 * n + 3]
             if version is None or entry is None:
@@ -261,10 +263,8 @@ class RedisAdmin(RedisCore, AdminStore):
     def _iter_scope_items(self, scope: str) -> Iterator[dict[str, object]]:
         # Oldest key first (by first_seen, then key), in bounded chunks.
         for keys in self._iter_item_keys(scope):
-            pipe = self._sync.pipeline(transaction=False)
-            pipe.hmget(self._key("items", scope), keys)
-            pipe.hmget(self._key("itemver", scope), keys)
-            records, versions = self._sync_run(pipe)
+            records = self._item_fields("items", scope, keys)
+            versions = self._item_fields("itemver", scope, keys)
             pipe = self._sync.pipeline(transaction=False)
             for key, version in zip(keys, versions, strict=True):
                 pipe.hget(self._hist_key(scope, key.decode()), version or b"0")
@@ -327,6 +327,9 @@ class RedisAdmin(RedisCore, AdminStore):
 
     def forget_page(self, scope: str, url: str) -> Removed:
         host, bucket, page_fields = self._page_fields(scope, url)
+        if self.tagged:
+            return self._forget_in_slots(scope, {url}, host, [(bucket, page_fields)],
+                                         whole_host=False)
 
         def delete_pages(pipe: Any) -> list[str | None]:
             if not page_fields:
@@ -348,6 +351,9 @@ class RedisAdmin(RedisCore, AdminStore):
         buckets = [(host, b) for b in range(n)]
         urls = {page_key_of(scope, host, field.decode()).url
                 for _, field, _ in self._iter_bucket_pages(scope, buckets)}
+        if self.tagged:
+            return self._forget_in_slots(scope, urls, host, [(b, None) for b in range(n)],
+                                         whole_host=True)
 
         def delete_pages(pipe: Any) -> list[str | None]:
             pipe.eval(_SUMS_FORGET_LUA, 0, self.prefix, _key_part(scope), host_part(host),
@@ -366,18 +372,206 @@ class RedisAdmin(RedisCore, AdminStore):
 
         return self._forget(scope, urls, delete_pages, host)
 
+    # -- the cluster layout: items by group, repairs a MULTI per slot ---------
+
+    def _group_keys(self, kind: str, scope: str) -> list[str]:
+        """Every item group's key of *kind* (``items``, ``itemver``,
+        ``order``, ``bypage``) of *scope*."""
+        part = _key_part(scope)
+        return [f"{self.prefix}:{kind}:{{{part}#{g}}}" for g in range(ITEM_GROUPS)]
+
+    def _item_fields(self, kind: str, scope: str, keys: list[bytes]) -> list[Any]:
+        """The field of each item key in the hash *kind* (``items``,
+        ``itemver``): one HMGET in layout 4, an HGET per item (in its
+        group's key) in one pipeline on a cluster."""
+        pipe = self._sync.pipeline(transaction=False)
+        if self.tagged:
+            for key in keys:
+                pipe.hget(self._item_key(kind, scope, key.decode()), key)
+            return self._sync_run(pipe)
+        pipe.hmget(self._key(kind, scope), keys)
+        [values] = self._sync_run(pipe)
+        return list(values)
+
+    def _iter_grouped_item_keys(self, scope: str) -> Iterator[list[bytes]]:
+        """:meth:`_iter_item_keys` on a cluster: every group's export order
+        merged (by first_seen, then key, as one sorted set orders them)."""
+        def stream(order: str) -> Iterator[tuple[float, bytes]]:
+            for start in range(0, 2**63, _HMGET_CHUNK):
+                pipe = self._sync.pipeline(transaction=False)
+                pipe.zrange(order, start, start + _HMGET_CHUNK - 1, withscores=True)
+                [pairs] = self._sync_run(pipe)
+                for member, score in pairs:
+                    yield float(score), member
+                if len(pairs) < _HMGET_CHUNK:
+                    return
+
+        chunk: list[bytes] = []
+        for _, key in heapq.merge(*(stream(order) for order in
+                                    self._group_keys("order", scope))):
+            chunk.append(key)
+            if len(chunk) == _HMGET_CHUNK:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+    def _latest(self, chunk: list[tuple[str, str, int]]) -> list[Any]:
+        """:data:`_LATEST_LUA`'s reply for *chunk* (per item its version,
+        entry and record): one script, or on a cluster one per item group
+        (each group's keys are one slot), the replies put back in order."""
+        groups: dict[str, list[int]] = {}
+        for n, (name, item_key, _) in enumerate(chunk):
+            # One server: the whole chunk in one script, whatever its scopes.
+            groups.setdefault(self._item_key("items", name, item_key) if self.tagged else "",
+                              []).append(n)
+        out: list[Any] = [None] * (3 * len(chunk))
+        for ns in groups.values():
+            keys: list[str] = []
+            for n in ns:
+                name, item_key, _ = chunk[n]
+                keys += [self._item_key("items", name, item_key),
+                         self._item_key("itemver", name, item_key),
+                         self._hist_key(name, item_key)]
+            self.roundtrips += 1
+            try:
+                reply: Any = self._sync.eval(_LATEST_LUA, len(keys), *keys,
+                                             *(chunk[n][1] for n in ns))
+            except redis.RedisError as exc:
+                raise self._fail("read failed", exc) from exc
+            for at, n in enumerate(ns):
+                out[3 * n:3 * n + 3] = reply[3 * at:3 * at + 3]
+        return out
+
+    def _multi_per_slot(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """*commands* (each of one key, its second element) as one
+        ``MULTI`` per hash slot (a cluster runs a transaction only in one
+        slot); the replies in the order given. Not one transaction: each
+        slot's part is applied whole, one after the other (a repair runs
+        while no crawl holds the scope)."""
+        by_slot: dict[int, list[int]] = {}
+        for n, command in enumerate(commands):
+            by_slot.setdefault(key_slot(str(command[1]).encode()), []).append(n)
+        out: list[Any] = [None] * len(commands)
+        for ns in by_slot.values():
+            pipe = self._sync.pipeline(transaction=True)
+            for n in ns:
+                pipe.execute_command(*commands[n])
+            for n, reply in zip(ns, self._sync_run(pipe), strict=True):
+                out[n] = reply
+        return out
+
+    def _forgotten(self, scope: str, host: str,
+                   buckets: list[tuple[int, list[str] | None]]) -> _Effects:
+        """What deleting the pages of *buckets* (each its number and the
+        fields deleted, None: all) takes out of the scope's sums and checks."""
+        effects = _Effects()
+        pipe = self._sync.pipeline(transaction=False)
+        asked: list[list[str] | None] = []
+        for bucket, names in buckets:
+            for key in self._bucket_keys(scope, host, bucket):
+                if names is None:
+                    pipe.hgetall(key)
+                    asked.append(None)
+                elif names:
+                    pipe.hmget(key, names)
+                    asked.append(names)
+        for names, reply in zip(asked, self._sync_run(pipe), strict=True):
+            pairs = (((k.decode(), v) for k, v in reply.items()) if names is None
+                     else zip(names, reply, strict=True))
+            for field, raw in pairs:
+                if raw is not None:
+                    effects.forget(self._page(page_key_of(scope, host, field), raw),
+                                   f"{host_part(host)}|{field}")
+        return effects
+
+    def _forget_in_slots(self, scope: str, urls: Collection[str], host: str,
+                         buckets: list[tuple[int, list[str] | None]], *,
+                         whole_host: bool) -> Removed:
+        """:meth:`forget_page` / :meth:`forget_host` on a cluster: the same
+        deletions as one ``MULTI`` per slot (:meth:`_multi_per_slot`), and
+        the pages deleted taken out of the scope's sums by the scope's
+        script (their records read first, in their host's slot)."""
+        items = self._items_by_page(scope, urls, live=False)
+        effects = self._forgotten(scope, host, buckets)
+        part = host_part(host)
+        commands: list[tuple[Any, ...]] = []
+        kinds: list[str | None] = []
+
+        def run(kind: str | None, *command: Any) -> None:
+            commands.append(command)
+            kinds.append(kind)
+
+        for key in items:
+            run("versions", "HLEN", self._hist_key(scope, key))
+            run("items", "HDEL", self._item_key("items", scope, key), key)
+            run(None, "HDEL", self._item_key("itemver", scope, key), key)
+            run(None, "ZREM", self._item_key("order", scope, key), key)
+            run(None, "DEL", self._hist_key(scope, key))
+        for url in sorted(urls):
+            # Every item listed under these pages is gone with them.
+            run(None, "ZREMRANGEBYLEX", self._item_key("bypage", scope, url), *_page_range(url))
+        links = self._host_key("ln", scope, host)
+        if whole_host:
+            for bucket, _ in buckets:
+                for key in self._bucket_keys(scope, host, bucket):
+                    run("pages", "HLEN", key)
+                    run(None, "DEL", key)
+            run("links", "HLEN", links)
+            run(None, "DEL", links)
+            run(None, "DEL", self._host_key("hd", scope, host))
+            run(None, "DEL", self._host_key("fx", scope, host))
+            run(None, "SREM", self._key("hs", scope), part)
+            run(None, "ZREM", self._key("dueb", scope), *(f"{part}|{b}" for b, _ in buckets))
+            run("hosts", "HDEL", self._key("hosts", scope), host)
+            run("rates", "HDEL", self._key("slots", scope), host)
+            run(None, "ZREM", self._key("slotsat", scope), host)
+        else:
+            [(bucket, names)] = buckets
+            if names:
+                for key in self._bucket_keys(scope, host, bucket):
+                    run("pages", "HDEL", key, *names)
+                run(None, "HINCRBY", self._host_key("hd", scope, host), "p", -len(names))
+                run("links", "HDEL", links, *names)
+        counts = dict.fromkeys(Removed._fields, 0)
+        for kind, n in zip(kinds, self._multi_per_slot(commands), strict=True):
+            if kind is not None:
+                counts[kind] += int(n)
+        if effects.sums or effects.checks:
+            tag = f"{{{_key_part(scope)}}}"
+            token = uuid.uuid4().hex
+            script, keys, args = self._scope_call(tag, token, {token: effects}, [])
+            self.roundtrips += 2
+            self._sync.eval(script, len(keys), *keys, *args)
+            self._sync.delete(keys[0])  # its reply came: nothing to replay
+        return Removed(**counts)
+
     def _scope_keys(self, scope: str) -> tuple[list[str], list[str], list[str], list[str]]:
         """The scope's keys of this store's kinds (holds excepted): the
         scope's own, its hosts' buckets and links hashes, then its history
         keys. Only these kinds: other ``P:<name>:<s>`` keys may be
         anybody's (a shared politeness budget is ``P:budget:<host>``, and a
         scope may be named after its host)."""
-        kinds = [self._key(kind, scope) for kind in _SCOPE_KINDS]
+        kinds = [self._key(kind, scope) for kind in _SCOPE_KINDS
+                 if not (self.tagged and kind in _GROUP_KINDS)]
         counts = self._bucket_counts(scope, self._scope_hosts(scope))
         buckets = [key for host, n in counts.items() for b in range(n)
                    for key in self._bucket_keys(scope, host, b)]
         links = [self._host_key("ln", scope, host) for host in counts]
         kinds += [self._host_key("hd", scope, host) for host in counts]
+        if self.tagged:
+            # The items' keys of every group; the history and delivery keys
+            # found on every node (tagged {<s>#<g>} and {<s>}).
+            part = _glob(_key_part(scope))
+            kinds += [key for kind in _GROUP_KINDS for key in self._group_keys(kind, scope)]
+            hist = self._scan_keys(f"{_glob(self.prefix)}:hist:{{{part}#*}}:*")
+            kinds += self._scan_keys(f"{_glob(self._key('undel', scope))}:*")
+            kinds += self._fine_sums_keys(scope)
+            # The hosts' ledgers of effects (a dead worker's new host's
+            # too, listed nowhere) and the effects applied.
+            kinds += self._scan_keys(f"{_glob(self.prefix)}:fx:{{{part}|*}}")
+            kinds += [self._key(kind, scope) for kind in ("fxdone", "duer", "fxhosts")]
+            return kinds, buckets, links, hist
         hist = self._scan_keys(f"{_glob(self.prefix)}:hist:{_glob(_key_part(scope))}:*")
         kinds += self._scan_keys(f"{_glob(self.prefix)}:undel:{_glob(_key_part(scope))}:*")
         kinds += self._fine_sums_keys(scope)
@@ -402,13 +596,44 @@ class RedisAdmin(RedisCore, AdminStore):
         items, *rest = rest[len(links):]
         return Removed(pages, linked, items, sum(rest[:len(hist)]), *rest[len(hist):])
 
+    def _count_commands(self, scope: str, buckets: list[str], links: list[str],
+                        hist: list[str]) -> list[tuple[Any, ...]]:
+        """:meth:`_count` as commands (the cluster's: the items of every group)."""
+        items = (self._group_keys("items", scope) if self.tagged
+                 else [self._key("items", scope)])
+        return [*(("HLEN", key) for key in buckets + links), *(("HLEN", key) for key in items),
+                *(("HLEN", key) for key in hist), ("HLEN", self._key("hosts", scope)),
+                ("ZCARD", self._key("crawls", scope))]
+
+    def _counted_groups(self, replies: list[int], buckets: list[str], links: list[str],
+                        hist: list[str]) -> Removed:
+        """:meth:`_counted` of :meth:`_count_commands`' replies."""
+        groups = len(replies) - len(buckets) - len(links) - len(hist) - 2
+        head = replies[:len(buckets) + len(links)]
+        items = sum(replies[len(head):len(head) + groups])
+        return self._counted([*head, items, *replies[len(head) + groups:]], buckets, links,
+                             hist)
+
     def count_scope(self, scope: str) -> Removed:
+        if self.tagged:
+            _, buckets, links, hist = self._scope_keys(scope)
+            commands = self._count_commands(scope, buckets, links, hist)
+            return self._counted_groups(self._multi_per_slot(commands), buckets, links, hist)
         _, buckets, links, hist = self._scope_keys(scope)
         pipe = self._sync.pipeline(transaction=True)
         self._count(scope, buckets, links, hist, pipe)
         return self._counted(self._sync_run(pipe), buckets, links, hist)
 
     def reset_scope(self, scope: str) -> Removed:
+        if self.tagged:
+            # Counted and deleted in one MULTI per slot (a key a DEL).
+            kinds, buckets, links, hist = self._scope_keys(scope)
+            commands = self._count_commands(scope, buckets, links, hist)
+            counted = len(commands)
+            commands += [("DEL", key) for key in kinds + buckets + links + hist]
+            commands.append(("SREM", f"{self.prefix}:scopes", scope))
+            replies = self._multi_per_slot(commands)
+            return self._counted_groups(replies[:counted], buckets, links, hist)
         kinds, buckets, links, hist = self._scope_keys(scope)
         pipe = self._sync.pipeline(transaction=True)
         self._count(scope, buckets, links, hist, pipe)

@@ -9,6 +9,7 @@ and writes the same keys the same way."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 from dataclasses import MISSING, fields
@@ -40,8 +41,18 @@ from incremental_crawler.state.stores.packed import (
     pack,
     unpack,
 )
-from incremental_crawler.state.stores.redis.pages import host_of_part, host_part, page_field
-from incremental_crawler.state.stores.redis.scripts import _FLUSH_LUA, _SCRIPTS, _sha1
+from incremental_crawler.state.stores.redis.pages import (
+    bucket_of,
+    host_of_part,
+    host_part,
+    page_field,
+)
+from incremental_crawler.state.stores.redis.scripts import (
+    _FLUSH_LUA,
+    _SCRIPTS,
+    CLUSTER_READ_PAGES_LUA,
+    _sha1,
+)
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
@@ -73,9 +84,29 @@ _LUA_NUMBERS = ("size", "last_status", "first_seen", "last_checked", "last_fetch
                 "last_changed", "checks", "changes", "flags", "lastmod", "interval",
                 "next_visit", "churns", "failures")
 
+#: Pages of one host a read script of the cluster layout names at most,
+#: and times a read is asked again when its hosts' buckets split meanwhile.
+_READ_PAGES = 2_000
+_READ_ROUNDS = 8
+
 #: Members asked per ZSCAN step, and steps at most (100 million members).
 _SCAN_COUNT = 1000
 _SCAN_ROUNDS = 100_000
+
+
+#: Item groups of a scope in the cluster layout: its items spread over
+#: this many slots (as its hosts' pages do), each group's keys in one.
+ITEM_GROUPS = 1_024
+
+
+def item_group(name: str) -> int:
+    """The item group of an item key (or of a page URL, for the page index)."""
+    digest = hashlib.sha1(name.encode(), usedforsecurity=False).digest()
+    return int.from_bytes(digest[:4], "big") % ITEM_GROUPS
+
+
+def _group_tag(scope: str, name: str) -> str:
+    return f"{{{_key_part(scope)}#{item_group(name)}}}"
 
 
 @functools.lru_cache(maxsize=256)
@@ -126,7 +157,7 @@ class RedisCore(StateStore):
             self._sync = connect(uri, **options)
             # Bound to the event loop of its first command (the reactor's).
             # Any: a cluster's pipelines are not one server's (no command
-            # stack to copy): the store refuses a cluster before any command.
+            # stack to copy: the cluster layout builds each attempt's).
             self._async: Any = async_twin(
                 uri, self._sync, **{**options, "retry": AsyncRetry(NoBackoff(), 0)}
             )
@@ -136,18 +167,41 @@ class RedisCore(StateStore):
             raise self._fail(
                 "cannot be reached or read (is Redis running at this address?)", exc
             ) from exc
-        #: Whether the store is on a Redis Cluster (see :meth:`_refuse_cluster`).
+        #: Whether the store is on a Redis Cluster (its cluster layout, 5).
         self.cluster = isinstance(self._sync, RedisCluster)
+        #: Whether its keys are those of the cluster layout (5): every key
+        #: carries a hash tag, per scope ``{<s>}``, per item group
+        #: ``{<s>#<g>}`` (see :mod:`.cluster`). Only on a cluster, for now:
+        #: one server keeps layout 4's names (a migration could move it).
+        self.tagged = self.cluster
 
     # -- keys and records ------------------------------------------------------
 
     def _key(self, kind: str, scope: str) -> str:
+        """A key of the scope's own (layout 5: tagged ``{<s>}``, so that
+        every one of them is in one slot)."""
+        if self.tagged:
+            return f"{self.prefix}:{kind}:{{{_key_part(scope)}}}"
         return f"{self.prefix}:{kind}:{_key_part(scope)}"
 
+    def _item_key(self, kind: str, scope: str, item_key: str) -> str:
+        """A key of the items (``items``, ``itemver``, ``order``,
+        ``bypage``) holding *item_key* (for ``bypage``: the page *item_key*
+        names): the scope's one key in layout 4, its item group's in
+        layout 5 (see :func:`item_group`)."""
+        if self.tagged:
+            return f"{self.prefix}:{kind}:{_group_tag(scope, item_key)}"
+        return self._key(kind, scope)
+
     def _hist_key(self, scope: str, item_key: str) -> str:
+        if self.tagged:
+            return f"{self.prefix}:hist:{_group_tag(scope, item_key)}:{item_key}"
         return f"{self.prefix}:hist:{_key_part(scope)}:{item_key}"
 
-    def _token_key(self, token: str) -> str:
+    def _token_key(self, token: str, tag: str = "") -> str:
+        """A flush's token; on a cluster, each script's, in its slot (*tag*)."""
+        if tag:
+            return f"{self.prefix}:flush:{tag}:{token}"
         return f"{self.prefix}:flush:{token}"
 
     def _encode(self, record: Any, skip: Sequence[str], *, lua_safe: bool = False) -> str:
@@ -270,6 +324,119 @@ class RedisCore(StateStore):
 
         return await self._again(attempt)
 
+    async def _commands(self, commands: list[tuple[Any, ...]],
+                        what: str = "read failed") -> list[Any]:
+        """Commands in one pipelined round-trip (not a transaction), again
+        while Redis does not answer; the first error raised. On a cluster
+        the client sends each node its own (its pipelines keep no command
+        stack to send again: each attempt builds one)."""
+        async def attempt() -> list[Any]:
+            pipe = self._async.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+            self.roundtrips += 1
+            return await pipe.execute()
+
+        try:
+            return await self._again(attempt)
+        except redis.RedisError as exc:
+            raise self._fail(what, exc) from exc
+
+    async def _eval_many(self, calls: list[tuple[str, list[str], list[Any]]],
+                         plain: Sequence[tuple[Any, ...]] = ()) -> list[Any]:
+        """Run scripts (text, keys, arguments) and plain commands in one
+        pipeline: the cluster client sends each node its own. Replies in
+        order, errors as exceptions in their place; a node that forgot a
+        script (restarted, or took the slot over) is sent every script
+        once, and the scripts it refused are sent again (they did not run).
+        Sent again while the cluster does not answer (see ``_again``): every
+        write script is known by its token."""
+
+        async def attempt() -> list[Any]:
+            pipe = self._async.pipeline(transaction=False)
+            for script, keys, args in calls:
+                pipe.execute_command("EVALSHA", _sha1(script), len(keys), *keys, *args)
+            for command in plain:
+                pipe.execute_command(*command)
+            self.roundtrips += 1
+            return await pipe.execute(raise_on_error=False)
+
+        replies = await self._again(attempt)
+        missing = [n for n, reply in enumerate(replies[:len(calls)])
+                   if isinstance(reply, redis.exceptions.NoScriptError)]
+        if missing:
+            for script in {calls[n][0] for n in missing}:
+                self.roundtrips += 1
+                await self._async.script_load(script)
+            again = await self._eval_many([calls[n] for n in missing])
+            for n, reply in zip(missing, again, strict=True):
+                replies[n] = reply
+        return replies
+
+    async def _cluster_read_pages(self, keys: list[PageKey]) -> list[bytes | None]:
+        """The stored records of *keys*, in order: one script per host
+        (per chunk of a host's pages), pipelined; a host whose bucket count
+        changed since it was read is asked again."""
+        by_host: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        for n, key in enumerate(keys):
+            host, name = page_field(key)
+            by_host.setdefault((key.scope, host), []).append((n, name))
+        out: list[bytes | None] = [None] * len(keys)
+        counts = await self._host_counts(list(by_host))
+        pending = list(by_host)
+        for _ in range(_READ_ROUNDS):
+            calls, plans = [], []
+            for scope, host in pending:
+                n = counts[scope, host][0]
+                pages = by_host[scope, host]
+                for at in range(0, len(pages), _READ_PAGES):
+                    chunk = pages[at:at + _READ_PAGES]
+                    buckets = sorted({bucket_of(name, n) for _, name in chunk})
+                    index = {b: i for i, b in enumerate(buckets)}
+                    declared = [self._host_key("hd", scope, host)]
+                    for b in buckets:
+                        declared.extend(self._bucket_keys(scope, host, b))
+                    args: list[Any] = [n]
+                    for _, name in chunk:
+                        args += [name, index[bucket_of(name, n)]]
+                    calls.append((CLUSTER_READ_PAGES_LUA, declared, args))
+                    plans.append(((scope, host), chunk))
+            replies = await self._eval_many(calls)
+            pending = []
+            for (host_id, chunk), reply in zip(plans, replies, strict=True):
+                if isinstance(reply, Exception):
+                    raise self._fail("read failed", reply)
+                if reply and reply[0] == b"n":
+                    counts[host_id] = (int(reply[1]), counts[host_id][1])
+                    if host_id not in pending:
+                        pending.append(host_id)
+                    continue
+                for (n, _), raw in zip(chunk, reply, strict=True):
+                    out[n] = raw
+            if not pending:
+                return out
+        raise self._fail("reading pages did not settle: their hosts' buckets kept splitting")
+
+    async def _host_counts(self, hosts: list[tuple[str, str]]) -> dict[tuple[str, str],
+                                                                       tuple[int, int]]:
+        """Each host's bucket count and page count (``hd``'s ``n``, ``p``)."""
+        if not hosts:
+            return {}
+        replies = await self._eval_many([], [
+            ("HMGET", self._host_key("hd", scope, host), "n", "p") for scope, host in hosts])
+        counts = {}
+        for host_id, reply in zip(hosts, replies, strict=True):
+            if isinstance(reply, Exception):
+                raise self._fail("read failed", reply)
+            n, p = reply
+            counts[host_id] = (_whole(n, 1), _whole(p, 0))
+        return counts
+
+    async def adopt_ledgers(self, scope: str) -> None:
+        """Apply the effects a dead worker left in its hosts' ledgers: only
+        the cluster layout keeps such (``cluster.py``); one server's flush
+        is one script."""
+
     async def _call(self, *args: Any) -> Any:
         async def attempt() -> Any:
             self.roundtrips += 1
@@ -349,13 +516,23 @@ class RedisCore(StateStore):
         raise self._fail(f"scanning {key} did not finish")
 
     def _scan_keys(self, match: str) -> list[str]:
-        """Every key matching the glob *match* (bounded steps)."""
+        """Every key matching the glob *match* (bounded steps); on a
+        cluster, on every primary (each holds the keys of its slots)."""
+        if not self.cluster:
+            return self._scan_node(self._sync, match)
+        found: set[str] = set()
+        cluster: Any = self._sync
+        for node in cluster.get_primaries():
+            found.update(self._scan_node(cluster.get_redis_connection(node), match))
+        return sorted(found)
+
+    def _scan_node(self, client: Any, match: str) -> list[str]:
         found: list[str] = []
         cursor = 0
         for _ in range(_SCAN_ROUNDS):
             self.roundtrips += 1
             try:
-                reply: Any = self._sync.scan(cursor, match=match, count=_SCAN_COUNT)
+                reply: Any = client.scan(cursor, match=match, count=_SCAN_COUNT)
             except redis.RedisError as exc:
                 raise self._fail("read failed", exc) from exc
             cursor, keys = reply
@@ -418,7 +595,15 @@ class RedisCore(StateStore):
                         yield host, field, raw
 
     def _fine_sums_keys(self, scope: str) -> list[str]:
-        return self._scan_keys(f"{_glob(self.prefix)}:nvf:{_glob(_key_part(scope))}:*")
+        return self._scan_keys(f"{_glob(self._key('nvf', scope))}:*")
+
+
+def _whole(raw: bytes | None, default: int) -> int:
+    """A count as stored (its default if absent or not a number)."""
+    try:
+        return default if raw is None else int(raw)
+    except ValueError:
+        return default
 
 
 def _slot_rates(scope: str, raw: dict[bytes, bytes]) -> SlotRates:

@@ -29,6 +29,10 @@ from incremental_crawler.state.stores.redis.scripts import (
     _DUE_READ_SHA,
     _SUMMARY_SHA,
     _SUMS_READ_SHA,
+    CLUSTER_DUE_INDEX_LUA,
+    CLUSTER_DUE_READ_LUA,
+    CLUSTER_RAISE_LUA,
+    CLUSTER_SUMMARY_LUA,
 )
 
 if TYPE_CHECKING:
@@ -204,6 +208,9 @@ class RedisDueReads(RedisCore):
         # the cursor follows (``sent``).
         if (cursor is None or after is None or (cursor.scope, cursor.now, cursor.flushes)
                 != (scope, now, self._flushes) or after not in (cursor.last, cursor.sent)):
+            # A reading that starts over first applies the effects a dead
+            # worker left in its hosts' ledgers (their pages in the index).
+            await self.adopt_ledgers(scope)
             cursor = _DueCursor(scope, now, self._flushes, after)
         while True:
             for _ in range(_DUE_STARTS):
@@ -270,11 +277,14 @@ class RedisDueReads(RedisCore):
             # one script's worth then.
             chosen = cursor.choose(
                 cap, _DUE_BUCKETS * (1 if cursor.cap is None else _DUE_SCRIPTS))
-            head = [self.prefix, _key_part(cursor.scope), until, cap]
-            replies = await self._read_scripts([
-                (_DUE_READ_SHA, [*head, *(arg for pair in chosen[at:at + _DUE_BUCKETS]
-                                          for arg in pair)])
-                for at in range(0, len(chosen), _DUE_BUCKETS)])
+            if self.tagged:
+                replies = await self._cluster_due_read(cursor.scope, until, cap, chosen)
+            else:
+                head = [self.prefix, _key_part(cursor.scope), until, cap]
+                replies = await self._read_scripts([
+                    (_DUE_READ_SHA, [*head, *(arg for pair in chosen[at:at + _DUE_BUCKETS]
+                                              for arg in pair)])
+                    for at in range(0, len(chosen), _DUE_BUCKETS)])
             for heads, records, splits in replies:
                 cursor.note_splits(splits)
                 at = 0
@@ -303,9 +313,17 @@ class RedisDueReads(RedisCore):
         """Keep a chunk of the index's unread buckets at hand (by bound)."""
         if cursor.index_done or len(cursor.unread) >= _DUE_BUCKETS * _DUE_SCRIPTS:
             return
-        [(flat, splits)] = await self._read_scripts([(_DUE_INDEX_SHA, [
-            self._key("dueb", cursor.scope), cursor.low, until, cursor.ties, _DUE_INDEX_CHUNK,
-            self._key("splits", cursor.scope)])])
+        if self.tagged:
+            [reply] = await self._eval_many([(CLUSTER_DUE_INDEX_LUA, [
+                self._key("dueb", cursor.scope), self._key("splits", cursor.scope)],
+                [cursor.low, until, cursor.ties, _DUE_INDEX_CHUNK])])
+            if isinstance(reply, Exception):
+                raise self._fail("read failed", reply)
+            flat, splits = reply
+        else:
+            [(flat, splits)] = await self._read_scripts([(_DUE_INDEX_SHA, [
+                self._key("dueb", cursor.scope), cursor.low, until, cursor.ties,
+                _DUE_INDEX_CHUNK, self._key("splits", cursor.scope)])])
         cursor.note_splits(splits)
         parts = flat.split(b"\xff") if flat else []
         pairs = [(parts[n], float(parts[n + 1])) for n in range(0, len(parts), 2)]
@@ -322,6 +340,32 @@ class RedisDueReads(RedisCore):
             cursor.low = repr(last)
         cursor.index_done = len(pairs) < _DUE_INDEX_CHUNK
 
+    async def _cluster_due_read(self, scope: str, until: int, cap: int,
+                                chosen: list[tuple[bytes, int]]) -> list[Any]:
+        """The due read of *chosen* buckets on a Redis Cluster: a script per
+        host and chunk of its buckets (each host's buckets are in its own
+        slot), pipelined, each reply given the scope's count of splits
+        (read in the scope's slot in the same round-trip)."""
+        by_host: dict[str, list[tuple[bytes, int]]] = {}
+        for member, after in chosen:
+            by_host.setdefault(member.decode().partition("|")[0], []).append((member, after))
+        calls = []
+        for part, buckets in by_host.items():
+            for at in range(0, len(buckets), _DUE_BUCKETS):
+                keys: list[str] = []
+                args: list[Any] = [until, cap]
+                for member, after in buckets[at:at + _DUE_BUCKETS]:
+                    bucket = member.decode().partition("|")[2]
+                    keys += self._bucket_keys(scope, host_of_part(part), int(bucket))
+                    args += [member, after]
+                calls.append((CLUSTER_DUE_READ_LUA, keys, args))
+        replies = await self._eval_many(calls, [("GET", self._key("splits", scope))])
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise self._fail("read failed", reply)
+        splits = replies[-1] or b""
+        return [(heads, records, splits) for heads, records in replies[:-1]]
+
     # -- pages in aggregate ----------------------------------------------------
 
     async def summarize_pages(self, scope: str, *, after: float, upto: float,
@@ -332,6 +376,12 @@ class RedisDueReads(RedisCore):
         # are not known one by one (no crawl took the scope since a page
         # was last checked at or after checked_before: cluster workers,
         # a clock that went back).
+        if self.tagged:
+            # Every page counted, a dead worker's too (see adopt_ledgers).
+            await self.adopt_ledgers(scope)
+            return await self._cluster_summary(scope, after=after, upto=upto,
+                                               checked_before=checked_before,
+                                               exclude_callbacks=exclude_callbacks)
         reply = await self._read_script(_SUMS_READ_SHA, [
             self.prefix, _key_part(scope), _limit(after), _limit(upto),
             _limit(checked_before, up=True), len(exclude_callbacks), *exclude_callbacks,
@@ -391,3 +441,189 @@ class RedisDueReads(RedisCore):
                     await run(pending)
                 return PagesSummary(count, size, first)
         raise self._fail(f"scanning the due pages of {scope!r} did not finish")
+
+    # -- pages in aggregate on a Redis Cluster ----------------------------------
+
+    async def _cluster_summary(self, scope: str, *, after: float, upto: float,
+                               checked_before: float,
+                               exclude_callbacks: Collection[str] = ()) -> PagesSummary:
+        """:meth:`summarize_pages` on a Redis Cluster: what sums_read.lua
+        does in one script, in steps, since the sums are in the scope's
+        slot and the pages checked since the mark in their hosts': the
+        mark, the checks and the coarse sums in one round-trip, then those
+        pages (their hosts' slots), then the minutes' fine sums. Not one
+        instant: a flush between the steps is counted in part (as any
+        summary read while workers flush)."""
+        low_t, high_t = _limit(after), _limit(upto)
+        before = _limit(checked_before, up=True)
+        excluded = set(exclude_callbacks)
+        meta, checks, coarse = await self._commands([
+            ("HMGET", self._key("nvm", scope), "mark", "latest"),
+            ("ZRANGEBYSCORE", self._key("ck", scope), before, "+inf"),
+            ("HGETALL", self._key("nvs", scope))])
+        mark, latest = (None if v is None else int(v) for v in meta)
+        pages = size = 0
+        less_minute: dict[int, int] = {}
+        less_visit: dict[int, int] = {}
+        if latest is not None and before <= latest:
+            if mark is None or before < mark:
+                return await self._cluster_summary_scan(
+                    scope, after=after, upto=upto, checked_before=checked_before,
+                    exclude_callbacks=exclude_callbacks)
+            # This crawl's checks are in the sums: taken out one by one.
+            for visit, page_size in await self._checked_since(scope, checks, before,
+                                                              low_t, high_t, excluded):
+                pages, size = pages - 1, size - page_size
+                minute = visit // _SUM_MINUTE
+                less_minute[minute] = less_minute.get(minute, 0) + 1
+                less_visit[visit] = less_visit.get(visit, 0) + 1
+        low, high = (low_t + 1) // _SUM_MINUTE, high_t // _SUM_MINUTE
+        net: dict[int, int] = {}
+        for field, value in coarse.items():
+            minute_raw, _, callback = field.decode().partition("|")
+            minute = int(minute_raw)
+            if low < minute < high and callback not in excluded:
+                count, total = (int(v) for v in value.split())
+                pages, size = pages + count, size + total
+                net[minute] = net.get(minute, 0) + count
+        for minute, less in less_minute.items():
+            if minute in net:
+                net[minute] -= less
+        ends = [low] if high <= low else [low, high]
+        fine = dict(zip(ends, await self._commands(
+            [("HGETALL", f"{self._key('nvf', scope)}:{m}") for m in ends]), strict=True))
+        by_minute = {}
+        for end in ends:
+            by, count, total = self._minute_pages(fine[end], end, low_t, high_t,
+                                                  excluded, less_visit)
+            by_minute[end] = by
+            pages, size = pages + count, size + total
+        first = _earliest(by_minute[low])
+        least = _earliest(net)
+        if first is None and least is not None:
+            [raw] = await self._commands([("HGETALL", f"{self._key('nvf', scope)}:{least}")])
+            first = _earliest(self._minute_pages(raw, least, low_t, high_t, excluded,
+                                                 less_visit)[0])
+        if first is None and high > low:
+            first = _earliest(by_minute[high])
+        return PagesSummary(pages, size, None if first is None else float(first))
+
+    async def _checked_since(self, scope: str, members: list[bytes], before: int,
+                             after: int, upto: int,
+                             excluded: set[str]) -> list[tuple[int, int]]:
+        """(next visit, size) of the pages of *members* (the scope's checks
+        since its mark) last checked at or after *before* with a callback
+        not *excluded* and a next visit in (after, upto]: read in their
+        hosts' slots."""
+        keys = []
+        for member in members:
+            part, _, name = member.decode().partition("|")
+            keys.append(page_key_of(scope, host_of_part(part), name))
+        found = []
+        for key, raw in zip(keys, await self._cluster_read_pages(keys), strict=True):
+            if raw is None:
+                continue
+            state = self._page(key, raw)
+            visit = int(state.next_visit)
+            if (state.callback is not None and state.callback not in excluded
+                    and int(state.last_checked) >= before and after < visit <= upto):
+                found.append((visit, int(state.size or 0)))
+        return found
+
+    @staticmethod
+    def _minute_pages(flat: dict[bytes, bytes], minute: int, after: int, upto: int,
+                      excluded: set[str], less_visit: dict[int, int],
+                      ) -> tuple[dict[int, int], int, int]:
+        """The pages of one minute in range by next visit (this crawl's
+        checks left out), and their sums (``minute_pages`` of sums_read.lua)."""
+        by: dict[int, int] = {}
+        count = total = 0
+        for field, value in flat.items():
+            second, _, callback = field.decode().partition("|")
+            if callback in excluded:
+                continue
+            visit = minute * _SUM_MINUTE + int(second)
+            if after < visit <= upto:
+                c, t = (int(v) for v in value.split())
+                by[visit] = by.get(visit, 0) + c
+                count, total = count + c, total + t
+        for visit, less in less_visit.items():
+            if visit in by:
+                by[visit] -= less
+        return by, count, total
+
+    async def _cluster_summary_scan(self, scope: str, *, after: float, upto: float,
+                                    checked_before: float,
+                                    exclude_callbacks: Collection[str] = ()) -> PagesSummary:
+        """:meth:`_summarize_scan` on a Redis Cluster: every bucket of the
+        index whose bound is not after *upto*, read by a script per host
+        (its slot), then each bucket's bound set to the least next visit
+        read (``cluster_raise.lua``) if the mark set on it before the read
+        (``P:duer:{<s>}``) is still there: a flush that lowered the bound
+        meanwhile dropped it (a page it wrote may be due earlier)."""
+        head = [_limit(after), _limit(upto), _limit(checked_before), len(exclude_callbacks),
+                *exclude_callbacks]
+        members = await self._index_members(scope, upto)
+        by_host: dict[str, list[bytes]] = {}
+        for member in sorted(members):
+            by_host.setdefault(member.decode().partition("|")[0], []).append(member)
+        calls, read = [], []
+        for part, chunk_members in by_host.items():
+            for at in range(0, len(chunk_members), _SUMMARY_BUCKETS):
+                chunk = chunk_members[at:at + _SUMMARY_BUCKETS]
+                keys: list[str] = []
+                for member in chunk:
+                    bucket = member.decode().partition("|")[2]
+                    keys += self._bucket_keys(scope, host_of_part(part), int(bucket))
+                calls.append((CLUSTER_SUMMARY_LUA, keys, head))
+                read.append(chunk)
+        marks = self._key("duer", scope)
+        for start in range(0, len(members), _SCAN_COUNT):
+            await self._commands([("HSET", marks, *(arg for member in sorted(members)[
+                start:start + _SCAN_COUNT] for arg in (member, 1)))])
+        count = size = 0
+        first: float | None = None
+        bounds: list[Any] = []
+        step = _SUMMARY_SCRIPTS * 8
+        for start in range(0, len(calls), step):
+            replies = await self._eval_many(calls[start:start + step])
+            for chunk, reply in zip(read[start:start + step], replies, strict=True):
+                if isinstance(reply, Exception):
+                    raise self._fail("read failed", reply)
+                pages, sizes, earliest, least = reply
+                count += int(pages)
+                size += int(sizes)
+                if earliest:
+                    value = float(earliest)
+                    first = value if first is None else min(first, value)
+                for member, low in zip(chunk, least.split(b" "), strict=True):
+                    bounds += [member, low]
+        for start in range(0, len(bounds), 2 * _SCAN_COUNT):
+            [reply] = await self._eval_many([(CLUSTER_RAISE_LUA, [
+                self._key("dueb", scope), marks], bounds[start:start + 2 * _SCAN_COUNT])])
+            if isinstance(reply, Exception):
+                raise self._fail("Redis command failed", reply)
+        return PagesSummary(count, size, first)
+
+    async def _index_members(self, scope: str, upto: float) -> set[bytes]:
+        """The buckets of the scope's revisit index whose bound is not
+        after *upto* (ZSCAN: O(1) a bucket, one seen twice counted once)."""
+        members: set[bytes] = set()
+        cursor = 0
+        for _ in range(_SCAN_ROUNDS):
+            cursor, pairs = await self._call("ZSCAN", self._key("dueb", scope), cursor,
+                                             "COUNT", _SCAN_COUNT)
+            members.update(member for member, score in pairs if float(score) <= upto)
+            if int(cursor) == 0:
+                return members
+        raise self._fail(f"scanning the due pages of {scope!r} did not finish")
+
+
+#: Seconds of a minute of the sums (SUM_MINUTE in sums.lua).
+_SUM_MINUTE = 60
+
+
+def _earliest(by: dict[int, int]) -> int | None:
+    """The least key with a positive count (``earliest`` of sums_read.lua)."""
+    found = [key for key, count in by.items() if count > 0]
+    return min(found) if found else None

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import redis
+from redis.cluster import RedisCluster
 
 from incremental_crawler.state.records import PageKey, PageState
 from incremental_crawler.state.stores.redis.core import (
@@ -31,9 +32,11 @@ from incremental_crawler.state.stores.redis.scripts import (
     _SCRIPTS,
     _SUMS_BUILD_LUA,
     _UNLOCK_LUA,
+    CLUSTER_SCRIPTS,
 )
 
-__all__ = ["LAYOUT", "LAYOUT_VERSION", "MIN_REDIS_VERSION", "RedisLayout"]
+__all__ = ["CLUSTER_LAYOUT_VERSION", "LAYOUT", "LAYOUT_VERSION", "MIN_REDIS_VERSION",
+           "RedisLayout"]
 
 #: Written to ``P:meta``; a prefix holding another layout is refused. A
 #: name, not a module path: it stays as the first stores wrote it.
@@ -61,6 +64,12 @@ LAYOUT = "incremental_crawler.state"
 #: a summary reads those, not every page (``_migrate`` builds them once;
 #: code of layout 3 would write pages without them).
 LAYOUT_VERSION = 4
+#: Version 5, the cluster layout: every key tagged (a scope's own keys
+#: ``{<s>}``, the items by group ``{<s>#<g>}``), the flush in phases (see
+#: :mod:`.cluster`). Only a store on a Redis Cluster is of it (none existed
+#: before it: the store refused a cluster), and one server keeps layout 4
+#: until a migration moves it.
+CLUSTER_LAYOUT_VERSION = 5
 #: ``P:meta`` field: the layout version a migration under way started from
 #: (see :meth:`RedisLayout._migrate`).
 _UPGRADING = "upgrading"
@@ -86,19 +95,16 @@ def _over_limit(memory: dict[str, Any]) -> bool:
     return limit > 0 and used > limit and policy == "noeviction"
 
 
+def _per_node(info: dict[str, Any]) -> bool:
+    """Whether an ``INFO`` reply of a cluster's client is one per node
+    (``host:port`` -> the node's), not one node's."""
+    return bool(info) and all(isinstance(value, dict) for value in info.values())
+
+
 def _legacy_page_key(scope: str, field: str) -> PageKey:
     """The page of a field of a layout-2 pages hash (``URL NUL variant``)."""
     url, _, variant = field.partition("\0")
     return PageKey(scope, url, variant)
-
-
-#: Why a Redis Cluster is refused, said when a crawl opens the store and
-#: when a command asks whether one exists there.
-NOT_ON_A_CLUSTER = (
-    "is a Redis Cluster, and the state store does not run on a Redis Cluster "
-    "yet (its flush and its reads of pages, due pages and sums touch keys of "
-    "many hash slots in one script); set INCREMENTAL_STATE_URI to a Redis server "
-    "(redis://host:port/db?prefix=name) or a SQLite file (sqlite:///path)")
 
 
 class RedisLayout(RedisCore):
@@ -176,22 +182,81 @@ class RedisLayout(RedisCore):
         if int(version) < LAYOUT_VERSION or _UPGRADING.encode() in found:
             self._migrate()
 
-    def _refuse_cluster(self) -> None:
-        """A Redis Cluster runs a script or a ``MULTI`` only when every key
-        it touches is in one hash slot (on the node it was sent to), and
-        this layout's scripts are not: refused before anything is written,
-        rather than failing at the first flush with part of the store laid
-        out. What each script touches across slots is in ``docs/capacity.md``
-        ("The state store: the plan")."""
-        raise self._fail(NOT_ON_A_CLUSTER)
+    def _check_cluster_layout(self) -> None:
+        """:meth:`_check_layout` on a Redis Cluster: the cluster layout (5),
+        its scripts loaded on every primary, and every primary's eviction
+        policy and memory checked (each holds part of the state)."""
+        meta = f"{self.prefix}:meta"
+        try:
+            self._check_version(self._sync.info("server"))
+            self.roundtrips += 1
+            memories = self._sync.info("memory", target_nodes=RedisCluster.PRIMARIES)
+            self.roundtrips += 1
+            for memory in memories.values() if _per_node(memories) else [memories]:
+                policy = str(memory.get("maxmemory_policy", ""))
+                if policy.startswith("allkeys"):
+                    raise self._fail(
+                        f"a node of the cluster evicts keys when full (maxmemory-policy "
+                        f"{policy}): stored state would vanish silently; use noeviction "
+                        "(or volatile-*) on every node")
+                if _over_limit(memory):
+                    raise self._fail(OUT_OF_MEMORY)
+            listpack: Any = self._sync.config_get("hash-max-listpack-value")
+            self.roundtrips += 1
+            if str(listpack.get("hash-max-listpack-value", "")).isdigit():
+                self._listpack_value = int(listpack["hash-max-listpack-value"])
+            for script in CLUSTER_SCRIPTS:
+                self.roundtrips += 1
+                self._sync.script_load(script)
+            kind = self._sync.type(meta)
+            self.roundtrips += 1
+            if kind == b"none":
+                if self._sync.exists(f"{self.prefix}:scopes"):
+                    raise self._fail(
+                        f"holds state keys but no {meta} (damaged, or written by "
+                        "something else); point INCREMENTAL_STATE_URI at another "
+                        "prefix or restore it")
+                # HSETNX: two workers opening a new store at once agree; in
+                # one MULTI (one key, one slot), so that a worker opening
+                # between them never reads a layout without its version.
+                with self._sync.pipeline(transaction=True) as pipe:
+                    pipe.hsetnx(meta, "layout", LAYOUT)
+                    pipe.hsetnx(meta, "version", CLUSTER_LAYOUT_VERSION)
+                    pipe.hgetall(meta)
+                    found: Any = pipe.execute()[-1]
+                self.roundtrips += 1
+            else:
+                found = self._sync.hgetall(meta) if kind == b"hash" else {}
+                self.roundtrips += 1
+        except redis.RedisError as exc:
+            raise self._fail(
+                "cannot be reached or read (is Redis running at this address?)", exc
+            ) from exc
+        layout = found.get(b"layout", b"").decode(errors="replace")
+        version = found.get(b"version", b"").decode(errors="replace")
+        if layout != LAYOUT or not version.isdigit():
+            raise self._fail(
+                f"{meta} does not describe an incremental_crawler state store "
+                f"(layout {layout!r}, version {version!r}); the prefix belongs to "
+                "something else: choose another with ?prefix=...")
+        if int(version) > CLUSTER_LAYOUT_VERSION:
+            raise self._fail(
+                f"has layout version {version}, newer than this code knows "
+                f"({CLUSTER_LAYOUT_VERSION}); upgrade incremental_crawler")
+        if int(version) < CLUSTER_LAYOUT_VERSION:
+            # No store of an older layout was ever written to a cluster.
+            raise self._fail(
+                f"has layout version {version} on a Redis Cluster, where only the "
+                f"cluster layout ({CLUSTER_LAYOUT_VERSION}) runs; it was not written "
+                "by this store: choose another prefix")
 
     def _check_server(self) -> None:
-        """Refuse a Redis Cluster, and a Redis older than
-        :data:`MIN_REDIS_VERSION` (before any write)."""
-        if self.cluster:
-            self._refuse_cluster()
-        server = self._sync.info("server")
+        """Refuse a Redis older than :data:`MIN_REDIS_VERSION` (before any write)."""
+        self._check_version(self._sync.info("server"))
         self.roundtrips += 1
+
+    def _check_version(self, server: dict[str, Any]) -> None:
+        """Refuse a Redis older than :data:`MIN_REDIS_VERSION`."""
         version = str(server.get("redis_version", ""))
         parts = version.split(".")
         if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() and (

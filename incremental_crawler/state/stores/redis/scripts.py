@@ -119,3 +119,27 @@ _READ_PAGES_SHA, _DUE_READ_SHA, _SUMMARY_SHA, _DUE_INDEX_SHA, _SUMS_READ_SHA = (
 # pages.py): sent whole (EVAL), rarely.
 _SUMS_BUILD_LUA, _SUMS_FORGET_LUA, _SUMS_MARK_LUA = SUMS_BUILD_LUA, SUMS_FORGET_LUA, SUMS_MARK_LUA
 
+
+# The cluster layout's scripts (see cluster.py and each .lua file): every
+# key each touches is in its KEYS, all in one slot.
+CLUSTER_ITEMS_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_items.lua").replace(
+    "TOKEN_TTL", str(_TOKEN_TTL))
+CLUSTER_HOST_LUA = LUA_WRITES + PAGE_CODEC + PAGE_BUCKETS + load_script(
+    _LUA_PACKAGE, "cluster_host.lua").replace("TOKEN_TTL", str(_TOKEN_TTL))
+CLUSTER_SCOPE_LUA = LUA_WRITES + LUA_SUMS + load_script(
+    _LUA_PACKAGE, "cluster_scope.lua").replace("TOKEN_TTL", str(_TOKEN_TTL))
+CLUSTER_READ_PAGES_LUA = LUA_READS + PAGE_BUCKETS + load_script(
+    _LUA_PACKAGE, "cluster_read_pages.lua")
+CLUSTER_DUE_INDEX_LUA = LUA_READS + load_script(_LUA_PACKAGE, "cluster_due_index.lua")
+CLUSTER_DUE_READ_LUA = LUA_READS + PAGE_CODEC + load_script(_LUA_PACKAGE, "cluster_due_read.lua")
+CLUSTER_SUMMARY_LUA = LUA_READS + PAGE_CODEC + load_script(_LUA_PACKAGE, "cluster_summary.lua")
+CLUSTER_RAISE_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_raise.lua")
+CLUSTER_INTENT_DROP_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_intent_drop.lua")
+CLUSTER_BYPAGE_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_bypage.lua")
+#: Loaded on every primary when a store of the cluster layout opens.
+CLUSTER_SCRIPTS = (CLUSTER_ITEMS_LUA, CLUSTER_HOST_LUA, CLUSTER_SCOPE_LUA,
+                   CLUSTER_READ_PAGES_LUA, CLUSTER_DUE_INDEX_LUA, CLUSTER_DUE_READ_LUA,
+                   CLUSTER_SUMMARY_LUA, CLUSTER_RAISE_LUA, CLUSTER_INTENT_DROP_LUA,
+                   CLUSTER_BYPAGE_LUA)
+# Run in take_scope's MULTI (sent whole: EVAL, rarely).
+CLUSTER_SUMS_MARK_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_sums_mark.lua")

@@ -20,7 +20,6 @@ from urllib.parse import quote
 
 import redis
 import redis.asyncio
-from redis.cluster import RedisCluster
 
 from incremental_crawler import clock
 from incremental_crawler.config import DEFAULT_SETTINGS
@@ -44,6 +43,7 @@ from incremental_crawler.state.stores.base import (
     redis_retry_setting,
 )
 from incremental_crawler.state.stores.redis.admin import RedisAdmin
+from incremental_crawler.state.stores.redis.cluster import RedisClusterPath
 from incremental_crawler.state.stores.redis.core import (
     _key_part,
     _page_range,
@@ -51,12 +51,13 @@ from incremental_crawler.state.stores.redis.core import (
     _stored_version,
 )
 from incremental_crawler.state.stores.redis.due import RedisDueReads
-from incremental_crawler.state.stores.redis.layout import NOT_ON_A_CLUSTER, RedisLayout
+from incremental_crawler.state.stores.redis.layout import RedisLayout
 from incremental_crawler.state.stores.redis.pages import page_field, page_key_of
 from incremental_crawler.state.stores.redis.scripts import (
     _FLUSH_LUA,
     _READ_PAGES_SHA,
     _SUMS_MARK_LUA,
+    CLUSTER_SUMS_MARK_LUA,
 )
 from incremental_crawler.state.stores.redis.uri import DEFAULT_PREFIX, parse_redis_uri
 from incremental_crawler.uris import redacted
@@ -76,12 +77,13 @@ _READ_BATCH = 10_000
 _READ_SCRIPT_PAGES = 2_000
 
 
-class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
+class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
     """State in Redis; see the module docstring."""
 
     def __init__(self, uri: str, *, prefix: str = DEFAULT_PREFIX,
                  history_limit: int = DEFAULT_SETTINGS["INCREMENTAL_ITEM_HISTORY"]) -> None:
         super().__init__(uri, prefix)
+        self._init_cluster()
         self.history_limit = history_limit
         # Staged writes (one per stage_* call: a name and its arguments for
         # _FLUSH_LUA), in staging order, and the scopes they touch
@@ -110,7 +112,11 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
         self._due_cursor = None
         self._closed = False
         try:
-            self._check_layout()
+            # A Redis Cluster: the cluster layout (one server keeps layout 4).
+            if self.cluster:
+                self._check_cluster_layout()
+            else:
+                self._check_layout()
         except BaseException:
             self._sync.close()
             raise
@@ -137,11 +143,6 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
         except redis.RedisError as exc:
             raise StateStoreError(
                 f"State store {redacted(uri)}: cannot be reached ({exc})") from exc
-        if isinstance(client, RedisCluster):
-            # Not "no store here": the commands would send the user looking
-            # for a prefix, when no prefix of a cluster can hold one yet.
-            client.close()
-            raise StateStoreError(f"State store {redacted(uri)}: {NOT_ON_A_CLUSTER}")
         try:
             return bool(client.exists(f"{prefix}:meta"))
         except redis.RedisError as exc:
@@ -167,6 +168,9 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
         staged = self._staged_page(key)
         if staged is not None:
             return staged
+        if self.tagged:
+            [raw] = await self._cluster_read_pages([key])
+            return None if raw is None else self._page(key, raw)
         [raw] = await self._read_script(_READ_PAGES_SHA, [self.prefix, *self._page_args(key)])
         return None if raw is None else self._page(key, raw)
 
@@ -181,6 +185,11 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
                 wanted.append(key)
         for start in range(0, len(wanted), _READ_BATCH):
             batch = wanted[start:start + _READ_BATCH]
+            if self.tagged:
+                for key, raw in zip(batch, await self._cluster_read_pages(batch), strict=True):
+                    if raw is not None:
+                        found[key] = self._page(key, raw)
+                continue
             calls: list[tuple[str, list[Any]]] = []
             for at in range(0, len(batch), _READ_SCRIPT_PAGES):
                 args: list[Any] = [self.prefix]
@@ -213,20 +222,17 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
                 wanted.append(key)
         for start in range(0, len(wanted), _READ_BATCH):
             batch = wanted[start:start + _READ_BATCH]
-            pipe = self._async.pipeline(transaction=False)
+            commands = []
             for key in batch:
                 host, field = page_field(key)
-                pipe.execute_command("HGET", self._host_key("ln", key.scope, host), field)
-            try:
-                replies = await self._run_raw(pipe)
-            except redis.RedisError as exc:
-                raise self._fail("read failed", exc) from exc
+                commands.append(("HGET", self._host_key("ln", key.scope, host), field))
+            replies = await self._commands(commands)
             for key, raw in zip(batch, replies, strict=True):
                 found[key] = None if raw is None else raw.decode()
         return found
 
     async def _item(self, scope: str, item_key: str) -> dict[str, Any] | None:
-        raw = await self._call("HGET", self._key("items", scope), item_key)
+        raw = await self._call("HGET", self._item_key("items", scope, item_key), item_key)
         return None if raw is None else json.loads(raw)
 
     async def get_item_simhash(self, scope: str, item_key: str) -> int | None:
@@ -244,11 +250,22 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
         # Items from another page are listed under it (one range of the
         # index); the item keyed by the page's URL belongs to it unless it
         # names another page.
-        pipe = self._async.pipeline(transaction=False)
-        pipe.zrangebylex(self._key("bypage", scope), *_page_range(page_url))
-        pipe.hget(self._key("items", scope), page_url)
-        listed, own = await self._run(pipe)
+        listed, own = await self._commands([
+            ("ZRANGEBYLEX", self._item_key("bypage", scope, page_url), *_page_range(page_url)),
+            ("HGET", self._item_key("items", scope, page_url), page_url)],
+            "Redis command failed")
         keys = [member.partition(b"\0")[2].decode() for member in listed]
+        if self.tagged and keys:
+            # On a cluster a moved item's old member is removed in phase 3,
+            # after its record names the new page (phase 1): a worker gone
+            # between them leaves it. Listed only while its record still
+            # names this page (else a tombstone would go out for an item
+            # alive on another page).
+            records = await self._commands([
+                ("HGET", self._item_key("items", scope, key), key) for key in keys],
+                "Redis command failed")
+            keys = [key for key, raw in zip(keys, records, strict=True)
+                    if raw is not None and _names_page(json.loads(raw), page_url)]
         if own is not None:
             record = json.loads(own)
             if record["fingerprint"] and record.get("page", page_url) == page_url:
@@ -257,7 +274,7 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
 
     async def get_item_data(self, scope: str, item_key: str) -> str | None:
         # The latest version's number, then that entry of the item's history.
-        version = await self._call("HGET", self._key("itemver", scope), item_key)
+        version = await self._call("HGET", self._item_key("itemver", scope, item_key), item_key)
         if version is None:
             return None
         raw = await self._call("HGET", self._hist_key(scope, item_key), version)
@@ -359,16 +376,20 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
                 {"fingerprint": record.fingerprint, "stored_at": int(record.stored_at)},
                 separators=(",", ":"))
             entry = f'{head[:-1]},"data":{record.data}}}'
+        # (On a cluster the page index's key is that of the page's group:
+        # where the item's member goes.)
         self._stage(scope, (
-            "item", self._key("items", scope), self._key("itemver", scope),
-            self._key("order", scope), self._hist_key(scope, key), self._key("bypage", scope),
+            "item", self._item_key("items", scope, key), self._item_key("itemver", scope, key),
+            self._item_key("order", scope, key), self._hist_key(scope, key),
+            self._item_key("bypage", scope, page or key),
             key, self._encode(record, skip), int(record.stored_at), entry, str(record.change),
             page, "1" if record.fingerprint else "0", self.history_limit,
         ))
         if record.data is not None and record.delivery:
             self._stage(scope, (
                 "undeliv", self._undelivered_key(scope, record.delivery),
-                self._key("undelc", scope), record.delivery, self._key("itemver", scope), key,
+                self._key("undelc", scope), record.delivery,
+                self._item_key("itemver", scope, key), key,
                 int(record.stored_at)))
         self._item_fps[scope, key] = record.fingerprint
 
@@ -444,6 +465,8 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
             return await self._flush()
 
     async def _flush(self) -> int:
+        if self.tagged:
+            return await self._flush_phased()
         if not self._ops:
             return 0
         self._flushes += 1
@@ -493,6 +516,44 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
             self._flushing_links = {}
         return done
 
+    async def _flush_phased(self) -> int:
+        """:meth:`_flush` in the cluster layout: the phases of
+        :meth:`_cluster_apply`. The writes it did not apply stay staged, in
+        order, in front of whatever was staged meanwhile; what phases 1 and
+        2 applied is kept for phase 3 of the next flush."""
+        if not self._ops and self._carried.empty():
+            return 0
+        self._flushes += 1
+        ops, scopes = self._ops, self._scopes
+        self._flushing_pages, self._flushing_fps = self._pages, self._item_fps
+        self._flushing_links = self._links
+        self._flushing_count = len(ops)
+        self._ops, self._scopes = [], set()
+        self._pages, self._links, self._item_fps = {}, {}, {}
+        applied: set[int] = set()
+        try:
+            try:
+                error = await self._cluster_apply(ops, scopes, applied)
+            except redis.exceptions.OutOfMemoryError as exc:
+                raise self._fail("", exc) from None
+            except redis.RedisError as exc:
+                raise self._fail("Redis command failed", exc) from exc
+            if error is not None:
+                raise self._fail(f"a write failed in Redis ({error}); the writes after "
+                                 "it in its slot, and the phases after it, were not sent")
+        except BaseException:
+            # Nothing is recorded as stored that was not.
+            self._ops = [op for n, op in enumerate(ops) if n not in applied] + self._ops
+            self._scopes |= scopes
+            self._pages = {**self._flushing_pages, **self._pages}
+            self._links = {**self._flushing_links, **self._links}
+            self._item_fps = {**self._flushing_fps, **self._item_fps}
+            raise
+        finally:
+            self._flushing_pages, self._flushing_fps, self._flushing_count = {}, {}, 0
+            self._flushing_links = {}
+        return len(applied)
+
     async def _apply(self, token: str, ops: list[tuple[Any, ...]],
                      scopes: set[str]) -> tuple[int, str | None]:
         """Run one batch; ``(writes applied, error of the one that failed)``.
@@ -534,6 +595,15 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
     async def close(self) -> None:
         try:
             await self.flush()
+            if self.tagged and (self._spent_slot_tokens or self._carried.ledger_done
+                                or self._carried.intents_done):
+                # The last flush's tokens (its replies came: nothing to
+                # replay), one a slot it wrote, its effects' ledger entries
+                # (applied) and its intents on their hosts: not left behind.
+                spent, self._spent_slot_tokens = self._spent_slot_tokens, []
+                cleanup = [*(("DEL", key) for key in spent), *self._ledger_cleanup()]
+                if cleanup:
+                    await self._commands(cleanup, "Redis command failed")
         finally:
             if not self._closed:
                 self._closed = True
@@ -581,6 +651,15 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
         if now is None:
             now = clock.now()
         holds = self._key("holds", scope)
+        if self.tagged:
+            # Not a MULTI: redis-py's asyncio cluster transactions leave a
+            # connection bound to the loop they ran in. One key, one node,
+            # in order: the lapsed holds go, then this one is set (the
+            # first is cleanup, not part of the hold).
+            await self._commands([("ZREMRANGEBYSCORE", holds, "-inf", now),
+                                  ("ZADD", holds, now + ttl, holder)],
+                                 "Redis command failed")
+            return
         pipe = self._async.pipeline(transaction=True)
         pipe.zremrangebyscore(holds, "-inf", now)  # lapsed ones go
         pipe.zadd(holds, {holder: now + ttl})
@@ -612,10 +691,20 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
                         pipe.zadd(holds, {holder: now + ttl})
                         # This crawl's checks, from its start on, are noted
                         # one by one (see summarize_pages).
-                        pipe.eval(_SUMS_MARK_LUA, 0, self.prefix, _key_part(scope),
-                                  math.floor(now))
+                        if self.tagged:
+                            # Its keys declared: in the slot of the holds.
+                            pipe.execute_command(
+                                "EVAL", CLUSTER_SUMS_MARK_LUA, 2, self._key("nvm", scope),
+                                self._key("ck", scope), math.floor(now))
+                        else:
+                            pipe.eval(_SUMS_MARK_LUA, 0, self.prefix, _key_part(scope),
+                                      math.floor(now))
                         pipe.execute()
                         self.roundtrips += 1
+                        # The crawl starts from every page its scope has:
+                        # a dead worker's effects left in its hosts'
+                        # ledgers are applied now (see adopt_ledgers).
+                        self.adopt_ledgers_sync(scope)
                         return None
                     except redis.WatchError:
                         continue
@@ -638,6 +727,11 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin):
     def iter_pages(self, scope: str) -> Iterator[PageState]:
         for host, field, raw in self._iter_bucket_pages(scope, self._buckets(scope)):
             yield self._page(page_key_of(scope, host, field.decode()), raw)
+
+
+def _names_page(record: dict[str, Any], page_url: str) -> bool:
+    """Whether an item's stored record is a live item of *page_url*."""
+    return bool(record.get("fingerprint")) and record.get("page") == page_url
 
 
 def _undelivered_member(stored_at: float, item_key: str, version: int) -> str:

@@ -1,0 +1,765 @@
+"""The Redis store on a Redis Cluster: the cluster layout (5), its phased
+flush and its reads of pages.
+
+A Redis Cluster runs a script only on the node of its keys' slot, and every
+key a script touches must be in its ``KEYS`` and in one slot (Redis 7
+refuses a "non local key"). In the cluster layout every key carries a hash
+tag: a host's keys ``{<s>|<h>}`` (as in layout 4), a scope's own keys
+``{<s>}`` (``P:dueb:{<s>}``, ``P:nvs:{<s>}``, ``P:hosts:{<s>}``, ...), and
+the items by group, ``{<s>#<g>}`` with ``g`` a hash of the item key modulo
+:data:`~.core.ITEM_GROUPS` (``P:items:{<s>#<g>}``, ``P:hist:{<s>#<g>}:<key>``;
+``P:bypage:{<s>#<g>}`` in the group of the *page*'s URL, so that one page's
+items are one range). ``P:meta`` and ``P:scopes`` are one key each.
+
+A flush runs in three phases (``docs/capacity.md``, "The state store: the
+plan"), each one script per slot, pipelined (the cluster client sends each
+node its own), a phase sent only when every script of the one before
+succeeded:
+
+1. the item writes, per item group (``cluster_items.lua``);
+2. the page and links writes, per host (``cluster_host.lua``), and the page
+   index's new members (after the items they list);
+3. per scope (``cluster_scope.lua``): what phase 2's scripts returned of
+   their writes (the scope's hosts, the revisit index lowered, the splits,
+   the sums by next visit, the checks since the mark), then the scope's own
+   writes (host trust, crawl records, rates, delivery marks); the page
+   index's stale members (``cluster_bypage.lua``: skipped where a later
+   item version wrote the member since); ``P:scopes``.
+
+Every script keeps its own token in its slot (``P:flush:{tag}:<token>``)
+with how many of its writes it applied and what it returned, so that a
+script whose reply was lost, sent again, applies nothing twice and returns
+the same. State is never ahead of data: a page's validators are written in
+phase 2, after every item of the flush. A flush that fails in phase 1
+writes no page; one that fails in phase 2 leaves items stored with their
+pages' old state (the page is fetched again). What phases 1 and 2 applied
+and phase 3 has not is kept by the store (:class:`_Carried`) and sent with
+the next flush; phase 2's effects also stay in their host's ledger
+(``P:fx:{<s>|<h>}``) until applied, so that a worker gone before its phase 3
+leaves them to the next flush that writes the host (after
+:attr:`RedisClusterPath.adopt_after`) or, listed by the write-ahead intents
+the flush wrote in the scope's slot before its phase 2
+(``P:fxhosts:{<s>}``), to the next reading of the scope
+(:meth:`RedisClusterPath.adopt_ledgers`); the scope's script applies each
+script's effects once (``P:fxdone:{<s>}``), whoever sends them.
+
+A script that writes a page chooses its bucket from the host's bucket
+count: here the caller reads the count (and page count) first, plans the
+splits and the buckets, and declares their keys; the script writes nothing
+and says so when the count is another by then (another worker split), and
+the caller plans again.
+
+The admin read-outs, exports and repairs run on it too (:mod:`.admin`:
+items merged over their groups, a repair one ``MULTI`` per slot, keys
+found by ``SCAN`` on every primary). A summary that reads every bucket
+sets their bounds across slots (marked before its read, raised only where
+the mark stayed: see ``due.py``). Not built on the cluster yet: a due read
+that finds a bound stale does not raise it (layout 4 stages a ``rebound``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from incremental_crawler.state.stores.redis.core import (
+    RedisCore,
+    _key_part,
+    _whole,
+    item_group,
+)
+from incremental_crawler.state.stores.redis.pages import (
+    BUCKET_LOAD,
+    MAX_SPLITS,
+    bucket_of,
+)
+from incremental_crawler.state.stores.redis.scripts import (
+    CLUSTER_BYPAGE_LUA,
+    CLUSTER_HOST_LUA,
+    CLUSTER_INTENT_DROP_LUA,
+    CLUSTER_ITEMS_LUA,
+    CLUSTER_SCOPE_LUA,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Generator, Sequence
+
+    from incremental_crawler.state.records import PageState
+
+__all__ = ["RedisClusterPath"]
+
+#: The writes of phase 2 (a host's) and of phase 3 (a scope's own).
+_HOST_OPS = frozenset({"page", "check", "failure", "redirect", "links", "unlink", "flags",
+                       "listing", "postpone"})
+_SCOPE_OPS = frozenset({"host", "crawl", "slotrate", "undeliv", "redeliv", "delivered"})
+#: Writes that may add a page to its host (the splits are planned for them).
+_ADDS = frozenset({"page", "check", "failure", "redirect"})
+#: Which arguments of a scope's write are keys (after its name).
+_KEY_ARGS = {"host": (0,), "crawl": (0,), "slotrate": (0, 1), "undeliv": (0, 1),
+             "redeliv": (0, 1, 2), "delivered": (0, 1)}
+#: See RedisClusterPath.adopt_after: well past a flush's phases (a worker
+#: retrying an unreachable node keeps its own for its retry time).
+_ADOPT_AFTER = 600
+#: Seconds of a minute of the sums (as SUM_MINUTE in sums.lua).
+_SUM_MINUTE = 60
+#: Times a phase's scripts are planned and sent again (a bucket count
+#: another worker changed meanwhile, a replayed script's rest).
+_PHASE_ROUNDS = 8
+
+
+def _level(n: int) -> int:
+    level = 1
+    while level * 2 <= n:
+        level *= 2
+    return level
+
+
+def _tag_of(key: str) -> str:
+    """The hash tag of a key (``{...}``, braces included)."""
+    start = key.index("{")
+    return key[start:key.index("}", start) + 1]
+
+
+@dataclass
+class _Effects:
+    """What phase 2 applied that phase 3 writes in a scope's slot."""
+
+    sums: dict[tuple[int, str], list[int]] = field(default_factory=dict)
+    checks: dict[str, str] = field(default_factory=dict)
+    due: dict[str, int] = field(default_factory=dict)
+    splits: int = 0
+    hosts: set[str] = field(default_factory=set)
+    latest: int | None = None
+    #: The host's ledger that keeps them until they are applied ('' none).
+    ledger: str = ""
+    #: (scope part, host part) of that host: its write-ahead intent
+    #: (P:fxhosts) is dropped once none of its effects is pending.
+    where: tuple[str, str] = ("", "")
+
+    def add(self, reply: dict[str, Any], part: str) -> None:
+        for key, (pages, size) in (reply.get("sums") or {}).items():
+            visit, _, callback = key.partition("|")
+            total = self.sums.setdefault((int(visit), callback), [0, 0])
+            total[0] += int(pages)
+            total[1] += int(size)
+        checks = reply.get("checks") or []
+        for member, at in checks:
+            self.checks[member] = "" if at == "" else str(int(at))
+        for member, raw in (reply.get("due") or {}).items():
+            visit = int(raw)
+            self.due[member] = min(self.due.get(member, visit), visit)
+        self.splits += int(reply.get("splits") or 0)
+        if reply.get("new_host"):
+            self.hosts.add(part)
+        latest = reply.get("latest")
+        if latest not in (None, ""):
+            self.latest = max(int(latest), self.latest or int(latest))
+
+    def forget(self, state: PageState, member: str) -> None:
+        """A page deleted (a repair): out of the sums and the checks."""
+        if state.callback is not None:
+            total = self.sums.setdefault((int(state.next_visit), state.callback), [0, 0])
+            total[0] -= 1
+            total[1] -= int(state.size or 0)
+        self.checks[member] = ""
+
+    def merge(self, newer: _Effects) -> None:
+        for key, (pages, size) in newer.sums.items():
+            total = self.sums.setdefault(key, [0, 0])
+            total[0] += pages
+            total[1] += size
+        self.checks.update(newer.checks)
+        for member, visit in newer.due.items():
+            self.due[member] = min(self.due.get(member, visit), visit)
+        self.splits += newer.splits
+        self.hosts |= newer.hosts
+        if newer.latest is not None:
+            self.latest = max(newer.latest, self.latest or newer.latest)
+
+
+@dataclass
+class _Carried:
+    """What phases 1 and 2 applied and phase 3 (or phase 2's page index
+    members) has not written yet: sent with the next flush."""
+
+    #: Per scope part, phase 2's effects by the token of the script that
+    #: returned them (each applied once by the scope's script).
+    effects: dict[str, dict[str, _Effects]] = field(default_factory=dict)
+    #: Effects sent to a scope's script, by its tag, until its reply says
+    #: what became of them (kept as sent when the reply was lost).
+    sent_effects: dict[str, dict[str, _Effects]] = field(default_factory=dict)
+    #: Ledger entries (host's ledger, token) whose effects were applied:
+    #: deleted with the next pipeline.
+    ledger_done: list[tuple[str, str]] = field(default_factory=list)
+    #: Hosts (scope part, host part) some of whose effects were applied:
+    #: this worker's intent on them is dropped with the next pipeline when
+    #: none of their effects is pending any more.
+    intents_done: set[tuple[str, str]] = field(default_factory=set)
+    #: The page index's members to add and to remove: (key, member) ->
+    #: the item version of the write that made each (see cluster_bypage.lua).
+    bypage_add: dict[tuple[str, str], int] = field(default_factory=dict)
+    bypage_remove: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def empty(self) -> bool:
+        return not (self.effects or self.sent_effects or self.bypage_add
+                    or self.bypage_remove)
+
+
+class _PhaseFailed(Exception):
+    """A script of a phase failed (its error said): the next is not sent."""
+
+
+class RedisClusterPath(RedisCore):
+    """The flush and page reads of the cluster layout (see the module
+    docstring)."""
+
+    #: What is left of earlier flushes for phase 3, and the scripts whose
+    #: outcome is unknown (their reply was lost): slot tag -> (token, how
+    #: many of that slot's first writes it held).
+    _carried: _Carried
+    _unsure_slots: dict[str, tuple[str, int]]
+    #: Tokens of scripts whose outcome is known: deleted with the next flush.
+    _spent_slot_tokens: list[str]
+
+    def _init_cluster(self) -> None:
+        #: Seconds after which another flush's effects left in a host's
+        #: ledger are taken by a flush that writes that host (their worker
+        #: died before its phase 3, or is slow: applied once either way).
+        self.adopt_after = _ADOPT_AFTER
+        #: Names this store's write-ahead intents (P:fxhosts: one member
+        #: per host and worker, so that one worker's drop leaves another's).
+        self._worker_id = uuid.uuid4().hex
+        self._carried = _Carried()
+        self._unsure_slots = {}
+        self._spent_slot_tokens = []
+
+    # -- the phased flush ------------------------------------------------------
+
+    async def _cluster_apply(self, ops: list[tuple[Any, ...]], scopes: set[str],
+                             applied: set[int]) -> str | None:
+        """Apply *ops* in three phases, noting in *applied* the positions
+        applied as their replies come; the error of the script that failed
+        (None: all applied). Raises (chained to the Redis error) when the
+        outcome of a phase is unknown, *applied* then holding what the
+        phases before it applied; its scripts are noted in
+        ``_unsure_slots``. *ops* may be changed in place: a delivery mark
+        gets its version in phase 1."""
+        carried = self._carried
+        spent, self._spent_slot_tokens = self._spent_slot_tokens, []
+        try:
+            await self._phase_items(ops, applied, carried, spent)
+            await self._phase_hosts(ops, applied, carried)
+            await self._phase_scopes(ops, applied, carried, scopes)
+        except _PhaseFailed as exc:
+            return str(exc)
+        return None
+
+    async def _send_phase(self, groups: dict[str, list[int]], build: Any, applied: set[int],
+                          on_reply: Any, plain: Sequence[tuple[Any, ...]] = (),
+                          always: frozenset[str] = frozenset()) -> None:
+        """Send one script per slot group (the positions of its writes, in
+        order), built by ``build(tag, positions, token)`` -> (script, keys,
+        args); each reply is given to ``on_reply(tag, positions, reply, token)``
+        as it comes, before a failure is raised (what a script applied is
+        accounted for whatever the others did). A group whose script is
+        unsure from a flush before sends those writes under that token
+        first (a replay applies nothing again and returns what it did),
+        then the rest under a new one. A reply ``[b'n' | b'blocked', ...]``
+        wrote nothing: the caller plans that group again. Groups in
+        *always* are sent even without writes (what they write besides)."""
+        pending = {tag: list(positions) for tag, positions in groups.items()
+                   if positions or tag in always}
+        send_plain = list(plain)
+        for _ in range(_PHASE_ROUNDS):
+            if not pending and not send_plain:
+                return
+            calls, sent = [], []
+            for tag, positions in pending.items():
+                token, held = self._unsure_slots.pop(tag, (None, 0))
+                chunk = positions[:held] if token else positions
+                token = token or uuid.uuid4().hex
+                calls.append(build(tag, chunk, token))
+                sent.append((tag, chunk, token))
+            try:
+                replies = await self._eval_many(calls, send_plain)
+            except BaseException:
+                # No reply (or none understood): each script may or may not
+                # have run; its token will tell.
+                for tag, chunk, token in sent:
+                    self._unsure_slots[tag] = (token, len(chunk))
+                raise
+            errors = [str(answer) for answer in replies[len(calls):]
+                      if isinstance(answer, Exception)]
+            send_plain = []
+            for (tag, chunk, token), reply in zip(sent, replies[:len(calls)], strict=True):
+                error = self._take_reply(tag, chunk, token, reply, pending, applied, on_reply)
+                if error:
+                    errors.append(error)
+            if errors:
+                raise _PhaseFailed(errors[0])
+        raise _PhaseFailed("the flush did not settle: a phase kept being sent again")
+
+    def _take_reply(self, tag: str, chunk: list[int], token: str, reply: Any,
+                    pending: dict[str, list[int]], applied: set[int],
+                    on_reply: Any) -> str | None:
+        """One script's reply of :meth:`_send_phase`: what it applied, what
+        of its group is left to send (in *pending*); its error, if any."""
+        if isinstance(reply, Exception):
+            del pending[tag]
+            return str(reply)
+        on_reply(tag, chunk, reply, token)
+        if reply and reply[0] in (b"n", b"blocked", b"done"):
+            del pending[tag]
+            return None
+        self._spent_slot_tokens.append(self._token_key(token, tag))
+        count, replayed, error = int(reply[0]), int(reply[1]), reply[2]
+        applied.update(chunk[:count])
+        rest = pending[tag][count:]
+        if error and not replayed:
+            del pending[tag]
+            return error.decode(errors="replace")
+        if rest:
+            # A replay that stopped short, or the writes after it.
+            pending[tag] = rest
+        else:
+            del pending[tag]
+        return None
+
+    async def _phase_items(self, ops: list[tuple[Any, ...]], applied: set[int],
+                           carried: _Carried, spent: list[str]) -> None:
+        groups: dict[str, list[int]] = {}
+        for n, op in enumerate(ops):
+            if op[0] == "item":
+                groups.setdefault(_tag_of(op[1]), []).append(n)
+
+        def build(tag: str, positions: list[int], token: str) -> Any:
+            first = ops[positions[0]]
+            keys = [self._token_key(token, tag), first[1], first[2], first[3],
+                    *(ops[n][4] for n in positions)]
+            args = [arg for n in positions for arg in ops[n][6:14]]
+            return CLUSTER_ITEMS_LUA, keys, args
+
+        # The versions a delivery mark waits on, and the page index's
+        # members the items made stale (removed in phase 3).
+        versions: dict[int, int] = {}
+        # This flush's stale members (netted within each group's script:
+        # not undone by this flush's additions, which came before them).
+        removals: dict[tuple[str, str], int] = {}
+
+        def on_reply(tag: str, chunk: list[int], reply: Any, token: str) -> None:
+            count = int(reply[0])
+            done = json.loads(reply[3]) if reply[3] else {}
+            for n, number in zip(chunk[:count], done.get("versions") or [], strict=False):
+                versions[n] = int(number)
+            scope_part = tag[1:tag.index("#")]
+            for member, version in done.get("remove") or []:
+                page = member.partition("\0")[0]
+                where = (self._group_key("bypage", scope_part, page), member)
+                removals[where] = max(int(version), removals.get(where, 0))
+
+        try:
+            # The tokens of the flush before go with the first pipeline.
+            await self._send_phase(groups, build, applied, on_reply, [
+                *(("DEL", key) for key in spent), *self._ledger_cleanup()])
+        finally:
+            last_item: dict[str, int] = {}
+            for n, op in enumerate(ops):
+                if op[0] == "item":
+                    last_item[op[6]] = n
+                    if n in versions and op[12] == "1" and op[11]:
+                        # Its page's member, added in phase 2 (after the item);
+                        # a removal left from a flush before is undone.
+                        member = f"{op[11]}\0{op[6]}"
+                        carried.bypage_add[op[5], member] = versions[n]
+                        carried.bypage_remove.pop((op[5], member), None)
+                elif op[0] == "undeliv" and len(op) == 7:
+                    at = last_item.get(op[5])
+                    if at is not None and at in versions:
+                        # Resolved: the mark names the version phase 1 wrote.
+                        member = f"{int(op[6]):015d}\0{op[5]}\0{versions[at]:010d}"
+                        ops[n] = ("undeliv", op[1], op[2], op[3], member)
+            for where, version in removals.items():
+                carried.bypage_remove[where] = max(version,
+                                                   carried.bypage_remove.get(where, 0))
+
+    def _group_key(self, kind: str, scope_part: str, name: str) -> str:
+        return f"{self.prefix}:{kind}:{{{scope_part}#{item_group(name)}}}"
+
+    async def _phase_hosts(self, ops: list[tuple[Any, ...]], applied: set[int],
+                           carried: _Carried) -> None:
+        groups: dict[str, list[int]] = {}
+        for n, op in enumerate(ops):
+            if op[0] in _HOST_OPS:
+                groups.setdefault(f"{{{op[1]}|{op[2]}}}", []).append(n)
+            elif op[0] == "rebound":
+                # Not on a cluster: raising a bound there needs a mark set
+                # before the bucket was read (a summary's); the due read set
+                # none. A stale bound stays a lower bound until then.
+                applied.add(n)
+        heads = {tag: (ops[positions[0]][1], ops[positions[0]][2])
+                 for tag, positions in groups.items()}
+        # The write-ahead intent, before any host script runs: one ZADD per
+        # scope of the hosts about to be written, so that a worker gone
+        # before its phase 3 leaves its effects findable from the scope
+        # (its host may never be written again: see adopt_ledgers).
+        intents: dict[str, list[Any]] = {}
+        now = time.time()
+        for scope_part, part in heads.values():
+            intents.setdefault(scope_part, []).extend((now, self._intent_member(part)))
+        counts = await self._part_counts(list(heads.values()), [
+            ("ZADD", self._intents_key(scope_part), *pairs)
+            for scope_part, pairs in intents.items()])
+        limits: dict[str, int] = {}
+
+        def build(tag: str, positions: list[int], token: str) -> Any:
+            scope_part, part = heads[tag]
+            n, pages = counts[scope_part, part]
+            adding = sum(1 for at in positions if ops[at][0] in _ADDS)
+            splits = 0
+            while (splits < limits.get(tag, MAX_SPLITS)
+                   and pages + adding > (n + splits) * BUCKET_LOAD):
+                splits += 1
+            buckets: set[int] = set()
+            for s in range(splits):
+                buckets.update((n + s - _level(n + s), n + s))
+            for at in positions:
+                if ops[at][0] not in ("links", "unlink"):
+                    buckets.add(bucket_of(ops[at][3], n + splits))
+            def head(kind: str, tag: str = tag) -> str:
+                return f"{self.prefix}:{kind}:{tag}"
+
+            keys = [self._token_key(token, tag), head("hd"), head("ln"), head("fx")]
+            for b in sorted(buckets):
+                keys += [f"{head('pg')}:{b}", f"{head('pgl')}:{b}"]
+            args: list[Any] = [self._listpack_value, n, splits, self.adopt_after,
+                               len(buckets), *sorted(buckets), part]
+            for at in positions:
+                args += [ops[at][0], *ops[at][3:]]
+            return CLUSTER_HOST_LUA, keys, args
+
+        again: dict[str, list[int]] = {}
+
+        def on_reply(tag: str, chunk: list[int], reply: Any, token: str) -> None:
+            scope_part, part = heads[tag]
+            if reply[0] == b"n":
+                counts[scope_part, part] = (int(reply[1]), counts[scope_part, part][1])
+                again[tag] = groups[tag]
+            elif reply[0] == b"blocked":
+                limits[tag] = int(reply[1])
+                again[tag] = groups[tag]
+            else:
+                done = self._take_effects(carried.effects.setdefault(scope_part, {}), tag,
+                                          (scope_part, part), token, reply)
+                if done:
+                    counts[scope_part, part] = (int(done.get("n") or 1),
+                                                int(done.get("p") or 0))
+
+        adds = dict(carried.bypage_add)
+        for _ in range(_PHASE_ROUNDS):
+            await self._send_phase(groups, build, applied, on_reply,
+                                   self._bypage_calls("add", adds))
+            for where, version in adds.items():
+                if carried.bypage_add.get(where) == version:
+                    del carried.bypage_add[where]
+            adds = {}
+            if not again:
+                return
+            groups = {tag: [at for at in positions if at not in applied]
+                      for tag, positions in again.items()}
+            again = {}
+        raise _PhaseFailed("the flush did not settle: buckets kept changing")
+
+    def _take_effects(self, bundles: dict[str, _Effects], tag: str, where: tuple[str, str],
+                      token: str, reply: Any) -> dict[str, Any]:
+        """A host script's effects into *bundles* (under its token), and
+        those it took from its host's ledger (under theirs: another flush
+        left them there, its worker dead before its phase 3, or slow; the
+        scope's script applies each token's once). Returns its own, decoded."""
+        ledger = f"{self.prefix}:fx:{tag}"
+        part = where[1]
+        done = json.loads(reply[3]) if reply[3] else {}
+        if int(reply[0]) and done:
+            bundles[token] = _Effects(ledger=ledger, where=where)
+            bundles[token].add(done, part)
+        taken = json.loads(reply[4]) if len(reply) > 4 and reply[4] else []
+        for other, raw in taken:
+            bundle = _Effects(ledger=ledger, where=where)
+            bundle.add(json.loads(raw) if isinstance(raw, str) else raw, part)
+            bundles.setdefault(other, bundle)
+        return done
+
+    def _scope_call(self, tag: str, token: str, bundles: dict[str, _Effects],
+                    writes: list[tuple[Any, ...]]) -> tuple[str, list[str], list[Any]]:
+        """The scope's script of phase 3 (``cluster_scope.lua``): its keys
+        and arguments for the effects *bundles* (by the token of the
+        script that returned each) and the scope's *writes*."""
+        effects = _Effects()
+        for bundle in bundles.values():
+            effects.merge(bundle)
+        def head(kind: str) -> str:
+            return f"{self.prefix}:{kind}:{tag}"
+
+        keys = [self._token_key(token, tag), head("dueb"), head("splits"), head("hs"),
+                head("nvs"), head("nvm"), head("ck"), head("fxdone"), head("duer")]
+        index: dict[str, int] = {}
+
+        def key_at(name: str) -> int:
+            if name not in index:
+                keys.append(name)
+                index[name] = len(keys)
+            return index[name]
+
+        args: list[Any] = [len(bundles), *sorted(bundles), len(effects.sums)]
+        for (visit, callback), (pages, size) in sorted(effects.sums.items()):
+            args += [visit, callback, pages, size,
+                     key_at(f"{head('nvf')}:{math.floor(visit / _SUM_MINUTE)}")]
+        args.append(len(effects.checks))
+        for member, checked in sorted(effects.checks.items()):
+            args += [member, checked]
+        args.append("" if effects.latest is None else effects.latest)
+        args.append(len(effects.due))
+        for member, visit in sorted(effects.due.items()):
+            args += [member, visit]
+        args += [effects.splits, len(effects.hosts), *sorted(effects.hosts)]
+        for op in writes:
+            out = list(op[1:])
+            for k in _KEY_ARGS[op[0]]:
+                out[k] = key_at(op[1 + k])
+            args += [op[0], *out]
+        return CLUSTER_SCOPE_LUA, keys, args
+
+    async def _part_counts(self, parts: list[tuple[str, str]],
+                           before: Sequence[tuple[Any, ...]] = ()) -> dict[tuple[str, str],
+                                                                           tuple[int, int]]:
+        """Each host's bucket count and page count by key parts (scope
+        part, host part): the flush plans its splits and buckets from them.
+        The writes *before* go in the same pipeline (their errors raised)."""
+        if not parts:
+            return {}
+        replies = await self._eval_many([], [*before, *(
+            ("HMGET", f"{self.prefix}:hd:{{{s}|{h}}}", "n", "p") for s, h in parts)])
+        for reply in replies[:len(before)]:
+            if isinstance(reply, Exception):
+                raise _PhaseFailed(str(reply))
+        replies = replies[len(before):]
+        counts = {}
+        for pair, reply in zip(parts, replies, strict=True):
+            if isinstance(reply, Exception):
+                raise _PhaseFailed(str(reply))
+            counts[pair] = (_whole(reply[0], 1), _whole(reply[1], 0))
+        return counts
+
+    async def _phase_scopes(self, ops: list[tuple[Any, ...]], applied: set[int],
+                            carried: _Carried, scopes: set[str]) -> None:
+        groups: dict[str, list[int]] = {}
+        for n, op in enumerate(ops):
+            if op[0] in _SCOPE_OPS:
+                if op[0] == "undeliv" and len(op) == 7:
+                    continue  # its item was not written: it waits with it
+                groups.setdefault(_tag_of(op[1]), []).append(n)
+        effect_tags = {f"{{{part}}}" for part, bundles in carried.effects.items()
+                       if bundles} | set(carried.sent_effects)
+        for tag in effect_tags:
+            groups.setdefault(tag, [])
+
+        def build(tag: str, positions: list[int], token: str) -> Any:
+            # The effects sent under a token are the ones sent again under
+            # it (its replay must be of the same); new ones go with a new token.
+            bundles = carried.sent_effects.get(tag)
+            if bundles is None:
+                bundles = carried.effects.pop(tag[1:-1], {})
+                carried.sent_effects[tag] = bundles
+            return self._scope_call(tag, token, bundles, [ops[at] for at in positions])
+
+        again: dict[str, list[int]] = {}
+
+        def on_reply(tag: str, chunk: list[int], reply: Any, token: str) -> None:
+            bundles = carried.sent_effects.pop(tag, {})
+            if reply[0] == b"done":
+                # Applied already (sent by another worker too): dropped,
+                # the rest sent again under a new token.
+                for seen in reply[1:]:
+                    bundle = bundles.pop(seen.decode(), None)
+                    if bundle is not None and bundle.ledger:
+                        carried.ledger_done.append((bundle.ledger, seen.decode()))
+                        carried.intents_done.add(bundle.where)
+                carried.effects.setdefault(tag[1:-1], {}).update(bundles)
+                again[tag] = groups[tag]
+            elif int(reply[3]):
+                carried.ledger_done += [(bundle.ledger, other)
+                                        for other, bundle in bundles.items() if bundle.ledger]
+                carried.intents_done.update(bundle.where for bundle in bundles.values()
+                                            if bundle.ledger)
+            else:
+                # Refused before they were applied (a damaged key): kept.
+                carried.effects.setdefault(tag[1:-1], {}).update(bundles)
+
+        plain: list[tuple[Any, ...]] = self._bypage_calls("remove", carried.bypage_remove)
+        if scopes:
+            plain.append(("SADD", f"{self.prefix}:scopes", *sorted(scopes)))
+        removals = dict(carried.bypage_remove)
+        for _ in range(_PHASE_ROUNDS):
+            await self._send_phase(groups, build, applied, on_reply, plain,
+                                   always=frozenset(effect_tags))
+            for where, version in removals.items():
+                if carried.bypage_remove.get(where) == version:
+                    del carried.bypage_remove[where]
+            plain, removals = [], {}
+            if not again:
+                return
+            groups = {tag: [at for at in positions if at not in applied]
+                      for tag, positions in again.items()}
+            effect_tags = set(again)
+            again = {}
+        raise _PhaseFailed("the flush did not settle: effects kept being applied elsewhere")
+
+    def _bypage_calls(self, op: str, members: dict[tuple[str, str], int]
+                      ) -> list[tuple[Any, ...]]:
+        """The page index's additions or removals, one script a key (with
+        its versions' hash, same slot: ``cluster_bypage.lua``)."""
+        by_key: dict[str, list[Any]] = {}
+        for (key, member), version in sorted(members.items()):
+            by_key.setdefault(key, []).extend((op, member, version))
+        index = f"{self.prefix}:bypage:"
+        return [("EVAL", CLUSTER_BYPAGE_LUA, 2, key,
+                 f"{self.prefix}:bypagev:{key[len(index):]}", *args)
+                for key, args in by_key.items()]
+
+    # -- write-ahead intents and the adoption of a dead worker's effects -------
+
+    def _intents_key(self, scope_part: str) -> str:
+        return f"{self.prefix}:fxhosts:{{{scope_part}}}"
+
+    def _intent_member(self, part: str) -> str:
+        return f"{part}\0{self._worker_id}"
+
+    def _ledger_cleanup(self) -> list[tuple[Any, ...]]:
+        """The commands that delete the ledger entries whose effects were
+        applied, and drop this worker's intents on hosts none of whose
+        effects it still holds (the next flush that writes such a host says
+        so again before its phase 2)."""
+        carried = self._carried
+        pending = {bundle.where for by_token in (*carried.effects.values(),
+                                                 *carried.sent_effects.values())
+                   for bundle in by_token.values()}
+        unsure = set(self._unsure_slots)
+        commands: list[tuple[Any, ...]] = [("HDEL", ledger, token)
+                                           for ledger, token in carried.ledger_done]
+        carried.ledger_done = []
+        for where in sorted(carried.intents_done):
+            scope_part, part = where
+            if where in pending or f"{{{scope_part}|{part}}}" in unsure:
+                continue
+            commands.append(("ZREM", self._intents_key(scope_part), self._intent_member(part)))
+            carried.intents_done.discard(where)
+        return commands
+
+    def _adoption(self, scope: str) -> Generator[list[tuple[Any, ...]], list[Any], None]:
+        """Apply every effect left in the ledgers of the hosts the scope's
+        intents list (P:fxhosts:{<s>}): a worker gone between its phases 2
+        and 3 on a host nobody writes again would otherwise leave that
+        host's pages out of the scope's hosts and revisit index for good.
+        Yields the commands of each round trip and is sent their replies
+        (run by :meth:`adopt_ledgers` or :meth:`adopt_ledgers_sync`); costs
+        one read when nothing is pending, else one a host listed.
+
+        Every entry read is sent (the scope's script applies a token's
+        effects once: a live worker's own phase 3 then finds them applied).
+        An intent is dropped only when it is older than
+        :attr:`adopt_after` (its flush's phase 2 is over by then: its entry
+        was in the ledger read) and still as read (see
+        ``cluster_intent_drop.lua``)."""
+        scope_part = _key_part(scope)
+        intents = self._intents_key(scope_part)
+        [flat] = yield [("ZRANGE", intents, 0, -1, "WITHSCORES")]
+        if not flat:
+            return
+        # (As pairs or flat, by the client's protocol.)
+        pairs = ([(member, score) for member, score in flat]
+                 if isinstance(flat[0], (list, tuple))
+                 else [(flat[k], flat[k + 1]) for k in range(0, len(flat), 2)])
+        now = time.time()
+        parts = sorted({member.decode().rpartition("\0")[0] for member, _ in pairs})
+        ledgers = [f"{self.prefix}:fx:{{{scope_part}|{part}}}" for part in parts]
+        entries = yield [("HGETALL", ledger) for ledger in ledgers]
+        bundles: dict[str, _Effects] = {}
+        for part, ledger, reply in zip(parts, ledgers, entries, strict=True):
+            found = ([x for pair in reply.items() for x in pair] if isinstance(reply, dict)
+                     else reply)
+            for k in range(0, len(found), 2):
+                token, raw = found[k].decode(), found[k + 1]
+                try:
+                    _, effects = json.loads(raw)
+                except (ValueError, TypeError):
+                    continue  # not an entry (the host script drops those)
+                bundle = _Effects(ledger=ledger, where=(scope_part, part))
+                bundle.add(json.loads(effects) if isinstance(effects, str) else effects, part)
+                bundles[token] = bundle
+        tag = f"{{{scope_part}}}"
+        applied: list[tuple[str, str]] = []
+        spent: list[tuple[Any, ...]] = []
+        while bundles:
+            token = uuid.uuid4().hex
+            script, keys, args = self._scope_call(tag, token, bundles, [])
+            [reply] = yield [("EVAL", script, len(keys), *keys, *args)]
+            if isinstance(reply, Exception):
+                raise reply
+            if reply[0] == b"done":
+                # Applied already (their worker's phase 3, or another
+                # reader): their entries go; the rest is sent again.
+                for seen in reply[1:]:
+                    gone = bundles.pop(seen.decode(), None)
+                    if gone is not None:
+                        applied.append((gone.ledger, seen.decode()))
+                continue
+            spent.append(("DEL", keys[0]))  # its reply came: nothing to replay
+            if not int(reply[3]):
+                # Refused (a damaged key of the scope): left in the ledgers
+                # and the intents for a later try, the read goes on.
+                return
+            applied += [(bundle.ledger, other) for other, bundle in bundles.items()]
+            break
+        old = [(member, score) for member, score in pairs
+               if float(score) <= now - self.adopt_after]
+        yield [*spent, *(("HDEL", ledger, token) for ledger, token in applied),
+               *([("EVAL", CLUSTER_INTENT_DROP_LUA, 1, intents,
+                   *(x for pair in old for x in pair))] if old else [])]
+
+    async def adopt_ledgers(self, scope: str) -> None:
+        """:meth:`_adoption` on the async client (a crawl's reads)."""
+        if not self.tagged:
+            return
+        plan = self._adoption(scope)
+        replies: Any = None
+        try:
+            while True:
+                commands = plan.send(replies)
+                replies = await self._commands(commands, "Redis command failed")
+        except StopIteration:
+            return
+
+    def adopt_ledgers_sync(self, scope: str) -> None:
+        """:meth:`_adoption` on the sync client (holds, admin)."""
+        if not self.tagged:
+            return
+        plan = self._adoption(scope)
+        replies: Any = None
+        try:
+            while True:
+                commands = plan.send(replies)
+                pipe = self._sync.pipeline(transaction=False)
+                for command in commands:
+                    pipe.execute_command(*command)
+                replies = self._sync_run(pipe)
+        except StopIteration:
+            return
+
+    def _scope_hosts(self, scope: str) -> list[str]:
+        # The hosts a dead worker's effects would add first (every read of
+        # a scope's hosts: pages, counts, repairs).
+        self.adopt_ledgers_sync(scope)
+        return super()._scope_hosts(scope)

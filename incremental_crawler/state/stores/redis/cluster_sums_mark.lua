@@ -1,0 +1,16 @@
+
+-- sums_mark.lua with its keys declared (the cluster layout): KEYS the
+-- scope's nvm and ck (its slot, {<scope>}, as its holds), ARGV the time.
+local z = {meta = KEYS[1], checks = KEYS[2]}
+local at = tonumber(ARGV[1])
+local meta = redis.call('HMGET', z.meta, 'mark', 'latest')
+local mark, latest = tonumber(meta[1]), tonumber(meta[2])
+if mark == at then return 1 end
+if latest and latest >= at then
+  redis.call('HDEL', z.meta, 'mark')
+  redis.call('DEL', z.checks)
+  return 0
+end
+redis.call('HSET', z.meta, 'mark', at)
+redis.call('ZREMRANGEBYSCORE', z.checks, '-inf', '(' .. at)
+return 1

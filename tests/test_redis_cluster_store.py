@@ -1,0 +1,644 @@
+"""The Redis state store on a real Redis Cluster (three loopback primaries,
+``tests/redis_cluster_util.py``), beyond the store contract that
+``tests/test_store_contract.py`` runs on it: what its phased flush leaves
+when a phase fails on one node, a reply lost after its scripts ran, and
+where its keys live (every key tagged, a host's keys in one slot).
+
+Each test has a key prefix of its own, deleted from every node afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import pytest_twisted
+import redis
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+
+from incremental_crawler.state.records import PageKey
+from incremental_crawler.state.stores.base import StateStoreError
+from incremental_crawler.state.stores.redis import RedisStateStore
+from incremental_crawler.state.stores.redis.core import item_group
+from incremental_crawler.state.stores.redis.layout import (
+    CLUSTER_LAYOUT_VERSION,
+    LAYOUT,
+    LAYOUT_VERSION,
+)
+from incremental_crawler.state.stores.redis.scripts import (
+    CLUSTER_HOST_LUA,
+    CLUSTER_ITEMS_LUA,
+    CLUSTER_SCOPE_LUA,
+    CLUSTER_SUMMARY_LUA,
+)
+from tests.redis_util import new_prefix
+from tests.test_store_contract import SCOPE, brute_summary, call, full_state, item
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from tests.redis_cluster_util import LoopbackCluster
+
+
+@pytest.fixture
+def prefix(redis_cluster: LoopbackCluster) -> Iterator[str]:
+    name = new_prefix()
+    yield name
+    redis_cluster.delete(f"{name}:*")
+
+
+def open_store(cluster: LoopbackCluster, prefix: str) -> RedisStateStore:
+    return RedisStateStore(cluster.url, prefix=prefix)
+
+
+def hosts_on_two_nodes(cluster: LoopbackCluster, prefix: str) -> tuple[str, str]:
+    """Two hosts whose keys are on different nodes of the cluster."""
+    def port(host: str) -> int:
+        return cluster.port_of(f"{prefix}:hd:{{{SCOPE}|{host}}}")
+
+    first = "a.example"
+    for n in range(100):
+        other = f"b{n}.example"
+        if port(other) != port(first):
+            return first, other
+    raise AssertionError("no two hosts on two nodes in 100 tries")
+
+
+async def assert_sums_are_the_pages(store: RedisStateStore) -> None:
+    """Every summary the sums give is what the pages one by one say."""
+    states = list(store.iter_pages(SCOPE))
+    for after, upto in ((-math.inf, math.inf), (0, 5_000), (5_000, math.inf)):
+        got = await call(store.summarize_pages(SCOPE, after=after, upto=upto,
+                                               checked_before=math.inf))
+        assert tuple(got) == brute_summary(states, after, upto, math.inf, ())
+
+
+@pytest.mark.parametrize("named_by", ["node", "seeds"])
+def test_a_store_on_a_cluster_is_of_the_cluster_layout(
+        redis_cluster: LoopbackCluster, prefix: str, named_by: str) -> None:
+    url = redis_cluster.url if named_by == "node" else redis_cluster.seeds_url
+    uri = f"{url}?prefix={prefix}"
+    assert RedisStateStore.exists(uri) is False
+    store = RedisStateStore.from_uri(uri)
+    store._sync.close()
+    assert RedisStateStore.exists(uri) is True
+    with redis_cluster.client() as client:
+        assert client.hgetall(f"{prefix}:meta") == {
+            b"layout": LAYOUT.encode(), b"version": str(CLUSTER_LAYOUT_VERSION).encode()}
+        # A prefix of layout 4 on a cluster was not written by this store
+        # (it refused clusters): refused, not taken for its own.
+        client.hset(f"{prefix}:meta", "version", LAYOUT_VERSION)
+    with pytest.raises(StateStoreError, match="where only the cluster layout"):
+        RedisStateStore.from_uri(uri)
+
+
+def test_a_worker_opening_a_new_store_while_another_creates_it_agrees(
+        redis_cluster: LoopbackCluster, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first worker writes the new store's layout and version in one
+    MULTI: a second worker opening in between (here: right after the first
+    sent, or queued, its first HSETNX) never reads a layout without its
+    version (it refused the prefix as not a store's)."""
+    opened: list[RedisStateStore] = []
+    hsetnx = RedisCluster.hsetnx
+    calls: list[int] = []
+
+    def open_another(self: Any, *args: Any) -> Any:
+        calls.append(1)
+        reply = hsetnx(self, *args)
+        if len(calls) == 1:  # (the second store's own HSETNX go through)
+            opened.append(open_store(redis_cluster, prefix))
+        return reply
+
+    monkeypatch.setattr(RedisCluster, "hsetnx", open_another)
+    first = open_store(redis_cluster, prefix)
+    for store in (first, *opened):
+        store._sync.close()
+    assert len(opened) == 1
+    with redis_cluster.client() as client:
+        assert client.hgetall(f"{prefix}:meta") == {
+            b"layout": LAYOUT.encode(), b"version": str(CLUSTER_LAYOUT_VERSION).encode()}
+
+
+@pytest_twisted.ensureDeferred
+async def test_every_key_is_tagged_and_a_hosts_keys_share_a_slot(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    store = open_store(redis_cluster, prefix)
+    try:
+        for n in range(120):  # enough for a host's buckets to split
+            key = PageKey(SCOPE, f"https://a.example/p{n}")
+            store.stage_item(item(f"i{n}", page=key.url))
+            store.stage_links(key, '["x"]')
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        assert await call(store.flush()) == 360
+    finally:
+        await call(store.close())
+    keys = [k.decode() for k in redis_cluster.keys(f"{prefix}:*")]
+    # The flush's tokens went with the store's close (its replies came).
+    assert [k for k in keys if k.startswith(f"{prefix}:flush:")] == []
+    untagged = [k for k in keys if "{" not in k and k not in (f"{prefix}:meta",
+                                                               f"{prefix}:scopes")]
+    assert untagged == []
+    host_keys = [k for k in keys if "{books|a.example}" in k]
+    # (Records of every field are longer than a listpack entry: pgl.)
+    assert {k.split(":")[1] for k in host_keys} >= {"hd", "ln", "pgl"}
+    assert len({key_slot(k.encode()) for k in host_keys}) == 1
+    # The buckets split (120 pages, 40 a bucket): more than one.
+    assert sum(1 for k in host_keys if k.split(":")[1] in ("pg", "pgl")) > 1
+    # The items are spread over their groups, on every node.
+    groups = [k for k in keys if k.startswith(f"{prefix}:items:")]
+    assert len(groups) > 50
+    assert len({redis_cluster.port_of(k) for k in groups}) == 3
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_flush_failing_in_phase_2_on_one_node_leaves_no_page_ahead_of_its_items(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    a_host, b_host = hosts_on_two_nodes(redis_cluster, prefix)
+    a, b = PageKey(SCOPE, f"https://{a_host}/p"), PageKey(SCOPE, f"https://{b_host}/p")
+    store = open_store(redis_cluster, prefix)
+    reader = open_store(redis_cluster, prefix)
+    try:
+        for key in (a, b):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+        await call(store.flush())
+
+        # The second crawl of both pages: their items, then their states.
+        store.stage_item(item("ia", 2, page=a.url))
+        store.stage_item(item("ib", 2, page=b.url))
+        store.stage_page(full_state(a, 2, callback="parse", next_visit=2_000))
+        store.stage_page(full_state(b, 2, callback="parse", next_visit=3_000))
+        # A damaged key of host a: its links hash is not a hash, so its
+        # script of phase 2 applies nothing (host b's, on another node, runs).
+        links = f"{prefix}:ln:{{{SCOPE}|{a_host}}}"
+        with redis_cluster.client() as client:
+            assert client.set(links, "damaged")
+            with pytest.raises(StateStoreError, match="WRONGTYPE"):
+                await call(store.flush())
+            # Phase 1 ran whole: every item is stored...
+            assert await call(reader.get_item_fingerprint(SCOPE, "ia")) == "fp-ia-2"
+            assert await call(reader.get_item_fingerprint(SCOPE, "ib")) == "fp-ib-2"
+            # ...host a's page is as it was (data ahead of state, never the
+            # other way), host b's is written.
+            assert await call(reader.get_page(a)) == full_state(
+                a, 1, callback="parse", next_visit=1_000)
+            assert await call(reader.get_page(b)) == full_state(
+                b, 2, callback="parse", next_visit=3_000)
+            # What is left: host a's page write (the items and b's page are
+            # not sent again).
+            assert store.pending == 1
+            client.delete(links)
+
+        # The retried flush completes: a's page, and phase 3 with the
+        # effects of both pages' writes (b's kept from the failed flush).
+        assert await call(store.flush()) == 1
+        assert store.pending == 0
+        assert await call(reader.get_page(a)) == full_state(a, 2, callback="parse",
+                                                            next_visit=2_000)
+        assert await call(reader.get_page_items(SCOPE, a.url)) == ["ia"]
+        assert [s.key for s in await call(reader.get_due(SCOPE, 2_500, 10))] == [a]
+        await assert_sums_are_the_pages(reader)
+    finally:
+        await call(store.close())
+        await call(reader.close())
+
+
+def lose_reply_of(store: RedisStateStore, script: str) -> list[int]:
+    """Make the first pipeline that runs *script* lose its reply after it
+    ran (as a connection cut after the scripts were sent); returns the
+    list the times it did so are counted in."""
+    lost: list[int] = []
+    original = store._eval_many
+
+    async def eval_many(calls: list[tuple[str, list[str], list[Any]]],
+                        plain: Any = ()) -> list[Any]:
+        replies = await original(calls, plain)
+        if not lost and any(sent == script for sent, _, _ in calls):
+            lost.append(1)
+            raise redis.exceptions.ConnectionError("the reply was lost")
+        return replies
+
+    store._eval_many = eval_many  # type: ignore[method-assign]
+    return lost
+
+
+@pytest.mark.parametrize("phase", [CLUSTER_ITEMS_LUA, CLUSTER_HOST_LUA, CLUSTER_SCOPE_LUA],
+                         ids=["items", "pages", "scope"])
+@pytest_twisted.ensureDeferred
+async def test_a_phase_whose_reply_was_lost_is_not_applied_twice(
+    redis_cluster: LoopbackCluster, prefix: str, phase: str,
+) -> None:
+    """A phase's scripts that ran but whose reply never came are sent again
+    under their tokens by the next flush: item versions, checks and the
+    sums are counted once."""
+    key = PageKey(SCOPE, "https://a.example/p")
+    store = open_store(redis_cluster, prefix)
+    reader = open_store(redis_cluster, prefix)
+    try:
+        store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+        await call(store.flush())
+        store.stage_item(item("a", 1, page=key.url))
+        store.stage_check(key, 304, 3_000_000, schedule=(3_600, 4_000))
+        lost = lose_reply_of(store, phase)
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        assert lost == [1]
+        # Sent again, with a write staged since.
+        store.stage_item(item("b", 1))
+        await call(store.flush())
+        assert store.pending == 0
+        assert reader.item_history(SCOPE, "a") == [(1, "fp-a-1")]
+        assert reader.item_history(SCOPE, "b") == [(1, "fp-b-1")]
+        page = await call(reader.get_page(key))
+        assert page is not None and page.checks == 2 and page.next_visit == 4_000
+        assert await call(reader.get_page_items(SCOPE, key.url)) == ["a"]
+        assert [s.key for s in await call(reader.get_due(SCOPE, 5_000, 10))] == [key]
+        await assert_sums_are_the_pages(reader)
+    finally:
+        await call(store.close())
+        await call(reader.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_writes_and_reads_planned_from_a_stale_bucket_count_are_planned_again(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """The flush and the reads choose a page's bucket from its host's bucket
+    count read before their scripts run; a count another worker changed
+    meanwhile (its writes split the host's buckets) makes the script write
+    or read nothing and say so, and the page is planned again."""
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(200)]
+    store = open_store(redis_cluster, prefix)
+    try:
+        for key in keys[:150]:
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+        await call(store.flush())
+        hd = f"{prefix}:hd:{{{SCOPE}|a.example}}"
+        with redis_cluster.client() as client:
+            assert int(client.hget(hd, "n")) > 1  # split
+        # As if read before another worker's splits: one bucket, no pages.
+        stale: list[int] = []
+        part_counts = store._part_counts
+        host_counts = store._host_counts
+
+        async def stale_parts(parts: Any, *before: Any) -> Any:
+            counts = await part_counts(parts, *before)
+            if not stale:
+                stale.append(1)
+                return dict.fromkeys(counts, (1, 0))
+            return counts
+
+        async def stale_hosts(hosts: Any) -> Any:
+            return dict.fromkeys(await host_counts(hosts), (1, 0))
+
+        store._part_counts = stale_parts  # type: ignore[method-assign]
+        store._host_counts = stale_hosts  # type: ignore[method-assign]
+        for key in keys[100:]:
+            store.stage_page(full_state(key, 2, callback="parse", next_visit=2_000))
+        assert await call(store.flush()) == 100
+        assert stale == [1]
+        found = await call(store.get_pages(keys))
+        assert {k: s.checks for k, s in found.items()} == {
+            k: 1 if n < 100 else 2 for n, k in enumerate(keys)}
+        assert store.count_pages(SCOPE) == 200
+        await assert_sums_are_the_pages(store)
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_split_whose_bucket_key_is_taken_is_not_made(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    # A key where the host's next bucket would go (written by something
+    # else): the host does not split (as on one server), its pages are
+    # written to the buckets it has, and the key is left alone.
+    foreign = f"{prefix}:pg:{{{SCOPE}|a.example}}:1"
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(60)]
+    store = open_store(redis_cluster, prefix)
+    try:
+        with redis_cluster.client() as client:
+            client.hset(foreign, "not", "ours")
+            for key in keys:
+                store.stage_page(full_state(key, 1))
+            assert await call(store.flush()) == 60
+            assert client.hget(f"{prefix}:hd:{{{SCOPE}|a.example}}", "n") == b"1"
+            assert client.hgetall(foreign) == {b"not": b"ours"}
+        assert len(await call(store.get_pages(keys))) == 60
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_damaged_scope_key_fails_phase_3_whole_and_its_effects_count_once(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """The scope's script applies phase 2's effects (sums, index, hosts,
+    splits) whole or not at all: one refused for a damaged value is sent
+    again once it is repaired, and counted once."""
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(100)]
+    store = open_store(redis_cluster, prefix)
+    splits = f"{prefix}:splits:{{{SCOPE}}}"
+    try:
+        with redis_cluster.client() as client:
+            # The count of splits is not a number; the flush splits buckets.
+            client.set(splits, "damaged")
+            for n, key in enumerate(keys):
+                store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+            with pytest.raises(StateStoreError, match="is not a number"):
+                await call(store.flush())
+            # The pages are written (phase 2); nothing of the scope is.
+            assert client.hgetall(f"{prefix}:nvs:{{{SCOPE}}}") == {}
+            assert client.smembers(f"{prefix}:hs:{{{SCOPE}}}") == set()
+            client.delete(splits)
+        await call(store.flush())
+        assert store.pending == 0
+        with redis_cluster.client() as client:
+            assert int(client.get(splits)) >= 1
+        assert len(list(store.iter_pages(SCOPE))) == 100
+        await assert_sums_are_the_pages(store)
+        due = await call(store.get_due(SCOPE, 1_000 + 99, 200))
+        assert [s.key for s in due] == keys
+    finally:
+        await call(store.close())
+
+
+def cut_before(store: RedisStateStore, script: str) -> None:
+    """Make every pipeline that would run *script* fail before it is sent
+    (its node unreachable)."""
+    original = store._eval_many
+
+    async def eval_many(calls: list[tuple[str, list[str], list[Any]]],
+                        plain: Any = ()) -> list[Any]:
+        if any(sent == script for sent, _, _ in calls):
+            raise redis.exceptions.ConnectionError("the scope's node is unreachable")
+        return await original(calls, plain)
+
+    store._eval_many = eval_many  # type: ignore[method-assign]
+
+
+async def die(store: RedisStateStore) -> None:
+    """The worker is gone: its connections closed, nothing flushed."""
+    store._sync.close()
+    await store._async.aclose()
+
+
+@pytest.mark.parametrize("phase_3_ran", [False, True], ids=["never-sent", "reply-lost"])
+@pytest_twisted.ensureDeferred
+async def test_a_worker_gone_between_phases_2_and_3_leaves_its_effects_to_the_next(
+    redis_cluster: LoopbackCluster, prefix: str, phase_3_ran: bool,
+) -> None:
+    """What a worker's phase 2 changed in its scope's keys (a new host, the
+    revisit index, the sums) stays in the host's ledger until its phase 3
+    applied it: a worker gone before that (its scope's node unreachable,
+    then killed) leaves it to the next flush that writes the host, and
+    effects sent by both are applied once."""
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(60)]
+    gone = open_store(redis_cluster, prefix)
+    for n, key in enumerate(keys[:50]):
+        gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+    if phase_3_ran:
+        lose_reply_of(gone, CLUSTER_SCOPE_LUA)
+    else:
+        cut_before(gone, CLUSTER_SCOPE_LUA)
+    with pytest.raises(StateStoreError):
+        await call(gone.flush())
+    await call(die(gone))
+
+    store = open_store(redis_cluster, prefix)
+    store.adopt_after = 0  # (a test cannot wait ten minutes)
+    try:
+        for n, key in enumerate(keys[50:], start=50):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        await call(store.flush())
+        assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 100))] == keys
+        assert len(list(store.iter_pages(SCOPE))) == 60
+        await assert_sums_are_the_pages(store)
+        # Applied: the ledger is emptied (its entries deleted with the
+        # store's close).
+        await call(store.close())
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
+        # The intents went too: the live worker's at its close, the gone
+        # one's with the due read that found its ledger applied.
+        assert redis_cluster.keys(f"{prefix}:fxhosts:*") == []
+    finally:
+        await call(store.close())
+
+
+async def gone_between_phases_2_and_3(cluster: LoopbackCluster, prefix: str,
+                                      keys: list[PageKey]) -> None:
+    """A worker writes *keys* (one host's pages), its scope's node
+    unreachable for its phase 3, then dies: nobody writes that host again."""
+    gone = open_store(cluster, prefix)
+    for n, key in enumerate(keys):
+        gone.stage_item(item(f"i{n}", page=key.url))
+        gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+    cut_before(gone, CLUSTER_SCOPE_LUA)
+    with pytest.raises(StateStoreError):
+        await call(gone.flush())
+    await call(die(gone))
+
+
+@pytest.mark.parametrize("reader", ["take_scope", "get_due", "summary", "count_scope",
+                                    "reset_scope", "iter_pages"])
+@pytest_twisted.ensureDeferred
+async def test_a_dead_workers_effects_on_a_host_never_written_again_are_applied(
+    redis_cluster: LoopbackCluster, prefix: str, reader: str,
+) -> None:
+    """The host's ledger alone would keep them until a flush writes that
+    host again: the scope's write-ahead intents (P:fxhosts) name the host,
+    and a crawl's start and every read of the scope's pages apply its
+    ledger first."""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
+    await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
+    store = open_store(redis_cluster, prefix)
+    store.adopt_after = 0  # (a test cannot wait ten minutes)
+    hosts, index = f"{prefix}:hs:{{{SCOPE}}}", f"{prefix}:dueb:{{{SCOPE}}}"
+    try:
+        if reader == "take_scope":
+            assert store.take_scope(SCOPE, "crawl-2", 60, 10_000) is None
+            with redis_cluster.client() as client:
+                assert client.scard(hosts) == 1
+                assert client.zcard(index) == 1
+        elif reader == "get_due":
+            assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == keys
+        elif reader == "summary":
+            summary = await call(store.summarize_pages(
+                SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))
+            assert summary[0] == 5
+            await assert_sums_are_the_pages(store)
+        elif reader == "count_scope":
+            assert store.count_scope(SCOPE).pages == 5
+        elif reader == "reset_scope":
+            assert store.reset_scope(SCOPE).pages == 5
+            # Its state is gone with the rest: a later crawl sends no
+            # stale validators.
+            assert await call(store.get_pages(keys)) == {}
+            # (The dead worker's flush tokens expire on their own.)
+            assert [k for k in redis_cluster.keys(f"{prefix}:*")
+                    if b"{books" in k and b":flush:" not in k] == []
+        else:
+            assert sorted(s.key.url for s in store.iter_pages(SCOPE)) == sorted(k.url for k in keys)
+        with redis_cluster.client() as client:
+            # Applied: the gone worker's intent dropped (older than
+            # adopt_after), its ledger emptied.
+            assert client.zcard(f"{prefix}:fxhosts:{{{SCOPE}}}") == 0
+            assert client.keys(f"{prefix}:fx:*") == []
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_reset_leaves_no_key_of_the_scope_on_any_node(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    store = open_store(redis_cluster, prefix)
+    try:
+        for n in range(60):
+            key = PageKey(SCOPE, f"https://h{n % 3}.example/p{n}")
+            store.stage_item(item(f"i{n}", page=key.url))
+            store.stage_links(key, '["x"]')
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        store.stage_page(full_state(PageKey("other", "https://h0.example/p"), 1))
+        await call(store.flush())
+        await call(store.close())
+        store = open_store(redis_cluster, prefix)
+        store.reset_scope(SCOPE)
+        left = [k.decode() for k in redis_cluster.keys(f"{prefix}:*")]
+        assert [k for k in left if "{books" in k] == []
+        assert any("{other" in k for k in left)
+    finally:
+        await call(store.close())
+
+
+async def stale_bound(store: RedisStateStore, keys: list[PageKey]) -> None:
+    """Pages due at 100 (their bucket's bound), then checked and scheduled
+    at 5,000: the bound stays 100 (a write only lowers it)."""
+    for key in keys:
+        store.stage_page(full_state(key, 1, callback="parse", next_visit=100,
+                                    last_checked=1_000))
+    await call(store.flush())
+    for key in keys:
+        store.stage_check(key, 304, 2_000, schedule=(3_000, 5_000))
+    await call(store.flush())
+
+
+def bound(cluster: LoopbackCluster, prefix: str) -> float | None:
+    with cluster.client() as client:
+        return client.zscore(f"{prefix}:dueb:{{{SCOPE}}}", "a.example|0")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_summary_reading_every_page_sets_a_stale_bound_right(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(5)]
+    store = open_store(redis_cluster, prefix)
+    try:
+        await stale_bound(store, keys)
+        assert bound(redis_cluster, prefix) == 100
+        # No crawl took the scope (no mark of its checks): every page is read.
+        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                   checked_before=1_500))
+        assert tuple(summary) == (0, 0, None)
+        assert bound(redis_cluster, prefix) == 5_000
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_page_written_while_a_summary_reads_its_bucket_keeps_the_bound_low(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(5)]
+    store = open_store(redis_cluster, prefix)
+    writer = open_store(redis_cluster, prefix)
+    try:
+        await stale_bound(store, keys)
+        late = PageKey(SCOPE, "https://a.example/late")
+        original = store._eval_many
+
+        async def eval_many(calls: Any, plain: Any = ()) -> list[Any]:
+            replies = await original(calls, plain)
+            if any(script == CLUSTER_SUMMARY_LUA for script, _, _ in calls):
+                # Another worker writes a page due at 50 into the bucket
+                # just read (before the summary sets its bound).
+                writer.stage_page(full_state(late, 1, callback="parse", next_visit=50))
+                await writer.flush()
+            return replies
+
+        store._eval_many = eval_many  # type: ignore[method-assign]
+        await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                         checked_before=1_500))
+        assert bound(redis_cluster, prefix) == 50
+        assert [s.key for s in await call(store.get_due(SCOPE, 60, 10))] == [late]
+    finally:
+        await call(store.close())
+        await call(writer.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_item_moved_to_another_page_is_not_listed_under_the_old_one(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A moved item's old member in the page index is removed in phase 3:
+    a worker gone before it leaves that member, and the item (alive on its
+    new page) is not listed under the old one (a crawl of that page would
+    send a tombstone for it)."""
+    old, new = "https://a.example/old", "https://a.example/new"
+    store = open_store(redis_cluster, prefix)
+    store.stage_item(item("x", page=old))
+    await call(store.flush())
+    await call(store.close())
+    gone = open_store(redis_cluster, prefix)
+    gone.stage_item(item("x", 2, page=new))
+    gone.stage_page(full_state(PageKey(SCOPE, new), 1, callback="parse", next_visit=1_000))
+    cut_before(gone, CLUSTER_SCOPE_LUA)
+    with pytest.raises(StateStoreError):
+        await call(gone.flush())
+    await call(die(gone))
+    store = open_store(redis_cluster, prefix)
+    try:
+        with redis_cluster.client() as client:
+            # The stale member is there (what the read has to see past).
+            bypage = f"{prefix}:bypage:{{{SCOPE}#{item_group(old)}}}"
+            assert client.zrangebylex(bypage, "-", "+") == [f"{old}\0x".encode()]
+        assert await call(store.get_page_items(SCOPE, old)) == []
+        assert await call(store.get_page_items(SCOPE, new)) == ["x"]
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_late_index_removal_leaves_a_member_written_since(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Worker A moves item x from p1 to p2, its phase 3 (which removes
+    (p1, x) from the page index) cut off; worker B writes x back on p1;
+    A's retried phase 3 removes nothing B wrote: x stays listed under p1."""
+    p1, p2 = "https://a.example/p1", "https://a.example/p2"
+    first = open_store(redis_cluster, prefix)
+    a = open_store(redis_cluster, prefix)
+    b = open_store(redis_cluster, prefix)
+    try:
+        first.stage_item(item("x", 1, page=p1))
+        await call(first.flush())
+        a.stage_item(item("x", 2, page=p2))
+        a.stage_page(full_state(PageKey(SCOPE, p2), 1, callback="parse", next_visit=1_000))
+        cut_before(a, CLUSTER_SCOPE_LUA)
+        with pytest.raises(StateStoreError):
+            await call(a.flush())
+        b.stage_item(item("x", 3, page=p1))
+        await call(b.flush())
+        assert await call(b.get_page_items(SCOPE, p1)) == ["x"]
+        del a._eval_many  # its scope's node reachable again
+        await call(a.flush())
+        assert a.pending == 0
+        assert await call(b.get_page_items(SCOPE, p1)) == ["x"]
+        assert await call(b.get_page_items(SCOPE, p2)) == []
+    finally:
+        for store in (first, a, b):
+            await call(store.close())
