@@ -4,8 +4,12 @@ Run by ``bench/capacity.py`` in a child process per store and version, so
 that two versions of ``incremental_crawler`` (this tree's, and the base
 commit's in a git worktree) never meet in one interpreter:
 
-    python bench/_crawl_start.py --code ROOT --store sqlite|redis --sizes N [N ...]
+    python bench/_crawl_start.py --code ROOT --store sqlite|redis|cluster --sizes N [N ...]
         [--redis-uri URI] --work DIR [--bulk-from N]
+
+``cluster``: ``--redis-uri`` names a node of a Redis Cluster; the store lays
+itself out across the cluster's primaries, and bytes and server CPU are
+summed over them (and given per node).
 
 ``--code`` is the tree ``incremental_crawler`` is imported from. The store
 is filled with the pages of ``capacity.page_state`` (the crawl shape, one
@@ -42,11 +46,12 @@ BENCH = Path(__file__).resolve().parent
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--code", required=True)
-    p.add_argument("--store", choices=("sqlite", "redis"), required=True)
+    p.add_argument("--store", choices=("sqlite", "redis", "cluster"), required=True)
     p.add_argument("--sizes", type=int, nargs="+", required=True)
     p.add_argument("--redis-uri")
     p.add_argument("--work", required=True)
     p.add_argument("--bulk-from", type=int, default=2_000_000)
+    p.add_argument("--hosts", type=int, default=10)
     args = p.parse_args()
     # The code measured first, then the bench's own helpers (page shapes;
     # their repository listed after it, so that they do not put it first).
@@ -59,19 +64,18 @@ def main() -> int:
     print(json.dumps({"code": str(Path(incremental_crawler.__file__).parent.parent)}),
           flush=True)
 
-    shape = argparse.Namespace(hosts=10, long_share=0.02, shape="crawl")
+    shape = argparse.Namespace(hosts=args.hosts, long_share=0.02, shape="crawl")
     asyncio.run(run(args, cap, shape))
     return 0
 
 
 async def run(args: argparse.Namespace, cap: Any, shape: argparse.Namespace) -> None:
-    import redis
-
     from incremental_crawler.state.stores.redis import RedisStateStore
     from incremental_crawler.state.stores.sqlite import SQLiteStateStore
 
     path = Path(args.work) / "start.db"
-    server = redis.Redis.from_url(args.redis_uri) if args.store == "redis" else None
+    servers = primaries(args.redis_uri, cluster=args.store == "cluster") if args.redis_uri else []
+    server = servers[0] if servers else None
 
     def open_store() -> Any:
         if args.store == "sqlite":
@@ -79,9 +83,9 @@ async def run(args: argparse.Namespace, cap: Any, shape: argparse.Namespace) -> 
         return RedisStateStore(args.redis_uri, prefix="cap", history_limit=10)
 
     def used_bytes() -> int:
-        if server is not None:
-            memory = server.info("memory")
-            return int(memory["used_memory"]) - int(memory.get("mem_aof_buffer", 0))
+        if servers:
+            return sum(int(memory["used_memory"]) - int(memory.get("mem_aof_buffer", 0))
+                       for memory in (s.info("memory") for s in servers))
         db = sqlite3.connect(path)
         try:
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -109,15 +113,18 @@ async def run(args: argparse.Namespace, cap: Any, shape: argparse.Namespace) -> 
             done = size
         # The write rate and flushes at this size (bulk: 100,000 pages more).
         upto = size + 100_000 if bulk else size
+        before = [server_cpu(s) for s in servers]
         rate, flushes = await fill(store, cap, shape, done, upto)
+        # Each server's CPU per page written by this fill (on a cluster each
+        # primary takes a share of the pages).
+        extra["write_cpu_us_per_node"] = [
+            1e6 * (server_cpu(s) - b) / (upto - done) for s, b in zip(servers, before, strict=True)]
         done = upto
-        cpu = server.info("cpu") if server is not None else None
+        cpu = [server_cpu(s) for s in servers]
         start = await crawl_start(store, cap)
-        if cpu is not None and server is not None:
-            after = server.info("cpu")
+        if servers:
             start["server_cpu_s"] = sum(
-                float(after[k]) - float(cpu[k])
-                for k in ("used_cpu_user_main_thread", "used_cpu_sys_main_thread"))
+                server_cpu(s) - c for s, c in zip(servers, cpu, strict=True))
         # Bytes once the crawl start's own writes (Redis: bounds set right)
         # are flushed, as a crawl's first flush would.
         await store.flush()
@@ -130,6 +137,25 @@ async def run(args: argparse.Namespace, cap: Any, shape: argparse.Namespace) -> 
             "flush_ms_max": 1000 * max(flushes), "bulk": bulk, **extra, **start,
         }), flush=True)
     await store.close()
+
+
+def primaries(uri: str, *, cluster: bool) -> list[Any]:
+    """A client of each server holding the store: the one server, or each
+    primary of the cluster *uri* names a node of."""
+    import redis
+    from redis.cluster import RedisCluster
+
+    if not cluster:
+        return [redis.Redis.from_url(uri)]
+    with RedisCluster.from_url(uri) as client:
+        nodes = [(n.host, n.port) for n in client.get_primaries()]
+    return [redis.Redis(host=host, port=port) for host, port in sorted(nodes)]
+
+
+def server_cpu(server: Any) -> float:
+    """The server's main thread's CPU seconds so far (commands and scripts)."""
+    info = server.info("cpu")
+    return float(info["used_cpu_user_main_thread"]) + float(info["used_cpu_sys_main_thread"])
 
 
 async def fill(store: Any, cap: Any, shape: argparse.Namespace, first: int,

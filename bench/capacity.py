@@ -53,7 +53,17 @@ What it measures
        worktree of its own), each store and version in a process of its
        own (``bench/_crawl_start.py``), with bytes per page, write rate and
        flush times; sizes from ``--start-bulk-from`` (2,000,000) are
-       written by a bulk path (see that module). ~45 minutes.
+       written by a bulk path (see that module). This tree's code also on
+       a Redis Cluster of three primaries on loopback (each with its
+       append-only file, as the single server has) at
+       ``--start-cluster-pages`` (100,000 and 1,000,000): the same figures,
+       bytes summed over the primaries, and each primary's CPU per page
+       written: each primary runs commands on one thread, so the busiest
+       one's CPU per page bounds the cluster's write rate (one server's
+       against it: ~3x is three primaries sharing the writes evenly). The
+       pages are on ``--hosts`` hosts (10): a host's keys are one hash
+       slot, so few hosts use few nodes.
+       ~45 minutes.
 
 How to read it
     Ratios are ours / baseline (redis-3 / redis-2). The target: Redis bytes
@@ -541,9 +551,11 @@ def crawl_start_run(args: argparse.Namespace) -> int:
         subprocess.run(["git", "worktree", "add", "--detach", str(old_tree), args.start_ref],
                        cwd=REPO, check=True, capture_output=True, timeout=120)
         try:
-            for store in ("sqlite", "redis"):
-                for version, code, sizes in (("new", REPO, args.start_pages),
-                                             ("old", old_tree, args.start_old_pages)):
+            for store in ("sqlite", "redis", "cluster"):
+                # The old code does not run on a cluster.
+                runs = ((("new", REPO, args.start_cluster_pages),) if store == "cluster" else
+                        (("new", REPO, args.start_pages), ("old", old_tree, args.start_old_pages)))
+                for version, code, sizes in runs:
                     if not sizes:
                         continue
                     results[store, version] = crawl_start_child(
@@ -558,12 +570,23 @@ def crawl_start_run(args: argparse.Namespace) -> int:
 def crawl_start_child(store: str, code: Path, sizes: list[int], work: Path,
                       args: argparse.Namespace) -> list[dict[str, Any]]:
     work.mkdir()
-    server = PrivateRedis(work) if store == "redis" else None
+    server: PrivateRedis | None = PrivateRedis(work) if store == "redis" else None
+    cluster = None
+    if store == "cluster":
+        # Three primaries on loopback, each with its append-only file as the
+        # single server has (the tests' cluster, from tests/redis_cluster_util.py).
+        from tests.redis_cluster_util import LoopbackCluster
+
+        cluster = LoopbackCluster(aof=True)
+        cluster.start()
     command = [sys.executable, str(Path(__file__).parent / "_crawl_start.py"),
                "--code", str(code), "--store", store, "--work", str(work),
-               "--bulk-from", str(args.start_bulk_from), "--sizes", *map(str, sizes)]
+               "--bulk-from", str(args.start_bulk_from), "--hosts", str(args.hosts),
+               "--sizes", *map(str, sizes)]
     if server is not None:
         command += ["--redis-uri", server.uri]
+    if cluster is not None:
+        command += ["--redis-uri", cluster.url]
     label = f"{store} ({'this tree' if code == REPO else args.start_ref[:10]})"
     print(f"... crawl start, {label}: {', '.join(f'{n:,}' for n in sizes)} pages",
           file=sys.stderr)
@@ -587,28 +610,51 @@ def crawl_start_child(store: str, code: Path, sizes: list[int], work: Path,
     finally:
         if server is not None:
             server.stop()
+        if cluster is not None:
+            cluster.remove()
         shutil.rmtree(work, ignore_errors=True)
     return points
 
 
 def print_crawl_start(results: dict[tuple[str, str], list[dict[str, Any]]],
                       args: argparse.Namespace) -> None:
-    print(f"Crawl start (a day after the pages' checks: ~1/7 of them due), one scope, "
-          f"state alone; old = {args.start_ref[:10]} (offset paging, summaries of "
-          "every page), new = this tree:")
+    print(f"Crawl start (a day after the pages' checks: ~1/7 of them due), one scope "
+          f"on {args.hosts} hosts, state alone; old = {args.start_ref[:10]} (offset "
+          "paging, summaries of every page), new = this tree:")
     rows = [[
         store, version, f"{p['pages']:,}" + (" (bulk)" if p["bulk"] else ""),
         f"{p['due_read_s']:.3f}", f"{p['summaries_s']:.3f}", f"{p['start_s']:.3f}",
-        f"{p.get('server_cpu_s', 0):.2f}" if store == "redis" else "",
+        f"{p.get('server_cpu_s', 0):.2f}" if store != "sqlite" else "",
+        " / ".join(f"{us:.0f}" for us in p.get("write_cpu_us_per_node", [])),
         f"{p['bytes_per_page']:,.0f}", f"{p['write_pages_per_s']:,.0f}",
         f"{p['flush_ms_median']:.0f} / {p['flush_ms_max']:.0f}",
         f"{p['migrate_s']:.0f}" if "migrate_s" in p else "",
         f"{p['due'][0]:,} / {p['rest'][0]:,}"]
         for (store, version), points in results.items() for p in points]
     print_table(["store", "code", "pages", "10,000 due pages s", "summaries s",
-                 "crawl start s", "redis CPU s", "B/page", "write pages/s",
+                 "crawl start s", "redis CPU s", "redis CPU us/page write (per node)",
+                 "B/page", "write pages/s",
                  "flush ms (median / max)", "migration s", "due / not due"], rows)
-    for store in ("sqlite", "redis"):
+    single = {p["pages"]: p for p in results.get(("redis", "new"), [])}
+    for p in results.get(("cluster", "new"), []):
+        one = single.get(p["pages"])
+        nodes = p.get("write_cpu_us_per_node", [])
+        if one is None or not nodes or not one.get("write_cpu_us_per_node"):
+            continue
+        alone = one["write_cpu_us_per_node"][0]
+        # Each primary runs its commands on one thread: the busiest one's
+        # CPU per page written bounds the cluster's write rate, as one
+        # server's CPU per page bounds its own. Three primaries sharing the
+        # writes evenly, each at no more CPU per page it serves than one
+        # server, would take 3x the writes.
+        scale = alone / max(nodes)
+        print(f"cluster at {p['pages']:,} pages: server CPU per page write {sum(nodes):.0f} us "
+              f"over {len(nodes)} primaries ({' / '.join(f'{us:.0f}' for us in nodes)}), "
+              f"one server {alone:.0f} us: the cluster's write rate bound by its busiest "
+              f"primary is {scale:.2f}x one server's (target ~{len(nodes)}x): "
+              f"{verdict(scale >= 0.9 * len(nodes))}; bytes/page {p['bytes_per_page']:.0f} "
+              f"(target <= 210): {verdict(p['bytes_per_page'] <= 210)}")
+    for store in ("sqlite", "redis", "cluster"):
         new, old = results.get((store, "new"), []), results.get((store, "old"), [])
         for o in old:
             n = next((p for p in new if p["pages"] == o["pages"]), None)
@@ -651,6 +697,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="sizes of the crawl-start run, this tree (100000 1000000 10000000)")
     p.add_argument("--start-old-pages", type=int, nargs="*", default=[100_000, 1_000_000],
                    help="sizes of the crawl-start run, the base commit (100000 1000000)")
+    p.add_argument("--start-cluster-pages", type=int, nargs="*", default=[100_000, 1_000_000],
+                   help="sizes of the crawl-start run on a 3-node Redis Cluster, this tree "
+                        "(100000 1000000)")
     p.add_argument("--start-ref", default=BASE_REF, help="the base commit (old code)")
     p.add_argument("--start-bulk-from", type=int, default=2_000_000,
                    help="sizes from this one up are written by the bulk path (2000000)")

@@ -64,9 +64,12 @@ class LoopbackCluster:
     (``redis://127.0.0.1:P/0``), :attr:`seeds_url` all of them
     (``redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3/``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, aof: bool = False) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="redis-cluster-test-"))
         self.ports: list[int] = []
+        #: An append-only file written every second on each node (as the
+        #: benchmarks' single servers write one): its CPU is the server's too.
+        self.aof = aof
 
     @property
     def url(self) -> str:
@@ -99,7 +102,9 @@ class LoopbackCluster:
                  "--cluster-config-file", str(self.dir / f"nodes-{port}.conf"),
                  "--dir", str(self.dir), "--logfile", str(self.dir / f"redis-{port}.log"),
                  "--pidfile", str(self.dir / f"redis-{port}.pid"),
-                 "--save", "", "--appendonly", "no", "--daemonize", "yes"],
+                 "--save", "", "--appendonly", "yes" if self.aof else "no",
+                 "--appendfsync", "everysec", "--auto-aof-rewrite-percentage", "0",
+                 "--appenddirname", f"aof-{port}", "--daemonize", "yes"],
                 check=True, timeout=30, stdout=subprocess.DEVNULL)
         for port in self.ports:
             self._until(lambda port=port: self._ping(port), f"node {port} to answer")
