@@ -61,11 +61,11 @@ from __future__ import annotations
 
 import json
 import math
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from incremental_crawler import clock
 from incremental_crawler.state.stores.redis.core import (
     RedisCore,
     _key_part,
@@ -407,7 +407,7 @@ class RedisClusterPath(RedisCore):
         # before its phase 3 leaves its effects findable from the scope
         # (its host may never be written again: see adopt_ledgers).
         intents: dict[str, list[Any]] = {}
-        now = time.time()
+        now = clock.now()
         for scope_part, part in heads.values():
             intents.setdefault(scope_part, []).extend((now, self._intent_member(part)))
         counts = await self._part_counts(list(heads.values()), [
@@ -682,7 +682,7 @@ class RedisClusterPath(RedisCore):
         pairs = ([(member, score) for member, score in flat]
                  if isinstance(flat[0], (list, tuple))
                  else [(flat[k], flat[k + 1]) for k in range(0, len(flat), 2)])
-        now = time.time()
+        now = clock.now()
         parts = sorted({member.decode().rpartition("\0")[0] for member, _ in pairs})
         ledgers = [f"{self.prefix}:fx:{{{scope_part}|{part}}}" for part in parts]
         entries = yield [("HGETALL", ledger) for ledger in ledgers]
