@@ -44,6 +44,9 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     # (its state store; in cluster mode, the cluster's Redis and the shared
     # budget's) before it stops, as a crawl that cannot go on.
     "INCREMENTAL_REDIS_RETRY_TIME": 30.0,
+    # The Redis state store on a Redis Cluster (its cluster layout) is new:
+    # opened only when this says so (see docs/capacity.md, "Redis Cluster").
+    "INCREMENTAL_STATE_ON_REDIS_CLUSTER": False,
     # Seconds between a worker's heartbeats; a worker silent for the TTL is
     # taken for dead and its requests go back to the queue.
     "INCREMENTAL_CLUSTER_HEARTBEAT": 1.0,

@@ -70,6 +70,10 @@ def store_uri(redis_prefix: str) -> str:
     return f"{REDIS_URI}?prefix={redis_prefix}"
 
 
+#: The state store on the cluster: opened only when asked for (its layout is new).
+STORE = ("-s", "INCREMENTAL_STATE_ON_REDIS_CLUSTER=True")
+
+
 def on_cluster(cluster, *extra: str) -> tuple[str, ...]:
     return ("-s", f"INCREMENTAL_CLUSTER_URL={cluster.url}", *extra)
 
@@ -265,6 +269,20 @@ def cluster_store(redis_cluster):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_worker_keeps_no_state_store_on_the_cluster_unless_asked(
+        site, redis_cluster, prefix, tmp_path):
+    # The cluster layout is new: without INCREMENTAL_STATE_ON_REDIS_CLUSTER a
+    # crawl whose store would follow the cluster's URL stops in one line,
+    # before anything of the store is written there.
+    site.add_page("/p/0000", "strong", size=1000)
+    worker = Worker(site, None, prefix, tmp_path, "0", *on_cluster(redis_cluster))
+    assert await worker.wait() == 1, worker.tail()
+    assert "INCREMENTAL_STATE_ON_REDIS_CLUSTER = True" in worker.text()
+    assert page_gets(site) == {}
+    assert await deferToThread(redis_cluster.keys, "incremental:meta") == []
+
+
+@pytest_twisted.ensureDeferred
 async def test_workers_keep_their_state_store_on_the_cluster(
         site, redis_cluster, prefix, cluster_store, tmp_path):
     n = 40
@@ -272,7 +290,7 @@ async def test_workers_keep_their_state_store_on_the_cluster(
         site.add_page(f"/p/{i:04d}", ("strong", "weak", "lastmod")[i % 3], size=1000)
     site.slow("/p/", 0.05)
     # No INCREMENTAL_STATE_URI: the store follows the cluster's URL.
-    workers = [Worker(site, None, prefix, tmp_path, str(i), *on_cluster(redis_cluster))
+    workers = [Worker(site, None, prefix, tmp_path, str(i), *on_cluster(redis_cluster, *STORE))
                for i in range(2)]
     await until_all_have_work(site, 2)
     site.release()
@@ -292,7 +310,7 @@ async def test_workers_keep_their_state_store_on_the_cluster(
     # What a command reads of it (no add-on: the same rule finds it).
     result = await deferToThread(scrapy_in_process, "items", "-o",
                                  str(tmp_path / "items.jsonl"), "-s",
-                                 f"INCREMENTAL_CLUSTER_URL={redis_cluster.url}")
+                                 f"INCREMENTAL_CLUSTER_URL={redis_cluster.url}", *STORE)
     assert result.returncode == 0, result.stderr[-3000:]
     exported = [json.loads(line)["url"]
                 for line in (tmp_path / "items.jsonl").read_text().splitlines()]
@@ -300,7 +318,7 @@ async def test_workers_keep_their_state_store_on_the_cluster(
     # (The report's files go to the test's directory, not the project's.)
     for command in (["state"], ["report", "sitemap", "-o", str(tmp_path / "history")]):
         result = await deferToThread(scrapy_in_process, *command, "-s",
-                                     f"INCREMENTAL_CLUSTER_URL={redis_cluster.url}")
+                                     f"INCREMENTAL_CLUSTER_URL={redis_cluster.url}", *STORE)
         assert result.returncode == 0, (command, result.stderr[-3000:])
         assert "sitemap" in result.stdout + result.stderr, command
 
@@ -308,7 +326,7 @@ async def test_workers_keep_their_state_store_on_the_cluster(
     # changed ones (their lastmods say so).
     changed = set(site.change_fraction(0.1, seed=5))
     site.reset_log()
-    workers = [Worker(site, None, prefix, tmp_path, f"2-{i}", *on_cluster(redis_cluster),
+    workers = [Worker(site, None, prefix, tmp_path, f"2-{i}", *on_cluster(redis_cluster, *STORE),
                       "-s", "INCREMENTAL_LASTMOD_RECHECK_SHARE=0") for i in range(2)]
     for worker in workers:
         assert await worker.wait() == 0, worker.tail()

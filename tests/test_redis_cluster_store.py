@@ -17,6 +17,7 @@ import pytest_twisted
 import redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
+from scrapy.settings import Settings
 
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores.base import StateStoreError
@@ -47,6 +48,10 @@ def prefix(redis_cluster: LoopbackCluster) -> Iterator[str]:
     name = new_prefix()
     yield name
     redis_cluster.delete(f"{name}:*")
+
+
+#: What a crawl or a command needs to open the state store on a cluster.
+ON_CLUSTER = Settings({"INCREMENTAL_STATE_ON_REDIS_CLUSTER": True})
 
 
 def open_store(cluster: LoopbackCluster, prefix: str) -> RedisStateStore:
@@ -81,7 +86,12 @@ def test_a_store_on_a_cluster_is_of_the_cluster_layout(
     url = redis_cluster.url if named_by == "node" else redis_cluster.seeds_url
     uri = f"{url}?prefix={prefix}"
     assert RedisStateStore.exists(uri) is False
-    store = RedisStateStore.from_uri(uri)
+    # Not without the setting that says so (the layout is new), and
+    # refused before anything is written there.
+    with pytest.raises(StateStoreError, match="INCREMENTAL_STATE_ON_REDIS_CLUSTER = True"):
+        RedisStateStore.from_uri(uri)
+    assert RedisStateStore.exists(uri) is False
+    store = RedisStateStore.from_uri(uri, settings=ON_CLUSTER)
     store._sync.close()
     assert RedisStateStore.exists(uri) is True
     with redis_cluster.client() as client:
@@ -91,7 +101,7 @@ def test_a_store_on_a_cluster_is_of_the_cluster_layout(
         # (it refused clusters): refused, not taken for its own.
         client.hset(f"{prefix}:meta", "version", LAYOUT_VERSION)
     with pytest.raises(StateStoreError, match="where only the cluster layout"):
-        RedisStateStore.from_uri(uri)
+        RedisStateStore.from_uri(uri, settings=ON_CLUSTER)
 
 
 def test_a_worker_opening_a_new_store_while_another_creates_it_agrees(

@@ -23,7 +23,7 @@ import redis.asyncio
 
 from incremental_crawler import clock
 from incremental_crawler.config import DEFAULT_SETTINGS
-from incremental_crawler.redis_cluster import connect
+from incremental_crawler.redis_cluster import connect, is_cluster_url, names_cluster
 from incremental_crawler.state.records import (
     CrawlRecord,
     HostTrust,
@@ -77,6 +77,32 @@ _READ_BATCH = 10_000
 _READ_SCRIPT_PAGES = 2_000
 
 
+#: Why a Redis Cluster is refused unless INCREMENTAL_STATE_ON_REDIS_CLUSTER
+#: is set (said before anything is written there).
+NOT_YET_ON_A_CLUSTER = (
+    "is a Redis Cluster, and the state store's cluster layout is new: a flush "
+    "there runs in three phases on several nodes, and not every failure between "
+    "them is recovered yet (docs/capacity.md, \"Redis Cluster\"); set "
+    "INCREMENTAL_STATE_ON_REDIS_CLUSTER = True to use it all the same, or "
+    "INCREMENTAL_STATE_URI to a Redis server (redis://host:port/db?prefix=name) "
+    "or a SQLite file (sqlite:///path)")
+
+
+def _refuse_cluster(uri: str, clean: str) -> None:
+    """Refuse a Redis Cluster before anything is written to it (one ``INFO``
+    for a ``redis://`` URL; one that cannot be reached is left to the store,
+    which says so)."""
+    try:
+        cluster = is_cluster_url(clean) or names_cluster(
+            clean, socket_timeout=10, socket_connect_timeout=10)
+    except ValueError as exc:
+        raise StateStoreError(f"State store {redacted(uri)}: {exc}") from exc
+    except redis.RedisError:
+        return
+    if cluster:
+        raise StateStoreError(f"State store {redacted(uri)}: {NOT_YET_ON_A_CLUSTER}")
+
+
 class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
     """State in Redis; see the module docstring."""
 
@@ -124,6 +150,8 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
     @classmethod
     def from_uri(cls, uri: str, *, settings: BaseSettings | None = None) -> Self:
         clean, prefix = parse_redis_uri(uri)
+        if not (settings is not None and settings.getbool("INCREMENTAL_STATE_ON_REDIS_CLUSTER")):
+            _refuse_cluster(uri, clean)
         store = cls(clean, prefix=prefix, history_limit=item_history_setting(settings))
         store.crawl_history = crawl_history_setting(settings)
         store.retry_time = redis_retry_setting(settings)
