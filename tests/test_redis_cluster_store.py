@@ -9,6 +9,7 @@ Each test has a key prefix of its own, deleted from every node afterwards.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ from incremental_crawler.state.stores.redis.layout import (
     LAYOUT_VERSION,
 )
 from incremental_crawler.state.stores.redis.scripts import (
+    _TOKEN_TTL,
     CLUSTER_HOST_LUA,
     CLUSTER_ITEMS_LUA,
     CLUSTER_SCOPE_LUA,
@@ -642,3 +644,47 @@ async def test_a_late_index_removal_leaves_a_member_written_since(
     finally:
         for store in (first, a, b):
             await call(store.close())
+
+
+def age_ledgers(cluster: LoopbackCluster, prefix: str, seconds: int) -> int:
+    """Restamp every ledger entry as written *seconds* ago on its node's
+    clock (what that long a wait would leave); returns how many."""
+    n = 0
+    with cluster.client() as client:
+        for ledger in cluster.keys(f"{prefix}:fx:*"):
+            now = int(client.eval("return redis.call('TIME')[1]", 1, ledger))
+            for token, raw in client.hgetall(ledger).items():
+                _, effects = json.loads(raw)
+                client.hset(ledger, token, json.dumps([now - seconds, effects]))
+                n += 1
+    return n
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_ledger_entry_older_than_the_tokens_lifetime_is_not_applied_again(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A worker dies after a full flush (before its close deletes its
+    ledger entries): P:fxdone remembers their effects applied only for a
+    while, so a reader days later must drop those entries, as the host
+    script does, not apply them again (the sums would count each page
+    twice)."""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
+    gone = open_store(redis_cluster, prefix)
+    for n, key in enumerate(keys):
+        gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+    await call(gone.flush())
+    await call(die(gone))
+    assert age_ledgers(redis_cluster, prefix, _TOKEN_TTL + 60) == 1
+    with redis_cluster.client() as client:
+        # What P:fxdone's own trimming does after 2 x TOKEN_TTL.
+        client.delete(f"{prefix}:fxdone:{{{SCOPE}}}")
+    store = open_store(redis_cluster, prefix)
+    try:
+        summary = await call(store.summarize_pages(
+            SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))
+        assert summary[0] == 5
+        await assert_sums_are_the_pages(store)
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    finally:
+        await call(store.close())

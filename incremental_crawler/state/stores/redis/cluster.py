@@ -78,10 +78,12 @@ from incremental_crawler.state.stores.redis.pages import (
     bucket_of,
 )
 from incremental_crawler.state.stores.redis.scripts import (
+    _TOKEN_TTL,
     CLUSTER_BYPAGE_LUA,
     CLUSTER_HOST_LUA,
     CLUSTER_INTENT_DROP_LUA,
     CLUSTER_ITEMS_LUA,
+    CLUSTER_LEDGER_READ_LUA,
     CLUSTER_SCOPE_LUA,
 )
 
@@ -685,17 +687,30 @@ class RedisClusterPath(RedisCore):
         now = time.time()
         parts = sorted({member.decode().rpartition("\0")[0] for member, _ in pairs})
         ledgers = [f"{self.prefix}:fx:{{{scope_part}|{part}}}" for part in parts]
-        entries = yield [("HGETALL", ledger) for ledger in ledgers]
+        entries = yield [("EVAL", CLUSTER_LEDGER_READ_LUA, 1, ledger) for ledger in ledgers]
         bundles: dict[str, _Effects] = {}
+        expired: list[tuple[str, str]] = []
         for part, ledger, reply in zip(parts, ledgers, entries, strict=True):
-            found = ([x for pair in reply.items() for x in pair] if isinstance(reply, dict)
-                     else reply)
+            if isinstance(reply, Exception):
+                raise reply
+            # The ledger's node's time first: an entry's age is told on the
+            # clock that stamped it (the host script's TIME), not ours.
+            ledger_now, found = int(reply[0]), reply[1:]
             for k in range(0, len(found), 2):
                 token, raw = found[k].decode(), found[k + 1]
                 try:
-                    _, effects = json.loads(raw)
+                    stamped, effects = json.loads(raw)
+                    age = ledger_now - float(stamped)
                 except (ValueError, TypeError):
                     continue  # not an entry (the host script drops those)
+                if age > _TOKEN_TTL:
+                    # Past the tokens' lifetime P:fxdone may have forgotten
+                    # it was applied (it keeps 2 x TOKEN_TTL, on its own
+                    # node's clock): applying it could count it twice. The
+                    # host script drops such entries unapplied; so does a
+                    # reader.
+                    expired.append((ledger, token))
+                    continue
                 bundle = _Effects(ledger=ledger, where=(scope_part, part))
                 bundle.add(json.loads(effects) if isinstance(effects, str) else effects, part)
                 bundles[token] = bundle
@@ -725,7 +740,7 @@ class RedisClusterPath(RedisCore):
             break
         old = [(member, score) for member, score in pairs
                if float(score) <= now - self.adopt_after]
-        yield [*spent, *(("HDEL", ledger, token) for ledger, token in applied),
+        yield [*spent, *(("HDEL", ledger, token) for ledger, token in (*applied, *expired)),
                *([("EVAL", CLUSTER_INTENT_DROP_LUA, 1, intents,
                    *(x for pair in old for x in pair))] if old else [])]
 
