@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -287,11 +288,11 @@ async def test_writes_and_reads_planned_from_a_stale_bucket_count_are_planned_ag
         host_counts = store._host_counts
 
         async def stale_parts(parts: Any, *before: Any) -> Any:
-            counts = await part_counts(parts, *before)
+            counts, said = await part_counts(parts, *before)
             if not stale:
                 stale.append(1)
-                return dict.fromkeys(counts, (1, 0))
-            return counts
+                return dict.fromkeys(counts, (1, 0)), said
+            return counts, said
 
         async def stale_hosts(hosts: Any) -> Any:
             return dict.fromkeys(await host_counts(hosts), (1, 0))
@@ -686,5 +687,66 @@ async def test_a_ledger_entry_older_than_the_tokens_lifetime_is_not_applied_agai
         assert summary[0] == 5
         await assert_sums_are_the_pages(store)
         assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_stalled_workers_late_phase_2_is_still_listed_by_an_intent(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A worker stalls between its write-ahead intent and its phase 2
+    (a paused VM) past the age at which a reader drops intents: a reader
+    drops it meanwhile, the phase 2 then lands and the worker dies before
+    its phase 3. Its host's pages must still reach the scope's hosts and
+    revisit index: the late phase 2 writes nothing until its intent is
+    written again."""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
+    intents = f"{prefix}:fxhosts:{{{SCOPE}}}"
+    hosts, index = f"{prefix}:hs:{{{SCOPE}}}", f"{prefix}:dueb:{{{SCOPE}}}"
+    stalled = open_store(redis_cluster, prefix)
+    stalled.adopt_after = 4  # (a test cannot wait ten minutes)
+    original = stalled._eval_many
+    stalls: list[int] = []
+
+    async def eval_many(calls: list[tuple[str, list[str], list[Any]]],
+                        plain: Any = ()) -> list[Any]:
+        if not stalls and any(sent == CLUSTER_HOST_LUA for sent, _, _ in calls):
+            stalls.append(1)
+            with redis_cluster.client() as client:
+                [(_, said)] = client.zrange(intents, 0, -1, withscores=True)
+                # The stall: until the intent is adopt_after old on its
+                # node's clock (polled, no timing asserted).
+                for _ in range(100):
+                    now = int(client.eval("return redis.call('TIME')[1]", 1, intents))
+                    if now - said >= stalled.adopt_after:
+                        break
+                    time.sleep(0.1)
+            reader = open_store(redis_cluster, prefix)
+            reader.adopt_after = stalled.adopt_after
+            try:
+                assert reader.count_scope(SCOPE).pages == 0
+            finally:
+                await die(reader)  # (it wrote nothing to flush)
+            with redis_cluster.client() as client:
+                assert client.zcard(intents) == 0  # dropped as old
+        return await original(calls, plain)
+
+    stalled._eval_many = eval_many  # type: ignore[method-assign]
+    cut_before(stalled, CLUSTER_SCOPE_LUA)
+    for n, key in enumerate(keys):
+        stalled.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+    with pytest.raises(StateStoreError):
+        await call(stalled.flush())
+    await call(die(stalled))
+    assert stalls == [1]
+
+    store = open_store(redis_cluster, prefix)
+    try:
+        assert store.count_scope(SCOPE).pages == 5
+        with redis_cluster.client() as client:
+            assert client.scard(hosts) == 1
+            assert client.zcard(index) == 1
+        assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == keys
     finally:
         await call(store.close())

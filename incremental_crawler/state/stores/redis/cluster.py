@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -81,7 +80,9 @@ from incremental_crawler.state.stores.redis.scripts import (
     _TOKEN_TTL,
     CLUSTER_BYPAGE_LUA,
     CLUSTER_HOST_LUA,
+    CLUSTER_INTENT_ADD_LUA,
     CLUSTER_INTENT_DROP_LUA,
+    CLUSTER_INTENTS_READ_LUA,
     CLUSTER_ITEMS_LUA,
     CLUSTER_LEDGER_READ_LUA,
     CLUSTER_SCOPE_LUA,
@@ -118,6 +119,23 @@ def _level(n: int) -> int:
     while level * 2 <= n:
         level *= 2
     return level
+
+
+def _plan_buckets(ops: list[tuple[Any, ...]], positions: list[int], n: int, pages: int,
+                  limit: int) -> tuple[int, set[int]]:
+    """The splits (at most *limit*) a host of *n* buckets and *pages* pages
+    needs for the writes at *positions*, and the buckets those touch."""
+    adding = sum(1 for at in positions if ops[at][0] in _ADDS)
+    splits = 0
+    while splits < limit and pages + adding > (n + splits) * BUCKET_LOAD:
+        splits += 1
+    buckets: set[int] = set()
+    for s in range(splits):
+        buckets.update((n + s - _level(n + s), n + s))
+    for at in positions:
+        if ops[at][0] not in ("links", "unlink"):
+            buckets.add(bucket_of(ops[at][3], n + splits))
+    return splits, buckets
 
 
 def _tag_of(key: str) -> str:
@@ -314,7 +332,7 @@ class RedisClusterPath(RedisCore):
             del pending[tag]
             return str(reply)
         on_reply(tag, chunk, reply, token)
-        if reply and reply[0] in (b"n", b"blocked", b"done"):
+        if reply and reply[0] in (b"n", b"late", b"blocked", b"done"):
             del pending[tag]
             return None
         self._spent_slot_tokens.append(self._token_key(token, tag))
@@ -404,41 +422,46 @@ class RedisClusterPath(RedisCore):
                 applied.add(n)
         heads = {tag: (ops[positions[0]][1], ops[positions[0]][2])
                  for tag, positions in groups.items()}
-        # The write-ahead intent, before any host script runs: one ZADD per
-        # scope of the hosts about to be written, so that a worker gone
+        # The write-ahead intent, before any host script runs: one script
+        # per scope of the hosts about to be written, so that a worker gone
         # before its phase 3 leaves its effects findable from the scope
         # (its host may never be written again: see adopt_ledgers).
-        intents: dict[str, list[Any]] = {}
-        now = time.time()
+        #
+        # When a reader may drop an intent: it is scored by its node's
+        # TIME (cluster_intent_add.lua), and a host script of this flush
+        # writes only up to that time + adopt_after // 2 on its own node's
+        # clock (else it writes nothing and says 'late': the intent is
+        # written again, the script resent); a reader drops an intent only
+        # when, by the intents' node's time it read them with, it is
+        # adopt_after old (before it read the ledgers). So no ledger entry
+        # can land after a reader dropped its intent unless the nodes'
+        # clocks differ by more than adopt_after // 2 - 1 s (the workers'
+        # clocks and stalls play no part: a stalled worker's phase 2 is
+        # late, a fast reader clock is not used).
+        intents: dict[str, list[str]] = {}
         for scope_part, part in heads.values():
-            intents.setdefault(scope_part, []).extend((now, self._intent_member(part)))
-        counts = await self._part_counts(list(heads.values()), [
-            ("ZADD", self._intents_key(scope_part), *pairs)
-            for scope_part, pairs in intents.items()])
+            intents.setdefault(scope_part, []).append(self._intent_member(part))
+        first = sorted(intents)
+        counts, said = await self._part_counts(list(heads.values()),
+                                               self._intent_calls(intents, first))
+        stamps = {scope_part: int(at) for scope_part, at in zip(first, said, strict=True)}
+        late: set[str] = set()
         limits: dict[str, int] = {}
 
         def build(tag: str, positions: list[int], token: str) -> Any:
             scope_part, part = heads[tag]
             n, pages = counts[scope_part, part]
-            adding = sum(1 for at in positions if ops[at][0] in _ADDS)
-            splits = 0
-            while (splits < limits.get(tag, MAX_SPLITS)
-                   and pages + adding > (n + splits) * BUCKET_LOAD):
-                splits += 1
-            buckets: set[int] = set()
-            for s in range(splits):
-                buckets.update((n + s - _level(n + s), n + s))
-            for at in positions:
-                if ops[at][0] not in ("links", "unlink"):
-                    buckets.add(bucket_of(ops[at][3], n + splits))
+            splits, buckets = _plan_buckets(ops, positions, n, pages,
+                                            limits.get(tag, MAX_SPLITS))
             def head(kind: str, tag: str = tag) -> str:
                 return f"{self.prefix}:{kind}:{tag}"
 
             keys = [self._token_key(token, tag), head("hd"), head("ln"), head("fx")]
             for b in sorted(buckets):
                 keys += [f"{head('pg')}:{b}", f"{head('pgl')}:{b}"]
+            deadline = stamps[scope_part] + self.adopt_after // 2
             args: list[Any] = [self._listpack_value, n, splits, self.adopt_after,
-                               len(buckets), *sorted(buckets), part]
+                               len(buckets), *sorted(buckets), deadline, part]
             for at in positions:
                 args += [ops[at][0], *ops[at][3:]]
             return CLUSTER_HOST_LUA, keys, args
@@ -449,6 +472,9 @@ class RedisClusterPath(RedisCore):
             scope_part, part = heads[tag]
             if reply[0] == b"n":
                 counts[scope_part, part] = (int(reply[1]), counts[scope_part, part][1])
+                again[tag] = groups[tag]
+            elif reply[0] == b"late":
+                late.add(scope_part)
                 again[tag] = groups[tag]
             elif reply[0] == b"blocked":
                 limits[tag] = int(reply[1])
@@ -470,6 +496,7 @@ class RedisClusterPath(RedisCore):
             adds = {}
             if not again:
                 return
+            await self._say_again(intents, late, stamps)
             groups = {tag: [at for at in positions if at not in applied]
                       for tag, positions in again.items()}
             again = {}
@@ -535,25 +562,26 @@ class RedisClusterPath(RedisCore):
         return CLUSTER_SCOPE_LUA, keys, args
 
     async def _part_counts(self, parts: list[tuple[str, str]],
-                           before: Sequence[tuple[Any, ...]] = ()) -> dict[tuple[str, str],
-                                                                           tuple[int, int]]:
+                           before: Sequence[tuple[Any, ...]] = ()
+                           ) -> tuple[dict[tuple[str, str], tuple[int, int]], list[Any]]:
         """Each host's bucket count and page count by key parts (scope
         part, host part): the flush plans its splits and buckets from them.
-        The writes *before* go in the same pipeline (their errors raised)."""
-        if not parts:
-            return {}
+        The writes *before* go in the same pipeline (their errors raised,
+        their replies returned second)."""
+        if not parts and not before:
+            return {}, []
         replies = await self._eval_many([], [*before, *(
             ("HMGET", f"{self.prefix}:hd:{{{s}|{h}}}", "n", "p") for s, h in parts)])
         for reply in replies[:len(before)]:
             if isinstance(reply, Exception):
                 raise _PhaseFailed(str(reply))
-        replies = replies[len(before):]
+        said, replies = replies[:len(before)], replies[len(before):]
         counts = {}
         for pair, reply in zip(parts, replies, strict=True):
             if isinstance(reply, Exception):
                 raise _PhaseFailed(str(reply))
             counts[pair] = (_whole(reply[0], 1), _whole(reply[1], 0))
-        return counts
+        return counts, said
 
     async def _phase_scopes(self, ops: list[tuple[Any, ...]], applied: set[int],
                             carried: _Carried, scopes: set[str]) -> None:
@@ -639,6 +667,57 @@ class RedisClusterPath(RedisCore):
     def _intent_member(self, part: str) -> str:
         return f"{part}\0{self._worker_id}"
 
+    def _intent_calls(self, intents: dict[str, list[str]],
+                      scope_parts: list[str]) -> list[tuple[Any, ...]]:
+        # One script per scope: its members scored by its node's TIME.
+        return [("EVAL", CLUSTER_INTENT_ADD_LUA, 1, self._intents_key(scope_part),
+                 *intents[scope_part]) for scope_part in scope_parts]
+
+    async def _say_again(self, intents: dict[str, list[str]], late: set[str],
+                         stamps: dict[str, int]) -> None:
+        """Write again the intents of the scopes whose host scripts were
+        past their deadline (this worker stalled: see _phase_hosts), newly
+        stamped, before those hosts are sent again."""
+        if not late:
+            return
+        resaid = sorted(late)
+        _, said = await self._part_counts([], self._intent_calls(intents, resaid))
+        stamps.update(zip(resaid, (int(at) for at in said), strict=True))
+        late.clear()
+
+    def _ledger_bundles(self, scope_part: str, parts: list[str], ledgers: list[str],
+                        entries: list[Any]
+                        ) -> tuple[dict[str, _Effects], list[tuple[str, str]]]:
+        """The effects of the ledgers' entries by token, and the entries
+        too old to apply (ledger, token): see :meth:`_adoption`."""
+        bundles: dict[str, _Effects] = {}
+        expired: list[tuple[str, str]] = []
+        for part, ledger, reply in zip(parts, ledgers, entries, strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            # The ledger's node's time first: an entry's age is told on the
+            # clock that stamped it (the host script's TIME), not ours.
+            ledger_now, found = int(reply[0]), reply[1:]
+            for k in range(0, len(found), 2):
+                token, raw = found[k].decode(), found[k + 1]
+                try:
+                    stamped, effects = json.loads(raw)
+                    age = ledger_now - float(stamped)
+                except (ValueError, TypeError):
+                    continue  # not an entry (the host script drops those)
+                if age > _TOKEN_TTL:
+                    # Past the tokens' lifetime P:fxdone may have forgotten
+                    # it was applied (it keeps 2 x TOKEN_TTL, on its own
+                    # node's clock): applying it could count it twice. The
+                    # host script drops such entries unapplied; so does a
+                    # reader.
+                    expired.append((ledger, token))
+                    continue
+                bundle = _Effects(ledger=ledger, where=(scope_part, part))
+                bundle.add(json.loads(effects) if isinstance(effects, str) else effects, part)
+                bundles[token] = bundle
+        return bundles, expired
+
     def _ledger_cleanup(self) -> list[tuple[Any, ...]]:
         """The commands that delete the ledger entries whose effects were
         applied, and drop this worker's intents on hosts none of whose
@@ -671,49 +750,27 @@ class RedisClusterPath(RedisCore):
 
         Every entry read is sent (the scope's script applies a token's
         effects once: a live worker's own phase 3 then finds them applied).
-        An intent is dropped only when it is older than
-        :attr:`adopt_after` (its flush's phase 2 is over by then: its entry
-        was in the ledger read) and still as read (see
-        ``cluster_intent_drop.lua``)."""
+        An entry older than the tokens' lifetime on its node's clock is
+        dropped unapplied (as the host script does). An intent is dropped
+        only when, by its node's time read with it, it is :attr:`adopt_after`
+        old (its flush's host scripts write nothing past half that: its
+        entry, if any, was in the ledger read; see :meth:`_phase_hosts`)
+        and still as read (see ``cluster_intent_drop.lua``)."""
         scope_part = _key_part(scope)
         intents = self._intents_key(scope_part)
-        [flat] = yield [("ZRANGE", intents, 0, -1, "WITHSCORES")]
+        [read] = yield [("EVAL", CLUSTER_INTENTS_READ_LUA, 1, intents)]
+        if isinstance(read, Exception):
+            raise read
+        # Their node's time first: their ages are told on the clock that
+        # scored them (see _phase_hosts), before the ledgers are read.
+        intents_now, flat = int(read[0]), read[1:]
         if not flat:
             return
-        # (As pairs or flat, by the client's protocol.)
-        pairs = ([(member, score) for member, score in flat]
-                 if isinstance(flat[0], (list, tuple))
-                 else [(flat[k], flat[k + 1]) for k in range(0, len(flat), 2)])
-        now = time.time()
+        pairs = [(flat[k], flat[k + 1]) for k in range(0, len(flat), 2)]
         parts = sorted({member.decode().rpartition("\0")[0] for member, _ in pairs})
         ledgers = [f"{self.prefix}:fx:{{{scope_part}|{part}}}" for part in parts]
         entries = yield [("EVAL", CLUSTER_LEDGER_READ_LUA, 1, ledger) for ledger in ledgers]
-        bundles: dict[str, _Effects] = {}
-        expired: list[tuple[str, str]] = []
-        for part, ledger, reply in zip(parts, ledgers, entries, strict=True):
-            if isinstance(reply, Exception):
-                raise reply
-            # The ledger's node's time first: an entry's age is told on the
-            # clock that stamped it (the host script's TIME), not ours.
-            ledger_now, found = int(reply[0]), reply[1:]
-            for k in range(0, len(found), 2):
-                token, raw = found[k].decode(), found[k + 1]
-                try:
-                    stamped, effects = json.loads(raw)
-                    age = ledger_now - float(stamped)
-                except (ValueError, TypeError):
-                    continue  # not an entry (the host script drops those)
-                if age > _TOKEN_TTL:
-                    # Past the tokens' lifetime P:fxdone may have forgotten
-                    # it was applied (it keeps 2 x TOKEN_TTL, on its own
-                    # node's clock): applying it could count it twice. The
-                    # host script drops such entries unapplied; so does a
-                    # reader.
-                    expired.append((ledger, token))
-                    continue
-                bundle = _Effects(ledger=ledger, where=(scope_part, part))
-                bundle.add(json.loads(effects) if isinstance(effects, str) else effects, part)
-                bundles[token] = bundle
+        bundles, expired = self._ledger_bundles(scope_part, parts, ledgers, entries)
         tag = f"{{{scope_part}}}"
         applied: list[tuple[str, str]] = []
         spent: list[tuple[Any, ...]] = []
@@ -739,7 +796,7 @@ class RedisClusterPath(RedisCore):
             applied += [(bundle.ledger, other) for other, bundle in bundles.items()]
             break
         old = [(member, score) for member, score in pairs
-               if float(score) <= now - self.adopt_after]
+               if intents_now - float(score) >= self.adopt_after]
         yield [*spent, *(("HDEL", ledger, token) for ledger, token in (*applied, *expired)),
                *([("EVAL", CLUSTER_INTENT_DROP_LUA, 1, intents,
                    *(x for pair in old for x in pair))] if old else [])]
