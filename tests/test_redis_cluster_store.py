@@ -750,3 +750,50 @@ async def test_a_stalled_workers_late_phase_2_is_still_listed_by_an_intent(
         assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == keys
     finally:
         await call(store.close())
+
+
+@pytest.mark.parametrize("reader", ["get_due", "summary", "iter_pages", "count_pages"])
+@pytest_twisted.ensureDeferred
+async def test_a_full_cluster_still_reads_and_resets_with_intents_pending(
+    redis_cluster: LoopbackCluster, prefix: str, reader: str,
+) -> None:
+    """Reads apply a dead worker's effects first (write scripts): above
+    maxmemory Redis refuses those, and the read must go on without them
+    (a full store still opens and reads). The effects stay in the ledger
+    for a later read. (count_scope and reset_scope run a MULTI, which
+    Redis refuses above maxmemory on both layouts: not covered here.)"""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
+    await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
+    store = open_store(redis_cluster, prefix)
+    nodes = [redis_cluster.node(port) for port in redis_cluster.ports]
+    kept = [(node.config_get("maxmemory")["maxmemory"],
+             node.config_get("maxmemory-policy")["maxmemory-policy"]) for node in nodes]
+    try:
+        for node in nodes:
+            node.config_set("maxmemory-policy", "noeviction")
+            node.config_set("maxmemory", "1")  # above it: writes refused
+        with redis_cluster.client() as client, pytest.raises(
+                redis.exceptions.OutOfMemoryError):
+            client.eval("#!lua\nreturn redis.call('SET', KEYS[1], 1)", 1, f"{prefix}:probe")
+        if reader == "get_due":
+            await call(store.get_due(SCOPE, 2_000, 10))
+        elif reader == "summary":
+            await call(store.summarize_pages(
+                SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))
+        elif reader == "iter_pages":
+            list(store.iter_pages(SCOPE))
+        else:
+            store.count_pages(SCOPE)
+    finally:
+        for node, (memory, policy) in zip(nodes, kept, strict=True):
+            node.config_set("maxmemory", memory)
+            node.config_set("maxmemory-policy", policy)
+    try:
+        # Not lost: applied by the first read with room to write.
+        assert store.count_scope(SCOPE).pages == 5
+        with redis_cluster.client() as client:
+            assert client.scard(f"{prefix}:hs:{{{SCOPE}}}") == 1
+    finally:
+        for node in nodes:
+            node.close()
+        await call(store.close())

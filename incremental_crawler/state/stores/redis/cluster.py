@@ -65,11 +65,15 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import redis
+
+from incremental_crawler.state.stores.base import StateStoreError
 from incremental_crawler.state.stores.redis.core import (
     RedisCore,
     _key_part,
     _whole,
     item_group,
+    logger,
 )
 from incremental_crawler.state.stores.redis.pages import (
     BUCKET_LOAD,
@@ -136,6 +140,20 @@ def _plan_buckets(ops: list[tuple[Any, ...]], positions: list[int], n: int, page
         if ops[at][0] not in ("links", "unlink"):
             buckets.add(bucket_of(ops[at][3], n + splits))
     return splits, buckets
+
+
+def _refused_write(exc: BaseException | None) -> bool:
+    """Whether *exc* (or what it was raised from) is Redis refusing a write
+    before it ran: above maxmemory (OOM) or a replica (READONLY)."""
+    while exc is not None:
+        if isinstance(exc, (redis.exceptions.OutOfMemoryError,
+                            redis.exceptions.ReadOnlyError)):
+            return True
+        if isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith(
+                ("OOM", "READONLY")):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def _tag_of(key: str) -> str:
@@ -256,6 +274,8 @@ class RedisClusterPath(RedisCore):
         self._carried = _Carried()
         self._unsure_slots = {}
         self._spent_slot_tokens = []
+        #: Whether an adoption refused by Redis was logged (once a store).
+        self._adoption_refused_said = False
 
     # -- the phased flush ------------------------------------------------------
 
@@ -802,7 +822,8 @@ class RedisClusterPath(RedisCore):
                    *(x for pair in old for x in pair))] if old else [])]
 
     async def adopt_ledgers(self, scope: str) -> None:
-        """:meth:`_adoption` on the async client (a crawl's reads)."""
+        """:meth:`_adoption` on the async client (a crawl's reads); best
+        effort (see :meth:`_adoption_refused`)."""
         if not self.tagged:
             return
         plan = self._adoption(scope)
@@ -813,9 +834,12 @@ class RedisClusterPath(RedisCore):
                 replies = await self._commands(commands, "Redis command failed")
         except StopIteration:
             return
+        except (redis.RedisError, StateStoreError) as exc:
+            self._adoption_refused(scope, exc)
 
     def adopt_ledgers_sync(self, scope: str) -> None:
-        """:meth:`_adoption` on the sync client (holds, admin)."""
+        """:meth:`_adoption` on the sync client (holds, admin); best effort
+        (see :meth:`_adoption_refused`)."""
         if not self.tagged:
             return
         plan = self._adoption(scope)
@@ -829,6 +853,24 @@ class RedisClusterPath(RedisCore):
                 replies = self._sync_run(pipe)
         except StopIteration:
             return
+        except (redis.RedisError, StateStoreError) as exc:
+            self._adoption_refused(scope, exc)
+
+    def _adoption_refused(self, scope: str, exc: BaseException) -> None:
+        """An adoption Redis refused to write (above maxmemory, or a
+        replica): the read that runs it goes on without it (a full store
+        still opens and reads, and reset_scope, the way to free memory,
+        still runs). Nothing is lost: its effects stay in the ledgers and
+        the intents for a later writer or reader, and one applied in part
+        is applied once (P:fxdone). Any other error is raised."""
+        if not _refused_write(exc):
+            raise exc
+        if not self._adoption_refused_said:
+            self._adoption_refused_said = True
+            logger.warning(
+                "State store %s: a dead worker's effects on scope %r were not applied "
+                "(Redis refused the write: %s); they stay in their ledgers for a later "
+                "write or read", self.location, scope, exc)
 
     def _scope_hosts(self, scope: str) -> list[str]:
         # The hosts a dead worker's effects would add first (every read of
