@@ -72,6 +72,7 @@ from incremental_crawler.state.stores.redis.core import (
     RedisCore,
     _key_part,
     _whole,
+    host_of_part,
     item_group,
     logger,
 )
@@ -876,4 +877,13 @@ class RedisClusterPath(RedisCore):
         # The hosts a dead worker's effects would add first (every read of
         # a scope's hosts: pages, counts, repairs).
         self.adopt_ledgers_sync(scope)
-        return super()._scope_hosts(scope)
+        hosts = super()._scope_hosts(scope)
+        # And the hosts the intents name: where the adoption was refused
+        # (Redis full) a dead worker's host has pages stored but is not in
+        # the scope's hosts yet; a reset must delete them all the same, and
+        # a read see them (a host with no pages reads as none).
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.zrange(self._intents_key(_key_part(scope)), 0, -1)
+        [members] = self._sync_run(pipe)
+        listed = {host_of_part(m.decode().rpartition("\0")[0]) for m in members}
+        return hosts + sorted(listed - set(hosts))
