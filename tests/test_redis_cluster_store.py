@@ -808,3 +808,29 @@ async def test_a_full_cluster_still_reads_and_resets_with_intents_pending(
         for node in nodes:
             node.close()
         await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_ledger_cleanup_whose_pipeline_failed_is_sent_again(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """The applied ledger entries' HDEL and the intents' ZREM go with the
+    next flush's first pipeline: when that pipeline fails they must be
+    sent again later (here with the close), not forgotten."""
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(5)]
+    store = open_store(redis_cluster, prefix)
+    try:
+        for n, key in enumerate(keys):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        await call(store.flush())
+        assert redis_cluster.keys(f"{prefix}:fx:*") != []  # until the next pipeline
+        original = store._eval_many
+        cut_before(store, CLUSTER_ITEMS_LUA)
+        store.stage_item(item("i0", page=keys[0].url))
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        store._eval_many = original  # type: ignore[method-assign]
+    finally:
+        await call(store.close())
+    assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    assert redis_cluster.keys(f"{prefix}:fxhosts:*") == []

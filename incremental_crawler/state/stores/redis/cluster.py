@@ -402,10 +402,12 @@ class RedisClusterPath(RedisCore):
                 where = (self._group_key("bypage", scope_part, page), member)
                 removals[where] = max(int(version), removals.get(where, 0))
 
+        cleanup, sent = self._ledger_cleanup()
         try:
             # The tokens of the flush before go with the first pipeline.
             await self._send_phase(groups, build, applied, on_reply, [
-                *(("DEL", key) for key in spent), *self._ledger_cleanup()])
+                *(("DEL", key) for key in spent), *cleanup])
+            self._ledger_cleaned(sent)
         finally:
             last_item: dict[str, int] = {}
             for n, op in enumerate(ops):
@@ -739,26 +741,38 @@ class RedisClusterPath(RedisCore):
                 bundles[token] = bundle
         return bundles, expired
 
-    def _ledger_cleanup(self) -> list[tuple[Any, ...]]:
+    def _ledger_cleanup(self) -> tuple[list[tuple[Any, ...]], tuple[list[Any], set[Any]]]:
         """The commands that delete the ledger entries whose effects were
         applied, and drop this worker's intents on hosts none of whose
         effects it still holds (the next flush that writes such a host says
-        so again before its phase 2)."""
+        so again before its phase 2); and what they clean, for
+        :meth:`_ledger_cleaned` once they were sent. Kept until then: a
+        pipeline that fails sends them again with the next (HDEL and ZREM
+        of what is gone change nothing)."""
         carried = self._carried
         pending = {bundle.where for by_token in (*carried.effects.values(),
                                                  *carried.sent_effects.values())
                    for bundle in by_token.values()}
         unsure = set(self._unsure_slots)
-        commands: list[tuple[Any, ...]] = [("HDEL", ledger, token)
-                                           for ledger, token in carried.ledger_done]
-        carried.ledger_done = []
+        entries = list(carried.ledger_done)
+        commands: list[tuple[Any, ...]] = [("HDEL", ledger, token) for ledger, token in entries]
+        dropped = set()
         for where in sorted(carried.intents_done):
             scope_part, part = where
             if where in pending or f"{{{scope_part}|{part}}}" in unsure:
                 continue
             commands.append(("ZREM", self._intents_key(scope_part), self._intent_member(part)))
-            carried.intents_done.discard(where)
-        return commands
+            dropped.add(where)
+        return commands, (entries, dropped)
+
+    def _ledger_cleaned(self, sent: tuple[list[Any], set[Any]]) -> None:
+        """Forget what :meth:`_ledger_cleanup`'s commands cleaned: they were
+        sent and answered."""
+        entries, dropped = sent
+        carried = self._carried
+        gone = set(entries)
+        carried.ledger_done = [entry for entry in carried.ledger_done if entry not in gone]
+        carried.intents_done -= dropped
 
     def _adoption(self, scope: str) -> Generator[list[tuple[Any, ...]], list[Any], None]:
         """Apply every effect left in the ledgers of the hosts the scope's

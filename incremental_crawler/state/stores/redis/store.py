@@ -601,9 +601,11 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
                 # replay), one a slot it wrote, its effects' ledger entries
                 # (applied) and its intents on their hosts: not left behind.
                 spent, self._spent_slot_tokens = self._spent_slot_tokens, []
-                cleanup = [*(("DEL", key) for key in spent), *self._ledger_cleanup()]
+                commands, sent = self._ledger_cleanup()
+                cleanup = [*(("DEL", key) for key in spent), *commands]
                 if cleanup:
                     await self._commands(cleanup, "Redis command failed")
+                self._ledger_cleaned(sent)
         finally:
             if not self._closed:
                 self._closed = True
