@@ -834,3 +834,21 @@ async def test_a_ledger_cleanup_whose_pipeline_failed_is_sent_again(
         await call(store.close())
     assert redis_cluster.keys(f"{prefix}:fx:*") == []
     assert redis_cluster.keys(f"{prefix}:fxhosts:*") == []
+
+
+def test_a_crawl_start_whose_adoption_fails_takes_no_hold(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """take_scope applies a dead worker's effects first; when that fails
+    (here a damaged intents key), the scope is not left held for the
+    hold's ttl, and the error says what failed."""
+    with redis_cluster.client() as client:
+        client.set(f"{prefix}:fxhosts:{{{SCOPE}}}", "not a zset")
+    store = open_store(redis_cluster, prefix)
+    try:
+        with pytest.raises(StateStoreError, match="ledgers could not be applied"):
+            store.take_scope(SCOPE, "crawl-1", 60, 10_000)
+        assert store.scope_holders(SCOPE, 10_000) == {}
+    finally:
+        store._sync.close()
+
