@@ -852,3 +852,34 @@ def test_a_crawl_start_whose_adoption_fails_takes_no_hold(
     finally:
         store._sync.close()
 
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_due_reading_leaves_a_live_workers_in_flight_effects_to_it(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A due reading starts over after nearly every flush: it adopts only
+    intents adopt_after old (dead workers'), not another live worker's
+    in-flight ones (read and applied each time otherwise); that worker's
+    own phase 3 applies them."""
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(5)]
+    live = open_store(redis_cluster, prefix)
+    reader = open_store(redis_cluster, prefix)
+    original = live._eval_many
+    try:
+        cut_before(live, CLUSTER_SCOPE_LUA)
+        for n, key in enumerate(keys):
+            live.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        with pytest.raises(StateStoreError):
+            await call(live.flush())
+        assert await call(reader.get_due(SCOPE, 2_000, 10)) == []
+        with redis_cluster.client() as client:
+            assert client.exists(f"{prefix}:fxdone:{{{SCOPE}}}") == 0
+        live._eval_many = original  # type: ignore[method-assign]
+        await call(live.flush())  # its phase 3, at last
+        reader._flushes += 1  # (as after a flush of its own: it starts over)
+        assert [s.key for s in await call(reader.get_due(SCOPE, 2_000, 10))] == keys
+    finally:
+        live._eval_many = original  # type: ignore[method-assign]
+        await call(live.close())
+        await call(reader.close())

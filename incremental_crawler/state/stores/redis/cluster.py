@@ -774,7 +774,8 @@ class RedisClusterPath(RedisCore):
         carried.ledger_done = [entry for entry in carried.ledger_done if entry not in gone]
         carried.intents_done -= dropped
 
-    def _adoption(self, scope: str) -> Generator[list[tuple[Any, ...]], list[Any], None]:
+    def _adoption(self, scope: str, settled_only: bool = False
+                  ) -> Generator[list[tuple[Any, ...]], list[Any], None]:
         """Apply every effect left in the ledgers of the hosts the scope's
         intents list (P:fxhosts:{<s>}): a worker gone between its phases 2
         and 3 on a host nobody writes again would otherwise leave that
@@ -802,6 +803,14 @@ class RedisClusterPath(RedisCore):
         if not flat:
             return
         pairs = [(flat[k], flat[k + 1]) for k in range(0, len(flat), 2)]
+        if settled_only:
+            # Only intents adopt_after old: their workers' flushes are dead
+            # or past their deadline; a live worker's in-flight effects are
+            # left to its own phase 3 (no ledger read, no script for them).
+            pairs = [(member, score) for member, score in pairs
+                     if intents_now - float(score) >= self.adopt_after]
+            if not pairs:
+                return
         parts = sorted({member.decode().rpartition("\0")[0] for member, _ in pairs})
         ledgers = [f"{self.prefix}:fx:{{{scope_part}|{part}}}" for part in parts]
         entries = yield [("EVAL", CLUSTER_LEDGER_READ_LUA, 1, ledger) for ledger in ledgers]
@@ -836,12 +845,13 @@ class RedisClusterPath(RedisCore):
                *([("EVAL", CLUSTER_INTENT_DROP_LUA, 1, intents,
                    *(x for pair in old for x in pair))] if old else [])]
 
-    async def adopt_ledgers(self, scope: str) -> None:
+    async def adopt_ledgers(self, scope: str, settled_only: bool = False) -> None:
         """:meth:`_adoption` on the async client (a crawl's reads); best
-        effort (see :meth:`_adoption_refused`)."""
+        effort (see :meth:`_adoption_refused`). *settled_only*: only the
+        hosts of intents :attr:`adopt_after` old (a due reading)."""
         if not self.tagged:
             return
-        plan = self._adoption(scope)
+        plan = self._adoption(scope, settled_only)
         replies: Any = None
         try:
             while True:
