@@ -9,7 +9,9 @@ Each test has a key prefix of its own, deleted from every node afterwards.
 
 from __future__ import annotations
 
+import json
 import math
+import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -29,6 +31,7 @@ from incremental_crawler.state.stores.redis.layout import (
     LAYOUT_VERSION,
 )
 from incremental_crawler.state.stores.redis.scripts import (
+    _TOKEN_TTL,
     CLUSTER_HOST_LUA,
     CLUSTER_ITEMS_LUA,
     CLUSTER_SCOPE_LUA,
@@ -295,11 +298,11 @@ async def test_writes_and_reads_planned_from_a_stale_bucket_count_are_planned_ag
         host_counts = store._host_counts
 
         async def stale_parts(parts: Any, *before: Any) -> Any:
-            counts = await part_counts(parts, *before)
+            counts, said = await part_counts(parts, *before)
             if not stale:
                 stale.append(1)
-                return dict.fromkeys(counts, (1, 0))
-            return counts
+                return dict.fromkeys(counts, (1, 0)), said
+            return counts, said
 
         async def stale_hosts(hosts: Any) -> Any:
             return dict.fromkeys(await host_counts(hosts), (1, 0))
@@ -652,3 +655,241 @@ async def test_a_late_index_removal_leaves_a_member_written_since(
     finally:
         for store in (first, a, b):
             await call(store.close())
+
+
+def age_ledgers(cluster: LoopbackCluster, prefix: str, seconds: int) -> int:
+    """Restamp every ledger entry as written *seconds* ago on its node's
+    clock (what that long a wait would leave); returns how many."""
+    n = 0
+    with cluster.client() as client:
+        for ledger in cluster.keys(f"{prefix}:fx:*"):
+            now = int(client.eval("return redis.call('TIME')[1]", 1, ledger))
+            for token, raw in client.hgetall(ledger).items():
+                _, effects = json.loads(raw)
+                client.hset(ledger, token, json.dumps([now - seconds, effects]))
+                n += 1
+    return n
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_ledger_entry_older_than_the_tokens_lifetime_is_not_applied_again(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A worker dies after a full flush (before its close deletes its
+    ledger entries): P:fxdone remembers their effects applied only for a
+    while, so a reader days later must drop those entries, as the host
+    script does, not apply them again (the sums would count each page
+    twice)."""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
+    gone = open_store(redis_cluster, prefix)
+    for n, key in enumerate(keys):
+        gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+    await call(gone.flush())
+    await call(die(gone))
+    assert age_ledgers(redis_cluster, prefix, _TOKEN_TTL + 60) == 1
+    with redis_cluster.client() as client:
+        # What P:fxdone's own trimming does after 2 x TOKEN_TTL.
+        client.delete(f"{prefix}:fxdone:{{{SCOPE}}}")
+    store = open_store(redis_cluster, prefix)
+    try:
+        summary = await call(store.summarize_pages(
+            SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))
+        assert summary[0] == 5
+        await assert_sums_are_the_pages(store)
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_stalled_workers_late_phase_2_is_still_listed_by_an_intent(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A worker stalls between its write-ahead intent and its phase 2
+    (a paused VM) past the age at which a reader drops intents: a reader
+    drops it meanwhile, the phase 2 then lands and the worker dies before
+    its phase 3. Its host's pages must still reach the scope's hosts and
+    revisit index: the late phase 2 writes nothing until its intent is
+    written again."""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
+    intents = f"{prefix}:fxhosts:{{{SCOPE}}}"
+    hosts, index = f"{prefix}:hs:{{{SCOPE}}}", f"{prefix}:dueb:{{{SCOPE}}}"
+    stalled = open_store(redis_cluster, prefix)
+    stalled.adopt_after = 4  # (a test cannot wait ten minutes)
+    original = stalled._eval_many
+    stalls: list[int] = []
+
+    async def eval_many(calls: list[tuple[str, list[str], list[Any]]],
+                        plain: Any = ()) -> list[Any]:
+        if not stalls and any(sent == CLUSTER_HOST_LUA for sent, _, _ in calls):
+            stalls.append(1)
+            with redis_cluster.client() as client:
+                [(_, said)] = client.zrange(intents, 0, -1, withscores=True)
+                # The stall: until the intent is adopt_after old on its
+                # node's clock (polled, no timing asserted).
+                for _ in range(100):
+                    now = int(client.eval("return redis.call('TIME')[1]", 1, intents))
+                    if now - said >= stalled.adopt_after:
+                        break
+                    time.sleep(0.1)
+            reader = open_store(redis_cluster, prefix)
+            reader.adopt_after = stalled.adopt_after
+            try:
+                assert reader.count_scope(SCOPE).pages == 0
+            finally:
+                await die(reader)  # (it wrote nothing to flush)
+            with redis_cluster.client() as client:
+                assert client.zcard(intents) == 0  # dropped as old
+        return await original(calls, plain)
+
+    stalled._eval_many = eval_many  # type: ignore[method-assign]
+    cut_before(stalled, CLUSTER_SCOPE_LUA)
+    for n, key in enumerate(keys):
+        stalled.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+    with pytest.raises(StateStoreError):
+        await call(stalled.flush())
+    await call(die(stalled))
+    assert stalls == [1]
+
+    store = open_store(redis_cluster, prefix)
+    try:
+        assert store.count_scope(SCOPE).pages == 5
+        with redis_cluster.client() as client:
+            assert client.scard(hosts) == 1
+            assert client.zcard(index) == 1
+        assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == keys
+    finally:
+        await call(store.close())
+
+
+@pytest.mark.parametrize("reader", ["get_due", "summary", "iter_pages", "count_pages",
+                                    "reset_scope"])
+@pytest_twisted.ensureDeferred
+async def test_a_full_cluster_still_reads_and_resets_with_intents_pending(
+    redis_cluster: LoopbackCluster, prefix: str, reader: str,
+) -> None:
+    """Reads apply a dead worker's effects first (write scripts): above
+    maxmemory Redis refuses those, and the read must go on without them
+    (a full store still opens and reads). The effects stay in the ledger
+    for a later read; reset_scope (how memory is freed) runs too.
+    (count_scope runs a MULTI per slot, which Redis refuses above
+    maxmemory, as on a single server: not covered here.)"""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
+    await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
+    store = open_store(redis_cluster, prefix)
+    nodes = [redis_cluster.node(port) for port in redis_cluster.ports]
+    kept = [(node.config_get("maxmemory")["maxmemory"],
+             node.config_get("maxmemory-policy")["maxmemory-policy"]) for node in nodes]
+    try:
+        for node in nodes:
+            node.config_set("maxmemory-policy", "noeviction")
+            node.config_set("maxmemory", "1")  # above it: writes refused
+        with redis_cluster.client() as client, pytest.raises(
+                redis.exceptions.OutOfMemoryError):
+            client.eval("#!lua\nreturn redis.call('SET', KEYS[1], 1)", 1, f"{prefix}:probe")
+        if reader == "get_due":
+            await call(store.get_due(SCOPE, 2_000, 10))
+        elif reader == "summary":
+            await call(store.summarize_pages(
+                SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))
+        elif reader == "iter_pages":
+            list(store.iter_pages(SCOPE))
+        elif reader == "count_pages":
+            store.count_pages(SCOPE)
+        else:
+            # (The gone worker's host is not yet in the scope's hosts.)
+            store.reset_scope(SCOPE)
+    finally:
+        for node, (memory, policy) in zip(nodes, kept, strict=True):
+            node.config_set("maxmemory", memory)
+            node.config_set("maxmemory-policy", policy)
+    try:
+        if reader == "reset_scope":
+            # Every key of the scope went (found on every node, the gone
+            # worker's host's too; its flush tokens expire on their own).
+            assert [k for k in redis_cluster.keys(f"{prefix}:*")
+                    if b"{books" in k and b":flush:" not in k] == []
+        else:
+            # Not lost: applied by the first read with room to write.
+            assert store.count_scope(SCOPE).pages == 5
+            with redis_cluster.client() as client:
+                assert client.scard(f"{prefix}:hs:{{{SCOPE}}}") == 1
+    finally:
+        for node in nodes:
+            node.close()
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_ledger_cleanup_whose_pipeline_failed_is_sent_again(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """The applied ledger entries' HDEL and the intents' ZREM go with the
+    next flush's first pipeline: when that pipeline fails they must be
+    sent again later (here with the close), not forgotten."""
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(5)]
+    store = open_store(redis_cluster, prefix)
+    try:
+        for n, key in enumerate(keys):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        await call(store.flush())
+        assert redis_cluster.keys(f"{prefix}:fx:*") != []  # until the next pipeline
+        original = store._eval_many
+        cut_before(store, CLUSTER_ITEMS_LUA)
+        store.stage_item(item("i0", page=keys[0].url))
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        store._eval_many = original  # type: ignore[method-assign]
+    finally:
+        await call(store.close())
+    assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    assert redis_cluster.keys(f"{prefix}:fxhosts:*") == []
+
+
+def test_a_crawl_start_whose_adoption_fails_takes_no_hold(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """take_scope applies a dead worker's effects first; when that fails
+    (here a damaged intents key), the scope is not left held for the
+    hold's ttl, and the error says what failed."""
+    with redis_cluster.client() as client:
+        client.set(f"{prefix}:fxhosts:{{{SCOPE}}}", "not a zset")
+    store = open_store(redis_cluster, prefix)
+    try:
+        with pytest.raises(StateStoreError, match="ledgers could not be applied"):
+            store.take_scope(SCOPE, "crawl-1", 60, 10_000)
+        assert store.scope_holders(SCOPE, 10_000) == {}
+    finally:
+        store._sync.close()
+
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_due_reading_leaves_a_live_workers_in_flight_effects_to_it(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A due reading starts over after nearly every flush: it adopts only
+    intents adopt_after old (dead workers'), not another live worker's
+    in-flight ones (read and applied each time otherwise); that worker's
+    own phase 3 applies them."""
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(5)]
+    live = open_store(redis_cluster, prefix)
+    reader = open_store(redis_cluster, prefix)
+    original = live._eval_many
+    try:
+        cut_before(live, CLUSTER_SCOPE_LUA)
+        for n, key in enumerate(keys):
+            live.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        with pytest.raises(StateStoreError):
+            await call(live.flush())
+        assert await call(reader.get_due(SCOPE, 2_000, 10)) == []
+        with redis_cluster.client() as client:
+            assert client.exists(f"{prefix}:fxdone:{{{SCOPE}}}") == 0
+        live._eval_many = original  # type: ignore[method-assign]
+        await call(live.flush())  # its phase 3, at last
+        reader._flushes += 1  # (as after a flush of its own: it starts over)
+        assert [s.key for s in await call(reader.get_due(SCOPE, 2_000, 10))] == keys
+    finally:
+        live._eval_many = original  # type: ignore[method-assign]
+        await call(live.close())
+        await call(reader.close())

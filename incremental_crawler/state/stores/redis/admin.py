@@ -21,7 +21,13 @@ import redis
 from redis.crc import key_slot
 
 from incremental_crawler.state.records import Change, HostTrust, StoredVersion
-from incremental_crawler.state.stores.base import AdminStore, Removed, SlotRates, UrlRecord
+from incremental_crawler.state.stores.base import (
+    AdminStore,
+    Removed,
+    SlotRates,
+    StateStoreError,
+    UrlRecord,
+)
 from incremental_crawler.state.stores.redis.cluster import RedisClusterPath, _Effects
 from incremental_crawler.state.stores.redis.core import (
     _HMGET_CHUNK,
@@ -443,12 +449,16 @@ class RedisAdmin(RedisClusterPath, AdminStore):
                 out[3 * n:3 * n + 3] = reply[3 * at:3 * at + 3]
         return out
 
-    def _multi_per_slot(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+    def _multi_per_slot(self, commands: list[tuple[Any, ...]],
+                        plain_if_full: bool = False) -> list[Any]:
         """*commands* (each of one key, its second element) as one
         ``MULTI`` per hash slot (a cluster runs a transaction only in one
         slot); the replies in the order given. Not one transaction: each
         slot's part is applied whole, one after the other (a repair runs
-        while no crawl holds the scope)."""
+        while no crawl holds the scope). *plain_if_full*: a slot whose
+        node is above maxmemory (it refuses every command queued in a
+        MULTI) gets its part as a plain pipeline (for commands Redis runs
+        when full: reads, DEL, SREM)."""
         by_slot: dict[int, list[int]] = {}
         for n, command in enumerate(commands):
             by_slot.setdefault(key_slot(str(command[1]).encode()), []).append(n)
@@ -457,7 +467,17 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             pipe = self._sync.pipeline(transaction=True)
             for n in ns:
                 pipe.execute_command(*commands[n])
-            for n, reply in zip(ns, self._sync_run(pipe), strict=True):
+            try:
+                replies = self._sync_run(pipe)
+            except StateStoreError as exc:
+                if not (plain_if_full and isinstance(
+                        exc.__cause__, redis.exceptions.OutOfMemoryError)):
+                    raise
+                pipe = self._sync.pipeline(transaction=False)
+                for n in ns:
+                    pipe.execute_command(*commands[n])
+                replies = self._sync_run(pipe)
+            for n, reply in zip(ns, replies, strict=True):
                 out[n] = reply
         return out
 
@@ -632,7 +652,9 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             counted = len(commands)
             commands += [("DEL", key) for key in kinds + buckets + links + hist]
             commands.append(("SREM", f"{self.prefix}:scopes", scope))
-            replies = self._multi_per_slot(commands)
+            # Above maxmemory too: a reset is how memory is freed (its
+            # reads and deletions Redis runs when full, not in a MULTI).
+            replies = self._multi_per_slot(commands, plain_if_full=True)
             return self._counted_groups(replies[:counted], buckets, links, hist)
         kinds, buckets, links, hist = self._scope_keys(scope)
         pipe = self._sync.pipeline(transaction=True)

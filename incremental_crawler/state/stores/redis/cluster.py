@@ -65,12 +65,16 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from incremental_crawler import clock
+import redis
+
+from incremental_crawler.state.stores.base import StateStoreError
 from incremental_crawler.state.stores.redis.core import (
     RedisCore,
     _key_part,
     _whole,
+    host_of_part,
     item_group,
+    logger,
 )
 from incremental_crawler.state.stores.redis.pages import (
     BUCKET_LOAD,
@@ -78,10 +82,14 @@ from incremental_crawler.state.stores.redis.pages import (
     bucket_of,
 )
 from incremental_crawler.state.stores.redis.scripts import (
+    _TOKEN_TTL,
     CLUSTER_BYPAGE_LUA,
     CLUSTER_HOST_LUA,
+    CLUSTER_INTENT_ADD_LUA,
     CLUSTER_INTENT_DROP_LUA,
+    CLUSTER_INTENTS_READ_LUA,
     CLUSTER_ITEMS_LUA,
+    CLUSTER_LEDGER_READ_LUA,
     CLUSTER_SCOPE_LUA,
 )
 
@@ -116,6 +124,37 @@ def _level(n: int) -> int:
     while level * 2 <= n:
         level *= 2
     return level
+
+
+def _plan_buckets(ops: list[tuple[Any, ...]], positions: list[int], n: int, pages: int,
+                  limit: int) -> tuple[int, set[int]]:
+    """The splits (at most *limit*) a host of *n* buckets and *pages* pages
+    needs for the writes at *positions*, and the buckets those touch."""
+    adding = sum(1 for at in positions if ops[at][0] in _ADDS)
+    splits = 0
+    while splits < limit and pages + adding > (n + splits) * BUCKET_LOAD:
+        splits += 1
+    buckets: set[int] = set()
+    for s in range(splits):
+        buckets.update((n + s - _level(n + s), n + s))
+    for at in positions:
+        if ops[at][0] not in ("links", "unlink"):
+            buckets.add(bucket_of(ops[at][3], n + splits))
+    return splits, buckets
+
+
+def _refused_write(exc: BaseException | None) -> bool:
+    """Whether *exc* (or what it was raised from) is Redis refusing a write
+    before it ran: above maxmemory (OOM) or a replica (READONLY)."""
+    while exc is not None:
+        if isinstance(exc, (redis.exceptions.OutOfMemoryError,
+                            redis.exceptions.ReadOnlyError)):
+            return True
+        if isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith(
+                ("OOM", "READONLY")):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def _tag_of(key: str) -> str:
@@ -236,6 +275,8 @@ class RedisClusterPath(RedisCore):
         self._carried = _Carried()
         self._unsure_slots = {}
         self._spent_slot_tokens = []
+        #: Whether an adoption refused by Redis was logged (once a store).
+        self._adoption_refused_said = False
 
     # -- the phased flush ------------------------------------------------------
 
@@ -312,7 +353,7 @@ class RedisClusterPath(RedisCore):
             del pending[tag]
             return str(reply)
         on_reply(tag, chunk, reply, token)
-        if reply and reply[0] in (b"n", b"blocked", b"done"):
+        if reply and reply[0] in (b"n", b"late", b"blocked", b"done"):
             del pending[tag]
             return None
         self._spent_slot_tokens.append(self._token_key(token, tag))
@@ -361,10 +402,12 @@ class RedisClusterPath(RedisCore):
                 where = (self._group_key("bypage", scope_part, page), member)
                 removals[where] = max(int(version), removals.get(where, 0))
 
+        cleanup, sent = self._ledger_cleanup()
         try:
             # The tokens of the flush before go with the first pipeline.
             await self._send_phase(groups, build, applied, on_reply, [
-                *(("DEL", key) for key in spent), *self._ledger_cleanup()])
+                *(("DEL", key) for key in spent), *cleanup])
+            self._ledger_cleaned(sent)
         finally:
             last_item: dict[str, int] = {}
             for n, op in enumerate(ops):
@@ -402,41 +445,46 @@ class RedisClusterPath(RedisCore):
                 applied.add(n)
         heads = {tag: (ops[positions[0]][1], ops[positions[0]][2])
                  for tag, positions in groups.items()}
-        # The write-ahead intent, before any host script runs: one ZADD per
-        # scope of the hosts about to be written, so that a worker gone
+        # The write-ahead intent, before any host script runs: one script
+        # per scope of the hosts about to be written, so that a worker gone
         # before its phase 3 leaves its effects findable from the scope
         # (its host may never be written again: see adopt_ledgers).
-        intents: dict[str, list[Any]] = {}
-        now = clock.now()
+        #
+        # When a reader may drop an intent: it is scored by its node's
+        # TIME (cluster_intent_add.lua), and a host script of this flush
+        # writes only up to that time + adopt_after // 2 on its own node's
+        # clock (else it writes nothing and says 'late': the intent is
+        # written again, the script resent); a reader drops an intent only
+        # when, by the intents' node's time it read them with, it is
+        # adopt_after old (before it read the ledgers). So no ledger entry
+        # can land after a reader dropped its intent unless the nodes'
+        # clocks differ by more than adopt_after // 2 - 1 s (the workers'
+        # clocks and stalls play no part: a stalled worker's phase 2 is
+        # late, a fast reader clock is not used).
+        intents: dict[str, list[str]] = {}
         for scope_part, part in heads.values():
-            intents.setdefault(scope_part, []).extend((now, self._intent_member(part)))
-        counts = await self._part_counts(list(heads.values()), [
-            ("ZADD", self._intents_key(scope_part), *pairs)
-            for scope_part, pairs in intents.items()])
+            intents.setdefault(scope_part, []).append(self._intent_member(part))
+        first = sorted(intents)
+        counts, said = await self._part_counts(list(heads.values()),
+                                               self._intent_calls(intents, first))
+        stamps = {scope_part: int(at) for scope_part, at in zip(first, said, strict=True)}
+        late: set[str] = set()
         limits: dict[str, int] = {}
 
         def build(tag: str, positions: list[int], token: str) -> Any:
             scope_part, part = heads[tag]
             n, pages = counts[scope_part, part]
-            adding = sum(1 for at in positions if ops[at][0] in _ADDS)
-            splits = 0
-            while (splits < limits.get(tag, MAX_SPLITS)
-                   and pages + adding > (n + splits) * BUCKET_LOAD):
-                splits += 1
-            buckets: set[int] = set()
-            for s in range(splits):
-                buckets.update((n + s - _level(n + s), n + s))
-            for at in positions:
-                if ops[at][0] not in ("links", "unlink"):
-                    buckets.add(bucket_of(ops[at][3], n + splits))
+            splits, buckets = _plan_buckets(ops, positions, n, pages,
+                                            limits.get(tag, MAX_SPLITS))
             def head(kind: str, tag: str = tag) -> str:
                 return f"{self.prefix}:{kind}:{tag}"
 
             keys = [self._token_key(token, tag), head("hd"), head("ln"), head("fx")]
             for b in sorted(buckets):
                 keys += [f"{head('pg')}:{b}", f"{head('pgl')}:{b}"]
+            deadline = stamps[scope_part] + self.adopt_after // 2
             args: list[Any] = [self._listpack_value, n, splits, self.adopt_after,
-                               len(buckets), *sorted(buckets), part]
+                               len(buckets), *sorted(buckets), deadline, part]
             for at in positions:
                 args += [ops[at][0], *ops[at][3:]]
             return CLUSTER_HOST_LUA, keys, args
@@ -447,6 +495,9 @@ class RedisClusterPath(RedisCore):
             scope_part, part = heads[tag]
             if reply[0] == b"n":
                 counts[scope_part, part] = (int(reply[1]), counts[scope_part, part][1])
+                again[tag] = groups[tag]
+            elif reply[0] == b"late":
+                late.add(scope_part)
                 again[tag] = groups[tag]
             elif reply[0] == b"blocked":
                 limits[tag] = int(reply[1])
@@ -468,6 +519,7 @@ class RedisClusterPath(RedisCore):
             adds = {}
             if not again:
                 return
+            await self._say_again(intents, late, stamps)
             groups = {tag: [at for at in positions if at not in applied]
                       for tag, positions in again.items()}
             again = {}
@@ -533,25 +585,26 @@ class RedisClusterPath(RedisCore):
         return CLUSTER_SCOPE_LUA, keys, args
 
     async def _part_counts(self, parts: list[tuple[str, str]],
-                           before: Sequence[tuple[Any, ...]] = ()) -> dict[tuple[str, str],
-                                                                           tuple[int, int]]:
+                           before: Sequence[tuple[Any, ...]] = ()
+                           ) -> tuple[dict[tuple[str, str], tuple[int, int]], list[Any]]:
         """Each host's bucket count and page count by key parts (scope
         part, host part): the flush plans its splits and buckets from them.
-        The writes *before* go in the same pipeline (their errors raised)."""
-        if not parts:
-            return {}
+        The writes *before* go in the same pipeline (their errors raised,
+        their replies returned second)."""
+        if not parts and not before:
+            return {}, []
         replies = await self._eval_many([], [*before, *(
             ("HMGET", f"{self.prefix}:hd:{{{s}|{h}}}", "n", "p") for s, h in parts)])
         for reply in replies[:len(before)]:
             if isinstance(reply, Exception):
                 raise _PhaseFailed(str(reply))
-        replies = replies[len(before):]
+        said, replies = replies[:len(before)], replies[len(before):]
         counts = {}
         for pair, reply in zip(parts, replies, strict=True):
             if isinstance(reply, Exception):
                 raise _PhaseFailed(str(reply))
             counts[pair] = (_whole(reply[0], 1), _whole(reply[1], 0))
-        return counts
+        return counts, said
 
     async def _phase_scopes(self, ops: list[tuple[Any, ...]], applied: set[int],
                             carried: _Carried, scopes: set[str]) -> None:
@@ -637,28 +690,92 @@ class RedisClusterPath(RedisCore):
     def _intent_member(self, part: str) -> str:
         return f"{part}\0{self._worker_id}"
 
-    def _ledger_cleanup(self) -> list[tuple[Any, ...]]:
+    def _intent_calls(self, intents: dict[str, list[str]],
+                      scope_parts: list[str]) -> list[tuple[Any, ...]]:
+        # One script per scope: its members scored by its node's TIME.
+        return [("EVAL", CLUSTER_INTENT_ADD_LUA, 1, self._intents_key(scope_part),
+                 *intents[scope_part]) for scope_part in scope_parts]
+
+    async def _say_again(self, intents: dict[str, list[str]], late: set[str],
+                         stamps: dict[str, int]) -> None:
+        """Write again the intents of the scopes whose host scripts were
+        past their deadline (this worker stalled: see _phase_hosts), newly
+        stamped, before those hosts are sent again."""
+        if not late:
+            return
+        resaid = sorted(late)
+        _, said = await self._part_counts([], self._intent_calls(intents, resaid))
+        stamps.update(zip(resaid, (int(at) for at in said), strict=True))
+        late.clear()
+
+    def _ledger_bundles(self, scope_part: str, parts: list[str], ledgers: list[str],
+                        entries: list[Any]
+                        ) -> tuple[dict[str, _Effects], list[tuple[str, str]]]:
+        """The effects of the ledgers' entries by token, and the entries
+        too old to apply (ledger, token): see :meth:`_adoption`."""
+        bundles: dict[str, _Effects] = {}
+        expired: list[tuple[str, str]] = []
+        for part, ledger, reply in zip(parts, ledgers, entries, strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            # The ledger's node's time first: an entry's age is told on the
+            # clock that stamped it (the host script's TIME), not ours.
+            ledger_now, found = int(reply[0]), reply[1:]
+            for k in range(0, len(found), 2):
+                token, raw = found[k].decode(), found[k + 1]
+                try:
+                    stamped, effects = json.loads(raw)
+                    age = ledger_now - float(stamped)
+                except (ValueError, TypeError):
+                    continue  # not an entry (the host script drops those)
+                if age > _TOKEN_TTL:
+                    # Past the tokens' lifetime P:fxdone may have forgotten
+                    # it was applied (it keeps 2 x TOKEN_TTL, on its own
+                    # node's clock): applying it could count it twice. The
+                    # host script drops such entries unapplied; so does a
+                    # reader.
+                    expired.append((ledger, token))
+                    continue
+                bundle = _Effects(ledger=ledger, where=(scope_part, part))
+                bundle.add(json.loads(effects) if isinstance(effects, str) else effects, part)
+                bundles[token] = bundle
+        return bundles, expired
+
+    def _ledger_cleanup(self) -> tuple[list[tuple[Any, ...]], tuple[list[Any], set[Any]]]:
         """The commands that delete the ledger entries whose effects were
         applied, and drop this worker's intents on hosts none of whose
         effects it still holds (the next flush that writes such a host says
-        so again before its phase 2)."""
+        so again before its phase 2); and what they clean, for
+        :meth:`_ledger_cleaned` once they were sent. Kept until then: a
+        pipeline that fails sends them again with the next (HDEL and ZREM
+        of what is gone change nothing)."""
         carried = self._carried
         pending = {bundle.where for by_token in (*carried.effects.values(),
                                                  *carried.sent_effects.values())
                    for bundle in by_token.values()}
         unsure = set(self._unsure_slots)
-        commands: list[tuple[Any, ...]] = [("HDEL", ledger, token)
-                                           for ledger, token in carried.ledger_done]
-        carried.ledger_done = []
+        entries = list(carried.ledger_done)
+        commands: list[tuple[Any, ...]] = [("HDEL", ledger, token) for ledger, token in entries]
+        dropped = set()
         for where in sorted(carried.intents_done):
             scope_part, part = where
             if where in pending or f"{{{scope_part}|{part}}}" in unsure:
                 continue
             commands.append(("ZREM", self._intents_key(scope_part), self._intent_member(part)))
-            carried.intents_done.discard(where)
-        return commands
+            dropped.add(where)
+        return commands, (entries, dropped)
 
-    def _adoption(self, scope: str) -> Generator[list[tuple[Any, ...]], list[Any], None]:
+    def _ledger_cleaned(self, sent: tuple[list[Any], set[Any]]) -> None:
+        """Forget what :meth:`_ledger_cleanup`'s commands cleaned: they were
+        sent and answered."""
+        entries, dropped = sent
+        carried = self._carried
+        gone = set(entries)
+        carried.ledger_done = [entry for entry in carried.ledger_done if entry not in gone]
+        carried.intents_done -= dropped
+
+    def _adoption(self, scope: str, settled_only: bool = False
+                  ) -> Generator[list[tuple[Any, ...]], list[Any], None]:
         """Apply every effect left in the ledgers of the hosts the scope's
         intents list (P:fxhosts:{<s>}): a worker gone between its phases 2
         and 3 on a host nobody writes again would otherwise leave that
@@ -669,36 +786,35 @@ class RedisClusterPath(RedisCore):
 
         Every entry read is sent (the scope's script applies a token's
         effects once: a live worker's own phase 3 then finds them applied).
-        An intent is dropped only when it is older than
-        :attr:`adopt_after` (its flush's phase 2 is over by then: its entry
-        was in the ledger read) and still as read (see
-        ``cluster_intent_drop.lua``)."""
+        An entry older than the tokens' lifetime on its node's clock is
+        dropped unapplied (as the host script does). An intent is dropped
+        only when, by its node's time read with it, it is :attr:`adopt_after`
+        old (its flush's host scripts write nothing past half that: its
+        entry, if any, was in the ledger read; see :meth:`_phase_hosts`)
+        and still as read (see ``cluster_intent_drop.lua``)."""
         scope_part = _key_part(scope)
         intents = self._intents_key(scope_part)
-        [flat] = yield [("ZRANGE", intents, 0, -1, "WITHSCORES")]
+        [read] = yield [("EVAL", CLUSTER_INTENTS_READ_LUA, 1, intents)]
+        if isinstance(read, Exception):
+            raise read
+        # Their node's time first: their ages are told on the clock that
+        # scored them (see _phase_hosts), before the ledgers are read.
+        intents_now, flat = int(read[0]), read[1:]
         if not flat:
             return
-        # (As pairs or flat, by the client's protocol.)
-        pairs = ([(member, score) for member, score in flat]
-                 if isinstance(flat[0], (list, tuple))
-                 else [(flat[k], flat[k + 1]) for k in range(0, len(flat), 2)])
-        now = clock.now()
+        pairs = [(flat[k], flat[k + 1]) for k in range(0, len(flat), 2)]
+        if settled_only:
+            # Only intents adopt_after old: their workers' flushes are dead
+            # or past their deadline; a live worker's in-flight effects are
+            # left to its own phase 3 (no ledger read, no script for them).
+            pairs = [(member, score) for member, score in pairs
+                     if intents_now - float(score) >= self.adopt_after]
+            if not pairs:
+                return
         parts = sorted({member.decode().rpartition("\0")[0] for member, _ in pairs})
         ledgers = [f"{self.prefix}:fx:{{{scope_part}|{part}}}" for part in parts]
-        entries = yield [("HGETALL", ledger) for ledger in ledgers]
-        bundles: dict[str, _Effects] = {}
-        for part, ledger, reply in zip(parts, ledgers, entries, strict=True):
-            found = ([x for pair in reply.items() for x in pair] if isinstance(reply, dict)
-                     else reply)
-            for k in range(0, len(found), 2):
-                token, raw = found[k].decode(), found[k + 1]
-                try:
-                    _, effects = json.loads(raw)
-                except (ValueError, TypeError):
-                    continue  # not an entry (the host script drops those)
-                bundle = _Effects(ledger=ledger, where=(scope_part, part))
-                bundle.add(json.loads(effects) if isinstance(effects, str) else effects, part)
-                bundles[token] = bundle
+        entries = yield [("EVAL", CLUSTER_LEDGER_READ_LUA, 1, ledger) for ledger in ledgers]
+        bundles, expired = self._ledger_bundles(scope_part, parts, ledgers, entries)
         tag = f"{{{scope_part}}}"
         applied: list[tuple[str, str]] = []
         spent: list[tuple[Any, ...]] = []
@@ -724,16 +840,18 @@ class RedisClusterPath(RedisCore):
             applied += [(bundle.ledger, other) for other, bundle in bundles.items()]
             break
         old = [(member, score) for member, score in pairs
-               if float(score) <= now - self.adopt_after]
-        yield [*spent, *(("HDEL", ledger, token) for ledger, token in applied),
+               if intents_now - float(score) >= self.adopt_after]
+        yield [*spent, *(("HDEL", ledger, token) for ledger, token in (*applied, *expired)),
                *([("EVAL", CLUSTER_INTENT_DROP_LUA, 1, intents,
                    *(x for pair in old for x in pair))] if old else [])]
 
-    async def adopt_ledgers(self, scope: str) -> None:
-        """:meth:`_adoption` on the async client (a crawl's reads)."""
+    async def adopt_ledgers(self, scope: str, settled_only: bool = False) -> None:
+        """:meth:`_adoption` on the async client (a crawl's reads); best
+        effort (see :meth:`_adoption_refused`). *settled_only*: only the
+        hosts of intents :attr:`adopt_after` old (a due reading)."""
         if not self.tagged:
             return
-        plan = self._adoption(scope)
+        plan = self._adoption(scope, settled_only)
         replies: Any = None
         try:
             while True:
@@ -741,9 +859,12 @@ class RedisClusterPath(RedisCore):
                 replies = await self._commands(commands, "Redis command failed")
         except StopIteration:
             return
+        except (redis.RedisError, StateStoreError) as exc:
+            self._adoption_refused(scope, exc)
 
     def adopt_ledgers_sync(self, scope: str) -> None:
-        """:meth:`_adoption` on the sync client (holds, admin)."""
+        """:meth:`_adoption` on the sync client (holds, admin); best effort
+        (see :meth:`_adoption_refused`)."""
         if not self.tagged:
             return
         plan = self._adoption(scope)
@@ -757,9 +878,36 @@ class RedisClusterPath(RedisCore):
                 replies = self._sync_run(pipe)
         except StopIteration:
             return
+        except (redis.RedisError, StateStoreError) as exc:
+            self._adoption_refused(scope, exc)
+
+    def _adoption_refused(self, scope: str, exc: BaseException) -> None:
+        """An adoption Redis refused to write (above maxmemory, or a
+        replica): the read that runs it goes on without it (a full store
+        still opens and reads, and reset_scope, the way to free memory,
+        still runs). Nothing is lost: its effects stay in the ledgers and
+        the intents for a later writer or reader, and one applied in part
+        is applied once (P:fxdone). Any other error is raised."""
+        if not _refused_write(exc):
+            raise exc
+        if not self._adoption_refused_said:
+            self._adoption_refused_said = True
+            logger.warning(
+                "State store %s: a dead worker's effects on scope %r were not applied "
+                "(Redis refused the write: %s); they stay in their ledgers for a later "
+                "write or read", self.location, scope, exc)
 
     def _scope_hosts(self, scope: str) -> list[str]:
         # The hosts a dead worker's effects would add first (every read of
         # a scope's hosts: pages, counts, repairs).
         self.adopt_ledgers_sync(scope)
-        return super()._scope_hosts(scope)
+        hosts = super()._scope_hosts(scope)
+        # And the hosts the intents name: where the adoption was refused
+        # (Redis full) a dead worker's host has pages stored but is not in
+        # the scope's hosts yet; a reset must delete them all the same, and
+        # a read see them (a host with no pages reads as none).
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.zrange(self._intents_key(_key_part(scope)), 0, -1)
+        [members] = self._sync_run(pipe)
+        listed = {host_of_part(m.decode().rpartition("\0")[0]) for m in members}
+        return hosts + sorted(listed - set(hosts))

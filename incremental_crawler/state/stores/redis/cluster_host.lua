@@ -21,10 +21,14 @@
 -- server's hash-max-listpack-value, the bucket count the caller planned
 -- from, the splits it planned, the age (seconds) past which another
 -- flush's effects in the ledger are taken, the number of buckets declared
--- and their numbers, the host's key part, then the writes: each its name
+-- and their numbers, the deadline of the flush's write-ahead intent (0:
+-- none; past it on this node's clock the script writes nothing and says
+-- {'late'}: see cluster.py, _phase_hosts), the host's key part, then the
+-- writes: each its name
 -- and ARITY[name] arguments, a page's field first.
 -- Returns {applied, replayed (0/1), error ('' none), effects (JSON),
 -- effects taken from the ledger (JSON: [token, effects] pairs)}, or
+-- {'late'} (see DEADLINE), or
 -- {'n', count} when the host's bucket count is not the one planned from,
 -- or {'blocked', splits} when only that many of the planned splits can be
 -- made (a bucket's key beyond the count is taken): nothing written then.
@@ -40,8 +44,13 @@ local BUCKETS = {}
 for k = 0, DECLARED - 1 do
   BUCKETS[tonumber(ARGV[6 + k])] = {KEYS[5 + 2 * k], KEYS[6 + 2 * k]}
 end
-local PART = ARGV[6 + DECLARED]
-local FIRST = 7 + DECLARED
+local DEADLINE = tonumber(ARGV[6 + DECLARED])
+local PART = ARGV[7 + DECLARED]
+local FIRST = 8 + DECLARED
+-- A reader may drop the intent once it is past its deadline (by more than
+-- the nodes' clocks differ): a ledger entry written after that would be
+-- listed by no intent. The caller writes its intent again and resends.
+if DEADLINE > 0 and tonumber(redis.call('TIME')[1]) > DEADLINE then return {'late'} end
 local ARITY = {page = 3, check = 8, failure = 7, redirect = 5, links = 2, unlink = 1,
                flags = 2, listing = 2, postpone = 3}
 local function bucket_keys(b)

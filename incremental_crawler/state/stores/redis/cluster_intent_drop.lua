@@ -1,10 +1,11 @@
 
 -- Drops write-ahead intents of a scope on a Redis Cluster (layout 5):
--- P:fxhosts:{<scope>} lists "<host part>\0<worker>" by when that worker
--- last said it was about to write the host (before its phase 2). A reader
--- that applied a host's ledger drops the intents it read as old, each only
--- while its score is still the one read: a worker that said so again since
--- (a new flush of that host) keeps its intent.
+-- P:fxhosts:{<scope>} lists "<host part>\0<worker>" by when (this node's
+-- TIME) that worker last said it was about to write the host (before its
+-- phase 2). A reader that applied a host's ledger drops the intents it
+-- read as past their deadline, each only while its score is still the one
+-- read: a worker that said so again since (a late phase 2 resent, a new
+-- flush of that host) keeps its intent.
 -- KEYS: the intents' zset. ARGV: member, score pairs (as read).
 -- Returns how many were dropped.
 local dropped = 0

@@ -432,7 +432,7 @@ class RedisCore(StateStore):
             counts[host_id] = (_whole(n, 1), _whole(p, 0))
         return counts
 
-    async def adopt_ledgers(self, scope: str) -> None:
+    async def adopt_ledgers(self, scope: str, settled_only: bool = False) -> None:
         """Apply the effects a dead worker left in its hosts' ledgers: only
         the cluster layout keeps such (``cluster.py``); one server's flush
         is one script."""

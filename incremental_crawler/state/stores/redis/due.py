@@ -209,8 +209,13 @@ class RedisDueReads(RedisCore):
         if (cursor is None or after is None or (cursor.scope, cursor.now, cursor.flushes)
                 != (scope, now, self._flushes) or after not in (cursor.last, cursor.sent)):
             # A reading that starts over first applies the effects a dead
-            # worker left in its hosts' ledgers (their pages in the index).
-            await self.adopt_ledgers(scope)
+            # worker left in its hosts' ledgers (their pages in the index):
+            # only those of intents adopt_after old. It starts over after
+            # nearly every flush; every intent would mean every live
+            # worker's in-flight hosts read and applied each time, while a
+            # dead worker's pages are due-read at most adopt_after late (a
+            # crawl's start and the summaries still apply every intent).
+            await self.adopt_ledgers(scope, settled_only=True)
             cursor = _DueCursor(scope, now, self._flushes, after)
         while True:
             for _ in range(_DUE_STARTS):

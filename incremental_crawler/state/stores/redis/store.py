@@ -629,9 +629,11 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
                 # replay), one a slot it wrote, its effects' ledger entries
                 # (applied) and its intents on their hosts: not left behind.
                 spent, self._spent_slot_tokens = self._spent_slot_tokens, []
-                cleanup = [*(("DEL", key) for key in spent), *self._ledger_cleanup()]
+                commands, sent = self._ledger_cleanup()
+                cleanup = [*(("DEL", key) for key in spent), *commands]
                 if cleanup:
                     await self._commands(cleanup, "Redis command failed")
+                self._ledger_cleaned(sent)
         finally:
             if not self._closed:
                 self._closed = True
@@ -696,6 +698,17 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
     def take_scope(self, scope: str, holder: str, ttl: float,
                    now: float) -> tuple[str, float] | None:
         holds = self._key("holds", scope)
+        # The crawl starts from every page its scope has: a dead worker's
+        # effects left in its hosts' ledgers are applied first (see
+        # adopt_ledgers; refused writes are left for later). Before the
+        # hold, so that one that fails leaves no hold taken for its ttl
+        # (applying them is right whoever holds the scope).
+        try:
+            self.adopt_ledgers_sync(scope)
+        except (redis.RedisError, StateStoreError) as exc:
+            raise StateStoreError(
+                f"State store {self.location}: scope {scope!r} was not taken: the effects a "
+                f"dead worker left in its hosts' ledgers could not be applied: {exc}") from exc
         try:
             with self._sync.pipeline(transaction=True) as pipe:
                 # Bounded: another crawl taking it at the same instant makes
@@ -729,10 +742,6 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
                                       math.floor(now))
                         pipe.execute()
                         self.roundtrips += 1
-                        # The crawl starts from every page its scope has:
-                        # a dead worker's effects left in its hosts'
-                        # ledgers are applied now (see adopt_ledgers).
-                        self.adopt_ledgers_sync(scope)
                         return None
                     except redis.WatchError:
                         continue
