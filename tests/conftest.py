@@ -160,8 +160,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The modules with tests marked ``alone`` first, those tests first in
     them; then :data:`LONGEST_FIRST`; then the others, in collection order.
 
-    While a test marked alone runs, the other test process waits: the
-    runs of them come first, back to back, before the two processes share
+    While a test marked alone runs, the other test processes wait: the
+    runs of them come first, back to back, before the processes share
     out the rest (with ``--no-loadscope-reorder``, xdist keeps this order).
     Each module's tests stay together, in their order otherwise.
     """
