@@ -166,21 +166,25 @@ class RedisLayout(RedisCore):
             raise self._fail(
                 "cannot be reached or read (is Redis running at this address?)", exc
             ) from exc
+        version = self._meta_version(meta, found, LAYOUT_VERSION)
+        if version < LAYOUT_VERSION or _UPGRADING.encode() in found:
+            self._migrate()
+
+    def _meta_version(self, meta: str, found: dict[bytes, bytes], newest: int) -> int:
+        """The layout version the store's record *found* (of key *meta*)
+        gives, refused when it is not a store's or newer than *newest*."""
         layout = found.get(b"layout", b"").decode(errors="replace")
         version = found.get(b"version", b"").decode(errors="replace")
         if layout != LAYOUT or not version.isdigit():
             raise self._fail(
                 f"{meta} does not describe an incremental_crawler state store "
                 f"(layout {layout!r}, version {version!r}); the prefix belongs to "
-                "something else: choose another with ?prefix=..."
-            )
-        if int(version) > LAYOUT_VERSION:
+                "something else: choose another with ?prefix=...")
+        if int(version) > newest:
             raise self._fail(
                 f"has layout version {version}, newer than this code knows "
-                f"({LAYOUT_VERSION}); upgrade incremental_crawler"
-            )
-        if int(version) < LAYOUT_VERSION or _UPGRADING.encode() in found:
-            self._migrate()
+                f"({newest}); upgrade incremental_crawler")
+        return int(version)
 
     def _check_cluster_layout(self) -> None:
         """:meth:`_check_layout` on a Redis Cluster: the cluster layout (5),
@@ -232,18 +236,8 @@ class RedisLayout(RedisCore):
             raise self._fail(
                 "cannot be reached or read (is Redis running at this address?)", exc
             ) from exc
-        layout = found.get(b"layout", b"").decode(errors="replace")
-        version = found.get(b"version", b"").decode(errors="replace")
-        if layout != LAYOUT or not version.isdigit():
-            raise self._fail(
-                f"{meta} does not describe an incremental_crawler state store "
-                f"(layout {layout!r}, version {version!r}); the prefix belongs to "
-                "something else: choose another with ?prefix=...")
-        if int(version) > CLUSTER_LAYOUT_VERSION:
-            raise self._fail(
-                f"has layout version {version}, newer than this code knows "
-                f"({CLUSTER_LAYOUT_VERSION}); upgrade incremental_crawler")
-        if int(version) < CLUSTER_LAYOUT_VERSION:
+        version = self._meta_version(meta, found, CLUSTER_LAYOUT_VERSION)
+        if version < CLUSTER_LAYOUT_VERSION:
             # No store of an older layout was ever written to a cluster.
             raise self._fail(
                 f"has layout version {version} on a Redis Cluster, where only the "
