@@ -11,32 +11,78 @@ subclass overriding ``should_follow`` included).
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
+from scrapy import Request
 from scrapy.downloadermiddlewares.offsite import OffsiteMiddleware
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from scrapy import Request
+    from scrapy import Spider
     from scrapy.crawler import Crawler
 
-__all__ = ["offsite_drops"]
+__all__ = ["offsite_drops", "offsite_url_drops"]
 
 
-def offsite_drops(crawler: Crawler) -> Callable[[Request], bool]:
-    """``drops(request)``: whether the crawl's OffsiteMiddleware drops *request*
-    (never, when it is not enabled). Ask once the engine runs."""
+#: Schemes whose URLs name a host in their netloc.
+_WEB = frozenset({"http", "https"})
+
+
+def _enabled(crawler: Crawler) -> tuple[OffsiteMiddleware, Spider] | None:
+    """The crawl's OffsiteMiddleware and spider, when it is enabled."""
     engine = crawler.engine
     downloader = engine.downloader if engine is not None else None
     middlewares = downloader.middleware.middlewares if downloader is not None else ()
     found = next((mw for mw in middlewares if isinstance(mw, OffsiteMiddleware)), None)
     spider = crawler.spider
     if found is None or spider is None:
+        return None
+    return found, spider
+
+
+def offsite_drops(crawler: Crawler) -> Callable[[Request], bool]:
+    """``drops(request)``: whether the crawl's OffsiteMiddleware drops *request*
+    (never, when it is not enabled). Ask once the engine runs."""
+    enabled = _enabled(crawler)
+    if enabled is None:
         return lambda request: False
-    offsite = found
+    offsite, spider = enabled
 
     def drops(request: Request) -> bool:
         return not (request.dont_filter or request.meta.get("allow_offsite")
                     or offsite.should_follow(request, spider))
+
+    return drops
+
+
+def offsite_url_drops(crawler: Crawler) -> Callable[[str], bool] | None:
+    """``drops(url)``: :func:`offsite_drops` for a request of *url* without
+    ``dont_filter`` or ``allow_offsite``, asked once per scheme and host:
+    Scrapy's own ``should_follow`` reads nothing of a request but its host
+    name. ``None`` when the project's OffsiteMiddleware overrides
+    ``should_follow`` (it may read more: ask :func:`offsite_drops`).
+
+    Meant for one pass over many stored requests (the spider's
+    ``allowed_domains`` is read as the pass begins)."""
+    enabled = _enabled(crawler)
+    if enabled is None:
+        return lambda url: False
+    offsite, spider = enabled
+    if type(offsite).should_follow is not OffsiteMiddleware.should_follow:
+        return None
+    answers: dict[tuple[str, str], bool] = {}
+
+    def drops(url: str) -> bool:
+        parts = urlsplit(url)
+        if parts.scheme not in _WEB:
+            return not offsite.should_follow(Request(url), spider)
+        site = (parts.scheme, parts.netloc)
+        answer = answers.get(site)
+        if answer is None:
+            # A request of the site's root has the URL's host name.
+            root = Request(f"{parts.scheme}://{parts.netloc}/")
+            answer = answers[site] = not offsite.should_follow(root, spider)
+        return answer
 
     return drops

@@ -76,12 +76,14 @@ __all__ = [
     "load_links",
     "own_recipe",
     "page_request",
+    "plain_get_url",
     "plain_json",
     "read_record",
     "recipe_in",
     "recipe_of",
     "record_byte_cap",
     "record_canary",
+    "unbuildable",
     "unseen_entries",
     "user_meta",
 ]
@@ -457,40 +459,66 @@ _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
 }
 
 
-def build(recipe: Mapping[str, Any], spider: Spider) -> Request | Unbuildable:
-    """The request *recipe* describes, for *spider*, or why it cannot be made."""
+def unbuildable(recipe: Mapping[str, Any], spider: Spider) -> Unbuildable | None:
+    """Why *recipe* cannot be made into a request for *spider* (``None``: it
+    can, but for what ``Request`` itself refuses, which :func:`build` says)."""
     if "x" in recipe:
         return Unbuildable.NOT_RECORDED
-    url = recipe.get("u")
-    if not isinstance(url, str):
+    if not isinstance(recipe.get("u"), str):
         return Unbuildable.MALFORMED
-    found, callback = _resolve(spider, recipe.get("cb"))
-    if not found:
+    if not _resolve(spider, recipe.get("cb"))[0]:
         return Unbuildable.CALLBACK_MISSING
-    found, errback = _resolve(spider, recipe.get("eb"))
-    if not found:
+    if not _resolve(spider, recipe.get("eb"))[0]:
         return Unbuildable.ERRBACK_MISSING
-    meta = recipe.get("meta", {})
     # The recipe's own fields (a few), not every field a recipe may have.
     for key, value in recipe.items():
         kind = _FIELD_TYPES.get(key)
         if kind is not None and not isinstance(value, kind):
             return Unbuildable.MALFORMED
-    rule = _crawl_rule(spider, recipe.get("cb"), meta)
+    rule = _crawl_rule(spider, recipe.get("cb"), recipe.get("meta", {}))
     if rule is not None:
         current = _rule_callback(spider, rule)
         if current is None or current != recipe.get("rc", current):
             return Unbuildable.RULE_MISSING
+    return None
+
+
+def build(recipe: Mapping[str, Any], spider: Spider) -> Request | Unbuildable:
+    """The request *recipe* describes, for *spider*, or why it cannot be made."""
+    if (why := unbuildable(recipe, spider)) is not None:
+        return why
     try:
         return Request(
-            url, callback=callback, method=recipe.get("m", "GET"),
-            headers=recipe.get("h"), cookies=recipe.get("ck"), meta=meta,
-            encoding=recipe.get("enc", "utf-8"), priority=recipe.get("p", 0),
-            dont_filter=bool(recipe.get("df", False)), errback=errback,
-            flags=recipe.get("fl"), cb_kwargs=recipe.get("kw"),
+            recipe["u"], callback=_resolve(spider, recipe.get("cb"))[1],
+            method=recipe.get("m", "GET"), headers=recipe.get("h"), cookies=recipe.get("ck"),
+            meta=recipe.get("meta", {}), encoding=recipe.get("enc", "utf-8"),
+            priority=recipe.get("p", 0), dont_filter=bool(recipe.get("df", False)),
+            errback=_resolve(spider, recipe.get("eb"))[1], flags=recipe.get("fl"),
+            cb_kwargs=recipe.get("kw"),
         )
     except (TypeError, ValueError):
         return Unbuildable.MALFORMED
+
+
+def plain_get_url(recipe: Mapping[str, Any], read_meta: frozenset[str]) -> str | None:
+    """The URL of *recipe* when its request is a plain GET: no headers, no
+    ``dont_filter``, no encoding of its own, and none of the meta keys
+    *read_meta*; ``None`` otherwise.
+
+    For code that decides a stored request by rules reading only those meta
+    keys and the URL: such a request is decided from its URL, without being
+    built. The URL is the request's ``url`` as recorded, which ``Request``
+    made safe already (``safe_url_string`` gives it back unchanged).
+    """
+    if "m" in recipe and recipe["m"] != "GET":
+        return None
+    if "h" in recipe or recipe.get("df") or "enc" in recipe:
+        return None
+    meta = recipe.get("meta")
+    if meta and not read_meta.isdisjoint(meta):
+        return None
+    url = recipe.get("u")
+    return url if isinstance(url, str) else None
 
 
 def page_request(url: str, callback: str | None, recipe: str | None,

@@ -18,10 +18,17 @@ from typing import TYPE_CHECKING
 from scrapy.downloadermiddlewares.httpcompression import ACCEPTED_ENCODINGS
 from scrapy.http.request import NO_CALLBACK
 
-from incremental_crawler.change.accounting import decided
+from incremental_crawler.change.accounting import META_WHY, decided
 from incremental_crawler.change.policy import ChangePolicy
-from incremental_crawler.meta import META_DISCOVERY, META_LASTMOD, META_REFRESH, META_SKIP
+from incremental_crawler.meta import (
+    META_DISCOVERY,
+    META_LASTMOD,
+    META_REFRESH,
+    META_SKIP,
+    META_VARIANT,
+)
 from incremental_crawler.state.keys import page_key
+from incremental_crawler.state.records import PageKey
 
 if TYPE_CHECKING:
     from typing import Self
@@ -32,9 +39,9 @@ if TYPE_CHECKING:
     from incremental_crawler.change.accounting import Why
     from incremental_crawler.config import IncrementalConfig
     from incremental_crawler.crawl.ledger import Ledger
-    from incremental_crawler.state.records import PageKey, PageState
+    from incremental_crawler.state.records import PageState
 
-__all__ = ["RequestRules", "default_encoding"]
+__all__ = ["RULES_META", "RequestRules", "default_encoding"]
 
 _COMPRESSION = "scrapy.downloadermiddlewares.httpcompression.HttpCompressionMiddleware"
 
@@ -46,6 +53,15 @@ def default_encoding(crawler: Crawler) -> bytes | None:
     if not (enabled and settings.getbool("COMPRESSION_ENABLED")):
         return None
     return b", ".join(ACCEPTED_ENCODINGS)
+
+
+#: The meta keys :class:`RequestRules` read of a request (and Scrapy's
+#: OffsiteMiddleware, ``allow_offsite``), besides its method, callback, URL,
+#: ``dont_filter`` and ``Accept-Encoding``. A GET with none of them, no
+#: headers and no ``dont_filter`` is decided by its URL alone
+#: (:meth:`RequestRules.plain_key`, :meth:`RequestRules.plain_due`).
+RULES_META = frozenset({META_SKIP, META_DISCOVERY, META_REFRESH, META_LASTMOD, META_VARIANT,
+                        META_WHY, "allow_offsite"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +109,17 @@ class RequestRules:
         """The store key of the page *request* asks for (as the downloader sends it)."""
         return page_key(request, ledger.scope, ledger.canonical, default_encoding=self.encoding)
 
+    def plain_key(self, url: str, ledger: Ledger) -> PageKey:
+        """:meth:`key` of a plain GET of *url* (see :data:`RULES_META`):
+        without an Accept-Encoding of its own, its page is the URL's default
+        variant."""
+        return PageKey(ledger.scope, ledger.canonical(url), "")
+
+    def plain_due(self, prior: PageState, *, links_unknown: bool, ledger: Ledger) -> bool:
+        """:meth:`due` for a plain GET (see :data:`RULES_META`): nothing
+        forces it, no date comes with it, and it was not decided before."""
+        return self._why(prior, ledger, links_unknown=links_unknown).requested
+
     def why(self, request: Request, prior: PageState, *, links_unknown: bool,
             ledger: Ledger) -> Why:
         """Why *prior*'s page is requested in this crawl (the ledger's start
@@ -104,13 +131,18 @@ class RequestRules:
         """
         if (why := decided(request)) is not None:
             return why
-        ledger.clock_skew.notice(prior)
         meta = request.meta
-        return self.policy.why(prior, refresh=bool(meta.get(META_REFRESH)),
-                               discovery=bool(meta.get(META_DISCOVERY)),
-                               lastmod=meta.get(META_LASTMOD), links_unknown=links_unknown,
-                               started=ledger.crawl_started, due_at=ledger.due_at,
-                               checked_by=ledger.clock_skew.checked_by(),
+        return self._why(prior, ledger, refresh=bool(meta.get(META_REFRESH)),
+                         discovery=bool(meta.get(META_DISCOVERY)),
+                         lastmod=meta.get(META_LASTMOD), links_unknown=links_unknown)
+
+    def _why(self, prior: PageState, ledger: Ledger, *, refresh: bool = False,
+             discovery: bool = False, lastmod: float | None = None,
+             links_unknown: bool) -> Why:
+        ledger.clock_skew.notice(prior)
+        return self.policy.why(prior, refresh=refresh, discovery=discovery, lastmod=lastmod,
+                               links_unknown=links_unknown, started=ledger.crawl_started,
+                               due_at=ledger.due_at, checked_by=ledger.clock_skew.checked_by(),
                                recheck_all=ledger.recheck_all)
 
     def due(self, request: Request, prior: PageState, *, links_unknown: bool,

@@ -42,12 +42,15 @@ import logging
 from typing import TYPE_CHECKING
 
 from incremental_crawler.change.policy import links_unknown
-from incremental_crawler.offsite import offsite_drops
+from incremental_crawler.crawl.due import RULES_META
+from incremental_crawler.offsite import offsite_drops, offsite_url_drops
 from incremental_crawler.recipes import (
     Unbuildable,
     build,
+    plain_get_url,
     recipe_in,
     record_canary,
+    unbuildable,
     unseen_entries,
 )
 from incremental_crawler.state.records import PageFlags, has_flag, is_gone
@@ -81,6 +84,9 @@ class StoredGraphWalk:
         #: Why a walk gave up (then no walk is tried again this crawl).
         self.gave_up: str | None = None
         self._offsite: Callable[[Request], bool] | None = None
+        #: Scrapy's own offsite check by URL, or ``None`` when a project's
+        #: OffsiteMiddleware decides otherwise (then every request is built).
+        self._url_offsite: Callable[[str], bool] | None = None
 
     def is_inert(self, key: PageKey) -> bool:
         return key in self.inert
@@ -92,6 +98,7 @@ class StoredGraphWalk:
         if self.gave_up is not None:
             return False
         reached = {key}
+        self._url_offsite = offsite_url_drops(self.crawler)
         why = await self._walk(key, state, reached)
         stats = self.crawler.stats
         assert stats is not None
@@ -117,7 +124,7 @@ class StoredGraphWalk:
         tokens: set[str] = set()
         states: dict[PageKey, PageState | None] = {start: state}
         while frontier:
-            requests: list[tuple[PageKey, Request]] = []
+            requests: list[tuple[PageKey, Request | str]] = []
             # A level's records in one read (one round trip on a remote store).
             records = await self.ledger.store.get_links_many(frontier)
             for page in frontier:
@@ -141,10 +148,17 @@ class StoredGraphWalk:
         return None
 
     def _requests_of(self, page: PageKey, data: str | None, tokens: set[str],
-                      requests: list[tuple[PageKey, Request]]) -> str | None:
+                      requests: list[tuple[PageKey, Request | str]]) -> str | None:
         """Add *page*'s stored requests (its record *data*) not met yet (by
         entry token), keyed, to *requests*; why the walk must give up, if it
-        must."""
+        must.
+
+        A plain GET (no headers, no ``dont_filter``, none of the meta keys
+        the rules read: :data:`~.due.RULES_META`) is added as its URL, not
+        built: its key, its offsite check and its page's due decision read
+        nothing else of it (building a ``Request`` was most of a walk's
+        cost). Any other is built and asked as the replay would ask it.
+        """
         # Only the entries whose token was not met yet: a page's links are
         # mostly those of the pages around it (navigation, index pages).
         entries = unseen_entries(data, tokens) if data is not None else None
@@ -152,10 +166,19 @@ class StoredGraphWalk:
             return f"a links record that cannot be read ({page.url})"
         if record_canary(data) not in (None, self.ledger.links_canary):
             return f"a links record of another request fingerprinter ({page.url})"
+        url_offsite = self._url_offsite
         for _, entry in entries:
             recipe = recipe_in(entry)
-            built = build(recipe, self.spider) if isinstance(recipe, dict) else (
-                Unbuildable.MALFORMED)
+            if not isinstance(recipe, dict):
+                return f"a stored request that cannot be made again ({Unbuildable.MALFORMED})"
+            url = plain_get_url(recipe, RULES_META) if url_offsite is not None else None
+            if url is not None and url_offsite is not None:
+                if (why := unbuildable(recipe, self.spider)) is not None:
+                    return f"a stored request that cannot be made again ({why})"
+                if not url_offsite(url):
+                    requests.append((self.rules.plain_key(url, self.ledger), url))
+                continue
+            built = build(recipe, self.spider)
             if isinstance(built, Unbuildable):
                 return f"a stored request that cannot be made again ({built})"
             if not self.rules.applies(built):
@@ -164,19 +187,27 @@ class StoredGraphWalk:
                 requests.append((self.rules.key(built, self.ledger), built))
         return None
 
-    def _decide(self, request: Request, state: PageState | None) -> str | None:
-        """Why *request*'s page can matter this crawl (``None``: it cannot)."""
+    def _decide(self, request: Request | str, state: PageState | None) -> str | None:
+        """Why *request*'s page (a plain GET's URL, or a request) can matter
+        this crawl (``None``: it cannot)."""
+        url = request if isinstance(request, str) else request.url
         if state is None:
-            return f"a page the store does not know ({request.url})"
-        replay = self.rules.replays(request) and not is_gone(state)
+            return f"a page the store does not know ({url})"
+        replay = self._replays(request) and not is_gone(state)
         unknown = links_unknown(state, replay=replay)
-        if self.rules.due(request, state, links_unknown=unknown, ledger=self.ledger):
-            return f"a page due this crawl ({request.url})"
-        return None
+        if isinstance(request, str):
+            due = self.rules.plain_due(state, links_unknown=unknown, ledger=self.ledger)
+        else:
+            due = self.rules.due(request, state, links_unknown=unknown, ledger=self.ledger)
+        return f"a page due this crawl ({url})" if due else None
 
-    def _has_replayed_links(self, request: Request, state: PageState) -> bool:
+    def _replays(self, request: Request | str) -> bool:
+        # A plain GET carries no META_DISCOVERY.
+        return self.rules.replay if isinstance(request, str) else self.rules.replays(request)
+
+    def _has_replayed_links(self, request: Request | str, state: PageState) -> bool:
         # As the not-due filter decides: a gone page's links are never replayed.
-        return (self.rules.replays(request) and has_flag(state.flags, PageFlags.HAS_LINKS)
+        return (self._replays(request) and has_flag(state.flags, PageFlags.HAS_LINKS)
                 and not is_gone(state))
 
     def _is_offsite(self, request: Request) -> bool:

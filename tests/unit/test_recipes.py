@@ -18,6 +18,7 @@ from scrapy.spiders import CrawlSpider, Rule
 from scrapy.utils.request import fingerprint
 from scrapy.utils.test import get_crawler
 
+from incremental_crawler.crawl.due import RULES_META
 from incremental_crawler.recipes import (
     DEFAULT_RULES,
     MAX_RECORD_BYTES,
@@ -31,14 +32,17 @@ from incremental_crawler.recipes import (
     load_links,
     own_recipe,
     page_request,
+    plain_get_url,
     plain_json,
     read_record,
     recipe_of,
     record_byte_cap,
     record_canary,
+    unbuildable,
     unseen_entries,
     user_meta,
 )
+from incremental_crawler.state.keys import canonical_url, page_key
 
 #: Scrapy's default request fingerprinter, as a crawl's ledger passes it.
 FINGERPRINT = get_crawler().request_fingerprinter.fingerprint
@@ -461,3 +465,56 @@ def test_a_crawl_spider_pages_own_recipe_keeps_its_rule() -> None:
     assert rebuilt.meta == {"rule": 1, "link_text": "One"}
     assert page_request(item_request.url, "_callback", recipe,
                         SwappedRulesSpider()) is Unbuildable.RULE_MISSING
+
+
+#: Of ROUNDTRIPS, the requests whose recipe is a plain GET for the rules
+#: (decided by its URL: no method, headers, dont_filter, encoding or meta
+#: key the rules read).
+PLAIN = {"plain", "callback", "callback and errback", "cb_kwargs", "meta", "priority",
+         "cookies", "flags"}
+
+
+@pytest.mark.parametrize(("label", "kwargs"), ROUNDTRIPS, ids=[r[0] for r in ROUNDTRIPS])
+def test_a_plain_get_is_decided_by_its_url_as_its_request_is(label: str,
+                                                             kwargs: dict[str, Any]) -> None:
+    recipe = json.loads(json.dumps(recipe_of(Request(URL, **kwargs), SPIDER)))
+    url = plain_get_url(recipe, RULES_META)
+    assert (url is not None) == (label in PLAIN)
+    if url is not None:
+        built = build(recipe, SPIDER)
+        assert isinstance(built, Request)
+        assert unbuildable(recipe, SPIDER) is None
+        assert url == built.url
+        assert page_key(built, "s", default_encoding=b"gzip") == ("s", canonical_url(url), "")
+
+
+@pytest.mark.parametrize("key", sorted(RULES_META))
+def test_a_meta_key_the_rules_read_makes_a_request_not_plain(key: str) -> None:
+    assert plain_get_url({"u": URL, "meta": {key: 1}}, RULES_META) is None
+    assert plain_get_url({"u": URL, "meta": {"other": 1}}, RULES_META) == URL
+
+
+@pytest.mark.parametrize("raw", [
+    "http://Example.COM/a b?z=1&a=2#frag", "http://example.com/caf\u00e9/\u043c\u0438\u0440",
+    "http://example.com/%7Euser/a%2Fb?q=%E2%82%AC", "http://example.com/a/../b/./c",
+    "https://xn--caf-dma.example/\u20ac", "http://example.com/?q=a+b&q=c d",
+    "http://127.0.0.1:8080/p/0001.html#s-2",
+])
+def test_a_recorded_url_gives_the_key_its_request_gives(raw: str) -> None:
+    """The recorded URL is the request's, made safe already: the walk keys
+    it without ``Request`` making it safe again."""
+    recipe = json.loads(json.dumps(recipe_of(Request(raw), SPIDER)))
+    url = plain_get_url(recipe, RULES_META)
+    assert url is not None
+    built = build(recipe, SPIDER)
+    assert isinstance(built, Request)
+    assert page_key(built, "s") == ("s", canonical_url(url), "")
+
+
+@pytest.mark.parametrize(("label", "recipe", "reason"), BUILD_FAILURES,
+                         ids=[r[0] for r in BUILD_FAILURES])
+def test_unbuildable_says_why_as_build_does(label: str, recipe: dict[str, Any],
+                                            reason: Unbuildable) -> None:
+    # Request's own refusals (a relative URL) only build can tell.
+    expected = None if label == "a relative url" else reason
+    assert unbuildable(recipe, SPIDER) is expected
