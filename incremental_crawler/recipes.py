@@ -501,24 +501,39 @@ def build(recipe: Mapping[str, Any], spider: Spider) -> Request | Unbuildable:
 
 
 def plain_get_url(recipe: Mapping[str, Any], read_meta: frozenset[str]) -> str | None:
-    """The URL of *recipe* when its request is a plain GET: no headers, no
-    ``dont_filter``, no encoding of its own, and none of the meta keys
-    *read_meta*; ``None`` otherwise.
+    """The URL of *recipe* when its request is a plain GET: an http(s) URL
+    that ``Request`` leaves as it is, no headers, no ``dont_filter``, no
+    encoding of its own, and none of the meta keys *read_meta* (nor
+    ``verbatim_url``); ``None`` otherwise.
 
     For code that decides a stored request by rules reading only those meta
     keys and the URL: such a request is decided from its URL, without being
     built. The URL is the request's ``url`` as recorded, which ``Request``
-    made safe already (``safe_url_string`` gives it back unchanged).
+    made safe already, so ``safe_url_string`` gives it back unchanged when
+    it is built again, with one exception: a URL ending in a space or a
+    control character (``Request("http://h #").url``), which it strips. A
+    URL that is not plain printable ASCII without spaces is left to
+    ``Request``.
     """
     if "m" in recipe and recipe["m"] != "GET":
         return None
     if "h" in recipe or recipe.get("df") or "enc" in recipe:
         return None
-    meta = recipe.get("meta")
-    if meta and not read_meta.isdisjoint(meta):
+    meta = recipe.get("meta", {})
+    if not isinstance(meta, dict) or not (read_meta.isdisjoint(meta)
+                                          and _URL_META.isdisjoint(meta)):
         return None
     url = recipe.get("u")
-    return url if isinstance(url, str) else None
+    if not (isinstance(url, str) and url.startswith(_WEB_PREFIXES) and url.isascii()
+            and url.isprintable() and " " not in url):
+        return None
+    return url
+
+
+#: The URLs :func:`plain_get_url` takes.
+_WEB_PREFIXES = ("http://", "https://")
+#: Meta keys by which ``Request`` makes its URL otherwise.
+_URL_META = frozenset({"verbatim_url"})
 
 
 def page_request(url: str, callback: str | None, recipe: str | None,

@@ -39,7 +39,9 @@ cost is then what the due pages make it). Off with
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from scrapy.http.request import NO_CALLBACK
 
 from incremental_crawler.change.policy import links_unknown
 from incremental_crawler.crawl.due import RULES_META
@@ -172,10 +174,14 @@ class StoredGraphWalk:
             if not isinstance(recipe, dict):
                 return f"a stored request that cannot be made again ({Unbuildable.MALFORMED})"
             url = plain_get_url(recipe, RULES_META) if url_offsite is not None else None
-            if url is not None and url_offsite is not None:
+            if url is not None and url_offsite is not None and not self._no_callback(recipe):
                 if (why := unbuildable(recipe, self.spider)) is not None:
                     return f"a stored request that cannot be made again ({why})"
-                if not url_offsite(url):
+                try:
+                    offsite = url_offsite(url)
+                except ValueError:
+                    return f"a stored request that cannot be made again ({url})"
+                if not offsite:
                     requests.append((self.rules.plain_key(url, self.ledger), url))
                 continue
             built = build(recipe, self.spider)
@@ -186,6 +192,12 @@ class StoredGraphWalk:
             if not self._is_offsite(built):
                 requests.append((self.rules.key(built, self.ledger), built))
         return None
+
+    def _no_callback(self, recipe: dict[str, Any]) -> bool:
+        """Whether the recipe's callback is Scrapy's NO_CALLBACK (then its
+        request is built, and the conditional middleware does not handle it)."""
+        name = recipe.get("cb")
+        return isinstance(name, str) and getattr(self.spider, name, None) is NO_CALLBACK
 
     def _decide(self, request: Request | str, state: PageState | None) -> str | None:
         """Why *request*'s page (a plain GET's URL, or a request) can matter

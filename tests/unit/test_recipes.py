@@ -488,12 +488,6 @@ def test_a_plain_get_is_decided_by_its_url_as_its_request_is(label: str,
         assert page_key(built, "s", default_encoding=b"gzip") == ("s", canonical_url(url), "")
 
 
-@pytest.mark.parametrize("key", sorted(RULES_META))
-def test_a_meta_key_the_rules_read_makes_a_request_not_plain(key: str) -> None:
-    assert plain_get_url({"u": URL, "meta": {key: 1}}, RULES_META) is None
-    assert plain_get_url({"u": URL, "meta": {"other": 1}}, RULES_META) == URL
-
-
 @pytest.mark.parametrize("raw", [
     "http://Example.COM/a b?z=1&a=2#frag", "http://example.com/caf\u00e9/\u043c\u0438\u0440",
     "http://example.com/%7Euser/a%2Fb?q=%E2%82%AC", "http://example.com/a/../b/./c",
