@@ -89,17 +89,25 @@ __all__ = [
 ]
 
 #: The version of the links record's format: a first line
-#: ``{"v":2,"f":"<canary>"}``, then one line per request, ``<fingerprint>
-#: <recipe JSON>``. The fingerprint is the hex of the crawl's request
-#: fingerprinter's (Scrapy's dupefilter key), ``-`` for a ``dont_filter``
-#: request (never left out: the dupefilter lets it through). The canary is
-#: that fingerprinter's fingerprint of :data:`CANARY`: a record made under
-#: another fingerprinter (``REQUEST_FINGERPRINTER_CLASS`` changed: one that
-#: keeps fragments, say) tells requests apart otherwise, and is not taken
-#: for this crawl's (:func:`record_canary`). Records of version 1
-#: (``{"v":1,"r":[recipe, ...]}``, no fingerprints) are still read.
-FORMAT = 2
-_HEADER_START = '{"v":2'
+#: ``{"v":3,"f":"<canary>"}``, a second line of the requests' entry tokens
+#: separated by spaces (see :func:`entry_fingerprint`), then one line per
+#: request, its recipe's JSON, in the tokens' order. A token is the hex of
+#: the crawl's request fingerprinter's fingerprint (Scrapy's dupefilter
+#: key), ``-`` for a ``dont_filter`` request (never left out: the
+#: dupefilter lets it through). The tokens come first, together, so that a
+#: reader leaving out the requests it met already (the stored-graph walk:
+#: most of a page's links are its neighbours' too) tests them as one set,
+#: not line by line. The canary is that fingerprinter's fingerprint of
+#: :data:`CANARY`: a record made under another fingerprinter
+#: (``REQUEST_FINGERPRINTER_CLASS`` changed: one that keeps fragments, say)
+#: tells requests apart otherwise, and is not taken for this crawl's
+#: (:func:`record_canary`). Records of version 2 (one line per request,
+#: ``<token> <recipe JSON>``) and 1 (``{"v":1,"r":[recipe, ...]}``, no
+#: tokens) are still read.
+FORMAT = 3
+_HEADER_V3 = '{"v":3'
+_HEADER_V2 = '{"v":2'
+_HEADERS = (_HEADER_V3, _HEADER_V2)
 #: A request whose fingerprint tells fingerprinters apart: a fragment, a
 #: query, a header (a fingerprinter keeping fragments, sorting or not the
 #: query, including headers fingerprints it otherwise).
@@ -561,7 +569,13 @@ def read_record(data: str) -> list[tuple[str | None, str | dict[str, Any]]] | No
     unparsed (a replay parses only those it builds), or already a dict (a
     record of version 1). ``None``: not a record this version reads.
     """
-    if data.startswith(_HEADER_START):
+    if data.startswith(_HEADER_V3):
+        parts = _v3_parts(data)
+        if parts is None:
+            return None
+        return [(None if token == NO_FINGERPRINT else token, recipe)
+                for token, recipe in zip(*parts, strict=True)]
+    if data.startswith(_HEADER_V2):
         entries: list[tuple[str | None, str | dict[str, Any]]] = []
         for line in data.split("\n")[1:]:
             fp, sep, text = line.partition(" ")
@@ -571,6 +585,21 @@ def read_record(data: str) -> list[tuple[str | None, str | dict[str, Any]]] | No
         return entries
     recipes = _load_v1(data)
     return None if recipes is None else [(None, recipe) for recipe in recipes]
+
+
+def _v3_parts(data: str, tokens_only: bool = False
+              ) -> tuple[list[str], list[str]] | None:
+    """A record of version 3's tokens and recipes' lines (none when
+    *tokens_only*); ``None``: not one."""
+    head = data.find("\n")
+    if head < 0:
+        return None
+    end = data.find("\n", head + 1)
+    tokens = data[head + 1:end if end >= 0 else len(data)].split(" ")
+    # As many recipes' lines as tokens (counted, not split, for the tokens alone).
+    if end < 0 or "" in tokens or data.count("\n", end + 1) + 1 != len(tokens):
+        return None
+    return tokens, [] if tokens_only else data[end + 1:].split("\n")
 
 
 def unseen_entries(data: str, seen: set[str]
@@ -583,10 +612,12 @@ def unseen_entries(data: str, seen: set[str]
 
     What the stored-graph walk reads of every record of a crawl: most of a
     page's requests (navigation, index pages) were met on other pages
-    already, and each line is tested as it is split, not kept as an entry
-    first (a fifth less than read_record and a loop over its entries).
+    already. A record of version 3 is tested as a set of tokens, and only
+    the recipes' lines of a record with an unseen one are split.
     """
-    if not data.startswith(_HEADER_START):
+    if data.startswith(_HEADER_V3):
+        return _unseen_v3(data, seen)
+    if not data.startswith(_HEADER_V2):
         return read_record(data)  # no fingerprints: every entry is kept
     unseen: list[tuple[str | None, str | dict[str, Any]]] = []
     lines = data.split("\n")
@@ -603,6 +634,37 @@ def unseen_entries(data: str, seen: set[str]
     return unseen
 
 
+def _unseen_v3(data: str, seen: set[str]
+               ) -> list[tuple[str | None, str | dict[str, Any]]] | None:
+    parts = _v3_parts(data, tokens_only=True)
+    if parts is None:
+        return None
+    tokens = parts[0]
+    fresh = set(tokens)
+    fresh -= seen
+    if not fresh:
+        return []
+    parts = _v3_parts(data)
+    if parts is None:
+        return None
+    recipes = parts[1]
+    unseen: list[tuple[str | None, str | dict[str, Any]]] = []
+    if NO_FINGERPRINT in fresh or len(fresh) * 8 > len(tokens):
+        # Many to take: one pass (a token met twice is taken once).
+        for token, recipe in zip(tokens, recipes, strict=True):
+            if token == NO_FINGERPRINT:
+                unseen.append((None, recipe))
+            elif token not in seen:
+                seen.add(token)
+                unseen.append((token, recipe))
+        return unseen
+    # A few: found where each first stands.
+    unseen.extend((tokens[index], recipes[index])
+                  for index in sorted(tokens.index(token) for token in fresh))
+    seen |= fresh
+    return unseen
+
+
 def fingerprint_canary(fingerprint: Callable[[Request], bytes]) -> str:
     """The canary a links record made with *fingerprint* carries."""
     return fingerprint(CANARY).hex()
@@ -611,7 +673,7 @@ def fingerprint_canary(fingerprint: Callable[[Request], bytes]) -> str:
 def record_canary(data: str) -> str | None:
     """The canary of a links record's fingerprints (``None``: a record
     without fingerprints, of version 1, or not one this version reads)."""
-    if not data.startswith(_HEADER_START):
+    if not data.startswith(_HEADERS):
         return None
     # The header line alone (partition would copy the whole record after
     # it), parsed once per distinct header: a crawl's records share one.
@@ -681,8 +743,8 @@ class LinkRecorder:
     through).
     """
 
-    __slots__ = ("cap", "duplicates", "fingerprint", "header", "limit", "parts", "rules",
-                 "seen", "size", "spider", "unrecordable", "url")
+    __slots__ = ("cap", "duplicates", "fingerprint", "header", "limit", "recipes", "rules",
+                 "seen", "size", "spider", "tokens", "unrecordable", "url")
 
     def __init__(self, spider: Spider, rules: RecipeRules, limit: int,
                  fingerprint: Callable[[Request], bytes], canary: str) -> None:
@@ -693,7 +755,9 @@ class LinkRecorder:
         self.cap = record_byte_cap(limit)
         #: The crawl's request fingerprinter (``crawler.request_fingerprinter``).
         self.fingerprint = fingerprint
-        self.parts: list[str] = []
+        #: The entries' tokens and recipes' JSON, in the order yielded.
+        self.tokens: list[str] = []
+        self.recipes: list[str] = []
         #: The entries' tokens recorded (see :func:`entry_fingerprint`).
         self.seen: set[str] = set()
         #: Requests not recorded for an earlier one of the same fingerprint.
@@ -727,16 +791,18 @@ class LinkRecorder:
         recipe = recipe_of(request, self.spider, self.rules)
         if isinstance(recipe, Unrecordable):
             return self._fail(recipe, request.url)
-        part = f"{fp} {dumps(recipe)}"
-        self.size += len(part.encode()) + 1
-        if len(self.parts) >= self.limit or self.size > self.cap:
+        text = dumps(recipe)
+        # Its token, a space or newline, its recipe, a newline.
+        self.size += len(fp) + len(text.encode()) + 2
+        if len(self.tokens) >= self.limit or self.size > self.cap:
             return self._fail(Unrecordable.OVER_LIMIT, request.url)
-        self.parts.append(part)
+        self.tokens.append(fp)
+        self.recipes.append(text)
         return None
 
     def _fail(self, reason: Unrecordable, url: str) -> Unrecordable:
         self.unrecordable, self.url = reason, url
-        self.parts = []
+        self.tokens, self.recipes = [], []
         self.seen = set()
         return reason
 
@@ -746,6 +812,6 @@ class LinkRecorder:
 
     def record(self) -> str | None:
         """The links record to store (``None``: no request, or not all recorded)."""
-        if self.unrecordable is not None or not self.parts:
+        if self.unrecordable is not None or not self.tokens:
             return None
-        return "\n".join((self.header, *self.parts))
+        return "\n".join((self.header, " ".join(self.tokens), *self.recipes))

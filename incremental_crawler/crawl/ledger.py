@@ -947,7 +947,7 @@ class Ledger:
             if record is not None:
                 flags |= PageFlags.HAS_LINKS
                 self.stats.inc_value("incremental/replay/recorded_pages")
-                self.stats.inc_value("incremental/replay/recorded_requests", len(links.parts))
+                self.stats.inc_value("incremental/replay/recorded_requests", len(links.tokens))
             if links.duplicates:
                 self.stats.inc_value("incremental/replay/duplicates_not_recorded",
                                      links.duplicates)

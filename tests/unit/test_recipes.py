@@ -389,13 +389,14 @@ def unseen_by_read_record(data: str, seen: set[str]) -> list[tuple[Any, Any]] | 
 
 
 def test_unseen_entries_are_read_records_entries_not_met_yet() -> None:
-    # Records as a crawl writes them, and every way one can be otherwise:
+    # Records as a crawl writes them (versions 2 and 3), and every way one can be otherwise:
     # dont_filter entries, another width, a line without a space or shorter
     # than a fingerprint, two spaces, an empty line, a trailing newline, no
     # entries, the first format.
     rng = random.Random(5)
     pool = [f"{i:040x}" for i in range(30)]
     header = '{"v":2,"f":"' + CANARY_HEX + '"}'
+    header_v3 = '{"v":3,"f":"' + CANARY_HEX + '"}'
 
     def line() -> str:
         kind = rng.random()
@@ -415,6 +416,25 @@ def test_unseen_entries_are_read_records_entries_not_met_yet() -> None:
         if rng.random() < 0.5:  # half the records: a crawl's lines only
             lines = [entry for entry in lines if entry[:40] in pool and entry[40:41] == " "]
         records.append("\n".join([header, *lines]) + ("\n" if rng.random() < 0.05 else ""))
+        # The same entries as version 3 writes them (tokens first), and
+        # every way such a record can be otherwise: a token line with two
+        # spaces or none, fewer or more recipes than tokens, a trailing newline.
+        pairs = [entry.partition(" ") for entry in lines]
+        tokens = [fp for fp, _, _ in pairs]
+        recipes = [text for _, _, text in pairs]
+        if rng.random() < 0.3:
+            tokens.append(rng.choice([*pool, NO_FINGERPRINT, tokens[0] if tokens else "x"]))
+            recipes.append(rng.choice(recipes) if recipes else "{}")
+        broken = rng.random()
+        token_line = " ".join(tokens)
+        if broken < 0.05:
+            token_line = token_line.replace(" ", "  ", 1)
+        elif broken < 0.10:
+            recipes = recipes[:-1]
+        elif broken < 0.15:
+            recipes = [*recipes, "{}"]
+        records.append("\n".join([header_v3, token_line, *recipes])
+                       + ("\n" if broken > 0.97 else ""))
     for record in records:
         seen = set(rng.sample(pool, rng.randint(0, 30)))
         expected_seen = set(seen)
