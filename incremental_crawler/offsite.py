@@ -10,8 +10,8 @@ subclass overriding ``should_follow`` included).
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 from scrapy import Request
 from scrapy.downloadermiddlewares.offsite import OffsiteMiddleware
@@ -25,8 +25,10 @@ if TYPE_CHECKING:
 __all__ = ["offsite_drops", "offsite_url_drops"]
 
 
-#: Schemes whose URLs name a host in their netloc.
-_WEB = frozenset({"http", "https"})
+#: An http(s) URL's scheme and authority (urlsplit's netloc: up to the
+#: first ``/``, ``?`` or ``#``), matched rather than split: a walk asks it
+#: for every distinct stored request.
+_SITE = re.compile(r"https?://[^/?#]*")
 
 
 def _enabled(crawler: Crawler) -> tuple[OffsiteMiddleware, Spider] | None:
@@ -71,18 +73,17 @@ def offsite_url_drops(crawler: Crawler) -> Callable[[str], bool] | None:
     offsite, spider = enabled
     if type(offsite).should_follow is not OffsiteMiddleware.should_follow:
         return None
-    answers: dict[tuple[str, str], bool] = {}
+    answers: dict[str, bool] = {}
 
     def drops(url: str) -> bool:
-        parts = urlsplit(url)
-        if parts.scheme not in _WEB:
+        site = _SITE.match(url)
+        if site is None:
             return not offsite.should_follow(Request(url), spider)
-        site = (parts.scheme, parts.netloc)
-        answer = answers.get(site)
+        answer = answers.get(site.group())
         if answer is None:
             # A request of the site's root has the URL's host name.
-            root = Request(f"{parts.scheme}://{parts.netloc}/")
-            answer = answers[site] = not offsite.should_follow(root, spider)
+            root = Request(f"{site.group()}/")
+            answer = answers[site.group()] = not offsite.should_follow(root, spider)
         return answer
 
     return drops

@@ -587,19 +587,25 @@ def read_record(data: str) -> list[tuple[str | None, str | dict[str, Any]]] | No
     return None if recipes is None else [(None, recipe) for recipe in recipes]
 
 
-def _v3_parts(data: str, tokens_only: bool = False
-              ) -> tuple[list[str], list[str]] | None:
-    """A record of version 3's tokens and recipes' lines (none when
-    *tokens_only*); ``None``: not one."""
+def _v3_tokens(data: str) -> tuple[list[str], int] | None:
+    """A record of version 3's tokens, and where its recipes' lines start;
+    ``None``: not one (a record holds one request at least)."""
     head = data.find("\n")
-    if head < 0:
+    end = data.find("\n", head + 1) if head >= 0 else -1
+    if end < 0:
         return None
-    end = data.find("\n", head + 1)
-    tokens = data[head + 1:end if end >= 0 else len(data)].split(" ")
-    # As many recipes' lines as tokens (counted, not split, for the tokens alone).
-    if end < 0 or "" in tokens or data.count("\n", end + 1) + 1 != len(tokens):
+    tokens = data[head + 1:end].split(" ")
+    return None if "" in tokens else (tokens, end + 1)
+
+
+def _v3_parts(data: str) -> tuple[list[str], list[str]] | None:
+    """A record of version 3's tokens and recipes' lines; ``None``: not one."""
+    found = _v3_tokens(data)
+    if found is None:
         return None
-    return tokens, [] if tokens_only else data[end + 1:].split("\n")
+    tokens, start = found
+    recipes = data[start:].split("\n")
+    return (tokens, recipes) if len(recipes) == len(tokens) else None
 
 
 def unseen_entries(data: str, seen: set[str]
@@ -636,18 +642,18 @@ def unseen_entries(data: str, seen: set[str]
 
 def _unseen_v3(data: str, seen: set[str]
                ) -> list[tuple[str | None, str | dict[str, Any]]] | None:
-    parts = _v3_parts(data, tokens_only=True)
-    if parts is None:
+    found = _v3_tokens(data)
+    if found is None:
         return None
-    tokens = parts[0]
+    tokens, start = found
     fresh = set(tokens)
     fresh -= seen
     if not fresh:
-        return []
-    parts = _v3_parts(data)
-    if parts is None:
+        # As many recipes' lines as tokens: counted, not split.
+        return [] if data.count("\n", start) + 1 == len(tokens) else None
+    recipes = data[start:].split("\n")
+    if len(recipes) != len(tokens):
         return None
-    recipes = parts[1]
     unseen: list[tuple[str | None, str | dict[str, Any]]] = []
     if NO_FINGERPRINT in fresh or len(fresh) * 8 > len(tokens):
         # Many to take: one pass (a token met twice is taken once).
