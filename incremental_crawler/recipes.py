@@ -105,8 +105,9 @@ __all__ = [
 #: ``<token> <recipe JSON>``) and 1 (``{"v":1,"r":[recipe, ...]}``, no
 #: tokens) are still read.
 FORMAT = 3
-_HEADER_V3 = '{"v":3'
-_HEADER_V2 = '{"v":2'
+# With the comma: a version 30 is not version 3.
+_HEADER_V3 = '{"v":3,'
+_HEADER_V2 = '{"v":2,'
 _HEADERS = (_HEADER_V3, _HEADER_V2)
 #: A request whose fingerprint tells fingerprinters apart: a fragment, a
 #: query, a header (a fingerprinter keeping fragments, sorting or not the
@@ -648,26 +649,20 @@ def _unseen_v3(data: str, seen: set[str]
     tokens, start = found
     fresh = set(tokens)
     fresh -= seen
-    if not fresh:
+    if not fresh and NO_FINGERPRINT not in tokens:
         # As many recipes' lines as tokens: counted, not split.
         return [] if data.count("\n", start) + 1 == len(tokens) else None
     recipes = data[start:].split("\n")
     if len(recipes) != len(tokens):
         return None
     unseen: list[tuple[str | None, str | dict[str, Any]]] = []
-    if NO_FINGERPRINT in fresh or len(fresh) * 8 > len(tokens):
-        # Many to take: one pass (a token met twice is taken once).
-        for token, recipe in zip(tokens, recipes, strict=True):
-            if token == NO_FINGERPRINT:
-                unseen.append((None, recipe))
-            elif token not in seen:
-                seen.add(token)
-                unseen.append((token, recipe))
-        return unseen
-    # A few: found where each first stands.
-    unseen.extend((tokens[index], recipes[index])
-                  for index in sorted(tokens.index(token) for token in fresh))
-    seen |= fresh
+    for token, recipe in zip(tokens, recipes, strict=True):
+        if token == NO_FINGERPRINT:
+            unseen.append((None, recipe))
+        elif token in fresh:
+            fresh.discard(token)  # a token met twice is taken once
+            seen.add(token)
+            unseen.append((token, recipe))
     return unseen
 
 
