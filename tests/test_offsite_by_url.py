@@ -21,7 +21,8 @@ URLS = [
     "http://notexample.com/", "http://example.com.evil.test/", "http://EXAMPLE.com/up",
     "http://user:pw@example.com:8080/p", "http://[::1]:8080/v6", "http://[::1]/",
     "http://example.org/", "http://127.0.0.2/", "data:,hello", "ftp://example.com/f",
-    "file:///tmp/x",
+    "file:///tmp/x", "http://evil.test\\@example.com/x", "http://example.com/p@evil.test",
+    "http:///x", "http://ex%61mple.com/", "http://example.com?q=1", "http://example.com#f",
 ]
 
 
