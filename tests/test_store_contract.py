@@ -954,15 +954,21 @@ class StateStoreContract:
         self, make_store: MakeStore,
     ) -> None:
         a, b, c, d = (PageKey(SCOPE, f"{URL}/{name}") for name in "abcd")
+        # Other hosts, another scope, a variant: read in the same call.
+        e = PageKey(SCOPE, "http://other.example/e")
+        f = PageKey("another-scope", f"{URL}/a")
+        g = PageKey(SCOPE, f"{URL}/a", "ae=identity")
         store = make_store()
-        store.stage_links(a, '["a1"]')
-        store.stage_links(b, '["b1"]')
+        for key, record in ((a, '["a1"]'), (b, '["b1"]'), (e, '["e1"]'), (f, '["f1"]'),
+                            (g, '["g1"]')):
+            store.stage_links(key, record)
         await call(store.flush())
         store.stage_links(b, None)  # staged: shows at once
         store.stage_links(c, '["c1"]')
-        keys = [a, b, c, d]
+        keys = [a, b, c, d, e, f, g]
         one_by_one = {key: await call(store.get_links(key)) for key in keys}
-        assert one_by_one == {a: '["a1"]', b: None, c: '["c1"]', d: None}
+        assert one_by_one == {a: '["a1"]', b: None, c: '["c1"]', d: None, e: '["e1"]',
+                              f: '["f1"]', g: '["g1"]'}
         assert await call(store.get_links_many(keys)) == one_by_one
         assert await call(store.get_links_many([])) == {}
         await call(store.close())

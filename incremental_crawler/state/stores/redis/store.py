@@ -75,6 +75,8 @@ _READ_BATCH = 10_000
 #: Pages per read script (each is a hash and a lookup in Redis: a bound on
 #: how long one blocks the server), and read scripts per round-trip.
 _READ_SCRIPT_PAGES = 2_000
+#: Fields per HMGET of links records (a bound on one reply's size).
+_HMGET_FIELDS = 500
 
 
 #: Why a Redis Cluster is refused unless INCREMENTAL_STATE_ON_REDIS_CLUSTER
@@ -250,13 +252,23 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
                 wanted.append(key)
         for start in range(0, len(wanted), _READ_BATCH):
             batch = wanted[start:start + _READ_BATCH]
-            commands = []
+            # One HMGET per host's links hash (a host's pages are fields of
+            # one key, in one slot on a cluster), not an HGET per page: a
+            # walk reads every record of a site at once.
+            by_host: dict[str, list[tuple[PageKey, str]]] = {}
             for key in batch:
                 host, field = page_field(key)
-                commands.append(("HGET", self._host_key("ln", key.scope, host), field))
-            replies = await self._commands(commands)
-            for key, raw in zip(batch, replies, strict=True):
-                found[key] = None if raw is None else raw.decode()
+                by_host.setdefault(self._host_key("ln", key.scope, host), []).append((key, field))
+            commands = []
+            asked: list[list[PageKey]] = []
+            for hash_key, fields in by_host.items():
+                for at in range(0, len(fields), _HMGET_FIELDS):
+                    chunk = fields[at:at + _HMGET_FIELDS]
+                    commands.append(("HMGET", hash_key, *(field for _, field in chunk)))
+                    asked.append([key for key, _ in chunk])
+            for keys_asked, reply in zip(asked, await self._commands(commands), strict=True):
+                for key, raw in zip(keys_asked, reply, strict=True):
+                    found[key] = None if raw is None else raw.decode()
         return found
 
     async def _item(self, scope: str, item_key: str) -> dict[str, Any] | None:
