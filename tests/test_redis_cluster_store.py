@@ -24,7 +24,12 @@ from scrapy.settings import Settings
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores.base import StateStoreError
 from incremental_crawler.state.stores.redis import RedisStateStore
-from incremental_crawler.state.stores.redis.core import item_group
+from incremental_crawler.state.stores.redis.core import (
+    SCOPE_SHARDS,
+    item_group,
+    scope_shard,
+    shard_part,
+)
 from incremental_crawler.state.stores.redis.layout import (
     CLUSTER_LAYOUT_VERSION,
     LAYOUT,
@@ -52,6 +57,15 @@ def prefix(redis_cluster: LoopbackCluster) -> Iterator[str]:
     yield name
     redis_cluster.delete(f"{name}:*")
 
+
+def shard_of(host: str) -> str:
+    """The inside of the tag of the scope shard *host* is in (``<s>^<x>``)."""
+    return shard_part(SCOPE, scope_shard(host))
+
+
+#: The scope shard of a.example, the host most tests write.
+A_SHARD = shard_of("a.example")
+LONELY_SHARD = shard_of("lonely.example")
 
 #: What a crawl or a command needs to open the state store on a cluster.
 ON_CLUSTER = Settings({"INCREMENTAL_STATE_ON_REDIS_CLUSTER": True})
@@ -354,7 +368,7 @@ async def test_a_damaged_scope_key_fails_phase_3_whole_and_its_effects_count_onc
     again once it is repaired, and counted once."""
     keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(100)]
     store = open_store(redis_cluster, prefix)
-    splits = f"{prefix}:splits:{{{SCOPE}}}"
+    splits = f"{prefix}:splits:{{{A_SHARD}}}"
     try:
         with redis_cluster.client() as client:
             # The count of splits is not a number; the flush splits buckets.
@@ -364,8 +378,8 @@ async def test_a_damaged_scope_key_fails_phase_3_whole_and_its_effects_count_onc
             with pytest.raises(StateStoreError, match="is not a number"):
                 await call(store.flush())
             # The pages are written (phase 2); nothing of the scope is.
-            assert client.hgetall(f"{prefix}:nvs:{{{SCOPE}}}") == {}
-            assert client.smembers(f"{prefix}:hs:{{{SCOPE}}}") == set()
+            assert client.hgetall(f"{prefix}:nvs:{{{A_SHARD}}}") == {}
+            assert client.smembers(f"{prefix}:hs:{{{A_SHARD}}}") == set()
             client.delete(splits)
         await call(store.flush())
         assert store.pending == 0
@@ -469,7 +483,7 @@ async def test_a_dead_workers_effects_on_a_host_never_written_again_are_applied(
     await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
     store = open_store(redis_cluster, prefix)
     store.adopt_after = 0  # (a test cannot wait ten minutes)
-    hosts, index = f"{prefix}:hs:{{{SCOPE}}}", f"{prefix}:dueb:{{{SCOPE}}}"
+    hosts, index = f"{prefix}:hs:{{{LONELY_SHARD}}}", f"{prefix}:dueb:{{{LONELY_SHARD}}}"
     try:
         if reader == "take_scope":
             assert store.take_scope(SCOPE, "crawl-2", 60, 10_000) is None
@@ -498,7 +512,7 @@ async def test_a_dead_workers_effects_on_a_host_never_written_again_are_applied(
         with redis_cluster.client() as client:
             # Applied: the gone worker's intent dropped (older than
             # adopt_after), its ledger emptied.
-            assert client.zcard(f"{prefix}:fxhosts:{{{SCOPE}}}") == 0
+            assert client.zcard(f"{prefix}:fxhosts:{{{LONELY_SHARD}}}") == 0
             assert client.keys(f"{prefix}:fx:*") == []
     finally:
         await call(store.close())
@@ -541,7 +555,7 @@ async def stale_bound(store: RedisStateStore, keys: list[PageKey]) -> None:
 
 def bound(cluster: LoopbackCluster, prefix: str) -> float | None:
     with cluster.client() as client:
-        return client.zscore(f"{prefix}:dueb:{{{SCOPE}}}", "a.example|0")
+        return client.zscore(f"{prefix}:dueb:{{{A_SHARD}}}", "a.example|0")
 
 
 @pytest_twisted.ensureDeferred
@@ -689,7 +703,7 @@ async def test_a_ledger_entry_older_than_the_tokens_lifetime_is_not_applied_agai
     assert age_ledgers(redis_cluster, prefix, _TOKEN_TTL + 60) == 1
     with redis_cluster.client() as client:
         # What P:fxdone's own trimming does after 2 x TOKEN_TTL.
-        client.delete(f"{prefix}:fxdone:{{{SCOPE}}}")
+        client.delete(f"{prefix}:fxdone:{{{LONELY_SHARD}}}")
     store = open_store(redis_cluster, prefix)
     try:
         summary = await call(store.summarize_pages(
@@ -712,8 +726,8 @@ async def test_a_stalled_workers_late_phase_2_is_still_listed_by_an_intent(
     revisit index: the late phase 2 writes nothing until its intent is
     written again."""
     keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
-    intents = f"{prefix}:fxhosts:{{{SCOPE}}}"
-    hosts, index = f"{prefix}:hs:{{{SCOPE}}}", f"{prefix}:dueb:{{{SCOPE}}}"
+    intents = f"{prefix}:fxhosts:{{{LONELY_SHARD}}}"
+    hosts, index = f"{prefix}:hs:{{{LONELY_SHARD}}}", f"{prefix}:dueb:{{{LONELY_SHARD}}}"
     stalled = open_store(redis_cluster, prefix)
     stalled.adopt_after = 4  # (a test cannot wait ten minutes)
     original = stalled._eval_many
@@ -813,7 +827,7 @@ async def test_a_full_cluster_still_reads_and_resets_with_intents_pending(
             # Not lost: applied by the first read with room to write.
             assert store.count_scope(SCOPE).pages == 5
             with redis_cluster.client() as client:
-                assert client.scard(f"{prefix}:hs:{{{SCOPE}}}") == 1
+                assert client.scard(f"{prefix}:hs:{{{LONELY_SHARD}}}") == 1
     finally:
         for node in nodes:
             node.close()
@@ -853,7 +867,7 @@ def test_a_crawl_start_whose_adoption_fails_takes_no_hold(
     (here a damaged intents key), the scope is not left held for the
     hold's ttl, and the error says what failed."""
     with redis_cluster.client() as client:
-        client.set(f"{prefix}:fxhosts:{{{SCOPE}}}", "not a zset")
+        client.set(f"{prefix}:fxhosts:{{{A_SHARD}}}", "not a zset")
     store = open_store(redis_cluster, prefix)
     try:
         with pytest.raises(StateStoreError, match="ledgers could not be applied"):
@@ -884,7 +898,7 @@ async def test_a_due_reading_leaves_a_live_workers_in_flight_effects_to_it(
             await call(live.flush())
         assert await call(reader.get_due(SCOPE, 2_000, 10)) == []
         with redis_cluster.client() as client:
-            assert client.exists(f"{prefix}:fxdone:{{{SCOPE}}}") == 0
+            assert client.exists(f"{prefix}:fxdone:{{{A_SHARD}}}") == 0
         live._eval_many = original  # type: ignore[method-assign]
         await call(live.flush())  # its phase 3, at last
         reader._flushes += 1  # (as after a flush of its own: it starts over)
