@@ -22,7 +22,8 @@ from redis.crc import key_slot
 from scrapy.settings import Settings
 
 from incremental_crawler.state.records import PageKey
-from incremental_crawler.state.stores.base import StateStoreError
+from incremental_crawler.state.stores.base import StateStoreError, due_after
+from incremental_crawler.state.stores.redis import due as due_reads
 from incremental_crawler.state.stores.redis import RedisStateStore
 from incremental_crawler.state.stores.redis.core import (
     SCOPE_SHARDS,
@@ -118,6 +119,12 @@ def test_a_store_on_a_cluster_is_of_the_cluster_layout(
         # (it refused clusters): refused, not taken for its own.
         client.hset(f"{prefix}:meta", "version", LAYOUT_VERSION)
     with pytest.raises(StateStoreError, match="where only the cluster layout"):
+        RedisStateStore.from_uri(uri, settings=ON_CLUSTER)
+    # One of the first cluster layout (5: a scope's keys in one slot) is
+    # refused, not read as if sharded, nor migrated.
+    with redis_cluster.client() as client:
+        client.hset(f"{prefix}:meta", "version", 5)
+    with pytest.raises(StateStoreError, match="cluster layout version 5.*does not migrate"):
         RedisStateStore.from_uri(uri, settings=ON_CLUSTER)
 
 
@@ -907,3 +914,148 @@ async def test_a_due_reading_leaves_a_live_workers_in_flight_effects_to_it(
         live._eval_many = original  # type: ignore[method-assign]
         await call(live.close())
         await call(reader.close())
+
+
+#: Hosts enough that every scope shard has some.
+MANY_HOSTS = [f"h{n}.example" for n in range(40)]
+
+
+def many_hosts_pages() -> list[Any]:
+    """Three pages on each of MANY_HOSTS, their next visits interleaved
+    across hosts (so across scope shards): the due order is none of the
+    hosts' nor of the shards'."""
+    states = []
+    for n in range(3 * len(MANY_HOSTS)):
+        key = PageKey(SCOPE, f"https://{MANY_HOSTS[n % len(MANY_HOSTS)]}/p{n}")
+        states.append(full_state(key, 1, callback="parse", next_visit=1_000 + (n * 37) % 211))
+    return states
+
+
+def test_scope_shards_fall_one_in_each_eighth_of_the_slots(
+    redis_cluster: LoopbackCluster,
+) -> None:
+    """Whatever a scope is called, its shards' tags hash one into each
+    eighth of the 16,384 slots (their suffixes chosen so, CRC16 being
+    linear): on three primaries of equal ranges each holds 2 or 3."""
+    node = redis_cluster.node(redis_cluster.ports[0])
+    for scope in (SCOPE, "books", "example.com", "news", "shop", "sitemap",
+                  "www.example.org", "a-rather-long-spider-name_2026"):
+        tags = [f"{{{shard_part(scope, k)}}}" for k in range(len(SCOPE_SHARDS))]
+        slots = [int(node.execute_command("CLUSTER", "KEYSLOT", f"P:dueb:{tag}"))
+                 for tag in tags]
+        assert slots == [key_slot(f"P:dueb:{tag}".encode()) for tag in tags]
+        assert sorted(slot >> 11 for slot in slots) == list(range(8))
+        ports = [redis_cluster.port_of(f"P:dueb:{tag}") for tag in tags]
+        assert sorted(ports.count(port) for port in redis_cluster.ports) == [2, 3, 3]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_scopes_phase_3_keys_spread_over_every_primary_and_due_pages_merge(
+    redis_cluster: LoopbackCluster, prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A flush of many hosts' pages writes the scope's revisit index,
+    sums and hosts per scope shard, on every primary; a due read merges the
+    shards' indexes by bound: the due pages in order (next visit, URL),
+    whole or paged through, and the sums are every shard's added up."""
+    # Small chunks: the index parts are read and merged over many rounds.
+    monkeypatch.setattr(due_reads, "_DUE_BUCKETS", 2)
+    monkeypatch.setattr(due_reads, "_DUE_INDEX_CHUNK", 16)
+    states = many_hosts_pages()
+    store = open_store(redis_cluster, prefix)
+    try:
+        for state in states:
+            store.stage_page(state)
+        await call(store.flush())
+        with redis_cluster.client() as client:
+            ports = set()
+            for k in range(len(SCOPE_SHARDS)):
+                index = f"{prefix}:dueb:{{{shard_part(SCOPE, k)}}}"
+                hosts = {m.decode() for m in client.smembers(
+                    f"{prefix}:hs:{{{shard_part(SCOPE, k)}}}")}
+                # Each shard lists its hosts, and only those.
+                assert hosts == {h for h in MANY_HOSTS if scope_shard(h) == k}
+                assert hosts, "a shard with no host: more hosts needed"
+                assert client.zcard(index) == len(hosts)
+                assert client.hlen(f"{prefix}:nvs:{{{shard_part(SCOPE, k)}}}") > 0
+                ports.add(redis_cluster.port_of(index))
+            # Nothing of the revisit index or sums in the scope's own slot.
+            assert client.exists(f"{prefix}:dueb:{{{SCOPE}}}",
+                                 f"{prefix}:nvs:{{{SCOPE}}}", f"{prefix}:hs:{{{SCOPE}}}") == 0
+        assert ports == set(redis_cluster.ports)
+        want = sorted(states, key=lambda s: (s.next_visit, s.key.url))
+        due = await call(store.get_due(SCOPE, 2_000, 1_000))
+        assert [s.key for s in due] == [s.key for s in want]
+        paged: list[Any] = []
+        for _ in range(100):
+            more = await call(store.get_due(SCOPE, 2_000, 7,
+                                            after=due_after(paged[-1]) if paged else None))
+            if not more:
+                break
+            paged += more
+        assert [s.key for s in paged] == [s.key for s in want]
+        # Up to a time: only those due by then, in order.
+        due = await call(store.get_due(SCOPE, 1_100, 1_000))
+        assert [s.key for s in due] == [s.key for s in want if s.next_visit <= 1_100]
+        await assert_sums_are_the_pages(store)
+        assert sorted(store._scope_hosts(SCOPE)) == sorted(MANY_HOSTS)
+    finally:
+        await call(store.close())
+
+
+@pytest.mark.parametrize("then", ["retried", "adopted"])
+@pytest_twisted.ensureDeferred
+async def test_a_phase_3_failure_on_one_shard_leaves_the_others_applied_and_it_once(
+    redis_cluster: LoopbackCluster, prefix: str, then: str,
+) -> None:
+    """Phase 3 is a script per scope shard: one refused (a damaged key of
+    its shard) leaves the other shards' effects applied; its own stay in
+    its hosts' ledgers, listed by its intents, and are applied once when
+    the flush is retried, or, its worker gone, by another worker's read."""
+    states = many_hosts_pages()
+    damaged_shard = scope_shard(MANY_HOSTS[0])
+    damaged = f"{prefix}:nvs:{{{shard_part(SCOPE, damaged_shard)}}}"
+    store = open_store(redis_cluster, prefix)
+    other = open_store(redis_cluster, prefix)
+    other.adopt_after = 0  # (a test cannot wait ten minutes)
+    try:
+        with redis_cluster.client() as client:
+            client.set(damaged, "not a hash")
+            for state in states:
+                store.stage_page(state)
+            with pytest.raises(StateStoreError, match="WRONGTYPE"):
+                await call(store.flush())
+            for k in range(len(SCOPE_SHARDS)):
+                hosts = {m.decode() for m in client.smembers(
+                    f"{prefix}:hs:{{{shard_part(SCOPE, k)}}}")}
+                if k == damaged_shard:
+                    assert hosts == set()
+                    assert client.zcard(f"{prefix}:fxhosts:{{{shard_part(SCOPE, k)}}}") > 0
+                else:
+                    # Applied: listed, their intents dropped.
+                    assert hosts == {h for h in MANY_HOSTS if scope_shard(h) == k}
+            client.delete(damaged)
+        if then == "retried":
+            await call(store.flush())
+            assert store.pending == 0
+            reader = store
+        else:
+            await call(die(store))
+            # Another worker's summary applies the gone one's effects.
+            await call(other.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                             checked_before=math.inf))
+            reader = other
+        await assert_sums_are_the_pages(reader)
+        assert sorted(reader._scope_hosts(SCOPE)) == sorted(MANY_HOSTS)
+        want = sorted(states, key=lambda s: (s.next_visit, s.key.url))
+        due = await call(reader.get_due(SCOPE, 2_000, 1_000))
+        assert [s.key for s in due] == [s.key for s in want]
+        # Applied once, whoever sent them: a read again changes nothing.
+        await call(other.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                         checked_before=math.inf))
+        await assert_sums_are_the_pages(reader)
+        with redis_cluster.client() as client:
+            assert client.keys(f"{prefix}:fx:*") == []
+    finally:
+        if then == "retried":
+            await call(store.close())
+        await call(other.close())
