@@ -598,8 +598,9 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             # The hosts' ledgers of effects (a dead worker's new host's
             # too, listed nowhere) and the effects applied.
             kinds += self._scan_keys(f"{_glob(self.prefix)}:fx:{{{part}|*}}")
-            kinds += [key for kind in ("fxdone", "duer", "fxhosts")
-                      for key in self._shard_keys(kind, scope)]
+            kinds += [key for kind in ("duer", "fxhosts") for key in self._shard_keys(kind, scope)]
+            # The tokens applied, in buckets per shard.
+            kinds += self._shard_scan_keys("fxdone", scope)
             return kinds, buckets, links, hist
         hist = self._scan_keys(f"{_glob(self.prefix)}:hist:{_glob(_key_part(scope))}:*")
         kinds += self._scan_keys(f"{_glob(self.prefix)}:undel:{_glob(_key_part(scope))}:*")

@@ -1,12 +1,15 @@
-"""The Redis store on a Redis Cluster: the cluster layout (5), its phased
+"""The Redis store on a Redis Cluster: the cluster layout (6), its phased
 flush and its reads of pages.
 
 A Redis Cluster runs a script only on the node of its keys' slot, and every
 key a script touches must be in its ``KEYS`` and in one slot (Redis 7
 refuses a "non local key"). In the cluster layout every key carries a hash
 tag: a host's keys ``{<s>|<h>}`` (as in layout 4), a scope's own keys
-``{<s>}`` (``P:dueb:{<s>}``, ``P:nvs:{<s>}``, ``P:hosts:{<s>}``, ...), and
-the items by group, ``{<s>#<g>}`` with ``g`` a hash of the item key modulo
+``{<s>}`` (``P:hosts:{<s>}``, ``P:crawls:{<s>}``, ...), what phase 3 writes
+of a scope per scope shard ``{<s>^<x>}`` (``P:dueb``, ``P:nvs``, ``P:hs``,
+...: a host's in the shard :func:`~.core.scope_shard` gives, so that one
+scope's writes spread over the primaries; see :data:`~.core.SCOPE_SHARDS`),
+and the items by group, ``{<s>#<g>}`` with ``g`` a hash of the item key modulo
 :data:`~.core.ITEM_GROUPS` (``P:items:{<s>#<g>}``, ``P:hist:{<s>#<g>}:<key>``;
 ``P:bypage:{<s>#<g>}`` in the group of the *page*'s URL, so that one page's
 items are one range). ``P:meta`` and ``P:scopes`` are one key each.
@@ -19,12 +22,13 @@ succeeded:
 1. the item writes, per item group (``cluster_items.lua``);
 2. the page and links writes, per host (``cluster_host.lua``), and the page
    index's new members (after the items they list);
-3. per scope (``cluster_scope.lua``): what phase 2's scripts returned of
-   their writes (the scope's hosts, the revisit index lowered, the splits,
-   the sums by next visit, the checks since the mark), then the scope's own
-   writes (host trust, crawl records, rates, delivery marks); the page
-   index's stale members (``cluster_bypage.lua``: skipped where a later
-   item version wrote the member since); ``P:scopes``.
+3. per scope shard touched (``cluster_scope.lua``): what phase 2's scripts
+   of its hosts returned of their writes (the shard's hosts, the revisit
+   index lowered, the splits, the sums by next visit, the checks since the
+   mark); per scope, the same script in the scope's own slot with the
+   scope's own writes (host trust, crawl records, rates, delivery marks);
+   the page index's stale members (``cluster_bypage.lua``: skipped where a
+   later item version wrote the member since); ``P:scopes``.
 
 Every script keeps its own token in its slot (``P:flush:{tag}:<token>``)
 with how many of its writes it applied and what it returned, so that a
@@ -38,10 +42,18 @@ the next flush; phase 2's effects also stay in their host's ledger
 (``P:fx:{<s>|<h>}``) until applied, so that a worker gone before its phase 3
 leaves them to the next flush that writes the host (after
 :attr:`RedisClusterPath.adopt_after`) or, listed by the write-ahead intents
-the flush wrote in the scope's slot before its phase 2
-(``P:fxhosts:{<s>}``), to the next reading of the scope
-(:meth:`RedisClusterPath.adopt_ledgers`); the scope's script applies each
-script's effects once (``P:fxdone:{<s>}``), whoever sends them.
+the flush wrote in the host's scope shard before its phase 2
+(``P:fxhosts:{<s>^<x>}``), to the next reading of the scope
+(:meth:`RedisClusterPath.adopt_ledgers`, every shard's); the shard's script
+applies each script's effects once (``P:fxdone:{<s>^<x>}``), whoever sends
+them. A phase 3 whose script fails on one shard leaves the other shards'
+effects applied, and that shard's to the retry or to an adoption.
+
+Reads of what phase 3 wrote fan out per shard, pipelined (the cluster
+client sends each node its own): a due read merges the shards' revisit
+indexes by bound (each read in chunks; a page is in place once it is due
+before every shard's unread rest), a summary adds up the shards' sums and
+takes out each shard's checks, the scope's hosts are every shard's.
 
 A script that writes a page chooses its bucket from the host's bucket
 count: here the caller reads the count (and page count) first, plans the
@@ -69,6 +81,7 @@ import redis
 
 from incremental_crawler.state.stores.base import StateStoreError
 from incremental_crawler.state.stores.redis.core import (
+    SCOPE_SHARDS,
     RedisCore,
     _key_part,
     _whole,
@@ -78,7 +91,6 @@ from incremental_crawler.state.stores.redis.core import (
     scope_of_shard,
     scope_shard,
     shard_part,
-    SCOPE_SHARDS,
 )
 from incremental_crawler.state.stores.redis.pages import (
     BUCKET_LOAD,
@@ -159,6 +171,15 @@ def _refused_write(exc: BaseException | None) -> bool:
             return True
         exc = exc.__cause__
     return False
+
+
+def _applied_bucket(token: str) -> int:
+    """The bucket of ``P:fxdone`` a script's token is noted in once its
+    effects are applied: its first three hex digits (cluster_scope.lua)."""
+    try:
+        return int(token[:3], 16)
+    except ValueError:
+        return 0
 
 
 def _tag_of(key: str) -> str:
@@ -566,7 +587,7 @@ class RedisClusterPath(RedisCore):
             return f"{self.prefix}:{kind}:{tag}"
 
         keys = [self._token_key(token, tag), head("dueb"), head("splits"), head("hs"),
-                head("nvs"), head("nvm"), head("ck"), head("fxdone"), head("duer")]
+                head("nvs"), head("nvm"), head("ck"), head("duer")]
         index: dict[str, int] = {}
 
         def key_at(name: str) -> int:
@@ -575,7 +596,11 @@ class RedisClusterPath(RedisCore):
                 index[name] = len(keys)
             return index[name]
 
-        args: list[Any] = [len(bundles), *sorted(bundles), len(effects.sums)]
+        args: list[Any] = [len(bundles)]
+        for other in sorted(bundles):
+            # Its bucket of the tokens applied (cluster_scope.lua).
+            args += [other, key_at(f"{head('fxdone')}:{_applied_bucket(other)}")]
+        args.append(len(effects.sums))
         for (visit, callback), (pages, size) in sorted(effects.sums.items()):
             args += [visit, callback, pages, size,
                      key_at(f"{head('nvf')}:{math.floor(visit / _SUM_MINUTE)}")]
@@ -848,7 +873,30 @@ class RedisClusterPath(RedisCore):
         applied: list[tuple[str, str]] = []
         spent: list[tuple[Any, ...]] = []
         refused: set[str] = set()
-        pending = [shard for shard in listed if bundles[shard]]
+        yield from self._adopt_rounds(bundles, applied, spent, refused)
+        drops = []
+        for shard, (intents_now, pairs) in listed.items():
+            if shard in refused:
+                continue
+            old = [(member, score) for member, score in pairs
+                   if intents_now - float(score) >= self.adopt_after]
+            if old:
+                drops.append(("EVAL", CLUSTER_INTENT_DROP_LUA, 1, self._intents_key(shard),
+                              *(x for pair in old for x in pair)))
+        gone_entries = [*applied, *(entry for shard in listed if shard not in refused
+                                    for entry in expired[shard])]
+        cleanup = [*spent, *(("HDEL", ledger, token) for ledger, token in gone_entries), *drops]
+        if cleanup:
+            yield cleanup
+
+    def _adopt_rounds(self, bundles: dict[str, dict[str, _Effects]],
+                      applied: list[tuple[str, str]], spent: list[tuple[Any, ...]],
+                      refused: set[str]) -> Generator[list[tuple[Any, ...]], list[Any], None]:
+        """:meth:`_adoption`'s scripts: each shard's *bundles* sent to its
+        script, all shards' in one round trip, until each is applied or
+        refused; notes the ledger entries *applied*, the tokens *spent* and
+        the shards *refused* (a damaged key)."""
+        pending = [shard for shard, by_token in bundles.items() if by_token]
         while pending:
             calls = []
             for shard in pending:
@@ -878,20 +926,6 @@ class RedisClusterPath(RedisCore):
                     continue
                 applied += [(bundle.ledger, other) for other, bundle in bundles[shard].items()]
             pending = again
-        drops = []
-        for shard, (intents_now, pairs) in listed.items():
-            if shard in refused:
-                continue
-            old = [(member, score) for member, score in pairs
-                   if intents_now - float(score) >= self.adopt_after]
-            if old:
-                drops.append(("EVAL", CLUSTER_INTENT_DROP_LUA, 1, self._intents_key(shard),
-                              *(x for pair in old for x in pair)))
-        gone_entries = [*applied, *(entry for shard in listed if shard not in refused
-                                    for entry in expired[shard])]
-        cleanup = [*spent, *(("HDEL", ledger, token) for ledger, token in gone_entries), *drops]
-        if cleanup:
-            yield cleanup
 
     async def adopt_ledgers(self, scope: str, settled_only: bool = False) -> None:
         """:meth:`_adoption` on the async client (a crawl's reads); best

@@ -198,10 +198,11 @@ class RedisCore(StateStore):
             raise self._fail(
                 "cannot be reached or read (is Redis running at this address?)", exc
             ) from exc
-        #: Whether the store is on a Redis Cluster (its cluster layout, 5).
+        #: Whether the store is on a Redis Cluster (its cluster layout, 6).
         self.cluster = isinstance(self._sync, RedisCluster)
-        #: Whether its keys are those of the cluster layout (5): every key
-        #: carries a hash tag, per scope ``{<s>}``, per item group
+        #: Whether its keys are those of the cluster layout (6): every key
+        #: carries a hash tag, per scope ``{<s>}``, per scope shard
+        #: ``{<s>^<x>}``, per item group
         #: ``{<s>#<g>}`` (see :mod:`.cluster`). Only on a cluster, for now:
         #: one server keeps layout 4's names (a migration could move it).
         self.tagged = self.cluster
@@ -209,7 +210,7 @@ class RedisCore(StateStore):
     # -- keys and records ------------------------------------------------------
 
     def _key(self, kind: str, scope: str) -> str:
-        """A key of the scope's own (layout 5: tagged ``{<s>}``, so that
+        """A key of the scope's own (cluster layout: tagged ``{<s>}``, so that
         every one of them is in one slot)."""
         if self.tagged:
             return f"{self.prefix}:{kind}:{{{_key_part(scope)}}}"
@@ -238,7 +239,7 @@ class RedisCore(StateStore):
         """A key of the items (``items``, ``itemver``, ``order``,
         ``bypage``) holding *item_key* (for ``bypage``: the page *item_key*
         names): the scope's one key in layout 4, its item group's in
-        layout 5 (see :func:`item_group`)."""
+        the cluster layout (see :func:`item_group`)."""
         if self.tagged:
             return f"{self.prefix}:{kind}:{_group_tag(scope, item_key)}"
         return self._key(kind, scope)
@@ -648,12 +649,16 @@ class RedisCore(StateStore):
 
     def _fine_sums_keys(self, scope: str) -> list[str]:
         if self.tagged:
-            # Every shard's in one scan: P:nvf:{<s>^*}:*.
-            head = f"{self.prefix}:nvf:{{{_key_part(scope)}{SHARD_MARK}"
-            tags = {f"{{{shard_part(_key_part(scope), k)}}}" for k in range(len(SCOPE_SHARDS))}
-            return [key for key in self._scan_keys(f"{_glob(head)}*}}:*")
-                    if key[len(self.prefix) + 5:].partition(":")[0] in tags]
+            return self._shard_scan_keys("nvf", scope)
         return self._scan_keys(f"{_glob(self._key('nvf', scope))}:*")
+
+    def _shard_scan_keys(self, kind: str, scope: str) -> list[str]:
+        """The keys ``P:<kind>:{<s>^<x>}:<anything>`` of every scope shard
+        of *scope* (cluster layout), in one scan of every primary."""
+        head = f"{self.prefix}:{kind}:{{{_key_part(scope)}{SHARD_MARK}"
+        tags = {f"{{{shard_part(_key_part(scope), k)}}}" for k in range(len(SCOPE_SHARDS))}
+        return [key for key in self._scan_keys(f"{_glob(head)}*}}:*")
+                if key[len(self.prefix) + len(kind) + 2:].partition(":")[0] in tags]
 
 
 def _whole(raw: bytes | None, default: int) -> int:

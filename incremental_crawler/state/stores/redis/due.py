@@ -34,6 +34,7 @@ from incremental_crawler.state.stores.redis.scripts import (
     CLUSTER_DUE_READ_LUA,
     CLUSTER_RAISE_LUA,
     CLUSTER_SUMMARY_LUA,
+    CLUSTER_SUMS_COARSE_LUA,
 )
 
 if TYPE_CHECKING:
@@ -502,58 +503,52 @@ class RedisDueReads(RedisCore):
                                checked_before: float,
                                exclude_callbacks: Collection[str] = ()) -> PagesSummary:
         """:meth:`summarize_pages` on a Redis Cluster: what sums_read.lua
-        does in one script, in steps, since the sums are in the scope's
-        slot and the pages checked since the mark in their hosts': the
-        mark, the checks and the coarse sums in one round-trip, then those
-        pages (their hosts' slots), then the minutes' fine sums. Not one
-        instant: a flush between the steps is counted in part (as any
-        summary read while workers flush)."""
+        does in one script, in steps, since the sums are in the scope
+        shards' slots and the pages checked since the mark in their hosts':
+        every shard's mark and checks in one round-trip, then those pages
+        (their hosts' slots), then every shard's coarse sums of the window
+        (added up in Redis: ``cluster_sums_coarse.lua``), then the minutes'
+        fine sums. Not one instant: a flush between the steps is counted in
+        part (as any summary read while workers flush)."""
         low_t, high_t = _limit(after), _limit(upto)
         before = _limit(checked_before, up=True)
         excluded = set(exclude_callbacks)
-        # Every scope shard's mark, checks and coarse sums in one round
-        # trip; the shards' sums add up (each page is in its host's shard's).
-        shards = len(self._shard_keys("nvm", scope))
-        read = await self._commands([
-            command for k in range(shards) for command in (
-                ("HMGET", self._shard_key("nvm", scope, k), "mark", "latest"),
-                ("ZRANGEBYSCORE", self._shard_key("ck", scope, k), before, "+inf"),
-                ("HGETALL", self._shard_key("nvs", scope, k)))])
-        checks: list[bytes] = []
-        coarse: dict[bytes, bytes] = {}
-        for k in range(shards):
-            meta, shard_checks, shard_coarse = read[3 * k:3 * k + 3]
-            mark, latest = (None if v is None else int(v) for v in meta)
-            if latest is not None and before <= latest:
-                if mark is None or before < mark:
-                    return await self._cluster_summary_scan(
-                        scope, after=after, upto=upto, checked_before=checked_before,
-                        exclude_callbacks=exclude_callbacks)
-                checks += shard_checks
-            _add_sums(coarse, shard_coarse)
+        checks = await self._shard_checks(scope, before)
+        if checks is None:
+            return await self._cluster_summary_scan(
+                scope, after=after, upto=upto, checked_before=checked_before,
+                exclude_callbacks=exclude_callbacks)
         pages = size = 0
-        less_minute: dict[int, int] = {}
+        # Per shard: a shard's checks are in its own sums (its hosts').
+        less_minute: dict[int, dict[int, int]] = {}
         less_visit: dict[int, int] = {}
         if checks:
             # This crawl's checks are in the sums: taken out one by one.
-            for visit, page_size in await self._checked_since(scope, checks, before,
-                                                              low_t, high_t, excluded):
+            for shard, visit, page_size in await self._checked_since(
+                    scope, checks, before, low_t, high_t, excluded):
                 pages, size = pages - 1, size - page_size
                 minute = visit // _SUM_MINUTE
-                less_minute[minute] = less_minute.get(minute, 0) + 1
+                by = less_minute.setdefault(shard, {})
+                by[minute] = by.get(minute, 0) + 1
                 less_visit[visit] = less_visit.get(visit, 0) + 1
         low, high = (low_t + 1) // _SUM_MINUTE, high_t // _SUM_MINUTE
-        net: dict[int, int] = {}
-        for field, value in coarse.items():
-            minute_raw, _, callback = field.decode().partition("|")
-            minute = int(minute_raw)
-            if low < minute < high and callback not in excluded:
-                count, total = (int(v) for v in value.split())
-                pages, size = pages + count, size + total
-                net[minute] = net.get(minute, 0) + count
-        for minute, less in less_minute.items():
-            if minute in net:
-                net[minute] -= less
+        # Each shard's coarse sums in the window added up in Redis, and its
+        # earliest minute with pages left: the scope's is the least of them
+        # (a shard's count of a minute is never below its checks there).
+        shards = len(self._shard_keys("nvs", scope))
+        head = [low, high, len(excluded), *sorted(excluded)]
+        replies = await self._eval_many([
+            (CLUSTER_SUMS_COARSE_LUA, [self._shard_key("nvs", scope, k)],
+             [*head, *(x for pair in sorted(less_minute.get(k, {}).items()) for x in pair)])
+            for k in range(shards)])
+        least: int | None = None
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise self._fail("read failed", reply)
+            count, total, earliest = reply
+            pages, size = pages + int(count), size + int(total)
+            if earliest:
+                least = int(earliest) if least is None else min(least, int(earliest))
         ends = [low] if high <= low else [low, high]
         fine = dict(zip(ends, await self._fine_sums(scope, ends), strict=True))
         by_minute = {}
@@ -563,7 +558,6 @@ class RedisDueReads(RedisCore):
             by_minute[end] = by
             pages, size = pages + count, size + total
         first = _earliest(by_minute[low])
-        least = _earliest(net)
         if first is None and least is not None:
             [raw] = await self._fine_sums(scope, [least])
             first = _earliest(self._minute_pages(raw, least, low_t, high_t, excluded,
@@ -571,6 +565,27 @@ class RedisDueReads(RedisCore):
         if first is None and high > low:
             first = _earliest(by_minute[high])
         return PagesSummary(pages, size, None if first is None else float(first))
+
+    async def _shard_checks(self, scope: str, before: int
+                            ) -> list[tuple[int, bytes]] | None:
+        """Every scope shard's mark and checks since *before*, in one round
+        trip: the checks to take out of the sums (shard, member); None when
+        a shard cannot tell (a page checked since *before* and no mark
+        before it: every page is read)."""
+        shards = len(self._shard_keys("nvm", scope))
+        read = await self._commands([
+            command for k in range(shards) for command in (
+                ("HMGET", self._shard_key("nvm", scope, k), "mark", "latest"),
+                ("ZRANGEBYSCORE", self._shard_key("ck", scope, k), before, "+inf"))])
+        checks: list[tuple[int, bytes]] = []
+        for k in range(shards):
+            meta, shard_checks = read[2 * k:2 * k + 2]
+            mark, latest = (None if v is None else int(v) for v in meta)
+            if latest is not None and before <= latest:
+                if mark is None or before < mark:
+                    return None
+                checks += [(k, member) for member in shard_checks]
+        return checks
 
     async def _fine_sums(self, scope: str, minutes: list[int]) -> list[dict[bytes, bytes]]:
         """The fine sums of each of *minutes*, every scope shard's added up
@@ -585,26 +600,27 @@ class RedisDueReads(RedisCore):
             out.append(total)
         return out
 
-    async def _checked_since(self, scope: str, members: list[bytes], before: int,
-                             after: int, upto: int,
-                             excluded: set[str]) -> list[tuple[int, int]]:
-        """(next visit, size) of the pages of *members* (the scope's checks
-        since its mark) last checked at or after *before* with a callback
-        not *excluded* and a next visit in (after, upto]: read in their
-        hosts' slots."""
+    async def _checked_since(self, scope: str, members: list[tuple[int, bytes]],
+                             before: int, after: int, upto: int,
+                             excluded: set[str]) -> list[tuple[int, int, int]]:
+        """(shard, next visit, size) of the pages of *members* (each
+        shard's checks since its mark) last checked at or after *before*
+        with a callback not *excluded* and a next visit in (after, upto]:
+        read in their hosts' slots."""
         keys = []
-        for member in members:
+        for _, member in members:
             part, _, name = member.decode().partition("|")
             keys.append(page_key_of(scope, host_of_part(part), name))
         found = []
-        for key, raw in zip(keys, await self._cluster_read_pages(keys), strict=True):
+        for (shard, _), key, raw in zip(members, keys, await self._cluster_read_pages(keys),
+                                        strict=True):
             if raw is None:
                 continue
             state = self._page(key, raw)
             visit = int(state.next_visit)
             if (state.callback is not None and state.callback not in excluded
                     and int(state.last_checked) >= before and after < visit <= upto):
-                found.append((visit, int(state.size or 0)))
+                found.append((shard, visit, int(state.size or 0)))
         return found
 
     @staticmethod
@@ -654,15 +670,7 @@ class RedisDueReads(RedisCore):
                     keys += self._bucket_keys(scope, host_of_part(part), int(bucket))
                 calls.append((CLUSTER_SUMMARY_LUA, keys, head))
                 read.append(chunk)
-        # Each bucket's mark in its host's shard (where its bound is).
-        by_shard: dict[int, list[bytes]] = {}
-        for member in sorted(members):
-            by_shard.setdefault(self._member_shard(member), []).append(member)
-        for k, shard_members in sorted(by_shard.items()):
-            marks = self._shard_key("duer", scope, k)
-            for start in range(0, len(shard_members), _SCAN_COUNT):
-                await self._commands([("HSET", marks, *(arg for member in shard_members[
-                    start:start + _SCAN_COUNT] for arg in (member, 1)))])
+        await self._mark_buckets(scope, members)
         count = size = 0
         first: float | None = None
         bounds: list[Any] = []
@@ -680,6 +688,25 @@ class RedisDueReads(RedisCore):
                     first = value if first is None else min(first, value)
                 for member, low in zip(chunk, least.split(b" "), strict=True):
                     bounds += [member, low]
+        await self._raise_bounds(scope, bounds)
+        return PagesSummary(count, size, first)
+
+    async def _mark_buckets(self, scope: str, members: set[bytes]) -> None:
+        """Mark each bucket a summary is about to read, in its host's
+        shard (``P:duer``, beside its bound): see :meth:`_raise_bounds`."""
+        by_shard: dict[int, list[bytes]] = {}
+        for member in sorted(members):
+            by_shard.setdefault(self._member_shard(member), []).append(member)
+        for k, shard_members in sorted(by_shard.items()):
+            marks = self._shard_key("duer", scope, k)
+            for start in range(0, len(shard_members), _SCAN_COUNT):
+                await self._commands([("HSET", marks, *(arg for member in shard_members[
+                    start:start + _SCAN_COUNT] for arg in (member, 1)))])
+
+    async def _raise_bounds(self, scope: str, bounds: list[Any]) -> None:
+        """Set each bucket's bound (*bounds*: member, least next visit read,
+        ...) where its mark is still there (``cluster_raise.lua``), each
+        shard's in its slot, pipelined."""
         bounds_by: dict[int, list[Any]] = {}
         for n in range(0, len(bounds), 2):
             bounds_by.setdefault(self._member_shard(bounds[n]), []).extend(bounds[n:n + 2])
@@ -691,7 +718,6 @@ class RedisDueReads(RedisCore):
         for reply in await self._eval_many(calls) if calls else []:
             if isinstance(reply, Exception):
                 raise self._fail("Redis command failed", reply)
-        return PagesSummary(count, size, first)
 
     def _member_shard(self, member: bytes) -> int:
         """The scope shard of a bucket of the revisit index (its host's)."""

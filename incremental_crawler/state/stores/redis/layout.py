@@ -193,7 +193,7 @@ class RedisLayout(RedisCore):
         return int(version)
 
     def _check_cluster_layout(self) -> None:
-        """:meth:`_check_layout` on a Redis Cluster: the cluster layout (5),
+        """:meth:`_check_layout` on a Redis Cluster: the cluster layout (6),
         its scripts loaded on every primary, and every primary's eviction
         policy and memory checked (each holds part of the state)."""
         meta = f"{self.prefix}:meta"

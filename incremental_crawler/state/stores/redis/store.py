@@ -753,9 +753,10 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
                             try:
                                 self._sync_run(marks)
                             except StateStoreError as exc:
-                                logger.warning("State store %s: the scope shards' marks of %r were not "
-                                               "all set (%s): summaries may read pages",
-                                               self.location, scope, exc.__cause__ or exc)
+                                logger.warning("State store %s: the scope shards' marks of %r "
+                                               "were not all set (%s): summaries may read "
+                                               "pages", self.location, scope,
+                                               exc.__cause__ or exc)
                         return None
                     except redis.WatchError:
                         continue
