@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -25,6 +26,7 @@ from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores.base import StateStoreError, due_after
 from incremental_crawler.state.stores.redis import RedisStateStore
 from incremental_crawler.state.stores.redis import due as due_reads
+from incremental_crawler.state.stores.redis.cluster import _Effects
 from incremental_crawler.state.stores.redis.core import (
     SCOPE_SHARDS,
     item_group,
@@ -904,8 +906,7 @@ async def test_a_due_reading_leaves_a_live_workers_in_flight_effects_to_it(
         with pytest.raises(StateStoreError):
             await call(live.flush())
         assert await call(reader.get_due(SCOPE, 2_000, 10)) == []
-        with redis_cluster.client() as client:
-            assert redis_cluster.keys(f"{prefix}:fxdone:*") == []
+        assert redis_cluster.keys(f"{prefix}:fxdone:*") == []
         live._eval_many = original  # type: ignore[method-assign]
         await call(live.flush())  # its phase 3, at last
         reader._flushes += 1  # (as after a flush of its own: it starts over)
@@ -1059,3 +1060,40 @@ async def test_a_phase_3_failure_on_one_shard_leaves_the_others_applied_and_it_o
         if then == "retried":
             await call(store.close())
         await call(other.close())
+
+
+def test_a_shards_applied_tokens_are_kept_in_small_hashes_trimmed_hourly(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """P:fxdone is 4,096 small hashes a shard (by a token's first three hex
+    digits): a token applied is noted there (its next 16 hex digits), a
+    token sent again is answered 'done'; adding to a hash whose trim time
+    passed drops its tokens older than 2 x TOKEN_TTL, and the hash expires
+    on its own once no token is added for that long."""
+    store = open_store(redis_cluster, prefix)
+    tag = f"{{{A_SHARD}}}"
+    applied = "abc" + "0123456789abcdef" + "0" * 13
+    bucket = f"{prefix}:fxdone:{tag}:{int('abc', 16)}"
+    try:
+        with redis_cluster.client() as client, redis_cluster.node(
+                redis_cluster.port_of(bucket)) as node:
+            now = int(node.time()[0])
+            node.hset(bucket, mapping={"trim": now - 1, "1" * 16: now - 2 * _TOKEN_TTL - 60,
+                                       "2" * 16: now - 60})
+
+            def apply(token: str) -> Any:
+                script, keys, args = store._scope_call(tag, uuid.uuid4().hex,
+                                                       {token: _Effects()}, [])
+                return client.eval(script, len(keys), *keys, *args)
+
+            assert apply(applied)[3] == 1
+            held = node.hgetall(bucket)
+            assert b"1" * 16 not in held  # past two days: trimmed
+            assert b"2" * 16 in held
+            assert int(held[b"0123456789abcdef"]) >= now
+            assert int(held[b"trim"]) >= now + 3_000
+            assert 0 < node.ttl(bucket) <= 2 * _TOKEN_TTL + 3_600
+            # Sent again (another worker adopted it): applied once.
+            assert apply(applied) == [b"done", applied.encode()]
+    finally:
+        store._sync.close()
