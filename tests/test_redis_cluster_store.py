@@ -1097,3 +1097,72 @@ def test_a_shards_applied_tokens_are_kept_in_small_hashes_trimmed_hourly(
             assert apply(applied) == [b"done", applied.encode()]
     finally:
         store._sync.close()
+
+
+@pytest.mark.parametrize("then", ["retried", "adopted"])
+@pytest_twisted.ensureDeferred
+async def test_phase_3_cut_off_on_one_node_is_applied_once_there_and_kept_elsewhere(
+    redis_cluster: LoopbackCluster, prefix: str, then: str,
+) -> None:
+    """Phase 3's pipeline reaches the shards of two nodes and not the
+    third's (its reply lost as well): the shards that ran keep their
+    effects (a retry replays them under their tokens, applying nothing
+    again); the cut-off node's shards' effects stay in their hosts' ledgers,
+    listed by their intents, and are applied once, by the retried flush or,
+    the worker gone, by another worker's read."""
+    states = many_hosts_pages()
+    store = open_store(redis_cluster, prefix)
+    other = open_store(redis_cluster, prefix)
+    other.adopt_after = 0  # (a test cannot wait ten minutes)
+    cut_port = redis_cluster.port_of(f"{prefix}:dueb:{{{A_SHARD}}}")
+    original = store._eval_many
+    cut: list[int] = []
+
+    async def eval_many(calls: list[tuple[str, list[str], list[Any]]],
+                        plain: Any = ()) -> list[Any]:
+        if cut or not any(sent == CLUSTER_SCOPE_LUA for sent, _, _ in calls):
+            return await original(calls, plain)
+        cut.append(1)
+        # The other nodes' scripts run; then the connection drops.
+        await original([call for call in calls
+                        if redis_cluster.port_of(call[1][0]) != cut_port], plain)
+        raise redis.exceptions.ConnectionError("a node dropped the connection")
+
+    store._eval_many = eval_many  # type: ignore[method-assign]
+    try:
+        for state in states:
+            store.stage_page(state)
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        assert cut
+        with redis_cluster.client() as client:
+            for k in range(len(SCOPE_SHARDS)):
+                shard = shard_part(SCOPE, k)
+                hosts = {m.decode() for m in client.smembers(f"{prefix}:hs:{{{shard}}}")}
+                if redis_cluster.port_of(f"{prefix}:hs:{{{shard}}}") == cut_port:
+                    assert hosts == set()
+                    assert client.zcard(f"{prefix}:fxhosts:{{{shard}}}") > 0
+                else:
+                    assert hosts == {h for h in MANY_HOSTS if scope_shard(h) == k}
+        if then == "retried":
+            await call(store.flush())
+            assert store.pending == 0
+            reader = store
+        else:
+            await call(die(store))
+            await call(other.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                             checked_before=math.inf))
+            reader = other
+        await assert_sums_are_the_pages(reader)
+        assert sorted(reader._scope_hosts(SCOPE)) == sorted(MANY_HOSTS)
+        want = sorted(states, key=lambda s: (s.next_visit, s.key.url))
+        due = await call(reader.get_due(SCOPE, 2_000, 1_000))
+        assert [s.key for s in due] == [s.key for s in want]
+        # Another read applies nothing again.
+        await call(other.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                         checked_before=math.inf))
+        await assert_sums_are_the_pages(reader)
+    finally:
+        if then == "retried":
+            await call(store.close())
+        await call(other.close())
