@@ -118,6 +118,8 @@ def _group_tag(scope: str, name: str) -> str:
 #: differ only in the top three of the slot's fourteen bits, so the eight
 #: shards of any scope are one in each eighth of the slots (on three
 #: primaries of equal ranges each holds 2 or 3 of them), whatever its name.
+#: Part of the cluster layout (version 6): other shards would need another
+#: version (a store's hosts would be looked for in the wrong shards).
 SCOPE_SHARDS = ("la2", "qf7", "lp0", "h85", "fjl", "bfa", "nrv", "bwc")
 #: Between a scope's part and its shard's suffix: percent-quoted in a scope
 #: (``%5E``), so that no scope's own tag is another's shard.
