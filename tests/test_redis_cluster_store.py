@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -22,9 +23,16 @@ from redis.crc import key_slot
 from scrapy.settings import Settings
 
 from incremental_crawler.state.records import PageKey
-from incremental_crawler.state.stores.base import StateStoreError
+from incremental_crawler.state.stores.base import StateStoreError, due_after
 from incremental_crawler.state.stores.redis import RedisStateStore
-from incremental_crawler.state.stores.redis.core import item_group
+from incremental_crawler.state.stores.redis import due as due_reads
+from incremental_crawler.state.stores.redis.cluster import _Effects
+from incremental_crawler.state.stores.redis.core import (
+    SCOPE_SHARDS,
+    item_group,
+    scope_shard,
+    shard_part,
+)
 from incremental_crawler.state.stores.redis.layout import (
     CLUSTER_LAYOUT_VERSION,
     LAYOUT,
@@ -52,6 +60,15 @@ def prefix(redis_cluster: LoopbackCluster) -> Iterator[str]:
     yield name
     redis_cluster.delete(f"{name}:*")
 
+
+def shard_of(host: str) -> str:
+    """The inside of the tag of the scope shard *host* is in (``<s>^<x>``)."""
+    return shard_part(SCOPE, scope_shard(host))
+
+
+#: The scope shard of a.example, the host most tests write.
+A_SHARD = shard_of("a.example")
+LONELY_SHARD = shard_of("lonely.example")
 
 #: What a crawl or a command needs to open the state store on a cluster.
 ON_CLUSTER = Settings({"INCREMENTAL_STATE_ON_REDIS_CLUSTER": True})
@@ -104,6 +121,12 @@ def test_a_store_on_a_cluster_is_of_the_cluster_layout(
         # (it refused clusters): refused, not taken for its own.
         client.hset(f"{prefix}:meta", "version", LAYOUT_VERSION)
     with pytest.raises(StateStoreError, match="where only the cluster layout"):
+        RedisStateStore.from_uri(uri, settings=ON_CLUSTER)
+    # One of the first cluster layout (5: a scope's keys in one slot) is
+    # refused, not read as if sharded, nor migrated.
+    with redis_cluster.client() as client:
+        client.hset(f"{prefix}:meta", "version", 5)
+    with pytest.raises(StateStoreError, match=r"cluster layout version 5.*does not migrate"):
         RedisStateStore.from_uri(uri, settings=ON_CLUSTER)
 
 
@@ -354,7 +377,7 @@ async def test_a_damaged_scope_key_fails_phase_3_whole_and_its_effects_count_onc
     again once it is repaired, and counted once."""
     keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(100)]
     store = open_store(redis_cluster, prefix)
-    splits = f"{prefix}:splits:{{{SCOPE}}}"
+    splits = f"{prefix}:splits:{{{A_SHARD}}}"
     try:
         with redis_cluster.client() as client:
             # The count of splits is not a number; the flush splits buckets.
@@ -364,8 +387,8 @@ async def test_a_damaged_scope_key_fails_phase_3_whole_and_its_effects_count_onc
             with pytest.raises(StateStoreError, match="is not a number"):
                 await call(store.flush())
             # The pages are written (phase 2); nothing of the scope is.
-            assert client.hgetall(f"{prefix}:nvs:{{{SCOPE}}}") == {}
-            assert client.smembers(f"{prefix}:hs:{{{SCOPE}}}") == set()
+            assert client.hgetall(f"{prefix}:nvs:{{{A_SHARD}}}") == {}
+            assert client.smembers(f"{prefix}:hs:{{{A_SHARD}}}") == set()
             client.delete(splits)
         await call(store.flush())
         assert store.pending == 0
@@ -469,7 +492,7 @@ async def test_a_dead_workers_effects_on_a_host_never_written_again_are_applied(
     await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
     store = open_store(redis_cluster, prefix)
     store.adopt_after = 0  # (a test cannot wait ten minutes)
-    hosts, index = f"{prefix}:hs:{{{SCOPE}}}", f"{prefix}:dueb:{{{SCOPE}}}"
+    hosts, index = f"{prefix}:hs:{{{LONELY_SHARD}}}", f"{prefix}:dueb:{{{LONELY_SHARD}}}"
     try:
         if reader == "take_scope":
             assert store.take_scope(SCOPE, "crawl-2", 60, 10_000) is None
@@ -498,8 +521,8 @@ async def test_a_dead_workers_effects_on_a_host_never_written_again_are_applied(
         with redis_cluster.client() as client:
             # Applied: the gone worker's intent dropped (older than
             # adopt_after), its ledger emptied.
-            assert client.zcard(f"{prefix}:fxhosts:{{{SCOPE}}}") == 0
-            assert client.keys(f"{prefix}:fx:*") == []
+            assert client.zcard(f"{prefix}:fxhosts:{{{LONELY_SHARD}}}") == 0
+            assert redis_cluster.keys(f"{prefix}:fx:*") == []
     finally:
         await call(store.close())
 
@@ -541,7 +564,7 @@ async def stale_bound(store: RedisStateStore, keys: list[PageKey]) -> None:
 
 def bound(cluster: LoopbackCluster, prefix: str) -> float | None:
     with cluster.client() as client:
-        return client.zscore(f"{prefix}:dueb:{{{SCOPE}}}", "a.example|0")
+        return client.zscore(f"{prefix}:dueb:{{{A_SHARD}}}", "a.example|0")
 
 
 @pytest_twisted.ensureDeferred
@@ -689,7 +712,7 @@ async def test_a_ledger_entry_older_than_the_tokens_lifetime_is_not_applied_agai
     assert age_ledgers(redis_cluster, prefix, _TOKEN_TTL + 60) == 1
     with redis_cluster.client() as client:
         # What P:fxdone's own trimming does after 2 x TOKEN_TTL.
-        client.delete(f"{prefix}:fxdone:{{{SCOPE}}}")
+        client.delete(*redis_cluster.keys(f"{prefix}:fxdone:{{{LONELY_SHARD}}}:*"))
     store = open_store(redis_cluster, prefix)
     try:
         summary = await call(store.summarize_pages(
@@ -712,8 +735,8 @@ async def test_a_stalled_workers_late_phase_2_is_still_listed_by_an_intent(
     revisit index: the late phase 2 writes nothing until its intent is
     written again."""
     keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
-    intents = f"{prefix}:fxhosts:{{{SCOPE}}}"
-    hosts, index = f"{prefix}:hs:{{{SCOPE}}}", f"{prefix}:dueb:{{{SCOPE}}}"
+    intents = f"{prefix}:fxhosts:{{{LONELY_SHARD}}}"
+    hosts, index = f"{prefix}:hs:{{{LONELY_SHARD}}}", f"{prefix}:dueb:{{{LONELY_SHARD}}}"
     stalled = open_store(redis_cluster, prefix)
     stalled.adopt_after = 4  # (a test cannot wait ten minutes)
     original = stalled._eval_many
@@ -813,7 +836,7 @@ async def test_a_full_cluster_still_reads_and_resets_with_intents_pending(
             # Not lost: applied by the first read with room to write.
             assert store.count_scope(SCOPE).pages == 5
             with redis_cluster.client() as client:
-                assert client.scard(f"{prefix}:hs:{{{SCOPE}}}") == 1
+                assert client.scard(f"{prefix}:hs:{{{LONELY_SHARD}}}") == 1
     finally:
         for node in nodes:
             node.close()
@@ -853,7 +876,7 @@ def test_a_crawl_start_whose_adoption_fails_takes_no_hold(
     (here a damaged intents key), the scope is not left held for the
     hold's ttl, and the error says what failed."""
     with redis_cluster.client() as client:
-        client.set(f"{prefix}:fxhosts:{{{SCOPE}}}", "not a zset")
+        client.set(f"{prefix}:fxhosts:{{{A_SHARD}}}", "not a zset")
     store = open_store(redis_cluster, prefix)
     try:
         with pytest.raises(StateStoreError, match="ledgers could not be applied"):
@@ -883,8 +906,7 @@ async def test_a_due_reading_leaves_a_live_workers_in_flight_effects_to_it(
         with pytest.raises(StateStoreError):
             await call(live.flush())
         assert await call(reader.get_due(SCOPE, 2_000, 10)) == []
-        with redis_cluster.client() as client:
-            assert client.exists(f"{prefix}:fxdone:{{{SCOPE}}}") == 0
+        assert redis_cluster.keys(f"{prefix}:fxdone:*") == []
         live._eval_many = original  # type: ignore[method-assign]
         await call(live.flush())  # its phase 3, at last
         reader._flushes += 1  # (as after a flush of its own: it starts over)
@@ -893,3 +915,254 @@ async def test_a_due_reading_leaves_a_live_workers_in_flight_effects_to_it(
         live._eval_many = original  # type: ignore[method-assign]
         await call(live.close())
         await call(reader.close())
+
+
+#: Hosts enough that every scope shard has some.
+MANY_HOSTS = [f"h{n}.example" for n in range(40)]
+
+
+def many_hosts_pages() -> list[Any]:
+    """Three pages on each of MANY_HOSTS, their next visits interleaved
+    across hosts (so across scope shards): the due order is none of the
+    hosts' nor of the shards'."""
+    states = []
+    for n in range(3 * len(MANY_HOSTS)):
+        key = PageKey(SCOPE, f"https://{MANY_HOSTS[n % len(MANY_HOSTS)]}/p{n}")
+        states.append(full_state(key, 1, callback="parse", next_visit=1_000 + (n * 37) % 211))
+    return states
+
+
+def test_scope_shards_fall_one_in_each_eighth_of_the_slots(
+    redis_cluster: LoopbackCluster,
+) -> None:
+    """Whatever a scope is called, its shards' tags hash one into each
+    eighth of the 16,384 slots (their suffixes chosen so, CRC16 being
+    linear): on three primaries of equal ranges each holds 2 or 3."""
+    node = redis_cluster.node(redis_cluster.ports[0])
+    for scope in (SCOPE, "books", "example.com", "news", "shop", "sitemap",
+                  "www.example.org", "a-rather-long-spider-name_2026"):
+        tags = [f"{{{shard_part(scope, k)}}}" for k in range(len(SCOPE_SHARDS))]
+        slots = [int(node.execute_command("CLUSTER", "KEYSLOT", f"P:dueb:{tag}"))
+                 for tag in tags]
+        assert slots == [key_slot(f"P:dueb:{tag}".encode()) for tag in tags]
+        assert sorted(slot >> 11 for slot in slots) == list(range(8))
+        ports = [redis_cluster.port_of(f"P:dueb:{tag}") for tag in tags]
+        assert sorted(ports.count(port) for port in redis_cluster.ports) == [2, 3, 3]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_scopes_phase_3_keys_spread_over_every_primary_and_due_pages_merge(
+    redis_cluster: LoopbackCluster, prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A flush of many hosts' pages writes the scope's revisit index,
+    sums and hosts per scope shard, on every primary; a due read merges the
+    shards' indexes by bound: the due pages in order (next visit, URL),
+    whole or paged through, and the sums are every shard's added up."""
+    # Small chunks: the index parts are read and merged over many rounds.
+    monkeypatch.setattr(due_reads, "_DUE_BUCKETS", 2)
+    monkeypatch.setattr(due_reads, "_DUE_INDEX_CHUNK", 16)
+    states = many_hosts_pages()
+    store = open_store(redis_cluster, prefix)
+    try:
+        for state in states:
+            store.stage_page(state)
+        await call(store.flush())
+        with redis_cluster.client() as client:
+            ports = set()
+            for k in range(len(SCOPE_SHARDS)):
+                index = f"{prefix}:dueb:{{{shard_part(SCOPE, k)}}}"
+                hosts = {m.decode() for m in client.smembers(
+                    f"{prefix}:hs:{{{shard_part(SCOPE, k)}}}")}
+                # Each shard lists its hosts, and only those.
+                assert hosts == {h for h in MANY_HOSTS if scope_shard(h) == k}
+                assert hosts, "a shard with no host: more hosts needed"
+                assert client.zcard(index) == len(hosts)
+                assert client.hlen(f"{prefix}:nvs:{{{shard_part(SCOPE, k)}}}") > 0
+                ports.add(redis_cluster.port_of(index))
+            # Nothing of the revisit index or sums in the scope's own slot.
+            assert client.exists(f"{prefix}:dueb:{{{SCOPE}}}",
+                                 f"{prefix}:nvs:{{{SCOPE}}}", f"{prefix}:hs:{{{SCOPE}}}") == 0
+        assert ports == set(redis_cluster.ports)
+        want = sorted(states, key=lambda s: (s.next_visit, s.key.url))
+        due = await call(store.get_due(SCOPE, 2_000, 1_000))
+        assert [s.key for s in due] == [s.key for s in want]
+        paged: list[Any] = []
+        for _ in range(100):
+            more = await call(store.get_due(SCOPE, 2_000, 7,
+                                            after=due_after(paged[-1]) if paged else None))
+            if not more:
+                break
+            paged += more
+        assert [s.key for s in paged] == [s.key for s in want]
+        # Up to a time: only those due by then, in order.
+        due = await call(store.get_due(SCOPE, 1_100, 1_000))
+        assert [s.key for s in due] == [s.key for s in want if s.next_visit <= 1_100]
+        await assert_sums_are_the_pages(store)
+        assert sorted(store._scope_hosts(SCOPE)) == sorted(MANY_HOSTS)
+    finally:
+        await call(store.close())
+
+
+@pytest.mark.parametrize("then", ["retried", "adopted"])
+@pytest_twisted.ensureDeferred
+async def test_a_phase_3_failure_on_one_shard_leaves_the_others_applied_and_it_once(
+    redis_cluster: LoopbackCluster, prefix: str, then: str,
+) -> None:
+    """Phase 3 is a script per scope shard: one refused (a damaged key of
+    its shard) leaves the other shards' effects applied; its own stay in
+    its hosts' ledgers, listed by its intents, and are applied once when
+    the flush is retried, or, its worker gone, by another worker's read."""
+    states = many_hosts_pages()
+    damaged_shard = scope_shard(MANY_HOSTS[0])
+    damaged = f"{prefix}:nvs:{{{shard_part(SCOPE, damaged_shard)}}}"
+    store = open_store(redis_cluster, prefix)
+    other = open_store(redis_cluster, prefix)
+    other.adopt_after = 0  # (a test cannot wait ten minutes)
+    try:
+        with redis_cluster.client() as client:
+            client.set(damaged, "not a hash")
+            for state in states:
+                store.stage_page(state)
+            with pytest.raises(StateStoreError, match="WRONGTYPE"):
+                await call(store.flush())
+            for k in range(len(SCOPE_SHARDS)):
+                hosts = {m.decode() for m in client.smembers(
+                    f"{prefix}:hs:{{{shard_part(SCOPE, k)}}}")}
+                if k == damaged_shard:
+                    assert hosts == set()
+                    assert client.zcard(f"{prefix}:fxhosts:{{{shard_part(SCOPE, k)}}}") > 0
+                else:
+                    # Applied: listed, their intents dropped.
+                    assert hosts == {h for h in MANY_HOSTS if scope_shard(h) == k}
+            client.delete(damaged)
+        if then == "retried":
+            await call(store.flush())
+            assert store.pending == 0
+            reader = store
+        else:
+            await call(die(store))
+            # Another worker's summary applies the gone one's effects.
+            await call(other.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                             checked_before=math.inf))
+            reader = other
+        await assert_sums_are_the_pages(reader)
+        assert sorted(reader._scope_hosts(SCOPE)) == sorted(MANY_HOSTS)
+        want = sorted(states, key=lambda s: (s.next_visit, s.key.url))
+        due = await call(reader.get_due(SCOPE, 2_000, 1_000))
+        assert [s.key for s in due] == [s.key for s in want]
+        # Applied once, whoever sent them: a read again changes nothing.
+        await call(other.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                         checked_before=math.inf))
+        await assert_sums_are_the_pages(reader)
+        with redis_cluster.client() as client:
+            assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    finally:
+        if then == "retried":
+            await call(store.close())
+        await call(other.close())
+
+
+def test_a_shards_applied_tokens_are_kept_in_small_hashes_trimmed_hourly(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """P:fxdone is 4,096 small hashes a shard (by a token's first three hex
+    digits): a token applied is noted there (its next 16 hex digits), a
+    token sent again is answered 'done'; adding to a hash whose trim time
+    passed drops its tokens older than 2 x TOKEN_TTL, and the hash expires
+    on its own once no token is added for that long."""
+    store = open_store(redis_cluster, prefix)
+    tag = f"{{{A_SHARD}}}"
+    applied = "abc" + "0123456789abcdef" + "0" * 13
+    bucket = f"{prefix}:fxdone:{tag}:{int('abc', 16)}"
+    try:
+        with redis_cluster.client() as client, redis_cluster.node(
+                redis_cluster.port_of(bucket)) as node:
+            now = int(node.time()[0])
+            node.hset(bucket, mapping={"trim": now - 1, "1" * 16: now - 2 * _TOKEN_TTL - 60,
+                                       "2" * 16: now - 60})
+
+            def apply(token: str) -> Any:
+                script, keys, args = store._scope_call(tag, uuid.uuid4().hex,
+                                                       {token: _Effects()}, [])
+                return client.eval(script, len(keys), *keys, *args)
+
+            assert apply(applied)[3] == 1
+            held = node.hgetall(bucket)
+            assert b"1" * 16 not in held  # past two days: trimmed
+            assert b"2" * 16 in held
+            assert int(held[b"0123456789abcdef"]) >= now
+            assert int(held[b"trim"]) >= now + 3_000
+            assert 0 < node.ttl(bucket) <= 2 * _TOKEN_TTL + 3_600
+            # Sent again (another worker adopted it): applied once.
+            assert apply(applied) == [b"done", applied.encode()]
+    finally:
+        store._sync.close()
+
+
+@pytest.mark.parametrize("then", ["retried", "adopted"])
+@pytest_twisted.ensureDeferred
+async def test_phase_3_cut_off_on_one_node_is_applied_once_there_and_kept_elsewhere(
+    redis_cluster: LoopbackCluster, prefix: str, then: str,
+) -> None:
+    """Phase 3's pipeline reaches the shards of two nodes and not the
+    third's (its reply lost as well): the shards that ran keep their
+    effects (a retry replays them under their tokens, applying nothing
+    again); the cut-off node's shards' effects stay in their hosts' ledgers,
+    listed by their intents, and are applied once, by the retried flush or,
+    the worker gone, by another worker's read."""
+    states = many_hosts_pages()
+    store = open_store(redis_cluster, prefix)
+    other = open_store(redis_cluster, prefix)
+    other.adopt_after = 0  # (a test cannot wait ten minutes)
+    cut_port = redis_cluster.port_of(f"{prefix}:dueb:{{{A_SHARD}}}")
+    original = store._eval_many
+    cut: list[int] = []
+
+    async def eval_many(calls: list[tuple[str, list[str], list[Any]]],
+                        plain: Any = ()) -> list[Any]:
+        if cut or not any(sent == CLUSTER_SCOPE_LUA for sent, _, _ in calls):
+            return await original(calls, plain)
+        cut.append(1)
+        # The other nodes' scripts run; then the connection drops.
+        await original([call for call in calls
+                        if redis_cluster.port_of(call[1][0]) != cut_port], plain)
+        raise redis.exceptions.ConnectionError("a node dropped the connection")
+
+    store._eval_many = eval_many  # type: ignore[method-assign]
+    try:
+        for state in states:
+            store.stage_page(state)
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        assert cut
+        with redis_cluster.client() as client:
+            for k in range(len(SCOPE_SHARDS)):
+                shard = shard_part(SCOPE, k)
+                hosts = {m.decode() for m in client.smembers(f"{prefix}:hs:{{{shard}}}")}
+                if redis_cluster.port_of(f"{prefix}:hs:{{{shard}}}") == cut_port:
+                    assert hosts == set()
+                    assert client.zcard(f"{prefix}:fxhosts:{{{shard}}}") > 0
+                else:
+                    assert hosts == {h for h in MANY_HOSTS if scope_shard(h) == k}
+        if then == "retried":
+            await call(store.flush())
+            assert store.pending == 0
+            reader = store
+        else:
+            await call(die(store))
+            await call(other.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                             checked_before=math.inf))
+            reader = other
+        await assert_sums_are_the_pages(reader)
+        assert sorted(reader._scope_hosts(SCOPE)) == sorted(MANY_HOSTS)
+        want = sorted(states, key=lambda s: (s.next_visit, s.key.url))
+        due = await call(reader.get_due(SCOPE, 2_000, 1_000))
+        assert [s.key for s in due] == [s.key for s in want]
+        # Another read applies nothing again.
+        await call(other.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                         checked_before=math.inf))
+        await assert_sums_are_the_pages(reader)
+    finally:
+        if then == "retried":
+            await call(store.close())
+        await call(other.close())

@@ -51,17 +51,23 @@ themselves; other ``P:<name>:<s>`` keys, such as a shared politeness budget
 ``P:budget:<host>``, are not this store's), its hosts' keys, its
 ``P:hist:<s>:*`` and ``P:undel:<s>:*`` keys, and takes it out of ``P:scopes``.
 
-On a Redis Cluster the store keeps the *cluster layout* (version 5, see
+On a Redis Cluster the store keeps the *cluster layout* (version 6, see
 :mod:`~incremental_crawler.state.stores.redis.cluster`): the same kinds of
 keys, every one hash-tagged so that a script's keys are one slot: a scope's
-own ``P:<kind>:{<s>}`` (``P:undel:{<s>}:<c>``, ``P:nvf:{<s>}:<minute>``),
-the items by group ``P:items:{<s>#<g>}``, ``P:itemver:{<s>#<g>}``,
-``P:order:{<s>#<g>}``, ``P:hist:{<s>#<g>}:<item key>`` and
-``P:bypage:{<s>#<g>}`` (the group of the page's URL), a flush's tokens
-``P:flush:{<tag>}:<token>`` per script, a host's ledger of effects not yet
-applied ``P:fx:{<s>|<h>}``, the scope's effects applied
-``P:fxdone:{<s>}`` and the buckets a summary is reading ``P:duer:{<s>}``;
-its flush runs in three phases, not one script. One server keeps the layout
+own ``P:<kind>:{<s>}`` (``P:hosts``, ``P:crawls``, ``P:holds``,
+``P:slots``, ``P:slotsat``, ``P:undelc``, ``P:undel:{<s>}:<c>``); what a
+flush's last phase writes of a scope, per scope shard ``{<s>^<x>}`` (the
+shard of a host by a hash of its name; see
+:data:`~incremental_crawler.state.stores.redis.core.SCOPE_SHARDS`):
+``P:hs``, ``P:dueb``, ``P:splits``, ``P:nvs``, ``P:nvm``, ``P:ck``,
+``P:nvf:{<s>^<x>}:<minute>``, the write-ahead intents ``P:fxhosts``, the
+effects applied ``P:fxdone`` and the buckets a summary is reading
+``P:duer``; the items by group ``P:items:{<s>#<g>}``,
+``P:itemver:{<s>#<g>}``, ``P:order:{<s>#<g>}``,
+``P:hist:{<s>#<g>}:<item key>`` and ``P:bypage:{<s>#<g>}`` (the group of
+the page's URL), a flush's tokens ``P:flush:{<tag>}:<token>`` per script
+and a host's ledger of effects not yet applied ``P:fx:{<s>|<h>}``; its
+flush runs in three phases, not one script. One server keeps the layout
 above.
 
 Pages are kept per host in small buckets (see

@@ -37,6 +37,8 @@ from incremental_crawler.state.stores.redis.core import (
     _page_range,
     _slot_rates,
     _stored_version,
+    scope_shard,
+    shard_part,
 )
 from incremental_crawler.state.stores.redis.pages import (
     bucket_of,
@@ -56,6 +58,8 @@ __all__ = ["RedisAdmin"]
 #: of a host's keys (``P:<kind>:{<s>|<host>}``, buckets ``…:<n>``).
 _SCOPE_KINDS = ("hosts", "items", "itemver", "order", "bypage", "crawls", "hs", "dueb",
                 "splits", "slots", "slotsat", "undelc", "nvs", "nvm", "ck")
+#: Those kept per scope shard in the cluster layout (see SCOPE_SHARDS).
+_SHARD_KINDS = frozenset({"hs", "dueb", "splits", "nvs", "nvm", "ck"})
 _HOST_KINDS = ("hd", "ln")
 #: The kinds kept per item group in the cluster layout (``{<s>#<g>}``).
 _GROUP_KINDS = ("items", "itemver", "order", "bypage", "bypagev")
@@ -541,8 +545,9 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             run(None, "DEL", links)
             run(None, "DEL", self._host_key("hd", scope, host))
             run(None, "DEL", self._host_key("fx", scope, host))
-            run(None, "SREM", self._key("hs", scope), part)
-            run(None, "ZREM", self._key("dueb", scope), *(f"{part}|{b}" for b, _ in buckets))
+            run(None, "SREM", self._host_shard_key("hs", scope, host), part)
+            run(None, "ZREM", self._host_shard_key("dueb", scope, host),
+                *(f"{part}|{b}" for b, _ in buckets))
             run("hosts", "HDEL", self._key("hosts", scope), host)
             run("rates", "HDEL", self._key("slots", scope), host)
             run(None, "ZREM", self._key("slotsat", scope), host)
@@ -558,7 +563,8 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             if kind is not None:
                 counts[kind] += int(n)
         if effects.sums or effects.checks:
-            tag = f"{{{_key_part(scope)}}}"
+            # The host's shard's (its sums and checks are there).
+            tag = f"{{{shard_part(_key_part(scope), scope_shard(part))}}}"
             token = uuid.uuid4().hex
             script, keys, args = self._scope_call(tag, token, {token: effects}, [])
             self.roundtrips += 2
@@ -572,8 +578,10 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         keys. Only these kinds: other ``P:<name>:<s>`` keys may be
         anybody's (a shared politeness budget is ``P:budget:<host>``, and a
         scope may be named after its host)."""
-        kinds = [self._key(kind, scope) for kind in _SCOPE_KINDS
-                 if not (self.tagged and kind in _GROUP_KINDS)]
+        kinds = [key for kind in _SCOPE_KINDS
+                 if not (self.tagged and kind in _GROUP_KINDS)
+                 for key in (self._shard_keys(kind, scope) if kind in _SHARD_KINDS
+                             else [self._key(kind, scope)])]
         counts = self._bucket_counts(scope, self._scope_hosts(scope))
         buckets = [key for host, n in counts.items() for b in range(n)
                    for key in self._bucket_keys(scope, host, b)]
@@ -590,7 +598,9 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             # The hosts' ledgers of effects (a dead worker's new host's
             # too, listed nowhere) and the effects applied.
             kinds += self._scan_keys(f"{_glob(self.prefix)}:fx:{{{part}|*}}")
-            kinds += [self._key(kind, scope) for kind in ("fxdone", "duer", "fxhosts")]
+            kinds += [key for kind in ("duer", "fxhosts") for key in self._shard_keys(kind, scope)]
+            # The tokens applied, in buckets per shard.
+            kinds += self._shard_scan_keys("fxdone", scope)
             return kinds, buckets, links, hist
         hist = self._scan_keys(f"{_glob(self.prefix)}:hist:{_glob(_key_part(scope))}:*")
         kinds += self._scan_keys(f"{_glob(self.prefix)}:undel:{_glob(_key_part(scope))}:*")

@@ -1,12 +1,15 @@
-"""The Redis store on a Redis Cluster: the cluster layout (5), its phased
+"""The Redis store on a Redis Cluster: the cluster layout (6), its phased
 flush and its reads of pages.
 
 A Redis Cluster runs a script only on the node of its keys' slot, and every
 key a script touches must be in its ``KEYS`` and in one slot (Redis 7
 refuses a "non local key"). In the cluster layout every key carries a hash
 tag: a host's keys ``{<s>|<h>}`` (as in layout 4), a scope's own keys
-``{<s>}`` (``P:dueb:{<s>}``, ``P:nvs:{<s>}``, ``P:hosts:{<s>}``, ...), and
-the items by group, ``{<s>#<g>}`` with ``g`` a hash of the item key modulo
+``{<s>}`` (``P:hosts:{<s>}``, ``P:crawls:{<s>}``, ...), what phase 3 writes
+of a scope per scope shard ``{<s>^<x>}`` (``P:dueb``, ``P:nvs``, ``P:hs``,
+...: a host's in the shard :func:`~.core.scope_shard` gives, so that one
+scope's writes spread over the primaries; see :data:`~.core.SCOPE_SHARDS`),
+and the items by group, ``{<s>#<g>}`` with ``g`` a hash of the item key modulo
 :data:`~.core.ITEM_GROUPS` (``P:items:{<s>#<g>}``, ``P:hist:{<s>#<g>}:<key>``;
 ``P:bypage:{<s>#<g>}`` in the group of the *page*'s URL, so that one page's
 items are one range). ``P:meta`` and ``P:scopes`` are one key each.
@@ -19,12 +22,13 @@ succeeded:
 1. the item writes, per item group (``cluster_items.lua``);
 2. the page and links writes, per host (``cluster_host.lua``), and the page
    index's new members (after the items they list);
-3. per scope (``cluster_scope.lua``): what phase 2's scripts returned of
-   their writes (the scope's hosts, the revisit index lowered, the splits,
-   the sums by next visit, the checks since the mark), then the scope's own
-   writes (host trust, crawl records, rates, delivery marks); the page
-   index's stale members (``cluster_bypage.lua``: skipped where a later
-   item version wrote the member since); ``P:scopes``.
+3. per scope shard touched (``cluster_scope.lua``): what phase 2's scripts
+   of its hosts returned of their writes (the shard's hosts, the revisit
+   index lowered, the splits, the sums by next visit, the checks since the
+   mark); per scope, the same script in the scope's own slot with the
+   scope's own writes (host trust, crawl records, rates, delivery marks);
+   the page index's stale members (``cluster_bypage.lua``: skipped where a
+   later item version wrote the member since); ``P:scopes``.
 
 Every script keeps its own token in its slot (``P:flush:{tag}:<token>``)
 with how many of its writes it applied and what it returned, so that a
@@ -38,10 +42,18 @@ the next flush; phase 2's effects also stay in their host's ledger
 (``P:fx:{<s>|<h>}``) until applied, so that a worker gone before its phase 3
 leaves them to the next flush that writes the host (after
 :attr:`RedisClusterPath.adopt_after`) or, listed by the write-ahead intents
-the flush wrote in the scope's slot before its phase 2
-(``P:fxhosts:{<s>}``), to the next reading of the scope
-(:meth:`RedisClusterPath.adopt_ledgers`); the scope's script applies each
-script's effects once (``P:fxdone:{<s>}``), whoever sends them.
+the flush wrote in the host's scope shard before its phase 2
+(``P:fxhosts:{<s>^<x>}``), to the next reading of the scope
+(:meth:`RedisClusterPath.adopt_ledgers`, every shard's); the shard's script
+applies each script's effects once (``P:fxdone:{<s>^<x>}``), whoever sends
+them. A phase 3 whose script fails on one shard leaves the other shards'
+effects applied, and that shard's to the retry or to an adoption.
+
+Reads of what phase 3 wrote fan out per shard, pipelined (the cluster
+client sends each node its own): a due read merges the shards' revisit
+indexes by bound (each read in chunks; a page is in place once it is due
+before every shard's unread rest), a summary adds up the shards' sums and
+takes out each shard's checks, the scope's hosts are every shard's.
 
 A script that writes a page chooses its bucket from the host's bucket
 count: here the caller reads the count (and page count) first, plans the
@@ -69,12 +81,16 @@ import redis
 
 from incremental_crawler.state.stores.base import StateStoreError
 from incremental_crawler.state.stores.redis.core import (
+    SCOPE_SHARDS,
     RedisCore,
     _key_part,
     _whole,
     host_of_part,
     item_group,
     logger,
+    scope_of_shard,
+    scope_shard,
+    shard_part,
 )
 from incremental_crawler.state.stores.redis.pages import (
     BUCKET_LOAD,
@@ -157,6 +173,15 @@ def _refused_write(exc: BaseException | None) -> bool:
     return False
 
 
+def _applied_bucket(token: str) -> int:
+    """The bucket of ``P:fxdone`` a script's token is noted in once its
+    effects are applied: its first three hex digits (cluster_scope.lua)."""
+    try:
+        return int(token[:3], 16)
+    except ValueError:
+        return 0
+
+
 def _tag_of(key: str) -> str:
     """The hash tag of a key (``{...}``, braces included)."""
     start = key.index("{")
@@ -175,8 +200,9 @@ class _Effects:
     latest: int | None = None
     #: The host's ledger that keeps them until they are applied ('' none).
     ledger: str = ""
-    #: (scope part, host part) of that host: its write-ahead intent
-    #: (P:fxhosts) is dropped once none of its effects is pending.
+    #: (shard part, host part) of that host: its write-ahead intent
+    #: (P:fxhosts of its scope shard) is dropped once none of its effects
+    #: is pending.
     where: tuple[str, str] = ("", "")
 
     def add(self, reply: dict[str, Any], part: str) -> None:
@@ -225,8 +251,9 @@ class _Carried:
     """What phases 1 and 2 applied and phase 3 (or phase 2's page index
     members) has not written yet: sent with the next flush."""
 
-    #: Per scope part, phase 2's effects by the token of the script that
-    #: returned them (each applied once by the scope's script).
+    #: Per scope shard (its part, ``<s>^<x>``), phase 2's effects by the
+    #: token of the script that returned them (each applied once by the
+    #: shard's script).
     effects: dict[str, dict[str, _Effects]] = field(default_factory=dict)
     #: Effects sent to a scope's script, by its tag, until its reply says
     #: what became of them (kept as sent when the reply was lost).
@@ -234,7 +261,7 @@ class _Carried:
     #: Ledger entries (host's ledger, token) whose effects were applied:
     #: deleted with the next pipeline.
     ledger_done: list[tuple[str, str]] = field(default_factory=list)
-    #: Hosts (scope part, host part) some of whose effects were applied:
+    #: Hosts (shard part, host part) some of whose effects were applied:
     #: this worker's intent on them is dropped with the next pipeline when
     #: none of their effects is pending any more.
     intents_done: set[tuple[str, str]] = field(default_factory=set)
@@ -445,6 +472,10 @@ class RedisClusterPath(RedisCore):
                 applied.add(n)
         heads = {tag: (ops[positions[0]][1], ops[positions[0]][2])
                  for tag, positions in groups.items()}
+        # Each host's scope shard (the part inside its tag): its intents and
+        # its effects go there.
+        shards = {tag: shard_part(scope_part, scope_shard(part))
+                  for tag, (scope_part, part) in heads.items()}
         # The write-ahead intent, before any host script runs: one script
         # per scope of the hosts about to be written, so that a worker gone
         # before its phase 3 leaves its effects findable from the scope
@@ -462,12 +493,12 @@ class RedisClusterPath(RedisCore):
         # clocks and stalls play no part: a stalled worker's phase 2 is
         # late, a fast reader clock is not used).
         intents: dict[str, list[str]] = {}
-        for scope_part, part in heads.values():
-            intents.setdefault(scope_part, []).append(self._intent_member(part))
+        for tag, (_, part) in heads.items():
+            intents.setdefault(shards[tag], []).append(self._intent_member(part))
         first = sorted(intents)
         counts, said = await self._part_counts(list(heads.values()),
                                                self._intent_calls(intents, first))
-        stamps = {scope_part: int(at) for scope_part, at in zip(first, said, strict=True)}
+        stamps = {shard: int(at) for shard, at in zip(first, said, strict=True)}
         late: set[str] = set()
         limits: dict[str, int] = {}
 
@@ -482,7 +513,7 @@ class RedisClusterPath(RedisCore):
             keys = [self._token_key(token, tag), head("hd"), head("ln"), head("fx")]
             for b in sorted(buckets):
                 keys += [f"{head('pg')}:{b}", f"{head('pgl')}:{b}"]
-            deadline = stamps[scope_part] + self.adopt_after // 2
+            deadline = stamps[shards[tag]] + self.adopt_after // 2
             args: list[Any] = [self._listpack_value, n, splits, self.adopt_after,
                                len(buckets), *sorted(buckets), deadline, part]
             for at in positions:
@@ -497,14 +528,14 @@ class RedisClusterPath(RedisCore):
                 counts[scope_part, part] = (int(reply[1]), counts[scope_part, part][1])
                 again[tag] = groups[tag]
             elif reply[0] == b"late":
-                late.add(scope_part)
+                late.add(shards[tag])
                 again[tag] = groups[tag]
             elif reply[0] == b"blocked":
                 limits[tag] = int(reply[1])
                 again[tag] = groups[tag]
             else:
-                done = self._take_effects(carried.effects.setdefault(scope_part, {}), tag,
-                                          (scope_part, part), token, reply)
+                done = self._take_effects(carried.effects.setdefault(shards[tag], {}), tag,
+                                          (shards[tag], part), token, reply)
                 if done:
                     counts[scope_part, part] = (int(done.get("n") or 1),
                                                 int(done.get("p") or 0))
@@ -556,7 +587,7 @@ class RedisClusterPath(RedisCore):
             return f"{self.prefix}:{kind}:{tag}"
 
         keys = [self._token_key(token, tag), head("dueb"), head("splits"), head("hs"),
-                head("nvs"), head("nvm"), head("ck"), head("fxdone"), head("duer")]
+                head("nvs"), head("nvm"), head("ck"), head("duer")]
         index: dict[str, int] = {}
 
         def key_at(name: str) -> int:
@@ -565,7 +596,11 @@ class RedisClusterPath(RedisCore):
                 index[name] = len(keys)
             return index[name]
 
-        args: list[Any] = [len(bundles), *sorted(bundles), len(effects.sums)]
+        args: list[Any] = [len(bundles)]
+        for other in sorted(bundles):
+            # Its bucket of the tokens applied (cluster_scope.lua).
+            args += [other, key_at(f"{head('fxdone')}:{_applied_bucket(other)}")]
+        args.append(len(effects.sums))
         for (visit, callback), (pages, size) in sorted(effects.sums.items()):
             args += [visit, callback, pages, size,
                      key_at(f"{head('nvf')}:{math.floor(visit / _SUM_MINUTE)}")]
@@ -684,21 +719,22 @@ class RedisClusterPath(RedisCore):
 
     # -- write-ahead intents and the adoption of a dead worker's effects -------
 
-    def _intents_key(self, scope_part: str) -> str:
-        return f"{self.prefix}:fxhosts:{{{scope_part}}}"
+    def _intents_key(self, shard: str) -> str:
+        """The write-ahead intents of a scope shard (by its part, ``<s>^<x>``)."""
+        return f"{self.prefix}:fxhosts:{{{shard}}}"
 
     def _intent_member(self, part: str) -> str:
         return f"{part}\0{self._worker_id}"
 
     def _intent_calls(self, intents: dict[str, list[str]],
-                      scope_parts: list[str]) -> list[tuple[Any, ...]]:
-        # One script per scope: its members scored by its node's TIME.
-        return [("EVAL", CLUSTER_INTENT_ADD_LUA, 1, self._intents_key(scope_part),
-                 *intents[scope_part]) for scope_part in scope_parts]
+                      shards: list[str]) -> list[tuple[Any, ...]]:
+        # One script per scope shard: its members scored by its node's TIME.
+        return [("EVAL", CLUSTER_INTENT_ADD_LUA, 1, self._intents_key(shard),
+                 *intents[shard]) for shard in shards]
 
     async def _say_again(self, intents: dict[str, list[str]], late: set[str],
                          stamps: dict[str, int]) -> None:
-        """Write again the intents of the scopes whose host scripts were
+        """Write again the intents of the shards whose host scripts were
         past their deadline (this worker stalled: see _phase_hosts), newly
         stamped, before those hosts are sent again."""
         if not late:
@@ -708,7 +744,7 @@ class RedisClusterPath(RedisCore):
         stamps.update(zip(resaid, (int(at) for at in said), strict=True))
         late.clear()
 
-    def _ledger_bundles(self, scope_part: str, parts: list[str], ledgers: list[str],
+    def _ledger_bundles(self, shard: str, parts: list[str], ledgers: list[str],
                         entries: list[Any]
                         ) -> tuple[dict[str, _Effects], list[tuple[str, str]]]:
         """The effects of the ledgers' entries by token, and the entries
@@ -736,7 +772,7 @@ class RedisClusterPath(RedisCore):
                     # reader.
                     expired.append((ledger, token))
                     continue
-                bundle = _Effects(ledger=ledger, where=(scope_part, part))
+                bundle = _Effects(ledger=ledger, where=(shard, part))
                 bundle.add(json.loads(effects) if isinstance(effects, str) else effects, part)
                 bundles[token] = bundle
         return bundles, expired
@@ -758,10 +794,10 @@ class RedisClusterPath(RedisCore):
         commands: list[tuple[Any, ...]] = [("HDEL", ledger, token) for ledger, token in entries]
         dropped = set()
         for where in sorted(carried.intents_done):
-            scope_part, part = where
-            if where in pending or f"{{{scope_part}|{part}}}" in unsure:
+            shard, part = where
+            if where in pending or f"{{{scope_of_shard(shard)}|{part}}}" in unsure:
                 continue
-            commands.append(("ZREM", self._intents_key(scope_part), self._intent_member(part)))
+            commands.append(("ZREM", self._intents_key(shard), self._intent_member(part)))
             dropped.add(where)
         return commands, (entries, dropped)
 
@@ -777,73 +813,119 @@ class RedisClusterPath(RedisCore):
     def _adoption(self, scope: str, settled_only: bool = False
                   ) -> Generator[list[tuple[Any, ...]], list[Any], None]:
         """Apply every effect left in the ledgers of the hosts the scope's
-        intents list (P:fxhosts:{<s>}): a worker gone between its phases 2
-        and 3 on a host nobody writes again would otherwise leave that
-        host's pages out of the scope's hosts and revisit index for good.
-        Yields the commands of each round trip and is sent their replies
-        (run by :meth:`adopt_ledgers` or :meth:`adopt_ledgers_sync`); costs
-        one read when nothing is pending, else one a host listed.
+        intents list (``P:fxhosts:{<s>^<x>}``, one per scope shard): a
+        worker gone between its phases 2 and 3 on a host nobody writes
+        again would otherwise leave that host's pages out of the scope's
+        hosts and revisit index for good. Yields the commands of each round
+        trip (every shard's at once) and is sent their replies (run by
+        :meth:`adopt_ledgers` or :meth:`adopt_ledgers_sync`); costs one
+        round trip (a read per shard) when nothing is pending, else one a
+        host listed.
 
-        Every entry read is sent (the scope's script applies a token's
-        effects once: a live worker's own phase 3 then finds them applied).
-        An entry older than the tokens' lifetime on its node's clock is
-        dropped unapplied (as the host script does). An intent is dropped
-        only when, by its node's time read with it, it is :attr:`adopt_after`
-        old (its flush's host scripts write nothing past half that: its
-        entry, if any, was in the ledger read; see :meth:`_phase_hosts`)
-        and still as read (see ``cluster_intent_drop.lua``)."""
+        Every entry read is sent to its shard's script (which applies a
+        token's effects once: a live worker's own phase 3 then finds them
+        applied). An entry older than the tokens' lifetime on its node's
+        clock is dropped unapplied (as the host script does). An intent is
+        dropped only when, by its node's time read with it, it is
+        :attr:`adopt_after` old (its flush's host scripts write nothing past
+        half that: its entry, if any, was in the ledger read; see
+        :meth:`_phase_hosts`) and still as read (see
+        ``cluster_intent_drop.lua``). A shard whose script Redis refused (a
+        damaged key) keeps its ledgers and intents for a later try; the
+        others are applied."""
         scope_part = _key_part(scope)
-        intents = self._intents_key(scope_part)
-        [read] = yield [("EVAL", CLUSTER_INTENTS_READ_LUA, 1, intents)]
-        if isinstance(read, Exception):
-            raise read
-        # Their node's time first: their ages are told on the clock that
-        # scored them (see _phase_hosts), before the ledgers are read.
-        intents_now, flat = int(read[0]), read[1:]
-        if not flat:
+        shards = [shard_part(scope_part, k) for k in range(len(SCOPE_SHARDS))]
+        reads = yield [("EVAL", CLUSTER_INTENTS_READ_LUA, 1, self._intents_key(shard))
+                       for shard in shards]
+        listed: dict[str, tuple[int, list[tuple[bytes, bytes]]]] = {}
+        for shard, read in zip(shards, reads, strict=True):
+            if isinstance(read, Exception):
+                raise read
+            # Their node's time first: their ages are told on the clock that
+            # scored them (see _phase_hosts), before the ledgers are read.
+            intents_now, flat = int(read[0]), read[1:]
+            pairs = [(flat[k], flat[k + 1]) for k in range(0, len(flat), 2)]
+            if settled_only:
+                # Only intents adopt_after old: their workers' flushes are
+                # dead or past their deadline; a live worker's in-flight
+                # effects are left to its own phase 3 (no ledger read, no
+                # script for them).
+                pairs = [(member, score) for member, score in pairs
+                         if intents_now - float(score) >= self.adopt_after]
+            if pairs:
+                listed[shard] = (intents_now, pairs)
+        if not listed:
             return
-        pairs = [(flat[k], flat[k + 1]) for k in range(0, len(flat), 2)]
-        if settled_only:
-            # Only intents adopt_after old: their workers' flushes are dead
-            # or past their deadline; a live worker's in-flight effects are
-            # left to its own phase 3 (no ledger read, no script for them).
-            pairs = [(member, score) for member, score in pairs
-                     if intents_now - float(score) >= self.adopt_after]
-            if not pairs:
-                return
-        parts = sorted({member.decode().rpartition("\0")[0] for member, _ in pairs})
-        ledgers = [f"{self.prefix}:fx:{{{scope_part}|{part}}}" for part in parts]
-        entries = yield [("EVAL", CLUSTER_LEDGER_READ_LUA, 1, ledger) for ledger in ledgers]
-        bundles, expired = self._ledger_bundles(scope_part, parts, ledgers, entries)
-        tag = f"{{{scope_part}}}"
+        parts = {shard: sorted({member.decode().rpartition("\0")[0] for member, _ in pairs})
+                 for shard, (_, pairs) in listed.items()}
+        ledgers = {shard: [f"{self.prefix}:fx:{{{scope_part}|{part}}}" for part in found]
+                   for shard, found in parts.items()}
+        entries = yield [("EVAL", CLUSTER_LEDGER_READ_LUA, 1, ledger)
+                         for shard in listed for ledger in ledgers[shard]]
+        bundles: dict[str, dict[str, _Effects]] = {}
+        expired: dict[str, list[tuple[str, str]]] = {}
+        at = 0
+        for shard in listed:
+            count = len(ledgers[shard])
+            bundles[shard], expired[shard] = self._ledger_bundles(
+                shard, parts[shard], ledgers[shard], entries[at:at + count])
+            at += count
         applied: list[tuple[str, str]] = []
         spent: list[tuple[Any, ...]] = []
-        while bundles:
-            token = uuid.uuid4().hex
-            script, keys, args = self._scope_call(tag, token, bundles, [])
-            [reply] = yield [("EVAL", script, len(keys), *keys, *args)]
-            if isinstance(reply, Exception):
-                raise reply
-            if reply[0] == b"done":
-                # Applied already (their worker's phase 3, or another
-                # reader): their entries go; the rest is sent again.
-                for seen in reply[1:]:
-                    gone = bundles.pop(seen.decode(), None)
-                    if gone is not None:
-                        applied.append((gone.ledger, seen.decode()))
+        refused: set[str] = set()
+        yield from self._adopt_rounds(bundles, applied, spent, refused)
+        drops = []
+        for shard, (intents_now, pairs) in listed.items():
+            if shard in refused:
                 continue
-            spent.append(("DEL", keys[0]))  # its reply came: nothing to replay
-            if not int(reply[3]):
-                # Refused (a damaged key of the scope): left in the ledgers
-                # and the intents for a later try, the read goes on.
-                return
-            applied += [(bundle.ledger, other) for other, bundle in bundles.items()]
-            break
-        old = [(member, score) for member, score in pairs
-               if intents_now - float(score) >= self.adopt_after]
-        yield [*spent, *(("HDEL", ledger, token) for ledger, token in (*applied, *expired)),
-               *([("EVAL", CLUSTER_INTENT_DROP_LUA, 1, intents,
-                   *(x for pair in old for x in pair))] if old else [])]
+            old = [(member, score) for member, score in pairs
+                   if intents_now - float(score) >= self.adopt_after]
+            if old:
+                drops.append(("EVAL", CLUSTER_INTENT_DROP_LUA, 1, self._intents_key(shard),
+                              *(x for pair in old for x in pair)))
+        gone_entries = [*applied, *(entry for shard in listed if shard not in refused
+                                    for entry in expired[shard])]
+        cleanup = [*spent, *(("HDEL", ledger, token) for ledger, token in gone_entries), *drops]
+        if cleanup:
+            yield cleanup
+
+    def _adopt_rounds(self, bundles: dict[str, dict[str, _Effects]],
+                      applied: list[tuple[str, str]], spent: list[tuple[Any, ...]],
+                      refused: set[str]) -> Generator[list[tuple[Any, ...]], list[Any], None]:
+        """:meth:`_adoption`'s scripts: each shard's *bundles* sent to its
+        script, all shards' in one round trip, until each is applied or
+        refused; notes the ledger entries *applied*, the tokens *spent* and
+        the shards *refused* (a damaged key)."""
+        pending = [shard for shard, by_token in bundles.items() if by_token]
+        while pending:
+            calls = []
+            for shard in pending:
+                script, keys, args = self._scope_call(f"{{{shard}}}", uuid.uuid4().hex,
+                                                      bundles[shard], [])
+                calls.append((shard, keys[0], ("EVAL", script, len(keys), *keys, *args)))
+            replies = yield [call for _, _, call in calls]
+            again = []
+            for (shard, token_key, _), reply in zip(calls, replies, strict=True):
+                if isinstance(reply, Exception):
+                    raise reply
+                if reply[0] == b"done":
+                    # Applied already (their worker's phase 3, or another
+                    # reader): their entries go; the rest is sent again.
+                    for seen in reply[1:]:
+                        gone = bundles[shard].pop(seen.decode(), None)
+                        if gone is not None:
+                            applied.append((gone.ledger, seen.decode()))
+                    if bundles[shard]:
+                        again.append(shard)
+                    continue
+                spent.append(("DEL", token_key))  # its reply came: nothing to replay
+                if not int(reply[3]):
+                    # Refused (a damaged key of the shard): left in the
+                    # ledgers and the intents for a later try.
+                    refused.add(shard)
+                    continue
+                applied += [(bundle.ledger, other) for other, bundle in bundles[shard].items()]
+            pending = again
 
     async def adopt_ledgers(self, scope: str, settled_only: bool = False) -> None:
         """:meth:`_adoption` on the async client (a crawl's reads); best
@@ -907,7 +989,8 @@ class RedisClusterPath(RedisCore):
         # the scope's hosts yet; a reset must delete them all the same, and
         # a read see them (a host with no pages reads as none).
         pipe = self._sync.pipeline(transaction=False)
-        pipe.zrange(self._intents_key(_key_part(scope)), 0, -1)
-        [members] = self._sync_run(pipe)
-        listed = {host_of_part(m.decode().rpartition("\0")[0]) for m in members}
+        for k in range(len(SCOPE_SHARDS)):
+            pipe.zrange(self._intents_key(shard_part(_key_part(scope), k)), 0, -1)
+        listed = {host_of_part(m.decode().rpartition("\0")[0])
+                  for members in self._sync_run(pipe) for m in members}
         return hosts + sorted(listed - set(hosts))

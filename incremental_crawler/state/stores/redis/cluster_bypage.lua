@@ -1,5 +1,5 @@
 
--- The page index of one item group on a Redis Cluster (layout 5): adds and
+-- The page index of one item group on a Redis Cluster (cluster layout): adds and
 -- removes members P:bypage:{<s>#<g>} ("<page>\0<item key>", score 0, read
 -- by lex range), each with the item version of the write that made it
 -- (P:bypagev:{<s>#<g>}, member -> version, same slot). A removal comes from

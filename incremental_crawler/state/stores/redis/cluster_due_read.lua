@@ -1,5 +1,5 @@
 
--- due_read.lua for the buckets of one host on a Redis Cluster (layout 5):
+-- due_read.lua for the buckets of one host on a Redis Cluster (cluster layout):
 -- KEYS per bucket its two hashes (pg, pgl); ARGV the time, the cap, then
 -- per bucket its member ("host|n") and the next visit its pages were read
 -- up to before. Returns the first two strings due_read.lua returns (the

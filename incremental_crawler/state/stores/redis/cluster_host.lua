@@ -1,5 +1,5 @@
 
--- Phase 2 of a flush on a Redis Cluster (layout 5): the page and links
+-- Phase 2 of a flush on a Redis Cluster (cluster layout): the page and links
 -- writes of one host, in staging order; every key it touches is in KEYS
 -- and carries the host's tag {<scope>|<host>}. What such a write changes
 -- in keys of the scope's slot (the scope's hosts, the revisit index, the

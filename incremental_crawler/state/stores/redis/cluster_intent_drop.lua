@@ -1,6 +1,6 @@
 
--- Drops write-ahead intents of a scope on a Redis Cluster (layout 5):
--- P:fxhosts:{<scope>} lists "<host part>\0<worker>" by when (this node's
+-- Drops write-ahead intents of a scope on a Redis Cluster (cluster layout):
+-- P:fxhosts:{<scope>^<x>} (a scope shard's) lists "<host part>\0<worker>" by when (this node's
 -- TIME) that worker last said it was about to write the host (before its
 -- phase 2). A reader that applied a host's ledger drops the intents it
 -- read as past their deadline, each only while its score is still the one

@@ -1,5 +1,5 @@
 
--- Reads a scope's write-ahead intents on a Redis Cluster (layout 5) with
+-- Reads a scope's write-ahead intents on a Redis Cluster (cluster layout) with
 -- the time of their node (their scores are that node's time, written by
 -- cluster_intent_add.lua): a reader tells their age on that clock.
 -- Read-only (it runs above maxmemory). KEYS: the intents' zset.

@@ -1,5 +1,5 @@
 
--- Phase 1 of a flush on a Redis Cluster (layout 5): the item writes of one
+-- Phase 1 of a flush on a Redis Cluster (cluster layout): the item writes of one
 -- item group {<scope>#<g>}, in staging order (an item's writes all fall in
 -- its group: its record, version number, place in the export order and
 -- history). The page index P:bypage is kept by the phases around it: an

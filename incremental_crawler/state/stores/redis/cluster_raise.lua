@@ -1,5 +1,5 @@
 
--- The last step of a summary on a Redis Cluster (layout 5): each bucket's
+-- The last step of a summary on a Redis Cluster (cluster layout): each bucket's
 -- bound in the revisit index set to the least next visit the summary read
 -- of its pages, only if the mark the summary set before reading it is still
 -- there (a write of the bucket since, in phase 3, dropped it: its page may

@@ -1,5 +1,5 @@
 
--- Reads pages of one host on a Redis Cluster (layout 5). KEYS: the host's
+-- Reads pages of one host on a Redis Cluster (cluster layout). KEYS: the host's
 -- record (hd), then per bucket declared its two hashes (pg, pgl). ARGV: the
 -- bucket count the caller chose the buckets by, then per page its field
 -- and the index of its bucket's pair among the declared ones (0 first).

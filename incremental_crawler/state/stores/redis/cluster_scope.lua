@@ -1,26 +1,33 @@
 
--- Phase 3 of a flush on a Redis Cluster (layout 5): the writes of one
--- scope's own slot {<scope>}, sent once every script of phases 1 and 2
--- succeeded. First what phase 2 returned of its page writes (the effects):
+-- Phase 3 of a flush on a Redis Cluster (layout 6): the writes of one slot
+-- of a scope, sent once every script of phases 1 and 2 succeeded: a scope
+-- shard's {<scope>^<x>} (the effects of its hosts' writes), or the scope's
+-- own {<scope>} (its own writes; no effects). First what phase 2 returned
+-- of its page writes (the effects):
 -- the scope's hosts, the revisit index lowered (ZADD LT: a lower bound
 -- stays one), the splits count, the sums by next visit and the checks
 -- since the mark; then the scope's own writes in staging order (host
 -- trust, crawl records, rates, delivery marks).
 --
 -- The effects come from phase 2's scripts, each under its own token
--- (its host's ledger keeps them until they are applied); P:fxdone:{<s>}
--- (token -> when) notes the tokens whose effects were applied, so that
+-- (its host's ledger keeps them until they are applied); P:fxdone:<b>
+-- (the shard's tokens of bucket b, 4,096 buckets by a token's first three
+-- hex digits: each a small hash that Redis keeps a compact listpack, its
+-- next 16 hex digits -> when, plus 'trim' -> when it is next trimmed of
+-- tokens older than 2 x TOKEN_TTL) notes the tokens whose effects were
+-- applied, so that
 -- effects sent twice (by their worker and by another that took them from
 -- the ledger) are applied once: when any of those sent was applied
 -- already, nothing is, and the script answers {'done', tokens...}.
 --
 -- A bucket's bound lowered here drops the mark a summary set on it
--- (P:duer:{<s>}: the summary raises the bound only while its mark is
+-- (P:duer of the shard: the summary raises the bound only while its mark is
 -- there, so a page written while it read the bucket keeps the bound low).
 --
--- KEYS: the token, dueb, splits, hs, nvs, nvm, ck, fxdone, duer, then every
--- other key named by index in ARGV. ARGV: the number of effects' tokens and
--- those tokens; the number of sums deltas and per delta
+-- KEYS: the token, dueb, splits, hs, nvs, nvm, ck, duer, then every other
+-- key named by index in ARGV. ARGV: the number of effects' tokens and per
+-- token the token and the index in KEYS of its P:fxdone bucket; the number
+-- of sums deltas and per delta
 -- its next visit, callback, pages, bytes and the index in KEYS of its
 -- minute's nvf hash; the number of checks and per check its member and
 -- last check ('': the page has no callback now); the latest last check
@@ -32,8 +39,7 @@
 -- (0/1)}: the effects are applied whole before the first write (they
 -- cannot fail once the types are checked), or not at all.
 local TOKEN, DUE, SPLITS, HOSTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local COARSE, META, CHECKS, APPLIED = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local MARKS = KEYS[9]
+local COARSE, META, CHECKS, MARKS = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local done = redis.call('GET', TOKEN)
 if done then
   local kept = cjson.decode(done)
@@ -60,9 +66,12 @@ local function check_type(key, want)
 end
 
 -- The effects, read first (their types checked with the writes').
-local bundles = {}
-for k = 2, 1 + tonumber(ARGV[1]) do bundles[#bundles + 1] = ARGV[k] end
-local j = 2 + #bundles
+local bundles, applied_at = {}, {}
+for k = 1, tonumber(ARGV[1]) do
+  bundles[k] = ARGV[2 * k]
+  applied_at[k] = KEYS[tonumber(ARGV[2 * k + 1])]
+end
+local j = 2 + 2 * #bundles
 local sums = {}
 for _ = 1, tonumber(ARGV[j]) do
   sums[#sums + 1] = {tonumber(ARGV[j + 1]), ARGV[j + 2], tonumber(ARGV[j + 3]),
@@ -94,10 +103,11 @@ end
 local FIRST = j + 1
 
 local failed = check_type(DUE, 'zset') or check_type(SPLITS, 'string')
-  or check_type(APPLIED, 'zset') or check_type(MARKS, 'hash')
+  or check_type(MARKS, 'hash')
   or check_type(HOSTS, 'set') or check_type(COARSE, 'hash') or check_type(META, 'hash')
   or check_type(CHECKS, 'zset')
 for _, delta in ipairs(sums) do failed = failed or check_type(delta[5], 'hash') end
+for _, bucket in ipairs(applied_at) do failed = failed or check_type(bucket, 'hash') end
 local i = FIRST
 while not failed and i <= #ARGV do
   local name = ARGV[i]
@@ -139,12 +149,32 @@ end
 if failed then return finish(0, failed, 0) end
 local now = tonumber(redis.call('TIME')[1])
 local seen = {}
-for _, bundle in ipairs(bundles) do
-  if redis.call('ZSCORE', APPLIED, bundle) then seen[#seen + 1] = bundle end
+-- A token's field in its bucket: its 16 hex digits after the bucket's 3.
+local function applied_field(token) return string.sub(token, 4, 19) end
+for k, bundle in ipairs(bundles) do
+  if redis.call('HEXISTS', applied_at[k], applied_field(bundle)) == 1 then
+    seen[#seen + 1] = bundle
+  end
 end
 if #seen > 0 then return {'done', unpack(seen)} end
-redis.call('ZREMRANGEBYSCORE', APPLIED, '-inf', now - 2 * TOKEN_TTL)
-for _, bundle in ipairs(bundles) do redis.call('ZADD', APPLIED, now, bundle) end
+for k, bundle in ipairs(bundles) do
+  local bucket = applied_at[k]
+  local trim = tonumber(redis.call('HGET', bucket, 'trim'))
+  if trim and trim <= now then
+    -- Hourly at most: the tokens past 2 x TOKEN_TTL go (their ledger
+    -- entries are dropped unapplied past TOKEN_TTL: never sent again).
+    local flat = redis.call('HGETALL', bucket)
+    for f = 1, #flat, 2 do
+      if flat[f] ~= 'trim' and tonumber(flat[f + 1]) < now - 2 * TOKEN_TTL then
+        redis.call('HDEL', bucket, flat[f])
+      end
+    end
+  end
+  if not trim or trim <= now then redis.call('HSET', bucket, 'trim', now + 3600) end
+  redis.call('HSET', bucket, applied_field(bundle), now)
+  -- A bucket no token is added to for that long holds none still needed.
+  redis.call('EXPIRE', bucket, 2 * TOKEN_TTL + 3600)
+end
 
 -- The sums (as add_sum in sums.lua): a field summing no page goes.
 local function add_sum(key, field, pages, bytes)

@@ -1,5 +1,5 @@
 
--- summary.lua for the buckets of one host on a Redis Cluster (layout 5),
+-- summary.lua for the buckets of one host on a Redis Cluster (cluster layout),
 -- read-only: the buckets' bounds in the revisit index (the scope's slot)
 -- are set by cluster_raise.lua from what this returns.
 -- KEYS per bucket its two hashes (pg, pgl); ARGV after, upto,

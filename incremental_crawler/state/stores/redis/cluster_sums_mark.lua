@@ -1,6 +1,7 @@
 
 -- sums_mark.lua with its keys declared (the cluster layout): KEYS the
--- scope's nvm and ck (its slot, {<scope>}, as its holds), ARGV the time.
+-- nvm and ck of a scope shard (its slot, {<scope>^<x>}), ARGV the time;
+-- run on every shard once the scope's hold is taken.
 local z = {meta = KEYS[1], checks = KEYS[2]}
 local at = tonumber(ARGV[1])
 local meta = redis.call('HMGET', z.meta, 'mark', 'latest')

@@ -109,6 +109,39 @@ def _group_tag(scope: str, name: str) -> str:
     return f"{{{_key_part(scope)}#{item_group(name)}}}"
 
 
+#: The scope shards of the cluster layout: the keys a flush's last phase
+#: writes of a scope (its hosts, revisit index, splits, sums, checks, and
+#: the write-ahead intents and applied effects behind them) are kept per
+#: shard, ``{<s>^<x>}``, a host's in the shard of :func:`scope_shard`, so
+#: that one scope's writes spread over the cluster's primaries. A tag's slot
+#: is CRC16 of ``<s>^<x>`` and CRC16 is linear: the suffixes' own CRC16s
+#: differ only in the top three of the slot's fourteen bits, so the eight
+#: shards of any scope are one in each eighth of the slots (on three
+#: primaries of equal ranges each holds 2 or 3 of them), whatever its name.
+#: Part of the cluster layout (version 6): other shards would need another
+#: version (a store's hosts would be looked for in the wrong shards).
+SCOPE_SHARDS = ("la2", "qf7", "lp0", "h85", "fjl", "bfa", "nrv", "bwc")
+#: Between a scope's part and its shard's suffix: percent-quoted in a scope
+#: (``%5E``), so that no scope's own tag is another's shard.
+SHARD_MARK = "^"
+
+
+def scope_shard(part: str) -> int:
+    """The scope shard of a host, by its key part (:func:`host_part`)."""
+    digest = hashlib.sha1(part.encode(), usedforsecurity=False).digest()
+    return int.from_bytes(digest[:4], "big") % len(SCOPE_SHARDS)
+
+
+def shard_part(scope_part: str, shard: int) -> str:
+    """The tag's inside of a scope's shard (``<s>^<x>``)."""
+    return f"{scope_part}{SHARD_MARK}{SCOPE_SHARDS[shard]}"
+
+
+def scope_of_shard(part: str) -> str:
+    """The scope part of a shard's (:func:`shard_part` reversed)."""
+    return part.rpartition(SHARD_MARK)[0]
+
+
 @functools.lru_cache(maxsize=256)
 def _key_part(scope: str) -> str:
     # Percent-quoted: no ':' inside, so P:hist:<s>:<key> splits one way only,
@@ -167,10 +200,11 @@ class RedisCore(StateStore):
             raise self._fail(
                 "cannot be reached or read (is Redis running at this address?)", exc
             ) from exc
-        #: Whether the store is on a Redis Cluster (its cluster layout, 5).
+        #: Whether the store is on a Redis Cluster (its cluster layout, 6).
         self.cluster = isinstance(self._sync, RedisCluster)
-        #: Whether its keys are those of the cluster layout (5): every key
-        #: carries a hash tag, per scope ``{<s>}``, per item group
+        #: Whether its keys are those of the cluster layout (6): every key
+        #: carries a hash tag, per scope ``{<s>}``, per scope shard
+        #: ``{<s>^<x>}``, per item group
         #: ``{<s>#<g>}`` (see :mod:`.cluster`). Only on a cluster, for now:
         #: one server keeps layout 4's names (a migration could move it).
         self.tagged = self.cluster
@@ -178,17 +212,36 @@ class RedisCore(StateStore):
     # -- keys and records ------------------------------------------------------
 
     def _key(self, kind: str, scope: str) -> str:
-        """A key of the scope's own (layout 5: tagged ``{<s>}``, so that
+        """A key of the scope's own (cluster layout: tagged ``{<s>}``, so that
         every one of them is in one slot)."""
         if self.tagged:
             return f"{self.prefix}:{kind}:{{{_key_part(scope)}}}"
         return f"{self.prefix}:{kind}:{_key_part(scope)}"
 
+    def _shard_key(self, kind: str, scope: str, shard: int) -> str:
+        """A key of the scope's shard *shard* (layout 6: ``{<s>^<x>}``);
+        on one server the scope's own key (it has no shards)."""
+        if self.tagged:
+            return f"{self.prefix}:{kind}:{{{shard_part(_key_part(scope), shard)}}}"
+        return self._key(kind, scope)
+
+    def _shard_keys(self, kind: str, scope: str) -> list[str]:
+        """The key of *kind* of every shard of the scope (layout 6), or the
+        scope's one key (one server)."""
+        if self.tagged:
+            return [self._shard_key(kind, scope, k) for k in range(len(SCOPE_SHARDS))]
+        return [self._key(kind, scope)]
+
+    def _host_shard_key(self, kind: str, scope: str, host: str) -> str:
+        """The key of *kind* of the shard *host* is in (one server: the
+        scope's)."""
+        return self._shard_key(kind, scope, scope_shard(host_part(host)))
+
     def _item_key(self, kind: str, scope: str, item_key: str) -> str:
         """A key of the items (``items``, ``itemver``, ``order``,
         ``bypage``) holding *item_key* (for ``bypage``: the page *item_key*
         names): the scope's one key in layout 4, its item group's in
-        layout 5 (see :func:`item_group`)."""
+        the cluster layout (see :func:`item_group`)."""
         if self.tagged:
             return f"{self.prefix}:{kind}:{_group_tag(scope, item_key)}"
         return self._key(kind, scope)
@@ -558,8 +611,10 @@ class RedisCore(StateStore):
         raise self._fail(f"scanning {key} did not finish")
 
     def _scope_hosts(self, scope: str) -> list[str]:
-        """The hosts of *scope* with pages or links records stored."""
-        return [host_of_part(m.decode()) for m in self._scan_set(self._key("hs", scope))]
+        """The hosts of *scope* with pages or links records stored (every
+        shard's, on a cluster)."""
+        return [host_of_part(m.decode()) for key in self._shard_keys("hs", scope)
+                for m in self._scan_set(key)]
 
     def _bucket_counts(self, scope: str, hosts: list[str]) -> dict[str, int]:
         """Each host's number of buckets."""
@@ -595,7 +650,17 @@ class RedisCore(StateStore):
                         yield host, field, raw
 
     def _fine_sums_keys(self, scope: str) -> list[str]:
+        if self.tagged:
+            return self._shard_scan_keys("nvf", scope)
         return self._scan_keys(f"{_glob(self._key('nvf', scope))}:*")
+
+    def _shard_scan_keys(self, kind: str, scope: str) -> list[str]:
+        """The keys ``P:<kind>:{<s>^<x>}:<anything>`` of every scope shard
+        of *scope* (cluster layout), in one scan of every primary."""
+        head = f"{self.prefix}:{kind}:{{{_key_part(scope)}{SHARD_MARK}"
+        tags = {f"{{{shard_part(_key_part(scope), k)}}}" for k in range(len(SCOPE_SHARDS))}
+        return [key for key in self._scan_keys(f"{_glob(head)}*}}:*")
+                if key[len(self.prefix) + len(kind) + 2:].partition(":")[0] in tags]
 
 
 def _whole(raw: bytes | None, default: int) -> int:

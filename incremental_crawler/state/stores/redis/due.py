@@ -22,6 +22,7 @@ from incremental_crawler.state.stores.redis.core import (
     RedisCore,
     _key_part,
     logger,
+    scope_shard,
 )
 from incremental_crawler.state.stores.redis.pages import host_of_part, page_key_of
 from incremental_crawler.state.stores.redis.scripts import (
@@ -33,6 +34,7 @@ from incremental_crawler.state.stores.redis.scripts import (
     CLUSTER_DUE_READ_LUA,
     CLUSTER_RAISE_LUA,
     CLUSTER_SUMMARY_LUA,
+    CLUSTER_SUMS_COARSE_LUA,
 )
 
 if TYPE_CHECKING:
@@ -76,11 +78,26 @@ def _limit(value: float, *, up: bool = False) -> int:
 _DuePage = tuple[int, str, str, bytes]
 
 
+class _IndexPart:
+    """How far one revisit index of a scope was read (one server: the
+    scope's; a cluster: each scope shard's, merged by bound)."""
+
+    def __init__(self, index: str, splits: str) -> None:
+        #: The index's key and its count of splits' key (one slot).
+        self.index, self.splits = index, splits
+        #: Where it was read up to (a bound, and how many read have it),
+        #: and whether it was read to its end.
+        self.low = "-inf"
+        self.ties = 0
+        self.done = False
+
+
 class _DueCursor:
     """How far a reading of a scope's due pages went (``get_due``)."""
 
     def __init__(self, scope: str, now: float, flushes: int,
-                 after: DueAfter | None = None) -> None:
+                 after: DueAfter | None = None,
+                 parts: list[_IndexPart] | None = None) -> None:
         self.scope, self.now, self.flushes = scope, now, flushes
         #: Where the reading starts (pages after it), and the last page sent.
         self.after = after
@@ -96,37 +113,46 @@ class _DueCursor:
         self.ready: list[_DuePage] = []
         self.base = 0
         #: Buckets of the index not read yet: a heap of (bound, member);
-        #: where the index was read up to (a bound, and how many read have
-        #: it), and whether it was read to its end.
+        #: the index's parts (each read in order of bounds, up to a point).
         self.unread: list[tuple[float, bytes]] = []
-        self.low: str = "-inf"
-        self.ties = 0
+        self.parts = parts or []
+        #: The part of each bucket of ``unread``, by member.
+        self.part_of: dict[bytes, int] = {}
         self.seen: set[bytes] = set()
         #: The bounds of the buckets not read yet (a bucket read whose
         #: pages are all after its bound is set right by the next flush).
         self.bounds: dict[bytes, float] = {}
-        self.index_done = False
         #: Buckets read up to a cap, with pages due after it: a heap of (the
         #: earliest of those, member, the cap).
         self.parked: list[tuple[int, bytes, int]] = []
         #: The cap of the reads for the due pages wanted: (how many, cap).
         self.cap: tuple[int, int] | None = None
-        #: The scope's count of bucket splits when first read, and whether
-        #: a read since found another (pages may have moved: start over).
-        self.splits: bytes | None = None
+        #: The scope's counts of bucket splits (per key: a cluster's per
+        #: shard) when first read, and whether a read since found another
+        #: (pages may have moved: start over).
+        self.splits: dict[str, bytes] = {}
         self.moved = False
 
-    def note_splits(self, splits: bytes) -> None:
-        if self.splits is None:
-            self.splits = splits
-        elif splits != self.splits:
+    @property
+    def index_done(self) -> bool:
+        return all(part.done for part in self.parts)
+
+    def note_splits(self, key: str, splits: bytes) -> None:
+        if self.splits.setdefault(key, splits) != splits:
             self.moved = True
+
+    def frontier(self) -> float:
+        """The least bound of the buckets not read yet: those unread or
+        parked, and every index part's rest (after where it was read to)."""
+        rest = min((float(part.low) for part in self.parts if not part.done),
+                   default=math.inf)
+        return min(self.unread[0][0] if self.unread else math.inf,
+                   self.parked[0][0] if self.parked else math.inf, rest)
 
     def settle(self, need: int) -> bool:
         """Move the waiting pages now certainly in place to ``ready``;
         whether *need* are ready (or nothing is left to read)."""
-        frontier = min(self.unread[0][0] if self.unread else math.inf,
-                       self.parked[0][0] if self.parked else math.inf)
+        frontier = self.frontier()
         while self.waiting and self.waiting[0][0] < frontier:
             self.ready.append(heapq.heappop(self.waiting))
         if frontier == math.inf:
@@ -142,8 +168,7 @@ class _DueCursor:
         sent now). Worked out once enough are waiting: a cap that could be
         lower costs a few pages more, not a read."""
         ahead = _DUE_AHEAD * (need - self.base - len(self.ready))
-        frontier = min(self.unread[0][0] if self.unread else math.inf,
-                       self.parked[0][0] if self.parked else math.inf)
+        frontier = self.frontier()
         # Past it, every bucket left is after the cap: a new one is due.
         if self.cap is None or self.cap[0] != need or self.cap[1] < frontier:
             self.cap = None
@@ -162,7 +187,9 @@ class _DueCursor:
             if min(unread, parked) > cap:
                 break
             if unread <= parked:
-                chosen.append((heapq.heappop(self.unread)[1], self.floor))
+                member = heapq.heappop(self.unread)[1]
+                self.part_of.pop(member, None)
+                chosen.append((member, self.floor))
             else:
                 _, member, after = heapq.heappop(self.parked)
                 chosen.append((member, after))
@@ -216,7 +243,7 @@ class RedisDueReads(RedisCore):
             # dead worker's pages are due-read at most adopt_after late (a
             # crawl's start and the summaries still apply every intent).
             await self.adopt_ledgers(scope, settled_only=True)
-            cursor = _DueCursor(scope, now, self._flushes, after)
+            cursor = self._new_cursor(scope, now, after)
         while True:
             for _ in range(_DUE_STARTS):
                 self._due_cursor = cursor
@@ -225,7 +252,7 @@ class RedisDueReads(RedisCore):
                     break
                 # Another worker split buckets meanwhile: pages not read may
                 # have moved out of the buckets still to read (or into them).
-                cursor = _DueCursor(scope, now, self._flushes, after)
+                cursor = self._new_cursor(scope, now, after)
             else:
                 logger.warning("State store %s: buckets of %r kept splitting while its due "
                                "pages were read (%d times): some may be missing until the "
@@ -252,6 +279,13 @@ class RedisDueReads(RedisCore):
                 return due
             # Every page read was left out (staged since with a later next
             # visit): read on, or the reader would take the end for reached.
+
+    def _new_cursor(self, scope: str, now: float, after: DueAfter | None) -> _DueCursor:
+        """A reading of the scope's due pages from *after*: of its one
+        revisit index, or (a cluster) of every scope shard's, merged."""
+        parts = [_IndexPart(index, splits) for index, splits in zip(
+            self._shard_keys("dueb", scope), self._shard_keys("splits", scope), strict=True)]
+        return _DueCursor(scope, now, self._flushes, after, parts)
 
     async def _read_due(self, cursor: _DueCursor, need: int) -> None:
         """Merge the scope's buckets until *need* due pages are in place.
@@ -290,8 +324,12 @@ class RedisDueReads(RedisCore):
                     (_DUE_READ_SHA, [*head, *(arg for pair in chosen[at:at + _DUE_BUCKETS]
                                               for arg in pair)])
                     for at in range(0, len(chosen), _DUE_BUCKETS)])
+                key = cursor.parts[0].splits
+                replies = [(heads, records, {key: splits})
+                           for heads, records, splits in replies]
             for heads, records, splits in replies:
-                cursor.note_splits(splits)
+                for key, value in splits.items():
+                    cursor.note_splits(key, value)
                 at = 0
                 for head in heads.split(b"\xfe") if heads else ():
                     member, above, least, *pages = head.split(b"\xff")
@@ -315,35 +353,45 @@ class RedisDueReads(RedisCore):
         raise self._fail(f"reading the due pages of {cursor.scope!r} did not finish")
 
     async def _next_buckets(self, cursor: _DueCursor, until: int) -> None:
-        """Keep a chunk of the index's unread buckets at hand (by bound)."""
-        if cursor.index_done or len(cursor.unread) >= _DUE_BUCKETS * _DUE_SCRIPTS:
+        """Keep a chunk of each index part's unread buckets at hand (by
+        bound): the parts short of theirs read in one round trip (on a
+        cluster, a script per scope shard, pipelined per node)."""
+        chunk = max(_DUE_INDEX_CHUNK // len(cursor.parts), _DUE_BUCKETS)
+        held = [0] * len(cursor.parts)
+        for n in cursor.part_of.values():
+            held[n] += 1
+        wanted = [n for n, part in enumerate(cursor.parts) if not part.done and held[n] < chunk]
+        if not wanted:
             return
         if self.tagged:
-            [reply] = await self._eval_many([(CLUSTER_DUE_INDEX_LUA, [
-                self._key("dueb", cursor.scope), self._key("splits", cursor.scope)],
-                [cursor.low, until, cursor.ties, _DUE_INDEX_CHUNK])])
-            if isinstance(reply, Exception):
-                raise self._fail("read failed", reply)
-            flat, splits = reply
+            replies = await self._eval_many([(CLUSTER_DUE_INDEX_LUA, [
+                cursor.parts[n].index, cursor.parts[n].splits],
+                [cursor.parts[n].low, until, cursor.parts[n].ties, chunk]) for n in wanted])
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise self._fail("read failed", reply)
         else:
-            [(flat, splits)] = await self._read_scripts([(_DUE_INDEX_SHA, [
-                self._key("dueb", cursor.scope), cursor.low, until, cursor.ties,
-                _DUE_INDEX_CHUNK, self._key("splits", cursor.scope)])])
-        cursor.note_splits(splits)
-        parts = flat.split(b"\xff") if flat else []
-        pairs = [(parts[n], float(parts[n + 1])) for n in range(0, len(parts), 2)]
-        for member, score in pairs:
-            if member not in cursor.seen:
-                cursor.seen.add(member)
-                cursor.bounds[member] = float(score)
-                heapq.heappush(cursor.unread, (float(score), member))
-        if pairs:
-            last = float(pairs[-1][1])
-            at_last = sum(1 for _, score in pairs if float(score) == last)
-            same = cursor.low != "-inf" and float(cursor.low) == last
-            cursor.ties = cursor.ties + at_last if same else at_last
-            cursor.low = repr(last)
-        cursor.index_done = len(pairs) < _DUE_INDEX_CHUNK
+            part = cursor.parts[0]
+            replies = await self._read_scripts([(_DUE_INDEX_SHA, [
+                part.index, part.low, until, part.ties, chunk, part.splits])])
+        for n, (flat, splits) in zip(wanted, replies, strict=True):
+            part = cursor.parts[n]
+            cursor.note_splits(part.splits, splits)
+            items = flat.split(b"\xff") if flat else []
+            pairs = [(items[k], float(items[k + 1])) for k in range(0, len(items), 2)]
+            for member, score in pairs:
+                if member not in cursor.seen:
+                    cursor.seen.add(member)
+                    cursor.bounds[member] = score
+                    cursor.part_of[member] = n
+                    heapq.heappush(cursor.unread, (score, member))
+            if pairs:
+                last = pairs[-1][1]
+                at_last = sum(1 for _, score in pairs if score == last)
+                same = part.low != "-inf" and float(part.low) == last
+                part.ties = part.ties + at_last if same else at_last
+                part.low = repr(last)
+            part.done = len(pairs) < chunk
 
     async def _cluster_due_read(self, scope: str, until: int, cap: int,
                                 chosen: list[tuple[bytes, int]]) -> list[Any]:
@@ -364,12 +412,14 @@ class RedisDueReads(RedisCore):
                     keys += self._bucket_keys(scope, host_of_part(part), int(bucket))
                     args += [member, after]
                 calls.append((CLUSTER_DUE_READ_LUA, keys, args))
-        replies = await self._eval_many(calls, [("GET", self._key("splits", scope))])
+        keys = self._shard_keys("splits", scope)
+        replies = await self._eval_many(calls, [("GET", key) for key in keys])
         for reply in replies:
             if isinstance(reply, Exception):
                 raise self._fail("read failed", reply)
-        splits = replies[-1] or b""
-        return [(heads, records, splits) for heads, records in replies[:-1]]
+        splits = {key: value or b"" for key, value in zip(
+            keys, replies[len(calls):], strict=True)}
+        return [(heads, records, splits) for heads, records in replies[:len(calls)]]
 
     # -- pages in aggregate ----------------------------------------------------
 
@@ -453,50 +503,54 @@ class RedisDueReads(RedisCore):
                                checked_before: float,
                                exclude_callbacks: Collection[str] = ()) -> PagesSummary:
         """:meth:`summarize_pages` on a Redis Cluster: what sums_read.lua
-        does in one script, in steps, since the sums are in the scope's
-        slot and the pages checked since the mark in their hosts': the
-        mark, the checks and the coarse sums in one round-trip, then those
-        pages (their hosts' slots), then the minutes' fine sums. Not one
-        instant: a flush between the steps is counted in part (as any
-        summary read while workers flush)."""
+        does in one script, in steps, since the sums are in the scope
+        shards' slots and the pages checked since the mark in their hosts':
+        every shard's mark and checks in one round-trip, then those pages
+        (their hosts' slots), then every shard's coarse sums of the window
+        (added up in Redis: ``cluster_sums_coarse.lua``), then the minutes'
+        fine sums. Not one instant: a flush between the steps is counted in
+        part (as any summary read while workers flush)."""
         low_t, high_t = _limit(after), _limit(upto)
         before = _limit(checked_before, up=True)
         excluded = set(exclude_callbacks)
-        meta, checks, coarse = await self._commands([
-            ("HMGET", self._key("nvm", scope), "mark", "latest"),
-            ("ZRANGEBYSCORE", self._key("ck", scope), before, "+inf"),
-            ("HGETALL", self._key("nvs", scope))])
-        mark, latest = (None if v is None else int(v) for v in meta)
+        checks = await self._shard_checks(scope, before)
+        if checks is None:
+            return await self._cluster_summary_scan(
+                scope, after=after, upto=upto, checked_before=checked_before,
+                exclude_callbacks=exclude_callbacks)
         pages = size = 0
-        less_minute: dict[int, int] = {}
+        # Per shard: a shard's checks are in its own sums (its hosts').
+        less_minute: dict[int, dict[int, int]] = {}
         less_visit: dict[int, int] = {}
-        if latest is not None and before <= latest:
-            if mark is None or before < mark:
-                return await self._cluster_summary_scan(
-                    scope, after=after, upto=upto, checked_before=checked_before,
-                    exclude_callbacks=exclude_callbacks)
+        if checks:
             # This crawl's checks are in the sums: taken out one by one.
-            for visit, page_size in await self._checked_since(scope, checks, before,
-                                                              low_t, high_t, excluded):
+            for shard, visit, page_size in await self._checked_since(
+                    scope, checks, before, low_t, high_t, excluded):
                 pages, size = pages - 1, size - page_size
                 minute = visit // _SUM_MINUTE
-                less_minute[minute] = less_minute.get(minute, 0) + 1
+                by = less_minute.setdefault(shard, {})
+                by[minute] = by.get(minute, 0) + 1
                 less_visit[visit] = less_visit.get(visit, 0) + 1
         low, high = (low_t + 1) // _SUM_MINUTE, high_t // _SUM_MINUTE
-        net: dict[int, int] = {}
-        for field, value in coarse.items():
-            minute_raw, _, callback = field.decode().partition("|")
-            minute = int(minute_raw)
-            if low < minute < high and callback not in excluded:
-                count, total = (int(v) for v in value.split())
-                pages, size = pages + count, size + total
-                net[minute] = net.get(minute, 0) + count
-        for minute, less in less_minute.items():
-            if minute in net:
-                net[minute] -= less
+        # Each shard's coarse sums in the window added up in Redis, and its
+        # earliest minute with pages left: the scope's is the least of them
+        # (a shard's count of a minute is never below its checks there).
+        shards = len(self._shard_keys("nvs", scope))
+        head = [low, high, len(excluded), *sorted(excluded)]
+        replies = await self._eval_many([
+            (CLUSTER_SUMS_COARSE_LUA, [self._shard_key("nvs", scope, k)],
+             [*head, *(x for pair in sorted(less_minute.get(k, {}).items()) for x in pair)])
+            for k in range(shards)])
+        least: int | None = None
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise self._fail("read failed", reply)
+            count, total, earliest = reply
+            pages, size = pages + int(count), size + int(total)
+            if earliest:
+                least = int(earliest) if least is None else min(least, int(earliest))
         ends = [low] if high <= low else [low, high]
-        fine = dict(zip(ends, await self._commands(
-            [("HGETALL", f"{self._key('nvf', scope)}:{m}") for m in ends]), strict=True))
+        fine = dict(zip(ends, await self._fine_sums(scope, ends), strict=True))
         by_minute = {}
         for end in ends:
             by, count, total = self._minute_pages(fine[end], end, low_t, high_t,
@@ -504,35 +558,69 @@ class RedisDueReads(RedisCore):
             by_minute[end] = by
             pages, size = pages + count, size + total
         first = _earliest(by_minute[low])
-        least = _earliest(net)
         if first is None and least is not None:
-            [raw] = await self._commands([("HGETALL", f"{self._key('nvf', scope)}:{least}")])
+            [raw] = await self._fine_sums(scope, [least])
             first = _earliest(self._minute_pages(raw, least, low_t, high_t, excluded,
                                                  less_visit)[0])
         if first is None and high > low:
             first = _earliest(by_minute[high])
         return PagesSummary(pages, size, None if first is None else float(first))
 
-    async def _checked_since(self, scope: str, members: list[bytes], before: int,
-                             after: int, upto: int,
-                             excluded: set[str]) -> list[tuple[int, int]]:
-        """(next visit, size) of the pages of *members* (the scope's checks
-        since its mark) last checked at or after *before* with a callback
-        not *excluded* and a next visit in (after, upto]: read in their
-        hosts' slots."""
+    async def _shard_checks(self, scope: str, before: int
+                            ) -> list[tuple[int, bytes]] | None:
+        """Every scope shard's mark and checks since *before*, in one round
+        trip: the checks to take out of the sums (shard, member); None when
+        a shard cannot tell (a page checked since *before* and no mark
+        before it: every page is read)."""
+        shards = len(self._shard_keys("nvm", scope))
+        read = await self._commands([
+            command for k in range(shards) for command in (
+                ("HMGET", self._shard_key("nvm", scope, k), "mark", "latest"),
+                ("ZRANGEBYSCORE", self._shard_key("ck", scope, k), before, "+inf"))])
+        checks: list[tuple[int, bytes]] = []
+        for k in range(shards):
+            meta, shard_checks = read[2 * k:2 * k + 2]
+            mark, latest = (None if v is None else int(v) for v in meta)
+            if latest is not None and before <= latest:
+                if mark is None or before < mark:
+                    return None
+                checks += [(k, member) for member in shard_checks]
+        return checks
+
+    async def _fine_sums(self, scope: str, minutes: list[int]) -> list[dict[bytes, bytes]]:
+        """The fine sums of each of *minutes*, every scope shard's added up
+        (one round trip)."""
+        keys = self._shard_keys("nvf", scope)
+        flat = await self._commands([("HGETALL", f"{key}:{m}") for m in minutes for key in keys])
+        out = []
+        for n in range(len(minutes)):
+            total: dict[bytes, bytes] = {}
+            for raw in flat[n * len(keys):(n + 1) * len(keys)]:
+                _add_sums(total, raw)
+            out.append(total)
+        return out
+
+    async def _checked_since(self, scope: str, members: list[tuple[int, bytes]],
+                             before: int, after: int, upto: int,
+                             excluded: set[str]) -> list[tuple[int, int, int]]:
+        """(shard, next visit, size) of the pages of *members* (each
+        shard's checks since its mark) last checked at or after *before*
+        with a callback not *excluded* and a next visit in (after, upto]:
+        read in their hosts' slots."""
         keys = []
-        for member in members:
+        for _, member in members:
             part, _, name = member.decode().partition("|")
             keys.append(page_key_of(scope, host_of_part(part), name))
         found = []
-        for key, raw in zip(keys, await self._cluster_read_pages(keys), strict=True):
+        for (shard, _), key, raw in zip(members, keys, await self._cluster_read_pages(keys),
+                                        strict=True):
             if raw is None:
                 continue
             state = self._page(key, raw)
             visit = int(state.next_visit)
             if (state.callback is not None and state.callback not in excluded
                     and int(state.last_checked) >= before and after < visit <= upto):
-                found.append((visit, int(state.size or 0)))
+                found.append((shard, visit, int(state.size or 0)))
         return found
 
     @staticmethod
@@ -582,10 +670,7 @@ class RedisDueReads(RedisCore):
                     keys += self._bucket_keys(scope, host_of_part(part), int(bucket))
                 calls.append((CLUSTER_SUMMARY_LUA, keys, head))
                 read.append(chunk)
-        marks = self._key("duer", scope)
-        for start in range(0, len(members), _SCAN_COUNT):
-            await self._commands([("HSET", marks, *(arg for member in sorted(members)[
-                start:start + _SCAN_COUNT] for arg in (member, 1)))])
+        await self._mark_buckets(scope, members)
         count = size = 0
         first: float | None = None
         bounds: list[Any] = []
@@ -603,29 +688,71 @@ class RedisDueReads(RedisCore):
                     first = value if first is None else min(first, value)
                 for member, low in zip(chunk, least.split(b" "), strict=True):
                     bounds += [member, low]
-        for start in range(0, len(bounds), 2 * _SCAN_COUNT):
-            [reply] = await self._eval_many([(CLUSTER_RAISE_LUA, [
-                self._key("dueb", scope), marks], bounds[start:start + 2 * _SCAN_COUNT])])
+        await self._raise_bounds(scope, bounds)
+        return PagesSummary(count, size, first)
+
+    async def _mark_buckets(self, scope: str, members: set[bytes]) -> None:
+        """Mark each bucket a summary is about to read, in its host's
+        shard (``P:duer``, beside its bound): see :meth:`_raise_bounds`."""
+        by_shard: dict[int, list[bytes]] = {}
+        for member in sorted(members):
+            by_shard.setdefault(self._member_shard(member), []).append(member)
+        for k, shard_members in sorted(by_shard.items()):
+            marks = self._shard_key("duer", scope, k)
+            for start in range(0, len(shard_members), _SCAN_COUNT):
+                await self._commands([("HSET", marks, *(arg for member in shard_members[
+                    start:start + _SCAN_COUNT] for arg in (member, 1)))])
+
+    async def _raise_bounds(self, scope: str, bounds: list[Any]) -> None:
+        """Set each bucket's bound (*bounds*: member, least next visit read,
+        ...) where its mark is still there (``cluster_raise.lua``), each
+        shard's in its slot, pipelined."""
+        bounds_by: dict[int, list[Any]] = {}
+        for n in range(0, len(bounds), 2):
+            bounds_by.setdefault(self._member_shard(bounds[n]), []).extend(bounds[n:n + 2])
+        calls = [(CLUSTER_RAISE_LUA, [self._shard_key("dueb", scope, k),
+                                      self._shard_key("duer", scope, k)],
+                  shard_bounds[start:start + 2 * _SCAN_COUNT])
+                 for k, shard_bounds in sorted(bounds_by.items())
+                 for start in range(0, len(shard_bounds), 2 * _SCAN_COUNT)]
+        for reply in await self._eval_many(calls) if calls else []:
             if isinstance(reply, Exception):
                 raise self._fail("Redis command failed", reply)
-        return PagesSummary(count, size, first)
+
+    def _member_shard(self, member: bytes) -> int:
+        """The scope shard of a bucket of the revisit index (its host's)."""
+        return scope_shard(member.partition(b"|")[0].decode()) if self.tagged else 0
 
     async def _index_members(self, scope: str, upto: float) -> set[bytes]:
         """The buckets of the scope's revisit index whose bound is not
         after *upto* (ZSCAN: O(1) a bucket, one seen twice counted once)."""
         members: set[bytes] = set()
-        cursor = 0
-        for _ in range(_SCAN_ROUNDS):
-            cursor, pairs = await self._call("ZSCAN", self._key("dueb", scope), cursor,
-                                             "COUNT", _SCAN_COUNT)
-            members.update(member for member, score in pairs if float(score) <= upto)
-            if int(cursor) == 0:
-                return members
-        raise self._fail(f"scanning the due pages of {scope!r} did not finish")
+        for index in self._shard_keys("dueb", scope):
+            cursor = 0
+            for _ in range(_SCAN_ROUNDS):
+                cursor, pairs = await self._call("ZSCAN", index, cursor, "COUNT", _SCAN_COUNT)
+                members.update(member for member, score in pairs if float(score) <= upto)
+                if int(cursor) == 0:
+                    break
+            else:
+                raise self._fail(f"scanning the due pages of {scope!r} did not finish")
+        return members
 
 
 #: Seconds of a minute of the sums (SUM_MINUTE in sums.lua).
 _SUM_MINUTE = 60
+
+
+def _add_sums(total: dict[bytes, bytes], more: dict[bytes, bytes]) -> None:
+    """Add the sums *more* (field -> "pages bytes") into *total*."""
+    for field, value in more.items():
+        was = total.get(field)
+        if was is None:
+            total[field] = value
+        else:
+            a, b = (int(v) for v in was.split())
+            c, d = (int(v) for v in value.split())
+            total[field] = b"%d %d" % (a + c, b + d)
 
 
 def _earliest(by: dict[int, int]) -> int | None:

@@ -64,12 +64,18 @@ LAYOUT = "incremental_crawler.state"
 #: a summary reads those, not every page (``_migrate`` builds them once;
 #: code of layout 3 would write pages without them).
 LAYOUT_VERSION = 4
-#: Version 5, the cluster layout: every key tagged (a scope's own keys
-#: ``{<s>}``, the items by group ``{<s>#<g>}``), the flush in phases (see
-#: :mod:`.cluster`). Only a store on a Redis Cluster is of it (none existed
-#: before it: the store refused a cluster), and one server keeps layout 4
-#: until a migration moves it.
-CLUSTER_LAYOUT_VERSION = 5
+#: Version 5, the first cluster layout: every key tagged (a scope's own
+#: keys ``{<s>}``, the items by group ``{<s>#<g>}``), the flush in phases
+#: (see :mod:`.cluster`). Version 6, the cluster layout now: as 5, but what
+#: the flush's last phase writes of a scope (its hosts, revisit index,
+#: splits, sums, checks, intents, applied effects) per scope shard
+#: ``{<s>^<x>}`` (see :data:`~.core.SCOPE_SHARDS`). Only a store on a Redis
+#: Cluster is of them (none existed before 5: the store refused a cluster),
+#: and one server keeps layout 4 until a migration moves it. A version-5
+#: store is refused, not migrated (the cluster layout is opt-in).
+CLUSTER_LAYOUT_VERSION = 6
+#: The first cluster layout (see CLUSTER_LAYOUT_VERSION).
+_FIRST_CLUSTER_LAYOUT = 5
 #: ``P:meta`` field: the layout version a migration under way started from
 #: (see :meth:`RedisLayout._migrate`).
 _UPGRADING = "upgrading"
@@ -187,7 +193,7 @@ class RedisLayout(RedisCore):
         return int(version)
 
     def _check_cluster_layout(self) -> None:
-        """:meth:`_check_layout` on a Redis Cluster: the cluster layout (5),
+        """:meth:`_check_layout` on a Redis Cluster: the cluster layout (6),
         its scripts loaded on every primary, and every primary's eviction
         policy and memory checked (each holds part of the state)."""
         meta = f"{self.prefix}:meta"
@@ -237,6 +243,15 @@ class RedisLayout(RedisCore):
                 "cannot be reached or read (is Redis running at this address?)", exc
             ) from exc
         version = self._meta_version(meta, found, CLUSTER_LAYOUT_VERSION)
+        if _FIRST_CLUSTER_LAYOUT <= version < CLUSTER_LAYOUT_VERSION:
+            # Written by older code of the cluster layout: its scope's keys
+            # in one slot, where this code reads them per scope shard.
+            raise self._fail(
+                f"has the cluster layout version {version}, which keeps each scope's "
+                f"revisit index, sums and hosts in one slot; this code keeps them per "
+                f"scope shard (version {CLUSTER_LAYOUT_VERSION}) and does not migrate "
+                "an older cluster layout: run the older code on it, or start this code "
+                "on another prefix (or delete the old one's keys)")
         if version < CLUSTER_LAYOUT_VERSION:
             # No store of an older layout was ever written to a cluster.
             raise self._fail(

@@ -49,6 +49,7 @@ from incremental_crawler.state.stores.redis.core import (
     _page_range,
     _slot_rates,
     _stored_version,
+    logger,
 )
 from incremental_crawler.state.stores.redis.due import RedisDueReads
 from incremental_crawler.state.stores.redis.layout import RedisLayout
@@ -744,16 +745,30 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
                         pipe.zadd(holds, {holder: now + ttl})
                         # This crawl's checks, from its start on, are noted
                         # one by one (see summarize_pages).
-                        if self.tagged:
-                            # Its keys declared: in the slot of the holds.
-                            pipe.execute_command(
-                                "EVAL", CLUSTER_SUMS_MARK_LUA, 2, self._key("nvm", scope),
-                                self._key("ck", scope), math.floor(now))
-                        else:
+                        if not self.tagged:
                             pipe.eval(_SUMS_MARK_LUA, 0, self.prefix, _key_part(scope),
                                       math.floor(now))
                         pipe.execute()
                         self.roundtrips += 1
+                        if self.tagged:
+                            # Each scope shard's mark, in its own slot, once
+                            # the hold is taken and before the crawl writes:
+                            # one not set (a failure) leaves that shard's
+                            # mark as it was: its summaries then read its
+                            # pages, or take out its checks since the older
+                            # mark, right either way.
+                            marks = self._sync.pipeline(transaction=False)
+                            for nvm, checks in zip(self._shard_keys("nvm", scope),
+                                                   self._shard_keys("ck", scope), strict=True):
+                                marks.execute_command("EVAL", CLUSTER_SUMS_MARK_LUA, 2, nvm,
+                                                      checks, math.floor(now))
+                            try:
+                                self._sync_run(marks)
+                            except StateStoreError as exc:
+                                logger.warning("State store %s: the scope shards' marks of %r "
+                                               "were not all set (%s): summaries may read "
+                                               "pages", self.location, scope,
+                                               exc.__cause__ or exc)
                         return None
                     except redis.WatchError:
                         continue
