@@ -1068,8 +1068,9 @@ def test_a_shards_applied_tokens_are_kept_in_small_hashes_trimmed_hourly(
     """P:fxdone is 4,096 small hashes a shard (by a token's first three hex
     digits): a token applied is noted there (its next 16 hex digits), a
     token sent again is answered 'done'; adding to a hash whose trim time
-    passed drops its tokens older than 2 x TOKEN_TTL, and the hash expires
-    on its own once no token is added for that long."""
+    passed drops its tokens older than 2 x TOKEN_TTL, and the hash has no
+    TTL (Redis could evict it under a volatile-*
+    policy: see test_the_applied_tokens_survive_a_node_evicting_expiring_keys)."""
     store = open_store(redis_cluster, prefix)
     tag = f"{{{A_SHARD}}}"
     applied = "abc" + "0123456789abcdef" + "0" * 13
@@ -1092,7 +1093,7 @@ def test_a_shards_applied_tokens_are_kept_in_small_hashes_trimmed_hourly(
             assert b"2" * 16 in held
             assert int(held[b"0123456789abcdef"]) >= now
             assert int(held[b"trim"]) >= now + 3_000
-            assert 0 < node.ttl(bucket) <= 2 * _TOKEN_TTL + 3_600
+            assert node.ttl(bucket) == -1
             # Sent again (another worker adopted it): applied once.
             assert apply(applied) == [b"done", applied.encode()]
     finally:
@@ -1166,3 +1167,86 @@ async def test_phase_3_cut_off_on_one_node_is_applied_once_there_and_kept_elsewh
         if then == "retried":
             await call(store.close())
         await call(other.close())
+
+
+def test_a_cluster_node_that_evicts_expiring_keys_is_refused(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Under a volatile-* policy a node at maxmemory evicts the keys with a
+    TTL: the flushes' tokens (P:flush), and with them what makes a script
+    sent again apply once. The store refuses such a node, naming the
+    setting to change."""
+    port = redis_cluster.ports[-1]
+    with redis_cluster.node(port) as node:
+        kept = node.config_get("maxmemory-policy")["maxmemory-policy"]
+        node.config_set("maxmemory-policy", "volatile-lru")
+        try:
+            with pytest.raises(StateStoreError,
+                               match="volatile-lru.*maxmemory-policy noeviction"):
+                open_store(redis_cluster, prefix)
+        finally:
+            node.config_set("maxmemory-policy", kept)
+
+
+def evict_expiring_keys_on(cluster: LoopbackCluster, key: str) -> list[bytes]:
+    """Put the node of *key* at maxmemory under volatile-lru (the store
+    refuses it when it opens; a policy changed since is not seen) and let
+    Redis evict what it may, the keys with a TTL; returns those evicted."""
+    node = cluster.node(cluster.port_of(key))
+    kept = (node.config_get("maxmemory")["maxmemory"],
+            node.config_get("maxmemory-policy")["maxmemory-policy"])
+    expiring = [k for k in node.scan_iter(count=1000) if node.ttl(k) > 0]
+    tag = _tag(key)
+    try:
+        node.config_set("maxmemory-policy", "volatile-lru")
+        used = int(node.info("memory")["used_memory"])
+        node.config_set("maxmemory", str(used + 200_000))
+        # A big value with no TTL on the same node: Redis evicts to fit it.
+        for name, size in (("ballast", 1_000_000), ("probe", 1)):
+            try:
+                node.set(f"evict-{name}:{tag}", b"x" * size)
+            except redis.exceptions.OutOfMemoryError:
+                pass
+    finally:
+        node.delete(f"evict-ballast:{tag}", f"evict-probe:{tag}")
+        node.config_set("maxmemory", kept[0])
+        node.config_set("maxmemory-policy", kept[1])
+    gone = [k for k in expiring if not node.exists(k)]
+    node.close()
+    return gone
+
+
+def _tag(key: str) -> str:
+    return key[key.index("{"):key.index("}") + 1]
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_applied_tokens_survive_a_node_evicting_expiring_keys(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """P:fxdone (the tokens whose effects were applied) has no TTL: a node
+    that evicts the keys with one (its policy changed after the store
+    opened) keeps it, and a reader that adopts a ledger entry whose
+    effects were applied already (the worker's own cleanup not yet sent)
+    does not apply them twice."""
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(5)]
+    writer = open_store(redis_cluster, prefix)
+    reader = open_store(redis_cluster, prefix)
+    try:
+        for n, key in enumerate(keys):
+            writer.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        await call(writer.flush())
+        # Phase 3 applied; the ledger entry and the intent stay until the
+        # writer's next pipeline.
+        assert redis_cluster.keys(f"{prefix}:fxdone:*")
+        assert redis_cluster.keys(f"{prefix}:fx:*")
+        gone = evict_expiring_keys_on(redis_cluster, f"{prefix}:dueb:{{{A_SHARD}}}")
+        assert gone  # (the flush tokens: they expire)
+        assert not [k for k in gone if b":fxdone:" in k]
+        summary = await call(reader.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                    checked_before=math.inf))
+        assert summary[0] == 5
+        await assert_sums_are_the_pages(reader)
+    finally:
+        await call(writer.close())
+        await call(reader.close())

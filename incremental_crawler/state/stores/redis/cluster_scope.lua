@@ -172,8 +172,9 @@ for k, bundle in ipairs(bundles) do
   end
   if not trim or trim <= now then redis.call('HSET', bucket, 'trim', now + 3600) end
   redis.call('HSET', bucket, applied_field(bundle), now)
-  -- A bucket no token is added to for that long holds none still needed.
-  redis.call('EXPIRE', bucket, 2 * TOKEN_TTL + 3600)
+  -- No TTL: the hourly trim bounds a bucket (a record of tokens applied
+  -- that Redis could evict under a volatile-* policy would let an effect
+  -- be applied twice; the store refuses those policies besides).
 end
 
 -- The sums (as add_sum in sums.lua): a field summing no page goes.
