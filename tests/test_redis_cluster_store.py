@@ -1250,3 +1250,103 @@ async def test_the_applied_tokens_survive_a_node_evicting_expiring_keys(
     finally:
         await call(writer.close())
         await call(reader.close())
+
+
+def age_intents(cluster: LoopbackCluster, prefix: str, seconds: int) -> None:
+    """Restamp every write-ahead intent as written *seconds* ago on its
+    node's clock."""
+    with cluster.client() as client:
+        for intents in cluster.keys(f"{prefix}:fxhosts:*"):
+            now = int(client.eval("return redis.call('TIME')[1]", 1, intents))
+            for member in client.zrange(intents, 0, -1):
+                client.zadd(intents, {member: now - seconds})
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_dead_workers_effects_read_after_the_tokens_lifetime_still_list_its_host(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A worker dies between its phases 2 and 3 and nothing reads the
+    scope for over a day (a weekly crawl): its ledger entry is too old to
+    apply whole (P:fxdone may have forgotten it), but what may be applied
+    twice is: the host is listed in its shard, its buckets' bounds lowered.
+    The sums, dropped, are marked lost: summaries read every page."""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
+    await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
+    assert age_ledgers(redis_cluster, prefix, _TOKEN_TTL + 60) == 1
+    age_intents(redis_cluster, prefix, _TOKEN_TTL + 60)
+    store = open_store(redis_cluster, prefix)
+    try:
+        assert store.take_scope(SCOPE, "crawl-2", 60, 10_000) is None
+        with redis_cluster.client() as client:
+            assert client.smembers(f"{prefix}:hs:{{{LONELY_SHARD}}}") == {b"lonely.example"}
+            assert client.hget(f"{prefix}:nvm:{{{LONELY_SHARD}}}", "lost") is not None
+        # Applied: the entry and the intent gone.
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
+        assert redis_cluster.keys(f"{prefix}:fxhosts:*") == []
+        assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == keys
+        assert sorted(s.key.url for s in store.iter_pages(SCOPE)) == [k.url for k in keys]
+        assert store.count_scope(SCOPE).pages == 5
+        summary = await call(store.summarize_pages(
+            SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))
+        assert summary[0] == 5
+        await assert_sums_are_the_pages(store)
+        await call(store.release_scope(SCOPE, "crawl-2"))
+        assert store.reset_scope(SCOPE).pages == 5
+        assert [k for k in redis_cluster.keys(f"{prefix}:*")
+                if b"{books" in k and b":flush:" not in k] == []
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_flush_taking_an_entry_past_the_tokens_lifetime_applies_its_bounds_and_host(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """The same entry taken by the next flush that writes its host (no
+    read before): the host listed, the dead worker's pages due by their
+    own bounds (the new page is due later), the sums marked lost."""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
+    await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
+    assert age_ledgers(redis_cluster, prefix, _TOKEN_TTL + 60) == 1
+    store = open_store(redis_cluster, prefix)
+    try:
+        store.stage_page(full_state(PageKey(SCOPE, "https://lonely.example/new"), 1,
+                                    callback="parse", next_visit=5_000))
+        await call(store.flush())
+        with redis_cluster.client() as client:
+            assert client.smembers(f"{prefix}:hs:{{{LONELY_SHARD}}}") == {b"lonely.example"}
+            assert client.hget(f"{prefix}:nvm:{{{LONELY_SHARD}}}", "lost") is not None
+        assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == keys
+        await assert_sums_are_the_pages(store)
+        await call(store.close())
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_host_missing_from_its_scope_is_listed_again_when_written(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A host whose record exists but that its shard does not list (its
+    first flush's effects lost: a dead worker's ledger entry dropped, as
+    older code did) is listed by its next write, not only by a write that
+    creates its record."""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
+    await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
+    # Its effects gone unapplied: the ledger and the intent dropped.
+    redis_cluster.delete(f"{prefix}:fx:*")
+    redis_cluster.delete(f"{prefix}:fxhosts:*")
+    store = open_store(redis_cluster, prefix)
+    try:
+        assert list(store.iter_pages(SCOPE)) == []
+        store.stage_page(full_state(PageKey(SCOPE, "https://lonely.example/new"), 1,
+                                    callback="parse", next_visit=1_500))
+        await call(store.flush())
+        with redis_cluster.client() as client:
+            assert client.smembers(f"{prefix}:hs:{{{LONELY_SHARD}}}") == {b"lonely.example"}
+        assert len(list(store.iter_pages(SCOPE))) == 6
+        assert store.count_scope(SCOPE).pages == 6
+    finally:
+        await call(store.close())
