@@ -786,7 +786,7 @@ async def test_a_stalled_workers_late_phase_2_is_still_listed_by_an_intent(
 
 
 @pytest.mark.parametrize("reader", ["get_due", "summary", "iter_pages", "count_pages",
-                                    "reset_scope"])
+                                    "count_scope", "reset_scope"])
 @pytest_twisted.ensureDeferred
 async def test_a_full_cluster_still_reads_and_resets_with_intents_pending(
     redis_cluster: LoopbackCluster, prefix: str, reader: str,
@@ -794,9 +794,10 @@ async def test_a_full_cluster_still_reads_and_resets_with_intents_pending(
     """Reads apply a dead worker's effects first (write scripts): above
     maxmemory Redis refuses those, and the read must go on without them
     (a full store still opens and reads). The effects stay in the ledger
-    for a later read; reset_scope (how memory is freed) runs too.
-    (count_scope runs a MULTI per slot, which Redis refuses above
-    maxmemory, as on a single server: not covered here.)"""
+    for a later read; reset_scope (how memory is freed) runs too, and
+    count_scope (only reads: each slot's MULTI, which Redis refuses when
+    full, sent as a plain pipeline then) counts the gone worker's pages
+    (its host named by the intents)."""
     keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
     await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
     store = open_store(redis_cluster, prefix)
@@ -819,6 +820,8 @@ async def test_a_full_cluster_still_reads_and_resets_with_intents_pending(
             list(store.iter_pages(SCOPE))
         elif reader == "count_pages":
             store.count_pages(SCOPE)
+        elif reader == "count_scope":
+            assert store.count_scope(SCOPE).pages == 5
         else:
             # (The gone worker's host is not yet in the scope's hosts.)
             store.reset_scope(SCOPE)

@@ -648,7 +648,10 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         if self.tagged:
             _, buckets, links, hist = self._scope_keys(scope)
             commands = self._count_commands(scope, buckets, links, hist)
-            return self._counted_groups(self._multi_per_slot(commands), buckets, links, hist)
+            # Only reads: above maxmemory too (a slot's MULTI, which Redis
+            # then refuses, sent as a plain pipeline).
+            return self._counted_groups(self._multi_per_slot(commands, plain_if_full=True),
+                                        buckets, links, hist)
         _, buckets, links, hist = self._scope_keys(scope)
         pipe = self._sync.pipeline(transaction=True)
         self._count(scope, buckets, links, hist, pipe)
