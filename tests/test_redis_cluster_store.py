@@ -9,6 +9,7 @@ Each test has a key prefix of its own, deleted from every node afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -791,6 +792,24 @@ async def test_a_stalled_workers_late_phase_2_is_still_listed_by_an_intent(
         await call(store.close())
 
 
+async def read_when_full(store: RedisStateStore, reader: str) -> None:
+    """One read (or reset_scope) of a full cluster: see the test below."""
+    if reader == "get_due":
+        await call(store.get_due(SCOPE, 2_000, 10))
+    elif reader == "summary":
+        await call(store.summarize_pages(
+            SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))
+    elif reader == "iter_pages":
+        list(store.iter_pages(SCOPE))
+    elif reader == "count_pages":
+        store.count_pages(SCOPE)
+    elif reader == "count_scope":
+        assert store.count_scope(SCOPE).pages == 5
+    else:
+        # (The gone worker's host is not yet in the scope's hosts.)
+        store.reset_scope(SCOPE)
+
+
 @pytest.mark.parametrize("reader", ["get_due", "summary", "iter_pages", "count_pages",
                                     "count_scope", "reset_scope"])
 @pytest_twisted.ensureDeferred
@@ -817,20 +836,7 @@ async def test_a_full_cluster_still_reads_and_resets_with_intents_pending(
         with redis_cluster.client() as client, pytest.raises(
                 redis.exceptions.OutOfMemoryError):
             client.eval("#!lua\nreturn redis.call('SET', KEYS[1], 1)", 1, f"{prefix}:probe")
-        if reader == "get_due":
-            await call(store.get_due(SCOPE, 2_000, 10))
-        elif reader == "summary":
-            await call(store.summarize_pages(
-                SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))
-        elif reader == "iter_pages":
-            list(store.iter_pages(SCOPE))
-        elif reader == "count_pages":
-            store.count_pages(SCOPE)
-        elif reader == "count_scope":
-            assert store.count_scope(SCOPE).pages == 5
-        else:
-            # (The gone worker's host is not yet in the scope's hosts.)
-            store.reset_scope(SCOPE)
+        await read_when_full(store, reader)
     finally:
         for node, (memory, policy) in zip(nodes, kept, strict=True):
             node.config_set("maxmemory", memory)
@@ -1191,7 +1197,7 @@ def test_a_cluster_node_that_evicts_expiring_keys_is_refused(
         node.config_set("maxmemory-policy", "volatile-lru")
         try:
             with pytest.raises(StateStoreError,
-                               match="volatile-lru.*maxmemory-policy noeviction"):
+                               match=r"volatile-lru.*maxmemory-policy noeviction"):
                 open_store(redis_cluster, prefix)
         finally:
             node.config_set("maxmemory-policy", kept)
@@ -1212,10 +1218,8 @@ def evict_expiring_keys_on(cluster: LoopbackCluster, key: str) -> list[bytes]:
         node.config_set("maxmemory", str(used + 200_000))
         # A big value with no TTL on the same node: Redis evicts to fit it.
         for name, size in (("ballast", 1_000_000), ("probe", 1)):
-            try:
+            with contextlib.suppress(redis.exceptions.OutOfMemoryError):
                 node.set(f"evict-{name}:{tag}", b"x" * size)
-            except redis.exceptions.OutOfMemoryError:
-                pass
     finally:
         node.delete(f"evict-ballast:{tag}", f"evict-probe:{tag}")
         node.config_set("maxmemory", kept[0])
