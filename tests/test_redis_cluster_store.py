@@ -1363,3 +1363,51 @@ async def test_a_host_missing_from_its_scope_is_listed_again_when_written(
         assert store.count_scope(SCOPE).pages == 6
     finally:
         await call(store.close())
+
+
+@pytest.mark.parametrize("repair", ["forget_host", "forget_page"])
+@pytest_twisted.ensureDeferred
+async def test_a_repair_cut_before_taking_its_pages_out_of_the_sums_leaves_that_to_the_next_read(
+    redis_cluster: LoopbackCluster, prefix: str, repair: str,
+) -> None:
+    """A repair deletes pages in their host's slot, then takes them out of
+    the sums in their shard's: cut between the two (the shard's node
+    unreachable), a retry finds no page to take out. The repair's effects
+    wait in the host's ledger, listed by an intent written before anything
+    was deleted: the next reading applies them (once)."""
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(5)]
+    store = open_store(redis_cluster, prefix)
+    try:
+        for n, key in enumerate(keys):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        await call(store.flush())
+        await call(store.close())
+        store = open_store(redis_cluster, prefix)
+        store.adopt_after = 0  # (a test cannot wait ten minutes)
+        original = store._sync.eval
+
+        def eval_(script: str, *args: Any) -> Any:
+            if script == CLUSTER_SCOPE_LUA:
+                raise redis.exceptions.ConnectionError("the shard's node dropped the connection")
+            return original(script, *args)
+
+        store._sync.eval = eval_  # type: ignore[method-assign]
+        with pytest.raises((StateStoreError, redis.RedisError)) as cut:
+            if repair == "forget_host":
+                store.forget_host(SCOPE, "a.example")
+            else:
+                store.forget_page(SCOPE, keys[0].url)
+        store._sync.eval = original  # type: ignore[method-assign]
+        left = 0 if repair == "forget_host" else 4
+        assert len(list(store.iter_pages(SCOPE))) == left
+        summary = await call(store.summarize_pages(
+            SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))
+        assert summary[0] == left
+        await assert_sums_are_the_pages(store)
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
+        assert redis_cluster.keys(f"{prefix}:fxhosts:*") == []
+        # And the repair said what became of it.
+        assert isinstance(cut.value, StateStoreError)
+        assert "next reading of the scope" in str(cut.value)
+    finally:
+        await call(store.close())

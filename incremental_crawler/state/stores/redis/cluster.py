@@ -234,15 +234,27 @@ class _Effects:
         (its worker died between its phases 2 and 3 and nothing read the
         scope for that long): ``P:fxdone`` may have forgotten they were
         applied, so only what may be applied twice is: the host listed in
-        its shard (SADD) and the revisit bounds lowered (ZADD LT). The
+        its shard (SADD, when the entry lists it: a repair's does not) and
+        the revisit bounds lowered (ZADD LT). The
         sums, checks and splits are dropped and the shard's sums marked
         lost: a summary then reads every page (:meth:`_shard_checks`)."""
         bundle = cls(ledger=ledger, where=where, lost=True)
         for member, raw in (reply.get("due") or {}).items():
             visit = int(raw)
             bundle.due[member] = min(bundle.due.get(member, visit), visit)
-        bundle.hosts.add(part)
+        if reply.get("new_host"):
+            bundle.hosts.add(part)
         return bundle
+
+    def as_entry(self) -> dict[str, Any]:
+        """These effects as a host script returns them (the ledger's
+        format, which :meth:`add` reads): a repair's in its host's ledger."""
+        return {"sums": {f"{visit}|{callback}": [pages, size]
+                         for (visit, callback), (pages, size) in self.sums.items()},
+                "checks": [[member, at] for member, at in self.checks.items()],
+                "due": dict(self.due), "splits": self.splits,
+                "new_host": bool(self.hosts),
+                "latest": "" if self.latest is None else self.latest}
 
     def forget(self, state: PageState, member: str) -> None:
         """A page deleted (a repair): out of the sums and the checks."""
