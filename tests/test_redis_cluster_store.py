@@ -9,6 +9,7 @@ Each test has a key prefix of its own, deleted from every node afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -92,7 +93,13 @@ def hosts_on_two_nodes(cluster: LoopbackCluster, prefix: str) -> tuple[str, str]
 
 
 async def assert_sums_are_the_pages(store: RedisStateStore) -> None:
-    """Every summary the sums give is what the pages one by one say."""
+    """Every summary the sums give is what the pages one by one say, and
+    no coarse sum is negative (effects applied twice in one window and
+    taken out twice in another would net out in a wide summary)."""
+    for key in store._shard_keys("nvs", SCOPE):
+        for field, value in store._sync.hgetall(key).items():
+            pages, size = (int(v) for v in value.split())
+            assert pages >= 0 and size >= 0, (key, field, value)
     states = list(store.iter_pages(SCOPE))
     for after, upto in ((-math.inf, math.inf), (0, 5_000), (5_000, math.inf)):
         got = await call(store.summarize_pages(SCOPE, after=after, upto=upto,
@@ -785,8 +792,26 @@ async def test_a_stalled_workers_late_phase_2_is_still_listed_by_an_intent(
         await call(store.close())
 
 
+async def read_when_full(store: RedisStateStore, reader: str) -> None:
+    """One read (or reset_scope) of a full cluster: see the test below."""
+    if reader == "get_due":
+        await call(store.get_due(SCOPE, 2_000, 10))
+    elif reader == "summary":
+        await call(store.summarize_pages(
+            SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))
+    elif reader == "iter_pages":
+        list(store.iter_pages(SCOPE))
+    elif reader == "count_pages":
+        store.count_pages(SCOPE)
+    elif reader == "count_scope":
+        assert store.count_scope(SCOPE).pages == 5
+    else:
+        # (The gone worker's host is not yet in the scope's hosts.)
+        store.reset_scope(SCOPE)
+
+
 @pytest.mark.parametrize("reader", ["get_due", "summary", "iter_pages", "count_pages",
-                                    "reset_scope"])
+                                    "count_scope", "reset_scope"])
 @pytest_twisted.ensureDeferred
 async def test_a_full_cluster_still_reads_and_resets_with_intents_pending(
     redis_cluster: LoopbackCluster, prefix: str, reader: str,
@@ -794,9 +819,10 @@ async def test_a_full_cluster_still_reads_and_resets_with_intents_pending(
     """Reads apply a dead worker's effects first (write scripts): above
     maxmemory Redis refuses those, and the read must go on without them
     (a full store still opens and reads). The effects stay in the ledger
-    for a later read; reset_scope (how memory is freed) runs too.
-    (count_scope runs a MULTI per slot, which Redis refuses above
-    maxmemory, as on a single server: not covered here.)"""
+    for a later read; reset_scope (how memory is freed) runs too, and
+    count_scope (only reads: each slot's MULTI, which Redis refuses when
+    full, sent as a plain pipeline then) counts the gone worker's pages
+    (its host named by the intents)."""
     keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
     await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
     store = open_store(redis_cluster, prefix)
@@ -810,18 +836,7 @@ async def test_a_full_cluster_still_reads_and_resets_with_intents_pending(
         with redis_cluster.client() as client, pytest.raises(
                 redis.exceptions.OutOfMemoryError):
             client.eval("#!lua\nreturn redis.call('SET', KEYS[1], 1)", 1, f"{prefix}:probe")
-        if reader == "get_due":
-            await call(store.get_due(SCOPE, 2_000, 10))
-        elif reader == "summary":
-            await call(store.summarize_pages(
-                SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))
-        elif reader == "iter_pages":
-            list(store.iter_pages(SCOPE))
-        elif reader == "count_pages":
-            store.count_pages(SCOPE)
-        else:
-            # (The gone worker's host is not yet in the scope's hosts.)
-            store.reset_scope(SCOPE)
+        await read_when_full(store, reader)
     finally:
         for node, (memory, policy) in zip(nodes, kept, strict=True):
             node.config_set("maxmemory", memory)
@@ -1068,8 +1083,9 @@ def test_a_shards_applied_tokens_are_kept_in_small_hashes_trimmed_hourly(
     """P:fxdone is 4,096 small hashes a shard (by a token's first three hex
     digits): a token applied is noted there (its next 16 hex digits), a
     token sent again is answered 'done'; adding to a hash whose trim time
-    passed drops its tokens older than 2 x TOKEN_TTL, and the hash expires
-    on its own once no token is added for that long."""
+    passed drops its tokens older than 2 x TOKEN_TTL, and the hash has no
+    TTL (Redis could evict it under a volatile-*
+    policy: see test_the_applied_tokens_survive_a_node_evicting_expiring_keys)."""
     store = open_store(redis_cluster, prefix)
     tag = f"{{{A_SHARD}}}"
     applied = "abc" + "0123456789abcdef" + "0" * 13
@@ -1092,7 +1108,7 @@ def test_a_shards_applied_tokens_are_kept_in_small_hashes_trimmed_hourly(
             assert b"2" * 16 in held
             assert int(held[b"0123456789abcdef"]) >= now
             assert int(held[b"trim"]) >= now + 3_000
-            assert 0 < node.ttl(bucket) <= 2 * _TOKEN_TTL + 3_600
+            assert node.ttl(bucket) == -1
             # Sent again (another worker adopted it): applied once.
             assert apply(applied) == [b"done", applied.encode()]
     finally:
@@ -1166,3 +1182,232 @@ async def test_phase_3_cut_off_on_one_node_is_applied_once_there_and_kept_elsewh
         if then == "retried":
             await call(store.close())
         await call(other.close())
+
+
+def test_a_cluster_node_that_evicts_expiring_keys_is_refused(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Under a volatile-* policy a node at maxmemory evicts the keys with a
+    TTL: the flushes' tokens (P:flush), and with them what makes a script
+    sent again apply once. The store refuses such a node, naming the
+    setting to change."""
+    port = redis_cluster.ports[-1]
+    with redis_cluster.node(port) as node:
+        kept = node.config_get("maxmemory-policy")["maxmemory-policy"]
+        node.config_set("maxmemory-policy", "volatile-lru")
+        try:
+            with pytest.raises(StateStoreError,
+                               match=r"volatile-lru.*maxmemory-policy noeviction"):
+                open_store(redis_cluster, prefix)
+        finally:
+            node.config_set("maxmemory-policy", kept)
+
+
+def evict_expiring_keys_on(cluster: LoopbackCluster, key: str) -> list[bytes]:
+    """Put the node of *key* at maxmemory under volatile-lru (the store
+    refuses it when it opens; a policy changed since is not seen) and let
+    Redis evict what it may, the keys with a TTL; returns those evicted."""
+    node = cluster.node(cluster.port_of(key))
+    kept = (node.config_get("maxmemory")["maxmemory"],
+            node.config_get("maxmemory-policy")["maxmemory-policy"])
+    expiring = [k for k in node.scan_iter(count=1000) if node.ttl(k) > 0]
+    tag = _tag(key)
+    try:
+        node.config_set("maxmemory-policy", "volatile-lru")
+        used = int(node.info("memory")["used_memory"])
+        node.config_set("maxmemory", str(used + 200_000))
+        # A big value with no TTL on the same node: Redis evicts to fit it.
+        for name, size in (("ballast", 1_000_000), ("probe", 1)):
+            with contextlib.suppress(redis.exceptions.OutOfMemoryError):
+                node.set(f"evict-{name}:{tag}", b"x" * size)
+    finally:
+        node.delete(f"evict-ballast:{tag}", f"evict-probe:{tag}")
+        node.config_set("maxmemory", kept[0])
+        node.config_set("maxmemory-policy", kept[1])
+    gone = [k for k in expiring if not node.exists(k)]
+    node.close()
+    return gone
+
+
+def _tag(key: str) -> str:
+    return key[key.index("{"):key.index("}") + 1]
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_applied_tokens_survive_a_node_evicting_expiring_keys(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """P:fxdone (the tokens whose effects were applied) has no TTL: a node
+    that evicts the keys with one (its policy changed after the store
+    opened) keeps it, and a reader that adopts a ledger entry whose
+    effects were applied already (the worker's own cleanup not yet sent)
+    does not apply them twice."""
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(5)]
+    writer = open_store(redis_cluster, prefix)
+    reader = open_store(redis_cluster, prefix)
+    try:
+        for n, key in enumerate(keys):
+            writer.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        await call(writer.flush())
+        # Phase 3 applied; the ledger entry and the intent stay until the
+        # writer's next pipeline.
+        assert redis_cluster.keys(f"{prefix}:fxdone:*")
+        assert redis_cluster.keys(f"{prefix}:fx:*")
+        gone = evict_expiring_keys_on(redis_cluster, f"{prefix}:dueb:{{{A_SHARD}}}")
+        assert gone  # (the flush tokens: they expire)
+        assert not [k for k in gone if b":fxdone:" in k]
+        summary = await call(reader.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                    checked_before=math.inf))
+        assert summary[0] == 5
+        await assert_sums_are_the_pages(reader)
+    finally:
+        await call(writer.close())
+        await call(reader.close())
+
+
+def age_intents(cluster: LoopbackCluster, prefix: str, seconds: int) -> None:
+    """Restamp every write-ahead intent as written *seconds* ago on its
+    node's clock."""
+    with cluster.client() as client:
+        for intents in cluster.keys(f"{prefix}:fxhosts:*"):
+            now = int(client.eval("return redis.call('TIME')[1]", 1, intents))
+            for member in client.zrange(intents, 0, -1):
+                client.zadd(intents, {member: now - seconds})
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_dead_workers_effects_read_after_the_tokens_lifetime_still_list_its_host(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A worker dies between its phases 2 and 3 and nothing reads the
+    scope for over a day (a weekly crawl): its ledger entry is too old to
+    apply whole (P:fxdone may have forgotten it), but what may be applied
+    twice is: the host is listed in its shard, its buckets' bounds lowered.
+    The sums, dropped, are marked lost: summaries read every page."""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
+    await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
+    assert age_ledgers(redis_cluster, prefix, _TOKEN_TTL + 60) == 1
+    age_intents(redis_cluster, prefix, _TOKEN_TTL + 60)
+    store = open_store(redis_cluster, prefix)
+    try:
+        assert store.take_scope(SCOPE, "crawl-2", 60, 10_000) is None
+        with redis_cluster.client() as client:
+            assert client.smembers(f"{prefix}:hs:{{{LONELY_SHARD}}}") == {b"lonely.example"}
+            assert client.hget(f"{prefix}:nvm:{{{LONELY_SHARD}}}", "lost") is not None
+        # Applied: the entry and the intent gone.
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
+        assert redis_cluster.keys(f"{prefix}:fxhosts:*") == []
+        assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == keys
+        assert sorted(s.key.url for s in store.iter_pages(SCOPE)) == [k.url for k in keys]
+        assert store.count_scope(SCOPE).pages == 5
+        summary = await call(store.summarize_pages(
+            SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))
+        assert summary[0] == 5
+        await assert_sums_are_the_pages(store)
+        await call(store.release_scope(SCOPE, "crawl-2"))
+        assert store.reset_scope(SCOPE).pages == 5
+        assert [k for k in redis_cluster.keys(f"{prefix}:*")
+                if b"{books" in k and b":flush:" not in k] == []
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_flush_taking_an_entry_past_the_tokens_lifetime_applies_its_bounds_and_host(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """The same entry taken by the next flush that writes its host (no
+    read before): the host listed, the dead worker's pages due by their
+    own bounds (the new page is due later), the sums marked lost."""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
+    await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
+    assert age_ledgers(redis_cluster, prefix, _TOKEN_TTL + 60) == 1
+    store = open_store(redis_cluster, prefix)
+    try:
+        store.stage_page(full_state(PageKey(SCOPE, "https://lonely.example/new"), 1,
+                                    callback="parse", next_visit=5_000))
+        await call(store.flush())
+        with redis_cluster.client() as client:
+            assert client.smembers(f"{prefix}:hs:{{{LONELY_SHARD}}}") == {b"lonely.example"}
+            assert client.hget(f"{prefix}:nvm:{{{LONELY_SHARD}}}", "lost") is not None
+        assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == keys
+        await assert_sums_are_the_pages(store)
+        await call(store.close())
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_host_missing_from_its_scope_is_listed_again_when_written(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A host whose record exists but that its shard does not list (its
+    first flush's effects lost: a dead worker's ledger entry dropped, as
+    older code did) is listed by its next write, not only by a write that
+    creates its record."""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
+    await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
+    # Its effects gone unapplied: the ledger and the intent dropped.
+    redis_cluster.delete(f"{prefix}:fx:*")
+    redis_cluster.delete(f"{prefix}:fxhosts:*")
+    store = open_store(redis_cluster, prefix)
+    try:
+        assert list(store.iter_pages(SCOPE)) == []
+        store.stage_page(full_state(PageKey(SCOPE, "https://lonely.example/new"), 1,
+                                    callback="parse", next_visit=1_500))
+        await call(store.flush())
+        with redis_cluster.client() as client:
+            assert client.smembers(f"{prefix}:hs:{{{LONELY_SHARD}}}") == {b"lonely.example"}
+        assert len(list(store.iter_pages(SCOPE))) == 6
+        assert store.count_scope(SCOPE).pages == 6
+    finally:
+        await call(store.close())
+
+
+@pytest.mark.parametrize("repair", ["forget_host", "forget_page"])
+@pytest_twisted.ensureDeferred
+async def test_a_repair_cut_before_taking_its_pages_out_of_the_sums_leaves_that_to_the_next_read(
+    redis_cluster: LoopbackCluster, prefix: str, repair: str,
+) -> None:
+    """A repair deletes pages in their host's slot, then takes them out of
+    the sums in their shard's: cut between the two (the shard's node
+    unreachable), a retry finds no page to take out. The repair's effects
+    wait in the host's ledger, listed by an intent written before anything
+    was deleted: the next reading applies them (once)."""
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(5)]
+    store = open_store(redis_cluster, prefix)
+    try:
+        for n, key in enumerate(keys):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        await call(store.flush())
+        await call(store.close())
+        store = open_store(redis_cluster, prefix)
+        store.adopt_after = 0  # (a test cannot wait ten minutes)
+        original = store._sync.eval
+
+        def eval_(script: str, *args: Any) -> Any:
+            if script == CLUSTER_SCOPE_LUA:
+                raise redis.exceptions.ConnectionError("the shard's node dropped the connection")
+            return original(script, *args)
+
+        store._sync.eval = eval_  # type: ignore[method-assign]
+        with pytest.raises((StateStoreError, redis.RedisError)) as cut:
+            if repair == "forget_host":
+                store.forget_host(SCOPE, "a.example")
+            else:
+                store.forget_page(SCOPE, keys[0].url)
+        store._sync.eval = original  # type: ignore[method-assign]
+        left = 0 if repair == "forget_host" else 4
+        assert len(list(store.iter_pages(SCOPE))) == left
+        summary = await call(store.summarize_pages(
+            SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))
+        assert summary[0] == left
+        await assert_sums_are_the_pages(store)
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
+        assert redis_cluster.keys(f"{prefix}:fxhosts:*") == []
+        # And the repair said what became of it.
+        assert isinstance(cut.value, StateStoreError)
+        assert "next reading of the scope" in str(cut.value)
+    finally:
+        await call(store.close())

@@ -46,7 +46,11 @@ from incremental_crawler.state.stores.redis.pages import (
     page_key_of,
     url_field,
 )
-from incremental_crawler.state.stores.redis.scripts import _LATEST_LUA, _SUMS_FORGET_LUA
+from incremental_crawler.state.stores.redis.scripts import (
+    _LATEST_LUA,
+    _SUMS_FORGET_LUA,
+    CLUSTER_INTENT_ADD_LUA,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterator
@@ -515,7 +519,17 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         """:meth:`forget_page` / :meth:`forget_host` on a cluster: the same
         deletions as one ``MULTI`` per slot (:meth:`_multi_per_slot`), and
         the pages deleted taken out of the scope's sums by the scope's
-        script (their records read first, in their host's slot)."""
+        script (their records read first, in their host's slot).
+
+        That last step is in another slot than the pages': a repair cut
+        between them (the shard's node unreachable, the command killed)
+        would leave the sums counting pages gone for good (a retry finds
+        none to take out). So it goes as a flush's effects go: a
+        write-ahead intent in the host's shard first (before anything is
+        deleted), the effects in the host's ledger in the same ``MULTI``
+        as the pages' deletion, applied once under their token
+        (``P:fxdone``) by the shard's script, or by the next reading of
+        the scope (:meth:`_adoption`) if the repair stops before."""
         items = self._items_by_page(scope, urls, live=False)
         effects = self._forgotten(scope, host, buckets)
         part = host_part(host)
@@ -525,6 +539,12 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         def run(kind: str | None, *command: Any) -> None:
             commands.append(command)
             kinds.append(kind)
+
+        pending = bool(effects.sums or effects.checks)
+        shard = shard_part(_key_part(scope), scope_shard(part))
+        token = uuid.uuid4().hex
+        intent = (self._intents_key(shard), f"{part}\0repair-{token}")
+        ledger = self._host_key("fx", scope, host)
 
         for key in items:
             run("versions", "HLEN", self._hist_key(scope, key))
@@ -544,7 +564,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             run("links", "HLEN", links)
             run(None, "DEL", links)
             run(None, "DEL", self._host_key("hd", scope, host))
-            run(None, "DEL", self._host_key("fx", scope, host))
+            run(None, "DEL", ledger)
             run(None, "SREM", self._host_shard_key("hs", scope, host), part)
             run(None, "ZREM", self._host_shard_key("dueb", scope, host),
                 *(f"{part}|{b}" for b, _ in buckets))
@@ -558,19 +578,61 @@ class RedisAdmin(RedisClusterPath, AdminStore):
                     run("pages", "HDEL", key, *names)
                 run(None, "HINCRBY", self._host_key("hd", scope, host), "p", -len(names))
                 run("links", "HDEL", links, *names)
+        if pending:
+            # After the ledger's DEL (a whole host's), in its MULTI; the
+            # intent is written now, before any command here is sent.
+            run(None, *self._repair_intent(intent, ledger, token, effects))
         counts = dict.fromkeys(Removed._fields, 0)
         for kind, n in zip(kinds, self._multi_per_slot(commands), strict=True):
             if kind is not None:
                 counts[kind] += int(n)
-        if effects.sums or effects.checks:
-            # The host's shard's (its sums and checks are there).
-            tag = f"{{{shard_part(_key_part(scope), scope_shard(part))}}}"
-            token = uuid.uuid4().hex
-            script, keys, args = self._scope_call(tag, token, {token: effects}, [])
-            self.roundtrips += 2
-            self._sync.eval(script, len(keys), *keys, *args)
-            self._sync.delete(keys[0])  # its reply came: nothing to replay
+        if pending:
+            self._repair_effects(shard, part, ledger, token, intent, effects)
         return Removed(**counts)
+
+    def _repair_intent(self, intent: tuple[str, str], ledger: str, token: str,
+                       effects: _Effects) -> tuple[Any, ...]:
+        """A repair's write-ahead intent written (before anything is
+        deleted), and the command that writes its effects in the host's
+        ledger (with the deletions: see :meth:`_forget_in_slots`)."""
+        self.roundtrips += 1
+        try:
+            stamp = int(self._sync.eval(CLUSTER_INTENT_ADD_LUA, 1, *intent))
+        except redis.RedisError as exc:
+            raise self._fail("repair failed (nothing was deleted)", exc) from exc
+        # (Stamped by the intent's node's clock, as a host script's entry
+        # is by its own: the nodes' clocks agree within minutes.)
+        return ("HSET", ledger, token, json.dumps([stamp, effects.as_entry()]))
+
+    def _repair_effects(self, shard: str, part: str, ledger: str, token: str,
+                        intent: tuple[str, str], effects: _Effects) -> None:
+        """The sums and checks of a repair's pages (deleted now) taken out
+        by their shard's script under the token of their ledger entry
+        (see :meth:`_forget_in_slots`)."""
+        # Said again now: a reader drops an intent adopt_after old (the
+        # deletions may have taken that long), and its entry is there.
+        # The host's shard's (its sums and checks are there), under the
+        # entry's token: applied once, by this or by an adoption.
+        bundle = _Effects(ledger=ledger, where=(shard, part))
+        bundle.merge(effects)
+        script, keys, args = self._scope_call(f"{{{shard}}}", uuid.uuid4().hex,
+                                              {token: bundle}, [])
+        self.roundtrips += 2
+        try:
+            self._sync.eval(CLUSTER_INTENT_ADD_LUA, 1, *intent)
+            reply: Any = self._sync.eval(script, len(keys), *keys, *args)
+        except redis.RedisError as exc:
+            raise self._fail(
+                "repair cut short (its pages were deleted; the next reading of the "
+                "scope takes them out of its sums)", exc) from exc
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.delete(keys[0])  # its reply came: nothing to replay
+        if reply[0] == b"done" or int(reply[3]):
+            # Applied (here or by an adoption): the entry and intent go;
+            # refused (a damaged key), both are left for a later try.
+            pipe.hdel(ledger, token)
+            pipe.zrem(*intent)
+        self._sync_run(pipe)
 
     def _scope_keys(self, scope: str) -> tuple[list[str], list[str], list[str], list[str]]:
         """The scope's keys of this store's kinds (holds excepted): the
@@ -648,7 +710,10 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         if self.tagged:
             _, buckets, links, hist = self._scope_keys(scope)
             commands = self._count_commands(scope, buckets, links, hist)
-            return self._counted_groups(self._multi_per_slot(commands), buckets, links, hist)
+            # Only reads: above maxmemory too (a slot's MULTI, which Redis
+            # then refuses, sent as a plain pipeline).
+            return self._counted_groups(self._multi_per_slot(commands, plain_if_full=True),
+                                        buckets, links, hist)
         _, buckets, links, hist = self._scope_keys(scope)
         pipe = self._sync.pipeline(transaction=True)
         self._count(scope, buckets, links, hist, pipe)

@@ -198,6 +198,9 @@ class _Effects:
     splits: int = 0
     hosts: set[str] = field(default_factory=set)
     latest: int | None = None
+    #: Some effects were dropped (see :meth:`expired`): the shard's sums
+    #: are marked not to be trusted (``P:nvm`` ``lost``).
+    lost: bool = False
     #: The host's ledger that keeps them until they are applied ('' none).
     ledger: str = ""
     #: (shard part, host part) of that host: its write-ahead intent
@@ -224,6 +227,35 @@ class _Effects:
         if latest not in (None, ""):
             self.latest = max(int(latest), self.latest or int(latest))
 
+    @classmethod
+    def expired(cls, reply: dict[str, Any], part: str, ledger: str,
+                where: tuple[str, str]) -> _Effects:
+        """The effects of a ledger entry older than the tokens' lifetime
+        (its worker died between its phases 2 and 3 and nothing read the
+        scope for that long): ``P:fxdone`` may have forgotten they were
+        applied, so only what may be applied twice is: the host listed in
+        its shard (SADD, when the entry lists it: a repair's does not) and
+        the revisit bounds lowered (ZADD LT). The
+        sums, checks and splits are dropped and the shard's sums marked
+        lost: a summary then reads every page (:meth:`_shard_checks`)."""
+        bundle = cls(ledger=ledger, where=where, lost=True)
+        for member, raw in (reply.get("due") or {}).items():
+            visit = int(raw)
+            bundle.due[member] = min(bundle.due.get(member, visit), visit)
+        if reply.get("new_host"):
+            bundle.hosts.add(part)
+        return bundle
+
+    def as_entry(self) -> dict[str, Any]:
+        """These effects as a host script returns them (the ledger's
+        format, which :meth:`add` reads): a repair's in its host's ledger."""
+        return {"sums": {f"{visit}|{callback}": [pages, size]
+                         for (visit, callback), (pages, size) in self.sums.items()},
+                "checks": [[member, at] for member, at in self.checks.items()],
+                "due": dict(self.due), "splits": self.splits,
+                "new_host": bool(self.hosts),
+                "latest": "" if self.latest is None else self.latest}
+
     def forget(self, state: PageState, member: str) -> None:
         """A page deleted (a repair): out of the sums and the checks."""
         if state.callback is not None:
@@ -242,6 +274,7 @@ class _Effects:
             self.due[member] = min(self.due.get(member, visit), visit)
         self.splits += newer.splits
         self.hosts |= newer.hosts
+        self.lost |= newer.lost
         if newer.latest is not None:
             self.latest = max(newer.latest, self.latest or newer.latest)
 
@@ -569,9 +602,14 @@ class RedisClusterPath(RedisCore):
             bundles[token] = _Effects(ledger=ledger, where=where)
             bundles[token].add(done, part)
         taken = json.loads(reply[4]) if len(reply) > 4 and reply[4] else []
-        for other, raw in taken:
+        for other, raw, *expired in taken:
+            effects = json.loads(raw) if isinstance(raw, str) else raw
+            if expired and expired[0]:
+                # Past the tokens' lifetime: its idempotent parts only.
+                bundles.setdefault(other, _Effects.expired(effects, part, ledger, where))
+                continue
             bundle = _Effects(ledger=ledger, where=where)
-            bundle.add(json.loads(raw) if isinstance(raw, str) else raw, part)
+            bundle.add(effects, part)
             bundles.setdefault(other, bundle)
         return done
 
@@ -611,7 +649,8 @@ class RedisClusterPath(RedisCore):
         args.append(len(effects.due))
         for member, visit in sorted(effects.due.items()):
             args += [member, visit]
-        args += [effects.splits, len(effects.hosts), *sorted(effects.hosts)]
+        args += [effects.splits, int(effects.lost), len(effects.hosts),
+                 *sorted(effects.hosts)]
         for op in writes:
             out = list(op[1:])
             for k in _KEY_ARGS[op[0]]:
@@ -745,12 +784,10 @@ class RedisClusterPath(RedisCore):
         late.clear()
 
     def _ledger_bundles(self, shard: str, parts: list[str], ledgers: list[str],
-                        entries: list[Any]
-                        ) -> tuple[dict[str, _Effects], list[tuple[str, str]]]:
-        """The effects of the ledgers' entries by token, and the entries
-        too old to apply (ledger, token): see :meth:`_adoption`."""
+                        entries: list[Any]) -> dict[str, _Effects]:
+        """The effects of the ledgers' entries by token (those too old to
+        apply whole, their idempotent parts): see :meth:`_adoption`."""
         bundles: dict[str, _Effects] = {}
-        expired: list[tuple[str, str]] = []
         for part, ledger, reply in zip(parts, ledgers, entries, strict=True):
             if isinstance(reply, Exception):
                 raise reply
@@ -764,18 +801,20 @@ class RedisClusterPath(RedisCore):
                     age = ledger_now - float(stamped)
                 except (ValueError, TypeError):
                     continue  # not an entry (the host script drops those)
+                effects = json.loads(effects) if isinstance(effects, str) else effects
                 if age > _TOKEN_TTL:
                     # Past the tokens' lifetime P:fxdone may have forgotten
                     # it was applied (it keeps 2 x TOKEN_TTL, on its own
-                    # node's clock): applying it could count it twice. The
-                    # host script drops such entries unapplied; so does a
-                    # reader.
-                    expired.append((ledger, token))
+                    # node's clock): applying it whole could count it
+                    # twice. Only its idempotent parts are applied (as the
+                    # host script's caller does): the host listed, its
+                    # bounds lowered, the shard's sums marked lost.
+                    bundles[token] = _Effects.expired(effects, part, ledger, (shard, part))
                     continue
                 bundle = _Effects(ledger=ledger, where=(shard, part))
-                bundle.add(json.loads(effects) if isinstance(effects, str) else effects, part)
+                bundle.add(effects, part)
                 bundles[token] = bundle
-        return bundles, expired
+        return bundles
 
     def _ledger_cleanup(self) -> tuple[list[tuple[Any, ...]], tuple[list[Any], set[Any]]]:
         """The commands that delete the ledger entries whose effects were
@@ -824,8 +863,9 @@ class RedisClusterPath(RedisCore):
 
         Every entry read is sent to its shard's script (which applies a
         token's effects once: a live worker's own phase 3 then finds them
-        applied). An entry older than the tokens' lifetime on its node's
-        clock is dropped unapplied (as the host script does). An intent is
+        applied). Of an entry older than the tokens' lifetime on its node's
+        clock only the idempotent parts are applied, the shard's sums
+        marked lost (:meth:`_Effects.expired`; as a flush of its host does). An intent is
         dropped only when, by its node's time read with it, it is
         :attr:`adopt_after` old (its flush's host scripts write nothing past
         half that: its entry, if any, was in the ledger read; see
@@ -863,11 +903,10 @@ class RedisClusterPath(RedisCore):
         entries = yield [("EVAL", CLUSTER_LEDGER_READ_LUA, 1, ledger)
                          for shard in listed for ledger in ledgers[shard]]
         bundles: dict[str, dict[str, _Effects]] = {}
-        expired: dict[str, list[tuple[str, str]]] = {}
         at = 0
         for shard in listed:
             count = len(ledgers[shard])
-            bundles[shard], expired[shard] = self._ledger_bundles(
+            bundles[shard] = self._ledger_bundles(
                 shard, parts[shard], ledgers[shard], entries[at:at + count])
             at += count
         applied: list[tuple[str, str]] = []
@@ -883,9 +922,7 @@ class RedisClusterPath(RedisCore):
             if old:
                 drops.append(("EVAL", CLUSTER_INTENT_DROP_LUA, 1, self._intents_key(shard),
                               *(x for pair in old for x in pair)))
-        gone_entries = [*applied, *(entry for shard in listed if shard not in refused
-                                    for entry in expired[shard])]
-        cleanup = [*spent, *(("HDEL", ledger, token) for ledger, token in gone_entries), *drops]
+        cleanup = [*spent, *(("HDEL", ledger, token) for ledger, token in applied), *drops]
         if cleanup:
             yield cleanup
 

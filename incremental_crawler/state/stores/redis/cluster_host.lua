@@ -27,7 +27,9 @@
 -- writes: each its name
 -- and ARITY[name] arguments, a page's field first.
 -- Returns {applied, replayed (0/1), error ('' none), effects (JSON),
--- effects taken from the ledger (JSON: [token, effects] pairs)}, or
+-- effects taken from the ledger (JSON: [token, effects, expired] triples,
+-- expired true for an entry older than TOKEN_TTL: only its idempotent
+-- parts are applied, see cluster.py, _Effects.expired)}, or
 -- {'late'} (see DEADLINE), or
 -- {'n', count} when the host's bucket count is not the one planned from,
 -- or {'blocked', splits} when only that many of the planned splits can be
@@ -127,7 +129,10 @@ end
 -- "<visit>|<callback>" -> {pages, bytes}; the last check of each page
 -- written ("<host part>|<field>" -> time, false: no callback); the least
 -- next visit of each bucket written ("<host part>|<n>"); splits made;
--- whether the host is new to its scope; the latest last check written.
+-- whether the host is to be in its scope's hosts (new_host: whenever its
+-- record or links are written, not only when its record is new: a host
+-- whose first flush died before its phase 3, its ledger entry dropped,
+-- is listed again by its next write); the latest last check written.
 local SUMS, CHECKS, DUE = {}, {}, {}
 local splits, new_host, latest = 0, false, false
 local function lower_due(b, visit)
@@ -177,7 +182,9 @@ end
 local listed = false
 local function register()
   if not listed then
-    if redis.call('HSETNX', DIR, 'n', n) == 1 then new_host = true end
+    redis.call('HSETNX', DIR, 'n', n)
+    -- (SADD in phase 3: listed again costs nothing.)
+    new_host = true
     listed = true
   end
 end
@@ -326,18 +333,22 @@ local effects = cjson.encode({
   sums = SUMS, checks = checks, due = DUE, splits = splits, new_host = new_host,
   latest = latest or '', n = n, p = tonumber(redis.call('HGET', DIR, 'p')) or 0})
 -- The ledger: this script's effects kept, older ones of other flushes
--- taken (those past the tokens' lifetime dropped: their phase 3 can no
--- longer be told apart from a new one).
+-- taken. Those past the tokens' lifetime are taken as expired: their
+-- phase 3 can no longer be told apart from a new one (P:fxdone may have
+-- forgotten it), so the caller applies only what may be applied twice
+-- (the host listed, the revisit bounds lowered) and marks the shard's
+-- sums as not to be trusted; the entry goes once that is applied.
 local now = tonumber(redis.call('TIME')[1])
 local taken = {}
 local flat = redis.call('HGETALL', LEDGER)
 for k = 1, #flat, 2 do
   local ok_entry, entry = pcall(cjson.decode, flat[k + 1])
-  if not ok_entry or type(entry) ~= 'table' or not tonumber(entry[1])
-      or now - tonumber(entry[1]) > TOKEN_TTL then
+  if not ok_entry or type(entry) ~= 'table' or not tonumber(entry[1]) then
     redis.call('HDEL', LEDGER, flat[k])
+  elseif now - tonumber(entry[1]) > TOKEN_TTL then
+    taken[#taken + 1] = {flat[k], entry[2], true}
   elseif now - tonumber(entry[1]) >= ADOPT_AFTER then
-    taken[#taken + 1] = {flat[k], entry[2]}
+    taken[#taken + 1] = {flat[k], entry[2], false}
   end
 end
 if applied > 0 then

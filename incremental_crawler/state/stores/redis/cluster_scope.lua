@@ -32,7 +32,10 @@
 -- minute's nvf hash; the number of checks and per check its member and
 -- last check ('': the page has no callback now); the latest last check
 -- ('': none); the number of bucket bounds and per bucket its member and
--- bound; the splits made; the number of new hosts and their parts; then
+-- bound; the splits made; 1 when some effects were lost (an expired
+-- ledger entry's sums and checks dropped: the shard's sums are marked not
+-- to be trusted, P:nvm 'lost', and summaries read every page), else 0;
+-- the number of new hosts and their parts; then
 -- the writes, each its name and ARITY[name] arguments, keys given as
 -- their index in KEYS.
 -- Returns {applied, replayed (0/1), error ('' none), effects applied
@@ -94,6 +97,8 @@ for _ = 1, tonumber(ARGV[j]) do
 end
 j = j + 1
 local splits = tonumber(ARGV[j])
+j = j + 1
+local lost = ARGV[j] == '1'
 j = j + 1
 local hosts = {}
 for _ = 1, tonumber(ARGV[j]) do
@@ -172,8 +177,9 @@ for k, bundle in ipairs(bundles) do
   end
   if not trim or trim <= now then redis.call('HSET', bucket, 'trim', now + 3600) end
   redis.call('HSET', bucket, applied_field(bundle), now)
-  -- A bucket no token is added to for that long holds none still needed.
-  redis.call('EXPIRE', bucket, 2 * TOKEN_TTL + 3600)
+  -- No TTL: the hourly trim bounds a bucket (a record of tokens applied
+  -- that Redis could evict under a volatile-* policy would let an effect
+  -- be applied twice; the store refuses those policies besides).
 end
 
 -- The sums (as add_sum in sums.lua): a field summing no page goes.
@@ -218,6 +224,7 @@ for _, bound in ipairs(bounds) do
   redis.call('HDEL', MARKS, bound[1])
 end
 if splits > 0 then redis.call('INCRBY', SPLITS, splits) end
+if lost then redis.call('HSET', META, 'lost', now) end
 if #hosts > 0 then redis.call('SADD', HOSTS, unpack(hosts)) end
 
 local OPS = {}

@@ -571,16 +571,19 @@ class RedisDueReads(RedisCore):
         """Every scope shard's mark and checks since *before*, in one round
         trip: the checks to take out of the sums (shard, member); None when
         a shard cannot tell (a page checked since *before* and no mark
-        before it: every page is read)."""
+        before it; or its sums marked lost, some effects dropped unapplied:
+        see cluster.py, _Effects.expired): every page is read then."""
         shards = len(self._shard_keys("nvm", scope))
         read = await self._commands([
             command for k in range(shards) for command in (
-                ("HMGET", self._shard_key("nvm", scope, k), "mark", "latest"),
+                ("HMGET", self._shard_key("nvm", scope, k), "mark", "latest", "lost"),
                 ("ZRANGEBYSCORE", self._shard_key("ck", scope, k), before, "+inf"))])
         checks: list[tuple[int, bytes]] = []
         for k in range(shards):
             meta, shard_checks = read[2 * k:2 * k + 2]
-            mark, latest = (None if v is None else int(v) for v in meta)
+            if meta[2] is not None:
+                return None
+            mark, latest = (None if v is None else int(v) for v in meta[:2])
             if latest is not None and before <= latest:
                 if mark is None or before < mark:
                     return None

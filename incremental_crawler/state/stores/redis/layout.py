@@ -91,6 +91,22 @@ _MIGRATION_BATCH = 2_000
 MIN_REDIS_VERSION = (7, 0)
 
 
+#: Refusing a Redis that may evict keys (see :func:`_evicts`).
+_EVICTS = ("{where} evicts keys when full (maxmemory-policy {policy}): stored state, or "
+           "the records that make a write sent again apply once (they expire), would "
+           "vanish silently; set maxmemory-policy noeviction")
+
+
+def _evicts(policy: str) -> bool:
+    """Whether Redis may evict keys under *policy* (``INFO memory``'s
+    ``maxmemory_policy``; '' when it does not say): any but noeviction.
+    allkeys-* evicts any key; volatile-* the keys with a TTL, and the
+    store's idempotency records have one (``P:flush:*``: a flush's script
+    whose reply was lost, sent again after its token was evicted, would
+    apply its writes twice)."""
+    return policy not in ("", "noeviction")
+
+
 def _over_limit(memory: dict[str, Any]) -> bool:
     """Whether ``INFO memory`` says Redis refuses writes for memory now."""
     try:
@@ -140,16 +156,14 @@ class RedisLayout(RedisCore):
             if isinstance(listpack, dict) and str(
                     listpack.get("hash-max-listpack-value", "")).isdigit():
                 self._listpack_value = int(listpack["hash-max-listpack-value"])
-            # State keys never expire: only an allkeys-* policy evicts them,
-            # silently (an items hash gone, its pages' validators kept).
+            # Only noeviction: an allkeys-* policy evicts state silently (an
+            # items hash gone, its pages' validators kept), a volatile-* one
+            # the keys with a TTL, among them the flushes' tokens
+            # (P:flush:*) that make a write sent again apply once.
             policy = ("" if isinstance(memory, Exception)
                       else str(memory.get("maxmemory_policy", "")))
-            if policy.startswith("allkeys"):
-                raise self._fail(
-                    f"Redis evicts keys when full (maxmemory-policy {policy}): stored "
-                    "state would vanish silently; use a Redis with maxmemory-policy "
-                    "noeviction (or volatile-*)"
-                )
+            if _evicts(policy):
+                raise self._fail(_EVICTS.format(policy=policy, where="Redis"))
             if not isinstance(memory, Exception) and _over_limit(memory):
                 raise self._fail(OUT_OF_MEMORY)
             if kind == b"none":
@@ -204,11 +218,9 @@ class RedisLayout(RedisCore):
             self.roundtrips += 1
             for memory in memories.values() if _per_node(memories) else [memories]:
                 policy = str(memory.get("maxmemory_policy", ""))
-                if policy.startswith("allkeys"):
-                    raise self._fail(
-                        f"a node of the cluster evicts keys when full (maxmemory-policy "
-                        f"{policy}): stored state would vanish silently; use noeviction "
-                        "(or volatile-*) on every node")
+                if _evicts(policy):
+                    raise self._fail(_EVICTS.format(
+                        policy=policy, where="a node of the cluster") + " on every node")
                 if _over_limit(memory):
                     raise self._fail(OUT_OF_MEMORY)
             listpack: Any = self._sync.config_get("hash-max-listpack-value")
