@@ -1411,3 +1411,116 @@ async def test_a_repair_cut_before_taking_its_pages_out_of_the_sums_leaves_that_
         assert "next reading of the scope" in str(cut.value)
     finally:
         await call(store.close())
+
+
+async def flush_five(cluster: LoopbackCluster, prefix: str, host: str = "a.example",
+                     visit: int = 1_000) -> list[PageKey]:
+    """Five pages of *host* written by a worker that closed (visits
+    *visit* + n)."""
+    keys = [PageKey(SCOPE, f"https://{host}/p{n}") for n in range(5)]
+    store = open_store(cluster, prefix)
+    for n, key in enumerate(keys):
+        store.stage_page(full_state(key, 1, callback="parse", next_visit=visit + n))
+    await call(store.flush())
+    await call(store.close())
+    return keys
+
+
+def cut_scope_scripts(store: RedisStateStore) -> Any:
+    """Make the sync client's scope scripts fail (the shard's node dropped
+    the connection); returns the original ``eval`` to put back."""
+    original = store._sync.eval
+
+    def eval_(script: str, *args: Any) -> Any:
+        if script == CLUSTER_SCOPE_LUA:
+            raise redis.exceptions.ConnectionError("the shard's node dropped the connection")
+        return original(script, *args)
+
+    store._sync.eval = eval_  # type: ignore[method-assign]
+    return original
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_host_repair_keeps_the_pending_entries_of_its_hosts_ledger(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """forget_host cut after deleting the pages (its entry in the host's
+    ledger) and before its shard's script, then run again: the retry finds
+    no page and writes no entry, and its deletions must leave the ledger's
+    pending entries alone (here the adoption that a repair runs first is
+    left out, as for an entry written after it read the ledgers): the
+    first attempt's entry is applied by the next reading."""
+    await flush_five(redis_cluster, prefix)
+    store = open_store(redis_cluster, prefix)
+    store.adopt_after = 0  # (a test cannot wait ten minutes)
+    original = cut_scope_scripts(store)
+    with pytest.raises((StateStoreError, redis.RedisError)):
+        store.forget_host(SCOPE, "a.example")
+    store._sync.eval = original  # type: ignore[method-assign]
+    assert redis_cluster.keys(f"{prefix}:fx:*") != []
+    store._adopt_before_repair = lambda scope: None  # type: ignore[method-assign]
+    try:
+        store.forget_host(SCOPE, "a.example")  # the retry
+        assert redis_cluster.keys(f"{prefix}:fx:*") != []  # still pending
+        assert list(store.iter_pages(SCOPE)) == []
+        await assert_sums_are_the_pages(store)
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    finally:
+        await call(store.close())
+
+
+@pytest.mark.parametrize("repair", ["forget_host", "forget_page"])
+@pytest_twisted.ensureDeferred
+async def test_a_repair_first_applies_a_dead_workers_pending_entry(
+    redis_cluster: LoopbackCluster, prefix: str, repair: str,
+) -> None:
+    """A dead worker moved the host's pages to visits 3000 + n (its phase
+    2, the effects in the host's ledger) and died before its phase 3: a
+    repair of that host applies the entry before it reads what to take
+    out, so the sums neither keep the old visits nor lose the new."""
+    keys = await flush_five(redis_cluster, prefix, visit=1_000)
+    gone = open_store(redis_cluster, prefix)
+    for n, key in enumerate(keys):
+        gone.stage_page(full_state(key, 2, callback="parse", next_visit=3_000 + n))
+    cut_before(gone, CLUSTER_SCOPE_LUA)
+    with pytest.raises(StateStoreError):
+        await call(gone.flush())
+    await call(die(gone))
+    store = open_store(redis_cluster, prefix)
+    try:
+        if repair == "forget_host":
+            store.forget_host(SCOPE, "a.example")
+        else:
+            store.forget_page(SCOPE, keys[0].url)
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
+        assert len(list(store.iter_pages(SCOPE))) == (0 if repair == "forget_host" else 4)
+        await assert_sums_are_the_pages(store)
+        states = list(store.iter_pages(SCOPE))
+        for before in (math.inf, 1_000_001, 1_000_003):
+            got = await call(store.summarize_pages(
+                SCOPE, after=-math.inf, upto=math.inf, checked_before=before))
+            assert tuple(got) == brute_summary(states, -math.inf, math.inf, before, ())
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_repair_whose_adoption_redis_refuses_is_refused(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A repair whose adoption of the pending effects Redis refuses (above
+    maxmemory) deletes nothing and says why."""
+    await flush_five(redis_cluster, prefix)
+    store = open_store(redis_cluster, prefix)
+
+    def refused(scope: str, settled_only: bool = False, refused: Any = None) -> Any:
+        raise redis.exceptions.OutOfMemoryError("OOM command not allowed")
+        yield  # (a generator)
+
+    store._adoption = refused  # type: ignore[method-assign]
+    try:
+        with pytest.raises(StateStoreError, match="repair refused.*OOM"):
+            store.forget_host(SCOPE, "a.example")
+        assert len(list(store.iter_pages(SCOPE))) == 5
+    finally:
+        await call(store.close())

@@ -340,6 +340,8 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         return Removed(**counts)
 
     def forget_page(self, scope: str, url: str) -> Removed:
+        if self.tagged:
+            self._adopt_before_repair(scope)
         host, bucket, page_fields = self._page_fields(scope, url)
         if self.tagged:
             return self._forget_in_slots(scope, {url}, host, [(bucket, page_fields)],
@@ -361,6 +363,8 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         return self._forget(scope, {url}, delete_pages)
 
     def forget_host(self, scope: str, host: str) -> Removed:
+        if self.tagged:
+            self._adopt_before_repair(scope)
         n = self._bucket_counts(scope, [host])[host]
         buckets = [(host, b) for b in range(n)]
         urls = {page_key_of(scope, host, field.decode()).url
@@ -513,6 +517,14 @@ class RedisAdmin(RedisClusterPath, AdminStore):
                                    f"{host_part(host)}|{field}")
         return effects
 
+    def _adopt_before_repair(self, scope: str) -> None:
+        """A repair on a cluster first applies what the hosts' ledgers hold
+        (a dead worker's effects, a cut repair's): what it reads of the
+        pages is then what the sums count, and the checks it takes out are
+        not set again by an older entry applied after it. Refused (Redis
+        full, a damaged key), the repair is refused: nothing deleted."""
+        self.adopt_ledgers_sync(scope, strict=True)
+
     def _forget_in_slots(self, scope: str, urls: Collection[str], host: str,
                          buckets: list[tuple[int, list[str] | None]], *,
                          whole_host: bool) -> Removed:
@@ -564,7 +576,9 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             run("links", "HLEN", links)
             run(None, "DEL", links)
             run(None, "DEL", self._host_key("hd", scope, host))
-            run(None, "DEL", ledger)
+            # Not its ledger: an entry there may be pending still (a cut
+            # repair's, retried now; one written after the adoption read):
+            # it goes once applied (HDEL), never with the pages.
             run(None, "SREM", self._host_shard_key("hs", scope, host), part)
             run(None, "ZREM", self._host_shard_key("dueb", scope, host),
                 *(f"{part}|{b}" for b, _ in buckets))
@@ -579,8 +593,8 @@ class RedisAdmin(RedisClusterPath, AdminStore):
                 run(None, "HINCRBY", self._host_key("hd", scope, host), "p", -len(names))
                 run("links", "HDEL", links, *names)
         if pending:
-            # After the ledger's DEL (a whole host's), in its MULTI; the
-            # intent is written now, before any command here is sent.
+            # In the pages' MULTI; the intent is written now, before any
+            # command here is sent.
             run(None, *self._repair_intent(intent, ledger, token, effects))
         counts = dict.fromkeys(Removed._fields, 0)
         for kind, n in zip(kinds, self._multi_per_slot(commands), strict=True):

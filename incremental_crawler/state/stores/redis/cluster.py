@@ -849,7 +849,8 @@ class RedisClusterPath(RedisCore):
         carried.ledger_done = [entry for entry in carried.ledger_done if entry not in gone]
         carried.intents_done -= dropped
 
-    def _adoption(self, scope: str, settled_only: bool = False
+    def _adoption(self, scope: str, settled_only: bool = False,
+                  refused: set[str] | None = None
                   ) -> Generator[list[tuple[Any, ...]], list[Any], None]:
         """Apply every effect left in the ledgers of the hosts the scope's
         intents list (``P:fxhosts:{<s>^<x>}``, one per scope shard): a
@@ -872,7 +873,7 @@ class RedisClusterPath(RedisCore):
         :meth:`_phase_hosts`) and still as read (see
         ``cluster_intent_drop.lua``). A shard whose script Redis refused (a
         damaged key) keeps its ledgers and intents for a later try; the
-        others are applied."""
+        others are applied (the shards refused noted in *refused*, if given)."""
         scope_part = _key_part(scope)
         shards = [shard_part(scope_part, k) for k in range(len(SCOPE_SHARDS))]
         reads = yield [("EVAL", CLUSTER_INTENTS_READ_LUA, 1, self._intents_key(shard))
@@ -911,7 +912,8 @@ class RedisClusterPath(RedisCore):
             at += count
         applied: list[tuple[str, str]] = []
         spent: list[tuple[Any, ...]] = []
-        refused: set[str] = set()
+        if refused is None:
+            refused = set()
         yield from self._adopt_rounds(bundles, applied, spent, refused)
         drops = []
         for shard, (intents_now, pairs) in listed.items():
@@ -981,12 +983,15 @@ class RedisClusterPath(RedisCore):
         except (redis.RedisError, StateStoreError) as exc:
             self._adoption_refused(scope, exc)
 
-    def adopt_ledgers_sync(self, scope: str) -> None:
+    def adopt_ledgers_sync(self, scope: str, strict: bool = False) -> None:
         """:meth:`_adoption` on the sync client (holds, admin); best effort
-        (see :meth:`_adoption_refused`)."""
+        (see :meth:`_adoption_refused`). *strict* (a repair's): an adoption
+        not applied whole (Redis refused a write, or a shard's script
+        refused: a damaged key) raises a :class:`StateStoreError`."""
         if not self.tagged:
             return
-        plan = self._adoption(scope)
+        refused: set[str] = set()
+        plan = self._adoption(scope, refused=refused)
         replies: Any = None
         try:
             while True:
@@ -996,9 +1001,22 @@ class RedisClusterPath(RedisCore):
                     pipe.execute_command(*command)
                 replies = self._sync_run(pipe)
         except StopIteration:
-            return
+            pass
         except (redis.RedisError, StateStoreError) as exc:
+            if strict:
+                if not _refused_write(exc):
+                    raise
+                raise StateStoreError(
+                    f"State store {self.location}: repair refused: the effects pending in "
+                    f"its scope's ledgers could not be applied first (nothing was deleted; "
+                    f"Redis refused the write: {exc})") from exc
             self._adoption_refused(scope, exc)
+            return
+        if strict and refused:
+            raise self._fail(
+                "repair refused: the effects pending in its scope's ledgers could not be "
+                f"applied first (a damaged key in shard(s) {', '.join(sorted(refused))}; "
+                "nothing was deleted)")
 
     def _adoption_refused(self, scope: str, exc: BaseException) -> None:
         """An adoption Redis refused to write (above maxmemory, or a
