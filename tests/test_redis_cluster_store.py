@@ -1524,3 +1524,34 @@ async def test_a_repair_whose_adoption_redis_refuses_is_refused(
         assert len(list(store.iter_pages(SCOPE))) == 5
     finally:
         await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_flush_taking_a_repair_entry_keeps_its_own_newer_check(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """forget_page cut before its shard's script (its entry left in the
+    host's ledger); a crawl starts (its adoption refused: Redis full), the
+    page is found again and written by a flush that takes the repair's
+    entry: the repair's check (``''``, taken out) is older than the page's
+    new check, which the sums keep."""
+    keys = await flush_five(redis_cluster, prefix)  # checked at 1_000_001
+    store = open_store(redis_cluster, prefix)
+    original = cut_scope_scripts(store)
+    with pytest.raises((StateStoreError, redis.RedisError)):
+        store.forget_page(SCOPE, keys[0].url)
+    store._sync.eval = original  # type: ignore[method-assign]
+    try:
+        store.adopt_ledgers_sync = lambda scope, strict=False: None  # type: ignore[method-assign]
+        assert store.take_scope(SCOPE, "crawl-2", 60, 1_000_005) is None
+        assert redis_cluster.keys(f"{prefix}:fx:*") != []
+        store.adopt_after = 0  # the entry is now old enough for a flush to take
+        store.stage_page(full_state(keys[0], 9, callback="parse", next_visit=1_000))
+        await call(store.flush())
+        states = list(store.iter_pages(SCOPE))
+        for before in (math.inf, 1_000_005, 1_000_010):
+            got = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                   checked_before=before))
+            assert tuple(got) == brute_summary(states, -math.inf, math.inf, before, ())
+    finally:
+        await call(store.close())

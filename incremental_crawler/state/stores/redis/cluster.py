@@ -594,13 +594,15 @@ class RedisClusterPath(RedisCore):
         """A host script's effects into *bundles* (under its token), and
         those it took from its host's ledger (under theirs: another flush
         left them there, its worker dead before its phase 3, or slow; the
-        scope's script applies each token's once). Returns its own, decoded."""
+        scope's script applies each token's once). Returns its own, decoded.
+
+        The taken ones go in first: they were in the ledger before this
+        script wrote, and the scope's script merges its bundles in order
+        (a later check wins: a repair's taken ``''`` must not undo the
+        page's newer check this flush made)."""
         ledger = f"{self.prefix}:fx:{tag}"
         part = where[1]
         done = json.loads(reply[3]) if reply[3] else {}
-        if int(reply[0]) and done:
-            bundles[token] = _Effects(ledger=ledger, where=where)
-            bundles[token].add(done, part)
         taken = json.loads(reply[4]) if len(reply) > 4 and reply[4] else []
         for other, raw, *expired in taken:
             effects = json.loads(raw) if isinstance(raw, str) else raw
@@ -611,6 +613,9 @@ class RedisClusterPath(RedisCore):
             bundle = _Effects(ledger=ledger, where=where)
             bundle.add(effects, part)
             bundles.setdefault(other, bundle)
+        if int(reply[0]) and done:
+            bundles[token] = _Effects(ledger=ledger, where=where)
+            bundles[token].add(done, part)
         return done
 
     def _scope_call(self, tag: str, token: str, bundles: dict[str, _Effects],
@@ -787,7 +792,7 @@ class RedisClusterPath(RedisCore):
                         entries: list[Any]) -> dict[str, _Effects]:
         """The effects of the ledgers' entries by token (those too old to
         apply whole, their idempotent parts): see :meth:`_adoption`."""
-        bundles: dict[str, _Effects] = {}
+        found_all: list[tuple[float, str, _Effects]] = []
         for part, ledger, reply in zip(parts, ledgers, entries, strict=True):
             if isinstance(reply, Exception):
                 raise reply
@@ -809,12 +814,16 @@ class RedisClusterPath(RedisCore):
                     # twice. Only its idempotent parts are applied (as the
                     # host script's caller does): the host listed, its
                     # bounds lowered, the shard's sums marked lost.
-                    bundles[token] = _Effects.expired(effects, part, ledger, (shard, part))
+                    found_all.append((float(stamped), token,
+                                      _Effects.expired(effects, part, ledger, (shard, part))))
                     continue
                 bundle = _Effects(ledger=ledger, where=(shard, part))
                 bundle.add(effects, part)
-                bundles[token] = bundle
-        return bundles
+                found_all.append((float(stamped), token, bundle))
+        # Oldest first: the scope's script merges them in order (a later
+        # check wins), and a ledger's hash has no order of its own.
+        found_all.sort(key=lambda found: found[0])
+        return {token: bundle for _, token, bundle in found_all}
 
     def _ledger_cleanup(self) -> tuple[list[tuple[Any, ...]], tuple[list[Any], set[Any]]]:
         """The commands that delete the ledger entries whose effects were
