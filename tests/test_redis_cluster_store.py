@@ -40,6 +40,8 @@ from incremental_crawler.state.stores.redis.layout import (
     LAYOUT_VERSION,
 )
 from incremental_crawler.state.stores.redis.scripts import (
+    _APPLIED_KEPT,
+    _LEDGER_HONOURED,
     _TOKEN_TTL,
     CLUSTER_HOST_LUA,
     CLUSTER_ITEMS_LUA,
@@ -716,9 +718,9 @@ async def test_a_ledger_entry_older_than_the_tokens_lifetime_is_not_applied_agai
         gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
     await call(gone.flush())
     await call(die(gone))
-    assert age_ledgers(redis_cluster, prefix, _TOKEN_TTL + 60) == 1
+    assert age_ledgers(redis_cluster, prefix, _APPLIED_KEPT + 3_600) == 1
     with redis_cluster.client() as client:
-        # What P:fxdone's own trimming does after 2 x TOKEN_TTL.
+        # What P:fxdone's own trimming does after _APPLIED_KEPT.
         client.delete(*redis_cluster.keys(f"{prefix}:fxdone:{{{LONELY_SHARD}}}:*"))
     store = open_store(redis_cluster, prefix)
     try:
@@ -1286,8 +1288,8 @@ async def test_a_dead_workers_effects_read_after_the_tokens_lifetime_still_list_
     The sums, dropped, are marked lost: summaries read every page."""
     keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
     await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
-    assert age_ledgers(redis_cluster, prefix, _TOKEN_TTL + 60) == 1
-    age_intents(redis_cluster, prefix, _TOKEN_TTL + 60)
+    assert age_ledgers(redis_cluster, prefix, _LEDGER_HONOURED + 60) == 1
+    age_intents(redis_cluster, prefix, _LEDGER_HONOURED + 60)
     store = open_store(redis_cluster, prefix)
     try:
         assert store.take_scope(SCOPE, "crawl-2", 60, 10_000) is None
@@ -1321,7 +1323,7 @@ async def test_a_flush_taking_an_entry_past_the_tokens_lifetime_applies_its_boun
     own bounds (the new page is due later), the sums marked lost."""
     keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
     await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
-    assert age_ledgers(redis_cluster, prefix, _TOKEN_TTL + 60) == 1
+    assert age_ledgers(redis_cluster, prefix, _LEDGER_HONOURED + 60) == 1
     store = open_store(redis_cluster, prefix)
     try:
         store.stage_page(full_state(PageKey(SCOPE, "https://lonely.example/new"), 1,
@@ -1553,5 +1555,62 @@ async def test_a_flush_taking_a_repair_entry_keeps_its_own_newer_check(
             got = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
                                                    checked_before=before))
             assert tuple(got) == brute_summary(states, -math.inf, math.inf, before, ())
+    finally:
+        await call(store.close())
+
+
+@pytest.mark.parametrize("age", [_TOKEN_TTL + 60, _LEDGER_HONOURED + 60],
+                         ids=["a-day-old", "older-than-honoured"])
+@pytest_twisted.ensureDeferred
+async def test_a_worker_killed_after_a_complete_flush_leaves_no_sums_lost(
+    redis_cluster: LoopbackCluster, prefix: str, age: int,
+) -> None:
+    """A worker killed after its flush applied everything (only its ledger
+    clean-up, sent with its next pipeline, never ran): read a day later, or
+    later than ledger entries are honoured while P:fxdone still lists the
+    token, the entry is known applied: dropped, the shard's sums not
+    marked lost (every summary would read every page)."""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
+    gone = open_store(redis_cluster, prefix)
+    for n, key in enumerate(keys):
+        gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+    await call(gone.flush())
+    await call(die(gone))
+    assert age_ledgers(redis_cluster, prefix, age) == 1
+    store = open_store(redis_cluster, prefix)
+    try:
+        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                   checked_before=math.inf))
+        assert summary[0] == 5
+        with redis_cluster.client() as client:
+            assert client.hget(f"{prefix}:nvm:{{{LONELY_SHARD}}}", "lost") is None
+        await assert_sums_are_the_pages(store)
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_dead_workers_entry_a_day_old_is_applied_whole_not_marked_lost(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A worker dies between its phases 2 and 3 and the scope is read a
+    day later: P:fxdone keeps the tokens applied two days, so an entry a
+    day old that it does not list was never applied: applied whole (the
+    sums right), the shard's sums not marked lost."""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
+    await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
+    assert age_ledgers(redis_cluster, prefix, _TOKEN_TTL + 60) == 1
+    age_intents(redis_cluster, prefix, _TOKEN_TTL + 60)
+    store = open_store(redis_cluster, prefix)
+    try:
+        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                   checked_before=math.inf))
+        assert summary[0] == 5
+        with redis_cluster.client() as client:
+            assert client.hget(f"{prefix}:nvm:{{{LONELY_SHARD}}}", "lost") is None
+            assert client.smembers(f"{prefix}:hs:{{{LONELY_SHARD}}}") == {b"lonely.example"}
+        await assert_sums_are_the_pages(store)
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
     finally:
         await call(store.close())

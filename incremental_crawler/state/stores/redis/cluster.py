@@ -98,7 +98,7 @@ from incremental_crawler.state.stores.redis.pages import (
     bucket_of,
 )
 from incremental_crawler.state.stores.redis.scripts import (
-    _TOKEN_TTL,
+    _LEDGER_HONOURED,
     CLUSTER_BYPAGE_LUA,
     CLUSTER_HOST_LUA,
     CLUSTER_INTENT_ADD_LUA,
@@ -230,9 +230,10 @@ class _Effects:
     @classmethod
     def expired(cls, reply: dict[str, Any], part: str, ledger: str,
                 where: tuple[str, str]) -> _Effects:
-        """The effects of a ledger entry older than the tokens' lifetime
-        (its worker died between its phases 2 and 3 and nothing read the
-        scope for that long): ``P:fxdone`` may have forgotten they were
+        """The effects of a ledger entry older than ``_LEDGER_HONOURED``
+        (its worker died between its phases 2 and 3, or before its ledger's
+        clean-up, and nothing read the scope for that long): ``P:fxdone``
+        may have forgotten they were
         applied, so only what may be applied twice is: the host listed in
         its shard (SADD, when the entry lists it: a repair's does not) and
         the revisit bounds lowered (ZADD LT). The
@@ -607,7 +608,8 @@ class RedisClusterPath(RedisCore):
         for other, raw, *expired in taken:
             effects = json.loads(raw) if isinstance(raw, str) else raw
             if expired and expired[0]:
-                # Past the tokens' lifetime: its idempotent parts only.
+                # Past _LEDGER_HONOURED: its idempotent parts only (or
+                # nothing, when P:fxdone still lists it: 'done').
                 bundles.setdefault(other, _Effects.expired(effects, part, ledger, where))
                 continue
             bundle = _Effects(ledger=ledger, where=where)
@@ -807,13 +809,14 @@ class RedisClusterPath(RedisCore):
                 except (ValueError, TypeError):
                     continue  # not an entry (the host script drops those)
                 effects = json.loads(effects) if isinstance(effects, str) else effects
-                if age > _TOKEN_TTL:
-                    # Past the tokens' lifetime P:fxdone may have forgotten
-                    # it was applied (it keeps 2 x TOKEN_TTL, on its own
-                    # node's clock): applying it whole could count it
-                    # twice. Only its idempotent parts are applied (as the
-                    # host script's caller does): the host listed, its
-                    # bounds lowered, the shard's sums marked lost.
+                if age > _LEDGER_HONOURED:
+                    # P:fxdone may have forgotten it was applied (it keeps
+                    # _APPLIED_KEPT, on its own node's clock): applying it
+                    # whole could count it twice. Only its idempotent parts
+                    # are applied (as the host script's caller does): the
+                    # host listed, its bounds lowered, the shard's sums
+                    # marked lost; unless P:fxdone still lists its token
+                    # (the scope's script says 'done': nothing marked).
                     found_all.append((float(stamped), token,
                                       _Effects.expired(effects, part, ledger, (shard, part))))
                     continue

@@ -28,7 +28,7 @@
 -- and ARITY[name] arguments, a page's field first.
 -- Returns {applied, replayed (0/1), error ('' none), effects (JSON),
 -- effects taken from the ledger (JSON: [token, effects, expired] triples,
--- expired true for an entry older than TOKEN_TTL: only its idempotent
+-- expired true for an entry older than LEDGER_HONOURED: only its idempotent
 -- parts are applied, see cluster.py, _Effects.expired)}, or
 -- {'late'} (see DEADLINE), or
 -- {'n', count} when the host's bucket count is not the one planned from,
@@ -333,11 +333,12 @@ local effects = cjson.encode({
   sums = SUMS, checks = checks, due = DUE, splits = splits, new_host = new_host,
   latest = latest or '', n = n, p = tonumber(redis.call('HGET', DIR, 'p')) or 0})
 -- The ledger: this script's effects kept, older ones of other flushes
--- taken. Those past the tokens' lifetime are taken as expired: their
--- phase 3 can no longer be told apart from a new one (P:fxdone may have
--- forgotten it), so the caller applies only what may be applied twice
+-- taken. Those past LEDGER_HONOURED (an hour less than P:fxdone keeps the
+-- tokens applied) are taken as expired: their phase 3 may be forgotten
+-- (P:fxdone trimmed), so the caller applies only what may be applied twice
 -- (the host listed, the revisit bounds lowered) and marks the shard's
--- sums as not to be trusted; the entry goes once that is applied.
+-- sums as not to be trusted, unless P:fxdone still lists the token (then
+-- it was applied: 'done', nothing marked); the entry goes once that is done.
 local now = tonumber(redis.call('TIME')[1])
 local taken = {}
 local flat = redis.call('HGETALL', LEDGER)
@@ -345,7 +346,7 @@ for k = 1, #flat, 2 do
   local ok_entry, entry = pcall(cjson.decode, flat[k + 1])
   if not ok_entry or type(entry) ~= 'table' or not tonumber(entry[1]) then
     redis.call('HDEL', LEDGER, flat[k])
-  elseif now - tonumber(entry[1]) > TOKEN_TTL then
+  elseif now - tonumber(entry[1]) > LEDGER_HONOURED then
     taken[#taken + 1] = {flat[k], entry[2], true}
   elseif now - tonumber(entry[1]) >= ADOPT_AFTER then
     taken[#taken + 1] = {flat[k], entry[2], false}

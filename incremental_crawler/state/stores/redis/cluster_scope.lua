@@ -14,7 +14,7 @@
 -- (the shard's tokens of bucket b, 4,096 buckets by a token's first three
 -- hex digits: each a small hash that Redis keeps a compact listpack, its
 -- next 16 hex digits -> when, plus 'trim' -> when it is next trimmed of
--- tokens older than 2 x TOKEN_TTL) notes the tokens whose effects were
+-- tokens older than APPLIED_KEPT) notes the tokens whose effects were
 -- applied, so that
 -- effects sent twice (by their worker and by another that took them from
 -- the ledger) are applied once: when any of those sent was applied
@@ -166,11 +166,12 @@ for k, bundle in ipairs(bundles) do
   local bucket = applied_at[k]
   local trim = tonumber(redis.call('HGET', bucket, 'trim'))
   if trim and trim <= now then
-    -- Hourly at most: the tokens past 2 x TOKEN_TTL go (their ledger
-    -- entries are dropped unapplied past TOKEN_TTL: never sent again).
+    -- Hourly at most: the tokens past APPLIED_KEPT go (their ledger
+    -- entries are honoured whole only an hour less: see scripts.py,
+    -- _LEDGER_HONOURED).
     local flat = redis.call('HGETALL', bucket)
     for f = 1, #flat, 2 do
-      if flat[f] ~= 'trim' and tonumber(flat[f + 1]) < now - 2 * TOKEN_TTL then
+      if flat[f] ~= 'trim' and tonumber(flat[f + 1]) < now - APPLIED_KEPT then
         redis.call('HDEL', bucket, flat[f])
       end
     end

@@ -39,6 +39,19 @@ _LUA_PACKAGE = "incremental_crawler.state.stores.redis"
 #: How long Redis remembers how much of a batch it applied (see _FLUSH_LUA).
 _TOKEN_TTL = 86_400
 
+#: On a Redis Cluster, how long ``P:fxdone`` keeps the tokens of the effects
+#: applied (trimmed hourly of those older: cluster_scope.lua).
+_APPLIED_KEPT = 2 * _TOKEN_TTL
+
+#: How old (on its ledger's node's clock) a ledger entry of a Redis Cluster
+#: may be and still be applied whole: the tokens' record outlives it by an
+#: hour (the nodes' clocks agree within minutes), so an entry this young
+#: whose token ``P:fxdone`` does not list was never applied. An older one
+#: (nothing read its scope for two days) may have been applied and
+#: forgotten: only its idempotent parts are applied, and the shard's sums
+#: marked lost, unless ``P:fxdone`` still lists it (then it is done).
+_LEDGER_HONOURED = _APPLIED_KEPT - 3_600
+
 # One flush is one run of this script: atomic for every other client, like a
 # MULTI/EXEC, but it stops at the first write that fails (a damaged key, a
 # record it cannot read) where EXEC would go on with the writes after it: a
@@ -125,9 +138,11 @@ _SUMS_BUILD_LUA, _SUMS_FORGET_LUA, _SUMS_MARK_LUA = SUMS_BUILD_LUA, SUMS_FORGET_
 CLUSTER_ITEMS_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_items.lua").replace(
     "TOKEN_TTL", str(_TOKEN_TTL))
 CLUSTER_HOST_LUA = LUA_WRITES + PAGE_CODEC + PAGE_BUCKETS + load_script(
-    _LUA_PACKAGE, "cluster_host.lua").replace("TOKEN_TTL", str(_TOKEN_TTL))
+    _LUA_PACKAGE, "cluster_host.lua").replace("LEDGER_HONOURED", str(_LEDGER_HONOURED)).replace(
+    "TOKEN_TTL", str(_TOKEN_TTL))
 CLUSTER_SCOPE_LUA = LUA_WRITES + LUA_SUMS + load_script(
-    _LUA_PACKAGE, "cluster_scope.lua").replace("TOKEN_TTL", str(_TOKEN_TTL))
+    _LUA_PACKAGE, "cluster_scope.lua").replace("APPLIED_KEPT", str(_APPLIED_KEPT)).replace(
+    "TOKEN_TTL", str(_TOKEN_TTL))
 CLUSTER_READ_PAGES_LUA = LUA_READS + PAGE_BUCKETS + load_script(
     _LUA_PACKAGE, "cluster_read_pages.lua")
 CLUSTER_DUE_INDEX_LUA = LUA_READS + load_script(_LUA_PACKAGE, "cluster_due_index.lua")
