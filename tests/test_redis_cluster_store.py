@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import time
 import uuid
@@ -1195,14 +1196,40 @@ def test_a_cluster_node_that_evicts_expiring_keys_is_refused(
     setting to change."""
     port = redis_cluster.ports[-1]
     with redis_cluster.node(port) as node:
-        kept = node.config_get("maxmemory-policy")["maxmemory-policy"]
+        kept = (node.config_get("maxmemory")["maxmemory"],
+                node.config_get("maxmemory-policy")["maxmemory-policy"])
         node.config_set("maxmemory-policy", "volatile-lru")
+        node.config_set("maxmemory", str(1 << 30))
         try:
             with pytest.raises(StateStoreError,
                                match=r"volatile-lru.*maxmemory-policy noeviction"):
                 open_store(redis_cluster, prefix)
         finally:
-            node.config_set("maxmemory-policy", kept)
+            node.config_set("maxmemory", kept[0])
+            node.config_set("maxmemory-policy", kept[1])
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_cluster_node_with_an_evicting_policy_but_no_maxmemory_is_accepted_with_a_warning(
+    redis_cluster: LoopbackCluster, prefix: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """maxmemory 0: the node never evicts, whatever its policy; the store
+    opens and warns that a maxmemory set later would evict its keys."""
+    port = redis_cluster.ports[-1]
+    with redis_cluster.node(port) as node:
+        kept = (node.config_get("maxmemory")["maxmemory"],
+                node.config_get("maxmemory-policy")["maxmemory-policy"])
+        node.config_set("maxmemory-policy", "volatile-lru")
+        node.config_set("maxmemory", "0")
+        try:
+            with caplog.at_level(logging.WARNING):
+                store = open_store(redis_cluster, prefix)
+            await call(store.close())
+        finally:
+            node.config_set("maxmemory", kept[0])
+            node.config_set("maxmemory-policy", kept[1])
+    assert any(r.levelno == logging.WARNING and "volatile-lru" in r.getMessage()
+               and "once a maxmemory is set" in r.getMessage() for r in caplog.records)
 
 
 def evict_expiring_keys_on(cluster: LoopbackCluster, key: str) -> list[bytes]:

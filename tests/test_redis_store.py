@@ -980,8 +980,29 @@ def test_a_redis_that_may_evict_keys_is_refused(own_redis: OwnRedis, policy: str
     would apply its writes twice. The error names the setting to change."""
     with own_redis.client() as client:
         client.config_set("maxmemory-policy", policy)
+        client.config_set("maxmemory", str(1 << 30))
     with pytest.raises(StateStoreError, match=f"{policy}.*maxmemory-policy noeviction"):
         RedisStateStore(own_redis.uri, prefix="ev")
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-lru"])
+@pytest_twisted.ensureDeferred
+async def test_a_redis_with_an_evicting_policy_but_no_maxmemory_is_accepted_with_a_warning(
+    own_redis: OwnRedis, policy: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With maxmemory 0 Redis never evicts, whatever its policy (a Redis
+    shared with applications that set volatile-* for their own keys): the
+    store opens, and warns that a maxmemory set later would evict its keys."""
+    with own_redis.client() as client:
+        client.config_set("maxmemory-policy", policy)
+        client.config_set("maxmemory", "0")
+    with caplog.at_level(logging.WARNING):
+        store = RedisStateStore(own_redis.uri, prefix="ev")
+    try:
+        assert any(r.levelno == logging.WARNING and policy in r.getMessage()
+                   and "once a maxmemory is set" in r.getMessage() for r in caplog.records)
+    finally:
+        await call(store.close())
 
 
 @pytest_twisted.ensureDeferred

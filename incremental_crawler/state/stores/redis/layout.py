@@ -92,19 +92,44 @@ MIN_REDIS_VERSION = (7, 0)
 
 
 #: Refusing a Redis that may evict keys (see :func:`_evicts`).
-_EVICTS = ("{where} evicts keys when full (maxmemory-policy {policy}): stored state, or "
-           "the records that make a write sent again apply once (they expire), would "
-           "vanish silently; set maxmemory-policy noeviction")
+_EVICTS = ("{where} evicts keys when full (maxmemory-policy {policy}, maxmemory {limit}): "
+           "stored state, or the records that make a write sent again apply once (they "
+           "expire), would vanish silently; set maxmemory-policy noeviction (the store "
+           "needs a Redis of its own if other applications rely on eviction)")
+
+#: Warning of a Redis whose policy would evict but that has no maxmemory.
+_WOULD_EVICT = ("State store %s: %s has maxmemory-policy %s but no maxmemory (0): it "
+                "never evicts now, but would evict the store's keys once a maxmemory is "
+                "set (stored state lost silently, writes sent again applied twice); set "
+                "maxmemory-policy noeviction, or give the store a Redis of its own")
 
 
-def _evicts(policy: str) -> bool:
-    """Whether Redis may evict keys under *policy* (``INFO memory``'s
-    ``maxmemory_policy``; '' when it does not say): any but noeviction.
+def _eviction_policy(memory: dict[str, Any]) -> str:
+    """``INFO memory``'s ``maxmemory_policy`` when it is one that evicts
+    (any but noeviction; '' when it does not say or does not evict)."""
+    policy = str(memory.get("maxmemory_policy", ""))
+    return "" if policy in ("", "noeviction") else policy
+
+
+def _evicts(memory: dict[str, Any]) -> bool:
+    """Whether Redis may evict keys (by its ``INFO memory``): a policy but
+    noeviction with a maxmemory set (or not said: taken as set).
     allkeys-* evicts any key; volatile-* the keys with a TTL, and the
     store's idempotency records have one (``P:flush:*``: a flush's script
     whose reply was lost, sent again after its token was evicted, would
-    apply its writes twice)."""
-    return policy not in ("", "noeviction")
+    apply its writes twice). With maxmemory 0 Redis never evicts (see
+    :func:`_would_evict`)."""
+    return bool(_eviction_policy(memory)) and not _would_evict(memory)
+
+
+def _would_evict(memory: dict[str, Any]) -> bool:
+    """Whether Redis has an evicting policy but no maxmemory (0): it never
+    evicts now, and would once a maxmemory is set (warned of)."""
+    try:
+        limit = int(memory.get("maxmemory", -1))
+    except (TypeError, ValueError):
+        limit = -1
+    return bool(_eviction_policy(memory)) and limit == 0
 
 
 def _over_limit(memory: dict[str, Any]) -> bool:
@@ -160,10 +185,9 @@ class RedisLayout(RedisCore):
             # items hash gone, its pages' validators kept), a volatile-* one
             # the keys with a TTL, among them the flushes' tokens
             # (P:flush:*) that make a write sent again apply once.
-            policy = ("" if isinstance(memory, Exception)
-                      else str(memory.get("maxmemory_policy", "")))
-            if _evicts(policy):
-                raise self._fail(_EVICTS.format(policy=policy, where="Redis"))
+            # (With no maxmemory Redis never evicts: accepted, warned of.)
+            if not isinstance(memory, Exception):
+                self._check_eviction(memory, "Redis")
             if not isinstance(memory, Exception) and _over_limit(memory):
                 raise self._fail(OUT_OF_MEMORY)
             if kind == b"none":
@@ -189,6 +213,16 @@ class RedisLayout(RedisCore):
         version = self._meta_version(meta, found, LAYOUT_VERSION)
         if version < LAYOUT_VERSION or _UPGRADING.encode() in found:
             self._migrate()
+
+    def _check_eviction(self, memory: dict[str, Any], where: str, every: str = "") -> None:
+        """Refuse a Redis (node) that may evict the store's keys
+        (:func:`_evicts`); warn of one that would once given a maxmemory."""
+        policy = _eviction_policy(memory)
+        if _evicts(memory):
+            raise self._fail(_EVICTS.format(
+                policy=policy, where=where, limit=memory.get("maxmemory", "?")) + every)
+        if _would_evict(memory):
+            logger.warning(_WOULD_EVICT, self.location, where, policy)
 
     def _meta_version(self, meta: str, found: dict[bytes, bytes], newest: int) -> int:
         """The layout version the store's record *found* (of key *meta*)
@@ -217,10 +251,7 @@ class RedisLayout(RedisCore):
             memories = self._sync.info("memory", target_nodes=RedisCluster.PRIMARIES)
             self.roundtrips += 1
             for memory in memories.values() if _per_node(memories) else [memories]:
-                policy = str(memory.get("maxmemory_policy", ""))
-                if _evicts(policy):
-                    raise self._fail(_EVICTS.format(
-                        policy=policy, where="a node of the cluster") + " on every node")
+                self._check_eviction(memory, "a node of the cluster", " on every node")
                 if _over_limit(memory):
                     raise self._fail(OUT_OF_MEMORY)
             listpack: Any = self._sync.config_get("hash-max-listpack-value")
