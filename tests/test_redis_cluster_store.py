@@ -1548,7 +1548,7 @@ async def test_a_repair_whose_adoption_redis_refuses_is_refused(
 
     store._adoption = refused  # type: ignore[method-assign]
     try:
-        with pytest.raises(StateStoreError, match="repair refused.*OOM"):
+        with pytest.raises(StateStoreError, match=r"repair refused.*OOM"):
             store.forget_host(SCOPE, "a.example")
         assert len(list(store.iter_pages(SCOPE))) == 5
     finally:
