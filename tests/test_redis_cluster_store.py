@@ -1641,3 +1641,35 @@ async def test_a_dead_workers_entry_a_day_old_is_applied_whole_not_marked_lost(
         assert redis_cluster.keys(f"{prefix}:fx:*") == []
     finally:
         await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_adoption_applies_a_ledgers_entries_oldest_first(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Two entries of one host's ledger set the same page's check: an
+    adoption applies the newer last (by their stamps), whatever order the
+    ledger's hash gives them in."""
+    await flush_five(redis_cluster, prefix)
+    store = open_store(redis_cluster, prefix)
+    assert store.take_scope(SCOPE, "crawl-2", 60, 1_000_005) is None  # (checks noted since)
+    checks = f"{prefix}:ck:{{{A_SHARD}}}"
+    ledger = f"{prefix}:fx:{{{SCOPE}|a.example}}"
+    member = "a.example|x"
+    with redis_cluster.client() as client:
+        mark = int(client.hget(f"{prefix}:nvm:{{{A_SHARD}}}", "mark"))
+        now = int(client.eval("return redis.call('TIME')[1]", 1, ledger))
+        # The newer (its page deleted: '') written first, the older after
+        # (short: a listpack, which keeps the order written).
+        client.hset(ledger, "b" * 32, json.dumps([now - 10, {"checks": [[member, ""]]}]))
+        client.hset(ledger, "a" * 32, json.dumps([now - 20, {"checks": [[member, mark + 50]]}]))
+        assert client.object("encoding", ledger) == b"listpack"
+        assert list(client.hgetall(ledger)) == [b"b" * 32, b"a" * 32]
+        client.zadd(f"{prefix}:fxhosts:{{{A_SHARD}}}", {"a.example\0gone-worker": now - 5})
+    try:
+        store.adopt_ledgers_sync(SCOPE)
+        with redis_cluster.client() as client:
+            assert client.hlen(ledger) == 0
+            assert client.zscore(checks, member) is None
+    finally:
+        await call(store.close())
