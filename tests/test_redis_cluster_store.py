@@ -53,8 +53,9 @@ from tests.redis_util import new_prefix
 from tests.test_store_contract import SCOPE, brute_summary, call, full_state, item
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
+    from incremental_crawler.state.records import PageState
     from tests.redis_cluster_util import LoopbackCluster
 
 
@@ -1021,6 +1022,44 @@ async def test_a_scopes_phase_3_keys_spread_over_every_primary_and_due_pages_mer
         await call(store.close())
 
 
+def assert_shards_left_behind(client: Any, prefix: str, behind: Callable[[int], bool]) -> None:
+    """After a phase 3 that failed on the shards *behind* says: those list
+    no host and keep their intents; the others are applied (their hosts
+    listed, their intents dropped)."""
+    for k in range(len(SCOPE_SHARDS)):
+        shard = shard_part(SCOPE, k)
+        hosts = {m.decode() for m in client.smembers(f"{prefix}:hs:{{{shard}}}")}
+        if behind(k):
+            assert hosts == set()
+            assert client.zcard(f"{prefix}:fxhosts:{{{shard}}}") > 0
+        else:
+            assert hosts == {h for h in MANY_HOSTS if scope_shard(h) == k}
+
+
+async def applied_once_by_retry_or_adoption(then: str, store: Any, other: Any,
+                                            states: list[PageState]) -> None:
+    """The effects a failed phase 3 left behind applied once: by the flush
+    retried (*then* ``"retried"``), or, its worker gone, by another
+    worker's read; a read again changes nothing."""
+    if then == "retried":
+        await call(store.flush())
+        assert store.pending == 0
+        reader = store
+    else:
+        await call(die(store))
+        await call(other.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                         checked_before=math.inf))
+        reader = other
+    await assert_sums_are_the_pages(reader)
+    assert sorted(reader._scope_hosts(SCOPE)) == sorted(MANY_HOSTS)
+    want = sorted(states, key=lambda s: (s.next_visit, s.key.url))
+    due = await call(reader.get_due(SCOPE, 2_000, 1_000))
+    assert [s.key for s in due] == [s.key for s in want]
+    await call(other.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                     checked_before=math.inf))
+    await assert_sums_are_the_pages(reader)
+
+
 @pytest.mark.parametrize("then", ["retried", "adopted"])
 @pytest_twisted.ensureDeferred
 async def test_a_phase_3_failure_on_one_shard_leaves_the_others_applied_and_it_once(
@@ -1043,35 +1082,9 @@ async def test_a_phase_3_failure_on_one_shard_leaves_the_others_applied_and_it_o
                 store.stage_page(state)
             with pytest.raises(StateStoreError, match="WRONGTYPE"):
                 await call(store.flush())
-            for k in range(len(SCOPE_SHARDS)):
-                hosts = {m.decode() for m in client.smembers(
-                    f"{prefix}:hs:{{{shard_part(SCOPE, k)}}}")}
-                if k == damaged_shard:
-                    assert hosts == set()
-                    assert client.zcard(f"{prefix}:fxhosts:{{{shard_part(SCOPE, k)}}}") > 0
-                else:
-                    # Applied: listed, their intents dropped.
-                    assert hosts == {h for h in MANY_HOSTS if scope_shard(h) == k}
+            assert_shards_left_behind(client, prefix, lambda k: k == damaged_shard)
             client.delete(damaged)
-        if then == "retried":
-            await call(store.flush())
-            assert store.pending == 0
-            reader = store
-        else:
-            await call(die(store))
-            # Another worker's summary applies the gone one's effects.
-            await call(other.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                             checked_before=math.inf))
-            reader = other
-        await assert_sums_are_the_pages(reader)
-        assert sorted(reader._scope_hosts(SCOPE)) == sorted(MANY_HOSTS)
-        want = sorted(states, key=lambda s: (s.next_visit, s.key.url))
-        due = await call(reader.get_due(SCOPE, 2_000, 1_000))
-        assert [s.key for s in due] == [s.key for s in want]
-        # Applied once, whoever sent them: a read again changes nothing.
-        await call(other.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                         checked_before=math.inf))
-        await assert_sums_are_the_pages(reader)
+        await applied_once_by_retry_or_adoption(then, store, other, states)
         with redis_cluster.client() as client:
             assert redis_cluster.keys(f"{prefix}:fx:*") == []
     finally:
@@ -1155,32 +1168,9 @@ async def test_phase_3_cut_off_on_one_node_is_applied_once_there_and_kept_elsewh
             await call(store.flush())
         assert cut
         with redis_cluster.client() as client:
-            for k in range(len(SCOPE_SHARDS)):
-                shard = shard_part(SCOPE, k)
-                hosts = {m.decode() for m in client.smembers(f"{prefix}:hs:{{{shard}}}")}
-                if redis_cluster.port_of(f"{prefix}:hs:{{{shard}}}") == cut_port:
-                    assert hosts == set()
-                    assert client.zcard(f"{prefix}:fxhosts:{{{shard}}}") > 0
-                else:
-                    assert hosts == {h for h in MANY_HOSTS if scope_shard(h) == k}
-        if then == "retried":
-            await call(store.flush())
-            assert store.pending == 0
-            reader = store
-        else:
-            await call(die(store))
-            await call(other.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                             checked_before=math.inf))
-            reader = other
-        await assert_sums_are_the_pages(reader)
-        assert sorted(reader._scope_hosts(SCOPE)) == sorted(MANY_HOSTS)
-        want = sorted(states, key=lambda s: (s.next_visit, s.key.url))
-        due = await call(reader.get_due(SCOPE, 2_000, 1_000))
-        assert [s.key for s in due] == [s.key for s in want]
-        # Another read applies nothing again.
-        await call(other.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                         checked_before=math.inf))
-        await assert_sums_are_the_pages(reader)
+            assert_shards_left_behind(client, prefix, lambda k: redis_cluster.port_of(
+                f"{prefix}:hs:{{{shard_part(SCOPE, k)}}}") == cut_port)
+        await applied_once_by_retry_or_adoption(then, store, other, states)
     finally:
         if then == "retried":
             await call(store.close())
