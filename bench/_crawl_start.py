@@ -181,7 +181,7 @@ async def fill(store: Any, cap: Any, shape: argparse.Namespace, first: int,
 def bulk_sqlite(path: Path, cap: Any, shape: argparse.Namespace, first: int,
                 last: int) -> float:
     """Pages *first* to *last* written into the file at the schema before
-    the due indexes and sums (15), as a store of the previous version holds
+    the due indexes and sums (16), as a store of the previous version holds
     them, by ``executemany`` in transactions of 100,000 rows; then the store
     opened, which migrates it (indexes and sums built once). Returns the
     seconds the migration took. Without schema 16 in this code (the old
@@ -191,9 +191,9 @@ def bulk_sqlite(path: Path, cap: Any, shape: argparse.Namespace, first: int,
     columns = module._PAGE_COLUMNS
     db = sqlite3.connect(path, isolation_level=None)
     version = db.execute("PRAGMA user_version").fetchone()[0]
-    target = 15 if module.SCHEMA_VERSION > 15 else version
+    target = 16 if module.SCHEMA_VERSION > 16 else version
     if version > target:
-        # Back to schema 15: what the bulk rows are written into (the
+        # Back to schema 16: what the bulk rows are written into (the
         # migration builds the rest from every row, the old ones too).
         db.execute("BEGIN")
         for trigger in ("page_sums_insert", "page_sums_delete", "page_sums_update"):
@@ -213,7 +213,8 @@ def bulk_sqlite(path: Path, cap: Any, shape: argparse.Namespace, first: int,
                          s.last_status, int(s.first_seen), int(s.last_checked),
                          int(s.last_fetched), int(s.last_changed), s.checks, s.changes,
                          s.flags, s.redirect_to, int(s.lastmod), int(s.interval),
-                         int(s.next_visit), s.callback, s.churns, s.recipe, s.failures))
+                         int(s.next_visit), s.callback, s.churns, s.recipe, s.failures,
+                         s.listing)[:3 + len(columns.split(", "))])
         db.execute("BEGIN")
         db.executemany(sql, rows)
         db.execute("COMMIT")
