@@ -10,17 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
 
 import pytest_twisted
-from scrapy.linkextractors import LinkExtractor
-from scrapy.spiders import CrawlSpider, Rule
 
 from incremental_crawler import clock
 from incremental_crawler.report.extension import OUTCOMES
-from tests.clock_util import later
-from tests.site import LoopbackSite
-from tests.site.manual import CONTENTS
 from tests.spiders import ListSpider
 
 #: The columns of report.json's summary that every known page is in exactly one of.
@@ -115,61 +109,3 @@ async def test_a_crawl_started_within_the_second_of_the_last_one_counts_the_page
     assert refreshed.stats.get_value("incremental/schedule/requested/due") == 1
     assert refreshed.stats.get_value("incremental/schedule/not_due") == 9
     assert refreshed.stats.get_value("incremental/schedule/outcome/unchanged") == 1
-
-
-class SelfLinkingCrawlSpider(CrawlSpider):
-    """A user's CrawlSpider from its start page; the manual's contents page
-    links to itself, and Scrapy lets a start URL (``dont_filter``) through
-    again when a page links to it."""
-
-    name = "self_linking"
-    rules = (Rule(LinkExtractor(allow=r"/p/\d+\.html$|/p/index\.html$"),
-                  callback="parse_item", follow=True),)
-
-    def __init__(self, start_url: str = "", **kwargs: Any) -> None:
-        self.start_urls = [start_url]
-        super().__init__(**kwargs)
-
-    def parse_item(self, response: Any) -> dict[str, Any]:
-        return {"url": response.url}
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_page_requested_twice_in_one_crawl_is_counted_once(
-    crawl, state_db, tmp_path, monkeypatch
-):
-    site = LoopbackSite.manual(12, page_size=1500)
-    site.start()
-    try:
-        # No flush before a crawl's end (a dozen pages): the start page's
-        # second request is decided on what the store shows then. In the
-        # cold crawl its first visit is staged, and shows: not due. A day
-        # later its first visit was a 304, which shows only once flushed:
-        # due, and asked again.
-        settings = {"INCREMENTAL_REVISIT_ENABLED": True, "CONCURRENT_REQUESTS": 1,
-                    "INCREMENTAL_FLUSH_INTERVAL": 3600,
-                    "INCREMENTAL_REPORT_DIR": str(tmp_path / "report")}
-        start = site.url(CONTENTS)
-        summaries = []
-        for days in (0, 1):
-            later(monkeypatch, days)
-            site.reset_log()
-            crawler = await crawl(SelfLinkingCrawlSpider, settings=settings, start_url=start)
-            summaries.append((json.loads((tmp_path / "report" / "report.json").read_text())
-                              ["summary"], [r.path for r in site.log], crawler.stats))
-    finally:
-        await site.stop()
-    [(stored,)] = state_db("SELECT COUNT(*) FROM pages")
-    (cold, cold_paths, cold_stats), (day_later, later_paths, _) = summaries
-    # Cold: the start page's link to itself was decided (not due), not sent.
-    assert cold_paths.count(CONTENTS) == 1
-    assert cold_stats.get_value("incremental/schedule/requested/new") == stored
-    assert cold["not_due"] == 0
-    # A day later: the server saw it twice, two requests for one page.
-    assert later_paths.count(CONTENTS) == 2
-    assert day_later["checked"] == day_later["pages_checked"] + 1
-    # A day later every page is due: each checked once, each once 304.
-    assert day_later["pages_checked"] == day_later["pages_not_modified"] == stored
-    for summary in (cold, day_later):
-        assert summary["pages_known"] == stored
-        assert sum(summary[column] for column in COLUMNS) == stored

@@ -175,41 +175,18 @@ class ScheduleCounter:
         self.hosts = HostCounts()
         #: Pages counted as not requested: their next visit and stored size.
         self._unrequested: dict[PageKey, tuple[float, int]] = {}
-        #: Pages counted this crawl, requested or not, and those with an
-        #: outcome: each page is counted once, however many requests for it
-        #: reach a decision (Scrapy lets a start URL through again when a
-        #: page links to it, and a page may link to itself).
-        self._counted: set[PageKey] = set()
-        self._outcomes: set[PageKey] = set()
 
-    def requested(self, why: Why, host: str, key: PageKey | None = None) -> bool:
-        """Count a page requested as *why*; ``False`` when *key* (``None``:
-        a page no one else decides) was counted already this crawl."""
-        if not self._first(key):
-            return False
-        self.stats.inc_value(f"incremental/schedule/requested/{why}")
-        self.hosts.count(host, f"requested/{why}")
-        return True
-
-    def _first(self, key: PageKey | None) -> bool:
-        """Whether *key* was not counted yet this crawl (now it is)."""
-        if key is None:
-            return True
-        if key in self._counted:
-            return False
-        self._counted.add(key)
-        return True
+    def requested(self, why: Why, host: str, count: int = 1) -> None:
+        self.stats.inc_value(f"incremental/schedule/requested/{why}", count)
+        self.hosts.count(host, f"requested/{why}", count)
 
     def skipped(self, state: PageState) -> None:
         """Not requested: its trusted lastmod did not move."""
-        if self._first(state.key):
-            self.stats.inc_value("incremental/schedule/skipped/lastmod_unchanged")
-            self._unrequested_page(state, "skipped_lastmod")
+        self.stats.inc_value("incremental/schedule/skipped/lastmod_unchanged")
+        self._unrequested_page(state, "skipped_lastmod")
 
     def not_due(self, state: PageState) -> None:
         """Not requested: not due before ``state.next_visit``."""
-        if not self._first(state.key):
-            return
         self.stats.inc_value("incremental/schedule/not_due")
         self._unrequested_page(state, "not_due")
         if state.next_visit:
@@ -248,14 +225,10 @@ class ScheduleCounter:
         if first_due:
             self.stats.min_value("incremental/schedule/first_due", first_due)
 
-    def outcome(self, outcome: PageOutcome, key: PageKey) -> None:
-        """What became of a page requested this crawl: its first answer's
-        (a page requested again in the same crawl is counted once)."""
-        if key in self._outcomes:
-            return
-        self._outcomes.add(key)
+    def outcome(self, outcome: PageOutcome, url: str) -> None:
+        """What became of a page requested this crawl (once per page)."""
         self.stats.inc_value(f"incremental/schedule/outcome/{outcome}")
-        self.hosts.count(host_of(key.url), f"outcome/{outcome}")
+        self.hosts.count(host_of(url), f"outcome/{outcome}")
 
     def failed(self, url: str) -> None:
         self.stats.inc_value("incremental/schedule/failed")

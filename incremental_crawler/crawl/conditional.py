@@ -209,7 +209,7 @@ class ConditionalRequestMiddleware:
             await self.ledger.trust.load(host_of(request.url))
         reason = await self._reason(request, key, prior, now, links_unknown=unknown)
         if counts:
-            self.counter.requested(page_why, host_of(request.url), key)
+            self.counter.requested(page_why, host_of(request.url))
             # Its retries, redirects and re-fetch are the same page: not again.
             mark(request, page_why)
         request.meta[_CTX] = _Context(key, prior, reason, links)
@@ -267,7 +267,7 @@ class ConditionalRequestMiddleware:
         if outcome is None:
             self.ledger.stage_check(ctx.key, status)
             if not request.meta.get(META_DISCOVERY):
-                self.counter.outcome(PageOutcome.REDIRECTED, ctx.key)
+                self.counter.outcome(PageOutcome.REDIRECTED, ctx.key.url)
         self.stats.inc_value(f"incremental/status_kept/{status}")
         return response
 
@@ -339,7 +339,7 @@ class ConditionalRequestMiddleware:
         self._observe_lastmod(request, prior, changed=False, now=now)
         self._count(request, "not_modified")
         if not request.meta.get(META_DISCOVERY):
-            self.counter.outcome(PageOutcome.NOT_MODIFIED, key)
+            self.counter.outcome(PageOutcome.NOT_MODIFIED, key.url)
         self._count(request, "bytes_saved_estimate", prior.size)
         discovery = bool(request.meta.get(META_DISCOVERY))
         self._judged(request, self.policy.held(discovery=discovery), now)

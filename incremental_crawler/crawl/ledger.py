@@ -898,12 +898,12 @@ class Ledger:
             self.record_failure(state.key, txn.prior, state.last_status or 0,
                                 callback=state.callback, recipe=state.recipe, counted=False)
             if not txn.discovery:
-                self.counter.outcome(PageOutcome.WITHHELD, state.key)
+                self.counter.outcome(PageOutcome.WITHHELD, state.key.url)
             return
         if txn.judge is not None:
             txn.state = txn.judge(txn.content_changed())
         if txn.outcome is not None and not txn.discovery:
-            self.counter.outcome(txn.outcome, txn.state.key)
+            self.counter.outcome(txn.outcome, txn.state.key.url)
         if txn.discovery:
             # A sitemap's validators say "everything it lists was handled":
             # true only once the requests it produced have run, so they are

@@ -360,7 +360,7 @@ class FinalOutcomeMiddleware:
         are not pages)."""
         if not request.meta.get(META_DISCOVERY):
             self.ledger.counter.outcome(
-                PageOutcome.FAILED if outcome is Outcome.FAILED else PageOutcome.GONE, key)
+                PageOutcome.FAILED if outcome is Outcome.FAILED else PageOutcome.GONE, key.url)
 
 
 class MovedPageMiddleware:

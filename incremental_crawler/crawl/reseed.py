@@ -397,7 +397,7 @@ class _DueReader:
     def add(self, state: PageState, why: Why) -> None:
         request = self.reseeder.build(state, why)
         if request is not None:
-            self.counter.requested(why, host_of(state.key.url), state.key)
+            self.counter.requested(why, host_of(state.key.url))
             self.requests.append(request)
 
     async def vouched(self, state: PageState) -> bool:
