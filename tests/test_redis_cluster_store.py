@@ -111,6 +111,15 @@ async def assert_sums_are_the_pages(store: RedisStateStore) -> None:
         assert tuple(got) == brute_summary(states, after, upto, math.inf, ())
 
 
+async def assert_whole_summary(store: RedisStateStore, pages: int) -> None:
+    """A summary of the whole scope counts *pages* (applying what the
+    ledgers hold), and every summary the sums give is the pages'."""
+    summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                               checked_before=math.inf))
+    assert summary[0] == pages
+    await assert_sums_are_the_pages(store)
+
+
 @pytest.mark.parametrize("named_by", ["node", "seeds"])
 def test_a_store_on_a_cluster_is_of_the_cluster_layout(
         redis_cluster: LoopbackCluster, prefix: str, named_by: str) -> None:
@@ -513,10 +522,7 @@ async def test_a_dead_workers_effects_on_a_host_never_written_again_are_applied(
         elif reader == "get_due":
             assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == keys
         elif reader == "summary":
-            summary = await call(store.summarize_pages(
-                SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))
-            assert summary[0] == 5
-            await assert_sums_are_the_pages(store)
+            await assert_whole_summary(store, 5)
         elif reader == "count_scope":
             assert store.count_scope(SCOPE).pages == 5
         elif reader == "reset_scope":
@@ -726,10 +732,7 @@ async def test_a_ledger_entry_older_than_the_tokens_lifetime_is_not_applied_agai
         client.delete(*redis_cluster.keys(f"{prefix}:fxdone:{{{LONELY_SHARD}}}:*"))
     store = open_store(redis_cluster, prefix)
     try:
-        summary = await call(store.summarize_pages(
-            SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))
-        assert summary[0] == 5
-        await assert_sums_are_the_pages(store)
+        await assert_whole_summary(store, 5)
         assert redis_cluster.keys(f"{prefix}:fx:*") == []
     finally:
         await call(store.close())
@@ -1275,10 +1278,7 @@ async def test_the_applied_tokens_survive_a_node_evicting_expiring_keys(
         gone = evict_expiring_keys_on(redis_cluster, f"{prefix}:dueb:{{{A_SHARD}}}")
         assert gone  # (the flush tokens: they expire)
         assert not [k for k in gone if b":fxdone:" in k]
-        summary = await call(reader.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                                    checked_before=math.inf))
-        assert summary[0] == 5
-        await assert_sums_are_the_pages(reader)
+        await assert_whole_summary(reader, 5)
     finally:
         await call(writer.close())
         await call(reader.close())
@@ -1319,10 +1319,7 @@ async def test_a_dead_workers_effects_read_after_the_tokens_lifetime_still_list_
         assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == keys
         assert sorted(s.key.url for s in store.iter_pages(SCOPE)) == [k.url for k in keys]
         assert store.count_scope(SCOPE).pages == 5
-        summary = await call(store.summarize_pages(
-            SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))
-        assert summary[0] == 5
-        await assert_sums_are_the_pages(store)
+        await assert_whole_summary(store, 5)
         await call(store.release_scope(SCOPE, "crawl-2"))
         assert store.reset_scope(SCOPE).pages == 5
         assert [k for k in redis_cluster.keys(f"{prefix}:*")
@@ -1419,10 +1416,7 @@ async def test_a_repair_cut_before_taking_its_pages_out_of_the_sums_leaves_that_
         store._sync.eval = original  # type: ignore[method-assign]
         left = 0 if repair == "forget_host" else 4
         assert len(list(store.iter_pages(SCOPE))) == left
-        summary = await call(store.summarize_pages(
-            SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))
-        assert summary[0] == left
-        await assert_sums_are_the_pages(store)
+        await assert_whole_summary(store, left)
         assert redis_cluster.keys(f"{prefix}:fx:*") == []
         assert redis_cluster.keys(f"{prefix}:fxhosts:*") == []
         # And the repair said what became of it.
@@ -1596,12 +1590,9 @@ async def test_a_worker_killed_after_a_complete_flush_leaves_no_sums_lost(
     assert age_ledgers(redis_cluster, prefix, age) == 1
     store = open_store(redis_cluster, prefix)
     try:
-        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                                   checked_before=math.inf))
-        assert summary[0] == 5
+        await assert_whole_summary(store, 5)
         with redis_cluster.client() as client:
             assert client.hget(f"{prefix}:nvm:{{{LONELY_SHARD}}}", "lost") is None
-        await assert_sums_are_the_pages(store)
         assert redis_cluster.keys(f"{prefix}:fx:*") == []
     finally:
         await call(store.close())
@@ -1621,13 +1612,10 @@ async def test_a_dead_workers_entry_a_day_old_is_applied_whole_not_marked_lost(
     age_intents(redis_cluster, prefix, _TOKEN_TTL + 60)
     store = open_store(redis_cluster, prefix)
     try:
-        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                                   checked_before=math.inf))
-        assert summary[0] == 5
+        await assert_whole_summary(store, 5)
         with redis_cluster.client() as client:
             assert client.hget(f"{prefix}:nvm:{{{LONELY_SHARD}}}", "lost") is None
             assert client.smembers(f"{prefix}:hs:{{{LONELY_SHARD}}}") == {b"lonely.example"}
-        await assert_sums_are_the_pages(store)
         assert redis_cluster.keys(f"{prefix}:fx:*") == []
     finally:
         await call(store.close())
