@@ -1822,6 +1822,100 @@ class StateStoreContract:
         assert store.scope_holders(SCOPE, 1_000) == {"someone": 1_060}
 
 
+    # -- the stored-graph walk's memo: the write generation ------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_write_generation_moves_with_every_write_of_a_page_or_its_links(
+        self, store: StateStore,
+    ) -> None:
+        """Every way a page's state or links record is written or deleted
+        changes the token (for the page's host); no token ever comes back."""
+        host = "example.com"
+        key = PageKey(SCOPE, URL)
+        other = PageKey(SCOPE, f"{URL}/other")
+        store.stage_page(full_state(key, 1, next_visit=2_000_000))
+        store.stage_page(full_state(other, 1))
+        await call(store.flush())
+        first = await call(store.write_generation(SCOPE, [host]))
+        assert first is not None
+
+        def written() -> list[Callable[[], object]]:
+            return [
+                lambda: store.stage_page(full_state(key, 2, next_visit=2_000_000)),
+                lambda: store.stage_check(key, 304, 3_000_000),
+                lambda: store.stage_failure(key, 503, 3_000_100, failures=1,
+                                            next_visit=3_100_000),
+                lambda: store.stage_redirect(key, f"{URL}/b", 301, 3_000_200),
+                lambda: store.stage_links(key, '{"v":3,"n":0}'),
+                lambda: store.stage_links(key, None),
+                lambda: store.stage_flags(key, PageFlags.UNSTABLE_VALIDATORS),
+                lambda: store.stage_listing(key, "digest"),
+                lambda: store.stage_postpone(key, 3_100_000, 3_200_000),
+            ]
+
+        seen = [first]
+        for write in written():
+            write()
+            await call(store.flush())
+            token = await call(store.write_generation(SCOPE, [host]))
+            assert token not in seen, (write, token, seen)
+            seen.append(token)
+        for repair in (lambda: store.forget_page(SCOPE, f"{URL}/other"),
+                       lambda: store.forget_host(SCOPE, host),
+                       lambda: store.reset_scope(SCOPE)):
+            store.stage_page(full_state(key, 3))
+            await call(store.flush())
+            seen.append(await call(store.write_generation(SCOPE, [host])))
+            repair()
+            token = await call(store.write_generation(SCOPE, [host]))
+            assert token not in seen, (repair, token, seen)
+            seen.append(token)
+        # Written again after the reset: still no token seen before.
+        store.stage_page(full_state(key, 4))
+        await call(store.flush())
+        assert await call(store.write_generation(SCOPE, [host])) not in seen
+
+    @pytest_twisted.ensureDeferred
+    async def test_write_generation_stays_through_reads_and_other_records(
+        self, store: StateStore,
+    ) -> None:
+        host = "example.com"
+        key = PageKey(SCOPE, URL)
+        store.stage_page(full_state(key, 1))
+        store.stage_links(key, '{"v":3,"n":0}')
+        await call(store.flush())
+        token = await call(store.write_generation(SCOPE, [host]))
+        await call(store.get_pages([key]))
+        await call(store.get_links_many([key]))
+        store.stage_item(item("a"))
+        store.stage_host(HostTrust(SCOPE, host, checks=1))
+        store.stage_crawl(CrawlRecord(SCOPE, 1_000, 1_010, figures={"requests": 1}))
+        await call(store.flush())
+        await call(store.put_walk_memo(SCOPE, "start", "memo"))
+        # Another scope's pages.
+        store.stage_page(full_state(PageKey("other", URL), 1))
+        await call(store.flush())
+        assert await call(store.write_generation(SCOPE, [host])) == token
+
+    @pytest_twisted.ensureDeferred
+    async def test_walk_memo_is_kept_per_scope_and_name_and_reset_with_the_scope(
+        self, make_store: MakeStore,
+    ) -> None:
+        store = make_store()
+        assert await call(store.get_walk_memo(SCOPE, "start")) is None
+        await call(store.put_walk_memo(SCOPE, "start", "one"))
+        await call(store.put_walk_memo(SCOPE, "start", "two"))
+        await call(store.put_walk_memo(SCOPE, "elsewhere", "three"))
+        await call(store.put_walk_memo("other", "start", "four"))
+        await call(store.close())
+        store = make_store()
+        assert await call(store.get_walk_memo(SCOPE, "start")) == "two"
+        assert await call(store.get_walk_memo(SCOPE, "elsewhere")) == "three"
+        store.reset_scope(SCOPE)
+        assert await call(store.get_walk_memo(SCOPE, "start")) is None
+        assert await call(store.get_walk_memo("other", "start")) == "four"
+
+
 class TestSQLiteStore(StateStoreContract):
     """The contract, for :class:`SQLiteStateStore`."""
 

@@ -527,6 +527,35 @@ class StateStore(ABC):
         Not abstract: a store that keeps none reads those pages past again
         at each crawl start."""
 
+    # -- crawl: the stored-graph walk's memo ----------------------------------------
+
+    async def write_generation(self, scope: str, hosts: Collection[str]) -> str | None:
+        """A token that changes whenever a page state or a links record of
+        *scope* is written or deleted, by any process, at least for the
+        pages of *hosts* (a store may count a whole scope). Reads never
+        change it, nor do writes of anything else (items, hosts, crawl
+        records, memos). It never comes back to an earlier value, even
+        across a reset of the scope.
+
+        A crawl remembers that the stored links from one of its start pages
+        lead to nothing that can matter (see
+        :mod:`incremental_crawler.crawl.inert`) with the token read before
+        that walk; a later crawl takes the memo only while the token is
+        the same. ``None`` (the default): the store keeps no such token,
+        and every crawl walks."""
+        return None
+
+    async def get_walk_memo(self, scope: str, name: str) -> str | None:
+        """The walk memo stored under *name* in *scope* (see
+        :meth:`put_walk_memo`), or ``None``."""
+        return None
+
+    async def put_walk_memo(self, scope: str, name: str, data: str) -> None:  # noqa: B027
+        """Store the walk memo *data* under *name* in *scope*, at once (not
+        staged), replacing any. Nothing a crawl needs is lost without it: a
+        store that keeps none (the default) makes every crawl walk. A reset
+        of the scope deletes its memos."""
+
     @property
     @abstractmethod
     def pending(self) -> int:
