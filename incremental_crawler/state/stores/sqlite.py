@@ -300,6 +300,47 @@ MIGRATIONS: tuple[str, ...] = (
     SELECT scope, callback, {_slot_sql("next_visit")}, COUNT(*), SUM(size) FROM pages
     WHERE callback IS NOT NULL GROUP BY 1, 2, 3;
     """,  # noqa: S608 (constant SQL)
+    # 18: the stored-graph walk's memo. Each scope's write generation,
+    # moved by triggers at every write or deletion of a page state or links
+    # record (whatever writes them: a flush, a repair, an older migration),
+    # never deleted, so it never comes back to an earlier value; and the
+    # memos, taken while it stays the same.
+    """
+    CREATE TABLE write_generations (
+        scope TEXT PRIMARY KEY,
+        generation INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE walk_memos (
+        scope TEXT NOT NULL,
+        name TEXT NOT NULL,
+        data TEXT NOT NULL,
+        PRIMARY KEY (scope, name)
+    ) WITHOUT ROWID;
+    CREATE TRIGGER pages_written_insert AFTER INSERT ON pages BEGIN
+        INSERT INTO write_generations (scope, generation) VALUES (NEW.scope, 1)
+        ON CONFLICT (scope) DO UPDATE SET generation = generation + 1;
+    END;
+    CREATE TRIGGER pages_written_update AFTER UPDATE ON pages BEGIN
+        INSERT INTO write_generations (scope, generation) VALUES (NEW.scope, 1)
+        ON CONFLICT (scope) DO UPDATE SET generation = generation + 1;
+    END;
+    CREATE TRIGGER pages_written_delete AFTER DELETE ON pages BEGIN
+        INSERT INTO write_generations (scope, generation) VALUES (OLD.scope, 1)
+        ON CONFLICT (scope) DO UPDATE SET generation = generation + 1;
+    END;
+    CREATE TRIGGER links_written_insert AFTER INSERT ON links BEGIN
+        INSERT INTO write_generations (scope, generation) VALUES (NEW.scope, 1)
+        ON CONFLICT (scope) DO UPDATE SET generation = generation + 1;
+    END;
+    CREATE TRIGGER links_written_update AFTER UPDATE ON links BEGIN
+        INSERT INTO write_generations (scope, generation) VALUES (NEW.scope, 1)
+        ON CONFLICT (scope) DO UPDATE SET generation = generation + 1;
+    END;
+    CREATE TRIGGER links_written_delete AFTER DELETE ON links BEGIN
+        INSERT INTO write_generations (scope, generation) VALUES (OLD.scope, 1)
+        ON CONFLICT (scope) DO UPDATE SET generation = generation + 1;
+    END;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: The connection's page cache, in KiB (SQLite's default is 2,000). A page
@@ -808,6 +849,20 @@ class SQLiteStateStore(AdminStore):
         except sqlite3.DatabaseError as exc:
             raise self._fail("read failed", exc) from exc
         return None if row is None else row[0]
+
+    async def write_generation(self, scope: str, hosts: Collection[str]) -> str | None:
+        # The whole scope's (triggers cannot tell a page's host cheaply).
+        rows = self._read("SELECT generation FROM write_generations WHERE scope = ?", (scope,))
+        return f"{rows[0][0] if rows else 0}"
+
+    async def get_walk_memo(self, scope: str, name: str) -> str | None:
+        rows = self._read("SELECT data FROM walk_memos WHERE scope = ? AND name = ?",
+                          (scope, name))
+        return rows[0][0] if rows else None
+
+    async def put_walk_memo(self, scope: str, name: str, data: str) -> None:
+        self._write(("INSERT OR REPLACE INTO walk_memos (scope, name, data) VALUES (?, ?, ?)",
+                     (scope, name, data)))
 
     async def get_links_many(self, keys: Iterable[PageKey]) -> dict[PageKey, str | None]:
         # One query per (scope, variant) and chunk of URLs, as get_pages: the
@@ -1511,6 +1566,7 @@ class SQLiteStateStore(AdminStore):
             (f"DELETE FROM {table} WHERE scope = ?", (scope,))  # noqa: S608 (constant SQL)
             for table, _ in _SCOPE_TABLES),
             *((f"DELETE FROM {table} WHERE scope = ?", (scope,))  # noqa: S608 (constant SQL)
-              for table in ("slot_rates", "page_sums", "page_checks", "check_marks")))
-        return Removed(**{name: n for (_, name), n in zip(_SCOPE_TABLES, changed[:-4],
+              for table in ("slot_rates", "page_sums", "page_checks", "check_marks",
+                            "walk_memos")))
+        return Removed(**{name: n for (_, name), n in zip(_SCOPE_TABLES, changed[:-5],
                                                           strict=True)})
