@@ -46,6 +46,7 @@ __all__ = [
     "CrawlDueRules",
     "Fetch",
     "Judgement",
+    "NotDueBounds",
     "Outcome",
     "PageCase",
     "Refetch",
@@ -62,6 +63,7 @@ __all__ = [
     "links_unknown",
     "max_age_due",
     "newer_date",
+    "not_due_bounds",
     "recheck_due",
     "schedule_due",
     "schedule_why",
@@ -452,6 +454,73 @@ def schedule_why(stored: PageState, rules: CrawlDueRules, *, newer: bool = False
     case = PageCase(stored, rules, newer=newer, vouched=vouched, forced=forced,
                     links_unknown=links_unknown)
     return next(why for holds, why in WHY_TABLE if holds(case))
+
+
+@dataclass(frozen=True, slots=True)
+class NotDueBounds:
+    """How long known pages that are not due (asked for plainly: nothing
+    forces them, no date comes with them) stay so while nothing is written
+    to them: in every crawl whose ``due_at`` is before :attr:`due_before`,
+    whose start is before :attr:`started_before` and whose ``checked_by``
+    is at least :attr:`checked_upto` (see :class:`CrawlDueRules`), and
+    which neither rechecks all nor runs without revisits.
+
+    :func:`not_due_bounds` gives a page's; :meth:`join` those of several
+    pages (all of them not due). Nothing else in :data:`WHY_TABLE` moves
+    with time: a page's flags, fingerprint and failures change only when
+    it is written.
+    """
+
+    #: The earliest next visit: it falls due once a crawl's ``due_at`` reaches it.
+    due_before: float = math.inf
+    #: The earliest moment a page's forced full fetch (max age) may fall
+    #: due, less a second (a margin for the rounding of times as floats).
+    started_before: float = math.inf
+    #: The latest last check: a crawl whose clock puts it in the future
+    #: (:func:`schedule_due`) takes the page for due.
+    checked_upto: float = -math.inf
+
+    def join(self, other: NotDueBounds) -> NotDueBounds:
+        return NotDueBounds(min(self.due_before, other.due_before),
+                            min(self.started_before, other.started_before),
+                            max(self.checked_upto, other.checked_upto))
+
+    def hold(self, rules: CrawlDueRules) -> bool:
+        """Whether pages within these bounds are still not due under *rules*."""
+        return (not rules.recheck_all and rules.revisit and rules.due_at < self.due_before
+                and rules.started < self.started_before
+                and rules.checked_by >= self.checked_upto)
+
+
+def not_due_bounds(stored: PageState, rules: CrawlDueRules, *,
+                   links_unknown: bool = False) -> NotDueBounds | None:
+    """How long *stored*'s page stays not due (see :class:`NotDueBounds`),
+    asked for plainly; ``None`` when it is due under *rules* now.
+
+    Read off :data:`WHY_TABLE`'s rows: a GONE page or one whose last answer
+    failed waits for its next visit alone (nothing else asks for it); any
+    other, for its next visit and, with a max age, for its last full fetch
+    to grow older than the bound :func:`max_age_due` sets for its URL.
+
+    >>> rules = CrawlDueRules(started=0, due_at=100, max_age=1_000)
+    >>> page = PageState(PageKey("s", "http://h/a"), fingerprint="f", last_status=200,
+    ...                  next_visit=200, last_checked=50, last_fetched=40)
+    >>> not_due_bounds(page, rules)
+    NotDueBounds(due_before=200, started_before=1039.0, checked_upto=50)
+    >>> not_due_bounds(page, CrawlDueRules(started=0, due_at=200)) is None
+    True
+    """
+    if schedule_why(stored, rules, links_unknown=links_unknown) is not Why.NOT_DUE:
+        return None
+    started_before = math.inf
+    if not (is_gone(stored) or failed_last(stored)) and rules.max_age:
+        # max_age_due is False while the page's age is at most the low end
+        # of its bounds, or at most its URL's own bound (and the high end).
+        max_age, jitter = rules.max_age, rules.jitter
+        low, high = sorted((max_age, max_age * (1 - jitter)))
+        own = max_age * (1 - jitter * url_phase(stored.key.url)) if low < high else low
+        started_before = stored.last_fetched + max(low, min(own, high)) - 1.0
+    return NotDueBounds(stored.next_visit, started_before, stored.last_checked)
 
 
 def gone_due(state: PageState, *, due_at: float, lastmod: float | None = None,

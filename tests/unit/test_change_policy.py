@@ -6,6 +6,8 @@ the expected value is the decision. No reactor, no network, no store.
 
 from __future__ import annotations
 
+import math
+import random
 import subprocess
 import sys
 from dataclasses import replace
@@ -13,16 +15,22 @@ from typing import Any
 
 import pytest
 
+from incremental_crawler.change.accounting import Why
 from incremental_crawler.change.policy import (
     ChangePolicy,
+    CrawlDueRules,
     Fetch,
     Judgement,
+    NotDueBounds,
     Refetch,
     RequestReason,
     Verdict,
     future_last_modified,
     gone_due,
+    links_unknown,
+    not_due_bounds,
     recheck_due,
+    schedule_why,
 )
 from incremental_crawler.change.revisit import RevisitSchedule
 from incremental_crawler.state.records import HostTrust, PageFlags, PageKey, PageState
@@ -503,3 +511,64 @@ def test_validators_that_moved_are_judged_on_the_body_and_a_lie_on_the_items(
     prior = page(etag='"v1"', fingerprint="body1")
     assert ChangePolicy.verdict(prior, fetch(etag=etag, fingerprint=body),
                                 changed=changed) is verdict
+
+
+def test_not_due_bounds_hold_exactly_as_long_as_the_table_says_not_due() -> None:
+    """A page not due under one crawl's rules stays not due under any later
+    (or earlier) crawl's whose rules its bounds hold for; and the bounds
+    are not loose: at many moments just past one of them the page is due.
+
+    Random pages of every row of WHY_TABLE (gone, failed, without data,
+    unknown links, with and without max age and jitter), 20,000 cases."""
+    rng = random.Random(20261206)
+    held = past = 0
+    for n in range(20_000):
+        flags = rng.choice([0, 0, PageFlags.GONE, PageFlags.LINKS_KNOWN,
+                            PageFlags.LINKS_KNOWN | PageFlags.LINKS_INCOMPLETE])
+        state = PageState(
+            PageKey("s", f"http://h/{rng.randrange(10**6)}?q={n}"), flags=flags,
+            fingerprint=rng.choice(["f", "f", "f", None]), last_status=rng.choice([200, 304, 404]),
+            failures=rng.choice([0, 0, 0, 2]), next_visit=rng.uniform(1e9, 1e9 + 1e6),
+            last_checked=rng.uniform(1e9 - 1e6, 1e9), last_fetched=rng.uniform(1e9 - 4e6, 1e9))
+        max_age = rng.choice([0.0, 1e6, 3e6, 5e6])
+        jitter = rng.choice([0.0, 0.25, 1.0])
+        tolerance = rng.choice([0.0, 3600.0])
+
+        def rules(started: float, checked_by: float, *, max_age: float = max_age,
+                  jitter: float = jitter, tolerance: float = tolerance) -> CrawlDueRules:
+            return CrawlDueRules(started=started, due_at=started + tolerance,
+                                 checked_by=checked_by, max_age=max_age, jitter=jitter)
+
+        unknown = links_unknown(state, replay=True)
+        start = rng.uniform(1e9 - 2e6, 1e9 + 1e6)
+        bounds = not_due_bounds(state, rules(start, start + 60), links_unknown=unknown)
+        if bounds is None:
+            assert schedule_why(state, rules(start, start + 60),
+                                links_unknown=unknown) is not Why.NOT_DUE
+            continue
+        for later in (rng.uniform(start - 1e6, start + 1e6) for _ in range(5)):
+            checked_by = later + rng.choice([60.0, -1e6])
+            if bounds.hold(rules(later, checked_by)):
+                held += 1
+                assert schedule_why(state, rules(later, checked_by),
+                                    links_unknown=unknown) is Why.NOT_DUE, (state, later)
+        # Just past the bound that ends first, the page is due.
+        first = min(bounds.due_before - tolerance, bounds.started_before + 1.0)
+        if first < math.inf:
+            past += 1
+            assert schedule_why(state, rules(first + 1.0, first + 61.0),
+                                links_unknown=unknown) is not Why.NOT_DUE, (state, bounds)
+    assert held > 4_000 and past > 2_500
+
+
+def test_not_due_bounds_join_is_the_tightest_of_them() -> None:
+    one = NotDueBounds(due_before=10, started_before=50, checked_upto=3)
+    two = NotDueBounds(due_before=20, started_before=40, checked_upto=5)
+    assert one.join(two) == NotDueBounds(10, 40, 5)
+    crawl = CrawlDueRules(started=30, due_at=9, checked_by=5)
+    assert one.join(two).hold(crawl)
+    assert not one.join(two).hold(replace(crawl, recheck_all=True))
+    assert not one.join(two).hold(replace(crawl, revisit=False))
+    assert not one.join(two).hold(replace(crawl, due_at=10))
+    assert not one.join(two).hold(replace(crawl, started=40))
+    assert not one.join(two).hold(replace(crawl, checked_by=4.9))
