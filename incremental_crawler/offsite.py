@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from scrapy import Spider
     from scrapy.crawler import Crawler
 
-__all__ = ["offsite_drops", "offsite_url_drops"]
+__all__ = ["offsite_check", "offsite_drops", "offsite_url_drops"]
 
 
 #: An http(s) URL's scheme and authority (urlsplit's netloc: up to the
@@ -41,6 +41,15 @@ def _enabled(crawler: Crawler) -> tuple[OffsiteMiddleware, Spider] | None:
     if found is None or spider is None:
         return None
     return found, spider
+
+
+def offsite_check(crawler: Crawler) -> str:
+    """The class of the crawl's OffsiteMiddleware (``""``: none enabled):
+    with the spider's ``allowed_domains``, what its answers depend on."""
+    enabled = _enabled(crawler)
+    if enabled is None:
+        return ""
+    return f"{type(enabled[0]).__module__}.{type(enabled[0]).__qualname__}"
 
 
 def offsite_drops(crawler: Crawler) -> Callable[[Request], bool]:

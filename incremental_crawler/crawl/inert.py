@@ -32,8 +32,11 @@ still makes the walk give up, and the crawl replays as usual.
 The walk runs from a crawl's start requests (the pages a re-crawl in which
 nothing changed begins with), at most once per page per crawl; once a walk
 gave up, none is tried again this crawl (the replay runs as usual; its
-cost is then what the due pages make it). Off with
-``INCREMENTAL_REPLAY_SHORTCUTS = False``.
+cost is then what the due pages make it). A walk that found everything
+inert is remembered in the store (:mod:`.walk_memo`): a later crawl takes
+its answer without reading the pages again while nothing was written to
+the store's pages and links and none of the pages reached fell due. Off
+with ``INCREMENTAL_REPLAY_SHORTCUTS = False``.
 """
 
 from __future__ import annotations
@@ -43,9 +46,11 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.http.request import NO_CALLBACK
 
-from incremental_crawler.change.policy import links_unknown
+from incremental_crawler.change.policy import NotDueBounds, links_unknown, not_due_bounds
 from incremental_crawler.crawl.due import RULES_META
-from incremental_crawler.offsite import offsite_drops, offsite_url_drops
+from incremental_crawler.crawl.walk_memo import Memo, WalkMemos
+from incremental_crawler.hosts import host_of
+from incremental_crawler.offsite import offsite_check, offsite_drops, offsite_url_drops
 from incremental_crawler.recipes import (
     Unbuildable,
     build,
@@ -76,7 +81,7 @@ class StoredGraphWalk:
     """See the module docstring. One per crawl (the not-due filter's)."""
 
     def __init__(self, crawler: Crawler, ledger: Ledger, rules: RequestRules,
-                 spider: Spider) -> None:
+                 spider: Spider, *, memos: bool = True) -> None:
         self.crawler = crawler
         self.ledger = ledger
         self.rules = rules
@@ -89,6 +94,8 @@ class StoredGraphWalk:
         #: Scrapy's own offsite check by URL, or ``None`` when a project's
         #: OffsiteMiddleware decides otherwise (then every request is built).
         self._url_offsite: Callable[[str], bool] | None = None
+        #: Walks' answers kept in the store for later crawls (None: off).
+        self.memos = WalkMemos(crawler, ledger, rules, spider) if memos else None
 
     def is_inert(self, key: PageKey) -> bool:
         return key in self.inert
@@ -99,11 +106,26 @@ class StoredGraphWalk:
             return True
         if self.gave_up is not None:
             return False
-        reached = {key}
-        self._url_offsite = offsite_url_drops(self.crawler)
-        why = await self._walk(key, state, reached)
         stats = self.crawler.stats
         assert stats is not None
+        hosts = {host_of(key.url)}
+        generation = None
+        if self.memos is not None:
+            memo = await self.memos.read(key)
+            if memo is not None:
+                why_not = await self.memos.why_not_taken(memo, key, offsite_check(self.crawler))
+                if why_not is None:
+                    self.inert.add(key)
+                    stats.inc_value("incremental/replay/walk/memo/taken")
+                    return True
+                stats.inc_value(f"incremental/replay/walk/memo/not_taken/{why_not}")
+                hosts.update(memo.hosts)
+            # Before the walk: a write while it reads makes its memo stale.
+            generation = await self.memos.generation(key.scope, hosts)
+        reached = {key}
+        states: dict[PageKey, PageState | None] = {key: state}
+        self._url_offsite = offsite_url_drops(self.crawler)
+        why = await self._walk(key, states, reached)
         stats.inc_value("incremental/replay/walk/pages_read", len(reached))
         if why is not None:
             self.gave_up = why
@@ -113,9 +135,41 @@ class StoredGraphWalk:
             return False
         self.inert |= reached
         stats.inc_value("incremental/replay/walk/inert_pages", len(reached))
+        if self.memos is not None:
+            await self._keep_memo(key, reached, states, hosts, generation)
         return True
 
-    async def _walk(self, start: PageKey, state: PageState, reached: set[PageKey]) -> str | None:
+    async def _keep_memo(self, key: PageKey, reached: set[PageKey],
+                         states: dict[PageKey, PageState | None], hosts: set[str],
+                         generation: str | None) -> None:
+        """Keep the answer of a walk from *key* that found everything
+        inert, for later crawls (:mod:`.walk_memo`); not when a page
+        reached is due by the table's rows alone (one a stored decision
+        kept from being requested: the memo's bounds cannot say how long)."""
+        assert self.memos is not None
+        rules = self.ledger.due_rules()
+        bounds = NotDueBounds()
+        for page in reached:
+            stored = states[page]
+            found = None if stored is None else not_due_bounds(
+                stored, rules, links_unknown=links_unknown(stored, replay=self.rules.replay))
+            if found is None:
+                return
+            bounds = bounds.join(found)
+        reached_hosts = {host_of(page.url) for page in reached}
+        if not reached_hosts <= hosts:
+            # Their generation was not read before the walk: name them, so
+            # that the next walk reads it.
+            generation = None
+        memo = Memo(self.memos.config(offsite_check(self.crawler)), generation,
+                    sorted(hosts | reached_hosts), bounds)
+        await self.memos.keep(key, memo)
+        self.crawler.stats.inc_value(
+            "incremental/replay/walk/memo/kept" if generation is not None
+            else "incremental/replay/walk/memo/hosts_named")
+
+    async def _walk(self, start: PageKey, states: dict[PageKey, PageState | None],
+                    reached: set[PageKey]) -> str | None:
         """Walk from *start*; ``None`` when everything reached is inert, else why not.
 
         Every distinct stored request is decided, not only the first one of
@@ -124,7 +178,6 @@ class StoredGraphWalk:
         """
         frontier: list[PageKey] = [start]
         tokens: set[str] = set()
-        states: dict[PageKey, PageState | None] = {start: state}
         while frontier:
             requests: list[tuple[PageKey, Request | str]] = []
             # A level's records in one read (one round trip on a remote store).
