@@ -258,7 +258,9 @@ class StateStore(ABC):
     and 26 others); the others have defaults in terms of them
     (:meth:`get_pages`, :meth:`get_links_many`, :meth:`summarize_pages`,
     :meth:`close`, :meth:`exists`) or keep nothing (remembered politeness
-    rates, delivery marks, :meth:`stage_postpone`). ``scrapy state`` and
+    rates, delivery marks, :meth:`stage_postpone`, the walk's memos and
+    write generation: without them every nothing-due re-crawl walks the
+    stored links again). ``scrapy state`` and
     ``scrapy items`` need :class:`AdminStore` too.
     """
 
