@@ -14,6 +14,7 @@ damaged memo.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import time
@@ -21,11 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_twisted
+from scrapy import Request
 from scrapy.linkextractors import LinkExtractor
 from scrapy.settings import Settings
 from scrapy.spiders import CrawlSpider, Rule
 from scrapy.utils.defer import deferred_from_coro
 
+from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores import open_store
 from tests.clock_util import later
@@ -168,5 +171,44 @@ async def test_a_memo_is_taken_until_a_write_or_time_ends_it(
         assert "memo/taken" not in memo_stats(day)
         served = pages_served(site)
         assert len(served) >= known and all(conditional for _, _, conditional in served)
+    finally:
+        await site.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_memo_is_not_taken_while_this_crawl_has_writes_not_flushed(
+        crawl: Crawl, state_uri: str) -> None:
+    """A page this crawl wrote but has not flushed is not counted in the
+    store's write generation yet: a memo taken then could stand for links
+    that changed. Start pages: a new one first (fetched, its state staged;
+    no flush before the crawl's end), then the manual's contents page,
+    whose memo the crawl before kept."""
+    site = LoopbackSite.manual(30, page_size=1500)
+    site.start()
+    try:
+        settings = {**SETTINGS, "CONCURRENT_REQUESTS": 1, "INCREMENTAL_FLUSH_INTERVAL": 3600}
+        contents = {"start_url": site.url(CONTENTS)}
+        await crawl(ManualSpider, settings=settings, **contents)
+        kept = await crawl(ManualSpider, settings=settings, **contents)
+        assert memo_stats(kept)["memo/kept"] == 1
+
+        class TwoStarts(ManualSpider):
+            name = "manual_memo"
+
+            async def start(self) -> Any:
+                yield Request(site.url(page_path(29)) + "?fresh", callback=self.parse_item)
+                # The first start request's page is staged before the second
+                # leaves (waited for at most 30 s).
+                store = Ledger.for_component(self.crawler).store
+                for _ in range(3000):
+                    if store.pending:
+                        break
+                    await asyncio.sleep(0.01)
+                yield Request(site.url(CONTENTS))
+
+        site.reset_log()
+        two = await crawl(TwoStarts, settings=settings)
+        assert memo_stats(two)["memo/not_taken/staged"] == 1
+        assert [path for path, _, _ in pages_served(site)] == [page_path(29) + "?fresh"]
     finally:
         await site.stop()
