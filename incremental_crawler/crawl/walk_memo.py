@@ -30,11 +30,13 @@ inert at the cost of two reads, whatever the size of the site.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
 import logging
 import sys
+import types
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,6 +69,10 @@ _CODE = ("incremental_crawler.crawl.inert", "incremental_crawler.crawl.due",
          "incremental_crawler.state.keys", "incremental_crawler.state.records")
 
 
+#: What a method is, read statically off a class.
+_CALLABLE = (types.FunctionType, types.BuiltinFunctionType, functools.partial)
+
+
 @cache
 def _code_digest() -> str:
     digest = hashlib.sha256()
@@ -83,8 +89,13 @@ def _spider_shape(spider: Spider) -> list[Any]:
     """What rebuilding a recipe reads of *spider* besides its requests:
     which names are its methods (callbacks and errbacks are stored by
     name), and the callback of each CrawlSpider rule (stored by index)."""
-    methods = sorted(name for name in dir(spider)
-                     if not name.startswith("__") and callable(getattr(spider, name, None)))
+    # Read without running descriptors (a property may have side effects).
+    cls = type(spider)
+    methods = sorted(
+        {name for name in dir(cls) if not name.startswith("__")
+         and isinstance(inspect.getattr_static(cls, name, None),
+                        (classmethod, staticmethod, *_CALLABLE))}
+        | {name for name, value in vars(spider).items() if callable(value)})
     rules = [getattr(rule.callback, "__name__", "") for rule in getattr(spider, "_rules", ())]
     return [type(spider).__module__, type(spider).__qualname__, spider.name, methods, rules]
 
