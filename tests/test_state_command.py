@@ -21,14 +21,19 @@ import pytest
 import pytest_twisted
 from scrapy import signals
 from scrapy.crawler import CrawlerRunner
+from scrapy.linkextractors import LinkExtractor
+from scrapy.spiders import CrawlSpider, Rule
 from scrapy.utils.defer import deferred_from_coro
 from twisted.internet.threads import deferToThread
 
 from incremental_crawler import clock
 from incremental_crawler.crawl.ledger import HOLD_TTL
+from incremental_crawler.recipes import load_links
 from incremental_crawler.state.records import SlotRate
 from tests.conftest import crawl_settings
 from tests.scrapy_cli import scrapy_in_process
+from tests.site import LoopbackSite
+from tests.site.manual import CONTENTS, page_path
 from tests.spiders import ListSpider
 
 if TYPE_CHECKING:
@@ -287,3 +292,39 @@ async def test_rates_shows_the_remembered_rates_and_forget_host_forgets_its_own(
     assert forgot.stdout.strip().endswith(", 1 remembered politeness rate"), forgot.stdout
     # The slot of another name is no host: it stays.
     assert [r.slot for r in state_store.read_slot_rates(SCOPE).rates] == ["my-slot"]
+
+
+class ContentsSpider(CrawlSpider):
+    """Follows every link of a manual (its links records: version 3)."""
+
+    name = SCOPE
+    allowed_domains = ("127.0.0.1",)
+    rules = (Rule(LinkExtractor(), follow=True),)
+
+    def __init__(self, start_url: str = "", **kwargs: Any) -> None:
+        self.start_urls = [start_url]
+        super().__init__(**kwargs)
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_url_counts_the_requests_a_links_record_holds(crawl, state_uri, state_store):
+    site = LoopbackSite.manual(8, page_size=800)
+    site.start()
+    try:
+        contents = site.url(CONTENTS)
+        await crawl(ContentsSpider, start_url=contents)
+        text, machine = await states(state_uri, ("url", contents, "--spider", SCOPE),
+                                     ("url", contents, "--json"))
+    finally:
+        await site.stop()
+    data = state_store.url_record(SCOPE, contents).links[""]
+    assert data.startswith('{"v":3,')
+    recorded = load_links(data)
+    assert recorded is not None and len(recorded) > 8
+    assert text.returncode == 0, text.stderr
+    assert re.search(rf"^    links +{len(recorded)} requests recorded, [\d.]+ [kKM]?B "
+                     r"\(replayed on a 304\)$", text.stdout, re.M), text.stdout
+    [record] = json.loads(machine.stdout)
+    assert record["links"][""] == recorded
+    assert {recipe["u"] for recipe in recorded} >= {site.url(page_path(1))}

@@ -33,6 +33,7 @@ from incremental_crawler.commands._in_project import InProject
 from incremental_crawler.config import setting_or_default
 from incremental_crawler.formats import duration, shares, size
 from incremental_crawler.politeness.remembered import not_used
+from incremental_crawler.recipes import load_links, read_record
 from incremental_crawler.state.keys import canonical_url
 from incremental_crawler.state.records import PageFlags
 from incremental_crawler.state.stores import AdminStore, StateStoreError, open_admin_store
@@ -422,10 +423,9 @@ def url_lines(store: AdminStore, url: str, scope: str | None, *, as_json: bool) 
 
 def url_json(record: UrlRecord) -> dict[str, Any]:
     def links(data: str) -> Any:
-        try:
-            return json.loads(data)
-        except ValueError:
-            return data
+        # The recipes, whatever the record's version; as stored if unreadable.
+        recipes = load_links(data)
+        return data if recipes is None else recipes
 
     return {
         "scope": record.scope,
@@ -445,11 +445,13 @@ def url_text(record: UrlRecord) -> list[str]:
         out.extend(page_text(page))
         data = record.links.get(page.key.variant)
         if data is not None:
-            try:
-                n = len(json.loads(data))
-                out.append(_line("links", f"{n} requests recorded (replayed on a 304)", 4))
-            except (ValueError, TypeError):
-                out.append(_line("links", f"{size(len(data))} recorded", 4))
+            entries = read_record(data)
+            if entries is not None:
+                out.append(_line("links", f"{len(entries)} requests recorded, "
+                                 f"{size(len(data))} (replayed on a 304)", 4))
+            else:
+                out.append(_line("links", f"{size(len(data))} recorded (not a record "
+                                 "this version reads)", 4))
     if not record.pages:
         out.append(_line("page", "not stored (its items are)"))
     latest = {v.key: v for v in record.latest}
