@@ -471,13 +471,23 @@ _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
 def unbuildable(recipe: Mapping[str, Any], spider: Spider) -> Unbuildable | None:
     """Why *recipe* cannot be made into a request for *spider* (``None``: it
     can, but for what ``Request`` itself refuses, which :func:`build` says)."""
+    found = _methods(recipe, spider)
+    return found if isinstance(found, Unbuildable) else None
+
+
+def _methods(recipe: Mapping[str, Any], spider: Spider
+             ) -> Unbuildable | tuple[Callable[..., Any] | None, Callable[..., Any] | None]:
+    """The callback and errback of *recipe* (methods of *spider*, or
+    ``None``), or why it cannot be made into a request (:func:`unbuildable`)."""
     if "x" in recipe:
         return Unbuildable.NOT_RECORDED
     if not isinstance(recipe.get("u"), str):
         return Unbuildable.MALFORMED
-    if not _resolve(spider, recipe.get("cb"))[0]:
+    found, callback = _resolve(spider, recipe.get("cb"))
+    if not found:
         return Unbuildable.CALLBACK_MISSING
-    if not _resolve(spider, recipe.get("eb"))[0]:
+    found, errback = _resolve(spider, recipe.get("eb"))
+    if not found:
         return Unbuildable.ERRBACK_MISSING
     # The recipe's own fields (a few), not every field a recipe may have.
     for key, value in recipe.items():
@@ -489,20 +499,22 @@ def unbuildable(recipe: Mapping[str, Any], spider: Spider) -> Unbuildable | None
         current = _rule_callback(spider, rule)
         if current is None or current != recipe.get("rc", current):
             return Unbuildable.RULE_MISSING
-    return None
+    return callback, errback
 
 
 def build(recipe: Mapping[str, Any], spider: Spider) -> Request | Unbuildable:
     """The request *recipe* describes, for *spider*, or why it cannot be made."""
-    if (why := unbuildable(recipe, spider)) is not None:
-        return why
+    methods = _methods(recipe, spider)
+    if isinstance(methods, Unbuildable):
+        return methods
+    callback, errback = methods
     try:
         return Request(
-            recipe["u"], callback=_resolve(spider, recipe.get("cb"))[1],
+            recipe["u"], callback=callback,
             method=recipe.get("m", "GET"), headers=recipe.get("h"), cookies=recipe.get("ck"),
             meta=recipe.get("meta", {}), encoding=recipe.get("enc", "utf-8"),
             priority=recipe.get("p", 0), dont_filter=bool(recipe.get("df", False)),
-            errback=_resolve(spider, recipe.get("eb"))[1], flags=recipe.get("fl"),
+            errback=errback, flags=recipe.get("fl"),
             cb_kwargs=recipe.get("kw"),
         )
     except (TypeError, ValueError):
