@@ -2690,16 +2690,15 @@ class TestSQLiteMigrations:
         self, tmp_path: Path,
     ) -> None:
         """A migrated store starts its scopes' generations from nothing; its
-        first write of a page moves them (a trigger, not the flush's code)."""
+        first write of a page moves them."""
         path = tmp_path / "v17.db"
         store = await store_with_one_page(path, 17)
         before = await call(store.write_generation("s", ["a"]))
         assert await call(store.get_walk_memo("s", "start")) is None
         await call(store.put_walk_memo("s", "start", "memo"))
         assert await call(store.write_generation("s", ["a"])) == before
-        with closing(sqlite3.connect(path)) as db:
-            db.execute("UPDATE pages SET etag = '\"y\"' WHERE scope = 's'")
-            db.commit()
+        store.stage_check(PageKey("s", "http://a/"), 304, 1_000)
+        await call(store.flush())
         assert await call(store.write_generation("s", ["a"])) != before
         assert await call(store.get_walk_memo("s", "start")) == "memo"
         await call(store.close())
