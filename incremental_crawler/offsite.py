@@ -43,13 +43,22 @@ def _enabled(crawler: Crawler) -> tuple[OffsiteMiddleware, Spider] | None:
     return found, spider
 
 
-def offsite_check(crawler: Crawler) -> str:
-    """The class of the crawl's OffsiteMiddleware (``""``: none enabled):
-    with the spider's ``allowed_domains``, what its answers depend on."""
+def offsite_check(crawler: Crawler) -> str | None:
+    """What the crawl's offsite check answers from, for a memo of its
+    answers: Scrapy's OffsiteMiddleware (``""``: none enabled) and the host
+    pattern it built from the spider's ``allowed_domains`` (a project's
+    ``get_host_regex`` included). ``None`` when the project's middleware
+    overrides ``should_follow``: it may read anything."""
     enabled = _enabled(crawler)
     if enabled is None:
         return ""
-    return f"{type(enabled[0]).__module__}.{type(enabled[0]).__qualname__}"
+    offsite, spider = enabled
+    if type(offsite).should_follow is not OffsiteMiddleware.should_follow:
+        return None
+    pattern = getattr(getattr(offsite, "host_regex", None), "pattern", None)
+    if pattern is None:
+        pattern = repr(getattr(spider, "allowed_domains", None))
+    return f"{type(offsite).__module__}.{type(offsite).__qualname__} {pattern}"
 
 
 def offsite_drops(crawler: Crawler) -> Callable[[Request], bool]:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import pytest_twisted
 from scrapy import Request
+from scrapy.downloadermiddlewares.offsite import OffsiteMiddleware
 from scrapy.linkextractors import LinkExtractor
 from scrapy.settings import Settings
 from scrapy.spiders import CrawlSpider, Rule
@@ -176,13 +177,15 @@ async def test_a_memo_is_taken_until_a_write_or_time_ends_it(
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_memo_is_not_taken_while_this_crawl_has_writes_not_flushed(
+async def test_no_memo_is_taken_or_kept_while_this_crawl_has_writes_not_flushed(
         crawl: Crawl, state_uri: str) -> None:
     """A page this crawl wrote but has not flushed is not counted in the
-    store's write generation yet: a memo taken then could stand for links
-    that changed. Start pages: a new one first (fetched, its state staged;
-    no flush before the crawl's end), then the manual's contents page,
-    whose memo the crawl before kept."""
+    store's write generation yet, and the walk reads it: a memo taken then
+    could stand for links that changed, and one kept then would outlive
+    those writes if they were lost (a crawl killed before its flush). Start
+    pages: a page the contents page leads to, forgotten by a repair (fetched
+    again, as new: its state staged, no flush before the crawl's end), then
+    the contents page, whose memo the crawl before kept."""
     site = LoopbackSite.manual(30, page_size=1500)
     site.start()
     try:
@@ -191,12 +194,15 @@ async def test_a_memo_is_not_taken_while_this_crawl_has_writes_not_flushed(
         await crawl(ManualSpider, settings=settings, **contents)
         kept = await crawl(ManualSpider, settings=settings, **contents)
         assert memo_stats(kept)["memo/kept"] == 1
+        forgotten = page_path(5)
+        await in_store(state_uri, lambda store: store.forget_page(
+            "manual_memo", site.url(forgotten)))
 
         class TwoStarts(ManualSpider):
             name = "manual_memo"
 
             async def start(self) -> Any:
-                yield Request(site.url(page_path(29)) + "?fresh", callback=self.parse_item)
+                yield Request(site.url(forgotten), callback=self.parse_item)
                 # The first start request's page is staged before the second
                 # leaves (waited for at most 30 s).
                 store = Ledger.for_component(self.crawler).store
@@ -208,7 +214,111 @@ async def test_a_memo_is_not_taken_while_this_crawl_has_writes_not_flushed(
 
         site.reset_log()
         two = await crawl(TwoStarts, settings=settings)
-        assert memo_stats(two)["memo/not_taken/staged"] == 1
-        assert [path for path, _, _ in pages_served(site)] == [page_path(29) + "?fresh"]
+        walked = memo_stats(two)
+        assert walked["memo/not_taken/staged"] == 1
+        # The walk found everything inert (the forgotten page's staged state
+        # among it), and kept nothing.
+        assert walked["inert_pages"] > 25 and "memo/kept" not in walked
+        assert [path for path, _, _ in pages_served(site)] == [forgotten]
     finally:
         await site.stop()
+
+
+class OwnOffsite(OffsiteMiddleware):
+    """A project's offsite policy: anything but the manual's source texts."""
+
+    def should_follow(self, request: Request, spider: Any) -> bool:
+        return "/_sources/" not in request.url and super().should_follow(request, spider)
+
+
+class AlsoExampleOrg(ManualSpider):
+    """The same spider (name, class), another ``allowed_domains``."""
+
+    allowed_domains = ("127.0.0.1", "example.org")
+
+
+AlsoExampleOrg.__qualname__ = ManualSpider.__qualname__
+
+
+class RenamedCallback(ManualSpider):
+    """The same spider (name, class), its callback renamed: stored requests
+    naming ``parse_item`` cannot be made again."""
+
+    rules = (Rule(LinkExtractor(), callback="parse_page", follow=True),)
+    parse_item = None  # type: ignore[assignment]
+
+    def parse_page(self, response: Response) -> dict[str, Any]:
+        return {"url": response.url}
+
+
+RenamedCallback.__qualname__ = ManualSpider.__qualname__
+
+
+@pytest_twisted.ensureDeferred
+async def test_what_else_the_walk_read_ends_a_memo(crawl: Crawl, state_uri: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host pattern of the offsite check and the spider's callbacks end
+    a memo; a project's own ``should_follow`` keeps none; and a write by
+    another process while the walk reads makes the memo it keeps stale."""
+    site = LoopbackSite.manual(30, page_size=1500)
+    site.start()
+    try:
+        kwargs = {"start_url": site.url(CONTENTS)}
+        await crawl(ManualSpider, settings=SETTINGS, **kwargs)
+        assert memo_stats(await crawl(ManualSpider, settings=SETTINGS, **kwargs))[
+            "memo/kept"] == 1
+        walked = memo_stats(await crawl(AlsoExampleOrg, settings=SETTINGS, **kwargs))
+        assert walked["memo/not_taken/settings"] == 1 and walked["memo/kept"] == 1
+
+        own = {**SETTINGS, "DOWNLOADER_MIDDLEWARES": {
+            "scrapy.downloadermiddlewares.offsite.OffsiteMiddleware": None,
+            f"{__name__}.OwnOffsite": 50}}
+        for _ in range(2):
+            walked = memo_stats(await crawl(ManualSpider, settings=own, **kwargs))
+            assert walked["inert_pages"] > 25 and not any(k.startswith("memo/") for k in walked)
+
+        # Another process writes a page while the walk reads the links: the
+        # memo kept carries the generation from before, and is not taken.
+        # (A write first, so that this crawl walks.)
+        await in_store(state_uri, lambda store: _flush(store, PageKey(
+            "manual_memo", site.url(page_path(7)))))
+        store_class = type(open_store(Settings({"INCREMENTAL_STATE_URI": state_uri})))
+        reads = store_class.get_links_many
+        written: list[bool] = []
+
+        async def write_meanwhile(self: Any, keys: Any) -> Any:
+            if not written:
+                written.append(True)
+                # (In the crawl's asyncio task: the store's coroutines awaited as they are.)
+                other = open_store(Settings({"INCREMENTAL_STATE_URI": state_uri}))
+                await _flush(other, PageKey("manual_memo", site.url(page_path(7))))
+                await other.close()
+            return await reads(self, keys)
+
+        monkeypatch.setattr(store_class, "get_links_many", write_meanwhile)
+        walked = memo_stats(await crawl(ManualSpider, settings=SETTINGS, **kwargs))
+        assert written and walked["memo/kept"] == 1
+        monkeypatch.setattr(store_class, "get_links_many", reads)
+        walked = memo_stats(await crawl(ManualSpider, settings=SETTINGS, **kwargs))
+        assert walked["memo/not_taken/written"] == 1 and walked["memo/kept"] == 1
+
+        # Last: the pages are recorded with the new callback from here on.
+        site.reset_log()
+        renamed = await crawl(RenamedCallback, settings=SETTINGS, **kwargs)
+        walked = memo_stats(renamed)
+        # The walk meets a request it cannot make again: it gives up, and the
+        # replay marks the pages whose stored requests name the old callback,
+        # fetched in full by the next crawl.
+        assert walked["memo/not_taken/settings"] == 1 and walked["gave_up"] == 1
+        await crawl(RenamedCallback, settings=SETTINGS, **kwargs)
+        assert (CONTENTS, 200, False) in pages_served(site)
+
+    finally:
+        await site.stop()
+
+
+def _flush(store: Any, key: PageKey) -> Any:
+    """A write of *key*'s page that changes nothing it decides on (a flag
+    the walk does not read)."""
+    store.stage_flags(key, 0)
+    return store.flush()

@@ -110,18 +110,21 @@ class StoredGraphWalk:
         assert stats is not None
         hosts = {host_of(key.url)}
         generation = None
-        if self.memos is not None:
-            memo = await self.memos.read(key)
+        memos = self.memos
+        offsite = offsite_check(self.crawler) if memos is not None else None
+        if memos is not None and offsite is not None:
+            memo = await memos.read(key)
             if memo is not None:
-                why_not = await self.memos.why_not_taken(memo, key, offsite_check(self.crawler))
+                why_not = await memos.why_not_taken(memo, key, offsite)
                 if why_not is None:
                     self.inert.add(key)
                     stats.inc_value("incremental/replay/walk/memo/taken")
                     return True
                 stats.inc_value(f"incremental/replay/walk/memo/not_taken/{why_not}")
                 hosts.update(memo.hosts)
-            # Before the walk: a write while it reads makes its memo stale.
-            generation = await self.memos.generation(key.scope, hosts)
+            if memos.unstaged():
+                # Before the walk: a write while it reads makes its memo stale.
+                generation = await memos.generation(key.scope, hosts)
         reached = {key}
         states: dict[PageKey, PageState | None] = {key: state}
         self._url_offsite = offsite_url_drops(self.crawler)
@@ -135,18 +138,21 @@ class StoredGraphWalk:
             return False
         self.inert |= reached
         stats.inc_value("incremental/replay/walk/inert_pages", len(reached))
-        if self.memos is not None:
-            await self._keep_memo(key, reached, states, hosts, generation)
+        if memos is not None and offsite is not None and generation is not None \
+                and memos.unstaged():
+            await self._keep_memo(key, reached, states, hosts, generation, offsite)
         return True
 
     async def _keep_memo(self, key: PageKey, reached: set[PageKey],
                          states: dict[PageKey, PageState | None], hosts: set[str],
-                         generation: str | None) -> None:
+                         generation: str, offsite: str) -> None:
         """Keep the answer of a walk from *key* that found everything
-        inert, for later crawls (:mod:`.walk_memo`); not when a page
+        inert, for later crawls (:mod:`.walk_memo`): *generation* is the
+        store's, of *hosts*, read before the walk began. Not when a page
         reached is due by the table's rows alone (one a stored decision
         kept from being requested: the memo's bounds cannot say how long)."""
-        assert self.memos is not None
+        memos = self.memos
+        assert memos is not None
         rules = self.ledger.due_rules()
         bounds = NotDueBounds()
         for page in reached:
@@ -157,16 +163,17 @@ class StoredGraphWalk:
                 return
             bounds = bounds.join(found)
         reached_hosts = {host_of(page.url) for page in reached}
-        if not reached_hosts <= hosts:
-            # Their generation was not read before the walk: name them, so
-            # that the next walk reads it.
-            generation = None
-        memo = Memo(self.memos.config(offsite_check(self.crawler)), generation,
-                    sorted(hosts | reached_hosts), bounds)
-        await self.memos.keep(key, memo)
-        self.crawler.stats.inc_value(
-            "incremental/replay/walk/memo/kept" if generation is not None
-            else "incremental/replay/walk/memo/hosts_named")
+        kept: str | None = generation
+        if memos.per_host and not reached_hosts <= hosts:
+            # Their writes were not counted before the walk: name them, so
+            # that the next walk counts them.
+            kept = None
+        memo = Memo(memos.config(offsite), kept, sorted(hosts | reached_hosts), bounds)
+        if await memos.keep(key, memo):
+            stats = self.crawler.stats
+            assert stats is not None
+            stats.inc_value("incremental/replay/walk/memo/kept" if kept is not None
+                            else "incremental/replay/walk/memo/hosts_named")
 
     async def _walk(self, start: PageKey, states: dict[PageKey, PageState | None],
                     reached: set[PageKey]) -> str | None:

@@ -14,36 +14,42 @@ reached inert, :class:`WalkMemos` keeps a memo under the start page's key:
   later moment takes the memo only while those bounds hold for it (no next
   visit reached, no max age passed, no last check "in the future");
 - a digest of everything else the walk's answer read: this package's code
-  of the walk and the rules, Scrapy's version, the change policy's
-  settings and the due tolerance, whether links are replayed and the
-  Accept-Encoding requests go out with, the request fingerprinter's canary,
-  the offsite check in use and the spider's ``allowed_domains``, and the
-  spider's shape as recipes are rebuilt against it (its methods' names,
-  its CrawlSpider rules' callbacks);
+  (every module: an upgrade or a checkout between two crawls), Scrapy's
+  and w3lib's versions, the change policy's settings and the due
+  tolerance, whether links are replayed and the Accept-Encoding requests
+  go out with, the request fingerprinter's canary, the offsite check (the
+  host pattern Scrapy's OffsiteMiddleware built from ``allowed_domains``),
+  and the spider's shape as recipes are rebuilt against it (which of its
+  attributes are methods, its CrawlSpider rules' callbacks);
 - the hosts of the pages reached (a store may count writes per host).
 
-A later walk from that page takes the memo when all of these hold and
-this crawl has staged nothing in the store yet (a page written by this
-crawl but not flushed is not counted in the generation): the page is then
-inert at the cost of two reads, whatever the size of the site.
+A memo is kept only when this crawl had staged nothing in the store both
+before the walk and after it (the walk reads staged pages: a memo taken
+from them would outlive them if they were never flushed), and taken only
+when it has staged nothing either. No memo is kept or taken when the
+project's OffsiteMiddleware overrides ``should_follow`` (it may read
+anything). A memo is an optimisation: when reading or writing one fails,
+the crawl walks as it would without it.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import inspect
 import json
 import logging
-import sys
-import types
+import math
+from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import scrapy
+import w3lib
 
+import incremental_crawler
 from incremental_crawler.change.policy import NotDueBounds
+from incremental_crawler.state.stores import StateStoreError
 
 if TYPE_CHECKING:
     from collections.abc import Collection
@@ -60,66 +66,87 @@ __all__ = ["Memo", "WalkMemos"]
 logger = logging.getLogger(__name__)
 
 #: The memo's own format: a memo of another is not taken.
-_FORMAT = 1
-#: The modules whose code decides a walk's answer: a memo taken by other
-#: code is not taken (an upgrade, or a checkout between two crawls).
-_CODE = ("incremental_crawler.crawl.inert", "incremental_crawler.crawl.due",
-         "incremental_crawler.crawl.walk_memo", "incremental_crawler.change.policy",
-         "incremental_crawler.recipes", "incremental_crawler.offsite",
-         "incremental_crawler.state.keys", "incremental_crawler.state.records")
+_FORMAT = 2
 
 
-#: What a method is, read statically off a class.
-_CALLABLE = (types.FunctionType, types.BuiltinFunctionType, functools.partial)
+#: The files of the package whose bytes the code digest reads.
+_CODE_SUFFIXES = (".py", ".lua")
 
 
 @cache
 def _code_digest() -> str:
-    digest = hashlib.sha256()
-    for name in _CODE:
-        module = sys.modules.get(name) or __import__(name, fromlist=["_"])
-        path = inspect.getsourcefile(module)
-        digest.update(name.encode())
-        if path is not None:
-            digest.update(Path(path).read_bytes())
+    """Of every source file of this package, read through importlib's
+    resources (a directory, or a zipped egg as scrapyd deploys one); once a
+    process, as its first crawl starts. A package shipped without sources
+    is known by its version alone."""
+    digest = hashlib.sha256(incremental_crawler.__version__.encode())
+    pending = [resources.files(incremental_crawler)]
+    while pending:
+        folder = pending.pop()
+        for entry in sorted(folder.iterdir(), key=lambda entry: entry.name):
+            if entry.is_dir():
+                if entry.name != "__pycache__":
+                    pending.append(entry)
+            elif entry.name.endswith(_CODE_SUFFIXES):
+                digest.update(entry.name.encode())
+                digest.update(entry.read_bytes())
     return digest.hexdigest()
+
+
+def _method_like(value: Any) -> bool:
+    """Whether a class attribute, read statically, gives a method or
+    another callable when read from an instance (any callable; a
+    descriptor that is not a data descriptor: partialmethod, a cache
+    decorator's wrapper)."""
+    if isinstance(value, (classmethod, staticmethod)) or callable(value):
+        return True
+    kind = type(value)
+    return hasattr(kind, "__get__") and not hasattr(kind, "__set__")
 
 
 def _spider_shape(spider: Spider) -> list[Any]:
     """What rebuilding a recipe reads of *spider* besides its requests:
-    which names are its methods (callbacks and errbacks are stored by
-    name), and the callback of each CrawlSpider rule (stored by index)."""
-    # Read without running descriptors (a property may have side effects).
+    which names give a method (callbacks and errbacks are stored by name;
+    an instance attribute, ``-a name=value`` among them, shadows its
+    class's), and the callback of each CrawlSpider rule (stored by index).
+    Read without running descriptors (a property may have side effects)."""
     cls = type(spider)
-    methods = sorted(
-        {name for name in dir(cls) if not name.startswith("__")
-         and isinstance(inspect.getattr_static(cls, name, None),
-                        (classmethod, staticmethod, *_CALLABLE))}
-        | {name for name, value in vars(spider).items() if callable(value)})
+    methods = {name for name in dir(cls)
+               if not name.startswith("__")
+               and _method_like(inspect.getattr_static(cls, name, None))}
+    for name, value in vars(spider).items():
+        if callable(value):
+            methods.add(name)
+        else:
+            methods.discard(name)
     rules = [getattr(rule.callback, "__name__", "") for rule in getattr(spider, "_rules", ())]
-    return [type(spider).__module__, type(spider).__qualname__, spider.name, methods, rules]
+    return [cls.__module__, cls.__qualname__, spider.name, sorted(methods), rules]
 
 
+def _finite(value: float) -> float | None:
+    # JSON has no infinities: None stands for one (the bounds' defaults).
+    return value if math.isfinite(value) else None
+
+
+@dataclass(frozen=True, slots=True)
 class Memo:
     """One walk's answer, as stored (JSON)."""
 
-    __slots__ = ("bounds", "config", "generation", "hosts")
-
-    def __init__(self, config: str, generation: str | None, hosts: list[str],
-                 bounds: NotDueBounds) -> None:
-        #: ``None``: a walk that reached hosts it had not read the
-        #: generation of; the memo only names them, for the next walk.
-        self.config = config
-        self.generation = generation
-        self.hosts = hosts
-        self.bounds = bounds
+    #: The digest of what else the walk read (see the module docstring).
+    config: str
+    #: The write generation read before the walk; ``None``: a walk that
+    #: reached hosts it had not read the generation of (the memo only
+    #: names them, for the next walk).
+    generation: str | None
+    hosts: list[str]
+    bounds: NotDueBounds
 
     def dumps(self) -> str:
         bounds = self.bounds
         return json.dumps({"v": _FORMAT, "config": self.config, "generation": self.generation,
-                           "hosts": self.hosts, "due_before": bounds.due_before,
-                           "started_before": bounds.started_before,
-                           "checked_upto": bounds.checked_upto})
+                           "hosts": self.hosts, "due_before": _finite(bounds.due_before),
+                           "started_before": _finite(bounds.started_before),
+                           "checked_upto": _finite(bounds.checked_upto)})
 
     @classmethod
     def loads(cls, data: str) -> Memo | None:
@@ -128,8 +155,14 @@ class Memo:
             raw = json.loads(data)
             if raw.get("v") != _FORMAT:
                 return None
-            bounds = NotDueBounds(float(raw["due_before"]), float(raw["started_before"]),
-                                  float(raw["checked_upto"]))
+
+            def bound(name: str, infinite: float) -> float:
+                value = raw[name]
+                return infinite if value is None else float(value)
+
+            bounds = NotDueBounds(bound("due_before", math.inf),
+                                  bound("started_before", math.inf),
+                                  bound("checked_upto", -math.inf))
             hosts = [str(host) for host in raw["hosts"]]
             generation = raw["generation"]
             return cls(str(raw["config"]), None if generation is None else str(generation),
@@ -148,33 +181,51 @@ class WalkMemos:
         self.rules = rules
         self.spider = spider
         self._config: str | None = None
+        # As the crawl starts: the code that runs, not a later deploy's.
+        _code_digest()
 
     @staticmethod
     def name(key: PageKey) -> str:
         """The memo's name in its scope: the start page's key."""
         return f"{key.variant} {key.url}"
 
+    @property
+    def per_host(self) -> bool:
+        """Whether the store's write generation depends on the hosts asked."""
+        return self.ledger.store.write_generation_per_host
+
     def config(self, offsite: str) -> str:
         """The digest of what a walk's answer reads besides the store (see
-        the module docstring); *offsite* names the offsite check in use."""
+        the module docstring); *offsite* says what the offsite check answers from."""
         if self._config is None:
             ledger, rules, spider = self.ledger, self.rules, self.spider
-            config = ledger.config
-            parts = [_code_digest(), scrapy.__version__, repr(rules.policy),
-                     config.due_tolerance, rules.replay,
+            parts = [_code_digest(), scrapy.__version__, w3lib.__version__, repr(rules.policy),
+                     ledger.config.due_tolerance, rules.replay,
                      None if rules.encoding is None else rules.encoding.decode("latin-1"),
-                     ledger.links_canary, offsite,
-                     sorted(getattr(spider, "allowed_domains", None) or []),
-                     _spider_shape(spider)]
+                     ledger.links_canary, offsite, _spider_shape(spider)]
             text = json.dumps(parts, sort_keys=True, default=repr)
             self._config = hashlib.sha256(text.encode()).hexdigest()
         return self._config
 
+    def unstaged(self) -> bool:
+        """Whether this crawl has staged nothing in the store (see the module docstring)."""
+        return not self.ledger.store.pending
+
     async def generation(self, scope: str, hosts: Collection[str]) -> str | None:
-        return await self.ledger.store.write_generation(scope, sorted(hosts))
+        """The store's write generation of *scope* (for *hosts*); ``None``
+        when it keeps none or cannot be read now."""
+        try:
+            return await self.ledger.store.write_generation(scope, sorted(hosts))
+        except StateStoreError as exc:
+            logger.debug("No walk memo: the write generation could not be read (%s)", exc)
+            return None
 
     async def read(self, key: PageKey) -> Memo | None:
-        data = await self.ledger.store.get_walk_memo(key.scope, self.name(key))
+        try:
+            data = await self.ledger.store.get_walk_memo(key.scope, self.name(key))
+        except StateStoreError as exc:
+            logger.debug("No walk memo: it could not be read (%s)", exc)
+            return None
         return None if data is None else Memo.loads(data)
 
     async def why_not_taken(self, memo: Memo, key: PageKey, offsite: str) -> str | None:
@@ -182,7 +233,7 @@ class WalkMemos:
         (``None``: it does); the reason is a stats key's last part."""
         if memo.generation is None:
             return "hosts"
-        if self.ledger.store.pending:
+        if not self.unstaged():
             return "staged"
         if memo.config != self.config(offsite):
             return "settings"
@@ -192,5 +243,11 @@ class WalkMemos:
             return "written"
         return None
 
-    async def keep(self, key: PageKey, memo: Memo) -> None:
-        await self.ledger.store.put_walk_memo(key.scope, self.name(key), memo.dumps())
+    async def keep(self, key: PageKey, memo: Memo) -> bool:
+        """Store *memo*; whether it was stored."""
+        try:
+            await self.ledger.store.put_walk_memo(key.scope, self.name(key), memo.dumps())
+        except StateStoreError as exc:
+            logger.debug("The walk memo could not be stored (%s)", exc)
+            return False
+        return True

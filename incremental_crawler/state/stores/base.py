@@ -531,13 +531,19 @@ class StateStore(ABC):
 
     # -- crawl: the stored-graph walk's memo ----------------------------------------
 
+    #: Whether :meth:`write_generation` counts the writes of the hosts asked
+    #: (else the whole scope's: a walk reaching a host it did not name
+    #: before it began may keep its memo all the same).
+    write_generation_per_host: bool = False
+
     async def write_generation(self, scope: str, hosts: Collection[str]) -> str | None:
         """A token that changes whenever a page state or a links record of
         *scope* is written or deleted, by any process, at least for the
         pages of *hosts* (a store may count a whole scope). Reads never
         change it, nor do writes of anything else (items, hosts, crawl
         records, memos). It never comes back to an earlier value, even
-        across a reset of the scope.
+        across a reset of the scope (a store restored from a backup goes
+        back with its memos, which were true of what it held then).
 
         A crawl remembers that the stored links from one of its start pages
         lead to nothing that can matter (see
