@@ -557,6 +557,30 @@ async def test_a_host_script_sent_again_raises_the_write_generation_once(
         await call(store.close())
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_damaged_write_generation_fails_its_hosts_writes_before_any(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """The host script raises the counter after its writes: one INCR would
+    refuse (not an integer) fails the host's writes whole, before any."""
+    key = PageKey(SCOPE, "https://a.example/p")
+    counter = f"{prefix}:wg:{{{SCOPE}|a.example}}"
+    store = open_store(redis_cluster, prefix)
+    try:
+        with redis_cluster.client() as client:
+            client.set(counter, "1.5")
+            store.stage_page(full_state(key, 1))
+            with pytest.raises(StateStoreError, match="not a counter"):
+                await call(store.flush())
+            assert client.exists(f"{prefix}:hd:{{{SCOPE}|a.example}}") == 0
+            client.set(counter, 7)
+        await call(store.flush())
+        assert await call(store.write_generation(SCOPE, ["a.example"])) == "a.example=8"
+        assert await call(store.get_page(key)) == full_state(key, 1)
+    finally:
+        await call(store.close())
+
+
 @pytest.mark.parametrize("reader", ["take_scope", "get_due", "summary", "count_scope",
                                     "reset_scope", "iter_pages"])
 @pytest_twisted.ensureDeferred
@@ -921,6 +945,8 @@ async def test_a_full_cluster_still_reads_and_resets_with_intents_pending(
             # but the hosts' write generations (raised when full too).
             assert [k for k in redis_cluster.keys(f"{prefix}:*")
                     if b"{books" in k and b":flush:" not in k and b":wg:" not in k] == []
+            with redis_cluster.client() as client:
+                assert client.get(f"{prefix}:wg:{{{SCOPE}|lonely.example}}") == b"2"
         else:
             # Not lost: applied by the first read with room to write.
             assert store.count_scope(SCOPE).pages == 5

@@ -1422,3 +1422,31 @@ async def test_a_damaged_write_generation_fails_the_flush_before_any_write(
         assert shared.get(counter) == b"42"
     finally:
         await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_reset_of_a_full_redis_runs_and_raises_the_write_generation(
+    own_redis: OwnRedis,
+) -> None:
+    """A reset is how a full Redis is freed: above maxmemory it still runs
+    (DEL is allowed there), and so does its raise of the write generation
+    (a script flagged allow-oom, in the same MULTI), so the token read
+    before it does not come back."""
+    store = RedisStateStore(own_redis.uri, prefix="full")
+    client = own_redis.client()
+    try:
+        store.stage_page(full_state(PageKey(SCOPE, URL), 1))
+        await call(store.flush())
+        before = await call(store.write_generation(SCOPE, ["example.com"]))
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", "1")  # above it: writes refused
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            client.set("full:probe", 1)
+        assert store.reset_scope(SCOPE).pages == 1
+        client.config_set("maxmemory", "0")
+        assert await call(store.get_page(PageKey(SCOPE, URL))) is None
+        after = await call(store.write_generation(SCOPE, ["example.com"]))
+        assert (before, after) == ("1", "2")
+    finally:
+        client.close()
+        await call(store.close())

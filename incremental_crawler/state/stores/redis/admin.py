@@ -754,23 +754,37 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             counted = len(commands)
             commands += [("DEL", key) for key in kinds + buckets + links + hist]
             commands.append(("SREM", f"{self.prefix}:scopes", scope))
-            # Each host's write generation raised in its pages' MULTI (a
-            # script allowed when full, as the deletions are).
+            # Each host's write generation raised in its pages' MULTI, after
+            # their deletion (a script allowed when full: a slot's MULTI
+            # refused for memory goes as a plain pipeline, in this order).
             commands += [("EVAL", _GENERATION_LUA, 1, key) for key in generations]
             # Above maxmemory too: a reset is how memory is freed (its
             # reads and deletions Redis runs when full, not in a MULTI).
             replies = self._multi_per_slot(commands, plain_if_full=True)
             return self._counted_groups(replies[:counted], buckets, links, hist)
         kinds, buckets, links, hist, generations = self._scope_keys(scope)
-        pipe = self._sync.pipeline(transaction=True)
-        self._count(scope, buckets, links, hist, pipe)
         counted = len(buckets) + len(links) + 1 + len(hist) + 2
         doomed = kinds + buckets + links + hist
-        for start in range(0, len(doomed), _HMGET_CHUNK):
-            pipe.delete(*doomed[start:start + _HMGET_CHUNK])
-        pipe.srem(f"{self.prefix}:scopes", scope)
-        # The scope's write generation raised in the same MULTI (a script
-        # allowed when full, as the deletions are).
-        pipe.eval(_GENERATION_LUA, len(generations), *generations)
-        replies = self._sync_run(pipe)
+
+        def reset(transaction: bool) -> list[Any]:
+            pipe = self._sync.pipeline(transaction=transaction)
+            self._count(scope, buckets, links, hist, pipe)
+            for start in range(0, len(doomed), _HMGET_CHUNK):
+                pipe.delete(*doomed[start:start + _HMGET_CHUNK])
+            pipe.srem(f"{self.prefix}:scopes", scope)
+            # The scope's write generation raised after the deletions,
+            # by a script allowed when full.
+            pipe.eval(_GENERATION_LUA, len(generations), *generations)
+            return self._sync_run(pipe)
+
+        try:
+            replies = reset(transaction=True)
+        except StateStoreError as exc:
+            # Above maxmemory Redis refuses a MULTI holding a script, even
+            # one allowed when full; a reset is how memory is freed: its
+            # commands then go as a plain pipeline, in the same order (the
+            # raise right after the deletions, on the same connection).
+            if not isinstance(exc.__cause__, redis.exceptions.OutOfMemoryError):
+                raise
+            replies = reset(transaction=False)
         return self._counted(replies[:counted], buckets, links, hist)

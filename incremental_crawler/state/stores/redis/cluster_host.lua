@@ -104,14 +104,18 @@ local function check_type(key, want)
       .. ': nothing of the host was applied'
   end
 end
+-- The write generation is raised after the writes: INCR must not fail then.
+local function check_counter(key)
+  local kind = redis.call('TYPE', key).ok
+  if kind == 'none' or (kind == 'string'
+      and string.match(redis.call('GET', key), '^%-?%d+$')) then
+    return
+  end
+  return key .. ' is not a counter (a ' .. kind .. '): nothing of the host was applied'
+end
 do
   local failed = check_type(LINKS, 'hash') or check_type(LEDGER, 'hash')
-    or check_type(GENERATION, 'string')
-  if not failed and redis.call('EXISTS', GENERATION) == 1
-      and not tonumber(redis.call('GET', GENERATION)) then
-    -- INCR, after the writes, would fail on it.
-    failed = GENERATION .. ' is not a counter: nothing of the host was applied'
-  end
+    or check_counter(GENERATION)
   local i = FIRST
   while not failed and i <= #ARGV do
     local name = ARGV[i]
