@@ -17,10 +17,10 @@
 -- once, whoever sends them).
 --
 -- KEYS: the token, the host's record (hd), its links hash (ln), its
--- ledger, its write generation (wg), then per bucket declared its two
--- hashes (pg, pgl). ARGV: the
--- server's hash-max-listpack-value, the bucket count the caller planned
--- from, the splits it planned, the age (seconds) past which another
+-- ledger, its write generation (wg: raised once if a page state or links
+-- record was written or deleted), then per bucket declared its two hashes
+-- (pg, pgl). ARGV: the server's hash-max-listpack-value, the bucket count
+-- the caller planned from, the splits it planned, the age (seconds) past which another
 -- flush's effects in the ledger are taken, the number of buckets declared
 -- and their numbers, the deadline of the flush's write-ahead intent (0:
 -- none; past it on this node's clock the script writes nothing and says

@@ -13,19 +13,28 @@ no round trip of its own), and that nothing else touches:
 - in the cluster layout, one per host, ``P:wg:{<s>|<h>}``, in the slot of
   the host's pages so that its host script (``cluster_host.lua``, phase 2)
   can raise it: a scope's counter would be in another slot. The token is
-  the hosts' counters (``<h>=<n>``, by host, comma-separated), read in one
-  pipelined round trip.
+  the hosts' counters (``<h>=<n>``, ``<h>`` the host's key part, by host,
+  comma-separated), read in one pipelined round trip.
 
 A repair raises the counters of what it deletes (``generation.lua``, in
-its ``MULTI``). Counters are never deleted, not even by a reset (it raises
-them): a counter that started again from nothing would give a token read
-before the reset again. They cost one small key per scope (one server) or
-per host ever written (cluster layout). An absent counter reads as 0.
+its ``MULTI``, after the deletions; a reset of a full Redis, whose
+``MULTI`` Redis refuses, sends the same commands as a plain pipeline, so
+a reader could then read the old value between the deletions and the
+raise). Counters are never deleted, not even by a reset (it raises them):
+a counter that started again from nothing would give a token read before
+the reset again. They cost one small key per scope (one server) or per
+host ever written (cluster layout). An absent counter reads as 0; one that
+is not an integer fails the writes before any (the scripts check it: the
+INCR comes after the writes).
 
 The phases after phase 2 (a scope shard's effects, a ledger's adoption or
 replay by another worker) write no page state nor links record: what they
 apply (the sums, the revisit bounds, the scope's hosts) is derived from
-pages written, and the counter moved when they were.
+pages written, and the counter moved when they were. A host script sent
+again under its token (its reply lost) writes nothing and raises nothing.
+
+Code older than the counters writes pages without raising them: see the
+layout notes (``layout.py``) and the upgrade note in ``docs/cluster.md``.
 
 The memos: a hash per scope (``P:memo:<s>``, cluster ``P:memo:{<s>}``),
 one field per name, written at once; a reset deletes it.
