@@ -519,6 +519,9 @@ async def test_a_flush_left_to_another_workers_adoption_moved_the_token_with_its
         written = await call(reader.write_generation(SCOPE, hosts))
         # One raise for the host's script, not one a page.
         assert written == "lonely.example=1,quiet.example=0"
+        # Hosts as the store keys them (lowercase), each once.
+        assert await call(reader.write_generation(
+            SCOPE, ["quiet.example", "Lonely.Example", "lonely.example"])) == written
         await call(reader.adopt_ledgers(SCOPE))
         assert redis_cluster.keys(f"{prefix}:fx:*") == []
         assert await call(reader.write_generation(SCOPE, hosts)) == written

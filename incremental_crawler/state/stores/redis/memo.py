@@ -60,7 +60,8 @@ class RedisWalkMemo(RedisCore):
         if not self.tagged:
             [raw] = await self._commands([("GET", self._generation_key(scope, ""))])
             return str(_whole(raw, 0))
-        names = sorted(set(hosts))
+        # As the store keys pages by host (hosts.host_of: lowercase).
+        names = sorted({host.lower() for host in hosts})
         # One GET per host (its slot's): the cluster client sends each node
         # its own, in one round trip.
         replies = await self._commands(
