@@ -498,6 +498,92 @@ async def gone_between_phases_2_and_3(cluster: LoopbackCluster, prefix: str,
     await call(die(gone))
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_flush_left_to_another_workers_adoption_moved_the_token_with_its_pages(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """The write generation moves where the pages are written, in their
+    host's script (phase 2): a worker gone before its phase 3 has moved it
+    already; the adoption that applies its effects for it writes no page
+    and leaves it; a repair by another worker moves it again. Each host
+    counts its own writes (a host not written reads 0)."""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
+    hosts = ["lonely.example", "quiet.example"]
+    reader = open_store(redis_cluster, prefix)
+    reader.adopt_after = 0  # (a test cannot wait ten minutes)
+    try:
+        before = await call(reader.write_generation(SCOPE, hosts))
+        assert before == "lonely.example=0,quiet.example=0"
+        await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
+        assert redis_cluster.keys(f"{prefix}:fx:*") != []  # left to an adoption
+        written = await call(reader.write_generation(SCOPE, hosts))
+        # One raise for the host's script, not one a page.
+        assert written == "lonely.example=1,quiet.example=0"
+        # Hosts as the store keys them (lowercase), each once.
+        assert await call(reader.write_generation(
+            SCOPE, ["quiet.example", "Lonely.Example", "lonely.example"])) == written
+        await call(reader.adopt_ledgers(SCOPE))
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
+        assert await call(reader.write_generation(SCOPE, hosts)) == written
+        reader.forget_page(SCOPE, keys[0].url)
+        forgotten = await call(reader.write_generation(SCOPE, hosts))
+        assert forgotten not in (before, written)
+        assert forgotten.endswith(",quiet.example=0")
+    finally:
+        await call(reader.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_host_script_sent_again_raises_the_write_generation_once(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A host script whose reply was lost is sent again under its token:
+    the replay writes nothing, and raises nothing again."""
+    key = PageKey(SCOPE, "https://a.example/p")
+    store = open_store(redis_cluster, prefix)
+    try:
+        store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+        await call(store.flush())
+        assert await call(store.write_generation(SCOPE, ["a.example"])) == "a.example=1"
+        store.stage_check(key, 304, 3_000_000, schedule=(3_600, 4_000))
+        lost = lose_reply_of(store, CLUSTER_HOST_LUA)
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        assert lost == [1]
+        assert await call(store.write_generation(SCOPE, ["a.example"])) == "a.example=2"
+        await call(store.flush())
+        assert store.pending == 0
+        assert await call(store.write_generation(SCOPE, ["a.example"])) == "a.example=2"
+        page = await call(store.get_page(key))
+        assert page is not None and page.checks == 2
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_damaged_write_generation_fails_its_hosts_writes_before_any(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """The host script raises the counter after its writes: one INCR would
+    refuse (not an integer) fails the host's writes whole, before any."""
+    key = PageKey(SCOPE, "https://a.example/p")
+    counter = f"{prefix}:wg:{{{SCOPE}|a.example}}"
+    store = open_store(redis_cluster, prefix)
+    try:
+        with redis_cluster.client() as client:
+            client.set(counter, "1.5")
+            store.stage_page(full_state(key, 1))
+            with pytest.raises(StateStoreError, match="not a counter"):
+                await call(store.flush())
+            assert client.exists(f"{prefix}:hd:{{{SCOPE}|a.example}}") == 0
+            client.set(counter, 7)
+        await call(store.flush())
+        assert await call(store.write_generation(SCOPE, ["a.example"])) == "a.example=8"
+        assert await call(store.get_page(key)) == full_state(key, 1)
+    finally:
+        await call(store.close())
+
+
 @pytest.mark.parametrize("reader", ["take_scope", "get_due", "summary", "count_scope",
                                     "reset_scope", "iter_pages"])
 @pytest_twisted.ensureDeferred
@@ -530,9 +616,10 @@ async def test_a_dead_workers_effects_on_a_host_never_written_again_are_applied(
             # Its state is gone with the rest: a later crawl sends no
             # stale validators.
             assert await call(store.get_pages(keys)) == {}
-            # (The dead worker's flush tokens expire on their own.)
+            # (The dead worker's flush tokens expire on their own; the
+            # hosts' write generations stay, raised: see memo.py.)
             assert [k for k in redis_cluster.keys(f"{prefix}:*")
-                    if b"{books" in k and b":flush:" not in k] == []
+                    if b"{books" in k and b":flush:" not in k and b":wg:" not in k] == []
         else:
             assert sorted(s.key.url for s in store.iter_pages(SCOPE)) == sorted(k.url for k in keys)
         with redis_cluster.client() as client:
@@ -559,9 +646,15 @@ async def test_a_reset_leaves_no_key_of_the_scope_on_any_node(
         await call(store.flush())
         await call(store.close())
         store = open_store(redis_cluster, prefix)
+        hosts = [f"h{n}.example" for n in range(3)]
+        generation = await call(store.write_generation(SCOPE, hosts))
         store.reset_scope(SCOPE)
         left = [k.decode() for k in redis_cluster.keys(f"{prefix}:*")]
-        assert [k for k in left if "{books" in k] == []
+        # But each host's write generation: raised, never deleted (a
+        # counter started again would give a token read before again).
+        assert sorted(k for k in left if "{books" in k) == [
+            f"{prefix}:wg:{{books|{host}}}" for host in hosts]
+        assert await call(store.write_generation(SCOPE, hosts)) != generation
         assert any("{other" in k for k in left)
     finally:
         await call(store.close())
@@ -851,9 +944,12 @@ async def test_a_full_cluster_still_reads_and_resets_with_intents_pending(
     try:
         if reader == "reset_scope":
             # Every key of the scope went (found on every node, the gone
-            # worker's host's too; its flush tokens expire on their own).
+            # worker's host's too; its flush tokens expire on their own),
+            # but the hosts' write generations (raised when full too).
             assert [k for k in redis_cluster.keys(f"{prefix}:*")
-                    if b"{books" in k and b":flush:" not in k] == []
+                    if b"{books" in k and b":flush:" not in k and b":wg:" not in k] == []
+            with redis_cluster.client() as client:
+                assert client.get(f"{prefix}:wg:{{{SCOPE}|lonely.example}}") == b"2"
         else:
             # Not lost: applied by the first read with room to write.
             assert store.count_scope(SCOPE).pages == 5
@@ -1323,7 +1419,7 @@ async def test_a_dead_workers_effects_read_after_the_tokens_lifetime_still_list_
         await call(store.release_scope(SCOPE, "crawl-2"))
         assert store.reset_scope(SCOPE).pages == 5
         assert [k for k in redis_cluster.keys(f"{prefix}:*")
-                if b"{books" in k and b":flush:" not in k] == []
+                if b"{books" in k and b":flush:" not in k and b":wg:" not in k] == []
     finally:
         await call(store.close())
 

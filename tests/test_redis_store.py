@@ -1212,7 +1212,9 @@ async def test_reset_deletes_only_this_stores_keys_of_the_scope(
 ) -> None:
     """A scope named after its host shares the name of the politeness
     budget's bucket (``P:budget:<host>`` with the default prefix): a reset
-    of the scope leaves it, and any other key not of this store's kinds."""
+    of the scope leaves it, and any other key not of this store's kinds;
+    of the store's own, only the scope's write generation (``P:wg:<s>``,
+    raised by the reset, never deleted: no token read before it comes back)."""
     scope = "example.com"
     store = open_at(redis_prefix)
     try:
@@ -1222,9 +1224,12 @@ async def test_reset_deletes_only_this_stores_keys_of_the_scope(
         foreign = [f"{redis_prefix}:anything:{scope}", f"{redis_prefix}:budget:{scope}"]
         for key in foreign:
             shared.set(key, "not the store's")
+        generation = await call(store.write_generation(scope, [scope]))
         assert store.reset_scope(scope).pages == 1
         assert sorted(k.decode() for k in prefix_keys(redis_prefix)
-                      if k.decode().endswith(f":{scope}") or ":hist:" in k.decode()) == foreign
+                      if k.decode().endswith(f":{scope}") or ":hist:" in k.decode()) == sorted(
+            [*foreign, f"{redis_prefix}:wg:{scope}"])
+        assert await call(store.write_generation(scope, [scope])) != generation
         assert store.scopes() == []
     finally:
         await call(store.close())
@@ -1361,4 +1366,87 @@ async def test_a_layout_3_store_gets_its_sums_built_once(
                 len(chosen), sum(s.size for s in chosen),
                 min((s.next_visit for s in chosen), default=None))
     finally:
+        await call(store.close())
+
+
+# -- the walk memo's write generation --------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_write_generation_is_one_counter_a_scope_raised_once_a_flush(
+    redis_prefix: str, shared: redis.Redis
+) -> None:
+    """One server counts a scope's page and links writes in one counter
+    (``P:wg:<s>``), raised once by a flush whatever the pages and hosts it
+    writes; a flush that writes no page state nor links record leaves it."""
+    counter = f"{redis_prefix}:wg:{SCOPE}"
+    store = open_at(redis_prefix)
+    try:
+        assert await call(store.write_generation(SCOPE, ["example.com"])) == "0"
+        for n in range(3):
+            store.stage_page(full_state(PageKey(SCOPE, f"https://a{n % 2}.example/p{n}"), 1))
+        store.stage_links(PageKey(SCOPE, "https://a0.example/p0"), '{"v":3,"n":0}')
+        await call(store.flush())
+        assert shared.get(counter) == b"1"
+        # The scope's, whatever the hosts asked (a host not written too).
+        assert await call(store.write_generation(SCOPE, ["b.example"])) == "1"
+        # Nothing of a page written: an item, a flag of an unknown page, no
+        # links record to delete.
+        store.stage_item(item("a"))
+        store.stage_flags(PageKey(SCOPE, "https://a0.example/unknown"), 1)
+        store.stage_links(PageKey(SCOPE, "https://a1.example/p1"), None)
+        await call(store.flush())
+        assert shared.get(counter) == b"1"
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_damaged_write_generation_fails_the_flush_before_any_write(
+    redis_prefix: str, shared: redis.Redis
+) -> None:
+    """The flush raises the counter after its writes: a counter INCR would
+    refuse (not an integer) fails the flush before anything is written, as
+    a key of the wrong type does, rather than leave pages written without
+    the token moving."""
+    counter = f"{redis_prefix}:wg:{SCOPE}"
+    store = open_at(redis_prefix)
+    try:
+        shared.set(counter, "not a number")
+        store.stage_page(full_state(PageKey(SCOPE, URL), 1))
+        with pytest.raises(StateStoreError, match="not a counter"):
+            await call(store.flush())
+        assert shared.exists(f"{redis_prefix}:hd:{{{SCOPE}|example.com}}") == 0
+        shared.set(counter, 41)
+        assert await call(store.flush()) == 1
+        assert shared.get(counter) == b"42"
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_reset_of_a_full_redis_runs_and_raises_the_write_generation(
+    own_redis: OwnRedis,
+) -> None:
+    """A reset is how a full Redis is freed: above maxmemory it still runs
+    (DEL is allowed there), and so does its raise of the write generation
+    (a script flagged allow-oom, in the same MULTI), so the token read
+    before it does not come back."""
+    store = RedisStateStore(own_redis.uri, prefix="full")
+    client = own_redis.client()
+    try:
+        store.stage_page(full_state(PageKey(SCOPE, URL), 1))
+        await call(store.flush())
+        before = await call(store.write_generation(SCOPE, ["example.com"]))
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", "1")  # above it: writes refused
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            client.set("full:probe", 1)
+        assert store.reset_scope(SCOPE).pages == 1
+        client.config_set("maxmemory", "0")
+        assert await call(store.get_page(PageKey(SCOPE, URL))) is None
+        after = await call(store.write_generation(SCOPE, ["example.com"]))
+        assert (before, after) == ("1", "2")
+    finally:
+        client.close()
         await call(store.close())

@@ -39,25 +39,31 @@ neither holds a ``:``, ``|`` or brace:
                                 NUL version`` (zero-padded) of the versions waiting
                                 on crawl *c* to confirm their delivery
 ``P:undelc:<s>``                set of the crawls *c* with such versions
+``P:wg:<s>``                    the scope's write generation: a counter every
+                                flush that writes its page states or links
+                                records raises once (see :mod:`.memo`)
+``P:memo:<s>``                  hash: name → the stored-graph walk's memo
 ``P:migrating``                 the lock of a layout migration (expires)
 ==============================  ==========================================
 
 ``P:crawls:<s>``, ``P:holds:<s>``, ``P:slots:<s>``, ``P:slotsat:<s>``,
-``P:undel:<s>:<c>`` and ``P:undelc:<s>`` came without a layout change
-(older code ignores them). Repairs (``forget_page``, ``forget_host``,
+``P:undel:<s>:<c>``, ``P:undelc:<s>``, ``P:wg:<s>`` and ``P:memo:<s>``
+came without a layout change (older code ignores them; an absent
+``P:wg:<s>`` reads as 0). Repairs (``forget_page``, ``forget_host``,
 ``reset_scope``) run at once, each in one ``MULTI``; a reset deletes the
 scope's keys of the kinds above (``P:holds:<s>`` excepted: holds lapse by
-themselves; other ``P:<name>:<s>`` keys, such as a shared politeness budget
-``P:budget:<host>``, are not this store's), its hosts' keys, its
+themselves; and ``P:wg:<s>``, which it raises: a token read before the reset
+never comes back; other ``P:<name>:<s>`` keys, such as a shared politeness
+budget ``P:budget:<host>``, are not this store's), its hosts' keys, its
 ``P:hist:<s>:*`` and ``P:undel:<s>:*`` keys, and takes it out of ``P:scopes``.
 
 On a Redis Cluster the store keeps the *cluster layout* (version 6, see
 :mod:`~incremental_crawler.state.stores.redis.cluster`): the same kinds of
 keys, every one hash-tagged so that a script's keys are one slot: a scope's
 own ``P:<kind>:{<s>}`` (``P:hosts``, ``P:crawls``, ``P:holds``,
-``P:slots``, ``P:slotsat``, ``P:undelc``, ``P:undel:{<s>}:<c>``); what a
-flush's last phase writes of a scope, per scope shard ``{<s>^<x>}`` (the
-shard of a host by a hash of its name; see
+``P:slots``, ``P:slotsat``, ``P:undelc``, ``P:undel:{<s>}:<c>``,
+``P:memo``); what a flush's last phase writes of a scope, per scope shard
+``{<s>^<x>}`` (the shard of a host by a hash of its name; see
 :data:`~incremental_crawler.state.stores.redis.core.SCOPE_SHARDS`):
 ``P:hs``, ``P:dueb``, ``P:splits``, ``P:nvs``, ``P:nvm``, ``P:ck``,
 ``P:nvf:{<s>^<x>}:<minute>``, the write-ahead intents ``P:fxhosts``, the
@@ -65,9 +71,11 @@ effects applied ``P:fxdone`` and the buckets a summary is reading
 ``P:duer``; the items by group ``P:items:{<s>#<g>}``,
 ``P:itemver:{<s>#<g>}``, ``P:order:{<s>#<g>}``,
 ``P:hist:{<s>#<g>}:<item key>`` and ``P:bypage:{<s>#<g>}`` (the group of
-the page's URL), a flush's tokens ``P:flush:{<tag>}:<token>`` per script
-and a host's ledger of effects not yet applied ``P:fx:{<s>|<h>}``; its
-flush runs in three phases, not one script. One server keeps the layout
+the page's URL), a flush's tokens ``P:flush:{<tag>}:<token>`` per script,
+a host's ledger of effects not yet applied ``P:fx:{<s>|<h>}`` and its
+write generation ``P:wg:{<s>|<h>}`` (one a host, in its slot, in place of
+the scope's one counter; kept through a reset as that one is); its flush
+runs in three phases, not one script. One server keeps the layout
 above.
 
 Pages are kept per host in small buckets (see

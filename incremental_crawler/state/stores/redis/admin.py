@@ -47,6 +47,7 @@ from incremental_crawler.state.stores.redis.pages import (
     url_field,
 )
 from incremental_crawler.state.stores.redis.scripts import (
+    _GENERATION_LUA,
     _LATEST_LUA,
     _SUMS_FORGET_LUA,
     CLUSTER_INTENT_ADD_LUA,
@@ -58,10 +59,12 @@ if TYPE_CHECKING:
 __all__ = ["RedisAdmin"]
 
 #: The kinds of ``P:<kind>:<s>`` keys a reset deletes: every one this store
-#: writes per scope but ``holds`` (holds lapse by themselves); and the kinds
-#: of a host's keys (``P:<kind>:{<s>|<host>}``, buckets ``…:<n>``).
+#: writes per scope but ``holds`` (holds lapse by themselves) and ``wg``
+#: (the write generation, raised, never deleted: see memo.py); and the kinds
+#: of a host's keys (``P:<kind>:{<s>|<host>}``, buckets ``…:<n>``; a host's
+#: ``wg`` kept as a scope's is).
 _SCOPE_KINDS = ("hosts", "items", "itemver", "order", "bypage", "crawls", "hs", "dueb",
-                "splits", "slots", "slotsat", "undelc", "nvs", "nvm", "ck")
+                "splits", "slots", "slotsat", "undelc", "nvs", "nvm", "ck", "memo")
 #: Those kept per scope shard in the cluster layout (see SCOPE_SHARDS).
 _SHARD_KINDS = frozenset({"hs", "dueb", "splits", "nvs", "nvm", "ck"})
 _HOST_KINDS = ("hd", "ln")
@@ -356,9 +359,10 @@ class RedisAdmin(RedisClusterPath, AdminStore):
                 pipe.hdel(key, *page_fields)
             pipe.hincrby(self._host_key("hd", scope, host), "p", -len(page_fields))
             pipe.hdel(self._host_key("ln", scope, host), *page_fields)
+            pipe.eval(_GENERATION_LUA, 1, self._generation_key(scope, host))
             # The bucket's bound in the revisit index may now be low: a
             # lower bound still (the next summary sets it right).
-            return [None, "pages", "pages", None, "links"]
+            return [None, "pages", "pages", None, "links", None]
 
         return self._forget(scope, {url}, delete_pages)
 
@@ -386,7 +390,8 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             pipe.delete(*doomed, *(self._host_key(kind, scope, host) for kind in _HOST_KINDS))
             pipe.srem(self._key("hs", scope), host_part(host))
             pipe.zrem(self._key("dueb", scope), *(f"{host_part(host)}|{b}" for _, b in buckets))
-            return [*kinds, None, None, None]
+            pipe.eval(_GENERATION_LUA, 1, self._generation_key(scope, host))
+            return [*kinds, None, None, None, None]
 
         return self._forget(scope, urls, delete_pages, host)
 
@@ -463,17 +468,18 @@ class RedisAdmin(RedisClusterPath, AdminStore):
 
     def _multi_per_slot(self, commands: list[tuple[Any, ...]],
                         plain_if_full: bool = False) -> list[Any]:
-        """*commands* (each of one key, its second element) as one
-        ``MULTI`` per hash slot (a cluster runs a transaction only in one
-        slot); the replies in the order given. Not one transaction: each
-        slot's part is applied whole, one after the other (a repair runs
-        while no crawl holds the scope). *plain_if_full*: a slot whose
-        node is above maxmemory (it refuses every command queued in a
-        MULTI) gets its part as a plain pipeline (for commands Redis runs
-        when full: reads, DEL, SREM)."""
+        """*commands* (each of one key, its second element; a script's,
+        ``EVAL script 1 key``, its fourth) as one ``MULTI`` per hash slot
+        (a cluster runs a transaction only in one slot); the replies in
+        the order given. Not one transaction: each slot's part is applied
+        whole, one after the other (a repair runs while no crawl holds the
+        scope). *plain_if_full*: a slot whose node is above maxmemory (it
+        refuses every command queued in a MULTI) gets its part as a plain
+        pipeline (for commands Redis runs when full: reads, DEL, SREM)."""
         by_slot: dict[int, list[int]] = {}
         for n, command in enumerate(commands):
-            by_slot.setdefault(key_slot(str(command[1]).encode()), []).append(n)
+            key = command[3] if command[0] == "EVAL" else command[1]
+            by_slot.setdefault(key_slot(str(key).encode()), []).append(n)
         out: list[Any] = [None] * len(commands)
         for ns in by_slot.values():
             pipe = self._sync.pipeline(transaction=True)
@@ -576,6 +582,8 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             run("links", "HLEN", links)
             run(None, "DEL", links)
             run(None, "DEL", self._host_key("hd", scope, host))
+            # Raised, not deleted (see memo.py), in the pages' MULTI.
+            run(None, "EVAL", _GENERATION_LUA, 1, self._generation_key(scope, host))
             # Not its ledger: an entry there may be pending still (a cut
             # repair's, retried now; one written after the adoption read):
             # it goes once applied (HDEL), never with the pages.
@@ -592,6 +600,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
                     run("pages", "HDEL", key, *names)
                 run(None, "HINCRBY", self._host_key("hd", scope, host), "p", -len(names))
                 run("links", "HDEL", links, *names)
+                run(None, "EVAL", _GENERATION_LUA, 1, self._generation_key(scope, host))
         if pending:
             # In the pages' MULTI; the intent is written now, before any
             # command here is sent.
@@ -648,12 +657,14 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             pipe.zrem(*intent)
         self._sync_run(pipe)
 
-    def _scope_keys(self, scope: str) -> tuple[list[str], list[str], list[str], list[str]]:
+    def _scope_keys(self, scope: str) -> tuple[list[str], list[str], list[str], list[str],
+                                                list[str]]:
         """The scope's keys of this store's kinds (holds excepted): the
         scope's own, its hosts' buckets and links hashes, then its history
-        keys. Only these kinds: other ``P:<name>:<s>`` keys may be
-        anybody's (a shared politeness budget is ``P:budget:<host>``, and a
-        scope may be named after its host)."""
+        keys; and the write generations a reset raises (the scope's, or
+        its hosts': see memo.py). Only these kinds: other ``P:<name>:<s>``
+        keys may be anybody's (a shared politeness budget is
+        ``P:budget:<host>``, and a scope may be named after its host)."""
         kinds = [key for kind in _SCOPE_KINDS
                  if not (self.tagged and kind in _GROUP_KINDS)
                  for key in (self._shard_keys(kind, scope) if kind in _SHARD_KINDS
@@ -663,6 +674,8 @@ class RedisAdmin(RedisClusterPath, AdminStore):
                    for key in self._bucket_keys(scope, host, b)]
         links = [self._host_key("ln", scope, host) for host in counts]
         kinds += [self._host_key("hd", scope, host) for host in counts]
+        generations = sorted({self._generation_key(scope, host) for host in counts}
+                             if self.tagged else {self._generation_key(scope, "")})
         if self.tagged:
             # The items' keys of every group; the history and delivery keys
             # found on every node (tagged {<s>#<g>} and {<s>}).
@@ -677,11 +690,11 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             kinds += [key for kind in ("duer", "fxhosts") for key in self._shard_keys(kind, scope)]
             # The tokens applied, in buckets per shard.
             kinds += self._shard_scan_keys("fxdone", scope)
-            return kinds, buckets, links, hist
+            return kinds, buckets, links, hist, generations
         hist = self._scan_keys(f"{_glob(self.prefix)}:hist:{_glob(_key_part(scope))}:*")
         kinds += self._scan_keys(f"{_glob(self.prefix)}:undel:{_glob(_key_part(scope))}:*")
         kinds += self._fine_sums_keys(scope)
-        return kinds, buckets, links, hist
+        return kinds, buckets, links, hist, generations
 
     def _count(self, scope: str, buckets: list[str], links: list[str], hist: list[str],
                pipe: Any) -> None:
@@ -722,13 +735,13 @@ class RedisAdmin(RedisClusterPath, AdminStore):
 
     def count_scope(self, scope: str) -> Removed:
         if self.tagged:
-            _, buckets, links, hist = self._scope_keys(scope)
+            _, buckets, links, hist, _ = self._scope_keys(scope)
             commands = self._count_commands(scope, buckets, links, hist)
             # Only reads: above maxmemory too (a slot's MULTI, which Redis
             # then refuses, sent as a plain pipeline).
             return self._counted_groups(self._multi_per_slot(commands, plain_if_full=True),
                                         buckets, links, hist)
-        _, buckets, links, hist = self._scope_keys(scope)
+        _, buckets, links, hist, _ = self._scope_keys(scope)
         pipe = self._sync.pipeline(transaction=True)
         self._count(scope, buckets, links, hist, pipe)
         return self._counted(self._sync_run(pipe), buckets, links, hist)
@@ -736,22 +749,42 @@ class RedisAdmin(RedisClusterPath, AdminStore):
     def reset_scope(self, scope: str) -> Removed:
         if self.tagged:
             # Counted and deleted in one MULTI per slot (a key a DEL).
-            kinds, buckets, links, hist = self._scope_keys(scope)
+            kinds, buckets, links, hist, generations = self._scope_keys(scope)
             commands = self._count_commands(scope, buckets, links, hist)
             counted = len(commands)
             commands += [("DEL", key) for key in kinds + buckets + links + hist]
             commands.append(("SREM", f"{self.prefix}:scopes", scope))
+            # Each host's write generation raised in its pages' MULTI, after
+            # their deletion (a script allowed when full: a slot's MULTI
+            # refused for memory goes as a plain pipeline, in this order).
+            commands += [("EVAL", _GENERATION_LUA, 1, key) for key in generations]
             # Above maxmemory too: a reset is how memory is freed (its
             # reads and deletions Redis runs when full, not in a MULTI).
             replies = self._multi_per_slot(commands, plain_if_full=True)
             return self._counted_groups(replies[:counted], buckets, links, hist)
-        kinds, buckets, links, hist = self._scope_keys(scope)
-        pipe = self._sync.pipeline(transaction=True)
-        self._count(scope, buckets, links, hist, pipe)
+        kinds, buckets, links, hist, generations = self._scope_keys(scope)
         counted = len(buckets) + len(links) + 1 + len(hist) + 2
         doomed = kinds + buckets + links + hist
-        for start in range(0, len(doomed), _HMGET_CHUNK):
-            pipe.delete(*doomed[start:start + _HMGET_CHUNK])
-        pipe.srem(f"{self.prefix}:scopes", scope)
-        replies = self._sync_run(pipe)
+
+        def reset(transaction: bool) -> list[Any]:
+            pipe = self._sync.pipeline(transaction=transaction)
+            self._count(scope, buckets, links, hist, pipe)
+            for start in range(0, len(doomed), _HMGET_CHUNK):
+                pipe.delete(*doomed[start:start + _HMGET_CHUNK])
+            pipe.srem(f"{self.prefix}:scopes", scope)
+            # The scope's write generation raised after the deletions,
+            # by a script allowed when full.
+            pipe.eval(_GENERATION_LUA, len(generations), *generations)
+            return self._sync_run(pipe)
+
+        try:
+            replies = reset(transaction=True)
+        except StateStoreError as exc:
+            # Above maxmemory Redis refuses a MULTI holding a script, even
+            # one allowed when full; a reset is how memory is freed: its
+            # commands then go as a plain pipeline, in the same order (the
+            # raise right after the deletions, on the same connection).
+            if not isinstance(exc.__cause__, redis.exceptions.OutOfMemoryError):
+                raise
+            replies = reset(transaction=False)
         return self._counted(replies[:counted], buckets, links, hist)

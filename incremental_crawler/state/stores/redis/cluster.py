@@ -544,7 +544,8 @@ class RedisClusterPath(RedisCore):
             def head(kind: str, tag: str = tag) -> str:
                 return f"{self.prefix}:{kind}:{tag}"
 
-            keys = [self._token_key(token, tag), head("hd"), head("ln"), head("fx")]
+            keys = [self._token_key(token, tag), head("hd"), head("ln"), head("fx"),
+                    head("wg")]
             for b in sorted(buckets):
                 keys += [f"{head('pg')}:{b}", f"{head('pgl')}:{b}"]
             deadline = stamps[shards[tag]] + self.adopt_after // 2

@@ -17,9 +17,10 @@
 -- once, whoever sends them).
 --
 -- KEYS: the token, the host's record (hd), its links hash (ln), its
--- ledger, then per bucket declared its two hashes (pg, pgl). ARGV: the
--- server's hash-max-listpack-value, the bucket count the caller planned
--- from, the splits it planned, the age (seconds) past which another
+-- ledger, its write generation (wg: raised once if a page state or links
+-- record was written or deleted), then per bucket declared its two hashes
+-- (pg, pgl). ARGV: the server's hash-max-listpack-value, the bucket count
+-- the caller planned from, the splits it planned, the age (seconds) past which another
 -- flush's effects in the ledger are taken, the number of buckets declared
 -- and their numbers, the deadline of the flush's write-ahead intent (0:
 -- none; past it on this node's clock the script writes nothing and says
@@ -34,7 +35,7 @@
 -- {'n', count} when the host's bucket count is not the one planned from,
 -- or {'blocked', splits} when only that many of the planned splits can be
 -- made (a bucket's key beyond the count is taken): nothing written then.
-local TOKEN, DIR, LINKS, LEDGER = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local TOKEN, DIR, LINKS, LEDGER, GENERATION = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local done = redis.call('GET', TOKEN)
 if done then
   local kept = cjson.decode(done)
@@ -44,7 +45,7 @@ local LISTPACK_VALUE, PLANNED_N = tonumber(ARGV[1]), tonumber(ARGV[2])
 local SPLITS, ADOPT_AFTER, DECLARED = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local BUCKETS = {}
 for k = 0, DECLARED - 1 do
-  BUCKETS[tonumber(ARGV[6 + k])] = {KEYS[5 + 2 * k], KEYS[6 + 2 * k]}
+  BUCKETS[tonumber(ARGV[6 + k])] = {KEYS[6 + 2 * k], KEYS[7 + 2 * k]}
 end
 local DEADLINE = tonumber(ARGV[6 + DECLARED])
 local PART = ARGV[7 + DECLARED]
@@ -103,8 +104,18 @@ local function check_type(key, want)
       .. ': nothing of the host was applied'
   end
 end
+-- The write generation is raised after the writes: INCR must not fail then.
+local function check_counter(key)
+  local kind = redis.call('TYPE', key).ok
+  if kind == 'none' or (kind == 'string'
+      and string.match(redis.call('GET', key), '^%-?%d+$')) then
+    return
+  end
+  return key .. ' is not a counter (a ' .. kind .. '): nothing of the host was applied'
+end
 do
   local failed = check_type(LINKS, 'hash') or check_type(LEDGER, 'hash')
+    or check_counter(GENERATION)
   local i = FIRST
   while not failed and i <= #ARGV do
     local name = ARGV[i]
@@ -179,6 +190,10 @@ for _ = 1, SPLITS do
   new_host = true
 end
 
+-- Whether a page state or links record of the host was written or deleted:
+-- its write generation is raised once, at the end (one INCR a script, not
+-- a page: StateStore.write_generation).
+local wrote = false
 local listed = false
 local function register()
   if not listed then
@@ -194,6 +209,7 @@ local function read_page(field)
 end
 local function store_page(field, record, old)
   register()
+  wrote = true
   if old == nil then old = read_page(field) or false end
   local into, other = bucket_keys(bucket_of(n, field))
   if #field > LISTPACK_VALUE or #record > LISTPACK_VALUE then into, other = other, into end
@@ -307,10 +323,11 @@ function OPS.postpone(a, i)
 end
 function OPS.links(a, i)
   register()
+  wrote = true
   redis.call('HSET', LINKS, a[i], a[i + 1])
 end
 function OPS.unlink(a, i)
-  redis.call('HDEL', LINKS, a[i])
+  if redis.call('HDEL', LINKS, a[i]) == 1 then wrote = true end
 end
 
 local applied, failed = 0, nil
@@ -326,6 +343,7 @@ while i <= #ARGV do
   applied = applied + 1
   i = i + 1 + ARITY[name]
 end
+if wrote then redis.call('INCR', GENERATION) end
 -- (cjson writes an empty table as {}: the effects are objects.)
 local checks = {}
 for member, at in pairs(CHECKS) do checks[#checks + 1] = {member, at or ''} end

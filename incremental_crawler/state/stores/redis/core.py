@@ -299,6 +299,15 @@ class RedisCore(StateStore):
         """A key of one host of *scope* (its ``{scope|host}`` hash tag)."""
         return f"{self.prefix}:{kind}:{{{_key_part(scope)}|{host_part(host)}}}"
 
+    def _generation_key(self, scope: str, host: str) -> str:
+        """The write generation counting *host*'s page and links writes
+        (``P:wg``): on one server the scope's one counter (the flush raises
+        it once a scope, see flush.lua), in the cluster layout the host's
+        own, in its slot (its host script raises it)."""
+        if self.tagged:
+            return self._host_key("wg", scope, host)
+        return self._key("wg", scope)
+
     def _bucket_key(self, scope: str, host: str, bucket: int, *, large: bool = False) -> str:
         """A bucket's hash of pages (its listpack), or of its large entries."""
         return f"{self._host_key('pgl' if large else 'pg', scope, host)}:{bucket}"

@@ -50,7 +50,14 @@ LAYOUT = "incremental_crawler.state"
 #: key, of unknown live runs, versions new for version 1, else changed).
 #: Gone pages in ``P:due:<s>`` were no change either (code before them
 #: skips gone pages it reads there; ``P:meta`` notes when a prefix's older
-#: gone pages were added).
+#: gone pages were added). Nor were the write generations (``P:wg``) and
+#: the walk memos (``P:memo``; see :mod:`.memo`): an absent counter reads as
+#: 0 and no memo, and older code neither reads nor deletes them. It does
+#: not raise them either: a page written by an older worker leaves a memo
+#: standing that it should have made stale, so no older worker may write
+#: a prefix beside newer ones (docs/cluster.md says so to the upgrader; a
+#: version bump would refuse older workers, at the price of a migration
+#: for nothing else).
 #: Version 2: ``P:bypage:<s>`` became a sorted set (a hash of JSON lists in
 #: version 1; :meth:`RedisLayout._migrate` converts it).
 #: Version 3: pages in packed records, in buckets per host, the links per

@@ -117,6 +117,13 @@ _UNLOCK_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "unlock.lua")
 _RENEW_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "renew.lua")
 
 
+# A repair's raise of the write generations it deletes pages of (see
+# generation.lua), in the repair's MULTI. Allowed above maxmemory, as the
+# reset's deletions are: a reset that Redis refused for one INCR would
+# leave the memory full.
+_GENERATION_LUA = "#!lua flags=allow-oom\n" + load_script(_LUA_PACKAGE, "generation.lua")
+
+
 def _sha1(script: str) -> str:
     """What EVALSHA names a script by (what SCRIPT LOAD returns)."""
     return hashlib.sha1(script.encode(), usedforsecurity=False).hexdigest()

@@ -53,6 +53,7 @@ from incremental_crawler.state.stores.redis.core import (
 )
 from incremental_crawler.state.stores.redis.due import RedisDueReads
 from incremental_crawler.state.stores.redis.layout import RedisLayout
+from incremental_crawler.state.stores.redis.memo import RedisWalkMemo
 from incremental_crawler.state.stores.redis.pages import page_field, page_key_of
 from incremental_crawler.state.stores.redis.scripts import (
     _FLUSH_LUA,
@@ -106,7 +107,8 @@ def _refuse_cluster(uri: str, clean: str) -> None:
         raise StateStoreError(f"State store {redacted(uri)}: {NOT_YET_ON_A_CLUSTER}")
 
 
-class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath):
+class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
+                      RedisWalkMemo):
     """State in Redis; see the module docstring."""
 
     def __init__(self, uri: str, *, prefix: str = DEFAULT_PREFIX,
