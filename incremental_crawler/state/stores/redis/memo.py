@@ -56,6 +56,11 @@ __all__ = ["RedisWalkMemo"]
 class RedisWalkMemo(RedisCore):
     """The write generation and the walk memos (see the module docstring)."""
 
+    @property
+    def write_generation_per_host(self) -> bool:  # type: ignore[override]
+        """Per host in the cluster layout; one server counts the whole scope."""
+        return self.tagged
+
     async def write_generation(self, scope: str, hosts: Collection[str]) -> str | None:
         if not self.tagged:
             [raw] = await self._commands([("GET", self._generation_key(scope, ""))])
