@@ -275,3 +275,23 @@ async def test_a_page_counted_not_due_then_fetched_ends_in_its_answers_column(
     # Both fetched in full (unchanged); the other page is not also not due.
     assert summary["pages_unchanged"] == 2
     assert_each_page_once(summary, 2)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_redirect_to_a_failing_page_is_one_failed_page(site, crawl, tmp_path):
+    # The target's failure is recorded for it and for the page asked (each
+    # asked again next crawl); the report counts the page asked, once.
+    site.add_page("/broken", "strong", size=1500)
+    site.override("/broken", status=500)
+    site.add_redirect("/old", "/broken", 302)
+    report = tmp_path / "report" / "report.json"
+    await crawl(ListSpider, settings={"INCREMENTAL_REPORT_DIR": str(report.parent),
+                                      "INCREMENTAL_REVISIT_ENABLED": True},
+                urls=[site.url("/old")])
+    summary = json.loads(report.read_text())["summary"]
+    assert summary["requested"] == summary["pages_failed"] == 1
+    assert summary["pages_no_outcome"] == 0
+    # Recorded twice (the target and /old), one page failed.
+    assert summary["failed"] == 1
+    [host] = json.loads(report.read_text())["hosts"]
+    assert sum(host["outcomes"].values()) == host["requested"] == 1

@@ -798,7 +798,8 @@ class Ledger:
         txn.failed = txn.failed or reason
 
     def record_failure(self, key: PageKey, prior: PageState | None, status: int, *,
-                       callback: str | None, recipe: str | None, counted: bool) -> bool:
+                       callback: str | None, recipe: str | None, counted: bool,
+                       counted_as: PageKey | None = None) -> bool:
         """Record a visit that left no data: a final failure, a 404 or 410, a withheld page.
 
         *status* is the final one (0: no HTTP answer). The stored validators,
@@ -806,7 +807,9 @@ class Ledger:
         failure schedule (:func:`~incremental_crawler.change.revisit.failure_next_visit`).
         A page not stored yet is stored without a fingerprint, with its
         *callback* and *recipe*, so the re-seeder can request it again.
-        *counted*: a failure for the stats (``incremental/schedule/failed``).
+        *counted*: a failure for the stats (``incremental/schedule/failed``),
+        of the page *counted_as* (``None``: *key*'s; a redirect's target fails
+        for the page that was asked, counted once).
 
         Returns whether the page can be requested again from its record;
         when it cannot, the failure is counted as unrecorded and keeps this
@@ -829,7 +832,7 @@ class Ledger:
             self.note_unrecorded_failure()
             return False
         if counted:
-            self.counter.failed(key)
+            self.counter.failed(counted_as or key)
         return True
 
     def _requestable(self, key: PageKey, prior: PageState | None, callback: str | None,

@@ -303,7 +303,7 @@ class FinalOutcomeMiddleware:
             self.ledger.record_failure(
                 key, prior, status, callback=callback_name(request, self.spider),
                 recipe=own_recipe(request, self.spider, self.ledger.recipe_rules),
-                counted=outcome is Outcome.FAILED,
+                counted=outcome is Outcome.FAILED, counted_as=counted_key(request),
             )
             self._count(request, key, outcome)
         self._origin_failed(request, own=page)
@@ -330,7 +330,8 @@ class FinalOutcomeMiddleware:
         status = reasons[0] if isinstance(reasons[0], int) else 0
         self.ledger.record_failure(
             key, prior, status, callback=callback_name(request, self.spider),
-            recipe=own_recipe(request, self.spider, self.ledger.recipe_rules), counted=True)
+            recipe=own_recipe(request, self.spider, self.ledger.recipe_rules), counted=True,
+            counted_as=counted_key(request))
         self._count(request, key, Outcome.FAILED)
 
     async def _moved(self, request: Request, response: Response | None, *,
