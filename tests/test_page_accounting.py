@@ -10,12 +10,25 @@ from __future__ import annotations
 
 import json
 import math
+from typing import TYPE_CHECKING, Any
 
+import pytest
 import pytest_twisted
+from scrapy import Request, Spider
+from scrapy.linkextractors import LinkExtractor
+from scrapy.spiders import CrawlSpider, Rule
 
 from incremental_crawler import clock
 from incremental_crawler.report.extension import OUTCOMES
+from tests.clock_util import later
+from tests.site import LoopbackSite
+from tests.site.manual import CONTENTS
 from tests.spiders import ListSpider
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator
+
+    from scrapy.http import Response
 
 #: The columns of report.json's summary that every known page is in exactly one of.
 COLUMNS = ("skipped_lastmod", "not_due", "deferred", "pages_no_outcome",
@@ -109,3 +122,176 @@ async def test_a_crawl_started_within_the_second_of_the_last_one_counts_the_page
     assert refreshed.stats.get_value("incremental/schedule/requested/due") == 1
     assert refreshed.stats.get_value("incremental/schedule/not_due") == 9
     assert refreshed.stats.get_value("incremental/schedule/outcome/unchanged") == 1
+
+
+def columns_of(summary: dict[str, int]) -> dict[str, int]:
+    return {column: summary[column] for column in COLUMNS}
+
+
+def assert_each_page_once(summary: dict[str, int], pages: int) -> None:
+    """The report's columns hold *pages* known pages, each in one column:
+    none negative, none requested without an outcome."""
+    assert summary["pages_known"] == pages, columns_of(summary)
+    assert all(count >= 0 for count in columns_of(summary).values()), columns_of(summary)
+    assert summary["pages_no_outcome"] == 0, columns_of(summary)
+    assert sum(columns_of(summary).values()) == pages
+
+
+#: The manual's contents page and its content pages; not its general index.
+_MANUAL_PAGES = r"/p/\d+\.html$|/p/index\.html$"
+
+
+class SelfLinkingSpider(Spider):
+    """A user's spider from its start page (``start_urls``: ``dont_filter``);
+    the manual's contents page links to itself, so Scrapy lets the start URL
+    through again when that link is followed."""
+
+    name = "self_linking"
+
+    def __init__(self, start_url: str = "", **kwargs: Any) -> None:
+        self.start_urls = [start_url]
+        super().__init__(**kwargs)
+
+    def parse(self, response: Response) -> Iterator[Any]:
+        yield {"url": response.url}
+        for link in LinkExtractor(allow=_MANUAL_PAGES).extract_links(response):
+            yield response.follow(link, callback=self.parse)
+
+
+class SelfLinkingCrawlSpider(CrawlSpider):
+    """The same crawl as a CrawlSpider: its rules follow the self-link."""
+
+    name = "self_linking_rules"
+    rules = (Rule(LinkExtractor(allow=_MANUAL_PAGES), callback="parse_item", follow=True),)
+
+    def __init__(self, start_url: str = "", **kwargs: Any) -> None:
+        self.start_urls = [start_url]
+        super().__init__(**kwargs)
+
+    def parse_item(self, response: Response) -> dict[str, Any]:
+        return {"url": response.url}
+
+
+@pytest.mark.parametrize("spider", [SelfLinkingSpider, SelfLinkingCrawlSpider])
+@pytest_twisted.ensureDeferred
+async def test_a_start_page_that_links_to_itself_is_counted_once_each_crawl(
+    crawl, state_db, tmp_path, monkeypatch, spider
+):
+    site = LoopbackSite.manual(12, page_size=1500)
+    site.start()
+    report = tmp_path / "report" / "report.json"
+    # No flush before a crawl's end (a dozen pages): the start page's second
+    # request is decided on what the store shows then. Cold, its first visit
+    # is staged: the second is not due. A day later its first visit was a
+    # 304, not flushed: due, and asked again (a second 304).
+    settings = {"INCREMENTAL_REVISIT_ENABLED": True, "CONCURRENT_REQUESTS": 1,
+                "INCREMENTAL_FLUSH_INTERVAL": 3600,
+                "INCREMENTAL_REPORT_DIR": str(report.parent)}
+    runs = []
+    try:
+        for days in (0, 1):
+            later(monkeypatch, days)
+            site.reset_log()
+            await crawl(spider, settings=settings, start_url=site.url(CONTENTS))
+            runs.append((json.loads(report.read_text()), [r.path for r in site.log]))
+    finally:
+        await site.stop()
+    [(stored,)] = state_db("SELECT COUNT(*) FROM pages")
+    assert stored == 13  # the contents and 12 pages
+    (cold, cold_paths), (day_later, later_paths) = runs
+    for run in (cold, day_later):
+        assert_each_page_once(run["summary"], stored)
+        # The per-host table puts each page in one column too.
+        [host] = run["hosts"]
+        assert sum(host["outcomes"].values()) == host["requested"] == stored
+    # Cold: the start page's link to itself was decided (not due), not sent.
+    assert cold_paths.count(CONTENTS) == 1
+    assert cold["summary"]["pages_new"] == stored
+    # A day later every page is due: the contents page was asked twice
+    # (that is Scrapy's doing), one page checked, two requests.
+    assert later_paths.count(CONTENTS) == 2
+    assert day_later["summary"]["pages_checked"] == stored
+    assert day_later["summary"]["pages_not_modified"] == stored
+    assert day_later["summary"]["checked"] == stored + 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_redirect_keeps_its_outcome_when_its_target_is_also_asked(
+    site, crawl, tmp_path
+):
+    # Both start URLs are dont_filter, and so is the redirect's hop: /new is
+    # fetched twice, once as itself and once as where /old went. Each page
+    # counted has its own outcome (the answer at the chain's end is /old's).
+    site.add_page("/new", "strong", size=1500)
+    site.add_redirect("/old", "/new", 302)
+    report = tmp_path / "report" / "report.json"
+    settings = {"INCREMENTAL_REPORT_DIR": str(report.parent)}
+    await crawl(ListSpider, settings=settings, urls=[site.url("/old"), site.url("/new")])
+    summary = json.loads(report.read_text())["summary"]
+    assert [r.path for r in site.log if r.path != "/robots.txt"].count("/new") == 2
+    assert summary["requested"] == 2
+    assert summary["pages_no_outcome"] == 0
+    assert summary["pages_new"] == 2
+    assert_each_page_once(summary, 2)
+
+
+class NotDueThenRefreshedSpider(Spider):
+    """Its start page asks for another page twice: plainly (not due: dropped,
+    counted not due) and as a refresh (fetched), in the *order* given."""
+
+    name = "not_due_then_refreshed"
+
+    def __init__(self, start_url: str = "", other: str = "", order: str = "", **kw: Any):
+        super().__init__(**kw)
+        self.start_url, self.other, self.order = start_url, other, order.split(",")
+
+    async def start(self) -> AsyncIterator[Any]:
+        yield Request(self.start_url, meta={"incremental_refresh": True}, dont_filter=True)
+
+    def parse(self, response: Response) -> Iterator[Any]:
+        yield {"url": response.url, "title": response.css("title::text").get()}
+        if response.url != self.start_url:
+            return
+        for how in self.order:
+            meta = {"incremental_refresh": True} if how == "refresh" else {}
+            yield Request(self.other, callback=self.parse, meta=meta, dont_filter=True)
+
+
+@pytest.mark.parametrize("order", ["plain,refresh", "refresh,plain"])
+@pytest_twisted.ensureDeferred
+async def test_a_page_counted_not_due_then_fetched_ends_in_its_answers_column(
+    site, crawl, tmp_path, order
+):
+    start, other = site.add_pages(2, size=800, prefix="/a/", width=1)
+    revisits = {"INCREMENTAL_REVISIT_ENABLED": True}
+    urls = {"start_url": site.url(start), "other": site.url(other)}
+    await crawl(NotDueThenRefreshedSpider, settings=revisits, order="refresh", **urls)
+    site.reset_log()
+    report = tmp_path / "report" / "report.json"
+    await crawl(NotDueThenRefreshedSpider, settings={
+        **revisits, "INCREMENTAL_REPORT_DIR": str(report.parent)}, order=order, **urls)
+    summary = json.loads(report.read_text())["summary"]
+    assert [r.path for r in site.log].count(other) == 1
+    # Both fetched in full (unchanged); the other page is not also not due.
+    assert summary["pages_unchanged"] == 2
+    assert_each_page_once(summary, 2)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_redirect_to_a_failing_page_is_one_failed_page(site, crawl, tmp_path):
+    # The target's failure is recorded for it and for the page asked (each
+    # asked again next crawl); the report counts the page asked, once.
+    site.add_page("/broken", "strong", size=1500)
+    site.override("/broken", status=500)
+    site.add_redirect("/old", "/broken", 302)
+    report = tmp_path / "report" / "report.json"
+    await crawl(ListSpider, settings={"INCREMENTAL_REPORT_DIR": str(report.parent),
+                                      "INCREMENTAL_REVISIT_ENABLED": True},
+                urls=[site.url("/old")])
+    summary = json.loads(report.read_text())["summary"]
+    assert summary["requested"] == summary["pages_failed"] == 1
+    assert summary["pages_no_outcome"] == 0
+    # Recorded twice (the target and /old), one page failed.
+    assert summary["failed"] == 1
+    [host] = json.loads(report.read_text())["hosts"]
+    assert sum(host["outcomes"].values()) == host["requested"] == 1

@@ -22,8 +22,19 @@ never change:
   is in exactly one.
 
 Whoever decides a request's why (a list spider, the re-seeder) puts it in
-the request's meta under :data:`META_WHY`; a request that arrives without
-one is decided, and counted, by the conditional middleware.
+the request's meta under :data:`META_WHY`, with the page it counted under
+:data:`META_COUNTED`; a request that arrives without one is decided, and
+counted, by the conditional middleware.
+
+Once per page: Scrapy may ask for a page twice in one crawl (a start URL is
+``dont_filter``, and a page linking to it, itself included, asks again), so
+:class:`ScheduleCounter` keeps the pages it counted. A page is requested
+once however many requests reach a decision; one counted not requested
+(not due, skipped) that is then requested leaves that column for its
+answer's; and a page's later answer replaces its earlier one (the store
+keeps the later one too). An answer is the page's that was counted
+(:func:`counted_key`): a redirect's target answers for the page asked, not
+for itself.
 
 The same counts are kept per host (:attr:`ScheduleCounter.hosts`) for the
 report's per-host table.
@@ -31,20 +42,23 @@ report's per-host table.
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from incremental_crawler.change.host_counts import UNLISTED, HostCounts
 from incremental_crawler.hosts import host_of
+from incremental_crawler.state.records import PageKey
 
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.statscollectors import StatsCollector
 
-    from incremental_crawler.state.records import PageKey, PageState
+    from incremental_crawler.state.records import PageState
 
 __all__ = [
-    "META_LASTMOD_MODIFIED", "META_WHY", "PageOutcome", "ScheduleCounter", "Why", "decided", "mark",
+    "META_COUNTED", "META_LASTMOD_MODIFIED", "META_WHY", "PageOutcome", "ScheduleCounter", "Why",
+    "counted_key", "decided", "mark",
 ]
 
 #: Request meta key: the :class:`Why` of a request decided (and counted)
@@ -56,6 +70,10 @@ META_WHY = "_incremental_why"
 #: request for another page (``meta=response.meta``) carries the why along;
 #: it does not hold for that page (see :func:`decided`).
 META_WHY_URL = "_incremental_why_url"
+#: Request meta key: the page (its :class:`PageKey`, as a plain tuple) the
+#: why was counted for. Its answer is that page's, wherever the request was
+#: redirected (see :func:`counted_key`); held as long as the why is.
+META_COUNTED = "_incremental_counted"
 #: Request meta key: ``True`` when the request's ``incremental_lastmod`` is a
 #: modification date (a sitemap ``<lastmod>``, an Atom ``<updated>``), not a
 #: publication date; recorded with the page (PageFlags.LASTMOD_MODIFIED).
@@ -65,10 +83,27 @@ META_LASTMOD_MODIFIED = "_incremental_lastmod_modified"
 META_LISTING = "_incremental_listing"
 
 
-def mark(request: Request, why: Why) -> None:
-    """Record on *request* that its page was decided (and counted) as *why*."""
+def mark(request: Request, why: Why, key: PageKey | None = None) -> None:
+    """Record on *request* that its page was decided (and counted) as *why*,
+    counted as the page *key* (``None``: the one counted before, if any)."""
     request.meta[META_WHY] = why
     request.meta[META_WHY_URL] = request.url
+    if key is not None:
+        request.meta[META_COUNTED] = tuple(key)
+
+
+def counted_key(request: Request) -> PageKey | None:
+    """The page whose column *request*'s answer decides, or ``None`` when
+    none was counted with its why (the caller's own key then stands).
+
+    Kept by its retries, re-fetches and redirect hops, as its why is
+    (:func:`decided`): the answer at a redirect chain's end is the answer
+    of the page that was asked.
+    """
+    if decided(request) is None:
+        return None
+    key = request.meta.get(META_COUNTED)
+    return None if key is None else PageKey(*key)
 
 
 def decided(request: Request) -> Why | None:
@@ -173,40 +208,94 @@ class ScheduleCounter:
         self.stats = stats
         #: The same counts per host (and the conditional middleware's outcomes).
         self.hosts = HostCounts()
-        #: Pages counted as not requested: their next visit and stored size.
-        self._unrequested: dict[PageKey, tuple[float, int]] = {}
+        #: Pages counted as not requested: their next visit, stored size and
+        #: column (its event in :attr:`hosts`).
+        self._unrequested: dict[PageKey, tuple[float, int, str]] = {}
+        #: Pages counted as requested, and the column of each one's latest
+        #: answer: a page is counted once, its requests apart (see the
+        #: module docstring).
+        self._requested: set[PageKey] = set()
+        self._outcomes: dict[PageKey, PageOutcome] = {}
+        #: Pages counted failed (``incremental/schedule/failed``).
+        self._failed: set[PageKey] = set()
+        #: The earliest next visit of the pages counted not due in bulk
+        #: (:meth:`not_due_elsewhere`), for ``first_due`` if one counted
+        #: alone leaves the column.
+        self._first_due_elsewhere = math.inf
 
-    def requested(self, why: Why, host: str, count: int = 1) -> None:
-        self.stats.inc_value(f"incremental/schedule/requested/{why}", count)
-        self.hosts.count(host, f"requested/{why}", count)
+    def requested(self, why: Why, host: str, key: PageKey | None = None) -> None:
+        """Count a page requested as *why*, unless *key* was counted
+        requested already this crawl (``None``: a page no one else counts).
+        A page counted not requested leaves that column for this one."""
+        if key is not None:
+            if key in self._requested:
+                return
+            self._requested.add(key)
+            self._unrequested_no_more(key)
+        self.stats.inc_value(f"incremental/schedule/requested/{why}")
+        self.hosts.count(host, f"requested/{why}")
 
     def skipped(self, state: PageState) -> None:
         """Not requested: its trusted lastmod did not move."""
+        if self._counted(state.key):
+            return
         self.stats.inc_value("incremental/schedule/skipped/lastmod_unchanged")
         self._unrequested_page(state, "skipped_lastmod")
 
     def not_due(self, state: PageState) -> None:
         """Not requested: not due before ``state.next_visit``."""
+        if self._counted(state.key):
+            return
         self.stats.inc_value("incremental/schedule/not_due")
         self._unrequested_page(state, "not_due")
         if state.next_visit:
             self.stats.min_value("incremental/schedule/first_due", state.next_visit)
 
+    def _counted(self, key: PageKey) -> bool:
+        """Whether *key* is in a column already: a page requested stays
+        requested (its answer decides), one not requested is counted once."""
+        return key in self._requested or key in self._unrequested
+
     def _unrequested_page(self, state: PageState, event: str) -> None:
         self.stats.inc_value("incremental/schedule/bytes_skipped", state.size)
-        self._unrequested[state.key] = (state.next_visit, state.size)
+        self._unrequested[state.key] = (state.next_visit, state.size, event)
         host = host_of(state.key.url)
         self.hosts.count(host, event)
         self.hosts.count(host, "bytes_skipped", state.size)
 
+    def _unrequested_no_more(self, key: PageKey) -> None:
+        """Take *key* out of the column of the pages not requested, if it
+        was counted there (it is requested after all)."""
+        entry = self._unrequested.pop(key, None)
+        if entry is None:
+            return
+        next_visit, size, event = entry
+        self.stats.inc_value(_STATS[event], -1)
+        self.stats.inc_value("incremental/schedule/bytes_skipped", -size)
+        host = host_of(key.url)
+        self.hosts.count(host, event, -1)
+        self.hosts.count(host, "bytes_skipped", -size)
+        if event == "not_due" and next_visit and next_visit == self.stats.get_value(
+                "incremental/schedule/first_due"):
+            # It was the first to fall due: the next one is now (a min
+            # cannot be undone; rare, a page not due then asked for anyway).
+            first = min((visit for visit, _, column in self._unrequested.values()
+                         if column == "not_due" and visit), default=self._first_due_elsewhere)
+            if math.isinf(first):
+                self.stats.set_value("incremental/schedule/first_due", 0)
+            else:
+                self.stats.set_value("incremental/schedule/first_due", first)
+
     def counted_after(self, due_at: float) -> tuple[int, int]:
         """Pages counted as not requested whose next visit is after *due_at*, and their sizes."""
-        later = [size for next_visit, size in self._unrequested.values() if next_visit > due_at]
+        later = [size for next_visit, size, _ in self._unrequested.values()
+                 if next_visit > due_at]
         return len(later), sum(later)
 
     def counted_keys(self, *, upto: float) -> set[PageKey]:
         """Pages counted as not requested whose next visit is not after *upto*."""
-        return {key for key, (next_visit, _) in self._unrequested.items() if next_visit <= upto}
+        return {key for key, (next_visit, _, _) in self._unrequested.items()
+                if next_visit <= upto}
 
     def deferred(self, pages: int) -> None:
         """Due pages left unread over INCREMENTAL_RESEED_LIMIT (next crawl's first)."""
@@ -224,12 +313,36 @@ class ScheduleCounter:
         self.hosts.count(UNLISTED, "bytes_skipped", size)
         if first_due:
             self.stats.min_value("incremental/schedule/first_due", first_due)
+            self._first_due_elsewhere = min(self._first_due_elsewhere, first_due)
 
-    def outcome(self, outcome: PageOutcome, url: str) -> None:
-        """What became of a page requested this crawl (once per page)."""
+    def outcome(self, outcome: PageOutcome, key: PageKey) -> None:
+        """What became of the page *key* requested this crawl: its latest
+        answer's column (an earlier answer of the same page leaves its own)."""
+        before = self._outcomes.get(key)
+        if before is outcome:
+            return
+        self._outcomes[key] = outcome
+        host = host_of(key.url)
+        if before is not None:
+            self.stats.inc_value(f"incremental/schedule/outcome/{before}", -1)
+            self.hosts.count(host, f"outcome/{before}", -1)
+            if before is PageOutcome.FAILED and key in self._failed:
+                # It did not fail in the end.
+                self._failed.discard(key)
+                self.stats.inc_value("incremental/schedule/failed", -1)
+                self.hosts.count(host, "failed", -1)
         self.stats.inc_value(f"incremental/schedule/outcome/{outcome}")
-        self.hosts.count(host_of(url), f"outcome/{outcome}")
+        self.hosts.count(host, f"outcome/{outcome}")
 
-    def failed(self, url: str) -> None:
+    def failed(self, key: PageKey) -> None:
+        """A page whose answer was a failure, recorded to be asked again (once per page)."""
+        if key in self._failed:
+            return
+        self._failed.add(key)
         self.stats.inc_value("incremental/schedule/failed")
-        self.hosts.count(host_of(url), "failed")
+        self.hosts.count(host_of(key.url), "failed")
+
+
+#: The stats of the columns of pages not requested, by their per-host event.
+_STATS = {"skipped_lastmod": "incremental/schedule/skipped/lastmod_unchanged",
+          "not_due": "incremental/schedule/not_due"}

@@ -49,6 +49,7 @@ from incremental_crawler.change.accounting import (
     META_LISTING,
     PageOutcome,
     Why,
+    counted_key,
     decided,
     mark,
 )
@@ -209,9 +210,10 @@ class ConditionalRequestMiddleware:
             await self.ledger.trust.load(host_of(request.url))
         reason = await self._reason(request, key, prior, now, links_unknown=unknown)
         if counts:
-            self.counter.requested(page_why, host_of(request.url))
-            # Its retries, redirects and re-fetch are the same page: not again.
-            mark(request, page_why)
+            self.counter.requested(page_why, host_of(request.url), key)
+            # Its retries, redirects and re-fetch are the same page: not
+            # again, and their answers are this page's.
+            mark(request, page_why, key)
         request.meta[_CTX] = _Context(key, prior, reason, links)
         self._count(request, f"requests/{reason}")
         if reason is RequestReason.CONDITIONAL:
@@ -267,7 +269,7 @@ class ConditionalRequestMiddleware:
         if outcome is None:
             self.ledger.stage_check(ctx.key, status)
             if not request.meta.get(META_DISCOVERY):
-                self.counter.outcome(PageOutcome.REDIRECTED, ctx.key.url)
+                self.counter.outcome(PageOutcome.REDIRECTED, _counted(request, ctx.key))
         self.stats.inc_value(f"incremental/status_kept/{status}")
         return response
 
@@ -339,7 +341,7 @@ class ConditionalRequestMiddleware:
         self._observe_lastmod(request, prior, changed=False, now=now)
         self._count(request, "not_modified")
         if not request.meta.get(META_DISCOVERY):
-            self.counter.outcome(PageOutcome.NOT_MODIFIED, key.url)
+            self.counter.outcome(PageOutcome.NOT_MODIFIED, _counted(request, key))
         self._count(request, "bytes_saved_estimate", prior.size)
         discovery = bool(request.meta.get(META_DISCOVERY))
         self._judged(request, self.policy.held(discovery=discovery), now)
@@ -357,7 +359,8 @@ class ConditionalRequestMiddleware:
                                               judgement=self.policy.unjudged(prior), now=now,
                                               started=self.ledger.crawl_started)
             txn = self.ledger.begin(request.meta, pending, discovery=fetch.discovery,
-                                    record_links=self.rules.replays(request), prior=prior)
+                                    record_links=self.rules.replays(request), prior=prior,
+                                    counted=_counted(request, ctx.key))
 
             def judge(changed: bool) -> PageState:
                 state, txn.outcome = settle(changed)
@@ -367,7 +370,8 @@ class ConditionalRequestMiddleware:
         else:
             state, outcome = settle(self.policy.body_changed(prior, fetch))
             txn = self.ledger.begin(request.meta, state, discovery=fetch.discovery,
-                                    record_links=self.rules.replays(request), prior=prior)
+                                    record_links=self.rules.replays(request), prior=prior,
+                                    counted=_counted(request, ctx.key))
             txn.outcome = outcome
         self._stage_redirects(request, ctx.key)
 
@@ -471,6 +475,12 @@ def _outcome(prior: PageState | None, fetch: Fetch, *, changed: bool) -> PageOut
     if prior.fingerprint != fetch.fingerprint:
         return PageOutcome.PAGE_CHANGED
     return PageOutcome.UNCHANGED
+
+
+def _counted(request: Request, key: PageKey) -> PageKey:
+    """The page whose column *request*'s answer decides: the one counted
+    when it was decided (a redirect's origin), else its own *key*."""
+    return counted_key(request) or key
 
 
 def _forget_copied(request: Request) -> None:

@@ -171,14 +171,19 @@ class PageTransaction:
     """The pending state of one fetched page, waiting for its items."""
 
     __slots__ = (
-        "callback_called", "discovery", "done", "failed", "item_ids", "items_changed",
-        "items_unchanged", "judge", "links", "list_children", "listing", "open_items",
-        "outcome", "output_done", "prior", "state",
+        "callback_called", "counted", "discovery", "done", "failed", "item_ids",
+        "items_changed", "items_unchanged", "judge", "links", "list_children", "listing",
+        "open_items", "outcome", "output_done", "prior", "state",
     )
 
     def __init__(self, state: PageState, *, discovery: bool = False,
-                 links: LinkRecorder | None = None, prior: PageState | None = None) -> None:
+                 links: LinkRecorder | None = None, prior: PageState | None = None,
+                 counted: PageKey | None = None) -> None:
         self.state = state
+        #: The page whose column in the crawl's accounting this answer
+        #: decides (``None``: the state's own): the page a redirect chain
+        #: started from is the one that was asked, and counted.
+        self.counted = counted
         #: The page as stored before this fetch (``None``: not stored), for
         #: the failure record of a page whose state is withheld.
         self.prior = prior
@@ -745,11 +750,13 @@ class Ledger:
     def begin(
         self, meta: dict[str, Any], state: PageState, *, discovery: bool = False,
         record_links: bool = False, prior: PageState | None = None,
+        counted: PageKey | None = None,
     ) -> PageTransaction:
         """Open the page's transaction; with *record_links*, record its yielded requests.
 
         *prior* is the page as stored before this fetch (its failure record
-        if the state is withheld starts from it).
+        if the state is withheld starts from it); *counted*, the page whose
+        column its outcome is (see :attr:`PageTransaction.counted`).
         """
         links = None
         if record_links:
@@ -758,7 +765,8 @@ class Ledger:
             links = LinkRecorder(spider, self.recipe_rules, self.config.replay_max_requests,
                                  self.crawler.request_fingerprinter.fingerprint,
                                  self.links_canary)
-        txn = PageTransaction(state, discovery=discovery, links=links, prior=prior)
+        txn = PageTransaction(state, discovery=discovery, links=links, prior=prior,
+                              counted=counted)
         meta[TXN_META] = txn
         return txn
 
@@ -790,7 +798,8 @@ class Ledger:
         txn.failed = txn.failed or reason
 
     def record_failure(self, key: PageKey, prior: PageState | None, status: int, *,
-                       callback: str | None, recipe: str | None, counted: bool) -> bool:
+                       callback: str | None, recipe: str | None, counted: bool,
+                       counted_as: PageKey | None = None) -> bool:
         """Record a visit that left no data: a final failure, a 404 or 410, a withheld page.
 
         *status* is the final one (0: no HTTP answer). The stored validators,
@@ -798,7 +807,9 @@ class Ledger:
         failure schedule (:func:`~incremental_crawler.change.revisit.failure_next_visit`).
         A page not stored yet is stored without a fingerprint, with its
         *callback* and *recipe*, so the re-seeder can request it again.
-        *counted*: a failure for the stats (``incremental/schedule/failed``).
+        *counted*: a failure for the stats (``incremental/schedule/failed``),
+        of the page *counted_as* (``None``: *key*'s; a redirect's target fails
+        for the page that was asked, counted once).
 
         Returns whether the page can be requested again from its record;
         when it cannot, the failure is counted as unrecorded and keeps this
@@ -821,7 +832,7 @@ class Ledger:
             self.note_unrecorded_failure()
             return False
         if counted:
-            self.counter.failed(key.url)
+            self.counter.failed(counted_as or key)
         return True
 
     def _requestable(self, key: PageKey, prior: PageState | None, callback: str | None,
@@ -898,12 +909,12 @@ class Ledger:
             self.record_failure(state.key, txn.prior, state.last_status or 0,
                                 callback=state.callback, recipe=state.recipe, counted=False)
             if not txn.discovery:
-                self.counter.outcome(PageOutcome.WITHHELD, state.key.url)
+                self.counter.outcome(PageOutcome.WITHHELD, txn.counted or state.key)
             return
         if txn.judge is not None:
             txn.state = txn.judge(txn.content_changed())
         if txn.outcome is not None and not txn.discovery:
-            self.counter.outcome(txn.outcome, txn.state.key.url)
+            self.counter.outcome(txn.outcome, txn.counted or txn.state.key)
         if txn.discovery:
             # A sitemap's validators say "everything it lists was handled":
             # true only once the requests it produced have run, so they are

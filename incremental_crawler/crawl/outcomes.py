@@ -76,7 +76,7 @@ from scrapy import signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from w3lib.url import safe_url_string
 
-from incremental_crawler.change.accounting import PageOutcome
+from incremental_crawler.change.accounting import PageOutcome, counted_key
 from incremental_crawler.change.downloader_exits import watch_downloader_exits
 from incremental_crawler.change.policy import Outcome, final_outcome
 from incremental_crawler.change.tombstones import (
@@ -303,7 +303,7 @@ class FinalOutcomeMiddleware:
             self.ledger.record_failure(
                 key, prior, status, callback=callback_name(request, self.spider),
                 recipe=own_recipe(request, self.spider, self.ledger.recipe_rules),
-                counted=outcome is Outcome.FAILED,
+                counted=outcome is Outcome.FAILED, counted_as=counted_key(request),
             )
             self._count(request, key, outcome)
         self._origin_failed(request, own=page)
@@ -330,7 +330,8 @@ class FinalOutcomeMiddleware:
         status = reasons[0] if isinstance(reasons[0], int) else 0
         self.ledger.record_failure(
             key, prior, status, callback=callback_name(request, self.spider),
-            recipe=own_recipe(request, self.spider, self.ledger.recipe_rules), counted=True)
+            recipe=own_recipe(request, self.spider, self.ledger.recipe_rules), counted=True,
+            counted_as=counted_key(request))
         self._count(request, key, Outcome.FAILED)
 
     async def _moved(self, request: Request, response: Response | None, *,
@@ -357,10 +358,12 @@ class FinalOutcomeMiddleware:
 
     def _count(self, request: Request, key: PageKey, outcome: Outcome) -> None:
         """The page's column in the crawl's accounting (sitemaps and feeds
-        are not pages)."""
+        are not pages): the page counted when *request* was decided (a
+        redirect chain's origin), else *key*'s."""
         if not request.meta.get(META_DISCOVERY):
             self.ledger.counter.outcome(
-                PageOutcome.FAILED if outcome is Outcome.FAILED else PageOutcome.GONE, key.url)
+                PageOutcome.FAILED if outcome is Outcome.FAILED else PageOutcome.GONE,
+                counted_key(request) or key)
 
 
 class MovedPageMiddleware:

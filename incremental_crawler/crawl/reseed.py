@@ -220,7 +220,7 @@ class Reseeder:
             logger.debug("Not re-seeding %(url)s: %(reason)s",
                          {"url": state.key.url, "reason": request.value})
             return None
-        mark(request, why)
+        mark(request, why, state.key)
         return request
 
     def request_for(self, state: PageState) -> Request | Unbuildable:
@@ -397,7 +397,7 @@ class _DueReader:
     def add(self, state: PageState, why: Why) -> None:
         request = self.reseeder.build(state, why)
         if request is not None:
-            self.counter.requested(why, host_of(state.key.url))
+            self.counter.requested(why, host_of(state.key.url), state.key)
             self.requests.append(request)
 
     async def vouched(self, state: PageState) -> bool:

@@ -412,13 +412,14 @@ class ListedPagesSpider(IncrementalSpider):
                     self._not_requested(_Listed(candidate, state, callback), why, sample,
                                         counter)
                     continue
-                counter.requested(why, host_of(candidate.loc))
+                counter.requested(why, host_of(candidate.loc), self._key(candidate))
                 yield self._page_request(candidate, state, callback, why, use_lastmod, listing)
         sampled, rest = sample.take()
         for listed in rest:
             self._skipped(listed.state, counter)
         for listed in sampled:
-            counter.requested(Why.SAMPLED, host_of(listed.candidate.loc))
+            counter.requested(Why.SAMPLED, host_of(listed.candidate.loc),
+                              self._key(listed.candidate))
             yield self._page_request(*listed, Why.SAMPLED, use_lastmod, listing)
 
     def _not_requested(self, listed: _Listed, why: Why, sample: RotatingSample[_Listed],
@@ -444,12 +445,18 @@ class ListedPagesSpider(IncrementalSpider):
             meta[META_LASTMOD] = candidate.lastmod
             if candidate.modified:
                 meta[META_LASTMOD_MODIFIED] = True
-        ledger = self.ledger
-        if ledger is not None:
-            ledger.prefetched(PageKey(ledger.scope, candidate.canonical), state)
+        key = self._key(candidate)
+        if self.ledger is not None and key is not None:
+            self.ledger.prefetched(key, state)
         request = Request(candidate.loc, callback=callback, meta=meta)
-        mark(request, why)
+        mark(request, why, key)
         return request
+
+    def _key(self, candidate: Candidate) -> PageKey | None:
+        """The listed page's store key, as the request path keys it (``None``:
+        a plain crawl, nothing is stored)."""
+        ledger = self.ledger
+        return None if ledger is None else PageKey(ledger.scope, candidate.canonical)
 
     async def _lastmods_trusted(
         self, ledger: Ledger, host: str, candidates: list[Candidate], now: float

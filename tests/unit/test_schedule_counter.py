@@ -1,0 +1,88 @@
+"""The schedule counter counts each page once a crawl, in the column of its last answer."""
+
+from __future__ import annotations
+
+from scrapy import Request
+from scrapy.statscollectors import MemoryStatsCollector
+from scrapy.utils.test import get_crawler
+
+from incremental_crawler.change.accounting import (
+    PageOutcome,
+    ScheduleCounter,
+    Why,
+    counted_key,
+    mark,
+)
+from incremental_crawler.report.extension import summarize
+from incremental_crawler.state.records import PageKey, PageState
+
+PAGE = PageKey("s", "http://a.example/p")
+OTHER = PageKey("s", "http://a.example/q")
+
+
+def counter() -> ScheduleCounter:
+    return ScheduleCounter(MemoryStatsCollector(get_crawler()))
+
+
+def stored(key: PageKey, next_visit: float, size: int = 100) -> PageState:
+    return PageState(key=key, next_visit=next_visit, size=size)
+
+
+def figures(c: ScheduleCounter) -> dict[str, int]:
+    s = summarize(c.stats.get_stats())
+    return {k: v for k, v in s.items() if v and (k.startswith(("pages_", "requested"))
+                                                 or k in ("not_due", "failed", "first_due",
+                                                          "bytes_skipped"))}
+
+
+def test_a_page_requested_twice_is_requested_once_and_its_last_answer_is_its_column() -> None:
+    c = counter()
+    c.requested(Why.DUE, "a.example", PAGE)
+    c.requested(Why.DUE, "a.example", PAGE)
+    c.outcome(PageOutcome.FAILED, PAGE)
+    c.failed(PAGE)
+    c.failed(PAGE)
+    assert figures(c) == {"requested": 1, "requested_due": 1, "pages_known": 1,
+                          "pages_checked": 1, "pages_failed": 1, "failed": 1}
+    # Asked again, it answered 304: not failed in the end.
+    c.outcome(PageOutcome.NOT_MODIFIED, PAGE)
+    assert figures(c) == {"requested": 1, "requested_due": 1, "pages_known": 1,
+                          "pages_checked": 1, "pages_not_modified": 1}
+    [host] = c.hosts.table().values()
+    assert host == {"requested/due": 1, "outcome/failed": 0, "failed": 0,
+                    "outcome/not_modified": 1}
+
+
+def test_a_page_not_due_then_requested_leaves_not_due_and_the_first_due_moves_on() -> None:
+    c = counter()
+    c.not_due(stored(PAGE, 1000.0, size=300))
+    c.not_due(stored(OTHER, 2000.0, size=50))
+    c.not_due(stored(PAGE, 1000.0, size=300))  # once
+    assert figures(c) == {"not_due": 2, "first_due": 1000, "bytes_skipped": 350,
+                          "pages_known": 2}
+    c.requested(Why.DUE, "a.example", PAGE)
+    c.outcome(PageOutcome.UNCHANGED, PAGE)
+    c.not_due(stored(PAGE, 1000.0))  # a later request for it: requested it stays
+    assert figures(c) == {"not_due": 1, "first_due": 2000, "bytes_skipped": 50,
+                          "requested": 1, "requested_due": 1, "pages_known": 2,
+                          "pages_checked": 1, "pages_unchanged": 1}
+    assert c.counted_after(0) == (1, 50)
+
+
+def test_the_last_page_not_due_requested_leaves_the_bulk_counts_first_due() -> None:
+    c = counter()
+    c.not_due_elsewhere(3, 30, 5000.0)
+    c.not_due(stored(PAGE, 1000.0))
+    c.requested(Why.DUE, "a.example", PAGE)
+    assert figures(c)["first_due"] == 5000
+
+
+def test_the_counted_key_goes_with_the_why_along_a_redirect_not_into_another_page() -> None:
+    request = Request(PAGE.url)
+    mark(request, Why.NEW, PAGE)
+    hop = request.replace(url="http://a.example/elsewhere",
+                          meta={**request.meta, "redirect_urls": [PAGE.url]})
+    assert counted_key(request) == counted_key(hop) == PAGE
+    # A callback's request that copied the meta is for another page.
+    copied = Request(OTHER.url, meta=dict(request.meta))
+    assert counted_key(copied) is None
