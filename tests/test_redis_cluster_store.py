@@ -40,6 +40,7 @@ from incremental_crawler.state.stores.redis.layout import (
     LAYOUT,
     LAYOUT_VERSION,
 )
+from incremental_crawler.state.stores.redis.pages import bucket_of
 from incremental_crawler.state.stores.redis.scripts import (
     _APPLIED_KEPT,
     _LEDGER_HONOURED,
@@ -384,6 +385,57 @@ async def test_a_split_whose_bucket_key_is_taken_is_not_made(
             assert client.hget(f"{prefix}:hd:{{{SCOPE}|a.example}}", "n") == b"1"
             assert client.hgetall(foreign) == {b"not": b"ours"}
         assert len(await call(store.get_pages(keys))) == 60
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_split_made_by_a_host_script_that_applied_no_write_keeps_its_bounds(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A host script makes its planned splits before its writes: when its
+    first write then fails (a damaged record read by a check) it has
+    applied no write, but the split stays (the host's count raised, pages
+    moved to the new bucket). Its effects (the new bucket's bound, the
+    splits, the host listed) are kept all the same, in its ledger and by
+    the caller: the moved pages are due."""
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(40)]
+    store = open_store(redis_cluster, prefix)
+    hd = f"{prefix}:hd:{{{SCOPE}|a.example}}"
+    buckets = [key for b in (0, 1) for key in store._bucket_keys(SCOPE, "a.example", b)]
+    try:
+        for key in keys[:40]:
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+        await call(store.flush())
+        # The damaged page and the new one stay in bucket 0 after the split
+        # (a write into bucket 1 would list its bound).
+        def stays(key: PageKey) -> bool:
+            return bucket_of(store._page_args(key)[2], 2) == 0
+
+        damaged_key = next(key for key in keys[:40] if stays(key))
+        new_key = next(key for key in (PageKey(SCOPE, f"https://a.example/q{n}")
+                                       for n in range(100)) if stays(key))
+        damaged = store._page_args(damaged_key)[2].encode()
+        with redis_cluster.client() as client:
+            assert client.hget(hd, "n") in (None, b"1")
+            where = next(b for b in buckets if client.hexists(b, damaged))
+            good = client.hget(where, damaged)
+            client.hset(where, damaged, good[:-5])  # cut short
+        # A check of the damaged page first, then a new page: a split is planned.
+        store.stage_check(damaged_key, 200, 1_000_100, schedule=(3_600, 1_500))
+        store.stage_page(full_state(new_key, 1, callback="parse", next_visit=1_000))
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        with redis_cluster.client() as client:
+            assert client.hget(hd, "n") == b"2"  # split made
+            # The damaged record set right (an operator's fix), wherever it went.
+            for bucket in buckets:
+                if client.hexists(bucket, damaged):
+                    client.hset(bucket, damaged, good)
+        await call(store.flush())  # the writes sent again: applied now
+        assert store.pending == 0
+        due = {s.key for s in await call(store.get_due(SCOPE, 2_000, 100))}
+        assert due == {*keys[:40], new_key}
     finally:
         await call(store.close())
 

@@ -182,6 +182,13 @@ def _applied_bucket(token: str) -> int:
         return 0
 
 
+def _has_effects(reply: dict[str, Any]) -> bool:
+    """Whether a host script's effects change anything in its scope's
+    slot (as cluster_host.lua keeps a ledger entry for them)."""
+    return bool(reply.get("splits") or reply.get("new_host") or reply.get("sums")
+                or reply.get("checks") or reply.get("due"))
+
+
 def _tag_of(key: str) -> str:
     """The hash tag of a key (``{...}``, braces included)."""
     start = key.index("{")
@@ -616,7 +623,10 @@ class RedisClusterPath(RedisCore):
             bundle = _Effects(ledger=ledger, where=where)
             bundle.add(effects, part)
             bundles.setdefault(other, bundle)
-        if int(reply[0]) and done:
+        if done and (int(reply[0]) or _has_effects(done)):
+            # Even with no write applied: its splits were made before the
+            # writes (the new bucket's bound, the host listed), and a
+            # replay returns the same.
             bundles[token] = _Effects(ledger=ledger, where=where)
             bundles[token].add(done, part)
         return done
