@@ -1574,6 +1574,77 @@ async def test_a_repair_cut_before_taking_its_pages_out_of_the_sums_leaves_that_
         await call(store.close())
 
 
+def cut_multi_naming(store: RedisStateStore, *kinds: str) -> Callable[[], None]:
+    """Fail (as an unreachable node) every ``MULTI`` of *store* whose first
+    key is one of *kinds* (``pg``, ``items``, ...); returns the undo."""
+    original = store._sync_run
+    prefixes = tuple(f"{store.prefix}:{kind}:".encode() for kind in kinds)
+
+    def sync_run(pipe: Any) -> Any:
+        from redis.cluster import TransactionStrategy
+        strategy = getattr(pipe, "_execution_strategy", None)
+        if isinstance(strategy, TransactionStrategy):
+            for command in getattr(strategy, "_command_queue", None) or []:
+                first = command.args[1] if len(command.args) > 1 else b""
+                first = first.encode() if isinstance(first, str) else first
+                if isinstance(first, bytes) and first.startswith(prefixes):
+                    raise store._fail("read failed", redis.exceptions.ConnectionError(
+                        "the node is gone"))
+        return original(pipe)
+
+    store._sync_run = sync_run  # type: ignore[method-assign]
+
+    def undo() -> None:
+        store._sync_run = original  # type: ignore[method-assign]
+    return undo
+
+
+@pytest.mark.parametrize("cut", ["pages", "items"])
+@pytest.mark.parametrize("repair", ["forget_page", "forget_host"])
+@pytest_twisted.ensureDeferred
+async def test_a_repair_cut_between_slots_leaves_no_page_ahead_of_its_items(
+    redis_cluster: LoopbackCluster, prefix: str, repair: str, cut: str,
+) -> None:
+    """A repair on a cluster runs one MULTI per slot, its host's first and
+    the items' groups after: cut before the host's (nothing deleted) or
+    between them (the page gone, its items not yet), a page's validators
+    never stay with its items gone (a 304 would never store them again).
+    Cut after the host's slot it says to run it again, and run again it
+    deletes the items left."""
+    key = PageKey(SCOPE, "https://a.example/p0")
+    store = open_store(redis_cluster, prefix)
+    store.stage_item(item("i0", page=key.url))
+    store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+    await call(store.flush())
+    await call(store.close())
+    store = open_store(redis_cluster, prefix)
+
+    def run() -> Any:
+        if repair == "forget_page":
+            return store.forget_page(SCOPE, key.url)
+        return store.forget_host(SCOPE, "a.example")
+
+    undo = cut_multi_naming(store, "pg" if cut == "pages" else "hist")
+    try:
+        with pytest.raises(StateStoreError) as raised:
+            run()
+        undo()
+        assert ("run it again" in str(raised.value)) == (cut == "items")
+        page = await call(store.get_page(key))
+        items = await call(store.get_page_items(SCOPE, key.url))
+        # Never a page whose validators say "seen" with its items gone.
+        assert page is None or items == ["i0"], (page, items)
+        assert (page is None) == (cut == "items")
+        removed = run()
+        assert removed.items == 1
+        assert await call(store.get_page(key)) is None
+        assert await call(store.get_page_items(SCOPE, key.url)) == []
+        assert store.item_history(SCOPE, "i0") == []
+        await assert_whole_summary(store, 0)
+    finally:
+        await call(store.close())
+
+
 async def flush_five(cluster: LoopbackCluster, prefix: str, host: str = "a.example",
                      visit: int = 1_000) -> list[PageKey]:
     """Five pages of *host* written by a worker that closed (visits

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 from redis.crc import key_slot
 
+from incremental_crawler.hosts import host_of
 from incremental_crawler.state.records import Change, HostTrust, StoredVersion
 from incremental_crawler.state.stores.base import (
     AdminStore,
@@ -106,15 +107,22 @@ class RedisAdmin(RedisClusterPath, AdminStore):
     def _items_by_page(self, scope: str, urls: Collection[str], *, live: bool) -> list[str]:
         """Keys of the items last stored from any of *urls* (one scan of the
         items: on a cluster, of every item group's)."""
-        keys: list[str] = []
+        return sorted(self._item_pages(scope, urls, live=live))
+
+    def _item_pages(self, scope: str, urls: Collection[str], *, live: bool,
+                    host: str | None = None) -> dict[str, str]:
+        """The page of each item last stored from any of *urls*, or from
+        any page of *host*, by item key."""
+        found: dict[str, str] = {}
         hashes = (self._group_keys("items", scope) if self.tagged
                   else [self._key("items", scope)])
         for key, raw in (pair for name in hashes for pair in self._hscan(name)):
             record = json.loads(raw)
             page = record.get("page") or key.decode()
-            if page in urls and (not live or record.get("fingerprint")):
-                keys.append(key.decode())
-        return sorted(keys)
+            if (page in urls or (host is not None and host_of(page) == host)) and (
+                    not live or record.get("fingerprint")):
+                found[key.decode()] = page
+        return found
 
     def url_record(self, scope: str, url: str) -> UrlRecord:
         host, bucket, page_fields = self._page_fields(scope, url)
@@ -467,37 +475,51 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         return out
 
     def _multi_per_slot(self, commands: list[tuple[Any, ...]],
-                        plain_if_full: bool = False) -> list[Any]:
+                        plain_if_full: bool = False, cut_short: str = "") -> list[Any]:
         """*commands* (each of one key, its second element; a script's,
         ``EVAL script 1 key``, its fourth) as one ``MULTI`` per hash slot
         (a cluster runs a transaction only in one slot); the replies in
         the order given. Not one transaction: each slot's part is applied
-        whole, one after the other (a repair runs while no crawl holds the
-        scope). *plain_if_full*: a slot whose node is above maxmemory (it
+        whole, one after the other, the slots in the order *commands*
+        first name them (a repair runs while no crawl holds the scope).
+        *plain_if_full*: a slot whose node is above maxmemory (it
         refuses every command queued in a MULTI) gets its part as a plain
-        pipeline (for commands Redis runs when full: reads, DEL, SREM)."""
+        pipeline (for commands Redis runs when full: reads, DEL, SREM).
+        *cut_short*: what a failure after the first slot's part was
+        applied is said to be (a repair or reset then to run again)."""
         by_slot: dict[int, list[int]] = {}
         for n, command in enumerate(commands):
             key = command[3] if command[0] == "EVAL" else command[1]
             by_slot.setdefault(key_slot(str(key).encode()), []).append(n)
         out: list[Any] = [None] * len(commands)
-        for ns in by_slot.values():
-            pipe = self._sync.pipeline(transaction=True)
-            for n in ns:
-                pipe.execute_command(*commands[n])
+        for done, ns in enumerate(by_slot.values()):
             try:
-                replies = self._sync_run(pipe)
+                replies = self._slot_multi(commands, ns, plain_if_full)
             except StateStoreError as exc:
-                if not (plain_if_full and isinstance(
-                        exc.__cause__, redis.exceptions.OutOfMemoryError)):
+                if not (done and cut_short):
                     raise
-                pipe = self._sync.pipeline(transaction=False)
-                for n in ns:
-                    pipe.execute_command(*commands[n])
-                replies = self._sync_run(pipe)
+                raise StateStoreError(f"{exc} ({cut_short}: {done} of {len(by_slot)} "
+                                      "slots applied; run it again)") from exc
             for n, reply in zip(ns, replies, strict=True):
                 out[n] = reply
         return out
+
+    def _slot_multi(self, commands: list[tuple[Any, ...]], ns: list[int],
+                    plain_if_full: bool) -> list[Any]:
+        """One slot's part of :meth:`_multi_per_slot` (the commands *ns*)."""
+        pipe = self._sync.pipeline(transaction=True)
+        for n in ns:
+            pipe.execute_command(*commands[n])
+        try:
+            return self._sync_run(pipe)
+        except StateStoreError as exc:
+            if not (plain_if_full and isinstance(
+                    exc.__cause__, redis.exceptions.OutOfMemoryError)):
+                raise
+            pipe = self._sync.pipeline(transaction=False)
+            for n in ns:
+                pipe.execute_command(*commands[n])
+            return self._sync_run(pipe)
 
     def _forgotten(self, scope: str, host: str,
                    buckets: list[tuple[int, list[str] | None]]) -> _Effects:
@@ -547,8 +569,19 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         deleted), the effects in the host's ledger in the same ``MULTI``
         as the pages' deletion, applied once under their token
         (``P:fxdone``) by the shard's script, or by the next reading of
-        the scope (:meth:`_adoption`) if the repair stops before."""
-        items = self._items_by_page(scope, urls, live=False)
+        the scope (:meth:`_adoption`) if the repair stops before.
+
+        The host's slot goes first (its pages, links, record and that
+        ledger entry), the items' groups after: a repair cut between them
+        leaves items whose page is gone (the page is fetched as new and
+        its items written again), never a page whose validators say "seen"
+        with its items gone (a 304 would never store them again). Run
+        again, it finds those items: a host's repair takes every item
+        of a page of the host (its pages are gone by then)."""
+        pages_of = self._item_pages(scope, urls, live=False, host=host if whole_host else None)
+        items = sorted(pages_of)
+        # (A host's run again after a cut: its items' pages, gone by then.)
+        urls = {*urls, *pages_of.values()}
         effects = self._forgotten(scope, host, buckets)
         part = host_part(host)
         commands: list[tuple[Any, ...]] = []
@@ -564,15 +597,6 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         intent = (self._intents_key(shard), f"{part}\0repair-{token}")
         ledger = self._host_key("fx", scope, host)
 
-        for key in items:
-            run("versions", "HLEN", self._hist_key(scope, key))
-            run("items", "HDEL", self._item_key("items", scope, key), key)
-            run(None, "HDEL", self._item_key("itemver", scope, key), key)
-            run(None, "ZREM", self._item_key("order", scope, key), key)
-            run(None, "DEL", self._hist_key(scope, key))
-        for url in sorted(urls):
-            # Every item listed under these pages is gone with them.
-            run(None, "ZREMRANGEBYLEX", self._item_key("bypage", scope, url), *_page_range(url))
         links = self._host_key("ln", scope, host)
         if whole_host:
             for bucket, _ in buckets:
@@ -605,8 +629,20 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             # In the pages' MULTI; the intent is written now, before any
             # command here is sent.
             run(None, *self._repair_intent(intent, ledger, token, effects))
+        # The items after the pages (their slots are sent in the order
+        # first named: see the docstring).
+        for key in items:
+            run("versions", "HLEN", self._hist_key(scope, key))
+            run("items", "HDEL", self._item_key("items", scope, key), key)
+            run(None, "HDEL", self._item_key("itemver", scope, key), key)
+            run(None, "ZREM", self._item_key("order", scope, key), key)
+            run(None, "DEL", self._hist_key(scope, key))
+        for url in sorted(urls):
+            # Every item listed under these pages is gone with them.
+            run(None, "ZREMRANGEBYLEX", self._item_key("bypage", scope, url), *_page_range(url))
         counts = dict.fromkeys(Removed._fields, 0)
-        for kind, n in zip(kinds, self._multi_per_slot(commands), strict=True):
+        replies = self._multi_per_slot(commands, cut_short="repair cut short")
+        for kind, n in zip(kinds, replies, strict=True):
             if kind is not None:
                 counts[kind] += int(n)
         if pending:
@@ -760,7 +796,10 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             commands += [("EVAL", _GENERATION_LUA, 1, key) for key in generations]
             # Above maxmemory too: a reset is how memory is freed (its
             # reads and deletions Redis runs when full, not in a MULTI).
-            replies = self._multi_per_slot(commands, plain_if_full=True)
+            # (The hosts' slots come first, named by the counts: a reset cut
+            # short leaves items whose page is gone, never the reverse.)
+            replies = self._multi_per_slot(commands, plain_if_full=True,
+                                           cut_short="reset cut short")
             return self._counted_groups(replies[:counted], buckets, links, hist)
         kinds, buckets, links, hist, generations = self._scope_keys(scope)
         counted = len(buckets) + len(links) + 1 + len(hist) + 2
