@@ -1789,6 +1789,78 @@ async def test_a_flush_taking_a_repair_entry_keeps_its_own_newer_check(
         await call(store.close())
 
 
+async def assert_summaries_by_check(store: Any, befores: tuple[int, ...]) -> None:
+    """The summaries of the whole scope checked before each of *befores*
+    are what its pages say."""
+    states = list(store.iter_pages(SCOPE))
+    for before in befores:
+        got = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                               checked_before=before))
+        assert tuple(got) == brute_summary(states, -math.inf, math.inf, before, ()), before
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_late_workers_older_check_applied_after_a_newer_one_keeps_the_newer(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Two workers of one crawl write the same page's check: D at 1_000_010
+    (its phase 3 cut, then it dies), W at 1_000_020 (applied at once: D's
+    entry is younger than adopt_after, not taken). The next reading adopts
+    D's entry after W's: its older time does not lower the page's in P:ck
+    (checks only raise it), so a summary with checked_before between the
+    two still counts the page as checked since."""
+    keys = await flush_five(redis_cluster, prefix)  # checked at 1_000_001
+    store = open_store(redis_cluster, prefix)
+    assert store.take_scope(SCOPE, "crawl-2", 60, 1_000_005) is None  # the mark
+    gone = open_store(redis_cluster, prefix)
+    gone.stage_page(full_state(keys[0], 10, callback="parse", next_visit=1_000))
+    cut_before(gone, CLUSTER_SCOPE_LUA)
+    with pytest.raises(StateStoreError):
+        await call(gone.flush())
+    await call(die(gone))
+    live = open_store(redis_cluster, prefix)
+    try:
+        live.stage_page(full_state(keys[0], 20, callback="parse", next_visit=1_000))
+        await call(live.flush())
+        # The summary adopts D's entry first, then reads the sums.
+        await assert_summaries_by_check(store, (1_000_015, 1_000_030))
+    finally:
+        await call(live.close())
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_flush_whose_host_reply_was_lost_still_keeps_its_newer_check_over_a_repair(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """As test_a_flush_taking_a_repair_entry_keeps_its_own_newer_check, but
+    the host script's reply is lost: its replay returns its own effects and
+    no taken entries ('[]'), so the repair's entry stays in the ledger and
+    is applied after the flush's newer check: its '' (the page deleted)
+    leaves P:ck as it is, and the summary counts the page as checked since."""
+    keys = await flush_five(redis_cluster, prefix)
+    store = open_store(redis_cluster, prefix)
+    original = cut_scope_scripts(store)
+    with pytest.raises((StateStoreError, redis.RedisError)):
+        store.forget_page(SCOPE, keys[0].url)
+    store._sync.eval = original  # type: ignore[method-assign]
+    try:
+        store.adopt_ledgers_sync = lambda scope, strict=False: None  # type: ignore[method-assign]
+        assert store.take_scope(SCOPE, "crawl-2", 60, 1_000_005) is None
+        del store.adopt_ledgers_sync  # adoption back
+        store.adopt_after = 0  # the entry is old enough for a flush to take
+        store.stage_page(full_state(keys[0], 9, callback="parse", next_visit=1_000))
+        lost = lose_reply_of(store, CLUSTER_HOST_LUA)
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        assert lost == [1]
+        await call(store.flush())  # the replay
+        assert store.pending == 0
+        await assert_summaries_by_check(store, (1_000_005, 1_000_010))
+    finally:
+        await call(store.close())
+
+
 @pytest.mark.parametrize("age", [_TOKEN_TTL + 60, _LEDGER_HONOURED + 60],
                          ids=["a-day-old", "older-than-honoured"])
 @pytest_twisted.ensureDeferred
@@ -1841,12 +1913,14 @@ async def test_a_dead_workers_entry_a_day_old_is_applied_whole_not_marked_lost(
 
 
 @pytest_twisted.ensureDeferred
-async def test_an_adoption_applies_a_ledgers_entries_oldest_first(
+async def test_an_adoption_keeps_a_pages_latest_check_whatever_order_its_entries_come_in(
     redis_cluster: LoopbackCluster, prefix: str,
 ) -> None:
-    """Two entries of one host's ledger set the same page's check: an
-    adoption applies the newer last (by their stamps), whatever order the
-    ledger's hash gives them in."""
+    """Three entries of one host's ledger set the same page's check: the
+    latest check stays in P:ck whatever order they are applied in (by their
+    stamps or the ledger's hash): an entry stamped later with an older
+    check (a late worker) does not lower it, one whose page has no
+    callback now ('') does not remove it (a summary reads the page)."""
     await flush_five(redis_cluster, prefix)
     store = open_store(redis_cluster, prefix)
     assert store.take_scope(SCOPE, "crawl-2", 60, 1_000_005) is None  # (checks noted since)
@@ -1856,17 +1930,16 @@ async def test_an_adoption_applies_a_ledgers_entries_oldest_first(
     with redis_cluster.client() as client:
         mark = int(client.hget(f"{prefix}:nvm:{{{A_SHARD}}}", "mark"))
         now = int(client.eval("return redis.call('TIME')[1]", 1, ledger))
-        # The newer (its page deleted: '') written first, the older after
-        # (short: a listpack, which keeps the order written).
-        client.hset(ledger, "b" * 32, json.dumps([now - 10, {"checks": [[member, ""]]}]))
+        # Short: a listpack, which keeps the order written.
+        client.hset(ledger, "c" * 32, json.dumps([now - 5, {"checks": [[member, ""]]}]))
+        client.hset(ledger, "b" * 32, json.dumps([now - 10, {"checks": [[member, mark + 30]]}]))
         client.hset(ledger, "a" * 32, json.dumps([now - 20, {"checks": [[member, mark + 50]]}]))
         assert client.object("encoding", ledger) == b"listpack"
-        assert list(client.hgetall(ledger)) == [b"b" * 32, b"a" * 32]
         client.zadd(f"{prefix}:fxhosts:{{{A_SHARD}}}", {"a.example\0gone-worker": now - 5})
     try:
         store.adopt_ledgers_sync(SCOPE)
         with redis_cluster.client() as client:
             assert client.hlen(ledger) == 0
-            assert client.zscore(checks, member) is None
+            assert client.zscore(checks, member) == mark + 50
     finally:
         await call(store.close())

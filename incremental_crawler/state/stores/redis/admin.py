@@ -548,8 +548,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
     def _adopt_before_repair(self, scope: str) -> None:
         """A repair on a cluster first applies what the hosts' ledgers hold
         (a dead worker's effects, a cut repair's): what it reads of the
-        pages is then what the sums count, and the checks it takes out are
-        not set again by an older entry applied after it. Refused (Redis
+        pages is then what the sums count. Refused (Redis
         full, a damaged key), the repair is refused: nothing deleted."""
         self.adopt_ledgers_sync(scope, strict=True)
 

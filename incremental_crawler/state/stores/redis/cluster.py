@@ -223,7 +223,7 @@ class _Effects:
             total[1] += int(size)
         checks = reply.get("checks") or []
         for member, at in checks:
-            self.checks[member] = "" if at == "" else str(int(at))
+            self._check(member, "" if at == "" else str(int(at)))
         for member, raw in (reply.get("due") or {}).items():
             visit = int(raw)
             self.due[member] = min(self.due.get(member, visit), visit)
@@ -264,20 +264,30 @@ class _Effects:
                 "new_host": bool(self.hosts),
                 "latest": "" if self.latest is None else self.latest}
 
+    def _check(self, member: str, checked: str) -> None:
+        """A page's check noted: the latest of those noted (its time, or ''
+        for a page without a callback now, which changes nothing when
+        applied: see cluster_scope.lua), whatever order they come in."""
+        was = self.checks.get(member, "")
+        if was == "" or (checked != "" and int(checked) > int(was)):
+            self.checks[member] = checked
+
     def forget(self, state: PageState, member: str) -> None:
-        """A page deleted (a repair): out of the sums and the checks."""
+        """A page deleted (a repair): out of the sums (its check noted
+        ``''``, which leaves ``P:ck`` as it is: see cluster_scope.lua)."""
         if state.callback is not None:
             total = self.sums.setdefault((int(state.next_visit), state.callback), [0, 0])
             total[0] -= 1
             total[1] -= int(state.size or 0)
-        self.checks[member] = ""
+        self._check(member, "")
 
     def merge(self, newer: _Effects) -> None:
         for key, (pages, size) in newer.sums.items():
             total = self.sums.setdefault(key, [0, 0])
             total[0] += pages
             total[1] += size
-        self.checks.update(newer.checks)
+        for member, checked in newer.checks.items():
+            self._check(member, checked)
         for member, visit in newer.due.items():
             self.due[member] = min(self.due.get(member, visit), visit)
         self.splits += newer.splits
@@ -605,10 +615,9 @@ class RedisClusterPath(RedisCore):
         left them there, its worker dead before its phase 3, or slow; the
         scope's script applies each token's once). Returns its own, decoded.
 
-        The taken ones go in first: they were in the ledger before this
-        script wrote, and the scope's script merges its bundles in order
-        (a later check wins: a repair's taken ``''`` must not undo the
-        page's newer check this flush made)."""
+        The taken ones go in first (they were in the ledger before this
+        script wrote); the order matters to nothing the scope's script
+        applies (sums add up, bounds only lower, checks only raise)."""
         ledger = f"{self.prefix}:fx:{tag}"
         part = where[1]
         done = json.loads(reply[3]) if reply[3] else {}
@@ -834,8 +843,8 @@ class RedisClusterPath(RedisCore):
                 bundle = _Effects(ledger=ledger, where=(shard, part))
                 bundle.add(effects, part)
                 found_all.append((float(stamped), token, bundle))
-        # Oldest first: the scope's script merges them in order (a later
-        # check wins), and a ledger's hash has no order of its own.
+        # Oldest first (a ledger's hash has no order of its own); what the
+        # scope's script applies of them does not depend on it.
         found_all.sort(key=lambda found: found[0])
         return {token: bundle for _, token, bundle in found_all}
 
