@@ -45,6 +45,7 @@ from incremental_crawler.state.stores.redis.scripts import (
     _APPLIED_KEPT,
     _LEDGER_HONOURED,
     _TOKEN_TTL,
+    CLUSTER_FORGET_LUA,
     CLUSTER_HOST_LUA,
     CLUSTER_ITEMS_LUA,
     CLUSTER_SCOPE_LUA,
@@ -1605,8 +1606,9 @@ def cut_multi_naming(store: RedisStateStore, *kinds: str) -> Callable[[], None]:
 async def test_a_repair_cut_between_slots_leaves_no_page_ahead_of_its_items(
     redis_cluster: LoopbackCluster, prefix: str, repair: str, cut: str,
 ) -> None:
-    """A repair on a cluster runs one MULTI per slot, its host's first and
-    the items' groups after: cut before the host's (nothing deleted) or
+    """A repair on a cluster runs its host's part first (one script) and
+    the items' groups after (a MULTI per slot): cut before the host's
+    (nothing deleted) or
     between them (the page gone, its items not yet), a page's validators
     never stay with its items gone (a 304 would never store them again).
     Cut after the host's slot it says to run it again, and run again it
@@ -1624,7 +1626,21 @@ async def test_a_repair_cut_between_slots_leaves_no_page_ahead_of_its_items(
             return store.forget_page(SCOPE, key.url)
         return store.forget_host(SCOPE, "a.example")
 
-    undo = cut_multi_naming(store, "pg" if cut == "pages" else "hist")
+    if cut == "pages":
+        # The host's part, one script: its node gone.
+        original = store._sync.eval
+
+        def refuse(script: str, *args: Any) -> Any:
+            if script == CLUSTER_FORGET_LUA:
+                raise redis.exceptions.ConnectionError("the host's node is gone")
+            return original(script, *args)
+
+        store._sync.eval = refuse  # type: ignore[method-assign]
+
+        def undo() -> None:
+            store._sync.eval = original  # type: ignore[method-assign]
+    else:
+        undo = cut_multi_naming(store, "hist")
     try:
         with pytest.raises(StateStoreError) as raised:
             run()
@@ -1642,6 +1658,66 @@ async def test_a_repair_cut_between_slots_leaves_no_page_ahead_of_its_items(
         assert store.item_history(SCOPE, "i0") == []
         await assert_whole_summary(store, 0)
     finally:
+        await call(store.close())
+
+
+def plan_before(store: RedisStateStore, counts: dict[str, int]) -> Callable[[], None]:
+    """The repair's first read of its host's bucket count gives *counts*
+    (read before another worker's flush: the race played in order); later
+    reads are live. Returns the undo."""
+    live = store._bucket_counts
+    stale = [counts]
+
+    def bucket_counts(scope: str, hosts: list[str]) -> dict[str, int]:
+        return stale.pop() if stale else live(scope, hosts)
+
+    store._bucket_counts = bucket_counts  # type: ignore[method-assign]
+
+    def undo() -> None:
+        del store._bucket_counts
+    return undo
+
+
+@pytest.mark.parametrize("written", ["page", "check", "split"])
+@pytest.mark.parametrize("repair", ["forget_page", "forget_host"])
+@pytest_twisted.ensureDeferred
+async def test_what_a_crawl_writes_after_a_repair_planned_is_deleted_and_out_of_the_sums(
+    redis_cluster: LoopbackCluster, prefix: str, repair: str, written: str,
+) -> None:
+    """A repair reads its host's bucket count (and, before, every page it
+    was to delete) before it deletes: a crawl writes the host meanwhile (a
+    new page, a check that moves a page's next visit, pages enough to split
+    the host's buckets). The host's script deletes the pages as they are
+    then and takes exactly those out of the sums, and a split it was not
+    planned for makes it plan again: no page of the repair stays, and the
+    sums are the pages left."""
+    keys = await flush_five(redis_cluster, prefix)
+    store = open_store(redis_cluster, prefix)
+    other = open_store(redis_cluster, prefix)
+    try:
+        undo = plan_before(store, store._bucket_counts(SCOPE, ["a.example"]))
+        if written == "page":
+            other.stage_page(full_state(PageKey(SCOPE, "https://a.example/new"), 1,
+                                        callback="parse", next_visit=1_000))
+        elif written == "check":
+            other.stage_check(keys[0], 200, 1_000_100, schedule=(3_600, 7_200))
+        else:
+            for n in range(50):
+                other.stage_page(full_state(PageKey(SCOPE, f"https://a.example/s{n}"), 1,
+                                            callback="parse", next_visit=1_000))
+        await call(other.flush())
+        if repair == "forget_page":
+            store.forget_page(SCOPE, keys[0].url)
+            left = {s.key for s in store.iter_pages(SCOPE)}
+            assert keys[0] not in left
+            assert left >= set(keys[1:])
+        else:
+            store.forget_host(SCOPE, "a.example")
+            assert list(store.iter_pages(SCOPE)) == []
+        undo()
+        await assert_sums_are_the_pages(store)
+    finally:
+        await call(other.close())
         await call(store.close())
 
 

@@ -7,7 +7,8 @@ and the repairs (``forget_page``, ``forget_host``, ``reset_scope``, and
 ``count_scope``, what a reset would delete). All synchronous, on the
 blocking client, and apart from the crawl-time store as the two interfaces
 are: a crawl never calls them, and the repairs run while no crawl holds the
-scope, each in one ``MULTI``."""
+scope, each in one ``MULTI`` (on a cluster one per slot, a page repair's
+host part one script: see :meth:`RedisAdmin._forget_in_slots`)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ from incremental_crawler.state.stores.redis.scripts import (
     _GENERATION_LUA,
     _LATEST_LUA,
     _SUMS_FORGET_LUA,
+    CLUSTER_FORGET_LUA,
     CLUSTER_INTENT_ADD_LUA,
 )
 
@@ -71,6 +73,9 @@ _SHARD_KINDS = frozenset({"hs", "dueb", "splits", "nvs", "nvm", "ck"})
 _HOST_KINDS = ("hd", "ln")
 #: The kinds kept per item group in the cluster layout (``{<s>#<g>}``).
 _GROUP_KINDS = ("items", "itemver", "order", "bypage", "bypagev")
+#: Times a cluster repair's host part is planned again (a crawl split the
+#: host's buckets meanwhile).
+_FORGET_ROUNDS = 8
 
 
 class RedisAdmin(RedisClusterPath, AdminStore):
@@ -353,10 +358,14 @@ class RedisAdmin(RedisClusterPath, AdminStore):
     def forget_page(self, scope: str, url: str) -> Removed:
         if self.tagged:
             self._adopt_before_repair(scope)
+            host, url_part = url_field(url)
+
+            def plan() -> tuple[int, list[int], str]:
+                n = self._bucket_counts(scope, [host])[host]
+                return n, [bucket_of(url_part, n)], url_part
+
+            return self._forget_in_slots(scope, {url}, host, plan, whole_host=False)
         host, bucket, page_fields = self._page_fields(scope, url)
-        if self.tagged:
-            return self._forget_in_slots(scope, {url}, host, [(bucket, page_fields)],
-                                         whole_host=False)
 
         def delete_pages(pipe: Any) -> list[str | None]:
             if not page_fields:
@@ -377,13 +386,18 @@ class RedisAdmin(RedisClusterPath, AdminStore):
     def forget_host(self, scope: str, host: str) -> Removed:
         if self.tagged:
             self._adopt_before_repair(scope)
+
+            def plan() -> tuple[int, list[int], str]:
+                n = self._bucket_counts(scope, [host])[host]
+                return n, list(range(n)), ""
+
+            # (Its items: every item of a page of the host, found by their
+            # records.)
+            return self._forget_in_slots(scope, (), host, plan, whole_host=True)
         n = self._bucket_counts(scope, [host])[host]
         buckets = [(host, b) for b in range(n)]
         urls = {page_key_of(scope, host, field.decode()).url
                 for _, field, _ in self._iter_bucket_pages(scope, buckets)}
-        if self.tagged:
-            return self._forget_in_slots(scope, urls, host, [(b, None) for b in range(n)],
-                                         whole_host=True)
 
         def delete_pages(pipe: Any) -> list[str | None]:
             pipe.eval(_SUMS_FORGET_LUA, 0, self.prefix, _key_part(scope), host_part(host),
@@ -521,30 +535,6 @@ class RedisAdmin(RedisClusterPath, AdminStore):
                 pipe.execute_command(*commands[n])
             return self._sync_run(pipe)
 
-    def _forgotten(self, scope: str, host: str,
-                   buckets: list[tuple[int, list[str] | None]]) -> _Effects:
-        """What deleting the pages of *buckets* (each its number and the
-        fields deleted, None: all) takes out of the scope's sums and checks."""
-        effects = _Effects()
-        pipe = self._sync.pipeline(transaction=False)
-        asked: list[list[str] | None] = []
-        for bucket, names in buckets:
-            for key in self._bucket_keys(scope, host, bucket):
-                if names is None:
-                    pipe.hgetall(key)
-                    asked.append(None)
-                elif names:
-                    pipe.hmget(key, names)
-                    asked.append(names)
-        for names, reply in zip(asked, self._sync_run(pipe), strict=True):
-            pairs = (((k.decode(), v) for k, v in reply.items()) if names is None
-                     else zip(names, reply, strict=True))
-            for field, raw in pairs:
-                if raw is not None:
-                    effects.forget(self._page(page_key_of(scope, host, field), raw),
-                                   f"{host_part(host)}|{field}")
-        return effects
-
     def _adopt_before_repair(self, scope: str) -> None:
         """A repair on a cluster first applies what the hosts' ledgers hold
         (a dead worker's effects, a cut repair's): what it reads of the
@@ -553,36 +543,48 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         self.adopt_ledgers_sync(scope, strict=True)
 
     def _forget_in_slots(self, scope: str, urls: Collection[str], host: str,
-                         buckets: list[tuple[int, list[str] | None]], *,
+                         plan: Callable[[], tuple[int, list[int], str]], *,
                          whole_host: bool) -> Removed:
-        """:meth:`forget_page` / :meth:`forget_host` on a cluster: the same
-        deletions as one ``MULTI`` per slot (:meth:`_multi_per_slot`), and
-        the pages deleted taken out of the scope's sums by the scope's
-        script (their records read first, in their host's slot).
+        """:meth:`forget_page` / :meth:`forget_host` on a cluster: the
+        host's part in one script (``cluster_forget.lua``: the pages, their
+        links, the host's record or page count, and what they take out of
+        the scope's sums, computed from the records as it deletes them),
+        then the rest as one ``MULTI`` per slot (:meth:`_multi_per_slot`),
+        then those sums taken out by the scope shard's script. *plan* gives
+        the host's bucket count, the buckets to delete from and the page's
+        URL part ('': every page of the host), read again when a crawl
+        split the host's buckets meanwhile.
 
-        That last step is in another slot than the pages': a repair cut
-        between them (the shard's node unreachable, the command killed)
-        would leave the sums counting pages gone for good (a retry finds
-        none to take out). So it goes as a flush's effects go: a
-        write-ahead intent in the host's shard first (before anything is
-        deleted), the effects in the host's ledger in the same ``MULTI``
-        as the pages' deletion, applied once under their token
-        (``P:fxdone``) by the shard's script, or by the next reading of
-        the scope (:meth:`_adoption`) if the repair stops before.
+        The sums are in another slot than the pages: a repair cut between
+        them (the shard's node unreachable, the command killed) would leave
+        the sums counting pages gone for good (a retry finds none to take
+        out). So they go as a flush's effects go: a write-ahead intent in
+        the host's shard first (before anything is deleted), the effects in
+        the host's ledger by the script that deletes the pages, applied
+        once under their token (``P:fxdone``) by the shard's script, or by
+        the next reading of the scope (:meth:`_adoption`) if the repair
+        stops before. Computed in that script, they are what was deleted,
+        whatever a crawl wrote after the repair planned.
 
-        The host's slot goes first (its pages, links, record and that
-        ledger entry), the items' groups after: a repair cut between them
-        leaves items whose page is gone (the page is fetched as new and
-        its items written again), never a page whose validators say "seen"
-        with its items gone (a 304 would never store them again). Run
-        again, it finds those items: a host's repair takes every item
-        of a page of the host (its pages are gone by then)."""
+        The host's slot goes first, the items' groups after: a repair cut
+        between them leaves items whose page is gone (the page is fetched
+        as new and its items written again), never a page whose validators
+        say "seen" with its items gone (a 304 would never store them
+        again). Run again, it finds those items: a host's repair takes
+        every item of a page of the host (its pages are gone by then)."""
         pages_of = self._item_pages(scope, urls, live=False, host=host if whole_host else None)
         items = sorted(pages_of)
         # (A host's run again after a cut: its items' pages, gone by then.)
         urls = {*urls, *pages_of.values()}
-        effects = self._forgotten(scope, host, buckets)
         part = host_part(host)
+        shard = shard_part(_key_part(scope), scope_shard(part))
+        token = uuid.uuid4().hex
+        intent = (self._intents_key(shard), f"{part}\0repair-{token}")
+        ledger = self._host_key("fx", scope, host)
+        self._repair_intent(intent)
+        pages, links, buckets, raw = self._forget_host_slot(scope, host, ledger, token, plan)
+        counts = dict.fromkeys(Removed._fields, 0)
+        counts.update(pages=pages, links=links)
         commands: list[tuple[Any, ...]] = []
         kinds: list[str | None] = []
 
@@ -590,46 +592,18 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             commands.append(command)
             kinds.append(kind)
 
-        pending = bool(effects.sums or effects.checks)
-        shard = shard_part(_key_part(scope), scope_shard(part))
-        token = uuid.uuid4().hex
-        intent = (self._intents_key(shard), f"{part}\0repair-{token}")
-        ledger = self._host_key("fx", scope, host)
-
-        links = self._host_key("ln", scope, host)
         if whole_host:
-            for bucket, _ in buckets:
-                for key in self._bucket_keys(scope, host, bucket):
-                    run("pages", "HLEN", key)
-                    run(None, "DEL", key)
-            run("links", "HLEN", links)
-            run(None, "DEL", links)
-            run(None, "DEL", self._host_key("hd", scope, host))
-            # Raised, not deleted (see memo.py), in the pages' MULTI.
-            run(None, "EVAL", _GENERATION_LUA, 1, self._generation_key(scope, host))
             # Not its ledger: an entry there may be pending still (a cut
             # repair's, retried now; one written after the adoption read):
             # it goes once applied (HDEL), never with the pages.
             run(None, "SREM", self._host_shard_key("hs", scope, host), part)
             run(None, "ZREM", self._host_shard_key("dueb", scope, host),
-                *(f"{part}|{b}" for b, _ in buckets))
+                *(f"{part}|{b}" for b in buckets))
             run("hosts", "HDEL", self._key("hosts", scope), host)
             run("rates", "HDEL", self._key("slots", scope), host)
             run(None, "ZREM", self._key("slotsat", scope), host)
-        else:
-            [(bucket, names)] = buckets
-            if names:
-                for key in self._bucket_keys(scope, host, bucket):
-                    run("pages", "HDEL", key, *names)
-                run(None, "HINCRBY", self._host_key("hd", scope, host), "p", -len(names))
-                run("links", "HDEL", links, *names)
-                run(None, "EVAL", _GENERATION_LUA, 1, self._generation_key(scope, host))
-        if pending:
-            # In the pages' MULTI; the intent is written now, before any
-            # command here is sent.
-            run(None, *self._repair_intent(intent, ledger, token, effects))
-        # The items after the pages (their slots are sent in the order
-        # first named: see the docstring).
+        # (Otherwise the bucket's bound in the revisit index may now be
+        # low: a lower bound still, which the next summary sets right.)
         for key in items:
             run("versions", "HLEN", self._hist_key(scope, key))
             run("items", "HDEL", self._item_key("items", scope, key), key)
@@ -639,28 +613,60 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         for url in sorted(urls):
             # Every item listed under these pages is gone with them.
             run(None, "ZREMRANGEBYLEX", self._item_key("bypage", scope, url), *_page_range(url))
-        counts = dict.fromkeys(Removed._fields, 0)
-        replies = self._multi_per_slot(commands, cut_short="repair cut short")
+        try:
+            replies = self._multi_per_slot(commands)
+        except StateStoreError as exc:
+            raise StateStoreError(f"{exc} (repair cut short: its pages were deleted, not "
+                                  "all of the rest: run it again)") from exc
         for kind, n in zip(kinds, replies, strict=True):
             if kind is not None:
                 counts[kind] += int(n)
-        if pending:
+        if raw:
+            effects = _Effects(ledger=ledger, where=(shard, part))
+            effects.add(json.loads(raw), part)
             self._repair_effects(shard, part, ledger, token, intent, effects)
+        else:
+            self._drop_intent(intent)
         return Removed(**counts)
 
-    def _repair_intent(self, intent: tuple[str, str], ledger: str, token: str,
-                       effects: _Effects) -> tuple[Any, ...]:
-        """A repair's write-ahead intent written (before anything is
-        deleted), and the command that writes its effects in the host's
-        ledger (with the deletions: see :meth:`_forget_in_slots`)."""
+    def _forget_host_slot(self, scope: str, host: str, ledger: str, token: str,
+                          plan: Callable[[], tuple[int, list[int], str]]
+                          ) -> tuple[int, int, list[int], str]:
+        """The host's part of a repair (``cluster_forget.lua``), planned
+        again while a crawl splits the host's buckets meanwhile: the pages
+        and links deleted, the buckets deleted from, and the effects the
+        script kept in the host's ledger (JSON; '' none)."""
+        for _ in range(_FORGET_ROUNDS):
+            n, buckets, url_part = plan()
+            keys = [self._host_key("hd", scope, host), self._host_key("ln", scope, host),
+                    self._generation_key(scope, host), ledger,
+                    *(key for b in buckets for key in self._bucket_keys(scope, host, b))]
+            args = [n, token, *(("page", url_part) if url_part else ("host",))]
+            self.roundtrips += 1
+            try:
+                reply: Any = self._sync.eval(CLUSTER_FORGET_LUA, len(keys), *keys, *args)
+            except redis.RedisError as exc:
+                raise self._fail("repair failed (nothing was deleted)", exc) from exc
+            if reply[0] != b"n":
+                pages, links, raw = reply
+                return int(pages), int(links), buckets, raw.decode() if raw else ""
+        raise self._fail("repair failed (nothing was deleted): the host's buckets kept "
+                         "being split by a crawl; run it again once no crawl holds the scope")
+
+    def _repair_intent(self, intent: tuple[str, str]) -> None:
+        """A repair's write-ahead intent written, before anything is
+        deleted (see :meth:`_forget_in_slots`)."""
         self.roundtrips += 1
         try:
-            stamp = int(self._sync.eval(CLUSTER_INTENT_ADD_LUA, 1, *intent))
+            self._sync.eval(CLUSTER_INTENT_ADD_LUA, 1, *intent)
         except redis.RedisError as exc:
             raise self._fail("repair failed (nothing was deleted)", exc) from exc
-        # (Stamped by the intent's node's clock, as a host script's entry
-        # is by its own: the nodes' clocks agree within minutes.)
-        return ("HSET", ledger, token, json.dumps([stamp, effects.as_entry()]))
+
+    def _drop_intent(self, intent: tuple[str, str]) -> None:
+        """A repair's intent once its pages took nothing out of the sums."""
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.zrem(*intent)
+        self._sync_run(pipe)
 
     def _repair_effects(self, shard: str, part: str, ledger: str, token: str,
                         intent: tuple[str, str], effects: _Effects) -> None:

@@ -62,7 +62,8 @@ and says so when the count is another by then (another worker split), and
 the caller plans again.
 
 The admin read-outs, exports and repairs run on it too (:mod:`.admin`:
-items merged over their groups, a repair one ``MULTI`` per slot, keys
+items merged over their groups, a repair one ``MULTI`` per slot, its
+host's part first, a page repair's in one script, ``cluster_forget.lua``; keys
 found by ``SCAN`` on every primary). A summary that reads every bucket
 sets their bounds across slots (marked before its read, raised only where
 the mark stayed: see ``due.py``). Not built on the cluster yet: a due read
@@ -111,8 +112,6 @@ from incremental_crawler.state.stores.redis.scripts import (
 
 if TYPE_CHECKING:
     from collections.abc import Generator, Sequence
-
-    from incremental_crawler.state.records import PageState
 
 __all__ = ["RedisClusterPath"]
 
@@ -254,16 +253,6 @@ class _Effects:
             bundle.hosts.add(part)
         return bundle
 
-    def as_entry(self) -> dict[str, Any]:
-        """These effects as a host script returns them (the ledger's
-        format, which :meth:`add` reads): a repair's in its host's ledger."""
-        return {"sums": {f"{visit}|{callback}": [pages, size]
-                         for (visit, callback), (pages, size) in self.sums.items()},
-                "checks": [[member, at] for member, at in self.checks.items()],
-                "due": dict(self.due), "splits": self.splits,
-                "new_host": bool(self.hosts),
-                "latest": "" if self.latest is None else self.latest}
-
     def _check(self, member: str, checked: str) -> None:
         """A page's check noted: the latest of those noted (its time, or ''
         for a page without a callback now, which changes nothing when
@@ -271,15 +260,6 @@ class _Effects:
         was = self.checks.get(member, "")
         if was == "" or (checked != "" and int(checked) > int(was)):
             self.checks[member] = checked
-
-    def forget(self, state: PageState, member: str) -> None:
-        """A page deleted (a repair): out of the sums (its check noted
-        ``''``, which leaves ``P:ck`` as it is: see cluster_scope.lua)."""
-        if state.callback is not None:
-            total = self.sums.setdefault((int(state.next_visit), state.callback), [0, 0])
-            total[0] -= 1
-            total[1] -= int(state.size or 0)
-        self._check(member, "")
 
     def merge(self, newer: _Effects) -> None:
         for key, (pages, size) in newer.sums.items():
