@@ -7,8 +7,9 @@ and the repairs (``forget_page``, ``forget_host``, ``reset_scope``, and
 ``count_scope``, what a reset would delete). All synchronous, on the
 blocking client, and apart from the crawl-time store as the two interfaces
 are: a crawl never calls them, and the repairs run while no crawl holds the
-scope, each in one ``MULTI`` (on a cluster one per slot, a page repair's
-host part one script: see :meth:`RedisAdmin._forget_in_slots`)."""
+scope, each in one ``MULTI`` (a page repair's under ``WATCH`` of its host's
+record: see :meth:`RedisAdmin._forget`; on a cluster one per slot, a page
+repair's host part one script: see :meth:`RedisAdmin._forget_in_slots`)."""
 
 from __future__ import annotations
 
@@ -318,17 +319,47 @@ class RedisAdmin(RedisClusterPath, AdminStore):
 
     # -- repairs ---------------------------------------------------------------
 
-    def _forget(self, scope: str, urls: Collection[str],
-                delete_pages: Callable[[Any], list[str | None]],
+    def _forget(self, scope: str, page_host: str,
+                plan: Callable[[], tuple[Collection[str], Callable[[Any], list[str | None]]]],
                 host: str | None = None) -> Removed:
-        """Delete the items last stored from *urls*, with their history, and
-        what *delete_pages* adds to the transaction (it returns what each of
-        its replies counts), and *host*'s trust record and remembered rate,
-        in one ``MULTI``."""
+        """Delete the items last stored from the pages *plan* reads (it
+        returns their URLs and what to add to the transaction to delete
+        them, which returns what each of its replies counts), with their
+        history, and *host*'s trust record and remembered rate, in one
+        ``MULTI``, under ``WATCH`` of the record of *page_host* (the pages'
+        host): a crawl that splits its buckets or adds a page to it after
+        *plan* read makes the repair read again (a split would leave pages
+        in a bucket not deleted; the sums are taken out in the ``MULTI``,
+        from the records it deletes)."""
+        watched = self._host_key("hd", scope, page_host)
+        for _ in range(_FORGET_ROUNDS):
+            with self._sync.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(watched)
+                    urls, delete_pages = plan()
+                    kinds = self._forget_commands(scope, urls, delete_pages, host, pipe)
+                    self.roundtrips += 1
+                    replies = pipe.execute()
+                except redis.WatchError:
+                    continue
+                except redis.RedisError as exc:
+                    raise self._fail("repair failed (nothing was deleted)", exc) from exc
+            counts = dict.fromkeys(Removed._fields, 0)
+            for kind, n in zip(kinds, replies, strict=True):
+                if kind is not None:
+                    counts[kind] += int(n)
+            return Removed(**counts)
+        raise self._fail("repair failed (nothing was deleted): the host's pages kept being "
+                         "written by a crawl; run it again once no crawl holds the scope")
+
+    def _forget_commands(self, scope: str, urls: Collection[str],
+                         delete_pages: Callable[[Any], list[str | None]],
+                         host: str | None, pipe: Any) -> list[str | None]:
+        """:meth:`_forget`'s transaction, queued on *pipe*: what each reply
+        counts (None: nothing), in the pipeline's order."""
         items = self._items_by_page(scope, urls, live=False)
         hist = [self._hist_key(scope, key) for key in items]
-        pipe = self._sync.pipeline(transaction=True)
-        # What each reply counts (None: nothing), in the pipeline's order.
+        pipe.multi()
         kinds: list[str | None] = []
         for key in hist:
             pipe.hlen(key)
@@ -349,11 +380,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             pipe.hdel(self._key("slots", scope), host)
             pipe.zrem(self._key("slotsat", scope), host)
             kinds += ["hosts", "rates", None]
-        counts = dict.fromkeys(Removed._fields, 0)
-        for kind, n in zip(kinds, self._sync_run(pipe), strict=True):
-            if kind is not None:
-                counts[kind] += int(n)
-        return Removed(**counts)
+        return kinds
 
     def forget_page(self, scope: str, url: str) -> Removed:
         if self.tagged:
@@ -365,6 +392,12 @@ class RedisAdmin(RedisClusterPath, AdminStore):
                 return n, [bucket_of(url_part, n)], url_part
 
             return self._forget_in_slots(scope, {url}, host, plan, whole_host=False)
+        return self._forget(scope, url_field(url)[0], lambda: ({url}, self._page_deletion(
+            scope, url)))
+
+    def _page_deletion(self, scope: str, url: str) -> Callable[[Any], list[str | None]]:
+        """What deletes the page *url* (every variant), as stored now (one
+        server: see :meth:`_forget`)."""
         host, bucket, page_fields = self._page_fields(scope, url)
 
         def delete_pages(pipe: Any) -> list[str | None]:
@@ -381,7 +414,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             # lower bound still (the next summary sets it right).
             return [None, "pages", "pages", None, "links", None]
 
-        return self._forget(scope, {url}, delete_pages)
+        return delete_pages
 
     def forget_host(self, scope: str, host: str) -> Removed:
         if self.tagged:
@@ -394,6 +427,12 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             # (Its items: every item of a page of the host, found by their
             # records.)
             return self._forget_in_slots(scope, (), host, plan, whole_host=True)
+        return self._forget(scope, host, lambda: self._host_deletion(scope, host), host)
+
+    def _host_deletion(self, scope: str, host: str
+                       ) -> tuple[set[str], Callable[[Any], list[str | None]]]:
+        """The URLs of *host*'s pages and what deletes them, as stored now
+        (one server: see :meth:`_forget`)."""
         n = self._bucket_counts(scope, [host])[host]
         buckets = [(host, b) for b in range(n)]
         urls = {page_key_of(scope, host, field.decode()).url
@@ -415,7 +454,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             pipe.eval(_GENERATION_LUA, 1, self._generation_key(scope, host))
             return [*kinds, None, None, None, None]
 
-        return self._forget(scope, urls, delete_pages, host)
+        return urls, delete_pages
 
     # -- the cluster layout: items by group, repairs a MULTI per slot ---------
 
