@@ -264,6 +264,32 @@ async def test_a_flush_failing_in_phase_2_on_one_node_leaves_no_page_ahead_of_it
         await call(reader.close())
 
 
+@pytest_twisted.ensureDeferred
+async def test_an_items_page_index_member_lost_with_phase_2_is_written_by_the_refetch(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A worker gone after phase 1 (its items stored, their
+    page index members due with phase 2): the page was not written, so it
+    is fetched again, and its unchanged item's write lists it again."""
+    key = PageKey(SCOPE, "https://a.example/p0")
+    gone = open_store(redis_cluster, prefix)
+    gone.stage_item(item("x", 1, page=key.url))
+    gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+    cut_before(gone, CLUSTER_HOST_LUA)
+    with pytest.raises(StateStoreError):
+        await call(gone.flush())
+    await call(die(gone))
+    store = open_store(redis_cluster, prefix)
+    try:
+        assert await call(store.get_page(key)) is None  # fetched again
+        store.stage_item(item("x", 1, page=key.url))
+        store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+        await call(store.flush())
+        assert await call(store.get_page_items(SCOPE, key.url)) == ["x"]
+    finally:
+        await call(store.close())
+
+
 def lose_reply_of(store: RedisStateStore, script: str) -> list[int]:
     """Make the first pipeline that runs *script* lose its reply after it
     ran (as a connection cut after the scripts were sent); returns the
@@ -318,6 +344,31 @@ async def test_a_phase_whose_reply_was_lost_is_not_applied_twice(
     finally:
         await call(store.close())
         await call(reader.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_flush_after_every_node_forgot_its_scripts_applies_once(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Every primary restarted between two flushes (SCRIPT FLUSH): NOSCRIPT
+    for each phase's scripts, loaded and sent again once."""
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(3)]
+    store = open_store(redis_cluster, prefix)
+    try:
+        store.stage_page(full_state(keys[0], 1, callback="parse", next_visit=1_000))
+        await call(store.flush())
+        with redis_cluster.client() as client:
+            client.script_flush()
+        for n, key in enumerate(keys):
+            store.stage_item(item(f"i{n}", page=key.url))
+            store.stage_page(full_state(key, 2, callback="parse", next_visit=1_000 + n))
+        await call(store.flush())
+        assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == keys
+        for n, key in enumerate(keys):
+            assert await call(store.get_page_items(SCOPE, key.url)) == [f"i{n}"]
+        await assert_whole_summary(store, 3)
+    finally:
+        await call(store.close())
 
 
 @pytest_twisted.ensureDeferred
