@@ -441,16 +441,18 @@ async def test_a_split_whose_bucket_key_is_taken_is_not_made(
         await call(store.close())
 
 
+@pytest.mark.parametrize("reply", ["came", "lost"])
 @pytest_twisted.ensureDeferred
 async def test_a_split_made_by_a_host_script_that_applied_no_write_keeps_its_bounds(
-    redis_cluster: LoopbackCluster, prefix: str,
+    redis_cluster: LoopbackCluster, prefix: str, reply: str,
 ) -> None:
     """A host script makes its planned splits before its writes: when its
     first write then fails (a damaged record read by a check) it has
     applied no write, but the split stays (the host's count raised, pages
     moved to the new bucket). Its effects (the new bucket's bound, the
     splits, the host listed) are kept all the same, in its ledger and by
-    the caller: the moved pages are due."""
+    the caller (from its reply, or from its replay when the reply was
+    lost): the moved pages are due."""
     keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(40)]
     store = open_store(redis_cluster, prefix)
     hd = f"{prefix}:hd:{{{SCOPE}|a.example}}"
@@ -476,8 +478,10 @@ async def test_a_split_made_by_a_host_script_that_applied_no_write_keeps_its_bou
         # A check of the damaged page first, then a new page: a split is planned.
         store.stage_check(damaged_key, 200, 1_000_100, schedule=(3_600, 1_500))
         store.stage_page(full_state(new_key, 1, callback="parse", next_visit=1_000))
+        lost = lose_reply_of(store, CLUSTER_HOST_LUA) if reply == "lost" else [1]
         with pytest.raises(StateStoreError):
             await call(store.flush())
+        assert lost == [1]
         with redis_cluster.client() as client:
             assert client.hget(hd, "n") == b"2"  # split made
             # The damaged record set right (an operator's fix), wherever it went.
