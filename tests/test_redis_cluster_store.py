@@ -40,10 +40,12 @@ from incremental_crawler.state.stores.redis.layout import (
     LAYOUT,
     LAYOUT_VERSION,
 )
+from incremental_crawler.state.stores.redis.pages import bucket_of
 from incremental_crawler.state.stores.redis.scripts import (
     _APPLIED_KEPT,
     _LEDGER_HONOURED,
     _TOKEN_TTL,
+    CLUSTER_FORGET_LUA,
     CLUSTER_HOST_LUA,
     CLUSTER_ITEMS_LUA,
     CLUSTER_SCOPE_LUA,
@@ -262,6 +264,32 @@ async def test_a_flush_failing_in_phase_2_on_one_node_leaves_no_page_ahead_of_it
         await call(reader.close())
 
 
+@pytest_twisted.ensureDeferred
+async def test_an_items_page_index_member_lost_with_phase_2_is_written_by_the_refetch(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A worker gone after phase 1 (its items stored, their
+    page index members due with phase 2): the page was not written, so it
+    is fetched again, and its unchanged item's write lists it again."""
+    key = PageKey(SCOPE, "https://a.example/p0")
+    gone = open_store(redis_cluster, prefix)
+    gone.stage_item(item("x", 1, page=key.url))
+    gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+    cut_before(gone, CLUSTER_HOST_LUA)
+    with pytest.raises(StateStoreError):
+        await call(gone.flush())
+    await call(die(gone))
+    store = open_store(redis_cluster, prefix)
+    try:
+        assert await call(store.get_page(key)) is None  # fetched again
+        store.stage_item(item("x", 1, page=key.url))
+        store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+        await call(store.flush())
+        assert await call(store.get_page_items(SCOPE, key.url)) == ["x"]
+    finally:
+        await call(store.close())
+
+
 def lose_reply_of(store: RedisStateStore, script: str) -> list[int]:
     """Make the first pipeline that runs *script* lose its reply after it
     ran (as a connection cut after the scripts were sent); returns the
@@ -316,6 +344,31 @@ async def test_a_phase_whose_reply_was_lost_is_not_applied_twice(
     finally:
         await call(store.close())
         await call(reader.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_flush_after_every_node_forgot_its_scripts_applies_once(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Every primary restarted between two flushes (SCRIPT FLUSH): NOSCRIPT
+    for each phase's scripts, loaded and sent again once."""
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(3)]
+    store = open_store(redis_cluster, prefix)
+    try:
+        store.stage_page(full_state(keys[0], 1, callback="parse", next_visit=1_000))
+        await call(store.flush())
+        with redis_cluster.client() as client:
+            client.script_flush()
+        for n, key in enumerate(keys):
+            store.stage_item(item(f"i{n}", page=key.url))
+            store.stage_page(full_state(key, 2, callback="parse", next_visit=1_000 + n))
+        await call(store.flush())
+        assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == keys
+        for n, key in enumerate(keys):
+            assert await call(store.get_page_items(SCOPE, key.url)) == [f"i{n}"]
+        await assert_whole_summary(store, 3)
+    finally:
+        await call(store.close())
 
 
 @pytest_twisted.ensureDeferred
@@ -384,6 +437,61 @@ async def test_a_split_whose_bucket_key_is_taken_is_not_made(
             assert client.hget(f"{prefix}:hd:{{{SCOPE}|a.example}}", "n") == b"1"
             assert client.hgetall(foreign) == {b"not": b"ours"}
         assert len(await call(store.get_pages(keys))) == 60
+    finally:
+        await call(store.close())
+
+
+@pytest.mark.parametrize("reply", ["came", "lost"])
+@pytest_twisted.ensureDeferred
+async def test_a_split_made_by_a_host_script_that_applied_no_write_keeps_its_bounds(
+    redis_cluster: LoopbackCluster, prefix: str, reply: str,
+) -> None:
+    """A host script makes its planned splits before its writes: when its
+    first write then fails (a damaged record read by a check) it has
+    applied no write, but the split stays (the host's count raised, pages
+    moved to the new bucket). Its effects (the new bucket's bound, the
+    splits, the host listed) are kept all the same, in its ledger and by
+    the caller (from its reply, or from its replay when the reply was
+    lost): the moved pages are due."""
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(40)]
+    store = open_store(redis_cluster, prefix)
+    hd = f"{prefix}:hd:{{{SCOPE}|a.example}}"
+    buckets = [key for b in (0, 1) for key in store._bucket_keys(SCOPE, "a.example", b)]
+    try:
+        for key in keys[:40]:
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+        await call(store.flush())
+        # The damaged page and the new one stay in bucket 0 after the split
+        # (a write into bucket 1 would list its bound).
+        def stays(key: PageKey) -> bool:
+            return bucket_of(store._page_args(key)[2], 2) == 0
+
+        damaged_key = next(key for key in keys[:40] if stays(key))
+        new_key = next(key for key in (PageKey(SCOPE, f"https://a.example/q{n}")
+                                       for n in range(100)) if stays(key))
+        damaged = store._page_args(damaged_key)[2].encode()
+        with redis_cluster.client() as client:
+            assert client.hget(hd, "n") in (None, b"1")
+            where = next(b for b in buckets if client.hexists(b, damaged))
+            good = client.hget(where, damaged)
+            client.hset(where, damaged, good[:-5])  # cut short
+        # A check of the damaged page first, then a new page: a split is planned.
+        store.stage_check(damaged_key, 200, 1_000_100, schedule=(3_600, 1_500))
+        store.stage_page(full_state(new_key, 1, callback="parse", next_visit=1_000))
+        lost = lose_reply_of(store, CLUSTER_HOST_LUA) if reply == "lost" else [1]
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        assert lost == [1]
+        with redis_cluster.client() as client:
+            assert client.hget(hd, "n") == b"2"  # split made
+            # The damaged record set right (an operator's fix), wherever it went.
+            for bucket in buckets:
+                if client.hexists(bucket, damaged):
+                    client.hset(bucket, damaged, good)
+        await call(store.flush())  # the writes sent again: applied now
+        assert store.pending == 0
+        due = {s.key for s in await call(store.get_due(SCOPE, 2_000, 100))}
+        assert due == {*keys[:40], new_key}
     finally:
         await call(store.close())
 
@@ -1522,6 +1630,152 @@ async def test_a_repair_cut_before_taking_its_pages_out_of_the_sums_leaves_that_
         await call(store.close())
 
 
+def cut_multi_naming(store: RedisStateStore, *kinds: str) -> Callable[[], None]:
+    """Fail (as an unreachable node) every ``MULTI`` of *store* whose first
+    key is one of *kinds* (``pg``, ``items``, ...); returns the undo."""
+    original = store._sync_run
+    prefixes = tuple(f"{store.prefix}:{kind}:".encode() for kind in kinds)
+
+    def sync_run(pipe: Any) -> Any:
+        from redis.cluster import TransactionStrategy
+        strategy = getattr(pipe, "_execution_strategy", None)
+        if isinstance(strategy, TransactionStrategy):
+            for command in getattr(strategy, "_command_queue", None) or []:
+                first = command.args[1] if len(command.args) > 1 else b""
+                first = first.encode() if isinstance(first, str) else first
+                if isinstance(first, bytes) and first.startswith(prefixes):
+                    raise store._fail("read failed", redis.exceptions.ConnectionError(
+                        "the node is gone"))
+        return original(pipe)
+
+    store._sync_run = sync_run  # type: ignore[method-assign]
+
+    def undo() -> None:
+        store._sync_run = original  # type: ignore[method-assign]
+    return undo
+
+
+@pytest.mark.parametrize("cut", ["pages", "items"])
+@pytest.mark.parametrize("repair", ["forget_page", "forget_host"])
+@pytest_twisted.ensureDeferred
+async def test_a_repair_cut_between_slots_leaves_no_page_ahead_of_its_items(
+    redis_cluster: LoopbackCluster, prefix: str, repair: str, cut: str,
+) -> None:
+    """A repair on a cluster runs its host's part first (one script) and
+    the items' groups after (a MULTI per slot): cut before the host's
+    (nothing deleted) or
+    between them (the page gone, its items not yet), a page's validators
+    never stay with its items gone (a 304 would never store them again).
+    Cut after the host's slot it says to run it again, and run again it
+    deletes the items left."""
+    key = PageKey(SCOPE, "https://a.example/p0")
+    store = open_store(redis_cluster, prefix)
+    store.stage_item(item("i0", page=key.url))
+    store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+    await call(store.flush())
+    await call(store.close())
+    store = open_store(redis_cluster, prefix)
+
+    def run() -> Any:
+        if repair == "forget_page":
+            return store.forget_page(SCOPE, key.url)
+        return store.forget_host(SCOPE, "a.example")
+
+    if cut == "pages":
+        # The host's part, one script: its node gone.
+        original = store._sync.eval
+
+        def refuse(script: str, *args: Any) -> Any:
+            if script == CLUSTER_FORGET_LUA:
+                raise redis.exceptions.ConnectionError("the host's node is gone")
+            return original(script, *args)
+
+        store._sync.eval = refuse  # type: ignore[method-assign]
+
+        def undo() -> None:
+            store._sync.eval = original  # type: ignore[method-assign]
+    else:
+        undo = cut_multi_naming(store, "hist")
+    try:
+        with pytest.raises(StateStoreError) as raised:
+            run()
+        undo()
+        assert ("run it again" in str(raised.value)) == (cut == "items")
+        page = await call(store.get_page(key))
+        items = await call(store.get_page_items(SCOPE, key.url))
+        # Never a page whose validators say "seen" with its items gone.
+        assert page is None or items == ["i0"], (page, items)
+        assert (page is None) == (cut == "items")
+        removed = run()
+        assert removed.items == 1
+        assert await call(store.get_page(key)) is None
+        assert await call(store.get_page_items(SCOPE, key.url)) == []
+        assert store.item_history(SCOPE, "i0") == []
+        await assert_whole_summary(store, 0)
+    finally:
+        await call(store.close())
+
+
+def plan_before(store: RedisStateStore, counts: dict[str, int]) -> Callable[[], None]:
+    """The repair's first read of its host's bucket count gives *counts*
+    (read before another worker's flush: the race played in order); later
+    reads are live. Returns the undo."""
+    live = store._bucket_counts
+    stale = [counts]
+
+    def bucket_counts(scope: str, hosts: list[str]) -> dict[str, int]:
+        return stale.pop() if stale else live(scope, hosts)
+
+    store._bucket_counts = bucket_counts  # type: ignore[method-assign]
+
+    def undo() -> None:
+        del store._bucket_counts
+    return undo
+
+
+@pytest.mark.parametrize("written", ["page", "check", "split"])
+@pytest.mark.parametrize("repair", ["forget_page", "forget_host"])
+@pytest_twisted.ensureDeferred
+async def test_what_a_crawl_writes_after_a_repair_planned_is_deleted_and_out_of_the_sums(
+    redis_cluster: LoopbackCluster, prefix: str, repair: str, written: str,
+) -> None:
+    """A repair reads its host's bucket count (and, before, every page it
+    was to delete) before it deletes: a crawl writes the host meanwhile (a
+    new page, a check that moves a page's next visit, pages enough to split
+    the host's buckets). The host's script deletes the pages as they are
+    then and takes exactly those out of the sums, and a split it was not
+    planned for makes it plan again: no page of the repair stays, and the
+    sums are the pages left."""
+    keys = await flush_five(redis_cluster, prefix)
+    store = open_store(redis_cluster, prefix)
+    other = open_store(redis_cluster, prefix)
+    try:
+        undo = plan_before(store, store._bucket_counts(SCOPE, ["a.example"]))
+        if written == "page":
+            other.stage_page(full_state(PageKey(SCOPE, "https://a.example/new"), 1,
+                                        callback="parse", next_visit=1_000))
+        elif written == "check":
+            other.stage_check(keys[0], 200, 1_000_100, schedule=(3_600, 7_200))
+        else:
+            for n in range(50):
+                other.stage_page(full_state(PageKey(SCOPE, f"https://a.example/s{n}"), 1,
+                                            callback="parse", next_visit=1_000))
+        await call(other.flush())
+        if repair == "forget_page":
+            store.forget_page(SCOPE, keys[0].url)
+            left = {s.key for s in store.iter_pages(SCOPE)}
+            assert keys[0] not in left
+            assert left >= set(keys[1:])
+        else:
+            store.forget_host(SCOPE, "a.example")
+            assert list(store.iter_pages(SCOPE)) == []
+        undo()
+        await assert_sums_are_the_pages(store)
+    finally:
+        await call(other.close())
+        await call(store.close())
+
+
 async def flush_five(cluster: LoopbackCluster, prefix: str, host: str = "a.example",
                      visit: int = 1_000) -> list[PageKey]:
     """Five pages of *host* written by a worker that closed (visits
@@ -1666,6 +1920,78 @@ async def test_a_flush_taking_a_repair_entry_keeps_its_own_newer_check(
         await call(store.close())
 
 
+async def assert_summaries_by_check(store: Any, befores: tuple[int, ...]) -> None:
+    """The summaries of the whole scope checked before each of *befores*
+    are what its pages say."""
+    states = list(store.iter_pages(SCOPE))
+    for before in befores:
+        got = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                               checked_before=before))
+        assert tuple(got) == brute_summary(states, -math.inf, math.inf, before, ()), before
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_late_workers_older_check_applied_after_a_newer_one_keeps_the_newer(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Two workers of one crawl write the same page's check: D at 1_000_010
+    (its phase 3 cut, then it dies), W at 1_000_020 (applied at once: D's
+    entry is younger than adopt_after, not taken). The next reading adopts
+    D's entry after W's: its older time does not lower the page's in P:ck
+    (checks only raise it), so a summary with checked_before between the
+    two still counts the page as checked since."""
+    keys = await flush_five(redis_cluster, prefix)  # checked at 1_000_001
+    store = open_store(redis_cluster, prefix)
+    assert store.take_scope(SCOPE, "crawl-2", 60, 1_000_005) is None  # the mark
+    gone = open_store(redis_cluster, prefix)
+    gone.stage_page(full_state(keys[0], 10, callback="parse", next_visit=1_000))
+    cut_before(gone, CLUSTER_SCOPE_LUA)
+    with pytest.raises(StateStoreError):
+        await call(gone.flush())
+    await call(die(gone))
+    live = open_store(redis_cluster, prefix)
+    try:
+        live.stage_page(full_state(keys[0], 20, callback="parse", next_visit=1_000))
+        await call(live.flush())
+        # The summary adopts D's entry first, then reads the sums.
+        await assert_summaries_by_check(store, (1_000_015, 1_000_030))
+    finally:
+        await call(live.close())
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_flush_whose_host_reply_was_lost_still_keeps_its_newer_check_over_a_repair(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """As test_a_flush_taking_a_repair_entry_keeps_its_own_newer_check, but
+    the host script's reply is lost: its replay returns its own effects and
+    no taken entries ('[]'), so the repair's entry stays in the ledger and
+    is applied after the flush's newer check: its '' (the page deleted)
+    leaves P:ck as it is, and the summary counts the page as checked since."""
+    keys = await flush_five(redis_cluster, prefix)
+    store = open_store(redis_cluster, prefix)
+    original = cut_scope_scripts(store)
+    with pytest.raises((StateStoreError, redis.RedisError)):
+        store.forget_page(SCOPE, keys[0].url)
+    store._sync.eval = original  # type: ignore[method-assign]
+    try:
+        store.adopt_ledgers_sync = lambda scope, strict=False: None  # type: ignore[method-assign]
+        assert store.take_scope(SCOPE, "crawl-2", 60, 1_000_005) is None
+        del store.adopt_ledgers_sync  # adoption back
+        store.adopt_after = 0  # the entry is old enough for a flush to take
+        store.stage_page(full_state(keys[0], 9, callback="parse", next_visit=1_000))
+        lost = lose_reply_of(store, CLUSTER_HOST_LUA)
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        assert lost == [1]
+        await call(store.flush())  # the replay
+        assert store.pending == 0
+        await assert_summaries_by_check(store, (1_000_005, 1_000_010))
+    finally:
+        await call(store.close())
+
+
 @pytest.mark.parametrize("age", [_TOKEN_TTL + 60, _LEDGER_HONOURED + 60],
                          ids=["a-day-old", "older-than-honoured"])
 @pytest_twisted.ensureDeferred
@@ -1718,12 +2044,14 @@ async def test_a_dead_workers_entry_a_day_old_is_applied_whole_not_marked_lost(
 
 
 @pytest_twisted.ensureDeferred
-async def test_an_adoption_applies_a_ledgers_entries_oldest_first(
+async def test_an_adoption_keeps_a_pages_latest_check_whatever_order_its_entries_come_in(
     redis_cluster: LoopbackCluster, prefix: str,
 ) -> None:
-    """Two entries of one host's ledger set the same page's check: an
-    adoption applies the newer last (by their stamps), whatever order the
-    ledger's hash gives them in."""
+    """Three entries of one host's ledger set the same page's check: the
+    latest check stays in P:ck whatever order they are applied in (by their
+    stamps or the ledger's hash): an entry stamped later with an older
+    check (a late worker) does not lower it, one whose page has no
+    callback now ('') does not remove it (a summary reads the page)."""
     await flush_five(redis_cluster, prefix)
     store = open_store(redis_cluster, prefix)
     assert store.take_scope(SCOPE, "crawl-2", 60, 1_000_005) is None  # (checks noted since)
@@ -1733,17 +2061,16 @@ async def test_an_adoption_applies_a_ledgers_entries_oldest_first(
     with redis_cluster.client() as client:
         mark = int(client.hget(f"{prefix}:nvm:{{{A_SHARD}}}", "mark"))
         now = int(client.eval("return redis.call('TIME')[1]", 1, ledger))
-        # The newer (its page deleted: '') written first, the older after
-        # (short: a listpack, which keeps the order written).
-        client.hset(ledger, "b" * 32, json.dumps([now - 10, {"checks": [[member, ""]]}]))
+        # Short: a listpack, which keeps the order written.
+        client.hset(ledger, "c" * 32, json.dumps([now - 5, {"checks": [[member, ""]]}]))
+        client.hset(ledger, "b" * 32, json.dumps([now - 10, {"checks": [[member, mark + 30]]}]))
         client.hset(ledger, "a" * 32, json.dumps([now - 20, {"checks": [[member, mark + 50]]}]))
         assert client.object("encoding", ledger) == b"listpack"
-        assert list(client.hgetall(ledger)) == [b"b" * 32, b"a" * 32]
         client.zadd(f"{prefix}:fxhosts:{{{A_SHARD}}}", {"a.example\0gone-worker": now - 5})
     try:
         store.adopt_ledgers_sync(SCOPE)
         with redis_cluster.client() as client:
             assert client.hlen(ledger) == 0
-            assert client.zscore(checks, member) is None
+            assert client.zscore(checks, member) == mark + 50
     finally:
         await call(store.close())

@@ -42,7 +42,7 @@ from incremental_crawler.state.stores.redis import (
     RedisStateStore,
     parse_redis_uri,
 )
-from incremental_crawler.state.stores.redis.pages import BUCKET_LOAD
+from incremental_crawler.state.stores.redis.pages import BUCKET_LOAD, bucket_of
 from tests.redis_util import REDIS_URI, CuttableProxy, OwnRedis, prefix_keys
 from tests.test_store_contract import SCOPE, URL, call, full_state, item
 
@@ -626,6 +626,52 @@ async def test_a_host_grows_by_splitting_one_bucket_at_a_time(
         assert store.forget_host(SCOPE, "big.example").pages == 699
         assert [k for k in prefix_keys(redis_prefix) if b"big.example" in k] == []
         assert not shared.exists(f"{redis_prefix}:dueb:{SCOPE}")
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_host_repair_reads_again_when_a_crawl_splits_the_host_meanwhile(
+    redis_prefix: str, shared: redis.Redis
+) -> None:
+    """forget_host reads the host's bucket count and pages, then deletes in
+    one MULTI: a crawl that splits the host's buckets in between (played
+    here by hand, as a flush splits: records moved to bucket 1, the count
+    raised) makes it read again (WATCH of the host's record), so no page is
+    left in a bucket it did not delete, and the sums are the pages left."""
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(30)]
+    store = open_at(redis_prefix)
+    hd = f"{redis_prefix}:hd:{{{SCOPE}|a.example}}"
+    try:
+        for key in keys:
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+        await call(store.flush())
+        assert shared.hget(hd, "n") in (None, b"1")
+        live = store._iter_bucket_pages
+        split: list[int] = []
+
+        def split_then_read(*args: Any) -> Any:
+            if not split:
+                for kind in ("pg", "pgl"):
+                    source = f"{redis_prefix}:{kind}:{{{SCOPE}|a.example}}:0"
+                    target = f"{redis_prefix}:{kind}:{{{SCOPE}|a.example}}:1"
+                    for field, raw in shared.hgetall(source).items():
+                        if bucket_of(field.decode(), 2) == 1:
+                            shared.hset(target, field, raw)
+                            shared.hdel(source, field)
+                            split.append(1)
+                shared.hset(hd, "n", 2)
+            return live(*args)
+
+        store._iter_bucket_pages = split_then_read  # type: ignore[method-assign]
+        removed = store.forget_host(SCOPE, "a.example")
+        del store._iter_bucket_pages
+        assert split  # some pages moved
+        assert removed.pages == 30
+        assert [k for k in prefix_keys(redis_prefix) if b"a.example" in k] == []
+        got = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                               checked_before=math.inf))
+        assert tuple(got)[:2] == (0, 0)
     finally:
         await call(store.close())
 

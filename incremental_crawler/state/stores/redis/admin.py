@@ -7,7 +7,9 @@ and the repairs (``forget_page``, ``forget_host``, ``reset_scope``, and
 ``count_scope``, what a reset would delete). All synchronous, on the
 blocking client, and apart from the crawl-time store as the two interfaces
 are: a crawl never calls them, and the repairs run while no crawl holds the
-scope, each in one ``MULTI``."""
+scope, each in one ``MULTI`` (a page repair's under ``WATCH`` of its host's
+record: see :meth:`RedisAdmin._forget`; on a cluster one per slot, a page
+repair's host part one script: see :meth:`RedisAdmin._forget_in_slots`)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 from redis.crc import key_slot
 
+from incremental_crawler.hosts import host_of
 from incremental_crawler.state.records import Change, HostTrust, StoredVersion
 from incremental_crawler.state.stores.base import (
     AdminStore,
@@ -50,6 +53,7 @@ from incremental_crawler.state.stores.redis.scripts import (
     _GENERATION_LUA,
     _LATEST_LUA,
     _SUMS_FORGET_LUA,
+    CLUSTER_FORGET_LUA,
     CLUSTER_INTENT_ADD_LUA,
 )
 
@@ -70,6 +74,9 @@ _SHARD_KINDS = frozenset({"hs", "dueb", "splits", "nvs", "nvm", "ck"})
 _HOST_KINDS = ("hd", "ln")
 #: The kinds kept per item group in the cluster layout (``{<s>#<g>}``).
 _GROUP_KINDS = ("items", "itemver", "order", "bypage", "bypagev")
+#: Times a cluster repair's host part is planned again (a crawl split the
+#: host's buckets meanwhile).
+_FORGET_ROUNDS = 8
 
 
 class RedisAdmin(RedisClusterPath, AdminStore):
@@ -106,15 +113,22 @@ class RedisAdmin(RedisClusterPath, AdminStore):
     def _items_by_page(self, scope: str, urls: Collection[str], *, live: bool) -> list[str]:
         """Keys of the items last stored from any of *urls* (one scan of the
         items: on a cluster, of every item group's)."""
-        keys: list[str] = []
+        return sorted(self._item_pages(scope, urls, live=live))
+
+    def _item_pages(self, scope: str, urls: Collection[str], *, live: bool,
+                    host: str | None = None) -> dict[str, str]:
+        """The page of each item last stored from any of *urls*, or from
+        any page of *host*, by item key."""
+        found: dict[str, str] = {}
         hashes = (self._group_keys("items", scope) if self.tagged
                   else [self._key("items", scope)])
         for key, raw in (pair for name in hashes for pair in self._hscan(name)):
             record = json.loads(raw)
             page = record.get("page") or key.decode()
-            if page in urls and (not live or record.get("fingerprint")):
-                keys.append(key.decode())
-        return sorted(keys)
+            if (page in urls or (host is not None and host_of(page) == host)) and (
+                    not live or record.get("fingerprint")):
+                found[key.decode()] = page
+        return found
 
     def url_record(self, scope: str, url: str) -> UrlRecord:
         host, bucket, page_fields = self._page_fields(scope, url)
@@ -305,17 +319,47 @@ class RedisAdmin(RedisClusterPath, AdminStore):
 
     # -- repairs ---------------------------------------------------------------
 
-    def _forget(self, scope: str, urls: Collection[str],
-                delete_pages: Callable[[Any], list[str | None]],
+    def _forget(self, scope: str, page_host: str,
+                plan: Callable[[], tuple[Collection[str], Callable[[Any], list[str | None]]]],
                 host: str | None = None) -> Removed:
-        """Delete the items last stored from *urls*, with their history, and
-        what *delete_pages* adds to the transaction (it returns what each of
-        its replies counts), and *host*'s trust record and remembered rate,
-        in one ``MULTI``."""
+        """Delete the items last stored from the pages *plan* reads (it
+        returns their URLs and what to add to the transaction to delete
+        them, which returns what each of its replies counts), with their
+        history, and *host*'s trust record and remembered rate, in one
+        ``MULTI``, under ``WATCH`` of the record of *page_host* (the pages'
+        host): a crawl that splits its buckets or adds a page to it after
+        *plan* read makes the repair read again (a split would leave pages
+        in a bucket not deleted; the sums are taken out in the ``MULTI``,
+        from the records it deletes)."""
+        watched = self._host_key("hd", scope, page_host)
+        for _ in range(_FORGET_ROUNDS):
+            with self._sync.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(watched)
+                    urls, delete_pages = plan()
+                    kinds = self._forget_commands(scope, urls, delete_pages, host, pipe)
+                    self.roundtrips += 1
+                    replies = pipe.execute()
+                except redis.WatchError:
+                    continue
+                except redis.RedisError as exc:
+                    raise self._fail("repair failed (nothing was deleted)", exc) from exc
+            counts = dict.fromkeys(Removed._fields, 0)
+            for kind, n in zip(kinds, replies, strict=True):
+                if kind is not None:
+                    counts[kind] += int(n)
+            return Removed(**counts)
+        raise self._fail("repair failed (nothing was deleted): the host's pages kept being "
+                         "written by a crawl; run it again once no crawl holds the scope")
+
+    def _forget_commands(self, scope: str, urls: Collection[str],
+                         delete_pages: Callable[[Any], list[str | None]],
+                         host: str | None, pipe: Any) -> list[str | None]:
+        """:meth:`_forget`'s transaction, queued on *pipe*: what each reply
+        counts (None: nothing), in the pipeline's order."""
         items = self._items_by_page(scope, urls, live=False)
         hist = [self._hist_key(scope, key) for key in items]
-        pipe = self._sync.pipeline(transaction=True)
-        # What each reply counts (None: nothing), in the pipeline's order.
+        pipe.multi()
         kinds: list[str | None] = []
         for key in hist:
             pipe.hlen(key)
@@ -336,19 +380,25 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             pipe.hdel(self._key("slots", scope), host)
             pipe.zrem(self._key("slotsat", scope), host)
             kinds += ["hosts", "rates", None]
-        counts = dict.fromkeys(Removed._fields, 0)
-        for kind, n in zip(kinds, self._sync_run(pipe), strict=True):
-            if kind is not None:
-                counts[kind] += int(n)
-        return Removed(**counts)
+        return kinds
 
     def forget_page(self, scope: str, url: str) -> Removed:
         if self.tagged:
             self._adopt_before_repair(scope)
+            host, url_part = url_field(url)
+
+            def plan() -> tuple[int, list[int], str]:
+                n = self._bucket_counts(scope, [host])[host]
+                return n, [bucket_of(url_part, n)], url_part
+
+            return self._forget_in_slots(scope, {url}, host, plan, whole_host=False)
+        return self._forget(scope, url_field(url)[0], lambda: ({url}, self._page_deletion(
+            scope, url)))
+
+    def _page_deletion(self, scope: str, url: str) -> Callable[[Any], list[str | None]]:
+        """What deletes the page *url* (every variant), as stored now (one
+        server: see :meth:`_forget`)."""
         host, bucket, page_fields = self._page_fields(scope, url)
-        if self.tagged:
-            return self._forget_in_slots(scope, {url}, host, [(bucket, page_fields)],
-                                         whole_host=False)
 
         def delete_pages(pipe: Any) -> list[str | None]:
             if not page_fields:
@@ -364,18 +414,29 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             # lower bound still (the next summary sets it right).
             return [None, "pages", "pages", None, "links", None]
 
-        return self._forget(scope, {url}, delete_pages)
+        return delete_pages
 
     def forget_host(self, scope: str, host: str) -> Removed:
         if self.tagged:
             self._adopt_before_repair(scope)
+
+            def plan() -> tuple[int, list[int], str]:
+                n = self._bucket_counts(scope, [host])[host]
+                return n, list(range(n)), ""
+
+            # (Its items: every item of a page of the host, found by their
+            # records.)
+            return self._forget_in_slots(scope, (), host, plan, whole_host=True)
+        return self._forget(scope, host, lambda: self._host_deletion(scope, host), host)
+
+    def _host_deletion(self, scope: str, host: str
+                       ) -> tuple[set[str], Callable[[Any], list[str | None]]]:
+        """The URLs of *host*'s pages and what deletes them, as stored now
+        (one server: see :meth:`_forget`)."""
         n = self._bucket_counts(scope, [host])[host]
         buckets = [(host, b) for b in range(n)]
         urls = {page_key_of(scope, host, field.decode()).url
                 for _, field, _ in self._iter_bucket_pages(scope, buckets)}
-        if self.tagged:
-            return self._forget_in_slots(scope, urls, host, [(b, None) for b in range(n)],
-                                         whole_host=True)
 
         def delete_pages(pipe: Any) -> list[str | None]:
             pipe.eval(_SUMS_FORGET_LUA, 0, self.prefix, _key_part(scope), host_part(host),
@@ -393,7 +454,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             pipe.eval(_GENERATION_LUA, 1, self._generation_key(scope, host))
             return [*kinds, None, None, None, None]
 
-        return self._forget(scope, urls, delete_pages, host)
+        return urls, delete_pages
 
     # -- the cluster layout: items by group, repairs a MULTI per slot ---------
 
@@ -467,90 +528,102 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         return out
 
     def _multi_per_slot(self, commands: list[tuple[Any, ...]],
-                        plain_if_full: bool = False) -> list[Any]:
+                        plain_if_full: bool = False, cut_short: str = "") -> list[Any]:
         """*commands* (each of one key, its second element; a script's,
         ``EVAL script 1 key``, its fourth) as one ``MULTI`` per hash slot
         (a cluster runs a transaction only in one slot); the replies in
         the order given. Not one transaction: each slot's part is applied
-        whole, one after the other (a repair runs while no crawl holds the
-        scope). *plain_if_full*: a slot whose node is above maxmemory (it
+        whole, one after the other, the slots in the order *commands*
+        first name them (a repair runs while no crawl holds the scope).
+        *plain_if_full*: a slot whose node is above maxmemory (it
         refuses every command queued in a MULTI) gets its part as a plain
-        pipeline (for commands Redis runs when full: reads, DEL, SREM)."""
+        pipeline (for commands Redis runs when full: reads, DEL, SREM).
+        *cut_short*: what a failure after the first slot's part was
+        applied is said to be (a repair or reset then to run again)."""
         by_slot: dict[int, list[int]] = {}
         for n, command in enumerate(commands):
             key = command[3] if command[0] == "EVAL" else command[1]
             by_slot.setdefault(key_slot(str(key).encode()), []).append(n)
         out: list[Any] = [None] * len(commands)
-        for ns in by_slot.values():
-            pipe = self._sync.pipeline(transaction=True)
-            for n in ns:
-                pipe.execute_command(*commands[n])
+        for done, ns in enumerate(by_slot.values()):
             try:
-                replies = self._sync_run(pipe)
+                replies = self._slot_multi(commands, ns, plain_if_full)
             except StateStoreError as exc:
-                if not (plain_if_full and isinstance(
-                        exc.__cause__, redis.exceptions.OutOfMemoryError)):
+                if not (done and cut_short):
                     raise
-                pipe = self._sync.pipeline(transaction=False)
-                for n in ns:
-                    pipe.execute_command(*commands[n])
-                replies = self._sync_run(pipe)
+                raise StateStoreError(f"{exc} ({cut_short}: {done} of {len(by_slot)} "
+                                      "slots applied; run it again)") from exc
             for n, reply in zip(ns, replies, strict=True):
                 out[n] = reply
         return out
 
-    def _forgotten(self, scope: str, host: str,
-                   buckets: list[tuple[int, list[str] | None]]) -> _Effects:
-        """What deleting the pages of *buckets* (each its number and the
-        fields deleted, None: all) takes out of the scope's sums and checks."""
-        effects = _Effects()
-        pipe = self._sync.pipeline(transaction=False)
-        asked: list[list[str] | None] = []
-        for bucket, names in buckets:
-            for key in self._bucket_keys(scope, host, bucket):
-                if names is None:
-                    pipe.hgetall(key)
-                    asked.append(None)
-                elif names:
-                    pipe.hmget(key, names)
-                    asked.append(names)
-        for names, reply in zip(asked, self._sync_run(pipe), strict=True):
-            pairs = (((k.decode(), v) for k, v in reply.items()) if names is None
-                     else zip(names, reply, strict=True))
-            for field, raw in pairs:
-                if raw is not None:
-                    effects.forget(self._page(page_key_of(scope, host, field), raw),
-                                   f"{host_part(host)}|{field}")
-        return effects
+    def _slot_multi(self, commands: list[tuple[Any, ...]], ns: list[int],
+                    plain_if_full: bool) -> list[Any]:
+        """One slot's part of :meth:`_multi_per_slot` (the commands *ns*)."""
+        pipe = self._sync.pipeline(transaction=True)
+        for n in ns:
+            pipe.execute_command(*commands[n])
+        try:
+            return self._sync_run(pipe)
+        except StateStoreError as exc:
+            if not (plain_if_full and isinstance(
+                    exc.__cause__, redis.exceptions.OutOfMemoryError)):
+                raise
+            pipe = self._sync.pipeline(transaction=False)
+            for n in ns:
+                pipe.execute_command(*commands[n])
+            return self._sync_run(pipe)
 
     def _adopt_before_repair(self, scope: str) -> None:
         """A repair on a cluster first applies what the hosts' ledgers hold
         (a dead worker's effects, a cut repair's): what it reads of the
-        pages is then what the sums count, and the checks it takes out are
-        not set again by an older entry applied after it. Refused (Redis
+        pages is then what the sums count. Refused (Redis
         full, a damaged key), the repair is refused: nothing deleted."""
         self.adopt_ledgers_sync(scope, strict=True)
 
     def _forget_in_slots(self, scope: str, urls: Collection[str], host: str,
-                         buckets: list[tuple[int, list[str] | None]], *,
+                         plan: Callable[[], tuple[int, list[int], str]], *,
                          whole_host: bool) -> Removed:
-        """:meth:`forget_page` / :meth:`forget_host` on a cluster: the same
-        deletions as one ``MULTI`` per slot (:meth:`_multi_per_slot`), and
-        the pages deleted taken out of the scope's sums by the scope's
-        script (their records read first, in their host's slot).
+        """:meth:`forget_page` / :meth:`forget_host` on a cluster: the
+        host's part in one script (``cluster_forget.lua``: the pages, their
+        links, the host's record or page count, and what they take out of
+        the scope's sums, computed from the records as it deletes them),
+        then the rest as one ``MULTI`` per slot (:meth:`_multi_per_slot`),
+        then those sums taken out by the scope shard's script. *plan* gives
+        the host's bucket count, the buckets to delete from and the page's
+        URL part ('': every page of the host), read again when a crawl
+        split the host's buckets meanwhile.
 
-        That last step is in another slot than the pages': a repair cut
-        between them (the shard's node unreachable, the command killed)
-        would leave the sums counting pages gone for good (a retry finds
-        none to take out). So it goes as a flush's effects go: a
-        write-ahead intent in the host's shard first (before anything is
-        deleted), the effects in the host's ledger in the same ``MULTI``
-        as the pages' deletion, applied once under their token
-        (``P:fxdone``) by the shard's script, or by the next reading of
-        the scope (:meth:`_adoption`) if the repair stops before."""
-        items = self._items_by_page(scope, urls, live=False)
-        effects = self._forgotten(scope, host, buckets)
+        The sums are in another slot than the pages: a repair cut between
+        them (the shard's node unreachable, the command killed) would leave
+        the sums counting pages gone for good (a retry finds none to take
+        out). So they go as a flush's effects go: a write-ahead intent in
+        the host's shard first (before anything is deleted), the effects in
+        the host's ledger by the script that deletes the pages, applied
+        once under their token (``P:fxdone``) by the shard's script, or by
+        the next reading of the scope (:meth:`_adoption`) if the repair
+        stops before. Computed in that script, they are what was deleted,
+        whatever a crawl wrote after the repair planned.
+
+        The host's slot goes first, the items' groups after: a repair cut
+        between them leaves items whose page is gone (the page is fetched
+        as new and its items written again), never a page whose validators
+        say "seen" with its items gone (a 304 would never store them
+        again). Run again, it finds those items: a host's repair takes
+        every item of a page of the host (its pages are gone by then)."""
+        pages_of = self._item_pages(scope, urls, live=False, host=host if whole_host else None)
+        items = sorted(pages_of)
+        # (A host's run again after a cut: its items' pages, gone by then.)
+        urls = {*urls, *pages_of.values()}
         part = host_part(host)
+        shard = shard_part(_key_part(scope), scope_shard(part))
+        token = uuid.uuid4().hex
+        intent = (self._intents_key(shard), f"{part}\0repair-{token}")
+        ledger = self._host_key("fx", scope, host)
+        self._repair_intent(intent)
+        pages, links, buckets, raw = self._forget_host_slot(scope, host, ledger, token, plan)
+        counts = dict.fromkeys(Removed._fields, 0)
+        counts.update(pages=pages, links=links)
         commands: list[tuple[Any, ...]] = []
         kinds: list[str | None] = []
 
@@ -558,12 +631,18 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             commands.append(command)
             kinds.append(kind)
 
-        pending = bool(effects.sums or effects.checks)
-        shard = shard_part(_key_part(scope), scope_shard(part))
-        token = uuid.uuid4().hex
-        intent = (self._intents_key(shard), f"{part}\0repair-{token}")
-        ledger = self._host_key("fx", scope, host)
-
+        if whole_host:
+            # Not its ledger: an entry there may be pending still (a cut
+            # repair's, retried now; one written after the adoption read):
+            # it goes once applied (HDEL), never with the pages.
+            run(None, "SREM", self._host_shard_key("hs", scope, host), part)
+            run(None, "ZREM", self._host_shard_key("dueb", scope, host),
+                *(f"{part}|{b}" for b in buckets))
+            run("hosts", "HDEL", self._key("hosts", scope), host)
+            run("rates", "HDEL", self._key("slots", scope), host)
+            run(None, "ZREM", self._key("slotsat", scope), host)
+        # (Otherwise the bucket's bound in the revisit index may now be
+        # low: a lower bound still, which the next summary sets right.)
         for key in items:
             run("versions", "HLEN", self._hist_key(scope, key))
             run("items", "HDEL", self._item_key("items", scope, key), key)
@@ -573,59 +652,60 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         for url in sorted(urls):
             # Every item listed under these pages is gone with them.
             run(None, "ZREMRANGEBYLEX", self._item_key("bypage", scope, url), *_page_range(url))
-        links = self._host_key("ln", scope, host)
-        if whole_host:
-            for bucket, _ in buckets:
-                for key in self._bucket_keys(scope, host, bucket):
-                    run("pages", "HLEN", key)
-                    run(None, "DEL", key)
-            run("links", "HLEN", links)
-            run(None, "DEL", links)
-            run(None, "DEL", self._host_key("hd", scope, host))
-            # Raised, not deleted (see memo.py), in the pages' MULTI.
-            run(None, "EVAL", _GENERATION_LUA, 1, self._generation_key(scope, host))
-            # Not its ledger: an entry there may be pending still (a cut
-            # repair's, retried now; one written after the adoption read):
-            # it goes once applied (HDEL), never with the pages.
-            run(None, "SREM", self._host_shard_key("hs", scope, host), part)
-            run(None, "ZREM", self._host_shard_key("dueb", scope, host),
-                *(f"{part}|{b}" for b, _ in buckets))
-            run("hosts", "HDEL", self._key("hosts", scope), host)
-            run("rates", "HDEL", self._key("slots", scope), host)
-            run(None, "ZREM", self._key("slotsat", scope), host)
-        else:
-            [(bucket, names)] = buckets
-            if names:
-                for key in self._bucket_keys(scope, host, bucket):
-                    run("pages", "HDEL", key, *names)
-                run(None, "HINCRBY", self._host_key("hd", scope, host), "p", -len(names))
-                run("links", "HDEL", links, *names)
-                run(None, "EVAL", _GENERATION_LUA, 1, self._generation_key(scope, host))
-        if pending:
-            # In the pages' MULTI; the intent is written now, before any
-            # command here is sent.
-            run(None, *self._repair_intent(intent, ledger, token, effects))
-        counts = dict.fromkeys(Removed._fields, 0)
-        for kind, n in zip(kinds, self._multi_per_slot(commands), strict=True):
+        try:
+            replies = self._multi_per_slot(commands)
+        except StateStoreError as exc:
+            raise StateStoreError(f"{exc} (repair cut short: its pages were deleted, not "
+                                  "all of the rest: run it again)") from exc
+        for kind, n in zip(kinds, replies, strict=True):
             if kind is not None:
                 counts[kind] += int(n)
-        if pending:
+        if raw:
+            effects = _Effects(ledger=ledger, where=(shard, part))
+            effects.add(json.loads(raw), part)
             self._repair_effects(shard, part, ledger, token, intent, effects)
+        else:
+            self._drop_intent(intent)
         return Removed(**counts)
 
-    def _repair_intent(self, intent: tuple[str, str], ledger: str, token: str,
-                       effects: _Effects) -> tuple[Any, ...]:
-        """A repair's write-ahead intent written (before anything is
-        deleted), and the command that writes its effects in the host's
-        ledger (with the deletions: see :meth:`_forget_in_slots`)."""
+    def _forget_host_slot(self, scope: str, host: str, ledger: str, token: str,
+                          plan: Callable[[], tuple[int, list[int], str]]
+                          ) -> tuple[int, int, list[int], str]:
+        """The host's part of a repair (``cluster_forget.lua``), planned
+        again while a crawl splits the host's buckets meanwhile: the pages
+        and links deleted, the buckets deleted from, and the effects the
+        script kept in the host's ledger (JSON; '' none)."""
+        for _ in range(_FORGET_ROUNDS):
+            n, buckets, url_part = plan()
+            keys = [self._host_key("hd", scope, host), self._host_key("ln", scope, host),
+                    self._generation_key(scope, host), ledger,
+                    *(key for b in buckets for key in self._bucket_keys(scope, host, b))]
+            args = [n, token, *(("page", url_part) if url_part else ("host",))]
+            self.roundtrips += 1
+            try:
+                reply: Any = self._sync.eval(CLUSTER_FORGET_LUA, len(keys), *keys, *args)
+            except redis.RedisError as exc:
+                raise self._fail("repair failed (nothing was deleted)", exc) from exc
+            if reply[0] != b"n":
+                pages, links, raw = reply
+                return int(pages), int(links), buckets, raw.decode() if raw else ""
+        raise self._fail("repair failed (nothing was deleted): the host's buckets kept "
+                         "being split by a crawl; run it again once no crawl holds the scope")
+
+    def _repair_intent(self, intent: tuple[str, str]) -> None:
+        """A repair's write-ahead intent written, before anything is
+        deleted (see :meth:`_forget_in_slots`)."""
         self.roundtrips += 1
         try:
-            stamp = int(self._sync.eval(CLUSTER_INTENT_ADD_LUA, 1, *intent))
+            self._sync.eval(CLUSTER_INTENT_ADD_LUA, 1, *intent)
         except redis.RedisError as exc:
             raise self._fail("repair failed (nothing was deleted)", exc) from exc
-        # (Stamped by the intent's node's clock, as a host script's entry
-        # is by its own: the nodes' clocks agree within minutes.)
-        return ("HSET", ledger, token, json.dumps([stamp, effects.as_entry()]))
+
+    def _drop_intent(self, intent: tuple[str, str]) -> None:
+        """A repair's intent once its pages took nothing out of the sums."""
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.zrem(*intent)
+        self._sync_run(pipe)
 
     def _repair_effects(self, shard: str, part: str, ledger: str, token: str,
                         intent: tuple[str, str], effects: _Effects) -> None:
@@ -760,7 +840,10 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             commands += [("EVAL", _GENERATION_LUA, 1, key) for key in generations]
             # Above maxmemory too: a reset is how memory is freed (its
             # reads and deletions Redis runs when full, not in a MULTI).
-            replies = self._multi_per_slot(commands, plain_if_full=True)
+            # (The hosts' slots come first, named by the counts: a reset cut
+            # short leaves items whose page is gone, never the reverse.)
+            replies = self._multi_per_slot(commands, plain_if_full=True,
+                                           cut_short="reset cut short")
             return self._counted_groups(replies[:counted], buckets, links, hist)
         kinds, buckets, links, hist, generations = self._scope_keys(scope)
         counted = len(buckets) + len(links) + 1 + len(hist) + 2

@@ -62,7 +62,8 @@ and says so when the count is another by then (another worker split), and
 the caller plans again.
 
 The admin read-outs, exports and repairs run on it too (:mod:`.admin`:
-items merged over their groups, a repair one ``MULTI`` per slot, keys
+items merged over their groups, a repair one ``MULTI`` per slot, its
+host's part first, a page repair's in one script, ``cluster_forget.lua``; keys
 found by ``SCAN`` on every primary). A summary that reads every bucket
 sets their bounds across slots (marked before its read, raised only where
 the mark stayed: see ``due.py``). Not built on the cluster yet: a due read
@@ -111,8 +112,6 @@ from incremental_crawler.state.stores.redis.scripts import (
 
 if TYPE_CHECKING:
     from collections.abc import Generator, Sequence
-
-    from incremental_crawler.state.records import PageState
 
 __all__ = ["RedisClusterPath"]
 
@@ -182,6 +181,13 @@ def _applied_bucket(token: str) -> int:
         return 0
 
 
+def _has_effects(reply: dict[str, Any]) -> bool:
+    """Whether a host script's effects change anything in its scope's
+    slot (as cluster_host.lua keeps a ledger entry for them)."""
+    return bool(reply.get("splits") or reply.get("new_host") or reply.get("sums")
+                or reply.get("checks") or reply.get("due"))
+
+
 def _tag_of(key: str) -> str:
     """The hash tag of a key (``{...}``, braces included)."""
     start = key.index("{")
@@ -216,7 +222,7 @@ class _Effects:
             total[1] += int(size)
         checks = reply.get("checks") or []
         for member, at in checks:
-            self.checks[member] = "" if at == "" else str(int(at))
+            self._check(member, "" if at == "" else str(int(at)))
         for member, raw in (reply.get("due") or {}).items():
             visit = int(raw)
             self.due[member] = min(self.due.get(member, visit), visit)
@@ -247,30 +253,21 @@ class _Effects:
             bundle.hosts.add(part)
         return bundle
 
-    def as_entry(self) -> dict[str, Any]:
-        """These effects as a host script returns them (the ledger's
-        format, which :meth:`add` reads): a repair's in its host's ledger."""
-        return {"sums": {f"{visit}|{callback}": [pages, size]
-                         for (visit, callback), (pages, size) in self.sums.items()},
-                "checks": [[member, at] for member, at in self.checks.items()],
-                "due": dict(self.due), "splits": self.splits,
-                "new_host": bool(self.hosts),
-                "latest": "" if self.latest is None else self.latest}
-
-    def forget(self, state: PageState, member: str) -> None:
-        """A page deleted (a repair): out of the sums and the checks."""
-        if state.callback is not None:
-            total = self.sums.setdefault((int(state.next_visit), state.callback), [0, 0])
-            total[0] -= 1
-            total[1] -= int(state.size or 0)
-        self.checks[member] = ""
+    def _check(self, member: str, checked: str) -> None:
+        """A page's check noted: the latest of those noted (its time, or ''
+        for a page without a callback now, which changes nothing when
+        applied: see cluster_scope.lua), whatever order they come in."""
+        was = self.checks.get(member, "")
+        if was == "" or (checked != "" and int(checked) > int(was)):
+            self.checks[member] = checked
 
     def merge(self, newer: _Effects) -> None:
         for key, (pages, size) in newer.sums.items():
             total = self.sums.setdefault(key, [0, 0])
             total[0] += pages
             total[1] += size
-        self.checks.update(newer.checks)
+        for member, checked in newer.checks.items():
+            self._check(member, checked)
         for member, visit in newer.due.items():
             self.due[member] = min(self.due.get(member, visit), visit)
         self.splits += newer.splits
@@ -598,10 +595,9 @@ class RedisClusterPath(RedisCore):
         left them there, its worker dead before its phase 3, or slow; the
         scope's script applies each token's once). Returns its own, decoded.
 
-        The taken ones go in first: they were in the ledger before this
-        script wrote, and the scope's script merges its bundles in order
-        (a later check wins: a repair's taken ``''`` must not undo the
-        page's newer check this flush made)."""
+        The taken ones go in first (they were in the ledger before this
+        script wrote); the order matters to nothing the scope's script
+        applies (sums add up, bounds only lower, checks only raise)."""
         ledger = f"{self.prefix}:fx:{tag}"
         part = where[1]
         done = json.loads(reply[3]) if reply[3] else {}
@@ -616,7 +612,10 @@ class RedisClusterPath(RedisCore):
             bundle = _Effects(ledger=ledger, where=where)
             bundle.add(effects, part)
             bundles.setdefault(other, bundle)
-        if int(reply[0]) and done:
+        if done and (int(reply[0]) or _has_effects(done)):
+            # Even with no write applied: its splits were made before the
+            # writes (the new bucket's bound, the host listed), and a
+            # replay returns the same.
             bundles[token] = _Effects(ledger=ledger, where=where)
             bundles[token].add(done, part)
         return done
@@ -824,8 +823,8 @@ class RedisClusterPath(RedisCore):
                 bundle = _Effects(ledger=ledger, where=(shard, part))
                 bundle.add(effects, part)
                 found_all.append((float(stamped), token, bundle))
-        # Oldest first: the scope's script merges them in order (a later
-        # check wins), and a ledger's hash has no order of its own.
+        # Oldest first (a ledger's hash has no order of its own); what the
+        # scope's script applies of them does not depend on it.
         found_all.sort(key=lambda found: found[0])
         return {token: bundle for _, token, bundle in found_all}
 

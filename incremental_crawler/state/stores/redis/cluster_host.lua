@@ -370,7 +370,11 @@ for k = 1, #flat, 2 do
     taken[#taken + 1] = {flat[k], entry[2], false}
   end
 end
-if applied > 0 then
+-- Kept whenever there are effects, a write applied or not: the splits are
+-- made before the writes, so a script whose first write fails (a damaged
+-- record) has still moved pages to a new bucket, whose bound must reach
+-- the revisit index (else its pages are never due).
+if applied > 0 or splits > 0 or new_host or next(SUMS) or next(CHECKS) or next(DUE) then
   redis.call('HSET', LEDGER, string.match(TOKEN, '[^:]*$'), cjson.encode({now, effects}))
 end
 local taken_json = '[]'

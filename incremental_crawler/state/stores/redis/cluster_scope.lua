@@ -6,7 +6,7 @@
 -- of its page writes (the effects):
 -- the scope's hosts, the revisit index lowered (ZADD LT: a lower bound
 -- stays one), the splits count, the sums by next visit and the checks
--- since the mark; then the scope's own writes in staging order (host
+-- since the mark (ZADD GT: see below); then the scope's own writes in staging order (host
 -- trust, crawl records, rates, delivery marks).
 --
 -- The effects come from phase 2's scripts, each under its own token
@@ -205,15 +205,20 @@ for _, delta in ipairs(sums) do
     add_sum(fine, (visit - minute * SUM_MINUTE) .. '|' .. callback, pages, bytes)
   end
 end
+-- The checks since the mark only ever raise a page's score (ZADD GT), and
+-- a page that lost its callback or was deleted ('') is not removed: the
+-- effects of different scripts are applied in separate runs, in any order
+-- (a late worker's older check, a repair's entry left in a ledger), and
+-- these commute. A member scored higher than its page's last check, or
+-- whose page has no callback now, is harmless: a summary reads every
+-- page P:ck lists and keeps only those checked since with a callback; a
+-- member missing or scored lower would not be. (P:ck stays bounded: the
+-- next mark drops every member scored before it.)
 local mark = tonumber(redis.call('HGET', META, 'mark'))
 if mark then
   for _, check in ipairs(checks) do
     local at = tonumber(check[2])
-    if at and at >= mark then
-      redis.call('ZADD', CHECKS, at, check[1])
-    else
-      redis.call('ZREM', CHECKS, check[1])
-    end
+    if at and at >= mark then redis.call('ZADD', CHECKS, 'GT', at, check[1]) end
   end
 end
 if latest then

@@ -1,0 +1,90 @@
+
+-- A repair's part in its host's slot on a Redis Cluster (cluster layout):
+-- the pages deleted (every bucket of the host, or every variant of one
+-- page in its bucket), their links records, the host's record or page
+-- count, its write generation raised, and what the pages deleted take out
+-- of the scope's sums, computed from the records as this script deletes
+-- them and kept in the host's ledger under the repair's token (its shard's
+-- script applies them once: see admin.py, _forget_in_slots). One run: a
+-- page a crawl wrote or changed after the repair planned is deleted and
+-- taken out of the sums as it is then, never counted on after its deletion.
+--
+-- KEYS: the host's record (hd), links (ln), write generation (wg), ledger
+-- (fx), then the two hashes (pg, pgl) of each bucket declared. ARGV: the
+-- bucket count planned from, the token, then 'host' (every declared
+-- bucket: all of the host's) or 'page' and the page's URL part (its
+-- variants too, in the one bucket declared).
+-- Returns {'n', count} when the host's bucket count is not the one planned
+-- (nothing deleted: the caller plans again), else {pages deleted, links
+-- records deleted, effects (JSON; '' none)}.
+local DIR, LINKS, GENERATION, LEDGER = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local PLANNED_N, TOKEN, MODE = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local n = bucket_count(DIR)
+if n ~= PLANNED_N then return {'n', n} end
+
+-- Every key written is of its type (or absent), and everything deleted is
+-- read (and decoded) first: a damaged key or record fails the repair
+-- before anything is deleted (a script that erred halfway would leave it
+-- half done).
+for _, pair in ipairs({{LINKS, 'hash'}, {LEDGER, 'hash'}, {DIR, 'hash'}}) do
+  local kind = redis.call('TYPE', pair[1]).ok
+  if kind ~= 'none' and kind ~= pair[2] then
+    error('WRONGTYPE ' .. pair[1] .. ' is a ' .. kind .. ', not a ' .. pair[2]
+      .. ': nothing was deleted', 0)
+  end
+end
+do
+  local kind = redis.call('TYPE', GENERATION).ok
+  if kind ~= 'none' and not (kind == 'string'
+      and string.match(redis.call('GET', GENERATION), '^%-?%d+$')) then
+    error(GENERATION .. ' is not a counter (a ' .. kind .. '): nothing was deleted', 0)
+  end
+end
+local doomed = {}
+local fields = {}
+local SUMS = {}
+local function forget(raw)
+  local callback, _, visit, bytes = page_summary(raw)
+  if callback then
+    local field = string.format('%d', visit) .. '|' .. callback
+    local was = SUMS[field] or {0, 0}
+    SUMS[field] = {was[1] - 1, was[2] - bytes}
+  end
+end
+for k = 5, #KEYS do
+  local flat = redis.call('HGETALL', KEYS[k])
+  for j = 1, #flat, 2 do
+    local field = flat[j]
+    if MODE == 'host' or field == ARGV[4]
+        or string.sub(field, 1, #ARGV[4] + 1) == ARGV[4] .. '\0' then
+      forget(flat[j + 1])
+      doomed[#doomed + 1] = {KEYS[k], field}
+      fields[field] = true
+    end
+  end
+end
+
+local pages, links = 0, 0
+if MODE == 'host' then
+  for k = 5, #KEYS do
+    pages = pages + redis.call('HLEN', KEYS[k])
+    redis.call('DEL', KEYS[k])
+  end
+  links = redis.call('HLEN', LINKS)
+  redis.call('DEL', LINKS, DIR)
+  redis.call('INCR', GENERATION)
+else
+  for _, where in ipairs(doomed) do pages = pages + redis.call('HDEL', where[1], where[2]) end
+  if pages > 0 then redis.call('HINCRBY', DIR, 'p', -pages) end
+  for field in pairs(fields) do links = links + redis.call('HDEL', LINKS, field) end
+  if pages > 0 or links > 0 then redis.call('INCR', GENERATION) end
+end
+
+if not next(SUMS) then return {pages, links, ''} end
+-- (cjson writes an empty table as {}: the effects are objects.)
+local effects = cjson.encode({sums = SUMS, checks = {}, due = {}, splits = 0,
+                              new_host = false, latest = ''})
+-- Stamped by this node's clock, as a host script's entry is (an adoption
+-- tells its age on the clock of the ledger's node).
+redis.call('HSET', LEDGER, TOKEN, cjson.encode({tonumber(redis.call('TIME')[1]), effects}))
+return {pages, links, effects}
