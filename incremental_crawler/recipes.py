@@ -600,6 +600,16 @@ def read_record(data: str) -> list[tuple[str | None, str | dict[str, Any]]] | No
     return None if recipes is None else [(None, recipe) for recipe in recipes]
 
 
+def record_tokens(data: str) -> list[str] | None:
+    """The entry tokens of a links record of version 3 (a request's
+    fingerprint, or NO_FINGERPRINT), read without its recipes; ``None``
+    for a record of another version, or not one."""
+    if not data.startswith(_HEADER_V3):
+        return None
+    found = _v3_tokens(data)
+    return None if found is None else found[0]
+
+
 def _v3_tokens(data: str) -> tuple[list[str], int] | None:
     """A record of version 3's tokens, and where its recipes' lines start;
     ``None``: not one (a record holds one request at least)."""

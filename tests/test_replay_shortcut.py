@@ -25,7 +25,7 @@ the same.
 from __future__ import annotations
 
 import sqlite3
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 import pytest_twisted
@@ -225,3 +225,61 @@ async def _compare(site: LoopbackSite, tmp_path: Path, monkeypatch: pytest.Monke
             # depth limit or the middleware let the crawl reach).
             found = {site.url(p) for p in changed} & {key[0] for key in cold}
             assert found and set(outcomes["shortcut"][1]) == found
+
+
+class ErrbackSpider(CrawlSpider):
+    """Records its errbacks' calls."""
+
+    name = "manual_errback"
+    allowed_domains = ("127.0.0.1",)
+    rules = (Rule(LinkExtractor(), callback="parse_item", errback="failed", follow=True),)
+    failures: ClassVar[list[tuple[str, str]]] = []
+
+    def __init__(self, start_url: str = "", **kwargs: Any) -> None:
+        self.start_urls = [start_url]
+        super().__init__(**kwargs)
+
+    def parse_item(self, response: Response) -> dict[str, Any]:
+        return {"url": response.url}
+
+    def failed(self, failure: Any) -> None:
+        type(self).failures.append((failure.request.url, type(failure.value).__name__))
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_304_whose_links_were_all_seen_ends_as_its_stand_in_would(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page answering 304 whose recorded requests the dupefilter saw
+    already ends without a stand-in response (it would yield nothing), and
+    calls neither its callback nor its errback, as its stand-in would not:
+    two days later, the errbacks called (the 304s of pages without links,
+    ``NotModified``) and what the server saw are those of the full replay."""
+    site = LoopbackSite.manual(30, page_size=1000)
+    site.start()
+    try:
+        shortcut, full = tmp_path / "shortcut.db", tmp_path / "full.db"
+        kwargs = {"start_url": site.url(CONTENTS)}
+        base = {"INCREMENTAL_REVISIT_ENABLED": True, "CONCURRENT_REQUESTS": 1}
+        await CrawlerRunner(crawl_settings(f"sqlite:///{shortcut}", **base)).crawl(
+            ErrbackSpider, **kwargs)
+        with sqlite3.connect(shortcut) as src, sqlite3.connect(full) as dst:
+            src.backup(dst)
+        later(monkeypatch, 2)
+        seen: dict[bool, tuple[list[Any], list[Any]]] = {}
+        for on, db in ((True, shortcut), (False, full)):
+            ErrbackSpider.failures.clear()
+            site.reset_log()
+            runner = CrawlerRunner(crawl_settings(
+                f"sqlite:///{db}", **base, INCREMENTAL_REPLAY_SHORTCUTS=on))
+            crawler = runner.create_crawler(ErrbackSpider)
+            await runner.crawl(crawler, **kwargs)
+            assert crawler.stats is not None
+            if on:
+                # Some pages' links were all seen when they answered.
+                assert crawler.stats.get_value("incremental/replay/no_stand_in", 0) >= 10
+            seen[on] = (sorted(ErrbackSpider.failures), served(site))
+        assert seen[True] == seen[False]
+        assert {status for _, status, _ in seen[True][1]} <= {304, 200}
+        assert seen[True][0] and {kind for _, kind in seen[True][0]} == {"NotModified"}
+    finally:
+        await site.stop()

@@ -22,8 +22,11 @@ saw this crawl is left out unread (:mod:`.seen`): built and sent through
 the spider middlewares, it would only be dropped by the scheduler. So a
 page's links cost a replay what is still new to the crawl, not what the
 page holds (an index page of a thousand links, all reached already, costs a
-set lookup each). ``INCREMENTAL_REPLAY_SHORTCUTS = False`` builds every
-recorded request (the full replay; the scheduler drops the same ones).
+set lookup each). A page whose recorded requests were all seen already gets
+no stand-in at all: its request ends there, calling neither its callback
+nor its errback, as the stand-in would have ended it. ``INCREMENTAL_REPLAY_SHORTCUTS
+= False`` builds every recorded request (the full replay; the scheduler
+drops the same ones).
 
 A recorded request that cannot be built again (its callback, errback or
 CrawlSpider rule is gone) is dropped, counted, and its source page flagged
@@ -42,11 +45,13 @@ from scrapy.http import Response
 
 from incremental_crawler.crawl.seen import seen_reader
 from incremental_crawler.recipes import (
+    NO_FINGERPRINT,
     Unbuildable,
     build,
     entry_fingerprint,
     read_record,
     recipe_in,
+    record_tokens,
 )
 from incremental_crawler.state.records import PageFlags
 
@@ -100,12 +105,21 @@ class Replayer:
         return True
 
     def response(self, request: Request, key: PageKey, data: str,
-                 headers: Headers | None = None) -> Response:
+                 headers: Headers | None = None) -> Response | None:
         """The stand-in response of *request*'s page, whose links record is *data*.
 
         *headers* are those of the 304, if there was one (RefererMiddleware
         reads a Referrer-Policy from them, as from the page's own answer).
+
+        ``None`` when the dupefilter already saw every request the record
+        holds (see the module docstring): the stand-in would yield nothing,
+        at the cost of Scrapy's whole path of a response (the spider
+        middlewares, the callback, the scraper's workers). The caller ends
+        the request as a stand-in would: neither its callback nor its
+        errback is called.
         """
+        if self.skip_seen and self._all_seen(data):
+            return None
         meta = {k: v for k, v in request.meta.items() if not k.startswith(_OURS)}
         # HttpErrorMiddleware passes only 2xx to callbacks unless told.
         meta["handle_httpstatus_list"] = [304]
@@ -115,6 +129,22 @@ class Replayer:
         )
         return Response(request.url, status=304, headers=headers, flags=[REPLAY_FLAG],
                         request=source)
+
+    def _all_seen(self, data: str) -> bool:
+        """Whether the dupefilter saw every request of the links record
+        *data* (a record whose requests all have a fingerprint: none with
+        ``dont_filter``, which the dupefilter lets through). Counted as a
+        replay that left them all out."""
+        tokens = record_tokens(data)
+        if not tokens or NO_FINGERPRINT in tokens:
+            return False
+        fingerprints = [entry_fingerprint(token) for token in tokens]
+        if len(self._seen_of(fingerprints)) < len(set(fingerprints)):
+            return False
+        self.stats.inc_value("incremental/replay/pages")
+        self.stats.inc_value("incremental/replay/seen_left_out", len(tokens))
+        self.stats.inc_value("incremental/replay/no_stand_in")
+        return True
 
     def _requests(self, key: PageKey, data: str, response: Response, **_: Any) -> list[Request]:
         # A list, not a generator: Scrapy reads a generator callback's source
