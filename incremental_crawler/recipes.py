@@ -600,14 +600,21 @@ def read_record(data: str) -> list[tuple[str | None, str | dict[str, Any]]] | No
     return None if recipes is None else [(None, recipe) for recipe in recipes]
 
 
-def record_tokens(data: str) -> list[str] | None:
+def record_tokens(data: str, *, whole: bool = False) -> list[str] | None:
     """The entry tokens of a links record of version 3 (a request's
-    fingerprint, or NO_FINGERPRINT), read without its recipes; ``None``
-    for a record of another version, or not one."""
+    fingerprint, or NO_FINGERPRINT), read without parsing its recipes;
+    ``None`` for a record of another version, or not one. *whole*: also
+    ``None`` when the record does not hold a recipe line per token (a
+    damaged record, which a replay drops)."""
     if not data.startswith(_HEADER_V3):
         return None
     found = _v3_tokens(data)
-    return None if found is None else found[0]
+    if found is None:
+        return None
+    tokens, start = found
+    if whole and data.count("\n", start) + 1 != len(tokens):
+        return None
+    return tokens
 
 
 def _v3_tokens(data: str) -> tuple[list[str], int] | None:

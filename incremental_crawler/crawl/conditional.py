@@ -204,7 +204,7 @@ class ConditionalRequestMiddleware:
             # are yielded as they were. Not a download: HttpCacheMiddleware
             # must not keep this response for the URL.
             request.meta["_dont_cache"] = True
-            return self._not_due_standin(request, key, links, prior)
+            return self.replayer.response(request, key, links, always=True)
         if why is Why.SAMPLED:
             # Its response may prove the host's lastmods stale (_settle).
             await self.ledger.trust.load(host_of(request.url))
@@ -308,18 +308,6 @@ class ConditionalRequestMiddleware:
             # (neither callback nor errback; see Replayer.response).
             request.errback = None
         raise NotModified(f"Not modified: {request.url}")
-
-    def _not_due_standin(self, request: Request, key: PageKey, links: str,
-                         prior: PageState) -> Response:
-        """The stand-in of a page not due whose links are replayed; when
-        nothing they yield is new, the request ends as its stand-in would
-        (neither callback nor errback: see Replayer.response)."""
-        standin = self.replayer.response(request, key, links)
-        if standin is None:
-            request.errback = None
-            raise NotDue(f"Not due before {prior.next_visit:.0f}, every link seen: "
-                         f"{request.url}")
-        return standin
 
     def _refetch(self, request: Request, reason: Refetch) -> Request:
         self.stats.inc_value(f"incremental/refetch/{reason}")

@@ -22,11 +22,13 @@ saw this crawl is left out unread (:mod:`.seen`): built and sent through
 the spider middlewares, it would only be dropped by the scheduler. So a
 page's links cost a replay what is still new to the crawl, not what the
 page holds (an index page of a thousand links, all reached already, costs a
-set lookup each). A page whose recorded requests were all seen already gets
-no stand-in at all: its request ends there, calling neither its callback
-nor its errback, as the stand-in would have ended it. ``INCREMENTAL_REPLAY_SHORTCUTS
-= False`` builds every recorded request (the full replay; the scheduler
-drops the same ones).
+set lookup each). A page answering 304 whose recorded requests were all
+seen already gets no stand-in at all: its request ends there, calling
+neither its callback nor its errback, as the stand-in would have ended it
+(it then counts no ``response_received``, as Scrapy's page count and
+``CLOSESPIDER_PAGECOUNT`` read it, and logs no "Crawled (304)" line).
+``INCREMENTAL_REPLAY_SHORTCUTS = False`` builds every recorded request (the
+full replay; the scheduler drops the same ones).
 
 A recorded request that cannot be built again (its callback, errback or
 CrawlSpider rule is gone) is dropped, counted, and its source page flagged
@@ -38,7 +40,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from scrapy import Request
 from scrapy.http import Response
@@ -104,21 +106,32 @@ class Replayer:
         self._replayed.add(key)
         return True
 
+    @overload
     def response(self, request: Request, key: PageKey, data: str,
-                 headers: Headers | None = None) -> Response | None:
+                 headers: Headers | None = None, *, always: Literal[True]) -> Response: ...
+
+    @overload
+    def response(self, request: Request, key: PageKey, data: str,
+                 headers: Headers | None = None, *, always: bool = False) -> Response | None: ...
+
+    def response(self, request: Request, key: PageKey, data: str,
+                 headers: Headers | None = None, *, always: bool = False) -> Response | None:
         """The stand-in response of *request*'s page, whose links record is *data*.
 
         *headers* are those of the 304, if there was one (RefererMiddleware
         reads a Referrer-Policy from them, as from the page's own answer).
 
         ``None`` when the dupefilter already saw every request the record
-        holds (see the module docstring): the stand-in would yield nothing,
-        at the cost of Scrapy's whole path of a response (the spider
-        middlewares, the callback, the scraper's workers). The caller ends
-        the request as a stand-in would: neither its callback nor its
-        errback is called.
+        holds (see the module docstring), unless *always*: the stand-in
+        would yield nothing, at the cost of Scrapy's whole path of a
+        response (the spider middlewares, the callback, the scraper's
+        workers). The caller (a 304's, in ``process_response``) ends the
+        request as a stand-in would: neither its callback nor its errback
+        is called. A page not due (``process_request``) always gets its
+        stand-in: an exception raised there is counted by Scrapy as a
+        download error.
         """
-        if self.skip_seen and self._all_seen(data):
+        if not always and self.skip_seen and self._all_seen(data):
             return None
         meta = {k: v for k, v in request.meta.items() if not k.startswith(_OURS)}
         # HttpErrorMiddleware passes only 2xx to callbacks unless told.
@@ -135,8 +148,9 @@ class Replayer:
         *data* (a record whose requests all have a fingerprint: none with
         ``dont_filter``, which the dupefilter lets through). Counted as a
         replay that left them all out."""
-        tokens = record_tokens(data)
+        tokens = record_tokens(data, whole=True)
         if not tokens or NO_FINGERPRINT in tokens:
+            # (A damaged record too: the full replay drops it, and flags the page.)
             return False
         fingerprints = [entry_fingerprint(token) for token in tokens]
         if len(self._seen_of(fingerprints)) < len(set(fingerprints)):

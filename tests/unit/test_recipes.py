@@ -19,6 +19,7 @@ from scrapy.utils.request import fingerprint
 from scrapy.utils.test import get_crawler
 
 from incremental_crawler.crawl.due import RULES_META
+from incremental_crawler.crawl.replay import Replayer
 from incremental_crawler.recipes import (
     DEFAULT_RULES,
     MAX_RECORD_BYTES,
@@ -537,3 +538,40 @@ def test_unbuildable_says_why_as_build_does(label: str, recipe: dict[str, Any],
     # Request's own refusals (a relative URL) only build can tell.
     expected = None if label == "a relative url" else reason
     assert unbuildable(recipe, SPIDER) is expected
+
+
+def test_a_304_whose_requests_were_all_seen_gets_no_stand_in_unless_one_is_dont_filter(
+) -> None:
+    """Replayer.response: no stand-in for a record whose every request the
+    dupefilter saw; a stand-in when one is ``dont_filter`` (the dupefilter
+    lets it through), when one was not seen, when the record is damaged
+    (the full replay drops it and flags the page), or when asked always
+    (a page not due)."""
+    crawler = get_crawler(UnitSpider)
+    flagged: list[object] = []
+    replayer = Replayer(crawler, SPIDER, lambda key, flags: flagged.append(key))
+    seen: set[str] = set()
+    replayer._seen_found, replayer._seen = True, lambda fps: {fp for fp in fps if fp in seen}
+
+    def record(*requests: Request) -> str:
+        recorder = recorder_of(10)
+        for request in requests:
+            assert recorder.add(request) is None
+        data = recorder.record()
+        assert data is not None
+        return data
+
+    page = Request(URL, callback=SPIDER.parse_item)
+    key = page_key(page, "s", canonical_url)
+    plain = [Request(f"{URL}/{i}", callback=SPIDER.parse_item) for i in range(3)]
+    seen.update(FINGERPRINT(r).hex() for r in plain)
+    assert replayer.response(page, key, record(*plain)) is None
+    assert replayer.response(page, key, record(*plain), always=True) is not None
+    kept = record(*plain, Request(f"{URL}/x", callback=SPIDER.parse_item, dont_filter=True))
+    assert replayer.response(page, key, kept) is not None
+    unseen = record(*plain, Request(f"{URL}/new", callback=SPIDER.parse_item))
+    assert replayer.response(page, key, unseen) is not None
+    damaged = record(*plain).rsplit("\n", 1)[0]
+    assert replayer.response(page, key, damaged) is not None
+    stats = crawler.stats
+    assert stats is not None and stats.get_value("incremental/replay/no_stand_in") == 1
