@@ -442,6 +442,38 @@ async def die(store: RedisStateStore) -> None:
     await store._async.aclose()
 
 
+@pytest.mark.parametrize("cut", ["before-phase-2", "before-phase-3"])
+@pytest_twisted.ensureDeferred
+async def test_a_worker_gone_between_phases_1_and_3_leaves_its_versions_waiting(
+    redis_cluster: LoopbackCluster, prefix: str, cut: str,
+) -> None:
+    """At-least-once delivery: a version is committed waiting on its crawl
+    in the same commit as the version (docs/design.md). On a cluster the
+    version is written in phase 1, by its item group's script, and so is
+    its mark: a worker gone after phase 1 (the next phase's node
+    unreachable, then killed or stopped) leaves the version stored and
+    waiting, and the next crawl emits it again. (Review finding: the mark
+    was written in phase 3, in the scope's own slot, in no ledger.)"""
+    key = PageKey(SCOPE, "https://a.example/p0")
+    gone = open_store(redis_cluster, prefix)
+    record = item("x", 1, page=key.url)
+    record.delivery = "c1"
+    gone.stage_item(record)
+    gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+    cut_before(gone, CLUSTER_HOST_LUA if cut == "before-phase-2" else CLUSTER_SCOPE_LUA)
+    with pytest.raises(StateStoreError):
+        await call(gone.flush())
+    await call(die(gone))
+    store = open_store(redis_cluster, prefix)
+    try:
+        assert store.item_history(SCOPE, "x") == [(1, "fp-x-1")]  # stored
+        assert await call(store.undelivered_crawls(SCOPE)) == ["c1"]  # and waiting
+        [waiting] = await call(store.undelivered(SCOPE, "c1"))
+        assert (waiting.version.key, waiting.version.version) == ("x", 1)
+    finally:
+        await call(store.close())
+
+
 @pytest.mark.parametrize("phase_3_ran", [False, True], ids=["never-sent", "reply-lost"])
 @pytest_twisted.ensureDeferred
 async def test_a_worker_gone_between_phases_2_and_3_leaves_its_effects_to_the_next(
