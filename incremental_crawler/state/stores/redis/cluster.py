@@ -10,25 +10,40 @@ of a scope per scope shard ``{<s>^<x>}`` (``P:dueb``, ``P:nvs``, ``P:hs``,
 ...: a host's in the shard :func:`~.core.scope_shard` gives, so that one
 scope's writes spread over the primaries; see :data:`~.core.SCOPE_SHARDS`),
 and the items by group, ``{<s>#<g>}`` with ``g`` a hash of the item key modulo
-:data:`~.core.ITEM_GROUPS` (``P:items:{<s>#<g>}``, ``P:hist:{<s>#<g>}:<key>``;
-``P:bypage:{<s>#<g>}`` in the group of the *page*'s URL, so that one page's
-items are one range). ``P:meta`` and ``P:scopes`` are one key each.
+:data:`~.core.ITEM_GROUPS` (``P:items:{<s>#<g>}``, ``P:hist:{<s>#<g>}:<key>``,
+the delivery marks of the group's versions ``P:undel:{<s>#<g>}:<crawl>`` and
+``P:undelc:{<s>#<g>}``; ``P:bypage:{<s>#<g>}`` in the group of the *page*'s
+URL, so that one page's items are one range). ``P:meta`` and ``P:scopes``
+are one key each.
 
 A flush runs in three phases (``docs/capacity.md``, "The state store: the
 plan"), each one script per slot, pipelined (the cluster client sends each
 node its own), a phase sent only when every script of the one before
 succeeded:
 
-1. the item writes, per item group (``cluster_items.lua``);
+1. the item writes, per item group (``cluster_items.lua``), each with its
+   delivery mark: a version is never stored without the mark that waits
+   on its crawl, whatever phase a worker is gone in; and the marks moved
+   to a crawl that emitted their versions again;
 2. the page and links writes, per host (``cluster_host.lua``), and the page
    index's new members (after the items they list);
 3. per scope shard touched (``cluster_scope.lua``): what phase 2's scripts
    of its hosts returned of their writes (the shard's hosts, the revisit
    index lowered, the splits, the sums by next visit, the checks since the
    mark); per scope, the same script in the scope's own slot with the
-   scope's own writes (host trust, crawl records, rates, delivery marks);
-   the page index's stale members (``cluster_bypage.lua``: skipped where a
-   later item version wrote the member since); ``P:scopes``.
+   scope's own writes (host trust, crawl records, rates: kept by the
+   worker until applied, in no ledger, so a worker gone before its phase 3
+   loses them); the page index's stale members (``cluster_bypage.lua``:
+   skipped where a later item version wrote the member since);
+   ``P:scopes``.
+
+A crawl's marks are settled (its delivery confirmed, ``stage_delivered``,
+``stage_settled``) after the three phases, in every item group of its
+scope (``cluster_settle.lua``, one pipeline); a mark staged after that in
+the same flush goes in a second round of the phases. The reads of the
+marks merge the groups (:meth:`RedisClusterPath._merged_marks`); marks
+that code before kept in the scope's own slot are moved to their groups
+when the crawls waiting are listed.
 
 Every script keeps its own token in its slot (``P:flush:{tag}:<token>``)
 with how many of its writes it applied and what it returned, so that a
