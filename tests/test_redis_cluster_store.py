@@ -550,6 +550,158 @@ async def die(store: RedisStateStore) -> None:
     await store._async.aclose()
 
 
+@pytest.mark.parametrize("cut", ["before-phase-2", "before-phase-3"])
+@pytest_twisted.ensureDeferred
+async def test_a_worker_gone_between_phases_1_and_3_leaves_its_versions_waiting(
+    redis_cluster: LoopbackCluster, prefix: str, cut: str,
+) -> None:
+    """At-least-once delivery: a version is committed waiting on its crawl
+    in the same commit as the version (docs/design.md). On a cluster the
+    version is written in phase 1, by its item group's script, and so is
+    its mark: a worker gone after phase 1 (the next phase's node
+    unreachable, then killed or stopped) leaves the version stored and
+    waiting, and the next crawl emits it again. (Review finding: the mark
+    was written in phase 3, in the scope's own slot, in no ledger.)"""
+    key = PageKey(SCOPE, "https://a.example/p0")
+    gone = open_store(redis_cluster, prefix)
+    record = item("x", 1, page=key.url)
+    record.delivery = "c1"
+    gone.stage_item(record)
+    gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+    cut_before(gone, CLUSTER_HOST_LUA if cut == "before-phase-2" else CLUSTER_SCOPE_LUA)
+    with pytest.raises(StateStoreError):
+        await call(gone.flush())
+    await call(die(gone))
+    store = open_store(redis_cluster, prefix)
+    try:
+        assert store.item_history(SCOPE, "x") == [(1, "fp-x-1")]  # stored
+        assert await call(store.undelivered_crawls(SCOPE)) == ["c1"]  # and waiting
+        [waiting] = await call(store.undelivered(SCOPE, "c1"))
+        assert (waiting.version.key, waiting.version.version) == ("x", 1)
+    finally:
+        await call(store.close())
+
+
+def waiting_on(record: Any, crawl: str) -> Any:
+    record.delivery = crawl
+    return record
+
+
+async def all_waiting(store: RedisStateStore, crawl: str, limit: int) -> list[tuple[str, int]]:
+    """(key, version) of what waits on *crawl*, read *limit* at a time."""
+    found: list[tuple[str, int]] = []
+    after = None
+    while chunk := await call(store.undelivered(SCOPE, crawl, after=after, limit=limit)):
+        found += [(p.version.key, p.version.version) for p in chunk]
+        after = chunk[-1]
+    return found
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_settled_crawl_leaves_no_mark_in_any_group(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A crawl's marks are kept in its items' groups: settling it (its
+    delivery confirmed) deletes them in every group, and forgets the crawl
+    in each; another crawl's settle keeps what still waits on it."""
+    store = open_store(redis_cluster, prefix)
+    try:
+        for n in range(40):
+            store.stage_item(waiting_on(item(f"i{n}", stored_at=2_000_000 + n), "c1"))
+        await call(store.flush())
+        marks = [k.decode() for k in redis_cluster.keys(f"{prefix}:undel*")]
+        assert len({_tag(k) for k in marks}) > 10  # spread over the groups
+        assert all("#" in _tag(k) for k in marks)
+        first, second = await call(store.undelivered(SCOPE, "c1", limit=2))
+        store.stage_redelivered(first, "c2")
+        store.stage_redelivered(second, "c2")
+        await call(store.flush())
+        assert await call(store.undelivered_crawls(SCOPE)) == ["c1", "c2"]
+        store.stage_delivered(SCOPE, "c2")
+        store.stage_settled(SCOPE, "c1")  # 38 still wait on c1
+        await call(store.flush())
+        assert await call(store.undelivered_crawls(SCOPE)) == ["c1"]
+        assert len(await all_waiting(store, "c1", 500)) == 38
+        store.stage_delivered(SCOPE, "c1")
+        await call(store.flush())
+        assert redis_cluster.keys(f"{prefix}:undel*") == []
+        assert await call(store.undelivered_crawls(SCOPE)) == []
+        assert await all_waiting(store, "c1", 500) == []
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_groups_marks_are_read_merged_in_the_order_they_were_stored(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Each group is read a few marks at a time: one item's many versions
+    (one group) between other items' (other groups) come out in order,
+    whatever the chunk size."""
+    store = open_store(redis_cluster, prefix)
+    try:
+        expected = []
+        for n in range(30):
+            store.stage_item(waiting_on(item(f"o{n}", stored_at=2_000_000 + 2 * n), "c1"))
+            expected.append((2 * n, f"o{n}", 1))
+            if n < 10:
+                store.stage_item(waiting_on(item("a", n + 1, stored_at=2_000_001 + 2 * n),
+                                            "c1"))
+                expected.append((2 * n + 1, "a", n + 1))
+        await call(store.flush())
+        stored = [(key, version) for _, key, version in sorted(expected)]
+        for limit in (1, 3, 7, 500):
+            assert await all_waiting(store, "c1", limit) == stored, limit
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_mark_staged_after_its_crawl_settled_in_one_flush_stays(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A settle runs after the flush's phases: a mark staged after it goes
+    in a second round of the phases, so that it is not deleted with those
+    staged before (staging order, as on one server)."""
+    store = open_store(redis_cluster, prefix)
+    try:
+        store.stage_item(waiting_on(item("x"), "c1"))
+        store.stage_delivered(SCOPE, "c1")
+        store.stage_item(waiting_on(item("y"), "c1"))
+        await call(store.flush())
+        assert await all_waiting(store, "c1", 500) == [("y", 1)]
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_marks_left_in_the_scopes_slot_by_older_code_are_moved_to_their_groups(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Code before kept a crawl's marks in the scope's own slot
+    (P:undel:{<s>}:<crawl>, written in phase 3): listing the crawls moves
+    them to their items' groups, and they are read and settled there."""
+    store = open_store(redis_cluster, prefix)
+    try:
+        store.stage_item(item("a", stored_at=2_000_005))
+        store.stage_item(item("b", stored_at=2_000_006))
+        await call(store.flush())
+        with redis_cluster.client() as client:
+            client.zadd(f"{prefix}:undel:{{{SCOPE}}}:old",
+                        {f"{2_000_005:015d}\0a\0{1:010d}": 0,
+                         f"{2_000_006:015d}\0b\0{1:010d}": 0})
+            client.sadd(f"{prefix}:undelc:{{{SCOPE}}}", "old")
+        assert await call(store.undelivered_crawls(SCOPE)) == ["old"]
+        assert redis_cluster.keys(f"{prefix}:undel*:{{{SCOPE}}}*") == []
+        assert await all_waiting(store, "old", 1) == [("a", 1), ("b", 1)]
+        store.stage_delivered(SCOPE, "old")
+        await call(store.flush())
+        assert redis_cluster.keys(f"{prefix}:undel*") == []
+        assert await call(store.undelivered_crawls(SCOPE)) == []
+    finally:
+        await call(store.close())
+
+
 @pytest.mark.parametrize("phase_3_ran", [False, True], ids=["never-sent", "reply-lost"])
 @pytest_twisted.ensureDeferred
 async def test_a_worker_gone_between_phases_2_and_3_leaves_its_effects_to_the_next(
@@ -747,7 +899,7 @@ async def test_a_reset_leaves_no_key_of_the_scope_on_any_node(
     try:
         for n in range(60):
             key = PageKey(SCOPE, f"https://h{n % 3}.example/p{n}")
-            store.stage_item(item(f"i{n}", page=key.url))
+            store.stage_item(waiting_on(item(f"i{n}", page=key.url), "c1"))
             store.stage_links(key, '["x"]')
             store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
         store.stage_page(full_state(PageKey("other", "https://h0.example/p"), 1))

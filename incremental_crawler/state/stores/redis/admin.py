@@ -762,6 +762,10 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             part = _glob(_key_part(scope))
             kinds += [key for kind in _GROUP_KINDS for key in self._group_keys(kind, scope)]
             hist = self._scan_keys(f"{_glob(self.prefix)}:hist:{{{part}#*}}:*")
+            # The delivery marks, by item group (and in the scope's own
+            # slot, where code before the groups' marks kept them).
+            kinds += self._group_keys("undelc", scope)
+            kinds += self._scan_keys(f"{_glob(self.prefix)}:undel:{{{part}#*}}:*")
             kinds += self._scan_keys(f"{_glob(self._key('undel', scope))}:*")
             kinds += self._fine_sums_keys(scope)
             # The hosts' ledgers of effects (a dead worker's new host's

@@ -10,25 +10,40 @@ of a scope per scope shard ``{<s>^<x>}`` (``P:dueb``, ``P:nvs``, ``P:hs``,
 ...: a host's in the shard :func:`~.core.scope_shard` gives, so that one
 scope's writes spread over the primaries; see :data:`~.core.SCOPE_SHARDS`),
 and the items by group, ``{<s>#<g>}`` with ``g`` a hash of the item key modulo
-:data:`~.core.ITEM_GROUPS` (``P:items:{<s>#<g>}``, ``P:hist:{<s>#<g>}:<key>``;
-``P:bypage:{<s>#<g>}`` in the group of the *page*'s URL, so that one page's
-items are one range). ``P:meta`` and ``P:scopes`` are one key each.
+:data:`~.core.ITEM_GROUPS` (``P:items:{<s>#<g>}``, ``P:hist:{<s>#<g>}:<key>``,
+the delivery marks of the group's versions ``P:undel:{<s>#<g>}:<crawl>`` and
+``P:undelc:{<s>#<g>}``; ``P:bypage:{<s>#<g>}`` in the group of the *page*'s
+URL, so that one page's items are one range). ``P:meta`` and ``P:scopes``
+are one key each.
 
 A flush runs in three phases (``docs/capacity.md``, "The state store: the
 plan"), each one script per slot, pipelined (the cluster client sends each
 node its own), a phase sent only when every script of the one before
 succeeded:
 
-1. the item writes, per item group (``cluster_items.lua``);
+1. the item writes, per item group (``cluster_items.lua``), each with its
+   delivery mark: a version is never stored without the mark that waits
+   on its crawl, whatever phase a worker is gone in; and the marks moved
+   to a crawl that emitted their versions again;
 2. the page and links writes, per host (``cluster_host.lua``), and the page
    index's new members (after the items they list);
 3. per scope shard touched (``cluster_scope.lua``): what phase 2's scripts
    of its hosts returned of their writes (the shard's hosts, the revisit
    index lowered, the splits, the sums by next visit, the checks since the
    mark); per scope, the same script in the scope's own slot with the
-   scope's own writes (host trust, crawl records, rates, delivery marks);
-   the page index's stale members (``cluster_bypage.lua``: skipped where a
-   later item version wrote the member since); ``P:scopes``.
+   scope's own writes (host trust, crawl records, rates: kept by the
+   worker until applied, in no ledger, so a worker gone before its phase 3
+   loses them); the page index's stale members (``cluster_bypage.lua``:
+   skipped where a later item version wrote the member since);
+   ``P:scopes``.
+
+A crawl's marks are settled (its delivery confirmed, ``stage_delivered``,
+``stage_settled``) after the three phases, in every item group of its
+scope (``cluster_settle.lua``, one pipeline); a mark staged after that in
+the same flush goes in a second round of the phases. The reads of the
+marks merge the groups (:meth:`RedisClusterPath._merged_marks`); marks
+that code before kept in the scope's own slot are moved to their groups
+when the crawls waiting are listed.
 
 Every script keeps its own token in its slot (``P:flush:{tag}:<token>``)
 with how many of its writes it applied and what it returned, so that a
@@ -72,16 +87,19 @@ that finds a bound stale does not raise it (layout 4 stages a ``rebound``).
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import redis
 
 from incremental_crawler.state.stores.base import StateStoreError
 from incremental_crawler.state.stores.redis.core import (
+    ITEM_GROUPS,
     SCOPE_SHARDS,
     RedisCore,
     _key_part,
@@ -108,6 +126,7 @@ from incremental_crawler.state.stores.redis.scripts import (
     CLUSTER_ITEMS_LUA,
     CLUSTER_LEDGER_READ_LUA,
     CLUSTER_SCOPE_LUA,
+    CLUSTER_SETTLE_LUA,
 )
 
 if TYPE_CHECKING:
@@ -118,12 +137,14 @@ __all__ = ["RedisClusterPath"]
 #: The writes of phase 2 (a host's) and of phase 3 (a scope's own).
 _HOST_OPS = frozenset({"page", "check", "failure", "redirect", "links", "unlink", "flags",
                        "listing", "postpone"})
-_SCOPE_OPS = frozenset({"host", "crawl", "slotrate", "undeliv", "redeliv", "delivered"})
+_SCOPE_OPS = frozenset({"host", "crawl", "slotrate"})
+#: The writes of phase 1 (an item group's): the items, with their delivery
+#: marks (an ``undeliv`` goes with the item write staged right before it).
+_GROUP_OPS = frozenset({"item", "undeliv", "redeliv"})
 #: Writes that may add a page to its host (the splits are planned for them).
 _ADDS = frozenset({"page", "check", "failure", "redirect"})
 #: Which arguments of a scope's write are keys (after its name).
-_KEY_ARGS = {"host": (0,), "crawl": (0,), "slotrate": (0, 1), "undeliv": (0, 1),
-             "redeliv": (0, 1, 2), "delivered": (0, 1)}
+_KEY_ARGS = {"host": (0,), "crawl": (0,), "slotrate": (0, 1)}
 #: See RedisClusterPath.adopt_after: well past a flush's phases (a worker
 #: retrying an unreachable node keeps its own for its retry time).
 _ADOPT_AFTER = 600
@@ -306,6 +327,21 @@ class _Carried:
                     or self.bypage_remove)
 
 
+def _settle_rounds(ops: list[tuple[Any, ...]]) -> list[int]:
+    """Where the rounds of a flush's phases end: after a ``settle`` that a
+    write of a group (an item, a mark) follows, so that the crawl's marks
+    are settled after those staged before it and before those after it."""
+    ends = []
+    settled = False
+    for n, op in enumerate(ops):
+        if op[0] == "settle":
+            settled = True
+        elif settled and op[0] in _GROUP_OPS:
+            ends.append(n)
+            settled = False
+    return [*ends, len(ops)]
+
+
 class _PhaseFailed(Exception):
     """A script of a phase failed (its error said): the next is not sent."""
 
@@ -345,14 +381,34 @@ class RedisClusterPath(RedisCore):
         (None: all applied). Raises (chained to the Redis error) when the
         outcome of a phase is unknown, *applied* then holding what the
         phases before it applied; its scripts are noted in
-        ``_unsure_slots``. *ops* may be changed in place: a delivery mark
-        gets its version in phase 1."""
+        ``_unsure_slots``.
+
+        A crawl's marks are settled (``settle``: :meth:`_phase_settle`)
+        after the three phases, so after every mark the flush wrote; a
+        mark staged after a ``settle`` goes in a second round of the
+        phases, after it (staging order)."""
+        start = 0
+        for end in _settle_rounds(ops):
+            done: set[int] = set()
+            try:
+                error = await self._apply_round(ops[start:end], scopes, done)
+            finally:
+                applied.update(start + n for n in done)
+            if error is not None:
+                return error
+            start = end
+        return None
+
+    async def _apply_round(self, ops: list[tuple[Any, ...]], scopes: set[str],
+                           applied: set[int]) -> str | None:
+        """:meth:`_cluster_apply` of one round of *ops*."""
         carried = self._carried
         spent, self._spent_slot_tokens = self._spent_slot_tokens, []
         try:
             await self._phase_items(ops, applied, carried, spent)
             await self._phase_hosts(ops, applied, carried)
             await self._phase_scopes(ops, applied, carried, scopes)
+            await self._phase_settle(ops, applied)
         except _PhaseFailed as exc:
             return str(exc)
         return None
@@ -431,19 +487,33 @@ class RedisClusterPath(RedisCore):
     async def _phase_items(self, ops: list[tuple[Any, ...]], applied: set[int],
                            carried: _Carried, spent: list[str]) -> None:
         groups: dict[str, list[int]] = {}
+        # A delivery mark goes with its item's write (the one staged right
+        # before it, same key): one write of the group's script, so that a
+        # version is never stored without the mark that waits on it.
+        marks: dict[int, int] = {}
+        last_item: dict[tuple[str, str], int] = {}
         for n, op in enumerate(ops):
             if op[0] == "item":
+                tag = _tag_of(op[1])
+                groups.setdefault(tag, []).append(n)
+                last_item[tag, op[6]] = n
+            elif op[0] == "undeliv":
+                tag = _tag_of(op[1])
+                at = last_item.pop((tag, op[5]), None)
+                if at is not None and at not in marks:
+                    marks[at] = n
+                else:
+                    groups.setdefault(tag, []).append(n)  # on its own (a safeguard)
+            elif op[0] == "redeliv":
                 groups.setdefault(_tag_of(op[1]), []).append(n)
 
         def build(tag: str, positions: list[int], token: str) -> Any:
-            first = ops[positions[0]]
-            keys = [self._token_key(token, tag), first[1], first[2], first[3],
-                    *(ops[n][4] for n in positions)]
-            args = [arg for n in positions for arg in ops[n][6:14]]
-            return CLUSTER_ITEMS_LUA, keys, args
+            return self._items_call(tag, token, [ops[n] for n in positions],
+                                    [None if n not in marks else ops[marks[n]]
+                                     for n in positions])
 
-        # The versions a delivery mark waits on, and the page index's
-        # members the items made stale (removed in phase 3).
+        # The versions the items got, and the page index's members the
+        # items made stale (removed in phase 3).
         versions: dict[int, int] = {}
         # This flush's stale members (netted within each group's script:
         # not undone by this flush's additions, which came before them).
@@ -467,25 +537,47 @@ class RedisClusterPath(RedisCore):
                 *(("DEL", key) for key in spent), *cleanup])
             self._ledger_cleaned(sent)
         finally:
-            last_item: dict[str, int] = {}
+            # A mark is applied with its item's write.
+            applied.update(mark for at, mark in marks.items() if at in applied)
             for n, op in enumerate(ops):
-                if op[0] == "item":
-                    last_item[op[6]] = n
-                    if n in versions and op[12] == "1" and op[11]:
-                        # Its page's member, added in phase 2 (after the item);
-                        # a removal left from a flush before is undone.
-                        member = f"{op[11]}\0{op[6]}"
-                        carried.bypage_add[op[5], member] = versions[n]
-                        carried.bypage_remove.pop((op[5], member), None)
-                elif op[0] == "undeliv" and len(op) == 7:
-                    at = last_item.get(op[5])
-                    if at is not None and at in versions:
-                        # Resolved: the mark names the version phase 1 wrote.
-                        member = f"{int(op[6]):015d}\0{op[5]}\0{versions[at]:010d}"
-                        ops[n] = ("undeliv", op[1], op[2], op[3], member)
+                if op[0] == "item" and n in versions and op[12] == "1" and op[11]:
+                    # Its page's member, added in phase 2 (after the item);
+                    # a removal left from a flush before is undone.
+                    member = f"{op[11]}\0{op[6]}"
+                    carried.bypage_add[op[5], member] = versions[n]
+                    carried.bypage_remove.pop((op[5], member), None)
             for where, version in removals.items():
                 carried.bypage_remove[where] = max(version,
                                                    carried.bypage_remove.get(where, 0))
+
+    def _items_call(self, tag: str, token: str, writes: list[tuple[Any, ...]],
+                    marks: list[tuple[Any, ...] | None]) -> tuple[str, list[str], list[Any]]:
+        """An item group's script of phase 1 (``cluster_items.lua``): its
+        keys and arguments for the group's *writes*, each item write with
+        its delivery mark (in *marks*, ``None``: none)."""
+        def head(kind: str) -> str:
+            return f"{self.prefix}:{kind}:{tag}"
+
+        keys = [self._token_key(token, tag), head("items"), head("itemver"), head("order"),
+                head("undelc")]
+        index: dict[str, int] = {}
+
+        def key_at(name: str) -> int:
+            if name not in index:
+                keys.append(name)
+                index[name] = len(keys)
+            return index[name]
+
+        args: list[Any] = []
+        for op, mark in zip(writes, marks, strict=True):
+            if op[0] == "item":
+                crawl, at = ("", 0) if mark is None else (mark[3], key_at(mark[1]))
+                args += ["item", key_at(op[4]), *op[6:14], crawl, at]
+            elif op[0] == "redeliv":
+                args += ["redeliv", key_at(op[1]), key_at(op[2]), op[4], op[5]]
+            else:
+                args += ["undeliv", key_at(op[1]), op[3], op[5], op[6]]
+        return CLUSTER_ITEMS_LUA, keys, args
 
     def _group_key(self, kind: str, scope_part: str, name: str) -> str:
         return f"{self.prefix}:{kind}:{{{scope_part}#{item_group(name)}}}"
@@ -692,8 +784,6 @@ class RedisClusterPath(RedisCore):
         groups: dict[str, list[int]] = {}
         for n, op in enumerate(ops):
             if op[0] in _SCOPE_OPS:
-                if op[0] == "undeliv" and len(op) == 7:
-                    continue  # its item was not written: it waits with it
                 groups.setdefault(_tag_of(op[1]), []).append(n)
         effect_tags = {f"{{{part}}}" for part, bundles in carried.effects.items()
                        if bundles} | set(carried.sent_effects)
@@ -750,6 +840,129 @@ class RedisClusterPath(RedisCore):
             effect_tags = set(again)
             again = {}
         raise _PhaseFailed("the flush did not settle: effects kept being applied elsewhere")
+
+    async def _phase_settle(self, ops: list[tuple[Any, ...]], applied: set[int]) -> None:
+        """The crawls' marks settled (``stage_delivered``,
+        ``stage_settled``) in every item group of their scope, and in the
+        scope's own slot (where code before the marks moved to the groups
+        kept them): one small script a slot (``cluster_settle.lua``),
+        pipelined, each applied as often as sent. A ``settle`` counts as
+        applied once every slot's script ran."""
+        calls: list[tuple[str, list[str], list[Any]]] = []
+        owners: list[int] = []
+        for n, op in enumerate(ops):
+            if op[0] != "settle":
+                continue
+            _, scope, crawl, every = op
+            part, name = _key_part(scope), quote(crawl, safe="")
+            for tag in (*(f"{{{part}#{g}}}" for g in range(ITEM_GROUPS)), f"{{{part}}}"):
+                calls.append((CLUSTER_SETTLE_LUA, [f"{self.prefix}:undel:{tag}:{name}",
+                                                   f"{self.prefix}:undelc:{tag}"],
+                              [crawl, every]))
+                owners.append(n)
+        if not calls:
+            return
+        replies = await self._eval_many(calls)
+        failed: dict[int, str] = {}
+        for n, reply in zip(owners, replies, strict=True):
+            if isinstance(reply, Exception):
+                failed.setdefault(n, str(reply))
+        applied.update(n for n in owners if n not in failed)
+        if failed:
+            raise _PhaseFailed(next(iter(failed.values())))
+
+    # -- delivery marks, read ----------------------------------------------------
+
+    def _marks_keys(self, scope: str, crawl: str) -> list[str]:
+        """A crawl's marks in every item group of *scope*."""
+        part, name = _key_part(scope), quote(crawl, safe="")
+        return [f"{self.prefix}:undel:{{{part}#{g}}}:{name}" for g in range(ITEM_GROUPS)]
+
+    async def _read_all(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """Read-only *commands* in one pipeline; a failed one raises."""
+        replies = await self._eval_many([], commands)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise self._fail("read failed", reply)
+        return replies
+
+    async def _cluster_undelivered_crawls(self, scope: str) -> list[str]:
+        """The crawls with marks in any item group of *scope* (every
+        group's ``P:undelc``, one pipeline); marks of the scope's own slot
+        (written by code before the marks moved to the groups) moved to
+        their groups first."""
+        part = _key_part(scope)
+        old = f"{self.prefix}:undelc:{{{part}}}"
+        replies = await self._read_all([
+            ("SMEMBERS", old),
+            *(("SMEMBERS", f"{self.prefix}:undelc:{{{part}#{g}}}")
+              for g in range(ITEM_GROUPS))])
+        if replies[0]:
+            for crawl in sorted(m.decode() for m in replies[0]):
+                await self._move_scope_marks(scope, crawl)
+            return await self._cluster_undelivered_crawls(scope)
+        return sorted({m.decode() for reply in replies[1:] for m in reply})
+
+    async def _move_scope_marks(self, scope: str, crawl: str) -> None:
+        """Move *crawl*'s marks kept in the scope's own slot (code before
+        the marks moved to the item groups wrote them in phase 3) to their
+        items' groups: each chunk written in its groups before it is taken
+        out of the scope's slot, so that a move cut short loses none."""
+        part = _key_part(scope)
+        old = f"{self.prefix}:undel:{{{part}}}:{quote(crawl, safe='')}"
+        while True:
+            members = await self._call("ZRANGE", old, "-", "+", "BYLEX", "LIMIT", 0, 1_000)
+            if not members:
+                break
+            commands: list[tuple[Any, ...]] = []
+            for member in members:
+                key = member.decode().partition("\0")[2].rpartition("\0")[0]
+                group = f"{{{part}#{item_group(key)}}}"
+                commands += [
+                    ("ZADD", f"{self.prefix}:undel:{group}:{quote(crawl, safe='')}", 0, member),
+                    ("SADD", f"{self.prefix}:undelc:{group}", crawl)]
+            await self._read_all(commands)
+            await self._call("ZREM", old, *members)
+        await self._call("EVAL", CLUSTER_SETTLE_LUA, 2, old, f"{self.prefix}:undelc:{{{part}}}",
+                         crawl, "0")
+
+    async def _merged_marks(self, scope: str, crawl: str, start: str,
+                            limit: int) -> list[tuple[bytes, str]]:
+        """Up to *limit* of *crawl*'s marks (member, its group's key) after
+        *start* (a ZRANGE BYLEX bound), merged over the item groups in
+        their order: each group read a few at a time, one pipeline a round
+        (the first reads every group; the next only those whose read ran
+        out before the merge could go on)."""
+        keys = self._marks_keys(scope, crawl)
+        per = max(4, -(-2 * limit // len(keys)))
+        bound: dict[str, bytes] = dict.fromkeys(keys, start.encode())
+        pool: dict[str, list[bytes]] = {key: [] for key in keys}
+        more = set(keys)  # groups whose read may have more after it
+        heap: list[tuple[bytes, str]] = []
+        out: list[tuple[bytes, str]] = []
+        while len(out) < limit:
+            read = [key for key in keys if key in more and not pool[key]]
+            if read:
+                replies = await self._read_all([
+                    ("ZRANGE", key, bound[key], "+", "BYLEX", "LIMIT", 0, per) for key in read])
+                for key, members in zip(read, replies, strict=True):
+                    if len(members) < per:
+                        more.discard(key)
+                    if members:
+                        bound[key] = b"(" + members[-1]
+                        pool[key] = list(reversed(members))
+                        heapq.heappush(heap, (pool[key].pop(), key))
+            while len(out) < limit and heap:
+                member, key = heapq.heappop(heap)
+                out.append((member, key))
+                if pool[key]:
+                    heapq.heappush(heap, (pool[key].pop(), key))
+                elif key in more:
+                    break  # its next is not read yet: read before going on
+            else:
+                if not heap:
+                    break
+        return out
 
     def _bypage_calls(self, op: str, members: dict[tuple[str, str], int]
                       ) -> list[tuple[Any, ...]]:

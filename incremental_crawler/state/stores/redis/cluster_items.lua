@@ -2,19 +2,39 @@
 -- Phase 1 of a flush on a Redis Cluster (cluster layout): the item writes of one
 -- item group {<scope>#<g>}, in staging order (an item's writes all fall in
 -- its group: its record, version number, place in the export order and
--- history). The page index P:bypage is kept by the phases around it: an
--- item's new member is added by phase 2 (after its item is written), and
--- the members this script makes stale are returned, for phase 3.
+-- history), with their delivery marks. The page index P:bypage is kept by
+-- the phases around it: an item's new member is added by phase 2 (after
+-- its item is written), and the members this script makes stale are
+-- returned, for phase 3.
 --
--- KEYS: the token, the group's items, itemver and order keys, then each
--- write's history key in order. ARGV: the writes, each 8 arguments: item
--- key, record, when, history entry ('': none), change, page ('': none, or
--- the item key), live ('1', '0': a tombstone), versions kept (0: all).
+-- Delivery marks (see StateStore.stage_delivered) are kept here, in the
+-- item's group, so that a version and the mark it waits on are written by
+-- one script: P:undel:{<s>#<g>}:<crawl>, a sorted set of members stored_at
+-- NUL key NUL version, zero-padded, all of score 0 (lexical order is the
+-- order versions were stored in), and P:undelc:{<s>#<g>}, the set of the
+-- crawls with such a set in the group.
+--
+-- KEYS: the token, the group's items, itemver, order and undelc keys, then
+-- the keys the writes name by their index in KEYS. ARGV: the writes, each
+-- its name then its arguments:
+--   item, 11 arguments: the index of its history key, item key, record,
+--     when, history entry ('': none), change, page ('': none, or the item
+--     key), live ('1', '0': a tombstone), versions kept (0: all), then the
+--     crawl the new version waits on ('': none) and the index of that
+--     crawl's P:undel key of the group (0: none);
+--   redeliv, 4 arguments: the indexes of the P:undel keys of the crawl a
+--     version waited on and of the crawl it waits on now, that crawl, the
+--     member: moved, if still there;
+--   undeliv, 4 arguments: the index of a crawl's P:undel key, the crawl,
+--     an item key, when: the item's latest version waits on the crawl (a
+--     mark whose item write is not in this script; the caller sends each
+--     mark with its write, so only as a safeguard).
 -- Returns {applied, replayed (0/1), error ('' none), effects (JSON: the
--- version each applied write got, and the page index members to remove,
--- each with the version of the write that made it stale: its removal is
--- skipped where a later version wrote the member since)}.
-local TOKEN, ITEMS, ITEMVER, ORDER = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- version each applied item write got (0 for another write), and the page
+-- index members to remove, each with the version of the write that made
+-- it stale: its removal is skipped where a later version wrote the member
+-- since)}.
+local TOKEN, ITEMS, ITEMVER, ORDER, UNDELC = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local done = redis.call('GET', TOKEN)
 if done then
   local kept = cjson.decode(done)
@@ -31,13 +51,38 @@ local function check_type(key, want)
       .. ': nothing of the item group was applied'
   end
 end
+local ARITY = {item = 11, redeliv = 4, undeliv = 4}
 local failed = check_type(ITEMS, 'hash') or check_type(ITEMVER, 'hash')
-  or check_type(ORDER, 'zset')
-for k = 5, #KEYS do failed = failed or check_type(KEYS[k], 'hash') end
+  or check_type(ORDER, 'zset') or check_type(UNDELC, 'set')
+do
+  -- Every key a write names, checked before any write (a history key is a
+  -- hash, a crawl's marks a sorted set): nothing applied when one is not.
+  local want, i = {}, 1
+  while i <= #ARGV and not failed do
+    local name = ARGV[i]
+    if not ARITY[name] then
+      failed = 'unknown write ' .. tostring(name) .. ': nothing of the item group was applied'
+      break
+    end
+    if name == 'item' then
+      want[tonumber(ARGV[i + 1])] = 'hash'
+      if ARGV[i + 10] ~= '' then want[tonumber(ARGV[i + 11])] = 'zset' end
+    elseif name == 'redeliv' then
+      want[tonumber(ARGV[i + 1])] = 'zset'
+      want[tonumber(ARGV[i + 2])] = 'zset'
+    else
+      want[tonumber(ARGV[i + 1])] = 'zset'
+    end
+    i = i + 1 + ARITY[name]
+  end
+  for k, kind in pairs(want) do failed = failed or check_type(KEYS[k], kind) end
+end
 if failed then return finish(0, failed, '{}') end
 
 local VERSIONS, REMOVE = {}, {}
-local function item(a, i, hist)
+local function item(a, i)
+  local hist = KEYS[tonumber(a[i])]
+  i = i + 1
   local key, record, when, entry = a[i], a[i + 1], tonumber(a[i + 2]), a[i + 3]
   local live = a[i + 6] == '1'
   local was, now = false, false
@@ -99,13 +144,37 @@ local function item(a, i, hist)
     redis.call('HSET', hist, version, entry)
     for _, field in ipairs(prune) do redis.call('HDEL', hist, field) end
   end
+  if a[i + 8] ~= '' then
+    -- The delivery mark: the version just written waits on its crawl.
+    redis.call('ZADD', KEYS[tonumber(a[i + 9])], 0, string.format('%015d', when) .. '\0'
+      .. key .. '\0' .. string.format('%010d', version))
+    redis.call('SADD', UNDELC, a[i + 8])
+  end
   return version
 end
+local function redeliv(a, i)
+  local from, to, crawl, member = KEYS[tonumber(a[i])], KEYS[tonumber(a[i + 1])], a[i + 2], a[i + 3]
+  if redis.call('ZREM', from, member) == 1 then
+    redis.call('ZADD', to, 0, member)
+    redis.call('SADD', UNDELC, crawl)
+  end
+  return 0
+end
+local function undeliv(a, i)
+  local version = tonumber(redis.call('HGET', ITEMVER, a[i + 2]))
+  if not version then return 0 end
+  redis.call('ZADD', KEYS[tonumber(a[i])], 0, string.format('%015d', tonumber(a[i + 3])) .. '\0'
+    .. a[i + 2] .. '\0' .. string.format('%010d', version))
+  redis.call('SADD', UNDELC, a[i + 1])
+  return 0
+end
+local WRITES = {item = item, redeliv = redeliv, undeliv = undeliv}
 
 local applied = 0
-local i, k = 1, 5
+local i = 1
 while i <= #ARGV do
-  local ok, version = pcall(item, ARGV, i, KEYS[k])
+  local name = ARGV[i]
+  local ok, version = pcall(WRITES[name], ARGV, i + 1)
   if not ok then
     if type(version) == 'table' then version = version.err end
     failed = tostring(version)
@@ -113,7 +182,7 @@ while i <= #ARGV do
   end
   applied = applied + 1
   VERSIONS[applied] = version
-  i, k = i + 8, k + 1
+  i = i + 1 + ARITY[name]
 end
 local remove = {}
 for member, version in pairs(REMOVE) do remove[#remove + 1] = {member, version} end

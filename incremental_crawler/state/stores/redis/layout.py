@@ -79,7 +79,11 @@ LAYOUT_VERSION = 4
 #: ``{<s>^<x>}`` (see :data:`~.core.SCOPE_SHARDS`). Only a store on a Redis
 #: Cluster is of them (none existed before 5: the store refused a cluster),
 #: and one server keeps layout 4 until a migration moves it. A version-5
-#: store is refused, not migrated (the cluster layout is opt-in).
+#: store is refused, not migrated (the cluster layout is opt-in). The
+#: delivery marks moved from the scope's own slot to the item groups
+#: without a new version: code of version 6 before kept them in the scope's
+#: slot, whence newer code moves them when it lists the crawls waiting (see
+#: :mod:`.cluster`); no worker of the code before may run beside it.
 CLUSTER_LAYOUT_VERSION = 6
 #: The first cluster layout (see CLUSTER_LAYOUT_VERSION).
 _FIRST_CLUSTER_LAYOUT = 5

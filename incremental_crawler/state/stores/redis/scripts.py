@@ -164,11 +164,12 @@ CLUSTER_LEDGER_READ_LUA = LUA_READS + load_script(_LUA_PACKAGE, "cluster_ledger_
 CLUSTER_INTENT_ADD_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_intent_add.lua")
 CLUSTER_INTENTS_READ_LUA = LUA_READS + load_script(_LUA_PACKAGE, "cluster_intents_read.lua")
 CLUSTER_SUMS_COARSE_LUA = LUA_READS + load_script(_LUA_PACKAGE, "cluster_sums_coarse.lua")
+CLUSTER_SETTLE_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_settle.lua")
 #: Loaded on every primary when a store of the cluster layout opens.
 CLUSTER_SCRIPTS = (CLUSTER_ITEMS_LUA, CLUSTER_HOST_LUA, CLUSTER_SCOPE_LUA,
                    CLUSTER_READ_PAGES_LUA, CLUSTER_DUE_INDEX_LUA, CLUSTER_DUE_READ_LUA,
                    CLUSTER_SUMMARY_LUA, CLUSTER_RAISE_LUA, CLUSTER_INTENT_DROP_LUA,
                    CLUSTER_BYPAGE_LUA, CLUSTER_LEDGER_READ_LUA, CLUSTER_INTENT_ADD_LUA,
-                   CLUSTER_INTENTS_READ_LUA, CLUSTER_SUMS_COARSE_LUA)
+                   CLUSTER_INTENTS_READ_LUA, CLUSTER_SUMS_COARSE_LUA, CLUSTER_SETTLE_LUA)
 # Run in take_scope's MULTI (sent whole: EVAL, rarely).
 CLUSTER_SUMS_MARK_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_sums_mark.lua")

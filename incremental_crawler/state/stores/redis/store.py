@@ -429,69 +429,89 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
             page, "1" if record.fingerprint else "0", self.history_limit,
         ))
         if record.data is not None and record.delivery:
+            # On a cluster the mark is in the item's group, written by the
+            # same script as the version (cluster_items.lua).
             self._stage(scope, (
-                "undeliv", self._undelivered_key(scope, record.delivery),
-                self._key("undelc", scope), record.delivery,
+                "undeliv", self._undelivered_key(scope, record.delivery, key),
+                self._item_key("undelc", scope, key), record.delivery,
                 self._item_key("itemver", scope, key), key,
                 int(record.stored_at)))
         self._item_fps[scope, key] = record.fingerprint
 
     # -- delivery of item versions ---------------------------------------------
 
-    def _undelivered_key(self, scope: str, crawl: str) -> str:
-        return f"{self._key('undel', scope)}:{quote(crawl, safe='')}"
+    def _undelivered_key(self, scope: str, crawl: str, item_key: str = "") -> str:
+        """A crawl's marks (``P:undel``): the scope's in layout 4; on a
+        cluster, those of *item_key*'s group."""
+        return f"{self._item_key('undel', scope, item_key)}:{quote(crawl, safe='')}"
 
     def stage_delivered(self, scope: str, crawl: str) -> None:
+        if self.tagged:
+            # Every group's marks of the crawl, after the flush's phases.
+            self._stage(scope, ("settle", scope, crawl, "1"))
+            return
         self._stage(scope, ("delivered", self._undelivered_key(scope, crawl),
                             self._key("undelc", scope), crawl, "1"))
 
     def stage_settled(self, scope: str, crawl: str) -> None:
         """Stage forgetting *crawl* among those with waiting versions, if none is left."""
+        if self.tagged:
+            self._stage(scope, ("settle", scope, crawl, "0"))
+            return
         self._stage(scope, ("delivered", self._undelivered_key(scope, crawl),
                             self._key("undelc", scope), crawl, "0"))
 
     def stage_redelivered(self, pending: Undelivered, crawl: str) -> None:
         version = pending.version
-        self._stage(version.scope, (
-            "redeliv", self._undelivered_key(version.scope, pending.crawl),
-            self._undelivered_key(version.scope, crawl), self._key("undelc", version.scope),
-            crawl, _undelivered_member(version.stored_at, version.key, version.version)))
+        scope, key = version.scope, version.key
+        self._stage(scope, (
+            "redeliv", self._undelivered_key(scope, pending.crawl, key),
+            self._undelivered_key(scope, crawl, key), self._item_key("undelc", scope, key),
+            crawl, _undelivered_member(version.stored_at, key, version.version)))
 
     async def undelivered_crawls(self, scope: str) -> list[str]:
+        if self.tagged:
+            return await self._cluster_undelivered_crawls(scope)
         members = await self._call("SMEMBERS", self._key("undelc", scope))
         return sorted(m.decode() for m in members)
 
     async def undelivered(self, scope: str, crawl: str, *, after: Undelivered | None = None,
                           limit: int = 500) -> list[Undelivered]:
-        zset = self._undelivered_key(scope, crawl)
         start = "-" if after is None else "(" + _undelivered_member(
             after.version.stored_at, after.version.key, after.version.version)
-        members = await self._call("ZRANGE", zset, start, "+", "BYLEX", "LIMIT", 0, limit)
-        if not members:
+        if self.tagged:
+            # Every item group's marks, merged in their order.
+            marks = await self._merged_marks(scope, crawl, start, limit)
+        else:
+            zset = self._undelivered_key(scope, crawl)
+            members = await self._call("ZRANGE", zset, start, "+", "BYLEX", "LIMIT", 0, limit)
+            marks = [(member, zset) for member in members]
+        if not marks:
             return []
         wanted = []
-        for member in members:
-            key, _, number = member.decode().partition("\0")[2].rpartition("\0")
-            wanted.append((key, int(number), member))
+        for member, zset in marks:
+            key, _, digits = member.decode().partition("\0")[2].rpartition("\0")
+            wanted.append((key, int(digits), member, zset))
         pipe = self._async.pipeline(transaction=False)
-        for key, number, _ in wanted:
+        for key, number, _, _ in wanted:
             pipe.hget(self._hist_key(scope, key), number)
         self.roundtrips += 1
         try:
             entries = await pipe.execute()
         except redis.RedisError as exc:
             raise self._fail("read failed", exc) from exc
-        found, pruned = [], []
-        for (key, number, member), entry in zip(wanted, entries, strict=True):
+        found: list[Undelivered] = []
+        pruned: dict[str, list[bytes]] = {}
+        for (key, number, member, zset), entry in zip(wanted, entries, strict=True):
             if entry is None:
-                pruned.append(member)
+                pruned.setdefault(zset, []).append(member)
             else:
                 found.append(Undelivered(crawl, _stored_version(scope, key, number,
                                                                 json.loads(entry))))
-        if pruned:
+        for zset, members in pruned.items():
             # The version is gone (pruned, forgotten): its mark means
             # nothing any more, and goes at once (bookkeeping, like a hold).
-            await self._call("ZREM", zset, *pruned)
+            await self._call("ZREM", zset, *members)
         return found
 
     # -- flushes ---------------------------------------------------------------
