@@ -21,6 +21,22 @@ never change:
   above (and ``deferred``) they are the report's columns: every known page
   is in exactly one.
 
+Every stat only goes up (the live metrics export them as counters): a page
+that leaves a column is counted leaving it, and the report
+(:func:`~incremental_crawler.report.extension.summarize`) takes the
+departures off:
+
+- ``incremental/schedule/not_due_left``,
+  ``incremental/schedule/skipped_left/lastmod_unchanged``: pages counted
+  not requested, then requested after all; ``.../bytes_skipped_left``,
+  their stored sizes;
+- ``incremental/schedule/outcome_replaced/<outcome>``: a page's answer
+  replaced by a later one;
+- ``incremental/schedule/failed_recovered``: pages counted failed that
+  answered after all.
+
+(``first_due`` alone moves later, when the page first due is requested.)
+
 Whoever decides a request's why (a list spider, the re-seeder) puts it in
 the request's meta under :data:`META_WHY`, with the page it counted under
 :data:`META_COUNTED`; a request that arrives without one is decided, and
@@ -216,7 +232,8 @@ class ScheduleCounter:
         #: module docstring).
         self._requested: set[PageKey] = set()
         self._outcomes: dict[PageKey, PageOutcome] = {}
-        #: Pages counted failed (``incremental/schedule/failed``).
+        #: Pages counted failed (``incremental/schedule/failed``, less
+        #: ``failed_recovered``).
         self._failed: set[PageKey] = set()
         #: The earliest next visit of the pages counted not due in bulk
         #: (:meth:`not_due_elsewhere`), for ``first_due`` if one counted
@@ -265,13 +282,15 @@ class ScheduleCounter:
 
     def _unrequested_no_more(self, key: PageKey) -> None:
         """Take *key* out of the column of the pages not requested, if it
-        was counted there (it is requested after all)."""
+        was counted there (it is requested after all): counted as leaving it
+        (``*_left``), the stats only go up; the report subtracts."""
         entry = self._unrequested.pop(key, None)
         if entry is None:
             return
         next_visit, size, event = entry
-        self.stats.inc_value(_STATS[event], -1)
-        self.stats.inc_value("incremental/schedule/bytes_skipped", -size)
+        self.stats.inc_value("incremental/schedule/not_due_left" if event == "not_due"
+                             else "incremental/schedule/skipped_left/lastmod_unchanged")
+        self.stats.inc_value("incremental/schedule/bytes_skipped_left", size)
         host = host_of(key.url)
         self.hosts.count(host, event, -1)
         self.hosts.count(host, "bytes_skipped", -size)
@@ -317,19 +336,21 @@ class ScheduleCounter:
 
     def outcome(self, outcome: PageOutcome, key: PageKey) -> None:
         """What became of the page *key* requested this crawl: its latest
-        answer's column (an earlier answer of the same page leaves its own)."""
+        answer's column (an earlier answer of the same page leaves its own,
+        counted replaced: ``outcome_replaced/<outcome>``; the stats only go
+        up, the report subtracts)."""
         before = self._outcomes.get(key)
         if before is outcome:
             return
         self._outcomes[key] = outcome
         host = host_of(key.url)
         if before is not None:
-            self.stats.inc_value(f"incremental/schedule/outcome/{before}", -1)
+            self.stats.inc_value(f"incremental/schedule/outcome_replaced/{before}")
             self.hosts.count(host, f"outcome/{before}", -1)
             if before is PageOutcome.FAILED and key in self._failed:
                 # It did not fail in the end.
                 self._failed.discard(key)
-                self.stats.inc_value("incremental/schedule/failed", -1)
+                self.stats.inc_value("incremental/schedule/failed_recovered")
                 self.hosts.count(host, "failed", -1)
         self.stats.inc_value(f"incremental/schedule/outcome/{outcome}")
         self.hosts.count(host, f"outcome/{outcome}")
@@ -341,8 +362,3 @@ class ScheduleCounter:
         self._failed.add(key)
         self.stats.inc_value("incremental/schedule/failed")
         self.hosts.count(host_of(key.url), "failed")
-
-
-#: The stats of the columns of pages not requested, by their per-host event.
-_STATS = {"skipped_lastmod": "incremental/schedule/skipped/lastmod_unchanged",
-          "not_due": "incremental/schedule/not_due"}
