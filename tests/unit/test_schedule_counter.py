@@ -1,8 +1,9 @@
-"""The schedule counter counts each page once a crawl, in the column of its last answer;
+"""The schedule counter counts each page once a crawl, in the column its answers merge into;
 its stats, and the metrics read from them, only go up."""
 
 from __future__ import annotations
 
+import pytest
 from scrapy import Request
 from scrapy.statscollectors import MemoryStatsCollector
 from scrapy.utils.test import get_crawler
@@ -37,7 +38,7 @@ def figures(c: ScheduleCounter) -> dict[str, int]:
                                                           "bytes_skipped"))}
 
 
-def test_a_page_requested_twice_is_requested_once_and_its_last_answer_is_its_column() -> None:
+def test_a_page_requested_twice_is_requested_once_and_a_success_replaces_its_failure() -> None:
     c = counter()
     c.requested(Why.DUE, "a.example", PAGE)
     c.requested(Why.DUE, "a.example", PAGE)
@@ -131,3 +132,37 @@ def test_stats_and_counters_only_go_up_when_a_page_leaves_a_column() -> None:
     assert now[("incremental_failed_pages_total", ())] == 1
     assert now[("incremental_failed_pages_recovered_total", ())] == 1
 
+
+@pytest.mark.parametrize(("answers", "column"), [
+    # A second fetch is judged against the first: the strongest stays.
+    (["changed", "page_changed"], "changed"),
+    (["changed", "unchanged"], "changed"),
+    (["new", "unchanged"], "new"),
+    (["not_modified", "unchanged"], "unchanged"),
+    (["unchanged", "changed"], "changed"),
+    # A success replaces any other answer; no other answer replaces a success.
+    (["failed", "changed"], "changed"),
+    (["gone", "not_modified"], "not_modified"),
+    (["withheld", "new"], "new"),
+    (["redirected", "unchanged"], "unchanged"),
+    (["changed", "failed"], "changed"),
+    (["new", "withheld"], "new"),
+    (["unchanged", "gone"], "unchanged"),
+    # The last of two answers that are no success stands.
+    (["failed", "gone"], "gone"),
+    (["gone", "failed"], "failed"),
+])
+def test_a_pages_answers_merge_into_one_column(answers: list[str], column: str) -> None:
+    c = counter()
+    c.requested(Why.DUE, "a.example", PAGE)
+    for answer in answers:
+        if answer == "failed":
+            c.failed(PAGE)
+        c.outcome(PageOutcome(answer), PAGE)
+    s = summarize(c.stats.get_stats())
+    assert {o: s[f"pages_{o}"] for o in PageOutcome if s[f"pages_{o}"]} == {column: 1}
+    # schedule/failed follows the last answer, as the store does.
+    assert s["failed"] == (answers[-1] == "failed")
+    [host] = c.hosts.table().values()
+    assert {k: v for k, v in host.items() if k.startswith("outcome/") and v} == {
+        f"outcome/{column}": 1}
