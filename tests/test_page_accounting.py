@@ -295,3 +295,24 @@ async def test_a_redirect_to_a_failing_page_is_one_failed_page(site, crawl, tmp_
     assert summary["failed"] == 1
     [host] = json.loads(report.read_text())["hosts"]
     assert sum(host["outcomes"].values()) == host["requested"] == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_page_that_changed_and_is_fetched_twice_stays_changed(site, crawl, tmp_path):
+    # The second fetch is judged against the first one's state and items
+    # (page changed, or unchanged): the page's column is its strongest answer.
+    start, other = site.add_pages(2, size=800, prefix="/a/", width=1)
+    revisits = {"INCREMENTAL_REVISIT_ENABLED": True}
+    urls = {"start_url": site.url(start), "other": site.url(other)}
+    await crawl(NotDueThenRefreshedSpider, settings=revisits, order="refresh", **urls)
+    site.change(other)
+    site.reset_log()
+    report = tmp_path / "report" / "report.json"
+    await crawl(NotDueThenRefreshedSpider, settings={
+        **revisits, "INCREMENTAL_REPORT_DIR": str(report.parent)}, order="refresh,refresh",
+        **urls)
+    summary = json.loads(report.read_text())["summary"]
+    assert [r.path for r in site.log].count(other) == 2
+    assert summary["items_changed"] == 1
+    assert summary["pages_changed"] == summary["pages_unchanged"] == 1, columns_of(summary)
+    assert_each_page_once(summary, 2)

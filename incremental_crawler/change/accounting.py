@@ -21,6 +21,22 @@ never change:
   above (and ``deferred``) they are the report's columns: every known page
   is in exactly one.
 
+Every stat only goes up (the live metrics export them as counters): a page
+that leaves a column is counted leaving it, and the report
+(:func:`~incremental_crawler.report.extension.summarize`) takes the
+departures off:
+
+- ``incremental/schedule/not_due_left``,
+  ``incremental/schedule/skipped_left/lastmod_unchanged``: pages counted
+  not requested, then requested after all; ``.../bytes_skipped_left``,
+  their stored sizes;
+- ``incremental/schedule/outcome_replaced/<outcome>``: a page's answer
+  replaced by a later one (see below);
+- ``incremental/schedule/failed_recovered``: pages counted failed that
+  answered after all.
+
+(``first_due`` alone moves later, when the page first due is requested.)
+
 Whoever decides a request's why (a list spider, the re-seeder) puts it in
 the request's meta under :data:`META_WHY`, with the page it counted under
 :data:`META_COUNTED`; a request that arrives without one is decided, and
@@ -31,10 +47,23 @@ Once per page: Scrapy may ask for a page twice in one crawl (a start URL is
 :class:`ScheduleCounter` keeps the pages it counted. A page is requested
 once however many requests reach a decision; one counted not requested
 (not due, skipped) that is then requested leaves that column for its
-answer's; and a page's later answer replaces its earlier one (the store
-keeps the later one too). An answer is the page's that was counted
-(:func:`counted_key`): a redirect's target answers for the page asked, not
-for itself.
+answer's; and its answers merge (:func:`replaces`):
+
+- among successes the strongest stays, :data:`SUCCESSES`' order (new,
+  changed, page changed, unchanged, not modified): a later fetch is judged
+  against the earlier one of the same crawl, not the crawl's start, so a
+  page that changed and was fetched again would otherwise end unchanged;
+- a success replaces a failure, gone, withheld or redirected answer;
+- a failure, gone, withheld or redirected answer never replaces a success
+  (what the success stored stays: ``stage_failure`` keeps the fingerprint
+  and validators, and its items were delivered), but the later of two of
+  them replaces the earlier;
+- ``incremental/schedule/failed`` follows the last answer, as the store
+  does: a page whose last answer was a failure is counted failed (asked
+  again next crawl) whatever its column; one that then answered is not.
+
+An answer is the page's that was counted (:func:`counted_key`): a
+redirect's target answers for the page asked, not for itself.
 
 The same counts are kept per host (:attr:`ScheduleCounter.hosts`) for the
 report's per-host table.
@@ -57,8 +86,8 @@ if TYPE_CHECKING:
     from incremental_crawler.state.records import PageState
 
 __all__ = [
-    "META_COUNTED", "META_LASTMOD_MODIFIED", "META_WHY", "PageOutcome", "ScheduleCounter", "Why",
-    "counted_key", "decided", "mark",
+    "META_COUNTED", "META_LASTMOD_MODIFIED", "META_WHY", "SUCCESSES", "PageOutcome",
+    "ScheduleCounter", "Why", "counted_key", "decided", "mark", "replaces",
 ]
 
 #: Request meta key: the :class:`Why` of a request decided (and counted)
@@ -211,12 +240,13 @@ class ScheduleCounter:
         #: Pages counted as not requested: their next visit, stored size and
         #: column (its event in :attr:`hosts`).
         self._unrequested: dict[PageKey, tuple[float, int, str]] = {}
-        #: Pages counted as requested, and the column of each one's latest
-        #: answer: a page is counted once, its requests apart (see the
+        #: Pages counted as requested, and the column their answers merged
+        #: into: a page is counted once, its requests apart (see the
         #: module docstring).
         self._requested: set[PageKey] = set()
         self._outcomes: dict[PageKey, PageOutcome] = {}
-        #: Pages counted failed (``incremental/schedule/failed``).
+        #: Pages whose last answer was a failure (``incremental/schedule/failed``,
+        #: less ``failed_recovered``).
         self._failed: set[PageKey] = set()
         #: The earliest next visit of the pages counted not due in bulk
         #: (:meth:`not_due_elsewhere`), for ``first_due`` if one counted
@@ -265,13 +295,15 @@ class ScheduleCounter:
 
     def _unrequested_no_more(self, key: PageKey) -> None:
         """Take *key* out of the column of the pages not requested, if it
-        was counted there (it is requested after all)."""
+        was counted there (it is requested after all): counted as leaving it
+        (``*_left``), the stats only go up; the report subtracts."""
         entry = self._unrequested.pop(key, None)
         if entry is None:
             return
         next_visit, size, event = entry
-        self.stats.inc_value(_STATS[event], -1)
-        self.stats.inc_value("incremental/schedule/bytes_skipped", -size)
+        self.stats.inc_value("incremental/schedule/not_due_left" if event == "not_due"
+                             else "incremental/schedule/skipped_left/lastmod_unchanged")
+        self.stats.inc_value("incremental/schedule/bytes_skipped_left", size)
         host = host_of(key.url)
         self.hosts.count(host, event, -1)
         self.hosts.count(host, "bytes_skipped", -size)
@@ -316,21 +348,23 @@ class ScheduleCounter:
             self._first_due_elsewhere = min(self._first_due_elsewhere, first_due)
 
     def outcome(self, outcome: PageOutcome, key: PageKey) -> None:
-        """What became of the page *key* requested this crawl: its latest
-        answer's column (an earlier answer of the same page leaves its own)."""
+        """What became of the page *key* requested this crawl: its answers
+        merged (see the module docstring). An answer that replaces an
+        earlier one counts that one replaced (``outcome_replaced/<outcome>``):
+        the stats only go up; the report subtracts."""
+        host = host_of(key.url)
+        if outcome is not PageOutcome.FAILED and key in self._failed:
+            # It answered after its failure: not failed in the end.
+            self._failed.discard(key)
+            self.stats.inc_value("incremental/schedule/failed_recovered")
+            self.hosts.count(host, "failed", -1)
         before = self._outcomes.get(key)
-        if before is outcome:
+        if before is not None and not replaces(outcome, before):
             return
         self._outcomes[key] = outcome
-        host = host_of(key.url)
         if before is not None:
-            self.stats.inc_value(f"incremental/schedule/outcome/{before}", -1)
+            self.stats.inc_value(f"incremental/schedule/outcome_replaced/{before}")
             self.hosts.count(host, f"outcome/{before}", -1)
-            if before is PageOutcome.FAILED and key in self._failed:
-                # It did not fail in the end.
-                self._failed.discard(key)
-                self.stats.inc_value("incremental/schedule/failed", -1)
-                self.hosts.count(host, "failed", -1)
         self.stats.inc_value(f"incremental/schedule/outcome/{outcome}")
         self.hosts.count(host, f"outcome/{outcome}")
 
@@ -343,6 +377,33 @@ class ScheduleCounter:
         self.hosts.count(host_of(key.url), "failed")
 
 
-#: The stats of the columns of pages not requested, by their per-host event.
-_STATS = {"skipped_lastmod": "incremental/schedule/skipped/lastmod_unchanged",
-          "not_due": "incremental/schedule/not_due"}
+#: The answers that found the page, strongest first: of a page's answers in
+#: a crawl, the strongest is its column (see the module docstring).
+SUCCESSES = (PageOutcome.NEW, PageOutcome.CHANGED, PageOutcome.PAGE_CHANGED,
+             PageOutcome.UNCHANGED, PageOutcome.NOT_MODIFIED)
+_STRENGTH = {outcome: len(SUCCESSES) - rank for rank, outcome in enumerate(SUCCESSES)}
+
+
+def replaces(later: PageOutcome, earlier: PageOutcome) -> bool:
+    """Whether a page's *later* answer this crawl takes the column of its *earlier* one.
+
+    A stronger success replaces a weaker one, a success replaces a
+    non-success, a non-success replaces a non-success, and nothing else:
+
+    >>> replaces(PageOutcome.UNCHANGED, PageOutcome.CHANGED)
+    False
+    >>> replaces(PageOutcome.CHANGED, PageOutcome.UNCHANGED)
+    True
+    >>> replaces(PageOutcome.NOT_MODIFIED, PageOutcome.FAILED)
+    True
+    >>> replaces(PageOutcome.FAILED, PageOutcome.NEW)
+    False
+    >>> replaces(PageOutcome.GONE, PageOutcome.FAILED)
+    True
+    """
+    if later is earlier:
+        return False
+    before = _STRENGTH.get(earlier, 0)
+    if before == 0:
+        return True
+    return _STRENGTH.get(later, 0) > before

@@ -53,6 +53,11 @@ _NOT_REQUESTED = {
     Why.NOT_DUE.value: "incremental/schedule/not_due",
     "deferred": "incremental/schedule/deferred",
 }
+#: The pages of those decided not requested, then requested after all.
+_LEFT = {
+    Why.LASTMOD_UNCHANGED.value: "incremental/schedule/skipped_left/lastmod_unchanged",
+    Why.NOT_DUE.value: "incremental/schedule/not_due_left",
+}
 
 #: Pages and lists (sitemaps, feeds) are counted apart (``kind`` label).
 _KINDS = {"page": "incremental/", "list": "incremental/discovery/"}
@@ -99,7 +104,12 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
     ("incremental_known_pages_total", "counter", "decision",
      "Known pages by what the crawl decided: requested (decision: "
      + ", ".join(w.value for w in REQUESTED) + ") or not (lastmod_unchanged, not_due, "
-     "deferred)"),
+     "deferred); a page decided not requested, then requested after all, is in both "
+     "(see incremental_known_pages_left_total)"),
+    ("incremental_known_pages_left_total", "counter", "decision",
+     ("Pages decided not requested (decision: lastmod_unchanged, not_due), then requested "
+      "after all: subtracted from incremental_known_pages_total, the pages still not "
+      "requested")),
     ("incremental_pages_total", "counter", "outcome",
      "Pages fetched in full, by what their content did (outcome: new, changed, unchanged)"),
     ("incremental_items_total", "counter", "outcome",
@@ -110,12 +120,20 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
     ("incremental_downloaded_bytes_total", "counter", "", "Response bytes downloaded"),
     ("incremental_saved_bytes_total", "counter", "by",
      ("Bytes not downloaded, estimated from the stored sizes (by: not_modified, "
-     "not_requested)")),
+     "not_requested: see incremental_saved_bytes_left_total)")),
+    ("incremental_saved_bytes_left_total", "counter", "",
+     ("Stored sizes of the pages decided not requested, then requested after all: "
+      "subtracted from incremental_saved_bytes_total{by=\"not_requested\"}, the bytes "
+      "the pages not requested saved")),
     ("incremental_errors_total", "counter", "kind",
      ("Errors: download (network errors, retried ones included), spider (callback "
      "exceptions), store (state store failures), log (ERROR lines)")),
     ("incremental_failed_pages_total", "counter", "",
-     "Pages whose final answer (after retries) was a failure"),
+     ("Pages whose answer (after retries) was a failure; those that answered after all "
+      "are in incremental_failed_pages_recovered_total")),
+    ("incremental_failed_pages_recovered_total", "counter", "",
+     ("Pages counted in incremental_failed_pages_total that answered after all (asked "
+      "again this crawl): the difference is the pages whose last answer was a failure")),
     ("incremental_state_withheld_total", "counter", "",
      "Pages whose state was not saved because their callback or an item pipeline failed"),
     ("incremental_downloads_in_flight", "gauge", "",
@@ -270,6 +288,10 @@ class CrawlCollector:
         for decision, key in _NOT_REQUESTED.items():
             self.add(known, stat(key), decision)
         yield known
+        left = self.counter("incremental_known_pages_left_total", ["decision"])
+        for decision, key in _LEFT.items():
+            self.add(left, stat(key), decision)
+        yield left
         pages = self.counter("incremental_pages_total", ["outcome"])
         for outcome in ("new", "changed", "unchanged"):
             self.add(pages, stat(f"incremental/pages_{outcome}"), outcome)
@@ -293,12 +315,16 @@ class CrawlCollector:
         self.add(saved, stat("incremental/bytes_saved_estimate"), "not_modified")
         self.add(saved, stat("incremental/schedule/bytes_skipped"), "not_requested")
         yield saved
+        yield self.single(CounterMetricFamily, "incremental_saved_bytes_left_total",
+                          stat("incremental/schedule/bytes_skipped_left"))
         errors = self.counter("incremental_errors_total", ["kind"])
         for kind, key in _ERRORS.items():
             self.add(errors, stat(key), kind)
         yield errors
         yield self.single(CounterMetricFamily, "incremental_failed_pages_total",
                           stat("incremental/schedule/failed"))
+        yield self.single(CounterMetricFamily, "incremental_failed_pages_recovered_total",
+                          stat("incremental/schedule/failed_recovered"))
         yield self.single(CounterMetricFamily, "incremental_state_withheld_total",
                           stat("incremental/state_withheld"))
 

@@ -112,12 +112,17 @@ def _schedule(stats: dict[str, Any]) -> dict[str, int]:
     def get(name: str) -> int:
         return int(stats.get(f"incremental/schedule/{name}", 0) or 0)
 
+    # The stats only go up: a page that leaves a column (counted not
+    # requested, then requested; an answer replaced by a later one; a
+    # failure answered after all) is counted leaving it, and taken off here.
     requested = {f"requested_{why}": get(f"requested/{why}") for why in REQUESTED}
     pages_requested = sum(requested.values())
-    outcomes = {f"pages_{outcome}": get(f"outcome/{outcome}") for outcome in OUTCOMES}
+    outcomes = {f"pages_{outcome}": get(f"outcome/{outcome}") - get(f"outcome_replaced/{outcome}")
+                for outcome in OUTCOMES}
     not_requested = {
-        "skipped_lastmod": get(f"skipped/{Why.LASTMOD_UNCHANGED}"),
-        "not_due": get("not_due"),
+        "skipped_lastmod": get(f"skipped/{Why.LASTMOD_UNCHANGED}")
+        - get(f"skipped_left/{Why.LASTMOD_UNCHANGED}"),
+        "not_due": get("not_due") - get("not_due_left"),
         "deferred": get("deferred"),
     }
     return {
@@ -126,8 +131,8 @@ def _schedule(stats: dict[str, Any]) -> dict[str, int]:
         **not_requested,
         # POSIX time, 0 when no page was not due.
         "first_due": get("first_due"),
-        "failed": get("failed"),
-        "bytes_skipped": get("bytes_skipped"),
+        "failed": get("failed") - get("failed_recovered"),
+        "bytes_skipped": get("bytes_skipped") - get("bytes_skipped_left"),
         # The columns every known page is in exactly one of: the three
         # kinds not requested, and what became of each page requested.
         "pages_known": pages_requested + sum(not_requested.values()),

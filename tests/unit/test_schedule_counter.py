@@ -1,7 +1,9 @@
-"""The schedule counter counts each page once a crawl, in the column of its last answer."""
+"""The schedule counter counts each page once a crawl, in the column its answers merge into;
+its stats, and the metrics read from them, only go up."""
 
 from __future__ import annotations
 
+import pytest
 from scrapy import Request
 from scrapy.statscollectors import MemoryStatsCollector
 from scrapy.utils.test import get_crawler
@@ -13,6 +15,7 @@ from incremental_crawler.change.accounting import (
     counted_key,
     mark,
 )
+from incremental_crawler.metrics.collector import CrawlCollector
 from incremental_crawler.report.extension import summarize
 from incremental_crawler.state.records import PageKey, PageState
 
@@ -35,7 +38,7 @@ def figures(c: ScheduleCounter) -> dict[str, int]:
                                                           "bytes_skipped"))}
 
 
-def test_a_page_requested_twice_is_requested_once_and_its_last_answer_is_its_column() -> None:
+def test_a_page_requested_twice_is_requested_once_and_a_success_replaces_its_failure() -> None:
     c = counter()
     c.requested(Why.DUE, "a.example", PAGE)
     c.requested(Why.DUE, "a.example", PAGE)
@@ -86,3 +89,80 @@ def test_the_counted_key_goes_with_the_why_along_a_redirect_not_into_another_pag
     # A callback's request that copied the meta is for another page.
     copied = Request(OTHER.url, meta=dict(request.meta))
     assert counted_key(copied) is None
+
+
+def counters(c: ScheduleCounter) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The counters the live metrics export from *c*'s stats."""
+    collector = CrawlCollector(get_crawler(), slots=1, constant={}, info={})
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in collector._pages(c.stats.get_stats()) if family.type == "counter"
+            for sample in family.samples if sample.name.endswith("_total")}
+
+
+def test_stats_and_counters_only_go_up_when_a_page_leaves_a_column() -> None:
+    c = counter()
+    c.not_due(stored(PAGE, 1000.0, size=5000))
+    c.skipped(stored(OTHER, 0.0, size=70))
+    third = PageKey("s", "http://a.example/r")
+    c.requested(Why.NEW, "a.example", third)
+    c.failed(third)
+    c.outcome(PageOutcome.FAILED, third)
+    stats, before = dict(c.stats.get_stats()), counters(c)
+    # Not due, then asked after all; skipped, then asked; failed, then a 304.
+    c.requested(Why.DUE, "a.example", PAGE)
+    c.outcome(PageOutcome.UNCHANGED, PAGE)
+    c.requested(Why.SAMPLED, "a.example", OTHER)
+    c.outcome(PageOutcome.CHANGED, OTHER)
+    c.outcome(PageOutcome.NOT_MODIFIED, third)
+    after = c.stats.get_stats()
+    assert [k for k, v in stats.items() if k != "incremental/schedule/first_due"
+            and after.get(k, 0) < v] == []
+    now = counters(c)
+    assert [k for k, v in before.items() if now.get(k, 0) < v] == []
+    # The report takes the departures off: each page in one column.
+    assert figures(c) == {"requested": 3, "requested_new": 1, "requested_due": 1,
+                          "requested_sampled": 1, "pages_known": 3, "pages_checked": 3,
+                          "pages_unchanged": 1, "pages_changed": 1, "pages_not_modified": 1}
+    # The metrics export the departures as counters of their own.
+    assert now[("incremental_known_pages_total", (("decision", "not_due"),))] == 1
+    assert now[("incremental_known_pages_left_total", (("decision", "not_due"),))] == 1
+    assert now[("incremental_known_pages_left_total", (("decision", "lastmod_unchanged"),))] == 1
+    assert now[("incremental_saved_bytes_total", (("by", "not_requested"),))] == 5070
+    assert now[("incremental_saved_bytes_left_total", ())] == 5070
+    assert now[("incremental_failed_pages_total", ())] == 1
+    assert now[("incremental_failed_pages_recovered_total", ())] == 1
+
+
+@pytest.mark.parametrize(("answers", "column"), [
+    # A second fetch is judged against the first: the strongest stays.
+    (["changed", "page_changed"], "changed"),
+    (["changed", "unchanged"], "changed"),
+    (["new", "unchanged"], "new"),
+    (["not_modified", "unchanged"], "unchanged"),
+    (["unchanged", "changed"], "changed"),
+    # A success replaces any other answer; no other answer replaces a success.
+    (["failed", "changed"], "changed"),
+    (["gone", "not_modified"], "not_modified"),
+    (["withheld", "new"], "new"),
+    (["redirected", "unchanged"], "unchanged"),
+    (["changed", "failed"], "changed"),
+    (["new", "withheld"], "new"),
+    (["unchanged", "gone"], "unchanged"),
+    # The last of two answers that are no success stands.
+    (["failed", "gone"], "gone"),
+    (["gone", "failed"], "failed"),
+])
+def test_a_pages_answers_merge_into_one_column(answers: list[str], column: str) -> None:
+    c = counter()
+    c.requested(Why.DUE, "a.example", PAGE)
+    for answer in answers:
+        if answer == "failed":
+            c.failed(PAGE)
+        c.outcome(PageOutcome(answer), PAGE)
+    s = summarize(c.stats.get_stats())
+    assert {o: s[f"pages_{o}"] for o in PageOutcome if s[f"pages_{o}"]} == {column: 1}
+    # schedule/failed follows the last answer, as the store does.
+    assert s["failed"] == (answers[-1] == "failed")
+    [host] = c.hosts.table().values()
+    assert {k: v for k, v in host.items() if k.startswith("outcome/") and v} == {
+        f"outcome/{column}": 1}
