@@ -130,9 +130,24 @@ from incremental_crawler.state.stores.redis.scripts import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Generator, Sequence
+    from collections.abc import Callable, Generator, Sequence
 
 __all__ = ["RedisClusterPath"]
+
+
+def _declared(keys: list[str]) -> tuple[list[str], Callable[[str], int]]:
+    """A script's KEYS, *keys* first, and ``at(name)``: the (1-based) index
+    of *name* in them, appended the first time it is met (a script must
+    declare every key it touches, each once)."""
+    index: dict[str, int] = {}
+
+    def at(name: str) -> int:
+        if name not in index:
+            keys.append(name)
+            index[name] = len(keys)
+        return index[name]
+
+    return keys, at
 
 #: The writes of phase 2 (a host's) and of phase 3 (a scope's own).
 _HOST_OPS = frozenset({"page", "check", "failure", "redirect", "links", "unlink", "flags",
@@ -558,15 +573,8 @@ class RedisClusterPath(RedisCore):
         def head(kind: str) -> str:
             return f"{self.prefix}:{kind}:{tag}"
 
-        keys = [self._token_key(token, tag), head("items"), head("itemver"), head("order"),
-                head("undelc")]
-        index: dict[str, int] = {}
-
-        def key_at(name: str) -> int:
-            if name not in index:
-                keys.append(name)
-                index[name] = len(keys)
-            return index[name]
+        keys, key_at = _declared([self._token_key(token, tag), head("items"), head("itemver"),
+                                  head("order"), head("undelc")])
 
         args: list[Any] = []
         for op, mark in zip(writes, marks, strict=True):
@@ -723,15 +731,8 @@ class RedisClusterPath(RedisCore):
         def head(kind: str) -> str:
             return f"{self.prefix}:{kind}:{tag}"
 
-        keys = [self._token_key(token, tag), head("dueb"), head("splits"), head("hs"),
-                head("nvs"), head("nvm"), head("ck"), head("duer")]
-        index: dict[str, int] = {}
-
-        def key_at(name: str) -> int:
-            if name not in index:
-                keys.append(name)
-                index[name] = len(keys)
-            return index[name]
+        keys, key_at = _declared([self._token_key(token, tag), head("dueb"), head("splits"),
+                                  head("hs"), head("nvs"), head("nvm"), head("ck"), head("duer")])
 
         args: list[Any] = [len(bundles)]
         for other in sorted(bundles):
