@@ -316,3 +316,44 @@ async def test_a_page_that_changed_and_is_fetched_twice_stays_changed(site, craw
     assert summary["items_changed"] == 1
     assert summary["pages_changed"] == summary["pages_unchanged"] == 1, columns_of(summary)
     assert_each_page_once(summary, 2)
+
+
+class AnswersTwiceSpider(Spider):
+    """Asks its one page twice in a crawl (a refresh each time); *between*
+    runs after the first answer (the site changes its mind)."""
+
+    name = "answers_twice"
+
+    def __init__(self, url: str = "", between: Any = None, **kw: Any):
+        super().__init__(**kw)
+        self.url, self.between, self.answers = url, between, 0
+
+    async def start(self) -> AsyncIterator[Any]:
+        yield Request(self.url, meta={"incremental_refresh": True}, dont_filter=True)
+
+    def parse(self, response: Response) -> Iterator[Any]:
+        yield {"url": response.url, "title": response.css("title::text").get()}
+        self.answers += 1
+        if self.answers == 1 and self.between is not None:
+            self.between()
+            yield Request(self.url, meta={"incremental_refresh": True}, dont_filter=True,
+                          callback=self.parse)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_page_that_changed_then_went_away_in_one_crawl_is_gone(site, crawl, tmp_path):
+    # Its 410 tombstones its items in the store: the report says gone, as
+    # the store has it (a later answer that is no success is the page's).
+    [page] = site.add_pages(1, size=800, prefix="/a/", width=1)
+    url = site.url(page)
+    await crawl(AnswersTwiceSpider, url=url)
+    site.change(page)
+    site.reset_log()
+    report = tmp_path / "report" / "report.json"
+    await crawl(AnswersTwiceSpider, settings={"INCREMENTAL_REPORT_DIR": str(report.parent)},
+                url=url, between=lambda: site.override(page, status=410))
+    assert [(r.path, r.status) for r in site.log if r.path == page] == [(page, 200), (page, 410)]
+    summary = json.loads(report.read_text())["summary"]
+    assert summary["pages_gone"] == 1 and summary["items_deleted"] == 1, columns_of(summary)
+    assert summary["pages_changed"] == 0
+    assert_each_page_once(summary, 1)

@@ -54,13 +54,13 @@ answer's; and its answers merge (:func:`replaces`):
   against the earlier one of the same crawl, not the crawl's start, so a
   page that changed and was fetched again would otherwise end unchanged;
 - a success replaces a failure, gone, withheld or redirected answer;
-- a failure, gone, withheld or redirected answer never replaces a success
-  (what the success stored stays: ``stage_failure`` keeps the fingerprint
-  and validators, and its items were delivered), but the later of two of
-  them replaces the earlier;
-- ``incremental/schedule/failed`` follows the last answer, as the store
-  does: a page whose last answer was a failure is counted failed (asked
-  again next crawl) whatever its column; one that then answered is not.
+- a failure, gone, withheld or redirected answer replaces whatever came
+  before, as the store takes it: a failure records the page's status and
+  its failure schedule (asked again next crawl), a 410 tombstones its
+  items, a withheld answer leaves it to be fetched again;
+- ``incremental/schedule/failed`` counts each time a page's answer is a
+  failure; ``schedule/failed_recovered`` each time a page that had failed
+  then answered.
 
 An answer is the page's that was counted (:func:`counted_key`): a
 redirect's target answers for the page asked, not for itself.
@@ -387,8 +387,9 @@ _STRENGTH = {outcome: len(SUCCESSES) - rank for rank, outcome in enumerate(SUCCE
 def replaces(later: PageOutcome, earlier: PageOutcome) -> bool:
     """Whether a page's *later* answer this crawl takes the column of its *earlier* one.
 
-    A stronger success replaces a weaker one, a success replaces a
-    non-success, a non-success replaces a non-success, and nothing else:
+    A stronger success replaces a weaker one, and a success replaces a
+    non-success; a non-success replaces anything (the store keeps the last
+    answer that is not a success):
 
     >>> replaces(PageOutcome.UNCHANGED, PageOutcome.CHANGED)
     False
@@ -397,13 +398,13 @@ def replaces(later: PageOutcome, earlier: PageOutcome) -> bool:
     >>> replaces(PageOutcome.NOT_MODIFIED, PageOutcome.FAILED)
     True
     >>> replaces(PageOutcome.FAILED, PageOutcome.NEW)
-    False
+    True
     >>> replaces(PageOutcome.GONE, PageOutcome.FAILED)
     True
     """
     if later is earlier:
         return False
-    before = _STRENGTH.get(earlier, 0)
-    if before == 0:
+    before, after = _STRENGTH.get(earlier, 0), _STRENGTH.get(later, 0)
+    if before == 0 or after == 0:
         return True
-    return _STRENGTH.get(later, 0) > before
+    return after > before
