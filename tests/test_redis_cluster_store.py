@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import math
+import threading
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 from scrapy.settings import Settings
+from twisted.internet.threads import deferToThread
 
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores.base import StateStoreError, due_after
@@ -2226,3 +2228,40 @@ async def test_an_adoption_keeps_a_pages_latest_check_whatever_order_its_entries
             assert client.zscore(checks, member) == mark + 50
     finally:
         await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_page_a_crawl_writes_while_a_host_is_forgotten_stays_due(
+    redis_cluster: LoopbackCluster, prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker writes a page of a host whose repair deleted its pages a
+    moment before (the host's script ran, the rest of the repair not yet):
+    the page stays in the revisit index (the repair leaves the host's place
+    in its shard: an empty bucket's bound is a lower bound still)."""
+    await flush_five(redis_cluster, prefix)
+    repair = open_store(redis_cluster, prefix)
+    worker = open_store(redis_cluster, prefix)
+    deleted, go = threading.Event(), threading.Event()
+    host_part_of_repair = repair._forget_host_slot
+
+    def then_wait(*args: Any, **kwargs: Any) -> Any:
+        done = host_part_of_repair(*args, **kwargs)
+        deleted.set()
+        go.wait(30)
+        return done
+
+    monkeypatch.setattr(repair, "_forget_host_slot", then_wait)
+    try:
+        forgotten = deferToThread(repair.forget_host, SCOPE, "a.example")
+        assert await deferToThread(deleted.wait, 30)
+        new = PageKey(SCOPE, "https://a.example/new")
+        worker.stage_page(full_state(new, 1, callback="parse", next_visit=1_000))
+        await call(worker.flush())
+        go.set()
+        assert (await forgotten).pages == 5
+        assert [s.key for s in await call(worker.get_due(SCOPE, 2_000, 10))] == [new]
+        assert [s.key for s in worker.iter_pages(SCOPE)] == [new]
+    finally:
+        go.set()
+        await call(worker.close())
+        await call(repair.close())

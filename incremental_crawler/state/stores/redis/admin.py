@@ -621,7 +621,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         intent = (self._intents_key(shard), f"{part}\0repair-{token}")
         ledger = self._host_key("fx", scope, host)
         self._repair_intent(intent)
-        pages, links, buckets, raw = self._forget_host_slot(scope, host, ledger, token, plan)
+        pages, links, raw = self._forget_host_slot(scope, host, ledger, token, plan)
         counts = dict.fromkeys(Removed._fields, 0)
         counts.update(pages=pages, links=links)
         commands: list[tuple[Any, ...]] = []
@@ -634,10 +634,13 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         if whole_host:
             # Not its ledger: an entry there may be pending still (a cut
             # repair's, retried now; one written after the adoption read):
-            # it goes once applied (HDEL), never with the pages.
-            run(None, "SREM", self._host_shard_key("hs", scope, host), part)
-            run(None, "ZREM", self._host_shard_key("dueb", scope, host),
-                *(f"{part}|{b}" for b in buckets))
+            # it goes once applied (HDEL), never with the pages. Nor the
+            # host's place in its shard (listed, its buckets' bounds in the
+            # revisit index): a crawl may have written a page of the host
+            # since the host's script deleted them, and its phase 3 listed
+            # it; taken out now, that page would never be due. A bound left
+            # for an empty bucket is a lower bound still (a due read finds
+            # nothing there; a summary that reads the buckets drops it).
             run("hosts", "HDEL", self._key("hosts", scope), host)
             run("rates", "HDEL", self._key("slots", scope), host)
             run(None, "ZREM", self._key("slotsat", scope), host)
@@ -670,11 +673,11 @@ class RedisAdmin(RedisClusterPath, AdminStore):
 
     def _forget_host_slot(self, scope: str, host: str, ledger: str, token: str,
                           plan: Callable[[], tuple[int, list[int], str]]
-                          ) -> tuple[int, int, list[int], str]:
+                          ) -> tuple[int, int, str]:
         """The host's part of a repair (``cluster_forget.lua``), planned
         again while a crawl splits the host's buckets meanwhile: the pages
-        and links deleted, the buckets deleted from, and the effects the
-        script kept in the host's ledger (JSON; '' none)."""
+        and links deleted, and the effects the script kept in the host's
+        ledger (JSON; '' none)."""
         for _ in range(_FORGET_ROUNDS):
             n, buckets, url_part = plan()
             keys = [self._host_key("hd", scope, host), self._host_key("ln", scope, host),
@@ -688,7 +691,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
                 raise self._fail("repair failed (nothing was deleted)", exc) from exc
             if reply[0] != b"n":
                 pages, links, raw = reply
-                return int(pages), int(links), buckets, raw.decode() if raw else ""
+                return int(pages), int(links), raw.decode() if raw else ""
         raise self._fail("repair failed (nothing was deleted): the host's buckets kept "
                          "being split by a crawl; run it again once no crawl holds the scope")
 
