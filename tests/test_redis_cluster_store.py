@@ -2265,3 +2265,35 @@ async def test_a_page_a_crawl_writes_while_a_host_is_forgotten_stays_due(
         go.set()
         await call(worker.close())
         await call(repair.close())
+
+
+@pytest.mark.parametrize("bad", ["007", "9223372036854775807"])
+@pytest_twisted.ensureDeferred
+async def test_a_hosts_write_generation_that_cannot_be_raised_refuses_its_writes(
+    redis_cluster: LoopbackCluster, prefix: str, bad: str,
+) -> None:
+    """As on one server: a host's counter INCR would refuse or overflow
+    refuses the host's writes and a repair of its pages before any."""
+    key = PageKey(SCOPE, "https://a.example/p")
+    counter = f"{prefix}:wg:{{{SCOPE}|a.example}}"
+    store = open_store(redis_cluster, prefix)
+    try:
+        store.stage_page(full_state(key, 1))
+        await call(store.flush())
+        with redis_cluster.client() as client:
+            client.set(counter, bad)
+            assert await call(store.write_generation(SCOPE, ["a.example"])) is None
+            with pytest.raises(StateStoreError, match="nothing was deleted"):
+                store.forget_page(SCOPE, key.url)
+            store.stage_page(full_state(key, 2))
+            with pytest.raises(StateStoreError):
+                await call(store.flush())
+            assert client.get(counter) == bad.encode()
+            client.set(counter, "5")
+        reader = open_store(redis_cluster, prefix)
+        try:
+            assert await call(reader.get_page(key)) == full_state(key, 1)
+        finally:
+            await call(reader.close())
+    finally:
+        await call(store.close())

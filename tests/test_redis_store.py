@@ -1496,3 +1496,37 @@ async def test_a_reset_of_a_full_redis_runs_and_raises_the_write_generation(
     finally:
         client.close()
         await call(store.close())
+
+
+@pytest.mark.parametrize("bad", ["007", "-0", "99999999999999999999", "9223372036854775807", "x"])
+@pytest_twisted.ensureDeferred
+async def test_a_write_generation_that_cannot_be_raised_refuses_writes_and_repairs(
+    redis_prefix: str, shared: redis.Redis, bad: str,
+) -> None:
+    """A counter INCR would refuse or overflow (raised after the writes, in
+    scripts and a MULTI that nothing rolls back) refuses a flush's writes
+    and a repair before any, and reads as no token (no walk memo)."""
+    counter = f"{redis_prefix}:wg:{SCOPE}"
+    store = open_at(redis_prefix)
+    key = PageKey(SCOPE, URL)
+    try:
+        store.stage_page(full_state(key, 1))
+        await call(store.flush())
+        assert await call(store.write_generation(SCOPE, ["example.com"])) == "1"
+        shared.set(counter, bad)
+        assert await call(store.write_generation(SCOPE, ["example.com"])) is None
+        with pytest.raises(StateStoreError, match="nothing was deleted"):
+            store.forget_page(SCOPE, URL)
+        assert await call(store.get_page(key)) == full_state(key, 1)
+        store.stage_page(full_state(key, 2))
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        reader = open_at(redis_prefix)
+        try:
+            assert await call(reader.get_page(key)) == full_state(key, 1)
+        finally:
+            await call(reader.close())
+        assert shared.get(counter) == bad.encode()
+    finally:
+        shared.set(counter, "5")
+        await call(store.close())

@@ -43,6 +43,7 @@ from incremental_crawler.state.stores.redis.core import (
     scope_shard,
     shard_part,
 )
+from incremental_crawler.state.stores.redis.memo import counter_ok
 from incremental_crawler.state.stores.redis.pages import (
     bucket_of,
     host_part,
@@ -332,10 +333,16 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         in a bucket not deleted; the sums are taken out in the ``MULTI``,
         from the records it deletes)."""
         watched = self._host_key("hd", scope, page_host)
+        counter = self._generation_key(scope, page_host)
         for _ in range(_FORGET_ROUNDS):
             with self._sync.pipeline(transaction=True) as pipe:
                 try:
-                    pipe.watch(watched)
+                    pipe.watch(watched, counter)
+                    # Raised last in the MULTI, which runs on when a command
+                    # fails: a counter that cannot be raised is refused now.
+                    if not counter_ok(pipe.get(counter)):
+                        raise self._fail(f"repair refused: {counter} is not a counter "
+                                         "(nothing was deleted)")
                     urls, delete_pages = plan()
                     kinds = self._forget_commands(scope, urls, delete_pages, host, pipe)
                     self.roundtrips += 1

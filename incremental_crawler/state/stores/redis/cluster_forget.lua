@@ -34,9 +34,11 @@ for _, pair in ipairs({{LINKS, 'hash'}, {LEDGER, 'hash'}, {DIR, 'hash'}}) do
   end
 end
 do
+  -- What INCR takes, and can raise without overflowing.
   local kind = redis.call('TYPE', GENERATION).ok
-  if kind ~= 'none' and not (kind == 'string'
-      and string.match(redis.call('GET', GENERATION), '^%-?%d+$')) then
+  local v = kind == 'string' and redis.call('GET', GENERATION)
+  if kind ~= 'none' and not (v and (v == '0'
+      or (string.match(v, '^%-?[1-9]%d*$') and #v <= 18))) then
     error(GENERATION .. ' is not a counter (a ' .. kind .. '): nothing was deleted', 0)
   end
 end

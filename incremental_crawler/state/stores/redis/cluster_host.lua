@@ -107,8 +107,9 @@ end
 -- The write generation is raised after the writes: INCR must not fail then.
 local function check_counter(key)
   local kind = redis.call('TYPE', key).ok
-  if kind == 'none' or (kind == 'string'
-      and string.match(redis.call('GET', key), '^%-?%d+$')) then
+  -- What INCR takes, and can raise without overflowing.
+  local v = kind == 'string' and redis.call('GET', key)
+  if kind == 'none' or (v and (v == '0' or (string.match(v, '^%-?[1-9]%d*$') and #v <= 18))) then
     return
   end
   return key .. ' is not a counter (a ' .. kind .. '): nothing of the host was applied'

@@ -42,6 +42,7 @@ one field per name, written at once; a reset deletes it.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from incremental_crawler.state.stores.redis.core import RedisCore, _whole
@@ -50,7 +51,18 @@ from incremental_crawler.state.stores.redis.pages import host_part
 if TYPE_CHECKING:
     from collections.abc import Collection
 
-__all__ = ["RedisWalkMemo"]
+__all__ = ["RedisWalkMemo", "counter_ok"]
+
+#: What INCR takes, and can raise without overflowing (the scripts check
+#: the same before their writes: the INCR comes after them).
+_COUNTER = re.compile(rb"0|[1-9][0-9]{0,17}|-[1-9][0-9]{0,16}")
+
+
+def counter_ok(raw: bytes | str | None) -> bool:
+    """Whether a counter as stored (``None``: absent) can be raised."""
+    if isinstance(raw, str):
+        raw = raw.encode()
+    return raw is None or _COUNTER.fullmatch(raw) is not None
 
 
 class RedisWalkMemo(RedisCore):
@@ -64,13 +76,16 @@ class RedisWalkMemo(RedisCore):
     async def write_generation(self, scope: str, hosts: Collection[str]) -> str | None:
         if not self.tagged:
             [raw] = await self._commands([("GET", self._generation_key(scope, ""))])
-            return str(_whole(raw, 0))
+            # A damaged counter stands for no token: no memo is kept or taken.
+            return str(_whole(raw, 0)) if counter_ok(raw) else None
         # As the store keys pages by host (hosts.host_of: lowercase).
         names = sorted({host.lower() for host in hosts})
         # One GET per host (its slot's): the cluster client sends each node
         # its own, in one round trip.
         replies = await self._commands(
             [("GET", self._generation_key(scope, host)) for host in names])
+        if not all(counter_ok(raw) for raw in replies):
+            return None
         return ",".join(f"{host_part(host)}={_whole(raw, 0)}"
                         for host, raw in zip(names, replies, strict=True))
 
