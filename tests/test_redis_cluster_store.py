@@ -53,6 +53,7 @@ from incremental_crawler.state.stores.redis.scripts import (
     CLUSTER_SCOPE_LUA,
     CLUSTER_SUMMARY_LUA,
 )
+from tests.clock_util import later
 from tests.redis_util import new_prefix
 from tests.test_store_contract import SCOPE, brute_summary, call, full_state, item
 
@@ -2296,4 +2297,29 @@ async def test_a_hosts_write_generation_that_cannot_be_raised_refuses_its_writes
         finally:
             await call(reader.close())
     finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_phase_whose_reply_was_lost_a_day_ago_is_not_sent_again(
+    redis_cluster: LoopbackCluster, prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past half the life of its token (Redis may have forgotten whether it
+    ran), a script whose reply was lost is not sent again: it could apply
+    its writes twice. The flush says so; its writes stay staged."""
+    key = PageKey(SCOPE, "https://a.example/p")
+    store = open_store(redis_cluster, prefix)
+    try:
+        store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+        await call(store.flush())
+        store.stage_check(key, 304, 3_000_000, schedule=(3_600, 4_000))
+        lose_reply_of(store, CLUSTER_HOST_LUA)
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        later(monkeypatch, 0.51)
+        with pytest.raises(StateStoreError, match="reply was lost"):
+            await call(store.flush())
+        assert store.pending == 1
+    finally:
+        monkeypatch.undo()
         await call(store.close())

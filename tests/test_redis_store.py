@@ -43,6 +43,7 @@ from incremental_crawler.state.stores.redis import (
     parse_redis_uri,
 )
 from incremental_crawler.state.stores.redis.pages import BUCKET_LOAD, bucket_of
+from tests.clock_util import later
 from tests.redis_util import REDIS_URI, CuttableProxy, OwnRedis, prefix_keys
 from tests.test_store_contract import SCOPE, URL, call, full_state, item
 
@@ -946,6 +947,37 @@ async def test_flush_whose_reply_was_lost_is_not_applied_twice(redis_prefix: str
     finally:
         await call(store.close())
         await call(direct.close())
+        proxy.cut()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_flush_whose_reply_was_lost_a_day_ago_is_not_sent_again(
+    redis_prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past half the life of its token (Redis may have forgotten whether it
+    ran), a batch whose reply was lost is not sent again: it could apply
+    its writes twice. The flush says so; its writes stay staged."""
+    proxy = CuttableProxy()
+    db = REDIS_URI.rsplit("/", 1)[1]
+    uri = f"redis://127.0.0.1:{proxy.port}/{db}?prefix={redis_prefix}&socket_timeout=1"
+    store = open_store(Settings({"INCREMENTAL_STATE_URI": uri,
+                                 "INCREMENTAL_REDIS_RETRY_TIME": 2 * GIVE_UP_SOON}))
+    key = PageKey(SCOPE, URL)
+    try:
+        store.stage_page(full_state(key, 1))
+        await call(store.flush())
+        store.stage_check(key, 304, 3_000_000)
+        proxy.mute_replies.set()
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        proxy.mute_replies.clear()
+        later(monkeypatch, 0.51)
+        with pytest.raises(StateStoreError, match="reply was lost"):
+            await call(store.flush())
+        assert store.pending == 1
+    finally:
+        monkeypatch.undo()
+        await call(store.close())
         proxy.cut()
 
 

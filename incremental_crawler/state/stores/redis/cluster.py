@@ -97,6 +97,7 @@ from urllib.parse import quote
 
 import redis
 
+from incremental_crawler import clock
 from incremental_crawler.state.stores.base import StateStoreError
 from incremental_crawler.state.stores.redis.core import (
     ITEM_GROUPS,
@@ -370,6 +371,8 @@ class RedisClusterPath(RedisCore):
     #: many of that slot's first writes it held).
     _carried: _Carried
     _unsure_slots: dict[str, tuple[str, int]]
+    #: When each unsure token's reply was lost (its token lives _TOKEN_TTL).
+    _unsure_slot_since: dict[str, float]
     #: Tokens of scripts whose outcome is known: deleted with the next flush.
     _spent_slot_tokens: list[str]
 
@@ -383,6 +386,7 @@ class RedisClusterPath(RedisCore):
         self._worker_id = uuid.uuid4().hex
         self._carried = _Carried()
         self._unsure_slots = {}
+        self._unsure_slot_since = {}
         self._spent_slot_tokens = []
         #: Whether an adoption refused by Redis was logged (once a store).
         self._adoption_refused_said = False
@@ -461,6 +465,7 @@ class RedisClusterPath(RedisCore):
                 # have run; its token will tell.
                 for tag, chunk, token in sent:
                     self._unsure_slots[tag] = (token, len(chunk))
+                    self._unsure_slot_since.setdefault(token, clock.now())
                 raise
             errors = [str(answer) for answer in replies[len(calls):]
                       if isinstance(answer, Exception)]

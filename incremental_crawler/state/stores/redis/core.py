@@ -23,6 +23,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
+from incremental_crawler import clock
 from incremental_crawler.config import DEFAULT_SETTINGS
 from incremental_crawler.redis_cluster import async_twin, connect
 from incremental_crawler.redis_retry import RedisSilent, Silence
@@ -50,6 +51,7 @@ from incremental_crawler.state.stores.redis.pages import (
 from incremental_crawler.state.stores.redis.scripts import (
     _FLUSH_LUA,
     _SCRIPTS,
+    _TOKEN_TTL,
     CLUSTER_READ_PAGES_LUA,
     _sha1,
 )
@@ -298,6 +300,18 @@ class RedisCore(StateStore):
     def _host_key(self, kind: str, scope: str, host: str) -> str:
         """A key of one host of *scope* (its ``{scope|host}`` hash tag)."""
         return f"{self.prefix}:{kind}:{{{_key_part(scope)}|{host_part(host)}}}"
+
+    def _refuse_forgotten_token(self, since: float) -> None:
+        """Refuse to send again, now, a write whose reply was lost at *since*
+        when Redis may have forgotten its token (kept ``_TOKEN_TTL``): sent
+        again, it could apply its writes twice. Its writes stay staged."""
+        if clock.now() - since > _TOKEN_TTL / 2:
+            raise StateStoreError(
+                f"State store {self.location}: a flush whose reply was lost has waited to "
+                f"be sent again for over {_TOKEN_TTL // 7200} hours, close to the "
+                f"{_TOKEN_TTL // 3600} hours Redis keeps the token that tells whether it "
+                "ran: sent again it could apply its writes twice, so it is not sent. Stop "
+                "this crawl: the pages it had not stored are asked again next crawl")
 
     def _generation_key(self, scope: str, host: str) -> str:
         """The write generation counting *host*'s page and links writes

@@ -125,6 +125,8 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
         # outcome is unknown (its reply was lost): Redis knows how much of it
         # was applied. Tokens whose outcome is known are forgotten next time.
         self._unsure: tuple[str, int] | None = None
+        # When that batch's reply was lost (its token lives _TOKEN_TTL).
+        self._unsure_since = 0.0
         self._spent_tokens: list[str] = []
         # Latest staged page states, links records (None: a staged
         # deletion) and item fingerprints, for reads; the `_flushing_*` ones
@@ -532,6 +534,8 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
             return await self._flush_phased()
         if not self._ops:
             return 0
+        if self._unsure is not None:
+            self._refuse_forgotten_token(self._unsure_since)
         self._flushes += 1
         ops, scopes, unsure = self._ops, self._scopes, self._unsure
         self._flushing_pages, self._flushing_fps = self._pages, self._item_fps
@@ -569,6 +573,8 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
             ) and sending is not None:
                 # No reply (or not one we understood): the batch may or may
                 # not have run; its token will tell.
+                if unsure is None or sending[0] != unsure[0]:
+                    self._unsure_since = clock.now()
                 self._unsure = (sending[0], sending[1])
             self._pages = {**self._flushing_pages, **self._pages}
             self._links = {**self._flushing_links, **self._links}
@@ -586,6 +592,11 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
         2 applied is kept for phase 3 of the next flush."""
         if not self._ops and self._carried.empty():
             return 0
+        live = {token for token, _ in self._unsure_slots.values()}
+        for token in set(self._unsure_slot_since) - live:
+            del self._unsure_slot_since[token]
+        for token in live:
+            self._refuse_forgotten_token(self._unsure_slot_since.get(token, clock.now()))
         self._flushes += 1
         ops, scopes = self._ops, self._scopes
         self._flushing_pages, self._flushing_fps = self._pages, self._item_fps
