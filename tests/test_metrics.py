@@ -538,16 +538,20 @@ async def test_in_flight_counts_what_the_slot_holds_back_and_transferring_what_i
     crawler = runner.create_crawler(ListSpider)
     done = runner.crawl(crawler, urls=[site.url(p) for p in paths])
     scrape = None
+    held = -1
     try:
-        # Bounded: a scrape every 50 ms for at most 30 s, until all 16 are in.
+        # Bounded: a scrape every 50 ms for at most 30 s, until all 16 are in
+        # and the server has every request the client has put on the wire
+        # (one sent may not have reached the server yet: read again).
         for _ in range(600):
             endpoint = crawler.get_extension(MetricsEndpoint)
             if site.held and endpoint is not None and endpoint.url is not None:
                 scrape = Scrape(await deferToThread(fetch, endpoint.url))
-                if scrape.value("incremental_downloads_in_flight") == len(paths):
+                held = site.held
+                if (scrape.value("incremental_downloads_in_flight") == len(paths)
+                        and scrape.value("incremental_downloads_transferring") == held):
                     break
             await deferLater(reactor, 0.05)
-        held = site.held
     finally:
         site.release()
         await done
