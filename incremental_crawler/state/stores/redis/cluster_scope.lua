@@ -7,7 +7,8 @@
 -- the scope's hosts, the revisit index lowered (ZADD LT: a lower bound
 -- stays one), the splits count, the sums by next visit and the checks
 -- since the mark (ZADD GT: see below); then the scope's own writes in staging order (host
--- trust, crawl records, rates, delivery marks).
+-- trust, crawl records, rates; delivery marks are the item groups': see
+-- cluster_items.lua).
 --
 -- The effects come from phase 2's scripts, each under its own token
 -- (its host's ledger keeps them until they are applied); P:fxdone:<b>
@@ -53,13 +54,10 @@ local function finish(applied, failed, effects)
   redis.call('SET', TOKEN, cjson.encode({applied, failed or '', effects}), 'EX', TOKEN_TTL)
   return {applied, 0, failed or '', effects}
 end
-local ARITY = {host = 3, crawl = 4, slotrate = 6, undeliv = 4, redeliv = 5, delivered = 4}
+local ARITY = {host = 3, crawl = 4, slotrate = 6}
 -- Which arguments of each write are keys (indexes in KEYS), with their types.
 local KEY_ARGS = {host = {{0, 'hash'}}, crawl = {{0, 'zset'}},
-                  slotrate = {{0, 'hash'}, {1, 'zset'}},
-                  undeliv = {{0, 'zset'}, {1, 'set'}},
-                  redeliv = {{0, 'zset'}, {1, 'zset'}, {2, 'set'}},
-                  delivered = {{0, 'zset'}, {1, 'set'}}}
+                  slotrate = {{0, 'hash'}, {1, 'zset'}}}
 local function check_type(key, want)
   local kind = redis.call('TYPE', key).ok
   if kind ~= 'none' and kind ~= want then
@@ -254,25 +252,6 @@ function OPS.slotrate(a, i)
     redis.call('ZREMRANGEBYRANK', recency, 0, over - 1)
   end
 end
-function OPS.undeliv(a, i)
-  -- zset of the crawl, crawls set, crawl, member (its version given by
-  -- phase 1: '' when the item write was not applied)
-  if a[i + 3] == '' then return end
-  redis.call('ZADD', key(a, i), 0, a[i + 3])
-  redis.call('SADD', key(a, i + 1), a[i + 2])
-end
-function OPS.redeliv(a, i)
-  if redis.call('ZREM', key(a, i), a[i + 4]) == 1 then
-    redis.call('ZADD', key(a, i + 1), 0, a[i + 4])
-    redis.call('SADD', key(a, i + 2), a[i + 3])
-  end
-end
-function OPS.delivered(a, i)
-  local zset = key(a, i)
-  if a[i + 3] == '1' then redis.call('DEL', zset) end
-  if redis.call('EXISTS', zset) == 0 then redis.call('SREM', key(a, i + 1), a[i + 2]) end
-end
-
 local applied = 0
 i = FIRST
 while i <= #ARGV do
