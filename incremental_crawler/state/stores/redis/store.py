@@ -527,6 +527,8 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
             self._flush_lock = asyncio.Lock()
         # One flush at a time (a timed flush may still be in flight at close).
         async with self._flush_lock:
+            if self._ops or (self.tagged and not self._carried.empty()):
+                await self._recheck_eviction()
             return await self._flush()
 
     async def _flush(self) -> int:
