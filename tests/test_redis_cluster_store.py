@@ -2176,6 +2176,52 @@ async def test_a_worker_killed_after_a_complete_flush_leaves_no_sums_lost(
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_worker_killed_after_a_complete_flush_leaves_no_sums_lost_a_week_later(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A weekly crawl after a worker was killed once its flush applied
+    everything (its ledger clean-up never sent): P:fxdone has long
+    forgotten the token (trimmed after two days), but P:fxheld keeps it
+    while its entry is there, so the reader drops the entry as applied,
+    the shard's sums not marked lost; then lets the token go."""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
+    gone = open_store(redis_cluster, prefix)
+    for n, key in enumerate(keys):
+        gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+    await call(gone.flush())
+    await call(die(gone))
+    assert age_ledgers(redis_cluster, prefix, 7 * 86_400) == 1
+    with redis_cluster.client() as client:
+        # What P:fxdone's own trimming does after _APPLIED_KEPT.
+        client.delete(*redis_cluster.keys(f"{prefix}:fxdone:{{{LONELY_SHARD}}}:*"))
+    store = open_store(redis_cluster, prefix)
+    try:
+        await assert_whole_summary(store, 5)
+        with redis_cluster.client() as client:
+            assert client.hget(f"{prefix}:nvm:{{{LONELY_SHARD}}}", "lost") is None
+            assert client.exists(f"{prefix}:fxheld:{{{LONELY_SHARD}}}") == 0
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_closed_workers_applied_tokens_are_let_go_once_their_entries_are_gone(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """P:fxheld holds a token only while its ledger entry may be there:
+    a worker's flushes and its close leave none behind."""
+    store = open_store(redis_cluster, prefix)
+    for n in range(3):
+        key = PageKey(SCOPE, f"https://lonely.example/p{n}")
+        store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        await call(store.flush())
+    await call(store.close())
+    assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    assert redis_cluster.keys(f"{prefix}:fxheld:*") == []
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_dead_workers_entry_a_day_old_is_applied_whole_not_marked_lost(
     redis_cluster: LoopbackCluster, prefix: str,
 ) -> None:

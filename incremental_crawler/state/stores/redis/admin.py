@@ -740,12 +740,19 @@ class RedisAdmin(RedisClusterPath, AdminStore):
                 "scope takes them out of its sums)", exc) from exc
         pipe = self._sync.pipeline(transaction=False)
         pipe.delete(keys[0])  # its reply came: nothing to replay
-        if reply[0] == b"done" or int(reply[3]):
+        applied = reply[0] == b"done" or bool(int(reply[3]))
+        if applied:
             # Applied (here or by an adoption): the entry and intent go;
             # refused (a damaged key), both are left for a later try.
             pipe.hdel(ledger, token)
             pipe.zrem(*intent)
         self._sync_run(pipe)
+        if applied:
+            # The entry gone: its token let go (see cluster_scope.lua).
+            pipe = self._sync.pipeline(transaction=False)
+            for command in self._release_held([(ledger, token)]):
+                pipe.execute_command(*command)
+            self._sync_run(pipe)
 
     def _scope_keys(self, scope: str) -> tuple[list[str], list[str], list[str], list[str],
                                                 list[str]]:
@@ -781,7 +788,8 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             # The hosts' ledgers of effects (a dead worker's new host's
             # too, listed nowhere) and the effects applied.
             kinds += self._scan_keys(f"{_glob(self.prefix)}:fx:{{{part}|*}}")
-            kinds += [key for kind in ("duer", "fxhosts") for key in self._shard_keys(kind, scope)]
+            kinds += [key for kind in ("duer", "fxhosts", "fxheld")
+                      for key in self._shard_keys(kind, scope)]
             # The tokens applied, in buckets per shard.
             kinds += self._shard_scan_keys("fxdone", scope)
             return kinds, buckets, links, hist, generations

@@ -672,16 +672,19 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
         try:
             await self.flush()
             if self.tagged and (self._spent_slot_tokens or self._carried.ledger_done
-                                or self._carried.intents_done):
+                                or self._carried.intents_done or self._carried.held_done):
                 # The last flush's tokens (its replies came: nothing to
                 # replay), one a slot it wrote, its effects' ledger entries
-                # (applied) and its intents on their hosts: not left behind.
+                # (applied) and its intents on their hosts: not left behind;
+                # then the applied tokens of the entries deleted.
                 spent, self._spent_slot_tokens = self._spent_slot_tokens, []
-                commands, sent = self._ledger_cleanup()
-                cleanup = [*(("DEL", key) for key in spent), *commands]
-                if cleanup:
-                    await self._commands(cleanup, "Redis command failed")
-                self._ledger_cleaned(sent)
+                for _ in range(2):
+                    commands, sent = self._ledger_cleanup()
+                    cleanup = [*(("DEL", key) for key in spent), *commands]
+                    spent = []
+                    if cleanup:
+                        await self._commands(cleanup, "Redis command failed")
+                    self._ledger_cleaned(sent)
         finally:
             if not self._closed:
                 self._closed = True
