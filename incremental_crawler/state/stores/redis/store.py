@@ -815,6 +815,29 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
                              "address?)", exc) from exc
         raise self._fail(f"could not take the hold on scope {scope!r}: it kept changing")
 
+    def mark_run_start(self, scope: str, started: float) -> None:
+        # The mark moves to the run's start: P:ck keeps the run's checks
+        # only (a mark never moved would keep a member for every page
+        # checked since, ~140 bytes each, and summaries would read them
+        # all). Refused where a page was checked at or after it already
+        # (another worker wrote first, or a clock ahead): no mark there,
+        # its summaries read every page, right either way.
+        at = math.floor(started)
+        try:
+            if self.tagged:
+                pipe = self._sync.pipeline(transaction=False)
+                for nvm, checks in zip(self._shard_keys("nvm", scope),
+                                       self._shard_keys("ck", scope), strict=True):
+                    pipe.execute_command("EVAL", CLUSTER_SUMS_MARK_LUA, 2, nvm, checks, at)
+            else:
+                pipe = self._sync.pipeline(transaction=False)
+                pipe.eval(_SUMS_MARK_LUA, 0, self.prefix, _key_part(scope), at)
+            self._sync_run(pipe)
+        except StateStoreError as exc:
+            logger.warning("State store %s: the mark of the run's start on %r was not set "
+                           "(%s): its summaries may read every page", self.location, scope,
+                           exc.__cause__ or exc)
+
     async def release_scope(self, scope: str, holder: str) -> None:
         await self._call("ZREM", self._key("holds", scope), holder)
 
