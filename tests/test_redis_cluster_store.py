@@ -1384,6 +1384,55 @@ async def test_a_scopes_phase_3_keys_spread_over_every_primary_and_due_pages_mer
         await call(store.close())
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_bucket_lowered_behind_a_due_readings_cursor_is_read_by_the_next_reading(
+    redis_cluster: LoopbackCluster, prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A due reading walks each shard's revisit index by bound; another
+    worker's flush that lowers a bucket's bound behind where the reading
+    got to makes that reading miss the bucket (its pages written before
+    too). Only that reading: the bound stays lowered (a lower bound of its
+    pages), so the next reading, the next crawl's re-seed, reads it."""
+    monkeypatch.setattr(due_reads, "_DUE_BUCKETS", 1)
+    monkeypatch.setattr(due_reads, "_DUE_INDEX_CHUNK", 2)  # two buckets a read
+    early = "a.example"
+    late = next(f"b{n}.example" for n in range(100)
+                if scope_shard(f"b{n}.example") == scope_shard(early))
+    firsts = [full_state(PageKey(SCOPE, f"https://{early}/p{n}"), 1, callback="parse",
+                         next_visit=1_000 + n) for n in range(200)]
+    lasts = [full_state(PageKey(SCOPE, f"https://{late}/p{n}"), 1, callback="parse",
+                        next_visit=1_500 + n) for n in range(5)]
+    writer = open_store(redis_cluster, prefix)
+    reader = open_store(redis_cluster, prefix)
+    try:
+        for state in firsts + lasts:
+            writer.stage_page(state)
+        await call(writer.flush())
+        with redis_cluster.client() as client:
+            index = f"{prefix}:dueb:{{{shard_of(early)}}}"
+            assert client.zcard(index) > 3  # the early host's buckets, and the late one's
+        paged = list(await call(reader.get_due(SCOPE, 2_000, 3)))
+        # Written meanwhile: due before where the reading got to.
+        lowered = full_state(PageKey(SCOPE, f"https://{late}/new"), 1, callback="parse",
+                             next_visit=900)
+        writer.stage_page(lowered)
+        await call(writer.flush())
+        for _ in range(300):
+            more = await call(reader.get_due(SCOPE, 2_000, 50, after=due_after(paged[-1])))
+            if not more:
+                break
+            paged += more
+        # This reading: the early host's pages, none of the late one's (the
+        # limit docs/capacity.md states: the case is the one meant).
+        assert [s.key for s in paged] == [s.key for s in firsts]
+        # The next reading (a new crawl's): every due page, in order.
+        due = await call(reader.get_due(SCOPE, 2_000, 1_000))
+        assert [s.key for s in due] == [s.key for s in [lowered, *firsts, *lasts]]
+    finally:
+        await call(writer.close())
+        await call(reader.close())
+
+
 def assert_shards_left_behind(client: Any, prefix: str, behind: Callable[[int], bool]) -> None:
     """After a phase 3 that failed on the shards *behind* says: those list
     no host and keep their intents; the others are applied (their hosts
