@@ -36,7 +36,7 @@ from tests.redis_util import OwnRedis
 from tests.scrapy_cli import run
 from tests.test_fatal import crawl_args, one_error_line
 from tests.test_kill9 import start_crawl
-from tests.test_store_contract import call
+from tests.test_store_contract import call, full_state
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -221,6 +221,35 @@ async def test_a_redis_made_to_evict_during_the_crawl_stops_it_with_nothing_more
         assert sorted(key.url for key in stored) == [site.url(p) for p in before]
     finally:
         await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_redis_refusing_info_during_the_crawl_is_warned_of_and_written_to(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """INFO refused after the store opened (an ACL changed): the eviction
+    policy cannot be checked again; said once, the flushes go on."""
+    server = OwnRedis()
+    server.start()
+    try:
+        store = RedisStateStore(server.uri, prefix=PREFIX)
+        try:
+            with server.client() as client:
+                client.execute_command("ACL", "SETUSER", "default", "-info")
+            monkeypatch.setattr(redis_layout, "EVICTION_RECHECK", 0.0)
+            key = PageKey("sitemap", "https://a.example/p")
+            with caplog.at_level(logging.WARNING):
+                for n in range(2):
+                    store.stage_page(full_state(key, n + 1))
+                    assert await call(store.flush()) == 1
+            said = [r.getMessage() for r in caplog.records if "refused INFO" in r.getMessage()]
+            assert len(said) == 1, said
+            assert "is not checked during the crawl" in said[0]
+            assert (await call(store.get_page(key))).checks == 2
+        finally:
+            await call(store.close())
+    finally:
+        server.remove()
 
 
 # -- two crawls of one scope at once --------------------------------------------

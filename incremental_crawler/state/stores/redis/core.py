@@ -185,6 +185,8 @@ class RedisCore(StateStore):
         #: When Redis's eviction policy was last found safe (checked on
         #: opening, then again by the flushes: see ``_recheck_eviction``).
         self._eviction_checked = clock.now()
+        #: Whether a refused INFO (no check possible) was warned of.
+        self._eviction_unread_said = False
         # No retries: a transaction whose reply was lost may have run, and
         # running it twice would count checks and item versions twice.
         options: dict[str, Any] = {**_DEFAULT_TIMEOUTS, "retry": Retry(NoBackoff(), 0)}

@@ -258,6 +258,17 @@ class RedisLayout(RedisCore):
                     "memory", target_nodes=RedisCluster.PRIMARIES))
             else:
                 memories = await self._again(lambda: self._async.info("memory"))
+        except redis.exceptions.ResponseError as exc:
+            # INFO refused (a managed Redis may rename or forbid it; one
+            # server's check on opening is then skipped too): said once,
+            # tried again a minute later.
+            self._eviction_checked = now
+            if not self._eviction_unread_said:
+                self._eviction_unread_said = True
+                logger.warning("State store %s: Redis refused INFO memory (%s): whether it "
+                               "may evict the store's keys is not checked during the crawl",
+                               self.location, exc)
+            return
         except redis.RedisError as exc:
             raise self._fail("Redis command failed", exc) from exc
         self.roundtrips += 1
