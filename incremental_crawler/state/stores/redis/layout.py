@@ -259,8 +259,8 @@ class RedisLayout(RedisCore):
             else:
                 memories = await self._again(lambda: self._async.info("memory"))
         except redis.exceptions.ResponseError as exc:
-            # INFO refused (a managed Redis may rename or forbid it; one
-            # server's check on opening is then skipped too): said once,
+            # INFO refused since the store opened (an ACL changed): no
+            # check possible, which is no sign of eviction; said once,
             # tried again a minute later.
             self._eviction_checked = now
             if not self._eviction_unread_said:
