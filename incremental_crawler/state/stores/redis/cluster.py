@@ -281,7 +281,9 @@ class _Effects:
         its shard (SADD, when the entry lists it: a repair's does not) and
         the revisit bounds lowered (ZADD LT). The
         sums, checks and splits are dropped and the shard's sums marked
-        lost: a summary then reads every page (:meth:`_shard_checks`)."""
+        lost: a summary then reads every page (:meth:`_shard_checks`).
+        Nothing of it is applied, nothing marked, when the shard's
+        ``P:fxdone`` or ``P:fxheld`` lists its token (applied: 'done')."""
         bundle = cls(ledger=ledger, where=where, lost=True)
         for member, raw in (reply.get("due") or {}).items():
             visit = int(raw)
@@ -716,7 +718,7 @@ class RedisClusterPath(RedisCore):
             effects = json.loads(raw) if isinstance(raw, str) else raw
             if expired and expired[0]:
                 # Past _LEDGER_HONOURED: its idempotent parts only (or
-                # nothing, when P:fxdone still lists it: 'done').
+                # nothing, when P:fxdone or P:fxheld lists it: 'done').
                 bundles.setdefault(other, _Effects.expired(effects, part, ledger, where))
                 continue
             bundle = _Effects(ledger=ledger, where=where)
@@ -1040,8 +1042,8 @@ class RedisClusterPath(RedisCore):
                     # whole could count it twice. Only its idempotent parts
                     # are applied (as the host script's caller does): the
                     # host listed, its bounds lowered, the shard's sums
-                    # marked lost; unless P:fxdone still lists its token
-                    # (the scope's script says 'done': nothing marked).
+                    # marked lost; unless P:fxdone or P:fxheld lists its
+                    # token (the scope's script says 'done': nothing marked).
                     found_all.append((float(stamped), token,
                                       _Effects.expired(effects, part, ledger, (shard, part))))
                     continue
