@@ -2259,13 +2259,20 @@ async def test_a_closed_workers_applied_tokens_are_let_go_once_their_entries_are
     redis_cluster: LoopbackCluster, prefix: str,
 ) -> None:
     """P:fxheld holds a token only while its ledger entry may be there:
-    a worker's flushes and its close leave none behind."""
+    a worker's flushes and its close leave none behind, nor does a repair."""
     store = open_store(redis_cluster, prefix)
     for n in range(3):
         key = PageKey(SCOPE, f"https://lonely.example/p{n}")
         store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
         await call(store.flush())
     await call(store.close())
+    assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    assert redis_cluster.keys(f"{prefix}:fxheld:*") == []
+    admin = open_store(redis_cluster, prefix)
+    try:
+        assert admin.forget_page(SCOPE, "https://lonely.example/p1").pages == 1
+    finally:
+        await call(admin.close())
     assert redis_cluster.keys(f"{prefix}:fx:*") == []
     assert redis_cluster.keys(f"{prefix}:fxheld:*") == []
 
