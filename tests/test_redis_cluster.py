@@ -28,6 +28,7 @@ from redis.crc import key_slot
 from scrapy import Request, Spider
 from scrapy.extension import ExtensionManager
 from scrapy.settings import Settings
+from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.test import get_crawler
 from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater
@@ -411,6 +412,15 @@ async def test_a_runs_first_worker_moves_the_mark_to_the_runs_start(
     assert min(checks.values()) >= second
     assert set(checks) == await deferToThread(checked_since, cluster_store, second)
     assert len(checks) < n
+    # A summary of the pages not checked since the run's start can tell
+    # from the sums and those checks (None: it would read every page).
+    store = RedisStateStore.from_uri(cluster_store, settings=Settings(
+        {"INCREMENTAL_STATE_ON_REDIS_CLUSTER": True}))
+    try:
+        taken_out = await deferred_from_coro(store._shard_checks("sitemap", second))
+        assert taken_out is not None and len(taken_out) == len(checks)
+    finally:
+        await deferred_from_coro(store.close())
 
 
 def test_the_coordinator_names_an_unreachable_cluster():
