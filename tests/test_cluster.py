@@ -9,9 +9,11 @@ removed afterwards.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -263,6 +265,32 @@ async def test_due_pages_are_reseeded_once_for_the_whole_cluster(
                else 0 for log in logs]
     assert min(fetched) > 0, fetched
     assert leftover_keys(cluster_prefix) == []
+
+
+@pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_runs_first_worker_marks_the_runs_start_on_one_redis(
+    site, state_uri, cluster_prefix, tmp_path
+):
+    # The store on one Redis server (layout 4): the worker that starts the
+    # run sets the scope's mark at the run's start (no hold, so no crawl
+    # start did), and P:ck notes the run's checks from then on.
+    n = 20
+    site.add_pages(n, size=1500)
+    before = math.floor(time.time())
+    worker = Worker(site, state_uri, cluster_prefix, tmp_path, "1")
+    assert await worker.wait() == 0, worker.tail()
+    store = open_store(Settings({"INCREMENTAL_STATE_URI": state_uri}))
+    try:
+        mark = store._sync.hget(store._key("nvm", "sitemap"), "mark")
+        assert mark is not None and int(mark) >= before
+        checks = store._sync.zrange(store._key("ck", "sitemap"), 0, -1, withscores=True)
+        checked = [s for s in store.iter_pages("sitemap")
+                   if s.callback is not None and s.last_checked >= int(mark)]
+        assert len(checks) == len(checked) >= n
+        assert min(score for _, score in checks) >= int(mark)
+    finally:
+        await deferred_from_coro(store.close())
 
 
 @pytest.mark.parametrize("state_uri", ["redis"], indirect=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import subprocess
 import sys
 import time
@@ -26,6 +27,8 @@ import redis
 from redis.crc import key_slot
 from scrapy import Request, Spider
 from scrapy.extension import ExtensionManager
+from scrapy.settings import Settings
+from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.test import get_crawler
 from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater
@@ -37,6 +40,8 @@ from incremental_crawler.config import DEFAULT_SETTINGS
 from incremental_crawler.politeness.budget import SharedBudget
 from incremental_crawler.politeness.window import WindowPolicy
 from incremental_crawler.redis_cluster import SyncClusterClient, connect
+from incremental_crawler.state.stores.redis import RedisStateStore
+from incremental_crawler.state.stores.redis.pages import host_part, page_field
 from tests.redis_cluster_util import LoopbackCluster, free_ports
 from tests.redis_util import REDIS_URI
 from tests.scrapy_cli import scrapy_in_process
@@ -331,6 +336,91 @@ async def test_workers_keep_their_state_store_on_the_cluster(
     for worker in workers:
         assert await worker.wait() == 0, worker.tail()
     assert dict(page_gets(site)) == dict.fromkeys(changed, 1)
+
+
+def marks_and_checks(cluster_store: str) -> tuple[set[int | None], dict[str, float]]:
+    """Every scope shard's mark of the sitemap scope, and the pages its
+    P:ck notes checked since (member -> last check), all shards'."""
+    store = RedisStateStore.from_uri(cluster_store, settings=Settings(
+        {"INCREMENTAL_STATE_ON_REDIS_CLUSTER": True}))
+    try:
+        marks = {None if raw is None else int(raw)
+                 for raw in (store._sync.hget(key, "mark")
+                             for key in store._shard_keys("nvm", "sitemap"))}
+        checks = {member.decode(): score for key in store._shard_keys("ck", "sitemap")
+                  for member, score in store._sync.zrange(key, 0, -1, withscores=True)}
+        return marks, checks
+    finally:
+        store._sync.close()
+
+
+def checked_since(cluster_store: str, mark: int) -> set[str]:
+    """The pages of the sitemap scope last checked at or after *mark*, as
+    P:ck names them (host part | field)."""
+    store = RedisStateStore.from_uri(cluster_store, settings=Settings(
+        {"INCREMENTAL_STATE_ON_REDIS_CLUSTER": True}))
+    try:
+        out = set()
+        for state in store.iter_pages("sitemap"):
+            if state.callback is not None and state.last_checked >= mark:
+                host, field = page_field(state.key)
+                out.add(f"{host_part(host)}|{field}")
+        return out
+    finally:
+        store._sync.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_runs_first_worker_moves_the_mark_to_the_runs_start(
+        site, redis_cluster, prefix, cluster_store, tmp_path):
+    """Cluster workers take no hold on their scope, so no crawl start set
+    the mark of the checks since (P:nvm 'mark', P:ck): the worker that
+    starts a run does, at the run's start. Its summaries then take its
+    checks out one by one instead of reading every page, and P:ck keeps
+    the current run's checks only (a mark never moved keeps a member for
+    every page checked since)."""
+    n = 30
+    for i in range(n):
+        site.add_page(f"/p/{i:04d}", "lastmod", size=1000)
+    before = math.floor(time.time())
+    workers = [Worker(site, None, prefix, tmp_path, str(i), *on_cluster(redis_cluster, *STORE))
+               for i in range(2)]
+    for worker in workers:
+        assert await worker.wait() == 0, worker.tail()
+    marks, checks = await deferToThread(marks_and_checks, cluster_store)
+    assert len(marks) == 1 and None not in marks, marks
+    [first] = marks
+    assert first >= before
+    assert set(checks) == await deferToThread(checked_since, cluster_store, first)
+    assert len([m for m in checks if "|" in m]) >= n
+
+    # The next run (a second later: its start is past every check of the
+    # first, in whole seconds): the mark moves, and the first run's checks
+    # of pages not checked again go from P:ck.
+    await deferLater(reactor, 1.1)
+    changed = site.change_fraction(0.2, seed=3)
+    site.reset_log()
+    workers = [Worker(site, None, prefix, tmp_path, f"2-{i}", *on_cluster(redis_cluster, *STORE),
+                      "-s", "INCREMENTAL_LASTMOD_RECHECK_SHARE=0") for i in range(2)]
+    for worker in workers:
+        assert await worker.wait() == 0, worker.tail()
+    assert dict(page_gets(site)) == dict.fromkeys(changed, 1)
+    marks, checks = await deferToThread(marks_and_checks, cluster_store)
+    assert len(marks) == 1 and None not in marks, marks
+    [second] = marks
+    assert second > first
+    assert min(checks.values()) >= second
+    assert set(checks) == await deferToThread(checked_since, cluster_store, second)
+    assert len(checks) < n
+    # A summary of the pages not checked since the run's start can tell
+    # from the sums and those checks (None: it would read every page).
+    store = RedisStateStore.from_uri(cluster_store, settings=Settings(
+        {"INCREMENTAL_STATE_ON_REDIS_CLUSTER": True}))
+    try:
+        taken_out = await deferred_from_coro(store._shard_checks("sitemap", second))
+        assert taken_out is not None and len(taken_out) == len(checks)
+    finally:
+        await deferred_from_coro(store.close())
 
 
 def test_the_coordinator_names_an_unreachable_cluster():

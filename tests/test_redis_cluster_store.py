@@ -1384,6 +1384,55 @@ async def test_a_scopes_phase_3_keys_spread_over_every_primary_and_due_pages_mer
         await call(store.close())
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_bucket_lowered_behind_a_due_readings_cursor_is_read_by_the_next_reading(
+    redis_cluster: LoopbackCluster, prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A due reading walks each shard's revisit index by bound; another
+    worker's flush that lowers a bucket's bound behind where the reading
+    got to makes that reading miss the bucket (its pages written before
+    too). Only that reading: the bound stays lowered (a lower bound of its
+    pages), so the next reading, the next crawl's re-seed, reads it."""
+    monkeypatch.setattr(due_reads, "_DUE_BUCKETS", 1)
+    monkeypatch.setattr(due_reads, "_DUE_INDEX_CHUNK", 2)  # two buckets a read
+    early = "a.example"
+    late = next(f"b{n}.example" for n in range(100)
+                if scope_shard(f"b{n}.example") == scope_shard(early))
+    firsts = [full_state(PageKey(SCOPE, f"https://{early}/p{n}"), 1, callback="parse",
+                         next_visit=1_000 + n) for n in range(200)]
+    lasts = [full_state(PageKey(SCOPE, f"https://{late}/p{n}"), 1, callback="parse",
+                        next_visit=1_500 + n) for n in range(5)]
+    writer = open_store(redis_cluster, prefix)
+    reader = open_store(redis_cluster, prefix)
+    try:
+        for state in firsts + lasts:
+            writer.stage_page(state)
+        await call(writer.flush())
+        with redis_cluster.client() as client:
+            index = f"{prefix}:dueb:{{{shard_of(early)}}}"
+            assert client.zcard(index) > 3  # the early host's buckets, and the late one's
+        paged = list(await call(reader.get_due(SCOPE, 2_000, 3)))
+        # Written meanwhile: due before where the reading got to.
+        lowered = full_state(PageKey(SCOPE, f"https://{late}/new"), 1, callback="parse",
+                             next_visit=900)
+        writer.stage_page(lowered)
+        await call(writer.flush())
+        for _ in range(300):
+            more = await call(reader.get_due(SCOPE, 2_000, 50, after=due_after(paged[-1])))
+            if not more:
+                break
+            paged += more
+        # This reading: the early host's pages, none of the late one's (the
+        # limit docs/capacity.md states: the case is the one meant).
+        assert [s.key for s in paged] == [s.key for s in firsts]
+        # The next reading (a new crawl's): every due page, in order.
+        due = await call(reader.get_due(SCOPE, 2_000, 1_000))
+        assert [s.key for s in due] == [s.key for s in [lowered, *firsts, *lasts]]
+    finally:
+        await call(writer.close())
+        await call(reader.close())
+
+
 def assert_shards_left_behind(client: Any, prefix: str, behind: Callable[[int], bool]) -> None:
     """After a phase 3 that failed on the shards *behind* says: those list
     no host and keep their intents; the others are applied (their hosts
@@ -2173,6 +2222,59 @@ async def test_a_worker_killed_after_a_complete_flush_leaves_no_sums_lost(
         assert redis_cluster.keys(f"{prefix}:fx:*") == []
     finally:
         await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_worker_killed_after_a_complete_flush_leaves_no_sums_lost_a_week_later(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A weekly crawl after a worker was killed once its flush applied
+    everything (its ledger clean-up never sent): P:fxdone has long
+    forgotten the token (trimmed after two days), but P:fxheld keeps it
+    while its entry is there, so the reader drops the entry as applied,
+    the shard's sums not marked lost; then lets the token go."""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
+    gone = open_store(redis_cluster, prefix)
+    for n, key in enumerate(keys):
+        gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+    await call(gone.flush())
+    await call(die(gone))
+    assert age_ledgers(redis_cluster, prefix, 7 * 86_400) == 1
+    with redis_cluster.client() as client:
+        # What P:fxdone's own trimming does after _APPLIED_KEPT.
+        client.delete(*redis_cluster.keys(f"{prefix}:fxdone:{{{LONELY_SHARD}}}:*"))
+    store = open_store(redis_cluster, prefix)
+    try:
+        await assert_whole_summary(store, 5)
+        with redis_cluster.client() as client:
+            assert client.hget(f"{prefix}:nvm:{{{LONELY_SHARD}}}", "lost") is None
+            assert client.exists(f"{prefix}:fxheld:{{{LONELY_SHARD}}}") == 0
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_closed_workers_applied_tokens_are_let_go_once_their_entries_are_gone(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """P:fxheld holds a token only while its ledger entry may be there:
+    a worker's flushes and its close leave none behind, nor does a repair."""
+    store = open_store(redis_cluster, prefix)
+    for n in range(3):
+        key = PageKey(SCOPE, f"https://lonely.example/p{n}")
+        store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        await call(store.flush())
+    await call(store.close())
+    assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    assert redis_cluster.keys(f"{prefix}:fxheld:*") == []
+    admin = open_store(redis_cluster, prefix)
+    try:
+        assert admin.forget_page(SCOPE, "https://lonely.example/p1").pages == 1
+    finally:
+        await call(admin.close())
+    assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    assert redis_cluster.keys(f"{prefix}:fxheld:*") == []
 
 
 @pytest_twisted.ensureDeferred

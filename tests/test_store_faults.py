@@ -20,25 +20,32 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import pytest_twisted
 import redis
+from scrapy.settings import Settings
 from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
 from incremental_crawler import clock
+from incremental_crawler.fatal import FATAL_STATUS, exit_status
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores.redis import RedisStateStore
+from incremental_crawler.state.stores.redis import layout as redis_layout
 from tests.redis_util import OwnRedis
 from tests.scrapy_cli import run
 from tests.test_fatal import crawl_args, one_error_line
 from tests.test_kill9 import start_crawl
-from tests.test_store_contract import call
+from tests.test_store_contract import call, full_state
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from tests.redis_cluster_util import LoopbackCluster
+
 PREFIX = "faults"
+#: A crawl's (or a store's) setting that opens the store on a Redis Cluster.
+ON_CLUSTER = {"INCREMENTAL_STATE_ON_REDIS_CLUSTER": True}
 OOM = ("Redis is out of memory (OOM: its used memory is above its maxmemory, and "
        "maxmemory-policy noeviction refuses writes)")
 
@@ -117,6 +124,132 @@ def test_a_redis_out_of_memory_at_start_is_one_line_naming_oom(small_redis: OwnR
     assert "cannot be reached" not in line
     with small_redis.client() as client:
         assert not client.keys(f"{PREFIX}:*")  # nothing written
+
+
+# -- Redis made to evict during the crawl ---------------------------------------------
+
+
+@pytest.fixture(params=["one-server", "cluster"])
+def evictable(request: pytest.FixtureRequest) -> Iterator[tuple[str, redis.Redis, str]]:
+    """A store's URI (a prefix of the test's own), a client of the node
+    whose eviction policy the test changes, and what the store's errors
+    call that node: a throwaway Redis, or one primary of the test cluster
+    (its policy restored afterwards, its keys of the prefix deleted)."""
+    if request.param == "one-server":
+        server = OwnRedis("--maxmemory-policy", "noeviction")
+        server.start()
+        try:
+            with server.client() as client:
+                yield f"{server.uri}&prefix={PREFIX}", client, "Redis"
+        finally:
+            server.remove()
+        return
+    cluster: LoopbackCluster = request.getfixturevalue("redis_cluster")
+    prefix = f"test-evict-{os.getpid()}-{id(request)}"
+    with cluster.node(cluster.ports[-1]) as client:
+        kept = (client.config_get("maxmemory")["maxmemory"],
+                client.config_get("maxmemory-policy")["maxmemory-policy"])
+        try:
+            yield f"{cluster.url}?prefix={prefix}", client, "a node of the cluster"
+        finally:
+            client.config_set("maxmemory", kept[0])
+            client.config_set("maxmemory-policy", kept[1])
+            cluster.delete(f"{prefix}:*")
+
+
+async def until_stored(uri: str, keys: list[PageKey]) -> None:
+    """Until the store at *uri* holds every page of *keys* (bounded: a minute)."""
+    store = RedisStateStore.from_uri(uri, settings=Settings(ON_CLUSTER))
+    try:
+        for _ in range(6_000):
+            if len(await call(store.get_pages(keys))) == len(keys):
+                return
+            await deferLater(reactor, 0.01)
+        pytest.fail("the pages were not stored")
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_redis_made_to_evict_during_the_crawl_stops_it_with_nothing_more_written(
+    site, crawl, evictable: tuple[str, redis.Redis, str], monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An operator (or a failover to a replica configured otherwise) sets
+    an evicting policy and a maxmemory on Redis (on one primary of a
+    cluster) mid-crawl: the next flush past the check's interval finds it
+    and the crawl stops with the error the store gives on opening, the
+    pages answered since not written."""
+    uri, node, where = evictable
+    before = [f"/a/{n:04d}" for n in range(4)]
+    after = [f"/p/{n:04d}" for n in range(4)]
+    for path in before + after:
+        site.add_page(path, "strong", size=1500)
+    site.hold("/p/")
+    settings = {"INCREMENTAL_STATE_URI": uri, **ON_CLUSTER,
+                "INCREMENTAL_BATCH_SIZE": 1, "INCREMENTAL_FLUSH_INTERVAL": 0.02}
+    with caplog.at_level(logging.ERROR):
+        running = ensureDeferred(crawl(SitemapPagesSpider, settings=settings,
+                                       sitemap_url=site.url("/sitemap.xml")))
+        try:
+            await until_held(site, requests=len(after))
+            await until_stored(uri, [PageKey("sitemap", site.url(p)) for p in before])
+            node.config_set("maxmemory-policy", "allkeys-lru")
+            node.config_set("maxmemory", str(1 << 30))
+            # The check's interval over from here (rather than a minute waited).
+            monkeypatch.setattr(redis_layout, "EVICTION_RECHECK", 0.0, raising=False)
+        finally:
+            site.release()
+        crawler = await running
+
+    # Stopped with the error, or (the pages' last answers came first) its
+    # last flush refused at its close: fatal either way.
+    assert crawler.stats.get_value("incremental/store_errors", 0) >= 1
+    assert exit_status(crawler) == FATAL_STATUS
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors, "no ERROR line"
+    assert errors[0].startswith(
+        f"State store {uri}: {where} evicts keys when full (maxmemory-policy allkeys-lru, "
+        f"maxmemory {1 << 30}): "), errors
+    assert errors[0].endswith("; stopping the crawl (nothing not stored is recorded as done)")
+    # Nothing of the pages answered since was written; those before stay.
+    node.config_set("maxmemory-policy", "noeviction")
+    store = RedisStateStore.from_uri(uri, settings=Settings(ON_CLUSTER))
+    try:
+        stored = await call(store.get_pages(
+            [PageKey("sitemap", site.url(p)) for p in before + after]))
+        assert sorted(key.url for key in stored) == [site.url(p) for p in before]
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_redis_refusing_info_during_the_crawl_is_warned_of_and_written_to(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """INFO refused after the store opened (an ACL changed): the eviction
+    policy cannot be checked again; said once, the flushes go on."""
+    server = OwnRedis()
+    server.start()
+    try:
+        store = RedisStateStore(server.uri, prefix=PREFIX)
+        try:
+            with server.client() as client:
+                client.execute_command("ACL", "SETUSER", "default", "-info")
+            monkeypatch.setattr(redis_layout, "EVICTION_RECHECK", 0.0)
+            key = PageKey("sitemap", "https://a.example/p")
+            with caplog.at_level(logging.WARNING):
+                for n in range(2):
+                    store.stage_page(full_state(key, n + 1))
+                    assert await call(store.flush()) == 1
+            said = [r.getMessage() for r in caplog.records if "refused INFO" in r.getMessage()]
+            assert len(said) == 1, said
+            assert "is not checked during the crawl" in said[0]
+            assert (await call(store.get_page(key))).checks == 2
+        finally:
+            await call(store.close())
+    finally:
+        server.remove()
 
 
 # -- two crawls of one scope at once --------------------------------------------

@@ -275,9 +275,9 @@ class ClusterCoordinator:
         """Join the spider's current run, or start one (called by the scheduler)."""
         # The spider's name is the hash tag of every key of its crawl.
         self.spider_key = spider_key(self.prefix, spider.name)
+        new_run = uuid.uuid4().hex[:12]
         run, workers = self._join(keys=[self.key("run"), self.key("workers")],
-                                  args=[self.worker_id, uuid.uuid4().hex[:12],
-                                        repr(clock.now())])
+                                  args=[self.worker_id, new_run, repr(clock.now())])
         run_id, _, started = run.decode().partition("|")
         self.run = run_id
         self.run_started = float(started)
@@ -287,6 +287,10 @@ class ClusterCoordinator:
         ledger = self.crawler.get_extension(Ledger)
         if ledger is not None:
             ledger.worker = self.worker_id
+            if run_id == new_run:
+                # This worker started the run: the store notes the run's
+                # checks from its start, once a run (see mark_run_start).
+                ledger.store.mark_run_start(ledger.scope, self.run_started)
         self.stats.set_value("cluster/worker", self.worker_id)
         self.stats.set_value("cluster/run", self.run)
         logger.info(

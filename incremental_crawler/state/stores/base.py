@@ -671,6 +671,15 @@ class StateStore(ABC):
     def scope_holders(self, scope: str, now: float) -> dict[str, float]:
         """Holders of *scope* whose hold has not lapsed at *now*, and when each lapses."""
 
+    def mark_run_start(self, scope: str, started: float) -> None:  # noqa: B027 (optional)
+        """A crawl of *scope* shared by several workers (a cluster's run)
+        started at *started*: a store that keeps its summaries from reading
+        every page by noting the checks since a crawl's start (the Redis
+        store's mark, which :meth:`take_scope` sets for a crawl of one
+        process) notes them from then on. Called once a run, by the worker
+        that started it, before it writes; best effort (a store that cannot
+        says so and its summaries read every page). Nothing by default."""
+
     # -- a scope's pages, read at once (the crawl's clock-skew repair) ---------
 
     @abstractmethod

@@ -67,7 +67,8 @@ own ``P:<kind>:{<s>}`` (``P:hosts``, ``P:crawls``, ``P:holds``,
 :data:`~incremental_crawler.state.stores.redis.core.SCOPE_SHARDS`):
 ``P:hs``, ``P:dueb``, ``P:splits``, ``P:nvs``, ``P:nvm``, ``P:ck``,
 ``P:nvf:{<s>^<x>}:<minute>``, the write-ahead intents ``P:fxhosts``, the
-effects applied ``P:fxdone`` and the buckets a summary is reading
+effects applied ``P:fxdone`` (and ``P:fxheld``, those whose ledger
+entries may still be there) and the buckets a summary is reading
 ``P:duer``; the items by group ``P:items:{<s>#<g>}``,
 ``P:itemver:{<s>#<g>}``, ``P:order:{<s>#<g>}``,
 ``P:hist:{<s>#<g>}:<item key>`` and ``P:bypage:{<s>#<g>}`` (the group of

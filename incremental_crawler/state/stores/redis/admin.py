@@ -40,6 +40,7 @@ from incremental_crawler.state.stores.redis.core import (
     _page_range,
     _slot_rates,
     _stored_version,
+    logger,
     scope_shard,
     shard_part,
 )
@@ -740,12 +741,25 @@ class RedisAdmin(RedisClusterPath, AdminStore):
                 "scope takes them out of its sums)", exc) from exc
         pipe = self._sync.pipeline(transaction=False)
         pipe.delete(keys[0])  # its reply came: nothing to replay
-        if reply[0] == b"done" or int(reply[3]):
+        applied = reply[0] == b"done" or bool(int(reply[3]))
+        if applied:
             # Applied (here or by an adoption): the entry and intent go;
             # refused (a damaged key), both are left for a later try.
             pipe.hdel(ledger, token)
             pipe.zrem(*intent)
         self._sync_run(pipe)
+        if applied:
+            # The entry gone: its token let go (see cluster_scope.lua). Best
+            # effort: the repair is done, and a token left held costs a
+            # field until the scope's reset.
+            pipe = self._sync.pipeline(transaction=False)
+            for command in self._release_held([(ledger, token)]):
+                pipe.execute_command(*command)
+            try:
+                self._sync_run(pipe)
+            except StateStoreError as exc:
+                logger.warning("State store %s: a repair's applied token stays in its "
+                               "shard's P:fxheld (%s)", self.location, exc)
 
     def _scope_keys(self, scope: str) -> tuple[list[str], list[str], list[str], list[str],
                                                 list[str]]:
@@ -781,7 +795,8 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             # The hosts' ledgers of effects (a dead worker's new host's
             # too, listed nowhere) and the effects applied.
             kinds += self._scan_keys(f"{_glob(self.prefix)}:fx:{{{part}|*}}")
-            kinds += [key for kind in ("duer", "fxhosts") for key in self._shard_keys(kind, scope)]
+            kinds += [key for kind in ("duer", "fxhosts", "fxheld")
+                      for key in self._shard_keys(kind, scope)]
             # The tokens applied, in buckets per shard.
             kinds += self._shard_scan_keys("fxdone", scope)
             return kinds, buckets, links, hist, generations

@@ -281,7 +281,9 @@ class _Effects:
         its shard (SADD, when the entry lists it: a repair's does not) and
         the revisit bounds lowered (ZADD LT). The
         sums, checks and splits are dropped and the shard's sums marked
-        lost: a summary then reads every page (:meth:`_shard_checks`)."""
+        lost: a summary then reads every page (:meth:`_shard_checks`).
+        Nothing of it is applied, nothing marked, when the shard's
+        ``P:fxdone`` or ``P:fxheld`` lists its token (applied: 'done')."""
         bundle = cls(ledger=ledger, where=where, lost=True)
         for member, raw in (reply.get("due") or {}).items():
             visit = int(raw)
@@ -329,6 +331,11 @@ class _Carried:
     #: Ledger entries (host's ledger, token) whose effects were applied:
     #: deleted with the next pipeline.
     ledger_done: list[tuple[str, str]] = field(default_factory=list)
+    #: Ledger entries deleted (their pipeline answered): their tokens go
+    #: from their shard's ``P:fxheld`` with the next pipeline (not with the
+    #: deletion: a token let go before its entry is gone would leave an
+    #: applied entry that nothing says was applied, once P:fxdone forgets).
+    held_done: list[tuple[str, str]] = field(default_factory=list)
     #: Hosts (shard part, host part) some of whose effects were applied:
     #: this worker's intent on them is dropped with the next pipeline when
     #: none of their effects is pending any more.
@@ -711,7 +718,7 @@ class RedisClusterPath(RedisCore):
             effects = json.loads(raw) if isinstance(raw, str) else raw
             if expired and expired[0]:
                 # Past _LEDGER_HONOURED: its idempotent parts only (or
-                # nothing, when P:fxdone still lists it: 'done').
+                # nothing, when P:fxdone or P:fxheld lists it: 'done').
                 bundles.setdefault(other, _Effects.expired(effects, part, ledger, where))
                 continue
             bundle = _Effects(ledger=ledger, where=where)
@@ -737,7 +744,8 @@ class RedisClusterPath(RedisCore):
             return f"{self.prefix}:{kind}:{tag}"
 
         keys, key_at = _declared([self._token_key(token, tag), head("dueb"), head("splits"),
-                                  head("hs"), head("nvs"), head("nvm"), head("ck"), head("duer")])
+                                  head("hs"), head("nvs"), head("nvm"), head("ck"), head("duer"),
+                                  head("fxheld")])
 
         args: list[Any] = [len(bundles)]
         for other in sorted(bundles):
@@ -1034,8 +1042,8 @@ class RedisClusterPath(RedisCore):
                     # whole could count it twice. Only its idempotent parts
                     # are applied (as the host script's caller does): the
                     # host listed, its bounds lowered, the shard's sums
-                    # marked lost; unless P:fxdone still lists its token
-                    # (the scope's script says 'done': nothing marked).
+                    # marked lost; unless P:fxdone or P:fxheld lists its
+                    # token (the scope's script says 'done': nothing marked).
                     found_all.append((float(stamped), token,
                                       _Effects.expired(effects, part, ledger, (shard, part))))
                     continue
@@ -1047,7 +1055,8 @@ class RedisClusterPath(RedisCore):
         found_all.sort(key=lambda found: found[0])
         return {token: bundle for _, token, bundle in found_all}
 
-    def _ledger_cleanup(self) -> tuple[list[tuple[Any, ...]], tuple[list[Any], set[Any]]]:
+    def _ledger_cleanup(self) -> tuple[list[tuple[Any, ...]],
+                                       tuple[list[Any], set[Any], list[Any]]]:
         """The commands that delete the ledger entries whose effects were
         applied, and drop this worker's intents on hosts none of whose
         effects it still holds (the next flush that writes such a host says
@@ -1062,6 +1071,8 @@ class RedisClusterPath(RedisCore):
         unsure = set(self._unsure_slots)
         entries = list(carried.ledger_done)
         commands: list[tuple[Any, ...]] = [("HDEL", ledger, token) for ledger, token in entries]
+        released = list(carried.held_done)
+        commands += self._release_held(released)
         dropped = set()
         for where in sorted(carried.intents_done):
             shard, part = where
@@ -1069,16 +1080,31 @@ class RedisClusterPath(RedisCore):
                 continue
             commands.append(("ZREM", self._intents_key(shard), self._intent_member(part)))
             dropped.add(where)
-        return commands, (entries, dropped)
+        return commands, (entries, dropped, released)
 
-    def _ledger_cleaned(self, sent: tuple[list[Any], set[Any]]) -> None:
+    def _ledger_cleaned(self, sent: tuple[list[Any], set[Any], list[Any]]) -> None:
         """Forget what :meth:`_ledger_cleanup`'s commands cleaned: they were
-        sent and answered."""
-        entries, dropped = sent
+        sent and answered. The entries deleted have their tokens let go of
+        next (:attr:`_Carried.held_done`)."""
+        entries, dropped, released = sent
         carried = self._carried
         gone = set(entries)
         carried.ledger_done = [entry for entry in carried.ledger_done if entry not in gone]
         carried.intents_done -= dropped
+        let_go = set(released)
+        carried.held_done = [entry for entry in carried.held_done if entry not in let_go]
+        carried.held_done += [entry for entry in entries if entry not in carried.held_done]
+
+    def _release_held(self, entries: list[tuple[str, str]]) -> list[tuple[Any, ...]]:
+        """The commands that take the tokens of deleted ledger entries
+        (host's ledger, token) out of their shards' ``P:fxheld`` (see
+        cluster_scope.lua): one HDEL a shard."""
+        by_shard: dict[str, list[str]] = {}
+        for ledger, token in entries:
+            scope_part, _, part = _tag_of(ledger)[1:-1].rpartition("|")
+            by_shard.setdefault(shard_part(scope_part, scope_shard(part)), []).append(token)
+        return [("HDEL", f"{self.prefix}:fxheld:{{{shard}}}", *tokens)
+                for shard, tokens in sorted(by_shard.items())]
 
     def _adoption(self, scope: str, settled_only: bool = False,
                   refused: set[str] | None = None
@@ -1158,6 +1184,9 @@ class RedisClusterPath(RedisCore):
         cleanup = [*spent, *(("HDEL", ledger, token) for ledger, token in applied), *drops]
         if cleanup:
             yield cleanup
+        # Their entries gone (the pipeline answered): their tokens let go.
+        if applied:
+            yield self._release_held(applied)
 
     def _adopt_rounds(self, bundles: dict[str, dict[str, _Effects]],
                       applied: list[tuple[str, str]], spent: list[tuple[Any, ...]],

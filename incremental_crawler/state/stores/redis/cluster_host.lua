@@ -356,7 +356,7 @@ local effects = cjson.encode({
 -- tokens applied) are taken as expired: their phase 3 may be forgotten
 -- (P:fxdone trimmed), so the caller applies only what may be applied twice
 -- (the host listed, the revisit bounds lowered) and marks the shard's
--- sums as not to be trusted, unless P:fxdone still lists the token (then
+-- sums as not to be trusted, unless P:fxdone or P:fxheld lists the token (then
 -- it was applied: 'done', nothing marked); the entry goes once that is done.
 local now = tonumber(redis.call('TIME')[1])
 local taken = {}

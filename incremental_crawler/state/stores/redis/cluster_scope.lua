@@ -20,12 +20,17 @@
 -- effects sent twice (by their worker and by another that took them from
 -- the ledger) are applied once: when any of those sent was applied
 -- already, nothing is, and the script answers {'done', tokens...}.
+-- P:fxheld (the shard's tokens applied whose ledger entries may still be
+-- there, token -> when) notes them too, with no trim: a ledger entry a
+-- dead worker left applied (its clean-up never sent) reads as applied
+-- however long nobody reads the scope; the worker (or the reader) that
+-- deleted the entry takes its token out of it afterwards.
 --
 -- A bucket's bound lowered here drops the mark a summary set on it
 -- (P:duer of the shard: the summary raises the bound only while its mark is
 -- there, so a page written while it read the bucket keeps the bound low).
 --
--- KEYS: the token, dueb, splits, hs, nvs, nvm, ck, duer, then every other
+-- KEYS: the token, dueb, splits, hs, nvs, nvm, ck, duer, fxheld, then every other
 -- key named by index in ARGV. ARGV: the number of effects' tokens and per
 -- token the token and the index in KEYS of its P:fxdone bucket; the number
 -- of sums deltas and per delta
@@ -44,6 +49,7 @@
 -- cannot fail once the types are checked), or not at all.
 local TOKEN, DUE, SPLITS, HOSTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local COARSE, META, CHECKS, MARKS = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local HELD = KEYS[9]
 local done = redis.call('GET', TOKEN)
 if done then
   local kept = cjson.decode(done)
@@ -108,7 +114,7 @@ local FIRST = j + 1
 local failed = check_type(DUE, 'zset') or check_type(SPLITS, 'string')
   or check_type(MARKS, 'hash')
   or check_type(HOSTS, 'set') or check_type(COARSE, 'hash') or check_type(META, 'hash')
-  or check_type(CHECKS, 'zset')
+  or check_type(CHECKS, 'zset') or check_type(HELD, 'hash')
 for _, delta in ipairs(sums) do failed = failed or check_type(delta[5], 'hash') end
 for _, bucket in ipairs(applied_at) do failed = failed or check_type(bucket, 'hash') end
 local i = FIRST
@@ -155,7 +161,8 @@ local seen = {}
 -- A token's field in its bucket: its 16 hex digits after the bucket's 3.
 local function applied_field(token) return string.sub(token, 4, 19) end
 for k, bundle in ipairs(bundles) do
-  if redis.call('HEXISTS', applied_at[k], applied_field(bundle)) == 1 then
+  if redis.call('HEXISTS', applied_at[k], applied_field(bundle)) == 1
+      or redis.call('HEXISTS', HELD, bundle) == 1 then
     seen[#seen + 1] = bundle
   end
 end
@@ -176,6 +183,7 @@ for k, bundle in ipairs(bundles) do
   end
   if not trim or trim <= now then redis.call('HSET', bucket, 'trim', now + 3600) end
   redis.call('HSET', bucket, applied_field(bundle), now)
+  redis.call('HSET', HELD, bundle, now)
   -- No TTL: the hourly trim bounds a bucket (a record of tokens applied
   -- that Redis could evict under a volatile-* policy would let an effect
   -- be applied twice; the store refuses those policies besides).

@@ -182,6 +182,11 @@ class RedisCore(StateStore):
                                 float(DEFAULT_SETTINGS["INCREMENTAL_REDIS_RETRY_TIME"]))
         #: Redis's hash-max-listpack-value (read on opening; 64 by default).
         self._listpack_value = 64
+        #: When Redis's eviction policy was last found safe (checked on
+        #: opening, then again by the flushes: see ``_recheck_eviction``).
+        self._eviction_checked = clock.now()
+        #: Whether a refused INFO (no check possible) was warned of.
+        self._eviction_unread_said = False
         # No retries: a transaction whose reply was lost may have run, and
         # running it twice would count checks and item versions twice.
         options: dict[str, Any] = {**_DEFAULT_TIMEOUTS, "retry": Retry(NoBackoff(), 0)}

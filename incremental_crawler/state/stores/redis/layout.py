@@ -16,6 +16,7 @@ from urllib.parse import unquote
 import redis
 from redis.cluster import RedisCluster
 
+from incremental_crawler import clock
 from incremental_crawler.state.records import PageKey, PageState
 from incremental_crawler.state.stores.redis.core import (
     OUT_OF_MEMORY,
@@ -113,6 +114,14 @@ _WOULD_EVICT = ("State store %s: %s has maxmemory-policy %s but no maxmemory (0)
                 "never evicts now, but would evict the store's keys once a maxmemory is "
                 "set (stored state lost silently, writes sent again applied twice); set "
                 "maxmemory-policy noeviction, or give the store a Redis of its own")
+
+
+#: Seconds between two checks of the eviction policy during a crawl (by the
+#: flushes): an operator, or a failover to a replica configured otherwise,
+#: can make Redis evict after the store opened. One ``INFO memory`` (one a
+#: primary on a cluster) a minute costs nothing beside the flushes; a
+#: policy changed is seen within a minute of a flush.
+EVICTION_RECHECK = 60.0
 
 
 def _eviction_policy(memory: dict[str, Any]) -> str:
@@ -234,6 +243,46 @@ class RedisLayout(RedisCore):
                 policy=policy, where=where, limit=memory.get("maxmemory", "?")) + every)
         if _would_evict(memory):
             logger.warning(_WOULD_EVICT, self.location, where, policy)
+
+    async def _recheck_eviction(self) -> None:
+        """During a crawl, refuse to write again on a Redis (any primary of
+        a cluster) that may now evict the store's keys: checked again at
+        most every :data:`EVICTION_RECHECK` seconds, before a flush sends
+        anything, so that the crawl stops with nothing more written."""
+        now = clock.now()
+        if now - self._eviction_checked < EVICTION_RECHECK:
+            return
+        try:
+            if self.cluster:
+                memories = await self._again(lambda: self._async.info(
+                    "memory", target_nodes=RedisCluster.PRIMARIES))
+            else:
+                memories = await self._again(lambda: self._async.info("memory"))
+        except redis.exceptions.ResponseError as exc:
+            # INFO refused since the store opened (an ACL changed): no
+            # check possible, which is no sign of eviction; said once,
+            # tried again a minute later.
+            self._eviction_checked = now
+            if not self._eviction_unread_said:
+                self._eviction_unread_said = True
+                logger.warning("State store %s: Redis refused INFO memory (%s): whether it "
+                               "may evict the store's keys is not checked during the crawl",
+                               self.location, exc)
+            return
+        except redis.RedisError as exc:
+            raise self._fail("Redis command failed", exc) from exc
+        self.roundtrips += 1
+        where = "a node of the cluster" if self.cluster else "Redis"
+        every = " on every node" if self.cluster else ""
+        for memory in memories.values() if _per_node(memories) else [memories]:
+            # Only eviction possible now stops the crawl: a policy without a
+            # maxmemory was warned of when the store opened, and a
+            # maxmemory set later is seen by the next check.
+            if _evicts(memory):
+                raise self._fail(_EVICTS.format(
+                    policy=_eviction_policy(memory), where=where,
+                    limit=memory.get("maxmemory", "?")) + every)
+        self._eviction_checked = now
 
     def _meta_version(self, meta: str, found: dict[bytes, bytes], newest: int) -> int:
         """The layout version the store's record *found* (of key *meta*)

@@ -49,7 +49,9 @@ _APPLIED_KEPT = 2 * _TOKEN_TTL
 #: whose token ``P:fxdone`` does not list was never applied. An older one
 #: (nothing read its scope for two days) may have been applied and
 #: forgotten: only its idempotent parts are applied, and the shard's sums
-#: marked lost, unless ``P:fxdone`` still lists it (then it is done).
+#: marked lost, unless ``P:fxdone`` still lists it, or ``P:fxheld`` (the
+#: tokens applied whose entries may still be there: cluster_scope.lua):
+#: then it is done.
 _LEDGER_HONOURED = _APPLIED_KEPT - 3_600
 
 # One flush is one run of this script: atomic for every other client, like a

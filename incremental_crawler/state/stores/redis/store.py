@@ -527,6 +527,8 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
             self._flush_lock = asyncio.Lock()
         # One flush at a time (a timed flush may still be in flight at close).
         async with self._flush_lock:
+            if self._ops or (self.tagged and not self._carried.empty()):
+                await self._recheck_eviction()
             return await self._flush()
 
     async def _flush(self) -> int:
@@ -670,16 +672,19 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
         try:
             await self.flush()
             if self.tagged and (self._spent_slot_tokens or self._carried.ledger_done
-                                or self._carried.intents_done):
+                                or self._carried.intents_done or self._carried.held_done):
                 # The last flush's tokens (its replies came: nothing to
                 # replay), one a slot it wrote, its effects' ledger entries
-                # (applied) and its intents on their hosts: not left behind.
+                # (applied) and its intents on their hosts: not left behind;
+                # then the applied tokens of the entries deleted.
                 spent, self._spent_slot_tokens = self._spent_slot_tokens, []
-                commands, sent = self._ledger_cleanup()
-                cleanup = [*(("DEL", key) for key in spent), *commands]
-                if cleanup:
-                    await self._commands(cleanup, "Redis command failed")
-                self._ledger_cleaned(sent)
+                for _ in range(2):
+                    commands, sent = self._ledger_cleanup()
+                    cleanup = [*(("DEL", key) for key in spent), *commands]
+                    spent = []
+                    if cleanup:
+                        await self._commands(cleanup, "Redis command failed")
+                    self._ledger_cleaned(sent)
         finally:
             if not self._closed:
                 self._closed = True
@@ -809,6 +814,29 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
             raise self._fail("cannot be reached or read (is Redis running at this "
                              "address?)", exc) from exc
         raise self._fail(f"could not take the hold on scope {scope!r}: it kept changing")
+
+    def mark_run_start(self, scope: str, started: float) -> None:
+        # The mark moves to the run's start: P:ck keeps the run's checks
+        # only (a mark never moved would keep a member for every page
+        # checked since, ~140 bytes each, and summaries would read them
+        # all). Refused where a page was checked at or after it already
+        # (another worker wrote first, or a clock ahead): no mark there,
+        # its summaries read every page, right either way.
+        at = math.floor(started)
+        try:
+            if self.tagged:
+                pipe = self._sync.pipeline(transaction=False)
+                for nvm, checks in zip(self._shard_keys("nvm", scope),
+                                       self._shard_keys("ck", scope), strict=True):
+                    pipe.execute_command("EVAL", CLUSTER_SUMS_MARK_LUA, 2, nvm, checks, at)
+            else:
+                pipe = self._sync.pipeline(transaction=False)
+                pipe.eval(_SUMS_MARK_LUA, 0, self.prefix, _key_part(scope), at)
+            self._sync_run(pipe)
+        except StateStoreError as exc:
+            logger.warning("State store %s: the mark of the run's start on %r was not set "
+                           "(%s): its summaries may read every page", self.location, scope,
+                           exc.__cause__ or exc)
 
     async def release_scope(self, scope: str, holder: str) -> None:
         await self._call("ZREM", self._key("holds", scope), holder)
