@@ -1,0 +1,266 @@
+"""``scrapy state copy``: a scope moved to another store, then crawled there.
+
+Real crawls of the loopback site write the source (SQLite, a Redis server
+or a real Redis Cluster); ``scrapy state copy`` runs through Scrapy's
+command line; then the same crawl runs on the destination and on the
+source, and the site must have seen the same requests from both (the same
+conditional headers, no page asked that was not due) and the same items
+emitted (none new).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import pytest_twisted
+from scrapy import signals
+from scrapy.crawler import CrawlerRunner
+from scrapy.settings import Settings
+from scrapy.utils.defer import deferred_from_coro
+from twisted.internet.threads import deferToThread
+
+from incremental_crawler.state.records import ItemRecord
+from incremental_crawler.state.scope_copy import COPY_MARK
+from incremental_crawler.state.stores import AdminStore, open_store
+from tests.conftest import crawl_settings
+from tests.redis_util import REDIS_URI, delete_prefix, new_prefix
+from tests.scrapy_cli import scrapy_in_process
+from tests.site import PLAIN_KINDS
+from tests.spiders import ListSpider
+
+if TYPE_CHECKING:
+    import subprocess
+    from collections.abc import Iterator
+    from pathlib import Path
+
+    from scrapy.crawler import Crawler
+
+    from tests.redis_cluster_util import LoopbackCluster
+
+SCOPE = "list"
+ON_CLUSTER = {"INCREMENTAL_STATE_ON_REDIS_CLUSTER": True}
+REVISITS = {"INCREMENTAL_REVISIT_ENABLED": True}
+
+
+@pytest.fixture
+def stores(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+    """URIs of a store of each kind, of the test's own (SQLite files, a
+    prefix on the Redis server, a prefix on the loopback Redis Cluster),
+    deleted afterwards. The cluster is started only for a test that uses it."""
+    prefixes = {kind: new_prefix() for kind in ("redis", "redis2", "cluster")}
+    cluster: LoopbackCluster | None = None
+    uris = {
+        "sqlite": f"sqlite:///{tmp_path / 'source.db'}",
+        "sqlite2": f"sqlite:///{tmp_path / 'copy.db'}",
+        "redis": f"{REDIS_URI}?prefix={prefixes['redis']}",
+        "redis2": f"{REDIS_URI}?prefix={prefixes['redis2']}",
+    }
+    if "cluster" in request.node.name:
+        cluster = request.getfixturevalue("redis_cluster")
+        uris["cluster"] = f"{cluster.url}?prefix={prefixes['cluster']}"
+    yield uris
+    delete_prefix(prefixes["redis"])
+    delete_prefix(prefixes["redis2"])
+    if cluster is not None:
+        cluster.delete(f"{prefixes['cluster']}:*")
+
+
+async def crawl_on(uri: str, urls: list[str], **settings: Any) -> Crawler:
+    runner = CrawlerRunner(crawl_settings(uri, **ON_CLUSTER, **settings))
+    crawler = runner.create_crawler(ListSpider)
+    items: list[Any] = []
+
+    def collect(item: Any) -> None:
+        items.append(item)
+
+    crawler.signals.connect(collect, signal=signals.item_scraped)
+    crawler.collected = items  # type: ignore[attr-defined]
+    crawler._collect_handler = collect  # type: ignore[attr-defined]
+    await runner.crawl(crawler, urls=urls)
+    return crawler
+
+
+async def state(source: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``scrapy state ARGS`` on *source*, in a thread (the reactor runs on)."""
+    return await deferToThread(scrapy_in_process, "state", *args,
+                               "-s", f"INCREMENTAL_STATE_URI={source}",
+                               "-s", "INCREMENTAL_STATE_ON_REDIS_CLUSTER=True")
+
+
+def opened(uri: str) -> AdminStore:
+    store = open_store(Settings({"INCREMENTAL_STATE_URI": uri, **ON_CLUSTER}))
+    assert isinstance(store, AdminStore)
+    return store
+
+
+def seen(site: Any) -> list[tuple[str, str | None, str | None, int]]:
+    """What the site was asked for its pages: path, conditions, answer."""
+    return sorted((r.path, r.if_none_match, r.if_modified_since, r.status)
+                  for r in site.log if r.path.startswith("/p/"))
+
+
+def emitted(crawler: Crawler) -> list[tuple[str, str]]:
+    return sorted((item["url"], item.get("change", "?")) for item in crawler.collected)
+
+
+async def source_with_history(site: Any, uri: str) -> list[str]:
+    """Crawls of the site into *uri*: two, a page changed between them (so
+    an item has two versions), then one with revisits on (every page gets
+    its next visit); one item version left waiting on a crawl that never
+    confirmed it."""
+    paths = site.add_pages(8, kinds=PLAIN_KINDS, size=2000)
+    urls = [site.url(path) for path in paths]
+    await crawl_on(uri, urls)
+    site.change(paths[1])
+    await crawl_on(uri, urls)
+    await crawl_on(uri, urls, **REVISITS)
+    store = opened(uri)
+    try:
+        store.stage_item(ItemRecord(SCOPE, site.url("/extra"), site.url("/extra"), "fp-extra",
+                                    data=json.dumps({"url": site.url("/extra")}),
+                                    stored_at=1_700_000_000, delivery="killed-crawl"))
+        await deferred_from_coro(store.flush())
+    finally:
+        await deferred_from_coro(store.close())
+    return urls
+
+
+async def counts(uri: str, changed: str) -> tuple[Any, ...]:
+    """What *uri* holds of the scope: counts by kind, the waiting crawls,
+    the changed item's history, the hosts, the crawl records."""
+    store = opened(uri)
+    try:
+        pending = await deferred_from_coro(store.undelivered_crawls(SCOPE))
+        history = store.item_history(SCOPE, changed)
+        return (store.count_scope(SCOPE), store.count_pages(SCOPE), pending, history,
+                sorted(store.iter_hosts(SCOPE), key=lambda h: h.host),
+                len(store.crawls(SCOPE, 100)))
+    finally:
+        await deferred_from_coro(store.close())
+
+
+ROUTES = pytest.mark.parametrize("route", [
+    ("sqlite", "redis"), ("redis", "cluster"), ("cluster", "sqlite2")],
+    ids=["sqlite-to-redis", "redis-to-cluster", "cluster-to-sqlite"])
+
+
+@ROUTES
+@pytest_twisted.ensureDeferred
+async def test_a_copied_scope_crawls_on_the_destination_as_on_the_source(
+        site: Any, stores: dict[str, str], route: tuple[str, str]) -> None:
+    source, destination = (stores[kind] for kind in route)
+    urls = await source_with_history(site, source)
+
+    dry = await state(source, "copy", "--to", destination, "--spider", SCOPE)
+    assert dry.returncode == 2, dry.stderr
+    assert "copy would copy" in dry.stderr and "8 pages" in dry.stderr, dry.stderr
+    assert "1 undelivered item version" in dry.stderr, dry.stderr
+    done = await state(source, "copy", "--to", destination, "--spider", SCOPE, "--yes")
+    assert done.returncode == 0, done.stderr
+    assert "verified" in done.stdout, done.stdout
+    copied = await counts(destination, urls[1])
+    assert copied == await counts(source, urls[1])
+    assert copied[0].pages == 8 and copied[0].versions == 10  # 9 items, one with 2 versions
+    assert [version for version, _ in copied[3]] == [1, 2]
+    assert copied[2] == ["killed-crawl"]
+
+    # Seconds later no page is due: neither crawl asks for any; each
+    # delivers the version the killed crawl left waiting, once.
+    site.reset_log()
+    on_copy = await crawl_on(destination, urls, **REVISITS)
+    assert seen(site) == []
+    site.reset_log()
+    on_source = await crawl_on(source, urls, **REVISITS)
+    assert seen(site) == []
+    for crawler in (on_copy, on_source):
+        assert crawler.stats.get_value("incremental/schedule/not_due") == len(urls)
+        assert crawler.stats.get_value("incremental/redelivered") == 1
+    assert emitted(on_copy) == emitted(on_source) == [(site.url("/extra"), "?")]
+
+    # Revisits off (every page asked) and one page changed: the same
+    # conditional requests from both, the same items, none new.
+    site.change("/p/0002")
+    site.reset_log()
+    on_copy = await crawl_on(destination, urls)
+    asked_by_copy = seen(site)
+    site.reset_log()
+    on_source = await crawl_on(source, urls)
+    assert asked_by_copy == seen(site)
+    assert [path for path, *_ in asked_by_copy] == [f"/p/{i:04d}" for i in range(8)]
+    # Every page with validators is asked with the validators stored for it
+    # (the same as the source sent, above); most are unchanged: 304s.
+    kinds = {path: site.page(path).kind for path, *_ in asked_by_copy}
+    for path, etag, since, _ in asked_by_copy:
+        assert (etag is not None or since is not None) == (kinds[path] != "none"), path
+    assert sum(status == 304 for *_, status in asked_by_copy) >= 4
+    assert emitted(on_copy) == emitted(on_source) == [(site.url("/p/0002"), "changed")]
+    assert on_copy.stats.get_value("incremental/items_changed") == 1
+    assert on_copy.stats.get_value("incremental/items_new", 0) == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_copy_refuses_a_destination_that_holds_the_scope_and_a_held_source(
+        site: Any, stores: dict[str, str]) -> None:
+    source, destination = stores["sqlite"], stores["redis"]
+    urls = await source_with_history(site, source)
+    await crawl_on(destination, urls[:1])  # the destination holds the scope already
+    before = (await counts(destination, urls[1]))[0]
+    refused = await state(source, "copy", "--to", destination, "--spider", SCOPE, "--yes")
+    assert refused.returncode == 1
+    assert "already holds scope 'list'" in refused.stderr and "never merges" in refused.stderr
+    assert (await counts(destination, urls[1]))[0] == before
+
+    held = opened(source)
+    try:
+        await deferred_from_coro(
+            held.hold_scope(SCOPE, f"elsewhere:{uuid.uuid4().int % 10**6}", 600))
+    finally:
+        await deferred_from_coro(held.close())
+    refused = await state(source, "copy", "--to", stores["redis2"], "--spider", SCOPE, "--yes")
+    assert refused.returncode == 1
+    assert "is held by crawl elsewhere:" in refused.stderr, refused.stderr
+    fresh = opened(stores["redis2"])
+    try:
+        assert fresh.scopes() == []
+    finally:
+        await deferred_from_coro(fresh.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_copy_cut_short_by_an_unreadable_record_is_refused_until_reset(
+        site: Any, stores: dict[str, str], tmp_path: Path) -> None:
+    source, destination = stores["sqlite"], stores["redis"]
+    urls = await source_with_history(site, source)
+    db = sqlite3.connect(tmp_path / "source.db")
+    db.execute("UPDATE item_versions SET data = '{damaged' WHERE item_key = ? AND version = 2",
+               (urls[1],))
+    db.commit()
+
+    stopped = await state(source, "copy", "--to", destination, "--spider", SCOPE, "--yes")
+    assert stopped.returncode == 1
+    assert f"version 2 of item {urls[1]!r}" in stopped.stderr, stopped.stderr
+    assert "cut short" in stopped.stderr and "scrapy state reset" in stopped.stderr
+    partial = opened(destination)
+    try:
+        mark = await deferred_from_coro(partial.get_walk_memo(SCOPE, COPY_MARK))
+        assert mark is not None and json.loads(mark)["done"] is False
+    finally:
+        await deferred_from_coro(partial.close())
+
+    db.execute("UPDATE item_versions SET data = '{}' WHERE item_key = ? AND version = 2",
+               (urls[1],))
+    db.commit()
+    db.close()
+    again = await state(source, "copy", "--to", destination, "--spider", SCOPE, "--yes")
+    assert again.returncode == 1
+    assert "was cut short" in again.stderr, again.stderr
+
+    reset = await state(destination, "reset", "--spider", SCOPE, "--yes")
+    assert reset.returncode == 0, reset.stderr
+    done = await state(source, "copy", "--to", destination, "--spider", SCOPE, "--yes")
+    assert done.returncode == 0, done.stderr
+    assert await counts(destination, urls[1]) == await counts(source, urls[1])
