@@ -264,3 +264,68 @@ async def test_a_copy_cut_short_by_an_unreadable_record_is_refused_until_reset(
     done = await state(source, "copy", "--to", destination, "--spider", SCOPE, "--yes")
     assert done.returncode == 0, done.stderr
     assert await counts(destination, urls[1]) == await counts(source, urls[1])
+
+
+async def write_items(uri: str) -> None:
+    """Items of every shape a store keeps, written as crawls write them,
+    with two versions kept per item: history pruned, a tombstone, a latest
+    version without data, an item of another page with a SimHash, one that
+    never had data, and a version waiting on its crawl's delivery."""
+    store = open_store(Settings({"INCREMENTAL_STATE_URI": uri, "INCREMENTAL_ITEM_HISTORY": 2,
+                                 **ON_CLUSTER}))
+    t = 1_700_000_000
+
+    def item(key: str, n: int, **fields: Any) -> ItemRecord:
+        fields.setdefault("data", json.dumps({"url": key, "n": n}))
+        fields.setdefault("fingerprint", f"{key}-{n}")
+        return ItemRecord(SCOPE, key, key, stored_at=t + 10 * n, **fields)
+
+    try:
+        for n in range(4):
+            store.stage_item(item("https://a.example/pruned", n,
+                                  change="new" if n == 0 else "changed"))
+        store.stage_item(item("https://a.example/gone", 0))
+        store.stage_item(item("https://a.example/gone", 1, fingerprint="", change="deleted"))
+        store.stage_item(item("https://a.example/quiet", 0))
+        store.stage_item(item("https://a.example/quiet", 1, data=None))
+        store.stage_item(item("https://a.example/child", 0, page="https://a.example/parent",
+                              simhash=123_456, delivery="crawl-x"))
+        store.stage_item(item("https://a.example/bare", 0, data=None))
+        await store.flush()
+    finally:
+        await store.close()
+
+
+async def items_of(uri: str) -> tuple[Any, ...]:
+    store = open_store(Settings({"INCREMENTAL_STATE_URI": uri, **ON_CLUSTER}))
+    assert isinstance(store, AdminStore)
+    try:
+        pending = [(crawl, [(p.version.key, p.version.version)
+                            for p in await store.undelivered(SCOPE, crawl)])
+                   for crawl in await store.undelivered_crawls(SCOPE)]
+        return (sorted(store.iter_item_states(SCOPE)), pending,
+                await store.get_page_items(SCOPE, "https://a.example/parent"),
+                list(store.iter_items(SCOPE)))
+    finally:
+        await store.close()
+
+
+@ROUTES
+@pytest_twisted.ensureDeferred
+async def test_items_keep_their_numbers_history_pages_and_delivery_marks(
+        stores: dict[str, str], route: tuple[str, str]) -> None:
+    source, destination = (stores[kind] for kind in route)
+    await deferred_from_coro(write_items(source))
+    done = await state(source, "copy", "--to", destination, "--all", "--yes",
+                       "-s", "INCREMENTAL_ITEM_HISTORY=2")
+    assert done.returncode == 0, done.stderr
+    copied = await deferred_from_coro(items_of(destination))
+    assert copied == await deferred_from_coro(items_of(source))
+    states = {item.key.rsplit("/", 1)[1]: item for item in copied[0]}
+    assert [v.version for v in states["pruned"].versions] == [3, 4]
+    assert states["pruned"].version == 4
+    assert states["gone"].fingerprint == "" and states["gone"].versions[-1].change == "deleted"
+    assert states["quiet"].version == 2 and len(states["quiet"].versions) == 1
+    assert states["child"].simhash == 123_456
+    assert copied[1] == [("crawl-x", [("https://a.example/child", 1)])]
+    assert copied[2] == ["https://a.example/child"]
