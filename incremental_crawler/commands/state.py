@@ -277,12 +277,12 @@ async def copy_scopes(source: AdminStore, settings: BaseSettings, scope: str | N
     try:
         for name in scopes:
             await refuse_destination(destination, name, dest_uri)
-        plans = [(name, await copy_plan(source, name)) for name in scopes]
         if not opts.yes:
+            plans = [(name, await copy_plan(source, name)) for name in scopes]
             raise Refused(_plan_text(plans, source, destination.location), USAGE)
-        for name, plan in plans:
-            print(f"copying scope {name!r} ({plan.describe()}) from {source.location} "
-                  f"to {destination.location}", flush=True)
+        for name in scopes:
+            print(f"copying scope {name!r} from {source.location} to {destination.location}",
+                  flush=True)
             copied = await copy_scope(source, destination, name, dest_uri,
                                       say=lambda line: print(f"  {line}", flush=True))
             print(f"copied scope {name!r}; verified: {copied.describe()} on both sides",

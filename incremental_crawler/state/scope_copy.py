@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from incremental_crawler import clock
 from incremental_crawler.state.records import ItemRecord
 from incremental_crawler.state.stores.base import Removed, StateStoreError
+from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -101,8 +102,7 @@ async def refuse_destination(destination: AdminStore, scope: str, dest_uri: str)
     """Refuse a destination that holds anything of *scope*, or the remains
     of a copy of it that was cut short."""
     mark = await destination.get_walk_memo(scope, COPY_MARK)
-    reset = (f"scrapy state reset --spider {scope} --yes -s "
-             f"INCREMENTAL_STATE_URI={dest_uri}")
+    reset = _reset_hint(scope, dest_uri)
     if mark is not None and not json.loads(mark).get("done"):
         raise ScopeCopyError(
             f"a copy of scope {scope!r} into {destination.location} was cut short (or "
@@ -113,6 +113,13 @@ async def refuse_destination(destination: AdminStore, scope: str, dest_uri: str)
             f"{destination.location} already holds scope {scope!r} "
             f"({destination.count_scope(scope).describe()}); a copy never merges into "
             f"it: copy to another store, or delete it there first with '{reset}'")
+
+
+def _reset_hint(scope: str, dest_uri: str) -> str:
+    """The command that deletes *scope* from the destination (no secrets:
+    the user puts back a password the URI had)."""
+    return (f"scrapy state reset --spider {scope} --yes "
+            f"-s INCREMENTAL_STATE_URI={redacted(dest_uri)}")
 
 
 async def copy_plan(source: AdminStore, scope: str) -> CopyCounts:
@@ -162,10 +169,12 @@ async def copy_scope(source: AdminStore, destination: AdminStore, scope: str, de
     counts. Raises :class:`ScopeCopyError` (the destination's partial scope
     named, and what to do) when it is refused, stops or does not verify."""
     await refuse_destination(destination, scope, dest_uri)
-    expected = await copy_plan(source, scope)
     holds = _Holds([source, destination], scope)
-    holds.take()
     try:
+        holds.take()
+        # Counted once held: no crawl changes the source from here on.
+        expected = await copy_plan(source, scope)
+        say(f"counted in the source: {expected.describe()}")
         mark = {"done": False, "from": source.location, "started": clock.now()}
         await destination.put_walk_memo(scope, COPY_MARK, json.dumps(mark))
         if await destination.get_walk_memo(scope, COPY_MARK) is None:
@@ -173,13 +182,12 @@ async def copy_scope(source: AdminStore, destination: AdminStore, scope: str, de
                 f"{destination.location} keeps no memos (StateStore.put_walk_memo): a copy "
                 "cut short could not be told from a whole one there, so none is made")
         try:
-            await _copy(source, destination, scope, holds, say)
+            await _copy(source, destination, scope, expected, holds, say)
         except (StateStoreError, OSError) as exc:
             raise ScopeCopyError(
                 f"the copy of scope {scope!r} stopped: {exc}. The destination "
                 f"{destination.location} holds part of it, marked as cut short; delete it "
-                f"with 'scrapy state reset --spider {scope} --yes -s "
-                f"INCREMENTAL_STATE_URI={dest_uri}', then copy again") from exc
+                f"with '{_reset_hint(scope, dest_uri)}', then copy again") from exc
         copied = await count(destination, scope)
         if copied != expected:
             raise ScopeCopyError(
@@ -195,8 +203,8 @@ async def copy_scope(source: AdminStore, destination: AdminStore, scope: str, de
         await holds.release()
 
 
-async def _copy(source: AdminStore, destination: AdminStore, scope: str, holds: _Holds,
-                say: Callable[[str], None]) -> None:
+async def _copy(source: AdminStore, destination: AdminStore, scope: str,
+                expected: CopyCounts, holds: _Holds, say: Callable[[str], None]) -> None:
     for trust in source.iter_hosts(scope):
         destination.stage_host(trust)
     rates = source.read_slot_rates(scope)
@@ -207,7 +215,7 @@ async def _copy(source: AdminStore, destination: AdminStore, scope: str, holds: 
             "hosts with 'scrapy state forget-host' first")
     destination.stage_slot_rates(rates.rates)
     # Oldest first, as crawls wrote them: the destination keeps the newest.
-    for record in reversed(source.crawls(scope, max(1, source.count_scope(scope).crawls))):
+    for record in reversed(source.crawls(scope, max(1, expected.records.crawls))):
         destination.stage_crawl(record)
     await destination.flush()
     say("host records, remembered rates and crawl records copied")
