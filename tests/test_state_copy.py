@@ -23,7 +23,7 @@ from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 from twisted.internet.threads import deferToThread
 
-from incremental_crawler.state.records import ItemRecord
+from incremental_crawler.state.records import HostTrust, ItemRecord, SlotRate
 from incremental_crawler.state.scope_copy import COPY_MARK
 from incremental_crawler.state.stores import AdminStore, open_store
 from tests.conftest import crawl_settings
@@ -291,6 +291,10 @@ async def write_items(uri: str) -> None:
         store.stage_item(item("https://a.example/child", 0, page="https://a.example/parent",
                               simhash=123_456, delivery="crawl-x"))
         store.stage_item(item("https://a.example/bare", 0, data=None))
+        store.stage_host(HostTrust(SCOPE, "a.example", checks=7, lies=2,
+                                   distrusted_until=t + 86_400, stale_lastmods=1,
+                                   validators_unstable_since=t))
+        store.stage_slot_rates([SlotRate(SCOPE, "a.example", 3.5, False, t, "penalty box")])
         await store.flush()
     finally:
         await store.close()
@@ -305,7 +309,8 @@ async def items_of(uri: str) -> tuple[Any, ...]:
                    for crawl in await store.undelivered_crawls(SCOPE)]
         return (sorted(store.iter_item_states(SCOPE)), pending,
                 await store.get_page_items(SCOPE, "https://a.example/parent"),
-                list(store.iter_items(SCOPE)))
+                list(store.iter_items(SCOPE)), list(store.iter_hosts(SCOPE)),
+                store.read_slot_rates(SCOPE))
     finally:
         await store.close()
 
@@ -329,3 +334,6 @@ async def test_items_keep_their_numbers_history_pages_and_delivery_marks(
     assert states["child"].simhash == 123_456
     assert copied[1] == [("crawl-x", [("https://a.example/child", 1)])]
     assert copied[2] == ["https://a.example/child"]
+    assert [(h.host, h.checks, h.lies) for h in copied[4]] == [("a.example", 7, 2)]
+    assert [(r.slot, r.rate, r.ended) for r in copied[5].rates] == [
+        ("a.example", 3.5, "penalty box")]
