@@ -27,6 +27,8 @@ from incremental_crawler.state.records import HostTrust, ItemRecord, SlotRate
 from incremental_crawler.state.scope_copy import COPY_MARK
 from incremental_crawler.state.stores import AdminStore, open_store
 from tests.conftest import crawl_settings
+from tests.follow_spider import FollowSpider
+from tests.links import nav_depths
 from tests.redis_util import REDIS_URI, delete_prefix, new_prefix
 from tests.scrapy_cli import scrapy_in_process
 from tests.site import PLAIN_KINDS
@@ -69,9 +71,12 @@ def stores(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[str,
         cluster.delete(f"{prefixes['cluster']}:*")
 
 
-async def crawl_on(uri: str, urls: list[str], **settings: Any) -> Crawler:
+async def crawl_on(uri: str, urls: list[str], spidercls: type = ListSpider,
+                   **settings: Any) -> Crawler:
+    """A real crawl of ListSpider (*urls*), or of *spidercls* from ``urls[0]``,
+    on the store *uri*; what it emitted in ``crawler.collected``."""
     runner = CrawlerRunner(crawl_settings(uri, **ON_CLUSTER, **settings))
-    crawler = runner.create_crawler(ListSpider)
+    crawler = runner.create_crawler(spidercls)
     items: list[Any] = []
 
     def collect(item: Any) -> None:
@@ -80,7 +85,10 @@ async def crawl_on(uri: str, urls: list[str], **settings: Any) -> Crawler:
     crawler.signals.connect(collect, signal=signals.item_scraped)
     crawler.collected = items  # type: ignore[attr-defined]
     crawler._collect_handler = collect  # type: ignore[attr-defined]
-    await runner.crawl(crawler, urls=urls)
+    if spidercls is ListSpider:
+        await runner.crawl(crawler, urls=urls)
+    else:
+        await runner.crawl(crawler, start_url=urls[0])
     return crawler
 
 
@@ -337,3 +345,33 @@ async def test_items_keep_their_numbers_history_pages_and_delivery_marks(
     assert [(h.host, h.checks, h.lies) for h in copied[4]] == [("a.example", 7, 2)]
     assert [(r.slot, r.rate, r.ended) for r in copied[5].rates] == [
         ("a.example", 3.5, "penalty box")]
+
+
+@pytest.mark.parametrize("route", [("sqlite", "redis"), ("redis", "cluster")],
+                         ids=["sqlite-to-redis", "redis-to-cluster"])
+@pytest_twisted.ensureDeferred
+async def test_copied_links_records_replay_on_304s_as_on_the_source(
+        site: Any, stores: dict[str, str], route: tuple[str, str]) -> None:
+    """Pages linked by their ``<nav>``: a 304 replays the requests the page
+    yielded from its stored links record, so the crawl reaches the pages
+    behind it without fetching it in full."""
+    source, destination = (stores[kind] for kind in route)
+    paths = [f"/p/{i:04d}" for i in range(20)]
+    for path in paths:
+        site.add_page(path, "strong", size=1500)
+    start = [site.url(paths[0])]
+    await crawl_on(source, start, FollowSpider)
+    done = await state(source, "copy", "--to", destination, "--spider", FollowSpider.name,
+                       "--yes")
+    assert done.returncode == 0, done.stderr
+    deep = max(paths, key=lambda path: nav_depths(site, paths[0])[path])
+    site.change(deep)
+    site.reset_log()
+    on_copy = await crawl_on(destination, start, FollowSpider)
+    asked_by_copy = seen(site)
+    site.reset_log()
+    on_source = await crawl_on(source, start, FollowSpider)
+    assert asked_by_copy == seen(site)
+    assert sorted(path for path, *_ in asked_by_copy) == paths
+    assert [path for path, *_, status in asked_by_copy if status == 200] == [deep]
+    assert emitted(on_copy) == emitted(on_source) == [(site.url(deep), "changed")]
