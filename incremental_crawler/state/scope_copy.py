@@ -35,7 +35,7 @@ from incremental_crawler.state.stores.base import Removed, StateStoreError
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import AsyncIterator, Callable
 
     from incremental_crawler.state.records import PageState, StoredVersion
     from incremental_crawler.state.stores.base import AdminStore, StoredItem
@@ -82,19 +82,22 @@ async def count(store: AdminStore, scope: str) -> CopyCounts:
     """Every kind of record of *scope* in *store*, counted."""
     pending = 0
     for crawl in await store.undelivered_crawls(scope):
-        pending += len(await _all_undelivered(store, scope, crawl))
+        async for _ in _undelivered(store, scope, crawl):
+            pending += 1
     return CopyCounts(store.count_scope(scope)._replace(rates=0),
                       len(store.read_slot_rates(scope).rates), pending)
 
 
-async def _all_undelivered(store: AdminStore, scope: str, crawl: str) -> list[StoredVersion]:
-    found: list[StoredVersion] = []
+async def _undelivered(store: AdminStore, scope: str,
+                       crawl: str) -> AsyncIterator[StoredVersion]:
+    """The versions of *scope* waiting on *crawl*, read :data:`BATCH` at a time."""
     after = None
     while True:
         chunk = await store.undelivered(scope, crawl, after=after, limit=BATCH)
-        found += [pending.version for pending in chunk]
+        for pending in chunk:
+            yield pending.version
         if len(chunk) < BATCH:
-            return found
+            return
         after = chunk[-1]
 
 
@@ -233,7 +236,9 @@ async def _copy(source: AdminStore, destination: AdminStore, scope: str,
 
     pending: dict[tuple[str, int], str] = {}
     for crawl in await source.undelivered_crawls(scope):
-        for version in await _all_undelivered(source, scope, crawl):
+        # Held whole (keys and numbers only): as many as a killed crawl
+        # left undelivered, usually none.
+        async for version in _undelivered(source, scope, crawl):
             pending[version.key, version.version] = crawl
     items = 0
     for item in source.iter_item_states(scope):

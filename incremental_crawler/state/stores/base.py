@@ -585,7 +585,9 @@ class StateStore(ABC):
         """Store the walk memo *data* under *name* in *scope*, at once (not
         staged), replacing any. Nothing a crawl needs is lost without it: a
         store that keeps none (the default) makes every crawl walk. A reset
-        of the scope deletes its memos."""
+        of the scope deletes its memos. ``scrapy state copy`` keeps its mark
+        of a copied scope under the name ``scope-copy`` (a walk's names hold
+        a URL), and copies into no store that keeps none."""
 
     @property
     @abstractmethod
