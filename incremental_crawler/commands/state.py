@@ -231,7 +231,7 @@ def copy_usage(opts: argparse.Namespace) -> None:
     if not opts.to:
         raise UsageError("scrapy state copy needs --to URI (the destination store)")
     if (opts.spider is None) == (not opts.all):
-        raise UsageError("scrapy state copy needs --spider NAME (one scope) or --all")
+        raise UsageError("scrapy state copy needs one of --spider NAME (one scope) and --all")
 
 
 def run_copy(source: AdminStore, settings: BaseSettings, scope: str | None,
@@ -275,6 +275,8 @@ async def copy_scopes(source: AdminStore, settings: BaseSettings, scope: str | N
     destination = dest_cls.from_uri(dest_uri, settings=settings)
     assert isinstance(destination, AdminStore)
     try:
+        if destination.location == source.location:
+            raise Refused(f"--to {redacted(dest_uri)} is the store the copy reads from")
         for name in scopes:
             await refuse_destination(destination, name, dest_uri)
         if not opts.yes:

@@ -232,7 +232,7 @@ async def _copy(source: AdminStore, destination: AdminStore, scope: str,
             batch = []
             await holds.refresh()
     pages += await _copy_pages(source, destination, batch)
-    say(f"{pages} pages copied, with their links records")
+    say(f"{_count(pages, 'page')} copied, with their links records")
 
     pending: dict[tuple[str, int], str] = {}
     for crawl in await source.undelivered_crawls(scope):
@@ -248,7 +248,11 @@ async def _copy(source: AdminStore, destination: AdminStore, scope: str,
             await destination.flush()
             await holds.refresh()
     await destination.flush()
-    say(f"{items} items copied, with their kept versions")
+    say(f"{_count(items, 'item')} copied, with their kept versions")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 async def _copy_pages(source: AdminStore, destination: AdminStore,

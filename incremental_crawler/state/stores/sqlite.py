@@ -434,6 +434,11 @@ _PRUNE_VERSIONS = (
     "DELETE FROM item_versions WHERE scope = ? AND item_key = ? AND version <= "
     "(SELECT version FROM items WHERE scope = ? AND item_key = ?) - ?"
 )
+# The items of a scope by key, a chunk at a time (iter_item_states).
+_ITEM_STATES = ("SELECT item_key, url, page, fingerprint, simhash, version, first_seen, "
+                "last_changed FROM items WHERE scope = ? ")
+_ITEM_STATES_FIRST = _ITEM_STATES + "ORDER BY item_key LIMIT ?"
+_ITEM_STATES_AFTER = _ITEM_STATES + "AND item_key > ? ORDER BY item_key LIMIT ?"
 _ADD_CRAWL = (
     "INSERT INTO crawls (scope, started, finished, worker, reason, figures) "
     "VALUES (?, ?, ?, ?, ?, ?)"
@@ -1272,10 +1277,10 @@ class SQLiteStateStore(AdminStore):
         # By key, _CHUNK items at a time (each chunk's versions in one read).
         after = None
         while True:
+            # Two statements, not an OR: each chunk a range of the primary key.
             rows = self._read(
-                "SELECT item_key, url, page, fingerprint, simhash, version, first_seen, "
-                "last_changed FROM items WHERE scope = ? AND (? OR item_key > ?) "
-                "ORDER BY item_key LIMIT ?", (scope, after is None, after, _CHUNK))
+                _ITEM_STATES_FIRST if after is None else _ITEM_STATES_AFTER,
+                (scope, _CHUNK) if after is None else (scope, after, _CHUNK))
             if not rows:
                 return
             keys = [row[0] for row in rows]
