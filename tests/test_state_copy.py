@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_twisted
+import redis
 from scrapy import signals
 from scrapy.crawler import CrawlerRunner
 from scrapy.settings import Settings
@@ -375,3 +376,23 @@ async def test_copied_links_records_replay_on_304s_as_on_the_source(
     assert sorted(path for path, *_ in asked_by_copy) == paths
     assert [path for path, *_, status in asked_by_copy if status == 200] == [deep]
     assert emitted(on_copy) == emitted(on_source) == [(site.url(deep), "changed")]
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_unreadable_item_of_a_redis_store_stops_the_copy_naming_it(
+        stores: dict[str, str]) -> None:
+    source, destination = stores["redis"], stores["sqlite2"]
+    await deferred_from_coro(write_items(source))
+    store = opened(source)
+    try:
+        damaged = store._hist_key(SCOPE, "https://a.example/pruned")  # type: ignore[attr-defined]
+        client = redis.Redis.from_url(REDIS_URI)
+        client.hset(damaged, "4", "{not json")
+        client.close()
+    finally:
+        await deferred_from_coro(store.close())
+    stopped = await state(source, "copy", "--to", destination, "--spider", SCOPE, "--yes",
+                          "-s", "INCREMENTAL_ITEM_HISTORY=2")
+    assert stopped.returncode == 1
+    assert "the item 'https://a.example/pruned' of scope 'list' cannot be read" in stopped.stderr
+    assert "marked as cut short" in stopped.stderr, stopped.stderr
