@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -55,7 +56,10 @@ COPY_MARK = "scope-copy"
 #: Pages (with their links) and items written per flush: memory is bounded
 #: by this many records, whatever the scope's size.
 BATCH = 500
-#: Seconds a copy's holds last unless refreshed (a crawl's: HOLD_TTL).
+#: Seconds a copy's holds last unless refreshed (between batches): ten times
+#: a crawl's, as counting a large scope (before and after the copy) refreshes
+#: nothing for a while. A killed copy's hold lapses then, or at once for a
+#: crawl of this host (its pid is gone).
 _HOLD_TTL = 600.0
 
 
@@ -106,23 +110,32 @@ async def refuse_destination(destination: AdminStore, scope: str, dest_uri: str)
     of a copy of it that was cut short."""
     mark = await destination.get_walk_memo(scope, COPY_MARK)
     reset = _reset_hint(scope, dest_uri)
-    if mark is not None and not json.loads(mark).get("done"):
+    if mark is not None and not _done(mark):
         raise ScopeCopyError(
             f"a copy of scope {scope!r} into {destination.location} was cut short (or "
-            f"could not be verified): its partial scope is there. Delete it with "
-            f"'{reset}', then copy again")
+            f"could not be verified): its partial scope is there. Delete it with: "
+            f"{reset} (then copy again)")
     if scope in destination.scopes():
         raise ScopeCopyError(
             f"{destination.location} already holds scope {scope!r} "
             f"({destination.count_scope(scope).describe()}); a copy never merges into "
-            f"it: copy to another store, or delete it there first with '{reset}'")
+            f"it: copy to another store, or delete it there first with: {reset}")
+
+
+def _done(mark: str) -> bool:
+    """Whether a copy mark says the copy was verified (one that cannot be
+    read says nothing of the kind)."""
+    try:
+        return json.loads(mark).get("done") is True
+    except (ValueError, AttributeError):
+        return False
 
 
 def _reset_hint(scope: str, dest_uri: str) -> str:
-    """The command that deletes *scope* from the destination (no secrets:
-    the user puts back a password the URI had)."""
-    return (f"scrapy state reset --spider {scope} --yes "
-            f"-s INCREMENTAL_STATE_URI={redacted(dest_uri)}")
+    """The command that deletes *scope* from the destination, quoted for a
+    shell (no secrets: the user puts back a password the URI had)."""
+    return (f"scrapy state reset --spider {shlex.quote(scope)} --yes "
+            f"-s {shlex.quote(f'INCREMENTAL_STATE_URI={redacted(dest_uri)}')}")
 
 
 async def copy_plan(source: AdminStore, scope: str) -> CopyCounts:
@@ -190,7 +203,7 @@ async def copy_scope(source: AdminStore, destination: AdminStore, scope: str, de
             raise ScopeCopyError(
                 f"the copy of scope {scope!r} stopped: {exc}. The destination "
                 f"{destination.location} holds part of it, marked as cut short; delete it "
-                f"with '{_reset_hint(scope, dest_uri)}', then copy again") from exc
+                f"with: {_reset_hint(scope, dest_uri)} (then copy again)") from exc
         copied = await count(destination, scope)
         if copied != expected:
             raise ScopeCopyError(
