@@ -155,11 +155,12 @@ class Command(InProject, ScrapyCommand):
             print(f"error: {exc}", file=sys.stderr)
             self.exitcode = FAILED
             return
+        if action == "copy":
+            # It closes the store itself, on the event loop its reads ran on.
+            self.exitcode = run_copy(store, self.settings, opts)
+            return
         try:
             scope = None if opts.spider is None else resolve_scope(self.settings, opts.spider)
-            if action == "copy":
-                self.exitcode = run_copy(store, self.settings, scope, opts)
-                return
             out = self._run(store, action, target, scope, opts)
             sys.stdout.write("\n".join(out) + "\n")
         except Refused as exc:
@@ -234,12 +235,12 @@ def copy_usage(opts: argparse.Namespace) -> None:
         raise UsageError("scrapy state copy needs one of --spider NAME (one scope) and --all")
 
 
-def run_copy(source: AdminStore, settings: BaseSettings, scope: str | None,
-             opts: argparse.Namespace) -> int:
+def run_copy(source: AdminStore, settings: BaseSettings, opts: argparse.Namespace) -> int:
     """``scrapy state copy``: the exit status. Everything runs on one event
     loop (the stores' clients are bound to it), the source closed on it too."""
     async def main() -> int:
         try:
+            scope = None if opts.spider is None else resolve_scope(settings, opts.spider)
             return await copy_scopes(source, settings, scope, opts)
         finally:
             await source.close()
