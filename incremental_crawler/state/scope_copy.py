@@ -53,7 +53,8 @@ __all__ = [
 #: The memo of a copied scope in the destination: JSON with ``"done"``
 #: false while the copy runs (or after it was cut short), true once verified.
 COPY_MARK = "scope-copy"
-#: Pages (with their links) and items written per flush: memory is bounded
+#: Pages (with their links) per flush, and item writes per flush (as many
+#: or, for one item of a longer history, its versions): memory is bounded
 #: by this many records, whatever the scope's size.
 BATCH = 500
 #: Seconds a copy's holds last unless refreshed (between batches): ten times
@@ -257,7 +258,9 @@ async def _copy(source: AdminStore, destination: AdminStore, scope: str,
     for item in source.iter_item_states(scope):
         _stage_item(destination, item, pending)
         items += 1
-        if items % BATCH == 0:
+        # By writes, not items: an item of a long history stages one write
+        # per version it ever had (see _stage_item).
+        if destination.pending >= BATCH:
             await destination.flush()
             await holds.refresh()
     await destination.flush()
