@@ -7,7 +7,10 @@
   about one URL;
 - ``scrapy state forget URL --spider NAME``, ``forget-host HOST --spider
   NAME``, ``reset --spider NAME --yes``: repairs, refused while a crawl
-  holds the scope (its hold lapses by itself if it was killed).
+  holds the scope (its hold lapses by itself if it was killed);
+- ``scrapy state copy --to URI (--spider NAME | --all) --yes``: copy a
+  scope's whole state into another store (see
+  :mod:`incremental_crawler.state.scope_copy`).
 
 ``--spider NAME`` names the spider's scope (its ``incremental_scope``, else
 its name); a name that is no spider of the project is taken as a scope. The
@@ -36,8 +39,16 @@ from incremental_crawler.politeness.remembered import not_used
 from incremental_crawler.recipes import load_links, read_record
 from incremental_crawler.state.keys import canonical_url
 from incremental_crawler.state.records import PageFlags
-from incremental_crawler.state.stores import AdminStore, StateStoreError, open_admin_store
+from incremental_crawler.state.scope_copy import copy_plan, copy_scope, refuse_destination
+from incremental_crawler.state.stores import (
+    AdminStore,
+    StateStoreError,
+    open_admin_store,
+    state_uri,
+    store_class,
+)
 from incremental_crawler.state.stores.base import dead_pid
+from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
     import argparse
@@ -45,6 +56,7 @@ if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
     from incremental_crawler.state.records import CrawlRecord, HostTrust, PageState
+    from incremental_crawler.state.scope_copy import CopyCounts
     from incremental_crawler.state.stores.base import HostSummary, SlotRates, UrlRecord
 
 __all__ = ["Command"]
@@ -53,7 +65,7 @@ __all__ = ["Command"]
 FAILED, USAGE = 1, 2
 #: Width of the label column of the summary blocks.
 _LABEL = 14
-ACTIONS = ("url", "forget", "forget-host", "reset")
+ACTIONS = ("url", "forget", "forget-host", "reset", "copy")
 
 
 class Refused(Exception):
@@ -98,7 +110,7 @@ class Command(InProject, ScrapyCommand):
     def syntax(self) -> str:
         return ("[--spider NAME] [--hosts] [--rates] | url URL [--spider NAME] [--json] | "
                 "forget URL --spider NAME | forget-host HOST --spider NAME | "
-                "reset --spider NAME --yes")
+                "reset --spider NAME --yes | copy --to URI (--spider NAME | --all) --yes")
 
     def short_desc(self) -> str:
         return "Inspect the incremental state store, or repair one scope of it"
@@ -110,7 +122,10 @@ class Command(InProject, ScrapyCommand):
             "remembered politeness rates. 'url URL' shows what "
             "is stored about one URL. 'forget URL', 'forget-host HOST' and 'reset' "
             "delete state of one scope (--spider) so that the next crawl finds it new; "
-            "they refuse while a crawl holds the scope, and reset needs --yes."
+            "they refuse while a crawl holds the scope, and reset needs --yes. "
+            "'copy --to URI' copies a scope (--spider, or --all of them) into another "
+            "store, to crawl on there as if it had always been there; without --yes it "
+            "says what it would copy."
         )
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
@@ -124,7 +139,12 @@ class Command(InProject, ScrapyCommand):
         parser.add_argument("--json", action="store_true",
                             help="with url, the record as JSON, for machines")
         parser.add_argument("--yes", action="store_true",
-                            help="with reset, really delete everything of the scope")
+                            help="with reset, really delete everything of the scope; "
+                                 "with copy, really copy")
+        parser.add_argument("--to", metavar="URI", default=None,
+                            help="with copy, the destination store (as INCREMENTAL_STATE_URI)")
+        parser.add_argument("--all", action="store_true",
+                            help="with copy, every scope of the store")
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         assert self.settings is not None
@@ -134,6 +154,10 @@ class Command(InProject, ScrapyCommand):
         except StateStoreError as exc:
             print(f"error: {exc}", file=sys.stderr)
             self.exitcode = FAILED
+            return
+        if action == "copy":
+            # It closes the store itself, on the event loop its reads ran on.
+            self.exitcode = run_copy(store, self.settings, opts)
             return
         try:
             scope = None if opts.spider is None else resolve_scope(self.settings, opts.spider)
@@ -155,10 +179,13 @@ class Command(InProject, ScrapyCommand):
         action, rest = args[0], args[1:]
         if action not in ACTIONS:
             raise UsageError(f"unknown action {action!r} (one of: {', '.join(ACTIONS)})")
-        wants = 0 if action == "reset" else 1
+        wants = 0 if action in ("reset", "copy") else 1
         if len(rest) != wants:
             raise UsageError(f"scrapy state {action} takes "
                              f"{'no argument' if not wants else 'one argument'}")
+        if action == "copy":
+            copy_usage(opts)
+            return action, None
         if action != "url" and opts.spider is None:
             raise UsageError(f"scrapy state {action} needs --spider NAME (the scope to repair)")
         return action, rest[0] if rest else None
@@ -196,6 +223,82 @@ class Command(InProject, ScrapyCommand):
             return [f"forgot host {host} in scope {scope!r}: {removed.describe()}"]
         removed = store.reset_scope(scope)
         return [f"reset scope {scope!r}: deleted {removed.describe()}"]
+
+
+# -- copy ---------------------------------------------------------------------------
+
+
+def copy_usage(opts: argparse.Namespace) -> None:
+    if not opts.to:
+        raise UsageError("scrapy state copy needs --to URI (the destination store)")
+    if (opts.spider is None) == (not opts.all):
+        raise UsageError("scrapy state copy needs one of --spider NAME (one scope) and --all")
+
+
+def run_copy(source: AdminStore, settings: BaseSettings, opts: argparse.Namespace) -> int:
+    """``scrapy state copy``: the exit status. Everything runs on one event
+    loop (the stores' clients are bound to it), the source closed on it too."""
+    async def main() -> int:
+        try:
+            scope = None if opts.spider is None else resolve_scope(settings, opts.spider)
+            return await copy_scopes(source, settings, scope, opts)
+        finally:
+            await source.close()
+
+    try:
+        return asyncio.run(main())
+    except (Refused, StateStoreError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.status if isinstance(exc, Refused) else FAILED
+
+
+async def copy_scopes(source: AdminStore, settings: BaseSettings, scope: str | None,
+                      opts: argparse.Namespace) -> int:
+    dest_uri: str = opts.to
+    if redacted(dest_uri) == redacted(state_uri(settings)):
+        raise Refused(f"--to {redacted(dest_uri)} is the store the copy reads from")
+    scopes = source.scopes() if scope is None else [scope]
+    if not scopes:
+        raise Refused(f"{source.location} holds no scope to copy")
+    for name in scopes:
+        refuse_if_held(source, name)
+    dest_cls = store_class(dest_uri, settings)
+    if not issubclass(dest_cls, AdminStore):
+        raise Refused(f"--to {redacted(dest_uri)}: its store class "
+                      f"{dest_cls.__module__}.{dest_cls.__qualname__} has the crawl interface "
+                      "only; a copy needs AdminStore there (to refuse a scope it holds, "
+                      "and to verify what it wrote)")
+    exists = dest_cls.exists(dest_uri, settings=settings)
+    if not opts.yes and not exists:
+        plans = [(name, await copy_plan(source, name)) for name in scopes]
+        where = f"a new store {dest_cls.where(dest_uri)}"
+        raise Refused(_plan_text(plans, source, where), USAGE)
+    destination = dest_cls.from_uri(dest_uri, settings=settings)
+    assert isinstance(destination, AdminStore)
+    try:
+        if destination.location == source.location:
+            raise Refused(f"--to {redacted(dest_uri)} is the store the copy reads from")
+        for name in scopes:
+            await refuse_destination(destination, name, dest_uri)
+        if not opts.yes:
+            plans = [(name, await copy_plan(source, name)) for name in scopes]
+            raise Refused(_plan_text(plans, source, destination.location), USAGE)
+        for name in scopes:
+            print(f"copying scope {name!r} from {source.location} to {destination.location}",
+                  flush=True)
+            copied = await copy_scope(source, destination, name, dest_uri,
+                                      say=lambda line: print(f"  {line}", flush=True))
+            print(f"copied scope {name!r}; verified: {copied.describe()} on both sides",
+                  flush=True)
+    finally:
+        await destination.close()
+    return 0
+
+
+def _plan_text(plans: list[tuple[str, CopyCounts]], source: AdminStore, where: str) -> str:
+    what = "; ".join(f"scope {name!r}: {plan.describe()}" for name, plan in plans)
+    return (f"copy would copy from {source.location} to {where}: {what}; "
+            "add --yes to do it")
 
 
 # -- opening ----------------------------------------------------------------------

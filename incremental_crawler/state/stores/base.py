@@ -58,6 +58,7 @@ __all__ = [
     "SlotRates",
     "StateStore",
     "StateStoreError",
+    "StoredItem",
     "UrlRecord",
     "checked_after",
     "crawl_history_setting",
@@ -156,6 +157,28 @@ class UrlRecord(NamedTuple):
     items: list[str]
     #: The latest version of each of those items that was stored with data.
     latest: list[StoredVersion]
+
+
+class StoredItem(NamedTuple):
+    """Everything stored of one item of a scope (:meth:`AdminStore.iter_item_states`):
+    its record as the latest version left it, and its kept history."""
+
+    scope: str
+    key: str
+    #: The URL stored with its latest version (the key when none was given).
+    url: str
+    #: The page it was last stored from (the key when none was given).
+    page: str
+    #: Its latest version's fingerprint; empty for a tombstone.
+    fingerprint: str
+    simhash: int | None
+    #: Its latest version's number (versions without data count too).
+    version: int
+    #: When its first version was stored, and its latest (whole seconds).
+    first_seen: float
+    stored_at: float
+    #: Its kept versions with data (tombstones included), oldest first.
+    versions: list[StoredVersion]
 
 
 class Removed(NamedTuple):
@@ -562,7 +585,9 @@ class StateStore(ABC):
         """Store the walk memo *data* under *name* in *scope*, at once (not
         staged), replacing any. Nothing a crawl needs is lost without it: a
         store that keeps none (the default) makes every crawl walk. A reset
-        of the scope deletes its memos."""
+        of the scope deletes its memos. ``scrapy state copy`` keeps its mark
+        of a copied scope under the name ``scope-copy`` (a walk's names hold
+        a URL), and copies into no store that keeps none."""
 
     @property
     @abstractmethod
@@ -780,6 +805,15 @@ class AdminStore(StateStore):
         pruned meanwhile (newer ones beyond :attr:`history_limit`) may be
         left out.
         """
+
+    def iter_item_states(self, scope: str) -> Iterator[StoredItem]:
+        """Every item of *scope*, tombstoned ones too, with its kept history
+        (any order, bounded memory): what ``scrapy state copy`` reads to
+        write the items again elsewhere. A store without it cannot be the
+        source of a copy."""
+        raise StateStoreError(
+            f"{type(self).__module__}.{type(self).__qualname__} cannot list its items "
+            "with their history (AdminStore.iter_item_states)")
 
     @abstractmethod
     def item_history(self, scope: str, item_key: str) -> list[tuple[int, str]]:

@@ -40,6 +40,7 @@ from incremental_crawler.state.stores.base import (
     Removed,
     SlotRates,
     StateStoreError,
+    StoredItem,
     UrlRecord,
     checked_after,
     crawl_history_setting,
@@ -433,6 +434,11 @@ _PRUNE_VERSIONS = (
     "DELETE FROM item_versions WHERE scope = ? AND item_key = ? AND version <= "
     "(SELECT version FROM items WHERE scope = ? AND item_key = ?) - ?"
 )
+# The items of a scope by key, a chunk at a time (iter_item_states).
+_ITEM_STATES = ("SELECT item_key, url, page, fingerprint, simhash, version, first_seen, "
+                "last_changed FROM items WHERE scope = ? ")
+_ITEM_STATES_FIRST = _ITEM_STATES + "ORDER BY item_key LIMIT ?"
+_ITEM_STATES_AFTER = _ITEM_STATES + "AND item_key > ? ORDER BY item_key LIMIT ?"
 _ADD_CRAWL = (
     "INSERT INTO crawls (scope, started, finished, worker, reason, figures) "
     "VALUES (?, ?, ?, ?, ?, ?)"
@@ -1266,6 +1272,35 @@ class SQLiteStateStore(AdminStore):
         return self._db.execute(
             "SELECT COUNT(*) FROM pages WHERE scope = ?", (scope,)
         ).fetchone()[0]
+
+    def iter_item_states(self, scope: str) -> Iterator[StoredItem]:
+        # By key, _CHUNK items at a time (each chunk's versions in one read).
+        after = None
+        while True:
+            # Two statements, not an OR: each chunk a range of the primary key.
+            rows = self._read(
+                _ITEM_STATES_FIRST if after is None else _ITEM_STATES_AFTER,
+                (scope, _CHUNK) if after is None else (scope, after, _CHUNK))
+            if not rows:
+                return
+            keys = [row[0] for row in rows]
+            versions: dict[str, list[StoredVersion]] = {key: [] for key in keys}
+            for key, version, change, stored_at, fp, data in self._read(
+                    f"SELECT v.item_key, v.version, {_CHANGE}, v.stored_at, v.fingerprint, "  # noqa: S608 (placeholders only)
+                    "v.data FROM item_versions v WHERE v.scope = ? AND v.item_key IN "
+                    f"({', '.join('?' * len(keys))}) ORDER BY v.item_key, v.version",
+                    (scope, *keys)):
+                try:
+                    parsed = json.loads(data)
+                except ValueError as exc:
+                    raise self._fail(f"version {version} of item {key!r} of scope {scope!r} "
+                                     "is not JSON: it cannot be read", exc) from exc
+                versions[key].append(
+                    StoredVersion(scope, key, version, change, stored_at, fp, parsed))
+            for key, url, page, fp, simhash, version, first_seen, stored_at in rows:
+                yield StoredItem(scope, key, url or key, page or key, fp, simhash, version,
+                                 first_seen, stored_at, versions[key])
+            after = keys[-1]
 
     def item_history(self, scope: str, item_key: str) -> list[tuple[int, str]]:
         """(version, fingerprint) of every stored version of an item."""

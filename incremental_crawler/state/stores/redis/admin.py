@@ -29,6 +29,7 @@ from incremental_crawler.state.stores.base import (
     Removed,
     SlotRates,
     StateStoreError,
+    StoredItem,
     UrlRecord,
 )
 from incremental_crawler.state.stores.redis.cluster import RedisClusterPath, _Effects
@@ -318,6 +319,44 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         pipe.hgetall(self._hist_key(scope, item_key))
         [versions] = self._sync_run(pipe)
         return sorted((int(v), json.loads(raw)["fingerprint"]) for v, raw in versions.items())
+
+    def iter_item_states(self, scope: str) -> Iterator[StoredItem]:
+        # Each export order (the scope's, or on a cluster each item
+        # group's) in chunks: its scores are the items' first_seen.
+        orders = self._group_keys("order", scope) if self.tagged else [self._key("order", scope)]
+        for order in orders:
+            for start in range(0, 2**63, _HMGET_CHUNK):
+                pipe = self._sync.pipeline(transaction=False)
+                pipe.zrange(order, start, start + _HMGET_CHUNK - 1, withscores=True)
+                [pairs] = self._sync_run(pipe)
+                if pairs:
+                    yield from self._item_states(scope, pairs)
+                if len(pairs) < _HMGET_CHUNK:
+                    break
+
+    def _item_states(self, scope: str, pairs: list[tuple[bytes, float]]) -> Iterator[StoredItem]:
+        keys = [raw_key for raw_key, _ in pairs]
+        records = self._item_fields("items", scope, keys)
+        numbers = self._item_fields("itemver", scope, keys)
+        pipe = self._sync.pipeline(transaction=False)
+        for key in keys:
+            pipe.hgetall(self._hist_key(scope, key.decode()))
+        histories = self._sync_run(pipe)
+        for (raw_key, first_seen), raw, number, history in zip(
+                pairs, records, numbers, histories, strict=True):
+            item_key = raw_key.decode()
+            try:
+                record = json.loads(raw)
+                version = int(number)
+                versions = sorted((_stored_version(scope, item_key, int(n), json.loads(entry))
+                                   for n, entry in history.items()), key=lambda v: v.version)
+                yield StoredItem(scope, item_key, record.get("url") or item_key,
+                                 record.get("page") or item_key,
+                                 record["fingerprint"], record.get("simhash"), version,
+                                 first_seen, record.get("stored_at", first_seen), versions)
+            except (TypeError, ValueError, KeyError) as exc:
+                raise self._fail(f"the item {item_key!r} of scope {scope!r} cannot be read "
+                                 f"(record {raw!r}, version {number!r}): {exc!r}") from exc
 
     # -- repairs ---------------------------------------------------------------
 

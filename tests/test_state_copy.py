@@ -1,0 +1,398 @@
+"""``scrapy state copy``: a scope moved to another store, then crawled there.
+
+Real crawls of the loopback site write the source (SQLite, a Redis server
+or a real Redis Cluster); ``scrapy state copy`` runs through Scrapy's
+command line; then the same crawl runs on the destination and on the
+source, and the site must have seen the same requests from both (the same
+conditional headers, no page asked that was not due) and the same items
+emitted (none new).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import pytest_twisted
+import redis
+from scrapy import signals
+from scrapy.crawler import CrawlerRunner
+from scrapy.settings import Settings
+from scrapy.utils.defer import deferred_from_coro
+from twisted.internet.threads import deferToThread
+
+from incremental_crawler.state.records import HostTrust, ItemRecord, SlotRate
+from incremental_crawler.state.scope_copy import COPY_MARK
+from incremental_crawler.state.stores import AdminStore, open_store
+from tests.conftest import crawl_settings
+from tests.follow_spider import FollowSpider
+from tests.links import nav_depths
+from tests.redis_util import REDIS_URI, delete_prefix, new_prefix
+from tests.scrapy_cli import scrapy_in_process
+from tests.site import PLAIN_KINDS
+from tests.spiders import ListSpider
+
+if TYPE_CHECKING:
+    import subprocess
+    from collections.abc import Iterator
+    from pathlib import Path
+
+    from scrapy.crawler import Crawler
+
+    from tests.redis_cluster_util import LoopbackCluster
+
+SCOPE = "list"
+ON_CLUSTER = {"INCREMENTAL_STATE_ON_REDIS_CLUSTER": True}
+REVISITS = {"INCREMENTAL_REVISIT_ENABLED": True}
+
+
+@pytest.fixture
+def stores(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+    """URIs of a store of each kind, of the test's own (SQLite files, a
+    prefix on the Redis server, a prefix on the loopback Redis Cluster),
+    deleted afterwards. The cluster is started only for a test that uses it."""
+    prefixes = {kind: new_prefix() for kind in ("redis", "redis2", "cluster")}
+    cluster: LoopbackCluster | None = None
+    uris = {
+        "sqlite": f"sqlite:///{tmp_path / 'source.db'}",
+        "sqlite2": f"sqlite:///{tmp_path / 'copy.db'}",
+        "redis": f"{REDIS_URI}?prefix={prefixes['redis']}",
+        "redis2": f"{REDIS_URI}?prefix={prefixes['redis2']}",
+    }
+    if "cluster" in request.node.name:
+        cluster = request.getfixturevalue("redis_cluster")
+        uris["cluster"] = f"{cluster.url}?prefix={prefixes['cluster']}"
+    yield uris
+    delete_prefix(prefixes["redis"])
+    delete_prefix(prefixes["redis2"])
+    if cluster is not None:
+        cluster.delete(f"{prefixes['cluster']}:*")
+
+
+async def crawl_on(uri: str, urls: list[str], spidercls: type = ListSpider,
+                   **settings: Any) -> Crawler:
+    """A real crawl of ListSpider (*urls*), or of *spidercls* from ``urls[0]``,
+    on the store *uri*; what it emitted in ``crawler.collected``."""
+    runner = CrawlerRunner(crawl_settings(uri, **ON_CLUSTER, **settings))
+    crawler = runner.create_crawler(spidercls)
+    items: list[Any] = []
+
+    def collect(item: Any) -> None:
+        items.append(item)
+
+    crawler.signals.connect(collect, signal=signals.item_scraped)
+    crawler.collected = items  # type: ignore[attr-defined]
+    crawler._collect_handler = collect  # type: ignore[attr-defined]
+    if spidercls is ListSpider:
+        await runner.crawl(crawler, urls=urls)
+    else:
+        await runner.crawl(crawler, start_url=urls[0])
+    return crawler
+
+
+async def state(source: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``scrapy state ARGS`` on *source*, in a thread (the reactor runs on)."""
+    return await deferToThread(scrapy_in_process, "state", *args,
+                               "-s", f"INCREMENTAL_STATE_URI={source}",
+                               "-s", "INCREMENTAL_STATE_ON_REDIS_CLUSTER=True")
+
+
+def opened(uri: str) -> AdminStore:
+    store = open_store(Settings({"INCREMENTAL_STATE_URI": uri, **ON_CLUSTER}))
+    assert isinstance(store, AdminStore)
+    return store
+
+
+def seen(site: Any) -> list[tuple[str, str | None, str | None, int]]:
+    """What the site was asked for its pages: path, conditions, answer."""
+    return sorted((r.path, r.if_none_match, r.if_modified_since, r.status)
+                  for r in site.log if r.path.startswith("/p/"))
+
+
+def emitted(crawler: Crawler) -> list[tuple[str, str]]:
+    return sorted((item["url"], item.get("change", "?")) for item in crawler.collected)
+
+
+async def source_with_history(site: Any, uri: str) -> list[str]:
+    """Crawls of the site into *uri*: two, a page changed between them (so
+    an item has two versions), then one with revisits on (every page gets
+    its next visit); one item version left waiting on a crawl that never
+    confirmed it."""
+    paths = site.add_pages(8, kinds=PLAIN_KINDS, size=2000)
+    urls = [site.url(path) for path in paths]
+    await crawl_on(uri, urls)
+    site.change(paths[1])
+    await crawl_on(uri, urls)
+    await crawl_on(uri, urls, **REVISITS)
+    store = opened(uri)
+    try:
+        store.stage_item(ItemRecord(SCOPE, site.url("/extra"), site.url("/extra"), "fp-extra",
+                                    data=json.dumps({"url": site.url("/extra")}),
+                                    stored_at=1_700_000_000, delivery="killed-crawl"))
+        await deferred_from_coro(store.flush())
+    finally:
+        await deferred_from_coro(store.close())
+    return urls
+
+
+async def counts(uri: str, changed: str) -> tuple[Any, ...]:
+    """What *uri* holds of the scope: counts by kind, the waiting crawls,
+    the changed item's history, the hosts, the crawl records."""
+    store = opened(uri)
+    try:
+        pending = await deferred_from_coro(store.undelivered_crawls(SCOPE))
+        history = store.item_history(SCOPE, changed)
+        return (store.count_scope(SCOPE), store.count_pages(SCOPE), pending, history,
+                sorted(store.iter_hosts(SCOPE), key=lambda h: h.host),
+                len(store.crawls(SCOPE, 100)))
+    finally:
+        await deferred_from_coro(store.close())
+
+
+ROUTES = pytest.mark.parametrize("route", [
+    ("sqlite", "redis"), ("redis", "cluster"), ("cluster", "sqlite2")],
+    ids=["sqlite-to-redis", "redis-to-cluster", "cluster-to-sqlite"])
+
+
+@ROUTES
+@pytest_twisted.ensureDeferred
+async def test_a_copied_scope_crawls_on_the_destination_as_on_the_source(
+        site: Any, stores: dict[str, str], route: tuple[str, str]) -> None:
+    source, destination = (stores[kind] for kind in route)
+    urls = await source_with_history(site, source)
+
+    dry = await state(source, "copy", "--to", destination, "--spider", SCOPE)
+    assert dry.returncode == 2, dry.stderr
+    assert "copy would copy" in dry.stderr and "8 pages" in dry.stderr, dry.stderr
+    assert "1 undelivered item version" in dry.stderr, dry.stderr
+    done = await state(source, "copy", "--to", destination, "--spider", SCOPE, "--yes")
+    assert done.returncode == 0, done.stderr
+    assert "verified" in done.stdout, done.stdout
+    copied = await counts(destination, urls[1])
+    assert copied == await counts(source, urls[1])
+    assert copied[0].pages == 8 and copied[0].versions == 10  # 9 items, one with 2 versions
+    assert [version for version, _ in copied[3]] == [1, 2]
+    assert copied[2] == ["killed-crawl"]
+
+    # Seconds later no page is due: neither crawl asks for any; each
+    # delivers the version the killed crawl left waiting, once.
+    site.reset_log()
+    on_copy = await crawl_on(destination, urls, **REVISITS)
+    assert seen(site) == []
+    site.reset_log()
+    on_source = await crawl_on(source, urls, **REVISITS)
+    assert seen(site) == []
+    for crawler in (on_copy, on_source):
+        assert crawler.stats.get_value("incremental/schedule/not_due") == len(urls)
+        assert crawler.stats.get_value("incremental/redelivered") == 1
+    assert emitted(on_copy) == emitted(on_source) == [(site.url("/extra"), "?")]
+
+    # Revisits off (every page asked) and one page changed: the same
+    # conditional requests from both, the same items, none new.
+    site.change("/p/0002")
+    site.reset_log()
+    on_copy = await crawl_on(destination, urls)
+    asked_by_copy = seen(site)
+    site.reset_log()
+    on_source = await crawl_on(source, urls)
+    assert asked_by_copy == seen(site)
+    assert [path for path, *_ in asked_by_copy] == [f"/p/{i:04d}" for i in range(8)]
+    # Every page with validators is asked with the validators stored for it
+    # (the same as the source sent, above); most are unchanged: 304s.
+    kinds = {path: site.page(path).kind for path, *_ in asked_by_copy}
+    for path, etag, since, _ in asked_by_copy:
+        assert (etag is not None or since is not None) == (kinds[path] != "none"), path
+    assert sum(status == 304 for *_, status in asked_by_copy) >= 4
+    assert emitted(on_copy) == emitted(on_source) == [(site.url("/p/0002"), "changed")]
+    assert on_copy.stats.get_value("incremental/items_changed") == 1
+    assert on_copy.stats.get_value("incremental/items_new", 0) == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_copy_refuses_a_destination_that_holds_the_scope_and_a_held_source(
+        site: Any, stores: dict[str, str]) -> None:
+    source, destination = stores["sqlite"], stores["redis"]
+    urls = await source_with_history(site, source)
+    await crawl_on(destination, urls[:1])  # the destination holds the scope already
+    before = (await counts(destination, urls[1]))[0]
+    refused = await state(source, "copy", "--to", destination, "--spider", SCOPE, "--yes")
+    assert refused.returncode == 1
+    assert "already holds scope 'list'" in refused.stderr and "never merges" in refused.stderr
+    assert (await counts(destination, urls[1]))[0] == before
+
+    held = opened(source)
+    try:
+        await deferred_from_coro(
+            held.hold_scope(SCOPE, f"elsewhere:{uuid.uuid4().int % 10**6}", 600))
+    finally:
+        await deferred_from_coro(held.close())
+    refused = await state(source, "copy", "--to", stores["redis2"], "--spider", SCOPE, "--yes")
+    assert refused.returncode == 1
+    assert "is held by crawl elsewhere:" in refused.stderr, refused.stderr
+    fresh = opened(stores["redis2"])
+    try:
+        assert fresh.scopes() == []
+    finally:
+        await deferred_from_coro(fresh.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_copy_cut_short_by_an_unreadable_record_is_refused_until_reset(
+        site: Any, stores: dict[str, str], tmp_path: Path) -> None:
+    source, destination = stores["sqlite"], stores["redis"]
+    urls = await source_with_history(site, source)
+    db = sqlite3.connect(tmp_path / "source.db")
+    db.execute("UPDATE item_versions SET data = '{damaged' WHERE item_key = ? AND version = 2",
+               (urls[1],))
+    db.commit()
+
+    stopped = await state(source, "copy", "--to", destination, "--spider", SCOPE, "--yes")
+    assert stopped.returncode == 1
+    assert f"version 2 of item {urls[1]!r}" in stopped.stderr, stopped.stderr
+    assert "cut short" in stopped.stderr and "scrapy state reset" in stopped.stderr
+    partial = opened(destination)
+    try:
+        mark = await deferred_from_coro(partial.get_walk_memo(SCOPE, COPY_MARK))
+        assert mark is not None and json.loads(mark)["done"] is False
+    finally:
+        await deferred_from_coro(partial.close())
+
+    db.execute("UPDATE item_versions SET data = '{}' WHERE item_key = ? AND version = 2",
+               (urls[1],))
+    db.commit()
+    db.close()
+    again = await state(source, "copy", "--to", destination, "--spider", SCOPE, "--yes")
+    assert again.returncode == 1
+    assert "was cut short" in again.stderr, again.stderr
+
+    reset = await state(destination, "reset", "--spider", SCOPE, "--yes")
+    assert reset.returncode == 0, reset.stderr
+    done = await state(source, "copy", "--to", destination, "--spider", SCOPE, "--yes")
+    assert done.returncode == 0, done.stderr
+    assert await counts(destination, urls[1]) == await counts(source, urls[1])
+
+
+async def write_items(uri: str) -> None:
+    """Items of every shape a store keeps, written as crawls write them,
+    with two versions kept per item: history pruned, a tombstone, a latest
+    version without data, an item of another page with a SimHash, one that
+    never had data, and a version waiting on its crawl's delivery."""
+    store = open_store(Settings({"INCREMENTAL_STATE_URI": uri, "INCREMENTAL_ITEM_HISTORY": 2,
+                                 **ON_CLUSTER}))
+    t = 1_700_000_000
+
+    def item(key: str, n: int, **fields: Any) -> ItemRecord:
+        fields.setdefault("data", json.dumps({"url": key, "n": n}))
+        fields.setdefault("fingerprint", f"{key}-{n}")
+        return ItemRecord(SCOPE, key, key, stored_at=t + 10 * n, **fields)
+
+    try:
+        for n in range(4):
+            store.stage_item(item("https://a.example/pruned", n,
+                                  change="new" if n == 0 else "changed"))
+        store.stage_item(item("https://a.example/gone", 0))
+        store.stage_item(item("https://a.example/gone", 1, fingerprint="", change="deleted"))
+        store.stage_item(item("https://a.example/quiet", 0))
+        store.stage_item(item("https://a.example/quiet", 1, data=None))
+        store.stage_item(item("https://a.example/child", 0, page="https://a.example/parent",
+                              simhash=123_456, delivery="crawl-x"))
+        store.stage_item(item("https://a.example/bare", 0, data=None))
+        store.stage_host(HostTrust(SCOPE, "a.example", checks=7, lies=2,
+                                   distrusted_until=t + 86_400, stale_lastmods=1,
+                                   validators_unstable_since=t))
+        store.stage_slot_rates([SlotRate(SCOPE, "a.example", 3.5, False, t, "penalty box")])
+        await store.flush()
+    finally:
+        await store.close()
+
+
+async def items_of(uri: str) -> tuple[Any, ...]:
+    store = open_store(Settings({"INCREMENTAL_STATE_URI": uri, **ON_CLUSTER}))
+    assert isinstance(store, AdminStore)
+    try:
+        pending = [(crawl, [(p.version.key, p.version.version)
+                            for p in await store.undelivered(SCOPE, crawl)])
+                   for crawl in await store.undelivered_crawls(SCOPE)]
+        return (sorted(store.iter_item_states(SCOPE)), pending,
+                await store.get_page_items(SCOPE, "https://a.example/parent"),
+                list(store.iter_items(SCOPE)), list(store.iter_hosts(SCOPE)),
+                store.read_slot_rates(SCOPE))
+    finally:
+        await store.close()
+
+
+@ROUTES
+@pytest_twisted.ensureDeferred
+async def test_items_keep_their_numbers_history_pages_and_delivery_marks(
+        stores: dict[str, str], route: tuple[str, str]) -> None:
+    source, destination = (stores[kind] for kind in route)
+    await deferred_from_coro(write_items(source))
+    done = await state(source, "copy", "--to", destination, "--all", "--yes",
+                       "-s", "INCREMENTAL_ITEM_HISTORY=2")
+    assert done.returncode == 0, done.stderr
+    copied = await deferred_from_coro(items_of(destination))
+    assert copied == await deferred_from_coro(items_of(source))
+    states = {item.key.rsplit("/", 1)[1]: item for item in copied[0]}
+    assert [v.version for v in states["pruned"].versions] == [3, 4]
+    assert states["pruned"].version == 4
+    assert states["gone"].fingerprint == "" and states["gone"].versions[-1].change == "deleted"
+    assert states["quiet"].version == 2 and len(states["quiet"].versions) == 1
+    assert states["child"].simhash == 123_456
+    assert copied[1] == [("crawl-x", [("https://a.example/child", 1)])]
+    assert copied[2] == ["https://a.example/child"]
+    assert [(h.host, h.checks, h.lies) for h in copied[4]] == [("a.example", 7, 2)]
+    assert [(r.slot, r.rate, r.ended) for r in copied[5].rates] == [
+        ("a.example", 3.5, "penalty box")]
+
+
+@pytest.mark.parametrize("route", [("sqlite", "redis"), ("redis", "cluster")],
+                         ids=["sqlite-to-redis", "redis-to-cluster"])
+@pytest_twisted.ensureDeferred
+async def test_copied_links_records_replay_on_304s_as_on_the_source(
+        site: Any, stores: dict[str, str], route: tuple[str, str]) -> None:
+    """Pages linked by their ``<nav>``: a 304 replays the requests the page
+    yielded from its stored links record, so the crawl reaches the pages
+    behind it without fetching it in full."""
+    source, destination = (stores[kind] for kind in route)
+    paths = [f"/p/{i:04d}" for i in range(20)]
+    for path in paths:
+        site.add_page(path, "strong", size=1500)
+    start = [site.url(paths[0])]
+    await crawl_on(source, start, FollowSpider)
+    done = await state(source, "copy", "--to", destination, "--spider", FollowSpider.name,
+                       "--yes")
+    assert done.returncode == 0, done.stderr
+    deep = max(paths, key=lambda path: nav_depths(site, paths[0])[path])
+    site.change(deep)
+    site.reset_log()
+    on_copy = await crawl_on(destination, start, FollowSpider)
+    asked_by_copy = seen(site)
+    site.reset_log()
+    on_source = await crawl_on(source, start, FollowSpider)
+    assert asked_by_copy == seen(site)
+    assert sorted(path for path, *_ in asked_by_copy) == paths
+    assert [path for path, *_, status in asked_by_copy if status == 200] == [deep]
+    assert emitted(on_copy) == emitted(on_source) == [(site.url(deep), "changed")]
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_unreadable_item_of_a_redis_store_stops_the_copy_naming_it(
+        stores: dict[str, str]) -> None:
+    source, destination = stores["redis"], stores["sqlite2"]
+    await deferred_from_coro(write_items(source))
+    store = opened(source)
+    try:
+        damaged = store._hist_key(SCOPE, "https://a.example/pruned")  # type: ignore[attr-defined]
+        client = redis.Redis.from_url(REDIS_URI)
+        client.hset(damaged, "4", "{not json")
+        client.close()
+    finally:
+        await deferred_from_coro(store.close())
+    stopped = await state(source, "copy", "--to", destination, "--spider", SCOPE, "--yes",
+                          "-s", "INCREMENTAL_ITEM_HISTORY=2")
+    assert stopped.returncode == 1
+    assert "the item 'https://a.example/pruned' of scope 'list' cannot be read" in stopped.stderr
+    assert "marked as cut short" in stopped.stderr, stopped.stderr
