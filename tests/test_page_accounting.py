@@ -357,3 +357,84 @@ async def test_a_page_that_changed_then_went_away_in_one_crawl_is_gone(site, cra
     assert summary["pages_gone"] == 1 and summary["items_deleted"] == 1, columns_of(summary)
     assert summary["pages_changed"] == 0
     assert_each_page_once(summary, 1)
+
+
+class FollowsSpider(Spider):
+    """Asks its start page, then, from its answer, the *then* pages: plain
+    requests (not ``dont_filter``), which the dupefilter and the offsite
+    check see, as a link-following spider's are."""
+
+    name = "follows"
+    allowed_domains = ("127.0.0.1",)
+
+    def __init__(self, start: str = "", then: str = "", **kw: Any) -> None:
+        super().__init__(**kw)
+        self.start_url, self.then = start, then.split()
+
+    async def start(self) -> AsyncIterator[Any]:
+        yield Request(self.start_url)
+
+    def parse(self, response: Response) -> Iterator[Any]:
+        yield {"url": response.url}
+        if response.url == self.start_url:
+            for url in self.then:
+                yield Request(url, callback=self.parse)
+
+
+@pytest.mark.parametrize("where", ["seen", "offsite"])
+@pytest_twisted.ensureDeferred
+async def test_a_page_redirected_to_a_target_not_fetched_for_it_ends_redirected(
+    site, crawl, tmp_path, where
+):
+    # /old's redirect is not followed: its target was fetched already this
+    # crawl (the dupefilter drops the hop), or is on another host (the
+    # offsite check drops it). /old is requested and ends redirected.
+    site.add_page("/a", "strong", size=1500)
+    target = site.url("/a") if where == "seen" else site.url("/a").replace(
+        "127.0.0.1", "localhost")
+    site.add_redirect("/old", target, 302)
+    report = tmp_path / "report" / "report.json"
+    await crawl(FollowsSpider, settings={"INCREMENTAL_REPORT_DIR": str(report.parent)},
+                start=site.url("/a"), then=site.url("/old"))
+    assert [r.path for r in site.log if r.path != "/robots.txt"] == ["/a", "/old"]
+    summary = json.loads(report.read_text())["summary"]
+    assert summary["requested"] == 2
+    assert (summary["pages_new"], summary["pages_redirected"]) == (1, 1), columns_of(summary)
+    assert_each_page_once(summary, 2)
+    [host] = json.loads(report.read_text())["hosts"]
+    assert sum(host["outcomes"].values()) == host["requested"] == 2
+
+
+@pytest.mark.parametrize("how", ["redirected", "asked"])
+@pytest_twisted.ensureDeferred
+async def test_a_page_refused_by_a_robots_txt_that_failed_is_one_failed_page(
+    site, crawl, tmp_path, how
+):
+    # The other host's robots.txt answers 500: its pages are refused, and
+    # recorded as failures. Refused as the hop of /old's redirect, the
+    # failure is /old's (the page that was asked); refused as a page asked
+    # by a callback, the conditional middleware never saw it: counted where
+    # it is refused.
+    other = LoopbackSite()
+    other.start()
+    try:
+        other.add_page("/p/1", "strong", size=1500)
+        other.override("/robots.txt", status=500)
+        site.add_page("/a", "strong", size=1500)
+        site.add_redirect("/old", other.url("/p/1"), 302)
+        asked = site.url("/old") if how == "redirected" else other.url("/p/1")
+        report = tmp_path / "report" / "report.json"
+        crawler = await crawl(
+            FollowsSpider, settings={"INCREMENTAL_REPORT_DIR": str(report.parent),
+                                     "INCREMENTAL_REVISIT_ENABLED": True, "RETRY_TIMES": 0},
+            start=site.url("/a"), then=asked)
+    finally:
+        await other.stop()
+    assert not [r for r in other.log if r.path == "/p/1"]
+    assert crawler.stats.get_value("incremental/robotstxt/refused") == 1
+    summary = json.loads(report.read_text())["summary"]
+    assert summary["requested"] == 2
+    assert (summary["pages_new"], summary["pages_failed"]) == (1, 1), columns_of(summary)
+    # Recorded as a failure, to be asked again: counted once, for the page asked.
+    assert summary["failed"] == 1
+    assert_each_page_once(summary, 2)

@@ -198,7 +198,8 @@ class PageOutcome(StrEnum):
     Counted once per page, at its final answer (after every retry, and
     after its items left the pipelines): ``requested`` pages = the sum of
     these, but for pages whose request was dropped before an answer
-    (robots.txt, offsite, the crawl stopping), which have none.
+    (robots.txt forbidding it, offsite, the crawl stopping), which have
+    none.
     """
 
     #: A 304 taken: our copy is the page.
@@ -221,7 +222,8 @@ class PageOutcome(StrEnum):
     #: The final answer was a 404, a 410 or another 4xx (a page gone, or
     #: going).
     GONE = "gone"
-    #: A redirect that was not followed.
+    #: A redirect that was not followed (``dont_redirect``), or whose target
+    #: this request does not fetch: off the site, or asked already this crawl.
     REDIRECTED = "redirected"
 
 
