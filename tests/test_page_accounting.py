@@ -360,25 +360,29 @@ async def test_a_page_that_changed_then_went_away_in_one_crawl_is_gone(site, cra
 
 
 class FollowsSpider(Spider):
-    """Asks its start page, then, from its answer, the *then* pages: plain
-    requests (not ``dont_filter``), which the dupefilter and the offsite
-    check see, as a link-following spider's are."""
+    """Asks its start page; the answer of *linker* (the start page unless
+    given) asks the *then* pages (as a refresh if *refresh*): plain requests
+    (not ``dont_filter``), which the dupefilter and the offsite check see,
+    as a link-following spider's are."""
 
     name = "follows"
     allowed_domains = ("127.0.0.1",)
 
-    def __init__(self, start: str = "", then: str = "", **kw: Any) -> None:
+    def __init__(self, start: str = "", then: str = "", linker: str = "",
+                 refresh: bool = False, **kw: Any) -> None:
         super().__init__(**kw)
         self.start_url, self.then = start, then.split()
+        self.linker, self.refresh = linker or start, refresh
 
     async def start(self) -> AsyncIterator[Any]:
         yield Request(self.start_url)
 
     def parse(self, response: Response) -> Iterator[Any]:
-        yield {"url": response.url}
-        if response.url == self.start_url:
+        yield {"url": response.url, "title": response.css("title::text").get()}
+        if response.url == self.linker:
+            meta = {"incremental_refresh": True} if self.refresh else {}
             for url in self.then:
-                yield Request(url, callback=self.parse)
+                yield Request(url, callback=self.parse, meta=meta)
 
 
 @pytest.mark.parametrize("where", ["seen", "offsite"])
@@ -438,3 +442,40 @@ async def test_a_page_refused_by_a_robots_txt_that_failed_is_one_failed_page(
     # Recorded as a failure, to be asked again: counted once, for the page asked.
     assert summary["failed"] == 1
     assert_each_page_once(summary, 2)
+
+
+@pytest.mark.parametrize("then", ["linked", "refreshed"])
+@pytest_twisted.ensureDeferred
+async def test_a_page_counted_not_due_in_bulk_then_reached_by_a_link_is_counted_once(
+    site, crawl, tmp_path, monkeypatch, then
+):
+    # /a links to /b. A day later /b alone is fetched (no re-seeding): /a is
+    # due, /b is not. Then a crawl from a new page, /c: the re-seeder asks
+    # /a (due), and counts the pages nothing reached as not due in bulk,
+    # /b among them, by the store's sums. /a's 304 replays its link to /b
+    # (not due: dropped), or its new version asks /b as a refresh (fetched):
+    # /b is in one column all the same.
+    site.add_pages(3, size=800, prefix="/", width=1)
+    a, b, c = (site.url(f"/{i}") for i in range(3))
+    revisits = {"INCREMENTAL_REVISIT_ENABLED": True}
+    await crawl(FollowsSpider, settings=revisits, start=a, then=b)
+    later(monkeypatch, 1)
+    await crawl(FollowsSpider, settings={**revisits, "INCREMENTAL_RESEED_ENABLED": False},
+                start=b)
+    if then == "refreshed":
+        site.change("/0")
+    site.reset_log()
+    report = tmp_path / "report" / "report.json"
+    crawler = await crawl(
+        FollowsSpider, settings={**revisits, "INCREMENTAL_REPORT_DIR": str(report.parent)},
+        start=c, then=b, linker=a, refresh=(then == "refreshed"))
+    paths = [r.path for r in site.log if r.path != "/robots.txt"]
+    assert crawler.stats.get_value("incremental/reseeded") == 1
+    summary = json.loads(report.read_text())["summary"]
+    if then == "linked":
+        assert paths == ["/2", "/0"]
+        assert summary["not_due"] == 1 and summary["pages_not_modified"] == 1
+    else:
+        assert paths == ["/2", "/0", "/1"]
+        assert summary["not_due"] == 0 and summary["pages_unchanged"] == 1
+    assert_each_page_once(summary, 3)

@@ -80,6 +80,8 @@ from incremental_crawler.hosts import host_of
 from incremental_crawler.state.records import PageKey
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from scrapy import Request
     from scrapy.statscollectors import StatsCollector
 
@@ -254,29 +256,37 @@ class ScheduleCounter:
         #: (:meth:`not_due_elsewhere`), for ``first_due`` if one counted
         #: alone leaves the column.
         self._first_due_elsewhere = math.inf
+        #: Whether a page's stored state puts it among the pages counted not
+        #: due in bulk (``None``: none were): no key is kept of them, their
+        #: state tells when one is reached after all.
+        self._in_bulk: Callable[[PageState], bool] | None = None
 
-    def requested(self, why: Why, host: str, key: PageKey | None = None) -> None:
+    def requested(self, why: Why, host: str, key: PageKey | None = None,
+                  state: PageState | None = None) -> None:
         """Count a page requested as *why*, unless *key* was counted
         requested already this crawl (``None``: a page no one else counts).
-        A page counted not requested leaves that column for this one."""
+        A page counted not requested leaves that column for this one: its
+        stored *state*, when the caller read it, tells one counted in bulk."""
         if key is not None:
             if key in self._requested:
                 return
             self._requested.add(key)
-            self._unrequested_no_more(key)
+            if not self._unrequested_no_more(key) and state is not None \
+                    and self._counted_in_bulk(state):
+                self._bulk_no_more(state)
         self.stats.inc_value(f"incremental/schedule/requested/{why}")
         self.hosts.count(host, f"requested/{why}")
 
     def skipped(self, state: PageState) -> None:
         """Not requested: its trusted lastmod did not move."""
-        if self._counted(state.key):
+        if self._counted(state.key) or self._counted_in_bulk(state):
             return
         self.stats.inc_value("incremental/schedule/skipped/lastmod_unchanged")
         self._unrequested_page(state, "skipped_lastmod")
 
     def not_due(self, state: PageState) -> None:
         """Not requested: not due before ``state.next_visit``."""
-        if self._counted(state.key):
+        if self._counted(state.key) or self._counted_in_bulk(state):
             return
         self.stats.inc_value("incremental/schedule/not_due")
         self._unrequested_page(state, "not_due")
@@ -295,13 +305,28 @@ class ScheduleCounter:
         self.hosts.count(host, event)
         self.hosts.count(host, "bytes_skipped", state.size)
 
-    def _unrequested_no_more(self, key: PageKey) -> None:
+    def _counted_in_bulk(self, state: PageState) -> bool:
+        """Whether *state*'s page is among those counted not due in bulk
+        (and not alone: the caller asked :meth:`_counted` first)."""
+        return self._in_bulk is not None and self._in_bulk(state)
+
+    def _bulk_no_more(self, state: PageState) -> None:
+        """A page counted not due in bulk is requested after all: it leaves
+        that column as a page counted alone does (``first_due`` stays: the
+        bulk's earliest is not known page by page)."""
+        self.stats.inc_value("incremental/schedule/not_due_left")
+        self.stats.inc_value("incremental/schedule/bytes_skipped_left", state.size)
+        self.hosts.count(UNLISTED, "not_due", -1)
+        self.hosts.count(UNLISTED, "bytes_skipped", -state.size)
+
+    def _unrequested_no_more(self, key: PageKey) -> bool:
         """Take *key* out of the column of the pages not requested, if it
         was counted there (it is requested after all): counted as leaving it
-        (``*_left``), the stats only go up; the report subtracts."""
+        (``*_left``), the stats only go up; the report subtracts. Returns
+        whether it was."""
         entry = self._unrequested.pop(key, None)
         if entry is None:
-            return
+            return False
         next_visit, size, event = entry
         self.stats.inc_value("incremental/schedule/not_due_left" if event == "not_due"
                              else "incremental/schedule/skipped_left/lastmod_unchanged")
@@ -319,6 +344,7 @@ class ScheduleCounter:
                 self.stats.set_value("incremental/schedule/first_due", 0)
             else:
                 self.stats.set_value("incremental/schedule/first_due", first)
+        return True
 
     def counted_after(self, due_at: float) -> tuple[int, int]:
         """Pages counted as not requested whose next visit is after *due_at*, and their sizes."""
@@ -336,8 +362,13 @@ class ScheduleCounter:
         if pages > 0:
             self.stats.inc_value("incremental/schedule/deferred", pages)
 
-    def not_due_elsewhere(self, pages: int, size: int, first_due: float | None) -> None:
-        """Known pages that nothing listed or linked this crawl, and not due."""
+    def not_due_elsewhere(self, pages: int, size: int, first_due: float | None,
+                          among: Callable[[PageState], bool]) -> None:
+        """Known pages that nothing listed or linked this crawl, and not due:
+        those whose stored state *among* holds, but the pages counted
+        already. One reached later in the crawl is not counted again: not
+        due, it is counted already; requested, it leaves the column."""
+        self._in_bulk = among
         if pages <= 0:
             return
         self.stats.inc_value("incremental/schedule/not_due", pages)

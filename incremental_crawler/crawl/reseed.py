@@ -328,9 +328,17 @@ class _DueReader:
             checked_before=second_after, exclude_callbacks=self.list_callbacks)
         counted, counted_size = self.counter.counted_after(rules.due_at)
         early, early_size = await self._visited_first_second(second_after)
+        scope, due_at, lists = self.ledger.scope, rules.due_at, self.list_callbacks
+
+        def summed(state: PageState) -> bool:
+            # The pages the summary above counts (see summarize_pages).
+            return (state.key.scope == scope and state.next_visit > due_at
+                    and state.last_checked < second_after and state.callback is not None
+                    and state.callback not in lists)
+
         self.counter.not_due_elsewhere(summary.pages - counted - early,
                                        summary.size - counted_size - early_size,
-                                       summary.first_due)
+                                       summary.first_due, summed)
 
     async def _visited_first_second(self, second_after: int) -> tuple[int, int]:
         """This crawl's visits in the second it started in that the summary

@@ -390,7 +390,7 @@ class RobotsTxtMiddleware(ScrapyRobotsTxt):
                 ledger.note_unrecorded_failure()
             return
         if page and counted is None:
-            ledger.counter.requested(why, host_of(request.url), key)
+            ledger.counter.requested(why, host_of(request.url), key, prior)
         ledger.record_failure(
             key, prior, 0, callback=callback_name(request, spider),
             recipe=own_recipe(request, spider, ledger.recipe_rules), counted=True,

@@ -412,14 +412,14 @@ class ListedPagesSpider(IncrementalSpider):
                     self._not_requested(_Listed(candidate, state, callback), why, sample,
                                         counter)
                     continue
-                counter.requested(why, host_of(candidate.loc), self._key(candidate))
+                counter.requested(why, host_of(candidate.loc), self._key(candidate), state)
                 yield self._page_request(candidate, state, callback, why, use_lastmod, listing)
         sampled, rest = sample.take()
         for listed in rest:
             self._skipped(listed.state, counter)
         for listed in sampled:
             counter.requested(Why.SAMPLED, host_of(listed.candidate.loc),
-                              self._key(listed.candidate))
+                              self._key(listed.candidate), listed.state)
             yield self._page_request(*listed, Why.SAMPLED, use_lastmod, listing)
 
     def _not_requested(self, listed: _Listed, why: Why, sample: RotatingSample[_Listed],

@@ -74,10 +74,30 @@ def test_a_page_not_due_then_requested_leaves_not_due_and_the_first_due_moves_on
 
 def test_the_last_page_not_due_requested_leaves_the_bulk_counts_first_due() -> None:
     c = counter()
-    c.not_due_elsewhere(3, 30, 5000.0)
+    c.not_due_elsewhere(3, 30, 5000.0, lambda state: state.next_visit >= 5000.0)
     c.not_due(stored(PAGE, 1000.0))
     c.requested(Why.DUE, "a.example", PAGE)
     assert figures(c)["first_due"] == 5000
+
+
+def test_a_page_counted_in_bulk_is_not_counted_again_and_leaves_when_requested() -> None:
+    # Three pages not due, counted in bulk by the store's sums: no keys,
+    # their state tells them.
+    c = counter()
+    c.not_due_elsewhere(3, 300, 5000.0, lambda state: state.next_visit >= 5000.0)
+    c.not_due(stored(PAGE, 6000.0))
+    c.skipped(stored(PAGE, 6000.0))
+    c.requested(Why.RECHECK, "a.example", OTHER, stored(OTHER, 7000.0, size=100))
+    c.outcome(PageOutcome.UNCHANGED, OTHER)
+    # Asked again: it left once.
+    c.requested(Why.RECHECK, "a.example", OTHER, stored(OTHER, 7000.0, size=100))
+    assert figures(c) == {"not_due": 2, "first_due": 5000, "bytes_skipped": 200,
+                          "requested": 1, "requested_recheck": 1, "pages_known": 3,
+                          "pages_checked": 1, "pages_unchanged": 1}
+    # A page the bulk did not count is counted as it comes.
+    third = PageKey("s", "http://a.example/r")
+    c.not_due(stored(third, 1000.0))
+    assert figures(c)["not_due"] == 3 and figures(c)["pages_known"] == 4
 
 
 def test_the_counted_key_goes_with_the_why_along_a_redirect_not_into_another_page() -> None:
