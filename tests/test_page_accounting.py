@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -21,12 +22,15 @@ from scrapy.spiders import CrawlSpider, Rule
 from incremental_crawler import clock
 from incremental_crawler.report.extension import OUTCOMES
 from tests.clock_util import later
+from tests.cluster_worker import Worker, leftover_keys, page_gets
 from tests.site import LoopbackSite
 from tests.site.manual import CONTENTS
 from tests.spiders import ListSpider
+from tests.waiting import until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
+    from pathlib import Path
 
     from scrapy.http import Response
 
@@ -479,3 +483,45 @@ async def test_a_page_counted_not_due_in_bulk_then_reached_by_a_link_is_counted_
         assert paths == ["/2", "/0", "/1"]
         assert summary["not_due"] == 0 and summary["pages_unchanged"] == 1
     assert_each_page_once(summary, 3)
+
+
+def run_summary(reports: Path, workers: int) -> dict[str, int]:
+    """The run's figures: its workers' latest reports summed, as ``scrapy
+    state`` sums their crawls."""
+    summaries = [json.loads(path.read_text())["summary"] for path in reports.glob("report-*.json")
+                 if not re.match(r"report-\d{8}T", path.name)]
+    assert len(summaries) == workers
+    return {name: sum(s[name] for s in summaries)
+            for name in (*COLUMNS, "requested", "pages_known", "not_due")}
+
+
+@pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_page_two_cluster_workers_ask_is_counted_once_for_the_run(
+    site, state_uri, cluster_prefix, tmp_path
+):
+    # Every worker yields every start URL (dont_filter: the run's seen set
+    # does not keep a page from being asked twice). One request at a time
+    # each, and the page's answers held until two requests wait for them:
+    # one is each worker's, both read the page's state before either
+    # stored it. Asked by both, counted by one.
+    [path] = site.add_pages(1, size=1500)
+    site.hold("/p/")
+    reports = tmp_path / "reports"
+    workers = [Worker(site, state_uri, cluster_prefix, tmp_path, str(i),
+                      "-s", f"INCREMENTAL_REPORT_DIR={reports}",
+                      "-s", "CONCURRENT_REQUESTS=1",
+                      spider=("starts", "-a", f"urls={site.url(path)}", "-a", f"tag={i}",
+                              "-s", "SPIDER_MODULES=tests.follow_spider"))
+               for i in range(2)]
+    await until(lambda: site.held >= 2, "both workers to ask the page", seconds=60)
+    site.release()
+    for worker in workers:
+        assert await worker.wait() == 0, worker.tail()
+    assert page_gets(site) == {path: 2}
+    assert [len(worker.urls()) for worker in workers] == [1, 1]
+    run = run_summary(reports, 2)
+    assert run["requested"] == 1, run
+    assert run["pages_new"] == 1, run
+    assert_each_page_once(run, 1)
+    assert leftover_keys(cluster_prefix) == []

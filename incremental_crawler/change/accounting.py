@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from incremental_crawler.change.host_counts import UNLISTED, HostCounts
 from incremental_crawler.hosts import host_of
@@ -229,6 +229,31 @@ class PageOutcome(StrEnum):
     REDIRECTED = "redirected"
 
 
+#: A page's column in the run's record (:meth:`RunCounts.count_page`):
+#: requested, not due, skipped (lastmod unchanged), or counted in the
+#: re-seeder's sum of the pages not due.
+RUN_REQUESTED, RUN_NOT_DUE, RUN_SKIPPED, RUN_IN_BULK = "r", "d", "s", "b"
+
+
+class RunCounts(Protocol):
+    """The pages the workers of a run counted (cluster mode): each page is
+    counted by the first worker to count it, in one column for the run."""
+
+    def count_page(self, key: PageKey, column: str, size: int, summed: bool) -> str | None:
+        """Count *key* in *column* for the run (its stored *size*; *summed*:
+        the re-seeder's sum of the pages not due counts it too), unless a
+        worker counted it already; a page counted not requested moves to
+        requested. What the run had: ``""`` nothing (this worker counts
+        it), :data:`RUN_IN_BULK` the re-seeder's sum, else its column and
+        stored size (``"d:1234"``); ``None``: unknown."""
+
+    def bulk_counted(self) -> tuple[int, int] | None:
+        """The re-seeder counts the pages not due by the store's sums: from
+        now on the run counts no page of that sum one by one. The pages
+        counted one by one that the sum counts too, and their sizes
+        (``None``: unknown)."""
+
+
 class ScheduleCounter:
     """Counts the crawl's decisions into the stats (see the module docstring).
 
@@ -256,10 +281,22 @@ class ScheduleCounter:
         #: (:meth:`not_due_elsewhere`), for ``first_due`` if one counted
         #: alone leaves the column.
         self._first_due_elsewhere = math.inf
-        #: Whether a page's stored state puts it among the pages counted not
-        #: due in bulk (``None``: none were): no key is kept of them, their
-        #: state tells when one is reached after all.
-        self._in_bulk: Callable[[PageState], bool] | None = None
+        #: Whether a page's stored state puts it among the known pages the
+        #: re-seeder counts not due in bulk, by the store's sums (set by the
+        #: re-seeder; ``None``: it does not count them). No key is kept of
+        #: them: their state tells when one is reached after all.
+        self.summed: Callable[[PageState], bool] | None = None
+        #: Whether the re-seeder counted them (this crawl, or in cluster
+        #: mode, when the run does it, the run: see :attr:`run`).
+        self._bulk_counted = False
+        #: In cluster mode, the run's record of the pages its workers
+        #: counted: each page is counted by one worker of the run.
+        self.run: RunCounts | None = None
+        #: Pages another worker of the run counted, and its column
+        #: (:data:`RUN_REQUESTED`...): asked once. The answers this worker
+        #: gets for a page requested elsewhere are not counted (that
+        #: worker's are).
+        self._elsewhere: dict[PageKey, str] = {}
 
     def requested(self, why: Why, host: str, key: PageKey | None = None,
                   state: PageState | None = None) -> None:
@@ -268,35 +305,80 @@ class ScheduleCounter:
         A page counted not requested leaves that column for this one: its
         stored *state*, when the caller read it, tells one counted in bulk."""
         if key is not None:
-            if key in self._requested:
+            if key in self._requested or self._elsewhere.get(key) == RUN_REQUESTED:
+                return
+            had = self._count_in_run(key, RUN_REQUESTED, state)
+            if had[:1] == RUN_REQUESTED:
+                self._elsewhere[key] = RUN_REQUESTED
                 return
             self._requested.add(key)
-            if not self._unrequested_no_more(key) and state is not None \
-                    and self._counted_in_bulk(state):
-                self._bulk_no_more(state)
+            self._elsewhere.pop(key, None)
+            if self._unrequested_no_more(key):
+                pass
+            elif had:
+                # Counted not requested by another worker, or in bulk.
+                self._left_elsewhere(key, had, state)
+            elif state is not None and self._counted_in_bulk(state):
+                self._bulk_no_more(state.size)
         self.stats.inc_value(f"incremental/schedule/requested/{why}")
         self.hosts.count(host, f"requested/{why}")
 
     def skipped(self, state: PageState) -> None:
         """Not requested: its trusted lastmod did not move."""
-        if self._counted(state.key) or self._counted_in_bulk(state):
+        if self._counted_unrequested(state, RUN_SKIPPED):
             return
         self.stats.inc_value("incremental/schedule/skipped/lastmod_unchanged")
         self._unrequested_page(state, "skipped_lastmod")
 
     def not_due(self, state: PageState) -> None:
         """Not requested: not due before ``state.next_visit``."""
-        if self._counted(state.key) or self._counted_in_bulk(state):
+        if self._counted_unrequested(state, RUN_NOT_DUE):
             return
         self.stats.inc_value("incremental/schedule/not_due")
         self._unrequested_page(state, "not_due")
         if state.next_visit:
             self.stats.min_value("incremental/schedule/first_due", state.next_visit)
 
-    def _counted(self, key: PageKey) -> bool:
-        """Whether *key* is in a column already: a page requested stays
+    def _counted_unrequested(self, state: PageState, column: str) -> bool:
+        """Whether *state*'s page is in a column already, counting it in the
+        run's *column* if not (cluster mode): a page requested stays
         requested (its answer decides), one not requested is counted once."""
-        return key in self._requested or key in self._unrequested
+        key = state.key
+        if key in self._requested or key in self._unrequested or key in self._elsewhere \
+                or self._counted_in_bulk(state):
+            return True
+        had = self._count_in_run(key, column, state)
+        if had:
+            self._elsewhere[key] = had[:1]
+            return True
+        return False
+
+    def _count_in_run(self, key: PageKey, column: str, state: PageState | None) -> str:
+        """What the run had counted *key* as (``""``: nothing, or no run),
+        now that this worker counts it in *column*."""
+        if self.run is None:
+            return ""
+        summed = state is not None and self.summed is not None and self.summed(state)
+        had = self.run.count_page(key, column, state.size if state is not None else 0, summed)
+        # Unknown (Redis did not answer; the worker stops): counted here.
+        return had or ""
+
+    def _left_elsewhere(self, key: PageKey, had: str, state: PageState | None) -> None:
+        """A page another worker of the run counted not requested (*had*, as
+        :meth:`RunCounts.count_page` says) is requested here: it leaves that
+        column, counted by this worker (the run's workers' stats are summed)."""
+        column, _, size_text = had.partition(":")
+        size = int(size_text) if size_text else (state.size if state is not None else 0)
+        if column[:1] == RUN_IN_BULK:
+            self._bulk_no_more(size)
+            return
+        not_due = column[:1] == RUN_NOT_DUE
+        self.stats.inc_value("incremental/schedule/not_due_left" if not_due
+                             else "incremental/schedule/skipped_left/lastmod_unchanged")
+        self.stats.inc_value("incremental/schedule/bytes_skipped_left", size)
+        host = host_of(key.url)
+        self.hosts.count(host, "not_due" if not_due else "skipped_lastmod", -1)
+        self.hosts.count(host, "bytes_skipped", -size)
 
     def _unrequested_page(self, state: PageState, event: str) -> None:
         self.stats.inc_value("incremental/schedule/bytes_skipped", state.size)
@@ -306,18 +388,20 @@ class ScheduleCounter:
         self.hosts.count(host, "bytes_skipped", state.size)
 
     def _counted_in_bulk(self, state: PageState) -> bool:
-        """Whether *state*'s page is among those counted not due in bulk
-        (and not alone: the caller asked :meth:`_counted` first)."""
-        return self._in_bulk is not None and self._in_bulk(state)
+        """Whether *state*'s page is among those counted not due in bulk by
+        this crawl (and not alone: the caller asked first). In cluster mode
+        the run tells (:meth:`RunCounts.count_page`)."""
+        return (self._bulk_counted and self.run is None and self.summed is not None
+                and self.summed(state))
 
-    def _bulk_no_more(self, state: PageState) -> None:
+    def _bulk_no_more(self, size: int) -> None:
         """A page counted not due in bulk is requested after all: it leaves
         that column as a page counted alone does (``first_due`` stays: the
         bulk's earliest is not known page by page)."""
         self.stats.inc_value("incremental/schedule/not_due_left")
-        self.stats.inc_value("incremental/schedule/bytes_skipped_left", state.size)
+        self.stats.inc_value("incremental/schedule/bytes_skipped_left", size)
         self.hosts.count(UNLISTED, "not_due", -1)
-        self.hosts.count(UNLISTED, "bytes_skipped", -state.size)
+        self.hosts.count(UNLISTED, "bytes_skipped", -size)
 
     def _unrequested_no_more(self, key: PageKey) -> bool:
         """Take *key* out of the column of the pages not requested, if it
@@ -362,13 +446,23 @@ class ScheduleCounter:
         if pages > 0:
             self.stats.inc_value("incremental/schedule/deferred", pages)
 
-    def not_due_elsewhere(self, pages: int, size: int, first_due: float | None,
-                          among: Callable[[PageState], bool]) -> None:
+    def counted_in_sum(self, due_at: float) -> tuple[int, int]:
+        """The pages counted one by one (and their sizes) that the
+        re-seeder's sum of the pages not due (:attr:`summed`) counts too:
+        this crawl's, or in cluster mode the run's, whose other workers
+        count no page of the sum from then on (it is being counted)."""
+        if self.run is not None:
+            counted = self.run.bulk_counted()
+            if counted is not None:
+                return counted
+        return self.counted_after(due_at)
+
+    def not_due_elsewhere(self, pages: int, size: int, first_due: float | None) -> None:
         """Known pages that nothing listed or linked this crawl, and not due:
-        those whose stored state *among* holds, but the pages counted
-        already. One reached later in the crawl is not counted again: not
-        due, it is counted already; requested, it leaves the column."""
-        self._in_bulk = among
+        those :attr:`summed` tells, but the pages counted already. One
+        reached later in the crawl is not counted again: not due, it is
+        counted already; requested, it leaves the column."""
+        self._bulk_counted = True
         if pages <= 0:
             return
         self.stats.inc_value("incremental/schedule/not_due", pages)
@@ -385,6 +479,8 @@ class ScheduleCounter:
         merged (see the module docstring). An answer that replaces an
         earlier one counts that one replaced (``outcome_replaced/<outcome>``):
         the stats only go up; the report subtracts."""
+        if self._requested_elsewhere(key):
+            return
         host = host_of(key.url)
         if outcome is not PageOutcome.FAILED and key in self._failed:
             # It answered after its failure: not failed in the end.
@@ -401,9 +497,14 @@ class ScheduleCounter:
         self.stats.inc_value(f"incremental/schedule/outcome/{outcome}")
         self.hosts.count(host, f"outcome/{outcome}")
 
+    def _requested_elsewhere(self, key: PageKey) -> bool:
+        """Whether *key* was counted requested by another worker of the run
+        (and not by this one): its answers count there."""
+        return key not in self._requested and self._elsewhere.get(key) == RUN_REQUESTED
+
     def failed(self, key: PageKey) -> None:
         """A page whose answer was a failure, recorded to be asked again (once per page)."""
-        if key in self._failed:
+        if key in self._failed or self._requested_elsewhere(key):
             return
         self._failed.add(key)
         self.stats.inc_value("incremental/schedule/failed")

@@ -12,7 +12,8 @@ crawl is in one hash slot, and each script runs on one node):
   gone page (scope, URL and variant, NUL-separated) → the worker that
   sends its tombstone (one per run), ``{run}:listings`` and
   ``{run}:decided`` the lists' memberships and the pages they decided, for
-  the worker that re-seeds;
+  the worker that re-seeds, ``{run}:counted`` the pages counted in the
+  run's accounting (each by one worker: ``count_page.lua``);
 - ``workers``: worker id → last heartbeat (Redis server time, so workers'
   clocks need not agree);
 - ``inflight:{worker}``: ticket → ``score|request`` for every request the
@@ -130,6 +131,12 @@ _CLAIM = load_script(_LUA_PACKAGE, "claim.lua")
 # page, this worker. Returns the owner.
 _CLAIM_TOMBSTONE = load_script(_LUA_PACKAGE, "claim_tombstone.lua")
 
+# Count a page in the run's accounting, once. KEYS and ARGV: see count_page.lua.
+_COUNT_PAGE = load_script(_LUA_PACKAGE, "count_page.lua")
+
+# The re-seeder counts the pages not due in bulk. KEYS: see bulk_counted.lua.
+_BULK_COUNTED = load_script(_LUA_PACKAGE, "bulk_counted.lua")
+
 # How many jobs other live workers claimed and have not done yet.
 # KEYS: claims, workers; ARGV: this worker.
 _CLAIMS_PENDING = load_script(_LUA_PACKAGE, "claims_pending.lua")
@@ -181,6 +188,8 @@ class ClusterCoordinator:
         self._claims_pending = self.redis.register_script(_CLAIMS_PENDING)
         self._claim_tombstone = self.redis.register_script(_CLAIM_TOMBSTONE)
         self._reclaim = self.redis.register_script(_RECLAIM)
+        self._count_page = self.redis.register_script(_COUNT_PAGE)
+        self._bulk_counted = self.redis.register_script(_BULK_COUNTED)
         self.run: str | None = None
         self.spider_key = ""
         #: The other workers of the run this worker knows of (the heartbeat
@@ -236,6 +245,8 @@ class ClusterCoordinator:
         self.ledger = self.crawler.get_extension(Ledger)
         if self.ledger is not None:
             self.ledger.run_gate = self
+            # Each page in one column for the run, whichever workers count it.
+            self.ledger.counter.run = self
 
     # -- keys ------------------------------------------------------------------
 
@@ -318,7 +329,7 @@ class ClusterCoordinator:
                       *self.worker_keys(self.worker_id),
                       *(self.run_prefix + name
                         for name in ("seen", "unrecorded", "claims", "tombstones",
-                                     "listings", "decided"))],
+                                     "listings", "decided", "counted"))],
                 args=[self.worker_id],
             ))
         except redis.RedisError as exc:
@@ -678,6 +689,33 @@ class ClusterCoordinator:
             self.lost(exc)
             return None
         return [bool(x) for x in found]
+
+    def count_page(self, key: PageKey, column: str, size: int, summed: bool) -> str | None:
+        """Count *key* in the run's accounting (see
+        :meth:`~incremental_crawler.change.accounting.RunCounts.count_page`):
+        one round trip per page this worker counts."""
+        self.roundtrip()
+        try:
+            had = self.silence.again_blocking(lambda: self._count_page(
+                keys=[self.run_prefix + "counted"],
+                args=["\0".join(key), column, size, int(summed)]))
+        except redis.RedisError as exc:
+            # Counted by this worker alone: the worker stops anyway.
+            self.lost(exc)
+            return None
+        return had.decode() if isinstance(had, bytes) else str(had)
+
+    def bulk_counted(self) -> tuple[int, int] | None:
+        """The re-seeder counts the run's pages not due in bulk (see
+        :meth:`~incremental_crawler.change.accounting.RunCounts.bulk_counted`)."""
+        self.roundtrip()
+        try:
+            pages, size = self.silence.again_blocking(lambda: self._bulk_counted(
+                keys=[self.run_prefix + "counted"]))
+        except redis.RedisError as exc:
+            self.lost(exc)
+            return None
+        return int(pages), int(size)
 
     def note_unrecorded_failure(self) -> None:
         """A page failed and could not be recorded: the run's sitemap validators must not

@@ -75,7 +75,7 @@ from incremental_crawler.state.records import PageFlags
 from incremental_crawler.state.stores.base import due_after
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
     from typing import Self
 
     from scrapy import Spider
@@ -153,6 +153,9 @@ class Reseeder:
 
     def spider_opened(self, spider: Spider) -> None:
         setattr(spider, CALLBACK_ATTRIBUTE, self.reseed_due)  # see CALLBACK_ATTRIBUTE
+        ledger = self.crawler.get_extension(Ledger)
+        if ledger is not None and self.config.reseeds_for(spider):
+            ledger.counter.summed = _summed_by(ledger, spider)
 
     def wanted(self) -> bool:
         """Whether the spider wants its due pages re-seeded this crawl."""
@@ -248,6 +251,23 @@ class Reseeder:
                                dont_filter=False)
 
 
+def _summed_by(ledger: Ledger, spider: Spider) -> Callable[[PageState], bool]:
+    """Whether a page's stored state puts it among the pages the re-seeder
+    counts not due by the store's sums (:meth:`_DueReader.count_the_rest`):
+    known the crawl through, so that a page counted one by one is told apart
+    (this crawl's start and due time are the run's in cluster mode)."""
+    scope = ledger.scope
+    lists = frozenset(getattr(spider, "list_callbacks", ()))
+
+    def summed(state: PageState) -> bool:
+        second_after = math.floor(ledger.crawl_started) + 1
+        return (state.key.scope == scope and state.next_visit > ledger.due_at
+                and state.last_checked < second_after and state.callback is not None
+                and state.callback not in lists)
+
+    return summed
+
+
 class _DueReader:
     """One re-seed: reads the due pages, decides them, keeps the sample."""
 
@@ -326,19 +346,13 @@ class _DueReader:
         summary = await self.ledger.store.summarize_pages(
             self.ledger.scope, after=rules.due_at, upto=math.inf,
             checked_before=second_after, exclude_callbacks=self.list_callbacks)
-        counted, counted_size = self.counter.counted_after(rules.due_at)
+        # Read after the store's sums: a page counted one by one meanwhile
+        # is in both (cluster mode: the run's, which counts none from then on).
+        counted, counted_size = self.counter.counted_in_sum(rules.due_at)
         early, early_size = await self._visited_first_second(second_after)
-        scope, due_at, lists = self.ledger.scope, rules.due_at, self.list_callbacks
-
-        def summed(state: PageState) -> bool:
-            # The pages the summary above counts (see summarize_pages).
-            return (state.key.scope == scope and state.next_visit > due_at
-                    and state.last_checked < second_after and state.callback is not None
-                    and state.callback not in lists)
-
         self.counter.not_due_elsewhere(summary.pages - counted - early,
                                        summary.size - counted_size - early_size,
-                                       summary.first_due, summed)
+                                       summary.first_due)
 
     async def _visited_first_second(self, second_after: int) -> tuple[int, int]:
         """This crawl's visits in the second it started in that the summary

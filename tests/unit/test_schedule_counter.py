@@ -74,7 +74,8 @@ def test_a_page_not_due_then_requested_leaves_not_due_and_the_first_due_moves_on
 
 def test_the_last_page_not_due_requested_leaves_the_bulk_counts_first_due() -> None:
     c = counter()
-    c.not_due_elsewhere(3, 30, 5000.0, lambda state: state.next_visit >= 5000.0)
+    c.summed = lambda state: state.next_visit >= 5000.0
+    c.not_due_elsewhere(3, 30, 5000.0)
     c.not_due(stored(PAGE, 1000.0))
     c.requested(Why.DUE, "a.example", PAGE)
     assert figures(c)["first_due"] == 5000
@@ -84,7 +85,8 @@ def test_a_page_counted_in_bulk_is_not_counted_again_and_leaves_when_requested()
     # Three pages not due, counted in bulk by the store's sums: no keys,
     # their state tells them.
     c = counter()
-    c.not_due_elsewhere(3, 300, 5000.0, lambda state: state.next_visit >= 5000.0)
+    c.summed = lambda state: state.next_visit >= 5000.0
+    c.not_due_elsewhere(3, 300, 5000.0)
     c.not_due(stored(PAGE, 6000.0))
     c.skipped(stored(PAGE, 6000.0))
     c.requested(Why.RECHECK, "a.example", OTHER, stored(OTHER, 7000.0, size=100))
