@@ -525,3 +525,46 @@ async def test_a_page_two_cluster_workers_ask_is_counted_once_for_the_run(
     assert run["pages_new"] == 1, run
     assert_each_page_once(run, 1)
     assert leftover_keys(cluster_prefix) == []
+
+
+@pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_pages_one_cluster_worker_counted_not_due_are_not_in_the_re_seeders_sum(
+    site, state_uri, cluster_prefix, tmp_path
+):
+    # Run 1 stores six pages. Run 2, moments later: each worker yields three
+    # of them (not due: dropped, and counted, by the worker that yields
+    # them) and a new page; the new pages' answers are held until each
+    # worker has one on the wire, so both are in the run. One worker
+    # re-seeds, and counts the known pages nothing reached by the store's
+    # sums: the pages the other worker counted are not counted again.
+    pages = site.add_pages(6, size=1500)
+    new = site.add_pages(2, size=1500, prefix="/n/")
+    revisits = ("-s", "INCREMENTAL_REVISIT_ENABLED=True")
+
+    def spider(urls: list[str], tag: str) -> tuple[str, ...]:
+        return ("starts", "-a", f"urls={' '.join(site.url(u) for u in urls)}", "-a",
+                f"tag={tag}", "-s", "SPIDER_MODULES=tests.follow_spider")
+
+    first = Worker(site, state_uri, cluster_prefix, tmp_path, "1", *revisits,
+                   spider=spider(pages, "1"))
+    assert await first.wait() == 0, first.tail()
+    site.reset_log()
+    site.hold("/n/")
+    reports = tmp_path / "reports"
+    workers = [Worker(site, state_uri, cluster_prefix, tmp_path, f"2-{i}", *revisits,
+                      "-s", f"INCREMENTAL_REPORT_DIR={reports}",
+                      "-s", "CONCURRENT_REQUESTS=1",
+                      spider=spider([new[i], *pages[3 * i:3 * i + 3]], f"2-{i}"))
+               for i in range(2)]
+    await until(lambda: site.held >= 2, "both workers to ask a new page", seconds=60)
+    site.release()
+    for worker in workers:
+        assert await worker.wait() == 0, worker.tail()
+    assert page_gets(site) == {}
+    assert sorted(r.path for r in site.log if r.path.startswith("/n/")) == new
+    assert sum("Re-seeded 0 due pages" in worker.text() for worker in workers) == 1
+    run = run_summary(reports, 2)
+    assert (run["not_due"], run["requested"], run["pages_new"]) == (6, 2, 2), run
+    assert_each_page_once(run, 8)
+    assert leftover_keys(cluster_prefix) == []

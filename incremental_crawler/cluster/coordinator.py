@@ -13,7 +13,8 @@ crawl is in one hash slot, and each script runs on one node):
   sends its tombstone (one per run), ``{run}:listings`` and
   ``{run}:decided`` the lists' memberships and the pages they decided, for
   the worker that re-seeds, ``{run}:counted`` the pages counted in the
-  run's accounting (each by one worker: ``count_page.lua``);
+  run's accounting (each by one worker: ``count_page.lua``), ``{run}:early``
+  the pages visited in the run's first second;
 - ``workers``: worker id → last heartbeat (Redis server time, so workers'
   clocks need not agree);
 - ``inflight:{worker}``: ticket → ``score|request`` for every request the
@@ -76,6 +77,7 @@ from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.lua import load_script
 from incremental_crawler.redis_cluster import connect
 from incremental_crawler.redis_retry import NO_ANSWER, RedisSilent, Silence
+from incremental_crawler.state.records import PageKey
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
@@ -85,7 +87,6 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
     from incremental_crawler.config import ClusterSettings
-    from incremental_crawler.state.records import PageKey
 
 logger = logging.getLogger(__name__)
 
@@ -329,7 +330,7 @@ class ClusterCoordinator:
                       *self.worker_keys(self.worker_id),
                       *(self.run_prefix + name
                         for name in ("seen", "unrecorded", "claims", "tombstones",
-                                     "listings", "decided", "counted"))],
+                                     "listings", "decided", "counted", "early"))],
                 args=[self.worker_id],
             ))
         except redis.RedisError as exc:
@@ -716,6 +717,28 @@ class ClusterCoordinator:
             self.lost(exc)
             return None
         return int(pages), int(size)
+
+    def note_first_second_visit(self, key: PageKey) -> None:
+        """This worker visited *key* in the run's first second (for the
+        worker that re-seeds: see ``Ledger.first_second_visits``)."""
+        self.roundtrip()
+        try:
+            self.silence.again_blocking(lambda: self.redis.sadd(
+                self.run_prefix + "early", "\0".join(key)))
+        except redis.RedisError as exc:
+            self.lost(exc)
+
+    def first_second_visits(self) -> set[PageKey] | None:
+        """The pages the run's workers visited in its first second; ``None``: unknown."""
+        self.roundtrip()
+        try:
+            members = self.silence.again_blocking(
+                lambda: self.redis.smembers(self.run_prefix + "early"))
+        except redis.RedisError as exc:
+            self.lost(exc)
+            return None
+        return {PageKey(*(m.decode() if isinstance(m, bytes) else m).split("\0"))
+                for m in members}
 
     def note_unrecorded_failure(self) -> None:
         """A page failed and could not be recorded: the run's sitemap validators must not

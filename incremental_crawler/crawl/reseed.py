@@ -359,7 +359,7 @@ class _DueReader:
         of the rest counts (:meth:`count_the_rest`): how many, their sizes."""
         pages = size = 0
         counted = self.counter.counted_keys(upto=math.inf)
-        for key in self.ledger.visited_first_second - counted:
+        for key in self.ledger.first_second_visits() - counted:
             state = await self.ledger.store.get_page(key)
             if (state is not None and state.callback is not None
                     and state.callback not in self.list_callbacks
