@@ -568,3 +568,33 @@ async def test_pages_one_cluster_worker_counted_not_due_are_not_in_the_re_seeder
     assert (run["not_due"], run["requested"], run["pages_new"]) == (6, 2, 2), run
     assert_each_page_once(run, 8)
     assert leftover_keys(cluster_prefix) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_page_deferred_over_the_re_seed_limit_then_reached_by_a_link_is_counted_once(
+    site, crawl, tmp_path, monkeypatch
+):
+    # /0 links to /1 and /2. A day later all three are due; the crawl starts
+    # from a new page, /3, and re-seeds one page (INCREMENTAL_RESEED_LIMIT):
+    # /0, the first of the due pages (their next visits tie; then by URL).
+    # The other two are deferred, until /0's 304 replays its links to them:
+    # requested after all, they leave the deferred column.
+    site.add_pages(4, size=800, prefix="/", width=1)
+    first, *linked, start = (site.url(f"/{i}") for i in range(4))
+    revisits = {"INCREMENTAL_REVISIT_ENABLED": True}
+    await crawl(FollowsSpider, settings=revisits, start=first, then=" ".join(linked))
+    later(monkeypatch, 1)
+    site.reset_log()
+    report = tmp_path / "report" / "report.json"
+    crawler = await crawl(
+        FollowsSpider, settings={**revisits, "INCREMENTAL_RESEED_LIMIT": 1,
+                                 "INCREMENTAL_REPORT_DIR": str(report.parent)},
+        start=start)
+    assert crawler.stats.get_value("incremental/reseeded") == 1
+    assert crawler.stats.get_value("incremental/schedule/deferred") == 2
+    assert sorted(r.path for r in site.log if r.path != "/robots.txt") == [
+        "/0", "/1", "/2", "/3"]
+    summary = json.loads(report.read_text())["summary"]
+    assert summary["deferred"] == 0, columns_of(summary)
+    assert (summary["pages_new"], summary["pages_not_modified"]) == (1, 3), columns_of(summary)
+    assert_each_page_once(summary, 4)

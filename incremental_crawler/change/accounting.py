@@ -27,9 +27,10 @@ that leaves a column is counted leaving it, and the report
 departures off:
 
 - ``incremental/schedule/not_due_left``,
-  ``incremental/schedule/skipped_left/lastmod_unchanged``: pages counted
-  not requested, then requested after all; ``.../bytes_skipped_left``,
-  their stored sizes;
+  ``incremental/schedule/skipped_left/lastmod_unchanged``,
+  ``incremental/schedule/deferred_left``: pages counted not requested, then
+  requested after all; ``.../bytes_skipped_left``, the stored sizes of the
+  first two;
 - ``incremental/schedule/outcome_replaced/<outcome>``: a page's answer
   replaced by a later one (see below);
 - ``incremental/schedule/failed_recovered``: pages counted failed that
@@ -289,6 +290,9 @@ class ScheduleCounter:
         #: Whether the re-seeder counted them (this crawl, or in cluster
         #: mode, when the run does it, the run: see :attr:`run`).
         self._bulk_counted = False
+        #: Whether a page's stored state puts it among the due pages the
+        #: re-seeder left unread, over its limit (``None``: none were).
+        self._deferred: Callable[[PageState], bool] | None = None
         #: In cluster mode, the run's record of the pages its workers
         #: counted: each page is counted by one worker of the run.
         self.run: RunCounts | None = None
@@ -320,6 +324,8 @@ class ScheduleCounter:
                 self._left_elsewhere(key, had, state)
             elif state is not None and self._counted_in_bulk(state):
                 self._bulk_no_more(state.size)
+            elif state is not None and self._deferred is not None and self._deferred(state):
+                self.stats.inc_value("incremental/schedule/deferred_left")
         self.stats.inc_value(f"incremental/schedule/requested/{why}")
         self.hosts.count(host, f"requested/{why}")
 
@@ -441,8 +447,11 @@ class ScheduleCounter:
         return {key for key, (next_visit, _, _) in self._unrequested.items()
                 if next_visit <= upto}
 
-    def deferred(self, pages: int) -> None:
-        """Due pages left unread over INCREMENTAL_RESEED_LIMIT (next crawl's first)."""
+    def deferred(self, pages: int, among: Callable[[PageState], bool]) -> None:
+        """Due pages left unread over INCREMENTAL_RESEED_LIMIT (next crawl's
+        first): those whose stored state *among* holds. One reached later in
+        the crawl and requested leaves the column (``deferred_left``)."""
+        self._deferred = among
         if pages > 0:
             self.stats.inc_value("incremental/schedule/deferred", pages)
 

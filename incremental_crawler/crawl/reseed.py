@@ -325,7 +325,15 @@ class _DueReader:
             checked_before=math.floor(rules.started), exclude_callbacks=self.list_callbacks)
         # Read above, or counted by whoever decided them (a list read in full).
         decided = self.read_keys | self.counter.counted_keys(upto=rules.due_at)
-        self.counter.deferred(due.pages - len(decided))
+        scope, lists, before = self.ledger.scope, self.list_callbacks, math.floor(rules.started)
+
+        def deferred(state: PageState) -> bool:
+            # Among the due pages summed above, and not read.
+            return (state.key.scope == scope and state.next_visit <= rules.due_at
+                    and state.last_checked < before and state.callback is not None
+                    and state.callback not in lists and state.key not in decided)
+
+        self.counter.deferred(due.pages - len(decided), deferred)
 
     async def count_the_rest(self) -> None:
         """Count the known pages no one decided this crawl: not due (nothing

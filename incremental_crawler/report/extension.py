@@ -123,7 +123,7 @@ def _schedule(stats: dict[str, Any]) -> dict[str, int]:
         "skipped_lastmod": get(f"skipped/{Why.LASTMOD_UNCHANGED}")
         - get(f"skipped_left/{Why.LASTMOD_UNCHANGED}"),
         "not_due": get("not_due") - get("not_due_left"),
-        "deferred": get("deferred"),
+        "deferred": get("deferred") - get("deferred_left"),
     }
     return {
         "requested": pages_requested,
