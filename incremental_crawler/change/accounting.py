@@ -66,6 +66,20 @@ answer's; and its answers merge (:func:`replaces`):
 An answer is the page's that was counted (:func:`counted_key`): a
 redirect's target answers for the page asked, not for itself.
 
+Sums without keys: the re-seeder counts the known pages nothing reached
+as not due, and the due ones over its limit as deferred, from the store's
+sums. Each page's stored state says whether a sum counted it: one reached
+later is not counted again (not due), or leaves that column (requested:
+``not_due_left``, ``deferred_left``).
+
+Cluster mode: once per *run*. The first worker to count a page counts it
+for the run (:class:`RunCounts`); another that requests a page the first
+counted not requested counts it leaving that column, and the answers a
+worker gets for a page another counted requested are not counted (that
+worker's are). The run's workers' stats summed (``scrapy state``) put each
+page in one column; one worker's alone are its share, and a column of
+them may be negative.
+
 The same counts are kept per host (:attr:`ScheduleCounter.hosts`) for the
 report's per-host table.
 """
@@ -307,7 +321,9 @@ class ScheduleCounter:
         """Count a page requested as *why*, unless *key* was counted
         requested already this crawl (``None``: a page no one else counts).
         A page counted not requested leaves that column for this one: its
-        stored *state*, when the caller read it, tells one counted in bulk."""
+        stored *state*, when the caller read it, tells one counted in a sum
+        (not due, deferred). In cluster mode a page another worker of the
+        run counted requested is not counted again."""
         if key is not None:
             if key in self._requested or self._elsewhere.get(key) == RUN_REQUESTED:
                 return
@@ -317,15 +333,8 @@ class ScheduleCounter:
                 return
             self._requested.add(key)
             self._elsewhere.pop(key, None)
-            if self._unrequested_no_more(key):
-                pass
-            elif had:
-                # Counted not requested by another worker, or in bulk.
-                self._left_elsewhere(key, had, state)
-            elif state is not None and self._counted_in_bulk(state):
-                self._bulk_no_more(state.size)
-            elif state is not None and self._deferred is not None and self._deferred(state):
-                self.stats.inc_value("incremental/schedule/deferred_left")
+            if not self._unrequested_no_more(key):
+                self._left_uncounted(key, had, state)
         self.stats.inc_value(f"incremental/schedule/requested/{why}")
         self.hosts.count(host, f"requested/{why}")
 
@@ -358,6 +367,19 @@ class ScheduleCounter:
             self._elsewhere[key] = had[:1]
             return True
         return False
+
+    def _left_uncounted(self, key: PageKey, had: str, state: PageState | None) -> None:
+        """A page requested that this crawl did not count not requested one
+        by one: counted so by another worker of the run (*had*), or in one
+        of the re-seeder's sums, it leaves that column."""
+        if had:
+            self._left_elsewhere(key, had, state)
+        elif state is None:
+            return
+        elif self._counted_in_bulk(state):
+            self._bulk_no_more(state.size)
+        elif self._deferred is not None and self._deferred(state):
+            self.stats.inc_value("incremental/schedule/deferred_left")
 
     def _count_in_run(self, key: PageKey, column: str, state: PageState | None) -> str:
         """What the run had counted *key* as (``""``: nothing, or no run),
