@@ -87,6 +87,7 @@ report's per-host table.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
@@ -95,7 +96,7 @@ from incremental_crawler.hosts import host_of
 from incremental_crawler.state.records import PageKey
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from scrapy import Request
     from scrapy.statscollectors import StatsCollector
@@ -250,17 +251,21 @@ class PageOutcome(StrEnum):
 RUN_REQUESTED, RUN_NOT_DUE, RUN_SKIPPED, RUN_IN_BULK = "r", "d", "s", "b"
 
 
+#: A page to count in the run: its key, column, stored size, and whether
+#: the re-seeder's sum of the pages not due counts it too.
+RunCount = tuple[PageKey, str, int, bool]
+
+
 class RunCounts(Protocol):
     """The pages the workers of a run counted (cluster mode): each page is
     counted by the first worker to count it, in one column for the run."""
 
-    def count_page(self, key: PageKey, column: str, size: int, summed: bool) -> str | None:
-        """Count *key* in *column* for the run (its stored *size*; *summed*:
-        the re-seeder's sum of the pages not due counts it too), unless a
+    def count_pages(self, pages: list[RunCount]) -> list[str] | None:
+        """Count each page in its column for the run, in order, unless a
         worker counted it already; a page counted not requested moves to
-        requested. What the run had: ``""`` nothing (this worker counts
-        it), :data:`RUN_IN_BULK` the re-seeder's sum, else its column and
-        stored size (``"d:1234"``); ``None``: unknown."""
+        requested. What the run had for each: ``""`` nothing (this worker
+        counts it), :data:`RUN_IN_BULK` the re-seeder's sum, else its
+        column and stored size (``"d1:1234"``); ``None``: unknown."""
 
     def bulk_counted(self) -> tuple[int, int] | None:
         """The re-seeder counts the pages not due by the store's sums: from
@@ -310,6 +315,11 @@ class ScheduleCounter:
         #: In cluster mode, the run's record of the pages its workers
         #: counted: each page is counted by one worker of the run.
         self.run: RunCounts | None = None
+        #: While a batch is open (:meth:`batch`), the pages to count in the
+        #: run, and how to count each once the run answered.
+        self._batch: list[tuple[RunCount, Callable[[], None]]] | None = None
+        #: The run's answer for the page being counted from a batch.
+        self._answer: str | None = None
         #: Pages another worker of the run counted, and its column
         #: (:data:`RUN_REQUESTED`...): asked once. The answers this worker
         #: gets for a page requested elsewhere are not counted (that
@@ -327,6 +337,9 @@ class ScheduleCounter:
         if key is not None:
             if key in self._requested or self._elsewhere.get(key) == RUN_REQUESTED:
                 return
+            if self._later(key, RUN_REQUESTED, state,
+                           lambda: self.requested(why, host, key, state)):
+                return
             had = self._count_in_run(key, RUN_REQUESTED, state)
             if had[:1] == RUN_REQUESTED:
                 self._elsewhere[key] = RUN_REQUESTED
@@ -340,27 +353,31 @@ class ScheduleCounter:
 
     def skipped(self, state: PageState) -> None:
         """Not requested: its trusted lastmod did not move."""
-        if self._counted_unrequested(state, RUN_SKIPPED):
+        if self._counted_unrequested(state, RUN_SKIPPED, lambda: self.skipped(state)):
             return
         self.stats.inc_value("incremental/schedule/skipped/lastmod_unchanged")
         self._unrequested_page(state, "skipped_lastmod")
 
     def not_due(self, state: PageState) -> None:
         """Not requested: not due before ``state.next_visit``."""
-        if self._counted_unrequested(state, RUN_NOT_DUE):
+        if self._counted_unrequested(state, RUN_NOT_DUE, lambda: self.not_due(state)):
             return
         self.stats.inc_value("incremental/schedule/not_due")
         self._unrequested_page(state, "not_due")
         if state.next_visit:
             self.stats.min_value("incremental/schedule/first_due", state.next_visit)
 
-    def _counted_unrequested(self, state: PageState, column: str) -> bool:
+    def _counted_unrequested(self, state: PageState, column: str,
+                             again: Callable[[], None]) -> bool:
         """Whether *state*'s page is in a column already, counting it in the
-        run's *column* if not (cluster mode): a page requested stays
-        requested (its answer decides), one not requested is counted once."""
+        run's *column* if not (cluster mode; in a batch, *again* counts it
+        once the run answered): a page requested stays requested (its
+        answer decides), one not requested is counted once."""
         key = state.key
         if key in self._requested or key in self._unrequested or key in self._elsewhere \
                 or self._counted_in_bulk(state):
+            return True
+        if self._later(key, column, state, again):
             return True
         had = self._count_in_run(key, column, state)
         if had:
@@ -381,15 +398,49 @@ class ScheduleCounter:
         elif self._deferred is not None and self._deferred(state):
             self.stats.inc_value("incremental/schedule/deferred_left")
 
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Count the pages decided within in the run with one round trip
+        (cluster mode; a list's pages): each is counted when it closes."""
+        if self.run is None or self._batch is not None:
+            yield
+            return
+        self._batch = []
+        try:
+            yield
+        finally:
+            batch, self._batch = self._batch, None
+            answers = self.run.count_pages([page for page, _ in batch]) if batch else []
+            # Unknown (Redis did not answer; the worker stops): counted here.
+            for (_, count), had in zip(batch, answers or [""] * len(batch), strict=True):
+                self._answer = had
+                try:
+                    count()
+                finally:
+                    self._answer = None
+
+    def _later(self, key: PageKey, column: str, state: PageState | None,
+               count: Callable[[], None]) -> bool:
+        """Whether *key* is counted when the open batch closes (by *count*)."""
+        if self._batch is None:
+            return False
+        self._batch.append((self._run_count(key, column, state), count))
+        return True
+
+    def _run_count(self, key: PageKey, column: str, state: PageState | None) -> RunCount:
+        summed = state is not None and self.summed is not None and self.summed(state)
+        return key, column, state.size if state is not None else 0, summed
+
     def _count_in_run(self, key: PageKey, column: str, state: PageState | None) -> str:
         """What the run had counted *key* as (``""``: nothing, or no run),
         now that this worker counts it in *column*."""
         if self.run is None:
             return ""
-        summed = state is not None and self.summed is not None and self.summed(state)
-        had = self.run.count_page(key, column, state.size if state is not None else 0, summed)
+        if self._answer is not None:
+            return self._answer  # asked in a batch
+        answers = self.run.count_pages([self._run_count(key, column, state)])
         # Unknown (Redis did not answer; the worker stops): counted here.
-        return had or ""
+        return answers[0] if answers else ""
 
     def _left_elsewhere(self, key: PageKey, had: str, state: PageState | None) -> None:
         """A page another worker of the run counted not requested (*had*, as

@@ -86,6 +86,7 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
 
+    from incremental_crawler.change.accounting import RunCount
     from incremental_crawler.config import ClusterSettings
 
 logger = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ _CLAIM = load_script(_LUA_PACKAGE, "claim.lua")
 # page, this worker. Returns the owner.
 _CLAIM_TOMBSTONE = load_script(_LUA_PACKAGE, "claim_tombstone.lua")
 
-# Count a page in the run's accounting, once. KEYS and ARGV: see count_page.lua.
+# Count pages in the run's accounting, each once. KEYS and ARGV: see count_page.lua.
 _COUNT_PAGE = load_script(_LUA_PACKAGE, "count_page.lua")
 
 # The re-seeder counts the pages not due in bulk. KEYS: see bulk_counted.lua.
@@ -691,20 +692,21 @@ class ClusterCoordinator:
             return None
         return [bool(x) for x in found]
 
-    def count_page(self, key: PageKey, column: str, size: int, summed: bool) -> str | None:
-        """Count *key* in the run's accounting (see
-        :meth:`~incremental_crawler.change.accounting.RunCounts.count_page`):
-        one round trip per page this worker counts."""
+    def count_pages(self, pages: list[RunCount]) -> list[str] | None:
+        """Count *pages* in the run's accounting (see
+        :meth:`~incremental_crawler.change.accounting.RunCounts.count_pages`):
+        one round trip per page this worker counts, or per list's chunk."""
+        args = [arg for key, column, size, summed in pages
+                for arg in ("\0".join(key), column, size, int(summed))]
         self.roundtrip()
         try:
             had = self.silence.again_blocking(lambda: self._count_page(
-                keys=[self.run_prefix + "counted"],
-                args=["\0".join(key), column, size, int(summed)]))
+                keys=[self.run_prefix + "counted"], args=args))
         except redis.RedisError as exc:
             # Counted by this worker alone: the worker stops anyway.
             self.lost(exc)
             return None
-        return had.decode() if isinstance(had, bytes) else str(had)
+        return [v.decode() if isinstance(v, bytes) else str(v) for v in had]
 
     def bulk_counted(self) -> tuple[int, int] | None:
         """The re-seeder counts the run's pages not due in bulk (see

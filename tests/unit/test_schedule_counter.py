@@ -189,3 +189,44 @@ def test_a_pages_answers_merge_into_one_column(answers: list[str], column: str) 
     [host] = c.hosts.table().values()
     assert {k: v for k, v in host.items() if k.startswith("outcome/") and v} == {
         f"outcome/{column}": 1}
+
+
+class OtherWorkerFirst:
+    """A run whose other worker counted *theirs* first (requested), as the
+    run's script answers; each call recorded."""
+
+    def __init__(self, theirs: set[PageKey]) -> None:
+        self.columns = dict.fromkeys(theirs, "r0:0")
+        self.calls: list[list[tuple[PageKey, str]]] = []
+
+    def count_pages(self, pages):
+        self.calls.append([(key, column) for key, column, _, _ in pages])
+        had = []
+        for key, column, size, _ in pages:
+            old = self.columns.get(key, "")
+            if not old or (column == "r" and not old.startswith("r")):
+                self.columns[key] = f"{column}0:{size}"
+            had.append(old)
+        return had
+
+    def bulk_counted(self):
+        return 0, 0
+
+
+def test_a_batch_counts_its_pages_in_the_run_in_one_call_and_each_page_once() -> None:
+    c = counter()
+    third = PageKey("s", "http://a.example/r")
+    run = c.run = OtherWorkerFirst({OTHER})
+    with c.batch():
+        c.requested(Why.DUE, "a.example", PAGE, stored(PAGE, 0.0))
+        c.requested(Why.DUE, "a.example", OTHER, stored(OTHER, 0.0))
+        c.not_due(stored(third, 5000.0, size=40))
+        c.requested(Why.DUE, "a.example", PAGE, stored(PAGE, 0.0))  # again: once
+        assert figures(c) == {}  # counted when the batch closes
+    assert run.calls == [[(PAGE, "r"), (OTHER, "r"), (third, "d"), (PAGE, "r")]]
+    # OTHER is the other worker's: its answers here are not counted.
+    c.outcome(PageOutcome.NEW, PAGE)
+    c.outcome(PageOutcome.NEW, OTHER)
+    assert figures(c) == {"requested": 1, "requested_due": 1, "not_due": 1,
+                          "first_due": 5000, "bytes_skipped": 40, "pages_known": 2,
+                          "pages_checked": 1, "pages_new": 1}
