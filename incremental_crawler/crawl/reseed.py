@@ -253,9 +253,10 @@ class Reseeder:
 
 def _summed_by(ledger: Ledger, spider: Spider) -> Callable[[PageState], bool]:
     """Whether a page's stored state puts it among the pages the re-seeder
-    counts not due by the store's sums (:meth:`_DueReader.count_the_rest`):
-    known the crawl through, so that a page counted one by one is told apart
-    (this crawl's start and due time are the run's in cluster mode)."""
+    counts not due by the store's sums (:meth:`_DueReader.count_the_rest`).
+    Asked from the crawl's start on, before the sums are read: a page
+    counted one by one is told apart from them (in cluster mode by the run,
+    whose start and due time every worker shares)."""
     scope = ledger.scope
     lists = frozenset(getattr(spider, "list_callbacks", ()))
 
