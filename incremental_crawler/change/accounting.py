@@ -579,6 +579,13 @@ class ScheduleCounter:
         self.stats.inc_value(f"incremental/schedule/outcome/{outcome}")
         self.hosts.count(host, f"outcome/{outcome}")
 
+    def unanswered(self, outcome: PageOutcome, key: PageKey) -> None:
+        """What became of the page *key* when a request of it got no answer
+        and the store records nothing (a redirect hop not fetched): its
+        column unless an answer of this crawl gave it one already."""
+        if key not in self._outcomes:
+            self.outcome(outcome, key)
+
     def _requested_elsewhere(self, key: PageKey) -> bool:
         """Whether *key* was counted requested by another worker of the run
         (and not by this one): its answers count there."""

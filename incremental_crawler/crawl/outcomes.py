@@ -307,10 +307,11 @@ class FinalOutcomeMiddleware:
     def _redirected_away(self, request: Request) -> None:
         """A redirect hop that is not fetched (its target is another
         request's of this crawl, or off the site): the page that was asked
-        ends redirected, its chain not followed here."""
+        ends redirected, its chain not followed here, unless another request
+        of it this crawl was answered."""
         key = counted_key(request)
         if key is not None and not request.meta.get(META_DISCOVERY):
-            self.ledger.counter.outcome(PageOutcome.REDIRECTED, key)
+            self.ledger.counter.unanswered(PageOutcome.REDIRECTED, key)
 
     def _record(self, request: Request, status: int, outcome: Outcome) -> None:
         self._recorded.add(request)

@@ -230,3 +230,14 @@ def test_a_batch_counts_its_pages_in_the_run_in_one_call_and_each_page_once() ->
     assert figures(c) == {"requested": 1, "requested_due": 1, "not_due": 1,
                           "first_due": 5000, "bytes_skipped": 40, "pages_known": 2,
                           "pages_checked": 1, "pages_new": 1}
+
+
+def test_a_redirect_not_followed_leaves_an_answered_page_in_its_column() -> None:
+    c = counter()
+    c.requested(Why.DUE, "a.example", PAGE)
+    c.unanswered(PageOutcome.REDIRECTED, PAGE)
+    c.requested(Why.DUE, "a.example", OTHER)
+    c.outcome(PageOutcome.NOT_MODIFIED, OTHER)
+    c.unanswered(PageOutcome.REDIRECTED, OTHER)
+    assert {k: v for k, v in figures(c).items() if k.startswith("pages_")} == {
+        "pages_known": 2, "pages_checked": 2, "pages_not_modified": 1, "pages_redirected": 1}
