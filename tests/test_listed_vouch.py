@@ -329,6 +329,12 @@ class RunNotes:
     def note_unrecorded_failure(self) -> None:
         pass
 
+    def note_first_second_visit(self, key: Any) -> None:
+        pass
+
+    def first_second_visits(self) -> set[Any]:
+        return set()
+
 
 class JoinRun:
     """An extension giving the crawl's ledger a :class:`RunNotes` as its run."""

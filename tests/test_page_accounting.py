@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -21,12 +22,15 @@ from scrapy.spiders import CrawlSpider, Rule
 from incremental_crawler import clock
 from incremental_crawler.report.extension import OUTCOMES
 from tests.clock_util import later
+from tests.cluster_worker import Worker, leftover_keys, page_gets
 from tests.site import LoopbackSite
 from tests.site.manual import CONTENTS
 from tests.spiders import ListSpider
+from tests.waiting import until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
+    from pathlib import Path
 
     from scrapy.http import Response
 
@@ -357,3 +361,240 @@ async def test_a_page_that_changed_then_went_away_in_one_crawl_is_gone(site, cra
     assert summary["pages_gone"] == 1 and summary["items_deleted"] == 1, columns_of(summary)
     assert summary["pages_changed"] == 0
     assert_each_page_once(summary, 1)
+
+
+class FollowsSpider(Spider):
+    """Asks its start page; the answer of *linker* (the start page unless
+    given) asks the *then* pages (as a refresh if *refresh*): plain requests
+    (not ``dont_filter``), which the dupefilter and the offsite check see,
+    as a link-following spider's are."""
+
+    name = "follows"
+    allowed_domains = ("127.0.0.1",)
+
+    def __init__(self, start: str = "", then: str = "", linker: str = "",
+                 refresh: bool = False, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.start_url, self.then = start, then.split()
+        self.linker, self.refresh = linker or start, refresh
+
+    async def start(self) -> AsyncIterator[Any]:
+        yield Request(self.start_url)
+
+    def parse(self, response: Response) -> Iterator[Any]:
+        yield {"url": response.url, "title": response.css("title::text").get()}
+        if response.url == self.linker:
+            meta = {"incremental_refresh": True} if self.refresh else {}
+            for url in self.then:
+                yield Request(url, callback=self.parse, meta=meta)
+
+
+@pytest.mark.parametrize("where", ["seen", "offsite"])
+@pytest_twisted.ensureDeferred
+async def test_a_page_redirected_to_a_target_not_fetched_for_it_ends_redirected(
+    site, crawl, tmp_path, where
+):
+    # /old's redirect is not followed: its target was fetched already this
+    # crawl (the dupefilter drops the hop), or is on another host (the
+    # offsite check drops it). /old is requested and ends redirected.
+    site.add_page("/a", "strong", size=1500)
+    target = site.url("/a") if where == "seen" else site.url("/a").replace(
+        "127.0.0.1", "localhost")
+    site.add_redirect("/old", target, 302)
+    report = tmp_path / "report" / "report.json"
+    await crawl(FollowsSpider, settings={"INCREMENTAL_REPORT_DIR": str(report.parent)},
+                start=site.url("/a"), then=site.url("/old"))
+    assert [r.path for r in site.log if r.path != "/robots.txt"] == ["/a", "/old"]
+    summary = json.loads(report.read_text())["summary"]
+    assert summary["requested"] == 2
+    assert (summary["pages_new"], summary["pages_redirected"]) == (1, 1), columns_of(summary)
+    assert_each_page_once(summary, 2)
+    [host] = json.loads(report.read_text())["hosts"]
+    assert sum(host["outcomes"].values()) == host["requested"] == 2
+
+
+@pytest.mark.parametrize("how", ["redirected", "asked"])
+@pytest_twisted.ensureDeferred
+async def test_a_page_refused_by_a_robots_txt_that_failed_is_one_failed_page(
+    site, crawl, tmp_path, how
+):
+    # The other host's robots.txt answers 500: its pages are refused, and
+    # recorded as failures. Refused as the hop of /old's redirect, the
+    # failure is /old's (the page that was asked); refused as a page asked
+    # by a callback, the conditional middleware never saw it: counted where
+    # it is refused.
+    other = LoopbackSite()
+    other.start()
+    try:
+        other.add_page("/p/1", "strong", size=1500)
+        other.override("/robots.txt", status=500)
+        site.add_page("/a", "strong", size=1500)
+        site.add_redirect("/old", other.url("/p/1"), 302)
+        asked = site.url("/old") if how == "redirected" else other.url("/p/1")
+        report = tmp_path / "report" / "report.json"
+        crawler = await crawl(
+            FollowsSpider, settings={"INCREMENTAL_REPORT_DIR": str(report.parent),
+                                     "INCREMENTAL_REVISIT_ENABLED": True, "RETRY_TIMES": 0},
+            start=site.url("/a"), then=asked)
+    finally:
+        await other.stop()
+    assert not [r for r in other.log if r.path == "/p/1"]
+    assert crawler.stats.get_value("incremental/robotstxt/refused") == 1
+    summary = json.loads(report.read_text())["summary"]
+    assert summary["requested"] == 2
+    assert (summary["pages_new"], summary["pages_failed"]) == (1, 1), columns_of(summary)
+    # Recorded as a failure, to be asked again: counted once, for the page asked.
+    assert summary["failed"] == 1
+    assert_each_page_once(summary, 2)
+
+
+@pytest.mark.parametrize("then", ["linked", "refreshed"])
+@pytest_twisted.ensureDeferred
+async def test_a_page_counted_not_due_in_bulk_then_reached_by_a_link_is_counted_once(
+    site, crawl, tmp_path, monkeypatch, then
+):
+    # /a links to /b. A day later /b alone is fetched (no re-seeding): /a is
+    # due, /b is not. Then a crawl from a new page, /c: the re-seeder asks
+    # /a (due), and counts the pages nothing reached as not due in bulk,
+    # /b among them, by the store's sums. /a's 304 replays its link to /b
+    # (not due: dropped), or its new version asks /b as a refresh (fetched):
+    # /b is in one column all the same.
+    site.add_pages(3, size=800, prefix="/", width=1)
+    a, b, c = (site.url(f"/{i}") for i in range(3))
+    revisits = {"INCREMENTAL_REVISIT_ENABLED": True}
+    await crawl(FollowsSpider, settings=revisits, start=a, then=b)
+    later(monkeypatch, 1)
+    await crawl(FollowsSpider, settings={**revisits, "INCREMENTAL_RESEED_ENABLED": False},
+                start=b)
+    if then == "refreshed":
+        site.change("/0")
+    site.reset_log()
+    report = tmp_path / "report" / "report.json"
+    crawler = await crawl(
+        FollowsSpider, settings={**revisits, "INCREMENTAL_REPORT_DIR": str(report.parent)},
+        start=c, then=b, linker=a, refresh=(then == "refreshed"))
+    paths = [r.path for r in site.log if r.path != "/robots.txt"]
+    assert crawler.stats.get_value("incremental/reseeded") == 1
+    summary = json.loads(report.read_text())["summary"]
+    if then == "linked":
+        assert paths == ["/2", "/0"]
+        assert summary["not_due"] == 1 and summary["pages_not_modified"] == 1
+    else:
+        assert paths == ["/2", "/0", "/1"]
+        assert summary["not_due"] == 0 and summary["pages_unchanged"] == 1
+    assert_each_page_once(summary, 3)
+
+
+def run_summary(reports: Path, workers: int) -> dict[str, int]:
+    """The run's figures: its workers' latest reports summed, as ``scrapy
+    state`` sums their crawls."""
+    summaries = [json.loads(path.read_text())["summary"] for path in reports.glob("report-*.json")
+                 if not re.match(r"report-\d{8}T", path.name)]
+    assert len(summaries) == workers
+    return {name: sum(s[name] for s in summaries)
+            for name in (*COLUMNS, "requested", "pages_known", "not_due")}
+
+
+@pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_page_two_cluster_workers_ask_is_counted_once_for_the_run(
+    site, state_uri, cluster_prefix, tmp_path
+):
+    # Every worker yields every start URL (dont_filter: the run's seen set
+    # does not keep a page from being asked twice). One request at a time
+    # each, and the page's answers held until two requests wait for them:
+    # one is each worker's, both read the page's state before either
+    # stored it. Asked by both, counted by one.
+    [path] = site.add_pages(1, size=1500)
+    site.hold("/p/")
+    reports = tmp_path / "reports"
+    workers = [Worker(site, state_uri, cluster_prefix, tmp_path, str(i),
+                      "-s", f"INCREMENTAL_REPORT_DIR={reports}",
+                      "-s", "CONCURRENT_REQUESTS=1",
+                      spider=("starts", "-a", f"urls={site.url(path)}", "-a", f"tag={i}",
+                              "-s", "SPIDER_MODULES=tests.follow_spider"))
+               for i in range(2)]
+    await until(lambda: site.held >= 2, "both workers to ask the page", seconds=60)
+    site.release()
+    for worker in workers:
+        assert await worker.wait() == 0, worker.tail()
+    assert page_gets(site) == {path: 2}
+    assert [len(worker.urls()) for worker in workers] == [1, 1]
+    run = run_summary(reports, 2)
+    assert run["requested"] == 1, run
+    assert run["pages_new"] == 1, run
+    assert_each_page_once(run, 1)
+    assert leftover_keys(cluster_prefix) == []
+
+
+@pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_pages_one_cluster_worker_counted_not_due_are_not_in_the_re_seeders_sum(
+    site, state_uri, cluster_prefix, tmp_path
+):
+    # Run 1 stores six pages. Run 2, moments later: each worker yields three
+    # of them (not due: dropped, and counted, by the worker that yields
+    # them) and a new page; the new pages' answers are held until each
+    # worker has one on the wire, so both are in the run. One worker
+    # re-seeds, and counts the known pages nothing reached by the store's
+    # sums: the pages the other worker counted are not counted again.
+    pages = site.add_pages(6, size=1500)
+    new = site.add_pages(2, size=1500, prefix="/n/")
+    revisits = ("-s", "INCREMENTAL_REVISIT_ENABLED=True")
+
+    def spider(urls: list[str], tag: str) -> tuple[str, ...]:
+        return ("starts", "-a", f"urls={' '.join(site.url(u) for u in urls)}", "-a",
+                f"tag={tag}", "-s", "SPIDER_MODULES=tests.follow_spider")
+
+    first = Worker(site, state_uri, cluster_prefix, tmp_path, "1", *revisits,
+                   spider=spider(pages, "1"))
+    assert await first.wait() == 0, first.tail()
+    site.reset_log()
+    site.hold("/n/")
+    reports = tmp_path / "reports"
+    workers = [Worker(site, state_uri, cluster_prefix, tmp_path, f"2-{i}", *revisits,
+                      "-s", f"INCREMENTAL_REPORT_DIR={reports}",
+                      "-s", "CONCURRENT_REQUESTS=1",
+                      spider=spider([new[i], *pages[3 * i:3 * i + 3]], f"2-{i}"))
+               for i in range(2)]
+    await until(lambda: site.held >= 2, "both workers to ask a new page", seconds=60)
+    site.release()
+    for worker in workers:
+        assert await worker.wait() == 0, worker.tail()
+    assert page_gets(site) == {}
+    assert sorted(r.path for r in site.log if r.path.startswith("/n/")) == new
+    assert sum("Re-seeded 0 due pages" in worker.text() for worker in workers) == 1
+    run = run_summary(reports, 2)
+    assert (run["not_due"], run["requested"], run["pages_new"]) == (6, 2, 2), run
+    assert_each_page_once(run, 8)
+    assert leftover_keys(cluster_prefix) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_page_deferred_over_the_re_seed_limit_then_reached_by_a_link_is_counted_once(
+    site, crawl, tmp_path, monkeypatch
+):
+    # /0 links to /1 and /2. A day later all three are due; the crawl starts
+    # from a new page, /3, and re-seeds one page (INCREMENTAL_RESEED_LIMIT):
+    # /0, the first of the due pages (their next visits tie; then by URL).
+    # The other two are deferred, until /0's 304 replays its links to them:
+    # requested after all, they leave the deferred column.
+    site.add_pages(4, size=800, prefix="/", width=1)
+    first, *linked, start = (site.url(f"/{i}") for i in range(4))
+    revisits = {"INCREMENTAL_REVISIT_ENABLED": True}
+    await crawl(FollowsSpider, settings=revisits, start=first, then=" ".join(linked))
+    later(monkeypatch, 1)
+    site.reset_log()
+    report = tmp_path / "report" / "report.json"
+    crawler = await crawl(
+        FollowsSpider, settings={**revisits, "INCREMENTAL_RESEED_LIMIT": 1,
+                                 "INCREMENTAL_REPORT_DIR": str(report.parent)},
+        start=start)
+    assert crawler.stats.get_value("incremental/reseeded") == 1
+    assert crawler.stats.get_value("incremental/schedule/deferred") == 2
+    assert sorted(r.path for r in site.log if r.path != "/robots.txt") == [
+        "/0", "/1", "/2", "/3"]
+    summary = json.loads(report.read_text())["summary"]
+    assert summary["deferred"] == 0, columns_of(summary)
+    assert (summary["pages_new"], summary["pages_not_modified"]) == (1, 3), columns_of(summary)
+    assert_each_page_once(summary, 4)

@@ -27,9 +27,10 @@ that leaves a column is counted leaving it, and the report
 departures off:
 
 - ``incremental/schedule/not_due_left``,
-  ``incremental/schedule/skipped_left/lastmod_unchanged``: pages counted
-  not requested, then requested after all; ``.../bytes_skipped_left``,
-  their stored sizes;
+  ``incremental/schedule/skipped_left/lastmod_unchanged``,
+  ``incremental/schedule/deferred_left``: pages counted not requested, then
+  requested after all; ``.../bytes_skipped_left``, the stored sizes of the
+  first two;
 - ``incremental/schedule/outcome_replaced/<outcome>``: a page's answer
   replaced by a later one (see below);
 - ``incremental/schedule/failed_recovered``: pages counted failed that
@@ -65,6 +66,20 @@ answer's; and its answers merge (:func:`replaces`):
 An answer is the page's that was counted (:func:`counted_key`): a
 redirect's target answers for the page asked, not for itself.
 
+Sums without keys: the re-seeder counts the known pages nothing reached
+as not due, and the due ones over its limit as deferred, from the store's
+sums. Each page's stored state says whether a sum counted it: one reached
+later is not counted again (not due), or leaves that column (requested:
+``not_due_left``, ``deferred_left``).
+
+Cluster mode: once per *run*. The first worker to count a page counts it
+for the run (:class:`RunCounts`); another that requests a page the first
+counted not requested counts it leaving that column, and the answers a
+worker gets for a page another counted requested are not counted (that
+worker's are). The run's workers' stats summed (``scrapy state``) put each
+page in one column; one worker's alone are its share, and a column of
+them may be negative.
+
 The same counts are kept per host (:attr:`ScheduleCounter.hosts`) for the
 report's per-host table.
 """
@@ -72,14 +87,17 @@ report's per-host table.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from incremental_crawler.change.host_counts import UNLISTED, HostCounts
 from incremental_crawler.hosts import host_of
 from incremental_crawler.state.records import PageKey
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
     from scrapy import Request
     from scrapy.statscollectors import StatsCollector
 
@@ -198,7 +216,8 @@ class PageOutcome(StrEnum):
     Counted once per page, at its final answer (after every retry, and
     after its items left the pipelines): ``requested`` pages = the sum of
     these, but for pages whose request was dropped before an answer
-    (robots.txt, offsite, the crawl stopping), which have none.
+    (robots.txt forbidding it, offsite, the crawl stopping), which have
+    none.
     """
 
     #: A 304 taken: our copy is the page.
@@ -221,8 +240,38 @@ class PageOutcome(StrEnum):
     #: The final answer was a 404, a 410 or another 4xx (a page gone, or
     #: going).
     GONE = "gone"
-    #: A redirect that was not followed.
+    #: A redirect that was not followed (``dont_redirect``), or whose target
+    #: this request does not fetch: off the site, or asked already this crawl.
     REDIRECTED = "redirected"
+
+
+#: A page's column in the run's record (:meth:`RunCounts.count_page`):
+#: requested, not due, skipped (lastmod unchanged), or counted in the
+#: re-seeder's sum of the pages not due.
+RUN_REQUESTED, RUN_NOT_DUE, RUN_SKIPPED, RUN_IN_BULK = "r", "d", "s", "b"
+
+
+#: A page to count in the run: its key, column, stored size, and whether
+#: the re-seeder's sum of the pages not due counts it too.
+RunCount = tuple[PageKey, str, int, bool]
+
+
+class RunCounts(Protocol):
+    """The pages the workers of a run counted (cluster mode): each page is
+    counted by the first worker to count it, in one column for the run."""
+
+    def count_pages(self, pages: list[RunCount]) -> list[str] | None:
+        """Count each page in its column for the run, in order, unless a
+        worker counted it already; a page counted not requested moves to
+        requested. What the run had for each: ``""`` nothing (this worker
+        counts it), :data:`RUN_IN_BULK` the re-seeder's sum, else its
+        column and stored size (``"d1:1234"``); ``None``: unknown."""
+
+    def bulk_counted(self) -> tuple[int, int] | None:
+        """The re-seeder counts the pages not due by the store's sums: from
+        now on the run counts no page of that sum one by one. The pages
+        counted one by one that the sum counts too, and their sizes
+        (``None``: unknown)."""
 
 
 class ScheduleCounter:
@@ -252,39 +301,163 @@ class ScheduleCounter:
         #: (:meth:`not_due_elsewhere`), for ``first_due`` if one counted
         #: alone leaves the column.
         self._first_due_elsewhere = math.inf
+        #: Whether a page's stored state puts it among the known pages the
+        #: re-seeder counts not due in bulk, by the store's sums (set by the
+        #: re-seeder; ``None``: it does not count them). No key is kept of
+        #: them: their state tells when one is reached after all.
+        self.summed: Callable[[PageState], bool] | None = None
+        #: Whether the re-seeder counted them (this crawl, or in cluster
+        #: mode, when the run does it, the run: see :attr:`run`).
+        self._bulk_counted = False
+        #: Whether a page's stored state puts it among the due pages the
+        #: re-seeder left unread, over its limit (``None``: none were).
+        self._deferred: Callable[[PageState], bool] | None = None
+        #: In cluster mode, the run's record of the pages its workers
+        #: counted: each page is counted by one worker of the run.
+        self.run: RunCounts | None = None
+        #: While a batch is open (:meth:`batch`), the pages to count in the
+        #: run, and how to count each once the run answered.
+        self._batch: list[tuple[RunCount, Callable[[], None]]] | None = None
+        #: The run's answer for the page being counted from a batch.
+        self._answer: str | None = None
+        #: Pages another worker of the run counted, and its column
+        #: (:data:`RUN_REQUESTED`...): asked once. The answers this worker
+        #: gets for a page requested elsewhere are not counted (that
+        #: worker's are).
+        self._elsewhere: dict[PageKey, str] = {}
 
-    def requested(self, why: Why, host: str, key: PageKey | None = None) -> None:
+    def requested(self, why: Why, host: str, key: PageKey | None = None,
+                  state: PageState | None = None) -> None:
         """Count a page requested as *why*, unless *key* was counted
         requested already this crawl (``None``: a page no one else counts).
-        A page counted not requested leaves that column for this one."""
+        A page counted not requested leaves that column for this one: its
+        stored *state*, when the caller read it, tells one counted in a sum
+        (not due, deferred). In cluster mode a page another worker of the
+        run counted requested is not counted again."""
         if key is not None:
-            if key in self._requested:
+            if key in self._requested or self._elsewhere.get(key) == RUN_REQUESTED:
+                return
+            if self._later(key, RUN_REQUESTED, state,
+                           lambda: self.requested(why, host, key, state)):
+                return
+            had = self._count_in_run(key, RUN_REQUESTED, state)
+            if had[:1] == RUN_REQUESTED:
+                self._elsewhere[key] = RUN_REQUESTED
                 return
             self._requested.add(key)
-            self._unrequested_no_more(key)
+            self._elsewhere.pop(key, None)
+            if not self._unrequested_no_more(key):
+                self._left_uncounted(key, had, state)
         self.stats.inc_value(f"incremental/schedule/requested/{why}")
         self.hosts.count(host, f"requested/{why}")
 
     def skipped(self, state: PageState) -> None:
         """Not requested: its trusted lastmod did not move."""
-        if self._counted(state.key):
+        if self._counted_unrequested(state, RUN_SKIPPED, lambda: self.skipped(state)):
             return
         self.stats.inc_value("incremental/schedule/skipped/lastmod_unchanged")
         self._unrequested_page(state, "skipped_lastmod")
 
     def not_due(self, state: PageState) -> None:
         """Not requested: not due before ``state.next_visit``."""
-        if self._counted(state.key):
+        if self._counted_unrequested(state, RUN_NOT_DUE, lambda: self.not_due(state)):
             return
         self.stats.inc_value("incremental/schedule/not_due")
         self._unrequested_page(state, "not_due")
         if state.next_visit:
             self.stats.min_value("incremental/schedule/first_due", state.next_visit)
 
-    def _counted(self, key: PageKey) -> bool:
-        """Whether *key* is in a column already: a page requested stays
-        requested (its answer decides), one not requested is counted once."""
-        return key in self._requested or key in self._unrequested
+    def _counted_unrequested(self, state: PageState, column: str,
+                             again: Callable[[], None]) -> bool:
+        """Whether *state*'s page is in a column already, counting it in the
+        run's *column* if not (cluster mode; in a batch, *again* counts it
+        once the run answered): a page requested stays requested (its
+        answer decides), one not requested is counted once."""
+        key = state.key
+        if key in self._requested or key in self._unrequested or key in self._elsewhere \
+                or self._counted_in_bulk(state):
+            return True
+        if self._later(key, column, state, again):
+            return True
+        had = self._count_in_run(key, column, state)
+        if had:
+            self._elsewhere[key] = had[:1]
+            return True
+        return False
+
+    def _left_uncounted(self, key: PageKey, had: str, state: PageState | None) -> None:
+        """A page requested that this crawl did not count not requested one
+        by one: counted so by another worker of the run (*had*), or in one
+        of the re-seeder's sums, it leaves that column."""
+        if had:
+            self._left_elsewhere(key, had, state)
+        elif state is None:
+            return
+        elif self._counted_in_bulk(state):
+            self._bulk_no_more(state.size)
+        elif self._deferred is not None and self._deferred(state):
+            self.stats.inc_value("incremental/schedule/deferred_left")
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Count the pages decided within in the run with one round trip
+        (cluster mode; a list's pages): each is counted when it closes."""
+        if self.run is None or self._batch is not None:
+            yield
+            return
+        self._batch = []
+        try:
+            yield
+        finally:
+            batch, self._batch = self._batch, None
+            answers = self.run.count_pages([page for page, _ in batch]) if batch else []
+            # Unknown (Redis did not answer; the worker stops): counted here.
+            for (_, count), had in zip(batch, answers or [""] * len(batch), strict=True):
+                self._answer = had
+                try:
+                    count()
+                finally:
+                    self._answer = None
+
+    def _later(self, key: PageKey, column: str, state: PageState | None,
+               count: Callable[[], None]) -> bool:
+        """Whether *key* is counted when the open batch closes (by *count*)."""
+        if self._batch is None:
+            return False
+        self._batch.append((self._run_count(key, column, state), count))
+        return True
+
+    def _run_count(self, key: PageKey, column: str, state: PageState | None) -> RunCount:
+        summed = state is not None and self.summed is not None and self.summed(state)
+        return key, column, state.size if state is not None else 0, summed
+
+    def _count_in_run(self, key: PageKey, column: str, state: PageState | None) -> str:
+        """What the run had counted *key* as (``""``: nothing, or no run),
+        now that this worker counts it in *column*."""
+        if self.run is None:
+            return ""
+        if self._answer is not None:
+            return self._answer  # asked in a batch
+        answers = self.run.count_pages([self._run_count(key, column, state)])
+        # Unknown (Redis did not answer; the worker stops): counted here.
+        return answers[0] if answers else ""
+
+    def _left_elsewhere(self, key: PageKey, had: str, state: PageState | None) -> None:
+        """A page another worker of the run counted not requested (*had*, as
+        :meth:`RunCounts.count_page` says) is requested here: it leaves that
+        column, counted by this worker (the run's workers' stats are summed)."""
+        column, _, size_text = had.partition(":")
+        size = int(size_text) if size_text else (state.size if state is not None else 0)
+        if column[:1] == RUN_IN_BULK:
+            self._bulk_no_more(size)
+            return
+        not_due = column[:1] == RUN_NOT_DUE
+        self.stats.inc_value("incremental/schedule/not_due_left" if not_due
+                             else "incremental/schedule/skipped_left/lastmod_unchanged")
+        self.stats.inc_value("incremental/schedule/bytes_skipped_left", size)
+        host = host_of(key.url)
+        self.hosts.count(host, "not_due" if not_due else "skipped_lastmod", -1)
+        self.hosts.count(host, "bytes_skipped", -size)
 
     def _unrequested_page(self, state: PageState, event: str) -> None:
         self.stats.inc_value("incremental/schedule/bytes_skipped", state.size)
@@ -293,13 +466,30 @@ class ScheduleCounter:
         self.hosts.count(host, event)
         self.hosts.count(host, "bytes_skipped", state.size)
 
-    def _unrequested_no_more(self, key: PageKey) -> None:
+    def _counted_in_bulk(self, state: PageState) -> bool:
+        """Whether *state*'s page is among those counted not due in bulk by
+        this crawl (and not alone: the caller asked first). In cluster mode
+        the run tells (:meth:`RunCounts.count_page`)."""
+        return (self._bulk_counted and self.run is None and self.summed is not None
+                and self.summed(state))
+
+    def _bulk_no_more(self, size: int) -> None:
+        """A page counted not due in bulk is requested after all: it leaves
+        that column as a page counted alone does (``first_due`` stays: the
+        bulk's earliest is not known page by page)."""
+        self.stats.inc_value("incremental/schedule/not_due_left")
+        self.stats.inc_value("incremental/schedule/bytes_skipped_left", size)
+        self.hosts.count(UNLISTED, "not_due", -1)
+        self.hosts.count(UNLISTED, "bytes_skipped", -size)
+
+    def _unrequested_no_more(self, key: PageKey) -> bool:
         """Take *key* out of the column of the pages not requested, if it
         was counted there (it is requested after all): counted as leaving it
-        (``*_left``), the stats only go up; the report subtracts."""
+        (``*_left``), the stats only go up; the report subtracts. Returns
+        whether it was."""
         entry = self._unrequested.pop(key, None)
         if entry is None:
-            return
+            return False
         next_visit, size, event = entry
         self.stats.inc_value("incremental/schedule/not_due_left" if event == "not_due"
                              else "incremental/schedule/skipped_left/lastmod_unchanged")
@@ -317,6 +507,7 @@ class ScheduleCounter:
                 self.stats.set_value("incremental/schedule/first_due", 0)
             else:
                 self.stats.set_value("incremental/schedule/first_due", first)
+        return True
 
     def counted_after(self, due_at: float) -> tuple[int, int]:
         """Pages counted as not requested whose next visit is after *due_at*, and their sizes."""
@@ -329,13 +520,31 @@ class ScheduleCounter:
         return {key for key, (next_visit, _, _) in self._unrequested.items()
                 if next_visit <= upto}
 
-    def deferred(self, pages: int) -> None:
-        """Due pages left unread over INCREMENTAL_RESEED_LIMIT (next crawl's first)."""
+    def deferred(self, pages: int, among: Callable[[PageState], bool]) -> None:
+        """Due pages left unread over INCREMENTAL_RESEED_LIMIT (next crawl's
+        first): those whose stored state *among* holds. One reached later in
+        the crawl and requested leaves the column (``deferred_left``)."""
+        self._deferred = among
         if pages > 0:
             self.stats.inc_value("incremental/schedule/deferred", pages)
 
+    def counted_in_sum(self, due_at: float) -> tuple[int, int]:
+        """The pages counted one by one (and their sizes) that the
+        re-seeder's sum of the pages not due (:attr:`summed`) counts too:
+        this crawl's, or in cluster mode the run's, whose other workers
+        count no page of the sum from then on (it is being counted)."""
+        if self.run is not None:
+            counted = self.run.bulk_counted()
+            if counted is not None:
+                return counted
+        return self.counted_after(due_at)
+
     def not_due_elsewhere(self, pages: int, size: int, first_due: float | None) -> None:
-        """Known pages that nothing listed or linked this crawl, and not due."""
+        """Known pages that nothing listed or linked this crawl, and not due:
+        those :attr:`summed` tells, but the pages counted already. One
+        reached later in the crawl is not counted again: not due, it is
+        counted already; requested, it leaves the column."""
+        self._bulk_counted = True
         if pages <= 0:
             return
         self.stats.inc_value("incremental/schedule/not_due", pages)
@@ -352,6 +561,8 @@ class ScheduleCounter:
         merged (see the module docstring). An answer that replaces an
         earlier one counts that one replaced (``outcome_replaced/<outcome>``):
         the stats only go up; the report subtracts."""
+        if self._requested_elsewhere(key):
+            return
         host = host_of(key.url)
         if outcome is not PageOutcome.FAILED and key in self._failed:
             # It answered after its failure: not failed in the end.
@@ -368,9 +579,21 @@ class ScheduleCounter:
         self.stats.inc_value(f"incremental/schedule/outcome/{outcome}")
         self.hosts.count(host, f"outcome/{outcome}")
 
+    def unanswered(self, outcome: PageOutcome, key: PageKey) -> None:
+        """What became of the page *key* when a request of it got no answer
+        and the store records nothing (a redirect hop not fetched): its
+        column unless an answer of this crawl gave it one already."""
+        if key not in self._outcomes:
+            self.outcome(outcome, key)
+
+    def _requested_elsewhere(self, key: PageKey) -> bool:
+        """Whether *key* was counted requested by another worker of the run
+        (and not by this one): its answers count there."""
+        return key not in self._requested and self._elsewhere.get(key) == RUN_REQUESTED
+
     def failed(self, key: PageKey) -> None:
         """A page whose answer was a failure, recorded to be asked again (once per page)."""
-        if key in self._failed:
+        if key in self._failed or self._requested_elsewhere(key):
             return
         self._failed.add(key)
         self.stats.inc_value("incremental/schedule/failed")

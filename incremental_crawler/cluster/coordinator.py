@@ -12,7 +12,9 @@ crawl is in one hash slot, and each script runs on one node):
   gone page (scope, URL and variant, NUL-separated) → the worker that
   sends its tombstone (one per run), ``{run}:listings`` and
   ``{run}:decided`` the lists' memberships and the pages they decided, for
-  the worker that re-seeds;
+  the worker that re-seeds, ``{run}:counted`` the pages counted in the
+  run's accounting (each by one worker: ``count_page.lua``), ``{run}:early``
+  the pages visited in the run's first second;
 - ``workers``: worker id → last heartbeat (Redis server time, so workers'
   clocks need not agree);
 - ``inflight:{worker}``: ticket → ``score|request`` for every request the
@@ -75,6 +77,7 @@ from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.lua import load_script
 from incremental_crawler.redis_cluster import connect
 from incremental_crawler.redis_retry import NO_ANSWER, RedisSilent, Silence
+from incremental_crawler.state.records import PageKey
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
@@ -83,8 +86,8 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
 
+    from incremental_crawler.change.accounting import RunCount
     from incremental_crawler.config import ClusterSettings
-    from incremental_crawler.state.records import PageKey
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +132,12 @@ _CLAIM = load_script(_LUA_PACKAGE, "claim.lua")
 # when its request went back to the queue. KEYS: tombstones, workers; ARGV:
 # page, this worker. Returns the owner.
 _CLAIM_TOMBSTONE = load_script(_LUA_PACKAGE, "claim_tombstone.lua")
+
+# Count pages in the run's accounting, each once. KEYS and ARGV: see count_page.lua.
+_COUNT_PAGE = load_script(_LUA_PACKAGE, "count_page.lua")
+
+# The re-seeder counts the pages not due in bulk. KEYS: see bulk_counted.lua.
+_BULK_COUNTED = load_script(_LUA_PACKAGE, "bulk_counted.lua")
 
 # How many jobs other live workers claimed and have not done yet.
 # KEYS: claims, workers; ARGV: this worker.
@@ -181,6 +190,8 @@ class ClusterCoordinator:
         self._claims_pending = self.redis.register_script(_CLAIMS_PENDING)
         self._claim_tombstone = self.redis.register_script(_CLAIM_TOMBSTONE)
         self._reclaim = self.redis.register_script(_RECLAIM)
+        self._count_page = self.redis.register_script(_COUNT_PAGE)
+        self._bulk_counted = self.redis.register_script(_BULK_COUNTED)
         self.run: str | None = None
         self.spider_key = ""
         #: The other workers of the run this worker knows of (the heartbeat
@@ -236,6 +247,8 @@ class ClusterCoordinator:
         self.ledger = self.crawler.get_extension(Ledger)
         if self.ledger is not None:
             self.ledger.run_gate = self
+            # Each page in one column for the run, whichever workers count it.
+            self.ledger.counter.run = self
 
     # -- keys ------------------------------------------------------------------
 
@@ -322,7 +335,7 @@ class ClusterCoordinator:
                       *self.worker_keys(self.worker_id),
                       *(self.run_prefix + name
                         for name in ("seen", "unrecorded", "claims", "tombstones",
-                                     "listings", "decided"))],
+                                     "listings", "decided", "counted", "early"))],
                 args=[self.worker_id],
             ))
         except redis.RedisError as exc:
@@ -682,6 +695,56 @@ class ClusterCoordinator:
             self.lost(exc)
             return None
         return [bool(x) for x in found]
+
+    def count_pages(self, pages: list[RunCount]) -> list[str] | None:
+        """Count *pages* in the run's accounting (see
+        :meth:`~incremental_crawler.change.accounting.RunCounts.count_pages`):
+        one round trip per page this worker counts, or per list's chunk."""
+        args = [arg for key, column, size, summed in pages
+                for arg in ("\0".join(key), column, size, int(summed))]
+        self.roundtrip()
+        try:
+            had = self.silence.again_blocking(lambda: self._count_page(
+                keys=[self.run_prefix + "counted"], args=args))
+        except redis.RedisError as exc:
+            # Counted by this worker alone: the worker stops anyway.
+            self.lost(exc)
+            return None
+        return [v.decode() if isinstance(v, bytes) else str(v) for v in had]
+
+    def bulk_counted(self) -> tuple[int, int] | None:
+        """The re-seeder counts the run's pages not due in bulk (see
+        :meth:`~incremental_crawler.change.accounting.RunCounts.bulk_counted`)."""
+        self.roundtrip()
+        try:
+            pages, size = self.silence.again_blocking(lambda: self._bulk_counted(
+                keys=[self.run_prefix + "counted"]))
+        except redis.RedisError as exc:
+            self.lost(exc)
+            return None
+        return int(pages), int(size)
+
+    def note_first_second_visit(self, key: PageKey) -> None:
+        """This worker visited *key* in the run's first second (for the
+        worker that re-seeds: see ``Ledger.first_second_visits``)."""
+        self.roundtrip()
+        try:
+            self.silence.again_blocking(lambda: self.redis.sadd(
+                self.run_prefix + "early", "\0".join(key)))
+        except redis.RedisError as exc:
+            self.lost(exc)
+
+    def first_second_visits(self) -> set[PageKey] | None:
+        """The pages the run's workers visited in its first second; ``None``: unknown."""
+        self.roundtrip()
+        try:
+            members = self.silence.again_blocking(
+                lambda: self.redis.smembers(self.run_prefix + "early"))
+        except redis.RedisError as exc:
+            self.lost(exc)
+            return None
+        return {PageKey(*(m.decode() if isinstance(m, bytes) else m).split("\0"))
+                for m in members}
 
     def note_unrecorded_failure(self) -> None:
         """A page failed and could not be recorded: the run's sitemap validators must not

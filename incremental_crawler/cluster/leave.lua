@@ -1,7 +1,8 @@
 -- Leave: what the worker still holds goes back to the queue; the last
 -- worker out with the queue drained ends the run. KEYS: workers, queue,
 -- run, this worker's in-flight and held hashes, then the run's seen,
--- unrecorded, claims, tombstones, listings and decided. ARGV: worker.
+-- unrecorded, claims, tombstones, listings, decided, counted and early. ARGV:
+-- worker.
 local back = 0
 for _, mine in ipairs({KEYS[4], KEYS[5]}) do
   for _, v in ipairs(redis.call('HVALS', mine)) do
@@ -15,7 +16,8 @@ redis.call('HDEL', KEYS[1], ARGV[1])
 local unrecorded = tonumber(redis.call('GET', KEYS[7]) or '0')
 local ended = 0
 if redis.call('HLEN', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[2]) == 0 then
-  redis.call('DEL', KEYS[3], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11])
+  redis.call('DEL', KEYS[3], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12],
+             KEYS[13])
   ended = 1
 end
 return {back, unrecorded, ended}

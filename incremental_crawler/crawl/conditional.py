@@ -210,7 +210,7 @@ class ConditionalRequestMiddleware:
             await self.ledger.trust.load(host_of(request.url))
         reason = await self._reason(request, key, prior, now, links_unknown=unknown)
         if counts:
-            self.counter.requested(page_why, host_of(request.url), key)
+            self.counter.requested(page_why, host_of(request.url), key, prior)
             # Its retries, redirects and re-fetch are the same page: not
             # again, and their answers are this page's.
             mark(request, page_why, key)

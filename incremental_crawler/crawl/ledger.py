@@ -272,6 +272,13 @@ class RunGate(Protocol):
     def decided_in_run(self, urls: list[str]) -> list[bool] | None:
         """Which of *urls* a list of the run named and decided (``None``: unknown)."""
 
+    def note_first_second_visit(self, key: PageKey) -> None:
+        """This worker visited *key* in the second the run started in."""
+
+    def first_second_visits(self) -> set[PageKey] | None:
+        """The pages the run's workers visited in the second it started in
+        (``None``: unknown)."""
+
 
 class _Pending:
     """What the pipelines learnt about an item on its way through them."""
@@ -1326,8 +1333,13 @@ class Ledger:
         # Few pages: only those whose interval is within the tolerance.
         if 0 < next_visit <= self.due_at:
             self.visited_due.add(key)
-        if checked < math.floor(self.crawl_started) + 1:
+        if checked < math.floor(self.crawl_started) + 1 and key not in self.visited_first_second:
             self.visited_first_second.add(key)
+            if self.run_gate is not None:
+                # For the worker that re-seeds: it tells them from the
+                # previous crawls' visits stored in that second (see
+                # first_second_visits).
+                self.run_gate.note_first_second_visit(key)
 
     def stage_flags(self, key: PageKey, add: int) -> None:
         """OR *add* into the stored page's flags (a replayed request was dropped)."""
@@ -1372,6 +1384,14 @@ class Ledger:
         (requested or not): in cluster mode, for whichever worker re-seeds."""
         if self.run_gate is not None:
             self.run_gate.note_decided(urls)
+
+    def first_second_visits(self) -> set[PageKey]:
+        """The pages visited in the second this crawl started in (stored
+        with the same last check as a previous crawl's visit in it); in
+        cluster mode, by every worker of the run (unknown: this one's)."""
+        if self.run_gate is None:
+            return set(self.visited_first_second)
+        return self.visited_first_second | (self.run_gate.first_second_visits() or set())
 
     def decided_elsewhere(self, urls: list[str]) -> set[str]:
         """Which of *urls* a list read by another worker of the run decided

@@ -38,7 +38,10 @@ hop's outcome is one (an error, a 4xx, 5xx), when RedirectMiddleware gives
 up (REDIRECT_MAX_TIMES), and when the chain comes back to a URL it went
 through (a loop: the dupefilter drops that request, see
 :meth:`FinalOutcomeMiddleware.request_dropped`). A loop and a redirect
-limit are said in one WARNING line each.
+limit are said in one WARNING line each. A hop that is not fetched because
+another request of the crawl asks its target (the dupefilter), or because
+it leaves the site (the offsite check), leaves the page asked redirected in
+the crawl's accounting.
 
 Gone pages (:mod:`.tombstones`) are decided here too. A final 404 or 410
 of a known page may make it gone: it is recorded as a failure first, as
@@ -267,11 +270,17 @@ class FinalOutcomeMiddleware:
         # A page's transaction copied into a new request (MetaRefresh, a user's
         # retry of a 2xx) is not the new request's, and cannot be pickled.
         request.meta.pop(TXN_META, None)
-        if request.meta.get(_MOVED) is None or not self.ledger.tombstones.enabled:
+        moved = request.meta.get(_MOVED) is not None and self.ledger.tombstones.enabled
+        hop = _redirect_hop_of_counted_page(request)
+        if not (moved or hop):
             return
         if self._offsite is None:
             self._offsite = offsite_drops(self.crawler)
-        if self._offsite(request):
+        if not self._offsite(request):
+            return
+        if hop:
+            self._redirected_away(request)
+        if moved:
             self.ledger.tombstones.hold_open(self._moved(request, None, live=None))
 
     def request_dropped(self, request: Request, spider: Spider) -> None:
@@ -290,9 +299,19 @@ class FinalOutcomeMiddleware:
             return
         # Another request of this crawl fetches the target: what the store
         # knows of it decides whether a move is proved.
+        self._redirected_away(request)
         tombstones = self.ledger.tombstones
         if request.meta.get(_MOVED) is not None and tombstones.enabled:
             tombstones.hold_open(self._moved(request, None, live=None))
+
+    def _redirected_away(self, request: Request) -> None:
+        """A redirect hop that is not fetched (its target is another
+        request's of this crawl, or off the site): the page that was asked
+        ends redirected, its chain not followed here, unless another request
+        of it this crawl was answered."""
+        key = counted_key(request)
+        if key is not None and not request.meta.get(META_DISCOVERY):
+            self.ledger.counter.unanswered(PageOutcome.REDIRECTED, key)
 
     def _record(self, request: Request, status: int, outcome: Outcome) -> None:
         self._recorded.add(request)
@@ -422,6 +441,12 @@ class MovedPageMiddleware:
             request.meta[_MOVED] = Gone(key, prior, response.status, GoneReason.MOVED,
                                         target=target, lastmod=_listed(request))
         return response
+
+
+def _redirect_hop_of_counted_page(request: Request) -> bool:
+    """Whether *request* is a redirect's next hop carrying the page counted
+    when its chain was decided (see :func:`counted_key`)."""
+    return bool(request.meta.get("redirect_urls")) and counted_key(request) is not None
 
 
 def _live(state: PageState | None) -> bool:

@@ -75,7 +75,7 @@ from incremental_crawler.state.records import PageFlags
 from incremental_crawler.state.stores.base import due_after
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
     from typing import Self
 
     from scrapy import Spider
@@ -153,6 +153,9 @@ class Reseeder:
 
     def spider_opened(self, spider: Spider) -> None:
         setattr(spider, CALLBACK_ATTRIBUTE, self.reseed_due)  # see CALLBACK_ATTRIBUTE
+        ledger = self.crawler.get_extension(Ledger)
+        if ledger is not None and self.config.reseeds_for(spider):
+            ledger.counter.summed = _summed_by(ledger, spider)
 
     def wanted(self) -> bool:
         """Whether the spider wants its due pages re-seeded this crawl."""
@@ -248,6 +251,24 @@ class Reseeder:
                                dont_filter=False)
 
 
+def _summed_by(ledger: Ledger, spider: Spider) -> Callable[[PageState], bool]:
+    """Whether a page's stored state puts it among the pages the re-seeder
+    counts not due by the store's sums (:meth:`_DueReader.count_the_rest`).
+    Asked from the crawl's start on, before the sums are read: a page
+    counted one by one is told apart from them (in cluster mode by the run,
+    whose start and due time every worker shares)."""
+    scope = ledger.scope
+    lists = frozenset(getattr(spider, "list_callbacks", ()))
+
+    def summed(state: PageState) -> bool:
+        second_after = math.floor(ledger.crawl_started) + 1
+        return (state.key.scope == scope and state.next_visit > ledger.due_at
+                and state.last_checked < second_after and state.callback is not None
+                and state.callback not in lists)
+
+    return summed
+
+
 class _DueReader:
     """One re-seed: reads the due pages, decides them, keeps the sample."""
 
@@ -305,7 +326,15 @@ class _DueReader:
             checked_before=math.floor(rules.started), exclude_callbacks=self.list_callbacks)
         # Read above, or counted by whoever decided them (a list read in full).
         decided = self.read_keys | self.counter.counted_keys(upto=rules.due_at)
-        self.counter.deferred(due.pages - len(decided))
+        scope, lists, before = self.ledger.scope, self.list_callbacks, math.floor(rules.started)
+
+        def deferred(state: PageState) -> bool:
+            # Among the due pages summed above, and not read.
+            return (state.key.scope == scope and state.next_visit <= rules.due_at
+                    and state.last_checked < before and state.callback is not None
+                    and state.callback not in lists and state.key not in decided)
+
+        self.counter.deferred(due.pages - len(decided), deferred)
 
     async def count_the_rest(self) -> None:
         """Count the known pages no one decided this crawl: not due (nothing
@@ -326,7 +355,9 @@ class _DueReader:
         summary = await self.ledger.store.summarize_pages(
             self.ledger.scope, after=rules.due_at, upto=math.inf,
             checked_before=second_after, exclude_callbacks=self.list_callbacks)
-        counted, counted_size = self.counter.counted_after(rules.due_at)
+        # Read after the store's sums: a page counted one by one meanwhile
+        # is in both (cluster mode: the run's, which counts none from then on).
+        counted, counted_size = self.counter.counted_in_sum(rules.due_at)
         early, early_size = await self._visited_first_second(second_after)
         self.counter.not_due_elsewhere(summary.pages - counted - early,
                                        summary.size - counted_size - early_size,
@@ -337,7 +368,7 @@ class _DueReader:
         of the rest counts (:meth:`count_the_rest`): how many, their sizes."""
         pages = size = 0
         counted = self.counter.counted_keys(upto=math.inf)
-        for key in self.ledger.visited_first_second - counted:
+        for key in self.ledger.first_second_visits() - counted:
             state = await self.ledger.store.get_page(key)
             if (state is not None and state.callback is not None
                     and state.callback not in self.list_callbacks

@@ -57,6 +57,7 @@ _NOT_REQUESTED = {
 _LEFT = {
     Why.LASTMOD_UNCHANGED.value: "incremental/schedule/skipped_left/lastmod_unchanged",
     Why.NOT_DUE.value: "incremental/schedule/not_due_left",
+    "deferred": "incremental/schedule/deferred_left",
 }
 
 #: Pages and lists (sitemaps, feeds) are counted apart (``kind`` label).

@@ -45,7 +45,9 @@ bring back (re-seeding off, a request that cannot be rebuilt, an engine
 download, a not-due page whose links would have been replayed) is counted
 as unrecorded (``incremental/failures_unrecorded``): it keeps every sitemap
 and feed state of the crawl unsaved, and the next crawl reads them in full
-and lists the refused pages again.
+and lists the refused pages again. In the crawl's accounting a refused
+page is requested and failed: the page that was asked, when the refused
+request is a redirect's hop.
 
 A page with a record the re-seeder asks for that robots.txt *forbids*
 (refused while it could not be read, or fetched before it forbade it) is
@@ -74,11 +76,14 @@ from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred
 
+from incremental_crawler.change.accounting import PageOutcome, Why, counted_key
 from incremental_crawler.change.policy import links_unknown
 from incremental_crawler.crawl.conditional import callback_name
 from incremental_crawler.crawl.due import RequestRules
 from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.exceptions import RobotsTxtUnavailable
+from incremental_crawler.hosts import host_of
+from incremental_crawler.meta import META_DISCOVERY
 from incremental_crawler.politeness.extension import MAX_WAIT
 from incremental_crawler.politeness.middlewares import MAX_RETRY_AFTER
 from incremental_crawler.recipes import own_recipe
@@ -308,8 +313,8 @@ class RobotsTxtMiddleware(ScrapyRobotsTxt):
             return
         if found is None:
             return
-        key, prior, due = found
-        if prior is None or prior.callback is None or not due:
+        key, prior, why = found
+        if prior is None or prior.callback is None or not why.requested:
             return
         if is_gone(prior):
             # Its rare recheck: not a failure, the next one a recheck later.
@@ -330,8 +335,9 @@ class RobotsTxtMiddleware(ScrapyRobotsTxt):
 
     async def _due_page(
         self, ledger: Ledger, request: Request,
-    ) -> tuple[PageKey, PageState | None, bool] | None:
-        """The page of *request*: its key, stored state, and whether it is due.
+    ) -> tuple[PageKey, PageState | None, Why] | None:
+        """The page of *request*: its key, stored state, and why it is
+        requested this crawl, or not (``Why.requested``).
 
         The conditional middleware (585) never sees a refused request: the
         page's state is read here. ``None``: the request has no page of its
@@ -344,10 +350,10 @@ class RobotsTxtMiddleware(ScrapyRobotsTxt):
         found, prior = ledger.take_prefetched(key)
         if not found:
             prior = await ledger.store.get_page(key)
-        due = prior is None or rules.due(
+        why = Why.NEW if prior is None else rules.why(
             request, prior, links_unknown=links_unknown(prior, replay=rules.replays(request)),
             ledger=ledger)
-        return key, prior, due
+        return key, prior, why
 
     async def _record(self, ledger: Ledger, request: Request) -> None:
         """Record the refused page's failure, as a final failure of its download is.
@@ -367,14 +373,27 @@ class RobotsTxtMiddleware(ScrapyRobotsTxt):
             # No page of its own (an engine download): nothing to record it in.
             ledger.note_unrecorded_failure()
             return
-        key, prior, due = found
-        if not due:
+        key, prior, why = found
+        # The conditional middleware, below this one, never sees the
+        # request: its page is counted here, unless whoever made the
+        # request counted it (a list, the re-seeder; a redirect's hop
+        # carries the page that was asked, whose answer this refusal is).
+        counted = counted_key(request)
+        page = not request.meta.get(META_DISCOVERY)
+        if not why.requested:
             assert prior is not None
+            if page and counted is None:
+                ledger.counter.not_due(prior)
             if self._rules(ledger).replays(request) and prior.flags & PageFlags.HAS_LINKS:
                 # Not due, but its links would have been replayed: the
                 # pages behind it are not reached this crawl.
                 ledger.note_unrecorded_failure()
             return
+        if page and counted is None:
+            ledger.counter.requested(why, host_of(request.url), key, prior)
         ledger.record_failure(
             key, prior, 0, callback=callback_name(request, spider),
-            recipe=own_recipe(request, spider, ledger.recipe_rules), counted=True)
+            recipe=own_recipe(request, spider, ledger.recipe_rules), counted=True,
+            counted_as=counted)
+        if page:
+            ledger.counter.outcome(PageOutcome.FAILED, counted or key)

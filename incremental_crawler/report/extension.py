@@ -123,7 +123,7 @@ def _schedule(stats: dict[str, Any]) -> dict[str, int]:
         "skipped_lastmod": get(f"skipped/{Why.LASTMOD_UNCHANGED}")
         - get(f"skipped_left/{Why.LASTMOD_UNCHANGED}"),
         "not_due": get("not_due") - get("not_due_left"),
-        "deferred": get("deferred"),
+        "deferred": get("deferred") - get("deferred_left"),
     }
     return {
         "requested": pages_requested,
@@ -227,7 +227,11 @@ def report_lines(s: dict[str, int], *, worker: bool = False) -> list[str]:
     (*worker*: one cluster worker's, see :func:`_bytes_line`)."""
     lines = [_line(s)]
     if accounting := accounting_line(s):
-        lines.append(accounting)
+        # Each page is counted by one worker of the run: a worker's columns
+        # are its share (one may be below zero: pages that left a column
+        # another worker counted them in).
+        lines.append(accounting + (" (this worker's share: scrapy state sums the run's workers)"
+                                   if worker else ""))
     if nothing := _nothing_requested(s):
         lines.append(nothing)
     lines.append(_bytes_line(s, worker=worker))

@@ -390,36 +390,46 @@ class ListedPagesSpider(IncrementalSpider):
         for start in range(0, len(candidates), _LOOKUP_CHUNK):
             chunk = candidates[start:start + _LOOKUP_CHUNK]
             stored = await self.stored_states(chunk)
-            for candidate, state in zip(chunk, stored, strict=True):
-                self._decided.add(candidate.canonical)
-                if ledger is not None:
-                    ledger.clock_skew.notice(state)
-                callback = callback_for(candidate.loc)
-                if callback is None:
-                    continue  # not one of the crawl's pages
-                why = decide(candidate, state, use_lastmod=use_lastmod, rules=rules,
-                             vouching=vouching)
-                # The list's membership goes with a page it dates (a
-                # modification date): that date vouches while the list has it.
-                dates = listing if candidate.lastmod is not None and candidate.modified else (
-                    NO_LISTING)
-                if state is not None and why in (Why.LASTMOD_UNCHANGED, Why.NOT_DUE):
-                    other = state.listing != listing and state.listing in self.listings
-                    if ledger is not None and (state.listing or NO_LISTING) != dates and not other:
-                        # Not visited: the membership is stored alone (not
-                        # over that of another list of this crawl naming it).
-                        ledger.stage_listing(state.key, dates)
-                    self._not_requested(_Listed(candidate, state, callback), why, sample,
-                                        counter)
-                    continue
-                counter.requested(why, host_of(candidate.loc), self._key(candidate))
-                yield self._page_request(candidate, state, callback, why, use_lastmod, listing)
+            # Counted in one batch (cluster mode: one round trip a chunk),
+            # then yielded.
+            requests: list[Request] = []
+            with counter.batch():
+                for candidate, state in zip(chunk, stored, strict=True):
+                    self._decided.add(candidate.canonical)
+                    if ledger is not None:
+                        ledger.clock_skew.notice(state)
+                    callback = callback_for(candidate.loc)
+                    if callback is None:
+                        continue  # not one of the crawl's pages
+                    why = decide(candidate, state, use_lastmod=use_lastmod, rules=rules,
+                                 vouching=vouching)
+                    # The list's membership goes with a page it dates (a
+                    # modification date): that date vouches while the list has it.
+                    dates = listing if candidate.lastmod is not None and candidate.modified else (
+                        NO_LISTING)
+                    if state is not None and why in (Why.LASTMOD_UNCHANGED, Why.NOT_DUE):
+                        other = state.listing != listing and state.listing in self.listings
+                        moved = (state.listing or NO_LISTING) != dates
+                        if ledger is not None and moved and not other:
+                            # Not visited: the membership is stored alone (not
+                            # over that of another list of this crawl naming it).
+                            ledger.stage_listing(state.key, dates)
+                        self._not_requested(_Listed(candidate, state, callback), why, sample,
+                                            counter)
+                        continue
+                    counter.requested(why, host_of(candidate.loc), self._key(candidate), state)
+                    requests.append(self._page_request(candidate, state, callback, why,
+                                                       use_lastmod, listing))
+            for request in requests:
+                yield request
         sampled, rest = sample.take()
-        for listed in rest:
-            self._skipped(listed.state, counter)
+        with counter.batch():
+            for listed in rest:
+                self._skipped(listed.state, counter)
+            for listed in sampled:
+                counter.requested(Why.SAMPLED, host_of(listed.candidate.loc),
+                                  self._key(listed.candidate), listed.state)
         for listed in sampled:
-            counter.requested(Why.SAMPLED, host_of(listed.candidate.loc),
-                              self._key(listed.candidate))
             yield self._page_request(*listed, Why.SAMPLED, use_lastmod, listing)
 
     def _not_requested(self, listed: _Listed, why: Why, sample: RotatingSample[_Listed],

@@ -102,3 +102,12 @@ def test_a_cluster_worker_gives_no_share_of_the_run() -> None:
     assert report_lines(s, worker=True)[-1] == (
         "bytes downloaded 10, saved ~0 by 304s (this worker's part of the run: scrapy state "
         "gives the run's shares)")
+
+
+def test_a_cluster_workers_accounting_says_it_is_the_workers_share() -> None:
+    s = summarize({"incremental/schedule/requested/new": 2,
+                   "incremental/schedule/not_due": 1,
+                   "incremental/schedule/not_due_left": 2})
+    [line] = [line for line in report_lines(s, worker=True) if line.startswith("known pages:")]
+    assert line == ("known pages: requested 2 (new 2), not due -1; 1 in all "
+                    "(this worker's share: scrapy state sums the run's workers)")

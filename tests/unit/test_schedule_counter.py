@@ -74,10 +74,32 @@ def test_a_page_not_due_then_requested_leaves_not_due_and_the_first_due_moves_on
 
 def test_the_last_page_not_due_requested_leaves_the_bulk_counts_first_due() -> None:
     c = counter()
+    c.summed = lambda state: state.next_visit >= 5000.0
     c.not_due_elsewhere(3, 30, 5000.0)
     c.not_due(stored(PAGE, 1000.0))
     c.requested(Why.DUE, "a.example", PAGE)
     assert figures(c)["first_due"] == 5000
+
+
+def test_a_page_counted_in_bulk_is_not_counted_again_and_leaves_when_requested() -> None:
+    # Three pages not due, counted in bulk by the store's sums: no keys,
+    # their state tells them.
+    c = counter()
+    c.summed = lambda state: state.next_visit >= 5000.0
+    c.not_due_elsewhere(3, 300, 5000.0)
+    c.not_due(stored(PAGE, 6000.0))
+    c.skipped(stored(PAGE, 6000.0))
+    c.requested(Why.RECHECK, "a.example", OTHER, stored(OTHER, 7000.0, size=100))
+    c.outcome(PageOutcome.UNCHANGED, OTHER)
+    # Asked again: it left once.
+    c.requested(Why.RECHECK, "a.example", OTHER, stored(OTHER, 7000.0, size=100))
+    assert figures(c) == {"not_due": 2, "first_due": 5000, "bytes_skipped": 200,
+                          "requested": 1, "requested_recheck": 1, "pages_known": 3,
+                          "pages_checked": 1, "pages_unchanged": 1}
+    # A page the bulk did not count is counted as it comes.
+    third = PageKey("s", "http://a.example/r")
+    c.not_due(stored(third, 1000.0))
+    assert figures(c)["not_due"] == 3 and figures(c)["pages_known"] == 4
 
 
 def test_the_counted_key_goes_with_the_why_along_a_redirect_not_into_another_page() -> None:
@@ -167,3 +189,55 @@ def test_a_pages_answers_merge_into_one_column(answers: list[str], column: str) 
     [host] = c.hosts.table().values()
     assert {k: v for k, v in host.items() if k.startswith("outcome/") and v} == {
         f"outcome/{column}": 1}
+
+
+class OtherWorkerFirst:
+    """A run whose other worker counted *theirs* first (requested), as the
+    run's script answers; each call recorded."""
+
+    def __init__(self, theirs: set[PageKey]) -> None:
+        self.columns = dict.fromkeys(theirs, "r0:0")
+        self.calls: list[list[tuple[PageKey, str]]] = []
+
+    def count_pages(self, pages):
+        self.calls.append([(key, column) for key, column, _, _ in pages])
+        had = []
+        for key, column, size, _ in pages:
+            old = self.columns.get(key, "")
+            if not old or (column == "r" and not old.startswith("r")):
+                self.columns[key] = f"{column}0:{size}"
+            had.append(old)
+        return had
+
+    def bulk_counted(self):
+        return 0, 0
+
+
+def test_a_batch_counts_its_pages_in_the_run_in_one_call_and_each_page_once() -> None:
+    c = counter()
+    third = PageKey("s", "http://a.example/r")
+    run = c.run = OtherWorkerFirst({OTHER})
+    with c.batch():
+        c.requested(Why.DUE, "a.example", PAGE, stored(PAGE, 0.0))
+        c.requested(Why.DUE, "a.example", OTHER, stored(OTHER, 0.0))
+        c.not_due(stored(third, 5000.0, size=40))
+        c.requested(Why.DUE, "a.example", PAGE, stored(PAGE, 0.0))  # again: once
+        assert figures(c) == {}  # counted when the batch closes
+    assert run.calls == [[(PAGE, "r"), (OTHER, "r"), (third, "d"), (PAGE, "r")]]
+    # OTHER is the other worker's: its answers here are not counted.
+    c.outcome(PageOutcome.NEW, PAGE)
+    c.outcome(PageOutcome.NEW, OTHER)
+    assert figures(c) == {"requested": 1, "requested_due": 1, "not_due": 1,
+                          "first_due": 5000, "bytes_skipped": 40, "pages_known": 2,
+                          "pages_checked": 1, "pages_new": 1}
+
+
+def test_a_redirect_not_followed_leaves_an_answered_page_in_its_column() -> None:
+    c = counter()
+    c.requested(Why.DUE, "a.example", PAGE)
+    c.unanswered(PageOutcome.REDIRECTED, PAGE)
+    c.requested(Why.DUE, "a.example", OTHER)
+    c.outcome(PageOutcome.NOT_MODIFIED, OTHER)
+    c.unanswered(PageOutcome.REDIRECTED, OTHER)
+    assert {k: v for k, v in figures(c).items() if k.startswith("pages_")} == {
+        "pages_known": 2, "pages_checked": 2, "pages_not_modified": 1, "pages_redirected": 1}
