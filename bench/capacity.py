@@ -62,7 +62,9 @@ What it measures
        one's CPU per page bounds the cluster's write rate (one server's
        against it: ~3x is three primaries sharing the writes evenly). The
        pages are on ``--hosts`` hosts (10): a host's keys are one hash
-       slot, so few hosts use few nodes.
+       slot, so few hosts use few nodes. With ``--start-cluster-ref`` the
+       cluster also runs that commit's code (a worktree of its own), at
+       the same sizes, beside this tree's.
        ~45 minutes.
 
 How to read it
@@ -550,25 +552,37 @@ def crawl_start_run(args: argparse.Namespace) -> int:
         old_tree = work / "base"
         subprocess.run(["git", "worktree", "add", "--detach", str(old_tree), args.start_ref],
                        cwd=REPO, check=True, capture_output=True, timeout=120)
+        # The base commit does not run on a cluster: the cluster's old code
+        # is --start-cluster-ref's, if given.
+        cluster_old = work / "cluster-base" if args.start_cluster_ref else None
+        if cluster_old is not None:
+            subprocess.run(["git", "worktree", "add", "--detach", str(cluster_old),
+                            args.start_cluster_ref],
+                           cwd=REPO, check=True, capture_output=True, timeout=120)
+        refs = {old_tree: args.start_ref, cluster_old: args.start_cluster_ref}
         try:
             for store in ("sqlite", "redis", "cluster"):
-                # The old code does not run on a cluster.
-                runs = ((("new", REPO, args.start_cluster_pages),) if store == "cluster" else
+                runs = ((("new", REPO, args.start_cluster_pages),
+                         *((("old", cluster_old, args.start_cluster_pages),)
+                           if cluster_old is not None else ())) if store == "cluster" else
                         (("new", REPO, args.start_pages), ("old", old_tree, args.start_old_pages)))
                 for version, code, sizes in runs:
                     if not sizes:
                         continue
                     results[store, version] = crawl_start_child(
-                        store, code, sorted(sizes), work / f"{store}-{version}", args)
+                        store, code, sorted(sizes), work / f"{store}-{version}", args,
+                        refs.get(code, ""))
         finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(old_tree)],
-                           cwd=REPO, check=False, capture_output=True, timeout=120)
+            for tree in (old_tree, cluster_old):
+                if tree is not None:
+                    subprocess.run(["git", "worktree", "remove", "--force", str(tree)],
+                                   cwd=REPO, check=False, capture_output=True, timeout=120)
     print_crawl_start(results, args)
     return 0
 
 
 def crawl_start_child(store: str, code: Path, sizes: list[int], work: Path,
-                      args: argparse.Namespace) -> list[dict[str, Any]]:
+                      args: argparse.Namespace, ref: str = "") -> list[dict[str, Any]]:
     work.mkdir()
     server: PrivateRedis | None = PrivateRedis(work) if store == "redis" else None
     cluster = None
@@ -587,7 +601,7 @@ def crawl_start_child(store: str, code: Path, sizes: list[int], work: Path,
         command += ["--redis-uri", server.uri]
     if cluster is not None:
         command += ["--redis-uri", cluster.url]
-    label = f"{store} ({'this tree' if code == REPO else args.start_ref[:10]})"
+    label = f"{store} ({'this tree' if code == REPO else ref[:10]})"
     print(f"... crawl start, {label}: {', '.join(f'{n:,}' for n in sizes)} pages",
           file=sys.stderr)
     points: list[dict[str, Any]] = []
@@ -636,7 +650,9 @@ def print_crawl_start(results: dict[tuple[str, str], list[dict[str, Any]]],
                  "B/page", "write pages/s",
                  "flush ms (median / max)", "migration s", "due / not due"], rows)
     single = {p["pages"]: p for p in results.get(("redis", "new"), [])}
-    for p in results.get(("cluster", "new"), []):
+    cluster_points = [(which, p) for which in ("old", "new")
+                      for p in results.get(("cluster", which), [])]
+    for which, p in cluster_points:
         one = single.get(p["pages"])
         nodes = p.get("write_cpu_us_per_node", [])
         if one is None or not nodes or not one.get("write_cpu_us_per_node"):
@@ -648,7 +664,9 @@ def print_crawl_start(results: dict[tuple[str, str], list[dict[str, Any]]],
         # writes evenly, each at no more CPU per page it serves than one
         # server, would take 3x the writes.
         scale = alone / max(nodes)
-        print(f"cluster at {p['pages']:,} pages: server CPU per page write {sum(nodes):.0f} us "
+        code = "this tree" if which == "new" else (args.start_cluster_ref or "")[:10]
+        print(f"cluster ({code}) at {p['pages']:,} pages: server CPU per page write "
+              f"{sum(nodes):.0f} us "
               f"over {len(nodes)} primaries ({' / '.join(f'{us:.0f}' for us in nodes)}), "
               f"one server {alone:.0f} us: the cluster's write rate bound by its busiest "
               f"primary is {scale:.2f}x one server's (target ~{len(nodes)}x): "
@@ -701,6 +719,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="sizes of the crawl-start run on a 3-node Redis Cluster, this tree "
                         "(100000 1000000)")
     p.add_argument("--start-ref", default=BASE_REF, help="the base commit (old code)")
+    p.add_argument("--start-cluster-ref",
+                   help="a commit whose code the cluster runs too, at --start-cluster-pages, "
+                        "beside this tree's (none: this tree only)")
     p.add_argument("--start-bulk-from", type=int, default=2_000_000,
                    help="sizes from this one up are written by the bulk path (2000000)")
     args = p.parse_args(argv)
