@@ -203,7 +203,7 @@ async def test_reset_refuses_without_yes_and_while_a_crawl_holds_the_scope(
         assert held.stderr.count("\n") == 1
         assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", held.stderr)
     assert state_store.count_scope(SCOPE) == before
-    assert re.search(r"^  held by +crawler-host:4242 \(running, or killed: its hold lapses at ",
+    assert re.search(r"^  held by +crawl crawler-host:4242 \(running, or killed: its hold lapses at ",
                      summary.stdout, re.M), summary.stdout
 
     # A killed crawl's hold lapses: an explicit now past it, through the store.
