@@ -15,6 +15,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -29,12 +30,16 @@ from twisted.internet.threads import deferToThread
 from incremental_crawler import clock
 from incremental_crawler.crawl.ledger import HOLD_TTL
 from incremental_crawler.recipes import load_links
+from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.records import SlotRate
+from incremental_crawler.state.stores import StateStoreError
+from tests.cluster_worker import Worker, leftover_keys
 from tests.conftest import crawl_settings
 from tests.scrapy_cli import scrapy_in_process
 from tests.site import LoopbackSite
 from tests.site.manual import CONTENTS, page_path
 from tests.spiders import ListSpider
+from tests.test_fatal import one_error_line
 
 if TYPE_CHECKING:
     from incremental_crawler.state.stores import StateStore
@@ -203,8 +208,8 @@ async def test_reset_refuses_without_yes_and_while_a_crawl_holds_the_scope(
         assert held.stderr.count("\n") == 1
         assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", held.stderr)
     assert state_store.count_scope(SCOPE) == before
-    assert re.search(r"^  held by +crawl crawler-host:4242 \(running, or killed: its hold lapses at ",
-                     summary.stdout, re.M), summary.stdout
+    assert re.search(r"^  held by +crawl crawler-host:4242 \(running, or killed: its hold "
+                     r"lapses at ", summary.stdout, re.M), summary.stdout
 
     # A killed crawl's hold lapses: an explicit now past it, through the store.
     assert state_store.scope_holders(SCOPE, expires) == {}
@@ -328,3 +333,62 @@ async def test_url_counts_the_requests_a_links_record_holds(crawl, state_uri, st
     [record] = json.loads(machine.stdout)
     assert record["links"][""] == recorded
     assert {recipe["u"] for recipe in recorded} >= {site.url(page_path(1))}
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_and_a_cluster_worker_refuse_to_start_while_a_repair_holds_the_scope(
+    site, crawl, state_uri, state_store: StateStore, cluster_prefix, tmp_path, monkeypatch,
+):
+    paths = [f"/p/{i:04d}" for i in range(4)]
+    for path in paths:
+        site.add_page(path, "strong", size=1500)
+    await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"))
+    before = state_store.count_scope("sitemap")
+    assert before.items == 4  # (the pages: these, robots.txt and the sitemaps)
+    # The repair waits, holding the scope, before it reads or deletes anything.
+    paused, go = threading.Event(), threading.Event()
+    store_class = type(state_store)
+    forget_host = store_class.forget_host
+
+    def then_wait(self: Any, scope: str, host: str) -> Any:
+        paused.set()
+        go.wait(60)
+        return forget_host(self, scope, host)
+
+    monkeypatch.setattr(store_class, "forget_host", then_wait)
+    repair = deferToThread(scrapy_in_process, "state", "forget-host", "127.0.0.1",
+                           "--spider", "sitemap", "-s", f"INCREMENTAL_STATE_URI={state_uri}")
+    try:
+        assert await deferToThread(paused.wait, 60)
+        site.reset_log()
+        repairer = f"repair {socket.gethostname()}:{os.getpid()}"
+        with pytest.raises(StateStoreError) as refused:
+            await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"))
+        assert str(refused.value).startswith(
+            f"State store {state_store.location}: scope 'sitemap' is held by {repairer} "
+            "(its hold lapses in "), refused.value
+        assert str(refused.value).endswith(
+            "a crawl beside a repair would write what the repair deletes: wait until it "
+            "ends"), refused.value
+        worker = Worker(site, state_uri, cluster_prefix, tmp_path, "0")
+        assert await worker.wait() == 1, worker.tail()
+        line = one_error_line(subprocess.CompletedProcess([], 1, "", worker.text()))
+        assert line.startswith(f"State store {state_store.location}: scope 'sitemap' is held "
+                               f"by {repairer} (its hold lapses in "), line
+        # Nothing asked of the site, nothing written, no run joined.
+        assert site.log == []
+        assert state_store.count_scope("sitemap") == before
+        assert leftover_keys(cluster_prefix) == []
+        assert list(state_store.scope_holders("sitemap", clock.now())) == [
+            f"repair@{socket.gethostname()}:{os.getpid()}"]
+    finally:
+        go.set()
+    done = await repair
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(
+        f"forgot host 127.0.0.1 in scope 'sitemap': {before.pages} pages"), done.stdout
+    assert state_store.scope_holders("sitemap", clock.now()) == {}  # released
+    # The next crawl starts, and finds every page new.
+    again = await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"))
+    assert again.stats.get_value("incremental/items_new") == 4
