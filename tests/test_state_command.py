@@ -25,9 +25,11 @@ from scrapy.crawler import CrawlerRunner
 from scrapy.linkextractors import LinkExtractor
 from scrapy.spiders import CrawlSpider, Rule
 from scrapy.utils.defer import deferred_from_coro
+from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 
 from incremental_crawler import clock
+from incremental_crawler.crawl import ledger as ledger_module
 from incremental_crawler.crawl.ledger import HOLD_TTL
 from incremental_crawler.recipes import load_links
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
@@ -40,6 +42,7 @@ from tests.site import LoopbackSite
 from tests.site.manual import CONTENTS, page_path
 from tests.spiders import ListSpider
 from tests.test_fatal import one_error_line
+from tests.waiting import until
 
 if TYPE_CHECKING:
     from incremental_crawler.state.stores import StateStore
@@ -392,3 +395,40 @@ async def test_a_crawl_and_a_cluster_worker_refuse_to_start_while_a_repair_holds
     # The next crawl starts, and finds every page new.
     again = await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"))
     assert again.stats.get_value("incremental/items_new") == 4
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_whose_hold_was_taken_over_by_a_repair_stops_and_does_not_take_it_back(
+    site, state_uri, state_store: StateStore, monkeypatch, caplog,
+):
+    # A short hold, refreshed every 0.1 s: a lapse is a moment away.
+    monkeypatch.setattr(ledger_module, "HOLD_TTL", 0.3)
+    urls = pages(site, 6)
+    site.hold("/p/")
+    runner = CrawlerRunner(crawl_settings(state_uri, INCREMENTAL_FLUSH_INTERVAL=0.05,
+                                          CONCURRENT_REQUESTS=2))
+    crawler = runner.create_crawler(ListSpider)
+    done = ensureDeferred(runner.crawl(crawler, urls=urls))
+    try:
+        await until(lambda: site.held >= 1, "the crawl to send a request")
+        # Its hold lapsed (as when its reactor stalls past it) and a repair
+        # took the scope: a now past the hold, synchronously (no refresh
+        # runs between).
+        repair = "repair@elsewhere:4242"
+        later = clock.now() + 1
+        assert state_store.take_scope(SCOPE, repair, 60, later) is None
+        assert list(state_store.scope_holders(SCOPE, later)) == [repair]
+        await until(lambda: crawler.stats.get_value("incremental/store_errors"),
+                    "the crawl to find its hold taken")
+        # Not taken back while the crawl ran on.
+        assert list(state_store.scope_holders(SCOPE, later)) == [repair]
+    finally:
+        site.release()
+    await done
+    assert crawler.stats.get_value("finish_reason") == "incremental_store_error"
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any(f"scope {SCOPE!r} is held by repair elsewhere:4242, which crawl "
+               f"{socket.gethostname()}:{os.getpid()} may not hold it beside; stopping the crawl"
+               in error for error in errors), errors
+    assert list(state_store.scope_holders(SCOPE, later)) == [repair]
