@@ -107,6 +107,7 @@ from incremental_crawler.state.stores.base import (
     ScopeHeld,
     dead_pid,
     describe_holder,
+    hold_process,
 )
 
 if TYPE_CHECKING:
@@ -1120,11 +1121,14 @@ class Ledger:
         crawls = await self.store.undelivered_crawls(self.scope)
         if not crawls:
             return
-        holders = self.store.scope_holders(self.scope, clock.now())
+        # By process: a worker's hold is not named by its worker id.
+        holding = {hold_process(holder) for holder in
+                   self.store.scope_holders(self.scope, clock.now())}
         for crawl in crawls:
             holder = crawl.rpartition("/")[0]
-            if crawl == self.delivery or (
-                    holder in holders and holder != self.holder and dead_pid(holder) is None):
+            if crawl == self.delivery or (hold_process(holder) in holding
+                                          and holder != self.holder
+                                          and dead_pid(holder) is None):
                 continue
             after: Undelivered | None = None
             while True:

@@ -68,6 +68,7 @@ __all__ = [
     "dead_pid",
     "describe_holder",
     "due_after",
+    "hold_process",
     "holder_gone",
     "holds_conflict",
     "host_of",
@@ -242,6 +243,13 @@ def describe_holder(holder: str) -> str:
     host:pid:id``, ``repair host:pid``."""
     kind, name = _hold_kind(holder)
     return {SHARED_HOLD: "cluster worker", REPAIR_HOLD: "repair"}.get(kind, "crawl") + f" {name}"
+
+
+def hold_process(holder: str) -> str:
+    """The process (``host:pid``) of *holder*, of any kind: a cluster
+    worker's hold is named apart from its worker id, in the same process."""
+    host, _, rest = _hold_kind(holder)[1].partition(":")
+    return f"{host}:{rest.partition(':')[0]}"
 
 
 def dead_pid(holder: str) -> int | None:
