@@ -23,18 +23,20 @@ import pytest_twisted
 from scrapy import signals
 from scrapy.crawler import CrawlerRunner
 from scrapy.linkextractors import LinkExtractor
+from scrapy.settings import Settings
 from scrapy.spiders import CrawlSpider, Rule
 from scrapy.utils.defer import deferred_from_coro
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 
 from incremental_crawler import clock
+from incremental_crawler.commands._repair_hold import RepairHold
 from incremental_crawler.crawl import ledger as ledger_module
 from incremental_crawler.crawl.ledger import HOLD_TTL
 from incremental_crawler.recipes import load_links
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.records import SlotRate
-from incremental_crawler.state.stores import StateStoreError
+from incremental_crawler.state.stores import StateStoreError, open_admin_store
 from tests.cluster_worker import Worker, leftover_keys
 from tests.conftest import crawl_settings
 from tests.scrapy_cli import scrapy_in_process
@@ -432,3 +434,32 @@ async def test_a_crawl_whose_hold_was_taken_over_by_a_repair_stops_and_does_not_
                f"{socket.gethostname()}:{os.getpid()} may not hold it beside; stopping the crawl"
                in error for error in errors), errors
     assert list(state_store.scope_holders(SCOPE, later)) == [repair]
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_a_repairs_hold_is_renewed_while_it_runs_and_released_at_the_end(
+    state_uri, state_store: StateStore,
+):
+    settings = crawl_settings(state_uri)
+
+    def open_admin() -> Any:
+        return open_admin_store(Settings(settings), "state")
+
+    crawl = f"{socket.gethostname()}:{os.getpid()}"
+    hold = RepairHold(open_admin, SCOPE, ttl=0.6)  # renewed every 0.2 s
+    # (In a thread, as the command runs it: its store closes with asyncio.run.)
+    await deferToThread(hold.__enter__)
+    try:
+        [(name, first)] = state_store.scope_holders(SCOPE, clock.now()).items()
+        assert name == f"repair@{crawl}"
+        # Bounded: until a renewal moved its lapse (a minute at most).
+        await until(lambda: state_store.scope_holders(SCOPE, 0).get(name, 0) > first,
+                    "the repair's hold to be renewed", seconds=60)
+        # A crawl starting meanwhile is refused, naming the repair.
+        held = state_store.take_scope(SCOPE, crawl, 60, clock.now())
+        assert held is not None and held[0] == name
+    finally:
+        await deferToThread(hold.__exit__, None, None, None)
+    assert state_store.scope_holders(SCOPE, 0) == {}  # released
+    assert hold.lost is None
