@@ -451,7 +451,10 @@ async def test_a_repair_is_refused_while_cluster_workers_hold_the_scope_naming_t
     assert refused.stderr.startswith("error: scope 'sitemap' is held by cluster worker "), \
         refused.stderr
     for worker in workers:
-        assert f"cluster worker {socket.gethostname()}:{worker.proc.pid}:" in refused.stderr, \
+        # Named as the cluster knows it.
+        [joined] = re.findall(r"worker (\S+) joined run", worker.text())
+        assert joined.startswith(f"{socket.gethostname()}:{worker.proc.pid}:"), joined
+        assert f"cluster worker {joined} (running, or killed: " in refused.stderr, \
             refused.stderr
     assert refused.stderr.count("cluster worker") == 2, refused.stderr
     # Nothing deleted: the workers stored every page, and release their holds.

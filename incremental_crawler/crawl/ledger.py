@@ -473,8 +473,8 @@ class Ledger:
         if self.crawler.spider is None:
             return
         process = f"{socket.gethostname()}:{os.getpid()}"
-        # A worker's own name: its cluster id is given only when it joins
-        # the run, after this (and a worker holds before it takes any work).
+        # A worker's name, made here: it holds before it joins the run
+        # (before it takes any work), and the cluster then knows it by it.
         self.hold_name = (process if self.config.cluster is None
                           else f"{SHARED_HOLD}{process}:{uuid.uuid4().hex[:8]}")
         now = clock.now()
