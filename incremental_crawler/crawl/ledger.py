@@ -662,7 +662,8 @@ class Ledger:
 
     async def _hold(self) -> None:
         """Take or refresh this crawl's hold on its scope (a failure is logged:
-        the crawl goes on, and a store that fails stops it at its next flush)."""
+        the crawl goes on, and a store that fails stops it at its next flush;
+        a hold another took over stops it at once)."""
         try:
             await self.store.hold_scope(self.scope, self.hold_name, self.hold_ttl)
             self._held_at = clock.now()
