@@ -478,10 +478,10 @@ async def test_a_worker_and_a_crawl_refuse_to_start_while_a_repair_holds_the_sco
     # (the moment a page written beside it would keep validators that say
     # "seen" without its items), holding the scope.
     deleted, go = threading.Event(), threading.Event()
-    host_part = RedisStateStore._forget_host_slot
+    host_script = RedisStateStore._forget_host_slot
 
     def then_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
-        done = host_part(self, *args, **kwargs)
+        done = host_script(self, *args, **kwargs)
         deleted.set()
         go.wait(60)
         return done
