@@ -35,13 +35,16 @@ from incremental_crawler.state.stores.base import (
     AdminStore,
     DueAfter,
     Removed,
+    ScopeHeld,
     StateStore,
     UrlRecord,
     checked_after,
     due_after,
     holder_gone,
+    holds_conflict,
     host_of,
     item_history_setting,
+    takes_over,
 )
 
 if TYPE_CHECKING:
@@ -283,17 +286,28 @@ class MemoryStore(StateStore):
                          now: float | None = None) -> None:
         from incremental_crawler import clock
 
-        self.state.holds[scope][holder] = (clock.now() if now is None else now) + ttl
+        now = clock.now() if now is None else now
+        holds = self.state.holds[scope]
+        others = sorted(((other, until) for other, until in holds.items()
+                         if until > now and holds_conflict(holder, other)),
+                        key=lambda hold: -hold[1])
+        if others:
+            raise ScopeHeld(f"scope {scope!r} is held by {others[0][0]}", *others[0])
+        holds[holder] = now + ttl
         self._save()
 
     def take_scope(self, scope: str, holder: str, ttl: float,
                    now: float) -> tuple[str, float] | None:
-        others = sorted(((other, until) for other, until in self.state.holds[scope].items()
-                         if other != holder and until > now and not holder_gone(other)),
+        holds = self.state.holds[scope]
+        others = sorted(((other, until) for other, until in holds.items()
+                         if until > now and holds_conflict(holder, other)
+                         and not takes_over(holder, other)),
                         key=lambda hold: -hold[1])
         if others:
             return others[0]
-        self.state.holds[scope] = {holder: now + ttl}
+        self.state.holds[scope] = {other: until for other, until in holds.items()
+                                   if until > now and not holder_gone(other)}
+        self.state.holds[scope][holder] = now + ttl
         self._save()
         return None
 

@@ -15,11 +15,16 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
+import re
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import pytest_twisted
@@ -44,7 +49,7 @@ from incremental_crawler.state.stores.redis import RedisStateStore
 from incremental_crawler.state.stores.redis.pages import host_part, page_field
 from tests.redis_cluster_util import LoopbackCluster, free_ports
 from tests.redis_util import REDIS_URI
-from tests.scrapy_cli import scrapy_in_process
+from tests.scrapy_cli import scrapy_in_process, start_scrapy
 from tests.spiders import ListSpider
 from tests.test_cluster import Worker, page_gets, until, until_all_have_work
 from tests.test_fatal import one_error_line
@@ -421,6 +426,98 @@ async def test_a_runs_first_worker_moves_the_mark_to_the_runs_start(
         assert taken_out is not None and len(taken_out) == len(checks)
     finally:
         await deferred_from_coro(store.close())
+async def state_on_cluster(cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """``scrapy state ARGS`` on the store a cluster crawl keeps on the cluster."""
+    return await deferToThread(scrapy_in_process, "state", *args, "-s",
+                               f"INCREMENTAL_CLUSTER_URL={cluster.url}", *STORE)
+
+
+async def test_a_repair_is_refused_while_cluster_workers_hold_the_scope_naming_them(
+        site, redis_cluster, prefix, cluster_store, tmp_path):
+    n = 16
+    for i in range(n):
+        site.add_page(f"/p/{i:04d}", "strong", size=1000)
+    workers = [Worker(site, None, prefix, tmp_path, str(i), *on_cluster(redis_cluster, *STORE))
+               for i in range(2)]
+    try:
+        await until_all_have_work(site, 2)
+        refused = await state_on_cluster(redis_cluster, "forget-host", "127.0.0.1",
+                                         "--spider", "sitemap")
+    finally:
+        site.release()
+    for worker in workers:
+        assert await worker.wait() == 0, worker.tail()
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.startswith("error: scope 'sitemap' is held by cluster worker "), \
+        refused.stderr
+    for worker in workers:
+        # Named as the cluster knows it.
+        [joined] = re.findall(r"worker (\S+) joined run", worker.text())
+        assert joined.startswith(f"{socket.gethostname()}:{worker.proc.pid}:"), joined
+        assert f"cluster worker {joined} (running, or killed: " in refused.stderr, \
+            refused.stderr
+    assert refused.stderr.count("cluster worker") == 2, refused.stderr
+    # Nothing deleted: the workers stored every page, and release their holds.
+    assert sorted(u for worker in workers for u in worker.urls()) == sorted(
+        site.url(f"/p/{i:04d}") for i in range(n))
+    done = await state_on_cluster(redis_cluster, "forget-host", "127.0.0.1",
+                                  "--spider", "sitemap")
+    assert done.returncode == 0, done.stderr
+    assert re.match(r"forgot host 127\.0\.0\.1 in scope 'sitemap': \d+ pages, \d+ links records?, "
+                    f"{n} items, {n} item versions", done.stdout), done.stdout
+
+
+async def test_a_worker_and_a_crawl_refuse_to_start_while_a_repair_holds_the_scope(
+        site, redis_cluster, prefix, cluster_store, tmp_path, monkeypatch):
+    n = 6
+    for i in range(n):
+        site.add_page(f"/p/{i:04d}", "strong", size=1000)
+    first = Worker(site, None, prefix, tmp_path, "0", *on_cluster(redis_cluster, *STORE))
+    assert await first.wait() == 0, first.tail()
+    # The repair waits with the host's pages deleted and its items not yet
+    # (the moment a page written beside it would keep validators that say
+    # "seen" without its items), holding the scope.
+    deleted, go = threading.Event(), threading.Event()
+    host_script = RedisStateStore._forget_host_slot
+
+    def then_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        done = host_script(self, *args, **kwargs)
+        deleted.set()
+        go.wait(60)
+        return done
+
+    monkeypatch.setattr(RedisStateStore, "_forget_host_slot", then_wait)
+    repair = defer.ensureDeferred(
+        state_on_cluster(redis_cluster, "forget-host", "127.0.0.1", "--spider", "sitemap"))
+    repairer = f"repair {socket.gethostname()}:{os.getpid()}"
+    try:
+        assert await deferToThread(deleted.wait, 60)
+        site.reset_log()
+        worker = Worker(site, None, prefix, tmp_path, "1", *on_cluster(redis_cluster, *STORE))
+        crawl = start_scrapy("crawl", "sitemap", "-a", f"sitemap_url={site.url('/robots.txt')}",
+                             "-s", f"INCREMENTAL_STATE_URI={cluster_store}", *STORE)
+        assert await worker.wait() == 1, worker.tail()
+        _, stderr = await deferToThread(crawl.communicate, timeout=60)
+        for log in (worker.text(), stderr.decode()):
+            line = one_error_line(subprocess.CompletedProcess([], 1, "", log))
+            assert f"scope 'sitemap' is held by {repairer} (its hold lapses in " in line, line
+            assert line.endswith("a crawl beside a repair would write what the repair "
+                                 "deletes: wait until it ends"), line
+        assert crawl.returncode == 1
+        # Nothing asked of the site; the worker joined no run.
+        assert site.log == []
+        assert await deferToThread(redis_cluster.keys, f"{prefix}:*") == []
+    finally:
+        go.set()
+    done = await repair
+    assert done.returncode == 0, done.stderr
+    assert re.match(rf"forgot host 127\.0\.0\.1 in scope 'sitemap': \d+ pages, \d+ links "
+                    rf"records?, {n} items, {n} item versions", done.stdout), done.stdout
+    # Nothing of the host left: the next run finds every page new.
+    again = Worker(site, None, prefix, tmp_path, "2", *on_cluster(redis_cluster, *STORE))
+    assert await again.wait() == 0, again.tail()
+    assert sorted(again.urls()) == sorted(site.url(f"/p/{i:04d}") for i in range(n))
+    assert sorted(page_gets(site)) == [f"/p/{i:04d}" for i in range(n)]
 
 
 def test_the_coordinator_names_an_unreachable_cluster():

@@ -24,6 +24,8 @@ import redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 from scrapy.settings import Settings
+from twisted.internet import reactor
+from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
 from incremental_crawler.state.records import PageKey
@@ -2425,3 +2427,64 @@ async def test_a_phase_whose_reply_was_lost_a_day_ago_is_not_sent_again(
     finally:
         monkeypatch.undo()
         await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_repair_stalled_past_its_intents_deadline_says_it_again_and_loses_nothing(
+    redis_cluster: LoopbackCluster, prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A repair stalls between its write-ahead intent and its host's script
+    for longer than adopt_after: a reader takes the intent for a dead
+    writer's and drops it (nothing in the ledger yet). The host's script is
+    then late (as a flush's phase 2 past its deadline): the repair writes
+    its intent again before it deletes, so its effects are listed; cut
+    before its shard's script, the next reading takes its pages out of the
+    sums."""
+    await flush_five(redis_cluster, prefix)
+    repair = open_store(redis_cluster, prefix)
+    reader = open_store(redis_cluster, prefix)
+    repair.adopt_after = reader.adopt_after = 2  # (a test cannot wait ten minutes)
+    intents = repair._intents_key(A_SHARD)
+    stalled, go = threading.Event(), threading.Event()
+    said: list[tuple[str, str]] = []
+    say = repair._repair_intent
+
+    def then_stall(intent: tuple[str, str]) -> Any:
+        stamp = say(intent)
+        said.append(intent)
+        if len(said) == 1:
+            stalled.set()
+            go.wait(60)
+        return stamp
+
+    def cut(*args: Any) -> None:
+        raise StateStoreError("repair cut short (the shard's node is gone)")
+
+    monkeypatch.setattr(repair, "_repair_intent", then_stall)
+    monkeypatch.setattr(repair, "_repair_effects", cut)
+    try:
+        forgotten = deferToThread(repair.forget_host, SCOPE, "a.example")
+        try:
+            assert await deferToThread(stalled.wait, 60)
+            with redis_cluster.node(redis_cluster.port_of(intents)) as node:
+                # Bounded: until the intent is adopt_after old on its node's clock.
+                stamp = node.zscore(*said[0])
+                for _ in range(600):
+                    if int(node.time()[0]) - stamp >= reader.adopt_after:
+                        break
+                    await deferLater(reactor, 0.05)
+                reader.adopt_ledgers_sync(SCOPE)
+                assert node.zcard(intents) == 0  # dropped: a dead writer's, by its age
+        finally:
+            go.set()
+        with pytest.raises(StateStoreError, match="cut short"):
+            await forgotten
+        assert list(reader.iter_pages(SCOPE)) == []
+        # Listed, the effects are applied by the next reading, once.
+        await assert_whole_summary(reader, 0)
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
+        assert len(said) == 2  # said again before anything was deleted
+    finally:
+        go.set()
+        await call(reader.close())
+        await call(repair.close())

@@ -15,6 +15,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -22,19 +23,28 @@ import pytest_twisted
 from scrapy import signals
 from scrapy.crawler import CrawlerRunner
 from scrapy.linkextractors import LinkExtractor
+from scrapy.settings import Settings
 from scrapy.spiders import CrawlSpider, Rule
 from scrapy.utils.defer import deferred_from_coro
+from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 
 from incremental_crawler import clock
+from incremental_crawler.commands._repair_hold import RepairHold
+from incremental_crawler.crawl import ledger as ledger_module
 from incremental_crawler.crawl.ledger import HOLD_TTL
 from incremental_crawler.recipes import load_links
+from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.records import SlotRate
+from incremental_crawler.state.stores import StateStoreError, open_admin_store
+from tests.cluster_worker import Worker, leftover_keys
 from tests.conftest import crawl_settings
 from tests.scrapy_cli import scrapy_in_process
 from tests.site import LoopbackSite
 from tests.site.manual import CONTENTS, page_path
 from tests.spiders import ListSpider
+from tests.test_fatal import one_error_line
+from tests.waiting import until
 
 if TYPE_CHECKING:
     from incremental_crawler.state.stores import StateStore
@@ -203,8 +213,8 @@ async def test_reset_refuses_without_yes_and_while_a_crawl_holds_the_scope(
         assert held.stderr.count("\n") == 1
         assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", held.stderr)
     assert state_store.count_scope(SCOPE) == before
-    assert re.search(r"^  held by +crawler-host:4242 \(running, or killed: its hold lapses at ",
-                     summary.stdout, re.M), summary.stdout
+    assert re.search(r"^  held by +crawl crawler-host:4242 \(running, or killed: its hold "
+                     r"lapses at ", summary.stdout, re.M), summary.stdout
 
     # A killed crawl's hold lapses: an explicit now past it, through the store.
     assert state_store.scope_holders(SCOPE, expires) == {}
@@ -328,3 +338,128 @@ async def test_url_counts_the_requests_a_links_record_holds(crawl, state_uri, st
     [record] = json.loads(machine.stdout)
     assert record["links"][""] == recorded
     assert {recipe["u"] for recipe in recorded} >= {site.url(page_path(1))}
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_and_a_cluster_worker_refuse_to_start_while_a_repair_holds_the_scope(
+    site, crawl, state_uri, state_store: StateStore, cluster_prefix, tmp_path, monkeypatch,
+):
+    paths = [f"/p/{i:04d}" for i in range(4)]
+    for path in paths:
+        site.add_page(path, "strong", size=1500)
+    await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"))
+    before = state_store.count_scope("sitemap")
+    assert before.items == 4  # (the pages: these, robots.txt and the sitemaps)
+    # The repair waits, holding the scope, before it reads or deletes anything.
+    paused, go = threading.Event(), threading.Event()
+    store_class = type(state_store)
+    forget_host = store_class.forget_host
+
+    def then_wait(self: Any, scope: str, host: str) -> Any:
+        paused.set()
+        go.wait(60)
+        return forget_host(self, scope, host)
+
+    monkeypatch.setattr(store_class, "forget_host", then_wait)
+    repair = deferToThread(scrapy_in_process, "state", "forget-host", "127.0.0.1",
+                           "--spider", "sitemap", "-s", f"INCREMENTAL_STATE_URI={state_uri}")
+    try:
+        assert await deferToThread(paused.wait, 60)
+        site.reset_log()
+        repairer = f"repair {socket.gethostname()}:{os.getpid()}"
+        with pytest.raises(StateStoreError) as refused:
+            await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"))
+        assert str(refused.value).startswith(
+            f"State store {state_store.location}: scope 'sitemap' is held by {repairer} "
+            "(its hold lapses in "), refused.value
+        assert str(refused.value).endswith(
+            "a crawl beside a repair would write what the repair deletes: wait until it "
+            "ends"), refused.value
+        worker = Worker(site, state_uri, cluster_prefix, tmp_path, "0")
+        assert await worker.wait() == 1, worker.tail()
+        line = one_error_line(subprocess.CompletedProcess([], 1, "", worker.text()))
+        assert line.startswith(f"State store {state_store.location}: scope 'sitemap' is held "
+                               f"by {repairer} (its hold lapses in "), line
+        # Nothing asked of the site, nothing written, no run joined.
+        assert site.log == []
+        assert state_store.count_scope("sitemap") == before
+        assert leftover_keys(cluster_prefix) == []
+        assert list(state_store.scope_holders("sitemap", clock.now())) == [
+            f"repair@{socket.gethostname()}:{os.getpid()}"]
+    finally:
+        go.set()
+    done = await repair
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(
+        f"forgot host 127.0.0.1 in scope 'sitemap': {before.pages} pages"), done.stdout
+    assert state_store.scope_holders("sitemap", clock.now()) == {}  # released
+    # The next crawl starts, and finds every page new.
+    again = await crawl(SitemapPagesSpider, sitemap_url=site.url("/robots.txt"))
+    assert again.stats.get_value("incremental/items_new") == 4
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_whose_hold_was_taken_over_by_a_repair_stops_and_does_not_take_it_back(
+    site, state_uri, state_store: StateStore, monkeypatch, caplog,
+):
+    # A short hold, refreshed every 0.1 s: a lapse is a moment away.
+    monkeypatch.setattr(ledger_module, "HOLD_TTL", 0.3)
+    urls = pages(site, 6)
+    site.hold("/p/")
+    runner = CrawlerRunner(crawl_settings(state_uri, INCREMENTAL_FLUSH_INTERVAL=0.05,
+                                          CONCURRENT_REQUESTS=2))
+    crawler = runner.create_crawler(ListSpider)
+    done = ensureDeferred(runner.crawl(crawler, urls=urls))
+    try:
+        await until(lambda: site.held >= 1, "the crawl to send a request")
+        # Its hold lapsed (as when its reactor stalls past it) and a repair
+        # took the scope: a now past the hold, synchronously (no refresh
+        # runs between).
+        repair = "repair@elsewhere:4242"
+        later = clock.now() + 1
+        assert state_store.take_scope(SCOPE, repair, 60, later) is None
+        assert list(state_store.scope_holders(SCOPE, later)) == [repair]
+        await until(lambda: crawler.stats.get_value("incremental/store_errors"),
+                    "the crawl to find its hold taken")
+        # Not taken back while the crawl ran on.
+        assert list(state_store.scope_holders(SCOPE, later)) == [repair]
+    finally:
+        site.release()
+    await done
+    assert crawler.stats.get_value("finish_reason") == "incremental_store_error"
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any(f"scope {SCOPE!r} is held by repair elsewhere:4242, which crawl "
+               f"{socket.gethostname()}:{os.getpid()} may not hold it beside; stopping the crawl"
+               in error for error in errors), errors
+    assert list(state_store.scope_holders(SCOPE, later)) == [repair]
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_a_repairs_hold_is_renewed_while_it_runs_and_released_at_the_end(
+    state_uri, state_store: StateStore,
+):
+    settings = crawl_settings(state_uri)
+
+    def open_admin() -> Any:
+        return open_admin_store(Settings(settings), "state")
+
+    crawl = f"{socket.gethostname()}:{os.getpid()}"
+    hold = RepairHold(open_admin, SCOPE, ttl=0.6)  # renewed every 0.2 s
+    # (In a thread, as the command runs it: its store closes with asyncio.run.)
+    await deferToThread(hold.__enter__)
+    try:
+        [(name, first)] = state_store.scope_holders(SCOPE, clock.now()).items()
+        assert name == f"repair@{crawl}"
+        # Bounded: until a renewal moved its lapse (a minute at most).
+        await until(lambda: state_store.scope_holders(SCOPE, 0).get(name, 0) > first,
+                    "the repair's hold to be renewed", seconds=60)
+        # A crawl starting meanwhile is refused, naming the repair.
+        held = state_store.take_scope(SCOPE, crawl, 60, clock.now())
+        assert held is not None and held[0] == name
+    finally:
+        await deferToThread(hold.__exit__, None, None, None)
+    assert state_store.scope_holders(SCOPE, 0) == {}  # released
+    assert hold.lost is None

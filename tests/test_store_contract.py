@@ -48,7 +48,7 @@ from incremental_crawler.state.stores import (
     default_state_uri,
     open_store,
 )
-from incremental_crawler.state.stores.base import HostSummary, Removed, due_after
+from incremental_crawler.state.stores.base import HostSummary, Removed, ScopeHeld, due_after
 from incremental_crawler.state.stores.redis import RedisStateStore
 from incremental_crawler.state.stores.redis.core import ITEM_GROUPS
 from incremental_crawler.state.stores.sqlite import (
@@ -1623,21 +1623,60 @@ class StateStoreContract:
 
     @pytest_twisted.ensureDeferred
     async def test_holds_lapse_after_their_ttl(self, store: StateStore) -> None:
-        await call(store.hold_scope(SCOPE, "host:1", 60, now=1_000))
-        await call(store.hold_scope(SCOPE, "host:2 worker", 60, now=1_030))
-        assert store.scope_holders(SCOPE, 1_000) == {"host:1": 1_060, "host:2 worker": 1_090}
-        assert store.scope_holders(SCOPE, 1_060) == {"host:2 worker": 1_090}
+        # (Cluster workers: the holds that may be held together.)
+        one, two, three = "worker@host:1", "worker@host:2 worker", "worker@host:3"
+        await call(store.hold_scope(SCOPE, one, 60, now=1_000))
+        await call(store.hold_scope(SCOPE, two, 60, now=1_030))
+        assert store.scope_holders(SCOPE, 1_000) == {one: 1_060, two: 1_090}
+        assert store.scope_holders(SCOPE, 1_060) == {two: 1_090}
         assert store.scope_holders(SCOPE, 1_090) == {}
         assert store.scope_holders("other", 1_000) == {}
         # A refresh moves its lapse; a release drops it, and no other.
-        await call(store.hold_scope(SCOPE, "host:1", 60, now=1_100))
-        assert store.scope_holders(SCOPE, 1_100) == {"host:1": 1_160}
-        await call(store.hold_scope(SCOPE, "host:3", 60, now=1_100))
-        await call(store.release_scope(SCOPE, "host:1"))
+        await call(store.hold_scope(SCOPE, one, 60, now=1_100))
+        assert store.scope_holders(SCOPE, 1_100) == {one: 1_160}
+        await call(store.hold_scope(SCOPE, three, 60, now=1_100))
+        await call(store.release_scope(SCOPE, one))
         await call(store.release_scope(SCOPE, "never held"))
-        assert store.scope_holders(SCOPE, 1_100) == {"host:3": 1_160}
+        assert store.scope_holders(SCOPE, 1_100) == {three: 1_160}
         # Not staged: visible to every reader at once.
         assert store.pending == 0
+
+
+    @pytest_twisted.ensureDeferred
+    async def test_workers_hold_a_scope_together_and_a_repair_or_crawl_holds_it_alone(
+        self, store: StateStore,
+    ) -> None:
+        crawl, repair = "host:1", "repair@host:2"
+        one, two = "worker@host:3:a", "worker@host:3:b"
+        # The workers of a run hold together; a crawl or a repair is refused
+        # while any does, and says who holds (the one lapsing last).
+        assert store.take_scope(SCOPE, one, 60, now=1_000) is None
+        assert store.take_scope(SCOPE, two, 60, now=1_010) is None
+        assert store.take_scope(SCOPE, crawl, 60, now=1_020) == (two, 1_070)
+        assert store.take_scope(SCOPE, repair, 60, now=1_020) == (two, 1_070)
+        assert store.scope_holders(SCOPE, 1_020) == {one: 1_060, two: 1_070}
+        await call(store.release_scope(SCOPE, one))
+        await call(store.release_scope(SCOPE, two))
+        # A repair holds alone: no worker, crawl or other repair beside it.
+        assert store.take_scope(SCOPE, repair, 60, now=1_100) is None
+        for other in (one, crawl, "repair@host:4"):
+            assert store.take_scope(SCOPE, other, 60, now=1_110) == (repair, 1_160), other
+        # A worker whose hold lapsed meanwhile does not take it again by
+        # refreshing it: refused, and nothing held.
+        with pytest.raises(ScopeHeld, match="held by repair host:2") as held:
+            await call(store.hold_scope(SCOPE, one, 60, now=1_120))
+        assert (held.value.holder, held.value.expires) == (repair, 1_160)
+        with pytest.raises(ScopeHeld):
+            await call(store.hold_scope(SCOPE, crawl, 60, now=1_120))
+        assert store.scope_holders(SCOPE, 1_120) == {repair: 1_160}
+        # Taken again by itself, the repair's hold is renewed.
+        assert store.take_scope(SCOPE, repair, 60, now=1_150) is None
+        assert store.scope_holders(SCOPE, 1_150) == {repair: 1_210}
+        # Lapsed, it is taken over; a crawl then holds alone, workers too.
+        assert store.take_scope(SCOPE, crawl, 60, now=1_210) is None
+        assert store.take_scope(SCOPE, one, 60, now=1_220) == (crawl, 1_270)
+        await call(store.hold_scope(SCOPE, crawl, 60, now=1_230))
+        assert store.scope_holders(SCOPE, 1_230) == {crawl: 1_290}
 
     @pytest_twisted.ensureDeferred
     async def test_hosts_summarized_with_their_trust(self, make_store: MakeStore) -> None:

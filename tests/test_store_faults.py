@@ -293,7 +293,8 @@ async def test_a_second_crawl_of_a_held_scope_refuses_to_start_naming_the_holder
     line = one_error_line(result)
     holder = f"{socket.gethostname()}:{os.getpid()}"
     assert line.startswith(f"State store {state_store.location}: scope 'sitemap' is held by "
-                           f"another crawl ({holder}, its hold lapses in "), line
+                           f"crawl {holder} (its hold lapses in "), line
+    assert "two crawls of one scope at once would fetch every page" in line, line
     # The first crawl went on alone: every page fetched once, stored once.
     assert crawler.stats.get_value("finish_reason") == "finished"
     fetched = [r.path for r in site.log if r.path.startswith("/p/")]

@@ -78,6 +78,7 @@ from incremental_crawler.lua import load_script
 from incremental_crawler.redis_cluster import connect
 from incremental_crawler.redis_retry import NO_ANSWER, RedisSilent, Silence
 from incremental_crawler.state.records import PageKey
+from incremental_crawler.state.stores.base import SHARED_HOLD
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
@@ -289,6 +290,11 @@ class ClusterCoordinator:
         # The spider's name is the hash tag of every key of its crawl.
         self.spider_key = spider_key(self.prefix, spider.name)
         new_run = uuid.uuid4().hex[:12]
+        ledger = self.crawler.get_extension(Ledger)
+        if ledger is not None and ledger.hold_name.startswith(SHARED_HOLD):
+            # Named as its hold on the scope (taken before it joins): the
+            # holder `scrapy state` names is the worker the cluster knows.
+            self.worker_id = ledger.hold_name.removeprefix(SHARED_HOLD)
         run, workers = self._join(keys=[self.key("run"), self.key("workers")],
                                   args=[self.worker_id, new_run, repr(clock.now())])
         run_id, _, started = run.decode().partition("|")
@@ -297,7 +303,6 @@ class ClusterCoordinator:
         self._know(workers)
         # The scheduler opens before the spider_opened signal: the ledger
         # holds its scope, and records its crawl, as this worker.
-        ledger = self.crawler.get_extension(Ledger)
         if ledger is not None:
             ledger.worker = self.worker_id
             if run_id == new_run:

@@ -7,7 +7,9 @@
   about one URL;
 - ``scrapy state forget URL --spider NAME``, ``forget-host HOST --spider
   NAME``, ``reset --spider NAME --yes``: repairs, refused while a crawl
-  holds the scope (its hold lapses by itself if it was killed);
+  or a cluster worker holds the scope (its hold lapses by itself if it was
+  killed); a repair holds the scope alone while it runs, so that no crawl
+  or worker starts meanwhile;
 - ``scrapy state copy --to URI (--spider NAME | --all) --yes``: copy a
   scope's whole state into another store (see
   :mod:`incremental_crawler.state.scope_copy`).
@@ -33,6 +35,7 @@ from scrapy.spiderloader import get_spider_loader
 
 from incremental_crawler import clock
 from incremental_crawler.commands._in_project import InProject
+from incremental_crawler.commands._repair_hold import HoldLost, RepairHold, ScopeTaken
 from incremental_crawler.config import setting_or_default
 from incremental_crawler.formats import duration, shares, size
 from incremental_crawler.politeness.remembered import not_used
@@ -47,7 +50,7 @@ from incremental_crawler.state.stores import (
     state_uri,
     store_class,
 )
-from incremental_crawler.state.stores.base import dead_pid
+from incremental_crawler.state.stores.base import dead_pid, describe_holder
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
@@ -122,7 +125,8 @@ class Command(InProject, ScrapyCommand):
             "remembered politeness rates. 'url URL' shows what "
             "is stored about one URL. 'forget URL', 'forget-host HOST' and 'reset' "
             "delete state of one scope (--spider) so that the next crawl finds it new; "
-            "they refuse while a crawl holds the scope, and reset needs --yes. "
+            "they refuse while a crawl holds the scope (and crawls refuse to start while "
+            "they run), and reset needs --yes. "
             "'copy --to URI' copies a scope (--spider, or --all of them) into another "
             "store, to crawl on there as if it had always been there; without --yes it "
             "says what it would copy."
@@ -206,7 +210,21 @@ class Command(InProject, ScrapyCommand):
             counts = store.count_scope(scope)
             raise Refused(f"reset would delete everything of scope {scope!r} in "
                           f"{store.location}: {counts.describe()}; add --yes to do it", USAGE)
-        refuse_if_held(store, scope)
+        assert self.settings is not None
+        settings = self.settings
+        try:
+            with RepairHold(lambda: open_admin_store(settings, "state"), scope):
+                return self._repair(store, action, target, scope)
+        except ScopeTaken as exc:
+            raise Refused(held_message(store, scope, exc)) from None
+        except HoldLost as exc:
+            raise Refused(f"the repair of scope {scope!r} ran, but {exc}: check the scope "
+                          "(scrapy state) and run the repair again once no crawl holds "
+                          "it") from None
+
+    @staticmethod
+    def _repair(store: AdminStore, action: str, target: str | None, scope: str) -> list[str]:
+        """The repair *action*, run while it holds *scope* alone."""
         if action == "forget":
             assert target is not None
             url = canonical_url(target)
@@ -315,16 +333,28 @@ def resolve_scope(settings: BaseSettings, name: str) -> str:
 
 
 def refuse_if_held(store: AdminStore, scope: str) -> None:
+    """A copy reads a scope while nothing holds it (a check, not a hold)."""
     holders = store.scope_holders(scope, clock.now())
     if holders:
-        who = ", ".join(f"crawl {hold(holder, expires)}"
-                        for holder, expires in sorted(holders.items()))
-        raise Refused(f"scope {scope!r} is held by {who}; "
-                      "try again when it has finished or its hold has lapsed")
+        raise Refused(held_text(scope, holders))
+
+
+def held_message(store: AdminStore, scope: str, taken: ScopeTaken) -> str:
+    """Why a repair of *scope* is refused: every holder of it now (the one
+    that refused it if the others are gone meanwhile)."""
+    return held_text(scope, store.scope_holders(scope, clock.now())
+                     or {taken.holder: taken.expires})
+
+
+def held_text(scope: str, holders: dict[str, float]) -> str:
+    who = ", ".join(hold(holder, expires) for holder, expires in sorted(holders.items()))
+    return (f"scope {scope!r} is held by {who}; "
+            "try again when it has finished or its hold has lapsed")
 
 
 def hold(holder: str, expires: float) -> str:
-    """A crawl holding a scope, ``host:pid`` (a cluster worker's id: ``host:pid:id``).
+    """A crawl holding a scope, ``crawl host:pid`` (``cluster worker
+    host:pid:id``, ``repair host:pid``).
 
     A hold only says the crawl did not release it: it may have been killed
     (its hold then lapses by itself). A holder on this host whose pid is not
@@ -333,8 +363,9 @@ def hold(holder: str, expires: float) -> str:
     lapses = f"its hold lapses at {when(expires)}"
     pid = dead_pid(holder)
     if pid is not None:
-        return f"{holder} (pid {pid} is not running on this host: it was killed; {lapses})"
-    return f"{holder} (running, or killed: {lapses})"
+        return (f"{describe_holder(holder)} (pid {pid} is not running on this host: it was "
+                f"killed; {lapses})")
+    return f"{describe_holder(holder)} (running, or killed: {lapses})"
 
 
 # -- summaries ----------------------------------------------------------------------

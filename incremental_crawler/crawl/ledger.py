@@ -101,7 +101,14 @@ from incremental_crawler.state.records import (
     is_gone,
 )
 from incremental_crawler.state.stores import StateStore, StateStoreError, open_store
-from incremental_crawler.state.stores.base import dead_pid
+from incremental_crawler.state.stores.base import (
+    REPAIR_HOLD,
+    SHARED_HOLD,
+    ScopeHeld,
+    dead_pid,
+    describe_holder,
+    hold_process,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable
@@ -375,8 +382,9 @@ class Ledger:
         self.committed = 0
         self._flushing_upto = 0
         self._flush_done: Deferred[Any] | None = None
-        #: Who this crawl is in its scope's holds (set when the spider opens).
-        self.holder = ""
+        #: Who this crawl is (set when the spider opens), and its name in its
+        #: scope's holds (a worker's says that it shares the scope).
+        self.holder = self.hold_name = ""
         self.hold_ttl = max(HOLD_TTL, 3 * config.flush_interval)
         self._held_at = 0.0
         self._hold_done: Deferred[Any] | None = None
@@ -455,24 +463,33 @@ class Ledger:
 
     def _take_scope(self) -> None:
         """Hold the spider's scope before the crawl starts, or refuse to start
-        while another crawl holds it: two crawls of one scope at once would
-        fetch every page twice and store every item twice, as new. Workers of
-        a cluster share their scope on purpose; a crawler built without its
-        spider (a test's, the shell's) takes its hold when the spider opens.
+        while another crawl or a repair holds it: two crawls of one scope at
+        once would fetch every page twice and store every item twice, as
+        new; a crawl beside a repair would write what the repair deletes.
+        Workers of a cluster run share their scope on purpose (a shared
+        hold, see SHARED_HOLD); a crawler built without its spider (a
+        test's, the shell's) takes its hold when the spider opens.
         """
-        if self.crawler.spider is None or self.config.cluster is not None:
+        if self.crawler.spider is None:
             return
-        self.holder = f"{socket.gethostname()}:{os.getpid()}"
+        process = f"{socket.gethostname()}:{os.getpid()}"
+        # A worker's name, made here: it holds before it joins the run
+        # (before it takes any work), and the cluster then knows it by it.
+        self.hold_name = (process if self.config.cluster is None
+                          else f"{SHARED_HOLD}{process}:{uuid.uuid4().hex[:8]}")
         now = clock.now()
-        held = self.store.take_scope(self.scope, self.holder, self.hold_ttl, now)
+        held = self.store.take_scope(self.scope, self.hold_name, self.hold_ttl, now)
         if held is not None:
             other, lapses = held
+            why = ("a crawl beside a repair would write what the repair deletes: wait "
+                   "until it ends" if other.startswith(REPAIR_HOLD) else
+                   "two crawls of one scope at once would fetch every page and store every "
+                   "item twice: wait until it ends, or give this crawl another scope "
+                   "(incremental_scope)")
             raise StateStoreError(
                 f"State store {self.store.location}: scope {self.scope!r} is held by "
-                f"another crawl ({other}, its hold lapses in {max(0, math.ceil(lapses - now))} s "
-                "unless that crawl refreshes it); two crawls of one scope at once would "
-                "fetch every page and store every item twice: wait until it ends, or "
-                "give this crawl another scope (incremental_scope)")
+                f"{describe_holder(other)} (its hold lapses in "
+                f"{max(0, math.ceil(lapses - now))} s unless it refreshes it); {why}")
         self._held_at = now
 
     def _warn_unknown_settings(self, spider: Spider) -> None:
@@ -586,6 +603,9 @@ class Ledger:
         self._clock_checked()
         # The cluster worker id holds host and pid already.
         self.holder = self.worker or f"{socket.gethostname()}:{os.getpid()}"
+        if not self.hold_name:
+            self.hold_name = (self.holder if self.config.cluster is None
+                              else f"{SHARED_HOLD}{self.holder}")
         if self.stores_items and self.config.redeliver:
             self.delivery = f"{self.holder}/{uuid.uuid4().hex[:12]}"
         # Under way at once; spider_closed waits for it before releasing.
@@ -642,10 +662,16 @@ class Ledger:
 
     async def _hold(self) -> None:
         """Take or refresh this crawl's hold on its scope (a failure is logged:
-        the crawl goes on, and a store that fails stops it at its next flush)."""
+        the crawl goes on, and a store that fails stops it at its next flush;
+        a hold another took over stops it at once)."""
         try:
-            await self.store.hold_scope(self.scope, self.holder, self.hold_ttl)
+            await self.store.hold_scope(self.scope, self.hold_name, self.hold_ttl)
             self._held_at = clock.now()
+        except ScopeHeld as exc:
+            # This hold lapsed (the reactor stalled past it) and a repair or
+            # another crawl took the scope: the crawl stops rather than
+            # write on beside it.
+            self.store_failed(exc)
         except StateStoreError as exc:
             logger.warning("%(error)s; could not hold scope %(scope)r",
                            {"error": exc, "scope": self.scope},
@@ -706,7 +732,7 @@ class Ledger:
                 # crawl never races its last writes. A failure leaves the
                 # hold to lapse.
                 self._count_commit(await self.store.flush())
-                await self.store.release_scope(self.scope, self.holder)
+                await self.store.release_scope(self.scope, self.hold_name)
             except StateStoreError:
                 pass  # closing tries the flush again, and says what was lost
         try:
@@ -1096,11 +1122,14 @@ class Ledger:
         crawls = await self.store.undelivered_crawls(self.scope)
         if not crawls:
             return
-        holders = self.store.scope_holders(self.scope, clock.now())
+        # By process: a worker's hold is not named by its worker id.
+        holding = {hold_process(holder) for holder in
+                   self.store.scope_holders(self.scope, clock.now())}
         for crawl in crawls:
             holder = crawl.rpartition("/")[0]
-            if crawl == self.delivery or (
-                    holder in holders and holder != self.holder and dead_pid(holder) is None):
+            if crawl == self.delivery or (hold_process(holder) in holding
+                                          and holder != self.holder
+                                          and dead_pid(holder) is None):
                 continue
             after: Undelivered | None = None
             while True:

@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "REPAIR_HOLD",
+    "SHARED_HOLD",
     "SLOT_RATES_KEPT",
     "AdminStore",
     "CrawlStore",
@@ -55,6 +57,7 @@ __all__ = [
     "HostSummary",
     "PagesSummary",
     "Removed",
+    "ScopeHeld",
     "SlotRates",
     "StateStore",
     "StateStoreError",
@@ -63,11 +66,15 @@ __all__ = [
     "checked_after",
     "crawl_history_setting",
     "dead_pid",
+    "describe_holder",
     "due_after",
+    "hold_process",
     "holder_gone",
+    "holds_conflict",
     "host_of",
     "item_history_setting",
     "redis_retry_setting",
+    "takes_over",
 ]
 
 
@@ -207,11 +214,49 @@ class Removed(NamedTuple):
                          if n or i < len(names) - 1)
 
 
+#: How the holder of a scope's hold begins when the hold is not a crawl's
+#: exclusive one (``host:pid``). Cluster workers of a run hold the scope
+#: together (shared); a repair holds it alone, as a crawl does, and no
+#: crawl or worker may start while it does (nor it while one holds).
+SHARED_HOLD = "worker@"
+REPAIR_HOLD = "repair@"
+
+
+def _hold_kind(holder: str) -> tuple[str, str]:
+    """*holder*'s kind (:data:`SHARED_HOLD`, :data:`REPAIR_HOLD`, '' for a
+    crawl) and its process's name (``host:pid...``)."""
+    for kind in (SHARED_HOLD, REPAIR_HOLD):
+        if holder.startswith(kind):
+            return kind, holder[len(kind):]
+    return "", holder
+
+
+def holds_conflict(holder: str, other: str) -> bool:
+    """Whether *holder* may not hold a scope beside *other*'s live hold:
+    only cluster workers share one (a holder never conflicts with itself)."""
+    return holder != other and not (holder.startswith(SHARED_HOLD)
+                                    and other.startswith(SHARED_HOLD))
+
+
+def describe_holder(holder: str) -> str:
+    """*holder* for people: ``crawl host:pid``, ``cluster worker
+    host:pid:id``, ``repair host:pid``."""
+    kind, name = _hold_kind(holder)
+    return {SHARED_HOLD: "cluster worker", REPAIR_HOLD: "repair"}.get(kind, "crawl") + f" {name}"
+
+
+def hold_process(holder: str) -> str:
+    """The process (``host:pid``) of *holder*, of any kind: a cluster
+    worker's hold is named apart from its worker id, in the same process."""
+    host, _, rest = _hold_kind(holder)[1].partition(":")
+    return f"{host}:{rest.partition(':')[0]}"
+
+
 def dead_pid(holder: str) -> int | None:
-    """The pid of *holder* (``host:pid...``, a crawl's hold) if it is a
-    process of this host that is not running: a killed crawl, whose hold
-    has not lapsed yet."""
-    host, _, rest = holder.partition(":")
+    """The pid of *holder* (``host:pid...``, a crawl's hold, or a worker's
+    or a repair's) if it is a process of this host that is not running: a
+    killed crawl, whose hold has not lapsed yet."""
+    host, _, rest = _hold_kind(holder)[1].partition(":")
     pid = rest.partition(":")[0]
     if host != socket.gethostname() or not pid.isdigit() or int(pid) <= 0:
         return None
@@ -259,6 +304,14 @@ def holder_gone(holder: str) -> bool:
     return dead_pid(holder) is not None
 
 
+def takes_over(holder: str, other: str) -> bool:
+    """Whether *holder*, starting, takes over *other*'s hold that has not
+    lapsed: its process is gone (:func:`holder_gone`). Not a repair's: it
+    waits until the hold lapses (``scrapy state`` names the killed crawl
+    meanwhile), as it always did."""
+    return not holder.startswith(REPAIR_HOLD) and holder_gone(other)
+
+
 class StateStoreError(RuntimeError):
     """The state store cannot be used; the message names it and says why.
 
@@ -266,6 +319,16 @@ class StateStoreError(RuntimeError):
     silently forgot its state would re-download everything at best, and at
     worst (half a store) lose changes.
     """
+
+
+class ScopeHeld(StateStoreError):
+    """A hold on a scope was refused: *holder* holds it (until *expires*),
+    and the two may not hold it together (:func:`holds_conflict`)."""
+
+    def __init__(self, message: str, holder: str, expires: float) -> None:
+        super().__init__(message)
+        self.holder = holder
+        self.expires = expires
 
 
 class StateStore(ABC):
@@ -673,20 +736,30 @@ class StateStore(ABC):
     # (items only in feeds, committed at the end), and its hold must show
     # all the same; a hold is bookkeeping, in no order with any data.
 
+    # A holder's name says its kind (:data:`SHARED_HOLD`, :data:`REPAIR_HOLD`,
+    # else a crawl's exclusive hold): only cluster workers hold a scope
+    # together (:func:`holds_conflict`).
+
     @abstractmethod
     async def hold_scope(self, scope: str, holder: str, ttl: float,
                          now: float | None = None) -> None:
-        """Take or refresh *holder*'s hold on *scope*, lapsing *ttl* seconds
-        after *now* (``None``: the clock's now). Holds of other holders stay."""
+        """Refresh *holder*'s hold on *scope* (or take it again if it
+        lapsed), lapsing *ttl* seconds after *now* (``None``: the clock's
+        now). Holds of other holders stay. Raises :class:`ScopeHeld`,
+        holding nothing, while a holder that conflicts with *holder* holds
+        the scope (one that took it over once this hold lapsed): checked and
+        written in one transaction."""
 
     @abstractmethod
     def take_scope(self, scope: str, holder: str, ttl: float,
                    now: float) -> tuple[str, float] | None:
-        """Take *holder*'s hold on *scope* for a crawl that starts, unless
-        another crawl holds it: ``None`` when taken, else that crawl's holder
-        and when its hold lapses. Synchronous, at once, in one transaction: of
-        two crawls starting together, one takes it. A hold that lapsed, or
-        whose process is gone (:func:`holder_gone`), is taken over."""
+        """Take *holder*'s hold on *scope* for a crawl (a worker, a repair)
+        that starts, unless a holder that conflicts with it holds it:
+        ``None`` when taken, else that holder and when its hold lapses.
+        Synchronous, at once, in one transaction: of two crawls starting
+        together, one takes it. A hold that lapsed, or whose process is gone
+        (:func:`holder_gone`), is taken over. Taken again by its holder, a
+        hold is refreshed."""
 
     @abstractmethod
     async def release_scope(self, scope: str, holder: str) -> None:
@@ -819,7 +892,8 @@ class AdminStore(StateStore):
     def item_history(self, scope: str, item_key: str) -> list[tuple[int, str]]:
         """``(version, fingerprint)`` of every stored version of an item."""
 
-    # -- repairs (synchronous, at once: run while no crawl holds the scope) ---
+    # -- repairs (synchronous, at once: run while the repair holds the scope
+    # alone, see REPAIR_HOLD) ------------------------------------------------
 
     @abstractmethod
     def forget_page(self, scope: str, url: str) -> Removed:

@@ -34,19 +34,25 @@ from incremental_crawler.state.records import (
     Undelivered,
 )
 from incremental_crawler.state.stores.base import (
+    REPAIR_HOLD,
+    SHARED_HOLD,
     AdminStore,
     DueAfter,
     PagesSummary,
     Removed,
+    ScopeHeld,
     SlotRates,
     StateStoreError,
     StoredItem,
     UrlRecord,
     checked_after,
     crawl_history_setting,
+    describe_holder,
     holder_gone,
+    holds_conflict,
     host_of,
     item_history_setting,
+    takes_over,
 )
 
 if TYPE_CHECKING:
@@ -1399,11 +1405,38 @@ class SQLiteStateStore(AdminStore):
             now = clock.now()
         # Its own transaction, beside the staged writes (never inside a
         # flush: the reactor runs one thing at a time); lapsed holds go.
-        self._write(
-            ("DELETE FROM holds WHERE scope = ? AND expires <= ?", (scope, now)),
-            ("INSERT OR REPLACE INTO holds (scope, holder, expires) VALUES (?, ?, ?)",
-             (scope, holder, now + ttl)),
-        )
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("DELETE FROM holds WHERE scope = ? AND expires <= ?", (scope, now))
+                other = self._conflicting_hold(scope, holder, now, gone_too=True)
+                if other is not None:
+                    _rollback(db)
+                    raise self._held(scope, holder, *other)
+                db.execute("INSERT OR REPLACE INTO holds (scope, holder, expires) "
+                           "VALUES (?, ?, ?)", (scope, holder, now + ttl))
+                db.execute("COMMIT")
+            except BaseException:
+                _rollback(db)
+                raise
+        except sqlite3.DatabaseError as exc:
+            raise self._fail("write failed", exc) from exc
+
+    def _conflicting_hold(self, scope: str, holder: str, now: float, *,
+                          gone_too: bool = False) -> tuple[str, float] | None:
+        """The live hold of *scope* that *holder* may not hold beside, the
+        one lapsing last (one whose process is gone counts *gone_too*)."""
+        others = [(other, expires) for other, expires in self._db.execute(
+            "SELECT holder, expires FROM holds WHERE scope = ? AND expires > ? "
+            "ORDER BY expires DESC", (scope, now))
+            if holds_conflict(holder, other) and (gone_too or not takes_over(holder, other))]
+        return others[0] if others else None
+
+    def _held(self, scope: str, holder: str, other: str, expires: float) -> ScopeHeld:
+        return ScopeHeld(f"State store {self.location}: scope {scope!r} is held by "
+                         f"{describe_holder(other)}, which {describe_holder(holder)} may "
+                         "not hold it beside", other, expires)
 
     def take_scope(self, scope: str, holder: str, ttl: float,
                    now: float) -> tuple[str, float] | None:
@@ -1411,18 +1444,22 @@ class SQLiteStateStore(AdminStore):
         try:
             db.execute("BEGIN IMMEDIATE")  # another crawl's take waits for this one
             try:
-                others = [(other, expires) for other, expires in db.execute(
-                    "SELECT holder, expires FROM holds WHERE scope = ? AND expires > ? "
-                    "AND holder != ? ORDER BY expires DESC", (scope, now, holder))
-                    if not holder_gone(other)]
-                if others:
+                other = self._conflicting_hold(scope, holder, now)
+                if other is not None:
                     _rollback(db)
-                    return others[0]
-                # Every other hold lapsed, or its process is gone.
-                db.execute("DELETE FROM holds WHERE scope = ?", (scope,))
-                db.execute("INSERT INTO holds (scope, holder, expires) VALUES (?, ?, ?)",
-                           (scope, holder, now + ttl))
-                self._mark_checks(scope, math.floor(now))
+                    return other
+                # Lapsed holds go, and those whose process is gone; the
+                # live ones left are cluster workers holding beside a worker.
+                gone = [(scope, name) for (name,) in db.execute(
+                    "SELECT holder FROM holds WHERE scope = ?", (scope,)) if holder_gone(name)]
+                db.executemany("DELETE FROM holds WHERE scope = ? AND holder = ?", gone)
+                db.execute("DELETE FROM holds WHERE scope = ? AND expires <= ?", (scope, now))
+                db.execute("INSERT OR REPLACE INTO holds (scope, holder, expires) "
+                           "VALUES (?, ?, ?)", (scope, holder, now + ttl))
+                if not holder.startswith((SHARED_HOLD, REPAIR_HOLD)):
+                    # A crawl's (a cluster run's workers start apart: each
+                    # would clear the others' checks).
+                    self._mark_checks(scope, math.floor(now))
                 db.execute("COMMIT")
             except BaseException:
                 _rollback(db)

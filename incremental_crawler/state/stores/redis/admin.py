@@ -667,8 +667,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         token = uuid.uuid4().hex
         intent = (self._intents_key(shard), f"{part}\0repair-{token}")
         ledger = self._host_key("fx", scope, host)
-        self._repair_intent(intent)
-        pages, links, raw = self._forget_host_slot(scope, host, ledger, token, plan)
+        pages, links, raw = self._forget_host_slot(scope, host, ledger, token, plan, intent)
         counts = dict.fromkeys(Removed._fields, 0)
         counts.update(pages=pages, links=links)
         commands: list[tuple[Any, ...]] = []
@@ -719,35 +718,50 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         return Removed(**counts)
 
     def _forget_host_slot(self, scope: str, host: str, ledger: str, token: str,
-                          plan: Callable[[], tuple[int, list[int], str]]
-                          ) -> tuple[int, int, str]:
-        """The host's part of a repair (``cluster_forget.lua``), planned
-        again while a crawl splits the host's buckets meanwhile: the pages
-        and links deleted, and the effects the script kept in the host's
-        ledger (JSON; '' none)."""
+                          plan: Callable[[], tuple[int, list[int], str]],
+                          intent: tuple[str, str]) -> tuple[int, int, str]:
+        """The host's part of a repair (``cluster_forget.lua``), after its
+        write-ahead *intent*, planned again while a crawl splits the host's
+        buckets meanwhile: the pages and links deleted, and the effects the
+        script kept in the host's ledger (JSON; '' none).
+
+        The script deletes only up to the intent's time + adopt_after // 2
+        on its node's clock, as a flush's phase 2 writes (see
+        ``_phase_hosts``): a repair stalled past that (a reader may drop its
+        intent as a dead writer's, finding nothing in the ledger yet) says
+        its intent again and sends the script again; otherwise its entry
+        would land in a ledger no intent lists, and its pages stay counted
+        in the sums for good if the repair stopped before its shard's
+        script."""
+        stamp = self._repair_intent(intent)
         for _ in range(_FORGET_ROUNDS):
             n, buckets, url_part = plan()
             keys = [self._host_key("hd", scope, host), self._host_key("ln", scope, host),
                     self._generation_key(scope, host), ledger,
                     *(key for b in buckets for key in self._bucket_keys(scope, host, b))]
-            args = [n, token, *(("page", url_part) if url_part else ("host",))]
+            args = [n, token, stamp + self.adopt_after // 2,
+                    *(("page", url_part) if url_part else ("host",))]
             self.roundtrips += 1
             try:
                 reply: Any = self._sync.eval(CLUSTER_FORGET_LUA, len(keys), *keys, *args)
             except redis.RedisError as exc:
                 raise self._fail("repair failed (nothing was deleted)", exc) from exc
-            if reply[0] != b"n":
+            if reply[0] == b"late":
+                stamp = self._repair_intent(intent)
+            elif reply[0] != b"n":
                 pages, links, raw = reply
                 return int(pages), int(links), raw.decode() if raw else ""
         raise self._fail("repair failed (nothing was deleted): the host's buckets kept "
-                         "being split by a crawl; run it again once no crawl holds the scope")
+                         "being split by a crawl, or its intent kept going stale; run it "
+                         "again")
 
-    def _repair_intent(self, intent: tuple[str, str]) -> None:
+    def _repair_intent(self, intent: tuple[str, str]) -> int:
         """A repair's write-ahead intent written, before anything is
-        deleted (see :meth:`_forget_in_slots`)."""
+        deleted (see :meth:`_forget_in_slots`): the time of its node it is
+        scored by."""
         self.roundtrips += 1
         try:
-            self._sync.eval(CLUSTER_INTENT_ADD_LUA, 1, *intent)
+            return int(self._sync.eval(CLUSTER_INTENT_ADD_LUA, 1, *intent))
         except redis.RedisError as exc:
             raise self._fail("repair failed (nothing was deleted)", exc) from exc
 

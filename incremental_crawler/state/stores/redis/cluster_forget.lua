@@ -11,14 +11,23 @@
 --
 -- KEYS: the host's record (hd), links (ln), write generation (wg), ledger
 -- (fx), then the two hashes (pg, pgl) of each bucket declared. ARGV: the
--- bucket count planned from, the token, then 'host' (every declared
--- bucket: all of the host's) or 'page' and the page's URL part (its
--- variants too, in the one bucket declared).
+-- bucket count planned from, the token, the deadline of the repair's
+-- write-ahead intent (0: none; past it on this node's clock the script
+-- deletes nothing and says {'late'}), then 'host' (every declared bucket:
+-- all of the host's) or 'page' and the page's URL part (its variants too,
+-- in the one bucket declared).
 -- Returns {'n', count} when the host's bucket count is not the one planned
--- (nothing deleted: the caller plans again), else {pages deleted, links
--- records deleted, effects (JSON; '' none)}.
+-- (nothing deleted: the caller plans again), {'late'} (see DEADLINE), else
+-- {pages deleted, links records deleted, effects (JSON; '' none)}.
 local DIR, LINKS, GENERATION, LEDGER = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local PLANNED_N, TOKEN, MODE = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local PLANNED_N, TOKEN, DEADLINE = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local MODE, URL_PART = ARGV[4], ARGV[5]
+-- A reader may drop the intent once it is past its deadline (by more than
+-- the nodes' clocks differ): an entry written in the ledger after that
+-- would be listed by no intent, and lost if the repair stopped before its
+-- shard's script. The caller writes its intent again and resends (as a
+-- flush's host script, cluster_host.lua).
+if DEADLINE > 0 and tonumber(redis.call('TIME')[1]) > DEADLINE then return {'late'} end
 local n = bucket_count(DIR)
 if n ~= PLANNED_N then return {'n', n} end
 
@@ -57,8 +66,8 @@ for k = 5, #KEYS do
   local flat = redis.call('HGETALL', KEYS[k])
   for j = 1, #flat, 2 do
     local field = flat[j]
-    if MODE == 'host' or field == ARGV[4]
-        or string.sub(field, 1, #ARGV[4] + 1) == ARGV[4] .. '\0' then
+    if MODE == 'host' or field == URL_PART
+        or string.sub(field, 1, #URL_PART + 1) == URL_PART .. '\0' then
       forget(flat[j + 1])
       doomed[#doomed + 1] = {KEYS[k], field}
       fields[field] = true

@@ -142,6 +142,11 @@ _READ_PAGES_SHA, _DUE_READ_SHA, _SUMMARY_SHA, _DUE_INDEX_SHA, _SUMS_READ_SHA = (
 _SUMS_BUILD_LUA, _SUMS_FORGET_LUA, _SUMS_MARK_LUA = SUMS_BUILD_LUA, SUMS_FORGET_LUA, SUMS_MARK_LUA
 
 
+# A crawl's (a worker's, a repair's) refresh of its hold, in both layouts
+# (one key): sent whole (EVAL), every twenty seconds at most.
+HOLD_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "hold.lua")
+
+
 # The cluster layout's scripts (see cluster.py and each .lua file): every
 # key each touches is in its KEYS, all in one slot.
 CLUSTER_ITEMS_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_items.lua").replace(

@@ -35,12 +35,18 @@ from incremental_crawler.state.records import (
     Undelivered,
 )
 from incremental_crawler.state.stores.base import (
+    REPAIR_HOLD,
+    SHARED_HOLD,
+    ScopeHeld,
     SlotRates,
     StateStoreError,
     crawl_history_setting,
+    describe_holder,
     holder_gone,
+    holds_conflict,
     item_history_setting,
     redis_retry_setting,
+    takes_over,
 )
 from incremental_crawler.state.stores.redis.admin import RedisAdmin
 from incremental_crawler.state.stores.redis.cluster import RedisClusterPath
@@ -60,6 +66,7 @@ from incremental_crawler.state.stores.redis.scripts import (
     _READ_PAGES_SHA,
     _SUMS_MARK_LUA,
     CLUSTER_SUMS_MARK_LUA,
+    HOLD_LUA,
 )
 from incremental_crawler.state.stores.redis.uri import DEFAULT_PREFIX, parse_redis_uri
 from incremental_crawler.uris import redacted
@@ -732,30 +739,29 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
         if now is None:
             now = clock.now()
         holds = self._key("holds", scope)
-        if self.tagged:
-            # Not a MULTI: redis-py's asyncio cluster transactions leave a
-            # connection bound to the loop they ran in. One key, one node,
-            # in order: the lapsed holds go, then this one is set (the
-            # first is cleanup, not part of the hold).
-            await self._commands([("ZREMRANGEBYSCORE", holds, "-inf", now),
-                                  ("ZADD", holds, now + ttl, holder)],
-                                 "Redis command failed")
-            return
-        pipe = self._async.pipeline(transaction=True)
-        pipe.zremrangebyscore(holds, "-inf", now)  # lapsed ones go
-        pipe.zadd(holds, {holder: now + ttl})
-        await self._run(pipe)
+        # One script on one key (one node): checked and written at once.
+        [other] = await self._commands(
+            [("EVAL", HOLD_LUA, 1, holds, repr(float(now)), holder, repr(float(now + ttl)),
+              SHARED_HOLD)], "Redis command failed")
+        if other:
+            name, expires = other[0].decode(), float(other[1])
+            raise ScopeHeld(f"State store {self.location}: scope {scope!r} is held by "
+                            f"{describe_holder(name)}, which {describe_holder(holder)} may "
+                            "not hold it beside", name, expires)
 
     def take_scope(self, scope: str, holder: str, ttl: float,
                    now: float) -> tuple[str, float] | None:
         holds = self._key("holds", scope)
+        crawl = not holder.startswith((SHARED_HOLD, REPAIR_HOLD))
         # The crawl starts from every page its scope has: a dead worker's
         # effects left in its hosts' ledgers are applied first (see
         # adopt_ledgers; refused writes are left for later). Before the
         # hold, so that one that fails leaves no hold taken for its ttl
-        # (applying them is right whoever holds the scope).
+        # (applying them is right whoever holds the scope). (A repair
+        # applies them itself; a cluster worker's reads do.)
         try:
-            self.adopt_ledgers_sync(scope)
+            if crawl:
+                self.adopt_ledgers_sync(scope)
         except (redis.RedisError, StateStoreError) as exc:
             raise StateStoreError(
                 f"State store {self.location}: scope {scope!r} was not taken: the effects a "
@@ -770,25 +776,30 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
                         pairs: list[tuple[bytes, float]] = pipe.zrangebyscore(  # type: ignore[assignment]
                             holds, f"({now!r}", "+inf", withscores=True)
                         self.roundtrips += 2
+                        live = [(raw.decode(), float(expires)) for raw, expires in pairs]
                         others = sorted(
-                            ((name, float(expires)) for name, expires in
-                             ((raw.decode(), expires) for raw, expires in pairs)
-                             if name != holder and not holder_gone(name)),
+                            ((name, expires) for name, expires in live
+                             if holds_conflict(holder, name) and not takes_over(holder, name)),
                             key=lambda pair: -pair[1])
                         if others:
                             pipe.unwatch()
                             return others[0]
                         pipe.multi()
-                        pipe.delete(holds)  # lapsed holds, and those of gone processes
-                        pipe.zadd(holds, {holder: now + ttl})
+                        # Lapsed holds go, and those of gone processes; the
+                        # live ones left are workers holding beside a worker.
+                        pipe.delete(holds)
+                        pipe.zadd(holds, {name: expires for name, expires in live
+                                          if not holder_gone(name)} | {holder: now + ttl})
                         # This crawl's checks, from its start on, are noted
-                        # one by one (see summarize_pages).
-                        if not self.tagged:
+                        # one by one (see summarize_pages). Not a worker's:
+                        # a run's workers start apart, and each would clear
+                        # the others' checks.
+                        if crawl and not self.tagged:
                             pipe.eval(_SUMS_MARK_LUA, 0, self.prefix, _key_part(scope),
                                       math.floor(now))
                         pipe.execute()
                         self.roundtrips += 1
-                        if self.tagged:
+                        if crawl and self.tagged:
                             # Each scope shard's mark, in its own slot, once
                             # the hold is taken and before the crawl writes:
                             # one not set (a failure) leaves that shard's
