@@ -2391,6 +2391,32 @@ async def test_a_flush_taking_an_applied_entry_a_week_old_marks_no_sums_lost(
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_runs_start_not_marked_where_a_page_was_checked_since_says_why(
+    redis_cluster: LoopbackCluster, prefix: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The mark of a run's start is refused on a shard with a page checked
+    at or after it (another worker wrote first): that shard's summaries
+    read every page, and the log says so (the others are marked)."""
+    store = open_store(redis_cluster, prefix)
+    try:
+        store.stage_page(lonely_page(0))
+        await call(store.flush())
+        checked = lonely_page(0).last_checked
+        with caplog.at_level(logging.INFO):
+            store.mark_run_start(SCOPE, checked)
+        with redis_cluster.client() as client:
+            marks = {shard: client.hget(f"{prefix}:nvm:{{{shard}}}", "mark")
+                     for shard in (shard_part(SCOPE, k) for k in range(len(SCOPE_SHARDS)))}
+        assert marks.pop(LONELY_SHARD) is None
+        assert set(marks.values()) == {str(checked).encode()}
+        said = [r.getMessage() for r in caplog.records if "run's start" in r.getMessage()]
+        assert len(said) == 1, said
+        assert f"was not set (1 of {len(SCOPE_SHARDS)}): a page there was checked" in said[0]
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_dead_workers_entry_a_day_old_is_applied_whole_not_marked_lost(
     redis_cluster: LoopbackCluster, prefix: str,
 ) -> None:

@@ -854,11 +854,21 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
             else:
                 pipe = self._sync.pipeline(transaction=False)
                 pipe.eval(_SUMS_MARK_LUA, 0, self.prefix, _key_part(scope), at)
-            self._sync_run(pipe)
+            replies = self._sync_run(pipe)
         except StateStoreError as exc:
             logger.warning("State store %s: the mark of the run's start on %r was not set "
                            "(%s): its summaries may read every page", self.location, scope,
                            exc.__cause__ or exc)
+            return
+        refused = sum(1 for reply in replies if not int(reply))
+        if refused:
+            # Right either way, but a summary reading every page is slow on
+            # a large scope: the operator should know why.
+            logger.info("State store %s: the mark of the run's start on %r was not set "
+                        "(%s of %s): a page there was checked at or after the run's start "
+                        "(another worker wrote first, or a clock ahead); its summaries "
+                        "read every page there until a later run's start is marked",
+                        self.location, scope, refused, len(replies))
 
     async def release_scope(self, scope: str, holder: str) -> None:
         await self._call("ZREM", self._key("holds", scope), holder)
