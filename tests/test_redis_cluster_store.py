@@ -2279,6 +2279,145 @@ async def test_a_closed_workers_applied_tokens_are_let_go_once_their_entries_are
     assert redis_cluster.keys(f"{prefix}:fxheld:*") == []
 
 
+def lonely_page(n: int) -> PageState:
+    """A page of lonely.example (its effects all go to LONELY_SHARD)."""
+    return full_state(PageKey(SCOPE, f"https://lonely.example/p{n}"), 1,
+                      callback="parse", next_visit=1_000 + n)
+
+
+def held_tokens(cluster: LoopbackCluster, prefix: str) -> list[bytes]:
+    with cluster.client() as client:
+        return client.hkeys(f"{prefix}:fxheld:{{{LONELY_SHARD}}}")
+
+
+@pytest_twisted.ensureDeferred
+async def test_workers_killed_after_their_second_flush_leave_no_token_held(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A worker's flush deletes its previous flush's ledger entries; their
+    tokens would be let go by its next pipeline. Killed in between (any
+    time after its second flush), it leaves tokens held whose entries are
+    gone: the next reading finds them gone and lets them go."""
+    for kill in range(3):
+        gone = open_store(redis_cluster, prefix)
+        for n in range(2):
+            gone.stage_page(lonely_page(10 * kill + n))
+            await call(gone.flush())
+        await call(die(gone))
+    # Each killed worker: one token whose entry is gone, one whose entry is there.
+    assert len(held_tokens(redis_cluster, prefix)) == 6
+    store = open_store(redis_cluster, prefix)
+    try:
+        await assert_whole_summary(store, 6)
+        assert held_tokens(redis_cluster, prefix) == []
+        for n in (98, 99):
+            store.stage_page(lonely_page(n))
+            await call(store.flush())
+    finally:
+        await call(store.close())
+    assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    assert held_tokens(redis_cluster, prefix) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_close_whose_flush_fails_still_lets_go_of_the_tokens_held(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A crawl stopped by a store error (here the eviction recheck, which
+    refuses the flush at close again): close still deletes the entries its
+    earlier flushes applied and lets their tokens go, and raises the
+    flush's error."""
+    store = open_store(redis_cluster, prefix)
+    for n in range(2):
+        store.stage_page(lonely_page(n))
+        await call(store.flush())
+
+    async def evicting() -> None:
+        raise store._fail("a node of the cluster evicts keys when full (simulated)")
+
+    store._recheck_eviction = evicting  # type: ignore[method-assign]
+    store.stage_page(lonely_page(2))
+    with pytest.raises(StateStoreError, match="evicts keys when full"):
+        await call(store.flush())
+    with pytest.raises(StateStoreError, match="evicts keys when full"):
+        await call(store.close())
+    assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    assert redis_cluster.keys(f"{prefix}:fxheld:*") == []
+    reader = open_store(redis_cluster, prefix)
+    try:
+        await assert_whole_summary(reader, 2)
+    finally:
+        await call(reader.close())
+
+
+@pytest.mark.parametrize("reader_between", [False, True], ids=["alone", "reader-between"])
+@pytest_twisted.ensureDeferred
+async def test_a_flush_taking_an_applied_entry_a_week_old_marks_no_sums_lost(
+    redis_cluster: LoopbackCluster, prefix: str, reader_between: bool,
+) -> None:
+    """A killed worker's applied entry, a week old: P:fxdone forgot its
+    token, P:fxheld holds it. Another worker's host script takes the entry
+    as expired; its phase 3 finds it applied, the sums not marked lost;
+    also when, between its phases 2 and 3, a reader dropped the entry as
+    applied and let its token go (P:fxdone notes it anew then)."""
+    gone = open_store(redis_cluster, prefix)
+    gone.stage_page(lonely_page(0))
+    await call(gone.flush())
+    await call(die(gone))
+    assert age_ledgers(redis_cluster, prefix, 7 * 86_400) == 1
+    with redis_cluster.client() as client:
+        # What P:fxdone's own trimming does after _APPLIED_KEPT.
+        client.delete(*redis_cluster.keys(f"{prefix}:fxdone:{{{LONELY_SHARD}}}:*"))
+    writer = open_store(redis_cluster, prefix)
+    reader = open_store(redis_cluster, prefix)
+    phase_scopes = writer._phase_scopes
+
+    async def reader_first(*args: Any, **kwargs: Any) -> None:
+        await reader.adopt_ledgers(SCOPE)
+        assert held_tokens(redis_cluster, prefix) == []
+        await phase_scopes(*args, **kwargs)
+
+    if reader_between:
+        writer._phase_scopes = reader_first  # type: ignore[method-assign]
+    try:
+        writer.stage_page(lonely_page(1))
+        await call(writer.flush())
+        with redis_cluster.client() as client:
+            assert client.hget(f"{prefix}:nvm:{{{LONELY_SHARD}}}", "lost") is None
+        await assert_whole_summary(writer, 2)
+    finally:
+        await call(writer.close())
+        await call(reader.close())
+    assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    assert held_tokens(redis_cluster, prefix) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_runs_start_not_marked_where_a_page_was_checked_since_says_why(
+    redis_cluster: LoopbackCluster, prefix: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The mark of a run's start is refused on a shard with a page checked
+    at or after it (another worker wrote first): that shard's summaries
+    read every page, and the log says so (the others are marked)."""
+    store = open_store(redis_cluster, prefix)
+    try:
+        store.stage_page(lonely_page(0))
+        await call(store.flush())
+        checked = lonely_page(0).last_checked
+        with caplog.at_level(logging.INFO):
+            store.mark_run_start(SCOPE, checked)
+        with redis_cluster.client() as client:
+            marks = {shard: client.hget(f"{prefix}:nvm:{{{shard}}}", "mark")
+                     for shard in (shard_part(SCOPE, k) for k in range(len(SCOPE_SHARDS)))}
+        assert marks.pop(LONELY_SHARD) is None
+        assert set(marks.values()) == {str(checked).encode()}
+        said = [r.getMessage() for r in caplog.records if "run's start" in r.getMessage()]
+        assert len(said) == 1, said
+        assert f"was not set (1 of {len(SCOPE_SHARDS)}): a page there was checked" in said[0]
+    finally:
+        await call(store.close())
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_dead_workers_entry_a_day_old_is_applied_whole_not_marked_lost(
     redis_cluster: LoopbackCluster, prefix: str,

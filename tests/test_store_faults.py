@@ -32,6 +32,7 @@ from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores.redis import RedisStateStore
 from incremental_crawler.state.stores.redis import layout as redis_layout
+from tests.clock_util import later
 from tests.redis_util import OwnRedis
 from tests.scrapy_cli import run
 from tests.test_fatal import crawl_args, one_error_line
@@ -246,6 +247,118 @@ async def test_a_redis_refusing_info_during_the_crawl_is_warned_of_and_written_t
             assert len(said) == 1, said
             assert "is not checked during the crawl" in said[0]
             assert (await call(store.get_page(key))).checks == 2
+        finally:
+            await call(store.close())
+    finally:
+        server.remove()
+
+
+def count_info(monkeypatch: pytest.MonkeyPatch, store: RedisStateStore,
+               failures: list[Exception] | None = None) -> list[str]:
+    """Count the store's INFO commands (the sections asked, one a call);
+    the first ones raise *failures*, in order."""
+    asked: list[str] = []
+    info = store._async.info
+    failing = list(failures or [])
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        asked.append(args[0] if args else "")
+        if failing:
+            raise failing.pop(0)
+        return await info(*args, **kwargs)
+
+    monkeypatch.setattr(store._async, "info", counted)
+    return asked
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_eviction_recheck_asks_info_at_most_once_an_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Flushes within the recheck's interval ask INFO once (the first past
+    it); the next flush past it asks again. (The interval is made long and
+    the last check moved back past it: nothing waits.)"""
+    server = OwnRedis()
+    server.start()
+    try:
+        store = RedisStateStore(server.uri, prefix=PREFIX)
+        try:
+            asked = count_info(monkeypatch, store)
+            monkeypatch.setattr(redis_layout, "EVICTION_RECHECK", 3_600.0)
+            store._eviction_checked -= 7_200
+            key = PageKey("sitemap", "https://a.example/p")
+            for n in range(3):
+                store.stage_page(full_state(key, n + 1))
+                assert await call(store.flush()) == 1
+            assert asked == ["memory"]
+            store._eviction_checked -= 7_200
+            store.stage_page(full_state(key, 4))
+            assert await call(store.flush()) == 1
+            assert asked == ["memory", "memory"]
+        finally:
+            await call(store.close())
+    finally:
+        server.remove()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_eviction_recheck_is_not_silenced_by_a_wall_clock_set_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The recheck's interval is told on the monotonic clock: the wall
+    clock set back a day after the store opened does not put it off."""
+    server = OwnRedis()
+    server.start()
+    try:
+        store = RedisStateStore(server.uri, prefix=PREFIX)
+        try:
+            asked = count_info(monkeypatch, store)
+            monkeypatch.setattr(redis_layout, "EVICTION_RECHECK", 0.0)
+            later(monkeypatch, -1)
+            store.stage_page(full_state(PageKey("sitemap", "https://a.example/p"), 1))
+            assert await call(store.flush()) == 1
+            assert asked == ["memory"]
+        finally:
+            await call(store.close())
+    finally:
+        server.remove()
+
+
+@pytest.mark.parametrize("failover", [
+    redis.exceptions.MasterDownError(
+        "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is no"),
+    redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"),
+    redis.exceptions.TryAgainError("TRYAGAIN Multiple keys request during rehashing of slot"),
+], ids=["masterdown", "clusterdown", "tryagain"])
+@pytest_twisted.ensureDeferred
+async def test_a_failover_met_by_the_eviction_recheck_is_no_refusal_and_checked_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    failover: redis.exceptions.ResponseError,
+) -> None:
+    """INFO meeting a failover under way (a ResponseError in redis-py, as
+    an ACL's refusal is) is not taken for INFO refused: nothing warned,
+    the flush goes on, and the next flush checks the policy."""
+    server = OwnRedis()
+    server.start()
+    try:
+        store = RedisStateStore(server.uri, prefix=PREFIX)
+        try:
+            asked = count_info(monkeypatch, store, [failover])
+            monkeypatch.setattr(redis_layout, "EVICTION_RECHECK", 3_600.0)
+            store._eviction_checked -= 7_200
+            key = PageKey("sitemap", "https://a.example/p")
+            with caplog.at_level(logging.INFO):
+                for n in range(3):
+                    store.stage_page(full_state(key, n + 1))
+                    assert await call(store.flush()) == 1
+            # Failed, asked again by the next flush, then not within the interval.
+            assert asked == ["memory", "memory"]
+            said = [r.getMessage() for r in caplog.records
+                    if "INFO" in r.getMessage() or "eviction policy" in r.getMessage()]
+            assert len(said) == 1, said
+            assert "could not be checked now" in said[0] and "the next flush checks it" in said[0]
+            assert not store._eviction_unread_said
+            assert (await call(store.get_page(key))).checks == 3
         finally:
             await call(store.close())
     finally:

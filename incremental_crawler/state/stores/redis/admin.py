@@ -803,8 +803,8 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         self._sync_run(pipe)
         if applied:
             # The entry gone: its token let go (see cluster_scope.lua). Best
-            # effort: the repair is done, and a token left held costs a
-            # field until the scope's reset.
+            # effort: the repair is done, and a token left held goes at the
+            # next reading of the scope (which finds its entry gone).
             pipe = self._sync.pipeline(transaction=False)
             for command in self._release_held([(ledger, token)]):
                 pipe.execute_command(*command)

@@ -120,6 +120,7 @@ from incremental_crawler.state.stores.redis.pages import (
 from incremental_crawler.state.stores.redis.scripts import (
     _LEDGER_HONOURED,
     CLUSTER_BYPAGE_LUA,
+    CLUSTER_HELD_RELEASE_LUA,
     CLUSTER_HOST_LUA,
     CLUSTER_INTENT_ADD_LUA,
     CLUSTER_INTENT_DROP_LUA,
@@ -223,6 +224,17 @@ def _has_effects(reply: dict[str, Any]) -> bool:
     slot (as cluster_host.lua keeps a ledger entry for them)."""
     return bool(reply.get("splits") or reply.get("new_host") or reply.get("sums")
                 or reply.get("checks") or reply.get("due"))
+
+
+def _entries_gone(held: list[tuple[str, str]], there: list[Any]) -> list[tuple[str, str]]:
+    """The held tokens' entries (ledger, token) that ``HEXISTS`` (its
+    replies *there*) found gone. An entry is written (phase 2) before its
+    token is held (phase 3): one missing now was deleted, and never comes
+    back (a token names one script)."""
+    for found in there:
+        if isinstance(found, Exception):
+            raise found
+    return [entry for entry, found in zip(held, there, strict=True) if not int(found)]
 
 
 def _tag_of(key: str) -> str:
@@ -749,8 +761,10 @@ class RedisClusterPath(RedisCore):
 
         args: list[Any] = [len(bundles)]
         for other in sorted(bundles):
-            # Its bucket of the tokens applied (cluster_scope.lua).
-            args += [other, key_at(f"{head('fxdone')}:{_applied_bucket(other)}")]
+            # Its bucket of the tokens applied, and its ledger (what
+            # P:fxheld notes: see cluster_scope.lua).
+            args += [other, key_at(f"{head('fxdone')}:{_applied_bucket(other)}"),
+                     bundles[other].ledger]
         args.append(len(effects.sums))
         for (visit, callback), (pages, size) in sorted(effects.sums.items()):
             args += [visit, callback, pages, size,
@@ -1096,15 +1110,43 @@ class RedisClusterPath(RedisCore):
         carried.held_done += [entry for entry in entries if entry not in carried.held_done]
 
     def _release_held(self, entries: list[tuple[str, str]]) -> list[tuple[Any, ...]]:
-        """The commands that take the tokens of deleted ledger entries
-        (host's ledger, token) out of their shards' ``P:fxheld`` (see
-        cluster_scope.lua): one HDEL a shard."""
-        by_shard: dict[str, list[str]] = {}
+        """The commands that let go of the tokens of ledger entries known to
+        be gone (host's ledger, token): one script a shard
+        (cluster_held_release.lua). The one rule for a token held in
+        ``P:fxheld``: it goes once its entry is known to be gone (the
+        pipeline that deleted it answered, or a reading found it gone),
+        never before, and is noted anew in ``P:fxdone``, which answers for
+        it two days more: a flush that took the entry as expired before it
+        went still finds it applied."""
+        by_shard: dict[str, set[str]] = {}
         for ledger, token in entries:
             scope_part, _, part = _tag_of(ledger)[1:-1].rpartition("|")
-            by_shard.setdefault(shard_part(scope_part, scope_shard(part)), []).append(token)
-        return [("HDEL", f"{self.prefix}:fxheld:{{{shard}}}", *tokens)
-                for shard, tokens in sorted(by_shard.items())]
+            by_shard.setdefault(shard_part(scope_part, scope_shard(part)), set()).add(token)
+        commands: list[tuple[Any, ...]] = []
+        for shard, tokens in sorted(by_shard.items()):
+            ordered = sorted(tokens)
+            buckets = [f"{self.prefix}:fxdone:{{{shard}}}:{_applied_bucket(token)}"
+                       for token in ordered]
+            commands.append(("EVAL", CLUSTER_HELD_RELEASE_LUA, 1 + len(ordered),
+                             f"{self.prefix}:fxheld:{{{shard}}}", *buckets, *ordered))
+        return commands
+
+    def _held_tokens(self, shards: list[str], held: list[Any]) -> list[tuple[str, str]]:
+        """The tokens held in the *shards*' ``P:fxheld`` (their ``HGETALL``
+        replies *held*) as (ledger, token): each to be looked for in its
+        ledger. A value that names no ledger of this prefix (a time, as
+        code before wrote) is left alone: its entry cannot be looked for."""
+        found = []
+        ours = f"{self.prefix}:fx:{{"
+        for shard, reply in zip(shards, held, strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            scope_part = scope_of_shard(shard)
+            for token, ledger in dict(reply).items():
+                name = ledger.decode(errors="replace")
+                if name.startswith(f"{ours}{scope_part}|"):
+                    found.append((name, token.decode()))
+        return found
 
     def _adoption(self, scope: str, settled_only: bool = False,
                   refused: set[str] | None = None
@@ -1116,8 +1158,8 @@ class RedisClusterPath(RedisCore):
         hosts and revisit index for good. Yields the commands of each round
         trip (every shard's at once) and is sent their replies (run by
         :meth:`adopt_ledgers` or :meth:`adopt_ledgers_sync`); costs one
-        round trip (a read per shard) when nothing is pending, else one a
-        host listed.
+        round trip (two reads per shard) when nothing is pending or held,
+        else one a host listed.
 
         Every entry read is sent to its shard's script (which applies a
         token's effects once: a live worker's own phase 3 then finds them
@@ -1130,11 +1172,18 @@ class RedisClusterPath(RedisCore):
         :meth:`_phase_hosts`) and still as read (see
         ``cluster_intent_drop.lua``). A shard whose script Redis refused (a
         damaged key) keeps its ledgers and intents for a later try; the
-        others are applied (the shards refused noted in *refused*, if given)."""
+        others are applied (the shards refused noted in *refused*, if given).
+
+        The tokens held in the shards' ``P:fxheld`` are read with the
+        intents, and their entries looked for with the ledgers: those whose
+        entries are gone are let go (:meth:`_release_held`), whoever
+        deleted the entries (a worker killed before it let go of its own)."""
         scope_part = _key_part(scope)
         shards = [shard_part(scope_part, k) for k in range(len(SCOPE_SHARDS))]
-        reads = yield [("EVAL", CLUSTER_INTENTS_READ_LUA, 1, self._intents_key(shard))
-                       for shard in shards]
+        reads = yield [*(("EVAL", CLUSTER_INTENTS_READ_LUA, 1, self._intents_key(shard))
+                         for shard in shards),
+                       *(("HGETALL", f"{self.prefix}:fxheld:{{{shard}}}") for shard in shards)]
+        reads, held = reads[:len(shards)], self._held_tokens(shards, reads[len(shards):])
         listed: dict[str, tuple[int, list[tuple[bytes, bytes]]]] = {}
         for shard, read in zip(shards, reads, strict=True):
             if isinstance(read, Exception):
@@ -1152,14 +1201,17 @@ class RedisClusterPath(RedisCore):
                          if intents_now - float(score) >= self.adopt_after]
             if pairs:
                 listed[shard] = (intents_now, pairs)
-        if not listed:
+        if not listed and not held:
             return
         parts = {shard: sorted({member.decode().rpartition("\0")[0] for member, _ in pairs})
                  for shard, (_, pairs) in listed.items()}
         ledgers = {shard: [f"{self.prefix}:fx:{{{scope_part}|{part}}}" for part in found]
                    for shard, found in parts.items()}
-        entries = yield [("EVAL", CLUSTER_LEDGER_READ_LUA, 1, ledger)
-                         for shard in listed for ledger in ledgers[shard]]
+        entries = yield [*(("EVAL", CLUSTER_LEDGER_READ_LUA, 1, ledger)
+                           for shard in listed for ledger in ledgers[shard]),
+                         *(("HEXISTS", ledger, token) for ledger, token in held)]
+        entries, there = entries[:len(entries) - len(held)], entries[len(entries) - len(held):]
+        gone = _entries_gone(held, there)
         bundles: dict[str, dict[str, _Effects]] = {}
         at = 0
         for shard in listed:
@@ -1184,9 +1236,10 @@ class RedisClusterPath(RedisCore):
         cleanup = [*spent, *(("HDEL", ledger, token) for ledger, token in applied), *drops]
         if cleanup:
             yield cleanup
-        # Their entries gone (the pipeline answered): their tokens let go.
-        if applied:
-            yield self._release_held(applied)
+        # Their entries gone (the pipeline answered): their tokens let go,
+        # with those whose entries were found gone.
+        if applied or gone:
+            yield self._release_held([*applied, *gone])
 
     def _adopt_rounds(self, bundles: dict[str, dict[str, _Effects]],
                       applied: list[tuple[str, str]], spent: list[tuple[Any, ...]],

@@ -21,10 +21,12 @@
 -- the ledger) are applied once: when any of those sent was applied
 -- already, nothing is, and the script answers {'done', tokens...}.
 -- P:fxheld (the shard's tokens applied whose ledger entries may still be
--- there, token -> when) notes them too, with no trim: a ledger entry a
--- dead worker left applied (its clean-up never sent) reads as applied
--- however long nobody reads the scope; the worker (or the reader) that
--- deleted the entry takes its token out of it afterwards.
+-- there, token -> its ledger's key) notes them too, with no trim: a ledger
+-- entry a dead worker left applied (its clean-up never sent) reads as
+-- applied however long nobody reads the scope. The one rule for a held
+-- token: it goes once its entry is known to be gone, and is then noted
+-- anew in P:fxdone (cluster_held_release.lua), so that a flush that took
+-- the entry before it went still finds it applied for two days more.
 --
 -- A bucket's bound lowered here drops the mark a summary set on it
 -- (P:duer of the shard: the summary raises the bound only while its mark is
@@ -32,7 +34,8 @@
 --
 -- KEYS: the token, dueb, splits, hs, nvs, nvm, ck, duer, fxheld, then every other
 -- key named by index in ARGV. ARGV: the number of effects' tokens and per
--- token the token and the index in KEYS of its P:fxdone bucket; the number
+-- token the token, the index in KEYS of its P:fxdone bucket and the key of
+-- its ledger (another slot's: only noted in P:fxheld); the number
 -- of sums deltas and per delta
 -- its next visit, callback, pages, bytes and the index in KEYS of its
 -- minute's nvf hash; the number of checks and per check its member and
@@ -73,12 +76,13 @@ local function check_type(key, want)
 end
 
 -- The effects, read first (their types checked with the writes').
-local bundles, applied_at = {}, {}
+local bundles, applied_at, ledgers = {}, {}, {}
 for k = 1, tonumber(ARGV[1]) do
-  bundles[k] = ARGV[2 * k]
-  applied_at[k] = KEYS[tonumber(ARGV[2 * k + 1])]
+  bundles[k] = ARGV[3 * k - 1]
+  applied_at[k] = KEYS[tonumber(ARGV[3 * k])]
+  ledgers[k] = ARGV[3 * k + 1]
 end
-local j = 2 + 2 * #bundles
+local j = 2 + 3 * #bundles
 local sums = {}
 for _ = 1, tonumber(ARGV[j]) do
   sums[#sums + 1] = {tonumber(ARGV[j + 1]), ARGV[j + 2], tonumber(ARGV[j + 3]),
@@ -183,7 +187,7 @@ for k, bundle in ipairs(bundles) do
   end
   if not trim or trim <= now then redis.call('HSET', bucket, 'trim', now + 3600) end
   redis.call('HSET', bucket, applied_field(bundle), now)
-  redis.call('HSET', HELD, bundle, now)
+  redis.call('HSET', HELD, bundle, ledgers[k])
   -- No TTL: the hourly trim bounds a bucket (a record of tokens applied
   -- that Redis could evict under a volatile-* policy would let an effect
   -- be applied twice; the store refuses those policies besides).

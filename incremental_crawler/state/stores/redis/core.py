@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import logging
+import time
 from dataclasses import MISSING, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
@@ -183,8 +184,9 @@ class RedisCore(StateStore):
         #: Redis's hash-max-listpack-value (read on opening; 64 by default).
         self._listpack_value = 64
         #: When Redis's eviction policy was last found safe (checked on
-        #: opening, then again by the flushes: see ``_recheck_eviction``).
-        self._eviction_checked = clock.now()
+        #: opening, then again by the flushes: see ``_recheck_eviction``),
+        #: on the monotonic clock: a wall clock set back would silence it.
+        self._eviction_checked = time.monotonic()
         #: Whether a refused INFO (no check possible) was warned of.
         self._eviction_unread_said = False
         # No retries: a transaction whose reply was lost may have run, and

@@ -16,7 +16,6 @@ from urllib.parse import unquote
 import redis
 from redis.cluster import RedisCluster
 
-from incremental_crawler import clock
 from incremental_crawler.state.records import PageKey, PageState
 from incremental_crawler.state.stores.redis.core import (
     OUT_OF_MEMORY,
@@ -122,6 +121,12 @@ _WOULD_EVICT = ("State store %s: %s has maxmemory-policy %s but no maxmemory (0)
 #: primary on a cluster) a minute costs nothing beside the flushes; a
 #: policy changed is seen within a minute of a flush.
 EVICTION_RECHECK = 60.0
+
+
+#: What INFO meets while a cluster fails over (all of them ResponseErrors
+#: in redis-py, as a refusal is): not a refusal, the check made again.
+_FAILING_OVER = (redis.exceptions.ClusterError, redis.exceptions.TryAgainError,
+                 redis.exceptions.AskError)
 
 
 def _eviction_policy(memory: dict[str, Any]) -> str:
@@ -248,8 +253,8 @@ class RedisLayout(RedisCore):
         """During a crawl, refuse to write again on a Redis (any primary of
         a cluster) that may now evict the store's keys: checked again at
         most every :data:`EVICTION_RECHECK` seconds, before a flush sends
-        anything, so that the crawl stops with nothing more written."""
-        now = clock.now()
+        anything, so that the crawl stops with nothing more flushed."""
+        now = time.monotonic()
         if now - self._eviction_checked < EVICTION_RECHECK:
             return
         try:
@@ -258,10 +263,19 @@ class RedisLayout(RedisCore):
                     "memory", target_nodes=RedisCluster.PRIMARIES))
             else:
                 memories = await self._again(lambda: self._async.info("memory"))
+        except _FAILING_OVER as exc:
+            # A failover under way (CLUSTERDOWN, MASTERDOWN, TRYAGAIN, a
+            # slot moving): the very moment a primary configured otherwise
+            # may take over, and no refusal. This flush goes on (its own
+            # commands meet the same state, and fail on their own if it
+            # lasts); the next flush checks again.
+            logger.info("State store %s: the eviction policy could not be checked now (%s); "
+                        "the next flush checks it", self.location, exc)
+            return
         except redis.exceptions.ResponseError as exc:
-            # INFO refused since the store opened (an ACL changed): no
-            # check possible, which is no sign of eviction; said once,
-            # tried again a minute later.
+            # INFO refused since the store opened (an ACL changed, the
+            # command renamed): no check possible, which is no sign of
+            # eviction; said once, tried again a minute later.
             self._eviction_checked = now
             if not self._eviction_unread_said:
                 self._eviction_unread_said = True

@@ -178,5 +178,7 @@ CLUSTER_SCRIPTS = (CLUSTER_ITEMS_LUA, CLUSTER_HOST_LUA, CLUSTER_SCOPE_LUA,
                    CLUSTER_SUMMARY_LUA, CLUSTER_RAISE_LUA, CLUSTER_INTENT_DROP_LUA,
                    CLUSTER_BYPAGE_LUA, CLUSTER_LEDGER_READ_LUA, CLUSTER_INTENT_ADD_LUA,
                    CLUSTER_INTENTS_READ_LUA, CLUSTER_SUMS_COARSE_LUA, CLUSTER_SETTLE_LUA)
+# Sent whole (EVAL) after ledger entries were deleted: small, a few a flush.
+CLUSTER_HELD_RELEASE_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_held_release.lua")
 # Run in take_scope's MULTI (sent whole: EVAL, rarely).
 CLUSTER_SUMS_MARK_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_sums_mark.lua")

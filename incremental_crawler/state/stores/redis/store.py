@@ -677,26 +677,48 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
 
     async def close(self) -> None:
         try:
-            await self.flush()
-            if self.tagged and (self._spent_slot_tokens or self._carried.ledger_done
-                                or self._carried.intents_done or self._carried.held_done):
-                # The last flush's tokens (its replies came: nothing to
-                # replay), one a slot it wrote, its effects' ledger entries
-                # (applied) and its intents on their hosts: not left behind;
-                # then the applied tokens of the entries deleted.
-                spent, self._spent_slot_tokens = self._spent_slot_tokens, []
-                for _ in range(2):
-                    commands, sent = self._ledger_cleanup()
-                    cleanup = [*(("DEL", key) for key in spent), *commands]
-                    spent = []
-                    if cleanup:
-                        await self._commands(cleanup, "Redis command failed")
-                    self._ledger_cleaned(sent)
+            flushed = False
+            try:
+                await self.flush()
+                flushed = True
+            finally:
+                # Even when the last flush failed (a store error stops the
+                # crawl): what earlier flushes applied is cleaned up all
+                # the same, or their tokens would stay held.
+                try:
+                    await self._clean_up_at_close()
+                except StateStoreError as exc:
+                    if flushed:
+                        raise
+                    # The flush's own error is the one raised.
+                    logger.warning("State store %s: the ledgers' clean-up at close failed "
+                                   "too (%s); the next reading of the scope does it",
+                                   self.location, exc.__cause__ or exc)
         finally:
             if not self._closed:
                 self._closed = True
                 self._sync.close()
                 await self._async.aclose()
+
+    async def _clean_up_at_close(self) -> None:
+        """The last flushes' tokens (their replies came: nothing to
+        replay), one a slot written, their effects' ledger entries (applied)
+        and the intents on their hosts: not left behind; then the applied
+        tokens of the entries deleted (two rounds). Every command deletes
+        what is known to be done (sent again, it changes nothing), so this
+        runs after a failed flush too: what that flush left unsure or
+        pending is not among them (see ``_ledger_cleanup``)."""
+        if not self.tagged or not (self._spent_slot_tokens or self._carried.ledger_done
+                                   or self._carried.intents_done or self._carried.held_done):
+            return
+        spent, self._spent_slot_tokens = self._spent_slot_tokens, []
+        for _ in range(2):
+            commands, sent = self._ledger_cleanup()
+            cleanup = [*(("DEL", key) for key in spent), *commands]
+            spent = []
+            if cleanup:
+                await self._commands(cleanup, "Redis command failed")
+            self._ledger_cleaned(sent)
 
     # -- crawl records -------------------------------------------------------
 
@@ -843,11 +865,21 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
             else:
                 pipe = self._sync.pipeline(transaction=False)
                 pipe.eval(_SUMS_MARK_LUA, 0, self.prefix, _key_part(scope), at)
-            self._sync_run(pipe)
+            replies = self._sync_run(pipe)
         except StateStoreError as exc:
             logger.warning("State store %s: the mark of the run's start on %r was not set "
                            "(%s): its summaries may read every page", self.location, scope,
                            exc.__cause__ or exc)
+            return
+        refused = sum(1 for reply in replies if not int(reply))
+        if refused:
+            # Right either way, but a summary reading every page is slow on
+            # a large scope: the operator should know why.
+            logger.info("State store %s: the mark of the run's start on %r was not set "
+                        "(%s of %s): a page there was checked at or after the run's start "
+                        "(another worker wrote first, or a clock ahead); its summaries "
+                        "read every page there until a later run's start is marked",
+                        self.location, scope, refused, len(replies))
 
     async def release_scope(self, scope: str, holder: str) -> None:
         await self._call("ZREM", self._key("holds", scope), holder)
