@@ -26,7 +26,7 @@ from twisted.internet.threads import deferToThread
 
 from incremental_crawler.state.records import HostTrust, ItemRecord, SlotRate
 from incremental_crawler.state.scope_copy import COPY_MARK
-from incremental_crawler.state.stores import AdminStore, open_store
+from incremental_crawler.state.stores import AdminStore, StateStoreError, open_store
 from tests.conftest import crawl_settings
 from tests.follow_spider import FollowSpider
 from tests.links import nav_depths
@@ -273,6 +273,37 @@ async def test_a_copy_cut_short_by_an_unreadable_record_is_refused_until_reset(
     done = await state(source, "copy", "--to", destination, "--spider", SCOPE, "--yes")
     assert done.returncode == 0, done.stderr
     assert await counts(destination, urls[1]) == await counts(source, urls[1])
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_refuses_a_destination_whose_copy_was_cut_short(
+        site: Any, stores: dict[str, str], tmp_path: Path) -> None:
+    """The copy stops at an unreadable item version, after the pages: the
+    destination has every page and no item. A crawl there would emit the
+    changed page's item as new; it refuses to start, naming the copy."""
+    source, destination = stores["sqlite"], stores["redis"]
+    urls = await source_with_history(site, source)
+    damage_version_2(tmp_path / "source.db", urls[1])
+    stopped = await state(source, "copy", "--to", destination, "--spider", SCOPE, "--yes")
+    assert stopped.returncode == 1 and "cut short" in stopped.stderr, stopped.stderr
+
+    site.change("/p/0002")
+    site.reset_log()
+    with pytest.raises(StateStoreError, match=r"scope 'list' is a copy made by 'scrapy state "
+                                              r"copy' that is under way, or was cut short"):
+        await crawl_on(destination, urls)
+    assert seen(site) == []
+
+
+def damage_version_2(path: Path, key: str) -> None:
+    """Version 2 of the item *key* of the SQLite store at *path* made unreadable."""
+    db = sqlite3.connect(path)
+    try:
+        db.execute("UPDATE item_versions SET data = '{damaged' WHERE item_key = ? "
+                   "AND version = 2", (key,))
+        db.commit()
+    finally:
+        db.close()
 
 
 async def write_items(uri: str) -> None:

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
     from incremental_crawler.state.records import PageState, StoredVersion
-    from incremental_crawler.state.stores.base import AdminStore, StoredItem
+    from incremental_crawler.state.stores.base import AdminStore, StateStore, StoredItem
 
 __all__ = [
     "COPY_MARK",
@@ -47,6 +47,7 @@ __all__ = [
     "ScopeCopyError",
     "copy_plan",
     "copy_scope",
+    "refuse_a_crawl_of_a_partial_copy",
     "refuse_destination",
 ]
 
@@ -121,6 +122,21 @@ async def refuse_destination(destination: AdminStore, scope: str, dest_uri: str)
             f"{destination.location} already holds scope {scope!r} "
             f"({destination.count_scope(scope).describe()}); a copy never merges into "
             f"it: copy to another store, or delete it there first with: {reset}")
+
+
+def refuse_a_crawl_of_a_partial_copy(store: StateStore, scope: str) -> None:
+    """Refuse a crawl of *scope* in *store* while a copy into it is under
+    way, or after one was cut short (its mark there is not done): the scope
+    is partial there, and a crawl would take every item the copy had not
+    written yet for new (and every page for unknown). One memo read."""
+    mark = store.get_walk_memo_now(scope, COPY_MARK)
+    if mark is not None and not _done(mark):
+        raise StateStoreError(
+            f"State store {store.location}: scope {scope!r} is a copy made by 'scrapy state "
+            "copy' that is under way, or was cut short (or could not be verified): what it "
+            "holds is partial, and a crawl would emit as new every item not copied yet. "
+            "If no copy is running, delete it with 'scrapy state reset --spider "
+            f"{shlex.quote(scope)} --yes' on this store, then copy again")
 
 
 def _done(mark: str) -> bool:

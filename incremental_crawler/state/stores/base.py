@@ -644,6 +644,13 @@ class StateStore(ABC):
         :meth:`put_walk_memo`), or ``None``."""
         return None
 
+    def get_walk_memo_now(self, scope: str, name: str) -> str | None:
+        """:meth:`get_walk_memo`, synchronously: a crawl reads the mark of
+        ``scrapy state copy`` (see :meth:`put_walk_memo`) before it takes its
+        scope, outside the event loop's turn. ``None`` by default (a store
+        that keeps no memos is refused as a copy's destination)."""
+        return None
+
     async def put_walk_memo(self, scope: str, name: str, data: str) -> None:  # noqa: B027
         """Store the walk memo *data* under *name* in *scope*, at once (not
         staged), replacing any. Nothing a crawl needs is lost without it: a

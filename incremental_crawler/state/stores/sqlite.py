@@ -852,6 +852,9 @@ class SQLiteStateStore(AdminStore):
         return f"{rows[0][0] if rows else 0}"
 
     async def get_walk_memo(self, scope: str, name: str) -> str | None:
+        return self.get_walk_memo_now(scope, name)
+
+    def get_walk_memo_now(self, scope: str, name: str) -> str | None:
         rows = self._read("SELECT data FROM walk_memos WHERE scope = ? AND name = ?",
                           (scope, name))
         return rows[0][0] if rows else None
