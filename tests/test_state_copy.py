@@ -10,8 +10,10 @@ emitted (none new).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
+import threading
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +26,8 @@ from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 from twisted.internet.threads import deferToThread
 
-from incremental_crawler.state.records import HostTrust, ItemRecord, SlotRate
-from incremental_crawler.state.scope_copy import COPY_MARK
+from incremental_crawler.state.records import HostTrust, ItemRecord, PageKey, PageState, SlotRate
+from incremental_crawler.state.scope_copy import COPY_MARK, ScopeCopyError, copy_scope
 from incremental_crawler.state.stores import AdminStore, StateStoreError, open_store
 from tests.conftest import crawl_settings
 from tests.follow_spider import FollowSpider
@@ -37,7 +39,7 @@ from tests.spiders import ListSpider
 
 if TYPE_CHECKING:
     import subprocess
-    from collections.abc import Iterator
+    from collections.abc import Callable, Coroutine, Iterator
     from pathlib import Path
 
     from scrapy.crawler import Crawler
@@ -304,6 +306,52 @@ def damage_version_2(path: Path, key: str) -> None:
         db.commit()
     finally:
         db.close()
+
+
+def in_another_thread(work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run *work* to its end on an event loop of its own, in another
+    thread (another process's store, writing beside the copy's)."""
+    thread = threading.Thread(target=asyncio.run, args=(work(),))
+    thread.start()
+    thread.join()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_write_to_the_source_during_the_copy_is_not_verified_away(
+        tmp_path: Path) -> None:
+    """A worker of a cluster-mode run (it takes no hold) answers a 304 on
+    the source while the copy runs: the page's next visit moves, no count
+    changes. The copy is not verified, and its mark stays not done."""
+    source_uri, dest_uri = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    key = PageKey(SCOPE, "https://a.example/p")
+
+    async def a_worker_answers_a_304() -> None:
+        worker = open_store(Settings({"INCREMENTAL_STATE_URI": source_uri}))
+        worker.stage_check(key, 304, 1_700_000_200, schedule=(86_400, 1_700_086_600))
+        await worker.flush()
+        await worker.close()
+
+    def during_the_copy(line: str) -> None:
+        if line.startswith("1 page copied"):
+            in_another_thread(a_worker_answers_a_304)
+
+    async def run() -> None:
+        source, destination = opened(source_uri), opened(dest_uri)
+        try:
+            source.stage_page(PageState(key, etag='"1"', fingerprint="f",
+                                        first_seen=1_700_000_000, last_checked=1_700_000_000,
+                                        next_visit=1_700_000_100, interval=100,
+                                        callback="parse"))
+            await source.flush()
+            with pytest.raises(ScopeCopyError, match="changed while scope 'list' was copied"):
+                await copy_scope(source, destination, SCOPE, dest_uri, say=during_the_copy)
+            mark = await destination.get_walk_memo(SCOPE, COPY_MARK)
+            assert mark is not None and json.loads(mark)["done"] is False
+        finally:
+            await source.close()
+            await destination.close()
+
+    await deferred_from_coro(run())
 
 
 async def write_items(uri: str) -> None:

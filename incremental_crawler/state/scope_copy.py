@@ -205,7 +205,11 @@ async def copy_scope(source: AdminStore, destination: AdminStore, scope: str, de
     holds = _Holds([source, destination], scope)
     try:
         holds.take()
-        # Counted once held: no crawl changes the source from here on.
+        # Counted once held: no crawl that holds its scope changes the
+        # source from here on; the workers of a cluster-mode run hold none,
+        # and the write generation tells whether one wrote it meanwhile.
+        hosts = source.page_hosts(scope) if source.write_generation_per_host else []
+        generation = await source.write_generation(scope, hosts)
         expected = await copy_plan(source, scope)
         say(f"counted in the source: {expected.describe()}")
         mark = {"done": False, "from": source.location, "started": clock.now()}
@@ -221,6 +225,13 @@ async def copy_scope(source: AdminStore, destination: AdminStore, scope: str, de
                 f"the copy of scope {scope!r} stopped: {exc}. The destination "
                 f"{destination.location} holds part of it, marked as cut short; delete it "
                 f"with: {_reset_hint(scope, dest_uri)} (then copy again)") from exc
+        if await _source_moved(source, scope, hosts, generation):
+            raise ScopeCopyError(
+                f"the source {source.location} changed while scope {scope!r} was copied (a "
+                "page state or a links record was written: a crawl that takes no hold, such "
+                "as a worker of a cluster-mode run, runs on it); the copy is not verified "
+                "and stays marked as cut short. Stop that crawl, then delete the copy with: "
+                f"{_reset_hint(scope, dest_uri)} (then copy again)")
         copied = await count(destination, scope)
         if copied != expected:
             raise ScopeCopyError(
@@ -234,6 +245,19 @@ async def copy_scope(source: AdminStore, destination: AdminStore, scope: str, de
         return copied
     finally:
         await holds.release()
+
+
+async def _source_moved(source: AdminStore, scope: str, hosts: list[str],
+                        generation: str | None) -> bool:
+    """Whether a page state or a links record of the source's scope was
+    written since *generation* was read for *hosts* (the counts may match
+    all the same: a check changes no count). A store that keeps no write
+    generation (``None``) cannot tell: its copy is verified by counts only."""
+    if generation is None:
+        return False
+    if source.write_generation_per_host and source.page_hosts(scope) != hosts:
+        return True
+    return await source.write_generation(scope, hosts) != generation
 
 
 async def _copy(source: AdminStore, destination: AdminStore, scope: str,

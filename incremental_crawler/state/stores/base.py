@@ -813,6 +813,12 @@ class AdminStore(StateStore):
     def iter_hosts(self, scope: str) -> Iterator[HostTrust]:
         """Every stored host trust record of *scope*."""
 
+    def page_hosts(self, scope: str) -> list[str]:
+        """The hosts of *scope*'s stored pages, sorted: what
+        :meth:`write_generation` is asked for a whole scope where it counts
+        per host. Read from every page by default."""
+        return sorted({host_of(state.key.url) for state in self.iter_pages(scope)})
+
     def summarize_hosts(self, scope: str, now: float) -> list[HostSummary]:
         """Per host of *scope*: its pages in aggregate (due at *now*), and its
         trust record; by host name. A host with a trust record and no page

@@ -97,6 +97,10 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         for host in sorted(hosts):
             yield self._decode(HostTrust, hosts[host], scope=scope, host=host.decode())
 
+    def page_hosts(self, scope: str) -> list[str]:
+        # Links records' hosts too: a write of either moves the generation.
+        return sorted(set(self._scope_hosts(scope)))
+
     def _page_fields(self, scope: str, url: str) -> tuple[str, int, list[str]]:
         """The host and bucket of *url*, and its stored page fields there
         (its variants)."""
