@@ -297,6 +297,30 @@ async def test_a_crawl_refuses_a_destination_whose_copy_was_cut_short(
     assert seen(site) == []
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_scope_whose_own_copy_was_cut_short_is_not_copied_on_as_verified(
+        site: Any, stores: dict[str, str], tmp_path: Path) -> None:
+    """SQLite -> Redis cut short (no item got there), then Redis -> SQLite:
+    copied on, the partial scope would verify against itself and be marked
+    done, and the mark of the first copy would be lost. It is refused, and
+    nothing is written to the last store."""
+    source, middle, last = stores["sqlite"], stores["redis"], stores["sqlite2"]
+    urls = await source_with_history(site, source)
+    damage_version_2(tmp_path / "source.db", urls[1])
+    stopped = await state(source, "copy", "--to", middle, "--spider", SCOPE, "--yes")
+    assert stopped.returncode == 1 and "cut short" in stopped.stderr, stopped.stderr
+
+    onward = await state(middle, "copy", "--to", last, "--spider", SCOPE, "--yes")
+    assert onward.returncode == 1, onward.stdout
+    assert (f"is itself a copy that is under way, or was cut short (or could not be "
+            f"verified) from {tmp_path / 'source.db'}") in onward.stderr, onward.stderr
+    fresh = opened(last)
+    try:
+        assert fresh.scopes() == []
+    finally:
+        await deferred_from_coro(fresh.close())
+
+
 def damage_version_2(path: Path, key: str) -> None:
     """Version 2 of the item *key* of the SQLite store at *path* made unreadable."""
     db = sqlite3.connect(path)

@@ -159,7 +159,23 @@ async def copy_plan(source: AdminStore, scope: str) -> CopyCounts:
     """What a copy of *scope* would write (nothing is written)."""
     if scope not in source.scopes():
         raise ScopeCopyError(f"scope {scope!r} has nothing stored in {source.location}")
+    mark = await source.get_walk_memo(scope, COPY_MARK)
+    if mark is not None and not _done(mark):
+        # Copied on, it would verify against itself and be marked done.
+        raise ScopeCopyError(
+            f"scope {scope!r} of {source.location} is itself a copy that is under way, or "
+            f"was cut short (or could not be verified){_copied_from(mark)}: it is partial, "
+            "and a copy of it would be too; copy from the store it came from")
     return await count(source, scope)
+
+
+def _copied_from(mark: str) -> str:
+    """Where a copy mark says its scope was copied from, for a message."""
+    try:
+        where = json.loads(mark).get("from")
+    except (ValueError, AttributeError):
+        return ""
+    return f" from {where}" if isinstance(where, str) else ""
 
 
 class _Holds:
