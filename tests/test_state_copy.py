@@ -26,6 +26,7 @@ from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 from twisted.internet.threads import deferToThread
 
+from incremental_crawler.state import scope_copy
 from incremental_crawler.state.records import HostTrust, ItemRecord, PageKey, PageState, SlotRate
 from incremental_crawler.state.scope_copy import COPY_MARK, ScopeCopyError, copy_scope
 from incremental_crawler.state.stores import AdminStore, StateStoreError, open_store
@@ -371,6 +372,46 @@ async def test_a_write_to_the_source_during_the_copy_is_not_verified_away(
                 await copy_scope(source, destination, SCOPE, dest_uri, say=during_the_copy)
             mark = await destination.get_walk_memo(SCOPE, COPY_MARK)
             assert mark is not None and json.loads(mark)["done"] is False
+        finally:
+            await source.close()
+            await destination.close()
+
+    await deferred_from_coro(run())
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_destination_is_checked_again_once_held(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A crawl on the destination writes the scope and ends after the copy
+    first looked there and before it held the scope: the copy refuses (it
+    would merge into it), and the crawl's page stays as it wrote it."""
+    source_uri, dest_uri = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    key = PageKey(SCOPE, "https://a.example/p")
+
+    async def a_crawl_on_the_destination() -> None:
+        other = open_store(Settings({"INCREMENTAL_STATE_URI": dest_uri}))
+        other.stage_page(PageState(key, etag='"other"', fingerprint="g", callback="parse"))
+        await other.flush()
+        await other.close()
+
+    take = scope_copy._Holds.take
+
+    def a_crawl_ends_then_take(holds: Any) -> None:
+        in_another_thread(a_crawl_on_the_destination)
+        take(holds)
+
+    monkeypatch.setattr(scope_copy._Holds, "take", a_crawl_ends_then_take)
+
+    async def run() -> None:
+        source, destination = opened(source_uri), opened(dest_uri)
+        try:
+            source.stage_page(PageState(key, etag='"1"', fingerprint="f", callback="parse"))
+            await source.flush()
+            with pytest.raises(ScopeCopyError, match="already holds scope 'list'"):
+                await copy_scope(source, destination, SCOPE, dest_uri)
+            page = await destination.get_page(key)
+            assert page is not None and page.etag == '"other"'
+            assert await destination.get_walk_memo(SCOPE, COPY_MARK) is None
         finally:
             await source.close()
             await destination.close()

@@ -221,6 +221,10 @@ async def copy_scope(source: AdminStore, destination: AdminStore, scope: str, de
     holds = _Holds([source, destination], scope)
     try:
         holds.take()
+        # Again once held: a crawl (or another copy) that wrote the scope
+        # there and ended between the first look and the hold is merged
+        # into otherwise.
+        await refuse_destination(destination, scope, dest_uri)
         # Counted once held: no crawl that holds its scope changes the
         # source from here on; the workers of a cluster-mode run hold none,
         # and the write generation tells whether one wrote it meanwhile.
