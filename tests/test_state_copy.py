@@ -322,6 +322,37 @@ async def test_a_scope_whose_own_copy_was_cut_short_is_not_copied_on_as_verified
         await deferred_from_coro(fresh.close())
 
 
+@pytest.mark.parametrize("alias", ["symlink", "dotdot", "localhost", "another-cluster-node"])
+@pytest_twisted.ensureDeferred
+async def test_a_destination_that_is_the_source_by_another_name_is_not_advised_reset(
+        stores: dict[str, str], tmp_path: Path, alias: str,
+        request: pytest.FixtureRequest) -> None:
+    """--to names the source under another spelling: refused as the source
+    itself, not as a destination that holds the scope (whose advice would
+    be to reset it, deleting the source's scope)."""
+    if alias == "localhost":
+        source = stores["redis"]
+        to = source.replace("//127.0.0.1:", "//localhost:")
+    elif alias == "another-cluster-node":
+        cluster = request.getfixturevalue("redis_cluster")
+        source = stores["cluster"]
+        to = source.replace(f":{cluster.ports[0]}/", f":{cluster.ports[1]}/")
+    else:
+        source = stores["sqlite"]
+        if alias == "symlink":
+            (tmp_path / "alias.db").symlink_to(tmp_path / "source.db")
+            to = f"sqlite:///{tmp_path / 'alias.db'}"
+        else:
+            (tmp_path / "sub").mkdir()
+            to = f"sqlite:///{tmp_path / 'sub' / '..' / 'source.db'}"
+    assert to != source
+    await deferred_from_coro(write_items(source))
+    refused = await state(source, "copy", "--to", to, "--spider", SCOPE, "--yes")
+    assert refused.returncode == 1
+    assert "is the store the copy reads from" in refused.stderr, refused.stderr
+    assert "scrapy state reset" not in refused.stderr, refused.stderr
+
+
 def damage_version_2(path: Path, key: str) -> None:
     """Version 2 of the item *key* of the SQLite store at *path* made unreadable."""
     db = sqlite3.connect(path)

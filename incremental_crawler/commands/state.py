@@ -294,8 +294,9 @@ async def copy_scopes(source: AdminStore, settings: BaseSettings, scope: str | N
     destination = dest_cls.from_uri(dest_uri, settings=settings)
     assert isinstance(destination, AdminStore)
     try:
-        if destination.location == source.location:
-            raise Refused(f"--to {redacted(dest_uri)} is the store the copy reads from")
+        if destination.store_identity() == source.store_identity():
+            raise Refused(f"--to {redacted(dest_uri)} is the store the copy reads from "
+                          f"({source.location})")
         for name in scopes:
             await refuse_destination(destination, name, dest_uri)
         if not opts.yes:

@@ -803,6 +803,12 @@ class AdminStore(StateStore):
     to keep serving those commands.
     """
 
+    def store_identity(self) -> str:
+        """What tells this store from every other, whatever URI names it (a
+        symlink, ``..``, another host name): ``scrapy state copy`` refuses
+        to copy a store into itself. :attr:`location` by default."""
+        return self.location
+
     # -- read-outs ---------------------------------------------------------------
 
     @abstractmethod

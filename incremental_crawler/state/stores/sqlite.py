@@ -1536,6 +1536,13 @@ class SQLiteStateStore(AdminStore):
             raise self._fail("write failed", exc) from exc
         return changed
 
+    def store_identity(self) -> str:
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return self.location
+        return f"sqlite:{stat.st_dev}:{stat.st_ino}"
+
     def scopes(self) -> list[str]:
         union = " UNION ".join(f"SELECT DISTINCT scope FROM {table}"  # noqa: S608 (constant SQL)
                                for table, _ in _SCOPE_TABLES)

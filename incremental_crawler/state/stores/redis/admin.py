@@ -87,6 +87,24 @@ class RedisAdmin(RedisClusterPath, AdminStore):
 
     # -- read-outs -------------------------------------------------------------
 
+    def store_identity(self) -> str:
+        # The server by its run id (on a cluster: the node of the prefix's
+        # scopes key, the same whichever nodes the URI names), its database
+        # and the prefix.
+        key = f"{self.prefix}:scopes"
+        client: Any = self._sync
+        try:
+            if self.cluster:
+                info = client.info("server", target_nodes=client.get_node_from_key(key))
+            else:
+                info = client.info("server")
+        except redis.exceptions.ResponseError:
+            return self.location  # INFO refused (an ACL): the URI is all there is
+        except redis.RedisError as exc:
+            raise self._fail("read failed", exc) from exc
+        db = 0 if self.cluster else client.connection_pool.connection_kwargs.get("db", 0)
+        return f"redis:{info['run_id']}:{db}:{self.prefix}"
+
     def scopes(self) -> list[str]:
         return self._stored_scopes()
 
