@@ -353,6 +353,22 @@ async def test_a_destination_that_is_the_source_by_another_name_is_not_advised_r
     assert "scrapy state reset" not in refused.stderr, refused.stderr
 
 
+@pytest.mark.parametrize(("to", "said"), [
+    (f"{REDIS_URI}?prefix=x&password=hunter2", "unknown parameter 'password'"),
+    ("nosuch://user:hunter2@127.0.0.1/",
+     "--to 'nosuch://user:***@127.0.0.1/': no store for scheme 'nosuch'"),
+], ids=["password-in-the-query", "unknown-scheme"])
+@pytest_twisted.ensureDeferred
+async def test_a_bad_destination_is_named_as_to_without_its_password(
+        stores: dict[str, str], to: str, said: str) -> None:
+    await deferred_from_coro(write_items(stores["sqlite"]))
+    refused = await state(stores["sqlite"], "copy", "--to", to, "--spider", SCOPE, "--yes")
+    assert refused.returncode == 1
+    assert said in refused.stderr and "--to" in refused.stderr, refused.stderr
+    assert "hunter2" not in refused.stderr + refused.stdout, refused.stderr
+    assert "INCREMENTAL_STATE_URI" not in refused.stderr, refused.stderr
+
+
 def damage_version_2(path: Path, key: str) -> None:
     """Version 2 of the item *key* of the SQLite store at *path* made unreadable."""
     db = sqlite3.connect(path)
