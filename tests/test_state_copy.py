@@ -539,6 +539,56 @@ async def test_items_keep_their_numbers_history_pages_and_delivery_marks(
         ("a.example", 3.5, "penalty box")]
 
 
+async def write_deleted_and_back(uri: str, history: int) -> None:
+    """An item stored, deleted, back, changed, with *history* versions
+    kept: its tombstone is pruned (its comeback too when 1)."""
+    store = open_store(Settings({"INCREMENTAL_STATE_URI": uri,
+                                 "INCREMENTAL_ITEM_HISTORY": history, **ON_CLUSTER}))
+    key = "https://a.example/back"
+    try:
+        for n, (fingerprint, change) in enumerate([("a", "new"), ("", "deleted"), ("b", "new"),
+                                                   ("c", "changed")]):
+            store.stage_item(ItemRecord(SCOPE, key, key, fingerprint, data=json.dumps({"n": n}),
+                                        stored_at=1_700_000_000 + 1000 * n, change=change))
+        await store.flush()
+    finally:
+        await store.close()
+
+
+async def feed(uri: str, since: float) -> list[tuple[str, int, str]]:
+    """The scope's change feed since *since*: key, version, change."""
+    store = opened(uri)
+    try:
+        return [(v.key, v.version, v.change) for v in store.iter_versions(SCOPE, since=since)]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("route", [("sqlite", "sqlite2"), ("redis", "sqlite2"),
+                                   ("sqlite", "redis")],
+                         ids=["sqlite-to-sqlite", "redis-to-sqlite", "sqlite-to-redis"])
+@pytest.mark.parametrize("history", [2, 1])
+@pytest_twisted.ensureDeferred
+async def test_a_change_feed_on_the_copy_says_what_it_says_on_the_source(
+        stores: dict[str, str], route: tuple[str, str], history: int) -> None:
+    """A feed since between the (pruned) tombstone and the comeback says
+    'new' on the source: the item was not live at its start. The copy
+    says so too, its live run beginning at the comeback, not at first_seen."""
+    source, destination = (stores[kind] for kind in route)
+    await deferred_from_coro(write_deleted_and_back(source, history))
+    done = await state(source, "copy", "--to", destination, "--spider", SCOPE, "--yes",
+                       "-s", f"INCREMENTAL_ITEM_HISTORY={history}")
+    assert done.returncode == 0, done.stderr
+    since = 1_700_000_000 + 1500
+    on_source = await deferred_from_coro(feed(source, since))
+    assert on_source == [("https://a.example/back", 4, "new")]
+    assert await deferred_from_coro(feed(destination, since)) == on_source
+    copied = await deferred_from_coro(items_of(destination))
+    assert copied == await deferred_from_coro(items_of(source))
+    [item] = copied[0]
+    assert (item.born, item.died) == (1_700_002_000, 1_700_001_000)
+
+
 @pytest.mark.parametrize("route", [("sqlite", "redis"), ("redis", "cluster")],
                          ids=["sqlite-to-redis", "redis-to-cluster"])
 @pytest_twisted.ensureDeferred

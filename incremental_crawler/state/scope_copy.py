@@ -36,7 +36,7 @@ from incremental_crawler.state.stores.base import Removed, StateStoreError
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Callable, Iterator
 
     from incremental_crawler.state.records import PageState, StoredVersion
     from incremental_crawler.state.stores.base import AdminStore, StateStore, StoredItem
@@ -347,31 +347,74 @@ async def _copy_pages(source: AdminStore, destination: AdminStore,
 
 def _stage_item(destination: AdminStore, item: StoredItem,
                 pending: dict[tuple[str, int], str]) -> None:
-    """Stage *item*'s kept versions in order, so that the destination ends
-    with the same version numbers, history, record and delivery marks.
+    """Stage *item*'s versions in order, so that the destination ends with
+    the same version numbers, history, record and delivery marks, and the
+    same live run (born, died: a change feed since a time says the same).
 
     A store numbers an item's versions itself (each write one up): the
     versions the source no longer keeps (pruned beyond its history, or
     stored without data) are written as versions without data, which the
-    destination numbers and does not keep either.
+    destination numbers and does not keep either (see :func:`_item_writes`).
     """
-    written = 0
-    fingerprint = item.versions[0].fingerprint if item.versions else item.fingerprint
-    when = item.first_seen
-
     def record(**fields: object) -> ItemRecord:
         return ItemRecord(scope=item.scope, key=item.key, url=item.url, page=item.page,
                           simhash=item.simhash, **fields)  # type: ignore[arg-type]
 
-    for version in item.versions:
-        while written < version.version - 1:
-            destination.stage_item(record(fingerprint=fingerprint, stored_at=when))
-            written += 1
+    for fingerprint, stored_at, kept in _item_writes(item):
+        if kept is None:
+            destination.stage_item(record(fingerprint=fingerprint, stored_at=stored_at))
+            continue
         destination.stage_item(record(
-            fingerprint=version.fingerprint, stored_at=version.stored_at,
-            data=json.dumps(version.data, separators=(",", ":"), ensure_ascii=False),
-            change=version.change, delivery=pending.get((item.key, version.version))))
-        written, fingerprint, when = version.version, version.fingerprint, version.stored_at
-    while written < item.version:
-        destination.stage_item(record(fingerprint=item.fingerprint, stored_at=item.stored_at))
-        written += 1
+            fingerprint=kept.fingerprint, stored_at=kept.stored_at,
+            data=json.dumps(kept.data, separators=(",", ":"), ensure_ascii=False),
+            change=kept.change, delivery=pending.get((item.key, kept.version))))
+
+
+def _item_writes(item: StoredItem) -> Iterator[tuple[str, float, StoredVersion | None]]:
+    """One write per version number of *item*, in order: a kept version's
+    own, or a filler (fingerprint, when; empty fingerprint: a tombstone).
+
+    The fillers stand for versions that left no data: each repeats the
+    write before it (the first: live, when the item was first seen), but
+    for what a store derives from them, the item's live run: the latest
+    tombstone when its own version is pruned (:attr:`StoredItem.died`), and
+    after a tombstone the comeback (:attr:`StoredItem.born`).
+    """
+    kept = item.versions
+    # Any live fingerprint: a filler's is not kept, only told from a tombstone's.
+    live = next((v.fingerprint for v in kept if v.fingerprint), item.fingerprint) or "-"
+    first = kept[0].version if kept else item.version
+    unkept = first - 1
+    died_at = 0  # the filler slot of the latest tombstone, when it is pruned
+    if item.died is not None and unkept >= 2 and not any(
+            not v.fingerprint and v.stored_at == item.died for v in kept):
+        # Its comeback a filler too when the first kept version is not it.
+        comeback_kept = not kept or item.born is None or kept[0].stored_at == item.born
+        died_at = unkept if comeback_kept or unkept < 3 else unkept - 1
+    fingerprint, when = live, item.first_seen
+
+    def filler(slot: int) -> tuple[str, float, None]:
+        nonlocal fingerprint, when
+        if slot == item.version:
+            # The latest version: the item's record as the source has it.
+            fingerprint, when = item.fingerprint, item.stored_at
+        elif slot == died_at:
+            fingerprint, when = "", item.died  # type: ignore[assignment]
+        elif not fingerprint:
+            # Back after a tombstone: its live run begins.
+            fingerprint = live
+            if item.born is not None and item.born >= when:
+                when = item.born
+        return fingerprint, when, None
+
+    slot = 0
+    for version in kept:
+        while slot < version.version - 1:
+            slot += 1
+            yield filler(slot)
+        slot = version.version
+        fingerprint, when = version.fingerprint, version.stored_at
+        yield version.fingerprint, version.stored_at, version
+    while slot < item.version:
+        slot += 1
+        yield filler(slot)

@@ -186,6 +186,12 @@ class StoredItem(NamedTuple):
     stored_at: float
     #: Its kept versions with data (tombstones included), oldest first.
     versions: list[StoredVersion]
+    #: When its current live run began (``None`` while it is deleted), and
+    #: when its latest tombstone was stored (``None``: never deleted), whole
+    #: seconds: what a change feed since a time tells new by
+    #: (:meth:`AdminStore.iter_versions`), kept when its versions are pruned.
+    born: float | None = None
+    died: float | None = None
 
 
 class Removed(NamedTuple):

@@ -442,7 +442,7 @@ _PRUNE_VERSIONS = (
 )
 # The items of a scope by key, a chunk at a time (iter_item_states).
 _ITEM_STATES = ("SELECT item_key, url, page, fingerprint, simhash, version, first_seen, "
-                "last_changed FROM items WHERE scope = ? ")
+                "last_changed, born, died FROM items WHERE scope = ? ")
 _ITEM_STATES_FIRST = _ITEM_STATES + "ORDER BY item_key LIMIT ?"
 _ITEM_STATES_AFTER = _ITEM_STATES + "AND item_key > ? ORDER BY item_key LIMIT ?"
 _ADD_CRAWL = (
@@ -1306,9 +1306,9 @@ class SQLiteStateStore(AdminStore):
                                      "is not JSON: it cannot be read", exc) from exc
                 versions[key].append(
                     StoredVersion(scope, key, version, change, stored_at, fp, parsed))
-            for key, url, page, fp, simhash, version, first_seen, stored_at in rows:
+            for key, url, page, fp, simhash, version, first_seen, stored_at, born, died in rows:
                 yield StoredItem(scope, key, url or key, page or key, fp, simhash, version,
-                                 first_seen, stored_at, versions[key])
+                                 first_seen, stored_at, versions[key], born, died)
             after = keys[-1]
 
     def item_history(self, scope: str, item_key: str) -> list[tuple[int, str]]:

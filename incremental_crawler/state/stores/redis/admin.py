@@ -375,7 +375,8 @@ class RedisAdmin(RedisClusterPath, AdminStore):
                 yield StoredItem(scope, item_key, record.get("url") or item_key,
                                  record.get("page") or item_key,
                                  record["fingerprint"], record.get("simhash"), version,
-                                 first_seen, record.get("stored_at", first_seen), versions)
+                                 first_seen, record.get("stored_at", first_seen), versions,
+                                 record.get("born"), record.get("died"))
             except (TypeError, ValueError, KeyError) as exc:
                 raise self._fail(f"the item {item_key!r} of scope {scope!r} cannot be read "
                                  f"(record {raw!r}, version {number!r}): {exc!r}") from exc
