@@ -26,6 +26,7 @@ from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 from twisted.internet.threads import deferToThread
 
+from incremental_crawler import clock
 from incremental_crawler.state import scope_copy
 from incremental_crawler.state.records import HostTrust, ItemRecord, PageKey, PageState, SlotRate
 from incremental_crawler.state.scope_copy import COPY_MARK, ScopeCopyError, copy_scope
@@ -33,6 +34,7 @@ from incremental_crawler.state.stores import AdminStore, StateStoreError, open_s
 from tests.conftest import crawl_settings
 from tests.follow_spider import FollowSpider
 from tests.links import nav_depths
+from tests.memory_store import STORES as MEMORY_STORES
 from tests.redis_util import REDIS_URI, delete_prefix, new_prefix
 from tests.scrapy_cli import scrapy_in_process
 from tests.site import PLAIN_KINDS
@@ -464,6 +466,121 @@ async def test_the_destination_is_checked_again_once_held(
             await destination.close()
 
     await deferred_from_coro(run())
+
+
+@pytest_twisted.ensureDeferred
+async def test_no_crawl_takes_either_scope_while_the_copy_runs(tmp_path: Path) -> None:
+    """Another process's crawl starting while the copy runs finds the copy's
+    hold on the scope, in the source and in the destination."""
+    source_uri, dest_uri = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    found: list[tuple[str, float] | None] = []
+
+    async def a_crawl_starts(uri: str) -> None:
+        other = open_store(Settings({"INCREMENTAL_STATE_URI": uri}))
+        try:
+            found.append(other.take_scope(SCOPE, "elsewhere:1", 60, clock.now()))
+        finally:
+            await other.close()
+
+    def during_the_copy(line: str) -> None:
+        if line.startswith("1 page copied"):
+            for uri in (source_uri, dest_uri):
+                in_another_thread(lambda uri=uri: a_crawl_starts(uri))
+
+    async def run() -> None:
+        source, destination = opened(source_uri), opened(dest_uri)
+        try:
+            source.stage_page(PageState(PageKey(SCOPE, "https://a.example/p"), fingerprint="f",
+                                        callback="parse"))
+            await source.flush()
+            await copy_scope(source, destination, SCOPE, dest_uri, say=during_the_copy)
+        finally:
+            await source.close()
+            await destination.close()
+
+    await deferred_from_coro(run())
+    assert len(found) == 2
+    assert all(held is not None and held[0].endswith(":copy") for held in found), found
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_copy_whose_counts_differ_is_not_verified(stores: dict[str, str]) -> None:
+    """The destination keeps one item version where the source kept two (a
+    smaller INCREMENTAL_ITEM_HISTORY): the copy says so and stays marked as
+    cut short; a crawl there is refused."""
+    source, destination = stores["sqlite"], stores["redis"]
+    await deferred_from_coro(write_items(source))
+    refused = await state(source, "copy", "--to", destination, "--spider", SCOPE, "--yes",
+                          "-s", "INCREMENTAL_ITEM_HISTORY=1")
+    assert refused.returncode == 1
+    assert "the copy of scope 'list' does not verify: the source holds" in refused.stderr
+    assert "INCREMENTAL_ITEM_HISTORY" in refused.stderr, refused.stderr
+    partial = opened(destination)
+    try:
+        mark = await deferred_from_coro(partial.get_walk_memo(SCOPE, COPY_MARK))
+        assert mark is not None and json.loads(mark)["done"] is False
+    finally:
+        await deferred_from_coro(partial.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_long_copy_refreshes_its_holds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A third of the holds' time gone (the clock moved on while the first
+    records were copied): the next batch of pages refreshes both holds."""
+    source_uri, dest_uri = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    start = 1_800_000_000.0
+    now = [start]
+    monkeypatch.setattr(clock, "now", lambda: now[0])
+    monkeypatch.setattr(scope_copy, "BATCH", 2)
+    later = start + scope_copy._HOLD_TTL / 3
+    held: list[dict[str, float]] = []
+
+    def during_the_copy(line: str) -> None:
+        if line.startswith("host records"):
+            now[0] = later
+        elif line.startswith("3 pages copied"):
+            held.extend(store.scope_holders(SCOPE, later) for store in stores)
+
+    source, destination = opened(source_uri), opened(dest_uri)
+    stores = [source, destination]
+
+    async def run() -> None:
+        try:
+            for n in range(3):
+                source.stage_page(PageState(PageKey(SCOPE, f"https://a.example/{n}"),
+                                            fingerprint="f", callback="parse"))
+            await source.flush()
+            await copy_scope(source, destination, SCOPE, dest_uri, say=during_the_copy)
+        finally:
+            await source.close()
+            await destination.close()
+
+    await deferred_from_coro(run())
+    assert [list(holders.values()) for holders in held] == [
+        [later + scope_copy._HOLD_TTL]] * 2
+
+
+@pytest.mark.parametrize(("args", "status", "said"), [
+    (("--spider", SCOPE, "--yes"), 2, "needs --to URI"),
+    (("--to", "{sqlite2}", "--yes"), 2, "needs one of --spider NAME (one scope) and --all"),
+    (("--to", "{sqlite2}", "--spider", SCOPE, "--all", "--yes"), 2, "needs one of --spider"),
+    (("--to", "{sqlite}", "--spider", SCOPE, "--yes"), 1, "is the store the copy reads from"),
+    (("--to", "memory:///{tmp}/m", "--spider", SCOPE, "--yes"), 1,
+     "has the crawl interface only; a copy needs AdminStore there"),
+    (("--to", "memory-admin:///{tmp}/m", "--spider", SCOPE, "--yes"), 1,
+     "keeps no memos (StateStore.put_walk_memo)"),
+], ids=["no-to", "no-scope", "spider-and-all", "same-uri", "crawl-interface-only", "no-memos"])
+@pytest_twisted.ensureDeferred
+async def test_a_copy_that_cannot_be_made_says_why(
+        stores: dict[str, str], tmp_path: Path, args: tuple[str, ...], status: int,
+        said: str) -> None:
+    await deferred_from_coro(write_items(stores["sqlite"]))
+    refused = await state(stores["sqlite"], "copy",
+                          *(arg.format(tmp=tmp_path, **stores) for arg in args),
+                          "-s", f"INCREMENTAL_STATE_STORES={json.dumps(MEMORY_STORES)}")
+    assert refused.returncode == status, refused.stderr
+    assert said in refused.stderr, refused.stderr
 
 
 async def write_items(uri: str) -> None:
