@@ -561,6 +561,44 @@ async def test_a_long_copy_refreshes_its_holds(
         [later + scope_copy._HOLD_TTL]] * 2
 
 
+@pytest_twisted.ensureDeferred
+async def test_an_item_of_a_long_history_is_written_in_bounded_flushes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An item at version 10 (two kept) stages ten writes: flushed by the
+    batch as they are staged, not all at once."""
+    source_uri, dest_uri = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    monkeypatch.setattr(scope_copy, "BATCH", 3)
+    settings = {"INCREMENTAL_ITEM_HISTORY": 2}
+    key = "https://a.example/long"
+    flushed: list[int] = []
+
+    async def run() -> None:
+        source = open_store(Settings({"INCREMENTAL_STATE_URI": source_uri, **settings}))
+        destination = open_store(Settings({"INCREMENTAL_STATE_URI": dest_uri, **settings}))
+        assert isinstance(source, AdminStore) and isinstance(destination, AdminStore)
+        flush = destination.flush
+
+        async def counted_flush() -> int:
+            flushed.append(destination.pending)
+            return await flush()
+
+        monkeypatch.setattr(destination, "flush", counted_flush)
+        try:
+            for n in range(10):
+                source.stage_item(ItemRecord(SCOPE, key, key, f"fp-{n}",
+                                             data=json.dumps({"n": n}),
+                                             stored_at=1_700_000_000 + n))
+            await source.flush()
+            await copy_scope(source, destination, SCOPE, dest_uri)
+            assert destination.item_history(SCOPE, key) == source.item_history(SCOPE, key)
+        finally:
+            await source.close()
+            await destination.close()
+
+    await deferred_from_coro(run())
+    assert sum(flushed) == 10 and max(flushed) <= 3, flushed
+
+
 @pytest.mark.parametrize(("args", "status", "said"), [
     (("--spider", SCOPE, "--yes"), 2, "needs --to URI"),
     (("--to", "{sqlite2}", "--yes"), 2, "needs one of --spider NAME (one scope) and --all"),

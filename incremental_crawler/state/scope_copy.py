@@ -36,7 +36,7 @@ from incremental_crawler.state.stores.base import Removed, StateStoreError
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterator
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
     from incremental_crawler.state.records import PageState, StoredVersion
     from incremental_crawler.state.stores.base import AdminStore, StateStore, StoredItem
@@ -54,9 +54,9 @@ __all__ = [
 #: The memo of a copied scope in the destination: JSON with ``"done"``
 #: false while the copy runs (or after it was cut short), true once verified.
 COPY_MARK = "scope-copy"
-#: Pages (with their links) per flush, and item writes per flush (as many
-#: or, for one item of a longer history, its versions): memory is bounded
-#: by this many records, whatever the scope's size.
+#: Pages (with their links) per flush, and item writes per flush (one per
+#: version an item ever had, a long history's flushed in several): memory
+#: is bounded by this many records, whatever the scope's size.
 BATCH = 500
 #: Seconds a copy's holds last unless refreshed (between batches): ten times
 #: a crawl's, as counting a large scope (before and after the copy) refreshes
@@ -314,15 +314,18 @@ async def _copy(source: AdminStore, destination: AdminStore, scope: str,
         # left undelivered, usually none.
         async for version in _undelivered(source, scope, crawl):
             pending[version.key, version.version] = crawl
-    items = 0
-    for item in source.iter_item_states(scope):
-        _stage_item(destination, item, pending)
-        items += 1
+
+    async def flush_when_full() -> None:
         # By writes, not items: an item of a long history stages one write
-        # per version it ever had (see _stage_item).
+        # per version it ever had (see _stage_item), flushed as they go.
         if destination.pending >= BATCH:
             await destination.flush()
             await holds.refresh()
+
+    items = 0
+    for item in source.iter_item_states(scope):
+        await _stage_item(destination, item, pending, flush_when_full)
+        items += 1
     await destination.flush()
     say(f"{_count(items, 'item')} copied, with their kept versions")
 
@@ -345,8 +348,9 @@ async def _copy_pages(source: AdminStore, destination: AdminStore,
     return len(batch)
 
 
-def _stage_item(destination: AdminStore, item: StoredItem,
-                pending: dict[tuple[str, int], str]) -> None:
+async def _stage_item(destination: AdminStore, item: StoredItem,
+                      pending: dict[tuple[str, int], str],
+                      after_each: Callable[[], Awaitable[None]]) -> None:
     """Stage *item*'s versions in order, so that the destination ends with
     the same version numbers, history, record and delivery marks, and the
     same live run (born, died: a change feed since a time says the same).
@@ -355,6 +359,7 @@ def _stage_item(destination: AdminStore, item: StoredItem,
     versions the source no longer keeps (pruned beyond its history, or
     stored without data) are written as versions without data, which the
     destination numbers and does not keep either (see :func:`_item_writes`).
+    *after_each* is awaited after each write (it flushes them by batches).
     """
     def record(**fields: object) -> ItemRecord:
         return ItemRecord(scope=item.scope, key=item.key, url=item.url, page=item.page,
@@ -363,11 +368,12 @@ def _stage_item(destination: AdminStore, item: StoredItem,
     for fingerprint, stored_at, kept in _item_writes(item):
         if kept is None:
             destination.stage_item(record(fingerprint=fingerprint, stored_at=stored_at))
-            continue
-        destination.stage_item(record(
-            fingerprint=kept.fingerprint, stored_at=kept.stored_at,
-            data=json.dumps(kept.data, separators=(",", ":"), ensure_ascii=False),
-            change=kept.change, delivery=pending.get((item.key, kept.version))))
+        else:
+            destination.stage_item(record(
+                fingerprint=kept.fingerprint, stored_at=kept.stored_at,
+                data=json.dumps(kept.data, separators=(",", ":"), ensure_ascii=False),
+                change=kept.change, delivery=pending.get((item.key, kept.version))))
+        await after_each()
 
 
 def _item_writes(item: StoredItem) -> Iterator[tuple[str, float, StoredVersion | None]]:
