@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
     from scrapy.crawler import Crawler
 
+    from incremental_crawler.state.stores.base import Removed
     from tests.redis_cluster_util import LoopbackCluster
 
 SCOPE = "list"
@@ -552,6 +553,45 @@ async def test_a_long_copy_refreshes_its_holds(
                                             fingerprint="f", callback="parse"))
             await source.flush()
             await copy_scope(source, destination, SCOPE, dest_uri, say=during_the_copy)
+        finally:
+            await source.close()
+            await destination.close()
+
+    await deferred_from_coro(run())
+    assert [list(holders.values()) for holders in held] == [
+        [later + scope_copy._HOLD_TTL]] * 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_long_count_refreshes_the_holds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counting the source's records takes a third of the holds' time: both
+    holds are refreshed before the copy goes on."""
+    source_uri, dest_uri = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    start = 1_800_000_000.0
+    now = [start]
+    monkeypatch.setattr(clock, "now", lambda: now[0])
+    later = start + scope_copy._HOLD_TTL / 3
+    held: list[dict[str, float]] = []
+    source, destination = opened(source_uri), opened(dest_uri)
+    count_scope = source.count_scope
+
+    def a_long_count(scope: str) -> Removed:
+        now[0] = later
+        return count_scope(scope)
+
+    def after_the_count(line: str) -> None:
+        if line.startswith("counted in the source"):
+            held.extend(store.scope_holders(SCOPE, later) for store in (source, destination))
+
+    monkeypatch.setattr(source, "count_scope", a_long_count)
+
+    async def run() -> None:
+        try:
+            source.stage_page(PageState(PageKey(SCOPE, "https://a.example/p"), fingerprint="f",
+                                        callback="parse"))
+            await source.flush()
+            await copy_scope(source, destination, SCOPE, dest_uri, say=after_the_count)
         finally:
             await source.close()
             await destination.close()

@@ -58,15 +58,20 @@ COPY_MARK = "scope-copy"
 #: version an item ever had, a long history's flushed in several): memory
 #: is bounded by this many records, whatever the scope's size.
 BATCH = 500
-#: Seconds a copy's holds last unless refreshed (between batches): ten times
-#: a crawl's, as counting a large scope (before and after the copy) refreshes
-#: nothing for a while. A killed copy's hold lapses then, or at once for a
-#: crawl of this host (its pid is gone).
+#: Seconds a copy's holds last unless refreshed (between batches, and
+#: between the steps of a count): ten times a crawl's, as one step (a
+#: store's count of a large scope) refreshes nothing while it runs. A
+#: killed copy's hold lapses then, or at once for a crawl of this host (its
+#: pid is gone).
 _HOLD_TTL = 600.0
 
 
 class ScopeCopyError(StateStoreError):
     """A copy refused or stopped; the message says why and what to do."""
+
+
+async def _nothing() -> None:
+    return None
 
 
 class CopyCounts(NamedTuple):
@@ -84,14 +89,18 @@ class CopyCounts(NamedTuple):
                 f"undelivered item version{'' if self.undelivered == 1 else 's'}")
 
 
-async def count(store: AdminStore, scope: str) -> CopyCounts:
-    """Every kind of record of *scope* in *store*, counted."""
+async def count(store: AdminStore, scope: str,
+                refresh: Callable[[], Awaitable[None]] = _nothing) -> CopyCounts:
+    """Every kind of record of *scope* in *store*, counted; *refresh*
+    awaited between the steps (a copy's holds kept)."""
+    records = store.count_scope(scope)._replace(rates=0)
+    await refresh()
     pending = 0
     for crawl in await store.undelivered_crawls(scope):
         async for _ in _undelivered(store, scope, crawl):
             pending += 1
-    return CopyCounts(store.count_scope(scope)._replace(rates=0),
-                      len(store.read_slot_rates(scope).rates), pending)
+            await refresh()
+    return CopyCounts(records, len(store.read_slot_rates(scope).rates), pending)
 
 
 async def _undelivered(store: AdminStore, scope: str,
@@ -155,8 +164,10 @@ def _reset_hint(scope: str, dest_uri: str) -> str:
             f"-s {shlex.quote(f'INCREMENTAL_STATE_URI={redacted(dest_uri)}')}")
 
 
-async def copy_plan(source: AdminStore, scope: str) -> CopyCounts:
-    """What a copy of *scope* would write (nothing is written)."""
+async def copy_plan(source: AdminStore, scope: str,
+                    refresh: Callable[[], Awaitable[None]] = _nothing) -> CopyCounts:
+    """What a copy of *scope* would write (nothing is written); *refresh*
+    as for :func:`count`."""
     if scope not in source.scopes():
         raise ScopeCopyError(f"scope {scope!r} has nothing stored in {source.location}")
     mark = await source.get_walk_memo(scope, COPY_MARK)
@@ -166,7 +177,7 @@ async def copy_plan(source: AdminStore, scope: str) -> CopyCounts:
             f"scope {scope!r} of {source.location} is itself a copy that is under way, or "
             f"was cut short (or could not be verified){_copied_from(mark)}: it is partial, "
             "and a copy of it would be too; copy from the store it came from")
-    return await count(source, scope)
+    return await count(source, scope, refresh)
 
 
 def _copied_from(mark: str) -> str:
@@ -230,7 +241,7 @@ async def copy_scope(source: AdminStore, destination: AdminStore, scope: str, de
         # and the write generation tells whether one wrote it meanwhile.
         hosts = source.page_hosts(scope) if source.write_generation_per_host else []
         generation = await source.write_generation(scope, hosts)
-        expected = await copy_plan(source, scope)
+        expected = await copy_plan(source, scope, holds.refresh)
         say(f"counted in the source: {expected.describe()}")
         mark = {"done": False, "from": source.location, "started": clock.now()}
         await destination.put_walk_memo(scope, COPY_MARK, json.dumps(mark))
@@ -252,7 +263,7 @@ async def copy_scope(source: AdminStore, destination: AdminStore, scope: str, de
                 "as a worker of a cluster-mode run, runs on it); the copy is not verified "
                 "and stays marked as cut short. Stop that crawl, then delete the copy with: "
                 f"{_reset_hint(scope, dest_uri)} (then copy again)")
-        copied = await count(destination, scope)
+        copied = await count(destination, scope, holds.refresh)
         if copied != expected:
             raise ScopeCopyError(
                 f"the copy of scope {scope!r} does not verify: the source holds "
@@ -314,6 +325,7 @@ async def _copy(source: AdminStore, destination: AdminStore, scope: str,
         # left undelivered, usually none.
         async for version in _undelivered(source, scope, crawl):
             pending[version.key, version.version] = crawl
+            await holds.refresh()
 
     async def flush_when_full() -> None:
         # By writes, not items: an item of a long history stages one write
