@@ -18,8 +18,12 @@ A copy never merges: a destination that holds anything of the scope is
 refused. It marks the destination's scope before writing anything (a memo
 named :data:`COPY_MARK`) and marks it done only once every kind of record
 was counted the same on both sides, so a copy cut short is told apart from
-a whole one: it is refused next time until the partial scope is reset.
-Both scopes are held (as a crawl holds its scope) while the copy runs.
+a whole one: it is refused next time until the partial scope is reset,
+and a crawl there refuses to start (:func:`refuse_a_crawl_of_a_partial_copy`).
+Both scopes are held (as a crawl holds its scope) while the copy runs; the
+workers of a cluster-mode run take no hold, so the source's write
+generation, read once held and again at the end, tells whether one wrote
+it meanwhile (the copy is then not verified).
 """
 
 from __future__ import annotations
