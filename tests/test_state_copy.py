@@ -281,13 +281,18 @@ async def test_a_copy_cut_short_by_an_unreadable_record_is_refused_until_reset(
     assert await counts(destination, urls[1]) == await counts(source, urls[1])
 
 
+@pytest.mark.parametrize("mode", ["one-process", "cluster-mode-worker"])
 @pytest_twisted.ensureDeferred
 async def test_a_crawl_refuses_a_destination_whose_copy_was_cut_short(
-        site: Any, stores: dict[str, str], tmp_path: Path) -> None:
+        site: Any, stores: dict[str, str], tmp_path: Path, mode: str) -> None:
     """The copy stops at an unreadable item version, after the pages: the
     destination has every page and no item. A crawl there would emit the
-    changed page's item as new; it refuses to start, naming the copy."""
+    changed page's item as new; it refuses to start, naming the copy (a
+    worker of a cluster-mode run too, though it takes no hold)."""
     source, destination = stores["sqlite"], stores["redis"]
+    cluster_prefix = new_prefix()
+    worker = ({"INCREMENTAL_CLUSTER_URL": REDIS_URI, "INCREMENTAL_CLUSTER_PREFIX": cluster_prefix}
+              if mode == "cluster-mode-worker" else {})
     urls = await source_with_history(site, source)
     damage_version_2(tmp_path / "source.db", urls[1])
     stopped = await state(source, "copy", "--to", destination, "--spider", SCOPE, "--yes")
@@ -295,9 +300,13 @@ async def test_a_crawl_refuses_a_destination_whose_copy_was_cut_short(
 
     site.change("/p/0002")
     site.reset_log()
-    with pytest.raises(StateStoreError, match=r"scope 'list' is a copy made by 'scrapy state "
-                                              r"copy' that is under way, or was cut short"):
-        await crawl_on(destination, urls)
+    try:
+        with pytest.raises(StateStoreError, match=r"scope 'list' is a copy made by 'scrapy "
+                                                  r"state copy' that is under way, or was cut "
+                                                  r"short"):
+            await crawl_on(destination, urls, **worker)
+    finally:
+        delete_prefix(cluster_prefix)
     assert seen(site) == []
 
 
