@@ -288,7 +288,7 @@ async def test_a_crawl_refuses_a_destination_whose_copy_was_cut_short(
     """The copy stops at an unreadable item version, after the pages: the
     destination has every page and no item. A crawl there would emit the
     changed page's item as new; it refuses to start, naming the copy (a
-    worker of a cluster-mode run too, though it takes no hold)."""
+    worker of a cluster-mode run too)."""
     source, destination = stores["sqlite"], stores["redis"]
     cluster_prefix = new_prefix()
     worker = ({"INCREMENTAL_CLUSTER_URL": REDIS_URI, "INCREMENTAL_CLUSTER_PREFIX": cluster_prefix}
@@ -403,7 +403,7 @@ def in_another_thread(work: Callable[[], Coroutine[Any, Any, None]]) -> None:
 @pytest_twisted.ensureDeferred
 async def test_a_write_to_the_source_during_the_copy_is_not_verified_away(
         tmp_path: Path) -> None:
-    """A worker of a cluster-mode run (it takes no hold) answers a 304 on
+    """A process that does not hold the scope answers a 304 on
     the source while the copy runs: the page's next visit moves, no count
     changes. The copy is not verified, and its mark stays not done."""
     source_uri, dest_uri = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"

@@ -20,10 +20,11 @@ named :data:`COPY_MARK`) and marks it done only once every kind of record
 was counted the same on both sides, so a copy cut short is told apart from
 a whole one: it is refused next time until the partial scope is reset,
 and a crawl there refuses to start (:func:`refuse_a_crawl_of_a_partial_copy`).
-Both scopes are held (as a crawl holds its scope) while the copy runs; the
-workers of a cluster-mode run take no hold, so the source's write
-generation, read once held and again at the end, tells whether one wrote
-it meanwhile (the copy is then not verified).
+Both scopes are held (as a crawl holds its scope) while the copy runs; a
+writer that does not hold the source's scope (a crawl whose hold lapsed
+while its process stalled, a process that takes none) is told by the
+source's write generation, read once held and again at the end: the copy
+is then not verified.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from incremental_crawler import clock
 from incremental_crawler.state.records import ItemRecord
-from incremental_crawler.state.stores.base import Removed, StateStoreError
+from incremental_crawler.state.stores.base import Removed, StateStoreError, describe_holder
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
@@ -209,7 +210,8 @@ class _Holds:
             held = store.take_scope(self.scope, self.holder, _HOLD_TTL, now)
             if held is not None:
                 raise ScopeCopyError(
-                    f"scope {self.scope!r} of {store.location} is held by crawl {held[0]}; "
+                    f"scope {self.scope!r} of {store.location} is held by "
+                    f"{describe_holder(held[0])}; "
                     "try again when it has finished or its hold has lapsed")
             self.taken.append(store)
         self.at = now
@@ -241,8 +243,8 @@ async def copy_scope(source: AdminStore, destination: AdminStore, scope: str, de
         # into otherwise.
         await refuse_destination(destination, scope, dest_uri)
         # Counted once held: no crawl that holds its scope changes the
-        # source from here on; the workers of a cluster-mode run hold none,
-        # and the write generation tells whether one wrote it meanwhile.
+        # source from here on; the write generation tells whether a writer
+        # that does not hold it wrote it meanwhile.
         hosts = source.page_hosts(scope) if source.write_generation_per_host else []
         generation = await source.write_generation(scope, hosts)
         expected = await copy_plan(source, scope, holds.refresh)
@@ -263,9 +265,10 @@ async def copy_scope(source: AdminStore, destination: AdminStore, scope: str, de
         if await _source_moved(source, scope, hosts, generation):
             raise ScopeCopyError(
                 f"the source {source.location} changed while scope {scope!r} was copied (a "
-                "page state or a links record was written: a crawl that takes no hold, such "
-                "as a worker of a cluster-mode run, runs on it); the copy is not verified "
-                "and stays marked as cut short. Stop that crawl, then delete the copy with: "
+                "page state or a links record was written by a process that does not hold "
+                "the scope: a crawl whose hold lapsed, or one that takes none); the copy is "
+                "not verified and stays marked as cut short. Stop that crawl, then delete "
+                "the copy with: "
                 f"{_reset_hint(scope, dest_uri)} (then copy again)")
         copied = await count(destination, scope, holds.refresh)
         if copied != expected:
