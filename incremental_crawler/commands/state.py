@@ -26,6 +26,7 @@ import asyncio
 import json
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -55,6 +56,7 @@ from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Iterator
 
     from scrapy.settings import BaseSettings
 
@@ -280,22 +282,26 @@ async def copy_scopes(source: AdminStore, settings: BaseSettings, scope: str | N
         raise Refused(f"{source.location} holds no scope to copy")
     for name in scopes:
         refuse_if_held(source, name)
-    dest_cls = store_class(dest_uri, settings)
+    with _said_of_to(dest_uri):
+        dest_cls = store_class(dest_uri, settings, named_by="--to")
     if not issubclass(dest_cls, AdminStore):
         raise Refused(f"--to {redacted(dest_uri)}: its store class "
                       f"{dest_cls.__module__}.{dest_cls.__qualname__} has the crawl interface "
                       "only; a copy needs AdminStore there (to refuse a scope it holds, "
                       "and to verify what it wrote)")
-    exists = dest_cls.exists(dest_uri, settings=settings)
+    with _said_of_to(dest_uri):
+        exists = dest_cls.exists(dest_uri, settings=settings)
     if not opts.yes and not exists:
         plans = [(name, await copy_plan(source, name)) for name in scopes]
         where = f"a new store {dest_cls.where(dest_uri)}"
         raise Refused(_plan_text(plans, source, where), USAGE)
-    destination = dest_cls.from_uri(dest_uri, settings=settings)
+    with _said_of_to(dest_uri):
+        destination = dest_cls.from_uri(dest_uri, settings=settings)
     assert isinstance(destination, AdminStore)
     try:
-        if destination.location == source.location:
-            raise Refused(f"--to {redacted(dest_uri)} is the store the copy reads from")
+        if destination.store_identity() == source.store_identity():
+            raise Refused(f"--to {redacted(dest_uri)} is the store the copy reads from "
+                          f"({source.location})")
         for name in scopes:
             await refuse_destination(destination, name, dest_uri)
         if not opts.yes:
@@ -311,6 +317,18 @@ async def copy_scopes(source: AdminStore, settings: BaseSettings, scope: str | N
     finally:
         await destination.close()
     return 0
+
+
+@contextmanager
+def _said_of_to(dest_uri: str) -> Iterator[None]:
+    """A failure to open the store ``--to`` names, said of ``--to``, and
+    without the URI's secrets (a store of one's own may quote it whole)."""
+    try:
+        yield
+    except StateStoreError as exc:
+        message = str(exc).replace(dest_uri, redacted(dest_uri))
+        raise StateStoreError(message if message.startswith("--to ")
+                              else f"--to: {message}") from exc
 
 
 def _plan_text(plans: list[tuple[str, CopyCounts]], source: AdminStore, where: str) -> str:

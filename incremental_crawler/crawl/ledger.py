@@ -100,6 +100,7 @@ from incremental_crawler.state.records import (
     Undelivered,
     is_gone,
 )
+from incremental_crawler.state.scope_copy import refuse_a_crawl_of_a_partial_copy
 from incremental_crawler.state.stores import StateStore, StateStoreError, open_store
 from incremental_crawler.state.stores.base import (
     REPAIR_HOLD,
@@ -472,6 +473,8 @@ class Ledger:
         """
         if self.crawler.spider is None:
             return
+        # Before any hold: a cluster worker's too.
+        refuse_a_crawl_of_a_partial_copy(self.store, self.scope)
         process = f"{socket.gethostname()}:{os.getpid()}"
         # A worker's name, made here: it holds before it joins the run
         # (before it takes any work), and the cluster then knows it by it.

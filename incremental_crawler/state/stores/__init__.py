@@ -84,13 +84,17 @@ def store_classes(settings: BaseSettings) -> dict[str, str]:
     }
 
 
-def store_class(uri: str, settings: BaseSettings) -> type[StateStore]:
-    """The class the scheme of *uri* names in the registry (:func:`store_classes`)."""
+def store_class(uri: str, settings: BaseSettings,
+                named_by: str | None = None) -> type[StateStore]:
+    """The class the scheme of *uri* names in the registry (:func:`store_classes`).
+    *named_by*: where *uri* came from, for a message (by default the
+    setting :func:`state_uri` took it from)."""
     scheme = uri.split(":", 1)[0].lower()
     backends = store_classes(settings)
     if scheme not in backends:
         raise StateStoreError(
-            f"{state_uri_setting(settings)} {uri!r}: no store for scheme {scheme!r} "
+            f"{named_by or state_uri_setting(settings)} {redacted(uri)!r}: no store for "
+            f"scheme {scheme!r} "
             f"(known: {', '.join(sorted(backends))}; add one with INCREMENTAL_STATE_STORES)"
         )
     store_cls = load_object(backends[scheme])

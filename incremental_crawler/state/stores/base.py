@@ -186,6 +186,12 @@ class StoredItem(NamedTuple):
     stored_at: float
     #: Its kept versions with data (tombstones included), oldest first.
     versions: list[StoredVersion]
+    #: When its current live run began (``None`` while it is deleted), and
+    #: when its latest tombstone was stored (``None``: never deleted), whole
+    #: seconds: what a change feed since a time tells new by
+    #: (:meth:`AdminStore.iter_versions`), kept when its versions are pruned.
+    born: float | None = None
+    died: float | None = None
 
 
 class Removed(NamedTuple):
@@ -644,6 +650,13 @@ class StateStore(ABC):
         :meth:`put_walk_memo`), or ``None``."""
         return None
 
+    def get_walk_memo_now(self, scope: str, name: str) -> str | None:
+        """:meth:`get_walk_memo`, synchronously: a crawl reads the mark of
+        ``scrapy state copy`` (see :meth:`put_walk_memo`) before it takes its
+        scope, outside the event loop's turn. ``None`` by default (a store
+        that keeps no memos is refused as a copy's destination)."""
+        return None
+
     async def put_walk_memo(self, scope: str, name: str, data: str) -> None:  # noqa: B027
         """Store the walk memo *data* under *name* in *scope*, at once (not
         staged), replacing any. Nothing a crawl needs is lost without it: a
@@ -796,6 +809,12 @@ class AdminStore(StateStore):
     to keep serving those commands.
     """
 
+    def store_identity(self) -> str:
+        """What tells this store from every other, whatever URI names it (a
+        symlink, ``..``, another host name): ``scrapy state copy`` refuses
+        to copy a store into itself. :attr:`location` by default."""
+        return self.location
+
     # -- read-outs ---------------------------------------------------------------
 
     @abstractmethod
@@ -805,6 +824,12 @@ class AdminStore(StateStore):
     @abstractmethod
     def iter_hosts(self, scope: str) -> Iterator[HostTrust]:
         """Every stored host trust record of *scope*."""
+
+    def page_hosts(self, scope: str) -> list[str]:
+        """The hosts of *scope*'s stored pages, sorted: what
+        :meth:`write_generation` is asked for a whole scope where it counts
+        per host. Read from every page by default."""
+        return sorted({host_of(state.key.url) for state in self.iter_pages(scope)})
 
     def summarize_hosts(self, scope: str, now: float) -> list[HostSummary]:
         """Per host of *scope*: its pages in aggregate (due at *now*), and its

@@ -442,7 +442,7 @@ _PRUNE_VERSIONS = (
 )
 # The items of a scope by key, a chunk at a time (iter_item_states).
 _ITEM_STATES = ("SELECT item_key, url, page, fingerprint, simhash, version, first_seen, "
-                "last_changed FROM items WHERE scope = ? ")
+                "last_changed, born, died FROM items WHERE scope = ? ")
 _ITEM_STATES_FIRST = _ITEM_STATES + "ORDER BY item_key LIMIT ?"
 _ITEM_STATES_AFTER = _ITEM_STATES + "AND item_key > ? ORDER BY item_key LIMIT ?"
 _ADD_CRAWL = (
@@ -852,6 +852,9 @@ class SQLiteStateStore(AdminStore):
         return f"{rows[0][0] if rows else 0}"
 
     async def get_walk_memo(self, scope: str, name: str) -> str | None:
+        return self.get_walk_memo_now(scope, name)
+
+    def get_walk_memo_now(self, scope: str, name: str) -> str | None:
         rows = self._read("SELECT data FROM walk_memos WHERE scope = ? AND name = ?",
                           (scope, name))
         return rows[0][0] if rows else None
@@ -1303,9 +1306,9 @@ class SQLiteStateStore(AdminStore):
                                      "is not JSON: it cannot be read", exc) from exc
                 versions[key].append(
                     StoredVersion(scope, key, version, change, stored_at, fp, parsed))
-            for key, url, page, fp, simhash, version, first_seen, stored_at in rows:
+            for key, url, page, fp, simhash, version, first_seen, stored_at, born, died in rows:
                 yield StoredItem(scope, key, url or key, page or key, fp, simhash, version,
-                                 first_seen, stored_at, versions[key])
+                                 first_seen, stored_at, versions[key], born, died)
             after = keys[-1]
 
     def item_history(self, scope: str, item_key: str) -> list[tuple[int, str]]:
@@ -1532,6 +1535,13 @@ class SQLiteStateStore(AdminStore):
         except sqlite3.DatabaseError as exc:
             raise self._fail("write failed", exc) from exc
         return changed
+
+    def store_identity(self) -> str:
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return self.location
+        return f"sqlite:{stat.st_dev}:{stat.st_ino}"
 
     def scopes(self) -> list[str]:
         union = " UNION ".join(f"SELECT DISTINCT scope FROM {table}"  # noqa: S608 (constant SQL)

@@ -87,6 +87,24 @@ class RedisAdmin(RedisClusterPath, AdminStore):
 
     # -- read-outs -------------------------------------------------------------
 
+    def store_identity(self) -> str:
+        # The server by its run id (on a cluster: the node of the prefix's
+        # scopes key, the same whichever nodes the URI names), its database
+        # and the prefix.
+        key = f"{self.prefix}:scopes"
+        client: Any = self._sync
+        try:
+            if self.cluster:
+                info = client.info("server", target_nodes=client.get_node_from_key(key))
+            else:
+                info = client.info("server")
+        except redis.exceptions.ResponseError:
+            return self.location  # INFO refused (an ACL): the URI is all there is
+        except redis.RedisError as exc:
+            raise self._fail("read failed", exc) from exc
+        db = 0 if self.cluster else client.connection_pool.connection_kwargs.get("db", 0)
+        return f"redis:{info['run_id']}:{db}:{self.prefix}"
+
     def scopes(self) -> list[str]:
         return self._stored_scopes()
 
@@ -96,6 +114,10 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         [hosts] = self._sync_run(pipe)
         for host in sorted(hosts):
             yield self._decode(HostTrust, hosts[host], scope=scope, host=host.decode())
+
+    def page_hosts(self, scope: str) -> list[str]:
+        # Links records' hosts too: a write of either moves the generation.
+        return sorted(set(self._scope_hosts(scope)))
 
     def _page_fields(self, scope: str, url: str) -> tuple[str, int, list[str]]:
         """The host and bucket of *url*, and its stored page fields there
@@ -353,7 +375,8 @@ class RedisAdmin(RedisClusterPath, AdminStore):
                 yield StoredItem(scope, item_key, record.get("url") or item_key,
                                  record.get("page") or item_key,
                                  record["fingerprint"], record.get("simhash"), version,
-                                 first_seen, record.get("stored_at", first_seen), versions)
+                                 first_seen, record.get("stored_at", first_seen), versions,
+                                 record.get("born"), record.get("died"))
             except (TypeError, ValueError, KeyError) as exc:
                 raise self._fail(f"the item {item_key!r} of scope {scope!r} cannot be read "
                                  f"(record {raw!r}, version {number!r}): {exc!r}") from exc

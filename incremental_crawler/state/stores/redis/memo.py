@@ -93,6 +93,12 @@ class RedisWalkMemo(RedisCore):
         [raw] = await self._commands([("HGET", self._key("memo", scope), name)])
         return None if raw is None else raw.decode()
 
+    def get_walk_memo_now(self, scope: str, name: str) -> str | None:
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.hget(self._key("memo", scope), name)
+        [raw] = self._sync_run(pipe)
+        return None if raw is None else raw.decode()
+
     async def put_walk_memo(self, scope: str, name: str, data: str) -> None:
         await self._commands([("HSET", self._key("memo", scope), name, data)],
                              "Redis command failed")
