@@ -78,7 +78,8 @@ counted not requested counts it leaving that column, and the answers a
 worker gets for a page another counted requested are not counted (that
 worker's are). The run's workers' stats summed (``scrapy state``) put each
 page in one column; one worker's alone are its share, and a column of
-them may be negative.
+them may be negative. A killed worker's stats are lost: a page it counted
+is counted again by the next worker that reaches it.
 
 The same counts are kept per host (:attr:`ScheduleCounter.hosts`) for the
 report's per-host table.

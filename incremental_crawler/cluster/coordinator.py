@@ -14,7 +14,10 @@ crawl is in one hash slot, and each script runs on one node):
   ``{run}:decided`` the lists' memberships and the pages they decided, for
   the worker that re-seeds, ``{run}:counted`` the pages counted in the
   run's accounting (each by one worker: ``count_page.lua``), ``{run}:early``
-  the pages visited in the run's first second;
+  the pages visited in the run's first second, ``{run}:left`` the workers
+  that left the run (their crawls recorded: what they counted stays
+  counted; a page counted by a worker killed is counted again by the next
+  worker to reach it);
 - ``workers``: worker id → last heartbeat (Redis server time, so workers'
   clocks need not agree);
 - ``inflight:{worker}``: ticket → ``score|request`` for every request the
@@ -331,13 +334,7 @@ class ClusterCoordinator:
             self.silence.again_blocking(
                 lambda: self._beat_once(release_all=reason == "finished"))
             back, unrecorded, ended = self.silence.again_blocking(lambda: self._leave(
-                keys=[self.key("workers"), self.queue_key, self.key("run"),
-                      *self.worker_keys(self.worker_id),
-                      *(self.run_prefix + name
-                        for name in ("seen", "unrecorded", "claims", "tombstones",
-                                     "listings", "decided", "counted", "early"))],
-                args=[self.worker_id],
-            ))
+                keys=self.leave_keys(), args=[self.worker_id]))
         except redis.RedisError as exc:
             # run_unrecorded stays unknown: the sitemaps' state is not saved.
             # What this worker held is reaped by the others once Redis is back.
@@ -359,6 +356,14 @@ class ClusterCoordinator:
         self._tickets.clear()
         self._held.clear()
         self.redis.close()
+
+    def leave_keys(self) -> list[str]:
+        """The keys of leave.lua, in its order."""
+        return [self.key("workers"), self.queue_key, self.key("run"),
+                *self.worker_keys(self.worker_id),
+                *(self.run_prefix + name
+                  for name in ("seen", "unrecorded", "claims", "tombstones",
+                               "listings", "decided", "counted", "early", "left"))]
 
     # -- the shared queue ------------------------------------------------------
 
@@ -700,17 +705,25 @@ class ClusterCoordinator:
         """Count *pages* in the run's accounting (see
         :meth:`~incremental_crawler.change.accounting.RunCounts.count_pages`):
         one round trip per page this worker counts, or per list's chunk."""
-        args = [arg for key, column, size, summed in pages
-                for arg in ("\0".join(key), column, size, int(summed))]
+        args = [self.worker_id, *(arg for key, column, size, summed in pages
+                                  for arg in ("\0".join(key), column, size, int(summed)))]
         self.roundtrip()
         try:
+            # Safe to run again (a lost reply): the run answers a worker's
+            # own count as it did the first time.
             had = self.silence.again_blocking(lambda: self._count_page(
-                keys=[self.run_prefix + "counted"], args=args))
+                keys=self._counted_keys(), args=args))
         except redis.RedisError as exc:
             # Counted by this worker alone: the worker stops anyway.
             self.lost(exc)
             return None
         return [v.decode() if isinstance(v, bytes) else str(v) for v in had]
+
+    def _counted_keys(self) -> list[str]:
+        """The keys of count_page.lua and bulk_counted.lua: the run's counted
+        pages, and who is alive or gone with its crawl recorded (whose
+        counts the run's totals keep)."""
+        return [self.run_prefix + "counted", self.key("workers"), self.run_prefix + "left"]
 
     def bulk_counted(self) -> tuple[int, int] | None:
         """The re-seeder counts the run's pages not due in bulk (see
@@ -718,7 +731,7 @@ class ClusterCoordinator:
         self.roundtrip()
         try:
             pages, size = self.silence.again_blocking(lambda: self._bulk_counted(
-                keys=[self.run_prefix + "counted"]))
+                keys=self._counted_keys(), args=[self.worker_id]))
         except redis.RedisError as exc:
             self.lost(exc)
             return None

@@ -1,40 +1,93 @@
 -- Count pages for the run, each once: the first worker to count a page does.
--- KEYS[1]: the run's counted pages (page -> column, whether the re-seeder's
--- sum counts it too, stored size: "d1:1234"; and the fields #pages, #size:
--- the pages counted not requested that the sum counts, #bulk: set once the
--- re-seeder counts the sum). A page's field holds NUL bytes: no clash.
--- ARGV: per page, in order: page, column (r requested, d not due, s
--- skipped), size, summed (0/1). Returns what the run had for each: ""
--- nothing (the caller counts it), "b" the re-seeder's sum, else the page's
--- field as it was.
+-- KEYS[1]: the run's counted pages; KEYS[2]: the workers hash; KEYS[3]: the
+-- run's workers that left it (their crawls recorded, their counts kept).
+-- A page's field (its key holds NUL bytes: no clash with "#..." fields):
+-- "<column><summed>:<size>|<worker>|<reply>": its column (r requested, d
+-- not due, s skipped, b in the re-seeder's sum), whether the re-seeder's
+-- sum counts it too (0/1), its stored size, the worker that counted it
+-- (for b: the re-seeder) and what that worker was told when it wrote it.
+-- Other fields: #pages|<worker>, #size|<worker>: the pages a worker counted
+-- not requested that the sum counts; #bulk: the re-seeder, once it summed;
+-- #took|<worker>: the sum left that worker's pages out (see bulk_counted.lua).
+-- ARGV[1]: this worker; then per page, in order: page, column (r, d, s),
+-- size, summed (0/1). Returns what the run had for each: "" nothing (the
+-- caller counts it), else "<column><summed>:<size>" as it was.
+-- A page counted by a worker neither alive nor gone with its crawl recorded
+-- (killed: its counts are lost) is counted again by the caller. A page the
+-- caller counted itself gets the reply it got then: a call run again after
+-- its reply was lost answers as the first did.
+local me = ARGV[1]
+local known = {}
+local function kept(worker)
+  local k = known[worker]
+  if k == nil then
+    k = redis.call('HEXISTS', KEYS[2], worker) == 1
+        or redis.call('SISMEMBER', KEYS[3], worker) == 1
+    known[worker] = k
+  end
+  return k
+end
+local bulk = redis.call('HGET', KEYS[1], '#bulk')
+if bulk and not kept(bulk) then bulk = nil end
+
+local function in_sum(counted, worker, delta)
+  if string.sub(counted, 1, 1) ~= 'r' and string.sub(counted, 1, 1) ~= 'b'
+     and string.sub(counted, 2, 2) == '1' then
+    local size = tonumber(string.sub(counted, string.find(counted, ':', 1, true) + 1))
+    redis.call('HINCRBY', KEYS[1], '#pages|' .. worker, delta)
+    redis.call('HINCRBY', KEYS[1], '#size|' .. worker, delta * size)
+  end
+end
+
 local had = {}
-for i = 1, #ARGV, 4 do
+for i = 2, #ARGV, 4 do
   local page, column, size, summed = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  local old = redis.call('HGET', KEYS[1], page)
   local requested = column == 'r'
-  if not old then
-    if summed == '1' and redis.call('HEXISTS', KEYS[1], '#bulk') == 1 then
-      -- In the sum already: requested now, it leaves it (the caller counts that).
-      redis.call('HSET', KEYS[1], page, (requested and 'r' or 'b') .. '0:' .. size)
-      old = 'b'
-    else
-      redis.call('HSET', KEYS[1], page, column .. summed .. ':' .. size)
-      if not requested and summed == '1' then
-        redis.call('HINCRBY', KEYS[1], '#pages', 1)
-        redis.call('HINCRBY', KEYS[1], '#size', size)
+  local field = redis.call('HGET', KEYS[1], page)
+  local old, owner, reply
+  if field then
+    local a = string.find(field, '|', 1, true)
+    local b = string.find(field, '|', a + 1, true)
+    old, owner, reply = string.sub(field, 1, a - 1), string.sub(field, a + 1, b - 1),
+                        string.sub(field, b + 1)
+  end
+  local answer
+  if old and owner == me and (not requested or string.sub(old, 1, 1) == 'r') then
+    answer = reply
+  else
+    local sum_has_it = summed == '1' and bulk
+    if old and not kept(owner) then
+      -- Its counter was killed: its count is lost. The sum counts the page
+      -- unless it left that worker's pages out (it had counted them).
+      in_sum(old, owner, -1)
+      if sum_has_it and redis.call('HEXISTS', KEYS[1], '#took|' .. owner) == 1 then
+        sum_has_it = false
       end
-      old = ''
+      old = nil
     end
-  elseif requested and string.sub(old, 1, 1) ~= 'r' then
-    -- Counted not requested, requested after all: visited, the store's sum
-    -- leaves it out from now on.
-    redis.call('HSET', KEYS[1], page, 'r0:' .. size)
-    if string.sub(old, 2, 2) == '1' then
+    if not old then
+      if sum_has_it then
+        -- In the sum already: requested now, it leaves it (the caller counts that).
+        answer = 'b0:' .. size
+        redis.call('HSET', KEYS[1], page, (requested and ('r0:' .. size .. '|' .. me)
+                                           or (answer .. '|' .. bulk)) .. '|' .. answer)
+      else
+        local counted = column .. summed .. ':' .. size
+        redis.call('HSET', KEYS[1], page, counted .. '|' .. me .. '|')
+        if not bulk then in_sum(counted, me, 1) end
+        answer = ''
+      end
+    elseif requested and string.sub(old, 1, 1) ~= 'r' then
+      -- Counted not requested, requested after all: visited, the store's sum
+      -- leaves it out from now on.
       local stored = string.sub(old, string.find(old, ':', 1, true) + 1)
-      redis.call('HINCRBY', KEYS[1], '#pages', -1)
-      redis.call('HINCRBY', KEYS[1], '#size', -tonumber(stored))
+      redis.call('HSET', KEYS[1], page, 'r0:' .. stored .. '|' .. me .. '|' .. old)
+      in_sum(old, owner, -1)
+      answer = old
+    else
+      answer = old
     end
   end
-  had[#had + 1] = old
+  had[#had + 1] = answer
 end
 return had

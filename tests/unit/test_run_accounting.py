@@ -1,0 +1,190 @@
+"""Each known page in one column for a cluster run: the workers' counters
+(:class:`ScheduleCounter`) counting through the real run record
+(``count_page.lua``, ``bulk_counted.lua``, ``leave.lua``) on a real Redis.
+
+A worker's figures are its stats; the run's are its recorded workers'
+stats summed (a killed worker records nothing: its stats are lost).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+import redis
+from scrapy.statscollectors import MemoryStatsCollector
+from scrapy.utils.test import get_crawler
+
+from incremental_crawler.change.accounting import PageOutcome, ScheduleCounter, Why
+from incremental_crawler.cluster.coordinator import ClusterCoordinator
+from incremental_crawler.config import IncrementalConfig
+from incremental_crawler.report.extension import summarize
+from incremental_crawler.state.records import PageKey, PageState
+from tests.redis_util import REDIS_URI, delete_prefix, new_prefix
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+P = PageKey("s", "http://a.example/p")
+Q = PageKey("s", "http://a.example/q")
+HOST = "a.example"
+RUN = "run1"
+
+
+class Worker:
+    """One worker of the run: its counter, counting through its coordinator."""
+
+    def __init__(self, prefix: str) -> None:
+        crawler = get_crawler(settings_dict={"INCREMENTAL_CLUSTER_URL": REDIS_URI,
+                                             "INCREMENTAL_CLUSTER_PREFIX": prefix})
+        config = IncrementalConfig.from_settings(crawler.settings).cluster
+        assert config is not None
+        self.coordinator = ClusterCoordinator(crawler, config)
+        self.coordinator.spider_key = f"{prefix}:{{spider}}"
+        self.coordinator.run = RUN
+        # Joined: alive in the workers hash (what join.lua records).
+        self.coordinator.redis.hset(self.coordinator.key("workers"),
+                                    self.coordinator.worker_id, time.time())
+        self.counter = ScheduleCounter(MemoryStatsCollector(crawler))
+        self.counter.run = self.coordinator
+
+    def killed(self) -> None:
+        """SIGKILLed, and reaped by another's heartbeat (beat.lua): out of
+        the workers hash, its stats lost."""
+        self.coordinator.redis.hdel(self.coordinator.key("workers"),
+                                    self.coordinator.worker_id)
+
+    def left(self) -> None:
+        """Left the run (its crawl, and stats, recorded)."""
+        self.coordinator._leave(keys=self.coordinator.leave_keys(),
+                                args=[self.coordinator.worker_id])
+
+
+@pytest.fixture
+def cluster_workers() -> Iterator[Callable[[int], list[Worker]]]:
+    """Workers of one run, made on demand."""
+    prefix = new_prefix()
+    made: list[Worker] = []
+
+    def more(n: int) -> list[Worker]:
+        new = [Worker(prefix) for _ in range(n)]
+        made.extend(new)
+        return new
+
+    yield more
+    for w in made:
+        w.coordinator.redis.close()
+    delete_prefix(prefix)
+
+
+def run_summary(*recorded: Worker) -> dict[str, int]:
+    """The run's figures: its recorded workers' stats summed, as ``scrapy state`` does."""
+    total: dict[str, int] = {}
+    for w in recorded:
+        for k, v in w.counter.stats.get_stats().items():
+            total[k] = total.get(k, 0) + v
+    return summarize(total)
+
+
+def state(key: PageKey, next_visit: float = 5000.0, size: int = 100) -> PageState:
+    return PageState(key=key, next_visit=next_visit, size=size, callback="parse")
+
+
+def summed(s: PageState) -> bool:
+    """The re-seeder's sum of the pages not due (next visit after 1000)."""
+    return s.next_visit > 1000.0
+
+
+def test_a_killed_workers_page_is_counted_by_the_worker_its_request_went_back_to(
+    cluster_workers,
+):
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.killed()
+    # Its in-flight request, requeued, is decided again on b.
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    s = run_summary(b)
+    assert (s["pages_known"], s["requested"], s["pages_new"]) == (1, 1, 1), s
+
+
+def test_a_page_counted_by_a_worker_that_left_is_not_counted_again(cluster_workers):
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    a.left()
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    s = run_summary(a, b)
+    assert (s["pages_known"], s["requested"], s["pages_new"]) == (1, 1, 1), s
+
+
+def test_a_page_counted_not_due_by_a_worker_killed_before_the_sum_stays_in_the_sum(
+    cluster_workers,
+):
+    a, b = cluster_workers(2)
+    a.counter.summed = b.counter.summed = summed
+    a.counter.not_due(state(P))
+    a.killed()
+    # b re-seeds: the store's sum has P; a's count of it is lost, the sum keeps it.
+    counted, size = b.counter.counted_in_sum(1000.0)
+    assert (counted, size) == (0, 0)
+    b.counter.not_due_elsewhere(1 - counted, 100 - size, 5000.0)
+    b.counter.not_due(state(P))  # reached again: in the sum already
+    s = run_summary(b)
+    assert (s["pages_known"], s["not_due"]) == (1, 1), s
+
+
+def test_a_page_counted_not_due_by_a_worker_killed_after_the_sum_is_counted_again(
+    cluster_workers,
+):
+    a, b = cluster_workers(2)
+    a.counter.summed = b.counter.summed = summed
+    a.counter.not_due(state(P))
+    counted, size = b.counter.counted_in_sum(1000.0)
+    assert (counted, size) == (1, 100)  # a's: the sum leaves it out
+    b.counter.not_due_elsewhere(1 - counted, 100 - size, 5000.0)
+    a.killed()
+    b.counter.not_due(state(P))
+    s = run_summary(b)
+    assert (s["pages_known"], s["not_due"]) == (1, 1), s
+
+
+def test_a_count_run_again_after_its_reply_was_lost_is_the_callers(cluster_workers):
+    (a,) = cluster_workers(1)
+    script = a.coordinator._count_page
+    lost: list[bool] = []
+
+    def reply_lost_once(**kwargs):
+        answer = script(**kwargs)
+        if not lost:
+            lost.append(True)
+            raise redis.TimeoutError("reply lost")
+        return answer
+
+    a.coordinator._count_page = reply_lost_once
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    lost.clear()
+    a.counter.not_due(state(Q))
+    s = run_summary(a)
+    assert (s["requested"], s["pages_new"], s["not_due"]) == (1, 1, 1), s
+
+
+def test_a_not_due_count_run_again_is_taken_off_the_sum_once(cluster_workers):
+    a, b = cluster_workers(2)
+    a.counter.summed = b.counter.summed = summed
+    script = a.coordinator._count_page
+
+    def ran_twice(**kwargs):
+        script(**kwargs)
+        return script(**kwargs)
+
+    a.coordinator._count_page = ran_twice
+    a.counter.not_due(state(P))
+    # b re-seeds: the store's sum has P and another page.
+    counted, size = b.counter.counted_in_sum(1000.0)
+    b.counter.not_due_elsewhere(2 - counted, 200 - size, 5000.0)
+    s = run_summary(a, b)
+    assert (s["pages_known"], s["not_due"]) == (2, 2), s
