@@ -247,14 +247,19 @@ class PageOutcome(StrEnum):
 
 
 #: A page's column in the run's record (:meth:`RunCounts.count_page`):
-#: requested, not due, skipped (lastmod unchanged), or counted in the
-#: re-seeder's sum of the pages not due.
-RUN_REQUESTED, RUN_NOT_DUE, RUN_SKIPPED, RUN_IN_BULK = "r", "d", "s", "b"
+#: requested, not due, skipped (lastmod unchanged), counted in the
+#: re-seeder's sum of the pages not due, or among the due pages it
+#: deferred (over its limit).
+RUN_REQUESTED, RUN_NOT_DUE, RUN_SKIPPED, RUN_IN_BULK, RUN_DEFERRED = "r", "d", "s", "b", "f"
 
+#: Which of the re-seeder's sums a page's stored state puts it in: the
+#: pages not due (:attr:`ScheduleCounter.summed`), the due pages it may
+#: defer (:attr:`ScheduleCounter.deferrable`), or neither.
+IN_NOT_DUE_SUM, IN_DUE_SUM, IN_NO_SUM = "1", "f", "0"
 
-#: A page to count in the run: its key, column, stored size, and whether
-#: the re-seeder's sum of the pages not due counts it too.
-RunCount = tuple[PageKey, str, int, bool]
+#: A page to count in the run: its key, column, stored size, and which of
+#: the re-seeder's sums counts it too (:data:`IN_NOT_DUE_SUM`...).
+RunCount = tuple[PageKey, str, int, str]
 
 
 class RunCounts(Protocol):
@@ -265,8 +270,15 @@ class RunCounts(Protocol):
         """Count each page in its column for the run, in order, unless a
         worker counted it already; a page counted not requested moves to
         requested. What the run had for each: ``""`` nothing (this worker
-        counts it), :data:`RUN_IN_BULK` the re-seeder's sum, else its
-        column and stored size (``"d1:1234"``); ``None``: unknown."""
+        counts it), :data:`RUN_IN_BULK` the re-seeder's sum,
+        :data:`RUN_DEFERRED` the due pages it deferred (a page requested
+        leaves either), else its column and stored size (``"d1:1234"``);
+        ``None``: unknown."""
+
+    def deferred_counted(self) -> None:
+        """The re-seeder counted the due pages over its limit deferred:
+        from now on a page of that sum that no worker counted yet, once
+        requested, leaves that column (:data:`RUN_DEFERRED`)."""
 
     def bulk_counted(self) -> tuple[int, int] | None:
         """The re-seeder counts the pages not due by the store's sums: from
@@ -307,6 +319,10 @@ class ScheduleCounter:
         #: re-seeder; ``None``: it does not count them). No key is kept of
         #: them: their state tells when one is reached after all.
         self.summed: Callable[[PageState], bool] | None = None
+        #: Whether a page's stored state puts it among the due pages the
+        #: re-seeder would defer over its limit (set by the re-seeder, on
+        #: every worker of a cluster run: the run tells whether it did).
+        self.deferrable: Callable[[PageState], bool] | None = None
         #: Whether the re-seeder counted them (this crawl, or in cluster
         #: mode, when the run does it, the run: see :attr:`run`).
         self._bulk_counted = False
@@ -390,9 +406,12 @@ class ScheduleCounter:
         """A page requested that this crawl did not count not requested one
         by one: counted so by another worker of the run (*had*), or in one
         of the re-seeder's sums, it leaves that column."""
-        if had:
+        if had[:1] == RUN_DEFERRED:
+            self.stats.inc_value("incremental/schedule/deferred_left")
+        elif had:
             self._left_elsewhere(key, had, state)
-        elif state is None:
+        elif state is None or self.run is not None:
+            # In cluster mode the run says whether a sum counts it (above).
             return
         elif self._counted_in_bulk(state):
             self._bulk_no_more(state.size)
@@ -429,8 +448,15 @@ class ScheduleCounter:
         return True
 
     def _run_count(self, key: PageKey, column: str, state: PageState | None) -> RunCount:
-        summed = state is not None and self.summed is not None and self.summed(state)
-        return key, column, state.size if state is not None else 0, summed
+        if state is None:
+            return key, column, 0, IN_NO_SUM
+        if self.summed is not None and self.summed(state):
+            in_sum = IN_NOT_DUE_SUM
+        elif self.deferrable is not None and self.deferrable(state):
+            in_sum = IN_DUE_SUM
+        else:
+            in_sum = IN_NO_SUM
+        return key, column, state.size, in_sum
 
     def _count_in_run(self, key: PageKey, column: str, state: PageState | None) -> str:
         """What the run had counted *key* as (``""``: nothing, or no run),
@@ -528,6 +554,9 @@ class ScheduleCounter:
         self._deferred = among
         if pages > 0:
             self.stats.inc_value("incremental/schedule/deferred", pages)
+            if self.run is not None:
+                # Another worker may request one (a link, a 304's replay).
+                self.run.deferred_counted()
 
     def counted_in_sum(self, due_at: float) -> tuple[int, int]:
         """The pages counted one by one (and their sizes) that the

@@ -705,8 +705,8 @@ class ClusterCoordinator:
         """Count *pages* in the run's accounting (see
         :meth:`~incremental_crawler.change.accounting.RunCounts.count_pages`):
         one round trip per page this worker counts, or per list's chunk."""
-        args = [self.worker_id, *(arg for key, column, size, summed in pages
-                                  for arg in ("\0".join(key), column, size, int(summed)))]
+        args = [self.worker_id, *(arg for key, column, size, in_sum in pages
+                                  for arg in ("\0".join(key), column, size, in_sum))]
         self.roundtrip()
         try:
             # Safe to run again (a lost reply): the run answers a worker's
@@ -718,6 +718,16 @@ class ClusterCoordinator:
             self.lost(exc)
             return None
         return [v.decode() if isinstance(v, bytes) else str(v) for v in had]
+
+    def deferred_counted(self) -> None:
+        """This worker re-seeded and deferred due pages over its limit (see
+        :meth:`~incremental_crawler.change.accounting.RunCounts.deferred_counted`)."""
+        self.roundtrip()
+        try:
+            self.silence.again_blocking(lambda: self.redis.hset(
+                self.run_prefix + "counted", "#deferred", self.worker_id))
+        except redis.RedisError as exc:
+            self.lost(exc)
 
     def _counted_keys(self) -> list[str]:
         """The keys of count_page.lua and bulk_counted.lua: the run's counted

@@ -3,14 +3,16 @@
 -- run's workers that left it (their crawls recorded, their counts kept).
 -- A page's field (its key holds NUL bytes: no clash with "#..." fields):
 -- "<column><summed>:<size>|<worker>|<reply>": its column (r requested, d
--- not due, s skipped, b in the re-seeder's sum), whether the re-seeder's
--- sum counts it too (0/1), its stored size, the worker that counted it
+-- not due, s skipped, b in the re-seeder's sum of the pages not due, f
+-- among the due pages it deferred), which of the re-seeder's sums counts it
+-- too (1 the pages not due, f the due pages, 0 neither), its stored size, the worker that counted it
 -- (for b: the re-seeder) and what that worker was told when it wrote it.
 -- Other fields: #pages|<worker>, #size|<worker>: the pages a worker counted
 -- not requested that the sum counts; #bulk: the re-seeder, once it summed;
+-- #deferred: the re-seeder, once it counted the due pages over its limit;
 -- #took|<worker>: the sum left that worker's pages out (see bulk_counted.lua).
 -- ARGV[1]: this worker; then per page, in order: page, column (r, d, s),
--- size, summed (0/1). Returns what the run had for each: "" nothing (the
+-- size, sum (1, f, 0). Returns what the run had for each: "" nothing (the
 -- caller counts it), else "<column><summed>:<size>" as it was.
 -- A page counted by a worker neither alive nor gone with its crawl recorded
 -- (killed: its counts are lost) is counted again by the caller. A page the
@@ -29,6 +31,8 @@ local function kept(worker)
 end
 local bulk = redis.call('HGET', KEYS[1], '#bulk')
 if bulk and not kept(bulk) then bulk = nil end
+local deferred = redis.call('HGET', KEYS[1], '#deferred')
+if deferred and not kept(deferred) then deferred = nil end
 
 local function in_sum(counted, worker, delta)
   if string.sub(counted, 1, 1) ~= 'r' and string.sub(counted, 1, 1) ~= 'b'
@@ -66,7 +70,11 @@ for i = 2, #ARGV, 4 do
       old = nil
     end
     if not old then
-      if sum_has_it then
+      if requested and summed == 'f' and deferred then
+        -- Deferred by the re-seeder, requested after all: it leaves that column.
+        answer = 'f0:' .. size
+        redis.call('HSET', KEYS[1], page, 'rf:' .. size .. '|' .. me .. '|' .. answer)
+      elseif sum_has_it then
         -- In the sum already: requested now, it leaves it (the caller counts that).
         answer = 'b0:' .. size
         redis.call('HSET', KEYS[1], page, (requested and ('r0:' .. size .. '|' .. me)

@@ -156,6 +156,7 @@ class Reseeder:
         ledger = self.crawler.get_extension(Ledger)
         if ledger is not None and self.config.reseeds_for(spider):
             ledger.counter.summed = _summed_by(ledger, spider)
+            ledger.counter.deferrable = _deferrable_by(ledger, spider)
 
     def wanted(self) -> bool:
         """Whether the spider wants its due pages re-seeded this crawl."""
@@ -267,6 +268,22 @@ def _summed_by(ledger: Ledger, spider: Spider) -> Callable[[PageState], bool]:
                 and state.callback not in lists)
 
     return summed
+
+
+def _deferrable_by(ledger: Ledger, spider: Spider) -> Callable[[PageState], bool]:
+    """Whether a page's stored state puts it among the due pages the
+    re-seeder sums when it defers some (:meth:`_DueReader.count_deferred`):
+    in cluster mode, a page another worker requests leaves the deferred
+    column by it (the run tells whether the re-seeder deferred any)."""
+    scope = ledger.scope
+    lists = frozenset(getattr(spider, "list_callbacks", ()))
+
+    def deferrable(state: PageState) -> bool:
+        return (state.key.scope == scope and state.next_visit <= ledger.due_at
+                and state.last_checked < math.floor(ledger.crawl_started)
+                and state.callback is not None and state.callback not in lists)
+
+    return deferrable
 
 
 class _DueReader:

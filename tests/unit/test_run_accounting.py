@@ -188,3 +188,34 @@ def test_a_not_due_count_run_again_is_taken_off_the_sum_once(cluster_workers):
     b.counter.not_due_elsewhere(2 - counted, 200 - size, 5000.0)
     s = run_summary(a, b)
     assert (s["pages_known"], s["not_due"]) == (2, 2), s
+
+
+def deferrable(s: PageState) -> bool:
+    """The re-seeder's sum of the due pages it may defer (next visit up to 1000)."""
+    return s.next_visit <= 1000.0
+
+
+def test_a_page_the_re_seeder_deferred_requested_on_another_worker_leaves_deferred(
+    cluster_workers,
+):
+    # a re-seeds over its limit and defers two due pages (counted by the
+    # store's sum: no keys); a re-seeded page's 304 is answered on b, which
+    # replays its links: b requests P, one of the deferred pages.
+    a, b = cluster_workers(2)
+    a.counter.deferrable = b.counter.deferrable = deferrable
+    a.counter.deferred(2, lambda s: deferrable(s) and s.key != Q)
+    b.counter.requested(Why.DUE, HOST, P, state(P, next_visit=100.0))
+    b.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    s = run_summary(a, b)
+    assert (s["pages_known"], s["deferred"], s["pages_not_modified"]) == (2, 1, 1), s
+
+
+def test_a_due_page_requested_when_nothing_was_deferred_stays_requested(cluster_workers):
+    a, b = cluster_workers(2)
+    a.counter.deferrable = b.counter.deferrable = deferrable
+    a.counter.deferred(0, deferrable)
+    b.counter.requested(Why.DUE, HOST, P, state(P, next_visit=100.0))
+    b.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    s = run_summary(a, b)
+    assert (s["pages_known"], s["deferred"], s["pages_not_modified"]) == (1, 0, 1), s
+
