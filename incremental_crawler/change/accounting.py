@@ -257,6 +257,10 @@ RUN_REQUESTED, RUN_NOT_DUE, RUN_SKIPPED, RUN_IN_BULK, RUN_DEFERRED = "r", "d", "
 #: defer (:attr:`ScheduleCounter.deferrable`), or neither.
 IN_NOT_DUE_SUM, IN_DUE_SUM, IN_NO_SUM = "1", "f", "0"
 
+#: Pages counted in the run by one call at most (one script run, which
+#: holds Redis meanwhile: about 20 µs a page).
+RUN_BATCH = 1_000
+
 #: A page to count in the run: its key, column, stored size, and which of
 #: the re-seeder's sums counts it too (:data:`IN_NOT_DUE_SUM`...).
 RunCount = tuple[PageKey, str, int, str]
@@ -421,7 +425,8 @@ class ScheduleCounter:
     @contextmanager
     def batch(self) -> Iterator[None]:
         """Count the pages decided within in the run with one round trip
-        (cluster mode; a list's pages): each is counted when it closes."""
+        per :data:`RUN_BATCH` pages (cluster mode; a list's pages, a
+        re-seed's): each is counted when it closes."""
         if self.run is None or self._batch is not None:
             yield
             return
@@ -430,14 +435,21 @@ class ScheduleCounter:
             yield
         finally:
             batch, self._batch = self._batch, None
-            answers = self.run.count_pages([page for page, _ in batch]) if batch else []
-            # Unknown (Redis did not answer; the worker stops): counted here.
-            for (_, count), had in zip(batch, answers or [""] * len(batch), strict=True):
-                self._answer = had
-                try:
-                    count()
-                finally:
-                    self._answer = None
+            # A script holds Redis while it runs: a list's 50,000 pages in
+            # one would stall every worker of the run.
+            for start in range(0, len(batch), RUN_BATCH):
+                self._count_batch(batch[start:start + RUN_BATCH])
+
+    def _count_batch(self, batch: list[tuple[RunCount, Callable[[], None]]]) -> None:
+        assert self.run is not None
+        answers = self.run.count_pages([page for page, _ in batch])
+        # Unknown (Redis did not answer; the worker stops): counted here.
+        for (_, count), had in zip(batch, answers or [""] * len(batch), strict=True):
+            self._answer = had
+            try:
+                count()
+            finally:
+                self._answer = None
 
     def _later(self, key: PageKey, column: str, state: PageState | None,
                count: Callable[[], None]) -> bool:

@@ -1,11 +1,11 @@
 -- The re-seeder counts the run's pages not due by the store's sums: from now
 -- on count_page.lua counts none of them one by one. KEYS: the run's counted
 -- pages (see count_page.lua), the workers hash, the run's workers that left
--- it. ARGV[1]: the re-seeder. Returns the pages counted one by one that the
+-- it. ARGV: the re-seeder, its tag. Returns the pages counted one by one that the
 -- sum counts too, and their sizes: those of workers alive or gone with their
 -- crawls recorded (a killed worker's counts are lost: the sum keeps its
 -- pages, and count_page.lua knows it by #took|<worker>).
-redis.call('HSET', KEYS[1], '#bulk', ARGV[1])
+redis.call('HSET', KEYS[1], '#bulk', ARGV[2], '#w|' .. ARGV[2], ARGV[1])
 local workers = redis.call('HKEYS', KEYS[2])
 for _, w in ipairs(redis.call('SMEMBERS', KEYS[3])) do workers[#workers + 1] = w end
 local pages, size = 0, 0

@@ -58,6 +58,7 @@ reason ``cluster_redis_error``.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
@@ -151,6 +152,12 @@ _CLAIMS_PENDING = load_script(_LUA_PACKAGE, "claims_pending.lua")
 BEAT_TRIES = 5
 
 
+def run_field(key: PageKey) -> bytes:
+    """A page's field in the run's counted pages: 12 bytes of a hash of its
+    key (a full URL would make the hash, one hash slot, ~3x the size)."""
+    return hashlib.blake2b("\0".join(key).encode(), digest_size=12).digest()
+
+
 def spider_key(prefix: str, spider: str) -> str:
     """Where the keys of *spider*'s crawl are: ``<prefix>:{<spider>}`` (the
     braces: a Redis Cluster hash tag, one hash slot for every key of it)."""
@@ -170,7 +177,9 @@ class ClusterCoordinator:
         self.heartbeat = config.heartbeat
         self.worker_ttl = config.worker_ttl
         self.idle_grace = config.idle_grace
-        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        #: The worker's tag in the run's counted pages: its id's random part.
+        self.tag = uuid.uuid4().hex[:8]
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{self.tag}"
         #: Since when Redis has not answered (INCREMENTAL_REDIS_RETRY_TIME).
         self.silence = Silence(f"Cluster {redacted(self.url)}", config.retry_time)
         #: Requests to queue while Redis does not answer: (fingerprint, score, data).
@@ -705,8 +714,9 @@ class ClusterCoordinator:
         """Count *pages* in the run's accounting (see
         :meth:`~incremental_crawler.change.accounting.RunCounts.count_pages`):
         one round trip per page this worker counts, or per list's chunk."""
-        args = [self.worker_id, *(arg for key, column, size, in_sum in pages
-                                  for arg in ("\0".join(key), column, size, in_sum))]
+        args = [self.worker_id, self.tag,
+                *(arg for key, column, size, in_sum in pages
+                  for arg in (run_field(key), column, size, in_sum))]
         self.roundtrip()
         try:
             # Safe to run again (a lost reply): the run answers a worker's
@@ -725,7 +735,8 @@ class ClusterCoordinator:
         self.roundtrip()
         try:
             self.silence.again_blocking(lambda: self.redis.hset(
-                self.run_prefix + "counted", "#deferred", self.worker_id))
+                self.run_prefix + "counted",
+                mapping={"#deferred": self.tag, f"#w|{self.tag}": self.worker_id}))
         except redis.RedisError as exc:
             self.lost(exc)
 
@@ -741,7 +752,7 @@ class ClusterCoordinator:
         self.roundtrip()
         try:
             pages, size = self.silence.again_blocking(lambda: self._bulk_counted(
-                keys=self._counted_keys(), args=[self.worker_id]))
+                keys=self._counted_keys(), args=[self.worker_id, self.tag]))
         except redis.RedisError as exc:
             self.lost(exc)
             return None

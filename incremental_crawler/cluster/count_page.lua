@@ -1,31 +1,43 @@
 -- Count pages for the run, each once: the first worker to count a page does.
 -- KEYS[1]: the run's counted pages; KEYS[2]: the workers hash; KEYS[3]: the
 -- run's workers that left it (their crawls recorded, their counts kept).
--- A page's field (its key holds NUL bytes: no clash with "#..." fields):
--- "<column><summed>:<size>|<worker>|<reply>": its column (r requested, d
+-- A page's field (12 bytes of a hash of its key: no "#..." field is 12
+-- bytes long): "<column><summed>:<size>|<tag>|<reply>": its column (r requested, d
 -- not due, s skipped, b in the re-seeder's sum of the pages not due, f
 -- among the due pages it deferred), which of the re-seeder's sums counts it
--- too (1 the pages not due, f the due pages, 0 neither), its stored size, the worker that counted it
--- (for b: the re-seeder) and what that worker was told when it wrote it.
--- Other fields: #pages|<worker>, #size|<worker>: the pages a worker counted
--- not requested that the sum counts; #bulk: the re-seeder, once it summed;
--- #deferred: the re-seeder, once it counted the due pages over its limit;
--- #took|<worker>: the sum left that worker's pages out (see bulk_counted.lua).
--- ARGV[1]: this worker; then per page, in order: page, column (r, d, s),
+-- -- too (1 the pages not due, f the due pages, 0 neither), its stored size,
+-- the tag of the worker that counted it (for b: the re-seeder) and what that
+-- worker was told when it wrote it.
+-- Other fields: #w|<tag>: the worker of a tag (a short one keeps a page's
+-- field small); #pages|<worker>, #size|<worker>: the pages a worker counted
+-- not requested that the sum counts; #bulk, #deferred: the re-seeder's tag,
+-- once it summed the pages not due, once it deferred due pages over its
+-- limit; #took|<worker>: the sum left that worker's pages out (see
+-- bulk_counted.lua).
+-- ARGV[1]: this worker, ARGV[2]: its tag; then per page, in order: page, column (r, d, s),
 -- size, sum (1, f, 0). Returns what the run had for each: "" nothing (the
 -- caller counts it), else "<column><summed>:<size>" as it was.
 -- A page counted by a worker neither alive nor gone with its crawl recorded
 -- (killed: its counts are lost) is counted again by the caller. A page the
 -- caller counted itself gets the reply it got then: a call run again after
 -- its reply was lost answers as the first did.
-local me = ARGV[1]
-local known = {}
-local function kept(worker)
-  local k = known[worker]
+local me = ARGV[2]
+redis.call('HSET', KEYS[1], '#w|' .. me, ARGV[1])
+local workers, known = {}, {}
+local function worker(tag)
+  local w = workers[tag]
+  if w == nil then
+    w = redis.call('HGET', KEYS[1], '#w|' .. tag) or ''
+    workers[tag] = w
+  end
+  return w
+end
+local function kept(tag)
+  local k = known[tag]
   if k == nil then
-    k = redis.call('HEXISTS', KEYS[2], worker) == 1
-        or redis.call('SISMEMBER', KEYS[3], worker) == 1
-    known[worker] = k
+    local w = worker(tag)
+    k = redis.call('HEXISTS', KEYS[2], w) == 1 or redis.call('SISMEMBER', KEYS[3], w) == 1
+    known[tag] = k
   end
   return k
 end
@@ -34,17 +46,17 @@ if bulk and not kept(bulk) then bulk = nil end
 local deferred = redis.call('HGET', KEYS[1], '#deferred')
 if deferred and not kept(deferred) then deferred = nil end
 
-local function in_sum(counted, worker, delta)
+local function in_sum(counted, tag, delta)
   if string.sub(counted, 1, 1) ~= 'r' and string.sub(counted, 1, 1) ~= 'b'
      and string.sub(counted, 2, 2) == '1' then
     local size = tonumber(string.sub(counted, string.find(counted, ':', 1, true) + 1))
-    redis.call('HINCRBY', KEYS[1], '#pages|' .. worker, delta)
-    redis.call('HINCRBY', KEYS[1], '#size|' .. worker, delta * size)
+    redis.call('HINCRBY', KEYS[1], '#pages|' .. worker(tag), delta)
+    redis.call('HINCRBY', KEYS[1], '#size|' .. worker(tag), delta * size)
   end
 end
 
 local had = {}
-for i = 2, #ARGV, 4 do
+for i = 3, #ARGV, 4 do
   local page, column, size, summed = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local requested = column == 'r'
   local field = redis.call('HGET', KEYS[1], page)
@@ -64,7 +76,7 @@ for i = 2, #ARGV, 4 do
       -- Its counter was killed: its count is lost. The sum counts the page
       -- unless it left that worker's pages out (it had counted them).
       in_sum(old, owner, -1)
-      if sum_has_it and redis.call('HEXISTS', KEYS[1], '#took|' .. owner) == 1 then
+      if sum_has_it and redis.call('HEXISTS', KEYS[1], '#took|' .. worker(owner)) == 1 then
         sum_has_it = false
       end
       old = nil

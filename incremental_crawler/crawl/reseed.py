@@ -301,6 +301,8 @@ class _DueReader:
         self.samples: dict[str, RotatingSample[PageState]] = {}
         self.trusted: dict[str, bool] = {}
         self.requests: list[Request] = []
+        #: The counts of the pages decided since the last :meth:`count_decided`.
+        self.to_count: list[Callable[[], None]] = []
         #: Vouched pages skipped (not sampled): moved on once counted.
         self.vouched_skipped: list[PageState] = []
         #: The due pages read (decided, or left to whoever decided them).
@@ -327,7 +329,9 @@ class _DueReader:
                 if not self.visited(state) and not (callable(self.skip) and self.skip(state)) \
                         and state.key.url not in elsewhere:
                     await self.decide(state)
+            self.count_decided()
         self.take_samples()
+        self.count_decided()
         if limited:
             await self.count_deferred()
         await self.count_the_rest()
@@ -420,13 +424,22 @@ class _DueReader:
             if (out := sample.offer(state.last_checked, state)) is not None:
                 self.skip_vouched(out)
         elif why is Why.NOT_DUE:
-            self.counter.not_due(state)
+            self.to_count.append(lambda: self.counter.not_due(state))
         else:
             self.add(state, why)
 
+    def count_decided(self) -> None:
+        """Count the pages decided since the last call: in cluster mode in
+        one round trip per chunk (a re-seed decides up to
+        INCREMENTAL_RESEED_LIMIT pages), not one per page."""
+        to_count, self.to_count = self.to_count, []
+        with self.counter.batch():
+            for count in to_count:
+                count()
+
     def skip_vouched(self, state: PageState) -> None:
         """Not requested: vouched for by its lastmod, and not sampled."""
-        self.counter.skipped(state)
+        self.to_count.append(lambda: self.counter.skipped(state))
         self.vouched_skipped.append(state)
 
     def postpone_vouched(self) -> None:
@@ -445,7 +458,8 @@ class _DueReader:
     def add(self, state: PageState, why: Why) -> None:
         request = self.reseeder.build(state, why)
         if request is not None:
-            self.counter.requested(why, host_of(state.key.url), state.key)
+            self.to_count.append(
+                lambda: self.counter.requested(why, host_of(state.key.url), state.key))
             self.requests.append(request)
 
     async def vouched(self, state: PageState) -> bool:

@@ -219,3 +219,21 @@ def test_a_due_page_requested_when_nothing_was_deferred_stays_requested(cluster_
     s = run_summary(a, b)
     assert (s["pages_known"], s["deferred"], s["pages_not_modified"]) == (1, 0, 1), s
 
+
+def test_a_list_of_2500_pages_is_counted_in_the_run_1000_at_a_time(cluster_workers):
+    (a,) = cluster_workers(1)
+    calls: list[int] = []
+    script = a.coordinator._count_page
+
+    def counted(**kwargs):
+        calls.append((len(kwargs["args"]) - 1) // 4)
+        return script(**kwargs)
+
+    a.coordinator._count_page = counted
+    pages = [PageKey("s", f"http://a.example/{i}") for i in range(2_500)]
+    with a.counter.batch():
+        for key in pages:
+            a.counter.not_due(state(key))
+    assert calls == [1_000, 1_000, 500]
+    s = run_summary(a)
+    assert (s["pages_known"], s["not_due"]) == (2_500, 2_500), s
