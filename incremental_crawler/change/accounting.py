@@ -356,7 +356,10 @@ class ScheduleCounter:
         (not due, deferred). In cluster mode a page another worker of the
         run counted requested is not counted again."""
         if key is not None:
-            if key in self._requested or self._elsewhere.get(key) == RUN_REQUESTED:
+            # One another worker counted requested is asked about again: that
+            # worker may have been killed since (its count lost, the page
+            # this worker's to count; a request asked twice is rare).
+            if key in self._requested:
                 return
             if self._later(key, RUN_REQUESTED, state,
                            lambda: self.requested(why, host, key, state)):

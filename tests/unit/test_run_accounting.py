@@ -237,3 +237,19 @@ def test_a_list_of_2500_pages_is_counted_in_the_run_1000_at_a_time(cluster_worke
     assert calls == [1_000, 1_000, 500]
     s = run_summary(a)
     assert (s["pages_known"], s["not_due"]) == (2_500, 2_500), s
+
+
+def test_a_page_counted_elsewhere_then_requeued_when_its_counter_was_killed_is_counted(
+    cluster_workers,
+):
+    # b decides its own start request for P while a, which counted P, is
+    # alive; a is killed, and its request of P goes back to the queue: b
+    # decides it again and counts it.
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    a.killed()
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    s = run_summary(b)
+    assert (s["pages_known"], s["requested"], s["pages_new"]) == (1, 1, 1), s
