@@ -74,11 +74,13 @@ later is not counted again (not due), or leaves that column (requested:
 
 Cluster mode: once per *run*. The first worker to count a page counts it
 for the run (:class:`RunCounts`); another that requests a page the first
-counted not requested counts it leaving that column, and the answers a
-worker gets for a page another counted requested are not counted (that
-worker's are). The run's workers' stats summed (``scrapy state``) put each
-page in one column; one worker's alone are its share, and a column of
-them may be negative. A killed worker's stats are lost: a page it counted
+counted not requested counts it leaving that column. A page's answers
+land on whichever worker popped its request (the shared queue): the run
+merges them as one crawl does (:meth:`RunCounts.answer`), and the worker
+that gets an answer counts what it changes. The run's workers' stats
+summed (``scrapy state``) put each page in one column; one worker's
+alone are its share, and a column of them may be negative. A killed
+worker's stats are lost: a page it counted, or whose answer it counted,
 is counted again by the next worker that reaches it.
 
 The same counts are kept per host (:attr:`ScheduleCounter.hosts`) for the
@@ -252,6 +254,11 @@ class PageOutcome(StrEnum):
 #: deferred (over its limit).
 RUN_REQUESTED, RUN_NOT_DUE, RUN_SKIPPED, RUN_IN_BULK, RUN_DEFERRED = "r", "d", "s", "b", "f"
 
+#: The events of a page's answers the run merges (:meth:`RunCounts.answer`)
+#: besides its outcomes: a failure recorded; an outcome unless the page
+#: has one (a request that got no answer).
+RUN_FAILED, RUN_UNANSWERED = "failed", "?"
+
 #: Which of the re-seeder's sums a page's stored state puts it in: the
 #: pages not due (:attr:`ScheduleCounter.summed`), the due pages it may
 #: defer (:attr:`ScheduleCounter.deferrable`), or neither.
@@ -278,6 +285,13 @@ class RunCounts(Protocol):
         :data:`RUN_DEFERRED` the due pages it deferred (a page requested
         leaves either), else its column and stored size (``"d1:1234"``);
         ``None``: unknown."""
+
+    def answer(self, key: PageKey, event: str) -> str | None:
+        """Merge an answer of the page *key* into its column for the run
+        (*event*: a :class:`PageOutcome`, :data:`RUN_FAILED`, or
+        :data:`RUN_UNANSWERED` and an outcome): what the caller counts,
+        ``"<outcome>,<outcome replaced>,<failed 0/1>,<recovered 0/1>"``
+        (empty: none); ``None``: unknown."""
 
     def deferred_counted(self) -> None:
         """The re-seeder counted the due pages over its limit deferred:
@@ -342,9 +356,8 @@ class ScheduleCounter:
         #: The run's answer for the page being counted from a batch.
         self._answer: str | None = None
         #: Pages another worker of the run counted, and its column
-        #: (:data:`RUN_REQUESTED`...): asked once. The answers this worker
-        #: gets for a page requested elsewhere are not counted (that
-        #: worker's are).
+        #: (:data:`RUN_REQUESTED`...): one counted not requested is asked
+        #: about once.
         self._elsewhere: dict[PageKey, str] = {}
 
     def requested(self, why: Why, host: str, key: PageKey | None = None,
@@ -605,44 +618,69 @@ class ScheduleCounter:
         """What became of the page *key* requested this crawl: its answers
         merged (see the module docstring). An answer that replaces an
         earlier one counts that one replaced (``outcome_replaced/<outcome>``):
-        the stats only go up; the report subtracts."""
-        if self._requested_elsewhere(key):
+        the stats only go up; the report subtracts. In cluster mode the run
+        merges the answers its workers get (:meth:`RunCounts.answer`)."""
+        if self._answer_in_run(key, str(outcome)):
             return
-        host = host_of(key.url)
         if outcome is not PageOutcome.FAILED and key in self._failed:
             # It answered after its failure: not failed in the end.
             self._failed.discard(key)
-            self.stats.inc_value("incremental/schedule/failed_recovered")
-            self.hosts.count(host, "failed", -1)
+            self._count_answer(key, recovered=True)
         before = self._outcomes.get(key)
         if before is not None and not replaces(outcome, before):
             return
         self._outcomes[key] = outcome
-        if before is not None:
-            self.stats.inc_value(f"incremental/schedule/outcome_replaced/{before}")
-            self.hosts.count(host, f"outcome/{before}", -1)
-        self.stats.inc_value(f"incremental/schedule/outcome/{outcome}")
-        self.hosts.count(host, f"outcome/{outcome}")
+        self._count_answer(key, counted=outcome, replaced=before)
 
     def unanswered(self, outcome: PageOutcome, key: PageKey) -> None:
         """What became of the page *key* when a request of it got no answer
         and the store records nothing (a redirect hop not fetched): its
         column unless an answer of this crawl gave it one already."""
+        if self._answer_in_run(key, f"{RUN_UNANSWERED}{outcome}"):
+            return
         if key not in self._outcomes:
             self.outcome(outcome, key)
 
-    def _requested_elsewhere(self, key: PageKey) -> bool:
-        """Whether *key* was counted requested by another worker of the run
-        (and not by this one): its answers count there."""
-        return key not in self._requested and self._elsewhere.get(key) == RUN_REQUESTED
-
     def failed(self, key: PageKey) -> None:
         """A page whose answer was a failure, recorded to be asked again (once per page)."""
-        if key in self._failed or self._requested_elsewhere(key):
+        if self._answer_in_run(key, RUN_FAILED):
+            return
+        if key in self._failed:
             return
         self._failed.add(key)
-        self.stats.inc_value("incremental/schedule/failed")
-        self.hosts.count(host_of(key.url), "failed")
+        self._count_answer(key, failed=True)
+
+    def _answer_in_run(self, key: PageKey, event: str) -> bool:
+        """In cluster mode, count what the run says *event* changes in the
+        page's column (whichever worker asked the page, and whichever got
+        which of its answers); whether it did."""
+        if self.run is None:
+            return False
+        reply = self.run.answer(key, event)
+        if reply is None:
+            return False  # Redis did not answer (the worker stops): counted here
+        counted, replaced, failed, recovered = reply.split(",")
+        self._count_answer(key, counted=PageOutcome(counted) if counted else None,
+                           replaced=PageOutcome(replaced) if replaced else None,
+                           failed=failed == "1", recovered=recovered == "1")
+        return True
+
+    def _count_answer(self, key: PageKey, *, counted: PageOutcome | None = None,
+                      replaced: PageOutcome | None = None, failed: bool = False,
+                      recovered: bool = False) -> None:
+        host = host_of(key.url)
+        if recovered:
+            self.stats.inc_value("incremental/schedule/failed_recovered")
+            self.hosts.count(host, "failed", -1)
+        if failed:
+            self.stats.inc_value("incremental/schedule/failed")
+            self.hosts.count(host, "failed")
+        if replaced is not None:
+            self.stats.inc_value(f"incremental/schedule/outcome_replaced/{replaced}")
+            self.hosts.count(host, f"outcome/{replaced}", -1)
+        if counted is not None:
+            self.stats.inc_value(f"incremental/schedule/outcome/{counted}")
+            self.hosts.count(host, f"outcome/{counted}")
 
 
 #: The answers that found the page, strongest first: of a page's answers in

@@ -140,6 +140,9 @@ _CLAIM_TOMBSTONE = load_script(_LUA_PACKAGE, "claim_tombstone.lua")
 # Count pages in the run's accounting, each once. KEYS and ARGV: see count_page.lua.
 _COUNT_PAGE = load_script(_LUA_PACKAGE, "count_page.lua")
 
+# Merge a page's answer into its column for the run. KEYS, ARGV: see answer.lua.
+_ANSWER = load_script(_LUA_PACKAGE, "answer.lua")
+
 # The re-seeder counts the pages not due in bulk. KEYS: see bulk_counted.lua.
 _BULK_COUNTED = load_script(_LUA_PACKAGE, "bulk_counted.lua")
 
@@ -204,6 +207,9 @@ class ClusterCoordinator:
         self._reclaim = self.redis.register_script(_RECLAIM)
         self._count_page = self.redis.register_script(_COUNT_PAGE)
         self._bulk_counted = self.redis.register_script(_BULK_COUNTED)
+        self._answer = self.redis.register_script(_ANSWER)
+        #: Calls of :meth:`answer` so far: each has its own id.
+        self._answer_calls = 0
         self.run: str | None = None
         self.spider_key = ""
         #: The other workers of the run this worker knows of (the heartbeat
@@ -728,6 +734,24 @@ class ClusterCoordinator:
             self.lost(exc)
             return None
         return [v.decode() if isinstance(v, bytes) else str(v) for v in had]
+
+    def answer(self, key: PageKey, event: str) -> str | None:
+        """Merge an answer of *key* into its column for the run (see
+        :meth:`~incremental_crawler.change.accounting.RunCounts.answer`):
+        one round trip per answer."""
+        self._answer_calls += 1
+        args: list[str | bytes] = [self.worker_id, self.tag,
+                                   f"{self.tag}:{self._answer_calls}", run_field(key) + b"a",
+                                   event]
+        self.roundtrip()
+        try:
+            # Safe to run again: the call's id gets its first reply.
+            reply = self.silence.again_blocking(lambda: self._answer(
+                keys=self._counted_keys(), args=args))
+        except redis.RedisError as exc:
+            self.lost(exc)
+            return None
+        return reply.decode() if isinstance(reply, bytes) else str(reply)
 
     def deferred_counted(self) -> None:
         """This worker re-seeded and deferred due pages over its limit (see

@@ -253,3 +253,80 @@ def test_a_page_counted_elsewhere_then_requeued_when_its_counter_was_killed_is_c
     b.counter.outcome(PageOutcome.NEW, P)
     s = run_summary(b)
     assert (s["pages_known"], s["requested"], s["pages_new"]) == (1, 1, 1), s
+
+
+def test_a_page_a_list_counted_answered_on_the_worker_with_its_start_url_is_answered_once(
+    cluster_workers,
+):
+    # a's sitemap counts P requested and yields it; b's start URL P
+    # (dont_filter) is decided on b: counted elsewhere. The shared queue
+    # hands a's request to b too: b answers both, a none.
+    a, b = cluster_workers(2)
+    with a.counter.batch():
+        a.counter.requested(Why.LASTMOD_NEWER, HOST, P, state(P))
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    b.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    s = run_summary(a, b)
+    assert (s["requested"], s["pages_new"], s["pages_no_outcome"]) == (1, 1, 0), s
+
+
+def test_one_page_answered_on_three_workers_has_one_column(cluster_workers):
+    # b counts its start URL P; a's list decides P too (counted elsewhere)
+    # and yields it; c pops a's request and answers it, b its own.
+    a, b, c = cluster_workers(3)
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    with a.counter.batch():
+        a.counter.requested(Why.LASTMOD_NEWER, HOST, P, state(P))
+    c.counter.outcome(PageOutcome.UNCHANGED, P)
+    b.counter.outcome(PageOutcome.CHANGED, P)
+    s = run_summary(a, b, c)
+    assert (s["requested"], s["pages_changed"], s["pages_unchanged"],
+            s["pages_no_outcome"]) == (1, 1, 0, 0), s
+
+
+def test_a_failure_then_a_success_on_another_worker_ends_the_page_answered(cluster_workers):
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.FAILED, P)
+    a.counter.failed(P)
+    b.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    # A redirect hop of another request of P, not fetched: P has its answer.
+    a.counter.unanswered(PageOutcome.REDIRECTED, P)
+    s = run_summary(a, b)
+    assert (s["requested"], s["pages_not_modified"], s["pages_failed"],
+            s["pages_redirected"], s["failed"]) == (1, 1, 0, 0, 0), s
+
+
+def test_an_answer_run_again_after_its_reply_was_lost_is_counted_once(cluster_workers):
+    a, b = cluster_workers(2)
+    script = a.coordinator._answer
+    lost: list[bool] = []
+
+    def reply_lost_once(**kwargs):
+        reply = script(**kwargs)
+        if not lost:
+            lost.append(True)
+            raise redis.TimeoutError("reply lost")
+        return reply
+
+    a.coordinator._answer = reply_lost_once
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    b.counter.outcome(PageOutcome.UNCHANGED, P)
+    s = run_summary(a, b)
+    assert (s["requested"], s["pages_new"], s["pages_no_outcome"]) == (1, 1, 0), s
+
+
+def test_an_answer_counted_by_a_killed_worker_is_counted_again(cluster_workers):
+    # a's answer is counted on a, which is killed before its request is
+    # done: requeued, b asks the page again and counts its answer.
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    a.killed()
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.UNCHANGED, P)
+    s = run_summary(b)
+    assert (s["requested"], s["pages_unchanged"], s["pages_no_outcome"]) == (1, 1, 0), s
+
