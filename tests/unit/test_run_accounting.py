@@ -330,3 +330,21 @@ def test_an_answer_counted_by_a_killed_worker_is_counted_again(cluster_workers):
     s = run_summary(b)
     assert (s["requested"], s["pages_unchanged"], s["pages_no_outcome"]) == (1, 1, 0), s
 
+
+def test_a_workers_report_lines_say_its_answers_are_its_share(cluster_workers):
+    # The ordinary cluster case: a's sitemap counts P requested; the shared
+    # queue hands P's request to b, which answers it. Neither worker's
+    # report says P went without an answer (a's requested 1 less answered 0
+    # is not that): both say the columns are their share.
+    from incremental_crawler.report.extension import report_lines
+
+    a, b = cluster_workers(2)
+    with a.counter.batch():
+        a.counter.requested(Why.LASTMOD_NEWER, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    lines = [report_lines(summarize(w.counter.stats.get_stats()), worker=True)
+             for w in (a, b)]
+    for first, *_ in lines:
+        assert "without an answer" not in first, lines
+        assert "this worker's share" in first, lines
+    assert ", 1 new, " in lines[1][0], lines
