@@ -320,6 +320,9 @@ class ScheduleCounter:
         #: Pages counted as not requested: their next visit, stored size and
         #: column (its event in :attr:`hosts`).
         self._unrequested: dict[PageKey, tuple[float, int, str]] = {}
+        #: Those of them the re-seeder's sum of the pages not due counts
+        #: too (:attr:`summed`, asked when counted), and their sizes.
+        self._in_sum: dict[PageKey, int] = {}
         #: Pages counted as requested, and the column their answers merged
         #: into: a page is counted once, its requests apart (see the
         #: module docstring).
@@ -517,6 +520,8 @@ class ScheduleCounter:
     def _unrequested_page(self, state: PageState, event: str) -> None:
         self.stats.inc_value("incremental/schedule/bytes_skipped", state.size)
         self._unrequested[state.key] = (state.next_visit, state.size, event)
+        if self.summed is not None and self.summed(state):
+            self._in_sum[state.key] = state.size
         host = host_of(state.key.url)
         self.hosts.count(host, event)
         self.hosts.count(host, "bytes_skipped", state.size)
@@ -543,6 +548,7 @@ class ScheduleCounter:
         (``*_left``), the stats only go up; the report subtracts. Returns
         whether it was."""
         entry = self._unrequested.pop(key, None)
+        self._in_sum.pop(key, None)
         if entry is None:
             return False
         next_visit, size, event = entry
@@ -595,6 +601,10 @@ class ScheduleCounter:
             counted = self.run.bulk_counted()
             if counted is not None:
                 return counted
+        if self.summed is not None:
+            # What the sum counts (scope, lists, last check), not only the
+            # next visit: a list counted not due is not in it.
+            return len(self._in_sum), sum(self._in_sum.values())
         return self.counted_after(due_at)
 
     def not_due_elsewhere(self, pages: int, size: int, first_due: float | None) -> None:

@@ -251,3 +251,15 @@ def test_a_redirect_not_followed_leaves_an_answered_page_in_its_column() -> None
     c.unanswered(PageOutcome.REDIRECTED, OTHER)
     assert {k: v for k, v in figures(c).items() if k.startswith("pages_")} == {
         "pages_known": 2, "pages_checked": 2, "pages_not_modified": 1, "pages_redirected": 1}
+
+
+def test_the_pages_counted_in_the_sum_are_those_the_sum_counts_not_all_those_due_later(
+) -> None:
+    # The re-seeder's sum of the pages not due leaves lists out (and pages
+    # checked this crawl, other scopes): a list counted not due one by one
+    # is not taken off it.
+    c = counter()
+    c.summed = lambda s: s.next_visit > 100.0 and s.callback != "parse_list"
+    c.not_due(PageState(key=PAGE, next_visit=1000.0, size=300, callback="parse_list"))
+    c.not_due(PageState(key=OTHER, next_visit=2000.0, size=50, callback="parse"))
+    assert c.counted_in_sum(100.0) == (1, 50)
