@@ -70,7 +70,9 @@ Sums without keys: the re-seeder counts the known pages nothing reached
 as not due, and the due ones over its limit as deferred, from the store's
 sums. Each page's stored state says whether a sum counted it: one reached
 later is not counted again (not due), or leaves that column (requested:
-``not_due_left``, ``deferred_left``).
+``not_due_left``, ``deferred_left``). A page requested before the sum is
+read whose visit is not stored by then (held for the feeds, staged) is
+in the sum by its old state: the re-seeder takes it off.
 
 Cluster mode: once per *run*. The first worker to count a page counts it
 for the run (:class:`RunCounts`); another that requests a page the first
@@ -298,11 +300,12 @@ class RunCounts(Protocol):
         from now on a page of that sum that no worker counted yet, once
         requested, leaves that column (:data:`RUN_DEFERRED`)."""
 
-    def bulk_counted(self) -> tuple[int, int] | None:
+    def bulk_counted(self) -> tuple[int, int, set[PageKey]] | None:
         """The re-seeder counts the pages not due by the store's sums: from
         now on the run counts no page of that sum one by one. The pages
-        counted one by one that the sum counts too, and their sizes
-        (``None``: unknown)."""
+        counted one by one not requested that the sum counts too, their
+        sizes, and the pages requested whose stored state the sum counted
+        when they were (``None``: unknown)."""
 
 
 class ScheduleCounter:
@@ -323,6 +326,9 @@ class ScheduleCounter:
         #: Those of them the re-seeder's sum of the pages not due counts
         #: too (:attr:`summed`, asked when counted), and their sizes.
         self._in_sum: dict[PageKey, int] = {}
+        #: Pages counted requested whose stored state the sum counted when
+        #: they were (their visits may not be stored when it is read).
+        self._requested_in_sum: set[PageKey] = set()
         #: Pages counted as requested, and the column their answers merged
         #: into: a page is counted once, its requests apart (see the
         #: module docstring).
@@ -386,6 +392,8 @@ class ScheduleCounter:
                 return
             self._requested.add(key)
             self._elsewhere.pop(key, None)
+            if state is not None and self.summed is not None and self.summed(state):
+                self._requested_in_sum.add(key)
             if not self._unrequested_no_more(key):
                 self._left_uncounted(key, had, state)
         self.stats.inc_value(f"incremental/schedule/requested/{why}")
@@ -600,12 +608,21 @@ class ScheduleCounter:
         if self.run is not None:
             counted = self.run.bulk_counted()
             if counted is not None:
-                return counted
+                pages, size, self._requested_in_sum = counted
+                return pages, size
         if self.summed is not None:
             # What the sum counts (scope, lists, last check), not only the
             # next visit: a list counted not due is not in it.
             return len(self._in_sum), sum(self._in_sum.values())
         return self.counted_after(due_at)
+
+    def requested_in_sum(self) -> set[PageKey]:
+        """The pages counted requested (this crawl's, in cluster mode the
+        run's, once :meth:`counted_in_sum` asked) whose stored state the
+        sum of the pages not due counted when they were: the sum counts
+        those whose visits are not stored yet (held for the feeds, staged
+        by another worker), and the re-seeder takes them off."""
+        return self._requested_in_sum
 
     def not_due_elsewhere(self, pages: int, size: int, first_due: float | None) -> None:
         """Known pages that nothing listed or linked this crawl, and not due:

@@ -1,8 +1,8 @@
 -- The re-seeder counts the run's pages not due by the store's sums: from now
 -- on count_page.lua counts none of them one by one. KEYS: the run's counted
 -- pages (see count_page.lua), the workers hash, the run's workers that left
--- it. ARGV: the re-seeder, its tag. Returns the pages counted one by one that the
--- sum counts too, and their sizes: those of workers alive or gone with their
+-- it, the pages requested that the sum may count (their keys). ARGV: the re-seeder, its tag. Returns the pages counted one by one that the
+-- sum counts too, and their sizes (and the pages requested that it may): those of workers alive or gone with their
 -- crawls recorded (a killed worker's counts are lost: the sum keeps its
 -- pages, and count_page.lua knows it by #took|<worker>).
 redis.call('HSET', KEYS[1], '#bulk', ARGV[2], '#w|' .. ARGV[2], ARGV[1])
@@ -15,4 +15,4 @@ for _, w in ipairs(workers) do
   size = size + tonumber(counted[2] or '0')
   redis.call('HSET', KEYS[1], '#took|' .. w, '1')
 end
-return {pages, size}
+return {pages, size, redis.call('SMEMBERS', KEYS[4])}

@@ -378,7 +378,8 @@ class ClusterCoordinator:
                 *self.worker_keys(self.worker_id),
                 *(self.run_prefix + name
                   for name in ("seen", "unrecorded", "claims", "tombstones",
-                               "listings", "decided", "counted", "early", "left"))]
+                               "listings", "decided", "counted", "early", "left",
+                               "requested_in_sum"))]
 
     # -- the shared queue ------------------------------------------------------
 
@@ -722,7 +723,8 @@ class ClusterCoordinator:
         one round trip per page this worker counts, or per list's chunk."""
         args = [self.worker_id, self.tag,
                 *(arg for key, column, size, in_sum in pages
-                  for arg in (run_field(key), column, size, in_sum))]
+                  for arg in (run_field(key), column, size, in_sum,
+                              "\0".join(key) if column == "r" and in_sum == "1" else ""))]
         self.roundtrip()
         try:
             # Safe to run again (a lost reply): the run answers a worker's
@@ -768,19 +770,21 @@ class ClusterCoordinator:
         """The keys of count_page.lua and bulk_counted.lua: the run's counted
         pages, and who is alive or gone with its crawl recorded (whose
         counts the run's totals keep)."""
-        return [self.run_prefix + "counted", self.key("workers"), self.run_prefix + "left"]
+        return [self.run_prefix + "counted", self.key("workers"), self.run_prefix + "left",
+                self.run_prefix + "requested_in_sum"]
 
-    def bulk_counted(self) -> tuple[int, int] | None:
+    def bulk_counted(self) -> tuple[int, int, set[PageKey]] | None:
         """The re-seeder counts the run's pages not due in bulk (see
         :meth:`~incremental_crawler.change.accounting.RunCounts.bulk_counted`)."""
         self.roundtrip()
         try:
-            pages, size = self.silence.again_blocking(lambda: self._bulk_counted(
+            pages, size, requested = self.silence.again_blocking(lambda: self._bulk_counted(
                 keys=self._counted_keys(), args=[self.worker_id, self.tag]))
         except redis.RedisError as exc:
             self.lost(exc)
             return None
-        return int(pages), int(size)
+        return int(pages), int(size), {
+            PageKey(*(k.decode() if isinstance(k, bytes) else k).split("\0")) for k in requested}
 
     def note_first_second_visit(self, key: PageKey) -> None:
         """This worker visited *key* in the run's first second (for the

@@ -1,6 +1,8 @@
 -- Count pages for the run, each once: the first worker to count a page does.
 -- KEYS[1]: the run's counted pages; KEYS[2]: the workers hash; KEYS[3]: the
--- run's workers that left it (their crawls recorded, their counts kept).
+-- run's workers that left it (their crawls recorded, their counts kept);
+-- KEYS[4]: the pages requested that the re-seeder's sum may count too
+-- (requested before it summed: their visits may not be stored yet).
 -- A page's field (12 bytes of a hash of its key: no "#..." field is 12
 -- bytes long): "<column><summed>:<size>|<tag>|<reply>": its column (r requested, d
 -- not due, s skipped, b in the re-seeder's sum of the pages not due, f
@@ -15,7 +17,7 @@
 -- limit; #took|<worker>: the sum left that worker's pages out (see
 -- bulk_counted.lua).
 -- ARGV[1]: this worker, ARGV[2]: its tag; then per page, in order: page, column (r, d, s),
--- size, sum (1, f, 0). Returns what the run had for each: "" nothing (the
+-- size, sum (1, f, 0), its key (for a page requested in the sum; else ""). Returns what the run had for each: "" nothing (the
 -- caller counts it), else "<column><summed>:<size>" as it was.
 -- A page counted by a worker neither alive nor gone with its crawl recorded
 -- (killed: its counts are lost) is counted again by the caller. A page the
@@ -55,9 +57,16 @@ local function in_sum(counted, tag, delta)
   end
 end
 
+-- A page requested before the sum whose stored state the sum counts: the
+-- re-seeder reads whether its visit is stored by then.
+local function requested_in_sum(column, summed)
+  return column == 'r' and summed == '1' and not bulk
+end
+
 local had = {}
-for i = 3, #ARGV, 4 do
+for i = 3, #ARGV, 5 do
   local page, column, size, summed = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  if requested_in_sum(column, summed) then redis.call('SADD', KEYS[4], ARGV[i + 4]) end
   local requested = column == 'r'
   local field = redis.call('HGET', KEYS[1], page)
   local old, owner, reply

@@ -380,9 +380,22 @@ class _DueReader:
         # is in both (cluster mode: the run's, which counts none from then on).
         counted, counted_size = self.counter.counted_in_sum(rules.due_at)
         early, early_size = await self._visited_first_second(second_after)
-        self.counter.not_due_elsewhere(summary.pages - counted - early,
-                                       summary.size - counted_size - early_size,
+        unvisited, unvisited_size = await self._requested_not_stored()
+        self.counter.not_due_elsewhere(summary.pages - counted - early - unvisited,
+                                       summary.size - counted_size - early_size - unvisited_size,
                                        summary.first_due)
+
+    async def _requested_not_stored(self) -> tuple[int, int]:
+        """The pages requested (counted so) that the summary of the rest
+        counts all the same: their stored state is the one before their
+        visit (held for the feeds, not flushed yet), which the sum counts."""
+        summed = self.counter.summed
+        requested = self.counter.requested_in_sum() - (self.ledger.first_second_visits() or set())
+        if summed is None or not requested:
+            return 0, 0
+        states = await self.ledger.store.get_pages(requested)
+        unvisited = [state.size for state in states.values() if summed(state)]
+        return len(unvisited), sum(unvisited)
 
     async def _visited_first_second(self, second_after: int) -> tuple[int, int]:
         """This crawl's visits in the second it started in that the summary

@@ -226,7 +226,8 @@ def test_a_list_of_2500_pages_is_counted_in_the_run_1000_at_a_time(cluster_worke
     script = a.coordinator._count_page
 
     def counted(**kwargs):
-        calls.append((len(kwargs["args"]) - 1) // 4)
+        # The worker and its tag, then five arguments a page.
+        calls.append((len(kwargs["args"]) - 2) // 5)
         return script(**kwargs)
 
     a.coordinator._count_page = counted
@@ -348,3 +349,26 @@ def test_a_workers_report_lines_say_its_answers_are_its_share(cluster_workers):
         assert "without an answer" not in first, lines
         assert "this worker's share" in first, lines
     assert ", 1 new, " in lines[1][0], lines
+
+
+def test_a_page_requested_whose_visit_is_not_stored_when_the_sum_is_read_is_not_in_it(
+    cluster_workers,
+):
+    # b's sitemap says P's lastmod is newer (P is not due): b requests and
+    # answers P, its visit staged, not flushed (or held for the feeds) when
+    # a re-seeds: the store's sum still counts P by its old state. The run
+    # tells a the pages requested that the sum counted; those whose stored
+    # state is still the old one are taken off it.
+    a, b = cluster_workers(2)
+    a.counter.summed = b.counter.summed = summed
+    b.counter.requested(Why.LASTMOD_NEWER, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.CHANGED, P)
+    stored = {P: state(P), Q: state(Q)}  # the store's states: P's visit not in yet
+    counted, size = a.counter.counted_in_sum(1000.0)
+    requested = a.counter.requested_in_sum()
+    assert requested == {P}
+    unvisited = [stored[key].size for key in requested if summed(stored[key])]
+    a.counter.not_due_elsewhere(2 - counted - len(unvisited), 200 - size - sum(unvisited),
+                                5000.0)
+    s = run_summary(a, b)
+    assert (s["pages_known"], s["requested"], s["not_due"]) == (2, 1, 1), s
