@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import signal
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -18,6 +20,7 @@ import pytest_twisted
 from scrapy import Request, Spider
 from scrapy.linkextractors import LinkExtractor
 from scrapy.spiders import CrawlSpider, Rule
+from twisted.internet.threads import deferToThread
 
 from incremental_crawler import clock
 from incremental_crawler.report.extension import OUTCOMES
@@ -598,3 +601,40 @@ async def test_a_page_deferred_over_the_re_seed_limit_then_reached_by_a_link_is_
     assert summary["deferred"] == 0, columns_of(summary)
     assert (summary["pages_new"], summary["pages_not_modified"]) == (1, 3), columns_of(summary)
     assert_each_page_once(summary, 4)
+
+
+@pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_pages_a_killed_cluster_worker_counted_are_counted_by_the_worker_left(
+    site, state_uri, cluster_prefix, tmp_path
+):
+    # The victim decides and counts every page for the run, its requests
+    # held on the wire; SIGKILLed, it records no crawl (its figures are
+    # lost). The survivor starts from the same pages (decided while the
+    # victim is not yet taken for dead: counted elsewhere), takes back the
+    # victim's requests once it is, and counts those pages itself: the
+    # run's figures (the survivor's) hold every page, once.
+    paths = site.add_pages(4, size=1500)
+    site.hold("/p/")
+    reports = tmp_path / "reports"
+
+    def worker(name: str) -> Worker:
+        return Worker(site, state_uri, cluster_prefix, tmp_path, name,
+                      "-s", f"INCREMENTAL_REPORT_DIR={reports}",
+                      "-s", "INCREMENTAL_CLUSTER_WORKER_TTL=2",
+                      spider=("starts", "-a", f"urls={' '.join(site.url(p) for p in paths)}",
+                              "-a", f"tag={name}", "-s", "SPIDER_MODULES=tests.follow_spider"))
+
+    victim = worker("victim")
+    await until(lambda: site.held >= len(paths), "the victim to ask every page", seconds=60)
+    os.kill(victim.proc.pid, signal.SIGKILL)
+    await deferToThread(victim.proc.wait)
+    site.release()
+    survivor = worker("survivor")
+    assert await survivor.wait() == 0, survivor.tail()
+    assert re.search(r"(\d+) of their requests went back to the queue", survivor.text()), (
+        survivor.tail())
+    run = run_summary(reports, 1)
+    assert (run["requested"], run["pages_new"]) == (4, 4), run
+    assert_each_page_once(run, 4)
+    assert leftover_keys(cluster_prefix) == []

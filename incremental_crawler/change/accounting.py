@@ -70,15 +70,20 @@ Sums without keys: the re-seeder counts the known pages nothing reached
 as not due, and the due ones over its limit as deferred, from the store's
 sums. Each page's stored state says whether a sum counted it: one reached
 later is not counted again (not due), or leaves that column (requested:
-``not_due_left``, ``deferred_left``).
+``not_due_left``, ``deferred_left``). A page requested before the sum is
+read whose visit is not stored by then (held for the feeds, staged) is
+in the sum by its old state: the re-seeder takes it off.
 
 Cluster mode: once per *run*. The first worker to count a page counts it
 for the run (:class:`RunCounts`); another that requests a page the first
-counted not requested counts it leaving that column, and the answers a
-worker gets for a page another counted requested are not counted (that
-worker's are). The run's workers' stats summed (``scrapy state``) put each
-page in one column; one worker's alone are its share, and a column of
-them may be negative.
+counted not requested counts it leaving that column. A page's answers
+land on whichever worker popped its request (the shared queue): the run
+merges them as one crawl does (:meth:`RunCounts.answer`), and the worker
+that gets an answer counts what it changes. The run's workers' stats
+summed (``scrapy state``) put each page in one column; one worker's
+alone are its share, and a column of them may be negative. A killed
+worker's stats are lost: a page it counted, or whose answer it counted,
+is counted again by the next worker that reaches it.
 
 The same counts are kept per host (:attr:`ScheduleCounter.hosts`) for the
 report's per-host table.
@@ -246,14 +251,28 @@ class PageOutcome(StrEnum):
 
 
 #: A page's column in the run's record (:meth:`RunCounts.count_page`):
-#: requested, not due, skipped (lastmod unchanged), or counted in the
-#: re-seeder's sum of the pages not due.
-RUN_REQUESTED, RUN_NOT_DUE, RUN_SKIPPED, RUN_IN_BULK = "r", "d", "s", "b"
+#: requested, not due, skipped (lastmod unchanged), counted in the
+#: re-seeder's sum of the pages not due, or among the due pages it
+#: deferred (over its limit).
+RUN_REQUESTED, RUN_NOT_DUE, RUN_SKIPPED, RUN_IN_BULK, RUN_DEFERRED = "r", "d", "s", "b", "f"
 
+#: The events of a page's answers the run merges (:meth:`RunCounts.answer`)
+#: besides its outcomes: a failure recorded; an outcome unless the page
+#: has one (a request that got no answer).
+RUN_FAILED, RUN_UNANSWERED = "failed", "?"
 
-#: A page to count in the run: its key, column, stored size, and whether
-#: the re-seeder's sum of the pages not due counts it too.
-RunCount = tuple[PageKey, str, int, bool]
+#: Which of the re-seeder's sums a page's stored state puts it in: the
+#: pages not due (:attr:`ScheduleCounter.summed`), the due pages it may
+#: defer (:attr:`ScheduleCounter.deferrable`), or neither.
+IN_NOT_DUE_SUM, IN_DUE_SUM, IN_NO_SUM = "1", "f", "0"
+
+#: Pages counted in the run by one call at most (one script run, which
+#: holds Redis meanwhile: about 20 µs a page).
+RUN_BATCH = 1_000
+
+#: A page to count in the run: its key, column, stored size, and which of
+#: the re-seeder's sums counts it too (:data:`IN_NOT_DUE_SUM`...).
+RunCount = tuple[PageKey, str, int, str]
 
 
 class RunCounts(Protocol):
@@ -264,14 +283,29 @@ class RunCounts(Protocol):
         """Count each page in its column for the run, in order, unless a
         worker counted it already; a page counted not requested moves to
         requested. What the run had for each: ``""`` nothing (this worker
-        counts it), :data:`RUN_IN_BULK` the re-seeder's sum, else its
-        column and stored size (``"d1:1234"``); ``None``: unknown."""
+        counts it), :data:`RUN_IN_BULK` the re-seeder's sum,
+        :data:`RUN_DEFERRED` the due pages it deferred (a page requested
+        leaves either), else its column and stored size (``"d1:1234"``);
+        ``None``: unknown."""
 
-    def bulk_counted(self) -> tuple[int, int] | None:
+    def answer(self, key: PageKey, event: str) -> str | None:
+        """Merge an answer of the page *key* into its column for the run
+        (*event*: a :class:`PageOutcome`, :data:`RUN_FAILED`, or
+        :data:`RUN_UNANSWERED` and an outcome): what the caller counts,
+        ``"<outcome>,<outcome replaced>,<failed 0/1>,<recovered 0/1>"``
+        (empty: none); ``None``: unknown."""
+
+    def deferred_counted(self) -> None:
+        """The re-seeder counted the due pages over its limit deferred:
+        from now on a page of that sum that no worker counted yet, once
+        requested, leaves that column (:data:`RUN_DEFERRED`)."""
+
+    def bulk_counted(self) -> tuple[int, int, set[PageKey]] | None:
         """The re-seeder counts the pages not due by the store's sums: from
         now on the run counts no page of that sum one by one. The pages
-        counted one by one that the sum counts too, and their sizes
-        (``None``: unknown)."""
+        counted one by one not requested that the sum counts too, their
+        sizes, and the pages requested whose stored state the sum counted
+        when they were (``None``: unknown)."""
 
 
 class ScheduleCounter:
@@ -289,6 +323,12 @@ class ScheduleCounter:
         #: Pages counted as not requested: their next visit, stored size and
         #: column (its event in :attr:`hosts`).
         self._unrequested: dict[PageKey, tuple[float, int, str]] = {}
+        #: Those of them the re-seeder's sum of the pages not due counts
+        #: too (:attr:`summed`, asked when counted), and their sizes.
+        self._in_sum: dict[PageKey, int] = {}
+        #: Pages counted requested whose stored state the sum counted when
+        #: they were (their visits may not be stored when it is read).
+        self._requested_in_sum: set[PageKey] = set()
         #: Pages counted as requested, and the column their answers merged
         #: into: a page is counted once, its requests apart (see the
         #: module docstring).
@@ -306,6 +346,10 @@ class ScheduleCounter:
         #: re-seeder; ``None``: it does not count them). No key is kept of
         #: them: their state tells when one is reached after all.
         self.summed: Callable[[PageState], bool] | None = None
+        #: Whether a page's stored state puts it among the due pages the
+        #: re-seeder would defer over its limit (set by the re-seeder, on
+        #: every worker of a cluster run: the run tells whether it did).
+        self.deferrable: Callable[[PageState], bool] | None = None
         #: Whether the re-seeder counted them (this crawl, or in cluster
         #: mode, when the run does it, the run: see :attr:`run`).
         self._bulk_counted = False
@@ -321,9 +365,8 @@ class ScheduleCounter:
         #: The run's answer for the page being counted from a batch.
         self._answer: str | None = None
         #: Pages another worker of the run counted, and its column
-        #: (:data:`RUN_REQUESTED`...): asked once. The answers this worker
-        #: gets for a page requested elsewhere are not counted (that
-        #: worker's are).
+        #: (:data:`RUN_REQUESTED`...): one counted not requested is asked
+        #: about once.
         self._elsewhere: dict[PageKey, str] = {}
 
     def requested(self, why: Why, host: str, key: PageKey | None = None,
@@ -335,7 +378,10 @@ class ScheduleCounter:
         (not due, deferred). In cluster mode a page another worker of the
         run counted requested is not counted again."""
         if key is not None:
-            if key in self._requested or self._elsewhere.get(key) == RUN_REQUESTED:
+            # One another worker counted requested is asked about again: that
+            # worker may have been killed since (its count lost, the page
+            # this worker's to count; a request asked twice is rare).
+            if key in self._requested:
                 return
             if self._later(key, RUN_REQUESTED, state,
                            lambda: self.requested(why, host, key, state)):
@@ -346,6 +392,8 @@ class ScheduleCounter:
                 return
             self._requested.add(key)
             self._elsewhere.pop(key, None)
+            if state is not None and self.summed is not None and self.summed(state):
+                self._requested_in_sum.add(key)
             if not self._unrequested_no_more(key):
                 self._left_uncounted(key, had, state)
         self.stats.inc_value(f"incremental/schedule/requested/{why}")
@@ -389,9 +437,12 @@ class ScheduleCounter:
         """A page requested that this crawl did not count not requested one
         by one: counted so by another worker of the run (*had*), or in one
         of the re-seeder's sums, it leaves that column."""
-        if had:
+        if had[:1] == RUN_DEFERRED:
+            self.stats.inc_value("incremental/schedule/deferred_left")
+        elif had:
             self._left_elsewhere(key, had, state)
-        elif state is None:
+        elif state is None or self.run is not None:
+            # In cluster mode the run says whether a sum counts it (above).
             return
         elif self._counted_in_bulk(state):
             self._bulk_no_more(state.size)
@@ -401,7 +452,8 @@ class ScheduleCounter:
     @contextmanager
     def batch(self) -> Iterator[None]:
         """Count the pages decided within in the run with one round trip
-        (cluster mode; a list's pages): each is counted when it closes."""
+        per :data:`RUN_BATCH` pages (cluster mode; a list's pages, a
+        re-seed's): each is counted when it closes."""
         if self.run is None or self._batch is not None:
             yield
             return
@@ -410,14 +462,21 @@ class ScheduleCounter:
             yield
         finally:
             batch, self._batch = self._batch, None
-            answers = self.run.count_pages([page for page, _ in batch]) if batch else []
-            # Unknown (Redis did not answer; the worker stops): counted here.
-            for (_, count), had in zip(batch, answers or [""] * len(batch), strict=True):
-                self._answer = had
-                try:
-                    count()
-                finally:
-                    self._answer = None
+            # A script holds Redis while it runs: a list's 50,000 pages in
+            # one would stall every worker of the run.
+            for start in range(0, len(batch), RUN_BATCH):
+                self._count_batch(batch[start:start + RUN_BATCH])
+
+    def _count_batch(self, batch: list[tuple[RunCount, Callable[[], None]]]) -> None:
+        assert self.run is not None
+        answers = self.run.count_pages([page for page, _ in batch])
+        # Unknown (Redis did not answer; the worker stops): counted here.
+        for (_, count), had in zip(batch, answers or [""] * len(batch), strict=True):
+            self._answer = had
+            try:
+                count()
+            finally:
+                self._answer = None
 
     def _later(self, key: PageKey, column: str, state: PageState | None,
                count: Callable[[], None]) -> bool:
@@ -428,8 +487,15 @@ class ScheduleCounter:
         return True
 
     def _run_count(self, key: PageKey, column: str, state: PageState | None) -> RunCount:
-        summed = state is not None and self.summed is not None and self.summed(state)
-        return key, column, state.size if state is not None else 0, summed
+        if state is None:
+            return key, column, 0, IN_NO_SUM
+        if self.summed is not None and self.summed(state):
+            in_sum = IN_NOT_DUE_SUM
+        elif self.deferrable is not None and self.deferrable(state):
+            in_sum = IN_DUE_SUM
+        else:
+            in_sum = IN_NO_SUM
+        return key, column, state.size, in_sum
 
     def _count_in_run(self, key: PageKey, column: str, state: PageState | None) -> str:
         """What the run had counted *key* as (``""``: nothing, or no run),
@@ -462,6 +528,8 @@ class ScheduleCounter:
     def _unrequested_page(self, state: PageState, event: str) -> None:
         self.stats.inc_value("incremental/schedule/bytes_skipped", state.size)
         self._unrequested[state.key] = (state.next_visit, state.size, event)
+        if self.summed is not None and self.summed(state):
+            self._in_sum[state.key] = state.size
         host = host_of(state.key.url)
         self.hosts.count(host, event)
         self.hosts.count(host, "bytes_skipped", state.size)
@@ -488,6 +556,7 @@ class ScheduleCounter:
         (``*_left``), the stats only go up; the report subtracts. Returns
         whether it was."""
         entry = self._unrequested.pop(key, None)
+        self._in_sum.pop(key, None)
         if entry is None:
             return False
         next_visit, size, event = entry
@@ -527,6 +596,9 @@ class ScheduleCounter:
         self._deferred = among
         if pages > 0:
             self.stats.inc_value("incremental/schedule/deferred", pages)
+            if self.run is not None:
+                # Another worker may request one (a link, a 304's replay).
+                self.run.deferred_counted()
 
     def counted_in_sum(self, due_at: float) -> tuple[int, int]:
         """The pages counted one by one (and their sizes) that the
@@ -536,8 +608,21 @@ class ScheduleCounter:
         if self.run is not None:
             counted = self.run.bulk_counted()
             if counted is not None:
-                return counted
+                pages, size, self._requested_in_sum = counted
+                return pages, size
+        if self.summed is not None:
+            # What the sum counts (scope, lists, last check), not only the
+            # next visit: a list counted not due is not in it.
+            return len(self._in_sum), sum(self._in_sum.values())
         return self.counted_after(due_at)
+
+    def requested_in_sum(self) -> set[PageKey]:
+        """The pages counted requested (this crawl's, in cluster mode the
+        run's, once :meth:`counted_in_sum` asked) whose stored state the
+        sum of the pages not due counted when they were: the sum counts
+        those whose visits are not stored yet (held for the feeds, staged
+        by another worker), and the re-seeder takes them off."""
+        return self._requested_in_sum
 
     def not_due_elsewhere(self, pages: int, size: int, first_due: float | None) -> None:
         """Known pages that nothing listed or linked this crawl, and not due:
@@ -560,44 +645,69 @@ class ScheduleCounter:
         """What became of the page *key* requested this crawl: its answers
         merged (see the module docstring). An answer that replaces an
         earlier one counts that one replaced (``outcome_replaced/<outcome>``):
-        the stats only go up; the report subtracts."""
-        if self._requested_elsewhere(key):
+        the stats only go up; the report subtracts. In cluster mode the run
+        merges the answers its workers get (:meth:`RunCounts.answer`)."""
+        if self._answer_in_run(key, str(outcome)):
             return
-        host = host_of(key.url)
         if outcome is not PageOutcome.FAILED and key in self._failed:
             # It answered after its failure: not failed in the end.
             self._failed.discard(key)
-            self.stats.inc_value("incremental/schedule/failed_recovered")
-            self.hosts.count(host, "failed", -1)
+            self._count_answer(key, recovered=True)
         before = self._outcomes.get(key)
         if before is not None and not replaces(outcome, before):
             return
         self._outcomes[key] = outcome
-        if before is not None:
-            self.stats.inc_value(f"incremental/schedule/outcome_replaced/{before}")
-            self.hosts.count(host, f"outcome/{before}", -1)
-        self.stats.inc_value(f"incremental/schedule/outcome/{outcome}")
-        self.hosts.count(host, f"outcome/{outcome}")
+        self._count_answer(key, counted=outcome, replaced=before)
 
     def unanswered(self, outcome: PageOutcome, key: PageKey) -> None:
         """What became of the page *key* when a request of it got no answer
         and the store records nothing (a redirect hop not fetched): its
         column unless an answer of this crawl gave it one already."""
+        if self._answer_in_run(key, f"{RUN_UNANSWERED}{outcome}"):
+            return
         if key not in self._outcomes:
             self.outcome(outcome, key)
 
-    def _requested_elsewhere(self, key: PageKey) -> bool:
-        """Whether *key* was counted requested by another worker of the run
-        (and not by this one): its answers count there."""
-        return key not in self._requested and self._elsewhere.get(key) == RUN_REQUESTED
-
     def failed(self, key: PageKey) -> None:
         """A page whose answer was a failure, recorded to be asked again (once per page)."""
-        if key in self._failed or self._requested_elsewhere(key):
+        if self._answer_in_run(key, RUN_FAILED):
+            return
+        if key in self._failed:
             return
         self._failed.add(key)
-        self.stats.inc_value("incremental/schedule/failed")
-        self.hosts.count(host_of(key.url), "failed")
+        self._count_answer(key, failed=True)
+
+    def _answer_in_run(self, key: PageKey, event: str) -> bool:
+        """In cluster mode, count what the run says *event* changes in the
+        page's column (whichever worker asked the page, and whichever got
+        which of its answers); whether it did."""
+        if self.run is None:
+            return False
+        reply = self.run.answer(key, event)
+        if reply is None:
+            return False  # Redis did not answer (the worker stops): counted here
+        counted, replaced, failed, recovered = reply.split(",")
+        self._count_answer(key, counted=PageOutcome(counted) if counted else None,
+                           replaced=PageOutcome(replaced) if replaced else None,
+                           failed=failed == "1", recovered=recovered == "1")
+        return True
+
+    def _count_answer(self, key: PageKey, *, counted: PageOutcome | None = None,
+                      replaced: PageOutcome | None = None, failed: bool = False,
+                      recovered: bool = False) -> None:
+        host = host_of(key.url)
+        if recovered:
+            self.stats.inc_value("incremental/schedule/failed_recovered")
+            self.hosts.count(host, "failed", -1)
+        if failed:
+            self.stats.inc_value("incremental/schedule/failed")
+            self.hosts.count(host, "failed")
+        if replaced is not None:
+            self.stats.inc_value(f"incremental/schedule/outcome_replaced/{replaced}")
+            self.hosts.count(host, f"outcome/{replaced}", -1)
+        if counted is not None:
+            self.stats.inc_value(f"incremental/schedule/outcome/{counted}")
+            self.hosts.count(host, f"outcome/{counted}")
 
 
 #: The answers that found the page, strongest first: of a page's answers in

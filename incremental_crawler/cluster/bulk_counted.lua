@@ -1,7 +1,18 @@
 -- The re-seeder counts the run's pages not due by the store's sums: from now
--- on count_page.lua counts none of them one by one. KEYS[1]: the run's
--- counted pages (see count_page.lua). Returns the pages counted one by one
--- that the sum counts too, and their sizes.
-redis.call('HSET', KEYS[1], '#bulk', '1')
-local counted = redis.call('HMGET', KEYS[1], '#pages', '#size')
-return {tonumber(counted[1] or '0'), tonumber(counted[2] or '0')}
+-- on count_page.lua counts none of them one by one. KEYS: the run's counted
+-- pages (see count_page.lua), the workers hash, the run's workers that left
+-- it, the pages requested that the sum may count (their keys). ARGV: the re-seeder, its tag. Returns the pages counted one by one that the
+-- sum counts too, and their sizes (and the pages requested that it may): those of workers alive or gone with their
+-- crawls recorded (a killed worker's counts are lost: the sum keeps its
+-- pages, and count_page.lua knows it by #took|<worker>).
+redis.call('HSET', KEYS[1], '#bulk', ARGV[2], '#w|' .. ARGV[2], ARGV[1])
+local workers = redis.call('HKEYS', KEYS[2])
+for _, w in ipairs(redis.call('SMEMBERS', KEYS[3])) do workers[#workers + 1] = w end
+local pages, size = 0, 0
+for _, w in ipairs(workers) do
+  local counted = redis.call('HMGET', KEYS[1], '#pages|' .. w, '#size|' .. w)
+  pages = pages + tonumber(counted[1] or '0')
+  size = size + tonumber(counted[2] or '0')
+  redis.call('HSET', KEYS[1], '#took|' .. w, '1')
+end
+return {pages, size, redis.call('SMEMBERS', KEYS[4])}

@@ -14,7 +14,10 @@ crawl is in one hash slot, and each script runs on one node):
   ``{run}:decided`` the lists' memberships and the pages they decided, for
   the worker that re-seeds, ``{run}:counted`` the pages counted in the
   run's accounting (each by one worker: ``count_page.lua``), ``{run}:early``
-  the pages visited in the run's first second;
+  the pages visited in the run's first second, ``{run}:left`` the workers
+  that left the run (their crawls recorded: what they counted stays
+  counted; a page counted by a worker killed is counted again by the next
+  worker to reach it);
 - ``workers``: worker id → last heartbeat (Redis server time, so workers'
   clocks need not agree);
 - ``inflight:{worker}``: ticket → ``score|request`` for every request the
@@ -55,6 +58,7 @@ reason ``cluster_redis_error``.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
@@ -137,6 +141,9 @@ _CLAIM_TOMBSTONE = load_script(_LUA_PACKAGE, "claim_tombstone.lua")
 # Count pages in the run's accounting, each once. KEYS and ARGV: see count_page.lua.
 _COUNT_PAGE = load_script(_LUA_PACKAGE, "count_page.lua")
 
+# Merge a page's answer into its column for the run. KEYS, ARGV: see answer.lua.
+_ANSWER = load_script(_LUA_PACKAGE, "answer.lua")
+
 # The re-seeder counts the pages not due in bulk. KEYS: see bulk_counted.lua.
 _BULK_COUNTED = load_script(_LUA_PACKAGE, "bulk_counted.lua")
 
@@ -147,6 +154,12 @@ _CLAIMS_PENDING = load_script(_LUA_PACKAGE, "claims_pending.lua")
 
 #: Heartbeat round trips at most, when workers keep joining between them.
 BEAT_TRIES = 5
+
+
+def run_field(key: PageKey) -> bytes:
+    """A page's field in the run's counted pages: 12 bytes of a hash of its
+    key (a full URL would make the hash, one hash slot, ~3x the size)."""
+    return hashlib.blake2b("\0".join(key).encode(), digest_size=12).digest()
 
 
 def spider_key(prefix: str, spider: str) -> str:
@@ -168,7 +181,9 @@ class ClusterCoordinator:
         self.heartbeat = config.heartbeat
         self.worker_ttl = config.worker_ttl
         self.idle_grace = config.idle_grace
-        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        #: The worker's tag in the run's counted pages: its id's random part.
+        self.tag = uuid.uuid4().hex[:8]
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{self.tag}"
         #: Since when Redis has not answered (INCREMENTAL_REDIS_RETRY_TIME).
         self.silence = Silence(f"Cluster {redacted(self.url)}", config.retry_time)
         #: Requests to queue while Redis does not answer: (fingerprint, score, data).
@@ -193,6 +208,9 @@ class ClusterCoordinator:
         self._reclaim = self.redis.register_script(_RECLAIM)
         self._count_page = self.redis.register_script(_COUNT_PAGE)
         self._bulk_counted = self.redis.register_script(_BULK_COUNTED)
+        self._answer = self.redis.register_script(_ANSWER)
+        #: Calls of :meth:`answer` so far: each has its own id.
+        self._answer_calls = 0
         self.run: str | None = None
         self.spider_key = ""
         #: The other workers of the run this worker knows of (the heartbeat
@@ -336,13 +354,7 @@ class ClusterCoordinator:
             self.silence.again_blocking(
                 lambda: self._beat_once(release_all=reason == "finished"))
             back, unrecorded, ended = self.silence.again_blocking(lambda: self._leave(
-                keys=[self.key("workers"), self.queue_key, self.key("run"),
-                      *self.worker_keys(self.worker_id),
-                      *(self.run_prefix + name
-                        for name in ("seen", "unrecorded", "claims", "tombstones",
-                                     "listings", "decided", "counted", "early"))],
-                args=[self.worker_id],
-            ))
+                keys=self.leave_keys(), args=[self.worker_id]))
         except redis.RedisError as exc:
             # run_unrecorded stays unknown: the sitemaps' state is not saved.
             # What this worker held is reaped by the others once Redis is back.
@@ -364,6 +376,15 @@ class ClusterCoordinator:
         self._tickets.clear()
         self._held.clear()
         self.redis.close()
+
+    def leave_keys(self) -> list[str]:
+        """The keys of leave.lua, in its order."""
+        return [self.key("workers"), self.queue_key, self.key("run"),
+                *self.worker_keys(self.worker_id),
+                *(self.run_prefix + name
+                  for name in ("seen", "unrecorded", "claims", "tombstones",
+                               "listings", "decided", "counted", "early", "left",
+                               "requested_in_sum"))]
 
     # -- the shared queue ------------------------------------------------------
 
@@ -705,29 +726,70 @@ class ClusterCoordinator:
         """Count *pages* in the run's accounting (see
         :meth:`~incremental_crawler.change.accounting.RunCounts.count_pages`):
         one round trip per page this worker counts, or per list's chunk."""
-        args = [arg for key, column, size, summed in pages
-                for arg in ("\0".join(key), column, size, int(summed))]
+        args = [self.worker_id, self.tag,
+                *(arg for key, column, size, in_sum in pages
+                  for arg in (run_field(key), column, size, in_sum,
+                              "\0".join(key) if column == "r" and in_sum == "1" else ""))]
         self.roundtrip()
         try:
+            # Safe to run again (a lost reply): the run answers a worker's
+            # own count as it did the first time.
             had = self.silence.again_blocking(lambda: self._count_page(
-                keys=[self.run_prefix + "counted"], args=args))
+                keys=self._counted_keys(), args=args))
         except redis.RedisError as exc:
             # Counted by this worker alone: the worker stops anyway.
             self.lost(exc)
             return None
         return [v.decode() if isinstance(v, bytes) else str(v) for v in had]
 
-    def bulk_counted(self) -> tuple[int, int] | None:
+    def answer(self, key: PageKey, event: str) -> str | None:
+        """Merge an answer of *key* into its column for the run (see
+        :meth:`~incremental_crawler.change.accounting.RunCounts.answer`):
+        one round trip per answer."""
+        self._answer_calls += 1
+        args: list[str | bytes] = [self.worker_id, self.tag,
+                                   f"{self.tag}:{self._answer_calls}", run_field(key) + b"a",
+                                   event]
+        self.roundtrip()
+        try:
+            # Safe to run again: the call's id gets its first reply.
+            reply = self.silence.again_blocking(lambda: self._answer(
+                keys=self._counted_keys(), args=args))
+        except redis.RedisError as exc:
+            self.lost(exc)
+            return None
+        return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+    def deferred_counted(self) -> None:
+        """This worker re-seeded and deferred due pages over its limit (see
+        :meth:`~incremental_crawler.change.accounting.RunCounts.deferred_counted`)."""
+        self.roundtrip()
+        try:
+            self.silence.again_blocking(lambda: self.redis.hset(
+                self.run_prefix + "counted",
+                mapping={"#deferred": self.tag, f"#w|{self.tag}": self.worker_id}))
+        except redis.RedisError as exc:
+            self.lost(exc)
+
+    def _counted_keys(self) -> list[str]:
+        """The keys of count_page.lua and bulk_counted.lua: the run's counted
+        pages, and who is alive or gone with its crawl recorded (whose
+        counts the run's totals keep)."""
+        return [self.run_prefix + "counted", self.key("workers"), self.run_prefix + "left",
+                self.run_prefix + "requested_in_sum"]
+
+    def bulk_counted(self) -> tuple[int, int, set[PageKey]] | None:
         """The re-seeder counts the run's pages not due in bulk (see
         :meth:`~incremental_crawler.change.accounting.RunCounts.bulk_counted`)."""
         self.roundtrip()
         try:
-            pages, size = self.silence.again_blocking(lambda: self._bulk_counted(
-                keys=[self.run_prefix + "counted"]))
+            pages, size, requested = self.silence.again_blocking(lambda: self._bulk_counted(
+                keys=self._counted_keys(), args=[self.worker_id, self.tag]))
         except redis.RedisError as exc:
             self.lost(exc)
             return None
-        return int(pages), int(size)
+        return int(pages), int(size), {
+            PageKey(*(k.decode() if isinstance(k, bytes) else k).split("\0")) for k in requested}
 
     def note_first_second_visit(self, key: PageKey) -> None:
         """This worker visited *key* in the run's first second (for the

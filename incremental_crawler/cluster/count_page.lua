@@ -1,40 +1,122 @@
 -- Count pages for the run, each once: the first worker to count a page does.
--- KEYS[1]: the run's counted pages (page -> column, whether the re-seeder's
--- sum counts it too, stored size: "d1:1234"; and the fields #pages, #size:
--- the pages counted not requested that the sum counts, #bulk: set once the
--- re-seeder counts the sum). A page's field holds NUL bytes: no clash.
--- ARGV: per page, in order: page, column (r requested, d not due, s
--- skipped), size, summed (0/1). Returns what the run had for each: ""
--- nothing (the caller counts it), "b" the re-seeder's sum, else the page's
--- field as it was.
+-- KEYS[1]: the run's counted pages; KEYS[2]: the workers hash; KEYS[3]: the
+-- run's workers that left it (their crawls recorded, their counts kept);
+-- KEYS[4]: the pages requested that the re-seeder's sum may count too
+-- (requested before it summed: their visits may not be stored yet).
+-- A page's field (12 bytes of a hash of its key: no "#..." field is 12
+-- bytes long): "<column><summed>:<size>|<tag>|<reply>": its column (r requested, d
+-- not due, s skipped, b in the re-seeder's sum of the pages not due, f
+-- among the due pages it deferred), which of the re-seeder's sums counts it
+-- -- too (1 the pages not due, f the due pages, 0 neither), its stored size,
+-- the tag of the worker that counted it (for b: the re-seeder) and what that
+-- worker was told when it wrote it.
+-- Other fields: #w|<tag>: the worker of a tag (a short one keeps a page's
+-- field small); #pages|<worker>, #size|<worker>: the pages a worker counted
+-- not requested that the sum counts; #bulk, #deferred: the re-seeder's tag,
+-- once it summed the pages not due, once it deferred due pages over its
+-- limit; #took|<worker>: the sum left that worker's pages out (see
+-- bulk_counted.lua).
+-- ARGV[1]: this worker, ARGV[2]: its tag; then per page, in order: page, column (r, d, s),
+-- size, sum (1, f, 0), its key (for a page requested in the sum; else ""). Returns what the run had for each: "" nothing (the
+-- caller counts it), else "<column><summed>:<size>" as it was.
+-- A page counted by a worker neither alive nor gone with its crawl recorded
+-- (killed: its counts are lost) is counted again by the caller. A page the
+-- caller counted itself gets the reply it got then: a call run again after
+-- its reply was lost answers as the first did.
+local me = ARGV[2]
+redis.call('HSET', KEYS[1], '#w|' .. me, ARGV[1])
+local workers, known = {}, {}
+local function worker(tag)
+  local w = workers[tag]
+  if w == nil then
+    w = redis.call('HGET', KEYS[1], '#w|' .. tag) or ''
+    workers[tag] = w
+  end
+  return w
+end
+local function kept(tag)
+  local k = known[tag]
+  if k == nil then
+    local w = worker(tag)
+    k = redis.call('HEXISTS', KEYS[2], w) == 1 or redis.call('SISMEMBER', KEYS[3], w) == 1
+    known[tag] = k
+  end
+  return k
+end
+local bulk = redis.call('HGET', KEYS[1], '#bulk')
+if bulk and not kept(bulk) then bulk = nil end
+local deferred = redis.call('HGET', KEYS[1], '#deferred')
+if deferred and not kept(deferred) then deferred = nil end
+
+local function in_sum(counted, tag, delta)
+  if string.sub(counted, 1, 1) ~= 'r' and string.sub(counted, 1, 1) ~= 'b'
+     and string.sub(counted, 2, 2) == '1' then
+    local size = tonumber(string.sub(counted, string.find(counted, ':', 1, true) + 1))
+    redis.call('HINCRBY', KEYS[1], '#pages|' .. worker(tag), delta)
+    redis.call('HINCRBY', KEYS[1], '#size|' .. worker(tag), delta * size)
+  end
+end
+
+-- A page requested before the sum whose stored state the sum counts: the
+-- re-seeder reads whether its visit is stored by then.
+local function requested_in_sum(column, summed)
+  return column == 'r' and summed == '1' and not bulk
+end
+
 local had = {}
-for i = 1, #ARGV, 4 do
+for i = 3, #ARGV, 5 do
   local page, column, size, summed = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  local old = redis.call('HGET', KEYS[1], page)
+  if requested_in_sum(column, summed) then redis.call('SADD', KEYS[4], ARGV[i + 4]) end
   local requested = column == 'r'
-  if not old then
-    if summed == '1' and redis.call('HEXISTS', KEYS[1], '#bulk') == 1 then
-      -- In the sum already: requested now, it leaves it (the caller counts that).
-      redis.call('HSET', KEYS[1], page, (requested and 'r' or 'b') .. '0:' .. size)
-      old = 'b'
-    else
-      redis.call('HSET', KEYS[1], page, column .. summed .. ':' .. size)
-      if not requested and summed == '1' then
-        redis.call('HINCRBY', KEYS[1], '#pages', 1)
-        redis.call('HINCRBY', KEYS[1], '#size', size)
+  local field = redis.call('HGET', KEYS[1], page)
+  local old, owner, reply
+  if field then
+    local a = string.find(field, '|', 1, true)
+    local b = string.find(field, '|', a + 1, true)
+    old, owner, reply = string.sub(field, 1, a - 1), string.sub(field, a + 1, b - 1),
+                        string.sub(field, b + 1)
+  end
+  local answer
+  if old and owner == me and (not requested or string.sub(old, 1, 1) == 'r') then
+    answer = reply
+  else
+    local sum_has_it = summed == '1' and bulk
+    if old and not kept(owner) then
+      -- Its counter was killed: its count is lost. The sum counts the page
+      -- unless it left that worker's pages out (it had counted them).
+      in_sum(old, owner, -1)
+      if sum_has_it and redis.call('HEXISTS', KEYS[1], '#took|' .. worker(owner)) == 1 then
+        sum_has_it = false
       end
-      old = ''
+      old = nil
     end
-  elseif requested and string.sub(old, 1, 1) ~= 'r' then
-    -- Counted not requested, requested after all: visited, the store's sum
-    -- leaves it out from now on.
-    redis.call('HSET', KEYS[1], page, 'r0:' .. size)
-    if string.sub(old, 2, 2) == '1' then
+    if not old then
+      if requested and summed == 'f' and deferred then
+        -- Deferred by the re-seeder, requested after all: it leaves that column.
+        answer = 'f0:' .. size
+        redis.call('HSET', KEYS[1], page, 'rf:' .. size .. '|' .. me .. '|' .. answer)
+      elseif sum_has_it then
+        -- In the sum already: requested now, it leaves it (the caller counts that).
+        answer = 'b0:' .. size
+        redis.call('HSET', KEYS[1], page, (requested and ('r0:' .. size .. '|' .. me)
+                                           or (answer .. '|' .. bulk)) .. '|' .. answer)
+      else
+        local counted = column .. summed .. ':' .. size
+        redis.call('HSET', KEYS[1], page, counted .. '|' .. me .. '|')
+        if not bulk then in_sum(counted, me, 1) end
+        answer = ''
+      end
+    elseif requested and string.sub(old, 1, 1) ~= 'r' then
+      -- Counted not requested, requested after all: visited, the store's sum
+      -- leaves it out from now on.
       local stored = string.sub(old, string.find(old, ':', 1, true) + 1)
-      redis.call('HINCRBY', KEYS[1], '#pages', -1)
-      redis.call('HINCRBY', KEYS[1], '#size', -tonumber(stored))
+      redis.call('HSET', KEYS[1], page, 'r0:' .. stored .. '|' .. me .. '|' .. old)
+      in_sum(old, owner, -1)
+      answer = old
+    else
+      answer = old
     end
   end
-  had[#had + 1] = old
+  had[#had + 1] = answer
 end
 return had

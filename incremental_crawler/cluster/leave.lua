@@ -1,8 +1,10 @@
 -- Leave: what the worker still holds goes back to the queue; the last
 -- worker out with the queue drained ends the run. KEYS: workers, queue,
 -- run, this worker's in-flight and held hashes, then the run's seen,
--- unrecorded, claims, tombstones, listings, decided, counted and early. ARGV:
--- worker.
+-- unrecorded, claims, tombstones, listings, decided, counted, early, left and
+-- requested_in_sum
+-- (the workers gone with their crawls recorded: count_page.lua keeps what
+-- they counted). ARGV: worker.
 local back = 0
 for _, mine in ipairs({KEYS[4], KEYS[5]}) do
   for _, v in ipairs(redis.call('HVALS', mine)) do
@@ -13,11 +15,12 @@ for _, mine in ipairs({KEYS[4], KEYS[5]}) do
   redis.call('DEL', mine)
 end
 redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('SADD', KEYS[14], ARGV[1])
 local unrecorded = tonumber(redis.call('GET', KEYS[7]) or '0')
 local ended = 0
 if redis.call('HLEN', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[2]) == 0 then
   redis.call('DEL', KEYS[3], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12],
-             KEYS[13])
+             KEYS[13], KEYS[14], KEYS[15])
   ended = 1
 end
 return {back, unrecorded, ended}

@@ -129,15 +129,20 @@ class NotDueFilterMiddleware:
         wanted = {key for _, key in keyed if key is not None}
         if not wanted:
             return objs
+        not_due: list[PageState] = []
         try:
             fresh = await self._read(wanted)
             kept = []
             for obj, key in keyed:
-                if key is None or await self._keep(obj, key, fresh, start=start):
+                if key is None or await self._keep(obj, key, fresh, not_due, start=start):
                     kept.append(obj)
         except StateStoreError:
             # The downloader middleware meets the error too, and stops the crawl.
             return objs
+        # The chunk's pages dropped: in cluster mode one round trip, not one a link.
+        with self.counter.batch():
+            for state in not_due:
+                self.counter.not_due(state)
         return kept
 
     def _key(self, obj: Any) -> PageKey | None:
@@ -166,7 +171,10 @@ class NotDueFilterMiddleware:
         return fresh
 
     async def _keep(self, request: Request, key: PageKey,
-                    fresh: dict[PageKey, PageState | None], *, start: bool) -> bool:
+                    fresh: dict[PageKey, PageState | None], not_due: list[PageState], *,
+                    start: bool) -> bool:
+        """Whether *request* goes on; a page dropped as not due for the
+        first time is added to *not_due* (to count)."""
         first = key in fresh
         if first:
             state = fresh.pop(key)
@@ -183,7 +191,7 @@ class NotDueFilterMiddleware:
                 self.ledger.prefetched(key, state)
             return True
         if first:
-            self.counter.not_due(state)
+            not_due.append(state)
         logger.debug("Not due before %(due).0f, dropped: %(request)s",
                      {"due": state.next_visit, "request": request})
         return False

@@ -156,6 +156,7 @@ class Reseeder:
         ledger = self.crawler.get_extension(Ledger)
         if ledger is not None and self.config.reseeds_for(spider):
             ledger.counter.summed = _summed_by(ledger, spider)
+            ledger.counter.deferrable = _deferrable_by(ledger, spider)
 
     def wanted(self) -> bool:
         """Whether the spider wants its due pages re-seeded this crawl."""
@@ -269,6 +270,22 @@ def _summed_by(ledger: Ledger, spider: Spider) -> Callable[[PageState], bool]:
     return summed
 
 
+def _deferrable_by(ledger: Ledger, spider: Spider) -> Callable[[PageState], bool]:
+    """Whether a page's stored state puts it among the due pages the
+    re-seeder sums when it defers some (:meth:`_DueReader.count_deferred`):
+    in cluster mode, a page another worker requests leaves the deferred
+    column by it (the run tells whether the re-seeder deferred any)."""
+    scope = ledger.scope
+    lists = frozenset(getattr(spider, "list_callbacks", ()))
+
+    def deferrable(state: PageState) -> bool:
+        return (state.key.scope == scope and state.next_visit <= ledger.due_at
+                and state.last_checked < math.floor(ledger.crawl_started)
+                and state.callback is not None and state.callback not in lists)
+
+    return deferrable
+
+
 class _DueReader:
     """One re-seed: reads the due pages, decides them, keeps the sample."""
 
@@ -284,6 +301,8 @@ class _DueReader:
         self.samples: dict[str, RotatingSample[PageState]] = {}
         self.trusted: dict[str, bool] = {}
         self.requests: list[Request] = []
+        #: The counts of the pages decided since the last :meth:`count_decided`.
+        self.to_count: list[Callable[[], None]] = []
         #: Vouched pages skipped (not sampled): moved on once counted.
         self.vouched_skipped: list[PageState] = []
         #: The due pages read (decided, or left to whoever decided them).
@@ -310,7 +329,9 @@ class _DueReader:
                 if not self.visited(state) and not (callable(self.skip) and self.skip(state)) \
                         and state.key.url not in elsewhere:
                     await self.decide(state)
+            self.count_decided()
         self.take_samples()
+        self.count_decided()
         if limited:
             await self.count_deferred()
         await self.count_the_rest()
@@ -359,9 +380,22 @@ class _DueReader:
         # is in both (cluster mode: the run's, which counts none from then on).
         counted, counted_size = self.counter.counted_in_sum(rules.due_at)
         early, early_size = await self._visited_first_second(second_after)
-        self.counter.not_due_elsewhere(summary.pages - counted - early,
-                                       summary.size - counted_size - early_size,
+        unvisited, unvisited_size = await self._requested_not_stored()
+        self.counter.not_due_elsewhere(summary.pages - counted - early - unvisited,
+                                       summary.size - counted_size - early_size - unvisited_size,
                                        summary.first_due)
+
+    async def _requested_not_stored(self) -> tuple[int, int]:
+        """The pages requested (counted so) that the summary of the rest
+        counts all the same: their stored state is the one before their
+        visit (held for the feeds, not flushed yet), which the sum counts."""
+        summed = self.counter.summed
+        requested = self.counter.requested_in_sum() - (self.ledger.first_second_visits() or set())
+        if summed is None or not requested:
+            return 0, 0
+        states = await self.ledger.store.get_pages(requested)
+        unvisited = [state.size for state in states.values() if summed(state)]
+        return len(unvisited), sum(unvisited)
 
     async def _visited_first_second(self, second_after: int) -> tuple[int, int]:
         """This crawl's visits in the second it started in that the summary
@@ -403,13 +437,22 @@ class _DueReader:
             if (out := sample.offer(state.last_checked, state)) is not None:
                 self.skip_vouched(out)
         elif why is Why.NOT_DUE:
-            self.counter.not_due(state)
+            self.to_count.append(lambda: self.counter.not_due(state))
         else:
             self.add(state, why)
 
+    def count_decided(self) -> None:
+        """Count the pages decided since the last call: in cluster mode in
+        one round trip per chunk (a re-seed decides up to
+        INCREMENTAL_RESEED_LIMIT pages), not one per page."""
+        to_count, self.to_count = self.to_count, []
+        with self.counter.batch():
+            for count in to_count:
+                count()
+
     def skip_vouched(self, state: PageState) -> None:
         """Not requested: vouched for by its lastmod, and not sampled."""
-        self.counter.skipped(state)
+        self.to_count.append(lambda: self.counter.skipped(state))
         self.vouched_skipped.append(state)
 
     def postpone_vouched(self) -> None:
@@ -428,7 +471,8 @@ class _DueReader:
     def add(self, state: PageState, why: Why) -> None:
         request = self.reseeder.build(state, why)
         if request is not None:
-            self.counter.requested(why, host_of(state.key.url), state.key)
+            self.to_count.append(
+                lambda: self.counter.requested(why, host_of(state.key.url), state.key))
             self.requests.append(request)
 
     async def vouched(self, state: PageState) -> bool:

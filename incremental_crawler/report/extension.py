@@ -225,7 +225,7 @@ def _bytes_line(s: dict[str, int], *, worker: bool = False) -> str:
 def report_lines(s: dict[str, int], *, worker: bool = False) -> list[str]:
     """The report's lines on pages and bytes, from :func:`summarize`
     (*worker*: one cluster worker's, see :func:`_bytes_line`)."""
-    lines = [_line(s)]
+    lines = [_line(s, worker=worker)]
     if accounting := accounting_line(s):
         # Each page is counted by one worker of the run: a worker's columns
         # are its share (one may be below zero: pages that left a column
@@ -240,7 +240,7 @@ def report_lines(s: dict[str, int], *, worker: bool = False) -> list[str]:
     return lines
 
 
-def _line(s: dict[str, int]) -> str:
+def _line(s: dict[str, int], *, worker: bool = False) -> str:
     skipped = (
         f"{s['lastmod_skipped']} skipped (sitemap lastmod unchanged), "
         if s["lastmod_skipped"] else ""
@@ -256,7 +256,12 @@ def _line(s: dict[str, int]) -> str:
         checked += f" ({s['checked']} requests)"
     columns = [f"{s[f'pages_{outcome}']} {OUTCOME_WORDS[outcome]}"
                for i, outcome in enumerate(OUTCOMES) if i < 5 or s[f"pages_{outcome}"]]
-    if s["pages_no_outcome"]:
+    if worker:
+        # A worker's answers are its share of the run's pages: a page it
+        # counted requested is often answered on another worker (the shared
+        # queue), so requested less answered says nothing of this worker.
+        columns[-1] += " (this worker's share: scrapy state sums the run's workers)"
+    elif s["pages_no_outcome"]:
         columns.append(f"{s['pages_no_outcome']} without an answer (dropped before one)")
     return (
         f"{skipped}{checked}, {', '.join(columns)}; items: {s['items_new']} new, "

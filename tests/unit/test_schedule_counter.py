@@ -198,6 +198,7 @@ class OtherWorkerFirst:
     def __init__(self, theirs: set[PageKey]) -> None:
         self.columns = dict.fromkeys(theirs, "r0:0")
         self.calls: list[list[tuple[PageKey, str]]] = []
+        self.answered: set[PageKey] = set()
 
     def count_pages(self, pages):
         self.calls.append([(key, column) for key, column, _, _ in pages])
@@ -212,6 +213,13 @@ class OtherWorkerFirst:
     def bulk_counted(self):
         return 0, 0
 
+    def answer(self, key, event):
+        """The first answer of a page is its column (the run's merge, in short)."""
+        if key in self.answered:
+            return ",,0,0"
+        self.answered.add(key)
+        return f"{event},,0,0"
+
 
 def test_a_batch_counts_its_pages_in_the_run_in_one_call_and_each_page_once() -> None:
     c = counter()
@@ -224,12 +232,14 @@ def test_a_batch_counts_its_pages_in_the_run_in_one_call_and_each_page_once() ->
         c.requested(Why.DUE, "a.example", PAGE, stored(PAGE, 0.0))  # again: once
         assert figures(c) == {}  # counted when the batch closes
     assert run.calls == [[(PAGE, "r"), (OTHER, "r"), (third, "d"), (PAGE, "r")]]
-    # OTHER is the other worker's: its answers here are not counted.
+    # OTHER is the other worker's: the answer it gets here is counted
+    # here all the same (the run merges a page's answers wherever they land).
     c.outcome(PageOutcome.NEW, PAGE)
     c.outcome(PageOutcome.NEW, OTHER)
+    assert run.answered == {PAGE, OTHER}
     assert figures(c) == {"requested": 1, "requested_due": 1, "not_due": 1,
                           "first_due": 5000, "bytes_skipped": 40, "pages_known": 2,
-                          "pages_checked": 1, "pages_new": 1}
+                          "pages_checked": 1, "pages_new": 2, "pages_no_outcome": -1}
 
 
 def test_a_redirect_not_followed_leaves_an_answered_page_in_its_column() -> None:
@@ -241,3 +251,15 @@ def test_a_redirect_not_followed_leaves_an_answered_page_in_its_column() -> None
     c.unanswered(PageOutcome.REDIRECTED, OTHER)
     assert {k: v for k, v in figures(c).items() if k.startswith("pages_")} == {
         "pages_known": 2, "pages_checked": 2, "pages_not_modified": 1, "pages_redirected": 1}
+
+
+def test_the_pages_counted_in_the_sum_are_those_the_sum_counts_not_all_those_due_later(
+) -> None:
+    # The re-seeder's sum of the pages not due leaves lists out (and pages
+    # checked this crawl, other scopes): a list counted not due one by one
+    # is not taken off it.
+    c = counter()
+    c.summed = lambda s: s.next_visit > 100.0 and s.callback != "parse_list"
+    c.not_due(PageState(key=PAGE, next_visit=1000.0, size=300, callback="parse_list"))
+    c.not_due(PageState(key=OTHER, next_visit=2000.0, size=50, callback="parse"))
+    assert c.counted_in_sum(100.0) == (1, 50)

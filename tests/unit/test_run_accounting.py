@@ -1,0 +1,374 @@
+"""Each known page in one column for a cluster run: the workers' counters
+(:class:`ScheduleCounter`) counting through the real run record
+(``count_page.lua``, ``bulk_counted.lua``, ``leave.lua``) on a real Redis.
+
+A worker's figures are its stats; the run's are its recorded workers'
+stats summed (a killed worker records nothing: its stats are lost).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+import redis
+from scrapy.statscollectors import MemoryStatsCollector
+from scrapy.utils.test import get_crawler
+
+from incremental_crawler.change.accounting import PageOutcome, ScheduleCounter, Why
+from incremental_crawler.cluster.coordinator import ClusterCoordinator
+from incremental_crawler.config import IncrementalConfig
+from incremental_crawler.report.extension import summarize
+from incremental_crawler.state.records import PageKey, PageState
+from tests.redis_util import REDIS_URI, delete_prefix, new_prefix
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+P = PageKey("s", "http://a.example/p")
+Q = PageKey("s", "http://a.example/q")
+HOST = "a.example"
+RUN = "run1"
+
+
+class Worker:
+    """One worker of the run: its counter, counting through its coordinator."""
+
+    def __init__(self, prefix: str) -> None:
+        crawler = get_crawler(settings_dict={"INCREMENTAL_CLUSTER_URL": REDIS_URI,
+                                             "INCREMENTAL_CLUSTER_PREFIX": prefix})
+        config = IncrementalConfig.from_settings(crawler.settings).cluster
+        assert config is not None
+        self.coordinator = ClusterCoordinator(crawler, config)
+        self.coordinator.spider_key = f"{prefix}:{{spider}}"
+        self.coordinator.run = RUN
+        # Joined: alive in the workers hash (what join.lua records).
+        self.coordinator.redis.hset(self.coordinator.key("workers"),
+                                    self.coordinator.worker_id, time.time())
+        self.counter = ScheduleCounter(MemoryStatsCollector(crawler))
+        self.counter.run = self.coordinator
+
+    def killed(self) -> None:
+        """SIGKILLed, and reaped by another's heartbeat (beat.lua): out of
+        the workers hash, its stats lost."""
+        self.coordinator.redis.hdel(self.coordinator.key("workers"),
+                                    self.coordinator.worker_id)
+
+    def left(self) -> None:
+        """Left the run (its crawl, and stats, recorded)."""
+        self.coordinator._leave(keys=self.coordinator.leave_keys(),
+                                args=[self.coordinator.worker_id])
+
+
+@pytest.fixture
+def cluster_workers() -> Iterator[Callable[[int], list[Worker]]]:
+    """Workers of one run, made on demand."""
+    prefix = new_prefix()
+    made: list[Worker] = []
+
+    def more(n: int) -> list[Worker]:
+        new = [Worker(prefix) for _ in range(n)]
+        made.extend(new)
+        return new
+
+    yield more
+    for w in made:
+        w.coordinator.redis.close()
+    delete_prefix(prefix)
+
+
+def run_summary(*recorded: Worker) -> dict[str, int]:
+    """The run's figures: its recorded workers' stats summed, as ``scrapy state`` does."""
+    total: dict[str, int] = {}
+    for w in recorded:
+        for k, v in w.counter.stats.get_stats().items():
+            total[k] = total.get(k, 0) + v
+    return summarize(total)
+
+
+def state(key: PageKey, next_visit: float = 5000.0, size: int = 100) -> PageState:
+    return PageState(key=key, next_visit=next_visit, size=size, callback="parse")
+
+
+def summed(s: PageState) -> bool:
+    """The re-seeder's sum of the pages not due (next visit after 1000)."""
+    return s.next_visit > 1000.0
+
+
+def test_a_killed_workers_page_is_counted_by_the_worker_its_request_went_back_to(
+    cluster_workers,
+):
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.killed()
+    # Its in-flight request, requeued, is decided again on b.
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    s = run_summary(b)
+    assert (s["pages_known"], s["requested"], s["pages_new"]) == (1, 1, 1), s
+
+
+def test_a_page_counted_by_a_worker_that_left_is_not_counted_again(cluster_workers):
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    a.left()
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    s = run_summary(a, b)
+    assert (s["pages_known"], s["requested"], s["pages_new"]) == (1, 1, 1), s
+
+
+def test_a_page_counted_not_due_by_a_worker_killed_before_the_sum_stays_in_the_sum(
+    cluster_workers,
+):
+    a, b = cluster_workers(2)
+    a.counter.summed = b.counter.summed = summed
+    a.counter.not_due(state(P))
+    a.killed()
+    # b re-seeds: the store's sum has P; a's count of it is lost, the sum keeps it.
+    counted, size = b.counter.counted_in_sum(1000.0)
+    assert (counted, size) == (0, 0)
+    b.counter.not_due_elsewhere(1 - counted, 100 - size, 5000.0)
+    b.counter.not_due(state(P))  # reached again: in the sum already
+    s = run_summary(b)
+    assert (s["pages_known"], s["not_due"]) == (1, 1), s
+
+
+def test_a_page_counted_not_due_by_a_worker_killed_after_the_sum_is_counted_again(
+    cluster_workers,
+):
+    a, b = cluster_workers(2)
+    a.counter.summed = b.counter.summed = summed
+    a.counter.not_due(state(P))
+    counted, size = b.counter.counted_in_sum(1000.0)
+    assert (counted, size) == (1, 100)  # a's: the sum leaves it out
+    b.counter.not_due_elsewhere(1 - counted, 100 - size, 5000.0)
+    a.killed()
+    b.counter.not_due(state(P))
+    s = run_summary(b)
+    assert (s["pages_known"], s["not_due"]) == (1, 1), s
+
+
+def test_a_count_run_again_after_its_reply_was_lost_is_the_callers(cluster_workers):
+    (a,) = cluster_workers(1)
+    script = a.coordinator._count_page
+    lost: list[bool] = []
+
+    def reply_lost_once(**kwargs):
+        answer = script(**kwargs)
+        if not lost:
+            lost.append(True)
+            raise redis.TimeoutError("reply lost")
+        return answer
+
+    a.coordinator._count_page = reply_lost_once
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    lost.clear()
+    a.counter.not_due(state(Q))
+    s = run_summary(a)
+    assert (s["requested"], s["pages_new"], s["not_due"]) == (1, 1, 1), s
+
+
+def test_a_not_due_count_run_again_is_taken_off_the_sum_once(cluster_workers):
+    a, b = cluster_workers(2)
+    a.counter.summed = b.counter.summed = summed
+    script = a.coordinator._count_page
+
+    def ran_twice(**kwargs):
+        script(**kwargs)
+        return script(**kwargs)
+
+    a.coordinator._count_page = ran_twice
+    a.counter.not_due(state(P))
+    # b re-seeds: the store's sum has P and another page.
+    counted, size = b.counter.counted_in_sum(1000.0)
+    b.counter.not_due_elsewhere(2 - counted, 200 - size, 5000.0)
+    s = run_summary(a, b)
+    assert (s["pages_known"], s["not_due"]) == (2, 2), s
+
+
+def deferrable(s: PageState) -> bool:
+    """The re-seeder's sum of the due pages it may defer (next visit up to 1000)."""
+    return s.next_visit <= 1000.0
+
+
+def test_a_page_the_re_seeder_deferred_requested_on_another_worker_leaves_deferred(
+    cluster_workers,
+):
+    # a re-seeds over its limit and defers two due pages (counted by the
+    # store's sum: no keys); a re-seeded page's 304 is answered on b, which
+    # replays its links: b requests P, one of the deferred pages.
+    a, b = cluster_workers(2)
+    a.counter.deferrable = b.counter.deferrable = deferrable
+    a.counter.deferred(2, lambda s: deferrable(s) and s.key != Q)
+    b.counter.requested(Why.DUE, HOST, P, state(P, next_visit=100.0))
+    b.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    s = run_summary(a, b)
+    assert (s["pages_known"], s["deferred"], s["pages_not_modified"]) == (2, 1, 1), s
+
+
+def test_a_due_page_requested_when_nothing_was_deferred_stays_requested(cluster_workers):
+    a, b = cluster_workers(2)
+    a.counter.deferrable = b.counter.deferrable = deferrable
+    a.counter.deferred(0, deferrable)
+    b.counter.requested(Why.DUE, HOST, P, state(P, next_visit=100.0))
+    b.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    s = run_summary(a, b)
+    assert (s["pages_known"], s["deferred"], s["pages_not_modified"]) == (1, 0, 1), s
+
+
+def test_a_list_of_2500_pages_is_counted_in_the_run_1000_at_a_time(cluster_workers):
+    (a,) = cluster_workers(1)
+    calls: list[int] = []
+    script = a.coordinator._count_page
+
+    def counted(**kwargs):
+        # The worker and its tag, then five arguments a page.
+        calls.append((len(kwargs["args"]) - 2) // 5)
+        return script(**kwargs)
+
+    a.coordinator._count_page = counted
+    pages = [PageKey("s", f"http://a.example/{i}") for i in range(2_500)]
+    with a.counter.batch():
+        for key in pages:
+            a.counter.not_due(state(key))
+    assert calls == [1_000, 1_000, 500]
+    s = run_summary(a)
+    assert (s["pages_known"], s["not_due"]) == (2_500, 2_500), s
+
+
+def test_a_page_counted_elsewhere_then_requeued_when_its_counter_was_killed_is_counted(
+    cluster_workers,
+):
+    # b decides its own start request for P while a, which counted P, is
+    # alive; a is killed, and its request of P goes back to the queue: b
+    # decides it again and counts it.
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    a.killed()
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    s = run_summary(b)
+    assert (s["pages_known"], s["requested"], s["pages_new"]) == (1, 1, 1), s
+
+
+def test_a_page_a_list_counted_answered_on_the_worker_with_its_start_url_is_answered_once(
+    cluster_workers,
+):
+    # a's sitemap counts P requested and yields it; b's start URL P
+    # (dont_filter) is decided on b: counted elsewhere. The shared queue
+    # hands a's request to b too: b answers both, a none.
+    a, b = cluster_workers(2)
+    with a.counter.batch():
+        a.counter.requested(Why.LASTMOD_NEWER, HOST, P, state(P))
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    b.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    s = run_summary(a, b)
+    assert (s["requested"], s["pages_new"], s["pages_no_outcome"]) == (1, 1, 0), s
+
+
+def test_one_page_answered_on_three_workers_has_one_column(cluster_workers):
+    # b counts its start URL P; a's list decides P too (counted elsewhere)
+    # and yields it; c pops a's request and answers it, b its own.
+    a, b, c = cluster_workers(3)
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    with a.counter.batch():
+        a.counter.requested(Why.LASTMOD_NEWER, HOST, P, state(P))
+    c.counter.outcome(PageOutcome.UNCHANGED, P)
+    b.counter.outcome(PageOutcome.CHANGED, P)
+    s = run_summary(a, b, c)
+    assert (s["requested"], s["pages_changed"], s["pages_unchanged"],
+            s["pages_no_outcome"]) == (1, 1, 0, 0), s
+
+
+def test_a_failure_then_a_success_on_another_worker_ends_the_page_answered(cluster_workers):
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.FAILED, P)
+    a.counter.failed(P)
+    b.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    # A redirect hop of another request of P, not fetched: P has its answer.
+    a.counter.unanswered(PageOutcome.REDIRECTED, P)
+    s = run_summary(a, b)
+    assert (s["requested"], s["pages_not_modified"], s["pages_failed"],
+            s["pages_redirected"], s["failed"]) == (1, 1, 0, 0, 0), s
+
+
+def test_an_answer_run_again_after_its_reply_was_lost_is_counted_once(cluster_workers):
+    a, b = cluster_workers(2)
+    script = a.coordinator._answer
+    lost: list[bool] = []
+
+    def reply_lost_once(**kwargs):
+        reply = script(**kwargs)
+        if not lost:
+            lost.append(True)
+            raise redis.TimeoutError("reply lost")
+        return reply
+
+    a.coordinator._answer = reply_lost_once
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    b.counter.outcome(PageOutcome.UNCHANGED, P)
+    s = run_summary(a, b)
+    assert (s["requested"], s["pages_new"], s["pages_no_outcome"]) == (1, 1, 0), s
+
+
+def test_an_answer_counted_by_a_killed_worker_is_counted_again(cluster_workers):
+    # a's answer is counted on a, which is killed before its request is
+    # done: requeued, b asks the page again and counts its answer.
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    a.killed()
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.UNCHANGED, P)
+    s = run_summary(b)
+    assert (s["requested"], s["pages_unchanged"], s["pages_no_outcome"]) == (1, 1, 0), s
+
+
+def test_a_workers_report_lines_say_its_answers_are_its_share(cluster_workers):
+    # The ordinary cluster case: a's sitemap counts P requested; the shared
+    # queue hands P's request to b, which answers it. Neither worker's
+    # report says P went without an answer (a's requested 1 less answered 0
+    # is not that): both say the columns are their share.
+    from incremental_crawler.report.extension import report_lines
+
+    a, b = cluster_workers(2)
+    with a.counter.batch():
+        a.counter.requested(Why.LASTMOD_NEWER, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    lines = [report_lines(summarize(w.counter.stats.get_stats()), worker=True)
+             for w in (a, b)]
+    for first, *_ in lines:
+        assert "without an answer" not in first, lines
+        assert "this worker's share" in first, lines
+    assert ", 1 new, " in lines[1][0], lines
+
+
+def test_a_page_requested_whose_visit_is_not_stored_when_the_sum_is_read_is_not_in_it(
+    cluster_workers,
+):
+    # b's sitemap says P's lastmod is newer (P is not due): b requests and
+    # answers P, its visit staged, not flushed (or held for the feeds) when
+    # a re-seeds: the store's sum still counts P by its old state. The run
+    # tells a the pages requested that the sum counted; those whose stored
+    # state is still the old one are taken off it.
+    a, b = cluster_workers(2)
+    a.counter.summed = b.counter.summed = summed
+    b.counter.requested(Why.LASTMOD_NEWER, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.CHANGED, P)
+    stored = {P: state(P), Q: state(Q)}  # the store's states: P's visit not in yet
+    counted, size = a.counter.counted_in_sum(1000.0)
+    requested = a.counter.requested_in_sum()
+    assert requested == {P}
+    unvisited = [stored[key].size for key in requested if summed(stored[key])]
+    a.counter.not_due_elsewhere(2 - counted - len(unvisited), 200 - size - sum(unvisited),
+                                5000.0)
+    s = run_summary(a, b)
+    assert (s["pages_known"], s["requested"], s["not_due"]) == (2, 1, 1), s
