@@ -14,14 +14,19 @@ import os
 import re
 import signal
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import pytest_twisted
 import redis
+from scrapy import Spider
+from scrapy.utils.test import get_crawler
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
+from incremental_crawler.cluster.coordinator import ClusterCoordinator
+from incremental_crawler.config import DEFAULT_SETTINGS
 from tests.cluster_worker import Worker, leftover_keys, page_gets
 from tests.redis_util import CLUSTER_REDIS_URI
 from tests.waiting import until
@@ -199,3 +204,48 @@ async def test_a_reseeding_worker_killed_after_claiming_is_taken_over(
         assert leftover_keys(cluster_prefix) == []
     finally:
         coordination.client.close()
+
+
+def test_an_abandoned_runs_failures_not_recorded_carry_over_and_its_keys_go(cluster_prefix):
+    settings = {**DEFAULT_SETTINGS, "INCREMENTAL_CLUSTER_URL": CLUSTER_REDIS_URI,
+                "INCREMENTAL_CLUSTER_PREFIX": cluster_prefix,
+                "INCREMENTAL_CLUSTER_HEARTBEAT": 0.2, "INCREMENTAL_CLUSTER_WORKER_TTL": TTL}
+    spider = Spider("abandoned")
+
+    def joined() -> ClusterCoordinator:
+        crawler = get_crawler(Spider, settings)
+        crawler.engine = SimpleNamespace(_slot=None)  # nothing in progress
+        coordinator = ClusterCoordinator.from_crawler(crawler)
+        coordinator.join(spider)
+        coordinator._task.stop()  # its beats are the test's own
+        return coordinator
+
+    client = redis.Redis.from_url(CLUSTER_REDIS_URI)
+    old = joined()
+    try:
+        old.note_unrecorded_failure()
+        old.note_unrecorded_failure()
+        assert old.push("fingerprint", 0, b"queued by the old run")
+        # The old run's only worker last beat past the TTL ago, by Redis's clock.
+        seconds, _ = client.time()
+        client.hset(old.key("workers"), old.worker_id, seconds - TTL - 1)
+        new = joined()
+        assert new.run != old.run
+        assert new.crawler.stats.get_value("cluster/abandoned_runs") == 1
+        # Its failures not recorded carry over (the sitemaps stay unsaved),
+        # its other keys are gone, its queue is kept.
+        assert client.get(new.run_prefix + "unrecorded") == b"2"
+        assert client.keys(old.run_prefix + "*") == []
+        assert new.queued() == 1
+        # A worker of the old run, only silent, comes back and leaves: its
+        # run is no more, what it failed to record unknown.
+        old.leave("finished")
+        assert old.run_unrecorded is None
+        assert old.crawler.stats.get_value("cluster/left_abandoned_run") == 1
+        assert client.keys(old.run_prefix + "*") == []
+        client.delete(new.queue_key)
+        new.leave("finished")
+        assert new.run_unrecorded == 2
+    finally:
+        client.close()
+    assert leftover_keys(cluster_prefix) == []

@@ -8,7 +8,9 @@ crawl is in one hash slot, and each script runs on one node):
 - ``run``: the current run's id and its start (``<id>|<start>``: the first
   worker's clock); ``{run}:seen`` its dupefilter,
   ``{run}:unrecorded`` its failed pages that could not be
-  recorded, ``{run}:claims`` one-per-run jobs, ``{run}:tombstones``
+  recorded, ``{run}:claims`` one-per-run jobs (job → the worker that
+  claimed it, ``job:done`` once its work is queued; a claim not done whose
+  worker is dead is taken over), ``{run}:tombstones``
   gone page (scope, URL and variant, NUL-separated) → the worker that
   sends its tombstone (one per run), ``{run}:listings`` and
   ``{run}:decided`` the lists' memberships and the pages they decided, for
@@ -19,7 +21,8 @@ crawl is in one hash slot, and each script runs on one node):
   counted; a page counted by a worker killed is counted again by the next
   worker to reach it);
 - ``workers``: worker id → last heartbeat (Redis server time, so workers'
-  clocks need not agree);
+  clocks need not agree); a run none of whose workers beat within the TTL
+  is abandoned by the next worker that joins it, for a new run (join.lua);
 - ``inflight:{worker}``: ticket → ``score|request`` for every request the
   worker popped and has not finished;
 - ``held:{worker}``: the same for requests the worker processed but whose
