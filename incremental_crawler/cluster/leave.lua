@@ -8,7 +8,8 @@
 -- Returns {requeued, the run's unrecorded failures, whether the run ended};
 -- unrecorded is -1 (unknown) if the run key names another run: this
 -- worker's was abandoned while it was silent (join.lua), and the keys it
--- wrote since are deleted.
+-- wrote since are deleted. (No run key: the run ended without this worker,
+-- reaped while silent; left as it was.)
 local back = 0
 for _, mine in ipairs({KEYS[4], KEYS[5]}) do
   for _, v in ipairs(redis.call('HVALS', mine)) do
@@ -20,7 +21,7 @@ for _, mine in ipairs({KEYS[4], KEYS[5]}) do
 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 local run = redis.call('GET', KEYS[3])
-if not run or string.sub(run, 1, #ARGV[2] + 1) ~= ARGV[2] .. '|' then
+if run and string.sub(run, 1, #ARGV[2] + 1) ~= ARGV[2] .. '|' then
   for i = 6, #KEYS do redis.call('UNLINK', KEYS[i]) end
   return {back, -1, 0}
 end
