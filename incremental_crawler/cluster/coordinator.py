@@ -358,12 +358,14 @@ class ClusterCoordinator:
         for _ in range(BEAT_TRIES):
             # Read first: the script deletes the abandoned run's keys, and
             # every key it touches is named in KEYS.
+            self.roundtrip()
             current = self.redis.get(self.key("run"))
             text = current.decode() if isinstance(current, bytes) else current
             old = text.partition("|")[0] if text else None
             keys = [self.key("run"), self.key("workers"),
                     self.key(f"{new_run}:unrecorded"),
                     *(self.key(f"{old}:{name}") for name in RUN_KEYS if old is not None)]
+            self.roundtrip()
             reply = self._join(keys=keys, args=[self.worker_id, new_run, repr(clock.now()),
                                                 self.worker_ttl, current or b""])
             if len(reply) == 3:
