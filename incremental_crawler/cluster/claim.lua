@@ -1,4 +1,22 @@
--- KEYS[1]: the run's claims; ARGV: job, worker. The job's owner (the first
--- to claim it), and whether it said its work is queued (job:done).
-redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
-return {redis.call('HGET', KEYS[1], ARGV[1]), redis.call('HEXISTS', KEYS[1], ARGV[1] .. ':done')}
+-- Claim a one-per-run job. KEYS: the run's claims, workers. ARGV: job,
+-- worker, the worker TTL. The first to claim a job owns it; a job not done
+-- (no job:done) whose owner is dead (its heartbeat older than the TTL by
+-- Redis time, or reaped from the workers hash) is taken over by the worker
+-- asking. Returns {owner, whether its work is queued (job:done), the dead
+-- owner taken over from or false}.
+local owner = redis.call('HGET', KEYS[1], ARGV[1])
+local done = redis.call('HEXISTS', KEYS[1], ARGV[1] .. ':done')
+local from = false
+if owner and owner ~= ARGV[2] and done == 0 then
+  local beat = redis.call('HGET', KEYS[2], owner)
+  local t = redis.call('TIME')
+  if not beat or tonumber(t[1]) + tonumber(t[2]) / 1e6 - tonumber(beat) > tonumber(ARGV[3]) then
+    from = owner
+    owner = nil
+  end
+end
+if not owner then
+  owner = ARGV[2]
+  redis.call('HSET', KEYS[1], ARGV[1], owner)
+end
+return {owner, done, from}

@@ -8,7 +8,9 @@ crawl is in one hash slot, and each script runs on one node):
 - ``run``: the current run's id and its start (``<id>|<start>``: the first
   worker's clock); ``{run}:seen`` its dupefilter,
   ``{run}:unrecorded`` its failed pages that could not be
-  recorded, ``{run}:claims`` one-per-run jobs, ``{run}:tombstones``
+  recorded, ``{run}:claims`` one-per-run jobs (job → the worker that
+  claimed it, ``job:done`` once its work is queued; a claim not done whose
+  worker is dead is taken over), ``{run}:tombstones``
   gone page (scope, URL and variant, NUL-separated) → the worker that
   sends its tombstone (one per run), ``{run}:listings`` and
   ``{run}:decided`` the lists' memberships and the pages they decided, for
@@ -19,7 +21,8 @@ crawl is in one hash slot, and each script runs on one node):
   counted; a page counted by a worker killed is counted again by the next
   worker to reach it);
 - ``workers``: worker id → last heartbeat (Redis server time, so workers'
-  clocks need not agree);
+  clocks need not agree); a run none of whose workers beat within the TTL
+  is abandoned by the next worker that joins it, for a new run (join.lua);
 - ``inflight:{worker}``: ticket → ``score|request`` for every request the
   worker popped and has not finished;
 - ``held:{worker}``: the same for requests the worker processed but whose
@@ -102,9 +105,8 @@ __all__ = ["ClusterCoordinator", "ClusterError"]
 _LUA_PACKAGE = "incremental_crawler.cluster"
 
 # Join the current run, or start one (stamped with its first worker's
-# clock: next visits are counted from the run's start). KEYS: run, workers;
-# ARGV: worker, new run id, this worker's clock. Returns "<run>|<start>" and
-# the workers.
+# clock: next visits are counted from the run's start); a run none of whose
+# workers is alive is abandoned for a new one. KEYS and ARGV: see join.lua.
 _JOIN = load_script(_LUA_PACKAGE, "join.lua")
 
 # Queue a request unless the run has seen it (no fingerprint: dont_filter).
@@ -129,7 +131,8 @@ _LEAVE = load_script(_LUA_PACKAGE, "leave.lua")
 _RECLAIM = load_script(_LUA_PACKAGE, "reclaim.lua")
 
 
-# Claim a one-per-run job; the owner's id (the caller's if it was free).
+# Claim a one-per-run job (taken over from a dead owner that did not do
+# it). KEYS and ARGV: see claim.lua.
 _CLAIM = load_script(_LUA_PACKAGE, "claim.lua")
 
 # Claim a gone page's tombstone for the run: the first worker to ask gets
@@ -148,12 +151,18 @@ _ANSWER = load_script(_LUA_PACKAGE, "answer.lua")
 _BULK_COUNTED = load_script(_LUA_PACKAGE, "bulk_counted.lua")
 
 # How many jobs other live workers claimed and have not done yet.
-# KEYS: claims, workers; ARGV: this worker.
+# KEYS: claims, workers; ARGV: this worker, the worker TTL.
 _CLAIMS_PENDING = load_script(_LUA_PACKAGE, "claims_pending.lua")
 
 
-#: Heartbeat round trips at most, when workers keep joining between them.
+#: Heartbeat round trips at most, when workers keep joining between them
+#: (and joins, when the run keeps changing between reading it and joining).
 BEAT_TRIES = 5
+
+#: The keys of a run, ``<run>:<name>``, in the order join.lua and leave.lua
+#: take them (join.lua reads ``unrecorded``, the second).
+RUN_KEYS = ("seen", "unrecorded", "claims", "tombstones", "listings", "decided", "counted",
+            "early", "left", "requested_in_sum")
 
 
 def run_field(key: PageKey) -> bytes:
@@ -313,8 +322,7 @@ class ClusterCoordinator:
             # Named as its hold on the scope (taken before it joins): the
             # holder `scrapy state` names is the worker the cluster knows.
             self.worker_id = ledger.hold_name.removeprefix(SHARED_HOLD)
-        run, workers = self._join(keys=[self.key("run"), self.key("workers")],
-                                  args=[self.worker_id, new_run, repr(clock.now())])
+        run, workers, abandoned = self._join_run(new_run)
         run_id, _, started = run.decode().partition("|")
         self.run = run_id
         self.run_started = float(started)
@@ -329,6 +337,13 @@ class ClusterCoordinator:
                 ledger.store.mark_run_start(ledger.scope, self.run_started)
         self.stats.set_value("cluster/worker", self.worker_id)
         self.stats.set_value("cluster/run", self.run)
+        if abandoned:
+            self.stats.inc_value("cluster/abandoned_runs")
+            logger.warning(
+                "Cluster: run %(old)s of %(spider)s had no live worker (none beat within "
+                "INCREMENTAL_CLUSTER_WORKER_TTL): abandoned, its keys deleted; run %(run)s "
+                "starts in its place", {"old": abandoned, "spider": spider.name, "run": run_id},
+            )
         logger.info(
             "Cluster %(url)s: worker %(worker)s joined run %(run)s of %(spider)s",
             {"url": redacted(self.url), "worker": self.worker_id,
@@ -336,6 +351,28 @@ class ClusterCoordinator:
         )
         self._task = create_looping_call(self.beat)
         self._task.start(self.heartbeat, now=False)
+
+    def _join_run(self, new_run: str) -> tuple[bytes, list[bytes], str]:
+        """join.lua: the run joined (``<id>|<start>``), the workers, and the
+        id of the run abandoned for it ('' if none was)."""
+        for _ in range(BEAT_TRIES):
+            # Read first: the script deletes the abandoned run's keys, and
+            # every key it touches is named in KEYS.
+            self.roundtrip()
+            current = self.redis.get(self.key("run"))
+            text = current.decode() if isinstance(current, bytes) else current
+            old = text.partition("|")[0] if text else None
+            keys = [self.key("run"), self.key("workers"),
+                    self.key(f"{new_run}:unrecorded"),
+                    *(self.key(f"{old}:{name}") for name in RUN_KEYS if old is not None)]
+            self.roundtrip()
+            reply = self._join(keys=keys, args=[self.worker_id, new_run, repr(clock.now()),
+                                                self.worker_ttl, current or b""])
+            if len(reply) == 3:
+                run, workers, abandoned = reply
+                return run, workers, abandoned.decode()
+        raise ClusterError(f"the run of {self.spider_key} changed at each of {BEAT_TRIES} "
+                           "tries to join it")
 
     def leave(self, reason: str) -> None:
         """Give back what this worker holds; end the run if it was the last."""
@@ -353,8 +390,9 @@ class ClusterCoordinator:
         try:
             self.silence.again_blocking(
                 lambda: self._beat_once(release_all=reason == "finished"))
+            run = self.run
             back, unrecorded, ended = self.silence.again_blocking(lambda: self._leave(
-                keys=self.leave_keys(), args=[self.worker_id]))
+                keys=self.leave_keys(), args=[self.worker_id, run]))
         except redis.RedisError as exc:
             # run_unrecorded stays unknown: the sitemaps' state is not saved.
             # What this worker held is reaped by the others once Redis is back.
@@ -365,7 +403,16 @@ class ClusterCoordinator:
             self.stats.inc_value("cluster/redis_errors")
             self.redis.close()
             return
-        self.run_unrecorded = int(unrecorded)
+        if int(unrecorded) < 0:
+            # This worker was silent past the TTL and its run, every worker
+            # of it taken for dead, was abandoned: what it failed to record
+            # is unknown, the sitemaps' state is not saved.
+            logger.warning("Cluster: run %(run)s was abandoned while worker %(worker)s was "
+                           "silent; it left a run that is no more",
+                           {"run": self.run, "worker": self.worker_id})
+            self.stats.inc_value("cluster/left_abandoned_run")
+        else:
+            self.run_unrecorded = int(unrecorded)
         if back:
             self.stats.inc_value("cluster/requeued_on_leave", back)
         logger.info(
@@ -381,10 +428,7 @@ class ClusterCoordinator:
         """The keys of leave.lua, in its order."""
         return [self.key("workers"), self.queue_key, self.key("run"),
                 *self.worker_keys(self.worker_id),
-                *(self.run_prefix + name
-                  for name in ("seen", "unrecorded", "claims", "tombstones",
-                               "listings", "decided", "counted", "early", "left",
-                               "requested_in_sum"))]
+                *(self.run_prefix + name for name in RUN_KEYS)]
 
     # -- the shared queue ------------------------------------------------------
 
@@ -565,7 +609,8 @@ class ClusterCoordinator:
         now = time.monotonic()
         try:
             busy = not self._beat_once() or bool(self._claims_pending(
-                keys=[self.run_prefix + "claims", self.key("workers")], args=[self.worker_id]))
+                keys=[self.run_prefix + "claims", self.key("workers")],
+                args=[self.worker_id, self.worker_ttl]))
             self.roundtrip()
         except redis.RedisError as exc:
             # Unknown is not quiet: wait (the engine asks again).
@@ -632,14 +677,24 @@ class ClusterCoordinator:
             deferred_from_coro(engine.close_spider_async(reason="cluster_redis_error"))
 
     def claim(self, job: str) -> bool:
-        """Whether this worker holds the run's *job* (the first to claim it does)."""
+        """Whether this worker holds the run's *job*: the first to claim it
+        does, and a worker that claims it after its owner died without
+        doing it (:meth:`claim_done`) takes it over."""
         self.roundtrip()
         try:
-            owner, done = self.silence.again_blocking(lambda: self._claim(
-                keys=[self.run_prefix + "claims"], args=[job, self.worker_id]))
+            owner, done, taken_from = self.silence.again_blocking(lambda: self._claim(
+                keys=[self.run_prefix + "claims", self.key("workers")],
+                args=[job, self.worker_id, self.worker_ttl]))
         except redis.RedisError as exc:
             self.lost(exc)
             return False
+        if taken_from:
+            self.stats.inc_value("cluster/claims_taken_over")
+            logger.warning(
+                "Cluster: worker %(dead)s claimed the run's %(job)s and stopped beating "
+                "before it was done; worker %(worker)s takes it over",
+                {"dead": taken_from.decode(), "job": job, "worker": self.worker_id},
+            )
         if owner == self.worker_id.encode():
             return True
         if not done:

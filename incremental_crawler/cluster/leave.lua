@@ -1,10 +1,15 @@
 -- Leave: what the worker still holds goes back to the queue; the last
 -- worker out with the queue drained ends the run. KEYS: workers, queue,
--- run, this worker's in-flight and held hashes, then the run's seen,
--- unrecorded, claims, tombstones, listings, decided, counted, early, left and
--- requested_in_sum
--- (the workers gone with their crawls recorded: count_page.lua keeps what
--- they counted). ARGV: worker.
+-- run, this worker's in-flight and held hashes, then the run's keys
+-- (RUN_KEYS in coordinator.py: seen, unrecorded, claims, tombstones,
+-- listings, decided, counted, early, left, requested_in_sum; left: the
+-- workers gone with their crawls recorded, count_page.lua keeps what they
+-- counted). ARGV: worker, its run's id.
+-- Returns {requeued, the run's unrecorded failures, whether the run ended};
+-- unrecorded is -1 (unknown) if the run key names another run: this
+-- worker's was abandoned while it was silent (join.lua), and the keys it
+-- wrote since are deleted. (No run key: the run ended without this worker,
+-- reaped while silent; left as it was.)
 local back = 0
 for _, mine in ipairs({KEYS[4], KEYS[5]}) do
   for _, v in ipairs(redis.call('HVALS', mine)) do
@@ -15,6 +20,11 @@ for _, mine in ipairs({KEYS[4], KEYS[5]}) do
   redis.call('DEL', mine)
 end
 redis.call('HDEL', KEYS[1], ARGV[1])
+local run = redis.call('GET', KEYS[3])
+if run and string.sub(run, 1, #ARGV[2] + 1) ~= ARGV[2] .. '|' then
+  for i = 6, #KEYS do redis.call('UNLINK', KEYS[i]) end
+  return {back, -1, 0}
+end
 redis.call('SADD', KEYS[14], ARGV[1])
 local unrecorded = tonumber(redis.call('GET', KEYS[7]) or '0')
 local ended = 0

@@ -92,7 +92,9 @@ logger = logging.getLogger(__name__)
 
 class RunClaims(Protocol):
     """A cluster's jobs done once per run, by the one worker that claims them
-    (what the re-seeder asks of the cluster's coordinator)."""
+    (what the re-seeder asks of the cluster's coordinator). A claim not
+    done (:meth:`claim_done`) whose worker died is taken over by the next
+    worker that claims the job."""
 
     def claim(self, job: str) -> bool: ...
 
@@ -180,7 +182,8 @@ class Reseeder:
             # In cluster mode: by one worker per run (the due pages go to
             # the shared queue), once no worker can discover more links.
             # Claimed first: the others wait for a claimed job to be done
-            # instead of leaving before its pages are queued.
+            # instead of leaving before its pages are queued (and take it
+            # over if its worker dies first: asked again at each idle).
             if not cluster.claim("reseed"):
                 return
             if not cluster.quiet():

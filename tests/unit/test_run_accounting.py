@@ -58,7 +58,7 @@ class Worker:
     def left(self) -> None:
         """Left the run (its crawl, and stats, recorded)."""
         self.coordinator._leave(keys=self.coordinator.leave_keys(),
-                                args=[self.coordinator.worker_id])
+                                args=[self.coordinator.worker_id, RUN])
 
 
 @pytest.fixture
