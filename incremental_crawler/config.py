@@ -46,7 +46,7 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "INCREMENTAL_REDIS_RETRY_TIME": 30.0,
     # The Redis state store on a Redis Cluster (its cluster layout) is new:
     # opened only when this says so (see docs/capacity.md, "Redis Cluster").
-    "INCREMENTAL_STATE_ON_REDIS_CLUSTER": False,
+    "INCREMENTAL_STATE_ON_REDIS_CLUSTER": True,
     # Seconds between a worker's heartbeats; a worker silent for the TTL is
     # taken for dead and its requests go back to the queue.
     "INCREMENTAL_CLUSTER_HEARTBEAT": 1.0,

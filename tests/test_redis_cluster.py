@@ -80,10 +80,6 @@ def store_uri(redis_prefix: str) -> str:
     return f"{REDIS_URI}?prefix={redis_prefix}"
 
 
-#: The state store on the cluster: opened only when asked for (its layout is new).
-STORE = ("-s", "INCREMENTAL_STATE_ON_REDIS_CLUSTER=True")
-
-
 def on_cluster(cluster, *extra: str) -> tuple[str, ...]:
     return ("-s", f"INCREMENTAL_CLUSTER_URL={cluster.url}", *extra)
 
@@ -279,15 +275,16 @@ def cluster_store(redis_cluster):
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_worker_keeps_no_state_store_on_the_cluster_unless_asked(
+async def test_a_worker_told_to_keep_no_state_store_on_the_cluster_stops_before_writing(
         site, redis_cluster, prefix, tmp_path):
-    # The cluster layout is new: without INCREMENTAL_STATE_ON_REDIS_CLUSTER a
-    # crawl whose store would follow the cluster's URL stops in one line,
-    # before anything of the store is written there.
+    # With INCREMENTAL_STATE_ON_REDIS_CLUSTER = False a crawl whose store
+    # would follow the cluster's URL stops in one line, before anything of
+    # the store is written there.
     site.add_page("/p/0000", "strong", size=1000)
-    worker = Worker(site, None, prefix, tmp_path, "0", *on_cluster(redis_cluster))
+    worker = Worker(site, None, prefix, tmp_path, "0", *on_cluster(redis_cluster),
+                    "-s", "INCREMENTAL_STATE_ON_REDIS_CLUSTER=False")
     assert await worker.wait() == 1, worker.tail()
-    assert "INCREMENTAL_STATE_ON_REDIS_CLUSTER = True" in worker.text()
+    assert "INCREMENTAL_STATE_ON_REDIS_CLUSTER is False" in worker.text()
     assert page_gets(site) == {}
     assert await deferToThread(redis_cluster.keys, "incremental:meta") == []
 
@@ -300,7 +297,7 @@ async def test_workers_keep_their_state_store_on_the_cluster(
         site.add_page(f"/p/{i:04d}", ("strong", "weak", "lastmod")[i % 3], size=1000)
     site.slow("/p/", 0.05)
     # No INCREMENTAL_STATE_URI: the store follows the cluster's URL.
-    workers = [Worker(site, None, prefix, tmp_path, str(i), *on_cluster(redis_cluster, *STORE))
+    workers = [Worker(site, None, prefix, tmp_path, str(i), *on_cluster(redis_cluster))
                for i in range(2)]
     await until_all_have_work(site, 2)
     site.release()
@@ -320,7 +317,7 @@ async def test_workers_keep_their_state_store_on_the_cluster(
     # What a command reads of it (no add-on: the same rule finds it).
     result = await deferToThread(scrapy_in_process, "items", "-o",
                                  str(tmp_path / "items.jsonl"), "-s",
-                                 f"INCREMENTAL_CLUSTER_URL={redis_cluster.url}", *STORE)
+                                 f"INCREMENTAL_CLUSTER_URL={redis_cluster.url}")
     assert result.returncode == 0, result.stderr[-3000:]
     exported = [json.loads(line)["url"]
                 for line in (tmp_path / "items.jsonl").read_text().splitlines()]
@@ -328,7 +325,7 @@ async def test_workers_keep_their_state_store_on_the_cluster(
     # (The report's files go to the test's directory, not the project's.)
     for command in (["state"], ["report", "sitemap", "-o", str(tmp_path / "history")]):
         result = await deferToThread(scrapy_in_process, *command, "-s",
-                                     f"INCREMENTAL_CLUSTER_URL={redis_cluster.url}", *STORE)
+                                     f"INCREMENTAL_CLUSTER_URL={redis_cluster.url}")
         assert result.returncode == 0, (command, result.stderr[-3000:])
         assert "sitemap" in result.stdout + result.stderr, command
 
@@ -336,7 +333,7 @@ async def test_workers_keep_their_state_store_on_the_cluster(
     # changed ones (their lastmods say so).
     changed = set(site.change_fraction(0.1, seed=5))
     site.reset_log()
-    workers = [Worker(site, None, prefix, tmp_path, f"2-{i}", *on_cluster(redis_cluster, *STORE),
+    workers = [Worker(site, None, prefix, tmp_path, f"2-{i}", *on_cluster(redis_cluster),
                       "-s", "INCREMENTAL_LASTMOD_RECHECK_SHARE=0") for i in range(2)]
     for worker in workers:
         assert await worker.wait() == 0, worker.tail()
@@ -388,7 +385,7 @@ async def test_a_runs_first_worker_moves_the_mark_to_the_runs_start(
     for i in range(n):
         site.add_page(f"/p/{i:04d}", "lastmod", size=1000)
     before = math.floor(time.time())
-    workers = [Worker(site, None, prefix, tmp_path, str(i), *on_cluster(redis_cluster, *STORE))
+    workers = [Worker(site, None, prefix, tmp_path, str(i), *on_cluster(redis_cluster))
                for i in range(2)]
     for worker in workers:
         assert await worker.wait() == 0, worker.tail()
@@ -405,7 +402,7 @@ async def test_a_runs_first_worker_moves_the_mark_to_the_runs_start(
     await deferLater(reactor, 1.1)
     changed = site.change_fraction(0.2, seed=3)
     site.reset_log()
-    workers = [Worker(site, None, prefix, tmp_path, f"2-{i}", *on_cluster(redis_cluster, *STORE),
+    workers = [Worker(site, None, prefix, tmp_path, f"2-{i}", *on_cluster(redis_cluster),
                       "-s", "INCREMENTAL_LASTMOD_RECHECK_SHARE=0") for i in range(2)]
     for worker in workers:
         assert await worker.wait() == 0, worker.tail()
@@ -429,7 +426,7 @@ async def test_a_runs_first_worker_moves_the_mark_to_the_runs_start(
 async def state_on_cluster(cluster, *args: str) -> subprocess.CompletedProcess[str]:
     """``scrapy state ARGS`` on the store a cluster crawl keeps on the cluster."""
     return await deferToThread(scrapy_in_process, "state", *args, "-s",
-                               f"INCREMENTAL_CLUSTER_URL={cluster.url}", *STORE)
+                               f"INCREMENTAL_CLUSTER_URL={cluster.url}")
 
 
 async def test_a_repair_is_refused_while_cluster_workers_hold_the_scope_naming_them(
@@ -437,7 +434,7 @@ async def test_a_repair_is_refused_while_cluster_workers_hold_the_scope_naming_t
     n = 16
     for i in range(n):
         site.add_page(f"/p/{i:04d}", "strong", size=1000)
-    workers = [Worker(site, None, prefix, tmp_path, str(i), *on_cluster(redis_cluster, *STORE))
+    workers = [Worker(site, None, prefix, tmp_path, str(i), *on_cluster(redis_cluster))
                for i in range(2)]
     try:
         await until_all_have_work(site, 2)
@@ -472,7 +469,7 @@ async def test_a_worker_and_a_crawl_refuse_to_start_while_a_repair_holds_the_sco
     n = 6
     for i in range(n):
         site.add_page(f"/p/{i:04d}", "strong", size=1000)
-    first = Worker(site, None, prefix, tmp_path, "0", *on_cluster(redis_cluster, *STORE))
+    first = Worker(site, None, prefix, tmp_path, "0", *on_cluster(redis_cluster))
     assert await first.wait() == 0, first.tail()
     # The repair waits with the host's pages deleted and its items not yet
     # (the moment a page written beside it would keep validators that say
@@ -493,9 +490,9 @@ async def test_a_worker_and_a_crawl_refuse_to_start_while_a_repair_holds_the_sco
     try:
         assert await deferToThread(deleted.wait, 60)
         site.reset_log()
-        worker = Worker(site, None, prefix, tmp_path, "1", *on_cluster(redis_cluster, *STORE))
+        worker = Worker(site, None, prefix, tmp_path, "1", *on_cluster(redis_cluster))
         crawl = start_scrapy("crawl", "sitemap", "-a", f"sitemap_url={site.url('/robots.txt')}",
-                             "-s", f"INCREMENTAL_STATE_URI={cluster_store}", *STORE)
+                             "-s", f"INCREMENTAL_STATE_URI={cluster_store}")
         assert await worker.wait() == 1, worker.tail()
         _, stderr = await deferToThread(crawl.communicate, timeout=60)
         for log in (worker.text(), stderr.decode()):
@@ -514,7 +511,7 @@ async def test_a_worker_and_a_crawl_refuse_to_start_while_a_repair_holds_the_sco
     assert re.match(rf"forgot host 127\.0\.0\.1 in scope 'sitemap': \d+ pages, \d+ links "
                     rf"records?, {n} items, {n} item versions", done.stdout), done.stdout
     # Nothing of the host left: the next run finds every page new.
-    again = Worker(site, None, prefix, tmp_path, "2", *on_cluster(redis_cluster, *STORE))
+    again = Worker(site, None, prefix, tmp_path, "2", *on_cluster(redis_cluster))
     assert await again.wait() == 0, again.tail()
     assert sorted(again.urls()) == sorted(site.url(f"/p/{i:04d}") for i in range(n))
     assert sorted(page_gets(site)) == [f"/p/{i:04d}" for i in range(n)]

@@ -133,12 +133,13 @@ def test_a_store_on_a_cluster_is_of_the_cluster_layout(
     url = redis_cluster.url if named_by == "node" else redis_cluster.seeds_url
     uri = f"{url}?prefix={prefix}"
     assert RedisStateStore.exists(uri) is False
-    # Not without the setting that says so (the layout is new), and
-    # refused before anything is written there.
-    with pytest.raises(StateStoreError, match="INCREMENTAL_STATE_ON_REDIS_CLUSTER = True"):
-        RedisStateStore.from_uri(uri)
+    # Refused, before anything is written there, when a project says so.
+    with pytest.raises(StateStoreError, match="INCREMENTAL_STATE_ON_REDIS_CLUSTER is False"):
+        RedisStateStore.from_uri(uri, settings=Settings(
+            {"INCREMENTAL_STATE_ON_REDIS_CLUSTER": False}))
     assert RedisStateStore.exists(uri) is False
-    store = RedisStateStore.from_uri(uri, settings=ON_CLUSTER)
+    # Opened by default: no setting needed.
+    store = RedisStateStore.from_uri(uri, settings=Settings())
     store._sync.close()
     assert RedisStateStore.exists(uri) is True
     with redis_cluster.client() as client:

@@ -88,15 +88,13 @@ _READ_SCRIPT_PAGES = 2_000
 _HMGET_FIELDS = 500
 
 
-#: Why a Redis Cluster is refused unless INCREMENTAL_STATE_ON_REDIS_CLUSTER
-#: is set (said before anything is written there).
-NOT_YET_ON_A_CLUSTER = (
-    "is a Redis Cluster, and the state store's cluster layout is new: a flush "
-    "there runs in three phases on several nodes, and not every failure between "
-    "them is recovered yet (docs/capacity.md, \"Redis Cluster\"); set "
-    "INCREMENTAL_STATE_ON_REDIS_CLUSTER = True to use it all the same, or "
-    "INCREMENTAL_STATE_URI to a Redis server (redis://host:port/db?prefix=name) "
-    "or a SQLite file (sqlite:///path)")
+#: Why a Redis Cluster is refused when INCREMENTAL_STATE_ON_REDIS_CLUSTER is
+#: False (said before anything is written there).
+NOT_ON_A_CLUSTER = (
+    "is a Redis Cluster, and INCREMENTAL_STATE_ON_REDIS_CLUSTER is False: the "
+    "state store keeps nothing on a cluster; remove that setting to keep it "
+    "there (in the cluster layout), or set INCREMENTAL_STATE_URI to a Redis "
+    "server (redis://host:port/db?prefix=name) or a SQLite file (sqlite:///path)")
 
 
 def _refuse_cluster(uri: str, clean: str) -> None:
@@ -111,7 +109,7 @@ def _refuse_cluster(uri: str, clean: str) -> None:
     except redis.RedisError:
         return
     if cluster:
-        raise StateStoreError(f"State store {redacted(uri)}: {NOT_YET_ON_A_CLUSTER}")
+        raise StateStoreError(f"State store {redacted(uri)}: {NOT_ON_A_CLUSTER}")
 
 
 class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
@@ -164,7 +162,7 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
     @classmethod
     def from_uri(cls, uri: str, *, settings: BaseSettings | None = None) -> Self:
         clean, prefix = parse_redis_uri(uri)
-        if not (settings is not None and settings.getbool("INCREMENTAL_STATE_ON_REDIS_CLUSTER")):
+        if settings is not None and not settings.getbool("INCREMENTAL_STATE_ON_REDIS_CLUSTER", True):
             _refuse_cluster(uri, clean)
         store = cls(clean, prefix=prefix, history_limit=item_history_setting(settings))
         store.crawl_history = crawl_history_setting(settings)
