@@ -162,7 +162,9 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
     @classmethod
     def from_uri(cls, uri: str, *, settings: BaseSettings | None = None) -> Self:
         clean, prefix = parse_redis_uri(uri)
-        if settings is not None and not settings.getbool("INCREMENTAL_STATE_ON_REDIS_CLUSTER", True):
+        refused = settings is not None and not settings.getbool(
+            "INCREMENTAL_STATE_ON_REDIS_CLUSTER", True)
+        if refused:
             _refuse_cluster(uri, clean)
         store = cls(clean, prefix=prefix, history_limit=item_history_setting(settings))
         store.crawl_history = crawl_history_setting(settings)
