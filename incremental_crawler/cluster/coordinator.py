@@ -735,20 +735,28 @@ class ClusterCoordinator:
     def note_listing(self, listing: str) -> None:
         """A list this worker read (or found unchanged) is current with
         membership *listing*: for whichever worker re-seeds the run."""
-        self.roundtrip()
-        try:
-            self.silence.again_blocking(lambda: self.redis.sadd(self.run_prefix + "listings",
-                                                                listing))
-        except redis.RedisError as exc:
-            # Not shared: the re-seeding worker lets fewer dates vouch.
-            self.lost(exc)
+        # Not shared when Redis fails: the re-seeding worker lets fewer dates vouch.
+        self._add_to_run_set("listings", listing)
 
     def run_listings(self) -> set[str] | None:
         """The memberships every worker of the run noted; ``None``: unknown."""
+        return self._run_set("listings")
+
+    def _add_to_run_set(self, name: str, member: str) -> None:
+        """Add *member* to the run's set *name* (one round trip; a Redis
+        failure is noted as lost, and the member is not shared)."""
+        self.roundtrip()
+        try:
+            self.silence.again_blocking(lambda: self.redis.sadd(self.run_prefix + name, member))
+        except redis.RedisError as exc:
+            self.lost(exc)
+
+    def _run_set(self, name: str) -> set[str] | None:
+        """The members of the run's set *name*; ``None`` when Redis failed."""
         self.roundtrip()
         try:
             members = self.silence.again_blocking(
-                lambda: self.redis.smembers(self.run_prefix + "listings"))
+                lambda: self.redis.smembers(self.run_prefix + name))
         except redis.RedisError as exc:
             self.lost(exc)
             return None
@@ -849,24 +857,12 @@ class ClusterCoordinator:
     def note_first_second_visit(self, key: PageKey) -> None:
         """This worker visited *key* in the run's first second (for the
         worker that re-seeds: see ``Ledger.first_second_visits``)."""
-        self.roundtrip()
-        try:
-            self.silence.again_blocking(lambda: self.redis.sadd(
-                self.run_prefix + "early", "\0".join(key)))
-        except redis.RedisError as exc:
-            self.lost(exc)
+        self._add_to_run_set("early", "\0".join(key))
 
     def first_second_visits(self) -> set[PageKey] | None:
         """The pages the run's workers visited in its first second; ``None``: unknown."""
-        self.roundtrip()
-        try:
-            members = self.silence.again_blocking(
-                lambda: self.redis.smembers(self.run_prefix + "early"))
-        except redis.RedisError as exc:
-            self.lost(exc)
-            return None
-        return {PageKey(*(m.decode() if isinstance(m, bytes) else m).split("\0"))
-                for m in members}
+        members = self._run_set("early")
+        return None if members is None else {PageKey(*m.split("\0")) for m in members}
 
     def note_unrecorded_failure(self) -> None:
         """A page failed and could not be recorded: the run's sitemap validators must not
