@@ -34,6 +34,7 @@ from incremental_crawler.state.records import (
 from incremental_crawler.state.stores.base import (
     AdminStore,
     DueAfter,
+    HoldLapsed,
     Removed,
     ScopeHeld,
     StateStore,
@@ -293,6 +294,8 @@ class MemoryStore(StateStore):
                         key=lambda hold: -hold[1])
         if others:
             raise ScopeHeld(f"scope {scope!r} is held by {others[0][0]}", *others[0])
+        if holds.get(holder, now) <= now:
+            raise HoldLapsed(f"the hold of {holder} on scope {scope!r} lapsed")
         holds[holder] = now + ttl
         self._save()
 

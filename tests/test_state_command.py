@@ -65,6 +65,35 @@ async def states(state_uri: str, *runs: tuple[str, ...]) -> list[subprocess.Comp
     return [await state(state_uri, *args) for args in runs]
 
 
+def take_once_lapsed(store: StateStore, holder: str) -> None:
+    """Take the scope for *holder* once the running crawl's short hold
+    lapsed, on the reactor's thread: the crawl refreshes nothing meanwhile
+    (as when its reactor stalls past its hold)."""
+    import time
+    for _ in range(2000):  # bounded: the crawl's hold lasts 0.3 s
+        if store.take_scope(SCOPE, holder, 60, clock.now()) is None:
+            return
+        time.sleep(0.01)
+    pytest.fail("the crawl's hold never lapsed")
+
+
+def release_at_once(state_uri: str, holder: str) -> None:
+    """Drop *holder*'s hold on the reactor's thread (a store of its own,
+    in a thread joined at once): nothing of the crawl's runs between."""
+    import asyncio
+
+    async def release() -> None:
+        store = open_admin_store(Settings(crawl_settings(state_uri)), "state")
+        try:
+            await store.release_scope(SCOPE, holder)
+        finally:
+            await store.close()
+
+    released = threading.Thread(target=asyncio.run, args=(release(),))
+    released.start()
+    released.join()
+
+
 def pages(site: Any, n: int = 3) -> list[str]:
     for i in range(n):
         site.add_page(f"/p/{i}", "strong", size=3000)
@@ -164,7 +193,7 @@ async def test_a_killed_crawl_of_this_host_is_named_killed_until_its_hold_lapses
     killed.wait()
     host = socket.gethostname()
     for holder in (f"{host}:{killed.pid}", f"{host}:{killed.pid}:0a1b2c3d"):
-        await deferred_from_coro(state_store.hold_scope(SCOPE, holder, HOLD_TTL))
+        assert state_store.take_scope(SCOPE, holder, HOLD_TTL, clock.now()) is None
         held, summary = await states(
             state_uri, ("forget", site.url("/p/0"), "--spider", SCOPE), ("--spider", SCOPE))
         assert held.returncode == 1
@@ -176,7 +205,7 @@ async def test_a_killed_crawl_of_this_host_is_named_killed_until_its_hold_lapses
         await deferred_from_coro(state_store.release_scope(SCOPE, holder))
     # This host's running process (the test's) is running, or killed.
     alive = f"{host}:{os.getpid()}"
-    await deferred_from_coro(state_store.hold_scope(SCOPE, alive, HOLD_TTL))
+    assert state_store.take_scope(SCOPE, alive, HOLD_TTL, clock.now()) is None
     held = await state(state_uri, "forget", site.url("/p/0"), "--spider", SCOPE)
     assert f"held by crawl {alive} (running, or killed: its hold lapses at " in held.stderr
 
@@ -198,7 +227,7 @@ async def test_reset_refuses_without_yes_and_while_a_crawl_holds_the_scope(
     assert state_store.count_scope(SCOPE) == before
 
     # A crawl holds the scope (as a running one does, through the store).
-    await deferred_from_coro(state_store.hold_scope(SCOPE, "crawler-host:4242", HOLD_TTL))
+    assert state_store.take_scope(SCOPE, "crawler-host:4242", HOLD_TTL, clock.now()) is None
     expires = state_store.scope_holders(SCOPE, clock.now())["crawler-host:4242"]
     refusals = (("reset", "--yes"), ("forget", site.url("/p/0")), ("forget-host", "127.0.0.1"))
     *refused_all, summary = await states(
@@ -463,3 +492,37 @@ async def test_a_repairs_hold_is_renewed_while_it_runs_and_released_at_the_end(
         await deferToThread(hold.__exit__, None, None, None)
     assert state_store.scope_holders(SCOPE, 0) == {}  # released
     assert hold.lost is None
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_whose_hold_lapsed_under_a_whole_repair_stops(
+    site, crawl, state_uri, state_store: StateStore, monkeypatch,
+):
+    # The crawl's hold lapses, and a quick repair takes the scope, forgets
+    # its pages and ends, all before the crawl's next refresh: the refresh
+    # does not take the hold again (the crawl would write on from what it
+    # read before the repair), it stops the crawl.
+    urls = pages(site, 4)
+    await crawl(ListSpider, urls=urls)
+    monkeypatch.setattr(ledger_module, "HOLD_TTL", 0.3)  # refreshed every 0.1 s
+    site.hold("/p/")
+    runner = CrawlerRunner(crawl_settings(state_uri, INCREMENTAL_FLUSH_INTERVAL=0.05,
+                                          CONCURRENT_REQUESTS=4))
+    crawler = runner.create_crawler(ListSpider)
+    done = ensureDeferred(runner.crawl(crawler, urls=urls))
+    repair = "repair@elsewhere:4242"
+    try:
+        await until(lambda: site.held >= 1, "the crawl to send a request")
+        # On the reactor's thread, as a whole: no refresh runs between.
+        take_once_lapsed(state_store, repair)
+        for url in urls:
+            state_store.forget_page(SCOPE, url)
+        release_at_once(state_uri, repair)
+        await until(lambda: crawler.stats.get_value("incremental/store_errors"),
+                    "the crawl to find its hold gone")
+    finally:
+        site.release()
+    await done
+    assert crawler.stats.get_value("finish_reason") == "incremental_store_error"
+    assert state_store.scope_holders(SCOPE, clock.now()) == {}  # not taken again

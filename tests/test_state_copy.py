@@ -231,8 +231,8 @@ async def test_copy_refuses_a_destination_that_holds_the_scope_and_a_held_source
 
     held = opened(source)
     try:
-        await deferred_from_coro(
-            held.hold_scope(SCOPE, f"elsewhere:{uuid.uuid4().int % 10**6}", 600))
+        assert held.take_scope(
+            SCOPE, f"elsewhere:{uuid.uuid4().int % 10**6}", 600, clock.now()) is None
     finally:
         await deferred_from_coro(held.close())
     refused = await state(source, "copy", "--to", stores["redis2"], "--spider", SCOPE, "--yes")

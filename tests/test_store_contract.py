@@ -48,7 +48,13 @@ from incremental_crawler.state.stores import (
     default_state_uri,
     open_store,
 )
-from incremental_crawler.state.stores.base import HostSummary, Removed, ScopeHeld, due_after
+from incremental_crawler.state.stores.base import (
+    HoldLapsed,
+    HostSummary,
+    Removed,
+    ScopeHeld,
+    due_after,
+)
 from incremental_crawler.state.stores.redis import RedisStateStore
 from incremental_crawler.state.stores.redis.core import ITEM_GROUPS
 from incremental_crawler.state.stores.sqlite import (
@@ -1625,19 +1631,29 @@ class StateStoreContract:
     async def test_holds_lapse_after_their_ttl(self, store: StateStore) -> None:
         # (Cluster workers: the holds that may be held together.)
         one, two, three = "worker@host:1", "worker@host:2 worker", "worker@host:3"
-        await call(store.hold_scope(SCOPE, one, 60, now=1_000))
-        await call(store.hold_scope(SCOPE, two, 60, now=1_030))
+        assert store.take_scope(SCOPE, one, 60, now=1_000) is None
+        assert store.take_scope(SCOPE, two, 60, now=1_030) is None
         assert store.scope_holders(SCOPE, 1_000) == {one: 1_060, two: 1_090}
         assert store.scope_holders(SCOPE, 1_060) == {two: 1_090}
         assert store.scope_holders(SCOPE, 1_090) == {}
         assert store.scope_holders("other", 1_000) == {}
+        # A hold that lapsed is not refreshed (only taken again): another
+        # may have held the scope meanwhile, and ended.
+        with pytest.raises(HoldLapsed, match="lapsed or was released"):
+            await call(store.hold_scope(SCOPE, one, 60, now=1_100))
+        with pytest.raises(HoldLapsed):
+            await call(store.hold_scope(SCOPE, "never held", 60, now=1_100))
+        assert store.scope_holders(SCOPE, 1_100) == {}
         # A refresh moves its lapse; a release drops it, and no other.
-        await call(store.hold_scope(SCOPE, one, 60, now=1_100))
-        assert store.scope_holders(SCOPE, 1_100) == {one: 1_160}
-        await call(store.hold_scope(SCOPE, three, 60, now=1_100))
+        assert store.take_scope(SCOPE, one, 60, now=1_100) is None
+        await call(store.hold_scope(SCOPE, one, 60, now=1_120))
+        assert store.scope_holders(SCOPE, 1_120) == {one: 1_180}
+        assert store.take_scope(SCOPE, three, 60, now=1_120) is None
         await call(store.release_scope(SCOPE, one))
         await call(store.release_scope(SCOPE, "never held"))
-        assert store.scope_holders(SCOPE, 1_100) == {three: 1_160}
+        assert store.scope_holders(SCOPE, 1_120) == {three: 1_180}
+        with pytest.raises(HoldLapsed):
+            await call(store.hold_scope(SCOPE, one, 60, now=1_130))  # released
         # Not staged: visible to every reader at once.
         assert store.pending == 0
 
@@ -1843,7 +1859,7 @@ class StateStoreContract:
         store.stage_item(item("a", scope="other"))
         store.stage_crawl(CrawlRecord("other", 1.0, 2.0))
         await call(store.flush())
-        await call(store.hold_scope(SCOPE, "someone", 60, now=1_000))
+        assert store.take_scope(SCOPE, "someone", 60, now=1_000) is None
         expected = Removed(pages=3, links=2, items=5, versions=7, hosts=1, crawls=1)
         assert store.count_scope(SCOPE) == expected
         assert store.count_scope(SCOPE) == expected  # counting deletes nothing
@@ -2644,7 +2660,7 @@ class TestSQLiteMigrations:
         store = await store_with_one_page(path, 11)
         assert store.crawls("s", 5) == [] and store.scope_holders("s", 0) == {}
         store.stage_crawl(CrawlRecord("s", 1.5, 2.25, figures={"requests": 1}))
-        await call(store.hold_scope("s", "me", 60, now=100))
+        assert store.take_scope("s", "me", 60, now=100) is None
         await call(store.close())
         store = SQLiteStateStore(path)
         assert store.crawls("s", 5) == [CrawlRecord("s", 1.5, 2.25, figures={"requests": 1})]

@@ -105,7 +105,7 @@ from incremental_crawler.state.stores import StateStore, StateStoreError, open_s
 from incremental_crawler.state.stores.base import (
     REPAIR_HOLD,
     SHARED_HOLD,
-    ScopeHeld,
+    HoldLapsed,
     dead_pid,
     describe_holder,
     hold_process,
@@ -670,10 +670,10 @@ class Ledger:
         try:
             await self.store.hold_scope(self.scope, self.hold_name, self.hold_ttl)
             self._held_at = clock.now()
-        except ScopeHeld as exc:
-            # This hold lapsed (the reactor stalled past it) and a repair or
-            # another crawl took the scope: the crawl stops rather than
-            # write on beside it.
+        except HoldLapsed as exc:
+            # This hold lapsed (the reactor stalled past it): a repair or
+            # another crawl took the scope, or did and ended already. The
+            # crawl stops rather than write on beside it or after it.
             self.store_failed(exc)
         except StateStoreError as exc:
             logger.warning("%(error)s; could not hold scope %(scope)r",

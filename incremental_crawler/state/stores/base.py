@@ -54,6 +54,7 @@ __all__ = [
     "AdminStore",
     "CrawlStore",
     "DueAfter",
+    "HoldLapsed",
     "HostSummary",
     "PagesSummary",
     "Removed",
@@ -327,7 +328,20 @@ class StateStoreError(RuntimeError):
     """
 
 
-class ScopeHeld(StateStoreError):
+class HoldLapsed(StateStoreError):
+    """A hold could not be refreshed: it lapsed, or was released or taken
+    over, before its refresh. Another may have held the scope meanwhile (a
+    repair that came and went), so the hold is not taken again: its holder
+    stops writing."""
+
+    @classmethod
+    def of(cls, location: str, scope: str, holder: str) -> HoldLapsed:
+        return cls(f"State store {location}: the hold of {describe_holder(holder)} on scope "
+                   f"{scope!r} lapsed or was released before it was refreshed (another may "
+                   "have held the scope meanwhile): it is not taken again")
+
+
+class ScopeHeld(HoldLapsed):
     """A hold on a scope was refused: *holder* holds it (until *expires*),
     and the two may not hold it together (:func:`holds_conflict`)."""
 
@@ -756,12 +770,15 @@ class StateStore(ABC):
     @abstractmethod
     async def hold_scope(self, scope: str, holder: str, ttl: float,
                          now: float | None = None) -> None:
-        """Refresh *holder*'s hold on *scope* (or take it again if it
-        lapsed), lapsing *ttl* seconds after *now* (``None``: the clock's
-        now). Holds of other holders stay. Raises :class:`ScopeHeld`,
-        holding nothing, while a holder that conflicts with *holder* holds
-        the scope (one that took it over once this hold lapsed): checked and
-        written in one transaction."""
+        """Refresh *holder*'s hold on *scope*, lapsing *ttl* seconds after
+        *now* (``None``: the clock's now). Holds of other holders stay.
+        Only a hold that is there and has not lapsed is refreshed (only
+        :meth:`take_scope` takes one): raises :class:`ScopeHeld`, holding
+        nothing, while a holder that conflicts with *holder* holds the scope
+        (one that took it over once this hold lapsed), else
+        :class:`HoldLapsed` when the hold lapsed or is gone (a repair may
+        have taken the scope, and ended, meanwhile): checked and written in
+        one transaction."""
 
     @abstractmethod
     def take_scope(self, scope: str, holder: str, ttl: float,

@@ -38,6 +38,7 @@ from incremental_crawler.state.stores.base import (
     SHARED_HOLD,
     AdminStore,
     DueAfter,
+    HoldLapsed,
     PagesSummary,
     Removed,
     ScopeHeld,
@@ -1407,16 +1408,22 @@ class SQLiteStateStore(AdminStore):
         if now is None:
             now = clock.now()
         # Its own transaction, beside the staged writes (never inside a
-        # flush: the reactor runs one thing at a time); lapsed holds go.
+        # flush: the reactor runs one thing at a time); lapsed holds go. A
+        # hold that lapsed is not taken again: a repair may have held the
+        # scope, and ended, meanwhile.
         db = self._db
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
-                db.execute("DELETE FROM holds WHERE scope = ? AND expires <= ?", (scope, now))
                 other = self._conflicting_hold(scope, holder, now, gone_too=True)
                 if other is not None:
                     _rollback(db)
                     raise self._held(scope, holder, *other)
+                if db.execute("SELECT 1 FROM holds WHERE scope = ? AND holder = ? "
+                              "AND expires > ?", (scope, holder, now)).fetchone() is None:
+                    _rollback(db)
+                    raise HoldLapsed.of(self.location, scope, holder)
+                db.execute("DELETE FROM holds WHERE scope = ? AND expires <= ?", (scope, now))
                 db.execute("INSERT OR REPLACE INTO holds (scope, holder, expires) "
                            "VALUES (?, ?, ?)", (scope, holder, now + ttl))
                 db.execute("COMMIT")

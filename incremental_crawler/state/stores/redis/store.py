@@ -37,6 +37,7 @@ from incremental_crawler.state.records import (
 from incremental_crawler.state.stores.base import (
     REPAIR_HOLD,
     SHARED_HOLD,
+    HoldLapsed,
     ScopeHeld,
     SlotRates,
     StateStoreError,
@@ -765,6 +766,8 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
         [other] = await self._commands(
             [("EVAL", HOLD_LUA, 1, holds, repr(float(now)), holder, repr(float(now + ttl)),
               SHARED_HOLD)], "Redis command failed")
+        if other == []:
+            raise HoldLapsed.of(self.location, scope, holder)
         if other:
             name, expires = other[0].decode(), float(other[1])
             raise ScopeHeld(f"State store {self.location}: scope {scope!r} is held by "
