@@ -246,7 +246,7 @@ async def test_reset_refuses_without_yes_and_while_a_crawl_holds_the_scope(
                      r"lapses at ", summary.stdout, re.M), summary.stdout
 
     # A killed crawl's hold lapses: an explicit now past it, through the store.
-    assert state_store.scope_holders(SCOPE, expires) == {}
+    assert state_store.scope_holders(SCOPE, expires + 1) == {}
     await deferred_from_coro(state_store.release_scope(SCOPE, "crawler-host:4242"))
     done = await state(state_uri, "reset", "--spider", SCOPE, "--yes")
     assert done.returncode == 0, done.stderr
@@ -444,11 +444,10 @@ async def test_a_crawl_whose_hold_was_taken_over_by_a_repair_stops_and_does_not_
     try:
         await until(lambda: site.held >= 1, "the crawl to send a request")
         # Its hold lapsed (as when its reactor stalls past it) and a repair
-        # took the scope: a now past the hold, synchronously (no refresh
-        # runs between).
+        # took the scope.
         repair = "repair@elsewhere:4242"
-        later = clock.now() + 1
-        assert state_store.take_scope(SCOPE, repair, 60, later) is None
+        take_once_lapsed(state_store, repair)
+        later = clock.now()
         assert list(state_store.scope_holders(SCOPE, later)) == [repair]
         await until(lambda: crawler.stats.get_value("incremental/store_errors"),
                     "the crawl to find its hold taken")

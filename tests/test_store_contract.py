@@ -30,6 +30,7 @@ import redis
 from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 
+from incremental_crawler import clock
 from incremental_crawler.state.records import (
     Change,
     CrawlRecord,
@@ -64,6 +65,7 @@ from incremental_crawler.state.stores.sqlite import (
     path_from_uri,
 )
 from tests.redis_util import REDIS_URI, new_prefix
+from tests.waiting import until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Iterator
@@ -146,6 +148,14 @@ class StateStoreContract:
     ``damage_slot_rate(scope, slot)``, which overwrites a stored politeness
     rate with a value no window can start from.
     """
+
+    #: Whether the store judges holds on the caller's *now* (the tests below
+    #: then move time by passing it); Redis judges them on its server's clock.
+    holds_on_callers_clock = True
+
+    def skip_unless_holds_on_callers_clock(self) -> None:
+        if not self.holds_on_callers_clock:
+            pytest.skip("holds judged on the server's clock: see HoldsOnTheServersClock")
 
     @pytest.fixture
     def store(self, make_store: MakeStore) -> StateStore:
@@ -1629,6 +1639,7 @@ class StateStoreContract:
 
     @pytest_twisted.ensureDeferred
     async def test_holds_lapse_after_their_ttl(self, store: StateStore) -> None:
+        self.skip_unless_holds_on_callers_clock()
         # (Cluster workers: the holds that may be held together.)
         one, two, three = "worker@host:1", "worker@host:2 worker", "worker@host:3"
         assert store.take_scope(SCOPE, one, 60, now=1_000) is None
@@ -1662,6 +1673,7 @@ class StateStoreContract:
     async def test_workers_hold_a_scope_together_and_a_repair_or_crawl_holds_it_alone(
         self, store: StateStore,
     ) -> None:
+        self.skip_unless_holds_on_callers_clock()
         crawl, repair = "host:1", "repair@host:2"
         one, two = "worker@host:3:a", "worker@host:3:b"
         # The workers of a run hold together; a crawl or a repair is refused
@@ -1859,7 +1871,7 @@ class StateStoreContract:
         store.stage_item(item("a", scope="other"))
         store.stage_crawl(CrawlRecord("other", 1.0, 2.0))
         await call(store.flush())
-        assert store.take_scope(SCOPE, "someone", 60, now=1_000) is None
+        assert store.take_scope(SCOPE, "someone", 60, now=clock.now()) is None
         expected = Removed(pages=3, links=2, items=5, versions=7, hosts=1, crawls=1)
         assert store.count_scope(SCOPE) == expected
         assert store.count_scope(SCOPE) == expected  # counting deletes nothing
@@ -1874,7 +1886,7 @@ class StateStoreContract:
         assert store.crawls(SCOPE, 10) == []
         assert store.count_scope("other") == Removed(pages=1, items=1, versions=1, crawls=1)
         # Holds lapse by themselves.
-        assert store.scope_holders(SCOPE, 1_000) == {"someone": 1_060}
+        assert list(store.scope_holders(SCOPE, clock.now())) == ["someone"]
 
 
     # -- the stored-graph walk's memo: the write generation ------------------------
@@ -2015,7 +2027,65 @@ class TestSQLiteStore(StateStoreContract):
         return damage
 
 
-class TestRedisStore(StateStoreContract):
+class HoldsOnTheServersClock:
+    """A Redis store's holds, judged on the server's clock (TIME) whatever
+    the caller's: a host whose clock is ahead, or a crawl under faketime,
+    neither takes a live hold nor holds one past its lapse."""
+
+    #: Not the contract's tests that move time by the caller's *now*.
+    holds_on_callers_clock = False
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_callers_clock_neither_takes_a_live_hold_nor_stretches_one(
+        self, store: StateStore,
+    ) -> None:
+        crawl, repair = "host:1", "repair@host:2"
+        one, two = "worker@host:3:a", "worker@host:3:b"
+        assert store.take_scope(SCOPE, repair, 60, clock.now()) is None
+        # A crawl whose host's clock is a minute ahead (or two days, under
+        # faketime) finds the repair's hold live; it is told when it lapses
+        # on its own clock.
+        for ahead in (61, 2 * 86_400):
+            now = clock.now() + ahead
+            held = store.take_scope(SCOPE, crawl, 60, now)
+            assert held is not None and held[0] == repair
+            assert now < held[1] <= now + 60
+        # A refresh under a clock ahead renews from the server's now.
+        await call(store.hold_scope(SCOPE, repair, 60, clock.now() + 2 * 86_400))
+        assert store.scope_holders(SCOPE, clock.now())[repair] <= clock.now() + 60
+        await call(store.release_scope(SCOPE, repair))
+        # A crawl taking under a clock two days ahead holds for its ttl,
+        # not two days (a killed one would block every repair meanwhile);
+        # nor does one two days behind hold nothing.
+        for skew in (2 * 86_400, -2 * 86_400):
+            assert store.take_scope(SCOPE, crawl, 60, clock.now() + skew) is None
+            assert clock.now() < store.scope_holders(SCOPE, clock.now())[crawl] \
+                <= clock.now() + 60
+            await call(store.release_scope(SCOPE, crawl))
+        # Workers hold together; a crawl or a repair alone.
+        assert store.take_scope(SCOPE, one, 60, clock.now()) is None
+        assert store.take_scope(SCOPE, two, 60, clock.now()) is None
+        for other in (crawl, repair):
+            held = store.take_scope(SCOPE, other, 60, clock.now())
+            assert held is not None and held[0] in (one, two)
+        assert sorted(store.scope_holders(SCOPE, clock.now())) == [one, two]
+        with pytest.raises(ScopeHeld, match="held by cluster worker host:3"):
+            await call(store.hold_scope(SCOPE, crawl, 60))
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_hold_lapses_on_the_servers_clock_and_is_not_refreshed_after(
+        self, store: StateStore,
+    ) -> None:
+        crawl = "host:1"
+        assert store.take_scope(SCOPE, crawl, 0.2, clock.now()) is None
+        await call(store.hold_scope(SCOPE, crawl, 0.2))
+        await until(lambda: not store.scope_holders(SCOPE, 0), "the hold to lapse")
+        with pytest.raises(HoldLapsed, match="lapsed or was released"):
+            await call(store.hold_scope(SCOPE, crawl, 60))
+        assert store.scope_holders(SCOPE, 0) == {}
+
+
+class TestRedisStore(HoldsOnTheServersClock, StateStoreContract):
     """The contract, for :class:`RedisStateStore` on the real Redis (db 9)."""
 
     @pytest_twisted.async_yield_fixture
@@ -2063,7 +2133,7 @@ class TestRedisStore(StateStoreContract):
         return damage
 
 
-class TestRedisClusterStore(StateStoreContract):
+class TestRedisClusterStore(HoldsOnTheServersClock, StateStoreContract):
     """The contract, for :class:`RedisStateStore` on a real Redis Cluster
     (three loopback primaries, ``tests/redis_cluster_util.py``): the cluster
     layout (5) and its phased flush. Each test has a key prefix of its own,

@@ -32,6 +32,7 @@ neither holds a ``:``, ``|`` or brace:
 ``P:crawls:<s>``                sorted set: crawl records (JSON) by start, newest N kept
 ``P:holds:<s>``                 sorted set: crawls, cluster workers (``worker@``) and repairs
                                 (``repair@``) holding the scope, by when each lapses
+                                (on the server's clock, its TIME)
 ``P:slots:<s>``                 hash: slot → the rate its politeness window
                                 learned (JSON)
 ``P:slotsat:<s>``               sorted set: those slots by when each was saved,
