@@ -2077,8 +2077,8 @@ class HoldsOnTheServersClock:
         self, store: StateStore,
     ) -> None:
         crawl = "host:1"
-        assert store.take_scope(SCOPE, crawl, 0.2, clock.now()) is None
-        await call(store.hold_scope(SCOPE, crawl, 0.2))
+        assert store.take_scope(SCOPE, crawl, 60, clock.now()) is None
+        await call(store.hold_scope(SCOPE, crawl, 0.2))  # lapses 0.2 s on
         await until(lambda: not store.scope_holders(SCOPE, 0), "the hold to lapse")
         with pytest.raises(HoldLapsed, match="lapsed or was released"):
             await call(store.hold_scope(SCOPE, crawl, 60))
