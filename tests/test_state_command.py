@@ -525,3 +525,48 @@ async def test_a_crawl_whose_hold_lapsed_under_a_whole_repair_stops(
     await done
     assert crawler.stats.get_value("finish_reason") == "incremental_store_error"
     assert state_store.scope_holders(SCOPE, clock.now()) == {}  # not taken again
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_a_repair_whose_hold_was_taken_deletes_nothing_further(
+    site, crawl, state_uri, state_store: StateStore, monkeypatch,
+):
+    # The repair's hold is taken by a crawl while the repair runs (its hold
+    # lapsed unseen): the repair stops before it deletes, and says why.
+    import time
+
+    from incremental_crawler.commands import state as state_command
+    urls = pages(site, 3)
+    await crawl(ListSpider, urls=urls)
+    before = state_store.count_scope(SCOPE)
+    holds: list[RepairHold] = []
+
+    class Seen(RepairHold):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, ttl=0.6, **kwargs)  # renewed every 0.2 s
+            holds.append(self)
+
+    monkeypatch.setattr(state_command, "RepairHold", Seen)
+    store_class = type(state_store)
+    forget_host = store_class.forget_host
+    crawl_name = "elsewhere:99"
+
+    def taken_then_forget(self: Any, scope: str, host: str) -> Any:
+        [hold] = holds
+        release_at_once(state_uri, hold.name)
+        assert self.take_scope(scope, crawl_name, 60, clock.now()) is None
+        for _ in range(1000):  # bounded: its next renewal finds the crawl's
+            if hold.lost is not None:
+                break
+            time.sleep(0.01)
+        return forget_host(self, scope, host)
+
+    monkeypatch.setattr(store_class, "forget_host", taken_then_forget)
+    done = await state(state_uri, "forget-host", "127.0.0.1", "--spider", SCOPE)
+    assert done.returncode == 1
+    assert done.stderr.startswith(
+        "error: the repair of scope 'list' stopped, nothing further deleted: crawl "
+        "elsewhere:99 took the scope (the hold lapsed); "), done.stderr
+    assert state_store.count_scope(SCOPE) == before
+    assert list(state_store.scope_holders(SCOPE, clock.now())) == [crawl_name]

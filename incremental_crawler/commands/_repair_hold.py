@@ -18,7 +18,12 @@ import threading
 from typing import TYPE_CHECKING
 
 from incremental_crawler import clock
-from incremental_crawler.state.stores.base import REPAIR_HOLD, StateStoreError
+from incremental_crawler.state.stores.base import (
+    REPAIR_HOLD,
+    RepairStopped,
+    StateStoreError,
+    describe_holder,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -82,7 +87,7 @@ class RepairHold:
 
     def _renew(self) -> None:
         assert self._store is not None
-        failure = "renewed late"
+        failure = ""  # why the renewals since the last one that held failed
         # Bounded by the repair: the command sets _stop when it ends.
         while not self._stop.wait(self.ttl / 3):
             now = clock.now()
@@ -92,14 +97,29 @@ class RepairHold:
                 # Tried again at the next third; the hold lasts until then.
                 failure = f"the hold could not be renewed: {exc}"
                 continue
-            if held is not None or now >= self._held_until:
-                # Renewals failed for a whole ttl: another may have held the
-                # scope meanwhile, and may hold it still.
-                self.lost = (f"the hold lapsed ({failure}) and "
-                             + (f"{held[0]} took the scope" if held is not None
-                                else "a crawl may have written meanwhile"))
+            if held is not None:
+                self.lost = (f"{describe_holder(held[0])} took the scope (the hold "
+                             f"lapsed{f': {failure}' if failure else ''})")
+                return
+            if now >= self._held_until:
+                # Renewed, but late: another may have held the scope
+                # meanwhile, and ended.
+                self.lost = (f"the hold lapsed ({failure or 'renewed late'}) and a crawl "
+                             "may have written meanwhile")
                 return
             self._held_until = now + self.ttl
+            failure = ""
+
+    def check(self) -> None:
+        """Before a step of the repair that deletes: raises
+        :class:`RepairStopped` once the hold is lost, or may have lapsed
+        (its renewals failed up to its lapse), so that the repair deletes
+        nothing further beside another holder."""
+        lost = self.lost
+        if lost is None and clock.now() >= self._held_until:
+            lost = "the hold may have lapsed: it could not be renewed in time"
+        if lost is not None:
+            raise RepairStopped(lost)
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

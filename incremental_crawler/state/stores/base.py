@@ -31,7 +31,7 @@ from incremental_crawler.state.records import is_gone
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Iterable, Iterator
+    from collections.abc import Callable, Collection, Iterable, Iterator
     from typing import Self
 
     from scrapy.settings import BaseSettings
@@ -58,6 +58,7 @@ __all__ = [
     "HostSummary",
     "PagesSummary",
     "Removed",
+    "RepairStopped",
     "ScopeHeld",
     "SlotRates",
     "StateStore",
@@ -339,6 +340,16 @@ class HoldLapsed(StateStoreError):
         return cls(f"State store {location}: the hold of {describe_holder(holder)} on scope "
                    f"{scope!r} lapsed or was released before it was refreshed (another may "
                    "have held the scope meanwhile): it is not taken again")
+
+
+class RepairStopped(StateStoreError):
+    """A repair stopped before a step that deletes (its hold was lost, see
+    :attr:`AdminStore.repair_guard`): nothing further was deleted;
+    *removed* is what it had deleted before, as far as the store knows."""
+
+    def __init__(self, message: str, removed: Removed | None = None) -> None:
+        super().__init__(message)
+        self.removed = removed if removed is not None else Removed()
 
 
 class ScopeHeld(HoldLapsed):
@@ -825,6 +836,17 @@ class AdminStore(StateStore):
     A store of one's own written before the split derives from this class
     to keep serving those commands.
     """
+
+    #: Called before each step of a repair that deletes: raises
+    #: :class:`RepairStopped` once the repair may no longer hold its scope
+    #: alone, so that it deletes nothing further beside another holder.
+    #: ``None`` (a store used directly): no check.
+    repair_guard: Callable[[], None] | None = None
+
+    def before_deleting(self) -> None:
+        """:attr:`repair_guard`'s check, before a repair's step that deletes."""
+        if self.repair_guard is not None:
+            self.repair_guard()
 
     def store_identity(self) -> str:
         """What tells this store from every other, whatever URI names it (a

@@ -1626,6 +1626,8 @@ class SQLiteStateStore(AdminStore):
                                (scope, host)))
         kinds.append("")
         statements.append((_NEW_GENERATION, (scope,)))
+        # One transaction: checked once, before it.
+        self.before_deleting()
         counts = dict.fromkeys((*Removed._fields, ""), 0)
         for kind, n in zip(kinds, self._write(*statements), strict=True):
             counts[kind] += n
@@ -1648,6 +1650,7 @@ class SQLiteStateStore(AdminStore):
 
     def reset_scope(self, scope: str) -> Removed:
         # The remembered politeness rates go too (not counted: not data).
+        self.before_deleting()
         changed = self._write(*(
             (f"DELETE FROM {table} WHERE scope = ?", (scope,))  # noqa: S608 (constant SQL)
             for table, _ in _SCOPE_TABLES),
