@@ -570,3 +570,38 @@ async def test_a_repair_whose_hold_was_taken_deletes_nothing_further(
         "elsewhere:99 took the scope (the hold lapsed); "), done.stderr
     assert state_store.count_scope(SCOPE) == before
     assert list(state_store.scope_holders(SCOPE, clock.now())) == [crawl_name]
+
+
+@BACKENDS
+@pytest.mark.parametrize("validators", ["strong", "none"])
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_whose_hold_was_taken_over_writes_nothing_beside_the_repair(
+    site, crawl, state_uri, state_store: StateStore, monkeypatch, validators,
+):
+    # What the crawl staged or answers once a repair took its scope is not
+    # written: a 304 staged as a check would bring the page back "seen"
+    # (validators kept) with its items deleted, so the next crawl would get
+    # 304s and never store them again; an unchanged 200 would bring the
+    # page back with its fingerprint, its items gone.
+    for i in range(4):
+        site.add_page(f"/p/{i}", validators, size=3000)
+    urls = [site.url(f"/p/{i}") for i in range(4)]
+    await crawl(ListSpider, urls=urls)
+    monkeypatch.setattr(ledger_module, "HOLD_TTL", 0.3)  # refreshed every 0.1 s
+    site.hold("/p/")
+    runner = CrawlerRunner(crawl_settings(state_uri, INCREMENTAL_FLUSH_INTERVAL=0.05,
+                                          CONCURRENT_REQUESTS=4))
+    crawler = runner.create_crawler(ListSpider)
+    done = ensureDeferred(runner.crawl(crawler, urls=urls))
+    try:
+        await until(lambda: site.held >= 1, "the crawl to send a request")
+        take_once_lapsed(state_store, "repair@elsewhere:4242")
+        for url in urls:
+            state_store.forget_page(SCOPE, url)
+    finally:
+        site.release()
+    await done
+    assert crawler.stats.get_value("incremental/store_errors")
+    # What the repair deleted stays deleted.
+    assert [url for url in urls if state_store.url_record(SCOPE, url).pages] == []
+    assert state_store.count_scope(SCOPE) == type(state_store.count_scope(SCOPE))(crawls=1)

@@ -1670,6 +1670,35 @@ class StateStoreContract:
 
 
     @pytest_twisted.ensureDeferred
+    async def test_a_flush_for_a_hold_writes_only_while_it_is_held(
+        self, make_store: MakeStore,
+    ) -> None:
+        crawl, repair = "host:1", "repair@host:2"
+        store, other = make_store(), make_store()
+        store.flush_hold = (SCOPE, crawl)
+        # Never taken: nothing written, the writes kept staged.
+        store.stage_page(full_state(PageKey(SCOPE, URL), 1))
+        with pytest.raises(HoldLapsed, match="lapsed or was released"):
+            await call(store.flush())
+        assert store.pending and other.count_pages(SCOPE) == 0
+        # Held: written.
+        assert store.take_scope(SCOPE, crawl, 60, clock.now()) is None
+        assert await call(store.flush()) == 1
+        assert other.count_pages(SCOPE) == 1
+        # Taken over by a repair (the hold lapsed): nothing written.
+        await call(store.release_scope(SCOPE, crawl))
+        assert other.take_scope(SCOPE, repair, 60, clock.now()) is None
+        assert other.forget_page(SCOPE, URL).pages == 1
+        store.stage_page(full_state(PageKey(SCOPE, URL), 2))
+        with pytest.raises(HoldLapsed):
+            await call(store.flush())
+        assert other.count_pages(SCOPE) == 0
+        # A store that names no hold writes (a store used directly).
+        other.stage_page(full_state(PageKey(SCOPE, f"{URL}?other"), 1))
+        assert await call(other.flush()) == 1
+        store.flush_hold = None
+
+    @pytest_twisted.ensureDeferred
     async def test_workers_hold_a_scope_together_and_a_repair_or_crawl_holds_it_alone(
         self, store: StateStore,
     ) -> None:

@@ -106,6 +106,7 @@ from incremental_crawler.state.stores.base import (
     REPAIR_HOLD,
     SHARED_HOLD,
     HoldLapsed,
+    ScopeHeld,
     dead_pid,
     describe_holder,
     hold_process,
@@ -493,7 +494,14 @@ class Ledger:
                 f"State store {self.store.location}: scope {self.scope!r} is held by "
                 f"{describe_holder(other)} (its hold lapses in "
                 f"{max(0, math.ceil(lapses - now))} s unless it refreshes it); {why}")
+        self._held(now)
+
+    def _held(self, now: float) -> None:
+        """The hold taken at *now*: from then on the store writes only
+        while this crawl holds its scope (a repair may take it over a hold
+        that lapsed, and what was staged before would undo its work)."""
         self._held_at = now
+        self.store.flush_hold = (self.scope, self.hold_name)
 
     def _warn_unknown_settings(self, spider: Spider) -> None:
         """One warning per ``INCREMENTAL_*`` name that is none of ours: a
@@ -658,18 +666,26 @@ class Ledger:
             self.staged += 1
 
     def _tick(self) -> None:
-        self.flush()
         idle = self._hold_done is None or self._hold_done.called
         if idle and clock.now() - self._held_at >= self.hold_ttl / 3:
+            # Refreshed before it flushes: a hold found lost stops the crawl
+            # before it writes (the store checks the hold as it commits too).
             self._hold_done = deferred_from_coro(self._hold())
+            self._hold_done.addCallback(lambda _: self.flush())
+            return
+        self.flush()
 
     async def _hold(self) -> None:
-        """Take or refresh this crawl's hold on its scope (a failure is logged:
-        the crawl goes on, and a store that fails stops it at its next flush;
-        a hold another took over stops it at once)."""
+        """Refresh this crawl's hold on its scope, or take it (a crawler
+        built without its spider) (a failure is logged: the crawl goes on,
+        and a store that fails stops it at its next flush; a hold that
+        lapsed or another took over stops it at once)."""
         try:
-            await self.store.hold_scope(self.scope, self.hold_name, self.hold_ttl)
-            self._held_at = clock.now()
+            if self.store.flush_hold is not None:  # taken
+                await self.store.hold_scope(self.scope, self.hold_name, self.hold_ttl)
+                self._held_at = clock.now()
+            else:
+                self._take_hold_late()
         except HoldLapsed as exc:
             # This hold lapsed (the reactor stalled past it): a repair or
             # another crawl took the scope, or did and ended already. The
@@ -679,6 +695,17 @@ class Ledger:
             logger.warning("%(error)s; could not hold scope %(scope)r",
                            {"error": exc, "scope": self.scope},
                            extra={"spider": self.crawler.spider})
+
+    def _take_hold_late(self) -> None:
+        """The hold of a crawler built without its spider, taken as it opens."""
+        now = clock.now()
+        held = self.store.take_scope(self.scope, self.hold_name, self.hold_ttl, now)
+        if held is not None:
+            raise ScopeHeld(f"State store {self.store.location}: scope {self.scope!r} is held "
+                            f"by {describe_holder(held[0])}, which "
+                            f"{describe_holder(self.hold_name)} may not hold it beside",
+                            *held)
+        self._held(now)
 
     @property
     def holds_until_close(self) -> bool:
@@ -730,6 +757,10 @@ class Ledger:
         if self._hold_done is not None:
             await maybe_deferred_to_future(self._hold_done)  # never fails
         if not self._failed:
+            # Held still? A hold lost (a repair took the scope) stops the
+            # last flush too: what is staged is dropped, not written.
+            await self._hold()
+        if not self._failed:
             try:
                 # Committed before the hold goes: a repair waiting for this
                 # crawl never races its last writes. A failure leaves the
@@ -738,8 +769,24 @@ class Ledger:
                 await self.store.release_scope(self.scope, self.hold_name)
             except StateStoreError:
                 pass  # closing tries the flush again, and says what was lost
+        await self._close_store(spider)
+        self.stats.set_value("incremental/store_roundtrips", self.store.roundtrips)
+
+    async def _close_store(self, spider: Spider) -> None:
+        """Close the store (its last flush of what is left staged), saying
+        what it did not store."""
         try:
             await self.store.close()
+        except HoldLapsed as exc:
+            # Written now, they could undo what a repair deleted meanwhile.
+            self.stats.inc_value("incremental/store_errors")
+            self.stats.set_value("incremental/writes_dropped", self.store.pending)
+            logger.log(
+                logging.WARNING if self._failed else logging.ERROR,
+                "%(error)s; %(n)d staged writes were dropped, not stored (the next run "
+                "fetches those pages again)",
+                {"error": exc, "n": self.store.pending}, extra={"spider": spider},
+            )
         except StateStoreError as exc:
             self.stats.inc_value("incremental/store_errors")
             logger.log(
@@ -749,7 +796,6 @@ class Ledger:
                 "fetches those pages again)",
                 {"error": exc, "n": self.store.pending}, extra={"spider": spider},
             )
-        self.stats.set_value("incremental/store_roundtrips", self.store.roundtrips)
 
     async def _confirm_delivery(self, spider: Spider) -> None:
         """Stage that the versions this crawl stored (or emitted again) were

@@ -338,8 +338,8 @@ class HoldLapsed(StateStoreError):
     @classmethod
     def of(cls, location: str, scope: str, holder: str) -> HoldLapsed:
         return cls(f"State store {location}: the hold of {describe_holder(holder)} on scope "
-                   f"{scope!r} lapsed or was released before it was refreshed (another may "
-                   "have held the scope meanwhile): it is not taken again")
+                   f"{scope!r} lapsed or was released (another may have held the scope "
+                   "meanwhile): it is not taken again, and nothing more is written under it")
 
 
 class RepairStopped(StateStoreError):
@@ -395,6 +395,14 @@ class StateStore(ABC):
     crawl_history: int = 100
     #: Remembered politeness rates kept per scope (:meth:`stage_slot_rates`).
     slot_rates_kept: int = SLOT_RATES_KEPT
+    #: The hold a flush writes for, ``(scope, holder)``: set (by a crawl,
+    #: once it holds its scope), a flush writes only while that hold is
+    #: there and has not lapsed, checked as it commits; otherwise it raises
+    #: :class:`HoldLapsed` (:class:`ScopeHeld`), writing nothing and keeping
+    #: what is staged. ``None``: no check (a store used directly, a copy
+    #: writing under its own hold). The built-in stores check it; one of
+    #: one's own may not.
+    flush_hold: tuple[str, str] | None = None
 
     # -- finding and opening a store -------------------------------------------
 

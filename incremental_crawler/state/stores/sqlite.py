@@ -1190,6 +1190,12 @@ class SQLiteStateStore(AdminStore):
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
+                if self.flush_hold is not None and db.execute(
+                        "SELECT 1 FROM holds WHERE scope = ? AND holder = ? AND expires > ?",
+                        (*self.flush_hold, clock.now())).fetchone() is None:
+                    # Its hold lapsed, maybe taken over: writes now could
+                    # undo a repair's. Kept staged (the crawl stops).
+                    raise HoldLapsed.of(self.location, *self.flush_hold)
                 # Runs of the same statement go to SQLite in one call.
                 for sql, group in groupby(self._ops, key=itemgetter(0)):
                     db.executemany(sql, [params for _, params in group])

@@ -5,7 +5,7 @@
 -- holders begin with the shared prefix), which hold the scope together.
 -- Each step checks and writes at once.
 -- KEYS[1]: P:holds:<s>
--- ARGV: 'take', 'refresh' or 'read'; holder, ttl (seconds), the shared
+-- ARGV: 'take', 'refresh', 'check' or 'read'; holder, ttl (seconds), the shared
 -- holds' prefix; for 'take', the holders whose process is known gone (their
 -- live holds are taken over).
 --   take: the hold taken (or renewed) unless a live hold it may not hold
@@ -13,6 +13,7 @@
 --   refresh: the hold renewed, only if it is there and has not lapsed (one
 --     that lapsed is not taken again: a repair may have held the scope, and
 --     ended, meanwhile), and no live hold it may not hold beside is there;
+--   check: as refresh, nothing written (a flush's check of its writer's hold);
 --   read: nothing written.
 -- Returns {now, 'held'} when taken or renewed, {now, 'other', holder,
 -- when its hold lapses} when another holds the scope, {now, 'lapsed'}
@@ -45,7 +46,8 @@ for i = 1, #live, 2 do
   end
 end
 if other ~= nil then return {now_text, 'other', other, lapses} end
-if mode == 'refresh' and not mine then return {now_text, 'lapsed'} end
+if mode ~= 'take' and not mine then return {now_text, 'lapsed'} end
+if mode == 'check' then return {now_text, 'held'} end
 -- Lapsed holds go, and those of gone processes; the live ones left are
 -- workers holding beside a worker.
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_text)

@@ -89,8 +89,10 @@ _LEDGER_HONOURED = _APPLIED_KEPT - 3_600
 # is committed with it or not at all; a damaged record read by a check,
 # redirect or flags write still stops the batch at that write.
 #
-# KEYS: token, scopes set, tokens to forget. ARGV: the key prefix, the
-# server's hash-max-listpack-value, the number of scopes, the scopes, then
+# KEYS: token, scopes set, the writer's scope's holds key, tokens to forget.
+# ARGV: the key prefix, the server's hash-max-listpack-value, the writer's
+# hold ('': no check; else nothing is written, {0, 2}, unless it is there
+# and not lapsed), the number of scopes, the scopes, then
 # the writes, each its name followed by ARITY[name] arguments; a page
 # write's first three are the scope's and the host's key parts and the
 # page's field.
