@@ -2627,3 +2627,34 @@ async def test_a_repair_stalled_past_its_intents_deadline_says_it_again_and_lose
         go.set()
         await call(reader.close())
         await call(repair.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_repair_script_sent_again_after_a_lost_reply_deletes_and_loses_nothing(
+    redis_cluster: LoopbackCluster, prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The host's repair script ran, its reply was lost, and it was sent
+    again (the cluster client retries a command on a connection or timeout
+    error): the second run answers as the first did, so the repair takes
+    its pages out of the sums and says what it deleted."""
+    await flush_five(redis_cluster, prefix)
+    repair = open_store(redis_cluster, prefix)
+    reader = open_store(redis_cluster, prefix)
+    real_eval = repair._sync.eval
+
+    def sent_twice(script: str, *args: Any) -> Any:
+        if script == CLUSTER_FORGET_LUA:
+            real_eval(script, *args)  # ran; its reply lost
+        return real_eval(script, *args)
+
+    monkeypatch.setattr(repair._sync, "eval", sent_twice)
+    try:
+        removed = await deferToThread(repair.forget_host, SCOPE, "a.example")
+        monkeypatch.undo()
+        assert removed.pages == 5
+        assert list(reader.iter_pages(SCOPE)) == []
+        await assert_whole_summary(reader, 0)
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    finally:
+        await call(reader.close())
+        await call(repair.close())

@@ -773,6 +773,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             n, buckets, url_part = plan()
             keys = [self._host_key("hd", scope, host), self._host_key("ln", scope, host),
                     self._generation_key(scope, host), ledger,
+                    self._token_key(token, ledger[ledger.index("{"):]),
                     *(key for b in buckets for key in self._bucket_keys(scope, host, b))]
             args = [n, token, stamp + self.adopt_after // 2,
                     *(("page", url_part) if url_part else ("host",))]

@@ -166,7 +166,7 @@ CLUSTER_DUE_READ_LUA = LUA_READS + PAGE_CODEC + load_script(_LUA_PACKAGE, "clust
 CLUSTER_SUMMARY_LUA = LUA_READS + PAGE_CODEC + load_script(_LUA_PACKAGE, "cluster_summary.lua")
 CLUSTER_RAISE_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_raise.lua")
 CLUSTER_FORGET_LUA = LUA_WRITES + PAGE_CODEC + PAGE_BUCKETS + load_script(
-    _LUA_PACKAGE, "cluster_forget.lua")
+    _LUA_PACKAGE, "cluster_forget.lua").replace("TOKEN_TTL", str(_TOKEN_TTL))
 CLUSTER_INTENT_DROP_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_intent_drop.lua")
 CLUSTER_BYPAGE_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_bypage.lua")
 CLUSTER_LEDGER_READ_LUA = LUA_READS + load_script(_LUA_PACKAGE, "cluster_ledger_read.lua")
