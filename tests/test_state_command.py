@@ -605,3 +605,29 @@ async def test_a_crawl_whose_hold_was_taken_over_writes_nothing_beside_the_repai
     # What the repair deleted stays deleted.
     assert [url for url in urls if state_store.url_record(SCOPE, url).pages] == []
     assert state_store.count_scope(SCOPE) == type(state_store.count_scope(SCOPE))(crawls=1)
+
+
+@pytest.mark.parametrize("state_uri", ["sqlite"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_repair_whose_renewals_all_failed_past_its_ttl_says_so(
+    state_uri, state_store: StateStore,
+):
+    # Every renewal fails (the store unreachable) until the repair ends,
+    # past the hold's ttl: the hold lapsed (a crawl may have written beside
+    # the repair), and the repair says so.
+    import time
+
+    from incremental_crawler.commands._repair_hold import HoldLost
+    settings = crawl_settings(state_uri)
+    hold = RepairHold(lambda: open_admin_store(Settings(settings), "state"), SCOPE, ttl=0.6)
+    await deferToThread(hold.__enter__)
+
+    def fails(*args: Any) -> Any:
+        raise StateStoreError("the hold's node is unreachable")
+
+    hold._store.take_scope = fails  # type: ignore[method-assign,union-attr]
+    await deferToThread(time.sleep, 1.5)  # past the ttl: the hold lapsed
+    assert state_store.scope_holders(SCOPE, clock.now()) == {}
+    with pytest.raises(HoldLost, match=re.escape(
+            "the hold lapsed (the hold could not be renewed: the hold's node is unreachable)")):
+        await deferToThread(hold.__exit__, None, None, None)

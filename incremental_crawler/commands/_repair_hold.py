@@ -94,8 +94,12 @@ class RepairHold:
             try:
                 held = self._store.take_scope(self.scope, self.name, self.ttl, now)
             except StateStoreError as exc:
-                # Tried again at the next third; the hold lasts until then.
+                # Tried again at the next third, while the hold lasts.
                 failure = f"the hold could not be renewed: {exc}"
+                if clock.now() >= self._held_until:
+                    self.lost = (f"the hold lapsed ({failure}) and a crawl may have "
+                                 "written meanwhile")
+                    return
                 continue
             if held is not None:
                 self.lost = (f"{describe_holder(held[0])} took the scope (the hold "
@@ -127,6 +131,9 @@ class RepairHold:
         if self._renewer is not None:
             self._renewer.join()
         lost = self.lost
+        if lost is None and clock.now() >= self._held_until:
+            # The last renewals failed, and the hold ended meanwhile.
+            lost = "the hold lapsed (it could not be renewed in time)"
         self._close(release=True)
         if lost is not None and kind is None:
             raise HoldLost(lost)

@@ -692,6 +692,12 @@ class Ledger:
             # crawl stops rather than write on beside it or after it.
             self.store_failed(exc)
         except StateStoreError as exc:
+            if clock.now() - self._held_at >= self.hold_ttl:
+                # Refreshes failed up to the hold's end: a repair may have
+                # taken the scope meanwhile; nothing more is written.
+                self.store_failed(HoldLapsed(f"{exc}; the hold on scope {self.scope!r} could "
+                                             "not be refreshed before it lapsed"))
+                return
             logger.warning("%(error)s; could not hold scope %(scope)r",
                            {"error": exc, "scope": self.scope},
                            extra={"spider": self.crawler.spider})
