@@ -41,7 +41,6 @@ from incremental_crawler.state.stores.base import (
     UrlRecord,
     checked_after,
     due_after,
-    holder_gone,
     holds_conflict,
     host_of,
     item_history_setting,
@@ -309,7 +308,7 @@ class MemoryStore(StateStore):
         if others:
             return others[0]
         self.state.holds[scope] = {other: until for other, until in holds.items()
-                                   if until > now and not holder_gone(other)}
+                                   if until > now and not takes_over(holder, other)}
         self.state.holds[scope][holder] = now + ttl
         self._save()
         return None

@@ -18,7 +18,10 @@ import json
 import logging
 import math
 import random
+import socket
 import sqlite3
+import subprocess
+import sys
 import tracemalloc
 from contextlib import closing, contextmanager
 from pathlib import Path
@@ -1668,6 +1671,23 @@ class StateStoreContract:
         # Not staged: visible to every reader at once.
         assert store.pending == 0
 
+
+    def test_a_repairs_hold_is_never_taken_over_by_its_pid(self, store: StateStore) -> None:
+        # A pid not running here may run in another PID namespace (containers
+        # sharing a host name): a repair's hold lapses, it is not taken over.
+        killed = subprocess.Popen([sys.executable, "-c", "pass"])
+        killed.wait()
+        host = socket.gethostname()
+        repair, crawl = f"repair@{host}:{killed.pid}", f"{host}:{killed.pid}"
+        assert store.take_scope(SCOPE, repair, 60, clock.now()) is None
+        for other in ("elsewhere:1", "worker@elsewhere:2:a", "repair@elsewhere:3"):
+            held = store.take_scope(SCOPE, other, 60, clock.now())
+            assert held is not None and held[0] == repair, other
+        assert list(store.scope_holders(SCOPE, clock.now())) == [repair]
+        # A crawl's hold of a gone process is taken over, by a crawl.
+        assert store.take_scope("other", crawl, 60, clock.now()) is None
+        assert store.take_scope("other", "elsewhere:1", 60, clock.now()) is None
+        assert list(store.scope_holders("other", clock.now())) == ["elsewhere:1"]
 
     @pytest_twisted.ensureDeferred
     async def test_a_flush_for_a_hold_writes_only_while_it_is_held(

@@ -2,8 +2,8 @@
 ``reset``): taken before the repair reads anything, alone (no crawl, cluster
 worker or other repair holds the scope beside it, and none can start while
 it holds), renewed while the repair runs, released when it ends; a repair
-killed leaves a hold that lapses by itself (at once for a process of this
-host that is gone).
+killed leaves a hold that lapses by itself a ttl later (never taken over
+because its pid is not running here: in another PID namespace it may be).
 
 The hold has a store of its own (the same URI, opened again): the renewal
 runs in a thread of its own while the repair works on the command's store.

@@ -314,10 +314,13 @@ def holder_gone(holder: str) -> bool:
 
 def takes_over(holder: str, other: str) -> bool:
     """Whether *holder*, starting, takes over *other*'s hold that has not
-    lapsed: its process is gone (:func:`holder_gone`). Not a repair's: it
+    lapsed: its process is gone (:func:`holder_gone`). Not by a repair: it
     waits until the hold lapses (``scrapy state`` names the killed crawl
-    meanwhile), as it always did."""
-    return not holder.startswith(REPAIR_HOLD) and holder_gone(other)
+    meanwhile), as it always did. Nor a repair's hold: a pid is known gone
+    only in this PID namespace, and containers sharing a host name would
+    take a live repair's over; it lapses a minute after the repair died."""
+    return (not holder.startswith(REPAIR_HOLD) and not other.startswith(REPAIR_HOLD)
+            and holder_gone(other))
 
 
 class StateStoreError(RuntimeError):

@@ -49,7 +49,6 @@ from incremental_crawler.state.stores.base import (
     checked_after,
     crawl_history_setting,
     describe_holder,
-    holder_gone,
     holds_conflict,
     host_of,
     item_history_setting,
@@ -1467,7 +1466,8 @@ class SQLiteStateStore(AdminStore):
                 # Lapsed holds go, and those whose process is gone; the
                 # live ones left are cluster workers holding beside a worker.
                 gone = [(scope, name) for (name,) in db.execute(
-                    "SELECT holder FROM holds WHERE scope = ?", (scope,)) if holder_gone(name)]
+                    "SELECT holder FROM holds WHERE scope = ?", (scope,))
+                    if takes_over(holder, name)]
                 db.executemany("DELETE FROM holds WHERE scope = ? AND holder = ?", gone)
                 db.execute("DELETE FROM holds WHERE scope = ? AND expires <= ?", (scope, now))
                 db.execute("INSERT OR REPLACE INTO holds (scope, holder, expires) "

@@ -43,9 +43,9 @@ from incremental_crawler.state.stores.base import (
     StateStoreError,
     crawl_history_setting,
     describe_holder,
-    holder_gone,
     item_history_setting,
     redis_retry_setting,
+    takes_over,
 )
 from incremental_crawler.state.stores.redis.admin import RedisAdmin
 from incremental_crawler.state.stores.redis.cluster import RedisClusterPath
@@ -832,7 +832,7 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
         gone: list[str] = []
         if not holder.startswith(REPAIR_HOLD):
             _, named, _ = self._hold_script("read", scope)
-            gone = [name for name in named[::2] if holder_gone(name)]
+            gone = [name for name in named[::2] if takes_over(holder, name)]
         status, named, _ = self._hold_script("take", scope, holder, ttl, gone)
         if status == "other":
             return named[0], now + (float(named[1]) - clock.now())
