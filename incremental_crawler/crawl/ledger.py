@@ -103,6 +103,7 @@ from incremental_crawler.state.records import (
 from incremental_crawler.state.scope_copy import refuse_a_crawl_of_a_partial_copy
 from incremental_crawler.state.stores import StateStore, StateStoreError, open_store
 from incremental_crawler.state.stores.base import (
+    COPY_HOLD,
     REPAIR_HOLD,
     SHARED_HOLD,
     HoldLapsed,
@@ -487,6 +488,8 @@ class Ledger:
             other, lapses = held
             why = ("a crawl beside a repair would write what the repair deletes: wait "
                    "until it ends" if other.startswith(REPAIR_HOLD) else
+                   "a crawl beside a copy would write what the copy reads or writes: wait "
+                   "until it ends" if other.startswith(COPY_HOLD) else
                    "two crawls of one scope at once would fetch every page and store every "
                    "item twice: wait until it ends, or give this crawl another scope "
                    "(incremental_scope)")

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "COPY_HOLD",
     "REPAIR_HOLD",
     "SHARED_HOLD",
     "SLOT_RATES_KEPT",
@@ -228,12 +229,16 @@ class Removed(NamedTuple):
 #: crawl or worker may start while it does (nor it while one holds).
 SHARED_HOLD = "worker@"
 REPAIR_HOLD = "repair@"
+#: A ``scrapy state copy``'s hold (on the source and the destination): alone,
+#: as a crawl's, but no crawl (no checks to note from its start).
+COPY_HOLD = "copy@"
 
 
 def _hold_kind(holder: str) -> tuple[str, str]:
-    """*holder*'s kind (:data:`SHARED_HOLD`, :data:`REPAIR_HOLD`, '' for a
-    crawl) and its process's name (``host:pid...``)."""
-    for kind in (SHARED_HOLD, REPAIR_HOLD):
+    """*holder*'s kind (:data:`SHARED_HOLD`, :data:`REPAIR_HOLD`,
+    :data:`COPY_HOLD`, '' for a crawl) and its process's name
+    (``host:pid...``)."""
+    for kind in (SHARED_HOLD, REPAIR_HOLD, COPY_HOLD):
         if holder.startswith(kind):
             return kind, holder[len(kind):]
     return "", holder
@@ -248,9 +253,17 @@ def holds_conflict(holder: str, other: str) -> bool:
 
 def describe_holder(holder: str) -> str:
     """*holder* for people: ``crawl host:pid``, ``cluster worker
-    host:pid:id``, ``repair host:pid``."""
+    host:pid:id``, ``repair host:pid``, ``copy host:pid``."""
     kind, name = _hold_kind(holder)
-    return {SHARED_HOLD: "cluster worker", REPAIR_HOLD: "repair"}.get(kind, "crawl") + f" {name}"
+    return {SHARED_HOLD: "cluster worker", REPAIR_HOLD: "repair",
+            COPY_HOLD: "copy"}.get(kind, "crawl") + f" {name}"
+
+
+def is_crawl_hold(holder: str) -> bool:
+    """Whether *holder* is a crawl's own hold (one process, not a cluster
+    worker, a repair or a copy): its start is where its checks are noted
+    from (the stores' marks)."""
+    return _hold_kind(holder)[0] == ""
 
 
 def hold_process(holder: str) -> str:

@@ -34,8 +34,6 @@ from incremental_crawler.state.records import (
     Undelivered,
 )
 from incremental_crawler.state.stores.base import (
-    REPAIR_HOLD,
-    SHARED_HOLD,
     AdminStore,
     DueAfter,
     HoldLapsed,
@@ -51,6 +49,7 @@ from incremental_crawler.state.stores.base import (
     describe_holder,
     holds_conflict,
     host_of,
+    is_crawl_hold,
     item_history_setting,
     takes_over,
 )
@@ -1472,7 +1471,7 @@ class SQLiteStateStore(AdminStore):
                 db.execute("DELETE FROM holds WHERE scope = ? AND expires <= ?", (scope, now))
                 db.execute("INSERT OR REPLACE INTO holds (scope, holder, expires) "
                            "VALUES (?, ?, ?)", (scope, holder, now + ttl))
-                if not holder.startswith((SHARED_HOLD, REPAIR_HOLD)):
+                if is_crawl_hold(holder):
                     # A crawl's (a cluster run's workers start apart: each
                     # would clear the others' checks).
                     self._mark_checks(scope, math.floor(now))

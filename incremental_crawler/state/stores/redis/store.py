@@ -43,6 +43,7 @@ from incremental_crawler.state.stores.base import (
     StateStoreError,
     crawl_history_setting,
     describe_holder,
+    is_crawl_hold,
     item_history_setting,
     redis_retry_setting,
     takes_over,
@@ -812,7 +813,7 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
 
     def take_scope(self, scope: str, holder: str, ttl: float,
                    now: float) -> tuple[str, float] | None:
-        crawl = not holder.startswith((SHARED_HOLD, REPAIR_HOLD))
+        crawl = is_crawl_hold(holder)
         # The crawl starts from every page its scope has: a dead worker's
         # effects left in its hosts' ledgers are applied first (see
         # adopt_ledgers; refused writes are left for later). Before the
