@@ -34,13 +34,13 @@ from incremental_crawler.state.records import (
 from incremental_crawler.state.stores.base import (
     AdminStore,
     DueAfter,
+    HoldLapsed,
     Removed,
     ScopeHeld,
     StateStore,
     UrlRecord,
     checked_after,
     due_after,
-    holder_gone,
     holds_conflict,
     host_of,
     item_history_setting,
@@ -293,6 +293,8 @@ class MemoryStore(StateStore):
                         key=lambda hold: -hold[1])
         if others:
             raise ScopeHeld(f"scope {scope!r} is held by {others[0][0]}", *others[0])
+        if holds.get(holder, now) <= now:
+            raise HoldLapsed(f"the hold of {holder} on scope {scope!r} lapsed")
         holds[holder] = now + ttl
         self._save()
 
@@ -306,7 +308,7 @@ class MemoryStore(StateStore):
         if others:
             return others[0]
         self.state.holds[scope] = {other: until for other, until in holds.items()
-                                   if until > now and not holder_gone(other)}
+                                   if until > now and not takes_over(holder, other)}
         self.state.holds[scope][holder] = now + ttl
         self._save()
         return None

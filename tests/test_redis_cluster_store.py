@@ -29,7 +29,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
 from incremental_crawler.state.records import PageKey
-from incremental_crawler.state.stores.base import StateStoreError, due_after
+from incremental_crawler.state.stores.base import RepairStopped, StateStoreError, due_after
 from incremental_crawler.state.stores.redis import RedisStateStore
 from incremental_crawler.state.stores.redis import due as due_reads
 from incremental_crawler.state.stores.redis.cluster import _Effects
@@ -2627,4 +2627,72 @@ async def test_a_repair_stalled_past_its_intents_deadline_says_it_again_and_lose
     finally:
         go.set()
         await call(reader.close())
+        await call(repair.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_repair_script_sent_again_after_a_lost_reply_deletes_and_loses_nothing(
+    redis_cluster: LoopbackCluster, prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The host's repair script ran, its reply was lost, and it was sent
+    again (the cluster client retries a command on a connection or timeout
+    error): the second run answers as the first did, so the repair takes
+    its pages out of the sums and says what it deleted."""
+    await flush_five(redis_cluster, prefix)
+    repair = open_store(redis_cluster, prefix)
+    reader = open_store(redis_cluster, prefix)
+    real_eval = repair._sync.eval
+
+    def sent_twice(script: str, *args: Any) -> Any:
+        if script == CLUSTER_FORGET_LUA:
+            real_eval(script, *args)  # ran; its reply lost
+        return real_eval(script, *args)
+
+    monkeypatch.setattr(repair._sync, "eval", sent_twice)
+    try:
+        removed = await deferToThread(repair.forget_host, SCOPE, "a.example")
+        monkeypatch.undo()
+        assert removed.pages == 5
+        assert list(reader.iter_pages(SCOPE)) == []
+        await assert_whole_summary(reader, 0)
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    finally:
+        await call(reader.close())
+        await call(repair.close())
+
+
+@pytest.mark.parametrize("lost", ["before the host's script", "after it"])
+@pytest_twisted.ensureDeferred
+async def test_a_repair_that_lost_its_hold_deletes_nothing_further(
+    redis_cluster: LoopbackCluster, prefix: str, lost: str,
+) -> None:
+    """The repair's hold is lost before its host's script (nothing deleted)
+    or between it and the items' slots: it stops there, saying what it had
+    deleted; the items are left (run again, it deletes them)."""
+    key = PageKey(SCOPE, "https://a.example/p0")
+    store = open_store(redis_cluster, prefix)
+    store.stage_item(item("i0", page=key.url))
+    store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+    await call(store.flush())
+    await call(store.close())
+    repair = open_store(redis_cluster, prefix)
+    checks: list[str] = []
+
+    def guard() -> None:
+        checks.append("checked")
+        if len(checks) > (lost == "after it"):
+            raise RepairStopped("the hold was taken")
+
+    repair.repair_guard = guard
+    try:
+        with pytest.raises(RepairStopped, match="the hold was taken") as stopped:
+            await deferToThread(repair.forget_host, SCOPE, "a.example")
+        repair.repair_guard = None
+        pages = 0 if lost == "before the host's script" else 1
+        assert stopped.value.removed.pages == pages
+        assert (await call(repair.get_page(key)) is None) == bool(pages)
+        assert len(list(repair.iter_items(SCOPE))) == 1  # not deleted
+        assert repair.forget_host(SCOPE, "a.example").items == 1  # run again
+        await assert_whole_summary(repair, 0)
+    finally:
         await call(repair.close())

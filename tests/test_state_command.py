@@ -65,6 +65,35 @@ async def states(state_uri: str, *runs: tuple[str, ...]) -> list[subprocess.Comp
     return [await state(state_uri, *args) for args in runs]
 
 
+def take_once_lapsed(store: StateStore, holder: str) -> None:
+    """Take the scope for *holder* once the running crawl's short hold
+    lapsed, on the reactor's thread: the crawl refreshes nothing meanwhile
+    (as when its reactor stalls past its hold)."""
+    import time
+    for _ in range(2000):  # bounded: the crawl's hold lasts 0.3 s
+        if store.take_scope(SCOPE, holder, 60, clock.now()) is None:
+            return
+        time.sleep(0.01)
+    pytest.fail("the crawl's hold never lapsed")
+
+
+def release_at_once(state_uri: str, holder: str) -> None:
+    """Drop *holder*'s hold on the reactor's thread (a store of its own,
+    in a thread joined at once): nothing of the crawl's runs between."""
+    import asyncio
+
+    async def release() -> None:
+        store = open_admin_store(Settings(crawl_settings(state_uri)), "state")
+        try:
+            await store.release_scope(SCOPE, holder)
+        finally:
+            await store.close()
+
+    released = threading.Thread(target=asyncio.run, args=(release(),))
+    released.start()
+    released.join()
+
+
 def pages(site: Any, n: int = 3) -> list[str]:
     for i in range(n):
         site.add_page(f"/p/{i}", "strong", size=3000)
@@ -164,7 +193,7 @@ async def test_a_killed_crawl_of_this_host_is_named_killed_until_its_hold_lapses
     killed.wait()
     host = socket.gethostname()
     for holder in (f"{host}:{killed.pid}", f"{host}:{killed.pid}:0a1b2c3d"):
-        await deferred_from_coro(state_store.hold_scope(SCOPE, holder, HOLD_TTL))
+        assert state_store.take_scope(SCOPE, holder, HOLD_TTL, clock.now()) is None
         held, summary = await states(
             state_uri, ("forget", site.url("/p/0"), "--spider", SCOPE), ("--spider", SCOPE))
         assert held.returncode == 1
@@ -176,7 +205,7 @@ async def test_a_killed_crawl_of_this_host_is_named_killed_until_its_hold_lapses
         await deferred_from_coro(state_store.release_scope(SCOPE, holder))
     # This host's running process (the test's) is running, or killed.
     alive = f"{host}:{os.getpid()}"
-    await deferred_from_coro(state_store.hold_scope(SCOPE, alive, HOLD_TTL))
+    assert state_store.take_scope(SCOPE, alive, HOLD_TTL, clock.now()) is None
     held = await state(state_uri, "forget", site.url("/p/0"), "--spider", SCOPE)
     assert f"held by crawl {alive} (running, or killed: its hold lapses at " in held.stderr
 
@@ -198,7 +227,7 @@ async def test_reset_refuses_without_yes_and_while_a_crawl_holds_the_scope(
     assert state_store.count_scope(SCOPE) == before
 
     # A crawl holds the scope (as a running one does, through the store).
-    await deferred_from_coro(state_store.hold_scope(SCOPE, "crawler-host:4242", HOLD_TTL))
+    assert state_store.take_scope(SCOPE, "crawler-host:4242", HOLD_TTL, clock.now()) is None
     expires = state_store.scope_holders(SCOPE, clock.now())["crawler-host:4242"]
     refusals = (("reset", "--yes"), ("forget", site.url("/p/0")), ("forget-host", "127.0.0.1"))
     *refused_all, summary = await states(
@@ -217,7 +246,7 @@ async def test_reset_refuses_without_yes_and_while_a_crawl_holds_the_scope(
                      r"lapses at ", summary.stdout, re.M), summary.stdout
 
     # A killed crawl's hold lapses: an explicit now past it, through the store.
-    assert state_store.scope_holders(SCOPE, expires) == {}
+    assert state_store.scope_holders(SCOPE, expires + 1) == {}
     await deferred_from_coro(state_store.release_scope(SCOPE, "crawler-host:4242"))
     done = await state(state_uri, "reset", "--spider", SCOPE, "--yes")
     assert done.returncode == 0, done.stderr
@@ -415,11 +444,10 @@ async def test_a_crawl_whose_hold_was_taken_over_by_a_repair_stops_and_does_not_
     try:
         await until(lambda: site.held >= 1, "the crawl to send a request")
         # Its hold lapsed (as when its reactor stalls past it) and a repair
-        # took the scope: a now past the hold, synchronously (no refresh
-        # runs between).
+        # took the scope.
         repair = "repair@elsewhere:4242"
-        later = clock.now() + 1
-        assert state_store.take_scope(SCOPE, repair, 60, later) is None
+        take_once_lapsed(state_store, repair)
+        later = clock.now()
         assert list(state_store.scope_holders(SCOPE, later)) == [repair]
         await until(lambda: crawler.stats.get_value("incremental/store_errors"),
                     "the crawl to find its hold taken")
@@ -463,3 +491,143 @@ async def test_a_repairs_hold_is_renewed_while_it_runs_and_released_at_the_end(
         await deferToThread(hold.__exit__, None, None, None)
     assert state_store.scope_holders(SCOPE, 0) == {}  # released
     assert hold.lost is None
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_whose_hold_lapsed_under_a_whole_repair_stops(
+    site, crawl, state_uri, state_store: StateStore, monkeypatch,
+):
+    # The crawl's hold lapses, and a quick repair takes the scope, forgets
+    # its pages and ends, all before the crawl's next refresh: the refresh
+    # does not take the hold again (the crawl would write on from what it
+    # read before the repair), it stops the crawl.
+    urls = pages(site, 4)
+    await crawl(ListSpider, urls=urls)
+    monkeypatch.setattr(ledger_module, "HOLD_TTL", 0.3)  # refreshed every 0.1 s
+    site.hold("/p/")
+    runner = CrawlerRunner(crawl_settings(state_uri, INCREMENTAL_FLUSH_INTERVAL=0.05,
+                                          CONCURRENT_REQUESTS=4))
+    crawler = runner.create_crawler(ListSpider)
+    done = ensureDeferred(runner.crawl(crawler, urls=urls))
+    repair = "repair@elsewhere:4242"
+    try:
+        await until(lambda: site.held >= 1, "the crawl to send a request")
+        # On the reactor's thread, as a whole: no refresh runs between.
+        take_once_lapsed(state_store, repair)
+        for url in urls:
+            state_store.forget_page(SCOPE, url)
+        release_at_once(state_uri, repair)
+        await until(lambda: crawler.stats.get_value("incremental/store_errors"),
+                    "the crawl to find its hold gone")
+    finally:
+        site.release()
+    await done
+    assert crawler.stats.get_value("finish_reason") == "incremental_store_error"
+    assert state_store.scope_holders(SCOPE, clock.now()) == {}  # not taken again
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_a_repair_whose_hold_was_taken_deletes_nothing_further(
+    site, crawl, state_uri, state_store: StateStore, monkeypatch,
+):
+    # The repair's hold is taken by a crawl while the repair runs (its hold
+    # lapsed unseen): the repair stops before it deletes, and says why.
+    import time
+
+    from incremental_crawler.commands import state as state_command
+    urls = pages(site, 3)
+    await crawl(ListSpider, urls=urls)
+    before = state_store.count_scope(SCOPE)
+    holds: list[RepairHold] = []
+
+    class Seen(RepairHold):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, ttl=0.6, **kwargs)  # renewed every 0.2 s
+            holds.append(self)
+
+    monkeypatch.setattr(state_command, "RepairHold", Seen)
+    store_class = type(state_store)
+    forget_host = store_class.forget_host
+    crawl_name = "elsewhere:99"
+
+    def taken_then_forget(self: Any, scope: str, host: str) -> Any:
+        [hold] = holds
+        release_at_once(state_uri, hold.name)
+        assert self.take_scope(scope, crawl_name, 60, clock.now()) is None
+        for _ in range(1000):  # bounded: its next renewal finds the crawl's
+            if hold.lost is not None:
+                break
+            time.sleep(0.01)
+        return forget_host(self, scope, host)
+
+    monkeypatch.setattr(store_class, "forget_host", taken_then_forget)
+    done = await state(state_uri, "forget-host", "127.0.0.1", "--spider", SCOPE)
+    assert done.returncode == 1
+    assert done.stderr.startswith(
+        "error: the repair of scope 'list' stopped, nothing further deleted: crawl "
+        "elsewhere:99 took the scope (the hold lapsed); "), done.stderr
+    assert state_store.count_scope(SCOPE) == before
+    assert list(state_store.scope_holders(SCOPE, clock.now())) == [crawl_name]
+
+
+@BACKENDS
+@pytest.mark.parametrize("validators", ["strong", "none"])
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_whose_hold_was_taken_over_writes_nothing_beside_the_repair(
+    site, crawl, state_uri, state_store: StateStore, monkeypatch, validators,
+):
+    # What the crawl staged or answers once a repair took its scope is not
+    # written: a 304 staged as a check would bring the page back "seen"
+    # (validators kept) with its items deleted, so the next crawl would get
+    # 304s and never store them again; an unchanged 200 would bring the
+    # page back with its fingerprint, its items gone.
+    for i in range(4):
+        site.add_page(f"/p/{i}", validators, size=3000)
+    urls = [site.url(f"/p/{i}") for i in range(4)]
+    await crawl(ListSpider, urls=urls)
+    monkeypatch.setattr(ledger_module, "HOLD_TTL", 0.3)  # refreshed every 0.1 s
+    site.hold("/p/")
+    runner = CrawlerRunner(crawl_settings(state_uri, INCREMENTAL_FLUSH_INTERVAL=0.05,
+                                          CONCURRENT_REQUESTS=4))
+    crawler = runner.create_crawler(ListSpider)
+    done = ensureDeferred(runner.crawl(crawler, urls=urls))
+    try:
+        await until(lambda: site.held >= 1, "the crawl to send a request")
+        take_once_lapsed(state_store, "repair@elsewhere:4242")
+        for url in urls:
+            state_store.forget_page(SCOPE, url)
+    finally:
+        site.release()
+    await done
+    assert crawler.stats.get_value("incremental/store_errors")
+    # What the repair deleted stays deleted.
+    assert [url for url in urls if state_store.url_record(SCOPE, url).pages] == []
+    assert state_store.count_scope(SCOPE) == type(state_store.count_scope(SCOPE))(crawls=1)
+
+
+@pytest.mark.parametrize("state_uri", ["sqlite"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_repair_whose_renewals_all_failed_past_its_ttl_says_so(
+    state_uri, state_store: StateStore,
+):
+    # Every renewal fails (the store unreachable) until the repair ends,
+    # past the hold's ttl: the hold lapsed (a crawl may have written beside
+    # the repair), and the repair says so.
+    import time
+
+    from incremental_crawler.commands._repair_hold import HoldLost
+    settings = crawl_settings(state_uri)
+    hold = RepairHold(lambda: open_admin_store(Settings(settings), "state"), SCOPE, ttl=0.6)
+    await deferToThread(hold.__enter__)
+
+    def fails(*args: Any) -> Any:
+        raise StateStoreError("the hold's node is unreachable")
+
+    hold._store.take_scope = fails  # type: ignore[method-assign,union-attr]
+    await deferToThread(time.sleep, 1.5)  # past the ttl: the hold lapsed
+    assert state_store.scope_holders(SCOPE, clock.now()) == {}
+    with pytest.raises(HoldLost, match=re.escape(
+            "the hold lapsed (the hold could not be renewed: the hold's node is unreachable)")):
+        await deferToThread(hold.__exit__, None, None, None)

@@ -15,6 +15,7 @@ import json
 import sqlite3
 import threading
 import uuid
+from contextlib import closing
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -31,6 +32,7 @@ from incremental_crawler.state import scope_copy
 from incremental_crawler.state.records import HostTrust, ItemRecord, PageKey, PageState, SlotRate
 from incremental_crawler.state.scope_copy import COPY_MARK, ScopeCopyError, copy_scope
 from incremental_crawler.state.stores import AdminStore, StateStoreError, open_store
+from incremental_crawler.state.stores.base import describe_holder
 from tests.conftest import crawl_settings
 from tests.follow_spider import FollowSpider
 from tests.links import nav_depths
@@ -231,8 +233,8 @@ async def test_copy_refuses_a_destination_that_holds_the_scope_and_a_held_source
 
     held = opened(source)
     try:
-        await deferred_from_coro(
-            held.hold_scope(SCOPE, f"elsewhere:{uuid.uuid4().int % 10**6}", 600))
+        assert held.take_scope(
+            SCOPE, f"elsewhere:{uuid.uuid4().int % 10**6}", 600, clock.now()) is None
     finally:
         await deferred_from_coro(held.close())
     refused = await state(source, "copy", "--to", stores["redis2"], "--spider", SCOPE, "--yes")
@@ -510,7 +512,14 @@ async def test_no_crawl_takes_either_scope_while_the_copy_runs(tmp_path: Path) -
 
     await deferred_from_coro(run())
     assert len(found) == 2
-    assert all(held is not None and held[0].endswith(":copy") for held in found), found
+    assert all(held is not None and held[0].startswith("copy@") for held in found), found
+    assert {describe_holder(held[0]).split()[0] for held in found if held} == {"copy"}
+    # A copy is no crawl: no crawl's start is marked (its checks noted from
+    # then on) by its hold.
+    for path in (tmp_path / "a.db", tmp_path / "b.db"):
+        with closing(sqlite3.connect(path)) as db:
+            assert db.execute("SELECT mark FROM check_marks WHERE scope = ? AND mark IS NOT "
+                              "NULL", (SCOPE,)).fetchall() == [], path
 
 
 @pytest_twisted.ensureDeferred

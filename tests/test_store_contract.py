@@ -18,7 +18,10 @@ import json
 import logging
 import math
 import random
+import socket
 import sqlite3
+import subprocess
+import sys
 import tracemalloc
 from contextlib import closing, contextmanager
 from pathlib import Path
@@ -30,6 +33,7 @@ import redis
 from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 
+from incremental_crawler import clock
 from incremental_crawler.state.records import (
     Change,
     CrawlRecord,
@@ -48,7 +52,13 @@ from incremental_crawler.state.stores import (
     default_state_uri,
     open_store,
 )
-from incremental_crawler.state.stores.base import HostSummary, Removed, ScopeHeld, due_after
+from incremental_crawler.state.stores.base import (
+    HoldLapsed,
+    HostSummary,
+    Removed,
+    ScopeHeld,
+    due_after,
+)
 from incremental_crawler.state.stores.redis import RedisStateStore
 from incremental_crawler.state.stores.redis.core import ITEM_GROUPS
 from incremental_crawler.state.stores.sqlite import (
@@ -58,6 +68,7 @@ from incremental_crawler.state.stores.sqlite import (
     path_from_uri,
 )
 from tests.redis_util import REDIS_URI, new_prefix
+from tests.waiting import until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Iterator
@@ -140,6 +151,14 @@ class StateStoreContract:
     ``damage_slot_rate(scope, slot)``, which overwrites a stored politeness
     rate with a value no window can start from.
     """
+
+    #: Whether the store judges holds on the caller's *now* (the tests below
+    #: then move time by passing it); Redis judges them on its server's clock.
+    holds_on_callers_clock = True
+
+    def skip_unless_holds_on_callers_clock(self) -> None:
+        if not self.holds_on_callers_clock:
+            pytest.skip("holds judged on the server's clock: see HoldsOnTheServersClock")
 
     @pytest.fixture
     def store(self, make_store: MakeStore) -> StateStore:
@@ -1623,29 +1642,87 @@ class StateStoreContract:
 
     @pytest_twisted.ensureDeferred
     async def test_holds_lapse_after_their_ttl(self, store: StateStore) -> None:
+        self.skip_unless_holds_on_callers_clock()
         # (Cluster workers: the holds that may be held together.)
         one, two, three = "worker@host:1", "worker@host:2 worker", "worker@host:3"
-        await call(store.hold_scope(SCOPE, one, 60, now=1_000))
-        await call(store.hold_scope(SCOPE, two, 60, now=1_030))
+        assert store.take_scope(SCOPE, one, 60, now=1_000) is None
+        assert store.take_scope(SCOPE, two, 60, now=1_030) is None
         assert store.scope_holders(SCOPE, 1_000) == {one: 1_060, two: 1_090}
         assert store.scope_holders(SCOPE, 1_060) == {two: 1_090}
         assert store.scope_holders(SCOPE, 1_090) == {}
         assert store.scope_holders("other", 1_000) == {}
+        # A hold that lapsed is not refreshed (only taken again): another
+        # may have held the scope meanwhile, and ended.
+        with pytest.raises(HoldLapsed, match="lapsed or was released"):
+            await call(store.hold_scope(SCOPE, one, 60, now=1_100))
+        with pytest.raises(HoldLapsed):
+            await call(store.hold_scope(SCOPE, "never held", 60, now=1_100))
+        assert store.scope_holders(SCOPE, 1_100) == {}
         # A refresh moves its lapse; a release drops it, and no other.
-        await call(store.hold_scope(SCOPE, one, 60, now=1_100))
-        assert store.scope_holders(SCOPE, 1_100) == {one: 1_160}
-        await call(store.hold_scope(SCOPE, three, 60, now=1_100))
+        assert store.take_scope(SCOPE, one, 60, now=1_100) is None
+        await call(store.hold_scope(SCOPE, one, 60, now=1_120))
+        assert store.scope_holders(SCOPE, 1_120) == {one: 1_180}
+        assert store.take_scope(SCOPE, three, 60, now=1_120) is None
         await call(store.release_scope(SCOPE, one))
         await call(store.release_scope(SCOPE, "never held"))
-        assert store.scope_holders(SCOPE, 1_100) == {three: 1_160}
+        assert store.scope_holders(SCOPE, 1_120) == {three: 1_180}
+        with pytest.raises(HoldLapsed):
+            await call(store.hold_scope(SCOPE, one, 60, now=1_130))  # released
         # Not staged: visible to every reader at once.
         assert store.pending == 0
 
+
+    def test_a_repairs_hold_is_never_taken_over_by_its_pid(self, store: StateStore) -> None:
+        # A pid not running here may run in another PID namespace (containers
+        # sharing a host name): a repair's hold lapses, it is not taken over.
+        killed = subprocess.Popen([sys.executable, "-c", "pass"])
+        killed.wait()
+        host = socket.gethostname()
+        repair, crawl = f"repair@{host}:{killed.pid}", f"{host}:{killed.pid}"
+        assert store.take_scope(SCOPE, repair, 60, clock.now()) is None
+        for other in ("elsewhere:1", "worker@elsewhere:2:a", "repair@elsewhere:3"):
+            held = store.take_scope(SCOPE, other, 60, clock.now())
+            assert held is not None and held[0] == repair, other
+        assert list(store.scope_holders(SCOPE, clock.now())) == [repair]
+        # A crawl's hold of a gone process is taken over, by a crawl.
+        assert store.take_scope("other", crawl, 60, clock.now()) is None
+        assert store.take_scope("other", "elsewhere:1", 60, clock.now()) is None
+        assert list(store.scope_holders("other", clock.now())) == ["elsewhere:1"]
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_flush_for_a_hold_writes_only_while_it_is_held(
+        self, make_store: MakeStore,
+    ) -> None:
+        crawl, repair = "host:1", "repair@host:2"
+        store, other = make_store(), make_store()
+        store.flush_hold = (SCOPE, crawl)
+        # Never taken: nothing written, the writes kept staged.
+        store.stage_page(full_state(PageKey(SCOPE, URL), 1))
+        with pytest.raises(HoldLapsed, match="lapsed or was released"):
+            await call(store.flush())
+        assert store.pending and other.count_pages(SCOPE) == 0
+        # Held: written.
+        assert store.take_scope(SCOPE, crawl, 60, clock.now()) is None
+        assert await call(store.flush()) == 1
+        assert other.count_pages(SCOPE) == 1
+        # Taken over by a repair (the hold lapsed): nothing written.
+        await call(store.release_scope(SCOPE, crawl))
+        assert other.take_scope(SCOPE, repair, 60, clock.now()) is None
+        assert other.forget_page(SCOPE, URL).pages == 1
+        store.stage_page(full_state(PageKey(SCOPE, URL), 2))
+        with pytest.raises(HoldLapsed):
+            await call(store.flush())
+        assert other.count_pages(SCOPE) == 0
+        # A store that names no hold writes (a store used directly).
+        other.stage_page(full_state(PageKey(SCOPE, f"{URL}?other"), 1))
+        assert await call(other.flush()) == 1
+        store.flush_hold = None
 
     @pytest_twisted.ensureDeferred
     async def test_workers_hold_a_scope_together_and_a_repair_or_crawl_holds_it_alone(
         self, store: StateStore,
     ) -> None:
+        self.skip_unless_holds_on_callers_clock()
         crawl, repair = "host:1", "repair@host:2"
         one, two = "worker@host:3:a", "worker@host:3:b"
         # The workers of a run hold together; a crawl or a repair is refused
@@ -1843,7 +1920,7 @@ class StateStoreContract:
         store.stage_item(item("a", scope="other"))
         store.stage_crawl(CrawlRecord("other", 1.0, 2.0))
         await call(store.flush())
-        await call(store.hold_scope(SCOPE, "someone", 60, now=1_000))
+        assert store.take_scope(SCOPE, "someone", 60, now=clock.now()) is None
         expected = Removed(pages=3, links=2, items=5, versions=7, hosts=1, crawls=1)
         assert store.count_scope(SCOPE) == expected
         assert store.count_scope(SCOPE) == expected  # counting deletes nothing
@@ -1858,7 +1935,7 @@ class StateStoreContract:
         assert store.crawls(SCOPE, 10) == []
         assert store.count_scope("other") == Removed(pages=1, items=1, versions=1, crawls=1)
         # Holds lapse by themselves.
-        assert store.scope_holders(SCOPE, 1_000) == {"someone": 1_060}
+        assert list(store.scope_holders(SCOPE, clock.now())) == ["someone"]
 
 
     # -- the stored-graph walk's memo: the write generation ------------------------
@@ -1999,7 +2076,65 @@ class TestSQLiteStore(StateStoreContract):
         return damage
 
 
-class TestRedisStore(StateStoreContract):
+class HoldsOnTheServersClock:
+    """A Redis store's holds, judged on the server's clock (TIME) whatever
+    the caller's: a host whose clock is ahead, or a crawl under faketime,
+    neither takes a live hold nor holds one past its lapse."""
+
+    #: Not the contract's tests that move time by the caller's *now*.
+    holds_on_callers_clock = False
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_callers_clock_neither_takes_a_live_hold_nor_stretches_one(
+        self, store: StateStore,
+    ) -> None:
+        crawl, repair = "host:1", "repair@host:2"
+        one, two = "worker@host:3:a", "worker@host:3:b"
+        assert store.take_scope(SCOPE, repair, 60, clock.now()) is None
+        # A crawl whose host's clock is a minute ahead (or two days, under
+        # faketime) finds the repair's hold live; it is told when it lapses
+        # on its own clock.
+        for ahead in (61, 2 * 86_400):
+            now = clock.now() + ahead
+            held = store.take_scope(SCOPE, crawl, 60, now)
+            assert held is not None and held[0] == repair
+            assert now < held[1] <= now + 60
+        # A refresh under a clock ahead renews from the server's now.
+        await call(store.hold_scope(SCOPE, repair, 60, clock.now() + 2 * 86_400))
+        assert store.scope_holders(SCOPE, clock.now())[repair] <= clock.now() + 60
+        await call(store.release_scope(SCOPE, repair))
+        # A crawl taking under a clock two days ahead holds for its ttl,
+        # not two days (a killed one would block every repair meanwhile);
+        # nor does one two days behind hold nothing.
+        for skew in (2 * 86_400, -2 * 86_400):
+            assert store.take_scope(SCOPE, crawl, 60, clock.now() + skew) is None
+            assert clock.now() < store.scope_holders(SCOPE, clock.now())[crawl] \
+                <= clock.now() + 60
+            await call(store.release_scope(SCOPE, crawl))
+        # Workers hold together; a crawl or a repair alone.
+        assert store.take_scope(SCOPE, one, 60, clock.now()) is None
+        assert store.take_scope(SCOPE, two, 60, clock.now()) is None
+        for other in (crawl, repair):
+            held = store.take_scope(SCOPE, other, 60, clock.now())
+            assert held is not None and held[0] in (one, two)
+        assert sorted(store.scope_holders(SCOPE, clock.now())) == [one, two]
+        with pytest.raises(ScopeHeld, match="held by cluster worker host:3"):
+            await call(store.hold_scope(SCOPE, crawl, 60))
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_hold_lapses_on_the_servers_clock_and_is_not_refreshed_after(
+        self, store: StateStore,
+    ) -> None:
+        crawl = "host:1"
+        assert store.take_scope(SCOPE, crawl, 60, clock.now()) is None
+        await call(store.hold_scope(SCOPE, crawl, 0.2))  # lapses 0.2 s on
+        await until(lambda: not store.scope_holders(SCOPE, 0), "the hold to lapse")
+        with pytest.raises(HoldLapsed, match="lapsed or was released"):
+            await call(store.hold_scope(SCOPE, crawl, 60))
+        assert store.scope_holders(SCOPE, 0) == {}
+
+
+class TestRedisStore(HoldsOnTheServersClock, StateStoreContract):
     """The contract, for :class:`RedisStateStore` on the real Redis (db 9)."""
 
     @pytest_twisted.async_yield_fixture
@@ -2047,7 +2182,7 @@ class TestRedisStore(StateStoreContract):
         return damage
 
 
-class TestRedisClusterStore(StateStoreContract):
+class TestRedisClusterStore(HoldsOnTheServersClock, StateStoreContract):
     """The contract, for :class:`RedisStateStore` on a real Redis Cluster
     (three loopback primaries, ``tests/redis_cluster_util.py``): the cluster
     layout (5) and its phased flush. Each test has a key prefix of its own,
@@ -2644,7 +2779,7 @@ class TestSQLiteMigrations:
         store = await store_with_one_page(path, 11)
         assert store.crawls("s", 5) == [] and store.scope_holders("s", 0) == {}
         store.stage_crawl(CrawlRecord("s", 1.5, 2.25, figures={"requests": 1}))
-        await call(store.hold_scope("s", "me", 60, now=100))
+        assert store.take_scope("s", "me", 60, now=100) is None
         await call(store.close())
         store = SQLiteStateStore(path)
         assert store.crawls("s", 5) == [CrawlRecord("s", 1.5, 2.25, figures={"requests": 1})]

@@ -103,3 +103,41 @@ async def test_the_registry_finds_the_store_by_its_scheme(tmp_path):
     store.stage_crawl(CrawlRecord(SCOPE, 1.0, 2.0))
     await store.flush()  # saves the file
     assert type(open_admin_store(admin, "state")) is MemoryAdminStore
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_whose_refreshes_fail_up_to_its_holds_end_stops(
+    site, state_uri, monkeypatch, caplog,
+):
+    # A store of one's own may not check the hold as it commits: the crawl
+    # itself stops writing once its refreshes failed for a whole ttl (a
+    # repair may have taken the scope meanwhile).
+    from scrapy.crawler import CrawlerRunner
+    from twisted.internet.defer import ensureDeferred
+
+    from incremental_crawler.crawl import ledger as ledger_module
+    from tests.conftest import crawl_settings
+    from tests.waiting import until
+
+    async def unreachable(*args: object, **kwargs: object) -> None:
+        raise StateStoreError("the store's hold cannot be reached")
+
+    monkeypatch.setattr(ledger_module, "HOLD_TTL", 0.3)  # refreshed every 0.1 s
+    for i in range(2):
+        site.add_page(f"/p/{i}", "strong", size=3000)
+    site.hold("/p/")
+    runner = CrawlerRunner(crawl_settings(state_uri, INCREMENTAL_FLUSH_INTERVAL=0.05,
+                                          **SETTINGS))
+    crawler = runner.create_crawler(ListSpider)
+    done = ensureDeferred(runner.crawl(crawler, urls=[site.url(f"/p/{i}") for i in range(2)]))
+    try:
+        await until(lambda: site.held >= 1, "the crawl to send a request")
+        monkeypatch.setattr(MemoryStore, "hold_scope", unreachable)
+        await until(lambda: crawler.stats.get_value("incremental/store_errors"),
+                    "the crawl to stop for its hold")
+    finally:
+        site.release()
+    await done
+    assert crawler.stats.get_value("finish_reason") == "incremental_store_error"
+    assert any("could not be refreshed before it lapsed; stopping the crawl" in r.getMessage()
+               for r in caplog.records if r.levelname == "ERROR")

@@ -2,8 +2,8 @@
 ``reset``): taken before the repair reads anything, alone (no crawl, cluster
 worker or other repair holds the scope beside it, and none can start while
 it holds), renewed while the repair runs, released when it ends; a repair
-killed leaves a hold that lapses by itself (at once for a process of this
-host that is gone).
+killed leaves a hold that lapses by itself a ttl later (never taken over
+because its pid is not running here: in another PID namespace it may be).
 
 The hold has a store of its own (the same URI, opened again): the renewal
 runs in a thread of its own while the repair works on the command's store.
@@ -18,7 +18,12 @@ import threading
 from typing import TYPE_CHECKING
 
 from incremental_crawler import clock
-from incremental_crawler.state.stores.base import REPAIR_HOLD, StateStoreError
+from incremental_crawler.state.stores.base import (
+    REPAIR_HOLD,
+    RepairStopped,
+    StateStoreError,
+    describe_holder,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -82,24 +87,43 @@ class RepairHold:
 
     def _renew(self) -> None:
         assert self._store is not None
-        failure = "renewed late"
+        failure = ""  # why the renewals since the last one that held failed
         # Bounded by the repair: the command sets _stop when it ends.
         while not self._stop.wait(self.ttl / 3):
             now = clock.now()
             try:
                 held = self._store.take_scope(self.scope, self.name, self.ttl, now)
             except StateStoreError as exc:
-                # Tried again at the next third; the hold lasts until then.
+                # Tried again at the next third, while the hold lasts.
                 failure = f"the hold could not be renewed: {exc}"
+                if clock.now() >= self._held_until:
+                    self.lost = (f"the hold lapsed ({failure}) and a crawl may have "
+                                 "written meanwhile")
+                    return
                 continue
-            if held is not None or now >= self._held_until:
-                # Renewals failed for a whole ttl: another may have held the
-                # scope meanwhile, and may hold it still.
-                self.lost = (f"the hold lapsed ({failure}) and "
-                             + (f"{held[0]} took the scope" if held is not None
-                                else "a crawl may have written meanwhile"))
+            if held is not None:
+                self.lost = (f"{describe_holder(held[0])} took the scope (the hold "
+                             f"lapsed{f': {failure}' if failure else ''})")
+                return
+            if now >= self._held_until:
+                # Renewed, but late: another may have held the scope
+                # meanwhile, and ended.
+                self.lost = (f"the hold lapsed ({failure or 'renewed late'}) and a crawl "
+                             "may have written meanwhile")
                 return
             self._held_until = now + self.ttl
+            failure = ""
+
+    def check(self) -> None:
+        """Before a step of the repair that deletes: raises
+        :class:`RepairStopped` once the hold is lost, or may have lapsed
+        (its renewals failed up to its lapse), so that the repair deletes
+        nothing further beside another holder."""
+        lost = self.lost
+        if lost is None and clock.now() >= self._held_until:
+            lost = "the hold may have lapsed: it could not be renewed in time"
+        if lost is not None:
+            raise RepairStopped(lost)
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
@@ -107,6 +131,9 @@ class RepairHold:
         if self._renewer is not None:
             self._renewer.join()
         lost = self.lost
+        if lost is None and clock.now() >= self._held_until:
+            # The last renewals failed, and the hold ended meanwhile.
+            lost = "the hold lapsed (it could not be renewed in time)"
         self._close(release=True)
         if lost is not None and kind is None:
             raise HoldLost(lost)

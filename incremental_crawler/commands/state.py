@@ -51,7 +51,7 @@ from incremental_crawler.state.stores import (
     state_uri,
     store_class,
 )
-from incremental_crawler.state.stores.base import dead_pid, describe_holder
+from incremental_crawler.state.stores.base import RepairStopped, dead_pid, describe_holder
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
@@ -215,10 +215,20 @@ class Command(InProject, ScrapyCommand):
         assert self.settings is not None
         settings = self.settings
         try:
-            with RepairHold(lambda: open_admin_store(settings, "state"), scope):
-                return self._repair(store, action, target, scope)
+            with RepairHold(lambda: open_admin_store(settings, "state"), scope) as hold:
+                store.repair_guard = hold.check
+                try:
+                    return self._repair(store, action, target, scope)
+                finally:
+                    store.repair_guard = None
         except ScopeTaken as exc:
             raise Refused(held_message(store, scope, exc)) from None
+        except RepairStopped as exc:
+            deleted = (f"; deleted before it stopped: {exc.removed.describe()}"
+                       if any(exc.removed) else "")
+            raise Refused(f"the repair of scope {scope!r} stopped, nothing further deleted: "
+                          f"{exc}{deleted}; check the scope (scrapy state) and run the repair "
+                          "again once no crawl holds it") from None
         except HoldLost as exc:
             raise Refused(f"the repair of scope {scope!r} ran, but {exc}: check the scope "
                           "(scrapy state) and run the repair again once no crawl holds "

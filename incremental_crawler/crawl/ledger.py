@@ -103,8 +103,10 @@ from incremental_crawler.state.records import (
 from incremental_crawler.state.scope_copy import refuse_a_crawl_of_a_partial_copy
 from incremental_crawler.state.stores import StateStore, StateStoreError, open_store
 from incremental_crawler.state.stores.base import (
+    COPY_HOLD,
     REPAIR_HOLD,
     SHARED_HOLD,
+    HoldLapsed,
     ScopeHeld,
     dead_pid,
     describe_holder,
@@ -486,6 +488,8 @@ class Ledger:
             other, lapses = held
             why = ("a crawl beside a repair would write what the repair deletes: wait "
                    "until it ends" if other.startswith(REPAIR_HOLD) else
+                   "a crawl beside a copy would write what the copy reads or writes: wait "
+                   "until it ends" if other.startswith(COPY_HOLD) else
                    "two crawls of one scope at once would fetch every page and store every "
                    "item twice: wait until it ends, or give this crawl another scope "
                    "(incremental_scope)")
@@ -493,7 +497,14 @@ class Ledger:
                 f"State store {self.store.location}: scope {self.scope!r} is held by "
                 f"{describe_holder(other)} (its hold lapses in "
                 f"{max(0, math.ceil(lapses - now))} s unless it refreshes it); {why}")
+        self._held(now)
+
+    def _held(self, now: float) -> None:
+        """The hold taken at *now*: from then on the store writes only
+        while this crawl holds its scope (a repair may take it over a hold
+        that lapsed, and what was staged before would undo its work)."""
         self._held_at = now
+        self.store.flush_hold = (self.scope, self.hold_name)
 
     def _warn_unknown_settings(self, spider: Spider) -> None:
         """One warning per ``INCREMENTAL_*`` name that is none of ours: a
@@ -658,27 +669,52 @@ class Ledger:
             self.staged += 1
 
     def _tick(self) -> None:
-        self.flush()
         idle = self._hold_done is None or self._hold_done.called
         if idle and clock.now() - self._held_at >= self.hold_ttl / 3:
+            # Refreshed before it flushes: a hold found lost stops the crawl
+            # before it writes (the store checks the hold as it commits too).
             self._hold_done = deferred_from_coro(self._hold())
+            self._hold_done.addCallback(lambda _: self.flush())
+            return
+        self.flush()
 
     async def _hold(self) -> None:
-        """Take or refresh this crawl's hold on its scope (a failure is logged:
-        the crawl goes on, and a store that fails stops it at its next flush;
-        a hold another took over stops it at once)."""
+        """Refresh this crawl's hold on its scope, or take it (a crawler
+        built without its spider) (a failure is logged: the crawl goes on,
+        and a store that fails stops it at its next flush; a hold that
+        lapsed or another took over stops it at once)."""
         try:
-            await self.store.hold_scope(self.scope, self.hold_name, self.hold_ttl)
-            self._held_at = clock.now()
-        except ScopeHeld as exc:
-            # This hold lapsed (the reactor stalled past it) and a repair or
-            # another crawl took the scope: the crawl stops rather than
-            # write on beside it.
+            if self.store.flush_hold is not None:  # taken
+                await self.store.hold_scope(self.scope, self.hold_name, self.hold_ttl)
+                self._held_at = clock.now()
+            else:
+                self._take_hold_late()
+        except HoldLapsed as exc:
+            # This hold lapsed (the reactor stalled past it): a repair or
+            # another crawl took the scope, or did and ended already. The
+            # crawl stops rather than write on beside it or after it.
             self.store_failed(exc)
         except StateStoreError as exc:
+            if clock.now() - self._held_at >= self.hold_ttl:
+                # Refreshes failed up to the hold's end: a repair may have
+                # taken the scope meanwhile; nothing more is written.
+                self.store_failed(HoldLapsed(f"{exc}; the hold on scope {self.scope!r} could "
+                                             "not be refreshed before it lapsed"))
+                return
             logger.warning("%(error)s; could not hold scope %(scope)r",
                            {"error": exc, "scope": self.scope},
                            extra={"spider": self.crawler.spider})
+
+    def _take_hold_late(self) -> None:
+        """The hold of a crawler built without its spider, taken as it opens."""
+        now = clock.now()
+        held = self.store.take_scope(self.scope, self.hold_name, self.hold_ttl, now)
+        if held is not None:
+            raise ScopeHeld(f"State store {self.store.location}: scope {self.scope!r} is held "
+                            f"by {describe_holder(held[0])}, which "
+                            f"{describe_holder(self.hold_name)} may not hold it beside",
+                            *held)
+        self._held(now)
 
     @property
     def holds_until_close(self) -> bool:
@@ -730,6 +766,10 @@ class Ledger:
         if self._hold_done is not None:
             await maybe_deferred_to_future(self._hold_done)  # never fails
         if not self._failed:
+            # Held still? A hold lost (a repair took the scope) stops the
+            # last flush too: what is staged is dropped, not written.
+            await self._hold()
+        if not self._failed:
             try:
                 # Committed before the hold goes: a repair waiting for this
                 # crawl never races its last writes. A failure leaves the
@@ -738,8 +778,24 @@ class Ledger:
                 await self.store.release_scope(self.scope, self.hold_name)
             except StateStoreError:
                 pass  # closing tries the flush again, and says what was lost
+        await self._close_store(spider)
+        self.stats.set_value("incremental/store_roundtrips", self.store.roundtrips)
+
+    async def _close_store(self, spider: Spider) -> None:
+        """Close the store (its last flush of what is left staged), saying
+        what it did not store."""
         try:
             await self.store.close()
+        except HoldLapsed as exc:
+            # Written now, they could undo what a repair deleted meanwhile.
+            self.stats.inc_value("incremental/store_errors")
+            self.stats.set_value("incremental/writes_dropped", self.store.pending)
+            logger.log(
+                logging.WARNING if self._failed else logging.ERROR,
+                "%(error)s; %(n)d staged writes were dropped, not stored (the next run "
+                "fetches those pages again)",
+                {"error": exc, "n": self.store.pending}, extra={"spider": spider},
+            )
         except StateStoreError as exc:
             self.stats.inc_value("incremental/store_errors")
             logger.log(
@@ -749,7 +805,6 @@ class Ledger:
                 "fetches those pages again)",
                 {"error": exc, "n": self.store.pending}, extra={"spider": spider},
             )
-        self.stats.set_value("incremental/store_roundtrips", self.store.roundtrips)
 
     async def _confirm_delivery(self, spider: Spider) -> None:
         """Stage that the versions this crawl stored (or emitted again) were

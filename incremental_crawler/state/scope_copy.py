@@ -37,7 +37,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from incremental_crawler import clock
 from incremental_crawler.state.records import ItemRecord
-from incremental_crawler.state.stores.base import Removed, StateStoreError, describe_holder
+from incremental_crawler.state.stores.base import (
+    COPY_HOLD,
+    Removed,
+    StateStoreError,
+    describe_holder,
+)
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
@@ -200,7 +205,7 @@ class _Holds:
 
     def __init__(self, stores: list[AdminStore], scope: str) -> None:
         self.stores, self.scope = stores, scope
-        self.holder = f"{socket.gethostname()}:{os.getpid()}:copy"
+        self.holder = f"{COPY_HOLD}{socket.gethostname()}:{os.getpid()}"
         self.taken: list[AdminStore] = []
         self.at = 0.0
 

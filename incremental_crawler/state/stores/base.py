@@ -31,7 +31,7 @@ from incremental_crawler.state.records import is_gone
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Iterable, Iterator
+    from collections.abc import Callable, Collection, Iterable, Iterator
     from typing import Self
 
     from scrapy.settings import BaseSettings
@@ -48,15 +48,18 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "COPY_HOLD",
     "REPAIR_HOLD",
     "SHARED_HOLD",
     "SLOT_RATES_KEPT",
     "AdminStore",
     "CrawlStore",
     "DueAfter",
+    "HoldLapsed",
     "HostSummary",
     "PagesSummary",
     "Removed",
+    "RepairStopped",
     "ScopeHeld",
     "SlotRates",
     "StateStore",
@@ -226,12 +229,16 @@ class Removed(NamedTuple):
 #: crawl or worker may start while it does (nor it while one holds).
 SHARED_HOLD = "worker@"
 REPAIR_HOLD = "repair@"
+#: A ``scrapy state copy``'s hold (on the source and the destination): alone,
+#: as a crawl's, but no crawl (no checks to note from its start).
+COPY_HOLD = "copy@"
 
 
 def _hold_kind(holder: str) -> tuple[str, str]:
-    """*holder*'s kind (:data:`SHARED_HOLD`, :data:`REPAIR_HOLD`, '' for a
-    crawl) and its process's name (``host:pid...``)."""
-    for kind in (SHARED_HOLD, REPAIR_HOLD):
+    """*holder*'s kind (:data:`SHARED_HOLD`, :data:`REPAIR_HOLD`,
+    :data:`COPY_HOLD`, '' for a crawl) and its process's name
+    (``host:pid...``)."""
+    for kind in (SHARED_HOLD, REPAIR_HOLD, COPY_HOLD):
         if holder.startswith(kind):
             return kind, holder[len(kind):]
     return "", holder
@@ -246,9 +253,17 @@ def holds_conflict(holder: str, other: str) -> bool:
 
 def describe_holder(holder: str) -> str:
     """*holder* for people: ``crawl host:pid``, ``cluster worker
-    host:pid:id``, ``repair host:pid``."""
+    host:pid:id``, ``repair host:pid``, ``copy host:pid``."""
     kind, name = _hold_kind(holder)
-    return {SHARED_HOLD: "cluster worker", REPAIR_HOLD: "repair"}.get(kind, "crawl") + f" {name}"
+    return {SHARED_HOLD: "cluster worker", REPAIR_HOLD: "repair",
+            COPY_HOLD: "copy"}.get(kind, "crawl") + f" {name}"
+
+
+def is_crawl_hold(holder: str) -> bool:
+    """Whether *holder* is a crawl's own hold (one process, not a cluster
+    worker, a repair or a copy): its start is where its checks are noted
+    from (the stores' marks)."""
+    return _hold_kind(holder)[0] == ""
 
 
 def hold_process(holder: str) -> str:
@@ -312,10 +327,13 @@ def holder_gone(holder: str) -> bool:
 
 def takes_over(holder: str, other: str) -> bool:
     """Whether *holder*, starting, takes over *other*'s hold that has not
-    lapsed: its process is gone (:func:`holder_gone`). Not a repair's: it
+    lapsed: its process is gone (:func:`holder_gone`). Not by a repair: it
     waits until the hold lapses (``scrapy state`` names the killed crawl
-    meanwhile), as it always did."""
-    return not holder.startswith(REPAIR_HOLD) and holder_gone(other)
+    meanwhile), as it always did. Nor a repair's hold: a pid is known gone
+    only in this PID namespace, and containers sharing a host name would
+    take a live repair's over; it lapses a minute after the repair died."""
+    return (not holder.startswith(REPAIR_HOLD) and not other.startswith(REPAIR_HOLD)
+            and holder_gone(other))
 
 
 class StateStoreError(RuntimeError):
@@ -327,7 +345,30 @@ class StateStoreError(RuntimeError):
     """
 
 
-class ScopeHeld(StateStoreError):
+class HoldLapsed(StateStoreError):
+    """A hold could not be refreshed: it lapsed, or was released or taken
+    over, before its refresh. Another may have held the scope meanwhile (a
+    repair that came and went), so the hold is not taken again: its holder
+    stops writing."""
+
+    @classmethod
+    def of(cls, location: str, scope: str, holder: str) -> HoldLapsed:
+        return cls(f"State store {location}: the hold of {describe_holder(holder)} on scope "
+                   f"{scope!r} lapsed or was released (another may have held the scope "
+                   "meanwhile): it is not taken again, and nothing more is written under it")
+
+
+class RepairStopped(StateStoreError):
+    """A repair stopped before a step that deletes (its hold was lost, see
+    :attr:`AdminStore.repair_guard`): nothing further was deleted;
+    *removed* is what it had deleted before, as far as the store knows."""
+
+    def __init__(self, message: str, removed: Removed | None = None) -> None:
+        super().__init__(message)
+        self.removed = removed if removed is not None else Removed()
+
+
+class ScopeHeld(HoldLapsed):
     """A hold on a scope was refused: *holder* holds it (until *expires*),
     and the two may not hold it together (:func:`holds_conflict`)."""
 
@@ -370,6 +411,14 @@ class StateStore(ABC):
     crawl_history: int = 100
     #: Remembered politeness rates kept per scope (:meth:`stage_slot_rates`).
     slot_rates_kept: int = SLOT_RATES_KEPT
+    #: The hold a flush writes for, ``(scope, holder)``: set (by a crawl,
+    #: once it holds its scope), a flush writes only while that hold is
+    #: there and has not lapsed, checked as it commits; otherwise it raises
+    #: :class:`HoldLapsed` (:class:`ScopeHeld`), writing nothing and keeping
+    #: what is staged. ``None``: no check (a store used directly, a copy
+    #: writing under its own hold). The built-in stores check it; one of
+    #: one's own may not.
+    flush_hold: tuple[str, str] | None = None
 
     # -- finding and opening a store -------------------------------------------
 
@@ -756,12 +805,15 @@ class StateStore(ABC):
     @abstractmethod
     async def hold_scope(self, scope: str, holder: str, ttl: float,
                          now: float | None = None) -> None:
-        """Refresh *holder*'s hold on *scope* (or take it again if it
-        lapsed), lapsing *ttl* seconds after *now* (``None``: the clock's
-        now). Holds of other holders stay. Raises :class:`ScopeHeld`,
-        holding nothing, while a holder that conflicts with *holder* holds
-        the scope (one that took it over once this hold lapsed): checked and
-        written in one transaction."""
+        """Refresh *holder*'s hold on *scope*, lapsing *ttl* seconds after
+        *now* (``None``: the clock's now). Holds of other holders stay.
+        Only a hold that is there and has not lapsed is refreshed (only
+        :meth:`take_scope` takes one): raises :class:`ScopeHeld`, holding
+        nothing, while a holder that conflicts with *holder* holds the scope
+        (one that took it over once this hold lapsed), else
+        :class:`HoldLapsed` when the hold lapsed or is gone (a repair may
+        have taken the scope, and ended, meanwhile): checked and written in
+        one transaction."""
 
     @abstractmethod
     def take_scope(self, scope: str, holder: str, ttl: float,
@@ -808,6 +860,17 @@ class AdminStore(StateStore):
     A store of one's own written before the split derives from this class
     to keep serving those commands.
     """
+
+    #: Called before each step of a repair that deletes: raises
+    #: :class:`RepairStopped` once the repair may no longer hold its scope
+    #: alone, so that it deletes nothing further beside another holder.
+    #: ``None`` (a store used directly): no check.
+    repair_guard: Callable[[], None] | None = None
+
+    def before_deleting(self) -> None:
+        """:attr:`repair_guard`'s check, before a repair's step that deletes."""
+        if self.repair_guard is not None:
+            self.repair_guard()
 
     def store_identity(self) -> str:
         """What tells this store from every other, whatever URI names it (a

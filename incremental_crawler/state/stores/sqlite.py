@@ -34,10 +34,9 @@ from incremental_crawler.state.records import (
     Undelivered,
 )
 from incremental_crawler.state.stores.base import (
-    REPAIR_HOLD,
-    SHARED_HOLD,
     AdminStore,
     DueAfter,
+    HoldLapsed,
     PagesSummary,
     Removed,
     ScopeHeld,
@@ -48,9 +47,9 @@ from incremental_crawler.state.stores.base import (
     checked_after,
     crawl_history_setting,
     describe_holder,
-    holder_gone,
     holds_conflict,
     host_of,
+    is_crawl_hold,
     item_history_setting,
     takes_over,
 )
@@ -1189,6 +1188,12 @@ class SQLiteStateStore(AdminStore):
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
+                if self.flush_hold is not None and db.execute(
+                        "SELECT 1 FROM holds WHERE scope = ? AND holder = ? AND expires > ?",
+                        (*self.flush_hold, clock.now())).fetchone() is None:
+                    # Its hold lapsed, maybe taken over: writes now could
+                    # undo a repair's. Kept staged (the crawl stops).
+                    raise HoldLapsed.of(self.location, *self.flush_hold)
                 # Runs of the same statement go to SQLite in one call.
                 for sql, group in groupby(self._ops, key=itemgetter(0)):
                     db.executemany(sql, [params for _, params in group])
@@ -1407,16 +1412,22 @@ class SQLiteStateStore(AdminStore):
         if now is None:
             now = clock.now()
         # Its own transaction, beside the staged writes (never inside a
-        # flush: the reactor runs one thing at a time); lapsed holds go.
+        # flush: the reactor runs one thing at a time); lapsed holds go. A
+        # hold that lapsed is not taken again: a repair may have held the
+        # scope, and ended, meanwhile.
         db = self._db
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
-                db.execute("DELETE FROM holds WHERE scope = ? AND expires <= ?", (scope, now))
                 other = self._conflicting_hold(scope, holder, now, gone_too=True)
                 if other is not None:
                     _rollback(db)
                     raise self._held(scope, holder, *other)
+                if db.execute("SELECT 1 FROM holds WHERE scope = ? AND holder = ? "
+                              "AND expires > ?", (scope, holder, now)).fetchone() is None:
+                    _rollback(db)
+                    raise HoldLapsed.of(self.location, scope, holder)
+                db.execute("DELETE FROM holds WHERE scope = ? AND expires <= ?", (scope, now))
                 db.execute("INSERT OR REPLACE INTO holds (scope, holder, expires) "
                            "VALUES (?, ?, ?)", (scope, holder, now + ttl))
                 db.execute("COMMIT")
@@ -1454,12 +1465,13 @@ class SQLiteStateStore(AdminStore):
                 # Lapsed holds go, and those whose process is gone; the
                 # live ones left are cluster workers holding beside a worker.
                 gone = [(scope, name) for (name,) in db.execute(
-                    "SELECT holder FROM holds WHERE scope = ?", (scope,)) if holder_gone(name)]
+                    "SELECT holder FROM holds WHERE scope = ?", (scope,))
+                    if takes_over(holder, name)]
                 db.executemany("DELETE FROM holds WHERE scope = ? AND holder = ?", gone)
                 db.execute("DELETE FROM holds WHERE scope = ? AND expires <= ?", (scope, now))
                 db.execute("INSERT OR REPLACE INTO holds (scope, holder, expires) "
                            "VALUES (?, ?, ?)", (scope, holder, now + ttl))
-                if not holder.startswith((SHARED_HOLD, REPAIR_HOLD)):
+                if is_crawl_hold(holder):
                     # A crawl's (a cluster run's workers start apart: each
                     # would clear the others' checks).
                     self._mark_checks(scope, math.floor(now))
@@ -1619,6 +1631,8 @@ class SQLiteStateStore(AdminStore):
                                (scope, host)))
         kinds.append("")
         statements.append((_NEW_GENERATION, (scope,)))
+        # One transaction: checked once, before it.
+        self.before_deleting()
         counts = dict.fromkeys((*Removed._fields, ""), 0)
         for kind, n in zip(kinds, self._write(*statements), strict=True):
             counts[kind] += n
@@ -1641,6 +1655,7 @@ class SQLiteStateStore(AdminStore):
 
     def reset_scope(self, scope: str) -> Removed:
         # The remembered politeness rates go too (not counted: not data).
+        self.before_deleting()
         changed = self._write(*(
             (f"DELETE FROM {table} WHERE scope = ?", (scope,))  # noqa: S608 (constant SQL)
             for table, _ in _SCOPE_TABLES),

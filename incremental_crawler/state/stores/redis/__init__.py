@@ -30,8 +30,10 @@ neither holds a ``:``, ``|`` or brace:
                                 than the one keyed by its URL
 ``P:flush:<token>``             how many writes of a flush were applied (expires)
 ``P:crawls:<s>``                sorted set: crawl records (JSON) by start, newest N kept
-``P:holds:<s>``                 sorted set: crawls, cluster workers (``worker@``) and repairs
-                                (``repair@``) holding the scope, by when each lapses
+``P:holds:<s>``                 sorted set: crawls, cluster workers (``worker@``), repairs
+                                (``repair@``) and copies (``copy@``) holding the scope, by
+                                when each lapses
+                                (on the server's clock, its TIME)
 ``P:slots:<s>``                 hash: slot → the rate its politeness window
                                 learned (JSON)
 ``P:slotsat:<s>``               sorted set: those slots by when each was saved,

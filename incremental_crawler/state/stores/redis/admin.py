@@ -27,6 +27,7 @@ from incremental_crawler.state.records import Change, HostTrust, StoredVersion
 from incremental_crawler.state.stores.base import (
     AdminStore,
     Removed,
+    RepairStopped,
     SlotRates,
     StateStoreError,
     StoredItem,
@@ -408,6 +409,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
                                          "(nothing was deleted)")
                     urls, delete_pages = plan()
                     kinds = self._forget_commands(scope, urls, delete_pages, host, pipe)
+                    self.before_deleting()
                     self.roundtrips += 1
                     replies = pipe.execute()
                 except redis.WatchError:
@@ -617,6 +619,11 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         out: list[Any] = [None] * len(commands)
         for done, ns in enumerate(by_slot.values()):
             try:
+                self.before_deleting()
+            except RepairStopped as exc:
+                raise RepairStopped(f"{exc} ({done} of {len(by_slot)} slots applied)",
+                                    exc.removed) from None
+            try:
                 replies = self._slot_multi(commands, ns, plain_if_full)
             except StateStoreError as exc:
                 if not (done and cut_short):
@@ -726,6 +733,11 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             run(None, "ZREMRANGEBYLEX", self._item_key("bypage", scope, url), *_page_range(url))
         try:
             replies = self._multi_per_slot(commands)
+        except RepairStopped as exc:
+            # The entry and intent left behind: the next reading of the
+            # scope takes the deleted pages out of its sums.
+            raise RepairStopped(f"{exc}; its pages were deleted, not all of their items",
+                                Removed(pages=pages, links=links)) from None
         except StateStoreError as exc:
             raise StateStoreError(f"{exc} (repair cut short: its pages were deleted, not "
                                   "all of the rest: run it again)") from exc
@@ -761,9 +773,15 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             n, buckets, url_part = plan()
             keys = [self._host_key("hd", scope, host), self._host_key("ln", scope, host),
                     self._generation_key(scope, host), ledger,
+                    self._token_key(token, ledger[ledger.index("{"):]),
                     *(key for b in buckets for key in self._bucket_keys(scope, host, b))]
             args = [n, token, stamp + self.adopt_after // 2,
                     *(("page", url_part) if url_part else ("host",))]
+            try:
+                self.before_deleting()
+            except RepairStopped:
+                self._drop_intent(intent)  # nothing deleted: nothing to take out
+                raise
             self.roundtrips += 1
             try:
                 reply: Any = self._sync.eval(CLUSTER_FORGET_LUA, len(keys), *keys, *args)
@@ -965,6 +983,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             pipe.eval(_GENERATION_LUA, len(generations), *generations)
             return self._sync_run(pipe)
 
+        self.before_deleting()
         try:
             replies = reset(transaction=True)
         except StateStoreError as exc:

@@ -437,12 +437,18 @@ class RedisClusterPath(RedisCore):
             start = end
         return None
 
+    async def _check_flush_hold(self) -> None:
+        """Raises HoldLapsed when the flush's writer no longer holds its
+        scope (``flush_hold``; the store's)."""
+        raise NotImplementedError
+
     async def _apply_round(self, ops: list[tuple[Any, ...]], scopes: set[str],
                            applied: set[int]) -> str | None:
         """:meth:`_cluster_apply` of one round of *ops*."""
         carried = self._carried
         spent, self._spent_slot_tokens = self._spent_slot_tokens, []
         try:
+            await self._check_flush_hold()
             await self._phase_items(ops, applied, carried, spent)
             await self._phase_hosts(ops, applied, carried)
             await self._phase_scopes(ops, applied, carried, scopes)

@@ -10,7 +10,10 @@
 -- taken out of the sums as it is then, never counted on after its deletion.
 --
 -- KEYS: the host's record (hd), links (ln), write generation (wg), ledger
--- (fx), then the two hashes (pg, pgl) of each bucket declared. ARGV: the
+-- (fx), the run's token key (its answer, kept TOKEN_TTL: sent again after
+-- a lost reply, by the client's retry or the caller's, the script returns
+-- it and deletes nothing more), then the two hashes (pg, pgl) of each
+-- bucket declared. ARGV: the
 -- bucket count planned from, the token, the deadline of the repair's
 -- write-ahead intent (0: none; past it on this node's clock the script
 -- deletes nothing and says {'late'}), then 'host' (every declared bucket:
@@ -19,9 +22,11 @@
 -- Returns {'n', count} when the host's bucket count is not the one planned
 -- (nothing deleted: the caller plans again), {'late'} (see DEADLINE), else
 -- {pages deleted, links records deleted, effects (JSON; '' none)}.
-local DIR, LINKS, GENERATION, LEDGER = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local DIR, LINKS, GENERATION, LEDGER, RAN = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local PLANNED_N, TOKEN, DEADLINE = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local MODE, URL_PART = ARGV[4], ARGV[5]
+local ran = redis.call('GET', RAN)
+if ran then return cjson.decode(ran) end
 -- A reader may drop the intent once it is past its deadline (by more than
 -- the nodes' clocks differ): an entry written in the ledger after that
 -- would be listed by no intent, and lost if the repair stopped before its
@@ -62,7 +67,7 @@ local function forget(raw)
     SUMS[field] = {was[1] - 1, was[2] - bytes}
   end
 end
-for k = 5, #KEYS do
+for k = 6, #KEYS do
   local flat = redis.call('HGETALL', KEYS[k])
   for j = 1, #flat, 2 do
     local field = flat[j]
@@ -77,7 +82,7 @@ end
 
 local pages, links = 0, 0
 if MODE == 'host' then
-  for k = 5, #KEYS do
+  for k = 6, #KEYS do
     pages = pages + redis.call('HLEN', KEYS[k])
     redis.call('DEL', KEYS[k])
   end
@@ -91,11 +96,15 @@ else
   if pages > 0 or links > 0 then redis.call('INCR', GENERATION) end
 end
 
-if not next(SUMS) then return {pages, links, ''} end
+local function ran_as(answer)
+  redis.call('SET', RAN, cjson.encode(answer), 'EX', TOKEN_TTL)
+  return answer
+end
+if not next(SUMS) then return ran_as({pages, links, ''}) end
 -- (cjson writes an empty table as {}: the effects are objects.)
 local effects = cjson.encode({sums = SUMS, checks = {}, due = {}, splits = 0,
                               new_host = false, latest = ''})
 -- Stamped by this node's clock, as a host script's entry is (an adoption
 -- tells its age on the clock of the ledger's node).
 redis.call('HSET', LEDGER, TOKEN, cjson.encode({tonumber(redis.call('TIME')[1]), effects}))
-return {pages, links, effects}
+return ran_as({pages, links, effects})

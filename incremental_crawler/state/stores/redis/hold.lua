@@ -1,23 +1,56 @@
--- A holder's hold on its scope refreshed (taken again if it lapsed), unless
--- a live hold it may not hold beside is there: every hold is its holder's
--- alone but cluster workers' (their holders begin with ARGV[4]), which hold
--- the scope together. The check and the write are one step: a repair that
--- takes the scope over a lapsed hold is never joined by that hold again.
+-- A scope's holds, judged on this server's clock (TIME), never a caller's:
+-- the hosts of a crawl and of a repair may disagree by minutes (a clock
+-- ahead, a crawl run under faketime), and a hold is live or lapsed for
+-- both alike. Every hold is its holder's alone but cluster workers' (their
+-- holders begin with the shared prefix), which hold the scope together.
+-- Each step checks and writes at once.
 -- KEYS[1]: P:holds:<s>
--- ARGV: now, holder, when its hold lapses, the shared holds' prefix
--- Returns nil when held, else the other holder and when its hold lapses.
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+-- ARGV: 'take', 'refresh', 'check' or 'read'; holder, ttl (seconds), the shared
+-- holds' prefix; for 'take', the holders whose process is known gone (their
+-- live holds are taken over).
+--   take: the hold taken (or renewed) unless a live hold it may not hold
+--     beside is there;
+--   refresh: the hold renewed, only if it is there and has not lapsed (one
+--     that lapsed is not taken again: a repair may have held the scope, and
+--     ended, meanwhile), and no live hold it may not hold beside is there;
+--   check: as refresh, nothing written (a flush's check of its writer's hold);
+--   read: nothing written.
+-- Returns {now, 'held'} when taken or renewed, {now, 'other', holder,
+-- when its hold lapses} when another holds the scope, {now, 'lapsed'}
+-- when the hold to refresh lapsed or is gone; read: {now, 'read', holder,
+-- lapses, holder, lapses...} of the live holds. Times are this server's.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local now_text = string.format('%.6f', now)
+local mode, holder = ARGV[1], ARGV[2]
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now_text, '+inf', 'WITHSCORES')
+if mode == 'read' then
+  local out = {now_text, 'read'}
+  for i = 1, #live do out[#out + 1] = live[i] end
+  return out
+end
 local prefix = ARGV[4]
 local function shared(name) return string.sub(name, 1, #prefix) == prefix end
-local live = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
-local other, lapses = nil, nil
+local gone = {}
+if mode == 'take' then
+  for i = 5, #ARGV do gone[ARGV[i]] = true end
+end
+local other, lapses, mine = nil, nil, false
 for i = 1, #live, 2 do
   local name = live[i]
-  if name ~= ARGV[2] and not (shared(ARGV[2]) and shared(name))
+  if name == holder then
+    mine = true
+  elseif not gone[name] and not (shared(holder) and shared(name))
       and (other == nil or tonumber(live[i + 1]) > tonumber(lapses)) then
     other, lapses = name, live[i + 1]
   end
 end
-if other ~= nil then return {other, lapses} end
-redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
-return nil
+if other ~= nil then return {now_text, 'other', other, lapses} end
+if mode ~= 'take' and not mine then return {now_text, 'lapsed'} end
+if mode == 'check' then return {now_text, 'held'} end
+-- Lapsed holds go, and those of gone processes; the live ones left are
+-- workers holding beside a worker.
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_text)
+for name in pairs(gone) do redis.call('ZREM', KEYS[1], name) end
+redis.call('ZADD', KEYS[1], string.format('%.6f', now + tonumber(ARGV[3])), holder)
+return {now_text, 'held'}

@@ -545,8 +545,10 @@ class RedisLayout(RedisCore):
         beside it (each step can be done again: the other goes on).
         """
         self._renew(lock, token)
-        keys = [self._token_key(uuid.uuid4().hex), f"{self.prefix}:scopes"]
-        args: list[Any] = [self.prefix, self._listpack_value, len(scopes), *sorted(scopes)]
+        # (No hold checked: a migration holds its lock.)
+        keys = [self._token_key(uuid.uuid4().hex), f"{self.prefix}:scopes",
+                self._key("holds", "")]
+        args: list[Any] = [self.prefix, self._listpack_value, "", len(scopes), *sorted(scopes)]
         for op in ops:
             args.extend(op)
         pipe = self._sync.pipeline(transaction=False)

@@ -89,8 +89,10 @@ _LEDGER_HONOURED = _APPLIED_KEPT - 3_600
 # is committed with it or not at all; a damaged record read by a check,
 # redirect or flags write still stops the batch at that write.
 #
-# KEYS: token, scopes set, tokens to forget. ARGV: the key prefix, the
-# server's hash-max-listpack-value, the number of scopes, the scopes, then
+# KEYS: token, scopes set, the writer's scope's holds key, tokens to forget.
+# ARGV: the key prefix, the server's hash-max-listpack-value, the writer's
+# hold ('': no check; else nothing is written, {0, 2}, unless it is there
+# and not lapsed), the number of scopes, the scopes, then
 # the writes, each its name followed by ARITY[name] arguments; a page
 # write's first three are the scope's and the host's key parts and the
 # page's field.
@@ -164,7 +166,7 @@ CLUSTER_DUE_READ_LUA = LUA_READS + PAGE_CODEC + load_script(_LUA_PACKAGE, "clust
 CLUSTER_SUMMARY_LUA = LUA_READS + PAGE_CODEC + load_script(_LUA_PACKAGE, "cluster_summary.lua")
 CLUSTER_RAISE_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_raise.lua")
 CLUSTER_FORGET_LUA = LUA_WRITES + PAGE_CODEC + PAGE_BUCKETS + load_script(
-    _LUA_PACKAGE, "cluster_forget.lua")
+    _LUA_PACKAGE, "cluster_forget.lua").replace("TOKEN_TTL", str(_TOKEN_TTL))
 CLUSTER_INTENT_DROP_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_intent_drop.lua")
 CLUSTER_BYPAGE_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_bypage.lua")
 CLUSTER_LEDGER_READ_LUA = LUA_READS + load_script(_LUA_PACKAGE, "cluster_ledger_read.lua")

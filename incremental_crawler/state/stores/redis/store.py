@@ -37,13 +37,13 @@ from incremental_crawler.state.records import (
 from incremental_crawler.state.stores.base import (
     REPAIR_HOLD,
     SHARED_HOLD,
+    HoldLapsed,
     ScopeHeld,
     SlotRates,
     StateStoreError,
     crawl_history_setting,
     describe_holder,
-    holder_gone,
-    holds_conflict,
+    is_crawl_hold,
     item_history_setting,
     redis_retry_setting,
     takes_over,
@@ -72,7 +72,7 @@ from incremental_crawler.state.stores.redis.uri import DEFAULT_PREFIX, parse_red
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Iterable, Iterator, Sequence
     from typing import Self
 
     from scrapy.settings import BaseSettings
@@ -643,9 +643,12 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
 
         Raises (chained to the Redis error) when the outcome is unknown.
         """
+        hold = self.flush_hold
         keys = [self._token_key(token), f"{self.prefix}:scopes",
+                self._key("holds", hold[0] if hold is not None else ""),
                 *(self._token_key(t) for t in self._spent_tokens)]
-        args: list[Any] = [self.prefix, self._listpack_value, len(scopes), *sorted(scopes)]
+        args: list[Any] = [self.prefix, self._listpack_value, hold[1] if hold is not None else "",
+                           len(scopes), *sorted(scopes)]
         for op in ops:
             args.extend(op)
 
@@ -666,6 +669,9 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
             raise self._fail("", exc) from None
         except redis.RedisError as exc:
             raise self._fail("Redis command failed", exc) from exc
+        if int(reply[1]) == 2:
+            assert hold is not None
+            raise HoldLapsed.of(self.location, *hold)  # nothing written: not unsure
         self._spent_tokens = [token]
         applied = int(reply[0])
         error = reply[2].decode(errors="replace") if len(reply) > 2 else None
@@ -756,25 +762,58 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
 
     # -- holds ---------------------------------------------------------------
 
+    # Holds are judged on the server's clock (hold.lua reads TIME): a caller
+    # whose clock is ahead (another host's, a crawl under faketime) neither
+    # takes a live hold nor keeps one past its lapse. A caller's *now* only
+    # places the lapses it is told of on its own clock.
+
+    def _hold_script(self, mode: str, scope: str, holder: str = "", ttl: float = 0.0,
+                     gone: Sequence[str] = ()) -> tuple[str, list[str], float]:
+        """hold.lua's answer: its status, the holders and lapses it names
+        (each lapse placed on this host's clock), and the server's now."""
+        pipe = self._sync.pipeline(transaction=False)
+        pipe.execute_command("EVAL", HOLD_LUA, 1, self._key("holds", scope), mode, holder,
+                             repr(float(ttl)), SHARED_HOLD, *gone)
+        [reply] = self._sync_run(pipe)
+        return self._hold_reply(reply)
+
+    @staticmethod
+    def _hold_reply(reply: list[bytes]) -> tuple[str, list[str], float]:
+        server_now, status, *named = (part.decode() for part in reply)
+        here = clock.now() - float(server_now)
+        return status, [name if i % 2 == 0 else repr(float(name) + here)
+                        for i, name in enumerate(named)], float(server_now)
+
     async def hold_scope(self, scope: str, holder: str, ttl: float,
                          now: float | None = None) -> None:
-        if now is None:
-            now = clock.now()
+        await self._held_still(scope, holder, "refresh", ttl)
+
+    async def _check_flush_hold(self) -> None:
+        """A phased flush's check that its writer holds its scope still
+        (:attr:`flush_hold`), before its first phase writes: one script on
+        the scope's slot, not in the phases' (a hold taken over between the
+        check and the phases goes unseen: a few milliseconds)."""
+        if self.flush_hold is not None:
+            await self._held_still(*self.flush_hold, "check")
+
+    async def _held_still(self, scope: str, holder: str, mode: str, ttl: float = 0.0) -> None:
         holds = self._key("holds", scope)
         # One script on one key (one node): checked and written at once.
-        [other] = await self._commands(
-            [("EVAL", HOLD_LUA, 1, holds, repr(float(now)), holder, repr(float(now + ttl)),
-              SHARED_HOLD)], "Redis command failed")
-        if other:
-            name, expires = other[0].decode(), float(other[1])
+        [reply] = await self._commands(
+            [("EVAL", HOLD_LUA, 1, holds, mode, holder, repr(float(ttl)), SHARED_HOLD)],
+            "Redis command failed")
+        status, named, _ = self._hold_reply(reply)
+        if status == "lapsed":
+            raise HoldLapsed.of(self.location, scope, holder)
+        if status == "other":
+            name, expires = named[0], float(named[1])
             raise ScopeHeld(f"State store {self.location}: scope {scope!r} is held by "
                             f"{describe_holder(name)}, which {describe_holder(holder)} may "
                             "not hold it beside", name, expires)
 
     def take_scope(self, scope: str, holder: str, ttl: float,
                    now: float) -> tuple[str, float] | None:
-        holds = self._key("holds", scope)
-        crawl = not holder.startswith((SHARED_HOLD, REPAIR_HOLD))
+        crawl = is_crawl_hold(holder)
         # The crawl starts from every page its scope has: a dead worker's
         # effects left in its hosts' ledgers are applied first (see
         # adopt_ledgers; refused writes are left for later). Before the
@@ -788,65 +827,39 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
             raise StateStoreError(
                 f"State store {self.location}: scope {scope!r} was not taken: the effects a "
                 f"dead worker left in its hosts' ledgers could not be applied: {exc}") from exc
-        try:
-            with self._sync.pipeline(transaction=True) as pipe:
-                # Bounded: another crawl taking it at the same instant makes
-                # this one read again (WATCH); it then finds that crawl's hold.
-                for _ in range(100):
-                    try:
-                        pipe.watch(holds)
-                        pairs: list[tuple[bytes, float]] = pipe.zrangebyscore(  # type: ignore[assignment]
-                            holds, f"({now!r}", "+inf", withscores=True)
-                        self.roundtrips += 2
-                        live = [(raw.decode(), float(expires)) for raw, expires in pairs]
-                        others = sorted(
-                            ((name, expires) for name, expires in live
-                             if holds_conflict(holder, name) and not takes_over(holder, name)),
-                            key=lambda pair: -pair[1])
-                        if others:
-                            pipe.unwatch()
-                            return others[0]
-                        pipe.multi()
-                        # Lapsed holds go, and those of gone processes; the
-                        # live ones left are workers holding beside a worker.
-                        pipe.delete(holds)
-                        pipe.zadd(holds, {name: expires for name, expires in live
-                                          if not holder_gone(name)} | {holder: now + ttl})
-                        # This crawl's checks, from its start on, are noted
-                        # one by one (see summarize_pages). Not a worker's:
-                        # a run's workers start apart, and each would clear
-                        # the others' checks.
-                        if crawl and not self.tagged:
-                            pipe.eval(_SUMS_MARK_LUA, 0, self.prefix, _key_part(scope),
-                                      math.floor(now))
-                        pipe.execute()
-                        self.roundtrips += 1
-                        if crawl and self.tagged:
-                            # Each scope shard's mark, in its own slot, once
-                            # the hold is taken and before the crawl writes:
-                            # one not set (a failure) leaves that shard's
-                            # mark as it was: its summaries then read its
-                            # pages, or take out its checks since the older
-                            # mark, right either way.
-                            marks = self._sync.pipeline(transaction=False)
-                            for nvm, checks in zip(self._shard_keys("nvm", scope),
-                                                   self._shard_keys("ck", scope), strict=True):
-                                marks.execute_command("EVAL", CLUSTER_SUMS_MARK_LUA, 2, nvm,
-                                                      checks, math.floor(now))
-                            try:
-                                self._sync_run(marks)
-                            except StateStoreError as exc:
-                                logger.warning("State store %s: the scope shards' marks of %r "
-                                               "were not all set (%s): summaries may read "
-                                               "pages", self.location, scope,
-                                               exc.__cause__ or exc)
-                        return None
-                    except redis.WatchError:
-                        continue
-        except redis.RedisError as exc:
-            raise self._fail("cannot be reached or read (is Redis running at this "
-                             "address?)", exc) from exc
-        raise self._fail(f"could not take the hold on scope {scope!r}: it kept changing")
+        # Holds of processes of this host that are gone are taken over (a
+        # repair's never: it waits for them to lapse); which are gone is
+        # known here only, and a gone process does not come back.
+        gone: list[str] = []
+        if not holder.startswith(REPAIR_HOLD):
+            _, named, _ = self._hold_script("read", scope)
+            gone = [name for name in named[::2] if takes_over(holder, name)]
+        status, named, _ = self._hold_script("take", scope, holder, ttl, gone)
+        if status == "other":
+            return named[0], now + (float(named[1]) - clock.now())
+        if crawl:
+            # This crawl's checks, from its start on, are noted one by one
+            # (see summarize_pages), once the hold is taken and before the
+            # crawl writes. Not a worker's: a run's workers start apart,
+            # and each would clear the others' checks. A mark not set (a
+            # failure) leaves it as it was: its summaries then read the
+            # pages, or take out the checks since the older mark, right
+            # either way.
+            marks = self._sync.pipeline(transaction=False)
+            if self.tagged:
+                for nvm, checks in zip(self._shard_keys("nvm", scope),
+                                       self._shard_keys("ck", scope), strict=True):
+                    marks.execute_command("EVAL", CLUSTER_SUMS_MARK_LUA, 2, nvm,
+                                          checks, math.floor(now))
+            else:
+                marks.eval(_SUMS_MARK_LUA, 0, self.prefix, _key_part(scope), math.floor(now))
+            try:
+                self._sync_run(marks)
+            except StateStoreError as exc:
+                logger.warning("State store %s: the marks of the crawl's start on %r were not "
+                               "all set (%s): summaries may read pages", self.location, scope,
+                               exc.__cause__ or exc)
+        return None
 
     def mark_run_start(self, scope: str, started: float) -> None:
         # The mark moves to the run's start: P:ck keeps the run's checks
@@ -885,10 +898,11 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
         await self._call("ZREM", self._key("holds", scope), holder)
 
     def scope_holders(self, scope: str, now: float) -> dict[str, float]:
-        pipe = self._sync.pipeline(transaction=False)
-        pipe.zrangebyscore(self._key("holds", scope), f"({now!r}", "+inf", withscores=True)
-        [pairs] = self._sync_run(pipe)
-        return {holder.decode(): float(expires) for holder, expires in pairs}
+        # Live on the server's clock, each lapse placed on this host's.
+        _, named, _ = self._hold_script("read", scope)
+        return {holder: float(expires) for holder, expires in zip(named[::2], named[1::2],
+                                                                  strict=True)
+                if float(expires) > now}
 
     # -- a scope's pages, read at once (the crawl's clock-skew repair) ---------
 
