@@ -638,3 +638,22 @@ async def test_pages_a_killed_cluster_worker_counted_are_counted_by_the_worker_l
     assert (run["requested"], run["pages_new"]) == (4, 4), run
     assert_each_page_once(run, 4)
     assert leftover_keys(cluster_prefix) == []
+
+
+@pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_page_failing_in_a_cluster_crawl_is_one_failed_page(
+    site, state_uri, cluster_prefix, tmp_path
+):
+    paths = site.add_pages(2, size=1500)
+    site.override(paths[1], status=503)
+    reports = tmp_path / "reports"
+    worker = Worker(site, state_uri, cluster_prefix, tmp_path, "0",
+                    "-s", f"INCREMENTAL_REPORT_DIR={reports}", "-s", "RETRY_TIMES=0",
+                    spider=("starts", "-a", f"urls={' '.join(site.url(p) for p in paths)}",
+                            "-a", "tag=0", "-s", "SPIDER_MODULES=tests.follow_spider"))
+    assert await worker.wait() == 0, worker.tail()
+    run = run_summary(reports, 1)
+    assert (run["requested"], run["pages_new"], run["pages_failed"],
+            run["pages_no_outcome"]) == (2, 1, 1, 0), run
+    assert leftover_keys(cluster_prefix) == []

@@ -258,8 +258,9 @@ RUN_REQUESTED, RUN_NOT_DUE, RUN_SKIPPED, RUN_IN_BULK, RUN_DEFERRED = "r", "d", "
 
 #: The events of a page's answers the run merges (:meth:`RunCounts.answer`)
 #: besides its outcomes: a failure recorded; an outcome unless the page
-#: has one (a request that got no answer).
-RUN_FAILED, RUN_UNANSWERED = "failed", "?"
+#: has one (a request that got no answer). A failure recorded is no outcome
+#: name: an answer that was a failure (the outcome ``failed``) is an outcome.
+RUN_FAILED, RUN_UNANSWERED = "!failed", "?"
 
 #: Which of the re-seeder's sums a page's stored state puts it in: the
 #: pages not due (:attr:`ScheduleCounter.summed`), the due pages it may

@@ -6,7 +6,7 @@
 -- call's id (unique in the run), then the page's answers field (its
 -- field and "a"), the event: an outcome ("new"...), "?<outcome>" (an
 -- outcome unless the page has one: a request that got no answer) or
--- "failed" (a failure recorded). The field: "<outcome>|<tag>|<failed
+-- "!failed" (a failure recorded: not the outcome "failed"). The field: "<outcome>|<tag>|<failed
 -- tag>|<call>|<reply>": the page's column and the worker that counted it,
 -- the worker that counted its failure (none: it has not failed or it
 -- recovered), the last call that changed it and its reply. Returns
@@ -42,7 +42,7 @@ if field then
   if ftag ~= '' and not kept(ftag) then ftag = '' end
 end
 local counted, replaced, failed, recovered = '', '', '0', '0'
-if event == 'failed' then
+if event == '!failed' then
   if ftag == '' then ftag, failed = me, '1' end
 else
   local o = event

@@ -372,3 +372,15 @@ def test_a_page_requested_whose_visit_is_not_stored_when_the_sum_is_read_is_not_
                                 5000.0)
     s = run_summary(a, b)
     assert (s["pages_known"], s["requested"], s["not_due"]) == (2, 1, 1), s
+
+
+def test_a_final_failure_is_counted_failed_in_the_run(cluster_workers):
+    # The outcome "failed" (an answer that was a failure) and the event of a
+    # failure recorded were one string: the run took the outcome for the
+    # event, and the page ended in no column.
+    (a,) = cluster_workers(1)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.failed(P)
+    a.counter.outcome(PageOutcome.FAILED, P)
+    s = run_summary(a)
+    assert (s["requested"], s["pages_failed"], s["pages_no_outcome"]) == (1, 1, 0), s
