@@ -61,6 +61,7 @@ reason ``cluster_redis_error``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -158,6 +159,8 @@ _CLAIMS_PENDING = load_script(_LUA_PACKAGE, "claims_pending.lua")
 #: Heartbeat round trips at most, when workers keep joining between them
 #: (and joins, when the run keeps changing between reading it and joining).
 BEAT_TRIES = 5
+#: Members a round trip when a large run set is read (SSCAN's COUNT).
+SCAN_CHUNK = 1000
 
 #: The keys of a run, ``<run>:<name>``, in the order join.lua and leave.lua
 #: take them (join.lua reads ``unrecorded``, the second).
@@ -846,13 +849,45 @@ class ClusterCoordinator:
         :meth:`~incremental_crawler.change.accounting.RunCounts.bulk_counted`)."""
         self.roundtrip()
         try:
-            pages, size, requested = self.silence.again_blocking(lambda: self._bulk_counted(
+            pages, size = self.silence.again_blocking(lambda: self._bulk_counted(
                 keys=self._counted_keys(), args=[self.worker_id, self.tag]))
         except redis.RedisError as exc:
             self.lost(exc)
             return None
-        return int(pages), int(size), {
-            PageKey(*(k.decode() if isinstance(k, bytes) else k).split("\0")) for k in requested}
+        requested = self._scan_run_set("requested_in_sum")
+        if requested is None:
+            return None
+        return int(pages), int(size), {PageKey(*k.split("\0")) for k in requested}
+
+    def _scan_run_set(self, name: str) -> set[str] | None:
+        """The members of the run's set *name*, read in chunks of
+        :data:`SCAN_CHUNK` (a set that may be large: one SMEMBERS would
+        hold the server for all of it); ``None`` when Redis failed. The set
+        must no longer grow (SSCAN then returns every member, once or
+        more)."""
+        self.roundtrip()
+        try:
+            size = int(self.silence.again_blocking(
+                lambda: self.redis.scard(self.run_prefix + name)))
+        except redis.RedisError as exc:
+            self.lost(exc)
+            return None
+        members: set[str] = set()
+        cursor: int | str | bytes = 0
+        # A cursor goes back to 0 after one pass over the set's table (up
+        # to twice its size while it is being resized), with room to spare.
+        for _ in range(16 + 2 * size // SCAN_CHUNK):
+            self.roundtrip()
+            try:
+                cursor, chunk = self.silence.again_blocking(functools.partial(
+                    self.redis.sscan, self.run_prefix + name, int(cursor), count=SCAN_CHUNK))
+            except redis.RedisError as exc:
+                self.lost(exc)
+                return None
+            members.update(m.decode() if isinstance(m, bytes) else m for m in chunk)
+            if int(cursor) == 0:
+                return members
+        raise ClusterError(f"the run's set {name} did not end its scan: is it still growing?")
 
     def note_first_second_visit(self, key: PageKey) -> None:
         """This worker visited *key* in the run's first second (for the

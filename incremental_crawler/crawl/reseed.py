@@ -113,7 +113,7 @@ RESEED_URL = "data:,reseed"
 #: the one that queued it: it finds its own Reseeder's callback there.
 CALLBACK_ATTRIBUTE = "_incremental_reseed_due"
 
-#: Due pages read from the store at a time.
+#: Due pages (and pages requested in the sum) read from the store at a time.
 _READ = 1000
 #: Per host, the sample keeps the least recently checked of at most this
 #: many vouched pages' share (a bound on memory: share * this states).
@@ -396,9 +396,17 @@ class _DueReader:
         requested = self.counter.requested_in_sum() - (self.ledger.first_second_visits() or set())
         if summed is None or not requested:
             return 0, 0
-        states = await self.ledger.store.get_pages(requested)
-        unvisited = [state.size for state in states.values() if summed(state)]
-        return len(unvisited), sum(unvisited)
+        pages = size = 0
+        # Read in chunks: a large crawl may have many (one read of all
+        # would hold every page's state at once).
+        keys = list(requested)
+        for start in range(0, len(keys), _READ):
+            states = await self.ledger.store.get_pages(keys[start:start + _READ])
+            for state in states.values():
+                if summed(state):
+                    pages += 1
+                    size += state.size
+        return pages, size
 
     async def _visited_first_second(self, second_after: int) -> tuple[int, int]:
         """This crawl's visits in the second it started in that the summary

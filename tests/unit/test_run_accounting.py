@@ -384,3 +384,37 @@ def test_a_final_failure_is_counted_failed_in_the_run(cluster_workers):
     a.counter.outcome(PageOutcome.FAILED, P)
     s = run_summary(a)
     assert (s["requested"], s["pages_failed"], s["pages_no_outcome"]) == (1, 1, 0), s
+
+
+def test_the_pages_requested_in_the_sum_are_read_in_chunks(cluster_workers):
+    # 2500 pages requested (not due: lastmod newer) before the sum: the
+    # re-seeder gets them all, read in SSCAN chunks, none in the script's
+    # reply (one reply of 1e5+ members would hold the server).
+    r, b = cluster_workers(2)
+    r.counter.summed = b.counter.summed = summed
+    pages = [PageKey("s", f"http://a.example/{i}") for i in range(2_500)]
+    with b.counter.batch():
+        for key in pages:
+            b.counter.requested(Why.LASTMOD_NEWER, HOST, key, state(key))
+    replies: list[int] = []
+    script = r.coordinator._bulk_counted
+
+    def bulk_counted(**kwargs):
+        reply = script(**kwargs)
+        replies.append(len(reply))
+        return reply
+
+    r.coordinator._bulk_counted = bulk_counted
+    scans: list[int] = []
+    sscan = r.coordinator.redis.sscan
+
+    def scanned(*args, **kwargs):
+        cursor, chunk = sscan(*args, **kwargs)
+        scans.append(len(chunk))
+        return cursor, chunk
+
+    r.coordinator.redis.sscan = scanned
+    assert r.counter.counted_in_sum(1000.0) == (0, 0)
+    assert r.counter.requested_in_sum() == set(pages)
+    assert replies == [2]  # the pages and their size only
+    assert len(scans) >= 2 and sum(scans) >= 2_500, scans
