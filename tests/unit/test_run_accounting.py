@@ -418,3 +418,76 @@ def test_the_pages_requested_in_the_sum_are_read_in_chunks(cluster_workers):
     assert r.counter.requested_in_sum() == set(pages)
     assert replies == [2]  # the pages and their size only
     assert len(scans) >= 2 and sum(scans) >= 2_500, scans
+
+
+def outcomes(s: dict[str, int]) -> int:
+    """The run's pages with a success counted (as many as pages answered so)."""
+    return sum(s[f"pages_{o}"] for o in ("new", "changed", "page_changed", "unchanged",
+                                          "not_modified"))
+
+
+def test_an_answer_replaced_by_a_worker_killed_since_is_not_counted_twice(cluster_workers):
+    # a answers P unchanged; b's new replaces it (b counts new and unchanged
+    # replaced) and b is killed (those counts lost): P's request, requeued,
+    # answers 304 on c. a's unchanged is P's column again, which c's 304
+    # does not replace: one success for P.
+    a, b, c = cluster_workers(3)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.UNCHANGED, P)
+    b.counter.outcome(PageOutcome.NEW, P)
+    b.killed()
+    c.counter.requested(Why.DUE, HOST, P, state(P))
+    c.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    s = run_summary(a, c)
+    assert (s["requested"], outcomes(s), s["pages_unchanged"]) == (1, 1, 1), s
+
+
+def test_an_answer_replacing_one_handed_back_by_a_killed_worker_counts_it_replaced(
+    cluster_workers,
+):
+    a, b, c = cluster_workers(3)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    b.counter.outcome(PageOutcome.UNCHANGED, P)
+    b.killed()
+    c.counter.requested(Why.DUE, HOST, P, state(P))
+    c.counter.outcome(PageOutcome.CHANGED, P)
+    s = run_summary(a, c)
+    assert (s["requested"], outcomes(s), s["pages_changed"]) == (1, 1, 1), s
+
+
+def test_a_recovery_by_a_worker_killed_since_does_not_leave_the_page_failed(cluster_workers):
+    # a counts P failed; b's 304 counts its recovery and b is killed (the
+    # recovery lost): P is failed again, and c's 304 recovers it.
+    a, b, c = cluster_workers(3)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.failed(P)
+    b.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    b.killed()
+    c.counter.requested(Why.DUE, HOST, P, state(P))
+    c.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    s = run_summary(a, c)
+    assert (s["requested"], s["pages_not_modified"], s["failed"]) == (1, 1, 0), s
+
+
+def test_an_answer_run_again_after_another_workers_answer_is_counted(cluster_workers):
+    # a's answer (new) runs, its reply is lost; b's 304 runs before a sends
+    # its call again: a's call still gets its first reply (a counts new).
+    a, b = cluster_workers(2)
+    script = a.coordinator._answer
+    lost: list[bool] = []
+
+    def reply_lost_once(**kwargs):
+        reply = script(**kwargs)
+        if not lost:
+            lost.append(True)
+            b.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+            raise redis.TimeoutError("reply lost")
+        return reply
+
+    a.coordinator._answer = reply_lost_once
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    assert lost
+    s = run_summary(a, b)
+    assert (s["requested"], s["pages_new"], s["pages_no_outcome"]) == (1, 1, 0), s
