@@ -491,3 +491,30 @@ def test_an_answer_run_again_after_another_workers_answer_is_counted(cluster_wor
     assert lost
     s = run_summary(a, b)
     assert (s["requested"], s["pages_new"], s["pages_no_outcome"]) == (1, 1, 0), s
+
+
+def test_a_count_run_again_after_another_worker_requested_the_page_is_counted(
+    cluster_workers,
+):
+    # a counts Q not due, its reply lost; b requests Q before a sends its
+    # call again (b counts Q requested, not due left): a's call gets its
+    # first reply (a counts Q not due), not b's.
+    a, b = cluster_workers(2)
+    a.counter.summed = b.counter.summed = summed
+    script = a.coordinator._count_page
+    lost: list[bool] = []
+
+    def reply_lost_once(**kwargs):
+        reply = script(**kwargs)
+        if not lost:
+            lost.append(True)
+            b.counter.requested(Why.DUE, HOST, Q, state(Q))
+            raise redis.TimeoutError("reply lost")
+        return reply
+
+    a.coordinator._count_page = reply_lost_once
+    a.counter.not_due(state(Q))
+    assert lost
+    b.counter.outcome(PageOutcome.NEW, Q)
+    s = run_summary(a, b)
+    assert (s["pages_known"], s["requested"], s["not_due"]) == (1, 1, 0), s
