@@ -795,7 +795,7 @@ class ClusterCoordinator:
         args = [self.worker_id, self.tag,
                 *(arg for key, column, size, in_sum in pages
                   for arg in (run_field(key), column, size, in_sum,
-                              "\0".join(key) if column == "r" and in_sum == "1" else ""))]
+                              "\0".join(key) if column == "r" and in_sum != "0" else ""))]
         self.roundtrip()
         try:
             # Safe to run again (a lost reply): the run answers a worker's
@@ -826,7 +826,7 @@ class ClusterCoordinator:
             return None
         return reply.decode() if isinstance(reply, bytes) else str(reply)
 
-    def deferred_counted(self) -> None:
+    def deferred_counted(self) -> set[PageKey] | None:
         """This worker re-seeded and deferred due pages over its limit (see
         :meth:`~incremental_crawler.change.accounting.RunCounts.deferred_counted`)."""
         self.roundtrip()
@@ -836,6 +836,9 @@ class ClusterCoordinator:
                 mapping={"#deferred": self.tag, f"#w|{self.tag}": self.worker_id}))
         except redis.RedisError as exc:
             self.lost(exc)
+            return None
+        # count_page.lua adds no page requested in the due sum from now on.
+        return self._requested_in_sums()
 
     def _counted_keys(self) -> list[str]:
         """The keys of count_page.lua and bulk_counted.lua: the run's counted
@@ -854,10 +857,16 @@ class ClusterCoordinator:
         except redis.RedisError as exc:
             self.lost(exc)
             return None
-        requested = self._scan_run_set("requested_in_sum")
+        requested = self._requested_in_sums()
         if requested is None:
             return None
-        return int(pages), int(size), {PageKey(*k.split("\0")) for k in requested}
+        return int(pages), int(size), requested
+
+    def _requested_in_sums(self) -> set[PageKey] | None:
+        """The pages requested whose stored state one of the re-seeder's
+        sums counted when they were (count_page.lua); ``None``: unknown."""
+        members = self._scan_run_set("requested_in_sum")
+        return None if members is None else {PageKey(*k.split("\0")) for k in members}
 
     def _scan_run_set(self, name: str) -> set[str] | None:
         """The members of the run's set *name*, read in chunks of

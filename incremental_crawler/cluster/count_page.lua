@@ -59,10 +59,10 @@ local function in_sum(counted, tag, delta)
   end
 end
 
--- A page requested before the sum whose stored state the sum counts: the
+-- A page requested before a sum whose stored state the sum counts: the
 -- re-seeder reads whether its visit is stored by then.
 local function requested_in_sum(column, summed)
-  return column == 'r' and summed == '1' and not bulk
+  return column == 'r' and ((summed == '1' and not bulk) or (summed == 'f' and not deferred))
 end
 
 local had = {}
@@ -85,6 +85,8 @@ for i = 3, #ARGV, 5 do
     answer = before_reply
   else
     local sum_has_it = summed == '1' and bulk
+    -- Requested in the due pages before they were deferred: not in that sum.
+    local before_deferred = old and string.sub(old, 1, 2) == 'rf'
     if old and not kept(owner) then
       -- Its counter was killed: its count is lost. The sum counts the page
       -- unless it left that worker's pages out (it had counted them).
@@ -95,10 +97,10 @@ for i = 3, #ARGV, 5 do
       old = nil
     end
     if not old then
-      if requested and summed == 'f' and deferred then
+      if requested and summed == 'f' and deferred and not before_deferred then
         -- Deferred by the re-seeder, requested after all: it leaves that column.
         answer = 'f0:' .. size
-        redis.call('HSET', KEYS[1], page, 'rf:' .. size .. '|' .. me .. '|' .. answer)
+        redis.call('HSET', KEYS[1], page, 'r0:' .. size .. '|' .. me .. '|' .. answer)
       elseif sum_has_it then
         -- In the sum already: requested now, it leaves it (the caller counts that).
         answer = 'b0:' .. size

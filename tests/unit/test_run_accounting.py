@@ -518,3 +518,42 @@ def test_a_count_run_again_after_another_worker_requested_the_page_is_counted(
     b.counter.outcome(PageOutcome.NEW, Q)
     s = run_summary(a, b)
     assert (s["pages_known"], s["requested"], s["not_due"]) == (1, 1, 0), s
+
+
+def test_a_due_page_requested_elsewhere_before_the_re_seeder_defers_is_not_deferred_too(
+    cluster_workers,
+):
+    # b requests the due page P (a link), its visit staged, not stored,
+    # when the re-seeder r sums the due pages over its limit: the store's
+    # sum still has P by its old state. The run tells r the pages requested
+    # before; those whose stored state is still due are taken off (as
+    # count_deferred does).
+    r, b = cluster_workers(2)
+    r.counter.deferrable = b.counter.deferrable = deferrable
+    b.counter.requested(Why.DUE, HOST, P, state(P, next_visit=100.0))
+    b.counter.outcome(PageOutcome.NEW, P)
+    stored = {P: state(P, next_visit=100.0), Q: state(Q, next_visit=100.0)}  # P's visit not in
+    requested = r.counter.deferring()
+    assert requested == {P}
+    r.counter.deferred(2 - sum(deferrable(stored[key]) for key in requested), deferrable)
+    s = run_summary(r, b)
+    assert (s["pages_known"], s["requested"], s["deferred"]) == (2, 1, 1), s
+
+
+def test_a_due_page_requested_before_the_deferral_by_a_killed_worker_stays_out_of_deferred(
+    cluster_workers,
+):
+    # a's list counts the due P requested; r reads P within its limit (not
+    # in the deferred sum) and defers Q. a is killed: P's request, requeued,
+    # is counted on b, which is not told P leaves the deferred pages.
+    a, r, b = cluster_workers(3)
+    for w in (a, r, b):
+        w.counter.deferrable = deferrable
+    with a.counter.batch():
+        a.counter.requested(Why.LASTMOD_NEWER, HOST, P, state(P, next_visit=100.0))
+    r.counter.deferred(1, lambda s: deferrable(s) and s.key != P)
+    a.killed()
+    b.counter.requested(Why.DUE, HOST, P, state(P, next_visit=100.0))
+    b.counter.outcome(PageOutcome.NEW, P)
+    s = run_summary(r, b)
+    assert (s["pages_known"], s["requested"], s["deferred"]) == (2, 1, 1), s
