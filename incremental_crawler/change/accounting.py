@@ -296,10 +296,13 @@ class RunCounts(Protocol):
         ``"<outcome>,<outcome replaced>,<failed 0/1>,<recovered 0/1>"``
         (empty: none); ``None``: unknown."""
 
-    def deferred_counted(self) -> None:
-        """The re-seeder counted the due pages over its limit deferred:
-        from now on a page of that sum that no worker counted yet, once
-        requested, leaves that column (:data:`RUN_DEFERRED`)."""
+    def deferred_counted(self) -> set[PageKey] | None:
+        """The re-seeder counts the due pages over its limit deferred: from
+        now on a page of that sum that no worker counted yet, once
+        requested, leaves that column (:data:`RUN_DEFERRED`). The pages
+        requested before whose stored state either sum counted when they
+        were (their visits may not be stored yet: the due sum counts them
+        by their old state); ``None``: unknown."""
 
     def bulk_counted(self) -> tuple[int, int, set[PageKey]] | None:
         """The re-seeder counts the pages not due by the store's sums: from
@@ -357,6 +360,8 @@ class ScheduleCounter:
         #: Whether a page's stored state puts it among the due pages the
         #: re-seeder left unread, over its limit (``None``: none were).
         self._deferred: Callable[[PageState], bool] | None = None
+        #: The run was told due pages are being deferred (:meth:`deferring`).
+        self._deferring = False
         #: In cluster mode, the run's record of the pages its workers
         #: counted: each page is counted by one worker of the run.
         self.run: RunCounts | None = None
@@ -590,6 +595,17 @@ class ScheduleCounter:
         return {key for key, (next_visit, _, _) in self._unrequested.items()
                 if next_visit <= upto}
 
+    def deferring(self) -> set[PageKey]:
+        """About to count due pages deferred (:meth:`deferred`): in cluster
+        mode the run tells requesters of those pages from now on, and
+        answers the pages counted requested before whose stored state the
+        due sum may count (visits not stored yet: the re-seeder takes those
+        off). This crawl alone: its own are not known so (empty)."""
+        if self.run is None:
+            return set()
+        self._deferring = True
+        return self.run.deferred_counted() or set()
+
     def deferred(self, pages: int, among: Callable[[PageState], bool]) -> None:
         """Due pages left unread over INCREMENTAL_RESEED_LIMIT (next crawl's
         first): those whose stored state *among* holds. One reached later in
@@ -597,7 +613,7 @@ class ScheduleCounter:
         self._deferred = among
         if pages > 0:
             self.stats.inc_value("incremental/schedule/deferred", pages)
-            if self.run is not None:
+            if self.run is not None and not self._deferring:
                 # Another worker may request one (a link, a 304's replay).
                 self.run.deferred_counted()
 

@@ -6,14 +6,21 @@
 -- call's id (unique in the run), then the page's answers field (its
 -- field and "a"), the event: an outcome ("new"...), "?<outcome>" (an
 -- outcome unless the page has one: a request that got no answer) or
--- "!failed" (a failure recorded: not the outcome "failed"). The field: "<outcome>|<tag>|<failed
--- tag>|<call>|<reply>": the page's column and the worker that counted it,
--- the worker that counted its failure (none: it has not failed or it
--- recovered), the last call that changed it and its reply. Returns
--- "<outcome to count>,<outcome it replaced>,<1: a failure to count>,<1: a
--- recovery to count>". A column counted by a worker killed since (its
--- counts lost) is the caller's to count; a call run again after its reply
--- was lost gets its first reply.
+-- "!failed" (a failure recorded: not the outcome "failed"). The field:
+-- "<outcome>|<tag>|<replaced>|<its tag>|<failed tag>|<recovered tag>|<its
+-- recoverer's tag>|<calls>": the page's column and the worker that counted
+-- it, the outcome that worker counted replaced and the worker that had
+-- counted that one, the worker that counted its failure (none: it has not
+-- failed or it recovered), the worker whose failure was counted recovered
+-- and the worker that counted the recovery, then each worker's last call
+-- for the page and its reply ("<call>=<reply>", ";" between: calls are
+-- "<tag>:<n>"). Returns "<outcome to count>,<outcome it replaced>,<1: a
+-- failure to count>,<1: a recovery to count>". A count by a worker killed
+-- since is lost: its column goes back to the one it replaced (whose
+-- count, and the replaced one's, are the caller's to merge again), or to
+-- none; a recovery it counted goes back to the failure. A call run again
+-- after its reply was lost (a worker sends only its last one again) gets
+-- its first reply, whichever calls of other workers ran in between.
 local me, call, page, event = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 redis.call('HSET', KEYS[1], '#w|' .. me, ARGV[1])
 local function kept(tag)
@@ -31,15 +38,29 @@ local function replaces(later, earlier)
   return before == 0 or after == 0 or after > before
 end
 
-local outcome, otag, ftag = '', '', ''
+local outcome, otag, prev, ptag, ftag, rftag, rtag, calls = '', '', '', '', '', '', '', ''
 local field = redis.call('HGET', KEYS[1], page)
+local mine = string.sub(call, 1, string.find(call, ':', 1, true))
 if field then
   local parts = {}
   for part in string.gmatch(field .. '|', '([^|]*)|') do parts[#parts + 1] = part end
-  if parts[4] == call then return parts[5] end
-  outcome, otag, ftag = parts[1], parts[2], parts[3]
-  if outcome ~= '' and not kept(otag) then outcome, otag = '', '' end
+  outcome, otag, prev, ptag, ftag, rftag, rtag, calls =
+    parts[1], parts[2], parts[3], parts[4], parts[5], parts[6], parts[7], parts[8]
+  for entry in string.gmatch(calls, '[^;]+') do
+    local eq = string.find(entry, '=', 1, true)
+    if string.sub(entry, 1, eq - 1) == call then return string.sub(entry, eq + 1) end
+  end
+  if outcome ~= '' and not kept(otag) then
+    -- Its counter's counts are lost, the one it replaced counted still.
+    if prev ~= '' and kept(ptag) then outcome, otag = prev, ptag else outcome, otag = '', '' end
+    prev, ptag = '', ''
+  end
   if ftag ~= '' and not kept(ftag) then ftag = '' end
+  if rtag ~= '' and not kept(rtag) then
+    -- Its recovery is lost: the failure it recovered is counted again.
+    if ftag == '' and kept(rftag) then ftag = rftag end
+    rftag, rtag = '', ''
+  end
 end
 local counted, replaced, failed, recovered = '', '', '0', '0'
 if event == '!failed' then
@@ -49,12 +70,21 @@ else
   local unanswered = string.sub(o, 1, 1) == '?'
   if unanswered then o = string.sub(o, 2) end
   if not (unanswered and outcome ~= '') then
-    if o ~= 'failed' and ftag ~= '' then ftag, recovered = '', '1' end
+    if o ~= 'failed' and ftag ~= '' then
+      rftag, rtag, ftag, recovered = ftag, me, '', '1'
+    end
     if outcome == '' or replaces(o, outcome) then
+      prev, ptag = outcome, (outcome ~= '' and otag or '')
       replaced, outcome, otag, counted = outcome, o, me, o
     end
   end
 end
 local reply = counted .. ',' .. replaced .. ',' .. failed .. ',' .. recovered
-redis.call('HSET', KEYS[1], page, table.concat({outcome, otag, ftag, call, reply}, '|'))
+-- This worker's last call replaces its previous one.
+local kept_calls = {call .. '=' .. reply}
+for entry in string.gmatch(calls, '[^;]+') do
+  if string.sub(entry, 1, #mine) ~= mine then kept_calls[#kept_calls + 1] = entry end
+end
+redis.call('HSET', KEYS[1], page, table.concat({outcome, otag, prev, ptag, ftag, rftag, rtag,
+                                                table.concat(kept_calls, ';')}, '|'))
 return reply

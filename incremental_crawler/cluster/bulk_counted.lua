@@ -1,10 +1,13 @@
 -- The re-seeder counts the run's pages not due by the store's sums: from now
 -- on count_page.lua counts none of them one by one. KEYS: the run's counted
 -- pages (see count_page.lua), the workers hash, the run's workers that left
--- it, the pages requested that the sum may count (their keys). ARGV: the re-seeder, its tag. Returns the pages counted one by one that the
--- sum counts too, and their sizes (and the pages requested that it may): those of workers alive or gone with their
--- crawls recorded (a killed worker's counts are lost: the sum keeps its
--- pages, and count_page.lua knows it by #took|<worker>).
+-- it. ARGV: the re-seeder, its tag. Returns the pages counted one by one
+-- that the sum counts too, and their sizes: those of workers alive or gone
+-- with their crawls recorded (a killed worker's counts are lost: the sum
+-- keeps its pages, and count_page.lua knows it by #took|<worker>). The
+-- pages requested that the sum may count (the run's requested_in_sum set,
+-- which count_page.lua adds no more to from now on) are read by the caller
+-- in chunks: there may be many.
 redis.call('HSET', KEYS[1], '#bulk', ARGV[2], '#w|' .. ARGV[2], ARGV[1])
 local workers = redis.call('HKEYS', KEYS[2])
 for _, w in ipairs(redis.call('SMEMBERS', KEYS[3])) do workers[#workers + 1] = w end
@@ -15,4 +18,4 @@ for _, w in ipairs(workers) do
   size = size + tonumber(counted[2] or '0')
   redis.call('HSET', KEYS[1], '#took|' .. w, '1')
 end
-return {pages, size, redis.call('SMEMBERS', KEYS[4])}
+return {pages, size}

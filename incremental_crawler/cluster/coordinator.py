@@ -61,6 +61,7 @@ reason ``cluster_redis_error``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -158,6 +159,8 @@ _CLAIMS_PENDING = load_script(_LUA_PACKAGE, "claims_pending.lua")
 #: Heartbeat round trips at most, when workers keep joining between them
 #: (and joins, when the run keeps changing between reading it and joining).
 BEAT_TRIES = 5
+#: Members a round trip when a large run set is read (SSCAN's COUNT).
+SCAN_CHUNK = 1000
 
 #: The keys of a run, ``<run>:<name>``, in the order join.lua and leave.lua
 #: take them (join.lua reads ``unrecorded``, the second).
@@ -792,7 +795,7 @@ class ClusterCoordinator:
         args = [self.worker_id, self.tag,
                 *(arg for key, column, size, in_sum in pages
                   for arg in (run_field(key), column, size, in_sum,
-                              "\0".join(key) if column == "r" and in_sum == "1" else ""))]
+                              "\0".join(key) if column == "r" and in_sum != "0" else ""))]
         self.roundtrip()
         try:
             # Safe to run again (a lost reply): the run answers a worker's
@@ -823,7 +826,7 @@ class ClusterCoordinator:
             return None
         return reply.decode() if isinstance(reply, bytes) else str(reply)
 
-    def deferred_counted(self) -> None:
+    def deferred_counted(self) -> set[PageKey] | None:
         """This worker re-seeded and deferred due pages over its limit (see
         :meth:`~incremental_crawler.change.accounting.RunCounts.deferred_counted`)."""
         self.roundtrip()
@@ -833,6 +836,9 @@ class ClusterCoordinator:
                 mapping={"#deferred": self.tag, f"#w|{self.tag}": self.worker_id}))
         except redis.RedisError as exc:
             self.lost(exc)
+            return None
+        # count_page.lua adds no page requested in the due sum from now on.
+        return self._requested_in_sums()
 
     def _counted_keys(self) -> list[str]:
         """The keys of count_page.lua and bulk_counted.lua: the run's counted
@@ -846,13 +852,51 @@ class ClusterCoordinator:
         :meth:`~incremental_crawler.change.accounting.RunCounts.bulk_counted`)."""
         self.roundtrip()
         try:
-            pages, size, requested = self.silence.again_blocking(lambda: self._bulk_counted(
+            pages, size = self.silence.again_blocking(lambda: self._bulk_counted(
                 keys=self._counted_keys(), args=[self.worker_id, self.tag]))
         except redis.RedisError as exc:
             self.lost(exc)
             return None
-        return int(pages), int(size), {
-            PageKey(*(k.decode() if isinstance(k, bytes) else k).split("\0")) for k in requested}
+        requested = self._requested_in_sums()
+        if requested is None:
+            return None
+        return int(pages), int(size), requested
+
+    def _requested_in_sums(self) -> set[PageKey] | None:
+        """The pages requested whose stored state one of the re-seeder's
+        sums counted when they were (count_page.lua); ``None``: unknown."""
+        members = self._scan_run_set("requested_in_sum")
+        return None if members is None else {PageKey(*k.split("\0")) for k in members}
+
+    def _scan_run_set(self, name: str) -> set[str] | None:
+        """The members of the run's set *name*, read in chunks of
+        :data:`SCAN_CHUNK` (a set that may be large: one SMEMBERS would
+        hold the server for all of it); ``None`` when Redis failed. The set
+        must no longer grow (SSCAN then returns every member, once or
+        more)."""
+        self.roundtrip()
+        try:
+            size = int(self.silence.again_blocking(
+                lambda: self.redis.scard(self.run_prefix + name)))
+        except redis.RedisError as exc:
+            self.lost(exc)
+            return None
+        members: set[str] = set()
+        cursor: int | str | bytes = 0
+        # A cursor goes back to 0 after one pass over the set's table (up
+        # to twice its size while it is being resized), with room to spare.
+        for _ in range(16 + 2 * size // SCAN_CHUNK):
+            self.roundtrip()
+            try:
+                cursor, chunk = self.silence.again_blocking(functools.partial(
+                    self.redis.sscan, self.run_prefix + name, int(cursor), count=SCAN_CHUNK))
+            except redis.RedisError as exc:
+                self.lost(exc)
+                return None
+            members.update(m.decode() if isinstance(m, bytes) else m for m in chunk)
+            if int(cursor) == 0:
+                return members
+        raise ClusterError(f"the run's set {name} did not end its scan: is it still growing?")
 
     def note_first_second_visit(self, key: PageKey) -> None:
         """This worker visited *key* in the run's first second (for the

@@ -9,7 +9,9 @@
 -- among the due pages it deferred), which of the re-seeder's sums counts it
 -- -- too (1 the pages not due, f the due pages, 0 neither), its stored size,
 -- the tag of the worker that counted it (for b: the re-seeder) and what that
--- worker was told when it wrote it.
+-- worker was told when it wrote it; for a page counted not requested then
+-- requested elsewhere, "|<tag>|<reply>" of the worker that counted it first
+-- (its call run again after its reply was lost gets that reply).
 -- Other fields: #w|<tag>: the worker of a tag (a short one keeps a page's
 -- field small); #pages|<worker>, #size|<worker>: the pages a worker counted
 -- not requested that the sum counts; #bulk, #deferred: the re-seeder's tag,
@@ -57,10 +59,10 @@ local function in_sum(counted, tag, delta)
   end
 end
 
--- A page requested before the sum whose stored state the sum counts: the
+-- A page requested before a sum whose stored state the sum counts: the
 -- re-seeder reads whether its visit is stored by then.
 local function requested_in_sum(column, summed)
-  return column == 'r' and summed == '1' and not bulk
+  return column == 'r' and ((summed == '1' and not bulk) or (summed == 'f' and not deferred))
 end
 
 local had = {}
@@ -69,18 +71,22 @@ for i = 3, #ARGV, 5 do
   if requested_in_sum(column, summed) then redis.call('SADD', KEYS[4], ARGV[i + 4]) end
   local requested = column == 'r'
   local field = redis.call('HGET', KEYS[1], page)
-  local old, owner, reply
+  local old, owner, reply, before, before_reply
   if field then
-    local a = string.find(field, '|', 1, true)
-    local b = string.find(field, '|', a + 1, true)
-    old, owner, reply = string.sub(field, 1, a - 1), string.sub(field, a + 1, b - 1),
-                        string.sub(field, b + 1)
+    local parts = {}
+    for part in string.gmatch(field .. '|', '([^|]*)|') do parts[#parts + 1] = part end
+    old, owner, reply, before, before_reply = parts[1], parts[2], parts[3], parts[4], parts[5]
   end
   local answer
   if old and owner == me and (not requested or string.sub(old, 1, 1) == 'r') then
     answer = reply
+  elseif old and before == me and not requested then
+    -- Its counter's call run again after another worker requested the page.
+    answer = before_reply
   else
     local sum_has_it = summed == '1' and bulk
+    -- Requested in the due pages before they were deferred: not in that sum.
+    local before_deferred = old and string.sub(old, 1, 2) == 'rf'
     if old and not kept(owner) then
       -- Its counter was killed: its count is lost. The sum counts the page
       -- unless it left that worker's pages out (it had counted them).
@@ -91,10 +97,10 @@ for i = 3, #ARGV, 5 do
       old = nil
     end
     if not old then
-      if requested and summed == 'f' and deferred then
+      if requested and summed == 'f' and deferred and not before_deferred then
         -- Deferred by the re-seeder, requested after all: it leaves that column.
         answer = 'f0:' .. size
-        redis.call('HSET', KEYS[1], page, 'rf:' .. size .. '|' .. me .. '|' .. answer)
+        redis.call('HSET', KEYS[1], page, 'r0:' .. size .. '|' .. me .. '|' .. answer)
       elseif sum_has_it then
         -- In the sum already: requested now, it leaves it (the caller counts that).
         answer = 'b0:' .. size
@@ -110,7 +116,8 @@ for i = 3, #ARGV, 5 do
       -- Counted not requested, requested after all: visited, the store's sum
       -- leaves it out from now on.
       local stored = string.sub(old, string.find(old, ':', 1, true) + 1)
-      redis.call('HSET', KEYS[1], page, 'r0:' .. stored .. '|' .. me .. '|' .. old)
+      redis.call('HSET', KEYS[1], page, 'r0:' .. stored .. '|' .. me .. '|' .. old .. '|'
+                                        .. owner .. '|' .. reply)
       in_sum(old, owner, -1)
       answer = old
     else

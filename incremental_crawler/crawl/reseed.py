@@ -113,7 +113,7 @@ RESEED_URL = "data:,reseed"
 #: the one that queued it: it finds its own Reseeder's callback there.
 CALLBACK_ATTRIBUTE = "_incremental_reseed_due"
 
-#: Due pages read from the store at a time.
+#: Due pages (and pages requested in the sum) read from the store at a time.
 _READ = 1000
 #: Per host, the sample keeps the least recently checked of at most this
 #: many vouched pages' share (a bound on memory: share * this states).
@@ -358,7 +358,13 @@ class _DueReader:
                     and state.last_checked < before and state.callback is not None
                     and state.callback not in lists and state.key not in decided)
 
-        self.counter.deferred(due.pages - len(decided), deferred)
+        pages = due.pages - len(decided)
+        if pages > 0:
+            # Requested elsewhere before (cluster mode), their visits not
+            # stored yet: the sum counted them by the state read now.
+            requested = self.counter.deferring() - decided
+            pages -= (await self._stored_among(requested, deferred))[0]
+        self.counter.deferred(pages, deferred)
 
     async def count_the_rest(self) -> None:
         """Count the known pages no one decided this crawl: not due (nothing
@@ -396,9 +402,22 @@ class _DueReader:
         requested = self.counter.requested_in_sum() - (self.ledger.first_second_visits() or set())
         if summed is None or not requested:
             return 0, 0
-        states = await self.ledger.store.get_pages(requested)
-        unvisited = [state.size for state in states.values() if summed(state)]
-        return len(unvisited), sum(unvisited)
+        return await self._stored_among(requested, summed)
+
+    async def _stored_among(self, keys: set[PageKey],
+                            among: Callable[[PageState], bool]) -> tuple[int, int]:
+        """How many of *keys* have a stored state *among* holds, their sizes."""
+        pages = size = 0
+        # Read in chunks: a large crawl may have many (one read of all
+        # would hold every page's state at once).
+        listed = list(keys)
+        for start in range(0, len(listed), _READ):
+            states = await self.ledger.store.get_pages(listed[start:start + _READ])
+            for state in states.values():
+                if among(state):
+                    pages += 1
+                    size += state.size
+        return pages, size
 
     async def _visited_first_second(self, second_after: int) -> tuple[int, int]:
         """This crawl's visits in the second it started in that the summary

@@ -384,3 +384,176 @@ def test_a_final_failure_is_counted_failed_in_the_run(cluster_workers):
     a.counter.outcome(PageOutcome.FAILED, P)
     s = run_summary(a)
     assert (s["requested"], s["pages_failed"], s["pages_no_outcome"]) == (1, 1, 0), s
+
+
+def test_the_pages_requested_in_the_sum_are_read_in_chunks(cluster_workers):
+    # 2500 pages requested (not due: lastmod newer) before the sum: the
+    # re-seeder gets them all, read in SSCAN chunks, none in the script's
+    # reply (one reply of 1e5+ members would hold the server).
+    r, b = cluster_workers(2)
+    r.counter.summed = b.counter.summed = summed
+    pages = [PageKey("s", f"http://a.example/{i}") for i in range(2_500)]
+    with b.counter.batch():
+        for key in pages:
+            b.counter.requested(Why.LASTMOD_NEWER, HOST, key, state(key))
+    replies: list[int] = []
+    script = r.coordinator._bulk_counted
+
+    def bulk_counted(**kwargs):
+        reply = script(**kwargs)
+        replies.append(len(reply))
+        return reply
+
+    r.coordinator._bulk_counted = bulk_counted
+    scans: list[int] = []
+    sscan = r.coordinator.redis.sscan
+
+    def scanned(*args, **kwargs):
+        cursor, chunk = sscan(*args, **kwargs)
+        scans.append(len(chunk))
+        return cursor, chunk
+
+    r.coordinator.redis.sscan = scanned
+    assert r.counter.counted_in_sum(1000.0) == (0, 0)
+    assert r.counter.requested_in_sum() == set(pages)
+    assert replies == [2]  # the pages and their size only
+    assert len(scans) >= 2 and sum(scans) >= 2_500, scans
+
+
+def outcomes(s: dict[str, int]) -> int:
+    """The run's pages with a success counted (as many as pages answered so)."""
+    return sum(s[f"pages_{o}"] for o in ("new", "changed", "page_changed", "unchanged",
+                                          "not_modified"))
+
+
+def test_an_answer_replaced_by_a_worker_killed_since_is_not_counted_twice(cluster_workers):
+    # a answers P unchanged; b's new replaces it (b counts new and unchanged
+    # replaced) and b is killed (those counts lost): P's request, requeued,
+    # answers 304 on c. a's unchanged is P's column again, which c's 304
+    # does not replace: one success for P.
+    a, b, c = cluster_workers(3)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.UNCHANGED, P)
+    b.counter.outcome(PageOutcome.NEW, P)
+    b.killed()
+    c.counter.requested(Why.DUE, HOST, P, state(P))
+    c.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    s = run_summary(a, c)
+    assert (s["requested"], outcomes(s), s["pages_unchanged"]) == (1, 1, 1), s
+
+
+def test_an_answer_replacing_one_handed_back_by_a_killed_worker_counts_it_replaced(
+    cluster_workers,
+):
+    a, b, c = cluster_workers(3)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    b.counter.outcome(PageOutcome.UNCHANGED, P)
+    b.killed()
+    c.counter.requested(Why.DUE, HOST, P, state(P))
+    c.counter.outcome(PageOutcome.CHANGED, P)
+    s = run_summary(a, c)
+    assert (s["requested"], outcomes(s), s["pages_changed"]) == (1, 1, 1), s
+
+
+def test_a_recovery_by_a_worker_killed_since_does_not_leave_the_page_failed(cluster_workers):
+    # a counts P failed; b's 304 counts its recovery and b is killed (the
+    # recovery lost): P is failed again, and c's 304 recovers it.
+    a, b, c = cluster_workers(3)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.failed(P)
+    b.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    b.killed()
+    c.counter.requested(Why.DUE, HOST, P, state(P))
+    c.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    s = run_summary(a, c)
+    assert (s["requested"], s["pages_not_modified"], s["failed"]) == (1, 1, 0), s
+
+
+def test_an_answer_run_again_after_another_workers_answer_is_counted(cluster_workers):
+    # a's answer (new) runs, its reply is lost; b's 304 runs before a sends
+    # its call again: a's call still gets its first reply (a counts new).
+    a, b = cluster_workers(2)
+    script = a.coordinator._answer
+    lost: list[bool] = []
+
+    def reply_lost_once(**kwargs):
+        reply = script(**kwargs)
+        if not lost:
+            lost.append(True)
+            b.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+            raise redis.TimeoutError("reply lost")
+        return reply
+
+    a.coordinator._answer = reply_lost_once
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    assert lost
+    s = run_summary(a, b)
+    assert (s["requested"], s["pages_new"], s["pages_no_outcome"]) == (1, 1, 0), s
+
+
+def test_a_count_run_again_after_another_worker_requested_the_page_is_counted(
+    cluster_workers,
+):
+    # a counts Q not due, its reply lost; b requests Q before a sends its
+    # call again (b counts Q requested, not due left): a's call gets its
+    # first reply (a counts Q not due), not b's.
+    a, b = cluster_workers(2)
+    a.counter.summed = b.counter.summed = summed
+    script = a.coordinator._count_page
+    lost: list[bool] = []
+
+    def reply_lost_once(**kwargs):
+        reply = script(**kwargs)
+        if not lost:
+            lost.append(True)
+            b.counter.requested(Why.DUE, HOST, Q, state(Q))
+            raise redis.TimeoutError("reply lost")
+        return reply
+
+    a.coordinator._count_page = reply_lost_once
+    a.counter.not_due(state(Q))
+    assert lost
+    b.counter.outcome(PageOutcome.NEW, Q)
+    s = run_summary(a, b)
+    assert (s["pages_known"], s["requested"], s["not_due"]) == (1, 1, 0), s
+
+
+def test_a_due_page_requested_elsewhere_before_the_re_seeder_defers_is_not_deferred_too(
+    cluster_workers,
+):
+    # b requests the due page P (a link), its visit staged, not stored,
+    # when the re-seeder r sums the due pages over its limit: the store's
+    # sum still has P by its old state. The run tells r the pages requested
+    # before; those whose stored state is still due are taken off (as
+    # count_deferred does).
+    r, b = cluster_workers(2)
+    r.counter.deferrable = b.counter.deferrable = deferrable
+    b.counter.requested(Why.DUE, HOST, P, state(P, next_visit=100.0))
+    b.counter.outcome(PageOutcome.NEW, P)
+    stored = {P: state(P, next_visit=100.0), Q: state(Q, next_visit=100.0)}  # P's visit not in
+    requested = r.counter.deferring()
+    assert requested == {P}
+    r.counter.deferred(2 - sum(deferrable(stored[key]) for key in requested), deferrable)
+    s = run_summary(r, b)
+    assert (s["pages_known"], s["requested"], s["deferred"]) == (2, 1, 1), s
+
+
+def test_a_due_page_requested_before_the_deferral_by_a_killed_worker_stays_out_of_deferred(
+    cluster_workers,
+):
+    # a's list counts the due P requested; r reads P within its limit (not
+    # in the deferred sum) and defers Q. a is killed: P's request, requeued,
+    # is counted on b, which is not told P leaves the deferred pages.
+    a, r, b = cluster_workers(3)
+    for w in (a, r, b):
+        w.counter.deferrable = deferrable
+    with a.counter.batch():
+        a.counter.requested(Why.LASTMOD_NEWER, HOST, P, state(P, next_visit=100.0))
+    r.counter.deferred(1, lambda s: deferrable(s) and s.key != P)
+    a.killed()
+    b.counter.requested(Why.DUE, HOST, P, state(P, next_visit=100.0))
+    b.counter.outcome(PageOutcome.NEW, P)
+    s = run_summary(r, b)
+    assert (s["pages_known"], s["requested"], s["deferred"]) == (2, 1, 1), s
