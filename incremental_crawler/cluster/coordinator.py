@@ -135,6 +135,10 @@ _RECLAIM = load_script(_LUA_PACKAGE, "reclaim.lua")
 # it). KEYS and ARGV: see claim.lua.
 _CLAIM = load_script(_LUA_PACKAGE, "claim.lua")
 
+# A claimed job queued its work, if the caller still owns it. KEYS and
+# ARGV: see claim_done.lua.
+_CLAIM_DONE = load_script(_LUA_PACKAGE, "claim_done.lua")
+
 # Claim a gone page's tombstone for the run (one per run). KEYS and ARGV:
 # see claim_tombstone.lua.
 _CLAIM_TOMBSTONE = load_script(_LUA_PACKAGE, "claim_tombstone.lua")
@@ -220,6 +224,7 @@ class ClusterCoordinator:
         self._beat = self.redis.register_script(_BEAT)
         self._leave = self.redis.register_script(_LEAVE)
         self._claim = self.redis.register_script(_CLAIM)
+        self._claim_done = self.redis.register_script(_CLAIM_DONE)
         self._claims_pending = self.redis.register_script(_CLAIMS_PENDING)
         self._claim_tombstone = self.redis.register_script(_CLAIM_TOMBSTONE)
         self._reclaim = self.redis.register_script(_RECLAIM)
@@ -795,15 +800,24 @@ class ClusterCoordinator:
         return False
 
     def claim_done(self, job: str) -> None:
-        """The claimed *job* queued its work: the others need not wait for it."""
+        """The claimed *job* queued its work: the others need not wait for it.
+
+        A job taken over meanwhile (this worker was silent past the TTL:
+        taken for dead) is its new owner's to mark done: this worker is
+        fenced off the run.
+        """
         if self._fenced:
             return
         self.roundtrip()
         try:
-            self.silence.again_blocking(lambda: self.redis.hset(
-                self.run_prefix + "claims", f"{job}:done", self.worker_id))
+            owned = self.silence.again_blocking(lambda: self._claim_done(
+                keys=[self.run_prefix + "claims", self.key("run")],
+                args=[job, self.worker_id, self.run_id]))
         except redis.RedisError as exc:
             self.lost(exc)
+            return
+        if not owned:
+            self.fenced(f"its claim of the run's {job} was taken over")
 
     def claim_tombstone(self, key: PageKey) -> bool:
         """Whether this worker sends the gone page *key*'s tombstone (one per run).

@@ -145,3 +145,19 @@ def test_a_worker_reaped_in_its_own_run_is_fenced(pair):
     assert (unrecorded, ended) == (-1, 0)
     assert not a.redis.sismember(a.run_prefix + "left", a.worker_id)
 
+
+def test_a_slow_but_live_owner_keeps_its_claim(pair):
+    a, b = pair
+    join(a, "r1")
+    join(b, "r1")
+    assert a.claim("reseed")
+    # a blocks 10 s (its reactor stalled) without being killed: b takes over.
+    silent_for(a, 10)
+    assert b.claim("reseed")
+    a.claim_done("reseed")  # a comes back and marks it done anyway
+    claims = a.run_prefix + "claims"
+    assert a.redis.hget(claims, "reseed") == b.worker_id.encode()
+    assert a.redis.hget(claims, "reseed:done") is None
+    assert a.crawler.stats.get_value("cluster/fenced") == 1
+    b.claim_done("reseed")
+    assert a.redis.hget(claims, "reseed:done") == b.worker_id.encode()
