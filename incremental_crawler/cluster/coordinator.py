@@ -5,8 +5,10 @@ name in braces: a Redis Cluster hash tag, so that every key of a spider's
 crawl is in one hash slot, and each script runs on one node):
 
 - ``queue``: scrapy-redis's priority queue (a sorted set);
-- ``run``: the current run's id and its start (``<id>|<start>``: the first
-  worker's clock); ``{run}:seen`` its dupefilter,
+- ``run``: the current run's id, its start and its worker TTL
+  (``<id>|<start>|<ttl>``: the first worker's clock and
+  ``INCREMENTAL_CLUSTER_WORKER_TTL``, every worker of the run must use the
+  same); ``{run}:seen`` its dupefilter,
   ``{run}:unrecorded`` its failed pages that could not be
   recorded, ``{run}:claims`` one-per-run jobs (job → the worker that
   claimed it, ``job:done`` once its work is queued; a claim not done whose
@@ -343,7 +345,8 @@ class ClusterCoordinator:
             # holder `scrapy state` names is the worker the cluster knows.
             self.worker_id = ledger.hold_name.removeprefix(SHARED_HOLD)
         run, workers, abandoned = self._join_run(new_run)
-        run_id, _, started = run.decode().partition("|")
+        run_id, _, rest = run.decode().partition("|")
+        started = rest.partition("|")[0]
         self.run = run_id
         self.run_started = float(started)
         self._know(workers)
@@ -391,6 +394,13 @@ class ClusterCoordinator:
             if len(reply) == 3:
                 run, workers, abandoned = reply
                 return run, workers, abandoned.decode()
+            if reply[0] == b"ttl":
+                raise ClusterError(
+                    f"INCREMENTAL_CLUSTER_WORKER_TTL is {self.worker_ttl:g} s here, but the "
+                    f"current run of {self.spider_key} (run {old}) was started with "
+                    f"{float(reply[1]):g} s: every worker of a run must use the same "
+                    "(a smaller one takes live workers for dead); set it alike on every "
+                    "worker, or start the workers anew once this run ended")
         raise ClusterError(f"the run of {self.spider_key} changed at each of {BEAT_TRIES} "
                            "tries to join it")
 
@@ -751,10 +761,10 @@ class ClusterCoordinator:
         may have been abandoned for a new one. It writes nothing more to
         the run and stops, loudly: what it has in flight is fetched again.
         """
-        self.stats.inc_value("cluster/fenced")
         if self._fenced:
             return
         self._fenced = True
+        self.stats.inc_value("cluster/fenced")
         logger.error(
             "Cluster: worker %(worker)s of run %(run)s was silent longer than "
             "INCREMENTAL_CLUSTER_WORKER_TTL (%(ttl)s s) and taken for dead%(why)s; "

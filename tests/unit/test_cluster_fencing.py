@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 from scrapy.utils.test import get_crawler
 
+from incremental_crawler.cluster import ClusterError
 from incremental_crawler.cluster.coordinator import ClusterCoordinator
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.state.records import PageKey
@@ -161,3 +162,22 @@ def test_a_slow_but_live_owner_keeps_its_claim(pair):
     assert a.crawler.stats.get_value("cluster/fenced") == 1
     b.claim_done("reseed")
     assert a.redis.hget(claims, "reseed:done") == b.worker_id.encode()
+
+
+def test_a_worker_with_a_smaller_ttl_does_not_abandon_a_live_run(pair):
+    a, b = pair
+    join(a, "r1")
+    assert float(a.redis.get(a.key("run")).decode().split("|")[2]) == TTL
+    # a beat 1.5 s ago: alive by the run's TTL (2 s), dead by b's (1 s).
+    silent_for(a, 1.5)
+    b.worker_ttl = 1
+    with pytest.raises(ClusterError, match=r"INCREMENTAL_CLUSTER_WORKER_TTL is 1 s here, "
+                                           r"but the current run .* \(run r1\) was started "
+                                           r"with 2 s: every worker of a run must use the same"):
+        b._join_run("r2")
+    assert a.redis.get(a.key("run")).decode().startswith("r1|")
+    assert not a.redis.hexists(a.key("workers"), b.worker_id)
+    # The same TTL joins.
+    b.worker_ttl = TTL
+    assert join(b, "r2") == ""
+    assert b.run == "r1"
