@@ -921,7 +921,7 @@ class ClusterCoordinator:
             # Safe to run again (a lost reply): the run answers a worker's
             # own count as it did the first time.
             had = self.silence.again_blocking(lambda: self._count_page(
-                keys=[*self._counted_keys(), self.key("run")], args=args))
+                keys=self._counted_keys(), args=args))
         except redis.RedisError as exc:
             # Counted by this worker alone: the worker stops anyway.
             self.lost(exc)
@@ -937,7 +937,7 @@ class ClusterCoordinator:
         self._answer_calls += 1
         args: list[str | bytes] = [self.worker_id, self.tag,
                                    f"{self.tag}:{self._answer_calls}", run_field(key) + b"a",
-                                   event]
+                                   event, self.run_id]
         self.roundtrip()
         try:
             # Safe to run again: the call's id gets its first reply.
@@ -962,11 +962,13 @@ class ClusterCoordinator:
             self.lost(exc)
 
     def _counted_keys(self) -> list[str]:
-        """The keys of count_page.lua and bulk_counted.lua: the run's counted
-        pages, and who is alive or gone with its crawl recorded (whose
-        counts the run's totals keep)."""
+        """The keys of count_page.lua, answer.lua and bulk_counted.lua: the
+        run's counted pages, who is alive or gone with its crawl recorded
+        (whose counts the run's totals keep), the pages requested in the
+        re-seeder's sum, and the run key (a worker fenced off its run
+        writes none of them)."""
         return [self.run_prefix + "counted", self.key("workers"), self.run_prefix + "left",
-                self.run_prefix + "requested_in_sum"]
+                self.run_prefix + "requested_in_sum", self.key("run")]
 
     def bulk_counted(self) -> tuple[int, int, set[PageKey]] | None:
         """The re-seeder counts the run's pages not due in bulk (see
@@ -976,7 +978,7 @@ class ClusterCoordinator:
         self.roundtrip()
         try:
             pages, size, requested = self.silence.again_blocking(lambda: self._bulk_counted(
-                keys=self._counted_keys(), args=[self.worker_id, self.tag]))
+                keys=self._counted_keys(), args=[self.worker_id, self.tag, self.run_id]))
         except redis.RedisError as exc:
             self.lost(exc)
             return None

@@ -181,3 +181,21 @@ def test_a_worker_with_a_smaller_ttl_does_not_abandon_a_live_run(pair):
     b.worker_ttl = TTL
     assert join(b, "r2") == ""
     assert b.run == "r1"
+
+
+GONE = PageKey("s", "http://a.example/gone")
+
+
+@pytest.mark.parametrize("count", [
+    lambda c: c.count_pages([(GONE, "r", 0, "0")]),
+    lambda c: c.answer(GONE, "new"),
+    lambda c: c.bulk_counted(),
+], ids=["count_pages", "answer", "bulk_counted"])
+def test_a_silent_worker_back_counts_nothing_in_its_abandoned_run(pair, count):
+    a, b = pair
+    silent_run(a)
+    join(b, "r2")
+    # Back before its next heartbeat: the run's accounting refuses it.
+    assert count(a) is None
+    assert a.crawler.stats.get_value("cluster/fenced") == 1
+    assert abandoned_keys(a) == []
