@@ -41,6 +41,7 @@ SHARED_UNAVAILABLE = "shared_budget_unavailable"
 FATAL_REASONS: frozenset[str] = frozenset({
     "incremental_store_error",  # the state store failed (Ledger.store_failed)
     "cluster_redis_error",  # the cluster's Redis failed (ClusterCoordinator.lost)
+    "cluster_worker_fenced",  # taken for dead by the cluster (ClusterCoordinator.fenced)
     SHARED_UNAVAILABLE,  # the shared budget's Redis failed (AdaptiveThrottle)
 })
 

@@ -214,7 +214,7 @@ def test_an_abandoned_runs_failures_not_recorded_carry_over_and_its_keys_go(clus
 
     def joined() -> ClusterCoordinator:
         crawler = get_crawler(Spider, settings)
-        crawler.engine = SimpleNamespace(_slot=None)  # nothing in progress
+        crawler.engine = SimpleNamespace(_slot=None, running=False)  # nothing in progress
         coordinator = ClusterCoordinator.from_crawler(crawler)
         coordinator.join(spider)
         coordinator._task.stop()  # its beats are the test's own
@@ -237,11 +237,12 @@ def test_an_abandoned_runs_failures_not_recorded_carry_over_and_its_keys_go(clus
         assert client.get(new.run_prefix + "unrecorded") == b"2"
         assert client.keys(old.run_prefix + "*") == []
         assert new.queued() == 1
-        # A worker of the old run, only silent, comes back and leaves: its
-        # run is no more, what it failed to record unknown.
+        # A worker of the old run, only silent, comes back and leaves: fenced
+        # at its heartbeat (its run is no more), what it failed to record
+        # unknown, nothing of its run written again.
         old.leave("finished")
         assert old.run_unrecorded is None
-        assert old.crawler.stats.get_value("cluster/left_abandoned_run") == 1
+        assert old.crawler.stats.get_value("cluster/fenced") == 1
         assert client.keys(old.run_prefix + "*") == []
         client.delete(new.queue_key)
         new.leave("finished")

@@ -2,11 +2,14 @@
 -- incremental_crawler.change.accounting): whichever worker gets an answer
 -- counts what it changes in the page's column. KEYS: the run's counted
 -- pages (see count_page.lua: the tags of workers are there), the workers
--- hash, the run's workers that left it. ARGV: this worker, its tag, the
+-- hash, the run's workers that left it, (unused) the pages requested in
+-- the sum, the run key. ARGV: this worker, its tag, the
 -- call's id (unique in the run), then the page's answers field (its
 -- field and "a"), the event: an outcome ("new"...), "?<outcome>" (an
 -- outcome unless the page has one: a request that got no answer) or
--- "!failed" (a failure recorded: not the outcome "failed"). The field:
+-- "!failed" (a failure recorded: not the outcome "failed"), its run's id
+-- (a run no longer current: an error FENCED, nothing written; see
+-- beat.lua). The field:
 -- "<outcome>|<tag>|<replaced>|<its tag>|<failed tag>|<recovered tag>|<its
 -- recoverer's tag>|<calls>": the page's column and the worker that counted
 -- it, the outcome that worker counted replaced and the worker that had
@@ -21,6 +24,10 @@
 -- none; a recovery it counted goes back to the failure. A call run again
 -- after its reply was lost (a worker sends only its last one again) gets
 -- its first reply, whichever calls of other workers ran in between.
+local run = redis.call('GET', KEYS[5])
+if not run or string.sub(run, 1, #ARGV[6] + 1) ~= ARGV[6] .. '|' then
+  return redis.error_reply('FENCED run ' .. ARGV[6] .. ' is not the current run')
+end
 local me, call, page, event = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 redis.call('HSET', KEYS[1], '#w|' .. me, ARGV[1])
 local function kept(tag)

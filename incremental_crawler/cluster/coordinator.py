@@ -5,8 +5,10 @@ name in braces: a Redis Cluster hash tag, so that every key of a spider's
 crawl is in one hash slot, and each script runs on one node):
 
 - ``queue``: scrapy-redis's priority queue (a sorted set);
-- ``run``: the current run's id and its start (``<id>|<start>``: the first
-  worker's clock); ``{run}:seen`` its dupefilter,
+- ``run``: the current run's id, its start and its worker TTL
+  (``<id>|<start>|<ttl>``: the first worker's clock and
+  ``INCREMENTAL_CLUSTER_WORKER_TTL``, every worker of the run must use the
+  same); ``{run}:seen`` its dupefilter,
   ``{run}:unrecorded`` its failed pages that could not be
   recorded, ``{run}:claims`` one-per-run jobs (job → the worker that
   claimed it, ``job:done`` once its work is queued; a claim not done whose
@@ -136,10 +138,12 @@ _RECLAIM = load_script(_LUA_PACKAGE, "reclaim.lua")
 # it). KEYS and ARGV: see claim.lua.
 _CLAIM = load_script(_LUA_PACKAGE, "claim.lua")
 
-# Claim a gone page's tombstone for the run: the first worker to ask gets
-# it, unless it died (left the workers hash) before the page was stored,
-# when its request went back to the queue. KEYS: tombstones, workers; ARGV:
-# page, this worker. Returns the owner.
+# A claimed job queued its work, if the caller still owns it. KEYS and
+# ARGV: see claim_done.lua.
+_CLAIM_DONE = load_script(_LUA_PACKAGE, "claim_done.lua")
+
+# Claim a gone page's tombstone for the run (one per run). KEYS and ARGV:
+# see claim_tombstone.lua.
 _CLAIM_TOMBSTONE = load_script(_LUA_PACKAGE, "claim_tombstone.lua")
 
 # Count pages in the run's accounting, each once. KEYS and ARGV: see count_page.lua.
@@ -166,6 +170,16 @@ SCAN_CHUNK = 1000
 #: take them (join.lua reads ``unrecorded``, the second).
 RUN_KEYS = ("seen", "unrecorded", "claims", "tombstones", "listings", "decided", "counted",
             "early", "left", "requested_in_sum")
+
+
+#: How the run scripts refuse a worker fenced off the run (beat.lua): its
+#: run is no longer the current one, or it was taken for dead.
+FENCED = "FENCED"
+
+
+def fenced_off(exc: redis.RedisError) -> bool:
+    """Whether *exc* is a run script refusing a fenced worker."""
+    return isinstance(exc, redis.ResponseError) and str(exc).startswith(FENCED)
 
 
 def run_field(key: PageKey) -> bytes:
@@ -215,6 +229,7 @@ class ClusterCoordinator:
         self._beat = self.redis.register_script(_BEAT)
         self._leave = self.redis.register_script(_LEAVE)
         self._claim = self.redis.register_script(_CLAIM)
+        self._claim_done = self.redis.register_script(_CLAIM_DONE)
         self._claims_pending = self.redis.register_script(_CLAIMS_PENDING)
         self._claim_tombstone = self.redis.register_script(_CLAIM_TOMBSTONE)
         self._reclaim = self.redis.register_script(_RECLAIM)
@@ -244,6 +259,8 @@ class ClusterCoordinator:
         #: worker gave up on it.
         self._failing_since: float | None = None
         self._lost = False
+        #: Whether this worker was fenced off its run (see :meth:`fenced`).
+        self._fenced = False
         #: Failed pages of the whole run that could not be recorded, read
         #: when this worker leaves.
         self.run_unrecorded: int | None = None
@@ -303,6 +320,11 @@ class ClusterCoordinator:
         return self.key(f"{self.run}:")
 
     @property
+    def run_id(self) -> str:
+        """The id of this worker's run ('' before it joined one)."""
+        return self.run or ""
+
+    @property
     def seen_key(self) -> str:
         return self.run_prefix + "seen"
 
@@ -326,7 +348,8 @@ class ClusterCoordinator:
             # holder `scrapy state` names is the worker the cluster knows.
             self.worker_id = ledger.hold_name.removeprefix(SHARED_HOLD)
         run, workers, abandoned = self._join_run(new_run)
-        run_id, _, started = run.decode().partition("|")
+        run_id, _, rest = run.decode().partition("|")
+        started = rest.partition("|")[0]
         self.run = run_id
         self.run_started = float(started)
         self._know(workers)
@@ -374,6 +397,13 @@ class ClusterCoordinator:
             if len(reply) == 3:
                 run, workers, abandoned = reply
                 return run, workers, abandoned.decode()
+            if reply[0] == b"ttl":
+                raise ClusterError(
+                    f"INCREMENTAL_CLUSTER_WORKER_TTL is {self.worker_ttl:g} s here, but the "
+                    f"current run of {self.spider_key} (run {old}) was started with "
+                    f"{float(reply[1]):g} s: every worker of a run must use the same "
+                    "(a smaller one takes live workers for dead); set it alike on every "
+                    "worker, or start the workers anew once this run ended")
         raise ClusterError(f"the run of {self.spider_key} changed at each of {BEAT_TRIES} "
                            "tries to join it")
 
@@ -393,9 +423,7 @@ class ClusterCoordinator:
         try:
             self.silence.again_blocking(
                 lambda: self._beat_once(release_all=reason == "finished"))
-            run = self.run
-            back, unrecorded, ended = self.silence.again_blocking(lambda: self._leave(
-                keys=self.leave_keys(), args=[self.worker_id, run]))
+            back, unrecorded, ended = self.silence.again_blocking(self._leave_run)
         except redis.RedisError as exc:
             # run_unrecorded stays unknown: the sitemaps' state is not saved.
             # What this worker held is reaped by the others once Redis is back.
@@ -406,7 +434,9 @@ class ClusterCoordinator:
             self.stats.inc_value("cluster/redis_errors")
             self.redis.close()
             return
-        if int(unrecorded) < 0:
+        if unrecorded >= 0:
+            self.run_unrecorded = unrecorded
+        elif not self._fenced:  # a fenced worker said so when it was fenced
             # This worker was silent past the TTL and its run, every worker
             # of it taken for dead, was abandoned: what it failed to record
             # is unknown, the sitemaps' state is not saved.
@@ -414,8 +444,6 @@ class ClusterCoordinator:
                            "silent; it left a run that is no more",
                            {"run": self.run, "worker": self.worker_id})
             self.stats.inc_value("cluster/left_abandoned_run")
-        else:
-            self.run_unrecorded = int(unrecorded)
         if back:
             self.stats.inc_value("cluster/requeued_on_leave", back)
         logger.info(
@@ -427,11 +455,35 @@ class ClusterCoordinator:
         self._held.clear()
         self.redis.close()
 
-    def leave_keys(self) -> list[str]:
-        """The keys of leave.lua, in its order."""
-        return [self.key("workers"), self.queue_key, self.key("run"),
-                *self.worker_keys(self.worker_id),
-                *(self.run_prefix + name for name in RUN_KEYS)]
+    def _leave_run(self) -> tuple[int, int, int]:
+        """leave.lua: (requeued, the run's unrecorded failures or -1, whether
+        the current run ended)."""
+        for _ in range(BEAT_TRIES):
+            # Read first: the last worker out ends the current run, whichever
+            # it is, and every key the script touches is named in KEYS.
+            self.roundtrip()
+            current = self.redis.get(self.key("run"))
+            text = current.decode() if isinstance(current, bytes) else current
+            named = text.partition("|")[0] if text else None
+            self.roundtrip()
+            reply = self._leave(keys=self.leave_keys(named),
+                                args=[self.worker_id, self.run_id, current or b"",
+                                      "1" if self._fenced else "0"])
+            if len(reply) == 3:
+                back, unrecorded, ended = reply
+                return int(back), int(unrecorded), int(ended)
+        raise redis.RedisError(f"the run of {self.spider_key} changed at each of "
+                               f"{BEAT_TRIES} tries to leave it")
+
+    def leave_keys(self, current: str | None) -> list[str]:
+        """The keys of leave.lua, in its order, for the run key naming the
+        run *current*."""
+        keys = [self.key("workers"), self.queue_key, self.key("run"),
+                *self.worker_keys(self.worker_id)]
+        keys += (self.key(f"{current or self.run}:{name}") for name in RUN_KEYS)
+        if current != self.run:
+            keys += (self.run_prefix + name for name in RUN_KEYS)
+        return keys
 
     # -- the shared queue ------------------------------------------------------
 
@@ -442,17 +494,24 @@ class ClusterCoordinator:
         it will be queued, unless the run saw it by then); the heartbeat
         sends it once Redis answers.
         """
+        if self._fenced:
+            return False
         if self.silence.silent:
             self._unsent.append((fingerprint, score, data))
             return True
         self.roundtrip()
         try:
-            queued = self._push(keys=[self.seen_key, self.queue_key],
-                                args=[fingerprint or "", score, data])
+            queued = self._push(keys=self._push_keys(), args=[fingerprint or "", score, data,
+                                                              self.run_id])
         except NO_ANSWER as exc:
             self._unsent.append((fingerprint, score, data))
             self._no_answer(exc)
             return True
+        except redis.ResponseError as exc:
+            if not fenced_off(exc):
+                raise
+            self.fenced(str(exc))
+            return False
         self.silence.answered()
         return bool(queued)
 
@@ -462,9 +521,11 @@ class ClusterCoordinator:
         while self._unsent:
             fingerprint, score, data = self._unsent[0]
             self.roundtrip()
-            self._push(keys=[self.seen_key, self.queue_key],
-                       args=[fingerprint or "", score, data])
+            self._push(keys=self._push_keys(), args=[fingerprint or "", score, data, self.run_id])
             self._unsent.pop(0)
+
+    def _push_keys(self) -> list[str]:
+        return [self.seen_key, self.queue_key, self.key("run")]
 
     def queued(self) -> int:
         """Requests queued (while Redis does not answer: those waiting here, at least 1)."""
@@ -485,13 +546,20 @@ class ClusterCoordinator:
     def pop(self) -> tuple[bytes, bytes] | None:
         """The next request's ``(ticket, data)``, held in flight, or None
         (None too while Redis does not answer: the heartbeat asks it)."""
-        if self.silence.silent:
+        if self.silence.silent or self._fenced:
             return None
         self.roundtrip()
         try:
-            popped = self._pop(keys=[self.queue_key, self.key(f"inflight:{self.worker_id}")])
+            popped = self._pop(keys=[self.queue_key, self.key(f"inflight:{self.worker_id}"),
+                                     self.key("run"), self.key("workers")],
+                               args=[self.worker_id, self.run_id])
         except NO_ANSWER as exc:
             self._no_answer(exc)
+            return None
+        except redis.ResponseError as exc:
+            if not fenced_off(exc):
+                raise
+            self.fenced(str(exc))
             return None
         self.silence.answered()
         if not popped:
@@ -527,7 +595,10 @@ class ClusterCoordinator:
 
         After Redis did not answer, the requests kept meanwhile are queued
         first, and those popped whose reply was lost go back to the queue.
+        A worker fenced off its run (beat.lua) beats no more: not quiet.
         """
+        if self._fenced:
+            return False
         self._send_unsent()
         if self.silence.missed:
             self.roundtrip()
@@ -548,11 +619,15 @@ class ClusterCoordinator:
             self.roundtrip()
             others = self._others
             reply = self._beat(
-                keys=[self.key("workers"), self.queue_key, *self.worker_keys(self.worker_id),
+                keys=[self.key("workers"), self.queue_key, self.key("run"),
+                      *self.worker_keys(self.worker_id),
                       *(key for worker in others for key in self.worker_keys(worker))],
-                args=[self.worker_id, self.worker_ttl, len(finished), len(hold),
+                args=[self.worker_id, self.worker_ttl, self.run_id, len(finished), len(hold),
                       *finished, *hold, *others],
             )
+            if reply == [b"fenced"]:
+                self.fenced("")
+                return False
             if len(reply) == 1:  # workers it did not know of: their keys, and again
                 self._know(reply[0])
                 continue
@@ -666,6 +741,9 @@ class ClusterCoordinator:
         the queue when Redis returns (the others reap them), pages it could
         not queue are fetched by the next run.
         """
+        if fenced_off(exc):
+            self.fenced(str(exc))
+            return
         self.stats.inc_value("cluster/redis_errors")
         if self._lost:
             return
@@ -679,15 +757,41 @@ class ClusterCoordinator:
         if engine is not None and engine.running:
             deferred_from_coro(engine.close_spider_async(reason="cluster_redis_error"))
 
+    def fenced(self, why: str) -> None:
+        """This worker was silent past INCREMENTAL_CLUSTER_WORKER_TTL (a
+        pause, a stalled reactor) and the others took it for dead: what it
+        held went back to the queue, its claims may be taken over, its run
+        may have been abandoned for a new one. It writes nothing more to
+        the run and stops, loudly: what it has in flight is fetched again.
+        """
+        if self._fenced:
+            return
+        self._fenced = True
+        self.stats.inc_value("cluster/fenced")
+        logger.error(
+            "Cluster: worker %(worker)s of run %(run)s was silent longer than "
+            "INCREMENTAL_CLUSTER_WORKER_TTL (%(ttl)s s) and taken for dead%(why)s; "
+            "stopping this worker",
+            {"worker": self.worker_id, "run": self.run, "ttl": self.worker_ttl,
+             "why": f" ({why})" if why else ""},
+        )
+        # Fenced at any step, before the crawl started too.
+        engine = self.crawler._engine
+        if engine is not None and engine.running and not self._lost:
+            self._lost = True
+            deferred_from_coro(engine.close_spider_async(reason="cluster_worker_fenced"))
+
     def claim(self, job: str) -> bool:
         """Whether this worker holds the run's *job*: the first to claim it
         does, and a worker that claims it after its owner died without
         doing it (:meth:`claim_done`) takes it over."""
+        if self._fenced:
+            return False
         self.roundtrip()
         try:
             owner, done, taken_from = self.silence.again_blocking(lambda: self._claim(
-                keys=[self.run_prefix + "claims", self.key("workers")],
-                args=[job, self.worker_id, self.worker_ttl]))
+                keys=[self.run_prefix + "claims", self.key("workers"), self.key("run")],
+                args=[job, self.worker_id, self.worker_ttl, self.run_id]))
         except redis.RedisError as exc:
             self.lost(exc)
             return False
@@ -709,13 +813,24 @@ class ClusterCoordinator:
         return False
 
     def claim_done(self, job: str) -> None:
-        """The claimed *job* queued its work: the others need not wait for it."""
+        """The claimed *job* queued its work: the others need not wait for it.
+
+        A job taken over meanwhile (this worker was silent past the TTL:
+        taken for dead) is its new owner's to mark done: this worker is
+        fenced off the run.
+        """
+        if self._fenced:
+            return
         self.roundtrip()
         try:
-            self.silence.again_blocking(lambda: self.redis.hset(
-                self.run_prefix + "claims", f"{job}:done", self.worker_id))
+            owned = self.silence.again_blocking(lambda: self._claim_done(
+                keys=[self.run_prefix + "claims", self.key("run")],
+                args=[job, self.worker_id, self.run_id]))
         except redis.RedisError as exc:
             self.lost(exc)
+            return
+        if not owned:
+            self.fenced(f"its claim of the run's {job} was taken over")
 
     def claim_tombstone(self, key: PageKey) -> bool:
         """Whether this worker sends the gone page *key*'s tombstone (one per run).
@@ -724,11 +839,13 @@ class ClusterCoordinator:
         worker yields the start requests) may ask one page on two workers,
         each reading its state before either found it gone.
         """
+        if self._fenced:
+            return False
         self.roundtrip()
         try:
             owner = self.silence.again_blocking(lambda: self._claim_tombstone(
-                keys=[self.run_prefix + "tombstones", self.key("workers")],
-                args=["\0".join(key), self.worker_id]))
+                keys=[self.run_prefix + "tombstones", self.key("workers"), self.key("run")],
+                args=["\0".join(key), self.worker_id, self.run_id]))
         except redis.RedisError as exc:
             # Not sent, not recorded: the next run decides the page again.
             self.lost(exc)
@@ -748,6 +865,8 @@ class ClusterCoordinator:
     def _add_to_run_set(self, name: str, member: str) -> None:
         """Add *member* to the run's set *name* (one round trip; a Redis
         failure is noted as lost, and the member is not shared)."""
+        if self._fenced:
+            return
         self.roundtrip()
         try:
             self.silence.again_blocking(lambda: self.redis.sadd(self.run_prefix + name, member))
@@ -769,6 +888,8 @@ class ClusterCoordinator:
         """Pages a list of this worker named and decided, for the worker
         that re-seeds the run (it would decide and count them again)."""
         if not urls:
+            return
+        if self._fenced:
             return
         self.roundtrip()
         try:
@@ -792,7 +913,9 @@ class ClusterCoordinator:
         """Count *pages* in the run's accounting (see
         :meth:`~incremental_crawler.change.accounting.RunCounts.count_pages`):
         one round trip per page this worker counts, or per list's chunk."""
-        args = [self.worker_id, self.tag,
+        if self._fenced:
+            return None
+        args: list[str | bytes | int] = [self.worker_id, self.tag, self.run_id,
                 *(arg for key, column, size, in_sum in pages
                   for arg in (run_field(key), column, size, in_sum,
                               "\0".join(key) if column == "r" and in_sum != "0" else ""))]
@@ -812,10 +935,12 @@ class ClusterCoordinator:
         """Merge an answer of *key* into its column for the run (see
         :meth:`~incremental_crawler.change.accounting.RunCounts.answer`):
         one round trip per answer."""
+        if self._fenced:
+            return None
         self._answer_calls += 1
         args: list[str | bytes] = [self.worker_id, self.tag,
                                    f"{self.tag}:{self._answer_calls}", run_field(key) + b"a",
-                                   event]
+                                   event, self.run_id]
         self.roundtrip()
         try:
             # Safe to run again: the call's id gets its first reply.
@@ -829,6 +954,8 @@ class ClusterCoordinator:
     def deferred_counted(self) -> set[PageKey] | None:
         """This worker re-seeded and deferred due pages over its limit (see
         :meth:`~incremental_crawler.change.accounting.RunCounts.deferred_counted`)."""
+        if self._fenced:
+            return None
         self.roundtrip()
         try:
             self.silence.again_blocking(lambda: self.redis.hset(
@@ -841,19 +968,23 @@ class ClusterCoordinator:
         return self._requested_in_sums()
 
     def _counted_keys(self) -> list[str]:
-        """The keys of count_page.lua and bulk_counted.lua: the run's counted
-        pages, and who is alive or gone with its crawl recorded (whose
-        counts the run's totals keep)."""
+        """The keys of count_page.lua, answer.lua and bulk_counted.lua: the
+        run's counted pages, who is alive or gone with its crawl recorded
+        (whose counts the run's totals keep), the pages requested in the
+        re-seeder's sum, and the run key (a worker fenced off its run
+        writes none of them)."""
         return [self.run_prefix + "counted", self.key("workers"), self.run_prefix + "left",
-                self.run_prefix + "requested_in_sum"]
+                self.run_prefix + "requested_in_sum", self.key("run")]
 
     def bulk_counted(self) -> tuple[int, int, set[PageKey]] | None:
         """The re-seeder counts the run's pages not due in bulk (see
         :meth:`~incremental_crawler.change.accounting.RunCounts.bulk_counted`)."""
+        if self._fenced:
+            return None
         self.roundtrip()
         try:
             pages, size = self.silence.again_blocking(lambda: self._bulk_counted(
-                keys=self._counted_keys(), args=[self.worker_id, self.tag]))
+                keys=self._counted_keys(), args=[self.worker_id, self.tag, self.run_id]))
         except redis.RedisError as exc:
             self.lost(exc)
             return None
@@ -911,6 +1042,8 @@ class ClusterCoordinator:
     def note_unrecorded_failure(self) -> None:
         """A page failed and could not be recorded: the run's sitemap validators must not
         be saved."""
+        if self._fenced:
+            return
         self.roundtrip()
         try:
             self.silence.again_blocking(lambda: self.redis.incr(self.run_prefix + "unrecorded"))

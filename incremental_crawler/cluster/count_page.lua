@@ -18,13 +18,18 @@
 -- once it summed the pages not due, once it deferred due pages over its
 -- limit; #took|<worker>: the sum left that worker's pages out (see
 -- bulk_counted.lua).
--- ARGV[1]: this worker, ARGV[2]: its tag; then per page, in order: page, column (r, d, s),
+-- KEYS[5]: the run key. ARGV[1]: this worker, ARGV[2]: its tag, ARGV[3]: its run's id
+-- (a run no longer current: an error FENCED, nothing written; see beat.lua); then per page, in order: page, column (r, d, s),
 -- size, sum (1, f, 0), its key (for a page requested in the sum; else ""). Returns what the run had for each: "" nothing (the
 -- caller counts it), else "<column><summed>:<size>" as it was.
 -- A page counted by a worker neither alive nor gone with its crawl recorded
 -- (killed: its counts are lost) is counted again by the caller. A page the
 -- caller counted itself gets the reply it got then: a call run again after
 -- its reply was lost answers as the first did.
+local run = redis.call('GET', KEYS[5])
+if not run or string.sub(run, 1, #ARGV[3] + 1) ~= ARGV[3] .. '|' then
+  return redis.error_reply('FENCED run ' .. ARGV[3] .. ' is not the current run')
+end
 local me = ARGV[2]
 redis.call('HSET', KEYS[1], '#w|' .. me, ARGV[1])
 local workers, known = {}, {}
@@ -66,7 +71,7 @@ local function requested_in_sum(column, summed)
 end
 
 local had = {}
-for i = 3, #ARGV, 5 do
+for i = 4, #ARGV, 5 do
   local page, column, size, summed = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   if requested_in_sum(column, summed) then redis.call('SADD', KEYS[4], ARGV[i + 4]) end
   local requested = column == 'r'

@@ -1,15 +1,22 @@
 -- Leave: what the worker still holds goes back to the queue; the last
--- worker out with the queue drained ends the run. KEYS: workers, queue,
--- run, this worker's in-flight and held hashes, then the run's keys
--- (RUN_KEYS in coordinator.py: seen, unrecorded, claims, tombstones,
--- listings, decided, counted, early, left, requested_in_sum; left: the
--- workers gone with their crawls recorded, count_page.lua keeps what they
--- counted). ARGV: worker, its run's id.
--- Returns {requeued, the run's unrecorded failures, whether the run ended};
--- unrecorded is -1 (unknown) if the run key names another run: this
--- worker's was abandoned while it was silent (join.lua), and the keys it
--- wrote since are deleted. (No run key: the run ended without this worker,
--- reaped while silent; left as it was.)
+-- worker out with the queue drained ends the current run. KEYS: workers,
+-- queue, run, this worker's in-flight and held hashes, then the keys of the
+-- run the run key named when the caller read it (RUN_KEYS in
+-- coordinator.py: seen, unrecorded, claims, tombstones, listings, decided,
+-- counted, early, left, requested_in_sum; left: the workers gone with their
+-- crawls recorded, count_page.lua keeps what they counted), then, if that
+-- is not this worker's run, its own run's keys. ARGV: worker, its run's id,
+-- what the caller read in the run key ('' for nothing), '1' if this worker
+-- was fenced (beat.lua: silent past the TTL) else '0'.
+-- Returns {'moved'} if the run key changed since the caller read it
+-- (nothing done: it reads it again), else {requeued, the run's unrecorded
+-- failures, whether the current run ended}. Unrecorded is -1 (unknown) for a
+-- fenced worker (taken for dead: its crawl is not one of the run's) and when
+-- the run key names another run: this worker's was abandoned while it was
+-- silent (join.lua), and any key of it left is deleted. (No run key: the run
+-- ended without this worker, reaped while silent.)
+local run = redis.call('GET', KEYS[3])
+if (run or '') ~= ARGV[3] then return {'moved'} end
 local back = 0
 for _, mine in ipairs({KEYS[4], KEYS[5]}) do
   for _, v in ipairs(redis.call('HVALS', mine)) do
@@ -20,15 +27,17 @@ for _, mine in ipairs({KEYS[4], KEYS[5]}) do
   redis.call('DEL', mine)
 end
 redis.call('HDEL', KEYS[1], ARGV[1])
-local run = redis.call('GET', KEYS[3])
-if run and string.sub(run, 1, #ARGV[2] + 1) ~= ARGV[2] .. '|' then
-  for i = 6, #KEYS do redis.call('UNLINK', KEYS[i]) end
-  return {back, -1, 0}
+local own = run and string.sub(run, 1, #ARGV[2] + 1) == ARGV[2] .. '|'
+if not own then
+  for i = 16, #KEYS do redis.call('UNLINK', KEYS[i]) end
 end
-redis.call('SADD', KEYS[14], ARGV[1])
-local unrecorded = tonumber(redis.call('GET', KEYS[7]) or '0')
+local unrecorded = -1
+if own and ARGV[4] ~= '1' then
+  redis.call('SADD', KEYS[14], ARGV[1])
+  unrecorded = tonumber(redis.call('GET', KEYS[7]) or '0')
+end
 local ended = 0
-if redis.call('HLEN', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[2]) == 0 then
+if run and redis.call('HLEN', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[2]) == 0 then
   -- UNLINK: counted holds a field a page (GBs for a large crawl), freed
   -- off the server's main thread.
   redis.call('UNLINK', KEYS[3], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12],

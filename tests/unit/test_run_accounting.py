@@ -43,7 +43,9 @@ class Worker:
         self.coordinator = ClusterCoordinator(crawler, config)
         self.coordinator.spider_key = f"{prefix}:{{spider}}"
         self.coordinator.run = RUN
-        # Joined: alive in the workers hash (what join.lua records).
+        # Joined: the run is the current one, and this worker alive in the
+        # workers hash (what join.lua records).
+        self.coordinator.redis.set(self.coordinator.key("run"), f"{RUN}|0")
         self.coordinator.redis.hset(self.coordinator.key("workers"),
                                     self.coordinator.worker_id, time.time())
         self.counter = ScheduleCounter(MemoryStatsCollector(crawler))
@@ -57,8 +59,7 @@ class Worker:
 
     def left(self) -> None:
         """Left the run (its crawl, and stats, recorded)."""
-        self.coordinator._leave(keys=self.coordinator.leave_keys(),
-                                args=[self.coordinator.worker_id, RUN])
+        self.coordinator._leave_run()
 
 
 @pytest.fixture
@@ -227,7 +228,7 @@ def test_a_list_of_2500_pages_is_counted_in_the_run_1000_at_a_time(cluster_worke
 
     def counted(**kwargs):
         # The worker and its tag, then five arguments a page.
-        calls.append((len(kwargs["args"]) - 2) // 5)
+        calls.append((len(kwargs["args"]) - 3) // 5)
         return script(**kwargs)
 
     a.coordinator._count_page = counted
