@@ -720,6 +720,37 @@ async def test_a_slow_start_past_the_ttl_does_not_run_a_whole_crawl_whose_writes
     assert state_store.count_pages(SCOPE) == len(emitted) == 3
 
 
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_whose_hold_was_taken_before_it_ran_stops_and_emits_nothing(
+    site, state_uri, state_store: StateStore, monkeypatch,
+):
+    # A slow start past the ttl, and a repair took the scope and ended
+    # meanwhile: the hold's first refresh (as the spider opens, before the
+    # engine runs) finds it lapsed. The crawl stops once its engine runs and
+    # emits nothing meanwhile, rather than run whole and drop every write.
+    monkeypatch.setattr(ledger_module, "HOLD_TTL", 0.3)
+    taken = ledger_module.Ledger._take_scope
+    repair = "repair@elsewhere:4242"
+
+    def slow_take_under_a_repair(self: Any) -> None:
+        taken(self)
+        take_once_lapsed(state_store, repair)
+        release_at_once(state_uri, repair)
+
+    monkeypatch.setattr(ledger_module.Ledger, "_take_scope", slow_take_under_a_repair)
+    urls = pages(site, 3)
+    runner = CrawlerRunner(crawl_settings(state_uri, INCREMENTAL_FLUSH_INTERVAL=0.05))
+    crawler = runner.create_crawler(ListSpider)
+    emitted = emitted_items(crawler)
+    await runner.crawl(crawler, urls=urls)
+    stats = crawler.stats.get_stats()
+    assert stats.get("finish_reason") == "incremental_store_error", stats
+    assert emitted == []
+    assert state_store.count_pages(SCOPE) == 0
+    assert state_store.scope_holders(SCOPE, clock.now()) == {}  # not taken again
+
+
 @pytest.mark.parametrize("state_uri", ["sqlite"], indirect=True)
 @pytest_twisted.ensureDeferred
 async def test_a_repair_whose_renewals_all_failed_past_its_ttl_says_so(
