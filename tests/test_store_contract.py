@@ -2262,6 +2262,35 @@ class TestRedisClusterStore(HoldsOnTheServersClock, StateStoreContract):
         await call(store.close())
         return peak
 
+    @pytest_twisted.ensureDeferred
+    async def test_a_hold_taken_between_two_phases_stops_the_phases_after(
+        self, make_store: MakeStore, monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        # The phases of a flush are separate awaits: a callback blocking the
+        # reactor between two may outlast the writer's hold, and a repair
+        # take the scope. The phases after are not sent: the repair's
+        # deletions are not written back.
+        crawl, repair = "host:1", "repair@host:2"
+        store, other = make_store(), make_store()
+        assert store.take_scope(SCOPE, crawl, 60, clock.now()) is None
+        store.flush_hold = (SCOPE, crawl)
+        phase_items = type(store)._phase_items
+
+        async def items_then_a_repair(self: Any, *args: Any) -> None:
+            await phase_items(self, *args)
+            await store.release_scope(SCOPE, crawl)
+            assert other.take_scope(SCOPE, repair, 60, clock.now()) is None
+
+        monkeypatch.setattr(type(store), "_phase_items", items_then_a_repair)
+        store.stage_item(item("k", scope=SCOPE, page=URL))
+        store.stage_page(full_state(PageKey(SCOPE, URL), 1))
+        with pytest.raises(HoldLapsed):
+            await call(store.flush())
+        monkeypatch.undo()
+        assert other.count_pages(SCOPE) == 0
+        assert list(other.scope_holders(SCOPE, clock.now())) == [repair]
+        store.flush_hold = None
+
     @pytest.fixture
     def failing_flush(self, redis_cluster: LoopbackCluster,
                       cluster_prefix: str) -> FailingFlush:

@@ -803,9 +803,11 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
 
     async def _check_flush_hold(self) -> None:
         """A phased flush's check that its writer holds its scope still
-        (:attr:`flush_hold`), before its first phase writes: one script on
-        the scope's slot, not in the phases' (a hold taken over between the
-        check and the phases goes unseen: a few milliseconds)."""
+        (:attr:`flush_hold`), before each phase writes: one script on the
+        scope's slot, not in the phases' (a hold taken over between a check
+        and its phase goes unseen: one round trip, unless the reactor is
+        blocked right then); a lapsed hold taken again when nobody took
+        the scope since (hold.lua's epoch)."""
         if self.flush_hold is not None:
             scope, holder = self.flush_hold
             taken = self._hold_takes.get(self.flush_hold)
