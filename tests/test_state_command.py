@@ -457,6 +457,8 @@ async def test_a_crawl_whose_hold_was_taken_over_by_a_repair_stops_and_does_not_
         site.release()
     await done
     assert crawler.stats.get_value("finish_reason") == "incremental_store_error"
+    # What it staged (its crawl record at least) was dropped, and counted.
+    assert crawler.stats.get_value("incremental/writes_dropped") >= 1
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert any(f"scope {SCOPE!r} is held by repair elsewhere:4242, which crawl "
                f"{socket.gethostname()}:{os.getpid()} may not hold it beside; stopping the crawl"
@@ -524,6 +526,7 @@ async def test_a_crawl_whose_hold_lapsed_under_a_whole_repair_stops(
         site.release()
     await done
     assert crawler.stats.get_value("finish_reason") == "incremental_store_error"
+    assert crawler.stats.get_value("incremental/writes_dropped") >= 1
     assert state_store.scope_holders(SCOPE, clock.now()) == {}  # not taken again
 
 
@@ -602,6 +605,7 @@ async def test_a_crawl_whose_hold_was_taken_over_writes_nothing_beside_the_repai
         site.release()
     await done
     assert crawler.stats.get_value("incremental/store_errors")
+    assert crawler.stats.get_value("incremental/writes_dropped") >= 1
     # What the repair deleted stays deleted.
     assert [url for url in urls if state_store.url_record(SCOPE, url).pages] == []
     assert state_store.count_scope(SCOPE) == type(state_store.count_scope(SCOPE))(crawls=1)
@@ -747,6 +751,7 @@ async def test_a_crawl_whose_hold_was_taken_before_it_ran_stops_and_emits_nothin
     stats = crawler.stats.get_stats()
     assert stats.get("finish_reason") == "incremental_store_error", stats
     assert emitted == []
+    assert crawler.stats.get_value("incremental/writes_dropped") >= 1
     assert state_store.count_pages(SCOPE) == 0
     assert state_store.scope_holders(SCOPE, clock.now()) == {}  # not taken again
 
