@@ -1753,6 +1753,36 @@ class StateStoreContract:
         store.flush_hold = None
 
     @pytest_twisted.ensureDeferred
+    async def test_a_workers_lapsed_hold_is_taken_again_while_its_run_held_the_scope(
+        self, store: StateStore,
+    ) -> None:
+        self.skip_unless_holds_on_callers_clock()
+        one, two, three = "worker@host:3:a", "worker@host:3:b", "worker@host:4:c"
+        repair = "repair@host:2"
+        # A worker taking beside a live worker leaves the epoch: the first
+        # worker, stalled past its hold while the second held the scope
+        # (no repair could take it), takes it again.
+        assert store.take_scope(SCOPE, one, 60, now=1_000) is None
+        assert store.take_scope(SCOPE, two, 60, now=1_010) is None
+        await call(store.hold_scope(SCOPE, two, 60, now=1_050))
+        await call(store.hold_scope(SCOPE, one, 60, now=1_070))
+        assert store.scope_holders(SCOPE, 1_070) == {one: 1_130, two: 1_110}
+        # Every worker lapsed, a new run's worker took the scope: the old
+        # workers do not take it again (a repair may have come and gone
+        # between the runs).
+        assert store.take_scope(SCOPE, three, 60, now=1_200) is None
+        with pytest.raises(HoldLapsed):
+            await call(store.hold_scope(SCOPE, one, 60, now=1_210))
+        # Nor once a repair took it and ended.
+        await call(store.release_scope(SCOPE, three))
+        assert store.take_scope(SCOPE, three, 60, now=1_220) is None
+        assert store.take_scope(SCOPE, repair, 60, now=1_300) is None
+        await call(store.release_scope(SCOPE, repair))
+        with pytest.raises(HoldLapsed):
+            await call(store.hold_scope(SCOPE, three, 60, now=1_310))
+        assert store.scope_holders(SCOPE, 1_310) == {}
+
+    @pytest_twisted.ensureDeferred
     async def test_workers_hold_a_scope_together_and_a_repair_or_crawl_holds_it_alone(
         self, store: StateStore,
     ) -> None:
