@@ -473,7 +473,9 @@ _PRUNE_SLOT_RATES = (
     "WHERE scope = ? ORDER BY saved_at DESC, slot DESC LIMIT ?)"
 )
 #: Every table with a scope column that a reset empties (holds excepted:
-#: they lapse by themselves), with what :class:`Removed` calls its rows.
+#: they lapse by themselves; and hold epochs, which never go back: a crawl's
+#: lapsed hold must not match a count started again), with what
+#: :class:`Removed` calls its rows.
 _SCOPE_TABLES = (("pages", "pages"), ("links", "links"), ("items", "items"),
                  ("item_versions", "versions"), ("hosts", "hosts"), ("crawls", "crawls"))
 # Versions stored before schema 11 have no change type.
