@@ -76,6 +76,8 @@ class _State:
         self.items: dict[tuple[str, str], list[tuple[int, ItemRecord]]] = defaultdict(list)
         self.crawls: dict[str, list[CrawlRecord]] = defaultdict(list)
         self.holds: dict[str, dict[str, float]] = defaultdict(dict)
+        #: Each scope's hold epoch: its takes, a worker's beside live ones' excepted.
+        self.hold_epochs: dict[str, int] = defaultdict(int)
 
 
 class MemoryStore(StateStore):
@@ -87,6 +89,8 @@ class MemoryStore(StateStore):
         self.history_limit = history_limit
         self.state = pickle.loads(path.read_bytes()) if path.exists() else _State()
         self._ops: list[Callable[[], None]] = []
+        #: The epoch of each hold this store took.
+        self._hold_takes: dict[tuple[str, str], int] = {}
         self._staged_pages: dict[PageKey, PageState] = {}
         self._staged_links: dict[PageKey, str | None] = {}
 
@@ -293,7 +297,9 @@ class MemoryStore(StateStore):
                         key=lambda hold: -hold[1])
         if others:
             raise ScopeHeld(f"scope {scope!r} is held by {others[0][0]}", *others[0])
-        if holds.get(holder, now) <= now:
+        if holds.get(holder, now) <= now and (
+                self._hold_takes.get((scope, holder)) != self.state.hold_epochs[scope]):
+            # Lapsed, and taken by another since (else taken again).
             raise HoldLapsed(f"the hold of {holder} on scope {scope!r} lapsed")
         holds[holder] = now + ttl
         self._save()
@@ -309,11 +315,15 @@ class MemoryStore(StateStore):
             return others[0]
         self.state.holds[scope] = {other: until for other, until in holds.items()
                                    if until > now and not takes_over(holder, other)}
+        if not any(other != holder for other in self.state.holds[scope]):
+            self.state.hold_epochs[scope] += 1
         self.state.holds[scope][holder] = now + ttl
+        self._hold_takes[(scope, holder)] = self.state.hold_epochs[scope]
         self._save()
         return None
 
     async def release_scope(self, scope: str, holder: str) -> None:
+        self._hold_takes.pop((scope, holder), None)  # released: never taken again
         if self.state.holds[scope].pop(holder, None) is not None:
             self._save()
 

@@ -457,6 +457,8 @@ async def test_a_crawl_whose_hold_was_taken_over_by_a_repair_stops_and_does_not_
         site.release()
     await done
     assert crawler.stats.get_value("finish_reason") == "incremental_store_error"
+    # What it staged (its crawl record at least) was dropped, and counted.
+    assert crawler.stats.get_value("incremental/writes_dropped") >= 1
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert any(f"scope {SCOPE!r} is held by repair elsewhere:4242, which crawl "
                f"{socket.gethostname()}:{os.getpid()} may not hold it beside; stopping the crawl"
@@ -524,6 +526,7 @@ async def test_a_crawl_whose_hold_lapsed_under_a_whole_repair_stops(
         site.release()
     await done
     assert crawler.stats.get_value("finish_reason") == "incremental_store_error"
+    assert crawler.stats.get_value("incremental/writes_dropped") >= 1
     assert state_store.scope_holders(SCOPE, clock.now()) == {}  # not taken again
 
 
@@ -602,9 +605,155 @@ async def test_a_crawl_whose_hold_was_taken_over_writes_nothing_beside_the_repai
         site.release()
     await done
     assert crawler.stats.get_value("incremental/store_errors")
+    assert crawler.stats.get_value("incremental/writes_dropped") >= 1
     # What the repair deleted stays deleted.
     assert [url for url in urls if state_store.url_record(SCOPE, url).pages] == []
     assert state_store.count_scope(SCOPE) == type(state_store.count_scope(SCOPE))(crawls=1)
+
+
+def stall_until_lapsed(store: StateStore) -> None:
+    """Block the reactor (a blocking callback, a laptop asleep) until every
+    hold on the scope lapsed, by the clock of the store's holds (bounded)."""
+    import time
+    for _ in range(1000):
+        if not store.scope_holders(SCOPE, clock.now()):
+            return
+        time.sleep(0.01)
+
+
+def emitted_items(crawler: Any) -> list[object]:
+    """The items *crawler* emits (item_scraped), as it emits them."""
+    emitted: list[object] = []
+
+    def collect(item: object) -> None:
+        emitted.append(item)
+
+    crawler.signals.connect(collect, signal=signals.item_scraped, weak=False)
+    return emitted
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_a_lone_crawl_stalled_past_its_ttl_goes_on_and_stores_what_it_emitted(
+    site, state_uri, state_store: StateStore, monkeypatch,
+):
+    # A blocking callback, a huge parse, a laptop asleep: the reactor
+    # stalls past the hold's ttl while nobody touches the scope. The crawl
+    # takes its hold again (the scope's hold epoch has not moved) rather
+    # than stop and drop what it emitted (the next crawl would emit it
+    # again as new).
+    from twisted.internet import reactor
+
+    monkeypatch.setattr(ledger_module, "HOLD_TTL", 0.3)
+    urls = pages(site, 4)
+    site.hold("/p/")
+    runner = CrawlerRunner(crawl_settings(state_uri, INCREMENTAL_FLUSH_INTERVAL=0.05))
+    crawler = runner.create_crawler(ListSpider)
+    emitted = emitted_items(crawler)
+    done = ensureDeferred(runner.crawl(crawler, urls=urls))
+    try:
+        await until(lambda: site.held >= 1, "the crawl to send a request")
+        reactor.callLater(0, stall_until_lapsed, state_store)
+    finally:
+        site.release()
+    await done
+    stats = crawler.stats.get_stats()
+    assert stats.get("finish_reason") == "finished", stats
+    assert not stats.get("incremental/writes_dropped"), stats
+    assert not stats.get("incremental/store_errors"), stats
+    assert state_store.count_pages(SCOPE) == len(emitted) == 4
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_a_feeds_only_crawl_stalled_once_keeps_the_whole_crawls_state(
+    site, state_uri, state_store: StateStore, monkeypatch, tmp_path,
+):
+    # INCREMENTAL_STORE_ITEMS = False with FEEDS: nothing is committed until
+    # the feeds close, so one stall past the ttl anywhere in the crawl would
+    # drop every write of it while its feed is delivered.
+    from twisted.internet import reactor
+
+    monkeypatch.setattr(ledger_module, "HOLD_TTL", 0.3)
+    urls = pages(site, 4)
+    site.hold("/p/")
+    feed = tmp_path / "items.jsonl"
+    runner = CrawlerRunner(crawl_settings(
+        state_uri, INCREMENTAL_FLUSH_INTERVAL=0.05, INCREMENTAL_STORE_ITEMS=False,
+        FEEDS={str(feed): {"format": "jsonlines"}}))
+    crawler = runner.create_crawler(ListSpider)
+    done = ensureDeferred(runner.crawl(crawler, urls=urls))
+    try:
+        await until(lambda: site.held >= 1, "the crawl to send a request")
+        reactor.callLater(0, stall_until_lapsed, state_store)
+    finally:
+        site.release()
+    await done
+    delivered = [json.loads(line) for line in feed.read_text().splitlines() if line]
+    stats = crawler.stats.get_stats()
+    assert stats.get("finish_reason") == "finished", stats
+    assert not stats.get("incremental/writes_dropped"), stats
+    assert state_store.count_pages(SCOPE) == len(delivered) == 4
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_a_slow_start_past_the_ttl_does_not_run_a_whole_crawl_whose_writes_are_dropped(
+    site, state_uri, state_store: StateStore, monkeypatch,
+):
+    # The hold is taken as the Ledger is built; its first refresh is when
+    # the spider opens. A start slower than the ttl (extensions loading, a
+    # big JOBDIR queue) finds it lapsed: taken again, nobody having taken
+    # the scope meanwhile; never a whole crawl emitted and then dropped.
+    monkeypatch.setattr(ledger_module, "HOLD_TTL", 0.3)
+    taken = ledger_module.Ledger._take_scope
+
+    def slow_take(self: Any) -> None:
+        taken(self)
+        stall_until_lapsed(state_store)
+
+    monkeypatch.setattr(ledger_module.Ledger, "_take_scope", slow_take)
+    urls = pages(site, 3)
+    runner = CrawlerRunner(crawl_settings(state_uri, INCREMENTAL_FLUSH_INTERVAL=0.05))
+    crawler = runner.create_crawler(ListSpider)
+    emitted = emitted_items(crawler)
+    await runner.crawl(crawler, urls=urls)
+    stats = crawler.stats.get_stats()
+    assert stats.get("finish_reason") == "finished", stats
+    assert not stats.get("incremental/writes_dropped"), stats
+    assert state_store.count_pages(SCOPE) == len(emitted) == 3
+
+
+@BACKENDS
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_whose_hold_was_taken_before_it_ran_stops_and_emits_nothing(
+    site, state_uri, state_store: StateStore, monkeypatch,
+):
+    # A slow start past the ttl, and a repair took the scope and ended
+    # meanwhile: the hold's first refresh (as the spider opens, before the
+    # engine runs) finds it lapsed. The crawl stops once its engine runs and
+    # emits nothing meanwhile, rather than run whole and drop every write.
+    monkeypatch.setattr(ledger_module, "HOLD_TTL", 0.3)
+    taken = ledger_module.Ledger._take_scope
+    repair = "repair@elsewhere:4242"
+
+    def slow_take_under_a_repair(self: Any) -> None:
+        taken(self)
+        take_once_lapsed(state_store, repair)
+        release_at_once(state_uri, repair)
+
+    monkeypatch.setattr(ledger_module.Ledger, "_take_scope", slow_take_under_a_repair)
+    urls = pages(site, 3)
+    runner = CrawlerRunner(crawl_settings(state_uri, INCREMENTAL_FLUSH_INTERVAL=0.05))
+    crawler = runner.create_crawler(ListSpider)
+    emitted = emitted_items(crawler)
+    await runner.crawl(crawler, urls=urls)
+    stats = crawler.stats.get_stats()
+    assert stats.get("finish_reason") == "incremental_store_error", stats
+    assert emitted == []
+    assert crawler.stats.get_value("incremental/writes_dropped") >= 1
+    assert state_store.count_pages(SCOPE) == 0
+    assert state_store.scope_holders(SCOPE, clock.now()) == {}  # not taken again
 
 
 @pytest.mark.parametrize("state_uri", ["sqlite"], indirect=True)

@@ -1651,11 +1651,8 @@ class StateStoreContract:
         assert store.scope_holders(SCOPE, 1_060) == {two: 1_090}
         assert store.scope_holders(SCOPE, 1_090) == {}
         assert store.scope_holders("other", 1_000) == {}
-        # A hold that lapsed is not refreshed (only taken again): another
-        # may have held the scope meanwhile, and ended.
+        # A hold never taken is not refreshed (only taken).
         with pytest.raises(HoldLapsed, match="lapsed or was released"):
-            await call(store.hold_scope(SCOPE, one, 60, now=1_100))
-        with pytest.raises(HoldLapsed):
             await call(store.hold_scope(SCOPE, "never held", 60, now=1_100))
         assert store.scope_holders(SCOPE, 1_100) == {}
         # A refresh moves its lapse; a release drops it, and no other.
@@ -1717,6 +1714,73 @@ class StateStoreContract:
         other.stage_page(full_state(PageKey(SCOPE, f"{URL}?other"), 1))
         assert await call(other.flush()) == 1
         store.flush_hold = None
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_lapsed_hold_is_taken_again_only_while_nobody_took_the_scope(
+        self, make_store: MakeStore,
+    ) -> None:
+        # A crawl that stalled past its hold's ttl (a blocking callback, a
+        # laptop asleep) goes on when nobody took its scope meanwhile; once
+        # a repair took it (and released it: the holds alone cannot tell),
+        # neither a refresh nor a flush takes it again. Lapses by the
+        # clock of each store's holds: the caller's, or the server's.
+        crawl, repair = "host:1", "repair@host:2"
+        store, other = make_store(), make_store()
+        store.flush_hold = (SCOPE, crawl)
+        assert store.take_scope(SCOPE, crawl, 0.2, clock.now()) is None
+        await until(lambda: not store.scope_holders(SCOPE, clock.now()), "the hold to lapse")
+        await call(store.hold_scope(SCOPE, crawl, 60))
+        assert list(store.scope_holders(SCOPE, clock.now())) == [crawl]
+        # A flush finding it lapsed, nobody having taken the scope, commits.
+        await call(store.hold_scope(SCOPE, crawl, 0.2))
+        await until(lambda: not store.scope_holders(SCOPE, clock.now()), "the hold to lapse")
+        store.stage_page(full_state(PageKey(SCOPE, URL), 1))
+        assert await call(store.flush()) == 1
+        assert other.count_pages(SCOPE) == 1
+        # A repair takes the lapsed hold's scope, and ends.
+        await call(store.hold_scope(SCOPE, crawl, 0.2))
+        await until(lambda: not store.scope_holders(SCOPE, clock.now()), "the hold to lapse")
+        assert other.take_scope(SCOPE, repair, 60, clock.now()) is None
+        assert other.forget_page(SCOPE, URL).pages == 1
+        await call(other.release_scope(SCOPE, repair))
+        store.stage_page(full_state(PageKey(SCOPE, URL), 2))
+        with pytest.raises(HoldLapsed, match="lapsed or was released"):
+            await call(store.flush())
+        with pytest.raises(HoldLapsed, match="lapsed or was released"):
+            await call(store.hold_scope(SCOPE, crawl, 60))
+        assert store.scope_holders(SCOPE, clock.now()) == {}
+        assert other.count_pages(SCOPE) == 0
+        store.flush_hold = None
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_workers_lapsed_hold_is_taken_again_while_its_run_held_the_scope(
+        self, store: StateStore,
+    ) -> None:
+        self.skip_unless_holds_on_callers_clock()
+        one, two, three = "worker@host:3:a", "worker@host:3:b", "worker@host:4:c"
+        repair = "repair@host:2"
+        # A worker taking beside a live worker leaves the epoch: the first
+        # worker, stalled past its hold while the second held the scope
+        # (no repair could take it), takes it again.
+        assert store.take_scope(SCOPE, one, 60, now=1_000) is None
+        assert store.take_scope(SCOPE, two, 60, now=1_010) is None
+        await call(store.hold_scope(SCOPE, two, 60, now=1_050))
+        await call(store.hold_scope(SCOPE, one, 60, now=1_070))
+        assert store.scope_holders(SCOPE, 1_070) == {one: 1_130, two: 1_110}
+        # Every worker lapsed, a new run's worker took the scope: the old
+        # workers do not take it again (a repair may have come and gone
+        # between the runs).
+        assert store.take_scope(SCOPE, three, 60, now=1_200) is None
+        with pytest.raises(HoldLapsed):
+            await call(store.hold_scope(SCOPE, one, 60, now=1_210))
+        # Nor once a repair took it and ended.
+        await call(store.release_scope(SCOPE, three))
+        assert store.take_scope(SCOPE, three, 60, now=1_220) is None
+        assert store.take_scope(SCOPE, repair, 60, now=1_300) is None
+        await call(store.release_scope(SCOPE, repair))
+        with pytest.raises(HoldLapsed):
+            await call(store.hold_scope(SCOPE, three, 60, now=1_310))
+        assert store.scope_holders(SCOPE, 1_310) == {}
 
     @pytest_twisted.ensureDeferred
     async def test_workers_hold_a_scope_together_and_a_repair_or_crawl_holds_it_alone(
@@ -2125,10 +2189,13 @@ class HoldsOnTheServersClock:
     async def test_a_hold_lapses_on_the_servers_clock_and_is_not_refreshed_after(
         self, store: StateStore,
     ) -> None:
-        crawl = "host:1"
+        crawl, repair = "host:1", "repair@host:2"
         assert store.take_scope(SCOPE, crawl, 60, clock.now()) is None
         await call(store.hold_scope(SCOPE, crawl, 0.2))  # lapses 0.2 s on
         await until(lambda: not store.scope_holders(SCOPE, 0), "the hold to lapse")
+        # Taken by a repair since (see the contract's epoch test).
+        assert store.take_scope(SCOPE, repair, 60, clock.now()) is None
+        await call(store.release_scope(SCOPE, repair))
         with pytest.raises(HoldLapsed, match="lapsed or was released"):
             await call(store.hold_scope(SCOPE, crawl, 60))
         assert store.scope_holders(SCOPE, 0) == {}
@@ -2224,6 +2291,35 @@ class TestRedisClusterStore(HoldsOnTheServersClock, StateStoreContract):
             tracemalloc.stop()
         await call(store.close())
         return peak
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_hold_taken_between_two_phases_stops_the_phases_after(
+        self, make_store: MakeStore, monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        # The phases of a flush are separate awaits: a callback blocking the
+        # reactor between two may outlast the writer's hold, and a repair
+        # take the scope. The phases after are not sent: the repair's
+        # deletions are not written back.
+        crawl, repair = "host:1", "repair@host:2"
+        store, other = make_store(), make_store()
+        assert store.take_scope(SCOPE, crawl, 60, clock.now()) is None
+        store.flush_hold = (SCOPE, crawl)
+        phase_items = type(store)._phase_items
+
+        async def items_then_a_repair(self: Any, *args: Any) -> None:
+            await phase_items(self, *args)
+            await store.release_scope(SCOPE, crawl)
+            assert other.take_scope(SCOPE, repair, 60, clock.now()) is None
+
+        monkeypatch.setattr(type(store), "_phase_items", items_then_a_repair)
+        store.stage_item(item("k", scope=SCOPE, page=URL))
+        store.stage_page(full_state(PageKey(SCOPE, URL), 1))
+        with pytest.raises(HoldLapsed):
+            await call(store.flush())
+        monkeypatch.undo()
+        assert other.count_pages(SCOPE) == 0
+        assert list(other.scope_holders(SCOPE, clock.now())) == [repair]
+        store.flush_hold = None
 
     @pytest.fixture
     def failing_flush(self, redis_cluster: LoopbackCluster,
@@ -2559,9 +2655,9 @@ async def store_with_one_page(path: Path, version: int) -> SQLiteStateStore:
 
 
 def assert_upgraded(path: Path) -> None:
-    """The store at *path* is at the current schema (18) after its migration."""
+    """The store at *path* is at the current schema (19) after its migration."""
     with closing(sqlite3.connect(path)) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 18
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 19
 
 
 class TestSQLiteMigrations:

@@ -57,6 +57,11 @@ class FingerprintPipeline:
 
     async def _process(self, item: Any) -> Any:
         ledger = self.ledger
+        if ledger.failed:
+            # The crawl stops: what it emitted now would not be stored, and
+            # the next crawl would emit it again as new.
+            raise StoreUnavailable("State store failed: the crawl is stopping",
+                                   log_level="DEBUG")
         if ledger.tombstone_of(item) is not None or ledger.is_redelivered(item):
             return item
         identity = ledger.identity

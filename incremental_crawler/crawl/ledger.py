@@ -64,7 +64,7 @@ from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from scrapy.extensions.feedexport import FeedExporter
 from scrapy.http import Response
-from scrapy.utils.asyncio import create_looping_call
+from scrapy.utils.asyncio import call_later, create_looping_call
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from twisted.internet.defer import Deferred
 
@@ -307,6 +307,9 @@ class _Pending:
 
 class Ledger:
     """One per crawler: owns the state store and the page transactions."""
+
+    #: The crawl's close was asked (its store failed).
+    _close_asked = False
 
     def __init__(self, crawler: Crawler, config: IncrementalConfig, store: StateStore) -> None:
         self.crawler = crawler
@@ -669,6 +672,9 @@ class Ledger:
             self.staged += 1
 
     def _tick(self) -> None:
+        if self._failed:
+            self._close_failed()  # failed before the engine ran
+            return
         idle = self._hold_done is None or self._hold_done.called
         if idle and clock.now() - self._held_at >= self.hold_ttl / 3:
             # Refreshed before it flushes: a hold found lost stops the crawl
@@ -1561,6 +1567,12 @@ class Ledger:
         assert failure.value is not None
         self.store_failed(failure.value)
 
+    @property
+    def failed(self) -> bool:
+        """Whether the store failed: the crawl stops, and emits no more
+        items (they would not be stored: the next crawl emits them again)."""
+        return self._failed
+
     def store_failed(self, error: BaseException) -> None:
         """The store failed (a commit or a read): stop the crawl, loudly, once.
 
@@ -1578,5 +1590,29 @@ class Ledger:
             extra={"spider": self.crawler.spider},
         )
         engine = self.crawler.engine
-        if engine is not None and engine.running:
-            deferred_from_coro(engine.close_spider_async(reason="incremental_store_error"))
+        if engine is not None and not engine.running:
+            # Before the engine runs (the hold's first refresh, as the
+            # spider opens): closed as it starts (else by the next tick).
+            self.crawler.signals.connect(self._close_when_started,
+                                         signal=signals.engine_started)
+        self._close_failed()
+
+    def _close_when_started(self) -> None:
+        # engine_started comes a few turns of the loop before the engine
+        # runs (the signal is awaited): asked again until it does.
+        self._close_failed(tries=100)
+
+    def _close_failed(self, tries: int = 0) -> None:
+        """Close the crawl whose store failed, once its engine runs (tried
+        again on the next turns of the loop *tries* times, and by each
+        tick); meanwhile no item goes out (see :attr:`failed`), none is
+        written."""
+        engine = self.crawler.engine
+        if engine is None or self._close_asked:
+            return
+        if not engine.running:
+            if tries:
+                call_later(0, self._close_failed, tries - 1)
+            return
+        self._close_asked = True
+        deferred_from_coro(engine.close_spider_async(reason="incremental_store_error"))

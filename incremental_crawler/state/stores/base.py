@@ -413,7 +413,9 @@ class StateStore(ABC):
     slot_rates_kept: int = SLOT_RATES_KEPT
     #: The hold a flush writes for, ``(scope, holder)``: set (by a crawl,
     #: once it holds its scope), a flush writes only while that hold is
-    #: there and has not lapsed, checked as it commits; otherwise it raises
+    #: there and has not lapsed (or, in the built-in stores, lapsed while
+    #: nobody took the scope: see :meth:`hold_scope`), checked as it
+    #: commits; otherwise it raises
     #: :class:`HoldLapsed` (:class:`ScopeHeld`), writing nothing and keeping
     #: what is staged. ``None``: no check (a store used directly, a copy
     #: writing under its own hold). The built-in stores check it; one of
@@ -808,12 +810,16 @@ class StateStore(ABC):
         """Refresh *holder*'s hold on *scope*, lapsing *ttl* seconds after
         *now* (``None``: the clock's now). Holds of other holders stay.
         Only a hold that is there and has not lapsed is refreshed (only
-        :meth:`take_scope` takes one): raises :class:`ScopeHeld`, holding
-        nothing, while a holder that conflicts with *holder* holds the scope
-        (one that took it over once this hold lapsed), else
+        :meth:`take_scope` takes one), or, in the built-in stores, one that
+        lapsed while nobody took the scope since this store's take of it
+        (the scope's hold epoch, which every take but a worker's beside
+        live workers' raises; not one released): raises :class:`ScopeHeld`,
+        holding nothing, while a holder that conflicts with *holder* holds
+        the scope (one that took it over once this hold lapsed), else
         :class:`HoldLapsed` when the hold lapsed or is gone (a repair may
         have taken the scope, and ended, meanwhile): checked and written in
-        one transaction."""
+        one transaction. A store of one's own may keep to the first rule
+        (a crawl stalled past its hold then stops)."""
 
     @abstractmethod
     def take_scope(self, scope: str, holder: str, ttl: float,

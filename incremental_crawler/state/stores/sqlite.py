@@ -324,6 +324,15 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (scope, name)
     ) WITHOUT ROWID;
     """,
+    # 19: each scope's hold epoch: its takes counted (a worker's beside
+    # live workers' excepted), so that a lapsed hold is taken again only
+    # when nobody took the scope since.
+    """
+    CREATE TABLE hold_epochs (
+        scope TEXT PRIMARY KEY,
+        epoch INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: The connection's page cache, in KiB (SQLite's default is 2,000). A page
@@ -464,7 +473,9 @@ _PRUNE_SLOT_RATES = (
     "WHERE scope = ? ORDER BY saved_at DESC, slot DESC LIMIT ?)"
 )
 #: Every table with a scope column that a reset empties (holds excepted:
-#: they lapse by themselves), with what :class:`Removed` calls its rows.
+#: they lapse by themselves; and hold epochs, which never go back: a crawl's
+#: lapsed hold must not match a count started again), with what
+#: :class:`Removed` calls its rows.
 _SCOPE_TABLES = (("pages", "pages"), ("links", "links"), ("items", "items"),
                  ("item_versions", "versions"), ("hosts", "hosts"), ("crawls", "crawls"))
 # Versions stored before schema 11 have no change type.
@@ -538,6 +549,8 @@ class SQLiteStateStore(AdminStore):
         # Staged writes, as (statement, parameters) in staging order: a
         # flush applies them in that order, so a later write always wins.
         self._ops: list[tuple[str, tuple[object, ...]]] = []
+        #: The epoch and ttl of each hold this store took (see take_scope).
+        self._hold_takes: dict[tuple[str, str], tuple[int, float]] = {}
         # Latest staged page states, links records (None: a staged
         # deletion) and item fingerprints, for reads.
         self._pages: dict[PageKey, PageState] = {}
@@ -1188,11 +1201,10 @@ class SQLiteStateStore(AdminStore):
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
-                if self.flush_hold is not None and db.execute(
-                        "SELECT 1 FROM holds WHERE scope = ? AND holder = ? AND expires > ?",
-                        (*self.flush_hold, clock.now())).fetchone() is None:
-                    # Its hold lapsed, maybe taken over: writes now could
-                    # undo a repair's. Kept staged (the crawl stops).
+                if self.flush_hold is not None and not self._holds_still(
+                        *self.flush_hold, clock.now()):
+                    # Its hold lapsed and the scope was taken since: writes
+                    # now could undo a repair's. Kept staged (the crawl stops).
                     raise HoldLapsed.of(self.location, *self.flush_hold)
                 # Runs of the same statement go to SQLite in one call.
                 for sql, group in groupby(self._ops, key=itemgetter(0)):
@@ -1423,8 +1435,7 @@ class SQLiteStateStore(AdminStore):
                 if other is not None:
                     _rollback(db)
                     raise self._held(scope, holder, *other)
-                if db.execute("SELECT 1 FROM holds WHERE scope = ? AND holder = ? "
-                              "AND expires > ?", (scope, holder, now)).fetchone() is None:
+                if not self._holds_still(scope, holder, now):
                     _rollback(db)
                     raise HoldLapsed.of(self.location, scope, holder)
                 db.execute("DELETE FROM holds WHERE scope = ? AND expires <= ?", (scope, now))
@@ -1436,6 +1447,27 @@ class SQLiteStateStore(AdminStore):
                 raise
         except sqlite3.DatabaseError as exc:
             raise self._fail("write failed", exc) from exc
+
+    def _epoch(self, scope: str) -> int:
+        row = self._db.execute("SELECT epoch FROM hold_epochs WHERE scope = ?",
+                               (scope,)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def _holds_still(self, scope: str, holder: str, now: float) -> bool:
+        """Whether *holder*'s hold on *scope* is live at *now*, or lapsed
+        while nobody took the scope (the epoch of its take is the scope's:
+        a stalled crawl goes on, see :meth:`take_scope`). Taken again then,
+        for the ttl of its take; in the caller's transaction."""
+        if self._db.execute("SELECT 1 FROM holds WHERE scope = ? AND holder = ? "
+                            "AND expires > ?", (scope, holder, now)).fetchone() is not None:
+            return True
+        taken = self._hold_takes.get((scope, holder))
+        if taken is None or taken[0] != self._epoch(scope) or self._conflicting_hold(
+                scope, holder, now, gone_too=True) is not None:
+            return False
+        self._db.execute("INSERT OR REPLACE INTO holds (scope, holder, expires) "
+                         "VALUES (?, ?, ?)", (scope, holder, now + taken[1]))
+        return True
 
     def _conflicting_hold(self, scope: str, holder: str, now: float, *,
                           gone_too: bool = False) -> tuple[str, float] | None:
@@ -1469,8 +1501,17 @@ class SQLiteStateStore(AdminStore):
                     if takes_over(holder, name)]
                 db.executemany("DELETE FROM holds WHERE scope = ? AND holder = ?", gone)
                 db.execute("DELETE FROM holds WHERE scope = ? AND expires <= ?", (scope, now))
+                # Every take moves the epoch but a worker's beside live
+                # workers' (they hold the scope together).
+                beside = any(name != holder and not holds_conflict(holder, name)
+                             for (name,) in db.execute(
+                                 "SELECT holder FROM holds WHERE scope = ?", (scope,)))
+                if not beside:
+                    db.execute("INSERT INTO hold_epochs (scope, epoch) VALUES (?, 1) "
+                               "ON CONFLICT (scope) DO UPDATE SET epoch = epoch + 1", (scope,))
                 db.execute("INSERT OR REPLACE INTO holds (scope, holder, expires) "
                            "VALUES (?, ?, ?)", (scope, holder, now + ttl))
+                self._hold_takes[(scope, holder)] = (self._epoch(scope), ttl)
                 if is_crawl_hold(holder):
                     # A crawl's (a cluster run's workers start apart: each
                     # would clear the others' checks).
@@ -1518,6 +1559,7 @@ class SQLiteStateStore(AdminStore):
                      if when >= mark])
 
     async def release_scope(self, scope: str, holder: str) -> None:
+        self._hold_takes.pop((scope, holder), None)  # released: never taken again
         self._write(("DELETE FROM holds WHERE scope = ? AND holder = ?", (scope, holder)))
 
     def scope_holders(self, scope: str, now: float) -> dict[str, float]:

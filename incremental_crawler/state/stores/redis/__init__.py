@@ -34,6 +34,10 @@ neither holds a ``:``, ``|`` or brace:
                                 (``repair@``) and copies (``copy@``) holding the scope, by
                                 when each lapses
                                 (on the server's clock, its TIME)
+``P:holdepoch:<s>``             the scope's hold epoch: a counter every take of a hold
+                                raises (a cluster worker's beside live workers'
+                                excepted); a lapsed hold is taken again only while
+                                it is the one of its take
 ``P:slots:<s>``                 hash: slot → the rate its politeness window
                                 learned (JSON)
 ``P:slotsat:<s>``               sorted set: those slots by when each was saved,
@@ -49,13 +53,14 @@ neither holds a ``:``, ``|`` or brace:
 ``P:migrating``                 the lock of a layout migration (expires)
 ==============================  ==========================================
 
-``P:crawls:<s>``, ``P:holds:<s>``, ``P:slots:<s>``, ``P:slotsat:<s>``,
-``P:undel:<s>:<c>``, ``P:undelc:<s>``, ``P:wg:<s>`` and ``P:memo:<s>``
+``P:crawls:<s>``, ``P:holds:<s>``, ``P:holdepoch:<s>``, ``P:slots:<s>``,
+``P:slotsat:<s>``, ``P:undel:<s>:<c>``, ``P:undelc:<s>``, ``P:wg:<s>`` and ``P:memo:<s>``
 came without a layout change (older code ignores them; an absent
 ``P:wg:<s>`` reads as 0). Repairs (``forget_page``, ``forget_host``,
 ``reset_scope``) run at once, each in one ``MULTI``; a reset deletes the
 scope's keys of the kinds above (``P:holds:<s>`` excepted: holds lapse by
-themselves; and ``P:wg:<s>``, which it raises: a token read before the reset
+themselves; ``P:holdepoch:<s>``, which never goes back; and ``P:wg:<s>``,
+which it raises: a token read before the reset
 never comes back; other ``P:<name>:<s>`` keys, such as a shared politeness
 budget ``P:budget:<host>``, are not this store's), its hosts' keys, its
 ``P:hist:<s>:*`` and ``P:undel:<s>:*`` keys, and takes it out of ``P:scopes``.
@@ -63,7 +68,7 @@ budget ``P:budget:<host>``, are not this store's), its hosts' keys, its
 On a Redis Cluster the store keeps the *cluster layout* (version 6, see
 :mod:`~incremental_crawler.state.stores.redis.cluster`): the same kinds of
 keys, every one hash-tagged so that a script's keys are one slot: a scope's
-own ``P:<kind>:{<s>}`` (``P:hosts``, ``P:crawls``, ``P:holds``,
+own ``P:<kind>:{<s>}`` (``P:hosts``, ``P:crawls``, ``P:holds``, ``P:holdepoch``,
 ``P:slots``, ``P:slotsat``, ``P:undelc``, ``P:undel:{<s>}:<c>``,
 ``P:memo``); what a flush's last phase writes of a scope, per scope shard
 ``{<s>^<x>}`` (the shard of a host by a hash of its name; see

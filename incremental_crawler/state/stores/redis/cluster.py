@@ -448,10 +448,17 @@ class RedisClusterPath(RedisCore):
         carried = self._carried
         spent, self._spent_slot_tokens = self._spent_slot_tokens, []
         try:
+            # The writer's hold checked before each phase (the phases are
+            # separate awaits: a callback blocking the reactor between two
+            # could outlast the hold, and a repair run meanwhile): a phase
+            # runs only under a hold checked after the phase before it.
             await self._check_flush_hold()
             await self._phase_items(ops, applied, carried, spent)
+            await self._check_flush_hold()
             await self._phase_hosts(ops, applied, carried)
+            await self._check_flush_hold()
             await self._phase_scopes(ops, applied, carried, scopes)
+            await self._check_flush_hold()
             await self._phase_settle(ops, applied)
         except _PhaseFailed as exc:
             return str(exc)

@@ -72,7 +72,7 @@ from incremental_crawler.state.stores.redis.uri import DEFAULT_PREFIX, parse_red
 from incremental_crawler.uris import redacted
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator, Sequence
+    from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
     from typing import Self
 
     from scrapy.settings import BaseSettings
@@ -133,6 +133,8 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
         # When that batch's reply was lost (its token lives _TOKEN_TTL).
         self._unsure_since = 0.0
         self._spent_tokens: list[str] = []
+        #: The epoch and ttl of each hold this store took (hold.lua).
+        self._hold_takes: dict[tuple[str, str], tuple[int, float]] = {}
         # Latest staged page states, links records (None: a staged
         # deletion) and item fingerprints, for reads; the `_flushing_*` ones
         # belong to a flush in flight, still readable.
@@ -662,16 +664,16 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
                 self.roundtrips += 1
                 return await self._async.eval(_FLUSH_LUA, len(keys), *keys, *args)
 
-        try:
-            reply = await self._again(attempt)
-        except redis.exceptions.OutOfMemoryError as exc:
-            # Refused whole before it ran (the script's flags): not unsure.
-            raise self._fail("", exc) from None
-        except redis.RedisError as exc:
-            raise self._fail("Redis command failed", exc) from exc
+        reply = await self._send_batch(attempt)
         if int(reply[1]) == 2:
+            # Its hold lapsed (nothing written: not unsure): taken again
+            # when nobody took the scope since (hold.lua's epoch; raises
+            # HoldLapsed otherwise), and the batch sent once more.
             assert hold is not None
-            raise HoldLapsed.of(self.location, *hold)  # nothing written: not unsure
+            await self._check_flush_hold()
+            reply = await self._send_batch(attempt)
+            if int(reply[1]) == 2:
+                raise HoldLapsed.of(self.location, *hold)
         self._spent_tokens = [token]
         applied = int(reply[0])
         error = reply[2].decode(errors="replace") if len(reply) > 2 else None
@@ -760,6 +762,16 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
     async def slot_rates(self, scope: str) -> SlotRates:
         return _slot_rates(scope, await self._call("HGETALL", self._key("slots", scope)))
 
+    async def _send_batch(self, attempt: Callable[[], Awaitable[Any]]) -> Any:
+        """flush.lua's reply to *attempt*, sent again while Redis does not answer."""
+        try:
+            return await self._again(attempt)
+        except redis.exceptions.OutOfMemoryError as exc:
+            # Refused whole before it ran (the script's flags): not unsure.
+            raise self._fail("", exc) from None
+        except redis.RedisError as exc:
+            raise self._fail("Redis command failed", exc) from exc
+
     # -- holds ---------------------------------------------------------------
 
     # Holds are judged on the server's clock (hold.lua reads TIME): a caller
@@ -772,8 +784,9 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
         """hold.lua's answer: its status, the holders and lapses it names
         (each lapse placed on this host's clock), and the server's now."""
         pipe = self._sync.pipeline(transaction=False)
-        pipe.execute_command("EVAL", HOLD_LUA, 1, self._key("holds", scope), mode, holder,
-                             repr(float(ttl)), SHARED_HOLD, *gone)
+        pipe.execute_command("EVAL", HOLD_LUA, 2, self._key("holds", scope),
+                             self._key("holdepoch", scope), mode, holder,
+                             repr(float(ttl)), SHARED_HOLD, "", *gone)
         [reply] = self._sync_run(pipe)
         return self._hold_reply(reply)
 
@@ -790,17 +803,24 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
 
     async def _check_flush_hold(self) -> None:
         """A phased flush's check that its writer holds its scope still
-        (:attr:`flush_hold`), before its first phase writes: one script on
-        the scope's slot, not in the phases' (a hold taken over between the
-        check and the phases goes unseen: a few milliseconds)."""
+        (:attr:`flush_hold`), before each phase writes: one script on the
+        scope's slot, not in the phases' (a hold taken over between a check
+        and its phase goes unseen: one round trip, unless the reactor is
+        blocked right then); a lapsed hold taken again when nobody took
+        the scope since (hold.lua's epoch)."""
         if self.flush_hold is not None:
-            await self._held_still(*self.flush_hold, "check")
+            scope, holder = self.flush_hold
+            taken = self._hold_takes.get(self.flush_hold)
+            await self._held_still(scope, holder, "check", taken[1] if taken else 0.0)
 
     async def _held_still(self, scope: str, holder: str, mode: str, ttl: float = 0.0) -> None:
-        holds = self._key("holds", scope)
-        # One script on one key (one node): checked and written at once.
+        taken = self._hold_takes.get((scope, holder))
+        # One script on the scope's slot: checked and written at once; a
+        # lapsed hold taken again only while its take's epoch is the scope's.
         [reply] = await self._commands(
-            [("EVAL", HOLD_LUA, 1, holds, mode, holder, repr(float(ttl)), SHARED_HOLD)],
+            [("EVAL", HOLD_LUA, 2, self._key("holds", scope), self._key("holdepoch", scope),
+              mode, holder, repr(float(ttl)), SHARED_HOLD,
+              "" if taken is None else str(taken[0]))],
             "Redis command failed")
         status, named, _ = self._hold_reply(reply)
         if status == "lapsed":
@@ -837,6 +857,7 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
         status, named, _ = self._hold_script("take", scope, holder, ttl, gone)
         if status == "other":
             return named[0], now + (float(named[1]) - clock.now())
+        self._hold_takes[(scope, holder)] = (int(named[0]), ttl)
         if crawl:
             # This crawl's checks, from its start on, are noted one by one
             # (see summarize_pages), once the hold is taken and before the
@@ -895,6 +916,7 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
                         self.location, scope, refused, len(replies))
 
     async def release_scope(self, scope: str, holder: str) -> None:
+        self._hold_takes.pop((scope, holder), None)  # released: never taken again
         await self._call("ZREM", self._key("holds", scope), holder)
 
     def scope_holders(self, scope: str, now: float) -> dict[str, float]:
