@@ -152,14 +152,6 @@ class StateStoreContract:
     rate with a value no window can start from.
     """
 
-    #: Whether the store judges holds on the caller's *now* (the tests below
-    #: then move time by passing it); Redis judges them on its server's clock.
-    holds_on_callers_clock = True
-
-    def skip_unless_holds_on_callers_clock(self) -> None:
-        if not self.holds_on_callers_clock:
-            pytest.skip("holds judged on the server's clock: see HoldsOnTheServersClock")
-
     @pytest.fixture
     def store(self, make_store: MakeStore) -> StateStore:
         return make_store()
@@ -1640,35 +1632,6 @@ class StateStoreContract:
         await call(store.flush())
         assert [r.rate for r in (await call(store.slot_rates(SCOPE))).rates] == [12.5, 4.0]
 
-    @pytest_twisted.ensureDeferred
-    async def test_holds_lapse_after_their_ttl(self, store: StateStore) -> None:
-        self.skip_unless_holds_on_callers_clock()
-        # (Cluster workers: the holds that may be held together.)
-        one, two, three = "worker@host:1", "worker@host:2 worker", "worker@host:3"
-        assert store.take_scope(SCOPE, one, 60, now=1_000) is None
-        assert store.take_scope(SCOPE, two, 60, now=1_030) is None
-        assert store.scope_holders(SCOPE, 1_000) == {one: 1_060, two: 1_090}
-        assert store.scope_holders(SCOPE, 1_060) == {two: 1_090}
-        assert store.scope_holders(SCOPE, 1_090) == {}
-        assert store.scope_holders("other", 1_000) == {}
-        # A hold never taken is not refreshed (only taken).
-        with pytest.raises(HoldLapsed, match="lapsed or was released"):
-            await call(store.hold_scope(SCOPE, "never held", 60, now=1_100))
-        assert store.scope_holders(SCOPE, 1_100) == {}
-        # A refresh moves its lapse; a release drops it, and no other.
-        assert store.take_scope(SCOPE, one, 60, now=1_100) is None
-        await call(store.hold_scope(SCOPE, one, 60, now=1_120))
-        assert store.scope_holders(SCOPE, 1_120) == {one: 1_180}
-        assert store.take_scope(SCOPE, three, 60, now=1_120) is None
-        await call(store.release_scope(SCOPE, one))
-        await call(store.release_scope(SCOPE, "never held"))
-        assert store.scope_holders(SCOPE, 1_120) == {three: 1_180}
-        with pytest.raises(HoldLapsed):
-            await call(store.hold_scope(SCOPE, one, 60, now=1_130))  # released
-        # Not staged: visible to every reader at once.
-        assert store.pending == 0
-
-
     def test_a_repairs_hold_is_never_taken_over_by_its_pid(self, store: StateStore) -> None:
         # A pid not running here may run in another PID namespace (containers
         # sharing a host name): a repair's hold lapses, it is not taken over.
@@ -1751,73 +1714,6 @@ class StateStoreContract:
         assert store.scope_holders(SCOPE, clock.now()) == {}
         assert other.count_pages(SCOPE) == 0
         store.flush_hold = None
-
-    @pytest_twisted.ensureDeferred
-    async def test_a_workers_lapsed_hold_is_taken_again_while_its_run_held_the_scope(
-        self, store: StateStore,
-    ) -> None:
-        self.skip_unless_holds_on_callers_clock()
-        one, two, three = "worker@host:3:a", "worker@host:3:b", "worker@host:4:c"
-        repair = "repair@host:2"
-        # A worker taking beside a live worker leaves the epoch: the first
-        # worker, stalled past its hold while the second held the scope
-        # (no repair could take it), takes it again.
-        assert store.take_scope(SCOPE, one, 60, now=1_000) is None
-        assert store.take_scope(SCOPE, two, 60, now=1_010) is None
-        await call(store.hold_scope(SCOPE, two, 60, now=1_050))
-        await call(store.hold_scope(SCOPE, one, 60, now=1_070))
-        assert store.scope_holders(SCOPE, 1_070) == {one: 1_130, two: 1_110}
-        # Every worker lapsed, a new run's worker took the scope: the old
-        # workers do not take it again (a repair may have come and gone
-        # between the runs).
-        assert store.take_scope(SCOPE, three, 60, now=1_200) is None
-        with pytest.raises(HoldLapsed):
-            await call(store.hold_scope(SCOPE, one, 60, now=1_210))
-        # Nor once a repair took it and ended.
-        await call(store.release_scope(SCOPE, three))
-        assert store.take_scope(SCOPE, three, 60, now=1_220) is None
-        assert store.take_scope(SCOPE, repair, 60, now=1_300) is None
-        await call(store.release_scope(SCOPE, repair))
-        with pytest.raises(HoldLapsed):
-            await call(store.hold_scope(SCOPE, three, 60, now=1_310))
-        assert store.scope_holders(SCOPE, 1_310) == {}
-
-    @pytest_twisted.ensureDeferred
-    async def test_workers_hold_a_scope_together_and_a_repair_or_crawl_holds_it_alone(
-        self, store: StateStore,
-    ) -> None:
-        self.skip_unless_holds_on_callers_clock()
-        crawl, repair = "host:1", "repair@host:2"
-        one, two = "worker@host:3:a", "worker@host:3:b"
-        # The workers of a run hold together; a crawl or a repair is refused
-        # while any does, and says who holds (the one lapsing last).
-        assert store.take_scope(SCOPE, one, 60, now=1_000) is None
-        assert store.take_scope(SCOPE, two, 60, now=1_010) is None
-        assert store.take_scope(SCOPE, crawl, 60, now=1_020) == (two, 1_070)
-        assert store.take_scope(SCOPE, repair, 60, now=1_020) == (two, 1_070)
-        assert store.scope_holders(SCOPE, 1_020) == {one: 1_060, two: 1_070}
-        await call(store.release_scope(SCOPE, one))
-        await call(store.release_scope(SCOPE, two))
-        # A repair holds alone: no worker, crawl or other repair beside it.
-        assert store.take_scope(SCOPE, repair, 60, now=1_100) is None
-        for other in (one, crawl, "repair@host:4"):
-            assert store.take_scope(SCOPE, other, 60, now=1_110) == (repair, 1_160), other
-        # A worker whose hold lapsed meanwhile does not take it again by
-        # refreshing it: refused, and nothing held.
-        with pytest.raises(ScopeHeld, match="held by repair host:2") as held:
-            await call(store.hold_scope(SCOPE, one, 60, now=1_120))
-        assert (held.value.holder, held.value.expires) == (repair, 1_160)
-        with pytest.raises(ScopeHeld):
-            await call(store.hold_scope(SCOPE, crawl, 60, now=1_120))
-        assert store.scope_holders(SCOPE, 1_120) == {repair: 1_160}
-        # Taken again by itself, the repair's hold is renewed.
-        assert store.take_scope(SCOPE, repair, 60, now=1_150) is None
-        assert store.scope_holders(SCOPE, 1_150) == {repair: 1_210}
-        # Lapsed, it is taken over; a crawl then holds alone, workers too.
-        assert store.take_scope(SCOPE, crawl, 60, now=1_210) is None
-        assert store.take_scope(SCOPE, one, 60, now=1_220) == (crawl, 1_270)
-        await call(store.hold_scope(SCOPE, crawl, 60, now=1_230))
-        assert store.scope_holders(SCOPE, 1_230) == {crawl: 1_290}
 
     @pytest_twisted.ensureDeferred
     async def test_hosts_summarized_with_their_trust(self, make_store: MakeStore) -> None:
@@ -2096,7 +1992,105 @@ class StateStoreContract:
         assert await call(store.get_walk_memo("other", "start")) == "four"
 
 
-class TestSQLiteStore(StateStoreContract):
+class HoldsOnTheCallersClock:
+    """Holds of a store that judges them on the caller's *now* (SQLite): the
+    tests move time by passing it. Redis judges holds on its server's clock
+    (:class:`HoldsOnTheServersClock`)."""
+
+    @pytest_twisted.ensureDeferred
+    async def test_holds_lapse_after_their_ttl(self, store: StateStore) -> None:
+        # (Cluster workers: the holds that may be held together.)
+        one, two, three = "worker@host:1", "worker@host:2 worker", "worker@host:3"
+        assert store.take_scope(SCOPE, one, 60, now=1_000) is None
+        assert store.take_scope(SCOPE, two, 60, now=1_030) is None
+        assert store.scope_holders(SCOPE, 1_000) == {one: 1_060, two: 1_090}
+        assert store.scope_holders(SCOPE, 1_060) == {two: 1_090}
+        assert store.scope_holders(SCOPE, 1_090) == {}
+        assert store.scope_holders("other", 1_000) == {}
+        # A hold never taken is not refreshed (only taken).
+        with pytest.raises(HoldLapsed, match="lapsed or was released"):
+            await call(store.hold_scope(SCOPE, "never held", 60, now=1_100))
+        assert store.scope_holders(SCOPE, 1_100) == {}
+        # A refresh moves its lapse; a release drops it, and no other.
+        assert store.take_scope(SCOPE, one, 60, now=1_100) is None
+        await call(store.hold_scope(SCOPE, one, 60, now=1_120))
+        assert store.scope_holders(SCOPE, 1_120) == {one: 1_180}
+        assert store.take_scope(SCOPE, three, 60, now=1_120) is None
+        await call(store.release_scope(SCOPE, one))
+        await call(store.release_scope(SCOPE, "never held"))
+        assert store.scope_holders(SCOPE, 1_120) == {three: 1_180}
+        with pytest.raises(HoldLapsed):
+            await call(store.hold_scope(SCOPE, one, 60, now=1_130))  # released
+        # Not staged: visible to every reader at once.
+        assert store.pending == 0
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_workers_lapsed_hold_is_taken_again_while_its_run_held_the_scope(
+        self, store: StateStore,
+    ) -> None:
+        one, two, three = "worker@host:3:a", "worker@host:3:b", "worker@host:4:c"
+        repair = "repair@host:2"
+        # A worker taking beside a live worker leaves the epoch: the first
+        # worker, stalled past its hold while the second held the scope
+        # (no repair could take it), takes it again.
+        assert store.take_scope(SCOPE, one, 60, now=1_000) is None
+        assert store.take_scope(SCOPE, two, 60, now=1_010) is None
+        await call(store.hold_scope(SCOPE, two, 60, now=1_050))
+        await call(store.hold_scope(SCOPE, one, 60, now=1_070))
+        assert store.scope_holders(SCOPE, 1_070) == {one: 1_130, two: 1_110}
+        # Every worker lapsed, a new run's worker took the scope: the old
+        # workers do not take it again (a repair may have come and gone
+        # between the runs).
+        assert store.take_scope(SCOPE, three, 60, now=1_200) is None
+        with pytest.raises(HoldLapsed):
+            await call(store.hold_scope(SCOPE, one, 60, now=1_210))
+        # Nor once a repair took it and ended.
+        await call(store.release_scope(SCOPE, three))
+        assert store.take_scope(SCOPE, three, 60, now=1_220) is None
+        assert store.take_scope(SCOPE, repair, 60, now=1_300) is None
+        await call(store.release_scope(SCOPE, repair))
+        with pytest.raises(HoldLapsed):
+            await call(store.hold_scope(SCOPE, three, 60, now=1_310))
+        assert store.scope_holders(SCOPE, 1_310) == {}
+
+    @pytest_twisted.ensureDeferred
+    async def test_workers_hold_a_scope_together_and_a_repair_or_crawl_holds_it_alone(
+        self, store: StateStore,
+    ) -> None:
+        crawl, repair = "host:1", "repair@host:2"
+        one, two = "worker@host:3:a", "worker@host:3:b"
+        # The workers of a run hold together; a crawl or a repair is refused
+        # while any does, and says who holds (the one lapsing last).
+        assert store.take_scope(SCOPE, one, 60, now=1_000) is None
+        assert store.take_scope(SCOPE, two, 60, now=1_010) is None
+        assert store.take_scope(SCOPE, crawl, 60, now=1_020) == (two, 1_070)
+        assert store.take_scope(SCOPE, repair, 60, now=1_020) == (two, 1_070)
+        assert store.scope_holders(SCOPE, 1_020) == {one: 1_060, two: 1_070}
+        await call(store.release_scope(SCOPE, one))
+        await call(store.release_scope(SCOPE, two))
+        # A repair holds alone: no worker, crawl or other repair beside it.
+        assert store.take_scope(SCOPE, repair, 60, now=1_100) is None
+        for other in (one, crawl, "repair@host:4"):
+            assert store.take_scope(SCOPE, other, 60, now=1_110) == (repair, 1_160), other
+        # A worker whose hold lapsed meanwhile does not take it again by
+        # refreshing it: refused, and nothing held.
+        with pytest.raises(ScopeHeld, match="held by repair host:2") as held:
+            await call(store.hold_scope(SCOPE, one, 60, now=1_120))
+        assert (held.value.holder, held.value.expires) == (repair, 1_160)
+        with pytest.raises(ScopeHeld):
+            await call(store.hold_scope(SCOPE, crawl, 60, now=1_120))
+        assert store.scope_holders(SCOPE, 1_120) == {repair: 1_160}
+        # Taken again by itself, the repair's hold is renewed.
+        assert store.take_scope(SCOPE, repair, 60, now=1_150) is None
+        assert store.scope_holders(SCOPE, 1_150) == {repair: 1_210}
+        # Lapsed, it is taken over; a crawl then holds alone, workers too.
+        assert store.take_scope(SCOPE, crawl, 60, now=1_210) is None
+        assert store.take_scope(SCOPE, one, 60, now=1_220) == (crawl, 1_270)
+        await call(store.hold_scope(SCOPE, crawl, 60, now=1_230))
+        assert store.scope_holders(SCOPE, 1_230) == {crawl: 1_290}
+
+
+class TestSQLiteStore(HoldsOnTheCallersClock, StateStoreContract):
     """The contract, for :class:`SQLiteStateStore`."""
 
     @pytest_twisted.async_yield_fixture
@@ -2144,9 +2138,6 @@ class HoldsOnTheServersClock:
     """A Redis store's holds, judged on the server's clock (TIME) whatever
     the caller's: a host whose clock is ahead, or a crawl under faketime,
     neither takes a live hold nor holds one past its lapse."""
-
-    #: Not the contract's tests that move time by the caller's *now*.
-    holds_on_callers_clock = False
 
     @pytest_twisted.ensureDeferred
     async def test_a_callers_clock_neither_takes_a_live_hold_nor_stretches_one(
