@@ -522,7 +522,9 @@ async def test_a_page_two_cluster_workers_ask_is_counted_once_for_the_run(
     for worker in workers:
         assert await worker.wait() == 0, worker.tail()
     assert page_gets(site) == {path: 2}
-    assert [len(worker.urls()) for worker in workers] == [1, 1]
+    # Its item once or twice: a worker whose answer's item comes after the
+    # other stored the same one drops it as unchanged (a race of the two).
+    assert 1 <= sum(len(worker.urls()) for worker in workers) <= 2
     run = run_summary(reports, 2)
     assert run["requested"] == 1, run
     assert run["pages_new"] == 1, run
