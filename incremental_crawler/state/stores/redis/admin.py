@@ -42,8 +42,9 @@ from incremental_crawler.state.stores.redis.core import (
     _page_range,
     _slot_rates,
     _stored_version,
+    group_shard,
+    host_group,
     logger,
-    scope_shard,
     shard_part,
 )
 from incremental_crawler.state.stores.redis.memo import counter_ok
@@ -693,10 +694,12 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         # (A host's run again after a cut: its items' pages, gone by then.)
         urls = {*urls, *pages_of.values()}
         part = host_part(host)
-        shard = shard_part(_key_part(scope), scope_shard(part))
+        # The host's group's ledger and intent (an intent names a group).
+        group = host_group(part)
+        shard = shard_part(_key_part(scope), group_shard(group))
         token = uuid.uuid4().hex
-        intent = (self._intents_key(shard), f"{part}\0repair-{token}")
-        ledger = self._host_key("fx", scope, host)
+        intent = (self._intents_key(shard), f"{group}\0repair-{token}")
+        ledger = self._ledger_key(scope, host)
         pages, links, raw = self._forget_host_slot(scope, host, ledger, token, plan, intent)
         counts = dict.fromkeys(Removed._fields, 0)
         counts.update(pages=pages, links=links)
@@ -745,9 +748,9 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             if kind is not None:
                 counts[kind] += int(n)
         if raw:
-            effects = _Effects(ledger=ledger, where=(shard, part))
+            effects = _Effects(ledger=ledger, where=(shard, group))
             effects.add(json.loads(raw), part)
-            self._repair_effects(shard, part, ledger, token, intent, effects)
+            self._repair_effects(shard, group, ledger, token, intent, effects)
         else:
             self._drop_intent(intent)
         return Removed(**counts)
@@ -812,7 +815,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         pipe.zrem(*intent)
         self._sync_run(pipe)
 
-    def _repair_effects(self, shard: str, part: str, ledger: str, token: str,
+    def _repair_effects(self, shard: str, group: str, ledger: str, token: str,
                         intent: tuple[str, str], effects: _Effects) -> None:
         """The sums and checks of a repair's pages (deleted now) taken out
         by their shard's script under the token of their ledger entry
@@ -821,7 +824,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         # deletions may have taken that long), and its entry is there.
         # The host's shard's (its sums and checks are there), under the
         # entry's token: applied once, by this or by an adoption.
-        bundle = _Effects(ledger=ledger, where=(shard, part))
+        bundle = _Effects(ledger=ledger, where=(shard, group))
         bundle.merge(effects)
         script, keys, args = self._scope_call(f"{{{shard}}}", uuid.uuid4().hex,
                                               {token: bundle}, [])

@@ -8,6 +8,7 @@ from it) reads in one place."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
@@ -19,10 +20,14 @@ from redis.cluster import RedisCluster
 from incremental_crawler.state.records import PageKey, PageState
 from incremental_crawler.state.stores.redis.core import (
     OUT_OF_MEMORY,
+    SCOPE_SHARDS,
     RedisCore,
     _glob,
     _key_part,
+    host_group,
+    host_tag,
     logger,
+    shard_part,
 )
 from incremental_crawler.state.stores.redis.due import _DUE_BUCKETS
 from incremental_crawler.state.stores.redis.pages import host_part
@@ -84,9 +89,19 @@ LAYOUT_VERSION = 4
 #: without a new version: code of version 6 before kept them in the scope's
 #: slot, whence newer code moves them when it lists the crawls waiting (see
 #: :mod:`.cluster`); no worker of the code before may run beside it.
-CLUSTER_LAYOUT_VERSION = 6
+#: Version 7: a host's keys (record, buckets, links, write generation) tagged
+#: by its host group, ``{<s>|<g>}:<h>`` (see :data:`~.core.HOST_GROUPS`),
+#: its group's ledger ``P:fx:{<s>|<g>}`` one for the group's hosts, the
+#: write-ahead intents naming groups: a flush's phase 2 is one script a
+#: group, not a host. A store of version 6 is migrated in place
+#: (:meth:`RedisLayout._migrate_cluster`).
+CLUSTER_LAYOUT_VERSION = 7
 #: The first cluster layout (see CLUSTER_LAYOUT_VERSION).
 _FIRST_CLUSTER_LAYOUT = 5
+#: The cluster layout a store is migrated from (older ones are refused).
+_MIGRATED_CLUSTER_LAYOUT = 6
+#: A host's keys of the cluster layout a migration renames (6 → 7).
+_HOST_KINDS = frozenset({"hd", "ln", "wg", "pg", "pgl"})
 #: ``P:meta`` field: the layout version a migration under way started from
 #: (see :meth:`RedisLayout._migrate`).
 _UPGRADING = "upgrading"
@@ -171,6 +186,29 @@ def _per_node(info: dict[str, Any]) -> bool:
     """Whether an ``INFO`` reply of a cluster's client is one per node
     (``host:port`` -> the node's), not one node's."""
     return bool(info) and all(isinstance(value, dict) for value in info.values())
+
+
+def _tag_inside(key: str) -> str:
+    """What a key's hash tag holds (between its first braces)."""
+    start = key.index("{")
+    return key[start + 1:key.index("}", start)]
+
+
+def _entry_of_host(raw: bytes, part: str) -> bytes:
+    """A ledger entry of layout 6's host ledger (of host *part*) as its
+    group's ledger keeps it: its effects list the host (``hosts``) where
+    they said ``new_host``, the group's ledger naming no host. An entry that
+    is not one (the scripts drop those) is kept as it is."""
+    try:
+        stamped, effects = json.loads(raw)
+        decoded = json.loads(effects) if isinstance(effects, str) else effects
+    except (ValueError, TypeError):
+        return raw
+    if not isinstance(decoded, dict):
+        return raw
+    if decoded.pop("new_host", False):
+        decoded["hosts"] = sorted({*decoded.get("hosts", []), part})
+    return json.dumps([stamped, decoded], separators=(",", ":")).encode()
 
 
 def _legacy_page_key(scope: str, field: str) -> PageKey:
@@ -360,6 +398,9 @@ class RedisLayout(RedisCore):
                 "cannot be reached or read (is Redis running at this address?)", exc
             ) from exc
         version = self._meta_version(meta, found, CLUSTER_LAYOUT_VERSION)
+        if version == _MIGRATED_CLUSTER_LAYOUT or _UPGRADING.encode() in found:
+            self._migrate_cluster()
+            return
         if _FIRST_CLUSTER_LAYOUT <= version < CLUSTER_LAYOUT_VERSION:
             # Written by older code of the cluster layout: its scope's keys
             # in one slot, where this code reads them per scope shard.
@@ -456,6 +497,144 @@ class RedisLayout(RedisCore):
             raise self._fail("migrating the layout failed", exc) from exc
         logger.info("State store %s: layout migrated from version %d to %d (%d pages moved)",
                     self.location, start, LAYOUT_VERSION, moved)
+
+    def _take_migration_lock(self, lock: str, token: str) -> None:
+        for _ in range(_MIGRATION_WAITS):
+            self.roundtrips += 1
+            if self._sync.set(lock, token, nx=True, ex=_MIGRATION_LOCK_TTL):
+                return
+            time.sleep(_MIGRATION_WAIT)
+        raise self._fail(
+            f"another process has been migrating the layout for over "
+            f"{_MIGRATION_WAITS * _MIGRATION_WAIT:.0f} s ({lock} is held); "
+            "try again when it is done")
+
+    def _migrate_cluster(self) -> None:
+        """Cluster layout 6 → 7 in place, one process at a time (the lock
+        and ``upgrading`` as :meth:`_migrate`: the version is raised first,
+        so that code of layout 6 refuses the prefix from then on, and a
+        process that dies midway leaves ``upgrading`` for the next to
+        resume; every step can be done again).
+
+        First every scope's pending effects are applied (a dead worker's,
+        listed by the intents: :meth:`adopt_ledgers_sync`, strict: refused,
+        the migration stops and says so, nothing renamed). Then every host
+        key of layout 6 (``P:<kind>:{<s>|<h>}``, found on every primary) is
+        copied to its group's slot (``DUMP``, ``RESTORE … REPLACE``) before
+        it is deleted; a host's ledger's entries go to its group's ledger,
+        each noting its host (what its ``new_host`` said), the applied
+        tokens held (``P:fxheld``) noted with their new ledger, and the
+        intents that name a host name its group (same score)."""
+        meta = f"{self.prefix}:meta"
+        lock = f"{self.prefix}:migrating"
+        token = uuid.uuid4().hex
+        try:
+            self._take_migration_lock(lock, token)
+            try:
+                self.roundtrips += 1
+                found = self._sync.hgetall(meta)
+                version = int(found.get(b"version", CLUSTER_LAYOUT_VERSION))
+                start = int(found.get(_UPGRADING.encode(), version))
+                if start >= CLUSTER_LAYOUT_VERSION:
+                    return  # done by the process we waited for
+                self.roundtrips += 1
+                self._sync.hset(meta, mapping={"version": CLUSTER_LAYOUT_VERSION,
+                                               _UPGRADING: start})
+                scopes = self._stored_scopes()
+                for scope in scopes:
+                    self._renew(lock, token)
+                    self.adopt_ledgers_sync(scope, strict=True)
+                moved, ledgers = self._move_host_keys(lock, token)
+                for scope in scopes:
+                    self._renew(lock, token)
+                    self._regroup_intents(scope, ledgers)
+                self._renew(lock, token)
+                self.roundtrips += 1
+                self._sync.hdel(meta, _UPGRADING)
+            finally:
+                self.roundtrips += 1
+                self._sync.eval(_UNLOCK_LUA, 1, lock, token)
+        except redis.RedisError as exc:
+            raise self._fail("migrating the layout failed", exc) from exc
+        logger.info("State store %s: cluster layout migrated from version %d to %d (%d host "
+                    "keys moved to their groups' slots)", self.location, start,
+                    CLUSTER_LAYOUT_VERSION, moved)
+
+    def _move_host_keys(self, lock: str, token: str) -> tuple[int, dict[str, str]]:
+        """The host keys of layout 6 moved to their groups (see
+        :meth:`_migrate_cluster`): how many, and each host ledger's new name
+        by its old."""
+        head = f"{self.prefix}:"
+        found = self._scan_keys(f"{_glob(self.prefix)}:*{{*|*}}*")
+        moves: list[tuple[str, str]] = []
+        ledgers: dict[str, str] = {}
+        for key in found:
+            if not key.startswith(head) or not key[len(head):].partition(":")[2].startswith("{"):
+                continue
+            kind, _, rest = key[len(head):].partition(":")
+            inside, _, tail = rest[1:].partition("}")
+            scope_part, _, part = inside.rpartition("|")
+            if not scope_part or part.startswith("="):
+                continue  # not a host's tag, or of layout 7 already
+            if kind == "fx" and not tail:
+                ledgers[key] = f"{head}fx:{{{scope_part}|{host_group(part)}}}"
+            elif kind in _HOST_KINDS:
+                moves.append((key, f"{head}{kind}:{host_tag(scope_part, part)}{tail}"))
+        for at in range(0, len(moves), _MIGRATION_BATCH):
+            self._renew(lock, token)
+            chunk = moves[at:at + _MIGRATION_BATCH]
+            pipe = self._sync.pipeline(transaction=False)
+            for old, _ in chunk:
+                pipe.dump(old)
+            dumped = self._sync_run(pipe)
+            pipe = self._sync.pipeline(transaction=False)
+            for (_, new), data in zip(chunk, dumped, strict=True):
+                if data is not None:
+                    pipe.restore(new, 0, data, replace=True)
+            self._sync_run(pipe)
+            # Copied: the old keys go (a migration cut before this copies
+            # them again, REPLACE, when resumed).
+            pipe = self._sync.pipeline(transaction=False)
+            for old, _ in chunk:
+                pipe.delete(old)
+            self._sync_run(pipe)
+        for old, new in sorted(ledgers.items()):
+            self._renew(lock, token)
+            part = _tag_inside(old).rpartition("|")[2]
+            entries: Any = self._sync.hgetall(old)
+            self.roundtrips += 1
+            rewritten = {name: _entry_of_host(raw, part) for name, raw in entries.items()}
+            if rewritten:
+                self.roundtrips += 1
+                self._sync.hset(new, mapping=rewritten)
+            self.roundtrips += 1
+            self._sync.delete(old)
+        return len(moves) + len(ledgers), ledgers
+
+    def _regroup_intents(self, scope: str, ledgers: dict[str, str]) -> None:
+        """A scope's write-ahead intents that name a host (layout 6) name
+        its group, with the same score; its shards' tokens held with a host
+        ledger's name noted with its group's (see :meth:`_migrate_cluster`)."""
+        scope_part = _key_part(scope)
+        for shard in range(len(SCOPE_SHARDS)):
+            tag = shard_part(scope_part, shard)
+            intents = f"{self.prefix}:fxhosts:{{{tag}}}"
+            held = f"{self.prefix}:fxheld:{{{tag}}}"
+            pipe = self._sync.pipeline(transaction=False)
+            pipe.zrange(intents, 0, -1, withscores=True)
+            pipe.hgetall(held)
+            members, tokens = self._sync_run(pipe)
+            pipe = self._sync.pipeline(transaction=False)
+            for member, score in members:
+                part, _, worker = member.decode().partition("\0")
+                if not part.startswith("="):
+                    pipe.zadd(intents, {f"{host_group(part)}\0{worker}": score}, gt=True)
+                    pipe.zrem(intents, member)
+            for name, ledger in tokens.items():
+                new = ledgers.get(ledger.decode(errors="replace"))
+                if new is not None:
+                    pipe.hset(held, name, new)
+            self._sync_run(pipe)
 
     def _move_pages(self, lock: str, token: str) -> int:
         """Layout 2 → 3 for every scope: returns the pages moved.

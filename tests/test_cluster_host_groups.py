@@ -1,0 +1,270 @@
+"""The cluster layout's host groups (version 7): a flush's phase 2 is one
+script a host group, the groups spread over the slots, and a store of
+layout 6 (a script a host) migrated in place, on a real loopback cluster."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tarfile
+import textwrap
+from io import BytesIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import pytest_twisted
+import redis
+from redis.crc import key_slot
+
+from incremental_crawler.state.records import PageKey
+from incremental_crawler.state.stores.base import StateStoreError
+from incremental_crawler.state.stores.redis import RedisStateStore
+from incremental_crawler.state.stores.redis.core import HOST_GROUPS, host_group, host_tag
+from incremental_crawler.state.stores.redis.layout import CLUSTER_LAYOUT_VERSION
+from incremental_crawler.state.stores.redis.scripts import CLUSTER_HOST_LUA
+from tests.redis_util import new_prefix
+from tests.test_store_contract import SCOPE, brute_summary, call, full_state
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from tests.redis_cluster_util import LoopbackCluster
+
+REPO = Path(__file__).resolve().parent.parent
+#: A commit of the cluster layout 6 (a phase-2 script a host): the store
+#: it writes is the one migrated.
+LAYOUT_6_COMMIT = "afbf804323a48a0b3eb1b9dd2e9b2e0b24806373"
+
+
+@pytest.fixture
+def prefix(redis_cluster: LoopbackCluster) -> Iterator[str]:
+    name = new_prefix()
+    yield name
+    redis_cluster.delete(f"{name}:*")
+
+
+def test_a_scopes_host_groups_fall_one_in_each_64th_of_the_slots() -> None:
+    """Whatever the scope's name, its 64 groups' tags are one in each
+    64th of the slots (CRC16 is linear: the groups' parts differ only in
+    the slot's top six bits), so three primaries of equal ranges hold 21
+    or 22 of them each."""
+    for scope in ("books", "a", "spider-name", "x%7Cy", "a-much-longer-scope-name-42"):
+        slots = sorted(key_slot(f"{{{scope}|{group}}}".encode()) // 256
+                       for group in HOST_GROUPS)
+        assert slots == list(range(64)), scope
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_flush_over_many_hosts_runs_one_page_script_a_group(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """500 pages on 500 hosts: phase 2 is one script per host group the
+    hosts fall in (at most 64), not one a host; every page is stored, and
+    the sums are the pages'."""
+    keys = [PageKey(SCOPE, f"https://h{n}.example/p") for n in range(500)]
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    sent: list[int] = []
+    original = store._eval_many
+
+    async def eval_many(calls: list[tuple[str, list[str], list[Any]]],
+                        plain: Any = ()) -> list[Any]:
+        sent.extend(1 for script, _, _ in calls if script == CLUSTER_HOST_LUA)
+        return await original(calls, plain)
+
+    store._eval_many = eval_many  # type: ignore[method-assign]
+    try:
+        for n, key in enumerate(keys):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        await call(store.flush())
+        groups = {host_group(f"h{n}.example") for n in range(500)}
+        assert len(sent) == len(groups) <= len(HOST_GROUPS)
+        got = await call(store.get_pages(keys))
+        assert {k: s.etag for k, s in got.items()} == dict.fromkeys(keys, 'W/"etag-1"')
+        states = list(store.iter_pages(SCOPE))
+        assert len(states) == 500
+        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                   checked_before=math.inf))
+        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+    finally:
+        await call(store.close())
+
+
+#: Run by the code of LAYOUT_6_COMMIT: a first flush of pages on HOSTS
+#: hosts, closed; then a second flush of new versions of half of them whose
+#: phase 3 never runs (the worker dies between its phases 2 and 3: its
+#: effects stay in the hosts' ledgers, listed by its intents).
+_WRITER = textwrap.dedent("""
+    import asyncio, json, sys
+    from incremental_crawler.state.records import PageKey
+    from incremental_crawler.state.stores.redis import RedisStateStore
+    from incremental_crawler.state.stores.redis.layout import CLUSTER_LAYOUT_VERSION
+    from tests.test_store_contract import full_state
+    url, prefix, scope, hosts = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    assert CLUSTER_LAYOUT_VERSION == 6
+
+    async def main():
+        keys = [PageKey(scope, f"https://h{h}.example/p{n}")
+                for h in range(hosts) for n in range(3)]
+        store = RedisStateStore(url, prefix=prefix)
+        for n, key in enumerate(keys):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        await store.flush()
+        await store.close()
+        dying = RedisStateStore(url, prefix=prefix)
+        async def cut(*args, **kwargs):
+            raise ConnectionError("the shards' nodes are unreachable")
+        dying._phase_scopes = cut
+        for n, key in enumerate(keys[::2]):
+            dying.stage_page(full_state(key, 2, callback="parse", next_visit=5_000 + n))
+        try:
+            await dying.flush()
+        except ConnectionError:
+            pass
+        else:
+            raise AssertionError("phase 3 ran")
+        print(json.dumps([key.url for key in keys]))
+
+    asyncio.run(main())
+""")
+
+
+def layout_6_tree(into: Path) -> Path:
+    """The package and tests of LAYOUT_6_COMMIT, from git, under *into*."""
+    archive = subprocess.run(["git", "archive", LAYOUT_6_COMMIT, "incremental_crawler", "tests"],
+                             cwd=REPO, check=True, capture_output=True, timeout=120).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def old_keys(redis_cluster: LoopbackCluster, prefix: str) -> list[str]:
+    """The host keys of layout 6 under *prefix* (tagged by a host, not a
+    group; the scripts' tokens aside, which expire)."""
+    found = []
+    for raw in redis_cluster.keys(f"{prefix}:*"):
+        key = raw.decode()
+        if "|" not in key or ":flush:" in key:
+            continue
+        inside = key[key.index("{") + 1:key.index("}")]
+        if not inside.rpartition("|")[2].startswith("="):
+            found.append(key)
+    return found
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_layout_6_store_is_migrated_in_place_its_dead_workers_effects_once(
+    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
+) -> None:
+    """A store written by layout 6's code, a worker of which died between
+    its phases 2 and 3, opened by this code: its host keys renamed into
+    their groups' slots (none left under a host's tag), every page as the
+    old code stored it (the validators a re-crawl sends), the dead worker's
+    effects applied once (the sums are the pages'), its young intents
+    naming groups; then written and read as any store of layout 7."""
+    tree = layout_6_tree(tmp_path / "layout6")
+    out = subprocess.run(
+        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "12"],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+        capture_output=True, text=True, timeout=300)
+    urls = json.loads(out.stdout.strip().splitlines()[-1])
+    before = old_keys(redis_cluster, prefix)
+    assert any(":fx:" in key for key in before)  # the dead worker's ledger entries
+    assert any(":pg" in key for key in before)
+
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        with redis_cluster.client() as client:
+            meta = client.hgetall(f"{prefix}:meta")
+            assert meta[b"version"] == str(CLUSTER_LAYOUT_VERSION).encode()
+            assert b"upgrading" not in meta
+            intents = [m.decode() for key in client.keys(f"{prefix}:fxhosts:*")
+                       for m in client.zrange(key, 0, -1)]
+        assert old_keys(redis_cluster, prefix) == []
+        # The dying worker's intents were young: kept, naming groups.
+        assert intents and all(m.startswith("=") for m in intents)
+        keys = [PageKey(SCOPE, url) for url in urls]
+        got = await call(store.get_pages(keys))
+        assert len(got) == len(keys)
+        rewritten = set(keys[::2])
+        for key, state in got.items():
+            n = 2 if key in rewritten else 1
+            assert (state.etag, state.last_modified, state.checks) == (
+                f'W/"etag-{n}"', "Sun, 06 Nov 1994 08:49:37 GMT", n), key
+        states = list(store.iter_pages(SCOPE))
+        assert len(states) == len(keys)
+        for after, upto in ((-math.inf, math.inf), (0, 4_000), (4_000, math.inf)):
+            summary = await call(store.summarize_pages(SCOPE, after=after, upto=upto,
+                                                       checked_before=math.inf))
+            assert tuple(summary) == brute_summary(states, after, upto, math.inf, ())
+        # Written again by this code: the same pages, their new versions.
+        for key in keys[1::2]:
+            store.stage_page(full_state(key, 3, callback="parse", next_visit=9_000))
+        await call(store.flush())
+        got = await call(store.get_pages(keys))
+        assert sum(1 for s in got.values() if s.etag == 'W/"etag-3"') == len(keys[1::2])
+        states = list(store.iter_pages(SCOPE))
+        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                   checked_before=math.inf))
+        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+        assert f"{prefix}:hd:{host_tag(SCOPE, 'h0.example')}".encode() in (
+            redis_cluster.keys(f"{prefix}:hd:*"))
+    finally:
+        await call(store.close())
+
+
+def two_hosts_of_one_group() -> tuple[str, str]:
+    first = "a.example"
+    for n in range(1_000):
+        other = f"b{n}.example"
+        if host_group(other) == host_group(first):
+            return first, other
+    raise AssertionError("no two hosts of one group in 1,000 tries")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_group_script_whose_reply_was_lost_is_replayed_with_the_writes_it_ran(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A group's script ran but its reply was lost; a page of its first
+    host is staged before the flush that sends it again. The replay
+    (same token) counts the writes it ran, in staging order: the new page
+    is written after it, not taken as applied, and nothing is applied
+    twice (the sums are the pages')."""
+    a_host, b_host = two_hosts_of_one_group()
+    a1, b1, a2 = (PageKey(SCOPE, f"https://{a_host}/1"), PageKey(SCOPE, f"https://{b_host}/1"),
+                  PageKey(SCOPE, f"https://{a_host}/2"))
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    lost: list[int] = []
+    original = store._eval_many
+
+    async def eval_many(calls: list[tuple[str, list[str], list[Any]]],
+                        plain: Any = ()) -> list[Any]:
+        replies = await original(calls, plain)
+        if not lost and any(script == CLUSTER_HOST_LUA for script, _, _ in calls):
+            lost.append(1)
+            raise redis.exceptions.ConnectionError("the reply was lost")
+        return replies
+
+    store._eval_many = eval_many  # type: ignore[method-assign]
+    try:
+        store.stage_page(full_state(a1, 1, callback="parse", next_visit=1_000))
+        store.stage_page(full_state(b1, 1, callback="parse", next_visit=1_001))
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        assert lost == [1]
+        store.stage_page(full_state(a2, 1, callback="parse", next_visit=1_002))
+        await call(store.flush())
+        assert store.pending == 0
+        got = await call(store.get_pages([a1, b1, a2]))
+        assert sorted(k.url for k in got) == sorted(k.url for k in (a1, b1, a2))
+        states = list(store.iter_pages(SCOPE))
+        assert len(states) == 3
+        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                   checked_before=math.inf))
+        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+    finally:
+        await call(store.close())
