@@ -19,6 +19,8 @@ import pytest
 import pytest_twisted
 import redis
 from redis.crc import key_slot
+from scrapy.crawler import CrawlerRunner
+from twisted.internet.threads import deferToThread
 
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores.base import StateStoreError
@@ -26,7 +28,10 @@ from incremental_crawler.state.stores.redis import RedisStateStore
 from incremental_crawler.state.stores.redis.core import HOST_GROUPS, host_group, host_tag
 from incremental_crawler.state.stores.redis.layout import CLUSTER_LAYOUT_VERSION
 from incremental_crawler.state.stores.redis.scripts import CLUSTER_HOST_LUA
+from tests.conftest import crawl_settings
 from tests.redis_util import new_prefix
+from tests.site import PLAIN_KINDS
+from tests.spiders import ListSpider
 from tests.test_store_contract import SCOPE, brute_summary, call, full_state
 
 if TYPE_CHECKING:
@@ -268,3 +273,107 @@ async def test_a_group_script_whose_reply_was_lost_is_replayed_with_the_writes_i
         assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
     finally:
         await call(store.close())
+
+
+#: A crawl by the code of LAYOUT_6_COMMIT (its ListSpider, its add-on) of
+#: the URLs given, on the store given.
+_OLD_CRAWL = textwrap.dedent("""
+    import json, sys
+    from scrapy.crawler import CrawlerProcess
+    from incremental_crawler.state.stores.redis.layout import CLUSTER_LAYOUT_VERSION
+    from tests.spiders import ListSpider
+    assert CLUSTER_LAYOUT_VERSION == 6
+    uri, urls = sys.argv[1], json.loads(sys.argv[2])
+    process = CrawlerProcess({
+        "ADDONS": {"incremental_crawler.addon.IncrementalAddon": 0},
+        "INCREMENTAL_STATE_URI": uri, "INCREMENTAL_STATE_ON_REDIS_CLUSTER": True,
+        "ROBOTSTXT_OBEY": True, "LOG_LEVEL": "INFO", "LOGSTATS_INTERVAL": 0,
+        "TELNETCONSOLE_ENABLED": False, "CONCURRENT_REQUESTS": 8,
+        "INCREMENTAL_REVISIT_ENABLED": False, "INCREMENTAL_THROTTLE_ENABLED": False})
+    process.crawl(ListSpider, urls=urls)
+    process.start()
+""")
+
+
+def seen(site: Any) -> list[tuple[str, str | None, str | None, int]]:
+    """What the site was asked for its pages: path, conditions, answer."""
+    return sorted((r.path, r.if_none_match, r.if_modified_since, r.status)
+                  for r in site.log if r.path.startswith("/p/"))
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_layout_6_store_crawled_again_after_its_migration_asks_the_same(
+    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path, site: Any,
+) -> None:
+    """Two real crawls of the loopback site by layout 6's code (a worker of
+    its own process), then one by this code after the migration: the site
+    is asked the same (the same conditional headers for every page, the
+    same answers) by this code's crawl as by the old code's second."""
+    tree = layout_6_tree(tmp_path / "layout6")
+    uri = f"{redis_cluster.url}?prefix={prefix}"
+    paths = site.add_pages(8, kinds=PLAIN_KINDS, size=2000)
+    urls = [site.url(path) for path in paths]
+
+    def old_crawl() -> None:
+        subprocess.run([sys.executable, "-c", _OLD_CRAWL, uri, json.dumps(urls)],
+                       cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+                       capture_output=True, text=True, timeout=300)
+
+    await deferToThread(old_crawl)
+    site.reset_log()
+    await deferToThread(old_crawl)
+    asked_by_old = seen(site)
+    assert [path for path, *_ in asked_by_old] == sorted(paths)
+    assert old_keys(redis_cluster, prefix)
+
+    site.reset_log()
+    runner = CrawlerRunner(crawl_settings(uri, INCREMENTAL_STATE_ON_REDIS_CLUSTER=True))
+    await runner.crawl(ListSpider, urls=urls)
+    asked_by_new = seen(site)
+    assert asked_by_new == asked_by_old
+    # Conditional where the site gives validators (most unchanged: 304s).
+    assert any(status == 304 for *_, status in asked_by_new)
+    assert old_keys(redis_cluster, prefix) == []
+    with redis_cluster.client() as client:
+        assert client.hget(f"{prefix}:meta", "version") == str(CLUSTER_LAYOUT_VERSION).encode()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_damaged_host_of_a_group_stops_its_script_at_its_first_write(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Two hosts of one group, the second's links hash damaged: the group's
+    script applies the writes staged before the damaged host's first
+    (the first host's first page), nothing of the damaged host, nor what
+    came after; the flush says the error. Repaired, the next flush writes
+    the rest, each once (the sums are the pages')."""
+    a_host, b_host = two_hosts_of_one_group()
+    a1, b1, a2 = (PageKey(SCOPE, f"https://{a_host}/1"), PageKey(SCOPE, f"https://{b_host}/1"),
+                  PageKey(SCOPE, f"https://{a_host}/2"))
+    links = f"{prefix}:ln:{host_tag(SCOPE, b_host)}"
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    reader = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        with redis_cluster.client() as client:
+            assert client.set(links, "damaged")
+        for n, key in enumerate((a1, b1, a2)):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        with pytest.raises(StateStoreError, match="WRONGTYPE"):
+            await call(store.flush())
+        got = await call(reader.get_pages([a1, b1, a2]))
+        assert list(got) == [a1]
+        with redis_cluster.client() as client:
+            client.delete(links)
+        # (The writes not applied stay staged: sent again.)
+        await call(store.flush())
+        assert store.pending == 0
+        got = await call(reader.get_pages([a1, b1, a2]))
+        assert sorted(k.url for k in got) == sorted(k.url for k in (a1, b1, a2))
+        states = list(reader.iter_pages(SCOPE))
+        assert len(states) == 3
+        summary = await call(reader.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                    checked_before=math.inf))
+        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+    finally:
+        await call(store.close())
+        await call(reader.close())
