@@ -377,3 +377,54 @@ async def test_a_damaged_host_of_a_group_stops_its_script_at_its_first_write(
     finally:
         await call(store.close())
         await call(reader.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_migration_cut_short_is_resumed_by_the_next_process_that_opens_the_store(
+    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A migration from layout 6 that stops after the host keys moved (its
+    connection lost before the intents were regrouped) leaves the version
+    raised and ``upgrading`` set; the next process to open the store
+    resumes it: no host key left under a host's tag, every page there, the
+    intents naming groups, the sums the pages'."""
+    tree = layout_6_tree(tmp_path / "layout6")
+    out = subprocess.run(
+        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "6"],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+        capture_output=True, text=True, timeout=300)
+    urls = json.loads(out.stdout.strip().splitlines()[-1])
+
+    def cut(self: RedisStateStore, scope: str, ledgers: dict[str, str]) -> None:
+        raise redis.exceptions.ConnectionError("the intents' node is unreachable")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(RedisStateStore, "_regroup_intents", cut)
+        with pytest.raises(StateStoreError, match="migrating the layout failed"):
+            RedisStateStore(redis_cluster.url, prefix=prefix)
+    with redis_cluster.client() as client:
+        meta = client.hgetall(f"{prefix}:meta")
+        assert meta[b"version"] == str(CLUSTER_LAYOUT_VERSION).encode()
+        assert meta[b"upgrading"] == b"6"
+        intents = [m.decode() for key in client.keys(f"{prefix}:fxhosts:*")
+                   for m in client.zrange(key, 0, -1)]
+    assert intents and not any(m.startswith("=") for m in intents)  # not regrouped yet
+
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        with redis_cluster.client() as client:
+            assert b"upgrading" not in client.hgetall(f"{prefix}:meta")
+            intents = [m.decode() for key in client.keys(f"{prefix}:fxhosts:*")
+                       for m in client.zrange(key, 0, -1)]
+        assert intents and all(m.startswith("=") for m in intents)
+        assert old_keys(redis_cluster, prefix) == []
+        keys = [PageKey(SCOPE, url) for url in urls]
+        got = await call(store.get_pages(keys))
+        assert len(got) == len(keys)
+        states = list(store.iter_pages(SCOPE))
+        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                   checked_before=math.inf))
+        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+    finally:
+        await call(store.close())
