@@ -428,3 +428,67 @@ async def test_a_migration_cut_short_is_resumed_by_the_next_process_that_opens_t
         assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
     finally:
         await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_group_whose_hosts_counts_are_stale_is_planned_again_host_by_host(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Two hosts of one group, both split by a first flush; the second
+    flush planned from counts read before those splits (one bucket each):
+    the group's script writes nothing and says each host's count, both
+    are planned again, and every page is written once."""
+    hosts = two_hosts_of_one_group()
+    keys = {host: [PageKey(SCOPE, f"https://{host}/p{n}") for n in range(150)]
+            for host in hosts}
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        for host in hosts:
+            for key in keys[host][:100]:
+                store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+        await call(store.flush())
+        with redis_cluster.client() as client:
+            for host in hosts:
+                assert int(client.hget(f"{prefix}:hd:{host_tag(SCOPE, host)}", "n")) > 1
+        stale: list[int] = []
+        part_counts = store._part_counts
+
+        async def stale_parts(parts: Any, *before: Any) -> Any:
+            counts, said = await part_counts(parts, *before)
+            if not stale:
+                stale.append(1)
+                return dict.fromkeys(counts, (1, 0)), said
+            return counts, said
+
+        store._part_counts = stale_parts  # type: ignore[method-assign]
+        sent: list[Any] = []
+        original = store._eval_many
+
+        async def eval_many(calls: list[tuple[str, list[str], list[Any]]],
+                            plain: Any = ()) -> list[Any]:
+            replies = await original(calls, plain)
+            sent.extend(reply for (script, _, _), reply in zip(calls, replies, strict=False)
+                        if script == CLUSTER_HOST_LUA)
+            return replies
+
+        store._eval_many = eval_many  # type: ignore[method-assign]
+        for host in hosts:
+            for key in keys[host][100:]:
+                store.stage_page(full_state(key, 2, callback="parse", next_visit=2_000))
+        assert await call(store.flush()) == 100
+        assert stale == [1]
+        # The first answer named both hosts' counts; the second wrote.
+        assert sent[0][0] == b"n"
+        assert sorted(sent[0][1::2]) == sorted(host.encode() for host in hosts)
+        assert int(sent[1][0]) == 100
+        every = [key for host in hosts for key in keys[host]]
+        found = await call(store.get_pages(every))
+        assert {k: s.checks for k, s in found.items()} == {
+            k: 1 if k in keys[k.url.split("/")[2]][:100] else 2 for k in every}
+        assert store.count_pages(SCOPE) == 300
+        states = list(store.iter_pages(SCOPE))
+        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                   checked_before=math.inf))
+        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+    finally:
+        await call(store.close())
