@@ -653,7 +653,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             return self._sync_run(pipe)
 
     def _adopt_before_repair(self, scope: str) -> None:
-        """A repair on a cluster first applies what the hosts' ledgers hold
+        """A repair on a cluster first applies what the host groups' ledgers hold
         (a dead worker's effects, a cut repair's): what it reads of the
         pages is then what the sums count. Refused (Redis
         full, a damaged key), the repair is refused: nothing deleted."""
@@ -677,7 +677,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         the sums counting pages gone for good (a retry finds none to take
         out). So they go as a flush's effects go: a write-ahead intent in
         the host's shard first (before anything is deleted), the effects in
-        the host's ledger by the script that deletes the pages, applied
+        the host group's ledger by the script that deletes the pages, applied
         once under their token (``P:fxdone``) by the shard's script, or by
         the next reading of the scope (:meth:`_adoption`) if the repair
         stops before. Computed in that script, they are what was deleted,
@@ -761,7 +761,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         """The host's part of a repair (``cluster_forget.lua``), after its
         write-ahead *intent*, planned again while a crawl splits the host's
         buckets meanwhile: the pages and links deleted, and the effects the
-        script kept in the host's ledger (JSON; '' none).
+        script kept in the host group's ledger (JSON; '' none).
 
         The script deletes only up to the intent's time + adopt_after // 2
         on its node's clock, as a flush's phase 2 writes (see
@@ -889,7 +889,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             kinds += self._scan_keys(f"{_glob(self.prefix)}:undel:{{{part}#*}}:*")
             kinds += self._scan_keys(f"{_glob(self._key('undel', scope))}:*")
             kinds += self._fine_sums_keys(scope)
-            # The hosts' ledgers of effects (a dead worker's new host's
+            # The host groups' ledgers of effects (a dead worker's new host's
             # too, listed nowhere) and the effects applied.
             kinds += self._scan_keys(f"{_glob(self.prefix)}:fx:{{{part}|*}}")
             kinds += [key for kind in ("duer", "fxhosts", "fxheld")

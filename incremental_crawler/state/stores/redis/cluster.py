@@ -354,7 +354,7 @@ class _Carried:
     #: Effects sent to a scope's script, by its tag, until its reply says
     #: what became of them (kept as sent when the reply was lost).
     sent_effects: dict[str, dict[str, _Effects]] = field(default_factory=dict)
-    #: Ledger entries (host's ledger, token) whose effects were applied:
+    #: Ledger entries (host group's ledger, token) whose effects were applied:
     #: deleted with the next pipeline.
     ledger_done: list[tuple[str, str]] = field(default_factory=list)
     #: Ledger entries deleted (their pipeline answered): their tokens go
@@ -1174,7 +1174,7 @@ class RedisClusterPath(RedisCore):
 
     def _release_held(self, entries: list[tuple[str, str]]) -> list[tuple[Any, ...]]:
         """The commands that let go of the tokens of ledger entries known to
-        be gone (host's ledger, token): one script a shard
+        be gone (host group's ledger, token): one script a shard
         (cluster_held_release.lua). The one rule for a token held in
         ``P:fxheld``: it goes once its entry is known to be gone (the
         pipeline that deleted it answered, or a reading found it gone),

@@ -572,7 +572,7 @@ class RedisCore(StateStore):
         return counts
 
     async def adopt_ledgers(self, scope: str, settled_only: bool = False) -> None:
-        """Apply the effects a dead worker left in its hosts' ledgers: only
+        """Apply the effects a dead worker left in its host groups' ledgers: only
         the cluster layout keeps such (``cluster.py``); one server's flush
         is one script."""
 
