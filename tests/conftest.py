@@ -243,22 +243,28 @@ def crawl(state_uri: str):
 
     async def run(spidercls: type[Spider], *, settings: dict[str, Any] | None = None,
                   **kwargs: Any) -> Crawler:
-        runner = CrawlerRunner(crawl_settings(state_uri, **(settings or {})))
-        crawler = runner.create_crawler(spidercls)
-        items: list[Any] = []
-
-        def collect(item: Any) -> None:
-            items.append(item)
-
-        crawler.signals.connect(collect, signal=signals.item_scraped)
-        crawler.collected = items  # type: ignore[attr-defined]
-        # The dispatcher keeps weak references: keep the handler alive.
-        crawler._collect_handler = collect  # type: ignore[attr-defined]
-        await runner.crawl(crawler, **kwargs)
-        return crawler
+        return await run_crawl(state_uri, spidercls, settings or {}, **kwargs)
 
     return run
 
+
+async def run_crawl(state_uri: str, spidercls: type[Spider], settings: dict[str, Any],
+                    **kwargs: Any) -> Crawler:
+    """A real crawl of *spidercls* on the store *state_uri*; the finished
+    crawler, what it emitted in ``crawler.collected``."""
+    runner = CrawlerRunner(crawl_settings(state_uri, **settings))
+    crawler = runner.create_crawler(spidercls)
+    items: list[Any] = []
+
+    def collect(item: Any) -> None:
+        items.append(item)
+
+    crawler.signals.connect(collect, signal=signals.item_scraped)
+    crawler.collected = items  # type: ignore[attr-defined]
+    # The dispatcher keeps weak references: keep the handler alive.
+    crawler._collect_handler = collect  # type: ignore[attr-defined]
+    await runner.crawl(crawler, **kwargs)
+    return crawler
 
 
 @pytest.fixture

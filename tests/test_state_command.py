@@ -632,6 +632,29 @@ def emitted_items(crawler: Any) -> list[object]:
     return emitted
 
 
+async def crawl_stalled_once(site: Any, state_uri: str, state_store: StateStore,
+                             **settings: Any) -> tuple[Any, list[object]]:
+    """A crawl of four pages whose reactor stalls until its hold lapsed
+    (nobody else taking the scope), once its first request reached the
+    site; the crawler and the items it emitted."""
+    from twisted.internet import reactor
+
+    urls = pages(site, 4)
+    site.hold("/p/")
+    runner = CrawlerRunner(crawl_settings(state_uri, INCREMENTAL_FLUSH_INTERVAL=0.05,
+                                          **settings))
+    crawler = runner.create_crawler(ListSpider)
+    emitted = emitted_items(crawler)
+    done = ensureDeferred(runner.crawl(crawler, urls=urls))
+    try:
+        await until(lambda: site.held >= 1, "the crawl to send a request")
+        reactor.callLater(0, stall_until_lapsed, state_store)
+    finally:
+        site.release()
+    await done
+    return crawler, emitted
+
+
 @BACKENDS
 @pytest_twisted.ensureDeferred
 async def test_a_lone_crawl_stalled_past_its_ttl_goes_on_and_stores_what_it_emitted(
@@ -642,21 +665,8 @@ async def test_a_lone_crawl_stalled_past_its_ttl_goes_on_and_stores_what_it_emit
     # takes its hold again (the scope's hold epoch has not moved) rather
     # than stop and drop what it emitted (the next crawl would emit it
     # again as new).
-    from twisted.internet import reactor
-
     monkeypatch.setattr(ledger_module, "HOLD_TTL", 0.3)
-    urls = pages(site, 4)
-    site.hold("/p/")
-    runner = CrawlerRunner(crawl_settings(state_uri, INCREMENTAL_FLUSH_INTERVAL=0.05))
-    crawler = runner.create_crawler(ListSpider)
-    emitted = emitted_items(crawler)
-    done = ensureDeferred(runner.crawl(crawler, urls=urls))
-    try:
-        await until(lambda: site.held >= 1, "the crawl to send a request")
-        reactor.callLater(0, stall_until_lapsed, state_store)
-    finally:
-        site.release()
-    await done
+    crawler, emitted = await crawl_stalled_once(site, state_uri, state_store)
     stats = crawler.stats.get_stats()
     assert stats.get("finish_reason") == "finished", stats
     assert not stats.get("incremental/writes_dropped"), stats
@@ -672,23 +682,11 @@ async def test_a_feeds_only_crawl_stalled_once_keeps_the_whole_crawls_state(
     # INCREMENTAL_STORE_ITEMS = False with FEEDS: nothing is committed until
     # the feeds close, so one stall past the ttl anywhere in the crawl would
     # drop every write of it while its feed is delivered.
-    from twisted.internet import reactor
-
     monkeypatch.setattr(ledger_module, "HOLD_TTL", 0.3)
-    urls = pages(site, 4)
-    site.hold("/p/")
     feed = tmp_path / "items.jsonl"
-    runner = CrawlerRunner(crawl_settings(
-        state_uri, INCREMENTAL_FLUSH_INTERVAL=0.05, INCREMENTAL_STORE_ITEMS=False,
-        FEEDS={str(feed): {"format": "jsonlines"}}))
-    crawler = runner.create_crawler(ListSpider)
-    done = ensureDeferred(runner.crawl(crawler, urls=urls))
-    try:
-        await until(lambda: site.held >= 1, "the crawl to send a request")
-        reactor.callLater(0, stall_until_lapsed, state_store)
-    finally:
-        site.release()
-    await done
+    crawler, _ = await crawl_stalled_once(
+        site, state_uri, state_store, INCREMENTAL_STORE_ITEMS=False,
+        FEEDS={str(feed): {"format": "jsonlines"}})
     delivered = [json.loads(line) for line in feed.read_text().splitlines() if line]
     stats = crawler.stats.get_stats()
     assert stats.get("finish_reason") == "finished", stats

@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import pytest_twisted
 import redis
-from scrapy import signals
-from scrapy.crawler import CrawlerRunner
 from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 from twisted.internet.threads import deferToThread
@@ -33,7 +31,7 @@ from incremental_crawler.state.records import HostTrust, ItemRecord, PageKey, Pa
 from incremental_crawler.state.scope_copy import COPY_MARK, ScopeCopyError, copy_scope
 from incremental_crawler.state.stores import AdminStore, StateStoreError, open_store
 from incremental_crawler.state.stores.base import describe_holder
-from tests.conftest import crawl_settings
+from tests.conftest import run_crawl
 from tests.follow_spider import FollowSpider
 from tests.links import nav_depths
 from tests.memory_store import STORES as MEMORY_STORES
@@ -84,21 +82,9 @@ async def crawl_on(uri: str, urls: list[str], spidercls: type = ListSpider,
                    **settings: Any) -> Crawler:
     """A real crawl of ListSpider (*urls*), or of *spidercls* from ``urls[0]``,
     on the store *uri*; what it emitted in ``crawler.collected``."""
-    runner = CrawlerRunner(crawl_settings(uri, **ON_CLUSTER, **settings))
-    crawler = runner.create_crawler(spidercls)
-    items: list[Any] = []
-
-    def collect(item: Any) -> None:
-        items.append(item)
-
-    crawler.signals.connect(collect, signal=signals.item_scraped)
-    crawler.collected = items  # type: ignore[attr-defined]
-    crawler._collect_handler = collect  # type: ignore[attr-defined]
     if spidercls is ListSpider:
-        await runner.crawl(crawler, urls=urls)
-    else:
-        await runner.crawl(crawler, start_url=urls[0])
-    return crawler
+        return await run_crawl(uri, spidercls, {**ON_CLUSTER, **settings}, urls=urls)
+    return await run_crawl(uri, spidercls, {**ON_CLUSTER, **settings}, start_url=urls[0])
 
 
 async def state(source: str, *args: str) -> subprocess.CompletedProcess[str]:

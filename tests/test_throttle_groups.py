@@ -218,7 +218,16 @@ async def test_the_users_concurrency_bounds_the_group(site, crawl):
     site.slow("/p/", 0.03)
     crawler = await crawl(ListSpider, settings={**FAST, "CONCURRENT_REQUESTS_PER_DOMAIN": 3},
                           urls=[site.url(p) for p in paths])
-    assert max(len(g) for g in groups(crawler)) == 3
+    # The window's groups are the user's 3, not its tick's worth at the
+    # ceiling (more): what leaves together is at most that. How many did
+    # leave together depends on the machine (a group leaves with the
+    # requests whose answers were read by then), so only the bound is
+    # asserted on what left.
+    (window,) = crawler.get_extension(AdaptiveThrottle).site_windows()
+    throttle = crawler.get_extension(AdaptiveThrottle)
+    assert int(throttle.tick * window[1].rate) > 3
+    assert window[1].group == 3
+    assert max(len(g) for g in groups(crawler)) <= 3
     assert most_in_flight_sent(crawler) <= 3
     assert most_in_flight(site) <= 3
 

@@ -88,6 +88,27 @@ def run_summary(*recorded: Worker) -> dict[str, int]:
     return summarize(total)
 
 
+def lose_first_reply(worker: Worker, script: str,
+                     meanwhile: Callable[[], None] | None = None) -> list[bool]:
+    """Make *worker*'s coordinator script *script* run, then lose its first
+    reply (a timeout, after *meanwhile* ran: another worker's call between
+    the two sends); the list returned says whether it was lost."""
+    run = getattr(worker.coordinator, script)
+    lost: list[bool] = []
+
+    def reply_lost_once(**kwargs):
+        reply = run(**kwargs)
+        if not lost:
+            lost.append(True)
+            if meanwhile is not None:
+                meanwhile()
+            raise redis.TimeoutError("reply lost")
+        return reply
+
+    setattr(worker.coordinator, script, reply_lost_once)
+    return lost
+
+
 def state(key: PageKey, next_visit: float = 5000.0, size: int = 100) -> PageState:
     return PageState(key=key, next_visit=next_visit, size=size, callback="parse")
 
@@ -154,18 +175,9 @@ def test_a_page_counted_not_due_by_a_worker_killed_after_the_sum_is_counted_agai
 
 def test_a_count_run_again_after_its_reply_was_lost_is_the_callers(cluster_workers):
     (a,) = cluster_workers(1)
-    script = a.coordinator._count_page
-    lost: list[bool] = []
-
-    def reply_lost_once(**kwargs):
-        answer = script(**kwargs)
-        if not lost:
-            lost.append(True)
-            raise redis.TimeoutError("reply lost")
-        return answer
-
-    a.coordinator._count_page = reply_lost_once
+    lost = lose_first_reply(a, "_count_page")
     a.counter.requested(Why.DUE, HOST, P, state(P))
+    assert lost
     a.counter.outcome(PageOutcome.NEW, P)
     lost.clear()
     a.counter.not_due(state(Q))
@@ -302,19 +314,10 @@ def test_a_failure_then_a_success_on_another_worker_ends_the_page_answered(clust
 
 def test_an_answer_run_again_after_its_reply_was_lost_is_counted_once(cluster_workers):
     a, b = cluster_workers(2)
-    script = a.coordinator._answer
-    lost: list[bool] = []
-
-    def reply_lost_once(**kwargs):
-        reply = script(**kwargs)
-        if not lost:
-            lost.append(True)
-            raise redis.TimeoutError("reply lost")
-        return reply
-
-    a.coordinator._answer = reply_lost_once
+    lost = lose_first_reply(a, "_answer")
     a.counter.requested(Why.DUE, HOST, P, state(P))
     a.counter.outcome(PageOutcome.NEW, P)
+    assert lost
     b.counter.outcome(PageOutcome.UNCHANGED, P)
     s = run_summary(a, b)
     assert (s["requested"], s["pages_new"], s["pages_no_outcome"]) == (1, 1, 0), s
@@ -475,18 +478,8 @@ def test_an_answer_run_again_after_another_workers_answer_is_counted(cluster_wor
     # a's answer (new) runs, its reply is lost; b's 304 runs before a sends
     # its call again: a's call still gets its first reply (a counts new).
     a, b = cluster_workers(2)
-    script = a.coordinator._answer
-    lost: list[bool] = []
-
-    def reply_lost_once(**kwargs):
-        reply = script(**kwargs)
-        if not lost:
-            lost.append(True)
-            b.counter.outcome(PageOutcome.NOT_MODIFIED, P)
-            raise redis.TimeoutError("reply lost")
-        return reply
-
-    a.coordinator._answer = reply_lost_once
+    lost = lose_first_reply(a, "_answer",
+                            lambda: b.counter.outcome(PageOutcome.NOT_MODIFIED, P))
     a.counter.requested(Why.DUE, HOST, P, state(P))
     a.counter.outcome(PageOutcome.NEW, P)
     assert lost
@@ -502,18 +495,8 @@ def test_a_count_run_again_after_another_worker_requested_the_page_is_counted(
     # first reply (a counts Q not due), not b's.
     a, b = cluster_workers(2)
     a.counter.summed = b.counter.summed = summed
-    script = a.coordinator._count_page
-    lost: list[bool] = []
-
-    def reply_lost_once(**kwargs):
-        reply = script(**kwargs)
-        if not lost:
-            lost.append(True)
-            b.counter.requested(Why.DUE, HOST, Q, state(Q))
-            raise redis.TimeoutError("reply lost")
-        return reply
-
-    a.coordinator._count_page = reply_lost_once
+    lost = lose_first_reply(a, "_count_page",
+                            lambda: b.counter.requested(Why.DUE, HOST, Q, state(Q)))
     a.counter.not_due(state(Q))
     assert lost
     b.counter.outcome(PageOutcome.NEW, Q)

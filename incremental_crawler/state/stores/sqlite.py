@@ -15,6 +15,7 @@ import os
 import shutil
 import sqlite3
 import tempfile
+from contextlib import contextmanager
 from itertools import groupby
 from operator import itemgetter
 from pathlib import Path
@@ -514,6 +515,21 @@ def _rollback(db: sqlite3.Connection) -> None:
         db.execute("ROLLBACK")
 
 
+@contextmanager
+def _immediate(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction: ``BEGIN IMMEDIATE`` (the write lock taken up
+    front, so another process's writer waits for this one rather than
+    failing half-way), committed when the block ends, rolled back when it
+    raises."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+        db.execute("COMMIT")
+    except BaseException:
+        _rollback(db)
+        raise
+
+
 def _damaged(exc: sqlite3.Error) -> bool:
     """Whether SQLite found the file damaged or not a database at all."""
     code = getattr(exc, "sqlite_errorcode", None)
@@ -776,10 +792,9 @@ class SQLiteStateStore(AdminStore):
         version = db.execute("PRAGMA user_version").fetchone()[0]
         if version == SCHEMA_VERSION:
             return
-        # BEGIN IMMEDIATE takes the write lock up front, so two processes
-        # opening a new store at once cannot both migrate it.
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        # The write lock up front: two processes opening a new store at once
+        # cannot both migrate it.
+        with _immediate(db):
             version = db.execute("PRAGMA user_version").fetchone()[0]
             for step in range(version, SCHEMA_VERSION):
                 for statement in _statements(MIGRATIONS[step]):
@@ -795,10 +810,6 @@ class SQLiteStateStore(AdminStore):
                 logger.info("State store %(path)s created at schema version %(v)d",
                             {"path": self.location, "v": SCHEMA_VERSION})
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            db.execute("COMMIT")
-        except BaseException:
-            _rollback(db)
-            raise
 
     # -- reads ---------------------------------------------------------------
 
@@ -1197,10 +1208,8 @@ class SQLiteStateStore(AdminStore):
         """Commit every staged write, in staging order, in one transaction."""
         if not self._ops:
             return 0
-        db = self._db
         try:
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with _immediate(self._db) as db:
                 if self.flush_hold is not None and not self._holds_still(
                         *self.flush_hold, clock.now()):
                     # Its hold lapsed and the scope was taken since: writes
@@ -1211,10 +1220,6 @@ class SQLiteStateStore(AdminStore):
                     db.executemany(sql, [params for _, params in group])
                 self._note_checks()
                 db.executemany(_NEW_GENERATION, [(scope,) for scope in self._page_scopes])
-                db.execute("COMMIT")
-            except BaseException:
-                _rollback(db)
-                raise
         except sqlite3.DatabaseError as exc:
             # Staged writes are kept: a later flush (e.g. once a lock is
             # released) can still commit them, and nothing is recorded as
@@ -1427,24 +1432,16 @@ class SQLiteStateStore(AdminStore):
         # flush: the reactor runs one thing at a time); lapsed holds go. A
         # hold that lapsed is not taken again: a repair may have held the
         # scope, and ended, meanwhile.
-        db = self._db
         try:
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with _immediate(self._db) as db:
                 other = self._conflicting_hold(scope, holder, now, gone_too=True)
                 if other is not None:
-                    _rollback(db)
                     raise self._held(scope, holder, *other)
                 if not self._holds_still(scope, holder, now):
-                    _rollback(db)
                     raise HoldLapsed.of(self.location, scope, holder)
                 db.execute("DELETE FROM holds WHERE scope = ? AND expires <= ?", (scope, now))
                 db.execute("INSERT OR REPLACE INTO holds (scope, holder, expires) "
                            "VALUES (?, ?, ?)", (scope, holder, now + ttl))
-                db.execute("COMMIT")
-            except BaseException:
-                _rollback(db)
-                raise
         except sqlite3.DatabaseError as exc:
             raise self._fail("write failed", exc) from exc
 
@@ -1486,14 +1483,12 @@ class SQLiteStateStore(AdminStore):
 
     def take_scope(self, scope: str, holder: str, ttl: float,
                    now: float) -> tuple[str, float] | None:
-        db = self._db
         try:
-            db.execute("BEGIN IMMEDIATE")  # another crawl's take waits for this one
-            try:
+            # Another crawl's take waits for this one.
+            with _immediate(self._db) as db:
                 other = self._conflicting_hold(scope, holder, now)
                 if other is not None:
-                    _rollback(db)
-                    return other
+                    return other  # nothing written: the commit is empty
                 # Lapsed holds go, and those whose process is gone; the
                 # live ones left are cluster workers holding beside a worker.
                 gone = [(scope, name) for (name,) in db.execute(
@@ -1516,10 +1511,6 @@ class SQLiteStateStore(AdminStore):
                     # A crawl's (a cluster run's workers start apart: each
                     # would clear the others' checks).
                     self._mark_checks(scope, math.floor(now))
-                db.execute("COMMIT")
-            except BaseException:
-                _rollback(db)
-                raise
         except sqlite3.DatabaseError as exc:
             raise self._fail("write failed", exc) from exc
         return None
@@ -1577,15 +1568,9 @@ class SQLiteStateStore(AdminStore):
 
     def _write(self, *statements: tuple[str, tuple[object, ...]]) -> list[int]:
         """Run *statements* in one transaction now; the rows each changed."""
-        db = self._db
         try:
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with _immediate(self._db) as db:
                 changed = [db.execute(sql, params).rowcount for sql, params in statements]
-                db.execute("COMMIT")
-            except BaseException:
-                _rollback(db)
-                raise
         except sqlite3.DatabaseError as exc:
             raise self._fail("write failed", exc) from exc
         return changed
