@@ -25,8 +25,13 @@ from twisted.internet.threads import deferToThread
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores.base import StateStoreError
 from incremental_crawler.state.stores.redis import RedisStateStore
-from incremental_crawler.state.stores.redis.core import HOST_GROUPS, host_group, host_tag
-from incremental_crawler.state.stores.redis.layout import CLUSTER_LAYOUT_VERSION
+from incremental_crawler.state.stores.redis.core import (
+    HOST_GROUPS,
+    SCOPE_SHARDS,
+    host_group,
+    host_tag,
+)
+from incremental_crawler.state.stores.redis.layout import CLUSTER_LAYOUT_VERSION, _tag_inside
 from incremental_crawler.state.stores.redis.scripts import CLUSTER_HOST_LUA
 from tests.conftest import crawl_settings
 from tests.redis_util import new_prefix
@@ -492,3 +497,38 @@ async def test_a_group_whose_hosts_counts_are_stale_is_planned_again_host_by_hos
         assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
     finally:
         await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_layout_6_store_with_a_damaged_scope_shard_is_migrated_not_locked_out(
+    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
+) -> None:
+    """A layout-6 store with a dead worker's effects pending and a damaged
+    key in every one of its scope's shards (the hosts set a string): the
+    migration does not apply the pending effects (a shard's script would
+    refuse), it moves them: the store opens at layout 7 (not left at a
+    version neither code opens), the effects still in their groups'
+    ledgers for a later reader once the key is repaired."""
+    tree = layout_6_tree(tmp_path / "layout6")
+    subprocess.run(
+        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "6"],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+        capture_output=True, text=True, timeout=300)
+    with redis_cluster.client() as client:
+        assert client.keys(f"{prefix}:fx:*")  # the dead worker's ledgers
+        for shard in SCOPE_SHARDS:
+            hosts = f"{prefix}:hs:{{{SCOPE}^{shard}}}"
+            client.delete(hosts)
+            client.set(hosts, "damaged")
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    await call(store.close())
+    with redis_cluster.client() as client:
+        meta = client.hgetall(f"{prefix}:meta")
+        assert meta[b"version"] == str(CLUSTER_LAYOUT_VERSION).encode()
+        assert b"upgrading" not in meta
+        ledgers = [key.decode() for key in client.keys(f"{prefix}:fx:*")]
+    assert old_keys(redis_cluster, prefix) == []
+    # The dead worker's effects kept, in group ledgers (none applied).
+    assert ledgers and all(_tag_inside(key).rpartition("|")[2].startswith("=")
+                           for key in ledgers)
+

@@ -517,9 +517,11 @@ class RedisLayout(RedisCore):
         process that dies midway leaves ``upgrading`` for the next to
         resume; every step can be done again).
 
-        First every scope's pending effects are applied (a dead worker's,
-        listed by the intents: :meth:`adopt_ledgers_sync`, strict: refused,
-        the migration stops and says so, nothing renamed). Then every host
+        Nothing in it can be refused by a damaged key (Redis refusing
+        writes aside: the migration then stops, to be resumed): the
+        effects a dead worker left pending are not applied, they are moved
+        (a shard's script refusing them would leave the version raised and
+        the store open to neither code). Every host
         key of layout 6 (``P:<kind>:{<s>|<h>}``, found on every primary) is
         copied to its group's slot (``DUMP``, ``RESTORE … REPLACE``) before
         it is deleted; a host's ledger's entries go to its group's ledger,
@@ -541,10 +543,12 @@ class RedisLayout(RedisCore):
                 self.roundtrips += 1
                 self._sync.hset(meta, mapping={"version": CLUSTER_LAYOUT_VERSION,
                                                _UPGRADING: start})
+                # (The pending effects are not applied first: a damaged key
+                # in a scope's shard would refuse that, with the version
+                # raised, leaving a store neither code opens. They move
+                # with their ledgers and intents, for this layout's
+                # readers and writers to adopt as they do any.)
                 scopes = self._stored_scopes()
-                for scope in scopes:
-                    self._renew(lock, token)
-                    self.adopt_ledgers_sync(scope, strict=True)
                 moved, ledgers = self._move_host_keys(lock, token)
                 for scope in scopes:
                     self._renew(lock, token)
