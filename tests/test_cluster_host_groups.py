@@ -30,6 +30,7 @@ from incremental_crawler.state.stores.redis.core import (
     SCOPE_SHARDS,
     host_group,
     host_tag,
+    shard_part,
 )
 from incremental_crawler.state.stores.redis.layout import CLUSTER_LAYOUT_VERSION, _tag_inside
 from incremental_crawler.state.stores.redis.scripts import CLUSTER_HOST_LUA
@@ -400,8 +401,13 @@ async def test_a_migration_cut_short_is_resumed_by_the_next_process_that_opens_t
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
         capture_output=True, text=True, timeout=300)
     urls = json.loads(out.stdout.strip().splitlines()[-1])
+    # A token a shard's script applied, held until its entry leaves a
+    # host's ledger of layout 6 (what P:fxheld notes).
+    held = f"{prefix}:fxheld:{{{shard_part(SCOPE, 0)}}}"
+    with redis_cluster.client() as client:
+        client.hset(held, "t0", f"{prefix}:fx:{{{SCOPE}|h0.example}}")
 
-    def cut(self: RedisStateStore, scope: str, ledgers: dict[str, str]) -> None:
+    def cut(self: RedisStateStore, *args: Any) -> None:
         raise redis.exceptions.ConnectionError("the intents' node is unreachable")
 
     with monkeypatch.context() as patched:
@@ -423,6 +429,11 @@ async def test_a_migration_cut_short_is_resumed_by_the_next_process_that_opens_t
             intents = [m.decode() for key in client.keys(f"{prefix}:fxhosts:*")
                        for m in client.zrange(key, 0, -1)]
         assert intents and all(m.startswith("=") for m in intents)
+        # Its ledger named as its group's, though the pass that moved the
+        # ledgers was the one cut short.
+        with redis_cluster.client() as client:
+            assert client.hget(held, "t0") == (
+                f"{prefix}:fx:{{{SCOPE}|{host_group('h0.example')}}}".encode())
         assert old_keys(redis_cluster, prefix) == []
         keys = [PageKey(SCOPE, url) for url in urls]
         got = await call(store.get_pages(keys))
@@ -532,3 +543,70 @@ async def test_a_layout_6_store_with_a_damaged_scope_shard_is_migrated_not_locke
     assert ledgers and all(_tag_inside(key).rpartition("|")[2].startswith("=")
                            for key in ledgers)
 
+
+#: Run by layout 6's code: the first flush of a scope nobody wrote before,
+#: whose worker dies between its phases 2 and 3 (its pages and ledger
+#: entries stored, its intents written; P:scopes is added in phase 3).
+_FIRST_FLUSH_DIES = textwrap.dedent("""
+    import asyncio, json, sys
+    from incremental_crawler.state.records import PageKey
+    from incremental_crawler.state.stores.redis import RedisStateStore
+    from incremental_crawler.state.stores.redis.layout import CLUSTER_LAYOUT_VERSION
+    from tests.test_store_contract import full_state
+    url, prefix, scope = sys.argv[1], sys.argv[2], sys.argv[3]
+    assert CLUSTER_LAYOUT_VERSION == 6
+
+    async def main():
+        keys = [PageKey(scope, f"https://h{h}.example/p{n}") for h in range(6) for n in range(3)]
+        dying = RedisStateStore(url, prefix=prefix)
+        async def cut(*args, **kwargs):
+            raise ConnectionError("the shards' nodes are unreachable")
+        dying._phase_scopes = cut
+        for n, key in enumerate(keys):
+            dying.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        try:
+            await dying.flush()
+        except ConnectionError:
+            pass
+        else:
+            raise AssertionError("phase 3 ran")
+        print(json.dumps([key.url for key in keys]))
+
+    asyncio.run(main())
+""")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_dead_workers_first_flush_of_a_new_scope_survives_the_migration(
+    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
+) -> None:
+    """Layout 6: a worker's first flush of a new scope dies between its
+    phases 2 and 3: pages stored, effects in the hosts' ledgers listed by
+    its intents, the scope not in P:scopes yet (phase 3 adds it). The
+    migration regroups the intents of every scope that has some (not only
+    the listed ones): the scope's 18 pages are read after it, and its
+    sums are its pages'."""
+    fresh = "fresh"
+    tree = layout_6_tree(tmp_path / "layout6")
+    out = subprocess.run(
+        [sys.executable, "-c", _FIRST_FLUSH_DIES, redis_cluster.url, prefix, fresh],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+        capture_output=True, text=True, timeout=300)
+    urls = json.loads(out.stdout.strip().splitlines()[-1])
+    with redis_cluster.client() as client:
+        assert not client.sismember(f"{prefix}:scopes", fresh)
+        assert client.keys(f"{prefix}:fx:*")
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)  # migrates
+    try:
+        store.adopt_after = 0  # (the dead worker's entries are taken now)
+        with redis_cluster.client() as client:
+            intents = [m.decode() for key in client.keys(f"{prefix}:fxhosts:*")
+                       for m in client.zrange(key, 0, -1)]
+        assert intents and all(m.startswith("=") for m in intents)
+        states = list(store.iter_pages(fresh))
+        assert sorted(s.key.url for s in states) == sorted(urls)
+        summary = await call(store.summarize_pages(fresh, after=-math.inf, upto=math.inf,
+                                                   checked_before=math.inf))
+        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+    finally:
+        await call(store.close())

@@ -20,14 +20,12 @@ from redis.cluster import RedisCluster
 from incremental_crawler.state.records import PageKey, PageState
 from incremental_crawler.state.stores.redis.core import (
     OUT_OF_MEMORY,
-    SCOPE_SHARDS,
     RedisCore,
     _glob,
     _key_part,
     host_group,
     host_tag,
     logger,
-    shard_part,
 )
 from incremental_crawler.state.stores.redis.due import _DUE_BUCKETS
 from incremental_crawler.state.stores.redis.pages import host_part
@@ -548,11 +546,16 @@ class RedisLayout(RedisCore):
                 # raised, leaving a store neither code opens. They move
                 # with their ledgers and intents, for this layout's
                 # readers and writers to adopt as they do any.)
-                scopes = self._stored_scopes()
-                moved, ledgers = self._move_host_keys(lock, token)
-                for scope in scopes:
+                moved = self._move_host_keys(lock, token)
+                # Every scope's intents, found by their keys, not by
+                # P:scopes: a scope joins it in a flush's phase 3, and a
+                # worker dead before its first has left intents only.
+                for key in self._scan_keys(f"{_glob(self.prefix)}:fxhosts:*"):
                     self._renew(lock, token)
-                    self._regroup_intents(scope, ledgers)
+                    self._regroup_intents(key)
+                for key in self._scan_keys(f"{_glob(self.prefix)}:fxheld:*"):
+                    self._renew(lock, token)
+                    self._regroup_held(key)
                 self._renew(lock, token)
                 self.roundtrips += 1
                 self._sync.hdel(meta, _UPGRADING)
@@ -565,10 +568,22 @@ class RedisLayout(RedisCore):
                     "keys moved to their groups' slots)", self.location, start,
                     CLUSTER_LAYOUT_VERSION, moved)
 
-    def _move_host_keys(self, lock: str, token: str) -> tuple[int, dict[str, str]]:
+    def _group_ledger(self, ledger: str) -> str | None:
+        """The group's ledger (layout 7) of a host's ledger of layout 6,
+        from its name alone (a migration resumed has no record of what it
+        moved); None for a name that is not a host's ledger (one of layout
+        7 already, or not a ledger)."""
+        head = f"{self.prefix}:fx:{{"
+        if not ledger.startswith(head) or not ledger.endswith("}"):
+            return None
+        scope_part, _, part = _tag_inside(ledger).rpartition("|")
+        if not scope_part or not part or part.startswith("="):
+            return None
+        return f"{head}{scope_part}|{host_group(part)}}}"
+
+    def _move_host_keys(self, lock: str, token: str) -> int:
         """The host keys of layout 6 moved to their groups (see
-        :meth:`_migrate_cluster`): how many, and each host ledger's new name
-        by its old."""
+        :meth:`_migrate_cluster`): how many."""
         head = f"{self.prefix}:"
         found = self._scan_keys(f"{_glob(self.prefix)}:*{{*|*}}*")
         moves: list[tuple[str, str]] = []
@@ -581,8 +596,9 @@ class RedisLayout(RedisCore):
             scope_part, _, part = inside.rpartition("|")
             if not scope_part or part.startswith("="):
                 continue  # not a host's tag, or of layout 7 already
-            if kind == "fx" and not tail:
-                ledgers[key] = f"{head}fx:{{{scope_part}|{host_group(part)}}}"
+            group_ledger = self._group_ledger(key) if kind == "fx" and not tail else None
+            if group_ledger is not None:
+                ledgers[key] = group_ledger
             elif kind in _HOST_KINDS:
                 moves.append((key, f"{head}{kind}:{host_tag(scope_part, part)}{tail}"))
         for at in range(0, len(moves), _MIGRATION_BATCH):
@@ -614,32 +630,35 @@ class RedisLayout(RedisCore):
                 self._sync.hset(new, mapping=rewritten)
             self.roundtrips += 1
             self._sync.delete(old)
-        return len(moves) + len(ledgers), ledgers
+        return len(moves) + len(ledgers)
 
-    def _regroup_intents(self, scope: str, ledgers: dict[str, str]) -> None:
-        """A scope's write-ahead intents that name a host (layout 6) name
-        its group, with the same score; its shards' tokens held with a host
-        ledger's name noted with its group's (see :meth:`_migrate_cluster`)."""
-        scope_part = _key_part(scope)
-        for shard in range(len(SCOPE_SHARDS)):
-            tag = shard_part(scope_part, shard)
-            intents = f"{self.prefix}:fxhosts:{{{tag}}}"
-            held = f"{self.prefix}:fxheld:{{{tag}}}"
-            pipe = self._sync.pipeline(transaction=False)
-            pipe.zrange(intents, 0, -1, withscores=True)
-            pipe.hgetall(held)
-            members, tokens = self._sync_run(pipe)
-            pipe = self._sync.pipeline(transaction=False)
-            for member, score in members:
-                part, _, worker = member.decode().partition("\0")
-                if not part.startswith("="):
-                    pipe.zadd(intents, {f"{host_group(part)}\0{worker}": score}, gt=True)
-                    pipe.zrem(intents, member)
-            for name, ledger in tokens.items():
-                new = ledgers.get(ledger.decode(errors="replace"))
-                if new is not None:
-                    pipe.hset(held, name, new)
-            self._sync_run(pipe)
+    def _regroup_intents(self, intents: str) -> None:
+        """A scope shard's write-ahead intents (*intents*, its
+        ``P:fxhosts``) that name a host (layout 6) name its group, with the
+        same score (see :meth:`_migrate_cluster`)."""
+        self.roundtrips += 1
+        members: Any = self._sync.zrange(intents, 0, -1, withscores=True)
+        pipe = self._sync.pipeline(transaction=False)
+        for member, score in members:
+            part, _, worker = member.decode(errors="replace").partition("\0")
+            if not part.startswith("="):
+                pipe.zadd(intents, {f"{host_group(part)}\0{worker}": score}, gt=True)
+                pipe.zrem(intents, member)
+        self._sync_run(pipe)
+
+    def _regroup_held(self, held: str) -> None:
+        """A scope shard's applied tokens held (*held*, its ``P:fxheld``:
+        token -> ledger) noted with their group's ledger where they name a
+        host's: computed from the name, so that a migration resumed after
+        the ledgers moved still finds the entries they hold."""
+        self.roundtrips += 1
+        tokens: Any = self._sync.hgetall(held)
+        pipe = self._sync.pipeline(transaction=False)
+        for name, ledger in tokens.items():
+            new = self._group_ledger(ledger.decode(errors="replace"))
+            if new is not None:
+                pipe.hset(held, name, new)
+        self._sync_run(pipe)
 
     def _move_pages(self, lock: str, token: str) -> int:
         """Layout 2 → 3 for every scope: returns the pages moved.
