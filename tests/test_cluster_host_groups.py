@@ -345,14 +345,16 @@ async def test_a_layout_6_store_crawled_again_after_its_migration_asks_the_same(
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_damaged_host_of_a_group_stops_its_script_at_its_first_write(
+async def test_a_damaged_host_costs_the_healthy_hosts_of_its_group_none_of_their_writes(
     redis_cluster: LoopbackCluster, prefix: str,
 ) -> None:
     """Two hosts of one group, the second's links hash damaged: the group's
-    script applies the writes staged before the damaged host's first
-    (the first host's first page), nothing of the damaged host, nor what
-    came after; the flush says the error. Repaired, the next flush writes
-    the rest, each once (the sums are the pages')."""
+    script stops at the damaged host's first write, and the first host's
+    writes staged after it are sent again without the damaged host's (as
+    a script a host did, layout 6): both of the healthy host's pages are
+    stored, none of the damaged host's; the flush says the error.
+    Repaired, the next flush writes the rest, each once (the sums are the
+    pages')."""
     a_host, b_host = two_hosts_of_one_group()
     a1, b1, a2 = (PageKey(SCOPE, f"https://{a_host}/1"), PageKey(SCOPE, f"https://{b_host}/1"),
                   PageKey(SCOPE, f"https://{a_host}/2"))
@@ -367,14 +369,74 @@ async def test_a_damaged_host_of_a_group_stops_its_script_at_its_first_write(
         with pytest.raises(StateStoreError, match="WRONGTYPE"):
             await call(store.flush())
         got = await call(reader.get_pages([a1, b1, a2]))
-        assert list(got) == [a1]
+        assert sorted(k.url for k in got) == sorted(k.url for k in (a1, a2))
+        assert store.pending == 1
         with redis_cluster.client() as client:
             client.delete(links)
-        # (The writes not applied stay staged: sent again.)
+        # (The write not applied stays staged: sent again.)
         await call(store.flush())
         assert store.pending == 0
         got = await call(reader.get_pages([a1, b1, a2]))
-        assert sorted(k.url for k in got) == sorted(k.url for k in (a1, b1, a2))
+        assert {k.url: s.checks for k, s in got.items()} == {
+            k.url: 1 for k in (a1, b1, a2)}
+        states = list(reader.iter_pages(SCOPE))
+        assert len(states) == 3
+        summary = await call(reader.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                    checked_before=math.inf))
+        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+    finally:
+        await call(store.close())
+        await call(reader.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_healthy_hosts_writes_sent_again_whose_reply_is_lost_apply_once(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """As above, but the reply to the script that sends the healthy host's
+    writes again (without the damaged host's) is lost: the next flush, the
+    key repaired, finds that script's writes again among the group's (the
+    damaged host's first in staging order, left out): the healthy host's
+    writes are applied once (its sums counted once), the damaged host's
+    written then."""
+    a_host, b_host = two_hosts_of_one_group()
+    b1, a1, a2 = (PageKey(SCOPE, f"https://{b_host}/1"), PageKey(SCOPE, f"https://{a_host}/1"),
+                  PageKey(SCOPE, f"https://{a_host}/2"))
+    links = f"{prefix}:ln:{host_tag(SCOPE, b_host)}"
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    reader = RedisStateStore(redis_cluster.url, prefix=prefix)
+    original = store._eval_many
+    host_scripts: list[int] = []
+
+    async def lose_the_second_reply(calls: list[tuple[str, list[str], list[Any]]],
+                                    plain: Any = ()) -> list[Any]:
+        replies = await original(calls, plain)
+        if any(script == CLUSTER_HOST_LUA for script, _, _ in calls):
+            host_scripts.append(len(calls))
+            if len(host_scripts) == 2:
+                raise redis.exceptions.ConnectionError("the reply was lost")
+        return replies
+
+    try:
+        with redis_cluster.client() as client:
+            assert client.set(links, "damaged")
+        for n, key in enumerate((b1, a1, a2)):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        store._eval_many = lose_the_second_reply  # type: ignore[method-assign]
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        store._eval_many = original  # type: ignore[method-assign]
+        assert host_scripts == [1, 1]
+        # The healthy host's writes were applied (the reply lost, not the script).
+        got = await call(reader.get_pages([b1, a1, a2]))
+        assert sorted(k.url for k in got) == sorted(k.url for k in (a1, a2))
+        with redis_cluster.client() as client:
+            client.delete(links)
+        await call(store.flush())
+        assert store.pending == 0
+        got = await call(reader.get_pages([b1, a1, a2]))
+        assert {k.url: s.checks for k, s in got.items()} == {
+            k.url: 1 for k in (b1, a1, a2)}
         states = list(reader.iter_pages(SCOPE))
         assert len(states) == 3
         summary = await call(reader.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,

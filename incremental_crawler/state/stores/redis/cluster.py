@@ -432,6 +432,10 @@ class RedisClusterPath(RedisCore):
     #: many of that slot's first writes it held).
     _carried: _Carried
     _unsure_slots: dict[str, tuple[str, int]]
+    #: The hosts whose writes an unsure token's script did not hold,
+    #: though staged among them (set apart after a damaged host's write:
+    #: see _send_phase): skipped when the token's writes are found again.
+    _unsure_apart: dict[str, frozenset[Any]]
     #: When each unsure token's reply was lost (its token lives _TOKEN_TTL).
     _unsure_slot_since: dict[str, float]
     #: Tokens of scripts whose outcome is known: deleted with the next flush.
@@ -447,6 +451,7 @@ class RedisClusterPath(RedisCore):
         self._worker_id = uuid.uuid4().hex
         self._carried = _Carried()
         self._unsure_slots = {}
+        self._unsure_apart = {}
         self._unsure_slot_since = {}
         self._spent_slot_tokens = []
         #: Whether an adoption refused by Redis was logged (once a store).
@@ -508,7 +513,8 @@ class RedisClusterPath(RedisCore):
 
     async def _send_phase(self, groups: dict[str, list[int]], build: Any, applied: set[int],
                           on_reply: Any, plain: Sequence[tuple[Any, ...]] = (),
-                          always: frozenset[str] = frozenset()) -> None:
+                          always: frozenset[str] = frozenset(),
+                          set_apart: Any = None, part_of: Any = None) -> None:
         """Send one script per slot group (the positions of its writes, in
         order), built by ``build(tag, positions, token)`` -> (script, keys,
         args); each reply is given to ``on_reply(tag, positions, reply, token)``
@@ -518,18 +524,28 @@ class RedisClusterPath(RedisCore):
         first (a replay applies nothing again and returns what it did),
         then the rest under a new one. A reply ``[b'n' | b'blocked', ...]``
         wrote nothing: the caller plans that group again. Groups in
-        *always* are sent even without writes (what they write besides)."""
+        *always* are sent even without writes (what they write besides).
+
+        A script that failed at a write stops there; ``set_apart(tag,
+        rest, error)``, when given, says which of the writes from that one
+        on are still sent and what they leave out (a host group's: those
+        of its other hosts, the failed host, so that a damaged host costs
+        them nothing): sent under a new token before the first failure is
+        raised. Should that script's reply be lost, its token's writes are
+        found again (a flush after) as the group's writes but those of the
+        hosts left out (``part_of(position)``), in order."""
         pending = {tag: list(positions) for tag, positions in groups.items()
                    if positions or tag in always}
         send_plain = list(plain)
+        failures: list[str] = []
+        # The hosts left out of each group's writes (set apart).
+        apart: dict[str, frozenset[Any]] = {}
         for _ in range(_PHASE_ROUNDS):
             if not pending and not send_plain:
-                return
+                break
             calls, sent = [], []
             for tag, positions in pending.items():
-                token, held = self._unsure_slots.pop(tag, (None, 0))
-                chunk = positions[:held] if token else positions
-                token = token or uuid.uuid4().hex
+                token, chunk = self._next_chunk(tag, positions, part_of)
                 calls.append(build(tag, chunk, token))
                 sent.append((tag, chunk, token))
             try:
@@ -540,23 +556,50 @@ class RedisClusterPath(RedisCore):
                 for tag, chunk, token in sent:
                     self._unsure_slots[tag] = (token, len(chunk))
                     self._unsure_slot_since.setdefault(token, clock.now())
+                    if tag in apart:
+                        self._unsure_apart[tag] = apart[tag]
                 raise
             errors = [str(answer) for answer in replies[len(calls):]
                       if isinstance(answer, Exception)]
             send_plain = []
+            kept: set[str] = set()
             for (tag, chunk, token), reply in zip(sent, replies[:len(calls)], strict=True):
-                error = self._take_reply(tag, chunk, token, reply, pending, applied, on_reply)
+                error = self._take_reply(tag, chunk, token, reply, pending, applied, on_reply,
+                                         set_apart, kept, apart)
                 if error:
                     errors.append(error)
             if errors:
-                raise _PhaseFailed(errors[0])
-        raise _PhaseFailed("the flush did not settle: a phase kept being sent again")
+                failures.extend(errors)
+                # Only what was set apart from a failed write goes on.
+                pending = {tag: rest for tag, rest in pending.items() if tag in kept}
+        else:
+            if pending or send_plain:
+                failures.append("the flush did not settle: a phase kept being sent again")
+        if failures:
+            raise _PhaseFailed(failures[0])
+
+    def _next_chunk(self, tag: str, positions: list[int],
+                    part_of: Any) -> tuple[str, list[int]]:
+        """The token and writes of a group's next script: an unsure token's
+        writes found again (see :meth:`_send_phase`), else all under a new
+        token."""
+        token, held = self._unsure_slots.pop(tag, (None, 0))
+        skip = self._unsure_apart.pop(tag, frozenset())
+        if not token:
+            return uuid.uuid4().hex, positions
+        if skip and part_of is not None:
+            positions = [at for at in positions if part_of(at) not in skip]
+        return token, positions[:held]
 
     def _take_reply(self, tag: str, chunk: list[int], token: str, reply: Any,
                     pending: dict[str, list[int]], applied: set[int],
-                    on_reply: Any) -> str | None:
+                    on_reply: Any, set_apart: Any = None,
+                    kept: set[str] | None = None,
+                    apart: dict[str, frozenset[Any]] | None = None) -> str | None:
         """One script's reply of :meth:`_send_phase`: what it applied, what
-        of its group is left to send (in *pending*); its error, if any."""
+        of its group is left to send (in *pending*; a failed script's
+        writes *set_apart* from its failure noted in *kept*); its error,
+        if any."""
         if isinstance(reply, Exception):
             del pending[tag]
             return str(reply)
@@ -567,10 +610,21 @@ class RedisClusterPath(RedisCore):
         self._spent_slot_tokens.append(self._token_key(token, tag))
         count, replayed, error = int(reply[0]), int(reply[1]), reply[2]
         applied.update(chunk[:count])
-        rest = pending[tag][count:]
+        # (A token's writes are a prefix of the group's but for hosts set
+        # apart: what is left is the group's writes not applied.)
+        done = set(chunk[:count])
+        rest = [at for at in pending[tag] if at not in done]
         if error and not replayed:
-            del pending[tag]
-            return error.decode(errors="replace")
+            said = error.decode(errors="replace")
+            others, left_out = (set_apart(tag, rest, said) if set_apart is not None and rest
+                                else ([], None))
+            if others and kept is not None and apart is not None:
+                pending[tag] = others
+                kept.add(tag)
+                apart[tag] = apart.get(tag, frozenset()) | {left_out}
+            else:
+                del pending[tag]
+            return said
         if rest:
             # A replay that stopped short, or the writes after it.
             pending[tag] = rest
@@ -728,21 +782,45 @@ class RedisClusterPath(RedisCore):
                 for part, (n, pages) in (done.get("counts") or {}).items():
                     counts[scope_part, part] = (int(n or 1), int(pages or 0))
 
+        def set_apart(tag: str, rest: list[int],
+                      error: str) -> tuple[list[int], tuple[Any, ...] | None]:
+            # A host's damaged key stops the group's script at that host's
+            # write (its writes before applied): the group's other hosts'
+            # writes after it are still sent, as they were with a script a
+            # host (layout 6). A damaged ledger is the whole group's.
+            if f"{self.prefix}:fx:{tag}" in error:
+                return [], None
+            failed = ops[rest[0]][1:3]
+            return [at for at in rest if ops[at][1:3] != failed], failed
+
+        def part_of(at: int) -> tuple[Any, ...]:
+            return tuple(ops[at][1:3])
+
         adds = dict(carried.bypage_add)
+        failure: _PhaseFailed | None = None
         for _ in range(_PHASE_ROUNDS):
-            await self._send_phase(groups, build, applied, on_reply,
-                                   self._bypage_calls("add", adds))
-            for where, version in adds.items():
-                if carried.bypage_add.get(where) == version:
-                    del carried.bypage_add[where]
+            try:
+                await self._send_phase(groups, build, applied, on_reply,
+                                       self._bypage_calls("add", adds), set_apart=set_apart,
+                                       part_of=part_of)
+            except _PhaseFailed as exc:
+                # (Raised once the groups planned again are written too.)
+                failure = failure or exc
+            else:
+                for where, version in adds.items():
+                    if carried.bypage_add.get(where) == version:
+                        del carried.bypage_add[where]
             adds = {}
             if not again:
-                return
+                break
             await self._say_again(intents, late, stamps)
             groups = {tag: [at for at in positions if at not in applied]
                       for tag, positions in again.items()}
             again = {}
-        raise _PhaseFailed("the flush did not settle: buckets kept changing")
+        else:
+            failure = failure or _PhaseFailed("the flush did not settle: buckets kept changing")
+        if failure is not None:
+            raise failure
 
     def _group_call(self, tag: str, scope_part: str, token: str, ops: list[tuple[Any, ...]],
                     positions: list[int], counts: dict[tuple[str, str], tuple[int, int]],
