@@ -32,7 +32,11 @@ from incremental_crawler.state.stores.redis.core import (
     host_tag,
     shard_part,
 )
-from incremental_crawler.state.stores.redis.layout import CLUSTER_LAYOUT_VERSION, _tag_inside
+from incremental_crawler.state.stores.redis.layout import (
+    _LIVE_INTENT,
+    CLUSTER_LAYOUT_VERSION,
+    _tag_inside,
+)
 from incremental_crawler.state.stores.redis.scripts import CLUSTER_HOST_LUA
 from tests.conftest import crawl_settings
 from tests.redis_util import new_prefix
@@ -166,6 +170,18 @@ def old_keys(redis_cluster: LoopbackCluster, prefix: str) -> list[str]:
     return found
 
 
+def worker_gone_for(redis_cluster: LoopbackCluster, prefix: str,
+                    seconds: int = _LIVE_INTENT + 60) -> None:
+    """The dead worker's write-ahead intents made *seconds* older (as if
+    it had died that long ago: the migration refuses younger ones, which
+    a worker still running may be writing under; still younger than the
+    readers' adopt_after)."""
+    with redis_cluster.client() as client:
+        for key in redis_cluster.keys(f"{prefix}:fxhosts:*"):
+            members = client.zrange(key, 0, -1, withscores=True)
+            client.zadd(key, {member: score - seconds for member, score in members})
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_layout_6_store_is_migrated_in_place_its_dead_workers_effects_once(
     redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
@@ -181,6 +197,7 @@ async def test_a_layout_6_store_is_migrated_in_place_its_dead_workers_effects_on
         [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "12"],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
         capture_output=True, text=True, timeout=300)
+    worker_gone_for(redis_cluster, prefix)
     urls = json.loads(out.stdout.strip().splitlines()[-1])
     before = old_keys(redis_cluster, prefix)
     assert any(":fx:" in key for key in before)  # the dead worker's ledger entries
@@ -462,6 +479,7 @@ async def test_a_migration_cut_short_is_resumed_by_the_next_process_that_opens_t
         [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "6"],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
         capture_output=True, text=True, timeout=300)
+    worker_gone_for(redis_cluster, prefix)
     urls = json.loads(out.stdout.strip().splitlines()[-1])
     # A token a shard's script applied, held until its entry leaves a
     # host's ledger of layout 6 (what P:fxheld notes).
@@ -587,6 +605,7 @@ async def test_a_layout_6_store_with_a_damaged_scope_shard_is_migrated_not_locke
         [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "6"],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
         capture_output=True, text=True, timeout=300)
+    worker_gone_for(redis_cluster, prefix)
     with redis_cluster.client() as client:
         assert client.keys(f"{prefix}:fx:*")  # the dead worker's ledgers
         for shard in SCOPE_SHARDS:
@@ -654,6 +673,7 @@ async def test_a_dead_workers_first_flush_of_a_new_scope_survives_the_migration(
         [sys.executable, "-c", _FIRST_FLUSH_DIES, redis_cluster.url, prefix, fresh],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
         capture_output=True, text=True, timeout=300)
+    worker_gone_for(redis_cluster, prefix)
     urls = json.loads(out.stdout.strip().splitlines()[-1])
     with redis_cluster.client() as client:
         assert not client.sismember(f"{prefix}:scopes", fresh)
@@ -670,5 +690,48 @@ async def test_a_dead_workers_first_flush_of_a_new_scope_survives_the_migration(
         summary = await call(store.summarize_pages(fresh, after=-math.inf, upto=math.inf,
                                                    checked_before=math.inf))
         assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_migration_is_refused_while_a_worker_of_layout_6_may_be_running(
+    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
+) -> None:
+    """A layout-6 store whose worker's flush left an intent young enough
+    that its phase 2 may still write, then one with a live hold of its
+    scope (a crawl's): each open refuses the migration in one line that
+    says why and what to do, the store left as it was (version 6, no
+    host key moved: the old code still opens it). With neither, it is
+    migrated."""
+    tree = layout_6_tree(tmp_path / "layout6")
+    subprocess.run(
+        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "4"],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+        capture_output=True, text=True, timeout=300)
+    before = sorted(old_keys(redis_cluster, prefix))
+    with pytest.raises(StateStoreError, match=r"migration refused: a flush's intent .*fxhosts"):
+        RedisStateStore(redis_cluster.url, prefix=prefix)
+    worker_gone_for(redis_cluster, prefix)
+    holds = f"{prefix}:holds:{{{SCOPE}}}"
+    with redis_cluster.client() as client:
+        lapses = float(client.time()[0]) + 120
+        client.zadd(holds, {f"{prefix}:worker-of-layout-6": lapses})
+    with pytest.raises(StateStoreError,
+                       match=r"migration refused: a live hold .*stop every") as said:
+        RedisStateStore(redis_cluster.url, prefix=prefix)
+    assert "\n" not in str(said.value)
+    with redis_cluster.client() as client:
+        meta = client.hgetall(f"{prefix}:meta")
+        assert meta[b"version"] == b"6" and b"upgrading" not in meta
+        assert not client.exists(f"{prefix}:migrating")
+        client.delete(holds)
+    assert sorted(old_keys(redis_cluster, prefix)) == before
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        assert old_keys(redis_cluster, prefix) == []
+        with redis_cluster.client() as client:
+            assert client.hget(f"{prefix}:meta", "version") == (
+                str(CLUSTER_LAYOUT_VERSION).encode())
     finally:
         await call(store.close())

@@ -109,6 +109,19 @@ _UPGRADING = "upgrading"
 _MIGRATION_LOCK_TTL = 120
 _MIGRATION_WAITS = 1_200
 _MIGRATION_WAIT = 0.5
+#: How long after its write-ahead intent a flush's phase 2 may still write
+#: (the cluster path's adopt_after // 2: past it the group's or host's
+#: script refuses, 'late'): an intent younger than this may be a live
+#: worker's flush in flight, and a migration is refused while one is there.
+_LIVE_INTENT = 300
+#: A scope's live holds (P:holds: holder -> when it lapses, on the server's
+#: clock) or its intents (P:fxhosts: scored by the server's TIME at their
+#: write) younger than ARGV[1] seconds: how many, on the key's node's clock.
+_LIVE_LUA = """#!lua flags=no-writes
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+return redis.call('ZCOUNT', KEYS[1], string.format('%.6f', now - tonumber(ARGV[1])), '+inf')
+"""
 #: Pages (or links records) per flush of a migration.
 _MIGRATION_BATCH = 2_000
 #: The oldest Redis the store runs on: its scripts carry flags (``#!lua``),
@@ -538,6 +551,9 @@ class RedisLayout(RedisCore):
                 start = int(found.get(_UPGRADING.encode(), version))
                 if start >= CLUSTER_LAYOUT_VERSION:
                     return  # done by the process we waited for
+                if _UPGRADING.encode() not in found:
+                    # (Resumed, the version is raised: layout 6 refused.)
+                    self._refuse_live_workers()
                 self.roundtrips += 1
                 self._sync.hset(meta, mapping={"version": CLUSTER_LAYOUT_VERSION,
                                                _UPGRADING: start})
@@ -567,6 +583,26 @@ class RedisLayout(RedisCore):
         logger.info("State store %s: cluster layout migrated from version %d to %d (%d host "
                     "keys moved to their groups' slots)", self.location, start,
                     CLUSTER_LAYOUT_VERSION, moved)
+
+    def _refuse_live_workers(self) -> None:
+        """Refuse the migration, nothing changed, while a worker of the old
+        layout may be running: a live hold of a scope (a crawl's), or a
+        write-ahead intent young enough that its flush may still write
+        (:data:`_LIVE_INTENT`). Such a worker would go on writing host keys
+        of layout 6 that nothing moves, its phase 3 counting pages that no
+        read finds."""
+        glob = _glob(self.prefix)
+        for kind, within, said in (("holds", 0, "a live hold of a scope"),
+                                   ("fxhosts", _LIVE_INTENT,
+                                    f"a flush's intent under {_LIVE_INTENT} s old")):
+            for key in self._scan_keys(f"{glob}:{kind}:*"):
+                self.roundtrips += 1
+                if int(self._sync.eval(_LIVE_LUA, 1, key, within)):
+                    raise self._fail(
+                        f"migration refused: {said} ({key}) shows a worker of the cluster "
+                        f"layout {_MIGRATED_CLUSTER_LAYOUT} running; stop every worker of "
+                        f"the old code, wait {_LIVE_INTENT} s, then open the store again "
+                        "(nothing was changed)")
 
     def _group_ledger(self, ledger: str) -> str | None:
         """The group's ledger (layout 7) of a host's ledger of layout 6,
