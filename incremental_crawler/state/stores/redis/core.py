@@ -669,6 +669,31 @@ class RedisCore(StateStore):
             found.update(self._scan_node(cluster.get_redis_connection(node), match))
         return sorted(found)
 
+    def _scan_pages(self, match: str) -> Iterator[list[str]]:
+        """The keys matching the glob *match* one SCAN page at a time
+        (bounded steps; on a cluster every primary's in turn), for a walk
+        over more keys than are worth holding at once. A key may come twice
+        (SCAN's own guarantee): the caller's steps can be done again."""
+        if not self.cluster:
+            nodes: list[Any] = [self._sync]
+        else:
+            cluster: Any = self._sync
+            nodes = [cluster.get_redis_connection(node) for node in cluster.get_primaries()]
+        for client in nodes:
+            cursor = 0
+            for _ in range(_SCAN_ROUNDS):
+                self.roundtrips += 1
+                try:
+                    reply: Any = client.scan(cursor, match=match, count=_SCAN_COUNT)
+                except redis.RedisError as exc:
+                    raise self._fail("read failed", exc) from exc
+                cursor, keys = reply
+                yield [k.decode() for k in keys]
+                if cursor == 0:
+                    break
+            else:
+                raise self._fail(f"scanning the keys {match} did not finish")
+
     def _scan_node(self, client: Any, match: str) -> list[str]:
         found: list[str] = []
         cursor = 0

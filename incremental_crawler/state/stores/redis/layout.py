@@ -619,44 +619,60 @@ class RedisLayout(RedisCore):
 
     def _move_host_keys(self, lock: str, token: str) -> int:
         """The host keys of layout 6 moved to their groups (see
-        :meth:`_migrate_cluster`): how many."""
+        :meth:`_migrate_cluster`): how many. Walked one SCAN page at a
+        time, moved a batch at a time (a store of millions of host keys is
+        never listed whole in memory), the progress logged."""
         head = f"{self.prefix}:"
-        found = self._scan_keys(f"{_glob(self.prefix)}:*{{*|*}}*")
         moves: list[tuple[str, str]] = []
         ledgers: dict[str, str] = {}
-        for key in found:
-            if not key.startswith(head) or not key[len(head):].partition(":")[2].startswith("{"):
-                continue
-            kind, _, rest = key[len(head):].partition(":")
-            inside, _, tail = rest[1:].partition("}")
-            scope_part, _, part = inside.rpartition("|")
-            if not scope_part or part.startswith("="):
-                continue  # not a host's tag, or of layout 7 already
-            group_ledger = self._group_ledger(key) if kind == "fx" and not tail else None
-            if group_ledger is not None:
-                ledgers[key] = group_ledger
-            elif kind in _HOST_KINDS:
-                moves.append((key, f"{head}{kind}:{host_tag(scope_part, part)}{tail}"))
-        for at in range(0, len(moves), _MIGRATION_BATCH):
-            self._renew(lock, token)
-            chunk = moves[at:at + _MIGRATION_BATCH]
+        moved = batches = 0
+        for page in self._scan_pages(f"{_glob(self.prefix)}:*{{*|*}}*"):
+            for key in page:
+                if not key.startswith(head) or not key[len(head):].partition(":")[2].startswith(
+                        "{"):
+                    continue
+                kind, _, rest = key[len(head):].partition(":")
+                inside, _, tail = rest[1:].partition("}")
+                scope_part, _, part = inside.rpartition("|")
+                if not scope_part or part.startswith("="):
+                    continue  # not a host's tag, or of layout 7 already
+                group_ledger = self._group_ledger(key) if kind == "fx" and not tail else None
+                if group_ledger is not None:
+                    ledgers[key] = group_ledger
+                elif kind in _HOST_KINDS:
+                    moves.append((key, f"{head}{kind}:{host_tag(scope_part, part)}{tail}"))
+            if len(moves) + len(ledgers) >= _MIGRATION_BATCH:
+                moved += self._move_batch(moves, ledgers, lock, token)
+                moves, ledgers = [], {}
+                batches += 1
+                if batches % 10 == 0:
+                    logger.info("State store %s: %d host keys moved to their groups so far",
+                                self.location, moved)
+        return moved + self._move_batch(moves, ledgers, lock, token)
+
+    def _move_batch(self, moves: list[tuple[str, str]], ledgers: dict[str, str], lock: str,
+                    token: str) -> int:
+        """One batch of :meth:`_move_host_keys`: host keys copied to their
+        new names (old, new) then deleted, host ledgers' entries into their
+        groups' (old -> new); how many keys."""
+        self._renew(lock, token)
+        if moves:
             pipe = self._sync.pipeline(transaction=False)
-            for old, _ in chunk:
+            for old, _ in moves:
                 pipe.dump(old)
             dumped = self._sync_run(pipe)
             pipe = self._sync.pipeline(transaction=False)
-            for (_, new), data in zip(chunk, dumped, strict=True):
+            for (_, new), data in zip(moves, dumped, strict=True):
                 if data is not None:
                     pipe.restore(new, 0, data, replace=True)
             self._sync_run(pipe)
             # Copied: the old keys go (a migration cut before this copies
             # them again, REPLACE, when resumed).
             pipe = self._sync.pipeline(transaction=False)
-            for old, _ in chunk:
+            for old, _ in moves:
                 pipe.delete(old)
             self._sync_run(pipe)
         for old, new in sorted(ledgers.items()):
-            self._renew(lock, token)
             part = _tag_inside(old).rpartition("|")[2]
             entries: Any = self._sync.hgetall(old)
             self.roundtrips += 1
