@@ -41,7 +41,9 @@
 -- host of which only that many of the planned splits can be made (a
 -- bucket's key beyond the count is taken): nothing written then. A host
 -- whose record or keys are damaged ends the script at its first write,
--- with its error: the writes before it applied, nothing of it or after.
+-- with its error: the writes before it applied, nothing of it or after (the
+-- caller sends the other hosts' writes after it again, without the damaged
+-- host's, under a new token: see cluster.py, _phase_hosts).
 local TOKEN, LEDGER = KEYS[1], KEYS[2]
 local done = redis.call('GET', TOKEN)
 if done then
