@@ -30,12 +30,12 @@ from incremental_crawler.state.stores.redis.core import (
     SCOPE_SHARDS,
     host_group,
     host_tag,
+    key_tag,
     shard_part,
 )
 from incremental_crawler.state.stores.redis.layout import (
     _LIVE_INTENT,
     CLUSTER_LAYOUT_VERSION,
-    _tag_inside,
 )
 from incremental_crawler.state.stores.redis.scripts import CLUSTER_HOST_LUA
 from tests.conftest import crawl_settings
@@ -621,7 +621,7 @@ async def test_a_layout_6_store_with_a_damaged_scope_shard_is_migrated_not_locke
         ledgers = [key.decode() for key in client.keys(f"{prefix}:fx:*")]
     assert old_keys(redis_cluster, prefix) == []
     # The dead worker's effects kept, in group ledgers (none applied).
-    assert ledgers and all(_tag_inside(key).rpartition("|")[2].startswith("=")
+    assert ledgers and all(key_tag(key)[1:-1].rpartition("|")[2].startswith("=")
                            for key in ledgers)
 
 

@@ -113,6 +113,7 @@ from incremental_crawler.state.stores.redis.core import (
     host_of_part,
     host_tag,
     item_group,
+    key_tag,
     ledger_shard,
     logger,
     scope_of_shard,
@@ -251,12 +252,6 @@ def _entries_gone(held: list[tuple[str, str]], there: list[Any]) -> list[tuple[s
         if isinstance(found, Exception):
             raise found
     return [entry for entry, found in zip(held, there, strict=True) if not int(found)]
-
-
-def _tag_of(key: str) -> str:
-    """The hash tag of a key (``{...}``, braces included)."""
-    start = key.index("{")
-    return key[start:key.index("}", start) + 1]
 
 
 @dataclass
@@ -642,18 +637,18 @@ class RedisClusterPath(RedisCore):
         last_item: dict[tuple[str, str], int] = {}
         for n, op in enumerate(ops):
             if op[0] == "item":
-                tag = _tag_of(op[1])
+                tag = key_tag(op[1])
                 groups.setdefault(tag, []).append(n)
                 last_item[tag, op[6]] = n
             elif op[0] == "undeliv":
-                tag = _tag_of(op[1])
+                tag = key_tag(op[1])
                 at = last_item.pop((tag, op[5]), None)
                 if at is not None and at not in marks:
                     marks[at] = n
                 else:
                     groups.setdefault(tag, []).append(n)  # on its own (a safeguard)
             elif op[0] == "redeliv":
-                groups.setdefault(_tag_of(op[1]), []).append(n)
+                groups.setdefault(key_tag(op[1]), []).append(n)
 
         def build(tag: str, positions: list[int], token: str) -> Any:
             return self._items_call(tag, token, [ops[n] for n in positions],
@@ -953,7 +948,7 @@ class RedisClusterPath(RedisCore):
         groups: dict[str, list[int]] = {}
         for n, op in enumerate(ops):
             if op[0] in _SCOPE_OPS:
-                groups.setdefault(_tag_of(op[1]), []).append(n)
+                groups.setdefault(key_tag(op[1]), []).append(n)
         effect_tags = {f"{{{part}}}" for part, bundles in carried.effects.items()
                        if bundles} | set(carried.sent_effects)
         for tag in effect_tags:
@@ -1261,7 +1256,7 @@ class RedisClusterPath(RedisCore):
         went still finds it applied."""
         by_shard: dict[str, set[str]] = {}
         for ledger, token in entries:
-            scope_part, _, group = _tag_of(ledger)[1:-1].rpartition("|")
+            scope_part, _, group = key_tag(ledger)[1:-1].rpartition("|")
             by_shard.setdefault(shard_part(scope_part, ledger_shard(group)), set()).add(token)
         commands: list[tuple[Any, ...]] = []
         for shard, tokens in sorted(by_shard.items()):
@@ -1346,7 +1341,7 @@ class RedisClusterPath(RedisCore):
             return
         parts = {shard: sorted({member.decode().rpartition("\0")[0] for member, _ in pairs})
                  for shard, (_, pairs) in listed.items()}
-        ledgers = {shard: [f"{self.prefix}:fx:{{{scope_part}|{part}}}" for part in found]
+        ledgers = {shard: [self._group_ledger_key(scope_part, part) for part in found]
                    for shard, found in parts.items()}
         entries = yield [*(("EVAL", CLUSTER_LEDGER_READ_LUA, 1, ledger)
                            for shard in listed for ledger in ledgers[shard]),
@@ -1508,7 +1503,7 @@ class RedisClusterPath(RedisCore):
             return hosts
         pipe = self._sync.pipeline(transaction=False)
         for group in groups:
-            pipe.hvals(f"{self.prefix}:fx:{{{scope_part}|{group}}}")
+            pipe.hvals(self._group_ledger_key(scope_part, group))
         listed: set[str] = set()
         for group, values in zip(groups, self._sync_run(pipe), strict=True):
             for raw in values:

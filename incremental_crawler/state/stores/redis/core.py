@@ -183,6 +183,12 @@ def host_tag(scope_part: str, part: str) -> str:
     return f"{{{scope_part}|{host_group(part)}}}:{part}"
 
 
+def key_tag(key: str) -> str:
+    """The hash tag of a key (``{...}``, braces included)."""
+    start = key.index("{")
+    return key[start:key.index("}", start) + 1]
+
+
 def shard_part(scope_part: str, shard: int) -> str:
     """The tag's inside of a scope's shard (``<s>^<x>``)."""
     return f"{scope_part}{SHARD_MARK}{SCOPE_SHARDS[shard]}"
@@ -362,7 +368,12 @@ class RedisCore(StateStore):
     def _ledger_key(self, scope: str, host: str) -> str:
         """The ledger of effects (cluster layout) that *host*'s writes keep
         until applied: its group's, one for the group's hosts."""
-        return f"{self.prefix}:fx:{{{_key_part(scope)}|{host_group(host_part(host))}}}"
+        return self._group_ledger_key(_key_part(scope), host_group(host_part(host)))
+
+    def _group_ledger_key(self, scope_part: str, group: str) -> str:
+        """A host group's ledger of effects (cluster layout 7), by the key
+        parts of its scope and group."""
+        return f"{self.prefix}:fx:{{{scope_part}|{group}}}"
 
     def _refuse_forgotten_token(self, since: float) -> None:
         """Refuse to send again, now, a write whose reply was lost at *since*

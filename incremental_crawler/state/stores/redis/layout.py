@@ -25,6 +25,7 @@ from incremental_crawler.state.stores.redis.core import (
     _key_part,
     host_group,
     host_tag,
+    key_tag,
     logger,
 )
 from incremental_crawler.state.stores.redis.due import _DUE_BUCKETS
@@ -198,12 +199,6 @@ def _per_node(info: dict[str, Any]) -> bool:
     """Whether an ``INFO`` reply of a cluster's client is one per node
     (``host:port`` -> the node's), not one node's."""
     return bool(info) and all(isinstance(value, dict) for value in info.values())
-
-
-def _tag_inside(key: str) -> str:
-    """What a key's hash tag holds (between its first braces)."""
-    start = key.index("{")
-    return key[start + 1:key.index("}", start)]
 
 
 def _entry_of_host(raw: bytes, part: str) -> bytes:
@@ -612,10 +607,10 @@ class RedisLayout(RedisCore):
         head = f"{self.prefix}:fx:{{"
         if not ledger.startswith(head) or not ledger.endswith("}"):
             return None
-        scope_part, _, part = _tag_inside(ledger).rpartition("|")
+        scope_part, _, part = key_tag(ledger)[1:-1].rpartition("|")
         if not scope_part or not part or part.startswith("="):
             return None
-        return f"{head}{scope_part}|{host_group(part)}}}"
+        return self._group_ledger_key(scope_part, host_group(part))
 
     def _move_host_keys(self, lock: str, token: str) -> int:
         """The host keys of layout 6 moved to their groups (see
@@ -673,7 +668,7 @@ class RedisLayout(RedisCore):
                 pipe.delete(old)
             self._sync_run(pipe)
         for old, new in sorted(ledgers.items()):
-            part = _tag_inside(old).rpartition("|")[2]
+            part = key_tag(old)[1:-1].rpartition("|")[2]
             entries: Any = self._sync.hgetall(old)
             self.roundtrips += 1
             rewritten = {name: _entry_of_host(raw, part) for name, raw in entries.items()}
