@@ -35,6 +35,8 @@ from incremental_crawler.state.stores.redis import due as due_reads
 from incremental_crawler.state.stores.redis.cluster import _Effects
 from incremental_crawler.state.stores.redis.core import (
     SCOPE_SHARDS,
+    host_group,
+    host_tag,
     item_group,
     scope_shard,
     shard_part,
@@ -80,6 +82,16 @@ def shard_of(host: str) -> str:
 
 #: The scope shard of a.example, the host most tests write.
 A_SHARD = shard_of("a.example")
+
+
+def host_key(prefix: str, kind: str, host: str, scope: str = SCOPE) -> str:
+    """A host's key of *kind* (its group's tag, then the host)."""
+    return f"{prefix}:{kind}:{host_tag(scope, host)}"
+
+
+def ledger_key(prefix: str, host: str, scope: str = SCOPE) -> str:
+    """The ledger of *host*'s group."""
+    return f"{prefix}:fx:{{{scope}|{host_group(host)}}}"
 LONELY_SHARD = shard_of("lonely.example")
 
 #: What a crawl or a command needs to open the state store on a cluster.
@@ -93,7 +105,7 @@ def open_store(cluster: LoopbackCluster, prefix: str) -> RedisStateStore:
 def hosts_on_two_nodes(cluster: LoopbackCluster, prefix: str) -> tuple[str, str]:
     """Two hosts whose keys are on different nodes of the cluster."""
     def port(host: str) -> int:
-        return cluster.port_of(f"{prefix}:hd:{{{SCOPE}|{host}}}")
+        return cluster.port_of(host_key(prefix, "hd", host))
 
     first = "a.example"
     for n in range(100):
@@ -205,7 +217,8 @@ async def test_every_key_is_tagged_and_a_hosts_keys_share_a_slot(
     untagged = [k for k in keys if "{" not in k and k not in (f"{prefix}:meta",
                                                                f"{prefix}:scopes")]
     assert untagged == []
-    host_keys = [k for k in keys if "{books|a.example}" in k]
+    host_keys = [k for k in keys if k.endswith(host_tag("books", "a.example"))
+                 or host_tag("books", "a.example") + ":" in k]
     # (Records of every field are longer than a listpack entry: pgl.)
     assert {k.split(":")[1] for k in host_keys} >= {"hd", "ln", "pgl"}
     assert len({key_slot(k.encode()) for k in host_keys}) == 1
@@ -237,7 +250,7 @@ async def test_a_flush_failing_in_phase_2_on_one_node_leaves_no_page_ahead_of_it
         store.stage_page(full_state(b, 2, callback="parse", next_visit=3_000))
         # A damaged key of host a: its links hash is not a hash, so its
         # script of phase 2 applies nothing (host b's, on another node, runs).
-        links = f"{prefix}:ln:{{{SCOPE}|{a_host}}}"
+        links = host_key(prefix, "ln", a_host)
         with redis_cluster.client() as client:
             assert client.set(links, "damaged")
             with pytest.raises(StateStoreError, match="WRONGTYPE"):
@@ -391,7 +404,7 @@ async def test_writes_and_reads_planned_from_a_stale_bucket_count_are_planned_ag
         for key in keys[:150]:
             store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
         await call(store.flush())
-        hd = f"{prefix}:hd:{{{SCOPE}|a.example}}"
+        hd = host_key(prefix, "hd", "a.example")
         with redis_cluster.client() as client:
             assert int(client.hget(hd, "n")) > 1  # split
         # As if read before another worker's splits: one bucket, no pages.
@@ -431,7 +444,7 @@ async def test_a_split_whose_bucket_key_is_taken_is_not_made(
     # A key where the host's next bucket would go (written by something
     # else): the host does not split (as on one server), its pages are
     # written to the buckets it has, and the key is left alone.
-    foreign = f"{prefix}:pg:{{{SCOPE}|a.example}}:1"
+    foreign = host_key(prefix, "pg", "a.example") + ":1"
     keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(60)]
     store = open_store(redis_cluster, prefix)
     try:
@@ -440,7 +453,7 @@ async def test_a_split_whose_bucket_key_is_taken_is_not_made(
             for key in keys:
                 store.stage_page(full_state(key, 1))
             assert await call(store.flush()) == 60
-            assert client.hget(f"{prefix}:hd:{{{SCOPE}|a.example}}", "n") == b"1"
+            assert client.hget(host_key(prefix, "hd", "a.example"), "n") == b"1"
             assert client.hgetall(foreign) == {b"not": b"ours"}
         assert len(await call(store.get_pages(keys))) == 60
     finally:
@@ -461,7 +474,7 @@ async def test_a_split_made_by_a_host_script_that_applied_no_write_keeps_its_bou
     lost): the moved pages are due."""
     keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(40)]
     store = open_store(redis_cluster, prefix)
-    hd = f"{prefix}:hd:{{{SCOPE}|a.example}}"
+    hd = host_key(prefix, "hd", "a.example")
     buckets = [key for b in (0, 1) for key in store._bucket_keys(SCOPE, "a.example", b)]
     try:
         for key in keys[:40]:
@@ -833,7 +846,7 @@ async def test_a_damaged_write_generation_fails_its_hosts_writes_before_any(
     """The host script raises the counter after its writes: one INCR would
     refuse (not an integer) fails the host's writes whole, before any."""
     key = PageKey(SCOPE, "https://a.example/p")
-    counter = f"{prefix}:wg:{{{SCOPE}|a.example}}"
+    counter = host_key(prefix, "wg", "a.example")
     store = open_store(redis_cluster, prefix)
     try:
         with redis_cluster.client() as client:
@@ -841,7 +854,7 @@ async def test_a_damaged_write_generation_fails_its_hosts_writes_before_any(
             store.stage_page(full_state(key, 1))
             with pytest.raises(StateStoreError, match="not a counter"):
                 await call(store.flush())
-            assert client.exists(f"{prefix}:hd:{{{SCOPE}|a.example}}") == 0
+            assert client.exists(host_key(prefix, "hd", "a.example")) == 0
             client.set(counter, 7)
         await call(store.flush())
         assert await call(store.write_generation(SCOPE, ["a.example"])) == "a.example=8"
@@ -919,8 +932,8 @@ async def test_a_reset_leaves_no_key_of_the_scope_on_any_node(
         left = [k.decode() for k in redis_cluster.keys(f"{prefix}:*")]
         # But each host's write generation: raised, never deleted (a
         # counter started again would give a token read before again).
-        assert sorted(k for k in left if "{books" in k) == [
-            f"{prefix}:wg:{{books|{host}}}" for host in hosts]
+        assert sorted(k for k in left if "{books" in k) == sorted(
+            host_key(prefix, "wg", host, "books") for host in hosts)
         assert await call(store.write_generation(SCOPE, hosts)) != generation
         assert any("{other" in k for k in left)
     finally:
@@ -1217,7 +1230,7 @@ async def test_a_full_cluster_still_reads_and_resets_with_intents_pending(
                     if b"{books" in k and b":flush:" not in k and b":wg:" not in k
                     and b":holdepoch:" not in k] == []
             with redis_cluster.client() as client:
-                assert client.get(f"{prefix}:wg:{{{SCOPE}|lonely.example}}") == b"2"
+                assert client.get(host_key(prefix, "wg", "lonely.example")) == b"2"
         else:
             # Not lost: applied by the first read with room to write.
             assert store.count_scope(SCOPE).pages == 5
@@ -2458,7 +2471,7 @@ async def test_an_adoption_keeps_a_pages_latest_check_whatever_order_its_entries
     store = open_store(redis_cluster, prefix)
     assert store.take_scope(SCOPE, "crawl-2", 60, 1_000_005) is None  # (checks noted since)
     checks = f"{prefix}:ck:{{{A_SHARD}}}"
-    ledger = f"{prefix}:fx:{{{SCOPE}|a.example}}"
+    ledger = ledger_key(prefix, "a.example")
     member = "a.example|x"
     with redis_cluster.client() as client:
         mark = int(client.hget(f"{prefix}:nvm:{{{A_SHARD}}}", "mark"))
@@ -2468,7 +2481,8 @@ async def test_an_adoption_keeps_a_pages_latest_check_whatever_order_its_entries
         client.hset(ledger, "b" * 32, json.dumps([now - 10, {"checks": [[member, mark + 30]]}]))
         client.hset(ledger, "a" * 32, json.dumps([now - 20, {"checks": [[member, mark + 50]]}]))
         assert client.object("encoding", ledger) == b"listpack"
-        client.zadd(f"{prefix}:fxhosts:{{{A_SHARD}}}", {"a.example\0gone-worker": now - 5})
+        client.zadd(f"{prefix}:fxhosts:{{{A_SHARD}}}",
+                    {f"{host_group('a.example')}\0gone-worker": now - 5})
     try:
         store.adopt_ledgers_sync(SCOPE)
         with redis_cluster.client() as client:
@@ -2523,7 +2537,7 @@ async def test_a_hosts_write_generation_that_cannot_be_raised_refuses_its_writes
     """As on one server: a host's counter INCR would refuse or overflow
     refuses the host's writes and a repair of its pages before any."""
     key = PageKey(SCOPE, "https://a.example/p")
-    counter = f"{prefix}:wg:{{{SCOPE}|a.example}}"
+    counter = host_key(prefix, "wg", "a.example")
     store = open_store(redis_cluster, prefix)
     try:
         store.stage_page(full_state(key, 1))

@@ -60,7 +60,7 @@ from incremental_crawler.state.stores.base import (
     due_after,
 )
 from incremental_crawler.state.stores.redis import RedisStateStore
-from incremental_crawler.state.stores.redis.core import ITEM_GROUPS
+from incremental_crawler.state.stores.redis.core import ITEM_GROUPS, host_tag
 from incremental_crawler.state.stores.sqlite import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -2333,7 +2333,7 @@ class TestRedisClusterStore(HoldsOnTheServersClock, StateStoreContract):
             # at its pages). What a failure in phase 2 after items were
             # written leaves is tested apart (tests/test_redis_cluster_store.py).
             damaged = [f"{cluster_prefix}:itemver:{{{SCOPE}#{g}}}" for g in range(ITEM_GROUPS)]
-            damaged.append(f"{cluster_prefix}:hd:{{{SCOPE}|example.com}}")
+            damaged.append(f"{cluster_prefix}:hd:{host_tag(SCOPE, 'example.com')}")
             with redis_cluster.client() as client:
                 for key in damaged:
                     assert client.set(key, "damaged", nx=True)

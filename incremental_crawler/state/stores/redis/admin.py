@@ -42,8 +42,9 @@ from incremental_crawler.state.stores.redis.core import (
     _page_range,
     _slot_rates,
     _stored_version,
+    group_shard,
+    host_group,
     logger,
-    scope_shard,
     shard_part,
 )
 from incremental_crawler.state.stores.redis.memo import counter_ok
@@ -652,7 +653,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             return self._sync_run(pipe)
 
     def _adopt_before_repair(self, scope: str) -> None:
-        """A repair on a cluster first applies what the hosts' ledgers hold
+        """A repair on a cluster first applies what the host groups' ledgers hold
         (a dead worker's effects, a cut repair's): what it reads of the
         pages is then what the sums count. Refused (Redis
         full, a damaged key), the repair is refused: nothing deleted."""
@@ -676,7 +677,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         the sums counting pages gone for good (a retry finds none to take
         out). So they go as a flush's effects go: a write-ahead intent in
         the host's shard first (before anything is deleted), the effects in
-        the host's ledger by the script that deletes the pages, applied
+        the host group's ledger by the script that deletes the pages, applied
         once under their token (``P:fxdone``) by the shard's script, or by
         the next reading of the scope (:meth:`_adoption`) if the repair
         stops before. Computed in that script, they are what was deleted,
@@ -693,10 +694,12 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         # (A host's run again after a cut: its items' pages, gone by then.)
         urls = {*urls, *pages_of.values()}
         part = host_part(host)
-        shard = shard_part(_key_part(scope), scope_shard(part))
+        # The host's group's ledger and intent (an intent names a group).
+        group = host_group(part)
+        shard = shard_part(_key_part(scope), group_shard(group))
         token = uuid.uuid4().hex
-        intent = (self._intents_key(shard), f"{part}\0repair-{token}")
-        ledger = self._host_key("fx", scope, host)
+        intent = (self._intents_key(shard), f"{group}\0repair-{token}")
+        ledger = self._ledger_key(scope, host)
         pages, links, raw = self._forget_host_slot(scope, host, ledger, token, plan, intent)
         counts = dict.fromkeys(Removed._fields, 0)
         counts.update(pages=pages, links=links)
@@ -745,9 +748,9 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             if kind is not None:
                 counts[kind] += int(n)
         if raw:
-            effects = _Effects(ledger=ledger, where=(shard, part))
+            effects = _Effects(ledger=ledger, where=(shard, group))
             effects.add(json.loads(raw), part)
-            self._repair_effects(shard, part, ledger, token, intent, effects)
+            self._repair_effects(shard, group, ledger, token, intent, effects)
         else:
             self._drop_intent(intent)
         return Removed(**counts)
@@ -758,7 +761,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         """The host's part of a repair (``cluster_forget.lua``), after its
         write-ahead *intent*, planned again while a crawl splits the host's
         buckets meanwhile: the pages and links deleted, and the effects the
-        script kept in the host's ledger (JSON; '' none).
+        script kept in the host group's ledger (JSON; '' none).
 
         The script deletes only up to the intent's time + adopt_after // 2
         on its node's clock, as a flush's phase 2 writes (see
@@ -812,7 +815,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         pipe.zrem(*intent)
         self._sync_run(pipe)
 
-    def _repair_effects(self, shard: str, part: str, ledger: str, token: str,
+    def _repair_effects(self, shard: str, group: str, ledger: str, token: str,
                         intent: tuple[str, str], effects: _Effects) -> None:
         """The sums and checks of a repair's pages (deleted now) taken out
         by their shard's script under the token of their ledger entry
@@ -821,7 +824,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         # deletions may have taken that long), and its entry is there.
         # The host's shard's (its sums and checks are there), under the
         # entry's token: applied once, by this or by an adoption.
-        bundle = _Effects(ledger=ledger, where=(shard, part))
+        bundle = _Effects(ledger=ledger, where=(shard, group))
         bundle.merge(effects)
         script, keys, args = self._scope_call(f"{{{shard}}}", uuid.uuid4().hex,
                                               {token: bundle}, [])
@@ -886,7 +889,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             kinds += self._scan_keys(f"{_glob(self.prefix)}:undel:{{{part}#*}}:*")
             kinds += self._scan_keys(f"{_glob(self._key('undel', scope))}:*")
             kinds += self._fine_sums_keys(scope)
-            # The hosts' ledgers of effects (a dead worker's new host's
+            # The host groups' ledgers of effects (a dead worker's new host's
             # too, listed nowhere) and the effects applied.
             kinds += self._scan_keys(f"{_glob(self.prefix)}:fx:{{{part}|*}}")
             kinds += [key for kind in ("duer", "fxhosts", "fxheld")

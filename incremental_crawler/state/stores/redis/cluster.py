@@ -1,10 +1,11 @@
-"""The Redis store on a Redis Cluster: the cluster layout (6), its phased
+"""The Redis store on a Redis Cluster: the cluster layout (7), its phased
 flush and its reads of pages.
 
 A Redis Cluster runs a script only on the node of its keys' slot, and every
 key a script touches must be in its ``KEYS`` and in one slot (Redis 7
 refuses a "non local key"). In the cluster layout every key carries a hash
-tag: a host's keys ``{<s>|<h>}`` (as in layout 4), a scope's own keys
+tag: a host's keys its host group's ``{<s>|<g>}``, the host after the tag
+(``P:hd:{<s>|<g>}:<h>``; see :data:`~.core.HOST_GROUPS`), a scope's own keys
 ``{<s>}`` (``P:hosts:{<s>}``, ``P:crawls:{<s>}``, ...), what phase 3 writes
 of a scope per scope shard ``{<s>^<x>}`` (``P:dueb``, ``P:nvs``, ``P:hs``,
 ...: a host's in the shard :func:`~.core.scope_shard` gives, so that one
@@ -25,8 +26,10 @@ succeeded:
    delivery mark: a version is never stored without the mark that waits
    on its crawl, whatever phase a worker is gone in; and the marks moved
    to a crawl that emitted their versions again;
-2. the page and links writes, per host (``cluster_host.lua``), and the page
-   index's new members (after the items they list);
+2. the page and links writes, per host group (``cluster_host.lua``: the
+   group's hosts one after the other, one token, one ledger entry and one
+   intent a group), and the page index's new members (after the items
+   they list);
 3. per scope shard touched (``cluster_scope.lua``): what phase 2's scripts
    of its hosts returned of their writes (the shard's hosts, the revisit
    index lowered, the splits, the sums by next visit, the checks since the
@@ -53,9 +56,9 @@ phase 2, after every item of the flush. A flush that fails in phase 1
 writes no page; one that fails in phase 2 leaves items stored with their
 pages' old state (the page is fetched again). What phases 1 and 2 applied
 and phase 3 has not is kept by the store (:class:`_Carried`) and sent with
-the next flush; phase 2's effects also stay in their host's ledger
-(``P:fx:{<s>|<h>}``) until applied, so that a worker gone before its phase 3
-leaves them to the next flush that writes the host (after
+the next flush; phase 2's effects also stay in their host group's ledger
+(``P:fx:{<s>|<g>}``) until applied, so that a worker gone before its phase 3
+leaves them to the next flush that writes the group (after
 :attr:`RedisClusterPath.adopt_after`) or, listed by the write-ahead intents
 the flush wrote in the host's scope shard before its phase 2
 (``P:fxhosts:{<s>^<x>}``), to the next reading of the scope
@@ -105,11 +108,15 @@ from incremental_crawler.state.stores.redis.core import (
     RedisCore,
     _key_part,
     _whole,
+    group_shard,
+    host_group,
     host_of_part,
+    host_tag,
     item_group,
+    key_tag,
+    ledger_shard,
     logger,
     scope_of_shard,
-    scope_shard,
     shard_part,
 )
 from incremental_crawler.state.stores.redis.pages import (
@@ -220,10 +227,20 @@ def _applied_bucket(token: str) -> int:
 
 
 def _has_effects(reply: dict[str, Any]) -> bool:
-    """Whether a host script's effects change anything in its scope's
-    slot (as cluster_host.lua keeps a ledger entry for them)."""
-    return bool(reply.get("splits") or reply.get("new_host") or reply.get("sums")
-                or reply.get("checks") or reply.get("due"))
+    """Whether a group script's effects change anything in its scope's
+    shard (as cluster_host.lua keeps a ledger entry for them)."""
+    return bool(reply.get("splits") or reply.get("hosts") or reply.get("new_host")
+                or reply.get("sums") or reply.get("checks") or reply.get("due"))
+
+
+def _listed_hosts(reply: dict[str, Any], part: str) -> list[str]:
+    """The hosts (key parts) a group script's effects list in their scope:
+    its ``hosts``; an entry of a host's own script (layout 6, left in a
+    ledger a migration moved) says ``new_host`` of its host, *part*."""
+    hosts = list(reply.get("hosts") or [])
+    if reply.get("new_host"):
+        hosts.append(part)
+    return hosts
 
 
 def _entries_gone(held: list[tuple[str, str]], there: list[Any]) -> list[tuple[str, str]]:
@@ -235,12 +252,6 @@ def _entries_gone(held: list[tuple[str, str]], there: list[Any]) -> list[tuple[s
         if isinstance(found, Exception):
             raise found
     return [entry for entry, found in zip(held, there, strict=True) if not int(found)]
-
-
-def _tag_of(key: str) -> str:
-    """The hash tag of a key (``{...}``, braces included)."""
-    start = key.index("{")
-    return key[start:key.index("}", start) + 1]
 
 
 @dataclass
@@ -256,9 +267,9 @@ class _Effects:
     #: Some effects were dropped (see :meth:`expired`): the shard's sums
     #: are marked not to be trusted (``P:nvm`` ``lost``).
     lost: bool = False
-    #: The host's ledger that keeps them until they are applied ('' none).
+    #: The host group's ledger that keeps them until they are applied ('' none).
     ledger: str = ""
-    #: (shard part, host part) of that host: its write-ahead intent
+    #: (shard part, group part) of that group: its write-ahead intent
     #: (P:fxhosts of its scope shard) is dropped once none of its effects
     #: is pending.
     where: tuple[str, str] = ("", "")
@@ -276,8 +287,7 @@ class _Effects:
             visit = int(raw)
             self.due[member] = min(self.due.get(member, visit), visit)
         self.splits += int(reply.get("splits") or 0)
-        if reply.get("new_host"):
-            self.hosts.add(part)
+        self.hosts.update(_listed_hosts(reply, part))
         latest = reply.get("latest")
         if latest not in (None, ""):
             self.latest = max(int(latest), self.latest or int(latest))
@@ -300,8 +310,7 @@ class _Effects:
         for member, raw in (reply.get("due") or {}).items():
             visit = int(raw)
             bundle.due[member] = min(bundle.due.get(member, visit), visit)
-        if reply.get("new_host"):
-            bundle.hosts.add(part)
+        bundle.hosts.update(_listed_hosts(reply, part))
         return bundle
 
     def _check(self, member: str, checked: str) -> None:
@@ -340,7 +349,7 @@ class _Carried:
     #: Effects sent to a scope's script, by its tag, until its reply says
     #: what became of them (kept as sent when the reply was lost).
     sent_effects: dict[str, dict[str, _Effects]] = field(default_factory=dict)
-    #: Ledger entries (host's ledger, token) whose effects were applied:
+    #: Ledger entries (host group's ledger, token) whose effects were applied:
     #: deleted with the next pipeline.
     ledger_done: list[tuple[str, str]] = field(default_factory=list)
     #: Ledger entries deleted (their pipeline answered): their tokens go
@@ -360,6 +369,34 @@ class _Carried:
     def empty(self) -> bool:
         return not (self.effects or self.sent_effects or self.bypage_add
                     or self.bypage_remove)
+
+
+def _host_groups(ops: list[tuple[Any, ...]], applied: set[int]
+                 ) -> tuple[dict[tuple[str, str], list[int]], dict[str, list[int]],
+                            dict[str, tuple[str, str]]]:
+    """Phase 2's writes: by host (scope part, host part) and by host
+    group's tag, and each tag's (scope part, group part). One script a
+    group: its hosts' writes in staging order (a script's count of writes
+    applied is of a prefix of them, the same when they are sent again
+    with more after them: see cluster_host.lua). A
+    ``rebound`` is noted applied: not on a cluster (raising a bound there
+    needs a mark set before the bucket was read, a summary's; the due read
+    set none: a stale bound stays a lower bound until then)."""
+    by_host: dict[tuple[str, str], list[int]] = {}
+    for n, op in enumerate(ops):
+        if op[0] in _HOST_OPS:
+            by_host.setdefault((op[1], op[2]), []).append(n)
+        elif op[0] == "rebound":
+            applied.add(n)
+    groups: dict[str, list[int]] = {}
+    heads: dict[str, tuple[str, str]] = {}
+    for (scope_part, part), positions in by_host.items():
+        tag = f"{{{scope_part}|{host_group(part)}}}"
+        heads.setdefault(tag, (scope_part, host_group(part)))
+        groups.setdefault(tag, []).extend(positions)
+    for positions in groups.values():
+        positions.sort()
+    return by_host, groups, heads
 
 
 def _settle_rounds(ops: list[tuple[Any, ...]]) -> list[int]:
@@ -390,6 +427,10 @@ class RedisClusterPath(RedisCore):
     #: many of that slot's first writes it held).
     _carried: _Carried
     _unsure_slots: dict[str, tuple[str, int]]
+    #: The hosts whose writes an unsure token's script did not hold,
+    #: though staged among them (set apart after a damaged host's write:
+    #: see _send_phase): skipped when the token's writes are found again.
+    _unsure_apart: dict[str, frozenset[Any]]
     #: When each unsure token's reply was lost (its token lives _TOKEN_TTL).
     _unsure_slot_since: dict[str, float]
     #: Tokens of scripts whose outcome is known: deleted with the next flush.
@@ -405,6 +446,7 @@ class RedisClusterPath(RedisCore):
         self._worker_id = uuid.uuid4().hex
         self._carried = _Carried()
         self._unsure_slots = {}
+        self._unsure_apart = {}
         self._unsure_slot_since = {}
         self._spent_slot_tokens = []
         #: Whether an adoption refused by Redis was logged (once a store).
@@ -466,7 +508,8 @@ class RedisClusterPath(RedisCore):
 
     async def _send_phase(self, groups: dict[str, list[int]], build: Any, applied: set[int],
                           on_reply: Any, plain: Sequence[tuple[Any, ...]] = (),
-                          always: frozenset[str] = frozenset()) -> None:
+                          always: frozenset[str] = frozenset(),
+                          set_apart: Any = None, part_of: Any = None) -> None:
         """Send one script per slot group (the positions of its writes, in
         order), built by ``build(tag, positions, token)`` -> (script, keys,
         args); each reply is given to ``on_reply(tag, positions, reply, token)``
@@ -476,18 +519,28 @@ class RedisClusterPath(RedisCore):
         first (a replay applies nothing again and returns what it did),
         then the rest under a new one. A reply ``[b'n' | b'blocked', ...]``
         wrote nothing: the caller plans that group again. Groups in
-        *always* are sent even without writes (what they write besides)."""
+        *always* are sent even without writes (what they write besides).
+
+        A script that failed at a write stops there; ``set_apart(tag,
+        rest, error)``, when given, says which of the writes from that one
+        on are still sent and what they leave out (a host group's: those
+        of its other hosts, the failed host, so that a damaged host costs
+        them nothing): sent under a new token before the first failure is
+        raised. Should that script's reply be lost, its token's writes are
+        found again (a flush after) as the group's writes but those of the
+        hosts left out (``part_of(position)``), in order."""
         pending = {tag: list(positions) for tag, positions in groups.items()
                    if positions or tag in always}
         send_plain = list(plain)
+        failures: list[str] = []
+        # The hosts left out of each group's writes (set apart).
+        apart: dict[str, frozenset[Any]] = {}
         for _ in range(_PHASE_ROUNDS):
             if not pending and not send_plain:
-                return
+                break
             calls, sent = [], []
             for tag, positions in pending.items():
-                token, held = self._unsure_slots.pop(tag, (None, 0))
-                chunk = positions[:held] if token else positions
-                token = token or uuid.uuid4().hex
+                token, chunk = self._next_chunk(tag, positions, part_of)
                 calls.append(build(tag, chunk, token))
                 sent.append((tag, chunk, token))
             try:
@@ -498,23 +551,50 @@ class RedisClusterPath(RedisCore):
                 for tag, chunk, token in sent:
                     self._unsure_slots[tag] = (token, len(chunk))
                     self._unsure_slot_since.setdefault(token, clock.now())
+                    if tag in apart:
+                        self._unsure_apart[tag] = apart[tag]
                 raise
             errors = [str(answer) for answer in replies[len(calls):]
                       if isinstance(answer, Exception)]
             send_plain = []
+            kept: set[str] = set()
             for (tag, chunk, token), reply in zip(sent, replies[:len(calls)], strict=True):
-                error = self._take_reply(tag, chunk, token, reply, pending, applied, on_reply)
+                error = self._take_reply(tag, chunk, token, reply, pending, applied, on_reply,
+                                         set_apart, kept, apart)
                 if error:
                     errors.append(error)
             if errors:
-                raise _PhaseFailed(errors[0])
-        raise _PhaseFailed("the flush did not settle: a phase kept being sent again")
+                failures.extend(errors)
+                # Only what was set apart from a failed write goes on.
+                pending = {tag: rest for tag, rest in pending.items() if tag in kept}
+        else:
+            if pending or send_plain:
+                failures.append("the flush did not settle: a phase kept being sent again")
+        if failures:
+            raise _PhaseFailed(failures[0])
+
+    def _next_chunk(self, tag: str, positions: list[int],
+                    part_of: Any) -> tuple[str, list[int]]:
+        """The token and writes of a group's next script: an unsure token's
+        writes found again (see :meth:`_send_phase`), else all under a new
+        token."""
+        token, held = self._unsure_slots.pop(tag, (None, 0))
+        skip = self._unsure_apart.pop(tag, frozenset())
+        if not token:
+            return uuid.uuid4().hex, positions
+        if skip and part_of is not None:
+            positions = [at for at in positions if part_of(at) not in skip]
+        return token, positions[:held]
 
     def _take_reply(self, tag: str, chunk: list[int], token: str, reply: Any,
                     pending: dict[str, list[int]], applied: set[int],
-                    on_reply: Any) -> str | None:
+                    on_reply: Any, set_apart: Any = None,
+                    kept: set[str] | None = None,
+                    apart: dict[str, frozenset[Any]] | None = None) -> str | None:
         """One script's reply of :meth:`_send_phase`: what it applied, what
-        of its group is left to send (in *pending*); its error, if any."""
+        of its group is left to send (in *pending*; a failed script's
+        writes *set_apart* from its failure noted in *kept*); its error,
+        if any."""
         if isinstance(reply, Exception):
             del pending[tag]
             return str(reply)
@@ -525,10 +605,21 @@ class RedisClusterPath(RedisCore):
         self._spent_slot_tokens.append(self._token_key(token, tag))
         count, replayed, error = int(reply[0]), int(reply[1]), reply[2]
         applied.update(chunk[:count])
-        rest = pending[tag][count:]
+        # (A token's writes are a prefix of the group's but for hosts set
+        # apart: what is left is the group's writes not applied.)
+        done = set(chunk[:count])
+        rest = [at for at in pending[tag] if at not in done]
         if error and not replayed:
-            del pending[tag]
-            return error.decode(errors="replace")
+            said = error.decode(errors="replace")
+            others, left_out = (set_apart(tag, rest, said) if set_apart is not None and rest
+                                else ([], None))
+            if others and kept is not None and apart is not None:
+                pending[tag] = others
+                kept.add(tag)
+                apart[tag] = apart.get(tag, frozenset()) | {left_out}
+            else:
+                del pending[tag]
+            return said
         if rest:
             # A replay that stopped short, or the writes after it.
             pending[tag] = rest
@@ -546,18 +637,18 @@ class RedisClusterPath(RedisCore):
         last_item: dict[tuple[str, str], int] = {}
         for n, op in enumerate(ops):
             if op[0] == "item":
-                tag = _tag_of(op[1])
+                tag = key_tag(op[1])
                 groups.setdefault(tag, []).append(n)
                 last_item[tag, op[6]] = n
             elif op[0] == "undeliv":
-                tag = _tag_of(op[1])
+                tag = key_tag(op[1])
                 at = last_item.pop((tag, op[5]), None)
                 if at is not None and at not in marks:
                     marks[at] = n
                 else:
                     groups.setdefault(tag, []).append(n)  # on its own (a safeguard)
             elif op[0] == "redeliv":
-                groups.setdefault(_tag_of(op[1]), []).append(n)
+                groups.setdefault(key_tag(op[1]), []).append(n)
 
         def build(tag: str, positions: list[int], token: str) -> Any:
             return self._items_call(tag, token, [ops[n] for n in positions],
@@ -629,21 +720,11 @@ class RedisClusterPath(RedisCore):
 
     async def _phase_hosts(self, ops: list[tuple[Any, ...]], applied: set[int],
                            carried: _Carried) -> None:
-        groups: dict[str, list[int]] = {}
-        for n, op in enumerate(ops):
-            if op[0] in _HOST_OPS:
-                groups.setdefault(f"{{{op[1]}|{op[2]}}}", []).append(n)
-            elif op[0] == "rebound":
-                # Not on a cluster: raising a bound there needs a mark set
-                # before the bucket was read (a summary's); the due read set
-                # none. A stale bound stays a lower bound until then.
-                applied.add(n)
-        heads = {tag: (ops[positions[0]][1], ops[positions[0]][2])
-                 for tag, positions in groups.items()}
-        # Each host's scope shard (the part inside its tag): its intents and
-        # its effects go there.
-        shards = {tag: shard_part(scope_part, scope_shard(part))
-                  for tag, (scope_part, part) in heads.items()}
+        by_host, groups, heads = _host_groups(ops, applied)
+        # Each group's scope shard (its hosts'): its intents and its
+        # effects go there.
+        shards = {tag: shard_part(scope_part, group_shard(group))
+                  for tag, (scope_part, group) in heads.items()}
         # The write-ahead intent, before any host script runs: one script
         # per scope of the hosts about to be written, so that a worker gone
         # before its phase 3 leaves its effects findable from the scope
@@ -661,74 +742,116 @@ class RedisClusterPath(RedisCore):
         # clocks and stalls play no part: a stalled worker's phase 2 is
         # late, a fast reader clock is not used).
         intents: dict[str, list[str]] = {}
-        for tag, (_, part) in heads.items():
-            intents.setdefault(shards[tag], []).append(self._intent_member(part))
+        for tag, (_, group) in heads.items():
+            intents.setdefault(shards[tag], []).append(self._intent_member(group))
         first = sorted(intents)
-        counts, said = await self._part_counts(list(heads.values()),
+        counts, said = await self._part_counts(list(by_host),
                                                self._intent_calls(intents, first))
         stamps = {shard: int(at) for shard, at in zip(first, said, strict=True)}
         late: set[str] = set()
-        limits: dict[str, int] = {}
+        limits: dict[tuple[str, str], int] = {}
 
         def build(tag: str, positions: list[int], token: str) -> Any:
-            scope_part, part = heads[tag]
-            n, pages = counts[scope_part, part]
-            splits, buckets = _plan_buckets(ops, positions, n, pages,
-                                            limits.get(tag, MAX_SPLITS))
-            def head(kind: str, tag: str = tag) -> str:
-                return f"{self.prefix}:{kind}:{tag}"
-
-            keys = [self._token_key(token, tag), head("hd"), head("ln"), head("fx"),
-                    head("wg")]
-            for b in sorted(buckets):
-                keys += [f"{head('pg')}:{b}", f"{head('pgl')}:{b}"]
-            deadline = stamps[shards[tag]] + self.adopt_after // 2
-            args: list[Any] = [self._listpack_value, n, splits, self.adopt_after,
-                               len(buckets), *sorted(buckets), deadline, part]
-            for at in positions:
-                args += [ops[at][0], *ops[at][3:]]
-            return CLUSTER_HOST_LUA, keys, args
+            return self._group_call(tag, heads[tag][0], token, ops, positions, counts, limits,
+                                    stamps[shards[tag]] + self.adopt_after // 2)
 
         again: dict[str, list[int]] = {}
 
         def on_reply(tag: str, chunk: list[int], reply: Any, token: str) -> None:
-            scope_part, part = heads[tag]
+            scope_part, group = heads[tag]
             if reply[0] == b"n":
-                counts[scope_part, part] = (int(reply[1]), counts[scope_part, part][1])
+                for k in range(1, len(reply), 2):
+                    part = reply[k].decode()
+                    counts[scope_part, part] = (int(reply[k + 1]), counts[scope_part, part][1])
                 again[tag] = groups[tag]
             elif reply[0] == b"late":
                 late.add(shards[tag])
                 again[tag] = groups[tag]
             elif reply[0] == b"blocked":
-                limits[tag] = int(reply[1])
+                for k in range(1, len(reply), 2):
+                    limits[tag, reply[k].decode()] = int(reply[k + 1])
                 again[tag] = groups[tag]
             else:
                 done = self._take_effects(carried.effects.setdefault(shards[tag], {}), tag,
-                                          (shards[tag], part), token, reply)
-                if done:
-                    counts[scope_part, part] = (int(done.get("n") or 1),
-                                                int(done.get("p") or 0))
+                                          (shards[tag], group), token, reply)
+                for part, (n, pages) in (done.get("counts") or {}).items():
+                    counts[scope_part, part] = (int(n or 1), int(pages or 0))
+
+        def set_apart(tag: str, rest: list[int],
+                      error: str) -> tuple[list[int], tuple[Any, ...] | None]:
+            # A host's damaged key stops the group's script at that host's
+            # write (its writes before applied): the group's other hosts'
+            # writes after it are still sent, as they were with a script a
+            # host (layout 6). A damaged ledger is the whole group's.
+            if f"{self.prefix}:fx:{tag}" in error:
+                return [], None
+            failed = ops[rest[0]][1:3]
+            return [at for at in rest if ops[at][1:3] != failed], failed
+
+        def part_of(at: int) -> tuple[Any, ...]:
+            return tuple(ops[at][1:3])
 
         adds = dict(carried.bypage_add)
+        failure: _PhaseFailed | None = None
         for _ in range(_PHASE_ROUNDS):
-            await self._send_phase(groups, build, applied, on_reply,
-                                   self._bypage_calls("add", adds))
-            for where, version in adds.items():
-                if carried.bypage_add.get(where) == version:
-                    del carried.bypage_add[where]
+            try:
+                await self._send_phase(groups, build, applied, on_reply,
+                                       self._bypage_calls("add", adds), set_apart=set_apart,
+                                       part_of=part_of)
+            except _PhaseFailed as exc:
+                # (Raised once the groups planned again are written too.)
+                failure = failure or exc
+            else:
+                for where, version in adds.items():
+                    if carried.bypage_add.get(where) == version:
+                        del carried.bypage_add[where]
             adds = {}
             if not again:
-                return
+                break
             await self._say_again(intents, late, stamps)
             groups = {tag: [at for at in positions if at not in applied]
                       for tag, positions in again.items()}
             again = {}
-        raise _PhaseFailed("the flush did not settle: buckets kept changing")
+        else:
+            failure = failure or _PhaseFailed("the flush did not settle: buckets kept changing")
+        if failure is not None:
+            raise failure
+
+    def _group_call(self, tag: str, scope_part: str, token: str, ops: list[tuple[Any, ...]],
+                    positions: list[int], counts: dict[tuple[str, str], tuple[int, int]],
+                    limits: dict[tuple[str, str], int],
+                    deadline: int) -> tuple[str, list[str], list[Any]]:
+        """A host group's script of phase 2 (``cluster_host.lua``): its keys
+        and arguments for the writes at *positions* (in staging order, each
+        naming its host: a replay's prefix is the same writes), each host's
+        splits and buckets planned from its *counts* (at most its *limits*
+        of splits), its writes refused past *deadline*."""
+        mine: dict[str, list[int]] = {}
+        for at in positions:
+            mine.setdefault(ops[at][2], []).append(at)
+        keys = [self._token_key(token, tag), f"{self.prefix}:fx:{tag}"]
+        args: list[Any] = [self._listpack_value, self.adopt_after, deadline, len(mine)]
+        number: dict[str, int] = {}
+        for part, at_host in mine.items():
+            n, pages = counts[scope_part, part]
+            splits, buckets = _plan_buckets(ops, at_host, n, pages,
+                                            limits.get((tag, part), MAX_SPLITS))
+            head = host_tag(scope_part, part)
+            base = len(keys) + 1
+            keys += [f"{self.prefix}:hd:{head}", f"{self.prefix}:ln:{head}",
+                     f"{self.prefix}:wg:{head}"]
+            for b in sorted(buckets):
+                keys += [f"{self.prefix}:pg:{head}:{b}", f"{self.prefix}:pgl:{head}:{b}"]
+            args += [part, n, splits, base, len(buckets), *sorted(buckets)]
+            number[part] = len(number) + 1
+        for at in positions:
+            args += [number[ops[at][2]], ops[at][0], *ops[at][3:]]
+        return CLUSTER_HOST_LUA, keys, args
 
     def _take_effects(self, bundles: dict[str, _Effects], tag: str, where: tuple[str, str],
                       token: str, reply: Any) -> dict[str, Any]:
-        """A host script's effects into *bundles* (under its token), and
-        those it took from its host's ledger (under theirs: another flush
+        """A group script's effects into *bundles* (under its token), and
+        those it took from its group's ledger (under theirs: another flush
         left them there, its worker dead before its phase 3, or slow; the
         scope's script applies each token's once). Returns its own, decoded.
 
@@ -808,7 +931,7 @@ class RedisClusterPath(RedisCore):
         if not parts and not before:
             return {}, []
         replies = await self._eval_many([], [*before, *(
-            ("HMGET", f"{self.prefix}:hd:{{{s}|{h}}}", "n", "p") for s, h in parts)])
+            ("HMGET", f"{self.prefix}:hd:{host_tag(s, h)}", "n", "p") for s, h in parts)])
         for reply in replies[:len(before)]:
             if isinstance(reply, Exception):
                 raise _PhaseFailed(str(reply))
@@ -825,7 +948,7 @@ class RedisClusterPath(RedisCore):
         groups: dict[str, list[int]] = {}
         for n, op in enumerate(ops):
             if op[0] in _SCOPE_OPS:
-                groups.setdefault(_tag_of(op[1]), []).append(n)
+                groups.setdefault(key_tag(op[1]), []).append(n)
         effect_tags = {f"{{{part}}}" for part, bundles in carried.effects.items()
                        if bundles} | set(carried.sent_effects)
         for tag in effect_tags:
@@ -1124,7 +1247,7 @@ class RedisClusterPath(RedisCore):
 
     def _release_held(self, entries: list[tuple[str, str]]) -> list[tuple[Any, ...]]:
         """The commands that let go of the tokens of ledger entries known to
-        be gone (host's ledger, token): one script a shard
+        be gone (host group's ledger, token): one script a shard
         (cluster_held_release.lua). The one rule for a token held in
         ``P:fxheld``: it goes once its entry is known to be gone (the
         pipeline that deleted it answered, or a reading found it gone),
@@ -1133,8 +1256,8 @@ class RedisClusterPath(RedisCore):
         went still finds it applied."""
         by_shard: dict[str, set[str]] = {}
         for ledger, token in entries:
-            scope_part, _, part = _tag_of(ledger)[1:-1].rpartition("|")
-            by_shard.setdefault(shard_part(scope_part, scope_shard(part)), set()).add(token)
+            scope_part, _, group = key_tag(ledger)[1:-1].rpartition("|")
+            by_shard.setdefault(shard_part(scope_part, ledger_shard(group)), set()).add(token)
         commands: list[tuple[Any, ...]] = []
         for shard, tokens in sorted(by_shard.items()):
             ordered = sorted(tokens)
@@ -1218,7 +1341,7 @@ class RedisClusterPath(RedisCore):
             return
         parts = {shard: sorted({member.decode().rpartition("\0")[0] for member, _ in pairs})
                  for shard, (_, pairs) in listed.items()}
-        ledgers = {shard: [f"{self.prefix}:fx:{{{scope_part}|{part}}}" for part in found]
+        ledgers = {shard: [self._group_ledger_key(scope_part, part) for part in found]
                    for shard, found in parts.items()}
         entries = yield [*(("EVAL", CLUSTER_LEDGER_READ_LUA, 1, ledger)
                            for shard in listed for ledger in ledgers[shard]),
@@ -1365,13 +1488,30 @@ class RedisClusterPath(RedisCore):
         # a scope's hosts: pages, counts, repairs).
         self.adopt_ledgers_sync(scope)
         hosts = super()._scope_hosts(scope)
-        # And the hosts the intents name: where the adoption was refused
-        # (Redis full) a dead worker's host has pages stored but is not in
-        # the scope's hosts yet; a reset must delete them all the same, and
-        # a read see them (a host with no pages reads as none).
+        # And the hosts the entries in the ledgers of the groups the
+        # intents name list: where the adoption was refused (Redis full) a
+        # dead worker's host has pages stored but is not in the scope's
+        # hosts yet; a reset must delete them all the same, and a read see
+        # them (a host with no pages reads as none).
+        scope_part = _key_part(scope)
         pipe = self._sync.pipeline(transaction=False)
         for k in range(len(SCOPE_SHARDS)):
-            pipe.zrange(self._intents_key(shard_part(_key_part(scope), k)), 0, -1)
-        listed = {host_of_part(m.decode().rpartition("\0")[0])
-                  for members in self._sync_run(pipe) for m in members}
+            pipe.zrange(self._intents_key(shard_part(scope_part, k)), 0, -1)
+        groups = sorted({m.decode().rpartition("\0")[0]
+                         for members in self._sync_run(pipe) for m in members})
+        if not groups:
+            return hosts
+        pipe = self._sync.pipeline(transaction=False)
+        for group in groups:
+            pipe.hvals(self._group_ledger_key(scope_part, group))
+        listed: set[str] = set()
+        for group, values in zip(groups, self._sync_run(pipe), strict=True):
+            for raw in values:
+                try:
+                    effects = json.loads(raw)[1]
+                    effects = json.loads(effects) if isinstance(effects, str) else effects
+                    listed.update(host_of_part(part)
+                                  for part in _listed_hosts(effects, group))
+                except (ValueError, TypeError, IndexError, AttributeError):
+                    continue  # not an entry (the group's script drops those)
         return hosts + sorted(listed - set(hosts))

@@ -4,7 +4,7 @@
 -- page in its bucket), their links records, the host's record or page
 -- count, its write generation raised, and what the pages deleted take out
 -- of the scope's sums, computed from the records as this script deletes
--- them and kept in the host's ledger under the repair's token (its shard's
+-- them and kept in the host group's ledger under the repair's token (its shard's
 -- script applies them once: see admin.py, _forget_in_slots). One run: a
 -- page a crawl wrote or changed after the repair planned is deleted and
 -- taken out of the sums as it is then, never counted on after its deletion.

@@ -1,102 +1,153 @@
 
 -- Phase 2 of a flush on a Redis Cluster (cluster layout): the page and links
--- writes of one host, in staging order; every key it touches is in KEYS
--- and carries the host's tag {<scope>|<host>}. What such a write changes
--- in keys of the scope's slot (the scope's hosts, the revisit index, the
--- sums by next visit, the checks since the mark, the splits count) is not
--- written here but returned as effects, for the scope's script of phase 3;
--- they are kept under the token with the count of writes applied, so that
--- a script sent again after its reply was lost returns the same effects
--- and applies nothing twice.
+-- writes of the hosts of one host group, in staging order (a reply lost,
+-- the same writes with more after them are sent again under the same
+-- token: the count applied is of a prefix of them); every key it touches
+-- is in KEYS and carries the group's
+-- tag {<scope>|<group>}. What such a write changes in keys of the scope's
+-- shard (the scope's hosts, the revisit index, the sums by next visit, the
+-- checks since the mark, the splits count) is not written here but
+-- returned as effects, for the shard's script of phase 3, the group's
+-- hosts' together; they are kept under the token with the count of writes
+-- applied, so that a script sent again after its reply was lost returns
+-- the same effects and applies nothing twice.
 --
--- The effects are also kept in the host's ledger (P:fx:{<scope>|<host>},
--- token -> [time, effects]) until the scope's script has applied them (the
+-- The effects are also kept in the group's ledger (P:fx:{<scope>|<group>},
+-- token -> [time, effects]) until the shard's script has applied them (the
 -- caller deletes them then): a worker that dies before its phase 3 leaves
--- them there, and the next flush that writes the host takes those older
--- than the age given (the scope's script applies each token's effects
--- once, whoever sends them).
+-- them there, and the next flush that writes the group takes those older
+-- than the age given (the shard's script applies each token's effects
+-- once, whoever sends them). One token, one ledger entry a call, whatever
+-- the number of its hosts.
 --
--- KEYS: the token, the host's record (hd), its links hash (ln), its
--- ledger, its write generation (wg: raised once if a page state or links
--- record was written or deleted), then per bucket declared its two hashes
--- (pg, pgl). ARGV: the server's hash-max-listpack-value, the bucket count
--- the caller planned from, the splits it planned, the age (seconds) past which another
--- flush's effects in the ledger are taken, the number of buckets declared
--- and their numbers, the deadline of the flush's write-ahead intent (0:
--- none; past it on this node's clock the script writes nothing and says
--- {'late'}: see cluster.py, _phase_hosts), the host's key part, then the
--- writes: each its name
--- and ARITY[name] arguments, a page's field first.
+-- KEYS: the token, the group's ledger, then each host's record (hd), links
+-- hash (ln), write generation (wg: raised once if a page state or links
+-- record of the host was written or deleted) and per bucket declared its
+-- two hashes (pg, pgl). ARGV: the server's hash-max-listpack-value, the
+-- age (seconds) past which another flush's effects in the ledger are
+-- taken, the deadline of the flush's write-ahead intent (0: none; past it
+-- on this node's clock the script writes nothing and says {'late'}: see
+-- cluster.py, _phase_hosts), the number of hosts, then per host: its key
+-- part, the bucket count the caller planned from, the splits it planned,
+-- the index in KEYS of its record, the number of buckets declared and their
+-- numbers; then the writes: each its host's number (from 1), its name and
+-- ARITY[name] arguments, a page's field first.
 -- Returns {applied, replayed (0/1), error ('' none), effects (JSON),
 -- effects taken from the ledger (JSON: [token, effects, expired] triples,
 -- expired true for an entry older than LEDGER_HONOURED: only its idempotent
--- parts are applied, see cluster.py, _Effects.expired)}, or
--- {'late'} (see DEADLINE), or
--- {'n', count} when the host's bucket count is not the one planned from,
--- or {'blocked', splits} when only that many of the planned splits can be
--- made (a bucket's key beyond the count is taken): nothing written then.
-local TOKEN, DIR, LINKS, LEDGER, GENERATION = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+-- parts are applied, see cluster.py, _Effects.expired)}, or {'late'} (see
+-- DEADLINE), or {'n', part, count, ...} for each host whose bucket count
+-- is not the one planned from, or {'blocked', part, splits, ...} for each
+-- host of which only that many of the planned splits can be made (a
+-- bucket's key beyond the count is taken): nothing written then. A host
+-- whose record or keys are damaged ends the script at its first write,
+-- with its error: the writes before it applied, nothing of it or after (the
+-- caller sends the other hosts' writes after it again, without the damaged
+-- host's, under a new token: see cluster.py, _phase_hosts).
+local TOKEN, LEDGER = KEYS[1], KEYS[2]
 local done = redis.call('GET', TOKEN)
 if done then
   local kept = cjson.decode(done)
   return {kept[1], 1, kept[2], kept[3], '[]'}
 end
-local LISTPACK_VALUE, PLANNED_N = tonumber(ARGV[1]), tonumber(ARGV[2])
-local SPLITS, ADOPT_AFTER, DECLARED = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local BUCKETS = {}
-for k = 0, DECLARED - 1 do
-  BUCKETS[tonumber(ARGV[6 + k])] = {KEYS[6 + 2 * k], KEYS[7 + 2 * k]}
-end
-local DEADLINE = tonumber(ARGV[6 + DECLARED])
-local PART = ARGV[7 + DECLARED]
-local FIRST = 8 + DECLARED
+local LISTPACK_VALUE, ADOPT_AFTER = tonumber(ARGV[1]), tonumber(ARGV[2])
+local DEADLINE, HOSTS = tonumber(ARGV[3]), tonumber(ARGV[4])
 -- A reader may drop the intent once it is past its deadline (by more than
 -- the nodes' clocks differ): a ledger entry written after that would be
 -- listed by no intent. The caller writes its intent again and resends.
 if DEADLINE > 0 and tonumber(redis.call('TIME')[1]) > DEADLINE then return {'late'} end
+local HOST, FIRST = {}, nil
+do
+  local at = 5
+  for h = 1, HOSTS do
+    local part, planned, splits = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+    local base, declared = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
+    local buckets = {}
+    for k = 0, declared - 1 do
+      buckets[tonumber(ARGV[at + 5 + k])] = {KEYS[base + 3 + 2 * k], KEYS[base + 4 + 2 * k]}
+    end
+    HOST[h] = {part = part, planned = planned, splits = splits, dir = KEYS[base],
+               links = KEYS[base + 1], generation = KEYS[base + 2], buckets = buckets}
+    at = at + 5 + declared
+  end
+  FIRST = at
+end
 local ARITY = {page = 3, check = 8, failure = 7, redirect = 5, links = 2, unlink = 1,
                flags = 2, listing = 2, postpone = 3}
+-- The host being written (set by each host's turn below).
+local DIR, LINKS, GENERATION, BUCKETS, PART
 local function bucket_keys(b)
   local names = BUCKETS[b]
   if not names then error('bucket ' .. b .. ' of ' .. DIR .. ' was not declared', 0) end
   return names[1], names[2]
 end
 
-local function finish(applied, failed, effects, taken)
-  local value = cjson.encode({applied, failed or '', effects})
-  redis.call('SET', TOKEN, value, 'EX', TOKEN_TTL)
-  return {applied, 0, failed or '', effects, taken or '[]'}
+-- What the scope's shard is to get (phase 3), the group's hosts' together:
+-- sums deltas by "<visit>|<callback>" -> {pages, bytes}; the last check of
+-- each page written ("<host part>|<field>" -> time, false: no callback); the
+-- least next visit of each bucket written ("<host part>|<n>"); splits made;
+-- the hosts to be in their scope's hosts (whenever a host's record or
+-- links are written, not only when its record is new: a host whose first
+-- flush died before its phase 3, its ledger entry dropped, is listed again
+-- by its next write); the latest last check written; each host's bucket
+-- and page counts after the writes.
+local SUMS, CHECKS, DUE, LISTED, COUNTS = {}, {}, {}, {}, {}
+local splits, latest = 0, false
+
+local function finish(applied, failed, taken)
+  local checks, hosts = {}, {}
+  for member, at in pairs(CHECKS) do checks[#checks + 1] = {member, at or ''} end
+  for part in pairs(LISTED) do hosts[#hosts + 1] = part end
+  -- (cjson writes an empty table as {}: the effects are objects.)
+  local effects = cjson.encode({
+    sums = SUMS, checks = checks, due = DUE, splits = splits, hosts = hosts,
+    latest = latest or '', counts = COUNTS})
+  -- The ledger: this script's effects kept, older ones of other flushes
+  -- taken. Those past LEDGER_HONOURED (an hour less than P:fxdone keeps the
+  -- tokens applied) are taken as expired: their phase 3 may be forgotten
+  -- (P:fxdone trimmed), so the caller applies only what may be applied
+  -- twice (the hosts listed, the revisit bounds lowered) and marks the
+  -- shard's sums as not to be trusted, unless P:fxdone or P:fxheld lists
+  -- the token (then it was applied: 'done', nothing marked); the entry
+  -- goes once that is done.
+  local taken_json = '[]'
+  if taken then
+    local now = tonumber(redis.call('TIME')[1])
+    local found = {}
+    local flat = redis.call('HGETALL', LEDGER)
+    for k = 1, #flat, 2 do
+      local ok_entry, entry = pcall(cjson.decode, flat[k + 1])
+      if not ok_entry or type(entry) ~= 'table' or not tonumber(entry[1]) then
+        redis.call('HDEL', LEDGER, flat[k])
+      elseif now - tonumber(entry[1]) > LEDGER_HONOURED then
+        found[#found + 1] = {flat[k], entry[2], true}
+      elseif now - tonumber(entry[1]) >= ADOPT_AFTER then
+        found[#found + 1] = {flat[k], entry[2], false}
+      end
+    end
+    -- Kept whenever there are effects, a write applied or not: the splits
+    -- are made before the writes, so a script whose first write fails (a
+    -- damaged record) has still moved pages to a new bucket, whose bound
+    -- must reach the revisit index (else its pages are never due).
+    if applied > 0 or splits > 0 or next(LISTED) or next(SUMS) or next(CHECKS)
+        or next(DUE) then
+      redis.call('HSET', LEDGER, string.match(TOKEN, '[^:]*$'), cjson.encode({now, effects}))
+    end
+    if #found > 0 then taken_json = cjson.encode(found) end
+  end
+  redis.call('SET', TOKEN, cjson.encode({applied, failed or '', effects}), 'EX', TOKEN_TTL)
+  return {applied, 0, failed or '', effects, taken_json}
 end
 
--- The record's type first: the count is read from it.
-local dir_type = redis.call('TYPE', DIR).ok
-if dir_type ~= 'none' and dir_type ~= 'hash' then
-  return finish(0, 'WRONGTYPE ' .. DIR .. ' is a ' .. dir_type .. ', not a hash: nothing of '
-    .. 'the host was applied', '{}')
-end
-local ok, n = pcall(bucket_count, DIR)
-if not ok then
-  if type(n) == 'table' then n = n.err end
-  return finish(0, tostring(n), '{}')
-end
-if n ~= PLANNED_N then return {'n', n} end
--- Every planned split possible? Checked before anything is written.
-for s = 0, SPLITS - 1 do
-  local at = n + s
-  local level = bucket_level(at)
-  local from_small, from_large = bucket_keys(at - level)
-  local to_small, to_large = bucket_keys(at)
-  for _, key in ipairs({from_small, from_large}) do
-    local kind = redis.call('TYPE', key).ok
-    if kind ~= 'none' and kind ~= 'hash' then return {'blocked', s} end
-  end
-  if redis.call('EXISTS', to_small) == 1 or redis.call('EXISTS', to_large) == 1 then
-    return {'blocked', s}
+-- The ledger's type first: every host's effects go there.
+do
+  local kind = redis.call('TYPE', LEDGER).ok
+  if kind ~= 'none' and kind ~= 'hash' then
+    return finish(0, 'WRONGTYPE ' .. LEDGER .. ' is a ' .. kind .. ', not a hash: nothing of '
+      .. 'the group was applied', false)
   end
 end
--- Every key the writes touch is of its type (or absent): a damaged key
--- fails the host's writes whole.
-local final_n = n + SPLITS
+
 local function check_type(key, want)
   local kind = redis.call('TYPE', key).ok
   if kind ~= 'none' and kind ~= want then
@@ -114,39 +165,68 @@ local function check_counter(key)
   end
   return key .. ' is not a counter (a ' .. kind .. '): nothing of the host was applied'
 end
-do
-  local failed = check_type(LINKS, 'hash') or check_type(LEDGER, 'hash')
-    or check_counter(GENERATION)
-  local i = FIRST
-  while not failed and i <= #ARGV do
-    local name = ARGV[i]
-    if not ARITY[name] then
-      failed = 'unknown write ' .. tostring(name)
-      break
-    end
-    if name ~= 'links' and name ~= 'unlink' then
-      local okb, small, large = pcall(bucket_keys, bucket_of(final_n, ARGV[i + 1]))
-      if not okb then
-        failed = tostring(small)
-        break
-      end
-      failed = check_type(small, 'hash') or check_type(large, 'hash')
-    end
-    i = i + 1 + ARITY[name]
-  end
-  if failed then return finish(0, failed, '{}') end
+local function enter(host)
+  DIR, LINKS, GENERATION, BUCKETS, PART = host.dir, host.links, host.generation,
+    host.buckets, host.part
 end
 
--- What the scope's slot is to get (phase 3): sums deltas by
--- "<visit>|<callback>" -> {pages, bytes}; the last check of each page
--- written ("<host part>|<field>" -> time, false: no callback); the least
--- next visit of each bucket written ("<host part>|<n>"); splits made;
--- whether the host is to be in its scope's hosts (new_host: whenever its
--- record or links are written, not only when its record is new: a host
--- whose first flush died before its phase 3, its ledger entry dropped,
--- is listed again by its next write); the latest last check written.
-local SUMS, CHECKS, DUE = {}, {}, {}
-local splits, new_host, latest = 0, false, false
+-- Every host's bucket count and planned splits checked before anything is
+-- written; a host whose record is damaged has its error noted (the writes
+-- before its first are applied, then its error said).
+do
+  local mismatched, blocked = {}, {}
+  for h = 1, HOSTS do
+    local host = HOST[h]
+    enter(host)
+    local dir_type = redis.call('TYPE', DIR).ok
+    local n, stop_error
+    if dir_type ~= 'none' and dir_type ~= 'hash' then
+      stop_error = 'WRONGTYPE ' .. DIR .. ' is a ' .. dir_type .. ', not a hash: nothing of '
+        .. 'the host was applied'
+    else
+      local ok
+      ok, n = pcall(bucket_count, DIR)
+      if not ok then
+        if type(n) == 'table' then n = n.err end
+        stop_error = tostring(n)
+      end
+    end
+    if stop_error then
+      host.failed = stop_error
+      stop_error = nil
+    else
+      host.n = n
+    end
+    if host.failed then
+      -- (Its writes are not made: see below.)
+    elseif n ~= host.planned then
+      mismatched[#mismatched + 1] = PART
+      mismatched[#mismatched + 1] = n
+    else
+      for s = 0, host.splits - 1 do
+        local at = n + s
+        local level = bucket_level(at)
+        local from_small, from_large = bucket_keys(at - level)
+        local to_small, to_large = bucket_keys(at)
+        local stuck = false
+        for _, key in ipairs({from_small, from_large}) do
+          local kind = redis.call('TYPE', key).ok
+          if kind ~= 'none' and kind ~= 'hash' then stuck = true end
+        end
+        if stuck or redis.call('EXISTS', to_small) == 1 or redis.call('EXISTS', to_large) == 1 then
+          blocked[#blocked + 1] = PART
+          blocked[#blocked + 1] = s
+          break
+        end
+      end
+    end
+  end
+  if #mismatched > 0 then return {'n', unpack(mismatched)} end
+  if #blocked > 0 then return {'blocked', unpack(blocked)} end
+end
+
+-- The host's state as its writes go (set by each host's turn).
+local n, wrote, listed = 0, false, false
 local function lower_due(b, visit)
   local member = PART .. '|' .. b
   visit = tonumber(visit)
@@ -157,50 +237,11 @@ local function sum(callback, visit, bytes, sign)
   local was = SUMS[field] or {0, 0}
   SUMS[field] = {was[1] + sign, was[2] + sign * bytes}
 end
-
--- Splits, as layout 4's flush makes them (linear hashing); the new bounds
--- of both buckets only lower the index (phase 3's ZADD LT): a lower bound
--- stays one, and a reader sets a stale one right.
-for _ = 1, SPLITS do
-  local level = bucket_level(n)
-  local source = n - level
-  local least = {}
-  local from_small, from_large = bucket_keys(source)
-  local to_small, to_large = bucket_keys(n)
-  for _, pair in ipairs({{from_small, to_small}, {from_large, to_large}}) do
-    local from, to = pair[1], pair[2]
-    local flat = redis.call('HGETALL', from)
-    for k = 1, #flat, 2 do
-      local field, raw = flat[k], flat[k + 1]
-      local target = source
-      if field_hash(field) % (2 * level) == n then
-        redis.call('HSET', to, field, raw)
-        redis.call('HDEL', from, field)
-        target = n
-      end
-      local okd, due = pcall(due_of, raw)
-      if okd and due and (not least[target] or due < least[target]) then least[target] = due end
-    end
-  end
-  for b, visit in pairs(least) do lower_due(b, visit) end
-  n = n + 1
-  splits = splits + 1
-  redis.call('HSET', DIR, 'n', n)
-  -- (A host that splits has pages: listed in its scope, as a split of
-  -- layout 4 lists it.)
-  new_host = true
-end
-
--- Whether a page state or links record of the host was written or deleted:
--- its write generation is raised once, at the end (one INCR a script, not
--- a page: StateStore.write_generation).
-local wrote = false
-local listed = false
 local function register()
   if not listed then
     redis.call('HSETNX', DIR, 'n', n)
     -- (SADD in phase 3: listed again costs nothing.)
-    new_host = true
+    LISTED[PART] = true
     listed = true
   end
 end
@@ -331,53 +372,133 @@ function OPS.unlink(a, i)
   if redis.call('HDEL', LINKS, a[i]) == 1 then wrote = true end
 end
 
+-- Every key a host's writes touch is of its type (or absent): a damaged
+-- key fails the host's writes whole. Returns the number (from 1) of the
+-- first write not to be made (that of a damaged host, or unknown), and
+-- the error it says; nil when every write may be made.
+local function first_refused()
+  for h = 1, HOSTS do
+    local host = HOST[h]
+    if not host.failed then
+      host.failed = check_type(host.links, 'hash') or check_counter(host.generation)
+    end
+  end
+  -- Every write's keys checked (up to one that cannot be read), then the
+  -- first write of a host found damaged is the first refused.
+  local i, k, last, said = FIRST, 1, nil, nil
+  while i <= #ARGV do
+    local host, name = HOST[tonumber(ARGV[i])], ARGV[i + 1]
+    if not host then
+      last, said = k, 'write ' .. k .. ' names no host'
+      break
+    end
+    if not ARITY[name] then
+      last, said = k, 'unknown write ' .. tostring(name)
+      break
+    end
+    if not host.failed and name ~= 'links' and name ~= 'unlink' then
+      enter(host)
+      local okb, small, large = pcall(bucket_keys, bucket_of(host.n + host.splits, ARGV[i + 2]))
+      if not okb then
+        host.failed = tostring(small)
+      else
+        host.failed = check_type(small, 'hash') or check_type(large, 'hash')
+      end
+    end
+    i = i + 2 + ARITY[name]
+    k = k + 1
+  end
+  i, k = FIRST, 1
+  while i <= #ARGV and (not last or k < last) do
+    local host = HOST[tonumber(ARGV[i])]
+    if host.failed then return k, host.failed end
+    i = i + 2 + ARITY[ARGV[i + 1]]
+    k = k + 1
+  end
+  return last, said
+end
+
+-- Splits, as layout 4's flush makes them (linear hashing); the new bounds
+-- of both buckets only lower the index (phase 3's ZADD LT): a lower bound
+-- stays one, and a reader sets a stale one right.
+local function split(host)
+  for _ = 1, host.splits do
+    local level = bucket_level(n)
+    local source = n - level
+    local least = {}
+    local from_small, from_large = bucket_keys(source)
+    local to_small, to_large = bucket_keys(n)
+    for _, pair in ipairs({{from_small, to_small}, {from_large, to_large}}) do
+      local from, to = pair[1], pair[2]
+      local flat = redis.call('HGETALL', from)
+      for k = 1, #flat, 2 do
+        local field, raw = flat[k], flat[k + 1]
+        local target = source
+        if field_hash(field) % (2 * level) == n then
+          redis.call('HSET', to, field, raw)
+          redis.call('HDEL', from, field)
+          target = n
+        end
+        local okd, due = pcall(due_of, raw)
+        if okd and due and (not least[target] or due < least[target]) then least[target] = due end
+      end
+    end
+    for b, at in pairs(least) do lower_due(b, at) end
+    n = n + 1
+    splits = splits + 1
+    redis.call('HSET', DIR, 'n', n)
+    -- (A host that splits has pages: listed in its scope, as a split of
+    -- layout 4 lists it.)
+    LISTED[PART] = true
+  end
+end
+
+local refused_at, refused = first_refused()
+-- Each host's splits first (none of a damaged host), then the writes in
+-- order, each with its host's state.
+local current = nil
+local function switch(host)
+  if current == host then return end
+  if current then current.cur, current.wrote, current.listed = n, wrote, listed end
+  enter(host)
+  n, wrote, listed = host.cur, host.wrote, host.listed
+  current = host
+end
+for h = 1, HOSTS do
+  local host = HOST[h]
+  if not host.failed then
+    host.cur, host.wrote, host.listed = host.n, false, false
+    switch(host)
+    split(host)
+  end
+end
 local applied, failed = 0, nil
 local i = FIRST
 while i <= #ARGV do
-  local name = ARGV[i]
-  local okw, err = pcall(OPS[name], ARGV, i + 1)
+  if applied + 1 == refused_at then
+    failed = refused
+    break
+  end
+  local host, name = HOST[tonumber(ARGV[i])], ARGV[i + 1]
+  switch(host)
+  local okw, err = pcall(OPS[name], ARGV, i + 2)
   if not okw then
     if type(err) == 'table' then err = err.err end
     failed = tostring(err)
     break
   end
   applied = applied + 1
-  i = i + 1 + ARITY[name]
+  i = i + 2 + ARITY[name]
 end
-if wrote then redis.call('INCR', GENERATION) end
--- (cjson writes an empty table as {}: the effects are objects.)
-local checks = {}
-for member, at in pairs(CHECKS) do checks[#checks + 1] = {member, at or ''} end
-local effects = cjson.encode({
-  sums = SUMS, checks = checks, due = DUE, splits = splits, new_host = new_host,
-  latest = latest or '', n = n, p = tonumber(redis.call('HGET', DIR, 'p')) or 0})
--- The ledger: this script's effects kept, older ones of other flushes
--- taken. Those past LEDGER_HONOURED (an hour less than P:fxdone keeps the
--- tokens applied) are taken as expired: their phase 3 may be forgotten
--- (P:fxdone trimmed), so the caller applies only what may be applied twice
--- (the host listed, the revisit bounds lowered) and marks the shard's
--- sums as not to be trusted, unless P:fxdone or P:fxheld lists the token (then
--- it was applied: 'done', nothing marked); the entry goes once that is done.
-local now = tonumber(redis.call('TIME')[1])
-local taken = {}
-local flat = redis.call('HGETALL', LEDGER)
-for k = 1, #flat, 2 do
-  local ok_entry, entry = pcall(cjson.decode, flat[k + 1])
-  if not ok_entry or type(entry) ~= 'table' or not tonumber(entry[1]) then
-    redis.call('HDEL', LEDGER, flat[k])
-  elseif now - tonumber(entry[1]) > LEDGER_HONOURED then
-    taken[#taken + 1] = {flat[k], entry[2], true}
-  elseif now - tonumber(entry[1]) >= ADOPT_AFTER then
-    taken[#taken + 1] = {flat[k], entry[2], false}
+if current then current.cur, current.wrote, current.listed = n, wrote, listed end
+-- Whether a page state or links record of a host was written or deleted:
+-- its write generation is raised once (one INCR a host a script, not a
+-- page: StateStore.write_generation).
+for h = 1, HOSTS do
+  local host = HOST[h]
+  if host.cur then
+    if host.wrote then redis.call('INCR', host.generation) end
+    COUNTS[host.part] = {host.cur, tonumber(redis.call('HGET', host.dir, 'p')) or 0}
   end
 end
--- Kept whenever there are effects, a write applied or not: the splits are
--- made before the writes, so a script whose first write fails (a damaged
--- record) has still moved pages to a new bucket, whose bound must reach
--- the revisit index (else its pages are never due).
-if applied > 0 or splits > 0 or new_host or next(SUMS) or next(CHECKS) or next(DUE) then
-  redis.call('HSET', LEDGER, string.match(TOKEN, '[^:]*$'), cjson.encode({now, effects}))
-end
-local taken_json = '[]'
-if #taken > 0 then taken_json = cjson.encode(taken) end
-return finish(applied, failed, effects, taken_json)
+return finish(applied, failed, true)

@@ -1,5 +1,5 @@
 
--- Reads a host's ledger (P:fx:{<scope>|<host>}) on a Redis Cluster (layout
+-- Reads a host group's ledger (P:fx:{<scope>|<group>}) on a Redis Cluster (layout
 -- 5) with the time of its own node: an entry's age is told on the clock
 -- that wrote its time (cluster_host.lua writes the node's TIME), so that a
 -- reader drops the entries the host script would drop (older than

@@ -11,7 +11,7 @@
 -- cluster_items.lua).
 --
 -- The effects come from phase 2's scripts, each under its own token
--- (its host's ledger keeps them until they are applied); P:fxdone:<b>
+-- (its host group's ledger keeps them until they are applied); P:fxdone:<b>
 -- (the shard's tokens of bucket b, 4,096 buckets by a token's first three
 -- hex digits: each a small hash that Redis keeps a compact listpack, its
 -- next 16 hex digits -> when, plus 'trim' -> when it is next trimmed of

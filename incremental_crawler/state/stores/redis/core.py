@@ -135,6 +135,60 @@ def scope_shard(part: str) -> int:
     return int.from_bytes(digest[:4], "big") % len(SCOPE_SHARDS)
 
 
+#: The host groups of the cluster layout (version 7): a host's keys (its
+#: record, buckets, links, write generation) are tagged by its scope and
+#: its group, ``{<s>|<g>}``, the host's own name after the tag, so that one
+#: phase-2 script a group writes the pages of all the group's hosts a flush
+#: wrote (at a thousand hosts a flush of 500 pages was ~500 scripts of one
+#: page each, whose per-call work dominated the cluster's CPU a page). A
+#: host's group is the first four bytes of the SHA-1 of its key part modulo
+#: 64, so its scope shard (the same modulo 8) is its group's index modulo 8.
+#: As :data:`SCOPE_SHARDS`, the parts' own CRC16s differ only in the slot's
+#: top six bits, so the 64 groups of any scope fall one in each 64th of the
+#: slots; each starts with ``=``, which a host's key part never has
+#: (percent-quoted), so that no group's tag is a host's of layout 6.
+HOST_GROUPS = (
+    "=j65", "=hqk", "=rk4", "=ajr", "=j2u", "=y33", "=cmd", "=an2", "=wu8", "=d0v", "=ol1",
+    "=mog", "=fsh", "=d46", "=gai", "=0ho", "=sh7", "=qka", "=k56", "=irh", "=bng", "=yf9",
+    "=c8n", "=xt8", "=no2", "=lld", "=v23", "=e3u", "=fbj", "=1kl", "=gpk", "=e75", "=h4s",
+    "=bz5", "=akb", "=ch4", "=h03", "=jwm", "=pm2", "=clt", "=dun", "=fv8", "=ego", "=gd9",
+    "=lx6", "=frx", "=mj7", "=oia", "=hay", "=bk7", "=isx", "=cy6", "=he9", "=bow", "=iw8",
+    "=ktn", "=ddl", "=3mj", "=evm", "=g13", "=li4", "=fcz", "=t45", "=g5s")
+_GROUP_INDEX = {part: k for k, part in enumerate(HOST_GROUPS)}
+
+
+@functools.lru_cache(maxsize=65_536)
+def host_group(part: str) -> str:
+    """The host group of a host, by its key part (its tag's second half)."""
+    digest = hashlib.sha1(part.encode(), usedforsecurity=False).digest()
+    return HOST_GROUPS[int.from_bytes(digest[:4], "big") % len(HOST_GROUPS)]
+
+
+def group_shard(group: str) -> int:
+    """The scope shard of a host group (that of each of its hosts)."""
+    return _GROUP_INDEX[group] % len(SCOPE_SHARDS)
+
+
+def ledger_shard(part: str) -> int:
+    """The scope shard of a ledger by its tag's second half: a host group's
+    (layout 7), or a host's (a ledger of layout 6 that a migration reads)."""
+    if part in _GROUP_INDEX:
+        return group_shard(part)
+    return scope_shard(part)
+
+
+def host_tag(scope_part: str, part: str) -> str:
+    """What a host's keys carry in the cluster layout: its group's tag, then
+    the host (``{<s>|<g>}:<h>``)."""
+    return f"{{{scope_part}|{host_group(part)}}}:{part}"
+
+
+def key_tag(key: str) -> str:
+    """The hash tag of a key (``{...}``, braces included)."""
+    start = key.index("{")
+    return key[start:key.index("}", start) + 1]
+
+
 def shard_part(scope_part: str, shard: int) -> str:
     """The tag's inside of a scope's shard (``<s>^<x>``)."""
     return f"{scope_part}{SHARD_MARK}{SCOPE_SHARDS[shard]}"
@@ -305,8 +359,21 @@ class RedisCore(StateStore):
         return pack(state)
 
     def _host_key(self, kind: str, scope: str, host: str) -> str:
-        """A key of one host of *scope* (its ``{scope|host}`` hash tag)."""
+        """A key of one host of *scope*: its ``{scope|host}`` hash tag on one
+        server, its group's ``{scope|group}:host`` in the cluster layout."""
+        if self.tagged:
+            return f"{self.prefix}:{kind}:{host_tag(_key_part(scope), host_part(host))}"
         return f"{self.prefix}:{kind}:{{{_key_part(scope)}|{host_part(host)}}}"
+
+    def _ledger_key(self, scope: str, host: str) -> str:
+        """The ledger of effects (cluster layout) that *host*'s writes keep
+        until applied: its group's, one for the group's hosts."""
+        return self._group_ledger_key(_key_part(scope), host_group(host_part(host)))
+
+    def _group_ledger_key(self, scope_part: str, group: str) -> str:
+        """A host group's ledger of effects (cluster layout 7), by the key
+        parts of its scope and group."""
+        return f"{self.prefix}:fx:{{{scope_part}|{group}}}"
 
     def _refuse_forgotten_token(self, since: float) -> None:
         """Refuse to send again, now, a write whose reply was lost at *since*
@@ -516,9 +583,13 @@ class RedisCore(StateStore):
         return counts
 
     async def adopt_ledgers(self, scope: str, settled_only: bool = False) -> None:
-        """Apply the effects a dead worker left in its hosts' ledgers: only
+        """Apply the effects a dead worker left in its host groups' ledgers: only
         the cluster layout keeps such (``cluster.py``); one server's flush
         is one script."""
+
+    def adopt_ledgers_sync(self, scope: str, strict: bool = False) -> None:
+        """:meth:`adopt_ledgers` on the sync client (the cluster layout's:
+        ``cluster.py``); nothing on one server."""
 
     async def _call(self, *args: Any) -> Any:
         async def attempt() -> Any:
@@ -608,6 +679,31 @@ class RedisCore(StateStore):
         for node in cluster.get_primaries():
             found.update(self._scan_node(cluster.get_redis_connection(node), match))
         return sorted(found)
+
+    def _scan_pages(self, match: str) -> Iterator[list[str]]:
+        """The keys matching the glob *match* one SCAN page at a time
+        (bounded steps; on a cluster every primary's in turn), for a walk
+        over more keys than are worth holding at once. A key may come twice
+        (SCAN's own guarantee): the caller's steps can be done again."""
+        if not self.cluster:
+            nodes: list[Any] = [self._sync]
+        else:
+            cluster: Any = self._sync
+            nodes = [cluster.get_redis_connection(node) for node in cluster.get_primaries()]
+        for client in nodes:
+            cursor = 0
+            for _ in range(_SCAN_ROUNDS):
+                self.roundtrips += 1
+                try:
+                    reply: Any = client.scan(cursor, match=match, count=_SCAN_COUNT)
+                except redis.RedisError as exc:
+                    raise self._fail("read failed", exc) from exc
+                cursor, keys = reply
+                yield [k.decode() for k in keys]
+                if cursor == 0:
+                    break
+            else:
+                raise self._fail(f"scanning the keys {match} did not finish")
 
     def _scan_node(self, client: Any, match: str) -> list[str]:
         found: list[str] = []

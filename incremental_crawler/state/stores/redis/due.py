@@ -236,7 +236,7 @@ class RedisDueReads(RedisCore):
         if (cursor is None or after is None or (cursor.scope, cursor.now, cursor.flushes)
                 != (scope, now, self._flushes) or after not in (cursor.last, cursor.sent)):
             # A reading that starts over first applies the effects a dead
-            # worker left in its hosts' ledgers (their pages in the index):
+            # worker left in its host groups' ledgers (their pages in the index):
             # only those of intents adopt_after old. It starts over after
             # nearly every flush; every intent would mean every live
             # worker's in-flight hosts read and applied each time, while a

@@ -8,6 +8,7 @@ from it) reads in one place."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
@@ -22,6 +23,9 @@ from incremental_crawler.state.stores.redis.core import (
     RedisCore,
     _glob,
     _key_part,
+    host_group,
+    host_tag,
+    key_tag,
     logger,
 )
 from incremental_crawler.state.stores.redis.due import _DUE_BUCKETS
@@ -73,7 +77,7 @@ LAYOUT = "incremental_crawler.state"
 LAYOUT_VERSION = 4
 #: Version 5, the first cluster layout: every key tagged (a scope's own
 #: keys ``{<s>}``, the items by group ``{<s>#<g>}``), the flush in phases
-#: (see :mod:`.cluster`). Version 6, the cluster layout now: as 5, but what
+#: (see :mod:`.cluster`). Version 6: as 5, but what
 #: the flush's last phase writes of a scope (its hosts, revisit index,
 #: splits, sums, checks, intents, applied effects) per scope shard
 #: ``{<s>^<x>}`` (see :data:`~.core.SCOPE_SHARDS`). Only a store on a Redis
@@ -84,9 +88,20 @@ LAYOUT_VERSION = 4
 #: without a new version: code of version 6 before kept them in the scope's
 #: slot, whence newer code moves them when it lists the crawls waiting (see
 #: :mod:`.cluster`); no worker of the code before may run beside it.
-CLUSTER_LAYOUT_VERSION = 6
+#: Version 7: a host's keys (record, buckets, links, write generation) tagged
+#: by its host group, ``{<s>|<g>}:<h>`` (see :data:`~.core.HOST_GROUPS`),
+#: its group's ledger ``P:fx:{<s>|<g>}`` one for the group's hosts, the
+#: write-ahead intents naming groups: a flush's phase 2 is one script a
+#: group, not a host (at 1,000 hosts a flush of 500 pages was ~500
+#: scripts, whose per-call work dominated the cluster's CPU a page). A
+#: store of version 6 is migrated in place (:meth:`RedisLayout._migrate_cluster`).
+CLUSTER_LAYOUT_VERSION = 7
 #: The first cluster layout (see CLUSTER_LAYOUT_VERSION).
 _FIRST_CLUSTER_LAYOUT = 5
+#: The cluster layout a store is migrated from (older ones are refused).
+_MIGRATED_CLUSTER_LAYOUT = 6
+#: A host's keys of the cluster layout a migration renames (6 → 7).
+_HOST_KINDS = frozenset({"hd", "ln", "wg", "pg", "pgl"})
 #: ``P:meta`` field: the layout version a migration under way started from
 #: (see :meth:`RedisLayout._migrate`).
 _UPGRADING = "upgrading"
@@ -95,6 +110,19 @@ _UPGRADING = "upgrading"
 _MIGRATION_LOCK_TTL = 120
 _MIGRATION_WAITS = 1_200
 _MIGRATION_WAIT = 0.5
+#: How long after its write-ahead intent a flush's phase 2 may still write
+#: (the cluster path's adopt_after // 2: past it the group's or host's
+#: script refuses, 'late'): an intent younger than this may be a live
+#: worker's flush in flight, and a migration is refused while one is there.
+_LIVE_INTENT = 300
+#: A scope's live holds (P:holds: holder -> when it lapses, on the server's
+#: clock) or its intents (P:fxhosts: scored by the server's TIME at their
+#: write) younger than ARGV[1] seconds: how many, on the key's node's clock.
+_LIVE_LUA = """#!lua flags=no-writes
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+return redis.call('ZCOUNT', KEYS[1], string.format('%.6f', now - tonumber(ARGV[1])), '+inf')
+"""
 #: Pages (or links records) per flush of a migration.
 _MIGRATION_BATCH = 2_000
 #: The oldest Redis the store runs on: its scripts carry flags (``#!lua``),
@@ -171,6 +199,23 @@ def _per_node(info: dict[str, Any]) -> bool:
     """Whether an ``INFO`` reply of a cluster's client is one per node
     (``host:port`` -> the node's), not one node's."""
     return bool(info) and all(isinstance(value, dict) for value in info.values())
+
+
+def _entry_of_host(raw: bytes, part: str) -> bytes:
+    """A ledger entry of layout 6's host ledger (of host *part*) as its
+    group's ledger keeps it: its effects list the host (``hosts``) where
+    they said ``new_host``, the group's ledger naming no host. An entry that
+    is not one (the scripts drop those) is kept as it is."""
+    try:
+        stamped, effects = json.loads(raw)
+        decoded = json.loads(effects) if isinstance(effects, str) else effects
+    except (ValueError, TypeError):
+        return raw
+    if not isinstance(decoded, dict):
+        return raw
+    if decoded.pop("new_host", False):
+        decoded["hosts"] = sorted({*decoded.get("hosts", []), part})
+    return json.dumps([stamped, decoded], separators=(",", ":")).encode()
 
 
 def _legacy_page_key(scope: str, field: str) -> PageKey:
@@ -360,6 +405,9 @@ class RedisLayout(RedisCore):
                 "cannot be reached or read (is Redis running at this address?)", exc
             ) from exc
         version = self._meta_version(meta, found, CLUSTER_LAYOUT_VERSION)
+        if version == _MIGRATED_CLUSTER_LAYOUT or _UPGRADING.encode() in found:
+            self._migrate_cluster()
+            return
         if _FIRST_CLUSTER_LAYOUT <= version < CLUSTER_LAYOUT_VERSION:
             # Written by older code of the cluster layout: its scope's keys
             # in one slot, where this code reads them per scope shard.
@@ -367,7 +415,7 @@ class RedisLayout(RedisCore):
                 f"has the cluster layout version {version}, which keeps each scope's "
                 f"revisit index, sums and hosts in one slot; this code keeps them per "
                 f"scope shard (version {CLUSTER_LAYOUT_VERSION}) and does not migrate "
-                "an older cluster layout: run the older code on it, or start this code "
+                "that first cluster layout: run the older code on it, or start this code "
                 "on another prefix (or delete the old one's keys)")
         if version < CLUSTER_LAYOUT_VERSION:
             # No store of an older layout was ever written to a cluster.
@@ -456,6 +504,208 @@ class RedisLayout(RedisCore):
             raise self._fail("migrating the layout failed", exc) from exc
         logger.info("State store %s: layout migrated from version %d to %d (%d pages moved)",
                     self.location, start, LAYOUT_VERSION, moved)
+
+    def _take_migration_lock(self, lock: str, token: str) -> None:
+        for _ in range(_MIGRATION_WAITS):
+            self.roundtrips += 1
+            if self._sync.set(lock, token, nx=True, ex=_MIGRATION_LOCK_TTL):
+                return
+            time.sleep(_MIGRATION_WAIT)
+        raise self._fail(
+            f"another process has been migrating the layout for over "
+            f"{_MIGRATION_WAITS * _MIGRATION_WAIT:.0f} s ({lock} is held); "
+            "try again when it is done")
+
+    def _migrate_cluster(self) -> None:
+        """Cluster layout 6 → 7 in place, one process at a time (the lock
+        and ``upgrading`` as :meth:`_migrate`: the version is raised first,
+        so that code of layout 6 refuses the prefix from then on, and a
+        process that dies midway leaves ``upgrading`` for the next to
+        resume; every step can be done again).
+
+        Nothing in it can be refused by a damaged key (Redis refusing
+        writes aside: the migration then stops, to be resumed): the
+        effects a dead worker left pending are not applied, they are moved
+        (a shard's script refusing them would leave the version raised and
+        the store open to neither code). Every host
+        key of layout 6 (``P:<kind>:{<s>|<h>}``, found on every primary) is
+        copied to its group's slot (``DUMP``, ``RESTORE … REPLACE``) before
+        it is deleted; a host's ledger's entries go to its group's ledger,
+        each noting its host (what its ``new_host`` said), the applied
+        tokens held (``P:fxheld``) noted with their new ledger, and the
+        intents that name a host name its group (same score)."""
+        meta = f"{self.prefix}:meta"
+        lock = f"{self.prefix}:migrating"
+        token = uuid.uuid4().hex
+        try:
+            self._take_migration_lock(lock, token)
+            try:
+                self.roundtrips += 1
+                found = self._sync.hgetall(meta)
+                version = int(found.get(b"version", CLUSTER_LAYOUT_VERSION))
+                start = int(found.get(_UPGRADING.encode(), version))
+                if start >= CLUSTER_LAYOUT_VERSION:
+                    return  # done by the process we waited for
+                if _UPGRADING.encode() not in found:
+                    # (Resumed, the version is raised: layout 6 refused.)
+                    self._refuse_live_workers()
+                self.roundtrips += 1
+                self._sync.hset(meta, mapping={"version": CLUSTER_LAYOUT_VERSION,
+                                               _UPGRADING: start})
+                # (The pending effects are not applied first: a damaged key
+                # in a scope's shard would refuse that, with the version
+                # raised, leaving a store neither code opens. They move
+                # with their ledgers and intents, for this layout's
+                # readers and writers to adopt as they do any.)
+                moved = self._move_host_keys(lock, token)
+                # Every scope's intents, found by their keys, not by
+                # P:scopes: a scope joins it in a flush's phase 3, and a
+                # worker dead before its first has left intents only.
+                for key in self._scan_keys(f"{_glob(self.prefix)}:fxhosts:*"):
+                    self._renew(lock, token)
+                    self._regroup_intents(key)
+                for key in self._scan_keys(f"{_glob(self.prefix)}:fxheld:*"):
+                    self._renew(lock, token)
+                    self._regroup_held(key)
+                self._renew(lock, token)
+                self.roundtrips += 1
+                self._sync.hdel(meta, _UPGRADING)
+            finally:
+                self.roundtrips += 1
+                self._sync.eval(_UNLOCK_LUA, 1, lock, token)
+        except redis.RedisError as exc:
+            raise self._fail("migrating the layout failed", exc) from exc
+        logger.info("State store %s: cluster layout migrated from version %d to %d (%d host "
+                    "keys moved to their groups' slots)", self.location, start,
+                    CLUSTER_LAYOUT_VERSION, moved)
+
+    def _refuse_live_workers(self) -> None:
+        """Refuse the migration, nothing changed, while a worker of the old
+        layout may be running: a live hold of a scope (a crawl's), or a
+        write-ahead intent young enough that its flush may still write
+        (:data:`_LIVE_INTENT`). Such a worker would go on writing host keys
+        of layout 6 that nothing moves, its phase 3 counting pages that no
+        read finds."""
+        glob = _glob(self.prefix)
+        for kind, within, said in (("holds", 0, "a live hold of a scope"),
+                                   ("fxhosts", _LIVE_INTENT,
+                                    f"a flush's intent under {_LIVE_INTENT} s old")):
+            for key in self._scan_keys(f"{glob}:{kind}:*"):
+                self.roundtrips += 1
+                if int(self._sync.eval(_LIVE_LUA, 1, key, within)):
+                    raise self._fail(
+                        f"migration refused: {said} ({key}) shows a worker of the cluster "
+                        f"layout {_MIGRATED_CLUSTER_LAYOUT} running; stop every worker of "
+                        f"the old code, wait {_LIVE_INTENT} s, then open the store again "
+                        "(nothing was changed)")
+
+    def _group_ledger(self, ledger: str) -> str | None:
+        """The group's ledger (layout 7) of a host's ledger of layout 6,
+        from its name alone (a migration resumed has no record of what it
+        moved); None for a name that is not a host's ledger (one of layout
+        7 already, or not a ledger)."""
+        head = f"{self.prefix}:fx:{{"
+        if not ledger.startswith(head) or not ledger.endswith("}"):
+            return None
+        scope_part, _, part = key_tag(ledger)[1:-1].rpartition("|")
+        if not scope_part or not part or part.startswith("="):
+            return None
+        return self._group_ledger_key(scope_part, host_group(part))
+
+    def _move_host_keys(self, lock: str, token: str) -> int:
+        """The host keys of layout 6 moved to their groups (see
+        :meth:`_migrate_cluster`): how many. Walked one SCAN page at a
+        time, moved a batch at a time (a store of millions of host keys is
+        never listed whole in memory), the progress logged."""
+        head = f"{self.prefix}:"
+        moves: list[tuple[str, str]] = []
+        ledgers: dict[str, str] = {}
+        moved = batches = 0
+        for page in self._scan_pages(f"{_glob(self.prefix)}:*{{*|*}}*"):
+            for key in page:
+                if not key.startswith(head) or not key[len(head):].partition(":")[2].startswith(
+                        "{"):
+                    continue
+                kind, _, rest = key[len(head):].partition(":")
+                inside, _, tail = rest[1:].partition("}")
+                scope_part, _, part = inside.rpartition("|")
+                if not scope_part or part.startswith("="):
+                    continue  # not a host's tag, or of layout 7 already
+                group_ledger = self._group_ledger(key) if kind == "fx" and not tail else None
+                if group_ledger is not None:
+                    ledgers[key] = group_ledger
+                elif kind in _HOST_KINDS:
+                    moves.append((key, f"{head}{kind}:{host_tag(scope_part, part)}{tail}"))
+            if len(moves) + len(ledgers) >= _MIGRATION_BATCH:
+                moved += self._move_batch(moves, ledgers, lock, token)
+                moves, ledgers = [], {}
+                batches += 1
+                if batches % 10 == 0:
+                    logger.info("State store %s: %d host keys moved to their groups so far",
+                                self.location, moved)
+        return moved + self._move_batch(moves, ledgers, lock, token)
+
+    def _move_batch(self, moves: list[tuple[str, str]], ledgers: dict[str, str], lock: str,
+                    token: str) -> int:
+        """One batch of :meth:`_move_host_keys`: host keys copied to their
+        new names (old, new) then deleted, host ledgers' entries into their
+        groups' (old -> new); how many keys."""
+        self._renew(lock, token)
+        if moves:
+            pipe = self._sync.pipeline(transaction=False)
+            for old, _ in moves:
+                pipe.dump(old)
+            dumped = self._sync_run(pipe)
+            pipe = self._sync.pipeline(transaction=False)
+            for (_, new), data in zip(moves, dumped, strict=True):
+                if data is not None:
+                    pipe.restore(new, 0, data, replace=True)
+            self._sync_run(pipe)
+            # Copied: the old keys go (a migration cut before this copies
+            # them again, REPLACE, when resumed).
+            pipe = self._sync.pipeline(transaction=False)
+            for old, _ in moves:
+                pipe.delete(old)
+            self._sync_run(pipe)
+        for old, new in sorted(ledgers.items()):
+            part = key_tag(old)[1:-1].rpartition("|")[2]
+            entries: Any = self._sync.hgetall(old)
+            self.roundtrips += 1
+            rewritten = {name: _entry_of_host(raw, part) for name, raw in entries.items()}
+            if rewritten:
+                self.roundtrips += 1
+                self._sync.hset(new, mapping=rewritten)
+            self.roundtrips += 1
+            self._sync.delete(old)
+        return len(moves) + len(ledgers)
+
+    def _regroup_intents(self, intents: str) -> None:
+        """A scope shard's write-ahead intents (*intents*, its
+        ``P:fxhosts``) that name a host (layout 6) name its group, with the
+        same score (see :meth:`_migrate_cluster`)."""
+        self.roundtrips += 1
+        members: Any = self._sync.zrange(intents, 0, -1, withscores=True)
+        pipe = self._sync.pipeline(transaction=False)
+        for member, score in members:
+            part, _, worker = member.decode(errors="replace").partition("\0")
+            if not part.startswith("="):
+                pipe.zadd(intents, {f"{host_group(part)}\0{worker}": score}, gt=True)
+                pipe.zrem(intents, member)
+        self._sync_run(pipe)
+
+    def _regroup_held(self, held: str) -> None:
+        """A scope shard's applied tokens held (*held*, its ``P:fxheld``:
+        token -> ledger) noted with their group's ledger where they name a
+        host's: computed from the name, so that a migration resumed after
+        the ledgers moved still finds the entries they hold."""
+        self.roundtrips += 1
+        tokens: Any = self._sync.hgetall(held)
+        pipe = self._sync.pipeline(transaction=False)
+        for name, ledger in tokens.items():
+            new = self._group_ledger(ledger.decode(errors="replace"))
+            if new is not None:
+                pipe.hset(held, name, new)
+        self._sync_run(pipe)
 
     def _move_pages(self, lock: str, token: str) -> int:
         """Layout 2 → 3 for every scope: returns the pages moved.

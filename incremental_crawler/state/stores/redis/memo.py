@@ -10,7 +10,7 @@ no round trip of its own), and that nothing else touches:
   that writes the scope's pages (``flush.lua``): the cheapest per flush
   (one INCR whatever the hosts written) and per read (one GET); a token
   then moves with every page of the scope, not only of the hosts asked;
-- in the cluster layout, one per host, ``P:wg:{<s>|<h>}``, in the slot of
+- in the cluster layout, one per host, ``P:wg:{<s>|<g>}:<h>``, in the slot of
   the host's pages so that its host script (``cluster_host.lua``, phase 2)
   can raise it: a scope's counter would be in another slot. The token is
   the hosts' counters (``<h>=<n>``, ``<h>`` the host's key part, by host,

@@ -625,7 +625,8 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
                 raise self._fail("Redis command failed", exc) from exc
             if error is not None:
                 raise self._fail(f"a write failed in Redis ({error}); the writes after "
-                                 "it in its slot, and the phases after it, were not sent")
+                                 "it in its slot (of a host group: of its host), and the "
+                                 "phases after it, were not sent")
         except BaseException:
             # Nothing is recorded as stored that was not.
             self._ops = [op for n, op in enumerate(ops) if n not in applied] + self._ops

@@ -1,0 +1,737 @@
+"""The cluster layout's host groups (version 7): a flush's phase 2 is one
+script a host group, the groups spread over the slots, and a store of
+layout 6 (a script a host) migrated in place, on a real loopback cluster."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tarfile
+import textwrap
+from io import BytesIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import pytest_twisted
+import redis
+from redis.crc import key_slot
+from scrapy.crawler import CrawlerRunner
+from twisted.internet.threads import deferToThread
+
+from incremental_crawler.state.records import PageKey
+from incremental_crawler.state.stores.base import StateStoreError
+from incremental_crawler.state.stores.redis import RedisStateStore
+from incremental_crawler.state.stores.redis.core import (
+    HOST_GROUPS,
+    SCOPE_SHARDS,
+    host_group,
+    host_tag,
+    key_tag,
+    shard_part,
+)
+from incremental_crawler.state.stores.redis.layout import (
+    _LIVE_INTENT,
+    CLUSTER_LAYOUT_VERSION,
+)
+from incremental_crawler.state.stores.redis.scripts import CLUSTER_HOST_LUA
+from tests.conftest import crawl_settings
+from tests.redis_util import new_prefix
+from tests.site import PLAIN_KINDS
+from tests.spiders import ListSpider
+from tests.test_store_contract import SCOPE, brute_summary, call, full_state
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from tests.redis_cluster_util import LoopbackCluster
+
+REPO = Path(__file__).resolve().parent.parent
+#: A commit of the cluster layout 6 (a phase-2 script a host): the store
+#: it writes is the one migrated.
+LAYOUT_6_COMMIT = "afbf804323a48a0b3eb1b9dd2e9b2e0b24806373"
+
+
+@pytest.fixture
+def prefix(redis_cluster: LoopbackCluster) -> Iterator[str]:
+    name = new_prefix()
+    yield name
+    redis_cluster.delete(f"{name}:*")
+
+
+def test_a_scopes_host_groups_fall_one_in_each_64th_of_the_slots() -> None:
+    """Whatever the scope's name, its 64 groups' tags are one in each
+    64th of the slots (CRC16 is linear: the groups' parts differ only in
+    the slot's top six bits), so three primaries of equal ranges hold 21
+    or 22 of them each."""
+    for scope in ("books", "a", "spider-name", "x%7Cy", "a-much-longer-scope-name-42"):
+        slots = sorted(key_slot(f"{{{scope}|{group}}}".encode()) // 256
+                       for group in HOST_GROUPS)
+        assert slots == list(range(64)), scope
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_flush_over_many_hosts_runs_one_page_script_a_group(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """500 pages on 500 hosts: phase 2 is one script per host group the
+    hosts fall in (at most 64), not one a host; every page is stored, and
+    the sums are the pages'."""
+    keys = [PageKey(SCOPE, f"https://h{n}.example/p") for n in range(500)]
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    sent: list[int] = []
+    original = store._eval_many
+
+    async def eval_many(calls: list[tuple[str, list[str], list[Any]]],
+                        plain: Any = ()) -> list[Any]:
+        sent.extend(1 for script, _, _ in calls if script == CLUSTER_HOST_LUA)
+        return await original(calls, plain)
+
+    store._eval_many = eval_many  # type: ignore[method-assign]
+    try:
+        for n, key in enumerate(keys):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        await call(store.flush())
+        groups = {host_group(f"h{n}.example") for n in range(500)}
+        assert len(sent) == len(groups) <= len(HOST_GROUPS)
+        got = await call(store.get_pages(keys))
+        assert {k: s.etag for k, s in got.items()} == dict.fromkeys(keys, 'W/"etag-1"')
+        states = list(store.iter_pages(SCOPE))
+        assert len(states) == 500
+        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                   checked_before=math.inf))
+        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+    finally:
+        await call(store.close())
+
+
+#: Run by the code of LAYOUT_6_COMMIT: a first flush of pages on HOSTS
+#: hosts, closed; then a second flush of new versions of half of them whose
+#: phase 3 never runs (the worker dies between its phases 2 and 3: its
+#: effects stay in the hosts' ledgers, listed by its intents).
+_WRITER = textwrap.dedent("""
+    import asyncio, json, sys
+    from incremental_crawler.state.records import PageKey
+    from incremental_crawler.state.stores.redis import RedisStateStore
+    from incremental_crawler.state.stores.redis.layout import CLUSTER_LAYOUT_VERSION
+    from tests.test_store_contract import full_state
+    url, prefix, scope, hosts = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    assert CLUSTER_LAYOUT_VERSION == 6
+
+    async def main():
+        keys = [PageKey(scope, f"https://h{h}.example/p{n}")
+                for h in range(hosts) for n in range(3)]
+        store = RedisStateStore(url, prefix=prefix)
+        for n, key in enumerate(keys):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        await store.flush()
+        await store.close()
+        dying = RedisStateStore(url, prefix=prefix)
+        async def cut(*args, **kwargs):
+            raise ConnectionError("the shards' nodes are unreachable")
+        dying._phase_scopes = cut
+        for n, key in enumerate(keys[::2]):
+            dying.stage_page(full_state(key, 2, callback="parse", next_visit=5_000 + n))
+        try:
+            await dying.flush()
+        except ConnectionError:
+            pass
+        else:
+            raise AssertionError("phase 3 ran")
+        print(json.dumps([key.url for key in keys]))
+
+    asyncio.run(main())
+""")
+
+
+def layout_6_tree(into: Path) -> Path:
+    """The package and tests of LAYOUT_6_COMMIT, from git, under *into*."""
+    archive = subprocess.run(["git", "archive", LAYOUT_6_COMMIT, "incremental_crawler", "tests"],
+                             cwd=REPO, check=True, capture_output=True, timeout=120).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def old_keys(redis_cluster: LoopbackCluster, prefix: str) -> list[str]:
+    """The host keys of layout 6 under *prefix* (tagged by a host, not a
+    group; the scripts' tokens aside, which expire)."""
+    found = []
+    for raw in redis_cluster.keys(f"{prefix}:*"):
+        key = raw.decode()
+        if "|" not in key or ":flush:" in key:
+            continue
+        inside = key[key.index("{") + 1:key.index("}")]
+        if not inside.rpartition("|")[2].startswith("="):
+            found.append(key)
+    return found
+
+
+def worker_gone_for(redis_cluster: LoopbackCluster, prefix: str,
+                    seconds: int = _LIVE_INTENT + 60) -> None:
+    """The dead worker's write-ahead intents made *seconds* older (as if
+    it had died that long ago: the migration refuses younger ones, which
+    a worker still running may be writing under; still younger than the
+    readers' adopt_after)."""
+    with redis_cluster.client() as client:
+        for key in redis_cluster.keys(f"{prefix}:fxhosts:*"):
+            members = client.zrange(key, 0, -1, withscores=True)
+            client.zadd(key, {member: score - seconds for member, score in members})
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_layout_6_store_is_migrated_in_place_its_dead_workers_effects_once(
+    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
+) -> None:
+    """A store written by layout 6's code, a worker of which died between
+    its phases 2 and 3, opened by this code: its host keys renamed into
+    their groups' slots (none left under a host's tag), every page as the
+    old code stored it (the validators a re-crawl sends), the dead worker's
+    effects applied once (the sums are the pages'), its young intents
+    naming groups; then written and read as any store of layout 7."""
+    tree = layout_6_tree(tmp_path / "layout6")
+    out = subprocess.run(
+        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "12"],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+        capture_output=True, text=True, timeout=300)
+    worker_gone_for(redis_cluster, prefix)
+    urls = json.loads(out.stdout.strip().splitlines()[-1])
+    before = old_keys(redis_cluster, prefix)
+    assert any(":fx:" in key for key in before)  # the dead worker's ledger entries
+    assert any(":pg" in key for key in before)
+
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        with redis_cluster.client() as client:
+            meta = client.hgetall(f"{prefix}:meta")
+            assert meta[b"version"] == str(CLUSTER_LAYOUT_VERSION).encode()
+            assert b"upgrading" not in meta
+            intents = [m.decode() for key in client.keys(f"{prefix}:fxhosts:*")
+                       for m in client.zrange(key, 0, -1)]
+        assert old_keys(redis_cluster, prefix) == []
+        # The dying worker's intents were young: kept, naming groups.
+        assert intents and all(m.startswith("=") for m in intents)
+        keys = [PageKey(SCOPE, url) for url in urls]
+        got = await call(store.get_pages(keys))
+        assert len(got) == len(keys)
+        rewritten = set(keys[::2])
+        for key, state in got.items():
+            n = 2 if key in rewritten else 1
+            assert (state.etag, state.last_modified, state.checks) == (
+                f'W/"etag-{n}"', "Sun, 06 Nov 1994 08:49:37 GMT", n), key
+        states = list(store.iter_pages(SCOPE))
+        assert len(states) == len(keys)
+        for after, upto in ((-math.inf, math.inf), (0, 4_000), (4_000, math.inf)):
+            summary = await call(store.summarize_pages(SCOPE, after=after, upto=upto,
+                                                       checked_before=math.inf))
+            assert tuple(summary) == brute_summary(states, after, upto, math.inf, ())
+        # Written again by this code: the same pages, their new versions.
+        for key in keys[1::2]:
+            store.stage_page(full_state(key, 3, callback="parse", next_visit=9_000))
+        await call(store.flush())
+        got = await call(store.get_pages(keys))
+        assert sum(1 for s in got.values() if s.etag == 'W/"etag-3"') == len(keys[1::2])
+        states = list(store.iter_pages(SCOPE))
+        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                   checked_before=math.inf))
+        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+        assert f"{prefix}:hd:{host_tag(SCOPE, 'h0.example')}".encode() in (
+            redis_cluster.keys(f"{prefix}:hd:*"))
+    finally:
+        await call(store.close())
+
+
+def two_hosts_of_one_group() -> tuple[str, str]:
+    first = "a.example"
+    for n in range(1_000):
+        other = f"b{n}.example"
+        if host_group(other) == host_group(first):
+            return first, other
+    raise AssertionError("no two hosts of one group in 1,000 tries")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_group_script_whose_reply_was_lost_is_replayed_with_the_writes_it_ran(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A group's script ran but its reply was lost; a page of its first
+    host is staged before the flush that sends it again. The replay
+    (same token) counts the writes it ran, in staging order: the new page
+    is written after it, not taken as applied, and nothing is applied
+    twice (the sums are the pages')."""
+    a_host, b_host = two_hosts_of_one_group()
+    a1, b1, a2 = (PageKey(SCOPE, f"https://{a_host}/1"), PageKey(SCOPE, f"https://{b_host}/1"),
+                  PageKey(SCOPE, f"https://{a_host}/2"))
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    lost: list[int] = []
+    original = store._eval_many
+
+    async def eval_many(calls: list[tuple[str, list[str], list[Any]]],
+                        plain: Any = ()) -> list[Any]:
+        replies = await original(calls, plain)
+        if not lost and any(script == CLUSTER_HOST_LUA for script, _, _ in calls):
+            lost.append(1)
+            raise redis.exceptions.ConnectionError("the reply was lost")
+        return replies
+
+    store._eval_many = eval_many  # type: ignore[method-assign]
+    try:
+        store.stage_page(full_state(a1, 1, callback="parse", next_visit=1_000))
+        store.stage_page(full_state(b1, 1, callback="parse", next_visit=1_001))
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        assert lost == [1]
+        store.stage_page(full_state(a2, 1, callback="parse", next_visit=1_002))
+        await call(store.flush())
+        assert store.pending == 0
+        got = await call(store.get_pages([a1, b1, a2]))
+        assert sorted(k.url for k in got) == sorted(k.url for k in (a1, b1, a2))
+        states = list(store.iter_pages(SCOPE))
+        assert len(states) == 3
+        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                   checked_before=math.inf))
+        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+    finally:
+        await call(store.close())
+
+
+#: A crawl by the code of LAYOUT_6_COMMIT (its ListSpider, its add-on) of
+#: the URLs given, on the store given.
+_OLD_CRAWL = textwrap.dedent("""
+    import json, sys
+    from scrapy.crawler import CrawlerProcess
+    from incremental_crawler.state.stores.redis.layout import CLUSTER_LAYOUT_VERSION
+    from tests.spiders import ListSpider
+    assert CLUSTER_LAYOUT_VERSION == 6
+    uri, urls = sys.argv[1], json.loads(sys.argv[2])
+    process = CrawlerProcess({
+        "ADDONS": {"incremental_crawler.addon.IncrementalAddon": 0},
+        "INCREMENTAL_STATE_URI": uri, "INCREMENTAL_STATE_ON_REDIS_CLUSTER": True,
+        "ROBOTSTXT_OBEY": True, "LOG_LEVEL": "INFO", "LOGSTATS_INTERVAL": 0,
+        "TELNETCONSOLE_ENABLED": False, "CONCURRENT_REQUESTS": 8,
+        "INCREMENTAL_REVISIT_ENABLED": False, "INCREMENTAL_THROTTLE_ENABLED": False})
+    process.crawl(ListSpider, urls=urls)
+    process.start()
+""")
+
+
+def seen(site: Any) -> list[tuple[str, str | None, str | None, int]]:
+    """What the site was asked for its pages: path, conditions, answer."""
+    return sorted((r.path, r.if_none_match, r.if_modified_since, r.status)
+                  for r in site.log if r.path.startswith("/p/"))
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_layout_6_store_crawled_again_after_its_migration_asks_the_same(
+    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path, site: Any,
+) -> None:
+    """Two real crawls of the loopback site by layout 6's code (a worker of
+    its own process), then one by this code after the migration: the site
+    is asked the same (the same conditional headers for every page, the
+    same answers) by this code's crawl as by the old code's second."""
+    tree = layout_6_tree(tmp_path / "layout6")
+    uri = f"{redis_cluster.url}?prefix={prefix}"
+    paths = site.add_pages(8, kinds=PLAIN_KINDS, size=2000)
+    urls = [site.url(path) for path in paths]
+
+    def old_crawl() -> None:
+        subprocess.run([sys.executable, "-c", _OLD_CRAWL, uri, json.dumps(urls)],
+                       cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+                       capture_output=True, text=True, timeout=300)
+
+    await deferToThread(old_crawl)
+    site.reset_log()
+    await deferToThread(old_crawl)
+    asked_by_old = seen(site)
+    assert [path for path, *_ in asked_by_old] == sorted(paths)
+    assert old_keys(redis_cluster, prefix)
+
+    site.reset_log()
+    runner = CrawlerRunner(crawl_settings(uri, INCREMENTAL_STATE_ON_REDIS_CLUSTER=True))
+    await runner.crawl(ListSpider, urls=urls)
+    asked_by_new = seen(site)
+    assert asked_by_new == asked_by_old
+    # Conditional where the site gives validators (most unchanged: 304s).
+    assert any(status == 304 for *_, status in asked_by_new)
+    assert old_keys(redis_cluster, prefix) == []
+    with redis_cluster.client() as client:
+        assert client.hget(f"{prefix}:meta", "version") == str(CLUSTER_LAYOUT_VERSION).encode()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_damaged_host_costs_the_healthy_hosts_of_its_group_none_of_their_writes(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Two hosts of one group, the second's links hash damaged: the group's
+    script stops at the damaged host's first write, and the first host's
+    writes staged after it are sent again without the damaged host's (as
+    a script a host did, layout 6): both of the healthy host's pages are
+    stored, none of the damaged host's; the flush says the error.
+    Repaired, the next flush writes the rest, each once (the sums are the
+    pages')."""
+    a_host, b_host = two_hosts_of_one_group()
+    a1, b1, a2 = (PageKey(SCOPE, f"https://{a_host}/1"), PageKey(SCOPE, f"https://{b_host}/1"),
+                  PageKey(SCOPE, f"https://{a_host}/2"))
+    links = f"{prefix}:ln:{host_tag(SCOPE, b_host)}"
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    reader = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        with redis_cluster.client() as client:
+            assert client.set(links, "damaged")
+        for n, key in enumerate((a1, b1, a2)):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        with pytest.raises(StateStoreError, match="WRONGTYPE"):
+            await call(store.flush())
+        got = await call(reader.get_pages([a1, b1, a2]))
+        assert sorted(k.url for k in got) == sorted(k.url for k in (a1, a2))
+        assert store.pending == 1
+        with redis_cluster.client() as client:
+            client.delete(links)
+        # (The write not applied stays staged: sent again.)
+        await call(store.flush())
+        assert store.pending == 0
+        got = await call(reader.get_pages([a1, b1, a2]))
+        assert {k.url: s.checks for k, s in got.items()} == {
+            k.url: 1 for k in (a1, b1, a2)}
+        states = list(reader.iter_pages(SCOPE))
+        assert len(states) == 3
+        summary = await call(reader.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                    checked_before=math.inf))
+        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+    finally:
+        await call(store.close())
+        await call(reader.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_healthy_hosts_writes_sent_again_whose_reply_is_lost_apply_once(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """As above, but the reply to the script that sends the healthy host's
+    writes again (without the damaged host's) is lost: the next flush, the
+    key repaired, finds that script's writes again among the group's (the
+    damaged host's first in staging order, left out): the healthy host's
+    writes are applied once (its sums counted once), the damaged host's
+    written then."""
+    a_host, b_host = two_hosts_of_one_group()
+    b1, a1, a2 = (PageKey(SCOPE, f"https://{b_host}/1"), PageKey(SCOPE, f"https://{a_host}/1"),
+                  PageKey(SCOPE, f"https://{a_host}/2"))
+    links = f"{prefix}:ln:{host_tag(SCOPE, b_host)}"
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    reader = RedisStateStore(redis_cluster.url, prefix=prefix)
+    original = store._eval_many
+    host_scripts: list[int] = []
+
+    async def lose_the_second_reply(calls: list[tuple[str, list[str], list[Any]]],
+                                    plain: Any = ()) -> list[Any]:
+        replies = await original(calls, plain)
+        if any(script == CLUSTER_HOST_LUA for script, _, _ in calls):
+            host_scripts.append(len(calls))
+            if len(host_scripts) == 2:
+                raise redis.exceptions.ConnectionError("the reply was lost")
+        return replies
+
+    try:
+        with redis_cluster.client() as client:
+            assert client.set(links, "damaged")
+        for n, key in enumerate((b1, a1, a2)):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        store._eval_many = lose_the_second_reply  # type: ignore[method-assign]
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        store._eval_many = original  # type: ignore[method-assign]
+        assert host_scripts == [1, 1]
+        # The healthy host's writes were applied (the reply lost, not the script).
+        got = await call(reader.get_pages([b1, a1, a2]))
+        assert sorted(k.url for k in got) == sorted(k.url for k in (a1, a2))
+        with redis_cluster.client() as client:
+            client.delete(links)
+        await call(store.flush())
+        assert store.pending == 0
+        got = await call(reader.get_pages([b1, a1, a2]))
+        assert {k.url: s.checks for k, s in got.items()} == {
+            k.url: 1 for k in (b1, a1, a2)}
+        states = list(reader.iter_pages(SCOPE))
+        assert len(states) == 3
+        summary = await call(reader.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                    checked_before=math.inf))
+        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+    finally:
+        await call(store.close())
+        await call(reader.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_migration_cut_short_is_resumed_by_the_next_process_that_opens_the_store(
+    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A migration from layout 6 that stops after the host keys moved (its
+    connection lost before the intents were regrouped) leaves the version
+    raised and ``upgrading`` set; the next process to open the store
+    resumes it: no host key left under a host's tag, every page there, the
+    intents naming groups, the sums the pages'."""
+    tree = layout_6_tree(tmp_path / "layout6")
+    out = subprocess.run(
+        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "6"],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+        capture_output=True, text=True, timeout=300)
+    worker_gone_for(redis_cluster, prefix)
+    urls = json.loads(out.stdout.strip().splitlines()[-1])
+    # A token a shard's script applied, held until its entry leaves a
+    # host's ledger of layout 6 (what P:fxheld notes).
+    held = f"{prefix}:fxheld:{{{shard_part(SCOPE, 0)}}}"
+    with redis_cluster.client() as client:
+        client.hset(held, "t0", f"{prefix}:fx:{{{SCOPE}|h0.example}}")
+
+    def cut(self: RedisStateStore, *args: Any) -> None:
+        raise redis.exceptions.ConnectionError("the intents' node is unreachable")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(RedisStateStore, "_regroup_intents", cut)
+        with pytest.raises(StateStoreError, match="migrating the layout failed"):
+            RedisStateStore(redis_cluster.url, prefix=prefix)
+    with redis_cluster.client() as client:
+        meta = client.hgetall(f"{prefix}:meta")
+        assert meta[b"version"] == str(CLUSTER_LAYOUT_VERSION).encode()
+        assert meta[b"upgrading"] == b"6"
+        intents = [m.decode() for key in client.keys(f"{prefix}:fxhosts:*")
+                   for m in client.zrange(key, 0, -1)]
+    assert intents and not any(m.startswith("=") for m in intents)  # not regrouped yet
+
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        with redis_cluster.client() as client:
+            assert b"upgrading" not in client.hgetall(f"{prefix}:meta")
+            intents = [m.decode() for key in client.keys(f"{prefix}:fxhosts:*")
+                       for m in client.zrange(key, 0, -1)]
+        assert intents and all(m.startswith("=") for m in intents)
+        # Its ledger named as its group's, though the pass that moved the
+        # ledgers was the one cut short.
+        with redis_cluster.client() as client:
+            assert client.hget(held, "t0") == (
+                f"{prefix}:fx:{{{SCOPE}|{host_group('h0.example')}}}".encode())
+        assert old_keys(redis_cluster, prefix) == []
+        keys = [PageKey(SCOPE, url) for url in urls]
+        got = await call(store.get_pages(keys))
+        assert len(got) == len(keys)
+        states = list(store.iter_pages(SCOPE))
+        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                   checked_before=math.inf))
+        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_group_whose_hosts_counts_are_stale_is_planned_again_host_by_host(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Two hosts of one group, both split by a first flush; the second
+    flush planned from counts read before those splits (one bucket each):
+    the group's script writes nothing and says each host's count, both
+    are planned again, and every page is written once."""
+    hosts = two_hosts_of_one_group()
+    keys = {host: [PageKey(SCOPE, f"https://{host}/p{n}") for n in range(150)]
+            for host in hosts}
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        for host in hosts:
+            for key in keys[host][:100]:
+                store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+        await call(store.flush())
+        with redis_cluster.client() as client:
+            for host in hosts:
+                assert int(client.hget(f"{prefix}:hd:{host_tag(SCOPE, host)}", "n")) > 1
+        stale: list[int] = []
+        part_counts = store._part_counts
+
+        async def stale_parts(parts: Any, *before: Any) -> Any:
+            counts, said = await part_counts(parts, *before)
+            if not stale:
+                stale.append(1)
+                return dict.fromkeys(counts, (1, 0)), said
+            return counts, said
+
+        store._part_counts = stale_parts  # type: ignore[method-assign]
+        sent: list[Any] = []
+        original = store._eval_many
+
+        async def eval_many(calls: list[tuple[str, list[str], list[Any]]],
+                            plain: Any = ()) -> list[Any]:
+            replies = await original(calls, plain)
+            sent.extend(reply for (script, _, _), reply in zip(calls, replies, strict=False)
+                        if script == CLUSTER_HOST_LUA)
+            return replies
+
+        store._eval_many = eval_many  # type: ignore[method-assign]
+        for host in hosts:
+            for key in keys[host][100:]:
+                store.stage_page(full_state(key, 2, callback="parse", next_visit=2_000))
+        assert await call(store.flush()) == 100
+        assert stale == [1]
+        # The first answer named both hosts' counts; the second wrote.
+        assert sent[0][0] == b"n"
+        assert sorted(sent[0][1::2]) == sorted(host.encode() for host in hosts)
+        assert int(sent[1][0]) == 100
+        every = [key for host in hosts for key in keys[host]]
+        found = await call(store.get_pages(every))
+        assert {k: s.checks for k, s in found.items()} == {
+            k: 1 if k in keys[k.url.split("/")[2]][:100] else 2 for k in every}
+        assert store.count_pages(SCOPE) == 300
+        states = list(store.iter_pages(SCOPE))
+        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                   checked_before=math.inf))
+        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_layout_6_store_with_a_damaged_scope_shard_is_migrated_not_locked_out(
+    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
+) -> None:
+    """A layout-6 store with a dead worker's effects pending and a damaged
+    key in every one of its scope's shards (the hosts set a string): the
+    migration does not apply the pending effects (a shard's script would
+    refuse), it moves them: the store opens at layout 7 (not left at a
+    version neither code opens), the effects still in their groups'
+    ledgers for a later reader once the key is repaired."""
+    tree = layout_6_tree(tmp_path / "layout6")
+    subprocess.run(
+        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "6"],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+        capture_output=True, text=True, timeout=300)
+    worker_gone_for(redis_cluster, prefix)
+    with redis_cluster.client() as client:
+        assert client.keys(f"{prefix}:fx:*")  # the dead worker's ledgers
+        for shard in SCOPE_SHARDS:
+            hosts = f"{prefix}:hs:{{{SCOPE}^{shard}}}"
+            client.delete(hosts)
+            client.set(hosts, "damaged")
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    await call(store.close())
+    with redis_cluster.client() as client:
+        meta = client.hgetall(f"{prefix}:meta")
+        assert meta[b"version"] == str(CLUSTER_LAYOUT_VERSION).encode()
+        assert b"upgrading" not in meta
+        ledgers = [key.decode() for key in client.keys(f"{prefix}:fx:*")]
+    assert old_keys(redis_cluster, prefix) == []
+    # The dead worker's effects kept, in group ledgers (none applied).
+    assert ledgers and all(key_tag(key)[1:-1].rpartition("|")[2].startswith("=")
+                           for key in ledgers)
+
+
+#: Run by layout 6's code: the first flush of a scope nobody wrote before,
+#: whose worker dies between its phases 2 and 3 (its pages and ledger
+#: entries stored, its intents written; P:scopes is added in phase 3).
+_FIRST_FLUSH_DIES = textwrap.dedent("""
+    import asyncio, json, sys
+    from incremental_crawler.state.records import PageKey
+    from incremental_crawler.state.stores.redis import RedisStateStore
+    from incremental_crawler.state.stores.redis.layout import CLUSTER_LAYOUT_VERSION
+    from tests.test_store_contract import full_state
+    url, prefix, scope = sys.argv[1], sys.argv[2], sys.argv[3]
+    assert CLUSTER_LAYOUT_VERSION == 6
+
+    async def main():
+        keys = [PageKey(scope, f"https://h{h}.example/p{n}") for h in range(6) for n in range(3)]
+        dying = RedisStateStore(url, prefix=prefix)
+        async def cut(*args, **kwargs):
+            raise ConnectionError("the shards' nodes are unreachable")
+        dying._phase_scopes = cut
+        for n, key in enumerate(keys):
+            dying.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        try:
+            await dying.flush()
+        except ConnectionError:
+            pass
+        else:
+            raise AssertionError("phase 3 ran")
+        print(json.dumps([key.url for key in keys]))
+
+    asyncio.run(main())
+""")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_dead_workers_first_flush_of_a_new_scope_survives_the_migration(
+    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
+) -> None:
+    """Layout 6: a worker's first flush of a new scope dies between its
+    phases 2 and 3: pages stored, effects in the hosts' ledgers listed by
+    its intents, the scope not in P:scopes yet (phase 3 adds it). The
+    migration regroups the intents of every scope that has some (not only
+    the listed ones): the scope's 18 pages are read after it, and its
+    sums are its pages'."""
+    fresh = "fresh"
+    tree = layout_6_tree(tmp_path / "layout6")
+    out = subprocess.run(
+        [sys.executable, "-c", _FIRST_FLUSH_DIES, redis_cluster.url, prefix, fresh],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+        capture_output=True, text=True, timeout=300)
+    worker_gone_for(redis_cluster, prefix)
+    urls = json.loads(out.stdout.strip().splitlines()[-1])
+    with redis_cluster.client() as client:
+        assert not client.sismember(f"{prefix}:scopes", fresh)
+        assert client.keys(f"{prefix}:fx:*")
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)  # migrates
+    try:
+        store.adopt_after = 0  # (the dead worker's entries are taken now)
+        with redis_cluster.client() as client:
+            intents = [m.decode() for key in client.keys(f"{prefix}:fxhosts:*")
+                       for m in client.zrange(key, 0, -1)]
+        assert intents and all(m.startswith("=") for m in intents)
+        states = list(store.iter_pages(fresh))
+        assert sorted(s.key.url for s in states) == sorted(urls)
+        summary = await call(store.summarize_pages(fresh, after=-math.inf, upto=math.inf,
+                                                   checked_before=math.inf))
+        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_migration_is_refused_while_a_worker_of_layout_6_may_be_running(
+    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
+) -> None:
+    """A layout-6 store whose worker's flush left an intent young enough
+    that its phase 2 may still write, then one with a live hold of its
+    scope (a crawl's): each open refuses the migration in one line that
+    says why and what to do, the store left as it was (version 6, no
+    host key moved: the old code still opens it). With neither, it is
+    migrated."""
+    tree = layout_6_tree(tmp_path / "layout6")
+    subprocess.run(
+        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "4"],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+        capture_output=True, text=True, timeout=300)
+    before = sorted(old_keys(redis_cluster, prefix))
+    with pytest.raises(StateStoreError, match=r"migration refused: a flush's intent .*fxhosts"):
+        RedisStateStore(redis_cluster.url, prefix=prefix)
+    worker_gone_for(redis_cluster, prefix)
+    holds = f"{prefix}:holds:{{{SCOPE}}}"
+    with redis_cluster.client() as client:
+        lapses = float(client.time()[0]) + 120
+        client.zadd(holds, {f"{prefix}:worker-of-layout-6": lapses})
+    with pytest.raises(StateStoreError,
+                       match=r"migration refused: a live hold .*stop every") as said:
+        RedisStateStore(redis_cluster.url, prefix=prefix)
+    assert "\n" not in str(said.value)
+    with redis_cluster.client() as client:
+        meta = client.hgetall(f"{prefix}:meta")
+        assert meta[b"version"] == b"6" and b"upgrading" not in meta
+        assert not client.exists(f"{prefix}:migrating")
+        client.delete(holds)
+    assert sorted(old_keys(redis_cluster, prefix)) == before
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        assert old_keys(redis_cluster, prefix) == []
+        with redis_cluster.client() as client:
+            assert client.hget(f"{prefix}:meta", "version") == (
+                str(CLUSTER_LAYOUT_VERSION).encode())
+    finally:
+        await call(store.close())
