@@ -155,6 +155,10 @@ _ANSWER = load_script(_LUA_PACKAGE, "answer.lua")
 # The re-seeder counts the pages not due in bulk. KEYS: see bulk_counted.lua.
 _BULK_COUNTED = load_script(_LUA_PACKAGE, "bulk_counted.lua")
 
+# A plain write to a run key, refused to a worker fenced off the run.
+# KEYS and ARGV: see run_note.lua.
+_RUN_NOTE = load_script(_LUA_PACKAGE, "run_note.lua")
+
 # How many jobs other live workers claimed and have not done yet.
 # KEYS: claims, workers; ARGV: this worker, the worker TTL.
 _CLAIMS_PENDING = load_script(_LUA_PACKAGE, "claims_pending.lua")
@@ -236,6 +240,7 @@ class ClusterCoordinator:
         self._count_page = self.redis.register_script(_COUNT_PAGE)
         self._bulk_counted = self.redis.register_script(_BULK_COUNTED)
         self._answer = self.redis.register_script(_ANSWER)
+        self._run_note = self.redis.register_script(_RUN_NOTE)
         #: Calls of :meth:`answer` so far: each has its own id.
         self._answer_calls = 0
         self.run: str | None = None
@@ -865,13 +870,27 @@ class ClusterCoordinator:
     def _add_to_run_set(self, name: str, member: str) -> None:
         """Add *member* to the run's set *name* (one round trip; a Redis
         failure is noted as lost, and the member is not shared)."""
+        self._note_in_run(name, "SADD", member)
+
+    def _note_in_run(self, name: str, command: str, *args: str | bytes) -> bool:
+        """Write to the run's key *name* (run_note.lua: *command* and its
+        arguments after the key), unless this worker is fenced off the run:
+        checked by the script, in the same step (a worker paused past the
+        TTL may call this before its next heartbeat tells it so). Whether
+        it was written; a Redis failure is noted as lost, a fenced worker
+        stops."""
         if self._fenced:
-            return
+            return False
         self.roundtrip()
         try:
-            self.silence.again_blocking(lambda: self.redis.sadd(self.run_prefix + name, member))
+            self.silence.again_blocking(lambda: self._run_note(
+                keys=[self.run_prefix + name, self.key("workers"), self.key("run")],
+                args=[self.worker_id, self.worker_ttl, self.run_id, command, *args]))
         except redis.RedisError as exc:
+            # lost() tells a fenced worker's refusal from a failure.
             self.lost(exc)
+            return False
+        return True
 
     def _run_set(self, name: str) -> set[str] | None:
         """The members of the run's set *name*; ``None`` when Redis failed."""
@@ -889,14 +908,7 @@ class ClusterCoordinator:
         that re-seeds the run (it would decide and count them again)."""
         if not urls:
             return
-        if self._fenced:
-            return
-        self.roundtrip()
-        try:
-            self.silence.again_blocking(lambda: self.redis.sadd(self.run_prefix + "decided",
-                                                                *urls))
-        except redis.RedisError as exc:
-            self.lost(exc)
+        self._note_in_run("decided", "SADD", *urls)
 
     def decided_in_run(self, urls: list[str]) -> list[bool] | None:
         """Which of *urls* a list of the run decided; ``None``: unknown."""
@@ -954,15 +966,8 @@ class ClusterCoordinator:
     def deferred_counted(self) -> set[PageKey] | None:
         """This worker re-seeded and deferred due pages over its limit (see
         :meth:`~incremental_crawler.change.accounting.RunCounts.deferred_counted`)."""
-        if self._fenced:
-            return None
-        self.roundtrip()
-        try:
-            self.silence.again_blocking(lambda: self.redis.hset(
-                self.run_prefix + "counted",
-                mapping={"#deferred": self.tag, f"#w|{self.tag}": self.worker_id}))
-        except redis.RedisError as exc:
-            self.lost(exc)
+        if not self._note_in_run("counted", "HSET", "#deferred", self.tag,
+                                 f"#w|{self.tag}", self.worker_id):
             return None
         # count_page.lua adds no page requested in the due sum from now on.
         return self._requested_in_sums()
@@ -1042,12 +1047,7 @@ class ClusterCoordinator:
     def note_unrecorded_failure(self) -> None:
         """A page failed and could not be recorded: the run's sitemap validators must not
         be saved."""
-        if self._fenced:
-            return
-        self.roundtrip()
-        try:
-            self.silence.again_blocking(lambda: self.redis.incr(self.run_prefix + "unrecorded"))
-        except redis.RedisError as exc:
-            # Not counted: leaving fails too, the sitemaps' state is not saved.
-            self.lost(exc)
+        # Not counted when Redis fails: leaving fails too, the sitemaps'
+        # state is not saved (nor by a fenced worker: see leave.lua).
+        self._note_in_run("unrecorded", "INCR")
 
