@@ -311,6 +311,13 @@ class RunCounts(Protocol):
         sizes, and the pages requested whose stored state the sum counted
         when they were (``None``: unknown)."""
 
+    def sum_counted(self, pages: int, size: int, first_due: float | None) -> None:
+        """The re-seeder counted its sum of the pages not due (*pages* of
+        *size* bytes, the earliest next visit *first_due*, after
+        :meth:`bulk_counted`): recorded in the run, which stands by it
+        whatever becomes of the re-seeder (killed, its stats die with it:
+        the worker that ends the run counts it then)."""
+
 
 class ScheduleCounter:
     """Counts the crawl's decisions into the stats (see the module docstring).
@@ -362,6 +369,9 @@ class ScheduleCounter:
         self._deferred: Callable[[PageState], bool] | None = None
         #: The run was told due pages are being deferred (:meth:`deferring`).
         self._deferring = False
+        #: The run read the pages counted one by one for this crawl's sum
+        #: (:meth:`counted_in_sum`): the sum, once counted, is recorded there.
+        self._run_summed = False
         #: In cluster mode, the run's record of the pages its workers
         #: counted: each page is counted by one worker of the run.
         self.run: RunCounts | None = None
@@ -626,6 +636,7 @@ class ScheduleCounter:
             counted = self.run.bulk_counted()
             if counted is not None:
                 pages, size, self._requested_in_sum = counted
+                self._run_summed = True
                 return pages, size
         if self.summed is not None:
             # What the sum counts (scope, lists, last check), not only the
@@ -647,6 +658,10 @@ class ScheduleCounter:
         reached later in the crawl is not counted again: not due, it is
         counted already; requested, it leaves the column."""
         self._bulk_counted = True
+        if self._run_summed:
+            self._run_summed = False
+            assert self.run is not None
+            self.run.sum_counted(max(pages, 0), max(size, 0), first_due)
         if pages <= 0:
             return
         self.stats.inc_value("incremental/schedule/not_due", pages)

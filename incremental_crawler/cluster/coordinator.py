@@ -70,7 +70,7 @@ import os
 import socket
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
 from redis.backoff import NoBackoff
@@ -97,7 +97,7 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
 
-    from incremental_crawler.change.accounting import RunCount
+    from incremental_crawler.change.accounting import RunCount, ScheduleCounter
     from incremental_crawler.config import ClusterSettings
 
 logger = logging.getLogger(__name__)
@@ -174,6 +174,18 @@ SCAN_CHUNK = 1000
 #: take them (join.lua reads ``unrecorded``, the second).
 RUN_KEYS = ("seen", "unrecorded", "claims", "tombstones", "listings", "decided", "counted",
             "early", "left", "requested_in_sum")
+
+
+class LostSum(NamedTuple):
+    """What the worker that ends a run counts for its re-seeder, killed
+    (leave.lua): the pages not due and their size (and the earliest next
+    visit among them); *taken* ``"sum"``: the sum the re-seeder recorded,
+    ``"left"``: the pages counted leaving a sum it did not record."""
+
+    pages: int
+    size: int
+    first_due: float | None
+    taken: str
 
 
 #: How the run scripts refuse a worker fenced off the run (beat.lua): its
@@ -273,6 +285,8 @@ class ClusterCoordinator:
         self.run_started: float | None = None
         #: The crawl's ledger (None with INCREMENTAL_ENABLED=False), once joined.
         self.ledger: Ledger | None = None
+        #: The crawl's accounting (the ledger's), once the spider opened.
+        self.counter: ScheduleCounter | None = None
         crawler.signals.connect(self.spider_idle, signal=signals.spider_idle)
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
 
@@ -302,6 +316,7 @@ class ClusterCoordinator:
             self.ledger.run_gate = self
             # Each page in one column for the run, whichever workers count it.
             self.ledger.counter.run = self
+            self.counter = self.ledger.counter
 
     # -- keys ------------------------------------------------------------------
 
@@ -428,7 +443,7 @@ class ClusterCoordinator:
         try:
             self.silence.again_blocking(
                 lambda: self._beat_once(release_all=reason == "finished"))
-            back, unrecorded, ended = self.silence.again_blocking(self._leave_run)
+            back, unrecorded, ended, taken_over = self.silence.again_blocking(self._leave_run)
         except redis.RedisError as exc:
             # run_unrecorded stays unknown: the sitemaps' state is not saved.
             # What this worker held is reaped by the others once Redis is back.
@@ -451,6 +466,8 @@ class ClusterCoordinator:
             self.stats.inc_value("cluster/left_abandoned_run")
         if back:
             self.stats.inc_value("cluster/requeued_on_leave", back)
+        if taken_over is not None:
+            self._take_over_sum(taken_over)
         logger.info(
             "Cluster: worker %(worker)s left run %(run)s (%(reason)s)%(end)s",
             {"worker": self.worker_id, "run": self.run, "reason": reason,
@@ -460,9 +477,10 @@ class ClusterCoordinator:
         self._held.clear()
         self.redis.close()
 
-    def _leave_run(self) -> tuple[int, int, int]:
+    def _leave_run(self) -> tuple[int, int, int, LostSum | None]:
         """leave.lua: (requeued, the run's unrecorded failures or -1, whether
-        the current run ended)."""
+        the current run ended, what this worker counts for a re-seeder whose
+        crawl is not recorded)."""
         for _ in range(BEAT_TRIES):
             # Read first: the last worker out ends the current run, whichever
             # it is, and every key the script touches is named in KEYS.
@@ -474,11 +492,37 @@ class ClusterCoordinator:
             reply = self._leave(keys=self.leave_keys(named),
                                 args=[self.worker_id, self.run_id, current or b"",
                                       "1" if self._fenced else "0"])
-            if len(reply) == 3:
-                back, unrecorded, ended = reply
-                return int(back), int(unrecorded), int(ended)
+            if len(reply) == 7:
+                back, unrecorded, ended, pages, size, first_due, taken = reply
+                lost = (LostSum(int(pages), int(size), float(first_due) if first_due else None,
+                                taken.decode()) if taken else None)
+                return int(back), int(unrecorded), int(ended), lost
         raise redis.RedisError(f"the run of {self.spider_key} changed at each of "
                                f"{BEAT_TRIES} tries to leave it")
+
+    def _take_over_sum(self, lost: LostSum) -> None:
+        """This worker ended the run, whose re-seeder's crawl is not
+        recorded (killed): its sum of the pages not due, whose count died
+        with its stats, is counted here, or, if it was killed before it
+        recorded the sum, the pages the run's workers counted leaving it
+        are (so that no column of the run's totals goes below zero; the
+        rest of that sum is lost, and said to be)."""
+        counter = self.counter
+        if counter is None:
+            return
+        counter.not_due_elsewhere(lost.pages, lost.size, lost.first_due)
+        if lost.taken == "sum":
+            self.stats.inc_value("cluster/reseeder_sum_taken_over", lost.pages)
+            logger.warning(
+                "Cluster: the worker that re-seeded run %(run)s was killed; its sum of "
+                "%(pages)d pages not due is counted by worker %(worker)s, which ended the run",
+                {"run": self.run, "pages": lost.pages, "worker": self.worker_id})
+        else:
+            self.stats.inc_value("cluster/reseeder_sum_lost")
+            logger.warning(
+                "Cluster: the worker that re-seeded run %(run)s was killed before it "
+                "counted the pages not due: the run's totals leave them out",
+                {"run": self.run})
 
     def leave_keys(self, current: str | None) -> list[str]:
         """The keys of leave.lua, in its order, for the run key naming the
@@ -997,6 +1041,11 @@ class ClusterCoordinator:
         if requested is None:
             return None
         return int(pages), int(size), requested
+
+    def sum_counted(self, pages: int, size: int, first_due: float | None) -> None:
+        """The re-seeder counted its sum of the pages not due (see
+        :meth:`~incremental_crawler.change.accounting.RunCounts.sum_counted`)."""
+        self._note_in_run("counted", "HSET", "#sum", f"{pages}|{size}|{first_due or ''}")
 
     def _requested_in_sums(self) -> set[PageKey] | None:
         """The pages requested whose stored state one of the re-seeder's

@@ -17,7 +17,13 @@
 -- not requested that the sum counts; #bulk, #deferred: the re-seeder's tag,
 -- once it summed the pages not due, once it deferred due pages over its
 -- limit; #took|<worker>: the sum left that worker's pages out (see
--- bulk_counted.lua).
+-- bulk_counted.lua); #sum: "<pages>|<size>|<first due>", the sum the
+-- re-seeder counted (recorded once it did: the sum stands whatever becomes
+-- of the re-seeder, whose stats may die with it, and leave.lua has the
+-- worker that ends the run count it then); #left|<worker>, #lsize|<worker>:
+-- the pages of the sum that worker counted leaving it, and their sizes
+-- (a re-seeder killed before it recorded its sum: the worker that ends the
+-- run makes up for those).
 -- KEYS[5]: the run key. ARGV[1]: this worker, ARGV[2]: its tag, ARGV[3]: its run's id
 -- (a run no longer current: an error FENCED, nothing written; see beat.lua); then per page, in order: page, column (r, d, s),
 -- size, sum (1, f, 0), its key (for a page requested in the sum; else ""). Returns what the run had for each: "" nothing (the
@@ -50,8 +56,10 @@ local function kept(tag)
   end
   return k
 end
+-- The re-seeder's sum stands once recorded (#sum), killed or not; one
+-- killed before it recorded it is lost.
 local bulk = redis.call('HGET', KEYS[1], '#bulk')
-if bulk and not kept(bulk) then bulk = nil end
+if bulk and not kept(bulk) and redis.call('HEXISTS', KEYS[1], '#sum') == 0 then bulk = nil end
 local deferred = redis.call('HGET', KEYS[1], '#deferred')
 if deferred and not kept(deferred) then deferred = nil end
 
@@ -68,6 +76,12 @@ end
 -- re-seeder reads whether its visit is stored by then.
 local function requested_in_sum(column, summed)
   return column == 'r' and ((summed == '1' and not bulk) or (summed == 'f' and not deferred))
+end
+
+-- This worker counts a page of the sum leaving it (requested after all).
+local function left_sum(size)
+  redis.call('HINCRBY', KEYS[1], '#left|' .. ARGV[1], 1)
+  redis.call('HINCRBY', KEYS[1], '#lsize|' .. ARGV[1], tonumber(size))
 end
 
 local had = {}
@@ -92,7 +106,8 @@ for i = 4, #ARGV, 5 do
     local sum_has_it = summed == '1' and bulk
     -- Requested in the due pages before they were deferred: not in that sum.
     local before_deferred = old and string.sub(old, 1, 2) == 'rf'
-    if old and not kept(owner) then
+    -- A page the sum counts (b) is kept while the sum stands.
+    if old and not kept(owner) and not (string.sub(old, 1, 1) == 'b' and bulk) then
       -- Its counter was killed: its count is lost. The sum counts the page
       -- unless it left that worker's pages out (it had counted them).
       in_sum(old, owner, -1)
@@ -111,6 +126,7 @@ for i = 4, #ARGV, 5 do
         answer = 'b0:' .. size
         redis.call('HSET', KEYS[1], page, (requested and ('r0:' .. size .. '|' .. me)
                                            or (answer .. '|' .. bulk)) .. '|' .. answer)
+        if requested then left_sum(size) end
       else
         local counted = column .. summed .. ':' .. size
         redis.call('HSET', KEYS[1], page, counted .. '|' .. me .. '|')
@@ -124,6 +140,7 @@ for i = 4, #ARGV, 5 do
       redis.call('HSET', KEYS[1], page, 'r0:' .. stored .. '|' .. me .. '|' .. old .. '|'
                                         .. owner .. '|' .. reply)
       in_sum(old, owner, -1)
+      if string.sub(old, 1, 1) == 'b' then left_sum(stored) end
       answer = old
     else
       answer = old

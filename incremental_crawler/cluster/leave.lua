@@ -10,7 +10,13 @@
 -- was fenced (beat.lua: silent past the TTL) else '0'.
 -- Returns {'moved'} if the run key changed since the caller read it
 -- (nothing done: it reads it again), else {requeued, the run's unrecorded
--- failures, whether the current run ended}. Unrecorded is -1 (unknown) for a
+-- failures, whether the current run ended, then what the worker that ends
+-- its own run counts for a re-seeder whose stats died with it: the pages
+-- of its sum of the pages not due, their size, the earliest next visit
+-- among them, and what that is: 'sum' (the sum it recorded, see
+-- count_page.lua), 'left' (it was killed before it recorded its sum: the
+-- pages the recorded workers counted leaving that sum, to make up for) or
+-- '' (nothing)}. Unrecorded is -1 (unknown) for a
 -- fenced worker (taken for dead: its crawl is not one of the run's) and when
 -- the run key names another run: this worker's was abandoned while it was
 -- silent (join.lua), and any key of it left is deleted. (No run key: the run
@@ -37,11 +43,31 @@ if own and ARGV[4] ~= '1' then
   unrecorded = tonumber(redis.call('GET', KEYS[7]) or '0')
 end
 local ended = 0
+local pages, size, first_due, taken = 0, 0, '', ''
 if run and redis.call('HLEN', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[2]) == 0 then
+  local bulk = own and ARGV[4] ~= '1' and redis.call('HGET', KEYS[12], '#bulk')
+  local reseeder = bulk and redis.call('HGET', KEYS[12], '#w|' .. bulk)
+  if reseeder and redis.call('SISMEMBER', KEYS[14], reseeder) == 0 then
+    -- The re-seeder's crawl is not recorded: its sum is not in the run's totals.
+    local sum = redis.call('HGET', KEYS[12], '#sum')
+    if sum then
+      local a = string.find(sum, '|', 1, true)
+      local b = string.find(sum, '|', a + 1, true)
+      pages, size = tonumber(string.sub(sum, 1, a - 1)), tonumber(string.sub(sum, a + 1, b - 1))
+      first_due, taken = string.sub(sum, b + 1), 'sum'
+    else
+      for _, w in ipairs(redis.call('SMEMBERS', KEYS[14])) do
+        local left = redis.call('HMGET', KEYS[12], '#left|' .. w, '#lsize|' .. w)
+        pages = pages + tonumber(left[1] or '0')
+        size = size + tonumber(left[2] or '0')
+      end
+      taken = 'left'
+    end
+  end
   -- UNLINK: counted holds a field a page (GBs for a large crawl), freed
   -- off the server's main thread.
   redis.call('UNLINK', KEYS[3], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12],
              KEYS[13], KEYS[14], KEYS[15])
   ended = 1
 end
-return {back, unrecorded, ended}
+return {back, unrecorded, ended, pages, size, first_due, taken}

@@ -95,7 +95,7 @@ def test_the_new_run_ends_when_its_last_worker_leaves(pair):
     join(b, "r2")
     # b leaves first: a's stale heartbeat is still in the workers hash.
     assert b._leave_run()[2] == 0
-    _, unrecorded, ended = a._leave_run()
+    _, unrecorded, ended, _ = a._leave_run()
     assert (unrecorded, ended) == (-1, 1)
     assert a.redis.get(a.key("run")) is None
     assert a.redis.keys(a.key("r2:*")) == []
@@ -142,7 +142,7 @@ def test_a_worker_reaped_in_its_own_run_is_fenced(pair):
     assert not a.redis.hexists(a.key("workers"), a.worker_id)
     # Leaving, a gives back what it holds but is not counted among the
     # workers gone with their crawls recorded: its counts are not kept.
-    _, unrecorded, ended = a._leave_run()
+    _, unrecorded, ended, _ = a._leave_run()
     assert (unrecorded, ended) == (-1, 0)
     assert not a.redis.sismember(a.run_prefix + "left", a.worker_id)
 

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 import pytest
 import redis
-from scrapy.statscollectors import MemoryStatsCollector
 from scrapy.utils.test import get_crawler
 
 from incremental_crawler.change.accounting import PageOutcome, ScheduleCounter, Why
@@ -48,8 +47,11 @@ class Worker:
         self.coordinator.redis.set(self.coordinator.key("run"), f"{RUN}|0")
         self.coordinator.redis.hset(self.coordinator.key("workers"),
                                     self.coordinator.worker_id, time.time())
-        self.counter = ScheduleCounter(MemoryStatsCollector(crawler))
+        # The crawler's stats, which its coordinator counts into too.
+        self.counter = ScheduleCounter(crawler.stats)
         self.counter.run = self.coordinator
+        # What the ledger gives it when the spider opens.
+        self.coordinator.counter = self.counter
 
     def killed(self) -> None:
         """SIGKILLed, and reaped by another's heartbeat (beat.lua): out of
@@ -58,8 +60,9 @@ class Worker:
                                     self.coordinator.worker_id)
 
     def left(self) -> None:
-        """Left the run (its crawl, and stats, recorded)."""
-        self.coordinator._leave_run()
+        """Left the run (its crawl, and stats, recorded): the last worker
+        out with the queue drained ends it."""
+        self.coordinator.leave("finished")
 
 
 @pytest.fixture
@@ -541,3 +544,65 @@ def test_a_due_page_requested_before_the_deferral_by_a_killed_worker_stays_out_o
     b.counter.outcome(PageOutcome.NEW, P)
     s = run_summary(r, b)
     assert (s["pages_known"], s["requested"], s["deferred"]) == (2, 1, 1), s
+
+
+def re_seed(r: Worker, pages: int, size: int) -> None:
+    """*r* counts the store's sum of the pages not due (*pages*, *size*),
+    as count_the_rest does."""
+    counted, counted_size = r.counter.counted_in_sum(1000.0)
+    r.counter.not_due_elsewhere(pages - counted, size - counted_size, 5000.0)
+
+
+def test_a_re_seeder_killed_after_its_sum_leaves_no_column_below_zero(cluster_workers):
+    # r sums the pages not due (P and Q: 2); b requests P after the sum
+    # (P leaves the not-due column, on b) and r is killed: r's sum dies
+    # with its stats. The run keeps the sum; b, ending the run, counts it.
+    r, b = cluster_workers(2)
+    r.counter.summed = b.counter.summed = summed
+    re_seed(r, 2, 200)
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    r.killed()
+    b.counter.not_due(state(Q))  # reached after the kill: in the sum still
+    b.left()
+    s = run_summary(b)
+    assert (s["pages_known"], s["requested"], s["not_due"], s["bytes_skipped"]) == \
+        (2, 1, 1, 100), s
+    assert b.counter.stats.get_value("cluster/reseeder_sum_taken_over") == 2
+
+
+def test_a_re_seeder_killed_before_recording_its_sum_leaves_no_column_below_zero(
+    cluster_workers,
+):
+    # r reads the run's counted pages for its sum (count_page.lua counts
+    # none of the sum's one by one from then on) and is killed before it
+    # counts the sum: b had requested P, in the sum, meanwhile (not due
+    # left, against a sum no stats will hold). b, ending the run, makes up
+    # for it; the rest of the sum is lost, and said to be.
+    r, b = cluster_workers(2)
+    r.counter.summed = b.counter.summed = summed
+    r.counter.counted_in_sum(1000.0)
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    r.killed()
+    b.counter.not_due(state(Q))  # the sum is lost: Q counted one by one
+    b.left()
+    s = run_summary(b)
+    assert (s["pages_known"], s["requested"], s["not_due"], s["bytes_skipped"]) == \
+        (2, 1, 1, 100), s
+
+
+def test_a_re_seeder_that_left_keeps_its_sum_counted_once(cluster_workers):
+    # r's crawl is recorded with its sum: the worker that ends the run
+    # counts nothing more.
+    r, b = cluster_workers(2)
+    r.counter.summed = b.counter.summed = summed
+    re_seed(r, 2, 200)
+    r.left()
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    b.left()
+    s = run_summary(r, b)
+    assert (s["pages_known"], s["requested"], s["not_due"], s["bytes_skipped"]) == \
+        (2, 1, 1, 100), s
+    assert b.counter.stats.get_value("cluster/reseeder_sum_taken_over") is None
