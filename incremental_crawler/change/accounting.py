@@ -311,6 +311,10 @@ class RunCounts(Protocol):
         sizes, and the pages requested whose stored state the sum counted
         when they were (``None``: unknown)."""
 
+    def deferred_sum(self, pages: int) -> None:
+        """The re-seeder counted *pages* due pages deferred (after
+        :meth:`deferred_counted`): recorded in the run, as :meth:`sum_counted`."""
+
     def sum_counted(self, pages: int, size: int, first_due: float | None) -> None:
         """The re-seeder counted its sum of the pages not due (*pages* of
         *size* bytes, the earliest next visit *first_due*, after
@@ -621,11 +625,13 @@ class ScheduleCounter:
         first): those whose stored state *among* holds. One reached later in
         the crawl and requested leaves the column (``deferred_left``)."""
         self._deferred = among
-        if pages > 0:
-            self.stats.inc_value("incremental/schedule/deferred", pages)
-            if self.run is not None and not self._deferring:
+        if self.run is not None and (pages > 0 or self._deferring):
+            if not self._deferring:
                 # Another worker may request one (a link, a 304's replay).
                 self.run.deferred_counted()
+            self.run.deferred_sum(max(pages, 0))
+        if pages > 0:
+            self.stats.inc_value("incremental/schedule/deferred", pages)
 
     def counted_in_sum(self, due_at: float) -> tuple[int, int]:
         """The pages counted one by one (and their sizes) that the

@@ -180,12 +180,15 @@ class LostSum(NamedTuple):
     """What the worker that ends a run counts for its re-seeder, killed
     (leave.lua): the pages not due and their size (and the earliest next
     visit among them); *taken* ``"sum"``: the sum the re-seeder recorded,
-    ``"left"``: the pages counted leaving a sum it did not record."""
+    ``"left"``: the pages counted leaving a sum it did not record, ``""``:
+    nothing; then the same for the due pages it deferred."""
 
     pages: int
     size: int
     first_due: float | None
     taken: str
+    deferred: int
+    deferred_taken: str
 
 
 #: How the run scripts refuse a worker fenced off the run (beat.lua): its
@@ -492,23 +495,40 @@ class ClusterCoordinator:
             reply = self._leave(keys=self.leave_keys(named),
                                 args=[self.worker_id, self.run_id, current or b"",
                                       "1" if self._fenced else "0"])
-            if len(reply) == 7:
-                back, unrecorded, ended, pages, size, first_due, taken = reply
+            if len(reply) == 9:
+                back, unrecorded, ended, pages, size, first_due, taken, deferred, dtaken = reply
                 lost = (LostSum(int(pages), int(size), float(first_due) if first_due else None,
-                                taken.decode()) if taken else None)
+                                taken.decode(), int(deferred), dtaken.decode())
+                        if taken or dtaken else None)
                 return int(back), int(unrecorded), int(ended), lost
         raise redis.RedisError(f"the run of {self.spider_key} changed at each of "
                                f"{BEAT_TRIES} tries to leave it")
 
     def _take_over_sum(self, lost: LostSum) -> None:
         """This worker ended the run, whose re-seeder's crawl is not
-        recorded (killed): its sum of the pages not due, whose count died
-        with its stats, is counted here, or, if it was killed before it
-        recorded the sum, the pages the run's workers counted leaving it
-        are (so that no column of the run's totals goes below zero; the
-        rest of that sum is lost, and said to be)."""
+        recorded (killed): its sum of the pages not due (and its count of
+        the due pages it deferred), which died with its stats, is counted
+        here, or, if it was killed before it recorded the sum, the pages
+        the run's workers counted leaving it are (so that no column of the
+        run's totals goes below zero; the rest of that sum is lost, and
+        said to be)."""
         counter = self.counter
         if counter is None:
+            return
+        if lost.deferred_taken:
+            # Not told apart by host, as the re-seeder's own count.
+            counter.stats.inc_value("incremental/schedule/deferred", lost.deferred)
+            if lost.deferred_taken == "sum":
+                self.stats.inc_value("cluster/reseeder_deferred_taken_over", lost.deferred)
+            else:
+                self.stats.inc_value("cluster/reseeder_deferred_lost")
+            logger.warning(
+                "Cluster: the worker that re-seeded run %(run)s was killed; %(what)s",
+                {"run": self.run, "what": f"its {lost.deferred} due pages deferred are "
+                 f"counted by worker {self.worker_id}, which ended the run"
+                 if lost.deferred_taken == "sum" else "it deferred due pages and was killed "
+                 "before it counted them: the run's totals leave them out"})
+        if not lost.taken:
             return
         counter.not_due_elsewhere(lost.pages, lost.size, lost.first_due)
         if lost.taken == "sum":
@@ -1041,6 +1061,11 @@ class ClusterCoordinator:
         if requested is None:
             return None
         return int(pages), int(size), requested
+
+    def deferred_sum(self, pages: int) -> None:
+        """The re-seeder counted *pages* due pages deferred (see
+        :meth:`~incremental_crawler.change.accounting.RunCounts.deferred_sum`)."""
+        self._note_in_run("counted", "HSET", "#dsum", str(pages))
 
     def sum_counted(self, pages: int, size: int, first_due: float | None) -> None:
         """The re-seeder counted its sum of the pages not due (see

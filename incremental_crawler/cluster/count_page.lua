@@ -23,7 +23,9 @@
 -- worker that ends the run count it then); #left|<worker>, #lsize|<worker>:
 -- the pages of the sum that worker counted leaving it, and their sizes
 -- (a re-seeder killed before it recorded its sum: the worker that ends the
--- run makes up for those).
+-- run makes up for those); #dsum, #dleft|<worker>: the same for the due
+-- pages it deferred over its limit (their number, recorded once counted;
+-- the pages a worker counted leaving that column).
 -- KEYS[5]: the run key. ARGV[1]: this worker, ARGV[2]: its tag, ARGV[3]: its run's id
 -- (a run no longer current: an error FENCED, nothing written; see beat.lua); then per page, in order: page, column (r, d, s),
 -- size, sum (1, f, 0), its key (for a page requested in the sum; else ""). Returns what the run had for each: "" nothing (the
@@ -61,7 +63,9 @@ end
 local bulk = redis.call('HGET', KEYS[1], '#bulk')
 if bulk and not kept(bulk) and redis.call('HEXISTS', KEYS[1], '#sum') == 0 then bulk = nil end
 local deferred = redis.call('HGET', KEYS[1], '#deferred')
-if deferred and not kept(deferred) then deferred = nil end
+if deferred and not kept(deferred) and redis.call('HEXISTS', KEYS[1], '#dsum') == 0 then
+  deferred = nil
+end
 
 local function in_sum(counted, tag, delta)
   if string.sub(counted, 1, 1) ~= 'r' and string.sub(counted, 1, 1) ~= 'b'
@@ -121,6 +125,7 @@ for i = 4, #ARGV, 5 do
         -- Deferred by the re-seeder, requested after all: it leaves that column.
         answer = 'f0:' .. size
         redis.call('HSET', KEYS[1], page, 'r0:' .. size .. '|' .. me .. '|' .. answer)
+        redis.call('HINCRBY', KEYS[1], '#dleft|' .. ARGV[1], 1)
       elseif sum_has_it then
         -- In the sum already: requested now, it leaves it (the caller counts that).
         answer = 'b0:' .. size

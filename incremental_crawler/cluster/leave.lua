@@ -16,7 +16,8 @@
 -- among them, and what that is: 'sum' (the sum it recorded, see
 -- count_page.lua), 'left' (it was killed before it recorded its sum: the
 -- pages the recorded workers counted leaving that sum, to make up for) or
--- '' (nothing)}. Unrecorded is -1 (unknown) for a
+-- '' (nothing), then the same for the due pages it deferred: their number
+-- and 'sum' (#dsum) or 'left' (#dleft|<worker>) or ''}. Unrecorded is -1 (unknown) for a
 -- fenced worker (taken for dead: its crawl is not one of the run's) and when
 -- the run key names another run: this worker's was abandoned while it was
 -- silent (join.lua), and any key of it left is deleted. (No run key: the run
@@ -44,10 +45,27 @@ if own and ARGV[4] ~= '1' then
 end
 local ended = 0
 local pages, size, first_due, taken = 0, 0, '', ''
+local deferred, dtaken = 0, ''
+-- Whether the crawl of the worker that wrote *mark* (its tag) is not
+-- recorded: neither this worker nor one gone with its crawl recorded.
+local function not_recorded(mark)
+  local tag = own and ARGV[4] ~= '1' and redis.call('HGET', KEYS[12], mark)
+  local w = tag and redis.call('HGET', KEYS[12], '#w|' .. tag)
+  return w and redis.call('SISMEMBER', KEYS[14], w) == 0
+end
 if run and redis.call('HLEN', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[2]) == 0 then
-  local bulk = own and ARGV[4] ~= '1' and redis.call('HGET', KEYS[12], '#bulk')
-  local reseeder = bulk and redis.call('HGET', KEYS[12], '#w|' .. bulk)
-  if reseeder and redis.call('SISMEMBER', KEYS[14], reseeder) == 0 then
+  if not_recorded('#deferred') then
+    local recorded = redis.call('HGET', KEYS[12], '#dsum')
+    if recorded then
+      deferred, dtaken = tonumber(recorded), 'sum'
+    else
+      for _, w in ipairs(redis.call('SMEMBERS', KEYS[14])) do
+        deferred = deferred + tonumber(redis.call('HGET', KEYS[12], '#dleft|' .. w) or '0')
+      end
+      dtaken = 'left'
+    end
+  end
+  if not_recorded('#bulk') then
     -- The re-seeder's crawl is not recorded: its sum is not in the run's totals.
     local sum = redis.call('HGET', KEYS[12], '#sum')
     if sum then
@@ -70,4 +88,4 @@ if run and redis.call('HLEN', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[2]) == 
              KEYS[13], KEYS[14], KEYS[15])
   ended = 1
 end
-return {back, unrecorded, ended, pages, size, first_due, taken}
+return {back, unrecorded, ended, pages, size, first_due, taken, deferred, dtaken}

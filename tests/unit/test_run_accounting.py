@@ -606,3 +606,27 @@ def test_a_re_seeder_that_left_keeps_its_sum_counted_once(cluster_workers):
     assert (s["pages_known"], s["requested"], s["not_due"], s["bytes_skipped"]) == \
         (2, 1, 1, 100), s
     assert b.counter.stats.get_value("cluster/reseeder_sum_taken_over") is None
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["counted", "killed_before_counting"])
+def test_a_re_seeder_killed_after_deferring_leaves_no_column_below_zero(cluster_workers,
+                                                                        recorded):
+    # r defers the due pages P and Q over its limit (or is killed before it
+    # counts them, once the run was told); b requests P after (P leaves the
+    # deferred column, on b) and r is killed: r's count dies with its stats.
+    r, b = cluster_workers(2)
+    r.counter.deferrable = b.counter.deferrable = deferrable
+    if recorded:
+        r.counter.deferred(2, deferrable)
+    else:
+        r.counter.deferring()
+    b.counter.requested(Why.DUE, HOST, P, state(P, next_visit=100.0))
+    b.counter.outcome(PageOutcome.NEW, P)
+    r.killed()
+    b.left()
+    s = run_summary(b)
+    assert (s["pages_known"], s["requested"], s["deferred"]) == \
+        ((2, 1, 1) if recorded else (1, 1, 0)), s
+    stat = "cluster/reseeder_deferred_taken_over" if recorded else "cluster/reseeder_deferred_lost"
+    assert b.counter.stats.get_value(stat) == (2 if recorded else 1)
+
