@@ -293,8 +293,10 @@ class RunCounts(Protocol):
         """Merge an answer of the page *key* into its column for the run
         (*event*: a :class:`PageOutcome`, :data:`RUN_FAILED`, or
         :data:`RUN_UNANSWERED` and an outcome): what the caller counts,
-        ``"<outcome>,<outcome replaced>,<failed 0/1>,<recovered 0/1>"``
-        (empty: none); ``None``: unknown."""
+        ``"<outcomes>,<outcomes replaced>,<failures>,<recoveries>"``
+        (outcomes ``+`` between, empty: none): its answer's change, and
+        what the counts of workers killed since lack (their stats died
+        with them); ``None``: unknown."""
 
     def deferred_counted(self) -> set[PageKey] | None:
         """The re-seeder counts the due pages over its limit deferred: from
@@ -690,12 +692,12 @@ class ScheduleCounter:
         if outcome is not PageOutcome.FAILED and key in self._failed:
             # It answered after its failure: not failed in the end.
             self._failed.discard(key)
-            self._count_answer(key, recovered=True)
+            self._count_answer(host_of(key.url), recovered=True)
         before = self._outcomes.get(key)
         if before is not None and not replaces(outcome, before):
             return
         self._outcomes[key] = outcome
-        self._count_answer(key, counted=outcome, replaced=before)
+        self._count_answer(host_of(key.url), counted=outcome, replaced=before)
 
     def unanswered(self, outcome: PageOutcome, key: PageKey) -> None:
         """What became of the page *key* when a request of it got no answer
@@ -713,7 +715,7 @@ class ScheduleCounter:
         if key in self._failed:
             return
         self._failed.add(key)
-        self._count_answer(key, failed=True)
+        self._count_answer(host_of(key.url), failed=True)
 
     def _answer_in_run(self, key: PageKey, event: str) -> bool:
         """In cluster mode, count what the run says *event* changes in the
@@ -724,16 +726,26 @@ class ScheduleCounter:
         reply = self.run.answer(key, event)
         if reply is None:
             return False  # Redis did not answer (the worker stops): counted here
-        counted, replaced, failed, recovered = reply.split(",")
-        self._count_answer(key, counted=PageOutcome(counted) if counted else None,
-                           replaced=PageOutcome(replaced) if replaced else None,
-                           failed=failed == "1", recovered=recovered == "1")
+        self.count_run_answer(host_of(key.url), reply)
         return True
 
-    def _count_answer(self, key: PageKey, *, counted: PageOutcome | None = None,
+    def count_run_answer(self, host: str, reply: str) -> None:
+        """Count what the run's merge of a page's answers tells this worker
+        to (:meth:`RunCounts.answer`: its own answer, and what the answers
+        of workers killed since lack), for the page's *host*."""
+        counted, replaced, failed, recovered = reply.split(",")
+        for outcome in filter(None, counted.split("+")):
+            self._count_answer(host, counted=PageOutcome(outcome))
+        for outcome in filter(None, replaced.split("+")):
+            self._count_answer(host, replaced=PageOutcome(outcome))
+        for _ in range(int(failed)):
+            self._count_answer(host, failed=True)
+        for _ in range(int(recovered)):
+            self._count_answer(host, recovered=True)
+
+    def _count_answer(self, host: str, *, counted: PageOutcome | None = None,
                       replaced: PageOutcome | None = None, failed: bool = False,
                       recovered: bool = False) -> None:
-        host = host_of(key.url)
         if recovered:
             self.stats.inc_value("incremental/schedule/failed_recovered")
             self.hosts.count(host, "failed", -1)

@@ -630,3 +630,65 @@ def test_a_re_seeder_killed_after_deferring_leaves_no_column_below_zero(cluster_
     stat = "cluster/reseeder_deferred_taken_over" if recorded else "cluster/reseeder_deferred_lost"
     assert b.counter.stats.get_value(stat) == (2 if recorded else 1)
 
+
+
+def columns_at_least_zero(s: dict[str, int]) -> bool:
+    return all(v >= 0 for k, v in s.items() if k.startswith("pages_") or k in (
+        "requested", "not_due", "skipped_lastmod", "deferred", "failed"))
+
+
+def test_an_answer_goes_back_past_every_replacer_killed_in_turn(cluster_workers):
+    # a answers P unchanged, b's changed replaces it, c's new replaces b's;
+    # c is killed, then b: a's unchanged is P's column again (its count
+    # stands on a), which d's 304 does not replace: one success.
+    a, b, c, d = cluster_workers(4)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.UNCHANGED, P)
+    b.counter.outcome(PageOutcome.CHANGED, P)
+    c.counter.outcome(PageOutcome.NEW, P)
+    c.killed()
+    b.killed()
+    d.counter.requested(Why.DUE, HOST, P, state(P))
+    d.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    a.left()
+    d.left()
+    s = run_summary(a, d)
+    assert (s["requested"], outcomes(s), s["pages_unchanged"]) == (1, 1, 1), s
+    assert columns_at_least_zero(s), s
+
+
+@pytest.mark.parametrize("answered_again", [True], ids=["answered_again"])
+def test_a_replacer_killed_under_a_live_one_leaves_no_column_below_zero(cluster_workers,
+                                                                        answered_again):
+    # a's unchanged, replaced by b's changed, replaced by c's new; b is
+    # killed, c lives: c counted b's changed replaced, which b's stats no
+    # longer hold. Whether P is answered again (d's 304) or not, the run
+    # has one success for P, new, and no column below zero.
+    a, b, c, d = cluster_workers(4)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.UNCHANGED, P)
+    b.counter.outcome(PageOutcome.CHANGED, P)
+    c.counter.outcome(PageOutcome.NEW, P)
+    b.killed()
+    if answered_again:
+        d.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    for w in (a, c, d):
+        w.left()
+    s = run_summary(a, c, d)
+    assert (s["requested"], outcomes(s), s["pages_new"]) == (1, 1, 1), s
+    assert columns_at_least_zero(s), s
+
+
+def test_a_failure_counted_by_a_killed_worker_recovered_by_a_live_one_is_not_below_zero(
+    cluster_workers,
+):
+    # a counts P failed and is killed; b's 304 counts P recovered (from a
+    # failure a's stats no longer hold); c answers P again.
+    a, b, c = cluster_workers(3)
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.failed(P)
+    b.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    a.killed()
+    c.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    s = run_summary(b, c)
+    assert (s["requested"], s["pages_not_modified"], s["failed"]) == (1, 1, 0), s
