@@ -83,7 +83,8 @@ that gets an answer counts what it changes. The run's workers' stats
 summed (``scrapy state``) put each page in one column; one worker's
 alone are its share, and a column of them may be negative. A killed
 worker's stats are lost: a page it counted, or whose answer it counted,
-is counted again by the next worker that reaches it.
+is counted again by the next worker that reaches it, or, if none does, by
+the worker that ends the run (``ClusterCoordinator.settle_killed``).
 
 The same counts are kept per host (:attr:`ScheduleCounter.hosts`) for the
 report's per-host table.
@@ -729,6 +730,22 @@ class ScheduleCounter:
         self.count_run_answer(host_of(key.url), reply)
         return True
 
+    def count_taken_over(self, counts: dict[str, int]) -> None:
+        """Count what the stats of the run's killed workers took with them
+        (the worker that ends the run does: see
+        ``ClusterCoordinator.settle_killed``): *counts* by stat name under
+        ``incremental/schedule/``. The run knows no page's URL (a hash) nor
+        why a page was requested: their pages are counted under
+        :data:`~incremental_crawler.change.host_counts.UNLISTED`, and
+        requested as ``requested_of_killed``."""
+        for name, n in counts.items():
+            if not n:
+                continue
+            self.stats.inc_value(f"incremental/schedule/{name}", n)
+            event = _TAKEN_OVER_HOST_EVENTS.get(name)
+            if event is not None:
+                self.hosts.count(UNLISTED, event[0], event[1] * n)
+
     def count_run_answer(self, host: str, reply: str) -> None:
         """Count what the run's merge of a page's answers tells this worker
         to (:meth:`RunCounts.answer`: its own answer, and what the answers
@@ -758,6 +775,16 @@ class ScheduleCounter:
         if counted is not None:
             self.stats.inc_value(f"incremental/schedule/outcome/{counted}")
             self.hosts.count(host, f"outcome/{counted}")
+
+
+#: The per-host event (and its sign) of each stat the worker that ends a
+#: run counts for its killed workers (:meth:`ScheduleCounter.count_taken_over`).
+_TAKEN_OVER_HOST_EVENTS = {
+    "not_due": ("not_due", 1), "not_due_left": ("not_due", -1),
+    f"skipped/{Why.LASTMOD_UNCHANGED}": ("skipped_lastmod", 1),
+    f"skipped_left/{Why.LASTMOD_UNCHANGED}": ("skipped_lastmod", -1),
+    "bytes_skipped": ("bytes_skipped", 1), "bytes_skipped_left": ("bytes_skipped", -1),
+}
 
 
 #: The answers that found the page, strongest first: of a page's answers in

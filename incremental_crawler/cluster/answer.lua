@@ -40,7 +40,10 @@ if not run or string.sub(run, 1, #ARGV[6] + 1) ~= ARGV[6] .. '|' then
   return redis.error_reply('FENCED run ' .. ARGV[6] .. ' is not the current run')
 end
 local me, call, page, event = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-redis.call('HSET', KEYS[1], '#w|' .. me, ARGV[1])
+if redis.call('HSETNX', KEYS[1], '#w|' .. me, ARGV[1]) == 1 then
+  -- The tags of the run's counters, for the worker that ends the run (leave.lua).
+  redis.call('HSET', KEYS[1], '#tags', (redis.call('HGET', KEYS[1], '#tags') or '') .. me .. ';')
+end
 local settling = event == ''
 local known = {}
 local function kept(tag)

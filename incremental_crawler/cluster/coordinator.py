@@ -70,7 +70,7 @@ import os
 import socket
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import redis
 from redis.backoff import NoBackoff
@@ -81,7 +81,9 @@ from scrapy.utils.asyncio import create_looping_call
 from scrapy.utils.defer import deferred_from_coro
 
 from incremental_crawler import clock
+from incremental_crawler.change.host_counts import UNLISTED
 from incremental_crawler.cluster import ClusterError
+from incremental_crawler.cluster.settle import ANSWERS_FIELD, PAGE_FIELD, Settlement
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.lua import load_script
@@ -215,6 +217,10 @@ def spider_key(prefix: str, spider: str) -> str:
 
 class ClusterCoordinator:
     """This worker's membership of the cluster's current run."""
+
+    #: Whether this worker, ending the run, counted what its killed
+    #: workers' stats took with them (:meth:`settle_killed`).
+    _settled = False
 
     def __init__(self, crawler: Crawler, config: ClusterSettings) -> None:
         self.crawler = crawler
@@ -483,8 +489,9 @@ class ClusterCoordinator:
     def _leave_run(self) -> tuple[int, int, int, LostSum | None]:
         """leave.lua: (requeued, the run's unrecorded failures or -1, whether
         the current run ended, what this worker counts for a re-seeder whose
-        crawl is not recorded)."""
-        for _ in range(BEAT_TRIES):
+        crawl is not recorded). A worker whose leaving ends the run settles
+        its killed workers' counts first (:meth:`settle_killed`)."""
+        for _ in range(BEAT_TRIES + 1):
             # Read first: the last worker out ends the current run, whichever
             # it is, and every key the script touches is named in KEYS.
             self.roundtrip()
@@ -494,7 +501,11 @@ class ClusterCoordinator:
             self.roundtrip()
             reply = self._leave(keys=self.leave_keys(named),
                                 args=[self.worker_id, self.run_id, current or b"",
-                                      "1" if self._fenced else "0"])
+                                      "1" if self._fenced else "0",
+                                      "1" if self._settled else "0"])
+            if reply[0] == b"settle":
+                self.settle_killed({tag.decode() for tag in reply[1:]})
+                continue
             if len(reply) == 9:
                 back, unrecorded, ended, pages, size, first_due, taken, deferred, dtaken = reply
                 lost = (LostSum(int(pages), int(size), float(first_due) if first_due else None,
@@ -503,6 +514,85 @@ class ClusterCoordinator:
                 return int(back), int(unrecorded), int(ended), lost
         raise redis.RedisError(f"the run of {self.spider_key} changed at each of "
                                f"{BEAT_TRIES} tries to leave it")
+
+    def settle_killed(self, killed: set[str]) -> None:
+        """This worker is the last of the run, which workers tagged *killed*
+        left without their crawls recorded (their stats died with them):
+        it counts, in its own figures, what they counted that no worker
+        counted again, so that the run's totals hold every page once and no
+        column below zero. Read from the run's counted pages in chunks of
+        :data:`SCAN_CHUNK` (nothing else writes them now): a page's column
+        a killed worker counted (requested, not due, skipped; one it
+        requested leaves the column it was in), and each page whose answers
+        a killed worker counted, merged again (answer.lua: its answers
+        stand, its counts are made again here). Done once: leaving again
+        after a failure does not count them twice (answers merged again
+        have no killed worker's counts left; the columns are counted once
+        the whole scan is read)."""
+        counter = self.counter
+        if counter is None:
+            self._settled = True
+            return
+        counted = self.run_prefix + "counted"
+        self.roundtrip()
+        bulk, summed, deferred, dsum = cast("list[bytes | None]", self.redis.hmget(
+            counted, "#bulk", "#sum", "#deferred", "#dsum"))
+        recorded = {m.decode() for m in cast("set[bytes]",
+                                             self.redis.smembers(self.run_prefix + "left"))}
+        recorded.add(self.worker_id)
+
+        @functools.cache
+        def worker(tag: str) -> str | None:
+            w = cast("bytes | None", self.redis.hget(counted, f"#w|{tag}"))
+            return w.decode() if w else None
+
+        @functools.cache
+        def sum_left_out(tag: str) -> bool:
+            return bool(self.redis.hexists(counted, f"#took|{worker(tag) or ''}"))
+
+        settlement = Settlement(
+            killed,
+            sum_stands=bulk is not None and (summed is not None
+                                             or worker(bulk.decode()) in recorded),
+            deferral_stands=deferred is not None and (dsum is not None
+                                                      or worker(deferred.decode()) in recorded),
+            sum_left_out=sum_left_out)
+        answers = 0
+        self.roundtrip()
+        length = int(self.redis.hlen(counted))
+        cursor = 0
+        for _ in range(16 + 2 * length // SCAN_CHUNK):
+            self.roundtrip()
+            cursor, chunk = self.redis.hscan(counted, cursor, count=SCAN_CHUNK)
+            for field, value in cast("dict[bytes, bytes]", chunk).items():
+                if len(field) == PAGE_FIELD:
+                    settlement.page(value)
+                elif (len(field) == ANSWERS_FIELD and field.endswith(b"a")
+                        and settlement.answers_lost(value)):
+                    # Merged again: the killed workers' answers stand, their
+                    # counts are made again by this worker.
+                    self._answer_calls += 1
+                    reply = self._answer(keys=self._counted_keys(), args=[
+                        self.worker_id, self.tag, f"{self.tag}:{self._answer_calls}", field, "",
+                        self.run_id])
+                    counter.count_run_answer(UNLISTED, reply.decode())
+                    answers += 1
+            if int(cursor) == 0:
+                break
+        else:
+            raise ClusterError("the run's counted pages did not end their scan")
+        counter.count_taken_over(settlement.totals)
+        self._settled = True
+        if settlement.pages or answers:
+            self.stats.inc_value("cluster/killed_pages_taken_over", settlement.pages)
+            self.stats.inc_value("cluster/killed_answers_taken_over", answers)
+            logger.warning(
+                "Cluster: %(n)d worker(s) of run %(run)s were killed before their crawls were "
+                "recorded; worker %(worker)s, which ends the run, counts what they counted: "
+                "%(pages)d pages' columns, %(answers)d pages' answers (their hosts and why "
+                "they were requested are not known)",
+                {"n": len(killed), "run": self.run, "worker": self.worker_id,
+                 "pages": settlement.pages, "answers": answers})
 
     def _take_over_sum(self, lost: LostSum) -> None:
         """This worker ended the run, whose re-seeder's crawl is not

@@ -13,7 +13,8 @@
 -- requested elsewhere, "|<tag>|<reply>" of the worker that counted it first
 -- (its call run again after its reply was lost gets that reply).
 -- Other fields: #w|<tag>: the worker of a tag (a short one keeps a page's
--- field small); #pages|<worker>, #size|<worker>: the pages a worker counted
+-- field small); #tags: the tags of the workers that counted pages or
+-- answers (";" after each); #pages|<worker>, #size|<worker>: the pages a worker counted
 -- not requested that the sum counts; #bulk, #deferred: the re-seeder's tag,
 -- once it summed the pages not due, once it deferred due pages over its
 -- limit; #took|<worker>: the sum left that worker's pages out (see
@@ -39,7 +40,10 @@ if not run or string.sub(run, 1, #ARGV[3] + 1) ~= ARGV[3] .. '|' then
   return redis.error_reply('FENCED run ' .. ARGV[3] .. ' is not the current run')
 end
 local me = ARGV[2]
-redis.call('HSET', KEYS[1], '#w|' .. me, ARGV[1])
+if redis.call('HSETNX', KEYS[1], '#w|' .. me, ARGV[1]) == 1 then
+  -- The tags of the run's counters, for the worker that ends the run (leave.lua).
+  redis.call('HSET', KEYS[1], '#tags', (redis.call('HGET', KEYS[1], '#tags') or '') .. me .. ';')
+end
 local workers, known = {}, {}
 local function worker(tag)
   local w = workers[tag]

@@ -7,9 +7,15 @@
 -- crawls recorded, count_page.lua keeps what they counted), then, if that
 -- is not this worker's run, its own run's keys. ARGV: worker, its run's id,
 -- what the caller read in the run key ('' for nothing), '1' if this worker
--- was fenced (beat.lua: silent past the TTL) else '0'.
+-- was fenced (beat.lua: silent past the TTL) else '0', '1' if it settled
+-- the run's killed workers' counts (see below) else '0'.
 -- Returns {'moved'} if the run key changed since the caller read it
--- (nothing done: it reads it again), else {requeued, the run's unrecorded
+-- (nothing done: it reads it again); {'settle', tags...} if leaving would
+-- end the caller's run while workers of it were killed (their tags, see
+-- count_page.lua: neither alive nor gone with their crawls recorded) and
+-- it did not settle them yet (nothing done: it counts what their stats took
+-- with them, ClusterCoordinator.settle_killed, and leaves again); else
+-- {requeued, the run's unrecorded
 -- failures, whether the current run ended, then what the worker that ends
 -- its own run counts for a re-seeder whose stats died with it: the pages
 -- of its sum of the pages not due, their size, the earliest next visit
@@ -24,6 +30,21 @@
 -- ended without this worker, reaped while silent.)
 local run = redis.call('GET', KEYS[3])
 if (run or '') ~= ARGV[3] then return {'moved'} end
+local own = run and string.sub(run, 1, #ARGV[2] + 1) == ARGV[2] .. '|'
+if own and ARGV[4] ~= '1' and ARGV[5] ~= '1'
+   and redis.call('HLEN', KEYS[1]) - redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0
+   and redis.call('ZCARD', KEYS[2]) + redis.call('HLEN', KEYS[4])
+       + redis.call('HLEN', KEYS[5]) == 0 then
+  -- Leaving ends the run: its killed workers' counts are settled first.
+  local killed = {'settle'}
+  for tag in string.gmatch(redis.call('HGET', KEYS[12], '#tags') or '', '[^;]+') do
+    local w = redis.call('HGET', KEYS[12], '#w|' .. tag)
+    if w ~= ARGV[1] and redis.call('SISMEMBER', KEYS[14], w) == 0 then
+      killed[#killed + 1] = tag
+    end
+  end
+  if #killed > 1 then return killed end
+end
 local back = 0
 for _, mine in ipairs({KEYS[4], KEYS[5]}) do
   for _, v in ipairs(redis.call('HVALS', mine)) do
@@ -34,7 +55,6 @@ for _, mine in ipairs({KEYS[4], KEYS[5]}) do
   redis.call('DEL', mine)
 end
 redis.call('HDEL', KEYS[1], ARGV[1])
-local own = run and string.sub(run, 1, #ARGV[2] + 1) == ARGV[2] .. '|'
 if not own then
   for i = 16, #KEYS do redis.call('UNLINK', KEYS[i]) end
 end

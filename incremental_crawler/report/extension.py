@@ -116,6 +116,9 @@ def _schedule(stats: dict[str, Any]) -> dict[str, int]:
     # requested, then requested; an answer replaced by a later one; a
     # failure answered after all) is counted leaving it, and taken off here.
     requested = {f"requested_{why}": get(f"requested/{why}") for why in REQUESTED}
+    # Cluster mode: pages requested by workers killed, counted for them by
+    # the worker that ended the run (why is not known).
+    requested["requested_of_killed"] = get("requested_of_killed")
     pages_requested = sum(requested.values())
     outcomes = {f"pages_{outcome}": get(f"outcome/{outcome}") - get(f"outcome_replaced/{outcome}")
                 for outcome in OUTCOMES}
@@ -164,6 +167,9 @@ def accounting_line(s: dict[str, int]) -> str:
     parts = [f"requested {s['requested']}"]
     reasons = ", ".join(f"{why.replace('_', ' ')} {s[f'requested_{why}']}"
                         for why in REQUESTED if s[f"requested_{why}"])
+    if s["requested_of_killed"]:
+        killed = f"{s['requested_of_killed']} of cluster workers killed (why not known)"
+        reasons = f"{reasons}, {killed}" if reasons else killed
     if s["failed"]:
         # Requested too: a share of the requests, not a column of its own.
         reasons += f"; {s['failed']} of them failed" if reasons else f"{s['failed']} failed"

@@ -657,7 +657,7 @@ def test_an_answer_goes_back_past_every_replacer_killed_in_turn(cluster_workers)
     assert columns_at_least_zero(s), s
 
 
-@pytest.mark.parametrize("answered_again", [True], ids=["answered_again"])
+@pytest.mark.parametrize("answered_again", [True, False], ids=["answered_again", "not_again"])
 def test_a_replacer_killed_under_a_live_one_leaves_no_column_below_zero(cluster_workers,
                                                                         answered_again):
     # a's unchanged, replaced by b's changed, replaced by c's new; b is
@@ -692,3 +692,84 @@ def test_a_failure_counted_by_a_killed_worker_recovered_by_a_live_one_is_not_bel
     c.counter.outcome(PageOutcome.NOT_MODIFIED, P)
     s = run_summary(b, c)
     assert (s["requested"], s["pages_not_modified"], s["failed"]) == (1, 1, 0), s
+
+
+R = PageKey("s", "http://a.example/r")
+
+
+def test_pages_only_a_killed_worker_counted_are_counted_by_the_worker_that_ends_the_run(
+    cluster_workers,
+):
+    # a counts P requested (and its answer, new) and Q not due, and is
+    # killed once done with P (nothing of it goes back to the queue): no
+    # worker reaches P or Q again. b, ending the run, counts them.
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    a.counter.not_due(state(Q))
+    a.killed()
+    b.counter.requested(Why.DUE, HOST, R, state(R))
+    b.counter.outcome(PageOutcome.NOT_MODIFIED, R)
+    b.left()
+    s = run_summary(b)
+    assert (s["pages_known"], s["requested"], s["requested_of_killed"], s["not_due"],
+            s["bytes_skipped"], s["pages_new"], s["pages_not_modified"],
+            s["pages_no_outcome"]) == (3, 2, 1, 1, 100, 1, 1, 0), s
+    stats = b.counter.stats
+    assert (stats.get_value("cluster/killed_pages_taken_over"),
+            stats.get_value("cluster/killed_answers_taken_over")) == (2, 1)
+
+
+def test_a_page_a_killed_worker_counted_not_due_then_requested_elsewhere_is_not_below_zero(
+    cluster_workers,
+):
+    # a counts P not due; b requests P (P leaves not due, on b); a is killed.
+    a, b = cluster_workers(2)
+    a.counter.not_due(state(P))
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    a.killed()
+    b.left()
+    s = run_summary(b)
+    assert (s["pages_known"], s["requested"], s["not_due"], s["bytes_skipped"]) == \
+        (1, 1, 0, 0), s
+
+
+def test_a_page_a_killed_worker_counted_in_the_re_seeders_sum_is_not_counted_twice(
+    cluster_workers,
+):
+    # a counts P not due before the sum and is killed before r sums: the
+    # sum counts P (a's count is lost), so the run's end counts nothing
+    # more for it.
+    a, r = cluster_workers(2)
+    a.counter.summed = r.counter.summed = summed
+    a.counter.not_due(state(P))
+    a.killed()
+    re_seed(r, 2, 200)
+    r.left()
+    s = run_summary(r)
+    assert (s["pages_known"], s["not_due"], s["bytes_skipped"]) == (2, 2, 200), s
+
+
+def test_leaving_again_after_settling_counts_the_killed_workers_once(cluster_workers):
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    a.killed()
+    # b settles, then its leave.lua that would end the run gets no answer
+    # (not run): b leaves again, and is told again that it ends the run
+    # with a killed worker.
+    leave = b.coordinator._leave
+    lost: list[bool] = []
+
+    def unanswered_after_settling(**kwargs):
+        if b.coordinator._settled and not lost:
+            lost.append(True)
+            raise redis.TimeoutError("no answer")
+        return leave(**kwargs)
+
+    b.coordinator._leave = unanswered_after_settling
+    b.left()
+    assert lost
+    s = run_summary(b)
+    assert (s["pages_known"], s["requested"], s["pages_new"]) == (1, 1, 1), s
