@@ -39,6 +39,11 @@ local run = redis.call('GET', KEYS[5])
 if not run or string.sub(run, 1, #ARGV[3] + 1) ~= ARGV[3] .. '|' then
   return redis.error_reply('FENCED run ' .. ARGV[3] .. ' is not the current run')
 end
+-- Reaped while silent (its run still current): its counts would be taken
+-- for a killed worker's.
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then
+  return redis.error_reply('FENCED worker ' .. ARGV[1] .. ' was taken for dead')
+end
 local me = ARGV[2]
 if redis.call('HSETNX', KEYS[1], '#w|' .. me, ARGV[1]) == 1 then
   -- The tags of the run's counters, for the worker that ends the run (leave.lua).

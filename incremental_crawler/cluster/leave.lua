@@ -15,19 +15,19 @@
 -- count_page.lua: neither alive nor gone with their crawls recorded) and
 -- it did not settle them yet (nothing done: it counts what their stats took
 -- with them, ClusterCoordinator.settle_killed, and leaves again); else
--- {requeued, the run's unrecorded
--- failures, whether the current run ended, then what the worker that ends
--- its own run counts for a re-seeder whose stats died with it: the pages
--- of its sum of the pages not due, their size, the earliest next visit
--- among them, and what that is: 'sum' (the sum it recorded, see
--- count_page.lua), 'left' (it was killed before it recorded its sum: the
--- pages the recorded workers counted leaving that sum, to make up for) or
--- '' (nothing), then the same for the due pages it deferred: their number
--- and 'sum' (#dsum) or 'left' (#dleft|<worker>) or ''}. Unrecorded is -1 (unknown) for a
--- fenced worker (taken for dead: its crawl is not one of the run's) and when
--- the run key names another run: this worker's was abandoned while it was
--- silent (join.lua), and any key of it left is deleted. (No run key: the run
--- ended without this worker, reaped while silent.)
+-- {requeued, the run's unrecorded failures, whether the current run ended,
+-- then what the worker that ends its own run counts for a re-seeder whose
+-- stats died with it: the pages of its sum of the pages not due, their
+-- size, the earliest next visit among them, and what that is: 'sum' (the
+-- sum it recorded, see count_page.lua), 'left' (it was killed before it
+-- recorded its sum: the pages the recorded workers counted leaving that
+-- sum, to make up for) or '' (nothing), then the same for the due pages it
+-- deferred: their number and 'sum' (#dsum) or 'left' (#dleft|<worker>) or
+-- ''}. Unrecorded is -1 (unknown) for a fenced worker (taken for dead: its
+-- crawl is not one of the run's) and when the run key names another run:
+-- this worker's was abandoned while it was silent (join.lua), and any key
+-- of it left is deleted. (No run key: the run ended without this worker,
+-- reaped while silent.)
 local run = redis.call('GET', KEYS[3])
 if (run or '') ~= ARGV[3] then return {'moved'} end
 local own = run and string.sub(run, 1, #ARGV[2] + 1) == ARGV[2] .. '|'

@@ -249,3 +249,21 @@ def test_a_live_worker_writes_its_runs_keys(pair, note, name):
     note(a)
     assert a.redis.exists(a.run_prefix + name)
     assert a.crawler.stats.get_value("cluster/fenced") is None
+
+
+@pytest.mark.parametrize("count", [
+    lambda c: c.count_pages([(GONE, "r", 0, "0")]),
+    lambda c: c.answer(GONE, "new"),
+    lambda c: c.bulk_counted(),
+], ids=["count_pages", "answer", "bulk_counted"])
+def test_a_worker_reaped_in_its_own_run_counts_nothing(pair, count):
+    a, b = pair
+    join(a, "r1")
+    join(b, "r1")
+    silent_for(a, 10)
+    b._beat_once()  # reaps a: its run goes on with b
+    # Back before its next heartbeat: the run's accounting refuses it (its
+    # counts would be taken for a killed worker's and counted again).
+    assert count(a) is None
+    assert a.crawler.stats.get_value("cluster/fenced") == 1
+    assert not a.redis.exists(a.run_prefix + "counted")
