@@ -132,6 +132,11 @@ def _schedule(stats: dict[str, Any]) -> dict[str, int]:
         "requested": pages_requested,
         **requested,
         **not_requested,
+        # Cluster mode: the re-seeder was killed before it counted its sum
+        # of the pages not due, or of the due pages it deferred: the pages
+        # of that sum nobody reached are in no column (see cluster.md).
+        "sums_lost": int(stats.get("cluster/reseeder_sum_lost", 0) or 0)
+        + int(stats.get("cluster/reseeder_deferred_lost", 0) or 0),
         # POSIX time, 0 when no page was not due.
         "first_due": get("first_due"),
         "failed": get("failed") - get("failed_recovered"),
@@ -184,7 +189,11 @@ def accounting_line(s: dict[str, int]) -> str:
                      "the most overdue go first next crawl)")
     if len(parts) == 1 and not s["requested"]:
         return ""
-    return "known pages: " + ", ".join(parts) + f"; {s['pages_known']} in all"
+    line = "known pages: " + ", ".join(parts) + f"; {s['pages_known']} in all"
+    if s["sums_lost"]:
+        line += (" (incomplete: a cluster worker that re-seeded was killed before it counted "
+                 "the pages not due or deferred, which no worker reached are in no column)")
+    return line
 
 
 def _short_accounting(s: dict[str, int]) -> str:

@@ -590,6 +590,11 @@ def test_a_re_seeder_killed_before_recording_its_sum_leaves_no_column_below_zero
     s = run_summary(b)
     assert (s["pages_known"], s["requested"], s["not_due"], s["bytes_skipped"]) == \
         (2, 1, 1, 100), s
+    # The rest of the sum (pages nobody reached) is in no column: said so.
+    from incremental_crawler.report.extension import accounting_line
+
+    assert s["sums_lost"] == 1
+    assert "(incomplete: a cluster worker that re-seeded was killed" in accounting_line(s)
 
 
 def test_a_re_seeder_that_left_keeps_its_sum_counted_once(cluster_workers):
