@@ -746,6 +746,25 @@ class ScheduleCounter:
             if event is not None:
                 self.hosts.count(UNLISTED, event[0], event[1] * n)
 
+    def hand_over_to_run(self) -> None:
+        """Cluster mode: this worker's counts are not the run's (fenced:
+        taken for dead, or its leaving not recorded), so the run counts its
+        pages again, by the worker that gets them next or the one that ends
+        the run, as a killed worker's. Its own crawl record keeps them
+        apart, under ``cluster/handed_to_run/``, which ``scrapy state``
+        does not sum: every page stays counted once."""
+        prefix = "incremental/schedule/"
+        stats = {}
+        for name, value in self.stats.get_stats().items():
+            kept = (f"cluster/handed_to_run/{name[len(prefix):]}"
+                    if name.startswith(prefix) and name != f"{prefix}first_due" else name)
+            stats[kept] = value
+        stats["cluster/counts_handed_to_run"] = 1
+        self.stats.set_stats(stats)
+        # The per-host table leaves them out too; the conditional
+        # middleware's counts there are this worker's own, and stay.
+        self.hosts.drop(_SCHEDULE_HOST_EVENTS)
+
     def count_run_answer(self, host: str, reply: str) -> None:
         """Count what the run's merge of a page's answers tells this worker
         to (:meth:`RunCounts.answer`: its own answer, and what the answers
@@ -775,6 +794,13 @@ class ScheduleCounter:
         if counted is not None:
             self.stats.inc_value(f"incremental/schedule/outcome/{counted}")
             self.hosts.count(host, f"outcome/{counted}")
+
+
+#: The per-host events of the schedule's columns (``requested/<why>``,
+#: ``outcome/<outcome>``, the rest by name): a worker whose counts the run
+#: counts again drops them (:meth:`ScheduleCounter.hand_over_to_run`).
+_SCHEDULE_HOST_EVENTS = ("requested/", "outcome/", "failed", "not_due", "skipped_lastmod",
+                         "bytes_skipped")
 
 
 #: The per-host event (and its sign) of each stat the worker that ends a

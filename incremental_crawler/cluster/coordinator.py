@@ -461,8 +461,22 @@ class ClusterCoordinator:
                        "Cluster %(url)s: leaving the run failed (%(error)s)",
                        {"url": redacted(self.url), "error": exc})
             self.stats.inc_value("cluster/redis_errors")
+            # Whether the run kept this worker's counts (leave.lua ran) is
+            # unknown: they are handed to the run, which counts them again
+            # if it did not; if it did, the run's totals miss them, and
+            # this crawl's record says they may be incomplete.
+            if self.counter is not None:
+                self.counter.hand_over_to_run()
+                self.stats.set_value("cluster/run_counts_incomplete", 1)
             self.redis.close()
             return
+        if self._fenced and self.counter is not None:
+            # Taken for dead: the run counts again what it counted (the
+            # worker that reaches a page next, or the one that ends the run).
+            self.counter.hand_over_to_run()
+            if ended:
+                # ... but this worker ended it: nobody settles them.
+                self.stats.set_value("cluster/run_counts_incomplete", 1)
         if unrecorded >= 0:
             self.run_unrecorded = unrecorded
         elif not self._fenced:  # a fenced worker said so when it was fenced
@@ -531,6 +545,9 @@ class ClusterCoordinator:
         the whole scan is read)."""
         counter = self.counter
         if counter is None:
+            # No ledger (a worker that never opened its spider): what the
+            # killed workers counted is in no crawl's record.
+            self.stats.set_value("cluster/run_counts_incomplete", 1)
             self._settled = True
             return
         counted = self.run_prefix + "counted"

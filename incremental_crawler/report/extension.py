@@ -137,6 +137,9 @@ def _schedule(stats: dict[str, Any]) -> dict[str, int]:
         # of that sum nobody reached are in no column (see cluster.md).
         "sums_lost": int(stats.get("cluster/reseeder_sum_lost", 0) or 0)
         + int(stats.get("cluster/reseeder_deferred_lost", 0) or 0),
+        # Cluster mode: counts of workers the run took for dead that no
+        # worker counted again (see cluster.md).
+        "counts_incomplete": int(stats.get("cluster/run_counts_incomplete", 0) or 0),
         # POSIX time, 0 when no page was not due.
         "first_due": get("first_due"),
         "failed": get("failed") - get("failed_recovered"),
@@ -187,12 +190,15 @@ def accounting_line(s: dict[str, int]) -> str:
     if s["deferred"]:
         parts.append(f"deferred {s['deferred']} (due, over INCREMENTAL_RESEED_LIMIT: "
                      "the most overdue go first next crawl)")
-    if len(parts) == 1 and not s["requested"]:
+    if len(parts) == 1 and not s["requested"] and not s["counts_incomplete"]:
         return ""
     line = "known pages: " + ", ".join(parts) + f"; {s['pages_known']} in all"
     if s["sums_lost"]:
         line += (" (incomplete: a cluster worker that re-seeded was killed before it counted "
                  "the pages not due or deferred, which no worker reached are in no column)")
+    if s["counts_incomplete"]:
+        line += (" (incomplete: what a cluster worker taken for dead counted may be in no "
+                 "column: it ended the run, or its leaving failed)")
     return line
 
 

@@ -18,9 +18,10 @@ from scrapy.utils.test import get_crawler
 from incremental_crawler.change.accounting import PageOutcome, ScheduleCounter, Why
 from incremental_crawler.cluster.coordinator import ClusterCoordinator
 from incremental_crawler.config import IncrementalConfig
-from incremental_crawler.report.extension import summarize
+from incremental_crawler.report.extension import accounting_line, summarize
 from incremental_crawler.state.records import PageKey, PageState
 from tests.redis_util import REDIS_URI, delete_prefix, new_prefix
+from tests.unit.test_cluster_fencing import silent_for
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -778,3 +779,41 @@ def test_leaving_again_after_settling_counts_the_killed_workers_once(cluster_wor
     assert lost
     s = run_summary(b)
     assert (s["pages_known"], s["requested"], s["pages_new"]) == (1, 1, 1), s
+
+
+def test_a_fenced_workers_recorded_crawl_and_the_settling_count_its_pages_once(
+    cluster_workers,
+):
+    # a counts P (requested, new), is reaped while its run goes on, and
+    # leaves fenced: its crawl is recorded all the same. b, ending the run,
+    # settles a's counts as a killed worker's: a's record hands them to the
+    # run, so that `scrapy state`'s sums hold P once.
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    a.killed()  # reaped by b's heartbeat (beat.lua): a is fenced when back
+    a.left()
+    assert a.coordinator._fenced
+    b.left()
+    s = run_summary(a, b)
+    assert (s["pages_known"], s["requested"], s["pages_new"]) == (1, 1, 1), s
+    assert s["counts_incomplete"] == 0, s
+    a_stats = a.counter.stats.get_stats()
+    assert a_stats["cluster/handed_to_run/outcome/new"] == 1, a_stats
+
+
+def test_a_fenced_worker_that_ends_the_run_says_its_totals_are_incomplete(cluster_workers):
+    # b leaves first; a, silent past the TTL, is fenced by its own heartbeat
+    # and is the last out: it ends the run, and nobody counts again what it
+    # counted. The run's totals miss P, and say so.
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    b.left()
+    silent_for(a.coordinator, 3600)
+    a.left()
+    assert a.coordinator._fenced
+    assert not a.coordinator.redis.exists(a.coordinator.key("run"))  # a ended it
+    s = run_summary(a, b)
+    assert (s["pages_known"], s["counts_incomplete"]) == (0, 1), s
+    assert "incomplete" in accounting_line(s)
