@@ -45,9 +45,13 @@ if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then
   return redis.error_reply('FENCED worker ' .. ARGV[1] .. ' was taken for dead')
 end
 local me, call, page, event = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-if redis.call('HSETNX', KEYS[1], '#w|' .. me, ARGV[1]) == 1 then
-  -- The tags of the run's counters, for the worker that ends the run (leave.lua).
-  redis.call('HSET', KEYS[1], '#tags', (redis.call('HGET', KEYS[1], '#tags') or '') .. me .. ';')
+-- The tags of the run's counters, for the worker that ends the run
+-- (leave.lua). Looked up, not taken from HSETNX: the re-seeder's marks
+-- (#bulk, #deferred) write its #w|<tag> before it counts any page.
+redis.call('HSETNX', KEYS[1], '#w|' .. me, ARGV[1])
+local tags = redis.call('HGET', KEYS[1], '#tags') or ''
+if not string.find(';' .. tags, ';' .. me .. ';', 1, true) then
+  redis.call('HSET', KEYS[1], '#tags', tags .. me .. ';')
 end
 local settling = event == ''
 local known = {}

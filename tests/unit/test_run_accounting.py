@@ -817,3 +817,29 @@ def test_a_fenced_worker_that_ends_the_run_says_its_totals_are_incomplete(cluste
     s = run_summary(a, b)
     assert (s["pages_known"], s["counts_incomplete"]) == (0, 1), s
     assert "incomplete" in accounting_line(s)
+
+
+@pytest.mark.parametrize("first", ["deferred", "bulk"])
+def test_a_re_seeder_killed_after_marking_the_run_has_its_own_pages_settled(
+    cluster_workers, first,
+):
+    # r marks the run (its deferral, run_note.lua; or its sum of the pages
+    # not due, bulk_counted.lua: both write its #w|<tag>) before it counts
+    # a page one by one; it counts Q (requested, new) and is killed. The
+    # worker that ends the run must know r's tag to settle Q.
+    r, b = cluster_workers(2)
+    if first == "deferred":
+        r.counter.deferrable = b.counter.deferrable = deferrable
+        r.counter.deferred(1, deferrable)
+    else:
+        r.counter.summed = b.counter.summed = summed
+        r.counter.counted_in_sum(1000.0)
+        r.counter.not_due_elsewhere(0, 0, None)
+    r.counter.requested(Why.DUE, HOST, Q, state(Q))
+    r.counter.outcome(PageOutcome.NEW, Q)
+    r.killed()
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    b.left()
+    s = run_summary(b)
+    assert (s["requested"], s["pages_new"], s["pages_not_modified"]) == (2, 1, 1), s
