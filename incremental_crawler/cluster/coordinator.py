@@ -221,6 +221,10 @@ class ClusterCoordinator:
     #: Whether this worker, ending the run, counted what its killed
     #: workers' stats took with them (:meth:`settle_killed`).
     _settled = False
+    #: The replies of the pages' answers merged again while settling the
+    #: run's killed workers (:meth:`settle_killed`), by field: kept across
+    #: its tries.
+    _settle_replies: dict[bytes, str] | None = None
 
     def __init__(self, crawler: Crawler, config: ClusterSettings) -> None:
         self.crawler = crawler
@@ -535,14 +539,16 @@ class ClusterCoordinator:
         it counts, in its own figures, what they counted that no worker
         counted again, so that the run's totals hold every page once and no
         column below zero. Read from the run's counted pages in chunks of
-        :data:`SCAN_CHUNK` (nothing else writes them now): a page's column
-        a killed worker counted (requested, not due, skipped; one it
-        requested leaves the column it was in), and each page whose answers
-        a killed worker counted, merged again (answer.lua: its answers
-        stand, its counts are made again here). Done once: leaving again
-        after a failure does not count them twice (answers merged again
-        have no killed worker's counts left; the columns are counted once
-        the whole scan is read)."""
+        :data:`SCAN_CHUNK`: a page's column a killed worker
+        counted (requested, not due, skipped; one it requested leaves the
+        column it was in), and each page whose answers a killed worker
+        counted, merged again (answer.lua: its answers stand, its counts
+        are made again here). Counted once the whole scan is read, columns
+        and answers together: a try that fails half way counts nothing, and
+        the next gets the replies of the answers merged by then again (one
+        call id for them all, kept with the page). It beats between chunks
+        (leave stopped the heartbeat); fenced meanwhile, it stops with a
+        FENCED error, having counted nothing."""
         counter = self.counter
         if counter is None:
             # No ledger (a worker that never opened its spider): what the
@@ -574,30 +580,49 @@ class ClusterCoordinator:
             deferral_stands=deferred is not None and (dsum is not None
                                                       or worker(deferred.decode()) in recorded),
             sum_left_out=sum_left_out)
-        answers = 0
+        # The replies of the pages' answers merged again, by field: kept
+        # across tries (a lost reply, a failed chunk), counted only once the
+        # whole scan is read, with the columns.
+        if self._settle_replies is None:
+            self._settle_replies = {}
+        replies = self._settle_replies
+        settle_call = f"{self.tag}:settle"
+        mark = f"{settle_call}=".encode()
         self.roundtrip()
         length = int(self.redis.hlen(counted))
         cursor = 0
+        beat_at = time.monotonic()
         for _ in range(16 + 2 * length // SCAN_CHUNK):
+            if time.monotonic() - beat_at >= self.heartbeat:
+                # leave() stopped the heartbeat: a long settling beats, or
+                # a worker joining would take the run for abandoned.
+                self._beat_once(release_all=True)
+                if self._fenced:
+                    raise redis.ResponseError(f"{FENCED} worker {self.worker_id} was taken "
+                                              "for dead while it settled the run")
+                beat_at = time.monotonic()
             self.roundtrip()
             cursor, chunk = self.redis.hscan(counted, cursor, count=SCAN_CHUNK)
             for field, value in cast("dict[bytes, bytes]", chunk).items():
                 if len(field) == PAGE_FIELD:
                     settlement.page(value)
                 elif (len(field) == ANSWERS_FIELD and field.endswith(b"a")
-                        and settlement.answers_lost(value)):
+                        and field not in replies
+                        and (settlement.answers_lost(value) or mark in value)):
                     # Merged again: the killed workers' answers stand, their
-                    # counts are made again by this worker.
-                    self._answer_calls += 1
+                    # counts are made again by this worker. One call id for
+                    # every page settled: a call run again after its reply
+                    # was lost gets its first reply (answer.lua).
                     reply = self._answer(keys=self._counted_keys(), args=[
-                        self.worker_id, self.tag, f"{self.tag}:{self._answer_calls}", field, "",
-                        self.run_id])
-                    counter.count_run_answer(UNLISTED, reply.decode())
-                    answers += 1
+                        self.worker_id, self.tag, settle_call, field, "", self.run_id])
+                    replies[field] = reply.decode()
             if int(cursor) == 0:
                 break
         else:
             raise ClusterError("the run's counted pages did not end their scan")
+        for reply in replies.values():
+            counter.count_run_answer(UNLISTED, reply)
+        answers = len(replies)
         counter.count_taken_over(settlement.totals)
         self._settled = True
         if settlement.pages or answers:

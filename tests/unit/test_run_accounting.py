@@ -843,3 +843,32 @@ def test_a_re_seeder_killed_after_marking_the_run_has_its_own_pages_settled(
     b.left()
     s = run_summary(b)
     assert (s["requested"], s["pages_new"], s["pages_not_modified"]) == (2, 1, 1), s
+
+
+@pytest.mark.parametrize("lost_call", [1, 2])
+def test_a_lost_reply_while_settling_a_pages_answers_loses_no_outcome(cluster_workers,
+                                                                       lost_call):
+    # a counts P and Q requested and new and is killed. b, ending the run,
+    # merges their answers again (answer.lua, event ""); one of those calls
+    # runs but its reply is lost (a timeout): leaving is tried again, the
+    # settling too, which finds that page's answers already merged by b.
+    a, b = cluster_workers(2)
+    for key in (P, Q):
+        a.counter.requested(Why.DUE, HOST, key, state(key))
+        a.counter.outcome(PageOutcome.NEW, key)
+    a.killed()
+    answer = b.coordinator._answer
+    calls: list[int] = []
+
+    def reply_lost_once(**kwargs):
+        reply = answer(**kwargs)
+        calls.append(1)
+        if len(calls) == lost_call:
+            raise redis.TimeoutError("reply lost")
+        return reply
+
+    b.coordinator._answer = reply_lost_once
+    b.left()
+    assert len(calls) > 2  # one sent again
+    s = run_summary(b)
+    assert (s["requested"], outcomes(s), s["pages_new"]) == (2, 2, 2), s
