@@ -529,6 +529,10 @@ class ClusterCoordinator:
                 lost = (LostSum(int(pages), int(size), float(first_due) if first_due else None,
                                 taken.decode(), int(deferred), dtaken.decode())
                         if taken or dtaken else None)
+                if int(ended):
+                    # The reply kept for a call run again (leave.lua) is here.
+                    self.roundtrip()
+                    self.redis.delete(self.run_prefix + f"ended|{self.worker_id}")
                 return int(back), int(unrecorded), int(ended), lost
         raise redis.RedisError(f"the run of {self.spider_key} changed at each of "
                                f"{BEAT_TRIES} tries to leave it")
@@ -682,6 +686,7 @@ class ClusterCoordinator:
         keys = [self.key("workers"), self.queue_key, self.key("run"),
                 *self.worker_keys(self.worker_id)]
         keys += (self.key(f"{current or self.run}:{name}") for name in RUN_KEYS)
+        keys.append(self.run_prefix + f"ended|{self.worker_id}")
         if current != self.run:
             keys += (self.run_prefix + name for name in RUN_KEYS)
         return keys

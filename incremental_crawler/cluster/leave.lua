@@ -4,8 +4,9 @@
 -- run the run key named when the caller read it (RUN_KEYS in
 -- coordinator.py: seen, unrecorded, claims, tombstones, listings, decided,
 -- counted, early, left, requested_in_sum; left: the workers gone with their
--- crawls recorded, count_page.lua keeps what they counted), then, if that
--- is not this worker's run, its own run's keys. ARGV: worker, its run's id,
+-- crawls recorded, count_page.lua keeps what they counted), then this
+-- worker's run's ended reply key (below), then, if the run named is not
+-- this worker's run, its own run's keys. ARGV: worker, its run's id,
 -- what the caller read in the run key ('' for nothing), '1' if this worker
 -- was fenced (beat.lua: silent past the TTL) else '0', '1' if it settled
 -- the run's killed workers' counts (see below) else '0'.
@@ -28,6 +29,13 @@
 -- this worker's was abandoned while it was silent (join.lua), and any key
 -- of it left is deleted. (No run key: the run ended without this worker,
 -- reaped while silent.)
+-- The reply of the leave that ended this worker's run, kept under KEYS[16]
+-- ("<run>:ended|<worker>") until the caller deletes it once it has it (a
+-- day at most): the run's keys are gone, and a call run again after its
+-- reply was lost gets it again (the re-seeder's sum it hands over is
+-- nowhere else).
+local ended_reply = redis.call('GET', KEYS[16])
+if ended_reply then return cjson.decode(ended_reply) end
 local run = redis.call('GET', KEYS[3])
 if (run or '') ~= ARGV[3] then return {'moved'} end
 local own = run and string.sub(run, 1, #ARGV[2] + 1) == ARGV[2] .. '|'
@@ -56,7 +64,7 @@ for _, mine in ipairs({KEYS[4], KEYS[5]}) do
 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 if not own then
-  for i = 16, #KEYS do redis.call('UNLINK', KEYS[i]) end
+  for i = 17, #KEYS do redis.call('UNLINK', KEYS[i]) end
 end
 local unrecorded = -1
 if own and ARGV[4] ~= '1' then
@@ -108,4 +116,6 @@ if run and redis.call('HLEN', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[2]) == 
              KEYS[13], KEYS[14], KEYS[15])
   ended = 1
 end
-return {back, unrecorded, ended, pages, size, first_due, taken, deferred, dtaken}
+local reply = {back, unrecorded, ended, pages, size, first_due, taken, deferred, dtaken}
+if ended == 1 and own then redis.call('SET', KEYS[16], cjson.encode(reply), 'EX', 86400) end
+return reply

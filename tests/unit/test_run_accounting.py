@@ -872,3 +872,24 @@ def test_a_lost_reply_while_settling_a_pages_answers_loses_no_outcome(cluster_wo
     assert len(calls) > 2  # one sent again
     s = run_summary(b)
     assert (s["requested"], outcomes(s), s["pages_new"]) == (2, 2, 2), s
+
+
+def test_a_lost_reply_of_the_leave_that_ends_the_run_keeps_the_killed_re_seeders_sum(
+    cluster_workers,
+):
+    # r sums the pages not due (P and Q) and is killed; b requests P. b's
+    # leave.lua ends the run (deletes its keys) and hands b r's sum to
+    # count, but its reply is lost: b leaves again and gets the same reply.
+    r, b = cluster_workers(2)
+    r.counter.summed = b.counter.summed = summed
+    re_seed(r, 2, 200)
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    r.killed()
+    lost = lose_first_reply(b, "_leave")
+    b.left()
+    assert lost
+    s = run_summary(b)
+    assert (s["pages_known"], s["requested"], s["not_due"], s["bytes_skipped"]) == (
+        2, 1, 1, 100), s
+    assert b.counter.stats.get_value("cluster/reseeder_sum_taken_over") == 2
