@@ -169,6 +169,11 @@ _CLAIMS_PENDING = load_script(_LUA_PACKAGE, "claims_pending.lua")
 #: Heartbeat round trips at most, when workers keep joining between them
 #: (and joins, when the run keeps changing between reading it and joining).
 BEAT_TRIES = 5
+#: A worker starting while the run's last worker settles it (join.lua)
+#: asks again every SETTLING_POLL s, SETTLING_WAIT s at most: settling
+#: reads every page the run counted (it beats meanwhile), a long while for a
+#: large run; a settler killed is silent past the TTL, and its run abandoned.
+SETTLING_POLL, SETTLING_WAIT = 0.5, 600.0
 #: Members a round trip when a large run set is read (SSCAN's COUNT).
 SCAN_CHUNK = 1000
 
@@ -225,6 +230,12 @@ class ClusterCoordinator:
     #: run's killed workers (:meth:`settle_killed`), by field: kept across
     #: its tries.
     _settle_replies: dict[bytes, str] | None = None
+    #: The tags of the killed workers it settled: its leave.lua records them
+    #: as gone with their counts recorded (in this worker's crawl).
+    _settled_tags: frozenset[str] = frozenset()
+    #: How long a worker starting waits for the run's last worker to end it
+    #: while it settles its killed workers' counts (seconds).
+    settling_wait = SETTLING_WAIT
 
     def __init__(self, crawler: Crawler, config: ClusterSettings) -> None:
         self.crawler = crawler
@@ -413,7 +424,29 @@ class ClusterCoordinator:
 
     def _join_run(self, new_run: str) -> tuple[bytes, list[bytes], str]:
         """join.lua: the run joined (``<id>|<start>``), the workers, and the
-        id of the run abandoned for it ('' if none was)."""
+        id of the run abandoned for it ('' if none was). While the run's
+        last worker settles its killed workers' counts, this one waits for
+        it to end (polls, :attr:`settling_wait` at most)."""
+        said = False
+        for _ in range(int(self.settling_wait / SETTLING_POLL) + 1):
+            joined = self._join_once(new_run)
+            if not isinstance(joined, str):
+                return joined
+            if not said:
+                said = True
+                logger.info("Cluster: worker %(settler)s is ending the run of %(spider)s "
+                            "(it counts its killed workers' counts); worker %(worker)s "
+                            "waits to start the next",
+                            {"settler": joined, "spider": self.spider_key,
+                             "worker": self.worker_id})
+            time.sleep(SETTLING_POLL)
+        raise ClusterError(
+            f"the run of {self.spider_key} was still being ended by worker {joined} after "
+            f"{self.settling_wait:g} s (it counts its killed workers' counts): start this "
+            "worker again once it is over")
+
+    def _join_once(self, new_run: str) -> tuple[bytes, list[bytes], str] | str:
+        """:meth:`_join_run` once: or the worker settling the run ended."""
         for _ in range(BEAT_TRIES):
             # Read first: the script deletes the abandoned run's keys, and
             # every key it touches is named in KEYS.
@@ -430,6 +463,8 @@ class ClusterCoordinator:
             if len(reply) == 3:
                 run, workers, abandoned = reply
                 return run, workers, abandoned.decode()
+            if reply[0] == b"settling":
+                return cast("bytes", reply[1]).decode()
             if reply[0] == b"ttl":
                 raise ClusterError(
                     f"INCREMENTAL_CLUSTER_WORKER_TTL is {self.worker_ttl:g} s here, but the "
@@ -520,9 +555,12 @@ class ClusterCoordinator:
             reply = self._leave(keys=self.leave_keys(named),
                                 args=[self.worker_id, self.run_id, current or b"",
                                       "1" if self._fenced else "0",
-                                      "1" if self._settled else "0"])
+                                      "1" if self._settled else "0",
+                                      *sorted(self._settled_tags)])
             if reply[0] == b"settle":
-                self.settle_killed({tag.decode() for tag in reply[1:]})
+                killed = {tag.decode() for tag in reply[1:]}
+                self.settle_killed(killed)
+                self._settled_tags |= killed
                 continue
             if len(reply) == 9:
                 back, unrecorded, ended, pages, size, first_due, taken, deferred, dtaken = reply

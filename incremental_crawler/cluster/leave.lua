@@ -9,13 +9,16 @@
 -- this worker's run, its own run's keys. ARGV: worker, its run's id,
 -- what the caller read in the run key ('' for nothing), '1' if this worker
 -- was fenced (beat.lua: silent past the TTL) else '0', '1' if it settled
--- the run's killed workers' counts (see below) else '0'.
+-- the run's killed workers' counts (see below) else '0', then the tags of
+-- the workers it settled.
 -- Returns {'moved'} if the run key changed since the caller read it
 -- (nothing done: it reads it again); {'settle', tags...} if leaving would
 -- end the caller's run while workers of it were killed (their tags, see
 -- count_page.lua: neither alive nor gone with their crawls recorded) and
--- it did not settle them yet (nothing done: it counts what their stats took
--- with them, ClusterCoordinator.settle_killed, and leaves again); else
+-- it did not settle them yet (nothing else done: the run is marked settled
+-- by this worker, #settling in counted, which join.lua keeps new workers
+-- out of; it counts what their stats took with them,
+-- ClusterCoordinator.settle_killed, and leaves again); else
 -- {requeued, the run's unrecorded failures, whether the current run ended,
 -- then what the worker that ends its own run counts for a re-seeder whose
 -- stats died with it: the pages of its sum of the pages not due, their
@@ -51,7 +54,22 @@ if own and ARGV[4] ~= '1' and ARGV[5] ~= '1'
       killed[#killed + 1] = tag
     end
   end
-  if #killed > 1 then return killed end
+  if #killed > 1 then
+    -- No worker joins the run while it is settled (join.lua waits): one
+    -- joining would count the killed workers' pages again, or end the run
+    -- later and settle them again.
+    redis.call('HSET', KEYS[12], '#settling', ARGV[1])
+    return killed
+  end
+end
+if own and ARGV[5] == '1' then
+  -- The killed workers settled (ARGV[6...], their tags): their counts are
+  -- in this worker's crawl record now, as if they had left.
+  for i = 6, #ARGV do
+    local w = redis.call('HGET', KEYS[12], '#w|' .. ARGV[i])
+    if w then redis.call('SADD', KEYS[14], w) end
+  end
+  redis.call('HDEL', KEYS[12], '#settling')
 end
 local back = 0
 for _, mine in ipairs({KEYS[4], KEYS[5]}) do

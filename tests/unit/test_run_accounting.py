@@ -16,11 +16,13 @@ import redis
 from scrapy.utils.test import get_crawler
 
 from incremental_crawler.change.accounting import PageOutcome, ScheduleCounter, Why
+from incremental_crawler.cluster import ClusterError
 from incremental_crawler.cluster.coordinator import ClusterCoordinator
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.report.extension import accounting_line, summarize
 from incremental_crawler.state.records import PageKey, PageState
 from tests.redis_util import REDIS_URI, delete_prefix, new_prefix
+from tests.unit.test_cluster_fencing import coordinator as fencing_coordinator
 from tests.unit.test_cluster_fencing import silent_for
 
 if TYPE_CHECKING:
@@ -893,3 +895,65 @@ def test_a_lost_reply_of_the_leave_that_ends_the_run_keeps_the_killed_re_seeders
     assert (s["pages_known"], s["requested"], s["not_due"], s["bytes_skipped"]) == (
         2, 1, 1, 100), s
     assert b.counter.stats.get_value("cluster/reseeder_sum_taken_over") == 2
+
+
+def test_a_worker_joining_while_the_last_one_settles_waits_for_the_run_to_end(
+    cluster_workers,
+):
+    # a counts P and is killed; b, last of the run, settles a's counts. A
+    # worker starting meanwhile (join.lua) is kept out of the run b ends: it
+    # would count a's pages again, or end the run later and settle a again.
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    a.killed()
+    joiner = fencing_coordinator(b.coordinator.spider_key.partition(":")[0])
+    joiner.spider_key = b.coordinator.spider_key
+    joiner.settling_wait = 0.0
+    settle = b.coordinator.settle_killed
+    refused: list[str] = []
+
+    def settle_while_one_joins(killed):
+        with pytest.raises(ClusterError, match="still being ended by worker"):
+            joiner._join_run("r2")
+        refused.append(joiner.redis.hget(b.coordinator.key("workers"), joiner.worker_id))
+        settle(killed)
+
+    b.coordinator.settle_killed = settle_while_one_joins
+    try:
+        b.left()
+        assert refused == [None]  # not in the run's workers
+        s = run_summary(b)
+        assert (s["pages_known"], s["requested"], s["pages_new"]) == (1, 1, 1), s
+        # The run is over: the joiner starts the next.
+        run, _, abandoned = joiner._join_run("r2")
+        assert (run.decode().partition("|")[0], abandoned) == ("r2", "")
+    finally:
+        joiner.redis.close()
+
+
+def test_a_worker_in_the_run_after_its_settling_does_not_settle_the_killed_again(
+    cluster_workers,
+):
+    # b, last of the run, settles a's counts; c is in the run's workers when
+    # b's leave.lua runs again (b's leaving does not end the run). c ends it
+    # later: a's counts, in b's crawl record now, are not settled again.
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    a.killed()
+    settle = b.coordinator.settle_killed
+    joined: list[Worker] = []
+
+    def settle_then_c_is_in(killed):
+        settle(killed)
+        joined.extend(cluster_workers(1))
+
+    b.coordinator.settle_killed = settle_then_c_is_in
+    b.left()
+    (c,) = joined
+    c.counter.requested(Why.DUE, HOST, Q, state(Q))
+    c.counter.outcome(PageOutcome.NOT_MODIFIED, Q)
+    c.left()
+    s = run_summary(b, c)
+    assert (s["pages_known"], s["requested"], s["pages_new"]) == (2, 2, 1), s
