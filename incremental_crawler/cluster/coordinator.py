@@ -635,29 +635,24 @@ class ClusterCoordinator:
         cursor = 0
         beat_at = time.monotonic()
         for _ in range(16 + 2 * length // SCAN_CHUNK):
-            if time.monotonic() - beat_at >= self.heartbeat:
-                # leave() stopped the heartbeat: a long settling beats, or
-                # a worker joining would take the run for abandoned.
-                self._beat_once(release_all=True)
-                if self._fenced:
-                    raise redis.ResponseError(f"{FENCED} worker {self.worker_id} was taken "
-                                              "for dead while it settled the run")
-                beat_at = time.monotonic()
+            beat_at = self._beat_while_settling(beat_at)
             self.roundtrip()
             cursor, chunk = self.redis.hscan(counted, cursor, count=SCAN_CHUNK)
+            merge = []
             for field, value in cast("dict[bytes, bytes]", chunk).items():
                 if len(field) == PAGE_FIELD:
                     settlement.page(value)
                 elif (len(field) == ANSWERS_FIELD and field.endswith(b"a")
                         and field not in replies
                         and (settlement.answers_lost(value) or mark in value)):
-                    # Merged again: the killed workers' answers stand, their
-                    # counts are made again by this worker. One call id for
-                    # every page settled: a call run again after its reply
-                    # was lost gets its first reply (answer.lua).
-                    reply = self._answer(keys=self._counted_keys(), args=[
-                        self.worker_id, self.tag, settle_call, field, "", self.run_id])
-                    replies[field] = reply.decode()
+                    merge.append(field)
+            if merge:
+                # Merged again: the killed workers' answers stand, their
+                # counts are made again by this worker. One call id for
+                # every page settled: a call run again after its reply was
+                # lost gets its first reply (answer.lua).
+                replies.update(zip(merge, self._settle_answers(merge, settle_call),
+                                   strict=True))
             if int(cursor) == 0:
                 break
         else:
@@ -677,6 +672,39 @@ class ClusterCoordinator:
                 "they were requested are not known)",
                 {"n": len(killed), "run": self.run, "worker": self.worker_id,
                  "pages": settlement.pages, "answers": answers})
+
+    def _beat_while_settling(self, beat_at: float) -> float:
+        """Beat if the last beat (monotonic *beat_at*) is a heartbeat old:
+        leave() stopped the heartbeat, and a long settling would be taken
+        for dead (a worker joining abandons the run). When it beat last."""
+        if time.monotonic() - beat_at < self.heartbeat:
+            return beat_at
+        self._beat_once(release_all=True)
+        if self._fenced:
+            raise redis.ResponseError(f"{FENCED} worker {self.worker_id} was taken for "
+                                      "dead while it settled the run")
+        return time.monotonic()
+
+    def _settle_answers(self, fields: list[bytes], call: str) -> list[str]:
+        """answer.lua's event "" for each page's answers field *fields*,
+        under the call id *call*: sent together (one round trip for a chunk
+        of the scan, not one a page), but on a Redis Cluster, whose client
+        pipelines no script."""
+        keys = self._counted_keys()
+        if isinstance(self.redis, redis.RedisCluster):
+            replies = []
+            for field in fields:
+                self.roundtrip()
+                replies.append(self._answer(keys=keys, args=[
+                    self.worker_id, self.tag, call, field, "", self.run_id]))
+        else:
+            self.roundtrip()
+            pipe = self.redis.pipeline(transaction=False)
+            for field in fields:
+                self._answer(keys=keys, args=[
+                    self.worker_id, self.tag, call, field, "", self.run_id], client=pipe)
+            replies = pipe.execute()
+        return [cast("bytes", reply).decode() for reply in replies]
 
     def _take_over_sum(self, lost: LostSum) -> None:
         """This worker ended the run, whose re-seeder's crawl is not

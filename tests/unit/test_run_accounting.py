@@ -847,31 +847,31 @@ def test_a_re_seeder_killed_after_marking_the_run_has_its_own_pages_settled(
     assert (s["requested"], s["pages_new"], s["pages_not_modified"]) == (2, 1, 1), s
 
 
-@pytest.mark.parametrize("lost_call", [1, 2])
+@pytest.mark.parametrize("merged", [1, 2])
 def test_a_lost_reply_while_settling_a_pages_answers_loses_no_outcome(cluster_workers,
-                                                                       lost_call):
+                                                                       merged):
     # a counts P and Q requested and new and is killed. b, ending the run,
-    # merges their answers again (answer.lua, event ""); one of those calls
-    # runs but its reply is lost (a timeout): leaving is tried again, the
-    # settling too, which finds that page's answers already merged by b.
+    # merges their answers again (answer.lua, event ""): *merged* of them
+    # run but the reply is lost (a timeout): leaving is tried again, the
+    # settling too, which finds those pages' answers already merged by b.
     a, b = cluster_workers(2)
     for key in (P, Q):
         a.counter.requested(Why.DUE, HOST, key, state(key))
         a.counter.outcome(PageOutcome.NEW, key)
     a.killed()
-    answer = b.coordinator._answer
+    settle_answers = b.coordinator._settle_answers
     calls: list[int] = []
 
-    def reply_lost_once(**kwargs):
-        reply = answer(**kwargs)
-        calls.append(1)
-        if len(calls) == lost_call:
+    def reply_lost_once(fields, call):
+        calls.append(len(fields))
+        if len(calls) == 1:
+            settle_answers(fields[:merged], call)
             raise redis.TimeoutError("reply lost")
-        return reply
+        return settle_answers(fields, call)
 
-    b.coordinator._answer = reply_lost_once
+    b.coordinator._settle_answers = reply_lost_once
     b.left()
-    assert len(calls) > 2  # one sent again
+    assert calls == [2, 2]  # the pages sent again
     s = run_summary(b)
     assert (s["requested"], outcomes(s), s["pages_new"]) == (2, 2, 2), s
 
@@ -957,3 +957,35 @@ def test_a_worker_in_the_run_after_its_settling_does_not_settle_the_killed_again
     c.left()
     s = run_summary(b, c)
     assert (s["pages_known"], s["requested"], s["pages_new"]) == (2, 2, 1), s
+
+
+def test_the_worker_settling_the_run_beats_while_it_does(cluster_workers):
+    # leave() stops b's heartbeat; its settling beats between chunks of the
+    # scan (here at each: heartbeat 0), so that a long one is not taken for
+    # dead. b's last beat was 25 s ago (TTL 30) when it starts settling.
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    a.killed()
+    b.coordinator.heartbeat = 0.0
+    settle = b.coordinator.settle_killed
+    settle_answers = b.coordinator._settle_answers
+    silence: list[float] = []
+
+    def stale_then_settle(killed):
+        silent_for(b.coordinator, 25)
+        settle(killed)
+
+    def beat_age_then_answers(fields, call):
+        seconds, micros = b.coordinator.redis.time()
+        last = float(b.coordinator.redis.hget(b.coordinator.key("workers"),
+                                              b.coordinator.worker_id))
+        silence.append(seconds + micros / 1e6 - last)
+        return settle_answers(fields, call)
+
+    b.coordinator.settle_killed = stale_then_settle
+    b.coordinator._settle_answers = beat_age_then_answers
+    b.left()
+    assert len(silence) == 1 and silence[0] < 20, silence
+    s = run_summary(b)
+    assert (s["requested"], s["pages_new"]) == (1, 1), s
