@@ -754,13 +754,16 @@ class ScheduleCounter:
         apart, under ``cluster/handed_to_run/``, which ``scrapy state``
         does not sum: every page stays counted once."""
         prefix = "incremental/schedule/"
-        stats = {}
+        stats, handed = {}, {}
         for name, value in self.stats.get_stats().items():
-            kept = (f"cluster/handed_to_run/{name[len(prefix):]}"
-                    if name.startswith(prefix) and name != f"{prefix}first_due" else name)
-            stats[kept] = value
-        stats["cluster/counts_handed_to_run"] = 1
+            if name.startswith(prefix) and name != f"{prefix}first_due":
+                handed[name[len(prefix):]] = value
+            else:
+                stats[name] = value
         self.stats.set_stats(stats)
+        for name, value in handed.items():
+            self.stats.set_value(f"cluster/handed_to_run/{name}", value)
+        self.stats.set_value("cluster/counts_handed_to_run", 1)
         # The per-host table leaves them out too; the conditional
         # middleware's counts there are this worker's own, and stay.
         self.hosts.drop(_SCHEDULE_HOST_EVENTS)
