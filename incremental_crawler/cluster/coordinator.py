@@ -657,6 +657,14 @@ class ClusterCoordinator:
                 break
         else:
             raise ClusterError("the run's counted pages did not end their scan")
+        # A run abandoned meanwhile (this worker silent past the TTL, see
+        # join.lua) had its keys deleted: the scan ended early, on nothing.
+        self.roundtrip()
+        run = cast("bytes | None", self.redis.get(self.key("run"))) or b""
+        settler = cast("bytes | None", self.redis.hget(counted, "#settling"))
+        if not run.startswith(f"{self.run_id}|".encode()) or settler != self.worker_id.encode():
+            raise redis.ResponseError(f"{FENCED} run {self.run_id} was abandoned while worker "
+                                      f"{self.worker_id} settled it")
         for reply in replies.values():
             counter.count_run_answer(UNLISTED, reply)
         answers = len(replies)

@@ -17,6 +17,7 @@ from scrapy.utils.test import get_crawler
 
 from incremental_crawler.change.accounting import PageOutcome, ScheduleCounter, Why
 from incremental_crawler.cluster import ClusterError
+from incremental_crawler.cluster import coordinator as coordinator_module
 from incremental_crawler.cluster.coordinator import ClusterCoordinator
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.report.extension import accounting_line, summarize
@@ -989,3 +990,45 @@ def test_the_worker_settling_the_run_beats_while_it_does(cluster_workers):
     assert len(silence) == 1 and silence[0] < 20, silence
     s = run_summary(b)
     assert (s["requested"], s["pages_new"]) == (1, 1), s
+
+
+def test_a_settling_longer_than_the_ttl_leaves_the_run_consistent(cluster_workers,
+                                                                  monkeypatch):
+    # a counts 300 pages requested (new) and is killed (600 fields: a hash
+    # HSCAN reads in chunks, past 512). b, ending the run,
+    # settles them in chunks of 20; after its first chunk its beat is a
+    # minute old (a chunk longer than the TTL) and a worker starting
+    # meanwhile finds the run abandoned (join.lua) and deletes its keys: b's
+    # next chunk is refused. What b counted is counted whole (columns and
+    # answers together) or not at all, and its totals say so.
+    monkeypatch.setattr(coordinator_module, "SCAN_CHUNK", 20)
+    a, b = cluster_workers(2)
+    keys = [PageKey("s", f"http://a.example/{i}") for i in range(300)]
+    with a.counter.batch():
+        for key in keys:
+            a.counter.requested(Why.DUE, HOST, key, state(key))
+    for key in keys:
+        a.counter.outcome(PageOutcome.NEW, key)
+    a.killed()
+    settle_answers = b.coordinator._settle_answers
+    joiner = fencing_coordinator(b.coordinator.spider_key.partition(":")[0])
+    joiner.spider_key = b.coordinator.spider_key
+    joiner.worker_ttl = 30
+    abandoned: list[str] = []
+
+    def slow_chunk(fields, call):
+        replies = settle_answers(fields, call)
+        if not abandoned:
+            silent_for(b.coordinator, 60)
+            abandoned.append(joiner._join_run("r2")[2])
+        return replies
+
+    b.coordinator._settle_answers = slow_chunk
+    try:
+        b.left()
+    finally:
+        joiner.redis.close()
+    assert abandoned == [RUN]
+    s = run_summary(b)
+    assert columns_at_least_zero(s) and s["pages_no_outcome"] == 0, s
+    assert (s["requested"], s["pages_new"], s["counts_incomplete"]) == (0, 0, 1), s
