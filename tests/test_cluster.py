@@ -132,8 +132,10 @@ async def test_a_killed_worker_stalls_nothing_and_loses_nothing(
     n = 60
     site.add_pages(n, size=2000)
     site.slow("/p/", 0.05)
+    reports = tmp_path / "reports"
     victim, survivor = (Worker(site, state_uri, cluster_prefix, tmp_path, name,
-                               "-s", "INCREMENTAL_CLUSTER_WORKER_TTL=2")
+                               "-s", "INCREMENTAL_CLUSTER_WORKER_TTL=2",
+                               "-s", f"INCREMENTAL_REPORT_DIR={reports}")
                         for name in ("victim", "survivor"))
     await until(lambda: sum(page_gets(site).values()) >= 20, "the crawl to get going")
     # The victim dies with requests on the wire (however late it started).
@@ -159,6 +161,55 @@ async def test_a_killed_worker_stalls_nothing_and_loses_nothing(
     assert max(gets.values()) <= 2
     assert len(twice) <= int(requeued.group(1)), twice
     assert leftover_keys(cluster_prefix) == []
+    # The run's totals are the survivor's alone (the victim recorded no
+    # crawl): what the victim counted that no worker counted again, the
+    # survivor counted when it ended the run. Every page once, each in one
+    # column, none below zero.
+    s = run_summary(reports)
+    assert (s["pages_known"], s["requested"], s["pages_no_outcome"]) == (n, n, 0), s
+    assert all(v >= 0 for k, v in s.items() if k.startswith(("pages_", "requested"))), s
+
+
+def run_summary(reports) -> dict[str, int]:
+    """The report summaries of the workers that recorded their crawls, summed."""
+    total: dict[str, int] = {}
+    for path in reports.glob("report-*.json"):
+        if not re.match(r"report-\d{8}T", path.name):
+            for k, v in json.loads(path.read_text())["summary"].items():
+                total[k] = total.get(k, 0) + v
+    return total
+
+
+@pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_the_pages_a_killed_lister_counted_are_in_the_runs_totals(
+    site, state_uri, cluster_prefix, tmp_path
+):
+    # The lister reads the sitemaps (it starts alone) and counts every page
+    # requested; none answers until both workers have requests on the wire;
+    # the lister is killed. Its count of the pages still queued dies with
+    # it (their requests carry it: nobody decides them again): the
+    # survivor, ending the run, counts them.
+    n = 30
+    site.add_pages(n, size=2000)
+    site.hold("/p/")
+    reports = tmp_path / "reports"
+    options = ("-s", "INCREMENTAL_CLUSTER_WORKER_TTL=2", "-s", f"INCREMENTAL_REPORT_DIR={reports}")
+    lister = Worker(site, state_uri, cluster_prefix, tmp_path, "lister", *options)
+    await until(lambda: site.held >= 4, "the lister to have requests", seconds=60)
+    survivor = Worker(site, state_uri, cluster_prefix, tmp_path, "survivor", *options)
+    await until(lambda: site.held >= 8, "both workers to have requests", seconds=60)
+    os.kill(lister.proc.pid, signal.SIGKILL)
+    await deferToThread(lister.proc.wait)
+    site.release()
+    assert await survivor.wait() == 0, survivor.tail()
+    assert leftover_keys(cluster_prefix) == []
+    s = run_summary(reports)
+    assert (s["pages_known"], s["requested"], s["pages_new"], s["pages_no_outcome"]) == \
+        (n, n, n, 0), s
+    assert s["requested_of_killed"] > 0, s
+    assert re.search(r"worker\(s\) of run \w+ were killed before their crawls were recorded",
+                     survivor.text()), survivor.tail()
 
 
 @pytest_twisted.ensureDeferred

@@ -39,12 +39,15 @@ from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
+from incremental_crawler.change.accounting import PageOutcome, ScheduleCounter, Why
 from incremental_crawler.cluster.coordinator import ClusterCoordinator, ClusterError
 from incremental_crawler.cluster.scheduler import ClusterDupeFilter
 from incremental_crawler.config import DEFAULT_SETTINGS
 from incremental_crawler.politeness.budget import SharedBudget
 from incremental_crawler.politeness.window import WindowPolicy
 from incremental_crawler.redis_cluster import SyncClusterClient, connect
+from incremental_crawler.report.extension import summarize
+from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores.redis import RedisStateStore
 from incremental_crawler.state.stores.redis.pages import host_part, page_field
 from tests.redis_cluster_util import LoopbackCluster, free_ports
@@ -189,6 +192,39 @@ async def test_a_worker_that_joins_later_is_seen_and_a_dead_one_reaped_on_the_cl
         second.redis.close()
         first.redis.delete(first.queue_key)
         first.leave("finished")
+    assert redis_cluster.keys(f"{prefix}:*") == []
+
+
+def test_the_worker_ending_a_run_settles_a_killed_workers_counts_on_the_cluster(
+        redis_cluster, prefix):
+    # The run's plain writes (run_note.lua), its accounting and the end of
+    # the run that settles a killed worker's counts (leave.lua, then the
+    # counted pages read in chunks): every key in the spider's slot.
+    spider = Spider("settle")
+    first, second = (coordinator(redis_cluster, prefix, INCREMENTAL_CLUSTER_HEARTBEAT=0.2,
+                                 INCREMENTAL_CLUSTER_WORKER_TTL=1) for _ in range(2))
+    for worker in (first, second):
+        worker.join(spider)
+        worker._task.stop()  # beats are the test's own
+        worker.counter = ScheduleCounter(worker.crawler.stats)
+        worker.counter.run = worker
+    page = PageKey("s", "http://127.0.0.1/p")
+    try:
+        second.note_listing("membership")
+        second.counter.requested(Why.DUE, "127.0.0.1", page)
+        second.counter.outcome(PageOutcome.NEW, page)
+        # The second is killed (it never beats again): dead after 1 s, its
+        # last beat set back in Redis; the first's beat reaps it.
+        seconds, micros = first.redis.time()
+        first.redis.hset(first.key("workers"), second.worker_id, seconds + micros / 1e6 - 2)
+        first._beat_once()
+        assert first.crawler.stats.get_value("cluster/dead_workers") == 1
+    finally:
+        second.redis.close()
+        first.leave("finished")
+    s = summarize(first.crawler.stats.get_stats())
+    assert (s["requested"], s["requested_of_killed"], s["pages_new"],
+            s["pages_no_outcome"]) == (1, 1, 1, 0), s
     assert redis_cluster.keys(f"{prefix}:*") == []
 
 

@@ -83,7 +83,8 @@ that gets an answer counts what it changes. The run's workers' stats
 summed (``scrapy state``) put each page in one column; one worker's
 alone are its share, and a column of them may be negative. A killed
 worker's stats are lost: a page it counted, or whose answer it counted,
-is counted again by the next worker that reaches it.
+is counted again by the next worker that reaches it, or, if none does, by
+the worker that ends the run (``ClusterCoordinator.settle_killed``).
 
 The same counts are kept per host (:attr:`ScheduleCounter.hosts`) for the
 report's per-host table.
@@ -293,8 +294,10 @@ class RunCounts(Protocol):
         """Merge an answer of the page *key* into its column for the run
         (*event*: a :class:`PageOutcome`, :data:`RUN_FAILED`, or
         :data:`RUN_UNANSWERED` and an outcome): what the caller counts,
-        ``"<outcome>,<outcome replaced>,<failed 0/1>,<recovered 0/1>"``
-        (empty: none); ``None``: unknown."""
+        ``"<outcomes>,<outcomes replaced>,<failures>,<recoveries>"``
+        (outcomes ``+`` between, empty: none): its answer's change, and
+        what the counts of workers killed since lack (their stats died
+        with them); ``None``: unknown."""
 
     def deferred_counted(self) -> set[PageKey] | None:
         """The re-seeder counts the due pages over its limit deferred: from
@@ -310,6 +313,17 @@ class RunCounts(Protocol):
         counted one by one not requested that the sum counts too, their
         sizes, and the pages requested whose stored state the sum counted
         when they were (``None``: unknown)."""
+
+    def deferred_sum(self, pages: int) -> None:
+        """The re-seeder counted *pages* due pages deferred (after
+        :meth:`deferred_counted`): recorded in the run, as :meth:`sum_counted`."""
+
+    def sum_counted(self, pages: int, size: int, first_due: float | None) -> None:
+        """The re-seeder counted its sum of the pages not due (*pages* of
+        *size* bytes, the earliest next visit *first_due*, after
+        :meth:`bulk_counted`): recorded in the run, which stands by it
+        whatever becomes of the re-seeder (killed, its stats die with it:
+        the worker that ends the run counts it then)."""
 
 
 class ScheduleCounter:
@@ -362,6 +376,9 @@ class ScheduleCounter:
         self._deferred: Callable[[PageState], bool] | None = None
         #: The run was told due pages are being deferred (:meth:`deferring`).
         self._deferring = False
+        #: The run read the pages counted one by one for this crawl's sum
+        #: (:meth:`counted_in_sum`): the sum, once counted, is recorded there.
+        self._run_summed = False
         #: In cluster mode, the run's record of the pages its workers
         #: counted: each page is counted by one worker of the run.
         self.run: RunCounts | None = None
@@ -611,11 +628,13 @@ class ScheduleCounter:
         first): those whose stored state *among* holds. One reached later in
         the crawl and requested leaves the column (``deferred_left``)."""
         self._deferred = among
-        if pages > 0:
-            self.stats.inc_value("incremental/schedule/deferred", pages)
-            if self.run is not None and not self._deferring:
+        if self.run is not None and (pages > 0 or self._deferring):
+            if not self._deferring:
                 # Another worker may request one (a link, a 304's replay).
                 self.run.deferred_counted()
+            self.run.deferred_sum(max(pages, 0))
+        if pages > 0:
+            self.stats.inc_value("incremental/schedule/deferred", pages)
 
     def counted_in_sum(self, due_at: float) -> tuple[int, int]:
         """The pages counted one by one (and their sizes) that the
@@ -626,6 +645,7 @@ class ScheduleCounter:
             counted = self.run.bulk_counted()
             if counted is not None:
                 pages, size, self._requested_in_sum = counted
+                self._run_summed = True
                 return pages, size
         if self.summed is not None:
             # What the sum counts (scope, lists, last check), not only the
@@ -647,6 +667,10 @@ class ScheduleCounter:
         reached later in the crawl is not counted again: not due, it is
         counted already; requested, it leaves the column."""
         self._bulk_counted = True
+        if self._run_summed:
+            self._run_summed = False
+            assert self.run is not None
+            self.run.sum_counted(max(pages, 0), max(size, 0), first_due)
         if pages <= 0:
             return
         self.stats.inc_value("incremental/schedule/not_due", pages)
@@ -669,12 +693,12 @@ class ScheduleCounter:
         if outcome is not PageOutcome.FAILED and key in self._failed:
             # It answered after its failure: not failed in the end.
             self._failed.discard(key)
-            self._count_answer(key, recovered=True)
+            self._count_answer(host_of(key.url), recovered=True)
         before = self._outcomes.get(key)
         if before is not None and not replaces(outcome, before):
             return
         self._outcomes[key] = outcome
-        self._count_answer(key, counted=outcome, replaced=before)
+        self._count_answer(host_of(key.url), counted=outcome, replaced=before)
 
     def unanswered(self, outcome: PageOutcome, key: PageKey) -> None:
         """What became of the page *key* when a request of it got no answer
@@ -692,7 +716,7 @@ class ScheduleCounter:
         if key in self._failed:
             return
         self._failed.add(key)
-        self._count_answer(key, failed=True)
+        self._count_answer(host_of(key.url), failed=True)
 
     def _answer_in_run(self, key: PageKey, event: str) -> bool:
         """In cluster mode, count what the run says *event* changes in the
@@ -703,16 +727,64 @@ class ScheduleCounter:
         reply = self.run.answer(key, event)
         if reply is None:
             return False  # Redis did not answer (the worker stops): counted here
-        counted, replaced, failed, recovered = reply.split(",")
-        self._count_answer(key, counted=PageOutcome(counted) if counted else None,
-                           replaced=PageOutcome(replaced) if replaced else None,
-                           failed=failed == "1", recovered=recovered == "1")
+        self.count_run_answer(host_of(key.url), reply)
         return True
 
-    def _count_answer(self, key: PageKey, *, counted: PageOutcome | None = None,
+    def count_taken_over(self, counts: dict[str, int]) -> None:
+        """Count what the stats of the run's killed workers took with them
+        (the worker that ends the run does: see
+        ``ClusterCoordinator.settle_killed``): *counts* by stat name under
+        ``incremental/schedule/``. The run knows no page's URL (a hash) nor
+        why a page was requested: their pages are counted under
+        :data:`~incremental_crawler.change.host_counts.UNLISTED`, and
+        requested as ``requested_of_killed``."""
+        for name, n in counts.items():
+            if not n:
+                continue
+            self.stats.inc_value(f"incremental/schedule/{name}", n)
+            event = _TAKEN_OVER_HOST_EVENTS.get(name)
+            if event is not None:
+                self.hosts.count(UNLISTED, event[0], event[1] * n)
+
+    def hand_over_to_run(self) -> None:
+        """Cluster mode: this worker's counts are not the run's (fenced:
+        taken for dead, or its leaving not recorded), so the run counts its
+        pages again, by the worker that gets them next or the one that ends
+        the run, as a killed worker's. Its own crawl record keeps them
+        apart, under ``cluster/handed_to_run/``, which ``scrapy state``
+        does not sum: every page stays counted once."""
+        prefix = "incremental/schedule/"
+        stats, handed = {}, {}
+        for name, value in self.stats.get_stats().items():
+            if name.startswith(prefix) and name != f"{prefix}first_due":
+                handed[name[len(prefix):]] = value
+            else:
+                stats[name] = value
+        self.stats.set_stats(stats)
+        for name, value in handed.items():
+            self.stats.set_value(f"cluster/handed_to_run/{name}", value)
+        self.stats.set_value("cluster/counts_handed_to_run", 1)
+        # The per-host table leaves them out too; the conditional
+        # middleware's counts there are this worker's own, and stay.
+        self.hosts.drop(_SCHEDULE_HOST_EVENTS)
+
+    def count_run_answer(self, host: str, reply: str) -> None:
+        """Count what the run's merge of a page's answers tells this worker
+        to (:meth:`RunCounts.answer`: its own answer, and what the answers
+        of workers killed since lack), for the page's *host*."""
+        counted, replaced, failed, recovered = reply.split(",")
+        for outcome in filter(None, counted.split("+")):
+            self._count_answer(host, counted=PageOutcome(outcome))
+        for outcome in filter(None, replaced.split("+")):
+            self._count_answer(host, replaced=PageOutcome(outcome))
+        for _ in range(int(failed)):
+            self._count_answer(host, failed=True)
+        for _ in range(int(recovered)):
+            self._count_answer(host, recovered=True)
+
+    def _count_answer(self, host: str, *, counted: PageOutcome | None = None,
                       replaced: PageOutcome | None = None, failed: bool = False,
                       recovered: bool = False) -> None:
-        host = host_of(key.url)
         if recovered:
             self.stats.inc_value("incremental/schedule/failed_recovered")
             self.hosts.count(host, "failed", -1)
@@ -725,6 +797,23 @@ class ScheduleCounter:
         if counted is not None:
             self.stats.inc_value(f"incremental/schedule/outcome/{counted}")
             self.hosts.count(host, f"outcome/{counted}")
+
+
+#: The per-host events of the schedule's columns (``requested/<why>``,
+#: ``outcome/<outcome>``, the rest by name): a worker whose counts the run
+#: counts again drops them (:meth:`ScheduleCounter.hand_over_to_run`).
+_SCHEDULE_HOST_EVENTS = ("requested/", "outcome/", "failed", "not_due", "skipped_lastmod",
+                         "bytes_skipped")
+
+
+#: The per-host event (and its sign) of each stat the worker that ends a
+#: run counts for its killed workers (:meth:`ScheduleCounter.count_taken_over`).
+_TAKEN_OVER_HOST_EVENTS = {
+    "not_due": ("not_due", 1), "not_due_left": ("not_due", -1),
+    f"skipped/{Why.LASTMOD_UNCHANGED}": ("skipped_lastmod", 1),
+    f"skipped_left/{Why.LASTMOD_UNCHANGED}": ("skipped_lastmod", -1),
+    "bytes_skipped": ("bytes_skipped", 1), "bytes_skipped_left": ("bytes_skipped", -1),
+}
 
 
 #: The answers that found the page, strongest first: of a page's answers in

@@ -56,6 +56,15 @@ class HostCounts:
     def count_url(self, url: str, event: str, n: int = 1) -> None:
         self.count(host_of(url), event, n)
 
+    def drop(self, events: tuple[str, ...]) -> None:
+        """Forget the counts of *events* (a name ending in "/": every event
+        under it) on every host."""
+        for counts in self._hosts.values():
+            for event in list(counts):
+                if any(event == e or (e.endswith("/") and event.startswith(e))
+                       for e in events):
+                    del counts[event]
+
     def table(self) -> dict[str, dict[str, int]]:
         """Host -> event -> count (events never seen are absent), hosts sorted."""
         return {host: dict(self._hosts[host]) for host in sorted(self._hosts)}

@@ -1,39 +1,67 @@
 -- A page's answers, merged for the run as one crawl merges them (see
 -- incremental_crawler.change.accounting): whichever worker gets an answer
--- counts what it changes in the page's column. KEYS: the run's counted
--- pages (see count_page.lua: the tags of workers are there), the workers
--- hash, the run's workers that left it, (unused) the pages requested in
--- the sum, the run key. ARGV: this worker, its tag, the
--- call's id (unique in the run), then the page's answers field (its
--- field and "a"), the event: an outcome ("new"...), "?<outcome>" (an
--- outcome unless the page has one: a request that got no answer) or
--- "!failed" (a failure recorded: not the outcome "failed"), its run's id
--- (a run no longer current: an error FENCED, nothing written; see
--- beat.lua). The field:
--- "<outcome>|<tag>|<replaced>|<its tag>|<failed tag>|<recovered tag>|<its
--- recoverer's tag>|<calls>": the page's column and the worker that counted
--- it, the outcome that worker counted replaced and the worker that had
--- counted that one, the worker that counted its failure (none: it has not
--- failed or it recovered), the worker whose failure was counted recovered
--- and the worker that counted the recovery, then each worker's last call
--- for the page and its reply ("<call>=<reply>", ";" between: calls are
--- "<tag>:<n>"). Returns "<outcome to count>,<outcome it replaced>,<1: a
--- failure to count>,<1: a recovery to count>". A count by a worker killed
--- since is lost: its column goes back to the one it replaced (whose
--- count, and the replaced one's, are the caller's to merge again), or to
--- none; a recovery it counted goes back to the failure. A call run again
+-- counts what the page's column, and the run's counts of it, lack. KEYS:
+-- the run's counted pages (see count_page.lua: the tags of workers are
+-- there), the workers hash, the run's workers that left it, (unused) the
+-- pages requested in the sum, the run key. ARGV: this worker, its tag, the
+-- call's id (unique in the run), then the page's answers field (its field
+-- and "a"), the event: an outcome ("new"...), "?<outcome>" (an outcome
+-- unless the page has one: a request that got no answer) or "!failed" (a
+-- failure recorded: not the outcome "failed"), its run's id (a run no
+-- longer current: an error FENCED, nothing written; see beat.lua).
+-- The field: "<events>|<counts>|<calls>":
+-- - the page's events in the order they came, each "<event>:<tag>" (the
+--   worker that got it), ";" between;
+-- - what the workers counted of the page, each "<key>:<tag>:<n>": an
+--   outcome (n > 0: counted, n < 0: counted replaced) or "!" (a failure:
+--   n > 0 counted failed, n < 0 counted recovered);
+-- - each worker's last call for the page and its reply ("<call>=<reply>",
+--   calls are "<tag>:<n>").
+-- A worker killed (neither in the workers hash nor gone with its crawl
+-- recorded) took its stats with it: its events and counts are dropped, at
+-- any depth (an answer whose replacer, and the replacer's replacer, were
+-- killed is the column again). The page's column is its events merged
+-- (the strongest success stays; any other answer replaces what came
+-- before; "?<outcome>" only when the page has no column yet); it failed
+-- if a failure came after its last answer that was not one. The caller
+-- counts the difference between that and what the live workers counted:
+-- its own answer, and whatever the killed workers' lost counts leave out
+-- (so no column of the run's totals stays below zero).
+-- The event "" (the worker that ends the run, for a page whose answers a
+-- killed worker counted: see ClusterCoordinator.settle_killed) adds none,
+-- and keeps the killed workers' answers (nobody asked the page again):
+-- only their counts are lost, counted again by the caller.
+-- Returns "<outcomes to count>,<outcomes to count replaced>,<failures to
+-- count>,<recoveries to count>" (outcomes "+" between). A call run again
 -- after its reply was lost (a worker sends only its last one again) gets
 -- its first reply, whichever calls of other workers ran in between.
 local run = redis.call('GET', KEYS[5])
 if not run or string.sub(run, 1, #ARGV[6] + 1) ~= ARGV[6] .. '|' then
   return redis.error_reply('FENCED run ' .. ARGV[6] .. ' is not the current run')
 end
+-- Reaped while silent (its run still current): its counts would be taken
+-- for a killed worker's.
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then
+  return redis.error_reply('FENCED worker ' .. ARGV[1] .. ' was taken for dead')
+end
 local me, call, page, event = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-redis.call('HSET', KEYS[1], '#w|' .. me, ARGV[1])
+-- The tags of the run's counters, for the worker that ends the run
+-- (leave.lua). Looked up, not taken from HSETNX: the re-seeder's marks
+-- (#bulk, #deferred) write its #w|<tag> before it counts any page.
+redis.call('HSETNX', KEYS[1], '#w|' .. me, ARGV[1])
+local tags = redis.call('HGET', KEYS[1], '#tags') or ''
+if not string.find(';' .. tags, ';' .. me .. ';', 1, true) then
+  redis.call('HSET', KEYS[1], '#tags', tags .. me .. ';')
+end
+local settling = event == ''
+local known = {}
 local function kept(tag)
-  local w = redis.call('HGET', KEYS[1], '#w|' .. tag)
-  return w and (redis.call('HEXISTS', KEYS[2], w) == 1
-                or redis.call('SISMEMBER', KEYS[3], w) == 1)
+  if known[tag] == nil then
+    local w = redis.call('HGET', KEYS[1], '#w|' .. tag)
+    known[tag] = w and (redis.call('HEXISTS', KEYS[2], w) == 1
+                        or redis.call('SISMEMBER', KEYS[3], w) == 1) or false
+  end
+  return known[tag]
 end
 -- The successes, strongest first (accounting.SUCCESSES): a stronger one
 -- replaces a weaker; any other answer replaces anything, and is replaced
@@ -44,54 +72,95 @@ local function replaces(later, earlier)
   local before, after = strength[earlier] or 0, strength[later] or 0
   return before == 0 or after == 0 or after > before
 end
-
-local outcome, otag, prev, ptag, ftag, rftag, rtag, calls = '', '', '', '', '', '', '', ''
-local field = redis.call('HGET', KEYS[1], page)
-local mine = string.sub(call, 1, string.find(call, ':', 1, true))
-if field then
+local function split(text, sep)
   local parts = {}
-  for part in string.gmatch(field .. '|', '([^|]*)|') do parts[#parts + 1] = part end
-  outcome, otag, prev, ptag, ftag, rftag, rtag, calls =
-    parts[1], parts[2], parts[3], parts[4], parts[5], parts[6], parts[7], parts[8]
-  for entry in string.gmatch(calls, '[^;]+') do
+  for part in string.gmatch(text, '[^' .. sep .. ']+') do parts[#parts + 1] = part end
+  return parts
+end
+
+local events, counts, calls = {}, {}, ''
+local field = redis.call('HGET', KEYS[1], page)
+if field then
+  local bar1 = string.find(field, '|', 1, true)
+  local bar2 = string.find(field, '|', bar1 + 1, true)
+  calls = string.sub(field, bar2 + 1)
+  for _, entry in ipairs(split(calls, ';')) do
     local eq = string.find(entry, '=', 1, true)
     if string.sub(entry, 1, eq - 1) == call then return string.sub(entry, eq + 1) end
   end
-  if outcome ~= '' and not kept(otag) then
-    -- Its counter's counts are lost, the one it replaced counted still.
-    if prev ~= '' and kept(ptag) then outcome, otag = prev, ptag else outcome, otag = '', '' end
-    prev, ptag = '', ''
+  for _, e in ipairs(split(string.sub(field, 1, bar1 - 1), ';')) do
+    local at = string.find(e, ':', 1, true)
+    local tag = string.sub(e, at + 1)
+    if settling or kept(tag) then events[#events + 1] = {string.sub(e, 1, at - 1), tag} end
   end
-  if ftag ~= '' and not kept(ftag) then ftag = '' end
-  if rtag ~= '' and not kept(rtag) then
-    -- Its recovery is lost: the failure it recovered is counted again.
-    if ftag == '' and kept(rftag) then ftag = rftag end
-    rftag, rtag = '', ''
-  end
-end
-local counted, replaced, failed, recovered = '', '', '0', '0'
-if event == '!failed' then
-  if ftag == '' then ftag, failed = me, '1' end
-else
-  local o = event
-  local unanswered = string.sub(o, 1, 1) == '?'
-  if unanswered then o = string.sub(o, 2) end
-  if not (unanswered and outcome ~= '') then
-    if o ~= 'failed' and ftag ~= '' then
-      rftag, rtag, ftag, recovered = ftag, me, '', '1'
-    end
-    if outcome == '' or replaces(o, outcome) then
-      prev, ptag = outcome, (outcome ~= '' and otag or '')
-      replaced, outcome, otag, counted = outcome, o, me, o
-    end
+  for _, c in ipairs(split(string.sub(field, bar1 + 1, bar2 - 1), ';')) do
+    local p = split(c, ':')
+    -- A killed worker's are lost with its stats.
+    if kept(p[2]) then counts[#counts + 1] = {p[1], p[2], tonumber(p[3])} end
   end
 end
-local reply = counted .. ',' .. replaced .. ',' .. failed .. ',' .. recovered
+if not settling then events[#events + 1] = {event, me} end
+
+-- The column, and whether the page failed, from the events kept.
+local column, failed = '', false
+for _, e in ipairs(events) do
+  local ev = e[1]
+  if ev == '!failed' then
+    failed = true
+  else
+    local unanswered = string.sub(ev, 1, 1) == '?'
+    if unanswered then ev = string.sub(ev, 2) end
+    if not (unanswered and column ~= '') then
+      if ev ~= 'failed' then failed = false end
+      if column == '' or replaces(ev, column) then column = ev end
+    end
+  end
+end
+
+local net = {}
+for _, c in ipairs(counts) do net[c[1]] = (net[c[1]] or 0) + c[3] end
+local want = {}
+if column ~= '' then want[column] = 1 end
+if failed then want['!'] = 1 end
+local keys = {}
+for k in pairs(net) do keys[#keys + 1] = k end
+for k in pairs(want) do if net[k] == nil then keys[#keys + 1] = k end end
+table.sort(keys)
+local counted, replaced, nfailed, nrecovered = {}, {}, 0, 0
+local mine = {}
+for _, k in ipairs(keys) do
+  local diff = (want[k] or 0) - (net[k] or 0)
+  if diff ~= 0 then
+    mine[k] = diff
+    if k == '!' then
+      if diff > 0 then nfailed = diff else nrecovered = -diff end
+    else
+      for _ = 1, math.abs(diff) do
+        if diff > 0 then counted[#counted + 1] = k else replaced[#replaced + 1] = k end
+      end
+    end
+  end
+end
+local reply = table.concat(counted, '+') .. ',' .. table.concat(replaced, '+') .. ','
+              .. nfailed .. ',' .. nrecovered
+
+-- The field again: the events and counts kept, this worker's merged.
+local out_events, out_counts = {}, {}
+for _, e in ipairs(events) do out_events[#out_events + 1] = e[1] .. ':' .. e[2] end
+for _, c in ipairs(counts) do
+  local n = c[3]
+  if c[2] == me and mine[c[1]] then n, mine[c[1]] = n + mine[c[1]], nil end
+  if n ~= 0 then out_counts[#out_counts + 1] = c[1] .. ':' .. c[2] .. ':' .. n end
+end
+for _, k in ipairs(keys) do
+  if mine[k] then out_counts[#out_counts + 1] = k .. ':' .. me .. ':' .. mine[k] end
+end
 -- This worker's last call replaces its previous one.
+local prefix = string.sub(call, 1, string.find(call, ':', 1, true))
 local kept_calls = {call .. '=' .. reply}
-for entry in string.gmatch(calls, '[^;]+') do
-  if string.sub(entry, 1, #mine) ~= mine then kept_calls[#kept_calls + 1] = entry end
+for _, entry in ipairs(split(calls, ';')) do
+  if string.sub(entry, 1, #prefix) ~= prefix then kept_calls[#kept_calls + 1] = entry end
 end
-redis.call('HSET', KEYS[1], page, table.concat({outcome, otag, prev, ptag, ftag, rftag, rtag,
-                                                table.concat(kept_calls, ';')}, '|'))
+redis.call('HSET', KEYS[1], page, table.concat(out_events, ';') .. '|'
+           .. table.concat(out_counts, ';') .. '|' .. table.concat(kept_calls, ';'))
 return reply

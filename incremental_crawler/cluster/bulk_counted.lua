@@ -15,6 +15,11 @@ local run = redis.call('GET', KEYS[5])
 if not run or string.sub(run, 1, #ARGV[3] + 1) ~= ARGV[3] .. '|' then
   return redis.error_reply('FENCED run ' .. ARGV[3] .. ' is not the current run')
 end
+-- Reaped while silent (its run still current): its counts would be taken
+-- for a killed worker's.
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then
+  return redis.error_reply('FENCED worker ' .. ARGV[1] .. ' was taken for dead')
+end
 redis.call('HSET', KEYS[1], '#bulk', ARGV[2], '#w|' .. ARGV[2], ARGV[1])
 local workers = redis.call('HKEYS', KEYS[2])
 for _, w in ipairs(redis.call('SMEMBERS', KEYS[3])) do workers[#workers + 1] = w end

@@ -70,7 +70,7 @@ import os
 import socket
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import redis
 from redis.backoff import NoBackoff
@@ -81,7 +81,9 @@ from scrapy.utils.asyncio import create_looping_call
 from scrapy.utils.defer import deferred_from_coro
 
 from incremental_crawler import clock
+from incremental_crawler.change.host_counts import UNLISTED
 from incremental_crawler.cluster import ClusterError
+from incremental_crawler.cluster.settle import ANSWERS_FIELD, PAGE_FIELD, Settlement
 from incremental_crawler.config import IncrementalConfig
 from incremental_crawler.crawl.ledger import Ledger
 from incremental_crawler.lua import load_script
@@ -97,7 +99,7 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
 
-    from incremental_crawler.change.accounting import RunCount
+    from incremental_crawler.change.accounting import RunCount, ScheduleCounter
     from incremental_crawler.config import ClusterSettings
 
 logger = logging.getLogger(__name__)
@@ -155,6 +157,10 @@ _ANSWER = load_script(_LUA_PACKAGE, "answer.lua")
 # The re-seeder counts the pages not due in bulk. KEYS: see bulk_counted.lua.
 _BULK_COUNTED = load_script(_LUA_PACKAGE, "bulk_counted.lua")
 
+# A plain write to a run key, refused to a worker fenced off the run.
+# KEYS and ARGV: see run_note.lua.
+_RUN_NOTE = load_script(_LUA_PACKAGE, "run_note.lua")
+
 # How many jobs other live workers claimed and have not done yet.
 # KEYS: claims, workers; ARGV: this worker, the worker TTL.
 _CLAIMS_PENDING = load_script(_LUA_PACKAGE, "claims_pending.lua")
@@ -163,6 +169,11 @@ _CLAIMS_PENDING = load_script(_LUA_PACKAGE, "claims_pending.lua")
 #: Heartbeat round trips at most, when workers keep joining between them
 #: (and joins, when the run keeps changing between reading it and joining).
 BEAT_TRIES = 5
+#: A worker starting while the run's last worker settles it (join.lua)
+#: asks again every SETTLING_POLL s, SETTLING_WAIT s at most: settling
+#: reads every page the run counted (it beats meanwhile), a long while for a
+#: large run; a settler killed is silent past the TTL, and its run abandoned.
+SETTLING_POLL, SETTLING_WAIT = 0.5, 600.0
 #: Members a round trip when a large run set is read (SSCAN's COUNT).
 SCAN_CHUNK = 1000
 
@@ -170,6 +181,21 @@ SCAN_CHUNK = 1000
 #: take them (join.lua reads ``unrecorded``, the second).
 RUN_KEYS = ("seen", "unrecorded", "claims", "tombstones", "listings", "decided", "counted",
             "early", "left", "requested_in_sum")
+
+
+class LostSum(NamedTuple):
+    """What the worker that ends a run counts for its re-seeder, killed
+    (leave.lua): the pages not due and their size (and the earliest next
+    visit among them); *taken* ``"sum"``: the sum the re-seeder recorded,
+    ``"left"``: the pages counted leaving a sum it did not record, ``""``:
+    nothing; then the same for the due pages it deferred."""
+
+    pages: int
+    size: int
+    first_due: float | None
+    taken: str
+    deferred: int
+    deferred_taken: str
 
 
 #: How the run scripts refuse a worker fenced off the run (beat.lua): its
@@ -196,6 +222,20 @@ def spider_key(prefix: str, spider: str) -> str:
 
 class ClusterCoordinator:
     """This worker's membership of the cluster's current run."""
+
+    #: Whether this worker, ending the run, counted what its killed
+    #: workers' stats took with them (:meth:`settle_killed`).
+    _settled = False
+    #: The replies of the pages' answers merged again while settling the
+    #: run's killed workers (:meth:`settle_killed`), by field: kept across
+    #: its tries.
+    _settle_replies: dict[bytes, str] | None = None
+    #: The tags of the killed workers it settled: its leave.lua records them
+    #: as gone with their counts recorded (in this worker's crawl).
+    _settled_tags: frozenset[str] = frozenset()
+    #: How long a worker starting waits for the run's last worker to end it
+    #: while it settles its killed workers' counts (seconds).
+    settling_wait = SETTLING_WAIT
 
     def __init__(self, crawler: Crawler, config: ClusterSettings) -> None:
         self.crawler = crawler
@@ -236,6 +276,7 @@ class ClusterCoordinator:
         self._count_page = self.redis.register_script(_COUNT_PAGE)
         self._bulk_counted = self.redis.register_script(_BULK_COUNTED)
         self._answer = self.redis.register_script(_ANSWER)
+        self._run_note = self.redis.register_script(_RUN_NOTE)
         #: Calls of :meth:`answer` so far: each has its own id.
         self._answer_calls = 0
         self.run: str | None = None
@@ -268,6 +309,8 @@ class ClusterCoordinator:
         self.run_started: float | None = None
         #: The crawl's ledger (None with INCREMENTAL_ENABLED=False), once joined.
         self.ledger: Ledger | None = None
+        #: The crawl's accounting (the ledger's), once the spider opened.
+        self.counter: ScheduleCounter | None = None
         crawler.signals.connect(self.spider_idle, signal=signals.spider_idle)
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
 
@@ -297,6 +340,7 @@ class ClusterCoordinator:
             self.ledger.run_gate = self
             # Each page in one column for the run, whichever workers count it.
             self.ledger.counter.run = self
+            self.counter = self.ledger.counter
 
     # -- keys ------------------------------------------------------------------
 
@@ -380,7 +424,29 @@ class ClusterCoordinator:
 
     def _join_run(self, new_run: str) -> tuple[bytes, list[bytes], str]:
         """join.lua: the run joined (``<id>|<start>``), the workers, and the
-        id of the run abandoned for it ('' if none was)."""
+        id of the run abandoned for it ('' if none was). While the run's
+        last worker settles its killed workers' counts, this one waits for
+        it to end (polls, :attr:`settling_wait` at most)."""
+        said = False
+        for _ in range(int(self.settling_wait / SETTLING_POLL) + 1):
+            joined = self._join_once(new_run)
+            if not isinstance(joined, str):
+                return joined
+            if not said:
+                said = True
+                logger.info("Cluster: worker %(settler)s is ending the run of %(spider)s "
+                            "(it counts its killed workers' counts); worker %(worker)s "
+                            "waits to start the next",
+                            {"settler": joined, "spider": self.spider_key,
+                             "worker": self.worker_id})
+            time.sleep(SETTLING_POLL)
+        raise ClusterError(
+            f"the run of {self.spider_key} was still being ended by worker {joined} after "
+            f"{self.settling_wait:g} s (it counts its killed workers' counts): start this "
+            "worker again once it is over")
+
+    def _join_once(self, new_run: str) -> tuple[bytes, list[bytes], str] | str:
+        """:meth:`_join_run` once: or the worker settling the run ended."""
         for _ in range(BEAT_TRIES):
             # Read first: the script deletes the abandoned run's keys, and
             # every key it touches is named in KEYS.
@@ -397,6 +463,8 @@ class ClusterCoordinator:
             if len(reply) == 3:
                 run, workers, abandoned = reply
                 return run, workers, abandoned.decode()
+            if reply[0] == b"settling":
+                return cast("bytes", reply[1]).decode()
             if reply[0] == b"ttl":
                 raise ClusterError(
                     f"INCREMENTAL_CLUSTER_WORKER_TTL is {self.worker_ttl:g} s here, but the "
@@ -423,7 +491,7 @@ class ClusterCoordinator:
         try:
             self.silence.again_blocking(
                 lambda: self._beat_once(release_all=reason == "finished"))
-            back, unrecorded, ended = self.silence.again_blocking(self._leave_run)
+            back, unrecorded, ended, taken_over = self.silence.again_blocking(self._leave_run)
         except redis.RedisError as exc:
             # run_unrecorded stays unknown: the sitemaps' state is not saved.
             # What this worker held is reaped by the others once Redis is back.
@@ -432,8 +500,22 @@ class ClusterCoordinator:
                        "Cluster %(url)s: leaving the run failed (%(error)s)",
                        {"url": redacted(self.url), "error": exc})
             self.stats.inc_value("cluster/redis_errors")
+            # Whether the run kept this worker's counts (leave.lua ran) is
+            # unknown: they are handed to the run, which counts them again
+            # if it did not; if it did, the run's totals miss them, and
+            # this crawl's record says they may be incomplete.
+            if self.counter is not None:
+                self.counter.hand_over_to_run()
+                self.stats.set_value("cluster/run_counts_incomplete", 1)
             self.redis.close()
             return
+        if self._fenced and self.counter is not None:
+            # Taken for dead: the run counts again what it counted (the
+            # worker that reaches a page next, or the one that ends the run).
+            self.counter.hand_over_to_run()
+            if ended:
+                # ... but this worker ended it: nobody settles them.
+                self.stats.set_value("cluster/run_counts_incomplete", 1)
         if unrecorded >= 0:
             self.run_unrecorded = unrecorded
         elif not self._fenced:  # a fenced worker said so when it was fenced
@@ -446,6 +528,8 @@ class ClusterCoordinator:
             self.stats.inc_value("cluster/left_abandoned_run")
         if back:
             self.stats.inc_value("cluster/requeued_on_leave", back)
+        if taken_over is not None:
+            self._take_over_sum(taken_over)
         logger.info(
             "Cluster: worker %(worker)s left run %(run)s (%(reason)s)%(end)s",
             {"worker": self.worker_id, "run": self.run, "reason": reason,
@@ -455,10 +539,12 @@ class ClusterCoordinator:
         self._held.clear()
         self.redis.close()
 
-    def _leave_run(self) -> tuple[int, int, int]:
+    def _leave_run(self) -> tuple[int, int, int, LostSum | None]:
         """leave.lua: (requeued, the run's unrecorded failures or -1, whether
-        the current run ended)."""
-        for _ in range(BEAT_TRIES):
+        the current run ended, what this worker counts for a re-seeder whose
+        crawl is not recorded). A worker whose leaving ends the run settles
+        its killed workers' counts first (:meth:`settle_killed`)."""
+        for _ in range(BEAT_TRIES + 1):
             # Read first: the last worker out ends the current run, whichever
             # it is, and every key the script touches is named in KEYS.
             self.roundtrip()
@@ -468,12 +554,205 @@ class ClusterCoordinator:
             self.roundtrip()
             reply = self._leave(keys=self.leave_keys(named),
                                 args=[self.worker_id, self.run_id, current or b"",
-                                      "1" if self._fenced else "0"])
-            if len(reply) == 3:
-                back, unrecorded, ended = reply
-                return int(back), int(unrecorded), int(ended)
+                                      "1" if self._fenced else "0",
+                                      "1" if self._settled else "0",
+                                      *sorted(self._settled_tags)])
+            if reply[0] == b"settle":
+                killed = {tag.decode() for tag in reply[1:]}
+                self.settle_killed(killed)
+                self._settled_tags |= killed
+                continue
+            if len(reply) == 9:
+                back, unrecorded, ended, pages, size, first_due, taken, deferred, dtaken = reply
+                lost = (LostSum(int(pages), int(size), float(first_due) if first_due else None,
+                                taken.decode(), int(deferred), dtaken.decode())
+                        if taken or dtaken else None)
+                if int(ended):
+                    # The reply kept for a call run again (leave.lua) is here.
+                    self.roundtrip()
+                    self.redis.delete(self.run_prefix + f"ended|{self.worker_id}")
+                return int(back), int(unrecorded), int(ended), lost
         raise redis.RedisError(f"the run of {self.spider_key} changed at each of "
                                f"{BEAT_TRIES} tries to leave it")
+
+    def settle_killed(self, killed: set[str]) -> None:
+        """This worker is the last of the run, which workers tagged *killed*
+        left without their crawls recorded (their stats died with them):
+        it counts, in its own figures, what they counted that no worker
+        counted again, so that the run's totals hold every page once and no
+        column below zero. Read from the run's counted pages in chunks of
+        :data:`SCAN_CHUNK`: a page's column a killed worker
+        counted (requested, not due, skipped; one it requested leaves the
+        column it was in), and each page whose answers a killed worker
+        counted, merged again (answer.lua: its answers stand, its counts
+        are made again here). Counted once the whole scan is read, columns
+        and answers together: a try that fails half way counts nothing, and
+        the next gets the replies of the answers merged by then again (one
+        call id for them all, kept with the page). It beats between chunks
+        (leave stopped the heartbeat); fenced meanwhile, it stops with a
+        FENCED error, having counted nothing."""
+        counter = self.counter
+        if counter is None:
+            # No ledger (a worker that never opened its spider): what the
+            # killed workers counted is in no crawl's record.
+            self.stats.set_value("cluster/run_counts_incomplete", 1)
+            self._settled = True
+            return
+        counted = self.run_prefix + "counted"
+        self.roundtrip()
+        bulk, summed, deferred, dsum = cast("list[bytes | None]", self.redis.hmget(
+            counted, "#bulk", "#sum", "#deferred", "#dsum"))
+        recorded = {m.decode() for m in cast("set[bytes]",
+                                             self.redis.smembers(self.run_prefix + "left"))}
+        recorded.add(self.worker_id)
+
+        @functools.cache
+        def worker(tag: str) -> str | None:
+            w = cast("bytes | None", self.redis.hget(counted, f"#w|{tag}"))
+            return w.decode() if w else None
+
+        @functools.cache
+        def sum_left_out(tag: str) -> bool:
+            return bool(self.redis.hexists(counted, f"#took|{worker(tag) or ''}"))
+
+        settlement = Settlement(
+            killed,
+            sum_stands=bulk is not None and (summed is not None
+                                             or worker(bulk.decode()) in recorded),
+            deferral_stands=deferred is not None and (dsum is not None
+                                                      or worker(deferred.decode()) in recorded),
+            sum_left_out=sum_left_out)
+        # The replies of the pages' answers merged again, by field: kept
+        # across tries (a lost reply, a failed chunk), counted only once the
+        # whole scan is read, with the columns.
+        if self._settle_replies is None:
+            self._settle_replies = {}
+        replies = self._settle_replies
+        settle_call = f"{self.tag}:settle"
+        mark = f"{settle_call}=".encode()
+        self.roundtrip()
+        length = int(self.redis.hlen(counted))
+        cursor = 0
+        beat_at = time.monotonic()
+        for _ in range(16 + 2 * length // SCAN_CHUNK):
+            beat_at = self._beat_while_settling(beat_at)
+            self.roundtrip()
+            cursor, chunk = self.redis.hscan(counted, cursor, count=SCAN_CHUNK)
+            merge = []
+            for field, value in cast("dict[bytes, bytes]", chunk).items():
+                if len(field) == PAGE_FIELD:
+                    settlement.page(value)
+                elif (len(field) == ANSWERS_FIELD and field.endswith(b"a")
+                        and field not in replies
+                        and (settlement.answers_lost(value) or mark in value)):
+                    merge.append(field)
+            if merge:
+                # Merged again: the killed workers' answers stand, their
+                # counts are made again by this worker. One call id for
+                # every page settled: a call run again after its reply was
+                # lost gets its first reply (answer.lua).
+                replies.update(zip(merge, self._settle_answers(merge, settle_call),
+                                   strict=True))
+            if int(cursor) == 0:
+                break
+        else:
+            raise ClusterError("the run's counted pages did not end their scan")
+        # A run abandoned meanwhile (this worker silent past the TTL, see
+        # join.lua) had its keys deleted: the scan ended early, on nothing.
+        self.roundtrip()
+        run = cast("bytes | None", self.redis.get(self.key("run"))) or b""
+        settler = cast("bytes | None", self.redis.hget(counted, "#settling"))
+        if not run.startswith(f"{self.run_id}|".encode()) or settler != self.worker_id.encode():
+            raise redis.ResponseError(f"{FENCED} run {self.run_id} was abandoned while worker "
+                                      f"{self.worker_id} settled it")
+        for reply in replies.values():
+            counter.count_run_answer(UNLISTED, reply)
+        answers = len(replies)
+        counter.count_taken_over(settlement.totals)
+        self._settled = True
+        if settlement.pages or answers:
+            self.stats.inc_value("cluster/killed_pages_taken_over", settlement.pages)
+            self.stats.inc_value("cluster/killed_answers_taken_over", answers)
+            logger.warning(
+                "Cluster: %(n)d worker(s) of run %(run)s were killed before their crawls were "
+                "recorded; worker %(worker)s, which ends the run, counts what they counted: "
+                "%(pages)d pages' columns, %(answers)d pages' answers (their hosts and why "
+                "they were requested are not known)",
+                {"n": len(killed), "run": self.run, "worker": self.worker_id,
+                 "pages": settlement.pages, "answers": answers})
+
+    def _beat_while_settling(self, beat_at: float) -> float:
+        """Beat if the last beat (monotonic *beat_at*) is a heartbeat old:
+        leave() stopped the heartbeat, and a long settling would be taken
+        for dead (a worker joining abandons the run). When it beat last."""
+        if time.monotonic() - beat_at < self.heartbeat:
+            return beat_at
+        self._beat_once(release_all=True)
+        if self._fenced:
+            raise redis.ResponseError(f"{FENCED} worker {self.worker_id} was taken for "
+                                      "dead while it settled the run")
+        return time.monotonic()
+
+    def _settle_answers(self, fields: list[bytes], call: str) -> list[str]:
+        """answer.lua's event "" for each page's answers field *fields*,
+        under the call id *call*: sent together (one round trip for a chunk
+        of the scan, not one a page), but on a Redis Cluster, whose client
+        pipelines no script."""
+        keys = self._counted_keys()
+        if isinstance(self.redis, redis.RedisCluster):
+            replies = []
+            for field in fields:
+                self.roundtrip()
+                replies.append(self._answer(keys=keys, args=[
+                    self.worker_id, self.tag, call, field, "", self.run_id]))
+        else:
+            self.roundtrip()
+            pipe = self.redis.pipeline(transaction=False)
+            for field in fields:
+                self._answer(keys=keys, args=[
+                    self.worker_id, self.tag, call, field, "", self.run_id], client=pipe)
+            replies = pipe.execute()
+        return [cast("bytes", reply).decode() for reply in replies]
+
+    def _take_over_sum(self, lost: LostSum) -> None:
+        """This worker ended the run, whose re-seeder's crawl is not
+        recorded (killed): its sum of the pages not due (and its count of
+        the due pages it deferred), which died with its stats, is counted
+        here, or, if it was killed before it recorded the sum, the pages
+        the run's workers counted leaving it are (so that no column of the
+        run's totals goes below zero; the rest of that sum is lost, and
+        said to be)."""
+        counter = self.counter
+        if counter is None:
+            return
+        if lost.deferred_taken:
+            # Not told apart by host, as the re-seeder's own count.
+            counter.stats.inc_value("incremental/schedule/deferred", lost.deferred)
+            if lost.deferred_taken == "sum":
+                self.stats.inc_value("cluster/reseeder_deferred_taken_over", lost.deferred)
+            else:
+                self.stats.inc_value("cluster/reseeder_deferred_lost")
+            logger.warning(
+                "Cluster: the worker that re-seeded run %(run)s was killed; %(what)s",
+                {"run": self.run, "what": f"its {lost.deferred} due pages deferred are "
+                 f"counted by worker {self.worker_id}, which ended the run"
+                 if lost.deferred_taken == "sum" else "it deferred due pages and was killed "
+                 "before it counted them: the run's totals leave them out"})
+        if not lost.taken:
+            return
+        counter.not_due_elsewhere(lost.pages, lost.size, lost.first_due)
+        if lost.taken == "sum":
+            self.stats.inc_value("cluster/reseeder_sum_taken_over", lost.pages)
+            logger.warning(
+                "Cluster: the worker that re-seeded run %(run)s was killed; its sum of "
+                "%(pages)d pages not due is counted by worker %(worker)s, which ended the run",
+                {"run": self.run, "pages": lost.pages, "worker": self.worker_id})
+        else:
+            self.stats.inc_value("cluster/reseeder_sum_lost")
+            logger.warning(
+                "Cluster: the worker that re-seeded run %(run)s was killed before it "
+                "counted the pages not due: the run's totals leave them out",
+                {"run": self.run})
 
     def leave_keys(self, current: str | None) -> list[str]:
         """The keys of leave.lua, in its order, for the run key naming the
@@ -481,6 +760,7 @@ class ClusterCoordinator:
         keys = [self.key("workers"), self.queue_key, self.key("run"),
                 *self.worker_keys(self.worker_id)]
         keys += (self.key(f"{current or self.run}:{name}") for name in RUN_KEYS)
+        keys.append(self.run_prefix + f"ended|{self.worker_id}")
         if current != self.run:
             keys += (self.run_prefix + name for name in RUN_KEYS)
         return keys
@@ -865,13 +1145,27 @@ class ClusterCoordinator:
     def _add_to_run_set(self, name: str, member: str) -> None:
         """Add *member* to the run's set *name* (one round trip; a Redis
         failure is noted as lost, and the member is not shared)."""
+        self._note_in_run(name, "SADD", member)
+
+    def _note_in_run(self, name: str, command: str, *args: str | bytes) -> bool:
+        """Write to the run's key *name* (run_note.lua: *command* and its
+        arguments after the key), unless this worker is fenced off the run:
+        checked by the script, in the same step (a worker paused past the
+        TTL may call this before its next heartbeat tells it so). Whether
+        it was written; a Redis failure is noted as lost, a fenced worker
+        stops."""
         if self._fenced:
-            return
+            return False
         self.roundtrip()
         try:
-            self.silence.again_blocking(lambda: self.redis.sadd(self.run_prefix + name, member))
+            self.silence.again_blocking(lambda: self._run_note(
+                keys=[self.run_prefix + name, self.key("workers"), self.key("run")],
+                args=[self.worker_id, self.worker_ttl, self.run_id, command, *args]))
         except redis.RedisError as exc:
+            # lost() tells a fenced worker's refusal from a failure.
             self.lost(exc)
+            return False
+        return True
 
     def _run_set(self, name: str) -> set[str] | None:
         """The members of the run's set *name*; ``None`` when Redis failed."""
@@ -889,14 +1183,7 @@ class ClusterCoordinator:
         that re-seeds the run (it would decide and count them again)."""
         if not urls:
             return
-        if self._fenced:
-            return
-        self.roundtrip()
-        try:
-            self.silence.again_blocking(lambda: self.redis.sadd(self.run_prefix + "decided",
-                                                                *urls))
-        except redis.RedisError as exc:
-            self.lost(exc)
+        self._note_in_run("decided", "SADD", *urls)
 
     def decided_in_run(self, urls: list[str]) -> list[bool] | None:
         """Which of *urls* a list of the run decided; ``None``: unknown."""
@@ -954,15 +1241,8 @@ class ClusterCoordinator:
     def deferred_counted(self) -> set[PageKey] | None:
         """This worker re-seeded and deferred due pages over its limit (see
         :meth:`~incremental_crawler.change.accounting.RunCounts.deferred_counted`)."""
-        if self._fenced:
-            return None
-        self.roundtrip()
-        try:
-            self.silence.again_blocking(lambda: self.redis.hset(
-                self.run_prefix + "counted",
-                mapping={"#deferred": self.tag, f"#w|{self.tag}": self.worker_id}))
-        except redis.RedisError as exc:
-            self.lost(exc)
+        if not self._note_in_run("counted", "HSET", "#deferred", self.tag,
+                                 f"#w|{self.tag}", self.worker_id):
             return None
         # count_page.lua adds no page requested in the due sum from now on.
         return self._requested_in_sums()
@@ -992,6 +1272,16 @@ class ClusterCoordinator:
         if requested is None:
             return None
         return int(pages), int(size), requested
+
+    def deferred_sum(self, pages: int) -> None:
+        """The re-seeder counted *pages* due pages deferred (see
+        :meth:`~incremental_crawler.change.accounting.RunCounts.deferred_sum`)."""
+        self._note_in_run("counted", "HSET", "#dsum", str(pages))
+
+    def sum_counted(self, pages: int, size: int, first_due: float | None) -> None:
+        """The re-seeder counted its sum of the pages not due (see
+        :meth:`~incremental_crawler.change.accounting.RunCounts.sum_counted`)."""
+        self._note_in_run("counted", "HSET", "#sum", f"{pages}|{size}|{first_due or ''}")
 
     def _requested_in_sums(self) -> set[PageKey] | None:
         """The pages requested whose stored state one of the re-seeder's
@@ -1042,12 +1332,7 @@ class ClusterCoordinator:
     def note_unrecorded_failure(self) -> None:
         """A page failed and could not be recorded: the run's sitemap validators must not
         be saved."""
-        if self._fenced:
-            return
-        self.roundtrip()
-        try:
-            self.silence.again_blocking(lambda: self.redis.incr(self.run_prefix + "unrecorded"))
-        except redis.RedisError as exc:
-            # Not counted: leaving fails too, the sitemaps' state is not saved.
-            self.lost(exc)
+        # Not counted when Redis fails: leaving fails too, the sitemaps'
+        # state is not saved (nor by a fenced worker: see leave.lua).
+        self._note_in_run("unrecorded", "INCR")
 

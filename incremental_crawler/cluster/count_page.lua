@@ -13,11 +13,20 @@
 -- requested elsewhere, "|<tag>|<reply>" of the worker that counted it first
 -- (its call run again after its reply was lost gets that reply).
 -- Other fields: #w|<tag>: the worker of a tag (a short one keeps a page's
--- field small); #pages|<worker>, #size|<worker>: the pages a worker counted
+-- field small); #tags: the tags of the workers that counted pages or
+-- answers (";" after each); #pages|<worker>, #size|<worker>: the pages a worker counted
 -- not requested that the sum counts; #bulk, #deferred: the re-seeder's tag,
 -- once it summed the pages not due, once it deferred due pages over its
 -- limit; #took|<worker>: the sum left that worker's pages out (see
--- bulk_counted.lua).
+-- bulk_counted.lua); #sum: "<pages>|<size>|<first due>", the sum the
+-- re-seeder counted (recorded once it did: the sum stands whatever becomes
+-- of the re-seeder, whose stats may die with it, and leave.lua has the
+-- worker that ends the run count it then); #left|<worker>, #lsize|<worker>:
+-- the pages of the sum that worker counted leaving it, and their sizes
+-- (a re-seeder killed before it recorded its sum: the worker that ends the
+-- run makes up for those); #dsum, #dleft|<worker>: the same for the due
+-- pages it deferred over its limit (their number, recorded once counted;
+-- the pages a worker counted leaving that column).
 -- KEYS[5]: the run key. ARGV[1]: this worker, ARGV[2]: its tag, ARGV[3]: its run's id
 -- (a run no longer current: an error FENCED, nothing written; see beat.lua); then per page, in order: page, column (r, d, s),
 -- size, sum (1, f, 0), its key (for a page requested in the sum; else ""). Returns what the run had for each: "" nothing (the
@@ -30,8 +39,20 @@ local run = redis.call('GET', KEYS[5])
 if not run or string.sub(run, 1, #ARGV[3] + 1) ~= ARGV[3] .. '|' then
   return redis.error_reply('FENCED run ' .. ARGV[3] .. ' is not the current run')
 end
+-- Reaped while silent (its run still current): its counts would be taken
+-- for a killed worker's.
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then
+  return redis.error_reply('FENCED worker ' .. ARGV[1] .. ' was taken for dead')
+end
 local me = ARGV[2]
-redis.call('HSET', KEYS[1], '#w|' .. me, ARGV[1])
+-- The tags of the run's counters, for the worker that ends the run
+-- (leave.lua). Looked up, not taken from HSETNX: the re-seeder's marks
+-- (#bulk, #deferred) write its #w|<tag> before it counts any page.
+redis.call('HSETNX', KEYS[1], '#w|' .. me, ARGV[1])
+local tags = redis.call('HGET', KEYS[1], '#tags') or ''
+if not string.find(';' .. tags, ';' .. me .. ';', 1, true) then
+  redis.call('HSET', KEYS[1], '#tags', tags .. me .. ';')
+end
 local workers, known = {}, {}
 local function worker(tag)
   local w = workers[tag]
@@ -50,10 +71,14 @@ local function kept(tag)
   end
   return k
 end
+-- The re-seeder's sum stands once recorded (#sum), killed or not; one
+-- killed before it recorded it is lost.
 local bulk = redis.call('HGET', KEYS[1], '#bulk')
-if bulk and not kept(bulk) then bulk = nil end
+if bulk and not kept(bulk) and redis.call('HEXISTS', KEYS[1], '#sum') == 0 then bulk = nil end
 local deferred = redis.call('HGET', KEYS[1], '#deferred')
-if deferred and not kept(deferred) then deferred = nil end
+if deferred and not kept(deferred) and redis.call('HEXISTS', KEYS[1], '#dsum') == 0 then
+  deferred = nil
+end
 
 local function in_sum(counted, tag, delta)
   if string.sub(counted, 1, 1) ~= 'r' and string.sub(counted, 1, 1) ~= 'b'
@@ -68,6 +93,12 @@ end
 -- re-seeder reads whether its visit is stored by then.
 local function requested_in_sum(column, summed)
   return column == 'r' and ((summed == '1' and not bulk) or (summed == 'f' and not deferred))
+end
+
+-- This worker counts a page of the sum leaving it (requested after all).
+local function left_sum(size)
+  redis.call('HINCRBY', KEYS[1], '#left|' .. ARGV[1], 1)
+  redis.call('HINCRBY', KEYS[1], '#lsize|' .. ARGV[1], tonumber(size))
 end
 
 local had = {}
@@ -92,7 +123,8 @@ for i = 4, #ARGV, 5 do
     local sum_has_it = summed == '1' and bulk
     -- Requested in the due pages before they were deferred: not in that sum.
     local before_deferred = old and string.sub(old, 1, 2) == 'rf'
-    if old and not kept(owner) then
+    -- A page the sum counts (b) is kept while the sum stands.
+    if old and not kept(owner) and not (string.sub(old, 1, 1) == 'b' and bulk) then
       -- Its counter was killed: its count is lost. The sum counts the page
       -- unless it left that worker's pages out (it had counted them).
       in_sum(old, owner, -1)
@@ -106,11 +138,13 @@ for i = 4, #ARGV, 5 do
         -- Deferred by the re-seeder, requested after all: it leaves that column.
         answer = 'f0:' .. size
         redis.call('HSET', KEYS[1], page, 'r0:' .. size .. '|' .. me .. '|' .. answer)
+        redis.call('HINCRBY', KEYS[1], '#dleft|' .. ARGV[1], 1)
       elseif sum_has_it then
         -- In the sum already: requested now, it leaves it (the caller counts that).
         answer = 'b0:' .. size
         redis.call('HSET', KEYS[1], page, (requested and ('r0:' .. size .. '|' .. me)
                                            or (answer .. '|' .. bulk)) .. '|' .. answer)
+        if requested then left_sum(size) end
       else
         local counted = column .. summed .. ':' .. size
         redis.call('HSET', KEYS[1], page, counted .. '|' .. me .. '|')
@@ -124,6 +158,7 @@ for i = 4, #ARGV, 5 do
       redis.call('HSET', KEYS[1], page, 'r0:' .. stored .. '|' .. me .. '|' .. old .. '|'
                                         .. owner .. '|' .. reply)
       in_sum(old, owner, -1)
+      if string.sub(old, 1, 1) == 'b' then left_sum(stored) end
       answer = old
     else
       answer = old

@@ -13,7 +13,9 @@
 -- failures that could not be recorded, carried into the new run (its
 -- sitemaps' state is not saved either).
 -- Returns {'moved'} if the run key changed since the caller read it
--- (nothing done: it reads it again), {'ttl', the run's TTL} if this
+-- (nothing done: it reads it again), {'settling', its worker} if the run's
+-- last worker is ending it (nothing done: the caller waits and asks
+-- again), {'ttl', the run's TTL} if this
 -- worker's TTL is not the live run's (nothing done), else the run key's
 -- value, the workers and the abandoned run's id or ''.
 local run = redis.call('GET', KEYS[1])
@@ -32,6 +34,13 @@ if run then
     if now - tonumber(beats[i]) <= tonumber(ttl) then alive = true break end
   end
   if alive and tonumber(ttl) ~= tonumber(ARGV[4]) then return {'ttl', ttl} end
+  -- Its last worker settles its killed workers' counts (leave.lua): no
+  -- worker joins it meanwhile (it would count their pages again); the
+  -- caller waits for the run to end, or its settler to be silent past the
+  -- TTL (the run abandoned then).
+  local settler = alive and redis.call('HGET', KEYS[10], '#settling')
+  local beat = settler and redis.call('HGET', KEYS[2], settler)
+  if beat and now - tonumber(beat) <= tonumber(ttl) then return {'settling', settler} end
   if not alive then
     abandoned = string.sub(run, 1, string.find(run, '|', 1, true) - 1)
     local unrecorded = redis.call('GET', KEYS[5])

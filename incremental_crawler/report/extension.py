@@ -116,6 +116,9 @@ def _schedule(stats: dict[str, Any]) -> dict[str, int]:
     # requested, then requested; an answer replaced by a later one; a
     # failure answered after all) is counted leaving it, and taken off here.
     requested = {f"requested_{why}": get(f"requested/{why}") for why in REQUESTED}
+    # Cluster mode: pages requested by workers killed, counted for them by
+    # the worker that ended the run (why is not known).
+    requested["requested_of_killed"] = get("requested_of_killed")
     pages_requested = sum(requested.values())
     outcomes = {f"pages_{outcome}": get(f"outcome/{outcome}") - get(f"outcome_replaced/{outcome}")
                 for outcome in OUTCOMES}
@@ -129,6 +132,14 @@ def _schedule(stats: dict[str, Any]) -> dict[str, int]:
         "requested": pages_requested,
         **requested,
         **not_requested,
+        # Cluster mode: the re-seeder was killed before it counted its sum
+        # of the pages not due, or of the due pages it deferred: the pages
+        # of that sum nobody reached are in no column (see cluster.md).
+        "sums_lost": int(stats.get("cluster/reseeder_sum_lost", 0) or 0)
+        + int(stats.get("cluster/reseeder_deferred_lost", 0) or 0),
+        # Cluster mode: counts of workers the run took for dead that no
+        # worker counted again (see cluster.md).
+        "counts_incomplete": int(stats.get("cluster/run_counts_incomplete", 0) or 0),
         # POSIX time, 0 when no page was not due.
         "first_due": get("first_due"),
         "failed": get("failed") - get("failed_recovered"),
@@ -164,6 +175,9 @@ def accounting_line(s: dict[str, int]) -> str:
     parts = [f"requested {s['requested']}"]
     reasons = ", ".join(f"{why.replace('_', ' ')} {s[f'requested_{why}']}"
                         for why in REQUESTED if s[f"requested_{why}"])
+    if s["requested_of_killed"]:
+        killed = f"{s['requested_of_killed']} of cluster workers killed (why not known)"
+        reasons = f"{reasons}, {killed}" if reasons else killed
     if s["failed"]:
         # Requested too: a share of the requests, not a column of its own.
         reasons += f"; {s['failed']} of them failed" if reasons else f"{s['failed']} failed"
@@ -176,9 +190,16 @@ def accounting_line(s: dict[str, int]) -> str:
     if s["deferred"]:
         parts.append(f"deferred {s['deferred']} (due, over INCREMENTAL_RESEED_LIMIT: "
                      "the most overdue go first next crawl)")
-    if len(parts) == 1 and not s["requested"]:
+    if len(parts) == 1 and not s["requested"] and not s["counts_incomplete"]:
         return ""
-    return "known pages: " + ", ".join(parts) + f"; {s['pages_known']} in all"
+    line = "known pages: " + ", ".join(parts) + f"; {s['pages_known']} in all"
+    if s["sums_lost"]:
+        line += (" (incomplete: a cluster worker that re-seeded was killed before it counted "
+                 "the pages not due or deferred, which no worker reached are in no column)")
+    if s["counts_incomplete"]:
+        line += (" (incomplete: what a cluster worker taken for dead counted may be in no "
+                 "column: it ended the run, or its leaving failed)")
+    return line
 
 
 def _short_accounting(s: dict[str, int]) -> str:

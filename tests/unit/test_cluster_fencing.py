@@ -95,7 +95,7 @@ def test_the_new_run_ends_when_its_last_worker_leaves(pair):
     join(b, "r2")
     # b leaves first: a's stale heartbeat is still in the workers hash.
     assert b._leave_run()[2] == 0
-    _, unrecorded, ended = a._leave_run()
+    _, unrecorded, ended, _ = a._leave_run()
     assert (unrecorded, ended) == (-1, 1)
     assert a.redis.get(a.key("run")) is None
     assert a.redis.keys(a.key("r2:*")) == []
@@ -142,7 +142,7 @@ def test_a_worker_reaped_in_its_own_run_is_fenced(pair):
     assert not a.redis.hexists(a.key("workers"), a.worker_id)
     # Leaving, a gives back what it holds but is not counted among the
     # workers gone with their crawls recorded: its counts are not kept.
-    _, unrecorded, ended = a._leave_run()
+    _, unrecorded, ended, _ = a._leave_run()
     assert (unrecorded, ended) == (-1, 0)
     assert not a.redis.sismember(a.run_prefix + "left", a.worker_id)
 
@@ -199,3 +199,71 @@ def test_a_silent_worker_back_counts_nothing_in_its_abandoned_run(pair, count):
     assert count(a) is None
     assert a.crawler.stats.get_value("cluster/fenced") == 1
     assert abandoned_keys(a) == []
+
+
+#: The coordinator's plain writes to its run's keys (no page counted), and
+#: the key each writes.
+NOTES = [
+    pytest.param(lambda c: c.note_listing("membership"), "listings", id="note_listing"),
+    pytest.param(lambda c: c.note_decided(["http://a.example/p"]), "decided",
+                 id="note_decided"),
+    pytest.param(lambda c: c.note_first_second_visit(GONE), "early",
+                 id="note_first_second_visit"),
+    pytest.param(lambda c: c.note_unrecorded_failure(), "unrecorded",
+                 id="note_unrecorded_failure"),
+    pytest.param(lambda c: c.deferred_counted(), "counted", id="deferred_counted"),
+]
+
+
+@pytest.mark.parametrize(("note", "name"), NOTES)
+def test_a_silent_worker_back_does_not_re_create_its_abandoned_runs_keys(pair, note, name):
+    a, b = pair
+    silent_run(a)
+    join(b, "r2")
+    # Back (SIGCONT) before its next heartbeat: the write is refused in
+    # Redis, not only by the worker's own flag (not set yet).
+    assert not a._fenced
+    note(a)
+    assert abandoned_keys(a) == []
+    assert a.crawler.stats.get_value("cluster/fenced") == 1
+    # Nor written to the new run's key of that name.
+    assert not a.redis.exists(b.run_prefix + name)
+
+
+@pytest.mark.parametrize(("note", "name"), NOTES)
+def test_a_worker_reaped_in_its_own_run_writes_none_of_its_keys(pair, note, name):
+    a, b = pair
+    join(a, "r1")
+    join(b, "r1")
+    silent_for(a, 10)
+    b._beat_once()  # reaps a: its run goes on with b
+    note(a)
+    assert not a.redis.exists(a.run_prefix + name)
+    assert a.crawler.stats.get_value("cluster/fenced") == 1
+
+
+@pytest.mark.parametrize(("note", "name"), NOTES)
+def test_a_live_worker_writes_its_runs_keys(pair, note, name):
+    (a, _) = pair
+    join(a, "r1")
+    note(a)
+    assert a.redis.exists(a.run_prefix + name)
+    assert a.crawler.stats.get_value("cluster/fenced") is None
+
+
+@pytest.mark.parametrize("count", [
+    lambda c: c.count_pages([(GONE, "r", 0, "0")]),
+    lambda c: c.answer(GONE, "new"),
+    lambda c: c.bulk_counted(),
+], ids=["count_pages", "answer", "bulk_counted"])
+def test_a_worker_reaped_in_its_own_run_counts_nothing(pair, count):
+    a, b = pair
+    join(a, "r1")
+    join(b, "r1")
+    silent_for(a, 10)
+    b._beat_once()  # reaps a: its run goes on with b
+    # Back before its next heartbeat: the run's accounting refuses it (its
+    # counts would be taken for a killed worker's and counted again).
+    assert count(a) is None
+    assert a.crawler.stats.get_value("cluster/fenced") == 1
+    assert not a.redis.exists(a.run_prefix + "counted")

@@ -13,15 +13,18 @@ from typing import TYPE_CHECKING
 
 import pytest
 import redis
-from scrapy.statscollectors import MemoryStatsCollector
 from scrapy.utils.test import get_crawler
 
 from incremental_crawler.change.accounting import PageOutcome, ScheduleCounter, Why
+from incremental_crawler.cluster import ClusterError
+from incremental_crawler.cluster import coordinator as coordinator_module
 from incremental_crawler.cluster.coordinator import ClusterCoordinator
 from incremental_crawler.config import IncrementalConfig
-from incremental_crawler.report.extension import summarize
+from incremental_crawler.report.extension import accounting_line, summarize
 from incremental_crawler.state.records import PageKey, PageState
 from tests.redis_util import REDIS_URI, delete_prefix, new_prefix
+from tests.unit.test_cluster_fencing import coordinator as fencing_coordinator
+from tests.unit.test_cluster_fencing import silent_for
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -48,8 +51,11 @@ class Worker:
         self.coordinator.redis.set(self.coordinator.key("run"), f"{RUN}|0")
         self.coordinator.redis.hset(self.coordinator.key("workers"),
                                     self.coordinator.worker_id, time.time())
-        self.counter = ScheduleCounter(MemoryStatsCollector(crawler))
+        # The crawler's stats, which its coordinator counts into too.
+        self.counter = ScheduleCounter(crawler.stats)
         self.counter.run = self.coordinator
+        # What the ledger gives it when the spider opens.
+        self.coordinator.counter = self.counter
 
     def killed(self) -> None:
         """SIGKILLed, and reaped by another's heartbeat (beat.lua): out of
@@ -58,8 +64,9 @@ class Worker:
                                     self.coordinator.worker_id)
 
     def left(self) -> None:
-        """Left the run (its crawl, and stats, recorded)."""
-        self.coordinator._leave_run()
+        """Left the run (its crawl, and stats, recorded): the last worker
+        out with the queue drained ends it."""
+        self.coordinator.leave("finished")
 
 
 @pytest.fixture
@@ -541,3 +548,487 @@ def test_a_due_page_requested_before_the_deferral_by_a_killed_worker_stays_out_o
     b.counter.outcome(PageOutcome.NEW, P)
     s = run_summary(r, b)
     assert (s["pages_known"], s["requested"], s["deferred"]) == (2, 1, 1), s
+
+
+def re_seed(r: Worker, pages: int, size: int) -> None:
+    """*r* counts the store's sum of the pages not due (*pages*, *size*),
+    as count_the_rest does."""
+    counted, counted_size = r.counter.counted_in_sum(1000.0)
+    r.counter.not_due_elsewhere(pages - counted, size - counted_size, 5000.0)
+
+
+def test_a_re_seeder_killed_after_its_sum_leaves_no_column_below_zero(cluster_workers):
+    # r sums the pages not due (P and Q: 2); b requests P after the sum
+    # (P leaves the not-due column, on b) and r is killed: r's sum dies
+    # with its stats. The run keeps the sum; b, ending the run, counts it.
+    r, b = cluster_workers(2)
+    r.counter.summed = b.counter.summed = summed
+    re_seed(r, 2, 200)
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    r.killed()
+    b.counter.not_due(state(Q))  # reached after the kill: in the sum still
+    b.left()
+    s = run_summary(b)
+    assert (s["pages_known"], s["requested"], s["not_due"], s["bytes_skipped"]) == \
+        (2, 1, 1, 100), s
+    assert b.counter.stats.get_value("cluster/reseeder_sum_taken_over") == 2
+
+
+def test_a_re_seeder_killed_before_recording_its_sum_leaves_no_column_below_zero(
+    cluster_workers,
+):
+    # r reads the run's counted pages for its sum (count_page.lua counts
+    # none of the sum's one by one from then on) and is killed before it
+    # counts the sum: b had requested P, in the sum, meanwhile (not due
+    # left, against a sum no stats will hold). b, ending the run, makes up
+    # for it; the rest of the sum is lost, and said to be.
+    r, b = cluster_workers(2)
+    r.counter.summed = b.counter.summed = summed
+    r.counter.counted_in_sum(1000.0)
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    r.killed()
+    b.counter.not_due(state(Q))  # the sum is lost: Q counted one by one
+    b.left()
+    s = run_summary(b)
+    assert (s["pages_known"], s["requested"], s["not_due"], s["bytes_skipped"]) == \
+        (2, 1, 1, 100), s
+    # The rest of the sum (pages nobody reached) is in no column: said so.
+    from incremental_crawler.report.extension import accounting_line
+
+    assert s["sums_lost"] == 1
+    assert "(incomplete: a cluster worker that re-seeded was killed" in accounting_line(s)
+
+
+def test_a_re_seeder_that_left_keeps_its_sum_counted_once(cluster_workers):
+    # r's crawl is recorded with its sum: the worker that ends the run
+    # counts nothing more.
+    r, b = cluster_workers(2)
+    r.counter.summed = b.counter.summed = summed
+    re_seed(r, 2, 200)
+    r.left()
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    b.left()
+    s = run_summary(r, b)
+    assert (s["pages_known"], s["requested"], s["not_due"], s["bytes_skipped"]) == \
+        (2, 1, 1, 100), s
+    assert b.counter.stats.get_value("cluster/reseeder_sum_taken_over") is None
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["counted", "killed_before_counting"])
+def test_a_re_seeder_killed_after_deferring_leaves_no_column_below_zero(cluster_workers,
+                                                                        recorded):
+    # r defers the due pages P and Q over its limit (or is killed before it
+    # counts them, once the run was told); b requests P after (P leaves the
+    # deferred column, on b) and r is killed: r's count dies with its stats.
+    r, b = cluster_workers(2)
+    r.counter.deferrable = b.counter.deferrable = deferrable
+    if recorded:
+        r.counter.deferred(2, deferrable)
+    else:
+        r.counter.deferring()
+    b.counter.requested(Why.DUE, HOST, P, state(P, next_visit=100.0))
+    b.counter.outcome(PageOutcome.NEW, P)
+    r.killed()
+    b.left()
+    s = run_summary(b)
+    assert (s["pages_known"], s["requested"], s["deferred"]) == \
+        ((2, 1, 1) if recorded else (1, 1, 0)), s
+    stat = "cluster/reseeder_deferred_taken_over" if recorded else "cluster/reseeder_deferred_lost"
+    assert b.counter.stats.get_value(stat) == (2 if recorded else 1)
+
+
+
+def columns_at_least_zero(s: dict[str, int]) -> bool:
+    return all(v >= 0 for k, v in s.items() if k.startswith("pages_") or k in (
+        "requested", "not_due", "skipped_lastmod", "deferred", "failed"))
+
+
+def test_an_answer_goes_back_past_every_replacer_killed_in_turn(cluster_workers):
+    # a answers P unchanged, b's changed replaces it, c's new replaces b's;
+    # c is killed, then b: a's unchanged is P's column again (its count
+    # stands on a), which d's 304 does not replace: one success.
+    a, b, c, d = cluster_workers(4)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.UNCHANGED, P)
+    b.counter.outcome(PageOutcome.CHANGED, P)
+    c.counter.outcome(PageOutcome.NEW, P)
+    c.killed()
+    b.killed()
+    d.counter.requested(Why.DUE, HOST, P, state(P))
+    d.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    a.left()
+    d.left()
+    s = run_summary(a, d)
+    assert (s["requested"], outcomes(s), s["pages_unchanged"]) == (1, 1, 1), s
+    assert columns_at_least_zero(s), s
+
+
+@pytest.mark.parametrize("answered_again", [True, False], ids=["answered_again", "not_again"])
+def test_a_replacer_killed_under_a_live_one_leaves_no_column_below_zero(cluster_workers,
+                                                                        answered_again):
+    # a's unchanged, replaced by b's changed, replaced by c's new; b is
+    # killed, c lives: c counted b's changed replaced, which b's stats no
+    # longer hold. Whether P is answered again (d's 304) or not, the run
+    # has one success for P, new, and no column below zero.
+    a, b, c, d = cluster_workers(4)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.UNCHANGED, P)
+    b.counter.outcome(PageOutcome.CHANGED, P)
+    c.counter.outcome(PageOutcome.NEW, P)
+    b.killed()
+    if answered_again:
+        d.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    for w in (a, c, d):
+        w.left()
+    s = run_summary(a, c, d)
+    assert (s["requested"], outcomes(s), s["pages_new"]) == (1, 1, 1), s
+    assert columns_at_least_zero(s), s
+
+
+def test_a_failure_counted_by_a_killed_worker_recovered_by_a_live_one_is_not_below_zero(
+    cluster_workers,
+):
+    # a counts P failed and is killed; b's 304 counts P recovered (from a
+    # failure a's stats no longer hold); c answers P again.
+    a, b, c = cluster_workers(3)
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.failed(P)
+    b.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    a.killed()
+    c.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    s = run_summary(b, c)
+    assert (s["requested"], s["pages_not_modified"], s["failed"]) == (1, 1, 0), s
+
+
+R = PageKey("s", "http://a.example/r")
+
+
+def test_pages_only_a_killed_worker_counted_are_counted_by_the_worker_that_ends_the_run(
+    cluster_workers,
+):
+    # a counts P requested (and its answer, new) and Q not due, and is
+    # killed once done with P (nothing of it goes back to the queue): no
+    # worker reaches P or Q again. b, ending the run, counts them.
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    a.counter.not_due(state(Q))
+    a.killed()
+    b.counter.requested(Why.DUE, HOST, R, state(R))
+    b.counter.outcome(PageOutcome.NOT_MODIFIED, R)
+    b.left()
+    s = run_summary(b)
+    assert (s["pages_known"], s["requested"], s["requested_of_killed"], s["not_due"],
+            s["bytes_skipped"], s["pages_new"], s["pages_not_modified"],
+            s["pages_no_outcome"]) == (3, 2, 1, 1, 100, 1, 1, 0), s
+    stats = b.counter.stats
+    assert (stats.get_value("cluster/killed_pages_taken_over"),
+            stats.get_value("cluster/killed_answers_taken_over")) == (2, 1)
+
+
+def test_a_page_a_killed_worker_counted_not_due_then_requested_elsewhere_is_not_below_zero(
+    cluster_workers,
+):
+    # a counts P not due; b requests P (P leaves not due, on b); a is killed.
+    a, b = cluster_workers(2)
+    a.counter.not_due(state(P))
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    a.killed()
+    b.left()
+    s = run_summary(b)
+    assert (s["pages_known"], s["requested"], s["not_due"], s["bytes_skipped"]) == \
+        (1, 1, 0, 0), s
+
+
+def test_a_page_a_killed_worker_counted_in_the_re_seeders_sum_is_not_counted_twice(
+    cluster_workers,
+):
+    # a counts P not due before the sum and is killed before r sums: the
+    # sum counts P (a's count is lost), so the run's end counts nothing
+    # more for it.
+    a, r = cluster_workers(2)
+    a.counter.summed = r.counter.summed = summed
+    a.counter.not_due(state(P))
+    a.killed()
+    re_seed(r, 2, 200)
+    r.left()
+    s = run_summary(r)
+    assert (s["pages_known"], s["not_due"], s["bytes_skipped"]) == (2, 2, 200), s
+
+
+def test_leaving_again_after_settling_counts_the_killed_workers_once(cluster_workers):
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    a.killed()
+    # b settles, then its leave.lua that would end the run gets no answer
+    # (not run): b leaves again, and is told again that it ends the run
+    # with a killed worker.
+    leave = b.coordinator._leave
+    lost: list[bool] = []
+
+    def unanswered_after_settling(**kwargs):
+        if b.coordinator._settled and not lost:
+            lost.append(True)
+            raise redis.TimeoutError("no answer")
+        return leave(**kwargs)
+
+    b.coordinator._leave = unanswered_after_settling
+    b.left()
+    assert lost
+    s = run_summary(b)
+    assert (s["pages_known"], s["requested"], s["pages_new"]) == (1, 1, 1), s
+
+
+def test_a_fenced_workers_recorded_crawl_and_the_settling_count_its_pages_once(
+    cluster_workers,
+):
+    # a counts P (requested, new), is reaped while its run goes on, and
+    # leaves fenced: its crawl is recorded all the same. b, ending the run,
+    # settles a's counts as a killed worker's: a's record hands them to the
+    # run, so that `scrapy state`'s sums hold P once.
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    a.killed()  # reaped by b's heartbeat (beat.lua): a is fenced when back
+    a.left()
+    assert a.coordinator._fenced
+    b.left()
+    s = run_summary(a, b)
+    assert (s["pages_known"], s["requested"], s["pages_new"]) == (1, 1, 1), s
+    assert s["counts_incomplete"] == 0, s
+    a_stats = a.counter.stats.get_stats()
+    assert a_stats["cluster/handed_to_run/outcome/new"] == 1, a_stats
+
+
+def test_a_fenced_worker_that_ends_the_run_says_its_totals_are_incomplete(cluster_workers):
+    # b leaves first; a, silent past the TTL, is fenced by its own heartbeat
+    # and is the last out: it ends the run, and nobody counts again what it
+    # counted. The run's totals miss P, and say so.
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    b.left()
+    silent_for(a.coordinator, 3600)
+    a.left()
+    assert a.coordinator._fenced
+    assert not a.coordinator.redis.exists(a.coordinator.key("run"))  # a ended it
+    s = run_summary(a, b)
+    assert (s["pages_known"], s["counts_incomplete"]) == (0, 1), s
+    assert "incomplete" in accounting_line(s)
+
+
+@pytest.mark.parametrize("first", ["deferred", "bulk"])
+def test_a_re_seeder_killed_after_marking_the_run_has_its_own_pages_settled(
+    cluster_workers, first,
+):
+    # r marks the run (its deferral, run_note.lua; or its sum of the pages
+    # not due, bulk_counted.lua: both write its #w|<tag>) before it counts
+    # a page one by one; it counts Q (requested, new) and is killed. The
+    # worker that ends the run must know r's tag to settle Q.
+    r, b = cluster_workers(2)
+    if first == "deferred":
+        r.counter.deferrable = b.counter.deferrable = deferrable
+        r.counter.deferred(1, deferrable)
+    else:
+        r.counter.summed = b.counter.summed = summed
+        r.counter.counted_in_sum(1000.0)
+        r.counter.not_due_elsewhere(0, 0, None)
+    r.counter.requested(Why.DUE, HOST, Q, state(Q))
+    r.counter.outcome(PageOutcome.NEW, Q)
+    r.killed()
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NOT_MODIFIED, P)
+    b.left()
+    s = run_summary(b)
+    assert (s["requested"], s["pages_new"], s["pages_not_modified"]) == (2, 1, 1), s
+
+
+@pytest.mark.parametrize("merged", [1, 2])
+def test_a_lost_reply_while_settling_a_pages_answers_loses_no_outcome(cluster_workers,
+                                                                       merged):
+    # a counts P and Q requested and new and is killed. b, ending the run,
+    # merges their answers again (answer.lua, event ""): *merged* of them
+    # run but the reply is lost (a timeout): leaving is tried again, the
+    # settling too, which finds those pages' answers already merged by b.
+    a, b = cluster_workers(2)
+    for key in (P, Q):
+        a.counter.requested(Why.DUE, HOST, key, state(key))
+        a.counter.outcome(PageOutcome.NEW, key)
+    a.killed()
+    settle_answers = b.coordinator._settle_answers
+    calls: list[int] = []
+
+    def reply_lost_once(fields, call):
+        calls.append(len(fields))
+        if len(calls) == 1:
+            settle_answers(fields[:merged], call)
+            raise redis.TimeoutError("reply lost")
+        return settle_answers(fields, call)
+
+    b.coordinator._settle_answers = reply_lost_once
+    b.left()
+    assert calls == [2, 2]  # the pages sent again
+    s = run_summary(b)
+    assert (s["requested"], outcomes(s), s["pages_new"]) == (2, 2, 2), s
+
+
+def test_a_lost_reply_of_the_leave_that_ends_the_run_keeps_the_killed_re_seeders_sum(
+    cluster_workers,
+):
+    # r sums the pages not due (P and Q) and is killed; b requests P. b's
+    # leave.lua ends the run (deletes its keys) and hands b r's sum to
+    # count, but its reply is lost: b leaves again and gets the same reply.
+    r, b = cluster_workers(2)
+    r.counter.summed = b.counter.summed = summed
+    re_seed(r, 2, 200)
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    r.killed()
+    lost = lose_first_reply(b, "_leave")
+    b.left()
+    assert lost
+    s = run_summary(b)
+    assert (s["pages_known"], s["requested"], s["not_due"], s["bytes_skipped"]) == (
+        2, 1, 1, 100), s
+    assert b.counter.stats.get_value("cluster/reseeder_sum_taken_over") == 2
+
+
+def test_a_worker_joining_while_the_last_one_settles_waits_for_the_run_to_end(
+    cluster_workers,
+):
+    # a counts P and is killed; b, last of the run, settles a's counts. A
+    # worker starting meanwhile (join.lua) is kept out of the run b ends: it
+    # would count a's pages again, or end the run later and settle a again.
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    a.killed()
+    joiner = fencing_coordinator(b.coordinator.spider_key.partition(":")[0])
+    joiner.spider_key = b.coordinator.spider_key
+    joiner.settling_wait = 0.0
+    settle = b.coordinator.settle_killed
+    refused: list[str] = []
+
+    def settle_while_one_joins(killed):
+        with pytest.raises(ClusterError, match="still being ended by worker"):
+            joiner._join_run("r2")
+        refused.append(joiner.redis.hget(b.coordinator.key("workers"), joiner.worker_id))
+        settle(killed)
+
+    b.coordinator.settle_killed = settle_while_one_joins
+    try:
+        b.left()
+        assert refused == [None]  # not in the run's workers
+        s = run_summary(b)
+        assert (s["pages_known"], s["requested"], s["pages_new"]) == (1, 1, 1), s
+        # The run is over: the joiner starts the next.
+        run, _, abandoned = joiner._join_run("r2")
+        assert (run.decode().partition("|")[0], abandoned) == ("r2", "")
+    finally:
+        joiner.redis.close()
+
+
+def test_a_worker_in_the_run_after_its_settling_does_not_settle_the_killed_again(
+    cluster_workers,
+):
+    # b, last of the run, settles a's counts; c is in the run's workers when
+    # b's leave.lua runs again (b's leaving does not end the run). c ends it
+    # later: a's counts, in b's crawl record now, are not settled again.
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    a.killed()
+    settle = b.coordinator.settle_killed
+    joined: list[Worker] = []
+
+    def settle_then_c_is_in(killed):
+        settle(killed)
+        joined.extend(cluster_workers(1))
+
+    b.coordinator.settle_killed = settle_then_c_is_in
+    b.left()
+    (c,) = joined
+    c.counter.requested(Why.DUE, HOST, Q, state(Q))
+    c.counter.outcome(PageOutcome.NOT_MODIFIED, Q)
+    c.left()
+    s = run_summary(b, c)
+    assert (s["pages_known"], s["requested"], s["pages_new"]) == (2, 2, 1), s
+
+
+def test_the_worker_settling_the_run_beats_while_it_does(cluster_workers):
+    # leave() stops b's heartbeat; its settling beats between chunks of the
+    # scan (here at each: heartbeat 0), so that a long one is not taken for
+    # dead. b's last beat was 25 s ago (TTL 30) when it starts settling.
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    a.killed()
+    b.coordinator.heartbeat = 0.0
+    settle = b.coordinator.settle_killed
+    settle_answers = b.coordinator._settle_answers
+    silence: list[float] = []
+
+    def stale_then_settle(killed):
+        silent_for(b.coordinator, 25)
+        settle(killed)
+
+    def beat_age_then_answers(fields, call):
+        seconds, micros = b.coordinator.redis.time()
+        last = float(b.coordinator.redis.hget(b.coordinator.key("workers"),
+                                              b.coordinator.worker_id))
+        silence.append(seconds + micros / 1e6 - last)
+        return settle_answers(fields, call)
+
+    b.coordinator.settle_killed = stale_then_settle
+    b.coordinator._settle_answers = beat_age_then_answers
+    b.left()
+    assert len(silence) == 1 and silence[0] < 20, silence
+    s = run_summary(b)
+    assert (s["requested"], s["pages_new"]) == (1, 1), s
+
+
+def test_a_settling_longer_than_the_ttl_leaves_the_run_consistent(cluster_workers,
+                                                                  monkeypatch):
+    # a counts 300 pages requested (new) and is killed (600 fields: a hash
+    # HSCAN reads in chunks, past 512). b, ending the run,
+    # settles them in chunks of 20; after its first chunk its beat is a
+    # minute old (a chunk longer than the TTL) and a worker starting
+    # meanwhile finds the run abandoned (join.lua) and deletes its keys: b's
+    # next chunk is refused. What b counted is counted whole (columns and
+    # answers together) or not at all, and its totals say so.
+    monkeypatch.setattr(coordinator_module, "SCAN_CHUNK", 20)
+    a, b = cluster_workers(2)
+    keys = [PageKey("s", f"http://a.example/{i}") for i in range(300)]
+    with a.counter.batch():
+        for key in keys:
+            a.counter.requested(Why.DUE, HOST, key, state(key))
+    for key in keys:
+        a.counter.outcome(PageOutcome.NEW, key)
+    a.killed()
+    settle_answers = b.coordinator._settle_answers
+    joiner = fencing_coordinator(b.coordinator.spider_key.partition(":")[0])
+    joiner.spider_key = b.coordinator.spider_key
+    joiner.worker_ttl = 30
+    abandoned: list[str] = []
+
+    def slow_chunk(fields, call):
+        replies = settle_answers(fields, call)
+        if not abandoned:
+            silent_for(b.coordinator, 60)
+            abandoned.append(joiner._join_run("r2")[2])
+        return replies
+
+    b.coordinator._settle_answers = slow_chunk
+    try:
+        b.left()
+    finally:
+        joiner.redis.close()
+    assert abandoned == [RUN]
+    s = run_summary(b)
+    assert columns_at_least_zero(s) and s["pages_no_outcome"] == 0, s
+    assert (s["requested"], s["pages_new"], s["counts_incomplete"]) == (0, 0, 1), s
