@@ -465,6 +465,66 @@ async def test_the_healthy_hosts_writes_sent_again_whose_reply_is_lost_apply_onc
 
 
 @pytest_twisted.ensureDeferred
+async def test_the_resent_writes_reply_lost_twice_keeps_the_damaged_host_apart(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """As above, but the reply of that script's replay (the next flush) is
+    lost again: the flush after (the key repaired) must still leave the
+    damaged host's write out of that token's writes. Otherwise the replay
+    counts the damaged host's write as its own (never written, it is no
+    longer staged: lost) and the healthy host's last write goes out again
+    under a new token."""
+    a_host, b_host = two_hosts_of_one_group()
+    b1, a1, a2 = (PageKey(SCOPE, f"https://{b_host}/1"), PageKey(SCOPE, f"https://{a_host}/1"),
+                  PageKey(SCOPE, f"https://{a_host}/2"))
+    links = f"{prefix}:ln:{host_tag(SCOPE, b_host)}"
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    reader = RedisStateStore(redis_cluster.url, prefix=prefix)
+    original = store._eval_many
+    host_scripts: list[int] = []
+
+    async def lose_two_replies(calls: list[tuple[str, list[str], list[Any]]],
+                               plain: Any = ()) -> list[Any]:
+        replies = await original(calls, plain)
+        if any(script == CLUSTER_HOST_LUA for script, _, _ in calls):
+            host_scripts.append(len(calls))
+            # The resend's reply (flush 1), then its replay's (flush 2).
+            if len(host_scripts) in (2, 3):
+                raise redis.exceptions.ConnectionError("the reply was lost")
+        return replies
+
+    try:
+        with redis_cluster.client() as client:
+            assert client.set(links, "damaged")
+        for n, key in enumerate((b1, a1, a2)):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        store._eval_many = lose_two_replies  # type: ignore[method-assign]
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        store._eval_many = original  # type: ignore[method-assign]
+        assert host_scripts == [1, 1, 1]
+        with redis_cluster.client() as client:
+            client.delete(links)
+        await call(store.flush())
+        assert store.pending == 0
+        got = await call(reader.get_pages([b1, a1, a2]))
+        # The damaged host's page is written once repaired (not lost), the
+        # healthy host's applied once.
+        assert {k.url: s.checks for k, s in got.items()} == {
+            k.url: 1 for k in (b1, a1, a2)}
+        states = list(reader.iter_pages(SCOPE))
+        assert len(states) == 3
+        summary = await call(reader.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                    checked_before=math.inf))
+        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+    finally:
+        await call(store.close())
+        await call(reader.close())
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_migration_cut_short_is_resumed_by_the_next_process_that_opens_the_store(
     redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
