@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -770,17 +771,24 @@ async def test_a_migration_is_refused_while_a_worker_of_layout_6_may_be_running(
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
         capture_output=True, text=True, timeout=300)
     before = sorted(old_keys(redis_cluster, prefix))
-    with pytest.raises(StateStoreError, match=r"migration refused: a flush's intent .*fxhosts"):
+    with pytest.raises(StateStoreError,
+                       match=r"migration refused: a flush's intent .*fxhosts") as said:
         RedisStateStore(redis_cluster.url, prefix=prefix)
+    wait = re.search(r"wait (\d+) s", str(said.value))
+    assert wait is not None and 0 < int(wait.group(1)) <= _LIVE_INTENT, said.value
     worker_gone_for(redis_cluster, prefix)
     holds = f"{prefix}:holds:{{{SCOPE}}}"
     with redis_cluster.client() as client:
-        lapses = float(client.time()[0]) + 120
+        # (A hold of a flush interval over 100 s lapses later than the
+        # intents' 300 s: the line gives the hold's lapse.)
+        lapses = float(client.time()[0]) + 1_000
         client.zadd(holds, {f"{prefix}:worker-of-layout-6": lapses})
     with pytest.raises(StateStoreError,
                        match=r"migration refused: a live hold .*stop every") as said:
         RedisStateStore(redis_cluster.url, prefix=prefix)
     assert "\n" not in str(said.value)
+    wait = re.search(r"wait (\d+) s", str(said.value))
+    assert wait is not None and _LIVE_INTENT < int(wait.group(1)) <= 1_000, said.value
     with redis_cluster.client() as client:
         meta = client.hgetall(f"{prefix}:meta")
         assert meta[b"version"] == b"6" and b"upgrading" not in meta
@@ -795,3 +803,63 @@ async def test_a_migration_is_refused_while_a_worker_of_layout_6_may_be_running(
                 str(CLUSTER_LAYOUT_VERSION).encode())
     finally:
         await call(store.close())
+
+
+#: Opens the store with the code of layout 6 (run in its tree): exits 0
+#: when that code opens it.
+_OLD_OPEN = textwrap.dedent("""
+    import sys
+    from incremental_crawler.state.stores.redis import RedisStateStore
+    store = RedisStateStore(sys.argv[1], prefix=sys.argv[2])
+    store._sync.close()
+""")
+
+
+@pytest.mark.parametrize("damaged", ["host ledger", "held tokens", "intents", "holds"])
+def test_a_damaged_key_the_migration_reads_refuses_it_before_the_version_is_raised(
+    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path, damaged: str,
+) -> None:
+    """A layout-6 store (its dead worker gone long enough) with one key the
+    migration reads by its kind set to a string: a host's ledger
+    (``P:fx:{s|h}``), a shard's held tokens (``P:fxheld``), a shard's
+    intents (``P:fxhosts``) or a scope's holds (``P:holds``). Each open
+    refuses in one line naming that key, the store left at version 6
+    (the old code still opens it: not a version raised with ``upgrading``
+    left, which neither code opens); the key deleted, it is migrated."""
+    tree = layout_6_tree(tmp_path / "layout6")
+    subprocess.run(
+        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "4"],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+        capture_output=True, text=True, timeout=300)
+    worker_gone_for(redis_cluster, prefix)
+    key = {"host ledger": f"{prefix}:fx:{{{SCOPE}|h99.example}}",
+           "held tokens": f"{prefix}:fxheld:{{{shard_part(SCOPE, 0)}}}",
+           "intents": f"{prefix}:fxhosts:{{{shard_part(SCOPE, 0)}}}",
+           "holds": f"{prefix}:holds:{{{SCOPE}}}"}[damaged]
+    with redis_cluster.client() as client:
+        client.delete(key)
+        assert client.set(key, "damaged")
+    before = sorted(old_keys(redis_cluster, prefix))
+    for _ in range(2):
+        with pytest.raises(StateStoreError, match="migration refused: ") as said:
+            RedisStateStore(redis_cluster.url, prefix=prefix)
+        assert f"{key} " in str(said.value) and "is a string, not a " in str(said.value)
+        assert "\n" not in str(said.value)
+    with redis_cluster.client() as client:
+        meta = client.hgetall(f"{prefix}:meta")
+        assert meta[b"version"] == b"6" and b"upgrading" not in meta, meta
+    assert sorted(old_keys(redis_cluster, prefix)) == before
+    subprocess.run([sys.executable, "-c", _OLD_OPEN, redis_cluster.url, prefix],
+                   cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+                   capture_output=True, text=True, timeout=120)
+    with redis_cluster.client() as client:
+        client.delete(key)
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        assert old_keys(redis_cluster, prefix) == []
+        with redis_cluster.client() as client:
+            meta = client.hgetall(f"{prefix}:meta")
+        assert meta[b"version"] == str(CLUSTER_LAYOUT_VERSION).encode()
+        assert b"upgrading" not in meta
+    finally:
+        store._sync.close()
