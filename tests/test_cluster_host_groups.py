@@ -25,7 +25,7 @@ from twisted.internet.threads import deferToThread
 
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores.base import StateStoreError
-from incremental_crawler.state.stores.redis import RedisStateStore
+from incremental_crawler.state.stores.redis import RedisStateStore, layout
 from incremental_crawler.state.stores.redis.core import (
     HOST_GROUPS,
     SCOPE_SHARDS,
@@ -37,6 +37,7 @@ from incremental_crawler.state.stores.redis.core import (
 from incremental_crawler.state.stores.redis.layout import (
     _LIVE_INTENT,
     CLUSTER_LAYOUT_VERSION,
+    _entry_of_host,
 )
 from incremental_crawler.state.stores.redis.scripts import CLUSTER_HOST_LUA
 from tests.conftest import crawl_settings
@@ -863,3 +864,66 @@ def test_a_damaged_key_the_migration_reads_refuses_it_before_the_version_is_rais
         assert b"upgrading" not in meta
     finally:
         store._sync.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_migration_cut_inside_a_later_batch_is_resumed_whole(
+    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Batches of 3 keys (the suite's stores hold fewer than a batch of
+    2,000: this runs the walk past its first batch): the second batch is
+    cut after its keys were copied (and its ledgers' entries merged) but
+    before the old ones were deleted. The next open resumes: no host key
+    left under a host's tag, every page read as written, the sums the
+    pages'."""
+    tree = layout_6_tree(tmp_path / "layout6")
+    out = subprocess.run(
+        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "8"],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+        capture_output=True, text=True, timeout=300)
+    worker_gone_for(redis_cluster, prefix)
+    urls = json.loads(out.stdout.strip().splitlines()[-1])
+    original = RedisStateStore._move_batch
+    batches: list[int] = []
+
+    def cut_second(self: RedisStateStore, moves: list[tuple[str, str]],
+                   ledgers: dict[str, str], lock: str, token: str) -> int:
+        batches.append(len(moves) + len(ledgers))
+        if len(batches) != 2:
+            return original(self, moves, ledgers, lock, token)
+        with redis_cluster.client() as client:
+            for old, new in moves:
+                data = client.dump(old)
+                if data is not None:
+                    client.restore(new, 0, data, replace=True)
+            for old, new in ledgers.items():
+                part = old[old.index("{") + 1:old.index("}")].rpartition("|")[2]
+                entries = client.hgetall(old)
+                if entries:
+                    client.hset(new, mapping={k: _entry_of_host(v, part)
+                                              for k, v in entries.items()})
+        raise redis.exceptions.ConnectionError("cut between the copies and the deletes")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(layout, "_MIGRATION_BATCH", 3)
+        patched.setattr(RedisStateStore, "_move_batch", cut_second)
+        with pytest.raises(StateStoreError):
+            RedisStateStore(redis_cluster.url, prefix=prefix)
+        assert len(batches) == 2
+        patched.setattr(RedisStateStore, "_move_batch", original)
+        store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        assert old_keys(redis_cluster, prefix) == []
+        keys = [PageKey(SCOPE, url) for url in urls]
+        got = await call(store.get_pages(keys))
+        rewritten = set(keys[::2])
+        assert {k: s.checks for k, s in got.items()} == {
+            k: (2 if k in rewritten else 1) for k in keys}
+        states = list(store.iter_pages(SCOPE))
+        assert len(states) == len(keys)
+        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                   checked_before=math.inf))
+        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+    finally:
+        await call(store.close())
