@@ -204,9 +204,28 @@ async def test_a_layout_6_store_is_migrated_in_place_its_dead_workers_effects_on
     before = old_keys(redis_cluster, prefix)
     assert any(":fx:" in key for key in before)  # the dead worker's ledger entries
     assert any(":pg" in key for key in before)
+    ledgers = sum(1 for key in before if ":fx:" in key)
 
-    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    # What a batch of the move costs in round trips (the lock renewed once
+    # a batch and once mid-batch: a number of round trips a batch, not a
+    # ledger, so that a batch of 2,000 ledgers stays far within the lock).
+    original = RedisStateStore._move_batch
+    costs: list[tuple[int, int]] = []
+
+    def counted(self: RedisStateStore, moves: list[tuple[str, str]],
+                ledgers: dict[str, str], lock: str, token: str) -> int:
+        start = self.roundtrips
+        try:
+            return original(self, moves, ledgers, lock, token)
+        finally:
+            costs.append((len(ledgers), self.roundtrips - start))
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(RedisStateStore, "_move_batch", counted)
+        store = RedisStateStore(redis_cluster.url, prefix=prefix)
     try:
+        assert [n for n, _ in costs] == [ledgers] and ledgers >= 12
+        assert costs[0][1] <= 8, costs
         with redis_cluster.client() as client:
             meta = client.hgetall(f"{prefix}:meta")
             assert meta[b"version"] == str(CLUSTER_LAYOUT_VERSION).encode()
