@@ -546,6 +546,46 @@ async def test_the_resent_writes_reply_lost_twice_keeps_the_damaged_host_apart(
 
 
 @pytest_twisted.ensureDeferred
+async def test_eight_damaged_hosts_of_a_group_cost_a_healthy_host_of_it_nothing(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Nine hosts of one group, the first eight's links hashes damaged, the
+    healthy one's page staged last: each damaged host sets its writes
+    apart in a round of its own, so the healthy page is still written in
+    this flush (as layout 6, a script a host, wrote it), the damaged
+    hosts' pages not written and still staged, written once repaired."""
+    group = host_group("a.example")
+    hosts = [h for h in (f"h{n}.example" for n in range(20_000))
+             if host_group(h) == group][:9]
+    assert len(hosts) == 9
+    damaged, healthy = hosts[:8], hosts[8]
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    reader = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        with redis_cluster.client() as client:
+            for host in damaged:
+                assert client.set(f"{prefix}:ln:{host_tag(SCOPE, host)}", "damaged")
+        keys = [PageKey(SCOPE, f"https://{host}/1") for host in hosts]
+        for n, key in enumerate(keys):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        with pytest.raises(StateStoreError, match="WRONGTYPE"):
+            await call(store.flush())
+        got = await call(reader.get_pages(keys))
+        assert [k.url for k in got] == [f"https://{healthy}/1"]
+        assert store.pending == len(damaged)
+        # Repaired, the next flush writes them.
+        with redis_cluster.client() as client:
+            for host in damaged:
+                client.delete(f"{prefix}:ln:{host_tag(SCOPE, host)}")
+        await call(store.flush())
+        got = await call(reader.get_pages(keys))
+        assert {k.url: s.checks for k, s in got.items()} == {k.url: 1 for k in keys}
+    finally:
+        await call(store.close())
+        await call(reader.close())
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_migration_cut_short_is_resumed_by_the_next_process_that_opens_the_store(
     redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

@@ -535,7 +535,12 @@ class RedisClusterPath(RedisCore):
         failures: list[str] = []
         # The hosts left out of each group's writes (set apart).
         apart: dict[str, frozenset[Any]] = {}
-        for _ in range(_PHASE_ROUNDS):
+        rounds = 0
+        # Each host set apart earns a round of its own (a group of many
+        # damaged hosts costs its healthy ones nothing): still bounded,
+        # a host's writes being set apart once.
+        while rounds < _PHASE_ROUNDS + sum(len(hosts) for hosts in apart.values()):
+            rounds += 1
             if not pending and not send_plain:
                 break
             calls, sent = [], []
