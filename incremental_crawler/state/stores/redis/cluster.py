@@ -522,13 +522,15 @@ class RedisClusterPath(RedisCore):
         *always* are sent even without writes (what they write besides).
 
         A script that failed at a write stops there; ``set_apart(tag,
-        rest, error)``, when given, says which of the writes from that one
-        on are still sent and what they leave out (a host group's: those
-        of its other hosts, the failed host, so that a damaged host costs
-        them nothing): sent under a new token before the first failure is
-        raised. Should that script's reply be lost, its token's writes are
-        found again (a flush after) as the group's writes but those of the
-        hosts left out (``part_of(position)``), in order."""
+        rest, error)``, when given, says which of the writes from that
+        one on are still sent and what they leave out (a host group's:
+        those of its other hosts, the failed host, so that a damaged host
+        costs them nothing): sent under a new token before the first
+        failure is raised. Should that script's
+        reply be lost, its token's writes are found again (a flush after)
+        as the group's writes but those of the hosts left out
+        (``part_of(position)``), in order, until a reply of that token is
+        read."""
         pending = {tag: list(positions) for tag, positions in groups.items()
                    if positions or tag in always}
         send_plain = list(plain)
