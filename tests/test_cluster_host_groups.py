@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -24,7 +25,7 @@ from twisted.internet.threads import deferToThread
 
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores.base import StateStoreError
-from incremental_crawler.state.stores.redis import RedisStateStore
+from incremental_crawler.state.stores.redis import RedisStateStore, layout
 from incremental_crawler.state.stores.redis.core import (
     HOST_GROUPS,
     SCOPE_SHARDS,
@@ -36,6 +37,7 @@ from incremental_crawler.state.stores.redis.core import (
 from incremental_crawler.state.stores.redis.layout import (
     _LIVE_INTENT,
     CLUSTER_LAYOUT_VERSION,
+    _entry_of_host,
 )
 from incremental_crawler.state.stores.redis.scripts import CLUSTER_HOST_LUA
 from tests.conftest import crawl_settings
@@ -202,9 +204,28 @@ async def test_a_layout_6_store_is_migrated_in_place_its_dead_workers_effects_on
     before = old_keys(redis_cluster, prefix)
     assert any(":fx:" in key for key in before)  # the dead worker's ledger entries
     assert any(":pg" in key for key in before)
+    ledgers = sum(1 for key in before if ":fx:" in key)
 
-    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    # What a batch of the move costs in round trips (the lock renewed once
+    # a batch and once mid-batch: a number of round trips a batch, not a
+    # ledger, so that a batch of 2,000 ledgers stays far within the lock).
+    original = RedisStateStore._move_batch
+    costs: list[tuple[int, int]] = []
+
+    def counted(self: RedisStateStore, moves: list[tuple[str, str]],
+                ledgers: dict[str, str], lock: str, token: str) -> int:
+        start = self.roundtrips
+        try:
+            return original(self, moves, ledgers, lock, token)
+        finally:
+            costs.append((len(ledgers), self.roundtrips - start))
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(RedisStateStore, "_move_batch", counted)
+        store = RedisStateStore(redis_cluster.url, prefix=prefix)
     try:
+        assert [n for n, _ in costs] == [ledgers] and ledgers >= 12
+        assert costs[0][1] <= 8, costs
         with redis_cluster.client() as client:
             meta = client.hgetall(f"{prefix}:meta")
             assert meta[b"version"] == str(CLUSTER_LAYOUT_VERSION).encode()
@@ -465,6 +486,106 @@ async def test_the_healthy_hosts_writes_sent_again_whose_reply_is_lost_apply_onc
 
 
 @pytest_twisted.ensureDeferred
+async def test_the_resent_writes_reply_lost_twice_keeps_the_damaged_host_apart(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """As above, but the reply of that script's replay (the next flush) is
+    lost again: the flush after (the key repaired) must still leave the
+    damaged host's write out of that token's writes. Otherwise the replay
+    counts the damaged host's write as its own (never written, it is no
+    longer staged: lost) and the healthy host's last write goes out again
+    under a new token."""
+    a_host, b_host = two_hosts_of_one_group()
+    b1, a1, a2 = (PageKey(SCOPE, f"https://{b_host}/1"), PageKey(SCOPE, f"https://{a_host}/1"),
+                  PageKey(SCOPE, f"https://{a_host}/2"))
+    links = f"{prefix}:ln:{host_tag(SCOPE, b_host)}"
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    reader = RedisStateStore(redis_cluster.url, prefix=prefix)
+    original = store._eval_many
+    host_scripts: list[int] = []
+
+    async def lose_two_replies(calls: list[tuple[str, list[str], list[Any]]],
+                               plain: Any = ()) -> list[Any]:
+        replies = await original(calls, plain)
+        if any(script == CLUSTER_HOST_LUA for script, _, _ in calls):
+            host_scripts.append(len(calls))
+            # The resend's reply (flush 1), then its replay's (flush 2).
+            if len(host_scripts) in (2, 3):
+                raise redis.exceptions.ConnectionError("the reply was lost")
+        return replies
+
+    try:
+        with redis_cluster.client() as client:
+            assert client.set(links, "damaged")
+        for n, key in enumerate((b1, a1, a2)):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        store._eval_many = lose_two_replies  # type: ignore[method-assign]
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        store._eval_many = original  # type: ignore[method-assign]
+        assert host_scripts == [1, 1, 1]
+        with redis_cluster.client() as client:
+            client.delete(links)
+        await call(store.flush())
+        assert store.pending == 0
+        got = await call(reader.get_pages([b1, a1, a2]))
+        # The damaged host's page is written once repaired (not lost), the
+        # healthy host's applied once.
+        assert {k.url: s.checks for k, s in got.items()} == {
+            k.url: 1 for k in (b1, a1, a2)}
+        states = list(reader.iter_pages(SCOPE))
+        assert len(states) == 3
+        summary = await call(reader.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                    checked_before=math.inf))
+        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+    finally:
+        await call(store.close())
+        await call(reader.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_eight_damaged_hosts_of_a_group_cost_a_healthy_host_of_it_nothing(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Nine hosts of one group, the first eight's links hashes damaged, the
+    healthy one's page staged last: each damaged host sets its writes
+    apart in a round of its own, so the healthy page is still written in
+    this flush (as layout 6, a script a host, wrote it), the damaged
+    hosts' pages not written and still staged, written once repaired."""
+    group = host_group("a.example")
+    hosts = [h for h in (f"h{n}.example" for n in range(20_000))
+             if host_group(h) == group][:9]
+    assert len(hosts) == 9
+    damaged, healthy = hosts[:8], hosts[8]
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    reader = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        with redis_cluster.client() as client:
+            for host in damaged:
+                assert client.set(f"{prefix}:ln:{host_tag(SCOPE, host)}", "damaged")
+        keys = [PageKey(SCOPE, f"https://{host}/1") for host in hosts]
+        for n, key in enumerate(keys):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        with pytest.raises(StateStoreError, match="WRONGTYPE"):
+            await call(store.flush())
+        got = await call(reader.get_pages(keys))
+        assert [k.url for k in got] == [f"https://{healthy}/1"]
+        assert store.pending == len(damaged)
+        # Repaired, the next flush writes them.
+        with redis_cluster.client() as client:
+            for host in damaged:
+                client.delete(f"{prefix}:ln:{host_tag(SCOPE, host)}")
+        await call(store.flush())
+        got = await call(reader.get_pages(keys))
+        assert {k.url: s.checks for k, s in got.items()} == {k.url: 1 for k in keys}
+    finally:
+        await call(store.close())
+        await call(reader.close())
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_migration_cut_short_is_resumed_by_the_next_process_that_opens_the_store(
     redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -710,17 +831,24 @@ async def test_a_migration_is_refused_while_a_worker_of_layout_6_may_be_running(
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
         capture_output=True, text=True, timeout=300)
     before = sorted(old_keys(redis_cluster, prefix))
-    with pytest.raises(StateStoreError, match=r"migration refused: a flush's intent .*fxhosts"):
+    with pytest.raises(StateStoreError,
+                       match=r"migration refused: a flush's intent .*fxhosts") as said:
         RedisStateStore(redis_cluster.url, prefix=prefix)
+    wait = re.search(r"wait (\d+) s", str(said.value))
+    assert wait is not None and 0 < int(wait.group(1)) <= _LIVE_INTENT, said.value
     worker_gone_for(redis_cluster, prefix)
     holds = f"{prefix}:holds:{{{SCOPE}}}"
     with redis_cluster.client() as client:
-        lapses = float(client.time()[0]) + 120
+        # (A hold of a flush interval over 100 s lapses later than the
+        # intents' 300 s: the line gives the hold's lapse.)
+        lapses = float(client.time()[0]) + 1_000
         client.zadd(holds, {f"{prefix}:worker-of-layout-6": lapses})
     with pytest.raises(StateStoreError,
                        match=r"migration refused: a live hold .*stop every") as said:
         RedisStateStore(redis_cluster.url, prefix=prefix)
     assert "\n" not in str(said.value)
+    wait = re.search(r"wait (\d+) s", str(said.value))
+    assert wait is not None and _LIVE_INTENT < int(wait.group(1)) <= 1_000, said.value
     with redis_cluster.client() as client:
         meta = client.hgetall(f"{prefix}:meta")
         assert meta[b"version"] == b"6" and b"upgrading" not in meta
@@ -733,5 +861,128 @@ async def test_a_migration_is_refused_while_a_worker_of_layout_6_may_be_running(
         with redis_cluster.client() as client:
             assert client.hget(f"{prefix}:meta", "version") == (
                 str(CLUSTER_LAYOUT_VERSION).encode())
+    finally:
+        await call(store.close())
+
+
+#: Opens the store with the code of layout 6 (run in its tree): exits 0
+#: when that code opens it.
+_OLD_OPEN = textwrap.dedent("""
+    import sys
+    from incremental_crawler.state.stores.redis import RedisStateStore
+    store = RedisStateStore(sys.argv[1], prefix=sys.argv[2])
+    store._sync.close()
+""")
+
+
+@pytest.mark.parametrize("damaged", ["host ledger", "held tokens", "intents", "holds"])
+def test_a_damaged_key_the_migration_reads_refuses_it_before_the_version_is_raised(
+    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path, damaged: str,
+) -> None:
+    """A layout-6 store (its dead worker gone long enough) with one key the
+    migration reads by its kind set to a string: a host's ledger
+    (``P:fx:{s|h}``), a shard's held tokens (``P:fxheld``), a shard's
+    intents (``P:fxhosts``) or a scope's holds (``P:holds``). Each open
+    refuses in one line naming that key, the store left at version 6
+    (the old code still opens it: not a version raised with ``upgrading``
+    left, which neither code opens); the key deleted, it is migrated."""
+    tree = layout_6_tree(tmp_path / "layout6")
+    subprocess.run(
+        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "4"],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+        capture_output=True, text=True, timeout=300)
+    worker_gone_for(redis_cluster, prefix)
+    key = {"host ledger": f"{prefix}:fx:{{{SCOPE}|h99.example}}",
+           "held tokens": f"{prefix}:fxheld:{{{shard_part(SCOPE, 0)}}}",
+           "intents": f"{prefix}:fxhosts:{{{shard_part(SCOPE, 0)}}}",
+           "holds": f"{prefix}:holds:{{{SCOPE}}}"}[damaged]
+    with redis_cluster.client() as client:
+        client.delete(key)
+        assert client.set(key, "damaged")
+    before = sorted(old_keys(redis_cluster, prefix))
+    for _ in range(2):
+        with pytest.raises(StateStoreError, match="migration refused: ") as said:
+            RedisStateStore(redis_cluster.url, prefix=prefix)
+        assert f"{key} " in str(said.value) and "is a string, not a " in str(said.value)
+        assert "\n" not in str(said.value)
+    with redis_cluster.client() as client:
+        meta = client.hgetall(f"{prefix}:meta")
+        assert meta[b"version"] == b"6" and b"upgrading" not in meta, meta
+    assert sorted(old_keys(redis_cluster, prefix)) == before
+    subprocess.run([sys.executable, "-c", _OLD_OPEN, redis_cluster.url, prefix],
+                   cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+                   capture_output=True, text=True, timeout=120)
+    with redis_cluster.client() as client:
+        client.delete(key)
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        assert old_keys(redis_cluster, prefix) == []
+        with redis_cluster.client() as client:
+            meta = client.hgetall(f"{prefix}:meta")
+        assert meta[b"version"] == str(CLUSTER_LAYOUT_VERSION).encode()
+        assert b"upgrading" not in meta
+    finally:
+        store._sync.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_migration_cut_inside_a_later_batch_is_resumed_whole(
+    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Batches of 3 keys (the suite's stores hold fewer than a batch of
+    2,000: this runs the walk past its first batch): the second batch is
+    cut after its keys were copied (and its ledgers' entries merged) but
+    before the old ones were deleted. The next open resumes: no host key
+    left under a host's tag, every page read as written, the sums the
+    pages'."""
+    tree = layout_6_tree(tmp_path / "layout6")
+    out = subprocess.run(
+        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "8"],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+        capture_output=True, text=True, timeout=300)
+    worker_gone_for(redis_cluster, prefix)
+    urls = json.loads(out.stdout.strip().splitlines()[-1])
+    original = RedisStateStore._move_batch
+    batches: list[int] = []
+
+    def cut_second(self: RedisStateStore, moves: list[tuple[str, str]],
+                   ledgers: dict[str, str], lock: str, token: str) -> int:
+        batches.append(len(moves) + len(ledgers))
+        if len(batches) != 2:
+            return original(self, moves, ledgers, lock, token)
+        with redis_cluster.client() as client:
+            for old, new in moves:
+                data = client.dump(old)
+                if data is not None:
+                    client.restore(new, 0, data, replace=True)
+            for old, new in ledgers.items():
+                part = old[old.index("{") + 1:old.index("}")].rpartition("|")[2]
+                entries = client.hgetall(old)
+                if entries:
+                    client.hset(new, mapping={k: _entry_of_host(v, part)
+                                              for k, v in entries.items()})
+        raise redis.exceptions.ConnectionError("cut between the copies and the deletes")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(layout, "_MIGRATION_BATCH", 3)
+        patched.setattr(RedisStateStore, "_move_batch", cut_second)
+        with pytest.raises(StateStoreError):
+            RedisStateStore(redis_cluster.url, prefix=prefix)
+        assert len(batches) == 2
+        patched.setattr(RedisStateStore, "_move_batch", original)
+        store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        assert old_keys(redis_cluster, prefix) == []
+        keys = [PageKey(SCOPE, url) for url in urls]
+        got = await call(store.get_pages(keys))
+        rewritten = set(keys[::2])
+        assert {k: s.checks for k, s in got.items()} == {
+            k: (2 if k in rewritten else 1) for k in keys}
+        states = list(store.iter_pages(SCOPE))
+        assert len(states) == len(keys)
+        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                   checked_before=math.inf))
+        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
     finally:
         await call(store.close())

@@ -522,43 +522,55 @@ class RedisClusterPath(RedisCore):
         *always* are sent even without writes (what they write besides).
 
         A script that failed at a write stops there; ``set_apart(tag,
-        rest, error)``, when given, says which of the writes from that one
-        on are still sent and what they leave out (a host group's: those
-        of its other hosts, the failed host, so that a damaged host costs
-        them nothing): sent under a new token before the first failure is
-        raised. Should that script's reply be lost, its token's writes are
-        found again (a flush after) as the group's writes but those of the
-        hosts left out (``part_of(position)``), in order."""
+        rest, error)``, when given, says which of the writes from that
+        one on are still sent and what they leave out (a host group's:
+        those of its other hosts, the failed host, so that a damaged host
+        costs them nothing): sent under a new token before the first
+        failure is raised. Should that script's
+        reply be lost, its token's writes are found again (a flush after)
+        as the group's writes but those of the hosts left out
+        (``part_of(position)``), in order, until a reply of that token is
+        read."""
         pending = {tag: list(positions) for tag, positions in groups.items()
                    if positions or tag in always}
         send_plain = list(plain)
         failures: list[str] = []
         # The hosts left out of each group's writes (set apart).
         apart: dict[str, frozenset[Any]] = {}
-        for _ in range(_PHASE_ROUNDS):
+        rounds = 0
+        # Each host set apart earns a round of its own (a group of many
+        # damaged hosts costs its healthy ones nothing): still bounded,
+        # a host's writes being set apart once.
+        while rounds < _PHASE_ROUNDS + sum(len(hosts) for hosts in apart.values()):
+            rounds += 1
             if not pending and not send_plain:
                 break
             calls, sent = [], []
             for tag, positions in pending.items():
-                token, chunk = self._next_chunk(tag, positions, part_of)
+                token, chunk, skip = self._next_chunk(tag, positions, part_of)
                 calls.append(build(tag, chunk, token))
-                sent.append((tag, chunk, token))
+                # The hosts this token's writes leave out: those its replay
+                # was filtered by, or those set apart in this call.
+                sent.append((tag, chunk, token, skip or apart.get(tag, frozenset())))
             try:
                 replies = await self._eval_many(calls, send_plain)
             except BaseException:
                 # No reply (or none understood): each script may or may not
-                # have run; its token will tell.
-                for tag, chunk, token in sent:
+                # have run; its token will tell. What it left out is kept
+                # with it until a reply of that token is read (its reply may
+                # be lost again: a replay then must leave out the same hosts,
+                # or it would count their writes as its own).
+                for tag, chunk, token, skip in sent:
                     self._unsure_slots[tag] = (token, len(chunk))
                     self._unsure_slot_since.setdefault(token, clock.now())
-                    if tag in apart:
-                        self._unsure_apart[tag] = apart[tag]
+                    if skip:
+                        self._unsure_apart[tag] = skip
                 raise
             errors = [str(answer) for answer in replies[len(calls):]
                       if isinstance(answer, Exception)]
             send_plain = []
             kept: set[str] = set()
-            for (tag, chunk, token), reply in zip(sent, replies[:len(calls)], strict=True):
+            for (tag, chunk, token, _), reply in zip(sent, replies[:len(calls)], strict=True):
                 error = self._take_reply(tag, chunk, token, reply, pending, applied, on_reply,
                                          set_apart, kept, apart)
                 if error:
@@ -574,17 +586,17 @@ class RedisClusterPath(RedisCore):
             raise _PhaseFailed(failures[0])
 
     def _next_chunk(self, tag: str, positions: list[int],
-                    part_of: Any) -> tuple[str, list[int]]:
-        """The token and writes of a group's next script: an unsure token's
-        writes found again (see :meth:`_send_phase`), else all under a new
-        token."""
+                    part_of: Any) -> tuple[str, list[int], frozenset[Any]]:
+        """The token and writes of a group's next script, and the hosts
+        they leave out: an unsure token's writes found again (see
+        :meth:`_send_phase`), else all under a new token."""
         token, held = self._unsure_slots.pop(tag, (None, 0))
         skip = self._unsure_apart.pop(tag, frozenset())
         if not token:
-            return uuid.uuid4().hex, positions
+            return uuid.uuid4().hex, positions, frozenset()
         if skip and part_of is not None:
             positions = [at for at in positions if part_of(at) not in skip]
-        return token, positions[:held]
+        return token, positions[:held], skip
 
     def _take_reply(self, tag: str, chunk: list[int], token: str, reply: Any,
                     pending: dict[str, list[int]], applied: set[int],

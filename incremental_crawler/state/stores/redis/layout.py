@@ -117,12 +117,27 @@ _MIGRATION_WAIT = 0.5
 _LIVE_INTENT = 300
 #: A scope's live holds (P:holds: holder -> when it lapses, on the server's
 #: clock) or its intents (P:fxhosts: scored by the server's TIME at their
-#: write) younger than ARGV[1] seconds: how many, on the key's node's clock.
+#: write) younger than ARGV[1] seconds: the seconds until the last of them
+#: lapses (its score plus ARGV[1], on the key's node's clock), 0 for none.
 _LIVE_LUA = """#!lua flags=no-writes
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-return redis.call('ZCOUNT', KEYS[1], string.format('%.6f', now - tonumber(ARGV[1])), '+inf')
+local last = redis.call('ZRANGE', KEYS[1], 0, 0, 'REV', 'WITHSCORES')
+if #last == 0 then return 0 end
+local left = tonumber(last[2]) + tonumber(ARGV[1]) - now
+if left <= 0 then return 0 end
+return math.ceil(left)
 """
+#: The keys a cluster migration (6 -> 7) reads or writes by their kind,
+#: not copied whole (DUMP, RESTORE): their glob after the prefix, the type
+#: each must have and what it is. One of another type (damaged) would stop
+#: the migration midway with a bare WRONGTYPE that names no key.
+_MIGRATION_KEY_TYPES = (
+    ("fx:{*}", "hash", "a ledger of flushes' effects"),
+    ("fxheld:*", "hash", "a scope shard's applied tokens held"),
+    ("fxhosts:*", "zset", "a scope shard's write-ahead intents"),
+    ("holds:*", "zset", "a scope's holds"),
+)
 #: Pages (or links records) per flush of a migration.
 _MIGRATION_BATCH = 2_000
 #: The oldest Redis the store runs on: its scripts carry flags (``#!lua``),
@@ -523,8 +538,10 @@ class RedisLayout(RedisCore):
         process that dies midway leaves ``upgrading`` for the next to
         resume; every step can be done again).
 
-        Nothing in it can be refused by a damaged key (Redis refusing
-        writes aside: the migration then stops, to be resumed): the
+        Nothing in it can be refused by a damaged key once the version is
+        raised (Redis refusing writes aside: the migration then stops, to
+        be resumed): the keys it reads by their kind are checked first
+        (:meth:`_refuse_damaged_keys`), and the
         effects a dead worker left pending are not applied, they are moved
         (a shard's script refusing them would leave the version raised and
         the store open to neither code). Every host
@@ -546,6 +563,9 @@ class RedisLayout(RedisCore):
                 start = int(found.get(_UPGRADING.encode(), version))
                 if start >= CLUSTER_LAYOUT_VERSION:
                     return  # done by the process we waited for
+                # Before the version is raised: a damaged key refused
+                # then leaves the store at 6, the old code still opens it.
+                self._refuse_damaged_keys(resumed=_UPGRADING.encode() in found)
                 if _UPGRADING.encode() not in found:
                     # (Resumed, the version is raised: layout 6 refused.)
                     self._refuse_live_workers()
@@ -579,25 +599,62 @@ class RedisLayout(RedisCore):
                     "keys moved to their groups' slots)", self.location, start,
                     CLUSTER_LAYOUT_VERSION, moved)
 
+    def _refuse_damaged_keys(self, resumed: bool) -> None:
+        """Refuse the migration, before it changes anything, while a key it
+        reads by its kind (:data:`_MIGRATION_KEY_TYPES`) is of another type:
+        one line naming the key and what to do. Found midway, its WRONGTYPE
+        would stop the migration with the version raised: a store that
+        neither layout's code opens until that key, unnamed, is found.
+        Checked again when a migration is resumed (a key damaged since)."""
+        glob = _glob(self.prefix)
+        for pattern, wanted, what in _MIGRATION_KEY_TYPES:
+            for page in self._scan_pages(f"{glob}:{pattern}"):
+                if not page:
+                    continue
+                pipe = self._sync.pipeline(transaction=False)
+                for key in page:
+                    pipe.type(key)
+                for key, found in zip(page, self._sync_run(pipe), strict=True):
+                    kind = found.decode() if isinstance(found, bytes) else str(found)
+                    # ("none": deleted since the SCAN saw it.)
+                    if kind in (wanted, "none"):
+                        continue
+                    left = ("the migration begun resumes then" if resumed
+                            else "nothing was changed: the old code still opens the store")
+                    raise self._fail(
+                        f"migration refused: {key} ({what}) is a {kind}, not a {wanted}: "
+                        f"damaged; repair it or delete it (what it held is lost), then "
+                        f"open the store again ({left})")
+
     def _refuse_live_workers(self) -> None:
         """Refuse the migration, nothing changed, while a worker of the old
         layout may be running: a live hold of a scope (a crawl's), or a
         write-ahead intent young enough that its flush may still write
         (:data:`_LIVE_INTENT`). Such a worker would go on writing host keys
         of layout 6 that nothing moves, its phase 3 counting pages that no
-        read finds."""
+        read finds. The line says how long to wait once every old worker
+        is stopped: until the last live hold lapses (a crashed worker's,
+        which no one renews: its lapse time is in the key) or the last
+        young intent is :data:`_LIVE_INTENT` s old, whichever is later."""
         glob = _glob(self.prefix)
+        first: tuple[str, str] | None = None
+        wait = 0
         for kind, within, said in (("holds", 0, "a live hold of a scope"),
                                    ("fxhosts", _LIVE_INTENT,
                                     f"a flush's intent under {_LIVE_INTENT} s old")):
             for key in self._scan_keys(f"{glob}:{kind}:*"):
                 self.roundtrips += 1
-                if int(self._sync.eval(_LIVE_LUA, 1, key, within)):
-                    raise self._fail(
-                        f"migration refused: {said} ({key}) shows a worker of the cluster "
-                        f"layout {_MIGRATED_CLUSTER_LAYOUT} running; stop every worker of "
-                        f"the old code, wait {_LIVE_INTENT} s, then open the store again "
-                        "(nothing was changed)")
+                left = int(self._sync.eval(_LIVE_LUA, 1, key, within))
+                if left > 0:
+                    first = first or (said, key)
+                    wait = max(wait, left)
+        if first is not None:
+            said, key = first
+            raise self._fail(
+                f"migration refused: {said} ({key}) shows a worker of the cluster "
+                f"layout {_MIGRATED_CLUSTER_LAYOUT} running; stop every worker of "
+                f"the old code, wait {wait} s (until the last such hold or intent "
+                "lapses), then open the store again (nothing was changed)")
 
     def _group_ledger(self, ledger: str) -> str | None:
         """The group's ledger (layout 7) of a host's ledger of layout 6,
@@ -667,16 +724,29 @@ class RedisLayout(RedisCore):
             for old, _ in moves:
                 pipe.delete(old)
             self._sync_run(pipe)
-        for old, new in sorted(ledgers.items()):
-            part = key_tag(old)[1:-1].rpartition("|")[2]
-            entries: Any = self._sync.hgetall(old)
-            self.roundtrips += 1
-            rewritten = {name: _entry_of_host(raw, part) for name, raw in entries.items()}
-            if rewritten:
-                self.roundtrips += 1
-                self._sync.hset(new, mapping=rewritten)
-            self.roundtrips += 1
-            self._sync.delete(old)
+        if ledgers:
+            # Three pipelines a batch, not three round trips a ledger (a
+            # batch of 2,000 under one renewal of the lock): read, merged
+            # into the groups' ledgers, then deleted (a migration cut
+            # before the deletes merges them again when resumed: the same
+            # tokens, HSET of the same entries).
+            olds = sorted(ledgers)
+            pipe = self._sync.pipeline(transaction=False)
+            for old in olds:
+                pipe.hgetall(old)
+            read = self._sync_run(pipe)
+            self._renew(lock, token)
+            pipe = self._sync.pipeline(transaction=False)
+            for old, entries in zip(olds, read, strict=True):
+                part = key_tag(old)[1:-1].rpartition("|")[2]
+                if entries:
+                    pipe.hset(ledgers[old], mapping={
+                        name: _entry_of_host(raw, part) for name, raw in entries.items()})
+            self._sync_run(pipe)
+            pipe = self._sync.pipeline(transaction=False)
+            for old in olds:
+                pipe.delete(old)
+            self._sync_run(pipe)
         return len(moves) + len(ledgers)
 
     def _regroup_intents(self, intents: str) -> None:
