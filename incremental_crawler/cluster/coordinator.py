@@ -568,12 +568,24 @@ class ClusterCoordinator:
                                 taken.decode(), int(deferred), dtaken.decode())
                         if taken or dtaken else None)
                 if int(ended):
-                    # The reply kept for a call run again (leave.lua) is here.
-                    self.roundtrip()
-                    self.redis.delete(self.run_prefix + f"ended|{self.worker_id}")
+                    self._forget_ended_reply()
                 return int(back), int(unrecorded), int(ended), lost
         raise redis.RedisError(f"the run of {self.spider_key} changed at each of "
                                f"{BEAT_TRIES} tries to leave it")
+
+    def _forget_ended_reply(self) -> None:
+        """Delete the reply leave.lua kept for a call run again: it is here.
+        Best effort: the run is over with this worker recorded, so a failed
+        delete (a failover's READONLY, a lost connection) must not turn the
+        leave into a failure; the key expires in a day anyway."""
+        self.roundtrip()
+        try:
+            self.redis.delete(self.run_prefix + f"ended|{self.worker_id}")
+        except redis.RedisError as exc:
+            logger.warning("Cluster %(url)s: the run is over, but deleting the reply kept for "
+                           "its ending leave failed (%(error)s); it expires in a day",
+                           {"url": redacted(self.url), "error": exc})
+            self.stats.inc_value("cluster/redis_errors")
 
     def settle_killed(self, killed: set[str]) -> None:
         """This worker is the last of the run, which workers tagged *killed*

@@ -1032,3 +1032,32 @@ def test_a_settling_longer_than_the_ttl_leaves_the_run_consistent(cluster_worker
     s = run_summary(b)
     assert columns_at_least_zero(s) and s["pages_no_outcome"] == 0, s
     assert (s["requested"], s["pages_new"], s["counts_incomplete"]) == (0, 0, 1), s
+
+
+def test_a_worker_that_got_the_reply_of_the_leave_ending_the_run_keeps_its_counts(
+    cluster_workers,
+):
+    # b, the run's only worker, counts P and leaves: leave.lua ends the run
+    # (b recorded in it) and b gets the reply. Deleting the reply kept for a
+    # call run again (<run>:ended|<worker>, which expires in a day anyway)
+    # then fails (a failover: READONLY). The run did record b's counts: b's
+    # record keeps them, not handed to a run that is over.
+    (b,) = cluster_workers(1)
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    client = b.coordinator.redis
+    delete = client.delete
+    refused: list[str] = []
+
+    def read_only(*names):
+        if any(str(n).endswith(f"ended|{b.coordinator.worker_id}") for n in names):
+            refused.append(str(names[0]))
+            raise redis.ReadOnlyError("You can't write against a read only replica.")
+        return delete(*names)
+
+    client.delete = read_only  # type: ignore[method-assign]
+    b.left()
+    assert refused  # the delete was tried, and failed
+    assert not client.exists(b.coordinator.key("run"))  # the run ended
+    s = run_summary(b)
+    assert (s["pages_known"], s["pages_new"], s.get("counts_incomplete", 0)) == (1, 1, 0), s
