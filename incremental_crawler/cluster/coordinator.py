@@ -456,7 +456,8 @@ class ClusterCoordinator:
             old = text.partition("|")[0] if text else None
             keys = [self.key("run"), self.key("workers"),
                     self.key(f"{new_run}:unrecorded"),
-                    *(self.key(f"{old}:{name}") for name in RUN_KEYS if old is not None)]
+                    *(self.key(f"{old}:{name}") for name in (*RUN_KEYS, "abandoned")
+                      if old is not None)]
             self.roundtrip()
             reply = self._join(keys=keys, args=[self.worker_id, new_run, repr(clock.now()),
                                                 self.worker_ttl, current or b""])
@@ -510,12 +511,7 @@ class ClusterCoordinator:
             self.redis.close()
             return
         if self._fenced and self.counter is not None:
-            # Taken for dead: the run counts again what it counted (the
-            # worker that reaches a page next, or the one that ends the run).
-            self.counter.hand_over_to_run()
-            if ended:
-                # ... but this worker ended it: nobody settles them.
-                self.stats.set_value("cluster/run_counts_incomplete", 1)
+            self._settle_fenced_counts(ended)
         if unrecorded >= 0:
             self.run_unrecorded = unrecorded
         elif not self._fenced:  # a fenced worker said so when it was fenced
@@ -538,6 +534,41 @@ class ClusterCoordinator:
         self._tickets.clear()
         self._held.clear()
         self.redis.close()
+
+    def _settle_fenced_counts(self, ended: int) -> None:
+        """Where the counts of this worker, fenced (taken for dead), go once
+        it left. Its run, still current or ended by another worker, counts
+        them again (the worker that reaches a page next, or the one that
+        ends the run): they are handed to it. A run abandoned meanwhile
+        (join.lua, marked "<run>:abandoned") counts nothing more: they stay
+        in this crawl's record."""
+        counter = self.counter
+        assert counter is not None
+        if not ended:
+            try:
+                self.roundtrip()
+                abandoned = self.redis.exists(self.run_prefix + "abandoned")
+            except redis.RedisError as exc:
+                # Unknown: handed over, and the totals said incomplete.
+                logger.warning("Cluster %(url)s: whether run %(run)s was abandoned is unknown "
+                               "(%(error)s): this worker's counts are handed to it, and its "
+                               "totals may be short", {"url": redacted(self.url),
+                                                       "run": self.run, "error": exc})
+                self.stats.inc_value("cluster/redis_errors")
+                counter.hand_over_to_run()
+                self.stats.set_value("cluster/run_counts_incomplete", 1)
+                return
+            if abandoned:
+                logger.warning("Cluster: run %(run)s was abandoned while worker %(worker)s was "
+                               "taken for dead: no run counts its pages again, its crawl "
+                               "record keeps its counts", {"run": self.run,
+                                                           "worker": self.worker_id})
+                self.stats.set_value("cluster/counts_kept_run_abandoned", 1)
+                return
+        counter.hand_over_to_run()
+        if ended:
+            # ... but this worker ended it: nobody settles them.
+            self.stats.set_value("cluster/run_counts_incomplete", 1)
 
     def _leave_run(self) -> tuple[int, int, int, LostSum | None]:
         """leave.lua: (requeued, the run's unrecorded failures or -1, whether

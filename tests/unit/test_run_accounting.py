@@ -1061,3 +1061,50 @@ def test_a_worker_that_got_the_reply_of_the_leave_ending_the_run_keeps_its_count
     assert not client.exists(b.coordinator.key("run"))  # the run ended
     s = run_summary(b)
     assert (s["pages_known"], s["pages_new"], s.get("counts_incomplete", 0)) == (1, 1, 0), s
+
+
+def test_a_fenced_worker_whose_run_was_abandoned_keeps_its_counts(cluster_workers):
+    # a, the run's only worker, counts P (requested, new), then is silent
+    # past the TTL (a pause). A worker starting meanwhile abandons the run
+    # (join.lua deletes its keys, <run>:counted included) and starts r2. a
+    # comes back, is fenced, and leaves: its run is no more, so nobody will
+    # ever count P again. a's crawl record keeps P, and says it was not
+    # handed over.
+    (a,) = cluster_workers(1)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    silent_for(a.coordinator, 3600)
+    joiner = fencing_coordinator(a.coordinator.spider_key.partition(":")[0])
+    joiner.spider_key = a.coordinator.spider_key
+    try:
+        assert joiner._join_run("r2")[2] == RUN
+        assert joiner.redis.ttl(joiner.key(f"{RUN}:abandoned")) > 0  # marked, and expires
+        a.left()
+    finally:
+        joiner.redis.close()
+    assert a.coordinator._fenced
+    stats = a.counter.stats.get_stats()
+    assert stats.get("cluster/counts_kept_run_abandoned") == 1
+    assert "cluster/counts_handed_to_run" not in stats
+    s = run_summary(a)
+    assert (s["pages_known"], s["requested"], s["pages_new"]) == (1, 1, 1), s
+    assert s.get("counts_incomplete", 0) == 0, s
+
+
+def test_a_fenced_worker_whose_run_another_worker_ended_hands_its_counts_over(
+    cluster_workers,
+):
+    # a counts P and is taken for dead (fenced); b ends the run, settling a's
+    # counts (a is killed to it): a's record hands them over, so that P is
+    # counted once, in b's record. The run is not marked abandoned.
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    silent_for(a.coordinator, 3600)
+    b.left()
+    assert not b.coordinator.redis.exists(b.coordinator.key("run"))  # b ended the run
+    a.left()
+    assert a.coordinator._fenced
+    assert a.counter.stats.get_value("cluster/counts_handed_to_run") == 1
+    s = run_summary(a, b)
+    assert (s["pages_known"], s["requested"], s["pages_new"]) == (1, 1, 1), s
