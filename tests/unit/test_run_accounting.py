@@ -1108,3 +1108,8 @@ def test_a_fenced_worker_whose_run_another_worker_ended_hands_its_counts_over(
     assert a.counter.stats.get_value("cluster/counts_handed_to_run") == 1
     s = run_summary(a, b)
     assert (s["pages_known"], s["requested"], s["pages_new"]) == (1, 1, 1), s
+    # a's own report says what it handed over: not an idle worker's.
+    mine = run_summary(a)
+    assert (mine["pages_known"], mine["counts_handed_to_run"]) == (0, 1), mine
+    assert "1 more handed to the run (this cluster worker was taken for dead" \
+        in accounting_line(mine), accounting_line(mine)
