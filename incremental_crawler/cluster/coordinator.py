@@ -170,10 +170,13 @@ _CLAIMS_PENDING = load_script(_LUA_PACKAGE, "claims_pending.lua")
 #: (and joins, when the run keeps changing between reading it and joining).
 BEAT_TRIES = 5
 #: A worker starting while the run's last worker settles it (join.lua)
-#: asks again every SETTLING_POLL s, SETTLING_WAIT s at most: settling
-#: reads every page the run counted (it beats meanwhile), a long while for a
-#: large run; a settler killed is silent past the TTL, and its run abandoned.
-SETTLING_POLL, SETTLING_WAIT = 0.5, 600.0
+#: asks again every SETTLING_POLL s, SETTLING_WAIT s at most (a settler
+#: killed is silent past the TTL, and its run abandoned). The wait blocks
+#: the reactor, which refreshes the scope hold the ledger took before the
+#: join (60 s, crawl/ledger.py HOLD_TTL) and handles SIGTERM: it stays well
+#: below that TTL, and a settle that outlasts it stops the joiner (start it
+#: again once the run is over) rather than let its hold lapse.
+SETTLING_POLL, SETTLING_WAIT = 0.5, 40.0
 #: Members a round trip when a large run set is read (SSCAN's COUNT).
 SCAN_CHUNK = 1000
 

@@ -1113,3 +1113,14 @@ def test_a_fenced_worker_whose_run_another_worker_ended_hands_its_counts_over(
     assert (mine["pages_known"], mine["counts_handed_to_run"]) == (0, 1), mine
     assert "1 more handed to the run (this cluster worker was taken for dead" \
         in accounting_line(mine), accounting_line(mine)
+
+
+def test_a_joiners_wait_for_the_settler_ends_before_its_scope_hold_would_lapse():
+    # The wait blocks the reactor, which refreshes the scope hold the ledger
+    # took before the join: a wait as long as the hold's TTL would let it
+    # lapse (a repair could take the scope) and SIGTERM wait as long. Every
+    # poll of the wait, and one more poll's slack, fits within the TTL.
+    from incremental_crawler.crawl.ledger import HOLD_TTL
+
+    polls = int(coordinator_module.SETTLING_WAIT / coordinator_module.SETTLING_POLL) + 1
+    assert (polls + 1) * coordinator_module.SETTLING_POLL < HOLD_TTL * 0.75
