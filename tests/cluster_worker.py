@@ -86,10 +86,12 @@ class Worker:
 
 def leftover_keys(prefix: str) -> list[bytes]:
     """The keys under *prefix* in the cluster tests' Redis (a run ended by
-    its last worker leaves none)."""
+    its last worker leaves none), but for the marks of abandoned runs
+    (``<run>:abandoned``, set by join.lua for a day), which expire."""
     client = redis.Redis.from_url(CLUSTER_REDIS_URI)
     try:
-        return sorted(client.scan_iter(f"{prefix}:*", count=1000))
+        return sorted(key for key in client.scan_iter(f"{prefix}:*", count=1000)
+                      if not (key.endswith(b":abandoned") and 0 < client.ttl(key) <= 86400))
     finally:
         client.close()
 

@@ -170,10 +170,13 @@ _CLAIMS_PENDING = load_script(_LUA_PACKAGE, "claims_pending.lua")
 #: (and joins, when the run keeps changing between reading it and joining).
 BEAT_TRIES = 5
 #: A worker starting while the run's last worker settles it (join.lua)
-#: asks again every SETTLING_POLL s, SETTLING_WAIT s at most: settling
-#: reads every page the run counted (it beats meanwhile), a long while for a
-#: large run; a settler killed is silent past the TTL, and its run abandoned.
-SETTLING_POLL, SETTLING_WAIT = 0.5, 600.0
+#: asks again every SETTLING_POLL s, SETTLING_WAIT s at most (a settler
+#: killed is silent past the TTL, and its run abandoned). The wait blocks
+#: the reactor, which refreshes the scope hold the ledger took before the
+#: join (60 s, crawl/ledger.py HOLD_TTL) and handles SIGTERM: it stays well
+#: below that TTL, and a settle that outlasts it stops the joiner (start it
+#: again once the run is over) rather than let its hold lapse.
+SETTLING_POLL, SETTLING_WAIT = 0.5, 40.0
 #: Members a round trip when a large run set is read (SSCAN's COUNT).
 SCAN_CHUNK = 1000
 
@@ -456,7 +459,8 @@ class ClusterCoordinator:
             old = text.partition("|")[0] if text else None
             keys = [self.key("run"), self.key("workers"),
                     self.key(f"{new_run}:unrecorded"),
-                    *(self.key(f"{old}:{name}") for name in RUN_KEYS if old is not None)]
+                    *(self.key(f"{old}:{name}") for name in (*RUN_KEYS, "abandoned")
+                      if old is not None)]
             self.roundtrip()
             reply = self._join(keys=keys, args=[self.worker_id, new_run, repr(clock.now()),
                                                 self.worker_ttl, current or b""])
@@ -510,12 +514,7 @@ class ClusterCoordinator:
             self.redis.close()
             return
         if self._fenced and self.counter is not None:
-            # Taken for dead: the run counts again what it counted (the
-            # worker that reaches a page next, or the one that ends the run).
-            self.counter.hand_over_to_run()
-            if ended:
-                # ... but this worker ended it: nobody settles them.
-                self.stats.set_value("cluster/run_counts_incomplete", 1)
+            self._settle_fenced_counts(ended)
         if unrecorded >= 0:
             self.run_unrecorded = unrecorded
         elif not self._fenced:  # a fenced worker said so when it was fenced
@@ -538,6 +537,41 @@ class ClusterCoordinator:
         self._tickets.clear()
         self._held.clear()
         self.redis.close()
+
+    def _settle_fenced_counts(self, ended: int) -> None:
+        """Where the counts of this worker, fenced (taken for dead), go once
+        it left. Its run, still current or ended by another worker, counts
+        them again (the worker that reaches a page next, or the one that
+        ends the run): they are handed to it. A run abandoned meanwhile
+        (join.lua, marked "<run>:abandoned") counts nothing more: they stay
+        in this crawl's record."""
+        counter = self.counter
+        assert counter is not None
+        if not ended:
+            try:
+                self.roundtrip()
+                abandoned = self.redis.exists(self.run_prefix + "abandoned")
+            except redis.RedisError as exc:
+                # Unknown: handed over, and the totals said incomplete.
+                logger.warning("Cluster %(url)s: whether run %(run)s was abandoned is unknown "
+                               "(%(error)s): this worker's counts are handed to it, and its "
+                               "totals may be short", {"url": redacted(self.url),
+                                                       "run": self.run, "error": exc})
+                self.stats.inc_value("cluster/redis_errors")
+                counter.hand_over_to_run()
+                self.stats.set_value("cluster/run_counts_incomplete", 1)
+                return
+            if abandoned:
+                logger.warning("Cluster: run %(run)s was abandoned while worker %(worker)s was "
+                               "taken for dead: no run counts its pages again, its crawl "
+                               "record keeps its counts", {"run": self.run,
+                                                           "worker": self.worker_id})
+                self.stats.set_value("cluster/counts_kept_run_abandoned", 1)
+                return
+        counter.hand_over_to_run()
+        if ended:
+            # ... but this worker ended it: nobody settles them.
+            self.stats.set_value("cluster/run_counts_incomplete", 1)
 
     def _leave_run(self) -> tuple[int, int, int, LostSum | None]:
         """leave.lua: (requeued, the run's unrecorded failures or -1, whether
@@ -568,12 +602,24 @@ class ClusterCoordinator:
                                 taken.decode(), int(deferred), dtaken.decode())
                         if taken or dtaken else None)
                 if int(ended):
-                    # The reply kept for a call run again (leave.lua) is here.
-                    self.roundtrip()
-                    self.redis.delete(self.run_prefix + f"ended|{self.worker_id}")
+                    self._forget_ended_reply()
                 return int(back), int(unrecorded), int(ended), lost
         raise redis.RedisError(f"the run of {self.spider_key} changed at each of "
                                f"{BEAT_TRIES} tries to leave it")
+
+    def _forget_ended_reply(self) -> None:
+        """Delete the reply leave.lua kept for a call run again: it is here.
+        Best effort: the run is over with this worker recorded, so a failed
+        delete (a failover's READONLY, a lost connection) must not turn the
+        leave into a failure; the key expires in a day anyway."""
+        self.roundtrip()
+        try:
+            self.redis.delete(self.run_prefix + f"ended|{self.worker_id}")
+        except redis.RedisError as exc:
+            logger.warning("Cluster %(url)s: the run is over, but deleting the reply kept for "
+                           "its ending leave failed (%(error)s); it expires in a day",
+                           {"url": redacted(self.url), "error": exc})
+            self.stats.inc_value("cluster/redis_errors")
 
     def settle_killed(self, killed: set[str]) -> None:
         """This worker is the last of the run, which workers tagged *killed*

@@ -1,6 +1,7 @@
 -- Join the current run, or start one. KEYS: run, workers, the new run's
 -- unrecorded, then (when the run key named a run) that run's keys (see
--- RUN_KEYS in coordinator.py). ARGV: worker, new run id, this worker's
+-- RUN_KEYS in coordinator.py) and its abandoned marker
+-- ("<run>:abandoned"). ARGV: worker, new run id, this worker's
 -- clock, the worker TTL, what the caller read in the run key ('' for
 -- nothing). The run key holds "<id>|<start>|<ttl>": the run's start (its
 -- first worker's clock) and worker TTL (its first worker's) live and go
@@ -45,7 +46,12 @@ if run then
     abandoned = string.sub(run, 1, string.find(run, '|', 1, true) - 1)
     local unrecorded = redis.call('GET', KEYS[5])
     if unrecorded then redis.call('SET', KEYS[3], unrecorded) end
-    for i = 4, #KEYS do redis.call('UNLINK', KEYS[i]) end
+    for i = 4, #KEYS - 1 do redis.call('UNLINK', KEYS[i]) end
+    -- Marked abandoned for a day: a worker of it fenced meanwhile leaves
+    -- later (leave.lua cannot tell this from a run another worker ended)
+    -- and keeps its counts in its own crawl record, since no run counts
+    -- them again.
+    redis.call('SET', KEYS[#KEYS], '1', 'EX', 86400)
     run = nil
   end
 end

@@ -33,8 +33,8 @@
 -- of it left is deleted. (No run key: the run ended without this worker,
 -- reaped while silent.)
 -- The reply of the leave that ended this worker's run, kept under KEYS[16]
--- ("<run>:ended|<worker>") until the caller deletes it once it has it (a
--- day at most): the run's keys are gone, and a call run again after its
+-- ("<run>:ended|<worker>") until the caller deletes it once it has it
+-- (best effort: a day at most): the run's keys are gone, and a call run again after its
 -- reply was lost gets it again (the re-seeder's sum it hands over is
 -- nowhere else).
 local ended_reply = redis.call('GET', KEYS[16])

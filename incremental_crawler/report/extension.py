@@ -140,6 +140,9 @@ def _schedule(stats: dict[str, Any]) -> dict[str, int]:
         # Cluster mode: counts of workers the run took for dead that no
         # worker counted again (see cluster.md).
         "counts_incomplete": int(stats.get("cluster/run_counts_incomplete", 0) or 0),
+        # Cluster mode: the pages this worker counted and handed to the run
+        # (fenced: taken for dead), which the run counts again.
+        "counts_handed_to_run": _handed_to_run(stats),
         # POSIX time, 0 when no page was not due.
         "first_due": get("first_due"),
         "failed": get("failed") - get("failed_recovered"),
@@ -153,6 +156,15 @@ def _schedule(stats: dict[str, Any]) -> dict[str, int]:
         # offsite, the crawl stopping).
         "pages_no_outcome": pages_requested - sum(outcomes.values()),
     }
+
+
+def _handed_to_run(stats: dict[str, Any]) -> int:
+    """The known pages of the counts a cluster worker handed to its run
+    (``cluster/handed_to_run/*``: its ``incremental/schedule/*`` stats)."""
+    prefix = "cluster/handed_to_run/"
+    handed = {f"incremental/schedule/{k.removeprefix(prefix)}": v
+              for k, v in stats.items() if k.startswith(prefix)}
+    return _schedule(handed)["pages_known"] if handed else 0
 
 
 def _utc(timestamp: float) -> str:
@@ -190,9 +202,13 @@ def accounting_line(s: dict[str, int]) -> str:
     if s["deferred"]:
         parts.append(f"deferred {s['deferred']} (due, over INCREMENTAL_RESEED_LIMIT: "
                      "the most overdue go first next crawl)")
-    if len(parts) == 1 and not s["requested"] and not s["counts_incomplete"]:
+    handed = s.get("counts_handed_to_run", 0)
+    if len(parts) == 1 and not s["requested"] and not s["counts_incomplete"] and not handed:
         return ""
     line = "known pages: " + ", ".join(parts) + f"; {s['pages_known']} in all"
+    if handed:
+        line += (f"; {handed} more handed to the run (this cluster worker was taken for "
+                 "dead: the run counts them again)")
     if s["sums_lost"]:
         line += (" (incomplete: a cluster worker that re-seeded was killed before it counted "
                  "the pages not due or deferred, which no worker reached are in no column)")

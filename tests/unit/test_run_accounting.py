@@ -1032,3 +1032,95 @@ def test_a_settling_longer_than_the_ttl_leaves_the_run_consistent(cluster_worker
     s = run_summary(b)
     assert columns_at_least_zero(s) and s["pages_no_outcome"] == 0, s
     assert (s["requested"], s["pages_new"], s["counts_incomplete"]) == (0, 0, 1), s
+
+
+def test_a_worker_that_got_the_reply_of_the_leave_ending_the_run_keeps_its_counts(
+    cluster_workers,
+):
+    # b, the run's only worker, counts P and leaves: leave.lua ends the run
+    # (b recorded in it) and b gets the reply. Deleting the reply kept for a
+    # call run again (<run>:ended|<worker>, which expires in a day anyway)
+    # then fails (a failover: READONLY). The run did record b's counts: b's
+    # record keeps them, not handed to a run that is over.
+    (b,) = cluster_workers(1)
+    b.counter.requested(Why.DUE, HOST, P, state(P))
+    b.counter.outcome(PageOutcome.NEW, P)
+    client = b.coordinator.redis
+    delete = client.delete
+    refused: list[str] = []
+
+    def read_only(*names):
+        if any(str(n).endswith(f"ended|{b.coordinator.worker_id}") for n in names):
+            refused.append(str(names[0]))
+            raise redis.ReadOnlyError("You can't write against a read only replica.")
+        return delete(*names)
+
+    client.delete = read_only  # type: ignore[method-assign]
+    b.left()
+    assert refused  # the delete was tried, and failed
+    assert not client.exists(b.coordinator.key("run"))  # the run ended
+    s = run_summary(b)
+    assert (s["pages_known"], s["pages_new"], s.get("counts_incomplete", 0)) == (1, 1, 0), s
+
+
+def test_a_fenced_worker_whose_run_was_abandoned_keeps_its_counts(cluster_workers):
+    # a, the run's only worker, counts P (requested, new), then is silent
+    # past the TTL (a pause). A worker starting meanwhile abandons the run
+    # (join.lua deletes its keys, <run>:counted included) and starts r2. a
+    # comes back, is fenced, and leaves: its run is no more, so nobody will
+    # ever count P again. a's crawl record keeps P, and says it was not
+    # handed over.
+    (a,) = cluster_workers(1)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    silent_for(a.coordinator, 3600)
+    joiner = fencing_coordinator(a.coordinator.spider_key.partition(":")[0])
+    joiner.spider_key = a.coordinator.spider_key
+    try:
+        assert joiner._join_run("r2")[2] == RUN
+        assert joiner.redis.ttl(joiner.key(f"{RUN}:abandoned")) > 0  # marked, and expires
+        a.left()
+    finally:
+        joiner.redis.close()
+    assert a.coordinator._fenced
+    stats = a.counter.stats.get_stats()
+    assert stats.get("cluster/counts_kept_run_abandoned") == 1
+    assert "cluster/counts_handed_to_run" not in stats
+    s = run_summary(a)
+    assert (s["pages_known"], s["requested"], s["pages_new"]) == (1, 1, 1), s
+    assert s.get("counts_incomplete", 0) == 0, s
+
+
+def test_a_fenced_worker_whose_run_another_worker_ended_hands_its_counts_over(
+    cluster_workers,
+):
+    # a counts P and is taken for dead (fenced); b ends the run, settling a's
+    # counts (a is killed to it): a's record hands them over, so that P is
+    # counted once, in b's record. The run is not marked abandoned.
+    a, b = cluster_workers(2)
+    a.counter.requested(Why.DUE, HOST, P, state(P))
+    a.counter.outcome(PageOutcome.NEW, P)
+    silent_for(a.coordinator, 3600)
+    b.left()
+    assert not b.coordinator.redis.exists(b.coordinator.key("run"))  # b ended the run
+    a.left()
+    assert a.coordinator._fenced
+    assert a.counter.stats.get_value("cluster/counts_handed_to_run") == 1
+    s = run_summary(a, b)
+    assert (s["pages_known"], s["requested"], s["pages_new"]) == (1, 1, 1), s
+    # a's own report says what it handed over: not an idle worker's.
+    mine = run_summary(a)
+    assert (mine["pages_known"], mine["counts_handed_to_run"]) == (0, 1), mine
+    assert "1 more handed to the run (this cluster worker was taken for dead" \
+        in accounting_line(mine), accounting_line(mine)
+
+
+def test_a_joiners_wait_for_the_settler_ends_before_its_scope_hold_would_lapse():
+    # The wait blocks the reactor, which refreshes the scope hold the ledger
+    # took before the join: a wait as long as the hold's TTL would let it
+    # lapse (a repair could take the scope) and SIGTERM wait as long. Every
+    # poll of the wait, and one more poll's slack, fits within the TTL.
+    from incremental_crawler.crawl.ledger import HOLD_TTL
+
+    polls = int(coordinator_module.SETTLING_WAIT / coordinator_module.SETTLING_POLL) + 1
+    assert (polls + 1) * coordinator_module.SETTLING_POLL < HOLD_TTL * 0.75
