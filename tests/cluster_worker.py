@@ -84,14 +84,19 @@ class Worker:
         return self.text()[-3000:]
 
 
+def abandoned_mark(client: redis.Redis, key: bytes) -> bool:
+    """Whether *key* is the mark of an abandoned run (``<run>:abandoned``,
+    set by join.lua for a day), which expires by itself."""
+    return key.endswith(b":abandoned") and 0 < client.ttl(key) <= 86400
+
+
 def leftover_keys(prefix: str) -> list[bytes]:
     """The keys under *prefix* in the cluster tests' Redis (a run ended by
-    its last worker leaves none), but for the marks of abandoned runs
-    (``<run>:abandoned``, set by join.lua for a day), which expire."""
+    its last worker leaves none), but for the marks of abandoned runs."""
     client = redis.Redis.from_url(CLUSTER_REDIS_URI)
     try:
         return sorted(key for key in client.scan_iter(f"{prefix}:*", count=1000)
-                      if not (key.endswith(b":abandoned") and 0 < client.ttl(key) <= 86400))
+                      if not abandoned_mark(client, key))
     finally:
         client.close()
 

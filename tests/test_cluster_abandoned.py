@@ -27,7 +27,7 @@ from twisted.internet.threads import deferToThread
 
 from incremental_crawler.cluster.coordinator import ClusterCoordinator
 from incremental_crawler.config import DEFAULT_SETTINGS
-from tests.cluster_worker import Worker, leftover_keys, page_gets
+from tests.cluster_worker import Worker, abandoned_mark, leftover_keys, page_gets
 from tests.redis_util import CLUSTER_REDIS_URI
 from tests.waiting import until
 
@@ -68,7 +68,9 @@ class Coordination:
         return beat is None or seconds + micros / 1e6 - float(beat) > TTL
 
     def leftover(self) -> list[bytes]:
-        return sorted(self.client.keys(f"{self.prefix}:*"))
+        """The keys left under the prefix, but for abandoned runs' marks."""
+        return sorted(key for key in self.client.keys(f"{self.prefix}:*")
+                      if not abandoned_mark(self.client, key))
 
 
 @pytest.fixture(params=["redis", "redis-cluster"])
@@ -235,7 +237,9 @@ def test_an_abandoned_runs_failures_not_recorded_carry_over_and_its_keys_go(clus
         # Its failures not recorded carry over (the sitemaps stay unsaved),
         # its other keys are gone, its queue is kept.
         assert client.get(new.run_prefix + "unrecorded") == b"2"
-        assert client.keys(old.run_prefix + "*") == []
+        # (but its mark, for a worker of it that comes back: it expires).
+        assert client.keys(old.run_prefix + "*") == [old.run_prefix.encode() + b"abandoned"]
+        assert abandoned_mark(client, old.run_prefix.encode() + b"abandoned")
         assert new.queued() == 1
         # A worker of the old run, only silent, comes back and leaves: fenced
         # at its heartbeat (its run is no more), what it failed to record
@@ -243,7 +247,7 @@ def test_an_abandoned_runs_failures_not_recorded_carry_over_and_its_keys_go(clus
         old.leave("finished")
         assert old.run_unrecorded is None
         assert old.crawler.stats.get_value("cluster/fenced") == 1
-        assert client.keys(old.run_prefix + "*") == []
+        assert client.keys(old.run_prefix + "*") == [old.run_prefix.encode() + b"abandoned"]
         client.delete(new.queue_key)
         new.leave("finished")
         assert new.run_unrecorded == 2
