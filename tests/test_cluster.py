@@ -646,8 +646,19 @@ async def test_pages_listed_with_unmoved_dates_are_not_asked_whichever_worker_re
     n = 40
     revisits = await crawled_and_due_again(site, n, state_uri, cluster_prefix, tmp_path,
                                            sample_share=0)
+    # The lists held until the three workers joined the run: a run that asks
+    # no page may end before a slow-starting worker joins it, which then
+    # starts a run of its own and decides every page again.
+    site.hold("/sitemap_index.xml")
     workers = [Worker(site, state_uri, cluster_prefix, tmp_path, f"2-{i}", *revisits)
                for i in range(3)]
+    coordination = redis.Redis.from_url(CLUSTER_REDIS_URI)
+    try:
+        await until(lambda: coordination.hlen(f"{cluster_prefix}:{{sitemap}}:workers") >= 3,
+                    "the three workers to join the run", seconds=60)
+    finally:
+        coordination.close()
+        site.release()
     for worker in workers:
         assert await worker.wait() == 0, worker.tail()
     assert sum(page_gets(site).values()) == 0

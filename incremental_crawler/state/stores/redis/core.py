@@ -672,13 +672,7 @@ class RedisCore(StateStore):
     def _scan_keys(self, match: str) -> list[str]:
         """Every key matching the glob *match* (bounded steps); on a
         cluster, on every primary (each holds the keys of its slots)."""
-        if not self.cluster:
-            return self._scan_node(self._sync, match)
-        found: set[str] = set()
-        cluster: Any = self._sync
-        for node in cluster.get_primaries():
-            found.update(self._scan_node(cluster.get_redis_connection(node), match))
-        return sorted(found)
+        return sorted({key for page in self._scan_pages(match) for key in page})
 
     def _scan_pages(self, match: str) -> Iterator[list[str]]:
         """The keys matching the glob *match* one SCAN page at a time
@@ -704,21 +698,6 @@ class RedisCore(StateStore):
                     break
             else:
                 raise self._fail(f"scanning the keys {match} did not finish")
-
-    def _scan_node(self, client: Any, match: str) -> list[str]:
-        found: list[str] = []
-        cursor = 0
-        for _ in range(_SCAN_ROUNDS):
-            self.roundtrips += 1
-            try:
-                reply: Any = client.scan(cursor, match=match, count=_SCAN_COUNT)
-            except redis.RedisError as exc:
-                raise self._fail("read failed", exc) from exc
-            cursor, keys = reply
-            found.extend(k.decode() for k in keys)
-            if cursor == 0:
-                return sorted(set(found))
-        raise self._fail(f"scanning the keys {match} did not finish")
 
     def _scan_set(self, key: str) -> list[bytes]:
         """Every member of the set *key* (bounded steps)."""
