@@ -116,6 +116,10 @@ def child(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The probe's step that holds one reading and nothing else, each flush.
+READING = "reading alone"
+
+
 class Probe:
     """Each primary's main-thread CPU and command counts, read at every step
     of a flush (``--phases``) and added up by step: an interval's readings
@@ -208,6 +212,13 @@ class Probe:
             @functools.wraps(method)
             async def wrapped(*a: Any, **k: Any) -> Any:
                 probe.mark()
+                if label == "flush other":
+                    # An interval with nothing sent: a reading's own cost
+                    # as the fill's readings cost (commandstats as long,
+                    # the machine as loaded), taken out in the report.
+                    probe.stack.append(READING)
+                    probe.mark()
+                    probe.stack.pop()
                 probe.stack.append(label)
                 try:
                     return await method(*a, **k)
@@ -309,12 +320,24 @@ def main() -> int:
     p.add_argument("--phases", action="store_true",
                    help="each round, a cluster fill with this tree's code (or the first "
                         "--ref's) read step by step of its flushes")
+    p.add_argument("--call-floor", action="store_true",
+                   help="only the server CPU a script call costs before its work (nothing "
+                        "else run): see call_floor")
+    p.add_argument("--json", help="write every run's figures to this file")
+    p.add_argument("--report", help="report the runs a --json file holds (nothing run)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--code", help=argparse.SUPPRESS)
     p.add_argument("--redis-uri", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return child(args)
+    if args.call_floor:
+        return call_floor(args)
+    if args.report:
+        saved = json.loads(Path(args.report).read_text(encoding="utf-8"))
+        for name in ("pages", "hosts", "items"):
+            setattr(args, name, saved["args"][name])
+        return show(saved["runs"], saved["single"], saved["probed"], args)
     sys.path.insert(0, str(REPO))
     with tempfile.TemporaryDirectory(prefix="bench-cluster-commands-") as tmp:
         trees = {} if args.no_tree else {"this tree": REPO}
@@ -350,11 +373,88 @@ def main() -> int:
             for tree in added:
                 subprocess.run(["git", "worktree", "remove", "--force", str(tree)],
                                cwd=REPO, check=False, capture_output=True, timeout=120)
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "args": {"pages": args.pages, "hosts": args.hosts, "items": args.items},
+            "runs": runs, "single": single, "probed": probed}), encoding="utf-8")
+    return show(runs, single, probed, args)
+
+
+def show(runs: dict[str, list[dict[str, Any]]], single: list[dict[str, Any]],
+         probed: list[dict[str, Any]], args: argparse.Namespace) -> int:
+    print(f"{args.pages:,} pages on {args.hosts:,} hosts, {args.items} item versions a page")
     report(runs, args)
     if single:
         report_single(single, runs, args)
     if probed:
         report_phases(probed, single, args)
+    return 0
+
+
+def call_floor(args: argparse.Namespace) -> int:
+    """What a script call costs the server before any work of its own, on a
+    throwaway redis-server (AOF everysec): ``EVALSHA`` of ``return 1``, of
+    each flush script's libraries then ``return 1`` (their definitions run
+    at every call), and of each flush script whose token is there (a
+    replay: the libraries, a ``GET`` and the kept reply returned: what a
+    call costs that writes nothing); and, beside ``SET`` of one key sent
+    plain, a script that only sets it, and the least a writing call of the
+    cluster's does (libraries, its token read, ``TIME``, its token written
+    with a JSON reply: each write script is propagated to the append-only
+    file in a ``MULTI``/``EXEC`` of its own). 2,000 calls a pipeline of 500, median
+    of ``--pairs`` rounds; main-thread CPU a call."""
+    sys.path[:0] = [str(BENCH), str(REPO)]
+    from capacity import PrivateRedis
+
+    from incremental_crawler.state.stores.packed import LUA_CODEC
+    from incremental_crawler.state.stores.redis import pages, scripts
+
+    host_libs = pages.LUA_WRITES + LUA_CODEC + pages.LUA_BUCKETS
+    cases = {
+        "SET of one key, a plain command (no script)": ("", ""),
+        "return 1": ("return 1", ""),
+        "one SET, then return 1": ("redis.call('SET', KEYS[2], '1')\nreturn 1", ""),
+        "host libraries, token GET, TIME, token SET EX: the least a writing call does": (
+            host_libs + "\nlocal kept = redis.call('GET', KEYS[1])\n"
+            "local now = redis.call('TIME')\nredis.call('SET', KEYS[1], "
+            "cjson.encode({1, '', '{}'}), 'EX', 86400)\nreturn 1", ""),
+        "libraries of the host and flush scripts, return 1": (host_libs + "\nreturn 1", ""),
+        "libraries of the scope script, return 1": (
+            pages.LUA_WRITES + pages.LUA_SUMS + "\nreturn 1", ""),
+        "cluster_items.lua replayed": (scripts.CLUSTER_ITEMS_LUA, "[0,\"\",\"\"]"),
+        "cluster_host.lua replayed": (scripts.CLUSTER_HOST_LUA, "[0,\"\",\"\"]"),
+        "cluster_scope.lua replayed": (scripts.CLUSTER_SCOPE_LUA, "[0,\"\",\"\"]"),
+        "flush.lua (one server) replayed": (scripts._FLUSH_LUA, "0"),
+    }
+    calls = 2_000
+    with tempfile.TemporaryDirectory(prefix="bench-call-floor-") as tmp:
+        server = PrivateRedis(Path(tmp))
+        try:
+            client = server.client
+            found: dict[str, list[float]] = {name: [] for name in cases}
+            for _ in range(args.pairs):
+                for name, (text, kept) in cases.items():
+                    sha = client.script_load(text) if text else ""
+                    client.delete("{t}token")
+                    if kept:
+                        client.set("{t}token", kept)
+                    before = server.cpu()
+                    for _ in range(calls // 500):
+                        pipe = client.pipeline(transaction=False)
+                        for _ in range(500):
+                            if sha:
+                                pipe.evalsha(sha, 3, "{t}token", "{t}a", "{t}b")
+                            else:
+                                pipe.set("{t}a", "1")
+                        pipe.execute()
+                    found[name].append(1e6 * (server.cpu() - before) / calls)
+        finally:
+            server.stop()
+    print(f"server CPU a script call (us, main thread), {calls:,} calls a round, "
+          f"{args.pairs} rounds: median (rounds)")
+    for name, values in found.items():
+        print(f"  {name:80} {statistics.median(values):6.1f} "
+              f"({' '.join(f'{v:.1f}' for v in values)})")
     return 0
 
 
@@ -417,6 +517,8 @@ def _category(label: str) -> str:
             return name
     if "|" in label:
         return "bookkeeping commands (tokens, ledger, intents, counts, index, scopes)"
+    if label == READING:
+        return READING
     return "between pipelines (client working; cron)"
 
 
@@ -444,12 +546,17 @@ def report_phases(probed: list[dict[str, Any]], single: list[dict[str, Any]],
     def per_node(run: dict[str, Any], labels: list[str], net: bool) -> list[float]:
         probe = run["probe"]
         out = [0.0] * len(run["cpu_us_per_node"])
+        empty = probe["labels"].get(READING)
         for label in labels:
             x = probe["labels"].get(label)
             if not x:
                 continue
             for node, us in enumerate(x["cpu_us"]):
                 idle = probe["idle_us_per_s"][node] * x["wall_s"] / pages if net else 0.0
+                if net and empty:
+                    # What a reading cost beyond its calibration, a reading
+                    # (each interval holds one).
+                    idle += empty["cpu_us"][node] / empty["intervals"] * x["intervals"]
                 out[node] += us - idle
         return out
 
@@ -475,9 +582,11 @@ def report_phases(probed: list[dict[str, Any]], single: list[dict[str, Any]],
     for category in sorted({_category(label) for label in labels}):
         row(category, lambda r, c=category: [x for x in r["probe"]["labels"]
                                              if _category(x) == c])
-    row("all steps", lambda r: list(r["probe"]["labels"]))
+    row("all steps", lambda r: [x for x in r["probe"]["labels"] if x != READING])
     print("  (us a page, medians of the rounds; busiest: the primary with the most of that "
-          "step; net: less each primary's idle CPU a second times the step's wall time; "
+          "step; net: less each primary's idle CPU a second times the step's wall time, and a "
+          "reading's cost beyond its calibration (the 'reading alone' steps') times the "
+          "step's readings; "
           "/1 net: net sum over one server's net CPU a page)")
     print("  scripts, last round (INFO commandstats summed over the primaries): calls a page, "
           "usec a call, usec a page; the commands they ran a call")
