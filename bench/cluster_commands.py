@@ -31,8 +31,15 @@ one part at a time (the same server work, in more round trips), so that
 the CPU of each part is told apart; what runs outside any pipeline is the
 servers' own time meanwhile (cron, the cluster bus, the client staging).
 Each reading's own cost (measured at idle first) is taken out of each
-interval. The unprobed cluster fill of the same round is the check: the
-probed run's total should be within noise of it.
+interval, and in the report ("net") each primary's idle CPU over the
+step's wall time and what a reading cost beyond that (an interval a flush
+holding one reading alone): the scripts' rows move by a few percent with
+it, the small rows (bookkeeping, between pipelines) by a few µs a page,
+their uncertainty. ``INFO commandstats``' usec is a command's wall time
+(a descheduled server counts), so CPU figures come from ``INFO cpu``.
+The unprobed cluster fill of the same round is the check: the probed
+run's total should be within noise of it (its split pipelines cost some
+more: more round trips).
 """
 
 from __future__ import annotations
