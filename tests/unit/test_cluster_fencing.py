@@ -270,3 +270,68 @@ def test_a_worker_reaped_in_its_own_run_counts_nothing(pair, count):
     assert count(a) is None
     assert a.crawler.stats.get_value("cluster/fenced") == 1
     assert not a.redis.exists(a.run_prefix + "counted")
+
+
+# The queue's and the claims' scripts (push.lua, pop.lua, claim_done.lua,
+# claim_tombstone.lua) run the run's fence (fence.lua) too: a worker back
+# from a silence is refused in Redis before any heartbeat of its own has
+# set its flag (``_fenced``, which stops it calling them at all).
+
+
+def test_a_silent_worker_back_queues_nothing_in_its_abandoned_run(pair):
+    a, b = pair
+    silent_run(a)
+    join(b, "r2")
+    assert not a._fenced
+    assert a.push("fp", 0, b"a link a found") is False
+    assert a.crawler.stats.get_value("cluster/fenced") == 1
+    assert a.redis.zcard(a.queue_key) == 0
+    assert abandoned_keys(a) == []  # its old run's seen set not re-created
+
+
+def test_a_silent_worker_back_pops_nothing_of_the_new_run(pair):
+    a, b = pair
+    silent_run(a)
+    join(b, "r2")
+    a.redis.zadd(a.queue_key, {b"a request of r2": 0})
+    assert not a._fenced
+    assert a.pop() is None
+    assert a.crawler.stats.get_value("cluster/fenced") == 1
+    assert a.redis.zrange(a.queue_key, 0, -1) == [b"a request of r2"]
+    assert a.redis.hlen(a.key(f"inflight:{a.worker_id}")) == 0
+
+
+def test_a_worker_reaped_in_its_own_run_pops_nothing(pair):
+    a, b = pair
+    join(a, "r1")
+    join(b, "r1")
+    silent_for(a, 10)
+    b._beat_once()  # reaps a: nobody would give back what it popped
+    a.redis.zadd(a.queue_key, {b"a request of r1": 0})
+    assert a.pop() is None
+    assert a.crawler.stats.get_value("cluster/fenced") == 1
+    assert a.redis.zrange(a.queue_key, 0, -1) == [b"a request of r1"]
+    assert a.redis.hlen(a.key(f"inflight:{a.worker_id}")) == 0
+
+
+def test_a_silent_worker_back_claims_no_tombstone_in_its_abandoned_run(pair):
+    a, b = pair
+    silent_run(a)
+    join(b, "r2")
+    assert a.claim_tombstone(GONE) is False
+    assert a.crawler.stats.get_value("cluster/fenced") == 1
+    assert abandoned_keys(a) == []  # its old run's tombstones not re-created
+    assert b.claim_tombstone(GONE)
+
+
+def test_a_silent_worker_back_marks_no_claim_done_in_its_abandoned_run(pair, caplog):
+    a, b = pair
+    join(a, "r1")
+    assert a.claim("reseed")
+    silent_for(a, 10)
+    join(b, "r2")
+    a.claim_done("reseed")
+    assert a.crawler.stats.get_value("cluster/fenced") == 1
+    assert abandoned_keys(a) == []
+    # Refused for its run, in Redis: not only found no owner of the claim.
+    assert "FENCED run r1 is not the current run" in caplog.text
