@@ -2493,6 +2493,39 @@ async def test_an_adoption_keeps_a_pages_latest_check_whatever_order_its_entries
 
 
 @pytest_twisted.ensureDeferred
+async def test_an_adoption_leaves_a_ledger_value_that_is_no_entry_and_applies_the_others(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A value of a group's ledger that is no entry (not JSON; a time that
+    is no number) is left out by a reader's adoption, which applies the
+    entry beside it (its effects a string of JSON, as the scripts write
+    them) and leaves those values as they are (the group's script drops
+    them): the read goes on, nothing of the entry is lost."""
+    await flush_five(redis_cluster, prefix)
+    store = open_store(redis_cluster, prefix)
+    assert store.take_scope(SCOPE, "crawl-2", 60, 1_000_005) is None  # (checks noted since)
+    checks = f"{prefix}:ck:{{{A_SHARD}}}"
+    ledger = ledger_key(prefix, "a.example")
+    member = "a.example|x"
+    with redis_cluster.client() as client:
+        mark = int(client.hget(f"{prefix}:nvm:{{{A_SHARD}}}", "mark"))
+        now = int(client.eval("return redis.call('TIME')[1]", 1, ledger))
+        client.hset(ledger, "a" * 32, json.dumps(
+            [now - 20, json.dumps({"checks": [[member, mark + 50]]})]))
+        client.hset(ledger, "b" * 32, b"not json")
+        client.hset(ledger, "c" * 32, json.dumps(["yesterday", {"checks": [[member, mark + 90]]}]))
+        client.zadd(f"{prefix}:fxhosts:{{{A_SHARD}}}",
+                    {f"{host_group('a.example')}\0gone-worker": now - 5})
+    try:
+        store.adopt_ledgers_sync(SCOPE)
+        with redis_cluster.client() as client:
+            assert client.zscore(checks, member) == mark + 50
+            assert sorted(client.hkeys(ledger)) == [b"b" * 32, b"c" * 32]
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_page_a_crawl_writes_while_a_host_is_forgotten_stays_due(
     redis_cluster: LoopbackCluster, prefix: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

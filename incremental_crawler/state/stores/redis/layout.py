@@ -8,7 +8,6 @@ from it) reads in one place."""
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from contextlib import contextmanager
@@ -30,6 +29,7 @@ from incremental_crawler.state.stores.redis.core import (
     logger,
 )
 from incremental_crawler.state.stores.redis.due import _DUE_BUCKETS
+from incremental_crawler.state.stores.redis.ledger_entry import entry_of, read_entry
 from incremental_crawler.state.stores.redis.pages import host_part
 from incremental_crawler.state.stores.redis.scripts import (
     _BYPAGE_TO_ZSET_LUA,
@@ -226,15 +226,15 @@ def _entry_of_host(raw: bytes, part: str) -> bytes:
     they said ``new_host``, the group's ledger naming no host. An entry that
     is not one (the scripts drop those) is kept as it is."""
     try:
-        stamped, effects = json.loads(raw)
-        decoded = json.loads(effects) if isinstance(effects, str) else effects
-    except (ValueError, TypeError):
+        entry = read_entry(raw)
+    except ValueError:
         return raw
-    if not isinstance(decoded, dict):
+    if entry is None:
         return raw
-    if decoded.pop("new_host", False):
-        decoded["hosts"] = sorted({*decoded.get("hosts", []), part})
-    return json.dumps([stamped, decoded], separators=(",", ":")).encode()
+    effects = entry.effects
+    if effects.pop("new_host", False):
+        effects["hosts"] = sorted({*effects.get("hosts", []), part})
+    return entry_of(entry.stamped, effects)
 
 
 def _legacy_page_key(scope: str, field: str) -> PageKey:
