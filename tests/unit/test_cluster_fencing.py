@@ -289,28 +289,31 @@ def test_a_silent_worker_back_queues_nothing_in_its_abandoned_run(pair):
     assert abandoned_keys(a) == []  # its old run's seen set not re-created
 
 
-def test_a_silent_worker_back_pops_nothing_of_the_new_run(pair):
-    a, b = pair
+def abandoned_for_r2(a: ClusterCoordinator, b: ClusterCoordinator) -> None:
+    """*a*'s run r1 abandoned while *a* was silent: *b* joins a new run."""
     silent_run(a)
     join(b, "r2")
-    a.redis.zadd(a.queue_key, {b"a request of r2": 0})
-    assert not a._fenced
-    assert a.pop() is None
-    assert a.crawler.stats.get_value("cluster/fenced") == 1
-    assert a.redis.zrange(a.queue_key, 0, -1) == [b"a request of r2"]
-    assert a.redis.hlen(a.key(f"inflight:{a.worker_id}")) == 0
 
 
-def test_a_worker_reaped_in_its_own_run_pops_nothing(pair):
-    a, b = pair
+def reaped_in_r1(a: ClusterCoordinator, b: ClusterCoordinator) -> None:
+    """*a* reaped by *b*'s heartbeat, their run r1 going on with *b*."""
     join(a, "r1")
     join(b, "r1")
     silent_for(a, 10)
-    b._beat_once()  # reaps a: nobody would give back what it popped
-    a.redis.zadd(a.queue_key, {b"a request of r1": 0})
+    b._beat_once()
+
+
+@pytest.mark.parametrize("fenced_off_by", [abandoned_for_r2, reaped_in_r1],
+                         ids=["its-run-abandoned", "reaped-in-its-run"])
+def test_a_fenced_worker_back_pops_nothing(pair, fenced_off_by):
+    a, b = pair
+    fenced_off_by(a, b)
+    a.redis.zadd(a.queue_key, {b"a request": 0})
+    # Back before its next heartbeat (nobody would give back what it pops).
+    assert not a._fenced
     assert a.pop() is None
     assert a.crawler.stats.get_value("cluster/fenced") == 1
-    assert a.redis.zrange(a.queue_key, 0, -1) == [b"a request of r1"]
+    assert a.redis.zrange(a.queue_key, 0, -1) == [b"a request"]
     assert a.redis.hlen(a.key(f"inflight:{a.worker_id}")) == 0
 
 

@@ -479,14 +479,12 @@ class RedisLayout(RedisCore):
         revisit index becomes one of buckets, and the old keys go, scope by
         scope (see :meth:`_move_pages`).
         """
-        meta = f"{self.prefix}:meta"
         try:
             with self._migration_lock() as (lock, token):
                 start, resumed = self._migration_start(LAYOUT_VERSION)
                 if start >= LAYOUT_VERSION:
                     return  # done by the process we waited for
-                self.roundtrips += 1
-                self._sync.hset(meta, mapping={"version": LAYOUT_VERSION, _UPGRADING: start})
+                self._raise_version(LAYOUT_VERSION, start)
                 if start < 2:
                     for key in self._scan_keys(f"{_glob(self.prefix)}:bypage:*"):
                         self.roundtrips += 1
@@ -539,6 +537,14 @@ class RedisLayout(RedisCore):
         version = int(found.get(b"version", target))
         return int(found.get(_UPGRADING.encode(), version)), _UPGRADING.encode() in found
 
+    def _raise_version(self, target: int, start: int) -> None:
+        """The layout version raised to *target* before anything moves,
+        ``upgrading`` noting *start*: code of the older layout refuses the
+        prefix from then on, and a process that dies midway leaves it for
+        the next to resume."""
+        self.roundtrips += 1
+        self._sync.hset(f"{self.prefix}:meta", mapping={"version": target, _UPGRADING: start})
+
     def _finish_migration(self, lock: str, token: str) -> None:
         """Every step of the migration done: ``upgrading`` goes from
         ``P:meta`` (the store opens as one of the new layout from now on),
@@ -568,7 +574,6 @@ class RedisLayout(RedisCore):
         each noting its host (what its ``new_host`` said), the applied
         tokens held (``P:fxheld``) noted with their new ledger, and the
         intents that name a host name its group (same score)."""
-        meta = f"{self.prefix}:meta"
         try:
             with self._migration_lock() as (lock, token):
                 start, resumed = self._migration_start(CLUSTER_LAYOUT_VERSION)
@@ -580,9 +585,7 @@ class RedisLayout(RedisCore):
                 if not resumed:
                     # (Resumed, the version is raised: layout 6 refused.)
                     self._refuse_live_workers()
-                self.roundtrips += 1
-                self._sync.hset(meta, mapping={"version": CLUSTER_LAYOUT_VERSION,
-                                               _UPGRADING: start})
+                self._raise_version(CLUSTER_LAYOUT_VERSION, start)
                 # (The pending effects are not applied first: a damaged key
                 # in a scope's shard would refuse that, with the version
                 # raised, leaving a store neither code opens. They move
