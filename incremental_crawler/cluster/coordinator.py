@@ -206,7 +206,7 @@ class LostSum(NamedTuple):
     deferred_taken: str
 
 
-#: How the run scripts refuse a worker fenced off the run (beat.lua): its
+#: How the run scripts refuse a worker fenced off the run (fence.lua): its
 #: run is no longer the current one, or it was taken for dead.
 FENCED = "FENCED"
 

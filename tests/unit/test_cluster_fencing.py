@@ -246,6 +246,22 @@ def test_a_worker_reaped_in_its_own_run_writes_none_of_its_keys(pair, note, name
 
 
 @pytest.mark.parametrize(("note", "name"), NOTES)
+def test_a_worker_silent_past_the_ttl_but_not_yet_reaped_writes_none_of_its_keys(pair, note, name):
+    # Its run current and its name still in the workers hash (nobody beat
+    # since to reap it), but its last beat older than the TTL by Redis's
+    # clock: another worker may take it for dead at any moment, so its
+    # plain writes are refused as a reaped worker's are.
+    a, b = pair
+    join(a, "r1")
+    join(b, "r1")
+    silent_for(a, 10)
+    assert a.redis.hexists(a.key("workers"), a.worker_id)
+    note(a)
+    assert not a.redis.exists(a.run_prefix + name)
+    assert a.crawler.stats.get_value("cluster/fenced") == 1
+
+
+@pytest.mark.parametrize(("note", "name"), NOTES)
 def test_a_live_worker_writes_its_runs_keys(pair, note, name):
     (a, _) = pair
     join(a, "r1")

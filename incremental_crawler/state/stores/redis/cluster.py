@@ -1524,7 +1524,6 @@ class RedisClusterPath(RedisCore):
                                       for part in _listed_hosts(entry.effects, group))
                 except (ValueError, TypeError, AttributeError):
                     # Damaged: its effects not an object, or their hosts not a
-                    # list of host parts. (None: not an entry at all, which the
-                    # group's script drops.)
+                    # list of host parts. (None: no entry; see ledger_entry.)
                     continue
         return hosts + sorted(listed - set(hosts))

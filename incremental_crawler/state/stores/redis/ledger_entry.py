@@ -11,8 +11,10 @@ string of JSON (cjson's encoding of what they built), a migration from
 layout 6 as the object itself (:func:`entry_of`): both read alike.
 
 ``cluster_host.lua``, the one script that reads entries, deletes a value
-that is not a pair with a number first (what :func:`read_entry` says is
-no entry): readers here skip it.
+that is not an array with a number first; :func:`read_entry` asks for a
+pair (the scripts and :func:`entry_of` write pairs only), so a longer
+array with a number first, which no code writes, is adopted by the script
+and skipped by the readers here.
 """
 
 from __future__ import annotations
