@@ -2458,6 +2458,42 @@ async def test_a_dead_workers_entry_a_day_old_is_applied_whole_not_marked_lost(
         await call(store.close())
 
 
+#: A page of a.example (flush_five's host) whose check ledger entries set.
+CHECKED = "a.example|x"
+
+
+async def adopt_entries(
+    cluster: LoopbackCluster, prefix: str,
+    entries: Callable[[int, int], list[tuple[str, str | bytes]]],
+) -> tuple[list[bytes], int | None]:
+    """flush_five's pages, a crawl's mark taken on their scope (checks are
+    noted since), then the entries *entries* gives (of the mark and the
+    ledger's node's time) put in a.example's group's ledger, listed by a
+    dead worker's intent, for a reader to adopt. Returns what the ledger
+    holds after (its tokens) and CHECKED's check in its shard's P:ck, in
+    seconds after the mark (None: not there)."""
+    await flush_five(cluster, prefix)
+    store = open_store(cluster, prefix)
+    assert store.take_scope(SCOPE, "crawl-2", 60, 1_000_005) is None
+    ledger = ledger_key(prefix, "a.example")
+    try:
+        with cluster.client() as client:
+            mark = int(client.hget(f"{prefix}:nvm:{{{A_SHARD}}}", "mark"))
+            now = int(client.eval("return redis.call('TIME')[1]", 1, ledger))
+            for token, value in entries(mark, now):
+                client.hset(ledger, token, value)
+            # Short: a listpack, which keeps the order written.
+            assert client.object("encoding", ledger) == b"listpack"
+            client.zadd(f"{prefix}:fxhosts:{{{A_SHARD}}}",
+                        {f"{host_group('a.example')}\0gone-worker": now - 5})
+        store.adopt_ledgers_sync(SCOPE)
+        with cluster.client() as client:
+            checked = client.zscore(f"{prefix}:ck:{{{A_SHARD}}}", CHECKED)
+            return sorted(client.hkeys(ledger)), None if checked is None else int(checked) - mark
+    finally:
+        await call(store.close())
+
+
 @pytest_twisted.ensureDeferred
 async def test_an_adoption_keeps_a_pages_latest_check_whatever_order_its_entries_come_in(
     redis_cluster: LoopbackCluster, prefix: str,
@@ -2467,29 +2503,29 @@ async def test_an_adoption_keeps_a_pages_latest_check_whatever_order_its_entries
     stamps or the ledger's hash): an entry stamped later with an older
     check (a late worker) does not lower it, one whose page has no
     callback now ('') does not remove it (a summary reads the page)."""
-    await flush_five(redis_cluster, prefix)
-    store = open_store(redis_cluster, prefix)
-    assert store.take_scope(SCOPE, "crawl-2", 60, 1_000_005) is None  # (checks noted since)
-    checks = f"{prefix}:ck:{{{A_SHARD}}}"
-    ledger = ledger_key(prefix, "a.example")
-    member = "a.example|x"
-    with redis_cluster.client() as client:
-        mark = int(client.hget(f"{prefix}:nvm:{{{A_SHARD}}}", "mark"))
-        now = int(client.eval("return redis.call('TIME')[1]", 1, ledger))
-        # Short: a listpack, which keeps the order written.
-        client.hset(ledger, "c" * 32, json.dumps([now - 5, {"checks": [[member, ""]]}]))
-        client.hset(ledger, "b" * 32, json.dumps([now - 10, {"checks": [[member, mark + 30]]}]))
-        client.hset(ledger, "a" * 32, json.dumps([now - 20, {"checks": [[member, mark + 50]]}]))
-        assert client.object("encoding", ledger) == b"listpack"
-        client.zadd(f"{prefix}:fxhosts:{{{A_SHARD}}}",
-                    {f"{host_group('a.example')}\0gone-worker": now - 5})
-    try:
-        store.adopt_ledgers_sync(SCOPE)
-        with redis_cluster.client() as client:
-            assert client.hlen(ledger) == 0
-            assert client.zscore(checks, member) == mark + 50
-    finally:
-        await call(store.close())
+    left, checked = await adopt_entries(redis_cluster, prefix, lambda mark, now: [
+        ("c" * 32, json.dumps([now - 5, {"checks": [[CHECKED, ""]]}])),
+        ("b" * 32, json.dumps([now - 10, {"checks": [[CHECKED, mark + 30]]}])),
+        ("a" * 32, json.dumps([now - 20, {"checks": [[CHECKED, mark + 50]]}]))])
+    assert left == []
+    assert checked == 50
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_adoption_leaves_a_ledger_value_that_is_no_entry_and_applies_the_others(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A value of a group's ledger that is no entry (not JSON; a time that
+    is no number) is left out by a reader's adoption, which applies the
+    entry beside it (its effects a string of JSON, as the scripts write
+    them) and leaves those values as they are (the group's script drops
+    them): the read goes on, nothing of the entry is lost."""
+    left, checked = await adopt_entries(redis_cluster, prefix, lambda mark, now: [
+        ("a" * 32, json.dumps([now - 20, json.dumps({"checks": [[CHECKED, mark + 50]]})])),
+        ("b" * 32, b"not json"),
+        ("c" * 32, json.dumps(["yesterday", {"checks": [[CHECKED, mark + 90]]}]))])
+    assert left == [b"b" * 32, b"c" * 32]
+    assert checked == 50
 
 
 @pytest_twisted.ensureDeferred

@@ -8,7 +8,7 @@
 -- and "a"), the event: an outcome ("new"...), "?<outcome>" (an outcome
 -- unless the page has one: a request that got no answer) or "!failed" (a
 -- failure recorded: not the outcome "failed"), its run's id (a run no
--- longer current: an error FENCED, nothing written; see beat.lua).
+-- longer current: an error FENCED, nothing written; see fence.lua).
 -- The field: "<events>|<counts>|<calls>":
 -- - the page's events in the order they came, each "<event>:<tag>" (the
 --   worker that got it), ";" between;
@@ -35,15 +35,8 @@
 -- count>,<recoveries to count>" (outcomes "+" between). A call run again
 -- after its reply was lost (a worker sends only its last one again) gets
 -- its first reply, whichever calls of other workers ran in between.
-local run = redis.call('GET', KEYS[5])
-if not run or string.sub(run, 1, #ARGV[6] + 1) ~= ARGV[6] .. '|' then
-  return redis.error_reply('FENCED run ' .. ARGV[6] .. ' is not the current run')
-end
--- Reaped while silent (its run still current): its counts would be taken
--- for a killed worker's.
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then
-  return redis.error_reply('FENCED worker ' .. ARGV[1] .. ' was taken for dead')
-end
+local refused = fenced(KEYS[5], ARGV[6], KEYS[2], ARGV[1])
+if refused then return refused end
 local me, call, page, event = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 -- The tags of the run's counters, for the worker that ends the run
 -- (leave.lua). Looked up, not taken from HSETNX: the re-seeder's marks

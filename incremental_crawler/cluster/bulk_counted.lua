@@ -4,22 +4,15 @@
 -- it, the pages requested that the sum may count (the run's
 -- requested_in_sum set: not read here), the run key. ARGV: the re-seeder,
 -- its tag, its run's id (a run no longer current: an error FENCED, nothing
--- written; see beat.lua). Returns the pages counted one by one that the sum
+-- written; see fence.lua). Returns the pages counted one by one that the sum
 -- counts too, and their sizes: those of workers alive or gone with their
 -- crawls recorded (a killed worker's counts are lost: the sum keeps its
 -- pages, and count_page.lua knows it by #took|<worker>). The pages
 -- requested that the sum may count (requested_in_sum, which count_page.lua
 -- adds no more to from now on) are read by the caller in chunks: there may
 -- be many.
-local run = redis.call('GET', KEYS[5])
-if not run or string.sub(run, 1, #ARGV[3] + 1) ~= ARGV[3] .. '|' then
-  return redis.error_reply('FENCED run ' .. ARGV[3] .. ' is not the current run')
-end
--- Reaped while silent (its run still current): its counts would be taken
--- for a killed worker's.
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then
-  return redis.error_reply('FENCED worker ' .. ARGV[1] .. ' was taken for dead')
-end
+local refused = fenced(KEYS[5], ARGV[3], KEYS[2], ARGV[1])
+if refused then return refused end
 redis.call('HSET', KEYS[1], '#bulk', ARGV[2], '#w|' .. ARGV[2], ARGV[1])
 local workers = redis.call('HKEYS', KEYS[2])
 for _, w in ipairs(redis.call('SMEMBERS', KEYS[3])) do workers[#workers + 1] = w end

@@ -1,14 +1,12 @@
 -- Claim a one-per-run job. KEYS: the run's claims, workers, run. ARGV:
 -- job, worker, the worker TTL, its run's id (a run no longer current: an
--- error FENCED, nothing written; see beat.lua). The first to claim a job owns it; a job not done
+-- error FENCED, nothing written; see fence.lua). The first to claim a job owns it; a job not done
 -- (no job:done) whose owner is dead (its heartbeat older than the TTL by
 -- Redis time, or reaped from the workers hash) is taken over by the worker
 -- asking. Returns {owner, whether its work is queued (job:done), the dead
 -- owner taken over from or false}.
-local run = redis.call('GET', KEYS[3])
-if not run or string.sub(run, 1, #ARGV[4] + 1) ~= ARGV[4] .. '|' then
-  return redis.error_reply('FENCED run ' .. ARGV[4] .. ' is not the current run')
-end
+local refused = fenced(KEYS[3], ARGV[4])
+if refused then return refused end
 local owner = redis.call('HGET', KEYS[1], ARGV[1])
 local done = redis.call('HEXISTS', KEYS[1], ARGV[1] .. ':done')
 local from = false

@@ -2,11 +2,9 @@
 -- it, unless it died (left the workers hash) before the page was stored,
 -- when its request went back to the queue. KEYS: tombstones, workers, run;
 -- ARGV: page, this worker, its run's id (a run no longer current: an error
--- FENCED, nothing written; see beat.lua). Returns the owner.
-local run = redis.call('GET', KEYS[3])
-if not run or string.sub(run, 1, #ARGV[3] + 1) ~= ARGV[3] .. '|' then
-  return redis.error_reply('FENCED run ' .. ARGV[3] .. ' is not the current run')
-end
+-- FENCED, nothing written; see fence.lua). Returns the owner.
+local refused = fenced(KEYS[3], ARGV[3])
+if refused then return refused end
 local owner = redis.call('HGET', KEYS[1], ARGV[1])
 if not owner or (owner ~= ARGV[2] and redis.call('HEXISTS', KEYS[2], owner) == 0) then
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])

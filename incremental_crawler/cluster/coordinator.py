@@ -109,16 +109,21 @@ __all__ = ["ClusterCoordinator", "ClusterError"]
 #: Where this module's Lua scripts are (``.lua`` files, read by :func:`load_script`).
 _LUA_PACKAGE = "incremental_crawler.cluster"
 
+#: ``fenced(run_key, run_id, workers_key, worker, ttl)``: the check every
+#: script that writes to the run makes first (see fence.lua), put before its
+#: own body, as the state store's scripts take their libraries.
+_FENCE = load_script(_LUA_PACKAGE, "fence.lua")
+
 # Join the current run, or start one (stamped with its first worker's
 # clock: next visits are counted from the run's start); a run none of whose
 # workers is alive is abandoned for a new one. KEYS and ARGV: see join.lua.
 _JOIN = load_script(_LUA_PACKAGE, "join.lua")
 
 # Queue a request unless the run has seen it (no fingerprint: dont_filter).
-_PUSH = load_script(_LUA_PACKAGE, "push.lua")
+_PUSH = _FENCE + load_script(_LUA_PACKAGE, "push.lua")
 
 # Pop the best request and hold it in the worker's in-flight hash, atomically.
-_POP = load_script(_LUA_PACKAGE, "pop.lua")
+_POP = _FENCE + load_script(_LUA_PACKAGE, "pop.lua")
 
 # Beat: drop finished tickets, move processed ones waiting for the end of
 # the crawl to the held hash, stamp the worker, return to the queue what
@@ -138,28 +143,28 @@ _RECLAIM = load_script(_LUA_PACKAGE, "reclaim.lua")
 
 # Claim a one-per-run job (taken over from a dead owner that did not do
 # it). KEYS and ARGV: see claim.lua.
-_CLAIM = load_script(_LUA_PACKAGE, "claim.lua")
+_CLAIM = _FENCE + load_script(_LUA_PACKAGE, "claim.lua")
 
 # A claimed job queued its work, if the caller still owns it. KEYS and
 # ARGV: see claim_done.lua.
-_CLAIM_DONE = load_script(_LUA_PACKAGE, "claim_done.lua")
+_CLAIM_DONE = _FENCE + load_script(_LUA_PACKAGE, "claim_done.lua")
 
 # Claim a gone page's tombstone for the run (one per run). KEYS and ARGV:
 # see claim_tombstone.lua.
-_CLAIM_TOMBSTONE = load_script(_LUA_PACKAGE, "claim_tombstone.lua")
+_CLAIM_TOMBSTONE = _FENCE + load_script(_LUA_PACKAGE, "claim_tombstone.lua")
 
 # Count pages in the run's accounting, each once. KEYS and ARGV: see count_page.lua.
-_COUNT_PAGE = load_script(_LUA_PACKAGE, "count_page.lua")
+_COUNT_PAGE = _FENCE + load_script(_LUA_PACKAGE, "count_page.lua")
 
 # Merge a page's answer into its column for the run. KEYS, ARGV: see answer.lua.
-_ANSWER = load_script(_LUA_PACKAGE, "answer.lua")
+_ANSWER = _FENCE + load_script(_LUA_PACKAGE, "answer.lua")
 
 # The re-seeder counts the pages not due in bulk. KEYS: see bulk_counted.lua.
-_BULK_COUNTED = load_script(_LUA_PACKAGE, "bulk_counted.lua")
+_BULK_COUNTED = _FENCE + load_script(_LUA_PACKAGE, "bulk_counted.lua")
 
 # A plain write to a run key, refused to a worker fenced off the run.
 # KEYS and ARGV: see run_note.lua.
-_RUN_NOTE = load_script(_LUA_PACKAGE, "run_note.lua")
+_RUN_NOTE = _FENCE + load_script(_LUA_PACKAGE, "run_note.lua")
 
 # How many jobs other live workers claimed and have not done yet.
 # KEYS: claims, workers; ARGV: this worker, the worker TTL.
@@ -201,7 +206,7 @@ class LostSum(NamedTuple):
     deferred_taken: str
 
 
-#: How the run scripts refuse a worker fenced off the run (beat.lua): its
+#: How the run scripts refuse a worker fenced off the run (fence.lua): its
 #: run is no longer the current one, or it was taken for dead.
 FENCED = "FENCED"
 

@@ -28,22 +28,15 @@
 -- pages it deferred over its limit (their number, recorded once counted;
 -- the pages a worker counted leaving that column).
 -- KEYS[5]: the run key. ARGV[1]: this worker, ARGV[2]: its tag, ARGV[3]: its run's id
--- (a run no longer current: an error FENCED, nothing written; see beat.lua); then per page, in order: page, column (r, d, s),
+-- (a run no longer current: an error FENCED, nothing written; see fence.lua); then per page, in order: page, column (r, d, s),
 -- size, sum (1, f, 0), its key (for a page requested in the sum; else ""). Returns what the run had for each: "" nothing (the
 -- caller counts it), else "<column><summed>:<size>" as it was.
 -- A page counted by a worker neither alive nor gone with its crawl recorded
 -- (killed: its counts are lost) is counted again by the caller. A page the
 -- caller counted itself gets the reply it got then: a call run again after
 -- its reply was lost answers as the first did.
-local run = redis.call('GET', KEYS[5])
-if not run or string.sub(run, 1, #ARGV[3] + 1) ~= ARGV[3] .. '|' then
-  return redis.error_reply('FENCED run ' .. ARGV[3] .. ' is not the current run')
-end
--- Reaped while silent (its run still current): its counts would be taken
--- for a killed worker's.
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then
-  return redis.error_reply('FENCED worker ' .. ARGV[1] .. ' was taken for dead')
-end
+local refused = fenced(KEYS[5], ARGV[3], KEYS[2], ARGV[1])
+if refused then return refused end
 local me = ARGV[2]
 -- The tags of the run's counters, for the worker that ends the run
 -- (leave.lua). Looked up, not taken from HSETNX: the re-seeder's marks

@@ -2,13 +2,8 @@
 -- in-flight hash, run, workers; ARGV: worker, its run's id. A worker whose
 -- run is no longer current, or reaped (not in the workers hash: nobody
 -- would give back what it pops if it died), pops nothing: an error FENCED.
-local run = redis.call('GET', KEYS[3])
-if not run or string.sub(run, 1, #ARGV[2] + 1) ~= ARGV[2] .. '|' then
-  return redis.error_reply('FENCED run ' .. ARGV[2] .. ' is not the current run')
-end
-if redis.call('HEXISTS', KEYS[4], ARGV[1]) == 0 then
-  return redis.error_reply('FENCED worker ' .. ARGV[1] .. ' was taken for dead')
-end
+local refused = fenced(KEYS[3], ARGV[2], KEYS[4], ARGV[1])
+if refused then return refused end
 local r = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if #r == 0 then return false end
 redis.call('ZREMRANGEBYRANK', KEYS[1], 0, 0)

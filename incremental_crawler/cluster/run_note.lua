@@ -3,20 +3,13 @@
 -- could not be recorded, the re-seeder's marks), made only by a live worker
 -- of the current run: a worker fenced off it (its run no longer the current
 -- one, abandoned while it was silent; or itself reaped, or silent past the
--- TTL by Redis time: see beat.lua) gets an error FENCED and writes nothing,
+-- TTL by Redis time: see fence.lua) gets an error FENCED and writes nothing,
 -- so that it never re-creates the key of a run abandoned and deleted.
 -- KEYS: the run key's to write, the workers hash, the run key. ARGV: the
 -- worker, the worker TTL, its run's id, the command ("SADD", "INCR",
 -- "HSET"), then the command's arguments after the key.
-local run = redis.call('GET', KEYS[3])
-if not run or string.sub(run, 1, #ARGV[3] + 1) ~= ARGV[3] .. '|' then
-  return redis.error_reply('FENCED run ' .. ARGV[3] .. ' is not the current run')
-end
-local last = redis.call('HGET', KEYS[2], ARGV[1])
-local t = redis.call('TIME')
-if not last or tonumber(t[1]) + tonumber(t[2]) / 1e6 - tonumber(last) > tonumber(ARGV[2]) then
-  return redis.error_reply('FENCED worker ' .. ARGV[1] .. ' was taken for dead')
-end
+local refused = fenced(KEYS[3], ARGV[3], KEYS[2], ARGV[1], ARGV[2])
+if refused then return refused end
 local command = ARGV[4]
 if command ~= 'SADD' and command ~= 'INCR' and command ~= 'HSET' then
   return redis.error_reply('run_note.lua: unknown command ' .. command)

@@ -246,6 +246,22 @@ def test_a_worker_reaped_in_its_own_run_writes_none_of_its_keys(pair, note, name
 
 
 @pytest.mark.parametrize(("note", "name"), NOTES)
+def test_a_worker_silent_past_the_ttl_but_not_yet_reaped_writes_none_of_its_keys(pair, note, name):
+    # Its run current and its name still in the workers hash (nobody beat
+    # since to reap it), but its last beat older than the TTL by Redis's
+    # clock: another worker may take it for dead at any moment, so its
+    # plain writes are refused as a reaped worker's are.
+    a, b = pair
+    join(a, "r1")
+    join(b, "r1")
+    silent_for(a, 10)
+    assert a.redis.hexists(a.key("workers"), a.worker_id)
+    note(a)
+    assert not a.redis.exists(a.run_prefix + name)
+    assert a.crawler.stats.get_value("cluster/fenced") == 1
+
+
+@pytest.mark.parametrize(("note", "name"), NOTES)
 def test_a_live_worker_writes_its_runs_keys(pair, note, name):
     (a, _) = pair
     join(a, "r1")
@@ -270,3 +286,71 @@ def test_a_worker_reaped_in_its_own_run_counts_nothing(pair, count):
     assert count(a) is None
     assert a.crawler.stats.get_value("cluster/fenced") == 1
     assert not a.redis.exists(a.run_prefix + "counted")
+
+
+# The queue's and the claims' scripts (push.lua, pop.lua, claim_done.lua,
+# claim_tombstone.lua) run the run's fence (fence.lua) too: a worker back
+# from a silence is refused in Redis before any heartbeat of its own has
+# set its flag (``_fenced``, which stops it calling them at all).
+
+
+def test_a_silent_worker_back_queues_nothing_in_its_abandoned_run(pair):
+    a, b = pair
+    silent_run(a)
+    join(b, "r2")
+    assert not a._fenced
+    assert a.push("fp", 0, b"a link a found") is False
+    assert a.crawler.stats.get_value("cluster/fenced") == 1
+    assert a.redis.zcard(a.queue_key) == 0
+    assert abandoned_keys(a) == []  # its old run's seen set not re-created
+
+
+def abandoned_for_r2(a: ClusterCoordinator, b: ClusterCoordinator) -> None:
+    """*a*'s run r1 abandoned while *a* was silent: *b* joins a new run."""
+    silent_run(a)
+    join(b, "r2")
+
+
+def reaped_in_r1(a: ClusterCoordinator, b: ClusterCoordinator) -> None:
+    """*a* reaped by *b*'s heartbeat, their run r1 going on with *b*."""
+    join(a, "r1")
+    join(b, "r1")
+    silent_for(a, 10)
+    b._beat_once()
+
+
+@pytest.mark.parametrize("fenced_off_by", [abandoned_for_r2, reaped_in_r1],
+                         ids=["its-run-abandoned", "reaped-in-its-run"])
+def test_a_fenced_worker_back_pops_nothing(pair, fenced_off_by):
+    a, b = pair
+    fenced_off_by(a, b)
+    a.redis.zadd(a.queue_key, {b"a request": 0})
+    # Back before its next heartbeat (nobody would give back what it pops).
+    assert not a._fenced
+    assert a.pop() is None
+    assert a.crawler.stats.get_value("cluster/fenced") == 1
+    assert a.redis.zrange(a.queue_key, 0, -1) == [b"a request"]
+    assert a.redis.hlen(a.key(f"inflight:{a.worker_id}")) == 0
+
+
+def test_a_silent_worker_back_claims_no_tombstone_in_its_abandoned_run(pair):
+    a, b = pair
+    silent_run(a)
+    join(b, "r2")
+    assert a.claim_tombstone(GONE) is False
+    assert a.crawler.stats.get_value("cluster/fenced") == 1
+    assert abandoned_keys(a) == []  # its old run's tombstones not re-created
+    assert b.claim_tombstone(GONE)
+
+
+def test_a_silent_worker_back_marks_no_claim_done_in_its_abandoned_run(pair, caplog):
+    a, b = pair
+    join(a, "r1")
+    assert a.claim("reseed")
+    silent_for(a, 10)
+    join(b, "r2")
+    a.claim_done("reseed")
+    assert a.crawler.stats.get_value("cluster/fenced") == 1
+    assert abandoned_keys(a) == []
+    # Refused for its run, in Redis: not only found no owner of the claim.
+    assert "FENCED run r1 is not the current run" in caplog.text

@@ -119,6 +119,7 @@ from incremental_crawler.state.stores.redis.core import (
     scope_of_shard,
     shard_part,
 )
+from incremental_crawler.state.stores.redis.ledger_entry import entry_effects, read_entry
 from incremental_crawler.state.stores.redis.pages import (
     BUCKET_LOAD,
     MAX_SPLITS,
@@ -875,7 +876,7 @@ class RedisClusterPath(RedisCore):
         done = json.loads(reply[3]) if reply[3] else {}
         taken = json.loads(reply[4]) if len(reply) > 4 and reply[4] else []
         for other, raw, *expired in taken:
-            effects = json.loads(raw) if isinstance(raw, str) else raw
+            effects = entry_effects(raw)
             if expired and expired[0]:
                 # Past _LEDGER_HONOURED: its idempotent parts only (or
                 # nothing, when P:fxdone or P:fxheld lists it: 'done').
@@ -1191,14 +1192,11 @@ class RedisClusterPath(RedisCore):
             # clock that stamped it (the host script's TIME), not ours.
             ledger_now, found = int(reply[0]), reply[1:]
             for k in range(0, len(found), 2):
-                token, raw = found[k].decode(), found[k + 1]
-                try:
-                    stamped, effects = json.loads(raw)
-                    age = ledger_now - float(stamped)
-                except (ValueError, TypeError):
+                token, entry = found[k].decode(), read_entry(found[k + 1])
+                if entry is None:
                     continue  # not an entry (the host script drops those)
-                effects = json.loads(effects) if isinstance(effects, str) else effects
-                if age > _LEDGER_HONOURED:
+                stamped, effects = entry
+                if ledger_now - stamped > _LEDGER_HONOURED:
                     # P:fxdone may have forgotten it was applied (it keeps
                     # _APPLIED_KEPT, on its own node's clock): applying it
                     # whole could count it twice. Only its idempotent parts
@@ -1206,12 +1204,12 @@ class RedisClusterPath(RedisCore):
                     # host listed, its bounds lowered, the shard's sums
                     # marked lost; unless P:fxdone or P:fxheld lists its
                     # token (the scope's script says 'done': nothing marked).
-                    found_all.append((float(stamped), token,
+                    found_all.append((stamped, token,
                                       _Effects.expired(effects, part, ledger, (shard, part))))
                     continue
                 bundle = _Effects(ledger=ledger, where=(shard, part))
                 bundle.add(effects, part)
-                found_all.append((float(stamped), token, bundle))
+                found_all.append((stamped, token, bundle))
         # Oldest first (a ledger's hash has no order of its own); what the
         # scope's script applies of them does not depend on it.
         found_all.sort(key=lambda found: found[0])
@@ -1520,10 +1518,12 @@ class RedisClusterPath(RedisCore):
         for group, values in zip(groups, self._sync_run(pipe), strict=True):
             for raw in values:
                 try:
-                    effects = json.loads(raw)[1]
-                    effects = json.loads(effects) if isinstance(effects, str) else effects
-                    listed.update(host_of_part(part)
-                                  for part in _listed_hosts(effects, group))
-                except (ValueError, TypeError, IndexError, AttributeError):
-                    continue  # not an entry (the group's script drops those)
+                    entry = read_entry(raw)
+                    if entry is not None:
+                        listed.update(host_of_part(part)
+                                      for part in _listed_hosts(entry.effects, group))
+                except (ValueError, TypeError, AttributeError):
+                    # Damaged: its effects not an object, or their hosts not a
+                    # list of host parts. (None: no entry; see ledger_entry.)
+                    continue
         return hosts + sorted(listed - set(hosts))

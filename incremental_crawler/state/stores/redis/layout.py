@@ -8,10 +8,10 @@ from it) reads in one place."""
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
-from typing import Any
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import redis
@@ -29,6 +29,7 @@ from incremental_crawler.state.stores.redis.core import (
     logger,
 )
 from incremental_crawler.state.stores.redis.due import _DUE_BUCKETS
+from incremental_crawler.state.stores.redis.ledger_entry import entry_of, read_entry
 from incremental_crawler.state.stores.redis.pages import host_part
 from incremental_crawler.state.stores.redis.scripts import (
     _BYPAGE_TO_ZSET_LUA,
@@ -38,6 +39,9 @@ from incremental_crawler.state.stores.redis.scripts import (
     _UNLOCK_LUA,
     CLUSTER_SCRIPTS,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 __all__ = ["CLUSTER_LAYOUT_VERSION", "LAYOUT", "LAYOUT_VERSION", "MIN_REDIS_VERSION",
            "RedisLayout"]
@@ -222,15 +226,15 @@ def _entry_of_host(raw: bytes, part: str) -> bytes:
     they said ``new_host``, the group's ledger naming no host. An entry that
     is not one (the scripts drop those) is kept as it is."""
     try:
-        stamped, effects = json.loads(raw)
-        decoded = json.loads(effects) if isinstance(effects, str) else effects
-    except (ValueError, TypeError):
+        entry = read_entry(raw)
+    except ValueError:
         return raw
-    if not isinstance(decoded, dict):
+    if entry is None:
         return raw
-    if decoded.pop("new_host", False):
-        decoded["hosts"] = sorted({*decoded.get("hosts", []), part})
-    return json.dumps([stamped, decoded], separators=(",", ":")).encode()
+    effects = entry.effects
+    if effects.pop("new_host", False):
+        effects["hosts"] = sorted({*effects.get("hosts", []), part})
+    return entry_of(entry.stamped, effects)
 
 
 def _legacy_page_key(scope: str, field: str) -> PageKey:
@@ -475,61 +479,80 @@ class RedisLayout(RedisCore):
         revisit index becomes one of buckets, and the old keys go, scope by
         scope (see :meth:`_move_pages`).
         """
-        meta = f"{self.prefix}:meta"
-        lock = f"{self.prefix}:migrating"
-        token = uuid.uuid4().hex
         try:
-            for _ in range(_MIGRATION_WAITS):
-                self.roundtrips += 1
-                if self._sync.set(lock, token, nx=True, ex=_MIGRATION_LOCK_TTL):
-                    break
-                time.sleep(_MIGRATION_WAIT)
-            else:
-                raise self._fail(
-                    f"another process has been migrating the layout for over "
-                    f"{_MIGRATION_WAITS * _MIGRATION_WAIT:.0f} s ({lock} is held); "
-                    "try again when it is done")
-            try:
-                self.roundtrips += 1
-                found = self._sync.hgetall(meta)
-                version = int(found.get(b"version", LAYOUT_VERSION))
-                start = int(found.get(_UPGRADING.encode(), version))
+            with self._migration_lock() as (lock, token):
+                start, resumed = self._migration_start(LAYOUT_VERSION)
                 if start >= LAYOUT_VERSION:
                     return  # done by the process we waited for
-                self.roundtrips += 1
-                self._sync.hset(meta, mapping={"version": LAYOUT_VERSION, _UPGRADING: start})
+                self._raise_version(LAYOUT_VERSION, start)
                 if start < 2:
                     for key in self._scan_keys(f"{_glob(self.prefix)}:bypage:*"):
                         self.roundtrips += 1
                         self._sync.eval(_BYPAGE_TO_ZSET_LUA, 1, key)
                 moved = self._move_pages(lock, token) if start < 3 else 0
-                if start == 3 or _UPGRADING.encode() in found:
+                if start == 3 or resumed:
                     # Pages moved from layout 2 now were summed as they were
                     # written; a move resumed (begun by a process of layout 3,
                     # which kept no sums) has pages moved before: built anew.
                     self._build_sums(lock, token)
-                # Done only if no other process took over meanwhile.
-                self._renew(lock, token)
-                self.roundtrips += 1
-                self._sync.hdel(meta, _UPGRADING)
-            finally:
-                self.roundtrips += 1
-                self._sync.eval(_UNLOCK_LUA, 1, lock, token)
+                self._finish_migration(lock, token)
         except redis.RedisError as exc:
             raise self._fail("migrating the layout failed", exc) from exc
         logger.info("State store %s: layout migrated from version %d to %d (%d pages moved)",
                     self.location, start, LAYOUT_VERSION, moved)
 
-    def _take_migration_lock(self, lock: str, token: str) -> None:
+    @contextmanager
+    def _migration_lock(self) -> Iterator[tuple[str, str]]:
+        """The migration's lock (``P:migrating``) held for the block, as
+        (lock, this process's token): taken first, waiting for another
+        process's migration (:data:`_MIGRATION_WAITS` times
+        :data:`_MIGRATION_WAIT` at most), released at its end whatever
+        happened (by its holder only: a lock that lapsed and was taken by
+        another process stays that one's)."""
+        lock = f"{self.prefix}:migrating"
+        token = uuid.uuid4().hex
         for _ in range(_MIGRATION_WAITS):
             self.roundtrips += 1
             if self._sync.set(lock, token, nx=True, ex=_MIGRATION_LOCK_TTL):
-                return
+                break
             time.sleep(_MIGRATION_WAIT)
-        raise self._fail(
-            f"another process has been migrating the layout for over "
-            f"{_MIGRATION_WAITS * _MIGRATION_WAIT:.0f} s ({lock} is held); "
-            "try again when it is done")
+        else:
+            raise self._fail(
+                f"another process has been migrating the layout for over "
+                f"{_MIGRATION_WAITS * _MIGRATION_WAIT:.0f} s ({lock} is held); "
+                "try again when it is done")
+        try:
+            yield lock, token
+        finally:
+            self.roundtrips += 1
+            self._sync.eval(_UNLOCK_LUA, 1, lock, token)
+
+    def _migration_start(self, target: int) -> tuple[int, bool]:
+        """Read under the lock: the layout version a migration to *target*
+        starts from (the one a migration under way started from, its
+        ``upgrading``: resumed; *target* or later: done by the process
+        waited for), and whether it is resumed."""
+        self.roundtrips += 1
+        found = self._sync.hgetall(f"{self.prefix}:meta")
+        version = int(found.get(b"version", target))
+        return int(found.get(_UPGRADING.encode(), version)), _UPGRADING.encode() in found
+
+    def _raise_version(self, target: int, start: int) -> None:
+        """The layout version raised to *target* before anything moves,
+        ``upgrading`` noting *start*: code of the older layout refuses the
+        prefix from then on, and a process that dies midway leaves it for
+        the next to resume."""
+        self.roundtrips += 1
+        self._sync.hset(f"{self.prefix}:meta", mapping={"version": target, _UPGRADING: start})
+
+    def _finish_migration(self, lock: str, token: str) -> None:
+        """Every step of the migration done: ``upgrading`` goes from
+        ``P:meta`` (the store opens as one of the new layout from now on),
+        only if no other process took the lock over meanwhile (this one
+        stalled past its time: the other goes on, and finishes it)."""
+        self._renew(lock, token)
+        self.roundtrips += 1
+        self._sync.hdel(f"{self.prefix}:meta", _UPGRADING)
 
     def _migrate_cluster(self) -> None:
         """Cluster layout 6 → 7 in place, one process at a time (the lock
@@ -551,27 +574,18 @@ class RedisLayout(RedisCore):
         each noting its host (what its ``new_host`` said), the applied
         tokens held (``P:fxheld``) noted with their new ledger, and the
         intents that name a host name its group (same score)."""
-        meta = f"{self.prefix}:meta"
-        lock = f"{self.prefix}:migrating"
-        token = uuid.uuid4().hex
         try:
-            self._take_migration_lock(lock, token)
-            try:
-                self.roundtrips += 1
-                found = self._sync.hgetall(meta)
-                version = int(found.get(b"version", CLUSTER_LAYOUT_VERSION))
-                start = int(found.get(_UPGRADING.encode(), version))
+            with self._migration_lock() as (lock, token):
+                start, resumed = self._migration_start(CLUSTER_LAYOUT_VERSION)
                 if start >= CLUSTER_LAYOUT_VERSION:
                     return  # done by the process we waited for
                 # Before the version is raised: a damaged key refused
                 # then leaves the store at 6, the old code still opens it.
-                self._refuse_damaged_keys(resumed=_UPGRADING.encode() in found)
-                if _UPGRADING.encode() not in found:
+                self._refuse_damaged_keys(resumed=resumed)
+                if not resumed:
                     # (Resumed, the version is raised: layout 6 refused.)
                     self._refuse_live_workers()
-                self.roundtrips += 1
-                self._sync.hset(meta, mapping={"version": CLUSTER_LAYOUT_VERSION,
-                                               _UPGRADING: start})
+                self._raise_version(CLUSTER_LAYOUT_VERSION, start)
                 # (The pending effects are not applied first: a damaged key
                 # in a scope's shard would refuse that, with the version
                 # raised, leaving a store neither code opens. They move
@@ -587,12 +601,7 @@ class RedisLayout(RedisCore):
                 for key in self._scan_keys(f"{_glob(self.prefix)}:fxheld:*"):
                     self._renew(lock, token)
                     self._regroup_held(key)
-                self._renew(lock, token)
-                self.roundtrips += 1
-                self._sync.hdel(meta, _UPGRADING)
-            finally:
-                self.roundtrips += 1
-                self._sync.eval(_UNLOCK_LUA, 1, lock, token)
+                self._finish_migration(lock, token)
         except redis.RedisError as exc:
             raise self._fail("migrating the layout failed", exc) from exc
         logger.info("State store %s: cluster layout migrated from version %d to %d (%d host "

@@ -1,0 +1,61 @@
+"""A host group's ledger entries (cluster layout, ``P:fx:{<s>|<g>}``) read
+and written in one place: the two encodings of their effects read alike, a
+value that is no entry is said to be none, and a migration from layout 6
+rewrites an entry of a host's ledger for its group's, and nothing else."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from incremental_crawler.state.stores.redis.layout import _entry_of_host
+from incremental_crawler.state.stores.redis.ledger_entry import LedgerEntry, entry_of, read_entry
+
+EFFECTS = {"sums": {"1000|parse": [1, 120]}, "hosts": ["a.example"], "splits": 0}
+
+
+@pytest.mark.parametrize("raw", [
+    # As cluster_host.lua and cluster_forget.lua write it (cjson: the
+    # effects a string of JSON, the time an integer).
+    json.dumps([1_700_000_000, json.dumps(EFFECTS)]).encode(),
+    # As a migration writes it (the effects the object).
+    entry_of(1_700_000_000, EFFECTS),
+], ids=["scripts", "migration"])
+def test_an_entry_reads_the_same_whichever_wrote_it(raw):
+    entry = read_entry(raw)
+    assert entry == LedgerEntry(1_700_000_000, EFFECTS)
+    assert type(entry.stamped) is int
+
+
+@pytest.mark.parametrize("raw", [
+    b"not json", b"[]", b"[1700000000]", b'"ab"', b"7",
+    json.dumps(["yesterday", EFFECTS]).encode(),
+    json.dumps([None, EFFECTS]).encode(),
+], ids=["not-json", "empty", "one", "string", "number", "time-a-word", "time-null"])
+def test_a_value_that_is_no_entry_reads_as_none(raw):
+    assert read_entry(raw) is None
+
+
+@pytest.mark.parametrize("effects", ["{not json", json.dumps([1, 2]), None],
+                         ids=["string-not-json", "a-list", "null"])
+def test_an_entry_whose_effects_are_damaged_says_so(effects):
+    with pytest.raises(ValueError, match=r"not a JSON object|Expecting"):
+        read_entry(json.dumps([1_700_000_000, effects]))
+
+
+def test_a_host_ledgers_entry_names_its_host_in_its_groups_ledger():
+    old = dict(EFFECTS, hosts=[], new_host=True)
+    raw = json.dumps([1_700_000_000, json.dumps(old)]).encode()
+    moved = read_entry(_entry_of_host(raw, "b.example"))
+    assert moved is not None
+    assert moved.stamped == 1_700_000_000
+    assert moved.effects == dict(EFFECTS, hosts=["b.example"])
+
+
+@pytest.mark.parametrize("raw", [
+    b"not json", json.dumps(["yesterday", {"new_host": True}]).encode(),
+    json.dumps([1_700_000_000, "{not json"]).encode(),
+], ids=["not-json", "time-a-word", "effects-damaged"])
+def test_a_migration_keeps_a_value_that_is_no_entry_as_it_is(raw):
+    assert _entry_of_host(raw, "b.example") == raw
