@@ -302,22 +302,28 @@ async def test_three_workers_share_one_window_and_every_retry_after(site, tmp_pa
 @pytest_twisted.ensureDeferred
 async def test_two_workers_keep_one_crawl_delay_between_them(site, tmp_path, prefix):
     lists = add_worker_pages(site, 2, 10)
-    # 5 requests/s for the site as a whole, whoever sends them.
-    site.robots_txt = "User-agent: *\nCrawl-delay: 0.2\nAllow: /\n"
-    await run_workers(site, tmp_path / "shared", 2, *shared(prefix), *START)
+    # 10 requests/s for the site as a whole, whoever sends them; each
+    # worker's window starts above it (20/s), so the Crawl-delay is what
+    # paces them from the first request.
+    site.robots_txt = "User-agent: *\nCrawl-delay: 0.1\nAllow: /\n"
+    start = "INCREMENTAL_THROTTLE_START_RATE=20"
+    await run_workers(site, tmp_path / "shared", 2, *shared(prefix), start)
     fetched = {r.path for r in site.log if r.status == 200}
     assert all(set(paths) <= fetched for paths in lists)
     starts = sorted(r.started for r in site.log if r.path.startswith("/w"))
     span = starts[-1] - starts[0]
-    # 23 gaps of 0.2 s (1 ms of slack each for the two clocks of the test).
-    assert span >= (len(starts) - 1) * 0.199
+    # 0.1 s between any two of them (1 ms of slack each for the two clocks
+    # of the test).
+    assert span >= (len(starts) - 1) * 0.099
     # (robots.txt is fetched before its Crawl-delay is known: not counted.)
-    assert busiest_second(site, "/w") <= 6
+    assert busiest_second(site, "/w") <= 11
 
-    # Control: each worker keeps the Crawl-delay on its own: twice the rate.
+    # Control: each worker keeps the Crawl-delay on its own: twice the rate
+    # (their pages started together: their sitemaps held until both asked).
     site.reset_log()
-    await run_workers(site, tmp_path / "alone", 2, *START)
-    assert busiest_second(site, "/w") >= 8
+    await run_workers(site, tmp_path / "alone", 2, start,
+                      on_tick=held_until_all_workers_ask(site, 2))
+    assert busiest_second(site, "/w") >= 16
 
 
 # -- Redis unavailable: the crawl stops, loudly, rather than crawl unthrottled ------
