@@ -45,8 +45,9 @@ if TYPE_CHECKING:
 REDIS_URL = BUDGET_REDIS_URI
 #: Sleeps of tenths of a second against the script, and what the site saw of
 #: worker processes' timing: the tests marked with it run while no other
-#: test's crawlers do (under xdist). Those at the end assert no timing, or
-#: check a gap on the crawler's side (tests/send_log.py), at any load.
+#: test's crawlers do (under xdist). Those at the end assert no timing,
+#: check a gap on the crawler's side (tests/send_log.py), or assert what
+#: load only makes likelier (promises broken): they hold at any load.
 ALONE = pytest.mark.alone
 
 
