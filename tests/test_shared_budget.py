@@ -308,7 +308,11 @@ async def test_two_workers_keep_one_crawl_delay_between_them(site, tmp_path, pre
     # paces them from the first request.
     site.robots_txt = "User-agent: *\nCrawl-delay: 0.1\nAllow: /\n"
     start = "INCREMENTAL_THROTTLE_START_RATE=20"
-    await run_workers(site, tmp_path / "shared", 2, *shared(prefix), start)
+    # Their pages start together (sitemaps held until both asked): a worker
+    # starting a second late would keep the span and the busiest second
+    # within bounds even with no delay shared.
+    await run_workers(site, tmp_path / "shared", 2, *shared(prefix), start,
+                      on_tick=held_until_all_workers_ask(site, 2))
     fetched = {r.path for r in site.log if r.status == 200}
     assert all(set(paths) <= fetched for paths in lists)
     starts = sorted(r.started for r in site.log if r.path.startswith("/w"))
@@ -317,7 +321,9 @@ async def test_two_workers_keep_one_crawl_delay_between_them(site, tmp_path, pre
     # of the test).
     assert span >= (len(starts) - 1) * 0.099
     # (robots.txt is fetched before its Crawl-delay is known: not counted.)
-    assert busiest_second(site, "/w") <= 11
+    # 10 a second kept; 13 leaves room for a stall of the test's server
+    # bunching a few arrivals (each worker keeping its own: 20).
+    assert busiest_second(site, "/w") <= 13
 
     # Control: each worker keeps the Crawl-delay on its own: twice the rate
     # (their pages started together: their sitemaps held until both asked).
