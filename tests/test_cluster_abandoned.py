@@ -20,13 +20,16 @@ import pytest
 import pytest_twisted
 import redis
 from scrapy import Spider
+from scrapy.settings import Settings
+from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.test import get_crawler
-from twisted.internet import reactor
-from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
+from incremental_crawler import clock
 from incremental_crawler.cluster.coordinator import ClusterCoordinator
 from incremental_crawler.config import DEFAULT_SETTINGS
+from incremental_crawler.state.records import PageKey
+from incremental_crawler.state.stores import open_store
 from tests.cluster_worker import Worker, abandoned_mark, leftover_keys, page_gets
 from tests.redis_util import CLUSTER_REDIS_URI
 from tests.waiting import until
@@ -88,13 +91,23 @@ def coordination(request, cluster_prefix):
     cluster.delete(f"{cluster_prefix}*")
 
 
-async def first_crawl(site, state_uri, coordination: Coordination, tmp_path) -> None:
-    """Every page crawled once by one worker; then every page due again."""
+async def first_crawl(site, state_uri, coordination: Coordination, tmp_path, n: int) -> None:
+    """Every page (n of them) crawled once by one worker; then every page due again."""
     worker = Worker(site, state_uri, coordination.prefix, tmp_path, "first",
                     *REVISITS, *coordination.extra)
     assert await worker.wait() == 0, worker.tail()
     assert coordination.run() is None
-    await deferLater(reactor, 1.2)  # every page is due again
+    # Due a second after the crawl's start (its time in the store): often
+    # already past as the worker exits; waited for if not.
+    store = open_store(Settings({"INCREMENTAL_STATE_URI": state_uri}))
+    try:
+        pages = [await deferred_from_coro(store.get_page(
+            PageKey("sitemap", site.url(f"/p/{i:04d}")))) for i in range(n)]
+    finally:
+        await deferred_from_coro(store.close())
+    assert all(page is not None and page.next_visit > 0 for page in pages)
+    due = max(page.next_visit for page in pages if page is not None)
+    await until(lambda: clock.now() > due, "every page to be due again", seconds=5)
     site.reset_log()
 
 
@@ -110,7 +123,7 @@ async def test_a_run_whose_every_worker_was_killed_is_abandoned_for_a_new_one(
 ):
     n = 20
     site.add_pages(n, size=1000)
-    await first_crawl(site, state_uri, coordination, tmp_path)
+    await first_crawl(site, state_uri, coordination, tmp_path, n)
 
     # The second crawl's only worker re-seeds every page, gets all but one
     # answered, and is killed with that one on the wire once every other
@@ -166,7 +179,7 @@ async def test_a_reseeding_worker_killed_after_claiming_is_taken_over(
     site.add_pages(n, size=1000)
     coordination = Coordination(redis.Redis.from_url(CLUSTER_REDIS_URI), (), cluster_prefix)
     try:
-        await first_crawl(site, state_uri, coordination, tmp_path)
+        await first_crawl(site, state_uri, coordination, tmp_path, n)
         ttl = ("-s", f"INCREMENTAL_CLUSTER_WORKER_TTL={TTL}")
         # The survivor is busy (its sitemap index held) while the other
         # worker, with nothing to do, claims the run's re-seeding and waits

@@ -607,8 +607,9 @@ async def test_the_budgets_of_many_slots_spread_over_the_nodes(redis_cluster, pr
 async def test_three_workers_share_one_window_on_a_redis_cluster(
         site, tmp_path, redis_cluster, prefix):
     # tests/test_shared_budget.py's first test, its budget on the cluster:
-    # the site's limit is kept by the three workers together.
-    lists = add_worker_pages(site, 3, 15)
+    # the site's limit is kept by the three workers together (30 pages, as
+    # there).
+    lists = add_worker_pages(site, 3, 10)
     limiter = site.limit(rate=RATE, burst=BURST)
     logs = await run_workers(site, tmp_path / "shared", 3,
                              f"INCREMENTAL_THROTTLE_SHARED_URL={redis_cluster.url}",
