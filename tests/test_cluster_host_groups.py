@@ -272,6 +272,26 @@ async def test_a_layout_6_store_is_migrated_in_place_its_dead_workers_effects_on
         await call(store.close())
 
 
+def lose_host_script_replies(store: RedisStateStore, lost: set[int]) -> list[int]:
+    """The replies of the group scripts *store* sends lost (a connection
+    error once the scripts ran) for the calls numbered in *lost* (from 1);
+    the number of scripts of each call, as they go."""
+    original = store._eval_many
+    host_scripts: list[int] = []
+
+    async def losing(calls: list[tuple[str, list[str], list[Any]]],
+                     plain: Any = ()) -> list[Any]:
+        replies = await original(calls, plain)
+        if any(script == CLUSTER_HOST_LUA for script, _, _ in calls):
+            host_scripts.append(len(calls))
+            if len(host_scripts) in lost:
+                raise redis.exceptions.ConnectionError("the reply was lost")
+        return replies
+
+    store._eval_many = losing  # type: ignore[method-assign]
+    return host_scripts
+
+
 def two_hosts_of_one_group() -> tuple[str, str]:
     first = "a.example"
     for n in range(1_000):
@@ -294,24 +314,13 @@ async def test_a_group_script_whose_reply_was_lost_is_replayed_with_the_writes_i
     a1, b1, a2 = (PageKey(SCOPE, f"https://{a_host}/1"), PageKey(SCOPE, f"https://{b_host}/1"),
                   PageKey(SCOPE, f"https://{a_host}/2"))
     store = RedisStateStore(redis_cluster.url, prefix=prefix)
-    lost: list[int] = []
-    original = store._eval_many
-
-    async def eval_many(calls: list[tuple[str, list[str], list[Any]]],
-                        plain: Any = ()) -> list[Any]:
-        replies = await original(calls, plain)
-        if not lost and any(script == CLUSTER_HOST_LUA for script, _, _ in calls):
-            lost.append(1)
-            raise redis.exceptions.ConnectionError("the reply was lost")
-        return replies
-
-    store._eval_many = eval_many  # type: ignore[method-assign]
+    host_scripts = lose_host_script_replies(store, {1})
     try:
         store.stage_page(full_state(a1, 1, callback="parse", next_visit=1_000))
         store.stage_page(full_state(b1, 1, callback="parse", next_visit=1_001))
         with pytest.raises(StateStoreError):
             await call(store.flush())
-        assert lost == [1]
+        assert host_scripts == [1]  # the group's one script, its reply lost
         store.stage_page(full_state(a2, 1, callback="parse", next_visit=1_002))
         await call(store.flush())
         assert store.pending == 0
@@ -425,26 +434,6 @@ async def repaired_each_written_once(redis_cluster: LoopbackCluster, links: str,
     summary = await call(reader.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
                                                 checked_before=math.inf))
     assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
-
-
-def lose_host_script_replies(store: RedisStateStore, lost: set[int]) -> list[int]:
-    """The replies of the group scripts *store* sends lost (a connection
-    error once the scripts ran) for the calls numbered in *lost* (from 1);
-    the number of scripts of each call, as they go."""
-    original = store._eval_many
-    host_scripts: list[int] = []
-
-    async def losing(calls: list[tuple[str, list[str], list[Any]]],
-                     plain: Any = ()) -> list[Any]:
-        replies = await original(calls, plain)
-        if any(script == CLUSTER_HOST_LUA for script, _, _ in calls):
-            host_scripts.append(len(calls))
-            if len(host_scripts) in lost:
-                raise redis.exceptions.ConnectionError("the reply was lost")
-        return replies
-
-    store._eval_many = losing  # type: ignore[method-assign]
-    return host_scripts
 
 
 @pytest_twisted.ensureDeferred
