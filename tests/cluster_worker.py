@@ -24,6 +24,7 @@ from tests.scrapy_cli import start_scrapy
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from scrapy import Spider
     from scrapy.crawler import Crawler
 
 __all__ = ["Worker", "crawl_in_process", "leftover_keys", "page_gets", "worker_settings"]
@@ -51,16 +52,19 @@ def worker_settings(state_uri: str | None, prefix: str) -> dict[str, object]:
     }
 
 
-async def crawl_in_process(site, state_uri: str, prefix: str, **overrides: object) -> Crawler:
-    """A run of one worker, as :class:`Worker` runs it (the sitemap spider,
-    the same settings, *overrides* over them), crawled in this process: for
-    a run whose worker need not be a process of its own (no kill, no signal,
-    no exit status looked at), without the second of CPU each start-up of a
-    Python process with Scrapy costs. The finished crawler, what it emitted
-    in ``crawler.collected``."""
-    return await run_crawl(state_uri, SitemapPagesSpider,
-                           {**worker_settings(state_uri, prefix), **overrides},
-                           sitemap_url=site.url("/robots.txt"))
+async def crawl_in_process(site, state_uri: str, prefix: str, *,
+                           spider: tuple[type[Spider], dict[str, str]] | None = None,
+                           **overrides: object) -> Crawler:
+    """A run of one worker, as :class:`Worker` runs it (the same settings,
+    *overrides* over them; the sitemap spider of *site*, or *spider*: its
+    class and arguments), crawled in this process: for a run whose worker
+    need not be a process of its own (no kill, no signal, no exit status
+    looked at), without the second of CPU each start-up of a Python process
+    with Scrapy costs. The finished crawler, what it emitted in
+    ``crawler.collected``."""
+    spidercls, kwargs = spider or (SitemapPagesSpider, {"sitemap_url": site.url("/robots.txt")})
+    return await run_crawl(state_uri, spidercls,
+                           {**worker_settings(state_uri, prefix), **overrides}, **kwargs)
 
 
 class Worker:
