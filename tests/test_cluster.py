@@ -483,15 +483,35 @@ async def sitemaps_saved(state_uri: str, site) -> set[str]:
 
 @pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
 @pytest_twisted.ensureDeferred
-async def test_a_killed_worker_with_items_only_in_feeds_loses_nothing(
+async def test_workers_with_items_only_in_feeds_exit_by_themselves(
     site, state_uri, cluster_prefix, tmp_path
 ):
     # Items only in feeds: page state is committed when the feeds close, at
-    # the very end. The victim's feed dies with it and it committed
-    # nothing: every request it took, processed or not, goes back to the
-    # queue for the survivor. The survivor, left alone, must still exit by
-    # itself: its processed requests waiting for their commit do not count
-    # as work in progress, or it never sees the cluster quiet.
+    # the very end. Processed requests waiting for that must not count as
+    # work in progress, or no worker ever sees the cluster quiet.
+    n = 30
+    site.add_pages(n, size=1000)
+    site.slow("/p/", 0.05)
+    workers = [Worker(site, state_uri, cluster_prefix, tmp_path, str(i),
+                      "-s", "INCREMENTAL_STORE_ITEMS=False") for i in range(2)]
+    for worker in workers:
+        assert await worker.wait(30) == 0, worker.tail()
+    gets = page_gets(site)
+    assert len(gets) == n and max(gets.values()) == 1
+    urls = [site.url(f"/p/{i:04d}") for i in range(n)]
+    assert sorted(url for w in workers for url in w.urls()) == sorted(urls)
+    with_validators, _ = await stored_state(state_uri, urls)
+    assert with_validators == set(urls)
+    assert leftover_keys(cluster_prefix) == []
+
+
+@pytest.mark.parametrize("state_uri", ["redis"], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_killed_worker_with_items_only_in_feeds_loses_nothing(
+    site, state_uri, cluster_prefix, tmp_path
+):
+    # Its feed dies with it and it committed nothing: every request it
+    # took, processed or not, goes back to the queue for the survivor.
     n = 40
     site.add_pages(n, size=1000)
     site.slow("/p/", 0.05)
