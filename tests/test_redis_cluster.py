@@ -84,6 +84,14 @@ def store_uri(redis_prefix: str) -> str:
     return f"{REDIS_URI}?prefix={redis_prefix}"
 
 
+#: For a test with a cluster crawl in this process (``crawl_in_process``):
+#: scrapy-redis's default connection options (retry_on_timeout) are
+#: deprecated by redis-py's cluster client, a warning a worker process only
+#: prints.
+IN_PROCESS_ON_THE_CLUSTER = pytest.mark.filterwarnings(
+    "ignore:Call to '__init__' function with deprecated usage:DeprecationWarning")
+
+
 def on_cluster(cluster, *extra: str) -> tuple[str, ...]:
     return ("-s", f"INCREMENTAL_CLUSTER_URL={cluster.url}", *extra)
 
@@ -483,11 +491,7 @@ async def test_a_repair_is_refused_while_cluster_workers_hold_the_scope_naming_t
                     f"{n} items, {n} item versions", done.stdout), done.stdout
 
 
-# The crawls in this process: scrapy-redis's default connection options
-# (retry_on_timeout) are deprecated by redis-py's cluster client, a warning a
-# worker process only prints.
-@pytest.mark.filterwarnings(
-    "ignore:Call to '__init__' function with deprecated usage:DeprecationWarning")
+@IN_PROCESS_ON_THE_CLUSTER
 async def test_a_worker_and_a_crawl_refuse_to_start_while_a_repair_holds_the_scope(
         site, redis_cluster, prefix, cluster_store, tmp_path, monkeypatch):
     n = 6
@@ -613,20 +617,21 @@ async def test_three_workers_share_one_window_on_a_redis_cluster(
     assert f"{prefix}:127.0.0.1".encode() in redis_cluster.keys(f"{prefix}:*")
 
 
+@IN_PROCESS_ON_THE_CLUSTER
 @pytest_twisted.ensureDeferred
 async def test_a_cluster_crawl_with_the_shared_budget_on_the_cluster(
-        site, redis_cluster, prefix, store_uri, tmp_path):
+        site, redis_cluster, prefix, store_uri):
     # The throttle on: the budget follows INCREMENTAL_CLUSTER_URL onto the
-    # cluster, beside the run's keys.
+    # cluster, beside the run's keys. (One worker, in this process.)
     site.add_pages(20, size=500)
     budget = f"{prefix}-budget"
-    worker = Worker(site, store_uri, prefix, tmp_path, "1", *on_cluster(
-        redis_cluster, "-s", "INCREMENTAL_THROTTLE_ENABLED=True",
-        "-s", "INCREMENTAL_THROTTLE_START_RATE=50",
-        "-s", f"INCREMENTAL_THROTTLE_SHARED_PREFIX={budget}"))
-    assert await worker.wait() == 0, worker.tail()
+    crawler = await crawl_in_process(
+        site, store_uri, prefix, INCREMENTAL_CLUSTER_URL=redis_cluster.url,
+        INCREMENTAL_THROTTLE_ENABLED=True, INCREMENTAL_THROTTLE_START_RATE=50,
+        INCREMENTAL_THROTTLE_SHARED_PREFIX=budget)
     assert len(page_gets(site)) == 20
-    assert "'incremental/throttle/shared/acquires'" in worker.text(), worker.tail()
+    assert crawler.stats.get_value("incremental/throttle/shared/acquires"), (
+        crawler.stats.get_stats())
     assert f"{budget}:127.0.0.1".encode() in redis_cluster.keys(f"{budget}:*")
     assert redis_cluster.keys(f"{prefix}:*") == []
 
