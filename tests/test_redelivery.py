@@ -23,7 +23,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
-from tests.conftest import run_crawl
+from tests.test_kill9 import crawl_here as kill9_crawl_here
 from tests.test_kill9 import scrapy_crawl
 
 if TYPE_CHECKING:
@@ -43,19 +43,15 @@ def crawl(site, state_uri: str, run: Path, name: str) -> Any:
 
 
 async def crawl_here(site, state_uri: str, run: Path, name: str) -> None:
-    """The same crawl as :func:`crawl`, in this process and to its end: a
-    crawl after the stopped one need not be a process of its own (it is
-    neither signalled nor killed), and this spares the second of CPU each
-    start-up of a Python process with Scrapy costs."""
-    crawler = await run_crawl(state_uri, SitemapPagesSpider, {
+    """The same crawl as :func:`crawl` (its feed, its pipeline), in this
+    process and to its end: a crawl after the stopped one need not be a
+    process of its own (it is neither signalled nor killed)."""
+    await kill9_crawl_here(state_uri, SitemapPagesSpider, {
         # ``-O``: the feed overwritten, its format from the extension.
         "FEEDS": {str(run / f"{name}.jsonl"): {"format": "jsonlines", "overwrite": True}},
         "ITEM_PIPELINES": json.loads(PIPELINE), "TEST_INDEX_FILE": str(run / f"{name}.index"),
-        # As scrapy_crawl's.
-        "INCREMENTAL_BATCH_SIZE": 3, "INCREMENTAL_FLUSH_INTERVAL": 0.02,
-        "CONCURRENT_REQUESTS": 4,
+        "LOG_LEVEL": "INFO",
     }, sitemap_url=site.url("/robots.txt"))
-    assert crawler.stats.get_value("finish_reason") == "finished", crawler.stats.get_stats()
 
 
 def records(path: Path) -> list[dict[str, Any]]:
