@@ -1,8 +1,11 @@
 """Cluster mode: several real ``scrapy crawl`` workers share one crawl through Redis.
 
 Workers are separate processes started with the same command line plus
-``INCREMENTAL_CLUSTER_URL`` (:class:`tests.cluster_worker.Worker`); the test
-site counts what it served. Redis db 12, a key prefix per test, every key
+``INCREMENTAL_CLUSTER_URL`` (:class:`tests.cluster_worker.Worker`); a run
+of one worker that is neither killed nor signalled (a fill, a next run) is
+crawled in the test's process with the same settings
+(:func:`tests.cluster_worker.crawl_in_process`). The test site counts what
+it served. Redis db 12, a key prefix per test, every key
 removed afterwards.
 """
 
