@@ -16,6 +16,7 @@ import pytest
 import redis
 from twisted.internet.threads import deferToThread
 
+from incremental_crawler.fatal import exit_status
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from tests.conftest import run_crawl
 from tests.redis_util import CLUSTER_REDIS_URI
@@ -58,13 +59,20 @@ async def crawl_in_process(site, state_uri: str, prefix: str, *,
     """A run of one worker, as :class:`Worker` runs it (the same settings,
     *overrides* over them; the sitemap spider of *site*, or *spider*: its
     class and arguments), crawled in this process: for a run whose worker
-    need not be a process of its own (no kill, no signal, no exit status
-    looked at), without the second of CPU each start-up of a Python process
-    with Scrapy costs. The finished crawler, what it emitted in
-    ``crawler.collected``."""
+    need not be a process of its own (no kill, no signal), without the
+    second of CPU each start-up of a Python process with Scrapy costs. The
+    finished crawler, what it emitted in ``crawler.collected``.
+
+    The run must end as a worker process must for its exit status to be 0
+    (:func:`~incremental_crawler.fatal.exit_status`, what the project's
+    ``crawl`` command exits with): no fatal finish reason (fenced, the
+    cluster's or the store's Redis lost), no store error at the last
+    commit. A crawl that cannot start raises here."""
     spidercls, kwargs = spider or (SitemapPagesSpider, {"sitemap_url": site.url("/robots.txt")})
-    return await run_crawl(state_uri, spidercls,
-                           {**worker_settings(state_uri, prefix), **overrides}, **kwargs)
+    crawler = await run_crawl(state_uri, spidercls,
+                              {**worker_settings(state_uri, prefix), **overrides}, **kwargs)
+    assert exit_status(crawler) == 0, crawler.stats.get_stats()
+    return crawler
 
 
 class Worker:

@@ -25,6 +25,7 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
+from incremental_crawler.fatal import exit_status
 from incremental_crawler.recipes import load_links
 from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.records import PageFlags
@@ -65,12 +66,17 @@ async def crawl_here(state_uri: str, spidercls: type[Spider],
     """A crawl with :func:`scrapy_crawl`'s settings (and the project's
     default revisits), run to its end in this process: a crawl after the
     killed ones need not be a process of its own, and this spares the
-    second of CPU each start-up of a Python process with Scrapy costs."""
+    second of CPU each start-up of a Python process with Scrapy costs.
+
+    It must end as the process would with exit status 0
+    (:func:`~incremental_crawler.fatal.exit_status`: no store error, at the
+    last commit included), and by running out of work."""
     crawler = await run_crawl(state_uri, spidercls, {
         "INCREMENTAL_BATCH_SIZE": 3, "INCREMENTAL_FLUSH_INTERVAL": 0.02,
         "CONCURRENT_REQUESTS": 4, "INCREMENTAL_REVISIT_ENABLED": True,
         "LOG_LEVEL": "WARNING", **(settings or {}),
     }, **spider_kwargs)
+    assert exit_status(crawler) == 0, crawler.stats.get_stats()
     assert crawler.stats.get_value("finish_reason") == "finished", crawler.stats.get_stats()
     return crawler
 
