@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -35,6 +36,7 @@ from scrapy.extension import ExtensionManager
 from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.test import get_crawler
+from scrapy_redis import defaults as scrapy_redis_defaults
 from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
@@ -45,7 +47,7 @@ from incremental_crawler.cluster.scheduler import ClusterDupeFilter
 from incremental_crawler.config import DEFAULT_SETTINGS
 from incremental_crawler.politeness.budget import SharedBudget
 from incremental_crawler.politeness.window import WindowPolicy
-from incremental_crawler.redis_cluster import SyncClusterClient, connect
+from incremental_crawler.redis_cluster import AnyRedis, SyncClusterClient, connect
 from incremental_crawler.report.extension import summarize
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores.redis import RedisStateStore
@@ -120,6 +122,28 @@ def test_a_node_of_a_cluster_gives_the_cluster_client_and_one_server_its_own(red
     with pytest.raises(ValueError, match=r"is a node of a Redis Cluster, which has only "
                                          r"database 0, not 9"):
         connect(node_db)
+
+
+def test_scrapy_redis_default_params_build_the_cluster_client_without_a_deprecation(
+    redis_cluster,
+):
+    # scrapy-redis passes its default REDIS_PARAMS (retry_on_timeout among
+    # them) to the client class the add-on names; redis-py's cluster client
+    # hands its kwargs to the client it builds for each node, where
+    # retry_on_timeout is deprecated (an error once redis-py drops it).
+    assert "retry_on_timeout" in scrapy_redis_defaults.REDIS_PARAMS
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # whatever the test run's own filters
+        for url in (redis_cluster.url, redis_cluster.seeds_url):
+            client = AnyRedis.from_url(url, **scrapy_redis_defaults.REDIS_PARAMS)
+            try:
+                assert isinstance(client, SyncClusterClient), url
+                # Keys of three slots on three nodes: each node's client used.
+                for key in ("a", "b", "c"):
+                    client.set(f"test-rc-params:{key}", 1)
+                assert client.delete(*(f"test-rc-params:{k}" for k in "abc")) == 3
+            finally:
+                client.close()
 
 
 # -- the coordinator's scripts on the cluster ---------------------------------------
