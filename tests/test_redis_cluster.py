@@ -86,14 +86,6 @@ def store_uri(redis_prefix: str) -> str:
     return f"{REDIS_URI}?prefix={redis_prefix}"
 
 
-#: For a test with a cluster crawl in this process (``crawl_in_process``):
-#: scrapy-redis's default connection options (retry_on_timeout) are
-#: deprecated by redis-py's cluster client, a warning a worker process only
-#: prints.
-IN_PROCESS_ON_THE_CLUSTER = pytest.mark.filterwarnings(
-    "ignore:Call to '__init__' function with deprecated usage:DeprecationWarning")
-
-
 def on_cluster(cluster, *extra: str) -> tuple[str, ...]:
     return ("-s", f"INCREMENTAL_CLUSTER_URL={cluster.url}", *extra)
 
@@ -515,7 +507,6 @@ async def test_a_repair_is_refused_while_cluster_workers_hold_the_scope_naming_t
                     f"{n} items, {n} item versions", done.stdout), done.stdout
 
 
-@IN_PROCESS_ON_THE_CLUSTER
 async def test_a_worker_and_a_crawl_refuse_to_start_while_a_repair_holds_the_scope(
         site, redis_cluster, prefix, cluster_store, tmp_path, monkeypatch):
     n = 6
@@ -641,7 +632,6 @@ async def test_three_workers_share_one_window_on_a_redis_cluster(
     assert f"{prefix}:127.0.0.1".encode() in redis_cluster.keys(f"{prefix}:*")
 
 
-@IN_PROCESS_ON_THE_CLUSTER
 @pytest_twisted.ensureDeferred
 async def test_a_cluster_crawl_with_the_shared_budget_on_the_cluster(
         site, redis_cluster, prefix, store_uri):
