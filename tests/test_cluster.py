@@ -99,8 +99,11 @@ async def test_workers_share_one_crawl_and_exit_by_themselves(
     # The run ended with its last worker: nothing of it is left in Redis.
     assert leftover_keys(cluster_prefix) == []
     if state_uri.startswith("sqlite"):
-        # The next run reads the store as any run does (the withheld-page
-        # tests below run a next run on SQLite): once, on Redis, is enough.
+        # Given up on SQLite: a next run of two worker processes sharing the
+        # one file (a changed lastmod fetched once, the rest kept away, a
+        # report pair per worker); it runs on Redis below. A next run on
+        # SQLite is still crawled, by one worker in this process, in the
+        # withheld-page tests below.
         return
 
     # Next run: 5 pages changed. Last run's dupefilter is gone, so the
