@@ -139,10 +139,17 @@ class AsyncClusterClient(AsyncRedisCluster):
             raise ClusterUnavailable(f"Redis Cluster: {exc}") from exc
 
 
+#: Connection options a cluster client is not given: it refuses ``db``;
+#: ``retry_on_timeout`` (in scrapy-redis's default ``REDIS_PARAMS``) is
+#: deprecated by redis-py 6 on the client it builds for each node, and does
+#: nothing there: a node's connections never retry (their ``Retry`` has no
+#: attempts), the cluster client retries timeouts itself, on another node if
+#: need be (its ``retry``).
+_NOT_FOR_A_CLUSTER = frozenset({"db", "retry_on_timeout"})
+
+
 def _cluster_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    # The cluster client takes ``retry`` for itself (how often it tries
-    # another node); it refuses ``db``.
-    return {k: v for k, v in kwargs.items() if k != "db"}
+    return {k: v for k, v in kwargs.items() if k not in _NOT_FOR_A_CLUSTER}
 
 
 def _sync_cluster(nodes: list[tuple[str, int]], options: dict[str, Any],

@@ -16,13 +16,63 @@ import pytest
 import redis
 from twisted.internet.threads import deferToThread
 
+from incremental_crawler.fatal import exit_status
+from incremental_crawler.spiders.sitemap import SitemapPagesSpider
+from tests.conftest import run_crawl
 from tests.redis_util import CLUSTER_REDIS_URI
 from tests.scrapy_cli import start_scrapy
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-__all__ = ["Worker", "leftover_keys", "page_gets"]
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+
+__all__ = ["Worker", "crawl_in_process", "leftover_keys", "page_gets", "worker_settings"]
+
+
+def worker_settings(state_uri: str | None, prefix: str) -> dict[str, object]:
+    """The settings every test worker crawls with (:class:`Worker`'s ``-s``
+    options, :func:`crawl_in_process`'s settings): cluster *prefix* on the
+    cluster tests' Redis, the store *state_uri* (None: the one a cluster
+    crawl picks by itself)."""
+    return {
+        "INCREMENTAL_CLUSTER_URL": CLUSTER_REDIS_URI,
+        "INCREMENTAL_CLUSTER_PREFIX": prefix,
+        **({"INCREMENTAL_STATE_URI": state_uri} if state_uri is not None else {}),
+        "INCREMENTAL_CLUSTER_HEARTBEAT": 0.2,
+        "INCREMENTAL_CLUSTER_IDLE_GRACE": 0.6,
+        # Long enough that a worker starved of CPU on a busy machine is not
+        # taken for dead; the kill tests shorten it.
+        "INCREMENTAL_CLUSTER_WORKER_TTL": 10,
+        "INCREMENTAL_FLUSH_INTERVAL": 0.2,
+        "CONCURRENT_REQUESTS": 4,
+        "INCREMENTAL_THROTTLE_ENABLED": False,
+        "INCREMENTAL_REVISIT_ENABLED": False,
+        "LOG_LEVEL": "INFO",
+    }
+
+
+async def crawl_in_process(site, state_uri: str, prefix: str, *,
+                           spider: tuple[type[Spider], dict[str, str]] | None = None,
+                           **overrides: object) -> Crawler:
+    """A run of one worker, as :class:`Worker` runs it (the same settings,
+    *overrides* over them; the sitemap spider of *site*, or *spider*: its
+    class and arguments), crawled in this process: for a run whose worker
+    need not be a process of its own (no kill, no signal), without the
+    second of CPU each start-up of a Python process with Scrapy costs. The
+    finished crawler, what it emitted in ``crawler.collected``.
+
+    The run must end as a worker process must for its exit status to be 0
+    (:func:`~incremental_crawler.fatal.exit_status`, what the project's
+    ``crawl`` command exits with): no fatal finish reason (fenced, the
+    cluster's or the store's Redis lost), no store error at the last
+    commit. A crawl that cannot start raises here."""
+    spidercls, kwargs = spider or (SitemapPagesSpider, {"sitemap_url": site.url("/robots.txt")})
+    crawler = await run_crawl(state_uri, spidercls,
+                              {**worker_settings(state_uri, prefix), **overrides}, **kwargs)
+    assert exit_status(crawler) == 0, crawler.stats.get_stats()
+    return crawler
 
 
 class Worker:
@@ -44,20 +94,8 @@ class Worker:
             self.proc = start_scrapy(
                 "crawl", *self.spider,
                 "-O", str(self.feed),
-                "-s", f"INCREMENTAL_CLUSTER_URL={CLUSTER_REDIS_URI}",
-                "-s", f"INCREMENTAL_CLUSTER_PREFIX={prefix}",
-                # None: the store a cluster crawl picks by itself.
-                *(("-s", f"INCREMENTAL_STATE_URI={state_uri}") if state_uri is not None else ()),
-                "-s", "INCREMENTAL_CLUSTER_HEARTBEAT=0.2",
-                "-s", "INCREMENTAL_CLUSTER_IDLE_GRACE=0.6",
-                # Long enough that a worker starved of CPU on a busy machine
-                # is not taken for dead; the kill test shortens it.
-                "-s", "INCREMENTAL_CLUSTER_WORKER_TTL=10",
-                "-s", "INCREMENTAL_FLUSH_INTERVAL=0.2",
-                "-s", "CONCURRENT_REQUESTS=4",
-                "-s", "INCREMENTAL_THROTTLE_ENABLED=False",
-                "-s", "INCREMENTAL_REVISIT_ENABLED=False",
-                "-s", "LOG_LEVEL=INFO",
+                *(arg for name, value in worker_settings(state_uri, prefix).items()
+                  for arg in ("-s", f"{name}={value}")),
                 *extra,
                 stderr=log,
             )

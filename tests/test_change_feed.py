@@ -28,7 +28,8 @@ from incremental_crawler.spiders.sitemap import SitemapPagesSpider
 from incremental_crawler.state.keys import canonical_url
 from incremental_crawler.state.records import PageFlags, PageKey, PageState
 from incremental_crawler.state.stores import open_store
-from tests.cluster_worker import Worker, leftover_keys, page_gets
+from tests.cluster_worker import Worker, crawl_in_process, leftover_keys, page_gets
+from tests.follow_spider import StartsSpider
 from tests.spiders import HalfSpider, ListSpider
 from tests.test_failures import serve
 
@@ -882,9 +883,8 @@ async def test_one_tombstone_per_page_across_workers(
     n = 24
     site.add_pages(n, size=1500)
     site.slow("/p/", 0.05)
-    first = [Worker(site, state_uri, cluster_prefix, tmp_path, f"1-{i}") for i in range(2)]
-    for worker in first:
-        assert await worker.wait() == 0, worker.tail()
+    # The pages stored by a run of one worker (in this process: the fill).
+    await crawl_in_process(site, state_uri, cluster_prefix)
     gone = [f"/p/{i:04d}" for i in range(0, n, 4)]
     for path in gone:
         site.override(path, status=410)
@@ -929,8 +929,9 @@ async def test_a_page_two_workers_find_gone_in_one_run_yields_one_tombstone(
                                "-s", "SPIDER_MODULES=tests.follow_spider"))
                 for i in range(2)]
 
-    for worker in workers("1"):
-        assert await worker.wait() == 0, worker.tail()
+    # The pages stored by a run of one worker (in this process: the fill).
+    await crawl_in_process(site, state_uri, cluster_prefix,
+                           spider=(StartsSpider, {"urls": urls, "tag": "1"}))
     for i in range(n):
         site.override(f"/p/{i:04d}", status=410)
     site.reset_log()

@@ -149,6 +149,13 @@ _WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.fixture(scope="module")
+def layout_6(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package and tests of LAYOUT_6_COMMIT, from git: one tree for the
+    module's tests (they only run its code)."""
+    return layout_6_tree(tmp_path_factory.mktemp("layout6"))
+
+
 def layout_6_tree(into: Path) -> Path:
     """The package and tests of LAYOUT_6_COMMIT, from git, under *into*."""
     archive = subprocess.run(["git", "archive", LAYOUT_6_COMMIT, "incremental_crawler", "tests"],
@@ -186,7 +193,7 @@ def worker_gone_for(redis_cluster: LoopbackCluster, prefix: str,
 
 @pytest_twisted.ensureDeferred
 async def test_a_layout_6_store_is_migrated_in_place_its_dead_workers_effects_once(
-    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
+    redis_cluster: LoopbackCluster, prefix: str, layout_6: Path,
 ) -> None:
     """A store written by layout 6's code, a worker of which died between
     its phases 2 and 3, opened by this code: its host keys renamed into
@@ -194,7 +201,7 @@ async def test_a_layout_6_store_is_migrated_in_place_its_dead_workers_effects_on
     old code stored it (the validators a re-crawl sends), the dead worker's
     effects applied once (the sums are the pages'), its young intents
     naming groups; then written and read as any store of layout 7."""
-    tree = layout_6_tree(tmp_path / "layout6")
+    tree = layout_6
     out = subprocess.run(
         [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "12"],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
@@ -265,6 +272,26 @@ async def test_a_layout_6_store_is_migrated_in_place_its_dead_workers_effects_on
         await call(store.close())
 
 
+def lose_host_script_replies(store: RedisStateStore, lost: set[int]) -> list[int]:
+    """The replies of the group scripts *store* sends lost (a connection
+    error once the scripts ran) for the calls numbered in *lost* (from 1);
+    the number of scripts of each call, as they go."""
+    original = store._eval_many
+    host_scripts: list[int] = []
+
+    async def losing(calls: list[tuple[str, list[str], list[Any]]],
+                     plain: Any = ()) -> list[Any]:
+        replies = await original(calls, plain)
+        if any(script == CLUSTER_HOST_LUA for script, _, _ in calls):
+            host_scripts.append(len(calls))
+            if len(host_scripts) in lost:
+                raise redis.exceptions.ConnectionError("the reply was lost")
+        return replies
+
+    store._eval_many = losing  # type: ignore[method-assign]
+    return host_scripts
+
+
 def two_hosts_of_one_group() -> tuple[str, str]:
     first = "a.example"
     for n in range(1_000):
@@ -287,24 +314,13 @@ async def test_a_group_script_whose_reply_was_lost_is_replayed_with_the_writes_i
     a1, b1, a2 = (PageKey(SCOPE, f"https://{a_host}/1"), PageKey(SCOPE, f"https://{b_host}/1"),
                   PageKey(SCOPE, f"https://{a_host}/2"))
     store = RedisStateStore(redis_cluster.url, prefix=prefix)
-    lost: list[int] = []
-    original = store._eval_many
-
-    async def eval_many(calls: list[tuple[str, list[str], list[Any]]],
-                        plain: Any = ()) -> list[Any]:
-        replies = await original(calls, plain)
-        if not lost and any(script == CLUSTER_HOST_LUA for script, _, _ in calls):
-            lost.append(1)
-            raise redis.exceptions.ConnectionError("the reply was lost")
-        return replies
-
-    store._eval_many = eval_many  # type: ignore[method-assign]
+    host_scripts = lose_host_script_replies(store, {1})
     try:
         store.stage_page(full_state(a1, 1, callback="parse", next_visit=1_000))
         store.stage_page(full_state(b1, 1, callback="parse", next_visit=1_001))
         with pytest.raises(StateStoreError):
             await call(store.flush())
-        assert lost == [1]
+        assert host_scripts == [1]  # the group's one script, its reply lost
         store.stage_page(full_state(a2, 1, callback="parse", next_visit=1_002))
         await call(store.flush())
         assert store.pending == 0
@@ -347,13 +363,13 @@ def seen(site: Any) -> list[tuple[str, str | None, str | None, int]]:
 
 @pytest_twisted.ensureDeferred
 async def test_a_layout_6_store_crawled_again_after_its_migration_asks_the_same(
-    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path, site: Any,
+    redis_cluster: LoopbackCluster, prefix: str, layout_6: Path, site: Any,
 ) -> None:
     """Two real crawls of the loopback site by layout 6's code (a worker of
     its own process), then one by this code after the migration: the site
     is asked the same (the same conditional headers for every page, the
     same answers) by this code's crawl as by the old code's second."""
-    tree = layout_6_tree(tmp_path / "layout6")
+    tree = layout_6
     uri = f"{redis_cluster.url}?prefix={prefix}"
     paths = site.add_pages(8, kinds=PLAIN_KINDS, size=2000)
     urls = [site.url(path) for path in paths]
@@ -382,46 +398,64 @@ async def test_a_layout_6_store_crawled_again_after_its_migration_asks_the_same(
         assert client.hget(f"{prefix}:meta", "version") == str(CLUSTER_LAYOUT_VERSION).encode()
 
 
-@pytest_twisted.ensureDeferred
-async def test_a_damaged_host_costs_the_healthy_hosts_of_its_group_none_of_their_writes(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """Two hosts of one group, the second's links hash damaged: the group's
-    script stops at the damaged host's first write, and the first host's
-    writes staged after it are sent again without the damaged host's (as
-    a script a host did, layout 6): both of the healthy host's pages are
-    stored, none of the damaged host's; the flush says the error.
-    Repaired, the next flush writes the rest, each once (the sums are the
-    pages')."""
+def beside_a_damaged_host(redis_cluster: LoopbackCluster, prefix: str, store: RedisStateStore,
+                          *, damaged_first: bool) -> tuple[list[PageKey], str]:
+    """Two hosts of one group, the second's links hash damaged (a string);
+    a page of the healthy host staged on either side of the damaged host's
+    one (*damaged_first*: the damaged host's first, then both healthy
+    ones). The pages in staging order, and the damaged key."""
     a_host, b_host = two_hosts_of_one_group()
     a1, b1, a2 = (PageKey(SCOPE, f"https://{a_host}/1"), PageKey(SCOPE, f"https://{b_host}/1"),
                   PageKey(SCOPE, f"https://{a_host}/2"))
     links = f"{prefix}:ln:{host_tag(SCOPE, b_host)}"
+    with redis_cluster.client() as client:
+        assert client.set(links, "damaged")
+    keys = [b1, a1, a2] if damaged_first else [a1, b1, a2]
+    for n, key in enumerate(keys):
+        store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+    return keys, links
+
+
+async def repaired_each_written_once(redis_cluster: LoopbackCluster, links: str,
+                                     store: RedisStateStore, reader: RedisStateStore,
+                                     keys: list[PageKey]) -> None:
+    """The damaged key deleted, the next flush writes what is left: every
+    page once (the damaged host's not lost, none applied twice: the sums
+    are the pages')."""
+    with redis_cluster.client() as client:
+        client.delete(links)
+    # (A write not applied stays staged: sent again.)
+    await call(store.flush())
+    assert store.pending == 0
+    got = await call(reader.get_pages(keys))
+    assert {k.url: s.checks for k, s in got.items()} == {k.url: 1 for k in keys}
+    states = list(reader.iter_pages(SCOPE))
+    assert len(states) == 3
+    summary = await call(reader.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                checked_before=math.inf))
+    assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_damaged_host_costs_the_healthy_hosts_of_its_group_none_of_their_writes(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """The group's script stops at the damaged host's first write, and the
+    first host's writes staged after it are sent again without the damaged
+    host's (as a script a host did, layout 6): both of the healthy host's
+    pages are stored, none of the damaged host's; the flush says the error.
+    Repaired, the next flush writes the rest, each once."""
     store = RedisStateStore(redis_cluster.url, prefix=prefix)
     reader = RedisStateStore(redis_cluster.url, prefix=prefix)
     try:
-        with redis_cluster.client() as client:
-            assert client.set(links, "damaged")
-        for n, key in enumerate((a1, b1, a2)):
-            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        keys, links = beside_a_damaged_host(redis_cluster, prefix, store, damaged_first=False)
+        a1, _, a2 = keys
         with pytest.raises(StateStoreError, match="WRONGTYPE"):
             await call(store.flush())
-        got = await call(reader.get_pages([a1, b1, a2]))
+        got = await call(reader.get_pages(keys))
         assert sorted(k.url for k in got) == sorted(k.url for k in (a1, a2))
         assert store.pending == 1
-        with redis_cluster.client() as client:
-            client.delete(links)
-        # (The write not applied stays staged: sent again.)
-        await call(store.flush())
-        assert store.pending == 0
-        got = await call(reader.get_pages([a1, b1, a2]))
-        assert {k.url: s.checks for k, s in got.items()} == {
-            k.url: 1 for k in (a1, b1, a2)}
-        states = list(reader.iter_pages(SCOPE))
-        assert len(states) == 3
-        summary = await call(reader.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                                    checked_before=math.inf))
-        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+        await repaired_each_written_once(redis_cluster, links, store, reader, keys)
     finally:
         await call(store.close())
         await call(reader.close())
@@ -431,55 +465,27 @@ async def test_a_damaged_host_costs_the_healthy_hosts_of_its_group_none_of_their
 async def test_the_healthy_hosts_writes_sent_again_whose_reply_is_lost_apply_once(
     redis_cluster: LoopbackCluster, prefix: str,
 ) -> None:
-    """As above, but the reply to the script that sends the healthy host's
-    writes again (without the damaged host's) is lost: the next flush, the
-    key repaired, finds that script's writes again among the group's (the
-    damaged host's first in staging order, left out): the healthy host's
-    writes are applied once (its sums counted once), the damaged host's
-    written then."""
-    a_host, b_host = two_hosts_of_one_group()
-    b1, a1, a2 = (PageKey(SCOPE, f"https://{b_host}/1"), PageKey(SCOPE, f"https://{a_host}/1"),
-                  PageKey(SCOPE, f"https://{a_host}/2"))
-    links = f"{prefix}:ln:{host_tag(SCOPE, b_host)}"
+    """As above (the damaged host's page staged first), but the reply to
+    the script that sends the healthy host's writes again (without the
+    damaged host's) is lost: the next flush, the key repaired, finds that
+    script's writes again among the group's (the damaged host's first in
+    staging order, left out): the healthy host's writes are applied once
+    (its sums counted once), the damaged host's written then."""
     store = RedisStateStore(redis_cluster.url, prefix=prefix)
     reader = RedisStateStore(redis_cluster.url, prefix=prefix)
     original = store._eval_many
-    host_scripts: list[int] = []
-
-    async def lose_the_second_reply(calls: list[tuple[str, list[str], list[Any]]],
-                                    plain: Any = ()) -> list[Any]:
-        replies = await original(calls, plain)
-        if any(script == CLUSTER_HOST_LUA for script, _, _ in calls):
-            host_scripts.append(len(calls))
-            if len(host_scripts) == 2:
-                raise redis.exceptions.ConnectionError("the reply was lost")
-        return replies
-
     try:
-        with redis_cluster.client() as client:
-            assert client.set(links, "damaged")
-        for n, key in enumerate((b1, a1, a2)):
-            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
-        store._eval_many = lose_the_second_reply  # type: ignore[method-assign]
+        keys, links = beside_a_damaged_host(redis_cluster, prefix, store, damaged_first=True)
+        _, a1, a2 = keys
+        host_scripts = lose_host_script_replies(store, {2})
         with pytest.raises(StateStoreError):
             await call(store.flush())
         store._eval_many = original  # type: ignore[method-assign]
         assert host_scripts == [1, 1]
         # The healthy host's writes were applied (the reply lost, not the script).
-        got = await call(reader.get_pages([b1, a1, a2]))
+        got = await call(reader.get_pages(keys))
         assert sorted(k.url for k in got) == sorted(k.url for k in (a1, a2))
-        with redis_cluster.client() as client:
-            client.delete(links)
-        await call(store.flush())
-        assert store.pending == 0
-        got = await call(reader.get_pages([b1, a1, a2]))
-        assert {k.url: s.checks for k, s in got.items()} == {
-            k.url: 1 for k in (b1, a1, a2)}
-        states = list(reader.iter_pages(SCOPE))
-        assert len(states) == 3
-        summary = await call(reader.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                                    checked_before=math.inf))
-        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+        await repaired_each_written_once(redis_cluster, links, store, reader, keys)
     finally:
         await call(store.close())
         await call(reader.close())
@@ -495,51 +501,20 @@ async def test_the_resent_writes_reply_lost_twice_keeps_the_damaged_host_apart(
     counts the damaged host's write as its own (never written, it is no
     longer staged: lost) and the healthy host's last write goes out again
     under a new token."""
-    a_host, b_host = two_hosts_of_one_group()
-    b1, a1, a2 = (PageKey(SCOPE, f"https://{b_host}/1"), PageKey(SCOPE, f"https://{a_host}/1"),
-                  PageKey(SCOPE, f"https://{a_host}/2"))
-    links = f"{prefix}:ln:{host_tag(SCOPE, b_host)}"
     store = RedisStateStore(redis_cluster.url, prefix=prefix)
     reader = RedisStateStore(redis_cluster.url, prefix=prefix)
     original = store._eval_many
-    host_scripts: list[int] = []
-
-    async def lose_two_replies(calls: list[tuple[str, list[str], list[Any]]],
-                               plain: Any = ()) -> list[Any]:
-        replies = await original(calls, plain)
-        if any(script == CLUSTER_HOST_LUA for script, _, _ in calls):
-            host_scripts.append(len(calls))
-            # The resend's reply (flush 1), then its replay's (flush 2).
-            if len(host_scripts) in (2, 3):
-                raise redis.exceptions.ConnectionError("the reply was lost")
-        return replies
-
     try:
-        with redis_cluster.client() as client:
-            assert client.set(links, "damaged")
-        for n, key in enumerate((b1, a1, a2)):
-            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
-        store._eval_many = lose_two_replies  # type: ignore[method-assign]
+        keys, links = beside_a_damaged_host(redis_cluster, prefix, store, damaged_first=True)
+        # The resend's reply (flush 1), then its replay's (flush 2).
+        host_scripts = lose_host_script_replies(store, {2, 3})
         with pytest.raises(StateStoreError):
             await call(store.flush())
         with pytest.raises(StateStoreError):
             await call(store.flush())
         store._eval_many = original  # type: ignore[method-assign]
         assert host_scripts == [1, 1, 1]
-        with redis_cluster.client() as client:
-            client.delete(links)
-        await call(store.flush())
-        assert store.pending == 0
-        got = await call(reader.get_pages([b1, a1, a2]))
-        # The damaged host's page is written once repaired (not lost), the
-        # healthy host's applied once.
-        assert {k.url: s.checks for k, s in got.items()} == {
-            k.url: 1 for k in (b1, a1, a2)}
-        states = list(reader.iter_pages(SCOPE))
-        assert len(states) == 3
-        summary = await call(reader.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                                    checked_before=math.inf))
-        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+        await repaired_each_written_once(redis_cluster, links, store, reader, keys)
     finally:
         await call(store.close())
         await call(reader.close())
@@ -587,7 +562,7 @@ async def test_eight_damaged_hosts_of_a_group_cost_a_healthy_host_of_it_nothing(
 
 @pytest_twisted.ensureDeferred
 async def test_a_migration_cut_short_is_resumed_by_the_next_process_that_opens_the_store(
-    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
+    redis_cluster: LoopbackCluster, prefix: str, layout_6: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A migration from layout 6 that stops after the host keys moved (its
@@ -595,7 +570,7 @@ async def test_a_migration_cut_short_is_resumed_by_the_next_process_that_opens_t
     raised and ``upgrading`` set; the next process to open the store
     resumes it: no host key left under a host's tag, every page there, the
     intents naming groups, the sums the pages'."""
-    tree = layout_6_tree(tmp_path / "layout6")
+    tree = layout_6
     out = subprocess.run(
         [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "6"],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
@@ -713,7 +688,7 @@ async def test_a_group_whose_hosts_counts_are_stale_is_planned_again_host_by_hos
 
 @pytest_twisted.ensureDeferred
 async def test_a_layout_6_store_with_a_damaged_scope_shard_is_migrated_not_locked_out(
-    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
+    redis_cluster: LoopbackCluster, prefix: str, layout_6: Path,
 ) -> None:
     """A layout-6 store with a dead worker's effects pending and a damaged
     key in every one of its scope's shards (the hosts set a string): the
@@ -721,7 +696,7 @@ async def test_a_layout_6_store_with_a_damaged_scope_shard_is_migrated_not_locke
     refuse), it moves them: the store opens at layout 7 (not left at a
     version neither code opens), the effects still in their groups'
     ledgers for a later reader once the key is repaired."""
-    tree = layout_6_tree(tmp_path / "layout6")
+    tree = layout_6
     subprocess.run(
         [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "6"],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
@@ -780,7 +755,7 @@ _FIRST_FLUSH_DIES = textwrap.dedent("""
 
 @pytest_twisted.ensureDeferred
 async def test_a_dead_workers_first_flush_of_a_new_scope_survives_the_migration(
-    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
+    redis_cluster: LoopbackCluster, prefix: str, layout_6: Path,
 ) -> None:
     """Layout 6: a worker's first flush of a new scope dies between its
     phases 2 and 3: pages stored, effects in the hosts' ledgers listed by
@@ -789,7 +764,7 @@ async def test_a_dead_workers_first_flush_of_a_new_scope_survives_the_migration(
     the listed ones): the scope's 18 pages are read after it, and its
     sums are its pages'."""
     fresh = "fresh"
-    tree = layout_6_tree(tmp_path / "layout6")
+    tree = layout_6
     out = subprocess.run(
         [sys.executable, "-c", _FIRST_FLUSH_DIES, redis_cluster.url, prefix, fresh],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
@@ -817,7 +792,7 @@ async def test_a_dead_workers_first_flush_of_a_new_scope_survives_the_migration(
 
 @pytest_twisted.ensureDeferred
 async def test_a_migration_is_refused_while_a_worker_of_layout_6_may_be_running(
-    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
+    redis_cluster: LoopbackCluster, prefix: str, layout_6: Path,
 ) -> None:
     """A layout-6 store whose worker's flush left an intent young enough
     that its phase 2 may still write, then one with a live hold of its
@@ -825,7 +800,7 @@ async def test_a_migration_is_refused_while_a_worker_of_layout_6_may_be_running(
     says why and what to do, the store left as it was (version 6, no
     host key moved: the old code still opens it). With neither, it is
     migrated."""
-    tree = layout_6_tree(tmp_path / "layout6")
+    tree = layout_6
     subprocess.run(
         [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "4"],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
@@ -875,45 +850,46 @@ _OLD_OPEN = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("damaged", ["host ledger", "held tokens", "intents", "holds"])
 def test_a_damaged_key_the_migration_reads_refuses_it_before_the_version_is_raised(
-    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path, damaged: str,
+    redis_cluster: LoopbackCluster, prefix: str, layout_6: Path,
 ) -> None:
     """A layout-6 store (its dead worker gone long enough) with one key the
-    migration reads by its kind set to a string: a host's ledger
+    migration reads by its kind set to a string, in turn: a host's ledger
     (``P:fx:{s|h}``), a shard's held tokens (``P:fxheld``), a shard's
-    intents (``P:fxhosts``) or a scope's holds (``P:holds``). Each open
+    intents (``P:fxhosts``) and a scope's holds (``P:holds``). Each open
     refuses in one line naming that key, the store left at version 6
     (the old code still opens it: not a version raised with ``upgrading``
-    left, which neither code opens); the key deleted, it is migrated."""
-    tree = layout_6_tree(tmp_path / "layout6")
+    left, which neither code opens); the key deleted, the next kind is
+    damaged (one store written for the four: writing it is the cost);
+    all four deleted, it is migrated."""
+    tree = layout_6
     subprocess.run(
         [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "4"],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
         capture_output=True, text=True, timeout=300)
     worker_gone_for(redis_cluster, prefix)
-    key = {"host ledger": f"{prefix}:fx:{{{SCOPE}|h99.example}}",
-           "held tokens": f"{prefix}:fxheld:{{{shard_part(SCOPE, 0)}}}",
-           "intents": f"{prefix}:fxhosts:{{{shard_part(SCOPE, 0)}}}",
-           "holds": f"{prefix}:holds:{{{SCOPE}}}"}[damaged]
-    with redis_cluster.client() as client:
-        client.delete(key)
-        assert client.set(key, "damaged")
-    before = sorted(old_keys(redis_cluster, prefix))
-    for _ in range(2):
-        with pytest.raises(StateStoreError, match="migration refused: ") as said:
-            RedisStateStore(redis_cluster.url, prefix=prefix)
-        assert f"{key} " in str(said.value) and "is a string, not a " in str(said.value)
-        assert "\n" not in str(said.value)
-    with redis_cluster.client() as client:
-        meta = client.hgetall(f"{prefix}:meta")
-        assert meta[b"version"] == b"6" and b"upgrading" not in meta, meta
-    assert sorted(old_keys(redis_cluster, prefix)) == before
-    subprocess.run([sys.executable, "-c", _OLD_OPEN, redis_cluster.url, prefix],
-                   cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
-                   capture_output=True, text=True, timeout=120)
-    with redis_cluster.client() as client:
-        client.delete(key)
+    for key in (f"{prefix}:fx:{{{SCOPE}|h99.example}}",
+                f"{prefix}:fxheld:{{{shard_part(SCOPE, 0)}}}",
+                f"{prefix}:fxhosts:{{{shard_part(SCOPE, 0)}}}",
+                f"{prefix}:holds:{{{SCOPE}}}"):
+        with redis_cluster.client() as client:
+            client.delete(key)
+            assert client.set(key, "damaged")
+        before = sorted(old_keys(redis_cluster, prefix))
+        for _ in range(2):
+            with pytest.raises(StateStoreError, match="migration refused: ") as said:
+                RedisStateStore(redis_cluster.url, prefix=prefix)
+            assert f"{key} " in str(said.value) and "is a string, not a " in str(said.value)
+            assert "\n" not in str(said.value)
+        with redis_cluster.client() as client:
+            meta = client.hgetall(f"{prefix}:meta")
+            assert meta[b"version"] == b"6" and b"upgrading" not in meta, (key, meta)
+        assert sorted(old_keys(redis_cluster, prefix)) == before
+        subprocess.run([sys.executable, "-c", _OLD_OPEN, redis_cluster.url, prefix],
+                       cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+                       capture_output=True, text=True, timeout=120)
+        with redis_cluster.client() as client:
+            client.delete(key)
     store = RedisStateStore(redis_cluster.url, prefix=prefix)
     try:
         assert old_keys(redis_cluster, prefix) == []
@@ -927,7 +903,7 @@ def test_a_damaged_key_the_migration_reads_refuses_it_before_the_version_is_rais
 
 @pytest_twisted.ensureDeferred
 async def test_a_migration_cut_inside_a_later_batch_is_resumed_whole(
-    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path,
+    redis_cluster: LoopbackCluster, prefix: str, tmp_path: Path, layout_6: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Batches of 3 keys (the suite's stores hold fewer than a batch of
@@ -936,7 +912,7 @@ async def test_a_migration_cut_inside_a_later_batch_is_resumed_whole(
     before the old ones were deleted. The next open resumes: no host key
     left under a host's tag, every page read as written, the sums the
     pages'."""
-    tree = layout_6_tree(tmp_path / "layout6")
+    tree = layout_6
     out = subprocess.run(
         [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "8"],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,

@@ -25,7 +25,8 @@ from twisted.internet.threads import deferToThread
 from incremental_crawler import clock
 from incremental_crawler.report.extension import OUTCOMES
 from tests.clock_util import later
-from tests.cluster_worker import Worker, leftover_keys, page_gets
+from tests.cluster_worker import Worker, crawl_in_process, leftover_keys, page_gets
+from tests.follow_spider import StartsSpider
 from tests.site import LoopbackSite
 from tests.site.manual import CONTENTS
 from tests.spiders import ListSpider
@@ -551,9 +552,10 @@ async def test_pages_one_cluster_worker_counted_not_due_are_not_in_the_re_seeder
         return ("starts", "-a", f"urls={' '.join(site.url(u) for u in urls)}", "-a",
                 f"tag={tag}", "-s", "SPIDER_MODULES=tests.follow_spider")
 
-    first = Worker(site, state_uri, cluster_prefix, tmp_path, "1", *revisits,
-                   spider=spider(pages, "1"))
-    assert await first.wait() == 0, first.tail()
+    # Run 1, one worker (in this process: the fill).
+    await crawl_in_process(site, state_uri, cluster_prefix, INCREMENTAL_REVISIT_ENABLED=True,
+                           spider=(StartsSpider, {
+                               "urls": " ".join(site.url(u) for u in pages), "tag": "1"}))
     site.reset_log()
     site.hold("/n/")
     reports = tmp_path / "reports"
@@ -650,11 +652,11 @@ async def test_a_page_failing_in_a_cluster_crawl_is_one_failed_page(
     paths = site.add_pages(2, size=1500)
     site.override(paths[1], status=503)
     reports = tmp_path / "reports"
-    worker = Worker(site, state_uri, cluster_prefix, tmp_path, "0",
-                    "-s", f"INCREMENTAL_REPORT_DIR={reports}", "-s", "RETRY_TIMES=0",
-                    spider=("starts", "-a", f"urls={' '.join(site.url(p) for p in paths)}",
-                            "-a", "tag=0", "-s", "SPIDER_MODULES=tests.follow_spider"))
-    assert await worker.wait() == 0, worker.tail()
+    # One worker, in this process (what is counted is the subject, not the process).
+    await crawl_in_process(site, state_uri, cluster_prefix,
+                           INCREMENTAL_REPORT_DIR=str(reports), RETRY_TIMES=0,
+                           spider=(StartsSpider, {
+                               "urls": " ".join(site.url(p) for p in paths), "tag": "0"}))
     run = run_summary(reports, 1)
     assert (run["requested"], run["pages_new"], run["pages_failed"],
             run["pages_no_outcome"]) == (2, 1, 1, 0), run

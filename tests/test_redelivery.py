@@ -22,6 +22,8 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
+from incremental_crawler.spiders.sitemap import SitemapPagesSpider
+from tests.test_kill9 import crawl_here as kill9_crawl_here
 from tests.test_kill9 import scrapy_crawl
 
 if TYPE_CHECKING:
@@ -38,6 +40,18 @@ def crawl(site, state_uri: str, run: Path, name: str) -> Any:
         "-O", str(run / f"{name}.jsonl"),
         "-s", f"ITEM_PIPELINES={PIPELINE}", "-s", f"TEST_INDEX_FILE={run / f'{name}.index'}",
         "-s", f"LOG_FILE={run / f'{name}.log'}", log_level="INFO")
+
+
+async def crawl_here(site, state_uri: str, run: Path, name: str) -> None:
+    """The same crawl as :func:`crawl` (its feed, its pipeline), in this
+    process and to its end: a crawl after the stopped one need not be a
+    process of its own (it is neither signalled nor killed)."""
+    await kill9_crawl_here(state_uri, SitemapPagesSpider, {
+        # ``-O``: the feed overwritten, its format from the extension.
+        "FEEDS": {str(run / f"{name}.jsonl"): {"format": "jsonlines", "overwrite": True}},
+        "ITEM_PIPELINES": json.loads(PIPELINE), "TEST_INDEX_FILE": str(run / f"{name}.index"),
+        "LOG_LEVEL": "INFO",
+    }, sitemap_url=site.url("/robots.txt"))
 
 
 def records(path: Path) -> list[dict[str, Any]]:
@@ -118,9 +132,7 @@ async def test_what_a_stopped_crawl_stored_reaches_its_feed_and_pipeline_next_cr
     assert first_index == []  # the pipeline's batch died with the crawl
 
     site.release()
-    proc = crawl(site, state_uri, tmp_path, "second")
-    await deferToThread(proc.communicate)
-    assert proc.returncode == 0, (tmp_path / "second.log").read_text()
+    await crawl_here(site, state_uri, tmp_path, "second")
 
     second_feed = records(tmp_path / "second.jsonl")
     second_index = records(tmp_path / "second.index")
@@ -144,8 +156,6 @@ async def test_what_a_stopped_crawl_stored_reaches_its_feed_and_pipeline_next_cr
 
     # Delivered now: a third crawl emits nothing again.
     assert await deferred_from_coro(state_store.undelivered_crawls(scope)) == []
-    proc = crawl(site, state_uri, tmp_path, "third")
-    await deferToThread(proc.communicate)
-    assert proc.returncode == 0, (tmp_path / "third.log").read_text()
+    await crawl_here(site, state_uri, tmp_path, "third")
     assert [r for r in records(tmp_path / "third.jsonl") if r.get("redelivered")] == []
     assert records(tmp_path / "third.index") == []

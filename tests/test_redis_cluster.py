@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -35,6 +36,7 @@ from scrapy.extension import ExtensionManager
 from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.test import get_crawler
+from scrapy_redis import defaults as scrapy_redis_defaults
 from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
@@ -45,11 +47,12 @@ from incremental_crawler.cluster.scheduler import ClusterDupeFilter
 from incremental_crawler.config import DEFAULT_SETTINGS
 from incremental_crawler.politeness.budget import SharedBudget
 from incremental_crawler.politeness.window import WindowPolicy
-from incremental_crawler.redis_cluster import SyncClusterClient, connect
+from incremental_crawler.redis_cluster import AnyRedis, SyncClusterClient, connect
 from incremental_crawler.report.extension import summarize
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores.redis import RedisStateStore
 from incremental_crawler.state.stores.redis.pages import host_part, page_field
+from tests.cluster_worker import crawl_in_process
 from tests.redis_cluster_util import LoopbackCluster, free_ports
 from tests.redis_util import REDIS_URI
 from tests.scrapy_cli import scrapy_in_process, start_scrapy
@@ -111,6 +114,28 @@ def test_a_node_of_a_cluster_gives_the_cluster_client_and_one_server_its_own(red
     with pytest.raises(ValueError, match=r"is a node of a Redis Cluster, which has only "
                                          r"database 0, not 9"):
         connect(node_db)
+
+
+def test_scrapy_redis_default_params_build_the_cluster_client_without_a_deprecation(
+    redis_cluster,
+):
+    # scrapy-redis passes its default REDIS_PARAMS (retry_on_timeout among
+    # them) to the client class the add-on names; redis-py's cluster client
+    # hands its kwargs to the client it builds for each node, where
+    # retry_on_timeout is deprecated (an error once redis-py drops it).
+    assert "retry_on_timeout" in scrapy_redis_defaults.REDIS_PARAMS
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # whatever the test run's own filters
+        for url in (redis_cluster.url, redis_cluster.seeds_url):
+            client = AnyRedis.from_url(url, **scrapy_redis_defaults.REDIS_PARAMS)
+            try:
+                assert isinstance(client, SyncClusterClient), url
+                # Keys of three slots on three nodes: each node's client used.
+                for key in ("a", "b", "c"):
+                    client.set(f"test-rc-params:{key}", 1)
+                assert client.delete(*(f"test-rc-params:{k}" for k in "abc")) == 3
+            finally:
+                client.close()
 
 
 # -- the coordinator's scripts on the cluster ---------------------------------------
@@ -262,18 +287,8 @@ async def test_workers_share_one_crawl_on_a_redis_cluster(
     assert all("is a Redis Cluster" not in w.text() for w in workers)
     # The run ended with its last worker: nothing of it is left on any node.
     assert redis_cluster.keys(f"{prefix}:*") == []
-
-    # Next run, the cluster named by its seed nodes: a fresh dupefilter, so
-    # the changed pages are fetched (the rest are kept away by their lastmods).
-    changed = set(site.change_fraction(0.1, seed=5))
-    site.reset_log()
-    workers = [Worker(site, store_uri, prefix, tmp_path, f"2-{i}",
-                      "-s", f"INCREMENTAL_CLUSTER_URL={redis_cluster.seeds_url}",
-                      "-s", "INCREMENTAL_LASTMOD_RECHECK_SHARE=0") for i in range(2)]
-    for worker in workers:
-        assert await worker.wait() == 0, worker.tail()
-    assert dict(page_gets(site)) == dict.fromkeys(changed, 1)
-    assert redis_cluster.keys(f"{prefix}:*") == []
+    # A next run (a fresh dupefilter, the cluster named by its seed nodes):
+    # test_workers_keep_their_state_store_on_the_cluster.
 
 
 def crawl_command(site, tmp_path: Path, *settings: str) -> subprocess.CompletedProcess[str]:
@@ -328,57 +343,6 @@ async def test_a_worker_told_to_keep_no_state_store_on_the_cluster_stops_before_
     assert await deferToThread(redis_cluster.keys, "incremental:meta") == []
 
 
-@pytest_twisted.ensureDeferred
-async def test_workers_keep_their_state_store_on_the_cluster(
-        site, redis_cluster, prefix, cluster_store, tmp_path):
-    n = 40
-    for i in range(n):
-        site.add_page(f"/p/{i:04d}", ("strong", "weak", "lastmod")[i % 3], size=1000)
-    site.slow("/p/", 0.05)
-    # No INCREMENTAL_STATE_URI: the store follows the cluster's URL.
-    workers = [Worker(site, None, prefix, tmp_path, str(i), *on_cluster(redis_cluster))
-               for i in range(2)]
-    await until_all_have_work(site, 2)
-    site.release()
-    for worker in workers:
-        assert await worker.wait() == 0, worker.tail()
-    gets = page_gets(site)
-    assert len(gets) == n
-    assert max(gets.values()) == 1, [p for p, c in gets.items() if c > 1]
-    per_worker = [worker.urls() for worker in workers]
-    assert sorted(u for urls in per_worker for u in urls) == sorted(
-        site.url(f"/p/{i:04d}") for i in range(n))
-    assert all(per_worker), [len(u) for u in per_worker]
-    # The state is on the cluster, spread over its nodes (hosts, items).
-    keys = await deferToThread(redis_cluster.keys, "incremental:*")
-    assert {k.split(b":")[1] for k in keys} >= {b"meta", b"hd", b"items", b"nvs"}
-    assert len({redis_cluster.port_of(k.decode()) for k in keys}) == 3
-    # What a command reads of it (no add-on: the same rule finds it).
-    result = await deferToThread(scrapy_in_process, "items", "-o",
-                                 str(tmp_path / "items.jsonl"), "-s",
-                                 f"INCREMENTAL_CLUSTER_URL={redis_cluster.url}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    exported = [json.loads(line)["url"]
-                for line in (tmp_path / "items.jsonl").read_text().splitlines()]
-    assert sorted(exported) == sorted(site.url(f"/p/{i:04d}") for i in range(n))
-    # (The report's files go to the test's directory, not the project's.)
-    for command in (["state"], ["report", "sitemap", "-o", str(tmp_path / "history")]):
-        result = await deferToThread(scrapy_in_process, *command, "-s",
-                                     f"INCREMENTAL_CLUSTER_URL={redis_cluster.url}")
-        assert result.returncode == 0, (command, result.stderr[-3000:])
-        assert "sitemap" in result.stdout + result.stderr, command
-
-    # Next run: the store on the cluster keeps the pages away but for the
-    # changed ones (their lastmods say so).
-    changed = set(site.change_fraction(0.1, seed=5))
-    site.reset_log()
-    workers = [Worker(site, None, prefix, tmp_path, f"2-{i}", *on_cluster(redis_cluster),
-                      "-s", "INCREMENTAL_LASTMOD_RECHECK_SHARE=0") for i in range(2)]
-    for worker in workers:
-        assert await worker.wait() == 0, worker.tail()
-    assert dict(page_gets(site)) == dict.fromkeys(changed, 1)
-
-
 def marks_and_checks(cluster_store: str) -> tuple[set[int | None], dict[str, float]]:
     """Every scope shard's mark of the sitemap scope, and the pages its
     P:ck notes checked since (member -> last check), all shards'."""
@@ -412,40 +376,78 @@ def checked_since(cluster_store: str, mark: int) -> set[str]:
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_runs_first_worker_moves_the_mark_to_the_runs_start(
+async def test_workers_keep_their_state_store_on_the_cluster(
         site, redis_cluster, prefix, cluster_store, tmp_path):
-    """Cluster workers take no hold on their scope, so no crawl start set
-    the mark of the checks since (P:nvm 'mark', P:ck): the worker that
-    starts a run does, at the run's start. Its summaries then take its
-    checks out one by one instead of reading every page, and P:ck keeps
-    the current run's checks only (a mark never moved keeps a member for
-    every page checked since)."""
-    n = 30
+    """Two runs of two workers whose store follows the cluster's URL. The
+    store is spread over the nodes, the commands read it, the next run
+    (the cluster named by its seed nodes: a fresh dupefilter) asks the
+    changed pages only. Cluster workers take no hold on their scope, so no
+    crawl start sets the mark of the checks since (P:nvm 'mark', P:ck):
+    the worker that starts a run does, at the run's start. Its summaries
+    then take its checks out one by one instead of reading every page, and
+    P:ck keeps the current run's checks only (a mark never moved keeps a
+    member for every page checked since)."""
+    n = 40
     for i in range(n):
-        site.add_page(f"/p/{i:04d}", "lastmod", size=1000)
+        site.add_page(f"/p/{i:04d}", ("strong", "weak", "lastmod")[i % 3], size=1000)
+    site.slow("/p/", 0.05)
     before = math.floor(time.time())
+    # No INCREMENTAL_STATE_URI: the store follows the cluster's URL.
     workers = [Worker(site, None, prefix, tmp_path, str(i), *on_cluster(redis_cluster))
                for i in range(2)]
+    await until_all_have_work(site, 2)
+    site.release()
     for worker in workers:
         assert await worker.wait() == 0, worker.tail()
+    gets = page_gets(site)
+    assert len(gets) == n
+    assert max(gets.values()) == 1, [p for p, c in gets.items() if c > 1]
+    per_worker = [worker.urls() for worker in workers]
+    assert sorted(u for urls in per_worker for u in urls) == sorted(
+        site.url(f"/p/{i:04d}") for i in range(n))
+    assert all(per_worker), [len(u) for u in per_worker]
+    # The state is on the cluster, spread over its nodes (hosts, items).
+    keys = await deferToThread(redis_cluster.keys, "incremental:*")
+    assert {k.split(b":")[1] for k in keys} >= {b"meta", b"hd", b"items", b"nvs"}
+    assert len({redis_cluster.port_of(k.decode()) for k in keys}) == 3
+    # One mark, every shard's, at the run's start; P:ck notes its checks.
     marks, checks = await deferToThread(marks_and_checks, cluster_store)
     assert len(marks) == 1 and None not in marks, marks
     [first] = marks
     assert first >= before
     assert set(checks) == await deferToThread(checked_since, cluster_store, first)
     assert len([m for m in checks if "|" in m]) >= n
+    # What a command reads of it (no add-on: the same rule finds it).
+    result = await deferToThread(scrapy_in_process, "items", "-o",
+                                 str(tmp_path / "items.jsonl"), "-s",
+                                 f"INCREMENTAL_CLUSTER_URL={redis_cluster.url}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    exported = [json.loads(line)["url"]
+                for line in (tmp_path / "items.jsonl").read_text().splitlines()]
+    assert sorted(exported) == sorted(site.url(f"/p/{i:04d}") for i in range(n))
+    # (The report's files go to the test's directory, not the project's.)
+    for command in (["state"], ["report", "sitemap", "-o", str(tmp_path / "history")]):
+        result = await deferToThread(scrapy_in_process, *command, "-s",
+                                     f"INCREMENTAL_CLUSTER_URL={redis_cluster.url}")
+        assert result.returncode == 0, (command, result.stderr[-3000:])
+        assert "sitemap" in result.stdout + result.stderr, command
 
-    # The next run (a second later: its start is past every check of the
-    # first, in whole seconds): the mark moves, and the first run's checks
-    # of pages not checked again go from P:ck.
+    # Next run (a second later: its start is past every check of the first,
+    # in whole seconds), the cluster named by its seed nodes: a fresh
+    # dupefilter, so the changed pages are fetched; the store on the
+    # cluster keeps the rest away (their lastmods say so). The mark moves,
+    # and the first run's checks of pages not checked again go from P:ck.
     await deferLater(reactor, 1.1)
-    changed = site.change_fraction(0.2, seed=3)
+    changed = set(site.change_fraction(0.2, seed=3))
     site.reset_log()
-    workers = [Worker(site, None, prefix, tmp_path, f"2-{i}", *on_cluster(redis_cluster),
+    site.slow("/p/", 0.0)
+    workers = [Worker(site, None, prefix, tmp_path, f"2-{i}",
+                      "-s", f"INCREMENTAL_CLUSTER_URL={redis_cluster.seeds_url}",
                       "-s", "INCREMENTAL_LASTMOD_RECHECK_SHARE=0") for i in range(2)]
     for worker in workers:
         assert await worker.wait() == 0, worker.tail()
     assert dict(page_gets(site)) == dict.fromkeys(changed, 1)
+    assert redis_cluster.keys(f"{prefix}:*") == []
     marks, checks = await deferToThread(marks_and_checks, cluster_store)
     assert len(marks) == 1 and None not in marks, marks
     [second] = marks
@@ -462,6 +464,8 @@ async def test_a_runs_first_worker_moves_the_mark_to_the_runs_start(
         assert taken_out is not None and len(taken_out) == len(checks)
     finally:
         await deferred_from_coro(store.close())
+
+
 async def state_on_cluster(cluster, *args: str) -> subprocess.CompletedProcess[str]:
     """``scrapy state ARGS`` on the store a cluster crawl keeps on the cluster."""
     return await deferToThread(scrapy_in_process, "state", *args, "-s",
@@ -508,8 +512,9 @@ async def test_a_worker_and_a_crawl_refuse_to_start_while_a_repair_holds_the_sco
     n = 6
     for i in range(n):
         site.add_page(f"/p/{i:04d}", "strong", size=1000)
-    first = Worker(site, None, prefix, tmp_path, "0", *on_cluster(redis_cluster))
-    assert await first.wait() == 0, first.tail()
+    # The pages stored by a run of one worker (in this process: the fill).
+    await crawl_in_process(site, cluster_store, prefix,
+                           INCREMENTAL_CLUSTER_URL=redis_cluster.url)
     # The repair waits with the host's pages deleted and its items not yet
     # (the moment a page written beside it would keep validators that say
     # "seen" without its items), holding the scope.
@@ -550,9 +555,10 @@ async def test_a_worker_and_a_crawl_refuse_to_start_while_a_repair_holds_the_sco
     assert re.match(rf"forgot host 127\.0\.0\.1 in scope 'sitemap': \d+ pages, \d+ links "
                     rf"records?, {n} items, {n} item versions", done.stdout), done.stdout
     # Nothing of the host left: the next run finds every page new.
-    again = Worker(site, None, prefix, tmp_path, "2", *on_cluster(redis_cluster))
-    assert await again.wait() == 0, again.tail()
-    assert sorted(again.urls()) == sorted(site.url(f"/p/{i:04d}") for i in range(n))
+    again = await crawl_in_process(site, cluster_store, prefix,
+                                   INCREMENTAL_CLUSTER_URL=redis_cluster.url)
+    assert sorted(str(item["url"]) for item in again.collected) == sorted(
+        site.url(f"/p/{i:04d}") for i in range(n))
     assert sorted(page_gets(site)) == [f"/p/{i:04d}" for i in range(n)]
 
 
@@ -629,18 +635,18 @@ async def test_three_workers_share_one_window_on_a_redis_cluster(
 
 @pytest_twisted.ensureDeferred
 async def test_a_cluster_crawl_with_the_shared_budget_on_the_cluster(
-        site, redis_cluster, prefix, store_uri, tmp_path):
+        site, redis_cluster, prefix, store_uri):
     # The throttle on: the budget follows INCREMENTAL_CLUSTER_URL onto the
-    # cluster, beside the run's keys.
+    # cluster, beside the run's keys. (One worker, in this process.)
     site.add_pages(20, size=500)
     budget = f"{prefix}-budget"
-    worker = Worker(site, store_uri, prefix, tmp_path, "1", *on_cluster(
-        redis_cluster, "-s", "INCREMENTAL_THROTTLE_ENABLED=True",
-        "-s", "INCREMENTAL_THROTTLE_START_RATE=50",
-        "-s", f"INCREMENTAL_THROTTLE_SHARED_PREFIX={budget}"))
-    assert await worker.wait() == 0, worker.tail()
+    crawler = await crawl_in_process(
+        site, store_uri, prefix, INCREMENTAL_CLUSTER_URL=redis_cluster.url,
+        INCREMENTAL_THROTTLE_ENABLED=True, INCREMENTAL_THROTTLE_START_RATE=50,
+        INCREMENTAL_THROTTLE_SHARED_PREFIX=budget)
     assert len(page_gets(site)) == 20
-    assert "'incremental/throttle/shared/acquires'" in worker.text(), worker.tail()
+    assert crawler.stats.get_value("incremental/throttle/shared/acquires"), (
+        crawler.stats.get_stats())
     assert f"{budget}:127.0.0.1".encode() in redis_cluster.keys(f"{budget}:*")
     assert redis_cluster.keys(f"{prefix}:*") == []
 

@@ -67,6 +67,15 @@ def silent_run(a: ClusterCoordinator) -> None:
     silent_for(a, 10)
 
 
+def reaped_in_its_own_run(a: ClusterCoordinator, b: ClusterCoordinator) -> None:
+    """*a* and *b* in run r1, *a* silent past the TTL and reaped by *b*'s
+    beat: the run goes on with *b*."""
+    join(a, "r1")
+    join(b, "r1")
+    silent_for(a, 10)
+    b._beat_once()
+
+
 def abandoned_keys(worker: ClusterCoordinator) -> list[bytes]:
     """The keys of run r1 left, but for the mark join.lua sets when it
     abandons r1 (it expires in a day)."""
@@ -188,12 +197,15 @@ def test_a_worker_with_a_smaller_ttl_does_not_abandon_a_live_run(pair):
 
 GONE = PageKey("s", "http://a.example/gone")
 
+#: The coordinator's writes that count pages in its run's accounting.
+COUNTS = [
+    pytest.param(lambda c: c.count_pages([(GONE, "r", 0, "0")]), id="count_pages"),
+    pytest.param(lambda c: c.answer(GONE, "new"), id="answer"),
+    pytest.param(lambda c: c.bulk_counted(), id="bulk_counted"),
+]
 
-@pytest.mark.parametrize("count", [
-    lambda c: c.count_pages([(GONE, "r", 0, "0")]),
-    lambda c: c.answer(GONE, "new"),
-    lambda c: c.bulk_counted(),
-], ids=["count_pages", "answer", "bulk_counted"])
+
+@pytest.mark.parametrize("count", COUNTS)
 def test_a_silent_worker_back_counts_nothing_in_its_abandoned_run(pair, count):
     a, b = pair
     silent_run(a)
@@ -236,10 +248,7 @@ def test_a_silent_worker_back_does_not_re_create_its_abandoned_runs_keys(pair, n
 @pytest.mark.parametrize(("note", "name"), NOTES)
 def test_a_worker_reaped_in_its_own_run_writes_none_of_its_keys(pair, note, name):
     a, b = pair
-    join(a, "r1")
-    join(b, "r1")
-    silent_for(a, 10)
-    b._beat_once()  # reaps a: its run goes on with b
+    reaped_in_its_own_run(a, b)
     note(a)
     assert not a.redis.exists(a.run_prefix + name)
     assert a.crawler.stats.get_value("cluster/fenced") == 1
@@ -270,17 +279,10 @@ def test_a_live_worker_writes_its_runs_keys(pair, note, name):
     assert a.crawler.stats.get_value("cluster/fenced") is None
 
 
-@pytest.mark.parametrize("count", [
-    lambda c: c.count_pages([(GONE, "r", 0, "0")]),
-    lambda c: c.answer(GONE, "new"),
-    lambda c: c.bulk_counted(),
-], ids=["count_pages", "answer", "bulk_counted"])
+@pytest.mark.parametrize("count", COUNTS)
 def test_a_worker_reaped_in_its_own_run_counts_nothing(pair, count):
     a, b = pair
-    join(a, "r1")
-    join(b, "r1")
-    silent_for(a, 10)
-    b._beat_once()  # reaps a: its run goes on with b
+    reaped_in_its_own_run(a, b)
     # Back before its next heartbeat: the run's accounting refuses it (its
     # counts would be taken for a killed worker's and counted again).
     assert count(a) is None
