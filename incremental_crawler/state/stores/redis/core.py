@@ -95,6 +95,10 @@ _READ_ROUNDS = 8
 #: Members asked per ZSCAN step, and steps at most (100 million members).
 _SCAN_COUNT = 1000
 _SCAN_ROUNDS = 100_000
+#: Entries a round of a walk over many hashes asks for in all (its HSCAN
+#: steps in one pipeline): about what one step over one hash returns, so
+#: that a round holds no more than a hash's walk step by step did.
+_SCAN_ROUND_ENTRIES = _SCAN_COUNT
 
 
 #: Item groups of a scope in the cluster layout: its items spread over
@@ -668,6 +672,48 @@ class RedisCore(StateStore):
             if cursor == 0:
                 return
         raise self._fail(f"scanning {key} did not finish")
+
+    def _hscan_many(self, keys: list[str]) -> Iterator[tuple[bytes, bytes]]:
+        """Every field and value of the hashes *keys* (an item kind's
+        groups, on a cluster), walked together: their sizes in one
+        pipeline, then rounds of HSCAN steps, each round one pipeline (the
+        cluster client sends each node its part), not a round trip a step
+        of each hash in turn. A round's steps ask for about
+        :data:`_SCAN_ROUND_ENTRIES` entries in all (each hash for what it
+        has left, :data:`_SCAN_COUNT` at most): a round holds about what
+        one step of :meth:`_hscan` holds, and an empty hash costs no step.
+        A small hash's step returns it whole (Redis walks a listpack in
+        one step, whatever COUNT says): at most its size, counted."""
+        pipe = self._sync.pipeline(transaction=False)
+        for key in keys:
+            pipe.hlen(key)
+        # What each hash still holds, as far as its size said (fields
+        # written meanwhile: at least one more step while its cursor runs).
+        left = {key: int(n) for key, n in zip(keys, self._sync_run(pipe), strict=True) if n}
+        cursors = dict.fromkeys(left, 0)
+        steps = dict.fromkeys(left, 0)
+        while cursors:
+            batch, asked = [], 0
+            for key in cursors:
+                want = min(max(left[key], 1), _SCAN_COUNT)
+                if batch and asked + want > _SCAN_ROUND_ENTRIES:
+                    break
+                batch.append(key)
+                asked += want
+            pipe = self._sync.pipeline(transaction=False)
+            for key in batch:
+                pipe.hscan(key, cursors[key], count=_SCAN_COUNT)
+            replies = self._sync_run(pipe)
+            for key, (cursor, pairs) in zip(batch, replies, strict=True):
+                yield from pairs.items()
+                steps[key] += 1
+                if cursor == 0:
+                    del cursors[key]
+                elif steps[key] >= _SCAN_ROUNDS:
+                    raise self._fail(f"scanning {key} did not finish")
+                else:
+                    cursors[key] = cursor
+                    left[key] -= len(pairs)
 
     def _scan_keys(self, match: str) -> list[str]:
         """Every key matching the glob *match* (bounded steps); on a
