@@ -89,12 +89,12 @@ def child(args: argparse.Namespace) -> int:
     out: dict[str, list[list[float]]] = {"forget_page": [], "forget_host": [],
                                          "url_record": []}
     for n in range(args.first, args.first + args.reps):
-        for name, call in (
-                ("url_record", lambda: store.url_record(SCOPE, f"https://{own_host(2 * n)}/")),
-                ("forget_page", lambda: store.forget_page(SCOPE, f"https://{own_host(2 * n)}/")),
-                ("forget_host", lambda: store.forget_host(SCOPE, own_host(2 * n + 1)))):
+        page, host = f"https://{own_host(2 * n)}/", own_host(2 * n + 1)
+        for name, call, arg in (("url_record", store.url_record, page),
+                                ("forget_page", store.forget_page, page),
+                                ("forget_host", store.forget_host, host)):
             trips, started = store.roundtrips, time.perf_counter()
-            result = call()
+            result: Any = call(SCOPE, arg)
             out[name].append([store.roundtrips - trips, time.perf_counter() - started])
             if name != "url_record":
                 # Each finds the one item of its page (the walk works).

@@ -31,6 +31,7 @@ from twisted.internet.threads import deferToThread
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores.base import RepairStopped, StateStoreError, due_after
 from incremental_crawler.state.stores.redis import RedisStateStore
+from incremental_crawler.state.stores.redis import core as redis_core
 from incremental_crawler.state.stores.redis import due as due_reads
 from incremental_crawler.state.stores.redis.cluster import _Effects
 from incremental_crawler.state.stores.redis.core import (
@@ -2713,3 +2714,54 @@ async def test_a_repair_that_lost_its_hold_deletes_nothing_further(
         await assert_whole_summary(repair, 0)
     finally:
         await call(repair.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_repair_walks_the_item_groups_together_in_pipelined_rounds(
+    redis_cluster: LoopbackCluster, prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A page or host repair (and ``url_record``) finds its items by their
+    records, over every item group's hash (1,024): walked together, each
+    round of HSCAN steps one pipeline, an empty group costing none. An
+    empty scope's walk is one pipeline (the groups' sizes), not one round
+    trip a group; a group of many items (more than one step: small steps
+    here, and more than a listpack holds) is walked over several rounds,
+    and every item is found, none of another page's or host's."""
+    monkeypatch.setattr(redis_core, "_SCAN_COUNT", 20)
+    monkeypatch.setattr(redis_core, "_SCAN_ROUND_ENTRIES", 50)
+    store = open_store(redis_cluster, prefix)
+    try:
+        trips = store.roundtrips
+        assert store.url_record(SCOPE, "https://a.example/p").items == []
+        empty_walk = store.roundtrips - trips
+        # url_record's own reads, and the walk's one pipeline of sizes.
+        assert empty_walk <= 6, empty_walk
+        page, other_page, other_host = ("https://a.example/p", "https://a.example/q",
+                                        "https://b.example/r")
+        # 150 items of one group (one hash, beyond hash-max-listpack-entries:
+        # several HSCAN steps), and 20 spread over the groups, from page;
+        # 20 from another page of the host, 20 from another host.
+        crowded = item_group("crowd-0")
+        same = [k for k in (f"crowd-{n}" for n in range(400_000))
+                if item_group(k) == crowded][:150]
+        assert len(same) == 150
+        mine = same + [f"spread-{n}" for n in range(20)]
+        sibling = [f"sibling-{n}" for n in range(20)]
+        stranger = [f"stranger-{n}" for n in range(20)]
+        for keys, url in ((mine, page), (sibling, other_page), (stranger, other_host)):
+            store.stage_page(full_state(PageKey(SCOPE, url), 1, callback="parse"))
+            for key in keys:
+                store.stage_item(item(key, page=url))
+        await call(store.flush())
+        group_key = f"{prefix}:items:{{{SCOPE}#{crowded}}}"
+        assert redis_cluster.client().hlen(group_key) == 150
+        assert redis_cluster.client().object("encoding", group_key) == b"hashtable"
+        assert store.url_record(SCOPE, page).items == sorted(mine)
+        assert store.forget_page(SCOPE, page).items == len(mine)
+        assert store.url_record(SCOPE, page).items == []
+        assert store.url_record(SCOPE, other_host).items == sorted(stranger)
+        assert store.forget_host(SCOPE, "a.example").items == len(sibling)
+        assert sorted(i["url"] for i in store.iter_items(SCOPE)) == sorted(
+            f"https://example.com/{k}" for k in stranger)
+    finally:
+        await call(store.close())

@@ -693,7 +693,8 @@ class RedisCore(StateStore):
         cursors = dict.fromkeys(left, 0)
         steps = dict.fromkeys(left, 0)
         while cursors:
-            batch, asked = [], 0
+            batch: list[str] = []
+            asked = 0
             for key in cursors:
                 want = min(max(left[key], 1), _SCAN_COUNT)
                 if batch and asked + want > _SCAN_ROUND_ENTRIES:
