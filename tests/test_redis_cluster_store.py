@@ -13,6 +13,8 @@ import contextlib
 import json
 import logging
 import math
+import os
+import signal
 import threading
 import time
 import uuid
@@ -2735,7 +2737,8 @@ async def test_a_repair_walks_the_item_groups_together_in_pipelined_rounds(
         assert store.url_record(SCOPE, "https://a.example/p").items == []
         empty_walk = store.roundtrips - trips
         # url_record's own reads, and the walk's one pipeline of sizes.
-        assert empty_walk <= 6, empty_walk
+        # One pipeline of sizes a primary now (3).
+        assert empty_walk <= 5 + 3, empty_walk
         page, other_page, other_host = ("https://a.example/p", "https://a.example/q",
                                         "https://b.example/r")
         # 150 items of one group (one hash, beyond hash-max-listpack-entries:
@@ -2765,3 +2768,64 @@ async def test_a_repair_walks_the_item_groups_together_in_pipelined_rounds(
             f"https://example.com/{k}" for k in stranger)
     finally:
         await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_walk_of_the_item_groups_fails_at_the_first_timeout_of_a_stopped_primary(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A primary that stops answering (SIGSTOP: a paused VM or container)
+    fails a walk of the item groups (a repair's, ``url_record``'s) at its
+    first timeout, as a :class:`StateStoreError` naming it: it was sent its
+    share of the walk once, as one pipeline, and nothing after that. The
+    cluster client's own pipeline would send it those commands again one
+    at a time, each waiting out the timeout (hundreds of them), while a
+    repair holds its scope. A cluster of the test's own: its node is
+    stopped."""
+    from tests.redis_cluster_util import LoopbackCluster
+
+    # Short, so that the test does not wait long; long enough for the
+    # primaries that do answer (a round trip each), however busy the machine.
+    monkeypatch.setattr(redis_core, "_DEFAULT_TIMEOUTS",
+                        {"socket_connect_timeout": 3.0, "socket_timeout": 3.0})
+    sent: dict[int, list[int]] = {}
+
+    def pack_commands(self: Any, commands: list[Any]) -> Any:
+        sent.setdefault(self.port, []).append(len(commands))
+        return original_pack(self, commands)
+
+    def send_command(self: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.setdefault(self.port, []).append(1)
+        return original_send(self, *args, **kwargs)
+
+    connection_class: Any = redis.connection.AbstractConnection
+    original_pack, original_send = connection_class.pack_commands, connection_class.send_command
+    own = LoopbackCluster()
+    own.start()
+    try:
+        store = RedisStateStore(own.url, prefix=new_prefix())
+        # A URL whose host's keys are on another primary than the stopped one.
+        url = "https://a.example/p"
+        groups = store._group_keys("items", SCOPE)
+        with own.client() as client:
+            ports = [int(client.get_node_from_key(key).port) for key in groups]
+        stopped = next(p for p in own.ports
+                       if p != own.port_of(store._host_key("hd", SCOPE, "a.example")))
+        # Every primary's connection opened (nothing left to say on connecting).
+        assert store.url_record(SCOPE, url).items == []
+        monkeypatch.setattr(connection_class, "pack_commands", pack_commands)
+        monkeypatch.setattr(connection_class, "send_command", send_command)
+        pid = int((own.dir / f"redis-{stopped}.pid").read_text())
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(StateStoreError) as failed:
+                store.url_record(SCOPE, url)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        monkeypatch.undo()
+        # One pipeline: the sizes of the groups it serves, each asked once.
+        assert sent[stopped] == [ports.count(stopped)], sent[stopped]
+        assert f"read failed on 127.0.0.1:{stopped}: Timeout" in str(failed.value)
+        await call(store.close())
+    finally:
+        own.remove()
