@@ -12,10 +12,13 @@ URL, on pages of 100 hosts, plus one page and item on each of
 ``--ref``'s (a git worktree each) run, alternately, ``--reps`` times each:
 ``forget_page`` of a page of its own (its item deleted) and
 ``forget_host`` of a host of its own (one page, one item), each in a child
-process with that code. Per call: the round trips the store counts (a
-pipeline one, whatever nodes it reaches) and its wall time; medians per
-code, and the ratio of this tree's to the first ``--ref``'s. The scope
-changes by two items a call, nothing the walk would notice.
+process with that code. Per call: the round trips the store counts (the
+cluster client's pipeline one, whatever nodes it reaches; the item groups'
+walk, since it sends each primary its part itself, one a primary) and its
+wall time; medians per code, and the ratio of this tree's to the first
+``--ref``'s. The scope changes by two items a call, nothing the walk would
+notice. A run killed midway leaves its ``--ref`` worktrees registered:
+``git worktree prune`` forgets them.
 """
 
 from __future__ import annotations

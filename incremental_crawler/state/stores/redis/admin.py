@@ -148,8 +148,9 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         any page of *host*, by item key."""
         found: dict[str, str] = {}
         # On a cluster every group's hash, walked together (pipelined
-        # rounds): a repair costs a round trip per ~_SCAN_COUNT items, not
-        # one per group (1,024) whatever the scope holds.
+        # rounds of about _SCAN_ROUND_ENTRIES entries, a round trip a
+        # primary each), not a round trip per group (1,024) whatever the
+        # scope holds.
         pairs = (self._hscan_many(self._group_keys("items", scope)) if self.tagged
                  else self._hscan(self._key("items", scope)))
         for key, raw in pairs:
