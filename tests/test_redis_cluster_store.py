@@ -2843,3 +2843,41 @@ async def test_a_walk_of_the_item_groups_fails_at_the_first_timeout_of_a_stopped
         await call(store.close())
     finally:
         own.remove()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_walk_of_the_item_groups_that_meets_a_moved_slot_says_to_run_it_again() -> None:
+    """A group's slot handed to another primary after the store read the
+    slot table (resharding, failover): the old primary answers MOVED. The
+    walk, which sends each primary its part itself, does not follow it: a
+    :class:`StateStoreError` says to run it again, and that run finds the
+    slot where it went. A cluster of the test's own: its slot is moved."""
+    from tests.redis_cluster_util import LoopbackCluster
+
+    own = LoopbackCluster()
+    own.start()
+    try:
+        store = RedisStateStore(own.url, prefix=new_prefix())
+        url = "https://a.example/p"
+        group = store._group_keys("items", SCOPE)[0]
+        slot = key_slot(group.encode())
+        owner = own.port_of(group)
+        target = next(p for p in own.ports if p != owner)
+        # url_record's own reads (the URL's host) are elsewhere.
+        assert key_slot(store._host_key("hd", SCOPE, "a.example").encode()) != slot
+        assert store.url_record(SCOPE, url).items == []  # the slot table read
+        with own.node(target) as client:
+            target_id = client.execute_command("CLUSTER", "MYID")
+        # The group holds nothing: the slot changes hands without a key to move.
+        for port in (target, *(p for p in own.ports if p != target)):
+            with own.node(port) as client:
+                client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        with pytest.raises(StateStoreError) as failed:
+            store.url_record(SCOPE, url)
+        assert "a slot moved during the walk" in str(failed.value), failed.value
+        # redis-py's MOVED error says the slot and where it went.
+        assert str(failed.value).endswith(f" {slot} 127.0.0.1:{target}"), failed.value
+        assert store.url_record(SCOPE, url).items == []
+        await call(store.close())
+    finally:
+        own.remove()
