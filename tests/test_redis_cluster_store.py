@@ -10,9 +10,12 @@ Each test has a key prefix of its own, deleted from every node afterwards.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import math
+import os
+import signal
 import threading
 import time
 import uuid
@@ -31,6 +34,7 @@ from twisted.internet.threads import deferToThread
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores.base import RepairStopped, StateStoreError, due_after
 from incremental_crawler.state.stores.redis import RedisStateStore
+from incremental_crawler.state.stores.redis import core as redis_core
 from incremental_crawler.state.stores.redis import due as due_reads
 from incremental_crawler.state.stores.redis.cluster import _Effects
 from incremental_crawler.state.stores.redis.core import (
@@ -2749,3 +2753,167 @@ async def test_a_repair_that_lost_its_hold_deletes_nothing_further(
         await assert_whole_summary(repair, 0)
     finally:
         await call(repair.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_repair_walks_the_item_groups_together_in_pipelined_rounds(
+    redis_cluster: LoopbackCluster, prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A page or host repair (and ``url_record``) finds its items by their
+    records, over every item group's hash (1,024): walked together, each
+    round of HSCAN steps one pipeline, an empty group costing none. An
+    empty scope's walk is one pipeline (the groups' sizes), not one round
+    trip a group; a group of many items (more than one step: small steps
+    here, and more than a listpack holds) is walked over several rounds,
+    and every item is found, none of another page's or host's."""
+    monkeypatch.setattr(redis_core, "_SCAN_COUNT", 20)
+    monkeypatch.setattr(redis_core, "_SCAN_ROUND_ENTRIES", 50)
+    store = open_store(redis_cluster, prefix)
+    try:
+        trips = store.roundtrips
+        assert store.url_record(SCOPE, "https://a.example/p").items == []
+        empty_walk = store.roundtrips - trips
+        # url_record's own reads (at most 5), and the walk's one pipeline
+        # of sizes a primary (3).
+        assert empty_walk <= 5 + 3, empty_walk
+        page, other_page, other_host = ("https://a.example/p", "https://a.example/q",
+                                        "https://b.example/r")
+        # 150 items of one group (one hash, beyond hash-max-listpack-entries:
+        # several HSCAN steps), and 20 spread over the groups, from page;
+        # 20 from another page of the host, 20 from another host.
+        crowded = item_group("crowd-0")
+        same = list(itertools.islice(
+            (k for k in (f"crowd-{n}" for n in range(400_000)) if item_group(k) == crowded),
+            150))
+        assert len(same) == 150
+        mine = same + [f"spread-{n}" for n in range(20)]
+        sibling = [f"sibling-{n}" for n in range(20)]
+        stranger = [f"stranger-{n}" for n in range(20)]
+        for keys, url in ((mine, page), (sibling, other_page), (stranger, other_host)):
+            store.stage_page(full_state(PageKey(SCOPE, url), 1, callback="parse"))
+            for key in keys:
+                store.stage_item(item(key, page=url))
+        await call(store.flush())
+        group_key = f"{prefix}:items:{{{SCOPE}#{crowded}}}"
+        assert redis_cluster.client().hlen(group_key) == 150
+        assert redis_cluster.client().object("encoding", group_key) == b"hashtable"
+        trips = store.roundtrips
+        assert store.url_record(SCOPE, page).items == sorted(mine)
+        # Beyond the empty scope's trips (the same own reads and sizes):
+        # the rounds, each a pipeline to each primary it reaches (1 to 3).
+        # The crowded group takes a step a round, and more than one step
+        # (150 entries, a step returning 20 and a bucket's few more): two
+        # rounds at least. Every round but the last asks for more than
+        # 50 - 20 entries (else the next group would have fitted) and gets
+        # them (a small group is returned whole, the crowded one at least
+        # 20 a step but its last): 210 entries make 8 rounds at most,
+        # where a group a round would take 61 or more.
+        rounds_trips = store.roundtrips - trips - empty_walk
+        assert 2 <= rounds_trips <= 3 * 8, rounds_trips
+        assert store.forget_page(SCOPE, page).items == len(mine)
+        assert store.url_record(SCOPE, page).items == []
+        assert store.url_record(SCOPE, other_host).items == sorted(stranger)
+        assert store.forget_host(SCOPE, "a.example").items == len(sibling)
+        assert sorted(i["url"] for i in store.iter_items(SCOPE)) == sorted(
+            f"https://example.com/{k}" for k in stranger)
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_walk_of_the_item_groups_fails_at_the_first_timeout_of_a_stopped_primary(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A primary that stops answering (SIGSTOP: a paused VM or container)
+    fails a walk of the item groups (a repair's, ``url_record``'s) at its
+    first timeout, as a :class:`StateStoreError` naming it: it was sent its
+    share of the walk once, as one pipeline, and nothing after that. The
+    cluster client's own pipeline would send it those commands again one
+    at a time, each waiting out the timeout (hundreds of them), while a
+    repair holds its scope. A cluster of the test's own: its node is
+    stopped."""
+    from tests.redis_cluster_util import LoopbackCluster
+
+    # Short, so that the test does not wait long; long enough for the
+    # primaries that do answer (a round trip each), however busy the machine.
+    monkeypatch.setattr(redis_core, "_DEFAULT_TIMEOUTS",
+                        {"socket_connect_timeout": 3.0, "socket_timeout": 3.0})
+    sent: dict[int, list[int]] = {}
+
+    def pack_commands(self: Any, commands: list[Any]) -> Any:
+        sent.setdefault(self.port, []).append(len(commands))
+        return original_pack(self, commands)
+
+    def send_command(self: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.setdefault(self.port, []).append(1)
+        return original_send(self, *args, **kwargs)
+
+    connection_class: Any = redis.connection.AbstractConnection
+    original_pack, original_send = connection_class.pack_commands, connection_class.send_command
+    own = LoopbackCluster()
+    own.start()
+    try:
+        store = RedisStateStore(own.url, prefix=new_prefix())
+        # A URL whose host's keys are on another primary than the stopped one.
+        url = "https://a.example/p"
+        groups = store._group_keys("items", SCOPE)
+        with own.client() as client:
+            ports = [int(client.get_node_from_key(key).port) for key in groups]
+        stopped = next(p for p in own.ports
+                       if p != own.port_of(store._host_key("hd", SCOPE, "a.example")))
+        # Every primary's connection opened (nothing left to say on connecting).
+        assert store.url_record(SCOPE, url).items == []
+        monkeypatch.setattr(connection_class, "pack_commands", pack_commands)
+        monkeypatch.setattr(connection_class, "send_command", send_command)
+        pid = int((own.dir / f"redis-{stopped}.pid").read_text())
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(StateStoreError) as failed:
+                store.url_record(SCOPE, url)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        monkeypatch.undo()
+        # One pipeline: the sizes of the groups it serves, each asked once.
+        assert sent[stopped] == [ports.count(stopped)], sent[stopped]
+        assert f"read failed on 127.0.0.1:{stopped}: Timeout" in str(failed.value)
+        await call(store.close())
+    finally:
+        own.remove()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_walk_of_the_item_groups_that_meets_a_moved_slot_says_to_run_it_again() -> None:
+    """A group's slot handed to another primary after the store read the
+    slot table (resharding, failover): the old primary answers MOVED. The
+    walk, which sends each primary its part itself, does not follow it: a
+    :class:`StateStoreError` says to run it again, and that run finds the
+    slot where it went. A cluster of the test's own: its slot is moved."""
+    from tests.redis_cluster_util import LoopbackCluster
+
+    own = LoopbackCluster()
+    own.start()
+    try:
+        store = RedisStateStore(own.url, prefix=new_prefix())
+        url = "https://a.example/p"
+        group = store._group_keys("items", SCOPE)[0]
+        slot = key_slot(group.encode())
+        owner = own.port_of(group)
+        target = next(p for p in own.ports if p != owner)
+        # url_record's own reads (the URL's host) are elsewhere.
+        assert key_slot(store._host_key("hd", SCOPE, "a.example").encode()) != slot
+        assert store.url_record(SCOPE, url).items == []  # the slot table read
+        with own.node(target) as client:
+            target_id = client.execute_command("CLUSTER", "MYID")
+        # The group holds nothing: the slot changes hands without a key to move.
+        for port in (target, *(p for p in own.ports if p != target)):
+            with own.node(port) as client:
+                client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        with pytest.raises(StateStoreError) as failed:
+            store.url_record(SCOPE, url)
+        assert "a slot moved during the walk" in str(failed.value), failed.value
+        # redis-py's MOVED error says the slot and where it went.
+        assert str(failed.value).endswith(f" {slot} 127.0.0.1:{target}"), failed.value
+        assert store.url_record(SCOPE, url).items == []
+        await call(store.close())
+    finally:
+        own.remove()

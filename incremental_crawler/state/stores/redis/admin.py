@@ -147,9 +147,13 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         """The page of each item last stored from any of *urls*, or from
         any page of *host*, by item key."""
         found: dict[str, str] = {}
-        hashes = (self._group_keys("items", scope) if self.tagged
-                  else [self._key("items", scope)])
-        for key, raw in (pair for name in hashes for pair in self._hscan(name)):
+        # On a cluster every group's hash, walked together (pipelined
+        # rounds of about _SCAN_ROUND_ENTRIES entries, a round trip a
+        # primary each), not a round trip per group (1,024) whatever the
+        # scope holds.
+        pairs = (self._hscan_many(self._group_keys("items", scope)) if self.tagged
+                 else self._hscan(self._key("items", scope)))
+        for key, raw in pairs:
             record = json.loads(raw)
             page = record.get("page") or key.decode()
             if (page in urls or (host is not None and host_of(page) == host)) and (

@@ -95,6 +95,10 @@ _READ_ROUNDS = 8
 #: Members asked per ZSCAN step, and steps at most (100 million members).
 _SCAN_COUNT = 1000
 _SCAN_ROUNDS = 100_000
+#: Entries a round of a walk over many hashes asks for in all (its HSCAN
+#: steps in one pipeline): about what one step over one hash returns, so
+#: that a round holds no more than a hash's walk step by step did.
+_SCAN_ROUND_ENTRIES = _SCAN_COUNT
 
 
 #: Item groups of a scope in the cluster layout: its items spread over
@@ -668,6 +672,95 @@ class RedisCore(StateStore):
             if cursor == 0:
                 return
         raise self._fail(f"scanning {key} did not finish")
+
+    def _hscan_many(self, keys: list[str]) -> Iterator[tuple[bytes, bytes]]:
+        """Every field and value of the hashes *keys* (an item kind's
+        groups, on a cluster), walked together: their sizes first, then
+        rounds of HSCAN steps, not a round trip a step of each hash in turn.
+        Each time every primary is sent its part as one plain pipeline
+        (:meth:`_on_primaries`): a round trip a primary. A round's steps ask
+        for about :data:`_SCAN_ROUND_ENTRIES` entries in all (each hash for
+        what it has left, :data:`_SCAN_COUNT` at most): a round holds about
+        what one step of :meth:`_hscan` holds, and an empty hash costs no
+        step. A small hash's step returns it whole (Redis walks a listpack
+        in one step, whatever COUNT says): at most its size, counted.
+
+        Not a snapshot. A hash that was empty when the sizes were read is
+        not walked at all, so fields written to it after that are not
+        found; a hash walked may miss fields written behind its cursor, as
+        any HSCAN may. Enough for a repair, which holds its scope (no crawl
+        writes meanwhile); ``url_record`` never promised more."""
+        # What each hash still holds, as far as its size said (fields
+        # written meanwhile: at least one more step while its cursor runs).
+        sizes = self._on_primaries(keys, lambda pipe, key: pipe.hlen(key))
+        left = {key: int(n) for key, n in zip(keys, sizes, strict=True) if n}
+        cursors = dict.fromkeys(left, 0)
+        steps = dict.fromkeys(left, 0)
+        while cursors:
+            batch: list[str] = []
+            asked = 0
+            for key in cursors:
+                want = min(max(left[key], 1), _SCAN_COUNT)
+                if batch and asked + want > _SCAN_ROUND_ENTRIES:
+                    break
+                batch.append(key)
+                asked += want
+            replies = self._on_primaries(
+                batch, lambda pipe, key: pipe.hscan(key, cursors[key], count=_SCAN_COUNT))
+            for key, (cursor, pairs) in zip(batch, replies, strict=True):
+                yield from pairs.items()
+                steps[key] += 1
+                if cursor == 0:
+                    del cursors[key]
+                elif steps[key] >= _SCAN_ROUNDS:
+                    raise self._fail(f"scanning {key} did not finish")
+                else:
+                    cursors[key] = cursor
+                    left[key] -= len(pairs)
+
+    def _on_primaries(self, keys: list[str],
+                      command: Callable[[Any, str], object]) -> list[Any]:
+        """``command(pipe, key)`` for each of *keys* (cluster layout), each
+        primary's share in one plain pipeline on that primary's own
+        connection, the primaries one after the other: the replies in the
+        order of *keys*; the first error, or a primary that does not answer,
+        fails the whole as a :class:`StateStoreError`.
+
+        Not the cluster client's pipeline: when a node does not answer, that
+        one sends the node's commands again one at a time, each waiting out
+        the timeout (hundreds of timeouts for a walk of the item groups,
+        hours at the store's timeouts, with the repair holding its scope).
+        Here the first timeout ends it. A slot that moved meanwhile
+        (resharding, failover) is answered MOVED or ASK: not followed, a
+        :class:`StateStoreError` saying to run it again (the client's slot
+        table is set right for that run)."""
+        cluster: Any = self._sync
+        by_node: dict[str, tuple[Any, list[int]]] = {}
+        try:
+            for n, key in enumerate(keys):
+                node = cluster.get_node_from_key(key)
+                by_node.setdefault(node.name, (node, []))[1].append(n)
+        except redis.exceptions.RedisClusterException as exc:
+            # A slot no primary serves (as far as the client knows).
+            raise self._fail("read failed", exc) from exc
+        replies: list[Any] = [None] * len(keys)
+        for node, places in by_node.values():
+            pipe = cluster.get_redis_connection(node).pipeline(transaction=False)
+            for n in places:
+                command(pipe, keys[n])
+            self.roundtrips += 1
+            try:
+                answers = pipe.execute()
+            except (redis.exceptions.MovedError, redis.exceptions.AskError) as exc:
+                if isinstance(exc, redis.exceptions.MovedError):
+                    cluster.nodes_manager.move_slot(exc)
+                raise self._fail("read failed: a slot moved during the walk (the cluster "
+                                 "is being resharded or failed over); run it again", exc) from exc
+            except redis.RedisError as exc:
+                raise self._fail(f"read failed on {node.name}", exc) from exc
+            for n, answer in zip(places, answers, strict=True):
+                replies[n] = answer
+        return replies
 
     def _scan_keys(self, match: str) -> list[str]:
         """Every key matching the glob *match* (bounded steps); on a
