@@ -55,7 +55,12 @@ local DEADLINE, HOSTS = tonumber(ARGV[3]), tonumber(ARGV[4])
 -- A reader may drop the intent once it is past its deadline (by more than
 -- the nodes' clocks differ): a ledger entry written after that would be
 -- listed by no intent. The caller writes its intent again and resends.
-if DEADLINE > 0 and tonumber(redis.call('TIME')[1]) > DEADLINE then return {'late'} end
+-- This node's time (read once), the group's ledger (read once: see below).
+local NOW, LEDGER_FLAT = nil, nil
+if DEADLINE > 0 then
+  NOW = tonumber(redis.call('TIME')[1])
+  if NOW > DEADLINE then return {'late'} end
+end
 local HOST, FIRST = {}, nil
 do
   local at = 5
@@ -112,9 +117,9 @@ local function finish(applied, failed, taken)
   -- goes once that is done.
   local taken_json = '[]'
   if taken then
-    local now = tonumber(redis.call('TIME')[1])
+    local now = NOW or tonumber(redis.call('TIME')[1])
     local found = {}
-    local flat = redis.call('HGETALL', LEDGER)
+    local flat = LEDGER_FLAT
     for k = 1, #flat, 2 do
       local ok_entry, entry = pcall(cjson.decode, flat[k + 1])
       if not ok_entry or type(entry) ~= 'table' or not tonumber(entry[1]) then
@@ -139,13 +144,14 @@ local function finish(applied, failed, taken)
   return {applied, 0, failed or '', effects, taken_json}
 end
 
--- The ledger's type first: every host's effects go there.
-do
+-- The ledger first: every host's effects go there. Read whole now (its
+-- type said by the read's error), taken from in finish: nothing before
+-- finish writes it.
+LEDGER_FLAT = redis.pcall('HGETALL', LEDGER)
+if LEDGER_FLAT.err then
   local kind = redis.call('TYPE', LEDGER).ok
-  if kind ~= 'none' and kind ~= 'hash' then
-    return finish(0, 'WRONGTYPE ' .. LEDGER .. ' is a ' .. kind .. ', not a hash: nothing of '
-      .. 'the group was applied', false)
-  end
+  return finish(0, 'WRONGTYPE ' .. LEDGER .. ' is a ' .. kind .. ', not a hash: nothing of '
+    .. 'the group was applied', false)
 end
 
 local function check_type(key, want)
@@ -157,10 +163,15 @@ local function check_type(key, want)
 end
 -- The write generation is raised after the writes: INCR must not fail then.
 local function check_counter(key)
-  local kind = redis.call('TYPE', key).ok
-  -- What INCR takes, and can raise without overflowing.
-  local v = kind == 'string' and redis.call('GET', key)
-  if kind == 'none' or (v and (v == '0' or (string.match(v, '^%-?[1-9]%d*$') and #v <= 18))) then
+  -- One GET: absent (false), a string, or an error for another type.
+  local v = redis.pcall('GET', key)
+  local kind = 'string'
+  if type(v) == 'table' then
+    kind = redis.call('TYPE', key).ok
+  elseif not v then
+    return
+  elseif v == '0' or (string.match(v, '^%-?[1-9]%d*$') and #v <= 18) then
+    -- What INCR takes, and can raise without overflowing.
     return
   end
   return key .. ' is not a counter (a ' .. kind .. '): nothing of the host was applied'
@@ -178,18 +189,26 @@ do
   for h = 1, HOSTS do
     local host = HOST[h]
     enter(host)
-    local dir_type = redis.call('TYPE', DIR).ok
+    -- Its bucket and page counts read at once (the page count then
+    -- follows its HINCRBYs: see store_page); a record of another type
+    -- fails the read.
+    local counts = redis.pcall('HMGET', DIR, 'n', 'p')
     local n, stop_error
-    if dir_type ~= 'none' and dir_type ~= 'hash' then
-      stop_error = 'WRONGTYPE ' .. DIR .. ' is a ' .. dir_type .. ', not a hash: nothing of '
-        .. 'the host was applied'
+    if counts.err then
+      stop_error = 'WRONGTYPE ' .. DIR .. ' is a ' .. redis.call('TYPE', DIR).ok
+        .. ', not a hash: nothing of the host was applied'
     else
-      local ok
-      ok, n = pcall(bucket_count, DIR)
-      if not ok then
-        if type(n) == 'table' then n = n.err end
-        stop_error = tostring(n)
+      local stored = counts[1]
+      n = stored and tonumber(stored)
+      if not stored then
+        n = 1
+      elseif not n or n < 1 or n ~= math.floor(n) then
+        -- (As bucket_count says it.)
+        stop_error = 'the bucket count in ' .. DIR .. ' is not a number: ' .. stored
       end
+      -- Its 'n' stored: register's HSETNX would do nothing.
+      host.has_n = stored and true
+      host.pages = tonumber(counts[2]) or 0
     end
     if stop_error then
       host.failed = stop_error
@@ -225,8 +244,10 @@ do
   if #blocked > 0 then return {'blocked', unpack(blocked)} end
 end
 
--- The host's state as its writes go (set by each host's turn).
+-- The host's state as its writes go (set by each host's turn), and the
+-- host being written.
 local n, wrote, listed = 0, false, false
+local current = nil
 local function lower_due(b, visit)
   local member = PART .. '|' .. b
   visit = tonumber(visit)
@@ -239,7 +260,10 @@ local function sum(callback, visit, bytes, sign)
 end
 local function register()
   if not listed then
-    redis.call('HSETNX', DIR, 'n', n)
+    if not current.has_n then
+      redis.call('HSETNX', DIR, 'n', n)
+      current.has_n = true
+    end
     -- (SADD in phase 3: listed again costs nothing.)
     LISTED[PART] = true
     listed = true
@@ -257,7 +281,7 @@ local function store_page(field, record, old)
   if #field > LISTPACK_VALUE or #record > LISTPACK_VALUE then into, other = other, into end
   local moved = redis.call('HDEL', other, field)
   if redis.call('HSET', into, field, record) == 1 and moved == 0 then
-    redis.call('HINCRBY', DIR, 'p', 1)
+    current.pages = redis.call('HINCRBY', DIR, 'p', 1)
   end
   -- The sums follow the record (as count_page in sums.lua).
   local callback, visit, bytes = nil, 0, 0
@@ -447,6 +471,7 @@ local function split(host)
     n = n + 1
     splits = splits + 1
     redis.call('HSET', DIR, 'n', n)
+    host.has_n = true
     -- (A host that splits has pages: listed in its scope, as a split of
     -- layout 4 lists it.)
     LISTED[PART] = true
@@ -456,7 +481,6 @@ end
 local refused_at, refused = first_refused()
 -- Each host's splits first (none of a damaged host), then the writes in
 -- order, each with its host's state.
-local current = nil
 local function switch(host)
   if current == host then return end
   if current then current.cur, current.wrote, current.listed = n, wrote, listed end
@@ -498,7 +522,7 @@ for h = 1, HOSTS do
   local host = HOST[h]
   if host.cur then
     if host.wrote then redis.call('INCR', host.generation) end
-    COUNTS[host.part] = {host.cur, tonumber(redis.call('HGET', host.dir, 'p')) or 0}
+    COUNTS[host.part] = {host.cur, host.pages}
   end
 end
 return finish(applied, failed, true)
