@@ -153,7 +153,8 @@ local function finish(applied, failed, taken)
     -- must reach the revisit index (else its pages are never due).
     if applied > 0 or splits > 0 or next(LISTED) or next(SUMS) or next(CHECKS)
         or next(DUE) then
-      redis.call('HSET', LEDGER, string.match(TOKEN, '[^:]*$'), '[' .. tostring(now) .. ',' .. quoted .. ']')
+      redis.call('HSET', LEDGER, string.match(TOKEN, '[^:]*$'),
+        '[' .. tostring(now) .. ',' .. quoted .. ']')
     end
     if #found > 0 then taken_json = cjson.encode(found) end
   end
