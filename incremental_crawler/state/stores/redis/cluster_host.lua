@@ -439,10 +439,6 @@ function OPS.unlink(a, i)
   if redis.call('HDEL', LINKS, a[i]) == 1 then wrote = true end
 end
 
--- Every key a host's writes touch is of its type (or absent): a damaged
--- key fails the host's writes whole. Returns the number (from 1) of the
--- first write not to be made (that of a damaged host, or unknown), and
--- the error it says; nil when every write may be made.
 -- A key's type, read once (before any write: nothing changes it meanwhile).
 local TYPES = {}
 local function checked_type(key, want)
@@ -475,6 +471,10 @@ local function read_ahead(host, field, small, large)
   host.old[field] = raw
   host.absent[field] = raw and 'small' or 'both'
 end
+-- Every key a host's writes touch is of its type (or absent): a damaged
+-- key fails the host's writes whole. Returns the number (from 1) of the
+-- first write not to be made (that of a damaged host, or unknown), and
+-- the error it says; nil when every write may be made.
 local function first_refused()
   for h = 1, HOSTS do
     local host = HOST[h]
