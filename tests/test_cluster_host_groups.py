@@ -23,7 +23,7 @@ from redis.crc import key_slot
 from scrapy.crawler import CrawlerRunner
 from twisted.internet.threads import deferToThread
 
-from incremental_crawler.state.records import PageKey
+from incremental_crawler.state.records import PageKey, PageState
 from incremental_crawler.state.stores.base import StateStoreError
 from incremental_crawler.state.stores.redis import RedisStateStore, layout
 from incremental_crawler.state.stores.redis.core import (
@@ -459,6 +459,84 @@ async def test_a_damaged_host_costs_the_healthy_hosts_of_its_group_none_of_their
     finally:
         await call(store.close())
         await call(reader.close())
+
+
+@pytest.mark.parametrize("damaged", ["pg", "pgl"])
+@pytest_twisted.ensureDeferred
+async def test_a_damaged_page_bucket_refuses_its_hosts_writes_whole(
+    redis_cluster: LoopbackCluster, prefix: str, damaged: str,
+) -> None:
+    """Two hosts of one group, the second's bucket hash of small pages (pg)
+    or of large ones (pgl) not a hash: the group's script reads a page's
+    record while it checks its keys, the read saying a damaged key by its
+    error; none of the damaged host's writes is applied, all of the
+    healthy host's are, counted once (its record's page count); repaired,
+    the next flush writes the rest, each once."""
+    a_host, b_host = two_hosts_of_one_group()
+    a1, b1, a2 = (PageKey(SCOPE, f"https://{a_host}/1"), PageKey(SCOPE, f"https://{b_host}/1"),
+                  PageKey(SCOPE, f"https://{a_host}/2"))
+    head = host_tag(SCOPE, b_host)
+    key = f"{prefix}:{damaged}:{head}:0"
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    reader = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        with redis_cluster.client() as client:
+            assert client.set(key, "damaged")
+        for n, page in enumerate((a1, b1, a2)):
+            store.stage_page(full_state(page, 1, callback="parse", next_visit=1_000 + n))
+        with pytest.raises(StateStoreError, match=f"WRONGTYPE {re.escape(key)} is a string"):
+            await call(store.flush())
+        # (The damaged host's pages cannot be read until repaired.)
+        got = await call(reader.get_pages([a1, a2]))
+        assert sorted(k.url for k in got) == sorted(k.url for k in (a1, a2))
+        assert store.pending == 1
+        with redis_cluster.client() as client:
+            assert client.get(key) == b"damaged"
+            assert client.hget(f"{prefix}:hd:{host_tag(SCOPE, a_host)}", "p") == b"2"
+            client.delete(key)
+        await call(store.flush())
+        assert store.pending == 0
+        got = await call(reader.get_pages([a1, b1, a2]))
+        assert {k.url: s.checks for k, s in got.items()} == {k.url: 1 for k in (a1, b1, a2)}
+        with redis_cluster.client() as client:
+            assert client.hget(f"{prefix}:hd:{head}", "p") == b"1"
+        states = list(reader.iter_pages(SCOPE))
+        assert len(states) == 3
+        summary = await call(reader.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                    checked_before=math.inf))
+        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+    finally:
+        await call(store.close())
+        await call(reader.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_page_whose_record_shrinks_moves_from_the_large_pages_hash(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A page stored large (pgl: its record longer than a listpack entry),
+    then written short: its first write of a group script reads where it
+    is, and the short record goes in pg with the large one deleted (the
+    delete skipped only where the read found it in neither): one page,
+    counted once."""
+    page = PageKey(SCOPE, "https://a.example/1")
+    bucket = f"{host_tag(SCOPE, 'a.example')}:0"
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        store.stage_page(full_state(page, 1, callback="parse", next_visit=1_000))
+        await call(store.flush())
+        with redis_cluster.client() as client:
+            assert client.hlen(f"{prefix}:pgl:{bucket}") == 1
+            assert not client.exists(f"{prefix}:pg:{bucket}")
+        store.stage_page(PageState(page, checks=2))
+        await call(store.flush())
+        with redis_cluster.client() as client:
+            assert client.hlen(f"{prefix}:pg:{bucket}") == 1
+            assert not client.exists(f"{prefix}:pgl:{bucket}")
+            assert client.hget(f"{prefix}:hd:{host_tag(SCOPE, 'a.example')}", "p") == b"1"
+        assert [s.checks for s in store.iter_pages(SCOPE)] == [2]
+    finally:
+        await call(store.close())
 
 
 @pytest_twisted.ensureDeferred

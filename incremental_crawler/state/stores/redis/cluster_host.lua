@@ -55,7 +55,12 @@ local DEADLINE, HOSTS = tonumber(ARGV[3]), tonumber(ARGV[4])
 -- A reader may drop the intent once it is past its deadline (by more than
 -- the nodes' clocks differ): a ledger entry written after that would be
 -- listed by no intent. The caller writes its intent again and resends.
-if DEADLINE > 0 and tonumber(redis.call('TIME')[1]) > DEADLINE then return {'late'} end
+-- This node's time (read once), the group's ledger (read once: see below).
+local NOW, LEDGER_FLAT = nil, nil
+if DEADLINE > 0 then
+  NOW = tonumber(redis.call('TIME')[1])
+  if NOW > DEADLINE then return {'late'} end
+end
 local HOST, FIRST = {}, nil
 do
   local at = 5
@@ -67,7 +72,8 @@ do
       buckets[tonumber(ARGV[at + 5 + k])] = {KEYS[base + 3 + 2 * k], KEYS[base + 4 + 2 * k]}
     end
     HOST[h] = {part = part, planned = planned, splits = splits, dir = KEYS[base],
-               links = KEYS[base + 1], generation = KEYS[base + 2], buckets = buckets}
+               links = KEYS[base + 1], generation = KEYS[base + 2], buckets = buckets,
+               old = {}, absent = {}}
     at = at + 5 + declared
   end
   FIRST = at
@@ -80,6 +86,18 @@ local function bucket_keys(b)
   local names = BUCKETS[b]
   if not names then error('bucket ' .. b .. ' of ' .. DIR .. ' was not declared', 0) end
   return names[1], names[2]
+end
+-- A page's bucket in a host of *at* buckets, its field hashed once for as
+-- long as the count holds (a write's bucket is wanted when its keys are
+-- checked, read, written and indexed).
+local function host_bucket(host, at, field)
+  if host.memo_at ~= at then host.memo_at, host.memo = at, {} end
+  local b = host.memo[field]
+  if not b then
+    b = bucket_of(at, field)
+    host.memo[field] = b
+  end
+  return b
 end
 
 -- What the scope's shard is to get (phase 3), the group's hosts' together:
@@ -102,6 +120,10 @@ local function finish(applied, failed, taken)
   local effects = cjson.encode({
     sums = SUMS, checks = checks, due = DUE, splits = splits, hosts = hosts,
     latest = latest or '', counts = COUNTS})
+  -- The effects as a JSON string, escaped once for both the ledger entry
+  -- and the token ([time, effects] and [applied, error, effects], as
+  -- cjson.encode writes those lists: the effects are the bulk of both).
+  local quoted = cjson.encode(effects)
   -- The ledger: this script's effects kept, older ones of other flushes
   -- taken. Those past LEDGER_HONOURED (an hour less than P:fxdone keeps the
   -- tokens applied) are taken as expired: their phase 3 may be forgotten
@@ -112,9 +134,9 @@ local function finish(applied, failed, taken)
   -- goes once that is done.
   local taken_json = '[]'
   if taken then
-    local now = tonumber(redis.call('TIME')[1])
+    local now = NOW or tonumber(redis.call('TIME')[1])
     local found = {}
-    local flat = redis.call('HGETALL', LEDGER)
+    local flat = LEDGER_FLAT
     for k = 1, #flat, 2 do
       local ok_entry, entry = pcall(cjson.decode, flat[k + 1])
       if not ok_entry or type(entry) ~= 'table' or not tonumber(entry[1]) then
@@ -131,21 +153,24 @@ local function finish(applied, failed, taken)
     -- must reach the revisit index (else its pages are never due).
     if applied > 0 or splits > 0 or next(LISTED) or next(SUMS) or next(CHECKS)
         or next(DUE) then
-      redis.call('HSET', LEDGER, string.match(TOKEN, '[^:]*$'), cjson.encode({now, effects}))
+      redis.call('HSET', LEDGER, string.match(TOKEN, '[^:]*$'),
+        '[' .. tostring(now) .. ',' .. quoted .. ']')
     end
     if #found > 0 then taken_json = cjson.encode(found) end
   end
-  redis.call('SET', TOKEN, cjson.encode({applied, failed or '', effects}), 'EX', TOKEN_TTL)
+  redis.call('SET', TOKEN, '[' .. tostring(applied) .. ',' .. cjson.encode(failed or '') .. ','
+    .. quoted .. ']', 'EX', TOKEN_TTL)
   return {applied, 0, failed or '', effects, taken_json}
 end
 
--- The ledger's type first: every host's effects go there.
-do
+-- The ledger first: every host's effects go there. Read whole now (its
+-- type said by the read's error), taken from in finish: nothing before
+-- finish writes it.
+LEDGER_FLAT = redis.pcall('HGETALL', LEDGER)
+if LEDGER_FLAT.err then
   local kind = redis.call('TYPE', LEDGER).ok
-  if kind ~= 'none' and kind ~= 'hash' then
-    return finish(0, 'WRONGTYPE ' .. LEDGER .. ' is a ' .. kind .. ', not a hash: nothing of '
-      .. 'the group was applied', false)
-  end
+  return finish(0, 'WRONGTYPE ' .. LEDGER .. ' is a ' .. kind .. ', not a hash: nothing of '
+    .. 'the group was applied', false)
 end
 
 local function check_type(key, want)
@@ -157,10 +182,15 @@ local function check_type(key, want)
 end
 -- The write generation is raised after the writes: INCR must not fail then.
 local function check_counter(key)
-  local kind = redis.call('TYPE', key).ok
-  -- What INCR takes, and can raise without overflowing.
-  local v = kind == 'string' and redis.call('GET', key)
-  if kind == 'none' or (v and (v == '0' or (string.match(v, '^%-?[1-9]%d*$') and #v <= 18))) then
+  -- One GET: absent (false), a string, or an error for another type.
+  local v = redis.pcall('GET', key)
+  local kind = 'string'
+  if type(v) == 'table' then
+    kind = redis.call('TYPE', key).ok
+  elseif not v then
+    return
+  elseif v == '0' or (string.match(v, '^%-?[1-9]%d*$') and #v <= 18) then
+    -- What INCR takes, and can raise without overflowing.
     return
   end
   return key .. ' is not a counter (a ' .. kind .. '): nothing of the host was applied'
@@ -178,18 +208,32 @@ do
   for h = 1, HOSTS do
     local host = HOST[h]
     enter(host)
-    local dir_type = redis.call('TYPE', DIR).ok
+    -- Its bucket and page counts read at once (the page count then
+    -- follows its HINCRBYs: see store_page); a record of another type
+    -- fails the read.
+    local counts = redis.pcall('HMGET', DIR, 'n', 'p')
     local n, stop_error
-    if dir_type ~= 'none' and dir_type ~= 'hash' then
-      stop_error = 'WRONGTYPE ' .. DIR .. ' is a ' .. dir_type .. ', not a hash: nothing of '
-        .. 'the host was applied'
+    if counts.err then
+      stop_error = 'WRONGTYPE ' .. DIR .. ' is a ' .. redis.call('TYPE', DIR).ok
+        .. ', not a hash: nothing of the host was applied'
     else
-      local ok
-      ok, n = pcall(bucket_count, DIR)
-      if not ok then
-        if type(n) == 'table' then n = n.err end
-        stop_error = tostring(n)
+      local stored = counts[1]
+      n = stored and tonumber(stored)
+      if not stored then
+        n = 1
+      elseif not n or n < 1 or n ~= math.floor(n) then
+        -- (As bucket_count says it.)
+        stop_error = 'the bucket count in ' .. DIR .. ' is not a number: ' .. stored
       end
+      -- Its 'n' stored: register's HSETNX would do nothing.
+      host.has_n = stored and true
+      host.pages = tonumber(counts[2]) or 0
+      -- Its new pages counted here and added by one HINCRBY after the
+      -- writes when that cannot fail (its page count absent or an integer
+      -- far from overflowing); else one a page, as a failure of its own.
+      local p = counts[2]
+      host.added = 0
+      host.batched = not p or p == '0' or (string.match(p, '^%-?[1-9]%d*$') and #p <= 18)
     end
     if stop_error then
       host.failed = stop_error
@@ -225,8 +269,10 @@ do
   if #blocked > 0 then return {'blocked', unpack(blocked)} end
 end
 
--- The host's state as its writes go (set by each host's turn).
+-- The host's state as its writes go (set by each host's turn), and the
+-- host being written.
 local n, wrote, listed = 0, false, false
+local current = nil
 local function lower_due(b, visit)
   local member = PART .. '|' .. b
   visit = tonumber(visit)
@@ -239,25 +285,46 @@ local function sum(callback, visit, bytes, sign)
 end
 local function register()
   if not listed then
-    redis.call('HSETNX', DIR, 'n', n)
+    if not current.has_n then
+      redis.call('HSETNX', DIR, 'n', n)
+      current.has_n = true
+    end
     -- (SADD in phase 3: listed again costs nothing.)
     LISTED[PART] = true
     listed = true
   end
 end
 local function read_page(field)
-  local small, large = bucket_keys(bucket_of(n, field))
+  -- Read already when its keys were checked (first_refused), if this is
+  -- the host's first write of the page; else read now.
+  local old = current.old[field]
+  if old ~= nil then
+    current.old[field] = nil
+    return old
+  end
+  local small, large = bucket_keys(host_bucket(current, n, field))
   return redis.call('HGET', small, field) or redis.call('HGET', large, field)
 end
 local function store_page(field, record, old)
   register()
   wrote = true
   if old == nil then old = read_page(field) or false end
-  local into, other = bucket_keys(bucket_of(n, field))
-  if #field > LISTPACK_VALUE or #record > LISTPACK_VALUE then into, other = other, into end
-  local moved = redis.call('HDEL', other, field)
+  -- Where the record is known not to be (read_ahead; until its first store).
+  local absent = current.absent[field]
+  current.absent[field] = nil
+  local small, large = bucket_keys(host_bucket(current, n, field))
+  local into, other = small, large
+  if #field > LISTPACK_VALUE or #record > LISTPACK_VALUE then into, other = large, small end
+  local moved = 0
+  if absent ~= 'both' and not (absent == 'small' and other == small) then
+    moved = redis.call('HDEL', other, field)
+  end
   if redis.call('HSET', into, field, record) == 1 and moved == 0 then
-    redis.call('HINCRBY', DIR, 'p', 1)
+    if current.batched then
+      current.added = current.added + 1
+    else
+      current.pages = redis.call('HINCRBY', DIR, 'p', 1)
+    end
   end
   -- The sums follow the record (as count_page in sums.lua).
   local callback, visit, bytes = nil, 0, 0
@@ -278,12 +345,12 @@ local function store_page(field, record, old)
   end
 end
 local function reindex(field, page)
-  if page_callback(page) then lower_due(bucket_of(n, field), page.next_visit or 0) end
+  if page_callback(page) then lower_due(host_bucket(current, n, field), page.next_visit or 0) end
 end
 local OPS = {}
 function OPS.page(a, i)
   store_page(a[i], a[i + 1])
-  if a[i + 2] ~= '' then lower_due(bucket_of(n, a[i]), a[i + 2]) end
+  if a[i + 2] ~= '' then lower_due(host_bucket(current, n, a[i]), a[i + 2]) end
 end
 local function visit(a, i)
   local raw = read_page(a[i])
@@ -372,6 +439,38 @@ function OPS.unlink(a, i)
   if redis.call('HDEL', LINKS, a[i]) == 1 then wrote = true end
 end
 
+-- A key's type, read once (before any write: nothing changes it meanwhile).
+local TYPES = {}
+local function checked_type(key, want)
+  local kind = TYPES[key]
+  if not kind then
+    kind = redis.call('TYPE', key).ok
+    TYPES[key] = kind
+  end
+  if kind ~= 'none' and kind ~= want then
+    return 'WRONGTYPE ' .. key .. ' is a ' .. kind .. ', not a ' .. want
+      .. ': nothing of the host was applied'
+  end
+end
+-- The first write of a page of a host that makes no split: its record
+-- read now (kept in host.old for read_page), the reads checking its keys'
+-- types (an error: not a hash), the large ones' too when the record is
+-- among the small ones; where it is not is noted in host.absent ('both',
+-- or 'small' when it is among the large ones), so that its first store
+-- deletes it from nowhere it is not. Returns the error, if any.
+local function read_ahead(host, field, small, large)
+  local raw = redis.pcall('HGET', small, field)
+  if type(raw) == 'table' then return checked_type(small, 'hash') end
+  if raw then
+    local damaged = checked_type(large, 'hash')
+    if not damaged then host.old[field] = raw end
+    return damaged
+  end
+  raw = redis.pcall('HGET', large, field)
+  if type(raw) == 'table' then return checked_type(large, 'hash') end
+  host.old[field] = raw
+  host.absent[field] = raw and 'small' or 'both'
+end
 -- Every key a host's writes touch is of its type (or absent): a damaged
 -- key fails the host's writes whole. Returns the number (from 1) of the
 -- first write not to be made (that of a damaged host, or unknown), and
@@ -398,11 +497,15 @@ local function first_refused()
     end
     if not host.failed and name ~= 'links' and name ~= 'unlink' then
       enter(host)
-      local okb, small, large = pcall(bucket_keys, bucket_of(host.n + host.splits, ARGV[i + 2]))
+      local field = ARGV[i + 2]
+      local okb, small, large = pcall(bucket_keys, host_bucket(host, host.n + host.splits, field))
       if not okb then
         host.failed = tostring(small)
-      else
-        host.failed = check_type(small, 'hash') or check_type(large, 'hash')
+      elseif host.splits > 0 then
+        -- (Its pages move before the writes: read then.)
+        host.failed = checked_type(small, 'hash') or checked_type(large, 'hash')
+      elseif host.old[field] == nil then
+        host.failed = read_ahead(host, field, small, large)
       end
     end
     i = i + 2 + ARITY[name]
@@ -447,6 +550,7 @@ local function split(host)
     n = n + 1
     splits = splits + 1
     redis.call('HSET', DIR, 'n', n)
+    host.has_n = true
     -- (A host that splits has pages: listed in its scope, as a split of
     -- layout 4 lists it.)
     LISTED[PART] = true
@@ -456,7 +560,6 @@ end
 local refused_at, refused = first_refused()
 -- Each host's splits first (none of a damaged host), then the writes in
 -- order, each with its host's state.
-local current = nil
 local function switch(host)
   if current == host then return end
   if current then current.cur, current.wrote, current.listed = n, wrote, listed end
@@ -493,12 +596,13 @@ end
 if current then current.cur, current.wrote, current.listed = n, wrote, listed end
 -- Whether a page state or links record of a host was written or deleted:
 -- its write generation is raised once (one INCR a host a script, not a
--- page: StateStore.write_generation).
+-- page: StateStore.write_generation); its new pages counted (one HINCRBY).
 for h = 1, HOSTS do
   local host = HOST[h]
   if host.cur then
     if host.wrote then redis.call('INCR', host.generation) end
-    COUNTS[host.part] = {host.cur, tonumber(redis.call('HGET', host.dir, 'p')) or 0}
+    if host.added > 0 then host.pages = redis.call('HINCRBY', host.dir, 'p', host.added) end
+    COUNTS[host.part] = {host.cur, host.pages}
   end
 end
 return finish(applied, failed, true)
