@@ -59,6 +59,8 @@ from incremental_crawler.state.stores.redis.scripts import (
 )
 from tests.clock_util import later
 from tests.redis_util import new_prefix
+from tests.scrapy_cli import run
+from tests.test_fatal import crawl_args, one_error_line
 from tests.test_store_contract import SCOPE, brute_summary, call, full_state, item
 
 if TYPE_CHECKING:
@@ -1109,6 +1111,135 @@ async def test_a_ledger_entry_older_than_the_tokens_lifetime_is_not_applied_agai
         assert redis_cluster.keys(f"{prefix}:fx:*") == []
     finally:
         await call(store.close())
+
+
+#: Damaged effects of a ledger entry (by hand, or a bug), and what the
+#: error says of them.
+NOT_AN_OBJECT = (json.dumps(["sums", 1]), "its effects are not a JSON object: ")
+MEMBER_DAMAGED = (json.dumps({"sums": 5}), "its effects cannot be read (AttributeError(")
+
+
+async def damaged_entry_left(cluster: LoopbackCluster, prefix: str, keys: list[PageKey],
+                             effects: str = NOT_AN_OBJECT[0]) -> tuple[str, str, bytes]:
+    """A worker writes *keys* (one host's pages) and dies before its phase
+    3, its ledger entry's effects then replaced by *effects*. Returns the
+    ledger, the entry's token and the damaged value."""
+    gone = open_store(cluster, prefix)
+    for n, key in enumerate(keys):
+        gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+    cut_before(gone, CLUSTER_SCOPE_LUA)
+    with pytest.raises(StateStoreError):
+        await call(gone.flush())
+    await call(die(gone))
+    [ledger] = cluster.keys(f"{prefix}:fx:*")
+    with cluster.client() as client:
+        [(token, raw)] = client.hgetall(ledger).items()
+        stamped, _ = json.loads(raw)
+        damaged = json.dumps([stamped, effects]).encode()
+        client.hset(ledger, token, damaged)
+    return ledger.decode(), token.decode(), damaged
+
+
+def assert_names_the_damaged_entry(message: str, ledger: str, token: str,
+                                   why: str = NOT_AN_OBJECT[1]) -> None:
+    """The error of a flush or a reading that met the damaged entry: one
+    line naming its ledger and token, what is wrong and what to do."""
+    assert "\n" not in message
+    assert f"the ledger {ledger} holds a damaged entry (token {token}): {why}" in message, (
+        message)
+    assert f"HDEL {ledger} {token}" in message, message
+    assert "scrapy state reset" in message, message
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_flush_of_a_group_whose_ledger_holds_a_damaged_entry_names_it(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A flush of a host whose group's ledger holds a damaged entry (old
+    enough to be taken) stops with the store's error naming the entry and
+    what to do; the entry stays as it was, the flush's own writes are
+    applied once and their effects carried: with the entry deleted, the
+    next flush completes and nothing of it is lost."""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(6)]
+    ledger, token, damaged = await damaged_entry_left(redis_cluster, prefix, keys[:5])
+    store = open_store(redis_cluster, prefix)
+    store.adopt_after = 0  # (a test cannot wait ten minutes)
+    try:
+        store.stage_page(full_state(keys[5], 1, callback="parse", next_visit=1_005))
+        with pytest.raises(StateStoreError) as failed:
+            await call(store.flush())
+        message = str(failed.value)
+        assert message.startswith(f"State store {store.location}: "), message
+        assert_names_the_damaged_entry(message, ledger, token)
+        with redis_cluster.client() as client:
+            assert client.hget(ledger, token) == damaged  # left as it was
+            # The page's write was applied (not staged again, not lost).
+            assert store.pending == 0
+            assert await call(store.get_page(keys[5])) == full_state(
+                keys[5], 1, callback="parse", next_visit=1_005)
+            assert client.hdel(ledger, token) == 1  # what the error says to do
+        await call(store.flush())
+        # Its effects were carried to this flush: the host listed, its
+        # bucket in the revisit index (the dead worker's pages with it).
+        assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == keys
+        await call(store.close())
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    finally:
+        await call(store.close())
+
+
+@pytest.mark.parametrize("damage", [NOT_AN_OBJECT, MEMBER_DAMAGED],
+                         ids=["not-an-object", "a-member-damaged"])
+@pytest.mark.parametrize("reader", ["take_scope", "get_due", "summary", "count_scope"])
+@pytest_twisted.ensureDeferred
+async def test_a_reading_of_a_scope_whose_ledger_holds_a_damaged_entry_names_it(
+    redis_cluster: LoopbackCluster, prefix: str, reader: str, damage: tuple[str, str],
+) -> None:
+    """A reading that applies the scope's ledgers first stops on a damaged
+    entry with the store's error naming it, before anything is applied:
+    the entry and the intent that lists it stay for the reading after."""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(3)]
+    ledger, token, damaged = await damaged_entry_left(redis_cluster, prefix, keys, damage[0])
+    store = open_store(redis_cluster, prefix)
+    store.adopt_after = 0  # (a test cannot wait ten minutes)
+    try:
+        with pytest.raises(StateStoreError) as failed:
+            if reader == "take_scope":
+                store.take_scope(SCOPE, "crawl-2", 60, 10_000)
+            elif reader == "get_due":
+                await call(store.get_due(SCOPE, 2_000, 10))
+            elif reader == "summary":
+                await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                 checked_before=math.inf))
+            else:
+                store.count_scope(SCOPE)
+        assert_names_the_damaged_entry(str(failed.value), ledger, token, damage[1])
+        with redis_cluster.client() as client:
+            assert client.hget(ledger, token) == damaged
+            assert client.zcard(f"{prefix}:fxhosts:{{{LONELY_SHARD}}}") == 1
+            assert client.scard(f"{prefix}:hs:{{{LONELY_SHARD}}}") == 0  # nothing applied
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_of_a_scope_whose_ledger_holds_a_damaged_entry_stops_with_one_line(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A crawl's start applies the scope's ledgers: a damaged entry stops
+    it with one ERROR line naming the entry and what to do (exit 1),
+    nothing fetched, the entry left as it was."""
+    keys = [PageKey("sitemap", f"https://lonely.example/p{n}") for n in range(3)]
+    ledger, token, damaged = await damaged_entry_left(redis_cluster, prefix, keys)
+    uri = f"{redis_cluster.url}?prefix={prefix}"
+    result = await deferToThread(run, crawl_args(f"INCREMENTAL_STATE_URI={uri}",
+                                                 "INCREMENTAL_STATE_ON_REDIS_CLUSTER=True"))
+    assert result.returncode == 1, result.stderr
+    line = one_error_line(result)
+    assert line.startswith(f"State store {uri}: "), line
+    assert_names_the_damaged_entry(line, ledger, token)
+    with redis_cluster.client() as client:
+        assert client.hget(ledger, token) == damaged
 
 
 @pytest_twisted.ensureDeferred

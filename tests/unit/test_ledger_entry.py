@@ -10,7 +10,13 @@ import json
 import pytest
 
 from incremental_crawler.state.stores.redis.layout import _entry_of_host
-from incremental_crawler.state.stores.redis.ledger_entry import LedgerEntry, entry_of, read_entry
+from incremental_crawler.state.stores.redis.ledger_entry import (
+    DamagedEffects,
+    LedgerEntry,
+    damaged_entry,
+    entry_of,
+    read_entry,
+)
 
 EFFECTS = {"sums": {"1000|parse": [1, 120]}, "hosts": ["a.example"], "splits": 0}
 
@@ -42,6 +48,27 @@ def test_a_value_that_is_no_entry_reads_as_none(raw):
 def test_an_entry_whose_effects_are_damaged_says_so(effects):
     with pytest.raises(ValueError, match=r"not a JSON object|Expecting"):
         read_entry(json.dumps([1_700_000_000, effects]))
+
+
+@pytest.mark.parametrize(("effects", "why"), [
+    (json.dumps([1, 2]), "its effects are not a JSON object: '[1, 2]'"),
+    ("{not json", "its effects are not JSON (Expecting"),
+], ids=["a-list", "string-not-json"])
+def test_what_a_damaged_entry_stops_on_names_it_and_the_way_out(effects, why):
+    with pytest.raises(DamagedEffects) as failed:
+        read_entry(json.dumps([1_700_000_000, effects]))
+    said = damaged_entry("P:fx:{books|7}", "abc123", failed.value)
+    assert said.startswith(f"the ledger P:fx:{{books|7}} holds a damaged entry (token abc123): "
+                           f"{why}"), said
+    assert "HDEL P:fx:{books|7} abc123" in said
+    assert "scrapy state reset" in said
+
+
+def test_an_entry_whose_members_are_damaged_is_named_by_what_was_raised():
+    said = damaged_entry("P:fx:{books|7}", "abc123", TypeError("'int' object is not iterable"))
+    assert said.startswith("the ledger P:fx:{books|7} holds a damaged entry (token abc123): "
+                           "its effects cannot be read (TypeError(\"'int' object is not "
+                           "iterable\"))"), said
 
 
 def test_a_host_ledgers_entry_names_its_host_in_its_groups_ledger():

@@ -95,7 +95,7 @@ import json
 import math
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote
 
 import redis
@@ -119,7 +119,11 @@ from incremental_crawler.state.stores.redis.core import (
     scope_of_shard,
     shard_part,
 )
-from incremental_crawler.state.stores.redis.ledger_entry import entry_effects, read_entry
+from incremental_crawler.state.stores.redis.ledger_entry import (
+    damaged_entry,
+    entry_effects,
+    read_entry,
+)
 from incremental_crawler.state.stores.redis.pages import (
     BUCKET_LOAD,
     MAX_SPLITS,
@@ -242,6 +246,19 @@ def _listed_hosts(reply: dict[str, Any], part: str) -> list[str]:
     if reply.get("new_host"):
         hosts.append(part)
     return hosts
+
+
+def _entry_bundle(effects: dict[str, Any], part: str, ledger: str, where: tuple[str, str],
+                  *, expired: bool) -> _Effects:
+    """The effects of a ledger entry of group *part*, to be applied: whole,
+    or, *expired*, its idempotent parts (see :meth:`_Effects.expired`).
+    Raises (ValueError, TypeError, AttributeError) on a member that is not
+    of its kind (a damaged entry)."""
+    if expired:
+        return _Effects.expired(effects, part, ledger, where)
+    bundle = _Effects(ledger=ledger, where=where)
+    bundle.add(effects, part)
+    return bundle
 
 
 def _entries_gone(held: list[tuple[str, str]], there: list[Any]) -> list[tuple[str, str]]:
@@ -769,6 +786,8 @@ class RedisClusterPath(RedisCore):
                                     stamps[shards[tag]] + self.adopt_after // 2)
 
         again: dict[str, list[int]] = {}
+        # What the flush says of each damaged ledger entry a script took.
+        damaged: list[str] = []
 
         def on_reply(tag: str, chunk: list[int], reply: Any, token: str) -> None:
             scope_part, group = heads[tag]
@@ -786,7 +805,7 @@ class RedisClusterPath(RedisCore):
                 again[tag] = groups[tag]
             else:
                 done = self._take_effects(carried.effects.setdefault(shards[tag], {}), tag,
-                                          (shards[tag], group), token, reply)
+                                          (shards[tag], group), token, reply, damaged)
                 for part, (n, pages) in (done.get("counts") or {}).items():
                     counts[scope_part, part] = (int(n or 1), int(pages or 0))
 
@@ -827,8 +846,11 @@ class RedisClusterPath(RedisCore):
             again = {}
         else:
             failure = failure or _PhaseFailed("the flush did not settle: buckets kept changing")
-        if failure is not None:
-            raise failure
+        # A damaged entry is the store's error, not a failed write's: the
+        # scripts' writes were applied (their effects carried to the next
+        # flush's phase 3), the entry left in its ledger; phase 3 not sent.
+        if damaged or failure is not None:
+            raise self._fail(damaged[0]) if damaged else cast("_PhaseFailed", failure)
 
     def _group_call(self, tag: str, scope_part: str, token: str, ops: list[tuple[Any, ...]],
                     positions: list[int], counts: dict[tuple[str, str], tuple[int, int]],
@@ -862,11 +884,15 @@ class RedisClusterPath(RedisCore):
         return CLUSTER_HOST_LUA, keys, args
 
     def _take_effects(self, bundles: dict[str, _Effects], tag: str, where: tuple[str, str],
-                      token: str, reply: Any) -> dict[str, Any]:
+                      token: str, reply: Any, damaged: list[str]) -> dict[str, Any]:
         """A group script's effects into *bundles* (under its token), and
         those it took from its group's ledger (under theirs: another flush
         left them there, its worker dead before its phase 3, or slow; the
         scope's script applies each token's once). Returns its own, decoded.
+        A taken entry that cannot be read is left in the ledger as it is,
+        what the flush says of it noted in *damaged* (raised once the
+        phase's replies are all accounted for: the script applied its
+        writes, which must not be sent again).
 
         The taken ones go in first (they were in the ledger before this
         script wrote); the order matters to nothing the scope's script
@@ -876,14 +902,12 @@ class RedisClusterPath(RedisCore):
         done = json.loads(reply[3]) if reply[3] else {}
         taken = json.loads(reply[4]) if len(reply) > 4 and reply[4] else []
         for other, raw, *expired in taken:
-            effects = entry_effects(raw)
-            if expired and expired[0]:
-                # Past _LEDGER_HONOURED: its idempotent parts only (or
-                # nothing, when P:fxdone or P:fxheld lists it: 'done').
-                bundles.setdefault(other, _Effects.expired(effects, part, ledger, where))
+            try:
+                bundle = _entry_bundle(entry_effects(raw), part, ledger, where,
+                                       expired=bool(expired and expired[0]))
+            except (ValueError, TypeError, AttributeError) as exc:
+                damaged.append(damaged_entry(ledger, other, exc))
                 continue
-            bundle = _Effects(ledger=ledger, where=where)
-            bundle.add(effects, part)
             bundles.setdefault(other, bundle)
         if done and (int(reply[0]) or _has_effects(done)):
             # Even with no write applied: its splits were made before the
@@ -1192,23 +1216,26 @@ class RedisClusterPath(RedisCore):
             # clock that stamped it (the host script's TIME), not ours.
             ledger_now, found = int(reply[0]), reply[1:]
             for k in range(0, len(found), 2):
-                token, entry = found[k].decode(), read_entry(found[k + 1])
-                if entry is None:
-                    continue  # not an entry (the host script drops those)
-                stamped, effects = entry
-                if ledger_now - stamped > _LEDGER_HONOURED:
-                    # P:fxdone may have forgotten it was applied (it keeps
-                    # _APPLIED_KEPT, on its own node's clock): applying it
-                    # whole could count it twice. Only its idempotent parts
-                    # are applied (as the host script's caller does): the
-                    # host listed, its bounds lowered, the shard's sums
-                    # marked lost; unless P:fxdone or P:fxheld lists its
-                    # token (the scope's script says 'done': nothing marked).
-                    found_all.append((stamped, token,
-                                      _Effects.expired(effects, part, ledger, (shard, part))))
-                    continue
-                bundle = _Effects(ledger=ledger, where=(shard, part))
-                bundle.add(effects, part)
+                token = found[k].decode()
+                try:
+                    entry = read_entry(found[k + 1])
+                    if entry is None:
+                        continue  # not an entry (the host script drops those)
+                    stamped, effects = entry
+                    # Past _LEDGER_HONOURED P:fxdone may have forgotten it
+                    # was applied (it keeps _APPLIED_KEPT, on its own node's
+                    # clock): applying it whole could count it twice. Only
+                    # its idempotent parts are applied (as the host script's
+                    # caller does): the host listed, its bounds lowered, the
+                    # shard's sums marked lost; unless P:fxdone or P:fxheld
+                    # lists its token (the scope's script says 'done':
+                    # nothing marked).
+                    bundle = _entry_bundle(effects, part, ledger, (shard, part),
+                                           expired=ledger_now - stamped > _LEDGER_HONOURED)
+                except (ValueError, TypeError, AttributeError) as exc:
+                    # Damaged: the reading stops before anything is applied
+                    # (every entry stays for the reading after its repair).
+                    raise self._fail(damaged_entry(ledger, token, exc)) from exc
                 found_all.append((stamped, token, bundle))
         # Oldest first (a ledger's hash has no order of its own); what the
         # scope's script applies of them does not depend on it.

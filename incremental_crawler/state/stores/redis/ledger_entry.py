@@ -22,7 +22,8 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
-__all__ = ["LedgerEntry", "entry_effects", "entry_of", "read_entry"]
+__all__ = ["DamagedEffects", "LedgerEntry", "damaged_entry", "entry_effects", "entry_of",
+           "read_entry"]
 
 
 class LedgerEntry(NamedTuple):
@@ -34,10 +35,19 @@ class LedgerEntry(NamedTuple):
     effects: dict[str, Any]
 
 
+class DamagedEffects(ValueError):
+    """An entry's effects are not a JSON object (see :func:`entry_effects`)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"a ledger entry's {what}")
+        #: What is wrong with them ("effects are not ...").
+        self.what = what
+
+
 def read_entry(raw: bytes | str) -> LedgerEntry | None:
     """The entry *raw* (a ledger's value); None for a value that is not one
     (not a JSON pair, or its time not a number). An entry whose effects are
-    not a JSON object raises :class:`ValueError` (see :func:`entry_effects`)."""
+    not a JSON object raises :class:`DamagedEffects` (see :func:`entry_effects`)."""
     try:
         stamped, effects = json.loads(raw)
         when = float(stamped)
@@ -49,15 +59,40 @@ def read_entry(raw: bytes | str) -> LedgerEntry | None:
 
 def entry_effects(value: Any) -> dict[str, Any]:
     """An entry's effects, whether written as a string of JSON (the
-    scripts) or as the object (a migration); :class:`ValueError` when they
-    are not a JSON object (a damaged entry, which the scripts do not
-    check: the flush or adoption that would apply it stops on it, a
-    listing of the hosts it names skips it, a migration keeps it as it
-    is)."""
-    effects = json.loads(value) if isinstance(value, str) else value
+    scripts) or as the object (a migration); :class:`DamagedEffects` when
+    they are not a JSON object (a damaged entry, which the scripts do not
+    check: the flush or adoption that would apply it stops on it with the
+    store's error, :func:`damaged_entry`; a listing of the hosts it names
+    skips it, a migration keeps it as it is)."""
+    try:
+        effects = json.loads(value) if isinstance(value, str) else value
+    except ValueError as exc:
+        raise DamagedEffects(f"effects are not JSON ({exc}): {str(value)[:80]!r}") from exc
     if not isinstance(effects, dict):
-        raise ValueError(f"a ledger entry's effects are not a JSON object: {str(value)[:80]!r}")
+        raise DamagedEffects(f"effects are not a JSON object: {str(value)[:80]!r}")
     return effects
+
+
+def damaged_entry(ledger: str, token: str, exc: BaseException) -> str:
+    """What a flush or a reading that met a damaged entry says (after the
+    store's name): the entry, why it cannot be applied, and what can be
+    done. Nothing applies it or deletes it: its effects (a flush's on its
+    scope's shard) would be lost unseen, and the sums with them."""
+    # (entry_effects says what is wrong; anything else raised reading
+    # the object's members is named as what it is.)
+    why = f"its {exc.what}" if isinstance(exc, DamagedEffects) else (
+        f"its effects cannot be read ({exc!r})")
+    return (
+        f"the ledger {ledger} holds a damaged entry (token {token}): {why}; the effects it "
+        "keeps (a flush's on its scope: hosts listed, revisit bounds, sums by next visit) "
+        "cannot be applied, so every flush that writes a host of that group and every "
+        "reading of the scope stops on it (nothing of it was applied or deleted). Repair the "
+        "entry if you know what it held (a JSON pair [time, effects object]), or delete it: "
+        f"HDEL {ledger} {token}. What it would have applied is then lost: the scope's "
+        "sums by next visit stay off by that flush's writes (no later summary sets them "
+        "right; only 'scrapy state reset' of the scope, once the entry is deleted, which "
+        "starts the scope afresh), and its hosts and buckets may be missing from the "
+        "scope's hosts and revisit index until their pages are written again")
 
 
 def entry_of(stamped: float, effects: dict[str, Any]) -> bytes:
