@@ -1190,14 +1190,16 @@ async def test_a_flush_of_a_group_whose_ledger_holds_a_damaged_entry_names_it(
 
 @pytest.mark.parametrize("damage", [NOT_AN_OBJECT, MEMBER_DAMAGED],
                          ids=["not-an-object", "a-member-damaged"])
-@pytest.mark.parametrize("reader", ["take_scope", "get_due", "summary", "count_scope"])
+@pytest.mark.parametrize("reader", ["take_scope", "get_due", "summary", "count_scope",
+                                    "reset_scope"])
 @pytest_twisted.ensureDeferred
 async def test_a_reading_of_a_scope_whose_ledger_holds_a_damaged_entry_names_it(
     redis_cluster: LoopbackCluster, prefix: str, reader: str, damage: tuple[str, str],
 ) -> None:
     """A reading that applies the scope's ledgers first stops on a damaged
     entry with the store's error naming it, before anything is applied:
-    the entry and the intent that lists it stay for the reading after."""
+    the entry and the intent that lists it stay for the reading after. A
+    reset too (it lists the scope's hosts first): nothing is deleted."""
     keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(3)]
     ledger, token, damaged = await damaged_entry_left(redis_cluster, prefix, keys, damage[0])
     store = open_store(redis_cluster, prefix)
@@ -1211,9 +1213,12 @@ async def test_a_reading_of_a_scope_whose_ledger_holds_a_damaged_entry_names_it(
             elif reader == "summary":
                 await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
                                                  checked_before=math.inf))
-            else:
+            elif reader == "count_scope":
                 store.count_scope(SCOPE)
+            else:
+                store.reset_scope(SCOPE)
         assert_names_the_damaged_entry(str(failed.value), ledger, token, damage[1])
+        assert len(await call(store.get_pages(keys))) == len(keys)
         with redis_cluster.client() as client:
             assert client.hget(ledger, token) == damaged
             assert client.zcard(f"{prefix}:fxhosts:{{{LONELY_SHARD}}}") == 1
