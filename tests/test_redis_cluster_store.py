@@ -1116,7 +1116,13 @@ async def test_a_ledger_entry_older_than_the_tokens_lifetime_is_not_applied_agai
 #: Damaged effects of a ledger entry (by hand, or a bug), and what the
 #: error says of them.
 NOT_AN_OBJECT = (json.dumps(["sums", 1]), "its effects are not a JSON object: ")
-MEMBER_DAMAGED = (json.dumps({"sums": 5}), "its effects cannot be read (AttributeError(")
+MEMBER_DAMAGED = (json.dumps({"sums": 5}), "its effects' sums are not an object of ")
+#: (json reads 1e400 as inf, which int() refuses with an OverflowError.)
+AN_INFINITE_TIME = ('{"latest": 1e400}', "its effects' latest are not a time: ")
+A_HOST_NOT_A_NAME = (json.dumps({"hosts": ["lonely.example", 1]}),
+                     "its effects' hosts are not a list of host names: ")
+DAMAGES = [NOT_AN_OBJECT, MEMBER_DAMAGED, AN_INFINITE_TIME, A_HOST_NOT_A_NAME]
+DAMAGE_IDS = ["not-an-object", "a-member-damaged", "an-infinite-time", "a-host-not-a-name"]
 
 
 async def damaged_entry_left(cluster: LoopbackCluster, prefix: str, keys: list[PageKey],
@@ -1151,9 +1157,10 @@ def assert_names_the_damaged_entry(message: str, ledger: str, token: str,
     assert "scrapy state reset" in message, message
 
 
+@pytest.mark.parametrize("damage", DAMAGES, ids=DAMAGE_IDS)
 @pytest_twisted.ensureDeferred
 async def test_a_flush_of_a_group_whose_ledger_holds_a_damaged_entry_names_it(
-    redis_cluster: LoopbackCluster, prefix: str,
+    redis_cluster: LoopbackCluster, prefix: str, damage: tuple[str, str],
 ) -> None:
     """A flush of a host whose group's ledger holds a damaged entry (old
     enough to be taken) stops with the store's error naming the entry and
@@ -1161,7 +1168,8 @@ async def test_a_flush_of_a_group_whose_ledger_holds_a_damaged_entry_names_it(
     applied once and their effects carried: with the entry deleted, the
     next flush completes and nothing of it is lost."""
     keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(6)]
-    ledger, token, damaged = await damaged_entry_left(redis_cluster, prefix, keys[:5])
+    ledger, token, damaged = await damaged_entry_left(redis_cluster, prefix, keys[:5],
+                                                      damage[0])
     store = open_store(redis_cluster, prefix)
     store.adopt_after = 0  # (a test cannot wait ten minutes)
     try:
@@ -1170,7 +1178,7 @@ async def test_a_flush_of_a_group_whose_ledger_holds_a_damaged_entry_names_it(
             await call(store.flush())
         message = str(failed.value)
         assert message.startswith(f"State store {store.location}: "), message
-        assert_names_the_damaged_entry(message, ledger, token)
+        assert_names_the_damaged_entry(message, ledger, token, damage[1])
         with redis_cluster.client() as client:
             assert client.hget(ledger, token) == damaged  # left as it was
             # The page's write was applied (not staged again, not lost).
@@ -1188,8 +1196,8 @@ async def test_a_flush_of_a_group_whose_ledger_holds_a_damaged_entry_names_it(
         await call(store.close())
 
 
-@pytest.mark.parametrize("damage", [NOT_AN_OBJECT, MEMBER_DAMAGED],
-                         ids=["not-an-object", "a-member-damaged"])
+@pytest.mark.parametrize("damage", [NOT_AN_OBJECT, MEMBER_DAMAGED, A_HOST_NOT_A_NAME],
+                         ids=["not-an-object", "a-member-damaged", "a-host-not-a-name"])
 @pytest.mark.parametrize("reader", ["take_scope", "get_due", "summary", "count_scope",
                                     "reset_scope"])
 @pytest_twisted.ensureDeferred

@@ -248,12 +248,19 @@ def _listed_hosts(reply: dict[str, Any], part: str) -> list[str]:
     return hosts
 
 
+#: What reading a ledger entry's effects can raise on a damaged one (what
+#: entry_effects finds, and what building a bundle of them would raise on
+#: a damage it did not foresee: inf reaches int() as OverflowError).
+_UNREADABLE = (ValueError, TypeError, AttributeError, ArithmeticError)
+
+
 def _entry_bundle(effects: dict[str, Any], part: str, ledger: str, where: tuple[str, str],
                   *, expired: bool) -> _Effects:
     """The effects of a ledger entry of group *part*, to be applied: whole,
     or, *expired*, its idempotent parts (see :meth:`_Effects.expired`).
-    Raises (ValueError, TypeError, AttributeError) on a member that is not
-    of its kind (a damaged entry)."""
+    *effects* are checked already (:func:`entry_effects`): one of
+    ``_UNREADABLE`` raised here is a damage that check missed, said the
+    same way."""
     if expired:
         return _Effects.expired(effects, part, ledger, where)
     bundle = _Effects(ledger=ledger, where=where)
@@ -905,7 +912,7 @@ class RedisClusterPath(RedisCore):
             try:
                 bundle = _entry_bundle(entry_effects(raw), part, ledger, where,
                                        expired=bool(expired and expired[0]))
-            except (ValueError, TypeError, AttributeError) as exc:
+            except _UNREADABLE as exc:
                 damaged.append(damaged_entry(ledger, other, exc))
                 continue
             bundles.setdefault(other, bundle)
@@ -1232,7 +1239,7 @@ class RedisClusterPath(RedisCore):
                     # nothing marked).
                     bundle = _entry_bundle(effects, part, ledger, (shard, part),
                                            expired=ledger_now - stamped > _LEDGER_HONOURED)
-                except (ValueError, TypeError, AttributeError) as exc:
+                except _UNREADABLE as exc:
                     # Damaged: the reading stops before anything is applied
                     # (every entry stays for the reading after its repair).
                     raise self._fail(damaged_entry(ledger, token, exc)) from exc
@@ -1549,7 +1556,7 @@ class RedisClusterPath(RedisCore):
                     if entry is not None:
                         listed.update(host_of_part(part)
                                       for part in _listed_hosts(entry.effects, group))
-                except (ValueError, TypeError, AttributeError):
+                except _UNREADABLE:
                     # Damaged: its effects not an object, or their hosts not a
                     # list of host parts. (None: no entry; see ledger_entry.)
                     continue

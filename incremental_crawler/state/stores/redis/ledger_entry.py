@@ -36,7 +36,8 @@ class LedgerEntry(NamedTuple):
 
 
 class DamagedEffects(ValueError):
-    """An entry's effects are not a JSON object (see :func:`entry_effects`)."""
+    """An entry's effects are not a JSON object, or one of its members not
+    of its kind (see :func:`entry_effects`)."""
 
     def __init__(self, what: str) -> None:
         super().__init__(f"a ledger entry's {what}")
@@ -60,17 +61,61 @@ def read_entry(raw: bytes | str) -> LedgerEntry | None:
 def entry_effects(value: Any) -> dict[str, Any]:
     """An entry's effects, whether written as a string of JSON (the
     scripts) or as the object (a migration); :class:`DamagedEffects` when
-    they are not a JSON object (a damaged entry, which the scripts do not
-    check: the flush or adoption that would apply it stops on it with the
-    store's error, :func:`damaged_entry`; a listing of the hosts it names
-    skips it, a migration keeps it as it is)."""
+    they are not a JSON object, or a member is not of its kind (a damaged
+    entry, which the scripts do not check: the flush or adoption that would
+    apply it stops on it with the store's error, :func:`damaged_entry`; a
+    listing of the hosts it names skips it, a migration keeps it as it
+    is)."""
     try:
         effects = json.loads(value) if isinstance(value, str) else value
     except ValueError as exc:
         raise DamagedEffects(f"effects are not JSON ({exc}): {str(value)[:80]!r}") from exc
     if not isinstance(effects, dict):
         raise DamagedEffects(f"effects are not a JSON object: {str(value)[:80]!r}")
+    _check_members(effects)
     return effects
+
+
+def _whole(value: Any) -> bool:
+    """Whether *value* reads as the whole number the readers take of it
+    (``int()``: a number or a string of digits; not inf or NaN)."""
+    if not isinstance(value, int | float | str):
+        return False
+    try:
+        int(value)
+    except (ValueError, ArithmeticError):
+        return False
+    return True
+
+
+def _check_members(effects: dict[str, Any]) -> None:
+    """Raises :class:`DamagedEffects` naming the first member of *effects*
+    that is not of its kind, so that every damage is found where the entry
+    is read (not later, where its effects are merged or sent). An empty
+    member of any kind is none (cjson writes an empty table as ``{}``)."""
+    def check(name: str, kind: str, ok: bool) -> None:
+        if not ok:
+            raise DamagedEffects(f"effects' {name} are not {kind}: "
+                                 f"{str(effects.get(name))[:80]!r}")
+
+    sums = effects.get("sums") or {}
+    check("sums", "an object of '<visit>|<callback>': [pages, bytes]",
+          isinstance(sums, dict) and all(
+              _whole(key.partition("|")[0]) and isinstance(pair, list) and len(pair) == 2
+              and all(_whole(n) for n in pair) for key, pair in sums.items()))
+    checks = effects.get("checks") or []
+    check("checks", "a list of [page, time or '']",
+          isinstance(checks, list) and all(
+              isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)
+              and (pair[1] == "" or _whole(pair[1])) for pair in checks))
+    due = effects.get("due") or {}
+    check("due", "an object of bucket: next visit",
+          isinstance(due, dict) and all(_whole(visit) for visit in due.values()))
+    check("splits", "a whole number", _whole(effects.get("splits") or 0))
+    hosts = effects.get("hosts") or []
+    check("hosts", "a list of host names",
+          isinstance(hosts, list) and all(isinstance(host, str) for host in hosts))
+    check("latest", "a time", effects.get("latest") in (None, "") or _whole(effects["latest"]))
 
 
 def damaged_entry(ledger: str, token: str, exc: BaseException) -> str:
