@@ -28,7 +28,7 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
-from incremental_crawler.state.records import PageKey
+from incremental_crawler.state.records import HostTrust, PageKey
 from incremental_crawler.state.stores.base import RepairStopped, StateStoreError, due_after
 from incremental_crawler.state.stores.redis import RedisStateStore
 from incremental_crawler.state.stores.redis import due as due_reads
@@ -1157,6 +1157,12 @@ def assert_names_the_damaged_entry(message: str, ledger: str, token: str,
     assert "scrapy state reset" in message, message
 
 
+def another_groups_host() -> str:
+    """A host whose group is not lonely.example's (its own ledger)."""
+    return next(host for host in (f"h{n}.example" for n in range(100))
+                if host_group(host) != host_group("lonely.example"))
+
+
 @pytest.mark.parametrize("damage", DAMAGES, ids=DAMAGE_IDS)
 @pytest_twisted.ensureDeferred
 async def test_a_flush_of_a_group_whose_ledger_holds_a_damaged_entry_names_it(
@@ -1164,32 +1170,47 @@ async def test_a_flush_of_a_group_whose_ledger_holds_a_damaged_entry_names_it(
 ) -> None:
     """A flush of a host whose group's ledger holds a damaged entry (old
     enough to be taken) stops with the store's error naming the entry and
-    what to do; the entry stays as it was, the flush's own writes are
-    applied once and their effects carried: with the entry deleted, the
-    next flush completes and nothing of it is lost."""
+    what to do, once it ran to its end: the entry stays as it was, and
+    everything of the flush is stored (nothing only in the worker's
+    memory): the group's page, another group's page, a host's trust, and
+    the flush's own effects on the scope (its host listed, its bucket in
+    the revisit index), though no reading of the scope can run."""
     keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(6)]
+    other = another_groups_host()
+    elsewhere = PageKey(SCOPE, f"https://{other}/x")
     ledger, token, damaged = await damaged_entry_left(redis_cluster, prefix, keys[:5],
                                                       damage[0])
     store = open_store(redis_cluster, prefix)
     store.adopt_after = 0  # (a test cannot wait ten minutes)
     try:
         store.stage_page(full_state(keys[5], 1, callback="parse", next_visit=1_005))
+        store.stage_page(full_state(elsewhere, 1, callback="parse", next_visit=1_010))
+        store.stage_host(HostTrust(SCOPE, other, checks=3))
         with pytest.raises(StateStoreError) as failed:
             await call(store.flush())
         message = str(failed.value)
         assert message.startswith(f"State store {store.location}: "), message
         assert_names_the_damaged_entry(message, ledger, token, damage[1])
+        assert store.pending == 0  # applied, none staged again
         with redis_cluster.client() as client:
             assert client.hget(ledger, token) == damaged  # left as it was
-            # The page's write was applied (not staged again, not lost).
-            assert store.pending == 0
-            assert await call(store.get_page(keys[5])) == full_state(
-                keys[5], 1, callback="parse", next_visit=1_005)
-            assert client.hdel(ledger, token) == 1  # what the error says to do
-        await call(store.flush())
-        # Its effects were carried to this flush: the host listed, its
-        # bucket in the revisit index (the dead worker's pages with it).
-        assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == keys
+            # The flush's own effects were applied by its phase 3 (the
+            # damaged entry's, which list the same host, were not).
+            assert client.scard(f"{prefix}:hs:{{{LONELY_SHARD}}}") == 1
+            assert client.zcard(f"{prefix}:dueb:{{{LONELY_SHARD}}}") == 1
+        # What another worker reads: all of it stored (no ledger read).
+        other_worker = open_store(redis_cluster, prefix)
+        try:
+            assert await call(other_worker.get_pages([keys[5], elsewhere])) == {
+                keys[5]: full_state(keys[5], 1, callback="parse", next_visit=1_005),
+                elsewhere: full_state(elsewhere, 1, callback="parse", next_visit=1_010)}
+            assert (await call(other_worker.get_host(SCOPE, other))).checks == 3
+        finally:
+            await call(other_worker.close())
+        with redis_cluster.client() as client:
+            assert client.hdel(ledger, token) == 1
+        assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == [
+            *keys, elsewhere]
         await call(store.close())
         assert redis_cluster.keys(f"{prefix}:fx:*") == []
     finally:

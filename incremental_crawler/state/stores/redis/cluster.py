@@ -95,7 +95,7 @@ import json
 import math
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import redis
@@ -486,23 +486,34 @@ class RedisClusterPath(RedisCore):
         (None: all applied). Raises (chained to the Redis error) when the
         outcome of a phase is unknown, *applied* then holding what the
         phases before it applied; its scripts are noted in
-        ``_unsure_slots``.
+        ``_unsure_slots``. Raises the store's error naming a damaged ledger
+        entry a group's script took (phase 2) once the flush ran to its end
+        (the entry is another flush's, not a failed write of this one: the
+        rest of this flush is sent, so that nothing of it stays only in
+        this worker's memory).
 
         A crawl's marks are settled (``settle``: :meth:`_phase_settle`)
         after the three phases, so after every mark the flush wrote; a
         mark staged after a ``settle`` goes in a second round of the
         phases, after it (staging order)."""
         start = 0
+        error: str | None = None
+        damaged: list[str] = []
         for end in _settle_rounds(ops):
             done: set[int] = set()
             try:
-                error = await self._apply_round(ops[start:end], scopes, done)
+                error = await self._apply_round(ops[start:end], scopes, done, damaged)
             finally:
                 applied.update(start + n for n in done)
             if error is not None:
-                return error
+                break
             start = end
-        return None
+        if damaged:
+            also = "" if error is None else (
+                f"; a write failed in Redis too ({error}): the writes after it in its slot, "
+                "and the phases after it, were not sent")
+            raise self._fail(damaged[0] + also)
+        return error
 
     async def _check_flush_hold(self) -> None:
         """Raises HoldLapsed when the flush's writer no longer holds its
@@ -510,8 +521,9 @@ class RedisClusterPath(RedisCore):
         raise NotImplementedError
 
     async def _apply_round(self, ops: list[tuple[Any, ...]], scopes: set[str],
-                           applied: set[int]) -> str | None:
-        """:meth:`_cluster_apply` of one round of *ops*."""
+                           applied: set[int], damaged: list[str]) -> str | None:
+        """:meth:`_cluster_apply` of one round of *ops* (what it says of
+        each damaged ledger entry met noted in *damaged*)."""
         carried = self._carried
         spent, self._spent_slot_tokens = self._spent_slot_tokens, []
         try:
@@ -522,7 +534,7 @@ class RedisClusterPath(RedisCore):
             await self._check_flush_hold()
             await self._phase_items(ops, applied, carried, spent)
             await self._check_flush_hold()
-            await self._phase_hosts(ops, applied, carried)
+            await self._phase_hosts(ops, applied, carried, damaged)
             await self._check_flush_hold()
             await self._phase_scopes(ops, applied, carried, scopes)
             await self._check_flush_hold()
@@ -756,7 +768,7 @@ class RedisClusterPath(RedisCore):
         return f"{self.prefix}:{kind}:{{{scope_part}#{item_group(name)}}}"
 
     async def _phase_hosts(self, ops: list[tuple[Any, ...]], applied: set[int],
-                           carried: _Carried) -> None:
+                           carried: _Carried, damaged: list[str]) -> None:
         by_host, groups, heads = _host_groups(ops, applied)
         # Each group's scope shard (its hosts'): its intents and its
         # effects go there.
@@ -793,8 +805,6 @@ class RedisClusterPath(RedisCore):
                                     stamps[shards[tag]] + self.adopt_after // 2)
 
         again: dict[str, list[int]] = {}
-        # What the flush says of each damaged ledger entry a script took.
-        damaged: list[str] = []
 
         def on_reply(tag: str, chunk: list[int], reply: Any, token: str) -> None:
             scope_part, group = heads[tag]
@@ -853,11 +863,12 @@ class RedisClusterPath(RedisCore):
             again = {}
         else:
             failure = failure or _PhaseFailed("the flush did not settle: buckets kept changing")
-        # A damaged entry is the store's error, not a failed write's: the
-        # scripts' writes were applied (their effects carried to the next
-        # flush's phase 3), the entry left in its ledger; phase 3 not sent.
-        if damaged or failure is not None:
-            raise self._fail(damaged[0]) if damaged else cast("_PhaseFailed", failure)
+        # A damaged entry a script took (noted in *damaged*) fails no
+        # write of this flush: its scripts' writes were applied, their
+        # effects are carried, so phase 3 is sent (the entry left in its
+        # ledger; the store's error raised at the flush's end).
+        if failure is not None:
+            raise failure
 
     def _group_call(self, tag: str, scope_part: str, token: str, ops: list[tuple[Any, ...]],
                     positions: list[int], counts: dict[tuple[str, str], tuple[int, int]],
@@ -897,9 +908,9 @@ class RedisClusterPath(RedisCore):
         left them there, its worker dead before its phase 3, or slow; the
         scope's script applies each token's once). Returns its own, decoded.
         A taken entry that cannot be read is left in the ledger as it is,
-        what the flush says of it noted in *damaged* (raised once the
-        phase's replies are all accounted for: the script applied its
-        writes, which must not be sent again).
+        what the flush says of it noted in *damaged* (raised at the flush's
+        end, the rest of it sent: the script applied its writes, which must
+        not be sent again, and its effects go to this flush's phase 3).
 
         The taken ones go in first (they were in the ledger before this
         script wrote); the order matters to nothing the scope's script
