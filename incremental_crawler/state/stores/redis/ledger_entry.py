@@ -20,10 +20,11 @@ and skipped by the readers here.
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any, NamedTuple
 
-__all__ = ["DamagedEffects", "LedgerEntry", "damaged_entry", "entry_effects", "entry_of",
-           "read_entry"]
+__all__ = ["EXPIRED_EMPTY", "DamagedEffects", "LedgerEntry", "damaged_entry", "entry_effects",
+           "entry_of", "read_entry"]
 
 
 class LedgerEntry(NamedTuple):
@@ -118,26 +119,38 @@ def _check_members(effects: dict[str, Any]) -> None:
     check("latest", "a time", effects.get("latest") in (None, "") or _whole(effects["latest"]))
 
 
+#: What a damaged entry is rewritten as to be let go: an entry of time 0,
+#: so past the time its effects are honoured, with no effects. The next
+#: flush or reading that takes it applies it as an expired one (the
+#: shard's sums marked lost, unless its token is noted applied: then
+#: nothing) and deletes it.
+EXPIRED_EMPTY = '[0,"{}"]'
+
+
 def damaged_entry(ledger: str, token: str, exc: BaseException) -> str:
     """What a flush or a reading that met a damaged entry says (after the
     store's name): the entry, why it cannot be applied, and what can be
-    done. Nothing applies it or deletes it: its effects (a flush's on its
-    scope's shard) would be lost unseen, and the sums with them."""
+    done (the command quoted for a shell). Nothing applies it or deletes
+    it on its own: its effects (a flush's on its scope's shard) would be
+    lost unseen, the sums by next visit off with no mark saying so."""
     # (entry_effects says what is wrong; anything else raised reading
     # the object's members is named as what it is.)
     why = f"its {exc.what}" if isinstance(exc, DamagedEffects) else (
         f"its effects cannot be read ({exc!r})")
+    rewrite = shlex.join(["redis-cli", "-c", "HSET", ledger, token, EXPIRED_EMPTY])
     return (
         f"the ledger {ledger} holds a damaged entry (token {token}): {why}; the effects it "
         "keeps (a flush's on its scope: hosts listed, revisit bounds, sums by next visit) "
         "cannot be applied, so every flush that writes a host of that group and every "
-        "reading of the scope stops on it (nothing of it was applied or deleted). Repair the "
-        "entry if you know what it held (a JSON pair [time, effects object]), or delete it: "
-        f"HDEL {ledger} {token}. What it would have applied is then lost: the scope's "
-        "sums by next visit stay off by that flush's writes (no later summary sets them "
-        "right; only 'scrapy state reset' of the scope, once the entry is deleted, which "
-        "starts the scope afresh), and its hosts and buckets may be missing from the "
-        "scope's hosts and revisit index until their pages are written again")
+        "reading of the scope stops on it (nothing of it was applied or deleted; a flush "
+        "stores all else it holds first). Repair the entry if you know what it held (a JSON "
+        "pair [time, effects object]), or rewrite it as expired and empty: "
+        f"{rewrite}; the next such flush or reading then deletes it. Unless its "
+        "effects were applied already (then nothing is lost), the scope's sums by next "
+        "visit are then marked lost (summaries read every page: exact, slower, until a "
+        "'scrapy state reset' of the scope), and the hosts and buckets it listed may be "
+        "missing from the scope's hosts and revisit index until their pages are written "
+        "again")
 
 
 def entry_of(stamped: float, effects: dict[str, Any]) -> bytes:
