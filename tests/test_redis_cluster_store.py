@@ -1127,11 +1127,10 @@ DAMAGES = [NOT_AN_OBJECT, MEMBER_DAMAGED, AN_INFINITE_TIME, A_HOST_NOT_A_NAME]
 DAMAGE_IDS = ["not-an-object", "a-member-damaged", "an-infinite-time", "a-host-not-a-name"]
 
 
-async def damaged_entry_left(cluster: LoopbackCluster, prefix: str, keys: list[PageKey],
-                             effects: str = NOT_AN_OBJECT[0]) -> tuple[str, str, bytes]:
+async def entry_left(cluster: LoopbackCluster, prefix: str, keys: list[PageKey]) -> None:
     """A worker writes *keys* (one host's pages) and dies before its phase
-    3, its ledger entry's effects then replaced by *effects*. Returns the
-    ledger, the entry's token and the damaged value."""
+    3: its effects are left in its host group's ledger, its intent lists
+    the group."""
     gone = open_store(cluster, prefix)
     for n, key in enumerate(keys):
         gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
@@ -1139,6 +1138,13 @@ async def damaged_entry_left(cluster: LoopbackCluster, prefix: str, keys: list[P
     with pytest.raises(StateStoreError):
         await call(gone.flush())
     await call(die(gone))
+
+
+async def damaged_entry_left(cluster: LoopbackCluster, prefix: str, keys: list[PageKey],
+                             effects: str = NOT_AN_OBJECT[0]) -> tuple[str, str, bytes]:
+    """:func:`entry_left`, the entry's effects then replaced by *effects*.
+    Returns the ledger, the entry's token and the damaged value."""
+    await entry_left(cluster, prefix, keys)
     [ledger] = cluster.keys(f"{prefix}:fx:*")
     with cluster.client() as client:
         [(token, raw)] = client.hgetall(ledger).items()
@@ -1167,9 +1173,11 @@ def advised_rewrite(message: str) -> list[str]:
 
 
 def another_groups_host() -> str:
-    """A host whose group is not lonely.example's (its own ledger)."""
+    """A host whose group is not lonely.example's (its own ledger), in
+    another scope shard (its own phase 3 script)."""
     return next(host for host in (f"h{n}.example" for n in range(100))
-                if host_group(host) != host_group("lonely.example"))
+                if host_group(host) != host_group("lonely.example")
+                and shard_of(host) != LONELY_SHARD)
 
 
 @pytest.mark.parametrize("damage", DAMAGES, ids=DAMAGE_IDS)
@@ -1230,20 +1238,29 @@ async def test_a_flush_of_a_group_whose_ledger_holds_a_damaged_entry_names_it(
         await call(store.close())
 
 
-@pytest.mark.parametrize("damage", [NOT_AN_OBJECT, MEMBER_DAMAGED, A_HOST_NOT_A_NAME],
-                         ids=["not-an-object", "a-member-damaged", "a-host-not-a-name"])
-@pytest.mark.parametrize("reader", ["take_scope", "get_due", "summary", "count_scope",
-                                    "reset_scope"])
+@pytest.mark.parametrize(("reader", "damage"), [
+    *((reader, NOT_AN_OBJECT) for reader in ("take_scope", "get_due", "summary", "reset_scope")),
+    *(("count_scope", damage) for damage in DAMAGES),
+], ids=[*(f"{reader}-not-an-object" for reader in ("take_scope", "get_due", "summary",
+                                                    "reset_scope")),
+        *(f"count_scope-{name}" for name in DAMAGE_IDS)])
 @pytest_twisted.ensureDeferred
 async def test_a_reading_of_a_scope_whose_ledger_holds_a_damaged_entry_names_it(
     redis_cluster: LoopbackCluster, prefix: str, reader: str, damage: tuple[str, str],
 ) -> None:
     """A reading that applies the scope's ledgers first stops on a damaged
-    entry with the store's error naming it, before anything is applied:
-    the entry and the intent that lists it stay for the reading after. A
-    reset too (it lists the scope's hosts first): nothing is deleted."""
+    entry with the store's error naming it, before anything is applied,
+    of any ledger of the scope (all are read before any is applied): the
+    entry, a healthy one of another group and shard, and the intents that
+    list them stay for the reading after. A reset too (it lists the
+    scope's hosts first): nothing is deleted."""
     keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(3)]
     ledger, token, damaged = await damaged_entry_left(redis_cluster, prefix, keys, damage[0])
+    other = another_groups_host()
+    await entry_left(redis_cluster, prefix, [PageKey(SCOPE, f"https://{other}/x")])
+    with redis_cluster.client() as client:
+        healthy = client.hgetall(ledger_key(prefix, other))
+    assert len(healthy) == 1
     store = open_store(redis_cluster, prefix)
     store.adopt_after = 0  # (a test cannot wait ten minutes)
     try:
@@ -1264,7 +1281,11 @@ async def test_a_reading_of_a_scope_whose_ledger_holds_a_damaged_entry_names_it(
         with redis_cluster.client() as client:
             assert client.hget(ledger, token) == damaged
             assert client.zcard(f"{prefix}:fxhosts:{{{LONELY_SHARD}}}") == 1
-            assert client.scard(f"{prefix}:hs:{{{LONELY_SHARD}}}") == 0  # nothing applied
+            # Nothing applied, the healthy entry's effects neither.
+            assert client.scard(f"{prefix}:hs:{{{LONELY_SHARD}}}") == 0
+            assert client.hgetall(ledger_key(prefix, other)) == healthy
+            assert client.zcard(f"{prefix}:fxhosts:{{{shard_of(other)}}}") == 1
+            assert client.scard(f"{prefix}:hs:{{{shard_of(other)}}}") == 0
     finally:
         await call(store.close())
 
