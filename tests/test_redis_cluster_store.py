@@ -24,11 +24,13 @@ import pytest_twisted
 import redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
+from scrapy.crawler import CrawlerRunner
 from scrapy.settings import Settings
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
+from incremental_crawler.hosts import host_of
 from incremental_crawler.state.records import HostTrust, PageKey
 from incremental_crawler.state.stores.base import RepairStopped, StateStoreError, due_after
 from incremental_crawler.state.stores.redis import RedisStateStore
@@ -48,7 +50,7 @@ from incremental_crawler.state.stores.redis.layout import (
     LAYOUT_VERSION,
 )
 from incremental_crawler.state.stores.redis.ledger_entry import EXPIRED_EMPTY
-from incremental_crawler.state.stores.redis.pages import bucket_of
+from incremental_crawler.state.stores.redis.pages import bucket_of, host_part
 from incremental_crawler.state.stores.redis.scripts import (
     _APPLIED_KEPT,
     _LEDGER_HONOURED,
@@ -60,8 +62,11 @@ from incremental_crawler.state.stores.redis.scripts import (
     CLUSTER_SUMMARY_LUA,
 )
 from tests.clock_util import later
+from tests.conftest import crawl_settings
 from tests.redis_util import new_prefix
 from tests.scrapy_cli import run
+from tests.site import PLAIN_KINDS
+from tests.spiders import ListSpider
 from tests.test_fatal import crawl_args, one_error_line
 from tests.test_store_contract import SCOPE, brute_summary, call, full_state, item
 
@@ -1306,6 +1311,54 @@ async def test_a_crawl_of_a_scope_whose_ledger_holds_a_damaged_entry_stops_with_
     line = one_error_line(result)
     assert line.startswith(f"State store {uri}: "), line
     assert_names_the_damaged_entry(line, ledger, token)
+    with redis_cluster.client() as client:
+        assert client.hget(ledger, token) == damaged
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_whose_flush_meets_a_damaged_entry_says_it_in_one_line(
+    redis_cluster: LoopbackCluster, prefix: str, site: Any, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A damaged entry no intent lists (the crawl's start does not read
+    it), old enough to be taken, in the ledger of the crawled host's
+    group: the crawl's first flush of that host takes it and says so in
+    one ERROR line naming it, once all else it held is stored; the entry
+    is left as it was. Mid-crawl that flush stops the crawl; the crawl's
+    last flush (a loopback crawl of six pages often ends within the
+    flush interval) leaves its finish reason as it is: either way every
+    page the flush held is stored, none lost with the error."""
+    paths = site.add_pages(6, kinds=PLAIN_KINDS)
+    urls = [site.url(path) for path in paths]
+    ledger = ledger_key(prefix, host_part(host_of(urls[0])), scope="list")
+    token, damaged = uuid.uuid4().hex, json.dumps([1, NOT_AN_OBJECT[0]]).encode()
+    with redis_cluster.client() as client:
+        client.hset(ledger, token, damaged)
+    uri = f"{redis_cluster.url}?prefix={prefix}"
+    runner = CrawlerRunner(crawl_settings(uri, INCREMENTAL_STATE_ON_REDIS_CLUSTER=True))
+    crawler = runner.create_crawler(ListSpider)
+    with caplog.at_level(logging.ERROR):
+        await runner.crawl(crawler, urls=urls)
+    [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert line.startswith(f"State store {uri}: "), line
+    said, stopping, _ = line.partition("; stopping the crawl (")
+    said, stored_all, _ = said.partition(" (the crawl's writes were all stored)")
+    assert_names_the_damaged_entry(said, ledger, token)
+    assert crawler.stats.get_value("incremental/store_errors") == 1
+    reader = open_store(redis_cluster, prefix)
+    try:
+        stored = await call(reader.get_pages([PageKey("list", url) for url in urls]))
+    finally:
+        await call(reader.close())
+    committed = crawler.stats.get_value("incremental/state_committed")
+    if crawler.stats.get_value("finish_reason") == "finished":
+        # The crawl's last flush (before its close, which has nothing left
+        # to write: the line is said all the same).
+        assert stored_all and not stopping, line
+        assert len(stored) == committed == len(urls)
+    else:
+        assert crawler.stats.get_value("finish_reason") == "incremental_store_error"
+        assert stopping and not stored_all, line
+        assert 1 <= len(stored) == committed
     with redis_cluster.client() as client:
         assert client.hget(ledger, token) == damaged
 

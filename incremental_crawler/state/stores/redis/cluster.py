@@ -101,7 +101,7 @@ from urllib.parse import quote
 import redis
 
 from incremental_crawler import clock
-from incremental_crawler.state.stores.base import StateStoreError
+from incremental_crawler.state.stores.base import StateStoreError, StoredStateDamaged
 from incremental_crawler.state.stores.redis.core import (
     ITEM_GROUPS,
     SCOPE_SHARDS,
@@ -512,7 +512,7 @@ class RedisClusterPath(RedisCore):
             also = "" if error is None else (
                 f"; a write failed in Redis too ({error}): the writes after it in its slot, "
                 "and the phases after it, were not sent")
-            raise self._fail(damaged[0] + also)
+            raise StoredStateDamaged(f"State store {self.location}: {damaged[0]}{also}")
         return error
 
     async def _check_flush_hold(self) -> None:
