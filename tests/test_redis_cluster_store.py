@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import signal
 import threading
 import time
@@ -26,12 +27,14 @@ import pytest_twisted
 import redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
+from scrapy.crawler import CrawlerRunner
 from scrapy.settings import Settings
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
-from incremental_crawler.state.records import PageKey
+from incremental_crawler.hosts import host_of
+from incremental_crawler.state.records import HostTrust, PageKey
 from incremental_crawler.state.stores.base import RepairStopped, StateStoreError, due_after
 from incremental_crawler.state.stores.redis import RedisStateStore
 from incremental_crawler.state.stores.redis import core as redis_core
@@ -50,7 +53,8 @@ from incremental_crawler.state.stores.redis.layout import (
     LAYOUT,
     LAYOUT_VERSION,
 )
-from incremental_crawler.state.stores.redis.pages import bucket_of
+from incremental_crawler.state.stores.redis.ledger_entry import EXPIRED_EMPTY
+from incremental_crawler.state.stores.redis.pages import bucket_of, host_part
 from incremental_crawler.state.stores.redis.scripts import (
     _APPLIED_KEPT,
     _LEDGER_HONOURED,
@@ -62,7 +66,12 @@ from incremental_crawler.state.stores.redis.scripts import (
     CLUSTER_SUMMARY_LUA,
 )
 from tests.clock_util import later
+from tests.conftest import crawl_settings
 from tests.redis_util import new_prefix
+from tests.scrapy_cli import run
+from tests.site import PLAIN_KINDS
+from tests.spiders import ListSpider
+from tests.test_fatal import crawl_args, one_error_line
 from tests.test_store_contract import SCOPE, brute_summary, call, full_state, item
 
 if TYPE_CHECKING:
@@ -1113,6 +1122,249 @@ async def test_a_ledger_entry_older_than_the_tokens_lifetime_is_not_applied_agai
         assert redis_cluster.keys(f"{prefix}:fx:*") == []
     finally:
         await call(store.close())
+
+
+#: Damaged effects of a ledger entry (by hand, or a bug), and what the
+#: error says of them.
+NOT_AN_OBJECT = (json.dumps(["sums", 1]), "its effects are not a JSON object: ")
+MEMBER_DAMAGED = (json.dumps({"sums": 5}), "its effects' sums are not an object of ")
+#: (json reads 1e400 as inf, which int() refuses with an OverflowError.)
+AN_INFINITE_TIME = ('{"latest": 1e400}', "its effects' latest are not a time: ")
+A_HOST_NOT_A_NAME = (json.dumps({"hosts": ["lonely.example", 1]}),
+                     "its effects' hosts are not a list of host names: ")
+DAMAGES = [NOT_AN_OBJECT, MEMBER_DAMAGED, AN_INFINITE_TIME, A_HOST_NOT_A_NAME]
+DAMAGE_IDS = ["not-an-object", "a-member-damaged", "an-infinite-time", "a-host-not-a-name"]
+
+
+async def entry_left(cluster: LoopbackCluster, prefix: str, keys: list[PageKey]) -> None:
+    """A worker writes *keys* (one host's pages) and dies before its phase
+    3: its effects are left in its host group's ledger, its intent lists
+    the group."""
+    gone = open_store(cluster, prefix)
+    for n, key in enumerate(keys):
+        gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+    cut_before(gone, CLUSTER_SCOPE_LUA)
+    with pytest.raises(StateStoreError):
+        await call(gone.flush())
+    await call(die(gone))
+
+
+async def damaged_entry_left(cluster: LoopbackCluster, prefix: str, keys: list[PageKey],
+                             effects: str = NOT_AN_OBJECT[0]) -> tuple[str, str, bytes]:
+    """:func:`entry_left`, the entry's effects then replaced by *effects*.
+    Returns the ledger, the entry's token and the damaged value."""
+    await entry_left(cluster, prefix, keys)
+    [ledger] = cluster.keys(f"{prefix}:fx:*")
+    with cluster.client() as client:
+        [(token, raw)] = client.hgetall(ledger).items()
+        stamped, _ = json.loads(raw)
+        damaged = json.dumps([stamped, effects]).encode()
+        client.hset(ledger, token, damaged)
+    return ledger.decode(), token.decode(), damaged
+
+
+def assert_names_the_damaged_entry(message: str, ledger: str, token: str,
+                                   why: str = NOT_AN_OBJECT[1]) -> None:
+    """The error of a flush or a reading that met the damaged entry: one
+    line naming its ledger and token, what is wrong and what to do."""
+    assert "\n" not in message
+    assert f"the ledger {ledger} holds a damaged entry (token {token}): {why}" in message, (
+        message)
+    assert advised_rewrite(message) == ["HSET", ledger, token, EXPIRED_EMPTY], message
+    assert "scrapy state reset" in message, message
+
+
+def advised_rewrite(message: str) -> list[str]:
+    """The Redis command the error advises (redis-cli's arguments as a
+    shell splits them)."""
+    command = message.partition(": redis-cli -c ")[2].partition(";")[0]
+    return shlex.split(command)
+
+
+def another_groups_host() -> str:
+    """A host whose group is not lonely.example's (its own ledger), in
+    another scope shard (its own phase 3 script)."""
+    return next(host for host in (f"h{n}.example" for n in range(100))
+                if host_group(host) != host_group("lonely.example")
+                and shard_of(host) != LONELY_SHARD)
+
+
+@pytest.mark.parametrize("damage", DAMAGES, ids=DAMAGE_IDS)
+@pytest_twisted.ensureDeferred
+async def test_a_flush_of_a_group_whose_ledger_holds_a_damaged_entry_names_it(
+    redis_cluster: LoopbackCluster, prefix: str, damage: tuple[str, str],
+) -> None:
+    """A flush of a host whose group's ledger holds a damaged entry (old
+    enough to be taken) stops with the store's error naming the entry and
+    what to do, once it ran to its end: the entry stays as it was, and
+    everything of the flush is stored (nothing only in the worker's
+    memory): the group's page, another group's page, a host's trust, and
+    the flush's own effects on the scope (its host listed, its bucket in
+    the revisit index), though no reading of the scope can run."""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(6)]
+    other = another_groups_host()
+    elsewhere = PageKey(SCOPE, f"https://{other}/x")
+    ledger, token, damaged = await damaged_entry_left(redis_cluster, prefix, keys[:5],
+                                                      damage[0])
+    store = open_store(redis_cluster, prefix)
+    store.adopt_after = 0  # (a test cannot wait ten minutes)
+    try:
+        store.stage_page(full_state(keys[5], 1, callback="parse", next_visit=1_005))
+        store.stage_page(full_state(elsewhere, 1, callback="parse", next_visit=1_010))
+        store.stage_host(HostTrust(SCOPE, other, checks=3))
+        with pytest.raises(StateStoreError) as failed:
+            await call(store.flush())
+        message = str(failed.value)
+        assert message.startswith(f"State store {store.location}: "), message
+        assert_names_the_damaged_entry(message, ledger, token, damage[1])
+        assert store.pending == 0  # applied, none staged again
+        with redis_cluster.client() as client:
+            assert client.hget(ledger, token) == damaged  # left as it was
+            # The flush's own effects were applied by its phase 3 (the
+            # damaged entry's, which list the same host, were not).
+            assert client.scard(f"{prefix}:hs:{{{LONELY_SHARD}}}") == 1
+            assert client.zcard(f"{prefix}:dueb:{{{LONELY_SHARD}}}") == 1
+        # What another worker reads: all of it stored (no ledger read).
+        other_worker = open_store(redis_cluster, prefix)
+        try:
+            assert await call(other_worker.get_pages([keys[5], elsewhere])) == {
+                keys[5]: full_state(keys[5], 1, callback="parse", next_visit=1_005),
+                elsewhere: full_state(elsewhere, 1, callback="parse", next_visit=1_010)}
+            assert (await call(other_worker.get_host(SCOPE, other))).checks == 3
+        finally:
+            await call(other_worker.close())
+        # The way out the error gives: the entry rewritten as expired and
+        # empty, taken by the next reading (deleted, the sums marked lost:
+        # the summary reads every page, all six of the group's counted).
+        with redis_cluster.client() as client:
+            assert client.execute_command(*advised_rewrite(message)) == 0  # (replaced)
+        assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == [
+            *keys, elsewhere]
+        await assert_whole_summary(store, len(keys) + 1)
+        await call(store.close())
+        assert redis_cluster.keys(f"{prefix}:fx:*") == []
+    finally:
+        await call(store.close())
+
+
+@pytest.mark.parametrize(("reader", "damage"), [
+    *((reader, NOT_AN_OBJECT) for reader in ("take_scope", "get_due", "summary", "reset_scope")),
+    *(("count_scope", damage) for damage in DAMAGES),
+], ids=[*(f"{reader}-not-an-object" for reader in ("take_scope", "get_due", "summary",
+                                                    "reset_scope")),
+        *(f"count_scope-{name}" for name in DAMAGE_IDS)])
+@pytest_twisted.ensureDeferred
+async def test_a_reading_of_a_scope_whose_ledger_holds_a_damaged_entry_names_it(
+    redis_cluster: LoopbackCluster, prefix: str, reader: str, damage: tuple[str, str],
+) -> None:
+    """A reading that applies the scope's ledgers first stops on a damaged
+    entry with the store's error naming it, before anything is applied,
+    of any ledger of the scope (all are read before any is applied): the
+    entry, a healthy one of another group and shard, and the intents that
+    list them stay for the reading after. A reset too (it lists the
+    scope's hosts first): nothing is deleted."""
+    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(3)]
+    ledger, token, damaged = await damaged_entry_left(redis_cluster, prefix, keys, damage[0])
+    other = another_groups_host()
+    await entry_left(redis_cluster, prefix, [PageKey(SCOPE, f"https://{other}/x")])
+    with redis_cluster.client() as client:
+        healthy = client.hgetall(ledger_key(prefix, other))
+    assert len(healthy) == 1
+    store = open_store(redis_cluster, prefix)
+    store.adopt_after = 0  # (a test cannot wait ten minutes)
+    try:
+        with pytest.raises(StateStoreError) as failed:
+            if reader == "take_scope":
+                store.take_scope(SCOPE, "crawl-2", 60, 10_000)
+            elif reader == "get_due":
+                await call(store.get_due(SCOPE, 2_000, 10))
+            elif reader == "summary":
+                await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                 checked_before=math.inf))
+            elif reader == "count_scope":
+                store.count_scope(SCOPE)
+            else:
+                store.reset_scope(SCOPE)
+        assert_names_the_damaged_entry(str(failed.value), ledger, token, damage[1])
+        assert len(await call(store.get_pages(keys))) == len(keys)
+        with redis_cluster.client() as client:
+            assert client.hget(ledger, token) == damaged
+            assert client.zcard(f"{prefix}:fxhosts:{{{LONELY_SHARD}}}") == 1
+            # Nothing applied, the healthy entry's effects neither.
+            assert client.scard(f"{prefix}:hs:{{{LONELY_SHARD}}}") == 0
+            assert client.hgetall(ledger_key(prefix, other)) == healthy
+            assert client.zcard(f"{prefix}:fxhosts:{{{shard_of(other)}}}") == 1
+            assert client.scard(f"{prefix}:hs:{{{shard_of(other)}}}") == 0
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_of_a_scope_whose_ledger_holds_a_damaged_entry_stops_with_one_line(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """A crawl's start applies the scope's ledgers: a damaged entry stops
+    it with one ERROR line naming the entry and what to do (exit 1),
+    nothing fetched, the entry left as it was."""
+    keys = [PageKey("sitemap", f"https://lonely.example/p{n}") for n in range(3)]
+    ledger, token, damaged = await damaged_entry_left(redis_cluster, prefix, keys)
+    uri = f"{redis_cluster.url}?prefix={prefix}"
+    result = await deferToThread(run, crawl_args(f"INCREMENTAL_STATE_URI={uri}",
+                                                 "INCREMENTAL_STATE_ON_REDIS_CLUSTER=True"))
+    assert result.returncode == 1, result.stderr
+    line = one_error_line(result)
+    assert line.startswith(f"State store {uri}: "), line
+    assert_names_the_damaged_entry(line, ledger, token)
+    with redis_cluster.client() as client:
+        assert client.hget(ledger, token) == damaged
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_whose_flush_meets_a_damaged_entry_says_it_in_one_line(
+    redis_cluster: LoopbackCluster, prefix: str, site: Any, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A damaged entry no intent lists (the crawl's start does not read
+    it), old enough to be taken, in the ledger of the crawled host's
+    group: the crawl's first flush of that host takes it and says so in
+    one ERROR line naming it, once all else it held is stored; the entry
+    is left as it was. Mid-crawl that flush stops the crawl; the crawl's
+    last flush (a loopback crawl of six pages often ends within the
+    flush interval) leaves its finish reason as it is: either way every
+    page the flush held is stored, none lost with the error."""
+    paths = site.add_pages(6, kinds=PLAIN_KINDS)
+    urls = [site.url(path) for path in paths]
+    ledger = ledger_key(prefix, host_part(host_of(urls[0])), scope="list")
+    token, damaged = uuid.uuid4().hex, json.dumps([1, NOT_AN_OBJECT[0]]).encode()
+    with redis_cluster.client() as client:
+        client.hset(ledger, token, damaged)
+    uri = f"{redis_cluster.url}?prefix={prefix}"
+    runner = CrawlerRunner(crawl_settings(uri, INCREMENTAL_STATE_ON_REDIS_CLUSTER=True))
+    crawler = runner.create_crawler(ListSpider)
+    with caplog.at_level(logging.ERROR):
+        await runner.crawl(crawler, urls=urls)
+    [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert line.startswith(f"State store {uri}: "), line
+    said, stopping, _ = line.partition("; stopping the crawl (")
+    said, stored_all, _ = said.partition(" (the crawl's writes were all stored)")
+    assert_names_the_damaged_entry(said, ledger, token)
+    assert crawler.stats.get_value("incremental/store_errors") == 1
+    reader = open_store(redis_cluster, prefix)
+    try:
+        stored = await call(reader.get_pages([PageKey("list", url) for url in urls]))
+    finally:
+        await call(reader.close())
+    committed = crawler.stats.get_value("incremental/state_committed")
+    if crawler.stats.get_value("finish_reason") == "finished":
+        # The crawl's last flush (before its close, which has nothing left
+        # to write: the line is said all the same).
+        assert stored_all and not stopping, line
+        assert len(stored) == committed == len(urls)
+    else:
+        assert crawler.stats.get_value("finish_reason") == "incremental_store_error"
+        assert stopping and not stored_all, line
+        assert 1 <= len(stored) == committed
+    with redis_cluster.client() as client:
+        assert client.hget(ledger, token) == damaged
 
 
 @pytest_twisted.ensureDeferred

@@ -108,6 +108,7 @@ from incremental_crawler.state.stores.base import (
     SHARED_HOLD,
     HoldLapsed,
     ScopeHeld,
+    StoredStateDamaged,
     dead_pid,
     describe_holder,
     hold_process,
@@ -782,6 +783,14 @@ class Ledger:
                 # hold to lapse.
                 self._count_commit(await self.store.flush())
                 await self.store.release_scope(self.scope, self.hold_name)
+            except StoredStateDamaged as exc:
+                # All of it stored: the close's flush has nothing left to
+                # fail on, so the damage is said here (the close's line, if
+                # it meets the damage again, a WARNING after it).
+                self._failed = True
+                self.stats.inc_value("incremental/store_errors")
+                logger.error("%(error)s (the crawl's writes were all stored)",
+                             {"error": exc}, extra={"spider": spider})
             except StateStoreError:
                 pass  # closing tries the flush again, and says what was lost
         await self._close_store(spider)

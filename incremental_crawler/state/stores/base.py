@@ -65,6 +65,7 @@ __all__ = [
     "StateStore",
     "StateStoreError",
     "StoredItem",
+    "StoredStateDamaged",
     "UrlRecord",
     "checked_after",
     "crawl_history_setting",
@@ -343,6 +344,14 @@ class StateStoreError(RuntimeError):
     silently forgot its state would re-download everything at best, and at
     worst (half a store) lose changes.
     """
+
+
+class StoredStateDamaged(StateStoreError):
+    """A flush stored all it held but met stored state of another writer
+    that it cannot apply (a damaged entry of a Redis Cluster store's
+    ledger): nothing of this flush is left to write again, so a flush
+    after it may succeed, and the error must be said all the same (the
+    damage stays until repaired by hand)."""
 
 
 class HoldLapsed(StateStoreError):

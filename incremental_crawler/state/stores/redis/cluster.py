@@ -101,7 +101,7 @@ from urllib.parse import quote
 import redis
 
 from incremental_crawler import clock
-from incremental_crawler.state.stores.base import StateStoreError
+from incremental_crawler.state.stores.base import StateStoreError, StoredStateDamaged
 from incremental_crawler.state.stores.redis.core import (
     ITEM_GROUPS,
     SCOPE_SHARDS,
@@ -119,7 +119,11 @@ from incremental_crawler.state.stores.redis.core import (
     scope_of_shard,
     shard_part,
 )
-from incremental_crawler.state.stores.redis.ledger_entry import entry_effects, read_entry
+from incremental_crawler.state.stores.redis.ledger_entry import (
+    damaged_entry,
+    entry_effects,
+    read_entry,
+)
 from incremental_crawler.state.stores.redis.pages import (
     BUCKET_LOAD,
     MAX_SPLITS,
@@ -242,6 +246,26 @@ def _listed_hosts(reply: dict[str, Any], part: str) -> list[str]:
     if reply.get("new_host"):
         hosts.append(part)
     return hosts
+
+
+#: What reading a ledger entry's effects can raise on a damaged one (what
+#: entry_effects finds, and what building a bundle of them would raise on
+#: a damage it did not foresee: inf reaches int() as OverflowError).
+_UNREADABLE = (ValueError, TypeError, AttributeError, ArithmeticError)
+
+
+def _entry_bundle(effects: dict[str, Any], part: str, ledger: str, where: tuple[str, str],
+                  *, expired: bool) -> _Effects:
+    """The effects of a ledger entry of group *part*, to be applied: whole,
+    or, *expired*, its idempotent parts (see :meth:`_Effects.expired`).
+    *effects* are checked already (:func:`entry_effects`): one of
+    ``_UNREADABLE`` raised here is a damage that check missed, said the
+    same way."""
+    if expired:
+        return _Effects.expired(effects, part, ledger, where)
+    bundle = _Effects(ledger=ledger, where=where)
+    bundle.add(effects, part)
+    return bundle
 
 
 def _entries_gone(held: list[tuple[str, str]], there: list[Any]) -> list[tuple[str, str]]:
@@ -462,23 +486,34 @@ class RedisClusterPath(RedisCore):
         (None: all applied). Raises (chained to the Redis error) when the
         outcome of a phase is unknown, *applied* then holding what the
         phases before it applied; its scripts are noted in
-        ``_unsure_slots``.
+        ``_unsure_slots``. Raises the store's error naming a damaged ledger
+        entry a group's script took (phase 2) once the flush ran to its end
+        (the entry is another flush's, not a failed write of this one: the
+        rest of this flush is sent, so that nothing of it stays only in
+        this worker's memory).
 
         A crawl's marks are settled (``settle``: :meth:`_phase_settle`)
         after the three phases, so after every mark the flush wrote; a
         mark staged after a ``settle`` goes in a second round of the
         phases, after it (staging order)."""
         start = 0
+        error: str | None = None
+        damaged: list[str] = []
         for end in _settle_rounds(ops):
             done: set[int] = set()
             try:
-                error = await self._apply_round(ops[start:end], scopes, done)
+                error = await self._apply_round(ops[start:end], scopes, done, damaged)
             finally:
                 applied.update(start + n for n in done)
             if error is not None:
-                return error
+                break
             start = end
-        return None
+        if damaged:
+            also = "" if error is None else (
+                f"; a write failed in Redis too ({error}): the writes after it in its slot, "
+                "and the phases after it, were not sent")
+            raise StoredStateDamaged(f"State store {self.location}: {damaged[0]}{also}")
+        return error
 
     async def _check_flush_hold(self) -> None:
         """Raises HoldLapsed when the flush's writer no longer holds its
@@ -486,8 +521,9 @@ class RedisClusterPath(RedisCore):
         raise NotImplementedError
 
     async def _apply_round(self, ops: list[tuple[Any, ...]], scopes: set[str],
-                           applied: set[int]) -> str | None:
-        """:meth:`_cluster_apply` of one round of *ops*."""
+                           applied: set[int], damaged: list[str]) -> str | None:
+        """:meth:`_cluster_apply` of one round of *ops* (what it says of
+        each damaged ledger entry met noted in *damaged*)."""
         carried = self._carried
         spent, self._spent_slot_tokens = self._spent_slot_tokens, []
         try:
@@ -498,7 +534,7 @@ class RedisClusterPath(RedisCore):
             await self._check_flush_hold()
             await self._phase_items(ops, applied, carried, spent)
             await self._check_flush_hold()
-            await self._phase_hosts(ops, applied, carried)
+            await self._phase_hosts(ops, applied, carried, damaged)
             await self._check_flush_hold()
             await self._phase_scopes(ops, applied, carried, scopes)
             await self._check_flush_hold()
@@ -732,7 +768,7 @@ class RedisClusterPath(RedisCore):
         return f"{self.prefix}:{kind}:{{{scope_part}#{item_group(name)}}}"
 
     async def _phase_hosts(self, ops: list[tuple[Any, ...]], applied: set[int],
-                           carried: _Carried) -> None:
+                           carried: _Carried, damaged: list[str]) -> None:
         by_host, groups, heads = _host_groups(ops, applied)
         # Each group's scope shard (its hosts'): its intents and its
         # effects go there.
@@ -786,7 +822,7 @@ class RedisClusterPath(RedisCore):
                 again[tag] = groups[tag]
             else:
                 done = self._take_effects(carried.effects.setdefault(shards[tag], {}), tag,
-                                          (shards[tag], group), token, reply)
+                                          (shards[tag], group), token, reply, damaged)
                 for part, (n, pages) in (done.get("counts") or {}).items():
                     counts[scope_part, part] = (int(n or 1), int(pages or 0))
 
@@ -827,6 +863,10 @@ class RedisClusterPath(RedisCore):
             again = {}
         else:
             failure = failure or _PhaseFailed("the flush did not settle: buckets kept changing")
+        # A damaged entry a script took (noted in *damaged*) fails no
+        # write of this flush: its scripts' writes were applied, their
+        # effects are carried, so phase 3 is sent (the entry left in its
+        # ledger; the store's error raised at the flush's end).
         if failure is not None:
             raise failure
 
@@ -862,11 +902,15 @@ class RedisClusterPath(RedisCore):
         return CLUSTER_HOST_LUA, keys, args
 
     def _take_effects(self, bundles: dict[str, _Effects], tag: str, where: tuple[str, str],
-                      token: str, reply: Any) -> dict[str, Any]:
+                      token: str, reply: Any, damaged: list[str]) -> dict[str, Any]:
         """A group script's effects into *bundles* (under its token), and
         those it took from its group's ledger (under theirs: another flush
         left them there, its worker dead before its phase 3, or slow; the
         scope's script applies each token's once). Returns its own, decoded.
+        A taken entry that cannot be read is left in the ledger as it is,
+        what the flush says of it noted in *damaged* (raised at the flush's
+        end, the rest of it sent: the script applied its writes, which must
+        not be sent again, and its effects go to this flush's phase 3).
 
         The taken ones go in first (they were in the ledger before this
         script wrote); the order matters to nothing the scope's script
@@ -876,14 +920,12 @@ class RedisClusterPath(RedisCore):
         done = json.loads(reply[3]) if reply[3] else {}
         taken = json.loads(reply[4]) if len(reply) > 4 and reply[4] else []
         for other, raw, *expired in taken:
-            effects = entry_effects(raw)
-            if expired and expired[0]:
-                # Past _LEDGER_HONOURED: its idempotent parts only (or
-                # nothing, when P:fxdone or P:fxheld lists it: 'done').
-                bundles.setdefault(other, _Effects.expired(effects, part, ledger, where))
+            try:
+                bundle = _entry_bundle(entry_effects(raw), part, ledger, where,
+                                       expired=bool(expired and expired[0]))
+            except _UNREADABLE as exc:
+                damaged.append(damaged_entry(ledger, other, exc))
                 continue
-            bundle = _Effects(ledger=ledger, where=where)
-            bundle.add(effects, part)
             bundles.setdefault(other, bundle)
         if done and (int(reply[0]) or _has_effects(done)):
             # Even with no write applied: its splits were made before the
@@ -1192,23 +1234,26 @@ class RedisClusterPath(RedisCore):
             # clock that stamped it (the host script's TIME), not ours.
             ledger_now, found = int(reply[0]), reply[1:]
             for k in range(0, len(found), 2):
-                token, entry = found[k].decode(), read_entry(found[k + 1])
-                if entry is None:
-                    continue  # not an entry (the host script drops those)
-                stamped, effects = entry
-                if ledger_now - stamped > _LEDGER_HONOURED:
-                    # P:fxdone may have forgotten it was applied (it keeps
-                    # _APPLIED_KEPT, on its own node's clock): applying it
-                    # whole could count it twice. Only its idempotent parts
-                    # are applied (as the host script's caller does): the
-                    # host listed, its bounds lowered, the shard's sums
-                    # marked lost; unless P:fxdone or P:fxheld lists its
-                    # token (the scope's script says 'done': nothing marked).
-                    found_all.append((stamped, token,
-                                      _Effects.expired(effects, part, ledger, (shard, part))))
-                    continue
-                bundle = _Effects(ledger=ledger, where=(shard, part))
-                bundle.add(effects, part)
+                token = found[k].decode()
+                try:
+                    entry = read_entry(found[k + 1])
+                    if entry is None:
+                        continue  # not an entry (the host script drops those)
+                    stamped, effects = entry
+                    # Past _LEDGER_HONOURED P:fxdone may have forgotten it
+                    # was applied (it keeps _APPLIED_KEPT, on its own node's
+                    # clock): applying it whole could count it twice. Only
+                    # its idempotent parts are applied (as the host script's
+                    # caller does): the host listed, its bounds lowered, the
+                    # shard's sums marked lost; unless P:fxdone or P:fxheld
+                    # lists its token (the scope's script says 'done':
+                    # nothing marked).
+                    bundle = _entry_bundle(effects, part, ledger, (shard, part),
+                                           expired=ledger_now - stamped > _LEDGER_HONOURED)
+                except _UNREADABLE as exc:
+                    # Damaged: the reading stops before anything is applied
+                    # (every entry stays for the reading after its repair).
+                    raise self._fail(damaged_entry(ledger, token, exc)) from exc
                 found_all.append((stamped, token, bundle))
         # Oldest first (a ledger's hash has no order of its own); what the
         # scope's script applies of them does not depend on it.
@@ -1522,7 +1567,7 @@ class RedisClusterPath(RedisCore):
                     if entry is not None:
                         listed.update(host_of_part(part)
                                       for part in _listed_hosts(entry.effects, group))
-                except (ValueError, TypeError, AttributeError):
+                except _UNREADABLE:
                     # Damaged: its effects not an object, or their hosts not a
                     # list of host parts. (None: no entry; see ledger_entry.)
                     continue
