@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import compileall
+import contextlib
 import json
 import math
 import os
@@ -45,7 +46,7 @@ from urllib.parse import urlencode, urlsplit
 import redis
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Iterable, Iterator, Sequence
 
 #: The project root (where scrapy.cfg is); crawls run with this as their cwd.
 REPO = Path(__file__).resolve().parents[1]
@@ -642,3 +643,23 @@ def find_python_docs() -> Path | None:
             if (path / "index.html").is_file() and sum(1 for _ in path.rglob("*.html")) >= 50:
                 return path
     return None
+
+
+@contextlib.contextmanager
+def git_trees(refs: Sequence[str], into: Path) -> Iterator[list[Path]]:
+    """Each of *refs* checked out (detached) in a git worktree of its own
+    under *into*, for a bench to run that commit's code beside this tree's;
+    the worktrees removed after, whatever happens (a run killed midway
+    leaves them registered: ``git worktree prune`` forgets them)."""
+    added: list[Path] = []
+    try:
+        for n, ref in enumerate(refs):
+            tree = into / f"ref-{n}"
+            subprocess.run(["git", "worktree", "add", "--detach", str(tree), ref],
+                           cwd=REPO, check=True, capture_output=True, timeout=120)
+            added.append(tree)
+        yield added
+    finally:
+        for tree in added:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)],
+                           cwd=REPO, check=False, capture_output=True, timeout=120)

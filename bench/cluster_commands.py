@@ -53,6 +53,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
+from _harness import git_trees
+
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 
@@ -348,14 +350,8 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     with tempfile.TemporaryDirectory(prefix="bench-cluster-commands-") as tmp:
         trees = {} if args.no_tree else {"this tree": REPO}
-        added = []
-        for n, ref in enumerate(args.ref):
-            tree = Path(tmp) / f"ref-{n}"
-            subprocess.run(["git", "worktree", "add", "--detach", str(tree), ref],
-                           cwd=REPO, check=True, capture_output=True, timeout=120)
-            added.append(tree)
-            trees[ref[:10]] = tree
-        try:
+        with git_trees(args.ref, Path(tmp)) as added:
+            trees.update((ref[:10], tree) for ref, tree in zip(args.ref, added, strict=True))
             runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
             single: list[dict[str, Any]] = []
             probed: list[dict[str, Any]] = []
@@ -376,10 +372,6 @@ def main() -> int:
                     cpu = runs[name][-1]["cpu_us_per_node"]
                     print(f"pair {n + 1}, {name}: {sum(cpu):.0f} us a page summed "
                           f"({' / '.join(f'{us:.0f}' for us in cpu)})", file=sys.stderr)
-        finally:
-            for tree in added:
-                subprocess.run(["git", "worktree", "remove", "--force", str(tree)],
-                               cwd=REPO, check=False, capture_output=True, timeout=120)
     if args.json:
         Path(args.json).write_text(json.dumps({
             "args": {"pages": args.pages, "hosts": args.hosts, "items": args.items},

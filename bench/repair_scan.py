@@ -32,6 +32,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from _harness import git_trees
+
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 SCOPE = "bench"
@@ -130,14 +132,8 @@ def main() -> int:
     figures: dict[str, dict[str, dict[str, list[list[float]]]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-repair-scan-") as tmp:
         trees = {"this tree": REPO}
-        added = []
-        for n, ref in enumerate(args.ref):
-            tree = Path(tmp) / f"ref-{n}"
-            subprocess.run(["git", "worktree", "add", "--detach", str(tree), ref],
-                           cwd=REPO, check=True, capture_output=True, timeout=120)
-            added.append(tree)
-            trees[ref[:10]] = tree
-        try:
+        with git_trees(args.ref, Path(tmp)) as added:
+            trees.update((ref[:10], tree) for ref, tree in zip(args.ref, added, strict=True))
             for size in (int(s) for s in args.items.split(",")):
                 cluster = LoopbackCluster()
                 cluster.start()
@@ -163,10 +159,6 @@ def main() -> int:
                     cluster.remove()
                 figures[str(size)] = runs
                 show(size, runs)
-        finally:
-            for tree in added:
-                subprocess.run(["git", "worktree", "remove", "--force", str(tree)],
-                               cwd=REPO, check=False, capture_output=True, timeout=120)
     if args.json:
         Path(args.json).write_text(json.dumps(figures), encoding="utf-8")
     return 0
