@@ -77,7 +77,9 @@ async def test_workers_share_one_crawl_and_exit_by_themselves(
     # A third worker joins late, mid-crawl. The others cannot finish the
     # crawl (and leave on their idle grace) before it has work, however long
     # it takes to start on a busy machine.
-    await until(lambda: sum(page_gets(site).values()) >= 15, "the crawl to start")
+    # Two worker processes start before this: as long as the waits below for
+    # a slow start (a loaded machine), not until's default.
+    await until(lambda: sum(page_gets(site).values()) >= 15, "the crawl to start", seconds=60)
     late = Worker(site, state_uri, cluster_prefix, tmp_path, "late")
     await until_all_have_work(site, 3)
     site.release()
