@@ -103,9 +103,7 @@ async def test_a_flush_over_many_hosts_runs_one_page_script_a_group(
         assert {k: s.etag for k, s in got.items()} == dict.fromkeys(keys, 'W/"etag-1"')
         states = list(store.iter_pages(SCOPE))
         assert len(states) == 500
-        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                                   checked_before=math.inf))
-        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+        assert await whole_summary(store, SCOPE) == whole_brute_summary(states)
     finally:
         await call(store.close())
 
@@ -154,6 +152,17 @@ def layout_6(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The package and tests of LAYOUT_6_COMMIT, from git: one tree for the
     module's tests (they only run its code)."""
     return layout_6_tree(tmp_path_factory.mktemp("layout6"))
+
+
+async def whole_summary(store: RedisStateStore, scope: str) -> tuple[Any, ...]:
+    """The store's summary of every page of *scope* (no cut)."""
+    return tuple(await call(store.summarize_pages(scope, after=-math.inf, upto=math.inf,
+                                                  checked_before=math.inf)))
+
+
+def whole_brute_summary(states: list[PageState]) -> tuple[Any, ...]:
+    """What that summary must be, counted from the pages read one by one."""
+    return brute_summary(states, -math.inf, math.inf, math.inf, ())
 
 
 def layout_6_tree(into: Path) -> Path:
@@ -263,9 +272,7 @@ async def test_a_layout_6_store_is_migrated_in_place_its_dead_workers_effects_on
         got = await call(store.get_pages(keys))
         assert sum(1 for s in got.values() if s.etag == 'W/"etag-3"') == len(keys[1::2])
         states = list(store.iter_pages(SCOPE))
-        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                                   checked_before=math.inf))
-        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+        assert await whole_summary(store, SCOPE) == whole_brute_summary(states)
         assert f"{prefix}:hd:{host_tag(SCOPE, 'h0.example')}".encode() in (
             redis_cluster.keys(f"{prefix}:hd:*"))
     finally:
@@ -328,9 +335,7 @@ async def test_a_group_script_whose_reply_was_lost_is_replayed_with_the_writes_i
         assert sorted(k.url for k in got) == sorted(k.url for k in (a1, b1, a2))
         states = list(store.iter_pages(SCOPE))
         assert len(states) == 3
-        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                                   checked_before=math.inf))
-        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+        assert await whole_summary(store, SCOPE) == whole_brute_summary(states)
     finally:
         await call(store.close())
 
@@ -431,9 +436,7 @@ async def repaired_each_written_once(redis_cluster: LoopbackCluster, links: str,
     assert {k.url: s.checks for k, s in got.items()} == {k.url: 1 for k in keys}
     states = list(reader.iter_pages(SCOPE))
     assert len(states) == 3
-    summary = await call(reader.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                                checked_before=math.inf))
-    assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+    assert await whole_summary(reader, SCOPE) == whole_brute_summary(states)
 
 
 @pytest_twisted.ensureDeferred
@@ -502,9 +505,7 @@ async def test_a_damaged_page_bucket_refuses_its_hosts_writes_whole(
             assert client.hget(f"{prefix}:hd:{head}", "p") == b"1"
         states = list(reader.iter_pages(SCOPE))
         assert len(states) == 3
-        summary = await call(reader.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                                    checked_before=math.inf))
-        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+        assert await whole_summary(reader, SCOPE) == whole_brute_summary(states)
     finally:
         await call(store.close())
         await call(reader.close())
@@ -693,9 +694,7 @@ async def test_a_migration_cut_short_is_resumed_by_the_next_process_that_opens_t
         got = await call(store.get_pages(keys))
         assert len(got) == len(keys)
         states = list(store.iter_pages(SCOPE))
-        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                                   checked_before=math.inf))
-        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+        assert await whole_summary(store, SCOPE) == whole_brute_summary(states)
     finally:
         await call(store.close())
 
@@ -757,9 +756,7 @@ async def test_a_group_whose_hosts_counts_are_stale_is_planned_again_host_by_hos
             k: 1 if k in keys[k.url.split("/")[2]][:100] else 2 for k in every}
         assert store.count_pages(SCOPE) == 300
         states = list(store.iter_pages(SCOPE))
-        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                                   checked_before=math.inf))
-        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+        assert await whole_summary(store, SCOPE) == whole_brute_summary(states)
     finally:
         await call(store.close())
 
@@ -861,9 +858,7 @@ async def test_a_dead_workers_first_flush_of_a_new_scope_survives_the_migration(
         assert intents and all(m.startswith("=") for m in intents)
         states = list(store.iter_pages(fresh))
         assert sorted(s.key.url for s in states) == sorted(urls)
-        summary = await call(store.summarize_pages(fresh, after=-math.inf, upto=math.inf,
-                                                   checked_before=math.inf))
-        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+        assert await whole_summary(store, fresh) == whole_brute_summary(states)
     finally:
         await call(store.close())
 
@@ -1035,8 +1030,6 @@ async def test_a_migration_cut_inside_a_later_batch_is_resumed_whole(
             k: (2 if k in rewritten else 1) for k in keys}
         states = list(store.iter_pages(SCOPE))
         assert len(states) == len(keys)
-        summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                                   checked_before=math.inf))
-        assert tuple(summary) == brute_summary(states, -math.inf, math.inf, math.inf, ())
+        assert await whole_summary(store, SCOPE) == whole_brute_summary(states)
     finally:
         await call(store.close())
