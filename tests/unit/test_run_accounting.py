@@ -120,6 +120,14 @@ def state(key: PageKey, next_visit: float = 5000.0, size: int = 100) -> PageStat
     return PageState(key=key, next_visit=next_visit, size=size, callback="parse")
 
 
+def answered_then_killed(worker: Worker, page: PageKey, outcome: PageOutcome) -> None:
+    """*worker* asks *page* (due) and counts its answer *outcome*, then is
+    killed before its request is done (its request goes back to the queue)."""
+    worker.counter.requested(Why.DUE, HOST, page, state(page))
+    worker.counter.outcome(outcome, page)
+    worker.killed()
+
+
 def summed(s: PageState) -> bool:
     """The re-seeder's sum of the pages not due (next visit after 1000)."""
     return s.next_visit > 1000.0
@@ -334,9 +342,7 @@ def test_an_answer_counted_by_a_killed_worker_is_counted_again(cluster_workers):
     # a's answer is counted on a, which is killed before its request is
     # done: requeued, b asks the page again and counts its answer.
     a, b = cluster_workers(2)
-    a.counter.requested(Why.DUE, HOST, P, state(P))
-    a.counter.outcome(PageOutcome.NEW, P)
-    a.killed()
+    answered_then_killed(a, P, PageOutcome.NEW)
     b.counter.requested(Why.DUE, HOST, P, state(P))
     b.counter.outcome(PageOutcome.UNCHANGED, P)
     s = run_summary(b)
@@ -762,9 +768,7 @@ def test_a_page_a_killed_worker_counted_in_the_re_seeders_sum_is_not_counted_twi
 
 def test_leaving_again_after_settling_counts_the_killed_workers_once(cluster_workers):
     a, b = cluster_workers(2)
-    a.counter.requested(Why.DUE, HOST, P, state(P))
-    a.counter.outcome(PageOutcome.NEW, P)
-    a.killed()
+    answered_then_killed(a, P, PageOutcome.NEW)
     # b settles, then its leave.lua that would end the run gets no answer
     # (not run): b leaves again, and is told again that it ends the run
     # with a killed worker.
@@ -838,9 +842,7 @@ def test_a_re_seeder_killed_after_marking_the_run_has_its_own_pages_settled(
         r.counter.summed = b.counter.summed = summed
         r.counter.counted_in_sum(1000.0)
         r.counter.not_due_elsewhere(0, 0, None)
-    r.counter.requested(Why.DUE, HOST, Q, state(Q))
-    r.counter.outcome(PageOutcome.NEW, Q)
-    r.killed()
+    answered_then_killed(r, Q, PageOutcome.NEW)
     b.counter.requested(Why.DUE, HOST, P, state(P))
     b.counter.outcome(PageOutcome.NOT_MODIFIED, P)
     b.left()
@@ -905,9 +907,7 @@ def test_a_worker_joining_while_the_last_one_settles_waits_for_the_run_to_end(
     # worker starting meanwhile (join.lua) is kept out of the run b ends: it
     # would count a's pages again, or end the run later and settle a again.
     a, b = cluster_workers(2)
-    a.counter.requested(Why.DUE, HOST, P, state(P))
-    a.counter.outcome(PageOutcome.NEW, P)
-    a.killed()
+    answered_then_killed(a, P, PageOutcome.NEW)
     joiner = fencing_coordinator(b.coordinator.spider_key.partition(":")[0])
     joiner.spider_key = b.coordinator.spider_key
     joiner.settling_wait = 0.0
@@ -940,9 +940,7 @@ def test_a_worker_in_the_run_after_its_settling_does_not_settle_the_killed_again
     # b's leave.lua runs again (b's leaving does not end the run). c ends it
     # later: a's counts, in b's crawl record now, are not settled again.
     a, b = cluster_workers(2)
-    a.counter.requested(Why.DUE, HOST, P, state(P))
-    a.counter.outcome(PageOutcome.NEW, P)
-    a.killed()
+    answered_then_killed(a, P, PageOutcome.NEW)
     settle = b.coordinator.settle_killed
     joined: list[Worker] = []
 
@@ -965,9 +963,7 @@ def test_the_worker_settling_the_run_beats_while_it_does(cluster_workers):
     # scan (here at each: heartbeat 0), so that a long one is not taken for
     # dead. b's last beat was 25 s ago (TTL 30) when it starts settling.
     a, b = cluster_workers(2)
-    a.counter.requested(Why.DUE, HOST, P, state(P))
-    a.counter.outcome(PageOutcome.NEW, P)
-    a.killed()
+    answered_then_killed(a, P, PageOutcome.NEW)
     b.coordinator.heartbeat = 0.0
     settle = b.coordinator.settle_killed
     settle_answers = b.coordinator._settle_answers
