@@ -93,15 +93,21 @@ def on_cluster(cluster, *extra: str) -> tuple[str, ...]:
 # -- the client: one server or a cluster -------------------------------------------
 
 
+def writes_on_three_nodes(client: SyncClusterClient, prefix: str) -> bool:
+    """Keys a, b and c under *prefix* (three slots, one on each node of the
+    test cluster) written and deleted through *client*."""
+    for key in ("a", "b", "c"):
+        client.set(f"{prefix}:{key}", 1)
+    return client.delete(*(f"{prefix}:{k}" for k in "abc")) == 3
+
+
 def test_a_node_of_a_cluster_gives_the_cluster_client_and_one_server_its_own(redis_cluster):
     for url in (redis_cluster.url, redis_cluster.seeds_url):
         client = connect(url)
         try:
             assert isinstance(client, SyncClusterClient), url
             # Keys of three slots on three nodes, through one client.
-            for key in ("a", "b", "c"):
-                client.set(f"test-rc-client:{key}", 1)
-            assert client.delete(*(f"test-rc-client:{k}" for k in "abc")) == 3
+            assert writes_on_three_nodes(client, "test-rc-client")
         finally:
             client.close()
     client = connect(REDIS_URI)
@@ -131,9 +137,7 @@ def test_scrapy_redis_default_params_build_the_cluster_client_without_a_deprecat
             try:
                 assert isinstance(client, SyncClusterClient), url
                 # Keys of three slots on three nodes: each node's client used.
-                for key in ("a", "b", "c"):
-                    client.set(f"test-rc-params:{key}", 1)
-                assert client.delete(*(f"test-rc-params:{k}" for k in "abc")) == 3
+                assert writes_on_three_nodes(client, "test-rc-params")
             finally:
                 client.close()
 
