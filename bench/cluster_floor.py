@@ -54,7 +54,9 @@ REPO = BENCH.parent
 
 #: The floor's calls sent to one ``redis-server`` (no cluster): what the
 #: split alone costs, apart from what a cluster node costs more.
-SPLIT = "split, one server"
+SPLIT = "split"
+#: One server written with the floor's key names, one call a flush.
+NAMES = "names"
 #: The fills of a round, in the first round's order.
 ORDER = ["one server", SPLIT, "floor", "layout 7"]
 #: Commands the bench itself sends around a fill (not the fill's).
@@ -133,8 +135,11 @@ def floor_child(args: argparse.Namespace) -> int:
             return getattr(self._own, name)
 
     async def fill(calls: Calls) -> tuple[int, int]:
+        # --whole: every page in the first group's store (one call a flush,
+        # the floor's key names): what the names alone cost.
+        groups = HOST_GROUPS[:1] if args.whole else HOST_GROUPS
         stores = {group: RedisStateStore(args.open_uri, prefix=f"cap{{{tag(group)}}}",
-                                         history_limit=10) for group in HOST_GROUPS}
+                                         history_limit=10) for group in groups}
         for store in stores.values():
             assert not store.tagged, "the floor's stores must keep the one server's layout"
             store._async = Client(calls, store._async)
@@ -151,7 +156,7 @@ def floor_child(args: argparse.Namespace) -> int:
         for i in range(args.pages):
             state = cap.page_state(i, shape)
             host, _ = page_field(state.key)
-            stores[host_group(host_part(host))].stage_page(state)
+            stores[groups[0] if args.whole else host_group(host_part(host))].stage_page(state)
             writes += 1
             if writes >= cap.BATCH:
                 await flush_all()
@@ -243,7 +248,8 @@ def check_slots(servers: list[Any], tags: dict[str, str], *, cluster: bool) -> d
             "pages": pages}
 
 
-def run_floor(args: argparse.Namespace, hosts: int, *, plain: bool = False) -> dict[str, Any]:
+def run_floor(args: argparse.Namespace, hosts: int, *, plain: bool = False,
+              whole: bool = False) -> dict[str, Any]:
     """The floor's fill on a fresh cluster, or (*plain*) the same calls on
     one ``redis-server``."""
     sys.path[:0] = [str(BENCH), str(REPO)]
@@ -262,7 +268,8 @@ def run_floor(args: argparse.Namespace, hosts: int, *, plain: bool = False) -> d
             out = subprocess.run(
                 [sys.executable, __file__, "--floor-child", "--pages", str(args.pages),
                  "--hosts", str(hosts), "--redis-uri", target.uri if plain else target.url,
-                 "--open-uri", opener.uri, *(["--plain"] if plain else [])],
+                 "--open-uri", opener.uri, *(["--plain"] if plain else []),
+                 *(["--whole"] if whole else [])],
                 check=True, capture_output=True, text=True, timeout=900)
         finally:
             if plain:
@@ -302,6 +309,10 @@ def report(results: dict[int, dict[str, list[dict[str, Any]]]], args: argparse.N
     print(f"{args.pages:,} pages, flushes of 500, {args.rounds} rounds; load average "
           f"(1/5/15 min) at each round's start: "
           + "; ".join(f"{a:.2f} {b:.2f} {c:.2f}" for a, b, c in loads))
+    print("one server: layout 4, one flush.lua call a flush; split: the floor's calls (one a "
+          "host group) on one redis-server; floor: the same on the 3-primary cluster; layout 7: "
+          "the store on the cluster as it is; names: one server, the floor's key names, one "
+          "call a flush")
     print("server CPU a page written (us, main thread, net of idle), medians of the rounds "
           "(the rounds in brackets); ratios to one server round by round, median")
     for hosts, runs in results.items():
@@ -310,13 +321,13 @@ def report(results: dict[int, dict[str, list[dict[str, Any]]]], args: argparse.N
         print(f"  one server: {statistics.median(alone):6.1f} us a page "
               f"({' '.join(f'{x:.1f}' for x in alone)}); raw (idle in) "
               f"{statistics.median(r['cpu_us_per_node'][0] for r in runs['one server']):.1f}")
-        for name in (SPLIT, "floor", "layout 7"):
+        for name in [n for n in runs if n != "one server"]:
             summed = [sum(net(r)) for r in runs[name]]
             busiest = [max(net(r)) for r in runs[name]]
             ratio_sum = [s / a for s, a in zip(summed, alone, strict=True)]
             ratio_busy = [b / a for b, a in zip(busiest, alone, strict=True)]
             rate = [a / b for b, a in zip(busiest, alone, strict=True)]
-            print(f"  {name:9}: summed {statistics.median(summed):6.1f} us "
+            print(f"  {name:10}: summed {statistics.median(summed):6.1f} us "
                   f"({' '.join(f'{x:.1f}' for x in summed)}), "
                   f"{statistics.median(ratio_sum):.2f}x one server "
                   f"({' '.join(f'{x:.2f}' for x in ratio_sum)}); busiest primary "
@@ -325,22 +336,33 @@ def report(results: dict[int, dict[str, list[dict[str, Any]]]], args: argparse.N
                   f"({' '.join(f'{x:.2f}' for x in ratio_busy)}): write rate bound "
                   f"{statistics.median(rate):.2f}x one server's; per primary (last round) "
                   f"{' / '.join(f'{x:.1f}' for x in net(runs[name][-1]))}")
-        for name in ORDER:
+        for name in runs:
             scripts, commands = commands_a_page(runs[name][-1], args.pages)
             print(f"  {name:10} (last round): {scripts:.3f} script calls a page, "
                   f"{commands:.1f} commands a page (scripts' own included)")
-        for name in (SPLIT, "floor"):
+        for name in [n for n in (SPLIT, NAMES, "floor") if n in runs]:
+            bad = []
             for n, run in enumerate(runs[name]):
                 check = run["check"]
-                ok = (check["wrong"] == [] and check["in_group_slot"] == check["keys"]
-                      and check["pages"] == args.pages and run["applied"] == args.pages)
-                print(f"  {name} check, round {n + 1}: {run['applied']:,} writes applied in "
-                      f"{run['flushes']} flushes, {run['pipelines']} pipelines; "
-                      f"{check['keys']:,} keys in {check['groups']} groups, "
-                      f"{check['in_group_slot']:,} in their group's slot"
-                      f"{'' if name == 'floor' else ' (by tag: one server has no slots)'}; "
-                      f"{check['pages']:,} pages stored: "
-                      f"{'OK' if ok else 'WRONG ' + repr(check['wrong'])}")
+                if not (check["wrong"] == [] and check["in_group_slot"] == check["keys"]
+                        and check["pages"] == args.pages and run["applied"] == args.pages):
+                    bad.append(f"round {n + 1}: {run['applied']} applied, {check}")
+            last = runs[name][-1]
+            check = last["check"]
+            print(f"  {name} check: {len(runs[name]) - len(bad)} of {len(runs[name])} rounds "
+                  f"OK (every write applied, every key in its group's slot"
+                  f"{'' if name == 'floor' else ' (by tag: one server has no slots)'}, every "
+                  f"page stored); last round {last['flushes']} flushes in {last['pipelines']} "
+                  f"pipelines, {check['keys']:,} keys in {check['groups']} groups"
+                  + "".join(f"\n    WRONG {b}" for b in bad))
+
+
+def order_of(args: argparse.Namespace) -> list[str]:
+    names = [*ORDER, NAMES] if args.names else list(ORDER)
+    if args.only:
+        # One server stays: every ratio is to it.
+        names = [name for name in names if name == "one server" or name in args.only]
+    return names
 
 
 def main() -> int:
@@ -348,27 +370,35 @@ def main() -> int:
     p.add_argument("--pages", type=int, default=20_000)
     p.add_argument("--hosts", type=int, nargs="+", default=[1_000, 10])
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--only", nargs="+", choices=[*ORDER[1:], NAMES],
+                   help="only these fills beside one server's")
     p.add_argument("--json", help="write every run's figures to this file")
     p.add_argument("--floor-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--redis-uri", help=argparse.SUPPRESS)
     p.add_argument("--open-uri", help=argparse.SUPPRESS)
     p.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--whole", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--names", action="store_true",
+                   help="each round also one server written with the floor's key names, "
+                        "one call a flush (all pages in one group's store): what the "
+                        "longer names cost apart from the split")
     args = p.parse_args()
     if args.floor_child:
         args.hosts = args.hosts[0]
         return floor_child(args)
     results: dict[int, dict[str, list[dict[str, Any]]]] = {
-        hosts: {name: [] for name in ORDER} for hosts in args.hosts}
+        hosts: {name: [] for name in order_of(args)} for hosts in args.hosts}
     loads = []
     for n in range(args.rounds):
         loads.append(os.getloadavg())
         for hosts in args.hosts:
             # The order turns each round: a load that grows or falls over a
             # run is not all on one of them.
-            order = ORDER[n % len(ORDER):] + ORDER[:n % len(ORDER)]
+            names = order_of(args)
+            order = names[n % len(names):] + names[:n % len(names)]
             for name in order:
-                if name in ("floor", SPLIT):
-                    run = run_floor(args, hosts, plain=name == SPLIT)
+                if name in ("floor", SPLIT, NAMES):
+                    run = run_floor(args, hosts, plain=name != "floor", whole=name == NAMES)
                 else:
                     run = run_other(args, hosts, single=name == "one server")
                 results[hosts][name].append(run)
