@@ -324,18 +324,22 @@ def report(results: dict[int, dict[str, list[dict[str, Any]]]], args: argparse.N
         for name in [n for n in runs if n != "one server"]:
             summed = [sum(net(r)) for r in runs[name]]
             busiest = [max(net(r)) for r in runs[name]]
-            ratio_sum = [s / a for s, a in zip(summed, alone, strict=True)]
-            ratio_busy = [b / a for b, a in zip(busiest, alone, strict=True)]
-            rate = [a / b for b, a in zip(busiest, alone, strict=True)]
-            print(f"  {name:10}: summed {statistics.median(summed):6.1f} us "
-                  f"({' '.join(f'{x:.1f}' for x in summed)}), "
-                  f"{statistics.median(ratio_sum):.2f}x one server "
-                  f"({' '.join(f'{x:.2f}' for x in ratio_sum)}); busiest primary "
-                  f"{statistics.median(busiest):6.1f} us, "
-                  f"{statistics.median(ratio_busy):.2f}x one server "
-                  f"({' '.join(f'{x:.2f}' for x in ratio_busy)}): write rate bound "
-                  f"{statistics.median(rate):.2f}x one server's; per primary (last round) "
-                  f"{' / '.join(f'{x:.1f}' for x in net(runs[name][-1]))}")
+            # Each fill against one server's of its own round.
+            base = [r.get("alone", a) for r, a in zip(runs[name], alone, strict=False)]
+            ratio_sum = [s / a for s, a in zip(summed, base, strict=True)]
+            ratio_busy = [b / a for b, a in zip(busiest, base, strict=True)]
+            rate = [a / b for b, a in zip(busiest, base, strict=True)]
+            line = (f"  {name:10}: summed {statistics.median(summed):6.1f} us "
+                    f"({' '.join(f'{x:.1f}' for x in summed)}), "
+                    f"{statistics.median(ratio_sum):.2f}x one server "
+                    f"({' '.join(f'{x:.2f}' for x in ratio_sum)})")
+            if len(runs[name][-1]["cpu_us_per_node"]) > 1:
+                line += (f"; busiest primary {statistics.median(busiest):6.1f} us, "
+                         f"{statistics.median(ratio_busy):.2f}x one server "
+                         f"({' '.join(f'{x:.2f}' for x in ratio_busy)}): write rate bound "
+                         f"{statistics.median(rate):.2f}x one server's; per primary (last "
+                         f"round) {' / '.join(f'{x:.1f}' for x in net(runs[name][-1]))}")
+            print(line)
         for name in runs:
             scripts, commands = commands_a_page(runs[name][-1], args.pages)
             print(f"  {name:10} (last round): {scripts:.3f} script calls a page, "
@@ -355,6 +359,28 @@ def report(results: dict[int, dict[str, list[dict[str, Any]]]], args: argparse.N
                   f"page stored); last round {last['flushes']} flushes in {last['pipelines']} "
                   f"pipelines, {check['keys']:,} keys in {check['groups']} groups"
                   + "".join(f"\n    WRONG {b}" for b in bad))
+
+
+def report_saved(args: argparse.Namespace) -> int:
+    """The report of one or more ``--json`` files, their rounds pooled
+    (each ratio is still within its round)."""
+    results: dict[int, dict[str, list[dict[str, Any]]]] = {}
+    loads: list[tuple[float, float, float]] = []
+    for path in args.report:
+        saved = json.loads(Path(path).read_text(encoding="utf-8"))
+        args.pages = saved["args"]["pages"]
+        loads += [tuple(load) for load in saved["loads"]]
+        for hosts, runs in saved["results"].items():
+            pooled = results.setdefault(int(hosts), {})
+            alone = [net(r)[0] for r in runs["one server"]]
+            for name, found in runs.items():
+                for run, own in zip(found, alone, strict=True):
+                    run["alone"] = own
+                # (Files of the first version named the split at length.)
+                pooled.setdefault(name.removesuffix(", one server"), []).extend(found)
+    args.rounds = len(loads)
+    report(results, args, loads)
+    return 0
 
 
 def order_of(args: argparse.Namespace) -> list[str]:
@@ -382,7 +408,11 @@ def main() -> int:
                    help="each round also one server written with the floor's key names, "
                         "one call a flush (all pages in one group's store): what the "
                         "longer names cost apart from the split")
+    p.add_argument("--report", nargs="+", metavar="JSON",
+                   help="print the figures of these --json files, their rounds pooled")
     args = p.parse_args()
+    if args.report:
+        return report_saved(args)
     if args.floor_child:
         args.hosts = args.hosts[0]
         return floor_child(args)
