@@ -3,8 +3,10 @@ any layout keyed by host group must split it, measured beside one server
 and the cluster layout (7) in the same run.
 
     python bench/cluster_floor.py [--pages 20000] [--hosts 1000 10] [--rounds 3]
+        [--names] [--only split floor "layout 7" names] [--json FILE]
+    python bench/cluster_floor.py --report FILE [FILE ...]
 
-Each round, for each ``--hosts``, three fills of the same ``--pages`` pages
+Each round, for each ``--hosts``, four fills of the same ``--pages`` pages
 (``capacity.page_state``, the crawl shape, a flush every 500 writes), each
 in a process of its own on servers of its own (AOF everysec):
 
@@ -25,8 +27,17 @@ in a process of its own on servers of its own (AOF everysec):
   nothing of the fill. After the fill every key on every primary is
   checked to be in its group's slot (``CLUSTER KEYSLOT``) and the pages
   counted back;
+- **split**: the floor's calls, the same way, sent to one ``redis-server``
+  (no cluster): what the split costs apart from what a cluster node costs
+  more;
 - **layout 7**: the same cluster, fresh, written by the store as it is
-  (``bench/cluster_commands.py``'s cluster fill).
+  (``bench/cluster_commands.py``'s cluster fill);
+- with ``--names``, **names**: one server written with the floor's key
+  names (every page in the first group's store), one call a flush: what
+  the longer names alone cost.
+
+The fills' order turns from round to round. ``--report`` prints saved
+runs (``--json``) with their rounds pooled.
 
 Server CPU a page is each server's main-thread CPU (``INFO cpu``) over the
 fill less its idle CPU (cron, the cluster bus; measured for 2 s before the
