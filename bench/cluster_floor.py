@@ -34,7 +34,10 @@ in a process of its own on servers of its own (AOF everysec):
   (``bench/cluster_commands.py``'s cluster fill);
 - with ``--names``, **names**: one server written with the floor's key
   names (every page in the first group's store), one call a flush: what
-  the longer names alone cost.
+  the longer names alone cost. ``--no-callback`` gives the pages of these
+  (floor, split, names) no callback: no sums by next visit, no revisit
+  index (compare split with names then: one server's and layout 7's
+  pages keep theirs).
 
 The fills' order turns from round to round. ``--report`` prints saved
 runs (``--json``) with their rounds pooled.
@@ -79,6 +82,7 @@ def floor_child(args: argparse.Namespace) -> int:
     one server ``--open-uri``; prints one JSON object."""
     sys.path[:0] = [str(BENCH), str(REPO)]
     import asyncio
+    import dataclasses
 
     import capacity as cap
     import redis.asyncio
@@ -166,6 +170,9 @@ def floor_child(args: argparse.Namespace) -> int:
         writes = 0
         for i in range(args.pages):
             state = cap.page_state(i, shape)
+            if args.no_callback:
+                # Not in the sums by next visit nor the revisit index.
+                state = dataclasses.replace(state, callback=None)
             host, _ = page_field(state.key)
             stores[groups[0] if args.whole else host_group(host_part(host))].stage_page(state)
             writes += 1
@@ -280,6 +287,7 @@ def run_floor(args: argparse.Namespace, hosts: int, *, plain: bool = False,
                 [sys.executable, __file__, "--floor-child", "--pages", str(args.pages),
                  "--hosts", str(hosts), "--redis-uri", target.uri if plain else target.url,
                  "--open-uri", opener.uri, *(["--plain"] if plain else []),
+                 *(["--no-callback"] if args.no_callback else []),
                  *(["--whole"] if whole else [])],
                 check=True, capture_output=True, text=True, timeout=900)
         finally:
@@ -407,6 +415,10 @@ def main() -> int:
     p.add_argument("--pages", type=int, default=20_000)
     p.add_argument("--hosts", type=int, nargs="+", default=[1_000, 10])
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--no-callback", action="store_true",
+                   help="the floor's, split's and names' pages without a callback (no sums "
+                        "by next visit, no revisit index; one server's and layout 7's keep "
+                        "theirs: compare split with names then)")
     p.add_argument("--only", nargs="+", choices=[*ORDER[1:], NAMES],
                    help="only these fills beside one server's")
     p.add_argument("--json", help="write every run's figures to this file")
