@@ -16,6 +16,7 @@ from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 
 from incremental_crawler.state.stores import open_store
+from tests import bytecode_cache
 
 # The session's Redis Cluster (three loopback primaries), for the tests that ask.
 from tests.redis_cluster_util import redis_cluster  # noqa: F401
@@ -93,6 +94,9 @@ def pytest_configure(config: pytest.Config) -> None:
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:
         _run_alone = _RunAlone(workerinput["testrunuid"])
+    elif config.getoption("numprocesses", None):
+        # The controller of an xdist run, before its workers start.
+        bytecode_cache.warm(config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
