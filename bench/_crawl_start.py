@@ -158,6 +158,33 @@ def server_cpu(server: Any) -> float:
     return float(info["used_cpu_user_main_thread"]) + float(info["used_cpu_sys_main_thread"])
 
 
+def idle_cpu(servers: list[Any], seconds: float = 2.0) -> list[float]:
+    """Each server's CPU at idle (cron; a cluster's bus too), per second."""
+    at, was = time.perf_counter(), [server_cpu(s) for s in servers]
+    time.sleep(seconds)
+    return [(server_cpu(s) - w) / (time.perf_counter() - at)
+            for s, w in zip(servers, was, strict=True)]
+
+
+def measured(servers: list[Any], pages: int, idle: list[float],
+             run: Any) -> tuple[Any, dict[str, Any]]:
+    """*run()*'s result, and what the servers spent on it: CPU a page per
+    server, its idle share, every command's calls and time summed, wall."""
+    before = [server_cpu(s) for s in servers]
+    started = time.perf_counter()
+    result = run()
+    wall = time.perf_counter() - started
+    cpu = [1e6 * (server_cpu(s) - b) / pages for s, b in zip(servers, before, strict=True)]
+    commands: dict[str, list[float]] = {}
+    for s in servers:
+        for name, stat in s.info("commandstats").items():
+            total = commands.setdefault(name.removeprefix("cmdstat_"), [0, 0])
+            total[0] += stat["calls"]
+            total[1] += stat["usec"]
+    return result, {"cpu_us_per_node": cpu, "commands": commands, "wall_s": wall,
+                    "idle_us_per_page": [1e6 * i * wall / pages for i in idle]}
+
+
 async def fill(store: Any, cap: Any, shape: argparse.Namespace, first: int,
                last: int) -> tuple[float, list[float]]:
     """Pages *first* to *last* through the staging API: pages/s, flush times."""

@@ -65,10 +65,9 @@ def child(args: argparse.Namespace) -> int:
     sys.path += [str(BENCH), str(REPO)]
     import asyncio
     import dataclasses
-    import time
 
     import capacity as cap
-    from _crawl_start import primaries, server_cpu
+    from _crawl_start import idle_cpu, measured, primaries
 
     from incremental_crawler.state.stores.redis import RedisStateStore
 
@@ -101,24 +100,8 @@ def child(args: argparse.Namespace) -> int:
         probe.calibrate()
         idle = probe.idle
     else:
-        # Each server's CPU at idle (cron; a cluster's bus too), per second.
-        at, was = time.perf_counter(), [server_cpu(s) for s in servers]
-        time.sleep(2.0)
-        idle = [(server_cpu(s) - w) / (time.perf_counter() - at)
-                for s, w in zip(servers, was, strict=True)]
-    before = [server_cpu(s) for s in servers]
-    started = time.perf_counter()
-    asyncio.run(fill())
-    wall = time.perf_counter() - started
-    cpu = [1e6 * (server_cpu(s) - b) / args.pages for s, b in zip(servers, before, strict=True)]
-    commands: dict[str, list[float]] = {}
-    for s in servers:
-        for name, stat in s.info("commandstats").items():
-            total = commands.setdefault(name.removeprefix("cmdstat_"), [0, 0])
-            total[0] += stat["calls"]
-            total[1] += stat["usec"]
-    out: dict[str, Any] = {"cpu_us_per_node": cpu, "commands": commands, "wall_s": wall,
-                           "idle_us_per_page": [1e6 * i * wall / args.pages for i in idle]}
+        idle = idle_cpu(servers)
+    _, out = measured(servers, args.pages, idle, lambda: asyncio.run(fill()))
     if probe is not None:
         out["probe"] = probe.result(args.pages)
     print(json.dumps(out), flush=True)

@@ -59,7 +59,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +85,7 @@ def floor_child(args: argparse.Namespace) -> int:
 
     import capacity as cap
     import redis.asyncio
-    from _crawl_start import primaries, server_cpu
+    from _crawl_start import idle_cpu, measured, primaries
     from redis.asyncio.cluster import RedisCluster as AsyncCluster
 
     from incremental_crawler.state.stores.redis import RedisStateStore, scripts
@@ -198,26 +197,12 @@ def floor_child(args: argparse.Namespace) -> int:
     for s in servers:
         s.script_load(flush_lua)
         s.config_resetstat()
-    at, was = time.perf_counter(), [server_cpu(s) for s in servers]
-    time.sleep(2.0)
-    idle = [(server_cpu(s) - w) / (time.perf_counter() - at)
-            for s, w in zip(servers, was, strict=True)]
-    before = [server_cpu(s) for s in servers]
-    started = time.perf_counter()
-    applied, flushes, pipelines = asyncio.run(run())
-    wall = time.perf_counter() - started
-    cpu = [1e6 * (server_cpu(s) - b) / args.pages for s, b in zip(servers, before, strict=True)]
-    commands: dict[str, list[float]] = {}
-    for s in servers:
-        for name, stat in s.info("commandstats").items():
-            total = commands.setdefault(name.removeprefix("cmdstat_"), [0, 0])
-            total[0] += stat["calls"]
-            total[1] += stat["usec"]
-    out: dict[str, Any] = {"cpu_us_per_node": cpu, "commands": commands, "wall_s": wall,
-                           "idle_us_per_page": [1e6 * i * wall / args.pages for i in idle],
-                           "applied": applied, "flushes": flushes, "pipelines": pipelines,
-                           "check": check_slots(servers, {tag(g): g for g in HOST_GROUPS},
-                                                cluster=not args.plain)}
+    idle = idle_cpu(servers)
+    (applied, flushes, pipelines), out = measured(servers, args.pages, idle,
+                                                  lambda: asyncio.run(run()))
+    out.update({"applied": applied, "flushes": flushes, "pipelines": pipelines,
+                "check": check_slots(servers, {tag(g): g for g in HOST_GROUPS},
+                                     cluster=not args.plain)})
     print(json.dumps(out), flush=True)
     return 0
 
