@@ -190,11 +190,6 @@ def measured(servers: list[Any], pages: int, idle: list[float],
     time.sleep(1.2)
     memory = [(used_memory(s) - m) / pages for s, m in zip(servers, memory, strict=True)]
     keys = [int(s.dbsize()) for s in servers]
-    # What of used_memory no key holds: the keyspace's own tables (a bucket
-    # array per dict, sized to a power of two of the keys).
-    tables = [sum(int(v) for k, v in s.execute_command("MEMORY", "STATS")
-                  .get(b"db.0", {}).items() if k.startswith(b"overhead.hashtable"))
-              for s in servers]
     commands: dict[str, list[float]] = {}
     for s in servers:
         for name, stat in s.info("commandstats").items():
@@ -203,8 +198,7 @@ def measured(servers: list[Any], pages: int, idle: list[float],
             total[1] += stat["usec"]
     return result, {"cpu_us_per_node": cpu, "commands": commands, "wall_s": wall,
                     "idle_us_per_page": [1e6 * i * wall / pages for i in idle],
-                    "bytes_per_page_per_node": memory, "keys_per_node": keys,
-                    "keyspace_table_bytes_per_node": tables}
+                    "bytes_per_page_per_node": memory, "keys_per_node": keys}
 
 
 def key_families(servers: list[Any], batch: int = 1_000) -> dict[str, list[int]]:
