@@ -166,15 +166,30 @@ def idle_cpu(servers: list[Any], seconds: float = 2.0) -> list[float]:
             for s, w in zip(servers, was, strict=True)]
 
 
+def used_memory(server: Any) -> int:
+    """``used_memory`` less the AOF buffer (written out every event loop:
+    not the data's), as bench/capacity.py counts a store's bytes."""
+    memory = server.info("memory")
+    return int(memory["used_memory"]) - int(memory.get("mem_aof_buffer", 0))
+
+
 def measured(servers: list[Any], pages: int, idle: list[float],
              run: Any) -> tuple[Any, dict[str, Any]]:
     """*run()*'s result, and what the servers spent on it: CPU a page per
-    server, its idle share, every command's calls and time summed, wall."""
+    server, its idle share, every command's calls and time summed, wall;
+    and what they hold after it: bytes a page per server (``used_memory``
+    after less before, as bench/capacity.py) and keys (``DBSIZE``)."""
+    memory = [used_memory(s) for s in servers]
     before = [server_cpu(s) for s in servers]
     started = time.perf_counter()
     result = run()
     wall = time.perf_counter() - started
     cpu = [1e6 * (server_cpu(s) - b) / pages for s, b in zip(servers, before, strict=True)]
+    # The fill's clients closing, a rehash finishing: a second's cron first,
+    # as bench/capacity.py waits before it reads used_memory.
+    time.sleep(1.2)
+    memory = [(used_memory(s) - m) / pages for s, m in zip(servers, memory, strict=True)]
+    keys = [int(s.dbsize()) for s in servers]
     commands: dict[str, list[float]] = {}
     for s in servers:
         for name, stat in s.info("commandstats").items():
@@ -182,7 +197,29 @@ def measured(servers: list[Any], pages: int, idle: list[float],
             total[0] += stat["calls"]
             total[1] += stat["usec"]
     return result, {"cpu_us_per_node": cpu, "commands": commands, "wall_s": wall,
-                    "idle_us_per_page": [1e6 * i * wall / pages for i in idle]}
+                    "idle_us_per_page": [1e6 * i * wall / pages for i in idle],
+                    "bytes_per_page_per_node": memory, "keys_per_node": keys}
+
+
+def key_families(servers: list[Any], batch: int = 1_000) -> dict[str, list[int]]:
+    """Keys and their bytes (``MEMORY USAGE ... SAMPLES 0``: every element
+    counted) by kind of key (a key's second ``:`` part: ``pg``, ``nvf``,
+    ...; the prefix, ``cap`` or ``cap{<tag>}``, has no ``:``), summed over
+    *servers*: ``{kind: [keys, bytes]}``."""
+    families: dict[str, list[int]] = {}
+    for server in servers:
+        names = list(server.scan_iter(count=1_000))
+        for at in range(0, len(names), batch):
+            chunk = names[at:at + batch]
+            pipe = server.pipeline(transaction=False)
+            for name in chunk:
+                pipe.execute_command("MEMORY", "USAGE", name, "SAMPLES", "0")
+            for name, size in zip(chunk, pipe.execute(), strict=True):
+                parts = name.decode().split(":")
+                found = families.setdefault(parts[1] if len(parts) > 1 else parts[0], [0, 0])
+                found[0] += 1
+                found[1] += int(size or 0)
+    return families
 
 
 async def fill(store: Any, cap: Any, shape: argparse.Namespace, first: int,

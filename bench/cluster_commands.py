@@ -67,7 +67,7 @@ def child(args: argparse.Namespace) -> int:
     import dataclasses
 
     import capacity as cap
-    from _crawl_start import idle_cpu, measured, primaries
+    from _crawl_start import idle_cpu, key_families, measured, primaries
 
     from incremental_crawler.state.stores.redis import RedisStateStore
 
@@ -104,6 +104,8 @@ def child(args: argparse.Namespace) -> int:
     _, out = measured(servers, args.pages, idle, lambda: asyncio.run(fill()))
     if probe is not None:
         out["probe"] = probe.result(args.pages)
+    if args.families:
+        out["families"] = key_families(servers)
     print(json.dumps(out), flush=True)
     return 0
 
@@ -272,7 +274,8 @@ def run_once(code: Path, args: argparse.Namespace, *, phases: bool = False,
     from tests.redis_cluster_util import LoopbackCluster
 
     command = [sys.executable, __file__, "--child", "--code", str(code), "--pages",
-               str(args.pages), "--hosts", str(args.hosts), "--items", str(args.items)]
+               str(args.pages), "--hosts", str(args.hosts), "--items", str(args.items),
+               *(["--families"] if getattr(args, "families", False) else [])]
     if single:
         sys.path.insert(0, str(BENCH))
         from capacity import PrivateRedis
@@ -320,6 +323,7 @@ def main() -> int:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--code", help=argparse.SUPPRESS)
     p.add_argument("--redis-uri", help=argparse.SUPPRESS)
+    p.add_argument("--families", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return child(args)

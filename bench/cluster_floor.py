@@ -3,7 +3,7 @@ any layout keyed by host group must split it, measured beside one server
 and the cluster layout (7) in the same run.
 
     python bench/cluster_floor.py [--pages 20000] [--hosts 1000 10] [--rounds 3]
-        [--names] [--only split floor "layout 7" names] [--json FILE]
+        [--large] [--names] [--only split floor "layout 7" names] [--json FILE]
     python bench/cluster_floor.py --report FILE [FILE ...]
 
 Each round, for each ``--hosts``, four fills of the same ``--pages`` pages
@@ -48,6 +48,16 @@ fill) over the fill's wall time; summed over the primaries and the busiest
 one's. Ratios are to one server's, round by round, and their median. Also
 the floor's ``flush.lua`` calls a page and commands a page (``INFO
 commandstats`` summed over the primaries; ``INFO`` and ``CONFIG`` left out).
+
+Bytes a page is what bench/capacity.py counts: ``used_memory`` (less the
+AOF buffer) after the fill less before it, summed over the fill's servers,
+over pages; keys a page, ``DBSIZE`` summed; both beside one server's, with
+the ratio. Then, for the last round, the bytes (``MEMORY USAGE ... SAMPLES
+0`` of every key) and keys a page by kind of key (``pg``, ``nvf``, ...):
+what the split multiplies. ``used_memory`` also holds what no key does
+(the scripts' cache, a fixed part a server), which weighs less at more
+pages: ``--large`` is capacity.py's 100,000 pages in one round (memory
+does not move between rounds as CPU does).
 """
 
 from __future__ import annotations
@@ -85,7 +95,7 @@ def floor_child(args: argparse.Namespace) -> int:
 
     import capacity as cap
     import redis.asyncio
-    from _crawl_start import idle_cpu, measured, primaries
+    from _crawl_start import idle_cpu, key_families, measured, primaries
     from redis.asyncio.cluster import RedisCluster as AsyncCluster
 
     from incremental_crawler.state.stores.redis import RedisStateStore, scripts
@@ -202,7 +212,8 @@ def floor_child(args: argparse.Namespace) -> int:
                                                   lambda: asyncio.run(run()))
     out.update({"applied": applied, "flushes": flushes, "pipelines": pipelines,
                 "check": check_slots(servers, {tag(g): g for g in HOST_GROUPS},
-                                     cluster=not args.plain)})
+                                     cluster=not args.plain),
+                "families": key_families(servers)})
     print(json.dumps(out), flush=True)
     return 0
 
@@ -274,7 +285,8 @@ def run_floor(args: argparse.Namespace, hosts: int, *, plain: bool = False,
                  "--open-uri", opener.uri, *(["--plain"] if plain else []),
                  *(["--no-callback"] if args.no_callback else []),
                  *(["--whole"] if whole else [])],
-                check=True, capture_output=True, text=True, timeout=900)
+                check=True, capture_output=True, text=True,
+                timeout=900 * max(1, args.pages // 20_000))
         finally:
             if plain:
                 target.stop()
@@ -290,7 +302,7 @@ def run_other(args: argparse.Namespace, hosts: int, *, single: bool) -> dict[str
     sys.path[:0] = [str(BENCH), str(REPO)]
     import cluster_commands
 
-    shaped = argparse.Namespace(pages=args.pages, hosts=hosts, items=0)
+    shaped = argparse.Namespace(pages=args.pages, hosts=hosts, items=0, families=True)
     return cluster_commands.run_once(REPO, shaped, single=single)
 
 
@@ -306,6 +318,57 @@ def commands_a_page(run: dict[str, Any], pages: int) -> tuple[float, float]:
              if name not in OWN_COMMANDS}
     scripts = stats.get("evalsha", 0) + stats.get("eval", 0)
     return scripts / pages, sum(stats.values()) / pages
+
+
+def memory_report(runs: dict[str, list[dict[str, Any]]], pages: int) -> None:
+    """Bytes a page (``used_memory`` after the fill less before, summed over
+    the fill's servers, over pages: bench/capacity.py's figure) and keys a
+    page (``DBSIZE`` summed), beside one server's; then, for the last
+    round, the bytes and keys a page of each kind of key (``MEMORY USAGE``
+    of every key), which tell what the split multiplies."""
+    fills = [name for name in runs if runs[name] and "bytes_per_page_per_node" in runs[name][0]]
+    if "one server" not in fills:
+        return
+    alone = [sum(r["bytes_per_page_per_node"]) for r in runs["one server"]]
+    print("  bytes a page (used_memory after less before, summed over the fill's servers; "
+          "keys a page: DBSIZE summed), medians of the rounds (the rounds in brackets)")
+    for name in fills:
+        held = [sum(r["bytes_per_page_per_node"]) for r in runs[name]]
+        keys = [sum(r["keys_per_node"]) / pages for r in runs[name]]
+        ratio = [h / a for h, a in zip(held, alone, strict=False)]
+        per_node = runs[name][-1]["bytes_per_page_per_node"]
+        print(f"  {name:10}: {statistics.median(held):6.1f} bytes a page "
+              f"({' '.join(f'{x:.1f}' for x in held)}), "
+              f"{statistics.median(ratio):.2f}x one server; "
+              f"{statistics.median(keys):.3f} keys a page"
+              + (f"; per primary (last round) {' / '.join(f'{x:.1f}' for x in per_node)}"
+                 if len(per_node) > 1 else ""))
+    found = [name for name in fills if "families" in runs[name][-1]]
+    if not found:
+        return
+    kinds = sorted({kind for name in found for kind in runs[name][-1]["families"]},
+                   key=lambda kind: -max(runs[name][-1]["families"].get(kind, [0, 0])[1]
+                                         for name in found))
+    print("  by kind of key, last round (MEMORY USAGE of every key, SAMPLES 0): "
+          "bytes a page / keys a page")
+    print("    " + f"{'kind':8}" + "".join(f"{name:>20}" for name in found))
+
+    def cell(keys: int, size: int) -> str:
+        return f"{size / pages:8.1f} / {keys / pages:7.4f}"
+
+    for kind in kinds:
+        print("    " + f"{kind:8}" + "".join(
+            f"{cell(*runs[name][-1]['families'].get(kind, [0, 0])):>20}" for name in found))
+    totals = {name: [sum(v[i] for v in runs[name][-1]["families"].values()) for i in (0, 1)]
+              for name in found}
+    print("    " + f"{'all keys':8}" + "".join(f"{cell(*totals[name]):>20}" for name in found))
+    # used_memory that no key's MEMORY USAGE holds: the keyspace's bucket
+    # arrays (8 bytes a slot, a power of two of the keys; MEMORY STATS
+    # counts each key's entry there too, so it is not taken apart here) and
+    # what a server holds whatever its keys (the scripts' cache among it).
+    rest = {name: sum(runs[name][-1]["bytes_per_page_per_node"]) - totals[name][1] / pages
+            for name in found}
+    print("    " + f"{'not keys':8}" + "".join(f"{rest[name]:8.1f}{'':12}" for name in found))
 
 
 def report(results: dict[int, dict[str, list[dict[str, Any]]]], args: argparse.Namespace,
@@ -344,6 +407,7 @@ def report(results: dict[int, dict[str, list[dict[str, Any]]]], args: argparse.N
                          f"{statistics.median(rate):.2f}x one server's; per primary (last "
                          f"round) {' / '.join(f'{x:.1f}' for x in net(runs[name][-1]))}")
             print(line)
+        memory_report(runs, args.pages)
         for name in runs:
             scripts, commands = commands_a_page(runs[name][-1], args.pages)
             print(f"  {name:10} (last round): {scripts:.3f} script calls a page, "
@@ -397,9 +461,13 @@ def order_of(args: argparse.Namespace) -> list[str]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--pages", type=int, default=20_000)
+    p.add_argument("--pages", type=int)
     p.add_argument("--hosts", type=int, nargs="+", default=[1_000, 10])
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int)
+    p.add_argument("--large", action="store_true",
+                   help="100,000 pages, one round (unless --pages / --rounds say otherwise): "
+                        "the page count of bench/capacity.py's bytes a page; memory is "
+                        "deterministic enough for one round, the CPU figures are not")
     p.add_argument("--no-callback", action="store_true",
                    help="the floor's, split's and names' pages without a callback (no sums "
                         "by next visit, no revisit index; one server's and layout 7's keep "
@@ -419,6 +487,10 @@ def main() -> int:
     p.add_argument("--report", nargs="+", metavar="JSON",
                    help="print the figures of these --json files, their rounds pooled")
     args = p.parse_args()
+    if args.pages is None:
+        args.pages = 100_000 if args.large else 20_000
+    if args.rounds is None:
+        args.rounds = 1 if args.large else 3
     if args.report:
         return report_saved(args)
     if args.floor_child:
