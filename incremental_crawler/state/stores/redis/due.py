@@ -235,14 +235,6 @@ class RedisDueReads(RedisCore):
         # the cursor follows (``sent``).
         if (cursor is None or after is None or (cursor.scope, cursor.now, cursor.flushes)
                 != (scope, now, self._flushes) or after not in (cursor.last, cursor.sent)):
-            # A reading that starts over first applies the effects a dead
-            # worker left in its host groups' ledgers (their pages in the index):
-            # only those of intents adopt_after old. It starts over after
-            # nearly every flush; every intent would mean every live
-            # worker's in-flight hosts read and applied each time, while a
-            # dead worker's pages are due-read at most adopt_after late (a
-            # crawl's start and the summaries still apply every intent).
-            await self.adopt_ledgers(scope, settled_only=True)
             cursor = self._new_cursor(scope, now, after)
         while True:
             for _ in range(_DUE_STARTS):
@@ -432,8 +424,6 @@ class RedisDueReads(RedisCore):
         # was last checked at or after checked_before: cluster workers,
         # a clock that went back).
         if self.tagged:
-            # Every page counted, a dead worker's too (see adopt_ledgers).
-            await self.adopt_ledgers(scope)
             return await self._cluster_summary(scope, after=after, upto=upto,
                                                checked_before=checked_before,
                                                exclude_callbacks=exclude_callbacks)
@@ -571,8 +561,8 @@ class RedisDueReads(RedisCore):
         """Every scope shard's mark and checks since *before*, in one round
         trip: the checks to take out of the sums (shard, member); None when
         a shard cannot tell (a page checked since *before* and no mark
-        before it; or its sums marked lost, some effects dropped unapplied:
-        see cluster.py, _Effects.expired): every page is read then."""
+        before it; or its sums marked lost: a stored sum found damaged, see
+        cluster_host.lua): every page is read then."""
         shards = len(self._shard_keys("nvm", scope))
         read = await self._commands([
             command for k in range(shards) for command in (
