@@ -16,7 +16,7 @@
 -- sums' meta (nvm), then the two hashes (pg, pgl) of each bucket
 -- declared. ARGV: the bucket count planned from, the token, the head of
 -- the group's fine sums' keys (P:nvf:{<scope>|<group>}:, formed here by
--- minute under the same tag, as cluster_host.lua does), then 'host' (every
+-- hour under the same tag, as cluster_host.lua does), then 'host' (every
 -- declared bucket: all of the host's) or 'page' and the page's URL part
 -- (its variants too, in the one bucket declared).
 -- Returns {'n', count} when the host's bucket count is not the one planned
@@ -30,6 +30,8 @@ local FIRST_BUCKET = 7
 local PLANNED_N, FINE = tonumber(ARGV[1]), ARGV[3]
 local MODE, URL_PART = ARGV[4], ARGV[5]
 local SUM_MINUTE = 60
+-- The group's fine sums: an hour a hash (as cluster_host.lua keeps them).
+local FINE_SPAN = 3600
 local ran = redis.call('GET', RAN)
 if ran then return cjson.decode(ran) end
 local n = bucket_count(DIR)
@@ -120,7 +122,8 @@ for field, delta in pairs(SUMS) do
   visit = tonumber(visit)
   local minute = math.floor(visit / SUM_MINUTE)
   if not add_sum(COARSE, minute .. '|' .. callback, delta[1], delta[2]) then lost = 1 end
-  if not add_sum(FINE .. minute, (visit - minute * SUM_MINUTE) .. '|' .. callback,
+  local span = math.floor(visit / FINE_SPAN)
+  if not add_sum(FINE .. span, (visit - span * FINE_SPAN) .. '|' .. callback,
                  delta[1], delta[2]) then
     lost = 1
   end

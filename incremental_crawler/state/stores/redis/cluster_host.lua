@@ -5,11 +5,11 @@
 -- change of the scope in the group's own keys (the group is its hosts'
 -- scope shard): the scope's hosts (P:hs), the revisit index lowered (ZADD
 -- LT into P:dueb, each bound's summary mark in P:duer dropped), the splits
--- count, the sums by next visit (P:nvs, P:nvf:<minute>), the latest check
+-- count, the sums by next visit (P:nvs, P:nvf:<hour>), the latest check
 -- (P:nvm) and the checks since the mark (ZADD GT into P:ck), all in this
 -- one atomic script: no ledger, no write-ahead intent, no later phase.
 -- Every key it touches carries the group's tag {<scope>|<group>}; each is
--- in KEYS but the fine sums' minutes (P:nvf:{<scope>|<group>}:<minute>),
+-- in KEYS but the fine sums' hours (P:nvf:{<scope>|<group>}:<hour>),
 -- known only once the old records are read: formed here from the head
 -- given, under the same tag (as one server's flush.lua forms them). The
 -- count applied and the script's answer are kept under the token, so
@@ -49,6 +49,11 @@ if done then
 end
 local LISTPACK_VALUE, FINE, HOSTS = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local SUM_MINUTE = 60
+-- The fine sums of a group are kept an hour a hash (its second in the
+-- hour, then the callback): a group holds a 64th of its scope's pages, and
+-- a minute's hash of them would hold one or two (a key each: most of the
+-- memory a page they took).
+local FINE_SPAN = 3600
 local HOST, FIRST = {}, nil
 do
   local at = 4
@@ -139,7 +144,8 @@ local function apply_effects()
       visit = tonumber(visit)
       local minute = math.floor(visit / SUM_MINUTE)
       if not add_sum(COARSE, minute .. '|' .. callback, pages, bytes) then lost = true end
-      if not add_sum(FINE .. minute, (visit - minute * SUM_MINUTE) .. '|' .. callback,
+      local span = math.floor(visit / FINE_SPAN)
+      if not add_sum(FINE .. span, (visit - span * FINE_SPAN) .. '|' .. callback,
                      pages, bytes) then
         lost = true
       end

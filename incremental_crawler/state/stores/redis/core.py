@@ -156,6 +156,12 @@ OLD_SCOPE_SHARDS = ("la2", "qf7", "lp0", "h85", "fjl", "bfa", "nrv", "bwc")
 SHARD_MARK = "^"
 #: Between a scope's part and its host group's.
 GROUP_MARK = "|"
+#: Seconds of a host group's hash of fine sums (cluster layout 8:
+#: ``P:nvf:{<s>|<g>}:<hour>``, each field the page's second in the hour
+#: and its callback), where one server keeps a minute a hash: a group holds
+#: a 64th of its scope's pages, and a minute's hash of them would hold one
+#: or two, a key each (the bulk of the memory a page they took).
+FINE_SPAN = 3_600
 
 
 @functools.lru_cache(maxsize=65_536)

@@ -19,6 +19,7 @@ from incremental_crawler.state.stores.base import PagesSummary, checked_after, d
 from incremental_crawler.state.stores.redis.core import (
     _SCAN_COUNT,
     _SCAN_ROUNDS,
+    FINE_SPAN,
     RedisCore,
     _key_part,
     logger,
@@ -581,15 +582,30 @@ class RedisDueReads(RedisCore):
         return checks
 
     async def _fine_sums(self, scope: str, minutes: list[int]) -> list[dict[bytes, bytes]]:
-        """The fine sums of each of *minutes*, every scope shard's added up
-        (one round trip)."""
+        """The fine sums of each of *minutes* ("<second>|<callback>"), every
+        scope shard's added up (one round trip). A shard (host group) keeps
+        them an hour a hash (``FINE_SPAN``, each field its second in the
+        hour): the minute's fields are picked out of its hour's."""
         keys = self._shard_keys("nvf", scope)
-        flat = await self._commands([("HGETALL", f"{key}:{m}") for m in minutes for key in keys])
+        spans = sorted({m * _SUM_MINUTE // FINE_SPAN for m in minutes})
+        flat = await self._commands([("HGETALL", f"{key}:{span}")
+                                     for span in spans for key in keys])
+        by_span = {span: flat[n * len(keys):(n + 1) * len(keys)]
+                   for n, span in enumerate(spans)}
         out = []
-        for n in range(len(minutes)):
+        for minute in minutes:
+            span = minute * _SUM_MINUTE // FINE_SPAN
+            # The minute's first second, counted from its hour's.
+            first = minute * _SUM_MINUTE - span * FINE_SPAN
             total: dict[bytes, bytes] = {}
-            for raw in flat[n * len(keys):(n + 1) * len(keys)]:
-                _add_sums(total, raw)
+            for raw in by_span[span]:
+                mine = {}
+                for field, value in raw.items():
+                    second, _, callback = field.partition(b"|")
+                    at = int(second) - first
+                    if 0 <= at < _SUM_MINUTE:
+                        mine[b"%d|%s" % (at, callback)] = value
+                _add_sums(total, mine)
             out.append(total)
         return out
 

@@ -20,6 +20,7 @@ from redis.cluster import RedisCluster
 
 from incremental_crawler.state.records import PageKey, PageState
 from incremental_crawler.state.stores.redis.core import (
+    FINE_SPAN,
     HOST_GROUPS,
     OUT_OF_MEMORY,
     SHARD_MARK,
@@ -742,15 +743,16 @@ class RedisLayout(RedisCore):
             at = coarse.setdefault(f"{minute}|{callback}", [0, 0])
             at[0] += pages
             at[1] += total
-            fine.setdefault(minute, {})[f"{int(visit) - minute * _SUM_MINUTE}|{callback}"] = (
+            span = int(visit) // FINE_SPAN
+            fine.setdefault(span, {})[f"{int(visit) - span * FINE_SPAN}|{callback}"] = (
                 f"{pages} {total}")
         # (Any: redis-py types its mappings' keys invariantly.)
         pipe: Any = self._sync.pipeline(transaction=True)
         if coarse:
             pipe.hset(f"{self.prefix}:nvs:{tag}", mapping={
                 field: f"{pages} {total}" for field, (pages, total) in coarse.items()})
-        for minute, fields in fine.items():
-            pipe.hset(f"{self.prefix}:nvf:{tag}:{minute}", mapping=fields)
+        for span, fields in fine.items():
+            pipe.hset(f"{self.prefix}:nvf:{tag}:{span}", mapping=fields)
         done: dict[str, Any] = {_REGROUPED: 1}
         if mark is not None:
             done["mark"] = mark
