@@ -1013,7 +1013,10 @@ async def test_a_scopes_phase_3_keys_spread_over_every_primary_and_due_pages_mer
         due = await call(store.get_due(SCOPE, 1_100, 1_000))
         assert [s.key for s in due] == [s.key for s in want if s.next_visit <= 1_100]
         await assert_sums_are_the_pages(store)
+        before = store.roundtrips
         assert sorted(store._scope_hosts(SCOPE)) == sorted(MANY_HOSTS)
+        # The 64 groups' host sets read in one pipeline (a step each).
+        assert store.roundtrips - before == 1
     finally:
         await call(store.close())
 

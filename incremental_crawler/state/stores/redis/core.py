@@ -814,9 +814,30 @@ class RedisCore(StateStore):
 
     def _scope_hosts(self, scope: str) -> list[str]:
         """The hosts of *scope* with pages or links records stored (every
-        shard's, on a cluster)."""
-        return [host_of_part(m.decode()) for key in self._shard_keys("hs", scope)
-                for m in self._scan_set(key)]
+        shard's, on a cluster: the 64 groups' sets walked together, a step
+        of each in one pipeline, so a round trip a primary a step, not a
+        group)."""
+        keys = self._shard_keys("hs", scope)
+        if len(keys) == 1:
+            return [host_of_part(m.decode()) for m in self._scan_set(keys[0])]
+        found: dict[str, set[bytes]] = {key: set() for key in keys}
+        cursors: dict[str, Any] = dict.fromkeys(keys, 0)
+        for _ in range(_SCAN_ROUNDS):
+            if not cursors:
+                break
+            pipe = self._sync.pipeline(transaction=False)
+            for key, cursor in cursors.items():
+                pipe.sscan(key, cursor, count=_SCAN_COUNT)
+            steps = self._sync_run(pipe)
+            walked, cursors = cursors, {}
+            for key, (cursor, members) in zip(walked, steps, strict=True):
+                found[key].update(members)
+                if int(cursor) != 0:
+                    cursors[key] = cursor
+        else:
+            if cursors:
+                raise self._fail(f"scanning {sorted(cursors)[0]} did not finish")
+        return [host_of_part(m.decode()) for key in keys for m in sorted(found[key])]
 
     def _bucket_counts(self, scope: str, hosts: list[str]) -> dict[str, int]:
         """Each host's number of buckets."""
