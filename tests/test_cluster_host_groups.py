@@ -1076,3 +1076,49 @@ async def test_a_migration_cut_inside_a_later_batch_is_resumed_whole(
         assert await whole_summary(store, SCOPE) == whole_brute_summary(states)
     finally:
         await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_large_hosts_buckets_are_recounted_over_several_scripts(
+    redis_cluster: LoopbackCluster, prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The recount reads at most _REGROUP_BUCKETS buckets a script (2
+    here), a large host's over several: a host of 200 pages (5 buckets or
+    more) and a small one, their shard keys dropped and the store marked
+    as of layout 7 (a host's keys are named the same in 7 and 8), opened:
+    the host read over three scripts or more, its hosts listed, its pages
+    due and summed as they are, the checks since the mark kept."""
+    big = [PageKey(SCOPE, f"https://big.example/p{n}") for n in range(200)]
+    small = [PageKey(SCOPE, "https://small.example/p")]
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    for n, key in enumerate([*big, *small]):
+        store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + 7 * n))
+    await call(store.flush())
+    await call(store.close())
+    with redis_cluster.client() as client:
+        for kind in ("dueb", "hs", "nvs", "nvm", "ck", "splits", "duer", "nvf"):
+            for key in redis_cluster.keys(f"{prefix}:{kind}:*"):
+                client.delete(key)
+        client.hset(f"{prefix}:meta", "version", 7)
+    scripts: list[int] = []
+    batches = RedisStateStore._regroup_batch
+
+    def counted(self: RedisStateStore, tag: str, mark: Any, batch: Any, sums: Any) -> Any:
+        scripts.append(sum(n for _, _, n in batch))
+        return batches(self, tag, mark, batch, sums)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(layout, "_REGROUP_BUCKETS", 2)
+        patched.setattr(RedisStateStore, "_regroup_batch", counted)
+        store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        assert len(scripts) >= 4 and max(scripts) <= 2
+        assert sorted(store._scope_hosts(SCOPE)) == ["big.example", "small.example"]
+        states = list(store.iter_pages(SCOPE))
+        assert len(states) == 201
+        assert await whole_summary(store, SCOPE) == whole_brute_summary(states)
+        due = await call(store.get_due(SCOPE, now=1_700, limit=1_000))
+        assert sorted(s.key.url for s in due) == sorted(
+            s.key.url for s in states if s.next_visit <= 1_700)
+    finally:
+        await call(store.close())

@@ -12,8 +12,10 @@
 --
 -- KEYS: the group's dueb, ck and hs, then each host's buckets' two
 -- hashes (pg, pgl). ARGV: the mark of the group's old shard ('' none:
--- no check is kept), the number of hosts, then per host its key part and
--- its bucket count (its 2 x count keys follow the ones before in KEYS).
+-- no check is kept), the number of hosts, then per host its key part, the
+-- number of its first bucket read here and how many (a large host's
+-- buckets are read over several calls; their 2 x count keys follow the
+-- ones before in KEYS).
 -- Returns {sums (JSON: "<visit>|<callback>" -> {pages, bytes}), latest
 -- last check ('' none), pages read}.
 local DUEB, CHECKS, HOSTS = KEYS[1], KEYS[2], KEYS[3]
@@ -22,10 +24,10 @@ local sums, latest, read = {}, false, 0
 local k = 4
 local at = 3
 for _ = 1, tonumber(ARGV[2]) do
-  local part, n = ARGV[at], tonumber(ARGV[at + 1])
-  at = at + 2
+  local part, first, n = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+  at = at + 3
   redis.call('SADD', HOSTS, part)
-  for b = 0, n - 1 do
+  for b = first, first + n - 1 do
     local least = nil
     for _, key in ipairs({KEYS[k], KEYS[k + 1]}) do
       local flat = redis.call('HGETALL', key)

@@ -695,31 +695,37 @@ class RedisLayout(RedisCore):
         sums: dict[str, list[int]] = {}
         latest: int | None = None
         read = 0
-        batch: list[tuple[str, int]] = []
-        for part, n in [*zip(hosts, counts, strict=True), ("", 0)]:
-            if batch and (not part or sum(b for _, b in batch) + n > _REGROUP_BUCKETS):
+        # (host, first bucket, how many): a large host's buckets over
+        # several calls, so that no call reads more than _REGROUP_BUCKETS.
+        spans = [(part, first, min(_REGROUP_BUCKETS, n - first))
+                 for part, n in zip(hosts, counts, strict=True)
+                 for first in range(0, n, _REGROUP_BUCKETS)]
+        batch: list[tuple[str, int, int]] = []
+        for span in [*spans, ("", 0, 0)]:
+            if batch and (not span[0]
+                          or sum(b for _, _, b in batch) + span[2] > _REGROUP_BUCKETS):
                 self._renew(lock, token)
                 last, count = self._regroup_batch(tag, mark, batch, sums)
                 if last is not None:
                     latest = last if latest is None else max(latest, last)
                 read += count
                 batch = []
-            if part:
-                batch.append((part, n))
+            if span[0]:
+                batch.append(span)
         self._write_group_sums(tag, sums, mark, latest, lock, token)
         return read
 
-    def _regroup_batch(self, tag: str, mark: bytes | None, batch: list[tuple[str, int]],
+    def _regroup_batch(self, tag: str, mark: bytes | None, batch: list[tuple[str, int, int]],
                        sums: dict[str, list[int]]) -> tuple[int | None, int]:
-        """Some hosts (key part, bucket count) of a group read by one
-        script (``cluster_regroup.lua``): their sums added to *sums*; the
-        latest check read and the pages read."""
+        """Some hosts' buckets of a group (key part, first bucket, how
+        many) read by one script (``cluster_regroup.lua``): their sums
+        added to *sums*; the latest check read and the pages read."""
         keys = [f"{self.prefix}:dueb:{tag}", f"{self.prefix}:ck:{tag}",
                 f"{self.prefix}:hs:{tag}"]
         args: list[Any] = ["" if mark is None else mark.decode(), len(batch)]
-        for host, buckets in batch:
-            args += [host, buckets]
-            for b in range(buckets):
+        for host, first, buckets in batch:
+            args += [host, first, buckets]
+            for b in range(first, first + buckets):
                 keys += [f"{self.prefix}:pg:{tag}:{host}:{b}",
                          f"{self.prefix}:pgl:{tag}:{host}:{b}"]
         self.roundtrips += 1
