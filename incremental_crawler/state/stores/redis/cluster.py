@@ -258,7 +258,8 @@ class RedisClusterPath(RedisCore):
     """The flush and page reads of the cluster layout (see the module
     docstring)."""
 
-    #: What is left of earlier flushes for phase 3, and the scripts whose
+    #: What is left of earlier flushes for a later phase (the page index's
+    #: members), and the scripts whose
     #: outcome is unknown (their reply was lost): slot tag -> (token, how
     #: many of that slot's first writes it held).
     _carried: _Carried

@@ -551,7 +551,7 @@ local function first_refused()
 end
 
 -- Splits, as layout 4's flush makes them (linear hashing); the new bounds
--- of both buckets only lower the index (phase 3's ZADD LT): a lower bound
+-- of both buckets only lower the index (ZADD LT, after the writes): a lower bound
 -- stays one, and a reader sets a stale one right.
 local function split(host)
   for _ = 1, host.splits do
