@@ -42,6 +42,7 @@ from incremental_crawler.state.stores.redis.layout import (
 )
 from incremental_crawler.state.stores.redis.scripts import CLUSTER_HOST_LUA
 from tests.conftest import crawl_settings
+from tests.redis_cluster_util import CommandLog
 from tests.redis_util import new_prefix
 from tests.site import PLAIN_KINDS
 from tests.spiders import ListSpider
@@ -108,6 +109,43 @@ async def test_a_flush_over_many_hosts_runs_one_page_script_a_group(
         states = list(store.iter_pages(SCOPE))
         assert len(states) == 500
         assert await whole_summary(store, SCOPE) == whole_brute_summary(states)
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_every_key_a_group_or_repair_script_touches_is_in_its_keys(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Pages on 40 hosts written, then written again with next visits in
+    other hours (their old records' hours in no argument the client
+    sent), a page and a host forgotten, windows summed: every key every
+    script ran a command on (each node's MONITOR) was in the KEYS it was
+    called with, the fine sums' hashes too (Redis Cluster only vouches for
+    scripts that declare their keys); the summaries are the pages'."""
+    keys = [PageKey(SCOPE, f"https://h{h}.example/p{n}") for h in range(40) for n in range(3)]
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        with CommandLog(redis_cluster) as log:
+            for n, key in enumerate(keys):
+                store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + 1_800 * n))
+            await call(store.flush())
+            for n, key in enumerate(keys):
+                store.stage_page(full_state(key, 2, callback="parse",
+                                            next_visit=500_000 + 2_700 * n))
+            await call(store.flush())
+            store.forget_page(SCOPE, keys[0].url)
+            store.forget_host(SCOPE, "h1.example")
+            states = list(store.iter_pages(SCOPE))
+            for after, upto in ((-math.inf, math.inf), (500_000 + 2_700 * 7 + 30, 600_031)):
+                got = await call(store.summarize_pages(SCOPE, after=after, upto=upto,
+                                                       checked_before=math.inf))
+                assert tuple(got) == brute_summary(states, after, upto, math.inf, ())
+        assert len(states) == len(keys) - 4
+        assert log.scripts() > 64
+        assert log.undeclared() == []
+        fine = {key for key in log.touched if b":nvf:" in key}
+        assert len(fine) > 10
     finally:
         await call(store.close())
 

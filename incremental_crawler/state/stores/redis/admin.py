@@ -36,6 +36,7 @@ from incremental_crawler.state.stores.base import (
 from incremental_crawler.state.stores.redis.cluster import RedisClusterPath
 from incremental_crawler.state.stores.redis.core import (
     _HMGET_CHUNK,
+    FINE_KEYS,
     ITEM_GROUPS,
     _glob,
     _key_part,
@@ -736,8 +737,9 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             keys = [self._host_key("hd", scope, host), self._host_key("ln", scope, host),
                     self._generation_key(scope, host), f"{self.prefix}:nvs:{tag}",
                     self._token_key(token, tag), f"{self.prefix}:nvm:{tag}",
+                    *(f"{self.prefix}:nvf:{tag}:{k}" for k in range(FINE_KEYS)),
                     *(key for b in buckets for key in self._bucket_keys(scope, host, b))]
-            args = [n, token, f"{self.prefix}:nvf:{tag}:",
+            args = [n, token, FINE_KEYS,
                     *(("page", url_part) if url_part else ("host",))]
             self.before_deleting()
             self.roundtrips += 1

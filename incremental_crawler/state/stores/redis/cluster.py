@@ -94,6 +94,7 @@ import redis
 
 from incremental_crawler import clock
 from incremental_crawler.state.stores.redis.core import (
+    FINE_KEYS,
     ITEM_GROUPS,
     RedisCore,
     _key_part,
@@ -648,8 +649,9 @@ class RedisClusterPath(RedisCore):
             return f"{self.prefix}:{kind}:{tag}"
 
         keys = [self._token_key(token, tag), head("dueb"), head("splits"), head("hs"),
-                head("nvs"), head("nvm"), head("ck"), head("duer")]
-        args: list[Any] = [self._listpack_value, f"{head('nvf')}:", len(mine)]
+                head("nvs"), head("nvm"), head("ck"), head("duer"),
+                *(f"{head('nvf')}:{k}" for k in range(FINE_KEYS))]
+        args: list[Any] = [self._listpack_value, FINE_KEYS, len(mine)]
         number: dict[str, int] = {}
         for part, at_host in mine.items():
             n, pages = counts[scope_part, part]

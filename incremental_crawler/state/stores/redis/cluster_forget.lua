@@ -13,10 +13,11 @@
 -- group's coarse sums (nvs), the run's token key (its answer, kept
 -- TOKEN_TTL: sent again after a lost reply, by the client's retry or the
 -- caller's, the script returns it and deletes nothing more), the group's
--- sums' meta (nvm), then the two hashes (pg, pgl) of each bucket
--- declared. ARGV: the bucket count planned from, the token, the head of
--- the group's fine sums' keys (P:nvf:{<scope>|<group>}:, formed here by
--- hour under the same tag, as cluster_host.lua does), then 'host' (every
+-- sums' meta (nvm), the group's fine sums' hashes (nvf, k = 0, 1, ...:
+-- a visit's in its hour's modulo their number, as cluster_host.lua keeps
+-- them), then the two hashes (pg, pgl) of each bucket
+-- declared. ARGV: the bucket count planned from, the token, the number of
+-- the group's fine sums' hashes, then 'host' (every
 -- declared bucket: all of the host's) or 'page' and the page's URL part
 -- (its variants too, in the one bucket declared).
 -- Returns {'n', count} when the host's bucket count is not the one planned
@@ -26,12 +27,15 @@
 -- the pages) else 0}.
 local DIR, LINKS, GENERATION, COARSE, RAN = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local META = KEYS[6]
-local FIRST_BUCKET = 7
-local PLANNED_N, FINE = tonumber(ARGV[1]), ARGV[3]
+local PLANNED_N, FINE_KEYS = tonumber(ARGV[1]), tonumber(ARGV[3])
+local FIRST_BUCKET = 7 + FINE_KEYS
 local MODE, URL_PART = ARGV[4], ARGV[5]
 local SUM_MINUTE = 60
--- The group's fine sums: an hour a hash (as cluster_host.lua keeps them).
+-- The group's fine sums' hash of a visit (as cluster_host.lua keeps them).
 local FINE_SPAN = 3600
+local function fine_key(visit)
+  return KEYS[7 + math.floor(visit / FINE_SPAN) % FINE_KEYS]
+end
 local ran = redis.call('GET', RAN)
 if ran then return cjson.decode(ran) end
 local n = bucket_count(DIR)
@@ -122,11 +126,7 @@ for field, delta in pairs(SUMS) do
   visit = tonumber(visit)
   local minute = math.floor(visit / SUM_MINUTE)
   if not add_sum(COARSE, minute .. '|' .. callback, delta[1], delta[2]) then lost = 1 end
-  local span = math.floor(visit / FINE_SPAN)
-  if not add_sum(FINE .. span, (visit - span * FINE_SPAN) .. '|' .. callback,
-                 delta[1], delta[2]) then
-    lost = 1
-  end
+  if not add_sum(fine_key(visit), field, delta[1], delta[2]) then lost = 1 end
 end
 if lost == 1 then redis.call('HSET', META, 'lost', redis.call('TIME')[1]) end
 local answer = {pages, links, lost}

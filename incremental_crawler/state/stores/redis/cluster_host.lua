@@ -8,20 +8,21 @@
 -- count, the sums by next visit (P:nvs, P:nvf:<hour>), the latest check
 -- (P:nvm) and the checks since the mark (ZADD GT into P:ck), all in this
 -- one atomic script: no ledger, no write-ahead intent, no later phase.
--- Every key it touches carries the group's tag {<scope>|<group>}; each is
--- in KEYS but the fine sums' hours (P:nvf:{<scope>|<group>}:<hour>),
--- known only once the old records are read: formed here from the head
--- given, under the same tag (as one server's flush.lua forms them). The
+-- Every key it touches carries the group's tag {<scope>|<group>} and is
+-- in KEYS, the fine sums too: a fixed set of hashes
+-- (P:nvf:{<scope>|<group>}:<k>, a visit's in its hour modulo their
+-- number), since the hours an old record names are known only once it is
+-- read. The
 -- count applied and the script's answer are kept under the token, so
 -- that a script sent again after its reply was lost applies nothing twice
 -- and returns the same.
 --
--- KEYS: the token, the group's dueb, splits, hs, nvs, nvm, ck, duer, then
--- each host's record (hd), links hash (ln), write generation (wg: raised
+-- KEYS: the token, the group's dueb, splits, hs, nvs, nvm, ck, duer, its
+-- fine sums' hashes (nvf, k = 0, 1, ...), then each host's record (hd), links hash (ln), write generation (wg: raised
 -- once if a page state or links record of the host was written or
 -- deleted) and per bucket declared its two hashes (pg, pgl). ARGV: the
--- server's hash-max-listpack-value, the head of the group's fine sums'
--- keys (P:nvf:{<scope>|<group>}:), the number of hosts, then per host:
+-- server's hash-max-listpack-value, the number of the group's fine sums'
+-- hashes, the number of hosts, then per host:
 -- its key part, the bucket count the caller planned from, the splits it
 -- planned, the index in KEYS of its record, the number of buckets declared
 -- and their numbers; then the writes: each its host's number (from 1), its
@@ -47,13 +48,16 @@ if done then
   local kept = cjson.decode(done)
   return {kept[1], 1, kept[2], kept[3]}
 end
-local LISTPACK_VALUE, FINE, HOSTS = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local LISTPACK_VALUE, FINE_KEYS, HOSTS = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local SUM_MINUTE = 60
--- The fine sums of a group are kept an hour a hash (its second in the
--- hour, then the callback): a group holds a 64th of its scope's pages, and
--- a minute's hash of them would hold one or two (a key each: most of the
--- memory a page they took).
+-- The fine sums of a group are kept in FINE_KEYS hashes (KEYS[9] on), a
+-- visit's in its hour's modulo FINE_KEYS, each field the visit (a second)
+-- and the callback: keys fixed whatever hours the old records name, and a
+-- minute's sums in one hash of a few dozen fields.
 local FINE_SPAN = 3600
+local function fine_key(visit)
+  return KEYS[9 + math.floor(visit / FINE_SPAN) % FINE_KEYS]
+end
 local HOST, FIRST = {}, nil
 do
   local at = 4
@@ -144,11 +148,7 @@ local function apply_effects()
       visit = tonumber(visit)
       local minute = math.floor(visit / SUM_MINUTE)
       if not add_sum(COARSE, minute .. '|' .. callback, pages, bytes) then lost = true end
-      local span = math.floor(visit / FINE_SPAN)
-      if not add_sum(FINE .. span, (visit - span * FINE_SPAN) .. '|' .. callback,
-                     pages, bytes) then
-        lost = true
-      end
+      if not add_sum(fine_key(visit), field, pages, bytes) then lost = true end
     end
   end
   local mark = tonumber(redis.call('HGET', META, 'mark'))

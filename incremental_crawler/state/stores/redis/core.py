@@ -156,12 +156,24 @@ OLD_SCOPE_SHARDS = ("la2", "qf7", "lp0", "h85", "fjl", "bfa", "nrv", "bwc")
 SHARD_MARK = "^"
 #: Between a scope's part and its host group's.
 GROUP_MARK = "|"
-#: Seconds of a host group's hash of fine sums (cluster layout 8:
-#: ``P:nvf:{<s>|<g>}:<hour>``, each field the page's second in the hour
-#: and its callback), where one server keeps a minute a hash: a group holds
-#: a 64th of its scope's pages, and a minute's hash of them would hold one
-#: or two, a key each (the bulk of the memory a page they took).
+#: Seconds of an hour of a host group's fine sums (cluster layout 8).
 FINE_SPAN = 3_600
+#: A host group's fine sums are kept in this many hashes,
+#: ``P:nvf:{<s>|<g>}:<k>``, a page's sum in the one of its next visit's hour
+#: modulo it, each field the visit (its second) and callback: a fixed set
+#: of keys the group's scripts are given in KEYS whatever the hours their
+#: pages' old records name (an hour a hash was formed in the script, known
+#: once it read the record: an undeclared key), and a minute's sums still
+#: in one hash of a few dozen fields (where one server keeps a minute a
+#: hash: a group holds a 64th of its scope's pages, a minute's hash of them
+#: one or two, a key each).
+FINE_KEYS = 32
+
+
+def fine_part(visit: int) -> int:
+    """Which of a group's fine sums' hashes (``P:nvf:{<s>|<g>}:<k>``)
+    holds the sums of the next visit *visit* (a second)."""
+    return visit // FINE_SPAN % FINE_KEYS
 
 
 @functools.lru_cache(maxsize=65_536)

@@ -19,9 +19,9 @@ from incremental_crawler.state.stores.base import PagesSummary, checked_after, d
 from incremental_crawler.state.stores.redis.core import (
     _SCAN_COUNT,
     _SCAN_ROUNDS,
-    FINE_SPAN,
     RedisCore,
     _key_part,
+    fine_part,
     logger,
     scope_shard,
 )
@@ -584,25 +584,24 @@ class RedisDueReads(RedisCore):
     async def _fine_sums(self, scope: str, minutes: list[int]) -> list[dict[bytes, bytes]]:
         """The fine sums of each of *minutes* ("<second>|<callback>"), every
         scope shard's added up (one round trip). A shard (host group) keeps
-        them an hour a hash (``FINE_SPAN``, each field its second in the
-        hour): the minute's fields are picked out of its hour's."""
+        them in ``FINE_KEYS`` hashes, a visit's in its hour's modulo that
+        (each field the visit and callback): the minute's fields are picked
+        out of its hash's."""
         keys = self._shard_keys("nvf", scope)
-        spans = sorted({m * _SUM_MINUTE // FINE_SPAN for m in minutes})
-        flat = await self._commands([("HGETALL", f"{key}:{span}")
-                                     for span in spans for key in keys])
-        by_span = {span: flat[n * len(keys):(n + 1) * len(keys)]
-                   for n, span in enumerate(spans)}
+        parts = sorted({fine_part(m * _SUM_MINUTE) for m in minutes})
+        flat = await self._commands([("HGETALL", f"{key}:{part}")
+                                     for part in parts for key in keys])
+        by_part = {part: flat[n * len(keys):(n + 1) * len(keys)]
+                   for n, part in enumerate(parts)}
         out = []
         for minute in minutes:
-            span = minute * _SUM_MINUTE // FINE_SPAN
-            # The minute's first second, counted from its hour's.
-            first = minute * _SUM_MINUTE - span * FINE_SPAN
+            first = minute * _SUM_MINUTE
             total: dict[bytes, bytes] = {}
-            for raw in by_span[span]:
+            for raw in by_part[fine_part(first)]:
                 mine = {}
                 for field, value in raw.items():
-                    second, _, callback = field.partition(b"|")
-                    at = int(second) - first
+                    visit, _, callback = field.partition(b"|")
+                    at = int(visit) - first
                     if 0 <= at < _SUM_MINUTE:
                         mine[b"%d|%s" % (at, callback)] = value
                 _add_sums(total, mine)

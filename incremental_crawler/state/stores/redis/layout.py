@@ -20,13 +20,13 @@ from redis.cluster import RedisCluster
 
 from incremental_crawler.state.records import PageKey, PageState
 from incremental_crawler.state.stores.redis.core import (
-    FINE_SPAN,
     HOST_GROUPS,
     OUT_OF_MEMORY,
     SHARD_MARK,
     RedisCore,
     _glob,
     _key_part,
+    fine_part,
     host_group,
     host_tag,
     key_tag,
@@ -749,16 +749,15 @@ class RedisLayout(RedisCore):
             at = coarse.setdefault(f"{minute}|{callback}", [0, 0])
             at[0] += pages
             at[1] += total
-            span = int(visit) // FINE_SPAN
-            fine.setdefault(span, {})[f"{int(visit) - span * FINE_SPAN}|{callback}"] = (
+            fine.setdefault(fine_part(int(visit)), {})[f"{int(visit)}|{callback}"] = (
                 f"{pages} {total}")
         # (Any: redis-py types its mappings' keys invariantly.)
         pipe: Any = self._sync.pipeline(transaction=True)
         if coarse:
             pipe.hset(f"{self.prefix}:nvs:{tag}", mapping={
                 field: f"{pages} {total}" for field, (pages, total) in coarse.items()})
-        for span, fields in fine.items():
-            pipe.hset(f"{self.prefix}:nvf:{tag}:{span}", mapping=fields)
+        for part, fields in fine.items():
+            pipe.hset(f"{self.prefix}:nvf:{tag}:{part}", mapping=fields)
         done: dict[str, Any] = {_REGROUPED: 1}
         if mark is not None:
             done["mark"] = mark
