@@ -33,6 +33,7 @@ from incremental_crawler.state.stores.redis.core import (
     OLD_SCOPE_SHARDS,
     host_group,
     host_tag,
+    old_scope_shard,
     old_shard_part,
 )
 from incremental_crawler.state.stores.redis.layout import (
@@ -849,8 +850,9 @@ async def test_a_layout_7_store_with_a_damaged_scope_shard_is_migrated_not_locke
 ) -> None:
     """A layout-7 store with a dead worker's effects pending and a damaged
     key in every one of its scope's eight shards (the hosts set a string):
-    the migration reads none of the shards' keys (their hosts, sums and
-    index are recounted from the pages), so the store opens at layout 8
+    the migration reads none of the shards' keys but their meta's mark of
+    the run (type-checked before the version is raised; their hosts, sums
+    and index are recounted from the pages), so the store opens at layout 8
     (not left at a version neither code opens), the damaged keys gone
     with the old shards, the scope's hosts and sums the pages'."""
     subprocess.run(
@@ -1158,5 +1160,98 @@ async def test_a_large_hosts_buckets_are_recounted_over_several_scripts(
         due = await call(store.get_due(SCOPE, now=1_700, limit=1_000))
         assert sorted(s.key.url for s in due) == sorted(
             s.key.url for s in states if s.next_visit <= 1_700)
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_damaged_key_or_record_the_layout_7_migration_reads_is_named_never_unnamed(
+    redis_cluster: LoopbackCluster, prefix: str, layout_7: Path,
+) -> None:
+    """A layout-7 store (its dead worker gone long enough), the keys the
+    recount reads set to a string in turn: a bucket of pages, a host's record,
+    the old shard's meta (its mark is read) and a host group's hosts set
+    (written by the recount). Each open refuses in one line naming that
+    key, the store left at version 7 (the old code still opens it); the
+    key put back. Then the old shard's mark not a time, and a page record
+    of garbage bytes, which no type check sees: each open stops naming the
+    key (and field) and the remedy,
+    the version raised (``upgrading`` 7), and once that field is deleted
+    the next open resumes: migrated, its summaries those of the pages
+    left."""
+    subprocess.run(
+        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "4", "7"],
+        cwd=layout_7, env={**os.environ, "PYTHONPATH": str(layout_7)}, check=True,
+        capture_output=True, text=True, timeout=300)
+    worker_gone_for(redis_cluster, prefix)
+    tag = host_tag(SCOPE, "h1.example")
+    # (Its pages' bucket: a page written with its links is in pgl.)
+    buckets = sorted(raw.decode() for raw in redis_cluster.keys(f"{prefix}:pg*:{tag}:*"))
+    group = host_group("h1.example")
+    damaged = (buckets[0], f"{prefix}:hd:{tag}",
+               f"{prefix}:nvm:{{{old_shard_part(SCOPE, old_scope_shard(group))}}}",
+               f"{prefix}:hs:{{{SCOPE}|{group}}}")
+    with redis_cluster.client() as client:
+        assert client.type(damaged[0]) == b"hash" and client.type(damaged[1]) == b"hash"
+    for key in damaged:
+        with redis_cluster.client() as client:
+            kept = client.dump(key)
+            client.delete(key)
+            assert client.set(key, "damaged")
+        for _ in range(2):
+            with pytest.raises(StateStoreError, match="migration refused: ") as said:
+                RedisStateStore(redis_cluster.url, prefix=prefix)
+            assert f"{key} " in str(said.value) and "is a string, not a " in str(said.value)
+            assert "\n" not in str(said.value)
+        with redis_cluster.client() as client:
+            meta = client.hgetall(f"{prefix}:meta")
+            assert meta[b"version"] == b"7" and b"upgrading" not in meta, (key, meta)
+            assert not client.keys(f"{prefix}:nvm:{{{SCOPE}|=*")  # no group built
+        subprocess.run([sys.executable, "-c", _OLD_OPEN, redis_cluster.url, prefix],
+                       cwd=layout_7, env={**os.environ, "PYTHONPATH": str(layout_7)},
+                       check=True, capture_output=True, text=True, timeout=120)
+        with redis_cluster.client() as client:
+            client.delete(key)
+            if kept is not None:
+                client.restore(key, 0, kept)
+    # An old shard's mark of the run that is not a time: named, the
+    # version raised; the field deleted, the migration goes on below.
+    meta_key = damaged[2]
+    with redis_cluster.client() as client:
+        client.hset(meta_key, "mark", "soon")
+    with pytest.raises(StateStoreError, match="migrating the layout stopped: ") as said:
+        RedisStateStore(redis_cluster.url, prefix=prefix)
+    assert f"HDEL {meta_key} mark" in str(said.value), said.value
+    with redis_cluster.client() as client:
+        assert client.hget(f"{prefix}:meta", "upgrading") == b"7"
+        client.hdel(meta_key, "mark")
+    # A record no type check sees: garbage bytes in a bucket.
+    with redis_cluster.client() as client:
+        bucket = next(key for key in buckets if client.hlen(key))
+        field = sorted(client.hkeys(bucket))[0]
+        client.hset(bucket, field, b"\xff\xfegarbage")
+    for _ in range(2):
+        with pytest.raises(StateStoreError, match="migrating the layout stopped: ") as said:
+            RedisStateStore(redis_cluster.url, prefix=prefix)
+        line = str(said.value)
+        assert bucket in line and repr(field.decode()) in line, line
+        assert f"HDEL {bucket} {field.decode()}" in line and "resumes" in line, line
+        assert "\n" not in line
+    with redis_cluster.client() as client:
+        meta = client.hgetall(f"{prefix}:meta")
+        assert meta[b"version"] == str(CLUSTER_LAYOUT_VERSION).encode()
+        assert meta[b"upgrading"] == b"7"
+        client.hdel(bucket, field)
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        with redis_cluster.client() as client:
+            assert b"upgrading" not in client.hgetall(f"{prefix}:meta")
+        assert left_of_layout_7(redis_cluster, prefix) == []
+        states = list(store.iter_pages(SCOPE))
+        assert len(states) == 4 * 3 - 1
+        assert await whole_summary(store, SCOPE) == whole_brute_summary(states)
+        due = await call(store.get_due(SCOPE, now=4_000, limit=1_000))
+        assert sorted(s.key.url for s in due) == sorted(
+            s.key.url for s in states if s.next_visit <= 4_000)
     finally:
         await call(store.close())

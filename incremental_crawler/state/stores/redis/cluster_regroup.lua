@@ -17,7 +17,10 @@
 -- buckets are read over several calls; their 2 x count keys follow the
 -- ones before in KEYS).
 -- Returns {sums (JSON: "<visit>|<callback>" -> {pages, bytes}), latest
--- last check ('' none), pages read}.
+-- last check ('' none), pages read}; or, at the first record that cannot
+-- be read, {'', '', pages read, its bucket's key, its field, why}: the
+-- caller stops the migration naming it (what this call wrote before is
+-- written again, the same, when the migration is resumed).
 local DUEB, CHECKS, HOSTS = KEYS[1], KEYS[2], KEYS[3]
 local mark = tonumber(ARGV[1])
 local sums, latest, read = {}, false, 0
@@ -33,7 +36,8 @@ for _ = 1, tonumber(ARGV[2]) do
       local flat = redis.call('HGETALL', key)
       for f = 1, #flat, 2 do
         read = read + 1
-        local callback, checked, visit, bytes = page_summary(flat[f + 1])
+        local ok, callback, checked, visit, bytes = pcall(page_summary, flat[f + 1])
+        if not ok then return {'', '', read, key, flat[f], tostring(callback)} end
         if callback then
           local field = string.format('%d', visit) .. '|' .. callback
           local was = sums[field] or {0, 0}

@@ -20,6 +20,7 @@ from redis.cluster import RedisCluster
 
 from incremental_crawler.state.records import PageKey, PageState
 from incremental_crawler.state.stores.redis.core import (
+    GROUP_MARK,
     HOST_GROUPS,
     OUT_OF_MEMORY,
     SHARD_MARK,
@@ -161,16 +162,35 @@ local left = tonumber(last[2]) + tonumber(ARGV[1]) - now
 if left <= 0 then return 0 end
 return math.ceil(left)
 """
-#: The keys a cluster migration (6 -> 7) reads or writes by their kind,
-#: not copied whole (DUMP, RESTORE): their glob after the prefix, the type
-#: each must have and what it is. One of another type (damaged) would stop
-#: the migration midway with a bare WRONGTYPE that names no key.
-_MIGRATION_KEY_TYPES = (
-    ("fx:{*}", "hash", "a ledger of flushes' effects"),
-    ("fxheld:*", "hash", "a scope shard's applied tokens held"),
-    ("fxhosts:*", "zset", "a scope shard's write-ahead intents"),
-    ("holds:*", "zset", "a scope's holds"),
-)
+#: The keys a cluster migration (6 or 7 -> 8) reads or writes by their
+#: kind, not copied whole (DUMP, RESTORE): by the kind in their name, the
+#: tags they are checked under (``any``; ``old``: an old scope shard's,
+#: ``{<s>^<x>}``; ``group``: a host group's, ``{<s>|<g>}``), the type each
+#: must have and what it is. One of another type (damaged) would stop the
+#: migration midway, the version raised, with a bare WRONGTYPE that names
+#: no key. The old shards' other keys are deleted, never read: not checked.
+_MIGRATION_KEY_TYPES = {
+    "fx": ("any", "hash", "a ledger of flushes' effects"),
+    "fxheld": ("any", "hash", "a scope shard's applied tokens held"),
+    "fxhosts": ("any", "zset", "a scope shard's write-ahead intents"),
+    "holds": ("any", "zset", "a scope's holds"),
+    # Every host's record (its bucket count read) and buckets (every page
+    # read by the recount).
+    "hd": ("any", "hash", "a host's record"),
+    "pg": ("any", "hash", "a bucket of a host's pages"),
+    "pgl": ("any", "hash", "a bucket of a host's links records"),
+    # The old shard's mark of the run, read and copied to its groups.
+    "nvm": ("old", "hash", "an old scope shard's meta (its mark of the run is read)"),
+    # What the recount writes in a group (there already when a migration
+    # cut short is resumed).
+    "dueb": ("group", "zset", "a host group's revisit index"),
+    "ck": ("group", "zset", "a host group's checks since the mark"),
+    "hs": ("group", "set", "a host group's hosts"),
+    "nvs": ("group", "hash", "a host group's sums"),
+    "nvf": ("group", "hash", "a host group's fine sums"),
+}
+#: ... and a host group's meta (``nvm`` under a group's tag).
+_GROUP_META_TYPE = ("hash", "a host group's meta")
 #: Pages (or links records) per flush of a migration.
 _MIGRATION_BATCH = 2_000
 #: The oldest Redis the store runs on: its scripts carry flags (``#!lua``),
@@ -273,6 +293,31 @@ def _whole_count(raw: bytes | None) -> int:
         return int(raw) if raw is not None else 1
     except ValueError:
         return 1
+
+
+def _migration_key_type(key: str, prefix: str) -> tuple[str, str] | None:
+    """The type a key under *prefix* must have for a cluster migration to
+    read or write it, and what it is (see :data:`_MIGRATION_KEY_TYPES`);
+    None for a key the migration copies whole, deletes unread or never
+    touches."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    if not key.startswith(prefix) or start < 0 or end < 0:
+        return None
+    kind = key[len(prefix):].partition(":")[0]
+    inside = key[start + 1:end]
+    group = inside.rpartition(GROUP_MARK)[2] in _GROUPS
+    if kind == "nvm" and group:
+        return _GROUP_META_TYPE
+    rule = _MIGRATION_KEY_TYPES.get(kind)
+    if rule is None:
+        return None
+    where, wanted, what = rule
+    if where == "old" and SHARD_MARK not in inside:
+        return None
+    if where == "group" and not group:
+        return None
+    return wanted, what
 
 
 def _legacy_page_key(scope: str, field: str) -> PageKey:
@@ -688,6 +733,16 @@ class RedisLayout(RedisCore):
         old = f"{{{old_shard_part(scope_part, old_scope_shard(group))}}}"
         self.roundtrips += 1
         mark: Any = self._sync.hget(f"{self.prefix}:nvm:{old}", "mark")
+        if mark is not None:
+            try:
+                float(mark)
+            except ValueError:
+                raise self._fail(
+                    f"migrating the layout stopped: the mark of the run in "
+                    f"{self.prefix}:nvm:{old} is {mark!r}, not a time; repair it or delete "
+                    f"that field (HDEL {self.prefix}:nvm:{old} mark: the run's checks since "
+                    f"its mark are then not kept), then open the store again (the migration "
+                    f"begun resumes then)") from None
         pipe = self._sync.pipeline(transaction=False)
         for part in hosts:
             pipe.hget(f"{self.prefix}:hd:{tag}:{part}", "n")
@@ -729,7 +784,20 @@ class RedisLayout(RedisCore):
                 keys += [f"{self.prefix}:pg:{tag}:{host}:{b}",
                          f"{self.prefix}:pgl:{tag}:{host}:{b}"]
         self.roundtrips += 1
-        found, last, count = self._sync.eval(CLUSTER_REGROUP_LUA, len(keys), *keys, *args)
+        reply = self._sync.eval(CLUSTER_REGROUP_LUA, len(keys), *keys, *args)
+        if len(reply) > 3:
+            # A record that cannot be read: the version is raised (this is
+            # past the pre-check), but nothing of the group is marked done,
+            # so once it is repaired the next open resumes and reads it.
+            bucket, field, why = (v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+                                  for v in reply[3:6])
+            raise self._fail(
+                f"migrating the layout stopped: the page record {field!r} of {bucket} cannot "
+                f"be read ({why}); repair it or delete that field (HDEL {bucket} {field}: "
+                f"its page is lost, crawled again as new), then open the store again (the "
+                f"migration begun resumes then; the code of the older layout no longer "
+                f"opens the store)")
+        found, last, count = reply
         for field, (pages, total) in json.loads(found or "{}").items():
             was = sums.setdefault(field, [0, 0])
             was[0] += int(pages)
@@ -769,30 +837,37 @@ class RedisLayout(RedisCore):
 
     def _refuse_damaged_keys(self, resumed: bool) -> None:
         """Refuse the migration, before it changes anything, while a key it
-        reads by its kind (:data:`_MIGRATION_KEY_TYPES`) is of another type:
-        one line naming the key and what to do. Found midway, its WRONGTYPE
-        would stop the migration with the version raised: a store that
-        neither layout's code opens until that key, unnamed, is found.
-        Checked again when a migration is resumed (a key damaged since)."""
-        glob = _glob(self.prefix)
-        for pattern, wanted, what in _MIGRATION_KEY_TYPES:
-            for page in self._scan_pages(f"{glob}:{pattern}"):
-                if not page:
+        reads or writes by its kind (:data:`_MIGRATION_KEY_TYPES`: every
+        host's record and buckets, the old shards' meta, the ledgers, ...)
+        is of another type: one line naming the key and what to do. Found
+        midway, its WRONGTYPE would stop the migration with the version
+        raised: a store that neither layout's code opens until that key,
+        unnamed, is found. One SCAN of the prefix's keys on every primary,
+        a ``TYPE`` of each key checked in one pipeline a SCAN page. Checked
+        again when a migration is resumed (a key damaged since)."""
+        prefix = f"{self.prefix}:"
+        for page in self._scan_pages(f"{_glob(self.prefix)}:*"):
+            checked: list[tuple[str, str, str]] = []
+            for key in page:
+                found = _migration_key_type(key, prefix)
+                if found is not None:
+                    checked.append((key, *found))
+            if not checked:
+                continue
+            pipe = self._sync.pipeline(transaction=False)
+            for key, _, _ in checked:
+                pipe.type(key)
+            for (key, wanted, what), found in zip(checked, self._sync_run(pipe), strict=True):
+                kind = found.decode() if isinstance(found, bytes) else str(found)
+                # ("none": deleted since the SCAN saw it.)
+                if kind in (wanted, "none"):
                     continue
-                pipe = self._sync.pipeline(transaction=False)
-                for key in page:
-                    pipe.type(key)
-                for key, found in zip(page, self._sync_run(pipe), strict=True):
-                    kind = found.decode() if isinstance(found, bytes) else str(found)
-                    # ("none": deleted since the SCAN saw it.)
-                    if kind in (wanted, "none"):
-                        continue
-                    left = ("the migration begun resumes then" if resumed
-                            else "nothing was changed: the old code still opens the store")
-                    raise self._fail(
-                        f"migration refused: {key} ({what}) is a {kind}, not a {wanted}: "
-                        f"damaged; repair it or delete it (what it held is lost), then "
-                        f"open the store again ({left})")
+                left = ("the migration begun resumes then" if resumed
+                        else "nothing was changed: the old code still opens the store")
+                raise self._fail(
+                    f"migration refused: {key} ({what}) is a {kind}, not a {wanted}: "
+                    f"damaged; repair it or delete it (what it held is lost), then "
+                    f"open the store again ({left})")
 
     def _refuse_live_workers(self, start: int) -> None:
         """Refuse the migration, nothing changed, while a worker of the old
