@@ -1701,3 +1701,77 @@ async def test_a_walk_of_the_item_groups_that_meets_a_moved_slot_says_to_run_it_
         await call(store.close())
     finally:
         own.remove()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_full_cluster_refuses_a_flush_whole_and_still_reads_and_resets(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Every primary above its maxmemory (noeviction) during a flush: the
+    flush fails with the out-of-memory line (free memory or raise the
+    limit), nothing of it applied (the page as it was, due and summed as
+    before); the store still reads the scope (a page, due pages, a
+    summary, every page, its counts); once memory is raised the same
+    flush is sent again and applied once; full again, a reset (how memory
+    is freed) still deletes the scope."""
+    keys = [PageKey(SCOPE, f"https://h{n}.example/p") for n in range(6)]
+    store = open_store(redis_cluster, prefix)
+    reader = open_store(redis_cluster, prefix)
+    nodes = [redis_cluster.node(port) for port in redis_cluster.ports]
+    kept = [(node.config_get("maxmemory")["maxmemory"],
+             node.config_get("maxmemory-policy")["maxmemory-policy"]) for node in nodes]
+
+    def full(on: bool) -> None:
+        for node, (memory, policy) in zip(nodes, kept, strict=True):
+            node.config_set("maxmemory-policy", "noeviction" if on else policy)
+            node.config_set("maxmemory", "1" if on else memory)  # 1: every write refused
+
+    try:
+        for n, key in enumerate(keys):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        await call(store.flush())
+        for n, key in enumerate(keys):
+            store.stage_page(full_state(key, 2, callback="parse", next_visit=2_000 + n))
+        try:
+            full(True)
+            with pytest.raises(StateStoreError) as said:
+                await call(store.flush())
+            line = str(said.value)
+            assert "out of memory" in line and "maxmemory" in line, line
+            assert "\n" not in line
+            assert store.pending == len(keys)
+            for n, key in enumerate(keys):
+                page = await call(reader.get_page(key))
+                assert page is not None and (page.checks, page.next_visit) == (1, 1_000 + n)
+            due = await call(reader.get_due(SCOPE, 1_500, 100))
+            assert sorted(s.key.url for s in due) == sorted(k.url for k in keys)
+            await assert_sums_are_the_pages(reader)
+            assert reader.count_pages(SCOPE) == len(keys)
+            assert reader.count_scope(SCOPE).pages == len(keys)
+        finally:
+            full(False)
+        assert await call(store.flush()) == len(keys)
+        assert store.pending == 0
+        for n, key in enumerate(keys):
+            page = await call(reader.get_page(key))
+            assert page is not None and (page.checks, page.next_visit) == (2, 2_000 + n)
+        assert [s.key for s in await call(reader.get_due(SCOPE, 1_500, 100))] == []
+        await assert_whole_summary(reader, len(keys))
+        try:
+            full(True)
+            reader.reset_scope(SCOPE)
+        finally:
+            full(False)
+        left = [k.decode() for k in redis_cluster.keys(f"{prefix}:*")]
+        # But the hosts' write generations (raised, never deleted) and the
+        # flushes' tokens (they expire).
+        assert [k for k in left if "{books" in k and ":wg:" not in k
+                and ":flush:" not in k] == []
+        assert list(reader.iter_pages(SCOPE)) == []
+    finally:
+        full(False)
+        for node in nodes:
+            node.close()
+        await call(store.close())
+        await call(reader.close())
+

@@ -51,6 +51,7 @@ from incremental_crawler.state.stores.base import (
 from incremental_crawler.state.stores.redis.admin import RedisAdmin
 from incremental_crawler.state.stores.redis.cluster import RedisClusterPath
 from incremental_crawler.state.stores.redis.core import (
+    OUT_OF_MEMORY,
     _key_part,
     _page_range,
     _slot_rates,
@@ -624,6 +625,14 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
                 raise self._fail("", exc) from None
             except redis.RedisError as exc:
                 raise self._fail("Redis command failed", exc) from exc
+            if error is not None and _refused_for_memory(error):
+                # A script refused above maxmemory (before it wrote: Redis
+                # refuses a script that may write when full): said as what
+                # it is, with what to do, not as a failed write.
+                raise StateStoreError(
+                    f"State store {self.location}: {OUT_OF_MEMORY} (a script of the flush "
+                    "refused; the writes after it in its slot, and the phases after it, "
+                    "were not sent: kept, the next flush sends them)")
             if error is not None:
                 raise self._fail(f"a write failed in Redis ({error}); the writes after "
                                  "it in its slot (of a host group: of its host), and the "
@@ -921,3 +930,8 @@ def _undelivered_member(stored_at: float, item_key: str, version: int) -> str:
     return f"{int(stored_at):015d}\0{item_key}\0{version:010d}"
 
 
+def _refused_for_memory(error: str) -> bool:
+    """Whether a script's error (a reply of a pipeline, not raised) is
+    Redis refusing it above ``maxmemory`` (``OOM command not allowed when
+    used memory > 'maxmemory'``; the ``OOM`` code may be cut off)."""
+    return error.startswith("OOM ") or "command not allowed when used memory" in error
