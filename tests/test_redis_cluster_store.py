@@ -33,6 +33,7 @@ from incremental_crawler.state.stores.redis import core as redis_core
 from incremental_crawler.state.stores.redis import due as due_reads
 from incremental_crawler.state.stores.redis.core import (
     SCOPE_SHARDS,
+    fine_part,
     host_group,
     host_tag,
     item_group,
@@ -1701,6 +1702,74 @@ async def test_a_walk_of_the_item_groups_that_meets_a_moved_slot_says_to_run_it_
         await call(store.close())
     finally:
         own.remove()
+
+
+async def summaries_are_the_pages(store: RedisStateStore) -> None:
+    """Every summary (several windows) is what the pages one by one say
+    (the stored sums' values not parsed: one is damaged on purpose)."""
+    states = list(store.iter_pages(SCOPE))
+    for after, upto in ((-math.inf, math.inf), (0, 1_500), (1_500, math.inf)):
+        got = await call(store.summarize_pages(SCOPE, after=after, upto=upto,
+                                               checked_before=math.inf))
+        assert tuple(got) == brute_summary(states, after, upto, math.inf, ())
+
+
+@pytest.mark.parametrize("damaged", ["coarse", "fine"])
+@pytest_twisted.ensureDeferred
+async def test_a_stored_sum_that_cannot_be_added_to_marks_the_groups_sums_lost(
+    redis_cluster: LoopbackCluster, prefix: str, damaged: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One field of a host group's sums (its coarse ``P:nvs``, or its fine
+    ``P:nvf`` hash of the visit's hour) is not a number: the group's
+    script cannot add a page's move out of it, so it marks the group's
+    sums lost (``lost`` in its ``P:nvm``) and the flush warns; every
+    summary after it reads the pages, exact (without the mark, the write's
+    delta would be dropped and every later summary off by it). The same
+    for a page forgotten: its script marks them lost again and warns."""
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(3)]
+    store = open_store(redis_cluster, prefix)
+    meta = f"{prefix}:nvm:{{{A_SHARD}}}"
+    try:
+        for key in keys:
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+        await call(store.flush())
+        if damaged == "coarse":
+            sums, field = f"{prefix}:nvs:{{{A_SHARD}}}", f"{1_000 // 60}|parse"
+        else:
+            sums = f"{prefix}:nvf:{{{A_SHARD}}}:{fine_part(1_000)}"
+            field = "1000|parse"
+        with redis_cluster.client() as client:
+            assert client.hget(sums, field) is not None
+            client.hset(sums, field, "damaged")
+            assert not client.hexists(meta, "lost")
+        # A page moved from 1,000 to 2,000: its 1,000 is taken out of the
+        # damaged sum.
+        store.stage_page(full_state(keys[0], 2, callback="parse", next_visit=2_000))
+        with caplog.at_level(logging.WARNING):
+            assert await call(store.flush()) == 1
+        said = [r.getMessage() for r in caplog.records
+                if "could not be added to (damaged)" in r.getMessage()]
+        assert len(said) == 1 and A_SHARD in said[0] and "marked lost" in said[0], said
+        with redis_cluster.client() as client:
+            assert client.hexists(meta, "lost")
+            assert client.hget(sums, field) == b"damaged"
+        await summaries_are_the_pages(store)
+        # A page forgotten from the same damaged sum: marked lost again.
+        with redis_cluster.client() as client:
+            client.hdel(meta, "lost")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert store.forget_page(SCOPE, keys[1].url).pages == 1
+        said = [r.getMessage() for r in caplog.records
+                if "could not be taken from (damaged)" in r.getMessage()]
+        assert len(said) == 1 and "marked lost" in said[0], said
+        with redis_cluster.client() as client:
+            assert client.hexists(meta, "lost")
+        assert len(list(store.iter_pages(SCOPE))) == 2
+        await summaries_are_the_pages(store)
+    finally:
+        await call(store.close())
 
 
 @pytest_twisted.ensureDeferred
