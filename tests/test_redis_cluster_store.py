@@ -1844,3 +1844,70 @@ async def test_a_full_cluster_refuses_a_flush_whole_and_still_reads_and_resets(
         await call(store.close())
         await call(reader.close())
 
+
+def hosts_on_three_nodes(cluster: LoopbackCluster, prefix: str) -> tuple[list[str], list[int]]:
+    """Three hosts whose keys are on the three nodes, and those nodes'
+    ports (in the hosts' order)."""
+    seen: dict[int, str] = {}
+    for n in range(300):
+        host = f"h{n}.example"
+        seen.setdefault(cluster.port_of(host_key(prefix, "hd", host)), host)
+        if len(seen) == 3:
+            return [seen[port] for port in sorted(seen)], sorted(seen)
+    raise AssertionError("no three hosts on three nodes in 300 tries")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_flush_whose_group_scripts_ran_on_one_node_only_is_replayed_once(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Phase 2 of a flush runs on one node and its connection to the two
+    others fails before their groups' scripts ran: the pages of the first
+    are written, the others' not; the next flush sends every group's
+    script again under the same tokens: the one that ran applies nothing
+    twice (each page checked twice, not three times), the others apply
+    theirs, due pages and sums the pages'. (The one case where a flush's
+    token is found on some nodes and not on others.)"""
+    hosts, ports = hosts_on_three_nodes(redis_cluster, prefix)
+    keys = [PageKey(SCOPE, f"https://{host}/p") for host in hosts]
+    store = open_store(redis_cluster, prefix)
+    reader = open_store(redis_cluster, prefix)
+    try:
+        for n, key in enumerate(keys):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        await call(store.flush())
+        original = store._eval_many
+        cut: list[int] = []
+
+        async def eval_many(calls: list[tuple[str, list[str], list[Any]]],
+                            plain: Any = ()) -> list[Any]:
+            if not cut and any(script == CLUSTER_HOST_LUA for script, _, _ in calls):
+                cut.append(1)
+                first = [c for c in calls if c[0] != CLUSTER_HOST_LUA
+                         or redis_cluster.port_of(c[1][0]) == ports[0]]
+                assert len(first) < len(calls)
+                await original(first, plain)
+                raise redis.exceptions.ConnectionError("two nodes unreachable")
+            return await original(calls, plain)
+
+        store._eval_many = eval_many  # type: ignore[method-assign]
+        for n, key in enumerate(keys):
+            store.stage_check(key, 304, 3_000_000 + n, schedule=(3_600, 7_000 + n))
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        assert cut == [1]
+        first = await call(reader.get_page(keys[0]))
+        assert first is not None and (first.checks, first.next_visit) == (2, 7_000)
+        for n, key in enumerate(keys[1:], start=1):
+            page = await call(reader.get_page(key))
+            assert page is not None and (page.checks, page.next_visit) == (1, 1_000 + n)
+        await call(store.flush())
+        assert store.pending == 0
+        for n, key in enumerate(keys):
+            page = await call(reader.get_page(key))
+            assert page is not None and (page.checks, page.next_visit) == (2, 7_000 + n)
+        assert [s.key for s in await call(reader.get_due(SCOPE, 8_000, 10))] == keys
+        await assert_sums_are_the_pages(reader)
+    finally:
+        await call(store.close())
+        await call(reader.close())
