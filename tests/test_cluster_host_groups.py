@@ -1255,3 +1255,87 @@ async def test_a_damaged_key_or_record_the_layout_7_migration_reads_is_named_nev
             s.key.url for s in states if s.next_visit <= 4_000)
     finally:
         await call(store.close())
+
+
+#: Run by layout 7's code: 12 pages on 4 hosts checked at 1,000,001; the
+#: run's mark set at 1,000,005 (every old shard's P:nvm); 6 of them checked
+#: again at 1,000,010 (after the mark: in the shards' P:ck).
+_MARKED_WRITER = textwrap.dedent("""
+    import asyncio, sys
+    from incremental_crawler.state.records import PageKey
+    from incremental_crawler.state.stores.redis import RedisStateStore
+    from incremental_crawler.state.stores.redis.layout import CLUSTER_LAYOUT_VERSION
+    from tests.test_store_contract import full_state
+    url, prefix, scope = sys.argv[1], sys.argv[2], sys.argv[3]
+    assert CLUSTER_LAYOUT_VERSION == 7
+
+    async def main():
+        keys = [PageKey(scope, f"https://h{h}.example/p{n}") for h in range(4) for n in range(3)]
+        store = RedisStateStore(url, prefix=prefix)
+        for n, key in enumerate(keys):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        await store.flush()
+        store.mark_run_start(scope, 1_000_005)
+        for n, key in enumerate(keys[::2]):
+            store.stage_page(full_state(key, 10, callback="parse", next_visit=2_000 + n))
+        await store.flush()
+        await store.close()
+
+    asyncio.run(main())
+""")
+
+
+@pytest.mark.parametrize("migration", ["whole", "cut and resumed"])
+@pytest_twisted.ensureDeferred
+async def test_the_checks_since_the_runs_mark_are_recounted_by_the_layout_7_migration(
+    redis_cluster: LoopbackCluster, prefix: str, layout_7: Path, migration: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A layout-7 store whose run's mark (1,000,005) falls between its
+    pages' two checks (12 pages checked at 1,000,001, 6 of them again at
+    1,000,010), migrated whole or cut at its second group and resumed:
+    each group keeps its old shard's mark and the checks since it, so a
+    summary of the pages not checked since a time between the two checks
+    counts the 6 left (not the 12: the checks since the mark lost), and
+    every summary with a cutoff is the pages'."""
+    subprocess.run(
+        [sys.executable, "-c", _MARKED_WRITER, redis_cluster.url, prefix, SCOPE],
+        cwd=layout_7, env={**os.environ, "PYTHONPATH": str(layout_7)}, check=True,
+        capture_output=True, text=True, timeout=300)
+    if migration == "cut and resumed":
+        original = RedisStateStore._write_group_sums
+        written: list[str] = []
+
+        def cut_second(self: RedisStateStore, tag: str, *args: Any) -> None:
+            if len(written) == 1:
+                raise redis.exceptions.ConnectionError("the second group's node is unreachable")
+            written.append(tag)
+            original(self, tag, *args)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(RedisStateStore, "_write_group_sums", cut_second)
+            with pytest.raises(StateStoreError, match="migrating the layout failed"):
+                RedisStateStore(redis_cluster.url, prefix=prefix)
+        with redis_cluster.client() as client:
+            assert client.hget(f"{prefix}:meta", "upgrading") == b"7"
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        with redis_cluster.client() as client:
+            assert b"upgrading" not in client.hgetall(f"{prefix}:meta")
+            # Each built group holds its old shard's mark.
+            groups = sorted({host_group(f"h{h}.example") for h in range(4)})
+            assert [client.hget(f"{prefix}:nvm:{{{SCOPE}|{group}}}", "mark")
+                    for group in groups] == [b"1000005"] * len(groups)
+        states = list(store.iter_pages(SCOPE))
+        assert sorted(s.last_checked for s in states) == [1_000_001] * 6 + [1_000_010] * 6
+        between = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                   checked_before=1_000_008))
+        assert between[0] == 6
+        for before in (1_000_008, 1_000_011, math.inf):
+            for after, upto in ((-math.inf, math.inf), (0, 1_500), (1_500, math.inf)):
+                got = await call(store.summarize_pages(SCOPE, after=after, upto=upto,
+                                                       checked_before=before))
+                assert tuple(got) == brute_summary(states, after, upto, before, ()), (
+                    before, after, upto)
+    finally:
+        await call(store.close())
