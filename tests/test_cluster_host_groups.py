@@ -7,6 +7,7 @@ in place, on a real loopback cluster."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -1121,12 +1122,14 @@ async def test_a_migration_cut_inside_a_later_batch_is_resumed_whole(
 @pytest_twisted.ensureDeferred
 async def test_a_large_hosts_buckets_are_recounted_over_several_scripts(
     redis_cluster: LoopbackCluster, prefix: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The recount reads at most _REGROUP_BUCKETS buckets a script (2
     here), a large host's over several: a host of 200 pages (5 buckets or
     more) and a small one, their shard keys dropped and the store marked
     as of layout 7 (a host's keys are named the same in 7 and 8), opened:
-    the host read over three scripts or more, its hosts listed, its pages
+    the host read over three scripts or more (its group's progress logged
+    every 2 scripts, the interval lowered too), its hosts listed, its pages
     due and summed as they are, the checks since the mark kept."""
     big = [PageKey(SCOPE, f"https://big.example/p{n}") for n in range(200)]
     small = [PageKey(SCOPE, "https://small.example/p")]
@@ -1147,12 +1150,18 @@ async def test_a_large_hosts_buckets_are_recounted_over_several_scripts(
         scripts.append(sum(n for _, _, n in batch))
         return batches(self, tag, mark, batch, sums)
 
-    with monkeypatch.context() as patched:
+    with monkeypatch.context() as patched, caplog.at_level(logging.INFO):
         patched.setattr(layout, "_REGROUP_BUCKETS", 2)
+        patched.setattr(layout, "_REGROUP_PROGRESS", 2)
         patched.setattr(RedisStateStore, "_regroup_batch", counted)
         store = RedisStateStore(redis_cluster.url, prefix=prefix)
     try:
         assert len(scripts) >= 4 and max(scripts) <= 2
+        # The big host's group says its progress every 2 scripts.
+        big_tag = host_tag(SCOPE, "big.example").partition(":")[0]
+        progress = [r.getMessage() for r in caplog.records
+                    if f"host group {big_tag}: " in r.getMessage()]
+        assert progress and "pages recounted so far" in progress[0], progress
         assert sorted(store._scope_hosts(SCOPE)) == ["big.example", "small.example"]
         states = list(store.iter_pages(SCOPE))
         assert len(states) == 201

@@ -123,6 +123,9 @@ _SUM_MINUTE = 60
 #: A migration to layout 8 recounts a host group's pages this many buckets
 #: a script (bounded work a call, the lock renewed between calls).
 _REGROUP_BUCKETS = 256
+#: ... and logs its progress within a group every this many scripts: a
+#: scope of one huge host is one group, whose recount can take minutes.
+_REGROUP_PROGRESS = 64
 #: ``P:nvm`` field of a host group whose keys a migration to layout 8 built
 #: (its sums written in the same transaction): a migration resumed does
 #: not read its pages again (building it again would write the same: its
@@ -749,7 +752,7 @@ class RedisLayout(RedisCore):
         counts = [max(1, _whole_count(raw)) for raw in self._sync_run(pipe)]
         sums: dict[str, list[int]] = {}
         latest: int | None = None
-        read = 0
+        read = scripts = 0
         # (host, first bucket, how many): a large host's buckets over
         # several calls, so that no call reads more than _REGROUP_BUCKETS.
         spans = [(part, first, min(_REGROUP_BUCKETS, n - first))
@@ -765,6 +768,10 @@ class RedisLayout(RedisCore):
                     latest = last if latest is None else max(latest, last)
                 read += count
                 batch = []
+                scripts += 1
+                if scripts % _REGROUP_PROGRESS == 0:
+                    logger.info("State store %s: host group %s: %d pages recounted so far "
+                                "(%d scripts)", self.location, tag, read, scripts)
             if span[0]:
                 batch.append(span)
         self._write_group_sums(tag, sums, mark, latest, lock, token)
