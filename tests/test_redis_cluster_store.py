@@ -86,9 +86,6 @@ def host_key(prefix: str, kind: str, host: str, scope: str = SCOPE) -> str:
     return f"{prefix}:{kind}:{host_tag(scope, host)}"
 
 
-def ledger_key(prefix: str, host: str, scope: str = SCOPE) -> str:
-    """The ledger of *host*'s group."""
-    return f"{prefix}:fx:{{{scope}|{host_group(host)}}}"
 LONELY_SHARD = shard_of("lonely.example")
 
 #: What a crawl or a command needs to open the state store on a cluster.
@@ -128,8 +125,8 @@ async def assert_sums_are_the_pages(store: RedisStateStore) -> None:
 
 
 async def assert_whole_summary(store: RedisStateStore, pages: int) -> None:
-    """A summary of the whole scope counts *pages* (applying what the
-    ledgers hold), and every summary the sums give is the pages'."""
+    """A summary of the whole scope counts *pages*, and every summary the
+    sums give is the pages'."""
     summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
                                                checked_before=math.inf))
     assert summary[0] == pages
@@ -266,8 +263,8 @@ async def test_a_flush_failing_in_phase_2_on_one_node_leaves_no_page_ahead_of_it
             assert store.pending == 1
             client.delete(links)
 
-        # The retried flush completes: a's page, and phase 3 with the
-        # effects of both pages' writes (b's kept from the failed flush).
+        # The retried flush completes: a's page with its effects (b's were
+        # applied with its page, in its group's script, by the failed flush).
         assert await call(store.flush()) == 1
         assert store.pending == 0
         assert await call(reader.get_page(a)) == full_state(a, 2, callback="parse",
@@ -470,9 +467,9 @@ async def test_a_split_made_by_a_host_script_that_applied_no_write_keeps_its_bou
     first write then fails (a damaged record read by a check) it has
     applied no write, but the split stays (the host's count raised, pages
     moved to the new bucket). Its effects (the new bucket's bound, the
-    splits, the host listed) are kept all the same, in its ledger and by
-    the caller (from its reply, or from its replay when the reply was
-    lost): the moved pages are due."""
+    splits, the host listed) are applied all the same, by its group's
+    script (its reply, or its replay when the reply was lost, says so):
+    the moved pages are due."""
     keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(40)]
     store = open_store(redis_cluster, prefix)
     hd = host_key(prefix, "hd", "a.example")
@@ -965,7 +962,7 @@ def many_hosts_pages() -> list[Any]:
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_scopes_phase_3_keys_spread_over_every_primary_and_due_pages_merge(
+async def test_a_scopes_shard_keys_spread_over_every_primary_and_due_pages_merge(
     redis_cluster: LoopbackCluster, prefix: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A flush of many hosts' pages writes the scope's revisit index,
