@@ -81,7 +81,8 @@ scope, per scope shard, which is the host's group (``{<s>|<g>}``, in the
 same slot as its hosts' pages: see
 :data:`~incremental_crawler.state.stores.redis.core.SCOPE_SHARDS`):
 ``P:hs``, ``P:dueb``, ``P:splits``, ``P:nvs``, ``P:nvm``, ``P:ck``,
-``P:nvf:{<s>|<g>}:<hour>`` and the buckets a summary is reading
+``P:nvf:{<s>|<g>}:<k>`` (``FINE_KEYS`` hashes, every one in the
+group script's ``KEYS``) and the buckets a summary is reading
 ``P:duer``; the items by group ``P:items:{<s>#<g>}``,
 ``P:itemver:{<s>#<g>}``, ``P:order:{<s>#<g>}``,
 ``P:hist:{<s>#<g>}:<item key>`` and ``P:bypage:{<s>#<g>}`` (the group of

@@ -5,7 +5,7 @@
 -- change of the scope in the group's own keys (the group is its hosts'
 -- scope shard): the scope's hosts (P:hs), the revisit index lowered (ZADD
 -- LT into P:dueb, each bound's summary mark in P:duer dropped), the splits
--- count, the sums by next visit (P:nvs, P:nvf:<hour>), the latest check
+-- count, the sums by next visit (P:nvs, P:nvf:<k>), the latest check
 -- (P:nvm) and the checks since the mark (ZADD GT into P:ck), all in this
 -- one atomic script: no ledger, no write-ahead intent, no later phase.
 -- Every key it touches carries the group's tag {<scope>|<group>} and is
