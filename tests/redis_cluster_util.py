@@ -230,3 +230,117 @@ def redis_cluster():
         yield cluster
     finally:
         cluster.remove()
+
+
+def _monitor_args(line: bytes) -> tuple[bytes, list[bytes]]:
+    """A MONITOR line's client (``lua`` for a script's own commands) and
+    its command's arguments, unquoted (MONITOR escapes \\\\, \\", \\n, \\r,
+    \\t, \\a, \\b and \\xHH inside each argument's quotes)."""
+    head, _, rest = line.partition(b"] ")
+    client = head.partition(b"[")[2].partition(b" ")[2]
+    named = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("a"): b"\a",
+             ord("b"): b"\b"}
+    args: list[bytes] = []
+    at = 0
+    while at < len(rest):
+        if rest[at] != ord('"'):
+            at += 1
+            continue
+        arg = bytearray()
+        at += 1
+        while rest[at] != ord('"'):
+            if rest[at] == ord("\\"):
+                code = rest[at + 1]
+                if code == ord("x"):
+                    arg.append(int(rest[at + 2:at + 4], 16))
+                    at += 4
+                    continue
+                arg += named.get(code, bytes([code]))
+                at += 2
+                continue
+            arg.append(rest[at])
+            at += 1
+        args.append(bytes(arg))
+        at += 1
+    return client, args
+
+
+class CommandLog:
+    """Every command the nodes of *cluster* run while it is open (a
+    MONITOR connection to each), for :meth:`undeclared`."""
+
+    def __init__(self, cluster: LoopbackCluster) -> None:
+        self.cluster = cluster
+        self.lines: dict[int, list[bytes]] = {}
+        #: Every key a script's command named (filled by :meth:`undeclared`).
+        self.touched: set[bytes] = set()
+        self._socks: dict[int, socket.socket] = {}
+
+    def __enter__(self) -> CommandLog:
+        for port in self.cluster.ports:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            sock.sendall(b"MONITOR\r\n")
+            self._socks[port] = sock
+            self.lines[port] = []
+            self._read_until(port, b"+OK")
+        return self
+
+    def _read_until(self, port: int, last: bytes) -> None:
+        # Bounded: the socket's 10 s timeout a read, at most 1 GB read.
+        sock, buffer, lines = self._socks[port], b"", self.lines[port]
+        for _ in range(1_000_000):
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                raise AssertionError(f"node {port} closed its MONITOR connection")
+            buffer += chunk
+            *whole, buffer = buffer.split(b"\r\n")
+            lines.extend(whole)
+            if any(last in line for line in whole):
+                return
+        raise AssertionError(f"no {last!r} from node {port}'s MONITOR")
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if exc[0] is None:
+                # Every command run before the ECHO is logged before it.
+                for port in self._socks:
+                    end = f"monitor-end-{port}-{time.monotonic_ns()}".encode()
+                    with self.cluster.node(port) as client:
+                        client.echo(end)
+                    self._read_until(port, end)
+        finally:
+            for sock in self._socks.values():
+                sock.close()
+
+    def scripts(self) -> int:
+        """The scripts (EVAL/EVALSHA) the nodes ran."""
+        return sum(1 for lines in self.lines.values() for line in lines
+                   if _monitor_args(line)[1][:1] in ([b"eval"], [b"evalsha"],
+                                                      [b"EVAL"], [b"EVALSHA"]))
+
+    def undeclared(self) -> list[tuple[bytes, bytes]]:
+        """(command, key) of every command a script ran on a key not in the
+        KEYS it was called with (each command's keys as ``COMMAND GETKEYS``
+        names them; MONITOR logs a script's call before its commands)."""
+        found: list[tuple[bytes, bytes]] = []
+        for port, lines in self.lines.items():
+            with self.cluster.node(port) as client:
+                declared: set[bytes] = set()
+                for line in lines:
+                    who, args = _monitor_args(line)
+                    if not args:
+                        continue
+                    if who != b"lua":
+                        if args[0].lower() in (b"eval", b"evalsha"):
+                            declared = set(args[3:3 + int(args[2])])
+                        continue
+                    try:
+                        named = client.command_getkeys(*args)
+                    except redis.ResponseError:
+                        continue  # no key (TIME)
+                    # (redis-py answers them as str.)
+                    keys = [k if isinstance(k, bytes) else k.encode("utf-8", "surrogateescape")
+                            for k in named]
+                    self.touched.update(keys)
+                    found += [(args[0], key) for key in keys if key not in declared]
+        return found

@@ -1,10 +1,13 @@
-"""The cluster layout's host groups (version 7): a flush's phase 2 is one
-script a host group, the groups spread over the slots, and a store of
-layout 6 (a script a host) migrated in place, on a real loopback cluster."""
+"""The cluster layout's host groups (version 7, and 8: each group its
+hosts' scope shard): a flush's phase 2 is one script a host group, which
+applies its writes' effects itself, the groups spread over the slots, and
+stores of layouts 6 (a script a host) and 7 (eight scope shards) migrated
+in place, on a real loopback cluster."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -28,11 +31,11 @@ from incremental_crawler.state.stores.base import StateStoreError
 from incremental_crawler.state.stores.redis import RedisStateStore, layout
 from incremental_crawler.state.stores.redis.core import (
     HOST_GROUPS,
-    SCOPE_SHARDS,
+    OLD_SCOPE_SHARDS,
     host_group,
     host_tag,
-    key_tag,
-    shard_part,
+    old_scope_shard,
+    old_shard_part,
 )
 from incremental_crawler.state.stores.redis.layout import (
     _LIVE_INTENT,
@@ -41,6 +44,7 @@ from incremental_crawler.state.stores.redis.layout import (
 )
 from incremental_crawler.state.stores.redis.scripts import CLUSTER_HOST_LUA
 from tests.conftest import crawl_settings
+from tests.redis_cluster_util import CommandLog
 from tests.redis_util import new_prefix
 from tests.site import PLAIN_KINDS
 from tests.spiders import ListSpider
@@ -55,6 +59,9 @@ REPO = Path(__file__).resolve().parent.parent
 #: A commit of the cluster layout 6 (a phase-2 script a host): the store
 #: it writes is the one migrated.
 LAYOUT_6_COMMIT = "afbf804323a48a0b3eb1b9dd2e9b2e0b24806373"
+#: A commit of the cluster layout 7 (eight scope shards, effects applied by
+#: a flush's phase 3 from the groups' ledgers).
+LAYOUT_7_COMMIT = "39919217a2b450236fb4633e55ac4041b58eb5e6"
 
 
 @pytest.fixture
@@ -108,7 +115,45 @@ async def test_a_flush_over_many_hosts_runs_one_page_script_a_group(
         await call(store.close())
 
 
-#: Run by the code of LAYOUT_6_COMMIT: a first flush of pages on HOSTS
+@pytest_twisted.ensureDeferred
+async def test_every_key_a_group_or_repair_script_touches_is_in_its_keys(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Pages on 40 hosts written, then written again with next visits in
+    other hours (their old records' hours in no argument the client
+    sent), a page and a host forgotten, windows summed: every key every
+    script ran a command on (each node's MONITOR) was in the KEYS it was
+    called with, the fine sums' hashes too (Redis Cluster only vouches for
+    scripts that declare their keys); the summaries are the pages'."""
+    keys = [PageKey(SCOPE, f"https://h{h}.example/p{n}") for h in range(40) for n in range(3)]
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        with CommandLog(redis_cluster) as log:
+            for n, key in enumerate(keys):
+                store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + 1_800 * n))
+            await call(store.flush())
+            for n, key in enumerate(keys):
+                store.stage_page(full_state(key, 2, callback="parse",
+                                            next_visit=500_000 + 2_700 * n))
+            await call(store.flush())
+            store.forget_page(SCOPE, keys[0].url)
+            store.forget_host(SCOPE, "h1.example")
+            states = list(store.iter_pages(SCOPE))
+            for after, upto in ((-math.inf, math.inf), (500_000 + 2_700 * 7 + 30, 600_031)):
+                got = await call(store.summarize_pages(SCOPE, after=after, upto=upto,
+                                                       checked_before=math.inf))
+                assert tuple(got) == brute_summary(states, after, upto, math.inf, ())
+        assert len(states) == len(keys) - 4
+        assert log.scripts() > 64
+        assert log.undeclared() == []
+        fine = {key for key in log.touched if b":nvf:" in key}
+        assert len(fine) > 10
+    finally:
+        await call(store.close())
+
+
+#: Run by the code of LAYOUT_6_COMMIT or LAYOUT_7_COMMIT (its version the
+#: last argument): a first flush of pages on HOSTS
 #: hosts, closed; then a second flush of new versions of half of them whose
 #: phase 3 never runs (the worker dies between its phases 2 and 3: its
 #: effects stay in the hosts' ledgers, listed by its intents).
@@ -119,7 +164,7 @@ _WRITER = textwrap.dedent("""
     from incremental_crawler.state.stores.redis.layout import CLUSTER_LAYOUT_VERSION
     from tests.test_store_contract import full_state
     url, prefix, scope, hosts = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    assert CLUSTER_LAYOUT_VERSION == 6
+    assert CLUSTER_LAYOUT_VERSION == int(sys.argv[5])
 
     async def main():
         keys = [PageKey(scope, f"https://h{h}.example/p{n}")
@@ -154,6 +199,12 @@ def layout_6(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return layout_6_tree(tmp_path_factory.mktemp("layout6"))
 
 
+@pytest.fixture(scope="module")
+def layout_7(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package and tests of LAYOUT_7_COMMIT, from git."""
+    return layout_6_tree(tmp_path_factory.mktemp("layout7"), LAYOUT_7_COMMIT)
+
+
 async def whole_summary(store: RedisStateStore, scope: str) -> tuple[Any, ...]:
     """The store's summary of every page of *scope* (no cut)."""
     return tuple(await call(store.summarize_pages(scope, after=-math.inf, upto=math.inf,
@@ -165,9 +216,10 @@ def whole_brute_summary(states: list[PageState]) -> tuple[Any, ...]:
     return brute_summary(states, -math.inf, math.inf, math.inf, ())
 
 
-def layout_6_tree(into: Path) -> Path:
-    """The package and tests of LAYOUT_6_COMMIT, from git, under *into*."""
-    archive = subprocess.run(["git", "archive", LAYOUT_6_COMMIT, "incremental_crawler", "tests"],
+def layout_6_tree(into: Path, commit: str = LAYOUT_6_COMMIT) -> Path:
+    """The package and tests of *commit* (LAYOUT_6_COMMIT), from git, under
+    *into*."""
+    archive = subprocess.run(["git", "archive", commit, "incremental_crawler", "tests"],
                              cwd=REPO, check=True, capture_output=True, timeout=120).stdout
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
@@ -186,6 +238,18 @@ def old_keys(redis_cluster: LoopbackCluster, prefix: str) -> list[str]:
         if not inside.rpartition("|")[2].startswith("="):
             found.append(key)
     return found
+
+
+def left_of_layout_7(redis_cluster: LoopbackCluster, prefix: str) -> list[str]:
+    """The keys of layouts 6 and 7 that layout 8 no longer keeps: a scope
+    shard's (``{<s>^<x>}``), a ledger, an intent, a token held."""
+    found = []
+    for raw in redis_cluster.keys(f"{prefix}:*"):
+        key = raw.decode()
+        kind = key[len(prefix) + 1:].partition(":")[0]
+        if "^" in key or kind in ("fx", "fxhosts", "fxheld", "fxdone"):
+            found.append(key)
+    return sorted(found)
 
 
 def worker_gone_for(redis_cluster: LoopbackCluster, prefix: str,
@@ -208,11 +272,12 @@ async def test_a_layout_6_store_is_migrated_in_place_its_dead_workers_effects_on
     its phases 2 and 3, opened by this code: its host keys renamed into
     their groups' slots (none left under a host's tag), every page as the
     old code stored it (the validators a re-crawl sends), the dead worker's
-    effects applied once (the sums are the pages'), its young intents
-    naming groups; then written and read as any store of layout 7."""
+    effects counted once (the sums are the pages', recounted by group),
+    no ledger, intent or old shard key left; then written and read as any
+    store of layout 8."""
     tree = layout_6
     out = subprocess.run(
-        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "12"],
+        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "12", "6"],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
         capture_output=True, text=True, timeout=300)
     worker_gone_for(redis_cluster, prefix)
@@ -246,11 +311,8 @@ async def test_a_layout_6_store_is_migrated_in_place_its_dead_workers_effects_on
             meta = client.hgetall(f"{prefix}:meta")
             assert meta[b"version"] == str(CLUSTER_LAYOUT_VERSION).encode()
             assert b"upgrading" not in meta
-            intents = [m.decode() for key in client.keys(f"{prefix}:fxhosts:*")
-                       for m in client.zrange(key, 0, -1)]
         assert old_keys(redis_cluster, prefix) == []
-        # The dying worker's intents were young: kept, naming groups.
-        assert intents and all(m.startswith("=") for m in intents)
+        assert left_of_layout_7(redis_cluster, prefix) == []
         keys = [PageKey(SCOPE, url) for url in urls]
         got = await call(store.get_pages(keys))
         assert len(got) == len(keys)
@@ -640,59 +702,81 @@ async def test_eight_damaged_hosts_of_a_group_cost_a_healthy_host_of_it_nothing(
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_migration_cut_short_is_resumed_by_the_next_process_that_opens_the_store(
-    redis_cluster: LoopbackCluster, prefix: str, layout_6: Path,
+async def test_a_layout_7_migration_cut_short_is_resumed_counting_no_page_twice(
+    redis_cluster: LoopbackCluster, prefix: str, layout_7: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A migration from layout 6 that stops after the host keys moved (its
-    connection lost before the intents were regrouped) leaves the version
-    raised and ``upgrading`` set; the next process to open the store
-    resumes it: no host key left under a host's tag, every page there, the
-    intents naming groups, the sums the pages'."""
-    tree = layout_6
+    """A store written by layout 7's code (main's), a worker of which died
+    between its phases 2 and 3 (its effects in the groups' ledgers), whose
+    migration to layout 8 stops midway through recounting the groups (its
+    connection lost at the third group, two built): the version raised,
+    ``upgrading`` 7; the next process to open the store resumes: every
+    group's sums the pages' (none counted twice, the dead worker's pages
+    counted once), every page there, no key of the old shards, no ledger
+    or intent left; then written and read as any store of layout 8."""
     out = subprocess.run(
-        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "6"],
-        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "12", "7"],
+        cwd=layout_7, env={**os.environ, "PYTHONPATH": str(layout_7)}, check=True,
         capture_output=True, text=True, timeout=300)
     worker_gone_for(redis_cluster, prefix)
     urls = json.loads(out.stdout.strip().splitlines()[-1])
-    # A token a shard's script applied, held until its entry leaves a
-    # host's ledger of layout 6 (what P:fxheld notes).
-    held = f"{prefix}:fxheld:{{{shard_part(SCOPE, 0)}}}"
     with redis_cluster.client() as client:
-        client.hset(held, "t0", f"{prefix}:fx:{{{SCOPE}|h0.example}}")
+        assert any(client.hlen(key) for key in redis_cluster.keys(f"{prefix}:fx:*"))
+    original = RedisStateStore._write_group_sums
+    written: list[str] = []
 
-    def cut(self: RedisStateStore, *args: Any) -> None:
-        raise redis.exceptions.ConnectionError("the intents' node is unreachable")
+    def cut_third(self: RedisStateStore, tag: str, *args: Any) -> None:
+        if len(written) == 2:
+            raise redis.exceptions.ConnectionError("the third group's node is unreachable")
+        written.append(tag)
+        original(self, tag, *args)
 
     with monkeypatch.context() as patched:
-        patched.setattr(RedisStateStore, "_regroup_intents", cut)
+        patched.setattr(RedisStateStore, "_write_group_sums", cut_third)
         with pytest.raises(StateStoreError, match="migrating the layout failed"):
             RedisStateStore(redis_cluster.url, prefix=prefix)
     with redis_cluster.client() as client:
         meta = client.hgetall(f"{prefix}:meta")
         assert meta[b"version"] == str(CLUSTER_LAYOUT_VERSION).encode()
-        assert meta[b"upgrading"] == b"6"
-        intents = [m.decode() for key in client.keys(f"{prefix}:fxhosts:*")
-                   for m in client.zrange(key, 0, -1)]
-    assert intents and not any(m.startswith("=") for m in intents)  # not regrouped yet
+        assert meta[b"upgrading"] == b"7"
+        assert all(client.hexists(f"{prefix}:nvm:{tag}", "regrouped") for tag in written)
 
-    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    batches = RedisStateStore._regroup_batch
+    read: list[str] = []
+
+    def reading(self: RedisStateStore, tag: str, *args: Any) -> Any:
+        read.append(tag)
+        return batches(self, tag, *args)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(RedisStateStore, "_regroup_batch", reading)
+        store = RedisStateStore(redis_cluster.url, prefix=prefix)
     try:
+        # The groups built before the cut are not read again.
+        assert read and not set(read) & set(written)
         with redis_cluster.client() as client:
             assert b"upgrading" not in client.hgetall(f"{prefix}:meta")
-            intents = [m.decode() for key in client.keys(f"{prefix}:fxhosts:*")
-                       for m in client.zrange(key, 0, -1)]
-        assert intents and all(m.startswith("=") for m in intents)
-        # Its ledger named as its group's, though the pass that moved the
-        # ledgers was the one cut short.
-        with redis_cluster.client() as client:
-            assert client.hget(held, "t0") == (
-                f"{prefix}:fx:{{{SCOPE}|{host_group('h0.example')}}}".encode())
-        assert old_keys(redis_cluster, prefix) == []
+        assert left_of_layout_7(redis_cluster, prefix) == []
         keys = [PageKey(SCOPE, url) for url in urls]
         got = await call(store.get_pages(keys))
-        assert len(got) == len(keys)
+        rewritten = set(keys[::2])
+        assert {k: s.checks for k, s in got.items()} == {
+            k: (2 if k in rewritten else 1) for k in keys}
+        states = list(store.iter_pages(SCOPE))
+        assert len(states) == len(keys)
+        for after, upto in ((-math.inf, math.inf), (0, 4_000), (4_000, math.inf)):
+            summary = await call(store.summarize_pages(SCOPE, after=after, upto=upto,
+                                                       checked_before=math.inf))
+            assert tuple(summary) == brute_summary(states, after, upto, math.inf, ())
+        # Due as the pages say (the revisit index recounted by group).
+        due = await call(store.get_due(SCOPE, now=4_000, limit=1_000))
+        assert sorted(s.key.url for s in due) == sorted(
+            s.key.url for s in states if s.next_visit <= 4_000)
+        assert sorted(store._scope_hosts(SCOPE)) == sorted(
+            {s.key.url.split("/")[2] for s in states})
+        for key in keys[1::2]:
+            store.stage_page(full_state(key, 3, callback="parse", next_visit=9_000))
+        await call(store.flush())
         states = list(store.iter_pages(SCOPE))
         assert await whole_summary(store, SCOPE) == whole_brute_summary(states)
     finally:
@@ -762,41 +846,42 @@ async def test_a_group_whose_hosts_counts_are_stale_is_planned_again_host_by_hos
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_layout_6_store_with_a_damaged_scope_shard_is_migrated_not_locked_out(
-    redis_cluster: LoopbackCluster, prefix: str, layout_6: Path,
+async def test_a_layout_7_store_with_a_damaged_scope_shard_is_migrated_not_locked_out(
+    redis_cluster: LoopbackCluster, prefix: str, layout_7: Path,
 ) -> None:
-    """A layout-6 store with a dead worker's effects pending and a damaged
-    key in every one of its scope's shards (the hosts set a string): the
-    migration does not apply the pending effects (a shard's script would
-    refuse), it moves them: the store opens at layout 7 (not left at a
-    version neither code opens), the effects still in their groups'
-    ledgers for a later reader once the key is repaired."""
-    tree = layout_6
+    """A layout-7 store with a dead worker's effects pending and a damaged
+    key in every one of its scope's eight shards (the hosts set a string):
+    the migration reads none of the shards' keys but their meta's mark of
+    the run (type-checked before the version is raised; their hosts, sums
+    and index are recounted from the pages), so the store opens at layout 8
+    (not left at a version neither code opens), the damaged keys gone
+    with the old shards, the scope's hosts and sums the pages'."""
     subprocess.run(
-        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "6"],
-        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "6", "7"],
+        cwd=layout_7, env={**os.environ, "PYTHONPATH": str(layout_7)}, check=True,
         capture_output=True, text=True, timeout=300)
     worker_gone_for(redis_cluster, prefix)
     with redis_cluster.client() as client:
         assert client.keys(f"{prefix}:fx:*")  # the dead worker's ledgers
-        for shard in SCOPE_SHARDS:
+        for shard in OLD_SCOPE_SHARDS:
             hosts = f"{prefix}:hs:{{{SCOPE}^{shard}}}"
             client.delete(hosts)
             client.set(hosts, "damaged")
     store = RedisStateStore(redis_cluster.url, prefix=prefix)
-    await call(store.close())
-    with redis_cluster.client() as client:
-        meta = client.hgetall(f"{prefix}:meta")
+    try:
+        with redis_cluster.client() as client:
+            meta = client.hgetall(f"{prefix}:meta")
         assert meta[b"version"] == str(CLUSTER_LAYOUT_VERSION).encode()
         assert b"upgrading" not in meta
-        ledgers = [key.decode() for key in client.keys(f"{prefix}:fx:*")]
-    assert old_keys(redis_cluster, prefix) == []
-    # The dead worker's effects kept, in group ledgers (none applied).
-    assert ledgers and all(key_tag(key)[1:-1].rpartition("|")[2].startswith("=")
-                           for key in ledgers)
+        assert left_of_layout_7(redis_cluster, prefix) == []
+        states = list(store.iter_pages(SCOPE))
+        assert sorted(store._scope_hosts(SCOPE)) == [f"h{h}.example" for h in range(6)]
+        assert await whole_summary(store, SCOPE) == whole_brute_summary(states)
+    finally:
+        await call(store.close())
 
 
-#: Run by layout 6's code: the first flush of a scope nobody wrote before,
+#: Run by layout 7's code: the first flush of a scope nobody wrote before,
 #: whose worker dies between its phases 2 and 3 (its pages and ledger
 #: entries stored, its intents written; P:scopes is added in phase 3).
 _FIRST_FLUSH_DIES = textwrap.dedent("""
@@ -806,7 +891,7 @@ _FIRST_FLUSH_DIES = textwrap.dedent("""
     from incremental_crawler.state.stores.redis.layout import CLUSTER_LAYOUT_VERSION
     from tests.test_store_contract import full_state
     url, prefix, scope = sys.argv[1], sys.argv[2], sys.argv[3]
-    assert CLUSTER_LAYOUT_VERSION == 6
+    assert CLUSTER_LAYOUT_VERSION == 7
 
     async def main():
         keys = [PageKey(scope, f"https://h{h}.example/p{n}") for h in range(6) for n in range(3)]
@@ -830,16 +915,16 @@ _FIRST_FLUSH_DIES = textwrap.dedent("""
 
 @pytest_twisted.ensureDeferred
 async def test_a_dead_workers_first_flush_of_a_new_scope_survives_the_migration(
-    redis_cluster: LoopbackCluster, prefix: str, layout_6: Path,
+    redis_cluster: LoopbackCluster, prefix: str, layout_7: Path,
 ) -> None:
-    """Layout 6: a worker's first flush of a new scope dies between its
-    phases 2 and 3: pages stored, effects in the hosts' ledgers listed by
+    """Layout 7: a worker's first flush of a new scope dies between its
+    phases 2 and 3: pages stored, effects in the groups' ledgers listed by
     its intents, the scope not in P:scopes yet (phase 3 adds it). The
-    migration regroups the intents of every scope that has some (not only
-    the listed ones): the scope's 18 pages are read after it, and its
-    sums are its pages'."""
+    migration recounts every scope whose hosts it finds (not only the
+    listed ones): the scope's 18 pages are read after it, its hosts
+    listed, and its sums are its pages'."""
     fresh = "fresh"
-    tree = layout_6
+    tree = layout_7
     out = subprocess.run(
         [sys.executable, "-c", _FIRST_FLUSH_DIES, redis_cluster.url, prefix, fresh],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
@@ -851,11 +936,8 @@ async def test_a_dead_workers_first_flush_of_a_new_scope_survives_the_migration(
         assert client.keys(f"{prefix}:fx:*")
     store = RedisStateStore(redis_cluster.url, prefix=prefix)  # migrates
     try:
-        store.adopt_after = 0  # (the dead worker's entries are taken now)
-        with redis_cluster.client() as client:
-            intents = [m.decode() for key in client.keys(f"{prefix}:fxhosts:*")
-                       for m in client.zrange(key, 0, -1)]
-        assert intents and all(m.startswith("=") for m in intents)
+        assert left_of_layout_7(redis_cluster, prefix) == []
+        assert sorted(store._scope_hosts(fresh)) == [f"h{h}.example" for h in range(6)]
         states = list(store.iter_pages(fresh))
         assert sorted(s.key.url for s in states) == sorted(urls)
         assert await whole_summary(store, fresh) == whole_brute_summary(states)
@@ -864,21 +946,21 @@ async def test_a_dead_workers_first_flush_of_a_new_scope_survives_the_migration(
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_migration_is_refused_while_a_worker_of_layout_6_may_be_running(
-    redis_cluster: LoopbackCluster, prefix: str, layout_6: Path,
+async def test_a_migration_is_refused_while_a_worker_of_layout_7_may_be_running(
+    redis_cluster: LoopbackCluster, prefix: str, layout_7: Path,
 ) -> None:
-    """A layout-6 store whose worker's flush left an intent young enough
-    that its phase 2 may still write, then one with a live hold of its
-    scope (a crawl's): each open refuses the migration in one line that
-    says why and what to do, the store left as it was (version 6, no
-    host key moved: the old code still opens it). With neither, it is
+    """A layout-7 store (main's code) whose worker's flush left an intent
+    young enough that its phase 2 may still write, then one with a live
+    hold of its scope (a crawl's): each open refuses the migration in one
+    line that says why and what to do, the store left as it was (version
+    7, no key changed: the old code still opens it). With neither, it is
     migrated."""
-    tree = layout_6
+    tree = layout_7
     subprocess.run(
-        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "4"],
+        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "4", "7"],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
         capture_output=True, text=True, timeout=300)
-    before = sorted(old_keys(redis_cluster, prefix))
+    before = left_of_layout_7(redis_cluster, prefix)
     with pytest.raises(StateStoreError,
                        match=r"migration refused: a flush's intent .*fxhosts") as said:
         RedisStateStore(redis_cluster.url, prefix=prefix)
@@ -890,22 +972,24 @@ async def test_a_migration_is_refused_while_a_worker_of_layout_6_may_be_running(
         # (A hold of a flush interval over 100 s lapses later than the
         # intents' 300 s: the line gives the hold's lapse.)
         lapses = float(client.time()[0]) + 1_000
-        client.zadd(holds, {f"{prefix}:worker-of-layout-6": lapses})
+        client.zadd(holds, {f"{prefix}:worker-of-layout-7": lapses})
     with pytest.raises(StateStoreError,
-                       match=r"migration refused: a live hold .*stop every") as said:
+                       match=r"migration refused: a live hold .*layout 7 running; stop every"
+                       ) as said:
         RedisStateStore(redis_cluster.url, prefix=prefix)
     assert "\n" not in str(said.value)
     wait = re.search(r"wait (\d+) s", str(said.value))
     assert wait is not None and _LIVE_INTENT < int(wait.group(1)) <= 1_000, said.value
     with redis_cluster.client() as client:
         meta = client.hgetall(f"{prefix}:meta")
-        assert meta[b"version"] == b"6" and b"upgrading" not in meta
+        assert meta[b"version"] == b"7" and b"upgrading" not in meta
         assert not client.exists(f"{prefix}:migrating")
+        assert not client.keys(f"{prefix}:nvm:{{{SCOPE}|=*")  # no group built
         client.delete(holds)
-    assert sorted(old_keys(redis_cluster, prefix)) == before
+    assert left_of_layout_7(redis_cluster, prefix) == before
     store = RedisStateStore(redis_cluster.url, prefix=prefix)
     try:
-        assert old_keys(redis_cluster, prefix) == []
+        assert left_of_layout_7(redis_cluster, prefix) == []
         with redis_cluster.client() as client:
             assert client.hget(f"{prefix}:meta", "version") == (
                 str(CLUSTER_LAYOUT_VERSION).encode())
@@ -937,13 +1021,13 @@ def test_a_damaged_key_the_migration_reads_refuses_it_before_the_version_is_rais
     all four deleted, it is migrated."""
     tree = layout_6
     subprocess.run(
-        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "4"],
+        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "4", "6"],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
         capture_output=True, text=True, timeout=300)
     worker_gone_for(redis_cluster, prefix)
     for key in (f"{prefix}:fx:{{{SCOPE}|h99.example}}",
-                f"{prefix}:fxheld:{{{shard_part(SCOPE, 0)}}}",
-                f"{prefix}:fxhosts:{{{shard_part(SCOPE, 0)}}}",
+                f"{prefix}:fxheld:{{{old_shard_part(SCOPE, 0)}}}",
+                f"{prefix}:fxhosts:{{{old_shard_part(SCOPE, 0)}}}",
                 f"{prefix}:holds:{{{SCOPE}}}"):
         with redis_cluster.client() as client:
             client.delete(key)
@@ -987,7 +1071,7 @@ async def test_a_migration_cut_inside_a_later_batch_is_resumed_whole(
     pages'."""
     tree = layout_6
     out = subprocess.run(
-        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "8"],
+        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "8", "6"],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
         capture_output=True, text=True, timeout=300)
     worker_gone_for(redis_cluster, prefix)
@@ -1031,5 +1115,236 @@ async def test_a_migration_cut_inside_a_later_batch_is_resumed_whole(
         states = list(store.iter_pages(SCOPE))
         assert len(states) == len(keys)
         assert await whole_summary(store, SCOPE) == whole_brute_summary(states)
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_large_hosts_buckets_are_recounted_over_several_scripts(
+    redis_cluster: LoopbackCluster, prefix: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The recount reads at most _REGROUP_BUCKETS buckets a script (2
+    here), a large host's over several: a host of 200 pages (5 buckets or
+    more) and a small one, their shard keys dropped and the store marked
+    as of layout 7 (a host's keys are named the same in 7 and 8), opened:
+    the host read over three scripts or more (its group's progress logged
+    every 2 scripts, the interval lowered too), its hosts listed, its pages
+    due and summed as they are, the checks since the mark kept."""
+    big = [PageKey(SCOPE, f"https://big.example/p{n}") for n in range(200)]
+    small = [PageKey(SCOPE, "https://small.example/p")]
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    for n, key in enumerate([*big, *small]):
+        store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + 7 * n))
+    await call(store.flush())
+    await call(store.close())
+    with redis_cluster.client() as client:
+        for kind in ("dueb", "hs", "nvs", "nvm", "ck", "splits", "duer", "nvf"):
+            for key in redis_cluster.keys(f"{prefix}:{kind}:*"):
+                client.delete(key)
+        client.hset(f"{prefix}:meta", "version", 7)
+    scripts: list[int] = []
+    batches = RedisStateStore._regroup_batch
+
+    def counted(self: RedisStateStore, tag: str, mark: Any, batch: Any, sums: Any) -> Any:
+        scripts.append(sum(n for _, _, n in batch))
+        return batches(self, tag, mark, batch, sums)
+
+    with monkeypatch.context() as patched, caplog.at_level(logging.INFO):
+        patched.setattr(layout, "_REGROUP_BUCKETS", 2)
+        patched.setattr(layout, "_REGROUP_PROGRESS", 2)
+        patched.setattr(RedisStateStore, "_regroup_batch", counted)
+        store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        assert len(scripts) >= 4 and max(scripts) <= 2
+        # The big host's group says its progress every 2 scripts.
+        big_tag = host_tag(SCOPE, "big.example").partition(":")[0]
+        progress = [r.getMessage() for r in caplog.records
+                    if f"host group {big_tag}: " in r.getMessage()]
+        assert progress and "pages recounted so far" in progress[0], progress
+        assert sorted(store._scope_hosts(SCOPE)) == ["big.example", "small.example"]
+        states = list(store.iter_pages(SCOPE))
+        assert len(states) == 201
+        assert await whole_summary(store, SCOPE) == whole_brute_summary(states)
+        due = await call(store.get_due(SCOPE, now=1_700, limit=1_000))
+        assert sorted(s.key.url for s in due) == sorted(
+            s.key.url for s in states if s.next_visit <= 1_700)
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_damaged_key_or_record_the_layout_7_migration_reads_is_named_never_unnamed(
+    redis_cluster: LoopbackCluster, prefix: str, layout_7: Path,
+) -> None:
+    """A layout-7 store (its dead worker gone long enough), the keys the
+    recount reads set to a string in turn: a bucket of pages, a host's record,
+    the old shard's meta (its mark is read) and a host group's hosts set
+    (written by the recount). Each open refuses in one line naming that
+    key, the store left at version 7 (the old code still opens it); the
+    key put back. Then the old shard's mark not a time, and a page record
+    of garbage bytes, which no type check sees: each open stops naming the
+    key (and field) and the remedy,
+    the version raised (``upgrading`` 7), and once that field is deleted
+    the next open resumes: migrated, its summaries those of the pages
+    left."""
+    subprocess.run(
+        [sys.executable, "-c", _WRITER, redis_cluster.url, prefix, SCOPE, "4", "7"],
+        cwd=layout_7, env={**os.environ, "PYTHONPATH": str(layout_7)}, check=True,
+        capture_output=True, text=True, timeout=300)
+    worker_gone_for(redis_cluster, prefix)
+    tag = host_tag(SCOPE, "h1.example")
+    # (Its pages' bucket: a page written with its links is in pgl.)
+    buckets = sorted(raw.decode() for raw in redis_cluster.keys(f"{prefix}:pg*:{tag}:*"))
+    group = host_group("h1.example")
+    damaged = (buckets[0], f"{prefix}:hd:{tag}",
+               f"{prefix}:nvm:{{{old_shard_part(SCOPE, old_scope_shard(group))}}}",
+               f"{prefix}:hs:{{{SCOPE}|{group}}}")
+    with redis_cluster.client() as client:
+        assert client.type(damaged[0]) == b"hash" and client.type(damaged[1]) == b"hash"
+    for key in damaged:
+        with redis_cluster.client() as client:
+            kept = client.dump(key)
+            client.delete(key)
+            assert client.set(key, "damaged")
+        for _ in range(2):
+            with pytest.raises(StateStoreError, match="migration refused: ") as said:
+                RedisStateStore(redis_cluster.url, prefix=prefix)
+            assert f"{key} " in str(said.value) and "is a string, not a " in str(said.value)
+            assert "\n" not in str(said.value)
+        with redis_cluster.client() as client:
+            meta = client.hgetall(f"{prefix}:meta")
+            assert meta[b"version"] == b"7" and b"upgrading" not in meta, (key, meta)
+            assert not client.keys(f"{prefix}:nvm:{{{SCOPE}|=*")  # no group built
+        subprocess.run([sys.executable, "-c", _OLD_OPEN, redis_cluster.url, prefix],
+                       cwd=layout_7, env={**os.environ, "PYTHONPATH": str(layout_7)},
+                       check=True, capture_output=True, text=True, timeout=120)
+        with redis_cluster.client() as client:
+            client.delete(key)
+            if kept is not None:
+                client.restore(key, 0, kept)
+    # An old shard's mark of the run that is not a time: named, the
+    # version raised; the field deleted, the migration goes on below.
+    meta_key = damaged[2]
+    with redis_cluster.client() as client:
+        client.hset(meta_key, "mark", "soon")
+    with pytest.raises(StateStoreError, match="migrating the layout stopped: ") as said:
+        RedisStateStore(redis_cluster.url, prefix=prefix)
+    assert f"HDEL {meta_key} mark" in str(said.value), said.value
+    with redis_cluster.client() as client:
+        assert client.hget(f"{prefix}:meta", "upgrading") == b"7"
+        client.hdel(meta_key, "mark")
+    # A record no type check sees: garbage bytes in a bucket.
+    with redis_cluster.client() as client:
+        bucket = next(key for key in buckets if client.hlen(key))
+        field = sorted(client.hkeys(bucket))[0]
+        client.hset(bucket, field, b"\xff\xfegarbage")
+    for _ in range(2):
+        with pytest.raises(StateStoreError, match="migrating the layout stopped: ") as said:
+            RedisStateStore(redis_cluster.url, prefix=prefix)
+        line = str(said.value)
+        assert bucket in line and repr(field.decode()) in line, line
+        assert f"HDEL {bucket} {field.decode()}" in line and "resumes" in line, line
+        assert "\n" not in line
+    with redis_cluster.client() as client:
+        meta = client.hgetall(f"{prefix}:meta")
+        assert meta[b"version"] == str(CLUSTER_LAYOUT_VERSION).encode()
+        assert meta[b"upgrading"] == b"7"
+        client.hdel(bucket, field)
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        with redis_cluster.client() as client:
+            assert b"upgrading" not in client.hgetall(f"{prefix}:meta")
+        assert left_of_layout_7(redis_cluster, prefix) == []
+        states = list(store.iter_pages(SCOPE))
+        assert len(states) == 4 * 3 - 1
+        assert await whole_summary(store, SCOPE) == whole_brute_summary(states)
+        due = await call(store.get_due(SCOPE, now=4_000, limit=1_000))
+        assert sorted(s.key.url for s in due) == sorted(
+            s.key.url for s in states if s.next_visit <= 4_000)
+    finally:
+        await call(store.close())
+
+
+#: Run by layout 7's code: 12 pages on 4 hosts checked at 1,000,001; the
+#: run's mark set at 1,000,005 (every old shard's P:nvm); 6 of them checked
+#: again at 1,000,010 (after the mark: in the shards' P:ck).
+_MARKED_WRITER = textwrap.dedent("""
+    import asyncio, sys
+    from incremental_crawler.state.records import PageKey
+    from incremental_crawler.state.stores.redis import RedisStateStore
+    from incremental_crawler.state.stores.redis.layout import CLUSTER_LAYOUT_VERSION
+    from tests.test_store_contract import full_state
+    url, prefix, scope = sys.argv[1], sys.argv[2], sys.argv[3]
+    assert CLUSTER_LAYOUT_VERSION == 7
+
+    async def main():
+        keys = [PageKey(scope, f"https://h{h}.example/p{n}") for h in range(4) for n in range(3)]
+        store = RedisStateStore(url, prefix=prefix)
+        for n, key in enumerate(keys):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        await store.flush()
+        store.mark_run_start(scope, 1_000_005)
+        for n, key in enumerate(keys[::2]):
+            store.stage_page(full_state(key, 10, callback="parse", next_visit=2_000 + n))
+        await store.flush()
+        await store.close()
+
+    asyncio.run(main())
+""")
+
+
+@pytest.mark.parametrize("migration", ["whole", "cut and resumed"])
+@pytest_twisted.ensureDeferred
+async def test_the_checks_since_the_runs_mark_are_recounted_by_the_layout_7_migration(
+    redis_cluster: LoopbackCluster, prefix: str, layout_7: Path, migration: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A layout-7 store whose run's mark (1,000,005) falls between its
+    pages' two checks (12 pages checked at 1,000,001, 6 of them again at
+    1,000,010), migrated whole or cut at its second group and resumed:
+    each group keeps its old shard's mark and the checks since it, so a
+    summary of the pages not checked since a time between the two checks
+    counts the 6 left (not the 12: the checks since the mark lost), and
+    every summary with a cutoff is the pages'."""
+    subprocess.run(
+        [sys.executable, "-c", _MARKED_WRITER, redis_cluster.url, prefix, SCOPE],
+        cwd=layout_7, env={**os.environ, "PYTHONPATH": str(layout_7)}, check=True,
+        capture_output=True, text=True, timeout=300)
+    if migration == "cut and resumed":
+        original = RedisStateStore._write_group_sums
+        written: list[str] = []
+
+        def cut_second(self: RedisStateStore, tag: str, *args: Any) -> None:
+            if len(written) == 1:
+                raise redis.exceptions.ConnectionError("the second group's node is unreachable")
+            written.append(tag)
+            original(self, tag, *args)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(RedisStateStore, "_write_group_sums", cut_second)
+            with pytest.raises(StateStoreError, match="migrating the layout failed"):
+                RedisStateStore(redis_cluster.url, prefix=prefix)
+        with redis_cluster.client() as client:
+            assert client.hget(f"{prefix}:meta", "upgrading") == b"7"
+    store = RedisStateStore(redis_cluster.url, prefix=prefix)
+    try:
+        with redis_cluster.client() as client:
+            assert b"upgrading" not in client.hgetall(f"{prefix}:meta")
+            # Each built group holds its old shard's mark.
+            groups = sorted({host_group(f"h{h}.example") for h in range(4)})
+            assert [client.hget(f"{prefix}:nvm:{{{SCOPE}|{group}}}", "mark")
+                    for group in groups] == [b"1000005"] * len(groups)
+        states = list(store.iter_pages(SCOPE))
+        assert sorted(s.last_checked for s in states) == [1_000_001] * 6 + [1_000_010] * 6
+        between = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
+                                                   checked_before=1_000_008))
+        assert between[0] == 6
+        for before in (1_000_008, 1_000_011, math.inf):
+            for after, upto in ((-math.inf, math.inf), (0, 1_500), (1_500, math.inf)):
+                got = await call(store.summarize_pages(SCOPE, after=after, upto=upto,
+                                                       checked_before=before))
+                assert tuple(got) == brute_summary(states, after, upto, before, ()), (
+                    before, after, upto)
     finally:
         await call(store.close())

@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import logging
 import math
 import os
-import shlex
 import signal
 import threading
-import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -27,21 +23,17 @@ import pytest_twisted
 import redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
-from scrapy.crawler import CrawlerRunner
 from scrapy.settings import Settings
-from twisted.internet import reactor
-from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
-from incremental_crawler.hosts import host_of
 from incremental_crawler.state.records import HostTrust, PageKey
 from incremental_crawler.state.stores.base import RepairStopped, StateStoreError, due_after
 from incremental_crawler.state.stores.redis import RedisStateStore
 from incremental_crawler.state.stores.redis import core as redis_core
 from incremental_crawler.state.stores.redis import due as due_reads
-from incremental_crawler.state.stores.redis.cluster import _Effects
 from incremental_crawler.state.stores.redis.core import (
     SCOPE_SHARDS,
+    fine_part,
     host_group,
     host_tag,
     item_group,
@@ -53,12 +45,8 @@ from incremental_crawler.state.stores.redis.layout import (
     LAYOUT,
     LAYOUT_VERSION,
 )
-from incremental_crawler.state.stores.redis.ledger_entry import EXPIRED_EMPTY
-from incremental_crawler.state.stores.redis.pages import bucket_of, host_part
+from incremental_crawler.state.stores.redis.pages import bucket_of
 from incremental_crawler.state.stores.redis.scripts import (
-    _APPLIED_KEPT,
-    _LEDGER_HONOURED,
-    _TOKEN_TTL,
     CLUSTER_FORGET_LUA,
     CLUSTER_HOST_LUA,
     CLUSTER_ITEMS_LUA,
@@ -66,12 +54,7 @@ from incremental_crawler.state.stores.redis.scripts import (
     CLUSTER_SUMMARY_LUA,
 )
 from tests.clock_util import later
-from tests.conftest import crawl_settings
 from tests.redis_util import new_prefix
-from tests.scrapy_cli import run
-from tests.site import PLAIN_KINDS
-from tests.spiders import ListSpider
-from tests.test_fatal import crawl_args, one_error_line
 from tests.test_store_contract import SCOPE, brute_summary, call, full_state, item
 
 if TYPE_CHECKING:
@@ -89,7 +72,8 @@ def prefix(redis_cluster: LoopbackCluster) -> Iterator[str]:
 
 
 def shard_of(host: str) -> str:
-    """The inside of the tag of the scope shard *host* is in (``<s>^<x>``)."""
+    """The inside of the tag of the scope shard *host* is in: its host
+    group's (``<s>|<g>``)."""
     return shard_part(SCOPE, scope_shard(host))
 
 
@@ -102,9 +86,6 @@ def host_key(prefix: str, kind: str, host: str, scope: str = SCOPE) -> str:
     return f"{prefix}:{kind}:{host_tag(scope, host)}"
 
 
-def ledger_key(prefix: str, host: str, scope: str = SCOPE) -> str:
-    """The ledger of *host*'s group."""
-    return f"{prefix}:fx:{{{scope}|{host_group(host)}}}"
 LONELY_SHARD = shard_of("lonely.example")
 
 #: What a crawl or a command needs to open the state store on a cluster.
@@ -144,8 +125,8 @@ async def assert_sums_are_the_pages(store: RedisStateStore) -> None:
 
 
 async def assert_whole_summary(store: RedisStateStore, pages: int) -> None:
-    """A summary of the whole scope counts *pages* (applying what the
-    ledgers hold), and every summary the sums give is the pages'."""
+    """A summary of the whole scope counts *pages*, and every summary the
+    sums give is the pages'."""
     summary = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
                                                checked_before=math.inf))
     assert summary[0] == pages
@@ -282,8 +263,8 @@ async def test_a_flush_failing_in_phase_2_on_one_node_leaves_no_page_ahead_of_it
             assert store.pending == 1
             client.delete(links)
 
-        # The retried flush completes: a's page, and phase 3 with the
-        # effects of both pages' writes (b's kept from the failed flush).
+        # The retried flush completes: a's page with its effects (b's were
+        # applied with its page, in its group's script, by the failed flush).
         assert await call(store.flush()) == 1
         assert store.pending == 0
         assert await call(reader.get_page(a)) == full_state(a, 2, callback="parse",
@@ -349,7 +330,8 @@ async def test_a_phase_whose_reply_was_lost_is_not_applied_twice(
 ) -> None:
     """A phase's scripts that ran but whose reply never came are sent again
     under their tokens by the next flush: item versions, checks and the
-    sums are counted once."""
+    sums are counted once (the scope's own script runs for the host's
+    trust, a scope write)."""
     key = PageKey(SCOPE, "https://a.example/p")
     store = open_store(redis_cluster, prefix)
     reader = open_store(redis_cluster, prefix)
@@ -358,6 +340,7 @@ async def test_a_phase_whose_reply_was_lost_is_not_applied_twice(
         await call(store.flush())
         store.stage_item(item("a", 1, page=key.url))
         store.stage_check(key, 304, 3_000_000, schedule=(3_600, 4_000))
+        store.stage_host(HostTrust(SCOPE, "a.example", checks=3))
         lost = lose_reply_of(store, phase)
         with pytest.raises(StateStoreError):
             await call(store.flush())
@@ -372,6 +355,8 @@ async def test_a_phase_whose_reply_was_lost_is_not_applied_twice(
         assert page is not None and page.checks == 2 and page.next_visit == 4_000
         assert await call(reader.get_page_items(SCOPE, key.url)) == ["a"]
         assert [s.key for s in await call(reader.get_due(SCOPE, 5_000, 10))] == [key]
+        trust = await call(reader.get_host(SCOPE, "a.example"))
+        assert trust is not None and trust.checks == 3
         await assert_sums_are_the_pages(reader)
     finally:
         await call(store.close())
@@ -482,9 +467,9 @@ async def test_a_split_made_by_a_host_script_that_applied_no_write_keeps_its_bou
     first write then fails (a damaged record read by a check) it has
     applied no write, but the split stays (the host's count raised, pages
     moved to the new bucket). Its effects (the new bucket's bound, the
-    splits, the host listed) are kept all the same, in its ledger and by
-    the caller (from its reply, or from its replay when the reply was
-    lost): the moved pages are due."""
+    splits, the host listed) are applied all the same, by its group's
+    script (its reply, or its replay when the reply was lost, says so):
+    the moved pages are due."""
     keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(40)]
     store = open_store(redis_cluster, prefix)
     hd = host_key(prefix, "hd", "a.example")
@@ -529,35 +514,49 @@ async def test_a_split_made_by_a_host_script_that_applied_no_write_keeps_its_bou
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_damaged_scope_key_fails_phase_3_whole_and_its_effects_count_once(
+async def test_a_damaged_group_key_fails_its_script_whole_and_leaves_the_other_groups(
     redis_cluster: LoopbackCluster, prefix: str,
 ) -> None:
-    """The scope's script applies phase 2's effects (sums, index, hosts,
-    splits) whole or not at all: one refused for a damaged value is sent
-    again once it is repaired, and counted once."""
+    """A host group's script applies its pages and their effects on the
+    scope (sums, index, hosts, splits: the group's own keys) whole or not
+    at all: with its splits count damaged, nothing of its own is written
+    (no page, no sum, no host listed), while another group's pages and
+    effects in the same flush are; repaired, the rest is sent again and
+    counted once."""
+    other = next(f"o{n}.example" for n in range(100)
+                 if host_group(f"o{n}.example") != host_group("a.example"))
     keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(100)]
+    others = [PageKey(SCOPE, f"https://{other}/p{n}") for n in range(3)]
+    other_shard = shard_of(other)
     store = open_store(redis_cluster, prefix)
     splits = f"{prefix}:splits:{{{A_SHARD}}}"
     try:
         with redis_cluster.client() as client:
             # The count of splits is not a number; the flush splits buckets.
             client.set(splits, "damaged")
-            for n, key in enumerate(keys):
+            for n, key in enumerate([*keys, *others]):
                 store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
             with pytest.raises(StateStoreError, match="is not a number"):
                 await call(store.flush())
-            # The pages are written (phase 2); nothing of the scope is.
-            assert client.hgetall(f"{prefix}:nvs:{{{A_SHARD}}}") == {}
-            assert client.smembers(f"{prefix}:hs:{{{A_SHARD}}}") == set()
+            # Nothing of the damaged group: no page, no effect.
+            assert client.keys(f"{prefix}:pg*:{{{A_SHARD}}}:*") == []
+            for kind in ("nvs", "hs", "dueb"):
+                assert not client.exists(f"{prefix}:{kind}:{{{A_SHARD}}}"), kind
+            # The other group's pages and effects, all of them.
+            assert client.smembers(f"{prefix}:hs:{{{other_shard}}}") == {other.encode()}
+            assert client.hlen(f"{prefix}:nvs:{{{other_shard}}}") > 0
+            assert client.zcard(f"{prefix}:dueb:{{{other_shard}}}") == 1
+            assert {s.key for s in store.iter_pages(SCOPE)} == set(others)
+            await assert_sums_are_the_pages(store)
             client.delete(splits)
         await call(store.flush())
         assert store.pending == 0
         with redis_cluster.client() as client:
             assert int(client.get(splits)) >= 1
-        assert len(list(store.iter_pages(SCOPE))) == 100
+        assert len(list(store.iter_pages(SCOPE))) == 103
         await assert_sums_are_the_pages(store)
-        due = await call(store.get_due(SCOPE, 1_000 + 99, 200))
-        assert [s.key for s in due] == keys
+        due = await call(store.get_due(SCOPE, 1_000 + 102, 200))
+        assert [s.key for s in due] == [*keys, *others]
     finally:
         await call(store.close())
 
@@ -600,6 +599,7 @@ async def test_a_worker_gone_between_phases_1_and_3_leaves_its_versions_waiting(
     record.delivery = "c1"
     gone.stage_item(record)
     gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+    gone.stage_host(HostTrust(SCOPE, "a.example", checks=1))  # (phase 3 has a write)
     cut_before(gone, CLUSTER_HOST_LUA if cut == "before-phase-2" else CLUSTER_SCOPE_LUA)
     with pytest.raises(StateStoreError):
         await call(gone.flush())
@@ -734,97 +734,6 @@ async def test_marks_left_in_the_scopes_slot_by_older_code_are_moved_to_their_gr
         await call(store.close())
 
 
-@pytest.mark.parametrize("phase_3_ran", [False, True], ids=["never-sent", "reply-lost"])
-@pytest_twisted.ensureDeferred
-async def test_a_worker_gone_between_phases_2_and_3_leaves_its_effects_to_the_next(
-    redis_cluster: LoopbackCluster, prefix: str, phase_3_ran: bool,
-) -> None:
-    """What a worker's phase 2 changed in its scope's keys (a new host, the
-    revisit index, the sums) stays in the host's ledger until its phase 3
-    applied it: a worker gone before that (its scope's node unreachable,
-    then killed) leaves it to the next flush that writes the host, and
-    effects sent by both are applied once."""
-    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(60)]
-    gone = open_store(redis_cluster, prefix)
-    for n, key in enumerate(keys[:50]):
-        gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
-    if phase_3_ran:
-        lose_reply_of(gone, CLUSTER_SCOPE_LUA)
-    else:
-        cut_before(gone, CLUSTER_SCOPE_LUA)
-    with pytest.raises(StateStoreError):
-        await call(gone.flush())
-    await call(die(gone))
-
-    store = open_store(redis_cluster, prefix)
-    store.adopt_after = 0  # (a test cannot wait ten minutes)
-    try:
-        for n, key in enumerate(keys[50:], start=50):
-            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
-        await call(store.flush())
-        assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 100))] == keys
-        assert len(list(store.iter_pages(SCOPE))) == 60
-        await assert_sums_are_the_pages(store)
-        # Applied: the ledger is emptied (its entries deleted with the
-        # store's close).
-        await call(store.close())
-        assert redis_cluster.keys(f"{prefix}:fx:*") == []
-        # The intents went too: the live worker's at its close, the gone
-        # one's with the due read that found its ledger applied.
-        assert redis_cluster.keys(f"{prefix}:fxhosts:*") == []
-    finally:
-        await call(store.close())
-
-
-async def gone_between_phases_2_and_3(cluster: LoopbackCluster, prefix: str,
-                                      keys: list[PageKey]) -> None:
-    """A worker writes *keys* (one host's pages), its scope's node
-    unreachable for its phase 3, then dies: nobody writes that host again."""
-    gone = open_store(cluster, prefix)
-    for n, key in enumerate(keys):
-        gone.stage_item(item(f"i{n}", page=key.url))
-        gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
-    cut_before(gone, CLUSTER_SCOPE_LUA)
-    with pytest.raises(StateStoreError):
-        await call(gone.flush())
-    await call(die(gone))
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_flush_left_to_another_workers_adoption_moved_the_token_with_its_pages(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """The write generation moves where the pages are written, in their
-    host's script (phase 2): a worker gone before its phase 3 has moved it
-    already; the adoption that applies its effects for it writes no page
-    and leaves it; a repair by another worker moves it again. Each host
-    counts its own writes (a host not written reads 0)."""
-    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
-    hosts = ["lonely.example", "quiet.example"]
-    reader = open_store(redis_cluster, prefix)
-    reader.adopt_after = 0  # (a test cannot wait ten minutes)
-    try:
-        before = await call(reader.write_generation(SCOPE, hosts))
-        assert before == "lonely.example=0,quiet.example=0"
-        await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
-        assert redis_cluster.keys(f"{prefix}:fx:*") != []  # left to an adoption
-        written = await call(reader.write_generation(SCOPE, hosts))
-        # One raise for the host's script, not one a page.
-        assert written == "lonely.example=1,quiet.example=0"
-        # Hosts as the store keys them (lowercase), each once.
-        assert await call(reader.write_generation(
-            SCOPE, ["quiet.example", "Lonely.Example", "lonely.example"])) == written
-        await call(reader.adopt_ledgers(SCOPE))
-        assert redis_cluster.keys(f"{prefix}:fx:*") == []
-        assert await call(reader.write_generation(SCOPE, hosts)) == written
-        reader.forget_page(SCOPE, keys[0].url)
-        forgotten = await call(reader.write_generation(SCOPE, hosts))
-        assert forgotten not in (before, written)
-        assert forgotten.endswith(",quiet.example=0")
-    finally:
-        await call(reader.close())
-
-
 @pytest_twisted.ensureDeferred
 async def test_a_host_script_sent_again_raises_the_write_generation_once(
     redis_cluster: LoopbackCluster, prefix: str,
@@ -872,54 +781,6 @@ async def test_a_damaged_write_generation_fails_its_hosts_writes_before_any(
         await call(store.flush())
         assert await call(store.write_generation(SCOPE, ["a.example"])) == "a.example=8"
         assert await call(store.get_page(key)) == full_state(key, 1)
-    finally:
-        await call(store.close())
-
-
-@pytest.mark.parametrize("reader", ["take_scope", "get_due", "summary", "count_scope",
-                                    "reset_scope", "iter_pages"])
-@pytest_twisted.ensureDeferred
-async def test_a_dead_workers_effects_on_a_host_never_written_again_are_applied(
-    redis_cluster: LoopbackCluster, prefix: str, reader: str,
-) -> None:
-    """The host's ledger alone would keep them until a flush writes that
-    host again: the scope's write-ahead intents (P:fxhosts) name the host,
-    and a crawl's start and every read of the scope's pages apply its
-    ledger first."""
-    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
-    await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
-    store = open_store(redis_cluster, prefix)
-    store.adopt_after = 0  # (a test cannot wait ten minutes)
-    hosts, index = f"{prefix}:hs:{{{LONELY_SHARD}}}", f"{prefix}:dueb:{{{LONELY_SHARD}}}"
-    try:
-        if reader == "take_scope":
-            assert store.take_scope(SCOPE, "crawl-2", 60, 10_000) is None
-            with redis_cluster.client() as client:
-                assert client.scard(hosts) == 1
-                assert client.zcard(index) == 1
-        elif reader == "get_due":
-            assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == keys
-        elif reader == "summary":
-            await assert_whole_summary(store, 5)
-        elif reader == "count_scope":
-            assert store.count_scope(SCOPE).pages == 5
-        elif reader == "reset_scope":
-            assert store.reset_scope(SCOPE).pages == 5
-            # Its state is gone with the rest: a later crawl sends no
-            # stale validators.
-            assert await call(store.get_pages(keys)) == {}
-            # (The dead worker's flush tokens expire on their own; the
-            # hosts' write generations stay, raised: see memo.py.)
-            assert [k for k in redis_cluster.keys(f"{prefix}:*")
-                    if b"{books" in k and b":flush:" not in k and b":wg:" not in k
-                    and b":holdepoch:" not in k] == []
-        else:
-            assert sorted(s.key.url for s in store.iter_pages(SCOPE)) == sorted(k.url for k in keys)
-        with redis_cluster.client() as client:
-            # Applied: the gone worker's intent dropped (older than
-            # adopt_after), its ledger emptied.
-            assert client.zcard(f"{prefix}:fxhosts:{{{LONELY_SHARD}}}") == 0
-            assert redis_cluster.keys(f"{prefix}:fx:*") == []
     finally:
         await call(store.close())
 
@@ -1035,6 +896,7 @@ async def test_an_item_moved_to_another_page_is_not_listed_under_the_old_one(
     gone = open_store(redis_cluster, prefix)
     gone.stage_item(item("x", 2, page=new))
     gone.stage_page(full_state(PageKey(SCOPE, new), 1, callback="parse", next_visit=1_000))
+    gone.stage_host(HostTrust(SCOPE, "a.example", checks=1))  # (phase 3 has a write)
     cut_before(gone, CLUSTER_SCOPE_LUA)
     with pytest.raises(StateStoreError):
         await call(gone.flush())
@@ -1067,6 +929,7 @@ async def test_a_late_index_removal_leaves_a_member_written_since(
         await call(first.flush())
         a.stage_item(item("x", 2, page=p2))
         a.stage_page(full_state(PageKey(SCOPE, p2), 1, callback="parse", next_visit=1_000))
+        a.stage_host(HostTrust(SCOPE, "a.example", checks=1))  # (phase 3 has a write)
         cut_before(a, CLUSTER_SCOPE_LUA)
         with pytest.raises(StateStoreError):
             await call(a.flush())
@@ -1081,495 +944,6 @@ async def test_a_late_index_removal_leaves_a_member_written_since(
     finally:
         for store in (first, a, b):
             await call(store.close())
-
-
-def age_ledgers(cluster: LoopbackCluster, prefix: str, seconds: int) -> int:
-    """Restamp every ledger entry as written *seconds* ago on its node's
-    clock (what that long a wait would leave); returns how many."""
-    n = 0
-    with cluster.client() as client:
-        for ledger in cluster.keys(f"{prefix}:fx:*"):
-            now = int(client.eval("return redis.call('TIME')[1]", 1, ledger))
-            for token, raw in client.hgetall(ledger).items():
-                _, effects = json.loads(raw)
-                client.hset(ledger, token, json.dumps([now - seconds, effects]))
-                n += 1
-    return n
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_ledger_entry_older_than_the_tokens_lifetime_is_not_applied_again(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """A worker dies after a full flush (before its close deletes its
-    ledger entries): P:fxdone remembers their effects applied only for a
-    while, so a reader days later must drop those entries, as the host
-    script does, not apply them again (the sums would count each page
-    twice)."""
-    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
-    gone = open_store(redis_cluster, prefix)
-    for n, key in enumerate(keys):
-        gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
-    await call(gone.flush())
-    await call(die(gone))
-    assert age_ledgers(redis_cluster, prefix, _APPLIED_KEPT + 3_600) == 1
-    with redis_cluster.client() as client:
-        # What P:fxdone's own trimming does after _APPLIED_KEPT.
-        client.delete(*redis_cluster.keys(f"{prefix}:fxdone:{{{LONELY_SHARD}}}:*"))
-    store = open_store(redis_cluster, prefix)
-    try:
-        await assert_whole_summary(store, 5)
-        assert redis_cluster.keys(f"{prefix}:fx:*") == []
-    finally:
-        await call(store.close())
-
-
-#: Damaged effects of a ledger entry (by hand, or a bug), and what the
-#: error says of them.
-NOT_AN_OBJECT = (json.dumps(["sums", 1]), "its effects are not a JSON object: ")
-MEMBER_DAMAGED = (json.dumps({"sums": 5}), "its effects' sums are not an object of ")
-#: (json reads 1e400 as inf, which int() refuses with an OverflowError.)
-AN_INFINITE_TIME = ('{"latest": 1e400}', "its effects' latest are not a time: ")
-A_HOST_NOT_A_NAME = (json.dumps({"hosts": ["lonely.example", 1]}),
-                     "its effects' hosts are not a list of host names: ")
-DAMAGES = [NOT_AN_OBJECT, MEMBER_DAMAGED, AN_INFINITE_TIME, A_HOST_NOT_A_NAME]
-DAMAGE_IDS = ["not-an-object", "a-member-damaged", "an-infinite-time", "a-host-not-a-name"]
-
-
-async def entry_left(cluster: LoopbackCluster, prefix: str, keys: list[PageKey]) -> None:
-    """A worker writes *keys* (one host's pages) and dies before its phase
-    3: its effects are left in its host group's ledger, its intent lists
-    the group."""
-    gone = open_store(cluster, prefix)
-    for n, key in enumerate(keys):
-        gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
-    cut_before(gone, CLUSTER_SCOPE_LUA)
-    with pytest.raises(StateStoreError):
-        await call(gone.flush())
-    await call(die(gone))
-
-
-async def damaged_entry_left(cluster: LoopbackCluster, prefix: str, keys: list[PageKey],
-                             effects: str = NOT_AN_OBJECT[0]) -> tuple[str, str, bytes]:
-    """:func:`entry_left`, the entry's effects then replaced by *effects*.
-    Returns the ledger, the entry's token and the damaged value."""
-    await entry_left(cluster, prefix, keys)
-    [ledger] = cluster.keys(f"{prefix}:fx:*")
-    with cluster.client() as client:
-        [(token, raw)] = client.hgetall(ledger).items()
-        stamped, _ = json.loads(raw)
-        damaged = json.dumps([stamped, effects]).encode()
-        client.hset(ledger, token, damaged)
-    return ledger.decode(), token.decode(), damaged
-
-
-def assert_names_the_damaged_entry(message: str, ledger: str, token: str,
-                                   why: str = NOT_AN_OBJECT[1]) -> None:
-    """The error of a flush or a reading that met the damaged entry: one
-    line naming its ledger and token, what is wrong and what to do."""
-    assert "\n" not in message
-    assert f"the ledger {ledger} holds a damaged entry (token {token}): {why}" in message, (
-        message)
-    assert advised_rewrite(message) == ["HSET", ledger, token, EXPIRED_EMPTY], message
-    assert "scrapy state reset" in message, message
-
-
-def advised_rewrite(message: str) -> list[str]:
-    """The Redis command the error advises (redis-cli's arguments as a
-    shell splits them)."""
-    command = message.partition(": redis-cli -c ")[2].partition(";")[0]
-    return shlex.split(command)
-
-
-def another_groups_host() -> str:
-    """A host whose group is not lonely.example's (its own ledger), in
-    another scope shard (its own phase 3 script)."""
-    return next(host for host in (f"h{n}.example" for n in range(100))
-                if host_group(host) != host_group("lonely.example")
-                and shard_of(host) != LONELY_SHARD)
-
-
-@pytest.mark.parametrize("damage", DAMAGES, ids=DAMAGE_IDS)
-@pytest_twisted.ensureDeferred
-async def test_a_flush_of_a_group_whose_ledger_holds_a_damaged_entry_names_it(
-    redis_cluster: LoopbackCluster, prefix: str, damage: tuple[str, str],
-) -> None:
-    """A flush of a host whose group's ledger holds a damaged entry (old
-    enough to be taken) stops with the store's error naming the entry and
-    what to do, once it ran to its end: the entry stays as it was, and
-    everything of the flush is stored (nothing only in the worker's
-    memory): the group's page, another group's page, a host's trust, and
-    the flush's own effects on the scope (its host listed, its bucket in
-    the revisit index), though no reading of the scope can run."""
-    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(6)]
-    other = another_groups_host()
-    elsewhere = PageKey(SCOPE, f"https://{other}/x")
-    ledger, token, damaged = await damaged_entry_left(redis_cluster, prefix, keys[:5],
-                                                      damage[0])
-    store = open_store(redis_cluster, prefix)
-    store.adopt_after = 0  # (a test cannot wait ten minutes)
-    try:
-        store.stage_page(full_state(keys[5], 1, callback="parse", next_visit=1_005))
-        store.stage_page(full_state(elsewhere, 1, callback="parse", next_visit=1_010))
-        store.stage_host(HostTrust(SCOPE, other, checks=3))
-        with pytest.raises(StateStoreError) as failed:
-            await call(store.flush())
-        message = str(failed.value)
-        assert message.startswith(f"State store {store.location}: "), message
-        assert_names_the_damaged_entry(message, ledger, token, damage[1])
-        assert store.pending == 0  # applied, none staged again
-        with redis_cluster.client() as client:
-            assert client.hget(ledger, token) == damaged  # left as it was
-            # The flush's own effects were applied by its phase 3 (the
-            # damaged entry's, which list the same host, were not).
-            assert client.scard(f"{prefix}:hs:{{{LONELY_SHARD}}}") == 1
-            assert client.zcard(f"{prefix}:dueb:{{{LONELY_SHARD}}}") == 1
-        # What another worker reads: all of it stored (no ledger read).
-        other_worker = open_store(redis_cluster, prefix)
-        try:
-            assert await call(other_worker.get_pages([keys[5], elsewhere])) == {
-                keys[5]: full_state(keys[5], 1, callback="parse", next_visit=1_005),
-                elsewhere: full_state(elsewhere, 1, callback="parse", next_visit=1_010)}
-            assert (await call(other_worker.get_host(SCOPE, other))).checks == 3
-        finally:
-            await call(other_worker.close())
-        # The way out the error gives: the entry rewritten as expired and
-        # empty, taken by the next reading (deleted, the sums marked lost:
-        # the summary reads every page, all six of the group's counted).
-        with redis_cluster.client() as client:
-            assert client.execute_command(*advised_rewrite(message)) == 0  # (replaced)
-        assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == [
-            *keys, elsewhere]
-        await assert_whole_summary(store, len(keys) + 1)
-        await call(store.close())
-        assert redis_cluster.keys(f"{prefix}:fx:*") == []
-    finally:
-        await call(store.close())
-
-
-@pytest.mark.parametrize(("reader", "damage"), [
-    *((reader, NOT_AN_OBJECT) for reader in ("take_scope", "get_due", "summary", "reset_scope")),
-    *(("count_scope", damage) for damage in DAMAGES),
-], ids=[*(f"{reader}-not-an-object" for reader in ("take_scope", "get_due", "summary",
-                                                    "reset_scope")),
-        *(f"count_scope-{name}" for name in DAMAGE_IDS)])
-@pytest_twisted.ensureDeferred
-async def test_a_reading_of_a_scope_whose_ledger_holds_a_damaged_entry_names_it(
-    redis_cluster: LoopbackCluster, prefix: str, reader: str, damage: tuple[str, str],
-) -> None:
-    """A reading that applies the scope's ledgers first stops on a damaged
-    entry with the store's error naming it, before anything is applied,
-    of any ledger of the scope (all are read before any is applied): the
-    entry, a healthy one of another group and shard, and the intents that
-    list them stay for the reading after. A reset too (it lists the
-    scope's hosts first): nothing is deleted."""
-    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(3)]
-    ledger, token, damaged = await damaged_entry_left(redis_cluster, prefix, keys, damage[0])
-    other = another_groups_host()
-    await entry_left(redis_cluster, prefix, [PageKey(SCOPE, f"https://{other}/x")])
-    with redis_cluster.client() as client:
-        healthy = client.hgetall(ledger_key(prefix, other))
-    assert len(healthy) == 1
-    store = open_store(redis_cluster, prefix)
-    store.adopt_after = 0  # (a test cannot wait ten minutes)
-    try:
-        with pytest.raises(StateStoreError) as failed:
-            if reader == "take_scope":
-                store.take_scope(SCOPE, "crawl-2", 60, 10_000)
-            elif reader == "get_due":
-                await call(store.get_due(SCOPE, 2_000, 10))
-            elif reader == "summary":
-                await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                                 checked_before=math.inf))
-            elif reader == "count_scope":
-                store.count_scope(SCOPE)
-            else:
-                store.reset_scope(SCOPE)
-        assert_names_the_damaged_entry(str(failed.value), ledger, token, damage[1])
-        assert len(await call(store.get_pages(keys))) == len(keys)
-        with redis_cluster.client() as client:
-            assert client.hget(ledger, token) == damaged
-            assert client.zcard(f"{prefix}:fxhosts:{{{LONELY_SHARD}}}") == 1
-            # Nothing applied, the healthy entry's effects neither.
-            assert client.scard(f"{prefix}:hs:{{{LONELY_SHARD}}}") == 0
-            assert client.hgetall(ledger_key(prefix, other)) == healthy
-            assert client.zcard(f"{prefix}:fxhosts:{{{shard_of(other)}}}") == 1
-            assert client.scard(f"{prefix}:hs:{{{shard_of(other)}}}") == 0
-    finally:
-        await call(store.close())
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_crawl_of_a_scope_whose_ledger_holds_a_damaged_entry_stops_with_one_line(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """A crawl's start applies the scope's ledgers: a damaged entry stops
-    it with one ERROR line naming the entry and what to do (exit 1),
-    nothing fetched, the entry left as it was."""
-    keys = [PageKey("sitemap", f"https://lonely.example/p{n}") for n in range(3)]
-    ledger, token, damaged = await damaged_entry_left(redis_cluster, prefix, keys)
-    uri = f"{redis_cluster.url}?prefix={prefix}"
-    result = await deferToThread(run, crawl_args(f"INCREMENTAL_STATE_URI={uri}",
-                                                 "INCREMENTAL_STATE_ON_REDIS_CLUSTER=True"))
-    assert result.returncode == 1, result.stderr
-    line = one_error_line(result)
-    assert line.startswith(f"State store {uri}: "), line
-    assert_names_the_damaged_entry(line, ledger, token)
-    with redis_cluster.client() as client:
-        assert client.hget(ledger, token) == damaged
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_crawl_whose_flush_meets_a_damaged_entry_says_it_in_one_line(
-    redis_cluster: LoopbackCluster, prefix: str, site: Any, caplog: pytest.LogCaptureFixture,
-) -> None:
-    """A damaged entry no intent lists (the crawl's start does not read
-    it), old enough to be taken, in the ledger of the crawled host's
-    group: the crawl's first flush of that host takes it and says so in
-    one ERROR line naming it, once all else it held is stored; the entry
-    is left as it was. Mid-crawl that flush stops the crawl; the crawl's
-    last flush (a loopback crawl of six pages often ends within the
-    flush interval) leaves its finish reason as it is: either way every
-    page the flush held is stored, none lost with the error."""
-    paths = site.add_pages(6, kinds=PLAIN_KINDS)
-    urls = [site.url(path) for path in paths]
-    ledger = ledger_key(prefix, host_part(host_of(urls[0])), scope="list")
-    token, damaged = uuid.uuid4().hex, json.dumps([1, NOT_AN_OBJECT[0]]).encode()
-    with redis_cluster.client() as client:
-        client.hset(ledger, token, damaged)
-    uri = f"{redis_cluster.url}?prefix={prefix}"
-    runner = CrawlerRunner(crawl_settings(uri, INCREMENTAL_STATE_ON_REDIS_CLUSTER=True))
-    crawler = runner.create_crawler(ListSpider)
-    with caplog.at_level(logging.ERROR):
-        await runner.crawl(crawler, urls=urls)
-    [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert line.startswith(f"State store {uri}: "), line
-    said, stopping, _ = line.partition("; stopping the crawl (")
-    said, stored_all, _ = said.partition(" (the crawl's writes were all stored)")
-    assert_names_the_damaged_entry(said, ledger, token)
-    assert crawler.stats.get_value("incremental/store_errors") == 1
-    reader = open_store(redis_cluster, prefix)
-    try:
-        stored = await call(reader.get_pages([PageKey("list", url) for url in urls]))
-    finally:
-        await call(reader.close())
-    committed = crawler.stats.get_value("incremental/state_committed")
-    if crawler.stats.get_value("finish_reason") == "finished":
-        # The crawl's last flush (before its close, which has nothing left
-        # to write: the line is said all the same).
-        assert stored_all and not stopping, line
-        assert len(stored) == committed == len(urls)
-    else:
-        assert crawler.stats.get_value("finish_reason") == "incremental_store_error"
-        assert stopping and not stored_all, line
-        assert 1 <= len(stored) == committed
-    with redis_cluster.client() as client:
-        assert client.hget(ledger, token) == damaged
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_stalled_workers_late_phase_2_is_still_listed_by_an_intent(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """A worker stalls between its write-ahead intent and its phase 2
-    (a paused VM) past the age at which a reader drops intents: a reader
-    drops it meanwhile, the phase 2 then lands and the worker dies before
-    its phase 3. Its host's pages must still reach the scope's hosts and
-    revisit index: the late phase 2 writes nothing until its intent is
-    written again."""
-    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
-    intents = f"{prefix}:fxhosts:{{{LONELY_SHARD}}}"
-    hosts, index = f"{prefix}:hs:{{{LONELY_SHARD}}}", f"{prefix}:dueb:{{{LONELY_SHARD}}}"
-    stalled = open_store(redis_cluster, prefix)
-    stalled.adopt_after = 4  # (a test cannot wait ten minutes)
-    original = stalled._eval_many
-    stalls: list[int] = []
-
-    async def eval_many(calls: list[tuple[str, list[str], list[Any]]],
-                        plain: Any = ()) -> list[Any]:
-        if not stalls and any(sent == CLUSTER_HOST_LUA for sent, _, _ in calls):
-            stalls.append(1)
-            with redis_cluster.client() as client:
-                [(_, said)] = client.zrange(intents, 0, -1, withscores=True)
-                # The stall: until the intent is adopt_after old on its
-                # node's clock (polled, no timing asserted).
-                for _ in range(100):
-                    now = int(client.eval("return redis.call('TIME')[1]", 1, intents))
-                    if now - said >= stalled.adopt_after:
-                        break
-                    time.sleep(0.1)
-            reader = open_store(redis_cluster, prefix)
-            reader.adopt_after = stalled.adopt_after
-            try:
-                assert reader.count_scope(SCOPE).pages == 0
-            finally:
-                await die(reader)  # (it wrote nothing to flush)
-            with redis_cluster.client() as client:
-                assert client.zcard(intents) == 0  # dropped as old
-        return await original(calls, plain)
-
-    stalled._eval_many = eval_many  # type: ignore[method-assign]
-    cut_before(stalled, CLUSTER_SCOPE_LUA)
-    for n, key in enumerate(keys):
-        stalled.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
-    with pytest.raises(StateStoreError):
-        await call(stalled.flush())
-    await call(die(stalled))
-    assert stalls == [1]
-
-    store = open_store(redis_cluster, prefix)
-    try:
-        assert store.count_scope(SCOPE).pages == 5
-        with redis_cluster.client() as client:
-            assert client.scard(hosts) == 1
-            assert client.zcard(index) == 1
-        assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == keys
-    finally:
-        await call(store.close())
-
-
-async def read_when_full(store: RedisStateStore, reader: str) -> None:
-    """One read (or reset_scope) of a full cluster: see the test below."""
-    if reader == "get_due":
-        await call(store.get_due(SCOPE, 2_000, 10))
-    elif reader == "summary":
-        await call(store.summarize_pages(
-            SCOPE, after=-math.inf, upto=math.inf, checked_before=math.inf))
-    elif reader == "iter_pages":
-        list(store.iter_pages(SCOPE))
-    elif reader == "count_pages":
-        store.count_pages(SCOPE)
-    elif reader == "count_scope":
-        assert store.count_scope(SCOPE).pages == 5
-    else:
-        # (The gone worker's host is not yet in the scope's hosts.)
-        store.reset_scope(SCOPE)
-
-
-@pytest.mark.parametrize("reader", ["get_due", "summary", "iter_pages", "count_pages",
-                                    "count_scope", "reset_scope"])
-@pytest_twisted.ensureDeferred
-async def test_a_full_cluster_still_reads_and_resets_with_intents_pending(
-    redis_cluster: LoopbackCluster, prefix: str, reader: str,
-) -> None:
-    """Reads apply a dead worker's effects first (write scripts): above
-    maxmemory Redis refuses those, and the read must go on without them
-    (a full store still opens and reads). The effects stay in the ledger
-    for a later read; reset_scope (how memory is freed) runs too, and
-    count_scope (only reads: each slot's MULTI, which Redis refuses when
-    full, sent as a plain pipeline then) counts the gone worker's pages
-    (its host named by the intents)."""
-    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
-    await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
-    store = open_store(redis_cluster, prefix)
-    nodes = [redis_cluster.node(port) for port in redis_cluster.ports]
-    kept = [(node.config_get("maxmemory")["maxmemory"],
-             node.config_get("maxmemory-policy")["maxmemory-policy"]) for node in nodes]
-    try:
-        for node in nodes:
-            node.config_set("maxmemory-policy", "noeviction")
-            node.config_set("maxmemory", "1")  # above it: writes refused
-        with redis_cluster.client() as client, pytest.raises(
-                redis.exceptions.OutOfMemoryError):
-            client.eval("#!lua\nreturn redis.call('SET', KEYS[1], 1)", 1, f"{prefix}:probe")
-        await read_when_full(store, reader)
-    finally:
-        for node, (memory, policy) in zip(nodes, kept, strict=True):
-            node.config_set("maxmemory", memory)
-            node.config_set("maxmemory-policy", policy)
-    try:
-        if reader == "reset_scope":
-            # Every key of the scope went (found on every node, the gone
-            # worker's host's too; its flush tokens expire on their own),
-            # but the hosts' write generations (raised when full too).
-            assert [k for k in redis_cluster.keys(f"{prefix}:*")
-                    if b"{books" in k and b":flush:" not in k and b":wg:" not in k
-                    and b":holdepoch:" not in k] == []
-            with redis_cluster.client() as client:
-                assert client.get(host_key(prefix, "wg", "lonely.example")) == b"2"
-        else:
-            # Not lost: applied by the first read with room to write.
-            assert store.count_scope(SCOPE).pages == 5
-            with redis_cluster.client() as client:
-                assert client.scard(f"{prefix}:hs:{{{LONELY_SHARD}}}") == 1
-    finally:
-        for node in nodes:
-            node.close()
-        await call(store.close())
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_ledger_cleanup_whose_pipeline_failed_is_sent_again(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """The applied ledger entries' HDEL and the intents' ZREM go with the
-    next flush's first pipeline: when that pipeline fails they must be
-    sent again later (here with the close), not forgotten."""
-    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(5)]
-    store = open_store(redis_cluster, prefix)
-    try:
-        for n, key in enumerate(keys):
-            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
-        await call(store.flush())
-        assert redis_cluster.keys(f"{prefix}:fx:*") != []  # until the next pipeline
-        original = store._eval_many
-        cut_before(store, CLUSTER_ITEMS_LUA)
-        store.stage_item(item("i0", page=keys[0].url))
-        with pytest.raises(StateStoreError):
-            await call(store.flush())
-        store._eval_many = original  # type: ignore[method-assign]
-    finally:
-        await call(store.close())
-    assert redis_cluster.keys(f"{prefix}:fx:*") == []
-    assert redis_cluster.keys(f"{prefix}:fxhosts:*") == []
-
-
-def test_a_crawl_start_whose_adoption_fails_takes_no_hold(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """take_scope applies a dead worker's effects first; when that fails
-    (here a damaged intents key), the scope is not left held for the
-    hold's ttl, and the error says what failed."""
-    with redis_cluster.client() as client:
-        client.set(f"{prefix}:fxhosts:{{{A_SHARD}}}", "not a zset")
-    store = open_store(redis_cluster, prefix)
-    try:
-        with pytest.raises(StateStoreError, match="ledgers could not be applied"):
-            store.take_scope(SCOPE, "crawl-1", 60, 10_000)
-        assert store.scope_holders(SCOPE, 10_000) == {}
-    finally:
-        store._sync.close()
-
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_due_reading_leaves_a_live_workers_in_flight_effects_to_it(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """A due reading starts over after nearly every flush: it adopts only
-    intents adopt_after old (dead workers'), not another live worker's
-    in-flight ones (read and applied each time otherwise); that worker's
-    own phase 3 applies them."""
-    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(5)]
-    live = open_store(redis_cluster, prefix)
-    reader = open_store(redis_cluster, prefix)
-    original = live._eval_many
-    try:
-        cut_before(live, CLUSTER_SCOPE_LUA)
-        for n, key in enumerate(keys):
-            live.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
-        with pytest.raises(StateStoreError):
-            await call(live.flush())
-        assert await call(reader.get_due(SCOPE, 2_000, 10)) == []
-        assert redis_cluster.keys(f"{prefix}:fxdone:*") == []
-        live._eval_many = original  # type: ignore[method-assign]
-        await call(live.flush())  # its phase 3, at last
-        reader._flushes += 1  # (as after a flush of its own: it starts over)
-        assert [s.key for s in await call(reader.get_due(SCOPE, 2_000, 10))] == keys
-    finally:
-        live._eval_many = original  # type: ignore[method-assign]
-        await call(live.close())
-        await call(reader.close())
 
 
 #: Hosts enough that every scope shard has some.
@@ -1587,30 +961,13 @@ def many_hosts_pages() -> list[Any]:
     return states
 
 
-def test_scope_shards_fall_one_in_each_eighth_of_the_slots(
-    redis_cluster: LoopbackCluster,
-) -> None:
-    """Whatever a scope is called, its shards' tags hash one into each
-    eighth of the 16,384 slots (their suffixes chosen so, CRC16 being
-    linear): on three primaries of equal ranges each holds 2 or 3."""
-    node = redis_cluster.node(redis_cluster.ports[0])
-    for scope in (SCOPE, "books", "example.com", "news", "shop", "sitemap",
-                  "www.example.org", "a-rather-long-spider-name_2026"):
-        tags = [f"{{{shard_part(scope, k)}}}" for k in range(len(SCOPE_SHARDS))]
-        slots = [int(node.execute_command("CLUSTER", "KEYSLOT", f"P:dueb:{tag}"))
-                 for tag in tags]
-        assert slots == [key_slot(f"P:dueb:{tag}".encode()) for tag in tags]
-        assert sorted(slot >> 11 for slot in slots) == list(range(8))
-        ports = [redis_cluster.port_of(f"P:dueb:{tag}") for tag in tags]
-        assert sorted(ports.count(port) for port in redis_cluster.ports) == [2, 3, 3]
-
-
 @pytest_twisted.ensureDeferred
-async def test_a_scopes_phase_3_keys_spread_over_every_primary_and_due_pages_merge(
+async def test_a_scopes_shard_keys_spread_over_every_primary_and_due_pages_merge(
     redis_cluster: LoopbackCluster, prefix: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A flush of many hosts' pages writes the scope's revisit index,
-    sums and hosts per scope shard, on every primary; a due read merges the
+    sums and hosts per scope shard (the hosts' groups), on every primary;
+    a due read merges the
     shards' indexes by bound: the due pages in order (next visit, URL),
     whole or paged through, and the sums are every shard's added up."""
     # Small chunks: the index parts are read and merged over many rounds.
@@ -1628,12 +985,13 @@ async def test_a_scopes_phase_3_keys_spread_over_every_primary_and_due_pages_mer
                 index = f"{prefix}:dueb:{{{shard_part(SCOPE, k)}}}"
                 hosts = {m.decode() for m in client.smembers(
                     f"{prefix}:hs:{{{shard_part(SCOPE, k)}}}")}
-                # Each shard lists its hosts, and only those.
+                # Each shard (host group) lists its hosts, and only those.
                 assert hosts == {h for h in MANY_HOSTS if scope_shard(h) == k}
-                assert hosts, "a shard with no host: more hosts needed"
                 assert client.zcard(index) == len(hosts)
-                assert client.hlen(f"{prefix}:nvs:{{{shard_part(SCOPE, k)}}}") > 0
-                ports.add(redis_cluster.port_of(index))
+                assert (client.hlen(f"{prefix}:nvs:{{{shard_part(SCOPE, k)}}}") > 0) == bool(
+                    hosts)
+                if hosts:
+                    ports.add(redis_cluster.port_of(index))
             # Nothing of the revisit index or sums in the scope's own slot.
             assert client.exists(f"{prefix}:dueb:{{{SCOPE}}}",
                                  f"{prefix}:nvs:{{{SCOPE}}}", f"{prefix}:hs:{{{SCOPE}}}") == 0
@@ -1653,7 +1011,10 @@ async def test_a_scopes_phase_3_keys_spread_over_every_primary_and_due_pages_mer
         due = await call(store.get_due(SCOPE, 1_100, 1_000))
         assert [s.key for s in due] == [s.key for s in want if s.next_visit <= 1_100]
         await assert_sums_are_the_pages(store)
+        before = store.roundtrips
         assert sorted(store._scope_hosts(SCOPE)) == sorted(MANY_HOSTS)
+        # The 64 groups' host sets read in one pipeline (a step each).
+        assert store.roundtrips - before == 1
     finally:
         await call(store.close())
 
@@ -1705,161 +1066,6 @@ async def test_a_bucket_lowered_behind_a_due_readings_cursor_is_read_by_the_next
     finally:
         await call(writer.close())
         await call(reader.close())
-
-
-def assert_shards_left_behind(client: Any, prefix: str, behind: Callable[[int], bool]) -> None:
-    """After a phase 3 that failed on the shards *behind* says: those list
-    no host and keep their intents; the others are applied (their hosts
-    listed, their intents dropped)."""
-    for k in range(len(SCOPE_SHARDS)):
-        shard = shard_part(SCOPE, k)
-        hosts = {m.decode() for m in client.smembers(f"{prefix}:hs:{{{shard}}}")}
-        if behind(k):
-            assert hosts == set()
-            assert client.zcard(f"{prefix}:fxhosts:{{{shard}}}") > 0
-        else:
-            assert hosts == {h for h in MANY_HOSTS if scope_shard(h) == k}
-
-
-async def applied_once_by_retry_or_adoption(then: str, store: Any, other: Any,
-                                            states: list[PageState]) -> None:
-    """The effects a failed phase 3 left behind applied once: by the flush
-    retried (*then* ``"retried"``), or, its worker gone, by another
-    worker's read; a read again changes nothing."""
-    if then == "retried":
-        await call(store.flush())
-        assert store.pending == 0
-        reader = store
-    else:
-        await call(die(store))
-        await call(other.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                         checked_before=math.inf))
-        reader = other
-    await assert_sums_are_the_pages(reader)
-    assert sorted(reader._scope_hosts(SCOPE)) == sorted(MANY_HOSTS)
-    want = sorted(states, key=lambda s: (s.next_visit, s.key.url))
-    due = await call(reader.get_due(SCOPE, 2_000, 1_000))
-    assert [s.key for s in due] == [s.key for s in want]
-    await call(other.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                     checked_before=math.inf))
-    await assert_sums_are_the_pages(reader)
-
-
-@pytest.mark.parametrize("then", ["retried", "adopted"])
-@pytest_twisted.ensureDeferred
-async def test_a_phase_3_failure_on_one_shard_leaves_the_others_applied_and_it_once(
-    redis_cluster: LoopbackCluster, prefix: str, then: str,
-) -> None:
-    """Phase 3 is a script per scope shard: one refused (a damaged key of
-    its shard) leaves the other shards' effects applied; its own stay in
-    its hosts' ledgers, listed by its intents, and are applied once when
-    the flush is retried, or, its worker gone, by another worker's read."""
-    states = many_hosts_pages()
-    damaged_shard = scope_shard(MANY_HOSTS[0])
-    damaged = f"{prefix}:nvs:{{{shard_part(SCOPE, damaged_shard)}}}"
-    store = open_store(redis_cluster, prefix)
-    other = open_store(redis_cluster, prefix)
-    other.adopt_after = 0  # (a test cannot wait ten minutes)
-    try:
-        with redis_cluster.client() as client:
-            client.set(damaged, "not a hash")
-            for state in states:
-                store.stage_page(state)
-            with pytest.raises(StateStoreError, match="WRONGTYPE"):
-                await call(store.flush())
-            assert_shards_left_behind(client, prefix, lambda k: k == damaged_shard)
-            client.delete(damaged)
-        await applied_once_by_retry_or_adoption(then, store, other, states)
-        with redis_cluster.client() as client:
-            assert redis_cluster.keys(f"{prefix}:fx:*") == []
-    finally:
-        if then == "retried":
-            await call(store.close())
-        await call(other.close())
-
-
-def test_a_shards_applied_tokens_are_kept_in_small_hashes_trimmed_hourly(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """P:fxdone is 4,096 small hashes a shard (by a token's first three hex
-    digits): a token applied is noted there (its next 16 hex digits), a
-    token sent again is answered 'done'; adding to a hash whose trim time
-    passed drops its tokens older than 2 x TOKEN_TTL, and the hash has no
-    TTL (Redis could evict it under a volatile-*
-    policy: see test_the_applied_tokens_survive_a_node_evicting_expiring_keys)."""
-    store = open_store(redis_cluster, prefix)
-    tag = f"{{{A_SHARD}}}"
-    applied = "abc" + "0123456789abcdef" + "0" * 13
-    bucket = f"{prefix}:fxdone:{tag}:{int('abc', 16)}"
-    try:
-        with redis_cluster.client() as client, redis_cluster.node(
-                redis_cluster.port_of(bucket)) as node:
-            now = int(node.time()[0])
-            node.hset(bucket, mapping={"trim": now - 1, "1" * 16: now - 2 * _TOKEN_TTL - 60,
-                                       "2" * 16: now - 60})
-
-            def apply(token: str) -> Any:
-                script, keys, args = store._scope_call(tag, uuid.uuid4().hex,
-                                                       {token: _Effects()}, [])
-                return client.eval(script, len(keys), *keys, *args)
-
-            assert apply(applied)[3] == 1
-            held = node.hgetall(bucket)
-            assert b"1" * 16 not in held  # past two days: trimmed
-            assert b"2" * 16 in held
-            assert int(held[b"0123456789abcdef"]) >= now
-            assert int(held[b"trim"]) >= now + 3_000
-            assert node.ttl(bucket) == -1
-            # Sent again (another worker adopted it): applied once.
-            assert apply(applied) == [b"done", applied.encode()]
-    finally:
-        store._sync.close()
-
-
-@pytest.mark.parametrize("then", ["retried", "adopted"])
-@pytest_twisted.ensureDeferred
-async def test_phase_3_cut_off_on_one_node_is_applied_once_there_and_kept_elsewhere(
-    redis_cluster: LoopbackCluster, prefix: str, then: str,
-) -> None:
-    """Phase 3's pipeline reaches the shards of two nodes and not the
-    third's (its reply lost as well): the shards that ran keep their
-    effects (a retry replays them under their tokens, applying nothing
-    again); the cut-off node's shards' effects stay in their hosts' ledgers,
-    listed by their intents, and are applied once, by the retried flush or,
-    the worker gone, by another worker's read."""
-    states = many_hosts_pages()
-    store = open_store(redis_cluster, prefix)
-    other = open_store(redis_cluster, prefix)
-    other.adopt_after = 0  # (a test cannot wait ten minutes)
-    cut_port = redis_cluster.port_of(f"{prefix}:dueb:{{{A_SHARD}}}")
-    original = store._eval_many
-    cut: list[int] = []
-
-    async def eval_many(calls: list[tuple[str, list[str], list[Any]]],
-                        plain: Any = ()) -> list[Any]:
-        if cut or not any(sent == CLUSTER_SCOPE_LUA for sent, _, _ in calls):
-            return await original(calls, plain)
-        cut.append(1)
-        # The other nodes' scripts run; then the connection drops.
-        await original([call for call in calls
-                        if redis_cluster.port_of(call[1][0]) != cut_port], plain)
-        raise redis.exceptions.ConnectionError("a node dropped the connection")
-
-    store._eval_many = eval_many  # type: ignore[method-assign]
-    try:
-        for state in states:
-            store.stage_page(state)
-        with pytest.raises(StateStoreError):
-            await call(store.flush())
-        assert cut
-        with redis_cluster.client() as client:
-            assert_shards_left_behind(client, prefix, lambda k: redis_cluster.port_of(
-                f"{prefix}:hs:{{{shard_part(SCOPE, k)}}}") == cut_port)
-        await applied_once_by_retry_or_adoption(then, store, other, states)
-    finally:
-        if then == "retried":
-            await call(store.close())
-        await call(other.close())
 
 
 def test_a_cluster_node_that_evicts_expiring_keys_is_refused(
@@ -1938,118 +1144,22 @@ def _tag(key: str) -> str:
 
 
 @pytest_twisted.ensureDeferred
-async def test_the_applied_tokens_survive_a_node_evicting_expiring_keys(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """P:fxdone (the tokens whose effects were applied) has no TTL: a node
-    that evicts the keys with one (its policy changed after the store
-    opened) keeps it, and a reader that adopts a ledger entry whose
-    effects were applied already (the worker's own cleanup not yet sent)
-    does not apply them twice."""
-    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(5)]
-    writer = open_store(redis_cluster, prefix)
-    reader = open_store(redis_cluster, prefix)
-    try:
-        for n, key in enumerate(keys):
-            writer.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
-        await call(writer.flush())
-        # Phase 3 applied; the ledger entry and the intent stay until the
-        # writer's next pipeline.
-        assert redis_cluster.keys(f"{prefix}:fxdone:*")
-        assert redis_cluster.keys(f"{prefix}:fx:*")
-        gone = evict_expiring_keys_on(redis_cluster, f"{prefix}:dueb:{{{A_SHARD}}}")
-        assert gone  # (the flush tokens: they expire)
-        assert not [k for k in gone if b":fxdone:" in k]
-        await assert_whole_summary(reader, 5)
-    finally:
-        await call(writer.close())
-        await call(reader.close())
-
-
-def age_intents(cluster: LoopbackCluster, prefix: str, seconds: int) -> None:
-    """Restamp every write-ahead intent as written *seconds* ago on its
-    node's clock."""
-    with cluster.client() as client:
-        for intents in cluster.keys(f"{prefix}:fxhosts:*"):
-            now = int(client.eval("return redis.call('TIME')[1]", 1, intents))
-            for member in client.zrange(intents, 0, -1):
-                client.zadd(intents, {member: now - seconds})
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_dead_workers_effects_read_after_the_tokens_lifetime_still_list_its_host(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """A worker dies between its phases 2 and 3 and nothing reads the
-    scope for over a day (a weekly crawl): its ledger entry is too old to
-    apply whole (P:fxdone may have forgotten it), but what may be applied
-    twice is: the host is listed in its shard, its buckets' bounds lowered.
-    The sums, dropped, are marked lost: summaries read every page."""
-    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
-    await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
-    assert age_ledgers(redis_cluster, prefix, _LEDGER_HONOURED + 60) == 1
-    age_intents(redis_cluster, prefix, _LEDGER_HONOURED + 60)
-    store = open_store(redis_cluster, prefix)
-    try:
-        assert store.take_scope(SCOPE, "crawl-2", 60, 10_000) is None
-        with redis_cluster.client() as client:
-            assert client.smembers(f"{prefix}:hs:{{{LONELY_SHARD}}}") == {b"lonely.example"}
-            assert client.hget(f"{prefix}:nvm:{{{LONELY_SHARD}}}", "lost") is not None
-        # Applied: the entry and the intent gone.
-        assert redis_cluster.keys(f"{prefix}:fx:*") == []
-        assert redis_cluster.keys(f"{prefix}:fxhosts:*") == []
-        assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == keys
-        assert sorted(s.key.url for s in store.iter_pages(SCOPE)) == [k.url for k in keys]
-        assert store.count_scope(SCOPE).pages == 5
-        await assert_whole_summary(store, 5)
-        await call(store.release_scope(SCOPE, "crawl-2"))
-        assert store.reset_scope(SCOPE).pages == 5
-        assert [k for k in redis_cluster.keys(f"{prefix}:*")
-                if b"{books" in k and b":flush:" not in k and b":wg:" not in k
-                    and b":holdepoch:" not in k] == []
-    finally:
-        await call(store.close())
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_flush_taking_an_entry_past_the_tokens_lifetime_applies_its_bounds_and_host(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """The same entry taken by the next flush that writes its host (no
-    read before): the host listed, the dead worker's pages due by their
-    own bounds (the new page is due later), the sums marked lost."""
-    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
-    await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
-    assert age_ledgers(redis_cluster, prefix, _LEDGER_HONOURED + 60) == 1
-    store = open_store(redis_cluster, prefix)
-    try:
-        store.stage_page(full_state(PageKey(SCOPE, "https://lonely.example/new"), 1,
-                                    callback="parse", next_visit=5_000))
-        await call(store.flush())
-        with redis_cluster.client() as client:
-            assert client.smembers(f"{prefix}:hs:{{{LONELY_SHARD}}}") == {b"lonely.example"}
-            assert client.hget(f"{prefix}:nvm:{{{LONELY_SHARD}}}", "lost") is not None
-        assert [s.key for s in await call(store.get_due(SCOPE, 2_000, 10))] == keys
-        await assert_sums_are_the_pages(store)
-        await call(store.close())
-        assert redis_cluster.keys(f"{prefix}:fx:*") == []
-    finally:
-        await call(store.close())
-
-
-@pytest_twisted.ensureDeferred
 async def test_a_host_missing_from_its_scope_is_listed_again_when_written(
     redis_cluster: LoopbackCluster, prefix: str,
 ) -> None:
-    """A host whose record exists but that its shard does not list (its
-    first flush's effects lost: a dead worker's ledger entry dropped, as
-    older code did) is listed by its next write, not only by a write that
-    creates its record."""
+    """A host whose record exists but that its shard does not list (taken
+    out by hand, or a host's first flush of layout 7 whose effects were
+    lost) is listed by its next write, not only by a write that creates
+    its record."""
     keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
-    await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
-    # Its effects gone unapplied: the ledger and the intent dropped.
-    redis_cluster.delete(f"{prefix}:fx:*")
-    redis_cluster.delete(f"{prefix}:fxhosts:*")
+    writer = open_store(redis_cluster, prefix)
+    for n, key in enumerate(keys):
+        writer.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+    await call(writer.flush())
+    await call(writer.close())
+    with redis_cluster.client() as client:
+        hosts = f"{prefix}:hs:{{{shard_part(SCOPE, scope_shard('lonely.example'))}}}"
+        assert client.srem(hosts, "lonely.example") == 1
     store = open_store(redis_cluster, prefix)
     try:
         assert list(store.iter_pages(SCOPE)) == []
@@ -2060,51 +1170,6 @@ async def test_a_host_missing_from_its_scope_is_listed_again_when_written(
             assert client.smembers(f"{prefix}:hs:{{{LONELY_SHARD}}}") == {b"lonely.example"}
         assert len(list(store.iter_pages(SCOPE))) == 6
         assert store.count_scope(SCOPE).pages == 6
-    finally:
-        await call(store.close())
-
-
-@pytest.mark.parametrize("repair", ["forget_host", "forget_page"])
-@pytest_twisted.ensureDeferred
-async def test_a_repair_cut_before_taking_its_pages_out_of_the_sums_leaves_that_to_the_next_read(
-    redis_cluster: LoopbackCluster, prefix: str, repair: str,
-) -> None:
-    """A repair deletes pages in their host's slot, then takes them out of
-    the sums in their shard's: cut between the two (the shard's node
-    unreachable), a retry finds no page to take out. The repair's effects
-    wait in the host's ledger, listed by an intent written before anything
-    was deleted: the next reading applies them (once)."""
-    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(5)]
-    store = open_store(redis_cluster, prefix)
-    try:
-        for n, key in enumerate(keys):
-            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
-        await call(store.flush())
-        await call(store.close())
-        store = open_store(redis_cluster, prefix)
-        store.adopt_after = 0  # (a test cannot wait ten minutes)
-        original = store._sync.eval
-
-        def eval_(script: str, *args: Any) -> Any:
-            if script == CLUSTER_SCOPE_LUA:
-                raise redis.exceptions.ConnectionError("the shard's node dropped the connection")
-            return original(script, *args)
-
-        store._sync.eval = eval_  # type: ignore[method-assign]
-        with pytest.raises((StateStoreError, redis.RedisError)) as cut:
-            if repair == "forget_host":
-                store.forget_host(SCOPE, "a.example")
-            else:
-                store.forget_page(SCOPE, keys[0].url)
-        store._sync.eval = original  # type: ignore[method-assign]
-        left = 0 if repair == "forget_host" else 4
-        assert len(list(store.iter_pages(SCOPE))) == left
-        await assert_whole_summary(store, left)
-        assert redis_cluster.keys(f"{prefix}:fx:*") == []
-        assert redis_cluster.keys(f"{prefix}:fxhosts:*") == []
-        # And the repair said what became of it.
-        assert isinstance(cut.value, StateStoreError)
-        assert "next reading of the scope" in str(cut.value)
     finally:
         await call(store.close())
 
@@ -2268,137 +1333,6 @@ async def flush_five(cluster: LoopbackCluster, prefix: str, host: str = "a.examp
     return keys
 
 
-def cut_scope_scripts(store: RedisStateStore) -> Any:
-    """Make the sync client's scope scripts fail (the shard's node dropped
-    the connection); returns the original ``eval`` to put back."""
-    original = store._sync.eval
-
-    def eval_(script: str, *args: Any) -> Any:
-        if script == CLUSTER_SCOPE_LUA:
-            raise redis.exceptions.ConnectionError("the shard's node dropped the connection")
-        return original(script, *args)
-
-    store._sync.eval = eval_  # type: ignore[method-assign]
-    return original
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_host_repair_keeps_the_pending_entries_of_its_hosts_ledger(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """forget_host cut after deleting the pages (its entry in the host's
-    ledger) and before its shard's script, then run again: the retry finds
-    no page and writes no entry, and its deletions must leave the ledger's
-    pending entries alone (here the adoption that a repair runs first is
-    left out, as for an entry written after it read the ledgers): the
-    first attempt's entry is applied by the next reading."""
-    await flush_five(redis_cluster, prefix)
-    store = open_store(redis_cluster, prefix)
-    store.adopt_after = 0  # (a test cannot wait ten minutes)
-    original = cut_scope_scripts(store)
-    with pytest.raises((StateStoreError, redis.RedisError)):
-        store.forget_host(SCOPE, "a.example")
-    store._sync.eval = original  # type: ignore[method-assign]
-    assert redis_cluster.keys(f"{prefix}:fx:*") != []
-    store._adopt_before_repair = lambda scope: None  # type: ignore[method-assign]
-    try:
-        store.forget_host(SCOPE, "a.example")  # the retry
-        assert redis_cluster.keys(f"{prefix}:fx:*") != []  # still pending
-        assert list(store.iter_pages(SCOPE)) == []
-        await assert_sums_are_the_pages(store)
-        assert redis_cluster.keys(f"{prefix}:fx:*") == []
-    finally:
-        await call(store.close())
-
-
-@pytest.mark.parametrize("repair", ["forget_host", "forget_page"])
-@pytest_twisted.ensureDeferred
-async def test_a_repair_first_applies_a_dead_workers_pending_entry(
-    redis_cluster: LoopbackCluster, prefix: str, repair: str,
-) -> None:
-    """A dead worker moved the host's pages to visits 3000 + n (its phase
-    2, the effects in the host's ledger) and died before its phase 3: a
-    repair of that host applies the entry before it reads what to take
-    out, so the sums neither keep the old visits nor lose the new."""
-    keys = await flush_five(redis_cluster, prefix, visit=1_000)
-    gone = open_store(redis_cluster, prefix)
-    for n, key in enumerate(keys):
-        gone.stage_page(full_state(key, 2, callback="parse", next_visit=3_000 + n))
-    cut_before(gone, CLUSTER_SCOPE_LUA)
-    with pytest.raises(StateStoreError):
-        await call(gone.flush())
-    await call(die(gone))
-    store = open_store(redis_cluster, prefix)
-    try:
-        if repair == "forget_host":
-            store.forget_host(SCOPE, "a.example")
-        else:
-            store.forget_page(SCOPE, keys[0].url)
-        assert redis_cluster.keys(f"{prefix}:fx:*") == []
-        assert len(list(store.iter_pages(SCOPE))) == (0 if repair == "forget_host" else 4)
-        await assert_sums_are_the_pages(store)
-        states = list(store.iter_pages(SCOPE))
-        for before in (math.inf, 1_000_001, 1_000_003):
-            got = await call(store.summarize_pages(
-                SCOPE, after=-math.inf, upto=math.inf, checked_before=before))
-            assert tuple(got) == brute_summary(states, -math.inf, math.inf, before, ())
-    finally:
-        await call(store.close())
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_repair_whose_adoption_redis_refuses_is_refused(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """A repair whose adoption of the pending effects Redis refuses (above
-    maxmemory) deletes nothing and says why."""
-    await flush_five(redis_cluster, prefix)
-    store = open_store(redis_cluster, prefix)
-
-    def refused(scope: str, settled_only: bool = False, refused: Any = None) -> Any:
-        raise redis.exceptions.OutOfMemoryError("OOM command not allowed")
-        yield  # (a generator)
-
-    store._adoption = refused  # type: ignore[method-assign]
-    try:
-        with pytest.raises(StateStoreError, match=r"repair refused.*OOM"):
-            store.forget_host(SCOPE, "a.example")
-        assert len(list(store.iter_pages(SCOPE))) == 5
-    finally:
-        await call(store.close())
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_flush_taking_a_repair_entry_keeps_its_own_newer_check(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """forget_page cut before its shard's script (its entry left in the
-    host's ledger); a crawl starts (its adoption refused: Redis full), the
-    page is found again and written by a flush that takes the repair's
-    entry: the repair's check (``''``, taken out) is older than the page's
-    new check, which the sums keep."""
-    keys = await flush_five(redis_cluster, prefix)  # checked at 1_000_001
-    store = open_store(redis_cluster, prefix)
-    original = cut_scope_scripts(store)
-    with pytest.raises((StateStoreError, redis.RedisError)):
-        store.forget_page(SCOPE, keys[0].url)
-    store._sync.eval = original  # type: ignore[method-assign]
-    try:
-        store.adopt_ledgers_sync = lambda scope, strict=False: None  # type: ignore[method-assign]
-        assert store.take_scope(SCOPE, "crawl-2", 60, 1_000_005) is None
-        assert redis_cluster.keys(f"{prefix}:fx:*") != []
-        store.adopt_after = 0  # the entry is now old enough for a flush to take
-        store.stage_page(full_state(keys[0], 9, callback="parse", next_visit=1_000))
-        await call(store.flush())
-        states = list(store.iter_pages(SCOPE))
-        for before in (math.inf, 1_000_005, 1_000_010):
-            got = await call(store.summarize_pages(SCOPE, after=-math.inf, upto=math.inf,
-                                                   checked_before=before))
-            assert tuple(got) == brute_summary(states, -math.inf, math.inf, before, ())
-    finally:
-        await call(store.close())
-
-
 async def assert_summaries_by_check(store: Any, befores: tuple[int, ...]) -> None:
     """The summaries of the whole scope checked before each of *befores*
     are what its pages say."""
@@ -2409,260 +1343,10 @@ async def assert_summaries_by_check(store: Any, befores: tuple[int, ...]) -> Non
         assert tuple(got) == brute_summary(states, -math.inf, math.inf, before, ()), before
 
 
-@pytest_twisted.ensureDeferred
-async def test_a_late_workers_older_check_applied_after_a_newer_one_keeps_the_newer(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """Two workers of one crawl write the same page's check: D at 1_000_010
-    (its phase 3 cut, then it dies), W at 1_000_020 (applied at once: D's
-    entry is younger than adopt_after, not taken). The next reading adopts
-    D's entry after W's: its older time does not lower the page's in P:ck
-    (checks only raise it), so a summary with checked_before between the
-    two still counts the page as checked since."""
-    keys = await flush_five(redis_cluster, prefix)  # checked at 1_000_001
-    store = open_store(redis_cluster, prefix)
-    assert store.take_scope(SCOPE, "crawl-2", 60, 1_000_005) is None  # the mark
-    gone = open_store(redis_cluster, prefix)
-    gone.stage_page(full_state(keys[0], 10, callback="parse", next_visit=1_000))
-    cut_before(gone, CLUSTER_SCOPE_LUA)
-    with pytest.raises(StateStoreError):
-        await call(gone.flush())
-    await call(die(gone))
-    live = open_store(redis_cluster, prefix)
-    try:
-        live.stage_page(full_state(keys[0], 20, callback="parse", next_visit=1_000))
-        await call(live.flush())
-        # The summary adopts D's entry first, then reads the sums.
-        await assert_summaries_by_check(store, (1_000_015, 1_000_030))
-    finally:
-        await call(live.close())
-        await call(store.close())
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_flush_whose_host_reply_was_lost_still_keeps_its_newer_check_over_a_repair(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """As test_a_flush_taking_a_repair_entry_keeps_its_own_newer_check, but
-    the host script's reply is lost: its replay returns its own effects and
-    no taken entries ('[]'), so the repair's entry stays in the ledger and
-    is applied after the flush's newer check: its '' (the page deleted)
-    leaves P:ck as it is, and the summary counts the page as checked since."""
-    keys = await flush_five(redis_cluster, prefix)
-    store = open_store(redis_cluster, prefix)
-    original = cut_scope_scripts(store)
-    with pytest.raises((StateStoreError, redis.RedisError)):
-        store.forget_page(SCOPE, keys[0].url)
-    store._sync.eval = original  # type: ignore[method-assign]
-    try:
-        store.adopt_ledgers_sync = lambda scope, strict=False: None  # type: ignore[method-assign]
-        assert store.take_scope(SCOPE, "crawl-2", 60, 1_000_005) is None
-        del store.adopt_ledgers_sync  # adoption back
-        store.adopt_after = 0  # the entry is old enough for a flush to take
-        store.stage_page(full_state(keys[0], 9, callback="parse", next_visit=1_000))
-        lost = lose_reply_of(store, CLUSTER_HOST_LUA)
-        with pytest.raises(StateStoreError):
-            await call(store.flush())
-        assert lost == [1]
-        await call(store.flush())  # the replay
-        assert store.pending == 0
-        await assert_summaries_by_check(store, (1_000_005, 1_000_010))
-    finally:
-        await call(store.close())
-
-
-@pytest.mark.parametrize("age", [_TOKEN_TTL + 60, _LEDGER_HONOURED + 60],
-                         ids=["a-day-old", "older-than-honoured"])
-@pytest_twisted.ensureDeferred
-async def test_a_worker_killed_after_a_complete_flush_leaves_no_sums_lost(
-    redis_cluster: LoopbackCluster, prefix: str, age: int,
-) -> None:
-    """A worker killed after its flush applied everything (only its ledger
-    clean-up, sent with its next pipeline, never ran): read a day later, or
-    later than ledger entries are honoured while P:fxdone still lists the
-    token, the entry is known applied: dropped, the shard's sums not
-    marked lost (every summary would read every page)."""
-    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
-    gone = open_store(redis_cluster, prefix)
-    for n, key in enumerate(keys):
-        gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
-    await call(gone.flush())
-    await call(die(gone))
-    assert age_ledgers(redis_cluster, prefix, age) == 1
-    store = open_store(redis_cluster, prefix)
-    try:
-        await assert_whole_summary(store, 5)
-        with redis_cluster.client() as client:
-            assert client.hget(f"{prefix}:nvm:{{{LONELY_SHARD}}}", "lost") is None
-        assert redis_cluster.keys(f"{prefix}:fx:*") == []
-    finally:
-        await call(store.close())
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_worker_killed_after_a_complete_flush_leaves_no_sums_lost_a_week_later(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """A weekly crawl after a worker was killed once its flush applied
-    everything (its ledger clean-up never sent): P:fxdone has long
-    forgotten the token (trimmed after two days), but P:fxheld keeps it
-    while its entry is there, so the reader drops the entry as applied,
-    the shard's sums not marked lost; then lets the token go."""
-    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
-    gone = open_store(redis_cluster, prefix)
-    for n, key in enumerate(keys):
-        gone.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
-    await call(gone.flush())
-    await call(die(gone))
-    assert age_ledgers(redis_cluster, prefix, 7 * 86_400) == 1
-    with redis_cluster.client() as client:
-        # What P:fxdone's own trimming does after _APPLIED_KEPT.
-        client.delete(*redis_cluster.keys(f"{prefix}:fxdone:{{{LONELY_SHARD}}}:*"))
-    store = open_store(redis_cluster, prefix)
-    try:
-        await assert_whole_summary(store, 5)
-        with redis_cluster.client() as client:
-            assert client.hget(f"{prefix}:nvm:{{{LONELY_SHARD}}}", "lost") is None
-            assert client.exists(f"{prefix}:fxheld:{{{LONELY_SHARD}}}") == 0
-        assert redis_cluster.keys(f"{prefix}:fx:*") == []
-    finally:
-        await call(store.close())
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_closed_workers_applied_tokens_are_let_go_once_their_entries_are_gone(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """P:fxheld holds a token only while its ledger entry may be there:
-    a worker's flushes and its close leave none behind, nor does a repair."""
-    store = open_store(redis_cluster, prefix)
-    for n in range(3):
-        key = PageKey(SCOPE, f"https://lonely.example/p{n}")
-        store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
-        await call(store.flush())
-    await call(store.close())
-    assert redis_cluster.keys(f"{prefix}:fx:*") == []
-    assert redis_cluster.keys(f"{prefix}:fxheld:*") == []
-    admin = open_store(redis_cluster, prefix)
-    try:
-        assert admin.forget_page(SCOPE, "https://lonely.example/p1").pages == 1
-    finally:
-        await call(admin.close())
-    assert redis_cluster.keys(f"{prefix}:fx:*") == []
-    assert redis_cluster.keys(f"{prefix}:fxheld:*") == []
-
-
 def lonely_page(n: int) -> PageState:
     """A page of lonely.example (its effects all go to LONELY_SHARD)."""
     return full_state(PageKey(SCOPE, f"https://lonely.example/p{n}"), 1,
                       callback="parse", next_visit=1_000 + n)
-
-
-def held_tokens(cluster: LoopbackCluster, prefix: str) -> list[bytes]:
-    with cluster.client() as client:
-        return client.hkeys(f"{prefix}:fxheld:{{{LONELY_SHARD}}}")
-
-
-@pytest_twisted.ensureDeferred
-async def test_workers_killed_after_their_second_flush_leave_no_token_held(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """A worker's flush deletes its previous flush's ledger entries; their
-    tokens would be let go by its next pipeline. Killed in between (any
-    time after its second flush), it leaves tokens held whose entries are
-    gone: the next reading finds them gone and lets them go."""
-    for kill in range(3):
-        gone = open_store(redis_cluster, prefix)
-        for n in range(2):
-            gone.stage_page(lonely_page(10 * kill + n))
-            await call(gone.flush())
-        await call(die(gone))
-    # Each killed worker: one token whose entry is gone, one whose entry is there.
-    assert len(held_tokens(redis_cluster, prefix)) == 6
-    store = open_store(redis_cluster, prefix)
-    try:
-        await assert_whole_summary(store, 6)
-        assert held_tokens(redis_cluster, prefix) == []
-        for n in (98, 99):
-            store.stage_page(lonely_page(n))
-            await call(store.flush())
-    finally:
-        await call(store.close())
-    assert redis_cluster.keys(f"{prefix}:fx:*") == []
-    assert held_tokens(redis_cluster, prefix) == []
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_close_whose_flush_fails_still_lets_go_of_the_tokens_held(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """A crawl stopped by a store error (here the eviction recheck, which
-    refuses the flush at close again): close still deletes the entries its
-    earlier flushes applied and lets their tokens go, and raises the
-    flush's error."""
-    store = open_store(redis_cluster, prefix)
-    for n in range(2):
-        store.stage_page(lonely_page(n))
-        await call(store.flush())
-
-    async def evicting() -> None:
-        raise store._fail("a node of the cluster evicts keys when full (simulated)")
-
-    store._recheck_eviction = evicting  # type: ignore[method-assign]
-    store.stage_page(lonely_page(2))
-    with pytest.raises(StateStoreError, match="evicts keys when full"):
-        await call(store.flush())
-    with pytest.raises(StateStoreError, match="evicts keys when full"):
-        await call(store.close())
-    assert redis_cluster.keys(f"{prefix}:fx:*") == []
-    assert redis_cluster.keys(f"{prefix}:fxheld:*") == []
-    reader = open_store(redis_cluster, prefix)
-    try:
-        await assert_whole_summary(reader, 2)
-    finally:
-        await call(reader.close())
-
-
-@pytest.mark.parametrize("reader_between", [False, True], ids=["alone", "reader-between"])
-@pytest_twisted.ensureDeferred
-async def test_a_flush_taking_an_applied_entry_a_week_old_marks_no_sums_lost(
-    redis_cluster: LoopbackCluster, prefix: str, reader_between: bool,
-) -> None:
-    """A killed worker's applied entry, a week old: P:fxdone forgot its
-    token, P:fxheld holds it. Another worker's host script takes the entry
-    as expired; its phase 3 finds it applied, the sums not marked lost;
-    also when, between its phases 2 and 3, a reader dropped the entry as
-    applied and let its token go (P:fxdone notes it anew then)."""
-    gone = open_store(redis_cluster, prefix)
-    gone.stage_page(lonely_page(0))
-    await call(gone.flush())
-    await call(die(gone))
-    assert age_ledgers(redis_cluster, prefix, 7 * 86_400) == 1
-    with redis_cluster.client() as client:
-        # What P:fxdone's own trimming does after _APPLIED_KEPT.
-        client.delete(*redis_cluster.keys(f"{prefix}:fxdone:{{{LONELY_SHARD}}}:*"))
-    writer = open_store(redis_cluster, prefix)
-    reader = open_store(redis_cluster, prefix)
-    phase_scopes = writer._phase_scopes
-
-    async def reader_first(*args: Any, **kwargs: Any) -> None:
-        await reader.adopt_ledgers(SCOPE)
-        assert held_tokens(redis_cluster, prefix) == []
-        await phase_scopes(*args, **kwargs)
-
-    if reader_between:
-        writer._phase_scopes = reader_first  # type: ignore[method-assign]
-    try:
-        writer.stage_page(lonely_page(1))
-        await call(writer.flush())
-        with redis_cluster.client() as client:
-            assert client.hget(f"{prefix}:nvm:{{{LONELY_SHARD}}}", "lost") is None
-        await assert_whole_summary(writer, 2)
-    finally:
-        await call(writer.close())
-        await call(reader.close())
-    assert redis_cluster.keys(f"{prefix}:fx:*") == []
-    assert held_tokens(redis_cluster, prefix) == []
 
 
 @pytest_twisted.ensureDeferred
@@ -2689,99 +1373,6 @@ async def test_a_runs_start_not_marked_where_a_page_was_checked_since_says_why(
         assert f"was not set (1 of {len(SCOPE_SHARDS)}): a page there was checked" in said[0]
     finally:
         await call(store.close())
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_dead_workers_entry_a_day_old_is_applied_whole_not_marked_lost(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """A worker dies between its phases 2 and 3 and the scope is read a
-    day later: P:fxdone keeps the tokens applied two days, so an entry a
-    day old that it does not list was never applied: applied whole (the
-    sums right), the shard's sums not marked lost."""
-    keys = [PageKey(SCOPE, f"https://lonely.example/p{n}") for n in range(5)]
-    await gone_between_phases_2_and_3(redis_cluster, prefix, keys)
-    assert age_ledgers(redis_cluster, prefix, _TOKEN_TTL + 60) == 1
-    age_intents(redis_cluster, prefix, _TOKEN_TTL + 60)
-    store = open_store(redis_cluster, prefix)
-    try:
-        await assert_whole_summary(store, 5)
-        with redis_cluster.client() as client:
-            assert client.hget(f"{prefix}:nvm:{{{LONELY_SHARD}}}", "lost") is None
-            assert client.smembers(f"{prefix}:hs:{{{LONELY_SHARD}}}") == {b"lonely.example"}
-        assert redis_cluster.keys(f"{prefix}:fx:*") == []
-    finally:
-        await call(store.close())
-
-
-#: A page of a.example (flush_five's host) whose check ledger entries set.
-CHECKED = "a.example|x"
-
-
-async def adopt_entries(
-    cluster: LoopbackCluster, prefix: str,
-    entries: Callable[[int, int], list[tuple[str, str | bytes]]],
-) -> tuple[list[bytes], int | None]:
-    """flush_five's pages, a crawl's mark taken on their scope (checks are
-    noted since), then the entries *entries* gives (of the mark and the
-    ledger's node's time) put in a.example's group's ledger, listed by a
-    dead worker's intent, for a reader to adopt. Returns what the ledger
-    holds after (its tokens) and CHECKED's check in its shard's P:ck, in
-    seconds after the mark (None: not there)."""
-    await flush_five(cluster, prefix)
-    store = open_store(cluster, prefix)
-    assert store.take_scope(SCOPE, "crawl-2", 60, 1_000_005) is None
-    ledger = ledger_key(prefix, "a.example")
-    try:
-        with cluster.client() as client:
-            mark = int(client.hget(f"{prefix}:nvm:{{{A_SHARD}}}", "mark"))
-            now = int(client.eval("return redis.call('TIME')[1]", 1, ledger))
-            for token, value in entries(mark, now):
-                client.hset(ledger, token, value)
-            # Short: a listpack, which keeps the order written.
-            assert client.object("encoding", ledger) == b"listpack"
-            client.zadd(f"{prefix}:fxhosts:{{{A_SHARD}}}",
-                        {f"{host_group('a.example')}\0gone-worker": now - 5})
-        store.adopt_ledgers_sync(SCOPE)
-        with cluster.client() as client:
-            checked = client.zscore(f"{prefix}:ck:{{{A_SHARD}}}", CHECKED)
-            return sorted(client.hkeys(ledger)), None if checked is None else int(checked) - mark
-    finally:
-        await call(store.close())
-
-
-@pytest_twisted.ensureDeferred
-async def test_an_adoption_keeps_a_pages_latest_check_whatever_order_its_entries_come_in(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """Three entries of one host's ledger set the same page's check: the
-    latest check stays in P:ck whatever order they are applied in (by their
-    stamps or the ledger's hash): an entry stamped later with an older
-    check (a late worker) does not lower it, one whose page has no
-    callback now ('') does not remove it (a summary reads the page)."""
-    left, checked = await adopt_entries(redis_cluster, prefix, lambda mark, now: [
-        ("c" * 32, json.dumps([now - 5, {"checks": [[CHECKED, ""]]}])),
-        ("b" * 32, json.dumps([now - 10, {"checks": [[CHECKED, mark + 30]]}])),
-        ("a" * 32, json.dumps([now - 20, {"checks": [[CHECKED, mark + 50]]}]))])
-    assert left == []
-    assert checked == 50
-
-
-@pytest_twisted.ensureDeferred
-async def test_an_adoption_leaves_a_ledger_value_that_is_no_entry_and_applies_the_others(
-    redis_cluster: LoopbackCluster, prefix: str,
-) -> None:
-    """A value of a group's ledger that is no entry (not JSON; a time that
-    is no number) is left out by a reader's adoption, which applies the
-    entry beside it (its effects a string of JSON, as the scripts write
-    them) and leaves those values as they are (the group's script drops
-    them): the read goes on, nothing of the entry is lost."""
-    left, checked = await adopt_entries(redis_cluster, prefix, lambda mark, now: [
-        ("a" * 32, json.dumps([now - 20, json.dumps({"checks": [[CHECKED, mark + 50]]})])),
-        ("b" * 32, b"not json"),
-        ("c" * 32, json.dumps(["yesterday", {"checks": [[CHECKED, mark + 90]]}]))])
-    assert left == [b"b" * 32, b"c" * 32]
-    assert checked == 50
 
 
 @pytest_twisted.ensureDeferred
@@ -2876,67 +1467,6 @@ async def test_a_phase_whose_reply_was_lost_a_day_ago_is_not_sent_again(
     finally:
         monkeypatch.undo()
         await call(store.close())
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_repair_stalled_past_its_intents_deadline_says_it_again_and_loses_nothing(
-    redis_cluster: LoopbackCluster, prefix: str, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A repair stalls between its write-ahead intent and its host's script
-    for longer than adopt_after: a reader takes the intent for a dead
-    writer's and drops it (nothing in the ledger yet). The host's script is
-    then late (as a flush's phase 2 past its deadline): the repair writes
-    its intent again before it deletes, so its effects are listed; cut
-    before its shard's script, the next reading takes its pages out of the
-    sums."""
-    await flush_five(redis_cluster, prefix)
-    repair = open_store(redis_cluster, prefix)
-    reader = open_store(redis_cluster, prefix)
-    repair.adopt_after = reader.adopt_after = 2  # (a test cannot wait ten minutes)
-    intents = repair._intents_key(A_SHARD)
-    stalled, go = threading.Event(), threading.Event()
-    said: list[tuple[str, str]] = []
-    say = repair._repair_intent
-
-    def then_stall(intent: tuple[str, str]) -> Any:
-        stamp = say(intent)
-        said.append(intent)
-        if len(said) == 1:
-            stalled.set()
-            go.wait(60)
-        return stamp
-
-    def cut(*args: Any) -> None:
-        raise StateStoreError("repair cut short (the shard's node is gone)")
-
-    monkeypatch.setattr(repair, "_repair_intent", then_stall)
-    monkeypatch.setattr(repair, "_repair_effects", cut)
-    try:
-        forgotten = deferToThread(repair.forget_host, SCOPE, "a.example")
-        try:
-            assert await deferToThread(stalled.wait, 60)
-            with redis_cluster.node(redis_cluster.port_of(intents)) as node:
-                # Bounded: until the intent is adopt_after old on its node's clock.
-                stamp = node.zscore(*said[0])
-                for _ in range(600):
-                    if int(node.time()[0]) - stamp >= reader.adopt_after:
-                        break
-                    await deferLater(reactor, 0.05)
-                reader.adopt_ledgers_sync(SCOPE)
-                assert node.zcard(intents) == 0  # dropped: a dead writer's, by its age
-        finally:
-            go.set()
-        with pytest.raises(StateStoreError, match="cut short"):
-            await forgotten
-        assert list(reader.iter_pages(SCOPE)) == []
-        # Listed, the effects are applied by the next reading, once.
-        await assert_whole_summary(reader, 0)
-        assert redis_cluster.keys(f"{prefix}:fx:*") == []
-        assert len(said) == 2  # said again before anything was deleted
-    finally:
-        go.set()
-        await call(reader.close())
-        await call(repair.close())
 
 
 @pytest_twisted.ensureDeferred
@@ -3169,3 +1699,212 @@ async def test_a_walk_of_the_item_groups_that_meets_a_moved_slot_says_to_run_it_
         await call(store.close())
     finally:
         own.remove()
+
+
+async def summaries_are_the_pages(store: RedisStateStore) -> None:
+    """Every summary (several windows) is what the pages one by one say
+    (the stored sums' values not parsed: one is damaged on purpose)."""
+    states = list(store.iter_pages(SCOPE))
+    for after, upto in ((-math.inf, math.inf), (0, 1_500), (1_500, math.inf)):
+        got = await call(store.summarize_pages(SCOPE, after=after, upto=upto,
+                                               checked_before=math.inf))
+        assert tuple(got) == brute_summary(states, after, upto, math.inf, ())
+
+
+@pytest.mark.parametrize("damaged", ["coarse", "fine"])
+@pytest_twisted.ensureDeferred
+async def test_a_stored_sum_that_cannot_be_added_to_marks_the_groups_sums_lost(
+    redis_cluster: LoopbackCluster, prefix: str, damaged: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One field of a host group's sums (its coarse ``P:nvs``, or its fine
+    ``P:nvf`` hash of the visit's hour) is not a number: the group's
+    script cannot add a page's move out of it, so it marks the group's
+    sums lost (``lost`` in its ``P:nvm``) and the flush warns; every
+    summary after it reads the pages, exact (without the mark, the write's
+    delta would be dropped and every later summary off by it). The same
+    for a page forgotten: its script marks them lost again and warns."""
+    keys = [PageKey(SCOPE, f"https://a.example/p{n}") for n in range(3)]
+    store = open_store(redis_cluster, prefix)
+    meta = f"{prefix}:nvm:{{{A_SHARD}}}"
+    try:
+        for key in keys:
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000))
+        await call(store.flush())
+        if damaged == "coarse":
+            sums, field = f"{prefix}:nvs:{{{A_SHARD}}}", f"{1_000 // 60}|parse"
+        else:
+            sums = f"{prefix}:nvf:{{{A_SHARD}}}:{fine_part(1_000)}"
+            field = "1000|parse"
+        with redis_cluster.client() as client:
+            assert client.hget(sums, field) is not None
+            client.hset(sums, field, "damaged")
+            assert not client.hexists(meta, "lost")
+        # A page moved from 1,000 to 2,000: its 1,000 is taken out of the
+        # damaged sum.
+        store.stage_page(full_state(keys[0], 2, callback="parse", next_visit=2_000))
+        with caplog.at_level(logging.WARNING):
+            assert await call(store.flush()) == 1
+        said = [r.getMessage() for r in caplog.records
+                if "could not be added to (damaged)" in r.getMessage()]
+        assert len(said) == 1 and A_SHARD in said[0] and "marked lost" in said[0], said
+        with redis_cluster.client() as client:
+            assert client.hexists(meta, "lost")
+            assert client.hget(sums, field) == b"damaged"
+        await summaries_are_the_pages(store)
+        # A page forgotten from the same damaged sum: marked lost again.
+        with redis_cluster.client() as client:
+            client.hdel(meta, "lost")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert store.forget_page(SCOPE, keys[1].url).pages == 1
+        said = [r.getMessage() for r in caplog.records
+                if "could not be taken from (damaged)" in r.getMessage()]
+        assert len(said) == 1 and "marked lost" in said[0], said
+        with redis_cluster.client() as client:
+            assert client.hexists(meta, "lost")
+        assert len(list(store.iter_pages(SCOPE))) == 2
+        await summaries_are_the_pages(store)
+    finally:
+        await call(store.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_full_cluster_refuses_a_flush_whole_and_still_reads_and_resets(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Every primary above its maxmemory (noeviction) during a flush: the
+    flush fails with the out-of-memory line (free memory or raise the
+    limit), nothing of it applied (the page as it was, due and summed as
+    before); the store still reads the scope (a page, due pages, a
+    summary, every page, its counts); once memory is raised the same
+    flush is sent again and applied once; full again, a reset (how memory
+    is freed) still deletes the scope."""
+    keys = [PageKey(SCOPE, f"https://h{n}.example/p") for n in range(6)]
+    store = open_store(redis_cluster, prefix)
+    reader = open_store(redis_cluster, prefix)
+    nodes = [redis_cluster.node(port) for port in redis_cluster.ports]
+    kept = [(node.config_get("maxmemory")["maxmemory"],
+             node.config_get("maxmemory-policy")["maxmemory-policy"]) for node in nodes]
+
+    def full(on: bool) -> None:
+        for node, (memory, policy) in zip(nodes, kept, strict=True):
+            node.config_set("maxmemory-policy", "noeviction" if on else policy)
+            node.config_set("maxmemory", "1" if on else memory)  # 1: every write refused
+
+    try:
+        for n, key in enumerate(keys):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        await call(store.flush())
+        for n, key in enumerate(keys):
+            store.stage_page(full_state(key, 2, callback="parse", next_visit=2_000 + n))
+        try:
+            full(True)
+            with pytest.raises(StateStoreError) as said:
+                await call(store.flush())
+            line = str(said.value)
+            assert "out of memory" in line and "maxmemory" in line, line
+            assert "\n" not in line
+            assert store.pending == len(keys)
+            for n, key in enumerate(keys):
+                page = await call(reader.get_page(key))
+                assert page is not None and (page.checks, page.next_visit) == (1, 1_000 + n)
+            due = await call(reader.get_due(SCOPE, 1_500, 100))
+            assert sorted(s.key.url for s in due) == sorted(k.url for k in keys)
+            await assert_sums_are_the_pages(reader)
+            assert reader.count_pages(SCOPE) == len(keys)
+            assert reader.count_scope(SCOPE).pages == len(keys)
+        finally:
+            full(False)
+        assert await call(store.flush()) == len(keys)
+        assert store.pending == 0
+        for n, key in enumerate(keys):
+            page = await call(reader.get_page(key))
+            assert page is not None and (page.checks, page.next_visit) == (2, 2_000 + n)
+        assert [s.key for s in await call(reader.get_due(SCOPE, 1_500, 100))] == []
+        await assert_whole_summary(reader, len(keys))
+        try:
+            full(True)
+            reader.reset_scope(SCOPE)
+        finally:
+            full(False)
+        left = [k.decode() for k in redis_cluster.keys(f"{prefix}:*")]
+        # But the hosts' write generations (raised, never deleted) and the
+        # flushes' tokens (they expire).
+        assert [k for k in left if "{books" in k and ":wg:" not in k
+                and ":flush:" not in k] == []
+        assert list(reader.iter_pages(SCOPE)) == []
+    finally:
+        full(False)
+        for node in nodes:
+            node.close()
+        await call(store.close())
+        await call(reader.close())
+
+
+def hosts_on_three_nodes(cluster: LoopbackCluster, prefix: str) -> tuple[list[str], list[int]]:
+    """Three hosts whose keys are on the three nodes, and those nodes'
+    ports (in the hosts' order)."""
+    seen: dict[int, str] = {}
+    for n in range(300):
+        host = f"h{n}.example"
+        seen.setdefault(cluster.port_of(host_key(prefix, "hd", host)), host)
+        if len(seen) == 3:
+            return [seen[port] for port in sorted(seen)], sorted(seen)
+    raise AssertionError("no three hosts on three nodes in 300 tries")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_flush_whose_group_scripts_ran_on_one_node_only_is_replayed_once(
+    redis_cluster: LoopbackCluster, prefix: str,
+) -> None:
+    """Phase 2 of a flush runs on one node and its connection to the two
+    others fails before their groups' scripts ran: the pages of the first
+    are written, the others' not; the next flush sends every group's
+    script again under the same tokens: the one that ran applies nothing
+    twice (each page checked twice, not three times), the others apply
+    theirs, due pages and sums the pages'. (The one case where a flush's
+    token is found on some nodes and not on others.)"""
+    hosts, ports = hosts_on_three_nodes(redis_cluster, prefix)
+    keys = [PageKey(SCOPE, f"https://{host}/p") for host in hosts]
+    store = open_store(redis_cluster, prefix)
+    reader = open_store(redis_cluster, prefix)
+    try:
+        for n, key in enumerate(keys):
+            store.stage_page(full_state(key, 1, callback="parse", next_visit=1_000 + n))
+        await call(store.flush())
+        original = store._eval_many
+        cut: list[int] = []
+
+        async def eval_many(calls: list[tuple[str, list[str], list[Any]]],
+                            plain: Any = ()) -> list[Any]:
+            if not cut and any(script == CLUSTER_HOST_LUA for script, _, _ in calls):
+                cut.append(1)
+                first = [c for c in calls if c[0] != CLUSTER_HOST_LUA
+                         or redis_cluster.port_of(c[1][0]) == ports[0]]
+                assert len(first) < len(calls)
+                await original(first, plain)
+                raise redis.exceptions.ConnectionError("two nodes unreachable")
+            return await original(calls, plain)
+
+        store._eval_many = eval_many  # type: ignore[method-assign]
+        for n, key in enumerate(keys):
+            store.stage_check(key, 304, 3_000_000 + n, schedule=(3_600, 7_000 + n))
+        with pytest.raises(StateStoreError):
+            await call(store.flush())
+        assert cut == [1]
+        first = await call(reader.get_page(keys[0]))
+        assert first is not None and (first.checks, first.next_visit) == (2, 7_000)
+        for n, key in enumerate(keys[1:], start=1):
+            page = await call(reader.get_page(key))
+            assert page is not None and (page.checks, page.next_visit) == (1, 1_000 + n)
+        await call(store.flush())
+        assert store.pending == 0
+        for n, key in enumerate(keys):
+            page = await call(reader.get_page(key))
+            assert page is not None and (page.checks, page.next_visit) == (2, 7_000 + n)
+        assert [s.key for s in await call(reader.get_due(SCOPE, 8_000, 10))] == keys
+        await assert_sums_are_the_pages(reader)
+    finally:
+        await call(store.close())
+        await call(reader.close())

@@ -65,32 +65,31 @@ never comes back; other ``P:<name>:<s>`` keys, such as a shared politeness
 budget ``P:budget:<host>``, are not this store's), its hosts' keys, its
 ``P:hist:<s>:*`` and ``P:undel:<s>:*`` keys, and takes it out of ``P:scopes``.
 
-On a Redis Cluster the store keeps the *cluster layout* (version 7, see
+On a Redis Cluster the store keeps the *cluster layout* (version 8, see
 :mod:`~incremental_crawler.state.stores.redis.cluster`): the same kinds of
 keys, every one hash-tagged so that a script's keys are one slot: a scope's
 own ``P:<kind>:{<s>}`` (``P:hosts``, ``P:crawls``, ``P:holds``, ``P:holdepoch``,
 ``P:slots``, ``P:slotsat``, ``P:undelc``, ``P:undel:{<s>}:<c>``,
-``P:memo``); what a flush's last phase writes of a scope, per scope shard
-``{<s>^<x>}`` (the shard of a host by a hash of its name; see
-:data:`~incremental_crawler.state.stores.redis.core.SCOPE_SHARDS`):
-``P:hs``, ``P:dueb``, ``P:splits``, ``P:nvs``, ``P:nvm``, ``P:ck``,
-``P:nvf:{<s>^<x>}:<minute>``, the write-ahead intents ``P:fxhosts``, the
-effects applied ``P:fxdone`` (and ``P:fxheld``, those whose ledger
-entries may still be there) and the buckets a summary is reading
-``P:duer``; the items by group ``P:items:{<s>#<g>}``,
-``P:itemver:{<s>#<g>}``, ``P:order:{<s>#<g>}``,
-``P:hist:{<s>#<g>}:<item key>`` and ``P:bypage:{<s>#<g>}`` (the group of
-the page's URL), a flush's tokens ``P:flush:{<tag>}:<token>`` per script;
-a host's keys tagged by its host group ``{<s>|<g>}`` (one of 64 a scope,
-by a hash of the host: see
+``P:memo``); a host's keys tagged by its host group ``{<s>|<g>}`` (one of
+64 a scope, by a hash of the host: see
 :data:`~incremental_crawler.state.stores.redis.core.HOST_GROUPS`), the
 host after the tag: ``P:hd:{<s>|<g>}:<h>``, ``P:pg:{<s>|<g>}:<h>:<n>``,
 ``P:pgl:…``, ``P:ln:{<s>|<g>}:<h>`` and its write generation
 ``P:wg:{<s>|<g>}:<h>`` (one a host, in place of the scope's one counter;
-kept through a reset as that one is); a group's ledger of effects not yet
-applied ``P:fx:{<s>|<g>}``. Its flush runs in three phases, not one
-script (phase 2 one script a host group). One server keeps the layout
-above.
+kept through a reset as that one is); what a page write changes of its
+scope, per scope shard, which is the host's group (``{<s>|<g>}``, in the
+same slot as its hosts' pages: see
+:data:`~incremental_crawler.state.stores.redis.core.SCOPE_SHARDS`):
+``P:hs``, ``P:dueb``, ``P:splits``, ``P:nvs``, ``P:nvm``, ``P:ck``,
+``P:nvf:{<s>|<g>}:<k>`` (``FINE_KEYS`` hashes, every one in the
+group script's ``KEYS``) and the buckets a summary is reading
+``P:duer``; the items by group ``P:items:{<s>#<g>}``,
+``P:itemver:{<s>#<g>}``, ``P:order:{<s>#<g>}``,
+``P:hist:{<s>#<g>}:<item key>`` and ``P:bypage:{<s>#<g>}`` (the group of
+the page's URL), a flush's tokens ``P:flush:{<tag>}:<token>`` per script.
+Its flush runs in three phases, not one script (phase 2 one script a host
+group, which applies its pages' effects on the scope itself). One server
+keeps the layout above.
 
 Pages are kept per host in small buckets (see
 :mod:`~incremental_crawler.state.stores.redis.pages`: how a page's field

@@ -33,19 +33,18 @@ from incremental_crawler.state.stores.base import (
     StoredItem,
     UrlRecord,
 )
-from incremental_crawler.state.stores.redis.cluster import RedisClusterPath, _Effects
+from incremental_crawler.state.stores.redis.cluster import RedisClusterPath
 from incremental_crawler.state.stores.redis.core import (
     _HMGET_CHUNK,
+    FINE_KEYS,
     ITEM_GROUPS,
     _glob,
     _key_part,
     _page_range,
     _slot_rates,
     _stored_version,
-    group_shard,
     host_group,
     logger,
-    shard_part,
 )
 from incremental_crawler.state.stores.redis.memo import counter_ok
 from incremental_crawler.state.stores.redis.pages import (
@@ -59,7 +58,6 @@ from incremental_crawler.state.stores.redis.scripts import (
     _LATEST_LUA,
     _SUMS_FORGET_LUA,
     CLUSTER_FORGET_LUA,
-    CLUSTER_INTENT_ADD_LUA,
 )
 
 if TYPE_CHECKING:
@@ -461,7 +459,6 @@ class RedisAdmin(RedisClusterPath, AdminStore):
 
     def forget_page(self, scope: str, url: str) -> Removed:
         if self.tagged:
-            self._adopt_before_repair(scope)
             host, url_part = url_field(url)
 
             def plan() -> tuple[int, list[int], str]:
@@ -495,7 +492,6 @@ class RedisAdmin(RedisClusterPath, AdminStore):
 
     def forget_host(self, scope: str, host: str) -> Removed:
         if self.tagged:
-            self._adopt_before_repair(scope)
 
             def plan() -> tuple[int, list[int], str]:
                 n = self._bucket_counts(scope, [host])[host]
@@ -656,13 +652,6 @@ class RedisAdmin(RedisClusterPath, AdminStore):
                 pipe.execute_command(*commands[n])
             return self._sync_run(pipe)
 
-    def _adopt_before_repair(self, scope: str) -> None:
-        """A repair on a cluster first applies what the host groups' ledgers hold
-        (a dead worker's effects, a cut repair's): what it reads of the
-        pages is then what the sums count. Refused (Redis
-        full, a damaged key), the repair is refused: nothing deleted."""
-        self.adopt_ledgers_sync(scope, strict=True)
-
     def _forget_in_slots(self, scope: str, urls: Collection[str], host: str,
                          plan: Callable[[], tuple[int, list[int], str]], *,
                          whole_host: bool) -> Removed:
@@ -671,21 +660,15 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         links, the host's record or page count, and what they take out of
         the scope's sums, computed from the records as it deletes them),
         then the rest as one ``MULTI`` per slot (:meth:`_multi_per_slot`),
-        then those sums taken out by the scope shard's script. *plan* gives
+        *plan* gives
         the host's bucket count, the buckets to delete from and the page's
         URL part ('': every page of the host), read again when a crawl
         split the host's buckets meanwhile.
 
-        The sums are in another slot than the pages: a repair cut between
-        them (the shard's node unreachable, the command killed) would leave
-        the sums counting pages gone for good (a retry finds none to take
-        out). So they go as a flush's effects go: a write-ahead intent in
-        the host's shard first (before anything is deleted), the effects in
-        the host group's ledger by the script that deletes the pages, applied
-        once under their token (``P:fxdone``) by the shard's script, or by
-        the next reading of the scope (:meth:`_adoption`) if the repair
-        stops before. Computed in that script, they are what was deleted,
-        whatever a crawl wrote after the repair planned.
+        The sums are the host group's (its scope shard's, layout 8), in the
+        pages' slot: the script takes the pages deleted out of them as it
+        deletes them, computed from the records, whatever a crawl wrote
+        after the repair planned.
 
         The host's slot goes first, the items' groups after: a repair cut
         between them leaves items whose page is gone (the page is fetched
@@ -697,14 +680,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         items = sorted(pages_of)
         # (A host's run again after a cut: its items' pages, gone by then.)
         urls = {*urls, *pages_of.values()}
-        part = host_part(host)
-        # The host's group's ledger and intent (an intent names a group).
-        group = host_group(part)
-        shard = shard_part(_key_part(scope), group_shard(group))
-        token = uuid.uuid4().hex
-        intent = (self._intents_key(shard), f"{group}\0repair-{token}")
-        ledger = self._ledger_key(scope, host)
-        pages, links, raw = self._forget_host_slot(scope, host, ledger, token, plan, intent)
+        pages, links = self._forget_host_slot(scope, host, uuid.uuid4().hex, plan)
         counts = dict.fromkeys(Removed._fields, 0)
         counts.update(pages=pages, links=links)
         commands: list[tuple[Any, ...]] = []
@@ -715,12 +691,9 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             kinds.append(kind)
 
         if whole_host:
-            # Not its ledger: an entry there may be pending still (a cut
-            # repair's, retried now; one written after the adoption read):
-            # it goes once applied (HDEL), never with the pages. Nor the
-            # host's place in its shard (listed, its buckets' bounds in the
-            # revisit index): a crawl may have written a page of the host
-            # since the host's script deleted them, and its phase 3 listed
+            # Not the host's place in its shard (listed, its buckets'
+            # bounds in the revisit index): a crawl may have written a page
+            # of the host since the host's script deleted them, and listed
             # it; taken out now, that page would never be due. A bound left
             # for an empty bucket is a lower bound still (a due read finds
             # nothing there; a summary that reads the buckets drops it).
@@ -741,8 +714,7 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         try:
             replies = self._multi_per_slot(commands)
         except RepairStopped as exc:
-            # The entry and intent left behind: the next reading of the
-            # scope takes the deleted pages out of its sums.
+            # (The deleted pages are out of the sums already.)
             raise RepairStopped(f"{exc}; its pages were deleted, not all of their items",
                                 Removed(pages=pages, links=links)) from None
         except StateStoreError as exc:
@@ -751,116 +723,40 @@ class RedisAdmin(RedisClusterPath, AdminStore):
         for kind, n in zip(kinds, replies, strict=True):
             if kind is not None:
                 counts[kind] += int(n)
-        if raw:
-            effects = _Effects(ledger=ledger, where=(shard, group))
-            effects.add(json.loads(raw), part)
-            self._repair_effects(shard, group, ledger, token, intent, effects)
-        else:
-            self._drop_intent(intent)
         return Removed(**counts)
 
-    def _forget_host_slot(self, scope: str, host: str, ledger: str, token: str,
-                          plan: Callable[[], tuple[int, list[int], str]],
-                          intent: tuple[str, str]) -> tuple[int, int, str]:
-        """The host's part of a repair (``cluster_forget.lua``), after its
-        write-ahead *intent*, planned again while a crawl splits the host's
-        buckets meanwhile: the pages and links deleted, and the effects the
-        script kept in the host group's ledger (JSON; '' none).
-
-        The script deletes only up to the intent's time + adopt_after // 2
-        on its node's clock, as a flush's phase 2 writes (see
-        ``_phase_hosts``): a repair stalled past that (a reader may drop its
-        intent as a dead writer's, finding nothing in the ledger yet) says
-        its intent again and sends the script again; otherwise its entry
-        would land in a ledger no intent lists, and its pages stay counted
-        in the sums for good if the repair stopped before its shard's
-        script."""
-        stamp = self._repair_intent(intent)
+    def _forget_host_slot(self, scope: str, host: str, token: str,
+                          plan: Callable[[], tuple[int, list[int], str]]) -> tuple[int, int]:
+        """The host's part of a repair (``cluster_forget.lua``, under
+        *token*), planned again while a crawl splits the host's buckets
+        meanwhile: the pages and links deleted, taken out of the group's
+        sums in the same script."""
+        tag = f"{{{_key_part(scope)}|{host_group(host_part(host))}}}"
         for _ in range(_FORGET_ROUNDS):
             n, buckets, url_part = plan()
             keys = [self._host_key("hd", scope, host), self._host_key("ln", scope, host),
-                    self._generation_key(scope, host), ledger,
-                    self._token_key(token, ledger[ledger.index("{"):]),
+                    self._generation_key(scope, host), f"{self.prefix}:nvs:{tag}",
+                    self._token_key(token, tag), f"{self.prefix}:nvm:{tag}",
+                    *(f"{self.prefix}:nvf:{tag}:{k}" for k in range(FINE_KEYS)),
                     *(key for b in buckets for key in self._bucket_keys(scope, host, b))]
-            args = [n, token, stamp + self.adopt_after // 2,
+            args = [n, token, FINE_KEYS,
                     *(("page", url_part) if url_part else ("host",))]
-            try:
-                self.before_deleting()
-            except RepairStopped:
-                self._drop_intent(intent)  # nothing deleted: nothing to take out
-                raise
+            self.before_deleting()
             self.roundtrips += 1
             try:
                 reply: Any = self._sync.eval(CLUSTER_FORGET_LUA, len(keys), *keys, *args)
             except redis.RedisError as exc:
                 raise self._fail("repair failed (nothing was deleted)", exc) from exc
-            if reply[0] == b"late":
-                stamp = self._repair_intent(intent)
-            elif reply[0] != b"n":
-                pages, links, raw = reply
-                return int(pages), int(links), raw.decode() if raw else ""
+            if reply[0] != b"n":
+                pages, links, lost = reply
+                if int(lost):
+                    logger.warning(
+                        "State store %s: a stored sum of %s could not be taken from "
+                        "(damaged): the group's sums are marked lost, and every summary "
+                        "of the scope reads its pages", self.location, tag)
+                return int(pages), int(links)
         raise self._fail("repair failed (nothing was deleted): the host's buckets kept "
-                         "being split by a crawl, or its intent kept going stale; run it "
-                         "again")
-
-    def _repair_intent(self, intent: tuple[str, str]) -> int:
-        """A repair's write-ahead intent written, before anything is
-        deleted (see :meth:`_forget_in_slots`): the time of its node it is
-        scored by."""
-        self.roundtrips += 1
-        try:
-            return int(self._sync.eval(CLUSTER_INTENT_ADD_LUA, 1, *intent))
-        except redis.RedisError as exc:
-            raise self._fail("repair failed (nothing was deleted)", exc) from exc
-
-    def _drop_intent(self, intent: tuple[str, str]) -> None:
-        """A repair's intent once its pages took nothing out of the sums."""
-        pipe = self._sync.pipeline(transaction=False)
-        pipe.zrem(*intent)
-        self._sync_run(pipe)
-
-    def _repair_effects(self, shard: str, group: str, ledger: str, token: str,
-                        intent: tuple[str, str], effects: _Effects) -> None:
-        """The sums and checks of a repair's pages (deleted now) taken out
-        by their shard's script under the token of their ledger entry
-        (see :meth:`_forget_in_slots`)."""
-        # Said again now: a reader drops an intent adopt_after old (the
-        # deletions may have taken that long), and its entry is there.
-        # The host's shard's (its sums and checks are there), under the
-        # entry's token: applied once, by this or by an adoption.
-        bundle = _Effects(ledger=ledger, where=(shard, group))
-        bundle.merge(effects)
-        script, keys, args = self._scope_call(f"{{{shard}}}", uuid.uuid4().hex,
-                                              {token: bundle}, [])
-        self.roundtrips += 2
-        try:
-            self._sync.eval(CLUSTER_INTENT_ADD_LUA, 1, *intent)
-            reply: Any = self._sync.eval(script, len(keys), *keys, *args)
-        except redis.RedisError as exc:
-            raise self._fail(
-                "repair cut short (its pages were deleted; the next reading of the "
-                "scope takes them out of its sums)", exc) from exc
-        pipe = self._sync.pipeline(transaction=False)
-        pipe.delete(keys[0])  # its reply came: nothing to replay
-        applied = reply[0] == b"done" or bool(int(reply[3]))
-        if applied:
-            # Applied (here or by an adoption): the entry and intent go;
-            # refused (a damaged key), both are left for a later try.
-            pipe.hdel(ledger, token)
-            pipe.zrem(*intent)
-        self._sync_run(pipe)
-        if applied:
-            # The entry gone: its token let go (see cluster_scope.lua). Best
-            # effort: the repair is done, and a token left held goes at the
-            # next reading of the scope (which finds its entry gone).
-            pipe = self._sync.pipeline(transaction=False)
-            for command in self._release_held([(ledger, token)]):
-                pipe.execute_command(*command)
-            try:
-                self._sync_run(pipe)
-            except StateStoreError as exc:
-                logger.warning("State store %s: a repair's applied token stays in its "
-                               "shard's P:fxheld (%s)", self.location, exc)
+                         "being split by a crawl; run it again")
 
     def _scope_keys(self, scope: str) -> tuple[list[str], list[str], list[str], list[str],
                                                 list[str]]:
@@ -893,13 +789,8 @@ class RedisAdmin(RedisClusterPath, AdminStore):
             kinds += self._scan_keys(f"{_glob(self.prefix)}:undel:{{{part}#*}}:*")
             kinds += self._scan_keys(f"{_glob(self._key('undel', scope))}:*")
             kinds += self._fine_sums_keys(scope)
-            # The host groups' ledgers of effects (a dead worker's new host's
-            # too, listed nowhere) and the effects applied.
-            kinds += self._scan_keys(f"{_glob(self.prefix)}:fx:{{{part}|*}}")
-            kinds += [key for kind in ("duer", "fxhosts", "fxheld")
-                      for key in self._shard_keys(kind, scope)]
-            # The tokens applied, in buckets per shard.
-            kinds += self._shard_scan_keys("fxdone", scope)
+            # The buckets a summary is reading, per shard (host group).
+            kinds += self._shard_keys("duer", scope)
             return kinds, buckets, links, hist, generations
         hist = self._scan_keys(f"{_glob(self.prefix)}:hist:{_glob(_key_part(scope))}:*")
         kinds += self._scan_keys(f"{_glob(self.prefix)}:undel:{_glob(_key_part(scope))}:*")

@@ -1,38 +1,43 @@
 
--- A repair's part in its host's slot on a Redis Cluster (cluster layout):
+-- A repair's part in its host's slot on a Redis Cluster (cluster layout 8):
 -- the pages deleted (every bucket of the host, or every variant of one
 -- page in its bucket), their links records, the host's record or page
 -- count, its write generation raised, and what the pages deleted take out
 -- of the scope's sums, computed from the records as this script deletes
--- them and kept in the host group's ledger under the repair's token (its shard's
--- script applies them once: see admin.py, _forget_in_slots). One run: a
--- page a crawl wrote or changed after the repair planned is deleted and
--- taken out of the sums as it is then, never counted on after its deletion.
+-- them and taken out of the host group's sums (its scope shard's, in the
+-- same slot) in the same script. One run: a page a crawl wrote or changed
+-- after the repair planned is deleted and taken out of the sums as it is
+-- then, never counted on after its deletion.
 --
--- KEYS: the host's record (hd), links (ln), write generation (wg), ledger
--- (fx), the run's token key (its answer, kept TOKEN_TTL: sent again after
--- a lost reply, by the client's retry or the caller's, the script returns
--- it and deletes nothing more), then the two hashes (pg, pgl) of each
--- bucket declared. ARGV: the
--- bucket count planned from, the token, the deadline of the repair's
--- write-ahead intent (0: none; past it on this node's clock the script
--- deletes nothing and says {'late'}), then 'host' (every declared bucket:
--- all of the host's) or 'page' and the page's URL part (its variants too,
--- in the one bucket declared).
+-- KEYS: the host's record (hd), links (ln), write generation (wg), the
+-- group's coarse sums (nvs), the run's token key (its answer, kept
+-- TOKEN_TTL: sent again after a lost reply, by the client's retry or the
+-- caller's, the script returns it and deletes nothing more), the group's
+-- sums' meta (nvm), the group's fine sums' hashes (nvf, k = 0, 1, ...:
+-- a visit's in its hour's modulo their number, as cluster_host.lua keeps
+-- them), then the two hashes (pg, pgl) of each bucket
+-- declared. ARGV: the bucket count planned from, the token, the number of
+-- the group's fine sums' hashes, then 'host' (every
+-- declared bucket: all of the host's) or 'page' and the page's URL part
+-- (its variants too, in the one bucket declared).
 -- Returns {'n', count} when the host's bucket count is not the one planned
--- (nothing deleted: the caller plans again), {'late'} (see DEADLINE), else
--- {pages deleted, links records deleted, effects (JSON; '' none)}.
-local DIR, LINKS, GENERATION, LEDGER, RAN = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local PLANNED_N, TOKEN, DEADLINE = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+-- (nothing deleted: the caller plans again), else {pages deleted, links
+-- records deleted, 1 when a stored sum could not be taken from (damaged:
+-- the group's sums marked lost, P:nvm 'lost', so that every summary reads
+-- the pages) else 0}.
+local DIR, LINKS, GENERATION, COARSE, RAN = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local META = KEYS[6]
+local PLANNED_N, FINE_KEYS = tonumber(ARGV[1]), tonumber(ARGV[3])
+local FIRST_BUCKET = 7 + FINE_KEYS
 local MODE, URL_PART = ARGV[4], ARGV[5]
+local SUM_MINUTE = 60
+-- The group's fine sums' hash of a visit (as cluster_host.lua keeps them).
+local FINE_SPAN = 3600
+local function fine_key(visit)
+  return KEYS[7 + math.floor(visit / FINE_SPAN) % FINE_KEYS]
+end
 local ran = redis.call('GET', RAN)
 if ran then return cjson.decode(ran) end
--- A reader may drop the intent once it is past its deadline (by more than
--- the nodes' clocks differ): an entry written in the ledger after that
--- would be listed by no intent, and lost if the repair stopped before its
--- shard's script. The caller writes its intent again and resends (as a
--- flush's host script, cluster_host.lua).
-if DEADLINE > 0 and tonumber(redis.call('TIME')[1]) > DEADLINE then return {'late'} end
 local n = bucket_count(DIR)
 if n ~= PLANNED_N then return {'n', n} end
 
@@ -40,7 +45,7 @@ if n ~= PLANNED_N then return {'n', n} end
 -- read (and decoded) first: a damaged key or record fails the repair
 -- before anything is deleted (a script that erred halfway would leave it
 -- half done).
-for _, pair in ipairs({{LINKS, 'hash'}, {LEDGER, 'hash'}, {DIR, 'hash'}}) do
+for _, pair in ipairs({{LINKS, 'hash'}, {COARSE, 'hash'}, {META, 'hash'}, {DIR, 'hash'}}) do
   local kind = redis.call('TYPE', pair[1]).ok
   if kind ~= 'none' and kind ~= pair[2] then
     error('WRONGTYPE ' .. pair[1] .. ' is a ' .. kind .. ', not a ' .. pair[2]
@@ -67,7 +72,7 @@ local function forget(raw)
     SUMS[field] = {was[1] - 1, was[2] - bytes}
   end
 end
-for k = 6, #KEYS do
+for k = FIRST_BUCKET, #KEYS do
   local flat = redis.call('HGETALL', KEYS[k])
   for j = 1, #flat, 2 do
     local field = flat[j]
@@ -82,7 +87,7 @@ end
 
 local pages, links = 0, 0
 if MODE == 'host' then
-  for k = 6, #KEYS do
+  for k = FIRST_BUCKET, #KEYS do
     pages = pages + redis.call('HLEN', KEYS[k])
     redis.call('DEL', KEYS[k])
   end
@@ -96,15 +101,34 @@ else
   if pages > 0 or links > 0 then redis.call('INCR', GENERATION) end
 end
 
-local function ran_as(answer)
-  redis.call('SET', RAN, cjson.encode(answer), 'EX', TOKEN_TTL)
-  return answer
+-- The sums (as cluster_host.lua adds to them): a stored value that cannot
+-- be taken from marks the group's sums lost instead.
+local function add_sum(key, field, pages, bytes)
+  local value = redis.pcall('HGET', key, field)
+  if type(value) == 'table' then return false end
+  if value then
+    local cut = string.find(value, ' ', 1, true)
+    local had_pages = cut and tonumber(string.sub(value, 1, cut - 1))
+    local had_bytes = cut and tonumber(string.sub(value, cut + 1))
+    if not had_pages or not had_bytes then return false end
+    pages, bytes = pages + had_pages, bytes + had_bytes
+  end
+  if pages == 0 then
+    redis.call('HDEL', key, field)
+  else
+    redis.call('HSET', key, field, string.format('%d %d', pages, bytes))
+  end
+  return true
 end
-if not next(SUMS) then return ran_as({pages, links, ''}) end
--- (cjson writes an empty table as {}: the effects are objects.)
-local effects = cjson.encode({sums = SUMS, checks = {}, due = {}, splits = 0,
-                              new_host = false, latest = ''})
--- Stamped by this node's clock, as a host script's entry is (an adoption
--- tells its age on the clock of the ledger's node).
-redis.call('HSET', LEDGER, TOKEN, cjson.encode({tonumber(redis.call('TIME')[1]), effects}))
-return ran_as({pages, links, effects})
+local lost = 0
+for field, delta in pairs(SUMS) do
+  local visit, callback = string.match(field, '^(-?%d+)|(.*)$')
+  visit = tonumber(visit)
+  local minute = math.floor(visit / SUM_MINUTE)
+  if not add_sum(COARSE, minute .. '|' .. callback, delta[1], delta[2]) then lost = 1 end
+  if not add_sum(fine_key(visit), field, delta[1], delta[2]) then lost = 1 end
+end
+if lost == 1 then redis.call('HSET', META, 'lost', redis.call('TIME')[1]) end
+local answer = {pages, links, lost}
+redis.call('SET', RAN, cjson.encode(answer), 'EX', TOKEN_TTL)
+return answer

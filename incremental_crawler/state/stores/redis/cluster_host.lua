@@ -1,69 +1,66 @@
-
--- Phase 2 of a flush on a Redis Cluster (cluster layout): the page and links
--- writes of the hosts of one host group, in staging order (a reply lost,
--- the same writes with more after them are sent again under the same
--- token: the count applied is of a prefix of them); every key it touches
--- is in KEYS and carries the group's
--- tag {<scope>|<group>}. What such a write changes in keys of the scope's
--- shard (the scope's hosts, the revisit index, the sums by next visit, the
--- checks since the mark, the splits count) is not written here but
--- returned as effects, for the shard's script of phase 3, the group's
--- hosts' together; they are kept under the token with the count of writes
--- applied, so that a script sent again after its reply was lost returns
--- the same effects and applies nothing twice.
+-- Phase 2 of a flush on a Redis Cluster (cluster layout 8): the page and
+-- links writes of the hosts of one host group, in staging order (a reply
+-- lost, the same writes with more after them are sent again under the
+-- same token: the count applied is of a prefix of them), and what they
+-- change of the scope in the group's own keys (the group is its hosts'
+-- scope shard): the scope's hosts (P:hs), the revisit index lowered (ZADD
+-- LT into P:dueb, each bound's summary mark in P:duer dropped), the splits
+-- count, the sums by next visit (P:nvs, P:nvf:<k>), the latest check
+-- (P:nvm) and the checks since the mark (ZADD GT into P:ck), all in this
+-- one atomic script: no ledger, no write-ahead intent, no later phase.
+-- Every key it touches carries the group's tag {<scope>|<group>} and is
+-- in KEYS, the fine sums too: a fixed set of hashes
+-- (P:nvf:{<scope>|<group>}:<k>, a visit's in its hour modulo their
+-- number), since the hours an old record names are known only once it is
+-- read. The
+-- count applied and the script's answer are kept under the token, so
+-- that a script sent again after its reply was lost applies nothing twice
+-- and returns the same.
 --
--- The effects are also kept in the group's ledger (P:fx:{<scope>|<group>},
--- token -> [time, effects]) until the shard's script has applied them (the
--- caller deletes them then): a worker that dies before its phase 3 leaves
--- them there, and the next flush that writes the group takes those older
--- than the age given (the shard's script applies each token's effects
--- once, whoever sends them). One token, one ledger entry a call, whatever
--- the number of its hosts.
---
--- KEYS: the token, the group's ledger, then each host's record (hd), links
--- hash (ln), write generation (wg: raised once if a page state or links
--- record of the host was written or deleted) and per bucket declared its
--- two hashes (pg, pgl). ARGV: the server's hash-max-listpack-value, the
--- age (seconds) past which another flush's effects in the ledger are
--- taken, the deadline of the flush's write-ahead intent (0: none; past it
--- on this node's clock the script writes nothing and says {'late'}: see
--- cluster.py, _phase_hosts), the number of hosts, then per host: its key
--- part, the bucket count the caller planned from, the splits it planned,
--- the index in KEYS of its record, the number of buckets declared and their
--- numbers; then the writes: each its host's number (from 1), its name and
--- ARITY[name] arguments, a page's field first.
--- Returns {applied, replayed (0/1), error ('' none), effects (JSON),
--- effects taken from the ledger (JSON: [token, effects, expired] triples,
--- expired true for an entry older than LEDGER_HONOURED: only its idempotent
--- parts are applied, see cluster.py, _Effects.expired)}, or {'late'} (see
--- DEADLINE), or {'n', part, count, ...} for each host whose bucket count
--- is not the one planned from, or {'blocked', part, splits, ...} for each
--- host of which only that many of the planned splits can be made (a
--- bucket's key beyond the count is taken): nothing written then. A host
--- whose record or keys are damaged ends the script at its first write,
--- with its error: the writes before it applied, nothing of it or after (the
--- caller sends the other hosts' writes after it again, without the damaged
--- host's, under a new token: see cluster.py, _phase_hosts).
-local TOKEN, LEDGER = KEYS[1], KEYS[2]
+-- KEYS: the token, the group's dueb, splits, hs, nvs, nvm, ck, duer, its
+-- fine sums' hashes (nvf, k = 0, 1, ...), then each host's record (hd), links hash (ln), write generation (wg: raised
+-- once if a page state or links record of the host was written or
+-- deleted) and per bucket declared its two hashes (pg, pgl). ARGV: the
+-- server's hash-max-listpack-value, the number of the group's fine sums'
+-- hashes, the number of hosts, then per host:
+-- its key part, the bucket count the caller planned from, the splits it
+-- planned, the index in KEYS of its record, the number of buckets declared
+-- and their numbers; then the writes: each its host's number (from 1), its
+-- name and ARITY[name] arguments, a page's field first.
+-- Returns {applied, replayed (0/1), error ('' none), answer (JSON: each
+-- host's bucket and page counts after the writes, 'counts', and 'lost'
+-- when a stored sum could not be added to: see apply_effects)}, or
+-- {'n', part, count, ...} for each host whose bucket count is not the
+-- one planned from, or {'blocked', part, splits, ...} for each host of
+-- which only that many of the planned splits can be made (a bucket's key
+-- beyond the count is taken): nothing written then. A damaged key of the
+-- group's own (its scope shard's) fails the script whole, before any
+-- write. A host whose record or keys are damaged ends the script at its
+-- first write, with its error: the writes before it applied with their
+-- effects, nothing of it or after (the caller sends the other hosts'
+-- writes after it again, without the damaged host's, under a new token:
+-- see cluster.py, _phase_hosts).
+local TOKEN = KEYS[1]
+local DUEB, SPLITS, HOSTS_SET, COARSE = KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local META, CHECKS_SET, MARKS = KEYS[6], KEYS[7], KEYS[8]
 local done = redis.call('GET', TOKEN)
 if done then
   local kept = cjson.decode(done)
-  return {kept[1], 1, kept[2], kept[3], '[]'}
+  return {kept[1], 1, kept[2], kept[3]}
 end
-local LISTPACK_VALUE, ADOPT_AFTER = tonumber(ARGV[1]), tonumber(ARGV[2])
-local DEADLINE, HOSTS = tonumber(ARGV[3]), tonumber(ARGV[4])
--- A reader may drop the intent once it is past its deadline (by more than
--- the nodes' clocks differ): a ledger entry written after that would be
--- listed by no intent. The caller writes its intent again and resends.
--- This node's time (read once), the group's ledger (read once: see below).
-local NOW, LEDGER_FLAT = nil, nil
-if DEADLINE > 0 then
-  NOW = tonumber(redis.call('TIME')[1])
-  if NOW > DEADLINE then return {'late'} end
+local LISTPACK_VALUE, FINE_KEYS, HOSTS = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local SUM_MINUTE = 60
+-- The fine sums of a group are kept in FINE_KEYS hashes (KEYS[9] on), a
+-- visit's in its hour's modulo FINE_KEYS, each field the visit (a second)
+-- and the callback: keys fixed whatever hours the old records name, and a
+-- minute's sums in one hash of a few dozen fields.
+local FINE_SPAN = 3600
+local function fine_key(visit)
+  return KEYS[9 + math.floor(visit / FINE_SPAN) % FINE_KEYS]
 end
 local HOST, FIRST = {}, nil
 do
-  local at = 5
+  local at = 4
   for h = 1, HOSTS do
     local part, planned, splits = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
     local base, declared = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
@@ -100,77 +97,109 @@ local function host_bucket(host, at, field)
   return b
 end
 
--- What the scope's shard is to get (phase 3), the group's hosts' together:
--- sums deltas by "<visit>|<callback>" -> {pages, bytes}; the last check of
--- each page written ("<host part>|<field>" -> time, false: no callback); the
+-- What the writes change of the scope's keys in the group's slot, the
+-- group's hosts' together, applied after the writes (apply_effects): sums
+-- deltas by "<visit>|<callback>" -> {pages, bytes}; the last check of each
+-- page written ("<host part>|<field>" -> time, false: no callback); the
 -- least next visit of each bucket written ("<host part>|<n>"); splits made;
 -- the hosts to be in their scope's hosts (whenever a host's record or
--- links are written, not only when its record is new: a host whose first
--- flush died before its phase 3, its ledger entry dropped, is listed again
--- by its next write); the latest last check written; each host's bucket
--- and page counts after the writes.
+-- links are written, not only when its record is new); the latest last
+-- check written; each host's bucket and page counts after the writes.
 local SUMS, CHECKS, DUE, LISTED, COUNTS = {}, {}, {}, {}, {}
 local splits, latest = 0, false
 
-local function finish(applied, failed, taken)
-  local checks, hosts = {}, {}
-  for member, at in pairs(CHECKS) do checks[#checks + 1] = {member, at or ''} end
-  for part in pairs(LISTED) do hosts[#hosts + 1] = part end
-  -- (cjson writes an empty table as {}: the effects are objects.)
-  local effects = cjson.encode({
-    sums = SUMS, checks = checks, due = DUE, splits = splits, hosts = hosts,
-    latest = latest or '', counts = COUNTS})
-  -- The effects as a JSON string, escaped once for both the ledger entry
-  -- and the token ([time, effects] and [applied, error, effects], as
-  -- cjson.encode writes those lists: the effects are the bulk of both).
-  local quoted = cjson.encode(effects)
-  -- The ledger: this script's effects kept, older ones of other flushes
-  -- taken. Those past LEDGER_HONOURED (an hour less than P:fxdone keeps the
-  -- tokens applied) are taken as expired: their phase 3 may be forgotten
-  -- (P:fxdone trimmed), so the caller applies only what may be applied
-  -- twice (the hosts listed, the revisit bounds lowered) and marks the
-  -- shard's sums as not to be trusted, unless P:fxdone or P:fxheld lists
-  -- the token (then it was applied: 'done', nothing marked); the entry
-  -- goes once that is done.
-  local taken_json = '[]'
-  if taken then
-    local now = NOW or tonumber(redis.call('TIME')[1])
-    local found = {}
-    local flat = LEDGER_FLAT
-    for k = 1, #flat, 2 do
-      local ok_entry, entry = pcall(cjson.decode, flat[k + 1])
-      if not ok_entry or type(entry) ~= 'table' or not tonumber(entry[1]) then
-        redis.call('HDEL', LEDGER, flat[k])
-      elseif now - tonumber(entry[1]) > LEDGER_HONOURED then
-        found[#found + 1] = {flat[k], entry[2], true}
-      elseif now - tonumber(entry[1]) >= ADOPT_AFTER then
-        found[#found + 1] = {flat[k], entry[2], false}
-      end
-    end
-    -- Kept whenever there are effects, a write applied or not: the splits
-    -- are made before the writes, so a script whose first write fails (a
-    -- damaged record) has still moved pages to a new bucket, whose bound
-    -- must reach the revisit index (else its pages are never due).
-    if applied > 0 or splits > 0 or next(LISTED) or next(SUMS) or next(CHECKS)
-        or next(DUE) then
-      redis.call('HSET', LEDGER, string.match(TOKEN, '[^:]*$'),
-        '[' .. tostring(now) .. ',' .. quoted .. ']')
-    end
-    if #found > 0 then taken_json = cjson.encode(found) end
+-- A stored sum ("<pages> <bytes>") added to; a field summing no page goes.
+-- Returns false when the stored value or key cannot be added to (damaged
+-- by hand: nothing written to it).
+local function add_sum(key, field, pages, bytes)
+  local value = redis.pcall('HGET', key, field)
+  if type(value) == 'table' then return false end
+  if value then
+    local cut = string.find(value, ' ', 1, true)
+    local had_pages = cut and tonumber(string.sub(value, 1, cut - 1))
+    local had_bytes = cut and tonumber(string.sub(value, cut + 1))
+    if not had_pages or not had_bytes then return false end
+    pages, bytes = pages + had_pages, bytes + had_bytes
   end
-  redis.call('SET', TOKEN, '[' .. tostring(applied) .. ',' .. cjson.encode(failed or '') .. ','
-    .. quoted .. ']', 'EX', TOKEN_TTL)
-  return {applied, 0, failed or '', effects, taken_json}
+  if pages == 0 then
+    redis.call('HDEL', key, field)
+  else
+    redis.call('HSET', key, field, string.format('%d %d', pages, bytes))
+  end
+  return true
 end
 
--- The ledger first: every host's effects go there. Read whole now (its
--- type said by the read's error), taken from in finish: nothing before
--- finish writes it.
-LEDGER_FLAT = redis.pcall('HGETALL', LEDGER)
-if LEDGER_FLAT.err then
-  local kind = redis.call('TYPE', LEDGER).ok
-  return finish(0, 'WRONGTYPE ' .. LEDGER .. ' is a ' .. kind .. ', not a hash: nothing of '
-    .. 'the group was applied', false)
+-- The effects of the writes applied, in the group's own keys (their types
+-- checked before any write: see below). The checks since the mark only
+-- ever raise a page's score (ZADD GT) and a page that lost its callback is
+-- not removed: a repair applies its effects in another run, and these
+-- commute; a member scored higher than its page's last check, or whose
+-- page has no callback now, is harmless (a summary reads every page P:ck
+-- lists and keeps those checked since with a callback). A sum that
+-- cannot be added to (its value, or its minute's key, damaged) marks the
+-- group's sums lost (P:nvm 'lost': every summary of the scope then reads
+-- every page, exact, until the scope is reset) and is said in the answer.
+local function apply_effects()
+  local lost = false
+  for field, delta in pairs(SUMS) do
+    local pages, bytes = delta[1], delta[2]
+    if pages ~= 0 or bytes ~= 0 then
+      local visit, callback = string.match(field, '^(-?%d+)|(.*)$')
+      visit = tonumber(visit)
+      local minute = math.floor(visit / SUM_MINUTE)
+      if not add_sum(COARSE, minute .. '|' .. callback, pages, bytes) then lost = true end
+      if not add_sum(fine_key(visit), field, pages, bytes) then lost = true end
+    end
+  end
+  local mark = tonumber(redis.call('HGET', META, 'mark'))
+  if mark then
+    for member, at in pairs(CHECKS) do
+      if at and at >= mark then redis.call('ZADD', CHECKS_SET, 'GT', at, member) end
+    end
+  end
+  if latest then
+    local was = tonumber(redis.call('HGET', META, 'latest'))
+    if not was or latest > was then redis.call('HSET', META, 'latest', latest) end
+  end
+  for member, bound in pairs(DUE) do
+    redis.call('ZADD', DUEB, 'LT', bound, member)
+    redis.call('HDEL', MARKS, member)
+  end
+  if splits > 0 then redis.call('INCRBY', SPLITS, splits) end
+  if lost then redis.call('HSET', META, 'lost', redis.call('TIME')[1]) end
+  local hosts = {}
+  for part in pairs(LISTED) do hosts[#hosts + 1] = part end
+  if #hosts > 0 then redis.call('SADD', HOSTS_SET, unpack(hosts)) end
+  return lost
+end
+
+local function finish(applied, failed, effects)
+  local lost = effects and apply_effects()
+  -- (cjson writes an empty table as {}: the answer is an object.)
+  local answer = cjson.encode({counts = COUNTS, lost = lost or nil})
+  redis.call('SET', TOKEN, '[' .. tostring(applied) .. ',' .. cjson.encode(failed or '') .. ','
+    .. cjson.encode(answer) .. ']', 'EX', TOKEN_TTL)
+  return {applied, 0, failed or '', answer}
+end
+
+-- The group's own keys (its scope shard's) are of their types, and its
+-- splits count a number, before anything is written: a damaged one fails
+-- the group's script whole (a script that erred halfway could not be sent
+-- again under its token).
+do
+  local want = {{DUEB, 'zset'}, {SPLITS, 'string'}, {HOSTS_SET, 'set'}, {COARSE, 'hash'},
+                {META, 'hash'}, {CHECKS_SET, 'zset'}, {MARKS, 'hash'}}
+  for _, pair in ipairs(want) do
+    local kind = redis.call('TYPE', pair[1]).ok
+    if kind ~= 'none' and kind ~= pair[2] then
+      return finish(0, 'WRONGTYPE ' .. pair[1] .. ' is a ' .. kind .. ', not a ' .. pair[2]
+        .. ': nothing of the group was applied', false)
+    end
+  end
+  local count = redis.call('GET', SPLITS)
+  if count and not tonumber(count) then
+    return finish(0, SPLITS .. ' is not a number: nothing of the group was applied', false)
+  end
 end
 
 local function check_type(key, want)
@@ -289,7 +318,7 @@ local function register()
       redis.call('HSETNX', DIR, 'n', n)
       current.has_n = true
     end
-    -- (SADD in phase 3: listed again costs nothing.)
+    -- (SADD after the writes: listed again costs nothing.)
     LISTED[PART] = true
     listed = true
   end
@@ -522,7 +551,7 @@ local function first_refused()
 end
 
 -- Splits, as layout 4's flush makes them (linear hashing); the new bounds
--- of both buckets only lower the index (phase 3's ZADD LT): a lower bound
+-- of both buckets only lower the index (ZADD LT, after the writes): a lower bound
 -- stays one, and a reader sets a stale one right.
 local function split(host)
   for _ = 1, host.splits do

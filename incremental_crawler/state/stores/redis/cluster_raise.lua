@@ -2,9 +2,9 @@
 -- The last step of a summary on a Redis Cluster (cluster layout): each bucket's
 -- bound in the revisit index set to the least next visit the summary read
 -- of its pages, only if the mark the summary set before reading it is still
--- there (a write of the bucket since, in phase 3, dropped it: its page may
--- be due before what was read). KEYS: the index (dueb), the marks (duer),
--- of the scope's slot. ARGV: per bucket its member and least next visit
+-- there (a write of the bucket since, by its host group's script, dropped
+-- it: its page may be due before what was read). KEYS: the index (dueb),
+-- the marks (duer), of the host group's slot. ARGV: per bucket its member and least next visit
 -- ('': no page with a callback left: out of the index). Returns how many
 -- bounds were set.
 local set = 0

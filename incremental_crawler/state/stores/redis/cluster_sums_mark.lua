@@ -1,6 +1,7 @@
 
 -- sums_mark.lua with its keys declared (the cluster layout): KEYS the
--- nvm and ck of a scope shard (its slot, {<scope>^<x>}), ARGV the time;
+-- nvm and ck of a scope shard (its slot, its host group's {<scope>|<g>}),
+-- ARGV the time;
 -- run on every shard once the scope's hold is taken.
 local z = {meta = KEYS[1], checks = KEYS[2]}
 local at = tonumber(ARGV[1])

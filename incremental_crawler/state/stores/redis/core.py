@@ -116,29 +116,6 @@ def _group_tag(scope: str, name: str) -> str:
     return f"{{{_key_part(scope)}#{item_group(name)}}}"
 
 
-#: The scope shards of the cluster layout: the keys a flush's last phase
-#: writes of a scope (its hosts, revisit index, splits, sums, checks, and
-#: the write-ahead intents and applied effects behind them) are kept per
-#: shard, ``{<s>^<x>}``, a host's in the shard of :func:`scope_shard`, so
-#: that one scope's writes spread over the cluster's primaries. A tag's slot
-#: is CRC16 of ``<s>^<x>`` and CRC16 is linear: the suffixes' own CRC16s
-#: differ only in the top three of the slot's fourteen bits, so the eight
-#: shards of any scope are one in each eighth of the slots (on three
-#: primaries of equal ranges each holds 2 or 3 of them), whatever its name.
-#: Part of the cluster layout (version 6): other shards would need another
-#: version (a store's hosts would be looked for in the wrong shards).
-SCOPE_SHARDS = ("la2", "qf7", "lp0", "h85", "fjl", "bfa", "nrv", "bwc")
-#: Between a scope's part and its shard's suffix: percent-quoted in a scope
-#: (``%5E``), so that no scope's own tag is another's shard.
-SHARD_MARK = "^"
-
-
-def scope_shard(part: str) -> int:
-    """The scope shard of a host, by its key part (:func:`host_part`)."""
-    digest = hashlib.sha1(part.encode(), usedforsecurity=False).digest()
-    return int.from_bytes(digest[:4], "big") % len(SCOPE_SHARDS)
-
-
 #: The host groups of the cluster layout (version 7): a host's keys (its
 #: record, buckets, links, write generation) are tagged by its scope and
 #: its group, ``{<s>|<g>}``, the host's own name after the tag, so that one
@@ -146,11 +123,11 @@ def scope_shard(part: str) -> int:
 #: wrote (at a thousand hosts a flush of 500 pages was ~500 scripts of one
 #: page each, whose per-call work dominated the cluster's CPU a page). A
 #: host's group is the first four bytes of the SHA-1 of its key part modulo
-#: 64, so its scope shard (the same modulo 8) is its group's index modulo 8.
-#: As :data:`SCOPE_SHARDS`, the parts' own CRC16s differ only in the slot's
-#: top six bits, so the 64 groups of any scope fall one in each 64th of the
-#: slots; each starts with ``=``, which a host's key part never has
-#: (percent-quoted), so that no group's tag is a host's of layout 6.
+#: 64. The parts' own CRC16s differ only in the slot's top six bits (CRC16
+#: is linear), so the 64 groups of any scope fall one in each 64th of the
+#: slots whatever its name; each starts with ``=``, which a host's key
+#: part never has (percent-quoted), so that no group's tag is a host's of
+#: layout 6.
 HOST_GROUPS = (
     "=j65", "=hqk", "=rk4", "=ajr", "=j2u", "=y33", "=cmd", "=an2", "=wu8", "=d0v", "=ol1",
     "=mog", "=fsh", "=d46", "=gai", "=0ho", "=sh7", "=qka", "=k56", "=irh", "=bng", "=yf9",
@@ -160,6 +137,44 @@ HOST_GROUPS = (
     "=ktn", "=ddl", "=3mj", "=evm", "=g13", "=li4", "=fcz", "=t45", "=g5s")
 _GROUP_INDEX = {part: k for k, part in enumerate(HOST_GROUPS)}
 
+#: The scope shards of the cluster layout: the keys of a scope that its
+#: hosts' page writes change (its hosts, revisit index, splits, sums,
+#: checks, and the applied effects behind a repair's) are kept per shard,
+#: a host's in its shard. Since layout 8 a scope's shards are its 64 host
+#: groups, ``{<s>|<g>}``: a host's shard keys are in its group's slot, so
+#: that the group's script applies its pages' effects itself, in the same
+#: atomic script as the writes (layouts 6 and 7 had eight shards,
+#: ``{<s>^<x>}``, written by a flush's third phase). A shard is named by
+#: its index here (the group's in :data:`HOST_GROUPS`).
+SCOPE_SHARDS = HOST_GROUPS
+#: The eight shards' suffixes of layouts 6 and 7 (``{<s>^<x>}``): only the
+#: migration to layout 8 reads them.
+OLD_SCOPE_SHARDS = ("la2", "qf7", "lp0", "h85", "fjl", "bfa", "nrv", "bwc")
+#: Between a scope's part and its old shard's suffix (layouts 6 and 7):
+#: percent-quoted in a scope (``%5E``), so that no scope's own tag is
+#: another's shard.
+SHARD_MARK = "^"
+#: Between a scope's part and its host group's.
+GROUP_MARK = "|"
+#: Seconds of an hour of a host group's fine sums (cluster layout 8).
+FINE_SPAN = 3_600
+#: A host group's fine sums are kept in this many hashes,
+#: ``P:nvf:{<s>|<g>}:<k>``, a page's sum in the one of its next visit's hour
+#: modulo it, each field the visit (its second) and callback: a fixed set
+#: of keys the group's scripts are given in KEYS whatever the hours their
+#: pages' old records name (an hour a hash was formed in the script, known
+#: once it read the record: an undeclared key). 128, not fewer: a hash
+#: stays a listpack up to 128 fields (``hash-max-listpack-entries``), and
+#: at 1 M pages a scope 32 hashes a group held ~490 fields each, a hash
+#: table (243 bytes a page, against 202 an hour a hash; 128: 208).
+FINE_KEYS = 128
+
+
+def fine_part(visit: int) -> int:
+    """Which of a group's fine sums' hashes (``P:nvf:{<s>|<g>}:<k>``)
+    holds the sums of the next visit *visit* (a second)."""
+    return visit // FINE_SPAN % FINE_KEYS
+
 
 @functools.lru_cache(maxsize=65_536)
 def host_group(part: str) -> str:
@@ -168,23 +183,32 @@ def host_group(part: str) -> str:
     return HOST_GROUPS[int.from_bytes(digest[:4], "big") % len(HOST_GROUPS)]
 
 
+def scope_shard(part: str) -> int:
+    """The scope shard of a host, by its key part (:func:`host_part`): its
+    host group's index."""
+    return _GROUP_INDEX[host_group(part)]
+
+
 def group_shard(group: str) -> int:
-    """The scope shard of a host group (that of each of its hosts)."""
-    return _GROUP_INDEX[group] % len(SCOPE_SHARDS)
+    """The scope shard of a host group (that of each of its hosts): the
+    group's own (layout 8)."""
+    return _GROUP_INDEX[group]
 
 
-def ledger_shard(part: str) -> int:
-    """The scope shard of a ledger by its tag's second half: a host group's
-    (layout 7), or a host's (a ledger of layout 6 that a migration reads)."""
+def old_scope_shard(part: str) -> int:
+    """The shard of layouts 6 and 7 (of :data:`OLD_SCOPE_SHARDS`) of a host
+    by its key part, or of a host group by its own: only the migration to
+    layout 8 reads it."""
     if part in _GROUP_INDEX:
-        return group_shard(part)
-    return scope_shard(part)
+        return _GROUP_INDEX[part] % len(OLD_SCOPE_SHARDS)
+    digest = hashlib.sha1(part.encode(), usedforsecurity=False).digest()
+    return int.from_bytes(digest[:4], "big") % len(OLD_SCOPE_SHARDS)
 
 
 def host_tag(scope_part: str, part: str) -> str:
     """What a host's keys carry in the cluster layout: its group's tag, then
     the host (``{<s>|<g>}:<h>``)."""
-    return f"{{{scope_part}|{host_group(part)}}}:{part}"
+    return f"{{{scope_part}{GROUP_MARK}{host_group(part)}}}:{part}"
 
 
 def key_tag(key: str) -> str:
@@ -194,13 +218,18 @@ def key_tag(key: str) -> str:
 
 
 def shard_part(scope_part: str, shard: int) -> str:
-    """The tag's inside of a scope's shard (``<s>^<x>``)."""
-    return f"{scope_part}{SHARD_MARK}{SCOPE_SHARDS[shard]}"
+    """The tag's inside of a scope's shard (``<s>|<g>``: its host group's)."""
+    return f"{scope_part}{GROUP_MARK}{HOST_GROUPS[shard]}"
+
+
+def old_shard_part(scope_part: str, shard: int) -> str:
+    """The tag's inside of a scope's shard of layouts 6 and 7 (``<s>^<x>``)."""
+    return f"{scope_part}{SHARD_MARK}{OLD_SCOPE_SHARDS[shard]}"
 
 
 def scope_of_shard(part: str) -> str:
     """The scope part of a shard's (:func:`shard_part` reversed)."""
-    return part.rpartition(SHARD_MARK)[0]
+    return part.rpartition(GROUP_MARK)[0]
 
 
 @functools.lru_cache(maxsize=256)
@@ -369,13 +398,9 @@ class RedisCore(StateStore):
             return f"{self.prefix}:{kind}:{host_tag(_key_part(scope), host_part(host))}"
         return f"{self.prefix}:{kind}:{{{_key_part(scope)}|{host_part(host)}}}"
 
-    def _ledger_key(self, scope: str, host: str) -> str:
-        """The ledger of effects (cluster layout) that *host*'s writes keep
-        until applied: its group's, one for the group's hosts."""
-        return self._group_ledger_key(_key_part(scope), host_group(host_part(host)))
-
     def _group_ledger_key(self, scope_part: str, group: str) -> str:
-        """A host group's ledger of effects (cluster layout 7), by the key
+        """A host group's ledger of effects (cluster layouts 6 and 7, which a
+        migration reads), by the key
         parts of its scope and group."""
         return f"{self.prefix}:fx:{{{scope_part}|{group}}}"
 
@@ -585,15 +610,6 @@ class RedisCore(StateStore):
             n, p = reply
             counts[host_id] = (_whole(n, 1), _whole(p, 0))
         return counts
-
-    async def adopt_ledgers(self, scope: str, settled_only: bool = False) -> None:
-        """Apply the effects a dead worker left in its host groups' ledgers: only
-        the cluster layout keeps such (``cluster.py``); one server's flush
-        is one script."""
-
-    def adopt_ledgers_sync(self, scope: str, strict: bool = False) -> None:
-        """:meth:`adopt_ledgers` on the sync client (the cluster layout's:
-        ``cluster.py``); nothing on one server."""
 
     async def _call(self, *args: Any) -> Any:
         async def attempt() -> Any:
@@ -810,9 +826,30 @@ class RedisCore(StateStore):
 
     def _scope_hosts(self, scope: str) -> list[str]:
         """The hosts of *scope* with pages or links records stored (every
-        shard's, on a cluster)."""
-        return [host_of_part(m.decode()) for key in self._shard_keys("hs", scope)
-                for m in self._scan_set(key)]
+        shard's, on a cluster: the 64 groups' sets walked together, a step
+        of each in one pipeline, so a round trip a primary a step, not a
+        group)."""
+        keys = self._shard_keys("hs", scope)
+        if len(keys) == 1:
+            return [host_of_part(m.decode()) for m in self._scan_set(keys[0])]
+        found: dict[str, set[bytes]] = {key: set() for key in keys}
+        cursors: dict[str, Any] = dict.fromkeys(keys, 0)
+        for _ in range(_SCAN_ROUNDS):
+            if not cursors:
+                break
+            pipe = self._sync.pipeline(transaction=False)
+            for key, cursor in cursors.items():
+                pipe.sscan(key, cursor, count=_SCAN_COUNT)
+            steps = self._sync_run(pipe)
+            walked, cursors = cursors, {}
+            for key, (cursor, members) in zip(walked, steps, strict=True):
+                found[key].update(members)
+                if int(cursor) != 0:
+                    cursors[key] = cursor
+        else:
+            if cursors:
+                raise self._fail(f"scanning {sorted(cursors)[0]} did not finish")
+        return [host_of_part(m.decode()) for key in keys for m in sorted(found[key])]
 
     def _bucket_counts(self, scope: str, hosts: list[str]) -> dict[str, int]:
         """Each host's number of buckets."""
@@ -853,9 +890,9 @@ class RedisCore(StateStore):
         return self._scan_keys(f"{_glob(self._key('nvf', scope))}:*")
 
     def _shard_scan_keys(self, kind: str, scope: str) -> list[str]:
-        """The keys ``P:<kind>:{<s>^<x>}:<anything>`` of every scope shard
+        """The keys ``P:<kind>:{<s>|<g>}:<anything>`` of every scope shard
         of *scope* (cluster layout), in one scan of every primary."""
-        head = f"{self.prefix}:{kind}:{{{_key_part(scope)}{SHARD_MARK}"
+        head = f"{self.prefix}:{kind}:{{{_key_part(scope)}{GROUP_MARK}"
         tags = {f"{{{shard_part(_key_part(scope), k)}}}" for k in range(len(SCOPE_SHARDS))}
         return [key for key in self._scan_keys(f"{_glob(head)}*}}:*")
                 if key[len(self.prefix) + len(kind) + 2:].partition(":")[0] in tags]

@@ -21,6 +21,7 @@ from incremental_crawler.state.stores.redis.core import (
     _SCAN_ROUNDS,
     RedisCore,
     _key_part,
+    fine_part,
     logger,
     scope_shard,
 )
@@ -235,14 +236,6 @@ class RedisDueReads(RedisCore):
         # the cursor follows (``sent``).
         if (cursor is None or after is None or (cursor.scope, cursor.now, cursor.flushes)
                 != (scope, now, self._flushes) or after not in (cursor.last, cursor.sent)):
-            # A reading that starts over first applies the effects a dead
-            # worker left in its host groups' ledgers (their pages in the index):
-            # only those of intents adopt_after old. It starts over after
-            # nearly every flush; every intent would mean every live
-            # worker's in-flight hosts read and applied each time, while a
-            # dead worker's pages are due-read at most adopt_after late (a
-            # crawl's start and the summaries still apply every intent).
-            await self.adopt_ledgers(scope, settled_only=True)
             cursor = self._new_cursor(scope, now, after)
         while True:
             for _ in range(_DUE_STARTS):
@@ -432,8 +425,6 @@ class RedisDueReads(RedisCore):
         # was last checked at or after checked_before: cluster workers,
         # a clock that went back).
         if self.tagged:
-            # Every page counted, a dead worker's too (see adopt_ledgers).
-            await self.adopt_ledgers(scope)
             return await self._cluster_summary(scope, after=after, upto=upto,
                                                checked_before=checked_before,
                                                exclude_callbacks=exclude_callbacks)
@@ -571,8 +562,8 @@ class RedisDueReads(RedisCore):
         """Every scope shard's mark and checks since *before*, in one round
         trip: the checks to take out of the sums (shard, member); None when
         a shard cannot tell (a page checked since *before* and no mark
-        before it; or its sums marked lost, some effects dropped unapplied:
-        see cluster.py, _Effects.expired): every page is read then."""
+        before it; or its sums marked lost: a stored sum found damaged, see
+        cluster_host.lua): every page is read then."""
         shards = len(self._shard_keys("nvm", scope))
         read = await self._commands([
             command for k in range(shards) for command in (
@@ -591,15 +582,29 @@ class RedisDueReads(RedisCore):
         return checks
 
     async def _fine_sums(self, scope: str, minutes: list[int]) -> list[dict[bytes, bytes]]:
-        """The fine sums of each of *minutes*, every scope shard's added up
-        (one round trip)."""
+        """The fine sums of each of *minutes* ("<second>|<callback>"), every
+        scope shard's added up (one round trip). A shard (host group) keeps
+        them in ``FINE_KEYS`` hashes, a visit's in its hour's modulo that
+        (each field the visit and callback): the minute's fields are picked
+        out of its hash's."""
         keys = self._shard_keys("nvf", scope)
-        flat = await self._commands([("HGETALL", f"{key}:{m}") for m in minutes for key in keys])
+        parts = sorted({fine_part(m * _SUM_MINUTE) for m in minutes})
+        flat = await self._commands([("HGETALL", f"{key}:{part}")
+                                     for part in parts for key in keys])
+        by_part = {part: flat[n * len(keys):(n + 1) * len(keys)]
+                   for n, part in enumerate(parts)}
         out = []
-        for n in range(len(minutes)):
+        for minute in minutes:
+            first = minute * _SUM_MINUTE
             total: dict[bytes, bytes] = {}
-            for raw in flat[n * len(keys):(n + 1) * len(keys)]:
-                _add_sums(total, raw)
+            for raw in by_part[fine_part(first)]:
+                mine = {}
+                for field, value in raw.items():
+                    visit, _, callback = field.partition(b"|")
+                    at = int(visit) - first
+                    if 0 <= at < _SUM_MINUTE:
+                        mine[b"%d|%s" % (at, callback)] = value
+                _add_sums(total, mine)
             out.append(total)
         return out
 

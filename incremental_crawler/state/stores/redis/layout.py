@@ -8,6 +8,7 @@ from it) reads in one place."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from contextlib import contextmanager
@@ -19,14 +20,20 @@ from redis.cluster import RedisCluster
 
 from incremental_crawler.state.records import PageKey, PageState
 from incremental_crawler.state.stores.redis.core import (
+    GROUP_MARK,
+    HOST_GROUPS,
     OUT_OF_MEMORY,
+    SHARD_MARK,
     RedisCore,
     _glob,
     _key_part,
+    fine_part,
     host_group,
     host_tag,
     key_tag,
     logger,
+    old_scope_shard,
+    old_shard_part,
 )
 from incremental_crawler.state.stores.redis.due import _DUE_BUCKETS
 from incremental_crawler.state.stores.redis.ledger_entry import entry_of, read_entry
@@ -37,6 +44,7 @@ from incremental_crawler.state.stores.redis.scripts import (
     _SCRIPTS,
     _SUMS_BUILD_LUA,
     _UNLOCK_LUA,
+    CLUSTER_REGROUP_LUA,
     CLUSTER_SCRIPTS,
 )
 
@@ -99,11 +107,36 @@ LAYOUT_VERSION = 4
 #: group, not a host (at 1,000 hosts a flush of 500 pages was ~500
 #: scripts, whose per-call work dominated the cluster's CPU a page). A
 #: store of version 6 is migrated in place (:meth:`RedisLayout._migrate_cluster`).
-CLUSTER_LAYOUT_VERSION = 7
+#: Version 8: a scope's shards are its 64 host groups (``{<s>|<g>}``, the
+#: eight ``{<s>^<x>}`` before): a host's revisit index, sums, checks and
+#: listing are in its group's slot, and the group's script of phase 2
+#: applies them itself, with no ledger, intents or phase 3 for them.
+CLUSTER_LAYOUT_VERSION = 8
 #: The first cluster layout (see CLUSTER_LAYOUT_VERSION).
 _FIRST_CLUSTER_LAYOUT = 5
-#: The cluster layout a store is migrated from (older ones are refused).
-_MIGRATED_CLUSTER_LAYOUT = 6
+#: The cluster layouts a store is migrated from (older ones are refused).
+_MIGRATED_CLUSTER_LAYOUTS = (6, 7)
+#: The host groups' parts (a key's tag names one: see _regroup_scopes).
+_GROUPS = frozenset(HOST_GROUPS)
+#: Seconds of a minute of the sums (as SUM_MINUTE in sums.lua).
+_SUM_MINUTE = 60
+#: A migration to layout 8 recounts a host group's pages this many buckets
+#: a script (bounded work a call, the lock renewed between calls).
+_REGROUP_BUCKETS = 256
+#: ... and logs its progress within a group every this many scripts: a
+#: scope of one huge host is one group, whose recount can take minutes.
+_REGROUP_PROGRESS = 64
+#: ``P:nvm`` field of a host group whose keys a migration to layout 8 built
+#: (its sums written in the same transaction): a migration resumed does
+#: not read its pages again (building it again would write the same: its
+#: sums are set whole, HSET, not added to). Kept afterwards, a field
+#: nothing else reads.
+_REGROUPED = "regrouped"
+#: The keys of layouts 6 and 7 of a scope's eight shards (``{<s>^<x>}``)
+#: and of the host groups' ledgers, which layout 8 no longer keeps (what
+#: they held is recounted from the pages).
+_OLD_SHARD_KINDS = frozenset({"dueb", "splits", "hs", "nvs", "nvf", "nvm", "ck", "duer",
+                              "fxdone", "fxheld", "fxhosts"})
 #: A host's keys of the cluster layout a migration renames (6 → 7).
 _HOST_KINDS = frozenset({"hd", "ln", "wg", "pg", "pgl"})
 #: ``P:meta`` field: the layout version a migration under way started from
@@ -132,16 +165,35 @@ local left = tonumber(last[2]) + tonumber(ARGV[1]) - now
 if left <= 0 then return 0 end
 return math.ceil(left)
 """
-#: The keys a cluster migration (6 -> 7) reads or writes by their kind,
-#: not copied whole (DUMP, RESTORE): their glob after the prefix, the type
-#: each must have and what it is. One of another type (damaged) would stop
-#: the migration midway with a bare WRONGTYPE that names no key.
-_MIGRATION_KEY_TYPES = (
-    ("fx:{*}", "hash", "a ledger of flushes' effects"),
-    ("fxheld:*", "hash", "a scope shard's applied tokens held"),
-    ("fxhosts:*", "zset", "a scope shard's write-ahead intents"),
-    ("holds:*", "zset", "a scope's holds"),
-)
+#: The keys a cluster migration (6 or 7 -> 8) reads or writes by their
+#: kind, not copied whole (DUMP, RESTORE): by the kind in their name, the
+#: tags they are checked under (``any``; ``old``: an old scope shard's,
+#: ``{<s>^<x>}``; ``group``: a host group's, ``{<s>|<g>}``), the type each
+#: must have and what it is. One of another type (damaged) would stop the
+#: migration midway, the version raised, with a bare WRONGTYPE that names
+#: no key. The old shards' other keys are deleted, never read: not checked.
+_MIGRATION_KEY_TYPES = {
+    "fx": ("any", "hash", "a ledger of flushes' effects"),
+    "fxheld": ("any", "hash", "a scope shard's applied tokens held"),
+    "fxhosts": ("any", "zset", "a scope shard's write-ahead intents"),
+    "holds": ("any", "zset", "a scope's holds"),
+    # Every host's record (its bucket count read) and buckets (every page
+    # read by the recount).
+    "hd": ("any", "hash", "a host's record"),
+    "pg": ("any", "hash", "a bucket of a host's pages"),
+    "pgl": ("any", "hash", "a bucket of a host's links records"),
+    # The old shard's mark of the run, read and copied to its groups.
+    "nvm": ("old", "hash", "an old scope shard's meta (its mark of the run is read)"),
+    # What the recount writes in a group (there already when a migration
+    # cut short is resumed).
+    "dueb": ("group", "zset", "a host group's revisit index"),
+    "ck": ("group", "zset", "a host group's checks since the mark"),
+    "hs": ("group", "set", "a host group's hosts"),
+    "nvs": ("group", "hash", "a host group's sums"),
+    "nvf": ("group", "hash", "a host group's fine sums"),
+}
+#: ... and a host group's meta (``nvm`` under a group's tag).
+_GROUP_META_TYPE = ("hash", "a host group's meta")
 #: Pages (or links records) per flush of a migration.
 _MIGRATION_BATCH = 2_000
 #: The oldest Redis the store runs on: its scripts carry flags (``#!lua``),
@@ -235,6 +287,40 @@ def _entry_of_host(raw: bytes, part: str) -> bytes:
     if effects.pop("new_host", False):
         effects["hosts"] = sorted({*effects.get("hosts", []), part})
     return entry_of(entry.stamped, effects)
+
+
+def _whole_count(raw: bytes | None) -> int:
+    """A host's stored bucket count (absent or unreadable: 1, as
+    bucket_count reads it)."""
+    try:
+        return int(raw) if raw is not None else 1
+    except ValueError:
+        return 1
+
+
+def _migration_key_type(key: str, prefix: str) -> tuple[str, str] | None:
+    """The type a key under *prefix* must have for a cluster migration to
+    read or write it, and what it is (see :data:`_MIGRATION_KEY_TYPES`);
+    None for a key the migration copies whole, deletes unread or never
+    touches."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    if not key.startswith(prefix) or start < 0 or end < 0:
+        return None
+    kind = key[len(prefix):].partition(":")[0]
+    inside = key[start + 1:end]
+    group = inside.rpartition(GROUP_MARK)[2] in _GROUPS
+    if kind == "nvm" and group:
+        return _GROUP_META_TYPE
+    rule = _MIGRATION_KEY_TYPES.get(kind)
+    if rule is None:
+        return None
+    where, wanted, what = rule
+    if where == "old" and SHARD_MARK not in inside:
+        return None
+    if where == "group" and not group:
+        return None
+    return wanted, what
 
 
 def _legacy_page_key(scope: str, field: str) -> PageKey:
@@ -424,7 +510,7 @@ class RedisLayout(RedisCore):
                 "cannot be reached or read (is Redis running at this address?)", exc
             ) from exc
         version = self._meta_version(meta, found, CLUSTER_LAYOUT_VERSION)
-        if version == _MIGRATED_CLUSTER_LAYOUT or _UPGRADING.encode() in found:
+        if version in _MIGRATED_CLUSTER_LAYOUTS or _UPGRADING.encode() in found:
             self._migrate_cluster()
             return
         if _FIRST_CLUSTER_LAYOUT <= version < CLUSTER_LAYOUT_VERSION:
@@ -555,87 +641,242 @@ class RedisLayout(RedisCore):
         self._sync.hdel(f"{self.prefix}:meta", _UPGRADING)
 
     def _migrate_cluster(self) -> None:
-        """Cluster layout 6 → 7 in place, one process at a time (the lock
-        and ``upgrading`` as :meth:`_migrate`: the version is raised first,
-        so that code of layout 6 refuses the prefix from then on, and a
-        process that dies midway leaves ``upgrading`` for the next to
-        resume; every step can be done again).
+        """Cluster layout 6 or 7 → 8 in place, one process at a time (the
+        lock and ``upgrading`` as :meth:`_migrate`: the version is raised
+        first, so that code of the older layout refuses the prefix from
+        then on, and a process that dies midway leaves ``upgrading`` for
+        the next to resume; every step can be done again).
 
-        Nothing in it can be refused by a damaged key once the version is
-        raised (Redis refusing writes aside: the migration then stops, to
-        be resumed): the keys it reads by their kind are checked first
-        (:meth:`_refuse_damaged_keys`), and the
-        effects a dead worker left pending are not applied, they are moved
-        (a shard's script refusing them would leave the version raised and
-        the store open to neither code). Every host
-        key of layout 6 (``P:<kind>:{<s>|<h>}``, found on every primary) is
-        copied to its group's slot (``DUMP``, ``RESTORE … REPLACE``) before
-        it is deleted; a host's ledger's entries go to its group's ledger,
-        each noting its host (what its ``new_host`` said), the applied
-        tokens held (``P:fxheld``) noted with their new ledger, and the
-        intents that name a host name its group (same score)."""
+        From 6: every host key (``P:<kind>:{<s>|<h>}``, found on every
+        primary) is copied to its group's slot (``DUMP``, ``RESTORE …
+        REPLACE``) before it is deleted (a host's ledger's entries go to its
+        group's ledger, dropped with the rest below). Then, from 6 or 7,
+        what the eight scope shards of a scope kept (hosts, revisit index,
+        sums, checks since the mark, splits) is recounted from the pages
+        into each host group's own keys (:meth:`_regroup_scopes`): the
+        sums cannot be split by group without the pages, and a dead
+        worker's effects pending in a ledger (its pages written, its phase 3
+        not) are counted from its pages with the rest; the shards' keys,
+        the ledgers, intents and applied tokens then go."""
         try:
             with self._migration_lock() as (lock, token):
                 start, resumed = self._migration_start(CLUSTER_LAYOUT_VERSION)
                 if start >= CLUSTER_LAYOUT_VERSION:
                     return  # done by the process we waited for
                 # Before the version is raised: a damaged key refused
-                # then leaves the store at 6, the old code still opens it.
+                # then leaves the store as it was, the old code still opens it.
                 self._refuse_damaged_keys(resumed=resumed)
                 if not resumed:
-                    # (Resumed, the version is raised: layout 6 refused.)
-                    self._refuse_live_workers()
+                    # (Resumed, the version is raised: the old code refused.)
+                    self._refuse_live_workers(start)
                 self._raise_version(CLUSTER_LAYOUT_VERSION, start)
-                # (The pending effects are not applied first: a damaged key
-                # in a scope's shard would refuse that, with the version
-                # raised, leaving a store neither code opens. They move
-                # with their ledgers and intents, for this layout's
-                # readers and writers to adopt as they do any.)
-                moved = self._move_host_keys(lock, token)
-                # Every scope's intents, found by their keys, not by
-                # P:scopes: a scope joins it in a flush's phase 3, and a
-                # worker dead before its first has left intents only.
-                for key in self._scan_keys(f"{_glob(self.prefix)}:fxhosts:*"):
-                    self._renew(lock, token)
-                    self._regroup_intents(key)
-                for key in self._scan_keys(f"{_glob(self.prefix)}:fxheld:*"):
-                    self._renew(lock, token)
-                    self._regroup_held(key)
+                moved = self._move_host_keys(lock, token) if start < 7 else 0
+                pages = self._regroup_scopes(lock, token)
                 self._finish_migration(lock, token)
         except redis.RedisError as exc:
             raise self._fail("migrating the layout failed", exc) from exc
         logger.info("State store %s: cluster layout migrated from version %d to %d (%d host "
-                    "keys moved to their groups' slots)", self.location, start,
-                    CLUSTER_LAYOUT_VERSION, moved)
+                    "keys moved to their groups' slots, %d pages recounted by host group)",
+                    self.location, start, CLUSTER_LAYOUT_VERSION, moved, pages)
+
+    def _regroup_scopes(self, lock: str, token: str) -> int:
+        """Layout 7 → 8 (see :meth:`_migrate_cluster`): each host group's
+        keys built from its hosts' pages, then the old shards' keys and the
+        ledgers deleted; how many pages were read. The hosts are found by
+        their records (``P:hd:{<s>|<g>}:<h>``, a SCAN of every primary: a
+        host whose first flush died after its pages were written is found
+        too), a group's pages read :data:`_REGROUP_BUCKETS` buckets a script;
+        its sums are set (whole: a group built again writes the same) at its
+        end in one transaction with its mark of done (``regrouped`` in its
+        ``P:nvm``), which a migration resumed skips."""
+        head = f"{self.prefix}:hd:{{"
+        groups: dict[tuple[str, str], set[str]] = {}
+        for page in self._scan_pages(f"{_glob(self.prefix)}:hd:{{*|=*}}:*"):
+            for key in page:
+                if not key.startswith(head):
+                    continue
+                inside, _, tail = key[len(head):].partition("}")
+                scope_part, _, group = inside.rpartition("|")
+                if scope_part and group in _GROUPS and tail.startswith(":"):
+                    groups.setdefault((scope_part, group), set()).add(tail[1:])
+        pages = 0
+        for n, (scope_part, group) in enumerate(sorted(groups)):
+            self._renew(lock, token)
+            pages += self._regroup(scope_part, group, sorted(groups[scope_part, group]),
+                                   lock, token)
+            if (n + 1) % 64 == 0:
+                logger.info("State store %s: %d host groups of %d recounted so far",
+                            self.location, n + 1, len(groups))
+        # The old shards' keys ({<s>^<x>}) and every ledger, found on every
+        # primary, deleted a SCAN page at a time.
+        prefix = f"{self.prefix}:"
+        for pattern in (f"{_glob(self.prefix)}:*{SHARD_MARK}*", f"{_glob(self.prefix)}:fx:{{*}}"):
+            for page in self._scan_pages(pattern):
+                doomed = [key for key in page if key.startswith(prefix) and (
+                    (key[len(prefix):].partition(":")[0] in _OLD_SHARD_KINDS
+                     and SHARD_MARK in key_tag(key)) or key[len(prefix):].startswith("fx:{"))]
+                if doomed:
+                    self._renew(lock, token)
+                    pipe = self._sync.pipeline(transaction=False)
+                    for key in doomed:
+                        pipe.delete(key)
+                    self._sync_run(pipe)
+        return pages
+
+    def _regroup(self, scope_part: str, group: str, hosts: list[str], lock: str,
+                 token: str) -> int:
+        """One host group of :meth:`_regroup_scopes`: its pages read, its
+        keys written (nothing when a migration before built it); how many
+        pages."""
+        tag = f"{{{scope_part}|{group}}}"
+        meta = f"{self.prefix}:nvm:{tag}"
+        self.roundtrips += 1
+        if self._sync.hexists(meta, _REGROUPED):
+            return 0
+        old = f"{{{old_shard_part(scope_part, old_scope_shard(group))}}}"
+        self.roundtrips += 1
+        mark: Any = self._sync.hget(f"{self.prefix}:nvm:{old}", "mark")
+        if mark is not None:
+            try:
+                float(mark)
+            except ValueError:
+                raise self._fail(
+                    f"migrating the layout stopped: the mark of the run in "
+                    f"{self.prefix}:nvm:{old} is {mark!r}, not a time; repair it or delete "
+                    f"that field (HDEL {self.prefix}:nvm:{old} mark: the run's checks since "
+                    f"its mark are then not kept), then open the store again (the migration "
+                    f"begun resumes then)") from None
+        pipe = self._sync.pipeline(transaction=False)
+        for part in hosts:
+            pipe.hget(f"{self.prefix}:hd:{tag}:{part}", "n")
+        counts = [max(1, _whole_count(raw)) for raw in self._sync_run(pipe)]
+        sums: dict[str, list[int]] = {}
+        latest: int | None = None
+        read = scripts = 0
+        # (host, first bucket, how many): a large host's buckets over
+        # several calls, so that no call reads more than _REGROUP_BUCKETS.
+        spans = [(part, first, min(_REGROUP_BUCKETS, n - first))
+                 for part, n in zip(hosts, counts, strict=True)
+                 for first in range(0, n, _REGROUP_BUCKETS)]
+        batch: list[tuple[str, int, int]] = []
+        for span in [*spans, ("", 0, 0)]:
+            if batch and (not span[0]
+                          or sum(b for _, _, b in batch) + span[2] > _REGROUP_BUCKETS):
+                self._renew(lock, token)
+                last, count = self._regroup_batch(tag, mark, batch, sums)
+                if last is not None:
+                    latest = last if latest is None else max(latest, last)
+                read += count
+                batch = []
+                scripts += 1
+                if scripts % _REGROUP_PROGRESS == 0:
+                    logger.info("State store %s: host group %s: %d pages recounted so far "
+                                "(%d scripts)", self.location, tag, read, scripts)
+            if span[0]:
+                batch.append(span)
+        self._write_group_sums(tag, sums, mark, latest, lock, token)
+        return read
+
+    def _regroup_batch(self, tag: str, mark: bytes | None, batch: list[tuple[str, int, int]],
+                       sums: dict[str, list[int]]) -> tuple[int | None, int]:
+        """Some hosts' buckets of a group (key part, first bucket, how
+        many) read by one script (``cluster_regroup.lua``): their sums
+        added to *sums*; the latest check read and the pages read."""
+        keys = [f"{self.prefix}:dueb:{tag}", f"{self.prefix}:ck:{tag}",
+                f"{self.prefix}:hs:{tag}"]
+        args: list[Any] = ["" if mark is None else mark.decode(), len(batch)]
+        for host, first, buckets in batch:
+            args += [host, first, buckets]
+            for b in range(first, first + buckets):
+                keys += [f"{self.prefix}:pg:{tag}:{host}:{b}",
+                         f"{self.prefix}:pgl:{tag}:{host}:{b}"]
+        self.roundtrips += 1
+        reply = self._sync.eval(CLUSTER_REGROUP_LUA, len(keys), *keys, *args)
+        if len(reply) > 3:
+            # A record that cannot be read: the version is raised (this is
+            # past the pre-check), but nothing of the group is marked done,
+            # so once it is repaired the next open resumes and reads it.
+            bucket, field, why = (v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+                                  for v in reply[3:6])
+            raise self._fail(
+                f"migrating the layout stopped: the page record {field!r} of {bucket} cannot "
+                f"be read ({why}); repair it or delete that field (HDEL {bucket} {field}: "
+                f"its page is lost, crawled again as new), then open the store again (the "
+                f"migration begun resumes then; the code of the older layout no longer "
+                f"opens the store)")
+        found, last, count = reply
+        for field, (pages, total) in json.loads(found or "{}").items():
+            was = sums.setdefault(field, [0, 0])
+            was[0] += int(pages)
+            was[1] += int(total)
+        return (int(last) if last else None), int(count)
+
+    def _write_group_sums(self, tag: str, sums: dict[str, list[int]], mark: bytes | None,
+                          latest: int | None, lock: str, token: str) -> None:
+        """A group's sums by next visit written (coarse by minute, fine by
+        second) with its mark, latest check and mark of done, in one
+        transaction (one slot)."""
+        coarse: dict[str, list[int]] = {}
+        fine: dict[int, dict[str, str]] = {}
+        for field, (pages, total) in sums.items():
+            visit, _, callback = field.partition("|")
+            minute = int(visit) // _SUM_MINUTE
+            at = coarse.setdefault(f"{minute}|{callback}", [0, 0])
+            at[0] += pages
+            at[1] += total
+            fine.setdefault(fine_part(int(visit)), {})[f"{int(visit)}|{callback}"] = (
+                f"{pages} {total}")
+        # (Any: redis-py types its mappings' keys invariantly.)
+        pipe: Any = self._sync.pipeline(transaction=True)
+        if coarse:
+            pipe.hset(f"{self.prefix}:nvs:{tag}", mapping={
+                field: f"{pages} {total}" for field, (pages, total) in coarse.items()})
+        for part, fields in fine.items():
+            pipe.hset(f"{self.prefix}:nvf:{tag}:{part}", mapping=fields)
+        done: dict[str, Any] = {_REGROUPED: 1}
+        if mark is not None:
+            done["mark"] = mark
+        if latest is not None:
+            done["latest"] = latest
+        pipe.hset(f"{self.prefix}:nvm:{tag}", mapping=done)
+        self._renew(lock, token)
+        self._sync_run(pipe)
 
     def _refuse_damaged_keys(self, resumed: bool) -> None:
         """Refuse the migration, before it changes anything, while a key it
-        reads by its kind (:data:`_MIGRATION_KEY_TYPES`) is of another type:
-        one line naming the key and what to do. Found midway, its WRONGTYPE
-        would stop the migration with the version raised: a store that
-        neither layout's code opens until that key, unnamed, is found.
-        Checked again when a migration is resumed (a key damaged since)."""
-        glob = _glob(self.prefix)
-        for pattern, wanted, what in _MIGRATION_KEY_TYPES:
-            for page in self._scan_pages(f"{glob}:{pattern}"):
-                if not page:
+        reads or writes by its kind (:data:`_MIGRATION_KEY_TYPES`: every
+        host's record and buckets, the old shards' meta, the ledgers, ...)
+        is of another type: one line naming the key and what to do. Found
+        midway, its WRONGTYPE would stop the migration with the version
+        raised: a store that neither layout's code opens until that key,
+        unnamed, is found. One SCAN of the prefix's keys on every primary,
+        a ``TYPE`` of each key checked in one pipeline a SCAN page. Checked
+        again when a migration is resumed (a key damaged since)."""
+        prefix = f"{self.prefix}:"
+        for page in self._scan_pages(f"{_glob(self.prefix)}:*"):
+            checked: list[tuple[str, str, str]] = []
+            for key in page:
+                found = _migration_key_type(key, prefix)
+                if found is not None:
+                    checked.append((key, *found))
+            if not checked:
+                continue
+            pipe = self._sync.pipeline(transaction=False)
+            for key, _, _ in checked:
+                pipe.type(key)
+            for (key, wanted, what), found in zip(checked, self._sync_run(pipe), strict=True):
+                kind = found.decode() if isinstance(found, bytes) else str(found)
+                # ("none": deleted since the SCAN saw it.)
+                if kind in (wanted, "none"):
                     continue
-                pipe = self._sync.pipeline(transaction=False)
-                for key in page:
-                    pipe.type(key)
-                for key, found in zip(page, self._sync_run(pipe), strict=True):
-                    kind = found.decode() if isinstance(found, bytes) else str(found)
-                    # ("none": deleted since the SCAN saw it.)
-                    if kind in (wanted, "none"):
-                        continue
-                    left = ("the migration begun resumes then" if resumed
-                            else "nothing was changed: the old code still opens the store")
-                    raise self._fail(
-                        f"migration refused: {key} ({what}) is a {kind}, not a {wanted}: "
-                        f"damaged; repair it or delete it (what it held is lost), then "
-                        f"open the store again ({left})")
+                left = ("the migration begun resumes then" if resumed
+                        else "nothing was changed: the old code still opens the store")
+                raise self._fail(
+                    f"migration refused: {key} ({what}) is a {kind}, not a {wanted}: "
+                    f"damaged; repair it or delete it (what it held is lost), then "
+                    f"open the store again ({left})")
 
-    def _refuse_live_workers(self) -> None:
+    def _refuse_live_workers(self, start: int) -> None:
         """Refuse the migration, nothing changed, while a worker of the old
         layout may be running: a live hold of a scope (a crawl's), or a
         write-ahead intent young enough that its flush may still write
@@ -661,7 +902,7 @@ class RedisLayout(RedisCore):
             said, key = first
             raise self._fail(
                 f"migration refused: {said} ({key}) shows a worker of the cluster "
-                f"layout {_MIGRATED_CLUSTER_LAYOUT} running; stop every worker of "
+                f"layout {start} running; stop every worker of "
                 f"the old code, wait {wait} s (until the last such hold or intent "
                 "lapses), then open the store again (nothing was changed)")
 
@@ -757,34 +998,6 @@ class RedisLayout(RedisCore):
                 pipe.delete(old)
             self._sync_run(pipe)
         return len(moves) + len(ledgers)
-
-    def _regroup_intents(self, intents: str) -> None:
-        """A scope shard's write-ahead intents (*intents*, its
-        ``P:fxhosts``) that name a host (layout 6) name its group, with the
-        same score (see :meth:`_migrate_cluster`)."""
-        self.roundtrips += 1
-        members: Any = self._sync.zrange(intents, 0, -1, withscores=True)
-        pipe = self._sync.pipeline(transaction=False)
-        for member, score in members:
-            part, _, worker = member.decode(errors="replace").partition("\0")
-            if not part.startswith("="):
-                pipe.zadd(intents, {f"{host_group(part)}\0{worker}": score}, gt=True)
-                pipe.zrem(intents, member)
-        self._sync_run(pipe)
-
-    def _regroup_held(self, held: str) -> None:
-        """A scope shard's applied tokens held (*held*, its ``P:fxheld``:
-        token -> ledger) noted with their group's ledger where they name a
-        host's: computed from the name, so that a migration resumed after
-        the ledgers moved still finds the entries they hold."""
-        self.roundtrips += 1
-        tokens: Any = self._sync.hgetall(held)
-        pipe = self._sync.pipeline(transaction=False)
-        for name, ledger in tokens.items():
-            new = self._group_ledger(ledger.decode(errors="replace"))
-            if new is not None:
-                pipe.hset(held, name, new)
-        self._sync_run(pipe)
 
     def _move_pages(self, lock: str, token: str) -> int:
         """Layout 2 → 3 for every scope: returns the pages moved.

@@ -39,21 +39,6 @@ _LUA_PACKAGE = "incremental_crawler.state.stores.redis"
 #: How long Redis remembers how much of a batch it applied (see _FLUSH_LUA).
 _TOKEN_TTL = 86_400
 
-#: On a Redis Cluster, how long ``P:fxdone`` keeps the tokens of the effects
-#: applied (trimmed hourly of those older: cluster_scope.lua).
-_APPLIED_KEPT = 2 * _TOKEN_TTL
-
-#: How old (on its ledger's node's clock) a ledger entry of a Redis Cluster
-#: may be and still be applied whole: the tokens' record outlives it by an
-#: hour (the nodes' clocks agree within minutes), so an entry this young
-#: whose token ``P:fxdone`` does not list was never applied. An older one
-#: (nothing read its scope for two days) may have been applied and
-#: forgotten: only its idempotent parts are applied, and the shard's sums
-#: marked lost, unless ``P:fxdone`` still lists it, or ``P:fxheld`` (the
-#: tokens applied whose entries may still be there: cluster_scope.lua):
-#: then it is done.
-_LEDGER_HONOURED = _APPLIED_KEPT - 3_600
-
 # One flush is one run of this script: atomic for every other client, like a
 # MULTI/EXEC, but it stops at the first write that fails (a damaged key, a
 # record it cannot read) where EXEC would go on with the writes after it: a
@@ -154,10 +139,8 @@ HOLD_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "hold.lua")
 CLUSTER_ITEMS_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_items.lua").replace(
     "TOKEN_TTL", str(_TOKEN_TTL))
 CLUSTER_HOST_LUA = LUA_WRITES + PAGE_CODEC + PAGE_BUCKETS + load_script(
-    _LUA_PACKAGE, "cluster_host.lua").replace("LEDGER_HONOURED", str(_LEDGER_HONOURED)).replace(
-    "TOKEN_TTL", str(_TOKEN_TTL))
-CLUSTER_SCOPE_LUA = LUA_WRITES + LUA_SUMS + load_script(
-    _LUA_PACKAGE, "cluster_scope.lua").replace("APPLIED_KEPT", str(_APPLIED_KEPT)).replace(
+    _LUA_PACKAGE, "cluster_host.lua").replace("TOKEN_TTL", str(_TOKEN_TTL))
+CLUSTER_SCOPE_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_scope.lua").replace(
     "TOKEN_TTL", str(_TOKEN_TTL))
 CLUSTER_READ_PAGES_LUA = LUA_READS + PAGE_BUCKETS + load_script(
     _LUA_PACKAGE, "cluster_read_pages.lua")
@@ -167,20 +150,16 @@ CLUSTER_SUMMARY_LUA = LUA_READS + PAGE_CODEC + load_script(_LUA_PACKAGE, "cluste
 CLUSTER_RAISE_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_raise.lua")
 CLUSTER_FORGET_LUA = LUA_WRITES + PAGE_CODEC + PAGE_BUCKETS + load_script(
     _LUA_PACKAGE, "cluster_forget.lua").replace("TOKEN_TTL", str(_TOKEN_TTL))
-CLUSTER_INTENT_DROP_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_intent_drop.lua")
 CLUSTER_BYPAGE_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_bypage.lua")
-CLUSTER_LEDGER_READ_LUA = LUA_READS + load_script(_LUA_PACKAGE, "cluster_ledger_read.lua")
-CLUSTER_INTENT_ADD_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_intent_add.lua")
-CLUSTER_INTENTS_READ_LUA = LUA_READS + load_script(_LUA_PACKAGE, "cluster_intents_read.lua")
 CLUSTER_SUMS_COARSE_LUA = LUA_READS + load_script(_LUA_PACKAGE, "cluster_sums_coarse.lua")
 CLUSTER_SETTLE_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_settle.lua")
 #: Loaded on every primary when a store of the cluster layout opens.
 CLUSTER_SCRIPTS = (CLUSTER_ITEMS_LUA, CLUSTER_HOST_LUA, CLUSTER_SCOPE_LUA,
                    CLUSTER_READ_PAGES_LUA, CLUSTER_DUE_INDEX_LUA, CLUSTER_DUE_READ_LUA,
-                   CLUSTER_SUMMARY_LUA, CLUSTER_RAISE_LUA, CLUSTER_INTENT_DROP_LUA,
-                   CLUSTER_BYPAGE_LUA, CLUSTER_LEDGER_READ_LUA, CLUSTER_INTENT_ADD_LUA,
-                   CLUSTER_INTENTS_READ_LUA, CLUSTER_SUMS_COARSE_LUA, CLUSTER_SETTLE_LUA)
-# Sent whole (EVAL) after ledger entries were deleted: small, a few a flush.
-CLUSTER_HELD_RELEASE_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_held_release.lua")
+                   CLUSTER_SUMMARY_LUA, CLUSTER_RAISE_LUA, CLUSTER_BYPAGE_LUA,
+                   CLUSTER_SUMS_COARSE_LUA, CLUSTER_SETTLE_LUA)
+# A migration's (cluster layout 7 -> 8), once a batch of a host group's
+# hosts (sent whole: EVAL).
+CLUSTER_REGROUP_LUA = LUA_WRITES + PAGE_CODEC + load_script(_LUA_PACKAGE, "cluster_regroup.lua")
 # Run in take_scope's MULTI (sent whole: EVAL, rarely).
 CLUSTER_SUMS_MARK_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_sums_mark.lua")

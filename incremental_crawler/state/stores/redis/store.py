@@ -51,6 +51,7 @@ from incremental_crawler.state.stores.base import (
 from incremental_crawler.state.stores.redis.admin import RedisAdmin
 from incremental_crawler.state.stores.redis.cluster import RedisClusterPath
 from incremental_crawler.state.stores.redis.core import (
+    OUT_OF_MEMORY,
     _key_part,
     _page_range,
     _slot_rates,
@@ -599,8 +600,9 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
     async def _flush_phased(self) -> int:
         """:meth:`_flush` in the cluster layout: the phases of
         :meth:`_cluster_apply`. The writes it did not apply stay staged, in
-        order, in front of whatever was staged meanwhile; what phases 1 and
-        2 applied is kept for phase 3 of the next flush."""
+        order, in front of whatever was staged meanwhile; the page index's
+        members phases 1 and 2 made and phase 3 did not write are kept for
+        the next flush."""
         if not self._ops and self._carried.empty():
             return 0
         live = {token for token, _ in self._unsure_slots.values()}
@@ -623,6 +625,14 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
                 raise self._fail("", exc) from None
             except redis.RedisError as exc:
                 raise self._fail("Redis command failed", exc) from exc
+            if error is not None and _refused_for_memory(error):
+                # A script refused above maxmemory (before it wrote: Redis
+                # refuses a script that may write when full): said as what
+                # it is, with what to do, not as a failed write.
+                raise StateStoreError(
+                    f"State store {self.location}: {OUT_OF_MEMORY} (a script of the flush "
+                    "refused; the writes after it in its slot, and the phases after it, "
+                    "were not sent: kept, the next flush sends them)")
             if error is not None:
                 raise self._fail(f"a write failed in Redis ({error}); the writes after "
                                  "it in its slot (of a host group: of its host), and the "
@@ -692,16 +702,16 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
                 flushed = True
             finally:
                 # Even when the last flush failed (a store error stops the
-                # crawl): what earlier flushes applied is cleaned up all
-                # the same, or their tokens would stay held.
+                # crawl): the tokens of what earlier flushes applied go all
+                # the same (else they wait a day to expire).
                 try:
                     await self._clean_up_at_close()
                 except StateStoreError as exc:
                     if flushed:
                         raise
                     # The flush's own error is the one raised.
-                    logger.warning("State store %s: the ledgers' clean-up at close failed "
-                                   "too (%s); the next reading of the scope does it",
+                    logger.warning("State store %s: the tokens' clean-up at close failed "
+                                   "too (%s); they expire within a day",
                                    self.location, exc.__cause__ or exc)
         finally:
             if not self._closed:
@@ -711,23 +721,12 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
 
     async def _clean_up_at_close(self) -> None:
         """The last flushes' tokens (their replies came: nothing to
-        replay), one a slot written, their effects' ledger entries (applied)
-        and the intents on their hosts: not left behind; then the applied
-        tokens of the entries deleted (two rounds). Every command deletes
-        what is known to be done (sent again, it changes nothing), so this
-        runs after a failed flush too: what that flush left unsure or
-        pending is not among them (see ``_ledger_cleanup``)."""
-        if not self.tagged or not (self._spent_slot_tokens or self._carried.ledger_done
-                                   or self._carried.intents_done or self._carried.held_done):
+        replay), one a slot written: not left behind. Every command deletes
+        what is known to be done, so this runs after a failed flush too."""
+        if not self.tagged or not self._spent_slot_tokens:
             return
         spent, self._spent_slot_tokens = self._spent_slot_tokens, []
-        for _ in range(2):
-            commands, sent = self._ledger_cleanup()
-            cleanup = [*(("DEL", key) for key in spent), *commands]
-            spent = []
-            if cleanup:
-                await self._commands(cleanup, "Redis command failed")
-            self._ledger_cleaned(sent)
+        await self._commands([("DEL", key) for key in spent], "Redis command failed")
 
     # -- crawl records -------------------------------------------------------
 
@@ -835,19 +834,6 @@ class RedisStateStore(RedisLayout, RedisDueReads, RedisAdmin, RedisClusterPath,
     def take_scope(self, scope: str, holder: str, ttl: float,
                    now: float) -> tuple[str, float] | None:
         crawl = is_crawl_hold(holder)
-        # The crawl starts from every page its scope has: a dead worker's
-        # effects left in its hosts' ledgers are applied first (see
-        # adopt_ledgers; refused writes are left for later). Before the
-        # hold, so that one that fails leaves no hold taken for its ttl
-        # (applying them is right whoever holds the scope). (A repair
-        # applies them itself; a cluster worker's reads do.)
-        try:
-            if crawl:
-                self.adopt_ledgers_sync(scope)
-        except (redis.RedisError, StateStoreError) as exc:
-            raise StateStoreError(
-                f"State store {self.location}: scope {scope!r} was not taken: the effects a "
-                f"dead worker left in its hosts' ledgers could not be applied: {exc}") from exc
         # Holds of processes of this host that are gone are taken over (a
         # repair's never: it waits for them to lapse); which are gone is
         # known here only, and a gone process does not come back.
@@ -944,3 +930,8 @@ def _undelivered_member(stored_at: float, item_key: str, version: int) -> str:
     return f"{int(stored_at):015d}\0{item_key}\0{version:010d}"
 
 
+def _refused_for_memory(error: str) -> bool:
+    """Whether a script's error (a reply of a pipeline, not raised) is
+    Redis refusing it above ``maxmemory`` (``OOM command not allowed when
+    used memory > 'maxmemory'``; the ``OOM`` code may be cut off)."""
+    return error.startswith("OOM ") or "command not allowed when used memory" in error
