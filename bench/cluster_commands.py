@@ -497,12 +497,12 @@ def _category(label: str) -> str:
     """The part of the flush a probed step is counted in."""
     for script, name in (("cluster_items", "phase 1: item-group scripts"),
                          ("cluster_host", "phase 2: host-group scripts"),
-                         ("cluster_scope", "phase 3: shard scripts"),
+                         ("cluster_scope", "phase 3: scope scripts (layout 7: a shard each)"),
                          ("cluster_settle", "settle scripts")):
         if label.endswith(f"| {script}"):
             return name
     if "|" in label:
-        return "bookkeeping commands (tokens, ledger, intents, counts, index, scopes)"
+        return "bookkeeping commands (tokens, counts, index, scopes; layout 7: ledgers, intents)"
     if label == READING:
         return READING
     return "between pipelines (client working; cron)"
