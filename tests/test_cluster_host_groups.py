@@ -1182,9 +1182,11 @@ async def test_a_damaged_key_or_record_the_layout_7_migration_reads_is_named_nev
     the old shard's meta (its mark is read) and a host group's hosts set
     (written by the recount). Each open refuses in one line naming that
     key, the store left at version 7 (the old code still opens it); the
-    key put back. Then the old shard's mark not a time, and a page record
-    of garbage bytes, which no type check sees: each open stops naming the
-    key (and field) and the remedy,
+    key put back. The same for a host's bucket count that is not a whole
+    number >= 1 and the old shard's mark not a whole number of seconds
+    (values no type check sees). Then a page record of garbage bytes,
+    which only the recount finds: each open stops naming the key (and
+    field) and the remedy,
     the version raised (``upgrading`` 7), and once that field is deleted
     the next open resumes: migrated, its summaries those of the pages
     left."""
@@ -1223,17 +1225,35 @@ async def test_a_damaged_key_or_record_the_layout_7_migration_reads_is_named_nev
             client.delete(key)
             if kept is not None:
                 client.restore(key, 0, kept)
-    # An old shard's mark of the run that is not a time: named, the
-    # version raised; the field deleted, the migration goes on below.
-    meta_key = damaged[2]
-    with redis_cluster.client() as client:
-        client.hset(meta_key, "mark", "soon")
-    with pytest.raises(StateStoreError, match="migrating the layout stopped: ") as said:
-        RedisStateStore(redis_cluster.url, prefix=prefix)
-    assert f"HDEL {meta_key} mark" in str(said.value), said.value
-    with redis_cluster.client() as client:
-        assert client.hget(f"{prefix}:meta", "upgrading") == b"7"
-        client.hdel(meta_key, "mark")
+    # Values the recount relies on and no type check sees: a host's bucket
+    # count not a whole number >= 1 (read as 1, only its first bucket
+    # would be recounted, its other pages never due or summed again) and
+    # an old shard's mark of the run not a whole number of seconds (no
+    # summary could read it after): refused before the version is raised,
+    # named, the old code still opening the store; put back.
+    for key, field, value, said_value in (
+            (damaged[1], "n", "x", "not a whole number >= 1"),
+            (damaged[1], "n", "0", "not a whole number >= 1"),
+            (damaged[2], "mark", "soon", "not a whole number of seconds"),
+            (damaged[2], "mark", "1000005.5", "not a whole number of seconds")):
+        with redis_cluster.client() as client:
+            kept = client.hget(key, field)
+            client.hset(key, field, value)
+        with pytest.raises(StateStoreError, match="migration refused: ") as said:
+            RedisStateStore(redis_cluster.url, prefix=prefix)
+        line = str(said.value)
+        assert key in line and said_value in line and repr(value.encode()) in line, line
+        assert "\n" not in line
+        with redis_cluster.client() as client:
+            meta = client.hgetall(f"{prefix}:meta")
+            assert meta[b"version"] == b"7" and b"upgrading" not in meta, (key, meta)
+            if kept is None:
+                client.hdel(key, field)
+            else:
+                client.hset(key, field, kept)
+    subprocess.run([sys.executable, "-c", _OLD_OPEN, redis_cluster.url, prefix],
+                   cwd=layout_7, env={**os.environ, "PYTHONPATH": str(layout_7)},
+                   check=True, capture_output=True, text=True, timeout=120)
     # A record no type check sees: garbage bytes in a bucket.
     with redis_cluster.client() as client:
         bucket = next(key for key in buckets if client.hlen(key))

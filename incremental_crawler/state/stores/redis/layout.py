@@ -9,6 +9,7 @@ from it) reads in one place."""
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from contextlib import contextmanager
@@ -172,6 +173,8 @@ return math.ceil(left)
 #: must have and what it is. One of another type (damaged) would stop the
 #: migration midway, the version raised, with a bare WRONGTYPE that names
 #: no key. The old shards' other keys are deleted, never read: not checked.
+_HOST_RECORD = "a host's record"
+_OLD_SHARD_META = "an old scope shard's meta (its mark of the run is read)"
 _MIGRATION_KEY_TYPES = {
     "fx": ("any", "hash", "a ledger of flushes' effects"),
     "fxheld": ("any", "hash", "a scope shard's applied tokens held"),
@@ -179,11 +182,11 @@ _MIGRATION_KEY_TYPES = {
     "holds": ("any", "zset", "a scope's holds"),
     # Every host's record (its bucket count read) and buckets (every page
     # read by the recount).
-    "hd": ("any", "hash", "a host's record"),
+    "hd": ("any", "hash", _HOST_RECORD),
     "pg": ("any", "hash", "a bucket of a host's pages"),
     "pgl": ("any", "hash", "a bucket of a host's links records"),
     # The old shard's mark of the run, read and copied to its groups.
-    "nvm": ("old", "hash", "an old scope shard's meta (its mark of the run is read)"),
+    "nvm": ("old", "hash", _OLD_SHARD_META),
     # What the recount writes in a group (there already when a migration
     # cut short is resumed).
     "dueb": ("group", "zset", "a host group's revisit index"),
@@ -289,13 +292,32 @@ def _entry_of_host(raw: bytes, part: str) -> bytes:
     return entry_of(entry.stamped, effects)
 
 
-def _whole_count(raw: bytes | None) -> int:
-    """A host's stored bucket count (absent or unreadable: 1, as
-    bucket_count reads it)."""
-    try:
-        return int(raw) if raw is not None else 1
-    except ValueError:
+def _bucket_count(raw: bytes | None) -> int | None:
+    """A host's stored bucket count as the scripts' ``bucket_count`` reads
+    it (absent: 1); None where they refuse it (not a whole number >= 1):
+    a count read as anything else would recount some of the host's
+    buckets only, its other pages never due or summed again."""
+    if raw is None:
         return 1
+    try:
+        n = float(raw)
+    except ValueError:
+        return None
+    if not math.isfinite(n) or n < 1 or n != math.floor(n):
+        return None
+    return int(n)
+
+
+def _run_mark(raw: bytes | None) -> bool:
+    """Whether an old shard's mark of the run reads as the summaries read
+    it (a whole number of seconds), or is absent."""
+    if raw is None:
+        return True
+    try:
+        int(raw)
+    except ValueError:
+        return False
+    return True
 
 
 def _migration_key_type(key: str, prefix: str) -> tuple[str, str] | None:
@@ -736,20 +758,26 @@ class RedisLayout(RedisCore):
         old = f"{{{old_shard_part(scope_part, old_scope_shard(group))}}}"
         self.roundtrips += 1
         mark: Any = self._sync.hget(f"{self.prefix}:nvm:{old}", "mark")
-        if mark is not None:
-            try:
-                float(mark)
-            except ValueError:
-                raise self._fail(
-                    f"migrating the layout stopped: the mark of the run in "
-                    f"{self.prefix}:nvm:{old} is {mark!r}, not a time; repair it or delete "
-                    f"that field (HDEL {self.prefix}:nvm:{old} mark: the run's checks since "
-                    f"its mark are then not kept), then open the store again (the migration "
-                    f"begun resumes then)") from None
+        if not _run_mark(mark):
+            raise self._fail(
+                f"migrating the layout stopped: the mark of the run in "
+                f"{self.prefix}:nvm:{old} is {mark!r}, not a whole number of seconds; repair "
+                f"it or delete that field (HDEL {self.prefix}:nvm:{old} mark: the run's checks "
+                f"since its mark are then not kept), then open the store again (the migration "
+                f"begun resumes then)")
         pipe = self._sync.pipeline(transaction=False)
         for part in hosts:
             pipe.hget(f"{self.prefix}:hd:{tag}:{part}", "n")
-        counts = [max(1, _whole_count(raw)) for raw in self._sync_run(pipe)]
+        counts: list[int] = []
+        for part, raw in zip(hosts, self._sync_run(pipe), strict=True):
+            n = _bucket_count(raw)
+            if n is None:  # damaged since the check before the version was raised
+                raise self._fail(
+                    f"migrating the layout stopped: the bucket count in "
+                    f"{self.prefix}:hd:{tag}:{part} (field n) is {raw!r}, not a whole number "
+                    f">= 1: damaged; set it to the host's number of buckets, then open the "
+                    f"store again (the migration begun resumes then)")
+            counts.append(n)
         sums: dict[str, list[int]] = {}
         latest: int | None = None
         read = scripts = 0
@@ -864,17 +892,46 @@ class RedisLayout(RedisCore):
             pipe = self._sync.pipeline(transaction=False)
             for key, _, _ in checked:
                 pipe.type(key)
+            left = ("the migration begun resumes then" if resumed
+                    else "nothing was changed: the old code still opens the store")
             for (key, wanted, what), found in zip(checked, self._sync_run(pipe), strict=True):
                 kind = found.decode() if isinstance(found, bytes) else str(found)
                 # ("none": deleted since the SCAN saw it.)
                 if kind in (wanted, "none"):
                     continue
-                left = ("the migration begun resumes then" if resumed
-                        else "nothing was changed: the old code still opens the store")
                 raise self._fail(
                     f"migration refused: {key} ({what}) is a {kind}, not a {wanted}: "
                     f"damaged; repair it or delete it (what it held is lost), then "
                     f"open the store again ({left})")
+            self._refuse_damaged_values(checked, left)
+
+    def _refuse_damaged_values(self, checked: list[tuple[str, str, str]], left: str) -> None:
+        """Refuse the migration while a value it reads and relies on is not
+        what the scripts write: a host's bucket count (read as 1, the
+        recount would read the first bucket only, the host's other pages
+        never due or summed again) or an old shard's mark of the run (a
+        time no summary could read after). One ``HGET`` a host record or
+        old shard meta, in one pipeline a SCAN page."""
+        values = [(key, what) for key, _, what in checked
+                  if what in (_HOST_RECORD, _OLD_SHARD_META)]
+        if not values:
+            return
+        pipe = self._sync.pipeline(transaction=False)
+        for key, what in values:
+            pipe.hget(key, "n" if what == _HOST_RECORD else "mark")
+        for (key, what), raw in zip(values, self._sync_run(pipe), strict=True):
+            if what == _HOST_RECORD and _bucket_count(raw) is None:
+                raise self._fail(
+                    f"migration refused: the bucket count in {key} (field n) is {raw!r}, not "
+                    f"a whole number >= 1: damaged; set it to the host's number of buckets "
+                    f"(one more than the highest n of its {key.replace(':hd:', ':pg:', 1)}:<n> "
+                    f"keys), then open the store again ({left})")
+            if what == _OLD_SHARD_META and not _run_mark(raw):
+                raise self._fail(
+                    f"migration refused: the mark of the run in {key} is {raw!r}, not a whole "
+                    f"number of seconds: damaged; repair it or delete that field (HDEL {key} "
+                    f"mark: the run's checks since its mark are then not kept), then open the "
+                    f"store again ({left})")
 
     def _refuse_live_workers(self, start: int) -> None:
         """Refuse the migration, nothing changed, while a worker of the old
