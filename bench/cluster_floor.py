@@ -3,7 +3,8 @@ any layout keyed by host group must split it, measured beside one server
 and the cluster layout (7) in the same run.
 
     python bench/cluster_floor.py [--pages 20000] [--hosts 1000 10] [--rounds 3]
-        [--large] [--names] [--only split floor "layout 7" names] [--json FILE]
+        [--large] [--names] [--groups 64 [N ...]]
+        [--only split floor "layout 7" names] [--json FILE]
     python bench/cluster_floor.py --report FILE [FILE ...]
 
 Each round, for each ``--hosts``, four fills of the same ``--pages`` pages
@@ -22,11 +23,17 @@ in a process of its own on servers of its own (AOF everysec):
   ``{<s>|<h>}`` ones too, falls in that slot); the stores stage and flush
   as on one server, their ``flush.lua`` calls of a flush sent together in
   one cluster pipeline (one batch a primary, as the cluster layout sends a
-  phase's scripts). The stores are opened on a throwaway one server (a
+  phase's scripts). With ``--groups N``, N of the 64 groups (every
+  64/N-th of :data:`HOST_GROUPS`, whose tags' slots fall one in each 64th
+  of the slot space, so the N spread as evenly as N can over the
+  primaries), a page's host in the group of its own group's index modulo
+  N: fewer, larger calls and fewer split sums, a coarser spread over the
+  primaries. Several N are each a fill of their own in every round
+  (``floor/<N>``, ``split/<N>``). The stores are opened on a throwaway one server (a
   node of a cluster would give them the cluster's layout), which sees
   nothing of the fill. After the fill every key on every primary is
-  checked to be in its group's slot (``CLUSTER KEYSLOT``) and the pages
-  counted back;
+  checked to be in its group's slot (``CLUSTER KEYSLOT``), the groups
+  each primary holds counted and the pages counted back;
 - **split**: the floor's calls, the same way, sent to one ``redis-server``
   (no cluster): what the split costs apart from what a cluster node costs
   more;
@@ -82,6 +89,8 @@ SPLIT = "split"
 NAMES = "names"
 #: The fills of a round, in the first round's order.
 ORDER = ["one server", SPLIT, "floor", "layout 7"]
+#: The floor's split when ``--groups`` does not say: every host group.
+ALL_GROUPS = 64
 #: Commands the bench itself sends around a fill (not the fill's).
 OWN_COMMANDS = ("info", "config|resetstat", "config", "script|load", "script", "ping")
 
@@ -99,7 +108,12 @@ def floor_child(args: argparse.Namespace) -> int:
     from redis.asyncio.cluster import RedisCluster as AsyncCluster
 
     from incremental_crawler.state.stores.redis import RedisStateStore, scripts
-    from incremental_crawler.state.stores.redis.core import HOST_GROUPS, _key_part, host_group
+    from incremental_crawler.state.stores.redis.core import (
+        _GROUP_INDEX,
+        HOST_GROUPS,
+        _key_part,
+        host_group,
+    )
     from incremental_crawler.state.stores.redis.pages import host_part, page_field
 
     shape = argparse.Namespace(hosts=args.hosts, long_share=0.02, shape="crawl")
@@ -161,7 +175,10 @@ def floor_child(args: argparse.Namespace) -> int:
     async def fill(calls: Calls) -> tuple[int, int]:
         # --whole: every page in the first group's store (one call a flush,
         # the floor's key names): what the names alone cost.
-        groups = HOST_GROUPS[:1] if args.whole else HOST_GROUPS
+        # --groups N: every (64/N)-th group's tag, a host in the one of
+        # its own group's index modulo N (the tags' slots are one in each
+        # 64th of the slot space, so these spread as evenly as N can).
+        groups = HOST_GROUPS[:1] if args.whole else HOST_GROUPS[::len(HOST_GROUPS) // args.groups]
         stores = {group: RedisStateStore(args.open_uri, prefix=f"cap{{{tag(group)}}}",
                                          history_limit=10) for group in groups}
         for store in stores.values():
@@ -183,7 +200,8 @@ def floor_child(args: argparse.Namespace) -> int:
                 # Not in the sums by next visit nor the revisit index.
                 state = dataclasses.replace(state, callback=None)
             host, _ = page_field(state.key)
-            stores[groups[0] if args.whole else host_group(host_part(host))].stage_page(state)
+            at = 0 if args.whole else _GROUP_INDEX[host_group(host_part(host))] % len(groups)
+            stores[groups[at]].stage_page(state)
             writes += 1
             if writes >= cap.BATCH:
                 await flush_all()
@@ -225,7 +243,9 @@ def check_slots(servers: list[Any], tags: dict[str, str], *, cluster: bool) -> d
     keys = in_slot = pages = 0
     wrong: list[str] = []
     groups: set[str] = set()
+    held: list[int] = []
     for server in servers:
+        here: set[str] = set()
         names = list(server.scan_iter(match="cap{*", count=1_000))
         keys += len(names)
         for at in range(0, len(names), 500):
@@ -248,6 +268,7 @@ def check_slots(servers: list[Any], tags: dict[str, str], *, cluster: bool) -> d
                 if inside in tags and own == group:
                     in_slot += 1
                     groups.add(inside)
+                    here.add(inside)
                 elif len(wrong) < 5:
                     wrong.append(text)
             # Pages: the fields of the bucket hashes (P:pg:{<s>|<h>}:<n>, and
@@ -258,12 +279,13 @@ def check_slots(servers: list[Any], tags: dict[str, str], *, cluster: bool) -> d
             for name in counted:
                 pipe.hlen(name)
             pages += sum(pipe.execute())
+        held.append(len(here))
     return {"keys": keys, "in_group_slot": in_slot, "groups": len(groups), "wrong": wrong,
-            "pages": pages}
+            "pages": pages, "groups_per_server": held}
 
 
 def run_floor(args: argparse.Namespace, hosts: int, *, plain: bool = False,
-              whole: bool = False) -> dict[str, Any]:
+              whole: bool = False, groups: int = ALL_GROUPS) -> dict[str, Any]:
     """The floor's fill on a fresh cluster, or (*plain*) the same calls on
     one ``redis-server``."""
     sys.path[:0] = [str(BENCH), str(REPO)]
@@ -282,7 +304,8 @@ def run_floor(args: argparse.Namespace, hosts: int, *, plain: bool = False,
             out = subprocess.run(
                 [sys.executable, __file__, "--floor-child", "--pages", str(args.pages),
                  "--hosts", str(hosts), "--redis-uri", target.uri if plain else target.url,
-                 "--open-uri", opener.uri, *(["--plain"] if plain else []),
+                 "--open-uri", opener.uri, "--groups", str(groups),
+                 *(["--plain"] if plain else []),
                  *(["--no-callback"] if args.no_callback else []),
                  *(["--whole"] if whole else [])],
                 check=True, capture_output=True, text=True,
@@ -396,12 +419,14 @@ def report(results: dict[int, dict[str, list[dict[str, Any]]]], args: argparse.N
             ratio_sum = [s / a for s, a in zip(summed, base, strict=True)]
             ratio_busy = [b / a for b, a in zip(busiest, base, strict=True)]
             rate = [a / b for b, a in zip(busiest, base, strict=True)]
+            share = [b / s for b, s in zip(busiest, summed, strict=True)]
             line = (f"  {name:10}: summed {statistics.median(summed):6.1f} us "
                     f"({' '.join(f'{x:.1f}' for x in summed)}), "
                     f"{statistics.median(ratio_sum):.2f}x one server "
                     f"({' '.join(f'{x:.2f}' for x in ratio_sum)})")
             if len(runs[name][-1]["cpu_us_per_node"]) > 1:
-                line += (f"; busiest primary {statistics.median(busiest):6.1f} us, "
+                line += (f"; busiest primary {statistics.median(busiest):6.1f} us "
+                         f"({statistics.median(share):.0%} of the summed), "
                          f"{statistics.median(ratio_busy):.2f}x one server "
                          f"({' '.join(f'{x:.2f}' for x in ratio_busy)}): write rate bound "
                          f"{statistics.median(rate):.2f}x one server's; per primary (last "
@@ -412,7 +437,7 @@ def report(results: dict[int, dict[str, list[dict[str, Any]]]], args: argparse.N
             scripts, commands = commands_a_page(runs[name][-1], args.pages)
             print(f"  {name:10} (last round): {scripts:.3f} script calls a page, "
                   f"{commands:.1f} commands a page (scripts' own included)")
-        for name in [n for n in (SPLIT, NAMES, "floor") if n in runs]:
+        for name in [n for n in runs if kind_of(n)[0] in (SPLIT, NAMES, "floor")]:
             bad = []
             for n, run in enumerate(runs[name]):
                 check = run["check"]
@@ -421,11 +446,13 @@ def report(results: dict[int, dict[str, list[dict[str, Any]]]], args: argparse.N
                     bad.append(f"round {n + 1}: {run['applied']} applied, {check}")
             last = runs[name][-1]
             check = last["check"]
+            by_tag = "" if kind_of(name)[0] == "floor" else " (by tag: one server has no slots)"
             print(f"  {name} check: {len(runs[name]) - len(bad)} of {len(runs[name])} rounds "
-                  f"OK (every write applied, every key in its group's slot"
-                  f"{'' if name == 'floor' else ' (by tag: one server has no slots)'}, every "
+                  f"OK (every write applied, every key in its group's slot{by_tag}, every "
                   f"page stored); last round {last['flushes']} flushes in {last['pipelines']} "
                   f"pipelines, {check['keys']:,} keys in {check['groups']} groups"
+                  + (f", groups a primary {' / '.join(map(str, check['groups_per_server']))}"
+                     if name.startswith("floor") and "groups_per_server" in check else "")
                   + "".join(f"\n    WRONG {b}" for b in bad))
 
 
@@ -451,11 +478,21 @@ def report_saved(args: argparse.Namespace) -> int:
     return 0
 
 
+def kind_of(name: str) -> tuple[str, int]:
+    """A fill's kind and its number of host groups: ``floor/8`` is the
+    floor in 8 groups, ``floor`` in all 64."""
+    kind, _, groups = name.partition("/")
+    return kind, int(groups) if groups else ALL_GROUPS
+
+
 def order_of(args: argparse.Namespace) -> list[str]:
     names = [*ORDER, NAMES] if args.names else list(ORDER)
     if args.only:
         # One server stays: every ratio is to it.
         names = [name for name in names if name == "one server" or name in args.only]
+    if args.groups != [ALL_GROUPS]:
+        names = [f"{name}/{n}" if name in (SPLIT, "floor") else name
+                 for name in names for n in (args.groups if name in (SPLIT, "floor") else [0])]
     return names
 
 
@@ -474,6 +511,9 @@ def main() -> int:
                         "theirs: compare split with names then)")
     p.add_argument("--only", nargs="+", choices=[*ORDER[1:], NAMES],
                    help="only these fills beside one server's")
+    p.add_argument("--groups", type=int, nargs="+", default=[ALL_GROUPS],
+                   help="the floor's and split's pages in N host groups (every 64/N-th of "
+                        "the 64, N dividing 64); several N: a fill each, every round")
     p.add_argument("--json", help="write every run's figures to this file")
     p.add_argument("--floor-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--redis-uri", help=argparse.SUPPRESS)
@@ -493,8 +533,11 @@ def main() -> int:
         args.rounds = 1 if args.large else 3
     if args.report:
         return report_saved(args)
+    if any(n < 1 or ALL_GROUPS % n for n in args.groups):
+        p.error(f"--groups: each N must divide {ALL_GROUPS}")
     if args.floor_child:
         args.hosts = args.hosts[0]
+        args.groups = args.groups[0]
         return floor_child(args)
     results: dict[int, dict[str, list[dict[str, Any]]]] = {
         hosts: {name: [] for name in order_of(args)} for hosts in args.hosts}
@@ -507,8 +550,10 @@ def main() -> int:
             names = order_of(args)
             order = names[n % len(names):] + names[:n % len(names)]
             for name in order:
-                if name in ("floor", SPLIT, NAMES):
-                    run = run_floor(args, hosts, plain=name != "floor", whole=name == NAMES)
+                kind, groups = kind_of(name)
+                if kind in ("floor", SPLIT, NAMES):
+                    run = run_floor(args, hosts, plain=kind != "floor", whole=kind == NAMES,
+                                    groups=groups)
                 else:
                     run = run_other(args, hosts, single=name == "one server")
                 results[hosts][name].append(run)
