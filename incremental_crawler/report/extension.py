@@ -277,7 +277,7 @@ def report_lines(s: dict[str, int], *, worker: bool = False) -> list[str]:
     return lines
 
 
-def _line(s: dict[str, int], *, worker: bool = False) -> str:
+def _line(s: dict[str, int], *, worker: bool = False, running: bool = False) -> str:
     skipped = (
         f"{s['lastmod_skipped']} skipped (sitemap lastmod unchanged), "
         if s["lastmod_skipped"] else ""
@@ -298,6 +298,10 @@ def _line(s: dict[str, int], *, worker: bool = False) -> str:
         # counted requested is often answered on another worker (the shared
         # queue), so requested less answered says nothing of this worker.
         columns[-1] += " (this worker's share: scrapy state sums the run's workers)"
+    elif s["pages_no_outcome"] and running:
+        # While the crawl runs, a page requested and not answered yet is
+        # mostly one queued or in flight, not one dropped.
+        columns.append(f"{s['pages_no_outcome']} not answered yet (queued, in flight or dropped)")
     elif s["pages_no_outcome"]:
         columns.append(f"{s['pages_no_outcome']} without an answer (dropped before one)")
     return (
@@ -356,6 +360,17 @@ def _trust_line(book: HostTrustBook, host: str) -> str:
     return line
 
 
+def progress_line(s: dict[str, int]) -> str:
+    """The periodic line's figures, from :func:`summarize` (the crawl still
+    running: a page requested and not answered yet is not said dropped)."""
+    line = _line(s, running=True)
+    if accounting := _short_accounting(s):
+        line += f"; {accounting}"
+    if replay := _replay_line(s):
+        line += f"; {replay}"
+    return line
+
+
 class IncrementalLogStats(LogStats):
     """Scrapy's periodic "Crawled N pages" line, with the incremental figures
     and each slot's effective rate (its window under the user's delay and
@@ -371,12 +386,7 @@ class IncrementalLogStats(LogStats):
 
     def log(self, spider: Spider) -> None:
         super().log(spider)
-        s = summarize(self.stats.get_stats())
-        line = _line(s)
-        if accounting := _short_accounting(s):
-            line += f"; {accounting}"
-        if replay := _replay_line(s):
-            line += f"; {replay}"
+        line = progress_line(summarize(self.stats.get_stats()))
         throttle = self.crawler.get_extension(AdaptiveThrottle) if self.crawler else None
         if throttle is not None and throttle.site_windows():
             line += f"; windows: {throttle.summary()}"

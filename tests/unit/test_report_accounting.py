@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from incremental_crawler.report.extension import report_lines, summarize
+from incremental_crawler.report.extension import progress_line, report_lines, summarize
 
 #: 2024-03-01 12:30:00 UTC.
 FIRST_DUE = 1709296200.0
@@ -111,3 +111,16 @@ def test_a_cluster_workers_accounting_says_it_is_the_workers_share() -> None:
     [line] = [line for line in report_lines(s, worker=True) if line.startswith("known pages:")]
     assert line == ("known pages: requested 2 (new 2), not due -1; 1 in all "
                     "(this worker's share: scrapy state sums the run's workers)")
+
+
+def test_pages_not_answered_yet_are_not_said_dropped_while_the_crawl_runs() -> None:
+    # Mid-crawl (the periodic line), 16 of 315 requested pages are queued or
+    # in flight (a DOWNLOAD_DELAY of 1 s queues them); at the end, a page
+    # requested and never answered was dropped before an answer.
+    s = summarize({"incremental/schedule/requested/due": 315,
+                   "incremental/requests/conditional": 315,
+                   "incremental/schedule/outcome/not_modified": 299})
+    line = progress_line(s)
+    assert "16 not answered yet (queued, in flight or dropped)" in line, line
+    assert "dropped before one" not in line
+    assert "16 without an answer (dropped before one)" in report_lines(s)[0]
