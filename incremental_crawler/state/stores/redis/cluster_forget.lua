@@ -101,25 +101,7 @@ else
   if pages > 0 or links > 0 then redis.call('INCR', GENERATION) end
 end
 
--- The sums (as cluster_host.lua adds to them): a stored value that cannot
--- be taken from marks the group's sums lost instead.
-local function add_sum(key, field, pages, bytes)
-  local value = redis.pcall('HGET', key, field)
-  if type(value) == 'table' then return false end
-  if value then
-    local cut = string.find(value, ' ', 1, true)
-    local had_pages = cut and tonumber(string.sub(value, 1, cut - 1))
-    local had_bytes = cut and tonumber(string.sub(value, cut + 1))
-    if not had_pages or not had_bytes then return false end
-    pages, bytes = pages + had_pages, bytes + had_bytes
-  end
-  if pages == 0 then
-    redis.call('HDEL', key, field)
-  else
-    redis.call('HSET', key, field, string.format('%d %d', pages, bytes))
-  end
-  return true
-end
+-- The sums, added to with group_sums.lua's add_sum (prepended).
 local lost = 0
 for field, delta in pairs(SUMS) do
   local visit, callback = string.match(field, '^(-?%d+)|(.*)$')

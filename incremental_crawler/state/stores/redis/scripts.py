@@ -138,7 +138,9 @@ HOLD_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "hold.lua")
 # key each touches is in its KEYS, all in one slot.
 CLUSTER_ITEMS_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_items.lua").replace(
     "TOKEN_TTL", str(_TOKEN_TTL))
-CLUSTER_HOST_LUA = LUA_WRITES + PAGE_CODEC + PAGE_BUCKETS + load_script(
+# A host group's sums added to, checked: the group's write and repair scripts.
+_GROUP_SUMS = load_script(_LUA_PACKAGE, "group_sums.lua")
+CLUSTER_HOST_LUA = LUA_WRITES + PAGE_CODEC + PAGE_BUCKETS + _GROUP_SUMS + load_script(
     _LUA_PACKAGE, "cluster_host.lua").replace("TOKEN_TTL", str(_TOKEN_TTL))
 CLUSTER_SCOPE_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_scope.lua").replace(
     "TOKEN_TTL", str(_TOKEN_TTL))
@@ -148,7 +150,7 @@ CLUSTER_DUE_INDEX_LUA = LUA_READS + load_script(_LUA_PACKAGE, "cluster_due_index
 CLUSTER_DUE_READ_LUA = LUA_READS + PAGE_CODEC + load_script(_LUA_PACKAGE, "cluster_due_read.lua")
 CLUSTER_SUMMARY_LUA = LUA_READS + PAGE_CODEC + load_script(_LUA_PACKAGE, "cluster_summary.lua")
 CLUSTER_RAISE_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_raise.lua")
-CLUSTER_FORGET_LUA = LUA_WRITES + PAGE_CODEC + PAGE_BUCKETS + load_script(
+CLUSTER_FORGET_LUA = LUA_WRITES + PAGE_CODEC + PAGE_BUCKETS + _GROUP_SUMS + load_script(
     _LUA_PACKAGE, "cluster_forget.lua").replace("TOKEN_TTL", str(_TOKEN_TTL))
 CLUSTER_BYPAGE_LUA = LUA_WRITES + load_script(_LUA_PACKAGE, "cluster_bypage.lua")
 CLUSTER_SUMS_COARSE_LUA = LUA_READS + load_script(_LUA_PACKAGE, "cluster_sums_coarse.lua")
