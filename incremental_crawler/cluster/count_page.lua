@@ -32,7 +32,9 @@
 -- size, sum (1, f, 0), its key (for a page requested in the sum; else ""). Returns what the run had for each: "" nothing (the
 -- caller counts it), else "<column><summed>:<size>" as it was.
 -- A page counted by a worker neither alive nor gone with its crawl recorded
--- (killed: its counts are lost) is counted again by the caller. A page the
+-- (killed: its counts are lost) is counted again by the caller, but for one
+-- it counted requested that the caller counts not requested (it stays
+-- requested, for the worker that ends the run to count). A page the
 -- caller counted itself gets the reply it got then: a call run again after
 -- its reply was lost answers as the first did.
 local refused = fenced(KEYS[5], ARGV[3], KEYS[2], ARGV[1])
@@ -117,7 +119,16 @@ for i = 4, #ARGV, 5 do
     -- Requested in the due pages before they were deferred: not in that sum.
     local before_deferred = old and string.sub(old, 1, 2) == 'rf'
     -- A page the sum counts (b) is kept while the sum stands.
-    if old and not kept(owner) and not (string.sub(old, 1, 1) == 'b' and bulk) then
+    -- A page a killed worker counted requested stays requested when the
+    -- caller counts it not requested: its request is the run's (in the
+    -- queue, in flight or answered, its answers merged in the run), and a
+    -- list read again (a sitemap its killed reader held goes back to the
+    -- queue) finds it stored by then, lastmod unchanged or not due. The
+    -- caller counts nothing; the worker that ends the run counts it
+    -- requested (settle.py), and its answers once.
+    local killed_requested = old and string.sub(old, 1, 1) == 'r' and not requested
+    if old and not kept(owner) and not (string.sub(old, 1, 1) == 'b' and bulk)
+       and not killed_requested then
       -- Its counter was killed: its count is lost. The sum counts the page
       -- unless it left that worker's pages out (it had counted them).
       in_sum(old, owner, -1)

@@ -1120,3 +1120,23 @@ def test_a_joiners_wait_for_the_settler_ends_before_its_scope_hold_would_lapse()
 
     polls = int(coordinator_module.SETTLING_WAIT / coordinator_module.SETTLING_POLL) + 1
     assert (polls + 1) * coordinator_module.SETTLING_POLL < HOLD_TTL * 0.75
+
+
+@pytest.mark.parametrize("column", ["skipped", "not_due"])
+def test_a_page_a_killed_worker_requested_then_counted_not_requested_elsewhere_stays_requested(
+    cluster_workers, column
+):
+    # a requests P and counts its answer, then is killed holding the list
+    # that named P (a sitemap's state waits for the end of the crawl): the
+    # list goes back to the queue and b reads it again, P stored by then,
+    # lastmod unchanged (skipped) or not due. P was requested in the run:
+    # it stays requested (b, ending the run, counts a's lost count), not
+    # also skipped or not due beside its answer.
+    a, b = cluster_workers(2)
+    answered_then_killed(a, P, PageOutcome.NEW)
+    getattr(b.counter, column)(state(P))
+    b.left()
+    s = run_summary(b)
+    assert (s["pages_known"], s["requested"], s["requested_of_killed"], s["skipped_lastmod"],
+            s["not_due"], s["bytes_skipped"], s["pages_new"],
+            s["pages_no_outcome"]) == (1, 1, 1, 0, 0, 0, 1, 0), s
