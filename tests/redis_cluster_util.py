@@ -20,12 +20,16 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 #: Primaries of the test cluster (no replicas: three is the least
 #: ``redis-cli --cluster create`` accepts).
@@ -230,6 +234,17 @@ def redis_cluster():
         yield cluster
     finally:
         cluster.remove()
+
+
+@pytest.fixture(name="prefix")
+def own_prefix(redis_cluster: LoopbackCluster) -> Iterator[str]:
+    """``prefix``: a key prefix of the test's own on the session's cluster,
+    its keys deleted after (a module imports ``own_prefix`` to use it)."""
+    from tests.redis_util import new_prefix
+
+    name = new_prefix()
+    yield name
+    redis_cluster.delete(f"{name}:*")
 
 
 def _monitor_args(line: bytes) -> tuple[bytes, list[bytes]]:

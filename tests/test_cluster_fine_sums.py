@@ -10,29 +10,16 @@ failed when a repair left a forgotten page's fine sum behind.)
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
-import pytest
 import pytest_twisted
 
 from incremental_crawler.state.records import PageKey
 from incremental_crawler.state.stores.redis import RedisStateStore
 from incremental_crawler.state.stores.redis.core import fine_part, host_group
-from tests.redis_util import new_prefix
+from tests.redis_cluster_util import own_prefix  # noqa: F401 (the prefix fixture)
 from tests.test_store_contract import SCOPE, brute_summary, call, full_state
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
-
-    from tests.redis_cluster_util import LoopbackCluster
-
-@pytest.fixture
-def prefix(redis_cluster: LoopbackCluster) -> Iterator[str]:
-    name = new_prefix()
-    yield name
-    redis_cluster.delete(f"{name}:*")
-
 
 H = 3_600 * 500_000  # an hour's first second (2027)
 K = 128 * 3_600  # two visits K apart share a hash

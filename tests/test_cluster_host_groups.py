@@ -44,14 +44,15 @@ from incremental_crawler.state.stores.redis.layout import (
 )
 from incremental_crawler.state.stores.redis.scripts import CLUSTER_HOST_LUA
 from tests.conftest import crawl_settings
-from tests.redis_cluster_util import CommandLog
-from tests.redis_util import new_prefix
+from tests.redis_cluster_util import (
+    CommandLog,
+    own_prefix,  # noqa: F401 (the prefix fixture)
+)
 from tests.site import PLAIN_KINDS
 from tests.spiders import ListSpider
 from tests.test_store_contract import SCOPE, brute_summary, call, full_state
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
 
     from tests.redis_cluster_util import LoopbackCluster
 
@@ -62,13 +63,6 @@ LAYOUT_6_COMMIT = "afbf804323a48a0b3eb1b9dd2e9b2e0b24806373"
 #: A commit of the cluster layout 7 (eight scope shards, effects applied by
 #: a flush's phase 3 from the groups' ledgers).
 LAYOUT_7_COMMIT = "39919217a2b450236fb4633e55ac4041b58eb5e6"
-
-
-@pytest.fixture
-def prefix(redis_cluster: LoopbackCluster) -> Iterator[str]:
-    name = new_prefix()
-    yield name
-    redis_cluster.delete(f"{name}:*")
 
 
 def test_a_scopes_host_groups_fall_one_in_each_64th_of_the_slots() -> None:
@@ -881,10 +875,10 @@ async def test_a_layout_7_store_with_a_damaged_scope_shard_is_migrated_not_locke
         await call(store.close())
 
 
-#: Run by layout 7's code: the first flush of a scope nobody wrote before,
-#: whose worker dies between its phases 2 and 3 (its pages and ledger
-#: entries stored, its intents written; P:scopes is added in phase 3).
-_FIRST_FLUSH_DIES = textwrap.dedent("""
+#: What a script run by layout 7's code (in its tree, from git) starts
+#: with: its imports, the store's URL, prefix and scope from its arguments,
+#: and a check that the code is layout 7's.
+_LAYOUT_7_HEAD = textwrap.dedent("""
     import asyncio, json, sys
     from incremental_crawler.state.records import PageKey
     from incremental_crawler.state.stores.redis import RedisStateStore
@@ -892,6 +886,13 @@ _FIRST_FLUSH_DIES = textwrap.dedent("""
     from tests.test_store_contract import full_state
     url, prefix, scope = sys.argv[1], sys.argv[2], sys.argv[3]
     assert CLUSTER_LAYOUT_VERSION == 7
+""")
+
+
+#: Run by layout 7's code: the first flush of a scope nobody wrote before,
+#: whose worker dies between its phases 2 and 3 (its pages and ledger
+#: entries stored, its intents written; P:scopes is added in phase 3).
+_FIRST_FLUSH_DIES = _LAYOUT_7_HEAD + textwrap.dedent("""
 
     async def main():
         keys = [PageKey(scope, f"https://h{h}.example/p{n}") for h in range(6) for n in range(3)]
@@ -1289,14 +1290,7 @@ async def test_a_damaged_key_or_record_the_layout_7_migration_reads_is_named_nev
 #: Run by layout 7's code: 12 pages on 4 hosts checked at 1,000,001; the
 #: run's mark set at 1,000,005 (every old shard's P:nvm); 6 of them checked
 #: again at 1,000,010 (after the mark: in the shards' P:ck).
-_MARKED_WRITER = textwrap.dedent("""
-    import asyncio, sys
-    from incremental_crawler.state.records import PageKey
-    from incremental_crawler.state.stores.redis import RedisStateStore
-    from incremental_crawler.state.stores.redis.layout import CLUSTER_LAYOUT_VERSION
-    from tests.test_store_contract import full_state
-    url, prefix, scope = sys.argv[1], sys.argv[2], sys.argv[3]
-    assert CLUSTER_LAYOUT_VERSION == 7
+_MARKED_WRITER = _LAYOUT_7_HEAD + textwrap.dedent("""
 
     async def main():
         keys = [PageKey(scope, f"https://h{h}.example/p{n}") for h in range(4) for n in range(3)]

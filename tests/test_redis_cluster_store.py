@@ -54,21 +54,15 @@ from incremental_crawler.state.stores.redis.scripts import (
     CLUSTER_SUMMARY_LUA,
 )
 from tests.clock_util import later
+from tests.redis_cluster_util import own_prefix  # noqa: F401 (the prefix fixture)
 from tests.redis_util import new_prefix
 from tests.test_store_contract import SCOPE, brute_summary, call, full_state, item
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     from incremental_crawler.state.records import PageState
     from tests.redis_cluster_util import LoopbackCluster
-
-
-@pytest.fixture
-def prefix(redis_cluster: LoopbackCluster) -> Iterator[str]:
-    name = new_prefix()
-    yield name
-    redis_cluster.delete(f"{name}:*")
 
 
 def shard_of(host: str) -> str:
